@@ -1,0 +1,117 @@
+// Ops: the compute interface every backend implements (cpu/ is the fp32 oracle, cuda/ is bf16).
+//
+// Conventions, for every backend:
+// - All tensors live on the backend's device. Activations use act_dtype() (f32 on CPU, bf16 on
+//   CUDA); LSE, RMSNorm's rstd, per-token losses and optimizer state are always f32; token ids and
+//   labels are i32. Gradients of parameters may be f32 or act_dtype().
+// - Shapes: tokens lead. A linear weight is [out, in] (Hugging Face layout), so y = x · Wᵀ.
+// - "written" outputs are overwritten; "accumulated" outputs get += (the caller zeroes them first).
+// - Ops are enqueued in order on the backend's compute stream; only functions that return a
+//   host value (SumSquares, Sum) synchronize.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace ithaca {
+
+// Rotary embedding frequencies, Llama 3 style (optionally with rope_scaling type "llama3").
+struct RopeConfig {
+  int head_dim = 64;
+  double theta = 500000.0;
+  bool llama3_scaling = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+// inv_freq[i] for i in [0, head_dim/2), exactly as Hugging Face computes it (in float32).
+std::vector<float> RopeInverseFrequencies(const RopeConfig& cfg);
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;  // multiplies the gradient first (gradient clipping)
+  int64_t step = 1;         // 1-based, for bias correction
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual DType act_dtype() const = 0;
+
+  // ---- Memory movement and elementwise.
+  // x[:] = value.
+  virtual void Fill(const Tensor& x, float value) = 0;
+  // dst = src, converting dtype when they differ (same element count).
+  virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
+  // Host memory (f32, bf16 or i32 as `host_dtype`) to/from a device tensor, converting dtype.
+  virtual void Upload(const void* host, DType host_dtype, const Tensor& dst) = 0;
+  virtual void Download(const Tensor& src, void* host, DType host_dtype) = 0;
+  // y += alpha · x.
+  virtual void Axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
+  // Σ x² and Σ x (accumulated in double on the CPU, f32 at least elsewhere). Synchronizes.
+  virtual double SumSquares(const Tensor& x) = 0;
+  virtual double Sum(const Tensor& x) = 0;
+
+  // ---- Linear algebra.
+  // c = alpha · op(a) · op(b) + beta · c, with a, b, c viewed as 2-D (leading dims flattened),
+  // op(x) = xᵀ when trans_x. c may be f32 while a, b are act_dtype().
+  virtual void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                    float alpha, float beta) = 0;
+
+  // ---- Layers.
+  // out[t] = table[ids[t]]: ids i32 [T], table [V, d], out [T, d] written.
+  virtual void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // dtable[ids[t]] += dout[t] (accumulated).
+  virtual void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) = 0;
+
+  // out = x / rms(x) · w over the last dim; x, out [T, d]; w [d]; rstd f32 [T] written.
+  virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out,
+                       const Tensor& rstd) = 0;
+  // dx accumulated (it is a residual-stream gradient); dw accumulated.
+  virtual void RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                               const Tensor& dout, const Tensor& dx, const Tensor& dw) = 0;
+
+  // Rotary embedding in place on x [T, H, D], token t at global position pos0 + t, pairs
+  // (i, i + D/2) rotated by angle pos · inv_freq[i] (Hugging Face's rotate_half convention).
+  // inv_freq: f32 [D/2] on the device. inverse = true rotates by −angle (the backward).
+  virtual void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) = 0;
+
+  // Causal self-attention with GQA: q [S, Hq, D], k, v [S, Hkv, D], Hq % Hkv == 0 (query head h
+  // uses K/V head h / (Hq / Hkv)); scale 1/sqrt(D). out [S, Hq, D] written; lse f32 [Hq, S]
+  // written (natural log of the softmax denominator, scaled logits). Never forms an S×S matrix.
+  virtual void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor& lse) = 0;
+  // dq, dk, dv written (dk, dv summed over the query heads that share them).
+  virtual void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                 const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
+
+  // out = silu(gate) ⊙ up, all [T, F].
+  virtual void SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  // dgate, dup written.
+  virtual void SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& dout,
+                              const Tensor& dgate, const Tensor& dup) = 0;
+
+  // Cross-entropy fused with its gradient, for one tile of tokens: logits [T, V], labels i32 [T]
+  // (a label < 0 is ignored: loss 0, gradient 0). losses f32 [T] written (natural log);
+  // dlogits [T, V] written as (softmax − onehot) · grad_scale; dlogits may alias logits.
+  virtual void CrossEntropy(const Tensor& logits, const Tensor& labels, const Tensor& losses,
+                            const Tensor& dlogits, float grad_scale) = 0;
+
+  // AdamW on f32 master weights (decoupled weight decay): updates master, m, v in place from
+  // grad (f32 or act dtype) and, when working.data != nullptr, writes the updated weights into
+  // the working copy (act dtype).
+  virtual void AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const Tensor& working, const AdamWParams& p) = 0;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,63 @@
+// Allocators tag each allocation with a tier; Buffer owns one allocation and views it as a Tensor.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "engine/core/tensor.h"
+#include "engine/memory/tiers.h"
+
+namespace ithaca {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  // Returns nullptr-free memory or an error (RESOURCE_EXHAUSTED names the tier and size).
+  virtual absl::StatusOr<void*> Allocate(size_t bytes, Tier tier) = 0;
+  virtual void Free(void* ptr, size_t bytes, Tier tier) = 0;
+  MemoryTracker& tracker() { return tracker_; }
+  const MemoryTracker& tracker() const { return tracker_; }
+
+ protected:
+  MemoryTracker tracker_;
+};
+
+// Host memory from the C heap (64-byte aligned), optionally capped so tests can force
+// out-of-memory errors.
+class HostAllocator : public Allocator {
+ public:
+  explicit HostAllocator(size_t limit_bytes = 0) : limit_(limit_bytes) {}
+  Device device() const override { return Device::kCpu; }
+  absl::StatusOr<void*> Allocate(size_t bytes, Tier tier) override;
+  void Free(void* ptr, size_t bytes, Tier tier) override;
+
+ private:
+  size_t limit_;
+};
+
+// One allocation, freed on destruction. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  static absl::StatusOr<Buffer> Make(Allocator* alloc, DType dtype, Shape shape, Tier tier);
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { Reset(); }
+
+  void Reset();
+  const Tensor& tensor() const { return view_; }
+  Tensor& tensor() { return view_; }
+  bool empty() const { return view_.data == nullptr; }
+  Tier tier() const { return tier_; }
+
+ private:
+  Allocator* alloc_ = nullptr;
+  Tensor view_;
+  size_t bytes_ = 0;
+  Tier tier_ = Tier::kActivations;
+};
+
+}  // namespace ithaca

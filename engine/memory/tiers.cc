@@ -1,0 +1,46 @@
+#include "engine/memory/tiers.h"
+
+namespace ithaca {
+namespace {
+
+const char* const kNames[kNumTiers] = {"params",      "grads",       "optimizer",
+                                       "attention",   "activations", "checkpoints",
+                                       "comm",        "workspace",   "host_offload"};
+
+void RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t seen = peak.load();
+  while (value > seen && !peak.compare_exchange_weak(seen, value)) {
+  }
+}
+
+}  // namespace
+
+const char* TierName(Tier t) { return kNames[static_cast<int>(t)]; }
+
+bool ParseTier(const std::string& name, Tier* out) {
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (name == kNames[i]) {
+      *out = static_cast<Tier>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+void MemoryTracker::OnAlloc(Tier t, size_t bytes) {
+  int64_t now = current_[Idx(t)].fetch_add(bytes) + bytes;
+  RaiseTo(peak_[Idx(t)], now);
+  if (IsDeviceTier(t)) RaiseTo(device_peak_, device_current_.fetch_add(bytes) + bytes);
+}
+
+void MemoryTracker::OnFree(Tier t, size_t bytes) {
+  current_[Idx(t)].fetch_sub(bytes);
+  if (IsDeviceTier(t)) device_current_.fetch_sub(bytes);
+}
+
+void MemoryTracker::ResetPeaks() {
+  for (int i = 0; i < kNumTiers; ++i) peak_[i].store(current_[i].load());
+  device_peak_.store(device_current_.load());
+}
+
+}  // namespace ithaca

@@ -1,0 +1,52 @@
+// Memory tiers: every allocation is tagged with one, and every memory figure is per tier.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ithaca {
+
+enum class Tier : uint8_t {
+  kParams,       // bf16 working copy + gathered layer
+  kGrads,        // gradient shards and a layer's full gradient
+  kOptimizer,    // fp32 master weights, Adam m and v
+  kAttention,    // Q/K/V/O/LSE, their all-to-all buffers, dQ/dK/dV
+  kActivations,  // every other transient buffer
+  kCheckpoints,  // saved block inputs still on the device
+  kComm,         // collective staging
+  kWorkspace,    // library workspaces (cuBLAS, cuDNN)
+  kHostOffload,  // pinned host memory holding offloaded checkpoints
+};
+inline constexpr int kNumTiers = 9;
+
+const char* TierName(Tier t);
+// Parses the names TierName prints ("params", "host_offload", ...).
+bool ParseTier(const std::string& name, Tier* out);
+inline bool IsDeviceTier(Tier t) { return t != Tier::kHostOffload; }
+
+// Current and peak bytes per tier. Thread-safe; cheap enough to call on every allocation.
+class MemoryTracker {
+ public:
+  void OnAlloc(Tier t, size_t bytes);
+  void OnFree(Tier t, size_t bytes);
+
+  int64_t current(Tier t) const { return current_[Idx(t)].load(); }
+  int64_t peak(Tier t) const { return peak_[Idx(t)].load(); }
+  // Sum over device tiers now, and the highest that sum has been (not the sum of peaks).
+  int64_t device_current() const { return device_current_.load(); }
+  int64_t device_peak() const { return device_peak_.load(); }
+  // Starts a new measurement window: peaks drop to the current values.
+  void ResetPeaks();
+
+ private:
+  static int Idx(Tier t) { return static_cast<int>(t); }
+  std::array<std::atomic<int64_t>, kNumTiers> current_{};
+  std::array<std::atomic<int64_t>, kNumTiers> peak_{};
+  std::atomic<int64_t> device_current_{0};
+  std::atomic<int64_t> device_peak_{0};
+};
+
+}  // namespace ithaca

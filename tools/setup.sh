@@ -1,0 +1,31 @@
+#!/bin/bash
+# Installs what Ithaca needs on a fresh Debian 12 machine; safe to run again (idempotent).
+set -euo pipefail
+APT_PACKAGES=(
+  bazel-bootstrap pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  libgrpc++-dev libabsl-dev libgtest-dev libgmock-dev libcivetweb-dev libgloo-dev libsqlite3-dev
+  libtomlplusplus-dev nlohmann-json3-dev python3-pip python3-numpy python3-torch
+)
+# Python packages for /usr/bin/python3 (the interpreter that has Debian's torch): independent
+# oracles used by tests.
+PIP_PACKAGES=(safetensors==0.4.5)
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+if ! /usr/bin/python3 -c "import safetensors" 2>/dev/null; then
+  echo "setup: pip installing ${PIP_PACKAGES[*]} for /usr/bin/python3"
+  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "${PIP_PACKAGES[@]}"
+fi
+echo "setup: ok"
