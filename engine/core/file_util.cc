@@ -1,0 +1,92 @@
+#include "engine/core/file_util.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace ithaca {
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  return ss.str();
+}
+
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
+  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot create ", tmp, ": ", std::strerror(errno)));
+  }
+  return AtomicFileWriter(path, tmp, f);
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& o) noexcept
+    : path_(std::move(o.path_)), tmp_(std::move(o.tmp_)), f_(o.f_) {
+  o.f_ = nullptr;
+  o.tmp_.clear();
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (f_) {
+    std::fclose(f_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+absl::Status AtomicFileWriter::Write(const void* data, size_t n) {
+  if (!f_) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  if (n && std::fwrite(data, 1, n, f_) != n) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path_, ": write failed: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  if (!f_) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  bool ok = std::fflush(f_) == 0 && fsync(fileno(f_)) == 0;
+  ok = (std::fclose(f_) == 0) && ok;
+  f_ = nullptr;
+  if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    std::string err = std::strerror(errno);
+    std::remove(tmp_.c_str());
+    return absl::DataLossError(absl::StrCat(path_, ": could not commit: ", err));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
+  ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(path));
+  RETURN_IF_ERROR(w.Write(contents));
+  return w.Commit();
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot create directory ", cur, ": ", std::strerror(errno)));
+      }
+    }
+    if (i < path.size()) cur += path[i];
+  }
+  return absl::OkStatus();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace ithaca

@@ -1,0 +1,41 @@
+// Files: whole-file reads and atomic writes (temporary name in the same directory, fsync, rename),
+// so a crash or an error never leaves a partial file under the final name.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace ithaca {
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
+// Streams a file to `path + ".tmp.<pid>"`; Commit() fsyncs and renames it to `path`. Destroying
+// the writer without Commit() removes the temporary file.
+class AtomicFileWriter {
+ public:
+  static absl::StatusOr<AtomicFileWriter> Open(const std::string& path);
+  AtomicFileWriter(AtomicFileWriter&& o) noexcept;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  absl::Status Write(const void* data, size_t n);
+  absl::Status Write(const std::string& s) { return Write(s.data(), s.size()); }
+  absl::Status Commit();
+
+ private:
+  AtomicFileWriter(std::string path, std::string tmp, FILE* f)
+      : path_(std::move(path)), tmp_(std::move(tmp)), f_(f) {}
+  std::string path_, tmp_;
+  FILE* f_ = nullptr;
+};
+
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
+
+// mkdir -p.
+absl::Status MakeDirs(const std::string& path);
+bool PathExists(const std::string& path);
+
+}  // namespace ithaca

@@ -1,0 +1,46 @@
+// LlamaConfig: the model's shape, read from / written to a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/backend/ops.h"
+#include "engine/core/status.h"
+
+namespace ithaca {
+
+struct LlamaConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // config.json may omit it: hidden_size / num_attention_heads
+  int64_t vocab_size = 0;
+  double rope_theta = 500000.0;
+  RopeConfig rope;  // head_dim, theta and rope_scaling (type "llama3") folded in
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 8192;
+
+  // Number of parameters (embedding, LM head when untied, norms, all layers).
+  int64_t NumParameters() const;
+  // Parameters of one transformer block.
+  int64_t LayerParameters() const;
+};
+
+// Checks the invariants the engine relies on (positive sizes, heads divide, head_dim even, ...).
+absl::Status ValidateConfig(const LlamaConfig& cfg);
+
+// Parses config.json text; errors name the offending key ("config.json: num_key_value_heads ...").
+absl::StatusOr<LlamaConfig> ParseConfigJson(const std::string& json_text);
+absl::StatusOr<LlamaConfig> LoadConfigJson(const std::string& path);
+// Serializes in Hugging Face's layout (model_type "llama", architectures LlamaForCausalLM), so
+// transformers loads the directory.
+std::string ConfigToJson(const LlamaConfig& cfg);
+
+// Presets: "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b", "tiny" (a few layers, GQA, rope_scaling,
+// tied embeddings, byte-level vocabulary: the demo and test model).
+absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name);
+
+}  // namespace ithaca

@@ -1,0 +1,69 @@
+// safetensors files: read (one file, or shards behind model.safetensors.index.json) and write
+// (atomically: temporary name, then rename). Only F32 and BF16 tensors (and I32 for state).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
+
+namespace ithaca {
+
+struct TensorInfo {
+  DType dtype;
+  Shape shape;
+};
+
+// Reads tensors by name from one .safetensors file or a sharded set. Every header is validated
+// when opening (JSON, dtypes, offsets inside the file, sizes matching shapes, no overlaps), so a
+// truncated or corrupt file is an error at Open, naming the file and what is wrong.
+class SafetensorsReader {
+ public:
+  // `path` is a .safetensors file, a model.safetensors.index.json, or a directory holding
+  // either model.safetensors or model.safetensors.index.json.
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
+  virtual ~SafetensorsReader() = default;
+
+  virtual std::vector<std::string> Names() const = 0;
+  virtual bool Has(const std::string& name) const = 0;
+  // NOT_FOUND naming the tensor and the file if absent.
+  virtual absl::StatusOr<TensorInfo> Info(const std::string& name) const = 0;
+  // Copies the tensor into host memory `dst` as `dst_dtype` (f32 <-> bf16 converted), after
+  // checking its shape equals `expected` (INVALID_ARGUMENT naming both shapes otherwise).
+  virtual absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,
+                            void* dst) const = 0;
+};
+
+// Collects host tensors (not copied: the data must outlive Write) and writes them.
+class SafetensorsWriter {
+ public:
+  // Adds a tensor to write as `file_dtype`; `data` is host memory of `data_dtype`.
+  void Add(const std::string& name, DType data_dtype, const Shape& shape, const void* data,
+           DType file_dtype);
+  // Optional string metadata ("__metadata__"), e.g. {"format": "pt"}.
+  void SetMetadata(const std::string& key, const std::string& value);
+
+  // One file, written atomically.
+  absl::Status WriteFile(const std::string& path) const;
+  // Into `dir`: model.safetensors when everything fits in `max_shard_bytes`, else
+  // model-0000i-of-0000n.safetensors shards plus model.safetensors.index.json (Hugging Face
+  // layout, with metadata.total_size). Each file is written atomically, the index last.
+  absl::Status WriteSharded(const std::string& dir, int64_t max_shard_bytes) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    DType data_dtype;
+    Shape shape;
+    const void* data;
+    DType file_dtype;
+  };
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,81 @@
+// JobSpec: a training job, as written in a TOML file (DESIGN.md §4). Parsing rejects unknown keys
+// and bad values with the key's path ("training.lr: must be > 0, got -1").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace ithaca {
+
+enum class CheckpointPolicy { kNone, kFull, kAttentionAware };
+const char* CheckpointPolicyName(CheckpointPolicy p);  // "none" | "full" | "attention-aware"
+
+struct JobSpec {
+  std::string name = "job";        // top-level `name`
+  std::string backend = "cpu";     // top-level `backend`: "cpu" | "cuda"
+
+  struct Model {
+    std::string preset = "tiny";   // "tiny" | "llama-3.2-1b" | "llama-3.2-3b" | "llama-3-8b"
+    std::string config;            // path to a config.json (overrides preset when set)
+    std::string weights;           // safetensors file / index / directory; empty: random init
+    std::string dtype = "bf16";    // working dtype on CUDA: "bf16" (CPU always computes in f32)
+  } model;
+
+  struct Data {
+    std::string path;              // token file (engine/train/token_file.h); required
+    int64_t seq_len = 256;         // tokens per sample (the context length S)
+    int64_t micro_batch = 1;       // samples per micro-step
+  } data;
+
+  struct Training {
+    int64_t steps = 100;
+    double lr = 3e-4;
+    double min_lr = 3e-5;
+    int64_t warmup_steps = 10;
+    double weight_decay = 0.1;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double grad_clip = 1.0;        // max global gradient norm; 0 disables clipping
+    int64_t grad_accum = 1;        // micro-steps per optimizer step
+    uint64_t seed = 1234;
+  } training;
+
+  struct Parallel {
+    int64_t world = 1;             // ranks (one per GPU)
+    int64_t sp = 1;                // Ulysses group size; divides world
+    bool fsdp = true;
+  } parallel;
+
+  struct Memory {
+    CheckpointPolicy checkpoint = CheckpointPolicy::kFull;
+    bool offload = false;
+    int64_t offload_keep_last = 0; // blocks kept on the device when offloading
+    int64_t head_chunk = 0;        // query heads per UPipe stage; 0 = "auto"
+    int64_t tile_tokens = 0;       // tokens per MLP / loss tile; 0 = "auto"
+    double gpu_budget_gib = 0;     // 0: the device's capacity
+    double host_budget_gib = 0;    // 0: the host's memory
+  } memory;
+
+  struct Checkpoint {
+    std::string dir;               // empty: no checkpoints
+    int64_t every = 0;             // steps between checkpoints; 0: only at the end
+    bool resume = true;            // resume from the latest checkpoint in dir when one exists
+    int64_t keep = 2;              // newest checkpoints kept
+  } checkpoint;
+
+  struct Metrics {
+    int64_t log_every = 1;         // steps between step lines
+  } metrics;
+};
+
+// Parses TOML text; `source` names the file in error messages.
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,
+                                     const std::string& source = "job.toml");
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+// Writes a spec back as TOML (round-trips through ParseJobSpec).
+std::string JobSpecToToml(const JobSpec& spec);
+
+}  // namespace ithaca
