@@ -62,8 +62,7 @@ class Ops {
   virtual double Sum(const Tensor& x) = 0;
 
   // ---- Linear algebra.
-  // c = alpha · op(a) · op(b) + beta · c, with a, b, c viewed as 2-D (leading dims flattened),
-  // op(x) = xᵀ when trans_x. c may be f32 while a, b are act_dtype().
+  // c = alpha · op(a) · op(b) + beta · c, with a, b, c 2-D, op(x) = xᵀ when trans_x. c may be f32 while a, b are act_dtype().
   virtual void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                     float alpha, float beta) = 0;
 
@@ -95,9 +94,10 @@ class Ops {
                                  const Tensor& out, const Tensor& dout, const Tensor& lse,
                                  const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
 
-  // out = silu(gate) ⊙ up, all [T, F].
+  // out = silu(gate) ⊙ up, all [T, F]. Elementwise: out may alias gate or up.
   virtual void SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
-  // dgate, dup written.
+  // dgate, dup written. Elementwise: dgate may alias gate and dup may alias up (each element is
+  // read before it is written), which saves two [T, F] buffers per MLP tile.
   virtual void SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& dout,
                               const Tensor& dgate, const Tensor& dup) = 0;
 

@@ -22,6 +22,10 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 8192;
+  // Special tokens, written to config.json when >= 0 (-1: absent). A list of eos ids (Llama 3.1+
+  // instruct) keeps its first.
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
 
   // Number of parameters (embedding, LM head when untied, norms, all layers).
   int64_t NumParameters() const;

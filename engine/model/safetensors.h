@@ -32,6 +32,8 @@ class SafetensorsReader {
   virtual bool Has(const std::string& name) const = 0;
   // NOT_FOUND naming the tensor and the file if absent.
   virtual absl::StatusOr<TensorInfo> Info(const std::string& name) const = 0;
+  // The "__metadata__" strings (of every shard, merged).
+  virtual std::map<std::string, std::string> Metadata() const { return {}; }
   // Copies the tensor into host memory `dst` as `dst_dtype` (f32 <-> bf16 converted), after
   // checking its shape equals `expected` (INVALID_ARGUMENT naming both shapes otherwise).
   virtual absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,

@@ -9,6 +9,8 @@
 //   offset 32  count × uint32 tokens
 // A file whose size is not 32 + 4·count, whose magic or version is wrong, or with a token
 // ≥ vocab_size (when vocab_size > 0) is rejected with a message saying which.
+// Errors name the file: INVALID_ARGUMENT for a malformed file, the errno's code (NOT_FOUND, ...)
+// when it cannot be opened.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +38,11 @@ class TokenFile {
   int64_t size() const { return count_; }
   uint32_t vocab_size() const { return vocab_size_; }
   const uint32_t* tokens() const { return tokens_; }
+  const std::string& path() const { return path_; }  // as given to Open, for error messages
 
  private:
   TokenFile() = default;
+  std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   const uint32_t* tokens_ = nullptr;
@@ -48,6 +52,9 @@ class TokenFile {
 
 // Byte-level tokenizer for the demo and tests: token = byte value (0..255), and kByteBos (256)
 // starts every document (documents are separated by blank lines). vocab_size 258.
+// A document is a run of non-blank lines (a blank line is empty or only spaces, tabs and '\r');
+// its tokens are BOS then every byte of its lines, newlines included. The separating blank lines
+// produce no tokens, and no EOS is emitted: the next document's BOS marks the boundary.
 inline constexpr uint32_t kByteBos = 256;
 inline constexpr uint32_t kByteEos = 257;
 inline constexpr uint32_t kByteVocab = 258;

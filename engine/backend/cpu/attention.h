@@ -1,0 +1,244 @@
+// Causal GQA attention on the CPU, flash-style: queries and keys are visited in blocks with an
+// online softmax, so no S × S matrix is ever formed (per-thread scratch is O(block · D)).
+// Templated on the scalar type so the tests can run it in double.
+//
+// Layouts (tokens lead): q, out, dout, dq [S, Hq, D]; k, v, dk, dv [S, Hkv, D]; lse [Hq, S].
+// Query head h reads K/V head h / (Hq / Hkv). Logits are scaled by 1/sqrt(D).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "engine/backend/cpu/attention_blocks.h"
+
+namespace ithaca {
+namespace cpu {
+
+namespace attention_internal {
+
+// Copies keys [j0, j0 + nk) of head g transposed into out [D][bk], so a query row's dot
+// products with the block's keys become a contiguous, vectorizable loop over keys.
+template <typename T>
+void PackTransposed(const T* x, int64_t j0, int64_t nk, int64_t g, int64_t hkv, int64_t d,
+                    int64_t bk, T* out) {
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    const T* row = x + ((j0 + jj) * hkv + g) * d;
+    for (int64_t e = 0; e < d; ++e) out[e * bk + jj] = row[e];
+  }
+}
+
+// Copies keys [j0, j0 + nk) of head g into out [nk][D] (contiguous rows).
+template <typename T>
+void PackRows(const T* x, int64_t j0, int64_t nk, int64_t g, int64_t hkv, int64_t d, T* out) {
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    std::copy(x + ((j0 + jj) * hkv + g) * d, x + ((j0 + jj) * hkv + g + 1) * d, out + jj * d);
+  }
+}
+
+// out[jj] = Σ_e row[e] · xt[e][jj] for jj < n.
+template <typename T>
+inline void RowTimesTransposed(const T* row, const T* xt, int64_t n, int64_t d, int64_t bk,
+                               T* out) {
+  std::fill(out, out + n, T(0));
+  for (int64_t e = 0; e < d; ++e) {
+    const T re = row[e];
+    const T* col = xt + e * bk;
+    for (int64_t jj = 0; jj < n; ++jj) out[jj] += re * col[jj];
+  }
+}
+
+// y[:] += a · x[:] over d elements.
+template <typename T>
+inline void AxpyRow(T a, const T* x, int64_t d, T* y) {
+  for (int64_t e = 0; e < d; ++e) y[e] += a * x[e];
+}
+
+// Keys of block [j0, ...) visible to query i under the causal mask, capped at nk (may be ≤ 0).
+inline int64_t VisibleKeys(int64_t i, int64_t j0, int64_t nk) { return std::min(nk, i - j0 + 1); }
+
+// Tiny problems (most unit tests) run on one thread: a parallel region costs more than it saves.
+inline bool WorthParallel(int64_t s, int64_t hq, int64_t d) { return s * s * hq * d > (1 << 16); }
+
+}  // namespace attention_internal
+
+// out and lse (natural log of Σ_j exp(q·k_j / sqrt(D)), over visible keys) written.
+template <typename T>
+void AttentionForward(const T* q, const T* k, const T* v, int64_t s, int64_t hq, int64_t hkv,
+                      int64_t d, T* out, T* lse, AttentionBlocks blocks = {}) {
+  using namespace attention_internal;
+  const int64_t group = hq / hkv;
+  const int64_t bq = blocks.q, bk = blocks.k;
+  const int64_t nqb = (s + bq - 1) / bq;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+#pragma omp parallel if (WorthParallel(s, hq, d))
+  {
+    std::vector<T> kt(static_cast<size_t>(d * bk)), vb(static_cast<size_t>(bk * d));
+    std::vector<T> acc(static_cast<size_t>(bq * d)), srow(static_cast<size_t>(bk));
+    std::vector<T> mrow(static_cast<size_t>(bq)), lrow(static_cast<size_t>(bq));
+    // Causal blocks differ in cost (later query blocks see more keys): schedule dynamically.
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t h = 0; h < hq; ++h) {
+      for (int64_t qb = 0; qb < nqb; ++qb) {
+        const int64_t g = h / group;
+        const int64_t i0 = qb * bq, nq = std::min(bq, s - i0);
+        std::fill(acc.begin(), acc.end(), T(0));
+        std::fill(mrow.begin(), mrow.end(), -std::numeric_limits<T>::infinity());
+        std::fill(lrow.begin(), lrow.end(), T(0));
+        // Keys past the block's last query are masked for all its rows: stop there.
+        for (int64_t j0 = 0; j0 < i0 + nq; j0 += bk) {
+          const int64_t nk = std::min(bk, i0 + nq - j0);
+          PackTransposed(k, j0, nk, g, hkv, d, bk, kt.data());
+          PackRows(v, j0, nk, g, hkv, d, vb.data());
+          for (int64_t ii = 0; ii < nq; ++ii) {
+            const int64_t n = VisibleKeys(i0 + ii, j0, nk);
+            if (n <= 0) continue;
+            RowTimesTransposed(q + ((i0 + ii) * hq + h) * d, kt.data(), n, d, bk, srow.data());
+            T mx = mrow[ii];
+            for (int64_t jj = 0; jj < n; ++jj) {
+              srow[jj] *= scale;
+              mx = std::max(mx, srow[jj]);
+            }
+            // Online softmax: rescale what was accumulated under the previous running max.
+            const T corr = std::exp(mrow[ii] - mx);
+            T* a = acc.data() + ii * d;
+            T l = lrow[ii] * corr;
+            for (int64_t e = 0; e < d; ++e) a[e] *= corr;
+            for (int64_t jj = 0; jj < n; ++jj) {
+              const T p = std::exp(srow[jj] - mx);
+              l += p;
+              AxpyRow(p, vb.data() + jj * d, d, a);
+            }
+            mrow[ii] = mx;
+            lrow[ii] = l;
+          }
+        }
+        for (int64_t ii = 0; ii < nq; ++ii) {
+          const T inv = T(1) / lrow[ii];
+          T* o = out + ((i0 + ii) * hq + h) * d;
+          for (int64_t e = 0; e < d; ++e) o[e] = acc[ii * d + e] * inv;
+          lse[h * s + i0 + ii] = mrow[ii] + std::log(lrow[ii]);
+        }
+      }
+    }
+  }
+}
+
+// Gradients of the forward above; dq, dk, dv written (dk, dv summed over a GQA group).
+// P is recomputed from q, k and lse; with Di = rowsum(dO ∘ O) and dS = P ∘ (dP − Di):
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dQ = scale · dS K,  dK = scale · dSᵀ Q.
+// Two passes keep every output owned by one thread (race-free and deterministic): pass 1 runs
+// over (K/V head, key block) and accumulates dk, dv; pass 2 over (query head, query block) and
+// accumulates dq. The price is computing P and dP twice.
+template <typename T>
+void AttentionBackward(const T* q, const T* k, const T* v, const T* out, const T* dout,
+                       const T* lse, int64_t s, int64_t hq, int64_t hkv, int64_t d, T* dq, T* dk,
+                       T* dv, AttentionBlocks blocks = {}) {
+  using namespace attention_internal;
+  const int64_t group = hq / hkv;
+  const int64_t bq = blocks.q, bk = blocks.k;
+  const int64_t nqb = (s + bq - 1) / bq, nkb = (s + bk - 1) / bk;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const bool parallel = WorthParallel(s, hq, d);
+
+  // di[h][i] = Σ_e dO[i, h, e] · O[i, h, e].
+  std::vector<T> di(static_cast<size_t>(hq * s));
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t i = 0; i < s; ++i) {
+    for (int64_t h = 0; h < hq; ++h) {
+      const T* o = out + (i * hq + h) * d;
+      const T* go = dout + (i * hq + h) * d;
+      T sum = T(0);
+      for (int64_t e = 0; e < d; ++e) sum += o[e] * go[e];
+      di[h * s + i] = sum;
+    }
+  }
+
+#pragma omp parallel if (parallel)
+  {
+    std::vector<T> kt(static_cast<size_t>(d * bk)), vt(static_cast<size_t>(d * bk));
+    std::vector<T> kb(static_cast<size_t>(bk * d));
+    std::vector<T> acc_a(static_cast<size_t>(std::max(bq, bk) * d));
+    std::vector<T> acc_b(static_cast<size_t>(bk * d));
+    std::vector<T> p(static_cast<size_t>(bk)), ds(static_cast<size_t>(bk));
+
+    // P and dS for query row i (head h) against the packed key block, over its n visible keys.
+    auto probs = [&](int64_t h, int64_t i, int64_t n) {
+      const T* qi = q + (i * hq + h) * d;
+      const T* gi = dout + (i * hq + h) * d;
+      RowTimesTransposed(qi, kt.data(), n, d, bk, p.data());
+      RowTimesTransposed(gi, vt.data(), n, d, bk, ds.data());  // dP, turned into dS below
+      const T l = lse[h * s + i], dii = di[h * s + i];
+      for (int64_t jj = 0; jj < n; ++jj) {
+        p[jj] = std::exp(p[jj] * scale - l);
+        ds[jj] = p[jj] * (ds[jj] - dii);
+      }
+    };
+
+    // Pass 1: dk, dv for key block kblk of K/V head g, from every query row i ≥ j0 of its group.
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t g = 0; g < hkv; ++g) {
+      for (int64_t kblk = 0; kblk < nkb; ++kblk) {
+        const int64_t j0 = kblk * bk, nk = std::min(bk, s - j0);
+        PackTransposed(k, j0, nk, g, hkv, d, bk, kt.data());
+        PackTransposed(v, j0, nk, g, hkv, d, bk, vt.data());
+        T* dk_acc = acc_a.data();
+        T* dv_acc = acc_b.data();
+        std::fill(dk_acc, dk_acc + nk * d, T(0));
+        std::fill(dv_acc, dv_acc + nk * d, T(0));
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          for (int64_t i0 = j0; i0 < s; i0 += bq) {
+            const int64_t i1 = std::min(s, i0 + bq);
+            for (int64_t i = i0; i < i1; ++i) {
+              const int64_t n = VisibleKeys(i, j0, nk);
+              probs(h, i, n);
+              const T* qi = q + (i * hq + h) * d;
+              const T* gi = dout + (i * hq + h) * d;
+              for (int64_t jj = 0; jj < n; ++jj) {
+                AxpyRow(p[jj], gi, d, dv_acc + jj * d);
+                AxpyRow(scale * ds[jj], qi, d, dk_acc + jj * d);
+              }
+            }
+          }
+        }
+        for (int64_t jj = 0; jj < nk; ++jj) {
+          std::copy(dk_acc + jj * d, dk_acc + (jj + 1) * d, dk + ((j0 + jj) * hkv + g) * d);
+          std::copy(dv_acc + jj * d, dv_acc + (jj + 1) * d, dv + ((j0 + jj) * hkv + g) * d);
+        }
+      }
+    }
+
+    // Pass 2: dq for query block qblk of head h, from every visible key block.
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t h = 0; h < hq; ++h) {
+      for (int64_t qblk = 0; qblk < nqb; ++qblk) {
+        const int64_t g = h / group;
+        const int64_t i0 = qblk * bq, nq = std::min(bq, s - i0);
+        T* dq_acc = acc_a.data();
+        std::fill(dq_acc, dq_acc + nq * d, T(0));
+        for (int64_t j0 = 0; j0 < i0 + nq; j0 += bk) {
+          const int64_t nk = std::min(bk, i0 + nq - j0);
+          PackTransposed(k, j0, nk, g, hkv, d, bk, kt.data());
+          PackTransposed(v, j0, nk, g, hkv, d, bk, vt.data());
+          PackRows(k, j0, nk, g, hkv, d, kb.data());
+          for (int64_t ii = 0; ii < nq; ++ii) {
+            const int64_t n = VisibleKeys(i0 + ii, j0, nk);
+            if (n <= 0) continue;
+            probs(h, i0 + ii, n);
+            for (int64_t jj = 0; jj < n; ++jj) {
+              AxpyRow(scale * ds[jj], kb.data() + jj * d, d, dq_acc + ii * d);
+            }
+          }
+        }
+        for (int64_t ii = 0; ii < nq; ++ii) {
+          std::copy(dq_acc + ii * d, dq_acc + (ii + 1) * d, dq + ((i0 + ii) * hq + h) * d);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace ithaca

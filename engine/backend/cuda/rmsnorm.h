@@ -1,0 +1,17 @@
+// RMSNorm on the GPU: bf16 in and out, f32 accumulation, f32 rstd per row.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ithaca {
+namespace cuda {
+
+// out[r] = x[r] · rstd[r] · w, rstd[r] = 1 / sqrt(mean(x[r]²) + eps), for rows × d.
+// x, w, out: bf16 (raw uint16_t bits); rstd: f32.
+void RmsNormForward(const uint16_t* x, const uint16_t* w, float eps, int64_t rows, int64_t d,
+                    uint16_t* out, float* rstd, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace ithaca

@@ -1,0 +1,41 @@
+// Comm: the collectives every distributed schedule is written against. gloo/ implements it over
+// TCP for the CPU backend, nccl/ for GPUs; both run the exact same schedules.
+//
+// Conventions: every rank of the communicator calls the same collectives in the same order with
+// tensors of the same dtype and element count. Tensors live on the backend's device. A peer that
+// dies or stops answering gives an error (UNAVAILABLE or DEADLINE_EXCEEDED, naming the peer when
+// known) within the communicator's timeout, never a hang.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
+
+namespace ithaca {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // out = the concatenation of every rank's `in`, in rank order; out.numel = size · in.numel.
+  virtual absl::Status AllGather(const Tensor& in, const Tensor& out) = 0;
+  // `in` is size equal chunks; rank r receives the sum over ranks of chunk r in `out`.
+  virtual absl::Status ReduceScatter(const Tensor& in, const Tensor& out) = 0;
+  // `in` is size equal chunks; chunk j goes to rank j; out's chunk i is what rank i sent here.
+  virtual absl::Status AllToAll(const Tensor& in, const Tensor& out) = 0;
+  // x = Σ over ranks of x, in place.
+  virtual absl::Status AllReduce(const Tensor& x) = 0;
+  // x = root's x on every rank.
+  virtual absl::Status Broadcast(const Tensor& x, int root) = 0;
+  virtual absl::Status Barrier() = 0;
+
+  // A sub-communicator of the ranks that pass the same `color`, ordered by `key` (then rank),
+  // like MPI_Comm_split. Every rank of this communicator must call it.
+  virtual absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) = 0;
+};
+
+}  // namespace ithaca

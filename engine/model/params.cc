@@ -1,0 +1,49 @@
+#include "engine/model/params.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ithaca {
+namespace {
+
+void AddEntry(ParamUnit& unit, std::string name, Shape shape) {
+  const bool is_matrix = shape.size() == 2;
+  const int64_t n = NumElements(shape);
+  unit.entries.push_back({std::move(name), std::move(shape), unit.numel, is_matrix});
+  unit.numel += n;
+}
+
+}  // namespace
+
+ParamLayout::ParamLayout(const LlamaConfig& c) {
+  const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
+  ParamUnit embed{"embed", {}, 0};
+  AddEntry(embed, "model.embed_tokens.weight", {c.vocab_size, d});
+  units_.push_back(std::move(embed));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    ParamUnit u{absl::StrCat("layer.", l), {}, 0};
+    // Order must match BlockParam.
+    AddEntry(u, p + "input_layernorm.weight", {d});
+    AddEntry(u, p + "self_attn.q_proj.weight", {c.num_attention_heads * hd, d});
+    AddEntry(u, p + "self_attn.k_proj.weight", {c.num_key_value_heads * hd, d});
+    AddEntry(u, p + "self_attn.v_proj.weight", {c.num_key_value_heads * hd, d});
+    AddEntry(u, p + "self_attn.o_proj.weight", {d, c.num_attention_heads * hd});
+    AddEntry(u, p + "post_attention_layernorm.weight", {d});
+    AddEntry(u, p + "mlp.gate_proj.weight", {f, d});
+    AddEntry(u, p + "mlp.up_proj.weight", {f, d});
+    AddEntry(u, p + "mlp.down_proj.weight", {d, f});
+    units_.push_back(std::move(u));
+  }
+  ParamUnit head{"head", {}, 0};
+  AddEntry(head, "model.norm.weight", {d});
+  if (!c.tie_word_embeddings) AddEntry(head, "lm_head.weight", {c.vocab_size, d});
+  units_.push_back(std::move(head));
+}
+
+int64_t ParamLayout::total_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u.numel;
+  return n;
+}
+
+}  // namespace ithaca

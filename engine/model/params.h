@@ -1,0 +1,52 @@
+// Parameter layout: the model's weights grouped into units (embedding, each block, final norm +
+// LM head), each unit one flat buffer. FSDP shards and gathers whole units; safetensors I/O maps
+// each Hugging Face tensor name to its slice of a unit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/core/tensor.h"
+#include "engine/model/config.h"
+
+namespace ithaca {
+
+struct ParamEntry {
+  std::string hf_name;  // e.g. "model.layers.3.self_attn.q_proj.weight"
+  Shape shape;
+  int64_t offset;       // elements from the start of the unit
+  bool is_matrix;       // weight decay applies to matrices only (not to norm weights)
+};
+
+struct ParamUnit {
+  std::string name;     // "embed", "layer.3", "head"
+  std::vector<ParamEntry> entries;
+  int64_t numel = 0;
+};
+
+// Indices of the entries inside a block unit, in order.
+enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kMlpNorm, kWGate, kWUp, kWDown, kNumBlockParams };
+// Entries of the head unit: final norm, then lm_head (absent when embeddings are tied).
+enum HeadParam { kFinalNorm, kLmHead };
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const LlamaConfig& cfg);
+  const std::vector<ParamUnit>& units() const { return units_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  // Unit indices.
+  int embed_unit() const { return 0; }
+  int block_unit(int layer) const { return 1 + layer; }
+  int head_unit() const { return num_units() - 1; }
+  int64_t total_numel() const;
+
+  // A view of one entry inside a unit's flat tensor (which may live on any device).
+  static Tensor View(const Tensor& unit_flat, const ParamEntry& e) {
+    return unit_flat.Slice(e.offset, e.shape);
+  }
+
+ private:
+  std::vector<ParamUnit> units_;
+};
+
+}  // namespace ithaca

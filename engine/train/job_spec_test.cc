@@ -1,0 +1,325 @@
+// JobSpec parsing: values, round trip, and that every class of bad input names its key.
+#include "engine/train/job_spec.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "engine/core/file_util.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+// Every key set to a non-default value, so a key the parser drops shows up as a wrong value.
+constexpr char kFullSpec[] = R"(
+name = "sail-8k"
+backend = "cuda"
+
+[model]
+preset = "llama-3.2-1b"
+config = "cfg/config.json"
+weights = "/models/llama"
+dtype = "f32"
+
+[data]
+path = "data/corpus.tok"
+seq_len = 8192
+micro_batch = 2
+
+[training]
+steps = 500
+lr = 1e-3
+min_lr = 0          # an integer where a float is expected
+warmup_steps = 0
+weight_decay = 0.05
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-6
+grad_clip = 0.5
+grad_accum = 4
+seed = 42
+
+[parallel]
+world = 8
+sp = 4
+fsdp = false
+
+[memory]
+checkpoint = "attention-aware"
+offload = true
+offload_keep_last = 2
+head_chunk = 4
+tile_tokens = "auto"
+gpu_budget_gib = 70.5
+host_budget_gib = 200
+
+[checkpoint]
+dir = "ckpt"
+every = 50
+resume = false
+keep = 3
+
+[metrics]
+log_every = 10
+)";
+
+absl::Status ParseError(const std::string& toml) { return ParseJobSpec(toml, "job.toml").status(); }
+
+// Parses a minimal valid spec plus `extra` (which may open sections) and returns the status.
+absl::Status ErrorWith(const std::string& extra) {
+  return ParseError("[data]\npath = \"d.tok\"\n" + extra);
+}
+
+void ExpectContains(const absl::Status& st, const std::string& part) {
+  EXPECT_NE(std::string(st.message()).find(part), std::string::npos)
+      << "\"" << st.message() << "\" lacks \"" << part << "\"";
+}
+
+void ExpectError(const absl::Status& st, const std::string& starts_with) {
+  ASSERT_FALSE(st.ok()) << "expected an error starting with " << starts_with;
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(std::string(st.message()).rfind(starts_with, 0), 0u) << st.message();
+}
+
+TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(kFullSpec);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name, "sail-8k");
+  EXPECT_EQ(s->backend, "cuda");
+  EXPECT_EQ(s->model.preset, "llama-3.2-1b");
+  EXPECT_EQ(s->model.config, "cfg/config.json");  // ParseJobSpec does not resolve paths
+  EXPECT_EQ(s->model.weights, "/models/llama");
+  EXPECT_EQ(s->model.dtype, "f32");
+  EXPECT_EQ(s->data.path, "data/corpus.tok");
+  EXPECT_EQ(s->data.seq_len, 8192);
+  EXPECT_EQ(s->data.micro_batch, 2);
+  EXPECT_EQ(s->training.steps, 500);
+  EXPECT_DOUBLE_EQ(s->training.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(s->training.min_lr, 0.0);
+  EXPECT_EQ(s->training.warmup_steps, 0);
+  EXPECT_DOUBLE_EQ(s->training.weight_decay, 0.05);
+  EXPECT_DOUBLE_EQ(s->training.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(s->training.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(s->training.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(s->training.grad_clip, 0.5);
+  EXPECT_EQ(s->training.grad_accum, 4);
+  EXPECT_EQ(s->training.seed, 42u);
+  EXPECT_EQ(s->parallel.world, 8);
+  EXPECT_EQ(s->parallel.sp, 4);
+  EXPECT_FALSE(s->parallel.fsdp);
+  EXPECT_EQ(s->memory.checkpoint, CheckpointPolicy::kAttentionAware);
+  EXPECT_TRUE(s->memory.offload);
+  EXPECT_EQ(s->memory.offload_keep_last, 2);
+  EXPECT_EQ(s->memory.head_chunk, 4);
+  EXPECT_EQ(s->memory.tile_tokens, 0);
+  EXPECT_DOUBLE_EQ(s->memory.gpu_budget_gib, 70.5);
+  EXPECT_DOUBLE_EQ(s->memory.host_budget_gib, 200.0);
+  EXPECT_EQ(s->checkpoint.dir, "ckpt");
+  EXPECT_EQ(s->checkpoint.every, 50);
+  EXPECT_FALSE(s->checkpoint.resume);
+  EXPECT_EQ(s->checkpoint.keep, 3);
+  EXPECT_EQ(s->metrics.log_every, 10);
+}
+
+TEST(JobSpecTest, DefaultsApplyWhenOnlyDataPathIsGiven) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec("[data]\npath = \"d.tok\"\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  JobSpec d;  // every other field keeps the struct's default
+  d.data.path = "d.tok";
+  EXPECT_EQ(JobSpecToToml(*s), JobSpecToToml(d));
+  EXPECT_EQ(s->memory.checkpoint, CheckpointPolicy::kFull);
+  EXPECT_EQ(s->data.seq_len, 256);
+}
+
+TEST(JobSpecTest, RoundTripsThroughToml) {
+  absl::StatusOr<JobSpec> a = ParseJobSpec(kFullSpec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  a->training.lr = 0.1 + 0.2;  // not exactly representable in short decimal: needs 17 digits
+  a->training.seed = 18446744073709551615ull;  // above INT64_MAX: written as a string
+  a->name = "quote \" and \\ backslash";
+  std::string text = JobSpecToToml(*a);
+  absl::StatusOr<JobSpec> b = ParseJobSpec(text, "roundtrip.toml");
+  ASSERT_TRUE(b.ok()) << b.status() << "\n" << text;
+  EXPECT_EQ(JobSpecToToml(*b), text);
+  EXPECT_EQ(b->training.lr, 0.1 + 0.2);
+  EXPECT_EQ(b->training.seed, 18446744073709551615ull);
+  EXPECT_EQ(b->name, "quote \" and \\ backslash");
+  EXPECT_EQ(b->memory.head_chunk, 4);
+  EXPECT_EQ(b->memory.tile_tokens, 0);
+  EXPECT_EQ(b->memory.checkpoint, CheckpointPolicy::kAttentionAware);
+  EXPECT_EQ(b->parallel.world, 8);
+  EXPECT_FALSE(b->checkpoint.resume);
+  EXPECT_DOUBLE_EQ(b->memory.gpu_budget_gib, 70.5);
+  EXPECT_NE(text.find("tile_tokens = \"auto\""), std::string::npos) << text;
+}
+
+TEST(JobSpecTest, CheckpointPolicyNames) {
+  EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kNone), "none");
+  EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kFull), "full");
+  EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kAttentionAware), "attention-aware");
+  for (const char* p : {"none", "full", "attention-aware"}) {
+    absl::StatusOr<JobSpec> s = ParseJobSpec(
+        absl::StrCat("[data]\npath = \"d\"\n[memory]\ncheckpoint = \"", p, "\"\n"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_STREQ(CheckpointPolicyName(s->memory.checkpoint), p);
+  }
+  ExpectError(ErrorWith("[memory]\ncheckpoint = \"some\"\n"), "job.toml: memory.checkpoint: ");
+}
+
+TEST(JobSpecTest, UnknownKeyInEachSectionNamesItsPath) {
+  ExpectError(ParseError("nmae = \"x\"\n[data]\npath = \"d\"\n"), "job.toml: nmae: unknown key");
+  for (const char* section :
+       {"model", "data", "training", "parallel", "memory", "checkpoint", "metrics"}) {
+    std::string toml = absl::StrCat("[data]\npath = \"d\"\n[", section, "]\nbogus_key = 1\n");
+    if (std::string(section) == "data") toml = "[data]\npath = \"d\"\nbogus_key = 1\n";
+    ExpectError(ParseError(toml), absl::StrCat("job.toml: ", section, ".bogus_key: unknown key"));
+  }
+}
+
+TEST(JobSpecTest, UnknownKeySuggestsTheClosestKey) {
+  absl::Status st = ErrorWith("[training]\nlerning_rate = 0.1\n");
+  ExpectError(st, "job.toml: training.lerning_rate: unknown key");
+  ExpectContains(st, "did you mean training.lr?");
+  ExpectContains(st, "line 4");
+  st = ErrorWith("[training]\nwarmup_step = 3\n");
+  ExpectContains(st, "did you mean training.warmup_steps?");
+  st = ErrorWith("[memory]\nzzz = 3\n");
+  EXPECT_EQ(std::string(st.message()).find("did you mean"), std::string::npos) << st;
+}
+
+TEST(JobSpecTest, UnknownSection) {
+  absl::Status st = ErrorWith("[trainig]\nsteps = 3\n");
+  ExpectError(st, "job.toml: trainig: unknown section");
+  ExpectContains(st, "did you mean training?");
+  ExpectError(ErrorWith("[optimizer]\nlr = 3\n"), "job.toml: optimizer: unknown section");
+  ExpectError(ErrorWith("[training.inner]\nx = 1\n"), "job.toml: training.inner: unknown key");
+}
+
+TEST(JobSpecTest, WrongTypes) {
+  struct Case {
+    std::string toml;
+    const char* prefix;
+  } cases[] = {
+      {"[training]\nsteps = \"ten\"", "job.toml: training.steps: must be an integer, got string"},
+      {"[training]\nsteps = 10.0", "job.toml: training.steps: must be an integer, got float"},
+      {"[training]\nlr = true", "job.toml: training.lr: must be a number, got boolean"},
+      {"[training]\nlr = nan", "job.toml: training.lr: must be a finite number"},
+      {"[training]\nseed = -1", "job.toml: training.seed: must be >= 0"},
+      {"[parallel]\nfsdp = 1", "job.toml: parallel.fsdp: must be a boolean, got integer"},
+      {"[model]\npreset = 3", "job.toml: model.preset: must be a string, got integer"},
+      {"[memory]\ncheckpoint = [1]", "job.toml: memory.checkpoint: must be a string, got array"},
+      {"[memory]\ntile_tokens = 1.5", "job.toml: memory.tile_tokens: must be an integer >= 1"},
+      {"[checkpoint]\nevery = 1979-05-27",
+       "job.toml: checkpoint.every: must be an integer, got date"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.toml);
+    ExpectError(ErrorWith(c.toml), c.prefix);
+  }
+  ExpectError(ParseError("model = 3\n[data]\npath = \"d\"\n"),
+              "job.toml: model: must be a table, got integer");
+  ExpectError(ParseError("[name]\nx = 1\n[data]\npath = \"d\"\n"),
+              "job.toml: name: must be a string, got table");
+}
+
+TEST(JobSpecTest, RangeChecksNameTheKey) {
+  struct Case {
+    const char* toml;
+    const char* prefix;
+  } cases[] = {
+      {"[training]\nsteps = 0", "job.toml: training.steps: must be >= 1, got 0"},
+      {"[training]\nlr = -1", "job.toml: training.lr: must be > 0, got -1"},
+      {"[training]\nlr = 0", "job.toml: training.lr: must be > 0"},
+      {"[training]\nmin_lr = -0.1", "job.toml: training.min_lr: must be >= 0"},
+      {"[training]\nlr = 0.1\nmin_lr = 0.2", "job.toml: training.min_lr: must be <= training.lr"},
+      {"[training]\nlr = 1e-5", "job.toml: training.min_lr: must be <= training.lr"},  // default
+      {"[training]\nwarmup_steps = -1", "job.toml: training.warmup_steps: must be >= 0"},
+      {"[training]\nweight_decay = -1", "job.toml: training.weight_decay: must be >= 0"},
+      {"[training]\nbeta1 = 1", "job.toml: training.beta1: must be in [0, 1)"},
+      {"[training]\nbeta1 = -0.1", "job.toml: training.beta1: must be in [0, 1)"},
+      {"[training]\nbeta2 = 1.5", "job.toml: training.beta2: must be in [0, 1)"},
+      {"[training]\neps = 0", "job.toml: training.eps: must be > 0"},
+      {"[training]\ngrad_clip = -1", "job.toml: training.grad_clip: must be >= 0"},
+      {"[training]\ngrad_accum = 0", "job.toml: training.grad_accum: must be >= 1"},
+      {"[data]\nseq_len = 1", "job.toml: data.seq_len: must be >= 2, got 1"},
+      {"[data]\nmicro_batch = 0", "job.toml: data.micro_batch: must be >= 1"},
+      {"[parallel]\nworld = 0", "job.toml: parallel.world: must be >= 1"},
+      {"[parallel]\nsp = 0", "job.toml: parallel.sp: must be >= 1"},
+      {"[parallel]\nworld = 8\nsp = 3", "job.toml: parallel.sp: must divide parallel.world (8)"},
+      {"backend = \"tpu\"", "job.toml: backend: must be \"cpu\" or \"cuda\", got \"tpu\""},
+      {"name = \"\"", "job.toml: name: must not be empty"},
+      {"[model]\ndtype = \"f16\"", "job.toml: model.dtype: must be \"bf16\" or \"f32\""},
+      {"[model]\npreset = \"llama-2-7b\"", "job.toml: model.preset: must be \"tiny\""},
+      {"[memory]\nhead_chunk = 0", "job.toml: memory.head_chunk: must be an integer >= 1"},
+      {"[memory]\nhead_chunk = \"max\"", "job.toml: memory.head_chunk: must be an integer >= 1"},
+      {"[memory]\ntile_tokens = -4", "job.toml: memory.tile_tokens: must be an integer >= 1"},
+      {"[memory]\noffload_keep_last = -1", "job.toml: memory.offload_keep_last: must be >= 0"},
+      {"[memory]\ngpu_budget_gib = -1", "job.toml: memory.gpu_budget_gib: must be >= 0"},
+      {"[memory]\nhost_budget_gib = -1", "job.toml: memory.host_budget_gib: must be >= 0"},
+      {"[checkpoint]\nevery = -1", "job.toml: checkpoint.every: must be >= 0"},
+      {"[checkpoint]\nkeep = 0", "job.toml: checkpoint.keep: must be >= 1"},
+      {"[metrics]\nlog_every = 0", "job.toml: metrics.log_every: must be >= 1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.toml);
+    // Top-level keys must come before the first table header.
+    std::string toml = c.toml[0] == '[' ? std::string("[data]\npath = \"d\"\n") + c.toml
+                                        : std::string(c.toml) + "\n[data]\npath = \"d\"\n";
+    if (std::string(c.toml).rfind("[data]", 0) == 0) {
+      toml = std::string(c.toml) + "\npath = \"d\"\n";
+    }
+    ExpectError(ParseError(toml), c.prefix);
+  }
+}
+
+TEST(JobSpecTest, RangeErrorGivesTheLine) {
+  absl::Status st = ErrorWith("[training]\nsteps = 10\nlr = -1\n");
+  ExpectError(st, "job.toml: training.lr: must be > 0, got -1");
+  ExpectContains(st, "(line 5)");
+}
+
+TEST(JobSpecTest, HeadChunkAutoAndInteger) {
+  absl::StatusOr<JobSpec> s =
+      ParseJobSpec("[data]\npath = \"d\"\n[memory]\nhead_chunk = \"auto\"\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->memory.head_chunk, 0);
+  s = ParseJobSpec("[data]\npath = \"d\"\n[memory]\nhead_chunk = 4\ntile_tokens = 1024\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->memory.head_chunk, 4);
+  EXPECT_EQ(s->memory.tile_tokens, 1024);
+}
+
+TEST(JobSpecTest, BadTomlGivesLineAndColumn) {
+  absl::Status st = ParseError("name = \"x\"\n[data]\npath = \"d\"\nseq_len = = 3\n");
+  ExpectError(st, "job.toml:4:");
+  ExpectContains(st, "invalid TOML");
+  st = ParseError("[data]\npath = \"d\"\n[data]\n");  // duplicate table
+  ExpectError(st, "job.toml:3:");
+}
+
+TEST(JobSpecTest, MissingDataPath) {
+  ExpectError(ParseError("name = \"x\"\n"), "job.toml: data.path: required");
+  ExpectError(ParseError("[data]\nseq_len = 64\n"), "job.toml: data.path: required");
+  ExpectError(ParseError("[data]\npath = \"\"\n"), "job.toml: data.path: required");
+}
+
+TEST(JobSpecTest, LoadResolvesRelativePathsAgainstTheSpecDirectory) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/jobdir");
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  std::string path = dir + "/job.toml";
+  ASSERT_TRUE(WriteFileAtomic(path, kFullSpec).ok());
+  absl::StatusOr<JobSpec> s = LoadJobSpec(path);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->data.path, dir + "/data/corpus.tok");
+  EXPECT_EQ(s->model.config, dir + "/cfg/config.json");
+  EXPECT_EQ(s->model.weights, "/models/llama");  // absolute: unchanged
+  EXPECT_EQ(s->checkpoint.dir, dir + "/ckpt");
+
+  ASSERT_TRUE(WriteFileAtomic(path, "[data]\npath = \"d\"\nsteps = 1\n").ok());
+  ExpectError(LoadJobSpec(path).status(), path + ": data.steps: unknown key");
+  EXPECT_FALSE(LoadJobSpec(dir + "/missing.toml").ok());
+}
+
+}  // namespace
+}  // namespace ithaca

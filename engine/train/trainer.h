@@ -1,0 +1,75 @@
+// Trainer: one rank's training loop. Builds the model from a JobSpec (preset or config.json,
+// weights or random init), resumes from the newest checkpoint, runs the steps, reports each one
+// (the stable step line of DESIGN.md §4 and a StepReport for whoever listens), and checkpoints.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/backend/ops.h"
+#include "engine/memory/allocator.h"
+#include "engine/model/llama.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/token_file.h"
+
+namespace ithaca {
+
+struct StepReport {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0;            // mean cross-entropy over the step's tokens
+  int64_t tokens = 0;         // tokens in this step (all ranks of the sample)
+  double seconds = 0;         // wall time of the step
+  double tokens_per_second = 0;  // per rank (per GPU)
+  double model_tflops = 0;    // BENCHMARKS.md's convention, per rank
+  double mfu = 0;             // model_tflops / 989
+  double grad_norm = 0;
+  double lr = 0;
+  std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
+  int64_t mem_device_peak = 0;
+};
+
+// The stable, parseable step line:
+// step 12/100 | loss 3.2140 | tok/s/gpu 472.5 | tflops 401.2 | mfu 40.6% | mem 68.1 GiB (params
+// 15.4 grads ... ) | 41.3 s
+std::string FormatStepLine(const StepReport& r);
+
+// Model FLOPs per token: 6·N (matmul parameters incl. the LM head) + 6·L·S·Hq·D (causal
+// attention, forward + backward, no recompute).
+double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
+
+// Resolves the spec's model: config.json when given, else the preset.
+absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec);
+
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, Ops* ops,
+                                                         Allocator* alloc);
+  // Runs from the current step to spec.training.steps (or to `stop_at_step` when > 0, as if
+  // interrupted there). `on_step` (optional) sees every report.
+  absl::Status Run(const std::function<void(const StepReport&)>& on_step = nullptr,
+                   int64_t stop_at_step = 0);
+
+  const TrainState& state() const { return state_; }
+  LlamaModel* model() { return model_.get(); }
+  // Writes a checkpoint of the current state now (no-op without checkpoint.dir).
+  absl::Status SaveCheckpointNow();
+
+ private:
+  Trainer() = default;
+  absl::StatusOr<StepReport> TrainStep();
+
+  JobSpec spec_;
+  LlamaConfig cfg_;
+  Ops* ops_ = nullptr;
+  Allocator* alloc_ = nullptr;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<DataLoader> data_;
+  TrainState state_;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,170 @@
+// The training loop end to end on the CPU backend: loss goes down, resume equals an
+// uninterrupted run, and bad data or a corrupt checkpoint give clear errors.
+#include "engine/train/trainer.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/core/file_util.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+std::string TmpDir(const std::string& name) {
+  std::string d = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+  EXPECT_TRUE(MakeDirs(d).ok());
+  return d;
+}
+
+std::string CorpusTokens(const std::string& dir) {
+  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  EXPECT_TRUE(text.ok()) << text.status();
+  const std::string path = dir + "/corpus.tok";
+  EXPECT_TRUE(WriteTokenFile(path, ByteTokenize(*text), kByteVocab).ok());
+  return path;
+}
+
+JobSpec SmallSpec(const std::string& dir) {
+  JobSpec spec;
+  spec.model.preset = "tiny";
+  spec.data.path = CorpusTokens(dir);
+  spec.data.seq_len = 64;
+  spec.training.steps = 40;
+  spec.training.lr = 3e-3;
+  spec.training.min_lr = 3e-4;
+  spec.training.warmup_steps = 3;
+  spec.memory.tile_tokens = 16;
+  return spec;
+}
+
+std::vector<double> Losses(Trainer& t, int64_t stop = 0) {
+  std::vector<double> out;
+  absl::Status st = t.Run([&](const StepReport& r) { out.push_back(r.loss); }, stop);
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+TEST(TrainerTest, LossGoesDownOnText) {
+  const std::string dir = TmpDir("loss_down");
+  JobSpec spec = SmallSpec(dir);
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<double> losses = Losses(**t);
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_NEAR(losses[0], std::log(258.0), 0.3) << "a random init starts near uniform";
+  double tail = 0;
+  for (int i = 35; i < 40; ++i) tail += losses[i] / 5;
+  EXPECT_LT(tail, losses[0] - 1.5) << "first " << losses[0] << " last five " << tail;
+}
+
+TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
+  const std::string dir = TmpDir("resume");
+  JobSpec spec = SmallSpec(dir);
+  spec.training.steps = 8;
+  spec.training.grad_accum = 2;
+  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  CpuOps ops;
+  HostAllocator alloc;
+
+  spec.checkpoint.dir = dir + "/straight";
+  auto a = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<double> straight = Losses(**a);
+
+  spec.checkpoint.dir = dir + "/interrupted";
+  spec.checkpoint.every = 4;
+  auto b1 = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  std::vector<double> first = Losses(**b1, /*stop=*/5);  // checkpoint at 4, then "crash" after 5
+  ASSERT_EQ(first.size(), 5u);
+  b1->reset();
+  auto b2 = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_TRUE(b2.ok()) << b2.status();
+  EXPECT_EQ((*b2)->state().step, 4);
+  std::vector<double> rest = Losses(**b2);
+  ASSERT_EQ(rest.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i + 1;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(rest[i], straight[4 + i]) << "step " << 5 + i;
+
+  // The final weights agree too.
+  for (int u = 0; u < (*a)->model()->layout().num_units(); ++u) {
+    const Tensor& x = (*a)->model()->params(u);
+    const Tensor& y = (*b2)->model()->params(u);
+    ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "unit " << u;
+  }
+}
+
+TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
+  const std::string dir = TmpDir("short");
+  JobSpec spec = SmallSpec(dir);
+  spec.data.path = dir + "/short.tok";
+  ASSERT_TRUE(WriteTokenFile(spec.data.path, {1, 2, 3}, kByteVocab).ok());
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("short.tok"), std::string::npos) << t.status();
+}
+
+TEST(TrainerTest, CorruptCheckpointIsAClearErrorAndNotOverwritten) {
+  const std::string dir = TmpDir("corrupt");
+  JobSpec spec = SmallSpec(dir);
+  spec.training.steps = 2;
+  spec.checkpoint.dir = dir + "/ck";
+  CpuOps ops;
+  HostAllocator alloc;
+  {
+    auto t = Trainer::Create(spec, &ops, &alloc);
+    ASSERT_TRUE(t.ok()) << t.status();
+    Losses(**t);
+  }
+  auto latest = LatestCheckpoint(spec.checkpoint.dir);
+  ASSERT_TRUE(latest.ok());
+  const std::string opt = *latest + "/optimizer.safetensors";
+  auto bytes = ReadFileToString(opt);
+  ASSERT_TRUE(bytes.ok());
+  {
+    std::ofstream out(opt, std::ios::binary | std::ios::trunc);
+    out.write(bytes->data(), bytes->size() / 2);  // truncated
+  }
+  auto t = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("optimizer.safetensors"), std::string::npos) << t.status();
+  EXPECT_TRUE(PathExists(opt)) << "the bad checkpoint is left for inspection";
+}
+
+TEST(StepLineTest, HasTheStableFields) {
+  StepReport r;
+  r.step = 12;
+  r.total_steps = 100;
+  r.loss = 3.214;
+  r.tokens_per_second = 472.5;
+  r.model_tflops = 401.2;
+  r.mfu = 0.406;
+  r.seconds = 41.3;
+  r.mem_peak[static_cast<int>(Tier::kParams)] = int64_t{15} << 30;
+  r.mem_device_peak = int64_t{68} << 30;
+  const std::string line = FormatStepLine(r);
+  EXPECT_EQ(line.rfind("step 12/100 | loss 3.2140 | tok/s/gpu 472.5 | tflops 401.2 | "
+                       "mfu 40.6% | mem 68.0 GiB (params 15.0 ",
+                       0),
+            0u)
+      << line;
+  EXPECT_NE(line.find("| 41.30 s"), std::string::npos) << line;
+}
+
+TEST(ModelFlopsTest, MatchesTheConventionForLlama8B) {
+  auto cfg = PresetConfig("llama-3-8b");
+  ASSERT_TRUE(cfg.ok());
+  // N ≈ 7.50e9 matmul parameters (6.98e9 in blocks + 0.53e9 LM head): 6·N + 6·32·S·4096 at S = 1M.
+  const double per_token = ModelFlopsPerToken(*cfg, 1 << 20);
+  EXPECT_NEAR(per_token, 6 * 7.50e9 + 6.0 * 32 * (1 << 20) * 4096, 0.01e12);
+}
+
+}  // namespace
+}  // namespace ithaca

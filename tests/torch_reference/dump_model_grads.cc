@@ -1,0 +1,102 @@
+// Writes a random tiny Llama (config.json + model.safetensors), one sample, and Ithaca's CPU loss
+// and parameter gradients, so llama_reference.py can check them against PyTorch.
+//
+//   dump_model_grads --out DIR [--untied] [--seq N] [--checkpoint none|full] [--tile N]
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/core/file_util.h"
+#include "engine/model/llama.h"
+#include "engine/model/weights.h"
+
+namespace ithaca {
+namespace {
+
+absl::Status Run(int argc, char** argv) {
+  std::string out, checkpoint = "full";
+  bool untied = false;
+  int64_t seq = 37, tile = 8;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--out") out = next();
+    else if (a == "--untied") untied = true;
+    else if (a == "--seq") seq = std::stoll(next());
+    else if (a == "--tile") tile = std::stoll(next());
+    else if (a == "--checkpoint") checkpoint = next();
+    else return absl::InvalidArgumentError("unknown flag " + a);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--out is required");
+  ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig("tiny"));
+  cfg.tie_word_embeddings = !untied;
+  // Short original context so rope_scaling's low, medium and high frequency bands all occur.
+  cfg.rope.original_max_position = 16;
+
+  CpuOps ops;
+  HostAllocator alloc;
+  LlamaModel::Options opts;
+  opts.checkpoint = checkpoint == "none" ? CheckpointPolicy::kNone : CheckpointPolicy::kFull;
+  opts.tile_tokens = tile;
+  opts.loss_tile_tokens = tile - 3;
+  ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, opts));
+  // Larger than the usual 0.02 so gradients are well above rounding noise.
+  HostWeights w = RandomWeights(model->layout(), 7);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> noise(0.f, 0.1f);
+  for (size_t u = 0; u < w.size(); ++u) {
+    for (const ParamEntry& e : model->layout().units()[u].entries) {
+      float* p = w[u].data() + e.offset;
+      for (int64_t i = 0; i < NumElements(e.shape); ++i) p[i] = e.is_matrix ? p[i] * 5.f : 1.f + noise(rng);
+    }
+  }
+  std::vector<const float*> ptrs;
+  for (size_t u = 0; u < w.size(); ++u) {
+    ops.Upload(w[u].data(), DType::kF32, model->params(u));
+    ptrs.push_back(w[u].data());
+  }
+  RETURN_IF_ERROR(WriteHfCheckpoint(out + "/model", cfg, model->layout(), ptrs, DType::kF32,
+                                    int64_t{1} << 40));
+
+  std::vector<int32_t> inputs(seq), labels(seq);
+  std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
+  for (int64_t i = 0; i < seq; ++i) inputs[i] = tok(rng);
+  for (int64_t i = 0; i < seq; ++i) labels[i] = i + 1 < seq ? inputs[i + 1] : -1;
+  labels[seq / 2] = -1;  // an ignored label in the middle
+  const int64_t labelled = seq - 2;
+  ASSIGN_OR_RETURN(LossSum loss,
+                   model->ForwardBackward(inputs.data(), labels.data(), seq, 1.f / labelled));
+  if (loss.tokens != labelled) return absl::InternalError("token count mismatch");
+
+  SafetensorsWriter grads;
+  std::vector<float> loss_v = {static_cast<float>(loss.loss_sum / loss.tokens)};
+  std::vector<float> in_f(inputs.begin(), inputs.end()), lab_f(labels.begin(), labels.end());
+  grads.Add("loss", DType::kF32, {1}, loss_v.data(), DType::kF32);
+  grads.Add("inputs", DType::kF32, {seq}, in_f.data(), DType::kF32);
+  grads.Add("labels", DType::kF32, {seq}, lab_f.data(), DType::kF32);
+  std::vector<std::vector<float>> host(w.size());
+  for (size_t u = 0; u < w.size(); ++u) {
+    const ParamUnit& unit = model->layout().units()[u];
+    host[u].resize(unit.numel);
+    ops.Download(model->grads(u), host[u].data(), DType::kF32);
+    for (const ParamEntry& e : unit.entries)
+      grads.Add(e.hf_name, DType::kF32, e.shape, host[u].data() + e.offset, DType::kF32);
+  }
+  RETURN_IF_ERROR(grads.WriteFile(out + "/grads.safetensors"));
+  std::printf("loss %.6f over %lld tokens\n", loss_v[0], static_cast<long long>(loss.tokens));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ithaca
+
+int main(int argc, char** argv) {
+  absl::Status st = ithaca::Run(argc, argv);
+  if (!st.ok()) {
+    std::fprintf(stderr, "dump_model_grads: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,15 @@
+#!/bin/bash
+# Ithaca's CPU loss and gradients against an independent PyTorch Llama, for a tiny model with GQA
+# and llama3 rope_scaling, tied and untied embeddings, with and without checkpoint recompute.
+set -euo pipefail
+dump="$1"
+ref="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+run() {
+  local name="$1"; shift
+  echo "== $name"
+  "$dump" --out "$tmp/$name" "$@"
+  /usr/bin/python3 "$ref" "$tmp/$name"
+}
+run tied_full --checkpoint full --seq 37 --tile 8
+run untied_none --untied --checkpoint none --seq 29 --tile 64
