@@ -8,7 +8,9 @@ APT_PACKAGES=(
 )
 # Python packages for /usr/bin/python3 (the interpreter that has Debian's torch): independent
 # oracles used by tests.
-PIP_PACKAGES=(safetensors==0.4.5)
+PIP_PACKAGES=(
+  safetensors==0.4.5
+)
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -24,8 +26,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
-if ! /usr/bin/python3 -c "import safetensors" 2>/dev/null; then
-  echo "setup: pip installing ${PIP_PACKAGES[*]} for /usr/bin/python3"
-  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "${PIP_PACKAGES[@]}"
+# pip is only asked when something is missing or at another version (`pip freeze` is fast).
+installed=$(/usr/bin/python3 -m pip freeze 2>/dev/null || true)
+want=()
+for p in "${PIP_PACKAGES[@]}"; do
+  grep -qixF "$p" <<<"$installed" || want+=("$p")
+done
+if [ ${#want[@]} -gt 0 ]; then
+  echo "setup: pip installing ${want[*]} for /usr/bin/python3"
+  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "${want[@]}"
 fi
 echo "setup: ok"

@@ -41,8 +41,18 @@ absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Ops* ops,
-                                                         Allocator* alloc) {
+                                                         Allocator* alloc, Comm* comm) {
+  const int world = comm ? comm->size() : 1;
+  if (world != spec.parallel.world) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.world: the job asks for ",
+                                                   spec.parallel.world, " ranks but ", world,
+                                                   " joined"));
+  }
+  if (world > 1) {
+    return absl::UnimplementedError("parallel.world > 1: the distributed engine is not built yet");
+  }
   std::unique_ptr<Trainer> t(new Trainer());
+  t->comm_ = comm;
   t->spec_ = spec;
   t->ops_ = ops;
   t->alloc_ = alloc;

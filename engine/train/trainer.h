@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/backend/ops.h"
+#include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/llama.h"
 #include "engine/train/checkpoint.h"
@@ -46,8 +47,9 @@ absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec);
 
 class Trainer {
  public:
+  // `comm` spans the job's ranks (spec.parallel.world of them); nullptr means a single rank.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, Ops* ops,
-                                                         Allocator* alloc);
+                                                         Allocator* alloc, Comm* comm = nullptr);
   // Runs from the current step to spec.training.steps (or to `stop_at_step` when > 0, as if
   // interrupted there). `on_step` (optional) sees every report.
   absl::Status Run(const std::function<void(const StepReport&)>& on_step = nullptr,
@@ -66,6 +68,7 @@ class Trainer {
   LlamaConfig cfg_;
   Ops* ops_ = nullptr;
   Allocator* alloc_ = nullptr;
+  Comm* comm_ = nullptr;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> data_;
