@@ -50,8 +50,18 @@ class Ops {
   // ---- Memory movement and elementwise.
   // x[:] = value.
   virtual void Fill(const Tensor& x, float value) = 0;
-  // dst = src, converting dtype when they differ (same element count).
+  // dst = src, converting dtype when they differ (same element count). One side may be pinned
+  // host memory from the backend's host pool (offload) when the dtypes are equal.
   virtual void Copy(const Tensor& src, const Tensor& dst) = 0;
+  // 2-D strided copy, like cudaMemcpy2D: `rows` rows of `cols` elements; row r is read at element
+  // r·src_stride of src and written at element r·dst_stride of dst. Same dtype. This is how
+  // Ulysses packs head groups for its all-to-alls. The default is one Copy per row.
+  virtual void Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst,
+                      int64_t dst_stride, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r) {
+      Copy(src.Slice(r * src_stride, {cols}), dst.Slice(r * dst_stride, {cols}));
+    }
+  }
   // Host memory (f32, bf16 or i32 as `host_dtype`) to/from a device tensor, converting dtype.
   virtual void Upload(const void* host, DType host_dtype, const Tensor& dst) = 0;
   virtual void Download(const Tensor& src, void* host, DType host_dtype) = 0;

@@ -1,50 +1,56 @@
-// One Llama transformer block, forward and backward, written against Ops (single rank, whole
-// sequence on this rank). Attention-aware and full checkpointing are built from the same pieces:
-// forward saves what the policy keeps, backward recomputes the rest.
+// One Llama transformer block, forward and backward, on one rank of a Ulysses group (the whole
+// sequence when P = 1). Attention goes through UPipe stages (engine/parallel/upipe.h); the MLP
+// runs over token tiles. The checkpoint policies are built from the same pieces: forward keeps
+// what the policy keeps, BlockRecompute rebuilds the rest before backward.
 #pragma once
 
 #include "engine/backend/ops.h"
 #include "engine/core/status.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/config.h"
+#include "engine/parallel/upipe.h"
 
 namespace ithaca {
 
-// Everything a block's backward needs besides its input. Which members are filled depends on
-// what forward was asked to keep.
+// A block's activations that backward needs besides its input x. Empty buffers are recomputed.
 struct BlockSaved {
-  Buffer h;      // rmsnorm(x)                                   [S, d]          activations
-  Buffer rstd1;  // f32 [S]                                                      activations
-  Buffer q, k, v;  // roped q [S, Hq, D], roped k, v [S, Hkv, D]                 attention
-  Buffer o;      // attention output [S, Hq, D]                                  attention
-  Buffer lse;    // f32 [Hq, S]                                                  attention
-  Buffer x2;     // x + o·Woᵀ (the MLP's residual input) [S, d]                  activations
-  Buffer h2;     // rmsnorm(x2) [S, d]                                           activations
-  Buffer rstd2;  // f32 [S]                                                      activations
+  Buffer h;       // rmsnorm(x) [s, d]                               activations
+  Buffer rstd1;   // f32 [s]                                          activations
+  Buffer o;       // attention output O_local [s, Hq·D]               attention
+  Buffer lse;     // f32 [Hq/P, S], stage by stage                    attention
+  Buffer x2;      // x + O·Woᵀ, the MLP's residual input [s, d]       activations
+  Buffer h2;      // rmsnorm(x2) [s, d]                               activations
+  Buffer rstd2;   // f32 [s]                                          activations
 };
 
 // Views into one block's flat parameter unit (weights) or gradient unit (same layout).
 struct BlockWeights {
   Tensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
+  QkvWeights qkv() const { return {wq, wk, wv}; }
 };
 BlockWeights BlockViews(const LlamaConfig& cfg, const Tensor& unit_flat);
 
 struct BlockContext {
   const LlamaConfig* cfg;
-  Ops* ops;
-  Allocator* alloc;
-  Tensor inv_freq;      // RoPE inverse frequencies, f32 [D/2] on the device
-  int64_t pos0 = 0;     // global position of the first token
+  UlyssesContext attn;  // ops, allocator, Ulysses group, head plan, local tokens, RoPE
   int64_t tile_tokens;  // MLP tile
+  Tier saved_attention_tier = Tier::kAttention;  // O and LSE: checkpoints when kept across blocks
+  Ops* ops() const { return attn.ops; }
+  Allocator* alloc() const { return attn.alloc; }
 };
 
-// y = block(x). Fills `saved` with everything backward needs.
+// y = block(x), x and y [s, d]. Fills every member of `saved`.
 absl::Status BlockForward(const BlockContext& c, const BlockWeights& w, const Tensor& x,
                           const Tensor& y, BlockSaved* saved);
 
-// Given dy (gradient wrt the block's output), writes dx (gradient wrt its input) and accumulates
-// the weight gradients into `g`. Consumes `saved` (its buffers are released as soon as they are
-// no longer needed). dx may alias dy.
+// Rebuilds the members of `saved` that are empty: h, rstd1 from x; o, lse by re-running the
+// attention forward (full checkpointing; attention-aware keeps them); x2, h2, rstd2.
+absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                            BlockSaved* saved);
+
+// Given dy (gradient wrt the block's output), writes dx (gradient wrt its input; may alias dy)
+// and accumulates the weight gradients into `g`. Needs every member of `saved`, and releases
+// them as soon as they are no longer needed.
 absl::Status BlockBackward(const BlockContext& c, const BlockWeights& w, const BlockWeights& g,
                            const Tensor& x, BlockSaved* saved, const Tensor& dy,
                            const Tensor& dx);

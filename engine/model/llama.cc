@@ -2,43 +2,65 @@
 
 #include <algorithm>
 
+#include "engine/parallel/offload.h"
+
 namespace ithaca {
+namespace {
+
+// Holds a unit's gathered parameters for a scope and releases them at its end.
+class UnitLease {
+ public:
+  UnitLease(ParamStore* store, int unit) : store_(store), unit_(unit) {}
+  ~UnitLease() {
+    if (held_) store_->Release(unit_);
+  }
+  absl::StatusOr<Tensor> Get() {
+    ASSIGN_OR_RETURN(Tensor t, store_->Acquire(unit_));
+    held_ = true;
+    return t;
+  }
+
+ private:
+  ParamStore* store_;
+  int unit_;
+  bool held_ = false;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& cfg, Ops* ops,
-                                                                Allocator* alloc, Options opts) {
+                                                                Allocator* alloc, Options opts,
+                                                                Comm* world, Comm* sp) {
   RETURN_IF_ERROR(ValidateConfig(cfg));
   std::unique_ptr<LlamaModel> m(new LlamaModel(cfg, ops, alloc, opts));
-  for (const ParamUnit& u : m->layout_.units()) {
-    ASSIGN_OR_RETURN(Buffer p, Buffer::Make(alloc, ops->act_dtype(), {u.numel}, Tier::kParams));
-    ASSIGN_OR_RETURN(Buffer g, Buffer::Make(alloc, DType::kF32, {u.numel}, Tier::kGrads));
-    ops->Fill(p.tensor(), 0.f);
-    m->params_.push_back(std::move(p));
-    m->grads_.push_back(std::move(g));
-  }
-  m->ZeroGrads();
+  m->world_ = world;
+  m->sp_ = sp;
+  ASSIGN_OR_RETURN(m->plan_, MakeHeadPlan(cfg, sp ? sp->size() : 1, opts.head_chunk));
+  ASSIGN_OR_RETURN(m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp));
   const std::vector<float> inv = RopeInverseFrequencies(cfg.rope);
-  ASSIGN_OR_RETURN(m->inv_freq_, Buffer::Make(alloc, DType::kF32, {static_cast<int64_t>(inv.size())},
+  ASSIGN_OR_RETURN(m->inv_freq_, Buffer::Make(alloc, DType::kF32,
+                                              {static_cast<int64_t>(inv.size())},
                                               Tier::kActivations));
   ops->Upload(inv.data(), DType::kF32, m->inv_freq_.tensor());
   return m;
 }
 
-void LlamaModel::ZeroGrads() {
-  for (Buffer& g : grads_) ops_->Fill(g.tensor(), 0.f);
-}
-
-BlockContext LlamaModel::Context(int64_t S) const {
-  int64_t tile = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(S, 4096);
-  return BlockContext{&cfg_, ops_, alloc_, inv_freq_.tensor(), 0, tile};
-}
-
-Tensor LlamaModel::LmHead(const std::vector<Buffer>& units) const {
-  const auto& head = layout_.units()[layout_.head_unit()];
-  if (cfg_.tie_word_embeddings) {
-    const auto& e = layout_.units()[layout_.embed_unit()].entries[0];
-    return ParamLayout::View(units[layout_.embed_unit()].tensor(), e);
-  }
-  return ParamLayout::View(units[layout_.head_unit()].tensor(), head.entries[kLmHead]);
+BlockContext LlamaModel::Context(int64_t s) const {
+  BlockContext c;
+  c.cfg = &cfg_;
+  c.attn.ops = ops_;
+  c.attn.alloc = alloc_;
+  c.attn.sp = plan_.P > 1 ? sp_ : nullptr;
+  c.attn.plan = plan_;
+  c.attn.rank = sp_rank();
+  c.attn.s = s;
+  c.attn.inv_freq = inv_freq_.tensor();
+  c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
+  // Attention-aware checkpointing keeps O and LSE with the block input.
+  c.saved_attention_tier = opts_.checkpoint == CheckpointPolicy::kAttentionAware
+                               ? Tier::kCheckpoints
+                               : Tier::kAttention;
+  return c;
 }
 
 absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* labels,
@@ -53,8 +75,13 @@ absl::StatusOr<LossSum> LlamaModel::Evaluate(const int32_t* inputs, const int32_
 
 absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* labels, int64_t S,
                                         float grad_scale, bool backward) {
-  const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
+  const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers, P = plan_.P;
   const DType act = ops_->act_dtype();
+  if (S % P != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("data.seq_len: ", S,
+                                                   " tokens do not split evenly over parallel.sp = ",
+                                                   P, " ranks"));
+  }
   for (int64_t i = 0; i < S; ++i) {
     if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token ", inputs[i], " at position ", i,
@@ -62,82 +89,137 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
                                                      cfg_.vocab_size));
     }
   }
-  ASSIGN_OR_RETURN(Buffer ids, Buffer::Make(alloc_, DType::kI32, {S}, Tier::kActivations));
-  ASSIGN_OR_RETURN(Buffer lab, Buffer::Make(alloc_, DType::kI32, {S}, Tier::kActivations));
-  ops_->Upload(inputs, DType::kI32, ids.tensor());
-  ops_->Upload(labels, DType::kI32, lab.tensor());
+  // This rank's slice of the sequence; labels were shifted before sharding.
+  const int64_t s = S / P, t0 = sp_rank() * s;
+  ASSIGN_OR_RETURN(Buffer ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer lab, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
+  ops_->Upload(inputs + t0, DType::kI32, ids.tensor());
+  ops_->Upload(labels + t0, DType::kI32, lab.tensor());
+  LossSum out;
+  out.tokens = std::count_if(labels + t0, labels + t0 + s, [](int32_t v) { return v >= 0; });
 
-  // xs[l] is block l's input (kept: the checkpoints tier); xs[L] the last block's output.
-  std::vector<Buffer> xs(L + 1);
-  for (int64_t l = 0; l <= L; ++l) {
-    ASSIGN_OR_RETURN(xs[l], Buffer::Make(alloc_, act, {S, d},
-                                         l < L ? Tier::kCheckpoints : Tier::kActivations));
+  ParamStore& ps = *params_;
+  const int embed_unit = layout_.embed_unit();
+  const auto& embed_entry = layout_.units()[embed_unit].entries[0];
+  ASSIGN_OR_RETURN(Buffer x, Buffer::Make(alloc_, act, {s, d}, Tier::kCheckpoints));
+  {
+    UnitLease embed(&ps, embed_unit);
+    ASSIGN_OR_RETURN(Tensor e, embed.Get());
+    ops_->Embedding(ids.tensor(), ParamLayout::View(e, embed_entry), x.tensor());
   }
-  const Tensor embed = ParamLayout::View(params(layout_.embed_unit()),
-                                         layout_.units()[layout_.embed_unit()].entries[0]);
-  ops_->Embedding(ids.tensor(), embed, xs[0].tensor());
 
-  const BlockContext ctx = Context(S);
-  const bool keep = opts_.checkpoint == CheckpointPolicy::kNone && backward;
-  std::vector<BlockSaved> saved(L);
+  const BlockContext ctx = Context(s);
+  const bool keep_all = opts_.checkpoint == CheckpointPolicy::kNone && backward;
+  const bool keep_attention = opts_.checkpoint == CheckpointPolicy::kAttentionAware;
+  CheckpointStore saved(ops_, alloc_, L, opts_.offload && backward, opts_.offload_keep_last);
+  std::vector<BlockSaved> resident(keep_all ? L : 0);
+  std::unique_ptr<UnitLease> next;  // the next block's parameters, gathered one block ahead
   for (int64_t l = 0; l < L; ++l) {
-    const BlockWeights w = BlockViews(cfg_, params(layout_.block_unit(l)));
-    BlockSaved scratch;
-    RETURN_IF_ERROR(BlockForward(ctx, w, xs[l].tensor(), xs[l + 1].tensor(),
-                                 keep ? &saved[l] : &scratch));
+    std::unique_ptr<UnitLease> cur = std::move(next);
+    if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
+    ASSIGN_OR_RETURN(Tensor params, cur->Get());
+    if (l + 1 < L) {
+      next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l + 1));
+      RETURN_IF_ERROR(next->Get().status());
+    }
+    const Tier y_tier = l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
+    ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
+    BlockSaved bs;
+    RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs));
+    if (backward) {
+      SavedInputs in;
+      in.x = std::move(x);
+      if (keep_attention) {
+        in.o = std::move(bs.o);
+        in.lse = std::move(bs.lse);
+      }
+      if (keep_all) resident[l] = std::move(bs);
+      RETURN_IF_ERROR(saved.Put(l, std::move(in)));
+    }
+    x = std::move(y);
   }
+  next.reset();
 
-  const int64_t labelled = std::count_if(labels, labels + S, [](int32_t v) { return v >= 0; });
   if (!backward) {
-    ASSIGN_OR_RETURN(LossSum loss, LossHead(xs[L].tensor(), lab.tensor(), 0.f, nullptr));
-    loss.tokens = labelled;
-    return loss;
+    ASSIGN_OR_RETURN(out.loss_sum, LossHead(x.tensor(), lab.tensor(), 0.f, nullptr));
+    return out;
   }
-  ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, act, {S, d}, Tier::kActivations));
-  ASSIGN_OR_RETURN(LossSum loss, LossHead(xs[L].tensor(), lab.tensor(), grad_scale, &dx.tensor()));
-  loss.tokens = labelled;
-  xs[L].Reset();
+  ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, act, {s, d}, Tier::kActivations));
+  ASSIGN_OR_RETURN(out.loss_sum, LossHead(x.tensor(), lab.tensor(), grad_scale, &dx.tensor()));
+  x.Reset();
 
   for (int64_t l = L - 1; l >= 0; --l) {
-    const BlockWeights w = BlockViews(cfg_, params(layout_.block_unit(l)));
-    const BlockWeights g = BlockViews(cfg_, grads(layout_.block_unit(l)));
-    if (!keep) {
-      // Full checkpointing: rebuild the block's activations from its saved input.
-      ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {S, d}, Tier::kActivations));
-      RETURN_IF_ERROR(BlockForward(ctx, w, xs[l].tensor(), y.tensor(), &saved[l]));
+    std::unique_ptr<UnitLease> cur = std::move(next);
+    if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
+    ASSIGN_OR_RETURN(Tensor params, cur->Get());
+    ASSIGN_OR_RETURN(SavedInputs in, saved.Take(l));
+    RETURN_IF_ERROR(saved.Prefetch(l - 1));  // the previous block's inputs, one block ahead
+    if (l > 0) {
+      next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l - 1));
+      RETURN_IF_ERROR(next->Get().status());
     }
-    RETURN_IF_ERROR(BlockBackward(ctx, w, g, xs[l].tensor(), &saved[l], dx.tensor(), dx.tensor()));
-    xs[l].Reset();
+    ASSIGN_OR_RETURN(Tensor grads, ps.AcquireGrad(layout_.block_unit(l)));
+    const BlockWeights w = BlockViews(cfg_, params);
+    BlockSaved bs = keep_all ? std::move(resident[l]) : BlockSaved();
+    if (keep_attention) {
+      bs.o = std::move(in.o);
+      bs.lse = std::move(in.lse);
+    }
+    RETURN_IF_ERROR(BlockRecompute(ctx, w, in.x.tensor(), &bs));
+    RETURN_IF_ERROR(BlockBackward(ctx, w, BlockViews(cfg_, grads), in.x.tensor(), &bs,
+                                  dx.tensor(), dx.tensor()));
+    RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
   }
-  const Tensor dembed = ParamLayout::View(grads(layout_.embed_unit()),
-                                          layout_.units()[layout_.embed_unit()].entries[0]);
-  ops_->EmbeddingBackward(ids.tensor(), dx.tensor(), dembed);
-  return loss;
+  {
+    ASSIGN_OR_RETURN(Tensor g, ps.AcquireGrad(embed_unit));
+    ops_->EmbeddingBackward(ids.tensor(), dx.tensor(), ParamLayout::View(g, embed_entry));
+    RETURN_IF_ERROR(ps.ReduceGrad(embed_unit));
+  }
+  return out;
 }
 
-absl::StatusOr<LossSum> LlamaModel::LossHead(const Tensor& x, const Tensor& labels,
-                                             float grad_scale, const Tensor* dx) {
-  const int64_t S = x.dim(0), d = cfg_.hidden_size, V = cfg_.vocab_size;
+absl::StatusOr<double> LlamaModel::LossHead(const Tensor& x, const Tensor& labels,
+                                            float grad_scale, const Tensor* dx) {
+  const int64_t s = x.dim(0), d = cfg_.hidden_size, V = cfg_.vocab_size;
   const DType act = ops_->act_dtype();
   // The [T, V] logits tile is the largest transient buffer: keep it near 32M elements.
   const int64_t T = opts_.loss_tile_tokens > 0
-                        ? std::min(opts_.loss_tile_tokens, S)
-                        : std::min<int64_t>(S, std::max<int64_t>(16, (int64_t{1} << 25) / V));
-  const int head = layout_.head_unit();
-  const Tensor norm_w = ParamLayout::View(params(head), layout_.units()[head].entries[kFinalNorm]);
-  const Tensor norm_g = ParamLayout::View(grads(head), layout_.units()[head].entries[kFinalNorm]);
-  const Tensor E = LmHead(params_);
-  const Tensor dE = LmHead(grads_);
+                        ? std::min(opts_.loss_tile_tokens, s)
+                        : std::min<int64_t>(s, std::max<int64_t>(16, (int64_t{1} << 25) / V));
+  ParamStore& ps = *params_;
+  const int head = layout_.head_unit(), embed = layout_.embed_unit();
+  const bool tied = cfg_.tie_word_embeddings;
+  const auto& head_entries = layout_.units()[head].entries;
+  const ParamEntry& e_entry = tied ? layout_.units()[embed].entries[0] : head_entries[kLmHead];
+
+  UnitLease head_lease(&ps, head), embed_lease(&ps, embed);
+  ASSIGN_OR_RETURN(Tensor head_p, head_lease.Get());
+  Tensor e_p = head_p;
+  if (tied) {
+    ASSIGN_OR_RETURN(e_p, embed_lease.Get());
+  }
+  const Tensor norm_w = ParamLayout::View(head_p, head_entries[kFinalNorm]);
+  const Tensor E = ParamLayout::View(e_p, e_entry);
+  Tensor norm_g, dE;
+  if (dx) {
+    ASSIGN_OR_RETURN(Tensor head_g, ps.AcquireGrad(head));
+    Tensor e_g = head_g;
+    if (tied) {
+      ASSIGN_OR_RETURN(e_g, ps.AcquireGrad(embed));
+    }
+    norm_g = ParamLayout::View(head_g, head_entries[kFinalNorm]);
+    dE = ParamLayout::View(e_g, e_entry);
+  }
   ASSIGN_OR_RETURN(Buffer h, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer rstd, Buffer::Make(alloc_, DType::kF32, {T}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer logits, Buffer::Make(alloc_, act, {T, V}, Tier::kActivations));
-  ASSIGN_OR_RETURN(Buffer losses, Buffer::Make(alloc_, DType::kF32, {S}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer losses, Buffer::Make(alloc_, DType::kF32, {s}, Tier::kActivations));
   Buffer dh;
   if (dx) {
     ASSIGN_OR_RETURN(dh, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
   }
-  for (int64_t t0 = 0; t0 < S; t0 += T) {
-    const int64_t t1 = std::min(S, t0 + T), n = t1 - t0;
+  for (int64_t t0 = 0; t0 < s; t0 += T) {
+    const int64_t t1 = std::min(s, t0 + T), n = t1 - t0;
     const Tensor xt = x.Rows(t0, t1), ht = h.tensor().Rows(0, n);
     const Tensor rt = rstd.tensor().Rows(0, n), lt = logits.tensor().Rows(0, n);
     ops_->RmsNorm(xt, norm_w, static_cast<float>(cfg_.rms_norm_eps), ht, rt);
@@ -150,9 +232,11 @@ absl::StatusOr<LossSum> LlamaModel::LossHead(const Tensor& x, const Tensor& labe
     ops_->Fill(dxt, 0.f);
     ops_->RmsNormBackward(xt, norm_w, rt, dht, dxt, norm_g);
   }
-  LossSum out;
-  out.loss_sum = ops_->Sum(losses.tensor());
-  return out;
+  if (dx) {
+    RETURN_IF_ERROR(ps.ReduceGrad(head));
+    if (tied) RETURN_IF_ERROR(ps.ReduceGrad(embed));
+  }
+  return ops_->Sum(losses.tensor());
 }
 
 }  // namespace ithaca

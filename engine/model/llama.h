@@ -1,72 +1,86 @@
-// LlamaModel: a single rank's Llama forward + backward over one sample, on any Ops backend.
-// Holds the working copy of the weights (params tier) and their gradients (grads tier), one flat
-// buffer per unit of ParamLayout. The optimizer (engine/train) owns the f32 master weights.
+// LlamaModel: one rank's forward + backward of a Llama over one sample, with every memory
+// technique of DESIGN.md §1: FSDP parameter units (ParamStore), Ulysses sequence sharding with
+// UPipe headwise attention, a checkpoint policy per block, offload of saved block data, and
+// tiled MLP and loss. With one rank and no options it is the plain model (the oracle's shape).
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "engine/backend/ops.h"
+#include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/block.h"
 #include "engine/model/config.h"
 #include "engine/model/params.h"
+#include "engine/parallel/fsdp.h"
+#include "engine/parallel/head_plan.h"
 #include "engine/train/job_spec.h"
 
 namespace ithaca {
 
 struct LossSum {
-  double loss_sum = 0;  // Σ of per-token cross-entropy (natural log) over labelled tokens
-  int64_t tokens = 0;   // labelled tokens
+  double loss_sum = 0;  // Σ of per-token cross-entropy (natural log) over this rank's tokens
+  int64_t tokens = 0;   // labelled tokens on this rank
 };
 
 class LlamaModel {
  public:
   struct Options {
     CheckpointPolicy checkpoint = CheckpointPolicy::kFull;
-    int64_t tile_tokens = 0;  // MLP tile; 0 = auto
+    int64_t tile_tokens = 0;       // MLP tile; 0 = auto
     int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0 = auto
+    int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
+    bool offload = false;          // saved block data to the host between forward and backward
+    int64_t offload_keep_last = 0;
+    bool fsdp = true;              // shard parameter units over `world`
   };
 
+  // `world` spans every rank (FSDP and data parallel), `sp` this rank's Ulysses group; either
+  // may be nullptr for one rank.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaConfig& cfg, Ops* ops,
-                                                            Allocator* alloc, Options opts);
+                                                            Allocator* alloc, Options opts,
+                                                            Comm* world = nullptr,
+                                                            Comm* sp = nullptr);
 
   const LlamaConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
+  const HeadPlan& head_plan() const { return plan_; }
   Ops* ops() const { return ops_; }
   Allocator* allocator() const { return alloc_; }
-  // Working-copy weights (act dtype) and f32 gradients of a unit, flat.
-  const Tensor& params(int unit) const { return params_[unit].tensor(); }
-  const Tensor& grads(int unit) const { return grads_[unit].tensor(); }
-  void ZeroGrads();
+  ParamStore& params() { return *params_; }
+  int64_t sp_size() const { return plan_.P; }
+  int64_t sp_rank() const { return sp_ ? sp_->rank() : 0; }
 
-  // Forward and backward over one sample of S tokens (host arrays). Gradients of the summed
-  // loss times `grad_scale` are accumulated into grads(); returns the loss sum and token count.
+  // Forward and backward over this rank's share of one sample: `inputs` and `labels` hold the
+  // whole sample (S tokens, labels already shifted; < 0 ignored) and the rank takes tokens
+  // [r·S/P, (r+1)·S/P). Gradients of the summed loss times `grad_scale` are added to the
+  // rank's gradient shards; returns this rank's loss sum and token count.
   absl::StatusOr<LossSum> ForwardBackward(const int32_t* inputs, const int32_t* labels, int64_t S,
                                           float grad_scale);
-  // Forward only (evaluation): the loss sum, no gradients.
+  // Forward only: this rank's loss sum.
   absl::StatusOr<LossSum> Evaluate(const int32_t* inputs, const int32_t* labels, int64_t S);
 
  private:
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
       : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts) {}
-  BlockContext Context(int64_t S) const;
-  // The embedding matrix used by the LM head (the embedding itself when tied), and its gradient.
-  Tensor LmHead(const std::vector<Buffer>& units) const;
+  BlockContext Context(int64_t s) const;
   absl::StatusOr<LossSum> Run(const int32_t* inputs, const int32_t* labels, int64_t S,
                               float grad_scale, bool backward);
-  // LM head + cross-entropy over token tiles; with backward, writes dx [S, d] and accumulates the
-  // head's gradients.
-  absl::StatusOr<LossSum> LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
-                                   const Tensor* dx);
+  // Final norm, LM head and cross-entropy over token tiles. With backward, writes dx [s, d] and
+  // adds the head's (and tied embedding's) gradients.
+  absl::StatusOr<double> LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
+                                  const Tensor* dx);
 
   LlamaConfig cfg_;
   ParamLayout layout_;
   Ops* ops_;
   Allocator* alloc_;
   Options opts_;
-  std::vector<Buffer> params_;
-  std::vector<Buffer> grads_;
+  Comm* world_ = nullptr;
+  Comm* sp_ = nullptr;
+  HeadPlan plan_;
+  std::unique_ptr<ParamStore> params_;
   Buffer inv_freq_;
 };
 

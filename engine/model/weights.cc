@@ -6,31 +6,39 @@
 
 namespace ithaca {
 
+std::vector<float> RandomUnitWeights(const ParamLayout& layout, int u, uint64_t seed) {
+  const ParamUnit& unit = layout.units()[u];
+  std::vector<float> flat(unit.numel);
+  std::mt19937_64 rng(seed * 1000003 + u);
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  for (const ParamEntry& e : unit.entries) {
+    const int64_t n = NumElements(e.shape);
+    for (int64_t i = 0; i < n; ++i) flat[e.offset + i] = e.is_matrix ? normal(rng) : 1.f;
+  }
+  return flat;
+}
+
 HostWeights RandomWeights(const ParamLayout& layout, uint64_t seed) {
   HostWeights w;
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    const ParamUnit& unit = layout.units()[u];
-    std::vector<float> flat(unit.numel);
-    // One generator per unit, so a unit's values do not depend on the other units' sizes.
-    std::mt19937_64 rng(seed * 1000003 + u);
-    std::normal_distribution<float> normal(0.f, 0.02f);
-    for (const ParamEntry& e : unit.entries) {
-      const int64_t n = NumElements(e.shape);
-      for (int64_t i = 0; i < n; ++i) flat[e.offset + i] = e.is_matrix ? normal(rng) : 1.f;
-    }
-    w.push_back(std::move(flat));
-  }
+  for (int u = 0; u < layout.num_units(); ++u) w.push_back(RandomUnitWeights(layout, u, seed));
   return w;
+}
+
+absl::StatusOr<std::vector<float>> ReadUnitWeights(const ParamLayout& layout,
+                                                   const SafetensorsReader& reader, int u) {
+  const ParamUnit& unit = layout.units()[u];
+  std::vector<float> flat(unit.numel);
+  for (const ParamEntry& e : unit.entries) {
+    RETURN_IF_ERROR(reader.Read(e.hf_name, e.shape, DType::kF32, flat.data() + e.offset));
+  }
+  return flat;
 }
 
 absl::StatusOr<HostWeights> ReadWeights(const ParamLayout& layout,
                                         const SafetensorsReader& reader) {
   HostWeights w;
-  for (const ParamUnit& unit : layout.units()) {
-    std::vector<float> flat(unit.numel);
-    for (const ParamEntry& e : unit.entries) {
-      RETURN_IF_ERROR(reader.Read(e.hf_name, e.shape, DType::kF32, flat.data() + e.offset));
-    }
+  for (int u = 0; u < layout.num_units(); ++u) {
+    ASSIGN_OR_RETURN(std::vector<float> flat, ReadUnitWeights(layout, reader, u));
     w.push_back(std::move(flat));
   }
   return w;

@@ -16,9 +16,13 @@ namespace ithaca {
 using HostWeights = std::vector<std::vector<float>>;
 
 // Deterministic in `seed`: matrices ~ N(0, 0.02²) (Hugging Face's initializer_range), norms = 1.
+// Each unit has its own generator, so one unit can be made without the others.
+std::vector<float> RandomUnitWeights(const ParamLayout& layout, int unit, uint64_t seed);
 HostWeights RandomWeights(const ParamLayout& layout, uint64_t seed);
 
 // Reads every tensor the layout names, checking shapes; a tied model ignores lm_head.weight.
+absl::StatusOr<std::vector<float>> ReadUnitWeights(const ParamLayout& layout,
+                                                   const SafetensorsReader& reader, int unit);
 absl::StatusOr<HostWeights> ReadWeights(const ParamLayout& layout, const SafetensorsReader& reader);
 
 // Writes `dir`/config.json and the weights (model.safetensors, or shards + index above

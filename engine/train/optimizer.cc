@@ -1,39 +1,60 @@
 #include "engine/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ithaca {
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
-                                                             const HostWeights& init,
+                                                             const UnitSource& init,
                                                              const JobSpec::Training& hp) {
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp));
   Ops* ops = model->ops();
-  const auto& units = model->layout().units();
-  if (init.size() != units.size()) return absl::InternalError("weights do not match the layout");
-  for (size_t u = 0; u < units.size(); ++u) {
+  ParamStore& ps = model->params();
+  for (int u = 0; u < ps.num_units(); ++u) {
     for (auto* vec : {&o->master_, &o->m_, &o->v_}) {
-      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model->allocator(), DType::kF32, {units[u].numel},
-                                              Tier::kOptimizer));
+      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model->allocator(), DType::kF32,
+                                              {ps.shard_numel(u)}, Tier::kOptimizer));
       ops->Fill(b.tensor(), 0.f);
       vec->push_back(std::move(b));
     }
-    ops->Upload(init[u].data(), DType::kF32, o->master_[u].tensor());
+    ASSIGN_OR_RETURN(std::vector<float> whole, init(u));
+    if (static_cast<int64_t>(whole.size()) != ps.unit_numel(u)) {
+      return absl::InternalError("initial weights do not match the parameter layout");
+    }
+    ps.ScatterFromHost(u, whole, o->master_[u].tensor());
   }
   o->RefreshWorkingCopy();
   return o;
 }
 
 void Optimizer::RefreshWorkingCopy() {
-  for (size_t u = 0; u < master_.size(); ++u) model_->ops()->Copy(master_[u].tensor(),
-                                                                  model_->params(u));
+  ParamStore& ps = model_->params();
+  for (size_t u = 0; u < master_.size(); ++u) {
+    model_->ops()->Copy(master_[u].tensor(), ps.working_shard(u));
+  }
 }
 
-Optimizer::StepResult Optimizer::Step(int64_t step, double lr) {
+absl::StatusOr<double> Optimizer::GlobalSumSquares() {
   Ops* ops = model_->ops();
-  StepResult r;
+  ParamStore& ps = model_->params();
   double sq = 0;
-  for (size_t u = 0; u < master_.size(); ++u) sq += ops->SumSquares(model_->grads(u));
+  for (int u = 0; u < ps.num_units(); ++u) sq += ops->SumSquares(ps.grad_shard(u));
+  if (!ps.sharded()) return sq;  // every rank holds every gradient
+  ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model_->allocator(), DType::kF32, {1}, Tier::kComm));
+  const float local = static_cast<float>(sq);
+  ops->Upload(&local, DType::kF32, b.tensor());
+  RETURN_IF_ERROR(ps.world()->AllReduce(b.tensor()));
+  float total = 0;
+  ops->Download(b.tensor(), &total, DType::kF32);
+  return total;
+}
+
+absl::StatusOr<Optimizer::StepResult> Optimizer::Step(int64_t step, double lr) {
+  Ops* ops = model_->ops();
+  ParamStore& ps = model_->params();
+  StepResult r;
+  ASSIGN_OR_RETURN(double sq, GlobalSumSquares());
   r.grad_norm = std::sqrt(sq);
   if (hp_.grad_clip > 0 && r.grad_norm > hp_.grad_clip) r.clip_scale = hp_.grad_clip / r.grad_norm;
   AdamWParams p;
@@ -43,37 +64,44 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr) {
   p.eps = static_cast<float>(hp_.eps);
   p.grad_scale = static_cast<float>(r.clip_scale);
   p.step = step;
-  for (size_t u = 0; u < master_.size(); ++u) {
+  for (int u = 0; u < ps.num_units(); ++u) {
+    // Each entry's part of this rank's shard, so weight decay follows the entry's kind.
+    const int64_t begin = ps.shard_begin(u), end = begin + ps.shard_numel(u);
     for (const ParamEntry& e : model_->layout().units()[u].entries) {
+      const int64_t lo = std::max(begin, e.offset);
+      const int64_t hi = std::min(end, e.offset + NumElements(e.shape));
+      if (lo >= hi) continue;
       p.weight_decay = e.is_matrix ? static_cast<float>(hp_.weight_decay) : 0.f;
-      auto slice = [&](const Tensor& t) { return ParamLayout::View(t, e); };
-      ops->AdamW(slice(master_[u].tensor()), slice(model_->grads(u)), slice(m_[u].tensor()),
-                 slice(v_[u].tensor()), slice(model_->params(u)), p);
+      auto part = [&](const Tensor& t) { return t.Slice(lo - begin, {hi - lo}); };
+      ops->AdamW(part(master_[u].tensor()), part(ps.grad_shard(u)), part(m_[u].tensor()),
+                 part(v_[u].tensor()), part(ps.working_shard(u)), p);
     }
   }
   return r;
 }
 
-Optimizer::State Optimizer::Save() const {
+absl::StatusOr<Optimizer::State> Optimizer::Save() const {
   State s;
-  Ops* ops = model_->ops();
+  ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
-    for (auto [src, dst] : {std::pair{&master_, &s.master}, {&m_, &s.m}, {&v_, &s.v}}) {
-      std::vector<float> host((*src)[u].tensor().numel());
-      ops->Download((*src)[u].tensor(), host.data(), DType::kF32);
-      dst->push_back(std::move(host));
-    }
+    ASSIGN_OR_RETURN(auto master, ps.GatherToHost(u, master_[u].tensor()));
+    ASSIGN_OR_RETURN(auto m, ps.GatherToHost(u, m_[u].tensor()));
+    ASSIGN_OR_RETURN(auto v, ps.GatherToHost(u, v_[u].tensor()));
+    s.master.push_back(std::move(master));
+    s.m.push_back(std::move(m));
+    s.v.push_back(std::move(v));
   }
   return s;
 }
 
 absl::Status Optimizer::Restore(const State& s) {
-  Ops* ops = model_->ops();
+  ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
     for (auto [dst, src] : {std::pair{&master_, &s.master}, {&m_, &s.m}, {&v_, &s.v}}) {
-      if (u >= src->size() || (*src)[u].size() != static_cast<size_t>((*dst)[u].tensor().numel()))
+      if (u >= src->size() || static_cast<int64_t>((*src)[u].size()) != ps.unit_numel(u)) {
         return absl::DataLossError("optimizer state does not match the model");
-      ops->Upload((*src)[u].data(), DType::kF32, (*dst)[u].tensor());
+      }
+      ps.ScatterFromHost(u, (*src)[u], (*dst)[u].tensor());
     }
   }
   RefreshWorkingCopy();

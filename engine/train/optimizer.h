@@ -1,7 +1,9 @@
-// AdamW over the model's units with f32 master weights (optimizer tier), global gradient-norm
-// clipping, and decoupled weight decay on matrices only (not on norm weights).
+// AdamW on each rank's parameter shards with f32 master weights (optimizer tier), global
+// gradient-norm clipping (an all-reduce of the shards' squared norms under FSDP), and decoupled
+// weight decay on matrices only (not on norm weights).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -14,28 +16,34 @@ namespace ithaca {
 
 class Optimizer {
  public:
-  // Uploads `init` as the master weights and writes the model's working copy from them.
+  // The initial weights of one unit, whole, as f32 (from a file, a random init, a checkpoint).
+  using UnitSource = std::function<absl::StatusOr<std::vector<float>>(int unit)>;
+
+  // Takes this rank's shard of every unit as its master weights and writes the model's working
+  // copy from them.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(LlamaModel* model,
-                                                           const HostWeights& init,
+                                                           const UnitSource& init,
                                                            const JobSpec::Training& hp);
 
   struct StepResult {
     double grad_norm = 0;  // before clipping
     double clip_scale = 1;
   };
-  // One update from the model's accumulated gradients, at learning rate `lr`; `step` is 1-based.
-  StepResult Step(int64_t step, double lr);
+  // One update from the accumulated gradient shards, at learning rate `lr`; `step` is 1-based.
+  absl::StatusOr<StepResult> Step(int64_t step, double lr);
 
-  // State for checkpoints: per unit, f32 host copies of master, m and v.
+  // Whole-model state as f32 host copies per unit (gathered from every rank's shards; every rank
+  // must call Save together).
   struct State {
     HostWeights master, m, v;
   };
-  State Save() const;
+  absl::StatusOr<State> Save() const;
   absl::Status Restore(const State& state);
 
  private:
   Optimizer(LlamaModel* model, const JobSpec::Training& hp) : model_(model), hp_(hp) {}
   void RefreshWorkingCopy();
+  absl::StatusOr<double> GlobalSumSquares();
 
   LlamaModel* model_;
   JobSpec::Training hp_;

@@ -48,19 +48,34 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
                                                    spec.parallel.world, " ranks but ", world,
                                                    " joined"));
   }
-  if (world > 1) {
-    return absl::UnimplementedError("parallel.world > 1: the distributed engine is not built yet");
+  if (spec.data.seq_len % spec.parallel.sp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.seq_len: ", spec.data.seq_len, " must be a multiple of parallel.sp (",
+                     spec.parallel.sp, ") so every rank of a Ulysses group holds equal tokens"));
   }
   std::unique_ptr<Trainer> t(new Trainer());
-  t->comm_ = comm;
   t->spec_ = spec;
   t->ops_ = ops;
   t->alloc_ = alloc;
+  t->comm_ = comm;
+  t->world_ = world;
+  t->rank_ = comm ? comm->rank() : 0;
+  t->dp_ = world / spec.parallel.sp;
+  t->dp_rank_ = t->rank_ / spec.parallel.sp;
+  if (comm && spec.parallel.sp > 1) {
+    // Ulysses groups are consecutive ranks (on one node: neighbouring GPUs).
+    ASSIGN_OR_RETURN(t->sp_comm_, comm->Split(t->dp_rank_, t->rank_));
+  }
   ASSIGN_OR_RETURN(t->cfg_, ResolveModelConfig(spec));
   LlamaModel::Options mo;
   mo.checkpoint = spec.memory.checkpoint;
   mo.tile_tokens = spec.memory.tile_tokens;
-  ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo));
+  mo.head_chunk = spec.memory.head_chunk;
+  mo.offload = spec.memory.offload;
+  mo.offload_keep_last = spec.memory.offload_keep_last;
+  mo.fsdp = spec.parallel.fsdp;
+  ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm,
+                                                 t->sp_comm_.get()));
 
   ASSIGN_OR_RETURN(auto file, TokenFile::Open(spec.data.path));
   ASSIGN_OR_RETURN(t->data_,
@@ -74,53 +89,78 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   const ParamLayout& layout = t->model_->layout();
   if (latest.ok()) {
     ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpoint(*latest, layout));
-    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(t->model_.get(), ck.optimizer.master,
-                                                      spec.training));
+    auto from_checkpoint = [&](int u) -> absl::StatusOr<std::vector<float>> {
+      return ck.optimizer.master[u];
+    };
+    ASSIGN_OR_RETURN(t->optimizer_,
+                     Optimizer::Create(t->model_.get(), from_checkpoint, spec.training));
     RETURN_IF_ERROR(t->optimizer_->Restore(ck.optimizer));
     t->state_ = ck.state;
     t->data_->set_position(ck.state.data_position);
-    std::printf("resumed from %s at step %lld\n", latest->c_str(),
-                static_cast<long long>(ck.state.step));
-  } else {
-    HostWeights init;
-    if (!spec.model.weights.empty()) {
-      ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(spec.model.weights));
-      ASSIGN_OR_RETURN(init, ReadWeights(layout, *reader));
-    } else {
-      init = RandomWeights(layout, spec.training.seed);
+    if (t->rank_ == 0) {
+      std::printf("resumed from %s at step %lld\n", latest->c_str(),
+                  static_cast<long long>(ck.state.step));
     }
-    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(t->model_.get(), init, spec.training));
+  } else if (!spec.model.weights.empty()) {
+    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
+                     SafetensorsReader::Open(spec.model.weights));
+    auto from_file = [&](int u) { return ReadUnitWeights(layout, *reader, u); };
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(t->model_.get(), from_file, spec.training));
+  } else {
+    const uint64_t seed = spec.training.seed;
+    auto random = [&](int u) -> absl::StatusOr<std::vector<float>> {
+      return RandomUnitWeights(layout, u, seed);
+    };
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(t->model_.get(), random, spec.training));
   }
   return t;
+}
+
+absl::Status Trainer::SumOverWorld(std::vector<double>* values) {
+  if (world_ == 1) return absl::OkStatus();
+  const int64_t n = static_cast<int64_t>(values->size());
+  ASSIGN_OR_RETURN(Buffer b, Buffer::Make(alloc_, DType::kF32, {n}, Tier::kComm));
+  std::vector<float> f(values->begin(), values->end());
+  ops_->Upload(f.data(), DType::kF32, b.tensor());
+  RETURN_IF_ERROR(comm_->AllReduce(b.tensor()));
+  ops_->Download(b.tensor(), f.data(), DType::kF32);
+  std::copy(f.begin(), f.end(), values->begin());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepReport> Trainer::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
   alloc_->tracker().ResetPeaks();
   const int64_t S = spec_.data.seq_len;
-  const int64_t samples = spec_.training.grad_accum * spec_.data.micro_batch;
+  // Every data-parallel replica reads the same global stream of samples and trains on its own
+  // share of them (sample i goes to replica i mod dp), so any world size sees the same data.
+  const int64_t per_replica = spec_.training.grad_accum * spec_.data.micro_batch;
+  const int64_t samples = per_replica * dp_;
   std::vector<int32_t> inputs(S), labels(S);
-  model_->ZeroGrads();
+  model_->params().ZeroGrads();
   // Every label is a real next token, so the step's token count is known up front and each
   // sample's gradient can be scaled to the step's mean loss directly.
   const float grad_scale = 1.f / static_cast<float>(samples * S);
-  double loss_sum = 0;
-  int64_t tokens = 0;
+  std::vector<double> sums = {0, 0};  // loss sum, tokens
   for (int64_t i = 0; i < samples; ++i) {
     data_->Next(inputs.data(), labels.data());
+    if (i % dp_ != dp_rank_) continue;
     ASSIGN_OR_RETURN(LossSum l, model_->ForwardBackward(inputs.data(), labels.data(), S,
                                                         grad_scale));
-    loss_sum += l.loss_sum;
-    tokens += l.tokens;
+    sums[0] += l.loss_sum;
+    sums[1] += l.tokens;
   }
-  const double loss = loss_sum / tokens;
+  RETURN_IF_ERROR(model_->params().FinishGradients());
+  RETURN_IF_ERROR(SumOverWorld(&sums));
+  const double loss = sums[0] / sums[1];
+  const int64_t tokens = static_cast<int64_t>(sums[1]);
   if (!std::isfinite(loss)) {
     return absl::DataLossError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1));
   }
   const int64_t step = state_.step + 1;
   const double lr = LearningRate(step, spec_.training.steps, spec_.training.warmup_steps,
                                  spec_.training.lr, spec_.training.min_lr);
-  Optimizer::StepResult opt = optimizer_->Step(step, lr);
+  ASSIGN_OR_RETURN(Optimizer::StepResult opt, optimizer_->Step(step, lr));
   state_.step = step;
   state_.data_position = data_->position();
   state_.tokens += tokens;
@@ -131,7 +171,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.loss = loss;
   r.tokens = tokens;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.tokens_per_second = tokens / r.seconds;
+  r.tokens_per_second = tokens / r.seconds / world_;
   r.model_tflops = r.tokens_per_second * ModelFlopsPerToken(cfg_, S) / 1e12;
   r.mfu = r.model_tflops / 989.0;
   r.grad_norm = opt.grad_norm;
@@ -147,8 +187,15 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
 
 absl::Status Trainer::SaveCheckpointNow() {
   if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
-  return SaveCheckpoint(spec_.checkpoint.dir, cfg_, model_->layout(), optimizer_->Save(), state_,
+  ASSIGN_OR_RETURN(Optimizer::State opt, optimizer_->Save());  // every rank takes part
+  absl::Status st = absl::OkStatus();
+  if (rank_ == 0) {
+    st = SaveCheckpoint(spec_.checkpoint.dir, cfg_, model_->layout(), opt, state_,
                         spec_.checkpoint.keep);
+  }
+  // Nobody moves on (or resumes) before the checkpoint is complete.
+  if (comm_) RETURN_IF_ERROR(comm_->Barrier());
+  return st;
 }
 
 absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
@@ -157,7 +204,7 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
                                         : spec_.training.steps;
   while (state_.step < last) {
     ASSIGN_OR_RETURN(StepReport r, TrainStep());
-    if (r.step % spec_.metrics.log_every == 0 || r.step == r.total_steps) {
+    if (rank_ == 0 && (r.step % spec_.metrics.log_every == 0 || r.step == r.total_steps)) {
       std::printf("%s\n", FormatStepLine(r).c_str());
       std::fflush(stdout);
     }

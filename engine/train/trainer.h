@@ -63,12 +63,16 @@ class Trainer {
  private:
   Trainer() = default;
   absl::StatusOr<StepReport> TrainStep();
+  // Sums values over every rank (identity on one rank).
+  absl::Status SumOverWorld(std::vector<double>* values);
 
   JobSpec spec_;
   LlamaConfig cfg_;
   Ops* ops_ = nullptr;
   Allocator* alloc_ = nullptr;
-  Comm* comm_ = nullptr;
+  Comm* comm_ = nullptr;               // the world (nullptr: one rank)
+  std::unique_ptr<Comm> sp_comm_;       // this rank's Ulysses group
+  int rank_ = 0, world_ = 1, dp_ = 1, dp_rank_ = 0;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> data_;

@@ -92,8 +92,8 @@ TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
 
   // The final weights agree too.
   for (int u = 0; u < (*a)->model()->layout().num_units(); ++u) {
-    const Tensor& x = (*a)->model()->params(u);
-    const Tensor& y = (*b2)->model()->params(u);
+    const Tensor& x = (*a)->model()->params().working_shard(u);
+    const Tensor& y = (*b2)->model()->params().working_shard(u);
     ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "unit " << u;
   }
 }

@@ -1,7 +1,8 @@
 // Writes a random tiny Llama (config.json + model.safetensors), one sample, and Ithaca's CPU loss
 // and parameter gradients, so llama_reference.py can check them against PyTorch.
 //
-//   dump_model_grads --out DIR [--untied] [--seq N] [--checkpoint none|full] [--tile N]
+//   dump_model_grads --out DIR [--untied] [--seq N] [--tile N] [--head-chunk U] [--offload]
+//                    [--checkpoint none|full|attention-aware]
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -17,8 +18,8 @@ namespace {
 
 absl::Status Run(int argc, char** argv) {
   std::string out, checkpoint = "full";
-  bool untied = false;
-  int64_t seq = 37, tile = 8;
+  bool untied = false, offload = false;
+  int64_t seq = 37, tile = 8, head_chunk = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -27,6 +28,8 @@ absl::Status Run(int argc, char** argv) {
     else if (a == "--seq") seq = std::stoll(next());
     else if (a == "--tile") tile = std::stoll(next());
     else if (a == "--checkpoint") checkpoint = next();
+    else if (a == "--head-chunk") head_chunk = std::stoll(next());
+    else if (a == "--offload") offload = true;
     else return absl::InvalidArgumentError("unknown flag " + a);
   }
   if (out.empty()) return absl::InvalidArgumentError("--out is required");
@@ -38,7 +41,11 @@ absl::Status Run(int argc, char** argv) {
   CpuOps ops;
   HostAllocator alloc;
   LlamaModel::Options opts;
-  opts.checkpoint = checkpoint == "none" ? CheckpointPolicy::kNone : CheckpointPolicy::kFull;
+  opts.checkpoint = checkpoint == "none"              ? CheckpointPolicy::kNone
+                    : checkpoint == "attention-aware" ? CheckpointPolicy::kAttentionAware
+                                                      : CheckpointPolicy::kFull;
+  opts.head_chunk = head_chunk;
+  opts.offload = offload;
   opts.tile_tokens = tile;
   opts.loss_tile_tokens = tile - 3;
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, opts));
@@ -54,7 +61,7 @@ absl::Status Run(int argc, char** argv) {
   }
   std::vector<const float*> ptrs;
   for (size_t u = 0; u < w.size(); ++u) {
-    ops.Upload(w[u].data(), DType::kF32, model->params(u));
+    ops.Upload(w[u].data(), DType::kF32, model->params().working_shard(u));
     ptrs.push_back(w[u].data());
   }
   RETURN_IF_ERROR(WriteHfCheckpoint(out + "/model", cfg, model->layout(), ptrs, DType::kF32,
@@ -80,7 +87,7 @@ absl::Status Run(int argc, char** argv) {
   for (size_t u = 0; u < w.size(); ++u) {
     const ParamUnit& unit = model->layout().units()[u];
     host[u].resize(unit.numel);
-    ops.Download(model->grads(u), host[u].data(), DType::kF32);
+    ops.Download(model->params().grad_shard(u), host[u].data(), DType::kF32);
     for (const ParamEntry& e : unit.entries)
       grads.Add(e.hf_name, DType::kF32, e.shape, host[u].data() + e.offset, DType::kF32);
   }

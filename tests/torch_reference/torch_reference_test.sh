@@ -1,6 +1,6 @@
 #!/bin/bash
 # Ithaca's CPU loss and gradients against an independent PyTorch Llama, for a tiny model with GQA
-# and llama3 rope_scaling, tied and untied embeddings, with and without checkpoint recompute.
+# and llama3 rope_scaling, tied and untied embeddings, every checkpoint policy, headwise chunks.
 set -euo pipefail
 dump="$1"
 ref="$2"
@@ -13,3 +13,5 @@ run() {
 }
 run tied_full --checkpoint full --seq 37 --tile 8
 run untied_none --untied --checkpoint none --seq 29 --tile 64
+# Headwise chunking (one query head per stage) with attention-aware checkpointing and offload.
+run chunked_aware --checkpoint attention-aware --offload --head-chunk 1 --seq 33 --tile 16

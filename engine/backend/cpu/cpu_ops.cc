@@ -118,6 +118,23 @@ void CpuOps::Copy(const Tensor& src, const Tensor& dst) {
   ConvertElements(src.data, src.dtype, dst.data, dst.dtype, src.numel(), "Copy");
 }
 
+void CpuOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst,
+                    int64_t dst_stride, int64_t rows, int64_t cols) {
+  CheckCpu(src, "Copy2D", "src");
+  CheckCpu(dst, "Copy2D", "dst");
+  ITHACA_CHECK(src.dtype == dst.dtype, "CpuOps::Copy2D: dtypes differ");
+  if (rows == 0 || cols == 0) return;
+  ITHACA_CHECK((rows - 1) * src_stride + cols <= src.numel() &&
+                   (rows - 1) * dst_stride + cols <= dst.numel(),
+               "CpuOps::Copy2D: ", rows, "x", cols, " out of bounds");
+  const size_t esz = DTypeSize(src.dtype);
+  const char* s = static_cast<const char*>(src.data);
+  char* d = static_cast<char*>(dst.data);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(d + r * dst_stride * esz, s + r * src_stride * esz, cols * esz);
+  }
+}
+
 void CpuOps::Upload(const void* host, DType host_dtype, const Tensor& dst) {
   CheckCpu(dst, "Upload", "dst");
   ITHACA_CHECK(host != nullptr || dst.numel() == 0, "CpuOps::Upload: null host pointer");

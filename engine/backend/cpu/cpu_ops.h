@@ -22,6 +22,8 @@ class CpuOps : public Ops {
 
   void Fill(const Tensor& x, float value) override;
   void Copy(const Tensor& src, const Tensor& dst) override;
+  void Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
+              int64_t rows, int64_t cols) override;
   void Upload(const void* host, DType host_dtype, const Tensor& dst) override;
   void Download(const Tensor& src, void* host, DType host_dtype) override;
   void Axpy(float alpha, const Tensor& x, const Tensor& y) override;

@@ -324,3 +324,26 @@ TEST(CpuOpsDeathTest, ChecksShapesAndDTypes) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+TEST(CpuOpsTest, Copy2DPacksHeadGroups) {
+  // [s=3, P=2, c=2] -> [P, s, c]: the Ulysses pack.
+  std::vector<float> src(12), dst(12, -1.f);
+  for (int i = 0; i < 12; ++i) src[i] = i;
+  CpuOps ops;
+  Tensor s(src.data(), DType::kF32, {12}), d(dst.data(), DType::kF32, {12});
+  for (int j = 0; j < 2; ++j) ops.Copy2D(s.Slice(j * 2, {10}), 4, d.Slice(j * 6, {6}), 2, 3, 2);
+  EXPECT_EQ(dst, (std::vector<float>{0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11}));
+  // The base-class default (a Copy per row) agrees.
+  std::vector<float> dst2(12, -1.f);
+  Tensor d2(dst2.data(), DType::kF32, {12});
+  for (int j = 0; j < 2; ++j) {
+    ops.Ops::Copy2D(s.Slice(j * 2, {10}), 4, d2.Slice(j * 6, {6}), 2, 3, 2);
+  }
+  EXPECT_EQ(dst2, dst);
+}
+
+}  // namespace
+}  // namespace ithaca

@@ -1,0 +1,74 @@
+// ParamStore: where each rank keeps the model's parameter units and their gradients.
+//
+// With FSDP (ZeRO-3) every unit is one flat buffer cut into `world` equal shards (the last padded
+// with zeros): a rank keeps its shard of the working copy (params tier) and of the gradient
+// (grads tier); Acquire all-gathers the full unit into a params-tier buffer just before use and
+// Release frees it; AcquireGrad hands out a zeroed full-size f32 gradient buffer and ReduceGrad
+// reduce-scatters (sums) it into the rank's gradient shard and frees it. Without FSDP every rank
+// keeps whole units, gradients accumulate in place, and FinishGradients all-reduces them.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/backend/ops.h"
+#include "engine/comm/comm.h"
+#include "engine/memory/allocator.h"
+#include "engine/model/params.h"
+
+namespace ithaca {
+
+class ParamStore {
+ public:
+  // `world` may be nullptr (one rank).
+  static absl::StatusOr<std::unique_ptr<ParamStore>> Create(const ParamLayout& layout, Ops* ops,
+                                                            Allocator* alloc, Comm* world,
+                                                            bool fsdp);
+
+  bool sharded() const { return sharded_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  // This rank's slice of a unit: elements [shard_begin, shard_begin + shard_numel) of the unit
+  // (the slice may run into the zero padding past the unit's end).
+  int64_t shard_numel(int unit) const { return units_[unit].shard; }
+  int64_t shard_begin(int unit) const { return sharded_ ? rank_ * units_[unit].shard : 0; }
+  int64_t unit_numel(int unit) const { return units_[unit].numel; }
+  const Tensor& working_shard(int unit) const { return units_[unit].working.tensor(); }
+  const Tensor& grad_shard(int unit) const { return units_[unit].grad.tensor(); }
+
+  // The full unit (act dtype). Calls nest: the unit is gathered once and freed at the last
+  // Release.
+  absl::StatusOr<Tensor> Acquire(int unit);
+  void Release(int unit);
+  // A full-size f32 gradient buffer for the unit (zeroed under FSDP).
+  absl::StatusOr<Tensor> AcquireGrad(int unit);
+  // Adds the gradient buffer into this rank's gradient shard (reduce-scatter under FSDP).
+  absl::Status ReduceGrad(int unit);
+  // After the last micro-step: without FSDP, all-reduce every unit's gradient.
+  absl::Status FinishGradients();
+  void ZeroGrads();
+
+  // The whole unit on the host as f32, from a shard-shaped tensor of any rank-local state
+  // (working copy, gradient, master, Adam moments): all-gathered under FSDP. Every rank calls it.
+  absl::StatusOr<std::vector<float>> GatherToHost(int unit, const Tensor& shard);
+  // Every rank's shard of a whole host unit (zero padded), uploaded into `shard`.
+  void ScatterFromHost(int unit, const std::vector<float>& whole, const Tensor& shard);
+  Comm* world() const { return world_; }
+
+ private:
+  struct Unit {
+    int64_t numel = 0, shard = 0;
+    Buffer working, grad;     // shards (or whole units without FSDP)
+    Buffer gathered, full_grad;
+    int users = 0;
+  };
+  ParamStore(Ops* ops, Allocator* alloc, Comm* world) : ops_(ops), alloc_(alloc), world_(world) {}
+
+  Ops* ops_;
+  Allocator* alloc_;
+  Comm* world_;
+  bool sharded_ = false;
+  int rank_ = 0;
+  std::vector<Unit> units_;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,159 @@
+#include "engine/parallel/upipe.h"
+
+namespace ithaca {
+namespace {
+
+absl::StatusOr<Buffer> Alloc(const UlyssesContext& c, DType t, Shape s, Tier tier) {
+  return Buffer::Make(c.alloc, t, std::move(s), tier);
+}
+
+// Rows [h0·D, (h0+n)·D) of a [heads·D, d] projection weight: heads h0 .. h0+n−1.
+Tensor HeadRows(const Tensor& w, int64_t h0, int64_t n, int64_t D) {
+  return w.Rows(h0 * D, (h0 + n) * D);
+}
+
+// Exchanges equal chunks (one per rank). With one rank the data is already where it belongs.
+absl::Status Exchange(const UlyssesContext& c, const Tensor& in, const Tensor& out) {
+  if (c.sp == nullptr || c.plan.P == 1) {
+    if (in.data != out.data) c.ops->Copy(in, out);
+    return absl::OkStatus();
+  }
+  return c.sp->AllToAll(in, out);
+}
+
+// Projects heads for every destination rank straight into its all-to-all slot:
+// send [P, s, n, D], slot j = roped h · W[heads of j]ᵀ. `first_head(j)` gives j's first head.
+template <typename FirstHead>
+void ProjectForRanks(const UlyssesContext& c, const Tensor& h, const Tensor& w, int64_t n,
+                     FirstHead first_head, bool rope, const Tensor& send) {
+  const int64_t D = c.plan.D, s = c.s;
+  for (int64_t j = 0; j < c.plan.P; ++j) {
+    Tensor slot = send.Slice(j * s * n * D, {s, n * D});
+    c.ops->Gemm(h, false, HeadRows(w, first_head(j), n, D), true, slot, 1.f, 0.f);
+    if (rope) c.ops->Rope(slot.Reshaped({s, n, D}), c.pos0(), c.inv_freq, false);
+  }
+}
+
+// The reverse of ProjectForRanks for gradients: recv [P, s, n, D] holds, in slot j, the
+// gradient for this rank's tokens of j's heads. Accumulates dh and the weight gradient rows.
+template <typename FirstHead>
+void BackpropForRanks(const UlyssesContext& c, const Tensor& h, const Tensor& w, const Tensor& gw,
+                      int64_t n, FirstHead first_head, bool rope, const Tensor& recv,
+                      const Tensor& dh) {
+  const int64_t D = c.plan.D, s = c.s;
+  for (int64_t j = 0; j < c.plan.P; ++j) {
+    Tensor slot = recv.Slice(j * s * n * D, {s, n * D});
+    if (rope) c.ops->Rope(slot.Reshaped({s, n, D}), c.pos0(), c.inv_freq, true);
+    c.ops->Gemm(slot, false, HeadRows(w, first_head(j), n, D), false, dh, 1.f, 1.f);
+    c.ops->Gemm(slot, true, h, false, HeadRows(gw, first_head(j), n, D), 1.f, 1.f);
+  }
+}
+
+// Moves this stage's head columns between O_local [s, Hq·D] and the all-to-all layout
+// [P, s, u·D] (slot j = j's heads for this stage). to_local picks the direction.
+void StageColumns(const UlyssesContext& c, int64_t k, int64_t t, const Tensor& o_local,
+                  const Tensor& packed, bool to_local) {
+  const HeadPlan& p = c.plan;
+  const int64_t s = c.s, w = p.u * p.D, row = p.hq * p.D;
+  for (int64_t j = 0; j < p.P; ++j) {
+    Tensor local = o_local.Slice(p.QHead(j, k, t) * p.D, {o_local.numel() - p.QHead(j, k, t) * p.D});
+    Tensor slot = packed.Slice(j * s * w, {s * w});
+    if (to_local) {
+      c.ops->Copy2D(slot, w, local, row, s, w);
+    } else {
+      c.ops->Copy2D(local, row, slot, w, s, w);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& w,
+                                     const Tensor& h, const Tensor& o_local, const Tensor& lse) {
+  const HeadPlan& p = c.plan;
+  const DType act = c.ops->act_dtype();
+  const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr;
+  ASSIGN_OR_RETURN(Buffer kv_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer k, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer v, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer q_send, Alloc(c, act, {S, u, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer q, Alloc(c, act, {S, u, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer o, Alloc(c, act, {S, u, D}, Tier::kAttention));
+  for (int64_t k_round = 0; k_round < p.rounds; ++k_round) {
+    auto kv_head = [&](int64_t j) { return p.KvHead(j, k_round); };
+    ProjectForRanks(c, h, w.wk, kvr, kv_head, /*rope=*/true, kv_send.tensor());
+    RETURN_IF_ERROR(Exchange(c, kv_send.tensor(), k.tensor()));
+    ProjectForRanks(c, h, w.wv, kvr, kv_head, /*rope=*/false, kv_send.tensor());
+    RETURN_IF_ERROR(Exchange(c, kv_send.tensor(), v.tensor()));
+    for (int64_t t = 0; t < p.stages_per_round; ++t) {
+      auto q_head = [&](int64_t j) { return p.QHead(j, k_round, t); };
+      ProjectForRanks(c, h, w.wq, u, q_head, /*rope=*/true, q_send.tensor());
+      RETURN_IF_ERROR(Exchange(c, q_send.tensor(), q.tensor()));
+      const int64_t stage = k_round * p.stages_per_round + t;
+      c.ops->Attention(q.tensor(), k.tensor(), v.tensor(), o.tensor(),
+                       lse.Slice(stage * u * S, {u, S}));
+      // Back to this rank's tokens: q_send is free again and takes the returning output.
+      RETURN_IF_ERROR(Exchange(c, o.tensor(), q_send.tensor()));
+      StageColumns(c, k_round, t, o_local, q_send.tensor(), /*to_local=*/true);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights& w,
+                                      const QkvWeights& g, const Tensor& h, const Tensor& o_local,
+                                      const Tensor& lse, const Tensor& do_local, const Tensor& dh) {
+  const HeadPlan& p = c.plan;
+  const DType act = c.ops->act_dtype();
+  const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr;
+  c.ops->Fill(dh, 0.f);
+  ASSIGN_OR_RETURN(Buffer send, Alloc(c, act, {S, std::max(u, kvr), D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer k, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer v, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer dk_sum, Alloc(c, DType::kF32, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer dv_sum, Alloc(c, DType::kF32, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer q, Alloc(c, act, {S, u, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer o, Alloc(c, act, {S, u, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer dout, Alloc(c, act, {S, u, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer dq, Alloc(c, act, {S, u, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer dk, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer dv, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  const Tensor q_send = send.tensor().Slice(0, {S, u, D});
+  const Tensor kv_send = send.tensor().Slice(0, {S, kvr, D});
+  for (int64_t k_round = 0; k_round < p.rounds; ++k_round) {
+    auto kv_head = [&](int64_t j) { return p.KvHead(j, k_round); };
+    ProjectForRanks(c, h, w.wk, kvr, kv_head, /*rope=*/true, kv_send);
+    RETURN_IF_ERROR(Exchange(c, kv_send, k.tensor()));
+    ProjectForRanks(c, h, w.wv, kvr, kv_head, /*rope=*/false, kv_send);
+    RETURN_IF_ERROR(Exchange(c, kv_send, v.tensor()));
+    c.ops->Fill(dk_sum.tensor(), 0.f);
+    c.ops->Fill(dv_sum.tensor(), 0.f);
+    for (int64_t t = 0; t < p.stages_per_round; ++t) {
+      auto q_head = [&](int64_t j) { return p.QHead(j, k_round, t); };
+      ProjectForRanks(c, h, w.wq, u, q_head, /*rope=*/true, q_send);
+      RETURN_IF_ERROR(Exchange(c, q_send, q.tensor()));
+      StageColumns(c, k_round, t, o_local, q_send, /*to_local=*/false);
+      RETURN_IF_ERROR(Exchange(c, q_send, o.tensor()));
+      StageColumns(c, k_round, t, do_local, q_send, /*to_local=*/false);
+      RETURN_IF_ERROR(Exchange(c, q_send, dout.tensor()));
+      const int64_t stage = k_round * p.stages_per_round + t;
+      c.ops->AttentionBackward(q.tensor(), k.tensor(), v.tensor(), o.tensor(), dout.tensor(),
+                               lse.Slice(stage * u * S, {u, S}), dq.tensor(), dk.tensor(),
+                               dv.tensor());
+      c.ops->Axpy(1.f, dk.tensor(), dk_sum.tensor());
+      c.ops->Axpy(1.f, dv.tensor(), dv_sum.tensor());
+      RETURN_IF_ERROR(Exchange(c, dq.tensor(), q_send));
+      BackpropForRanks(c, h, w.wq, g.wq, u, q_head, /*rope=*/true, q_send, dh);
+    }
+    // dK, dV summed over the round's stages go back once (as act dtype, like the forward).
+    c.ops->Copy(dk_sum.tensor(), dk.tensor());
+    RETURN_IF_ERROR(Exchange(c, dk.tensor(), kv_send));
+    BackpropForRanks(c, h, w.wk, g.wk, kvr, kv_head, /*rope=*/true, kv_send, dh);
+    c.ops->Copy(dv_sum.tensor(), dv.tensor());
+    RETURN_IF_ERROR(Exchange(c, dv.tensor(), kv_send));
+    BackpropForRanks(c, h, w.wv, g.wv, kvr, kv_head, /*rope=*/false, kv_send, dh);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ithaca

@@ -1,0 +1,44 @@
+// Attention of one block under Ulysses context parallelism with UPipe headwise stages
+// (ALGORITHMS.md §1–2). Each rank holds s = S/P tokens; each stage projects only its heads' Q
+// (K/V once per round), exchanges them with one all-to-all so every rank sees the whole sequence
+// for its heads, runs causal attention, and sends the output back into its head columns of one
+// preallocated O_local. With P = 1 the same code is headwise chunking on one device.
+#pragma once
+
+#include "engine/backend/ops.h"
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
+#include "engine/memory/allocator.h"
+#include "engine/parallel/head_plan.h"
+
+namespace ithaca {
+
+struct UlyssesContext {
+  Ops* ops;
+  Allocator* alloc;
+  Comm* sp;            // the Ulysses group; nullptr when P = 1
+  HeadPlan plan;
+  int64_t rank = 0;    // rank in the group
+  int64_t s = 0;       // tokens on this rank
+  Tensor inv_freq;     // RoPE inverse frequencies, f32 [D/2]
+  int64_t S() const { return s * plan.P; }
+  int64_t pos0() const { return rank * s; }  // global position of this rank's first token
+};
+
+// Projection weights (full, gathered) or their gradients (f32), [heads·D, d] each.
+struct QkvWeights {
+  Tensor wq, wk, wv;
+};
+
+// h [s, d] → O_local [s, Hq·D] (written) and lse f32 [stages·u, S] (written; stage i's rows
+// [i·u, (i+1)·u) are its heads' log-sum-exp over the whole sequence).
+absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& w,
+                                     const Tensor& h, const Tensor& o_local, const Tensor& lse);
+
+// Given dO_local [s, Hq·D], accumulates dWq/dWk/dWv into `g` and writes dh [s, d], recomputing
+// the projections and exchanges stage by stage (attention forward is not re-run).
+absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights& w,
+                                      const QkvWeights& g, const Tensor& h, const Tensor& o_local,
+                                      const Tensor& lse, const Tensor& do_local, const Tensor& dh);
+
+}  // namespace ithaca
