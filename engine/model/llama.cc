@@ -14,16 +14,20 @@ class UnitLease {
   ~UnitLease() {
     if (held_) store_->Release(unit_);
   }
+  // Gathers on the first call; later calls return the same tensor.
   absl::StatusOr<Tensor> Get() {
-    ASSIGN_OR_RETURN(Tensor t, store_->Acquire(unit_));
-    held_ = true;
-    return t;
+    if (!held_) {
+      ASSIGN_OR_RETURN(tensor_, store_->Acquire(unit_));
+      held_ = true;
+    }
+    return tensor_;
   }
 
  private:
   ParamStore* store_;
   int unit_;
   bool held_ = false;
+  Tensor tensor_;
 };
 
 }  // namespace

@@ -185,6 +185,11 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   return r;
 }
 
+absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
+  ASSIGN_OR_RETURN(Optimizer::State st, optimizer_->Save());
+  return std::move(st.master);
+}
+
 absl::Status Trainer::SaveCheckpointNow() {
   if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(Optimizer::State opt, optimizer_->Save());  // every rank takes part

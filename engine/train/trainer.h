@@ -57,6 +57,8 @@ class Trainer {
 
   const TrainState& state() const { return state_; }
   LlamaModel* model() { return model_.get(); }
+  // The f32 master weights, whole, per unit (collective: every rank calls it).
+  absl::StatusOr<HostWeights> GatherMasterWeights();
   // Writes a checkpoint of the current state now (no-op without checkpoint.dir).
   absl::Status SaveCheckpointNow();
 

@@ -1,0 +1,159 @@
+#include "engine/plan/planner.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/plan/meta.h"
+#include "engine/train/trainer.h"
+
+namespace ithaca {
+namespace {
+
+constexpr double kGiB = double(int64_t{1} << 30);
+
+// cuBLASLt and cuDNN workspaces of the CUDA backend, which it allocates itself.
+constexpr int64_t kCudaWorkspaceBytes = int64_t{256} << 20;
+
+std::vector<int64_t> HeadChunkCandidates(const LlamaConfig& cfg, int64_t sp) {
+  std::vector<int64_t> out;
+  for (int64_t u = cfg.num_attention_heads; u >= sp; --u) {
+    if (MakeHeadPlan(cfg, sp, u).ok()) out.push_back(u);
+  }
+  return out;
+}
+
+std::vector<int64_t> TileCandidates(int64_t s) {
+  std::vector<int64_t> out;
+  for (int64_t t : {int64_t{16384}, int64_t{8192}, int64_t{4096}, int64_t{2048}, int64_t{1024},
+                    int64_t{512}, int64_t{256}}) {
+    if (t < s) out.push_back(t);
+  }
+  out.insert(out.begin(), std::min<int64_t>(s, 16384));
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+void Judge(MemoryPlan* p) {
+  p->fits = true;
+  p->verdict = "fits";
+  if (p->gpu_budget > 0 && p->device_total() > p->gpu_budget) {
+    p->fits = false;
+    p->verdict = absl::StrFormat("needs %.2f GiB of GPU memory per rank, budget %.2f GiB",
+                                 p->device_total() / kGiB, p->gpu_budget / kGiB);
+  } else if (p->host_budget > 0 && p->peak[static_cast<int>(Tier::kHostOffload)] > p->host_budget) {
+    p->fits = false;
+    p->verdict = absl::StrFormat("needs %.2f GiB of pinned host memory per rank, budget %.2f GiB",
+                                 p->peak[static_cast<int>(Tier::kHostOffload)] / kGiB,
+                                 p->host_budget / kGiB);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
+  if (req.seq_len % req.sp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("data.seq_len: ", req.seq_len,
+                                                   " is not a multiple of parallel.sp (", req.sp,
+                                                   ")"));
+  }
+  MetaOps ops(req.device, req.act);
+  MetaAllocator alloc(req.device);
+  // Rank 0's view: its shards are full-size (padding sits on the last rank).
+  MetaComm world(0, static_cast<int>(req.world));
+  MetaComm sp(0, static_cast<int>(req.sp));
+  world.set_split_size(static_cast<int>(req.sp));
+  ASSIGN_OR_RETURN(auto model,
+                   LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
+                                      req.world > 1 ? &world : nullptr,
+                                      req.sp > 1 ? &sp : nullptr));
+  // The optimizer's f32 master, m and v for every shard (as Optimizer::Create allocates them).
+  std::vector<Buffer> optimizer;
+  ParamStore& ps = model->params();
+  for (int u = 0; u < ps.num_units(); ++u) {
+    for (int k = 0; k < 3; ++k) {
+      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(&alloc, DType::kF32, {ps.shard_numel(u)},
+                                              Tier::kOptimizer));
+      optimizer.push_back(std::move(b));
+    }
+  }
+  std::vector<int32_t> tokens(req.seq_len, 0);
+  RETURN_IF_ERROR(
+      model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
+  MemoryPlan p;
+  const MemoryTracker& t = alloc.tracker();
+  for (int i = 0; i < kNumTiers; ++i) p.peak[i] = t.peak(static_cast<Tier>(i));
+  p.device_peak = t.device_peak();
+  p.workspace = req.device == Device::kCuda ? kCudaWorkspaceBytes : 0;
+  p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
+  p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
+  p.tile_tokens = req.opts.tile_tokens;
+  p.offload = req.opts.offload;
+  return p;
+}
+
+absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int64_t host_budget) {
+  ASSIGN_OR_RETURN(LlamaConfig cfg, ResolveModelConfig(spec));
+  if (gpu_budget == 0) gpu_budget = static_cast<int64_t>(spec.memory.gpu_budget_gib * kGiB);
+  if (host_budget == 0) host_budget = static_cast<int64_t>(spec.memory.host_budget_gib * kGiB);
+  PlanRequest req;
+  req.cfg = cfg;
+  req.world = spec.parallel.world;
+  req.sp = spec.parallel.sp;
+  req.seq_len = spec.data.seq_len;
+  req.device = spec.backend == "cuda" ? Device::kCuda : Device::kCpu;
+  req.act = spec.backend == "cuda" ? DType::kBF16 : DType::kF32;
+  req.opts.checkpoint = spec.memory.checkpoint;
+  req.opts.offload_keep_last = spec.memory.offload_keep_last;
+  req.opts.fsdp = spec.parallel.fsdp;
+  const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
+
+  const std::vector<int64_t> chunks = spec.memory.head_chunk > 0
+                                          ? std::vector<int64_t>{spec.memory.head_chunk}
+                                          : HeadChunkCandidates(cfg, spec.parallel.sp);
+  const std::vector<int64_t> tiles = spec.memory.tile_tokens > 0
+                                         ? std::vector<int64_t>{spec.memory.tile_tokens}
+                                         : TileCandidates(s);
+  // Offload is an explicit choice in the spec; with auto chunking the planner may turn it on
+  // when nothing fits without it.
+  std::vector<bool> offloads = {spec.memory.offload};
+  if (!spec.memory.offload && spec.memory.head_chunk == 0) offloads.push_back(true);
+
+  absl::StatusOr<MemoryPlan> smallest = absl::InvalidArgumentError("no configuration planned");
+  for (bool offload : offloads) {
+    for (int64_t chunk : chunks) {
+      for (int64_t tile : tiles) {
+        req.opts.head_chunk = chunk;
+        req.opts.tile_tokens = tile;
+        req.opts.offload = offload;
+        ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
+        p.gpu_budget = gpu_budget;
+        p.host_budget = host_budget;
+        Judge(&p);
+        if (p.fits) return p;
+        if (!smallest.ok() || p.device_total() < smallest->device_total()) smallest = p;
+      }
+    }
+  }
+  return smallest;
+}
+
+std::string FormatPlan(const MemoryPlan& p) {
+  std::string out = absl::StrFormat("%-14s %12s\n", "tier", "peak GiB");
+  for (int i = 0; i < kNumTiers; ++i) {
+    absl::StrAppendFormat(&out, "%-14s %12.3f\n", TierName(static_cast<Tier>(i)), p.peak[i] / kGiB);
+  }
+  absl::StrAppendFormat(&out, "%-14s %12.3f  (highest device total during the step)\n",
+                        "device peak", p.device_total() / kGiB);
+  absl::StrAppendFormat(&out, "settings: head_chunk %d, tile_tokens %d, offload %s\n",
+                        p.head_chunk, p.tile_tokens, p.offload ? "on" : "off");
+  if (p.gpu_budget > 0) absl::StrAppendFormat(&out, "GPU budget %.2f GiB", p.gpu_budget / kGiB);
+  if (p.host_budget > 0) {
+    absl::StrAppendFormat(&out, "%shost budget %.2f GiB", p.gpu_budget > 0 ? ", " : "",
+                          p.host_budget / kGiB);
+  }
+  if (p.gpu_budget > 0 || p.host_budget > 0) out += "\n";
+  absl::StrAppend(&out, p.fits ? "verdict: fits\n" : "verdict: does NOT fit: " + p.verdict + "\n");
+  return out;
+}
+
+}  // namespace ithaca

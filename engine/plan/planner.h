@@ -1,0 +1,53 @@
+// The memory planner: per-rank peak bytes per tier for (model, world, sp, S, techniques), without
+// a GPU and without computing anything. It replays one real training step (forward, backward,
+// optimizer state) of the engine's own schedule on the meta device (meta.h), so every buffer the
+// schedule allocates is counted at its real size and lifetime; "auto" settings are resolved by
+// searching for the fastest configuration that fits the budgets.
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/memory/tiers.h"
+#include "engine/model/config.h"
+#include "engine/model/llama.h"
+#include "engine/train/job_spec.h"
+
+namespace ithaca {
+
+struct PlanRequest {
+  LlamaConfig cfg;
+  int64_t world = 1, sp = 1, seq_len = 0;
+  LlamaModel::Options opts;  // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
+  Device device = Device::kCpu;
+  DType act = DType::kF32;
+};
+
+struct MemoryPlan {
+  std::array<int64_t, kNumTiers> peak{};  // each tier's own peak over the step
+  int64_t device_peak = 0;                // the highest device total at any moment
+  int64_t workspace = 0;                  // library workspaces not allocated through the engine
+  // The options the plan was made for (auto settings resolved).
+  int64_t head_chunk = 0, tile_tokens = 0;
+  bool offload = false;
+  int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
+  bool fits = true;
+  std::string verdict;  // "fits", or what does not fit and by how much
+  int64_t device_total() const { return device_peak + workspace; }
+};
+
+// Exactly the given options.
+absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
+
+// A job's plan for one rank: resolves the model, the backend's dtype and every "auto" setting
+// (head_chunk, tile_tokens; offload when the spec allows it) against the budgets, preferring no
+// offload, then the largest head stage, then the largest tile. Budgets of 0 take the spec's
+// memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
+absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
+                                   int64_t host_budget_bytes = 0);
+
+// The table `ithaca plan` prints: one line per tier, the total, the budgets and the verdict.
+std::string FormatPlan(const MemoryPlan& plan);
+
+}  // namespace ithaca

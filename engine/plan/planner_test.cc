@@ -1,0 +1,153 @@
+// The planner against the allocator: a real CPU step's measured per-tier peaks equal the plan's,
+// the attention tier shrinks with the head chunk, offload moves the checkpoints to the host, and
+// the Llama-3-8B / 8 GPU / 3M-token plan has the shape of DESIGN.md §1.
+#include "engine/plan/planner.h"
+
+#include <cmath>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/model/weights.h"
+#include "engine/train/optimizer.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+constexpr double kGiB = double(int64_t{1} << 30);
+
+LlamaConfig Tiny() {
+  LlamaConfig cfg = *PresetConfig("tiny");
+  cfg.num_attention_heads = 8;
+  cfg.num_key_value_heads = 2;
+  cfg.head_dim = 8;
+  cfg.rope.head_dim = 8;
+  cfg.num_hidden_layers = 3;
+  return cfg;
+}
+
+// Peaks measured by really running one step with these options on the CPU backend.
+MemoryTracker* Measure(const LlamaConfig& cfg, const LlamaModel::Options& opts, int64_t S,
+                       HostAllocator* alloc) {
+  CpuOps ops;
+  auto model = LlamaModel::Create(cfg, &ops, alloc, opts);
+  EXPECT_TRUE(model.ok()) << model.status();
+  const ParamLayout& layout = (*model)->layout();
+  JobSpec::Training hp;
+  auto opt = Optimizer::Create(
+      model->get(),
+      [&](int u) -> absl::StatusOr<std::vector<float>> { return RandomUnitWeights(layout, u, 1); },
+      hp);
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  std::vector<int32_t> tokens(S);
+  for (int64_t i = 0; i < S; ++i) tokens[i] = (i * 7) % cfg.vocab_size;
+  auto loss = (*model)->ForwardBackward(tokens.data(), tokens.data(), S, 1.f / S);
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  return &alloc->tracker();
+}
+
+void ExpectPlanMatches(const LlamaModel::Options& opts, int64_t S) {
+  const LlamaConfig cfg = Tiny();
+  HostAllocator alloc;
+  const MemoryTracker* measured = Measure(cfg, opts, S, &alloc);
+  PlanRequest req;
+  req.cfg = cfg;
+  req.seq_len = S;
+  req.opts = opts;
+  auto plan = PlanMemory(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int i = 0; i < kNumTiers; ++i) {
+    const double m = measured->peak(static_cast<Tier>(i)), p = plan->peak[i];
+    EXPECT_NEAR(p, m, 0.05 * m + 1) << TierName(static_cast<Tier>(i));
+  }
+  EXPECT_NEAR(plan->device_peak, measured->device_peak(), 0.05 * measured->device_peak());
+}
+
+TEST(PlannerTest, MatchesTheAllocatorForEveryTechnique) {
+  LlamaModel::Options o;
+  o.checkpoint = CheckpointPolicy::kNone;
+  ExpectPlanMatches(o, 64);
+  o.checkpoint = CheckpointPolicy::kFull;
+  o.tile_tokens = 16;
+  ExpectPlanMatches(o, 64);
+  o.checkpoint = CheckpointPolicy::kAttentionAware;
+  o.head_chunk = 2;
+  ExpectPlanMatches(o, 96);
+  o.offload = true;
+  o.offload_keep_last = 1;
+  ExpectPlanMatches(o, 96);
+}
+
+int64_t AttentionPeak(int64_t head_chunk, bool measured) {
+  LlamaModel::Options o;
+  o.checkpoint = CheckpointPolicy::kFull;
+  o.head_chunk = head_chunk;
+  if (measured) {
+    HostAllocator alloc;
+    return Measure(Tiny(), o, 128, &alloc)->peak(Tier::kAttention);
+  }
+  PlanRequest req;
+  req.cfg = Tiny();
+  req.seq_len = 128;
+  req.opts = o;
+  return PlanMemory(req)->peak[static_cast<int>(Tier::kAttention)];
+}
+
+TEST(PlannerTest, AttentionTierShrinksWithHeadChunk) {
+  int64_t prev_plan = 0, prev_meas = 0;
+  for (int64_t chunk : {8, 4, 2, 1}) {
+    const int64_t plan = AttentionPeak(chunk, false), meas = AttentionPeak(chunk, true);
+    EXPECT_NEAR(plan, meas, 0.05 * meas) << "head_chunk " << chunk;
+    if (prev_plan) {
+      EXPECT_LT(plan, prev_plan) << "head_chunk " << chunk;
+      EXPECT_LT(meas, prev_meas) << "head_chunk " << chunk;
+    }
+    prev_plan = plan;
+    prev_meas = meas;
+  }
+}
+
+TEST(PlannerTest, OffloadMovesCheckpointsToTheHost) {
+  LlamaModel::Options o;
+  o.checkpoint = CheckpointPolicy::kAttentionAware;
+  HostAllocator a1, a2;
+  const int64_t on_device = Measure(Tiny(), o, 96, &a1)->peak(Tier::kCheckpoints);
+  o.offload = true;
+  const MemoryTracker* off = Measure(Tiny(), o, 96, &a2);
+  EXPECT_GT(off->peak(Tier::kHostOffload), 0);
+  // At most two blocks' saved data are on the device at once (the one in backward and the one
+  // prefetched), instead of all three.
+  EXPECT_LT(off->peak(Tier::kCheckpoints), on_device);
+  EXPECT_GE(off->peak(Tier::kHostOffload), on_device / 3);
+}
+
+TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3-8b";
+  spec.data.seq_len = 3 * 1024 * 1024;
+  spec.parallel.world = 8;
+  spec.parallel.sp = 8;
+  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  spec.memory.offload = true;
+  spec.memory.tile_tokens = 8192;
+  spec.memory.head_chunk = 32;  // plain Ulysses: all heads in one stage
+  auto ulysses = PlanJob(spec, int64_t{80} << 30);
+  ASSERT_TRUE(ulysses.ok()) << ulysses.status();
+  spec.memory.head_chunk = 8;   // UPipe: one head per rank per stage
+  auto upipe = PlanJob(spec, int64_t{80} << 30);
+  ASSERT_TRUE(upipe.ok()) << upipe.status();
+  std::printf("Ulysses:\n%sUPipe:\n%s", FormatPlan(*ulysses).c_str(), FormatPlan(*upipe).c_str());
+  auto gib = [](const MemoryPlan& p, Tier t) { return p.peak[static_cast<int>(t)] / kGiB; };
+  // Model states: 16 bytes per parameter over 8 ranks ≈ 15 GiB (DESIGN.md: 15.4 GiB).
+  const double model = gib(*upipe, Tier::kParams) + gib(*upipe, Tier::kGrads) +
+                       gib(*upipe, Tier::kOptimizer);
+  EXPECT_GT(model, 14.0);
+  EXPECT_LT(model, 20.0);
+  // UPipe shrinks attention well below plain Ulysses (reference: 37.5 → 19.5 GiB).
+  EXPECT_LT(gib(*upipe, Tier::kAttention), 0.7 * gib(*ulysses, Tier::kAttention));
+  EXPECT_GT(gib(*ulysses, Tier::kAttention), 15.0);
+  EXPECT_TRUE(upipe->fits) << upipe->verdict;
+}
+
+}  // namespace
+}  // namespace ithaca

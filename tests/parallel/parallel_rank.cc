@@ -1,0 +1,129 @@
+// One rank of a distributed equivalence check (or the single-rank reference when started without
+// ITHACA_RANK). It trains the model of a config.json with the given parallel layout and memory
+// techniques and, on rank 0, writes what every layout must agree on to a safetensors file:
+//   loss0                 the loss of one forward/backward over the first sample
+//   grad.<name>           every parameter's gradient of that loss, gathered from the shards
+//   loss_step.<i>         the loss of each optimizer step of a short training run
+//   param.<name>          every f32 master weight after those steps
+//
+//   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
+//                 --checkpoint none|full|attention-aware --head-chunk U --offload --tile T
+//                 --seq S --grad-accum A --steps N]
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/comm/bootstrap.h"
+#include "engine/model/safetensors.h"
+#include "engine/train/trainer.h"
+
+namespace ithaca {
+namespace {
+
+absl::Status Run(int argc, char** argv) {
+  std::string out;
+  JobSpec spec;
+  spec.training.steps = 3;
+  spec.training.warmup_steps = 1;
+  spec.training.lr = 1e-2;
+  spec.training.min_lr = 1e-3;
+  spec.training.grad_clip = 0.5;  // small enough that clipping happens
+  spec.data.seq_len = 64;
+  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.parallel.fsdp = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--out") out = next();
+    else if (a == "--config") spec.model.config = next();
+    else if (a == "--data") spec.data.path = next();
+    else if (a == "--world") spec.parallel.world = std::stoll(next());
+    else if (a == "--sp") spec.parallel.sp = std::stoll(next());
+    else if (a == "--fsdp") spec.parallel.fsdp = next() == "1";
+    else if (a == "--head-chunk") spec.memory.head_chunk = std::stoll(next());
+    else if (a == "--offload") spec.memory.offload = true;
+    else if (a == "--tile") spec.memory.tile_tokens = std::stoll(next());
+    else if (a == "--seq") spec.data.seq_len = std::stoll(next());
+    else if (a == "--grad-accum") spec.training.grad_accum = std::stoll(next());
+    else if (a == "--steps") spec.training.steps = std::stoll(next());
+    else if (a == "--checkpoint") {
+      const std::string p = next();
+      spec.memory.checkpoint = p == "full"              ? CheckpointPolicy::kFull
+                               : p == "attention-aware" ? CheckpointPolicy::kAttentionAware
+                                                        : CheckpointPolicy::kNone;
+    } else {
+      return absl::InvalidArgumentError("unknown flag " + a);
+    }
+  }
+  std::unique_ptr<Comm> comm;
+  absl::StatusOr<RankInfo> info = RankInfoFromEnvironment();
+  if (info.ok()) {
+    ASSIGN_OR_RETURN(comm, ConnectComm(*info, Device::kCpu, /*timeout_s=*/60));
+  } else if (!absl::IsNotFound(info.status())) {
+    return info.status();
+  }
+  const int rank = comm ? comm->rank() : 0;
+  CpuOps ops;
+  HostAllocator alloc;
+  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, &ops, &alloc, comm.get()));
+  LlamaModel* model = trainer->model();
+  ParamStore& ps = model->params();
+
+  // One forward/backward over the first sample; every data-parallel replica takes the same
+  // sample with its share of the scale, so the reduced gradient is that sample's gradient.
+  ASSIGN_OR_RETURN(auto file, TokenFile::Open(spec.data.path));
+  const int64_t S = spec.data.seq_len;
+  std::vector<int32_t> inputs(file->tokens(), file->tokens() + S);
+  std::vector<int32_t> labels(file->tokens() + 1, file->tokens() + S + 1);
+  const int64_t dp = spec.parallel.world / spec.parallel.sp;
+  ps.ZeroGrads();
+  ASSIGN_OR_RETURN(LossSum l, model->ForwardBackward(inputs.data(), labels.data(), S,
+                                                     1.f / static_cast<float>(S * dp)));
+  RETURN_IF_ERROR(ps.FinishGradients());
+  // This rank's loss share: summed over its Ulysses group (replicas hold the same value).
+  std::vector<float> loss = {static_cast<float>(l.loss_sum / S / dp)};
+  if (comm) {
+    Tensor t(loss.data(), DType::kF32, {1});
+    RETURN_IF_ERROR(comm->AllReduce(t));
+  }
+  HostWeights grads;
+  for (int u = 0; u < ps.num_units(); ++u) {
+    ASSIGN_OR_RETURN(auto g, ps.GatherToHost(u, ps.grad_shard(u)));
+    grads.push_back(std::move(g));
+  }
+  ps.ZeroGrads();
+
+  std::vector<float> step_losses;
+  RETURN_IF_ERROR(trainer->Run([&](const StepReport& r) { step_losses.push_back(r.loss); }));
+  // The master weights after training, gathered (Save is collective).
+  ASSIGN_OR_RETURN(HostWeights master, trainer->GatherMasterWeights());
+  if (rank != 0) return absl::OkStatus();
+
+  SafetensorsWriter w;
+  w.Add("loss0", DType::kF32, {1}, loss.data(), DType::kF32);
+  w.Add("loss_steps", DType::kF32, {static_cast<int64_t>(step_losses.size())},
+        step_losses.data(), DType::kF32);
+  const ParamLayout& layout = model->layout();
+  std::vector<std::string> names;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    for (const ParamEntry& e : layout.units()[u].entries) {
+      w.Add("grad." + e.hf_name, DType::kF32, e.shape, grads[u].data() + e.offset, DType::kF32);
+      w.Add("param." + e.hf_name, DType::kF32, e.shape, master[u].data() + e.offset,
+            DType::kF32);
+    }
+  }
+  return w.WriteFile(out);
+}
+
+}  // namespace
+}  // namespace ithaca
+
+int main(int argc, char** argv) {
+  absl::Status st = ithaca::Run(argc, argv);
+  if (!st.ok()) {
+    std::fprintf(stderr, "parallel_rank: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
