@@ -1,13 +1,61 @@
 #!/bin/bash
-# The main job: trains the built-in tiny Llama on a small byte-level corpus, standalone on the
-# CPU backend, and leaves a Hugging Face checkpoint under runs/demo/checkpoints.
+# The main job, through the service: starts ithacad (state under $ITHACA_HOME, default
+# ~/.ithaca), submits the built-in demo job (the tiny Llama on a small byte-level corpus, CPU
+# backend) with the `ithaca` CLI, follows it to completion, prints its per-tier memory table and
+# a snapshot of /metrics, then stops the daemon. Exits 0 only if the job SUCCEEDED.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN="${ITHACA_DEMO_DIR:-$PWD/runs/demo}"
-mkdir -p "$RUN"
-bazel build //worker:ithaca-worker //engine/train:ithaca-tokenize
-bazel-bin/engine/train/ithaca-tokenize --input engine/train/testdata/tiny_corpus.txt \
+export ITHACA_HOME="${ITHACA_HOME:-$HOME/.ithaca}"
+mkdir -p "$RUN" "$ITHACA_HOME"
+bazel build //server:ithacad //worker:ithaca-worker //client:ithaca //engine/train:ithaca-tokenize
+BIN="$PWD/bazel-bin"
+"$BIN/engine/train/ithaca-tokenize" --input engine/train/testdata/tiny_corpus.txt \
   --output "$RUN/corpus.tok"
 sed "s|@RUN@|$RUN|g" tools/demo_job.toml > "$RUN/job.toml"
 echo "job spec: $RUN/job.toml"
-bazel-bin/worker/ithaca-worker --standalone "$RUN/job.toml"
+
+# The daemon picks free ports and writes them to $ITHACA_HOME/ithacad.addr.
+rm -f "$ITHACA_HOME/ithacad.addr"
+"$BIN/server/ithacad" --state-dir "$ITHACA_HOME" --listen 127.0.0.1:0 \
+  --metrics-listen 127.0.0.1:0 --worker-binary "$BIN/worker/ithaca-worker" \
+  > "$ITHACA_HOME/ithacad.log" 2>&1 &
+DAEMON=$!
+stop_daemon() {
+  if kill -0 "$DAEMON" 2>/dev/null; then
+    kill -TERM "$DAEMON"
+    wait "$DAEMON" || true
+  fi
+}
+trap stop_daemon EXIT
+for _ in $(seq 300); do
+  [ -s "$ITHACA_HOME/ithacad.addr" ] && break
+  kill -0 "$DAEMON" 2>/dev/null || { cat "$ITHACA_HOME/ithacad.log"; exit 1; }
+  sleep 0.1
+done
+head -1 "$ITHACA_HOME/ithacad.log"
+GRPC=$(sed -n 's/^grpc=//p' "$ITHACA_HOME/ithacad.addr")
+METRICS=$(sed -n 's/^metrics=//p' "$ITHACA_HOME/ithacad.addr")
+ithaca() { "$BIN/client/ithaca" --server "$GRPC" "$@"; }
+
+ithaca plan "$RUN/job.toml"
+JOB=$(ithaca submit "$RUN/job.toml" | awk '/^submitted/ {print $2}')
+echo "submitted $JOB; following it (Ctrl-C stops following; \`ithaca cancel $JOB\` stops the job)"
+rc=0
+ithaca watch "$JOB" || rc=$?
+echo
+ithaca status "$JOB"
+# /metrics goes away with the daemon: keep a snapshot beside the run.
+/usr/bin/python3 - "$METRICS" "$RUN/metrics.txt" <<'PY' || true
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=10).read().decode()
+open(sys.argv[2], "w").write(text)
+PY
+echo
+echo "metrics: served at http://$METRICS/metrics while ithacad ran (Prometheus text format);"
+echo "         snapshot in $RUN/metrics.txt, e.g.:"
+grep -E '^ithaca_(tokens_per_second|train_loss|train_step|jobs\{state="succeeded")' \
+  "$RUN/metrics.txt" | sed 's/^/           /' || true
+echo "logs:    $ITHACA_HOME/jobs/$JOB/rank-0.log   store: $ITHACA_HOME/jobs.db"
+echo "checkpoints: $RUN/checkpoints"
+exit $rc

@@ -10,6 +10,11 @@ APT_PACKAGES=(
 # oracles used by tests.
 PIP_PACKAGES=(
   safetensors==0.4.5
+  grpcio==1.62.3
+  grpcio-tools==1.62.3
+  protobuf==4.25.5
+  prometheus-client==0.21.1
+  nvidia-cudnn-frontend==1.32.0
 )
 
 SUDO=""

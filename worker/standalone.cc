@@ -2,40 +2,64 @@
 
 #include <cstdio>
 
-#include "engine/backend/cpu/cpu_ops.h"
-#include "engine/memory/allocator.h"
+#include "engine/comm/bootstrap.h"
+#include "engine/plan/planner.h"
 #include "engine/train/job_spec.h"
 #include "engine/train/trainer.h"
+#include "worker/backend.h"
 
 namespace ithaca {
 
 absl::Status RunStandalone(const std::string& spec_path) {
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
-  if (spec.backend != "cpu") {
-    return absl::FailedPreconditionError(
-        absl::StrCat(spec_path, ": backend: \"", spec.backend,
-                     "\" is not available in this build; use backend = \"cpu\""));
+  // Started by a launcher as one of several ranks, or alone.
+  RankInfo info;
+  absl::StatusOr<RankInfo> env = RankInfoFromEnvironment();
+  if (env.ok()) {
+    info = *env;
+  } else if (!absl::IsNotFound(env.status())) {
+    return env.status();
   }
-  if (spec.parallel.world != 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(spec_path, ": parallel.world: ", spec.parallel.world,
-                     " ranks need the distributed engine; this build runs world = 1"));
+  if (info.world != spec.parallel.world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec_path, ": parallel.world: the job asks for ", spec.parallel.world, " ranks but ",
+        info.world, " were started (use --nproc ", spec.parallel.world, ")"));
   }
-  CpuOps ops;
-  HostAllocator alloc;
-  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, &ops, &alloc));
-  std::printf("job %s: %s, %lld tokens per sample, %lld steps, backend %s\n", spec.name.c_str(),
-              spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
-              static_cast<long long>(spec.data.seq_len),
-              static_cast<long long>(spec.training.steps), spec.backend.c_str());
-  std::fflush(stdout);
+  ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
+  std::unique_ptr<Comm> comm;
+  if (info.world > 1) {
+    ASSIGN_OR_RETURN(comm, ConnectComm(info, backend.device(), /*timeout_s=*/120));
+  }
+  ASSIGN_OR_RETURN(auto trainer,
+                   Trainer::Create(spec, backend.ops.get(), backend.alloc.get(), comm.get()));
+  if (info.rank == 0) {
+    std::printf("job %s: %s, %lld tokens per sample, %lld steps, %d rank(s) (sp %lld), backend "
+                "%s\n",
+                spec.name.c_str(),
+                spec.model.config.empty() ? spec.model.preset.c_str()
+                                          : spec.model.config.c_str(),
+                static_cast<long long>(spec.data.seq_len),
+                static_cast<long long>(spec.training.steps), info.world,
+                static_cast<long long>(spec.parallel.sp), spec.backend.c_str());
+    std::fflush(stdout);
+  }
   RETURN_IF_ERROR(trainer->Run());
-  if (!spec.checkpoint.dir.empty()) {
+  if (info.rank == 0 && !spec.checkpoint.dir.empty()) {
     ASSIGN_OR_RETURN(std::string latest, LatestCheckpoint(spec.checkpoint.dir));
     std::printf("checkpoint: %s\n", latest.c_str());
   }
   return absl::OkStatus();
 }
 
-}  // namespace ithaca
+absl::Status PrintPlan(const std::string& spec_path) {
+  ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec));
+  std::printf("memory plan for %s (per rank; world %lld, sp %lld, %lld tokens)\n%s",
+              spec_path.c_str(), static_cast<long long>(spec.parallel.world),
+              static_cast<long long>(spec.parallel.sp),
+              static_cast<long long>(spec.data.seq_len), FormatPlan(plan).c_str());
+  if (!plan.fits) return absl::FailedPreconditionError(plan.verdict);
+  return absl::OkStatus();
+}
 
+}  // namespace ithaca

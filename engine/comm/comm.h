@@ -4,7 +4,8 @@
 // Conventions: every rank of the communicator calls the same collectives in the same order with
 // tensors of the same dtype and element count. Tensors live on the backend's device. A peer that
 // dies or stops answering gives an error (UNAVAILABLE or DEADLINE_EXCEEDED, naming the peer when
-// known) within the communicator's timeout, never a hang.
+// known) within the communicator's timeout, never a hang. Misuse one rank can see by itself
+// (shapes, dtypes, devices, overlapping buffers) is INVALID_ARGUMENT before anything is sent.
 #pragma once
 
 #include <memory>
@@ -22,16 +23,24 @@ class Comm {
   virtual int size() const = 0;
 
   // out = the concatenation of every rank's `in`, in rank order; out.numel = size · in.numel.
+  // In place when `in` is this rank's slot of `out`; any other overlap is rejected.
   virtual absl::Status AllGather(const Tensor& in, const Tensor& out) = 0;
   // `in` is size equal chunks; rank r receives the sum over ranks of chunk r in `out`.
+  // In place when `out` is this rank's chunk of `in`; any other overlap is rejected.
   virtual absl::Status ReduceScatter(const Tensor& in, const Tensor& out) = 0;
   // `in` is size equal chunks; chunk j goes to rank j; out's chunk i is what rank i sent here.
+  // `in` and `out` must not overlap.
   virtual absl::Status AllToAll(const Tensor& in, const Tensor& out) = 0;
   // x = Σ over ranks of x, in place.
   virtual absl::Status AllReduce(const Tensor& x) = 0;
   // x = root's x on every rank.
   virtual absl::Status Broadcast(const Tensor& x, int root) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // Waits until every collective issued so far has completed, or fails within the timeout.
+  // Backends whose collectives return only when done (Gloo, SelfComm) have nothing to wait for;
+  // NCCL's asynchronous mode needs it before the host reads a result.
+  virtual absl::Status Synchronize() { return absl::OkStatus(); }
 
   // A sub-communicator of the ranks that pass the same `color`, ordered by `key` (then rank),
   // like MPI_Comm_split. Every rank of this communicator must call it.

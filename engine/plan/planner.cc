@@ -138,12 +138,16 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
 }
 
 std::string FormatPlan(const MemoryPlan& p) {
-  std::string out = absl::StrFormat("%-14s %12s\n", "tier", "peak GiB");
+  // One unit for the whole table, chosen by the total, so small models read sensibly too.
+  const bool gib = p.device_total() >= (int64_t{1} << 30);
+  const double unit = gib ? kGiB : double(1 << 20);
+  const char* name = gib ? "GiB" : "MiB";
+  std::string out = absl::StrFormat("%-14s %9s %s\n", "tier", "peak", name);
   for (int i = 0; i < kNumTiers; ++i) {
-    absl::StrAppendFormat(&out, "%-14s %12.3f\n", TierName(static_cast<Tier>(i)), p.peak[i] / kGiB);
+    absl::StrAppendFormat(&out, "%-14s %13.3f\n", TierName(static_cast<Tier>(i)), p.peak[i] / unit);
   }
-  absl::StrAppendFormat(&out, "%-14s %12.3f  (highest device total during the step)\n",
-                        "device peak", p.device_total() / kGiB);
+  absl::StrAppendFormat(&out, "%-14s %13.3f  (highest device total during the step)\n",
+                        "device peak", p.device_total() / unit);
   absl::StrAppendFormat(&out, "settings: head_chunk %d, tile_tokens %d, offload %s\n",
                         p.head_chunk, p.tile_tokens, p.offload ? "on" : "off");
   if (p.gpu_budget > 0) absl::StrAppendFormat(&out, "GPU budget %.2f GiB", p.gpu_budget / kGiB);

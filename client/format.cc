@@ -1,0 +1,178 @@
+#include "client/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace ithaca {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+std::string Time(const google::protobuf::Timestamp& t) {
+  std::string s = TimeUtil::ToString(t);  // RFC 3339, UTC
+  return s.substr(0, std::min<size_t>(s.size(), 19)) + "Z";
+}
+
+const v1::StepReport* Rank0(const v1::Job& job) {
+  for (const v1::StepReport& r : job.last_steps()) {
+    if (r.rank() == 0) return &r;
+  }
+  return job.last_steps_size() > 0 ? &job.last_steps(0) : nullptr;
+}
+
+}  // namespace
+
+std::string HumanBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (std::abs(v) >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+std::string HumanDuration(double seconds) {
+  if (!(seconds >= 0) || std::isinf(seconds)) return "?";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+std::string HumanRate(double v) {
+  if (v >= 1e6) return absl::StrFormat("%.1fM", v / 1e6);
+  if (v >= 1e4) return absl::StrFormat("%.1fk", v / 1e3);
+  return absl::StrFormat("%.1f", v);
+}
+
+std::string StateName(v1::JobState s) {
+  std::string n = v1::JobState_Name(s);
+  return absl::StartsWith(n, "JOB_STATE_") ? n.substr(10) : n;
+}
+
+std::string ProgressLine(const v1::StepReport& r, double eta_seconds) {
+  std::string line = absl::StrFormat("step %d/%d | loss %.4f | %s tok/s/rank | mem %s", r.step(),
+                                     r.total_steps(), r.loss(), HumanRate(r.tokens_per_second()),
+                                     HumanBytes(r.device_peak_bytes()));
+  if (eta_seconds >= 0) absl::StrAppend(&line, " | ETA ", HumanDuration(eta_seconds));
+  return line;
+}
+
+std::string MemoryTable(const v1::Job& job) {
+  if (job.last_steps_size() == 0) return "memory: no step reported yet\n";
+  std::vector<std::string> tiers;
+  std::map<std::string, std::map<int, int64_t>> peak;
+  std::map<int, int64_t> device_peak;
+  for (const v1::StepReport& r : job.last_steps()) {
+    for (const v1::TierBytes& t : r.memory()) {
+      if (!peak.count(t.tier())) tiers.push_back(t.tier());
+      peak[t.tier()][r.rank()] = t.peak_bytes();
+    }
+    device_peak[r.rank()] = r.device_peak_bytes();
+  }
+  std::string out = absl::StrFormat("%-14s", "tier (peak)");
+  for (const auto& [rank, _] : device_peak)
+    absl::StrAppend(&out, absl::StrFormat("%12s", absl::StrCat("rank ", rank)));
+  absl::StrAppend(&out, "\n");
+  for (const std::string& tier : tiers) {
+    absl::StrAppend(&out, absl::StrFormat("%-14s", tier));
+    for (const auto& [rank, _] : device_peak) {
+      absl::StrAppend(&out, absl::StrFormat("%12s", HumanBytes(peak[tier][rank])));
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, absl::StrFormat("%-14s", "device total"));
+  for (const auto& [rank, bytes] : device_peak) {
+    absl::StrAppend(&out, absl::StrFormat("%12s", HumanBytes(bytes)));
+  }
+  absl::StrAppend(&out, "\n");
+  return out;
+}
+
+std::string JobLine(const v1::Job& job) {
+  std::string progress = "-";
+  if (const v1::StepReport* r = Rank0(job)) {
+    progress = absl::StrFormat("step %d/%d loss %.4f", r->step(), r->total_steps(), r->loss());
+  }
+  return absl::StrFormat("%-10s %-16s %-11s %-28s %s", job.id(), job.name(), StateName(job.state()),
+                         progress, job.reason());
+}
+
+std::string JobDetails(const v1::Job& job) {
+  const v1::JobSpecSummary& s = job.spec();
+  std::string out =
+      absl::StrFormat("job %s (%s): %s\n", job.id(), job.name(), StateName(job.state()));
+  if (!job.reason().empty()) absl::StrAppend(&out, "  reason: ", job.reason(), "\n");
+  if (job.has_failed_rank()) absl::StrAppend(&out, "  failed rank: ", job.failed_rank(), "\n");
+  absl::StrAppend(&out,
+                  absl::StrFormat("  model: %s (%.3g M parameters), backend %s, world %d (sp %d), "
+                                  "seq_len %d, %d steps\n",
+                                  s.model(), s.parameters() / 1e6, s.backend(), s.world(), s.sp(),
+                                  s.seq_len(), s.steps()));
+  absl::StrAppend(&out, "  data: ", s.data_path(), "\n");
+  if (!s.checkpoint_dir().empty())
+    absl::StrAppend(&out, "  checkpoints: ", s.checkpoint_dir(), "\n");
+  absl::StrAppend(&out, "  logs: ", job.log_dir(), "/rank-*.log\n");
+  if (const v1::StepReport* r = Rank0(job)) {
+    absl::StrAppend(&out, "  last step: ", ProgressLine(*r, -1),
+                    absl::StrFormat(" | %.3f s | grad norm %.3f | lr %.3g\n", r->seconds(),
+                                    r->grad_norm(), r->lr()));
+  }
+  absl::StrAppend(&out, "  history:\n");
+  for (const v1::StateTransition& t : job.transitions()) {
+    absl::StrAppend(&out, "    ", Time(t.time()), "  ", StateName(t.to()),
+                    t.reason().empty() ? "" : "  (" + t.reason() + ")", "\n");
+  }
+  if (job.last_steps_size() > 0) {
+    absl::StrAppend(&out, "  memory per tier:\n");
+    std::string table = MemoryTable(job);
+    size_t start = 0, nl;
+    while ((nl = table.find('\n', start)) != std::string::npos) {
+      absl::StrAppend(&out, "    ", table.substr(start, nl - start + 1));
+      start = nl + 1;
+    }
+  }
+  return out;
+}
+
+std::string PlanText(const v1::PlanJobResponse& p) {
+  const v1::MemoryPlan& plan = p.plan();
+  std::string out =
+      absl::StrFormat("plan for %s: %s, %.3g M parameters, world %d\n", p.spec().name(),
+                      p.spec().model(), plan.parameters() / 1e6, plan.world());
+  for (const v1::TierBytes& t : plan.per_rank()) {
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-12s %12s per rank\n", t.tier(), HumanBytes(t.peak_bytes())));
+  }
+  absl::StrAppend(&out, absl::StrFormat("  %-12s %12s per rank, budget %s (%s)\n", "total",
+                                        HumanBytes(plan.per_rank_bytes()),
+                                        HumanBytes(plan.budget_bytes()), plan.budget_source()));
+  absl::StrAppend(&out, plan.fits() ? "fits" : "does NOT fit", ": ", plan.summary(), "\n");
+  return out;
+}
+
+std::string NodeText(const v1::NodeInfo& n) {
+  std::string out = absl::StrFormat(
+      "node %s (%s): %d %s, %d free; host memory %s; %d running, %d queued\n", n.hostname(),
+      n.version(), n.slots(), n.gpus() > 0 ? "GPUs" : "CPU slots", n.free_slots(),
+      HumanBytes(n.host_memory_bytes()), n.jobs_running(), n.jobs_queued());
+  for (const v1::Device& d : n.devices()) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("  %d  %-20s %-12s %s\n", d.index(), d.uuid().empty() ? d.name() : d.uuid(),
+                        HumanBytes(d.memory_bytes()), d.job_id().empty() ? "free" : d.job_id()));
+  }
+  absl::StrAppend(&out, "metrics: http://", n.metrics_address(), "/metrics\nstate: ", n.state_dir(),
+                  "\n");
+  return out;
+}
+
+}  // namespace ithaca

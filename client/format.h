@@ -1,0 +1,34 @@
+// What the CLI prints: byte sizes, durations, the live progress line, the per-tier memory table,
+// job lines and details. Pure functions of the API's messages, so they are unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ithaca/v1/job.pb.h"
+
+namespace ithaca {
+
+std::string HumanBytes(int64_t bytes);      // "2.9 MiB", "15.4 GiB", "512 B"
+std::string HumanDuration(double seconds);  // "0:07", "12:03", "3:02:11"
+std::string HumanRate(double per_second);   // "472.5", "12.4k", "1.2M"
+std::string StateName(v1::JobState s);      // "RUNNING"
+
+// "step 12/60 | loss 3.2140 | 12.4k tok/s/rank | mem 2.9 MiB | ETA 0:07"; `eta_seconds` < 0
+// leaves ETA out.
+std::string ProgressLine(const v1::StepReport& r, double eta_seconds);
+
+// One row per tier, one column per rank: peak bytes during the newest step; a total row (the
+// device tiers' sum) at the bottom.
+std::string MemoryTable(const v1::Job& job);
+
+// "job-3  demo  RUNNING  step 12/60  loss 3.2140  ..." for `ithaca list`.
+std::string JobLine(const v1::Job& job);
+// The multi-line `ithaca status` view: state and reason, spec, newest step, transitions, memory.
+std::string JobDetails(const v1::Job& job);
+// `ithaca plan`.
+std::string PlanText(const v1::PlanJobResponse& plan);
+// `ithaca node`.
+std::string NodeText(const v1::NodeInfo& node);
+
+}  // namespace ithaca

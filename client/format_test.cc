@@ -1,0 +1,51 @@
+#include "client/format.h"
+
+#include <gtest/gtest.h>
+
+namespace ithaca {
+namespace {
+
+TEST(FormatTest, HumanUnits) {
+  EXPECT_EQ(HumanBytes(512), "512 B");
+  EXPECT_EQ(HumanBytes(3 * 1024 * 1024 + 100 * 1024), "3.1 MiB");
+  EXPECT_EQ(HumanBytes(int64_t{15} << 30), "15.0 GiB");
+  EXPECT_EQ(HumanDuration(7.4), "0:07");
+  EXPECT_EQ(HumanDuration(3 * 3600 + 2 * 60 + 11), "3:02:11");
+  EXPECT_EQ(HumanDuration(-1), "?");
+  EXPECT_EQ(HumanRate(472.54), "472.5");
+  EXPECT_EQ(HumanRate(12400), "12.4k");
+}
+
+TEST(FormatTest, ProgressLineAndMemoryTable) {
+  v1::Job job;
+  job.set_id("job-1");
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::StepReport* r = job.add_last_steps();
+    r->set_rank(rank);
+    r->set_step(12);
+    r->set_total_steps(60);
+    r->set_loss(3.214);
+    r->set_tokens_per_second(12400);
+    r->set_device_peak_bytes(int64_t{3} << 20);
+    v1::TierBytes* t = r->add_memory();
+    t->set_tier("params");
+    t->set_peak_bytes((rank + 1) * 1024);
+  }
+  EXPECT_EQ(ProgressLine(job.last_steps(0), 7),
+            "step 12/60 | loss 3.2140 | 12.4k tok/s/rank | mem 3.0 MiB | ETA 0:07");
+  const std::string table = MemoryTable(job);
+  EXPECT_NE(table.find("rank 0"), std::string::npos) << table;
+  EXPECT_NE(table.find("rank 1"), std::string::npos) << table;
+  EXPECT_NE(table.find("2.0 KiB"), std::string::npos) << table;
+  EXPECT_NE(table.find("device total"), std::string::npos) << table;
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_reason("rank 1 exited with code 4 (NaN loss)");
+  job.set_failed_rank(1);
+  const std::string details = JobDetails(job);
+  EXPECT_NE(details.find("FAILED"), std::string::npos);
+  EXPECT_NE(details.find("failed rank: 1"), std::string::npos);
+  EXPECT_NE(JobLine(job).find("step 12/60"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ithaca

@@ -1,0 +1,262 @@
+// GlooComm over real processes on loopback: every collective against values computed locally,
+// for worlds of 1, 2, 4 and 8; Ulysses-style splits; and failures (a rank that exits, is killed
+// or hangs; a rank that never joins) that must end in errors within the timeout, never a hang.
+#include "engine/comm/gloo/gloo_comm.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "engine/comm/testing/multiprocess.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+using testing::RunOptions;
+using testing::RunRanks;
+using testing::TempDir;
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+float Val(int r, int64_t i) { return std::sin(0.37f * r + 0.011f * i) * 3.1f + 0.1f * r; }
+
+GlooOptions Options(double timeout_s) {
+  GlooOptions o;
+  o.timeout_s = timeout_s;
+  return o;
+}
+
+absl::Status CheckAllGather(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  const int n = 5;
+  {  // f32
+    std::vector<float> in(n), out(n * P, -1);
+    for (int i = 0; i < n; ++i) in[i] = r * 1000 + i;
+    RETURN_IF_ERROR(
+        c.AllGather(Tensor(in.data(), DType::kF32, {n}), Tensor(out.data(), DType::kF32, {P, n})));
+    for (int k = 0; k < P; ++k)
+      for (int i = 0; i < n; ++i) RANK_CHECK(out[k * n + i] == k * 1000 + i, "f32 k=", k, " i=", i);
+  }
+  {  // i32, in place: this rank's part already sits in its slot of the output
+    std::vector<int32_t> buf(n * P, -1);
+    for (int i = 0; i < n; ++i) buf[r * n + i] = -(r * 1000 + i);
+    Tensor out(buf.data(), DType::kI32, {P * n});
+    RETURN_IF_ERROR(c.AllGather(out.Slice(r * n, {n}), out));
+    for (int k = 0; k < P; ++k)
+      for (int i = 0; i < n; ++i) RANK_CHECK(buf[k * n + i] == -(k * 1000 + i), "i32 k=", k);
+  }
+  {  // bf16: bit patterns travel untouched
+    std::vector<uint16_t> in(n), out(n * P, 0);
+    for (int i = 0; i < n; ++i) in[i] = static_cast<uint16_t>(0x7f00 + r * 16 + i);
+    RETURN_IF_ERROR(c.AllGather(Tensor(in.data(), DType::kBF16, {n}),
+                                Tensor(out.data(), DType::kBF16, {P * n})));
+    for (int k = 0; k < P; ++k)
+      for (int i = 0; i < n; ++i) RANK_CHECK(out[k * n + i] == 0x7f00 + k * 16 + i, "bf16 k=", k);
+  }
+  return absl::OkStatus();
+}
+
+// Chunk j of rank s, element i, encodes (s, j, i): every received element proves its origin.
+int32_t Code(int s, int j, int i) { return s * 10000 + j * 100 + i; }
+
+absl::Status CheckAllToAll(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  const int m = 3;
+  std::vector<float> f_in(m * P), f_out(m * P, -1);
+  std::vector<int32_t> i_in(m * P), i_buf(m * P, -1);
+  std::vector<uint16_t> b_in(m * P), b_out(m * P);
+  for (int j = 0; j < P; ++j) {
+    for (int i = 0; i < m; ++i) {
+      f_in[j * m + i] = Code(r, j, i);
+      i_in[j * m + i] = Code(r, j, i);
+      b_in[j * m + i] = static_cast<uint16_t>(r * 64 + j * 8 + i);
+    }
+  }
+  RETURN_IF_ERROR(c.AllToAll(Tensor(f_in.data(), DType::kF32, {P * m}),
+                             Tensor(f_out.data(), DType::kF32, {P * m})));
+  RETURN_IF_ERROR(c.AllToAll(Tensor(i_in.data(), DType::kI32, {P, m}),
+                             Tensor(i_buf.data(), DType::kI32, {P, m})));
+  RETURN_IF_ERROR(c.AllToAll(Tensor(b_in.data(), DType::kBF16, {P * m}),
+                             Tensor(b_out.data(), DType::kBF16, {P * m})));
+  for (int s = 0; s < P; ++s) {
+    for (int i = 0; i < m; ++i) {
+      RANK_CHECK(f_out[s * m + i] == Code(s, r, i), "f32 from ", s, " got ", f_out[s * m + i]);
+      RANK_CHECK(i_buf[s * m + i] == Code(s, r, i), "i32 from ", s, " got ", i_buf[s * m + i]);
+      RANK_CHECK(b_out[s * m + i] == s * 64 + r * 8 + i, "bf16 from ", s);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReduceScatter(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  const int m = 37;
+  std::vector<float> in(m * P), out(m, 0);
+  for (int64_t e = 0; e < m * P; ++e) in[e] = Val(r, e);
+  RETURN_IF_ERROR(c.ReduceScatter(Tensor(in.data(), DType::kF32, {P * m}),
+                                  Tensor(out.data(), DType::kF32, {m})));
+  for (int i = 0; i < m; ++i) {
+    float want = Val(0, r * m + i);  // summed over ranks 0, 1, ... in order: bit-exact
+    for (int k = 1; k < P; ++k) want += Val(k, r * m + i);
+    RANK_CHECK(out[i] == want, "element ", i, absl::StrFormat(": %.9g vs %.9g", out[i], want));
+  }
+  std::vector<int32_t> iin(m * P), iout(m);
+  for (int e = 0; e < m * P; ++e) iin[e] = r + e;
+  RETURN_IF_ERROR(c.ReduceScatter(Tensor(iin.data(), DType::kI32, {P * m}),
+                                  Tensor(iout.data(), DType::kI32, {m})));
+  for (int i = 0; i < m; ++i) RANK_CHECK(iout[i] == P * (r * m + i) + P * (P - 1) / 2, "i32 ", i);
+  // In place: the result lands in this rank's own chunk of the input.
+  Tensor whole(iin.data(), DType::kI32, {P * m});
+  for (int e = 0; e < m * P; ++e) iin[e] = r + e;
+  RETURN_IF_ERROR(c.ReduceScatter(whole, whole.Slice(r * m, {m})));
+  for (int i = 0; i < m; ++i) RANK_CHECK(iin[r * m + i] == iout[i], "in place ", i);
+  return absl::OkStatus();
+}
+
+absl::Status CheckAllReduce(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  const int n = 1001;  // not a multiple of P: exercises the padding
+  std::vector<float> x(n);
+  for (int i = 0; i < n; ++i) x[i] = Val(r, i);
+  RETURN_IF_ERROR(c.AllReduce(Tensor(x.data(), DType::kF32, {n})));
+  for (int i = 0; i < n; ++i) {
+    float want = Val(0, i);
+    for (int k = 1; k < P; ++k) want += Val(k, i);
+    RANK_CHECK(x[i] == want, "f32 element ", i, absl::StrFormat(": %.9g vs %.9g", x[i], want));
+  }
+  std::vector<int32_t> xi(7);
+  for (int i = 0; i < 7; ++i) xi[i] = (r + 1) * (i - 3);
+  RETURN_IF_ERROR(c.AllReduce(Tensor(xi.data(), DType::kI32, {7})));
+  for (int i = 0; i < 7; ++i) RANK_CHECK(xi[i] == P * (P + 1) / 2 * (i - 3), "i32 ", i);
+  std::vector<bf16> xb(9);
+  for (int i = 0; i < 9; ++i) xb[i] = FloatToBf16(0.5f * i + r);
+  RETURN_IF_ERROR(c.AllReduce(Tensor(xb.data(), DType::kBF16, {9})));
+  for (int i = 0; i < 9; ++i) {
+    float want = 0;
+    for (int k = 0; k < P; ++k) want += Bf16ToFloat(FloatToBf16(0.5f * i + k));
+    RANK_CHECK(xb[i].bits == FloatToBf16(want).bits, "bf16 ", i);
+  }
+  std::vector<float> scalar = {static_cast<float>(r)};  // fewer elements than ranks
+  RETURN_IF_ERROR(c.AllReduce(Tensor(scalar.data(), DType::kF32, {1})));
+  RANK_CHECK(scalar[0] == P * (P - 1) / 2.0f, "scalar ", scalar[0]);
+  return absl::OkStatus();
+}
+
+absl::Status CheckBroadcast(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  for (int root : {P - 1, 0}) {
+    std::vector<float> x(6, static_cast<float>(r));
+    std::vector<uint16_t> b(3, static_cast<uint16_t>(r));
+    RETURN_IF_ERROR(c.Broadcast(Tensor(x.data(), DType::kF32, {6}), root));
+    RETURN_IF_ERROR(c.Broadcast(Tensor(b.data(), DType::kBF16, {3}), root));
+    for (float v : x) RANK_CHECK(v == root, "f32 root ", root, " got ", v);
+    for (uint16_t v : b) RANK_CHECK(v == root, "bf16 root ", root);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBarrier(Comm& c) {
+  // Rank 0 arrives late: nobody may leave the barrier before it arrives.
+  const auto start = Clock::now();
+  if (c.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  RETURN_IF_ERROR(c.Barrier());
+  RANK_CHECK(Since(start) >= 0.19, "left the barrier after ", Since(start), " s");
+  return absl::OkStatus();
+}
+
+class GlooWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooWorldTest, CollectivesMatchLocalComputation) {
+  const int world = GetParam();
+  TempDir dir;
+  auto outcomes = RunRanks(world, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto comm, GlooComm::Create(rank, world, dir.rendezvous(), Options(10)));
+    RANK_CHECK(comm->rank() == rank && comm->size() == world);
+    RETURN_IF_ERROR(CheckAllGather(*comm));
+    RETURN_IF_ERROR(CheckAllToAll(*comm));
+    RETURN_IF_ERROR(CheckReduceScatter(*comm));
+    RETURN_IF_ERROR(CheckAllReduce(*comm));
+    RETURN_IF_ERROR(CheckBroadcast(*comm));
+    RETURN_IF_ERROR(CheckBarrier(*comm));
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorldTest, ::testing::Values(1, 2, 4, 8),
+                         [](const auto& info) { return absl::StrCat("world", info.param); });
+
+// The ranks of `c`, gathered: the members of a split group and their order.
+absl::StatusOr<std::vector<int32_t>> Members(Comm& c, int32_t global_rank) {
+  std::vector<int32_t> all(c.size());
+  RETURN_IF_ERROR(c.AllGather(Tensor(&global_rank, DType::kI32, {1}),
+                              Tensor(all.data(), DType::kI32, {c.size()})));
+  return all;
+}
+
+TEST(GlooSplitTest, UlyssesGroupsOfFourRanks) {
+  TempDir dir;
+  auto outcomes = RunRanks(4, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto world, GlooComm::Create(rank, 4, dir.rendezvous(), Options(10)));
+    // Sequence-parallel pairs {0,1} {2,3}, ordered by rank.
+    ASSIGN_OR_RETURN(auto sp, world->Split(rank / 2, rank));
+    RANK_CHECK(sp->size() == 2 && sp->rank() == rank % 2);
+    ASSIGN_OR_RETURN(auto sp_members, Members(*sp, rank));
+    RANK_CHECK(sp_members == std::vector<int32_t>({rank / 2 * 2, rank / 2 * 2 + 1}));
+    // Data-parallel pairs {0,2} {1,3}, ordered by descending rank (key = -rank).
+    ASSIGN_OR_RETURN(auto dp, world->Split(rank % 2, -rank));
+    ASSIGN_OR_RETURN(auto dp_members, Members(*dp, rank));
+    RANK_CHECK(dp_members == std::vector<int32_t>({rank % 2 + 2, rank % 2}), "dp order");
+    RANK_CHECK(dp->rank() == (rank < 2 ? 1 : 0));
+    // Collectives inside groups, interleaved with the world's: each group keeps its own stream.
+    RETURN_IF_ERROR(CheckAllToAll(*sp));
+    RETURN_IF_ERROR(CheckAllReduce(*dp));
+    RETURN_IF_ERROR(CheckAllReduce(*world));
+    RETURN_IF_ERROR(CheckReduceScatter(*sp));
+    // A split of a split, and singletons.
+    ASSIGN_OR_RETURN(auto again, sp->Split(0, sp->rank()));
+    ASSIGN_OR_RETURN(auto again_members, Members(*again, rank));
+    RANK_CHECK(again_members == sp_members);
+    ASSIGN_OR_RETURN(auto alone, world->Split(rank, 0));
+    RANK_CHECK(alone->size() == 1 && alone->rank() == 0);
+    RETURN_IF_ERROR(CheckAllGather(*alone));
+    // A negative color is rejected on every rank, not only the one that passed it.
+    auto bad = world->Split(rank == 3 ? -1 : 0, 0);
+    RANK_CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument, bad.status().ToString());
+    RANK_CHECK(absl::StrContains(bad.status().message(), "rank 3"), bad.status().ToString());
+    return world->Barrier();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+TEST(GlooSplitTest, SequenceAndDataParallelGroupsOfEightRanks) {
+  TempDir dir;
+  auto outcomes = RunRanks(8, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto world, GlooComm::Create(rank, 8, dir.rendezvous(), Options(10)));
+    ASSIGN_OR_RETURN(auto sp, world->Split(rank / 4, rank));  // sp = 4
+    ASSIGN_OR_RETURN(auto dp, world->Split(rank % 4, rank));  // dp = 2
+    RANK_CHECK(sp->size() == 4 && sp->rank() == rank % 4);
+    RANK_CHECK(dp->size() == 2 && dp->rank() == rank / 4);
+    float x = static_cast<float>(rank);
+    RETURN_IF_ERROR(sp->AllReduce(Tensor(&x, DType::kF32, {1})));
+    RANK_CHECK(x == 16 * (rank / 4) + 6, "sp sum ", x);
+    float y = static_cast<float>(rank);
+    RETURN_IF_ERROR(dp->AllReduce(Tensor(&y, DType::kF32, {1})));
+    RANK_CHECK(y == 2 * (rank % 4) + 4, "dp sum ", y);
+    RETURN_IF_ERROR(CheckAllToAll(*sp));
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+}  // namespace
+}  // namespace ithaca

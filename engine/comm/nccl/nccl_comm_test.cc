@@ -1,0 +1,194 @@
+// NcclComm on real GPUs (tagged gpu). Every case runs in forked processes, so this process never
+// initializes CUDA and children can. Without a GPU the tests skip with a message; cases for two
+// ranks skip unless two GPUs are present.
+#include "engine/comm/nccl/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "engine/comm/testing/multiprocess.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+using testing::RunOptions;
+using testing::RunRanks;
+using testing::TempDir;
+
+// Counts GPUs in a child process (CUDA must not start in the process that forks ranks).
+int GpuCount() {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    _exit(n > 100 ? 100 : n);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+}
+
+// A device buffer holding `host`, copied back by Get().
+template <typename T>
+class DeviceVector {
+ public:
+  explicit DeviceVector(const std::vector<T>& host) : n_(host.size()) {
+    cudaMalloc(&ptr_, n_ * sizeof(T));
+    cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DeviceVector() { cudaFree(ptr_); }
+  Tensor tensor(DType t) const {
+    return Tensor(ptr_, t, {static_cast<int64_t>(n_)}, Device::kCuda);
+  }
+  std::vector<T> Get() const {
+    std::vector<T> host(n_);
+    cudaDeviceSynchronize();
+    cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return host;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t n_;
+};
+
+// Integer-valued floats: sums are exact whatever order NCCL adds them in.
+absl::Status CheckCollectives(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  const int n = 6;
+  {
+    std::vector<float> in(n);
+    for (int i = 0; i < n; ++i) in[i] = r * 100 + i;
+    DeviceVector<float> din(in), dout(std::vector<float>(n * P, -1));
+    RETURN_IF_ERROR(c.AllGather(din.tensor(DType::kF32), dout.tensor(DType::kF32)));
+    auto out = dout.Get();
+    for (int k = 0; k < P; ++k)
+      for (int i = 0; i < n; ++i) RANK_CHECK(out[k * n + i] == k * 100 + i, "all_gather");
+  }
+  {
+    std::vector<uint16_t> in(n * P);
+    for (int j = 0; j < P; ++j)
+      for (int i = 0; i < n; ++i) in[j * n + i] = static_cast<uint16_t>(r * 64 + j * 8 + i);
+    DeviceVector<uint16_t> din(in), dout(std::vector<uint16_t>(n * P, 0));
+    RETURN_IF_ERROR(c.AllToAll(din.tensor(DType::kBF16), dout.tensor(DType::kBF16)));
+    auto out = dout.Get();
+    for (int s = 0; s < P; ++s)
+      for (int i = 0; i < n; ++i) RANK_CHECK(out[s * n + i] == s * 64 + r * 8 + i, "all_to_all");
+  }
+  {
+    std::vector<float> in(n * P);
+    for (int e = 0; e < n * P; ++e) in[e] = r + e;
+    DeviceVector<float> din(in), dout(std::vector<float>(n, 0));
+    RETURN_IF_ERROR(c.ReduceScatter(din.tensor(DType::kF32), dout.tensor(DType::kF32)));
+    auto out = dout.Get();
+    for (int i = 0; i < n; ++i)
+      RANK_CHECK(out[i] == P * (r * n + i) + P * (P - 1) / 2, "reduce_scatter ", i);
+  }
+  {
+    DeviceVector<int32_t> dx(std::vector<int32_t>(n, r + 1));
+    RETURN_IF_ERROR(c.AllReduce(dx.tensor(DType::kI32)));
+    for (int32_t v : dx.Get()) RANK_CHECK(v == P * (P + 1) / 2, "all_reduce i32 ", v);
+    std::vector<uint16_t> b(n);
+    for (int i = 0; i < n; ++i) b[i] = FloatToBf16(static_cast<float>(r + i)).bits;
+    DeviceVector<uint16_t> db(b);
+    RETURN_IF_ERROR(c.AllReduce(db.tensor(DType::kBF16)));
+    auto got = db.Get();
+    for (int i = 0; i < n; ++i) {
+      RANK_CHECK(Bf16ToFloat(bf16{got[i]}) == P * i + P * (P - 1) / 2, "all_reduce bf16 ", i);
+    }
+  }
+  {
+    DeviceVector<float> dx(std::vector<float>(n, static_cast<float>(r)));
+    RETURN_IF_ERROR(c.Broadcast(dx.tensor(DType::kF32), P - 1));
+    for (float v : dx.Get()) RANK_CHECK(v == P - 1, "broadcast ", v);
+  }
+  RETURN_IF_ERROR(c.Barrier());
+  RETURN_IF_ERROR(c.Synchronize());
+  // Host tensors are refused before anything is enqueued.
+  float host = 0;
+  absl::Status st = c.AllReduce(Tensor(&host, DType::kF32, {1}));
+  RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+  return absl::OkStatus();
+}
+
+NcclOptions Options(double timeout_s, bool synchronous = true) {
+  NcclOptions o;
+  o.timeout_s = timeout_s;
+  o.synchronous = synchronous;
+  return o;
+}
+
+TEST(NcclCommTest, OneRank) {
+  if (GpuCount() < 1) GTEST_SKIP() << "no CUDA GPU on this machine: NCCL test skipped";
+  auto outcomes = RunRanks(
+      1,
+      [&](int rank) -> absl::Status {
+        ASSIGN_OR_RETURN(auto comm, NcclComm::Create(rank, 1, "", 0, Options(30)));
+        RETURN_IF_ERROR(CheckCollectives(*comm));
+        ASSIGN_OR_RETURN(auto sub, comm->Split(0, 0));
+        RANK_CHECK(sub->size() == 1 && sub->rank() == 0);
+        RETURN_IF_ERROR(CheckCollectives(*sub));
+        // Asynchronous mode on a stream of our own, then Synchronize.
+        cudaStream_t stream;
+        RANK_CHECK(cudaStreamCreate(&stream) == cudaSuccess);
+        ASSIGN_OR_RETURN(auto async, NcclComm::Create(rank, 1, "", 0, Options(30, false)));
+        async->SetStream(stream);
+        RETURN_IF_ERROR(CheckCollectives(*async));
+        return async->Synchronize();
+      },
+      RunOptions{120, {}});
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+TEST(NcclCommTest, TwoRanksWithSplitAndTimeout) {
+  if (GpuCount() < 2) GTEST_SKIP() << "fewer than 2 CUDA GPUs: two-rank NCCL test skipped";
+  TempDir dir;
+  auto outcomes = RunRanks(
+      2,
+      [&](int rank) -> absl::Status {
+        ASSIGN_OR_RETURN(auto comm, NcclComm::Create(rank, 2, dir.rendezvous(), rank, Options(30)));
+        RETURN_IF_ERROR(CheckCollectives(*comm));
+        ASSIGN_OR_RETURN(auto pair, comm->Split(0, -rank));  // reversed order
+        RANK_CHECK(pair->size() == 2 && pair->rank() == 1 - rank);
+        RETURN_IF_ERROR(CheckCollectives(*pair));
+        return absl::OkStatus();
+      },
+      RunOptions{120, {}});
+  EXPECT_EQ(testing::Failures(outcomes), "");
+
+  // Rank 1 stops calling: rank 0's all-reduce must fail within its timeout, not hang.
+  TempDir dir2;
+  RunOptions run{60, {1}};
+  auto stuck = RunRanks(
+      2,
+      [&](int rank) -> absl::Status {
+        ASSIGN_OR_RETURN(auto comm, NcclComm::Create(rank, 2, dir2.rendezvous(), rank, Options(5)));
+        RETURN_IF_ERROR(comm->Barrier());
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(120));
+          return absl::OkStatus();
+        }
+        DeviceVector<float> dx(std::vector<float>(1024, 1.0f));
+        const auto start = std::chrono::steady_clock::now();
+        absl::Status st = comm->AllReduce(dx.tensor(DType::kF32));
+        double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "[rank 0] %s\n", st.ToString().c_str());
+        RANK_CHECK(st.code() == absl::StatusCode::kDeadlineExceeded, st.ToString());
+        RANK_CHECK(took < 10, "took ", took, " s");
+        RANK_CHECK(comm->Barrier().code() == absl::StatusCode::kDeadlineExceeded);
+        return absl::OkStatus();
+      },
+      run);
+  EXPECT_EQ(stuck[0].exit_code, 0) << stuck[0].ToString();
+}
+
+}  // namespace
+}  // namespace ithaca

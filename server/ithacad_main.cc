@@ -1,0 +1,206 @@
+// ithacad: the Ithaca job daemon. Takes training jobs over gRPC (JobService + grpc.health.v1),
+// runs one ithaca-worker per GPU (or CPU slot), serves Prometheus metrics on /metrics, and keeps
+// every job in SQLite under --state-dir. SIGTERM / SIGINT: graceful shutdown.
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "engine/core/file_util.h"
+#include "server/job_manager.h"
+#include "server/services.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "JobService address: host:port (port 0 picks one) or unix:/path");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus /metrics address (host:port; port 0 picks one; empty: off)");
+ABSL_FLAG(std::string, state_dir, "",
+          "Job store, logs and sockets; default $ITHACA_HOME, else ~/.ithaca");
+ABSL_FLAG(int, gpus, 0, "GPUs on this node (one rank each); 0: a CPU node");
+ABSL_FLAG(int, cpu_slots, 8, "Ranks a CPU node offers (when --gpus=0)");
+ABSL_FLAG(double, gpu_memory_gib, 0, "Memory per GPU when nvidia-smi cannot tell (default 80)");
+ABSL_FLAG(std::string, worker_binary, "",
+          "ithaca-worker; default: next to ithacad, or ../worker/ithaca-worker");
+ABSL_FLAG(std::string, worker_socket, "",
+          "WorkerService unix socket; default <state-dir>/worker.sock");
+ABSL_FLAG(double, heartbeat_timeout_s, 30, "A worker silent this long fails its job");
+ABSL_FLAG(int, heartbeat_interval_ms, 1000, "How often workers heart-beat");
+ABSL_FLAG(double, grace_period_s, 10, "Cancel: SIGTERM, then SIGKILL after this long");
+ABSL_FLAG(double, start_timeout_s, 120, "Launch → every rank registered, or the job fails");
+
+namespace ithaca {
+namespace {
+
+std::string Dirname(const std::string& p) {
+  size_t s = p.rfind('/');
+  return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+std::string DefaultWorkerBinary() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "ithaca-worker";
+  const std::string dir = Dirname(std::string(buf, n));
+  for (const std::string& c : {dir + "/ithaca-worker", dir + "/../worker/ithaca-worker"}) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return dir + "/ithaca-worker";
+}
+
+std::string DefaultStateDir() {
+  if (const char* h = std::getenv("ITHACA_HOME"); h && *h) return h;
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home && *home ? home : "/tmp", "/.ithaca");
+}
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "ithacad: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+int Run() {
+  std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) state_dir = DefaultStateDir();
+  mkdir(state_dir.c_str(), 0755);
+  char real[PATH_MAX];
+  if (realpath(state_dir.c_str(), real) == nullptr) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--state-dir ", state_dir, ": ", strerror(errno))));
+  }
+  state_dir = real;
+  // One daemon per state directory.
+  const std::string lock_path = state_dir + "/ithacad.lock";
+  int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("another ithacad is using ", state_dir, " (", lock_path, " is locked)")));
+  }
+
+  // Signals are taken synchronously by this thread (sigwait); every thread started below
+  // inherits the blocked mask. Workers get a clean mask from the launcher.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto store = JobStore::Open({state_dir + "/jobs.db"});
+  if (!store.ok()) return Fail(store.status());
+  Metrics metrics;
+
+  JobManager::Options o;
+  o.state_dir = state_dir;
+  o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  if (o.worker_binary.empty()) o.worker_binary = DefaultWorkerBinary();
+  o.worker_socket = absl::GetFlag(FLAGS_worker_socket);
+  if (o.worker_socket.empty()) {
+    o.worker_socket = state_dir + "/worker.sock";
+    // sockaddr_un holds 108 bytes; deep state directories get a short path under /tmp.
+    if (o.worker_socket.size() > 100) {
+      o.worker_socket = absl::StrCat("/tmp/ithacad-", std::hash<std::string>()(state_dir), ".sock");
+    }
+  }
+  o.node = DetectNode({absl::GetFlag(FLAGS_gpus), absl::GetFlag(FLAGS_cpu_slots),
+                       absl::GetFlag(FLAGS_gpu_memory_gib)});
+  o.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  o.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  o.grace_period = absl::Seconds(absl::GetFlag(FLAGS_grace_period_s));
+  o.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
+
+  std::unique_ptr<MetricsHttp> http;
+  JobManager* manager_ptr = nullptr;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    auto h = MetricsHttp::Start({absl::GetFlag(FLAGS_metrics_listen), &metrics, [&manager_ptr] {
+                                   if (manager_ptr) manager_ptr->RefreshJobCounts();
+                                 }});
+    if (!h.ok()) return Fail(h.status());
+    http = std::move(*h);
+    o.metrics_address = http->address();
+  }
+  JobManager manager(o, store->get(), &metrics);
+  if (absl::Status st = manager.Start(); !st.ok()) return Fail(st);
+  manager_ptr = &manager;
+
+  WorkerServiceImpl worker_service(&manager);
+  unlink(o.worker_socket.c_str());
+  grpc::ServerBuilder wb;
+  wb.AddListeningPort("unix:" + o.worker_socket, grpc::InsecureServerCredentials());
+  wb.RegisterService(&worker_service);
+  std::unique_ptr<grpc::Server> worker_server = wb.BuildAndStart();
+  if (!worker_server) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", o.worker_socket)));
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  JobServiceImpl job_service(&manager);
+  grpc::ServerBuilder jb;
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  jb.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  jb.RegisterService(&job_service);
+  std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
+  if (!server) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
+  std::string address = listen;
+  if (listen.rfind("unix:", 0) != 0) {
+    address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  }
+  // Where to find this daemon, for scripts and tests (written once it serves).
+  absl::Status wrote = WriteFileAtomic(
+      state_dir + "/ithacad.addr",
+      absl::StrCat("grpc=", address, "\nmetrics=", o.metrics_address, "\npid=", getpid(), "\n"));
+  if (!wrote.ok()) return Fail(wrote);
+  std::printf("ithacad: serving jobs on %s, metrics on http://%s/metrics; %d %s; state in %s\n",
+              address.c_str(), o.metrics_address.c_str(), o.node.slots(),
+              o.node.gpu ? "GPUs" : "CPU slots", state_dir.c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::printf("ithacad: %s: shutting down\n", strsignal(sig));
+  std::fflush(stdout);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  manager.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  unlink(o.worker_socket.c_str());
+  unlink((state_dir + "/ithacad.addr").c_str());
+  manager_ptr = nullptr;
+  http.reset();
+  std::printf("ithacad: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace ithaca
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("ithacad: the Ithaca job daemon (see README.md)");
+  // Flags are spelled with dashes on the command line (--state-dir); absl names them with
+  // underscores.
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> fixed;
+  for (std::string& a : args) {
+    if (a.rfind("--", 0) == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      std::replace(a.begin() + 2, a.begin() + end, '-', '_');
+    }
+    fixed.push_back(a.data());
+  }
+  absl::ParseCommandLine(static_cast<int>(fixed.size()), fixed.data());
+  return ithaca::Run();
+}

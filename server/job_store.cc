@@ -1,0 +1,308 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace ithaca {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// One prepared statement; binds by position (1-based) and finalizes on destruction.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr);
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  absl::Status status() const {
+    return rc_ == SQLITE_OK ? absl::OkStatus()
+                            : absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  }
+  Stmt& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& BindBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  // SQLITE_ROW → true, SQLITE_DONE → false, anything else → error.
+  absl::StatusOr<bool> Step() {
+    RETURN_IF_ERROR(status());
+    int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  }
+  absl::Status Run() { return Step().status(); }
+  int64_t Int(int col) { return sqlite3_column_int64(s_, col); }
+  std::string Text(int col) {
+    const void* p = sqlite3_column_blob(s_, col);
+    return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(s_, col)) : "";
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* s_ = nullptr;
+  int rc_;
+};
+
+std::string SlotsToText(const std::vector<int>& slots) { return absl::StrJoin(slots, ","); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(options.path.c_str(), &db) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("job store ", options.path, ": ", msg));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  sqlite3_busy_timeout(db, 5000);
+  // WAL + NORMAL: a committed transition survives a daemon crash; fsync only at checkpoints.
+  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"));
+  RETURN_IF_ERROR(store->Migrate());
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errmsg(db_);
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("sqlite: ", msg, " in: ", sql.substr(0, 80)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Migrate() {
+  Stmt v(db_, "PRAGMA user_version");
+  ASSIGN_OR_RETURN(bool row, v.Step());
+  const int64_t version = row ? v.Int(0) : 0;
+  if (version > kSchemaVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job store schema version ", version, " is newer than this ithacad's (",
+                     kSchemaVersion, "); use a newer ithacad or another --state-dir"));
+  }
+  if (version == kSchemaVersion) return absl::OkStatus();
+  // Version 0 → 1: the initial schema.
+  return Exec(absl::StrCat(
+      "BEGIN;"
+      "CREATE TABLE IF NOT EXISTS jobs(id TEXT PRIMARY KEY, seq INTEGER UNIQUE NOT NULL,"
+      " name TEXT NOT NULL, state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
+      " failed_rank INTEGER, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,"
+      " slots TEXT NOT NULL DEFAULT '', pgid INTEGER NOT NULL DEFAULT 0, record BLOB NOT NULL);"
+      "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);"
+      "CREATE TABLE IF NOT EXISTS transitions(job_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+      " from_state INTEGER NOT NULL, to_state INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
+      " reason TEXT NOT NULL, PRIMARY KEY(job_id, seq));"
+      "CREATE TABLE IF NOT EXISTS last_steps(job_id TEXT NOT NULL, rank INTEGER NOT NULL,"
+      " report BLOB NOT NULL, PRIMARY KEY(job_id, rank));"
+      "PRAGMA user_version = ",
+      kSchemaVersion,
+      ";"
+      "COMMIT;"));
+}
+
+absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt next(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
+  ASSIGN_OR_RETURN(bool row, next.Step());
+  const int64_t seq = row ? next.Int(0) : 1;
+  v1::Job record = job;
+  record.set_id(absl::StrCat("job-", seq));
+  record.set_log_dir(absl::StrReplaceAll(job.log_dir(), {{"{id}", record.id()}}));
+  record.clear_state();
+  record.clear_reason();
+  record.clear_failed_rank();
+  record.clear_transitions();
+  record.clear_last_steps();
+  record.clear_slots();
+  const int64_t now = NowMs();
+  *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
+  RETURN_IF_ERROR(Exec("BEGIN"));
+  Stmt ins(db_,
+           "INSERT INTO jobs(id, seq, name, state, reason, created_ms, updated_ms, record)"
+           " VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
+  ins.Bind(1, record.id()).Bind(2, seq).Bind(3, record.name());
+  ins.Bind(4, int64_t{v1::JOB_STATE_QUEUED}).Bind(5, reason).Bind(6, now).Bind(7, now);
+  ins.BindBlob(8, record.SerializeAsString());
+  Stmt tr(db_, "INSERT INTO transitions VALUES(?, 1, ?, ?, ?, ?)");
+  tr.Bind(1, record.id()).Bind(2, int64_t{v1::JOB_STATE_UNSPECIFIED});
+  tr.Bind(3, int64_t{v1::JOB_STATE_QUEUED}).Bind(4, now).Bind(5, reason);
+  absl::Status st = ins.Run();
+  if (st.ok()) st = tr.Run();
+  if (!st.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return st;
+  }
+  RETURN_IF_ERROR(Exec("COMMIT"));
+  return GetLocked(record.id());
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return GetLocked(id);
+}
+
+absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
+  Stmt q(db_,
+         "SELECT record, state, reason, failed_rank IS NOT NULL, failed_rank, updated_ms, slots"
+         " FROM jobs WHERE id = ?");
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("job \"", id, "\" not found"));
+  v1::Job job;
+  if (!job.ParseFromString(q.Text(0))) {
+    return absl::DataLossError(absl::StrCat("job store: record of ", id, " is corrupt"));
+  }
+  job.set_state(static_cast<JobState>(q.Int(1)));
+  job.set_reason(q.Text(2));
+  if (q.Int(3)) job.set_failed_rank(static_cast<int32_t>(q.Int(4)));
+  *job.mutable_updated_at() = TimeUtil::MillisecondsToTimestamp(q.Int(5));
+  for (absl::string_view s : absl::StrSplit(q.Text(6), ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (absl::SimpleAtoi(s, &v)) job.add_slots(v);
+  }
+  Stmt t(db_,
+         "SELECT from_state, to_state, time_ms, reason FROM transitions WHERE job_id = ?"
+         " ORDER BY seq");
+  t.Bind(1, id);
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, t.Step());
+    if (!more) break;
+    v1::StateTransition* tr = job.add_transitions();
+    tr->set_from(static_cast<JobState>(t.Int(0)));
+    tr->set_to(static_cast<JobState>(t.Int(1)));
+    *tr->mutable_time() = TimeUtil::MillisecondsToTimestamp(t.Int(2));
+    tr->set_reason(t.Text(3));
+  }
+  Stmt s(db_, "SELECT report FROM last_steps WHERE job_id = ? ORDER BY rank");
+  s.Bind(1, id);
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, s.Step());
+    if (!more) break;
+    job.add_last_steps()->ParseFromString(s.Text(0));
+  }
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>& states,
+                                                    int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string sql = "SELECT id FROM jobs";
+  if (!states.empty()) {
+    std::vector<int> v(states.begin(), states.end());
+    absl::StrAppend(&sql, " WHERE state IN (", absl::StrJoin(v, ","), ")");
+  }
+  absl::StrAppend(&sql, " ORDER BY seq DESC");
+  if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
+  Stmt q(db_, sql.c_str());
+  std::vector<std::string> ids;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, q.Step());
+    if (!more) break;
+    ids.push_back(q.Text(0));
+  }
+  std::vector<v1::Job> jobs;
+  for (const std::string& id : ids) {
+    ASSIGN_OR_RETURN(v1::Job j, GetLocked(id));
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
+                                             const std::string& reason,
+                                             std::optional<int> failed_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_,
+         "SELECT state, (SELECT COALESCE(MAX(seq), 0) FROM transitions WHERE job_id = ?1)"
+         " FROM jobs WHERE id = ?1");
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("job \"", id, "\" not found"));
+  const JobState from = static_cast<JobState>(q.Int(0));
+  if (!IsAllowedTransition(from, to)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(from),
+                                                      "; it cannot become ", JobStateName(to)));
+  }
+  const int64_t now = NowMs();
+  RETURN_IF_ERROR(Exec("BEGIN"));
+  Stmt up(db_, failed_rank
+                   ? "UPDATE jobs SET state = ?, reason = ?, updated_ms = ?, failed_rank = ?"
+                     " WHERE id = ?"
+                   : "UPDATE jobs SET state = ?, reason = ?, updated_ms = ? WHERE id = ?");
+  up.Bind(1, int64_t{to}).Bind(2, reason).Bind(3, now);
+  if (failed_rank) {
+    up.Bind(4, int64_t{*failed_rank}).Bind(5, id);
+  } else {
+    up.Bind(4, id);
+  }
+  Stmt tr(db_, "INSERT INTO transitions VALUES(?, ?, ?, ?, ?, ?)");
+  tr.Bind(1, id).Bind(2, q.Int(1) + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
+  tr.Bind(5, now).Bind(6, reason);
+  absl::Status st = up.Run();
+  if (st.ok()) st = tr.Run();
+  if (!st.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return st;
+  }
+  RETURN_IF_ERROR(Exec("COMMIT"));
+  return GetLocked(id);
+}
+
+absl::Status JobStore::SetLaunch(const std::string& id, const std::vector<int>& slots, int pgid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt up(db_, "UPDATE jobs SET slots = ?, pgid = ?, updated_ms = ? WHERE id = ?");
+  up.Bind(1, SlotsToText(slots)).Bind(2, int64_t{pgid}).Bind(3, NowMs()).Bind(4, id);
+  return up.Run();
+}
+
+absl::StatusOr<int> JobStore::ProcessGroup(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT pgid FROM jobs WHERE id = ?");
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("job \"", id, "\" not found"));
+  return static_cast<int>(q.Int(0));
+}
+
+absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
+  up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, report.SerializeAsString());
+  return up.Run();
+}
+
+absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountByState() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  std::map<JobState, int64_t> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, q.Step());
+    if (!more) break;
+    out[static_cast<JobState>(q.Int(0))] = q.Int(1);
+  }
+  return out;
+}
+
+}  // namespace ithaca

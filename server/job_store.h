@@ -1,0 +1,66 @@
+// JobStore: every job, every state transition (time and reason) and each rank's newest step
+// report, in SQLite, so `ithaca status` survives a daemon restart. Thread-safe.
+//
+// Schema (versioned with PRAGMA user_version; a newer file is refused, an older one migrated):
+//   jobs(id, seq, name, state, reason, failed_rank, created_ms, updated_ms, slots, pgid, record)
+//   transitions(job_id, seq, from_state, to_state, time_ms, reason)
+//   last_steps(job_id, rank, report)
+// `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "ithaca/v1/job.pb.h"
+#include "server/job_state.h"
+
+struct sqlite3;
+
+namespace ithaca {
+
+class JobStore {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  struct Options {
+    std::string path;  // a file, or ":memory:"
+  };
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const Options& options);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Stores a new job in QUEUED with the next id ("job-1", "job-2", ...); `job` gives the name,
+  // spec and log_dir (log_dir may contain "{id}", replaced by the id).
+  absl::StatusOr<v1::Job> Create(const v1::Job& job, const std::string& reason);
+  absl::StatusOr<v1::Job> Get(const std::string& id);
+  // Newest first; `states` empty means all; `limit` 0 means no limit.
+  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<JobState>& states, int limit);
+
+  // Moves a job to `to`, recording the time and reason. FAILED_PRECONDITION when the state
+  // machine does not allow it (for example out of a terminal state).
+  absl::StatusOr<v1::Job> Transition(const std::string& id, JobState to, const std::string& reason,
+                                     std::optional<int> failed_rank = std::nullopt);
+  // The slots and process group a job's workers run in (pgid 0: none).
+  absl::Status SetLaunch(const std::string& id, const std::vector<int>& slots, int pgid);
+  absl::StatusOr<int> ProcessGroup(const std::string& id);
+  // Keeps `report` as rank report.rank()'s newest step.
+  absl::Status RecordStep(const std::string& id, const v1::StepReport& report);
+  absl::StatusOr<std::map<JobState, int64_t>> CountByState();
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Migrate();
+  absl::Status Exec(const std::string& sql);
+  absl::StatusOr<v1::Job> GetLocked(const std::string& id);
+
+  std::mutex mu_;
+  sqlite3* db_;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,137 @@
+#include "server/job_store.h"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+namespace ithaca {
+namespace {
+
+std::unique_ptr<JobStore> OpenMemory() {
+  auto s = JobStore::Open({":memory:"});
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+v1::Job Template(const std::string& name) {
+  v1::Job j;
+  j.set_name(name);
+  j.set_spec_toml("name = \"" + name + "\"\n");
+  j.mutable_spec()->set_world(2);
+  j.set_log_dir("/state/jobs/{id}");
+  return j;
+}
+
+TEST(JobStoreTest, CreateAssignsSequentialIdsAndRecordsTheFirstTransition) {
+  auto store = OpenMemory();
+  auto a = store->Create(Template("a"), "submitted");
+  auto b = store->Create(Template("b"), "submitted");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->id(), "job-1");
+  EXPECT_EQ(b->id(), "job-2");
+  EXPECT_EQ(a->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(a->log_dir(), "/state/jobs/job-1");
+  EXPECT_EQ(a->spec().world(), 2);
+  ASSERT_EQ(a->transitions_size(), 1);
+  EXPECT_EQ(a->transitions(0).from(), v1::JOB_STATE_UNSPECIFIED);
+  EXPECT_EQ(a->transitions(0).to(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(a->transitions(0).reason(), "submitted");
+  EXPECT_GT(a->created_at().seconds(), 1600000000);
+}
+
+TEST(JobStoreTest, TransitionsFollowTheStateMachineAndKeepHistory) {
+  auto store = OpenMemory();
+  const std::string id = store->Create(Template("a"), "submitted")->id();
+  ASSERT_TRUE(store->Transition(id, v1::JOB_STATE_STARTING, "launched").ok());
+  ASSERT_TRUE(store->Transition(id, v1::JOB_STATE_RUNNING, "registered").ok());
+  auto failed = store->Transition(id, v1::JOB_STATE_FAILED, "rank 1 exited with code 4", 1);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->reason(), "rank 1 exited with code 4");
+  ASSERT_TRUE(failed->has_failed_rank());
+  EXPECT_EQ(failed->failed_rank(), 1);
+  ASSERT_EQ(failed->transitions_size(), 4);
+  EXPECT_EQ(failed->transitions(3).from(), v1::JOB_STATE_RUNNING);
+  // Terminal states stay.
+  auto again = store->Transition(id, v1::JOB_STATE_RUNNING, "no");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find("FAILED"), std::string::npos);
+  // Skipping STARTING is not allowed either.
+  const std::string id2 = store->Create(Template("b"), "submitted")->id();
+  EXPECT_EQ(store->Transition(id2, v1::JOB_STATE_RUNNING, "x").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Transition("job-99", v1::JOB_STATE_RUNNING, "x").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(JobStoreTest, ListFiltersByStateNewestFirstAndCounts) {
+  auto store = OpenMemory();
+  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(store->Create(Template(n), "s").ok());
+  ASSERT_TRUE(store->Transition("job-2", v1::JOB_STATE_CANCELLED, "user").ok());
+  auto all = store->List({}, 0);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].id(), "job-3");
+  auto queued = store->List({v1::JOB_STATE_QUEUED}, 0);
+  ASSERT_EQ(queued->size(), 2u);
+  EXPECT_EQ(store->List({}, 1)->size(), 1u);
+  auto counts = store->CountByState();
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ((*counts)[v1::JOB_STATE_QUEUED], 2);
+  EXPECT_EQ((*counts)[v1::JOB_STATE_CANCELLED], 1);
+}
+
+TEST(JobStoreTest, KeepsTheNewestStepOfEachRankAndTheLaunch) {
+  auto store = OpenMemory();
+  const std::string id = store->Create(Template("a"), "s")->id();
+  for (int step = 1; step <= 3; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::StepReport r;
+      r.set_rank(rank);
+      r.set_step(step);
+      r.set_loss(5.0 - step);
+      ASSERT_TRUE(store->RecordStep(id, r).ok());
+    }
+  }
+  ASSERT_TRUE(store->SetLaunch(id, {2, 3}, 4242).ok());
+  auto job = store->Get(id);
+  ASSERT_EQ(job->last_steps_size(), 2);
+  EXPECT_EQ(job->last_steps(1).rank(), 1);
+  EXPECT_EQ(job->last_steps(1).step(), 3);
+  EXPECT_DOUBLE_EQ(job->last_steps(0).loss(), 2.0);
+  EXPECT_EQ(job->slots_size(), 2);
+  EXPECT_EQ(job->slots(1), 3);
+  EXPECT_EQ(*store->ProcessGroup(id), 4242);
+  EXPECT_EQ(store->Get("job-7").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_test.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+    ASSERT_TRUE((*store)->Transition("job-1", v1::JOB_STATE_STARTING, "launched").ok());
+  }
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    auto job = (*store)->Get("job-1");
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->state(), v1::JOB_STATE_STARTING);
+    EXPECT_EQ(job->transitions_size(), 2);
+    EXPECT_EQ((*store)->Create(Template("b"), "s")->id(), "job-2");
+  }
+  // A file from a newer ithacad is refused, not rewritten.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto newer = JobStore::Open({path});
+  EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace ithaca

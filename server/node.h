@@ -1,0 +1,36 @@
+// Node: what this machine offers jobs: GPUs (index, UUID, name, memory) or, on a CPU node, a
+// number of CPU slots (one rank each), and the host's memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ithaca {
+
+struct NodeDevice {
+  int index = 0;
+  std::string uuid;  // "GPU-…" from nvidia-smi; "" for a CPU slot
+  std::string name;
+  int64_t memory_bytes = 0;
+};
+
+struct Node {
+  bool gpu = false;
+  std::vector<NodeDevice> devices;  // one per slot
+  int64_t host_memory_bytes = 0;
+  std::string hostname;
+  int slots() const { return static_cast<int>(devices.size()); }
+};
+
+struct NodeOptions {
+  int gpus = 0;               // 0: a CPU node
+  int cpu_slots = 8;          // ranks on a CPU node
+  double gpu_memory_gib = 0;  // per GPU when nvidia-smi cannot tell; 0: 80 GiB
+};
+
+// Queries nvidia-smi for the GPUs' UUIDs, names and memory when gpus > 0 (falls back to
+// placeholders when it is missing), and the host's memory.
+Node DetectNode(const NodeOptions& options);
+
+}  // namespace ithaca

@@ -1,0 +1,138 @@
+#include "server/services.h"
+
+#include <unistd.h>
+
+#include <memory>
+
+#include "absl/time/clock.h"
+#include "server/launcher.h"
+#include "server/log_files.h"
+
+namespace ithaca {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                                       v1::SubmitJobResponse* response) {
+  absl::StatusOr<v1::Job> job = manager_->Submit(*request);
+  if (job.ok()) *response->mutable_job() = *std::move(job);
+  return ToGrpc(job.status());
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                    v1::Job* response) {
+  absl::StatusOr<v1::Job> job = manager_->Get(request->id());
+  if (job.ok()) *response = *std::move(job);
+  return ToGrpc(job.status());
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  absl::StatusOr<std::vector<v1::Job>> jobs = manager_->List(*request);
+  if (!jobs.ok()) return ToGrpc(jobs.status());
+  for (v1::Job& j : *jobs) *response->add_jobs() = std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                                       v1::Job* response) {
+  absl::StatusOr<v1::Job> job = manager_->Cancel(request->id(), request->reason());
+  if (job.ok()) *response = *std::move(job);
+  return ToGrpc(job.status());
+}
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
+                                      const v1::WatchJobRequest* request,
+                                      grpc::ServerWriter<v1::JobEvent>* writer) {
+  absl::StatusOr<std::shared_ptr<EventLog>> events = manager_->Events(request->id());
+  if (!events.ok()) return ToGrpc(events.status());
+  absl::StatusOr<v1::Job> snapshot = manager_->Get(request->id());
+  if (!snapshot.ok()) return ToGrpc(snapshot.status());
+  v1::JobEvent first;
+  *first.mutable_job() = *snapshot;
+  if (!writer->Write(first)) return grpc::Status::OK;
+  int64_t after = request->after_seq();
+  while (!context->IsCancelled()) {
+    bool closed = false;
+    std::vector<v1::JobEvent> batch = (*events)->WaitAfter(after, absl::Seconds(1), &closed);
+    for (const v1::JobEvent& e : batch) {
+      after = e.seq();
+      if (e.has_log() && !request->include_logs()) continue;
+      if (!writer->Write(e)) return grpc::Status::OK;
+    }
+    if (closed) break;  // the batch taken with `closed` held every remaining event
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
+                                      const v1::ReadLogsRequest* request,
+                                      grpc::ServerWriter<v1::LogLine>* writer) {
+  absl::StatusOr<v1::Job> job = manager_->Get(request->id());
+  if (!job.ok()) return ToGrpc(job.status());
+  const int world = std::max(1, job->spec().world());
+  if (request->has_rank() && (request->rank() < 0 || request->rank() >= world)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("rank: must be in [0, ", world, "), got ", request->rank()));
+  }
+  std::vector<std::pair<int, std::unique_ptr<LogTail>>> tails;
+  for (int r = 0; r < world; ++r) {
+    if (request->has_rank() && request->rank() != r) continue;
+    tails.emplace_back(r, std::make_unique<LogTail>(Launcher::RankLogPath(job->log_dir(), r)));
+  }
+  while (!context->IsCancelled()) {
+    // Decide "ended" before reading, so lines written just before the end are not lost.
+    absl::StatusOr<v1::Job> now = manager_->Get(request->id());
+    const bool ended = !now.ok() || IsTerminal(now->state());
+    for (auto& [rank, tail] : tails) {
+      for (std::string& text : tail->ReadLines(ended || !request->follow())) {
+        v1::LogLine line;
+        line.set_rank(rank);
+        line.set_text(std::move(text));
+        if (!writer->Write(line)) return grpc::Status::OK;
+      }
+    }
+    if (!request->follow() || ended) break;
+    usleep(200 * 1000);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* request,
+                                     v1::PlanJobResponse* response) {
+  absl::StatusOr<v1::PlanJobResponse> plan = manager_->Plan(*request);
+  if (plan.ok()) *response = *std::move(plan);
+  return ToGrpc(plan.status());
+}
+
+grpc::Status JobServiceImpl::GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
+                                     v1::NodeInfo* response) {
+  *response = manager_->NodeInfo();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+                                         v1::RegisterResponse* response) {
+  absl::StatusOr<v1::RegisterResponse> r = manager_->Register(*request);
+  if (r.ok()) *response = *std::move(r);
+  return ToGrpc(r.status());
+}
+
+grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext*,
+                                           const v1::ReportStepRequest* request, v1::Ack*) {
+  return ToGrpc(manager_->ReportStep(*request));
+}
+
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                                          v1::Ack*) {
+  return ToGrpc(manager_->Heartbeat(*request));
+}
+
+grpc::Status WorkerServiceImpl::Log(grpc::ServerContext*, const v1::LogRequest* request, v1::Ack*) {
+  return ToGrpc(manager_->Log(*request));
+}
+
+}  // namespace ithaca

@@ -1,0 +1,57 @@
+// The gRPC services: thin handlers over JobManager. JobService is public (TCP or unix socket);
+// WorkerService is for ithaca-worker processes, on the daemon's own unix socket.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "ithaca/v1/job.grpc.pb.h"
+#include "ithaca/v1/worker.grpc.pb.h"
+#include "server/job_manager.h"
+
+namespace ithaca {
+
+// absl::Status → grpc::Status (the codes are the same numbers).
+grpc::Status ToGrpc(const absl::Status& status);
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  explicit JobServiceImpl(JobManager* manager) : manager_(manager) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                         v1::SubmitJobResponse* response) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                      v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status ReadLogs(grpc::ServerContext* context, const v1::ReadLogsRequest* request,
+                        grpc::ServerWriter<v1::LogLine>* writer) override;
+  grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* request,
+                       v1::PlanJobResponse* response) override;
+  grpc::Status GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
+                       v1::NodeInfo* response) override;
+
+ private:
+  JobManager* manager_;
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  explicit WorkerServiceImpl(JobManager* manager) : manager_(manager) {}
+
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+                        v1::RegisterResponse* response) override;
+  grpc::Status ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* request,
+                          v1::Ack*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::Ack*) override;
+  grpc::Status Log(grpc::ServerContext*, const v1::LogRequest* request, v1::Ack*) override;
+
+ private:
+  JobManager* manager_;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,165 @@
+"""End-to-end harness: a real ithacad (with real ithaca-worker processes) on loopback, driven
+through grpcio — a gRPC client no one here wrote."""
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import grpc
+
+import health_pb2
+import health_pb2_grpc
+from ithaca.v1 import job_pb2
+from ithaca.v1 import job_pb2_grpc
+
+TMP = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
+TERMINAL = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
+
+
+def state_name(s):
+    return job_pb2.JobState.Name(s)
+
+
+def make_corpus():
+    path = os.path.join(TMP, "corpus.tok")
+    if not os.path.exists(path):
+        subprocess.run([os.environ["ITHACA_TOKENIZE"], "--input", os.environ["ITHACA_CORPUS"],
+                        "--output", path], check=True, capture_output=True)
+    return path
+
+
+def spec_toml(run_dir, steps=20, extra="", seq_len=64, name="e2e"):
+    return f"""name = "{name}"
+backend = "cpu"
+[model]
+preset = "tiny"
+[data]
+path = "{make_corpus()}"
+seq_len = {seq_len}
+[training]
+steps = {steps}
+lr = 3e-3
+warmup_steps = 2
+[memory]
+checkpoint = "full"
+tile_tokens = 32
+[checkpoint]
+dir = "{run_dir}/checkpoints"
+every = 10
+resume = false
+[metrics]
+log_every = 5
+""" + extra
+
+
+class Daemon:
+    """ithacad on 127.0.0.1 with ports it picks; `state_dir` survives restarts."""
+
+    def __init__(self, state_dir, cpu_slots=4, extra=()):
+        self.state_dir = state_dir
+        os.makedirs(state_dir, exist_ok=True)
+        addr_file = os.path.join(state_dir, "ithacad.addr")
+        if os.path.exists(addr_file):
+            os.unlink(addr_file)
+        self.log = open(os.path.join(state_dir, "ithacad.out"), "a")
+        self.proc = subprocess.Popen(
+            [os.environ["ITHACAD"], "--state-dir", state_dir, "--listen", "127.0.0.1:0",
+             "--metrics-listen", "127.0.0.1:0", "--worker-binary", os.environ["ITHACA_WORKER"],
+             "--cpu-slots", str(cpu_slots), "--grace-period-s", "3", "--heartbeat-timeout-s", "5",
+             "--heartbeat-interval-ms", "500", *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while not os.path.exists(addr_file):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("ithacad did not start: see " + self.log.name)
+            time.sleep(0.05)
+        with open(addr_file) as f:
+            fields = dict(l.split("=", 1) for l in f.read().split())
+        self.address, self.metrics_address = fields["grpc"], fields["metrics"]
+        self.pid = int(fields["pid"])
+        self.channel = grpc.insecure_channel(self.address)
+        self.jobs = job_pb2_grpc.JobServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.real_state_dir = self.node().state_dir
+
+    def node(self):
+        return self.jobs.GetNode(job_pb2.GetNodeRequest(), timeout=10)
+
+    def serving(self):
+        r = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        return r.status == health_pb2.HealthCheckResponse.SERVING
+
+    def submit(self, toml, source="job.toml"):
+        return self.jobs.SubmitJob(job_pb2.SubmitJobRequest(spec_toml=toml, source=source),
+                                   timeout=30).job
+
+    def get(self, job_id):
+        return self.jobs.GetJob(job_pb2.GetJobRequest(id=job_id), timeout=10)
+
+    def wait(self, job_id, states=TERMINAL, timeout=120, min_step=0):
+        deadline = time.time() + timeout
+        while True:
+            job = self.get(job_id)
+            step = max([s.step for s in job.last_steps] or [0])
+            if job.state in states and step >= min_step:
+                return job
+            if time.time() > deadline or (job.state in TERMINAL and job.state not in states):
+                raise AssertionError(f"{job_id} is {state_name(job.state)} at step {step} "
+                                     f"after {timeout}s: {job.reason}")
+            time.sleep(0.05)
+
+    def metrics_text(self):
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def cli(self, *args, check=False):
+        return subprocess.run([os.environ["ITHACA_CLI"], "--server", self.address, *args],
+                              capture_output=True, text=True, timeout=120, check=check)
+
+    def workers(self, job_id):
+        return workers_of(self.real_state_dir, job_id)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        self.channel.close()
+        self.log.close()
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.channel.close()
+        self.log.close()
+
+
+def workers_of(state_dir, job_id):
+    """Live (not zombie) ithaca-worker pids of job `job_id` of the daemon using `state_dir`."""
+    want = {f"ITHACA_JOB_ID={job_id}".encode(),
+            f"ITHACA_RENDEZVOUS=file:{state_dir}/jobs/{job_id}/rendezvous".encode()}
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if want <= env:
+            pids.append(int(d))
+    return pids
+
+
+def wait_gone(state_dir, job_id, timeout=10):
+    deadline = time.time() + timeout
+    while workers_of(state_dir, job_id):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

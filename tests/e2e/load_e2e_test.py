@@ -1,0 +1,76 @@
+"""200 concurrent gRPC clients (GetJob, ListJobs, WatchJob) against ithacad while it trains:
+no errors, every watcher sees every step; reports how much the step time changes."""
+import os
+import statistics
+import threading
+import time
+import unittest
+
+from harness import TMP, Daemon, job_pb2, spec_toml
+
+CLIENTS = 200
+WATCHERS = 50  # of the clients; the rest poll GetJob / ListJobs
+
+
+class LoadE2E(unittest.TestCase):
+    def step_times(self, d, job_id):
+        events = list(d.jobs.WatchJob(job_pb2.WatchJobRequest(id=job_id), timeout=300))
+        return [e.step.seconds for e in events if e.HasField("step")]
+
+    def test_200_clients_during_a_run(self):
+        d = Daemon(os.path.join(TMP, "state"))
+        steps = 60
+        base = d.submit(spec_toml(os.path.join(TMP, "base"), steps=steps))
+        base_times = self.step_times(d, base.id)
+        self.assertEqual(d.get(base.id).state, job_pb2.JOB_STATE_SUCCEEDED)
+
+        job = d.submit(spec_toml(os.path.join(TMP, "load"), steps=steps))
+        errors, calls, watched = [], [0] * CLIENTS, {}
+        stop = threading.Event()
+
+        def poller(i):
+            while not stop.is_set():
+                try:
+                    if i % 2:
+                        d.jobs.GetJob(job_pb2.GetJobRequest(id=job.id), timeout=30)
+                    else:
+                        d.jobs.ListJobs(job_pb2.ListJobsRequest(limit=10), timeout=30)
+                    calls[i] += 1
+                except Exception as e:  # noqa: BLE001 - every error counts
+                    errors.append(repr(e))
+                time.sleep(0.01)
+
+        def watcher(i):
+            try:
+                got = [e.step.step for e in d.jobs.WatchJob(
+                    job_pb2.WatchJobRequest(id=job.id), timeout=300) if e.HasField("step")]
+                watched[i] = got
+                calls[i] += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=watcher if i < WATCHERS else poller, args=(i,))
+                   for i in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        done = d.wait(job.id, timeout=300)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(watched), WATCHERS)
+        for got in watched.values():
+            self.assertEqual(got, list(range(1, steps + 1)))
+        load_times = self.step_times(d, job.id)
+        self.assertEqual(len(load_times), steps)
+        b, l = statistics.median(base_times[5:]), statistics.median(load_times[5:])
+        print(f"{CLIENTS} clients ({WATCHERS} WatchJob streams, {sum(calls)} calls): "
+              f"median step {b * 1e3:.1f} ms alone, {l * 1e3:.1f} ms under load "
+              f"({(l / b - 1) * 100:+.0f}%)")
+        self.assertTrue(d.serving())
+        d.stop()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

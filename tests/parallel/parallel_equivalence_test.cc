@@ -1,0 +1,166 @@
+// Every distributed layout computes what one rank computes: real processes over Gloo on loopback
+// run parallel_rank with world sizes 1–8, Ulysses groups 1–8, FSDP on/off, every checkpoint
+// policy, UPipe head chunks (all heads, one GQA group, one head per rank), offload and tiling,
+// and GQA with K/V heads fewer than, equal to and more than sp. Loss, every gathered gradient,
+// the losses of three optimizer steps (with clipping) and the final weights must equal the
+// single-rank reference to fp32 tolerance.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/comm/testing/multiprocess.h"
+#include "engine/core/file_util.h"
+#include "engine/model/config.h"
+#include "engine/model/safetensors.h"
+#include "engine/train/token_file.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+struct Case {
+  std::string name;
+  int hkv;  // the model: 8 query heads of size 8, `hkv` K/V heads
+  int world, sp;
+  bool fsdp;
+  std::string checkpoint;
+  int head_chunk;  // 0: all heads
+  bool offload = false;
+  int tile = 0;
+};
+
+class ParallelEquivalenceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
+                           "/parallel_equivalence");
+    ASSERT_TRUE(MakeDirs(*dir_).ok());
+    auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+    ASSERT_TRUE(text.ok()) << text.status();
+    ASSERT_TRUE(WriteTokenFile(*dir_ + "/corpus.tok", ByteTokenize(*text), kByteVocab).ok());
+    for (int hkv : {2, 4}) {
+      LlamaConfig cfg = *PresetConfig("tiny");
+      cfg.num_attention_heads = 8;
+      cfg.num_key_value_heads = hkv;
+      cfg.head_dim = 8;
+      cfg.rope.head_dim = 8;
+      ASSERT_TRUE(WriteFileAtomic(ConfigPath(hkv), ConfigToJson(cfg)).ok());
+    }
+  }
+  static std::string ConfigPath(int hkv) { return absl::StrCat(*dir_, "/config_kv", hkv, ".json"); }
+
+  // Runs parallel_rank as `world` processes (one process and no rendezvous for world 0).
+  static std::string RunRanks(const std::string& name, int world, std::vector<std::string> args) {
+    const std::string out = absl::StrCat(*dir_, "/", name, ".safetensors");
+    args.insert(args.begin(), {"tests/parallel/parallel_rank", "--out", out});
+    testing::TempDir rendezvous;
+    const int procs = std::max(world, 1);
+    auto outcomes = testing::RunRanks(
+        procs,
+        [&](int rank) -> absl::Status {
+          if (world > 0) {
+            setenv("ITHACA_RANK", std::to_string(rank).c_str(), 1);
+            setenv("ITHACA_WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("ITHACA_RENDEZVOUS", rendezvous.rendezvous().c_str(), 1);
+          }
+          std::vector<char*> argv;
+          for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+          argv.push_back(nullptr);
+          execv(argv[0], argv.data());
+          return absl::InternalError(absl::StrCat("exec ", argv[0], " failed"));
+        },
+        {/*wall_limit_s=*/120, {}});
+    const std::string failures = testing::Failures(outcomes);
+    EXPECT_EQ(failures, "") << name;
+    return out;
+  }
+
+  static std::string Reference(int hkv, int grad_accum) {
+    const std::string key = absl::StrCat("reference_kv", hkv, "_accum", grad_accum);
+    if (!references_.count(key)) {
+      references_[key] = RunRanks(key, 0, {"--config", ConfigPath(hkv), "--data",
+                                           *dir_ + "/corpus.tok", "--grad-accum",
+                                           std::to_string(grad_accum)});
+    }
+    return references_[key];
+  }
+
+  static void Check(const Case& c) {
+    const int dp = c.world / c.sp;
+    const std::string ref = Reference(c.hkv, dp);
+    std::vector<std::string> args = {
+        "--config", ConfigPath(c.hkv), "--data", *dir_ + "/corpus.tok", "--world",
+        std::to_string(c.world), "--sp", std::to_string(c.sp), "--fsdp", c.fsdp ? "1" : "0",
+        "--checkpoint", c.checkpoint, "--head-chunk", std::to_string(c.head_chunk)};
+    if (c.offload) args.push_back("--offload");
+    if (c.tile) args.insert(args.end(), {"--tile", std::to_string(c.tile)});
+    const std::string got = RunRanks(c.name, c.world, args);
+    auto a = SafetensorsReader::Open(ref);
+    auto b = SafetensorsReader::Open(got);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    int checked = 0;
+    for (const std::string& name : (*a)->Names()) {
+      auto info = (*a)->Info(name);
+      ASSERT_TRUE(info.ok());
+      const int64_t n = NumElements(info->shape);
+      std::vector<float> x(n), y(n);
+      ASSERT_TRUE((*a)->Read(name, info->shape, DType::kF32, x.data()).ok());
+      auto st = (*b)->Read(name, info->shape, DType::kF32, y.data());
+      ASSERT_TRUE(st.ok()) << c.name << ": " << st;
+      double scale = 0, err = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        scale = std::max(scale, std::abs(double(x[i])));
+        err = std::max(err, std::abs(double(x[i]) - y[i]));
+      }
+      // Gradients and losses to fp32 rounding; weights after three Adam steps a little looser.
+      const double tol = name.rfind("param.", 0) == 0 ? 1e-4 + 1e-4 * scale : 1e-7 + 2e-4 * scale;
+      EXPECT_LE(err, tol) << c.name << ": " << name << " max|ref| " << scale;
+      ++checked;
+    }
+    EXPECT_GT(checked, 40) << c.name;
+  }
+
+  static std::string* dir_;
+  static std::map<std::string, std::string> references_;
+};
+
+std::string* ParallelEquivalenceTest::dir_ = nullptr;
+std::map<std::string, std::string> ParallelEquivalenceTest::references_;
+
+TEST_F(ParallelEquivalenceTest, SingleRankTechniques) {
+  Check({"w1_chunk1_aware_offload", 2, 1, 1, false, "attention-aware", 1, true, 16});
+}
+
+TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {
+  Check({"w2_sp1_fsdp_full", 2, 2, 1, true, "full", 0});
+}
+
+TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsEqualSp) {
+  Check({"w2_sp2_noshard_none_allheads", 2, 2, 2, false, "none", 0});
+}
+
+TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsMoreThanSpOneGqaGroupPerStage) {
+  // 4 K/V heads over sp 2; 2 query heads (one GQA group) per rank per stage; dp 2.
+  Check({"w4_sp2_fsdp_full_group", 4, 4, 2, true, "full", 4, false, 16});
+}
+
+TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsFewerThanSpReplicated) {
+  Check({"w4_sp4_fsdp_aware_onehead_offload", 2, 4, 4, true, "attention-aware", 4, true});
+}
+
+TEST_F(ParallelEquivalenceTest, EightRanksUlyssesEightOneHeadPerRank) {
+  Check({"w8_sp8_fsdp_aware_onehead_offload_tiled", 2, 8, 8, true, "attention-aware", 8, true,
+         4});
+}
+
+TEST_F(ParallelEquivalenceTest, EightRanksTwoUlyssesGroupsOfFour) {
+  Check({"w8_sp4_fsdp_none_twoheads", 4, 8, 4, true, "none", 8});
+}
+
+}  // namespace
+}  // namespace ithaca

@@ -1,0 +1,22 @@
+// The compute backend a job asks for (`backend = "cpu" | "cuda"`): its Ops and its allocator.
+#pragma once
+
+#include <memory>
+
+#include "engine/backend/ops.h"
+#include "engine/memory/allocator.h"
+#include "engine/train/job_spec.h"
+
+namespace ithaca {
+
+struct Backend {
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Allocator> alloc;
+  Device device() const { return ops->device(); }
+};
+
+// `gpu` is the CUDA device of this rank (ignored on the CPU). FAILED_PRECONDITION naming
+// `backend` when the machine cannot run it.
+absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu);
+
+}  // namespace ithaca

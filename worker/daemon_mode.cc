@@ -1,0 +1,263 @@
+#include "worker/daemon_mode.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/comm/bootstrap.h"
+#include "engine/memory/allocator.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/trainer.h"
+#include "ithaca/v1/worker.grpc.pb.h"
+#include "worker/exit_codes.h"
+
+namespace ithaca {
+namespace {
+
+// Joining the group and every collective give up after this long (a dead peer is an error, not
+// a hang); the daemon normally kills the other ranks first.
+constexpr double kCommTimeoutS = 120;
+
+std::atomic<bool> g_stop{false};
+
+void OnSigterm(int) { g_stop.store(true); }
+
+std::chrono::system_clock::time_point In(int ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+v1::StepReport ToProto(const StepReport& r, int rank) {
+  v1::StepReport p;
+  p.set_rank(rank);
+  p.set_step(r.step);
+  p.set_total_steps(r.total_steps);
+  p.set_loss(r.loss);
+  p.set_tokens(r.tokens);
+  p.set_seconds(r.seconds);
+  p.set_tokens_per_second(r.tokens_per_second);
+  p.set_model_tflops(r.model_tflops);
+  p.set_mfu(r.mfu);
+  p.set_grad_norm(r.grad_norm);
+  p.set_lr(r.lr);
+  for (int t = 0; t < kNumTiers; ++t) {
+    v1::TierBytes* tb = p.add_memory();
+    tb->set_tier(TierName(static_cast<Tier>(t)));
+    tb->set_current_bytes(r.mem_current[t]);
+    tb->set_peak_bytes(r.mem_peak[t]);
+  }
+  p.set_device_peak_bytes(r.mem_device_peak);
+  return p;
+}
+
+// One rank's connection to the daemon, and the heartbeat thread.
+class DaemonLink {
+ public:
+  explicit DaemonLink(const DaemonWorkerOptions& o)
+      : o_(o),
+        stub_(v1::WorkerService::NewStub(
+            grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials()))) {}
+  ~DaemonLink() { StopHeartbeats(); }
+
+  absl::StatusOr<v1::RegisterResponse> Register() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(30000));
+    ctx.set_wait_for_ready(true);  // the daemon may still be binding its socket
+    v1::RegisterRequest req;
+    req.set_job_id(o_.job_id);
+    req.set_rank(o_.rank);
+    req.set_pid(getpid());
+    v1::RegisterResponse resp;
+    grpc::Status st = stub_->Register(&ctx, req, &resp);
+    if (!st.ok()) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(st.error_code()),
+          absl::StrCat("register with ithacad at ", o_.socket, ": ", st.error_message()));
+    }
+    return resp;
+  }
+
+  void ReportStep(const StepReport& r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10000));
+    v1::ReportStepRequest req;
+    req.set_job_id(o_.job_id);
+    *req.mutable_step() = ToProto(r, o_.rank);
+    v1::Ack ack;
+    grpc::Status st = stub_->ReportStep(&ctx, req, &ack);
+    if (!st.ok())
+      std::fprintf(stderr, "rank %d: report step: %s\n", o_.rank, st.error_message().c_str());
+  }
+
+  void Log(const std::string& level, const std::string& text) {
+    std::fprintf(stderr, "rank %d: %s\n", o_.rank, text.c_str());
+    std::fflush(stderr);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(5000));
+    v1::LogRequest req;
+    req.set_job_id(o_.job_id);
+    req.set_rank(o_.rank);
+    req.set_level(level);
+    req.set_text(text);
+    v1::Ack ack;
+    stub_->Log(&ctx, req, &ack);
+  }
+
+  // Heart-beats every `interval_ms`. When the daemon says the job is over, or cannot be reached
+  // for a while, the rank stops as if it got SIGTERM, and exits outright if a step hangs.
+  void StartHeartbeats(int interval_ms) {
+    thread_ = std::thread([this, interval_ms] {
+      const auto lost_after = std::chrono::milliseconds(std::max(10000, 10 * interval_ms));
+      auto last_ok = std::chrono::steady_clock::now();
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!done_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(interval_ms));
+        if (done_) break;
+        lock.unlock();
+        grpc::ClientContext ctx;
+        ctx.set_deadline(In(5000));
+        v1::HeartbeatRequest req;
+        req.set_job_id(o_.job_id);
+        req.set_rank(o_.rank);
+        v1::Ack ack;
+        grpc::Status st = stub_->Heartbeat(&ctx, req, &ack);
+        const auto now = std::chrono::steady_clock::now();
+        if (st.ok()) {
+          last_ok = now;
+        } else if (st.error_code() == grpc::StatusCode::ABORTED ||
+                   st.error_code() == grpc::StatusCode::NOT_FOUND) {
+          std::fprintf(stderr, "rank %d: %s; stopping\n", o_.rank, st.error_message().c_str());
+          g_stop.store(true);
+        } else if (now - last_ok > lost_after) {
+          std::fprintf(stderr, "rank %d: ithacad unreachable (%s); exiting\n", o_.rank,
+                       st.error_message().c_str());
+          std::fflush(stderr);
+          _exit(kExitKilled);
+        }
+        lock.lock();
+      }
+    });
+  }
+
+  void StopHeartbeats() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  DaemonWorkerOptions o_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link) {
+  if (spec.backend != "cpu") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend: \"", spec.backend, "\" is not available in this build; use backend = \"cpu\""));
+  }
+  if (spec.parallel.world != o.world) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.world: the spec asks for ",
+                                                   spec.parallel.world,
+                                                   " ranks, the daemon "
+                                                   "launched ",
+                                                   o.world));
+  }
+  // The rank's identity and rendezvous come from the launcher's ITHACA_* variables; the daemon
+  // created the Gloo FileStore directory of $ITHACA_RENDEZVOUS.
+  ASSIGN_OR_RETURN(RankInfo info, RankInfoFromEnvironment());
+  if (info.rank != o.rank || info.world != o.world) {
+    return absl::InvalidArgumentError(absl::StrCat("ITHACA_RANK/ITHACA_WORLD_SIZE say rank ",
+                                                   info.rank, " of ", info.world, ", expected ",
+                                                   o.rank, " of ", o.world));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectComm(info, Device::kCpu, kCommTimeoutS));
+  CpuOps ops;
+  HostAllocator alloc;
+  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, &ops, &alloc, comm.get()));
+  std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s\n", o.rank,
+              o.world, o.job_id.c_str(),
+              spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
+              static_cast<long long>(spec.data.seq_len),
+              static_cast<long long>(spec.training.steps), spec.backend.c_str());
+  std::fflush(stdout);
+  // One step per Run call, so SIGTERM is honoured between steps.
+  while (trainer->state().step < spec.training.steps) {
+    if (g_stop.load()) {
+      return absl::CancelledError(
+          absl::StrCat("stopped by SIGTERM after step ", trainer->state().step));
+    }
+    RETURN_IF_ERROR(trainer->Run([&link](const StepReport& r) { link.ReportStep(r); },
+                                 trainer->state().step + 1));
+  }
+  if (!spec.checkpoint.dir.empty()) {
+    absl::StatusOr<std::string> latest = LatestCheckpoint(spec.checkpoint.dir);
+    if (latest.ok()) std::printf("checkpoint: %s\n", latest->c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonWorkerOptions> DaemonWorkerOptionsFromEnv(const std::string& socket_flag,
+                                                               const std::string& job_flag) {
+  auto env = [](const char* k) -> std::string {
+    const char* v = std::getenv(k);
+    return v ? v : "";
+  };
+  DaemonWorkerOptions o;
+  o.socket = socket_flag.empty() ? env("ITHACA_DAEMON_SOCKET") : socket_flag;
+  o.job_id = job_flag.empty() ? env("ITHACA_JOB_ID") : job_flag;
+  if (o.socket.empty()) return absl::InvalidArgumentError("--daemon: no socket path given");
+  if (o.job_id.empty()) return absl::InvalidArgumentError("--job: no job id given");
+  const std::string rank = env("ITHACA_RANK"), world = env("ITHACA_WORLD_SIZE");
+  if (!rank.empty() && !absl::SimpleAtoi(rank, &o.rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("ITHACA_RANK: not a number: ", rank));
+  }
+  if (!world.empty() && !absl::SimpleAtoi(world, &o.world)) {
+    return absl::InvalidArgumentError(absl::StrCat("ITHACA_WORLD_SIZE: not a number: ", world));
+  }
+  if (o.world < 1 || o.rank < 0 || o.rank >= o.world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ITHACA_RANK ", o.rank, " is outside ITHACA_WORLD_SIZE ", o.world));
+  }
+  return o;
+}
+
+int RunDaemonWorker(const DaemonWorkerOptions& o) {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSigterm;
+  sigaction(SIGTERM, &sa, nullptr);
+  DaemonLink link(o);
+  absl::StatusOr<v1::RegisterResponse> reg = link.Register();
+  if (!reg.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", o.rank, reg.status().ToString().c_str());
+    return kExitError;
+  }
+  link.StartHeartbeats(std::max(50, reg->heartbeat_interval_ms()));
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(reg->spec_toml(), "job " + o.job_id);
+  absl::Status st = spec.ok() ? Train(o, *spec, link) : spec.status();
+  if (!st.ok())
+    link.Log(st.code() == absl::StatusCode::kCancelled ? "INFO" : "ERROR",
+             std::string(st.message()));
+  link.StopHeartbeats();
+  return ExitCodeFor(st);
+}
+
+}  // namespace ithaca
