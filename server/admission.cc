@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include "engine/parallel/head_plan.h"
+#include "engine/plan/planner.h"
 #include "engine/train/trainer.h"
 
 namespace ithaca {
@@ -65,6 +67,10 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                    absl::StrCat("must divide the model's num_attention_heads (",
                                 a.config.num_attention_heads, "), got ", sp));
   }
+  if (absl::StatusOr<HeadPlan> heads = MakeHeadPlan(a.config, sp, s.memory.head_chunk);
+      !heads.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", heads.status().message()));
+  }
   if (s.data.seq_len % sp != 0) {
     return Invalid(
         source, "data.seq_len",
@@ -88,52 +94,52 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
 v1::MemoryPlan EstimateMemory(const AdmittedSpec& a, const Node& node) {
   const JobSpec& s = a.spec;
   const int64_t world = s.parallel.world;
-  const int64_t params = a.config.NumParameters();
-  // Bytes per parameter: the working copy and its gradient at the compute precision, then the
-  // f32 master + Adam m + v.
-  const int64_t work = s.backend == "cpu" ? 4 : 2;
-  const int64_t shards = s.parallel.fsdp ? world : 1;
-  auto per_rank = [&](int64_t bytes_per_param) { return params * bytes_per_param / shards; };
   v1::MemoryPlan plan;
-  plan.set_parameters(params);
+  plan.set_parameters(a.config.NumParameters());
   plan.set_world(static_cast<int32_t>(world));
-  int64_t total = 0;
-  for (auto [tier, bpp] :
-       {std::pair<const char*, int64_t>{"params", work}, {"grads", work}, {"optimizer", 12}}) {
-    v1::TierBytes* t = plan.add_per_rank();
-    t->set_tier(tier);
-    t->set_current_bytes(per_rank(bpp));
-    t->set_peak_bytes(per_rank(bpp));
-    total += per_rank(bpp);
-  }
-  plan.set_per_rank_bytes(total);
-  int64_t budget = 0;
+  int64_t device_budget = 0, host_budget = 0;
   if (s.backend == "cpu") {
-    // CPU ranks share the host's memory.
+    // CPU ranks share the host's memory: each rank's "device" is its share of it.
     const double host = s.memory.host_budget_gib > 0 ? s.memory.host_budget_gib * kGiB
                                                      : double(node.host_memory_bytes);
-    budget = static_cast<int64_t>(host / world);
+    device_budget = static_cast<int64_t>(host / world);
     plan.set_budget_source(
         absl::StrCat(s.memory.host_budget_gib > 0 ? "memory.host_budget_gib" : "host memory", " / ",
                      world, " ranks"));
   } else {
     const int64_t device = node.devices.empty() ? 0 : node.devices[0].memory_bytes;
-    budget =
+    device_budget =
         s.memory.gpu_budget_gib > 0 ? static_cast<int64_t>(s.memory.gpu_budget_gib * kGiB) : device;
+    host_budget = static_cast<int64_t>(
+        (s.memory.host_budget_gib > 0 ? s.memory.host_budget_gib * kGiB
+                                      : double(node.host_memory_bytes)) / world);
     plan.set_budget_source(s.memory.gpu_budget_gib > 0 ? "memory.gpu_budget_gib" : "GPU memory");
   }
-  plan.set_budget_bytes(budget);
-  plan.set_fits(total <= budget);
+  plan.set_budget_bytes(device_budget);
+  // The engine's planner replays one step of the real schedule (engine/plan/planner.h).
+  absl::StatusOr<MemoryPlan> p = PlanJob(s, device_budget, host_budget);
+  if (!p.ok()) {
+    plan.set_fits(false);
+    plan.set_summary(absl::StrCat("cannot plan: ", p.status().message()));
+    return plan;
+  }
+  for (int i = 0; i < kNumTiers; ++i) {
+    v1::TierBytes* t = plan.add_per_rank();
+    t->set_tier(TierName(static_cast<Tier>(i)));
+    t->set_current_bytes(p->peak[i]);
+    t->set_peak_bytes(p->peak[i]);
+  }
+  plan.set_per_rank_bytes(p->device_total());
+  plan.set_fits(p->fits);
   auto gib = [](int64_t b) {
     return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / kGiB)
                                    : absl::StrFormat("%.2f MiB", b / double(1 << 20));
   };
   plan.set_summary(absl::StrFormat(
-      "%.4g M parameters x %d bytes (params %d + grads %d + optimizer 12)%s = %s per rank "
-      "%s budget %s (%s); activations and attention not counted",
-      params / 1e6, static_cast<int>(2 * work + 12), static_cast<int>(work), static_cast<int>(work),
-      shards > 1 ? absl::StrCat(" / ", shards, " ranks (fsdp)").c_str() : "", gib(total),
-      plan.fits() ? "<=" : ">", gib(budget), plan.budget_source().c_str()));
+      "peak %s per rank %s budget %s (%s); head_chunk %d, tile_tokens %d, offload %s%s",
+      gib(p->device_total()), p->fits ? "<=" : ">", gib(device_budget),
+      plan.budget_source().c_str(), p->head_chunk, p->tile_tokens, p->offload ? "on" : "off",
+      p->fits ? "" : absl::StrCat("; ", p->verdict).c_str()));
   return plan;
 }
 

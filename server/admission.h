@@ -2,10 +2,9 @@
 // key that is wrong (INVALID_ARGUMENT) or the numbers that do not fit (FAILED_PRECONDITION),
 // never later on a worker.
 //
-// Memory: until the planner (engine/plan) lands, the estimate is the model state alone:
-// parameters, gradients and optimizer state (f32 master + Adam m, v), sharded over the world
-// when parallel.fsdp, at the backend's working precision (CPU computes in f32). Activations and
-// attention are not counted, so "fits" is necessary, not sufficient.
+// Memory: the engine's planner (engine/plan) predicts every tier's per-rank peak by replaying one
+// step of the real schedule, resolves "auto" settings, and the job is admitted only if the peak
+// fits the node's budget (GPU memory; for CPU jobs the host's memory shared by the ranks).
 #pragma once
 
 #include <string>
@@ -31,7 +30,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source,
                                              const std::string& base_dir);
 
-// The per-rank model-state estimate against the node's budget.
+// The planner's per-rank peak per tier against the node's budget.
 v1::MemoryPlan EstimateMemory(const AdmittedSpec& admitted, const Node& node);
 
 // FAILED_PRECONDITION when the node cannot run the job: backend, world > slots, or the plan does

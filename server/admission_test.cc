@@ -76,8 +76,10 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
   const Node node = CpuNode(8, int64_t{24} << 30);
   v1::MemoryPlan plan = EstimateMemory(*a, node);
   EXPECT_FALSE(plan.fits());
-  // f32 params + grads and the f32 master + Adam m, v: 20 bytes per parameter on one CPU rank.
-  EXPECT_EQ(plan.per_rank_bytes(), a->config.NumParameters() * 20);
+  // f32 params + grads and the f32 master + Adam m, v (20 bytes per parameter on one CPU rank),
+  // plus the step's activations, which the planner counts too.
+  EXPECT_GT(plan.per_rank_bytes(), a->config.NumParameters() * 20);
+  EXPECT_LT(plan.per_rank_bytes(), a->config.NumParameters() * 24);
   EXPECT_EQ(plan.budget_bytes(), int64_t{24} << 30);
   absl::Status st = CheckFits(*a, node);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
@@ -88,7 +90,10 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
                                      "host_budget_gib = 1000\n",
                                  "job.toml", Dir());
   ASSERT_TRUE(sharded.ok()) << sharded.status();
-  EXPECT_EQ(EstimateMemory(*sharded, node).per_rank_bytes(), a->config.NumParameters() * 20 / 8);
+  const int64_t sharded_bytes = EstimateMemory(*sharded, node).per_rank_bytes();
+  EXPECT_GT(sharded_bytes, a->config.NumParameters() * 20 / 8);
+  // Plus the gathered units and their full-size gradients (the f32 embedding is 2 GiB).
+  EXPECT_LT(sharded_bytes, a->config.NumParameters() * 28 / 8);
   EXPECT_TRUE(CheckFits(*sharded, node).ok());
 }
 

@@ -5,6 +5,7 @@ APT_PACKAGES=(
   bazel-bootstrap pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libgrpc++-dev libabsl-dev libgtest-dev libgmock-dev libcivetweb-dev libgloo-dev libsqlite3-dev
   libtomlplusplus-dev nlohmann-json3-dev python3-pip python3-numpy python3-torch
+  prometheus python3-yaml
 )
 # Python packages for /usr/bin/python3 (the interpreter that has Debian's torch): independent
 # oracles used by tests.
@@ -15,6 +16,7 @@ PIP_PACKAGES=(
   protobuf==4.25.5
   prometheus-client==0.21.1
   nvidia-cudnn-frontend==1.32.0
+  kubernetes-validate==1.37.0
 )
 
 SUDO=""

@@ -57,7 +57,8 @@ log_every = 5
 class Daemon:
     """ithacad on 127.0.0.1 with ports it picks; `state_dir` survives restarts."""
 
-    def __init__(self, state_dir, cpu_slots=4, extra=()):
+    def __init__(self, state_dir, cpu_slots=4, extra=(), cpus=None):
+        """`cpus`: pin the daemon and its workers to these cores (one OpenMP thread each)."""
         self.state_dir = state_dir
         os.makedirs(state_dir, exist_ok=True)
         addr_file = os.path.join(state_dir, "ithacad.addr")
@@ -69,7 +70,9 @@ class Daemon:
              "--metrics-listen", "127.0.0.1:0", "--worker-binary", os.environ["ITHACA_WORKER"],
              "--cpu-slots", str(cpu_slots), "--grace-period-s", "3", "--heartbeat-timeout-s", "5",
              "--heartbeat-interval-ms", "500", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))) if cpus else None,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         deadline = time.time() + 30
         while not os.path.exists(addr_file):
             if self.proc.poll() is not None or time.time() > deadline:

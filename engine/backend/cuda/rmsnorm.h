@@ -13,5 +13,10 @@ namespace cuda {
 void RmsNormForward(const uint16_t* x, const uint16_t* w, float eps, int64_t rows, int64_t d,
                     uint16_t* out, float* rstd, cudaStream_t stream);
 
+// dx[r] += rstd[r] · (dout[r] ⊙ w − x[r] · rstd[r]² / d · Σ dout[r] ⊙ w ⊙ x[r]) (bf16,
+// accumulated); dw += Σ_r dout[r] ⊙ x[r] · rstd[r] (f32, accumulated). d at most 12288.
+void RmsNormBackward(const uint16_t* x, const uint16_t* w, const float* rstd, const uint16_t* dout,
+                     int64_t rows, int64_t d, uint16_t* dx, float* dw, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace ithaca

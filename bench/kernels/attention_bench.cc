@@ -1,0 +1,124 @@
+// cuDNN fused attention through CudaOps (the path training takes): forward, backward and
+// forward+backward TFLOPS, causal, GQA, bf16, [S, H, D] layout. Causal FLOPs are counted as
+// 4·S²·Hq·D/2 forward and 2.5× that backward (the long-context papers' convention).
+// Prints one JSON line per (shape, pass).
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
+#include "engine/backend/cuda/cuda_allocator.h"
+#include "engine/backend/cuda/cuda_ops.h"
+
+ABSL_FLAG(std::string, shapes, "128:32:8:65536,64:32:8:131072",
+          "comma-separated head_dim:Hq:Hkv:S");
+ABSL_FLAG(std::string, impl, "cudnn", "cudnn | own");
+ABSL_FLAG(int, iters, 5, "timed repetitions per pass (median reported)");
+
+namespace ithaca {
+namespace {
+
+// Fills t with a random pattern: one random block uploaded once, copied along the tensor (its
+// prime length keeps the repeats out of step with the [S, H, D] structure).
+void FillRandom(CudaOps& ops, Allocator* alloc, const Tensor& t, uint64_t seed) {
+  constexpr int64_t kBlock = 4194301;
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t n = std::min<int64_t>(kBlock, t.numel());
+  std::vector<float> host(n);
+  for (float& x : host) x = dist(gen);
+  auto block = Buffer::Make(alloc, t.dtype, {n}, Tier::kActivations);
+  ITHACA_CHECK(block.ok(), "allocation: ", block.status().ToString());
+  ops.Upload(host.data(), DType::kF32, block->tensor());
+  for (int64_t off = 0; off < t.numel(); off += n) {
+    const int64_t len = std::min(n, t.numel() - off);
+    ops.Copy(block->tensor().Slice(0, {len}), t.Slice(off, {len}));
+  }
+  ops.Synchronize();
+}
+
+int Main() {
+  CudaAllocator alloc;
+  CudaOps::Options o;
+  o.alloc = &alloc;
+  o.attention = absl::GetFlag(FLAGS_impl) == "own" ? CudaOps::AttentionImpl::kOwn
+                                                   : CudaOps::AttentionImpl::kCudnn;
+  CudaOps ops(o);
+  const std::string device = bench::DeviceName();
+  for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
+    std::vector<std::string> f = absl::StrSplit(spec, ':');
+    ITHACA_CHECK(f.size() == 4, "bad shape ", spec);
+    const int64_t D = std::stoll(f[0]), hq = std::stoll(f[1]), hkv = std::stoll(f[2]),
+                  S = std::stoll(f[3]);
+    auto mk = [&](DType t, Shape s, Tier tier) {
+      auto b = Buffer::Make(&alloc, t, std::move(s), tier);
+      ITHACA_CHECK(b.ok(), "allocation: ", b.status().ToString());
+      return std::move(*b);
+    };
+    Buffer q = mk(DType::kBF16, {S, hq, D}, Tier::kAttention);
+    Buffer k = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
+    Buffer v = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
+    Buffer out = mk(DType::kBF16, {S, hq, D}, Tier::kAttention);
+    Buffer dout = mk(DType::kBF16, {S, hq, D}, Tier::kAttention);
+    Buffer lse = mk(DType::kF32, {hq, S}, Tier::kAttention);
+    Buffer dq = mk(DType::kBF16, {S, hq, D}, Tier::kAttention);
+    Buffer dk = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
+    Buffer dv = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
+    FillRandom(ops, &alloc, q.tensor(), 1);
+    FillRandom(ops, &alloc, k.tensor(), 2);
+    FillRandom(ops, &alloc, v.tensor(), 3);
+    FillRandom(ops, &alloc, dout.tensor(), 4);
+    auto fwd = [&] {
+      ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor());
+    };
+    auto bwd = [&] {
+      ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
+                            lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor());
+    };
+    const int iters = absl::GetFlag(FLAGS_iters);
+    const cudaStream_t st = ops.stream();
+    const double fwd_ms = bench::Median(bench::TimeMs(st, 1, iters, fwd));
+    const double bwd_ms = bench::Median(bench::TimeMs(st, 1, iters, bwd));
+    const double both_ms = bench::Median(bench::TimeMs(st, 1, iters, [&] {
+      fwd();
+      bwd();
+    }));
+    const double fwd_flops = 4.0 * double(S) * double(S) * hq * D / 2;
+    const struct {
+      const char* pass;
+      double ms, flops;
+    } rows[] = {{"fwd", fwd_ms, fwd_flops},
+                {"bwd", bwd_ms, 2.5 * fwd_flops},
+                {"fwd+bwd", both_ms, 3.5 * fwd_flops}};
+    for (const auto& r : rows) {
+      bench::Json()
+          .Str("bench", "attention")
+          .Str("date", "2026-11-29")
+          .Str("device", device)
+          .Str("impl", ops.last_attention_impl())
+          .Str("layout", "[S,H,D]")
+          .Bool("causal", true)
+          .Int("S", S)
+          .Int("hq", hq)
+          .Int("hkv", hkv)
+          .Int("head_dim", D)
+          .Str("pass", r.pass)
+          .Num("ms", r.ms)
+          .Num("tflops", r.flops / (r.ms * 1e-3) / 1e12)
+          .Int("iters", iters)
+          .Print();
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ithaca
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ithaca::Main();
+}

@@ -1,0 +1,139 @@
+// Attention on the GPU (cuDNN's fused flash attention and the own flash kernel) against the CPU
+// oracle, forward and backward, causal with GQA, on sequence lengths no tile divides; and the two
+// GPU implementations against each other.
+#include <memory>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/backend/cuda/cuda_allocator.h"
+#include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/cuda_test_util.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+using cuda_test::CpuT;
+using cuda_test::Dev;
+using cuda_test::Host;
+using cuda_test::Poisoned;
+using cuda_test::Randn;
+
+struct Shape4 {
+  int64_t s, hq, hkv, d;
+};
+
+struct Case {
+  Shape4 sh;
+  CudaOps::AttentionImpl impl;
+  const char* name;
+};
+
+class AttentionTest : public ::testing::TestWithParam<Case> {};
+
+void RoundAll(std::vector<float>& v) {
+  for (float& x : v) x = cuda_test::RoundBf16(x);
+}
+
+TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const auto [S, hq, hkv, D] = c.sh;
+  CudaAllocator alloc;
+  CudaOps::Options o;
+  o.alloc = &alloc;
+  o.attention = c.impl;
+  CudaOps ops(o);
+  CpuOps cpu;
+
+  std::vector<float> q = Randn(S * hq * D, 1), k = Randn(S * hkv * D, 2), v = Randn(S * hkv * D, 3);
+  std::vector<float> out_ref(S * hq * D), lse_ref(hq * S);
+  cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                CpuT(out_ref, {S, hq, D}), CpuT(lse_ref, {hq, S}));
+
+  auto dq_in = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, q);
+  auto dk_in = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, k);
+  auto dv_in = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, v);
+  auto out = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto lse = Poisoned(ops, &alloc, DType::kF32, {hq, S});
+  ops.Attention(dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), out.tensor(), lse.tensor());
+  std::printf("[%s] S %lld Hq %lld Hkv %lld D %lld ran: %s\n", c.name, (long long)S, (long long)hq,
+              (long long)hkv, (long long)D, ops.last_attention_impl());
+  if (c.impl == CudaOps::AttentionImpl::kOwn) {
+    EXPECT_STREQ(ops.last_attention_impl(), "own");
+  } else if (c.impl == CudaOps::AttentionImpl::kCudnn) {
+    EXPECT_STREQ(ops.last_attention_impl(), "cudnn");
+  }
+  EXPECT_CLOSE(Host(ops, out.tensor()), out_ref, 1e-2, "attention out");
+  EXPECT_CLOSE(Host(ops, lse.tensor()), lse_ref, 1e-5, "attention lse");
+
+  // Backward from the CPU's out and lse (out rounded to bf16, as the GPU stores it), so both
+  // backends differentiate the same point.
+  RoundAll(out_ref);
+  std::vector<float> dout = Randn(S * hq * D, 4);
+  std::vector<float> dq_ref(S * hq * D), dk_ref(S * hkv * D), dv_ref(S * hkv * D);
+  cpu.AttentionBackward(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                        CpuT(out_ref, {S, hq, D}), CpuT(dout, {S, hq, D}), CpuT(lse_ref, {hq, S}),
+                        CpuT(dq_ref, {S, hq, D}), CpuT(dk_ref, {S, hkv, D}),
+                        CpuT(dv_ref, {S, hkv, D}));
+  auto o_in = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, out_ref);
+  auto do_in = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, dout);
+  auto lse_in = Dev(ops, &alloc, DType::kF32, {hq, S}, lse_ref);
+  auto dq = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto dk = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
+  auto dv = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
+  ops.AttentionBackward(dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), o_in.tensor(),
+                        do_in.tensor(), lse_in.tensor(), dq.tensor(), dk.tensor(), dv.tensor());
+  EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "attention dq");
+  EXPECT_CLOSE(Host(ops, dk.tensor()), dk_ref, 2e-2, "attention dk (GQA sum)");
+  EXPECT_CLOSE(Host(ops, dv.tensor()), dv_ref, 2e-2, "attention dv (GQA sum)");
+}
+
+using Impl = CudaOps::AttentionImpl;
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Values(Case{{131, 4, 2, 64}, Impl::kCudnn, "cudnn_hd64"},
+                                           Case{{131, 4, 2, 64}, Impl::kOwn, "own_hd64"},
+                                           Case{{200, 8, 2, 128}, Impl::kCudnn, "cudnn_hd128"},
+                                           Case{{200, 8, 2, 128}, Impl::kOwn, "own_hd128"},
+                                           Case{{77, 4, 2, 16}, Impl::kAuto, "auto_hd16_tiny"},
+                                           Case{{77, 4, 2, 16}, Impl::kOwn, "own_hd16_tiny"},
+                                           Case{{300, 6, 6, 32}, Impl::kAuto, "auto_mha_hd32"}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.name);
+                         });
+
+// cuDNN and the own kernel on a longer sequence (no CPU oracle needed): the second opinion.
+TEST(AttentionCrossCheck, CudnnAgreesWithOwnKernel) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 1000, hq = 8, hkv = 2, D = 128;
+  CudaAllocator alloc;
+  CudaOps::Options o;
+  o.alloc = &alloc;
+  o.attention = Impl::kCudnn;
+  CudaOps a(o);
+  o.attention = Impl::kOwn;
+  CudaOps b(o);
+  std::vector<float> q = Randn(S * hq * D, 5), k = Randn(S * hkv * D, 6), v = Randn(S * hkv * D, 7);
+  std::vector<float> dout = Randn(S * hq * D, 8);
+  std::vector<std::vector<float>> res[2];
+  CudaOps* ops[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    auto tq = Dev(*ops[i], &alloc, DType::kBF16, {S, hq, D}, q);
+    auto tk = Dev(*ops[i], &alloc, DType::kBF16, {S, hkv, D}, k);
+    auto tv = Dev(*ops[i], &alloc, DType::kBF16, {S, hkv, D}, v);
+    auto tdo = Dev(*ops[i], &alloc, DType::kBF16, {S, hq, D}, dout);
+    auto to = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto tl = Poisoned(*ops[i], &alloc, DType::kF32, {hq, S});
+    auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), to.tensor(), tl.tensor());
+    ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), to.tensor(), tdo.tensor(),
+                              tl.tensor(), dq.tensor(), dk.tensor(), dv.tensor());
+    for (const Buffer* t : {&to, &tl, &dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
+  }
+  const char* names[] = {"cross out", "cross lse", "cross dq", "cross dk", "cross dv"};
+  for (int j = 0; j < 5; ++j) EXPECT_CLOSE(res[1][j], res[0][j], 2e-2, names[j]);
+}
+
+}  // namespace
+}  // namespace ithaca

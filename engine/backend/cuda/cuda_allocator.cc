@@ -1,0 +1,123 @@
+// CudaAllocator: exact-size-class caching over cudaMalloc / cudaHostAlloc.
+#include "engine/backend/cuda/cuda_allocator.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+namespace ithaca {
+
+size_t CudaAllocator::RoundUp(size_t bytes) {
+  constexpr size_t kSmall = 512, kLarge = size_t{2} << 20, kSplit = size_t{1} << 20;
+  if (bytes == 0) bytes = 1;
+  const size_t g = bytes <= kSplit ? kSmall : kLarge;
+  return (bytes + g - 1) / g * g;
+}
+
+CudaAllocator::~CudaAllocator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!device_.live.empty() || !host_.live.empty()) {
+    std::fprintf(stderr, "CudaAllocator: destroyed with %zu device and %zu host blocks live\n",
+                 device_.live.size(), host_.live.size());
+  }
+  ReleasePool(device_, false);
+  ReleasePool(host_, true);
+}
+
+absl::StatusOr<void*> CudaAllocator::Allocate(size_t bytes, Tier tier) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool host = !IsDeviceTier(tier);
+  if (!host && limit_ && tracker_.device_current() + bytes > limit_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of GPU memory: ", bytes, " bytes for tier ", TierName(tier), " with ",
+                     tracker_.device_current(), " of ", limit_, " in use"));
+  }
+  ASSIGN_OR_RETURN(void* p, AllocateFrom(host ? host_ : device_, host, bytes, tier));
+  tracker_.OnAlloc(tier, bytes);
+  return p;
+}
+
+absl::StatusOr<void*> CudaAllocator::AllocateFrom(Pool& pool, bool host, size_t bytes, Tier tier) {
+  const size_t cls = RoundUp(bytes);
+  auto it = pool.free.find(cls);
+  if (it != pool.free.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    pool.live.emplace(p, cls);
+    return p;
+  }
+  void* p = nullptr;
+  cudaError_t err = host ? cudaHostAlloc(&p, cls, cudaHostAllocDefault) : cudaMalloc(&p, cls);
+  if (err != cudaSuccess) {
+    // Out of memory with blocks cached in other size classes: give them back and retry once.
+    cudaGetLastError();
+    ReleasePool(pool, host);
+    err = host ? cudaHostAlloc(&p, cls, cudaHostAllocDefault) : cudaMalloc(&p, cls);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    if (!host) cudaMemGetInfo(&free_b, &total_b);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        host ? "pinned host" : "GPU", " allocation of ", bytes, " bytes for tier ", TierName(tier),
+        " failed: ", cudaGetErrorString(err), "; ", pool.reserved, " bytes reserved",
+        host ? "" : absl::StrCat(", ", free_b, " of ", total_b, " free")));
+  }
+  pool.reserved += static_cast<int64_t>(cls);
+  ++pool.mallocs;
+  pool.live.emplace(p, cls);
+  return p;
+}
+
+void CudaAllocator::Free(void* ptr, size_t bytes, Tier tier) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Pool& pool = IsDeviceTier(tier) ? device_ : host_;
+  auto it = pool.live.find(ptr);
+  if (it == pool.live.end()) {
+    std::fprintf(stderr, "CudaAllocator::Free: %p was not allocated here (tier %s)\n", ptr,
+                 TierName(tier));
+    std::abort();
+  }
+  // Work already enqueued on the compute stream may still read the block; the next user is
+  // enqueued after it on the same stream, so reuse is ordered. Other streams must sync first.
+  pool.free[it->second].push_back(ptr);
+  pool.live.erase(it);
+  tracker_.OnFree(tier, bytes);
+}
+
+void CudaAllocator::ReleasePool(Pool& pool, bool host) {
+  bool any = false;
+  for (auto& [cls, blocks] : pool.free) any |= !blocks.empty();
+  if (!any) return;
+  cudaDeviceSynchronize();
+  for (auto& [cls, blocks] : pool.free) {
+    for (void* p : blocks) {
+      if (host) {
+        cudaFreeHost(p);
+      } else {
+        cudaFree(p);
+      }
+      pool.reserved -= static_cast<int64_t>(cls);
+    }
+    blocks.clear();
+  }
+}
+
+void CudaAllocator::ReleaseCached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleasePool(device_, false);
+  ReleasePool(host_, true);
+}
+
+CudaAllocator::Stats CudaAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s;
+  s.device_reserved = device_.reserved;
+  s.host_reserved = host_.reserved;
+  s.device_mallocs = device_.mallocs;
+  s.host_mallocs = host_.mallocs;
+  return s;
+}
+
+}  // namespace ithaca

@@ -1,0 +1,468 @@
+// CudaOps: shape/dtype validation (ITHACA_CHECK: a mismatch is a bug) around the launchers in
+// kernels.h, rmsnorm.h, gemm.h and cudnn_attention.h.
+#include "engine/backend/cuda/cuda_ops.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "engine/backend/cuda/cuda_check.h"
+#include "engine/backend/cuda/cudnn_attention.h"
+#include "engine/backend/cuda/gemm.h"
+#include "engine/backend/cuda/kernels.h"
+#include "engine/backend/cuda/rmsnorm.h"
+
+namespace ithaca {
+namespace {
+
+using cuda::ElemType;
+
+ElemType Et(DType t) { return static_cast<ElemType>(static_cast<int>(t)); }
+
+void CheckData(const Tensor& t, const char* op, const char* name) {
+  ITHACA_CHECK(t.data != nullptr || t.numel() == 0, "CudaOps::", op, ": ", name, " has no data");
+}
+
+void CheckDType(const Tensor& t, DType want, const char* op, const char* name) {
+  CheckData(t, op, name);
+  ITHACA_CHECK(t.dtype == want, "CudaOps::", op, ": ", name, " is ", t.DebugString(), ", expected ",
+               DTypeName(want));
+}
+
+void CheckFloat(const Tensor& t, const char* op, const char* name) {
+  CheckData(t, op, name);
+  ITHACA_CHECK(t.dtype != DType::kI32, "CudaOps::", op, ": ", name, " is ", t.DebugString(),
+               ", expected f32 or bf16");
+}
+
+void CheckShape(const Tensor& t, const Shape& want, const char* op, const char* name) {
+  ITHACA_CHECK(t.shape == want, "CudaOps::", op, ": ", name, " is ", t.DebugString(),
+               ", expected shape ", ShapeString(want));
+}
+
+void CheckNumel(const Tensor& t, int64_t want, const char* op, const char* name) {
+  ITHACA_CHECK(t.numel() == want, "CudaOps::", op, ": ", name, " is ", t.DebugString(),
+               ", expected ", want, " elements");
+}
+
+struct Dims2 {
+  int64_t rows, cols;
+};
+Dims2 View2D(const Tensor& t, const char* op, const char* name) {
+  ITHACA_CHECK(t.rank() >= 1, "CudaOps::", op, ": ", name, " is a scalar ", t.DebugString());
+  const int64_t cols = t.dim(-1);
+  return Dims2{cols == 0 ? 0 : t.numel() / cols, cols};
+}
+
+bool Overlap(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+const uint16_t* Bf(const Tensor& t) { return static_cast<const uint16_t*>(t.data); }
+uint16_t* BfMut(const Tensor& t) { return static_cast<uint16_t*>(t.data); }
+
+void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                    const char* op) {
+  CheckDType(q, DType::kBF16, op, "q");
+  CheckDType(k, DType::kBF16, op, "k");
+  CheckDType(v, DType::kBF16, op, "v");
+  CheckDType(lse, DType::kF32, op, "lse");
+  ITHACA_CHECK(q.rank() == 3 && k.rank() == 3, "CudaOps::", op, ": q ", q.DebugString(), " and k ",
+               k.DebugString(), " must be [S, H, D]");
+  const int64_t s = q.dim(0), hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
+  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(0) == s && k.dim(2) == d, "CudaOps::", op,
+               ": q ", q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
+  CheckShape(v, k.shape, op, "v");
+  CheckShape(lse, {hq, s}, op, "lse");
+}
+
+// Host-side conversion between the three dtypes (f32 <-> bf16; i32 only to i32).
+void HostConvert(const void* src, DType sd, void* dst, DType dd, int64_t n, const char* op) {
+  if (sd == dd) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * DTypeSize(sd));
+  } else if (sd == DType::kF32 && dd == DType::kBF16) {
+    const float* s = static_cast<const float*>(src);
+    bf16* d = static_cast<bf16*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
+  } else if (sd == DType::kBF16 && dd == DType::kF32) {
+    const bf16* s = static_cast<const bf16*>(src);
+    float* d = static_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = Bf16ToFloat(s[i]);
+  } else {
+    ITHACA_CHECK(false, "CudaOps::", op, ": cannot convert ", DTypeName(sd), " to ", DTypeName(dd));
+  }
+}
+
+}  // namespace
+
+CudaOps::CudaOps(const Options& opts) : opts_(opts) {
+  ITHACA_CHECK(opts_.alloc != nullptr, "CudaOps needs an allocator");
+  cudaCheck(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  cudaCheck(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+  auto ws = Buffer::Make(opts_.alloc, DType::kBF16,
+                         {static_cast<int64_t>(opts_.gemm_workspace_bytes / 2)}, Tier::kWorkspace);
+  ITHACA_CHECK(ws.ok(), "CudaOps: GEMM workspace: ", ws.status().ToString());
+  gemm_workspace_ = std::move(*ws);
+  auto partials =
+      Buffer::Make(opts_.alloc, DType::kF32, {2 * cuda::kMaxReduceBlocks}, Tier::kWorkspace);
+  ITHACA_CHECK(partials.ok(), "CudaOps: reduction scratch: ", partials.status().ToString());
+  partials_ = std::move(*partials);
+  cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&host_partials_),
+                          sizeof(double) * cuda::kMaxReduceBlocks, cudaHostAllocDefault));
+  gemm_ = std::make_unique<cuda::LtGemm>(compute_, gemm_workspace_.tensor().data,
+                                         gemm_workspace_.tensor().bytes());
+  cudnn_ = std::make_unique<cuda::CudnnAttention>(compute_, opts_.alloc);
+}
+
+CudaOps::~CudaOps() {
+  if (compute_) cudaStreamSynchronize(compute_);
+  cudnn_.reset();
+  gemm_.reset();
+  gemm_workspace_.Reset();
+  partials_.Reset();
+  if (host_partials_) cudaFreeHost(host_partials_);
+  for (cudaStream_t s : {compute_, copy_, comm_}) {
+    if (s) cudaStreamDestroy(s);
+  }
+}
+
+cudaStream_t CudaOps::stream(Stream s) const {
+  switch (s) {
+    case Stream::kCompute:
+      return compute_;
+    case Stream::kCopy:
+      return copy_;
+    case Stream::kComm:
+      return comm_;
+  }
+  return compute_;
+}
+
+cudaEvent_t CudaOps::Record(Stream s) const {
+  cudaEvent_t e;
+  cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaCheck(cudaEventRecord(e, stream(s)));
+  return e;
+}
+
+void CudaOps::Wait(Stream s, cudaEvent_t event) const {
+  cudaCheck(cudaStreamWaitEvent(stream(s), event, 0));
+}
+
+void CudaOps::Synchronize() const { cudaCheck(cudaStreamSynchronize(compute_)); }
+
+// ---- Memory movement and elementwise.
+
+void CudaOps::Fill(const Tensor& x, float value) {
+  CheckData(x, "Fill", "x");
+  cuda::Fill(x.data, Et(x.dtype), x.numel(), value, compute_);
+}
+
+void CudaOps::Copy(const Tensor& src, const Tensor& dst) {
+  CheckData(src, "Copy", "src");
+  CheckData(dst, "Copy", "dst");
+  CheckNumel(dst, src.numel(), "Copy", "dst");
+  ITHACA_CHECK(src.dtype == dst.dtype || (src.dtype != DType::kI32 && dst.dtype != DType::kI32),
+               "CudaOps::Copy: cannot convert ", src.DebugString(), " to ", dst.DebugString());
+  // Equal dtypes are a cudaMemcpyAsync with cudaMemcpyDefault, so either side may be pinned host
+  // memory (offload).
+  cuda::Convert(src.data, Et(src.dtype), dst.data, Et(dst.dtype), src.numel(), compute_);
+}
+
+void CudaOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
+                     int64_t rows, int64_t cols) {
+  CheckData(src, "Copy2D", "src");
+  CheckData(dst, "Copy2D", "dst");
+  ITHACA_CHECK(src.dtype == dst.dtype, "CudaOps::Copy2D: dtypes differ");
+  if (rows == 0 || cols == 0) return;
+  ITHACA_CHECK((rows - 1) * src_stride + cols <= src.numel() &&
+                   (rows - 1) * dst_stride + cols <= dst.numel(),
+               "CudaOps::Copy2D: ", rows, "x", cols, " out of bounds");
+  const size_t esz = DTypeSize(src.dtype);
+  cudaCheck(cudaMemcpy2DAsync(dst.data, dst_stride * esz, src.data, src_stride * esz, cols * esz,
+                              rows, cudaMemcpyDefault, compute_));
+}
+
+void CudaOps::Upload(const void* host, DType host_dtype, const Tensor& dst) {
+  CheckData(dst, "Upload", "dst");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  ITHACA_CHECK(host != nullptr, "CudaOps::Upload: null host pointer");
+  if (host_dtype == dst.dtype) {
+    cudaCheck(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, compute_));
+  } else {
+    std::vector<char> staged(dst.bytes());
+    HostConvert(host, host_dtype, staged.data(), dst.dtype, n, "Upload");
+    cudaCheck(
+        cudaMemcpyAsync(dst.data, staged.data(), dst.bytes(), cudaMemcpyHostToDevice, compute_));
+    cudaCheck(cudaStreamSynchronize(compute_));  // `staged` dies here
+    return;
+  }
+  cudaCheck(cudaStreamSynchronize(compute_));
+}
+
+void CudaOps::Download(const Tensor& src, void* host, DType host_dtype) {
+  CheckData(src, "Download", "src");
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  ITHACA_CHECK(host != nullptr, "CudaOps::Download: null host pointer");
+  if (host_dtype == src.dtype) {
+    cudaCheck(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, compute_));
+    cudaCheck(cudaStreamSynchronize(compute_));
+    return;
+  }
+  std::vector<char> staged(src.bytes());
+  cudaCheck(
+      cudaMemcpyAsync(staged.data(), src.data, src.bytes(), cudaMemcpyDeviceToHost, compute_));
+  cudaCheck(cudaStreamSynchronize(compute_));
+  HostConvert(staged.data(), src.dtype, host, host_dtype, n, "Download");
+}
+
+void CudaOps::Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  CheckDType(y, DType::kF32, "Axpy", "y");
+  CheckFloat(x, "Axpy", "x");
+  CheckNumel(x, y.numel(), "Axpy", "x");
+  cuda::Axpy(alpha, x.data, Et(x.dtype), y.f32(), y.numel(), compute_);
+}
+
+double CudaOps::Reduce(const Tensor& x, bool squares, const char* op) {
+  CheckData(x, op, "x");
+  if (x.numel() == 0) return 0.0;
+  double* partials = static_cast<double*>(partials_.tensor().data);
+  const int blocks =
+      cuda::ReducePartials(x.data, Et(x.dtype), x.numel(), squares, partials, compute_);
+  cudaCheck(cudaMemcpyAsync(host_partials_, partials, sizeof(double) * blocks,
+                            cudaMemcpyDeviceToHost, compute_));
+  cudaCheck(cudaStreamSynchronize(compute_));
+  double total = 0.0;
+  for (int i = 0; i < blocks; ++i) total += host_partials_[i];
+  return total;
+}
+
+double CudaOps::SumSquares(const Tensor& x) { return Reduce(x, true, "SumSquares"); }
+double CudaOps::Sum(const Tensor& x) { return Reduce(x, false, "Sum"); }
+
+// ---- Linear algebra.
+
+void CudaOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                   float alpha, float beta) {
+  CheckDType(a, DType::kBF16, "Gemm", "a");
+  CheckDType(b, DType::kBF16, "Gemm", "b");
+  CheckFloat(c, "Gemm", "c");
+  const Dims2 da = View2D(a, "Gemm", "a"), db = View2D(b, "Gemm", "b"), dc = View2D(c, "Gemm", "c");
+  const int64_t m = trans_a ? da.cols : da.rows, k = trans_a ? da.rows : da.cols;
+  const int64_t kb = trans_b ? db.cols : db.rows, n = trans_b ? db.rows : db.cols;
+  ITHACA_CHECK(k == kb && dc.rows == m && dc.cols == n, "CudaOps::Gemm: op(a) ", m, "x", k, " (a ",
+               a.DebugString(), trans_a ? "ᵀ" : "", ") times op(b) ", kb, "x", n, " (b ",
+               b.DebugString(), trans_b ? "ᵀ" : "", ") does not fit c ", c.DebugString());
+  ITHACA_CHECK(!Overlap(c, a) && !Overlap(c, b), "CudaOps::Gemm: c overlaps an input");
+  gemm_->Run(a.data, da.cols, trans_a, b.data, db.cols, trans_b, c.data, dc.cols,
+             c.dtype == DType::kF32, m, n, k, alpha, beta);
+}
+
+// ---- Layers.
+
+void CudaOps::Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  CheckDType(ids, DType::kI32, "Embedding", "ids");
+  CheckDType(table, DType::kBF16, "Embedding", "table");
+  CheckDType(out, DType::kBF16, "Embedding", "out");
+  ITHACA_CHECK(table.rank() == 2, "CudaOps::Embedding: table is ", table.DebugString());
+  const int64_t tokens = ids.numel(), d = table.dim(1);
+  CheckShape(out, {tokens, d}, "Embedding", "out");
+  cuda::EmbeddingForward(ids.i32(), tokens, Bf(table), table.dim(0), d, BfMut(out), compute_);
+}
+
+void CudaOps::EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  CheckDType(ids, DType::kI32, "EmbeddingBackward", "ids");
+  CheckDType(dout, DType::kBF16, "EmbeddingBackward", "dout");
+  CheckFloat(dtable, "EmbeddingBackward", "dtable");
+  ITHACA_CHECK(dtable.rank() == 2, "CudaOps::EmbeddingBackward: dtable is ", dtable.DebugString());
+  const int64_t tokens = ids.numel(), d = dtable.dim(1);
+  CheckShape(dout, {tokens, d}, "EmbeddingBackward", "dout");
+  cuda::EmbeddingBackward(ids.i32(), tokens, Bf(dout), dtable.dim(0), d, dtable.data,
+                          Et(dtable.dtype), compute_);
+}
+
+void CudaOps::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out,
+                      const Tensor& rstd) {
+  CheckDType(x, DType::kBF16, "RmsNorm", "x");
+  CheckDType(w, DType::kBF16, "RmsNorm", "w");
+  CheckDType(out, DType::kBF16, "RmsNorm", "out");
+  CheckDType(rstd, DType::kF32, "RmsNorm", "rstd");
+  const Dims2 d2 = View2D(x, "RmsNorm", "x");
+  CheckShape(w, {d2.cols}, "RmsNorm", "w");
+  CheckShape(out, x.shape, "RmsNorm", "out");
+  CheckNumel(rstd, d2.rows, "RmsNorm", "rstd");
+  cuda::RmsNormForward(Bf(x), Bf(w), eps, d2.rows, d2.cols, BfMut(out), rstd.f32(), compute_);
+}
+
+void CudaOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                              const Tensor& dout, const Tensor& dx, const Tensor& dw) {
+  const char* op = "RmsNormBackward";
+  CheckDType(x, DType::kBF16, op, "x");
+  CheckDType(w, DType::kBF16, op, "w");
+  CheckDType(rstd, DType::kF32, op, "rstd");
+  CheckDType(dout, DType::kBF16, op, "dout");
+  CheckDType(dx, DType::kBF16, op, "dx");
+  CheckDType(dw, DType::kF32, op, "dw");
+  const Dims2 d2 = View2D(x, op, "x");
+  CheckShape(w, {d2.cols}, op, "w");
+  CheckShape(dw, {d2.cols}, op, "dw");
+  CheckNumel(rstd, d2.rows, op, "rstd");
+  CheckShape(dout, x.shape, op, "dout");
+  CheckShape(dx, x.shape, op, "dx");
+  cuda::RmsNormBackward(Bf(x), Bf(w), rstd.f32(), Bf(dout), d2.rows, d2.cols, BfMut(dx), dw.f32(),
+                        compute_);
+}
+
+void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) {
+  CheckDType(x, DType::kBF16, "Rope", "x");
+  CheckDType(inv_freq, DType::kF32, "Rope", "inv_freq");
+  ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CudaOps::Rope: x is ", x.DebugString(),
+               ", expected [T, H, D] with D even");
+  CheckShape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
+  ITHACA_CHECK(pos0 >= 0, "CudaOps::Rope: negative pos0 ", pos0);
+  cuda::Rope(BfMut(x), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse, compute_);
+}
+
+bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
+                       const void* k, const void* v, const void* o, const void* dout,
+                       const void* lse, void* dq, void* dk, void* dv) {
+  if (opts_.attention == AttentionImpl::kOwn) return false;
+  const cuda::AttentionShape sh{s, hq, hkv, d};
+  absl::Status st =
+      backward ? cudnn_->Backward(sh, q, k, v, o, dout, static_cast<const float*>(lse), dq, dk, dv)
+               : cudnn_->Forward(sh, q, k, v, const_cast<void*>(o),
+                                 static_cast<float*>(const_cast<void*>(lse)));
+  if (st.ok()) {
+    last_attention_ = "cudnn";
+    return true;
+  }
+  ITHACA_CHECK(opts_.attention != AttentionImpl::kCudnn && cuda::FlashAttentionSupports(d),
+               "CudaOps: cuDNN attention failed and no fallback: ", st.ToString());
+  if (!cudnn_warned_) {
+    std::fprintf(stderr, "CudaOps: cuDNN attention unavailable (%s); using the own kernel\n",
+                 st.ToString().c_str());
+    cudnn_warned_ = true;
+  }
+  return false;
+}
+
+void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse) {
+  CheckAttention(q, k, v, lse, "Attention");
+  CheckDType(out, DType::kBF16, "Attention", "out");
+  CheckShape(out, q.shape, "Attention", "out");
+  const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
+  if (s == 0) return;
+  if (UseCudnn(s, hq, hkv, d, false, q.data, k.data, v.data, out.data, nullptr, lse.data, nullptr,
+               nullptr, nullptr)) {
+    return;
+  }
+  ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::Attention: head_dim ", d,
+               " unsupported by the own kernel");
+  cuda::FlashAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d, BfMut(out), lse.f32(), compute_);
+  last_attention_ = "own";
+}
+
+void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const char* op = "AttentionBackward";
+  CheckAttention(q, k, v, lse, op);
+  for (const Tensor* t : {&out, &dout, &dq}) {
+    CheckDType(*t, DType::kBF16, op, "operand");
+    CheckShape(*t, q.shape, op, "operand");
+  }
+  for (const Tensor* t : {&dk, &dv}) {
+    CheckDType(*t, DType::kBF16, op, "dk/dv");
+    CheckShape(*t, k.shape, op, "dk/dv");
+  }
+  const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
+  if (s == 0) return;
+  if (UseCudnn(s, hq, hkv, d, true, q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data,
+               dk.data, dv.data)) {
+    return;
+  }
+  ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::AttentionBackward: head_dim ", d,
+               " unsupported by the own kernel");
+  auto delta = Buffer::Make(opts_.alloc, DType::kF32, {hq, s}, Tier::kAttention);
+  ITHACA_CHECK(delta.ok(), "CudaOps::AttentionBackward: ", delta.status().ToString());
+  cuda::FlashAttentionBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d,
+                               delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv), compute_);
+  last_attention_ = "own";
+}
+
+void CudaOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  CheckDType(gate, DType::kBF16, "SwiGLU", "gate");
+  CheckDType(up, DType::kBF16, "SwiGLU", "up");
+  CheckDType(out, DType::kBF16, "SwiGLU", "out");
+  CheckShape(up, gate.shape, "SwiGLU", "up");
+  CheckShape(out, gate.shape, "SwiGLU", "out");
+  cuda::SwiGLUForward(Bf(gate), Bf(up), BfMut(out), gate.numel(), compute_);
+}
+
+void CudaOps::SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& dout,
+                             const Tensor& dgate, const Tensor& dup) {
+  const char* op = "SwiGLUBackward";
+  for (const Tensor* t : {&gate, &up, &dout, &dgate, &dup}) {
+    CheckDType(*t, DType::kBF16, op, "operand");
+    CheckShape(*t, gate.shape, op, "operand");
+  }
+  cuda::SwiGLUBackward(Bf(gate), Bf(up), Bf(dout), BfMut(dgate), BfMut(dup), gate.numel(),
+                       compute_);
+}
+
+void CudaOps::CrossEntropy(const Tensor& logits, const Tensor& labels, const Tensor& losses,
+                           const Tensor& dlogits, float grad_scale) {
+  const char* op = "CrossEntropy";
+  CheckFloat(logits, op, "logits");
+  CheckDType(labels, DType::kI32, op, "labels");
+  CheckDType(losses, DType::kF32, op, "losses");
+  CheckDType(dlogits, logits.dtype, op, "dlogits");
+  ITHACA_CHECK(logits.rank() == 2, "CudaOps::", op, ": logits is ", logits.DebugString(),
+               ", expected [T, V]");
+  const int64_t tokens = logits.dim(0), vocab = logits.dim(1);
+  CheckShape(labels, {tokens}, op, "labels");
+  CheckShape(losses, {tokens}, op, "losses");
+  CheckShape(dlogits, logits.shape, op, "dlogits");
+  cuda::CrossEntropy(logits.data, Et(logits.dtype), labels.i32(), tokens, vocab, losses.f32(),
+                     dlogits.data, grad_scale, compute_);
+}
+
+void CudaOps::AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                    const Tensor& working, const AdamWParams& p) {
+  const char* op = "AdamW";
+  CheckDType(master, DType::kF32, op, "master");
+  CheckDType(m, DType::kF32, op, "m");
+  CheckDType(v, DType::kF32, op, "v");
+  CheckFloat(grad, op, "grad");
+  const int64_t n = master.numel();
+  for (const Tensor* t : {&grad, &m, &v}) CheckNumel(*t, n, op, "operand");
+  ITHACA_CHECK(p.step >= 1, "CudaOps::", op, ": step ", p.step, " is not 1-based");
+  const bool has_working = working.data != nullptr;
+  if (has_working) {
+    CheckFloat(working, op, "working");
+    CheckNumel(working, n, op, "working");
+  }
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  cuda::AdamWArgs a;
+  a.lr = p.lr;
+  a.beta1 = p.beta1;
+  a.beta2 = p.beta2;
+  a.eps = p.eps;
+  a.weight_decay = p.weight_decay;
+  a.grad_scale = p.grad_scale;
+  a.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  cuda::AdamW(master.f32(), grad.data, Et(grad.dtype), m.f32(), v.f32(),
+              has_working ? working.data : nullptr,
+              has_working ? Et(working.dtype) : ElemType::kBF16, n, a, compute_);
+}
+
+}  // namespace ithaca

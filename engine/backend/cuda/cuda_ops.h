@@ -1,0 +1,106 @@
+// CudaOps: the CUDA backend of Ops (engine/backend/ops.h) for Hopper. Activations are bf16,
+// accumulation f32; GEMMs run on cuBLASLt, attention on cuDNN's fused flash attention (with the
+// own flash kernel as fallback). All work is enqueued on one compute stream owned here; copy and
+// comm streams and events are provided for the overlap schedules (DESIGN.md §3).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "engine/backend/ops.h"
+#include "engine/memory/allocator.h"
+
+namespace ithaca {
+namespace cuda {
+class CudnnAttention;
+class LtGemm;
+}  // namespace cuda
+
+class CudaOps : public Ops {
+ public:
+  enum class AttentionImpl {
+    kAuto,   // cuDNN; the own kernel where cuDNN has no engine for the shape
+    kCudnn,  // cuDNN only (an unsupported shape aborts)
+    kOwn,    // the own flash kernel only
+  };
+  struct Options {
+    // Workspaces (cuBLASLt, cuDNN: Tier::kWorkspace) and attention scratch come from here. Must
+    // outlive the CudaOps.
+    Allocator* alloc = nullptr;
+    AttentionImpl attention = AttentionImpl::kAuto;
+    size_t gemm_workspace_bytes = size_t{32} << 20;
+  };
+  explicit CudaOps(const Options& opts);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  Device device() const override { return Device::kCuda; }
+  DType act_dtype() const override { return DType::kBF16; }
+
+  // ---- Streams and events (for offload, prefetch and collectives).
+  enum class Stream { kCompute, kCopy, kComm };
+  cudaStream_t stream(Stream s = Stream::kCompute) const;
+  // A new event (owned by the caller: cudaEventDestroy), recorded on `s` now.
+  cudaEvent_t Record(Stream s) const;
+  // Later work on `s` waits for `event`.
+  void Wait(Stream s, cudaEvent_t event) const;
+  // Blocks the host until the compute stream is idle.
+  void Synchronize() const;
+
+  void Fill(const Tensor& x, float value) override;
+  void Copy(const Tensor& src, const Tensor& dst) override;
+  void Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
+              int64_t rows, int64_t cols) override;
+  // Both return once the host buffer may be reused or read (they synchronize the stream).
+  void Upload(const void* host, DType host_dtype, const Tensor& dst) override;
+  void Download(const Tensor& src, void* host, DType host_dtype) override;
+  void Axpy(float alpha, const Tensor& x, const Tensor& y) override;
+  double SumSquares(const Tensor& x) override;
+  double Sum(const Tensor& x) override;
+
+  void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+            float alpha, float beta) override;
+
+  void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;
+  void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out,
+               const Tensor& rstd) override;
+  void RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dout,
+                       const Tensor& dx, const Tensor& dw) override;
+  void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) override;
+  void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                 const Tensor& lse) override;
+  void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                         const Tensor& dv) override;
+  void SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
+                      const Tensor& dup) override;
+  void CrossEntropy(const Tensor& logits, const Tensor& labels, const Tensor& losses,
+                    const Tensor& dlogits, float grad_scale) override;
+  void AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const Tensor& working, const AdamWParams& p) override;
+
+  // Which attention implementation ran last ("cudnn" or "own"), for tests and logs.
+  const char* last_attention_impl() const { return last_attention_; }
+
+ private:
+  double Reduce(const Tensor& x, bool squares, const char* op);
+  bool UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
+                const void* k, const void* v, const void* o, const void* dout, const void* lse,
+                void* dq, void* dk, void* dv);
+
+  Options opts_;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
+  Buffer gemm_workspace_;
+  Buffer partials_;                  // f64 per-block sums of Sum / SumSquares
+  double* host_partials_ = nullptr;  // pinned
+  std::unique_ptr<cuda::LtGemm> gemm_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  const char* last_attention_ = "none";
+  bool cudnn_warned_ = false;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,255 @@
+// Every CudaOps op against the CPU oracle (CpuOps, f32) within bf16 tolerances, on shapes that
+// are not multiples of any tile size. Inputs are rounded to bf16 first, so both backends see the
+// same numbers and the error is the GPU's arithmetic plus its bf16 output rounding.
+#include "engine/backend/cuda/cuda_ops.h"
+
+#include <cmath>
+#include <memory>
+#include <numeric>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/backend/cuda/cuda_allocator.h"
+#include "engine/backend/cuda/cuda_test_util.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+using cuda_test::CpuT;
+using cuda_test::Dev;
+using cuda_test::Host;
+using cuda_test::Poisoned;
+using cuda_test::Randn;
+
+constexpr double kBf16Tol = 1e-2;  // bf16 outputs: rounding is 2^-9 relative, sums add a little
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    alloc_ = std::make_unique<CudaAllocator>();
+    CudaOps::Options o;
+    o.alloc = alloc_.get();
+    ops_ = std::make_unique<CudaOps>(o);
+  }
+  Buffer D(DType t, Shape s, const std::vector<float>& v) {
+    return Dev(*ops_, alloc_.get(), t, std::move(s), v);
+  }
+  Buffer P(DType t, Shape s) { return Poisoned(*ops_, alloc_.get(), t, std::move(s)); }
+  std::vector<float> H(const Buffer& b) { return Host(*ops_, b.tensor()); }
+
+  std::unique_ptr<CudaAllocator> alloc_;
+  std::unique_ptr<CudaOps> ops_;
+  CpuOps cpu_;
+};
+
+TEST_F(CudaOpsTest, FillCopyUploadDownload) {
+  auto x = P(DType::kBF16, {7, 13});
+  ops_->Fill(x.tensor(), 1.5f);
+  for (float v : H(x)) ASSERT_EQ(v, 1.5f);
+  std::vector<float> src = Randn(91, 1, 1.f, /*bf16=*/false);
+  auto f = D(DType::kF32, {91}, src);
+  auto b = P(DType::kBF16, {91});
+  ops_->Copy(f.tensor(), b.tensor());
+  auto back = P(DType::kF32, {91});
+  ops_->Copy(b.tensor(), back.tensor());
+  const std::vector<float> got = H(back);
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(got[i], cuda_test::RoundBf16(src[i])) << i;
+  // i32 round trip, and a strided 2-D copy (5 rows of 3 out of rows of 7 into rows of 4).
+  std::vector<int32_t> ids = {3, -1, 7, 1 << 20};
+  auto di = Buffer::Make(alloc_.get(), DType::kI32, {4}, Tier::kActivations);
+  ASSERT_TRUE(di.ok());
+  ops_->Upload(ids.data(), DType::kI32, di->tensor());
+  std::vector<int32_t> ids_back(4);
+  ops_->Download(di->tensor(), ids_back.data(), DType::kI32);
+  EXPECT_EQ(ids, ids_back);
+  std::vector<float> s2(35);
+  std::iota(s2.begin(), s2.end(), 0.f);
+  auto src2 = D(DType::kF32, {35}, s2);
+  auto dst2 = D(DType::kF32, {20}, std::vector<float>(20, -1.f));
+  ops_->Copy2D(src2.tensor(), 7, dst2.tensor(), 4, 5, 3);
+  const std::vector<float> g2 = H(dst2);
+  for (int r = 0; r < 5; ++r) {
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(g2[r * 4 + c], c < 3 ? s2[r * 7 + c] : -1.f);
+  }
+}
+
+TEST_F(CudaOpsTest, AxpySumAndSumSquares) {
+  const int64_t n = 100003;
+  std::vector<float> x = Randn(n, 2), y = Randn(n, 3, 1.f, false);
+  auto dx = D(DType::kBF16, {n}, x);
+  auto dy = D(DType::kF32, {n}, y);
+  ops_->Axpy(-0.75f, dx.tensor(), dy.tensor());
+  std::vector<float> want = y;
+  cpu_.Axpy(-0.75f, CpuT(x, {n}), CpuT(want, {n}));
+  EXPECT_CLOSE(H(dy), want, 1e-6, "Axpy");
+  const double ss = ops_->SumSquares(dx.tensor()), s = ops_->Sum(dx.tensor());
+  const double ss_ref = cpu_.SumSquares(CpuT(x, {n})), s_ref = cpu_.Sum(CpuT(x, {n}));
+  std::printf("  SumSquares %.6f vs %.6f, Sum %.6f vs %.6f\n", ss, ss_ref, s, s_ref);
+  EXPECT_NEAR(ss, ss_ref, 1e-9 * ss_ref);
+  EXPECT_NEAR(s, s_ref, 1e-9 * ss_ref);
+  EXPECT_NEAR(ops_->Sum(dy.tensor()), cpu_.Sum(CpuT(want, {n})), 1e-6 * ss_ref);
+}
+
+// All four transpose combinations, C bf16 (beta 0) and C f32 (beta 1, as gradients accumulate),
+// on a shape no kernel tile divides and on one with 16-byte-aligned rows.
+TEST_F(CudaOpsTest, GemmAllLayoutsAgainstCpu) {
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{37, 53, 71}, {200, 136, 264}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (int cf32 = 0; cf32 < 2; ++cf32) {
+          std::vector<float> a = Randn(m * k, 10 + ta), b = Randn(k * n, 20 + tb);
+          std::vector<float> c0 = Randn(m * n, 30);
+          const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
+          auto da = D(DType::kBF16, sa, a), db = D(DType::kBF16, sb, b);
+          auto dc = D(cf32 ? DType::kF32 : DType::kBF16, {m, n}, c0);
+          const float beta = cf32 ? 1.f : 0.f;
+          ops_->Gemm(da.tensor(), ta, db.tensor(), tb, dc.tensor(), 0.5f, beta);
+          std::vector<float> want = c0;
+          cpu_.Gemm(CpuT(a, sa), ta, CpuT(b, sb), tb, CpuT(want, {m, n}), 0.5f, beta);
+          const std::string what = absl::StrCat("Gemm ", m, "x", n, "x", k, ta ? " aT" : "",
+                                                tb ? " bT" : "", cf32 ? " c f32 +=" : " c bf16");
+          EXPECT_CLOSE(H(dc), want, cf32 ? 1e-5 : kBf16Tol, what.c_str());
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, EmbeddingForwardAndBackward) {
+  const int64_t V = 101, d = 67, T = 45;
+  std::vector<float> table = Randn(V * d, 4);
+  std::vector<int32_t> ids(T);
+  for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>((t * 37) % 23);  // repeats
+  auto dids = Buffer::Make(alloc_.get(), DType::kI32, {T}, Tier::kActivations);
+  ASSERT_TRUE(dids.ok());
+  ops_->Upload(ids.data(), DType::kI32, dids->tensor());
+  auto dtab = D(DType::kBF16, {V, d}, table);
+  auto out = P(DType::kBF16, {T, d});
+  ops_->Embedding(dids->tensor(), dtab.tensor(), out.tensor());
+  std::vector<float> want(T * d);
+  Tensor cids(ids.data(), DType::kI32, {T});
+  cpu_.Embedding(cids, CpuT(table, {V, d}), CpuT(want, {T, d}));
+  EXPECT_CLOSE(H(out), want, 1e-7, "Embedding");
+
+  std::vector<float> dout = Randn(T * d, 5), g0 = Randn(V * d, 6, 1.f, false);
+  auto ddout = D(DType::kBF16, {T, d}, dout);
+  auto dg = D(DType::kF32, {V, d}, g0);
+  ops_->EmbeddingBackward(dids->tensor(), ddout.tensor(), dg.tensor());
+  std::vector<float> gwant = g0;
+  cpu_.EmbeddingBackward(cids, CpuT(dout, {T, d}), CpuT(gwant, {V, d}));
+  EXPECT_CLOSE(H(dg), gwant, 1e-6, "EmbeddingBackward");
+}
+
+TEST_F(CudaOpsTest, RmsNormForwardAndBackward) {
+  const int64_t rows = 37, d = 1000;
+  std::vector<float> x = Randn(rows * d, 7), w = Randn(d, 8, 0.1f);
+  for (float& v : w) v = cuda_test::RoundBf16(1.f + v);
+  auto dx_in = D(DType::kBF16, {rows, d}, x), dw_in = D(DType::kBF16, {d}, w);
+  auto out = P(DType::kBF16, {rows, d});
+  auto rstd = P(DType::kF32, {rows});
+  ops_->RmsNorm(dx_in.tensor(), dw_in.tensor(), 1e-5f, out.tensor(), rstd.tensor());
+  std::vector<float> want(rows * d), rwant(rows);
+  cpu_.RmsNorm(CpuT(x, {rows, d}), CpuT(w, {d}), 1e-5f, CpuT(want, {rows, d}), CpuT(rwant, {rows}));
+  EXPECT_CLOSE(H(out), want, kBf16Tol, "RmsNorm out");
+  const std::vector<float> rgot = H(rstd);
+  EXPECT_CLOSE(rgot, rwant, 1e-5, "RmsNorm rstd");
+
+  std::vector<float> dout = Randn(rows * d, 9), dx0 = Randn(rows * d, 10);
+  std::vector<float> dw0 = Randn(d, 11, 1.f, false);
+  auto ddout = D(DType::kBF16, {rows, d}, dout), ddx = D(DType::kBF16, {rows, d}, dx0);
+  auto ddw = D(DType::kF32, {d}, dw0);
+  ops_->RmsNormBackward(dx_in.tensor(), dw_in.tensor(), rstd.tensor(), ddout.tensor(), ddx.tensor(),
+                        ddw.tensor());
+  std::vector<float> dxw = dx0, dww = dw0;
+  cpu_.RmsNormBackward(CpuT(x, {rows, d}), CpuT(w, {d}), CpuT(rwant, {rows}), CpuT(dout, {rows, d}),
+                       CpuT(dxw, {rows, d}), CpuT(dww, {d}));
+  EXPECT_CLOSE(H(ddx), dxw, kBf16Tol, "RmsNormBackward dx (+=)");
+  EXPECT_CLOSE(H(ddw), dww, 1e-4, "RmsNormBackward dw (+=)");
+}
+
+TEST_F(CudaOpsTest, RopeForwardAndInverse) {
+  const int64_t T = 29, Hh = 3, Dd = 64, pos0 = 100000;  // far positions test the angle's precision
+  RopeConfig rc;
+  rc.head_dim = Dd;
+  rc.llama3_scaling = true;
+  const std::vector<float> inv = RopeInverseFrequencies(rc);
+  std::vector<float> x = Randn(T * Hh * Dd, 12);
+  auto dx = D(DType::kBF16, {T, Hh, Dd}, x);
+  auto dinv = D(DType::kF32, {Dd / 2}, inv);
+  std::vector<float> inv_c = inv;
+  for (bool inverse : {false, true}) {
+    auto y = D(DType::kBF16, {T, Hh, Dd}, x);
+    ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse);
+    std::vector<float> want = x;
+    cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse);
+    EXPECT_CLOSE(H(y), want, kBf16Tol, inverse ? "Rope inverse" : "Rope");
+  }
+}
+
+TEST_F(CudaOpsTest, SwiGLUForwardAndBackward) {
+  const int64_t T = 13, F = 177;
+  std::vector<float> g = Randn(T * F, 13, 2.f), u = Randn(T * F, 14), go = Randn(T * F, 15);
+  auto dg = D(DType::kBF16, {T, F}, g), du = D(DType::kBF16, {T, F}, u);
+  auto out = P(DType::kBF16, {T, F});
+  ops_->SwiGLU(dg.tensor(), du.tensor(), out.tensor());
+  std::vector<float> want(T * F);
+  cpu_.SwiGLU(CpuT(g, {T, F}), CpuT(u, {T, F}), CpuT(want, {T, F}));
+  EXPECT_CLOSE(H(out), want, kBf16Tol, "SwiGLU");
+  auto dgo = D(DType::kBF16, {T, F}, go);
+  // In place, as the model calls it: dgate over gate, dup over up.
+  ops_->SwiGLUBackward(dg.tensor(), du.tensor(), dgo.tensor(), dg.tensor(), du.tensor());
+  std::vector<float> dgw(T * F), duw(T * F);
+  cpu_.SwiGLUBackward(CpuT(g, {T, F}), CpuT(u, {T, F}), CpuT(go, {T, F}), CpuT(dgw, {T, F}),
+                      CpuT(duw, {T, F}));
+  EXPECT_CLOSE(H(dg), dgw, kBf16Tol, "SwiGLUBackward dgate");
+  EXPECT_CLOSE(H(du), duw, kBf16Tol, "SwiGLUBackward dup");
+}
+
+TEST_F(CudaOpsTest, CrossEntropyFusedWithGradientIgnoresNegativeLabels) {
+  const int64_t T = 19, V = 1001;
+  std::vector<float> logits = Randn(T * V, 16, 3.f);
+  std::vector<int32_t> labels(T);
+  for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? -1 : static_cast<int32_t>(t * 53 % V);
+  auto dl = D(DType::kBF16, {T, V}, logits);
+  auto dlab = Buffer::Make(alloc_.get(), DType::kI32, {T}, Tier::kActivations);
+  ASSERT_TRUE(dlab.ok());
+  ops_->Upload(labels.data(), DType::kI32, dlab->tensor());
+  auto losses = P(DType::kF32, {T});
+  // dlogits aliases logits, as in the model's loss tiles.
+  ops_->CrossEntropy(dl.tensor(), dlab->tensor(), losses.tensor(), dl.tensor(), 1.f / 7);
+  std::vector<float> lw(T), gw(T * V);
+  Tensor clab(labels.data(), DType::kI32, {T});
+  cpu_.CrossEntropy(CpuT(logits, {T, V}), clab, CpuT(lw, {T}), CpuT(gw, {T, V}), 1.f / 7);
+  EXPECT_CLOSE(H(losses), lw, 1e-5, "CrossEntropy losses");
+  const std::vector<float> got = H(dl);
+  EXPECT_CLOSE(got, gw, kBf16Tol, "CrossEntropy dlogits");
+  for (int64_t v = 0; v < V; ++v) ASSERT_EQ(got[3 * V + v], 0.f) << "ignored row 3";
+}
+
+TEST_F(CudaOpsTest, AdamWWithF32AndBf16Gradients) {
+  const int64_t n = 1234;
+  AdamWParams p;
+  p.lr = 1e-2f;
+  p.weight_decay = 0.1f;
+  p.grad_scale = 0.5f;
+  p.step = 3;
+  for (DType gt : {DType::kF32, DType::kBF16}) {
+    std::vector<float> w = Randn(n, 17, 1.f, false), g = Randn(n, 18);
+    std::vector<float> m = Randn(n, 19, 0.1f, false), v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = std::fabs(Randn(1, 20 + i, 0.01f, false)[0]);
+    auto dw = D(DType::kF32, {n}, w), dg = D(gt, {n}, g), dm = D(DType::kF32, {n}, m);
+    auto dv = D(DType::kF32, {n}, v);
+    auto work = P(DType::kBF16, {n});
+    ops_->AdamW(dw.tensor(), dg.tensor(), dm.tensor(), dv.tensor(), work.tensor(), p);
+    std::vector<float> wc = w, mc = m, vc = v, workc(n);
+    cpu_.AdamW(CpuT(wc, {n}), CpuT(g, {n}), CpuT(mc, {n}), CpuT(vc, {n}), CpuT(workc, {n}), p);
+    EXPECT_CLOSE(H(dw), wc, 1e-6, "AdamW master");
+    EXPECT_CLOSE(H(dm), mc, 1e-6, "AdamW m");
+    EXPECT_CLOSE(H(dv), vc, 1e-6, "AdamW v");
+    EXPECT_CLOSE(H(work), wc, kBf16Tol, "AdamW bf16 working copy");
+  }
+}
+
+}  // namespace
+}  // namespace ithaca

@@ -1,0 +1,52 @@
+// cuDNN fused flash attention (SDPA forward and backward: causal, GQA, bf16, f32 LSE) behind a
+// small interface, so the heavy cuDNN frontend header is compiled in cudnn_attention.cc alone.
+//
+// Layouts are the engine's: q, o, do, dq [S, Hq, D]; k, v, dk, dv [S, Hkv, D] (bf16, token
+// stride H·D, head stride D); lse f32 [Hq, S] (natural log, scaled logits, as cuDNN's stats).
+// One graph per shape is built on first use and cached; the workspace comes from the allocator
+// (workspace tier) and only grows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/core/status.h"
+#include "engine/memory/allocator.h"
+
+namespace ithaca {
+namespace cuda {
+
+struct AttentionShape {
+  int64_t s = 0, hq = 0, hkv = 0, d = 0;
+};
+
+class CudnnAttention {
+ public:
+  // `alloc` provides the workspace (Tier::kWorkspace); work is enqueued on `stream`.
+  CudnnAttention(cudaStream_t stream, Allocator* alloc);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // An error when cuDNN has no engine for the shape (the caller may fall back to its own kernel);
+  // the error is remembered per shape, so a shape that fails is not rebuilt on every call.
+  absl::Status Forward(const AttentionShape& sh, const void* q, const void* k, const void* v,
+                       void* o, float* lse);
+  absl::Status Backward(const AttentionShape& sh, const void* q, const void* k, const void* v,
+                        const void* o, const void* dout, const float* lse, void* dq, void* dk,
+                        void* dv);
+  // Builds (or looks up) the graphs for a shape without running them.
+  absl::Status Prepare(const AttentionShape& sh, bool backward);
+
+  // cuDNN's version at run time (e.g. 91400), for logs.
+  static int64_t RuntimeVersion();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cuda
+}  // namespace ithaca

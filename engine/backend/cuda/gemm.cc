@@ -1,0 +1,126 @@
+// LtGemm: row-major GEMMs through cuBLASLt's column-major API.
+//
+// A row-major [r, c] matrix is the column-major [c, r] matrix with the same bytes, so
+// row-major C = op(A)·op(B) is computed as column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's first
+// operand is b and its second a, with the transpose flags kept.
+#include "engine/backend/cuda/gemm.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "engine/backend/cuda/cuda_check.h"
+
+#define cublasCheck(call) ::ithaca::cuda::CublasCheckImpl((call), #call, __FILE__, __LINE__)
+
+namespace ithaca {
+namespace cuda {
+
+inline void CublasCheckImpl(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s:%d: cuBLAS error %d in %s\n", file, line, static_cast<int>(s), what);
+    std::abort();
+  }
+}
+
+namespace {
+
+// Largest power of two (up to 256) dividing the address: cuBLASLt picks kernels by alignment.
+int Alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
+
+}  // namespace
+
+LtGemm::LtGemm(cudaStream_t stream, void* workspace, size_t workspace_bytes)
+    : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  cublasCheck(cublasLtCreate(&lt_));
+  cublasCheck(cublasCreate(&blas_));
+  cublasCheck(cublasSetStream(blas_, stream_));
+  cublasCheck(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
+}
+
+LtGemm::~LtGemm() {
+  for (auto& [key, p] : plans_) {
+    if (p.la) cublasLtMatrixLayoutDestroy(p.la);
+    if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
+    if (p.lc) cublasLtMatrixLayoutDestroy(p.lc);
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (blas_) cublasDestroy(blas_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+LtGemm::Plan* LtGemm::GetPlan(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return &it->second;
+  const auto [m, n, k, lda, ldb, ldc, trans_a, trans_b, c_f32, al_a, al_b, al_c] = key;
+  Plan p;
+  cublasCheck(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Lt's first operand is b, its second a (see the file comment).
+  const cublasOperation_t op1 = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op2 = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasCheck(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)));
+  cublasCheck(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)));
+  // Stored (pre-op) column-major shapes: b is [n, k] (or [k, n]), a is [k, m] (or [m, k]).
+  cublasCheck(
+      cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, trans_b ? k : n, trans_b ? n : k, ldb));
+  cublasCheck(
+      cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, trans_a ? m : k, trans_a ? k : m, lda));
+  cublasCheck(cublasLtMatrixLayoutCreate(&p.lc, c_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldc));
+  cublasLtMatmulPreference_t pref;
+  cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &workspace_bytes_, sizeof(workspace_bytes_)));
+  const uint32_t a1 = al_b, a2 = al_a, a3 = al_c;
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                   &a1, sizeof(a1)));
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                   &a2, sizeof(a2)));
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                   &a3, sizeof(a3)));
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                   &a3, sizeof(a3)));
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p.ok) p.algo = result.algo;
+  return &plans_.emplace(key, p).first->second;
+}
+
+void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_t ldb, bool trans_b,
+                 void* c, int64_t ldc, bool c_f32, int64_t m, int64_t n, int64_t k, float alpha,
+                 float beta) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // Nothing to multiply: c = beta · c. Rare (empty tiles); Lt rejects k = 0.
+    if (beta == 1.f) return;
+    std::fprintf(stderr, "LtGemm: k = 0 with beta != 1 is not supported\n");
+    std::abort();
+  }
+  const Key key{m,       n,       k,     lda,          ldb,          ldc,
+                trans_a, trans_b, c_f32, Alignment(a), Alignment(b), Alignment(c)};
+  Plan* p = GetPlan(key);
+  if (p->ok) {
+    cublasCheck(cublasLtMatmul(lt_, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
+                               &p->algo, workspace_, workspace_bytes_, stream_));
+    return;
+  }
+  // No Lt kernel for this layout (odd leading dimensions, say): cublasGemmEx takes anything.
+  cublasCheck(cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                           static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF,
+                           static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c,
+                           c_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldc),
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace cuda
+}  // namespace ithaca

@@ -1,0 +1,51 @@
+// Row-major GEMM on cuBLASLt: bf16 operands, f32 compute, C bf16 or f32 with beta accumulate.
+// Algorithms are chosen once per (shape, layout, alignment) and cached.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+namespace ithaca {
+namespace cuda {
+
+class LtGemm {
+ public:
+  // `workspace` (device, `workspace_bytes`) stays owned by the caller and outlives this object.
+  LtGemm(cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // Row-major c[m, n] = alpha · op(a) · op(b) + beta · c, op(x) = xᵀ when trans_x.
+  // a: [m, k] (or [k, m] when trans_a), leading dimension lda (its row length); b likewise
+  // [k, n] (or [n, k]) with ldb; c [m, n] with ldc. a, b bf16; c bf16 (c_f32 false) or f32.
+  void Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_t ldb, bool trans_b,
+           void* c, int64_t ldc, bool c_f32, int64_t m, int64_t n, int64_t k, float alpha,
+           float beta);
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    bool ok = false;  // false: no Lt algorithm; cublasGemmEx runs it instead
+  };
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
+                         int, int, int>;
+  Plan* GetPlan(const Key& key);
+
+  cudaStream_t stream_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace cuda
+}  // namespace ithaca

@@ -1,0 +1,79 @@
+// Launchers of the CUDA backend's kernels (one family per .cu file beside this header). Raw
+// device pointers; bf16 data travels as uint16_t bits. Every launcher enqueues on `stream` and
+// checks the launch; none synchronizes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ithaca {
+namespace cuda {
+
+// Element types, numbered as engine/core/dtype.h's DType (f32, bf16, i32).
+enum class ElemType : int { kF32 = 0, kBF16 = 1, kI32 = 2 };
+
+// ---- elementwise.cu
+// x[:n] = value (converted to x's type).
+void Fill(void* x, ElemType t, int64_t n, float value, cudaStream_t stream);
+// dst[:n] = src[:n] converted (f32 <-> bf16; equal types are a cudaMemcpyAsync).
+void Convert(const void* src, ElemType st, void* dst, ElemType dt, int64_t n, cudaStream_t stream);
+// y[:n] += alpha · x[:n]; x f32 or bf16, y f32.
+void Axpy(float alpha, const void* x, ElemType xt, float* y, int64_t n, cudaStream_t stream);
+// Per-block partial sums of x (or of x² when `squares`) in double, into partials[0, blocks);
+// returns the number of blocks used (at most kMaxReduceBlocks).
+constexpr int kMaxReduceBlocks = 264;
+int ReducePartials(const void* x, ElemType t, int64_t n, bool squares, double* partials,
+                   cudaStream_t stream);
+
+// ---- embedding.cu
+// out[t] = table[ids[t]] (bf16 [V, d]); an id outside [0, V) writes a zero row.
+void EmbeddingForward(const int32_t* ids, int64_t tokens, const uint16_t* table, int64_t vocab,
+                      int64_t d, uint16_t* out, cudaStream_t stream);
+// dtable[ids[t]] += dout[t]; dout bf16, dtable f32 or bf16 (atomic adds).
+void EmbeddingBackward(const int32_t* ids, int64_t tokens, const uint16_t* dout, int64_t vocab,
+                       int64_t d, void* dtable, ElemType dt, cudaStream_t stream);
+
+// ---- rope.cu
+// In place on x bf16 [T, H, D]: pair (i, i + D/2) of token t rotates by (pos0 + t)·inv_freq[i]
+// (negated when inverse).
+void Rope(uint16_t* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t pos0,
+          const float* inv_freq, bool inverse, cudaStream_t stream);
+
+// ---- swiglu.cu (bf16, f32 math; outputs may alias inputs elementwise)
+void SwiGLUForward(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
+                   cudaStream_t stream);
+void SwiGLUBackward(const uint16_t* gate, const uint16_t* up, const uint16_t* dout, uint16_t* dgate,
+                    uint16_t* dup, int64_t n, cudaStream_t stream);
+
+// ---- cross_entropy.cu
+// One tile: logits [T, V] (bf16 or f32, as dlogits), labels i32 [T] (< 0: ignored), losses f32
+// [T] written, dlogits = (softmax − onehot) · grad_scale written (may alias logits).
+void CrossEntropy(const void* logits, ElemType lt, const int32_t* labels, int64_t tokens,
+                  int64_t vocab, float* losses, void* dlogits, float grad_scale,
+                  cudaStream_t stream);
+
+// ---- adamw.cu
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  float step_size;     // lr / (1 − β1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 − β2^t)
+};
+// master, m, v f32 updated; grad f32 or bf16; working (may be null) f32 or bf16 written.
+void AdamW(float* master, const void* grad, ElemType gt, float* m, float* v, void* working,
+           ElemType wt, int64_t n, const AdamWArgs& a, cudaStream_t stream);
+
+// ---- flash_attention.cu: the own causal GQA flash attention (fallback and second opinion).
+// q, out [S, Hq, D]; k, v [S, Hkv, D] bf16; lse f32 [Hq, S]. D in {16, 32, 64, 128}.
+bool FlashAttentionSupports(int64_t head_dim);
+void FlashAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s,
+                           int64_t hq, int64_t hkv, int64_t d, uint16_t* out, float* lse,
+                           cudaStream_t stream);
+// delta: f32 scratch [Hq, S]. dq, dk, dv written.
+void FlashAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                            const uint16_t* out, const uint16_t* dout, const float* lse, int64_t s,
+                            int64_t hq, int64_t hkv, int64_t d, float* delta, uint16_t* dq,
+                            uint16_t* dk, uint16_t* dv, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace ithaca
