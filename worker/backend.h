@@ -10,8 +10,9 @@
 namespace ithaca {
 
 struct Backend {
-  std::unique_ptr<Ops> ops;
+  // Declared first so it is destroyed last: the ops free their workspaces into it.
   std::unique_ptr<Allocator> alloc;
+  std::unique_ptr<Ops> ops;
   Device device() const { return ops->device(); }
 };
 

@@ -13,13 +13,13 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
-#include "engine/backend/cpu/cpu_ops.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/memory/allocator.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/job_spec.h"
 #include "engine/train/trainer.h"
 #include "ithaca/v1/worker.grpc.pb.h"
+#include "worker/backend.h"
 #include "worker/exit_codes.h"
 
 namespace ithaca {
@@ -168,10 +168,6 @@ class DaemonLink {
 };
 
 absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link) {
-  if (spec.backend != "cpu") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "backend: \"", spec.backend, "\" is not available in this build; use backend = \"cpu\""));
-  }
   if (spec.parallel.world != o.world) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.world: the spec asks for ",
                                                    spec.parallel.world,
@@ -187,10 +183,11 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
                                                    info.rank, " of ", info.world, ", expected ",
                                                    o.rank, " of ", o.world));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectComm(info, Device::kCpu, kCommTimeoutS));
-  CpuOps ops;
-  HostAllocator alloc;
-  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, &ops, &alloc, comm.get()));
+  ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
+  ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm,
+                   ConnectComm(info, backend.device(), kCommTimeoutS));
+  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, backend.ops.get(), backend.alloc.get(),
+                                                 comm.get()));
   std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s\n", o.rank,
               o.world, o.job_id.c_str(),
               spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),

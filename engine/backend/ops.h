@@ -67,6 +67,8 @@ class Ops {
   virtual void Download(const Tensor& src, void* host, DType host_dtype) = 0;
   // y += alpha · x.
   virtual void Axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
+  // Blocks the host until every op enqueued so far has finished (the loop's step timing).
+  virtual void Synchronize() const {}
   // Σ x² and Σ x (accumulated in double on the CPU, f32 at least elsewhere). Synchronizes.
   virtual double SumSquares(const Tensor& x) = 0;
   virtual double Sum(const Tensor& x) = 0;

@@ -170,6 +170,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.total_steps = spec_.training.steps;
   r.loss = loss;
   r.tokens = tokens;
+  ops_->Synchronize();  // the optimizer's update is part of the step
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.tokens_per_second = tokens / r.seconds / world_;
   r.model_tflops = r.tokens_per_second * ModelFlopsPerToken(cfg_, S) / 1e12;

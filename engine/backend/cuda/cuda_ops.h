@@ -47,7 +47,7 @@ class CudaOps : public Ops {
   // Later work on `s` waits for `event`.
   void Wait(Stream s, cudaEvent_t event) const;
   // Blocks the host until the compute stream is idle.
-  void Synchronize() const;
+  void Synchronize() const override;
 
   void Fill(const Tensor& x, float value) override;
   void Copy(const Tensor& src, const Tensor& dst) override;
