@@ -34,10 +34,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # pip is only asked when something is missing or at another version (`pip freeze` is fast).
-installed=$(/usr/bin/python3 -m pip freeze 2>/dev/null || true)
+# pip freeze spells names its own way (prometheus_client): compare with _ and - the same.
+installed=$(/usr/bin/python3 -m pip freeze 2>/dev/null | tr '_' '-' || true)
 want=()
 for p in "${PIP_PACKAGES[@]}"; do
-  grep -qixF "$p" <<<"$installed" || want+=("$p")
+  grep -qixF "${p//_/-}" <<<"$installed" || want+=("$p")
 done
 if [ ${#want[@]} -gt 0 ]; then
   echo "setup: pip installing ${want[*]} for /usr/bin/python3"

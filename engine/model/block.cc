@@ -13,23 +13,66 @@ absl::StatusOr<Buffer> Alloc(const BlockContext& c, DType t, Shape s, Tier tier)
 
 float Eps(const BlockContext& c) { return static_cast<float>(c.cfg->rms_norm_eps); }
 
-// The MLP over token tiles: y = x2 + W2·(silu(W1·h2) ⊙ W3·h2), one [T, F] pair at a time.
+NormedInput AttentionInput(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                           const BlockSaved& s) {
+  return NormedInput{x, w.attn_norm, s.rstd1.tensor(), Eps(c), c.tile_tokens};
+}
+
+// The MLP over token tiles: y = x2 + W2·(silu(W1·h2) ⊙ W3·h2), h2 = rmsnorm(x2) made per tile.
 absl::Status MlpForward(const BlockContext& c, const BlockWeights& w, const BlockSaved& s,
                         const Tensor& y) {
   Ops& ops = *c.ops();
   const int64_t n_tok = y.dim(0), F = c.cfg->intermediate_size;
   const int64_t T = std::min(c.tile_tokens, n_tok);
-  ASSIGN_OR_RETURN(Buffer gate, Alloc(c, ops.act_dtype(), {T, F}, Tier::kActivations));
-  ASSIGN_OR_RETURN(Buffer up, Alloc(c, ops.act_dtype(), {T, F}, Tier::kActivations));
+  const DType act = ops.act_dtype();
+  ASSIGN_OR_RETURN(Buffer h2, Alloc(c, act, {T, c.cfg->hidden_size}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer gate, Alloc(c, act, {T, F}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer up, Alloc(c, act, {T, F}, Tier::kActivations));
   ops.Copy(s.x2.tensor(), y);
   for (int64_t t0 = 0; t0 < n_tok; t0 += T) {
-    const int64_t t1 = std::min(n_tok, t0 + T);
-    Tensor g = gate.tensor().Rows(0, t1 - t0), u = up.tensor().Rows(0, t1 - t0);
-    Tensor h2 = s.h2.tensor().Rows(t0, t1);
-    ops.Gemm(h2, false, w.w_gate, true, g, 1.f, 0.f);
-    ops.Gemm(h2, false, w.w_up, true, u, 1.f, 0.f);
+    const int64_t t1 = std::min(n_tok, t0 + T), n = t1 - t0;
+    Tensor g = gate.tensor().Rows(0, n), u = up.tensor().Rows(0, n), h = h2.tensor().Rows(0, n);
+    ops.RmsNorm(s.x2.tensor().Rows(t0, t1), w.mlp_norm, Eps(c), h, s.rstd2.tensor().Rows(t0, t1));
+    ops.Gemm(h, false, w.w_gate, true, g, 1.f, 0.f);
+    ops.Gemm(h, false, w.w_up, true, u, 1.f, 0.f);
     ops.SwiGLU(g, u, g);  // elementwise: the activation overwrites gate
     ops.Gemm(g, false, w.w_down, true, y.Rows(t0, t1), 1.f, 1.f);
+  }
+  return absl::OkStatus();
+}
+
+// dy += the MLP's contribution to the gradient of x2 (dy is the gradient wrt the block output,
+// which flows unchanged through the residual), tile by tile, recomputing each tile's h2 and
+// intermediates. Each tile's rows of dy are read before they are updated.
+absl::Status MlpBackward(const BlockContext& c, const BlockWeights& w, const BlockWeights& g,
+                         const BlockSaved& s, const Tensor& dy) {
+  Ops& ops = *c.ops();
+  const DType act = ops.act_dtype();
+  const int64_t n_tok = dy.dim(0), d = c.cfg->hidden_size, F = c.cfg->intermediate_size;
+  const int64_t T = std::min(c.tile_tokens, n_tok);
+  ASSIGN_OR_RETURN(Buffer h2, Alloc(c, act, {T, d}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer gate, Alloc(c, act, {T, F}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer up, Alloc(c, act, {T, F}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer a, Alloc(c, act, {T, F}, Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer dh2, Alloc(c, act, {T, d}, Tier::kActivations));
+  for (int64_t t0 = 0; t0 < n_tok; t0 += T) {
+    const int64_t t1 = std::min(n_tok, t0 + T), n = t1 - t0;
+    Tensor gt = gate.tensor().Rows(0, n), ut = up.tensor().Rows(0, n);
+    Tensor at = a.tensor().Rows(0, n), dh2t = dh2.tensor().Rows(0, n);
+    Tensor ht = h2.tensor().Rows(0, n), dyt = dy.Rows(t0, t1);
+    const Tensor x2t = s.x2.tensor().Rows(t0, t1), rstd = s.rstd2.tensor().Rows(t0, t1);
+    ops.RmsNorm(x2t, w.mlp_norm, Eps(c), ht, rstd);
+    ops.Gemm(ht, false, w.w_gate, true, gt, 1.f, 0.f);
+    ops.Gemm(ht, false, w.w_up, true, ut, 1.f, 0.f);
+    ops.SwiGLU(gt, ut, at);
+    ops.Gemm(dyt, true, at, false, g.w_down, 1.f, 1.f);  // dW2 += dyᵀ·a
+    ops.Gemm(dyt, false, w.w_down, false, at, 1.f, 0.f);  // da = dy·W2 (reuses a)
+    ops.SwiGLUBackward(gt, ut, at, gt, ut);               // dgate, dup in place
+    ops.Gemm(gt, true, ht, false, g.w_gate, 1.f, 1.f);
+    ops.Gemm(ut, true, ht, false, g.w_up, 1.f, 1.f);
+    ops.Gemm(gt, false, w.w_gate, false, dh2t, 1.f, 0.f);
+    ops.Gemm(ut, false, w.w_up, false, dh2t, 1.f, 1.f);
+    ops.RmsNormBackward(x2t, w.mlp_norm, rstd, dh2t, dyt, g.mlp_norm);
   }
   return absl::OkStatus();
 }
@@ -52,10 +95,8 @@ absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const 
   const DType act = ops.act_dtype();
   const LlamaConfig& cfg = *c.cfg;
   const int64_t n_tok = x.dim(0), d = cfg.hidden_size;
-  if (s->h.empty()) {
-    ASSIGN_OR_RETURN(s->h, Alloc(c, act, {n_tok, d}, Tier::kActivations));
+  if (s->rstd1.empty()) {
     ASSIGN_OR_RETURN(s->rstd1, Alloc(c, DType::kF32, {n_tok}, Tier::kActivations));
-    ops.RmsNorm(x, w.attn_norm, Eps(c), s->h.tensor(), s->rstd1.tensor());
   }
   if (s->o.empty()) {
     const HeadPlan& p = c.attn.plan;
@@ -63,19 +104,16 @@ absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const 
                                  c.saved_attention_tier));
     ASSIGN_OR_RETURN(s->lse, Alloc(c, DType::kF32, {p.stages() * p.u, c.attn.S()},
                                    c.saved_attention_tier));
-    RETURN_IF_ERROR(UlyssesAttentionForward(c.attn, w.qkv(), s->h.tensor(), s->o.tensor(),
-                                            s->lse.tensor()));
+    RETURN_IF_ERROR(UlyssesAttentionForward(c.attn, w.qkv(), AttentionInput(c, w, x, *s),
+                                            s->o.tensor(), s->lse.tensor()));
   }
   if (s->x2.empty()) {
     ASSIGN_OR_RETURN(s->x2, Alloc(c, act, {n_tok, d}, Tier::kActivations));
     ops.Copy(x, s->x2.tensor());
     ops.Gemm(s->o.tensor(), false, w.wo, true, s->x2.tensor(), 1.f, 1.f);
-    s->h2.Reset();
   }
-  if (s->h2.empty()) {
-    ASSIGN_OR_RETURN(s->h2, Alloc(c, act, {n_tok, d}, Tier::kActivations));
+  if (s->rstd2.empty()) {
     ASSIGN_OR_RETURN(s->rstd2, Alloc(c, DType::kF32, {n_tok}, Tier::kActivations));
-    ops.RmsNorm(s->x2.tensor(), w.mlp_norm, Eps(c), s->h2.tensor(), s->rstd2.tensor());
   }
   return absl::OkStatus();
 }
@@ -88,60 +126,22 @@ absl::Status BlockForward(const BlockContext& c, const BlockWeights& w, const Te
 }
 
 absl::Status BlockBackward(const BlockContext& c, const BlockWeights& w, const BlockWeights& g,
-                           const Tensor& x, BlockSaved* s, const Tensor& dy, const Tensor& dx) {
+                           const Tensor& x, BlockSaved* s, const Tensor& dy) {
   Ops& ops = *c.ops();
-  const DType act = ops.act_dtype();
-  const LlamaConfig& cfg = *c.cfg;
-  const int64_t n_tok = x.dim(0), d = cfg.hidden_size;
-
-  // MLP half, tile by tile, recomputing each tile's intermediates.
-  ASSIGN_OR_RETURN(Buffer dx2, Alloc(c, act, {n_tok, d}, Tier::kActivations));
-  ops.Copy(dy, dx2.tensor());  // the residual path
-  {
-    const int64_t F = cfg.intermediate_size, T = std::min(c.tile_tokens, n_tok);
-    ASSIGN_OR_RETURN(Buffer gate, Alloc(c, act, {T, F}, Tier::kActivations));
-    ASSIGN_OR_RETURN(Buffer up, Alloc(c, act, {T, F}, Tier::kActivations));
-    ASSIGN_OR_RETURN(Buffer a, Alloc(c, act, {T, F}, Tier::kActivations));
-    ASSIGN_OR_RETURN(Buffer dh2, Alloc(c, act, {T, d}, Tier::kActivations));
-    for (int64_t t0 = 0; t0 < n_tok; t0 += T) {
-      const int64_t t1 = std::min(n_tok, t0 + T), n = t1 - t0;
-      Tensor gt = gate.tensor().Rows(0, n), ut = up.tensor().Rows(0, n);
-      Tensor at = a.tensor().Rows(0, n), dh2t = dh2.tensor().Rows(0, n);
-      Tensor h2 = s->h2.tensor().Rows(t0, t1), dyt = dy.Rows(t0, t1);
-      ops.Gemm(h2, false, w.w_gate, true, gt, 1.f, 0.f);
-      ops.Gemm(h2, false, w.w_up, true, ut, 1.f, 0.f);
-      ops.SwiGLU(gt, ut, at);
-      ops.Gemm(dyt, true, at, false, g.w_down, 1.f, 1.f);  // dW2 += dyᵀ·a
-      ops.Gemm(dyt, false, w.w_down, false, at, 1.f, 0.f);  // da = dy·W2 (reuses a)
-      ops.SwiGLUBackward(gt, ut, at, gt, ut);               // dgate, dup in place
-      ops.Gemm(gt, true, h2, false, g.w_gate, 1.f, 1.f);
-      ops.Gemm(ut, true, h2, false, g.w_up, 1.f, 1.f);
-      ops.Gemm(gt, false, w.w_gate, false, dh2t, 1.f, 0.f);
-      ops.Gemm(ut, false, w.w_up, false, dh2t, 1.f, 1.f);
-      ops.RmsNormBackward(s->x2.tensor().Rows(t0, t1), w.mlp_norm,
-                          s->rstd2.tensor().Rows(t0, t1), dh2t, dx2.tensor().Rows(t0, t1),
-                          g.mlp_norm);
-    }
-  }
-  s->h2.Reset();
-  s->rstd2.Reset();
+  // MLP half: dy becomes the gradient wrt x2.
+  RETURN_IF_ERROR(MlpBackward(c, w, g, *s, dy));
   s->x2.Reset();
+  s->rstd2.Reset();
 
-  // Attention half.
-  ASSIGN_OR_RETURN(Buffer dout, Alloc(c, act, s->o.tensor().shape, Tier::kAttention));
-  ops.Gemm(dx2.tensor(), true, s->o.tensor(), false, g.wo, 1.f, 1.f);  // dWo += dx2ᵀ·O
-  ops.Gemm(dx2.tensor(), false, w.wo, false, dout.tensor(), 1.f, 0.f);
-  ASSIGN_OR_RETURN(Buffer dh, Alloc(c, act, {n_tok, d}, Tier::kActivations));
-  RETURN_IF_ERROR(UlyssesAttentionBackward(c.attn, w.qkv(), g.qkv(), s->h.tensor(),
-                                           s->o.tensor(), s->lse.tensor(), dout.tensor(),
-                                           dh.tensor()));
-  dout.Reset();
-  s->o.Reset();
-  s->lse.Reset();
-  s->h.Reset();
-  if (dx.data != dx2.tensor().data) ops.Copy(dx2.tensor(), dx);
-  ops.RmsNormBackward(x, w.attn_norm, s->rstd1.tensor(), dh.tensor(), dx, g.attn_norm);
-  s->rstd1.Reset();
+  // Attention half: dO = dx2 · Wo, then dy accumulates the attention's contribution, so it ends
+  // as the gradient wrt x (the residual carries dx2 through unchanged).
+  ASSIGN_OR_RETURN(Buffer dout, Alloc(c, ops.act_dtype(), s->o.tensor().shape, Tier::kAttention));
+  ops.Gemm(dy, true, s->o.tensor(), false, g.wo, 1.f, 1.f);  // dWo += dx2ᵀ·O
+  ops.Gemm(dy, false, w.wo, false, dout.tensor(), 1.f, 0.f);
+  RETURN_IF_ERROR(UlyssesAttentionBackward(c.attn, w.qkv(), g.qkv(), AttentionInput(c, w, x, *s),
+                                           s->o.tensor(), s->lse.tensor(), dout.tensor(), dy,
+                                           g.attn_norm));
+  *s = BlockSaved();
   return absl::OkStatus();
 }
 

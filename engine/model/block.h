@@ -13,13 +13,13 @@
 namespace ithaca {
 
 // A block's activations that backward needs besides its input x. Empty buffers are recomputed.
+// The normed inputs rmsnorm(x) and rmsnorm(x2) are never kept whole: they are remade one token
+// tile at a time where they are used, so a block holds at most four [s, d]-sized buffers.
 struct BlockSaved {
-  Buffer h;       // rmsnorm(x) [s, d]                               activations
   Buffer rstd1;   // f32 [s]                                          activations
-  Buffer o;       // attention output O_local [s, Hq·D]               attention
-  Buffer lse;     // f32 [Hq/P, S], stage by stage                    attention
+  Buffer o;       // attention output O_local [s, Hq·D]               attention (or checkpoints)
+  Buffer lse;     // f32 [Hq/P, S], stage by stage                    attention (or checkpoints)
   Buffer x2;      // x + O·Woᵀ, the MLP's residual input [s, d]       activations
-  Buffer h2;      // rmsnorm(x2) [s, d]                               activations
   Buffer rstd2;   // f32 [s]                                          activations
 };
 
@@ -43,16 +43,15 @@ struct BlockContext {
 absl::Status BlockForward(const BlockContext& c, const BlockWeights& w, const Tensor& x,
                           const Tensor& y, BlockSaved* saved);
 
-// Rebuilds the members of `saved` that are empty: h, rstd1 from x; o, lse by re-running the
-// attention forward (full checkpointing; attention-aware keeps them); x2, h2, rstd2.
+// Rebuilds the members of `saved` that are empty: o, lse (and rstd1) by re-running the attention
+// forward (full checkpointing; attention-aware keeps them), then x2.
 absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
                             BlockSaved* saved);
 
-// Given dy (gradient wrt the block's output), writes dx (gradient wrt its input; may alias dy)
-// and accumulates the weight gradients into `g`. Needs every member of `saved`, and releases
-// them as soon as they are no longer needed.
+// Turns dy (gradient wrt the block's output) into dx (gradient wrt its input) in place and
+// accumulates the weight gradients into `g`. Needs every member of `saved`, and releases them as
+// soon as they are no longer needed.
 absl::Status BlockBackward(const BlockContext& c, const BlockWeights& w, const BlockWeights& g,
-                           const Tensor& x, BlockSaved* saved, const Tensor& dy,
-                           const Tensor& dx);
+                           const Tensor& x, BlockSaved* saved, const Tensor& dy);
 
 }  // namespace ithaca

@@ -115,6 +115,8 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
   const BlockContext ctx = Context(s);
   const bool keep_all = opts_.checkpoint == CheckpointPolicy::kNone && backward;
   const bool keep_attention = opts_.checkpoint == CheckpointPolicy::kAttentionAware;
+  // Only every k-th block's input is saved; the others are regrown in backward from it.
+  const int64_t k = keep_all ? 1 : std::max<int64_t>(1, opts_.checkpoint_interval);
   CheckpointStore saved(ops_, alloc_, L, opts_.offload && backward, opts_.offload_keep_last);
   std::vector<BlockSaved> resident(keep_all ? L : 0);
   std::unique_ptr<UnitLease> next;  // the next block's parameters, gathered one block ahead
@@ -130,7 +132,7 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
     BlockSaved bs;
     RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs));
-    if (backward) {
+    if (backward && l % k == 0) {
       SavedInputs in;
       in.x = std::move(x);
       if (keep_attention) {
@@ -152,12 +154,36 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
   ASSIGN_OR_RETURN(out.loss_sum, LossHead(x.tensor(), lab.tensor(), grad_scale, &dx.tensor()));
   x.Reset();
 
+  // Inputs (and, attention-aware, O and LSE) of the blocks between two saved ones, rebuilt by
+  // re-running the group's forward from its saved first input when backward reaches the group.
+  std::vector<SavedInputs> regrown(L);
+  auto take = [&](int64_t l) -> absl::StatusOr<SavedInputs> {
+    if (!regrown[l].x.empty()) return std::move(regrown[l]);
+    const int64_t l0 = l - l % k;
+    ASSIGN_OR_RETURN(regrown[l0], saved.Take(l0));
+    for (int64_t m = l0; m < l; ++m) {
+      UnitLease lease(&ps, layout_.block_unit(m));
+      ASSIGN_OR_RETURN(Tensor params, lease.Get());
+      ASSIGN_OR_RETURN(regrown[m + 1].x, Buffer::Make(alloc_, act, {s, d}, Tier::kCheckpoints));
+      BlockSaved bs;
+      RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), regrown[m].x.tensor(),
+                                   regrown[m + 1].x.tensor(), &bs));
+      if (keep_attention) {
+        regrown[m].o = std::move(bs.o);
+        regrown[m].lse = std::move(bs.lse);
+      }
+    }
+    return std::move(regrown[l]);
+  };
+
   for (int64_t l = L - 1; l >= 0; --l) {
     std::unique_ptr<UnitLease> cur = std::move(next);
     if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
     ASSIGN_OR_RETURN(Tensor params, cur->Get());
-    ASSIGN_OR_RETURN(SavedInputs in, saved.Take(l));
-    RETURN_IF_ERROR(saved.Prefetch(l - 1));  // the previous block's inputs, one block ahead
+    ASSIGN_OR_RETURN(SavedInputs in, take(l));
+    // The previous block's inputs one block ahead (overlap), or only when their turn comes (one
+    // fewer [s, d] buffer on the device).
+    if (opts_.prefetch) RETURN_IF_ERROR(saved.Prefetch(l - 1));
     if (l > 0) {
       next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l - 1));
       RETURN_IF_ERROR(next->Get().status());
@@ -171,7 +197,7 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
     }
     RETURN_IF_ERROR(BlockRecompute(ctx, w, in.x.tensor(), &bs));
     RETURN_IF_ERROR(BlockBackward(ctx, w, BlockViews(cfg_, grads), in.x.tensor(), &bs,
-                                  dx.tensor(), dx.tensor()));
+                                  dx.tensor()));
     RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
   }
   {

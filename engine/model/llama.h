@@ -33,6 +33,8 @@ class LlamaModel {
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
     bool offload = false;          // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;
+    bool prefetch = true;          // bring block l−1's saved data back during block l's backward
+    int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the others
     bool fsdp = true;              // shard parameter units over `world`
   };
 

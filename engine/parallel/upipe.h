@@ -30,15 +30,30 @@ struct QkvWeights {
   Tensor wq, wk, wv;
 };
 
-// h [s, d] → O_local [s, Hq·D] (written) and lse f32 [stages·u, S] (written; stage i's rows
+// The attention's input h = rmsnorm(x) · norm_w, made one token tile at a time wherever it is
+// needed, so no [s, d] copy of it ever exists (ALST tiling of the norm).
+struct NormedInput {
+  Tensor x;       // the block input [s, d]
+  Tensor norm_w;  // [d]
+  Tensor rstd;    // f32 [s]: written by every pass (the same values each time)
+  float eps = 1e-5f;
+  int64_t tile = 0;  // tokens per tile
+};
+
+// x → O_local [s, Hq·D] (written) and lse f32 [stages·u, S] (written; stage i's rows
 // [i·u, (i+1)·u) are its heads' log-sum-exp over the whole sequence).
 absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& w,
-                                     const Tensor& h, const Tensor& o_local, const Tensor& lse);
+                                     const NormedInput& in, const Tensor& o_local,
+                                     const Tensor& lse);
 
-// Given dO_local [s, Hq·D], accumulates dWq/dWk/dWv into `g` and writes dh [s, d], recomputing
-// the projections and exchanges stage by stage (attention forward is not re-run).
+// Given dO_local [s, Hq·D], accumulates dWq/dWk/dWv into `g`, and the gradient that flows back
+// through the norm into dx [s, d] and dnorm_w, recomputing the projections and exchanges stage
+// by stage (attention forward is not re-run). Norm backward is linear in its incoming gradient,
+// so each projection's contribution goes through it tile by tile and no [s, d] dh exists.
 absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights& w,
-                                      const QkvWeights& g, const Tensor& h, const Tensor& o_local,
-                                      const Tensor& lse, const Tensor& do_local, const Tensor& dh);
+                                      const QkvWeights& g, const NormedInput& in,
+                                      const Tensor& o_local, const Tensor& lse,
+                                      const Tensor& do_local, const Tensor& dx,
+                                      const Tensor& dnorm_w);
 
 }  // namespace ithaca

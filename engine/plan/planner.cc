@@ -104,6 +104,8 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.act = spec.backend == "cuda" ? DType::kBF16 : DType::kF32;
   req.opts.checkpoint = spec.memory.checkpoint;
   req.opts.offload_keep_last = spec.memory.offload_keep_last;
+  req.opts.prefetch = spec.memory.prefetch;
+  req.opts.checkpoint_interval = spec.memory.checkpoint_interval;
   req.opts.fsdp = spec.parallel.fsdp;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
 

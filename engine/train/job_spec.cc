@@ -339,6 +339,8 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   const JobSpec::Memory& m = s.memory;
   RETURN_IF_ERROR(r.Require(m.offload_keep_last >= 0, "memory.offload_keep_last",
                             absl::StrCat("must be >= 0, got ", m.offload_keep_last)));
+  RETURN_IF_ERROR(r.Require(m.checkpoint_interval >= 1, "memory.checkpoint_interval",
+                            absl::StrCat("must be >= 1, got ", m.checkpoint_interval)));
   RETURN_IF_ERROR(r.Require(m.gpu_budget_gib >= 0, "memory.gpu_budget_gib",
                             absl::StrCat("must be >= 0 (0: the device's capacity), got ",
                                          m.gpu_budget_gib)));
@@ -404,6 +406,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
        {{"checkpoint", r.Policy(&s.memory.checkpoint)},
         {"offload", r.Bool(&s.memory.offload)},
         {"offload_keep_last", r.Int(&s.memory.offload_keep_last)},
+        {"prefetch", r.Bool(&s.memory.prefetch)},
+        {"checkpoint_interval", r.Int(&s.memory.checkpoint_interval)},
         {"head_chunk", r.IntOrAuto(&s.memory.head_chunk)},
         {"tile_tokens", r.IntOrAuto(&s.memory.tile_tokens)},
         {"gpu_budget_gib", r.Float(&s.memory.gpu_budget_gib)},
@@ -457,6 +461,8 @@ std::string JobSpecToToml(const JobSpec& s) {
   const JobSpec::Memory& m = s.memory;
   absl::StrAppend(&out, "\n[memory]\ncheckpoint = ", Quote(CheckpointPolicyName(m.checkpoint)),
                   "\noffload = ", b(m.offload), "\noffload_keep_last = ", m.offload_keep_last,
+                  "\nprefetch = ", b(m.prefetch),
+                  "\ncheckpoint_interval = ", m.checkpoint_interval,
                   "\nhead_chunk = ", auto_or(m.head_chunk),
                   "\ntile_tokens = ", auto_or(m.tile_tokens),
                   "\ngpu_budget_gib = ", FormatDouble(m.gpu_budget_gib),

@@ -53,6 +53,8 @@ struct JobSpec {
     CheckpointPolicy checkpoint = CheckpointPolicy::kFull;
     bool offload = false;
     int64_t offload_keep_last = 0; // blocks kept on the device when offloading
+    bool prefetch = true;          // offloaded inputs come back one block ahead (else just in time)
+    int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the rest in backward
     int64_t head_chunk = 0;        // query heads per UPipe stage; 0 = "auto"
     int64_t tile_tokens = 0;       // tokens per MLP / loss tile; 0 = "auto"
     double gpu_budget_gib = 0;     // 0: the device's capacity

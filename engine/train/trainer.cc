@@ -73,6 +73,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.head_chunk = spec.memory.head_chunk;
   mo.offload = spec.memory.offload;
   mo.offload_keep_last = spec.memory.offload_keep_last;
+  mo.prefetch = spec.memory.prefetch;
+  mo.checkpoint_interval = spec.memory.checkpoint_interval;
   mo.fsdp = spec.parallel.fsdp;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm,
                                                  t->sp_comm_.get()));

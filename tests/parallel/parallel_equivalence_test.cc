@@ -31,6 +31,8 @@ struct Case {
   int head_chunk;  // 0: all heads
   bool offload = false;
   int tile = 0;
+  int checkpoint_interval = 1;
+  bool prefetch = true;
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -46,6 +48,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
       LlamaConfig cfg = *PresetConfig("tiny");
       cfg.num_attention_heads = 8;
       cfg.num_key_value_heads = hkv;
+      cfg.num_hidden_layers = 3;
       cfg.head_dim = 8;
       cfg.rope.head_dim = 8;
       ASSERT_TRUE(WriteFileAtomic(ConfigPath(hkv), ConfigToJson(cfg)).ok());
@@ -98,6 +101,8 @@ class ParallelEquivalenceTest : public ::testing::Test {
         "--checkpoint", c.checkpoint, "--head-chunk", std::to_string(c.head_chunk)};
     if (c.offload) args.push_back("--offload");
     if (c.tile) args.insert(args.end(), {"--tile", std::to_string(c.tile)});
+    if (!c.prefetch) args.push_back("--no-prefetch");
+    args.insert(args.end(), {"--checkpoint-interval", std::to_string(c.checkpoint_interval)});
     const std::string got = RunRanks(c.name, c.world, args);
     auto a = SafetensorsReader::Open(ref);
     auto b = SafetensorsReader::Open(got);
@@ -134,6 +139,11 @@ std::map<std::string, std::string> ParallelEquivalenceTest::references_;
 
 TEST_F(ParallelEquivalenceTest, SingleRankTechniques) {
   Check({"w1_chunk1_aware_offload", 2, 1, 1, false, "attention-aware", 1, true, 16});
+}
+
+TEST_F(ParallelEquivalenceTest, CheckpointEveryOtherBlockWithoutPrefetch) {
+  Check({"w2_sp2_full_interval2", 2, 2, 2, true, "full", 2, true, 8, 2, false});
+  Check({"w1_aware_interval3", 4, 1, 1, false, "attention-aware", 0, false, 0, 3, true});
 }
 
 TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {

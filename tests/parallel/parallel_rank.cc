@@ -43,6 +43,8 @@ absl::Status Run(int argc, char** argv) {
     else if (a == "--fsdp") spec.parallel.fsdp = next() == "1";
     else if (a == "--head-chunk") spec.memory.head_chunk = std::stoll(next());
     else if (a == "--offload") spec.memory.offload = true;
+    else if (a == "--no-prefetch") spec.memory.prefetch = false;
+    else if (a == "--checkpoint-interval") spec.memory.checkpoint_interval = std::stoll(next());
     else if (a == "--tile") spec.memory.tile_tokens = std::stoll(next());
     else if (a == "--seq") spec.data.seq_len = std::stoll(next());
     else if (a == "--grad-accum") spec.training.grad_accum = std::stoll(next());

@@ -1,0 +1,353 @@
+"""Static checks of deploy/: every YAML/JSON file parses; the Kubernetes objects pass the
+Kubernetes API schemas (kubernetes-validate, strict) and fit together (GPUs, tolerations,
+/dev/shm, volumes, gRPC probes, Services, ServiceMonitor); the Dockerfile builds the targets
+that exist with the packages tools/setup.sh installs; the Grafana dashboard is well formed."""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import kubernetes_validate
+import yaml
+
+sys.dont_write_bytecode = True  # no __pycache__ left in deploy/
+sys.path.insert(0, "deploy/kubernetes")
+import prometheusrule  # noqa: E402  (deploy/kubernetes/prometheusrule.py)
+
+K8S = "deploy/kubernetes"
+KUBERNETES_VERSION = "1.30.0"  # oldest cluster the manifests target (gRPC probes are GA)
+
+
+def load_docs(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def k8s_objects():
+    objs = {}
+    for path in sorted(glob.glob(f"{K8S}/*.yaml")):
+        if path.endswith("kustomization.yaml"):
+            continue
+        for d in load_docs(path):
+            objs[(d["kind"], d["metadata"]["name"])] = d
+    return objs
+
+
+def matches(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+class EveryFileParses(unittest.TestCase):
+    def test_yaml_and_json(self):
+        files = [f for f in glob.glob("deploy/**/*", recursive=True) if os.path.isfile(f)]
+        yamls = [f for f in files if f.endswith((".yaml", ".yml"))]
+        jsons = [f for f in files if f.endswith(".json")]
+        self.assertGreaterEqual(len(yamls), 9, yamls)
+        self.assertEqual(jsons, ["deploy/grafana/ithaca.json"])
+        for f in yamls:
+            self.assertTrue(load_docs(f), f)
+        for f in jsons:
+            with open(f) as fh:
+                json.load(fh)
+
+
+class Kubernetes(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.objs = k8s_objects()
+        cls.sts = cls.objs[("StatefulSet", "ithacad")]
+        cls.pod = cls.sts["spec"]["template"]["spec"]
+        (cls.container,) = cls.pod["containers"]
+        cls.ports = {p["name"]: p["containerPort"] for p in cls.container["ports"]}
+
+    def test_builtin_kinds_pass_the_api_schema(self):
+        checked = []
+        for (kind, name), obj in self.objs.items():
+            if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+                continue  # CRDs: no schema bundled; checked field by field below
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            checked.append(kind)
+        self.assertEqual(sorted(checked), ["Namespace", "Service", "Service", "StatefulSet"])
+
+    def test_a_bad_field_is_caught(self):
+        # The schema check above can fail: a misspelt field is rejected.
+        bad = json.loads(json.dumps(self.sts))
+        bad["spec"]["template"]["spec"]["toleration"] = bad["spec"]["template"]["spec"]["tolerations"]
+        with self.assertRaises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
+
+    def test_eight_gpus_on_gpu_nodes(self):
+        res = self.container["resources"]
+        self.assertEqual(int(res["limits"]["nvidia.com/gpu"]), 8)
+        self.assertEqual(int(res["requests"]["nvidia.com/gpu"]), 8)
+        self.assertIn("--gpus=8", self.container["args"])
+        self.assertIn({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                      self.pod["tolerations"])
+        terms = self.pod["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+        self.assertIn("nvidia.com/gpu.present", keys)
+        anti = self.pod["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(anti[0]["topologyKey"], "kubernetes.io/hostname")
+        self.assertTrue(matches(anti[0]["labelSelector"]["matchLabels"],
+                                self.sts["spec"]["template"]["metadata"]["labels"]))
+
+    def test_dev_shm_is_memory_backed(self):
+        mounts = {m["mountPath"]: m["name"] for m in self.container["volumeMounts"]}
+        vols = {v["name"]: v for v in self.pod["volumes"]}
+        shm = vols[mounts["/dev/shm"]]["emptyDir"]
+        self.assertEqual(shm["medium"], "Memory")
+        self.assertRegex(shm["sizeLimit"], r"^\d+Gi$")
+        self.assertGreaterEqual(int(shm["sizeLimit"][:-2]), 16)
+
+    def test_state_on_a_persistent_volume_claim(self):
+        (claim,) = self.sts["spec"]["volumeClaimTemplates"]
+        mounts = {m["name"]: m["mountPath"] for m in self.container["volumeMounts"]}
+        state_dir = mounts[claim["metadata"]["name"]]
+        self.assertIn(f"--state-dir={state_dir}", self.container["args"])
+        self.assertIn("storage", claim["spec"]["resources"]["requests"])
+        # The claim is mounted, not shadowed by a pod volume of the same name.
+        self.assertNotIn(claim["metadata"]["name"], {v["name"] for v in self.pod["volumes"]})
+
+    def test_probes_are_grpc_health_on_the_job_port(self):
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            p = self.container[probe]
+            self.assertEqual(set(p) & {"grpc", "httpGet", "tcpSocket", "exec"}, {"grpc"}, probe)
+            self.assertEqual(p["grpc"]["port"], self.ports["grpc"], probe)
+
+    def test_daemon_listens_on_every_interface(self):
+        args = self.container["args"]
+        self.assertIn(f"--listen=0.0.0.0:{self.ports['grpc']}", args)
+        self.assertIn(f"--metrics-listen=0.0.0.0:{self.ports['metrics']}", args)
+
+    def test_services(self):
+        pod_labels = self.sts["spec"]["template"]["metadata"]["labels"]
+        services = {n: o for (k, n), o in self.objs.items() if k == "Service"}
+        self.assertEqual(set(services), {"ithacad", "ithacad-peers"})
+        for name, svc in services.items():
+            self.assertTrue(matches(svc["spec"]["selector"], pod_labels), name)
+            for port in svc["spec"]["ports"]:
+                self.assertIn(port["targetPort"], self.ports, name)
+        self.assertEqual({p["name"] for p in services["ithacad"]["spec"]["ports"]},
+                         {"grpc", "metrics"})
+        # The StatefulSet's governing Service is the headless one.
+        peers = services[self.sts["spec"]["serviceName"]]
+        self.assertEqual(peers["spec"]["clusterIP"], "None")
+        self.assertTrue(peers["spec"]["publishNotReadyAddresses"])
+
+    def test_service_monitor_selects_the_metrics_service_once(self):
+        sm = self.objs[("ServiceMonitor", "ithacad")]
+        self.assertEqual(sm["apiVersion"], "monitoring.coreos.com/v1")
+        selected = [o for (k, _), o in self.objs.items()
+                    if k == "Service" and matches(sm["spec"]["selector"]["matchLabels"],
+                                                  o["metadata"]["labels"])]
+        # Exactly one Service, or every pod would be scraped twice.
+        self.assertEqual([s["metadata"]["name"] for s in selected], ["ithacad"])
+        port_names = {p["name"] for p in selected[0]["spec"]["ports"]}
+        (endpoint,) = sm["spec"]["endpoints"]
+        self.assertIn(endpoint["port"], port_names)
+        self.assertIs(endpoint["honorLabels"], True)
+        self.assertEqual(endpoint.get("path", "/metrics"), "/metrics")
+
+    def test_prometheus_rule_is_the_rule_files(self):
+        with open(f"{K8S}/prometheusrule.yaml") as f:
+            text = f.read()
+        self.assertEqual(text, prometheusrule.render(),
+                         "stale: run python3 deploy/kubernetes/prometheusrule.py")
+        pr = self.objs[("PrometheusRule", "ithaca")]
+        groups = []
+        for name in ("ithaca-recording.rules.yml", "ithaca-alerts.rules.yml"):
+            groups += load_docs(f"deploy/prometheus/{name}")[0]["groups"]
+        self.assertEqual(pr["spec"]["groups"], groups)
+
+    def test_kustomizations_name_every_manifest(self):
+        (k,) = load_docs(f"{K8S}/kustomization.yaml")
+        listed = set(k["resources"])
+        present = {os.path.basename(p) for p in glob.glob(f"{K8S}/*.yaml")} - {"kustomization.yaml"}
+        self.assertEqual(listed, present)
+        (top,) = load_docs("deploy/kustomization.yaml")
+        self.assertEqual(top["resources"], ["kubernetes"])
+        for gen in top["configMapGenerator"]:
+            for f in gen["files"]:
+                self.assertTrue(os.path.isfile(os.path.join("deploy", f)), f)
+
+    def test_kustomize_renders(self):
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            self.skipTest("kubectl (with kustomize) is not installed")
+        # kustomize does not follow the runfiles' symlinks: render a copy.
+        tree = os.path.join(os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp(), "deploy")
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.copytree("deploy", tree)
+        out = subprocess.run([kubectl, "kustomize", tree], capture_output=True, text=True,
+                             timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+        kinds = sorted(d["kind"] for d in docs)
+        self.assertEqual(kinds, ["ConfigMap", "Namespace", "PrometheusRule", "Service", "Service",
+                                 "ServiceMonitor", "StatefulSet"])
+        for d in docs:
+            if d["kind"] != "Namespace":
+                self.assertEqual(d["metadata"]["namespace"], "ithaca", d["kind"])
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        self.assertEqual(cm["metadata"]["labels"]["grafana_dashboard"], "1")
+        with open("deploy/grafana/ithaca.json") as f:
+            self.assertEqual(json.loads(cm["data"]["ithaca.json"]), json.load(f))
+
+
+def setup_sh_lists():
+    with open("tools/setup.sh") as f:
+        text = f.read()
+    apt = re.search(r"APT_PACKAGES=\((.*?)\)", text, re.S).group(1).split()
+    pip = re.search(r"PIP_PACKAGES=\((.*?)\)", text, re.S).group(1)
+    pip = [l.strip() for l in pip.splitlines() if l.strip() and not l.strip().startswith("#")]
+    return apt, pip
+
+
+class Dockerfile(unittest.TestCase):
+    # tools/setup.sh packages that only tests use, not the build.
+    TEST_ONLY = {"python3-numpy", "python3-torch", "prometheus", "python3-yaml"}
+
+    @classmethod
+    def setUpClass(cls):
+        with open("deploy/docker/Dockerfile") as f:
+            cls.text = f.read()
+        # Join continued lines; drop comments.
+        lines = [l for l in cls.text.splitlines() if not l.lstrip().startswith("#")]
+        cls.instructions = re.sub(r"\\\n", " ", "\n".join(lines)).splitlines()
+        cls.args = dict(re.findall(r"^ARG (\w+)=(\S+)", cls.text, re.M))
+
+    def expand(self, s):
+        return re.sub(r"\$\{(\w+)\}", lambda m: self.args[m.group(1)], s)
+
+    def test_cuda13_build_and_runtime_stages(self):
+        froms = [self.expand(l.split()[1]) for l in self.instructions if l.startswith("FROM ")]
+        self.assertEqual(len(froms), 2, froms)
+        self.assertRegex(froms[0], r"^nvidia/cuda:13\.\d+\.\d+-cudnn-devel-ubuntu24\.04$")
+        self.assertRegex(froms[1], r"^nvidia/cuda:13\.\d+\.\d+-cudnn-runtime-ubuntu24\.04$")
+        self.assertEqual(froms[0].split(":")[1].split("-")[0], froms[1].split(":")[1].split("-")[0])
+        self.assertIn("FROM nvidia/cuda:${CUDA_VERSION}-cudnn-devel-${UBUNTU} AS build",
+                      self.instructions)
+        self.assertTrue(any(l.startswith("COPY --from=build /out/bin/ /usr/local/bin/")
+                            for l in self.instructions))
+
+    def test_builds_targets_that_exist_and_ships_them(self):
+        (build,) = [l for l in self.instructions if "bazel build" in l]
+        targets = re.findall(r"//([\w/]+):([\w-]+)", build)
+        self.assertEqual({t[1] for t in targets},
+                         {"ithacad", "ithaca-worker", "ithaca", "ithaca-tokenize"})
+        for pkg, name in targets:
+            with open(f"{pkg}/BUILD") as f:
+                self.assertRegex(f.read(), rf'cc_binary\(\s*name = "{re.escape(name)}"',
+                                 f"//{pkg}:{name}")
+            self.assertIn(f"bazel-bin/{pkg}/{name}", build)
+
+    def test_installs_what_setup_sh_builds_with(self):
+        apt, pip = setup_sh_lists()
+        (install,) = [l for l in self.instructions if "apt-get install" in l and "bazel" in l]
+        for p in set(apt) - self.TEST_ONLY:
+            self.assertRegex(install, rf"(^|\s){re.escape(p)}(\s|$)", p)
+        frontend = [p for p in pip if p.startswith("nvidia-cudnn-frontend==")]
+        self.assertEqual(len(frontend), 1)
+        self.assertIn(frontend[0], self.text)
+
+    def test_runs_ithacad_as_the_manifest_expects(self):
+        objs = k8s_objects()
+        pod = objs[("StatefulSet", "ithacad")]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        self.assertNotIn("command", c)  # the image's ENTRYPOINT runs, with the manifest's args
+        self.assertIn('ENTRYPOINT ["/usr/local/bin/ithacad"]', self.instructions)
+        self.assertIn(f"USER {pod['securityContext']['runAsUser']}", self.instructions)
+        exposed = [l for l in self.instructions if l.startswith("EXPOSE ")][0].split()[1:]
+        self.assertEqual(sorted(int(p) for p in exposed),
+                         sorted(p["containerPort"] for p in c["ports"]))
+
+
+class Prometheus(unittest.TestCase):
+    def test_scrape_config_honors_labels(self):
+        (cfg,) = load_docs("deploy/prometheus/prometheus.yml")
+        jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+        self.assertIs(jobs["ithacad"]["honor_labels"], True)
+        for f in cfg["rule_files"]:
+            self.assertTrue(os.path.isfile(os.path.join("deploy/prometheus", f)), f)
+
+    def test_rules(self):
+        rules = {}
+        for path in glob.glob("deploy/prometheus/*.rules.yml"):
+            for g in load_docs(path)[0]["groups"]:
+                for r in g["rules"]:
+                    rules[r.get("record") or r.get("alert")] = r
+        for record in ("job:ithaca_tokens_per_second:sum", "job:ithaca_mfu_ratio:avg"):
+            self.assertIn(record, rules)
+        self.assertEqual(rules["job:ithaca_tokens_per_second:sum"]["expr"],
+                         "sum by (job) (ithaca_tokens_per_second)")
+        self.assertEqual(rules["job:ithaca_mfu_ratio:avg"]["expr"],
+                         "avg by (job) (ithaca_mfu_ratio)")
+        for alert in ("IthacaJobStalled", "IthacaGPUMemoryNearCapacity", "IthacaWorkerExited",
+                      "IthacaJobFailed", "IthacadDown"):
+            self.assertIn("severity", rules[alert]["labels"], alert)
+            self.assertIn("summary", rules[alert]["annotations"], alert)
+        self.assertIn("DCGM_FI_DEV_FB_FREE", rules["IthacaGPUMemoryNearCapacity"]["expr"])
+
+
+class Grafana(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open("deploy/grafana/ithaca.json") as f:
+            cls.d = json.load(f)
+        cls.panels = [p for p in cls.d["panels"] if p["type"] != "row"]
+        cls.vars = {v["name"]: v for v in cls.d["templating"]["list"]}
+
+    def test_schema_and_variables(self):
+        self.assertGreaterEqual(self.d["schemaVersion"], 36)
+        self.assertEqual(self.vars["datasource"]["type"], "datasource")
+        self.assertEqual(self.vars["datasource"]["query"], "prometheus")
+        self.assertEqual(self.vars["job"]["definition"], "label_values(ithaca_train_step, job)")
+        self.assertRegex(self.vars["rank"]["definition"], r"^label_values\(.*\$job.*, rank\)$")
+        for name in ("job", "rank"):
+            v = self.vars[name]
+            self.assertEqual(v["query"]["query"], v["definition"])
+            self.assertEqual(v["allValue"], ".*")  # regex matchers below use =~
+
+    def test_panels_use_the_datasource_variable(self):
+        ds = {"type": "prometheus", "uid": "${datasource}"}
+        ids = [p["id"] for p in self.d["panels"]]
+        self.assertEqual(len(ids), len(set(ids)))
+        for p in self.panels:
+            self.assertEqual(p["datasource"], ds, p["title"])
+            self.assertTrue(p["targets"], p["title"])
+            for t in p["targets"]:
+                self.assertEqual(t["datasource"], ds, p["title"])
+                self.assertTrue(t["expr"].strip(), p["title"])
+            g = p["gridPos"]
+            self.assertLessEqual(g["x"] + g["w"], 24, p["title"])
+            if "repeat" in p:
+                self.assertIn(p["repeat"], self.vars)
+
+    def test_covers_the_issue(self):
+        exprs = [t["expr"] for p in self.panels for t in p["targets"]]
+        joined = "\n".join(exprs)
+        for needle in ("ithaca_gpu_memory_bytes{", "ithaca_gpu_memory_peak_bytes",
+                       "ithaca_tokens_per_second{", "job:ithaca_tokens_per_second:sum",
+                       "ithaca_train_loss", "ithaca_mfu_ratio", "ithaca_jobs",
+                       "histogram_quantile(0.9, sum by (job, le) (rate(ithaca_step_duration_seconds_bucket"):
+            self.assertIn(needle, joined)
+        dcgm = [e for e in exprs if "DCGM_" in e]
+        self.assertGreaterEqual(len(dcgm), 4)
+        for e in dcgm:
+            self.assertRegex(e, r"on \(UUID\) group_(left|right)")
+        (mem,) = [p for p in self.panels if p["targets"][0]["expr"].startswith(
+            "ithaca_gpu_memory_bytes{")]
+        self.assertEqual(mem["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"], "normal")
+        self.assertEqual(mem["repeat"], "rank")
+        self.assertIn("{{tier}}", mem["targets"][0]["legendFormat"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
