@@ -30,7 +30,17 @@ bool ParseTier(const std::string& name, Tier* out) {
 void MemoryTracker::OnAlloc(Tier t, size_t bytes) {
   int64_t now = current_[Idx(t)].fetch_add(bytes) + bytes;
   RaiseTo(peak_[Idx(t)], now);
-  if (IsDeviceTier(t)) RaiseTo(device_peak_, device_current_.fetch_add(bytes) + bytes);
+  if (IsDeviceTier(t)) {
+    const int64_t total = device_current_.fetch_add(bytes) + bytes;
+    if (total > device_peak_.load()) {
+      RaiseTo(device_peak_, total);
+      SnapshotPeak();
+    }
+  }
+}
+
+void MemoryTracker::SnapshotPeak() {
+  for (int i = 0; i < kNumTiers; ++i) at_peak_[i].store(current_[i].load());
 }
 
 void MemoryTracker::OnFree(Tier t, size_t bytes) {
@@ -41,6 +51,7 @@ void MemoryTracker::OnFree(Tier t, size_t bytes) {
 void MemoryTracker::ResetPeaks() {
   for (int i = 0; i < kNumTiers; ++i) peak_[i].store(current_[i].load());
   device_peak_.store(device_current_.load());
+  SnapshotPeak();
 }
 
 }  // namespace ithaca

@@ -38,6 +38,8 @@ class MemoryTracker {
   // Sum over device tiers now, and the highest that sum has been (not the sum of peaks).
   int64_t device_current() const { return device_current_.load(); }
   int64_t device_peak() const { return device_peak_.load(); }
+  // Each tier's bytes at the moment the device total was highest (what the peak is made of).
+  int64_t at_device_peak(Tier t) const { return at_peak_[Idx(t)].load(); }
   // Starts a new measurement window: peaks drop to the current values.
   void ResetPeaks();
 
@@ -47,6 +49,8 @@ class MemoryTracker {
   std::array<std::atomic<int64_t>, kNumTiers> peak_{};
   std::atomic<int64_t> device_current_{0};
   std::atomic<int64_t> device_peak_{0};
+  std::array<std::atomic<int64_t>, kNumTiers> at_peak_{};
+  void SnapshotPeak();
 };
 
 }  // namespace ithaca

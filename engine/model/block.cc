@@ -18,7 +18,8 @@ NormedInput AttentionInput(const BlockContext& c, const BlockWeights& w, const T
   return NormedInput{x, w.attn_norm, s.rstd1.tensor(), Eps(c), c.tile_tokens};
 }
 
-// The MLP over token tiles: y = x2 + W2·(silu(W1·h2) ⊙ W3·h2), h2 = rmsnorm(x2) made per tile.
+// The MLP over token tiles, in place: y holds x2 and becomes x2 + W2·(silu(W1·h2) ⊙ W3·h2),
+// h2 = rmsnorm(x2) made per tile (each tile's rows are read before they are updated).
 absl::Status MlpForward(const BlockContext& c, const BlockWeights& w, const BlockSaved& s,
                         const Tensor& y) {
   Ops& ops = *c.ops();
@@ -28,11 +29,10 @@ absl::Status MlpForward(const BlockContext& c, const BlockWeights& w, const Bloc
   ASSIGN_OR_RETURN(Buffer h2, Alloc(c, act, {T, c.cfg->hidden_size}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer gate, Alloc(c, act, {T, F}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer up, Alloc(c, act, {T, F}, Tier::kActivations));
-  ops.Copy(s.x2.tensor(), y);
   for (int64_t t0 = 0; t0 < n_tok; t0 += T) {
     const int64_t t1 = std::min(n_tok, t0 + T), n = t1 - t0;
     Tensor g = gate.tensor().Rows(0, n), u = up.tensor().Rows(0, n), h = h2.tensor().Rows(0, n);
-    ops.RmsNorm(s.x2.tensor().Rows(t0, t1), w.mlp_norm, Eps(c), h, s.rstd2.tensor().Rows(t0, t1));
+    ops.RmsNorm(y.Rows(t0, t1), w.mlp_norm, Eps(c), h, s.rstd2.tensor().Rows(t0, t1));
     ops.Gemm(h, false, w.w_gate, true, g, 1.f, 0.f);
     ops.Gemm(h, false, w.w_up, true, u, 1.f, 0.f);
     ops.SwiGLU(g, u, g);  // elementwise: the activation overwrites gate
@@ -89,28 +89,24 @@ BlockWeights BlockViews(const LlamaConfig& cfg, const Tensor& unit_flat) {
   return {v(kAttnNorm), v(kWq), v(kWk), v(kWv), v(kWo), v(kMlpNorm), v(kWGate), v(kWUp), v(kWDown)};
 }
 
-absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
-                            BlockSaved* s) {
-  Ops& ops = *c.ops();
-  const DType act = ops.act_dtype();
+namespace {
+
+// rstd1, O and LSE (re-running the attention forward) where they are missing.
+absl::Status AttentionPart(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                           BlockSaved* s) {
   const LlamaConfig& cfg = *c.cfg;
-  const int64_t n_tok = x.dim(0), d = cfg.hidden_size;
+  const int64_t n_tok = x.dim(0);
   if (s->rstd1.empty()) {
     ASSIGN_OR_RETURN(s->rstd1, Alloc(c, DType::kF32, {n_tok}, Tier::kActivations));
   }
   if (s->o.empty()) {
     const HeadPlan& p = c.attn.plan;
-    ASSIGN_OR_RETURN(s->o, Alloc(c, act, {n_tok, cfg.num_attention_heads * p.D},
+    ASSIGN_OR_RETURN(s->o, Alloc(c, c.ops()->act_dtype(), {n_tok, cfg.num_attention_heads * p.D},
                                  c.saved_attention_tier));
     ASSIGN_OR_RETURN(s->lse, Alloc(c, DType::kF32, {p.stages() * p.u, c.attn.S()},
                                    c.saved_attention_tier));
     RETURN_IF_ERROR(UlyssesAttentionForward(c.attn, w.qkv(), AttentionInput(c, w, x, *s),
                                             s->o.tensor(), s->lse.tensor()));
-  }
-  if (s->x2.empty()) {
-    ASSIGN_OR_RETURN(s->x2, Alloc(c, act, {n_tok, d}, Tier::kActivations));
-    ops.Copy(x, s->x2.tensor());
-    ops.Gemm(s->o.tensor(), false, w.wo, true, s->x2.tensor(), 1.f, 1.f);
   }
   if (s->rstd2.empty()) {
     ASSIGN_OR_RETURN(s->rstd2, Alloc(c, DType::kF32, {n_tok}, Tier::kActivations));
@@ -118,10 +114,39 @@ absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const 
   return absl::OkStatus();
 }
 
+// x2 = x + O·Woᵀ into `out`.
+void Residual(const BlockContext& c, const BlockWeights& w, const Tensor& x, const BlockSaved& s,
+              const Tensor& out) {
+  c.ops()->Copy(x, out);
+  c.ops()->Gemm(s.o.tensor(), false, w.wo, true, out, 1.f, 1.f);
+}
+
+}  // namespace
+
+absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                            BlockSaved* s) {
+  RETURN_IF_ERROR(AttentionPart(c, w, x, s));
+  if (s->x2.empty()) {
+    ASSIGN_OR_RETURN(s->x2, Alloc(c, c.ops()->act_dtype(), x.shape, Tier::kActivations));
+    Residual(c, w, x, *s, s->x2.tensor());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BlockForward(const BlockContext& c, const BlockWeights& w, const Tensor& x,
-                          const Tensor& y, BlockSaved* s) {
+                          const Tensor& y, BlockSaved* s, bool keep_attention_output,
+                          bool keep_mlp_input) {
   *s = BlockSaved();
-  RETURN_IF_ERROR(BlockRecompute(c, w, x, s));
+  RETURN_IF_ERROR(AttentionPart(c, w, x, s));
+  Residual(c, w, x, *s, y);  // y holds x2 until the MLP adds to it in place
+  if (keep_mlp_input) {
+    ASSIGN_OR_RETURN(s->x2, Alloc(c, c.ops()->act_dtype(), x.shape, Tier::kActivations));
+    c.ops()->Copy(y, s->x2.tensor());
+  }
+  if (!keep_attention_output) {
+    s->o.Reset();
+    s->lse.Reset();
+  }
   return MlpForward(c, w, *s, y);
 }
 

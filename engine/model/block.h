@@ -39,9 +39,13 @@ struct BlockContext {
   Allocator* alloc() const { return attn.alloc; }
 };
 
-// y = block(x), x and y [s, d]. Fills every member of `saved`.
+// y = block(x), x and y [s, d]. Fills `saved` with O, LSE and the norms' rstd; without
+// `keep_attention_output` O and LSE are freed as soon as the MLP's input has been made from
+// them (checkpointing recomputes them). The MLP runs in place on y, so its input x2 is kept
+// (a copy) only with `keep_mlp_input` (no checkpointing).
 absl::Status BlockForward(const BlockContext& c, const BlockWeights& w, const Tensor& x,
-                          const Tensor& y, BlockSaved* saved);
+                          const Tensor& y, BlockSaved* saved, bool keep_attention_output,
+                          bool keep_mlp_input);
 
 // Rebuilds the members of `saved` that are empty: o, lse (and rstd1) by re-running the attention
 // forward (full checkpointing; attention-aware keeps them), then x2.

@@ -131,7 +131,9 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
     const Tier y_tier = l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
     BlockSaved bs;
-    RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs));
+    const bool keep_o = backward && (keep_all || (keep_attention && l % k == 0));
+    RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs,
+                                 keep_o, /*keep_mlp_input=*/keep_all));
     if (backward && l % k == 0) {
       SavedInputs in;
       in.x = std::move(x);
@@ -159,19 +161,24 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
   std::vector<SavedInputs> regrown(L);
   auto take = [&](int64_t l) -> absl::StatusOr<SavedInputs> {
     if (!regrown[l].x.empty()) return std::move(regrown[l]);
+    if (l % k == 0) return saved.Take(l);
     const int64_t l0 = l - l % k;
-    ASSIGN_OR_RETURN(regrown[l0], saved.Take(l0));
+    Buffer copy;  // the group's saved input, on the device only while it regrows the next one
+    ASSIGN_OR_RETURN(Tensor xm, saved.PeekInput(l0, &copy));
     for (int64_t m = l0; m < l; ++m) {
       UnitLease lease(&ps, layout_.block_unit(m));
       ASSIGN_OR_RETURN(Tensor params, lease.Get());
       ASSIGN_OR_RETURN(regrown[m + 1].x, Buffer::Make(alloc_, act, {s, d}, Tier::kCheckpoints));
       BlockSaved bs;
-      RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), regrown[m].x.tensor(),
-                                   regrown[m + 1].x.tensor(), &bs));
-      if (keep_attention) {
+      RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), xm, regrown[m + 1].x.tensor(),
+                                   &bs, /*keep_attention_output=*/keep_attention && m > l0,
+                                   /*keep_mlp_input=*/false));
+      if (keep_attention && m > l0) {  // block l0's own O and LSE are saved with its input
         regrown[m].o = std::move(bs.o);
         regrown[m].lse = std::move(bs.lse);
       }
+      xm = regrown[m + 1].x.tensor();
+      copy.Reset();
     }
     return std::move(regrown[l]);
   };

@@ -28,6 +28,15 @@ absl::Status CheckpointStore::Prefetch(int l) {
   return Move(s.host.lse, s.device.lse, Tier::kCheckpoints);
 }
 
+absl::StatusOr<Tensor> CheckpointStore::PeekInput(int l, Buffer* copy) {
+  Slot& s = blocks_[l];
+  if (!s.device.x.empty()) return s.device.x.tensor();
+  const Tensor& host = s.host.x.tensor();
+  ASSIGN_OR_RETURN(*copy, Buffer::Make(alloc_, host.dtype, host.shape, Tier::kCheckpoints));
+  ops_->Copy(host, copy->tensor());
+  return copy->tensor();
+}
+
 absl::StatusOr<SavedInputs> CheckpointStore::Take(int l) {
   RETURN_IF_ERROR(Prefetch(l));
   return std::move(blocks_[l].device);

@@ -27,6 +27,10 @@ class CheckpointStore {
   absl::Status Prefetch(int l);
   // Block l's data on the device; the store forgets it.
   absl::StatusOr<SavedInputs> Take(int l);
+  // Block l's input on the device while the store keeps it: `copy` is a device copy of an
+  // offloaded input (the host copy stays), else `copy` is empty and the resident input is
+  // returned. For regrowing the blocks after it without holding it on the device twice.
+  absl::StatusOr<Tensor> PeekInput(int l, Buffer* copy);
   bool offloaded(int l) const { return offload_ && l < static_cast<int>(blocks_.size()) - keep_last_; }
 
  private:

@@ -81,7 +81,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
       model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
   MemoryPlan p;
   const MemoryTracker& t = alloc.tracker();
-  for (int i = 0; i < kNumTiers; ++i) p.peak[i] = t.peak(static_cast<Tier>(i));
+  for (int i = 0; i < kNumTiers; ++i) {
+    p.peak[i] = t.peak(static_cast<Tier>(i));
+    p.at_peak[i] = t.at_device_peak(static_cast<Tier>(i));
+  }
   p.device_peak = t.device_peak();
   p.workspace = req.device == Device::kCuda ? kCudaWorkspaceBytes : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
@@ -144,9 +147,10 @@ std::string FormatPlan(const MemoryPlan& p) {
   const bool gib = p.device_total() >= (int64_t{1} << 30);
   const double unit = gib ? kGiB : double(1 << 20);
   const char* name = gib ? "GiB" : "MiB";
-  std::string out = absl::StrFormat("%-14s %9s %s\n", "tier", "peak", name);
+  std::string out = absl::StrFormat("%-14s %9s %s %14s\n", "tier", "peak", name, "at the peak");
   for (int i = 0; i < kNumTiers; ++i) {
-    absl::StrAppendFormat(&out, "%-14s %13.3f\n", TierName(static_cast<Tier>(i)), p.peak[i] / unit);
+    absl::StrAppendFormat(&out, "%-14s %13.3f %14.3f\n", TierName(static_cast<Tier>(i)),
+                          p.peak[i] / unit, p.at_peak[i] / unit);
   }
   absl::StrAppendFormat(&out, "%-14s %13.3f  (highest device total during the step)\n",
                         "device peak", p.device_total() / unit);

@@ -2,9 +2,12 @@
 // kernels.h, rmsnorm.h, gemm.h and cudnn_attention.h.
 #include "engine/backend/cuda/cuda_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "engine/backend/cuda/cuda_check.h"
@@ -96,7 +99,72 @@ void HostConvert(const void* src, DType sd, void* dst, DType dd, int64_t n, cons
   }
 }
 
+bool OnHost(const void* p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
+}
+
 }  // namespace
+
+// Brackets one op with events on the compute stream when profiling; free otherwise.
+class CudaOps::Scope {
+ public:
+  Scope(CudaOps* ops, const char* op) : ops_(ops->opts_.profile ? ops : nullptr) {
+    if (!ops_) return;
+    span_ = Span{op, ops_->PoolEvent(), ops_->PoolEvent()};
+    cudaCheck(cudaEventRecord(span_.a, ops_->compute_));
+  }
+  ~Scope() {
+    if (!ops_) return;
+    cudaCheck(cudaEventRecord(span_.b, ops_->compute_));
+    ops_->spans_.push_back(span_);
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  CudaOps* ops_;
+  Span span_{};
+};
+
+cudaEvent_t CudaOps::PoolEvent() {
+  if (free_events_.empty()) {
+    cudaEvent_t e;
+    cudaCheck(cudaEventCreate(&e));
+    return e;
+  }
+  cudaEvent_t e = free_events_.back();
+  free_events_.pop_back();
+  return e;
+}
+
+std::vector<CudaOps::ProfileRow> CudaOps::TakeProfile() {
+  cudaCheck(cudaStreamSynchronize(compute_));
+  std::map<std::string, ProfileRow> rows;
+  for (const Span& sp : spans_) {
+    float ms = 0;
+    cudaCheck(cudaEventElapsedTime(&ms, sp.a, sp.b));
+    ProfileRow& r = rows[sp.op];
+    r.op = sp.op;
+    r.ms += ms;
+    r.calls += 1;
+    free_events_.push_back(sp.a);
+    free_events_.push_back(sp.b);
+  }
+  spans_.clear();
+  std::vector<ProfileRow> out;
+  for (auto& [name, r] : rows) out.push_back(r);
+  std::sort(out.begin(), out.end(), [](const ProfileRow& x, const ProfileRow& y) {
+    return x.ms > y.ms;
+  });
+  return out;
+}
+
+int64_t CudaOps::attention_workspace_bytes() const { return cudnn_->workspace_bytes(); }
 
 CudaOps::CudaOps(const Options& opts) : opts_(opts) {
   ITHACA_CHECK(opts_.alloc != nullptr, "CudaOps needs an allocator");
@@ -120,6 +188,11 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
 
 CudaOps::~CudaOps() {
   if (compute_) cudaStreamSynchronize(compute_);
+  for (const Span& sp : spans_) {
+    cudaEventDestroy(sp.a);
+    cudaEventDestroy(sp.b);
+  }
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   cudnn_.reset();
   gemm_.reset();
   gemm_workspace_.Reset();
@@ -158,11 +231,19 @@ void CudaOps::Synchronize() const { cudaCheck(cudaStreamSynchronize(compute_)); 
 // ---- Memory movement and elementwise.
 
 void CudaOps::Fill(const Tensor& x, float value) {
+  Scope scope(this, "fill");
   CheckData(x, "Fill", "x");
   cuda::Fill(x.data, Et(x.dtype), x.numel(), value, compute_);
 }
 
 void CudaOps::Copy(const Tensor& src, const Tensor& dst) {
+  // Offload traffic (one side pinned host) is told apart from device copies and conversions.
+  const char* kind = !opts_.profile                         ? "copy"
+                     : OnHost(src.data)                     ? "copy_h2d"
+                     : OnHost(dst.data)                     ? "copy_d2h"
+                     : src.dtype == dst.dtype               ? "copy_d2d"
+                                                            : "convert";
+  Scope scope(this, kind);
   CheckData(src, "Copy", "src");
   CheckData(dst, "Copy", "dst");
   CheckNumel(dst, src.numel(), "Copy", "dst");
@@ -175,6 +256,7 @@ void CudaOps::Copy(const Tensor& src, const Tensor& dst) {
 
 void CudaOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
                      int64_t rows, int64_t cols) {
+  Scope scope(this, "copy2d");
   CheckData(src, "Copy2D", "src");
   CheckData(dst, "Copy2D", "dst");
   ITHACA_CHECK(src.dtype == dst.dtype, "CudaOps::Copy2D: dtypes differ");
@@ -188,6 +270,7 @@ void CudaOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, i
 }
 
 void CudaOps::Upload(const void* host, DType host_dtype, const Tensor& dst) {
+  Scope scope(this, "upload");
   CheckData(dst, "Upload", "dst");
   const int64_t n = dst.numel();
   if (n == 0) return;
@@ -206,6 +289,7 @@ void CudaOps::Upload(const void* host, DType host_dtype, const Tensor& dst) {
 }
 
 void CudaOps::Download(const Tensor& src, void* host, DType host_dtype) {
+  Scope scope(this, "download");
   CheckData(src, "Download", "src");
   const int64_t n = src.numel();
   if (n == 0) return;
@@ -223,6 +307,7 @@ void CudaOps::Download(const Tensor& src, void* host, DType host_dtype) {
 }
 
 void CudaOps::Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  Scope scope(this, "axpy");
   CheckDType(y, DType::kF32, "Axpy", "y");
   CheckFloat(x, "Axpy", "x");
   CheckNumel(x, y.numel(), "Axpy", "x");
@@ -230,6 +315,7 @@ void CudaOps::Axpy(float alpha, const Tensor& x, const Tensor& y) {
 }
 
 double CudaOps::Reduce(const Tensor& x, bool squares, const char* op) {
+  Scope scope(this, "reduce");
   CheckData(x, op, "x");
   if (x.numel() == 0) return 0.0;
   double* partials = static_cast<double*>(partials_.tensor().data);
@@ -250,6 +336,7 @@ double CudaOps::Sum(const Tensor& x) { return Reduce(x, false, "Sum"); }
 
 void CudaOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                    float alpha, float beta) {
+  Scope scope(this, "gemm");
   CheckDType(a, DType::kBF16, "Gemm", "a");
   CheckDType(b, DType::kBF16, "Gemm", "b");
   CheckFloat(c, "Gemm", "c");
@@ -267,6 +354,7 @@ void CudaOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
 // ---- Layers.
 
 void CudaOps::Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  Scope scope(this, "embedding");
   CheckDType(ids, DType::kI32, "Embedding", "ids");
   CheckDType(table, DType::kBF16, "Embedding", "table");
   CheckDType(out, DType::kBF16, "Embedding", "out");
@@ -277,6 +365,7 @@ void CudaOps::Embedding(const Tensor& ids, const Tensor& table, const Tensor& ou
 }
 
 void CudaOps::EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  Scope scope(this, "embedding_bwd");
   CheckDType(ids, DType::kI32, "EmbeddingBackward", "ids");
   CheckDType(dout, DType::kBF16, "EmbeddingBackward", "dout");
   CheckFloat(dtable, "EmbeddingBackward", "dtable");
@@ -289,6 +378,7 @@ void CudaOps::EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Ten
 
 void CudaOps::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out,
                       const Tensor& rstd) {
+  Scope scope(this, "rmsnorm");
   CheckDType(x, DType::kBF16, "RmsNorm", "x");
   CheckDType(w, DType::kBF16, "RmsNorm", "w");
   CheckDType(out, DType::kBF16, "RmsNorm", "out");
@@ -302,6 +392,7 @@ void CudaOps::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor&
 
 void CudaOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                               const Tensor& dout, const Tensor& dx, const Tensor& dw) {
+  Scope scope(this, "rmsnorm_bwd");
   const char* op = "RmsNormBackward";
   CheckDType(x, DType::kBF16, op, "x");
   CheckDType(w, DType::kBF16, op, "w");
@@ -320,6 +411,7 @@ void CudaOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rs
 }
 
 void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) {
+  Scope scope(this, "rope");
   CheckDType(x, DType::kBF16, "Rope", "x");
   CheckDType(inv_freq, DType::kF32, "Rope", "inv_freq");
   ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CudaOps::Rope: x is ", x.DebugString(),
@@ -332,8 +424,10 @@ void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool i
 bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                        const void* k, const void* v, const void* o, const void* dout,
                        const void* lse, void* dq, void* dk, void* dv) {
+  ITHACA_CHECK(opts_.probe_window == 0 || opts_.attention != AttentionImpl::kOwn,
+               "CudaOps: the memory probe's attention window needs cuDNN");
   if (opts_.attention == AttentionImpl::kOwn) return false;
-  const cuda::AttentionShape sh{s, hq, hkv, d};
+  const cuda::AttentionShape sh{s, hq, hkv, d, opts_.probe_window};
   absl::Status st =
       backward ? cudnn_->Backward(sh, q, k, v, o, dout, static_cast<const float*>(lse), dq, dk, dv)
                : cudnn_->Forward(sh, q, k, v, const_cast<void*>(o),
@@ -342,6 +436,8 @@ bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
     last_attention_ = "cudnn";
     return true;
   }
+  ITHACA_CHECK(opts_.probe_window == 0, "CudaOps: cuDNN has no windowed attention for the memory "
+               "probe: ", st.ToString());
   ITHACA_CHECK(opts_.attention != AttentionImpl::kCudnn && cuda::FlashAttentionSupports(d),
                "CudaOps: cuDNN attention failed and no fallback: ", st.ToString());
   if (!cudnn_warned_) {
@@ -354,6 +450,7 @@ bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
 
 void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse) {
+  Scope scope(this, "attention_fwd");
   CheckAttention(q, k, v, lse, "Attention");
   CheckDType(out, DType::kBF16, "Attention", "out");
   CheckShape(out, q.shape, "Attention", "out");
@@ -372,6 +469,7 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
 void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& out, const Tensor& dout, const Tensor& lse,
                                 const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  Scope scope(this, "attention_bwd");
   const char* op = "AttentionBackward";
   CheckAttention(q, k, v, lse, op);
   for (const Tensor* t : {&out, &dout, &dq}) {
@@ -398,6 +496,7 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
 }
 
 void CudaOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  Scope scope(this, "swiglu");
   CheckDType(gate, DType::kBF16, "SwiGLU", "gate");
   CheckDType(up, DType::kBF16, "SwiGLU", "up");
   CheckDType(out, DType::kBF16, "SwiGLU", "out");
@@ -408,6 +507,7 @@ void CudaOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {
 
 void CudaOps::SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& dout,
                              const Tensor& dgate, const Tensor& dup) {
+  Scope scope(this, "swiglu_bwd");
   const char* op = "SwiGLUBackward";
   for (const Tensor* t : {&gate, &up, &dout, &dgate, &dup}) {
     CheckDType(*t, DType::kBF16, op, "operand");
@@ -419,6 +519,7 @@ void CudaOps::SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor&
 
 void CudaOps::CrossEntropy(const Tensor& logits, const Tensor& labels, const Tensor& losses,
                            const Tensor& dlogits, float grad_scale) {
+  Scope scope(this, "cross_entropy");
   const char* op = "CrossEntropy";
   CheckFloat(logits, op, "logits");
   CheckDType(labels, DType::kI32, op, "labels");
@@ -436,6 +537,7 @@ void CudaOps::CrossEntropy(const Tensor& logits, const Tensor& labels, const Ten
 
 void CudaOps::AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const Tensor& working, const AdamWParams& p) {
+  Scope scope(this, "adamw");
   const char* op = "AdamW";
   CheckDType(master, DType::kF32, op, "master");
   CheckDType(m, DType::kF32, op, "m");

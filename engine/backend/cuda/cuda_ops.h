@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <vector>
 
 #include "engine/backend/ops.h"
 #include "engine/memory/allocator.h"
@@ -30,6 +31,13 @@ class CudaOps : public Ops {
     Allocator* alloc = nullptr;
     AttentionImpl attention = AttentionImpl::kAuto;
     size_t gemm_workspace_bytes = size_t{32} << 20;
+    // > 0: the memory probe (BENCHMARKS.md "How to measure"). Attention forward and backward
+    // let each query see only its `probe_window` latest keys (cuDNN's causal band), so a step at
+    // millions of tokens costs linear time; every buffer, copy and collective keeps its real
+    // size, but the step's results are not the model's. Never quote throughput from it.
+    int64_t probe_window = 0;
+    // Times every op with CUDA events on the compute stream (TakeProfile).
+    bool profile = false;
   };
   explicit CudaOps(const Options& opts);
   ~CudaOps() override;
@@ -85,8 +93,28 @@ class CudaOps : public Ops {
 
   // Which attention implementation ran last ("cudnn" or "own"), for tests and logs.
   const char* last_attention_impl() const { return last_attention_; }
+  // Bytes of cuDNN's attention workspace now held (workspace tier), and cuBLASLt's.
+  int64_t attention_workspace_bytes() const;
+  int64_t gemm_workspace_bytes() const { return static_cast<int64_t>(opts_.gemm_workspace_bytes); }
+
+  // Device time per op kind since the last call, while Options::profile is set: events around
+  // every op on the compute stream, so the rows sum to the stream's busy time and a step's time
+  // minus that sum is where the GPU waited for the host. Synchronizes. Sorted by time.
+  struct ProfileRow {
+    const char* op;
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  std::vector<ProfileRow> TakeProfile();
+  void set_profile(bool on) { opts_.profile = on; }
 
  private:
+  class Scope;  // records one op's span while profiling
+  struct Span {
+    const char* op;
+    cudaEvent_t a, b;
+  };
+  cudaEvent_t PoolEvent();
   double Reduce(const Tensor& x, bool squares, const char* op);
   bool UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
@@ -101,6 +129,8 @@ class CudaOps : public Ops {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   const char* last_attention_ = "none";
   bool cudnn_warned_ = false;
+  std::vector<Span> spans_;
+  std::vector<cudaEvent_t> free_events_;
 };
 
 }  // namespace ithaca

@@ -41,12 +41,13 @@ std::vector<double> Losses(Trainer& t) {
   return losses;
 }
 
-TEST(CudaTrainTest, TinyModelTracksCpuLossCurve) {
-  SKIP_WITHOUT_GPU();
-  const JobSpec spec = TinySpec();
+// Trains the tiny model with `gpu_spec` on the GPU and checks its loss curve against the CPU
+// backend's (f32, plain: full checkpointing, all heads in one stage, no offload).
+void ExpectGpuTracksCpu(const JobSpec& gpu_spec) {
+  JobSpec cpu_spec = TinySpec();
   CpuOps cpu;
   HostAllocator host_alloc;
-  auto tc = Trainer::Create(spec, &cpu, &host_alloc);
+  auto tc = Trainer::Create(cpu_spec, &cpu, &host_alloc);
   ASSERT_TRUE(tc.ok()) << tc.status();
   const std::vector<double> want = Losses(**tc);
 
@@ -54,7 +55,7 @@ TEST(CudaTrainTest, TinyModelTracksCpuLossCurve) {
   CudaOps::Options o;
   o.alloc = &alloc;
   CudaOps ops(o);
-  auto tg = Trainer::Create(spec, &ops, &alloc);
+  auto tg = Trainer::Create(gpu_spec, &ops, &alloc);
   ASSERT_TRUE(tg.ok()) << tg.status();
   const int64_t mallocs_before = alloc.stats().device_mallocs;
   const std::vector<double> got = Losses(**tg);
@@ -72,6 +73,23 @@ TEST(CudaTrainTest, TinyModelTracksCpuLossCurve) {
       static_cast<long long>(alloc.stats().device_mallocs - mallocs_before));
   EXPECT_LT(worst, 0.03) << "the bf16 GPU run must track the f32 CPU run within a few percent";
   EXPECT_LT(got.back(), got.front() - 1.0) << "and learn";
+}
+
+TEST(CudaTrainTest, TinyModelTracksCpuLossCurve) {
+  SKIP_WITHOUT_GPU();
+  ExpectGpuTracksCpu(TinySpec());
+}
+
+// The long-context settings together on the GPU: UPipe stages of one query head (4 stages over
+// 2 K/V rounds), attention-aware checkpointing (O and LSE kept, attention never re-run) and the
+// saved block data offloaded to pinned host memory between forward and backward.
+TEST(CudaTrainTest, UPipeAttentionAwareOffloadTracksCpuLossCurve) {
+  SKIP_WITHOUT_GPU();
+  JobSpec spec = TinySpec();
+  spec.memory.checkpoint = CheckpointPolicy::kAttentionAware;
+  spec.memory.head_chunk = 1;
+  spec.memory.offload = true;
+  ExpectGpuTracksCpu(spec);
 }
 
 }  // namespace

@@ -20,6 +20,9 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_split.h"
 
 // The handle the frontend's shim resolves every cuDNN symbol through.
 namespace cudnn_frontend {
@@ -51,7 +54,25 @@ absl::Status LoadCudnn() {
 // Tensor uids in the variant packs.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+
+// Which heuristic modes offer plans: ITHACA_CUDNN_HEUR is a comma list of A, B, FALLBACK
+// (default "A"). Every offered plan is timed on the first call, so more modes can only find a
+// faster plan, at a one-off cost; the variable exists to measure whether they do.
+std::vector<fe::HeurMode_t> HeurModes() {
+  const char* env = std::getenv("ITHACA_CUDNN_HEUR");
+  const std::string spec = env ? env : "A";
+  std::vector<fe::HeurMode_t> modes;
+  for (absl::string_view m : absl::StrSplit(spec, ',')) {
+    if (m == "A") modes.push_back(fe::HeurMode_t::A);
+    if (m == "B") modes.push_back(fe::HeurMode_t::B);
+    if (m == "FALLBACK") modes.push_back(fe::HeurMode_t::FALLBACK);
+  }
+  if (modes.empty()) modes.push_back(fe::HeurMode_t::A);
+  return modes;
+}
+
+bool Verbose() { return std::getenv("ITHACA_CUDNN_VERBOSE") != nullptr; }
 
 // [S, H, D] seen as cuDNN's [B=1, H, S, D]: the token stride is H·D, the head stride D.
 std::shared_ptr<fe::graph::Tensor_attributes> Bshd(fe::graph::Graph& g, const char* name,
@@ -102,11 +123,19 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
   ASSIGN_OR_RETURN(void* ws, Workspace(e->workspace));
   if (e->plan < 0) {
     e->plan = 0;
-    if (e->plans > 1) {
+    float best = 0;
+    // ITHACA_CUDNN_PLAN="F,B" forces plan F forward and B backward (indices from an earlier
+    // verbose run), which skips the timing: at 512K tokens timing every plan costs a minute.
+    const char* forced = std::getenv("ITHACA_CUDNN_PLAN");
+    if (forced) {
+      std::vector<std::string> f = absl::StrSplit(forced, ',');
+      const size_t i = std::string(what) == "forward" ? 0 : 1;
+      if (i < f.size() && !f[i].empty()) e->plan = std::min<int64_t>(std::stoll(f[i]), e->plans - 1);
+    }
+    if (e->plans > 1 && !forced) {
       cudaEvent_t a, b;
       cudaEventCreate(&a);
       cudaEventCreate(&b);
-      float best = 0;
       for (int64_t i = 0; i < e->plans; ++i) {
         if (e->graph->execute_plan_at_index(handle, pack, ws, i).is_bad()) continue;  // warm-up
         cudaEventRecord(a, stream);
@@ -119,13 +148,26 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
           best = ms;
           e->plan = i;
         }
+        if (Verbose()) {
+          std::string name;
+          (void)e->graph->get_plan_name_at_index(i, name);
+          std::fprintf(stderr, "  cuDNN SDPA %s plan %lld %s: %.3f ms\n", what,
+                       static_cast<long long>(i), name.c_str(), ms);
+        }
       }
       cudaEventDestroy(a);
       cudaEventDestroy(b);
-      if (std::getenv("ITHACA_CUDNN_VERBOSE")) {
-        std::fprintf(stderr, "cuDNN SDPA %s: %lld plans, chose %lld (%.3f ms)\n", what,
-                     static_cast<long long>(e->plans), static_cast<long long>(e->plan), best);
-      }
+    }
+    if (Verbose()) {
+      std::string name;
+      (void)e->graph->get_plan_name_at_index(e->plan, name);
+      int64_t plan_ws = 0;
+      (void)e->graph->get_workspace_size_plan_at_index(e->plan, plan_ws);
+      std::fprintf(stderr,
+                   "cuDNN %lld SDPA %s: %lld plans, chose %lld (%s, workspace %lld B, %.3f ms)\n",
+                   static_cast<long long>(fe::detail::get_backend_version()), what,
+                   static_cast<long long>(e->plans), static_cast<long long>(e->plan),
+                   name.c_str(), static_cast<long long>(plan_ws), best);
     }
   }
   fe::error_t err = e->graph->execute_plan_at_index(handle, pack, ws, e->plan);
@@ -149,6 +191,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
                     .set_generate_stats(true)
                     .set_causal_mask(true)
                     .set_attn_scale(scale);
+    if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
     auto [o, stats] = g->sdpa(q, k, v, opts);
     SetBshd(o, kO, s, hq, d);
     // cuDNN's stats are [B, H, S, 1]; the engine's LSE is [H, S].
@@ -170,6 +213,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
                     .set_name("sdpa_bwd")
                     .set_causal_mask(true)
                     .set_attn_scale(scale);
+    if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
     SetBshd(dq, kDQ, s, hq, d);
     SetBshd(dk, kDK, s, hkv, d);
@@ -179,7 +223,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
   if (err.is_bad()) return FeError("validate", err);
   err = g->build_operation_graph(handle);
   if (err.is_bad()) return FeError("build_operation_graph", err);
-  err = g->create_execution_plans({fe::HeurMode_t::A});
+  err = g->create_execution_plans(HeurModes());
   if (err.is_bad()) return FeError("create_execution_plans", err);
   err = g->check_support(handle);
   if (err.is_bad()) return FeError("check_support", err);
@@ -199,7 +243,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
 
 absl::StatusOr<CudnnAttention::Impl::Entry*> CudnnAttention::Impl::Get(const AttentionShape& sh,
                                                                        bool backward) {
-  const Key key{sh.s, sh.hq, sh.hkv, sh.d, backward};
+  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward};
   auto it = graphs.find(key);
   if (it == graphs.end()) {
     it = graphs.emplace(key, Entry{}).first;
@@ -228,6 +272,10 @@ CudnnAttention::CudnnAttention(cudaStream_t stream, Allocator* alloc) : impl_(ne
 CudnnAttention::~CudnnAttention() {
   impl_->graphs.clear();
   if (impl_->handle) (void)fe::detail::destroy_handle(impl_->handle);
+}
+
+int64_t CudnnAttention::workspace_bytes() const {
+  return impl_->workspace.empty() ? 0 : static_cast<int64_t>(impl_->workspace.tensor().bytes());
 }
 
 int64_t CudnnAttention::RuntimeVersion() {

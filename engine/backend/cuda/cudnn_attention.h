@@ -20,6 +20,10 @@ namespace cuda {
 
 struct AttentionShape {
   int64_t s = 0, hq = 0, hkv = 0, d = 0;
+  // > 0: each query sees only the `window` latest keys (itself included), a causal band. The
+  // memory probe (BENCHMARKS.md) uses it to run million-token steps at linear cost; outputs
+  // are then not the model's attention. 0: full causal attention.
+  int64_t window = 0;
 };
 
 class CudnnAttention {
@@ -42,6 +46,8 @@ class CudnnAttention {
 
   // cuDNN's version at run time (e.g. 91400), for logs.
   static int64_t RuntimeVersion();
+  // Bytes of the workspace buffer now held (the largest any built plan asked for).
+  int64_t workspace_bytes() const;
 
  private:
   struct Impl;
