@@ -12,12 +12,19 @@ bazel build //server:ithacad //worker:ithaca-worker //client:ithaca //engine/tra
 BIN="$PWD/bazel-bin"
 "$BIN/engine/train/ithaca-tokenize" --input engine/train/testdata/tiny_corpus.txt \
   --output "$RUN/corpus.tok"
-sed "s|@RUN@|$RUN|g" tools/demo_job.toml > "$RUN/job.toml"
+# CUDA on one GPU where there is one; otherwise two CPU ranks (FSDP + Ulysses over Gloo).
+if nvidia-smi -L >/dev/null 2>&1; then
+  BACKEND=cuda WORLD=1 SP=1 GPUS=1
+else
+  BACKEND=cpu WORLD=2 SP=2 GPUS=0
+fi
+sed -e "s|@RUN@|$RUN|g" -e "s|@BACKEND@|$BACKEND|" -e "s|@WORLD@|$WORLD|" -e "s|@SP@|$SP|" \
+  tools/demo_job.toml > "$RUN/job.toml"
 echo "job spec: $RUN/job.toml"
 
 # The daemon picks free ports and writes them to $ITHACA_HOME/ithacad.addr.
 rm -f "$ITHACA_HOME/ithacad.addr"
-"$BIN/server/ithacad" --state-dir "$ITHACA_HOME" --listen 127.0.0.1:0 \
+"$BIN/server/ithacad" --state-dir "$ITHACA_HOME" --gpus "$GPUS" --listen 127.0.0.1:0 \
   --metrics-listen 127.0.0.1:0 --worker-binary "$BIN/worker/ithaca-worker" \
   > "$ITHACA_HOME/ithacad.log" 2>&1 &
 DAEMON=$!
