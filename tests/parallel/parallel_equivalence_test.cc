@@ -6,6 +6,7 @@
 // single-rank reference to fp32 tolerance.
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -57,7 +58,8 @@ class ParallelEquivalenceTest : public ::testing::Test {
   static std::string ConfigPath(int hkv) { return absl::StrCat(*dir_, "/config_kv", hkv, ".json"); }
 
   // Runs parallel_rank as `world` processes (one process and no rendezvous for world 0).
-  static std::string RunRanks(const std::string& name, int world, std::vector<std::string> args) {
+  static std::string RunRanks(const std::string& name, int world, std::vector<std::string> args,
+                              std::vector<testing::RankOutcome>* outcomes_out = nullptr) {
     const std::string out = absl::StrCat(*dir_, "/", name, ".safetensors");
     args.insert(args.begin(), {"tests/parallel/parallel_rank", "--out", out});
     testing::TempDir rendezvous;
@@ -77,6 +79,10 @@ class ParallelEquivalenceTest : public ::testing::Test {
           return absl::InternalError(absl::StrCat("exec ", argv[0], " failed"));
         },
         {/*wall_limit_s=*/120, {}});
+    if (outcomes_out) {
+      *outcomes_out = outcomes;
+      return out;
+    }
     const std::string failures = testing::Failures(outcomes);
     EXPECT_EQ(failures, "") << name;
     return out;
@@ -166,6 +172,24 @@ TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsFewerThanSpReplicated) {
 TEST_F(ParallelEquivalenceTest, EightRanksUlyssesEightOneHeadPerRank) {
   Check({"w8_sp8_fsdp_aware_onehead_offload_tiled", 2, 8, 8, true, "attention-aware", 8, true,
          4});
+}
+
+TEST_F(ParallelEquivalenceTest, ARankThatDiesMidStepFailsEveryRankWithoutAHang) {
+  std::vector<testing::RankOutcome> outcomes;
+  const auto start = std::chrono::steady_clock::now();
+  RunRanks("w4_rank2_dies", 4,
+           {"--config", ConfigPath(2), "--data", *dir_ + "/corpus.tok", "--world", "4", "--sp", "2",
+            "--fsdp", "1", "--die-rank", "2"},
+           &outcomes);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(outcomes.size(), 4u);
+  for (const auto& o : outcomes) {
+    EXPECT_FALSE(o.killed_by_harness) << o.ToString();  // ended by itself: no hang
+    EXPECT_NE(o.exit_code, 0) << o.ToString();         // every rank reports the failure
+  }
+  EXPECT_EQ(outcomes[2].exit_code, 9);
+  EXPECT_LT(seconds, 60);
 }
 
 TEST_F(ParallelEquivalenceTest, EightRanksTwoUlyssesGroupsOfFour) {

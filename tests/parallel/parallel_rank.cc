@@ -9,6 +9,8 @@
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
 //                 --checkpoint none|full|attention-aware --head-chunk U --offload --tile T
 //                 --seq S --grad-accum A --steps N]
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@ namespace {
 
 absl::Status Run(int argc, char** argv) {
   std::string out;
+  int die_rank = -1;  // this rank exits abruptly in the middle of the second training step
   JobSpec spec;
   spec.training.steps = 3;
   spec.training.warmup_steps = 1;
@@ -44,6 +47,7 @@ absl::Status Run(int argc, char** argv) {
     else if (a == "--head-chunk") spec.memory.head_chunk = std::stoll(next());
     else if (a == "--offload") spec.memory.offload = true;
     else if (a == "--no-prefetch") spec.memory.prefetch = false;
+    else if (a == "--die-rank") die_rank = std::stoi(next());
     else if (a == "--checkpoint-interval") spec.memory.checkpoint_interval = std::stoll(next());
     else if (a == "--tile") spec.memory.tile_tokens = std::stoll(next());
     else if (a == "--seq") spec.data.seq_len = std::stoll(next());
@@ -97,7 +101,11 @@ absl::Status Run(int argc, char** argv) {
   ps.ZeroGrads();
 
   std::vector<float> step_losses;
-  RETURN_IF_ERROR(trainer->Run([&](const StepReport& r) { step_losses.push_back(r.loss); }));
+  RETURN_IF_ERROR(trainer->Run([&](const StepReport& r) {
+    step_losses.push_back(r.loss);
+    // After step 1 the others go on into step 2's collectives and find this rank gone.
+    if (r.step == 1 && rank == die_rank) _exit(9);
+  }));
   // The master weights after training, gathered (Save is collective).
   ASSIGN_OR_RETURN(HostWeights master, trainer->GatherMasterWeights());
   if (rank != 0) return absl::OkStatus();
