@@ -1,6 +1,9 @@
 #include "worker/backend.h"
 
 #include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
@@ -34,12 +37,27 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu) {
   const size_t budget = spec.memory.gpu_budget_gib > 0
                             ? static_cast<size_t>(spec.memory.gpu_budget_gib * (1 << 30))
                             : 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    b.device_bytes = static_cast<int64_t>(total_bytes);
+  }
   auto alloc = std::make_unique<CudaAllocator>(budget);
   CudaOps::Options opts;
   opts.alloc = alloc.get();
   b.ops = std::make_unique<CudaOps>(opts);
   b.alloc = std::move(alloc);
   return b;
+}
+
+void FillMemoryBudgets(const Backend& backend, int ranks_on_host, JobSpec* spec) {
+  constexpr double kGiB = double(int64_t{1} << 30);
+  if (spec->memory.gpu_budget_gib == 0 && backend.device_bytes > 0) {
+    spec->memory.gpu_budget_gib = backend.device_bytes / kGiB - 2.0;
+  }
+  if (spec->memory.host_budget_gib == 0) {
+    const double host = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    spec->memory.host_budget_gib = 0.85 * host / kGiB / std::max(1, ranks_on_host);
+  }
 }
 
 }  // namespace ithaca

@@ -13,11 +13,17 @@ struct Backend {
   // Declared first so it is destroyed last: the ops free their workspaces into it.
   std::unique_ptr<Allocator> alloc;
   std::unique_ptr<Ops> ops;
+  int64_t device_bytes = 0;  // the GPU's memory (0 on the CPU)
   Device device() const { return ops->device(); }
 };
 
 // `gpu` is the CUDA device of this rank (ignored on the CPU). FAILED_PRECONDITION naming
 // `backend` when the machine cannot run it.
 absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu);
+
+// Budgets the spec leaves at 0 ("the machine's"): the GPU's memory less room for the CUDA
+// context and library handles, and this rank's share of the host's memory. The planner resolves
+// "auto" settings against them.
+void FillMemoryBudgets(const Backend& backend, int ranks_on_host, JobSpec* spec);
 
 }  // namespace ithaca

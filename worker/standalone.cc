@@ -26,6 +26,7 @@ absl::Status RunStandalone(const std::string& spec_path) {
         info.world, " were started (use --nproc ", spec.parallel.world, ")"));
   }
   ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
+  FillMemoryBudgets(backend, info.world, &spec);
   std::unique_ptr<Comm> comm;
   if (info.world > 1) {
     ASSIGN_OR_RETURN(comm, ConnectComm(info, backend.device(), /*timeout_s=*/120));

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "engine/plan/meta.h"
-#include "engine/train/trainer.h"
 
 namespace ithaca {
 namespace {
@@ -24,8 +23,9 @@ std::vector<int64_t> HeadChunkCandidates(const LlamaConfig& cfg, int64_t sp) {
 
 std::vector<int64_t> TileCandidates(int64_t s) {
   std::vector<int64_t> out;
-  for (int64_t t : {int64_t{16384}, int64_t{8192}, int64_t{4096}, int64_t{2048}, int64_t{1024},
-                    int64_t{512}, int64_t{256}}) {
+  // Below ~2K tokens a tile saves little (its [T, F] buffers are already small next to the
+  // [s, d] ones) and costs GEMM efficiency.
+  for (int64_t t : {int64_t{16384}, int64_t{8192}, int64_t{4096}, int64_t{2048}}) {
     if (t < s) out.push_back(t);
   }
   out.insert(out.begin(), std::min<int64_t>(s, 16384));
@@ -91,6 +91,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
   p.tile_tokens = req.opts.tile_tokens;
   p.offload = req.opts.offload;
+  p.prefetch = req.opts.prefetch;
+  p.checkpoint_interval = req.opts.checkpoint_interval;
   return p;
 }
 
@@ -118,24 +120,45 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   const std::vector<int64_t> tiles = spec.memory.tile_tokens > 0
                                          ? std::vector<int64_t>{spec.memory.tile_tokens}
                                          : TileCandidates(s);
-  // Offload is an explicit choice in the spec; with auto chunking the planner may turn it on
-  // when nothing fits without it.
-  std::vector<bool> offloads = {spec.memory.offload};
-  if (!spec.memory.offload && spec.memory.head_chunk == 0) offloads.push_back(true);
+  // How saved block data is kept, cheapest in time first: the spec's own choice, then (only
+  // when head_chunk is "auto", i.e. the planner may choose) offload with prefetch, offload
+  // without it, and saving only every 2nd, 4th or 8th block's input.
+  struct Keep {
+    bool offload, prefetch;
+    int64_t interval;
+  };
+  const JobSpec::Memory& m = spec.memory;
+  std::vector<Keep> keeps = {{m.offload, m.prefetch, m.checkpoint_interval}};
+  if (m.head_chunk == 0 && spec.memory.checkpoint != CheckpointPolicy::kNone) {
+    for (Keep k : {Keep{true, true, 1}, Keep{true, false, 1}, Keep{true, false, 2},
+                   Keep{true, false, 4}, Keep{true, false, 8}}) {
+      if (k.interval >= m.checkpoint_interval && (k.offload || !m.offload)) keeps.push_back(k);
+    }
+  }
 
   absl::StatusOr<MemoryPlan> smallest = absl::InvalidArgumentError("no configuration planned");
-  for (bool offload : offloads) {
+  auto plan = [&](const Keep& keep, int64_t chunk, int64_t tile) -> absl::StatusOr<MemoryPlan> {
+    req.opts.head_chunk = chunk;
+    req.opts.tile_tokens = tile;
+    req.opts.offload = keep.offload;
+    req.opts.prefetch = keep.prefetch;
+    req.opts.checkpoint_interval = keep.interval;
+    ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
+    p.gpu_budget = gpu_budget;
+    p.host_budget = host_budget;
+    Judge(&p);
+    if (!smallest.ok() || p.device_total() < smallest->device_total()) smallest = p;
+    return p;
+  };
+  for (const Keep& keep : keeps) {
+    // Smaller stages and tiles never need more memory: when the most frugal settings do not
+    // fit, no others with this way of keeping block data do.
+    ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
+    if (!frugal.fits) continue;
     for (int64_t chunk : chunks) {
       for (int64_t tile : tiles) {
-        req.opts.head_chunk = chunk;
-        req.opts.tile_tokens = tile;
-        req.opts.offload = offload;
-        ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
-        p.gpu_budget = gpu_budget;
-        p.host_budget = host_budget;
-        Judge(&p);
+        ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunk, tile));
         if (p.fits) return p;
-        if (!smallest.ok() || p.device_total() < smallest->device_total()) smallest = p;
       }
     }
   }
@@ -154,8 +177,11 @@ std::string FormatPlan(const MemoryPlan& p) {
   }
   absl::StrAppendFormat(&out, "%-14s %13.3f  (highest device total during the step)\n",
                         "device peak", p.device_total() / unit);
-  absl::StrAppendFormat(&out, "settings: head_chunk %d, tile_tokens %d, offload %s\n",
-                        p.head_chunk, p.tile_tokens, p.offload ? "on" : "off");
+  absl::StrAppendFormat(&out,
+                        "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
+                        "checkpoint_interval %d\n",
+                        p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
+                        p.prefetch ? "on" : "off", p.checkpoint_interval);
   if (p.gpu_budget > 0) absl::StrAppendFormat(&out, "GPU budget %.2f GiB", p.gpu_budget / kGiB);
   if (p.host_budget > 0) {
     absl::StrAppendFormat(&out, "%shost budget %.2f GiB", p.gpu_budget > 0 ? ", " : "",

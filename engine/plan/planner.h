@@ -31,7 +31,8 @@ struct MemoryPlan {
   int64_t workspace = 0;                  // library workspaces not allocated through the engine
   // The options the plan was made for (auto settings resolved).
   int64_t head_chunk = 0, tile_tokens = 0;
-  bool offload = false;
+  bool offload = false, prefetch = true;
+  int64_t checkpoint_interval = 1;
   int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much
@@ -42,8 +43,9 @@ struct MemoryPlan {
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 
 // A job's plan for one rank: resolves the model, the backend's dtype and every "auto" setting
-// (head_chunk, tile_tokens; offload when the spec allows it) against the budgets, preferring no
-// offload, then the largest head stage, then the largest tile. Budgets of 0 take the spec's
+// against the budgets. head_chunk "auto" also lets the planner turn on offload, then turn off
+// prefetch, then save only every 2nd/4th/8th block input; it prefers, in this order, keeping
+// block data cheaply, the largest head stage, the largest tile. Budgets of 0 take the spec's
 // memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);

@@ -183,3 +183,37 @@ TEST(PlannerTest, Llama1BAt3MTokensFitsOneH200AndGrowsUnder20KBPerToken) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// "auto" resolves to the fastest settings that fit: everything at full width when memory is
+// plentiful, head stages / offload / sparser checkpoints as the budget tightens.
+TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";
+  spec.data.seq_len = 1 << 20;
+  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  auto roomy = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_TRUE(roomy->fits);
+  EXPECT_EQ(roomy->head_chunk, 32);
+  EXPECT_FALSE(roomy->offload);
+  int64_t previous = roomy->device_total();
+  for (int64_t gib : {80, 50, 40}) {
+    auto tight = PlanJob(spec, gib << 30, int64_t{100} << 30);
+    ASSERT_TRUE(tight.ok()) << tight.status();
+    EXPECT_TRUE(tight->fits) << gib << " GiB: " << tight->verdict;
+    EXPECT_LE(tight->device_total(), gib << 30);
+    EXPECT_LE(tight->device_total(), previous);
+    previous = tight->device_total();
+  }
+  auto impossible = PlanJob(spec, int64_t{10} << 30, int64_t{100} << 30);
+  ASSERT_TRUE(impossible.ok());
+  EXPECT_FALSE(impossible->fits);
+  EXPECT_NE(impossible->verdict.find("GiB of GPU memory"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ithaca

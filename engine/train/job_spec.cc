@@ -474,4 +474,9 @@ std::string JobSpecToToml(const JobSpec& s) {
   return out;
 }
 
+absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {
+  if (!spec.model.config.empty()) return LoadConfigJson(spec.model.config);
+  return PresetConfig(spec.model.preset);
+}
+
 }  // namespace ithaca

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/core/status.h"
+#include "engine/model/config.h"
 
 namespace ithaca {
 
@@ -77,6 +78,9 @@ struct JobSpec {
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,
                                      const std::string& source = "job.toml");
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+// The spec's model: config.json when given, else the preset.
+absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec);
+
 // Writes a spec back as TOML (round-trips through ParseJobSpec).
 std::string JobSpecToToml(const JobSpec& spec);
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "engine/model/weights.h"
+#include "engine/plan/planner.h"
 #include "engine/train/schedule.h"
 
 namespace ithaca {
@@ -33,11 +34,6 @@ double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
                            3.0 * d * c.intermediate_size;
   const double n = c.num_hidden_layers * per_layer + double(c.vocab_size) * d;
   return 6.0 * n + 6.0 * c.num_hidden_layers * double(seq_len) * c.num_attention_heads * D;
-}
-
-absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {
-  if (!spec.model.config.empty()) return LoadConfigJson(spec.model.config);
-  return PresetConfig(spec.model.preset);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Ops* ops,
@@ -75,6 +71,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.offload_keep_last = spec.memory.offload_keep_last;
   mo.prefetch = spec.memory.prefetch;
   mo.checkpoint_interval = spec.memory.checkpoint_interval;
+  if (spec.memory.head_chunk == 0 || spec.memory.tile_tokens == 0) {
+    // "auto": the planner picks the fastest settings that fit the spec's budgets.
+    ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec));
+    if (!plan.fits) {
+      return absl::FailedPreconditionError(absl::StrCat("the job does not fit: ", plan.verdict));
+    }
+    mo.head_chunk = plan.head_chunk;
+    mo.tile_tokens = plan.tile_tokens;
+    mo.offload = plan.offload;
+    mo.prefetch = plan.prefetch;
+    mo.checkpoint_interval = plan.checkpoint_interval;
+    if (t->rank_ == 0) {
+      std::printf("memory plan: head_chunk %lld, tile_tokens %lld, offload %s, prefetch %s, "
+                  "checkpoint_interval %lld, peak %.2f GiB per rank\n",
+                  static_cast<long long>(plan.head_chunk),
+                  static_cast<long long>(plan.tile_tokens), plan.offload ? "on" : "off",
+                  plan.prefetch ? "on" : "off", static_cast<long long>(plan.checkpoint_interval),
+                  plan.device_total() / double(int64_t{1} << 30));
+    }
+  }
   mo.fsdp = spec.parallel.fsdp;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm,
                                                  t->sp_comm_.get()));

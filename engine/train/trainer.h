@@ -42,8 +42,6 @@ std::string FormatStepLine(const StepReport& r);
 // attention, forward + backward, no recompute).
 double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
 
-// Resolves the spec's model: config.json when given, else the preset.
-absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec);
 
 class Trainer {
  public:

@@ -1,4 +1,5 @@
-// 20 training steps of the tiny model on the GPU (Trainer + CudaOps + CudaAllocator, bf16) track
+// 20 training steps of the tiny model on the GPU (Trainer + CudaOps + CudaAllocator, bf16), plain
+// and with UPipe + attention-aware checkpointing + offload, track
 // the CPU backend's (f32) loss curve step by step.
 #include <cmath>
 #include <cstdio>
