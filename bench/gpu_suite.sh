@@ -17,7 +17,8 @@ missing=$(ldd "$BIN/cuda_ops_test" | grep "not found")
 
 pass=0
 fail=0
-for t in rmsnorm_test cuda_allocator_test cuda_ops_test attention_test cuda_train_test; do
+for t in rmsnorm_test cuda_allocator_test cuda_ops_test attention_test cuda_train_test \
+  nccl_comm_test; do
   if timeout 240 "$BIN/$t" 2>&1 | tee -a "$OUT/tests.log"; then
     pass=$((pass + 1))
   else

@@ -1,8 +1,15 @@
 // Full training steps (forward, backward, AdamW) of a preset model on one GPU, with random
 // weights and random tokens, at each requested sequence length. One JSON line per S: tok/s,
 // model TFLOPS (BENCHMARKS.md's convention, ModelFlopsPerToken), step time (CUDA events, median
-// of the timed steps after a warm-up step), peak bytes per tier, the loss, and the planner's
-// prediction (null until the planner exists).
+// of the timed steps after a warm-up step), measured peak bytes per tier next to the planner's
+// prediction for the same options (PlanMemory), the loss, and a per-op device-time profile of
+// the last step.
+//
+// --probe W is the memory probe (BENCHMARKS.md "How to measure"): one step per S with attention
+// limited to a causal window of W keys (CudaOps::Options::probe_window) and every buffer, copy
+// and collective at full size. Its lines say "mode": "memory-probe" and carry no throughput;
+// they add the device memory growth per extra token against the previous S.
+// --plan_only prints the planner's lines without touching a GPU (to choose settings).
 #include <random>
 #include <string>
 #include <vector>
@@ -16,33 +23,108 @@
 #include "engine/model/config.h"
 #include "engine/model/llama.h"
 #include "engine/model/weights.h"
+#include "engine/plan/planner.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
 
 ABSL_FLAG(std::string, model, "llama-3.2-1b", "model preset");
 ABSL_FLAG(std::string, seq_lens, "65536,131072", "comma-separated sequence lengths S");
-ABSL_FLAG(int, steps, 2, "timed steps per S (median reported), after one warm-up step");
+ABSL_FLAG(int, steps, 2, "timed steps per S (median reported), after --warmup steps");
+ABSL_FLAG(int, warmup, 1, "untimed warm-up steps per S (cuDNN plan choice happens in the first)");
 ABSL_FLAG(std::string, checkpoint, "full", "none | full | attention-aware");
 ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
+ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
 ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
+ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
 ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
+ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the others regrow)");
+ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
+ABSL_FLAG(int64_t, probe, 0, "memory probe: attention window W (0: a real, timed step)");
+ABSL_FLAG(bool, plan_only, false, "print the planner's prediction only (no GPU)");
+ABSL_FLAG(bool, profile, true, "per-op device time of the last timed step (CUDA events)");
+ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
 
 namespace ithaca {
 namespace {
 
-absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device) {
-  CudaAllocator alloc;
-  CudaOps::Options o;
-  o.alloc = &alloc;
-  CudaOps ops(o);
+constexpr double kGiB = double(int64_t{1} << 30);
+
+LlamaModel::Options ModelOptions() {
   LlamaModel::Options mo;
   const std::string policy = absl::GetFlag(FLAGS_checkpoint);
   mo.checkpoint = policy == "none"              ? CheckpointPolicy::kNone
                   : policy == "attention-aware" ? CheckpointPolicy::kAttentionAware
                                                 : CheckpointPolicy::kFull;
   mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
+  mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
   mo.offload = absl::GetFlag(FLAGS_offload);
+  mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
   mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
+  mo.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  mo.prefetch = absl::GetFlag(FLAGS_prefetch);
+  return mo;
+}
+
+bench::Json Techniques(const LlamaModel::Options& mo, const char* attention) {
+  bench::Json t;
+  t.Str("checkpoint", absl::GetFlag(FLAGS_checkpoint))
+      .Bool("offload", mo.offload)
+      .Int("offload_keep_last", mo.offload_keep_last)
+      .Int("tile_tokens", mo.tile_tokens)
+      .Int("loss_tile_tokens", mo.loss_tile_tokens)
+      .Int("head_chunk", mo.head_chunk)
+      .Int("checkpoint_interval", mo.checkpoint_interval)
+      .Bool("prefetch", mo.prefetch)
+      .Str("attention", attention);
+  return t;
+}
+
+bench::Json TierJson(const std::array<int64_t, kNumTiers>& v) {
+  bench::Json j;
+  for (int i = 0; i < kNumTiers; ++i) j.Int(TierName(static_cast<Tier>(i)), v[i]);
+  return j;
+}
+
+// What the previous S of a probe measured, for the growth per token.
+struct Previous {
+  int64_t S = 0, device_peak = 0, device_reserved = 0;
+};
+
+absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device,
+                    Previous* prev) {
+  const LlamaModel::Options mo = ModelOptions();
+  const int64_t probe = absl::GetFlag(FLAGS_probe);
+  PlanRequest req;
+  req.cfg = cfg;
+  req.seq_len = S;
+  req.opts = mo;
+  req.device = Device::kCuda;
+  req.act = DType::kBF16;
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(req));
+  bench::Json planned;
+  planned.Obj("peak_bytes", TierJson(plan.peak))
+      .Int("device_peak_bytes", plan.device_peak)
+      .Int("fixed_workspace_bytes", plan.workspace)
+      .Int("device_total_bytes", plan.device_total());
+  if (absl::GetFlag(FLAGS_plan_only)) {
+    bench::Json()
+        .Str("bench", "train")
+        .Str("mode", "plan-only")
+        .Str("model", absl::GetFlag(FLAGS_model))
+        .Int("S", S)
+        .Obj("techniques", Techniques(mo, "n/a"))
+        .Obj("planner", planned)
+        .Num("device_total_gib", plan.device_total() / kGiB)
+        .Num("host_gib", plan.peak[static_cast<int>(Tier::kHostOffload)] / kGiB)
+        .Print();
+    return absl::OkStatus();
+  }
+
+  CudaAllocator alloc;
+  CudaOps::Options o;
+  o.alloc = &alloc;
+  o.probe_window = probe;
+  CudaOps ops(o);
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, mo));
   JobSpec::Training hp;
   const ParamLayout& layout = model->layout();
@@ -56,16 +138,21 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
   std::vector<int32_t> inputs(S), labels(S);
 
-  const int timed = absl::GetFlag(FLAGS_steps);
+  // A probe is one step: its time is not a measurement.
+  const int warmup = probe > 0 ? 0 : absl::GetFlag(FLAGS_warmup);
+  const int timed = probe > 0 ? 1 : absl::GetFlag(FLAGS_steps);
   std::vector<double> step_s;
+  std::vector<CudaOps::ProfileRow> profile;
   double loss = 0;
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int step = 0; step <= timed; ++step) {  // step 0 is the warm-up
+  for (int step = 0; step < warmup + timed; ++step) {
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
     for (int64_t i = 0; i + 1 < S; ++i) labels[i] = inputs[i + 1];
     labels[S - 1] = tok(gen);
+    const bool last = step + 1 == warmup + timed;
+    ops.set_profile(last && absl::GetFlag(FLAGS_profile));
     ops.Synchronize();
     alloc.tracker().ResetPeaks();
     cudaEventRecord(a, ops.stream());
@@ -78,47 +165,91 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     loss = l.loss_sum / static_cast<double>(l.tokens);
-    std::fprintf(stderr, "S %lld step %d: %.3f s, loss %.4f\n", static_cast<long long>(S), step,
-                 ms / 1e3, loss);
-    if (step > 0) step_s.push_back(ms / 1e3);
+    std::fprintf(stderr, "S %lld step %d: %.3f s, loss %.4f%s\n", static_cast<long long>(S), step,
+                 ms / 1e3, loss, probe > 0 ? " (memory probe: not a throughput figure)" : "");
+    if (step >= warmup) step_s.push_back(ms / 1e3);
+    if (last && absl::GetFlag(FLAGS_profile)) profile = ops.TakeProfile();
   }
+  ops.set_profile(false);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  const double t = bench::Median(step_s);
-  const double tok_s = static_cast<double>(S) / t;
-  const double tflops = tok_s * ModelFlopsPerToken(cfg, S) / 1e12;
-  bench::Json tiers;
+
   const MemoryTracker& mt = alloc.tracker();
-  for (int i = 0; i < kNumTiers; ++i) tiers.Int(TierName(static_cast<Tier>(i)), mt.peak(Tier(i)));
-  bench::Json techniques;
-  techniques.Str("checkpoint", policy)
-      .Bool("offload", mo.offload)
-      .Int("tile_tokens", mo.tile_tokens)
-      .Int("head_chunk", mo.head_chunk)
-      .Str("attention", ops.last_attention_impl());
-  std::string steps_json = "[";
-  for (size_t i = 0; i < step_s.size(); ++i)
-    absl::StrAppendFormat(&steps_json, "%s%.4f", i ? ", " : "", step_s[i]);
-  steps_json += "]";
-  bench::Json()
-      .Str("bench", "train")
+  std::array<int64_t, kNumTiers> measured{};
+  for (int i = 0; i < kNumTiers; ++i) measured[i] = mt.peak(static_cast<Tier>(i));
+  const CudaAllocator::Stats st = alloc.stats();
+  // Planner error per tier, relative to the measurement (bar: within 5%).
+  bench::Json err;
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (measured[i] > 0) {
+      err.Num(TierName(static_cast<Tier>(i)),
+              double(plan.peak[i] - measured[i]) / double(measured[i]));
+    }
+  }
+  const int64_t device_measured = mt.device_peak();
+  err.Num("device_peak", double(plan.device_total() - device_measured) / double(device_measured));
+  bench::Json workspaces;
+  workspaces.Int("cudnn_attention", ops.attention_workspace_bytes())
+      .Int("cublaslt", ops.gemm_workspace_bytes());
+
+  bench::Json line;
+  line.Str("bench", "train")
+      .Str("mode", probe > 0 ? "memory-probe" : "throughput")
       .Str("date", "2026-11-29")
       .Str("device", device)
       .Str("model", absl::GetFlag(FLAGS_model))
       .Int("S", S)
       .Int("world", 1)
-      .Obj("techniques", techniques)
-      .Num("tok_per_s", tok_s)
-      .Num("model_tflops", tflops)
-      .Num("mfu", tflops / 989.0)
-      .Num("step_s", t)
-      .Raw("step_times_s", steps_json)
-      .Obj("peak_bytes", tiers)
-      .Int("device_peak_bytes", mt.device_peak())
-      .Int("device_reserved_bytes", alloc.stats().device_reserved)
-      .Null("planner_peak_bytes")
-      .Num("loss", loss)
-      .Print();
+      .Obj("techniques", Techniques(mo, ops.last_attention_impl()));
+  if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
+  if (probe > 0) {
+    line.Int("probe_window", probe);
+  } else {
+    const double t = bench::Median(step_s);
+    const double tok_s = static_cast<double>(S) / t;
+    const double tflops = tok_s * ModelFlopsPerToken(cfg, S) / 1e12;
+    std::string steps_json = "[";
+    for (size_t i = 0; i < step_s.size(); ++i)
+      absl::StrAppendFormat(&steps_json, "%s%.4f", i ? ", " : "", step_s[i]);
+    steps_json += "]";
+    line.Num("tok_per_s", tok_s)
+        .Num("model_tflops", tflops)
+        .Num("mfu", tflops / 989.0)
+        .Num("step_s", t)
+        .Raw("step_times_s", steps_json);
+  }
+  line.Obj("peak_bytes", TierJson(measured))
+      .Int("device_peak_bytes", device_measured)
+      .Int("device_reserved_bytes", st.device_reserved)
+      .Int("host_reserved_bytes", st.host_reserved)
+      .Num("device_fragmentation", st.device_reserved > 0
+                                       ? 1.0 - double(device_measured) / double(st.device_reserved)
+                                       : 0.0)
+      .Obj("library_workspace_bytes", workspaces)
+      .Obj("planner", planned)
+      .Obj("planner_rel_error", err);
+  if (probe > 0 && prev->S > 0 && S > prev->S) {
+    line.Num("device_peak_growth_bytes_per_token",
+             double(device_measured - prev->device_peak) / double(S - prev->S))
+        .Num("device_reserved_growth_bytes_per_token",
+             double(st.device_reserved - prev->device_reserved) / double(S - prev->S))
+        .Int("growth_vs_S", prev->S);
+  }
+  if (!profile.empty()) {
+    // Only the last step is profiled; the rows are device time per op kind in ms.
+    bench::Json prof;
+    double busy = 0;
+    for (const auto& r : profile) {
+      prof.Raw(r.op, absl::StrFormat("[%.1f, %lld]", r.ms, static_cast<long long>(r.calls)));
+      busy += r.ms;
+    }
+    line.Obj("profile_ms_calls", prof).Num("profile_busy_ms", busy);
+    if (!step_s.empty()) line.Num("profile_idle_ms", step_s.back() * 1e3 - busy);
+  }
+  line.Num("loss", loss).Print();
+  prev->S = S;
+  prev->device_peak = device_measured;
+  prev->device_reserved = st.device_reserved;
   return absl::OkStatus();
 }
 
@@ -128,9 +259,10 @@ int Main() {
     std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
     return 2;
   }
-  const std::string device = bench::DeviceName();
+  const std::string device = absl::GetFlag(FLAGS_plan_only) ? "none" : bench::DeviceName();
+  Previous prev;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
-    absl::Status st = RunOne(*cfg, std::stoll(std::string(s)), device);
+    absl::Status st = RunOne(*cfg, std::stoll(std::string(s)), device, &prev);
     if (!st.ok()) {
       std::fprintf(stderr, "S %s: %s\n", std::string(s).c_str(), st.ToString().c_str());
       return 1;

@@ -1,0 +1,75 @@
+#!/bin/bash
+# One device call that runs several phases from prebuilt binaries (gpu_suite.sh explains the
+# binary folder): `bench/device_session.sh BIN_DIR OUT_DIR PHASE...`. Phases:
+#   info    GPU, driver and every libcudnn on the machine
+#   tests   the CUDA backend's GPU tests and the NCCL comm test (world 1)
+#   attn    cuDNN attention at the bar shapes: the default graph (verbose: every plan's time),
+#           more heuristic modes, and the newest other libcudnn found on the machine
+#   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags)
+#   probe:W:S[:extra flags] the memory probe at each S
+# Lines go to OUT_DIR/{info,tests,attn,train}.log and OUT_DIR/{attn,train}.jsonl.
+set -uo pipefail
+BIN=${1:?bin dir}
+OUT=${2:?out dir}
+shift 2
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export ITHACA_CUDNN_VERBOSE=1
+# The newest libcudnn outside the system folders (e.g. PyTorch's wheel), for the attn phase.
+# On the H200 image: the system's is 9.14 in /usr/lib/x86_64-linux-gnu; PyTorch's is another.
+other_cudnn() {
+  find / -xdev -name 'libcudnn.so.9*' -path '*site-packages*' 2>/dev/null | head -1 \
+    | xargs -r dirname
+}
+for phase in "$@"; do
+  echo "=== phase $phase ($(date +%T))"
+  IFS=: read -r name a1 a2 a3 <<<"$phase"
+  case "$name" in
+    info)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+      find / -xdev -name 'libcudnn.so.9*' -not -path '/proc/*' 2>/dev/null
+      free -g
+      ;;
+    tests)
+      # NCCL may live only in a Python wheel there.
+      if [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
+        nccl=$(find / -xdev -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+        [ -n "$nccl" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nccl")"
+      fi
+      for t in rmsnorm_test cuda_allocator_test cuda_ops_test attention_test cuda_train_test \
+        nccl_comm_test; do
+        if timeout 240 "$BIN/$t" >"$OUT/t_$t.txt" 2>&1; then
+          echo "PASSED: $t"
+        else
+          echo "FAILED: $t"
+        fi
+        grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[  +OK|worst relative|Failure|error" \
+          "$OUT/t_$t.txt" | head -20
+        rm -f "$OUT/t_$t.txt"
+      done
+      ;;
+    attn)
+      exec 3>&2 2>>"$OUT/attn.log"
+      timeout 120 "$BIN/attention_bench" | tee -a "$OUT/attn.jsonl"
+      ITHACA_CUDNN_HEUR=A,B,FALLBACK timeout 120 "$BIN/attention_bench" \
+        | sed 's/"impl": "cudnn"/"impl": "cudnn-heur-A-B-FALLBACK"/' | tee -a "$OUT/attn.jsonl"
+      lib=$(other_cudnn)
+      if [ -n "$lib" ]; then
+        echo "other cuDNN: $lib"
+        LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" timeout 120 "$BIN/attention_bench" \
+          | sed 's/"impl": "cudnn"/"impl": "cudnn-other-lib"/' | tee -a "$OUT/attn.jsonl"
+      fi
+      exec 2>&3
+      grep -E "chose|cannot|failed" "$OUT/attn.log"
+      ;;
+    train)
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \
+        --seq_lens="$a1" ${a2//+/ } 2> >(tee -a "$OUT/train.log" >&2) | tee -a "$OUT/train.jsonl"
+      ;;
+    probe)
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \
+        --probe="$a1" --seq_lens="$a2" ${a3//+/ } 2> >(tee -a "$OUT/train.log" >&2) \
+        | tee -a "$OUT/train.jsonl"
+      ;;
+  esac
+done
