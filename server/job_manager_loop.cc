@@ -13,6 +13,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/job_spec.h"
 #include "server/job_manager.h"
 
 namespace ithaca {
@@ -61,6 +63,18 @@ absl::Status JobManager::Start() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The newest checkpoint of a job whose spec asks to resume from one; "" when there is none.
+std::string ResumableCheckpoint(const v1::Job& job) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job.toml");
+  if (!spec.ok() || !spec->checkpoint.resume || spec->checkpoint.dir.empty()) return "";
+  absl::StatusOr<std::string> latest = LatestCheckpoint(spec->checkpoint.dir);
+  return latest.ok() ? *latest : "";
+}
+
+}  // namespace
+
 absl::Status JobManager::Recover() {
   ASSIGN_OR_RETURN(
       std::vector<v1::Job> left,
@@ -73,6 +87,14 @@ absl::Status JobManager::Recover() {
     if (job.state() == v1::JOB_STATE_CANCELLING) {
       ASSIGN_OR_RETURN(v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_CANCELLED,
                                                      "daemon restarted while cancelling" + stray));
+    } else if (std::string checkpoint = ResumableCheckpoint(job); !checkpoint.empty()) {
+      // The spec asks to resume, and there is a checkpoint: queue the job again; its workers
+      // pick the checkpoint up themselves (engine/train/trainer.cc).
+      ASSIGN_OR_RETURN(v1::Job j,
+                       store_->Transition(job.id(), v1::JOB_STATE_QUEUED,
+                                          absl::StrCat("daemon restarted while the job was ",
+                                                       JobStateLabel(job.state()), stray,
+                                                       "; resuming from ", checkpoint)));
     } else {
       ASSIGN_OR_RETURN(v1::Job j,
                        store_->Transition(job.id(), v1::JOB_STATE_FAILED,
@@ -151,7 +173,10 @@ void JobManager::LaunchLocked(const Scheduler::Assignment& assignment) {
   a->id = job.id();
   a->spec_toml = job.spec_toml();
   a->log_dir = job.log_dir();
-  const std::string rdv_dir = a->log_dir + "/rendezvous";
+  // A fresh Gloo FileStore directory for every launch (a job resumed after a daemon restart is
+  // launched again, and a store refuses keys that already exist).
+  const std::string rdv_dir =
+      absl::StrCat(a->log_dir, "/rendezvous-", absl::ToUnixMicros(absl::Now()));
   a->rendezvous = "file:" + rdv_dir;
   WorkerLaunch l;
   l.job_id = a->id;

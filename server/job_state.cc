@@ -24,11 +24,13 @@ bool IsAllowedTransition(JobState from, JobState to) {
       return to == JOB_STATE_QUEUED;
     case JOB_STATE_QUEUED:
       return to == JOB_STATE_STARTING || to == JOB_STATE_CANCELLED || to == JOB_STATE_FAILED;
+    // STARTING / RUNNING → QUEUED: requeued to resume from a checkpoint after a daemon restart.
     case JOB_STATE_STARTING:
       return to == JOB_STATE_RUNNING || to == JOB_STATE_FAILED || to == JOB_STATE_CANCELLING ||
-             to == JOB_STATE_SUCCEEDED;
+             to == JOB_STATE_SUCCEEDED || to == JOB_STATE_QUEUED;
     case JOB_STATE_RUNNING:
-      return to == JOB_STATE_SUCCEEDED || to == JOB_STATE_FAILED || to == JOB_STATE_CANCELLING;
+      return to == JOB_STATE_SUCCEEDED || to == JOB_STATE_FAILED || to == JOB_STATE_CANCELLING ||
+             to == JOB_STATE_QUEUED;
     case JOB_STATE_CANCELLING:
       return to == JOB_STATE_CANCELLED || to == JOB_STATE_FAILED;
     default:

@@ -30,7 +30,8 @@ def make_corpus():
     return path
 
 
-def spec_toml(run_dir, steps=20, extra="", seq_len=64, name="e2e"):
+def spec_toml(run_dir, steps=20, extra="", seq_len=64, name="e2e", resume=False,
+              checkpoint_every=10):
     return f"""name = "{name}"
 backend = "cpu"
 [model]
@@ -47,8 +48,8 @@ checkpoint = "full"
 tile_tokens = 32
 [checkpoint]
 dir = "{run_dir}/checkpoints"
-every = 10
-resume = false
+every = {checkpoint_every}
+resume = {"true" if resume else "false"}
 [metrics]
 log_every = 5
 """ + extra
@@ -140,8 +141,9 @@ class Daemon:
 
 def workers_of(state_dir, job_id):
     """Live (not zombie) ithaca-worker pids of job `job_id` of the daemon using `state_dir`."""
-    want = {f"ITHACA_JOB_ID={job_id}".encode(),
-            f"ITHACA_RENDEZVOUS=file:{state_dir}/jobs/{job_id}/rendezvous".encode()}
+    want = f"ITHACA_JOB_ID={job_id}".encode()
+    # Each launch of the job has its own rendezvous directory under the job's.
+    rendezvous = f"ITHACA_RENDEZVOUS=file:{state_dir}/jobs/{job_id}/rendezvous-".encode()
     pids = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -154,7 +156,7 @@ def workers_of(state_dir, job_id):
                 env = set(f.read().split(b"\0"))
         except OSError:
             continue
-        if want <= env:
+        if want in env and any(e.startswith(rendezvous) for e in env):
             pids.append(int(d))
     return pids
 

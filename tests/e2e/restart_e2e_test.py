@@ -1,5 +1,6 @@
 """ithacad killed with SIGKILL mid-job, then restarted on the same state directory: the job is
-FAILED with its reason, its workers are gone, queued jobs run, and the daemon is healthy."""
+FAILED with its reason (or, when its spec asks to resume and a checkpoint exists, queued again
+and resumed from it), its workers are gone, queued jobs run, and the daemon is healthy."""
 import os
 import time
 import unittest
@@ -39,6 +40,25 @@ class RestartE2E(unittest.TestCase):
         self.assertTrue(d2.serving())
         d2.stop()
         self.assertEqual(d2.proc.returncode, 0)
+
+    def test_job_that_asks_to_resume_continues_from_its_checkpoint(self):
+        state = os.path.join(TMP, "state_resume")
+        run = os.path.join(TMP, "run_resume")
+        d = Daemon(state, cpu_slots=1)
+        job = d.submit(spec_toml(run, steps=80, resume=True, checkpoint_every=5))
+        d.wait(job.id, states=(job_pb2.JOB_STATE_RUNNING,), min_step=12)
+        d.kill9()
+        self.assertTrue(wait_gone(d.real_state_dir, job.id, timeout=5))
+        d2 = Daemon(state, cpu_slots=1)
+        requeue = [t for t in d2.get(job.id).transitions if t.to == job_pb2.JOB_STATE_QUEUED][-1]
+        self.assertIn("resuming from", requeue.reason)
+        done = d2.wait(job.id, timeout=240)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        states = [t.to for t in done.transitions]
+        self.assertIn(job_pb2.JOB_STATE_QUEUED, states[1:])  # queued again after the restart
+        log = open(os.path.join(d2.real_state_dir, "jobs", job.id, "rank-0.log")).read()
+        self.assertRegex(log, r"resumed from .*step-000000(1[0-9]|[2-9][0-9])")
+        d2.stop()
 
 
 if __name__ == "__main__":
