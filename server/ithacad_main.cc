@@ -117,6 +117,13 @@ int Run() {
   }
   o.node = DetectNode({absl::GetFlag(FLAGS_gpus), absl::GetFlag(FLAGS_cpu_slots),
                        absl::GetFlag(FLAGS_gpu_memory_gib)});
+  {
+    std::vector<std::tuple<int, std::string, int64_t>> devices;
+    for (const NodeDevice& d : o.node.devices) {
+      if (o.node.gpu) devices.emplace_back(d.index, d.uuid, d.memory_bytes);
+    }
+    metrics.SetDevices(devices);
+  }
   o.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   o.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
   o.grace_period = absl::Seconds(absl::GetFlag(FLAGS_grace_period_s));

@@ -141,6 +141,13 @@ v1::NodeInfo JobManager::NodeInfo() {
 void JobManager::RefreshJobCounts() {
   absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
   if (counts.ok()) metrics_->SetJobCounts(*counts);
+  // Per-job state series for the newest jobs (bounded, like the per-rank series).
+  absl::StatusOr<std::vector<v1::Job>> recent = store_->List({}, Metrics::kFinishedJobsKept);
+  if (recent.ok()) {
+    std::vector<std::pair<std::string, JobState>> states;
+    for (const v1::Job& j : *recent) states.push_back({j.id(), j.state()});
+    metrics_->SetJobStates(states);
+  }
 }
 
 absl::StatusOr<JobManager::Active*> JobManager::ActiveLocked(const std::string& job_id, int rank) {

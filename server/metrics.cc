@@ -9,6 +9,8 @@
 #include <memory>
 
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace ithaca {
 namespace {
@@ -44,6 +46,7 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
   s.uuid = uuid;
   s.last = r;
   s.tokens_total += r.tokens();
+  s.last_step_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   s.count += 1;
   s.sum += r.seconds();
   for (size_t i = 0; i < StepBuckets().size(); ++i) {
@@ -72,6 +75,16 @@ void Metrics::OnWorkerExit(const std::string& reason) {
 void Metrics::SetJobCounts(const std::map<JobState, int64_t>& counts) {
   std::lock_guard<std::mutex> lock(mu_);
   job_counts_ = counts;
+}
+
+void Metrics::SetJobStates(const std::vector<std::pair<std::string, JobState>>& jobs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_states_ = jobs;
+}
+
+void Metrics::SetDevices(const std::vector<std::tuple<int, std::string, int64_t>>& devices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  devices_ = devices;
 }
 
 std::string Metrics::Render() {
@@ -138,6 +151,19 @@ std::string Metrics::Render() {
         [](const RankSeries& s) { return s.last.grad_norm(); });
   gauge("ithaca_learning_rate", "Learning rate of the newest step.",
         [](const RankSeries& s) { return s.last.lr(); });
+  gauge("ithaca_last_step_timestamp_seconds", "Unix time of this rank's newest step report.",
+        [](const RankSeries& s) { return s.last_step_time; });
+  Header(&out, "ithaca_job_state", "gauge",
+         "1 for each recent job's current state (one series per job).");
+  for (const auto& [job, state] : job_states_) {
+    absl::StrAppend(&out, "ithaca_job_state{job=\"", Escape(job), "\",state=\"",
+                    JobStateLabel(state), "\"} 1\n");
+  }
+  Header(&out, "ithaca_gpu_memory_capacity_bytes", "gauge", "Memory of each GPU of this node.");
+  for (const auto& [index, uuid, bytes] : devices_) {
+    absl::StrAppend(&out, "ithaca_gpu_memory_capacity_bytes{gpu=\"", index, "\",UUID=\"",
+                    Escape(uuid), "\"} ", bytes, "\n");
+  }
   Header(&out, "ithaca_jobs", "gauge", "Jobs in the store per state.");
   for (int st = v1::JOB_STATE_QUEUED; st <= v1::JOB_STATE_CANCELLED; ++st) {
     auto it = job_counts_.find(static_cast<JobState>(st));

@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -32,8 +34,11 @@ class Metrics {
               const v1::StepReport& r);
   void OnJobFinished(const std::string& job);
   void OnWorkerExit(const std::string& reason);
-  // Called before each render with the job store's counts.
+  // Called before each render with the job store's counts and its newest jobs' states.
   void SetJobCounts(const std::map<JobState, int64_t>& counts);
+  void SetJobStates(const std::vector<std::pair<std::string, JobState>>& jobs);
+  // The node's GPUs (index, UUID, capacity), for ithaca_gpu_memory_capacity_bytes.
+  void SetDevices(const std::vector<std::tuple<int, std::string, int64_t>>& devices);
 
   std::string Render();
 
@@ -46,12 +51,15 @@ class Metrics {
     std::vector<uint64_t> buckets;  // cumulative counts per bound
     uint64_t count = 0;
     double sum = 0;
+    double last_step_time = 0;  // Unix seconds of the newest step report
   };
   std::mutex mu_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_;
   std::deque<std::string> finished_;
   std::map<std::string, uint64_t> exits_;
   std::map<JobState, int64_t> job_counts_;
+  std::vector<std::pair<std::string, JobState>> job_states_;
+  std::vector<std::tuple<int, std::string, int64_t>> devices_;
 };
 
 // civetweb server for GET /metrics (and GET /healthz).

@@ -29,6 +29,8 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
   m.OnStep("job-1", 1, 3, "GPU-abc", Report(2, 0.3));
   m.OnWorkerExit("nan_loss");
   m.SetJobCounts({{v1::JOB_STATE_RUNNING, 1}});
+  m.SetJobStates({{"job-1", v1::JOB_STATE_RUNNING}, {"job-0", v1::JOB_STATE_FAILED}});
+  m.SetDevices({{3, "GPU-abc", int64_t{141} << 30}});
   const std::string text = m.Render();
   const std::string l = "job=\"job-1\",rank=\"1\",gpu=\"3\",UUID=\"GPU-abc\"";
   for (const std::string& want : std::vector<std::string>{
@@ -45,6 +47,10 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
            "ithaca_jobs{state=\"running\"} 1",
            "ithaca_jobs{state=\"queued\"} 0",
            "ithaca_worker_exits_total{reason=\"nan_loss\"} 1",
+           "ithaca_job_state{job=\"job-1\",state=\"running\"} 1",
+           "ithaca_job_state{job=\"job-0\",state=\"failed\"} 1",
+           "ithaca_gpu_memory_capacity_bytes{gpu=\"3\",UUID=\"GPU-abc\"} 151397597184",
+           "ithaca_last_step_timestamp_seconds{" + l + "} 1",  // Unix seconds: 1.7e9…
        }) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
