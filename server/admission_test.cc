@@ -45,6 +45,12 @@ TEST(AdmissionTest, AcceptsAGoodSpecAndResolvesPathsAgainstBaseDir) {
   EXPECT_TRUE(CheckFits(*a, CpuNode(8, int64_t{16} << 30)).ok());
 }
 
+// A sequence of `n` tokens in place of the spec's 64.
+std::string WithSeqLen(std::string toml, int n) {
+  const size_t at = toml.find("seq_len = 64");
+  return toml.replace(at, 12, "seq_len = " + std::to_string(n));
+}
+
 TEST(AdmissionTest, BadSpecsNameTheKey) {
   struct Case {
     std::string toml, key;
@@ -56,6 +62,9 @@ TEST(AdmissionTest, BadSpecsNameTheKey) {
       {"name = \"t\"\n[model]\npreset = \"huge\"\n[data]\npath = \"corpus.tok\"\n", "model.preset"},
       {"name = \"t\"\n[data]\npath = \"missing.tok\"\n", "data.path"},
       {Spec("", "[training.extra]\n"), "training"},
+      {WithSeqLen(Spec("", "[parallel]\nworld = 2\nsp = 2\n"), 63), "data.seq_len"},
+      {Spec("", "[parallel]\nworld = 2\nsp = 2\n[memory]\nhead_chunk = 3\n"),
+       "memory.head_chunk"},
   };
   for (const Case& c : cases) {
     auto a = ParseSubmission(c.toml, "job.toml", Dir());
