@@ -7,9 +7,12 @@
 #include "engine/backend/cpu/attention.h"
 #include "engine/backend/cpu/gemm.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/backend/op_checks.h"
 
 namespace ithaca {
 namespace {
+
+constexpr OpChecks kCheck("CpuOps");
 
 void CheckCpu(const Tensor& t, const char* op, const char* name) {
   ITHACA_CHECK(t.device == Device::kCpu, "CpuOps::", op, ": ", name, " is ", t.DebugString(),
@@ -25,32 +28,6 @@ void CheckDType(const Tensor& t, DType want, const char* op, const char* name) {
 
 void CheckF32(const Tensor& t, const char* op, const char* name) {
   CheckDType(t, DType::kF32, op, name);
-}
-
-void CheckShape(const Tensor& t, const Shape& want, const char* op, const char* name) {
-  ITHACA_CHECK(t.shape == want, "CpuOps::", op, ": ", name, " is ", t.DebugString(),
-               ", expected shape ", ShapeString(want));
-}
-
-void CheckNumel(const Tensor& t, int64_t want, const char* op, const char* name) {
-  ITHACA_CHECK(t.numel() == want, "CpuOps::", op, ": ", name, " is ", t.DebugString(),
-               ", expected ", want, " elements");
-}
-
-// Rows and columns of a tensor viewed as 2-D with its leading dims flattened.
-struct Dims2 {
-  int64_t rows, cols;
-};
-Dims2 View2D(const Tensor& t, const char* op, const char* name) {
-  ITHACA_CHECK(t.rank() >= 1, "CpuOps::", op, ": ", name, " is a scalar ", t.DebugString());
-  const int64_t cols = t.dim(-1);
-  return Dims2{cols == 0 ? 0 : t.numel() / cols, cols};
-}
-
-bool Overlap(const Tensor& a, const Tensor& b) {
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return pa < pb + b.bytes() && pb < pa + a.bytes();
 }
 
 template <typename To, typename From>
@@ -87,8 +64,8 @@ void CheckAttentionShapes(const Tensor& q, const Tensor& k, const Tensor& v, con
   const int64_t s = q.dim(0), hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
   ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(0) == s && k.dim(2) == d, "CpuOps::", op,
                ": q ", q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
-  CheckShape(v, k.shape, op, "v");
-  CheckShape(lse, {hq, s}, op, "lse");
+  kCheck.Shape(v, k.shape, op, "v");
+  kCheck.Shape(lse, {hq, s}, op, "lse");
 }
 
 }  // namespace
@@ -114,7 +91,7 @@ void CpuOps::Fill(const Tensor& x, float value) {
 void CpuOps::Copy(const Tensor& src, const Tensor& dst) {
   CheckCpu(src, "Copy", "src");
   CheckCpu(dst, "Copy", "dst");
-  CheckNumel(dst, src.numel(), "Copy", "dst");
+  kCheck.Numel(dst, src.numel(), "Copy", "dst");
   ConvertElements(src.data, src.dtype, dst.data, dst.dtype, src.numel(), "Copy");
 }
 
@@ -150,7 +127,7 @@ void CpuOps::Download(const Tensor& src, void* host, DType host_dtype) {
 void CpuOps::Axpy(float alpha, const Tensor& x, const Tensor& y) {
   CheckF32(y, "Axpy", "y");
   CheckCpu(x, "Axpy", "x");
-  CheckNumel(x, y.numel(), "Axpy", "x");
+  kCheck.Numel(x, y.numel(), "Axpy", "x");
   if (x.dtype == DType::kBF16) {
     cpu::Axpy(y.numel(), alpha, x.as<bf16>(), y.f32());
   } else {
@@ -191,7 +168,7 @@ void CpuOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
   CheckF32(a, "Gemm", "a");
   CheckF32(b, "Gemm", "b");
   CheckF32(c, "Gemm", "c");
-  const Dims2 da = View2D(a, "Gemm", "a"), db = View2D(b, "Gemm", "b"), dc = View2D(c, "Gemm", "c");
+  const OpChecks::Dims2 da = kCheck.View2D(a, "Gemm", "a"), db = kCheck.View2D(b, "Gemm", "b"), dc = kCheck.View2D(c, "Gemm", "c");
   const int64_t m = trans_a ? da.cols : da.rows, k = trans_a ? da.rows : da.cols;
   const int64_t kb = trans_b ? db.cols : db.rows, n = trans_b ? db.rows : db.cols;
   ITHACA_CHECK(k == kb && dc.rows == m && dc.cols == n, "CpuOps::Gemm: op(a) ", m, "x", k, " (a ",
@@ -211,7 +188,7 @@ void CpuOps::Embedding(const Tensor& ids, const Tensor& table, const Tensor& out
   ITHACA_CHECK(table.rank() == 2, "CpuOps::Embedding: table is ", table.DebugString(),
                ", expected [V, d]");
   const int64_t tokens = ids.numel(), vocab = table.dim(0), d = table.dim(1);
-  CheckShape(out, {tokens, d}, "Embedding", "out");
+  kCheck.Shape(out, {tokens, d}, "Embedding", "out");
   cpu::Embedding(ids.i32(), tokens, table.f32(), vocab, d, out.f32());
 }
 
@@ -222,7 +199,7 @@ void CpuOps::EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tens
   ITHACA_CHECK(dtable.rank() == 2, "CpuOps::EmbeddingBackward: dtable is ", dtable.DebugString(),
                ", expected [V, d]");
   const int64_t tokens = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
-  CheckShape(dout, {tokens, d}, "EmbeddingBackward", "dout");
+  kCheck.Shape(dout, {tokens, d}, "EmbeddingBackward", "dout");
   cpu::EmbeddingBackward(ids.i32(), tokens, dout.f32(), vocab, d, dtable.f32());
 }
 
@@ -232,10 +209,10 @@ void CpuOps::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& 
   CheckF32(w, "RmsNorm", "w");
   CheckF32(out, "RmsNorm", "out");
   CheckF32(rstd, "RmsNorm", "rstd");
-  const Dims2 dx = View2D(x, "RmsNorm", "x");
-  CheckShape(w, {dx.cols}, "RmsNorm", "w");
-  CheckShape(out, x.shape, "RmsNorm", "out");
-  CheckNumel(rstd, dx.rows, "RmsNorm", "rstd");
+  const OpChecks::Dims2 dx = kCheck.View2D(x, "RmsNorm", "x");
+  kCheck.Shape(w, {dx.cols}, "RmsNorm", "w");
+  kCheck.Shape(out, x.shape, "RmsNorm", "out");
+  kCheck.Numel(rstd, dx.rows, "RmsNorm", "rstd");
   cpu::RmsNorm(x.f32(), w.f32(), dx.rows, dx.cols, eps, out.f32(), rstd.f32());
 }
 
@@ -248,12 +225,12 @@ void CpuOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rst
   CheckF32(dout, op, "dout");
   CheckF32(dx, op, "dx");
   CheckF32(dw, op, "dw");
-  const Dims2 d2 = View2D(x, op, "x");
-  CheckShape(w, {d2.cols}, op, "w");
-  CheckShape(dw, {d2.cols}, op, "dw");
-  CheckNumel(rstd, d2.rows, op, "rstd");
-  CheckShape(dout, x.shape, op, "dout");
-  CheckShape(dx, x.shape, op, "dx");
+  const OpChecks::Dims2 d2 = kCheck.View2D(x, op, "x");
+  kCheck.Shape(w, {d2.cols}, op, "w");
+  kCheck.Shape(dw, {d2.cols}, op, "dw");
+  kCheck.Numel(rstd, d2.rows, op, "rstd");
+  kCheck.Shape(dout, x.shape, op, "dout");
+  kCheck.Shape(dx, x.shape, op, "dx");
   cpu::RmsNormBackward(x.f32(), w.f32(), rstd.f32(), dout.f32(), d2.rows, d2.cols, dx.f32(),
                        dw.f32());
 }
@@ -263,7 +240,7 @@ void CpuOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool in
   CheckF32(inv_freq, "Rope", "inv_freq");
   ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CpuOps::Rope: x is ", x.DebugString(),
                ", expected [T, H, D] with D even");
-  CheckShape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
+  kCheck.Shape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
   ITHACA_CHECK(pos0 >= 0, "CpuOps::Rope: negative pos0 ", pos0);
   cpu::Rope(x.f32(), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse);
 }
@@ -272,7 +249,7 @@ void CpuOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        const Tensor& lse) {
   CheckAttentionShapes(q, k, v, lse, "Attention");
   CheckF32(out, "Attention", "out");
-  CheckShape(out, q.shape, "Attention", "out");
+  kCheck.Shape(out, q.shape, "Attention", "out");
   cpu::AttentionForward(q.f32(), k.f32(), v.f32(), q.dim(0), q.dim(1), k.dim(1), q.dim(2),
                         out.f32(), lse.f32(), blocks_);
 }
@@ -287,11 +264,11 @@ void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v
   CheckF32(dq, op, "dq");
   CheckF32(dk, op, "dk");
   CheckF32(dv, op, "dv");
-  CheckShape(out, q.shape, op, "out");
-  CheckShape(dout, q.shape, op, "dout");
-  CheckShape(dq, q.shape, op, "dq");
-  CheckShape(dk, k.shape, op, "dk");
-  CheckShape(dv, k.shape, op, "dv");
+  kCheck.Shape(out, q.shape, op, "out");
+  kCheck.Shape(dout, q.shape, op, "dout");
+  kCheck.Shape(dq, q.shape, op, "dq");
+  kCheck.Shape(dk, k.shape, op, "dk");
+  kCheck.Shape(dv, k.shape, op, "dv");
   cpu::AttentionBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(), q.dim(0),
                          q.dim(1), k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_);
 }
@@ -300,8 +277,8 @@ void CpuOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {
   CheckF32(gate, "SwiGLU", "gate");
   CheckF32(up, "SwiGLU", "up");
   CheckF32(out, "SwiGLU", "out");
-  CheckShape(up, gate.shape, "SwiGLU", "up");
-  CheckShape(out, gate.shape, "SwiGLU", "out");
+  kCheck.Shape(up, gate.shape, "SwiGLU", "up");
+  kCheck.Shape(out, gate.shape, "SwiGLU", "out");
   cpu::SwiGLU(gate.f32(), up.f32(), gate.numel(), out.f32());
 }
 
@@ -313,7 +290,7 @@ void CpuOps::SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& 
   CheckF32(dout, op, "dout");
   CheckF32(dgate, op, "dgate");
   CheckF32(dup, op, "dup");
-  for (const Tensor* t : {&up, &dout, &dgate, &dup}) CheckShape(*t, gate.shape, op, "operand");
+  for (const Tensor* t : {&up, &dout, &dgate, &dup}) kCheck.Shape(*t, gate.shape, op, "operand");
   cpu::SwiGLUBackward(gate.f32(), up.f32(), dout.f32(), gate.numel(), dgate.f32(), dup.f32());
 }
 
@@ -328,9 +305,9 @@ void CpuOps::CrossEntropy(const Tensor& logits, const Tensor& labels, const Tens
                ", expected [T, V]");
   const int64_t tokens = logits.dim(0), vocab = logits.dim(1);
   ITHACA_CHECK(vocab > 0 || tokens == 0, "CpuOps::", op, ": empty vocabulary");
-  CheckShape(labels, {tokens}, op, "labels");
-  CheckShape(losses, {tokens}, op, "losses");
-  CheckShape(dlogits, logits.shape, op, "dlogits");
+  kCheck.Shape(labels, {tokens}, op, "labels");
+  kCheck.Shape(losses, {tokens}, op, "losses");
+  kCheck.Shape(dlogits, logits.shape, op, "dlogits");
   cpu::CrossEntropy(logits.f32(), labels.i32(), tokens, vocab, losses.f32(), dlogits.f32(),
                     grad_scale);
 }
@@ -343,13 +320,13 @@ void CpuOps::AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, co
   CheckF32(v, op, "v");
   CheckCpu(grad, op, "grad");
   const int64_t n = master.numel();
-  for (const Tensor* t : {&grad, &m, &v}) CheckNumel(*t, n, op, "operand");
+  for (const Tensor* t : {&grad, &m, &v}) kCheck.Numel(*t, n, op, "operand");
   ITHACA_CHECK(grad.dtype != DType::kI32, "CpuOps::", op, ": grad is ", grad.DebugString());
   ITHACA_CHECK(p.step >= 1, "CpuOps::", op, ": step ", p.step, " is not 1-based");
   const bool has_working = working.data != nullptr;
   if (has_working) {
     CheckCpu(working, op, "working");
-    CheckNumel(working, n, op, "working");
+    kCheck.Numel(working, n, op, "working");
     ITHACA_CHECK(working.dtype != DType::kI32, "CpuOps::", op, ": working is ",
                  working.DebugString());
   }

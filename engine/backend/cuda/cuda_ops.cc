@@ -15,9 +15,12 @@
 #include "engine/backend/cuda/gemm.h"
 #include "engine/backend/cuda/kernels.h"
 #include "engine/backend/cuda/rmsnorm.h"
+#include "engine/backend/op_checks.h"
 
 namespace ithaca {
 namespace {
+
+constexpr OpChecks kCheck("CudaOps");
 
 using cuda::ElemType;
 
@@ -39,31 +42,6 @@ void CheckFloat(const Tensor& t, const char* op, const char* name) {
                ", expected f32 or bf16");
 }
 
-void CheckShape(const Tensor& t, const Shape& want, const char* op, const char* name) {
-  ITHACA_CHECK(t.shape == want, "CudaOps::", op, ": ", name, " is ", t.DebugString(),
-               ", expected shape ", ShapeString(want));
-}
-
-void CheckNumel(const Tensor& t, int64_t want, const char* op, const char* name) {
-  ITHACA_CHECK(t.numel() == want, "CudaOps::", op, ": ", name, " is ", t.DebugString(),
-               ", expected ", want, " elements");
-}
-
-struct Dims2 {
-  int64_t rows, cols;
-};
-Dims2 View2D(const Tensor& t, const char* op, const char* name) {
-  ITHACA_CHECK(t.rank() >= 1, "CudaOps::", op, ": ", name, " is a scalar ", t.DebugString());
-  const int64_t cols = t.dim(-1);
-  return Dims2{cols == 0 ? 0 : t.numel() / cols, cols};
-}
-
-bool Overlap(const Tensor& a, const Tensor& b) {
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return pa < pb + b.bytes() && pb < pa + a.bytes();
-}
-
 const uint16_t* Bf(const Tensor& t) { return static_cast<const uint16_t*>(t.data); }
 uint16_t* BfMut(const Tensor& t) { return static_cast<uint16_t*>(t.data); }
 
@@ -78,8 +56,8 @@ void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   const int64_t s = q.dim(0), hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
   ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(0) == s && k.dim(2) == d, "CudaOps::", op,
                ": q ", q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
-  CheckShape(v, k.shape, op, "v");
-  CheckShape(lse, {hq, s}, op, "lse");
+  kCheck.Shape(v, k.shape, op, "v");
+  kCheck.Shape(lse, {hq, s}, op, "lse");
 }
 
 // Host-side conversion between the three dtypes (f32 <-> bf16; i32 only to i32).
@@ -246,7 +224,7 @@ void CudaOps::Copy(const Tensor& src, const Tensor& dst) {
   Scope scope(this, kind);
   CheckData(src, "Copy", "src");
   CheckData(dst, "Copy", "dst");
-  CheckNumel(dst, src.numel(), "Copy", "dst");
+  kCheck.Numel(dst, src.numel(), "Copy", "dst");
   ITHACA_CHECK(src.dtype == dst.dtype || (src.dtype != DType::kI32 && dst.dtype != DType::kI32),
                "CudaOps::Copy: cannot convert ", src.DebugString(), " to ", dst.DebugString());
   // Equal dtypes are a cudaMemcpyAsync with cudaMemcpyDefault, so either side may be pinned host
@@ -310,7 +288,7 @@ void CudaOps::Axpy(float alpha, const Tensor& x, const Tensor& y) {
   Scope scope(this, "axpy");
   CheckDType(y, DType::kF32, "Axpy", "y");
   CheckFloat(x, "Axpy", "x");
-  CheckNumel(x, y.numel(), "Axpy", "x");
+  kCheck.Numel(x, y.numel(), "Axpy", "x");
   cuda::Axpy(alpha, x.data, Et(x.dtype), y.f32(), y.numel(), compute_);
 }
 
@@ -340,7 +318,7 @@ void CudaOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
   CheckDType(a, DType::kBF16, "Gemm", "a");
   CheckDType(b, DType::kBF16, "Gemm", "b");
   CheckFloat(c, "Gemm", "c");
-  const Dims2 da = View2D(a, "Gemm", "a"), db = View2D(b, "Gemm", "b"), dc = View2D(c, "Gemm", "c");
+  const OpChecks::Dims2 da = kCheck.View2D(a, "Gemm", "a"), db = kCheck.View2D(b, "Gemm", "b"), dc = kCheck.View2D(c, "Gemm", "c");
   const int64_t m = trans_a ? da.cols : da.rows, k = trans_a ? da.rows : da.cols;
   const int64_t kb = trans_b ? db.cols : db.rows, n = trans_b ? db.rows : db.cols;
   ITHACA_CHECK(k == kb && dc.rows == m && dc.cols == n, "CudaOps::Gemm: op(a) ", m, "x", k, " (a ",
@@ -360,7 +338,7 @@ void CudaOps::Embedding(const Tensor& ids, const Tensor& table, const Tensor& ou
   CheckDType(out, DType::kBF16, "Embedding", "out");
   ITHACA_CHECK(table.rank() == 2, "CudaOps::Embedding: table is ", table.DebugString());
   const int64_t tokens = ids.numel(), d = table.dim(1);
-  CheckShape(out, {tokens, d}, "Embedding", "out");
+  kCheck.Shape(out, {tokens, d}, "Embedding", "out");
   cuda::EmbeddingForward(ids.i32(), tokens, Bf(table), table.dim(0), d, BfMut(out), compute_);
 }
 
@@ -371,7 +349,7 @@ void CudaOps::EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Ten
   CheckFloat(dtable, "EmbeddingBackward", "dtable");
   ITHACA_CHECK(dtable.rank() == 2, "CudaOps::EmbeddingBackward: dtable is ", dtable.DebugString());
   const int64_t tokens = ids.numel(), d = dtable.dim(1);
-  CheckShape(dout, {tokens, d}, "EmbeddingBackward", "dout");
+  kCheck.Shape(dout, {tokens, d}, "EmbeddingBackward", "dout");
   cuda::EmbeddingBackward(ids.i32(), tokens, Bf(dout), dtable.dim(0), d, dtable.data,
                           Et(dtable.dtype), compute_);
 }
@@ -383,10 +361,10 @@ void CudaOps::RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor&
   CheckDType(w, DType::kBF16, "RmsNorm", "w");
   CheckDType(out, DType::kBF16, "RmsNorm", "out");
   CheckDType(rstd, DType::kF32, "RmsNorm", "rstd");
-  const Dims2 d2 = View2D(x, "RmsNorm", "x");
-  CheckShape(w, {d2.cols}, "RmsNorm", "w");
-  CheckShape(out, x.shape, "RmsNorm", "out");
-  CheckNumel(rstd, d2.rows, "RmsNorm", "rstd");
+  const OpChecks::Dims2 d2 = kCheck.View2D(x, "RmsNorm", "x");
+  kCheck.Shape(w, {d2.cols}, "RmsNorm", "w");
+  kCheck.Shape(out, x.shape, "RmsNorm", "out");
+  kCheck.Numel(rstd, d2.rows, "RmsNorm", "rstd");
   cuda::RmsNormForward(Bf(x), Bf(w), eps, d2.rows, d2.cols, BfMut(out), rstd.f32(), compute_);
 }
 
@@ -400,12 +378,12 @@ void CudaOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rs
   CheckDType(dout, DType::kBF16, op, "dout");
   CheckDType(dx, DType::kBF16, op, "dx");
   CheckDType(dw, DType::kF32, op, "dw");
-  const Dims2 d2 = View2D(x, op, "x");
-  CheckShape(w, {d2.cols}, op, "w");
-  CheckShape(dw, {d2.cols}, op, "dw");
-  CheckNumel(rstd, d2.rows, op, "rstd");
-  CheckShape(dout, x.shape, op, "dout");
-  CheckShape(dx, x.shape, op, "dx");
+  const OpChecks::Dims2 d2 = kCheck.View2D(x, op, "x");
+  kCheck.Shape(w, {d2.cols}, op, "w");
+  kCheck.Shape(dw, {d2.cols}, op, "dw");
+  kCheck.Numel(rstd, d2.rows, op, "rstd");
+  kCheck.Shape(dout, x.shape, op, "dout");
+  kCheck.Shape(dx, x.shape, op, "dx");
   cuda::RmsNormBackward(Bf(x), Bf(w), rstd.f32(), Bf(dout), d2.rows, d2.cols, BfMut(dx), dw.f32(),
                         compute_);
 }
@@ -416,7 +394,7 @@ void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool i
   CheckDType(inv_freq, DType::kF32, "Rope", "inv_freq");
   ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CudaOps::Rope: x is ", x.DebugString(),
                ", expected [T, H, D] with D even");
-  CheckShape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
+  kCheck.Shape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
   ITHACA_CHECK(pos0 >= 0, "CudaOps::Rope: negative pos0 ", pos0);
   cuda::Rope(BfMut(x), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse, compute_);
 }
@@ -453,7 +431,7 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   Scope scope(this, "attention_fwd");
   CheckAttention(q, k, v, lse, "Attention");
   CheckDType(out, DType::kBF16, "Attention", "out");
-  CheckShape(out, q.shape, "Attention", "out");
+  kCheck.Shape(out, q.shape, "Attention", "out");
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
   if (UseCudnn(s, hq, hkv, d, false, q.data, k.data, v.data, out.data, nullptr, lse.data, nullptr,
@@ -474,11 +452,11 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
   CheckAttention(q, k, v, lse, op);
   for (const Tensor* t : {&out, &dout, &dq}) {
     CheckDType(*t, DType::kBF16, op, "operand");
-    CheckShape(*t, q.shape, op, "operand");
+    kCheck.Shape(*t, q.shape, op, "operand");
   }
   for (const Tensor* t : {&dk, &dv}) {
     CheckDType(*t, DType::kBF16, op, "dk/dv");
-    CheckShape(*t, k.shape, op, "dk/dv");
+    kCheck.Shape(*t, k.shape, op, "dk/dv");
   }
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
@@ -500,8 +478,8 @@ void CudaOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {
   CheckDType(gate, DType::kBF16, "SwiGLU", "gate");
   CheckDType(up, DType::kBF16, "SwiGLU", "up");
   CheckDType(out, DType::kBF16, "SwiGLU", "out");
-  CheckShape(up, gate.shape, "SwiGLU", "up");
-  CheckShape(out, gate.shape, "SwiGLU", "out");
+  kCheck.Shape(up, gate.shape, "SwiGLU", "up");
+  kCheck.Shape(out, gate.shape, "SwiGLU", "out");
   cuda::SwiGLUForward(Bf(gate), Bf(up), BfMut(out), gate.numel(), compute_);
 }
 
@@ -511,7 +489,7 @@ void CudaOps::SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor&
   const char* op = "SwiGLUBackward";
   for (const Tensor* t : {&gate, &up, &dout, &dgate, &dup}) {
     CheckDType(*t, DType::kBF16, op, "operand");
-    CheckShape(*t, gate.shape, op, "operand");
+    kCheck.Shape(*t, gate.shape, op, "operand");
   }
   cuda::SwiGLUBackward(Bf(gate), Bf(up), Bf(dout), BfMut(dgate), BfMut(dup), gate.numel(),
                        compute_);
@@ -528,9 +506,9 @@ void CudaOps::CrossEntropy(const Tensor& logits, const Tensor& labels, const Ten
   ITHACA_CHECK(logits.rank() == 2, "CudaOps::", op, ": logits is ", logits.DebugString(),
                ", expected [T, V]");
   const int64_t tokens = logits.dim(0), vocab = logits.dim(1);
-  CheckShape(labels, {tokens}, op, "labels");
-  CheckShape(losses, {tokens}, op, "losses");
-  CheckShape(dlogits, logits.shape, op, "dlogits");
+  kCheck.Shape(labels, {tokens}, op, "labels");
+  kCheck.Shape(losses, {tokens}, op, "losses");
+  kCheck.Shape(dlogits, logits.shape, op, "dlogits");
   cuda::CrossEntropy(logits.data, Et(logits.dtype), labels.i32(), tokens, vocab, losses.f32(),
                      dlogits.data, grad_scale, compute_);
 }
@@ -544,12 +522,12 @@ void CudaOps::AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, c
   CheckDType(v, DType::kF32, op, "v");
   CheckFloat(grad, op, "grad");
   const int64_t n = master.numel();
-  for (const Tensor* t : {&grad, &m, &v}) CheckNumel(*t, n, op, "operand");
+  for (const Tensor* t : {&grad, &m, &v}) kCheck.Numel(*t, n, op, "operand");
   ITHACA_CHECK(p.step >= 1, "CudaOps::", op, ": step ", p.step, " is not 1-based");
   const bool has_working = working.data != nullptr;
   if (has_working) {
     CheckFloat(working, op, "working");
-    CheckNumel(working, n, op, "working");
+    kCheck.Numel(working, n, op, "working");
   }
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
