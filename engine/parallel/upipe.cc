@@ -23,51 +23,72 @@ absl::Status Exchange(const UlyssesContext& c, const Tensor& in, const Tensor& o
   return c.sp->AllToAll(in, out);
 }
 
+// One projection into all-to-all slots (forward) or out of them (backward): rows of `w` for n
+// heads per destination rank; `buf` is [P, s, n, D], slot j for rank j's heads.
+struct Projection {
+  Tensor w;         // [heads·D, d]
+  Tensor gw;        // its gradient (backward only)
+  Tensor buf;
+  bool rope = false;
+};
+
+Tensor Slot(const UlyssesContext& c, const Tensor& buf, int64_t j, int64_t n) {
+  return buf.Slice(j * c.s * n * c.plan.D, {c.s, n * c.plan.D});
+}
+
 // Projects heads for every destination rank straight into its all-to-all slot:
-// send [P, s, n, D], slot j = roped h · W[heads of j]ᵀ, h made tile by tile into `h_tile`.
+// slot j = (roped) h · W[heads of j]ᵀ for each projection, h made tile by tile into `h_tile`
+// once for all of them.
 template <typename FirstHead>
 void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tensor& h_tile,
-                     const Tensor& w, int64_t n, FirstHead first_head, bool rope,
-                     const Tensor& send) {
+                     std::initializer_list<Projection> projections, int64_t n,
+                     FirstHead first_head) {
   const int64_t D = c.plan.D, s = c.s;
   for (int64_t t0 = 0; t0 < s; t0 += in.tile) {
     const int64_t t1 = std::min(s, t0 + in.tile);
     const Tensor h = h_tile.Rows(0, t1 - t0);
     c.ops->RmsNorm(in.x.Rows(t0, t1), in.norm_w, in.eps, h, in.rstd.Rows(t0, t1));
-    for (int64_t j = 0; j < c.plan.P; ++j) {
-      Tensor slot = send.Slice(j * s * n * D, {s, n * D});
-      c.ops->Gemm(h, false, HeadRows(w, first_head(j), n, D), true, slot.Rows(t0, t1), 1.f, 0.f);
+    for (const Projection& p : projections) {
+      for (int64_t j = 0; j < c.plan.P; ++j) {
+        c.ops->Gemm(h, false, HeadRows(p.w, first_head(j), n, D), true,
+                    Slot(c, p.buf, j, n).Rows(t0, t1), 1.f, 0.f);
+      }
     }
   }
-  if (!rope) return;
-  for (int64_t j = 0; j < c.plan.P; ++j) {
-    c.ops->Rope(send.Slice(j * s * n * D, {s, n, D}), c.pos0(), c.inv_freq, false);
+  for (const Projection& p : projections) {
+    if (!p.rope) continue;
+    for (int64_t j = 0; j < c.plan.P; ++j) {
+      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, false);
+    }
   }
 }
 
-// The reverse of ProjectForRanks for gradients: recv [P, s, n, D] holds, in slot j, the
+// The reverse of ProjectForRanks for gradients: each projection's buf holds, in slot j, the
 // gradient for this rank's tokens of j's heads. Per token tile: the weight gradient rows
-// (dW += slotᵀ · h), then dh = Σ_j slot_j · W_j through the norm's backward into dx, dnorm_w.
+// (dW += slotᵀ · h), then dh = Σ slot · W through the norm's backward into dx and dnorm_w.
 template <typename FirstHead>
 void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tensor& h_tile,
-                      const Tensor& dh_tile, const Tensor& w, const Tensor& gw, int64_t n,
-                      FirstHead first_head, bool rope, const Tensor& recv, const Tensor& dx,
-                      const Tensor& dnorm_w) {
+                      const Tensor& dh_tile, std::initializer_list<Projection> projections,
+                      int64_t n, FirstHead first_head, const Tensor& dx, const Tensor& dnorm_w) {
   const int64_t D = c.plan.D, s = c.s;
-  if (rope) {
+  for (const Projection& p : projections) {
+    if (!p.rope) continue;
     for (int64_t j = 0; j < c.plan.P; ++j) {
-      c.ops->Rope(recv.Slice(j * s * n * D, {s, n, D}), c.pos0(), c.inv_freq, true);
+      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, true);
     }
   }
   for (int64_t t0 = 0; t0 < s; t0 += in.tile) {
     const int64_t t1 = std::min(s, t0 + in.tile);
     const Tensor h = h_tile.Rows(0, t1 - t0), dh = dh_tile.Rows(0, t1 - t0);
     c.ops->RmsNorm(in.x.Rows(t0, t1), in.norm_w, in.eps, h, in.rstd.Rows(t0, t1));
-    for (int64_t j = 0; j < c.plan.P; ++j) {
-      const Tensor slot = recv.Slice(j * s * n * D, {s, n * D}).Rows(t0, t1);
-      const Tensor rows = HeadRows(w, first_head(j), n, D);
-      c.ops->Gemm(slot, true, h, false, HeadRows(gw, first_head(j), n, D), 1.f, 1.f);
-      c.ops->Gemm(slot, false, rows, false, dh, 1.f, j == 0 ? 0.f : 1.f);
+    float beta = 0.f;  // the first product writes dh, the others add to it
+    for (const Projection& p : projections) {
+      for (int64_t j = 0; j < c.plan.P; ++j) {
+        const Tensor slot = Slot(c, p.buf, j, n).Rows(t0, t1);
+        c.ops->Gemm(slot, true, h, false, HeadRows(p.gw, first_head(j), n, D), 1.f, 1.f);
+        c.ops->Gemm(slot, false, HeadRows(p.w, first_head(j), n, D), false, dh, 1.f, beta);
+        beta = 1.f;
+      }
     }
     c.ops->RmsNormBackward(in.x.Rows(t0, t1), in.norm_w, in.rstd.Rows(t0, t1), dh,
                            dx.Rows(t0, t1), dnorm_w);
@@ -101,7 +122,8 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr;
   ASSIGN_OR_RETURN(Buffer h, Alloc(c, act, {std::min(in.tile, c.s), in.x.dim(1)},
                                    Tier::kActivations));
-  ASSIGN_OR_RETURN(Buffer kv_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer k_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer v_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer k, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer v, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer q_send, Alloc(c, act, {S, u, D}, Tier::kAttention));
@@ -109,13 +131,15 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   ASSIGN_OR_RETURN(Buffer o, Alloc(c, act, {S, u, D}, Tier::kAttention));
   for (int64_t k_round = 0; k_round < p.rounds; ++k_round) {
     auto kv_head = [&](int64_t j) { return p.KvHead(j, k_round); };
-    ProjectForRanks(c, in, h.tensor(), w.wk, kvr, kv_head, /*rope=*/true, kv_send.tensor());
-    RETURN_IF_ERROR(Exchange(c, kv_send.tensor(), k.tensor()));
-    ProjectForRanks(c, in, h.tensor(), w.wv, kvr, kv_head, /*rope=*/false, kv_send.tensor());
-    RETURN_IF_ERROR(Exchange(c, kv_send.tensor(), v.tensor()));
+    ProjectForRanks(c, in, h.tensor(),
+                    {{w.wk, {}, k_send.tensor(), /*rope=*/true},
+                     {w.wv, {}, v_send.tensor(), /*rope=*/false}},
+                    kvr, kv_head);
+    RETURN_IF_ERROR(Exchange(c, k_send.tensor(), k.tensor()));
+    RETURN_IF_ERROR(Exchange(c, v_send.tensor(), v.tensor()));
     for (int64_t t = 0; t < p.stages_per_round; ++t) {
       auto q_head = [&](int64_t j) { return p.QHead(j, k_round, t); };
-      ProjectForRanks(c, in, h.tensor(), w.wq, u, q_head, /*rope=*/true, q_send.tensor());
+      ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, q_send.tensor(), /*rope=*/true}}, u, q_head);
       RETURN_IF_ERROR(Exchange(c, q_send.tensor(), q.tensor()));
       const int64_t stage = k_round * p.stages_per_round + t;
       c.ops->Attention(q.tensor(), k.tensor(), v.tensor(), o.tensor(),
@@ -139,12 +163,9 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   const Shape tile_shape = {std::min(in.tile, c.s), in.x.dim(1)};
   ASSIGN_OR_RETURN(Buffer h, Alloc(c, act, tile_shape, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer dh, Alloc(c, act, tile_shape, Tier::kActivations));
-  auto backprop = [&](const Tensor& weight, const Tensor& grad, int64_t n, auto first_head,
-                      bool rope, const Tensor& recv) {
-    BackpropForRanks(c, in, h.tensor(), dh.tensor(), weight, grad, n, first_head, rope, recv, dx,
-                     dnorm_w);
-  };
+
   ASSIGN_OR_RETURN(Buffer send, Alloc(c, act, {S, std::max(u, kvr), D}, Tier::kAttention));
+  ASSIGN_OR_RETURN(Buffer v_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer k, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer v, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer dk_sum, Alloc(c, DType::kF32, {S, kvr, D}, Tier::kAttention));
@@ -159,15 +180,16 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   const Tensor kv_send = send.tensor().Slice(0, {S, kvr, D});
   for (int64_t k_round = 0; k_round < p.rounds; ++k_round) {
     auto kv_head = [&](int64_t j) { return p.KvHead(j, k_round); };
-    ProjectForRanks(c, in, h.tensor(), w.wk, kvr, kv_head, /*rope=*/true, kv_send);
+    ProjectForRanks(c, in, h.tensor(),
+                    {{w.wk, {}, kv_send, /*rope=*/true}, {w.wv, {}, v_send.tensor(), false}}, kvr,
+                    kv_head);
     RETURN_IF_ERROR(Exchange(c, kv_send, k.tensor()));
-    ProjectForRanks(c, in, h.tensor(), w.wv, kvr, kv_head, /*rope=*/false, kv_send);
-    RETURN_IF_ERROR(Exchange(c, kv_send, v.tensor()));
+    RETURN_IF_ERROR(Exchange(c, v_send.tensor(), v.tensor()));
     c.ops->Fill(dk_sum.tensor(), 0.f);
     c.ops->Fill(dv_sum.tensor(), 0.f);
     for (int64_t t = 0; t < p.stages_per_round; ++t) {
       auto q_head = [&](int64_t j) { return p.QHead(j, k_round, t); };
-      ProjectForRanks(c, in, h.tensor(), w.wq, u, q_head, /*rope=*/true, q_send);
+      ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, q_send, /*rope=*/true}}, u, q_head);
       RETURN_IF_ERROR(Exchange(c, q_send, q.tensor()));
       StageColumns(c, k_round, t, o_local, q_send, /*to_local=*/false);
       RETURN_IF_ERROR(Exchange(c, q_send, o.tensor()));
@@ -180,15 +202,17 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
       c.ops->Axpy(1.f, dk.tensor(), dk_sum.tensor());
       c.ops->Axpy(1.f, dv.tensor(), dv_sum.tensor());
       RETURN_IF_ERROR(Exchange(c, dq.tensor(), q_send));
-      backprop(w.wq, g.wq, u, q_head, /*rope=*/true, q_send);
+      BackpropForRanks(c, in, h.tensor(), dh.tensor(), {{w.wq, g.wq, q_send, /*rope=*/true}}, u,
+                       q_head, dx, dnorm_w);
     }
     // dK, dV summed over the round's stages go back once (as act dtype, like the forward).
     c.ops->Copy(dk_sum.tensor(), dk.tensor());
     RETURN_IF_ERROR(Exchange(c, dk.tensor(), kv_send));
-    backprop(w.wk, g.wk, kvr, kv_head, /*rope=*/true, kv_send);
     c.ops->Copy(dv_sum.tensor(), dv.tensor());
-    RETURN_IF_ERROR(Exchange(c, dv.tensor(), kv_send));
-    backprop(w.wv, g.wv, kvr, kv_head, /*rope=*/false, kv_send);
+    RETURN_IF_ERROR(Exchange(c, dv.tensor(), v_send.tensor()));
+    BackpropForRanks(c, in, h.tensor(), dh.tensor(),
+                     {{w.wk, g.wk, kv_send, /*rope=*/true}, {w.wv, g.wv, v_send.tensor(), false}},
+                     kvr, kv_head, dx, dnorm_w);
   }
   return absl::OkStatus();
 }
