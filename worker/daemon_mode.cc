@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -67,7 +68,10 @@ class DaemonLink {
       : o_(o),
         stub_(v1::WorkerService::NewStub(
             grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials()))) {}
-  ~DaemonLink() { StopHeartbeats(); }
+  ~DaemonLink() {
+    FlushReports();
+    StopHeartbeats();
+  }
 
   absl::StatusOr<v1::RegisterResponse> Register() {
     grpc::ClientContext ctx;
@@ -87,16 +91,26 @@ class DaemonLink {
     return resp;
   }
 
+  // Queues the step's report; a sender thread delivers reports in order, so the training loop
+  // never waits on the daemon.
   void ReportStep(const StepReport& r) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(10000));
-    v1::ReportStepRequest req;
-    req.set_job_id(o_.job_id);
-    *req.mutable_step() = ToProto(r, o_.rank);
-    v1::Ack ack;
-    grpc::Status st = stub_->ReportStep(&ctx, req, &ack);
-    if (!st.ok())
-      std::fprintf(stderr, "rank %d: report step: %s\n", o_.rank, st.error_message().c_str());
+    {
+      std::lock_guard<std::mutex> lock(report_mu_);
+      if (!sender_.joinable()) sender_ = std::thread([this] { SendReports(); });
+      reports_.push_back(ToProto(r, o_.rank));
+    }
+    report_cv_.notify_one();
+  }
+
+  // Delivers every queued report, then stops the sender (before the rank exits, so the daemon
+  // has seen the last step before it sees the exit).
+  void FlushReports() {
+    {
+      std::lock_guard<std::mutex> lock(report_mu_);
+      reports_done_ = true;
+    }
+    report_cv_.notify_one();
+    if (sender_.joinable()) sender_.join();
   }
 
   void Log(const std::string& level, const std::string& text) {
@@ -159,8 +173,34 @@ class DaemonLink {
   }
 
  private:
+  void SendReports() {
+    std::unique_lock<std::mutex> lock(report_mu_);
+    while (true) {
+      report_cv_.wait(lock, [this] { return reports_done_ || !reports_.empty(); });
+      if (reports_.empty()) return;  // done and drained
+      v1::ReportStepRequest req;
+      req.set_job_id(o_.job_id);
+      *req.mutable_step() = std::move(reports_.front());
+      reports_.pop_front();
+      lock.unlock();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(10000));
+      v1::Ack ack;
+      grpc::Status st = stub_->ReportStep(&ctx, req, &ack);
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d: report step: %s\n", o_.rank, st.error_message().c_str());
+      }
+      lock.lock();
+    }
+  }
+
   DaemonWorkerOptions o_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::mutex report_mu_;
+  std::condition_variable report_cv_;
+  std::deque<v1::StepReport> reports_;
+  bool reports_done_ = false;
+  std::thread sender_;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -252,6 +292,7 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   link.StartHeartbeats(std::max(50, reg->heartbeat_interval_ms()));
   absl::StatusOr<JobSpec> spec = ParseJobSpec(reg->spec_toml(), "job " + o.job_id);
   absl::Status st = spec.ok() ? Train(o, *spec, link) : spec.status();
+  link.FlushReports();
   if (!st.ok())
     link.Log(st.code() == absl::StatusCode::kCancelled ? "INFO" : "ERROR",
              std::string(st.message()));
