@@ -40,19 +40,24 @@ std::vector<int64_t> TileCandidates(int64_t s) {
 void Judge(MemoryPlan* p) {
   p->fits = true;
   p->verdict = "fits";
+  const int64_t host = p->peak[static_cast<int>(Tier::kHostOffload)];
   if (p->gpu_budget > 0 && p->device_total() > p->gpu_budget) {
     p->fits = false;
-    p->verdict = absl::StrFormat("needs %.2f GiB of GPU memory per rank, budget %.2f GiB",
-                                 p->device_total() / kGiB, p->gpu_budget / kGiB);
-  } else if (p->host_budget > 0 && p->peak[static_cast<int>(Tier::kHostOffload)] > p->host_budget) {
+    p->verdict = absl::StrCat("needs ", HumanBytes(p->device_total()),
+                              " of GPU memory per rank, budget ", HumanBytes(p->gpu_budget));
+  } else if (p->host_budget > 0 && host > p->host_budget) {
     p->fits = false;
-    p->verdict = absl::StrFormat("needs %.2f GiB of pinned host memory per rank, budget %.2f GiB",
-                                 p->peak[static_cast<int>(Tier::kHostOffload)] / kGiB,
-                                 p->host_budget / kGiB);
+    p->verdict = absl::StrCat("needs ", HumanBytes(host), " of pinned host memory per rank, budget ",
+                              HumanBytes(p->host_budget));
   }
 }
 
 }  // namespace
+
+std::string HumanBytes(int64_t b) {
+  return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / kGiB)
+                                 : absl::StrFormat("%.2f MiB", b / double(1 << 20));
+}
 
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   if (req.seq_len % req.sp != 0) {

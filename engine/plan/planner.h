@@ -50,6 +50,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);
 
+// "12.34 GiB", or MiB below one GiB.
+std::string HumanBytes(int64_t bytes);
+
 // The table `ithaca plan` prints: one line per tier, the total, the budgets and the verdict.
 std::string FormatPlan(const MemoryPlan& plan);
 

@@ -84,11 +84,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     mo.checkpoint_interval = plan.checkpoint_interval;
     if (t->rank_ == 0) {
       std::printf("memory plan: head_chunk %lld, tile_tokens %lld, offload %s, prefetch %s, "
-                  "checkpoint_interval %lld, peak %.2f GiB per rank\n",
+                  "checkpoint_interval %lld, peak %s per rank\n",
                   static_cast<long long>(plan.head_chunk),
                   static_cast<long long>(plan.tile_tokens), plan.offload ? "on" : "off",
                   plan.prefetch ? "on" : "off", static_cast<long long>(plan.checkpoint_interval),
-                  plan.device_total() / double(int64_t{1} << 30));
+                  HumanBytes(plan.device_total()).c_str());
     }
   }
   mo.fsdp = spec.parallel.fsdp;

@@ -7,6 +7,7 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
+#include "engine/plan/planner.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
@@ -164,6 +165,52 @@ TEST(ModelFlopsTest, MatchesTheConventionForLlama8B) {
   // N ≈ 7.50e9 matmul parameters (6.98e9 in blocks + 0.53e9 LM head): 6·N + 6·32·S·4096 at S = 1M.
   const double per_token = ModelFlopsPerToken(*cfg, 1 << 20);
   EXPECT_NEAR(per_token, 6 * 7.50e9 + 6.0 * 32 * (1 << 20) * 4096, 0.01e12);
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// "auto" memory settings come from the planner: under a tight budget the trainer runs with
+// smaller head stages / tiles / offload and stays inside it; an impossible budget is an error.
+TEST(TrainerTest, AutoSettingsFitTheBudget) {
+  const std::string dir = TmpDir("auto");
+  JobSpec spec = SmallSpec(dir);
+  spec.data.seq_len = 512;
+  spec.training.steps = 2;
+  spec.memory.tile_tokens = 0;  // auto
+  spec.memory.head_chunk = 0;   // auto
+  // The fastest settings need more than this; head stages and tiles must shrink.
+  PlanRequest fastest;
+  fastest.cfg = *PresetConfig("tiny");
+  fastest.seq_len = 512;
+  fastest.opts.checkpoint = spec.memory.checkpoint;
+  fastest.opts.tile_tokens = 512;
+  auto full = PlanMemory(fastest);
+  ASSERT_TRUE(full.ok()) << full.status();
+  PlanRequest frugal = fastest;
+  frugal.opts.head_chunk = 1;
+  frugal.opts.offload = true;
+  frugal.opts.prefetch = false;
+  auto least = PlanMemory(frugal);
+  ASSERT_TRUE(least.ok()) << least.status();
+  ASSERT_LT(least->device_total(), full->device_total());
+  spec.memory.gpu_budget_gib =
+      0.5 * (least->device_total() + full->device_total()) / double(int64_t{1} << 30);
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Run().ok());
+  EXPECT_LE(alloc.tracker().device_peak(), spec.memory.gpu_budget_gib * (int64_t{1} << 30));
+
+  spec.memory.gpu_budget_gib = 1e-4;  // ~100 KiB: not even the weights fit
+  auto none = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("does not fit"), std::string::npos) << none.status();
 }
 
 }  // namespace
