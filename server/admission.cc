@@ -131,13 +131,9 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a, const Node& node) {
   }
   plan.set_per_rank_bytes(p->device_total());
   plan.set_fits(p->fits);
-  auto gib = [](int64_t b) {
-    return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / kGiB)
-                                   : absl::StrFormat("%.2f MiB", b / double(1 << 20));
-  };
   plan.set_summary(absl::StrFormat(
       "peak %s per rank %s budget %s (%s); head_chunk %d, tile_tokens %d, offload %s%s",
-      gib(p->device_total()), p->fits ? "<=" : ">", gib(device_budget),
+      HumanBytes(p->device_total()).c_str(), p->fits ? "<=" : ">", HumanBytes(device_budget).c_str(),
       plan.budget_source().c_str(), p->head_chunk, p->tile_tokens, p->offload ? "on" : "off",
       p->fits ? "" : absl::StrCat("; ", p->verdict).c_str()));
   return plan;

@@ -14,6 +14,10 @@ class OpChecks {
     ITHACA_CHECK(t.shape == want, "", backend_, "::", op, ": ", name, " is ", t.DebugString(),
                  ", expected shape ", ShapeString(want));
   }
+  void DTypeIs(const Tensor& t, DType want, const char* op, const char* name) const {
+    ITHACA_CHECK(t.dtype == want, "", backend_, "::", op, ": ", name, " is ", t.DebugString(),
+                 ", expected ", DTypeName(want));
+  }
   void Numel(const Tensor& t, int64_t want, const char* op, const char* name) const {
     ITHACA_CHECK(t.numel() == want, "", backend_, "::", op, ": ", name, " is ", t.DebugString(),
                  ", expected ", want, " elements");

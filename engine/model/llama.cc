@@ -69,16 +69,6 @@ BlockContext LlamaModel::Context(int64_t s) const {
 
 absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* labels,
                                                     int64_t S, float grad_scale) {
-  return Run(inputs, labels, S, grad_scale, /*backward=*/true);
-}
-
-absl::StatusOr<LossSum> LlamaModel::Evaluate(const int32_t* inputs, const int32_t* labels,
-                                             int64_t S) {
-  return Run(inputs, labels, S, 0.f, /*backward=*/false);
-}
-
-absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* labels, int64_t S,
-                                        float grad_scale, bool backward) {
   const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers, P = plan_.P;
   const DType act = ops_->act_dtype();
   if (S % P != 0) {
@@ -113,11 +103,11 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
   }
 
   const BlockContext ctx = Context(s);
-  const bool keep_all = opts_.checkpoint == CheckpointPolicy::kNone && backward;
+  const bool keep_all = opts_.checkpoint == CheckpointPolicy::kNone;
   const bool keep_attention = opts_.checkpoint == CheckpointPolicy::kAttentionAware;
   // Only every k-th block's input is saved; the others are regrown in backward from it.
   const int64_t k = keep_all ? 1 : std::max<int64_t>(1, opts_.checkpoint_interval);
-  CheckpointStore saved(ops_, alloc_, L, opts_.offload && backward, opts_.offload_keep_last);
+  CheckpointStore saved(ops_, alloc_, L, opts_.offload, opts_.offload_keep_last);
   std::vector<BlockSaved> resident(keep_all ? L : 0);
   std::unique_ptr<UnitLease> next;  // the next block's parameters, gathered one block ahead
   for (int64_t l = 0; l < L; ++l) {
@@ -131,10 +121,10 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
     const Tier y_tier = l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
     BlockSaved bs;
-    const bool keep_o = backward && (keep_all || (keep_attention && l % k == 0));
+    const bool keep_o = keep_all || (keep_attention && l % k == 0);
     RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs,
                                  keep_o, /*keep_mlp_input=*/keep_all));
-    if (backward && l % k == 0) {
+    if (l % k == 0) {
       SavedInputs in;
       in.x = std::move(x);
       if (keep_attention) {
@@ -148,12 +138,8 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
   }
   next.reset();
 
-  if (!backward) {
-    ASSIGN_OR_RETURN(out.loss_sum, LossHead(x.tensor(), lab.tensor(), 0.f, nullptr));
-    return out;
-  }
   ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, act, {s, d}, Tier::kActivations));
-  ASSIGN_OR_RETURN(out.loss_sum, LossHead(x.tensor(), lab.tensor(), grad_scale, &dx.tensor()));
+  ASSIGN_OR_RETURN(out.loss_sum, LossHead(x.tensor(), lab.tensor(), grad_scale, dx.tensor()));
   x.Reset();
 
   // Inputs (and, attention-aware, O and LSE) of the blocks between two saved ones, rebuilt by
@@ -216,7 +202,7 @@ absl::StatusOr<LossSum> LlamaModel::Run(const int32_t* inputs, const int32_t* la
 }
 
 absl::StatusOr<double> LlamaModel::LossHead(const Tensor& x, const Tensor& labels,
-                                            float grad_scale, const Tensor* dx) {
+                                            float grad_scale, const Tensor& dx) {
   const int64_t s = x.dim(0), d = cfg_.hidden_size, V = cfg_.vocab_size;
   const DType act = ops_->act_dtype();
   // The [T, V] logits tile is the largest transient buffer: keep it near 32M elements.
@@ -237,24 +223,18 @@ absl::StatusOr<double> LlamaModel::LossHead(const Tensor& x, const Tensor& label
   }
   const Tensor norm_w = ParamLayout::View(head_p, head_entries[kFinalNorm]);
   const Tensor E = ParamLayout::View(e_p, e_entry);
-  Tensor norm_g, dE;
-  if (dx) {
-    ASSIGN_OR_RETURN(Tensor head_g, ps.AcquireGrad(head));
-    Tensor e_g = head_g;
-    if (tied) {
-      ASSIGN_OR_RETURN(e_g, ps.AcquireGrad(embed));
-    }
-    norm_g = ParamLayout::View(head_g, head_entries[kFinalNorm]);
-    dE = ParamLayout::View(e_g, e_entry);
+  ASSIGN_OR_RETURN(Tensor head_g, ps.AcquireGrad(head));
+  Tensor e_g = head_g;
+  if (tied) {
+    ASSIGN_OR_RETURN(e_g, ps.AcquireGrad(embed));
   }
+  const Tensor norm_g = ParamLayout::View(head_g, head_entries[kFinalNorm]);
+  const Tensor dE = ParamLayout::View(e_g, e_entry);
   ASSIGN_OR_RETURN(Buffer h, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer rstd, Buffer::Make(alloc_, DType::kF32, {T}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer logits, Buffer::Make(alloc_, act, {T, V}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer losses, Buffer::Make(alloc_, DType::kF32, {s}, Tier::kActivations));
-  Buffer dh;
-  if (dx) {
-    ASSIGN_OR_RETURN(dh, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
-  }
+  ASSIGN_OR_RETURN(Buffer dh, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
   for (int64_t t0 = 0; t0 < s; t0 += T) {
     const int64_t t1 = std::min(s, t0 + T), n = t1 - t0;
     const Tensor xt = x.Rows(t0, t1), ht = h.tensor().Rows(0, n);
@@ -262,17 +242,14 @@ absl::StatusOr<double> LlamaModel::LossHead(const Tensor& x, const Tensor& label
     ops_->RmsNorm(xt, norm_w, static_cast<float>(cfg_.rms_norm_eps), ht, rt);
     ops_->Gemm(ht, false, E, true, lt, 1.f, 0.f);
     ops_->CrossEntropy(lt, labels.Rows(t0, t1), losses.tensor().Rows(t0, t1), lt, grad_scale);
-    if (!dx) continue;
-    const Tensor dht = dh.tensor().Rows(0, n), dxt = dx->Rows(t0, t1);
+    const Tensor dht = dh.tensor().Rows(0, n), dxt = dx.Rows(t0, t1);
     ops_->Gemm(lt, false, E, false, dht, 1.f, 0.f);  // dh = dlogits · E
     ops_->Gemm(lt, true, ht, false, dE, 1.f, 1.f);   // dE += dlogitsᵀ · h
     ops_->Fill(dxt, 0.f);
     ops_->RmsNormBackward(xt, norm_w, rt, dht, dxt, norm_g);
   }
-  if (dx) {
-    RETURN_IF_ERROR(ps.ReduceGrad(head));
-    if (tied) RETURN_IF_ERROR(ps.ReduceGrad(embed));
-  }
+  RETURN_IF_ERROR(ps.ReduceGrad(head));
+  if (tied) RETURN_IF_ERROR(ps.ReduceGrad(embed));
   return ops_->Sum(losses.tensor());
 }
 

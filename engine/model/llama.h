@@ -60,19 +60,15 @@ class LlamaModel {
   // rank's gradient shards; returns this rank's loss sum and token count.
   absl::StatusOr<LossSum> ForwardBackward(const int32_t* inputs, const int32_t* labels, int64_t S,
                                           float grad_scale);
-  // Forward only: this rank's loss sum.
-  absl::StatusOr<LossSum> Evaluate(const int32_t* inputs, const int32_t* labels, int64_t S);
 
  private:
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
       : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts) {}
   BlockContext Context(int64_t s) const;
-  absl::StatusOr<LossSum> Run(const int32_t* inputs, const int32_t* labels, int64_t S,
-                              float grad_scale, bool backward);
-  // Final norm, LM head and cross-entropy over token tiles. With backward, writes dx [s, d] and
-  // adds the head's (and tied embedding's) gradients.
+  // Final norm, LM head and cross-entropy over token tiles, fused with their backward: writes
+  // dx [s, d], adds the head's (and tied embedding's) gradients, returns the loss sum.
   absl::StatusOr<double> LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
-                                  const Tensor* dx);
+                                  const Tensor& dx);
 
   LlamaConfig cfg_;
   ParamLayout layout_;

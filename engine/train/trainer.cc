@@ -159,19 +159,19 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   // Every label is a real next token, so the step's token count is known up front and each
   // sample's gradient can be scaled to the step's mean loss directly.
   const float grad_scale = 1.f / static_cast<float>(samples * S);
-  std::vector<double> sums = {0, 0};  // loss sum, tokens
+  std::vector<double> loss_sum = {0};
   for (int64_t i = 0; i < samples; ++i) {
     data_->Next(inputs.data(), labels.data());
     if (i % dp_ != dp_rank_) continue;
     ASSIGN_OR_RETURN(LossSum l, model_->ForwardBackward(inputs.data(), labels.data(), S,
                                                         grad_scale));
-    sums[0] += l.loss_sum;
-    sums[1] += l.tokens;
+    loss_sum[0] += l.loss_sum;
   }
   RETURN_IF_ERROR(model_->params().FinishGradients());
-  RETURN_IF_ERROR(SumOverWorld(&sums));
-  const double loss = sums[0] / sums[1];
-  const int64_t tokens = static_cast<int64_t>(sums[1]);
+  RETURN_IF_ERROR(SumOverWorld(&loss_sum));
+  // Every position has a label, so the step's tokens are known without counting them.
+  const int64_t tokens = samples * S;
+  const double loss = loss_sum[0] / tokens;
   if (!std::isfinite(loss)) {
     return absl::DataLossError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1));
   }

@@ -22,8 +22,7 @@ void CheckCpu(const Tensor& t, const char* op, const char* name) {
 
 void CheckDType(const Tensor& t, DType want, const char* op, const char* name) {
   CheckCpu(t, op, name);
-  ITHACA_CHECK(t.dtype == want, "CpuOps::", op, ": ", name, " is ", t.DebugString(), ", expected ",
-               DTypeName(want));
+  kCheck.DTypeIs(t, want, op, name);
 }
 
 void CheckF32(const Tensor& t, const char* op, const char* name) {

@@ -32,8 +32,7 @@ void CheckData(const Tensor& t, const char* op, const char* name) {
 
 void CheckDType(const Tensor& t, DType want, const char* op, const char* name) {
   CheckData(t, op, name);
-  ITHACA_CHECK(t.dtype == want, "CudaOps::", op, ": ", name, " is ", t.DebugString(), ", expected ",
-               DTypeName(want));
+  kCheck.DTypeIs(t, want, op, name);
 }
 
 void CheckFloat(const Tensor& t, const char* op, const char* name) {
