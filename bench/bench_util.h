@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -15,6 +16,14 @@
 
 namespace ithaca {
 namespace bench {
+
+// Today's date (UTC), YYYY-MM-DD, for the "date" field of every result line.
+inline std::string Today() {
+  const std::time_t now = std::time(nullptr);
+  char buf[16];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
 
 inline std::string DeviceName() {
   cudaDeviceProp p;

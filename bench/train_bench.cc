@@ -195,7 +195,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   bench::Json line;
   line.Str("bench", "train")
       .Str("mode", probe > 0 ? "memory-probe" : "throughput")
-      .Str("date", "2026-11-29")
+      .Str("date", bench::Today())
       .Str("device", device)
       .Str("model", absl::GetFlag(FLAGS_model))
       .Int("S", S)

@@ -2,6 +2,7 @@
 // forward+backward TFLOPS, causal, GQA, bf16, [S, H, D] layout. Causal FLOPs are counted as
 // 4·S²·Hq·D/2 forward and 2.5× that backward (the long-context papers' convention).
 // Prints one JSON line per (shape, pass).
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ ABSL_FLAG(std::string, shapes, "128:32:8:65536,64:32:8:131072",
           "comma-separated head_dim:Hq:Hkv:S");
 ABSL_FLAG(std::string, impl, "cudnn", "cudnn | own");
 ABSL_FLAG(int, iters, 5, "timed repetitions per pass (median reported)");
+ABSL_FLAG(std::string, passes, "fwd,bwd,fwd+bwd", "which passes to time (comma list)");
 
 namespace ithaca {
 namespace {
@@ -80,23 +82,32 @@ int Main() {
     };
     const int iters = absl::GetFlag(FLAGS_iters);
     const cudaStream_t st = ops.stream();
-    const double fwd_ms = bench::Median(bench::TimeMs(st, 1, iters, fwd));
-    const double bwd_ms = bench::Median(bench::TimeMs(st, 1, iters, bwd));
-    const double both_ms = bench::Median(bench::TimeMs(st, 1, iters, [&] {
-      fwd();
-      bwd();
-    }));
+    const std::vector<std::string> passes = absl::StrSplit(absl::GetFlag(FLAGS_passes), ',');
+    auto wanted = [&](const char* p) {
+      return std::find(passes.begin(), passes.end(), p) != passes.end();
+    };
     const double fwd_flops = 4.0 * double(S) * double(S) * hq * D / 2;
-    const struct {
+    struct Row {
       const char* pass;
       double ms, flops;
-    } rows[] = {{"fwd", fwd_ms, fwd_flops},
-                {"bwd", bwd_ms, 2.5 * fwd_flops},
-                {"fwd+bwd", both_ms, 3.5 * fwd_flops}};
+    };
+    std::vector<Row> rows;
+    fwd();  // the backward needs a real O and LSE even when the forward is not timed
+    if (wanted("fwd")) rows.push_back({"fwd", bench::Median(bench::TimeMs(st, 1, iters, fwd)), fwd_flops});
+    if (wanted("bwd")) {
+      rows.push_back({"bwd", bench::Median(bench::TimeMs(st, 1, iters, bwd)), 2.5 * fwd_flops});
+    }
+    if (wanted("fwd+bwd")) {
+      rows.push_back({"fwd+bwd", bench::Median(bench::TimeMs(st, 1, iters, [&] {
+                        fwd();
+                        bwd();
+                      })),
+                      3.5 * fwd_flops});
+    }
     for (const auto& r : rows) {
       bench::Json()
           .Str("bench", "attention")
-          .Str("date", "2026-11-29")
+          .Str("date", bench::Today())
           .Str("device", device)
           .Str("impl", ops.last_attention_impl())
           .Str("layout", "[S,H,D]")

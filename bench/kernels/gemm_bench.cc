@@ -47,7 +47,7 @@ int Main() {
       }));
       bench::Json()
           .Str("bench", "gemm")
-          .Str("date", "2026-11-29")
+          .Str("date", bench::Today())
           .Str("device", device)
           .Int("m", m)
           .Int("n", n)

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 // The handle the frontend's shim resolves every cuDNN symbol through.
@@ -74,6 +75,87 @@ std::vector<fe::HeurMode_t> HeurModes() {
 
 bool Verbose() { return std::getenv("ITHACA_CUDNN_VERBOSE") != nullptr; }
 
+// ITHACA_CUDNN_SDPA_IMPL=composite|unified picks the frontend's forward node (default: its own
+// choice, UNIFIED from cuDNN 9.13.1 on); the backward has only the composite one.
+fe::AttentionImplementation_t ForwardImplementation() {
+  const char* env = std::getenv("ITHACA_CUDNN_SDPA_IMPL");
+  const std::string v = env ? env : "";
+  if (v == "composite") return fe::AttentionImplementation_t::COMPOSITE;
+  if (v == "unified") return fe::AttentionImplementation_t::UNIFIED;
+  return fe::AttentionImplementation_t::AUTO;
+}
+
+// An engine configuration: a global engine id and its knob choices (frontend knob numbers).
+struct EngineConfig {
+  int64_t engine = -1;
+  std::unordered_map<fe::KnobType_t, int64_t> knobs;
+};
+
+// "ENGINE" or "ENGINE:TYPE=VALUE,TYPE=VALUE" (as the sweep prints them); engine −1 when unset.
+EngineConfig ParseConfig(const char* spec) {
+  EngineConfig c;
+  if (!spec || !*spec) return c;
+  std::vector<std::string> parts = absl::StrSplit(spec, absl::MaxSplits(':', 1));
+  c.engine = std::stoll(parts[0]);
+  if (parts.size() > 1) {
+    for (absl::string_view kv : absl::StrSplit(parts[1], ',', absl::SkipEmpty())) {
+      std::vector<std::string> t = absl::StrSplit(kv, '=');
+      if (t.size() == 2) c.knobs[static_cast<fe::KnobType_t>(std::stoll(t[0]))] = std::stoll(t[1]);
+    }
+  }
+  return c;
+}
+
+std::string FormatConfig(const EngineConfig& c) {
+  std::vector<std::pair<int64_t, int64_t>> kv;
+  for (const auto& [type, value] : c.knobs) kv.emplace_back(static_cast<int64_t>(type), value);
+  std::sort(kv.begin(), kv.end());
+  std::string s = std::to_string(c.engine);
+  for (size_t i = 0; i < kv.size(); ++i) {
+    absl::StrAppend(&s, i == 0 ? ":" : ",", kv[i].first, "=", kv[i].second);
+  }
+  return s;
+}
+
+// Every knob combination of every engine that accepts the graph, the first `per_engine` of each
+// (in odometer order). Enqueued as plans next to the heuristics' own, so the first-call timing
+// measures them all (combinations an engine rejects fail to build and are skipped).
+void EnqueueSweep(fe::graph::Graph& g, int64_t per_engine) {
+  int64_t engines = 0;
+  if (g.get_engine_count(engines).is_bad()) return;
+  for (int64_t eng = 0; eng < engines; ++eng) {
+    std::vector<fe::Knob> knobs;
+    if (g.get_knobs_for_engine(eng, knobs).is_bad()) continue;
+    std::vector<std::pair<fe::KnobType_t, std::vector<int64_t>>> axes;
+    for (const fe::Knob& k : knobs) {
+      std::vector<int64_t> values;
+      const int64_t stride = std::max<int64_t>(1, k.stride);
+      for (int64_t v = k.minValue; v <= k.maxValue && values.size() < 4096; v += stride) {
+        values.push_back(v);
+      }
+      if (!values.empty()) axes.emplace_back(k.type, values);
+    }
+    if (Verbose()) {
+      std::string desc;
+      for (const auto& [type, values] : axes) {
+        absl::StrAppend(&desc, " knob ", static_cast<int64_t>(type), " [", values.front(), "..",
+                        values.back(), "] (", values.size(), " values)");
+      }
+      std::fprintf(stderr, "cuDNN SDPA sweep: engine %lld:%s\n", static_cast<long long>(eng),
+                   desc.c_str());
+    }
+    std::vector<size_t> idx(axes.size(), 0);
+    for (int64_t n = 0; n < per_engine; ++n) {
+      std::unordered_map<fe::KnobType_t, int64_t> choice;
+      for (size_t a = 0; a < axes.size(); ++a) choice[axes[a].first] = axes[a].second[idx[a]];
+      (void)g.create_execution_plan(eng, choice);  // unsupported combinations fail to build
+      size_t a = 0;  // odometer over the axes
+      while (a < axes.size() && ++idx[a] == axes[a].second.size()) idx[a++] = 0;
+      if (a == axes.size()) break;
+    }
+  }
+}
+
 // [S, H, D] seen as cuDNN's [B=1, H, S, D]: the token stride is H·D, the head stride D.
 std::shared_ptr<fe::graph::Tensor_attributes> Bshd(fe::graph::Graph& g, const char* name,
                                                    int64_t uid, int64_t s, int64_t h, int64_t d) {
@@ -110,7 +192,8 @@ struct CudnnAttention::Impl {
   std::map<Key, Entry> graphs;
 
   absl::StatusOr<Entry*> Get(const AttentionShape& sh, bool backward);
-  absl::Status Build(const AttentionShape& sh, bool backward, Entry* e);
+  // `allow_forced`: honour ITHACA_CUDNN_CONFIG_{FWD,BWD} (false on the retry without it).
+  absl::Status Build(const AttentionShape& sh, bool backward, Entry* e, bool allow_forced = true);
   absl::StatusOr<void*> Workspace(int64_t bytes);
   absl::Status Execute(Entry* e, std::unordered_map<int64_t, void*>& pack, const char* what);
 };
@@ -137,7 +220,9 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
       cudaEventCreate(&a);
       cudaEventCreate(&b);
       for (int64_t i = 0; i < e->plans; ++i) {
-        if (e->graph->execute_plan_at_index(handle, pack, ws, i).is_bad()) continue;  // warm-up
+        if (e->graph->execute_plan_at_index(handle, pack, ws, i).is_bad()) {  // warm-up
+          continue;  // a plan that failed to build (a sweep's unsupported combination)
+        }
         cudaEventRecord(a, stream);
         const bool ok = e->graph->execute_plan_at_index(handle, pack, ws, i).is_good();
         cudaEventRecord(b, stream);
@@ -151,23 +236,40 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
         if (Verbose()) {
           std::string name;
           (void)e->graph->get_plan_name_at_index(i, name);
-          std::fprintf(stderr, "  cuDNN SDPA %s plan %lld %s: %.3f ms\n", what,
-                       static_cast<long long>(i), name.c_str(), ms);
+          EngineConfig c;
+          (void)e->graph->get_engine_and_knobs_at_index(i, c.engine, c.knobs);
+          std::fprintf(stderr, "  cuDNN SDPA %s plan %lld %s (config %s): %.3f ms\n", what,
+                       static_cast<long long>(i), name.c_str(), FormatConfig(c).c_str(), ms);
         }
       }
       cudaEventDestroy(a);
       cudaEventDestroy(b);
+    }
+    // Timing needed the largest offered plan's workspace; from now on this shape needs only
+    // its chosen plan's, and the buffer shrinks to what the chosen plans of all shapes need.
+    int64_t chosen_ws = 0;
+    if (e->graph->get_workspace_size_plan_at_index(e->plan, chosen_ws).is_good()) {
+      e->workspace = chosen_ws;
+      int64_t need = 0;
+      for (const auto& [key, other] : graphs) need = std::max(need, other.workspace);
+      if (!workspace.empty() && static_cast<int64_t>(workspace.tensor().bytes()) > need) {
+        workspace.Reset();
+      }
+      ASSIGN_OR_RETURN(ws, Workspace(e->workspace));
     }
     if (Verbose()) {
       std::string name;
       (void)e->graph->get_plan_name_at_index(e->plan, name);
       int64_t plan_ws = 0;
       (void)e->graph->get_workspace_size_plan_at_index(e->plan, plan_ws);
+      EngineConfig c;
+      (void)e->graph->get_engine_and_knobs_at_index(e->plan, c.engine, c.knobs);
       std::fprintf(stderr,
-                   "cuDNN %lld SDPA %s: %lld plans, chose %lld (%s, workspace %lld B, %.3f ms)\n",
+                   "cuDNN %lld SDPA %s: %lld plans, chose %lld (%s, config %s, workspace %lld B, "
+                   "%.3f ms)\n",
                    static_cast<long long>(fe::detail::get_backend_version()), what,
                    static_cast<long long>(e->plans), static_cast<long long>(e->plan),
-                   name.c_str(), static_cast<long long>(plan_ws), best);
+                   name.c_str(), FormatConfig(c).c_str(), static_cast<long long>(plan_ws), best);
     }
   }
   fe::error_t err = e->graph->execute_plan_at_index(handle, pack, ws, e->plan);
@@ -175,7 +277,8 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
   return absl::OkStatus();
 }
 
-absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward, Entry* e) {
+absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward, Entry* e,
+                                         bool allow_forced) {
   const int64_t s = sh.s, hq = sh.hq, hkv = sh.hkv, d = sh.d;
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -190,7 +293,8 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
                     .set_name("sdpa_fwd")
                     .set_generate_stats(true)
                     .set_causal_mask(true)
-                    .set_attn_scale(scale);
+                    .set_attn_scale(scale)
+                    .set_implementation(ForwardImplementation());
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
     auto [o, stats] = g->sdpa(q, k, v, opts);
     SetBshd(o, kO, s, hq, d);
@@ -223,19 +327,39 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
   if (err.is_bad()) return FeError("validate", err);
   err = g->build_operation_graph(handle);
   if (err.is_bad()) return FeError("build_operation_graph", err);
-  err = g->create_execution_plans(HeurModes());
-  if (err.is_bad()) return FeError("create_execution_plans", err);
-  err = g->check_support(handle);
-  if (err.is_bad()) return FeError("check_support", err);
-  err = g->build_plans(handle, fe::BuildPlanPolicy_t::ALL);
+  // Plans: a configuration named in ITHACA_CUDNN_CONFIG_{FWD,BWD} (from a sweep) when it
+  // builds, else the heuristics' offers, plus with ITHACA_CUDNN_SWEEP=N every engine's knob
+  // combinations (≤ N per engine); the first call times them all and keeps the fastest.
+  const EngineConfig forced = allow_forced ? ParseConfig(std::getenv(
+                                                  backward ? "ITHACA_CUDNN_CONFIG_BWD"
+                                                           : "ITHACA_CUDNN_CONFIG_FWD"))
+                                            : EngineConfig{};
+  bool planned = false;
+  if (forced.engine >= 0) {
+    planned = g->create_execution_plan(forced.engine, forced.knobs).is_good() &&
+              g->check_support().is_good();
+    if (!planned) {
+      std::fprintf(stderr, "cuDNN SDPA: configuration %s does not support the graph; using "
+                   "the heuristics\n", FormatConfig(forced).c_str());
+      g = nullptr;
+      return Build(sh, backward, e, /*allow_forced=*/false);
+    }
+  }
+  if (!planned) {
+    err = g->create_execution_plans(HeurModes());
+    if (err.is_bad()) return FeError("create_execution_plans", err);
+    if (const char* sweep = std::getenv("ITHACA_CUDNN_SWEEP")) EnqueueSweep(*g, std::atoll(sweep));
+    err = g->check_support();
+    if (err.is_bad()) return FeError("check_support", err);
+  }
+  err = g->build_plans(fe::BuildPlanPolicy_t::ALL);
   if (err.is_bad()) return FeError("build_plans", err);
   e->plans = g->get_execution_plan_count();
   if (e->plans < 1) return absl::InternalError("cuDNN SDPA: no execution plan");
   for (int64_t i = 0; i < e->plans; ++i) {
     int64_t ws = 0;
-    err = g->get_workspace_size_plan_at_index(i, ws);
-    if (err.is_bad()) return FeError("get_workspace_size", err);
-    e->workspace = std::max(e->workspace, ws);
+    // A plan that failed to build has no size; it is skipped when timing.
+    if (g->get_workspace_size_plan_at_index(i, ws).is_good()) e->workspace = std::max(e->workspace, ws);
   }
   e->graph = std::move(g);
   return absl::OkStatus();
@@ -256,7 +380,7 @@ absl::StatusOr<CudnnAttention::Impl::Entry*> CudnnAttention::Impl::Get(const Att
 absl::StatusOr<void*> CudnnAttention::Impl::Workspace(int64_t bytes) {
   if (bytes <= 0) return nullptr;
   if (workspace.empty() || static_cast<int64_t>(workspace.tensor().bytes()) < bytes) {
-    // Grows only, so a steady state of one shape allocates nothing.
+    // Grows only (Execute shrinks it once per shape), so steady state allocates nothing.
     workspace.Reset();
     ASSIGN_OR_RETURN(workspace,
                      Buffer::Make(alloc, DType::kBF16, {(bytes + 1) / 2}, Tier::kWorkspace));

@@ -4,7 +4,8 @@
 // Layouts are the engine's: q, o, do, dq [S, Hq, D]; k, v, dk, dv [S, Hkv, D] (bf16, token
 // stride H·D, head stride D); lse f32 [Hq, S] (natural log, scaled logits, as cuDNN's stats).
 // One graph per shape is built on first use and cached; the workspace comes from the allocator
-// (workspace tier) and only grows.
+// (workspace tier): as large as the largest offered plan's while a new shape's plans are timed,
+// then what the chosen plans need.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,7 +47,7 @@ class CudnnAttention {
 
   // cuDNN's version at run time (e.g. 91400), for logs.
   static int64_t RuntimeVersion();
-  // Bytes of the workspace buffer now held (the largest any built plan asked for).
+  // Bytes of the workspace buffer now held (what the chosen plans of all shapes need).
   int64_t workspace_bytes() const;
 
  private:
