@@ -5,6 +5,10 @@
 #   tests   the CUDA backend's GPU tests and the NCCL comm test (world 1)
 #   attn    cuDNN attention at the bar shapes: the default graph (verbose: every plan's time),
 #           more heuristic modes, and the newest other libcudnn found on the machine
+#   sweep:SHAPES:N  every cuDNN engine/knob configuration (<= N per engine) timed at each shape
+#           (head_dim x Hq x Hkv x S, '+' between shapes: 64x32x8x65536+128x32x8x32768), forward
+#           and backward; every plan's time in sweep.log
+#   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags)
 #   probe:W:S[:extra flags] the memory probe at each S
 # Lines go to OUT_DIR/{info,tests,attn,train}.log and OUT_DIR/{attn,train}.jsonl.
@@ -36,7 +40,7 @@ for phase in "$@"; do
         nccl=$(find / -xdev -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
         [ -n "$nccl" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nccl")"
       fi
-      for t in rmsnorm_test cuda_allocator_test cuda_ops_test attention_test cuda_train_test \
+      for t in rmsnorm_test cuda_allocator_test cuda_ops_test attention_test cuda_train_test copy_stream_test \
         nccl_comm_test; do
         if timeout 240 "$BIN/$t" >"$OUT/t_$t.txt" 2>&1; then
           echo "PASSED: $t"
@@ -61,6 +65,18 @@ for phase in "$@"; do
       fi
       exec 2>&3
       grep -E "chose|cannot|failed" "$OUT/attn.log"
+      ;;
+    sweep)
+      # (The frontend's unified forward node needs cuDNN 9.21 for causal masks: on 9.14 both
+      # passes are its composite node, whose engines the sweep enumerates.)
+      ITHACA_CUDNN_SWEEP="$a2" timeout "${SWEEP_TIMEOUT:-300}" "$BIN/attention_bench" \
+        --shapes="$(echo "$a1" | tr 'x+' ':,')" --iters=3 --passes=fwd,bwd 2>>"$OUT/sweep.log" \
+        | sed 's/"impl": "cudnn"/"impl": "cudnn-sweep"/' | tee -a "$OUT/attn.jsonl"
+      grep -E "chose|sweep:" "$OUT/sweep.log"
+      ;;
+    kernels)
+      timeout 120 "$BIN/norm_bench" | tee -a "$OUT/kernels.jsonl"
+      timeout 120 "$BIN/gemm_bench" | tee -a "$OUT/kernels.jsonl"
       ;;
     train)
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \

@@ -228,6 +228,7 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   FillMemoryBudgets(backend, info.world, &resolved);
   ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm,
                    ConnectComm(info, backend.device(), kCommTimeoutS));
+  UseBackendStreams(backend, comm.get());
   ASSIGN_OR_RETURN(auto trainer, Trainer::Create(resolved, backend.ops.get(),
                                                  backend.alloc.get(), comm.get()));
   std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s\n", o.rank,

@@ -30,6 +30,7 @@ absl::Status RunStandalone(const std::string& spec_path) {
   std::unique_ptr<Comm> comm;
   if (info.world > 1) {
     ASSIGN_OR_RETURN(comm, ConnectComm(info, backend.device(), /*timeout_s=*/120));
+    UseBackendStreams(backend, comm.get());
   }
   ASSIGN_OR_RETURN(auto trainer,
                    Trainer::Create(spec, backend.ops.get(), backend.alloc.get(), comm.get()));

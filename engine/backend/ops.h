@@ -6,8 +6,12 @@
 //   labels are i32. Gradients of parameters may be f32 or act_dtype().
 // - Shapes: tokens lead. A linear weight is [out, in] (Hugging Face layout), so y = x · Wᵀ.
 // - "written" outputs are overwritten; "accumulated" outputs get += (the caller zeroes them first).
-// - Ops are enqueued in order on the backend's compute stream; only functions that return a
-//   host value (SumSquares, Sum) synchronize.
+// - Ops are enqueued in order on the backend's compute stream; only the functions that touch
+//   host memory or return a host value (Upload, Download, SumSquares, Sum, Synchronize) make
+//   the host wait. A training step calls them only where the loop reports (and uploads its
+//   inputs before its compute starts); SumInto and SumSquaresInto reduce into the device
+//   instead. CopyAsync is the exception to the ordering: it runs on a side stream until
+//   WaitFence orders the compute stream after it.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +66,26 @@ class Ops {
       Copy(src.Slice(r * src_stride, {cols}), dst.Slice(r * dst_stride, {cols}));
     }
   }
+
+  // ---- Asynchronous transfers (offload and prefetch, ALGORITHMS.md §4).
+  // A Fence is a ticket for one CopyAsync; it needs no release. Transfers complete in the order
+  // they were issued, so waiting on a fence also covers every transfer issued before it.
+  struct Fence {
+    uint64_t ticket = 0;  // 0: nothing in flight
+    bool pending() const { return ticket != 0; }
+  };
+  // dst = src (same dtype and element count; one side is typically pinned host memory from the
+  // backend's host pool) on a side stream, after all work enqueued so far, so it overlaps the
+  // compute work enqueued next. Returns at once. Until WaitFence(fence), neither tensor may be
+  // used by later ops or freed. The default copies at once and returns a passed fence.
+  virtual Fence CopyAsync(const Tensor& src, const Tensor& dst) {
+    Copy(src, dst);
+    return Fence{};
+  }
+  // Ops enqueued from now on wait for the copy; the host does not. Afterwards both tensors may
+  // be used and freed (the allocators hand memory out again only to later ops).
+  virtual void WaitFence(Fence /*fence*/) {}
+
   // Host memory (f32, bf16 or i32 as `host_dtype`) to/from a device tensor, converting dtype.
   virtual void Upload(const void* host, DType host_dtype, const Tensor& dst) = 0;
   virtual void Download(const Tensor& src, void* host, DType host_dtype) = 0;
@@ -72,6 +96,10 @@ class Ops {
   // Σ x² and Σ x (accumulated in double on the CPU, f32 at least elsewhere). Synchronizes.
   virtual double SumSquares(const Tensor& x) = 0;
   virtual double Sum(const Tensor& x) = 0;
+  // The same sums written into `out` (f32, one element, on the device) as one more op on the
+  // stream: the host does not wait, and collectives and later ops can use the result.
+  virtual void SumSquaresInto(const Tensor& x, const Tensor& out) = 0;
+  virtual void SumInto(const Tensor& x, const Tensor& out) = 0;
 
   // ---- Linear algebra.
   // c = alpha · op(a) · op(b) + beta · c, with a, b, c 2-D, op(x) = xᵀ when trans_x. c may be f32 while a, b are act_dtype().

@@ -39,7 +39,8 @@ class Comm {
 
   // Waits until every collective issued so far has completed, or fails within the timeout.
   // Backends whose collectives return only when done (Gloo, SelfComm) have nothing to wait for;
-  // NCCL's asynchronous mode needs it before the host reads a result.
+  // NCCL's asynchronous mode needs it before the host reads a result directly (not through the
+  // compute stream NCCL is ordered with, whose own synchronization covers it).
   virtual absl::Status Synchronize() { return absl::OkStatus(); }
 
   // A sub-communicator of the ranks that pass the same `color`, ordered by `key` (then rank),

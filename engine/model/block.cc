@@ -13,9 +13,17 @@ absl::StatusOr<Buffer> Alloc(const BlockContext& c, DType t, Shape s, Tier tier)
 
 float Eps(const BlockContext& c) { return static_cast<float>(c.cfg->rms_norm_eps); }
 
+// Tokens per tile of the attention input's norm: its tiles (h, and dh in the backward: 2·T·d)
+// are sized to take no more than one MLP tile (h2, gate, up: T·(d + 2F)). Larger tiles mean
+// fewer, larger projection GEMMs, and the norm is remade once per head stage.
+int64_t ProjectionTile(const BlockContext& c) {
+  const int64_t d = c.cfg->hidden_size, f = c.cfg->intermediate_size;
+  return std::max<int64_t>(c.tile_tokens, c.tile_tokens * (d + 2 * f) / (2 * d));
+}
+
 NormedInput AttentionInput(const BlockContext& c, const BlockWeights& w, const Tensor& x,
                            const BlockSaved& s) {
-  return NormedInput{x, w.attn_norm, s.rstd1.tensor(), Eps(c), c.tile_tokens};
+  return NormedInput{x, w.attn_norm, s.rstd1.tensor(), Eps(c), ProjectionTile(c)};
 }
 
 // The MLP over token tiles, in place: y holds x2 and becomes x2 + W2·(silu(W1·h2) ⊙ W3·h2),

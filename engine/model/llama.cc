@@ -67,10 +67,9 @@ BlockContext LlamaModel::Context(int64_t s) const {
   return c;
 }
 
-absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* labels,
-                                                    int64_t S, float grad_scale) {
-  const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers, P = plan_.P;
-  const DType act = ops_->act_dtype();
+absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs,
+                                                      const int32_t* labels, int64_t S) {
+  const int64_t P = plan_.P;
   if (S % P != 0) {
     return absl::InvalidArgumentError(absl::StrCat("data.seq_len: ", S,
                                                    " tokens do not split evenly over parallel.sp = ",
@@ -85,12 +84,38 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   }
   // This rank's slice of the sequence; labels were shifted before sharding.
   const int64_t s = S / P, t0 = sp_rank() * s;
-  ASSIGN_OR_RETURN(Buffer ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
-  ASSIGN_OR_RETURN(Buffer lab, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
-  ops_->Upload(inputs + t0, DType::kI32, ids.tensor());
-  ops_->Upload(labels + t0, DType::kI32, lab.tensor());
-  LossSum out;
+  DeviceSample out;
+  ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
+  ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
+  ops_->Upload(inputs + t0, DType::kI32, out.ids.tensor());
+  ops_->Upload(labels + t0, DType::kI32, out.labels.tensor());
   out.tokens = std::count_if(labels + t0, labels + t0 + s, [](int32_t v) { return v >= 0; });
+  return out;
+}
+
+absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* labels,
+                                                    int64_t S, float grad_scale) {
+  ASSIGN_OR_RETURN(DeviceSample sample, UploadSample(inputs, labels, S));
+  ASSIGN_OR_RETURN(Buffer sum, Buffer::Make(alloc_, DType::kF32, {1}, Tier::kActivations));
+  RETURN_IF_ERROR(ForwardBackward(sample, grad_scale, sum.tensor()));
+  float host = 0;
+  ops_->Download(sum.tensor(), &host, DType::kF32);
+  LossSum out;
+  out.loss_sum = host;
+  out.tokens = sample.tokens;
+  return out;
+}
+
+absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_scale,
+                                         const Tensor& loss_sum) {
+  const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
+  const DType act = ops_->act_dtype();
+  const Tensor ids = sample.ids.tensor(), lab = sample.labels.tensor();
+  const int64_t s = ids.numel();
+  if (s == 0 || lab.numel() != s) {
+    return absl::InvalidArgumentError(absl::StrCat("a sample of ", s, " token ids and ",
+                                                   lab.numel(), " labels (UploadSample makes it)"));
+  }
 
   ParamStore& ps = *params_;
   const int embed_unit = layout_.embed_unit();
@@ -99,7 +124,7 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   {
     UnitLease embed(&ps, embed_unit);
     ASSIGN_OR_RETURN(Tensor e, embed.Get());
-    ops_->Embedding(ids.tensor(), ParamLayout::View(e, embed_entry), x.tensor());
+    ops_->Embedding(ids, ParamLayout::View(e, embed_entry), x.tensor());
   }
 
   const BlockContext ctx = Context(s);
@@ -139,7 +164,7 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   next.reset();
 
   ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, act, {s, d}, Tier::kActivations));
-  ASSIGN_OR_RETURN(out.loss_sum, LossHead(x.tensor(), lab.tensor(), grad_scale, dx.tensor()));
+  RETURN_IF_ERROR(LossHead(x.tensor(), lab, grad_scale, dx.tensor(), loss_sum));
   x.Reset();
 
   // Inputs (and, attention-aware, O and LSE) of the blocks between two saved ones, rebuilt by
@@ -195,14 +220,14 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   }
   {
     ASSIGN_OR_RETURN(Tensor g, ps.AcquireGrad(embed_unit));
-    ops_->EmbeddingBackward(ids.tensor(), dx.tensor(), ParamLayout::View(g, embed_entry));
+    ops_->EmbeddingBackward(ids, dx.tensor(), ParamLayout::View(g, embed_entry));
     RETURN_IF_ERROR(ps.ReduceGrad(embed_unit));
   }
-  return out;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<double> LlamaModel::LossHead(const Tensor& x, const Tensor& labels,
-                                            float grad_scale, const Tensor& dx) {
+absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
+                                  const Tensor& dx, const Tensor& loss_sum) {
   const int64_t s = x.dim(0), d = cfg_.hidden_size, V = cfg_.vocab_size;
   const DType act = ops_->act_dtype();
   // The [T, V] logits tile is the largest transient buffer: keep it near 32M elements.
@@ -250,7 +275,9 @@ absl::StatusOr<double> LlamaModel::LossHead(const Tensor& x, const Tensor& label
   }
   RETURN_IF_ERROR(ps.ReduceGrad(head));
   if (tied) RETURN_IF_ERROR(ps.ReduceGrad(embed));
-  return ops_->Sum(losses.tensor());
+  // On the device: the loop reads it once per step, with the gradient norm.
+  ops_->SumInto(losses.tensor(), loss_sum);
+  return absl::OkStatus();
 }
 
 }  // namespace ithaca

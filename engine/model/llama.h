@@ -24,6 +24,12 @@ struct LossSum {
   int64_t tokens = 0;   // labelled tokens on this rank
 };
 
+// This rank's share of one sample on the device: token ids and (shifted) labels, i32 [S/P].
+struct DeviceSample {
+  Buffer ids, labels;
+  int64_t tokens = 0;  // labelled tokens in the share
+};
+
 class LlamaModel {
  public:
   struct Options {
@@ -54,10 +60,19 @@ class LlamaModel {
   int64_t sp_size() const { return plan_.P; }
   int64_t sp_rank() const { return sp_ ? sp_->rank() : 0; }
 
-  // Forward and backward over this rank's share of one sample: `inputs` and `labels` hold the
-  // whole sample (S tokens, labels already shifted; < 0 ignored) and the rank takes tokens
-  // [r·S/P, (r+1)·S/P). Gradients of the summed loss times `grad_scale` are added to the
-  // rank's gradient shards; returns this rank's loss sum and token count.
+  // Checks one sample and uploads this rank's share of it: `inputs` and `labels` hold the whole
+  // sample (S tokens, labels already shifted; < 0 ignored) and the rank takes tokens
+  // [r·S/P, (r+1)·S/P). An upload makes the host wait for its copy, so a training step uploads
+  // all its samples before its compute starts.
+  absl::StatusOr<DeviceSample> UploadSample(const int32_t* inputs, const int32_t* labels,
+                                            int64_t S);
+  // Forward and backward over an uploaded share: gradients of the summed loss times
+  // `grad_scale` are added to the rank's gradient shards, and the share's loss sum is written
+  // into `loss_sum` (f32, one element, on the device). Only enqueues work: the host never
+  // waits for the device in here.
+  absl::Status ForwardBackward(const DeviceSample& sample, float grad_scale,
+                               const Tensor& loss_sum);
+  // Both, then reads the loss sum back (the host waits for the work): for tests and tools.
   absl::StatusOr<LossSum> ForwardBackward(const int32_t* inputs, const int32_t* labels, int64_t S,
                                           float grad_scale);
 
@@ -66,9 +81,10 @@ class LlamaModel {
       : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts) {}
   BlockContext Context(int64_t s) const;
   // Final norm, LM head and cross-entropy over token tiles, fused with their backward: writes
-  // dx [s, d], adds the head's (and tied embedding's) gradients, returns the loss sum.
-  absl::StatusOr<double> LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
-                                  const Tensor& dx);
+  // dx [s, d], adds the head's (and tied embedding's) gradients, writes the loss sum into
+  // `loss_sum` (device).
+  absl::Status LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
+                        const Tensor& dx, const Tensor& loss_sum);
 
   LlamaConfig cfg_;
   ParamLayout layout_;

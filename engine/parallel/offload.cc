@@ -1,45 +1,73 @@
 #include "engine/parallel/offload.h"
 
+#include <utility>
+
 namespace ithaca {
 
-absl::Status CheckpointStore::Move(Buffer& from, Buffer& to, Tier tier) {
-  if (from.empty()) return absl::OkStatus();
-  const Tensor& t = from.tensor();
-  ASSIGN_OR_RETURN(to, Buffer::Make(alloc_, t.dtype, t.shape, tier));
-  ops_->Copy(t, to.tensor());
-  from.Reset();
+CheckpointStore::~CheckpointStore() {
+  for (Slot& s : blocks_) Settle(s);
+}
+
+absl::Status CheckpointStore::Start(SavedInputs from, SavedInputs& to, Tier tier, Slot& slot) {
+  Settle(slot);  // the slot's previous copy, if any, before its source is replaced
+  slot.source = std::move(from);
+  for (auto [src, dst] : {std::pair{&slot.source.x, &to.x}, std::pair{&slot.source.o, &to.o},
+                          std::pair{&slot.source.lse, &to.lse}}) {
+    if (src->empty()) continue;
+    const Tensor& t = src->tensor();
+    ASSIGN_OR_RETURN(*dst, Buffer::Make(alloc_, t.dtype, t.shape, tier));
+    slot.fence = ops_->CopyAsync(t, dst->tensor());
+  }
   return absl::OkStatus();
 }
 
+void CheckpointStore::Settle(Slot& slot) {
+  if (slot.fence.pending()) ops_->WaitFence(slot.fence);
+  slot.fence = Ops::Fence{};
+  slot.source = SavedInputs{};
+}
+
+void CheckpointStore::SettleOffloads() {
+  for (int l : offloading_) Settle(blocks_[l]);
+  offloading_.clear();
+}
+
 absl::Status CheckpointStore::Put(int l, SavedInputs saved) {
+  // The previous offload has had this block's forward to finish in; its device buffers go now.
+  SettleOffloads();
   Slot& s = blocks_[l];
-  s.device = std::move(saved);
-  if (!offloaded(l)) return absl::OkStatus();
-  RETURN_IF_ERROR(Move(s.device.x, s.host.x, Tier::kHostOffload));
-  RETURN_IF_ERROR(Move(s.device.o, s.host.o, Tier::kHostOffload));
-  return Move(s.device.lse, s.host.lse, Tier::kHostOffload);
+  if (!offloaded(l)) {
+    s.device = std::move(saved);
+    return absl::OkStatus();
+  }
+  offloading_.push_back(l);
+  return Start(std::move(saved), s.host, Tier::kHostOffload, s);
 }
 
 absl::Status CheckpointStore::Prefetch(int l) {
   if (l < 0) return absl::OkStatus();
+  SettleOffloads();  // the host copy must be complete before it is read back
   Slot& s = blocks_[l];
-  RETURN_IF_ERROR(Move(s.host.x, s.device.x, Tier::kCheckpoints));
-  RETURN_IF_ERROR(Move(s.host.o, s.device.o, Tier::kCheckpoints));
-  return Move(s.host.lse, s.device.lse, Tier::kCheckpoints);
+  if (s.host.x.empty()) return absl::OkStatus();  // on the device, or on its way
+  return Start(std::move(s.host), s.device, Tier::kCheckpoints, s);
 }
 
 absl::StatusOr<Tensor> CheckpointStore::PeekInput(int l, Buffer* copy) {
+  SettleOffloads();
   Slot& s = blocks_[l];
+  Settle(s);  // a prefetch in flight
   if (!s.device.x.empty()) return s.device.x.tensor();
   const Tensor& host = s.host.x.tensor();
   ASSIGN_OR_RETURN(*copy, Buffer::Make(alloc_, host.dtype, host.shape, Tier::kCheckpoints));
-  ops_->Copy(host, copy->tensor());
+  ops_->WaitFence(ops_->CopyAsync(host, copy->tensor()));  // needed right away
   return copy->tensor();
 }
 
 absl::StatusOr<SavedInputs> CheckpointStore::Take(int l) {
   RETURN_IF_ERROR(Prefetch(l));
-  return std::move(blocks_[l].device);
+  Slot& s = blocks_[l];
+  Settle(s);
+  return std::move(s.device);
 }
 
 }  // namespace ithaca

@@ -2,6 +2,11 @@
 // attention-aware checkpointing its attention output O and LSE), kept on the device
 // (checkpoints tier) or offloaded to the host pool (host_offload tier) right after the block's
 // forward, then brought back one block ahead of its backward (ALGORITHMS.md §4).
+//
+// Transfers run on the backend's copy stream (Ops::CopyAsync), overlapping compute. A copy's
+// source and destination both stay allocated until the compute stream has waited on its fence:
+// an offloaded block's device buffers until the next Put (one block of compute later), a
+// prefetched block's host buffers until Take.
 #pragma once
 
 #include <vector>
@@ -20,12 +25,16 @@ class CheckpointStore {
   // Blocks [num_blocks − keep_last, num_blocks) stay on the device even when offloading.
   CheckpointStore(Ops* ops, Allocator* alloc, int num_blocks, bool offload, int keep_last)
       : ops_(ops), alloc_(alloc), offload_(offload), keep_last_(keep_last), blocks_(num_blocks) {}
+  // Orders the compute stream after every copy still in flight before their buffers are freed.
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
 
-  // Takes block l's saved data (device buffers); offloaded blocks go to the host now.
+  // Takes block l's saved data (device buffers); offloaded blocks start their copy to the host.
   absl::Status Put(int l, SavedInputs saved);
   // Starts bringing block l's data back to the device (a no-op when it is there already).
   absl::Status Prefetch(int l);
-  // Block l's data on the device; the store forgets it.
+  // Block l's data on the device, ready for the ops enqueued next; the store forgets it.
   absl::StatusOr<SavedInputs> Take(int l);
   // Block l's input on the device while the store keeps it: `copy` is a device copy of an
   // offloaded input (the host copy stays), else `copy` is empty and the resident input is
@@ -37,14 +46,23 @@ class CheckpointStore {
   struct Slot {
     SavedInputs device;
     SavedInputs host;
+    SavedInputs source;  // the source of the copy in flight (device or host buffers)
+    Ops::Fence fence;    // that copy's end (covers the slot's earlier copies)
   };
-  absl::Status Move(Buffer& from, Buffer& to, Tier tier);
+  // Moves `from` into slot.source and starts copying each of its buffers into a new `tier`
+  // buffer of `to`.
+  absl::Status Start(SavedInputs from, SavedInputs& to, Tier tier, Slot& slot);
+  // Later compute work waits for the slot's copy; then its source is freed.
+  void Settle(Slot& slot);
+  // Settles the device→host copies Put started.
+  void SettleOffloads();
 
   Ops* ops_;
   Allocator* alloc_;
   bool offload_;
   int keep_last_;
   std::vector<Slot> blocks_;
+  std::vector<int> offloading_;  // blocks whose device→host copy is not settled yet
 };
 
 }  // namespace ithaca

@@ -26,6 +26,8 @@ class MetaOps final : public Ops {
   void Axpy(float, const Tensor&, const Tensor&) override {}
   double SumSquares(const Tensor&) override { return 0; }
   double Sum(const Tensor&) override { return 0; }
+  void SumSquaresInto(const Tensor&, const Tensor&) override {}
+  void SumInto(const Tensor&, const Tensor&) override {}
   void Gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) override {}
   void Embedding(const Tensor&, const Tensor&, const Tensor&) override {}
   void EmbeddingBackward(const Tensor&, const Tensor&, const Tensor&) override {}

@@ -35,27 +35,36 @@ void Optimizer::RefreshWorkingCopy() {
   }
 }
 
-absl::StatusOr<double> Optimizer::GlobalSumSquares() {
-  Ops* ops = model_->ops();
+absl::Status Optimizer::GradSumSquares(const Tensor& sumsq) {
   ParamStore& ps = model_->params();
-  double sq = 0;
-  for (int u = 0; u < ps.num_units(); ++u) sq += ops->SumSquares(ps.grad_shard(u));
-  if (!ps.sharded()) return sq;  // every rank holds every gradient
-  ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model_->allocator(), DType::kF32, {1}, Tier::kComm));
-  const float local = static_cast<float>(sq);
-  ops->Upload(&local, DType::kF32, b.tensor());
-  RETURN_IF_ERROR(ps.world()->AllReduce(b.tensor()));
-  float total = 0;
-  ops->Download(b.tensor(), &total, DType::kF32);
-  return total;
+  if (sumsq.numel() != ps.num_units() || sumsq.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("GradSumSquares: ", sumsq.DebugString(),
+                                                   " is not f32 [", ps.num_units(), "]"));
+  }
+  for (int u = 0; u < ps.num_units(); ++u) {
+    model_->ops()->SumSquaresInto(ps.grad_shard(u), sumsq.Slice(u, {1}));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Optimizer::StepResult> Optimizer::Step(int64_t step, double lr) {
+  ParamStore& ps = model_->params();
+  const int U = ps.num_units();
+  ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model_->allocator(), DType::kF32, {U}, Tier::kComm));
+  RETURN_IF_ERROR(GradSumSquares(b.tensor()));
+  if (ps.sharded()) RETURN_IF_ERROR(ps.world()->AllReduce(b.tensor()));
+  std::vector<float> sq(U);
+  model_->ops()->Download(b.tensor(), sq.data(), DType::kF32);
+  double total = 0;
+  for (float v : sq) total += v;
+  return Step(step, lr, total);
+}
+
+Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq) {
   Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
   StepResult r;
-  ASSIGN_OR_RETURN(double sq, GlobalSumSquares());
-  r.grad_norm = std::sqrt(sq);
+  r.grad_norm = std::sqrt(grad_sumsq);
   if (hp_.grad_clip > 0 && r.grad_norm > hp_.grad_clip) r.clip_scale = hp_.grad_clip / r.grad_norm;
   AdamWParams p;
   p.lr = static_cast<float>(lr);

@@ -29,7 +29,15 @@ class Optimizer {
     double grad_norm = 0;  // before clipping
     double clip_scale = 1;
   };
-  // One update from the accumulated gradient shards, at learning rate `lr`; `step` is 1-based.
+  // Σ g² of this rank's shard of every unit's gradient, written into `sumsq` (f32 [num_units],
+  // on the device) without a host wait. The global Σ g² is the sum of these over every rank
+  // when the gradients are sharded (ParamStore::sharded()), else over this rank's alone: the
+  // caller all-reduces them (with whatever else the step reports) and reads them once.
+  absl::Status GradSumSquares(const Tensor& sumsq);
+  // One update from the accumulated gradient shards, at learning rate `lr` (`step` is 1-based),
+  // clipped by the global gradient norm √grad_sumsq. Only enqueues work.
+  StepResult Step(int64_t step, double lr, double grad_sumsq);
+  // The same, computing the global Σ g² first: the host waits for the gradients.
   absl::StatusOr<StepResult> Step(int64_t step, double lr);
 
   // Whole-model state as f32 host copies per unit (gathered from every rank's shards; every rank
@@ -43,7 +51,6 @@ class Optimizer {
  private:
   Optimizer(LlamaModel* model, const JobSpec::Training& hp) : model_(model), hp_(hp) {}
   void RefreshWorkingCopy();
-  absl::StatusOr<double> GlobalSumSquares();
 
   LlamaModel* model_;
   JobSpec::Training hp_;

@@ -134,18 +134,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   return t;
 }
 
-absl::Status Trainer::SumOverWorld(std::vector<double>* values) {
-  if (world_ == 1) return absl::OkStatus();
-  const int64_t n = static_cast<int64_t>(values->size());
-  ASSIGN_OR_RETURN(Buffer b, Buffer::Make(alloc_, DType::kF32, {n}, Tier::kComm));
-  std::vector<float> f(values->begin(), values->end());
-  ops_->Upload(f.data(), DType::kF32, b.tensor());
-  RETURN_IF_ERROR(comm_->AllReduce(b.tensor()));
-  ops_->Download(b.tensor(), f.data(), DType::kF32);
-  std::copy(f.begin(), f.end(), values->begin());
-  return absl::OkStatus();
-}
-
 absl::StatusOr<StepReport> Trainer::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
   alloc_->tracker().ResetPeaks();
@@ -154,31 +142,56 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   // share of them (sample i goes to replica i mod dp), so any world size sees the same data.
   const int64_t per_replica = spec_.training.grad_accum * spec_.data.micro_batch;
   const int64_t samples = per_replica * dp_;
-  std::vector<int32_t> inputs(S), labels(S);
-  model_->params().ZeroGrads();
+  // The step's inputs go to the device first: an upload waits for its copy, and nothing of the
+  // step is in flight yet to wait for.
+  std::vector<DeviceSample> mine;
+  {
+    std::vector<int32_t> inputs(S), labels(S);
+    for (int64_t i = 0; i < samples; ++i) {
+      data_->Next(inputs.data(), labels.data());
+      if (i % dp_ != dp_rank_) continue;
+      ASSIGN_OR_RETURN(DeviceSample d, model_->UploadSample(inputs.data(), labels.data(), S));
+      mine.push_back(std::move(d));
+    }
+  }
+  // What the step reports, kept on the device until the one read below: each micro-batch's
+  // loss sum, then each unit's Σ g² of this rank's gradient shard.
+  ParamStore& ps = model_->params();
+  const int64_t m = static_cast<int64_t>(mine.size()), U = ps.num_units();
+  ASSIGN_OR_RETURN(Buffer stats, Buffer::Make(alloc_, DType::kF32, {m + U}, Tier::kComm));
+  const Tensor losses = stats.tensor().Slice(0, {m}), sumsq = stats.tensor().Slice(m, {U});
+  ps.ZeroGrads();
   // Every label is a real next token, so the step's token count is known up front and each
   // sample's gradient can be scaled to the step's mean loss directly.
   const float grad_scale = 1.f / static_cast<float>(samples * S);
-  std::vector<double> loss_sum = {0};
-  for (int64_t i = 0; i < samples; ++i) {
-    data_->Next(inputs.data(), labels.data());
-    if (i % dp_ != dp_rank_) continue;
-    ASSIGN_OR_RETURN(LossSum l, model_->ForwardBackward(inputs.data(), labels.data(), S,
-                                                        grad_scale));
-    loss_sum[0] += l.loss_sum;
+  for (int64_t k = 0; k < m; ++k) {
+    RETURN_IF_ERROR(model_->ForwardBackward(mine[k], grad_scale, losses.Slice(k, {1})));
   }
-  RETURN_IF_ERROR(model_->params().FinishGradients());
-  RETURN_IF_ERROR(SumOverWorld(&loss_sum));
+  mine.clear();
+  RETURN_IF_ERROR(ps.FinishGradients());
+  RETURN_IF_ERROR(optimizer_->GradSumSquares(sumsq));
+  // One collective for both: loss sums always span the world; Σ g² only when the gradients
+  // are sharded (otherwise every rank already holds the global sums).
+  if (comm_ && world_ > 1) {
+    RETURN_IF_ERROR(comm_->AllReduce(ps.sharded() ? stats.tensor() : losses));
+  }
+  // The step's one read before its end: the loss and the gradient norm, which the loop reports
+  // and which must be finite (and known, for clipping) before the update.
+  std::vector<float> host(m + U);
+  ops_->Download(stats.tensor(), host.data(), DType::kF32);
+  double loss_sum = 0, grad_sumsq = 0;
+  for (int64_t k = 0; k < m; ++k) loss_sum += host[k];
+  for (int64_t u = 0; u < U; ++u) grad_sumsq += host[m + u];
   // Every position has a label, so the step's tokens are known without counting them.
   const int64_t tokens = samples * S;
-  const double loss = loss_sum[0] / tokens;
+  const double loss = loss_sum / tokens;
   if (!std::isfinite(loss)) {
     return absl::DataLossError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1));
   }
   const int64_t step = state_.step + 1;
   const double lr = LearningRate(step, spec_.training.steps, spec_.training.warmup_steps,
                                  spec_.training.lr, spec_.training.min_lr);
-  ASSIGN_OR_RETURN(Optimizer::StepResult opt, optimizer_->Step(step, lr));
+  const Optimizer::StepResult opt = optimizer_->Step(step, lr, grad_sumsq);
   state_.step = step;
   state_.data_position = data_->position();
   state_.tokens += tokens;
@@ -188,7 +201,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.total_steps = spec_.training.steps;
   r.loss = loss;
   r.tokens = tokens;
-  ops_->Synchronize();  // the optimizer's update is part of the step
+  ops_->Synchronize();  // the step's end, for its time: the optimizer's update is part of it
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.tokens_per_second = tokens / r.seconds / world_;
   r.model_tflops = r.tokens_per_second * ModelFlopsPerToken(cfg_, S) / 1e12;

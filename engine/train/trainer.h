@@ -62,9 +62,9 @@ class Trainer {
 
  private:
   Trainer() = default;
+  // One optimizer step. The host waits for the device twice, both for the report: once for the
+  // loss and gradient norm (read together, before the update), once at the end for the time.
   absl::StatusOr<StepReport> TrainStep();
-  // Sums values over every rank (identity on one rank).
-  absl::Status SumOverWorld(std::vector<double>* values);
 
   JobSpec spec_;
   LlamaConfig cfg_;

@@ -160,6 +160,19 @@ double CpuOps::Sum(const Tensor& x) {
   return 0.0;
 }
 
+// The double sum rounded once to f32, as the host-value versions' callers would store it.
+void CpuOps::SumSquaresInto(const Tensor& x, const Tensor& out) {
+  CheckF32(out, "SumSquaresInto", "out");
+  kCheck.Numel(out, 1, "SumSquaresInto", "out");
+  out.f32()[0] = static_cast<float>(CpuOps::SumSquares(x));
+}
+
+void CpuOps::SumInto(const Tensor& x, const Tensor& out) {
+  CheckF32(out, "SumInto", "out");
+  kCheck.Numel(out, 1, "SumInto", "out");
+  out.f32()[0] = static_cast<float>(CpuOps::Sum(x));
+}
+
 // ---- Linear algebra.
 
 void CpuOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,

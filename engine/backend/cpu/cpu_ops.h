@@ -29,6 +29,8 @@ class CpuOps : public Ops {
   void Axpy(float alpha, const Tensor& x, const Tensor& y) override;
   double SumSquares(const Tensor& x) override;
   double Sum(const Tensor& x) override;
+  void SumSquaresInto(const Tensor& x, const Tensor& out) override;
+  void SumInto(const Tensor& x, const Tensor& out) override;
 
   void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
             float alpha, float beta) override;

@@ -278,6 +278,23 @@ TEST(CpuOpsTest, CopyFillAxpyAndSums) {
   EXPECT_EQ(ops.Sum(Tensor(xb.data(), DType::kBF16, {4})), double{z[0]} + z[1] + z[2] + z[3]);
 }
 
+// The device-scalar sums are the host-value sums rounded once to f32, into a one-element view.
+TEST(CpuOpsTest, SumsIntoADeviceScalar) {
+  CpuOps ops;
+  std::vector<float> x = {0.1f, -2.0f, 3.0f, 1e-3f, 7.25f}, out = {-1.f, -1.f, -1.f};
+  std::vector<uint16_t> xb(5);
+  ops.Copy(F32(x, {5}), Tensor(xb.data(), DType::kBF16, {5}));
+  const Tensor o = F32(out, {3});
+  ops.SumInto(F32(x, {5}), o.Slice(1, {1}));
+  EXPECT_EQ(out[1], static_cast<float>(ops.Sum(F32(x, {5}))));
+  EXPECT_EQ(out[0], -1.f);
+  EXPECT_EQ(out[2], -1.f);
+  ops.SumSquaresInto(Tensor(xb.data(), DType::kBF16, {5}), o.Slice(2, {1}));
+  EXPECT_EQ(out[2], static_cast<float>(ops.SumSquares(Tensor(xb.data(), DType::kBF16, {5}))));
+  ops.SumInto(F32(x, {0}), o.Slice(0, {1}));
+  EXPECT_EQ(out[0], 0.f);
+}
+
 // Every output element is owned by one thread and summed in a fixed order, so the thread count
 // must not change a single bit (the oracle is reproducible).
 TEST(CpuOpsTest, ResultsAreBitIdenticalAcrossThreadCounts) {

@@ -148,6 +148,7 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
   cudaCheck(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   cudaCheck(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+  cudaCheck(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   auto ws = Buffer::Make(opts_.alloc, DType::kBF16,
                          {static_cast<int64_t>(opts_.gemm_workspace_bytes / 2)}, Tier::kWorkspace);
   ITHACA_CHECK(ws.ok(), "CudaOps: GEMM workspace: ", ws.status().ToString());
@@ -164,7 +165,12 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
 }
 
 CudaOps::~CudaOps() {
-  if (compute_) cudaStreamSynchronize(compute_);
+  for (cudaStream_t s : {compute_, copy_, comm_}) {
+    if (s) cudaStreamSynchronize(s);
+  }
+  for (const InFlight& c : copies_) cudaEventDestroy(c.done);
+  for (cudaEvent_t e : free_fences_) cudaEventDestroy(e);
+  if (compute_mark_) cudaEventDestroy(compute_mark_);
   for (const Span& sp : spans_) {
     cudaEventDestroy(sp.a);
     cudaEventDestroy(sp.b);
@@ -203,7 +209,49 @@ void CudaOps::Wait(Stream s, cudaEvent_t event) const {
   cudaCheck(cudaStreamWaitEvent(stream(s), event, 0));
 }
 
-void CudaOps::Synchronize() const { cudaCheck(cudaStreamSynchronize(compute_)); }
+void CudaOps::Synchronize() const {
+  for (cudaStream_t s : {compute_, copy_, comm_}) cudaCheck(cudaStreamSynchronize(s));
+}
+
+// ---- Asynchronous transfers.
+
+Ops::Fence CudaOps::CopyAsync(const Tensor& src, const Tensor& dst) {
+  CheckData(src, "CopyAsync", "src");
+  CheckData(dst, "CopyAsync", "dst");
+  kCheck.Numel(dst, src.numel(), "CopyAsync", "dst");
+  ITHACA_CHECK(src.dtype == dst.dtype, "CudaOps::CopyAsync: ", src.DebugString(), " to ",
+               dst.DebugString(), ": dtypes differ");
+  // src may have just been written on the compute stream, and dst's memory just freed there
+  // (the caching allocator orders reuse on the compute stream): start after both.
+  cudaCheck(cudaEventRecord(compute_mark_, compute_));
+  cudaCheck(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  cudaCheck(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, copy_));
+  cudaEvent_t done;
+  if (free_fences_.empty()) {
+    cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  } else {
+    done = free_fences_.back();
+    free_fences_.pop_back();
+  }
+  cudaCheck(cudaEventRecord(done, copy_));
+  copies_.push_back({++last_ticket_, done});
+  return Fence{last_ticket_};
+}
+
+void CudaOps::WaitFence(Fence fence) {
+  ITHACA_CHECK(fence.ticket <= last_ticket_, "CudaOps::WaitFence: unknown fence ", fence.ticket);
+  if (fence.ticket <= waited_ticket_) return;  // passed, or covered by a later fence
+  Scope scope(this, "wait_copy");  // when profiling: how long compute stalls on the copy
+  // The copy stream runs in issue order: waiting on this copy covers the older ones too, whose
+  // events go back to the pool with it.
+  while (!copies_.empty() && copies_.front().ticket <= fence.ticket) {
+    const InFlight c = copies_.front();
+    copies_.pop_front();
+    if (c.ticket == fence.ticket) cudaCheck(cudaStreamWaitEvent(compute_, c.done, 0));
+    free_fences_.push_back(c.done);
+  }
+  waited_ticket_ = fence.ticket;
+}
 
 // ---- Memory movement and elementwise.
 
@@ -308,6 +356,28 @@ double CudaOps::Reduce(const Tensor& x, bool squares, const char* op) {
 
 double CudaOps::SumSquares(const Tensor& x) { return Reduce(x, true, "SumSquares"); }
 double CudaOps::Sum(const Tensor& x) { return Reduce(x, false, "Sum"); }
+
+// Reduce's two kernels with the partials finished on the device: nothing waits. The partials
+// scratch is reused in stream order.
+void CudaOps::ReduceInto(const Tensor& x, bool squares, const Tensor& out, const char* op) {
+  Scope scope(this, "reduce");
+  CheckData(x, op, "x");
+  CheckDType(out, DType::kF32, op, "out");
+  kCheck.Numel(out, 1, op, "out");
+  if (x.numel() == 0) {
+    cuda::Fill(out.data, ElemType::kF32, 1, 0.f, compute_);
+    return;
+  }
+  double* partials = static_cast<double*>(partials_.tensor().data);
+  const int blocks =
+      cuda::ReducePartials(x.data, Et(x.dtype), x.numel(), squares, partials, compute_);
+  cuda::FinishReduce(partials, blocks, out.f32(), compute_);
+}
+
+void CudaOps::SumSquaresInto(const Tensor& x, const Tensor& out) {
+  ReduceInto(x, true, out, "SumSquaresInto");
+}
+void CudaOps::SumInto(const Tensor& x, const Tensor& out) { ReduceInto(x, false, out, "SumInto"); }
 
 // ---- Linear algebra.
 

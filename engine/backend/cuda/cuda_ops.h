@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -54,19 +55,25 @@ class CudaOps : public Ops {
   cudaEvent_t Record(Stream s) const;
   // Later work on `s` waits for `event`.
   void Wait(Stream s, cudaEvent_t event) const;
-  // Blocks the host until the compute stream is idle.
+  // Blocks the host until the compute, copy and comm streams are idle.
   void Synchronize() const override;
 
   void Fill(const Tensor& x, float value) override;
   void Copy(const Tensor& src, const Tensor& dst) override;
   void Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
               int64_t rows, int64_t cols) override;
+  // On the copy stream, after an event from the compute stream; WaitFence has the compute
+  // stream wait on the copy's event.
+  Fence CopyAsync(const Tensor& src, const Tensor& dst) override;
+  void WaitFence(Fence fence) override;
   // Both return once the host buffer may be reused or read (they synchronize the stream).
   void Upload(const void* host, DType host_dtype, const Tensor& dst) override;
   void Download(const Tensor& src, void* host, DType host_dtype) override;
   void Axpy(float alpha, const Tensor& x, const Tensor& y) override;
   double SumSquares(const Tensor& x) override;
   double Sum(const Tensor& x) override;
+  void SumSquaresInto(const Tensor& x, const Tensor& out) override;
+  void SumInto(const Tensor& x, const Tensor& out) override;
 
   void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
             float alpha, float beta) override;
@@ -116,6 +123,7 @@ class CudaOps : public Ops {
   };
   cudaEvent_t PoolEvent();
   double Reduce(const Tensor& x, bool squares, const char* op);
+  void ReduceInto(const Tensor& x, bool squares, const Tensor& out, const char* op);
   bool UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
                 void* dq, void* dk, void* dv);
@@ -131,6 +139,17 @@ class CudaOps : public Ops {
   bool cudnn_warned_ = false;
   std::vector<Span> spans_;
   std::vector<cudaEvent_t> free_events_;
+  // CopyAsync: the copy stream catches up with the compute stream through `compute_mark_`
+  // (re-recorded per copy: a wait takes the event's state when it is enqueued); each copy's end
+  // is an event in `copies_`, oldest first, until a WaitFence covers it.
+  struct InFlight {
+    uint64_t ticket;
+    cudaEvent_t done;
+  };
+  cudaEvent_t compute_mark_ = nullptr;
+  std::deque<InFlight> copies_;
+  std::vector<cudaEvent_t> free_fences_;
+  uint64_t last_ticket_ = 0, waited_ticket_ = 0;
 };
 
 }  // namespace ithaca

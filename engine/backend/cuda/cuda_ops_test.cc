@@ -6,6 +6,8 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
@@ -74,6 +76,34 @@ TEST_F(CudaOpsTest, FillCopyUploadDownload) {
   }
 }
 
+// Views one element into their buffers: Fill, Copy (both conversions), Axpy and the
+// reductions take their scalar loops (the aligned tests above take the vector ones).
+TEST_F(CudaOpsTest, ElementwiseOnUnalignedViews) {
+  const int64_t n = 1003;
+  std::vector<float> src = Randn(n + 1, 21, 1.f, /*bf16=*/false);
+  auto f = D(DType::kF32, {n + 1}, src);
+  auto b = P(DType::kBF16, {n + 1});
+  auto back = P(DType::kF32, {n + 1});
+  const Tensor fv = f.tensor().Slice(1, {n}), bv = b.tensor().Slice(1, {n});
+  const Tensor backv = back.tensor().Slice(1, {n});
+  ops_->Copy(fv, bv);
+  ops_->Copy(bv, backv);
+  std::vector<float> got = H(back);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i + 1], cuda_test::RoundBf16(src[i + 1])) << i;
+  ops_->Axpy(2.f, bv, backv);  // back = 3 · round(src), exact in f32
+  got = H(back);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[i + 1], 3.f * cuda_test::RoundBf16(src[i + 1])) << i;
+    sum += got[i + 1];
+  }
+  EXPECT_NEAR(ops_->Sum(backv), sum, 1e-9 * n);
+  ops_->Fill(bv, -2.f);
+  got = H(b);
+  EXPECT_TRUE(std::isnan(got[0])) << "Fill wrote before its view";
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i + 1], -2.f) << i;
+}
+
 TEST_F(CudaOpsTest, AxpySumAndSumSquares) {
   const int64_t n = 100003;
   std::vector<float> x = Randn(n, 2), y = Randn(n, 3, 1.f, false);
@@ -89,6 +119,27 @@ TEST_F(CudaOpsTest, AxpySumAndSumSquares) {
   EXPECT_NEAR(ss, ss_ref, 1e-9 * ss_ref);
   EXPECT_NEAR(s, s_ref, 1e-9 * ss_ref);
   EXPECT_NEAR(ops_->Sum(dy.tensor()), cpu_.Sum(CpuT(want, {n})), 1e-6 * ss_ref);
+}
+
+// SumInto / SumSquaresInto finish the reduction on the device: the same double sums as Sum and
+// SumSquares, rounded once to f32, into one element of a buffer (the others untouched); back to
+// back, since they share the partials scratch in stream order.
+TEST_F(CudaOpsTest, SumsIntoADeviceScalar) {
+  const int64_t n = 100003;
+  std::vector<float> x = Randn(n, 4);
+  auto dx = D(DType::kBF16, {n}, x);
+  auto dy = D(DType::kF32, {n}, x);
+  auto out = D(DType::kF32, {4}, {-1.f, -1.f, -1.f, -1.f});
+  ops_->SumSquaresInto(dx.tensor(), out.tensor().Slice(0, {1}));
+  ops_->SumInto(dx.tensor(), out.tensor().Slice(1, {1}));
+  ops_->SumInto(dy.tensor().Slice(0, {0}), out.tensor().Slice(3, {1}));
+  const std::vector<float> got = H(out);
+  // The partials are added in another order than Sum's host loop: equal up to f32 rounding.
+  EXPECT_FLOAT_EQ(got[0], static_cast<float>(ops_->SumSquares(dx.tensor())));
+  EXPECT_FLOAT_EQ(got[1], static_cast<float>(ops_->Sum(dx.tensor())));
+  EXPECT_EQ(got[2], -1.f);
+  EXPECT_EQ(got[3], 0.f);
+  EXPECT_NEAR(got[0], cpu_.SumSquares(CpuT(x, {n})), 1e-6 * got[0]);
 }
 
 // All four transpose combinations, C bf16 (beta 0) and C f32 (beta 1, as gradients accumulate),
@@ -141,90 +192,121 @@ TEST_F(CudaOpsTest, EmbeddingForwardAndBackward) {
   EXPECT_CLOSE(H(dg), gwant, 1e-6, "EmbeddingBackward");
 }
 
+// The vector path (d % 8 == 0: one team of warps per row; more rows than a wave of backward
+// blocks) and the scalar one (d % 8 != 0); dx and dw start nonzero, as both are accumulated.
 TEST_F(CudaOpsTest, RmsNormForwardAndBackward) {
-  const int64_t rows = 37, d = 1000;
-  std::vector<float> x = Randn(rows * d, 7), w = Randn(d, 8, 0.1f);
-  for (float& v : w) v = cuda_test::RoundBf16(1.f + v);
-  auto dx_in = D(DType::kBF16, {rows, d}, x), dw_in = D(DType::kBF16, {d}, w);
-  auto out = P(DType::kBF16, {rows, d});
-  auto rstd = P(DType::kF32, {rows});
-  ops_->RmsNorm(dx_in.tensor(), dw_in.tensor(), 1e-5f, out.tensor(), rstd.tensor());
-  std::vector<float> want(rows * d), rwant(rows);
-  cpu_.RmsNorm(CpuT(x, {rows, d}), CpuT(w, {d}), 1e-5f, CpuT(want, {rows, d}), CpuT(rwant, {rows}));
-  EXPECT_CLOSE(H(out), want, kBf16Tol, "RmsNorm out");
-  const std::vector<float> rgot = H(rstd);
-  EXPECT_CLOSE(rgot, rwant, 1e-5, "RmsNorm rstd");
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{37, 1000}, {3001, 2048}, {301, 2050}}) {
+    const std::string shape = absl::StrCat(" ", rows, "x", d);
+    std::vector<float> x = Randn(rows * d, 7), w = Randn(d, 8, 0.1f);
+    for (float& v : w) v = cuda_test::RoundBf16(1.f + v);
+    auto dx_in = D(DType::kBF16, {rows, d}, x), dw_in = D(DType::kBF16, {d}, w);
+    auto out = P(DType::kBF16, {rows, d});
+    auto rstd = P(DType::kF32, {rows});
+    ops_->RmsNorm(dx_in.tensor(), dw_in.tensor(), 1e-5f, out.tensor(), rstd.tensor());
+    std::vector<float> want(rows * d), rwant(rows);
+    cpu_.RmsNorm(CpuT(x, {rows, d}), CpuT(w, {d}), 1e-5f, CpuT(want, {rows, d}),
+                 CpuT(rwant, {rows}));
+    EXPECT_CLOSE(H(out), want, kBf16Tol, ("RmsNorm out" + shape).c_str());
+    const std::vector<float> rgot = H(rstd);
+    EXPECT_CLOSE(rgot, rwant, 1e-5, ("RmsNorm rstd" + shape).c_str());
 
-  std::vector<float> dout = Randn(rows * d, 9), dx0 = Randn(rows * d, 10);
-  std::vector<float> dw0 = Randn(d, 11, 1.f, false);
-  auto ddout = D(DType::kBF16, {rows, d}, dout), ddx = D(DType::kBF16, {rows, d}, dx0);
-  auto ddw = D(DType::kF32, {d}, dw0);
-  ops_->RmsNormBackward(dx_in.tensor(), dw_in.tensor(), rstd.tensor(), ddout.tensor(), ddx.tensor(),
-                        ddw.tensor());
-  std::vector<float> dxw = dx0, dww = dw0;
-  cpu_.RmsNormBackward(CpuT(x, {rows, d}), CpuT(w, {d}), CpuT(rwant, {rows}), CpuT(dout, {rows, d}),
-                       CpuT(dxw, {rows, d}), CpuT(dww, {d}));
-  EXPECT_CLOSE(H(ddx), dxw, kBf16Tol, "RmsNormBackward dx (+=)");
-  EXPECT_CLOSE(H(ddw), dww, 1e-4, "RmsNormBackward dw (+=)");
-}
-
-TEST_F(CudaOpsTest, RopeForwardAndInverse) {
-  const int64_t T = 29, Hh = 3, Dd = 64, pos0 = 100000;  // far positions test the angle's precision
-  RopeConfig rc;
-  rc.head_dim = Dd;
-  rc.llama3_scaling = true;
-  const std::vector<float> inv = RopeInverseFrequencies(rc);
-  std::vector<float> x = Randn(T * Hh * Dd, 12);
-  auto dx = D(DType::kBF16, {T, Hh, Dd}, x);
-  auto dinv = D(DType::kF32, {Dd / 2}, inv);
-  std::vector<float> inv_c = inv;
-  for (bool inverse : {false, true}) {
-    auto y = D(DType::kBF16, {T, Hh, Dd}, x);
-    ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse);
-    std::vector<float> want = x;
-    cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse);
-    EXPECT_CLOSE(H(y), want, kBf16Tol, inverse ? "Rope inverse" : "Rope");
+    std::vector<float> dout = Randn(rows * d, 9), dx0 = Randn(rows * d, 10);
+    std::vector<float> dw0 = Randn(d, 11, 1.f, false);
+    auto ddout = D(DType::kBF16, {rows, d}, dout), ddx = D(DType::kBF16, {rows, d}, dx0);
+    auto ddw = D(DType::kF32, {d}, dw0);
+    ops_->RmsNormBackward(dx_in.tensor(), dw_in.tensor(), rstd.tensor(), ddout.tensor(),
+                          ddx.tensor(), ddw.tensor());
+    std::vector<float> dxw = dx0, dww = dw0;
+    cpu_.RmsNormBackward(CpuT(x, {rows, d}), CpuT(w, {d}), CpuT(rwant, {rows}),
+                         CpuT(dout, {rows, d}), CpuT(dxw, {rows, d}), CpuT(dww, {d}));
+    EXPECT_CLOSE(H(ddx), dxw, kBf16Tol, ("RmsNormBackward dx (+=)" + shape).c_str());
+    EXPECT_CLOSE(H(ddw), dww, 1e-4, ("RmsNormBackward dw (+=)" + shape).c_str());
   }
 }
 
-TEST_F(CudaOpsTest, SwiGLUForwardAndBackward) {
-  const int64_t T = 13, F = 177;
-  std::vector<float> g = Randn(T * F, 13, 2.f), u = Randn(T * F, 14), go = Randn(T * F, 15);
-  auto dg = D(DType::kBF16, {T, F}, g), du = D(DType::kBF16, {T, F}, u);
-  auto out = P(DType::kBF16, {T, F});
-  ops_->SwiGLU(dg.tensor(), du.tensor(), out.tensor());
-  std::vector<float> want(T * F);
-  cpu_.SwiGLU(CpuT(g, {T, F}), CpuT(u, {T, F}), CpuT(want, {T, F}));
-  EXPECT_CLOSE(H(out), want, kBf16Tol, "SwiGLU");
-  auto dgo = D(DType::kBF16, {T, F}, go);
-  // In place, as the model calls it: dgate over gate, dup over up.
-  ops_->SwiGLUBackward(dg.tensor(), du.tensor(), dgo.tensor(), dg.tensor(), du.tensor());
-  std::vector<float> dgw(T * F), duw(T * F);
-  cpu_.SwiGLUBackward(CpuT(g, {T, F}), CpuT(u, {T, F}), CpuT(go, {T, F}), CpuT(dgw, {T, F}),
-                      CpuT(duw, {T, F}));
-  EXPECT_CLOSE(H(dg), dgw, kBf16Tol, "SwiGLUBackward dgate");
-  EXPECT_CLOSE(H(du), duw, kBf16Tol, "SwiGLUBackward dup");
+// D = 64 takes the vector path (D/2 % 8 == 0), D = 12 the scalar one.
+TEST_F(CudaOpsTest, RopeForwardAndInverse) {
+  for (int64_t Dd : {64, 12}) {
+    const int64_t T = 29, Hh = 3, pos0 = 100000;  // far positions test the angle's precision
+    RopeConfig rc;
+    rc.head_dim = static_cast<int>(Dd);
+    rc.llama3_scaling = true;
+    const std::vector<float> inv = RopeInverseFrequencies(rc);
+    std::vector<float> x = Randn(T * Hh * Dd, 12);
+    auto dinv = D(DType::kF32, {Dd / 2}, inv);
+    std::vector<float> inv_c = inv;
+    for (bool inverse : {false, true}) {
+      auto y = D(DType::kBF16, {T, Hh, Dd}, x);
+      ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse);
+      std::vector<float> want = x;
+      cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse);
+      const std::string what = absl::StrCat(inverse ? "Rope inverse" : "Rope", " D=", Dd);
+      EXPECT_CLOSE(H(y), want, kBf16Tol, what.c_str());
+    }
+  }
 }
 
+// n = 13·177 is not a multiple of 8: aligned views take the vector path and its scalar tail;
+// views one element into their buffers take the scalar path.
+TEST_F(CudaOpsTest, SwiGLUForwardAndBackward) {
+  const int64_t T = 13, F = 177, n = T * F;
+  for (int64_t offset : {0, 1}) {
+    const std::string at = offset ? " (unaligned)" : "";
+    // Device buffers of offset + n elements; the ops see [T, F] views `offset` elements in.
+    auto dev = [&](const std::vector<float>& v) {
+      std::vector<float> padded(offset, 0.f);
+      padded.insert(padded.end(), v.begin(), v.end());
+      return D(DType::kBF16, {offset + n}, padded);
+    };
+    auto view = [&](const Buffer& b) { return b.tensor().Slice(offset, {T, F}); };
+    auto host = [&](const Buffer& b) {
+      const std::vector<float> v = H(b);
+      return std::vector<float>(v.begin() + offset, v.end());
+    };
+    std::vector<float> g = Randn(n, 13, 2.f), u = Randn(n, 14), go = Randn(n, 15);
+    auto dg = dev(g), du = dev(u);
+    auto out = P(DType::kBF16, {offset + n});
+    ops_->SwiGLU(view(dg), view(du), view(out));
+    std::vector<float> want(n);
+    cpu_.SwiGLU(CpuT(g, {T, F}), CpuT(u, {T, F}), CpuT(want, {T, F}));
+    EXPECT_CLOSE(host(out), want, kBf16Tol, ("SwiGLU" + at).c_str());
+    auto dgo = dev(go);
+    // In place, as the model calls it: dgate over gate, dup over up.
+    ops_->SwiGLUBackward(view(dg), view(du), view(dgo), view(dg), view(du));
+    std::vector<float> dgw(n), duw(n);
+    cpu_.SwiGLUBackward(CpuT(g, {T, F}), CpuT(u, {T, F}), CpuT(go, {T, F}), CpuT(dgw, {T, F}),
+                        CpuT(duw, {T, F}));
+    EXPECT_CLOSE(host(dg), dgw, kBf16Tol, ("SwiGLUBackward dgate" + at).c_str());
+    EXPECT_CLOSE(host(du), duw, kBf16Tol, ("SwiGLUBackward dup" + at).c_str());
+  }
+}
+
+// V = 1001 takes the scalar path; V = 1024 the vector one (bf16 and f32 logits).
 TEST_F(CudaOpsTest, CrossEntropyFusedWithGradientIgnoresNegativeLabels) {
-  const int64_t T = 19, V = 1001;
-  std::vector<float> logits = Randn(T * V, 16, 3.f);
-  std::vector<int32_t> labels(T);
-  for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? -1 : static_cast<int32_t>(t * 53 % V);
-  auto dl = D(DType::kBF16, {T, V}, logits);
-  auto dlab = Buffer::Make(alloc_.get(), DType::kI32, {T}, Tier::kActivations);
-  ASSERT_TRUE(dlab.ok());
-  ops_->Upload(labels.data(), DType::kI32, dlab->tensor());
-  auto losses = P(DType::kF32, {T});
-  // dlogits aliases logits, as in the model's loss tiles.
-  ops_->CrossEntropy(dl.tensor(), dlab->tensor(), losses.tensor(), dl.tensor(), 1.f / 7);
-  std::vector<float> lw(T), gw(T * V);
-  Tensor clab(labels.data(), DType::kI32, {T});
-  cpu_.CrossEntropy(CpuT(logits, {T, V}), clab, CpuT(lw, {T}), CpuT(gw, {T, V}), 1.f / 7);
-  EXPECT_CLOSE(H(losses), lw, 1e-5, "CrossEntropy losses");
-  const std::vector<float> got = H(dl);
-  EXPECT_CLOSE(got, gw, kBf16Tol, "CrossEntropy dlogits");
-  for (int64_t v = 0; v < V; ++v) ASSERT_EQ(got[3 * V + v], 0.f) << "ignored row 3";
+  for (auto [V, dt] :
+       {std::pair<int64_t, DType>{1001, DType::kBF16}, {1024, DType::kBF16}, {1024, DType::kF32}}) {
+    const int64_t T = 19;
+    const std::string what = absl::StrCat("CrossEntropy V=", V, " ", DTypeName(dt));
+    std::vector<float> logits = Randn(T * V, 16, 3.f);
+    std::vector<int32_t> labels(T);
+    for (int64_t t = 0; t < T; ++t) {
+      labels[t] = t % 5 == 3 ? -1 : static_cast<int32_t>(t * 53 % V);
+    }
+    auto dl = D(dt, {T, V}, logits);
+    auto dlab = Buffer::Make(alloc_.get(), DType::kI32, {T}, Tier::kActivations);
+    ASSERT_TRUE(dlab.ok());
+    ops_->Upload(labels.data(), DType::kI32, dlab->tensor());
+    auto losses = P(DType::kF32, {T});
+    // dlogits aliases logits, as in the model's loss tiles.
+    ops_->CrossEntropy(dl.tensor(), dlab->tensor(), losses.tensor(), dl.tensor(), 1.f / 7);
+    std::vector<float> lw(T), gw(T * V);
+    Tensor clab(labels.data(), DType::kI32, {T});
+    cpu_.CrossEntropy(CpuT(logits, {T, V}), clab, CpuT(lw, {T}), CpuT(gw, {T, V}), 1.f / 7);
+    EXPECT_CLOSE(H(losses), lw, 1e-5, (what + " losses").c_str());
+    const std::vector<float> got = H(dl);
+    EXPECT_CLOSE(got, gw, dt == DType::kF32 ? 1e-5 : kBf16Tol, (what + " dlogits").c_str());
+    for (int64_t v = 0; v < V; ++v) ASSERT_EQ(got[3 * V + v], 0.f) << "ignored row 3, " << what;
+  }
 }
 
 TEST_F(CudaOpsTest, AdamWWithF32AndBf16Gradients) {

@@ -25,6 +25,9 @@ void Axpy(float alpha, const void* x, ElemType xt, float* y, int64_t n, cudaStre
 constexpr int kMaxReduceBlocks = 264;
 int ReducePartials(const void* x, ElemType t, int64_t n, bool squares, double* partials,
                    cudaStream_t stream);
+// out[0] = Σ partials[0, blocks), in double, rounded once to f32: finishes a ReducePartials on
+// the device, so the sum can feed collectives and later kernels without a host round trip.
+void FinishReduce(const double* partials, int blocks, float* out, cudaStream_t stream);
 
 // ---- embedding.cu
 // out[t] = table[ids[t]] (bf16 [V, d]); an id outside [0, V) writes a zero row.

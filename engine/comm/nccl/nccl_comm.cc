@@ -78,6 +78,14 @@ NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, const NcclOp
     : comm_(comm), rank_(rank), size_(size), device_(device), options_(options) {}
 
 NcclComm::~NcclComm() {
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    watchdog_.join();
+  }
   if (comm_ != nullptr) {
     // A clean shutdown flushes outstanding work; if that cannot finish in time, abort.
     bool finalized = false;
@@ -98,7 +106,12 @@ NcclComm::~NcclComm() {
       ncclCommAbort(comm_);
     }
   }
-  if (done_ != nullptr) cudaEventDestroy(done_);
+  for (const InFlight& f : in_flight_) {
+    cudaEventDestroy(f.started);
+    cudaEventDestroy(f.done);
+  }
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
   if (barrier_word_ != nullptr) cudaFree(barrier_word_);
 }
 
@@ -168,13 +181,14 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::CreateFromId(int rank, int w
                                                ": ncclCommInitRankConfig failed: ", message));
   }
   std::unique_ptr<NcclComm> comm(new NcclComm(raw, rank, world, device, options));
+  std::lock_guard<std::mutex> lock(comm->mu_);
   RETURN_IF_ERROR(comm->WaitReady("init"));
   RETURN_IF_ERROR(comm->Init());
   return comm;
 }
 
 absl::Status NcclComm::Init() {
-  cudaError_t err = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
+  cudaError_t err = cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming);
   if (err == cudaSuccess) err = cudaMalloc(&barrier_word_, sizeof(float));
   if (err == cudaSuccess) err = cudaMemset(barrier_word_, 0, sizeof(float));
   if (err != cudaSuccess) {
@@ -225,112 +239,208 @@ absl::Status NcclComm::WaitReady(const char* op) {
   }
 }
 
-absl::Status NcclComm::WaitDone(const char* op) {
-  const auto deadline = DeadlineAfter(options_.timeout_s);
-  int round = 0;
-  while (true) {
-    cudaError_t query = cudaEventQuery(done_);
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t res = ncclCommGetAsyncError(comm_, &state);
-    if (res != ncclSuccess) state = res;
-    if (state != ncclSuccess && state != ncclInProgress) {
-      return Abort(absl::StatusCode::kUnavailable,
-                   absl::StrCat(op, " failed: ", NcclError(state, comm_)));
+cudaEvent_t NcclComm::NewEvent() {
+  cudaEvent_t e = nullptr;
+  if (!free_events_.empty()) {
+    e = free_events_.back();
+    free_events_.pop_back();
+  } else if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+    e = nullptr;
+  }
+  return e;
+}
+
+absl::StatusOr<bool> NcclComm::Poll() {
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t res = ncclCommGetAsyncError(comm_, &state);
+  if (res != ncclSuccess) state = res;
+  if (state != ncclSuccess && state != ncclInProgress) {
+    const char* op = in_flight_.empty() ? "collective" : in_flight_.front().op;
+    return Abort(absl::StatusCode::kUnavailable,
+                 absl::StrCat(op, " failed: ", NcclError(state, comm_)));
+  }
+  while (!in_flight_.empty()) {
+    InFlight& f = in_flight_.front();
+    const cudaError_t done = cudaEventQuery(f.done);
+    if (done == cudaSuccess) {
+      free_events_.push_back(f.started);
+      free_events_.push_back(f.done);
+      in_flight_.pop_front();
+      continue;
     }
-    if (query == cudaSuccess) return absl::OkStatus();
-    if (query != cudaErrorNotReady) {
+    if (done != cudaErrorNotReady) {
       return Abort(absl::StatusCode::kInternal,
-                   absl::StrCat(op, ": CUDA error: ", cudaGetErrorString(query)));
+                   absl::StrCat(f.op, ": CUDA error: ", cudaGetErrorString(done)));
     }
-    if (Clock::now() > deadline) {
+    // The clock starts when the comm stream reaches the collective, not when it was enqueued:
+    // it may wait long behind compute work.
+    if (!f.running && cudaEventQuery(f.started) == cudaSuccess) {
+      f.running = true;
+      f.deadline = DeadlineAfter(options_.timeout_s);
+    }
+    if (f.running && Clock::now() > f.deadline) {
       return Abort(absl::StatusCode::kDeadlineExceeded,
-                   absl::StrCat(op, " did not complete within ", options_.timeout_s,
+                   absl::StrCat(f.op, " did not complete within ", options_.timeout_s,
                                 " s (timeout: a peer is stuck, gone, or not calling the same "
                                 "collective); communicator aborted"));
     }
+    return false;
+  }
+  return true;
+}
+
+absl::Status NcclComm::WaitDone() {
+  int round = 0;
+  while (true) {
+    ASSIGN_OR_RETURN(bool idle, Poll());
+    if (idle) return absl::OkStatus();
     Pause(&round);
   }
 }
 
-absl::Status NcclComm::Finish(const char* op, ncclResult_t res, bool wait) {
+void NcclComm::Watch() {
+  cudaSetDevice(device_);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_ && comm_ != nullptr) {
+    absl::StatusOr<bool> idle = Poll();
+    if (!idle.ok()) return;  // aborted: the next call on the communicator reports it
+    if (*idle) {
+      wake_.wait(lock, [&] { return stop_ || !in_flight_.empty(); });
+    } else {
+      wake_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_; });
+    }
+  }
+}
+
+bool NcclComm::Ordered() const {
+  return options_.compute_stream != nullptr && options_.compute_stream != options_.stream;
+}
+
+void NcclComm::SetStreams(cudaStream_t stream, cudaStream_t compute_stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.stream = stream;
+  options_.compute_stream = compute_stream;
+}
+
+void NcclComm::set_synchronous(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.synchronous = on;
+}
+
+absl::Status NcclComm::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
+}
+
+absl::Status NcclComm::Run(const char* op, bool wait,
+                           const std::function<ncclResult_t()>& enqueue) {
+  // Listed at once, so its events are released even if enqueueing fails (which aborts).
+  in_flight_.push_back(InFlight{op, NewEvent(), NewEvent()});
+  const InFlight& f = in_flight_.back();
+  cudaError_t err = f.started && f.done ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (err == cudaSuccess && Ordered()) {
+    // The inputs are written, and the buffers' memory last used, on the compute stream.
+    err = cudaEventRecord(inputs_ready_, options_.compute_stream);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(options_.stream, inputs_ready_, 0);
+  }
+  if (err == cudaSuccess) err = cudaEventRecord(f.started, options_.stream);
+  if (err != cudaSuccess) {
+    return Abort(absl::StatusCode::kInternal,
+                 absl::StrCat(op, ": CUDA error: ", cudaGetErrorString(err)));
+  }
+  const ncclResult_t res = enqueue();
   if (res != ncclSuccess && res != ncclInProgress) {
     return Abort(absl::StatusCode::kUnavailable,
                  absl::StrCat(op, " failed: ", NcclError(res, comm_)));
   }
   if (res == ncclInProgress) RETURN_IF_ERROR(WaitReady(op));
-  cudaError_t err = cudaEventRecord(done_, options_.stream);
+  err = cudaEventRecord(f.done, options_.stream);
+  // Compute work enqueued from now on reads the outputs, or reuses the buffers' memory.
+  if (err == cudaSuccess && Ordered()) {
+    err = cudaStreamWaitEvent(options_.compute_stream, f.done, 0);
+  }
   if (err != cudaSuccess) {
     return Abort(absl::StatusCode::kInternal,
                  absl::StrCat(op, ": CUDA error: ", cudaGetErrorString(err)));
   }
-  return wait ? WaitDone(op) : absl::OkStatus();
+  if (wait) return WaitDone();
+  if (!watchdog_.joinable()) watchdog_ = std::thread([this] { Watch(); });
+  wake_.notify_all();
+  return absl::OkStatus();
 }
 
 absl::Status NcclComm::AllGather(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllGather(in, out, rank_, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("all_gather"));
   if (in.numel() == 0) return absl::OkStatus();
-  return Finish("all_gather",
-                ncclAllGather(in.data, out.data, in.numel(), type, comm_, options_.stream),
-                options_.synchronous);
+  return Run("all_gather", options_.synchronous, [&] {
+    return ncclAllGather(in.data, out.data, in.numel(), type, comm_, options_.stream);
+  });
 }
 
 absl::Status NcclComm::ReduceScatter(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckReduceScatter(in, out, rank_, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("reduce_scatter"));
   if (out.numel() == 0) return absl::OkStatus();
-  return Finish(
-      "reduce_scatter",
-      ncclReduceScatter(in.data, out.data, out.numel(), type, ncclSum, comm_, options_.stream),
-      options_.synchronous);
+  return Run("reduce_scatter", options_.synchronous, [&] {
+    return ncclReduceScatter(in.data, out.data, out.numel(), type, ncclSum, comm_, options_.stream);
+  });
 }
 
 absl::Status NcclComm::AllToAll(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllToAll(in, out, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("all_to_all"));
   if (in.numel() == 0) return absl::OkStatus();
-  return Finish("all_to_all",
-                ncclAlltoAll(in.data, out.data, in.numel() / size_, type, comm_, options_.stream),
-                options_.synchronous);
+  return Run("all_to_all", options_.synchronous, [&] {
+    return ncclAlltoAll(in.data, out.data, in.numel() / size_, type, comm_, options_.stream);
+  });
 }
 
 absl::Status NcclComm::AllReduce(const Tensor& x) {
   RETURN_IF_ERROR(CheckAllReduce(x, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(x.dtype));
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("all_reduce"));
   if (x.numel() == 0) return absl::OkStatus();
-  return Finish("all_reduce",
-                ncclAllReduce(x.data, x.data, x.numel(), type, ncclSum, comm_, options_.stream),
-                options_.synchronous);
+  return Run("all_reduce", options_.synchronous, [&] {
+    return ncclAllReduce(x.data, x.data, x.numel(), type, ncclSum, comm_, options_.stream);
+  });
 }
 
 absl::Status NcclComm::Broadcast(const Tensor& x, int root) {
   RETURN_IF_ERROR(CheckBroadcast(x, root, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(x.dtype));
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("broadcast"));
   if (x.numel() == 0) return absl::OkStatus();
-  return Finish("broadcast",
-                ncclBroadcast(x.data, x.data, x.numel(), type, root, comm_, options_.stream),
-                options_.synchronous);
+  return Run("broadcast", options_.synchronous, [&] {
+    return ncclBroadcast(x.data, x.data, x.numel(), type, root, comm_, options_.stream);
+  });
 }
 
 absl::Status NcclComm::Barrier() {
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("barrier"));
-  return Finish(
-      "barrier",
-      ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, options_.stream),
-      /*wait=*/true);
+  return Run("barrier", /*wait=*/true, [&] {
+    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_,
+                         options_.stream);
+  });
 }
 
 absl::Status NcclComm::Synchronize() {
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("synchronize"));
-  return WaitDone("synchronize");
+  return WaitDone();
 }
 
 absl::StatusOr<std::unique_ptr<Comm>> NcclComm::Split(int color, int key) {
+  std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("split"));
   ncclConfig_t config = NonBlockingConfig();
   ncclComm_t raw = nullptr;
@@ -350,6 +460,7 @@ absl::StatusOr<std::unique_ptr<Comm>> NcclComm::Split(int color, int key) {
     return absl::InternalError(absl::StrCat(Name(), ": split returned no communicator"));
   }
   std::unique_ptr<NcclComm> child(new NcclComm(raw, 0, 1, device_, options_));
+  std::lock_guard<std::mutex> child_lock(child->mu_);
   RETURN_IF_ERROR(child->WaitReady("split"));
   int rank = 0, count = 0;
   if (ncclCommUserRank(raw, &rank) != ncclSuccess || ncclCommCount(raw, &count) != ncclSuccess) {

@@ -1,18 +1,35 @@
 // NcclComm: Comm over NCCL for GPU ranks (one process per GPU).
 //
-// Collectives are enqueued on the communicator's CUDA stream. The communicator runs in NCCL's
-// non-blocking mode so that no NCCL call can hang the host: every wait polls
-// ncclCommGetAsyncError against the timeout, and a communicator that errs or times out is
-// aborted (ncclCommAbort), its error returned and every later call failing with it.
-// With `synchronous` (the default) each collective also waits for its completion before it
-// returns, like Gloo; without it, collectives return once enqueued and Synchronize() waits.
+// Collectives are enqueued on the communicator's CUDA stream. With a compute stream set (the
+// backend's), each one is ordered with it by events: the comm stream first waits for the work
+// enqueued so far on the compute stream (the producers of the inputs, and earlier users of the
+// buffers' memory), and work enqueued on the compute stream afterwards waits for the collective.
+// A result is then usable by later compute work, and a buffer may go back to the
+// compute-stream-ordered caching allocator, as soon as the call returns, without a host wait.
+//
+// The communicator runs in NCCL's non-blocking mode so that no NCCL call can hang the host: every
+// wait polls ncclCommGetAsyncError and the collectives' events against the timeout, and a
+// communicator that errs or times out is aborted (ncclCommAbort), its error returned and every
+// later call failing with it. A collective's timeout runs from when the comm stream reaches it,
+// so long compute before it is not a timeout. With `synchronous` (the default) each collective
+// also waits for its completion before it returns, like Gloo. Without it, collectives return
+// once enqueued, Synchronize() waits, and a watchdog thread aborts the communicator when one
+// runs past the timeout, which also ends the kernels a blocked compute stream waits for, so the
+// failure surfaces as the next call's error rather than a hang.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/comm/comm.h"
 
@@ -25,6 +42,9 @@ struct NcclOptions {
   bool synchronous = true;
   // The stream collectives are enqueued on; nullptr is the legacy default stream.
   cudaStream_t stream = nullptr;
+  // The stream that produces the inputs and consumes the outputs (see above); nullptr, or
+  // `stream` itself: the caller orders the collectives.
+  cudaStream_t compute_stream = nullptr;
 };
 
 class NcclComm final : public Comm {
@@ -58,33 +78,59 @@ class NcclComm final : public Comm {
   // and returns INVALID_ARGUMENT here; the other ranks still get their groups.
   absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override;
 
-  // Later collectives go on `stream` (the caller orders it after the producers of their inputs).
-  void SetStream(cudaStream_t stream) { options_.stream = stream; }
+  // Later collectives go on `stream`, ordered with `compute_stream` as NcclOptions says (for
+  // nullptr, by the caller). Sub-communicators split off afterwards inherit both.
+  void SetStreams(cudaStream_t stream, cudaStream_t compute_stream = nullptr);
+  void set_synchronous(bool on);
   cudaStream_t stream() const { return options_.stream; }
-  absl::Status health() const { return broken_; }
-  ncclComm_t raw() const { return comm_; }
+  absl::Status health() const;
 
  private:
+  // A collective enqueued and not yet seen complete.
+  struct InFlight {
+    const char* op;
+    cudaEvent_t started, done;  // on the comm stream, before and after the collective
+    bool running = false;       // `started` was seen complete: the timeout runs from then
+    std::chrono::steady_clock::time_point deadline;
+  };
+
   NcclComm(ncclComm_t comm, int rank, int size, int device, const NcclOptions& options);
   absl::Status Init();
   std::string Name() const;
+  bool Ordered() const;
+  // The rest expect mu_ held.
+  // Enqueues one collective (`enqueue` makes the NCCL call) between its events, ordered with the
+  // compute stream; when `wait`, returns once it has completed.
+  absl::Status Run(const char* op, bool wait, const std::function<ncclResult_t()>& enqueue);
   // Polls until the communicator has no operation in progress; aborts it on error or timeout.
   absl::Status WaitReady(const char* op);
-  // After enqueueing `op` (which returned `res`): records completion and, when synchronous,
-  // waits for it.
-  absl::Status Finish(const char* op, ncclResult_t res, bool wait);
-  absl::Status WaitDone(const char* op);
+  // Forgets completed collectives; aborts on an NCCL error or when the oldest collective has
+  // run past the timeout. True when none is left in flight.
+  absl::StatusOr<bool> Poll();
+  // Polls until every collective enqueued so far has completed.
+  absl::Status WaitDone();
   absl::Status Abort(absl::StatusCode code, const std::string& message);
   absl::Status Usable(const char* op) const;
+  cudaEvent_t NewEvent();
+  // The watchdog thread (asynchronous mode): Poll while collectives are in flight.
+  void Watch();
 
   ncclComm_t comm_ = nullptr;
   int rank_;
   int size_;
   int device_;
   NcclOptions options_;
-  cudaEvent_t done_ = nullptr;  // recorded after the latest collective
   void* barrier_word_ = nullptr;  // one device float the barrier all-reduces
+
+  // Shared with the watchdog thread.
+  mutable std::mutex mu_;
   absl::Status broken_;
+  std::deque<InFlight> in_flight_;  // oldest first
+  std::vector<cudaEvent_t> free_events_;
+  cudaEvent_t inputs_ready_ = nullptr;  // recorded on the compute stream before a collective
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace ithaca

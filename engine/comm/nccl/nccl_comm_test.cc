@@ -125,6 +125,56 @@ NcclOptions Options(double timeout_s, bool synchronous = true) {
   return o;
 }
 
+// Non-blocking compute and comm streams, as CudaOps makes them.
+struct Streams {
+  Streams() {
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking);
+  }
+  ~Streams() {
+    cudaStreamDestroy(compute);
+    cudaStreamDestroy(comm);
+  }
+  cudaStream_t compute = nullptr, comm = nullptr;
+};
+
+// The worker's mode: collectives on the comm stream, ordered with a compute stream by events, no
+// host wait. The input is written last in a long queue of work on the compute stream, and the
+// output is read back on the compute stream right after the call: without the comm stream
+// waiting for the input, or the compute stream for the output, the result would be stale.
+absl::Status CheckOrderedWithComputeStream(NcclComm& c, const Streams& st) {
+  const int P = c.size(), r = c.rank();
+  const size_t n = size_t{16} << 20;  // i32 elements (64 MiB) per rank
+  const size_t busy_bytes = size_t{1} << 30;
+  int32_t *in = nullptr, *out = nullptr, *host = nullptr;
+  void* busy = nullptr;
+  RANK_CHECK(cudaMalloc(&in, n * 4) == cudaSuccess && cudaMalloc(&out, P * n * 4) == cudaSuccess &&
+             cudaMalloc(&busy, busy_bytes) == cudaSuccess &&
+             cudaMallocHost(&host, P * n * 4) == cudaSuccess);
+  cudaMemset(in, 0, n * 4);
+  cudaDeviceSynchronize();
+  for (int i = 0; i < 20; ++i) cudaMemsetAsync(busy, i, busy_bytes, st.compute);
+  cudaMemsetAsync(in, r + 1, n * 4, st.compute);  // every byte r + 1
+  cudaMemsetAsync(out, 0xff, P * n * 4, st.compute);
+  RETURN_IF_ERROR(
+      c.AllGather(Tensor(in, DType::kI32, {static_cast<int64_t>(n)}, Device::kCuda),
+                  Tensor(out, DType::kI32, {static_cast<int64_t>(P * n)}, Device::kCuda)));
+  cudaMemcpyAsync(host, out, P * n * 4, cudaMemcpyDeviceToHost, st.compute);
+  RANK_CHECK(cudaStreamSynchronize(st.compute) == cudaSuccess);
+  RETURN_IF_ERROR(c.Synchronize());
+  int bad = 0, first_bad = -1;
+  for (size_t i = 0; i < P * n; ++i) {
+    const int32_t want = 0x01010101 * static_cast<int32_t>(i / n + 1);
+    if (host[i] != want && bad++ == 0) first_bad = static_cast<int>(i);
+  }
+  cudaFree(in);
+  cudaFree(out);
+  cudaFree(busy);
+  cudaFreeHost(host);
+  RANK_CHECK(bad == 0, bad, " stale elements, the first at ", first_bad);
+  return absl::OkStatus();
+}
+
 TEST(NcclCommTest, OneRank) {
   if (GpuCount() < 1) GTEST_SKIP() << "no CUDA GPU on this machine: NCCL test skipped";
   auto outcomes = RunRanks(
@@ -139,9 +189,16 @@ TEST(NcclCommTest, OneRank) {
         cudaStream_t stream;
         RANK_CHECK(cudaStreamCreate(&stream) == cudaSuccess);
         ASSIGN_OR_RETURN(auto async, NcclComm::Create(rank, 1, "", 0, Options(30, false)));
-        async->SetStream(stream);
+        async->SetStreams(stream);
         RETURN_IF_ERROR(CheckCollectives(*async));
-        return async->Synchronize();
+        RETURN_IF_ERROR(async->Synchronize());
+        // Ordered with a compute stream, asynchronous (the worker's mode), and synchronous.
+        Streams st;
+        async->SetStreams(st.comm, st.compute);
+        RETURN_IF_ERROR(CheckOrderedWithComputeStream(*async, st));
+        RETURN_IF_ERROR(CheckCollectives(*async));
+        async->set_synchronous(true);
+        return CheckOrderedWithComputeStream(*async, st);
       },
       RunOptions{120, {}});
   EXPECT_EQ(testing::Failures(outcomes), "");
@@ -158,7 +215,13 @@ TEST(NcclCommTest, TwoRanksWithSplitAndTimeout) {
         ASSIGN_OR_RETURN(auto pair, comm->Split(0, -rank));  // reversed order
         RANK_CHECK(pair->size() == 2 && pair->rank() == 1 - rank);
         RETURN_IF_ERROR(CheckCollectives(*pair));
-        return absl::OkStatus();
+        // The worker's mode, set before a split as the worker does: the child inherits it.
+        Streams st;
+        comm->SetStreams(st.comm, st.compute);
+        comm->set_synchronous(false);
+        RETURN_IF_ERROR(CheckOrderedWithComputeStream(*comm, st));
+        ASSIGN_OR_RETURN(auto sub, comm->Split(0, rank));
+        return CheckOrderedWithComputeStream(static_cast<NcclComm&>(*sub), st);
       },
       RunOptions{120, {}});
   EXPECT_EQ(testing::Failures(outcomes), "");
@@ -188,6 +251,38 @@ TEST(NcclCommTest, TwoRanksWithSplitAndTimeout) {
       },
       run);
   EXPECT_EQ(stuck[0].exit_code, 0) << stuck[0].ToString();
+
+  // The same in the worker's asynchronous mode: the all-reduce returns at once and the compute
+  // stream waits for it; the watchdog aborts the communicator within the timeout, which ends the
+  // stuck kernel, so the host's stream synchronization returns and the next call reports it.
+  TempDir dir3;
+  auto stuck_async = RunRanks(
+      2,
+      [&](int rank) -> absl::Status {
+        ASSIGN_OR_RETURN(auto comm, NcclComm::Create(rank, 2, dir3.rendezvous(), rank, Options(5)));
+        RETURN_IF_ERROR(comm->Barrier());
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(120));
+          return absl::OkStatus();
+        }
+        Streams st;
+        comm->SetStreams(st.comm, st.compute);
+        comm->set_synchronous(false);
+        DeviceVector<float> dx(std::vector<float>(1024, 1.0f));
+        const auto start = std::chrono::steady_clock::now();
+        RETURN_IF_ERROR(comm->AllReduce(dx.tensor(DType::kF32)));
+        cudaStreamSynchronize(st.compute);
+        absl::Status st_sync = comm->Synchronize();
+        double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "[rank 0, asynchronous] %s after %.1f s\n", st_sync.ToString().c_str(),
+                     took);
+        RANK_CHECK(st_sync.code() == absl::StatusCode::kDeadlineExceeded, st_sync.ToString());
+        RANK_CHECK(took < 15, "took ", took, " s");
+        return absl::OkStatus();
+      },
+      run);
+  EXPECT_EQ(stuck_async[0].exit_code, 0) << stuck_async[0].ToString();
 }
 
 }  // namespace
