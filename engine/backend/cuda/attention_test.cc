@@ -1,7 +1,6 @@
 // Attention on the GPU (cuDNN's fused flash attention and the own flash kernel) against the CPU
 // oracle, forward and backward, causal with GQA, on sequence lengths no tile divides; and the two
 // GPU implementations against each other.
-#include <cstdlib>
 #include <memory>
 
 #include "engine/backend/cpu/cpu_ops.h"
@@ -101,37 +100,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.name);
                          });
-
-// The forward run as query chunks (ITHACA_CUDNN_FWD_QCHUNK: each chunk against the keys up to
-// its last query, bottom-right causal) writes the same O and LSE; the last chunk is short.
-TEST(AttentionChunked, QueryChunkedForwardMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  for (const int64_t D : {64, 128}) {
-    const int64_t S = 300, hq = 8, hkv = 2;
-    setenv("ITHACA_CUDNN_FWD_QCHUNK", "96", 1);
-    CudaAllocator alloc;
-    CudaOps::Options o;
-    o.alloc = &alloc;
-    o.attention = Impl::kCudnn;
-    CudaOps ops(o);
-    CpuOps cpu;
-    std::vector<float> q = Randn(S * hq * D, 11), k = Randn(S * hkv * D, 12),
-                       v = Randn(S * hkv * D, 13);
-    std::vector<float> out_ref(S * hq * D), lse_ref(hq * S);
-    cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
-                  CpuT(out_ref, {S, hq, D}), CpuT(lse_ref, {hq, S}));
-    auto tq = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, q);
-    auto tk = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, k);
-    auto tv = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, v);
-    auto out = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
-    auto lse = Poisoned(ops, &alloc, DType::kF32, {hq, S});
-    ops.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor());
-    unsetenv("ITHACA_CUDNN_FWD_QCHUNK");
-    EXPECT_STREQ(ops.last_attention_impl(), "cudnn");
-    EXPECT_CLOSE(Host(ops, out.tensor()), out_ref, 1e-2, "chunked attention out");
-    EXPECT_CLOSE(Host(ops, lse.tensor()), lse_ref, 1e-5, "chunked attention lse");
-  }
-}
 
 // cuDNN and the own kernel on a longer sequence (no CPU oracle needed): the second opinion.
 TEST(AttentionCrossCheck, CudnnAgreesWithOwnKernel) {

@@ -55,18 +55,7 @@ absl::Status LoadCudnn() {
 // Tensor uids in the variant packs.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
-// A graph: the shape, the pass, and which queries against which keys (queries [skv − sq, skv)
-// against keys [0, skv); the whole problem is sq = skv = S).
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t>;
-
-// ITHACA_CUDNN_FWD_QCHUNK=C runs the forward as ⌈S/C⌉ calls, each for C queries against the
-// keys up to its last one (bottom-right-aligned causal mask), which writes the same O and LSE.
-// An experiment: cuDNN's forward loses speed per FLOP as S grows; smaller calls may not.
-int64_t ForwardQueryChunk(const AttentionShape& sh) {
-  const char* env = std::getenv("ITHACA_CUDNN_FWD_QCHUNK");
-  const int64_t c = env ? std::atoll(env) : 0;
-  return (c > 0 && sh.window == 0 && sh.s > c) ? c : 0;
-}
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
 // Which heuristic modes offer plans: ITHACA_CUDNN_HEUR is a comma list of A, B, FALLBACK
 // (default "A"). Every offered plan is timed on the first call, so more modes can only find a
@@ -202,11 +191,9 @@ struct CudnnAttention::Impl {
   };
   std::map<Key, Entry> graphs;
 
-  // The graph for queries [skv − sq, skv) against keys [0, skv) (sq = skv = S: all of them).
-  absl::StatusOr<Entry*> Get(const AttentionShape& sh, bool backward, int64_t sq, int64_t skv);
+  absl::StatusOr<Entry*> Get(const AttentionShape& sh, bool backward);
   // `allow_forced`: honour ITHACA_CUDNN_CONFIG_{FWD,BWD} (false on the retry without it).
-  absl::Status Build(const AttentionShape& sh, bool backward, int64_t sq, int64_t skv, Entry* e,
-                     bool allow_forced = true);
+  absl::Status Build(const AttentionShape& sh, bool backward, Entry* e, bool allow_forced = true);
   absl::StatusOr<void*> Workspace(int64_t bytes);
   absl::Status Execute(Entry* e, std::unordered_map<int64_t, void*>& pack, const char* what);
 };
@@ -290,38 +277,32 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
   return absl::OkStatus();
 }
 
-absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward, int64_t sq,
-                                         int64_t skv, Entry* e, bool allow_forced) {
+absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward, Entry* e,
+                                         bool allow_forced) {
   const int64_t s = sh.s, hq = sh.hq, hkv = sh.hkv, d = sh.d;
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = Bshd(*g, "q", kQ, sq, hq, d);
-  auto k = Bshd(*g, "k", kK, skv, hkv, d);
-  auto v = Bshd(*g, "v", kV, skv, hkv, d);
+  auto q = Bshd(*g, "q", kQ, s, hq, d);
+  auto k = Bshd(*g, "k", kK, s, hkv, d);
+  auto v = Bshd(*g, "v", kV, s, hkv, d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   if (!backward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("sdpa_fwd")
                     .set_generate_stats(true)
+                    .set_causal_mask(true)
                     .set_attn_scale(scale)
                     .set_implementation(ForwardImplementation());
-    // The last query sees the last key: top-left and bottom-right alignment agree when sq = skv.
-    if (sq == skv) {
-      opts.set_causal_mask(true);
-    } else {
-      opts.set_causal_mask_bottom_right(true);
-    }
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
     auto [o, stats] = g->sdpa(q, k, v, opts);
-    SetBshd(o, kO, sq, hq, d);
-    // cuDNN's stats are [B, H, S, 1]; the engine's LSE is [H, S] (a part's rows keep the
-    // whole sequence's head stride).
+    SetBshd(o, kO, s, hq, d);
+    // cuDNN's stats are [B, H, S, 1]; the engine's LSE is [H, S].
     stats->set_output(true)
         .set_uid(kStats)
         .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({1, hq, sq, 1})
+        .set_dim({1, hq, s, 1})
         .set_stride({hq * s, s, 1, 1});
   } else {
     auto o = Bshd(*g, "o", kO, s, hq, d);
@@ -361,7 +342,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
       std::fprintf(stderr, "cuDNN SDPA: configuration %s does not support the graph; using "
                    "the heuristics\n", FormatConfig(forced).c_str());
       g = nullptr;
-      return Build(sh, backward, sq, skv, e, /*allow_forced=*/false);
+      return Build(sh, backward, e, /*allow_forced=*/false);
     }
   }
   if (!planned) {
@@ -385,13 +366,12 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
 }
 
 absl::StatusOr<CudnnAttention::Impl::Entry*> CudnnAttention::Impl::Get(const AttentionShape& sh,
-                                                                       bool backward, int64_t sq,
-                                                                       int64_t skv) {
-  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward, sq, skv};
+                                                                       bool backward) {
+  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward};
   auto it = graphs.find(key);
   if (it == graphs.end()) {
     it = graphs.emplace(key, Entry{}).first;
-    it->second.status = Build(sh, backward, sq, skv, &it->second);
+    it->second.status = Build(sh, backward, &it->second);
   }
   if (!it->second.status.ok()) return it->second.status;
   return &it->second;
@@ -437,39 +417,28 @@ absl::Status CudnnAttention::Prepare(const AttentionShape& sh, bool backward) {
       return absl::UnavailableError("cudnnSetStream failed");
     }
   }
-  const int64_t chunk = backward ? 0 : ForwardQueryChunk(sh);
-  if (chunk == 0) return impl_->Get(sh, backward, sh.s, sh.s).status();
-  for (int64_t q0 = 0; q0 < sh.s; q0 += chunk) {
-    const int64_t sq = std::min(chunk, sh.s - q0);
-    RETURN_IF_ERROR(impl_->Get(sh, backward, sq, q0 + sq).status());
-  }
+  ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, backward));
+  (void)e;
   return absl::OkStatus();
 }
 
 absl::Status CudnnAttention::Forward(const AttentionShape& sh, const void* q, const void* k,
                                      const void* v, void* o, float* lse) {
   RETURN_IF_ERROR(Prepare(sh, false));
-  const int64_t chunk = ForwardQueryChunk(sh) > 0 ? ForwardQueryChunk(sh) : sh.s;
-  const int64_t row_bytes = sh.hq * sh.d * 2;  // one token of q or o (bf16)
-  for (int64_t q0 = 0; q0 < sh.s; q0 += chunk) {
-    const int64_t sq = std::min(chunk, sh.s - q0);
-    ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, false, sq, q0 + sq));
-    std::unordered_map<int64_t, void*> pack = {
-        {kQ, const_cast<char*>(static_cast<const char*>(q)) + q0 * row_bytes},
-        {kK, const_cast<void*>(k)},
-        {kV, const_cast<void*>(v)},
-        {kO, static_cast<char*>(o) + q0 * row_bytes},
-        {kStats, lse + q0}};
-    RETURN_IF_ERROR(impl_->Execute(e, pack, "forward"));
-  }
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, false));
+  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
+                                             {kK, const_cast<void*>(k)},
+                                             {kV, const_cast<void*>(v)},
+                                             {kO, o},
+                                             {kStats, lse}};
+  return impl_->Execute(e, pack, "forward");
 }
 
 absl::Status CudnnAttention::Backward(const AttentionShape& sh, const void* q, const void* k,
                                       const void* v, const void* o, const void* dout,
                                       const float* lse, void* dq, void* dk, void* dv) {
   RETURN_IF_ERROR(Prepare(sh, true));
-  ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, true, sh.s, sh.s));
+  ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, true));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
                                              {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)},
