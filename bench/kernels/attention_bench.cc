@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/kernels/fill_random.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
 
@@ -22,25 +23,6 @@ ABSL_FLAG(std::string, passes, "fwd,bwd,fwd+bwd", "which passes to time (comma l
 
 namespace ithaca {
 namespace {
-
-// Fills t with a random pattern: one random block uploaded once, copied along the tensor (its
-// prime length keeps the repeats out of step with the [S, H, D] structure).
-void FillRandom(CudaOps& ops, Allocator* alloc, const Tensor& t, uint64_t seed) {
-  constexpr int64_t kBlock = 4194301;
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  const int64_t n = std::min<int64_t>(kBlock, t.numel());
-  std::vector<float> host(n);
-  for (float& x : host) x = dist(gen);
-  auto block = Buffer::Make(alloc, t.dtype, {n}, Tier::kActivations);
-  ITHACA_CHECK(block.ok(), "allocation: ", block.status().ToString());
-  ops.Upload(host.data(), DType::kF32, block->tensor());
-  for (int64_t off = 0; off < t.numel(); off += n) {
-    const int64_t len = std::min(n, t.numel() - off);
-    ops.Copy(block->tensor().Slice(0, {len}), t.Slice(off, {len}));
-  }
-  ops.Synchronize();
-}
 
 int Main() {
   CudaAllocator alloc;
@@ -69,10 +51,10 @@ int Main() {
     Buffer dq = mk(DType::kBF16, {S, hq, D}, Tier::kAttention);
     Buffer dk = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
     Buffer dv = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
-    FillRandom(ops, &alloc, q.tensor(), 1);
-    FillRandom(ops, &alloc, k.tensor(), 2);
-    FillRandom(ops, &alloc, v.tensor(), 3);
-    FillRandom(ops, &alloc, dout.tensor(), 4);
+    bench::FillRandom(ops, &alloc, q.tensor(), 1);
+    bench::FillRandom(ops, &alloc, k.tensor(), 2);
+    bench::FillRandom(ops, &alloc, v.tensor(), 3);
+    bench::FillRandom(ops, &alloc, dout.tensor(), 4);
     auto fwd = [&] {
       ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor());
     };

@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/kernels/fill_random.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
 
@@ -22,25 +23,6 @@ ABSL_FLAG(int, iters, 20, "timed repetitions per kernel (median reported)");
 
 namespace ithaca {
 namespace {
-
-// Fills t with a random pattern: one random block uploaded once, copied along the tensor (its
-// prime length keeps the repeats out of step with the rows).
-void FillRandom(CudaOps& ops, Allocator* alloc, const Tensor& t, uint64_t seed) {
-  constexpr int64_t kBlock = 4194301;
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  const int64_t n = std::min<int64_t>(kBlock, t.numel());
-  std::vector<float> host(n);
-  for (float& x : host) x = dist(gen);
-  auto block = Buffer::Make(alloc, t.dtype, {n}, Tier::kActivations);
-  ITHACA_CHECK(block.ok(), "allocation: ", block.status().ToString());
-  ops.Upload(host.data(), DType::kF32, block->tensor());
-  for (int64_t off = 0; off < t.numel(); off += n) {
-    const int64_t len = std::min(n, t.numel() - off);
-    ops.Copy(block->tensor().Slice(0, {len}), t.Slice(off, {len}));
-  }
-  ops.Synchronize();
-}
 
 // The head size RoPE sees when [rows, d] is read as [rows, d / D, D]: 128 where it divides d,
 // else the largest even divisor below it (0: d is odd, no RoPE).
@@ -91,10 +73,10 @@ int Main() {
     Buffer c = mk(DType::kBF16, {rows, d}), e = mk(DType::kBF16, {rows, d});
     Buffer dx = mk(DType::kBF16, {rows, d});
     Buffer w = mk(DType::kBF16, {d}), dw = mk(DType::kF32, {d}), rstd = mk(DType::kF32, {rows});
-    FillRandom(ops, &alloc, a.tensor(), 1);
-    FillRandom(ops, &alloc, b.tensor(), 2);
-    FillRandom(ops, &alloc, c.tensor(), 3);
-    FillRandom(ops, &alloc, w.tensor(), 4);
+    bench::FillRandom(ops, &alloc, a.tensor(), 1);
+    bench::FillRandom(ops, &alloc, b.tensor(), 2);
+    bench::FillRandom(ops, &alloc, c.tensor(), 3);
+    bench::FillRandom(ops, &alloc, w.tensor(), 4);
     ops.Fill(dx.tensor(), 0.f);
     ops.Fill(dw.tensor(), 0.f);
 
