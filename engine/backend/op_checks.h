@@ -22,6 +22,15 @@ class OpChecks {
     ITHACA_CHECK(t.numel() == want, "", backend_, "::", op, ": ", name, " is ", t.DebugString(),
                  ", expected ", want, " elements");
   }
+  // Copy2D's arguments: one dtype, and every row of both strided views inside its tensor.
+  void Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
+              int64_t rows, int64_t cols) const {
+    ITHACA_CHECK(src.dtype == dst.dtype, "", backend_, "::Copy2D: dtypes differ");
+    if (rows == 0 || cols == 0) return;
+    ITHACA_CHECK((rows - 1) * src_stride + cols <= src.numel() &&
+                     (rows - 1) * dst_stride + cols <= dst.numel(),
+                 "", backend_, "::Copy2D: ", rows, "x", cols, " out of bounds");
+  }
   // Rows and columns of a tensor viewed as 2-D with its leading dims flattened.
   struct Dims2 {
     int64_t rows, cols;

@@ -98,11 +98,8 @@ void CpuOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst,
                     int64_t dst_stride, int64_t rows, int64_t cols) {
   CheckCpu(src, "Copy2D", "src");
   CheckCpu(dst, "Copy2D", "dst");
-  ITHACA_CHECK(src.dtype == dst.dtype, "CpuOps::Copy2D: dtypes differ");
+  kCheck.Copy2D(src, src_stride, dst, dst_stride, rows, cols);
   if (rows == 0 || cols == 0) return;
-  ITHACA_CHECK((rows - 1) * src_stride + cols <= src.numel() &&
-                   (rows - 1) * dst_stride + cols <= dst.numel(),
-               "CpuOps::Copy2D: ", rows, "x", cols, " out of bounds");
   const size_t esz = DTypeSize(src.dtype);
   const char* s = static_cast<const char*>(src.data);
   char* d = static_cast<char*>(dst.data);

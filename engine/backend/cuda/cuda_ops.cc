@@ -284,11 +284,8 @@ void CudaOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, i
   Scope scope(this, "copy2d");
   CheckData(src, "Copy2D", "src");
   CheckData(dst, "Copy2D", "dst");
-  ITHACA_CHECK(src.dtype == dst.dtype, "CudaOps::Copy2D: dtypes differ");
+  kCheck.Copy2D(src, src_stride, dst, dst_stride, rows, cols);
   if (rows == 0 || cols == 0) return;
-  ITHACA_CHECK((rows - 1) * src_stride + cols <= src.numel() &&
-                   (rows - 1) * dst_stride + cols <= dst.numel(),
-               "CudaOps::Copy2D: ", rows, "x", cols, " out of bounds");
   const size_t esz = DTypeSize(src.dtype);
   cudaCheck(cudaMemcpy2DAsync(dst.data, dst_stride * esz, src.data, src_stride * esz, cols * esz,
                               rows, cudaMemcpyDefault, compute_));
