@@ -1,6 +1,10 @@
 #!/bin/bash
-# One device call that runs several phases from prebuilt binaries (gpu_suite.sh explains the
-# binary folder): `bench/device_session.sh BIN_DIR OUT_DIR PHASE...`. Phases:
+# One device call that runs several phases from prebuilt binaries:
+# `bench/device_session.sh BIN_DIR OUT_DIR PHASE...`, from the repository root (the training test
+# reads engine/train/testdata). BIN_DIR holds the test and bench binaries, built here with
+# `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //bench/...`,
+# and a lib/ folder with the non-CUDA shared libraries they need (Abseil, libgomp) where the GPU
+# host lacks them; `.device/bin` (git-ignored) is carried to the device that way. Phases:
 #   info    GPU, driver and every libcudnn on the machine
 #   tests   the CUDA backend's GPU tests and the NCCL comm test (world 1)
 #   attn    cuDNN attention at the bar shapes: the default graph (verbose: every plan's time),
