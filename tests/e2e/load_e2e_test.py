@@ -1,5 +1,5 @@
 """200 concurrent gRPC clients (GetJob, ListJobs, WatchJob) against ithacad while it trains:
-no errors, every watcher sees every step; reports how much the step time changes.
+no errors, every watcher sees every step; prints how much the step time changes.
 
 The daemon and its worker run on one core and the clients on the other, as they would on
 different machines, so the step time measures what serving the clients costs the daemon's node,
@@ -77,10 +77,10 @@ class LoadE2E(unittest.TestCase):
         print(f"{CLIENTS} clients ({WATCHERS} WatchJob streams, {sum(calls)} calls): "
               f"median step {b * 1e3:.1f} ms alone, {l * 1e3:.1f} ms under load "
               f"({(l / b - 1) * 100:+.0f}%)")
-        if pinned:
-            # Serving 200 clients costs the training node little (a few percent here; the bound
-            # leaves room for a noisy shared CI machine).
-            self.assertLess(l / b, 1.25)
+        # The step-time change is a figure, not an assertion (performance is shown by printed
+        # figures, not timed tests): on this shared 2-core machine the step time itself jumps
+        # between about 35 and 58 ms within one run, load or not, so a ratio of two windows'
+        # medians ranged from -39% to +72% over runs that served the clients equally well.
         self.assertTrue(d.serving())
         d.stop()
 
