@@ -90,8 +90,7 @@ struct Previous {
   int64_t S = 0, device_peak = 0, device_reserved = 0;
 };
 
-absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device,
-                    Previous* prev) {
+absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device, Previous* prev) {
   const LlamaModel::Options mo = ModelOptions();
   const int64_t probe = absl::GetFlag(FLAGS_probe);
   PlanRequest req;

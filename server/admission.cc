@@ -110,9 +110,10 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a, const Node& node) {
     const int64_t device = node.devices.empty() ? 0 : node.devices[0].memory_bytes;
     device_budget =
         s.memory.gpu_budget_gib > 0 ? static_cast<int64_t>(s.memory.gpu_budget_gib * kGiB) : device;
-    host_budget = static_cast<int64_t>(
-        (s.memory.host_budget_gib > 0 ? s.memory.host_budget_gib * kGiB
-                                      : double(node.host_memory_bytes)) / world);
+    host_budget =
+        static_cast<int64_t>((s.memory.host_budget_gib > 0 ? s.memory.host_budget_gib * kGiB
+                                                           : double(node.host_memory_bytes)) /
+                             world);
     plan.set_budget_source(s.memory.gpu_budget_gib > 0 ? "memory.gpu_budget_gib" : "GPU memory");
   }
   plan.set_budget_bytes(device_budget);
@@ -133,8 +134,9 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a, const Node& node) {
   plan.set_fits(p->fits);
   plan.set_summary(absl::StrFormat(
       "peak %s per rank %s budget %s (%s); head_chunk %d, tile_tokens %d, offload %s%s",
-      HumanBytes(p->device_total()).c_str(), p->fits ? "<=" : ">", HumanBytes(device_budget).c_str(),
-      plan.budget_source().c_str(), p->head_chunk, p->tile_tokens, p->offload ? "on" : "off",
+      HumanBytes(p->device_total()).c_str(), p->fits ? "<=" : ">",
+      HumanBytes(device_budget).c_str(), plan.budget_source().c_str(), p->head_chunk,
+      p->tile_tokens, p->offload ? "on" : "off",
       p->fits ? "" : absl::StrCat("; ", p->verdict).c_str()));
   return plan;
 }

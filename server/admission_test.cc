@@ -63,8 +63,7 @@ TEST(AdmissionTest, BadSpecsNameTheKey) {
       {"name = \"t\"\n[data]\npath = \"missing.tok\"\n", "data.path"},
       {Spec("", "[training.extra]\n"), "training"},
       {WithSeqLen(Spec("", "[parallel]\nworld = 2\nsp = 2\n"), 63), "data.seq_len"},
-      {Spec("", "[parallel]\nworld = 2\nsp = 2\n[memory]\nhead_chunk = 3\n"),
-       "memory.head_chunk"},
+      {Spec("", "[parallel]\nworld = 2\nsp = 2\n[memory]\nhead_chunk = 3\n"), "memory.head_chunk"},
   };
   for (const Case& c : cases) {
     auto a = ParseSubmission(c.toml, "job.toml", Dir());

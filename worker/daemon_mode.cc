@@ -226,11 +226,10 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
   JobSpec resolved = spec;
   FillMemoryBudgets(backend, info.world, &resolved);
-  ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm,
-                   ConnectComm(info, backend.device(), kCommTimeoutS));
+  ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectComm(info, backend.device(), kCommTimeoutS));
   UseBackendStreams(backend, comm.get());
-  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(resolved, backend.ops.get(),
-                                                 backend.alloc.get(), comm.get()));
+  ASSIGN_OR_RETURN(auto trainer,
+                   Trainer::Create(resolved, backend.ops.get(), backend.alloc.get(), comm.get()));
   std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s\n", o.rank,
               o.world, o.job_id.c_str(),
               spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),

@@ -17,15 +17,20 @@ enum WorkerExit : int {
 // Maps a status to the exit code that describes it.
 inline int ExitCodeFor(const absl::Status& st) {
   switch (st.code()) {
-    case absl::StatusCode::kOk: return kExitOk;
+    case absl::StatusCode::kOk:
+      return kExitOk;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition: return kExitBadSpec;
-    case absl::StatusCode::kResourceExhausted: return kExitOutOfMemory;
+    case absl::StatusCode::kFailedPrecondition:
+      return kExitBadSpec;
+    case absl::StatusCode::kResourceExhausted:
+      return kExitOutOfMemory;
     case absl::StatusCode::kDataLoss:
       return st.message().find("loss is") != absl::string_view::npos ? kExitNanLoss : kExitBadSpec;
-    case absl::StatusCode::kCancelled: return kExitKilled;
-    default: return kExitError;
+    case absl::StatusCode::kCancelled:
+      return kExitKilled;
+    default:
+      return kExitError;
   }
 }
 

@@ -52,8 +52,8 @@ struct RankExit {
 
 struct LaunchReport {
   std::vector<RankExit> ranks;
-  int first_failure = -1;      // the rank that failed first; -1 if none did
-  int forwarded_signal = 0;    // SIGINT / SIGTERM the launcher received, 0 if none
+  int first_failure = -1;    // the rank that failed first; -1 if none did
+  int forwarded_signal = 0;  // SIGINT / SIGTERM the launcher received, 0 if none
   // The exit code a launcher process should end with: the first failing rank's code (128 +
   // signal if it was killed), 128 + the forwarded signal, or 0.
   int ExitCode() const;

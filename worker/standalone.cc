@@ -35,14 +35,13 @@ absl::Status RunStandalone(const std::string& spec_path) {
   ASSIGN_OR_RETURN(auto trainer,
                    Trainer::Create(spec, backend.ops.get(), backend.alloc.get(), comm.get()));
   if (info.rank == 0) {
-    std::printf("job %s: %s, %lld tokens per sample, %lld steps, %d rank(s) (sp %lld), backend "
-                "%s\n",
-                spec.name.c_str(),
-                spec.model.config.empty() ? spec.model.preset.c_str()
-                                          : spec.model.config.c_str(),
-                static_cast<long long>(spec.data.seq_len),
-                static_cast<long long>(spec.training.steps), info.world,
-                static_cast<long long>(spec.parallel.sp), spec.backend.c_str());
+    std::printf(
+        "job %s: %s, %lld tokens per sample, %lld steps, %d rank(s) (sp %lld), backend "
+        "%s\n",
+        spec.name.c_str(),
+        spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
+        static_cast<long long>(spec.data.seq_len), static_cast<long long>(spec.training.steps),
+        info.world, static_cast<long long>(spec.parallel.sp), spec.backend.c_str());
     std::fflush(stdout);
   }
   RETURN_IF_ERROR(trainer->Run());
@@ -58,8 +57,8 @@ absl::Status PrintPlan(const std::string& spec_path) {
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec));
   std::printf("memory plan for %s (per rank; world %lld, sp %lld, %lld tokens)\n%s",
               spec_path.c_str(), static_cast<long long>(spec.parallel.world),
-              static_cast<long long>(spec.parallel.sp),
-              static_cast<long long>(spec.data.seq_len), FormatPlan(plan).c_str());
+              static_cast<long long>(spec.parallel.sp), static_cast<long long>(spec.data.seq_len),
+              FormatPlan(plan).c_str());
   if (!plan.fits) return absl::FailedPreconditionError(plan.verdict);
   return absl::OkStatus();
 }

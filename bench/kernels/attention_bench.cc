@@ -75,15 +75,18 @@ int Main() {
     };
     std::vector<Row> rows;
     fwd();  // the backward needs a real O and LSE even when the forward is not timed
-    if (wanted("fwd")) rows.push_back({"fwd", bench::Median(bench::TimeMs(st, 1, iters, fwd)), fwd_flops});
+    if (wanted("fwd"))
+      rows.push_back({"fwd", bench::Median(bench::TimeMs(st, 1, iters, fwd)), fwd_flops});
     if (wanted("bwd")) {
       rows.push_back({"bwd", bench::Median(bench::TimeMs(st, 1, iters, bwd)), 2.5 * fwd_flops});
     }
     if (wanted("fwd+bwd")) {
-      rows.push_back({"fwd+bwd", bench::Median(bench::TimeMs(st, 1, iters, [&] {
-                        fwd();
-                        bwd();
-                      })),
+      rows.push_back({"fwd+bwd",
+                      bench::Median(bench::TimeMs(st, 1, iters,
+                                                  [&] {
+                                                    fwd();
+                                                    bwd();
+                                                  })),
                       3.5 * fwd_flops});
     }
     for (const auto& r : rows) {

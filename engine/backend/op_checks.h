@@ -36,7 +36,8 @@ class OpChecks {
     int64_t rows, cols;
   };
   Dims2 View2D(const Tensor& t, const char* op, const char* name) const {
-    ITHACA_CHECK(t.rank() >= 1, "", backend_, "::", op, ": ", name, " is a scalar ", t.DebugString());
+    ITHACA_CHECK(t.rank() >= 1, "", backend_, "::", op, ": ", name, " is a scalar ",
+                 t.DebugString());
     const int64_t cols = t.dim(-1);
     return Dims2{cols == 0 ? 0 : t.numel() / cols, cols};
   }

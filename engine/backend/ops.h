@@ -60,8 +60,8 @@ class Ops {
   // 2-D strided copy, like cudaMemcpy2D: `rows` rows of `cols` elements; row r is read at element
   // r·src_stride of src and written at element r·dst_stride of dst. Same dtype. This is how
   // Ulysses packs head groups for its all-to-alls. The default is one Copy per row.
-  virtual void Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst,
-                      int64_t dst_stride, int64_t rows, int64_t cols) {
+  virtual void Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
+                      int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; ++r) {
       Copy(src.Slice(r * src_stride, {cols}), dst.Slice(r * dst_stride, {cols}));
     }
@@ -102,7 +102,8 @@ class Ops {
   virtual void SumInto(const Tensor& x, const Tensor& out) = 0;
 
   // ---- Linear algebra.
-  // c = alpha · op(a) · op(b) + beta · c, with a, b, c 2-D, op(x) = xᵀ when trans_x. c may be f32 while a, b are act_dtype().
+  // c = alpha · op(a) · op(b) + beta · c, with a, b, c 2-D, op(x) = xᵀ when trans_x. c may be f32
+  // while a, b are act_dtype().
   virtual void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                     float alpha, float beta) = 0;
 

@@ -13,8 +13,7 @@ namespace ithaca {
 absl::Status CheckTensor(const char* op, const char* what, const Tensor& t, Device device);
 
 // Shape and aliasing rules of Comm's collectives (comm.h), for rank `rank` of `size` ranks.
-absl::Status CheckAllGather(const Tensor& in, const Tensor& out, int rank, int size,
-                            Device device);
+absl::Status CheckAllGather(const Tensor& in, const Tensor& out, int rank, int size, Device device);
 absl::Status CheckReduceScatter(const Tensor& in, const Tensor& out, int rank, int size,
                                 Device device);
 absl::Status CheckAllToAll(const Tensor& in, const Tensor& out, int size, Device device);

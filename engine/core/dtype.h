@@ -12,9 +12,12 @@ enum class DType : uint8_t { kF32, kBF16, kI32 };
 inline size_t DTypeSize(DType t) { return t == DType::kBF16 ? 2 : 4; }
 inline const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
   }
   return "?";
 }

@@ -10,10 +10,10 @@
 #define ITHACA_CONCAT(a, b) ITHACA_CONCAT_INNER(a, b)
 
 // Returns from the current function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _ithaca_st = (expr);        \
-    if (!_ithaca_st.ok()) return _ithaca_st;   \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::absl::Status _ithaca_st = (expr);      \
+    if (!_ithaca_st.ok()) return _ithaca_st; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, Foo());` unwraps a StatusOr or returns its error.
@@ -25,10 +25,9 @@
   lhs = std::move(tmp).value()
 
 // For invariants that only a bug can break (not for user input): aborts with a message.
-#define ITHACA_CHECK(cond, ...)                                                   \
-  do {                                                                            \
-    if (!(cond)) ::ithaca::CheckFailed(__FILE__, __LINE__, #cond,                 \
-                                       ::absl::StrCat("" __VA_ARGS__));           \
+#define ITHACA_CHECK(cond, ...)                                                                    \
+  do {                                                                                             \
+    if (!(cond)) ::ithaca::CheckFailed(__FILE__, __LINE__, #cond, ::absl::StrCat("" __VA_ARGS__)); \
   } while (0)
 
 namespace ithaca {

@@ -28,8 +28,8 @@ Tensor Tensor::Reshaped(Shape s) const {
 }
 
 Tensor Tensor::Rows(int64_t begin, int64_t end) const {
-  ITHACA_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape[0],
-               "rows [", begin, ", ", end, ") of ", ShapeString(shape));
+  ITHACA_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape[0], "rows [", begin, ", ",
+               end, ") of ", ShapeString(shape));
   Shape s = shape;
   s[0] = end - begin;
   int64_t row = numel() / (shape[0] ? shape[0] : 1);

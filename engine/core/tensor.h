@@ -34,7 +34,9 @@ struct Tensor {
   int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
 
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
   float* f32() const {
     ITHACA_CHECK(dtype == DType::kF32, "tensor is ", DTypeName(dtype), ", not f32");
     return static_cast<float*>(data);

@@ -73,7 +73,7 @@ absl::Status MlpBackward(const BlockContext& c, const BlockWeights& w, const Blo
     ops.Gemm(ht, false, w.w_gate, true, gt, 1.f, 0.f);
     ops.Gemm(ht, false, w.w_up, true, ut, 1.f, 0.f);
     ops.SwiGLU(gt, ut, at);
-    ops.Gemm(dyt, true, at, false, g.w_down, 1.f, 1.f);  // dW2 += dyᵀ·a
+    ops.Gemm(dyt, true, at, false, g.w_down, 1.f, 1.f);   // dW2 += dyᵀ·a
     ops.Gemm(dyt, false, w.w_down, false, at, 1.f, 0.f);  // da = dy·W2 (reuses a)
     ops.SwiGLUBackward(gt, ut, at, gt, ut);               // dgate, dup in place
     ops.Gemm(gt, true, ht, false, g.w_gate, 1.f, 1.f);
@@ -111,8 +111,8 @@ absl::Status AttentionPart(const BlockContext& c, const BlockWeights& w, const T
     const HeadPlan& p = c.attn.plan;
     ASSIGN_OR_RETURN(s->o, Alloc(c, c.ops()->act_dtype(), {n_tok, cfg.num_attention_heads * p.D},
                                  c.saved_attention_tier));
-    ASSIGN_OR_RETURN(s->lse, Alloc(c, DType::kF32, {p.stages() * p.u, c.attn.S()},
-                                   c.saved_attention_tier));
+    ASSIGN_OR_RETURN(s->lse,
+                     Alloc(c, DType::kF32, {p.stages() * p.u, c.attn.S()}, c.saved_attention_tier));
     RETURN_IF_ERROR(UlyssesAttentionForward(c.attn, w.qkv(), AttentionInput(c, w, x, *s),
                                             s->o.tensor(), s->lse.tensor()));
   }

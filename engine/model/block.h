@@ -16,11 +16,11 @@ namespace ithaca {
 // The normed inputs rmsnorm(x) and rmsnorm(x2) are never kept whole: they are remade one token
 // tile at a time where they are used, so a block holds at most four [s, d]-sized buffers.
 struct BlockSaved {
-  Buffer rstd1;   // f32 [s]                                          activations
-  Buffer o;       // attention output O_local [s, Hq·D]               attention (or checkpoints)
-  Buffer lse;     // f32 [Hq/P, S], stage by stage                    attention (or checkpoints)
-  Buffer x2;      // x + O·Woᵀ, the MLP's residual input [s, d]       activations
-  Buffer rstd2;   // f32 [s]                                          activations
+  Buffer rstd1;  // f32 [s]                                          activations
+  Buffer o;      // attention output O_local [s, Hq·D]               attention (or checkpoints)
+  Buffer lse;    // f32 [Hq/P, S], stage by stage                    attention (or checkpoints)
+  Buffer x2;     // x + O·Woᵀ, the MLP's residual input [s, d]       activations
+  Buffer rstd2;  // f32 [s]                                          activations
 };
 
 // Views into one block's flat parameter unit (weights) or gradient unit (same layout).

@@ -33,8 +33,8 @@ class UnitLease {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& cfg, Ops* ops,
-                                                                Allocator* alloc, Options opts,
-                                                                Comm* world, Comm* sp) {
+                                                               Allocator* alloc, Options opts,
+                                                               Comm* world, Comm* sp) {
   RETURN_IF_ERROR(ValidateConfig(cfg));
   std::unique_ptr<LlamaModel> m(new LlamaModel(cfg, ops, alloc, opts));
   m->world_ = world;
@@ -42,9 +42,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   ASSIGN_OR_RETURN(m->plan_, MakeHeadPlan(cfg, sp ? sp->size() : 1, opts.head_chunk));
   ASSIGN_OR_RETURN(m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp));
   const std::vector<float> inv = RopeInverseFrequencies(cfg.rope);
-  ASSIGN_OR_RETURN(m->inv_freq_, Buffer::Make(alloc, DType::kF32,
-                                              {static_cast<int64_t>(inv.size())},
-                                              Tier::kActivations));
+  ASSIGN_OR_RETURN(
+      m->inv_freq_,
+      Buffer::Make(alloc, DType::kF32, {static_cast<int64_t>(inv.size())}, Tier::kActivations));
   ops->Upload(inv.data(), DType::kF32, m->inv_freq_.tensor());
   return m;
 }
@@ -61,19 +61,17 @@ BlockContext LlamaModel::Context(int64_t s) const {
   c.attn.inv_freq = inv_freq_.tensor();
   c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
   // Attention-aware checkpointing keeps O and LSE with the block input.
-  c.saved_attention_tier = opts_.checkpoint == CheckpointPolicy::kAttentionAware
-                               ? Tier::kCheckpoints
-                               : Tier::kAttention;
+  c.saved_attention_tier =
+      opts_.checkpoint == CheckpointPolicy::kAttentionAware ? Tier::kCheckpoints : Tier::kAttention;
   return c;
 }
 
-absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs,
-                                                      const int32_t* labels, int64_t S) {
+absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, const int32_t* labels,
+                                                      int64_t S) {
   const int64_t P = plan_.P;
   if (S % P != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("data.seq_len: ", S,
-                                                   " tokens do not split evenly over parallel.sp = ",
-                                                   P, " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.seq_len: ", S, " tokens do not split evenly over parallel.sp = ", P, " ranks"));
   }
   for (int64_t i = 0; i < S; ++i) {
     if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size) {
@@ -147,8 +145,8 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
     BlockSaved bs;
     const bool keep_o = keep_all || (keep_attention && l % k == 0);
-    RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs,
-                                 keep_o, /*keep_mlp_input=*/keep_all));
+    RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs, keep_o,
+                                 /*keep_mlp_input=*/keep_all));
     if (l % k == 0) {
       SavedInputs in;
       in.x = std::move(x);
@@ -214,8 +212,8 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
       bs.lse = std::move(in.lse);
     }
     RETURN_IF_ERROR(BlockRecompute(ctx, w, in.x.tensor(), &bs));
-    RETURN_IF_ERROR(BlockBackward(ctx, w, BlockViews(cfg_, grads), in.x.tensor(), &bs,
-                                  dx.tensor()));
+    RETURN_IF_ERROR(
+        BlockBackward(ctx, w, BlockViews(cfg_, grads), in.x.tensor(), &bs, dx.tensor()));
     RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
   }
   {

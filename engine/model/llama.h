@@ -39,9 +39,9 @@ class LlamaModel {
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
     bool offload = false;          // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;
-    bool prefetch = true;          // bring block l−1's saved data back during block l's backward
+    bool prefetch = true;  // bring block l−1's saved data back during block l's backward
     int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the others
-    bool fsdp = true;              // shard parameter units over `world`
+    bool fsdp = true;                 // shard parameter units over `world`
   };
 
   // `world` spans every rank (FSDP and data parallel), `sp` this rank's Ulysses group; either
@@ -83,8 +83,8 @@ class LlamaModel {
   // Final norm, LM head and cross-entropy over token tiles, fused with their backward: writes
   // dx [s, d], adds the head's (and tied embedding's) gradients, writes the loss sum into
   // `loss_sum` (device).
-  absl::Status LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
-                        const Tensor& dx, const Tensor& loss_sum);
+  absl::Status LossHead(const Tensor& x, const Tensor& labels, float grad_scale, const Tensor& dx,
+                        const Tensor& loss_sum);
 
   LlamaConfig cfg_;
   ParamLayout layout_;

@@ -14,12 +14,12 @@ namespace ithaca {
 struct ParamEntry {
   std::string hf_name;  // e.g. "model.layers.3.self_attn.q_proj.weight"
   Shape shape;
-  int64_t offset;       // elements from the start of the unit
-  bool is_matrix;       // weight decay applies to matrices only (not to norm weights)
+  int64_t offset;  // elements from the start of the unit
+  bool is_matrix;  // weight decay applies to matrices only (not to norm weights)
 };
 
 struct ParamUnit {
-  std::string name;     // "embed", "layer.3", "head"
+  std::string name;  // "embed", "layer.3", "head"
   std::vector<ParamEntry> entries;
   int64_t numel = 0;
 };

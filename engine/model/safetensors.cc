@@ -32,9 +32,12 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
 const char* FileDTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kI32: return "I32";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI32:
+      return "I32";
   }
   return "?";
 }

@@ -4,9 +4,9 @@
 
 namespace ithaca {
 
-absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Create(const ParamLayout& layout,
-                                                               Ops* ops, Allocator* alloc,
-                                                               Comm* world, bool fsdp) {
+absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Create(const ParamLayout& layout, Ops* ops,
+                                                               Allocator* alloc, Comm* world,
+                                                               bool fsdp) {
   std::unique_ptr<ParamStore> p(new ParamStore(ops, alloc, world));
   const int W = world ? world->size() : 1;
   p->sharded_ = fsdp && W > 1;
@@ -79,8 +79,8 @@ absl::StatusOr<std::vector<float>> ParamStore::GatherToHost(int i, const Tensor&
     ops_->Download(shard, host.data(), DType::kF32);
     return host;
   }
-  ASSIGN_OR_RETURN(Buffer all, Buffer::Make(alloc_, shard.dtype, {u.shard * world_->size()},
-                                            Tier::kComm));
+  ASSIGN_OR_RETURN(Buffer all,
+                   Buffer::Make(alloc_, shard.dtype, {u.shard * world_->size()}, Tier::kComm));
   RETURN_IF_ERROR(world_->AllGather(shard, all.tensor()));
   ops_->Download(all.tensor(), host.data(), DType::kF32);
   host.resize(u.numel);

@@ -57,7 +57,7 @@ class ParamStore {
  private:
   struct Unit {
     int64_t numel = 0, shard = 0;
-    Buffer working, grad;     // shards (or whole units without FSDP)
+    Buffer working, grad;  // shards (or whole units without FSDP)
     Buffer gathered, full_grad;
     int users = 0;
   };

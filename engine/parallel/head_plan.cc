@@ -10,13 +10,12 @@ absl::StatusOr<HeadPlan> MakeHeadPlan(const LlamaConfig& cfg, int64_t P, int64_t
   p.D = cfg.head_dim;
   p.g = p.hq / p.hkv;
   if (P < 1 || p.hq % P != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("parallel.sp: ", P,
-                                                   " must divide the query heads (", p.hq, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.sp: ", P, " must divide the query heads (", p.hq, ")"));
   }
   if (p.hkv % P != 0 && P % p.hkv != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.sp: ", P, " and the key/value heads (", p.hkv,
-                     ") must divide one another"));
+    return absl::InvalidArgumentError(absl::StrCat("parallel.sp: ", P, " and the key/value heads (",
+                                                   p.hkv, ") must divide one another"));
   }
   p.replicated = p.hkv < P;
   const int64_t U = head_chunk > 0 ? head_chunk : p.hq;
@@ -35,9 +34,9 @@ absl::StatusOr<HeadPlan> MakeHeadPlan(const LlamaConfig& cfg, int64_t P, int64_t
   }
   if (p.u <= p.g) {
     if (p.g % p.u != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "memory.head_chunk: ", U, " (", p.u, " per rank) must divide the GQA group of ", p.g,
-          " query heads per K/V head"));
+      return absl::InvalidArgumentError(absl::StrCat("memory.head_chunk: ", U, " (", p.u,
+                                                     " per rank) must divide the GQA group of ",
+                                                     p.g, " query heads per K/V head"));
     }
     p.kvr = 1;
     p.stages_per_round = p.g / p.u;

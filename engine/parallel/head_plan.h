@@ -16,7 +16,7 @@
 namespace ithaca {
 
 struct HeadPlan {
-  int64_t P = 1;       // Ulysses group size
+  int64_t P = 1;  // Ulysses group size
   int64_t hq = 0, hkv = 0, g = 1, D = 0;
   int64_t u = 0;       // query heads per rank per stage
   int64_t kvr = 0;     // K/V heads per rank per round

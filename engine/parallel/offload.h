@@ -40,7 +40,9 @@ class CheckpointStore {
   // offloaded input (the host copy stays), else `copy` is empty and the resident input is
   // returned. For regrowing the blocks after it without holding it on the device twice.
   absl::StatusOr<Tensor> PeekInput(int l, Buffer* copy);
-  bool offloaded(int l) const { return offload_ && l < static_cast<int>(blocks_.size()) - keep_last_; }
+  bool offloaded(int l) const {
+    return offload_ && l < static_cast<int>(blocks_.size()) - keep_last_;
+  }
 
  private:
   struct Slot {

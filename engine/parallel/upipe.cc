@@ -26,8 +26,8 @@ absl::Status Exchange(const UlyssesContext& c, const Tensor& in, const Tensor& o
 // One projection into all-to-all slots (forward) or out of them (backward): rows of `w` for n
 // heads per destination rank; `buf` is [P, s, n, D], slot j for rank j's heads.
 struct Projection {
-  Tensor w;         // [heads·D, d]
-  Tensor gw;        // its gradient (backward only)
+  Tensor w;   // [heads·D, d]
+  Tensor gw;  // its gradient (backward only)
   Tensor buf;
   bool rope = false;
 };
@@ -90,8 +90,8 @@ void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tens
         beta = 1.f;
       }
     }
-    c.ops->RmsNormBackward(in.x.Rows(t0, t1), in.norm_w, in.rstd.Rows(t0, t1), dh,
-                           dx.Rows(t0, t1), dnorm_w);
+    c.ops->RmsNormBackward(in.x.Rows(t0, t1), in.norm_w, in.rstd.Rows(t0, t1), dh, dx.Rows(t0, t1),
+                           dnorm_w);
   }
 }
 
@@ -102,7 +102,8 @@ void StageColumns(const UlyssesContext& c, int64_t k, int64_t t, const Tensor& o
   const HeadPlan& p = c.plan;
   const int64_t s = c.s, w = p.u * p.D, row = p.hq * p.D;
   for (int64_t j = 0; j < p.P; ++j) {
-    Tensor local = o_local.Slice(p.QHead(j, k, t) * p.D, {o_local.numel() - p.QHead(j, k, t) * p.D});
+    Tensor local =
+        o_local.Slice(p.QHead(j, k, t) * p.D, {o_local.numel() - p.QHead(j, k, t) * p.D});
     Tensor slot = packed.Slice(j * s * w, {s * w});
     if (to_local) {
       c.ops->Copy2D(slot, w, local, row, s, w);
@@ -120,8 +121,8 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   const HeadPlan& p = c.plan;
   const DType act = c.ops->act_dtype();
   const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr;
-  ASSIGN_OR_RETURN(Buffer h, Alloc(c, act, {std::min(in.tile, c.s), in.x.dim(1)},
-                                   Tier::kActivations));
+  ASSIGN_OR_RETURN(Buffer h,
+                   Alloc(c, act, {std::min(in.tile, c.s), in.x.dim(1)}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer k_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer v_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
   ASSIGN_OR_RETURN(Buffer k, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
@@ -131,10 +132,10 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   ASSIGN_OR_RETURN(Buffer o, Alloc(c, act, {S, u, D}, Tier::kAttention));
   for (int64_t k_round = 0; k_round < p.rounds; ++k_round) {
     auto kv_head = [&](int64_t j) { return p.KvHead(j, k_round); };
-    ProjectForRanks(c, in, h.tensor(),
-                    {{w.wk, {}, k_send.tensor(), /*rope=*/true},
-                     {w.wv, {}, v_send.tensor(), /*rope=*/false}},
-                    kvr, kv_head);
+    ProjectForRanks(
+        c, in, h.tensor(),
+        {{w.wk, {}, k_send.tensor(), /*rope=*/true}, {w.wv, {}, v_send.tensor(), /*rope=*/false}},
+        kvr, kv_head);
     RETURN_IF_ERROR(Exchange(c, k_send.tensor(), k.tensor()));
     RETURN_IF_ERROR(Exchange(c, v_send.tensor(), v.tensor()));
     for (int64_t t = 0; t < p.stages_per_round; ++t) {

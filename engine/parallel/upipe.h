@@ -16,11 +16,11 @@ namespace ithaca {
 struct UlyssesContext {
   Ops* ops;
   Allocator* alloc;
-  Comm* sp;            // the Ulysses group; nullptr when P = 1
+  Comm* sp;  // the Ulysses group; nullptr when P = 1
   HeadPlan plan;
-  int64_t rank = 0;    // rank in the group
-  int64_t s = 0;       // tokens on this rank
-  Tensor inv_freq;     // RoPE inverse frequencies, f32 [D/2]
+  int64_t rank = 0;  // rank in the group
+  int64_t s = 0;     // tokens on this rank
+  Tensor inv_freq;   // RoPE inverse frequencies, f32 [D/2]
   int64_t S() const { return s * plan.P; }
   int64_t pos0() const { return rank * s; }  // global position of this rank's first token
 };

@@ -37,9 +37,8 @@ class MetaOps final : public Ops {
   void Rope(const Tensor&, int64_t, const Tensor&, bool) override {}
   void Attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                  const Tensor&) override {}
-  void AttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&) override {}
+  void AttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void SwiGLU(const Tensor&, const Tensor&, const Tensor&) override {}
   void SwiGLUBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                       const Tensor&) override {}

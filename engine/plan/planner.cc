@@ -47,8 +47,9 @@ void Judge(MemoryPlan* p) {
                               " of GPU memory per rank, budget ", HumanBytes(p->gpu_budget));
   } else if (p->host_budget > 0 && host > p->host_budget) {
     p->fits = false;
-    p->verdict = absl::StrCat("needs ", HumanBytes(host), " of pinned host memory per rank, budget ",
-                              HumanBytes(p->host_budget));
+    p->verdict =
+        absl::StrCat("needs ", HumanBytes(host), " of pinned host memory per rank, budget ",
+                     HumanBytes(p->host_budget));
   }
 }
 
@@ -61,9 +62,8 @@ std::string HumanBytes(int64_t b) {
 
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   if (req.seq_len % req.sp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("data.seq_len: ", req.seq_len,
-                                                   " is not a multiple of parallel.sp (", req.sp,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.seq_len: ", req.seq_len, " is not a multiple of parallel.sp (", req.sp, ")"));
   }
   MetaOps ops(req.device, req.act);
   MetaAllocator alloc(req.device);
@@ -71,23 +71,21 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   MetaComm world(0, static_cast<int>(req.world));
   MetaComm sp(0, static_cast<int>(req.sp));
   world.set_split_size(static_cast<int>(req.sp));
-  ASSIGN_OR_RETURN(auto model,
-                   LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
-                                      req.world > 1 ? &world : nullptr,
-                                      req.sp > 1 ? &sp : nullptr));
+  ASSIGN_OR_RETURN(
+      auto model, LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
+                                     req.world > 1 ? &world : nullptr, req.sp > 1 ? &sp : nullptr));
   // The optimizer's f32 master, m and v for every shard (as Optimizer::Create allocates them).
   std::vector<Buffer> optimizer;
   ParamStore& ps = model->params();
   for (int u = 0; u < ps.num_units(); ++u) {
     for (int k = 0; k < 3; ++k) {
-      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(&alloc, DType::kF32, {ps.shard_numel(u)},
-                                              Tier::kOptimizer));
+      ASSIGN_OR_RETURN(Buffer b,
+                       Buffer::Make(&alloc, DType::kF32, {ps.shard_numel(u)}, Tier::kOptimizer));
       optimizer.push_back(std::move(b));
     }
   }
   std::vector<int32_t> tokens(req.seq_len, 0);
-  RETURN_IF_ERROR(
-      model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
+  RETURN_IF_ERROR(model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
   MemoryPlan p;
   const MemoryTracker& t = alloc.tracker();
   for (int i = 0; i < kNumTiers; ++i) {
@@ -95,8 +93,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
     p.at_peak[i] = t.at_device_peak(static_cast<Tier>(i));
   }
   p.device_peak = t.device_peak();
-  p.workspace = req.device == Device::kCuda ? CudaWorkspaceBytes(model->head_plan(), req.seq_len)
-                                            : 0;
+  p.workspace =
+      req.device == Device::kCuda ? CudaWorkspaceBytes(model->head_plan(), req.seq_len) : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
   p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
   p.tile_tokens = req.opts.tile_tokens;

@@ -25,10 +25,10 @@ struct PlanRequest {
 };
 
 struct MemoryPlan {
-  std::array<int64_t, kNumTiers> peak{};  // each tier's own peak over the step
-  int64_t device_peak = 0;                // the highest device total at any moment
+  std::array<int64_t, kNumTiers> peak{};     // each tier's own peak over the step
+  int64_t device_peak = 0;                   // the highest device total at any moment
   std::array<int64_t, kNumTiers> at_peak{};  // what that highest total is made of, per tier
-  int64_t workspace = 0;                  // library workspaces not allocated through the engine
+  int64_t workspace = 0;                     // library workspaces not allocated through the engine
   // The options the plan was made for (auto settings resolved).
   int64_t head_chunk = 0, tile_tokens = 0;
   bool offload = false, prefetch = true;

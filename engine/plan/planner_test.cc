@@ -133,14 +133,14 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
   spec.memory.head_chunk = 32;  // plain Ulysses: all heads in one stage
   auto ulysses = PlanJob(spec, int64_t{80} << 30);
   ASSERT_TRUE(ulysses.ok()) << ulysses.status();
-  spec.memory.head_chunk = 8;   // UPipe: one head per rank per stage
+  spec.memory.head_chunk = 8;  // UPipe: one head per rank per stage
   auto upipe = PlanJob(spec, int64_t{80} << 30);
   ASSERT_TRUE(upipe.ok()) << upipe.status();
   std::printf("Ulysses:\n%sUPipe:\n%s", FormatPlan(*ulysses).c_str(), FormatPlan(*upipe).c_str());
   auto gib = [](const MemoryPlan& p, Tier t) { return p.peak[static_cast<int>(t)] / kGiB; };
   // Model states: 16 bytes per parameter over 8 ranks ≈ 15 GiB (DESIGN.md: 15.4 GiB).
-  const double model = gib(*upipe, Tier::kParams) + gib(*upipe, Tier::kGrads) +
-                       gib(*upipe, Tier::kOptimizer);
+  const double model =
+      gib(*upipe, Tier::kParams) + gib(*upipe, Tier::kGrads) + gib(*upipe, Tier::kOptimizer);
   EXPECT_GT(model, 14.0);
   EXPECT_LT(model, 20.0);
   // UPipe shrinks attention well below plain Ulysses (reference: 37.5 → 19.5 GiB).

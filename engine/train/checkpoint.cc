@@ -67,8 +67,8 @@ absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
   };
   std::vector<const float*> master;
   for (const auto& u : opt.master) master.push_back(u.data());
-  absl::Status st = WriteHfCheckpoint(tmp + "/model", cfg, layout, master, DType::kF32,
-                                      int64_t{4} << 30);
+  absl::Status st =
+      WriteHfCheckpoint(tmp + "/model", cfg, layout, master, DType::kF32, int64_t{4} << 30);
   if (!st.ok()) return fail(st);
 
   SafetensorsWriter moments;

@@ -24,9 +24,12 @@ namespace ithaca {
 
 const char* CheckpointPolicyName(CheckpointPolicy p) {
   switch (p) {
-    case CheckpointPolicy::kNone: return "none";
-    case CheckpointPolicy::kFull: return "full";
-    case CheckpointPolicy::kAttentionAware: return "attention-aware";
+    case CheckpointPolicy::kNone:
+      return "none";
+    case CheckpointPolicy::kFull:
+      return "full";
+    case CheckpointPolicy::kAttentionAware:
+      return "attention-aware";
   }
   return "unknown";
 }
@@ -35,16 +38,26 @@ namespace {
 
 const char* TypeName(toml::node_type t) {
   switch (t) {
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    default: return "nothing";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::date:
+      return "date";
+    case toml::node_type::time:
+      return "time";
+    case toml::node_type::date_time:
+      return "date-time";
+    default:
+      return "nothing";
   }
 }
 
@@ -66,12 +79,19 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 // Names other trainers use for our keys; a typo of one of these still finds the right key.
 const std::vector<std::pair<std::string, std::string>>& Aliases() {
   static const auto* aliases = new std::vector<std::pair<std::string, std::string>>{
-      {"learning_rate", "lr"},     {"max_steps", "steps"},        {"warmup", "warmup_steps"},
-      {"batch_size", "micro_batch"}, {"max_grad_norm", "grad_clip"},
-      {"gradient_accumulation_steps", "grad_accum"}, {"context_length", "seq_len"},
-      {"seq_length", "seq_len"},   {"precision", "dtype"},        {"world_size", "world"},
-      {"keep_last", "keep"},       {"save_every", "every"},       {"activation_checkpointing",
-                                                                   "checkpoint"}};
+      {"learning_rate", "lr"},
+      {"max_steps", "steps"},
+      {"warmup", "warmup_steps"},
+      {"batch_size", "micro_batch"},
+      {"max_grad_norm", "grad_clip"},
+      {"gradient_accumulation_steps", "grad_accum"},
+      {"context_length", "seq_len"},
+      {"seq_length", "seq_len"},
+      {"precision", "dtype"},
+      {"world_size", "world"},
+      {"keep_last", "keep"},
+      {"save_every", "every"},
+      {"activation_checkpointing", "checkpoint"}};
   return *aliases;
 }
 
@@ -116,11 +136,21 @@ std::string Quote(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           out += absl::StrFormat("\\u%04x", c);
@@ -226,15 +256,15 @@ class SpecReader {
     return [this, out](const toml::node& n, const std::string& path) {
       if (!n.is_string()) return WrongType(n, path, "a string");
       const std::string& v = n.as_string()->get();
-      for (CheckpointPolicy p : {CheckpointPolicy::kNone, CheckpointPolicy::kFull,
-                                 CheckpointPolicy::kAttentionAware}) {
+      for (CheckpointPolicy p :
+           {CheckpointPolicy::kNone, CheckpointPolicy::kFull, CheckpointPolicy::kAttentionAware}) {
         if (v == CheckpointPolicyName(p)) {
           *out = p;
           return absl::OkStatus();
         }
       }
-      return Error(path, absl::StrCat("must be \"none\", \"full\" or \"attention-aware\", got \"",
-                                      v, "\""));
+      return Error(
+          path, absl::StrCat("must be \"none\", \"full\" or \"attention-aware\", got \"", v, "\""));
     };
   }
 
@@ -247,8 +277,8 @@ class SpecReader {
       std::string name(k.str());
       std::string path = prefix.empty() ? name : absl::StrCat(prefix, ".", name);
       lines_[path] = static_cast<int>(k.source().begin.line);
-      auto key = std::find_if(keys.begin(), keys.end(),
-                              [&](const Key& x) { return name == x.name; });
+      auto key =
+          std::find_if(keys.begin(), keys.end(), [&](const Key& x) { return name == x.name; });
       if (key != keys.end()) {
         RETURN_IF_ERROR(key->read(node, path));
         continue;
@@ -285,8 +315,11 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
     if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return absl::OkStatus();
     std::string list;
     for (size_t i = 0; i < allowed.size(); ++i) {
-      absl::StrAppend(&list, i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ", "\"",
-                      allowed[i], "\"");
+      absl::StrAppend(&list,
+                      i == 0                    ? ""
+                      : i + 1 == allowed.size() ? " or "
+                                                : ", ",
+                      "\"", allowed[i], "\"");
     }
     return r.Error(path, absl::StrCat("must be ", list, ", got \"", v, "\""));
   };
@@ -304,11 +337,11 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             absl::StrCat("must be >= 1, got ", s.data.micro_batch)));
 
   const JobSpec::Training& t = s.training;
-  RETURN_IF_ERROR(r.Require(t.steps >= 1, "training.steps",
-                            absl::StrCat("must be >= 1, got ", t.steps)));
+  RETURN_IF_ERROR(
+      r.Require(t.steps >= 1, "training.steps", absl::StrCat("must be >= 1, got ", t.steps)));
   RETURN_IF_ERROR(r.Require(t.lr > 0, "training.lr", absl::StrCat("must be > 0, got ", t.lr)));
-  RETURN_IF_ERROR(r.Require(t.min_lr >= 0, "training.min_lr",
-                            absl::StrCat("must be >= 0, got ", t.min_lr)));
+  RETURN_IF_ERROR(
+      r.Require(t.min_lr >= 0, "training.min_lr", absl::StrCat("must be >= 0, got ", t.min_lr)));
   // Says so when min_lr is the default: lowering only lr is the likely way to get here.
   RETURN_IF_ERROR(r.Require(
       t.min_lr <= t.lr, "training.min_lr",
@@ -329,8 +362,8 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             absl::StrCat("must be >= 1, got ", t.grad_accum)));
 
   const JobSpec::Parallel& p = s.parallel;
-  RETURN_IF_ERROR(r.Require(p.world >= 1, "parallel.world",
-                            absl::StrCat("must be >= 1, got ", p.world)));
+  RETURN_IF_ERROR(
+      r.Require(p.world >= 1, "parallel.world", absl::StrCat("must be >= 1, got ", p.world)));
   RETURN_IF_ERROR(r.Require(p.sp >= 1, "parallel.sp", absl::StrCat("must be >= 1, got ", p.sp)));
   RETURN_IF_ERROR(
       r.Require(p.world % p.sp == 0, "parallel.sp",
@@ -341,12 +374,12 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             absl::StrCat("must be >= 0, got ", m.offload_keep_last)));
   RETURN_IF_ERROR(r.Require(m.checkpoint_interval >= 1, "memory.checkpoint_interval",
                             absl::StrCat("must be >= 1, got ", m.checkpoint_interval)));
-  RETURN_IF_ERROR(r.Require(m.gpu_budget_gib >= 0, "memory.gpu_budget_gib",
-                            absl::StrCat("must be >= 0 (0: the device's capacity), got ",
-                                         m.gpu_budget_gib)));
-  RETURN_IF_ERROR(r.Require(m.host_budget_gib >= 0, "memory.host_budget_gib",
-                            absl::StrCat("must be >= 0 (0: the host's memory), got ",
-                                         m.host_budget_gib)));
+  RETURN_IF_ERROR(
+      r.Require(m.gpu_budget_gib >= 0, "memory.gpu_budget_gib",
+                absl::StrCat("must be >= 0 (0: the device's capacity), got ", m.gpu_budget_gib)));
+  RETURN_IF_ERROR(
+      r.Require(m.host_budget_gib >= 0, "memory.host_budget_gib",
+                absl::StrCat("must be >= 0 (0: the host's memory), got ", m.host_budget_gib)));
 
   RETURN_IF_ERROR(r.Require(s.checkpoint.every >= 0, "checkpoint.every",
                             absl::StrCat("must be >= 0, got ", s.checkpoint.every)));
@@ -461,8 +494,7 @@ std::string JobSpecToToml(const JobSpec& s) {
   const JobSpec::Memory& m = s.memory;
   absl::StrAppend(&out, "\n[memory]\ncheckpoint = ", Quote(CheckpointPolicyName(m.checkpoint)),
                   "\noffload = ", b(m.offload), "\noffload_keep_last = ", m.offload_keep_last,
-                  "\nprefetch = ", b(m.prefetch),
-                  "\ncheckpoint_interval = ", m.checkpoint_interval,
+                  "\nprefetch = ", b(m.prefetch), "\ncheckpoint_interval = ", m.checkpoint_interval,
                   "\nhead_chunk = ", auto_or(m.head_chunk),
                   "\ntile_tokens = ", auto_or(m.tile_tokens),
                   "\ngpu_budget_gib = ", FormatDouble(m.gpu_budget_gib),

@@ -14,20 +14,20 @@ enum class CheckpointPolicy { kNone, kFull, kAttentionAware };
 const char* CheckpointPolicyName(CheckpointPolicy p);  // "none" | "full" | "attention-aware"
 
 struct JobSpec {
-  std::string name = "job";        // top-level `name`
-  std::string backend = "cpu";     // top-level `backend`: "cpu" | "cuda"
+  std::string name = "job";     // top-level `name`
+  std::string backend = "cpu";  // top-level `backend`: "cpu" | "cuda"
 
   struct Model {
-    std::string preset = "tiny";   // "tiny" | "llama-3.2-1b" | "llama-3.2-3b" | "llama-3-8b"
-    std::string config;            // path to a config.json (overrides preset when set)
-    std::string weights;           // safetensors file / index / directory; empty: random init
-    std::string dtype = "bf16";    // working dtype on CUDA: "bf16" (CPU always computes in f32)
+    std::string preset = "tiny";  // "tiny" | "llama-3.2-1b" | "llama-3.2-3b" | "llama-3-8b"
+    std::string config;           // path to a config.json (overrides preset when set)
+    std::string weights;          // safetensors file / index / directory; empty: random init
+    std::string dtype = "bf16";   // working dtype on CUDA: "bf16" (CPU always computes in f32)
   } model;
 
   struct Data {
-    std::string path;              // token file (engine/train/token_file.h); required
-    int64_t seq_len = 256;         // tokens per sample (the context length S)
-    int64_t micro_batch = 1;       // samples per micro-step
+    std::string path;         // token file (engine/train/token_file.h); required
+    int64_t seq_len = 256;    // tokens per sample (the context length S)
+    int64_t micro_batch = 1;  // samples per micro-step
   } data;
 
   struct Training {
@@ -39,38 +39,38 @@ struct JobSpec {
     double beta1 = 0.9;
     double beta2 = 0.95;
     double eps = 1e-8;
-    double grad_clip = 1.0;        // max global gradient norm; 0 disables clipping
-    int64_t grad_accum = 1;        // micro-steps per optimizer step
+    double grad_clip = 1.0;  // max global gradient norm; 0 disables clipping
+    int64_t grad_accum = 1;  // micro-steps per optimizer step
     uint64_t seed = 1234;
   } training;
 
   struct Parallel {
-    int64_t world = 1;             // ranks (one per GPU)
-    int64_t sp = 1;                // Ulysses group size; divides world
+    int64_t world = 1;  // ranks (one per GPU)
+    int64_t sp = 1;     // Ulysses group size; divides world
     bool fsdp = true;
   } parallel;
 
   struct Memory {
     CheckpointPolicy checkpoint = CheckpointPolicy::kFull;
     bool offload = false;
-    int64_t offload_keep_last = 0; // blocks kept on the device when offloading
-    bool prefetch = true;          // offloaded inputs come back one block ahead (else just in time)
+    int64_t offload_keep_last = 0;  // blocks kept on the device when offloading
+    bool prefetch = true;  // offloaded inputs come back one block ahead (else just in time)
     int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the rest in backward
-    int64_t head_chunk = 0;        // query heads per UPipe stage; 0 = "auto"
-    int64_t tile_tokens = 0;       // tokens per MLP / loss tile; 0 = "auto"
-    double gpu_budget_gib = 0;     // 0: the device's capacity
-    double host_budget_gib = 0;    // 0: the host's memory
+    int64_t head_chunk = 0;           // query heads per UPipe stage; 0 = "auto"
+    int64_t tile_tokens = 0;          // tokens per MLP / loss tile; 0 = "auto"
+    double gpu_budget_gib = 0;        // 0: the device's capacity
+    double host_budget_gib = 0;       // 0: the host's memory
   } memory;
 
   struct Checkpoint {
-    std::string dir;               // empty: no checkpoints
-    int64_t every = 0;             // steps between checkpoints; 0: only at the end
-    bool resume = true;            // resume from the latest checkpoint in dir when one exists
-    int64_t keep = 2;              // newest checkpoints kept
+    std::string dir;     // empty: no checkpoints
+    int64_t every = 0;   // steps between checkpoints; 0: only at the end
+    bool resume = true;  // resume from the latest checkpoint in dir when one exists
+    int64_t keep = 2;    // newest checkpoints kept
   } checkpoint;
 
   struct Metrics {
-    int64_t log_every = 1;         // steps between step lines
+    int64_t log_every = 1;  // steps between step lines
   } metrics;
 };
 

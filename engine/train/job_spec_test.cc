@@ -158,8 +158,8 @@ TEST(JobSpecTest, CheckpointPolicyNames) {
   EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kFull), "full");
   EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kAttentionAware), "attention-aware");
   for (const char* p : {"none", "full", "attention-aware"}) {
-    absl::StatusOr<JobSpec> s = ParseJobSpec(
-        absl::StrCat("[data]\npath = \"d\"\n[memory]\ncheckpoint = \"", p, "\"\n"));
+    absl::StatusOr<JobSpec> s =
+        ParseJobSpec(absl::StrCat("[data]\npath = \"d\"\n[memory]\ncheckpoint = \"", p, "\"\n"));
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_STREQ(CheckpointPolicyName(s->memory.checkpoint), p);
   }

@@ -13,8 +13,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
   ParamStore& ps = model->params();
   for (int u = 0; u < ps.num_units(); ++u) {
     for (auto* vec : {&o->master_, &o->m_, &o->v_}) {
-      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model->allocator(), DType::kF32,
-                                              {ps.shard_numel(u)}, Tier::kOptimizer));
+      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model->allocator(), DType::kF32, {ps.shard_numel(u)},
+                                              Tier::kOptimizer));
       ops->Fill(b.tensor(), 0.f);
       vec->push_back(std::move(b));
     }

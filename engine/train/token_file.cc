@@ -38,8 +38,8 @@ absl::Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>
   if (vocab_size > 0) {
     int64_t bad = FirstTokenAtLeast(tokens.data(), static_cast<int64_t>(tokens.size()), vocab_size);
     if (bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": token ", bad, " is ", tokens[bad],
-                                                     ", >= vocab_size ", vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": token ", bad, " is ", tokens[bad], ", >= vocab_size ", vocab_size));
     }
   }
   char header[kHeaderBytes] = {};
@@ -163,23 +163,20 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(std::unique_ptr<T
         absl::StrCat(path, ": model vocab_size must be in [1, 2^31], got ", model_vocab));
   }
   if (file->size() < seq_len + 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", file->size(),
-                     " tokens, too short for one sample of seq_len + 1 = ", seq_len + 1,
-                     " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", file->size(),
+        " tokens, too short for one sample of seq_len + 1 = ", seq_len + 1, " tokens"));
   }
   if (file->vocab_size() > model_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": the file's vocab_size ",
-                                                   file->vocab_size(),
-                                                   " exceeds the model's vocab_size ",
-                                                   model_vocab));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the file's vocab_size ", file->vocab_size(),
+                     " exceeds the model's vocab_size ", model_vocab));
   }
   // Open already checked tokens < the file's vocab_size; scan only when that bound is unknown.
   if (file->vocab_size() == 0) {
     int64_t i = FirstTokenAtLeast(file->tokens(), file->size(), model_vocab);
     if (i >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": token ", i, " is ",
-                                                     file->tokens()[i],
+      return absl::InvalidArgumentError(absl::StrCat(path, ": token ", i, " is ", file->tokens()[i],
                                                      ", >= the model's vocab_size ", model_vocab));
     }
   }

@@ -210,7 +210,8 @@ TEST(DataLoaderTest, CreateErrors) {
   l = DataLoader::Create(std::move(*f), 2, 100);  // file vocab 258 > model vocab 100
   ASSERT_FALSE(l.ok());
   EXPECT_NE(std::string(l.status().message()).find("vocab_size 258 exceeds the model's"),
-            std::string::npos) << l.status();
+            std::string::npos)
+      << l.status();
 
   ASSERT_TRUE(WriteTokenFile(path, {1, 2, 3, 50, 4}, 0).ok());  // vocab unknown: scanned
   f = TokenFile::Open(path);
@@ -218,7 +219,8 @@ TEST(DataLoaderTest, CreateErrors) {
   l = DataLoader::Create(std::move(*f), 2, 50);
   ASSERT_FALSE(l.ok());
   EXPECT_NE(std::string(l.status().message()).find("token 3 is 50, >= the model's vocab_size 50"),
-            std::string::npos) << l.status();
+            std::string::npos)
+      << l.status();
 }
 
 }  // namespace

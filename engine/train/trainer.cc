@@ -40,9 +40,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
                                                          Allocator* alloc, Comm* comm) {
   const int world = comm ? comm->size() : 1;
   if (world != spec.parallel.world) {
-    return absl::InvalidArgumentError(absl::StrCat("parallel.world: the job asks for ",
-                                                   spec.parallel.world, " ranks but ", world,
-                                                   " joined"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.world: the job asks for ", spec.parallel.world, " ranks but ", world, " joined"));
   }
   if (spec.data.seq_len % spec.parallel.sp != 0) {
     return absl::InvalidArgumentError(
@@ -83,17 +82,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     mo.prefetch = plan.prefetch;
     mo.checkpoint_interval = plan.checkpoint_interval;
     if (t->rank_ == 0) {
-      std::printf("memory plan: head_chunk %lld, tile_tokens %lld, offload %s, prefetch %s, "
-                  "checkpoint_interval %lld, peak %s per rank\n",
-                  static_cast<long long>(plan.head_chunk),
-                  static_cast<long long>(plan.tile_tokens), plan.offload ? "on" : "off",
-                  plan.prefetch ? "on" : "off", static_cast<long long>(plan.checkpoint_interval),
-                  HumanBytes(plan.device_total()).c_str());
+      std::printf(
+          "memory plan: head_chunk %lld, tile_tokens %lld, offload %s, prefetch %s, "
+          "checkpoint_interval %lld, peak %s per rank\n",
+          static_cast<long long>(plan.head_chunk), static_cast<long long>(plan.tile_tokens),
+          plan.offload ? "on" : "off", plan.prefetch ? "on" : "off",
+          static_cast<long long>(plan.checkpoint_interval),
+          HumanBytes(plan.device_total()).c_str());
     }
   }
   mo.fsdp = spec.parallel.fsdp;
-  ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm,
-                                                 t->sp_comm_.get()));
+  ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
 
   ASSIGN_OR_RETURN(auto file, TokenFile::Open(spec.data.path));
   ASSIGN_OR_RETURN(t->data_,
@@ -237,8 +236,8 @@ absl::Status Trainer::SaveCheckpointNow() {
 
 absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
                           int64_t stop_at_step) {
-  const int64_t last = stop_at_step > 0 ? std::min(stop_at_step, spec_.training.steps)
-                                        : spec_.training.steps;
+  const int64_t last =
+      stop_at_step > 0 ? std::min(stop_at_step, spec_.training.steps) : spec_.training.steps;
   while (state_.step < last) {
     ASSIGN_OR_RETURN(StepReport r, TrainStep());
     if (rank_ == 0 && (r.step % spec_.metrics.log_every == 0 || r.step == r.total_steps)) {

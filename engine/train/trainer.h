@@ -21,12 +21,12 @@ namespace ithaca {
 
 struct StepReport {
   int64_t step = 0, total_steps = 0;
-  double loss = 0;            // mean cross-entropy over the step's tokens
-  int64_t tokens = 0;         // tokens in this step (all ranks of the sample)
-  double seconds = 0;         // wall time of the step
+  double loss = 0;               // mean cross-entropy over the step's tokens
+  int64_t tokens = 0;            // tokens in this step (all ranks of the sample)
+  double seconds = 0;            // wall time of the step
   double tokens_per_second = 0;  // per rank (per GPU)
-  double model_tflops = 0;    // BENCHMARKS.md's convention, per rank
-  double mfu = 0;             // model_tflops / 989
+  double model_tflops = 0;       // BENCHMARKS.md's convention, per rank
+  double mfu = 0;                // model_tflops / 989
   double grad_norm = 0;
   double lr = 0;
   std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
@@ -41,7 +41,6 @@ std::string FormatStepLine(const StepReport& r);
 // Model FLOPs per token: 6·N (matmul parameters incl. the LM head) + 6·L·S·Hq·D (causal
 // attention, forward + backward, no recompute).
 double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
-
 
 class Trainer {
  public:
@@ -70,8 +69,8 @@ class Trainer {
   LlamaConfig cfg_;
   Ops* ops_ = nullptr;
   Allocator* alloc_ = nullptr;
-  Comm* comm_ = nullptr;               // the world (nullptr: one rank)
-  std::unique_ptr<Comm> sp_comm_;       // this rank's Ulysses group
+  Comm* comm_ = nullptr;           // the world (nullptr: one rank)
+  std::unique_ptr<Comm> sp_comm_;  // this rank's Ulysses group
   int rank_ = 0, world_ = 1, dp_ = 1, dp_rank_ = 0;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Optimizer> optimizer_;

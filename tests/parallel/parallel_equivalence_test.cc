@@ -64,21 +64,21 @@ class ParallelEquivalenceTest : public ::testing::Test {
     args.insert(args.begin(), {"tests/parallel/parallel_rank", "--out", out});
     testing::TempDir rendezvous;
     const int procs = std::max(world, 1);
-    auto outcomes = testing::RunRanks(
-        procs,
-        [&](int rank) -> absl::Status {
-          if (world > 0) {
-            setenv("ITHACA_RANK", std::to_string(rank).c_str(), 1);
-            setenv("ITHACA_WORLD_SIZE", std::to_string(world).c_str(), 1);
-            setenv("ITHACA_RENDEZVOUS", rendezvous.rendezvous().c_str(), 1);
-          }
-          std::vector<char*> argv;
-          for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-          argv.push_back(nullptr);
-          execv(argv[0], argv.data());
-          return absl::InternalError(absl::StrCat("exec ", argv[0], " failed"));
-        },
-        {/*wall_limit_s=*/120, {}});
+    auto outcomes =
+        testing::RunRanks(procs,
+                          [&](int rank) -> absl::Status {
+                            if (world > 0) {
+                              setenv("ITHACA_RANK", std::to_string(rank).c_str(), 1);
+                              setenv("ITHACA_WORLD_SIZE", std::to_string(world).c_str(), 1);
+                              setenv("ITHACA_RENDEZVOUS", rendezvous.rendezvous().c_str(), 1);
+                            }
+                            std::vector<char*> argv;
+                            for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+                            argv.push_back(nullptr);
+                            execv(argv[0], argv.data());
+                            return absl::InternalError(absl::StrCat("exec ", argv[0], " failed"));
+                          },
+                          {/*wall_limit_s=*/120, {}});
     if (outcomes_out) {
       *outcomes_out = outcomes;
       return out;
@@ -91,9 +91,9 @@ class ParallelEquivalenceTest : public ::testing::Test {
   static std::string Reference(int hkv, int grad_accum) {
     const std::string key = absl::StrCat("reference_kv", hkv, "_accum", grad_accum);
     if (!references_.count(key)) {
-      references_[key] = RunRanks(key, 0, {"--config", ConfigPath(hkv), "--data",
-                                           *dir_ + "/corpus.tok", "--grad-accum",
-                                           std::to_string(grad_accum)});
+      references_[key] = RunRanks(key, 0,
+                                  {"--config", ConfigPath(hkv), "--data", *dir_ + "/corpus.tok",
+                                   "--grad-accum", std::to_string(grad_accum)});
     }
     return references_[key];
   }
@@ -102,9 +102,10 @@ class ParallelEquivalenceTest : public ::testing::Test {
     const int dp = c.world / c.sp;
     const std::string ref = Reference(c.hkv, dp);
     std::vector<std::string> args = {
-        "--config", ConfigPath(c.hkv), "--data", *dir_ + "/corpus.tok", "--world",
-        std::to_string(c.world), "--sp", std::to_string(c.sp), "--fsdp", c.fsdp ? "1" : "0",
-        "--checkpoint", c.checkpoint, "--head-chunk", std::to_string(c.head_chunk)};
+        "--config",     ConfigPath(c.hkv),           "--data",       *dir_ + "/corpus.tok",
+        "--world",      std::to_string(c.world),     "--sp",         std::to_string(c.sp),
+        "--fsdp",       c.fsdp ? "1" : "0",          "--checkpoint", c.checkpoint,
+        "--head-chunk", std::to_string(c.head_chunk)};
     if (c.offload) args.push_back("--offload");
     if (c.tile) args.insert(args.end(), {"--tile", std::to_string(c.tile)});
     if (!c.prefetch) args.push_back("--no-prefetch");
@@ -170,8 +171,7 @@ TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsFewerThanSpReplicated) {
 }
 
 TEST_F(ParallelEquivalenceTest, EightRanksUlyssesEightOneHeadPerRank) {
-  Check({"w8_sp8_fsdp_aware_onehead_offload_tiled", 2, 8, 8, true, "attention-aware", 8, true,
-         4});
+  Check({"w8_sp8_fsdp_aware_onehead_offload_tiled", 2, 8, 8, true, "attention-aware", 8, true, 4});
 }
 
 TEST_F(ParallelEquivalenceTest, ARankThatDiesMidStepFailsEveryRankWithoutAHang) {
@@ -186,7 +186,7 @@ TEST_F(ParallelEquivalenceTest, ARankThatDiesMidStepFailsEveryRankWithoutAHang) 
   ASSERT_EQ(outcomes.size(), 4u);
   for (const auto& o : outcomes) {
     EXPECT_FALSE(o.killed_by_harness) << o.ToString();  // ended by itself: no hang
-    EXPECT_NE(o.exit_code, 0) << o.ToString();         // every rank reports the failure
+    EXPECT_NE(o.exit_code, 0) << o.ToString();          // every rank reports the failure
   }
   EXPECT_EQ(outcomes[2].exit_code, 9);
   EXPECT_LT(seconds, 60);

@@ -38,21 +38,36 @@ absl::Status Run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--out") out = next();
-    else if (a == "--config") spec.model.config = next();
-    else if (a == "--data") spec.data.path = next();
-    else if (a == "--world") spec.parallel.world = std::stoll(next());
-    else if (a == "--sp") spec.parallel.sp = std::stoll(next());
-    else if (a == "--fsdp") spec.parallel.fsdp = next() == "1";
-    else if (a == "--head-chunk") spec.memory.head_chunk = std::stoll(next());
-    else if (a == "--offload") spec.memory.offload = true;
-    else if (a == "--no-prefetch") spec.memory.prefetch = false;
-    else if (a == "--die-rank") die_rank = std::stoi(next());
-    else if (a == "--checkpoint-interval") spec.memory.checkpoint_interval = std::stoll(next());
-    else if (a == "--tile") spec.memory.tile_tokens = std::stoll(next());
-    else if (a == "--seq") spec.data.seq_len = std::stoll(next());
-    else if (a == "--grad-accum") spec.training.grad_accum = std::stoll(next());
-    else if (a == "--steps") spec.training.steps = std::stoll(next());
+    if (a == "--out")
+      out = next();
+    else if (a == "--config")
+      spec.model.config = next();
+    else if (a == "--data")
+      spec.data.path = next();
+    else if (a == "--world")
+      spec.parallel.world = std::stoll(next());
+    else if (a == "--sp")
+      spec.parallel.sp = std::stoll(next());
+    else if (a == "--fsdp")
+      spec.parallel.fsdp = next() == "1";
+    else if (a == "--head-chunk")
+      spec.memory.head_chunk = std::stoll(next());
+    else if (a == "--offload")
+      spec.memory.offload = true;
+    else if (a == "--no-prefetch")
+      spec.memory.prefetch = false;
+    else if (a == "--die-rank")
+      die_rank = std::stoi(next());
+    else if (a == "--checkpoint-interval")
+      spec.memory.checkpoint_interval = std::stoll(next());
+    else if (a == "--tile")
+      spec.memory.tile_tokens = std::stoll(next());
+    else if (a == "--seq")
+      spec.data.seq_len = std::stoll(next());
+    else if (a == "--grad-accum")
+      spec.training.grad_accum = std::stoll(next());
+    else if (a == "--steps")
+      spec.training.steps = std::stoll(next());
     else if (a == "--checkpoint") {
       const std::string p = next();
       spec.memory.checkpoint = p == "full"              ? CheckpointPolicy::kFull
@@ -112,15 +127,14 @@ absl::Status Run(int argc, char** argv) {
 
   SafetensorsWriter w;
   w.Add("loss0", DType::kF32, {1}, loss.data(), DType::kF32);
-  w.Add("loss_steps", DType::kF32, {static_cast<int64_t>(step_losses.size())},
-        step_losses.data(), DType::kF32);
+  w.Add("loss_steps", DType::kF32, {static_cast<int64_t>(step_losses.size())}, step_losses.data(),
+        DType::kF32);
   const ParamLayout& layout = model->layout();
   std::vector<std::string> names;
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const ParamEntry& e : layout.units()[u].entries) {
       w.Add("grad." + e.hf_name, DType::kF32, e.shape, grads[u].data() + e.offset, DType::kF32);
-      w.Add("param." + e.hf_name, DType::kF32, e.shape, master[u].data() + e.offset,
-            DType::kF32);
+      w.Add("param." + e.hf_name, DType::kF32, e.shape, master[u].data() + e.offset, DType::kF32);
     }
   }
   return w.WriteFile(out);

@@ -23,14 +23,22 @@ absl::Status Run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--out") out = next();
-    else if (a == "--untied") untied = true;
-    else if (a == "--seq") seq = std::stoll(next());
-    else if (a == "--tile") tile = std::stoll(next());
-    else if (a == "--checkpoint") checkpoint = next();
-    else if (a == "--head-chunk") head_chunk = std::stoll(next());
-    else if (a == "--offload") offload = true;
-    else return absl::InvalidArgumentError("unknown flag " + a);
+    if (a == "--out")
+      out = next();
+    else if (a == "--untied")
+      untied = true;
+    else if (a == "--seq")
+      seq = std::stoll(next());
+    else if (a == "--tile")
+      tile = std::stoll(next());
+    else if (a == "--checkpoint")
+      checkpoint = next();
+    else if (a == "--head-chunk")
+      head_chunk = std::stoll(next());
+    else if (a == "--offload")
+      offload = true;
+    else
+      return absl::InvalidArgumentError("unknown flag " + a);
   }
   if (out.empty()) return absl::InvalidArgumentError("--out is required");
   ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig("tiny"));
@@ -56,7 +64,8 @@ absl::Status Run(int argc, char** argv) {
   for (size_t u = 0; u < w.size(); ++u) {
     for (const ParamEntry& e : model->layout().units()[u].entries) {
       float* p = w[u].data() + e.offset;
-      for (int64_t i = 0; i < NumElements(e.shape); ++i) p[i] = e.is_matrix ? p[i] * 5.f : 1.f + noise(rng);
+      for (int64_t i = 0; i < NumElements(e.shape); ++i)
+        p[i] = e.is_matrix ? p[i] * 5.f : 1.f + noise(rng);
     }
   }
   std::vector<const float*> ptrs;
@@ -64,8 +73,8 @@ absl::Status Run(int argc, char** argv) {
     ops.Upload(w[u].data(), DType::kF32, model->params().working_shard(u));
     ptrs.push_back(w[u].data());
   }
-  RETURN_IF_ERROR(WriteHfCheckpoint(out + "/model", cfg, model->layout(), ptrs, DType::kF32,
-                                    int64_t{1} << 40));
+  RETURN_IF_ERROR(
+      WriteHfCheckpoint(out + "/model", cfg, model->layout(), ptrs, DType::kF32, int64_t{1} << 40));
 
   std::vector<int32_t> inputs(seq), labels(seq);
   std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);

@@ -94,8 +94,8 @@ void CpuOps::Copy(const Tensor& src, const Tensor& dst) {
   ConvertElements(src.data, src.dtype, dst.data, dst.dtype, src.numel(), "Copy");
 }
 
-void CpuOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst,
-                    int64_t dst_stride, int64_t rows, int64_t cols) {
+void CpuOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, int64_t dst_stride,
+                    int64_t rows, int64_t cols) {
   CheckCpu(src, "Copy2D", "src");
   CheckCpu(dst, "Copy2D", "dst");
   kCheck.Copy2D(src, src_stride, dst, dst_stride, rows, cols);
@@ -177,7 +177,8 @@ void CpuOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
   CheckF32(a, "Gemm", "a");
   CheckF32(b, "Gemm", "b");
   CheckF32(c, "Gemm", "c");
-  const OpChecks::Dims2 da = kCheck.View2D(a, "Gemm", "a"), db = kCheck.View2D(b, "Gemm", "b"), dc = kCheck.View2D(c, "Gemm", "c");
+  const OpChecks::Dims2 da = kCheck.View2D(a, "Gemm", "a"), db = kCheck.View2D(b, "Gemm", "b"),
+                        dc = kCheck.View2D(c, "Gemm", "c");
   const int64_t m = trans_a ? da.cols : da.rows, k = trans_a ? da.rows : da.cols;
   const int64_t kb = trans_b ? db.cols : db.rows, n = trans_b ? db.rows : db.cols;
   ITHACA_CHECK(k == kb && dc.rows == m && dc.cols == n, "CpuOps::Gemm: op(a) ", m, "x", k, " (a ",

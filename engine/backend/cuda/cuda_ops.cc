@@ -135,9 +135,8 @@ std::vector<CudaOps::ProfileRow> CudaOps::TakeProfile() {
   spans_.clear();
   std::vector<ProfileRow> out;
   for (auto& [name, r] : rows) out.push_back(r);
-  std::sort(out.begin(), out.end(), [](const ProfileRow& x, const ProfileRow& y) {
-    return x.ms > y.ms;
-  });
+  std::sort(out.begin(), out.end(),
+            [](const ProfileRow& x, const ProfileRow& y) { return x.ms > y.ms; });
   return out;
 }
 
@@ -263,11 +262,11 @@ void CudaOps::Fill(const Tensor& x, float value) {
 
 void CudaOps::Copy(const Tensor& src, const Tensor& dst) {
   // Offload traffic (one side pinned host) is told apart from device copies and conversions.
-  const char* kind = !opts_.profile                         ? "copy"
-                     : OnHost(src.data)                     ? "copy_h2d"
-                     : OnHost(dst.data)                     ? "copy_d2h"
-                     : src.dtype == dst.dtype               ? "copy_d2d"
-                                                            : "convert";
+  const char* kind = !opts_.profile           ? "copy"
+                     : OnHost(src.data)       ? "copy_h2d"
+                     : OnHost(dst.data)       ? "copy_d2h"
+                     : src.dtype == dst.dtype ? "copy_d2d"
+                                              : "convert";
   Scope scope(this, kind);
   CheckData(src, "Copy", "src");
   CheckData(dst, "Copy", "dst");
@@ -384,7 +383,8 @@ void CudaOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
   CheckDType(a, DType::kBF16, "Gemm", "a");
   CheckDType(b, DType::kBF16, "Gemm", "b");
   CheckFloat(c, "Gemm", "c");
-  const OpChecks::Dims2 da = kCheck.View2D(a, "Gemm", "a"), db = kCheck.View2D(b, "Gemm", "b"), dc = kCheck.View2D(c, "Gemm", "c");
+  const OpChecks::Dims2 da = kCheck.View2D(a, "Gemm", "a"), db = kCheck.View2D(b, "Gemm", "b"),
+                        dc = kCheck.View2D(c, "Gemm", "c");
   const int64_t m = trans_a ? da.cols : da.rows, k = trans_a ? da.rows : da.cols;
   const int64_t kb = trans_b ? db.cols : db.rows, n = trans_b ? db.rows : db.cols;
   ITHACA_CHECK(k == kb && dc.rows == m && dc.cols == n, "CudaOps::Gemm: op(a) ", m, "x", k, " (a ",
@@ -480,8 +480,10 @@ bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
     last_attention_ = "cudnn";
     return true;
   }
-  ITHACA_CHECK(opts_.probe_window == 0, "CudaOps: cuDNN has no windowed attention for the memory "
-               "probe: ", st.ToString());
+  ITHACA_CHECK(opts_.probe_window == 0,
+               "CudaOps: cuDNN has no windowed attention for the memory "
+               "probe: ",
+               st.ToString());
   ITHACA_CHECK(opts_.attention != AttentionImpl::kCudnn && cuda::FlashAttentionSupports(d),
                "CudaOps: cuDNN attention failed and no fallback: ", st.ToString());
   if (!cudnn_warned_) {

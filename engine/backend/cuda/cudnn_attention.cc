@@ -149,7 +149,7 @@ void EnqueueSweep(fe::graph::Graph& g, int64_t per_engine) {
       std::unordered_map<fe::KnobType_t, int64_t> choice;
       for (size_t a = 0; a < axes.size(); ++a) choice[axes[a].first] = axes[a].second[idx[a]];
       (void)g.create_execution_plan(eng, choice);  // unsupported combinations fail to build
-      size_t a = 0;  // odometer over the axes
+      size_t a = 0;                                // odometer over the axes
       while (a < axes.size() && ++idx[a] == axes[a].second.size()) idx[a++] = 0;
       if (a == axes.size()) break;
     }
@@ -213,7 +213,8 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
     if (forced) {
       std::vector<std::string> f = absl::StrSplit(forced, ',');
       const size_t i = std::string(what) == "forward" ? 0 : 1;
-      if (i < f.size() && !f[i].empty()) e->plan = std::min<int64_t>(std::stoll(f[i]), e->plans - 1);
+      if (i < f.size() && !f[i].empty())
+        e->plan = std::min<int64_t>(std::stoll(f[i]), e->plans - 1);
     }
     if (e->plans > 1 && !forced) {
       cudaEvent_t a, b;
@@ -268,8 +269,8 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
                    "cuDNN %lld SDPA %s: %lld plans, chose %lld (%s, config %s, workspace %lld B, "
                    "%.3f ms)\n",
                    static_cast<long long>(fe::detail::get_backend_version()), what,
-                   static_cast<long long>(e->plans), static_cast<long long>(e->plan),
-                   name.c_str(), FormatConfig(c).c_str(), static_cast<long long>(plan_ws), best);
+                   static_cast<long long>(e->plans), static_cast<long long>(e->plan), name.c_str(),
+                   FormatConfig(c).c_str(), static_cast<long long>(plan_ws), best);
     }
   }
   fe::error_t err = e->graph->execute_plan_at_index(handle, pack, ws, e->plan);
@@ -330,17 +331,19 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
   // Plans: a configuration named in ITHACA_CUDNN_CONFIG_{FWD,BWD} (from a sweep) when it
   // builds, else the heuristics' offers, plus with ITHACA_CUDNN_SWEEP=N every engine's knob
   // combinations (≤ N per engine); the first call times them all and keeps the fastest.
-  const EngineConfig forced = allow_forced ? ParseConfig(std::getenv(
-                                                  backward ? "ITHACA_CUDNN_CONFIG_BWD"
-                                                           : "ITHACA_CUDNN_CONFIG_FWD"))
-                                            : EngineConfig{};
+  const EngineConfig forced = allow_forced
+                                  ? ParseConfig(std::getenv(backward ? "ITHACA_CUDNN_CONFIG_BWD"
+                                                                     : "ITHACA_CUDNN_CONFIG_FWD"))
+                                  : EngineConfig{};
   bool planned = false;
   if (forced.engine >= 0) {
     planned = g->create_execution_plan(forced.engine, forced.knobs).is_good() &&
               g->check_support().is_good();
     if (!planned) {
-      std::fprintf(stderr, "cuDNN SDPA: configuration %s does not support the graph; using "
-                   "the heuristics\n", FormatConfig(forced).c_str());
+      std::fprintf(stderr,
+                   "cuDNN SDPA: configuration %s does not support the graph; using "
+                   "the heuristics\n",
+                   FormatConfig(forced).c_str());
       g = nullptr;
       return Build(sh, backward, e, /*allow_forced=*/false);
     }
@@ -359,7 +362,8 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
   for (int64_t i = 0; i < e->plans; ++i) {
     int64_t ws = 0;
     // A plan that failed to build has no size; it is skipped when timing.
-    if (g->get_workspace_size_plan_at_index(i, ws).is_good()) e->workspace = std::max(e->workspace, ws);
+    if (g->get_workspace_size_plan_at_index(i, ws).is_good())
+      e->workspace = std::max(e->workspace, ws);
   }
   e->graph = std::move(g);
   return absl::OkStatus();

@@ -78,7 +78,7 @@ class GlooComm final : public Comm {
   absl::Status Fail(const char* op, const std::string& what, double elapsed_s);
   std::string DescribePeers(const std::string& gloo_message) const;
   absl::Status ExchangePeerInfo();
-  std::string Name() const;          // "gloo rank 1 of 4", for messages
+  std::string Name() const;           // "gloo rank 1 of 4", for messages
   std::string RankName(int r) const;  // "rank 1", or "rank 1 (global rank 5)" in a split
   uint32_t NextTag() { return next_tag_++; }
   // Grow-only scratch buffers (the CPU backend has no memory tiers for them to belong to).

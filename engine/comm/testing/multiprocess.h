@@ -14,12 +14,12 @@
 #include "engine/core/status.h"
 
 // In a rank body: returns INTERNAL (and so fails the rank) when `cond` is false.
-#define RANK_CHECK(cond, ...)                                                                \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      return ::absl::InternalError(::absl::StrCat(__FILE__, ":", __LINE__,                   \
-                                                  ": check failed: " #cond " ", ##__VA_ARGS__)); \
-    }                                                                                        \
+#define RANK_CHECK(cond, ...)                                                                    \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      return ::absl::InternalError(                                                              \
+          ::absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond " ", ##__VA_ARGS__)); \
+    }                                                                                            \
   } while (0)
 
 namespace ithaca {
@@ -28,8 +28,8 @@ namespace testing {
 struct RankOutcome {
   int rank = 0;
   pid_t pid = 0;
-  bool exited = false;      // exited normally (else killed by `signal`)
-  int exit_code = -1;       // 0: the body returned OK
+  bool exited = false;  // exited normally (else killed by `signal`)
+  int exit_code = -1;   // 0: the body returned OK
   int signal = 0;
   bool killed_by_harness = false;  // still running at the wall limit, or expendable
   absl::StatusCode code() const;   // the body's status code, decoded from the exit code
