@@ -1,10 +1,15 @@
 #include "engine/train/checkpoint.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -16,10 +21,22 @@ namespace ithaca {
 namespace {
 
 constexpr char kPrefix[] = "step-";
+constexpr char kManifest[] = "manifest.json";
+constexpr char kManifestFormat[] = "ithaca-manifest-v1";
+constexpr char kTrashPrefix[] = ".trash-";
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("%s%08d", kPrefix, step); }
 
-// Completed checkpoints (step-NNNNNNNN with a state.json), oldest first.
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Completed checkpoints (step-NNNNNNNN with a manifest), oldest first.
 std::vector<std::string> ListCheckpoints(const std::string& dir) {
   std::vector<std::string> names;
   DIR* d = opendir(dir.c_str());
@@ -27,7 +44,7 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   while (dirent* e = readdir(d)) {
     std::string n = e->d_name;
     if (n.rfind(kPrefix, 0) == 0 && n.find('.') == std::string::npos &&
-        PathExists(dir + "/" + n + "/state.json")) {
+        IsRegularFile(dir + "/" + n + "/" + kManifest)) {
       names.push_back(n);
     }
   }
@@ -36,33 +53,184 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   return names;
 }
 
-absl::Status RemoveTree(const std::string& path) {
-  DIR* d = opendir(path.c_str());
-  if (d) {
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n == "." || n == "..") continue;
-      RETURN_IF_ERROR(RemoveTree(path + "/" + n));
+// Removes the entry `name` of the directory open as `dirfd`. Directories are opened with
+// O_NOFOLLOW and walked through their descriptors, so no symbolic link is ever followed, even
+// one swapped in while we walk.
+absl::Status RemoveAt(int dirfd, const std::string& name, const std::string& shown) {
+  struct stat st;
+  if (fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? absl::OkStatus() : Errno("cannot stat", shown);
+  }
+  if (!S_ISDIR(st.st_mode)) {  // a file, a link, anything else: unlink the name itself
+    if (unlinkat(dirfd, name.c_str(), 0) != 0 && errno != ENOENT) {
+      return Errno("cannot remove", shown);
     }
-    closedir(d);
-    if (rmdir(path.c_str()) != 0) return absl::InternalError("cannot remove " + path);
     return absl::OkStatus();
   }
-  if (std::remove(path.c_str()) != 0) return absl::InternalError("cannot remove " + path);
+  const int fd = openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", shown);
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return Errno("cannot list", shown);
+  }
+  std::vector<std::string> children;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      children.push_back(e->d_name);
+    }
+  }
+  absl::Status status;
+  for (const std::string& c : children) status.Update(RemoveAt(::dirfd(d), c, shown + "/" + c));
+  closedir(d);
+  RETURN_IF_ERROR(status);
+  if (unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+    return Errno("cannot remove", shown);
+  }
   return absl::OkStatus();
 }
 
+absl::Status FsyncPath(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  const bool ok = fsync(fd) == 0;
+  close(fd);
+  return ok ? absl::OkStatus() : Errno("cannot fsync", path);
+}
+
+struct FileSum {
+  int64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+absl::StatusOr<FileSum> Checksum(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::DataLossError(path + ": missing");
+    return Errno("cannot open", path);
+  }
+  FileSum sum;
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  std::vector<unsigned char> buf(size_t{4} << 20);
+  for (;;) {
+    const ssize_t n = read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      close(fd);
+      return Errno("cannot read", path);
+    }
+    if (n == 0) break;
+    crc = crc32_z(crc, buf.data(), static_cast<size_t>(n));
+    sum.bytes += n;
+  }
+  close(fd);
+  sum.crc = static_cast<uint32_t>(crc);
+  return sum;
+}
+
+// Every regular file under `root`, as paths relative to it, sorted.
+absl::Status ListFiles(const std::string& root, const std::string& rel,
+                       std::vector<std::string>* out) {
+  const std::string path = rel.empty() ? root : root + "/" + rel;
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) return Errno("cannot list", path);
+  std::vector<std::string> children;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      children.push_back(e->d_name);
+    }
+  }
+  closedir(d);
+  std::sort(children.begin(), children.end());
+  for (const std::string& c : children) {
+    const std::string child_rel = rel.empty() ? c : rel + "/" + c;
+    struct stat st;
+    if (lstat((root + "/" + child_rel).c_str(), &st) != 0) return Errno("cannot stat", child_rel);
+    if (S_ISDIR(st.st_mode)) {
+      RETURN_IF_ERROR(ListFiles(root, child_rel, out));
+    } else if (S_ISREG(st.st_mode)) {
+      out->push_back(child_rel);
+    } else {
+      return absl::InternalError(
+          absl::StrCat(root, "/", child_rel, ": not a regular file in a checkpoint being written"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Writes manifest.json listing every file under `root` (written last, after the data is
+// fsynced), then fsyncs every directory of the tree.
+absl::Status WriteManifest(const std::string& root) {
+  std::vector<std::string> files;
+  RETURN_IF_ERROR(ListFiles(root, "", &files));
+  nlohmann::json list = nlohmann::json::array();
+  std::vector<std::string> dirs = {root};
+  for (const std::string& f : files) {
+    ASSIGN_OR_RETURN(FileSum sum, Checksum(root + "/" + f));
+    list.push_back({{"path", f}, {"bytes", sum.bytes}, {"crc32", sum.crc}});
+    const size_t slash = f.rfind('/');
+    if (slash != std::string::npos) dirs.push_back(root + "/" + f.substr(0, slash));
+  }
+  for (const std::string& d : dirs) RETURN_IF_ERROR(FsyncPath(d));
+  nlohmann::json js = {{"format", kManifestFormat}, {"files", list}};
+  RETURN_IF_ERROR(WriteFileAtomic(root + "/" + kManifest, js.dump(1) + "\n"));
+  return FsyncPath(root);
+}
+
+// Renames dir/name to a hidden trash name, then deletes it: a kill in between leaves only trash,
+// never a half-deleted checkpoint that still lists as complete.
+absl::Status MoveToTrashAndRemove(const std::string& dir, const std::string& name) {
+  const std::string trash = absl::StrCat(dir, "/", kTrashPrefix, name, ".", getpid());
+  RETURN_IF_ERROR(RemoveTreeNoFollow(trash));
+  if (std::rename((dir + "/" + name).c_str(), trash.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return Errno("cannot rename", dir + "/" + name);
+  }
+  RETURN_IF_ERROR(FsyncPath(dir));
+  return RemoveTreeNoFollow(trash);
+}
+
 }  // namespace
+
+absl::Status RemoveTreeNoFollow(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string parent =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("refusing to remove \"", path, "\""));
+  }
+  const int fd = open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? absl::OkStatus() : Errno("cannot open", parent);
+  absl::Status st = RemoveAt(fd, name, path);
+  close(fd);
+  return st;
+}
+
+absl::Status RemoveStaleCheckpointFiles(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return absl::OkStatus();
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    const bool tmp = n.rfind(std::string(".") + kPrefix, 0) == 0 && n.find(".tmp.") != n.npos;
+    if (tmp || n.rfind(kTrashPrefix, 0) == 0) stale.push_back(n);
+  }
+  closedir(d);
+  for (const std::string& n : stale) RETURN_IF_ERROR(RemoveTreeNoFollow(dir + "/" + n));
+  return absl::OkStatus();
+}
 
 absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                             const ParamLayout& layout, const Optimizer::State& opt,
                             const TrainState& state, int64_t keep) {
   RETURN_IF_ERROR(MakeDirs(dir));
-  const std::string final_path = dir + "/" + StepDirName(state.step);
-  const std::string tmp = absl::StrCat(dir, "/.", StepDirName(state.step), ".tmp.", getpid());
-  if (PathExists(tmp)) RETURN_IF_ERROR(RemoveTree(tmp));
+  RETURN_IF_ERROR(RemoveStaleCheckpointFiles(dir));
+  const std::string name = StepDirName(state.step);
+  const std::string final_path = dir + "/" + name;
+  const std::string tmp = absl::StrCat(dir, "/.", name, ".tmp.", getpid());
   auto fail = [&](absl::Status st) {
-    RemoveTree(tmp).IgnoreError();
+    RemoveTreeNoFollow(tmp).IgnoreError();
     return st;
   };
   std::vector<const float*> master;
@@ -85,13 +253,19 @@ absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                        {"tokens", state.tokens},
                        {"format", "ithaca-checkpoint-v1"}};
   st = WriteFileAtomic(tmp + "/state.json", js.dump(2) + "\n");
+  if (st.ok()) st = WriteManifest(tmp);
   if (!st.ok()) return fail(st);
-  if (PathExists(final_path)) RETURN_IF_ERROR(RemoveTree(final_path));
+  // The same step saved again (a resumed job re-reaching it) replaces the old copy.
+  st = MoveToTrashAndRemove(dir, name);
+  if (!st.ok()) return fail(st);
   if (std::rename(tmp.c_str(), final_path.c_str()) != 0) {
     return fail(absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", final_path)));
   }
+  RETURN_IF_ERROR(FsyncPath(dir));
   std::vector<std::string> all = ListCheckpoints(dir);
-  for (size_t i = 0; i + keep < all.size(); ++i) RETURN_IF_ERROR(RemoveTree(dir + "/" + all[i]));
+  for (size_t i = 0; i + keep < all.size(); ++i) {
+    RETURN_IF_ERROR(MoveToTrashAndRemove(dir, all[i]));
+  }
   return absl::OkStatus();
 }
 
@@ -101,8 +275,43 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
   return dir + "/" + all.back();
 }
 
+absl::Status VerifyCheckpoint(const std::string& path) {
+  const std::string manifest_path = path + "/" + kManifest;
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
+  nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (js.is_discarded() || !js.is_object() || js.value("format", "") != kManifestFormat ||
+      !js.contains("files") || !js["files"].is_array()) {
+    return absl::DataLossError(manifest_path + ": corrupt (expected format " +
+                               std::string(kManifestFormat) + " with a files list)");
+  }
+  for (const nlohmann::json& f : js["files"]) {
+    if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("bytes") ||
+        !f["bytes"].is_number_integer() || !f.contains("crc32") ||
+        !f["crc32"].is_number_unsigned()) {
+      return absl::DataLossError(manifest_path + ": corrupt entry " + f.dump());
+    }
+    const std::string rel = f["path"].get<std::string>();
+    if (rel.empty() || rel[0] == '/' || rel.find("..") != std::string::npos) {
+      return absl::DataLossError(manifest_path + ": bad path \"" + rel + "\"");
+    }
+    const std::string file = path + "/" + rel;
+    ASSIGN_OR_RETURN(FileSum sum, Checksum(file));
+    if (sum.bytes != f["bytes"].get<int64_t>()) {
+      return absl::DataLossError(absl::StrCat(file, ": ", sum.bytes, " bytes, the manifest says ",
+                                              f["bytes"].get<int64_t>(), " (truncated?)"));
+    }
+    if (sum.crc != f["crc32"].get<uint32_t>()) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: checksum mismatch (crc32 %08x, the manifest says %08x): corrupt",
+                          file, sum.crc, f["crc32"].get<uint32_t>()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
                                                 const ParamLayout& layout) {
+  RETURN_IF_ERROR(VerifyCheckpoint(path));
   LoadedCheckpoint out;
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json"));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);

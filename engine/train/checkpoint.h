@@ -1,7 +1,19 @@
 // Training checkpoints: DIR/step-00000012/ holding model/ (Hugging Face config.json + f32 master
 // weights, loadable by transformers), optimizer.safetensors (Adam m and v under the weights'
-// names) and state.json (step, data position). A checkpoint is written under a temporary name
-// and renamed into place, so a crash never leaves a partial checkpoint that looks complete.
+// names), state.json (step, data position) and manifest.json (every other file's size and
+// CRC-32), written last.
+//
+// What makes a crash at any moment safe:
+// - A checkpoint is written under a hidden temporary name (.step-N.tmp.PID), every file and
+//   directory fsynced, the manifest written last, and only then renamed into place. A step
+//   directory counts as complete only when its manifest exists, and loading verifies every
+//   file against it, so a checkpoint that lists as complete is whole or a clear DATA_LOSS.
+// - Old checkpoints are pruned by renaming them to a hidden trash name first, then deleting, so
+//   a kill during a prune never leaves a half-deleted step that still lists as complete.
+// - Deleting never follows symbolic links: a link inside a checkpoint is removed, its target is
+//   left alone.
+// - Temporaries and trash left by a killed process are removed at the next save (and by
+//   RemoveStaleCheckpointFiles at start).
 #pragma once
 
 #include <string>
@@ -29,7 +41,19 @@ struct LoadedCheckpoint {
   Optimizer::State optimizer;
   TrainState state;
 };
-// Errors name the file and what is wrong (corrupt, truncated, a tensor missing or misshapen).
+// Verifies the checkpoint against its manifest first. Errors name the file and what is wrong
+// (missing, wrong size, checksum mismatch, corrupt, truncated, a tensor missing or misshapen).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, const ParamLayout& layout);
+
+// Checks every file a checkpoint's manifest lists (size and CRC-32): DATA_LOSS naming the file.
+absl::Status VerifyCheckpoint(const std::string& path);
+
+// Removes what killed saves and prunes left behind in `dir` (.step-*.tmp.* and .trash-*
+// directories). Safe to call while no other process saves into `dir`.
+absl::Status RemoveStaleCheckpointFiles(const std::string& dir);
+
+// rm -r that never follows symbolic links (a link is unlinked; its target is untouched).
+// OK when `path` does not exist.
+absl::Status RemoveTreeNoFollow(const std::string& path);
 
 }  // namespace ithaca

@@ -1,0 +1,205 @@
+// Checkpoints survive kill -9 at any point of a save or a prune, never follow symbolic links when
+// deleting, clean up after killed saves, and refuse to load a damaged file.
+#include "engine/train/checkpoint.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "engine/core/file_util.h"
+#include "engine/model/config.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+std::string FreshDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  std::string d = std::string(root ? root : "/tmp") + "/" + name;
+  EXPECT_TRUE(RemoveTreeNoFollow(d).ok());
+  EXPECT_TRUE(MakeDirs(d).ok());
+  return d;
+}
+
+// Every value of a step's state is derived from the step, so a loaded checkpoint can be checked
+// against the step it claims to be.
+Optimizer::State StateFor(const ParamLayout& layout, int64_t step) {
+  Optimizer::State s;
+  for (const ParamUnit& u : layout.units()) {
+    s.master.emplace_back(u.numel, 0.25f * step);
+    s.m.emplace_back(u.numel, 1.0f * step);
+    s.v.emplace_back(u.numel, 2.0f * step);
+  }
+  return s;
+}
+
+TrainState TrainStateFor(int64_t step) { return {step, 10 * step, 100 * step}; }
+
+struct Fixture {
+  LlamaConfig cfg = *PresetConfig("tiny");
+  ParamLayout layout{cfg};
+  absl::Status Save(const std::string& dir, int64_t step, int64_t keep = 2) const {
+    return SaveCheckpoint(dir, cfg, layout, StateFor(layout, step), TrainStateFor(step), keep);
+  }
+  // The newest checkpoint loads, verifies and holds exactly its step's values.
+  void ExpectLatestIsWhole(const std::string& dir, int64_t min_step) const {
+    absl::StatusOr<std::string> latest = LatestCheckpoint(dir);
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    absl::StatusOr<LoadedCheckpoint> ck = LoadCheckpoint(*latest, layout);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    const int64_t step = ck->state.step;
+    EXPECT_GE(step, min_step);
+    EXPECT_EQ(ck->state.data_position, 10 * step);
+    EXPECT_EQ(ck->state.tokens, 100 * step);
+    const Optimizer::State want = StateFor(layout, step);
+    EXPECT_EQ(ck->optimizer.master, want.master);
+    EXPECT_EQ(ck->optimizer.m, want.m);
+    EXPECT_EQ(ck->optimizer.v, want.v);
+  }
+};
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(CheckpointTest, SavesKeepsNewestAndLoads) {
+  Fixture f;
+  const std::string dir = FreshDir("keep");
+  for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(f.Save(dir, step).ok());
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{"step-00000003", "step-00000004"}));
+  f.ExpectLatestIsWhole(dir, 4);
+}
+
+TEST(CheckpointTest, KillAtRandomPointsDuringSaveAndPruneAlwaysLeavesAWholeCheckpoint) {
+  Fixture f;
+  // How long one save (with its prune) takes here, to spread the kills over whole saves.
+  const std::string probe = FreshDir("kill-probe");
+  ASSERT_TRUE(f.Save(probe, 1).ok());
+  ASSERT_TRUE(f.Save(probe, 2).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(f.Save(probe, 3).ok());
+  const double save_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+
+  std::mt19937_64 rng(20261201);
+  int killed_mid_save = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string dir = FreshDir("kill-" + std::to_string(trial));
+    ASSERT_TRUE(f.Save(dir, 1).ok());
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // the "worker": saves step after step until killed
+      for (int64_t step = 2;; ++step) {
+        if (!f.Save(dir, step).ok()) _exit(3);
+      }
+    }
+    // Kill somewhere in the first few saves: before, inside, or between them.
+    const double delay_us = std::uniform_real_distribution<double>(0, 4 * save_us)(rng);
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(delay_us)));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the saver exited by itself with " << status;
+    for (const std::string& e : Entries(dir)) killed_mid_save += e[0] == '.';
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", killed after " + std::to_string(delay_us) +
+                 " us");
+    f.ExpectLatestIsWhole(dir, 1);
+    // The next save removes what the killed one left behind, and the result is whole too.
+    ASSERT_TRUE(f.Save(dir, 1000).ok());
+    for (const std::string& e : Entries(dir)) EXPECT_NE(e[0], '.') << e << " left behind";
+    f.ExpectLatestIsWhole(dir, 1000);
+  }
+  // Not an assertion on timing: says whether the kills really landed inside saves.
+  std::printf("%d of 20 kills left temporary or trash directories behind\n", killed_mid_save);
+}
+
+TEST(CheckpointTest, PruningNeverFollowsSymlinks) {
+  Fixture f;
+  const std::string dir = FreshDir("links");
+  const std::string victim = FreshDir("links-victim");
+  ASSERT_TRUE(WriteFileAtomic(victim + "/precious.txt", "keep me\n").ok());
+  ASSERT_TRUE(f.Save(dir, 1).ok());
+  // Links to the victim tree inside the checkpoint, and a whole step directory that is a link.
+  ASSERT_EQ(symlink(victim.c_str(), (dir + "/step-00000001/model/evil-dir").c_str()), 0);
+  ASSERT_EQ(symlink((victim + "/precious.txt").c_str(), (dir + "/step-00000001/evil-file").c_str()),
+            0);
+  const std::string linked_step = FreshDir("links-step");
+  ASSERT_TRUE(f.Save(linked_step, 2).ok());
+  ASSERT_EQ(symlink((linked_step + "/step-00000002").c_str(), (dir + "/step-00000002").c_str()), 0);
+  for (int64_t step = 3; step <= 5; ++step) ASSERT_TRUE(f.Save(dir, step).ok());
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{"step-00000004", "step-00000005"}));
+  EXPECT_TRUE(PathExists(victim + "/precious.txt"));
+  EXPECT_TRUE(PathExists(linked_step + "/step-00000002/manifest.json"));
+}
+
+TEST(CheckpointTest, StaleTemporariesAndTrashAreRemoved) {
+  Fixture f;
+  const std::string dir = FreshDir("stale");
+  ASSERT_TRUE(MakeDirs(dir + "/.step-00000009.tmp.12345/model").ok());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/.step-00000009.tmp.12345/model/x", "partial").ok());
+  ASSERT_TRUE(MakeDirs(dir + "/.trash-step-00000003.999").ok());
+  ASSERT_TRUE(RemoveStaleCheckpointFiles(dir).ok());
+  EXPECT_TRUE(Entries(dir).empty());
+  ASSERT_TRUE(MakeDirs(dir + "/.step-00000009.tmp.12345").ok());
+  ASSERT_TRUE(f.Save(dir, 1).ok());
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{"step-00000001"}));
+}
+
+TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
+  Fixture f;
+  const std::string dir = FreshDir("damaged");
+  ASSERT_TRUE(f.Save(dir, 1).ok());
+  const std::string ck = dir + "/step-00000001";
+  const std::string opt = ck + "/optimizer.safetensors";
+  {  // flip one byte in the middle
+    std::fstream file(opt, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(0, std::ios::end);
+    const std::streamoff mid = file.tellg() / 2;
+    file.seekg(mid);
+    char c = 0;
+    file.read(&c, 1);
+    c ^= 0x5a;
+    file.seekp(mid);
+    file.write(&c, 1);
+  }
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(ck, f.layout);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(loaded.status().message().find("optimizer.safetensors: checksum mismatch"),
+            std::string::npos)
+      << loaded.status();
+
+  ASSERT_TRUE(f.Save(dir, 2).ok());
+  ASSERT_EQ(truncate((dir + "/step-00000002/state.json").c_str(), 3), 0);
+  loaded = LoadCheckpoint(dir + "/step-00000002", f.layout);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("state.json: 3 bytes, the manifest says"),
+            std::string::npos)
+      << loaded.status();
+
+  // Without its manifest a step directory is not a checkpoint at all.
+  ASSERT_EQ(unlink((dir + "/step-00000002/manifest.json").c_str()), 0);
+  EXPECT_EQ(*LatestCheckpoint(dir), ck);
+}
+
+}  // namespace
+}  // namespace ithaca
