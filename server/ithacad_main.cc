@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -99,7 +102,7 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto store = JobStore::Open({state_dir + "/jobs.db"});
+  auto store = JobStore::Open({state_dir + "/jobs.db", state_dir + "/jobs"});
   if (!store.ok()) return Fail(store.status());
   Metrics metrics;
 
@@ -176,8 +179,25 @@ int Run() {
               o.node.gpu ? "GPUs" : "CPU slots", state_dir.c_str());
   std::fflush(stdout);
 
+  // A daemon whose state directory is deleted under it must not look healthy: it stops
+  // admitting (JobStore::Create refuses) and its health check says NOT_SERVING.
+  std::atomic<bool> stopping{false};
+  std::thread watch_store([&] {
+    bool reported = false;
+    while (!stopping.load()) {
+      absl::Status intact = (*store)->CheckIntact();
+      if (!intact.ok() && !reported) {
+        std::fprintf(stderr, "ithacad: %s\n", std::string(intact.message()).c_str());
+        server->GetHealthCheckService()->SetServingStatus(false);
+        reported = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  });
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  stopping.store(true);
+  watch_store.join();
   std::printf("ithacad: %s: shutting down\n", strsignal(sig));
   std::fflush(stdout);
   server->GetHealthCheckService()->SetServingStatus(false);

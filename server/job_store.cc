@@ -1,7 +1,10 @@
 #include "server/job_store.h"
 
+#include <dirent.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -64,6 +67,23 @@ class Stmt {
 
 std::string SlotsToText(const std::vector<int>& slots) { return absl::StrJoin(slots, ","); }
 
+// The largest N among `dir`'s entries named job-N (0 when none or no such directory).
+int64_t MaxJobDirSeq(const std::string& dir) {
+  int64_t max_seq = 0;
+  if (dir.empty()) return 0;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (dirent* e = readdir(d)) {
+    int64_t n = 0;
+    const std::string name = e->d_name;
+    if (name.rfind("job-", 0) == 0 && absl::SimpleAtoi(name.substr(4), &n)) {
+      max_seq = std::max(max_seq, n);
+    }
+  }
+  closedir(d);
+  return max_seq;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options) {
@@ -73,12 +93,47 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options)
     sqlite3_close(db);
     return absl::UnavailableError(absl::StrCat("job store ", options.path, ": ", msg));
   }
-  std::unique_ptr<JobStore> store(new JobStore(db));
+  std::unique_ptr<JobStore> store(new JobStore(db, options));
   sqlite3_busy_timeout(db, 5000);
-  // WAL + NORMAL: a committed transition survives a daemon crash; fsync only at checkpoints.
-  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"));
+  {
+    // A damaged file opens fine and fails later, one RPC at a time: check every page now.
+    Stmt check(db, "PRAGMA quick_check");
+    absl::StatusOr<bool> row = check.Step();
+    const std::string verdict = !row.ok() ? std::string(row.status().message())
+                                : *row    ? check.Text(0)
+                                          : "no answer";
+    if (verdict != "ok") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job store ", options.path, " is damaged (PRAGMA quick_check: ", verdict.substr(0, 200),
+          "); move it aside (ithacad then starts with an empty store; job ids continue after "
+          "the job directories) or restore a backup"));
+    }
+  }
+  // WAL + FULL: a committed transition is on disk before the call returns, even across a
+  // power loss.
+  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
   RETURN_IF_ERROR(store->Migrate());
+  if (options.path != ":memory:") {
+    struct stat st;
+    if (stat(options.path.c_str(), &st) != 0) {
+      return absl::UnavailableError(absl::StrCat("job store ", options.path, ": cannot stat"));
+    }
+    store->dev_ = st.st_dev;
+    store->ino_ = st.st_ino;
+  }
   return store;
+}
+
+absl::Status JobStore::CheckIntact() const {
+  if (ino_ == 0) return absl::OkStatus();
+  struct stat st;
+  if (stat(options_.path.c_str(), &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) {
+    return absl::UnavailableError(
+        absl::StrCat("job store ", options_.path,
+                     " was removed or replaced while ithacad was running (its state directory "
+                     "deleted?); this ithacad accepts no more jobs: restart it"));
+  }
+  return absl::OkStatus();
 }
 
 JobStore::~JobStore() { sqlite3_close(db_); }
@@ -124,9 +179,11 @@ absl::Status JobStore::Migrate() {
 
 absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckIntact());
   Stmt next(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
   ASSIGN_OR_RETURN(bool row, next.Step());
-  const int64_t seq = row ? next.Int(0) : 1;
+  // Never an id used before: not one in the database, nor one whose directory exists.
+  const int64_t seq = std::max(row ? next.Int(0) : 1, MaxJobDirSeq(options_.job_dirs) + 1);
   v1::Job record = job;
   record.set_id(absl::StrCat("job-", seq));
   record.set_log_dir(absl::StrReplaceAll(job.log_dir(), {{"{id}", record.id()}}));

@@ -29,7 +29,12 @@ class JobStore {
 
   struct Options {
     std::string path;  // a file, or ":memory:"
+    // A directory whose `job-N` entries (the jobs' log directories) also count when numbering
+    // a new job, so ids never go back, even when the database was emptied or replaced.
+    std::string job_dirs;
   };
+  // Refuses (FAILED_PRECONDITION naming the file) a database that fails PRAGMA quick_check, so
+  // a damaged store never serves. Transitions are written with synchronous=FULL.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const Options& options);
   ~JobStore();
   JobStore(const JobStore&) = delete;
@@ -53,14 +58,22 @@ class JobStore {
   absl::Status RecordStep(const std::string& id, const v1::StepReport& report);
   absl::StatusOr<std::map<JobState, int64_t>> CountByState();
 
+  // UNAVAILABLE naming the file when the database file was removed or replaced since Open (its
+  // state directory deleted under the daemon): writes would go to a file nobody will read.
+  // Every write checks it; the daemon's health check polls it.
+  absl::Status CheckIntact() const;
+
  private:
-  explicit JobStore(sqlite3* db) : db_(db) {}
+  JobStore(sqlite3* db, Options options) : db_(db), options_(std::move(options)) {}
   absl::Status Migrate();
   absl::Status Exec(const std::string& sql);
   absl::StatusOr<v1::Job> GetLocked(const std::string& id);
 
   std::mutex mu_;
   sqlite3* db_;
+  Options options_;
+  // The database file's identity at Open (0: in memory).
+  uint64_t dev_ = 0, ino_ = 0;
 };
 
 }  // namespace ithaca

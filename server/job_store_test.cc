@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 namespace ithaca {
 namespace {
@@ -131,6 +134,64 @@ TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
   sqlite3_close(db);
   auto newer = JobStore::Open({path});
   EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+std::string TestPath(const std::string& name) {
+  return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+}
+
+TEST(JobStoreTest, ADamagedDatabaseIsRefusedAtOpenNamingTheFile) {
+  const std::string path = TestPath("damaged.db");
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    v1::Job big = Template("big");
+    big.set_spec_toml(std::string(3000, 'x'));  // many pages
+    for (int i = 0; i < 40; ++i) ASSERT_TRUE((*store)->Create(big, "s").ok());
+  }
+  {  // scribble over the second and third pages
+    FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 4096 + 100, SEEK_SET);
+    const std::string junk(6000, '\xA5');
+    std::fwrite(junk.data(), 1, junk.size(), f);
+    std::fclose(f);
+  }
+  auto damaged = JobStore::Open({path});
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(damaged.status().message().find(path + " is damaged"), std::string::npos)
+      << damaged.status();
+}
+
+TEST(JobStoreTest, IdsNeverGoBackWhenTheDatabaseIsEmptied) {
+  const std::string path = TestPath("emptied.db");
+  const std::string jobs = TestPath("emptied-jobs");
+  unlink(path.c_str());
+  mkdir(jobs.c_str(), 0755);
+  for (const char* d : {"/job-1", "/job-7", "/job-notanumber"}) mkdir((jobs + d).c_str(), 0755);
+  auto store = JobStore::Open({path, jobs});
+  ASSERT_TRUE(store.ok());
+  // job-7's directory (with its logs) exists: the next job is job-8, not job-1.
+  EXPECT_EQ((*store)->Create(Template("a"), "s")->id(), "job-8");
+  EXPECT_EQ((*store)->Create(Template("b"), "s")->id(), "job-9");
+}
+
+TEST(JobStoreTest, ADeletedDatabaseAcceptsNoMoreJobs) {
+  const std::string path = TestPath("deleted.db");
+  unlink(path.c_str());
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->CheckIntact().ok());
+  ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  EXPECT_EQ((*store)->CheckIntact().code(), absl::StatusCode::kUnavailable);
+  auto refused = (*store)->Create(Template("b"), "s");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find(path + " was removed or replaced"), std::string::npos)
+      << refused.status();
 }
 
 }  // namespace
