@@ -176,7 +176,7 @@ int LogsCommand(CliContext& c, const std::string& id, bool follow, std::optional
       PrintJson(line);
     } else {
       std::printf("%s%s\n", rank ? "" : absl::StrCat("[rank ", line.rank(), "] ").c_str(),
-                  line.text().c_str());
+                  Printable(line.text(), /*keep_newlines=*/true).c_str());
     }
   }
   std::fflush(stdout);

@@ -97,20 +97,37 @@ std::string MemoryTable(const v1::Job& job) {
   return out;
 }
 
+std::string Printable(const std::string& s, bool keep_newlines, size_t max_bytes) {
+  const size_t n = max_bytes > 0 ? std::min(s.size(), max_bytes) : s.size();
+  std::string out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if ((c < 0x20 && !(keep_newlines && (c == '\n' || c == '\t'))) || c == 0x7f) {
+      absl::StrAppend(&out, absl::StrFormat("\\x%02x", c));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (n < s.size()) absl::StrAppend(&out, "...(", s.size() - n, " more bytes)");
+  return out;
+}
+
 std::string JobLine(const v1::Job& job) {
   std::string progress = "-";
   if (const v1::StepReport* r = Rank0(job)) {
     progress = absl::StrFormat("step %d/%d loss %.4f", r->step(), r->total_steps(), r->loss());
   }
-  return absl::StrFormat("%-10s %-16s %-11s %-28s %s", job.id(), job.name(), StateName(job.state()),
-                         progress, job.reason());
+  return absl::StrFormat("%-10s %-16s %-11s %-28s %s", Printable(job.id(), false, 64),
+                         Printable(job.name(), false, 256), StateName(job.state()), progress,
+                         Printable(job.reason(), false, 1024));
 }
 
 std::string JobDetails(const v1::Job& job) {
   const v1::JobSpecSummary& s = job.spec();
-  std::string out =
-      absl::StrFormat("job %s (%s): %s\n", job.id(), job.name(), StateName(job.state()));
-  if (!job.reason().empty()) absl::StrAppend(&out, "  reason: ", job.reason(), "\n");
+  std::string out = absl::StrFormat("job %s (%s): %s\n", Printable(job.id(), false, 64),
+                                    Printable(job.name(), false, 256), StateName(job.state()));
+  if (!job.reason().empty()) absl::StrAppend(&out, "  reason: ", Printable(job.reason()), "\n");
   if (job.has_failed_rank()) absl::StrAppend(&out, "  failed rank: ", job.failed_rank(), "\n");
   absl::StrAppend(&out,
                   absl::StrFormat("  model: %s (%.3g M parameters), backend %s, world %d (sp %d), "
@@ -129,7 +146,7 @@ std::string JobDetails(const v1::Job& job) {
   absl::StrAppend(&out, "  history:\n");
   for (const v1::StateTransition& t : job.transitions()) {
     absl::StrAppend(&out, "    ", Time(t.time()), "  ", StateName(t.to()),
-                    t.reason().empty() ? "" : "  (" + t.reason() + ")", "\n");
+                    t.reason().empty() ? "" : "  (" + Printable(t.reason()) + ")", "\n");
   }
   if (job.last_steps_size() > 0) {
     absl::StrAppend(&out, "  memory per tier:\n");

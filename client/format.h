@@ -9,6 +9,12 @@
 
 namespace ithaca {
 
+// Text from the daemon made safe for a terminal: control characters (ESC, CR, backspace, ...)
+// and DEL are shown as \xNN, so a job name or a log line cannot move the cursor or recolour
+// the screen; `keep_newlines` keeps \n and \t (log lines). Longer than `max_bytes` (0: no
+// limit): cut, with how much was left out.
+std::string Printable(const std::string& s, bool keep_newlines = false, size_t max_bytes = 0);
+
 std::string HumanBytes(int64_t bytes);      // "2.9 MiB", "15.4 GiB", "512 B"
 std::string HumanDuration(double seconds);  // "0:07", "12:03", "3:02:11"
 std::string HumanRate(double per_second);   // "472.5", "12.4k", "1.2M"

@@ -47,5 +47,19 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
   EXPECT_NE(JobLine(job).find("step 12/60"), std::string::npos);
 }
 
+TEST(FormatTest, ControlCharactersFromTheDaemonNeverReachTheTerminalRaw) {
+  EXPECT_EQ(Printable("run\x1b[2J\r\x7f-1"), "run\\x1b[2J\\x0d\\x7f-1");
+  EXPECT_EQ(Printable("a\tb\nc"), "a\\x09b\\x0ac");
+  EXPECT_EQ(Printable("a\tb\nc\x07", /*keep_newlines=*/true), "a\tb\nc\\x07");
+  EXPECT_EQ(Printable("\xc3\xa9t\xc3\xa9"), "\xc3\xa9t\xc3\xa9");  // UTF-8 passes
+  EXPECT_EQ(Printable(std::string(300, 'n'), false, 256),
+            std::string(256, 'n') + "...(44 more bytes)");
+  v1::Job job;
+  job.set_id("job-1");
+  job.set_name("evil\x1b]0;pwned\x07");
+  EXPECT_EQ(JobLine(job).find('\x1b'), std::string::npos);
+  EXPECT_NE(JobLine(job).find("evil\\x1b]0;pwned\\x07"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ithaca

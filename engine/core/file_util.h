@@ -9,6 +9,13 @@
 
 namespace ithaca {
 
+// Inputs (specs, configs, weights, data) must be regular files: a FIFO would hang the reader
+// and a device would never end. Opens `path` for reading without blocking and returns the
+// descriptor (the caller closes it), or INVALID_ARGUMENT naming the path and what it is
+// ("is a FIFO, expected a regular file"); NOT_FOUND / PERMISSION_DENIED when it cannot be opened.
+absl::StatusOr<int> OpenRegularFile(const std::string& path);
+
+// The whole file (a regular file; see OpenRegularFile).
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Streams a file to `path + ".tmp.<pid>"`; Commit() fsyncs and renames it to `path`. Destroying

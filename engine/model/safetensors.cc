@@ -67,12 +67,7 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 class MappedFile {
  public:
   static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      std::string err = std::strerror(errno);
-      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": ", err));
-      return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", err));
-    }
+    ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));  // never blocks on a FIFO
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
