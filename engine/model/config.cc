@@ -115,10 +115,12 @@ struct RopeObject {
   double theta = 0;
 };
 
-// Reads `root[key]` (absent or null: *out stays empty). Every key is checked, so a rope
-// variant Ithaca does not implement is an error rather than a silently different model.
+// Reads `root[key]` (absent or null: *out stays empty) as transformers 5 reads it: rope_type
+// "default" when absent, original_max_position_embeddings = max_position_embeddings when absent.
+// Every key is checked, so a rope variant Ithaca does not implement is an error rather than a
+// silently different model.
 absl::Status ParseRopeObject(const Json& root, const std::string& source, const char* key,
-                             std::optional<RopeObject>* out) {
+                             int64_t max_position_embeddings, std::optional<RopeObject>* out) {
   KeyReader top(root, source, "");
   const Json* obj = top.Find(key);
   if (!obj) return absl::OkStatus();
@@ -136,10 +138,7 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
   if (has_type && has_old_type && type != old_type) {
     return r.Error("type", absl::StrCat("\"", old_type, "\" contradicts rope_type \"", type, "\""));
   }
-  if (!has_type) type = old_type;
-  if (!has_type && !has_old_type) {
-    return r.Error("rope_type", absl::StrCat("missing (", key, " needs a rope_type)"));
-  }
+  if (!has_type) type = has_old_type ? old_type : "default";
   if (type != "default" && type != "llama3") {
     return r.Error("rope_type", absl::StrCat("unsupported \"", type,
                                              "\" (Ithaca implements \"default\" and \"llama3\")"));
@@ -169,14 +168,16 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
     // A factor under "default" (or a yarn/longrope key under "llama3") means the file asks for
     // a rope Ithaca would not compute; transformers would drop it with a warning.
     if (!llama3_key || !rope.llama3) {
-      return r.Error(name, absl::StrCat("not a parameter of rope_type \"", type, "\""));
+      return r.Error(name, absl::StrCat("not a parameter of rope_type \"", type, "\"",
+                                        has_type || has_old_type ? "" : " (absent rope_type)"));
     }
   }
   if (rope.llama3) {
     RETURN_IF_ERROR(r.Number("factor", true, &rope.factor));
     RETURN_IF_ERROR(r.Number("low_freq_factor", true, &rope.low_freq_factor));
     RETURN_IF_ERROR(r.Number("high_freq_factor", true, &rope.high_freq_factor));
-    RETURN_IF_ERROR(r.Int("original_max_position_embeddings", true, &rope.original_max_position));
+    rope.original_max_position = max_position_embeddings;
+    RETURN_IF_ERROR(r.Int("original_max_position_embeddings", false, &rope.original_max_position));
     if (!(rope.factor > 0) || !std::isfinite(rope.factor)) {
       return r.Error("factor", absl::StrCat("must be positive, got ", rope.factor));
     }
@@ -212,8 +213,9 @@ std::string DescribeRope(const RopeObject& r) {
 absl::Status ParseRope(const Json& root, const std::string& source, LlamaConfig* cfg) {
   KeyReader top(root, source, "");
   std::optional<RopeObject> scaling, params;
-  RETURN_IF_ERROR(ParseRopeObject(root, source, "rope_scaling", &scaling));
-  RETURN_IF_ERROR(ParseRopeObject(root, source, "rope_parameters", &params));
+  const int64_t max_pos = cfg->max_position_embeddings;
+  RETURN_IF_ERROR(ParseRopeObject(root, source, "rope_scaling", max_pos, &scaling));
+  RETURN_IF_ERROR(ParseRopeObject(root, source, "rope_parameters", max_pos, &params));
 
   const char* theta_key = nullptr;
   auto take_theta = [&](const char* key, double value) -> absl::Status {

@@ -234,8 +234,9 @@ TEST(ConfigTest, BadConfigsNameTheKey) {
   ExpectInvalid(Replace(good, "\"factor\": 32.0,", ""), {"rope_scaling.factor", "missing"});
   ExpectInvalid(Replace(good, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5"),
                 {"rope_scaling.high_freq_factor"});
+  // Without a rope_type transformers takes "default", which has no factor.
   ExpectInvalid(Replace(good, "\"rope_type\": \"llama3\"", "\"kind\": \"llama3\""),
-                {"rope_scaling.rope_type", "missing"});
+                {"rope_scaling.factor", "default", "absent rope_type"});
   ExpectInvalid(Replace(good, "\"rope_scaling\": {", "\"rope_scaling\": 3, \"rope_parameters\": {"),
                 {"rope_scaling", "object or null"});
   ExpectInvalid(Replace(good, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""),
@@ -278,6 +279,23 @@ TEST(ConfigTest, RopeParametersDialectMatchesHubDialect) {
   EXPECT_EQ(plain->rope.theta, 500000.0);
   EXPECT_FALSE(plain->rope.llama3_scaling);
 
+  // transformers 5's defaults inside rope_parameters: rope_type "default", and llama3's
+  // original_max_position_embeddings = max_position_embeddings.
+  auto untyped = ParseConfigJson(R"({"hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000,
+      "rope_parameters": {"rope_theta": 123456.0}})");
+  ASSERT_TRUE(untyped.ok()) << untyped.status();
+  EXPECT_EQ(untyped->rope.theta, 123456.0);
+  EXPECT_FALSE(untyped->rope.llama3_scaling);
+  auto no_original = ParseConfigJson(R"({"hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000,
+      "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}})");
+  ASSERT_TRUE(no_original.ok()) << no_original.status();
+  EXPECT_TRUE(no_original->rope.llama3_scaling);
+  EXPECT_EQ(no_original->rope.original_max_position, 4096);
+  EXPECT_EQ(no_original->rope.theta, 10000.0);
+
   // Both dialects at once (a file converted by hand) are fine while they agree.
   std::string both = Replace(v5, "\"rms_norm_eps\"", "\"rope_theta\": 500000, \"rms_norm_eps\"");
   both = Replace(both, "\"rms_norm_eps\"",
@@ -316,7 +334,7 @@ TEST(ConfigTest, RopeVariantsIthacaDoesNotImplementAreErrors) {
                   {"rope_scaling.rope_type", type});
   }
   ExpectInvalid(Replace(v5, "\"rope_type\": \"llama3\"", "\"kind\": \"llama3\""),
-                {"rope_parameters.rope_type", "missing"});
+                {"rope_parameters.factor", "default"});
   ExpectInvalid(Replace(v5, "\"factor\": 32.0,", ""), {"rope_parameters.factor", "missing"});
   ExpectInvalid(Replace(v5, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5"),
                 {"rope_parameters.high_freq_factor", "exceed"});
@@ -344,7 +362,7 @@ TEST(ConfigTest, RopeVariantsIthacaDoesNotImplementAreErrors) {
   ExpectInvalid(R"({"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
       "num_attention_heads": 8, "vocab_size": 1000,
       "rope_parameters": {"full_attention": {"rope_theta": 10000.0, "rope_type": "default"}}})",
-                {"rope_parameters.rope_type", "missing"});
+                {"rope_parameters.full_attention", "default"});
 }
 
 TEST(ConfigTest, KeysThatChangeTheModelAreErrors) {
