@@ -107,7 +107,6 @@ class KeyReader {
 // The rotary embedding as one rope object describes it: `rope_scaling` (the hub's dialect, theta
 // usually at the top level) or `rope_parameters` (transformers 5, theta inside).
 struct RopeObject {
-  const char* key = nullptr;
   bool llama3 = false;
   double factor = 0, low_freq_factor = 0, high_freq_factor = 0;
   int64_t original_max_position = 0;
@@ -129,7 +128,6 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
   }
   KeyReader r(*obj, source, absl::StrCat(key, "."));
   RopeObject rope;
-  rope.key = key;
   std::string type, old_type;
   bool has_type = false, has_old_type = false;
   // Older configs say "type"; newer ones "rope_type" (transformers accepts both).
