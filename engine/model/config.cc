@@ -3,8 +3,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
@@ -101,32 +104,301 @@ class KeyReader {
   std::string prefix_;
 };
 
-absl::Status ParseRopeScaling(const Json& root, const std::string& source, RopeConfig* rope) {
+// The rotary embedding as one rope object describes it: `rope_scaling` (the hub's dialect, theta
+// usually at the top level) or `rope_parameters` (transformers 5, theta inside).
+struct RopeObject {
+  bool llama3 = false;
+  double factor = 0, low_freq_factor = 0, high_freq_factor = 0;
+  int64_t original_max_position = 0;
+  bool has_theta = false;
+  double theta = 0;
+};
+
+// Reads `root[key]` (absent or null: *out stays empty) as transformers 5 reads it: rope_type
+// "default" when absent, original_max_position_embeddings = max_position_embeddings when absent.
+// Every key is checked, so a rope variant Ithaca does not implement is an error rather than a
+// silently different model.
+absl::Status ParseRopeObject(const Json& root, const std::string& source, const char* key,
+                             int64_t max_position_embeddings, std::optional<RopeObject>* out) {
   KeyReader top(root, source, "");
-  const Json* rs = top.Find("rope_scaling");
-  rope->llama3_scaling = false;
-  if (!rs) return absl::OkStatus();
-  if (!rs->is_object()) {
-    return top.Error("rope_scaling",
-                     absl::StrCat("expected an object or null, got ", Describe(*rs)));
+  const Json* obj = top.Find(key);
+  if (!obj) return absl::OkStatus();
+  if (!obj->is_object()) {
+    return top.Error(key, absl::StrCat("expected an object or null, got ", Describe(*obj)));
   }
-  KeyReader r(*rs, source, "rope_scaling.");
-  std::string type;
-  bool present = false;
+  KeyReader r(*obj, source, absl::StrCat(key, "."));
+  RopeObject rope;
+  std::string type, old_type;
+  bool has_type = false, has_old_type = false;
   // Older configs say "type"; newer ones "rope_type" (transformers accepts both).
-  RETURN_IF_ERROR(r.String("rope_type", &type, &present));
-  if (!present) RETURN_IF_ERROR(r.String("type", &type, &present));
-  if (!present) return r.Error("rope_type", "missing (rope_scaling needs a rope_type)");
-  if (type == "default") return absl::OkStatus();  // transformers' name for "no scaling"
-  if (type != "llama3") {
-    return r.Error("rope_type",
-                   absl::StrCat("unsupported \"", type, "\" (Ithaca implements \"llama3\" only)"));
+  RETURN_IF_ERROR(r.String("rope_type", &type, &has_type));
+  RETURN_IF_ERROR(r.String("type", &old_type, &has_old_type));
+  if (has_type && has_old_type && type != old_type) {
+    return r.Error("type", absl::StrCat("\"", old_type, "\" contradicts rope_type \"", type, "\""));
   }
-  rope->llama3_scaling = true;
-  RETURN_IF_ERROR(r.Number("factor", true, &rope->factor));
-  RETURN_IF_ERROR(r.Number("low_freq_factor", true, &rope->low_freq_factor));
-  RETURN_IF_ERROR(r.Number("high_freq_factor", true, &rope->high_freq_factor));
-  return r.Int("original_max_position_embeddings", true, &rope->original_max_position);
+  if (!has_type) type = has_old_type ? old_type : "default";
+  if (type != "default" && type != "llama3") {
+    return r.Error("rope_type", absl::StrCat("unsupported \"", type,
+                                             "\" (Ithaca implements \"default\" and \"llama3\")"));
+  }
+  rope.llama3 = type == "llama3";
+  const bool has_theta = r.Find("rope_theta") != nullptr;
+  RETURN_IF_ERROR(r.Number("rope_theta", false, &rope.theta));
+  rope.has_theta = has_theta;
+  if (r.Find("partial_rotary_factor")) {
+    double partial = 1.0;
+    RETURN_IF_ERROR(r.Number("partial_rotary_factor", false, &partial));
+    if (partial != 1.0) {
+      return r.Error("partial_rotary_factor",
+                     absl::StrCat("unsupported ", partial, " (Ithaca rotates the whole head)"));
+    }
+  }
+  static const char* const kLlama3Keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                            "original_max_position_embeddings"};
+  for (const auto& item : obj->items()) {
+    const std::string& name = item.key();
+    if (name == "rope_type" || name == "type" || name == "rope_theta" ||
+        name == "partial_rotary_factor") {
+      continue;
+    }
+    const bool llama3_key =
+        std::find(std::begin(kLlama3Keys), std::end(kLlama3Keys), name) != std::end(kLlama3Keys);
+    // A factor under "default" (or a yarn/longrope key under "llama3") means the file asks for
+    // a rope Ithaca would not compute; transformers would drop it with a warning.
+    if (!llama3_key || !rope.llama3) {
+      return r.Error(name, absl::StrCat("not a parameter of rope_type \"", type, "\"",
+                                        has_type || has_old_type ? "" : " (absent rope_type)"));
+    }
+  }
+  if (rope.llama3) {
+    RETURN_IF_ERROR(r.Number("factor", true, &rope.factor));
+    RETURN_IF_ERROR(r.Number("low_freq_factor", true, &rope.low_freq_factor));
+    RETURN_IF_ERROR(r.Number("high_freq_factor", true, &rope.high_freq_factor));
+    rope.original_max_position = max_position_embeddings;
+    RETURN_IF_ERROR(r.Int("original_max_position_embeddings", false, &rope.original_max_position));
+    if (!(rope.factor > 0) || !std::isfinite(rope.factor)) {
+      return r.Error("factor", absl::StrCat("must be positive, got ", rope.factor));
+    }
+    if (!(rope.low_freq_factor > 0) || !std::isfinite(rope.low_freq_factor)) {
+      return r.Error("low_freq_factor",
+                     absl::StrCat("must be positive, got ", rope.low_freq_factor));
+    }
+    // The smoothing interpolation divides by their difference.
+    if (!(rope.high_freq_factor > rope.low_freq_factor) || !std::isfinite(rope.high_freq_factor)) {
+      return r.Error("high_freq_factor",
+                     absl::StrCat("must exceed low_freq_factor ", rope.low_freq_factor, ", got ",
+                                  rope.high_freq_factor));
+    }
+    if (rope.original_max_position <= 0) {
+      return r.Error("original_max_position_embeddings",
+                     absl::StrCat("must be positive, got ", rope.original_max_position));
+    }
+  }
+  *out = rope;
+  return absl::OkStatus();
+}
+
+std::string DescribeRope(const RopeObject& r) {
+  if (!r.llama3) return "rope_type default";
+  return absl::StrCat("llama3 factor ", r.factor, ", low_freq_factor ", r.low_freq_factor,
+                      ", high_freq_factor ", r.high_freq_factor,
+                      ", original_max_position_embeddings ", r.original_max_position);
+}
+
+// Fills cfg->rope_theta and cfg->rope from either dialect. Where a file states a value twice
+// (rope_theta at the top level and inside the rope object; both rope objects), the statements
+// must agree: picking one silently could train a model the file's author did not mean.
+absl::Status ParseRope(const Json& root, const std::string& source, LlamaConfig* cfg) {
+  KeyReader top(root, source, "");
+  std::optional<RopeObject> scaling, params;
+  const int64_t max_pos = cfg->max_position_embeddings;
+  RETURN_IF_ERROR(ParseRopeObject(root, source, "rope_scaling", max_pos, &scaling));
+  RETURN_IF_ERROR(ParseRopeObject(root, source, "rope_parameters", max_pos, &params));
+
+  const char* theta_key = nullptr;
+  auto take_theta = [&](const char* key, double value) -> absl::Status {
+    if (theta_key && value != cfg->rope_theta) {
+      return top.Error(key, absl::StrCat(value, " contradicts ", theta_key, " ", cfg->rope_theta));
+    }
+    theta_key = key;
+    cfg->rope_theta = value;
+    return absl::OkStatus();
+  };
+  if (top.Find("rope_theta")) {
+    double theta = 0;
+    RETURN_IF_ERROR(top.Number("rope_theta", true, &theta));
+    RETURN_IF_ERROR(take_theta("rope_theta", theta));
+  }
+  if (scaling && scaling->has_theta) {
+    RETURN_IF_ERROR(take_theta("rope_scaling.rope_theta", scaling->theta));
+  }
+  if (params && params->has_theta) {
+    RETURN_IF_ERROR(take_theta("rope_parameters.rope_theta", params->theta));
+  }
+
+  if (scaling && params &&
+      (scaling->llama3 != params->llama3 ||
+       (scaling->llama3 &&
+        (scaling->factor != params->factor || scaling->low_freq_factor != params->low_freq_factor ||
+         scaling->high_freq_factor != params->high_freq_factor ||
+         scaling->original_max_position != params->original_max_position)))) {
+    return top.Error("rope_parameters",
+                     absl::StrCat("(", DescribeRope(*params), ") contradicts rope_scaling (",
+                                  DescribeRope(*scaling), ")"));
+  }
+  const std::optional<RopeObject>& rope = params ? params : scaling;
+  RopeConfig& out = cfg->rope;
+  out.theta = cfg->rope_theta;
+  out.llama3_scaling = rope && rope->llama3;
+  if (out.llama3_scaling) {
+    out.factor = rope->factor;
+    out.low_freq_factor = rope->low_freq_factor;
+    out.high_freq_factor = rope->high_freq_factor;
+    out.original_max_position = rope->original_max_position;
+  }
+  return absl::OkStatus();
+}
+
+// Top-level keys read above: their values are checked.
+constexpr const char* kModelKeys[] = {
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+    "num_key_value_heads",
+    "head_dim",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "max_position_embeddings",
+    "hidden_act",
+    "attention_bias",
+    "mlp_bias",
+    "model_type",
+    "sliding_window",
+    "attention_dropout",
+    "pretraining_tp",
+};
+
+// Top-level keys that do not change the model Ithaca computes from the weights: metadata,
+// storage dtype, inference and generation settings, task heads' labels, and the attributes every
+// transformers config carries. Anything else is rejected, since Ithaca cannot tell whether an
+// unknown key changes the model. initializer_range only shapes a fresh initialization.
+constexpr const char* kHarmlessKeys[] = {
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "use_cache",
+    "pad_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "initializer_range",
+    // PretrainedConfig's common attributes.
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+    "torchscript",
+    "is_decoder",
+    "is_encoder_decoder",
+    "add_cross_attention",
+    "tie_encoder_decoder",
+    "cross_attention_hidden_size",
+    "chunk_size_feed_forward",
+    "id2label",
+    "label2id",
+    "num_labels",
+    "problem_type",
+    "finetuning_task",
+    "tokenizer_class",
+    "prefix",
+    "task_specific_params",
+    "tf_legacy_loss",
+    "use_bfloat16",
+    // Generation defaults older transformers kept in config.json.
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "output_scores",
+    "return_dict_in_generate",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+};
+
+// Rejects keys that would make this a model other than Ithaca's Llama: SwiGLU, no biases, full
+// causal attention without dropout, and every key it does not know.
+absl::Status CheckModelKeys(const Json& root, const std::string& source) {
+  KeyReader r(root, source, "");
+  std::string text;
+  bool present = false;
+  RETURN_IF_ERROR(r.String("model_type", &text, &present));
+  if (present && text != "llama") {
+    return r.Error("model_type", absl::StrCat("unsupported \"", text, "\" (only \"llama\")"));
+  }
+  RETURN_IF_ERROR(r.String("hidden_act", &text, &present));
+  // transformers maps "swish" to the same SiLU.
+  if (present && text != "silu" && text != "swish") {
+    return r.Error("hidden_act", absl::StrCat("unsupported \"", text, "\" (only \"silu\")"));
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    bool bias = false;
+    RETURN_IF_ERROR(r.Bool(key, &bias));
+    if (bias) return r.Error(key, "true is unsupported (Ithaca's Llama has no biases)");
+  }
+  if (const Json* window = r.Find("sliding_window")) {
+    return r.Error("sliding_window", absl::StrCat("unsupported ", Describe(*window),
+                                                  " (Ithaca's attention is full causal; only "
+                                                  "null is accepted)"));
+  }
+  double dropout = 0;
+  RETURN_IF_ERROR(r.Number("attention_dropout", false, &dropout));
+  if (dropout != 0) {
+    return r.Error("attention_dropout",
+                   absl::StrCat("unsupported ", dropout, " (Ithaca has no dropout; only 0)"));
+  }
+  // transformers' pretraining_tp only split matmuls into slices: the same product.
+  int64_t tp = 1;
+  RETURN_IF_ERROR(r.Int("pretraining_tp", false, &tp));
+
+  for (const auto& item : root.items()) {
+    const std::string& key = item.key();
+    // "_name_or_path", "_attn_implementation", ...: transformers' private bookkeeping.
+    if (!key.empty() && key[0] == '_') continue;
+    auto known = [&key](const auto& list) {
+      for (const char* k : list) {
+        if (key == k) return true;
+      }
+      return false;
+    };
+    if (known(kModelKeys) || known(kHarmlessKeys)) continue;
+    return r.Error(key,
+                   "unknown key; Ithaca implements the plain Llama and cannot tell whether this "
+                   "key changes the model (remove it from the file if it does not)");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::string& source) {
@@ -140,6 +412,7 @@ absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": expected a JSON object at the top level, got ", Describe(root)));
   }
+  RETURN_IF_ERROR(CheckModelKeys(root, source));
   KeyReader r(root, source, "");
   LlamaConfig cfg;
   cfg.rope_theta = kHfRopeTheta;
@@ -165,7 +438,6 @@ absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::stri
                                 cfg.num_attention_heads, " (and head_dim is not given)"));
   }
   RETURN_IF_ERROR(r.Int("head_dim", false, &cfg.head_dim));
-  RETURN_IF_ERROR(r.Number("rope_theta", false, &cfg.rope_theta));
   RETURN_IF_ERROR(r.Number("rms_norm_eps", false, &cfg.rms_norm_eps));
   RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &cfg.tie_word_embeddings));
   RETURN_IF_ERROR(r.Int("max_position_embeddings", false, &cfg.max_position_embeddings));
@@ -180,26 +452,11 @@ absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::stri
     RETURN_IF_ERROR(r.Int("eos_token_id", false, &cfg.eos_token_id));
   }
 
-  // The engine implements exactly Llama's block: SwiGLU, no biases. Loading anything else would
-  // silently compute a different model.
-  std::string act;
-  bool present = false;
-  RETURN_IF_ERROR(r.String("hidden_act", &act, &present));
-  if (present && act != "silu") {
-    return r.Error("hidden_act", absl::StrCat("unsupported \"", act, "\" (only \"silu\")"));
-  }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    bool bias = false;
-    RETURN_IF_ERROR(r.Bool(key, &bias));
-    if (bias) return r.Error(key, "true is unsupported (Ithaca's Llama has no biases)");
-  }
-
   if (cfg.head_dim > std::numeric_limits<int>::max()) {
     return r.Error("head_dim", absl::StrCat("too large, got ", cfg.head_dim));
   }
   cfg.rope.head_dim = static_cast<int>(cfg.head_dim);
-  cfg.rope.theta = cfg.rope_theta;
-  RETURN_IF_ERROR(ParseRopeScaling(root, source, &cfg.rope));
+  RETURN_IF_ERROR(ParseRope(root, source, &cfg));
 
   absl::Status st = ValidateConfig(cfg);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", st.message()));

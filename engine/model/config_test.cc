@@ -7,6 +7,8 @@
 #include <initializer_list>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 #include "engine/core/file_util.h"
 
 namespace ithaca {
@@ -207,7 +209,8 @@ TEST(ConfigTest, BadConfigsNameTheKey) {
   ExpectInvalid("", {"not valid JSON"});
   ExpectInvalid("[1, 2]", {"JSON object"});
   ExpectInvalid(Replace(good, "\"hidden_size\": 2048,", ""), {"hidden_size", "missing"});
-  ExpectInvalid(Replace(good, "\"vocab_size\": 128256", "\"x\": 1"), {"vocab_size", "missing"});
+  ExpectInvalid(Replace(good, "\"vocab_size\": 128256", "\"pad_token_id\": 1"),
+                {"vocab_size", "missing"});
   ExpectInvalid(Replace(good, "\"hidden_size\": 2048", "\"hidden_size\": \"2048\""),
                 {"hidden_size", "integer", "string"});
   ExpectInvalid(Replace(good, "\"hidden_size\": 2048", "\"hidden_size\": 2048.5"),
@@ -231,9 +234,10 @@ TEST(ConfigTest, BadConfigsNameTheKey) {
   ExpectInvalid(Replace(good, "\"factor\": 32.0,", ""), {"rope_scaling.factor", "missing"});
   ExpectInvalid(Replace(good, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5"),
                 {"rope_scaling.high_freq_factor"});
+  // Without a rope_type transformers takes "default", which has no factor.
   ExpectInvalid(Replace(good, "\"rope_type\": \"llama3\"", "\"kind\": \"llama3\""),
-                {"rope_scaling.rope_type", "missing"});
-  ExpectInvalid(Replace(good, "\"rope_scaling\": {", "\"rope_scaling\": 3, \"x\": {"),
+                {"rope_scaling.factor", "default", "absent rope_type"});
+  ExpectInvalid(Replace(good, "\"rope_scaling\": {", "\"rope_scaling\": 3, \"rope_parameters\": {"),
                 {"rope_scaling", "object or null"});
   ExpectInvalid(Replace(good, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""),
                 {"hidden_act", "gelu"});
@@ -244,6 +248,153 @@ TEST(ConfigTest, BadConfigsNameTheKey) {
                 {"rms_norm_eps", "positive"});
   ExpectInvalid(Replace(good, "\"num_hidden_layers\": 16", "\"num_hidden_layers\": 1e12"),
                 {"too large"});
+}
+
+// Llama-3.2-1B as transformers 5 saves it: RoPE settings (theta included) in rope_parameters.
+std::string Transformers5Dialect() {
+  std::string s = kLlama32_1B;
+  s = Replace(s, "  \"rope_theta\": 500000.0,\n", "");
+  s = Replace(s, "\"rope_scaling\": {", "\"rope_parameters\": {\n    \"rope_theta\": 500000.0,");
+  s = Replace(s, "\"torch_dtype\"", "\"dtype\"");
+  return Replace(s, "\"4.45.0.dev0\"", "\"5.0.0\"");
+}
+
+TEST(ConfigTest, RopeParametersDialectMatchesHubDialect) {
+  const std::string v5 = Transformers5Dialect();
+  ASSERT_EQ(v5.find("\"rope_scaling\""), std::string::npos) << v5;
+  auto parsed = ParseConfigJson(v5);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << v5;
+  auto preset = PresetConfig("llama-3.2-1b");
+  ASSERT_TRUE(preset.ok());
+  ExpectSameConfig(*parsed, *preset);
+  EXPECT_EQ(parsed->rope.theta, 500000.0);  // from inside rope_parameters, not the 10000 default
+  EXPECT_TRUE(parsed->rope.llama3_scaling);
+
+  // Llama-3-8B re-saved: no scaling, theta only inside rope_parameters.
+  auto plain = ParseConfigJson(R"({"hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000,
+      "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->rope_theta, 500000.0);
+  EXPECT_EQ(plain->rope.theta, 500000.0);
+  EXPECT_FALSE(plain->rope.llama3_scaling);
+
+  // transformers 5's defaults inside rope_parameters: rope_type "default", and llama3's
+  // original_max_position_embeddings = max_position_embeddings.
+  auto untyped = ParseConfigJson(R"({"hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000,
+      "rope_parameters": {"rope_theta": 123456.0}})");
+  ASSERT_TRUE(untyped.ok()) << untyped.status();
+  EXPECT_EQ(untyped->rope.theta, 123456.0);
+  EXPECT_FALSE(untyped->rope.llama3_scaling);
+  auto no_original = ParseConfigJson(R"({"hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000,
+      "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}})");
+  ASSERT_TRUE(no_original.ok()) << no_original.status();
+  EXPECT_TRUE(no_original->rope.llama3_scaling);
+  EXPECT_EQ(no_original->rope.original_max_position, 4096);
+  EXPECT_EQ(no_original->rope.theta, 10000.0);
+
+  // Both dialects at once (a file converted by hand) are fine while they agree.
+  std::string both = Replace(v5, "\"rms_norm_eps\"", "\"rope_theta\": 500000, \"rms_norm_eps\"");
+  both = Replace(both, "\"rms_norm_eps\"",
+                 "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32, "
+                 "\"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                 "\"original_max_position_embeddings\": 8192}, \"rms_norm_eps\"");
+  auto agreed = ParseConfigJson(both);
+  ASSERT_TRUE(agreed.ok()) << agreed.status() << "\n" << both;
+  ExpectSameConfig(*agreed, *preset);
+}
+
+TEST(ConfigTest, ContradictoryRopeSettingsAreErrors) {
+  const std::string v5 = Transformers5Dialect();
+  ExpectInvalid(Replace(v5, "\"rms_norm_eps\"", "\"rope_theta\": 10000.0, \"rms_norm_eps\""),
+                {"rope_parameters.rope_theta", "500000", "contradicts rope_theta", "10000"});
+  ExpectInvalid(Replace(v5, "\"rms_norm_eps\"",
+                        "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+                        "\"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                        "\"original_max_position_embeddings\": 8192}, \"rms_norm_eps\""),
+                {"rope_parameters", "factor 32", "contradicts rope_scaling", "factor 8"});
+  ExpectInvalid(Replace(v5, "\"rms_norm_eps\"",
+                        "\"rope_scaling\": {\"rope_type\": \"default\"}, \"rms_norm_eps\""),
+                {"rope_parameters", "contradicts rope_scaling", "default"});
+  ExpectInvalid(Replace(kLlama32_1B, "\"rope_type\": \"llama3\"",
+                        "\"rope_type\": \"llama3\", \"type\": \"linear\""),
+                {"rope_scaling.type", "linear", "contradicts"});
+}
+
+TEST(ConfigTest, RopeVariantsIthacaDoesNotImplementAreErrors) {
+  const std::string v5 = Transformers5Dialect();
+  ExpectInvalid(Replace(v5, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""),
+                {"rope_parameters.rope_type", "yarn"});
+  for (const char* type : {"linear", "dynamic", "longrope"}) {
+    ExpectInvalid(Replace(kLlama32_1B, "\"rope_type\": \"llama3\"",
+                          absl::StrCat("\"rope_type\": \"", type, "\"")),
+                  {"rope_scaling.rope_type", type});
+  }
+  ExpectInvalid(Replace(v5, "\"rope_type\": \"llama3\"", "\"kind\": \"llama3\""),
+                {"rope_parameters.factor", "default"});
+  ExpectInvalid(Replace(v5, "\"factor\": 32.0,", ""), {"rope_parameters.factor", "missing"});
+  ExpectInvalid(Replace(v5, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5"),
+                {"rope_parameters.high_freq_factor", "exceed"});
+  ExpectInvalid(Replace(v5, "\"rope_theta\": 500000.0", "\"rope_theta\": \"big\""),
+                {"rope_parameters.rope_theta", "number"});
+  ExpectInvalid(Replace(v5, "\"rope_theta\": 500000.0", "\"rope_theta\": -1"), {"rope_theta"});
+  ExpectInvalid(
+      Replace(v5, "\"rope_parameters\": {", "\"rope_parameters\": [1], \"rope_scaling\": {"),
+      {"rope_parameters", "object or null"});
+  // Parameters of other rope types would be ignored by transformers with a warning; here they
+  // mean the file asks for a rope Ithaca does not compute.
+  ExpectInvalid(Replace(v5, "\"factor\": 32.0,", "\"factor\": 32.0, \"beta_fast\": 32,"),
+                {"rope_parameters.beta_fast", "llama3"});
+  ExpectInvalid(R"({"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+      "num_attention_heads": 8, "vocab_size": 1000,
+      "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "factor": 8.0}})",
+                {"rope_parameters.factor", "default"});
+  ExpectInvalid(
+      Replace(v5, "\"factor\": 32.0,", "\"factor\": 32.0, \"partial_rotary_factor\": 0.5,"),
+      {"rope_parameters.partial_rotary_factor", "0.5"});
+  EXPECT_TRUE(ParseConfigJson(Replace(v5, "\"factor\": 32.0,",
+                                      "\"factor\": 32.0, \"partial_rotary_factor\": 1.0,"))
+                  .ok());
+  // transformers' per-layer-type form (Gemma-style) is not Llama's.
+  ExpectInvalid(R"({"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+      "num_attention_heads": 8, "vocab_size": 1000,
+      "rope_parameters": {"full_attention": {"rope_theta": 10000.0, "rope_type": "default"}}})",
+                {"rope_parameters.full_attention", "default"});
+}
+
+TEST(ConfigTest, KeysThatChangeTheModelAreErrors) {
+  const std::string good = kLlama32_1B;
+  ExpectInvalid(Replace(good, "\"model_type\": \"llama\"", "\"model_type\": \"mistral\""),
+                {"model_type", "mistral"});
+  ExpectInvalid(Replace(good, "\"attention_bias\": false", "\"attention_bias\": true"),
+                {"attention_bias", "bias"});
+  ExpectInvalid(Replace(good, "\"mlp_bias\": false", "\"mlp_bias\": true"), {"mlp_bias"});
+  ExpectInvalid(Replace(good, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu_pytorch_tanh\""),
+                {"hidden_act", "gelu_pytorch_tanh"});
+  ExpectInvalid(
+      Replace(good, "\"mlp_bias\": false", "\"mlp_bias\": false, \"sliding_window\": 4096"),
+      {"sliding_window", "4096"});
+  ExpectInvalid(Replace(good, "\"attention_dropout\": 0.0", "\"attention_dropout\": 0.1"),
+                {"attention_dropout", "0.1"});
+  ExpectInvalid(Replace(good, "\"mlp_bias\": false",
+                        "\"mlp_bias\": false, \"quantization_config\": {\"bits\": 4}"),
+                {"quantization_config", "unknown key"});
+  ExpectInvalid(Replace(good, "\"mlp_bias\": false", "\"mlp_bias\": false, \"logits_scaling\": 8"),
+                {"logits_scaling", "unknown key"});
+
+  // Keys that leave the math alone are accepted, whatever their value.
+  const std::string harmless =
+      Replace(good, "\"mlp_bias\": false",
+              "\"mlp_bias\": false, \"sliding_window\": null, \"dtype\": \"float32\", "
+              "\"pad_token_id\": null, \"_name_or_path\": \"meta-llama/Llama-3.2-1B\", "
+              "\"id2label\": {\"0\": \"LABEL_0\"}, \"output_attentions\": false, \"hidden_act\": "
+              "\"swish\", \"pretraining_tp\": 2");
+  auto c = ParseConfigJson(Replace(harmless, "\"hidden_act\": \"silu\",", ""));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectSameConfig(*c, *PresetConfig("llama-3.2-1b"));
 }
 
 TEST(ConfigTest, ValidateCatchesHandBuiltMistakes) {
