@@ -21,9 +21,9 @@
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/model/config.h"
-#include "engine/model/llama.h"
 #include "engine/model/weights.h"
 #include "engine/plan/planner.h"
+#include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
 

@@ -11,7 +11,7 @@
 #include "engine/core/status.h"
 #include "engine/memory/tiers.h"
 #include "engine/model/config.h"
-#include "engine/model/llama.h"
+#include "engine/schedule/llama.h"
 #include "engine/train/job_spec.h"
 
 namespace ithaca {

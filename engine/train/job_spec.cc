@@ -22,18 +22,6 @@
 
 namespace ithaca {
 
-const char* CheckpointPolicyName(CheckpointPolicy p) {
-  switch (p) {
-    case CheckpointPolicy::kNone:
-      return "none";
-    case CheckpointPolicy::kFull:
-      return "full";
-    case CheckpointPolicy::kAttentionAware:
-      return "attention-aware";
-  }
-  return "unknown";
-}
-
 namespace {
 
 const char* TypeName(toml::node_type t) {

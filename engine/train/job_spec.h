@@ -7,11 +7,9 @@
 
 #include "engine/core/status.h"
 #include "engine/model/config.h"
+#include "engine/schedule/checkpoint_policy.h"
 
 namespace ithaca {
-
-enum class CheckpointPolicy { kNone, kFull, kAttentionAware };
-const char* CheckpointPolicyName(CheckpointPolicy p);  // "none" | "full" | "attention-aware"
 
 struct JobSpec {
   std::string name = "job";     // top-level `name`

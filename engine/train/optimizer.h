@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "engine/memory/allocator.h"
-#include "engine/model/llama.h"
 #include "engine/model/weights.h"
+#include "engine/schedule/llama.h"
 #include "engine/train/job_spec.h"
 
 namespace ithaca {

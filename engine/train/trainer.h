@@ -11,7 +11,7 @@
 #include "engine/backend/ops.h"
 #include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
-#include "engine/model/llama.h"
+#include "engine/schedule/llama.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/job_spec.h"
 #include "engine/train/optimizer.h"

@@ -10,8 +10,8 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
-#include "engine/model/llama.h"
 #include "engine/model/weights.h"
+#include "engine/schedule/llama.h"
 
 namespace ithaca {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/model/llama.h"
+#include "engine/schedule/llama.h"
 
 #include <algorithm>
 

@@ -1,7 +1,9 @@
 // One Llama transformer block, forward and backward, on one rank of a Ulysses group (the whole
-// sequence when P = 1). Attention goes through UPipe stages (engine/parallel/upipe.h); the MLP
-// runs over token tiles. The checkpoint policies are built from the same pieces: forward keeps
-// what the policy keeps, BlockRecompute rebuilds the rest before backward.
+// sequence when P = 1): part of engine/schedule (see llama.h) rather than engine/model because
+// its attention is the Ulysses/UPipe exchange of engine/parallel/upipe.h and because what it
+// keeps for backward is the checkpoint policy's decision. The MLP runs over token tiles. The
+// checkpoint policies are built from the same pieces: forward keeps what the policy keeps,
+// BlockRecompute rebuilds the rest before backward.
 #pragma once
 
 #include "engine/backend/ops.h"

@@ -1,4 +1,4 @@
-#include "engine/model/block.h"
+#include "engine/schedule/block.h"
 
 #include <algorithm>
 

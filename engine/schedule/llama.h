@@ -1,7 +1,16 @@
-// LlamaModel: one rank's forward + backward of a Llama over one sample, with every memory
-// technique of DESIGN.md §1: FSDP parameter units (ParamStore), Ulysses sequence sharding with
-// UPipe headwise attention, a checkpoint policy per block, offload of saved block data, and
-// tiled MLP and loss. With one rank and no options it is the plain model (the oracle's shape).
+// engine/schedule: how one training step runs the model on one rank. It owns the order of the
+// step and every decision that trades memory for time: which FSDP unit is gathered when (one
+// block ahead of its use, released after), what each block saves for backward
+// (CheckpointPolicy, and only every k-th block's input with checkpoint_interval: the blocks in
+// between are regrown from it), where saved data waits (offload to the host, prefetch one block
+// ahead), and the token tiles of the MLP and the loss. It composes the mechanisms of
+// engine/parallel (ParamStore, CheckpointStore, Ulysses/UPipe attention) over what engine/model
+// describes (LlamaConfig, ParamLayout); neither of those depends on it. The planner
+// (engine/plan) replays this schedule on a meta device to measure its memory, and the trainer
+// (engine/train) drives it.
+//
+// LlamaModel: one rank's forward + backward of a Llama over one sample, with those techniques in
+// any combination. With one rank and no options it is the plain model (the oracle's shape).
 #pragma once
 
 #include <memory>
@@ -10,12 +19,12 @@
 #include "engine/backend/ops.h"
 #include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
-#include "engine/model/block.h"
 #include "engine/model/config.h"
 #include "engine/model/params.h"
 #include "engine/parallel/fsdp.h"
 #include "engine/parallel/head_plan.h"
-#include "engine/train/job_spec.h"
+#include "engine/schedule/block.h"
+#include "engine/schedule/checkpoint_policy.h"
 
 namespace ithaca {
 
