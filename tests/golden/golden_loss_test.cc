@@ -17,7 +17,7 @@
 #include "engine/core/file_util.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/config.h"
-#include "engine/model/llama.h"
+#include "engine/schedule/llama.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 
