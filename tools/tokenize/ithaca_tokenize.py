@@ -50,6 +50,8 @@ class Tokenizer:
         except ImportError:
             raise InputError("the Python package `tokenizers` is not installed "
                              "(tools/setup.sh installs it into .venv)")
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such model directory or tokenizer.json")
         json_path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         if not os.path.isfile(json_path):
             raise InputError(f"{json_path}: no such tokenizer file")

@@ -27,6 +27,16 @@ CORPUS = "engine/train/testdata/tiny_corpus.txt"
 TMP = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
 
 
+def read(path, mode="r"):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def write(path, data):
+    with open(path, "wb" if isinstance(data, (bytes, bytearray)) else "w") as f:
+        f.write(data)
+
+
 def run_tool(*args):
     return subprocess.run([sys.executable, TOOL, "--no-progress", *args], capture_output=True,
                           text=True)
@@ -90,7 +100,7 @@ class BpeTest(Fresh):
         val = dump(os.path.join(out, "val-*.tok"))
         self.assertGreater(len(train), 3, "several shards")
         self.assertGreaterEqual(len(val), 1)
-        fingerprint = hashlib.sha256(open(BPE_JSON, "rb").read()).hexdigest()
+        fingerprint = hashlib.sha256(read(BPE_JSON, "rb")).hexdigest()
         for f in train + val:
             self.assertEqual(f["version"], 2)
             self.assertEqual(f["vocab_size"], self.hf.get_vocab_size())
@@ -122,8 +132,8 @@ class BpeTest(Fresh):
         # ...and rejects it for a model whose tokenizer.json differs, naming both.
         other = os.path.join(self.dir, "other-model")
         os.makedirs(other)
-        text = open(BPE_JSON).read()
-        open(os.path.join(other, "tokenizer.json"), "w").write(text.replace('"<s>"', '"<bos>"'))
+        text = read(BPE_JSON)
+        write(os.path.join(other, "tokenizer.json"), text.replace('"<s>"', '"<bos>"'))
         r = subprocess.run([DUMP, "--seq_len", "64", "--model_vocab", "600", "--model_tokenizer",
                             os.path.join(other, "tokenizer.json"),
                             os.path.join(out, "train-*.tok")], capture_output=True, text=True)
@@ -182,18 +192,18 @@ class BpeTest(Fresh):
         pq.write_table(pa.table({"text": ["a b c"] * 100}), parquet)
         cut_parquet = os.path.join(self.dir, "cut.parquet")
         with open(cut_parquet, "wb") as f:
-            f.write(open(parquet, "rb").read()[:-20])
+            f.write(read(parquet, "rb")[:-20])
         cut_tok = os.path.join(self.dir, "cut-tok")
         os.makedirs(cut_tok)
-        text = open(BPE_JSON).read()
-        open(os.path.join(cut_tok, "tokenizer.json"), "w").write(text[: len(text) // 2])
+        text = read(BPE_JSON)
+        write(os.path.join(cut_tok, "tokenizer.json"), text[: len(text) // 2])
         bad_cfg = os.path.join(self.dir, "bad-cfg")
         os.makedirs(bad_cfg)
         shutil.copy(BPE_JSON, bad_cfg)
-        open(os.path.join(bad_cfg, "tokenizer_config.json"), "w").write(
+        write(os.path.join(bad_cfg, "tokenizer_config.json"), 
             '{"add_bos_token": true, "bos_token": "<nope>"}')
         not_utf8 = os.path.join(self.dir, "latin1.txt")
-        open(not_utf8, "wb").write(b"caf\xe9\n")
+        write(not_utf8, b"caf\xe9\n")
         cases = [
             (["--tokenizer", BPE_DIR, os.path.join(self.dir, "missing.txt")], "missing.txt: no such file"),
             (["--tokenizer", BPE_DIR, os.path.join(self.dir, "none-*.jsonl")], "none-*.jsonl: the pattern matches no file"),
@@ -202,7 +212,7 @@ class BpeTest(Fresh):
             (["--tokenizer", BPE_DIR, cut_parquet], "cut.parquet: not a readable Parquet file"),
             (["--tokenizer", BPE_DIR, "--field", "body", parquet], "good.parquet: no column 'body'"),
             (["--tokenizer", BPE_DIR, not_utf8], "latin1.txt: not UTF-8 text"),
-            (["--tokenizer", os.path.join(self.dir, "nowhere"), CORPUS], "nowhere/tokenizer.json: no such tokenizer file"),
+            (["--tokenizer", os.path.join(self.dir, "nowhere"), CORPUS], "nowhere: no such model directory or tokenizer.json"),
             (["--tokenizer", cut_tok, CORPUS], "cut-tok/tokenizer.json: not a valid tokenizer.json"),
             (["--tokenizer", bad_cfg, CORPUS], "tokenizer_config.json: bos_token '<nope>' is not in the vocabulary"),
         ]
@@ -214,7 +224,7 @@ class BpeTest(Fresh):
                 self.assertNothingLeft(out)
         # An output directory that already holds files is not touched.
         os.makedirs(out)
-        open(os.path.join(out, "keep"), "w").write("x")
+        write(os.path.join(out, "keep"), "x")
         r = run_tool("--tokenizer", BPE_DIR, "--output", out, CORPUS)
         self.assertEqual(r.returncode, 1)
         self.assertIn("already exists and is not an empty directory", r.stderr)
@@ -224,9 +234,9 @@ class BpeTest(Fresh):
         out = os.path.join(self.dir, "out")
         self.assertEqual(run_tool("--tokenizer", BPE_DIR, "--output", out, CORPUS).returncode, 0)
         shard = os.path.join(out, "train-00000.tok")
-        data = open(shard, "rb").read()
+        data = read(shard, "rb")
         cut = os.path.join(self.dir, "cut.tok")
-        open(cut, "wb").write(data[:-3])
+        write(cut, data[:-3])
         r = subprocess.run([DUMP, cut], capture_output=True, text=True)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn(cut + ": file is", r.stderr)
@@ -234,7 +244,7 @@ class BpeTest(Fresh):
         bad = bytearray(data)
         bad[128:132] = (4000).to_bytes(4, "little")  # token 0 beyond the vocabulary
         corrupt = os.path.join(self.dir, "corrupt.tok")
-        open(corrupt, "wb").write(bad)
+        write(corrupt, bad)
         r = subprocess.run([DUMP, corrupt], capture_output=True, text=True)
         self.assertIn(corrupt + ": token 0 (byte offset 128) is 4000, >= the file's vocab_size 600",
                       r.stderr)
@@ -248,8 +258,8 @@ class ByteLevelTest(Fresh):
         cpp = os.path.join(self.dir, "cpp.tok")
         subprocess.run([BYTE_TOOL, "--input", CORPUS, "--output", cpp], check=True,
                        capture_output=True)
-        self.assertEqual(open(os.path.join(out, "train-00000.tok"), "rb").read(),
-                         open(cpp, "rb").read())
+        self.assertEqual(read(os.path.join(out, "train-00000.tok"), "rb"),
+                         read(cpp, "rb"))
         # A byte-level file for a 128K-vocabulary model: accepted with a warning.
         r = subprocess.run([DUMP, "--seq_len", "64", "--model_vocab", "128256", cpp],
                            capture_output=True, text=True)
