@@ -26,6 +26,7 @@ import struct
 import sys
 import time
 from array import array
+from concurrent.futures import ThreadPoolExecutor
 
 MAGIC = b"ITHACATK"
 VERSION = 2
@@ -285,16 +286,27 @@ def tokenize(tok, inputs, out_dir, field="text", shard_tokens=1 << 27, val_fract
                    "val": ShardWriter(tmp, "val", shard_tokens, tok)}
         bar = Progress(progress)
         ndocs = ntokens = 0
-        for path in inputs:
-            batch = []
-            for doc in documents(path, field):
-                batch.append(doc)
-                if len(batch) == batch_docs:
-                    ndocs, ntokens = _encode(tok, batch, writers, rng, val_fraction, ndocs, ntokens)
-                    batch = []
-                    bar.update(ndocs, ntokens)
-            if batch:
-                ndocs, ntokens = _encode(tok, batch, writers, rng, val_fraction, ndocs, ntokens)
+
+        def store(encoded):
+            nonlocal ndocs, ntokens
+            for ids in encoded:
+                split = "val" if val_fraction > 0 and rng.random() < val_fraction else "train"
+                writers[split].add(ids)
+                ntokens += len(ids)
+            ndocs += len(encoded)
+            bar.update(ndocs, ntokens)
+
+        # encode_batch releases the GIL: the next batch encodes (on all cores) while this thread
+        # reads the input and writes the previous batch's tokens.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for batch in _batches(inputs, field, batch_docs):
+                encoding = pool.submit(tok.encode_batch, batch)
+                if pending is not None:
+                    store(pending.result())
+                pending = encoding
+            if pending is not None:
+                store(pending.result())
         for w in writers.values():
             w.flush()
         bar.update(ndocs, ntokens, done=True)
@@ -312,12 +324,17 @@ def tokenize(tok, inputs, out_dir, field="text", shard_tokens=1 << 27, val_fract
             "train_tokens": writers["train"].total, "val_tokens": writers["val"].total}
 
 
-def _encode(tok, batch, writers, rng, val_fraction, ndocs, ntokens):
-    for ids in tok.encode_batch(batch):
-        split = "val" if val_fraction > 0 and rng.random() < val_fraction else "train"
-        writers[split].add(ids)
-        ntokens += len(ids)
-    return ndocs + len(batch), ntokens
+def _batches(inputs, field, size):
+    """The inputs' documents in lists of `size` (a file's last list may be shorter)."""
+    for path in inputs:
+        batch = []
+        for doc in documents(path, field):
+            batch.append(doc)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
 
 def main(argv=None):
