@@ -4,6 +4,7 @@
 
 #include "engine/parallel/head_plan.h"
 #include "engine/plan/planner.h"
+#include "engine/train/token_file.h"
 #include "engine/train/trainer.h"
 
 namespace ithaca {
@@ -50,8 +51,15 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                   "\" is relative and the submission has no "
                                   "base_dir; give an absolute path"));
     }
-    if (!path->empty() && !Exists(*path)) {
-      return Invalid(source, key, absl::StrCat(*path, ": no such file or directory"));
+    std::string first = *path;
+    if (path == &s.data.path && !path->empty()) {
+      // A glob names several files: it must match at least one.
+      absl::StatusOr<std::vector<std::string>> files = ExpandDataPath(*path);
+      if (!files.ok()) return Invalid(source, key, std::string(files.status().message()));
+      first = files->front();
+    }
+    if (!first.empty() && !Exists(first)) {
+      return Invalid(source, key, absl::StrCat(first, ": no such file or directory"));
     }
   }
   if (s.data.path.empty()) return Invalid(source, "data.path", "is required");

@@ -45,6 +45,21 @@ TEST(AdmissionTest, AcceptsAGoodSpecAndResolvesPathsAgainstBaseDir) {
   EXPECT_TRUE(CheckFits(*a, CpuNode(8, int64_t{16} << 30)).ok());
 }
 
+TEST(AdmissionTest, DataPathMayBeAGlob) {
+  std::string toml = Spec();
+  toml.replace(toml.find("\"corpus.tok\""), 12, "\"corp*.tok\"");
+  auto a = ParseSubmission(toml, "job.toml", Dir());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->spec.data.path, Dir() + "/corp*.tok");
+  toml.replace(toml.find("\"corp*.tok\""), 11, "\"none-*.tok\"");
+  a = ParseSubmission(toml, "job.toml", Dir());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(
+      a.status().message().find("data.path: " + Dir() + "/none-*.tok: the pattern matches no file"),
+      std::string::npos)
+      << a.status();
+}
+
 // A sequence of `n` tokens in place of the spec's 64.
 std::string WithSeqLen(std::string toml, int n) {
   const size_t at = toml.find("seq_len = 64");

@@ -406,7 +406,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
       {"data",
        {{"path", r.Str(&s.data.path)},
         {"seq_len", r.Int(&s.data.seq_len)},
-        {"micro_batch", r.Int(&s.data.micro_batch)}}},
+        {"micro_batch", r.Int(&s.data.micro_batch)},
+        {"shuffle", r.Bool(&s.data.shuffle)}}},
       {"training",
        {{"steps", r.Int(&s.training.steps)},
         {"lr", r.Float(&s.training.lr)},
@@ -470,7 +471,7 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\nconfig = ", Quote(s.model.config), "\nweights = ", Quote(s.model.weights),
                   "\ndtype = ", Quote(s.model.dtype), "\n");
   absl::StrAppend(&out, "\n[data]\npath = ", Quote(s.data.path), "\nseq_len = ", s.data.seq_len,
-                  "\nmicro_batch = ", s.data.micro_batch, "\n");
+                  "\nmicro_batch = ", s.data.micro_batch, "\nshuffle = ", b(s.data.shuffle), "\n");
   absl::StrAppend(&out, "\n[training]\nsteps = ", t.steps, "\nlr = ", FormatDouble(t.lr),
                   "\nmin_lr = ", FormatDouble(t.min_lr), "\nwarmup_steps = ", t.warmup_steps,
                   "\nweight_decay = ", FormatDouble(t.weight_decay),

@@ -23,9 +23,11 @@ struct JobSpec {
   } model;
 
   struct Data {
-    std::string path;         // token file (engine/train/token_file.h); required
-    int64_t seq_len = 256;    // tokens per sample (the context length S)
+    std::string path;       // token file(s) (engine/train/token_file.h), or a glob ("shards/*.tok",
+                            // "{a.tok,b.tok}"); required
+    int64_t seq_len = 256;  // tokens per sample (the context length S)
     int64_t micro_batch = 1;  // samples per micro-step
+    bool shuffle = true;      // windows in a seeded (training.seed), resumable random order
   } data;
 
   struct Training {

@@ -25,6 +25,7 @@ dtype = "f32"
 path = "data/corpus.tok"
 seq_len = 8192
 micro_batch = 2
+shuffle = false
 
 [training]
 steps = 500
@@ -93,6 +94,7 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->data.path, "data/corpus.tok");
   EXPECT_EQ(s->data.seq_len, 8192);
   EXPECT_EQ(s->data.micro_batch, 2);
+  EXPECT_FALSE(s->data.shuffle);
   EXPECT_EQ(s->training.steps, 500);
   EXPECT_DOUBLE_EQ(s->training.lr, 1e-3);
   EXPECT_DOUBLE_EQ(s->training.min_lr, 0.0);
@@ -129,6 +131,7 @@ TEST(JobSpecTest, DefaultsApplyWhenOnlyDataPathIsGiven) {
   EXPECT_EQ(JobSpecToToml(*s), JobSpecToToml(d));
   EXPECT_EQ(s->memory.checkpoint, CheckpointPolicy::kFull);
   EXPECT_EQ(s->data.seq_len, 256);
+  EXPECT_TRUE(s->data.shuffle);
 }
 
 TEST(JobSpecTest, RoundTripsThroughToml) {

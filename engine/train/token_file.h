@@ -1,18 +1,40 @@
-// Token files: pre-tokenized training data.
+// Token files: pre-tokenized training data, and the DataLoader that serves windows of them.
 //
-// Layout (little-endian):
-//   offset 0   8 bytes  magic "ITHACATK"
-//   offset 8   uint32   version (1)
-//   offset 12  uint32   vocab_size (upper bound on token ids + 1; 0 if unknown)
-//   offset 16  uint64   count: number of tokens
-//   offset 24  8 bytes  reserved (zero)
-//   offset 32  count × uint32 tokens
-// A file whose size is not 32 + 4·count, whose magic or version is wrong, or with a token
-// ≥ vocab_size (when vocab_size > 0) is rejected with a message saying which.
+// Version 2 (written by ithaca-tokenize, both the C++ byte-level tool and
+// tools/tokenize/ithaca_tokenize.py). Little-endian:
+//   offset 0    8 bytes   magic "ITHACATK"
+//   offset 8    uint32    version (2)
+//   offset 12   uint32    vocab_size: the tokenizer's vocabulary (ids are < it); 0 if unknown
+//   offset 16   uint64    N: number of tokens
+//   offset 24   uint64    D: number of entries in the document index
+//   offset 32   uint32    flags: bit 0 = a loss-mask section follows the document index;
+//                         other bits must be 0
+//   offset 36   int32     bos_id (-1: the tokenizer adds no BOS)
+//   offset 40   int32     eos_id (-1: the tokenizer adds no EOS)
+//   offset 44   4 bytes   reserved (zero)
+//   offset 48   32 bytes  tokenizer fingerprint: SHA-256 of the tokenizer.json the tokens came
+//                         from; all zero for the built-in byte-level tokenizer (ByteTokenize)
+//   offset 80   48 bytes  reserved (zero)
+//   offset 128  N × uint32       tokens
+//               0 or 4 bytes     zero padding, so the index starts at a multiple of 8
+//               D × uint64       document index: the token offset of each document's first
+//                                token, strictly increasing, each < N. A shard may begin in the
+//                                middle of a document (one split over shards): its first entry
+//                                is then > 0.
+//               N × uint8        loss mask, only when flags bit 0: mask[i] = 1 when token i
+//                                counts as a label (the prediction of token i from the tokens
+//                                before it is trained), 0 when it does not (e.g. a prompt)
+// The file ends there: any other size is rejected as truncated or corrupt, and so are non-zero
+// reserved bytes, unknown flags, an index out of order and tokens ≥ vocab_size.
+//
+// Version 1 (still read): the 32-byte header magic, version 1, vocab_size, N, 8 reserved bytes,
+// then N × uint32 tokens. It has no document index, no BOS/EOS ids and no fingerprint.
+//
 // Errors name the file: INVALID_ARGUMENT for a malformed file, the errno's code (NOT_FOUND, ...)
 // when it cannot be opened.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,31 +45,71 @@
 namespace ithaca {
 
 inline constexpr char kTokenFileMagic[8] = {'I', 'T', 'H', 'A', 'C', 'A', 'T', 'K'};
-inline constexpr uint32_t kTokenFileVersion = 1;
-inline constexpr int64_t kTokenFileHeaderBytes = 32;
+inline constexpr uint32_t kTokenFileVersion = 2;         // what WriteTokenFileV2 writes
+inline constexpr int64_t kTokenFileHeaderBytes = 32;     // version 1
+inline constexpr int64_t kTokenFileV2HeaderBytes = 128;  // version 2
+inline constexpr uint32_t kTokenFileFlagLossMask = 1;
 
-// Writes atomically.
+using TokenizerFingerprint = std::array<uint8_t, 32>;  // SHA-256; all zero: byte-level
+
+// SHA-256 of a file's bytes (the fingerprint of a tokenizer.json).
+absl::StatusOr<TokenizerFingerprint> Sha256File(const std::string& path);
+TokenizerFingerprint Sha256(const void* data, size_t n);
+std::string FingerprintHex(const TokenizerFingerprint& f);  // "byte-level" when all zero
+
+// What a version 2 file says besides its tokens.
+struct TokenFileMeta {
+  uint32_t vocab_size = 0;
+  int32_t bos_id = -1;
+  int32_t eos_id = -1;
+  TokenizerFingerprint fingerprint{};
+  std::vector<uint64_t> doc_starts;  // the document index
+  std::vector<uint8_t> loss_mask;    // empty, or one byte per token
+};
+
+// Writes a version 1 file atomically (kept for old tools and tests of the v1 reader).
 absl::Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
                             uint32_t vocab_size);
+// Writes a version 2 file atomically; refuses metadata that Open would reject.
+absl::Status WriteTokenFileV2(const std::string& path, const std::vector<uint32_t>& tokens,
+                              const TokenFileMeta& meta);
 
-// A read-only, memory-mapped token file.
+// A read-only, memory-mapped token file of either version.
 class TokenFile {
  public:
   static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path);
   ~TokenFile();
   int64_t size() const { return count_; }
+  uint32_t version() const { return version_; }
   uint32_t vocab_size() const { return vocab_size_; }
   const uint32_t* tokens() const { return tokens_; }
   const std::string& path() const { return path_; }  // as given to Open, for error messages
+  int32_t bos_id() const { return bos_id_; }         // -1 when none (and in version 1)
+  int32_t eos_id() const { return eos_id_; }
+  // Version 2 only; all zero for byte-level files and in version 1.
+  const TokenizerFingerprint& fingerprint() const { return fingerprint_; }
+  bool has_fingerprint() const { return fingerprint_ != TokenizerFingerprint{}; }
+  bool has_doc_index() const { return version_ >= 2; }
+  int64_t num_docs() const { return num_docs_; }
+  const uint64_t* doc_starts() const { return doc_starts_; }  // num_docs() entries
+  const uint8_t* loss_mask() const { return loss_mask_; }     // size() entries, or nullptr
 
  private:
   TokenFile() = default;
+  absl::Status ParseV1(int64_t bytes);
+  absl::Status ParseV2(int64_t bytes);
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
+  uint32_t version_ = 0;
   const uint32_t* tokens_ = nullptr;
   int64_t count_ = 0;
   uint32_t vocab_size_ = 0;
+  int32_t bos_id_ = -1, eos_id_ = -1;
+  TokenizerFingerprint fingerprint_{};
+  int64_t num_docs_ = 0;
+  const uint64_t* doc_starts_ = nullptr;
+  const uint8_t* loss_mask_ = nullptr;
 };
 
 // Byte-level tokenizer for the demo and tests: token = byte value (0..255), and kByteBos (256)
@@ -59,28 +121,70 @@ inline constexpr uint32_t kByteBos = 256;
 inline constexpr uint32_t kByteEos = 257;
 inline constexpr uint32_t kByteVocab = 258;
 std::vector<uint32_t> ByteTokenize(const std::string& text);
+// The version 2 metadata of ByteTokenize's output: BOS 256, no EOS, a document per BOS.
+TokenFileMeta ByteTokenMeta(const std::vector<uint32_t>& tokens);
+
+// The files a data.path names: the path itself, or the files a glob pattern (*, ?, [...],
+// {a,b}) matches, sorted. NOT_FOUND naming the pattern when it matches nothing.
+absl::StatusOr<std::vector<std::string>> ExpandDataPath(const std::string& pattern);
+
+struct DataOptions {
+  bool shuffle = true;  // windows in a seeded random order, a new one each epoch
+  uint64_t seed = 0;
+  // The model's tokenizer.json ("" when the model has none): a file made with another
+  // tokenizer is rejected.
+  std::string tokenizer_json;
+};
 
 // Serves samples of seq_len + 1 consecutive tokens: inputs = first seq_len, labels = the same
-// window shifted by one (labels are shifted before any sequence sharding). Samples are taken in
-// order, non-overlapping, wrapping around; `position` (samples served so far) is saved in
-// checkpoints so a resumed run sees the same data.
+// window shifted by one (labels are shifted before any sequence sharding). Each file is cut into
+// non-overlapping windows stepping by seq_len (a window never spans two files); an epoch visits
+// every window of every file once, in file order or (shuffle) in a permutation that depends only
+// on the seed and the epoch. `position` (samples served so far) is saved in checkpoints, so a
+// resumed run sees the same data.
 class DataLoader {
  public:
-  // INVALID_ARGUMENT if the file has fewer than seq_len + 1 tokens or tokens ≥ model_vocab.
+  // INVALID_ARGUMENT, naming the files, if no file holds seq_len + 1 tokens, a token is ≥
+  // model_vocab, the files come from different tokenizers, or a file's tokenizer is not the
+  // model's (options.tokenizer_json).
+  static absl::StatusOr<std::unique_ptr<DataLoader>> Create(
+      std::vector<std::unique_ptr<TokenFile>> files, int64_t seq_len, int64_t model_vocab,
+      const DataOptions& options = {});
   static absl::StatusOr<std::unique_ptr<DataLoader>> Create(std::unique_ptr<TokenFile> file,
-                                                            int64_t seq_len, int64_t model_vocab);
+                                                            int64_t seq_len, int64_t model_vocab,
+                                                            const DataOptions& options = {});
   // Fills inputs[seq_len] and labels[seq_len] with the next sample.
   void Next(int32_t* inputs, int32_t* labels);
   int64_t position() const { return position_; }
   void set_position(int64_t p) { position_ = p; }
   int64_t seq_len() const { return seq_len_; }
   int64_t samples_per_epoch() const { return samples_per_epoch_; }
+  // Things worth saying that are not errors (a byte-level file for a large-vocabulary model).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  // The last sample Next served: its file and the offset of inputs[0] in that file.
+  const TokenFile& sample_file() const { return *files_[sample_file_]; }
+  int64_t sample_offset() const { return sample_offset_; }
+  // Positions i in [0, seq_len) where inputs[i] is a document's first token, ascending (for
+  // document masks). Empty for a version 1 file, which has no document index.
+  const std::vector<int64_t>& sample_doc_starts() const { return sample_doc_starts_; }
+
+  // Window `index` of the epoch's order, for sample `position` (exposed for tests).
+  int64_t WindowFor(int64_t position) const;
 
  private:
-  std::unique_ptr<TokenFile> file_;
+  DataLoader() = default;
+  std::vector<std::unique_ptr<TokenFile>> files_;
+  std::vector<int64_t> first_window_;  // per file, its first window's global index; + the total
   int64_t seq_len_ = 0;
   int64_t samples_per_epoch_ = 0;
   int64_t position_ = 0;
+  bool shuffle_ = true;
+  uint64_t seed_ = 0;
+  std::vector<std::string> warnings_;
+  size_t sample_file_ = 0;
+  int64_t sample_offset_ = 0;
+  std::vector<int64_t> sample_doc_starts_;
 };
 
 }  // namespace ithaca

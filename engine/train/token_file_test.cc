@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -103,8 +104,8 @@ TEST(TokenFileTest, CorruptFilesAreRejectedSayingWhy) {
   ExpectOpenError("magic.tok", magic, "bad magic");
 
   std::string version = good;
-  version[8] = 2;
-  ExpectOpenError("version.tok", version, "unsupported token file version 2");
+  version[8] = 3;
+  ExpectOpenError("version.tok", version, "unsupported token file version 3");
 
   ExpectOpenError("truncated.tok", good.substr(0, good.size() - 4),
                   "68 bytes but its header says 10 tokens, which need 72 bytes");
@@ -117,6 +118,167 @@ TEST(TokenFileTest, CorruptFilesAreRejectedSayingWhy) {
   uint32_t bad = 258;
   std::memcpy(&oov[32 + 4 * 7], &bad, 4);
   ExpectOpenError("oov.tok", oov, "token 7 (byte offset 60) is 258, >= the file's vocab_size 258");
+}
+
+// ---- Version 2
+
+TokenFileMeta SomeMeta() {
+  TokenFileMeta m;
+  m.vocab_size = 600;
+  m.bos_id = 0;
+  m.eos_id = 1;
+  for (int i = 0; i < 32; ++i) m.fingerprint[i] = uint8_t(i + 1);
+  m.doc_starts = {0, 4, 9};
+  return m;
+}
+
+TEST(TokenFileV2Test, RoundTripWithDocumentIndexAndLossMask) {
+  for (int n : {11, 12}) {  // odd: the index is padded to 8 bytes
+    SCOPED_TRACE(n);
+    std::string path = TmpPath("v2.tok");
+    TokenFileMeta meta = SomeMeta();
+    for (int i = 0; i < n; ++i) meta.loss_mask.push_back(i >= 2);
+    std::vector<uint32_t> tokens = Iota(n);
+    ASSERT_TRUE(WriteTokenFileV2(path, tokens, meta).ok());
+    absl::StatusOr<std::string> bytes = ReadFileToString(path);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_EQ(bytes->size(), 128u + 4 * n + (n % 2) * 4 + 8 * 3 + n);
+    auto f = TokenFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ((*f)->version(), 2u);
+    EXPECT_EQ((*f)->size(), n);
+    EXPECT_EQ((*f)->vocab_size(), 600u);
+    EXPECT_EQ((*f)->bos_id(), 0);
+    EXPECT_EQ((*f)->eos_id(), 1);
+    EXPECT_EQ((*f)->fingerprint(), meta.fingerprint);
+    EXPECT_TRUE((*f)->has_fingerprint());
+    EXPECT_EQ(std::vector<uint32_t>((*f)->tokens(), (*f)->tokens() + n), tokens);
+    ASSERT_EQ((*f)->num_docs(), 3);
+    EXPECT_EQ(std::vector<uint64_t>((*f)->doc_starts(), (*f)->doc_starts() + 3), meta.doc_starts);
+    ASSERT_NE((*f)->loss_mask(), nullptr);
+    EXPECT_EQ(std::vector<uint8_t>((*f)->loss_mask(), (*f)->loss_mask() + n), meta.loss_mask);
+  }
+}
+
+TEST(TokenFileV2Test, WithoutLossMask) {
+  std::string path = TmpPath("v2nomask.tok");
+  ASSERT_TRUE(WriteTokenFileV2(path, Iota(10), SomeMeta()).ok());
+  auto f = TokenFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->loss_mask(), nullptr);
+  EXPECT_TRUE((*f)->has_doc_index());
+}
+
+TEST(TokenFileV2Test, VersionOneHasNoIndexOrFingerprint) {
+  std::string path = TmpPath("v1.tok");
+  ASSERT_TRUE(WriteTokenFile(path, Iota(10), 258).ok());
+  auto f = TokenFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->version(), 1u);
+  EXPECT_FALSE((*f)->has_doc_index());
+  EXPECT_FALSE((*f)->has_fingerprint());
+  EXPECT_EQ((*f)->num_docs(), 0);
+  EXPECT_EQ((*f)->bos_id(), -1);
+}
+
+TEST(TokenFileV2Test, WriteRefusesBadMetadataAndLeavesNothing) {
+  std::string path = TmpPath("badmeta.tok");
+  TokenFileMeta meta = SomeMeta();
+  meta.doc_starts = {0, 5, 5};
+  absl::Status st = WriteTokenFileV2(path, Iota(10), meta);
+  EXPECT_NE(std::string(st.message()).find("document index entry 2 (5) is out of order"),
+            std::string::npos)
+      << st;
+  meta = SomeMeta();
+  meta.loss_mask = {1, 0};
+  st = WriteTokenFileV2(path, Iota(10), meta);
+  EXPECT_NE(std::string(st.message()).find("loss mask has 2 entries for 10 tokens"),
+            std::string::npos)
+      << st;
+  st = WriteTokenFileV2(path, {1, 600}, SomeMeta());
+  EXPECT_NE(std::string(st.message()).find("token 1 is 600, >= vocab_size 600"), std::string::npos)
+      << st;
+  EXPECT_FALSE(PathExists(path));
+}
+
+TEST(TokenFileV2Test, CorruptFilesAreRejectedSayingWhy) {
+  TokenFileMeta meta = SomeMeta();
+  meta.loss_mask.assign(10, 1);
+  std::string path = TmpPath("v2good.tok");
+  ASSERT_TRUE(WriteTokenFileV2(path, Iota(10), meta).ok());
+  const std::string good = *ReadFileToString(path);  // 128 + 40 + 24 + 10 = 202 bytes
+  ASSERT_EQ(good.size(), 202u);
+
+  ExpectOpenError("v2short.tok", good.substr(0, 100), "shorter than the 128-byte version 2 header");
+  ExpectOpenError("v2trunc.tok", good.substr(0, 201),
+                  "201 bytes but its header says 10 tokens, 3 documents and a loss mask, which "
+                  "need 202 bytes");
+  ExpectOpenError("v2long.tok", good + "x", "203 bytes");
+  std::string flags = good;
+  flags[32] = 6;
+  ExpectOpenError("v2flags.tok", flags, "unknown flags 0x6");
+  std::string reserved = good;
+  reserved[100] = 1;
+  ExpectOpenError("v2reserved.tok", reserved, "reserved header byte 100 is not zero");
+  std::string count = good;
+  std::memset(&count[16], 0xff, 8);
+  ExpectOpenError("v2count.tok", count, "impossible size");
+  std::string order = good;
+  uint64_t three = 3;  // entries 0, 4, 9 become 0, 4, 3
+  std::memcpy(&order[128 + 40 + 16], &three, 8);
+  ExpectOpenError("v2order.tok", order, "document index entry 2 is 3 after 4");
+  std::string past = good;
+  uint64_t ten = 10;
+  std::memcpy(&past[128 + 40 + 16], &ten, 8);
+  ExpectOpenError("v2past.tok", past, "document index entry 2 is 10");
+  std::string mask = good;
+  mask[128 + 40 + 24 + 3] = 2;
+  ExpectOpenError("v2mask.tok", mask, "loss mask entry 3 is 2");
+  std::string oov = good;
+  uint32_t big = 600;
+  std::memcpy(&oov[128 + 4 * 5], &big, 4);
+  ExpectOpenError("v2oov.tok", oov, "token 5 (byte offset 148) is 600, >= the file's vocab_size");
+}
+
+TEST(Sha256Test, KnownVectors) {
+  EXPECT_EQ(FingerprintHex(Sha256("abc", 3)),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 56 bytes
+  EXPECT_EQ(FingerprintHex(Sha256(two_blocks.data(), two_blocks.size())),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(FingerprintHex(TokenizerFingerprint{}), "byte-level");
+  EXPECT_EQ(Sha256File(TmpPath("no-such-tokenizer.json")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(ByteTokenMetaTest, OneDocumentPerBos) {
+  std::vector<uint32_t> t = ByteTokenize("ab\n\ncd\n");
+  TokenFileMeta m = ByteTokenMeta(t);
+  EXPECT_EQ(m.doc_starts, (std::vector<uint64_t>{0, 4}));
+  EXPECT_EQ(m.bos_id, 256);
+  EXPECT_EQ(m.eos_id, -1);
+  EXPECT_EQ(m.vocab_size, kByteVocab);
+}
+
+TEST(ExpandDataPathTest, GlobsAndPlainPaths) {
+  std::string dir = TmpPath("glob");
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  for (const char* n : {"b.tok", "a.tok", "c.txt"}) {
+    ASSERT_TRUE(WriteFileAtomic(dir + "/" + n, "x").ok());
+  }
+  auto p = ExpandDataPath(dir + "/*.tok");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, (std::vector<std::string>{dir + "/a.tok", dir + "/b.tok"}));
+  p = ExpandDataPath(dir + "/{c.txt,b.tok}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, (std::vector<std::string>{dir + "/b.tok", dir + "/c.txt"}));
+  p = ExpandDataPath(dir + "/plain.tok");  // not a pattern: Open reports a missing file
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(*p, (std::vector<std::string>{dir + "/plain.tok"}));
+  p = ExpandDataPath(dir + "/*.bin");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(p.status().message()).find("*.bin: the pattern matches no file"),
+            std::string::npos);
 }
 
 TEST(ByteTokenizeTest, TwoDocuments) {
@@ -135,7 +297,9 @@ std::unique_ptr<DataLoader> MakeLoader(const std::vector<uint32_t>& tokens, int6
   EXPECT_TRUE(WriteTokenFile(path, tokens, file_vocab).ok());
   auto f = TokenFile::Open(path);
   EXPECT_TRUE(f.ok()) << f.status();
-  auto loader = DataLoader::Create(std::move(*f), seq_len, model_vocab);
+  DataOptions in_order;
+  in_order.shuffle = false;
+  auto loader = DataLoader::Create(std::move(*f), seq_len, model_vocab, in_order);
   EXPECT_TRUE(loader.ok()) << loader.status();
   return loader.ok() ? std::move(*loader) : nullptr;
 }
@@ -219,6 +383,205 @@ TEST(DataLoaderTest, CreateErrors) {
   l = DataLoader::Create(std::move(*f), 2, 50);
   ASSERT_FALSE(l.ok());
   EXPECT_NE(std::string(l.status().message()).find("token 3 is 50, >= the model's vocab_size 50"),
+            std::string::npos)
+      << l.status();
+}
+
+std::unique_ptr<TokenFile> OpenOrDie(const std::string& path) {
+  auto f = TokenFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? std::move(*f) : nullptr;
+}
+
+// Three shards of 10, 7 and 3 tokens, seq_len 3: 3 + 2 + 0 windows; tokens = 100·shard + index.
+std::vector<std::unique_ptr<TokenFile>> Shards(const std::string& prefix, TokenFileMeta meta) {
+  std::vector<std::unique_ptr<TokenFile>> files;
+  int sizes[] = {10, 7, 3};
+  for (int s = 0; s < 3; ++s) {
+    std::vector<uint32_t> t(sizes[s]);
+    for (int i = 0; i < sizes[s]; ++i) t[i] = 100 * s + i;
+    meta.doc_starts = {0, 2};
+    std::string path = TmpPath(absl::StrCat(prefix, s, ".tok"));
+    EXPECT_TRUE(WriteTokenFileV2(path, t, meta).ok());
+    files.push_back(OpenOrDie(path));
+  }
+  return files;
+}
+
+TokenFileMeta ShardMeta() {
+  TokenFileMeta m;
+  m.vocab_size = 600;
+  return m;
+}
+
+TEST(DataLoaderTest, SeveralFilesInOrderWithoutShuffle) {
+  DataOptions o;
+  o.shuffle = false;
+  auto l = DataLoader::Create(Shards("order", ShardMeta()), 3, 1000, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ((*l)->samples_per_epoch(), 5);
+  int32_t in[3], lab[3];
+  std::vector<int32_t> firsts;
+  for (int s = 0; s < 6; ++s) {
+    (*l)->Next(in, lab);
+    firsts.push_back(in[0]);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(lab[i], in[i] + 1);
+  }
+  EXPECT_EQ(firsts, (std::vector<int32_t>{0, 3, 6, 100, 103, 0}));
+}
+
+TEST(DataLoaderTest, ShuffleIsAPermutationPerEpochSeededAndResumable) {
+  std::vector<uint32_t> tokens = Iota(1001);
+  std::string path = TmpPath("shuffle.tok");
+  ASSERT_TRUE(WriteTokenFile(path, tokens, 0).ok());
+  DataOptions o;
+  o.seed = 42;
+  auto a = DataLoader::Create(OpenOrDie(path), 10, 2000, o);
+  ASSERT_TRUE(a.ok());
+  const int64_t n = (*a)->samples_per_epoch();
+  ASSERT_EQ(n, 100);
+  std::vector<int64_t> epoch0, epoch1;
+  for (int64_t p = 0; p < n; ++p) epoch0.push_back((*a)->WindowFor(p));
+  for (int64_t p = n; p < 2 * n; ++p) epoch1.push_back((*a)->WindowFor(p));
+  std::vector<int64_t> sorted0 = epoch0, sorted1 = epoch1, all(n);
+  std::iota(all.begin(), all.end(), 0);
+  std::sort(sorted0.begin(), sorted0.end());
+  std::sort(sorted1.begin(), sorted1.end());
+  EXPECT_EQ(sorted0, all);
+  EXPECT_EQ(sorted1, all);
+  EXPECT_NE(epoch0, all);     // shuffled
+  EXPECT_NE(epoch0, epoch1);  // a new order each epoch
+  o.seed = 43;
+  auto b = DataLoader::Create(OpenOrDie(path), 10, 2000, o);
+  ASSERT_TRUE(b.ok());
+  std::vector<int64_t> other;
+  for (int64_t p = 0; p < n; ++p) other.push_back((*b)->WindowFor(p));
+  EXPECT_NE(other, epoch0);  // the seed matters
+
+  // Next serves the window WindowFor names, and a loader set to a position continues the same.
+  int32_t in[10], lab[10];
+  (*a)->set_position(137);
+  (*a)->Next(in, lab);
+  EXPECT_EQ(in[0], 10 * epoch1[37]);
+  o.seed = 42;
+  auto c = DataLoader::Create(OpenOrDie(path), 10, 2000, o);
+  ASSERT_TRUE(c.ok());
+  (*c)->set_position(137);
+  int32_t in2[10], lab2[10];
+  (*c)->Next(in2, lab2);
+  EXPECT_EQ(std::vector<int32_t>(in, in + 10), std::vector<int32_t>(in2, in2 + 10));
+}
+
+TEST(DataLoaderTest, ExposesDocumentStartsInsideTheWindow) {
+  std::string path = TmpPath("docs.tok");
+  TokenFileMeta meta = ShardMeta();
+  meta.doc_starts = {0, 2, 3, 7, 9};
+  ASSERT_TRUE(WriteTokenFileV2(path, Iota(13), meta).ok());
+  DataOptions o;
+  o.shuffle = false;
+  auto l = DataLoader::Create(OpenOrDie(path), 4, 1000, o);
+  ASSERT_TRUE(l.ok());
+  int32_t in[4], lab[4];
+  (*l)->Next(in, lab);  // tokens 0..3
+  EXPECT_EQ((*l)->sample_doc_starts(), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ((*l)->sample_offset(), 0);
+  (*l)->Next(in, lab);  // tokens 4..7
+  EXPECT_EQ((*l)->sample_doc_starts(), (std::vector<int64_t>{3}));
+  (*l)->Next(in, lab);  // tokens 8..11
+  EXPECT_EQ((*l)->sample_doc_starts(), (std::vector<int64_t>{1}));
+  EXPECT_EQ((*l)->sample_file().path(), path);
+}
+
+TEST(DataLoaderTest, RejectsFilesOfAnotherTokenizerNamingBoth) {
+  const std::string tokenizer = "engine/train/testdata/bpe/tokenizer.json";
+  auto model_fp = Sha256File(tokenizer);
+  ASSERT_TRUE(model_fp.ok()) << model_fp.status();
+  DataOptions o;
+  o.tokenizer_json = tokenizer;
+
+  TokenFileMeta meta = ShardMeta();
+  meta.fingerprint = *model_fp;
+  auto ok = DataLoader::Create(Shards("match", meta), 3, 600, o);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE((*ok)->warnings().empty());
+
+  meta.fingerprint[0] ^= 1;
+  auto l = DataLoader::Create(Shards("mismatch", meta), 3, 600, o);
+  ASSERT_FALSE(l.ok());
+  std::string msg(l.status().message());
+  EXPECT_NE(msg.find(TmpPath("mismatch0.tok") + ": tokenized with tokenizer sha256 " +
+                     FingerprintHex(meta.fingerprint)),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(
+      msg.find("the model's tokenizer " + tokenizer + " has sha256 " + FingerprintHex(*model_fp)),
+      std::string::npos)
+      << msg;
+
+  // Shards of one data set from two tokenizers.
+  auto files = Shards("mixed", meta);
+  std::string other = TmpPath("mixed-other.tok");
+  meta.fingerprint = *model_fp;
+  ASSERT_TRUE(WriteTokenFileV2(other, Iota(10), meta).ok());
+  files.push_back(OpenOrDie(other));
+  l = DataLoader::Create(std::move(files), 3, 600, {});
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(std::string(l.status().message()).find(other + ": made with tokenizer"),
+            std::string::npos)
+      << l.status();
+
+  // No tokenizer.json to compare with: accepted, with a warning.
+  l = DataLoader::Create(Shards("unchecked", meta), 3, 600, {});
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ((*l)->warnings().size(), 1u);
+  EXPECT_NE((*l)->warnings()[0].find("no tokenizer.json to check it against"), std::string::npos);
+
+  // A missing tokenizer.json is an error naming it.
+  o.tokenizer_json = TmpPath("gone/tokenizer.json");
+  l = DataLoader::Create(Shards("gone", meta), 3, 600, o);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(std::string(l.status().message()).find("gone/tokenizer.json"), std::string::npos);
+}
+
+TEST(DataLoaderTest, IdsBeyondTheModelVocabularyAreRejected) {
+  auto l = DataLoader::Create(Shards("vocab", ShardMeta()), 3, 500, {});  // files say 600
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(std::string(l.status().message())
+                .find(TmpPath("vocab0.tok") + ": the file's vocab_size 600 exceeds the model's "
+                                              "vocab_size 500"),
+            std::string::npos)
+      << l.status();
+}
+
+TEST(DataLoaderTest, ByteLevelFileForALargeVocabularyWarns) {
+  std::string path = TmpPath("bytes-big.tok");
+  std::vector<uint32_t> t = ByteTokenize("hello world\n\nagain\n");
+  ASSERT_TRUE(WriteTokenFileV2(path, t, ByteTokenMeta(t)).ok());
+  auto l = DataLoader::Create(OpenOrDie(path), 4, 128256, {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ((*l)->warnings().size(), 1u);
+  EXPECT_NE((*l)->warnings()[0].find("byte-level tokens (vocab_size 258) for a model with 128256"),
+            std::string::npos)
+      << (*l)->warnings()[0];
+  l = DataLoader::Create(OpenOrDie(path), 4, 258, {});
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE((*l)->warnings().empty());
+  // With the model's own tokenizer present, a byte-level file is called out too.
+  DataOptions o;
+  o.tokenizer_json = "engine/train/testdata/bpe/tokenizer.json";
+  l = DataLoader::Create(OpenOrDie(path), 4, 600, o);
+  ASSERT_TRUE(l.ok());
+  ASSERT_FALSE((*l)->warnings().empty());
+  EXPECT_NE((*l)->warnings()[0].find("byte-level tokens, but the model has its own tokenizer"),
+            std::string::npos);
+}
+
+TEST(DataLoaderTest, NoFileLongEnough) {
+  auto files = Shards("short", ShardMeta());
+  auto l = DataLoader::Create(std::move(files), 20, 1000, {});
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(std::string(l.status().message())
+                .find("and 2 more files: no file holds one sample of seq_len + 1 = 21 tokens"),
             std::string::npos)
       << l.status();
 }

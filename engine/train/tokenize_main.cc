@@ -1,6 +1,8 @@
-// ithaca-tokenize: turns a plain-text corpus into a byte-level token file (token_file.h), e.g.
+// ithaca-tokenize (C++): the built-in byte-level tokenizer. Turns a plain-text corpus into a
+// version 2 token file (token_file.h), e.g.
 //   ithaca-tokenize --input corpus.txt --output data.tok
-// Documents are separated by blank lines; each starts with BOS (see ByteTokenize).
+// Documents are separated by blank lines; each starts with BOS (see ByteTokenize). A model's own
+// tokenizer (tokenizer.json) is the Python tool's job: tools/tokenize/ithaca-tokenize.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -13,11 +15,22 @@
 
 ABSL_FLAG(std::string, input, "", "UTF-8 / plain-text corpus; documents separated by blank lines");
 ABSL_FLAG(std::string, output, "", "token file to write (atomically)");
+ABSL_FLAG(std::string, tokenizer, "byte",
+          "\"byte\" (the only tokenizer built in here; for a tokenizer.json use "
+          "tools/tokenize/ithaca-tokenize)");
 
 namespace ithaca {
 namespace {
 
-int Run(const std::string& input, const std::string& output) {
+int Run(const std::string& input, const std::string& output, const std::string& tokenizer) {
+  if (tokenizer != "byte" && !tokenizer.empty()) {
+    std::fprintf(stderr,
+                 "ithaca-tokenize: --tokenizer %s: this binary has only the built-in byte-level "
+                 "tokenizer; tokenize with a model's tokenizer with tools/tokenize/ithaca-tokenize "
+                 "--tokenizer %s\n",
+                 tokenizer.c_str(), tokenizer.c_str());
+    return 2;
+  }
   if (input.empty() || output.empty()) {
     std::fprintf(stderr, "ithaca-tokenize: both --input and --output are required\n%s\n",
                  absl::ProgramUsageMessage().data());
@@ -29,16 +42,15 @@ int Run(const std::string& input, const std::string& output) {
     return 1;
   }
   std::vector<uint32_t> tokens = ByteTokenize(*text);
-  int64_t documents = 0;
-  for (uint32_t t : tokens) documents += t == kByteBos;
-  absl::Status st = WriteTokenFile(output, tokens, kByteVocab);
+  TokenFileMeta meta = ByteTokenMeta(tokens);
+  absl::Status st = WriteTokenFileV2(output, tokens, meta);
   if (!st.ok()) {
     std::fprintf(stderr, "ithaca-tokenize: %s\n", std::string(st.message()).c_str());
     return 1;
   }
-  std::printf("%s: %zu tokens, %lld documents, vocab_size %u (from %zu bytes of %s)\n",
-              output.c_str(), tokens.size(), static_cast<long long>(documents), kByteVocab,
-              text->size(), input.c_str());
+  std::printf("%s: %zu tokens, %zu documents, vocab_size %u (from %zu bytes of %s)\n",
+              output.c_str(), tokens.size(), meta.doc_starts.size(), kByteVocab, text->size(),
+              input.c_str());
   return 0;
 }
 
@@ -54,5 +66,6 @@ int main(int argc, char** argv) {
                  rest[1]);
     return 2;
   }
-  return ithaca::Run(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_output));
+  return ithaca::Run(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_output),
+                     absl::GetFlag(FLAGS_tokenizer));
 }

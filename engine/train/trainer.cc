@@ -1,10 +1,13 @@
 #include "engine/train/trainer.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 
+#include "engine/core/file_util.h"
 #include "engine/model/weights.h"
 #include "engine/plan/planner.h"
 #include "engine/train/schedule.h"
@@ -34,6 +37,26 @@ double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
                            3.0 * d * c.intermediate_size;
   const double n = c.num_hidden_layers * per_layer + double(c.vocab_size) * d;
   return 6.0 * n + 6.0 * c.num_hidden_layers * double(seq_len) * c.num_attention_heads * D;
+}
+
+std::string ModelTokenizerJson(const JobSpec& spec) {
+  std::string dir;
+  if (!spec.model.config.empty()) {
+    size_t slash = spec.model.config.rfind('/');
+    dir = slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
+  } else if (!spec.model.weights.empty()) {
+    struct stat st;
+    const std::string& w = spec.model.weights;
+    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      dir = w;
+    } else {
+      size_t slash = w.rfind('/');
+      dir = slash == std::string::npos ? "." : w.substr(0, slash);
+    }
+  }
+  if (dir.empty()) return "";
+  std::string json = dir + "/tokenizer.json";
+  return PathExists(json) ? json : "";
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Ops* ops,
@@ -94,9 +117,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.fsdp = spec.parallel.fsdp;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
 
-  ASSIGN_OR_RETURN(auto file, TokenFile::Open(spec.data.path));
-  ASSIGN_OR_RETURN(t->data_,
-                   DataLoader::Create(std::move(file), spec.data.seq_len, t->cfg_.vocab_size));
+  ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(spec.data.path));
+  std::vector<std::unique_ptr<TokenFile>> files;
+  for (const std::string& p : paths) {
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
+    files.push_back(std::move(f));
+  }
+  DataOptions data_options;
+  data_options.shuffle = spec.data.shuffle;
+  data_options.seed = spec.training.seed;
+  data_options.tokenizer_json = ModelTokenizerJson(spec);
+  ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(files), spec.data.seq_len,
+                                                t->cfg_.vocab_size, data_options));
+  if (t->rank_ == 0) {
+    for (const std::string& w : t->data_->warnings()) std::printf("warning: %s\n", w.c_str());
+  }
 
   // Resume when asked and a checkpoint exists; otherwise the given weights or a random init.
   absl::StatusOr<std::string> latest = absl::NotFoundError("checkpointing off");

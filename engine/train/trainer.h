@@ -42,6 +42,10 @@ std::string FormatStepLine(const StepReport& r);
 // attention, forward + backward, no recompute).
 double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
 
+// The model directory's tokenizer.json (beside model.config, or in / beside model.weights), or
+// "" when there is none; token files made with another tokenizer are rejected against it.
+std::string ModelTokenizerJson(const JobSpec& spec);
+
 class Trainer {
  public:
   // `comm` spans the job's ranks (spec.parallel.world of them); nullptr means a single rank.

@@ -112,6 +112,70 @@ TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
   EXPECT_NE(t.status().message().find("short.tok"), std::string::npos) << t.status();
 }
 
+// data.path as a glob over shards, and a model directory whose tokenizer.json decides which token
+// files it accepts.
+TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
+  const std::string dir = TmpDir("shards");
+  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  ASSERT_TRUE(text.ok());
+  std::vector<uint32_t> tokens = ByteTokenize(*text);
+  const size_t half = tokens.size() / 2;
+  std::vector<uint32_t> a(tokens.begin(), tokens.begin() + half),
+      b(tokens.begin() + half, tokens.end());
+  ASSERT_TRUE(WriteTokenFileV2(dir + "/train-00000.tok", a, ByteTokenMeta(a)).ok());
+  ASSERT_TRUE(WriteTokenFileV2(dir + "/train-00001.tok", b, ByteTokenMeta(b)).ok());
+  JobSpec spec = SmallSpec(dir);
+  spec.data.path = dir + "/train-*.tok";
+  spec.training.steps = 2;
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(Losses(**t).size(), 2u);
+
+  // The model directory: the tiny preset's config.json beside the BPE fixture's tokenizer.json.
+  const std::string model = TmpDir("shards/model");
+  auto cfg = PresetConfig("tiny");
+  ASSERT_TRUE(cfg.ok());
+  ASSERT_TRUE(WriteFileAtomic(model + "/config.json", ConfigToJson(*cfg)).ok());
+  auto tokenizer = ReadFileToString("engine/train/testdata/bpe/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok());
+  ASSERT_TRUE(WriteFileAtomic(model + "/tokenizer.json", *tokenizer).ok());
+  spec.model.config = model + "/config.json";
+  EXPECT_EQ(ModelTokenizerJson(spec), model + "/tokenizer.json");
+
+  // Made with another tokenizer (a fingerprint that is not the model's): rejected, naming both.
+  TokenFileMeta other = ByteTokenMeta(a);
+  other.fingerprint[0] = 1;
+  ASSERT_TRUE(WriteTokenFileV2(dir + "/other.tok", a, other).ok());
+  spec.data.path = dir + "/other.tok";
+  t = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  std::string msg(t.status().message());
+  EXPECT_NE(msg.find(dir + "/other.tok: tokenized with tokenizer sha256 01"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("the model's tokenizer " + model + "/tokenizer.json has sha256"),
+            std::string::npos)
+      << msg;
+
+  // Made with the model's tokenizer: accepted.
+  auto fp = Sha256File(model + "/tokenizer.json");
+  ASSERT_TRUE(fp.ok());
+  other.fingerprint = *fp;
+  ASSERT_TRUE(WriteTokenFileV2(dir + "/same.tok", a, other).ok());
+  spec.data.path = dir + "/same.tok";
+  t = Trainer::Create(spec, &ops, &alloc);
+  EXPECT_TRUE(t.ok()) << t.status();
+
+  spec.data.path = dir + "/nothing-*.tok";
+  t = Trainer::Create(spec, &ops, &alloc);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("nothing-*.tok: the pattern matches no file"),
+            std::string::npos)
+      << t.status();
+}
+
 TEST(TrainerTest, CorruptCheckpointIsAClearErrorAndNotOverwritten) {
   const std::string dir = TmpDir("corrupt");
   JobSpec spec = SmallSpec(dir);

@@ -1,0 +1,73 @@
+// token_file_dump: prints token files as JSON, one object per file, through the C++ reader; with
+// --seq_len it also builds the DataLoader over all of them (checked against --model_tokenizer)
+// and prints its verdict. Lets the Python tool's tests check that the C++ side reads what Python
+// wrote.
+//   token_file_dump [--seq_len N --model_vocab V --model_tokenizer tokenizer.json] FILE_OR_GLOB...
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "engine/train/token_file.h"
+
+ABSL_FLAG(int64_t, seq_len, 0, "also build a DataLoader with this seq_len");
+ABSL_FLAG(int64_t, model_vocab, 0, "the model's vocab_size for the DataLoader");
+ABSL_FLAG(std::string, model_tokenizer, "", "the model's tokenizer.json for the DataLoader");
+
+namespace ithaca {
+namespace {
+
+int Run(const std::vector<std::string>& args) {
+  std::vector<std::unique_ptr<TokenFile>> files;
+  for (const std::string& pattern : args) {
+    absl::StatusOr<std::vector<std::string>> paths = ExpandDataPath(pattern);
+    if (!paths.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(paths.status().message()).c_str());
+      return 1;
+    }
+    for (const std::string& p : *paths) {
+      absl::StatusOr<std::unique_ptr<TokenFile>> f = TokenFile::Open(p);
+      if (!f.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(f.status().message()).c_str());
+        return 1;
+      }
+      const TokenFile& t = **f;
+      std::string out =
+          absl::StrCat("{\"path\": \"", p, "\", \"version\": ", t.version(),
+                       ", \"vocab_size\": ", t.vocab_size(), ", \"bos_id\": ", t.bos_id(),
+                       ", \"eos_id\": ", t.eos_id(), ", \"fingerprint\": \"",
+                       FingerprintHex(t.fingerprint()), "\", \"tokens\": [");
+      for (int64_t i = 0; i < t.size(); ++i) absl::StrAppend(&out, i ? "," : "", t.tokens()[i]);
+      absl::StrAppend(&out, "], \"doc_starts\": [");
+      for (int64_t i = 0; i < t.num_docs(); ++i) {
+        absl::StrAppend(&out, i ? "," : "", t.doc_starts()[i]);
+      }
+      absl::StrAppend(&out, "], \"has_loss_mask\": ", t.loss_mask() ? "true" : "false", "}");
+      std::printf("%s\n", out.c_str());
+      files.push_back(std::move(*f));
+    }
+  }
+  if (absl::GetFlag(FLAGS_seq_len) > 0) {
+    DataOptions o;
+    o.tokenizer_json = absl::GetFlag(FLAGS_model_tokenizer);
+    auto loader = DataLoader::Create(std::move(files), absl::GetFlag(FLAGS_seq_len),
+                                     absl::GetFlag(FLAGS_model_vocab), o);
+    if (!loader.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(loader.status().message()).c_str());
+      return 1;
+    }
+    for (const std::string& w : (*loader)->warnings()) std::printf("warning: %s\n", w.c_str());
+    std::printf("loader: %lld samples per epoch\n",
+                static_cast<long long>((*loader)->samples_per_epoch()));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ithaca
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  return ithaca::Run(std::vector<std::string>(rest.begin() + 1, rest.end()));
+}
