@@ -15,7 +15,7 @@
 #include "engine/model/params.h"
 #include "engine/parallel/fsdp.h"
 #include "engine/parallel/head_plan.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 
 namespace ithaca {
 
