@@ -22,6 +22,7 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
+#include "engine/plan/budgets.h"
 #include "engine/plan/planner.h"
 #include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
@@ -105,6 +106,16 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Int("device_peak_bytes", plan.device_peak)
       .Int("fixed_workspace_bytes", plan.workspace)
       .Int("device_total_bytes", plan.device_total());
+  // The budget a job on this GPU would get (the same rule as admission and the workers).
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    JobSpec job;
+    job.backend = "cuda";
+    const RankBudgets budgets =
+        BudgetsFor(job, LocalNodeResources(static_cast<int64_t>(total_bytes), 1));
+    planned.Int("gpu_budget_bytes", budgets.gpu_bytes)
+        .Bool("fits_budget", plan.device_total() <= budgets.gpu_bytes);
+  }
   if (absl::GetFlag(FLAGS_plan_only)) {
     bench::Json()
         .Str("bench", "train")
@@ -211,11 +222,10 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     for (size_t i = 0; i < step_s.size(); ++i)
       absl::StrAppendFormat(&steps_json, "%s%.4f", i ? ", " : "", step_s[i]);
     steps_json += "]";
-    line.Num("tok_per_s", tok_s)
-        .Num("model_tflops", tflops)
-        .Num("mfu", tflops / 989.0)
-        .Num("step_s", t)
-        .Raw("step_times_s", steps_json);
+    line.Num("tok_per_s", tok_s).Num("model_tflops", tflops);
+    // MFU against the device's own peak (Ops::PeakFlops); left out where it is not known.
+    if (ops.PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / ops.PeakFlops());
+    line.Num("step_s", t).Raw("step_times_s", steps_json);
   }
   line.Obj("peak_bytes", TierJson(measured))
       .Int("device_peak_bytes", device_measured)

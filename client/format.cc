@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ithaca {
@@ -155,6 +156,13 @@ std::string JobDetails(const v1::Job& job) {
     while ((nl = table.find('\n', start)) != std::string::npos) {
       absl::StrAppend(&out, "    ", table.substr(start, nl - start + 1));
       start = nl + 1;
+    }
+  }
+  if (!job.spec_toml().empty()) {
+    // Resolved at admission: every "auto" is the number the workers run with.
+    absl::StrAppend(&out, "  spec (resolved):\n");
+    for (absl::string_view line : absl::StrSplit(job.spec_toml(), '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&out, "    ", line, "\n");
     }
   }
   return out;

@@ -30,7 +30,8 @@ std::string MemoryTable(const v1::Job& job);
 
 // "job-3  demo  RUNNING  step 12/60  loss 3.2140  ..." for `ithaca list`.
 std::string JobLine(const v1::Job& job);
-// The multi-line `ithaca status` view: state and reason, spec, newest step, transitions, memory.
+// The multi-line `ithaca status` view: state and reason, spec, newest step, transitions, memory,
+// and the resolved spec the workers run.
 std::string JobDetails(const v1::Job& job);
 // `ithaca plan`.
 std::string PlanText(const v1::PlanJobResponse& plan);

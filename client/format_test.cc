@@ -44,6 +44,12 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
   const std::string details = JobDetails(job);
   EXPECT_NE(details.find("FAILED"), std::string::npos);
   EXPECT_NE(details.find("failed rank: 1"), std::string::npos);
+  EXPECT_EQ(details.find("spec (resolved)"), std::string::npos) << "no spec, no section";
+  job.set_spec_toml("name = \"j\"\n\n[memory]\nhead_chunk = 4\n");
+  EXPECT_NE(JobDetails(job).find("  spec (resolved):\n    name = \"j\"\n    [memory]\n"
+                                 "    head_chunk = 4\n"),
+            std::string::npos)
+      << JobDetails(job);
   EXPECT_NE(JobLine(job).find("step 12/60"), std::string::npos);
 }
 

@@ -2,39 +2,44 @@
 // key that is wrong (INVALID_ARGUMENT) or the numbers that do not fit (FAILED_PRECONDITION),
 // never later on a worker.
 //
-// Memory: the engine's planner (engine/plan) predicts every tier's per-rank peak by replaying one
-// step of the real schedule, resolves "auto" settings, and the job is admitted only if the peak
-// fits the node's budget (GPU memory; for CPU jobs the host's memory shared by the ranks).
+// A job is resolved here, once (engine/spec/resolve.h ResolveJob): the budget rule
+// (engine/plan/budgets.h) applied to this node, the planner's per-rank peak per tier for the
+// settings it chose for every "auto", and the job is admitted only if that peak fits. The
+// resolved TOML is what the job store keeps, `ithaca status` shows and the workers run as it is,
+// also after a daemon restart.
 #pragma once
 
 #include <string>
 
 #include "engine/core/status.h"
-#include "engine/model/config.h"
-#include "engine/train/job_spec.h"
+#include "engine/plan/budgets.h"
+#include "engine/spec/resolve.h"
 #include "ithaca/v1/job.pb.h"
 #include "server/node.h"
 
 namespace ithaca {
 
-struct AdmittedSpec {
-  JobSpec spec;  // paths absolute
-  LlamaConfig config;
-  std::string toml;  // canonical (JobSpecToToml of `spec`): what the workers receive
+// The resolved job (spec paths absolute; toml: what the workers receive) and its summary.
+struct AdmittedSpec : ResolvedJob {
   v1::JobSpecSummary summary;
 };
 
-// Parses and validates a submitted spec. INVALID_ARGUMENT naming the key for anything wrong in
-// the spec itself (unknown key, bad value, heads not divisible by sp, missing data file).
+// Parses, validates and resolves a submitted spec against `node`. INVALID_ARGUMENT naming the
+// key for anything wrong in the spec itself (unknown key, bad value, heads not divisible by sp,
+// missing data file); FAILED_PRECONDITION naming `backend` when the node has no GPU for a CUDA
+// job.
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
-                                             const std::string& source,
-                                             const std::string& base_dir);
+                                             const std::string& source, const std::string& base_dir,
+                                             const Node& node);
 
-// The planner's per-rank peak per tier against the node's budget.
-v1::MemoryPlan EstimateMemory(const AdmittedSpec& admitted, const Node& node);
+// The node as the budget rule sees it, for a job of `ranks` ranks (all on this host).
+NodeResources NodeResourcesFor(const Node& node, int ranks);
 
-// FAILED_PRECONDITION when the node cannot run the job: backend, world > slots, or the plan does
-// not fit (the message carries the plan's numbers).
+// The resolved job's per-rank peak per tier against its budget.
+v1::MemoryPlan EstimateMemory(const AdmittedSpec& admitted);
+
+// FAILED_PRECONDITION when the node cannot run the job: world > slots, or the plan does not fit
+// (the message carries the plan's numbers).
 absl::Status CheckFits(const AdmittedSpec& admitted, const Node& node);
 
 }  // namespace ithaca

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <tuple>
 
 namespace ithaca {
 namespace {
@@ -31,18 +32,34 @@ Node CpuNode(int slots, int64_t host_bytes) {
   return n;
 }
 
+Node GpuNode(int gpus, int64_t gpu_bytes, int64_t host_bytes) {
+  Node n;
+  n.gpu = true;
+  n.host_memory_bytes = host_bytes;
+  for (int i = 0; i < gpus; ++i) n.devices.push_back({i, "GPU-x", "NVIDIA H200", gpu_bytes});
+  return n;
+}
+
+const Node& Roomy() {
+  static const Node node = CpuNode(8, int64_t{16} << 30);
+  return node;
+}
+
 TEST(AdmissionTest, AcceptsAGoodSpecAndResolvesPathsAgainstBaseDir) {
-  auto a = ParseSubmission(Spec(), "job.toml", Dir());
+  auto a = ParseSubmission(Spec(), "job.toml", Dir(), Roomy());
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->spec.data.path, Dir() + "/corpus.tok");
   EXPECT_EQ(a->summary.model(), "tiny");
   EXPECT_EQ(a->summary.parameters(), a->config.NumParameters());
   EXPECT_GT(a->summary.parameters(), 0);
-  // The canonical TOML parses back to the same spec.
+  // The canonical TOML parses back to the same spec, resolved: nothing is left "auto".
   auto back = ParseJobSpec(a->toml);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->data.path, a->spec.data.path);
-  EXPECT_TRUE(CheckFits(*a, CpuNode(8, int64_t{16} << 30)).ok());
+  EXPECT_TRUE(CheckResolved(*back).ok()) << CheckResolved(*back);
+  EXPECT_EQ(a->toml.find("auto"), std::string::npos) << a->toml;
+  EXPECT_EQ(back->model.dtype, "f32");
+  EXPECT_TRUE(CheckFits(*a, Roomy()).ok());
 }
 
 TEST(AdmissionTest, DataPathMayBeAGlob) {
@@ -79,14 +96,15 @@ TEST(AdmissionTest, BadSpecsNameTheKey) {
       {Spec("", "[training.extra]\n"), "training"},
       {WithSeqLen(Spec("", "[parallel]\nworld = 2\nsp = 2\n"), 63), "data.seq_len"},
       {Spec("", "[parallel]\nworld = 2\nsp = 2\n[memory]\nhead_chunk = 3\n"), "memory.head_chunk"},
+      {std::string(Spec()).insert(Spec().find("preset"), "dtype = \"bf16\"\n"), "model.dtype"},
   };
   for (const Case& c : cases) {
-    auto a = ParseSubmission(c.toml, "job.toml", Dir());
+    auto a = ParseSubmission(c.toml, "job.toml", Dir(), Roomy());
     ASSERT_FALSE(a.ok()) << c.toml;
     EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
     EXPECT_NE(a.status().message().find(c.key), std::string::npos) << a.status();
   }
-  EXPECT_EQ(ParseSubmission(Spec(), "job.toml", "relative/dir").status().code(),
+  EXPECT_EQ(ParseSubmission(Spec(), "job.toml", "relative/dir", Roomy()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -94,26 +112,27 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
   std::string toml =
       "name = \"big\"\n[model]\npreset = \"llama-3-8b\"\n"
       "[data]\npath = \"corpus.tok\"\nseq_len = 64\n";
-  auto a = ParseSubmission(toml, "job.toml", Dir());
-  ASSERT_TRUE(a.ok()) << a.status();
   const Node node = CpuNode(8, int64_t{24} << 30);
-  v1::MemoryPlan plan = EstimateMemory(*a, node);
+  auto a = ParseSubmission(toml, "job.toml", Dir(), node);
+  ASSERT_TRUE(a.ok()) << a.status();
+  v1::MemoryPlan plan = EstimateMemory(*a);
   EXPECT_FALSE(plan.fits());
   // f32 params + grads and the f32 master + Adam m, v (20 bytes per parameter on one CPU rank),
   // plus the step's activations, which the planner counts too.
   EXPECT_GT(plan.per_rank_bytes(), a->config.NumParameters() * 20);
   EXPECT_LT(plan.per_rank_bytes(), a->config.NumParameters() * 24);
-  EXPECT_EQ(plan.budget_bytes(), int64_t{24} << 30);
+  // The rank's share of the host is its device: 85% of 24 GiB.
+  EXPECT_EQ(plan.budget_bytes(), static_cast<int64_t>(0.85 * double(int64_t{24} << 30)));
   absl::Status st = CheckFits(*a, node);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("GiB per rank"), std::string::npos) << st;
-  // Sharded over 8 ranks with a large host budget it fits.
+  // Sharded over 8 ranks with a large host budget (per rank) it fits.
   auto sharded = ParseSubmission(toml +
                                      "[parallel]\nworld = 8\nsp = 8\n[memory]\n"
-                                     "host_budget_gib = 1000\n",
-                                 "job.toml", Dir());
+                                     "host_budget_gib = 125\n",
+                                 "job.toml", Dir(), node);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
-  const int64_t sharded_bytes = EstimateMemory(*sharded, node).per_rank_bytes();
+  const int64_t sharded_bytes = EstimateMemory(*sharded).per_rank_bytes();
   EXPECT_GT(sharded_bytes, a->config.NumParameters() * 20 / 8);
   // Plus the gathered units and their full-size gradients (the f32 embedding is 2 GiB).
   EXPECT_LT(sharded_bytes, a->config.NumParameters() * 28 / 8);
@@ -121,16 +140,57 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
 }
 
 TEST(AdmissionTest, NodeLimits) {
-  auto a = ParseSubmission(Spec("", "[parallel]\nworld = 4\nsp = 2\n"), "job.toml", Dir());
+  const Node node = CpuNode(2, int64_t{16} << 30);
+  auto a = ParseSubmission(Spec("", "[parallel]\nworld = 4\nsp = 2\n"), "job.toml", Dir(), node);
   ASSERT_TRUE(a.ok()) << a.status();
-  absl::Status st = CheckFits(*a, CpuNode(2, int64_t{16} << 30));
+  absl::Status st = CheckFits(*a, node);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("parallel.world"), std::string::npos);
   auto cuda = ParseSubmission("backend = \"cuda\"\n" + Spec().substr(Spec().find("[model]")),
-                              "job.toml", Dir());
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  EXPECT_NE(CheckFits(*cuda, CpuNode(2, int64_t{16} << 30)).message().find("backend"),
-            std::string::npos);
+                              "job.toml", Dir(), node);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(cuda.status().message().find("backend"), std::string::npos) << cuda.status();
+}
+
+// Admission and a worker apply the same budget rule to the same node, so they resolve a job to
+// the same spec: the daemon from its Node, a standalone worker from what its process sees
+// (LocalNodeResources, as worker/standalone.cc calls it).
+TEST(AdmissionTest, AdmissionAndAWorkerResolveTheSameSpecOnTheSameNode) {
+  const std::string toml =
+      "name = \"same\"\n[model]\npreset = \"tiny\"\n[data]\npath = \"corpus.tok\"\n"
+      "seq_len = 512\n[parallel]\nworld = 2\nsp = 2\n";
+  // The CPU: this host as ithacad detects it, 2 slots.
+  NodeOptions options;
+  options.cpu_slots = 2;
+  const Node cpu = DetectNode(options);
+  // A GPU node; a worker reads the same GPU memory from cudaMemGetInfo.
+  const int64_t gpu_bytes = int64_t{3} << 30, host_bytes = cpu.host_memory_bytes;
+  const Node gpu = GpuNode(2, gpu_bytes, host_bytes);
+  for (const auto& [backend, node, device_bytes] :
+       {std::tuple<std::string, Node, int64_t>{"cpu", cpu, 0}, {"cuda", gpu, gpu_bytes}}) {
+    SCOPED_TRACE(backend);
+    auto admitted =
+        ParseSubmission("backend = \"" + backend + "\"\n" + toml, "job.toml", Dir(), node);
+    ASSERT_TRUE(admitted.ok()) << admitted.status();
+    // The worker's side: the spec as loaded (paths absolute), this process's view of the host.
+    auto loaded = ParseJobSpec("backend = \"" + backend + "\"\n" + toml);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    loaded->data.path = admitted->spec.data.path;
+    const NodeResources here = LocalNodeResources(device_bytes, 2);
+    const RankBudgets worker_budgets = BudgetsFor(*loaded, here);
+    EXPECT_EQ(worker_budgets.gpu_bytes, admitted->budgets.gpu_bytes);
+    EXPECT_EQ(worker_budgets.host_bytes, admitted->budgets.host_bytes);
+    auto worker = ResolveJob(*loaded, here);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    EXPECT_EQ(worker->toml, admitted->toml);
+    // And a worker handed the admitted spec runs it as it is.
+    auto sent = ParseJobSpec(admitted->toml);
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    auto again = ResolveJob(*sent, here);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->toml, admitted->toml);
+  }
 }
 
 }  // namespace

@@ -21,13 +21,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::SubmitJobRequest& request) 
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   ParseSubmission(request.spec_toml(), request.source(), request.base_dir()));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, ParseSubmission(request.spec_toml(), request.source(),
+                                                          request.base_dir(), options_.node));
   RETURN_IF_ERROR(CheckFits(admitted, options_.node));
   v1::Job job;
   job.set_name(admitted.spec.name);
   *job.mutable_spec() = admitted.summary;
-  job.set_spec_toml(admitted.toml);
+  job.set_spec_toml(admitted.toml);  // resolved: what `status` shows and the workers run
   job.set_log_dir(absl::StrCat(options_.state_dir, "/jobs/{id}"));
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(v1::Job stored, store_->Create(job, "submitted"));
@@ -43,10 +43,10 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::SubmitJobRequest& request) 
 }
 
 absl::StatusOr<v1::PlanJobResponse> JobManager::Plan(const v1::PlanJobRequest& request) {
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   ParseSubmission(request.spec_toml(), request.source(), request.base_dir()));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, ParseSubmission(request.spec_toml(), request.source(),
+                                                          request.base_dir(), options_.node));
   v1::PlanJobResponse response;
-  *response.mutable_plan() = EstimateMemory(admitted, options_.node);
+  *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;
   return response;
 }

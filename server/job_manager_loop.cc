@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 #include "server/job_manager.h"
 
 namespace ithaca {

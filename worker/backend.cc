@@ -1,9 +1,6 @@
 #include "worker/backend.h"
 
 #include <cuda_runtime.h>
-#include <unistd.h>
-
-#include <algorithm>
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
@@ -56,17 +53,6 @@ void UseBackendStreams(const Backend& backend, Comm* comm) {
   if (cuda == nullptr || nccl == nullptr) return;
   nccl->SetStreams(cuda->stream(CudaOps::Stream::kComm), cuda->stream(CudaOps::Stream::kCompute));
   nccl->set_synchronous(false);
-}
-
-void FillMemoryBudgets(const Backend& backend, int ranks_on_host, JobSpec* spec) {
-  constexpr double kGiB = double(int64_t{1} << 30);
-  if (spec->memory.gpu_budget_gib == 0 && backend.device_bytes > 0) {
-    spec->memory.gpu_budget_gib = backend.device_bytes / kGiB - 2.0;
-  }
-  if (spec->memory.host_budget_gib == 0) {
-    const double host = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    spec->memory.host_budget_gib = 0.85 * host / kGiB / std::max(1, ranks_on_host);
-  }
 }
 
 }  // namespace ithaca

@@ -6,7 +6,7 @@
 #include "engine/backend/ops.h"
 #include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 
 namespace ithaca {
 
@@ -27,10 +27,5 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu);
 // only where the loop reports. Call it before the trainer splits `comm`: sub-communicators
 // inherit it. Nothing to do on the CPU (Gloo completes each collective before returning).
 void UseBackendStreams(const Backend& backend, Comm* comm);
-
-// Budgets the spec leaves at 0 ("the machine's"): the GPU's memory less room for the CUDA
-// context and library handles, and this rank's share of the host's memory. The planner resolves
-// "auto" settings against them.
-void FillMemoryBudgets(const Backend& backend, int ranks_on_host, JobSpec* spec);
 
 }  // namespace ithaca

@@ -17,7 +17,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/memory/allocator.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 #include "engine/train/trainer.h"
 #include "ithaca/v1/worker.grpc.pb.h"
 #include "worker/backend.h"
@@ -223,13 +223,13 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
                                                    info.rank, " of ", info.world, ", expected ",
                                                    o.rank, " of ", o.world));
   }
+  // The spec is the one admission resolved (every "auto" decided against this node): it runs
+  // as it is.
   ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
-  JobSpec resolved = spec;
-  FillMemoryBudgets(backend, info.world, &resolved);
   ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectComm(info, backend.device(), kCommTimeoutS));
   UseBackendStreams(backend, comm.get());
   ASSIGN_OR_RETURN(auto trainer,
-                   Trainer::Create(resolved, backend.ops.get(), backend.alloc.get(), comm.get()));
+                   Trainer::Create(spec, backend.ops.get(), backend.alloc.get(), comm.get()));
   std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s\n", o.rank,
               o.world, o.job_id.c_str(),
               spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),

@@ -1,14 +1,43 @@
 #include "worker/standalone.h"
 
+#include <cuda_runtime.h>
+
 #include <cstdio>
 
 #include "engine/comm/bootstrap.h"
+#include "engine/plan/budgets.h"
 #include "engine/plan/planner.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
+#include "engine/spec/resolve.h"
 #include "engine/train/trainer.h"
 #include "worker/backend.h"
 
 namespace ithaca {
+namespace {
+
+// Resolves the spec as admission resolves a submitted job (the same ResolveJob and budget
+// rule), against this host: its memory, `device_bytes` of GPU memory, `ranks` ranks.
+absl::StatusOr<ResolvedJob> ResolveHere(const std::string& spec_path, const JobSpec& spec,
+                                        int64_t device_bytes, int ranks) {
+  absl::StatusOr<ResolvedJob> job = ResolveJob(spec, LocalNodeResources(device_bytes, ranks));
+  if (!job.ok()) {
+    return absl::Status(job.status().code(), absl::StrCat(spec_path, ": ", job.status().message()));
+  }
+  return job;
+}
+
+// The first GPU's memory, as MakeBackend reads it; 0 without a GPU.
+int64_t FirstGpuMemoryBytes() {
+  int count = 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaSetDevice(0) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    return 0;
+  }
+  return static_cast<int64_t>(total_bytes);
+}
+
+}  // namespace
 
 absl::Status RunStandalone(const std::string& spec_path) {
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
@@ -26,7 +55,9 @@ absl::Status RunStandalone(const std::string& spec_path) {
         info.world, " were started (use --nproc ", spec.parallel.world, ")"));
   }
   ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
-  FillMemoryBudgets(backend, info.world, &spec);
+  ASSIGN_OR_RETURN(ResolvedJob job, ResolveHere(spec_path, spec, backend.device_bytes, info.world));
+  RETURN_IF_ERROR(RequireFits(job));
+  spec = job.spec;
   std::unique_ptr<Comm> comm;
   if (info.world > 1) {
     ASSIGN_OR_RETURN(comm, ConnectComm(info, backend.device(), /*timeout_s=*/120));
@@ -37,11 +68,12 @@ absl::Status RunStandalone(const std::string& spec_path) {
   if (info.rank == 0) {
     std::printf(
         "job %s: %s, %lld tokens per sample, %lld steps, %d rank(s) (sp %lld), backend "
-        "%s\n",
+        "%s\n%s\n",
         spec.name.c_str(),
         spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
         static_cast<long long>(spec.data.seq_len), static_cast<long long>(spec.training.steps),
-        info.world, static_cast<long long>(spec.parallel.sp), spec.backend.c_str());
+        info.world, static_cast<long long>(spec.parallel.sp), spec.backend.c_str(),
+        ResolutionLine(job).c_str());
     std::fflush(stdout);
   }
   RETURN_IF_ERROR(trainer->Run());
@@ -54,13 +86,14 @@ absl::Status RunStandalone(const std::string& spec_path) {
 
 absl::Status PrintPlan(const std::string& spec_path) {
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
-  ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec));
-  std::printf("memory plan for %s (per rank; world %lld, sp %lld, %lld tokens)\n%s",
+  const int64_t device_bytes = spec.backend == "cuda" ? FirstGpuMemoryBytes() : 0;
+  ASSIGN_OR_RETURN(ResolvedJob job, ResolveHere(spec_path, spec, device_bytes,
+                                                static_cast<int>(spec.parallel.world)));
+  std::printf("memory plan for %s (per rank; world %lld, sp %lld, %lld tokens, %s)\n%s",
               spec_path.c_str(), static_cast<long long>(spec.parallel.world),
               static_cast<long long>(spec.parallel.sp), static_cast<long long>(spec.data.seq_len),
-              FormatPlan(plan).c_str());
-  if (!plan.fits) return absl::FailedPreconditionError(plan.verdict);
-  return absl::OkStatus();
+              job.spec.model.dtype.c_str(), FormatPlan(job.plan).c_str());
+  return RequireFits(job);
 }
 
 }  // namespace ithaca

@@ -8,10 +8,12 @@
 
 namespace ithaca {
 
+// The spec is resolved here (engine/spec/resolve.h ResolveJob) against this host, as admission
+// would resolve it against the daemon's node.
 absl::Status RunStandalone(const std::string& spec_path);
 
-// `ithaca-worker --plan job.toml`: prints the memory plan per tier; FAILED_PRECONDITION when it
-// does not fit the spec's budgets.
+// `ithaca-worker --plan job.toml`: resolves the spec against this host and prints the memory
+// plan per tier; FAILED_PRECONDITION when it does not fit the budgets.
 absl::Status PrintPlan(const std::string& spec_path);
 
 }  // namespace ithaca

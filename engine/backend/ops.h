@@ -50,6 +50,9 @@ class Ops {
   virtual ~Ops() = default;
   virtual Device device() const = 0;
   virtual DType act_dtype() const = 0;
+  // The device's peak dense bf16 FLOP/s, the denominator of MFU; 0 where it is not known (the
+  // CPU, an unlisted GPU), and then no MFU is reported.
+  virtual double PeakFlops() const = 0;
 
   // ---- Memory movement and elementwise.
   // x[:] = value.

@@ -37,7 +37,8 @@ struct HeadPlan {
 };
 
 // `head_chunk` is U, the query heads per stage over the whole group (0 = all heads: plain
-// Ulysses). INVALID_ARGUMENT naming the setting when the heads cannot be split that way.
+// Ulysses). INVALID_ARGUMENT naming the setting when the heads cannot be split that way
+// (engine/spec/validate.h CheckHeadSplit).
 absl::StatusOr<HeadPlan> MakeHeadPlan(const LlamaConfig& cfg, int64_t P, int64_t head_chunk);
 
 }  // namespace ithaca

@@ -18,6 +18,7 @@ class MetaOps final : public Ops {
   explicit MetaOps(Device device, DType act) : device_(device), act_(act) {}
   Device device() const override { return device_; }
   DType act_dtype() const override { return act_; }
+  double PeakFlops() const override { return 0; }
   void Fill(const Tensor&, float) override {}
   void Copy(const Tensor&, const Tensor&) override {}
   void Copy2D(const Tensor&, int64_t, const Tensor&, int64_t, int64_t, int64_t) override {}

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/plan/meta.h"
+#include "engine/spec/validate.h"
 
 namespace ithaca {
 namespace {
@@ -61,10 +62,6 @@ std::string HumanBytes(int64_t b) {
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
-  if (req.seq_len % req.sp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.seq_len: ", req.seq_len, " is not a multiple of parallel.sp (", req.sp, ")"));
-  }
   MetaOps ops(req.device, req.act);
   MetaAllocator alloc(req.device);
   // Rank 0's view: its shards are full-size (padding sits on the last rank).
@@ -114,7 +111,9 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.sp = spec.parallel.sp;
   req.seq_len = spec.data.seq_len;
   req.device = spec.backend == "cuda" ? Device::kCuda : Device::kCpu;
-  req.act = spec.backend == "cuda" ? DType::kBF16 : DType::kF32;
+  const std::string dtype =
+      spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;
+  req.act = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   req.opts.checkpoint = spec.memory.checkpoint;
   req.opts.offload_keep_last = spec.memory.offload_keep_last;
   req.opts.prefetch = spec.memory.prefetch;

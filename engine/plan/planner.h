@@ -12,7 +12,7 @@
 #include "engine/memory/tiers.h"
 #include "engine/model/config.h"
 #include "engine/schedule/llama.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 
 namespace ithaca {
 
@@ -42,11 +42,11 @@ struct MemoryPlan {
 // Exactly the given options.
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 
-// A job's plan for one rank: resolves the model, the backend's dtype and every "auto" setting
-// against the budgets. head_chunk "auto" also lets the planner turn on offload, then turn off
-// prefetch, then save only every 2nd/4th/8th block input; it prefers, in this order, keeping
-// block data cheaply, the largest head stage, the largest tile. Budgets of 0 take the spec's
-// memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
+// A job's plan for one rank (ResolveJob, engine/spec/resolve.h, is how a job gets one): resolves
+// the model, the dtype and every "auto" setting against the budgets. head_chunk "auto" also lets
+// the planner turn on offload, then turn off prefetch, then save only every 2nd/4th/8th block
+// input; it prefers, in this order, keeping block data cheaply, the largest head stage, the largest
+// tile. Budgets of 0 take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);
 

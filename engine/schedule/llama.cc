@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/parallel/offload.h"
+#include "engine/spec/validate.h"
 
 namespace ithaca {
 namespace {
@@ -69,10 +70,7 @@ BlockContext LlamaModel::Context(int64_t s) const {
 absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, const int32_t* labels,
                                                       int64_t S) {
   const int64_t P = plan_.P;
-  if (S % P != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.seq_len: ", S, " tokens do not split evenly over parallel.sp = ", P, " ranks"));
-  }
+  RETURN_IF_ERROR(CheckSeqLenSplit(S, P));
   for (int64_t i = 0; i < S; ++i) {
     if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token ", inputs[i], " at position ", i,

@@ -25,6 +25,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
+#include "engine/spec/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -39,6 +40,7 @@ class RecordingOps final : public Ops {
 
   Device device() const override { return inner_->device(); }
   DType act_dtype() const override { return inner_->act_dtype(); }
+  double PeakFlops() const override { return inner_->PeakFlops(); }
   void Fill(const Tensor& x, float v) override {
     Log("Fill");
     inner_->Fill(x, v);
@@ -233,7 +235,11 @@ absl::Status TrainAndCheck(int rank, const Layout& layout, const std::string& to
   CpuOps cpu;
   RecordingOps ops(&cpu);
   HostAllocator alloc;
-  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, &ops, &alloc, comm.get()));
+  NodeResources node;  // roomy: the budgets play no part here
+  node.host_memory_bytes = int64_t{64} << 30;
+  node.ranks_on_host = layout.world;
+  ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
+  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(job.spec, &ops, &alloc, comm.get()));
   const int64_t samples = spec.training.grad_accum * spec.data.micro_batch;  // per replica
   std::vector<std::string>& log = ops.log();
   log.clear();  // setup (weights in, working copies out) is not a step

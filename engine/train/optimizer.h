@@ -10,7 +10,7 @@
 #include "engine/memory/allocator.h"
 #include "engine/model/weights.h"
 #include "engine/schedule/llama.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 
 namespace ithaca {
 

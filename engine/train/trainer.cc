@@ -9,12 +9,13 @@
 
 #include "engine/core/file_util.h"
 #include "engine/model/weights.h"
-#include "engine/plan/planner.h"
 #include "engine/train/schedule.h"
 
 namespace ithaca {
 
 std::string FormatStepLine(const StepReport& r) {
+  // MFU only where the backend knows its peak; the fields around it stay in place.
+  const std::string mfu = r.mfu > 0 ? absl::StrFormat(" | mfu %.1f%%", 100 * r.mfu) : "";
   // One unit for the whole memory field, chosen by the total, so the line parses uniformly.
   const bool gib = r.mem_device_peak >= (int64_t{1} << 30);
   const double unit = gib ? double(1 << 30) : double(1 << 20);
@@ -25,10 +26,9 @@ std::string FormatStepLine(const StepReport& r) {
                           TierName(static_cast<Tier>(t)), r.mem_peak[t] / unit);
   }
   return absl::StrFormat(
-      "step %d/%d | loss %.4f | tok/s/gpu %.1f | tflops %.1f | mfu %.1f%% | mem %.1f %s (%s) | "
-      "%.2f s",
-      r.step, r.total_steps, r.loss, r.tokens_per_second, r.model_tflops, 100 * r.mfu,
-      r.mem_device_peak / unit, gib ? "GiB" : "MiB", tiers, r.seconds);
+      "step %d/%d | loss %.4f | tok/s/gpu %.1f | tflops %.1f%s | mem %.1f %s (%s) | %.2f s", r.step,
+      r.total_steps, r.loss, r.tokens_per_second, r.model_tflops, mfu, r.mem_device_peak / unit,
+      gib ? "GiB" : "MiB", tiers, r.seconds);
 }
 
 double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
@@ -66,10 +66,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.world: the job asks for ", spec.parallel.world, " ranks but ", world, " joined"));
   }
-  if (spec.data.seq_len % spec.parallel.sp != 0) {
+  // The settings are the resolved spec's (ResolveJob validated them and chose every "auto"); the
+  // trainer decides none of them.
+  RETURN_IF_ERROR(CheckResolved(spec));
+  if (spec.model.dtype != DTypeName(ops->act_dtype())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("data.seq_len: ", spec.data.seq_len, " must be a multiple of parallel.sp (",
-                     spec.parallel.sp, ") so every rank of a Ulysses group holds equal tokens"));
+        absl::StrCat("model.dtype: the job is resolved for ", spec.model.dtype,
+                     " but the backend computes in ", DTypeName(ops->act_dtype())));
   }
   std::unique_ptr<Trainer> t(new Trainer());
   t->spec_ = spec;
@@ -93,27 +96,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.offload_keep_last = spec.memory.offload_keep_last;
   mo.prefetch = spec.memory.prefetch;
   mo.checkpoint_interval = spec.memory.checkpoint_interval;
-  if (spec.memory.head_chunk == 0 || spec.memory.tile_tokens == 0) {
-    // "auto": the planner picks the fastest settings that fit the spec's budgets.
-    ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(spec));
-    if (!plan.fits) {
-      return absl::FailedPreconditionError(absl::StrCat("the job does not fit: ", plan.verdict));
-    }
-    mo.head_chunk = plan.head_chunk;
-    mo.tile_tokens = plan.tile_tokens;
-    mo.offload = plan.offload;
-    mo.prefetch = plan.prefetch;
-    mo.checkpoint_interval = plan.checkpoint_interval;
-    if (t->rank_ == 0) {
-      std::printf(
-          "memory plan: head_chunk %lld, tile_tokens %lld, offload %s, prefetch %s, "
-          "checkpoint_interval %lld, peak %s per rank\n",
-          static_cast<long long>(plan.head_chunk), static_cast<long long>(plan.tile_tokens),
-          plan.offload ? "on" : "off", plan.prefetch ? "on" : "off",
-          static_cast<long long>(plan.checkpoint_interval),
-          HumanBytes(plan.device_total()).c_str());
-    }
-  }
   mo.fsdp = spec.parallel.fsdp;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
 
@@ -239,7 +221,8 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.tokens_per_second = tokens / r.seconds / world_;
   r.model_tflops = r.tokens_per_second * ModelFlopsPerToken(cfg_, S) / 1e12;
-  r.mfu = r.model_tflops / 989.0;
+  const double peak = ops_->PeakFlops();
+  r.mfu = peak > 0 ? r.model_tflops * 1e12 / peak : 0;
   r.grad_norm = opt.grad_norm;
   r.lr = lr;
   const MemoryTracker& mt = alloc_->tracker();

@@ -13,7 +13,7 @@
 #include "engine/memory/allocator.h"
 #include "engine/schedule/llama.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/token_file.h"
 
@@ -26,7 +26,7 @@ struct StepReport {
   double seconds = 0;            // wall time of the step
   double tokens_per_second = 0;  // per rank (per GPU)
   double model_tflops = 0;       // BENCHMARKS.md's convention, per rank
-  double mfu = 0;                // model_tflops / 989
+  double mfu = 0;                // model FLOP/s / Ops::PeakFlops(); 0: the peak is unknown
   double grad_norm = 0;
   double lr = 0;
   std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
@@ -36,6 +36,7 @@ struct StepReport {
 // The stable, parseable step line:
 // step 12/100 | loss 3.2140 | tok/s/gpu 472.5 | tflops 401.2 | mfu 40.6% | mem 68.1 GiB (params
 // 15.4 grads ... ) | 41.3 s
+// The "mfu" field is left out when it is 0 (the backend does not know its peak FLOP/s).
 std::string FormatStepLine(const StepReport& r);
 
 // Model FLOPs per token: 6·N (matmul parameters incl. the LM head) + 6·L·S·Hq·D (causal
@@ -48,7 +49,9 @@ std::string ModelTokenizerJson(const JobSpec& spec);
 
 class Trainer {
  public:
-  // `comm` spans the job's ranks (spec.parallel.world of them); nullptr means a single rank.
+  // `spec` must be resolved (engine/spec/resolve.h ResolveJob; CheckResolved), for the dtype
+  // `ops` computes in. `comm` spans the job's ranks (spec.parallel.world of them); nullptr means
+  // a single rank.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, Ops* ops,
                                                          Allocator* alloc, Comm* comm = nullptr);
   // Runs from the current step to spec.training.steps (or to `stop_at_step` when > 0, as if

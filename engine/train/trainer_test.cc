@@ -8,6 +8,7 @@
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/plan/planner.h"
+#include "engine/spec/resolve.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
@@ -40,6 +41,16 @@ JobSpec SmallSpec(const std::string& dir) {
   return spec;
 }
 
+// What the workers get: the spec resolved on a node with 64 GiB of host memory.
+JobSpec Resolved(const JobSpec& spec) {
+  NodeResources node;
+  node.host_memory_bytes = int64_t{64} << 30;
+  node.ranks_on_host = static_cast<int>(spec.parallel.world);
+  absl::StatusOr<ResolvedJob> job = ResolveJob(spec, node);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? job->spec : spec;
+}
+
 std::vector<double> Losses(Trainer& t, int64_t stop = 0) {
   std::vector<double> out;
   absl::Status st = t.Run([&](const StepReport& r) { out.push_back(r.loss); }, stop);
@@ -52,7 +63,7 @@ TEST(TrainerTest, LossGoesDownOnText) {
   JobSpec spec = SmallSpec(dir);
   CpuOps ops;
   HostAllocator alloc;
-  auto t = Trainer::Create(spec, &ops, &alloc);
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_TRUE(t.ok()) << t.status();
   std::vector<double> losses = Losses(**t);
   ASSERT_EQ(losses.size(), 40u);
@@ -72,18 +83,18 @@ TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
   HostAllocator alloc;
 
   spec.checkpoint.dir = dir + "/straight";
-  auto a = Trainer::Create(spec, &ops, &alloc);
+  auto a = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_TRUE(a.ok()) << a.status();
   std::vector<double> straight = Losses(**a);
 
   spec.checkpoint.dir = dir + "/interrupted";
   spec.checkpoint.every = 4;
-  auto b1 = Trainer::Create(spec, &ops, &alloc);
+  auto b1 = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_TRUE(b1.ok()) << b1.status();
   std::vector<double> first = Losses(**b1, /*stop=*/5);  // checkpoint at 4, then "crash" after 5
   ASSERT_EQ(first.size(), 5u);
   b1->reset();
-  auto b2 = Trainer::Create(spec, &ops, &alloc);
+  auto b2 = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_TRUE(b2.ok()) << b2.status();
   EXPECT_EQ((*b2)->state().step, 4);
   std::vector<double> rest = Losses(**b2);
@@ -106,7 +117,7 @@ TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
   ASSERT_TRUE(WriteTokenFile(spec.data.path, {1, 2, 3}, kByteVocab).ok());
   CpuOps ops;
   HostAllocator alloc;
-  auto t = Trainer::Create(spec, &ops, &alloc);
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("short.tok"), std::string::npos) << t.status();
@@ -184,7 +195,7 @@ TEST(TrainerTest, CorruptCheckpointIsAClearErrorAndNotOverwritten) {
   CpuOps ops;
   HostAllocator alloc;
   {
-    auto t = Trainer::Create(spec, &ops, &alloc);
+    auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
     ASSERT_TRUE(t.ok()) << t.status();
     Losses(**t);
   }
@@ -197,7 +208,7 @@ TEST(TrainerTest, CorruptCheckpointIsAClearErrorAndNotOverwritten) {
     std::ofstream out(opt, std::ios::binary | std::ios::trunc);
     out.write(bytes->data(), bytes->size() / 2);  // truncated
   }
-  auto t = Trainer::Create(spec, &ops, &alloc);
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("optimizer.safetensors"), std::string::npos) << t.status();
   EXPECT_TRUE(PathExists(opt)) << "the bad checkpoint is left for inspection";
@@ -221,6 +232,28 @@ TEST(StepLineTest, HasTheStableFields) {
             0u)
       << line;
   EXPECT_NE(line.find("| 41.30 s"), std::string::npos) << line;
+  // A backend that does not know its peak FLOP/s reports no MFU; the other fields stay.
+  r.mfu = 0;
+  EXPECT_EQ(FormatStepLine(r).rfind("step 12/100 | loss 3.2140 | tok/s/gpu 472.5 | tflops 401.2 | "
+                                    "mem 68.0 GiB (params 15.0 ",
+                                    0),
+            0u)
+      << FormatStepLine(r);
+}
+
+TEST(StepLineTest, NoMfuOnTheCpu) {
+  const std::string dir = TmpDir("mfu");
+  JobSpec spec = SmallSpec(dir);
+  spec.training.steps = 1;
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  StepReport last;
+  ASSERT_TRUE((*t)->Run([&](const StepReport& r) { last = r; }).ok());
+  EXPECT_GT(last.model_tflops, 0);
+  EXPECT_EQ(last.mfu, 0) << "the CPU has no peak FLOP/s to divide by";
+  EXPECT_EQ(FormatStepLine(last).find("mfu"), std::string::npos) << FormatStepLine(last);
 }
 
 TEST(ModelFlopsTest, MatchesTheConventionForLlama8B) {
@@ -263,18 +296,43 @@ TEST(TrainerTest, AutoSettingsFitTheBudget) {
   ASSERT_LT(least->device_total(), full->device_total());
   spec.memory.gpu_budget_gib =
       0.5 * (least->device_total() + full->device_total()) / double(int64_t{1} << 30);
+  NodeResources node;
+  node.host_memory_bytes = int64_t{64} << 30;
+  auto job = ResolveJob(spec, node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(RequireFits(*job).ok()) << job->plan.verdict;
   CpuOps ops;
   HostAllocator alloc;
-  auto t = Trainer::Create(spec, &ops, &alloc);
+  auto t = Trainer::Create(job->spec, &ops, &alloc);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->Run().ok());
   EXPECT_LE(alloc.tracker().device_peak(), spec.memory.gpu_budget_gib * (int64_t{1} << 30));
 
   spec.memory.gpu_budget_gib = 1e-4;  // ~100 KiB: not even the weights fit
-  auto none = Trainer::Create(spec, &ops, &alloc);
-  ASSERT_FALSE(none.ok());
-  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(none.status().message().find("does not fit"), std::string::npos) << none.status();
+  auto none = ResolveJob(spec, node);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->plan.fits);
+  absl::Status st = RequireFits(*none);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("does not fit"), std::string::npos) << st;
+}
+
+// The trainer runs resolved specs only: what it runs is what admission decided.
+TEST(TrainerTest, AnUnresolvedSpecIsRefusedNamingTheKey) {
+  const std::string dir = TmpDir("unresolved");
+  JobSpec spec = Resolved(SmallSpec(dir));
+  CpuOps ops;
+  HostAllocator alloc;
+  JobSpec unresolved = spec;
+  unresolved.memory.head_chunk = 0;
+  auto t = Trainer::Create(unresolved, &ops, &alloc);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("memory.head_chunk"), std::string::npos) << t.status();
+  JobSpec wrong_dtype = spec;
+  wrong_dtype.model.dtype = "bf16";  // the CPU backend computes in f32
+  t = Trainer::Create(wrong_dtype, &ops, &alloc);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("model.dtype"), std::string::npos) << t.status();
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/model/safetensors.h"
+#include "engine/spec/resolve.h"
 #include "engine/train/trainer.h"
 
 namespace ithaca {
@@ -87,6 +88,11 @@ absl::Status Run(int argc, char** argv) {
   const int rank = comm ? comm->rank() : 0;
   CpuOps ops;
   HostAllocator alloc;
+  NodeResources node;  // roomy: every rank resolves the spec to the same settings
+  node.host_memory_bytes = int64_t{64} << 30;
+  node.ranks_on_host = static_cast<int>(spec.parallel.world);
+  ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
+  spec = job.spec;
   ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, &ops, &alloc, comm.get()));
   LlamaModel* model = trainer->model();
   ParamStore& ps = model->params();

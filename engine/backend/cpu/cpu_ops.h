@@ -19,6 +19,7 @@ class CpuOps : public Ops {
 
   Device device() const override { return Device::kCpu; }
   DType act_dtype() const override { return DType::kF32; }
+  double PeakFlops() const override { return 0; }
 
   void Fill(const Tensor& x, float value) override;
   void Copy(const Tensor& src, const Tensor& dst) override;

@@ -14,6 +14,7 @@
 #include "engine/backend/cuda/cudnn_attention.h"
 #include "engine/backend/cuda/gemm.h"
 #include "engine/backend/cuda/kernels.h"
+#include "engine/backend/cuda/peak_flops.h"
 #include "engine/backend/cuda/rmsnorm.h"
 #include "engine/backend/op_checks.h"
 
@@ -161,6 +162,12 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
   gemm_ = std::make_unique<cuda::LtGemm>(compute_, gemm_workspace_.tensor().data,
                                          gemm_workspace_.tensor().bytes());
   cudnn_ = std::make_unique<cuda::CudnnAttention>(compute_, opts_.alloc);
+  int device = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    peak_flops_ = PeakBf16Flops(prop.name);
+  }
 }
 
 CudaOps::~CudaOps() {

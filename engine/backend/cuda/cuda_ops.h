@@ -47,6 +47,8 @@ class CudaOps : public Ops {
 
   Device device() const override { return Device::kCuda; }
   DType act_dtype() const override { return DType::kBF16; }
+  // From the device's name (peak_flops.h), looked up once.
+  double PeakFlops() const override { return peak_flops_; }
 
   // ---- Streams and events (for offload, prefetch and collectives).
   enum class Stream { kCompute, kCopy, kComm };
@@ -129,6 +131,7 @@ class CudaOps : public Ops {
                 void* dq, void* dk, void* dv);
 
   Options opts_;
+  double peak_flops_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
   Buffer gemm_workspace_;
   Buffer partials_;                  // f64 per-block sums of Sum / SumSquares

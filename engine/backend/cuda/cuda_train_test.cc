@@ -10,6 +10,7 @@
 #include "engine/backend/cuda/cuda_test_util.h"
 #include "engine/core/file_util.h"
 #include "engine/train/token_file.h"
+#include "engine/spec/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -35,6 +36,17 @@ JobSpec TinySpec() {
   return spec;
 }
 
+// The spec as admission would resolve it for `backend` on a roomy node.
+JobSpec Resolved(JobSpec spec, const std::string& backend) {
+  spec.backend = backend;
+  NodeResources node;
+  node.device_memory_bytes = int64_t{80} << 30;
+  node.host_memory_bytes = int64_t{64} << 30;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(spec, node);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? job->spec : spec;
+}
+
 std::vector<double> Losses(Trainer& t) {
   std::vector<double> losses;
   absl::Status st = t.Run([&](const StepReport& r) { losses.push_back(r.loss); });
@@ -48,7 +60,7 @@ void ExpectGpuTracksCpu(const JobSpec& gpu_spec) {
   JobSpec cpu_spec = TinySpec();
   CpuOps cpu;
   HostAllocator host_alloc;
-  auto tc = Trainer::Create(cpu_spec, &cpu, &host_alloc);
+  auto tc = Trainer::Create(Resolved(cpu_spec, "cpu"), &cpu, &host_alloc);
   ASSERT_TRUE(tc.ok()) << tc.status();
   const std::vector<double> want = Losses(**tc);
 
@@ -56,7 +68,7 @@ void ExpectGpuTracksCpu(const JobSpec& gpu_spec) {
   CudaOps::Options o;
   o.alloc = &alloc;
   CudaOps ops(o);
-  auto tg = Trainer::Create(gpu_spec, &ops, &alloc);
+  auto tg = Trainer::Create(Resolved(gpu_spec, "cuda"), &ops, &alloc);
   ASSERT_TRUE(tg.ok()) << tg.status();
   const int64_t mallocs_before = alloc.stats().device_mallocs;
   const std::vector<double> got = Losses(**tg);

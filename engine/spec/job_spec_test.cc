@@ -1,5 +1,5 @@
 // JobSpec parsing: values, round trip, and that every class of bad input names its key.
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 
 #include <cstdlib>
 #include <string>
@@ -19,7 +19,7 @@ backend = "cuda"
 preset = "llama-3.2-1b"
 config = "cfg/config.json"
 weights = "/models/llama"
-dtype = "f32"
+dtype = "bf16"
 
 [data]
 path = "data/corpus.tok"
@@ -90,7 +90,7 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->model.preset, "llama-3.2-1b");
   EXPECT_EQ(s->model.config, "cfg/config.json");  // ParseJobSpec does not resolve paths
   EXPECT_EQ(s->model.weights, "/models/llama");
-  EXPECT_EQ(s->model.dtype, "f32");
+  EXPECT_EQ(s->model.dtype, "bf16");
   EXPECT_EQ(s->data.path, "data/corpus.tok");
   EXPECT_EQ(s->data.seq_len, 8192);
   EXPECT_EQ(s->data.micro_batch, 2);
@@ -251,7 +251,7 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[parallel]\nworld = 8\nsp = 3", "job.toml: parallel.sp: must divide parallel.world (8)"},
       {"backend = \"tpu\"", "job.toml: backend: must be \"cpu\" or \"cuda\", got \"tpu\""},
       {"name = \"\"", "job.toml: name: must not be empty"},
-      {"[model]\ndtype = \"f16\"", "job.toml: model.dtype: must be \"bf16\" or \"f32\""},
+      {"[model]\ndtype = \"f16\"", "job.toml: model.dtype: must be \"auto\", \"bf16\" or \"f32\""},
       {"[model]\npreset = \"llama-2-7b\"", "job.toml: model.preset: must be \"tiny\""},
       {"[memory]\nhead_chunk = 0", "job.toml: memory.head_chunk: must be an integer >= 1"},
       {"[memory]\nhead_chunk = \"max\"", "job.toml: memory.head_chunk: must be an integer >= 1"},

@@ -1,5 +1,7 @@
-// JobSpec: a training job, as written in a TOML file (DESIGN.md §4). Parsing rejects unknown keys
-// and bad values with the key's path ("training.lr: must be > 0, got -1").
+// JobSpec: a training job, as written in a TOML file. Parsing rejects unknown keys and bad values
+// with the key's path ("training.lr: must be > 0, got -1"). Settings left "auto" (or 0 where a
+// comment says so) are turned into numbers once, by ResolveJob (engine/spec/resolve.h); a
+// resolved spec has none left and is what the workers run.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,7 @@ struct JobSpec {
     std::string preset = "tiny";  // "tiny" | "llama-3.2-1b" | "llama-3.2-3b" | "llama-3-8b"
     std::string config;           // path to a config.json (overrides preset when set)
     std::string weights;          // safetensors file / index / directory; empty: random init
-    std::string dtype = "bf16";   // working dtype on CUDA: "bf16" (CPU always computes in f32)
+    std::string dtype = "auto";   // "auto" | "bf16" (cuda) | "f32" (cpu): the backend's own
   } model;
 
   struct Data {
@@ -58,8 +60,10 @@ struct JobSpec {
     int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the rest in backward
     int64_t head_chunk = 0;           // query heads per UPipe stage; 0 = "auto"
     int64_t tile_tokens = 0;          // tokens per MLP / loss tile; 0 = "auto"
-    double gpu_budget_gib = 0;        // 0: the device's capacity
-    double host_budget_gib = 0;       // 0: the host's memory
+    // Per rank; 0: from the node (engine/plan/budgets.h BudgetsFor). On the CPU backend the
+    // "GPU" budget is the rank's share of the host's memory, which is its device.
+    double gpu_budget_gib = 0;
+    double host_budget_gib = 0;  // pinned host memory for offloaded block data
   } memory;
 
   struct Checkpoint {
@@ -83,5 +87,9 @@ absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec);
 
 // Writes a spec back as TOML (round-trips through ParseJobSpec).
 std::string JobSpecToToml(const JobSpec& spec);
+
+// OK when nothing in `spec` is left to resolve; else INVALID_ARGUMENT naming the first key that
+// is still "auto" (the trainer runs only resolved specs).
+absl::Status CheckResolved(const JobSpec& spec);
 
 }  // namespace ithaca

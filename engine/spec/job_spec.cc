@@ -1,6 +1,6 @@
 // JobSpec <-> TOML. Every key is read through one table of (key, reader) per section so that
 // unknown keys, wrong types and bad values all report the same "file: section.key: ..." prefix.
-#include "engine/train/job_spec.h"
+#include "engine/spec/job_spec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -315,7 +315,7 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(one_of(s.backend, {"cpu", "cuda"}, "backend"));
   RETURN_IF_ERROR(one_of(s.model.preset, {"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b"},
                          "model.preset"));
-  RETURN_IF_ERROR(one_of(s.model.dtype, {"bf16", "f32"}, "model.dtype"));
+  RETURN_IF_ERROR(one_of(s.model.dtype, {"auto", "bf16", "f32"}, "model.dtype"));
 
   RETURN_IF_ERROR(r.Require(!s.data.path.empty(), "data.path",
                             "required: the token file to train on (see ithaca-tokenize)"));
@@ -364,10 +364,10 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             absl::StrCat("must be >= 1, got ", m.checkpoint_interval)));
   RETURN_IF_ERROR(
       r.Require(m.gpu_budget_gib >= 0, "memory.gpu_budget_gib",
-                absl::StrCat("must be >= 0 (0: the device's capacity), got ", m.gpu_budget_gib)));
+                absl::StrCat("must be >= 0 (0: from the node), got ", m.gpu_budget_gib)));
   RETURN_IF_ERROR(
       r.Require(m.host_budget_gib >= 0, "memory.host_budget_gib",
-                absl::StrCat("must be >= 0 (0: the host's memory), got ", m.host_budget_gib)));
+                absl::StrCat("must be >= 0 (0: from the node), got ", m.host_budget_gib)));
 
   RETURN_IF_ERROR(r.Require(s.checkpoint.every >= 0, "checkpoint.every",
                             absl::StrCat("must be >= 0, got ", s.checkpoint.every)));
@@ -493,6 +493,19 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\nkeep = ", s.checkpoint.keep, "\n");
   absl::StrAppend(&out, "\n[metrics]\nlog_every = ", s.metrics.log_every, "\n");
   return out;
+}
+
+absl::Status CheckResolved(const JobSpec& spec) {
+  const JobSpec::Memory& m = spec.memory;
+  const char* left = spec.model.dtype == "auto" ? "model.dtype"
+                     : m.head_chunk == 0        ? "memory.head_chunk"
+                     : m.tile_tokens == 0       ? "memory.tile_tokens"
+                     : m.gpu_budget_gib == 0    ? "memory.gpu_budget_gib"
+                     : m.host_budget_gib == 0   ? "memory.host_budget_gib"
+                                                : nullptr;
+  if (left == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(left, ": still \"auto\"; the job must be resolved first (ResolveJob)"));
 }
 
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {

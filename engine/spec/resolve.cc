@@ -1,0 +1,65 @@
+#include "engine/spec/resolve.h"
+
+#include "engine/spec/validate.h"
+
+namespace ithaca {
+namespace {
+
+constexpr double kGiB = double(int64_t{1} << 30);
+
+}  // namespace
+
+absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources& node) {
+  ResolvedJob job;
+  absl::StatusOr<LlamaConfig> cfg = ResolveModelConfig(spec);
+  if (!cfg.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.model.config.empty() ? "model.preset: " : "model.config: ", cfg.status().message()));
+  }
+  job.config = *cfg;
+  RETURN_IF_ERROR(ValidateJob(spec, job.config));
+
+  JobSpec& s = job.spec;
+  s = spec;
+  if (s.model.dtype == "auto") s.model.dtype = BackendDtype(s.backend);
+  job.budgets = BudgetsFor(spec, node);
+  if (job.budgets.gpu_bytes <= 0) {
+    return absl::FailedPreconditionError(
+        "memory.gpu_budget_gib: the node's GPU memory is unknown (no GPU found); set the budget "
+        "to plan for one");
+  }
+  if (job.budgets.host_bytes <= 0) {
+    return absl::FailedPreconditionError(
+        "memory.host_budget_gib: the node's host memory is unknown; set the budget");
+  }
+  // Whole bytes over a power of two: the GiB figures read back to the same bytes exactly, which
+  // is what makes resolving a resolved spec a no-op.
+  s.memory.gpu_budget_gib = job.budgets.gpu_bytes / kGiB;
+  s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
+
+  ASSIGN_OR_RETURN(job.plan, PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes));
+  s.memory.head_chunk = job.plan.head_chunk;
+  s.memory.tile_tokens = job.plan.tile_tokens;
+  s.memory.offload = job.plan.offload;
+  s.memory.prefetch = job.plan.prefetch;
+  s.memory.checkpoint_interval = job.plan.checkpoint_interval;
+  job.toml = JobSpecToToml(s);
+  return job;
+}
+
+absl::Status RequireFits(const ResolvedJob& job) {
+  if (job.plan.fits) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("the job does not fit: ", job.plan.verdict));
+}
+
+std::string ResolutionLine(const ResolvedJob& job) {
+  const JobSpec::Memory& m = job.spec.memory;
+  return absl::StrFormat(
+      "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, checkpoint_interval "
+      "%d, dtype %s, peak %s per rank (GPU budget %s, host %s)",
+      m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
+      m.checkpoint_interval, job.spec.model.dtype, HumanBytes(job.plan.device_total()),
+      HumanBytes(job.budgets.gpu_bytes), HumanBytes(job.budgets.host_bytes));
+}
+
+}  // namespace ithaca

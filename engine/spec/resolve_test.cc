@@ -1,0 +1,211 @@
+// ResolveJob and the checks it runs: every "auto" becomes a number, a resolved spec resolves to
+// itself on any node, each cross-field rule has one message naming its key, and the budget rule.
+#include "engine/spec/resolve.h"
+
+#include <string>
+
+#include "engine/parallel/head_plan.h"
+#include "engine/plan/budgets.h"
+#include "engine/spec/validate.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+JobSpec Tiny(const std::string& backend) {
+  JobSpec s;
+  s.backend = backend;
+  s.model.preset = "tiny";
+  s.data.path = "unused.tok";  // resolution never opens the data
+  s.data.seq_len = 1024;
+  s.parallel.world = 2;
+  s.parallel.sp = 2;
+  return s;
+}
+
+NodeResources Node(int64_t gpu, int64_t host, int ranks) {
+  NodeResources n;
+  n.device_memory_bytes = gpu;
+  n.host_memory_bytes = host;
+  n.ranks_on_host = ranks;
+  return n;
+}
+
+TEST(ResolveTest, EveryAutoBecomesANumber) {
+  for (const std::string backend : {"cpu", "cuda"}) {
+    SCOPED_TRACE(backend);
+    JobSpec spec = Tiny(backend);
+    ASSERT_FALSE(CheckResolved(spec).ok());
+    auto job = ResolveJob(spec, Node(80 * kGiB, 256 * kGiB, 2));
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_TRUE(CheckResolved(job->spec).ok()) << CheckResolved(job->spec);
+    EXPECT_EQ(job->spec.model.dtype, backend == "cuda" ? "bf16" : "f32");
+    EXPECT_GT(job->spec.memory.head_chunk, 0);
+    EXPECT_GT(job->spec.memory.tile_tokens, 0);
+    EXPECT_EQ(job->toml, JobSpecToToml(job->spec));
+    EXPECT_EQ(job->toml.find("auto"), std::string::npos) << job->toml;
+    EXPECT_TRUE(job->plan.fits) << job->plan.verdict;
+    EXPECT_EQ(job->spec.memory.head_chunk, job->plan.head_chunk);
+    EXPECT_EQ(job->spec.memory.tile_tokens, job->plan.tile_tokens);
+    // The budgets written into the spec are the rule's, to the byte.
+    const RankBudgets b = BudgetsFor(spec, Node(80 * kGiB, 256 * kGiB, 2));
+    EXPECT_EQ(static_cast<int64_t>(job->spec.memory.gpu_budget_gib * kGiB), b.gpu_bytes);
+    EXPECT_EQ(static_cast<int64_t>(job->spec.memory.host_budget_gib * kGiB), b.host_bytes);
+  }
+}
+
+// Workers take the resolved spec as it is: resolving it again, on whatever node, changes
+// nothing, also where the planner had to shrink the settings and turn offload on to fit.
+TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
+  for (const std::string backend : {"cpu", "cuda"}) {
+    SCOPED_TRACE(backend);
+    JobSpec spec = Tiny(backend);
+    spec.data.seq_len = 8192;
+    auto roomy = ResolveJob(spec, Node(80 * kGiB, 256 * kGiB, 2));
+    ASSERT_TRUE(roomy.ok()) << roomy.status();
+    // A GPU budget between a frugal plan's peak and the roomy plan's.
+    JobSpec frugal = spec;
+    frugal.memory.head_chunk = 2;
+    frugal.memory.tile_tokens = 2048;
+    frugal.memory.offload = true;
+    frugal.memory.prefetch = false;
+    auto least = ResolveJob(frugal, Node(80 * kGiB, 256 * kGiB, 2));
+    ASSERT_TRUE(least.ok()) << least.status();
+    ASSERT_LT(least->plan.device_total(), roomy->plan.device_total());
+    spec.memory.gpu_budget_gib =
+        0.5 * (least->plan.device_total() + roomy->plan.device_total()) / double(kGiB);
+    auto tight = ResolveJob(spec, Node(80 * kGiB, 256 * kGiB, 2));
+    ASSERT_TRUE(tight.ok()) << tight.status();
+    ASSERT_TRUE(tight->plan.fits) << tight->plan.verdict;
+    const JobSpec::Memory &a = roomy->spec.memory, &b = tight->spec.memory;
+    EXPECT_TRUE(a.head_chunk != b.head_chunk || a.tile_tokens != b.tile_tokens ||
+                a.offload != b.offload || a.prefetch != b.prefetch ||
+                a.checkpoint_interval != b.checkpoint_interval)
+        << "the tight budget changes the planner's choices";
+    for (const auto* job : {&*roomy, &*tight}) {
+      auto sent = ParseJobSpec(job->toml);  // what a worker receives
+      ASSERT_TRUE(sent.ok()) << sent.status();
+      for (const NodeResources& other :
+           {Node(80 * kGiB, 256 * kGiB, 2), Node(16 * kGiB, 8 * kGiB, 8), Node(0, 0, 1)}) {
+        auto again = ResolveJob(*sent, other);
+        ASSERT_TRUE(again.ok()) << again.status();
+        EXPECT_EQ(again->toml, job->toml);
+        EXPECT_EQ(again->plan.device_total(), job->plan.device_total());
+      }
+    }
+  }
+}
+
+TEST(ResolveTest, AJobThatDoesNotFitIsResolvedButRefusedToRun) {
+  JobSpec spec = Tiny("cpu");
+  spec.memory.gpu_budget_gib = 1e-4;  // ~100 KiB: not even the weights fit
+  auto job = ResolveJob(spec, Node(0, 16 * kGiB, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->plan.fits);
+  absl::Status st = RequireFits(*job);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("does not fit"), std::string::npos) << st;
+}
+
+TEST(ResolveTest, DtypeIsTheBackendsOwn) {
+  JobSpec cpu = Tiny("cpu");
+  cpu.model.dtype = "bf16";
+  auto job = ResolveJob(cpu, Node(0, 16 * kGiB, 2));
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message(),
+            "model.dtype: the cpu backend computes in f32 (or \"auto\"), got \"bf16\"");
+  JobSpec cuda = Tiny("cuda");
+  cuda.model.dtype = "f32";
+  EXPECT_NE(ResolveJob(cuda, Node(80 * kGiB, 16 * kGiB, 2)).status().message().find("model.dtype"),
+            std::string::npos);
+  cuda.model.dtype = "bf16";
+  EXPECT_TRUE(ResolveJob(cuda, Node(80 * kGiB, 16 * kGiB, 2)).ok());
+}
+
+TEST(ResolveTest, AGpuJobNeedsToKnowTheGpusMemory) {
+  auto job = ResolveJob(Tiny("cuda"), Node(0, 16 * kGiB, 2));
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("memory.gpu_budget_gib"), std::string::npos)
+      << job.status();
+  JobSpec given = Tiny("cuda");
+  given.memory.gpu_budget_gib = 40;
+  EXPECT_TRUE(ResolveJob(given, Node(0, 16 * kGiB, 2)).ok());
+}
+
+// Each cross-field rule has one message, the same from the validator and from the engine's
+// parts that rely on it.
+TEST(ValidateTest, OneMessagePerRuleNamingTheKey) {
+  LlamaConfig cfg = *PresetConfig("llama-3.2-1b");  // 32 query heads, 8 K/V heads
+  struct Case {
+    int64_t sp, head_chunk;
+    std::string message;
+  };
+  const Case cases[] = {
+      {3, 0, "parallel.sp: must divide the model's num_attention_heads (32), got 3"},
+      {4, 6,
+       "memory.head_chunk: 6 heads per stage must be a multiple of parallel.sp (4) that divides "
+       "the 32 query heads into equal stages per rank"},
+      {4, 12,
+       "memory.head_chunk: 12 heads per stage must be a multiple of parallel.sp (4) that "
+       "divides the 32 query heads into equal stages per rank"},
+  };
+  for (const Case& c : cases) {
+    absl::Status st = CheckHeadSplit(cfg, c.sp, c.head_chunk);
+    EXPECT_EQ(st.message(), c.message);
+    EXPECT_EQ(MakeHeadPlan(cfg, c.sp, c.head_chunk).status(), st);
+  }
+  LlamaConfig six_kv = cfg;  // 24 query heads, 6 K/V heads: sp 4 and 6 divide neither way
+  six_kv.num_attention_heads = 24;
+  six_kv.num_key_value_heads = 6;
+  absl::Status st = CheckHeadSplit(six_kv, 4, 0);
+  EXPECT_EQ(st.message(),
+            "parallel.sp: must divide the model's num_key_value_heads (6) or be a multiple of it, "
+            "got 4");
+  EXPECT_EQ(MakeHeadPlan(six_kv, 4, 0).status(), st);
+  // sp 16 with 8 K/V heads is fine when the query heads divide too.
+  LlamaConfig wide = cfg;
+  wide.num_attention_heads = 64;
+  wide.num_key_value_heads = 4;
+  EXPECT_TRUE(CheckHeadSplit(wide, 16, 0).ok());
+  EXPECT_TRUE(MakeHeadPlan(wide, 16, 16).ok());
+
+  EXPECT_TRUE(CheckSeqLenSplit(1024, 4).ok());
+  EXPECT_EQ(CheckSeqLenSplit(1022, 4).message(),
+            "data.seq_len: must be divisible by parallel.sp (4) so every rank of a Ulysses group "
+            "holds equal tokens, got 1022");
+
+  JobSpec spec = Tiny("cpu");
+  spec.data.seq_len = 1023;
+  auto job = ResolveJob(spec, Node(0, 16 * kGiB, 2));
+  EXPECT_EQ(job.status().message(), CheckSeqLenSplit(1023, 2).message());
+  spec = Tiny("cpu");
+  spec.memory.head_chunk = 3;
+  job = ResolveJob(spec, Node(0, 16 * kGiB, 2));
+  EXPECT_EQ(job.status().message(), CheckHeadSplit(*PresetConfig("tiny"), 2, 3).message());
+}
+
+TEST(BudgetsTest, TheOneRule) {
+  JobSpec cuda = Tiny("cuda");
+  RankBudgets b = BudgetsFor(cuda, Node(141 * kGiB, 2000 * kGiB, 8));
+  EXPECT_EQ(b.gpu_bytes, 139 * kGiB) << "the GPU less the CUDA reserve";
+  EXPECT_EQ(b.host_bytes, static_cast<int64_t>(0.85 * double(2000 * kGiB)) / 8);
+  cuda.memory.gpu_budget_gib = 70;
+  cuda.memory.host_budget_gib = 100;
+  b = BudgetsFor(cuda, Node(141 * kGiB, 2000 * kGiB, 8));
+  EXPECT_EQ(b.gpu_bytes, 70 * kGiB);
+  EXPECT_EQ(b.host_bytes, 100 * kGiB);
+  EXPECT_EQ(b.gpu_source, "memory.gpu_budget_gib");
+  // On the CPU the rank's share of the host is its device.
+  JobSpec cpu = Tiny("cpu");
+  b = BudgetsFor(cpu, Node(0, 64 * kGiB, 4));
+  EXPECT_EQ(b.host_bytes, static_cast<int64_t>(0.85 * double(64 * kGiB)) / 4);
+  EXPECT_EQ(b.gpu_bytes, b.host_bytes);
+  cpu.memory.host_budget_gib = 10;
+  EXPECT_EQ(BudgetsFor(cpu, Node(0, 64 * kGiB, 4)).gpu_bytes, 10 * kGiB);
+}
+
+}  // namespace
+}  // namespace ithaca

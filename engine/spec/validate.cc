@@ -1,0 +1,67 @@
+#include "engine/spec/validate.h"
+
+namespace ithaca {
+
+absl::Status CheckSeqLenSplit(int64_t seq_len, int64_t sp) {
+  if (sp >= 1 && seq_len % sp == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("data.seq_len: must be divisible by parallel.sp (", sp, ") so every rank of a ",
+                   "Ulysses group holds equal tokens, got ", seq_len));
+}
+
+absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chunk) {
+  const int64_t hq = cfg.num_attention_heads, hkv = cfg.num_key_value_heads;
+  if (sp < 1 || hq % sp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.sp: must divide the model's num_attention_heads (", hq, "), got ", sp));
+  }
+  if (hkv < 1 || (hkv % sp != 0 && sp % hkv != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.sp: must divide the model's num_key_value_heads (", hkv,
+                     ") or be a multiple of it, got ", sp));
+  }
+  const int64_t U = head_chunk > 0 ? head_chunk : hq;  // heads per stage, group-wide
+  if (U % sp != 0 || (hq / sp) % (U / sp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory.head_chunk: ", U, " heads per stage must be a multiple of parallel.sp (", sp,
+        ") that divides the ", hq, " query heads into equal stages per rank"));
+  }
+  if (hkv < sp) return absl::OkStatus();  // a rank's query heads all share its one K/V head
+  // A stage takes whole GQA groups, or a whole fraction of one.
+  const int64_t u = U / sp, g = hq / hkv;
+  if (u <= g && g % u != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory.head_chunk: ", U, " (", u,
+                                                   " per rank) must divide the GQA group of ", g,
+                                                   " query heads per K/V head"));
+  }
+  if (u > g && u % g != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory.head_chunk: ", U, " (", u,
+                                                   " per rank) must be a multiple of the GQA "
+                                                   "group of ",
+                                                   g, " query heads per K/V head"));
+  }
+  return absl::OkStatus();
+}
+
+const char* BackendDtype(const std::string& backend) {
+  // Each backend computes in one dtype: the CPU is the f32 oracle, CUDA is bf16.
+  return backend == "cuda" ? "bf16" : "f32";
+}
+
+absl::Status CheckDtype(const std::string& backend, const std::string& dtype) {
+  const char* own = BackendDtype(backend);
+  if (dtype == "auto" || dtype == own) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("model.dtype: the ", backend,
+                                                 " backend computes in ", own,
+                                                 " (or \"auto\"), "
+                                                 "got \"",
+                                                 dtype, "\""));
+}
+
+absl::Status ValidateJob(const JobSpec& spec, const LlamaConfig& cfg) {
+  RETURN_IF_ERROR(CheckDtype(spec.backend, spec.model.dtype));
+  RETURN_IF_ERROR(CheckHeadSplit(cfg, spec.parallel.sp, spec.memory.head_chunk));
+  return CheckSeqLenSplit(spec.data.seq_len, spec.parallel.sp);
+}
+
+}  // namespace ithaca

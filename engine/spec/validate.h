@@ -1,0 +1,34 @@
+// The checks that relate a job's settings to each other and to its model. Each lives here and
+// nowhere else, so a bad job gets the same message wherever it is caught: at admission
+// (ResolveJob runs ValidateJob) or, for code that builds the engine's parts directly, where
+// those parts would otherwise compute nonsense (MakeHeadPlan, LlamaModel::UploadSample). Every
+// message starts with the spec key that is wrong.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/status.h"
+#include "engine/model/config.h"
+#include "engine/spec/job_spec.h"
+
+namespace ithaca {
+
+// Every rank of a Ulysses group holds an equal share of each sample's tokens.
+absl::Status CheckSeqLenSplit(int64_t seq_len, int64_t sp);
+
+// The attention heads split over `sp` ranks (query heads evenly; K/V heads evenly, or each
+// replicated to sp / Hkv ranks), and into UPipe stages of `head_chunk` query heads over the
+// group (0: all heads in one stage) that are whole per rank and fit the GQA groups.
+absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chunk);
+
+// The dtype a backend computes in: "bf16" on "cuda", "f32" on "cpu" (what "auto" becomes).
+const char* BackendDtype(const std::string& backend);
+
+// The backend computes in `dtype` ("auto" passes: resolution picks the backend's own).
+absl::Status CheckDtype(const std::string& backend, const std::string& dtype);
+
+// All of the above for a parsed spec and its model. (Single-key checks and the model-free
+// relations, such as parallel.sp dividing parallel.world, are made by ParseJobSpec.)
+absl::Status ValidateJob(const JobSpec& spec, const LlamaConfig& cfg);
+
+}  // namespace ithaca
