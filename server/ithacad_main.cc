@@ -24,7 +24,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "engine/core/file_util.h"
-#include "server/job_manager.h"
+#include "server/jobs.h"
 #include "server/services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -106,16 +106,18 @@ int Run() {
   if (!store.ok()) return Fail(store.status());
   Metrics metrics;
 
-  JobManager::Options o;
+  Jobs::Options o;
   o.state_dir = state_dir;
-  o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
-  if (o.worker_binary.empty()) o.worker_binary = DefaultWorkerBinary();
-  o.worker_socket = absl::GetFlag(FLAGS_worker_socket);
-  if (o.worker_socket.empty()) {
-    o.worker_socket = state_dir + "/worker.sock";
+  Supervisor::Options& so = o.supervisor;
+  so.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  if (so.worker_binary.empty()) so.worker_binary = DefaultWorkerBinary();
+  so.worker_socket = absl::GetFlag(FLAGS_worker_socket);
+  if (so.worker_socket.empty()) {
+    so.worker_socket = state_dir + "/worker.sock";
     // sockaddr_un holds 108 bytes; deep state directories get a short path under /tmp.
-    if (o.worker_socket.size() > 100) {
-      o.worker_socket = absl::StrCat("/tmp/ithacad-", std::hash<std::string>()(state_dir), ".sock");
+    if (so.worker_socket.size() > 100) {
+      so.worker_socket =
+          absl::StrCat("/tmp/ithacad-", std::hash<std::string>()(state_dir), ".sock");
     }
   }
   o.node = DetectNode({absl::GetFlag(FLAGS_gpus), absl::GetFlag(FLAGS_cpu_slots),
@@ -127,37 +129,37 @@ int Run() {
     }
     metrics.SetDevices(devices);
   }
-  o.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
-  o.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
-  o.grace_period = absl::Seconds(absl::GetFlag(FLAGS_grace_period_s));
-  o.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
+  so.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  so.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  so.grace_period = absl::Seconds(absl::GetFlag(FLAGS_grace_period_s));
+  so.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
 
   std::unique_ptr<MetricsHttp> http;
-  JobManager* manager_ptr = nullptr;
+  Jobs* jobs_ptr = nullptr;
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    auto h = MetricsHttp::Start({absl::GetFlag(FLAGS_metrics_listen), &metrics, [&manager_ptr] {
-                                   if (manager_ptr) manager_ptr->RefreshJobCounts();
+    auto h = MetricsHttp::Start({absl::GetFlag(FLAGS_metrics_listen), &metrics, [&jobs_ptr] {
+                                   if (jobs_ptr) jobs_ptr->RefreshJobCounts();
                                  }});
     if (!h.ok()) return Fail(h.status());
     http = std::move(*h);
     o.metrics_address = http->address();
   }
-  JobManager manager(o, store->get(), &metrics);
-  if (absl::Status st = manager.Start(); !st.ok()) return Fail(st);
-  manager_ptr = &manager;
+  Jobs jobs(o, store->get(), &metrics);
+  if (absl::Status st = jobs.Start(); !st.ok()) return Fail(st);
+  jobs_ptr = &jobs;
 
-  WorkerServiceImpl worker_service(&manager);
-  unlink(o.worker_socket.c_str());
+  WorkerServiceImpl worker_service(jobs.supervisor());
+  unlink(so.worker_socket.c_str());
   grpc::ServerBuilder wb;
-  wb.AddListeningPort("unix:" + o.worker_socket, grpc::InsecureServerCredentials());
+  wb.AddListeningPort("unix:" + so.worker_socket, grpc::InsecureServerCredentials());
   wb.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> worker_server = wb.BuildAndStart();
   if (!worker_server) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", o.worker_socket)));
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", so.worker_socket)));
   }
 
   grpc::EnableDefaultHealthCheckService(true);
-  JobServiceImpl job_service(&manager);
+  JobServiceImpl job_service(&jobs);
   grpc::ServerBuilder jb;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -201,12 +203,12 @@ int Run() {
   std::printf("ithacad: %s: shutting down\n", strsignal(sig));
   std::fflush(stdout);
   server->GetHealthCheckService()->SetServingStatus(false);
-  manager.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
+  jobs.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  unlink(o.worker_socket.c_str());
+  unlink(so.worker_socket.c_str());
   unlink((state_dir + "/ithacad.addr").c_str());
-  manager_ptr = nullptr;
+  jobs_ptr = nullptr;
   http.reset();
   std::printf("ithacad: stopped\n");
   return 0;

@@ -1,6 +1,6 @@
 // Scheduler: first in, first out over the node's slots (GPUs, or CPU ranks on a CPU node).
 // The head of the queue waits for enough free slots; nothing behind it jumps ahead, so a big job
-// is never starved by a stream of small ones. Not thread-safe: the JobManager owns it.
+// is never starved by a stream of small ones. Not thread-safe: Jobs owns it.
 #pragma once
 
 #include <deque>

@@ -17,21 +17,21 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
-  absl::StatusOr<v1::Job> job = manager_->Submit(*request);
+  absl::StatusOr<v1::Job> job = jobs_->Submit(*request);
   if (job.ok()) *response->mutable_job() = *std::move(job);
   return ToGrpc(job.status());
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
                                     v1::Job* response) {
-  absl::StatusOr<v1::Job> job = manager_->Get(request->id());
+  absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
   if (job.ok()) *response = *std::move(job);
   return ToGrpc(job.status());
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  absl::StatusOr<std::vector<v1::Job>> jobs = manager_->List(*request);
+  absl::StatusOr<std::vector<v1::Job>> jobs = jobs_->List(*request);
   if (!jobs.ok()) return ToGrpc(jobs.status());
   for (v1::Job& j : *jobs) *response->add_jobs() = std::move(j);
   return grpc::Status::OK;
@@ -39,7 +39,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
                                        v1::Job* response) {
-  absl::StatusOr<v1::Job> job = manager_->Cancel(request->id(), request->reason());
+  absl::StatusOr<v1::Job> job = jobs_->Cancel(request->id(), request->reason());
   if (job.ok()) *response = *std::move(job);
   return ToGrpc(job.status());
 }
@@ -47,9 +47,9 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
-  absl::StatusOr<std::shared_ptr<EventLog>> events = manager_->Events(request->id());
+  absl::StatusOr<std::shared_ptr<EventLog>> events = jobs_->Events(request->id());
   if (!events.ok()) return ToGrpc(events.status());
-  absl::StatusOr<v1::Job> snapshot = manager_->Get(request->id());
+  absl::StatusOr<v1::Job> snapshot = jobs_->Get(request->id());
   if (!snapshot.ok()) return ToGrpc(snapshot.status());
   v1::JobEvent first;
   *first.mutable_job() = *snapshot;
@@ -71,7 +71,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
                                       const v1::ReadLogsRequest* request,
                                       grpc::ServerWriter<v1::LogLine>* writer) {
-  absl::StatusOr<v1::Job> job = manager_->Get(request->id());
+  absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
   if (!job.ok()) return ToGrpc(job.status());
   const int world = std::max(1, job->spec().world());
   if (request->has_rank() && (request->rank() < 0 || request->rank() >= world)) {
@@ -85,7 +85,7 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
   }
   while (!context->IsCancelled()) {
     // Decide "ended" before reading, so lines written just before the end are not lost.
-    absl::StatusOr<v1::Job> now = manager_->Get(request->id());
+    absl::StatusOr<v1::Job> now = jobs_->Get(request->id());
     const bool ended = !now.ok() || IsTerminal(now->state());
     for (auto& [rank, tail] : tails) {
       for (std::string& text : tail->ReadLines(ended || !request->follow())) {
@@ -103,36 +103,36 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
 
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* request,
                                      v1::PlanJobResponse* response) {
-  absl::StatusOr<v1::PlanJobResponse> plan = manager_->Plan(*request);
+  absl::StatusOr<v1::PlanJobResponse> plan = jobs_->Plan(*request);
   if (plan.ok()) *response = *std::move(plan);
   return ToGrpc(plan.status());
 }
 
 grpc::Status JobServiceImpl::GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
                                      v1::NodeInfo* response) {
-  *response = manager_->NodeInfo();
+  *response = jobs_->NodeInfo();
   return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                                          v1::RegisterResponse* response) {
-  absl::StatusOr<v1::RegisterResponse> r = manager_->Register(*request);
+  absl::StatusOr<v1::RegisterResponse> r = supervisor_->Register(*request);
   if (r.ok()) *response = *std::move(r);
   return ToGrpc(r.status());
 }
 
 grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext*,
                                            const v1::ReportStepRequest* request, v1::Ack*) {
-  return ToGrpc(manager_->ReportStep(*request));
+  return ToGrpc(supervisor_->ReportStep(*request));
 }
 
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                                           v1::Ack*) {
-  return ToGrpc(manager_->Heartbeat(*request));
+  return ToGrpc(supervisor_->Heartbeat(*request));
 }
 
 grpc::Status WorkerServiceImpl::Log(grpc::ServerContext*, const v1::LogRequest* request, v1::Ack*) {
-  return ToGrpc(manager_->Log(*request));
+  return ToGrpc(supervisor_->Log(*request));
 }
 
 }  // namespace ithaca

@@ -1,12 +1,14 @@
-// The gRPC services: thin handlers over JobManager. JobService is public (TCP or unix socket);
-// WorkerService is for ithaca-worker processes, on the daemon's own unix socket.
+// The gRPC services: thin handlers. JobService (over Jobs) is public (TCP or unix socket);
+// WorkerService (over the Supervisor) is for ithaca-worker processes, on the daemon's own unix
+// socket.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include "ithaca/v1/job.grpc.pb.h"
 #include "ithaca/v1/worker.grpc.pb.h"
-#include "server/job_manager.h"
+#include "server/jobs.h"
+#include "server/supervisor.h"
 
 namespace ithaca {
 
@@ -15,7 +17,7 @@ grpc::Status ToGrpc(const absl::Status& status);
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(JobManager* manager) : manager_(manager) {}
+  explicit JobServiceImpl(Jobs* jobs) : jobs_(jobs) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override;
@@ -35,12 +37,12 @@ class JobServiceImpl final : public v1::JobService::Service {
                        v1::NodeInfo* response) override;
 
  private:
-  JobManager* manager_;
+  Jobs* jobs_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(JobManager* manager) : manager_(manager) {}
+  explicit WorkerServiceImpl(Supervisor* supervisor) : supervisor_(supervisor) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -51,7 +53,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Log(grpc::ServerContext*, const v1::LogRequest* request, v1::Ack*) override;
 
  private:
-  JobManager* manager_;
+  Supervisor* supervisor_;
 };
 
 }  // namespace ithaca

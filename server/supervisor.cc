@@ -1,28 +1,41 @@
-// JobManager's supervision thread: launches scheduled jobs, reaps and judges workers, enforces
-// heartbeats and grace periods, tails logs, and recovers after a restart.
+#include "server/supervisor.h"
+
 #include <dirent.h>
 #include <signal.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
-#include "engine/train/checkpoint.h"
-#include "engine/spec/job_spec.h"
-#include "server/job_manager.h"
 
 namespace ithaca {
-namespace {
 
-// Kills processes of `pgid` that are ithaca-workers of `job_id` (left by a daemon that died).
-// The environment check keeps a reused process-group id from hitting anything else.
-int KillStrayWorkers(int pgid, const std::string& job_id) {
+Supervisor::Supervisor(Options options, Node node, JobOwner* owner, Metrics* metrics)
+    : options_(std::move(options)), node_(std::move(node)), owner_(owner), metrics_(metrics) {}
+
+Supervisor::~Supervisor() { Shutdown("daemon stopped"); }
+
+void Supervisor::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Supervisor::Wake() {
+  // Taking the lock first means the thread is waiting (not half-way through a tick that already
+  // asked for launches), so this wake-up is not lost.
+  { std::lock_guard<std::mutex> lock(mu_); }
+  wake_.notify_all();
+}
+
+int Supervisor::running_jobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(active_.size());
+}
+
+int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
   int killed = 0;
   DIR* proc = opendir("/proc");
   if (proc == nullptr) return 0;
@@ -53,69 +66,7 @@ int KillStrayWorkers(int pgid, const std::string& job_id) {
   return killed;
 }
 
-}  // namespace
-
-absl::Status JobManager::Start() {
-  RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));
-  RETURN_IF_ERROR(Recover());
-  RefreshJobCounts();
-  thread_ = std::thread([this] { Loop(); });
-  return absl::OkStatus();
-}
-
-namespace {
-
-// The newest checkpoint of a job whose spec asks to resume from one; "" when there is none.
-std::string ResumableCheckpoint(const v1::Job& job) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job.toml");
-  if (!spec.ok() || !spec->checkpoint.resume || spec->checkpoint.dir.empty()) return "";
-  absl::StatusOr<std::string> latest = LatestCheckpoint(spec->checkpoint.dir);
-  return latest.ok() ? *latest : "";
-}
-
-}  // namespace
-
-absl::Status JobManager::Recover() {
-  ASSIGN_OR_RETURN(
-      std::vector<v1::Job> left,
-      store_->List({v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLING}, 0));
-  for (const v1::Job& job : left) {
-    ASSIGN_OR_RETURN(int pgid, store_->ProcessGroup(job.id()));
-    const int killed = pgid > 0 ? KillStrayWorkers(pgid, job.id()) : 0;
-    const std::string stray = killed > 0 ? absl::StrCat("; killed ", killed, " stray workers")
-                                         : "; its workers were gone";
-    if (job.state() == v1::JOB_STATE_CANCELLING) {
-      ASSIGN_OR_RETURN(v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_CANCELLED,
-                                                     "daemon restarted while cancelling" + stray));
-    } else if (std::string checkpoint = ResumableCheckpoint(job); !checkpoint.empty()) {
-      // The spec asks to resume, and there is a checkpoint: queue the job again; its workers
-      // pick the checkpoint up themselves (engine/train/trainer.cc).
-      ASSIGN_OR_RETURN(v1::Job j,
-                       store_->Transition(job.id(), v1::JOB_STATE_QUEUED,
-                                          absl::StrCat("daemon restarted while the job was ",
-                                                       JobStateLabel(job.state()), stray,
-                                                       "; resuming from ", checkpoint)));
-    } else {
-      ASSIGN_OR_RETURN(v1::Job j,
-                       store_->Transition(job.id(), v1::JOB_STATE_FAILED,
-                                          absl::StrCat("daemon restarted while the job was ",
-                                                       JobStateLabel(job.state()), stray)));
-    }
-  }
-  ASSIGN_OR_RETURN(std::vector<v1::Job> queued, store_->List({v1::JOB_STATE_QUEUED}, 0));
-  std::reverse(queued.begin(), queued.end());  // oldest first
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const v1::Job& job : queued) {
-    absl::Status st = scheduler_.Enqueue(job.id(), job.spec().world());
-    if (!st.ok()) {
-      ASSIGN_OR_RETURN(
-          v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_FAILED, std::string(st.message())));
-    }
-  }
-  return absl::OkStatus();
-}
-
-void JobManager::Shutdown(const std::string& reason) {
+void Supervisor::Shutdown(const std::string& reason) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) return;
   shutting_down_ = true;
@@ -127,7 +78,6 @@ void JobManager::Shutdown(const std::string& reason) {
   wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.grace_period + absl::Seconds(5)),
                  [this] { return active_.empty() || !thread_.joinable(); });
   stop_ = true;
-  for (auto& [id, log] : events_) log->Close();
   wake_.notify_all();
   lock.unlock();
   if (thread_.joinable()) thread_.join();
@@ -135,13 +85,29 @@ void JobManager::Shutdown(const std::string& reason) {
   for (auto& [id, job] : active_) Launcher::SignalGroup(job->pgid, SIGKILL);
 }
 
-void JobManager::Loop() {
+absl::StatusOr<std::optional<v1::Job>> Supervisor::Cancel(const std::string& job_id,
+                                                          const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(job_id);
+  if (it == active_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no workers"));
+  }
+  Active& a = *it->second;
+  if (a.ending) return std::nullopt;  // already failing or finishing: its outcome stands
+  ASSIGN_OR_RETURN(v1::Job cancelling,
+                   owner_->OnStateChange(job_id, v1::JOB_STATE_CANCELLING, reason));
+  EndLocked(a, v1::JOB_STATE_CANCELLED, reason, std::nullopt, /*sigkill_now=*/false);
+  wake_.notify_all();
+  return cancelling;
+}
+
+void Supervisor::Loop() {
   absl::Time last_tail = absl::InfinitePast();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     const absl::Time now = absl::Now();
     if (!shutting_down_) {
-      for (const Scheduler::Assignment& a : scheduler_.Schedule()) LaunchLocked(a);
+      for (const LaunchOrder& order : owner_->TakeLaunches()) LaunchLocked(order);
     }
     const bool tail = now - last_tail > absl::Milliseconds(200);
     if (tail) last_tail = now;
@@ -162,17 +128,11 @@ void JobManager::Loop() {
   }
 }
 
-void JobManager::LaunchLocked(const Scheduler::Assignment& assignment) {
-  auto job_or = store_->Get(assignment.job_id);
-  if (!job_or.ok()) {
-    scheduler_.Release(assignment.job_id);
-    return;
-  }
-  const v1::Job& job = *job_or;
+void Supervisor::LaunchLocked(const LaunchOrder& order) {
   auto a = std::make_unique<Active>();
-  a->id = job.id();
-  a->spec_toml = job.spec_toml();
-  a->log_dir = job.log_dir();
+  a->id = order.job_id;
+  a->spec_toml = order.spec_toml;
+  a->log_dir = order.log_dir;
   // A fresh Gloo FileStore directory for every launch (a job resumed after a daemon restart is
   // launched again, and a store refuses keys that already exist).
   const std::string rdv_dir =
@@ -184,21 +144,18 @@ void JobManager::LaunchLocked(const Scheduler::Assignment& assignment) {
   l.daemon_socket = options_.worker_socket;
   l.rendezvous = a->rendezvous;
   l.log_dir = a->log_dir;
-  l.slots = assignment.slots;
-  l.gpu = options_.node.gpu;
+  l.slots = order.slots;
+  l.gpu = node_.gpu;
   if (!l.gpu) {
     const int cores = std::max(1u, std::thread::hardware_concurrency());
-    l.threads_per_rank = std::max(1, cores / static_cast<int>(assignment.slots.size()));
+    l.threads_per_rank = std::max(1, cores / static_cast<int>(order.slots.size()));
   }
   absl::Status st = MakeDirs(rdv_dir);
   absl::StatusOr<WorkerGroup> group =
       st.ok() ? Launcher::Launch(l) : absl::StatusOr<WorkerGroup>(st);
   if (!group.ok()) {
-    scheduler_.Release(a->id);
-    auto failed = store_->Transition(a->id, v1::JOB_STATE_FAILED,
-                                     absl::StrCat("launch failed: ", group.status().message()));
-    if (failed.ok()) PublishState(a->id, *failed);
-    EventsLocked(a->id)->Close();
+    owner_->OnEnded(a->id, v1::JOB_STATE_FAILED,
+                    absl::StrCat("launch failed: ", group.status().message()), std::nullopt);
     return;
   }
   a->pgid = group->pgid;
@@ -206,22 +163,19 @@ void JobManager::LaunchLocked(const Scheduler::Assignment& assignment) {
   for (size_t r = 0; r < group->pids.size(); ++r) {
     Rank rank;
     rank.pid = group->pids[r];
-    rank.slot = assignment.slots[r];
+    rank.slot = order.slots[r];
     rank.log = std::make_unique<LogTail>(Launcher::RankLogPath(a->log_dir, static_cast<int>(r)));
     a->ranks.push_back(std::move(rank));
   }
-  store_->SetLaunch(a->id, assignment.slots, a->pgid).IgnoreError();
-  auto starting = store_->Transition(
-      a->id, v1::JOB_STATE_STARTING,
+  owner_->OnLaunched(
+      a->id, order.slots, a->pgid,
       absl::StrCat("launched ", a->ranks.size(),
-                   a->ranks.size() > 1 ? " workers on " : " worker on ",
-                   options_.node.gpu ? "GPU" : "slot", a->ranks.size() > 1 ? "s " : " ",
-                   absl::StrJoin(assignment.slots, ",")));
-  if (starting.ok()) PublishState(a->id, *starting);
+                   a->ranks.size() > 1 ? " workers on " : " worker on ", node_.gpu ? "GPU" : "slot",
+                   a->ranks.size() > 1 ? "s " : " ", absl::StrJoin(order.slots, ",")));
   active_[a->id] = std::move(a);
 }
 
-void JobManager::EndLocked(Active& job, JobState outcome, const std::string& reason,
+void Supervisor::EndLocked(Active& job, JobState outcome, const std::string& reason,
                            std::optional<int> failed_rank, bool sigkill_now) {
   job.ending = true;
   job.outcome = outcome;
@@ -236,7 +190,7 @@ void JobManager::EndLocked(Active& job, JobState outcome, const std::string& rea
   }
 }
 
-void JobManager::SuperviseLocked(Active& job, absl::Time now) {
+void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     Rank& rank = job.ranks[r];
     if (rank.exit) continue;
@@ -287,35 +241,96 @@ void JobManager::SuperviseLocked(Active& job, absl::Time now) {
   }
 }
 
-void JobManager::TailLogsLocked(Active& job, bool flush) {
-  std::shared_ptr<EventLog> events = EventsLocked(job.id);
+void Supervisor::TailLogsLocked(Active& job, bool flush) {
   for (size_t r = 0; r < job.ranks.size(); ++r) {
-    for (std::string& line : job.ranks[r].log->ReadLines(flush)) {
-      v1::JobEvent e;
-      e.mutable_log()->set_rank(static_cast<int32_t>(r));
-      e.mutable_log()->set_text(std::move(line));
-      events->Append(std::move(e));
-    }
+    std::vector<std::string> lines = job.ranks[r].log->ReadLines(flush);
+    if (!lines.empty()) owner_->OnLogLines(job.id, static_cast<int>(r), std::move(lines));
   }
 }
 
-void JobManager::FinalizeLocked(Active& job) {
+void Supervisor::FinalizeLocked(Active& job) {
   Launcher::SignalGroup(job.pgid, SIGKILL);  // anything a worker may have started
   TailLogsLocked(job, true);
-  scheduler_.Release(job.id);
   if (!job.ending) {  // cannot happen: all exited means an outcome was decided
     job.outcome = v1::JOB_STATE_FAILED;
     job.reason = "workers exited";
   }
-  auto done = store_->Transition(job.id, job.outcome, job.reason, job.failed_rank);
-  if (!done.ok()) {
-    std::fprintf(stderr, "ithacad: %s\n", done.status().ToString().c_str());
-  } else {
-    PublishState(job.id, *done);
-  }
-  EventsLocked(job.id)->Close();
+  owner_->OnEnded(job.id, job.outcome, job.reason, job.failed_rank);
   metrics_->OnJobFinished(job.id);
-  RefreshJobCounts();
+}
+
+absl::StatusOr<Supervisor::Active*> Supervisor::ActiveLocked(const std::string& job_id, int rank) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no running workers"));
+  }
+  Active* a = it->second.get();
+  if (rank < 0 || rank >= static_cast<int>(a->ranks.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the job's world of ", a->ranks.size()));
+  }
+  return a;
+}
+
+absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
+  Rank& r = a->ranks[request.rank()];
+  if (a->ending) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
+  }
+  if (request.pid() != r.pid) {
+    return absl::PermissionDeniedError(absl::StrCat("rank ", request.rank(), " of ", a->id,
+                                                    " is pid ", r.pid, ", not ", request.pid()));
+  }
+  r.registered = true;
+  r.last_heartbeat = absl::Now();
+  const bool all =
+      std::all_of(a->ranks.begin(), a->ranks.end(), [](const Rank& x) { return x.registered; });
+  if (all && !a->running) {
+    a->running = true;
+    RETURN_IF_ERROR(owner_
+                        ->OnStateChange(a->id, v1::JOB_STATE_RUNNING,
+                                        absl::StrCat("all ", a->ranks.size(), " ranks registered"))
+                        .status());
+  }
+  v1::RegisterResponse response;
+  response.set_spec_toml(a->spec_toml);
+  response.set_world_size(static_cast<int32_t>(a->ranks.size()));
+  response.set_rendezvous(a->rendezvous);
+  response.set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  response.set_gpu(r.slot);
+  return response;
+}
+
+absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const v1::StepReport& step = request.step();
+  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), step.rank()));
+  Rank& r = a->ranks[step.rank()];
+  r.last_heartbeat = absl::Now();
+  const NodeDevice& dev = node_.devices[r.slot];
+  metrics_->OnStep(a->id, step.rank(), dev.index, dev.uuid, step);
+  return owner_->OnStep(a->id, step);
+}
+
+absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
+  if (a->ending) {
+    return absl::AbortedError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
+  }
+  a->ranks[request.rank()].last_heartbeat = absl::Now();
+  return absl::OkStatus();
+}
+
+absl::Status Supervisor::Log(const v1::LogRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
+  // The text also reached the rank's log file through stderr; here it becomes the reason a
+  // failure is reported with.
+  if (request.level() == "ERROR") a->ranks[request.rank()].last_error = request.text();
+  return absl::OkStatus();
 }
 
 }  // namespace ithaca

@@ -1,0 +1,304 @@
+#include "server/jobs.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "engine/core/file_util.h"
+#include "engine/train/checkpoint.h"
+#include "engine/spec/job_spec.h"
+#include "server/admission.h"
+
+namespace ithaca {
+
+Jobs::Jobs(Options options, JobStore* store, Metrics* metrics)
+    : options_(std::move(options)),
+      store_(store),
+      metrics_(metrics),
+      scheduler_(Scheduler::Options{options_.node.slots()}),
+      supervisor_(options_.supervisor, options_.node, this, metrics) {}
+
+Jobs::~Jobs() { Shutdown("daemon stopped"); }
+
+absl::Status Jobs::Start() {
+  RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));
+  RETURN_IF_ERROR(Recover());
+  RefreshJobCounts();
+  supervisor_.Start();
+  return absl::OkStatus();
+}
+
+void Jobs::Shutdown(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+  }
+  supervisor_.Shutdown(reason);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, log] : events_) log->Close();
+}
+
+namespace {
+
+// The newest checkpoint of a job whose spec asks to resume from one; "" when there is none.
+std::string ResumableCheckpoint(const v1::Job& job) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job.toml");
+  if (!spec.ok() || !spec->checkpoint.resume || spec->checkpoint.dir.empty()) return "";
+  absl::StatusOr<std::string> latest = LatestCheckpoint(spec->checkpoint.dir);
+  return latest.ok() ? *latest : "";
+}
+
+}  // namespace
+
+absl::Status Jobs::Recover() {
+  ASSIGN_OR_RETURN(
+      std::vector<v1::Job> left,
+      store_->List({v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLING}, 0));
+  for (const v1::Job& job : left) {
+    ASSIGN_OR_RETURN(int pgid, store_->ProcessGroup(job.id()));
+    const int killed = pgid > 0 ? Supervisor::KillStrayWorkers(pgid, job.id()) : 0;
+    const std::string stray = killed > 0 ? absl::StrCat("; killed ", killed, " stray workers")
+                                         : "; its workers were gone";
+    if (job.state() == v1::JOB_STATE_CANCELLING) {
+      ASSIGN_OR_RETURN(v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_CANCELLED,
+                                                     "daemon restarted while cancelling" + stray));
+    } else if (std::string checkpoint = ResumableCheckpoint(job); !checkpoint.empty()) {
+      // The spec asks to resume, and there is a checkpoint: queue the job again; its workers
+      // pick the checkpoint up themselves (engine/train/trainer.cc).
+      ASSIGN_OR_RETURN(v1::Job j,
+                       store_->Transition(job.id(), v1::JOB_STATE_QUEUED,
+                                          absl::StrCat("daemon restarted while the job was ",
+                                                       JobStateLabel(job.state()), stray,
+                                                       "; resuming from ", checkpoint)));
+    } else {
+      ASSIGN_OR_RETURN(v1::Job j,
+                       store_->Transition(job.id(), v1::JOB_STATE_FAILED,
+                                          absl::StrCat("daemon restarted while the job was ",
+                                                       JobStateLabel(job.state()), stray)));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::Job> queued, store_->List({v1::JOB_STATE_QUEUED}, 0));
+  std::reverse(queued.begin(), queued.end());  // oldest first
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const v1::Job& job : queued) {
+    absl::Status st = scheduler_.Enqueue(job.id(), job.spec().world());
+    if (!st.ok()) {
+      ASSIGN_OR_RETURN(
+          v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_FAILED, std::string(st.message())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
+  }
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, ParseSubmission(request.spec_toml(), request.source(),
+                                                          request.base_dir(), options_.node));
+  RETURN_IF_ERROR(CheckFits(admitted, options_.node));
+  v1::Job job;
+  job.set_name(admitted.spec.name);
+  *job.mutable_spec() = admitted.summary;
+  job.set_spec_toml(admitted.toml);  // resolved: what `status` shows and the workers run
+  job.set_log_dir(absl::StrCat(options_.state_dir, "/jobs/{id}"));
+  v1::Job stored;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(stored, store_->Create(job, "submitted"));
+    absl::Status queued = scheduler_.Enqueue(stored.id(), admitted.spec.parallel.world);
+    if (!queued.ok()) {  // CheckFits makes this unreachable; keep the store honest anyway
+      store_->Transition(stored.id(), v1::JOB_STATE_FAILED, std::string(queued.message()))
+          .IgnoreError();
+      return queued;
+    }
+    PublishState(stored.id(), stored);
+  }
+  supervisor_.Wake();
+  return stored;
+}
+
+absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request) {
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, ParseSubmission(request.spec_toml(), request.source(),
+                                                          request.base_dir(), options_.node));
+  v1::PlanJobResponse response;
+  *response.mutable_plan() = EstimateMemory(admitted);
+  *response.mutable_spec() = admitted.summary;
+  return response;
+}
+
+absl::StatusOr<v1::Job> Jobs::Get(const std::string& id) { return store_->Get(id); }
+
+absl::StatusOr<std::vector<v1::Job>> Jobs::List(const v1::ListJobsRequest& request) {
+  std::vector<JobState> states;
+  for (int s : request.states()) states.push_back(static_cast<JobState>(s));
+  return store_->List(states, request.limit());
+}
+
+absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& reason_in) {
+  const std::string reason = reason_in.empty() ? "cancelled by the user" : reason_in;
+  v1::Job job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(job, store_->Get(id));
+    if (IsTerminal(job.state())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " already ended: ", JobStateName(job.state())));
+    }
+    if (job.state() == v1::JOB_STATE_CANCELLING) return job;
+    // Still in the queue: no workers to stop. (A QUEUED job the scheduler already handed to the
+    // supervisor is no longer in it; the supervisor cancels it below once launched.)
+    if (job.state() == v1::JOB_STATE_QUEUED && scheduler_.Remove(id)) {
+      ASSIGN_OR_RETURN(v1::Job done, store_->Transition(id, v1::JOB_STATE_CANCELLED, reason));
+      PublishState(id, done);
+      EventsLocked(id)->Close();
+      return done;
+    }
+  }
+  // The supervisor records CANCELLING through OnStateChange, and CANCELLED once the workers are
+  // gone.
+  absl::StatusOr<std::optional<v1::Job>> cancelling = supervisor_.Cancel(id, reason);
+  if (absl::IsNotFound(cancelling.status())) {  // the job may have ended meanwhile
+    ASSIGN_OR_RETURN(v1::Job now, store_->Get(id));
+    if (IsTerminal(now.state())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " already ended: ", JobStateName(now.state())));
+    }
+    return absl::InternalError(absl::StrCat("job ", id, " has no workers"));
+  }
+  RETURN_IF_ERROR(cancelling.status());
+  if (!cancelling->has_value()) return job;  // already failing or finishing: its outcome stands
+  return **cancelling;
+}
+
+std::shared_ptr<EventLog> Jobs::EventsLocked(const std::string& id) {
+  std::shared_ptr<EventLog>& log = events_[id];
+  if (!log) log = std::make_shared<EventLog>();
+  return log;
+}
+
+absl::StatusOr<std::shared_ptr<EventLog>> Jobs::Events(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = events_.find(id);
+  if (it != events_.end()) return it->second;
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  std::shared_ptr<EventLog> log = EventsLocked(id);
+  PublishState(id, job);
+  if (IsTerminal(job.state())) log->Close();
+  return log;
+}
+
+void Jobs::PublishState(const std::string& id, const v1::Job& job) {
+  v1::JobEvent e;
+  if (job.transitions_size() > 0) {
+    *e.mutable_state() = job.transitions(job.transitions_size() - 1);
+  } else {
+    e.mutable_state()->set_to(job.state());
+  }
+  *e.mutable_job() = job;
+  EventsLocked(id)->Append(std::move(e));
+}
+
+v1::NodeInfo Jobs::NodeInfo() {
+  v1::NodeInfo n;
+  n.set_hostname(options_.node.hostname);
+  n.set_version("ithacad 0.1");
+  n.set_gpus(options_.node.gpu ? options_.node.slots() : 0);
+  n.set_slots(options_.node.slots());
+  n.set_host_memory_bytes(options_.node.host_memory_bytes);
+  n.set_metrics_address(options_.metrics_address);
+  n.set_state_dir(options_.state_dir);
+  n.set_jobs_running(supervisor_.running_jobs());  // before taking mu_: see the locking note
+  std::lock_guard<std::mutex> lock(mu_);
+  n.set_free_slots(scheduler_.free_slots());
+  n.set_jobs_queued(scheduler_.queued());
+  for (const NodeDevice& d : options_.node.devices) {
+    v1::Device* out = n.add_devices();
+    out->set_index(d.index);
+    out->set_uuid(d.uuid);
+    out->set_name(d.name);
+    out->set_memory_bytes(d.memory_bytes);
+    if (d.index < scheduler_.total_slots()) out->set_job_id(scheduler_.owners()[d.index]);
+  }
+  return n;
+}
+
+void Jobs::RefreshJobCounts() {
+  absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
+  if (counts.ok()) metrics_->SetJobCounts(*counts);
+  // Per-job state series for the newest jobs (bounded, like the per-rank series).
+  absl::StatusOr<std::vector<v1::Job>> recent = store_->List({}, Metrics::kFinishedJobsKept);
+  if (recent.ok()) {
+    std::vector<std::pair<std::string, JobState>> states;
+    for (const v1::Job& j : *recent) states.push_back({j.id(), j.state()});
+    metrics_->SetJobStates(states);
+  }
+}
+
+std::vector<LaunchOrder> Jobs::TakeLaunches() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<LaunchOrder> orders;
+  for (const Scheduler::Assignment& a : scheduler_.Schedule()) {
+    absl::StatusOr<v1::Job> job = store_->Get(a.job_id);
+    if (!job.ok()) {
+      scheduler_.Release(a.job_id);
+      continue;
+    }
+    orders.push_back({job->id(), job->spec_toml(), job->log_dir(), a.slots});
+  }
+  return orders;
+}
+
+void Jobs::OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,
+                      const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  store_->SetLaunch(job_id, slots, pgid).IgnoreError();
+  auto starting = store_->Transition(job_id, v1::JOB_STATE_STARTING, reason);
+  if (starting.ok()) PublishState(job_id, *starting);
+}
+
+absl::StatusOr<v1::Job> Jobs::OnStateChange(const std::string& job_id, JobState to,
+                                            const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(v1::Job job, store_->Transition(job_id, to, reason));
+  PublishState(job_id, job);
+  return job;
+}
+
+absl::Status Jobs::OnStep(const std::string& job_id, const v1::StepReport& step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(store_->RecordStep(job_id, step));
+  v1::JobEvent e;
+  *e.mutable_step() = step;
+  EventsLocked(job_id)->Append(std::move(e));
+  return absl::OkStatus();
+}
+
+void Jobs::OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<EventLog> events = EventsLocked(job_id);
+  for (std::string& line : lines) {
+    v1::JobEvent e;
+    e.mutable_log()->set_rank(rank);
+    e.mutable_log()->set_text(std::move(line));
+    events->Append(std::move(e));
+  }
+}
+
+void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
+                   std::optional<int> failed_rank) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    scheduler_.Release(job_id);
+    auto done = store_->Transition(job_id, outcome, reason, failed_rank);
+    if (!done.ok()) {
+      std::fprintf(stderr, "ithacad: %s\n", done.status().ToString().c_str());
+    } else {
+      PublishState(job_id, *done);
+    }
+    EventsLocked(job_id)->Close();
+  }
+  RefreshJobCounts();
+}
+
+}  // namespace ithaca

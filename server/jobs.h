@@ -1,0 +1,103 @@
+// Jobs: the daemon's job service, behind the thin JobService gRPC handlers (services.cc). It
+// admits jobs (admission.h), stores them (job_store.h), queues them (scheduler.h) and keeps each
+// job's event stream (event_log.h); its Supervisor (supervisor.h) runs the jobs' workers and
+// reports back through the JobOwner interface, which Jobs implements privately. After a restart,
+// jobs that were running are marked FAILED ("daemon restarted") once the supervisor has killed
+// their stray workers, or queued again when they can resume from a checkpoint; queued jobs are
+// queued again.
+//
+// Jobs, not the supervisor, owns the scheduler: the queue is made of stored jobs that have no
+// processes yet (submit adds, cancel removes, recovery re-queues, GetNode reports), and the
+// supervisor only sees a job from its launch on. A job's slots are freed when the supervisor
+// reports its outcome (OnEnded).
+//
+// Jobs owns the event logs too: a job's stream spans its whole life, from queued to ended (and is
+// replayed for jobs that ended before this daemon started), and its state events must follow the
+// order in which the store records the transitions, which only the owner of the store can keep.
+// The supervisor forwards step reports and log lines into it.
+//
+// Locking: the supervisor calls JobOwner with its own lock held and Jobs then takes its lock, so
+// Jobs never calls the Supervisor while holding its lock.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ithaca/v1/job.pb.h"
+#include "server/event_log.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+#include "server/node.h"
+#include "server/scheduler.h"
+#include "server/supervisor.h"
+
+namespace ithaca {
+
+class Jobs : private JobOwner {
+ public:
+  struct Options {
+    std::string state_dir;  // jobs/<id>/ (logs, rendezvous) lives here
+    Node node;
+    std::string metrics_address;  // for GetNode
+    Supervisor::Options supervisor;
+  };
+
+  Jobs(Options options, JobStore* store, Metrics* metrics);
+  ~Jobs() override;
+  Jobs(const Jobs&) = delete;
+  Jobs& operator=(const Jobs&) = delete;
+
+  // Recovers from a previous run (see above) and starts the supervisor.
+  absl::Status Start();
+  // Stops every running job (FAILED, `reason`) and waits for its workers. Queued jobs stay queued
+  // for the next start. New submissions get UNAVAILABLE from now on.
+  void Shutdown(const std::string& reason);
+
+  // JobService.
+  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& request);
+  absl::StatusOr<v1::Job> Get(const std::string& id);
+  absl::StatusOr<std::vector<v1::Job>> List(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
+  // The job's event stream; for a job that ended before this daemon started, a closed log
+  // holding its final state change.
+  absl::StatusOr<std::shared_ptr<EventLog>> Events(const std::string& id);
+  v1::NodeInfo NodeInfo();
+  void RefreshJobCounts();  // ithaca_jobs{state} from the store
+
+  // The WorkerService talks to it.
+  Supervisor* supervisor() { return &supervisor_; }
+
+ private:
+  // JobOwner: the supervisor's reports.
+  std::vector<LaunchOrder> TakeLaunches() override;
+  void OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,
+                  const std::string& reason) override;
+  absl::StatusOr<v1::Job> OnStateChange(const std::string& job_id, JobState to,
+                                        const std::string& reason) override;
+  absl::Status OnStep(const std::string& job_id, const v1::StepReport& step) override;
+  void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) override;
+  void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
+               std::optional<int> failed_rank) override;
+
+  absl::Status Recover();
+  void PublishState(const std::string& id, const v1::Job& job);
+  std::shared_ptr<EventLog> EventsLocked(const std::string& id);
+
+  const Options options_;
+  JobStore* const store_;
+  Metrics* const metrics_;
+
+  std::mutex mu_;
+  Scheduler scheduler_;
+  std::map<std::string, std::shared_ptr<EventLog>> events_;
+  bool shutting_down_ = false;
+  // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
+  Supervisor supervisor_;
+};
+
+}  // namespace ithaca

@@ -1,0 +1,154 @@
+// Jobs with a real (in-memory) store and real worker processes: what a client sees when the
+// supervisor runs, cancels and loses jobs.
+#include "server/jobs.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/time/clock.h"
+
+namespace ithaca {
+namespace {
+
+std::string TmpDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+// An executable shell script standing in for ithaca-worker.
+std::string Script(const std::string& name, const std::string& body) {
+  const std::string path = TmpDir() + "/" + name;
+  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+// A CPU job of `world` ranks whose data file exists (admission checks presence, not format).
+v1::SubmitJobRequest Submission(int world) {
+  std::ofstream(TmpDir() + "/corpus.tok") << "x";
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(
+      absl::StrCat("name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n",
+                   "[data]\npath = \"corpus.tok\"\nseq_len = 64\n[training]\nsteps = 3\n",
+                   "[parallel]\nworld = ", world, "\n"));
+  r.set_source("job.toml");
+  r.set_base_dir(TmpDir());
+  return r;
+}
+
+Jobs::Options CpuJobs(const std::string& name, int slots, const std::string& worker) {
+  Jobs::Options o;
+  o.state_dir = TmpDir() + "/" + name;
+  o.node.host_memory_bytes = int64_t{16} << 30;
+  for (int i = 0; i < slots; ++i) {
+    o.node.devices.push_back({i, "", "cpu slot", o.node.host_memory_bytes});
+  }
+  o.supervisor.worker_binary = worker;
+  o.supervisor.worker_socket = o.state_dir + "/worker.sock";
+  o.supervisor.grace_period = absl::Seconds(2);
+  o.supervisor.poll_interval = absl::Milliseconds(10);
+  return o;
+}
+
+// Polls the store until the job is in `state` (or 20 s pass); returns the last record.
+v1::Job WaitFor(Jobs& jobs, const std::string& id, JobState state) {
+  v1::Job job;
+  for (absl::Time end = absl::Now() + absl::Seconds(20); absl::Now() < end;) {
+    absl::StatusOr<v1::Job> now = jobs.Get(id);
+    if (now.ok()) job = *now;
+    if (job.state() == state) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return job;
+}
+
+TEST(JobsTest, AJobWhoseWorkerExitsNonZeroEndsFailedAndItsStreamSaysSo) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("false", 2, "/bin/false"), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_QUEUED);
+
+  v1::Job failed = WaitFor(jobs, job->id(), v1::JOB_STATE_FAILED);
+  ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.reason(), "rank 0 exited with code 1 (error)");
+  EXPECT_EQ(failed.failed_rank(), 0);
+  std::vector<JobState> path;
+  for (const v1::StateTransition& t : failed.transitions()) path.push_back(t.to());
+  EXPECT_EQ(path, (std::vector<JobState>{v1::JOB_STATE_QUEUED, v1::JOB_STATE_STARTING,
+                                         v1::JOB_STATE_FAILED}));
+
+  absl::StatusOr<std::shared_ptr<EventLog>> events = jobs.Events(job->id());
+  ASSERT_TRUE(events.ok());
+  bool closed = false;
+  std::vector<v1::JobEvent> all = (*events)->WaitAfter(0, absl::Seconds(1), &closed);
+  EXPECT_TRUE(closed);
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.back().state().to(), v1::JOB_STATE_FAILED);
+  // The slots are free again.
+  v1::NodeInfo node = jobs.NodeInfo();
+  EXPECT_EQ(node.free_slots(), 2);
+  EXPECT_EQ(node.jobs_running(), 0);
+}
+
+TEST(JobsTest, CancelTakesAQueuedJobOffTheQueueAndStopsARunningOne) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("cancel", 2, Script("sleep.sh", "exec sleep 30")), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> first = jobs.Submit(Submission(2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(WaitFor(jobs, first->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  absl::StatusOr<v1::Job> second = jobs.Submit(Submission(1));  // waits: no free slot
+  ASSERT_TRUE(second.ok()) << second.status();
+
+  v1::NodeInfo node = jobs.NodeInfo();
+  EXPECT_EQ(node.jobs_running(), 1);
+  EXPECT_EQ(node.jobs_queued(), 1);
+  EXPECT_EQ(node.free_slots(), 0);
+  EXPECT_EQ(node.devices(1).job_id(), first->id());
+
+  absl::StatusOr<v1::Job> dequeued = jobs.Cancel(second->id(), "");
+  ASSERT_TRUE(dequeued.ok()) << dequeued.status();
+  EXPECT_EQ(dequeued->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(dequeued->reason(), "cancelled by the user");
+
+  absl::StatusOr<v1::Job> stopping = jobs.Cancel(first->id(), "enough");
+  ASSERT_TRUE(stopping.ok()) << stopping.status();
+  EXPECT_EQ(stopping->state(), v1::JOB_STATE_CANCELLING);
+  v1::Job cancelled = WaitFor(jobs, first->id(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled.reason(), "enough");
+  EXPECT_TRUE(absl::IsFailedPrecondition(jobs.Cancel(first->id(), "").status()));
+}
+
+TEST(JobsTest, ShutdownFailsRunningJobsKeepsQueuedOnesAndRefusesSubmissions) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("shutdown", 1, Script("sleep.sh", "exec sleep 30")), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> running = jobs.Submit(Submission(1));
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(WaitFor(jobs, running->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  absl::StatusOr<v1::Job> queued = jobs.Submit(Submission(1));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+
+  jobs.Shutdown("daemon shut down (test)");
+  absl::StatusOr<v1::Job> ended = jobs.Get(running->id());
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended->reason(), "daemon shut down (test)");
+  EXPECT_EQ(jobs.Get(queued->id())->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(absl::IsUnavailable(jobs.Submit(Submission(1)).status()));
+}
+
+}  // namespace
+}  // namespace ithaca

@@ -1,0 +1,163 @@
+// Supervisor: runs jobs' worker processes and talks to them. From its own long-lived thread it
+// launches the jobs its owner hands it (launcher.h) and judges their workers: a worker that exits
+// non-zero, stops heart-beating or never registers fails the job naming the rank, and the job's
+// other workers are killed; cancel sends SIGTERM, then SIGKILL after the grace period. A job's
+// outcome is reported only once all its workers are gone. The WorkerService (Register,
+// ReportStep, Heartbeat, Log) is answered here.
+//
+// The supervisor knows nothing of the job store, the queue or the event logs: those belong to its
+// owner (Jobs, jobs.h), which hands it jobs to launch and hears about everything that happens to
+// them through JobOwner.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "ithaca/v1/job.pb.h"
+#include "ithaca/v1/worker.pb.h"
+#include "server/job_state.h"
+#include "server/launcher.h"
+#include "server/log_files.h"
+#include "server/metrics.h"
+#include "server/node.h"
+
+namespace ithaca {
+
+// A job the scheduler gave slots to, ready to launch.
+struct LaunchOrder {
+  std::string job_id;
+  std::string spec_toml;   // what every rank receives at Register
+  std::string log_dir;     // rank logs and the rendezvous directory go here
+  std::vector<int> slots;  // slots[rank]
+};
+
+// The owner of the jobs a Supervisor runs. The supervisor calls it with its own lock held, so one
+// job's reports arrive in the order they happened and a cancel cannot slip between a launch and
+// its report; an implementation must therefore never call back into the Supervisor.
+class JobOwner {
+ public:
+  virtual ~JobOwner() = default;
+
+  // The jobs to launch now, each already holding its slots. Called from the supervisor's thread.
+  virtual std::vector<LaunchOrder> TakeLaunches() = 0;
+  // The job's workers were started in process group `pgid`; `reason` says where.
+  virtual void OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,
+                          const std::string& reason) = 0;
+  // RUNNING (every rank registered) or CANCELLING (a cancel is stopping the workers); returns the
+  // job as recorded. An error (the change is not allowed) is returned to whoever caused it, and
+  // the supervisor goes no further with that change.
+  virtual absl::StatusOr<v1::Job> OnStateChange(const std::string& job_id, JobState to,
+                                                const std::string& reason) = 0;
+  // A rank's step report; an error goes back to the worker.
+  virtual absl::Status OnStep(const std::string& job_id, const v1::StepReport& step) = 0;
+  // Lines a rank wrote to its log since the last call.
+  virtual void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) = 0;
+  // The job is over: every worker is gone, or none could be started. Its slots are free again.
+  virtual void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
+                       std::optional<int> failed_rank) = 0;
+};
+
+class Supervisor {
+ public:
+  struct Options {
+    std::string worker_binary;  // ithaca-worker
+    std::string worker_socket;  // the WorkerService unix socket the workers dial
+    absl::Duration heartbeat_timeout = absl::Seconds(30);
+    absl::Duration start_timeout = absl::Seconds(120);  // launch → every rank registered
+    absl::Duration grace_period = absl::Seconds(10);    // SIGTERM → SIGKILL on cancel
+    int heartbeat_interval_ms = 1000;                   // told to workers at Register
+    absl::Duration poll_interval = absl::Milliseconds(50);
+  };
+
+  // `node` maps a rank's slot to its device (metrics labels, CPU or GPU workers).
+  Supervisor(Options options, Node node, JobOwner* owner, Metrics* metrics);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Starts the supervision thread. Workers die with the thread that forked them, so every launch
+  // happens on it.
+  void Start();
+  // Stops every running job (FAILED, `reason`), waits for its workers, stops the thread; nothing
+  // is launched from now on.
+  void Shutdown(const std::string& reason);
+  // Wakes the thread, so a job just queued launches without waiting for the next poll.
+  void Wake();
+
+  // Begins stopping a job's workers: SIGTERM now, SIGKILL after the grace period; the job goes
+  // CANCELLING now (returned, as the owner recorded it) and CANCELLED once they are gone. nullopt
+  // when the job was already ending: its outcome stands. NOT_FOUND when no workers of the job
+  // run here.
+  absl::StatusOr<std::optional<v1::Job>> Cancel(const std::string& job_id,
+                                                const std::string& reason);
+  int running_jobs();
+
+  // Kills the processes of `pgid` that are workers of `job_id`, left by a daemon that died;
+  // returns how many. The environment check keeps a reused process-group id from hitting
+  // anything else.
+  static int KillStrayWorkers(int pgid, const std::string& job_id);
+
+  // WorkerService.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  absl::Status ReportStep(const v1::ReportStepRequest& request);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request);
+  absl::Status Log(const v1::LogRequest& request);
+
+ private:
+  struct Rank {
+    int pid = 0;
+    int slot = 0;
+    bool registered = false;
+    absl::Time last_heartbeat;
+    std::optional<WorkerEnd> exit;
+    std::string last_error;  // newest ERROR line the worker sent
+    std::unique_ptr<LogTail> log;
+  };
+  struct Active {
+    std::string id;
+    std::string spec_toml;
+    std::string rendezvous;
+    std::string log_dir;
+    std::vector<Rank> ranks;
+    int pgid = 0;
+    absl::Time launched;
+    bool running = false;  // every rank registered
+    // Once the outcome is decided the job is "ending": its workers are being stopped.
+    bool ending = false;
+    JobState outcome = v1::JOB_STATE_UNSPECIFIED;
+    std::string reason;
+    std::optional<int> failed_rank;
+    absl::Time kill_deadline;
+    bool killed = false;  // SIGKILL sent
+  };
+
+  void Loop();
+  void LaunchLocked(const LaunchOrder& order);
+  void SuperviseLocked(Active& job, absl::Time now);
+  void EndLocked(Active& job, JobState outcome, const std::string& reason,
+                 std::optional<int> failed_rank, bool sigkill_now);
+  void FinalizeLocked(Active& job);
+  void TailLogsLocked(Active& job, bool flush);
+  absl::StatusOr<Active*> ActiveLocked(const std::string& job_id, int rank);
+
+  const Options options_;
+  const Node node_;
+  JobOwner* const owner_;
+  Metrics* const metrics_;
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::map<std::string, std::unique_ptr<Active>> active_;
+  bool shutting_down_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ithaca

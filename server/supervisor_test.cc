@@ -1,0 +1,314 @@
+// The Supervisor with real worker processes (shell scripts and /bin/false started through the
+// launcher) and an owner that records what it is told.
+#include "server/supervisor.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+
+namespace ithaca {
+namespace {
+
+std::string TmpDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+// An executable shell script standing in for ithaca-worker.
+std::string Script(const std::string& name, const std::string& body) {
+  const std::string path = TmpDir() + "/" + name;
+  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+Node CpuNode(int slots) {
+  Node n;
+  n.host_memory_bytes = int64_t{16} << 30;
+  for (int i = 0; i < slots; ++i) n.devices.push_back({i, "", "cpu slot", n.host_memory_bytes});
+  return n;
+}
+
+struct Ended {
+  JobState outcome;
+  std::string reason;
+  std::optional<int> failed_rank;
+};
+
+// Hands out the orders it is given and records every report, in order.
+class RecordingOwner : public JobOwner {
+ public:
+  void Queue(const std::string& id, int world) {
+    std::lock_guard<std::mutex> lock(mu_);
+    LaunchOrder o{id, "spec of " + id, TmpDir() + "/jobs/" + id, {}};
+    for (int r = 0; r < world; ++r) o.slots.push_back(r);
+    pending_.push_back(o);
+  }
+
+  std::vector<LaunchOrder> TakeLaunches() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(pending_, {});
+  }
+  void OnLaunched(const std::string& id, const std::vector<int>& slots, int pgid,
+                  const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pgids_[id] = pgid;
+    states_[id].push_back(v1::JOB_STATE_STARTING);
+    cv_.notify_all();
+  }
+  absl::StatusOr<v1::Job> OnStateChange(const std::string& id, JobState to,
+                                        const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    states_[id].push_back(to);
+    v1::Job job;
+    job.set_id(id);
+    job.set_state(to);
+    job.set_reason(reason);
+    return job;
+  }
+  absl::Status OnStep(const std::string& id, const v1::StepReport& step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_[id].push_back(step.step());
+    return absl::OkStatus();
+  }
+  void OnLogLines(const std::string& id, int rank, std::vector<std::string> lines) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::string& l : lines) logs_[id].push_back(absl::StrCat(rank, ": ", l));
+  }
+  void OnEnded(const std::string& id, JobState outcome, const std::string& reason,
+               std::optional<int> failed_rank) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_[id] = Ended{outcome, reason, failed_rank};
+    cv_.notify_all();
+  }
+
+  // The job's process group once launched; 0 when that takes longer than `timeout`.
+  int WaitLaunched(const std::string& id, absl::Duration timeout = absl::Seconds(10)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return pgids_.count(id) > 0; });
+    return pgids_.count(id) ? pgids_[id] : 0;
+  }
+  std::optional<Ended> WaitEnded(const std::string& id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(20), [&] { return ended_.count(id) > 0; });
+    if (!ended_.count(id)) return std::nullopt;
+    return ended_[id];
+  }
+  std::optional<Ended> EndedNow(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ended_.count(id)) return std::nullopt;
+    return ended_[id];
+  }
+  std::vector<JobState> States(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return states_[id];
+  }
+  std::vector<std::string> Logs(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return logs_[id];
+  }
+  std::vector<int64_t> Steps(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_[id];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<LaunchOrder> pending_;
+  std::map<std::string, int> pgids_;
+  std::map<std::string, std::vector<JobState>> states_;
+  std::map<std::string, std::vector<int64_t>> steps_;
+  std::map<std::string, std::vector<std::string>> logs_;
+  std::map<std::string, Ended> ended_;
+};
+
+Supervisor::Options WithWorker(const std::string& binary) {
+  Supervisor::Options o;
+  o.worker_binary = binary;
+  o.worker_socket = TmpDir() + "/unused.sock";
+  o.grace_period = absl::Seconds(2);
+  o.poll_interval = absl::Milliseconds(10);
+  return o;
+}
+
+TEST(SupervisorTest, AWorkerThatExitsNonZeroFailsItsJob) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor supervisor(WithWorker("/bin/false"), CpuNode(2), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-false", 1);
+  supervisor.Wake();
+  std::optional<Ended> end = owner.WaitEnded("job-false");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(end->reason, "rank 0 exited with code 1 (error)");
+  EXPECT_EQ(end->failed_rank, 0);
+  EXPECT_EQ(owner.States("job-false"), std::vector<JobState>{v1::JOB_STATE_STARTING});
+  EXPECT_EQ(supervisor.running_jobs(), 0);
+  EXPECT_NE(metrics.Render().find("ithaca_worker_exits_total{reason=\"error\"} 1"),
+            std::string::npos)
+      << metrics.Render();
+}
+
+TEST(SupervisorTest, OneFailedRankKillsTheOthersAndIsNamedWithItsLastLines) {
+  RecordingOwner owner;
+  Metrics metrics;
+  const std::string worker = Script("rank1_fails.sh",
+                                    "if [ \"$ITHACA_RANK\" = 1 ]; then\n"
+                                    "  echo 'rank one ran out' >&2; exit 3\n"
+                                    "fi\n"
+                                    "exec sleep 30");
+  Supervisor supervisor(WithWorker(worker), CpuNode(2), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-two", 2);
+  supervisor.Wake();
+  const absl::Time start = absl::Now();
+  std::optional<Ended> end = owner.WaitEnded("job-two");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(end->reason, "rank 1 exited with code 3 (out of memory)");
+  EXPECT_EQ(end->failed_rank, 1);
+  // Rank 0 was killed at once (not after its 30 s sleep, nor the grace period).
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  const std::vector<std::string> logs = owner.Logs("job-two");
+  EXPECT_NE(std::find(logs.begin(), logs.end(), "1: rank one ran out"), logs.end());
+}
+
+TEST(SupervisorTest, CancelStopsTheWorkersThenReportsCancelled) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor supervisor(WithWorker(Script("sleeper.sh", "exec sleep 30")), CpuNode(1), &owner,
+                        &metrics);
+  supervisor.Start();
+  EXPECT_TRUE(absl::IsNotFound(supervisor.Cancel("job-none", "no such job").status()));
+  owner.Queue("job-c", 1);
+  supervisor.Wake();
+  const int pgid = owner.WaitLaunched("job-c");
+  ASSERT_GT(pgid, 0);
+  EXPECT_EQ(supervisor.running_jobs(), 1);
+  absl::StatusOr<std::optional<v1::Job>> cancelling = supervisor.Cancel("job-c", "changed my mind");
+  ASSERT_TRUE(cancelling.ok()) << cancelling.status();
+  ASSERT_TRUE(cancelling->has_value());
+  EXPECT_EQ((*cancelling)->state(), v1::JOB_STATE_CANCELLING);
+  absl::StatusOr<std::optional<v1::Job>> again = supervisor.Cancel("job-c", "again");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->has_value());  // already ending: its outcome stands
+  std::optional<Ended> end = owner.WaitEnded("job-c");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(end->reason, "changed my mind");
+  EXPECT_FALSE(end->failed_rank.has_value());
+  EXPECT_EQ(owner.States("job-c"),
+            (std::vector<JobState>{v1::JOB_STATE_STARTING, v1::JOB_STATE_CANCELLING}));
+  EXPECT_FALSE(Launcher::GroupAlive(pgid));
+}
+
+TEST(SupervisorTest, RegisterChecksThePidAndAWorkerThatGoesSilentFailsItsJob) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor::Options o = WithWorker(Script("silent.sh", "exec sleep 30"));
+  o.heartbeat_timeout = absl::Seconds(1);
+  o.heartbeat_interval_ms = 77;
+  Supervisor supervisor(o, CpuNode(1), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-r", 1);
+  supervisor.Wake();
+  const int pgid = owner.WaitLaunched("job-r");  // rank 0 founds the group: pgid is its pid
+  ASSERT_GT(pgid, 0);
+
+  v1::RegisterRequest request;
+  request.set_job_id("job-r");
+  request.set_rank(0);
+  request.set_pid(pgid + 1);
+  EXPECT_TRUE(absl::IsPermissionDenied(supervisor.Register(request).status()));
+  request.set_rank(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(supervisor.Register(request).status()));
+  request.set_rank(0);
+  request.set_pid(pgid);
+  absl::StatusOr<v1::RegisterResponse> registered = supervisor.Register(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_EQ(registered->spec_toml(), "spec of job-r");
+  EXPECT_EQ(registered->world_size(), 1);
+  EXPECT_EQ(registered->heartbeat_interval_ms(), 77);
+  EXPECT_TRUE(absl::StartsWith(registered->rendezvous(), "file:" + TmpDir() + "/jobs/job-r/"));
+  EXPECT_EQ(owner.States("job-r"),
+            (std::vector<JobState>{v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING}));
+
+  v1::ReportStepRequest step;
+  step.set_job_id("job-r");
+  step.mutable_step()->set_rank(0);
+  step.mutable_step()->set_step(5);
+  ASSERT_TRUE(supervisor.ReportStep(step).ok());
+  EXPECT_EQ(owner.Steps("job-r"), std::vector<int64_t>{5});
+
+  // No heartbeat follows.
+  std::optional<Ended> end = owner.WaitEnded("job-r");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(
+      absl::StartsWith(end->reason, absl::StrCat("rank 0 (pid ", pgid, ") stopped heart-beating")))
+      << end->reason;
+  v1::HeartbeatRequest late;
+  late.set_job_id("job-r");
+  EXPECT_TRUE(absl::IsNotFound(supervisor.Heartbeat(late)));
+}
+
+TEST(SupervisorTest, AWorkerThatNeverRegistersFailsItsJob) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor::Options o = WithWorker(Script("mute.sh", "exec sleep 30"));
+  o.start_timeout = absl::Milliseconds(200);
+  Supervisor supervisor(o, CpuNode(1), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-m", 1);
+  supervisor.Wake();
+  std::optional<Ended> end = owner.WaitEnded("job-m");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(end->reason, "did not register within 200ms")) << end->reason;
+  EXPECT_EQ(end->failed_rank, 0);
+}
+
+TEST(SupervisorTest, ALaunchThatFailsEndsTheJobAtOnce) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor supervisor(WithWorker(TmpDir() + "/no-such-worker"), CpuNode(1), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-l", 1);
+  supervisor.Wake();
+  std::optional<Ended> end = owner.WaitEnded("job-l");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StartsWith(end->reason, "launch failed: worker binary ")) << end->reason;
+  EXPECT_TRUE(owner.States("job-l").empty());
+}
+
+TEST(SupervisorTest, ShutdownFailsRunningJobsBeforeItReturns) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor supervisor(WithWorker(Script("busy.sh", "exec sleep 30")), CpuNode(1), &owner,
+                        &metrics);
+  supervisor.Start();
+  owner.Queue("job-s", 1);
+  supervisor.Wake();
+  ASSERT_GT(owner.WaitLaunched("job-s"), 0);
+  supervisor.Shutdown("daemon going away");
+  std::optional<Ended> end = owner.EndedNow("job-s");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(end->reason, "daemon going away");
+  // Nothing launches after shutdown.
+  owner.Queue("job-after", 1);
+  EXPECT_EQ(owner.WaitLaunched("job-after", absl::Milliseconds(300)), 0);
+}
+
+}  // namespace
+}  // namespace ithaca
