@@ -22,11 +22,11 @@
 #include "server/admission.h"
 #include "server/event_log.h"
 #include "server/job_store.h"
-#include "server/launcher.h"
 #include "server/log_files.h"
 #include "server/metrics.h"
 #include "server/node.h"
 #include "server/scheduler.h"
+#include "worker/launcher.h"
 
 namespace ithaca {
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/core/device_streams.h"
 #include "engine/core/tensor.h"
 
 namespace ithaca {
@@ -50,6 +51,8 @@ class Ops {
   virtual ~Ops() = default;
   virtual Device device() const = 0;
   virtual DType act_dtype() const = 0;
+  // The streams a communicator orders its collectives with (Comm::UseStreams); none by default.
+  virtual DeviceStreams streams() const { return {}; }
 
   // ---- Memory movement and elementwise.
   // x[:] = value.

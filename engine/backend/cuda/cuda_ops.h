@@ -47,6 +47,8 @@ class CudaOps : public Ops {
 
   Device device() const override { return Device::kCuda; }
   DType act_dtype() const override { return DType::kBF16; }
+  // The compute and comm streams below.
+  DeviceStreams streams() const override { return {compute_, comm_}; }
 
   // ---- Streams and events (for offload, prefetch and collectives).
   enum class Stream { kCompute, kCopy, kComm };

@@ -1,4 +1,4 @@
-#include "worker/backend.h"
+#include "engine/runtime/backend.h"
 
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -8,7 +8,6 @@
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
-#include "engine/comm/nccl/nccl_comm.h"
 
 namespace ithaca {
 
@@ -48,14 +47,6 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu) {
   b.ops = std::make_unique<CudaOps>(opts);
   b.alloc = std::move(alloc);
   return b;
-}
-
-void UseBackendStreams(const Backend& backend, Comm* comm) {
-  auto* cuda = dynamic_cast<CudaOps*>(backend.ops.get());
-  auto* nccl = dynamic_cast<NcclComm*>(comm);
-  if (cuda == nullptr || nccl == nullptr) return;
-  nccl->SetStreams(cuda->stream(CudaOps::Stream::kComm), cuda->stream(CudaOps::Stream::kCompute));
-  nccl->set_synchronous(false);
 }
 
 void FillMemoryBudgets(const Backend& backend, int ranks_on_host, JobSpec* spec) {
