@@ -239,7 +239,7 @@ std::string WorkerEnd::Reason() const {
 }
 
 std::string WorkerEnd::Describe() const {
-  if (signaled) return absl::StrCat("killed by ", SignalName(code));
+  if (signaled) return absl::StrCat("killed by ", SignalName(code), " (signal ", code, ")");
   const char* what = "";
   switch (code) {
     case kExitOk:

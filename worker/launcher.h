@@ -54,7 +54,7 @@ struct WorkerEnd {
   int ShellCode() const { return signaled ? 128 + code : code; }
   // Metric label: "ok", "error", "bad_spec", "oom", "nan_loss", "killed", "signal".
   std::string Reason() const;
-  // "exited with code 4 (NaN loss)", "killed by SIGKILL".
+  // "exited with code 4 (NaN loss)", "killed by SIGKILL (signal 9)".
   std::string Describe() const;
 };
 
@@ -103,7 +103,8 @@ struct RankExit {
   pid_t pid = 0;
   WorkerEnd end;
   bool stopped_by_launcher = false;  // it was sent SIGTERM/SIGKILL because of another's failure
-  std::string ToString() const;  // "rank 2 exited with code 3 (...)", "rank 1 killed by SIGKILL"
+  std::string ToString()
+      const;  // "rank 2 exited with code 3 (...)", "rank 1 killed by SIGKILL (signal 9)"
 };
 
 struct LaunchReport {

@@ -150,7 +150,7 @@ TEST(LauncherTest, SignalGroupReachesEveryRank) {
   EXPECT_FALSE(Launcher::Poll(group->pids[1]).has_value()) << "still running";
   ASSERT_TRUE(Launcher::SignalGroup(group->pgid, SIGTERM));
   for (const WorkerEnd& e : WaitAll(*group, 10)) {
-    EXPECT_EQ(e.Describe(), "killed by SIGTERM");
+    EXPECT_EQ(e.Describe(), "killed by SIGTERM (signal 15)");
     EXPECT_EQ(e.Reason(), "signal");
     EXPECT_EQ(e.ShellCode(), 128 + SIGTERM);
   }
@@ -184,7 +184,7 @@ TEST(WorkerEndTest, ReasonsNameTheWorkerExitCodes) {
   EXPECT_EQ(WorkerEnd({false, 4}).Describe(), "exited with code 4 (NaN loss)");
   EXPECT_EQ(WorkerEnd({false, 5}).Reason(), "killed");
   EXPECT_EQ(WorkerEnd({false, 127}).Describe(), "exited with code 127 (could not start)");
-  EXPECT_EQ(WorkerEnd({true, SIGKILL}).Describe(), "killed by SIGKILL");
+  EXPECT_EQ(WorkerEnd({true, SIGKILL}).Describe(), "killed by SIGKILL (signal 9)");
   EXPECT_EQ(WorkerEnd({true, SIGKILL}).ShellCode(), 128 + SIGKILL);
 }
 
