@@ -5,8 +5,8 @@
 #include <memory>
 
 #include "absl/time/clock.h"
-#include "server/launcher.h"
 #include "server/log_files.h"
+#include "worker/launcher.h"
 
 namespace ithaca {
 

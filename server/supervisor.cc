@@ -138,17 +138,13 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   const std::string rdv_dir =
       absl::StrCat(a->log_dir, "/rendezvous-", absl::ToUnixMicros(absl::Now()));
   a->rendezvous = "file:" + rdv_dir;
-  WorkerLaunch l;
-  l.job_id = a->id;
-  l.worker_binary = options_.worker_binary;
-  l.daemon_socket = options_.worker_socket;
+  LaunchSpec l;
+  l.argv = {options_.worker_binary, "--daemon", options_.worker_socket, "--job", a->id};
+  l.gpus = order.slots;
   l.rendezvous = a->rendezvous;
-  l.log_dir = a->log_dir;
-  l.slots = order.slots;
-  l.gpu = node_.gpu;
-  if (!l.gpu) {
-    const int cores = std::max(1u, std::thread::hardware_concurrency());
-    l.threads_per_rank = std::max(1, cores / static_cast<int>(order.slots.size()));
+  l.env = {{"ITHACA_DAEMON_SOCKET", options_.worker_socket}, {"ITHACA_JOB_ID", a->id}};
+  for (size_t r = 0; r < order.slots.size(); ++r) {
+    l.outputs.push_back({Launcher::RankLogPath(a->log_dir, static_cast<int>(r))});
   }
   absl::Status st = MakeDirs(rdv_dir);
   absl::StatusOr<WorkerGroup> group =

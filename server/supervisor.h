@@ -23,7 +23,7 @@
 #include "ithaca/v1/job.pb.h"
 #include "ithaca/v1/worker.pb.h"
 #include "server/job_state.h"
-#include "server/launcher.h"
+#include "worker/launcher.h"
 #include "server/log_files.h"
 #include "server/metrics.h"
 #include "server/node.h"

@@ -16,19 +16,14 @@
 #include "absl/strings/numbers.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/memory/allocator.h"
+#include "engine/runtime/rank.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
-#include "engine/train/trainer.h"
 #include "ithaca/v1/worker.grpc.pb.h"
-#include "worker/backend.h"
 #include "worker/exit_codes.h"
 
 namespace ithaca {
 namespace {
-
-// Joining the group and every collective give up after this long (a dead peer is an error, not
-// a hang); the daemon normally kills the other ranks first.
-constexpr double kCommTimeoutS = 120;
 
 std::atomic<bool> g_stop{false};
 
@@ -208,13 +203,6 @@ class DaemonLink {
 };
 
 absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link) {
-  if (spec.parallel.world != o.world) {
-    return absl::InvalidArgumentError(absl::StrCat("parallel.world: the spec asks for ",
-                                                   spec.parallel.world,
-                                                   " ranks, the daemon "
-                                                   "launched ",
-                                                   o.world));
-  }
   // The rank's identity and rendezvous come from the launcher's ITHACA_* variables; the daemon
   // created the Gloo FileStore directory of $ITHACA_RENDEZVOUS.
   ASSIGN_OR_RETURN(RankInfo info, RankInfoFromEnvironment());
@@ -224,12 +212,10 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
                                                    o.rank, " of ", o.world));
   }
   // The spec is the one admission resolved (every "auto" decided against this node): it runs
-  // as it is.
-  ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
-  ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectComm(info, backend.device(), kCommTimeoutS));
-  UseBackendStreams(backend, comm.get());
-  ASSIGN_OR_RETURN(auto trainer,
-                   Trainer::Create(spec, backend.ops.get(), backend.alloc.get(), comm.get()));
+  // as it is. Joining the group and every collective give up after RankOptions' timeout (a dead
+  // peer is an error, not a hang); the daemon normally kills the other ranks first.
+  ASSIGN_OR_RETURN(std::unique_ptr<Rank> rank, Rank::Create(spec, info));
+  Trainer& trainer = rank->trainer();
   std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s\n", o.rank,
               o.world, o.job_id.c_str(),
               spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
@@ -237,13 +223,13 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
               static_cast<long long>(spec.training.steps), spec.backend.c_str());
   std::fflush(stdout);
   // One step per Run call, so SIGTERM is honoured between steps.
-  while (trainer->state().step < spec.training.steps) {
+  while (trainer.state().step < spec.training.steps) {
     if (g_stop.load()) {
       return absl::CancelledError(
-          absl::StrCat("stopped by SIGTERM after step ", trainer->state().step));
+          absl::StrCat("stopped by SIGTERM after step ", trainer.state().step));
     }
-    RETURN_IF_ERROR(trainer->Run([&link](const StepReport& r) { link.ReportStep(r); },
-                                 trainer->state().step + 1));
+    RETURN_IF_ERROR(trainer.Run([&link](const StepReport& r) { link.ReportStep(r); },
+                                trainer.state().step + 1));
   }
   if (!spec.checkpoint.dir.empty()) {
     absl::StatusOr<std::string> latest = LatestCheckpoint(spec.checkpoint.dir);

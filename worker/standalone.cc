@@ -4,13 +4,12 @@
 
 #include <cstdio>
 
-#include "engine/comm/bootstrap.h"
-#include "engine/plan/budgets.h"
 #include "engine/plan/planner.h"
+#include "engine/runtime/rank.h"
+#include "engine/plan/budgets.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/resolve.h"
-#include "engine/train/trainer.h"
-#include "worker/backend.h"
+#include "engine/train/checkpoint.h"
 
 namespace ithaca {
 namespace {
@@ -42,29 +41,19 @@ int64_t FirstGpuMemoryBytes() {
 absl::Status RunStandalone(const std::string& spec_path) {
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
   // Started by a launcher as one of several ranks, or alone.
-  RankInfo info;
-  absl::StatusOr<RankInfo> env = RankInfoFromEnvironment();
-  if (env.ok()) {
-    info = *env;
-  } else if (!absl::IsNotFound(env.status())) {
-    return env.status();
-  }
+  ASSIGN_OR_RETURN(RankInfo info, RankInfoOrAlone());
   if (info.world != spec.parallel.world) {
     return absl::InvalidArgumentError(absl::StrCat(
         spec_path, ": parallel.world: the job asks for ", spec.parallel.world, " ranks but ",
         info.world, " were started (use --nproc ", spec.parallel.world, ")"));
   }
-  ASSIGN_OR_RETURN(Backend backend, MakeBackend(spec, info.gpu));
-  ASSIGN_OR_RETURN(ResolvedJob job, ResolveHere(spec_path, spec, backend.device_bytes, info.world));
-  RETURN_IF_ERROR(RequireFits(job));
-  spec = job.spec;
-  std::unique_ptr<Comm> comm;
-  if (info.world > 1) {
-    ASSIGN_OR_RETURN(comm, ConnectComm(info, backend.device(), /*timeout_s=*/120));
-    UseBackendStreams(backend, comm.get());
+  absl::StatusOr<std::unique_ptr<Rank>> created = Rank::Create(spec, info);
+  if (!created.ok()) {
+    return absl::Status(created.status().code(),
+                        absl::StrCat(spec_path, ": ", created.status().message()));
   }
-  ASSIGN_OR_RETURN(auto trainer,
-                   Trainer::Create(spec, backend.ops.get(), backend.alloc.get(), comm.get()));
+  std::unique_ptr<Rank> rank = std::move(*created);
+  spec = rank->spec();
   if (info.rank == 0) {
     std::printf(
         "job %s: %s, %lld tokens per sample, %lld steps, %d rank(s) (sp %lld), backend "
@@ -73,10 +62,10 @@ absl::Status RunStandalone(const std::string& spec_path) {
         spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
         static_cast<long long>(spec.data.seq_len), static_cast<long long>(spec.training.steps),
         info.world, static_cast<long long>(spec.parallel.sp), spec.backend.c_str(),
-        ResolutionLine(job).c_str());
+        rank->resolution().c_str());
     std::fflush(stdout);
   }
-  RETURN_IF_ERROR(trainer->Run());
+  RETURN_IF_ERROR(rank->trainer().Run());
   if (info.rank == 0 && !spec.checkpoint.dir.empty()) {
     ASSIGN_OR_RETURN(std::string latest, LatestCheckpoint(spec.checkpoint.dir));
     std::printf("checkpoint: %s\n", latest.c_str());

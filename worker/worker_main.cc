@@ -1,11 +1,9 @@
 // ithaca-worker: one training rank. Modes:
 //   --standalone JOB.toml   train without a daemon (development, benchmarks, the demo)
-//   --standalone JOB.toml --nproc N   the same as N local ranks (worker/local_launcher.h)
+//   --standalone JOB.toml --nproc N   the same as N local ranks (worker/launcher.h)
 //   --daemon SOCKET --job ID  one rank of a job launched by ithacad (worker/daemon_mode.h)
 //   --plan JOB.toml           print the job's memory plan per tier (engine/plan)
 #include <unistd.h>
-
-#include <algorithm>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +12,7 @@
 
 #include "worker/daemon_mode.h"
 #include "worker/exit_codes.h"
-#include "worker/local_launcher.h"
+#include "worker/launcher.h"
 #include "worker/standalone.h"
 
 namespace {
@@ -42,11 +40,6 @@ int LaunchStandalone(const char* self, const std::string& job, const std::string
     return ithaca::kExitBadSpec;
   }
   options.nproc = static_cast<int>(ranks);
-  // Ranks share this machine's cores: one OpenMP thread pool per core, not per rank.
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    options.env.push_back({"OMP_NUM_THREADS", std::to_string(std::max(1L, cores / ranks))});
-  }
   ithaca::LaunchReport report;
   absl::Status st = ithaca::LaunchLocal(options, &report);
   if (st.ok()) return 0;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/core/device_streams.h"
 #include "engine/core/tensor.h"
 
 namespace ithaca {
@@ -53,6 +54,8 @@ class Ops {
   // The device's peak dense bf16 FLOP/s, the denominator of MFU; 0 where it is not known (the
   // CPU, an unlisted GPU), and then no MFU is reported.
   virtual double PeakFlops() const = 0;
+  // The streams a communicator orders its collectives with (Comm::UseStreams); none by default.
+  virtual DeviceStreams streams() const { return {}; }
 
   // ---- Memory movement and elementwise.
   // x[:] = value.

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/core/device_streams.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 
@@ -42,6 +43,13 @@ class Comm {
   // NCCL's asynchronous mode needs it before the host reads a result directly (not through the
   // compute stream NCCL is ordered with, whose own synchronization covers it).
   virtual absl::Status Synchronize() { return absl::OkStatus(); }
+
+  // Has later collectives run on the backend's `streams` (Ops::streams()): enqueued on
+  // streams.comm, ordered with the work on streams.compute by events, and returning without a
+  // host wait, so a training step synchronizes only where it reads a result on the host. Call it
+  // before Split: sub-communicators inherit it. Ignored by backends whose collectives complete
+  // before returning (Gloo, SelfComm) and when the backend has no streams.
+  virtual void UseStreams(const DeviceStreams& /*streams*/) {}
 
   // A sub-communicator of the ranks that pass the same `color`, ordered by `key` (then rank),
   // like MPI_Comm_split. Every rank of this communicator must call it.

@@ -15,11 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend/cpu/cpu_ops.h"
-#include "engine/comm/bootstrap.h"
 #include "engine/model/safetensors.h"
-#include "engine/spec/resolve.h"
-#include "engine/train/trainer.h"
+#include "engine/runtime/rank.h"
 
 namespace ithaca {
 namespace {
@@ -78,22 +75,13 @@ absl::Status Run(int argc, char** argv) {
       return absl::InvalidArgumentError("unknown flag " + a);
     }
   }
-  std::unique_ptr<Comm> comm;
-  absl::StatusOr<RankInfo> info = RankInfoFromEnvironment();
-  if (info.ok()) {
-    ASSIGN_OR_RETURN(comm, ConnectComm(*info, Device::kCpu, /*timeout_s=*/60));
-  } else if (!absl::IsNotFound(info.status())) {
-    return info.status();
-  }
-  const int rank = comm ? comm->rank() : 0;
-  CpuOps ops;
-  HostAllocator alloc;
-  NodeResources node;  // roomy: every rank resolves the spec to the same settings
-  node.host_memory_bytes = int64_t{64} << 30;
-  node.ranks_on_host = static_cast<int>(spec.parallel.world);
-  ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
-  spec = job.spec;
-  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(spec, &ops, &alloc, comm.get()));
+  ASSIGN_OR_RETURN(RankInfo info, RankInfoOrAlone());
+  RankOptions options;
+  options.comm_timeout_s = 60;
+  ASSIGN_OR_RETURN(std::unique_ptr<Rank> self, Rank::Create(spec, info, options));
+  const int rank = info.rank;
+  Comm* comm = self->comm();
+  Trainer* trainer = &self->trainer();
   LlamaModel* model = trainer->model();
   ParamStore& ps = model->params();
 

@@ -49,6 +49,8 @@ class CudaOps : public Ops {
   DType act_dtype() const override { return DType::kBF16; }
   // From the device's name (peak_flops.h), looked up once.
   double PeakFlops() const override { return peak_flops_; }
+  // The compute and comm streams below.
+  DeviceStreams streams() const override { return {compute_, comm_}; }
 
   // ---- Streams and events (for offload, prefetch and collectives).
   enum class Stream { kCompute, kCopy, kComm };

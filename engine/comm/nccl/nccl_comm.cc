@@ -327,6 +327,14 @@ void NcclComm::set_synchronous(bool on) {
   options_.synchronous = on;
 }
 
+void NcclComm::UseStreams(const DeviceStreams& streams) {
+  if (streams.comm == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.stream = static_cast<cudaStream_t>(streams.comm);
+  options_.compute_stream = static_cast<cudaStream_t>(streams.compute);
+  options_.synchronous = false;
+}
+
 absl::Status NcclComm::health() const {
   std::lock_guard<std::mutex> lock(mu_);
   return broken_;

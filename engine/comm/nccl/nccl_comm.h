@@ -82,6 +82,8 @@ class NcclComm final : public Comm {
   // nullptr, by the caller). Sub-communicators split off afterwards inherit both.
   void SetStreams(cudaStream_t stream, cudaStream_t compute_stream = nullptr);
   void set_synchronous(bool on);
+  // SetStreams(streams.comm, streams.compute) and asynchronous mode, when streams.comm is set.
+  void UseStreams(const DeviceStreams& streams) override;
   cudaStream_t stream() const { return options_.stream; }
   absl::Status health() const;
 

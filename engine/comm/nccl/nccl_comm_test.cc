@@ -215,10 +215,11 @@ TEST(NcclCommTest, TwoRanksWithSplitAndTimeout) {
         ASSIGN_OR_RETURN(auto pair, comm->Split(0, -rank));  // reversed order
         RANK_CHECK(pair->size() == 2 && pair->rank() == 1 - rank);
         RETURN_IF_ERROR(CheckCollectives(*pair));
-        // The worker's mode, set before a split as the worker does: the child inherits it.
+        // The worker's mode, set through Comm::UseStreams before a split as the worker does: the
+        // child inherits it.
         Streams st;
-        comm->SetStreams(st.comm, st.compute);
-        comm->set_synchronous(false);
+        comm->UseStreams(DeviceStreams{st.compute, st.comm});
+        RANK_CHECK(comm->stream() == st.comm);
         RETURN_IF_ERROR(CheckOrderedWithComputeStream(*comm, st));
         ASSIGN_OR_RETURN(auto sub, comm->Split(0, rank));
         return CheckOrderedWithComputeStream(static_cast<NcclComm&>(*sub), st);

@@ -1,13 +1,17 @@
-// LocalLauncher with real processes: the rank environment, output routing, the first failure
-// stopping the others, SIGTERM escalating to SIGKILL, signal forwarding, children dying with the
-// launcher, and ranks that really connect (this binary re-run as a rank: bootstrap + Gloo).
-#include "worker/local_launcher.h"
+// The launcher with real processes. Launcher::Launch (as ithacad uses it): one process group,
+// the rank environment, log files, exits and their descriptions. LaunchLocal (as the standalone
+// mode uses it): output routing, the first failure stopping the others, SIGTERM escalating to
+// SIGKILL, signal forwarding, children dying with the launcher, and ranks that really connect
+// (this binary re-run as a rank: bootstrap + Gloo).
+#include "worker/launcher.h"
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -71,6 +75,119 @@ LaunchOptions Sh(const std::string& script, int nproc, const std::string& dir) {
   return o;
 }
 
+// Polls every pid until it has ended.
+std::vector<WorkerEnd> WaitAll(const WorkerGroup& group, double seconds) {
+  std::vector<std::optional<WorkerEnd>> ends(group.pids.size());
+  WaitFor(
+      [&] {
+        bool all = true;
+        for (size_t r = 0; r < ends.size(); ++r) {
+          if (!ends[r]) ends[r] = Launcher::Poll(group.pids[r]);
+          all &= ends[r].has_value();
+        }
+        return all;
+      },
+      seconds);
+  std::vector<WorkerEnd> out;
+  for (const auto& e : ends) {
+    EXPECT_TRUE(e.has_value()) << "a rank still runs";
+    out.push_back(e.value_or(WorkerEnd{true, 0}));
+  }
+  return out;
+}
+
+TEST(LauncherTest, RanksShareAGroupAndAppendToTheirLogs) {
+  TempDir dir;
+  LaunchSpec spec;
+  spec.argv = {"sh", "-c",
+               "echo rank $ITHACA_RANK of $ITHACA_WORLD_SIZE gpu $ITHACA_GPU $ITHACA_RENDEZVOUS "
+               "$EXTRA omp $OMP_NUM_THREADS; read x || echo no input; exit $ITHACA_RANK"};
+  spec.gpus = {4, 6};
+  spec.rendezvous = "file:/somewhere";
+  spec.env = {{"EXTRA", "extra"}, {"OMP_NUM_THREADS", "3"}};
+  for (int r = 0; r < 2; ++r) spec.outputs.push_back({Launcher::RankLogPath(dir.path(), r)});
+  std::ofstream(Launcher::RankLogPath(dir.path(), 0)) << "before\n";
+  auto group = Launcher::Launch(spec);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->pids.size(), 2u);
+  EXPECT_EQ(group->pgid, group->pids[0]);
+  for (pid_t pid : group->pids) EXPECT_EQ(getpgid(pid), group->pgid) << pid;  // not reaped yet
+  const std::vector<WorkerEnd> ends = WaitAll(*group, 10);
+  EXPECT_TRUE(ends[0].ok()) << ends[0].Describe();
+  EXPECT_EQ(ends[1].Describe(), "exited with code 1 (error)");
+  EXPECT_EQ(ends[1].Reason(), "error");
+  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 0)),
+            "before\nrank 0 of 2 gpu 4 file:/somewhere extra omp 3\nno input\n");
+  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)),
+            "rank 1 of 2 gpu 6 file:/somewhere extra omp 3\nno input\n");
+}
+
+TEST(LauncherTest, RanksShareTheCoresUnlessToldOtherwise) {
+  TempDir dir;
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string saved_value = saved ? saved : "";
+  unsetenv("OMP_NUM_THREADS");
+  LaunchSpec spec;
+  spec.argv = {"sh", "-c", "echo $OMP_NUM_THREADS"};
+  spec.gpus = {0, 1};
+  for (int r = 0; r < 2; ++r) spec.outputs.push_back({Launcher::RankLogPath(dir.path(), r)});
+  auto group = Launcher::Launch(spec);
+  if (saved) setenv("OMP_NUM_THREADS", saved_value.c_str(), 1);
+  ASSERT_TRUE(group.ok()) << group.status();
+  WaitAll(*group, 10);
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)),
+            absl::StrCat(std::max(1L, cores / 2), "\n"));
+}
+
+TEST(LauncherTest, SignalGroupReachesEveryRank) {
+  LaunchSpec spec;
+  spec.argv = {"sh", "-c", "exec sleep 30"};
+  spec.gpus = {0, 1, 2};
+  auto group = Launcher::Launch(spec);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_TRUE(Launcher::GroupAlive(group->pgid));
+  EXPECT_FALSE(Launcher::Poll(group->pids[1]).has_value()) << "still running";
+  ASSERT_TRUE(Launcher::SignalGroup(group->pgid, SIGTERM));
+  for (const WorkerEnd& e : WaitAll(*group, 10)) {
+    EXPECT_EQ(e.Describe(), "killed by SIGTERM (signal 15)");
+    EXPECT_EQ(e.Reason(), "signal");
+    EXPECT_EQ(e.ShellCode(), 128 + SIGTERM);
+  }
+  EXPECT_FALSE(Launcher::GroupAlive(group->pgid));
+}
+
+TEST(LauncherTest, BadSpecs) {
+  LaunchSpec spec;
+  spec.gpus = {0};
+  EXPECT_EQ(Launcher::Launch(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.argv = {"true"};
+  spec.gpus = {};
+  EXPECT_EQ(Launcher::Launch(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.gpus = {0, 1};
+  spec.outputs = {RankOutput()};
+  EXPECT_EQ(Launcher::Launch(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.outputs = {};
+  spec.argv = {"/no/such/ithaca-worker"};
+  auto missing = Launcher::Launch(spec);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition) << missing.status();
+  spec.argv = {"true"};
+  spec.outputs = {{"/no/such/dir/rank-0.log"}, {"/no/such/dir/rank-1.log"}};
+  EXPECT_EQ(Launcher::Launch(spec).status().code(), absl::StatusCode::kInternal);
+}
+
+TEST(WorkerEndTest, ReasonsNameTheWorkerExitCodes) {
+  EXPECT_EQ(WorkerEnd({false, 0}).Reason(), "ok");
+  EXPECT_EQ(WorkerEnd({false, 2}).Reason(), "bad_spec");
+  EXPECT_EQ(WorkerEnd({false, 3}).Describe(), "exited with code 3 (out of memory)");
+  EXPECT_EQ(WorkerEnd({false, 4}).Reason(), "nan_loss");
+  EXPECT_EQ(WorkerEnd({false, 4}).Describe(), "exited with code 4 (NaN loss)");
+  EXPECT_EQ(WorkerEnd({false, 5}).Reason(), "killed");
+  EXPECT_EQ(WorkerEnd({false, 127}).Describe(), "exited with code 127 (could not start)");
+  EXPECT_EQ(WorkerEnd({true, SIGKILL}).Describe(), "killed by SIGKILL (signal 9)");
+  EXPECT_EQ(WorkerEnd({true, SIGKILL}).ShellCode(), 128 + SIGKILL);
+}
+
 TEST(LocalLauncherTest, EachRankGetsItsEnvironment) {
   TempDir dir;
   LaunchOptions o =
@@ -114,7 +231,8 @@ TEST(LocalLauncherTest, FirstFailureStopsTheOthers) {
   EXPECT_EQ(report.ExitCode(), 3);
   for (int r : {0, 2}) {
     EXPECT_TRUE(report.ranks[r].stopped_by_launcher);
-    EXPECT_EQ(report.ranks[r].signal, SIGTERM) << report.ranks[r].ToString();
+    EXPECT_TRUE(report.ranks[r].end.signaled) << report.ranks[r].ToString();
+    EXPECT_EQ(report.ranks[r].end.code, SIGTERM) << report.ranks[r].ToString();
   }
   for (pid_t pid : ReadPids(dir.path(), 3)) {
     ASSERT_GT(pid, 0);
@@ -136,7 +254,8 @@ TEST(LocalLauncherTest, SignalledRankAndSigkillAfterGrace) {
   EXPECT_LT(Since(start), 4);
   EXPECT_TRUE(absl::StrContains(st.message(), "rank 0 killed by SIGKILL")) << st;
   EXPECT_EQ(report.ExitCode(), 128 + SIGKILL);
-  EXPECT_EQ(report.ranks[1].signal, SIGKILL) << report.ranks[1].ToString();
+  EXPECT_TRUE(report.ranks[1].end.signaled) << report.ranks[1].ToString();
+  EXPECT_EQ(report.ranks[1].end.code, SIGKILL) << report.ranks[1].ToString();
 }
 
 TEST(LocalLauncherTest, OutputIsPrefixedOrLogged) {
@@ -164,7 +283,7 @@ TEST(LocalLauncherTest, OutputIsPrefixedOrLogged) {
   o.log_dir = dir.path();
   ASSERT_TRUE(LaunchLocal(o).ok());
   EXPECT_FALSE(absl::StrContains(ReadFile(out), "rank 1")) << ReadFile(out);
-  EXPECT_EQ(ReadFile(dir.path() + "/rank_1.log"), "hello from 1\noops 1\ntail 1");
+  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)), "hello from 1\noops 1\ntail 1");
   close(out_fd);
   close(err_fd);
 }
@@ -182,9 +301,30 @@ TEST(LocalLauncherTest, BadOptions) {
   o.argv = {"no-such-command-ithaca"};
   EXPECT_EQ(LaunchLocal(o).code(), absl::StatusCode::kNotFound);
   o.argv = {"/no/such/binary"};
+  absl::Status missing = LaunchLocal(o);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition) << missing;
+  EXPECT_TRUE(absl::StrContains(missing.message(), "/no/such/binary")) << missing;
+}
+
+TEST(LocalLauncherTest, ACommandThatCannotBeExecutedExits127) {
+  TempDir dir;
+  // Executable, but no program: execve fails with ENOEXEC in the rank.
+  const std::string path = dir.path() + "/not-a-program";
+  std::ofstream(path) << "\x01\x02 not a program\n";
+  ASSERT_EQ(chmod(path.c_str(), 0755), 0);
+  LaunchOptions o;
+  o.argv = {path};
+  o.nproc = 2;
+  o.temp_dir = dir.path();
+  o.log_dir = dir.path();
   LaunchReport report;
-  EXPECT_FALSE(LaunchLocal(o, &report).ok());
+  EXPECT_EQ(LaunchLocal(o, &report).code(), absl::StatusCode::kAborted);
   EXPECT_EQ(report.ExitCode(), 127);
+  EXPECT_TRUE(absl::StrContains(report.ranks[report.first_failure].ToString(),
+                                "exited with code 127 (could not start)"))
+      << report.ranks[report.first_failure].ToString();
+  EXPECT_TRUE(absl::StrContains(ReadFile(Launcher::RankLogPath(dir.path(), 1)), "exec failed"))
+      << ReadFile(Launcher::RankLogPath(dir.path(), 1));
 }
 
 // Runs LaunchLocal in a forked "launcher" process; returns its pid.
@@ -283,8 +423,8 @@ LaunchOptions SelfAsRanks(const std::string& role, int nproc, const std::string&
 TEST(LocalLauncherTest, RanksConnectThroughTheRendezvous) {
   TempDir dir;
   absl::Status st = LaunchLocal(SelfAsRanks("ok", 4, dir.path()));
-  EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(dir.path() + "/rank_1.log");
-  EXPECT_EQ(ReadFile(dir.path() + "/rank_3.log"), "rank 3 sum 10\n");
+  EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(Launcher::RankLogPath(dir.path(), 1));
+  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 3)), "rank 3 sum 10\n");
 }
 
 TEST(LocalLauncherTest, ARankThatDiesIsNamed) {

@@ -1,11 +1,10 @@
-#include "worker/backend.h"
+#include "engine/runtime/backend.h"
 
 #include <cuda_runtime.h>
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
-#include "engine/comm/nccl/nccl_comm.h"
 
 namespace ithaca {
 
@@ -47,12 +46,6 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu) {
   return b;
 }
 
-void UseBackendStreams(const Backend& backend, Comm* comm) {
-  auto* cuda = dynamic_cast<CudaOps*>(backend.ops.get());
-  auto* nccl = dynamic_cast<NcclComm*>(comm);
-  if (cuda == nullptr || nccl == nullptr) return;
-  nccl->SetStreams(cuda->stream(CudaOps::Stream::kComm), cuda->stream(CudaOps::Stream::kCompute));
-  nccl->set_synchronous(false);
 }
 
 }  // namespace ithaca

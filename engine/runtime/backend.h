@@ -4,7 +4,6 @@
 #include <memory>
 
 #include "engine/backend/ops.h"
-#include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
 #include "engine/spec/job_spec.h"
 
@@ -21,11 +20,5 @@ struct Backend {
 // `gpu` is the CUDA device of this rank (ignored on the CPU). FAILED_PRECONDITION naming
 // `backend` when the machine cannot run it.
 absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu);
-
-// On CUDA, has `comm`'s NCCL collectives run on the backend's comm stream, ordered with its
-// compute stream by events and returning without a host wait (NcclComm), so a step synchronizes
-// only where the loop reports. Call it before the trainer splits `comm`: sub-communicators
-// inherit it. Nothing to do on the CPU (Gloo completes each collective before returning).
-void UseBackendStreams(const Backend& backend, Comm* comm);
 
 }  // namespace ithaca

@@ -1,0 +1,47 @@
+#include "engine/runtime/rank.h"
+
+#include "engine/plan/budgets.h"
+#include "engine/spec/resolve.h"
+
+namespace ithaca {
+
+absl::StatusOr<RankInfo> RankInfoOrAlone() {
+  absl::StatusOr<RankInfo> info = RankInfoFromEnvironment();
+  if (absl::IsNotFound(info.status())) return RankInfo();
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo& info,
+                                                   const RankOptions& options) {
+  if (spec.parallel.world != info.world) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.world: the job asks for ",
+                                                   spec.parallel.world, " ranks but ", info.world,
+                                                   " were started"));
+  }
+  std::unique_ptr<Rank> rank(new Rank());
+  rank->info_ = info;
+  ASSIGN_OR_RETURN(rank->backend_, MakeBackend(spec, info.gpu));
+  // A spec admitted by ithacad arrives resolved and runs as it is. Any other (standalone, a
+  // test) is resolved here, against this host, by the rule admission uses (engine/spec).
+  if (!CheckResolved(spec).ok()) {
+    ASSIGN_OR_RETURN(ResolvedJob job,
+                     ResolveJob(spec, LocalNodeResources(rank->backend_.device_bytes, info.world)));
+    RETURN_IF_ERROR(RequireFits(job));
+    rank->resolution_ = ResolutionLine(job);
+    spec = std::move(job.spec);
+  }
+  rank->spec_ = std::move(spec);
+  if (info.world > 1) {
+    ASSIGN_OR_RETURN(rank->comm_,
+                     ConnectComm(info, rank->backend_.device(), options.comm_timeout_s));
+    // Before the trainer splits the communicator: its sub-communicators inherit the streams.
+    rank->comm_->UseStreams(rank->backend_.ops->streams());
+  }
+  ASSIGN_OR_RETURN(rank->trainer_, Trainer::Create(rank->spec_, rank->backend_.ops.get(),
+                                                   rank->backend_.alloc.get(), rank->comm_.get()));
+  return rank;
+}
+
+Rank::~Rank() = default;
+
+}  // namespace ithaca

@@ -1,0 +1,66 @@
+// Rank: one rank of a training job, set up the same way wherever it runs (ithaca-worker's
+// standalone and daemon modes, the distributed tests): the backend the spec names, on this
+// rank's GPU; the memory budgets the spec leaves to the machine; the communicator of the job's
+// ranks, its collectives ordered with the backend's streams; and the Trainer.
+#pragma once
+
+#include <memory>
+
+#include "engine/backend/ops.h"
+#include "engine/comm/bootstrap.h"
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
+#include "engine/memory/allocator.h"
+#include "engine/runtime/backend.h"
+#include "engine/spec/job_spec.h"
+#include "engine/train/trainer.h"
+
+namespace ithaca {
+
+struct RankOptions {
+  // Bounds joining the communicator and every collective: a dead peer is an error, not a hang.
+  double comm_timeout_s = 120;
+};
+
+// This process's identity: from the ITHACA_* variables when a launcher started it as a rank
+// (RankInfoFromEnvironment), else rank 0 of a world of 1.
+absl::StatusOr<RankInfo> RankInfoOrAlone();
+
+class Rank {
+ public:
+  // INVALID_ARGUMENT naming parallel.world when the spec asks for another number of ranks than
+  // info.world; FAILED_PRECONDITION when an unresolved spec does not fit this host; MakeBackend's,
+  // ResolveJob's, ConnectComm's and Trainer::Create's errors otherwise. A world of
+  // one rank has no communicator.
+  static absl::StatusOr<std::unique_ptr<Rank>> Create(JobSpec spec, const RankInfo& info,
+                                                      const RankOptions& options = {});
+  ~Rank();
+  Rank(const Rank&) = delete;
+  Rank& operator=(const Rank&) = delete;
+
+  const RankInfo& info() const { return info_; }
+  // The spec the trainer runs: the one given when it was already resolved (ithacad resolves
+  // every job at admission), else the one resolved against this host.
+  const JobSpec& spec() const { return spec_; }
+  // What resolving decided (ResolutionLine), or empty when the spec came resolved.
+  const std::string& resolution() const { return resolution_; }
+  Trainer& trainer() { return *trainer_; }
+  // The job's communicator; nullptr for a rank alone.
+  Comm* comm() { return comm_.get(); }
+  Ops& ops() { return *backend_.ops; }
+  Allocator& alloc() { return *backend_.alloc; }
+
+ private:
+  Rank() = default;
+
+  RankInfo info_;
+  JobSpec spec_;
+  std::string resolution_;
+  // Destroyed in reverse order: the trainer uses the communicator and the backend, and the
+  // communicator's collectives run on the backend's streams.
+  Backend backend_;
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Trainer> trainer_;
+};
+
+}  // namespace ithaca

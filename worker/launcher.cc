@@ -1,0 +1,593 @@
+#include "worker/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "worker/exit_codes.h"
+
+extern char** environ;
+
+namespace ithaca {
+namespace {
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", sig);
+}
+
+void WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // nowhere left to report it
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void WriteNumber(int fd, int value) {
+  char digits[16];
+  int n = 0;
+  do {
+    digits[n++] = static_cast<char>('0' + value % 10);
+    value /= 10;
+  } while (value > 0 && n < 16);
+  char out[16];
+  for (int i = 0; i < n; ++i) out[i] = digits[n - 1 - i];
+  WriteAll(fd, out, static_cast<size_t>(n));
+}
+
+// execve needs a path; resolving it here keeps the child between fork and exec to
+// async-signal-safe calls, and a command that cannot run is an error before any rank starts.
+absl::StatusOr<std::string> ResolveCommand(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (access(name.c_str(), X_OK) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("launcher: ", name, ": ", std::strerror(errno)));
+    }
+    return name;
+  }
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
+    std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat("launcher: ", name, ": command not found in PATH"));
+}
+
+// The environment every rank shares: the launcher's, `extra` replacing or adding keys, and
+// OMP_NUM_THREADS (ranks on one machine share its cores: one OpenMP pool per core, not per rank)
+// unless either sets it.
+std::map<std::string, std::string> BaseEnvironment(
+    const std::vector<std::pair<std::string, std::string>>& extra, int world) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq != nullptr) env[std::string(*e, eq - *e)] = eq + 1;
+  }
+  for (const auto& [key, value] : extra) env[key] = value;
+  if (env.count("OMP_NUM_THREADS") == 0) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(1L, cores / std::max(1, world)));
+  }
+  return env;
+}
+
+// In the child: only async-signal-safe calls until exec.
+[[noreturn]] void ExecRank(pid_t parent, pid_t pgid, const char* path, char* const* argv,
+                           char* const* envp, int in_fd, int out_fd, int err_fd) {
+  setpgid(0, pgid);  // rank 0 founds the group (pgid 0: its own pid)
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD}) sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (dup2(in_fd, STDIN_FILENO) < 0) _exit(127);
+  if (out_fd != STDOUT_FILENO && dup2(out_fd, STDOUT_FILENO) < 0) _exit(127);
+  if (err_fd != STDERR_FILENO && dup2(err_fd, STDERR_FILENO) < 0) _exit(127);
+  close_range(3, ~0U, 0);  // nothing of the launcher's leaks into a rank
+  execve(path, argv, envp);
+  int err = errno;
+  static const char kMsg[] = "launcher: exec failed for ";
+  WriteAll(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  WriteAll(STDERR_FILENO, path, std::strlen(path));
+  WriteAll(STDERR_FILENO, ": errno ", 8);
+  WriteNumber(STDERR_FILENO, err);
+  WriteAll(STDERR_FILENO, "\n", 1);
+  _exit(127);
+}
+
+// Kills and reaps the ranks a failed launch had already started.
+void KillStarted(const WorkerGroup& group) {
+  if (group.pgid > 0) killpg(group.pgid, SIGKILL);
+  for (pid_t pid : group.pids) waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
+std::string Launcher::RankLogPath(const std::string& log_dir, int rank) {
+  return absl::StrCat(log_dir, "/rank-", rank, ".log");
+}
+
+absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
+  if (spec.argv.empty()) return absl::InvalidArgumentError("launcher: no command");
+  const int world = static_cast<int>(spec.gpus.size());
+  if (world == 0) return absl::InvalidArgumentError("launcher: no ranks");
+  if (!spec.outputs.empty() && static_cast<int>(spec.outputs.size()) != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launcher: ", spec.outputs.size(), " outputs listed for ", world, " ranks"));
+  }
+  ASSIGN_OR_RETURN(std::string path, ResolveCommand(spec.argv[0]));
+  const std::map<std::string, std::string> base = BaseEnvironment(spec.env, world);
+  std::vector<std::string> args = spec.argv;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd < 0) {
+    return absl::InternalError(absl::StrCat("launcher: /dev/null: ", std::strerror(errno)));
+  }
+
+  WorkerGroup group;
+  const pid_t parent = getpid();
+  for (int rank = 0; rank < world; ++rank) {
+    // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+    std::map<std::string, std::string> vars = base;
+    vars["ITHACA_RANK"] = std::to_string(rank);
+    vars["ITHACA_WORLD_SIZE"] = std::to_string(world);
+    vars["ITHACA_RENDEZVOUS"] = spec.rendezvous;
+    vars["ITHACA_GPU"] = std::to_string(spec.gpus[rank]);
+    std::vector<std::string> env;
+    for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    const RankOutput output = spec.outputs.empty() ? RankOutput() : spec.outputs[rank];
+    int out_fd = output.out_fd, err_fd = output.err_fd, log_fd = -1;
+    if (!output.log_path.empty()) {
+      log_fd = open(output.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (log_fd < 0) {
+        const int err = errno;
+        close(null_fd);
+        KillStarted(group);
+        return absl::InternalError(
+            absl::StrCat("launcher: ", output.log_path, ": ", std::strerror(err)));
+      }
+      out_fd = err_fd = log_fd;
+    }
+    std::fflush(nullptr);
+    const pid_t pgid = group.pgid;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      ExecRank(parent, pgid, path.c_str(), argv.data(), envp.data(), null_fd, out_fd, err_fd);
+    }
+    const int fork_errno = errno;
+    if (log_fd >= 0) close(log_fd);
+    if (pid < 0) {
+      close(null_fd);
+      KillStarted(group);
+      return absl::InternalError(absl::StrCat("launcher: fork: ", std::strerror(fork_errno)));
+    }
+    if (group.pgid == 0) group.pgid = pid;
+    setpgid(pid, group.pgid);  // also here, so the group exists whichever runs first
+    group.pids.push_back(pid);
+  }
+  close(null_fd);
+  return group;
+}
+
+std::optional<WorkerEnd> Launcher::Poll(pid_t pid) {
+  int status = 0;
+  pid_t r = waitpid(pid, &status, WNOHANG);
+  if (r == 0) return std::nullopt;
+  WorkerEnd e;
+  if (r < 0) {  // not our child any more (already reaped): report it as lost
+    e.code = kExitError;
+    return e;
+  }
+  if (WIFSIGNALED(status)) {
+    e.signaled = true;
+    e.code = WTERMSIG(status);
+  } else {
+    e.code = WEXITSTATUS(status);
+  }
+  return e;
+}
+
+bool Launcher::SignalGroup(pid_t pgid, int sig) { return pgid > 0 && killpg(pgid, sig) == 0; }
+
+bool Launcher::GroupAlive(pid_t pgid) { return pgid > 0 && killpg(pgid, 0) == 0; }
+
+std::string WorkerEnd::Reason() const {
+  if (signaled) return "signal";
+  switch (code) {
+    case kExitOk:
+      return "ok";
+    case kExitBadSpec:
+      return "bad_spec";
+    case kExitOutOfMemory:
+      return "oom";
+    case kExitNanLoss:
+      return "nan_loss";
+    case kExitKilled:
+      return "killed";
+    default:
+      return "error";
+  }
+}
+
+std::string WorkerEnd::Describe() const {
+  if (signaled) return absl::StrCat("killed by ", SignalName(code), " (signal ", code, ")");
+  const char* what = "";
+  switch (code) {
+    case kExitOk:
+      what = " (ok)";
+      break;
+    case kExitBadSpec:
+      what = " (bad job spec)";
+      break;
+    case kExitOutOfMemory:
+      what = " (out of memory)";
+      break;
+    case kExitNanLoss:
+      what = " (NaN loss)";
+      break;
+    case kExitKilled:
+      what = " (stopped by SIGTERM)";
+      break;
+    case 127:
+      what = " (could not start)";
+      break;
+    default:
+      what = " (error)";
+      break;
+  }
+  return absl::StrCat("exited with code ", code, what);
+}
+
+// ---- LaunchLocal: the launch above, supervised.
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Signal forwarding: the handler records the signal and wakes the supervision loop through a
+// self-pipe. One launch at a time may forward signals.
+volatile sig_atomic_t g_signal = 0;
+int g_wake_fd = -1;
+std::atomic<bool> g_forwarding{false};
+
+void Wake() {
+  const int saved = errno;
+  if (g_wake_fd >= 0) {
+    char c = 0;
+    ssize_t ignored = write(g_wake_fd, &c, 1);
+    (void)ignored;
+  }
+  errno = saved;
+}
+
+void OnSignal(int sig) {
+  g_signal = sig;
+  Wake();
+}
+
+// A rank exited: reap it at once, so the rank that failed first is seen before the ones that
+// fail because of it.
+void OnChild(int) { Wake(); }
+
+// A rank's process and the pipes carrying its output (ranks > 0 without a log directory).
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int out = -1, err = -1;          // read ends, -1 when closed
+  std::string out_line, err_line;  // partial lines
+};
+
+// Forwards what is readable on `*fd` to `dest`, each line prefixed; closes `*fd` at EOF.
+void Pump(int* fd, std::string* partial, int dest, const std::string& prefix) {
+  char buf[65536];
+  ssize_t n = read(*fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    if (!partial->empty()) {
+      std::string line = prefix + *partial + "\n";
+      WriteAll(dest, line.data(), line.size());
+      partial->clear();
+    }
+    close(*fd);
+    *fd = -1;
+    return;
+  }
+  partial->append(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  std::string lines;
+  for (size_t nl = partial->find('\n'); nl != std::string::npos; nl = partial->find('\n', start)) {
+    absl::StrAppend(&lines, prefix, absl::string_view(*partial).substr(start, nl + 1 - start));
+    start = nl + 1;
+  }
+  partial->erase(0, start);
+  WriteAll(dest, lines.data(), lines.size());
+}
+
+// Restores signal handlers, closes descriptors and removes the rendezvous directory however
+// LaunchLocal returns.
+class Cleanup {
+ public:
+  ~Cleanup() {
+    if (forwarding) {
+      sigaction(SIGINT, &old_int, nullptr);
+      sigaction(SIGTERM, &old_term, nullptr);
+      sigaction(SIGCHLD, &old_chld, nullptr);
+      g_wake_fd = -1;
+      g_signal = 0;
+      g_forwarding = false;
+    }
+    for (int fd : fds) {
+      if (fd >= 0) close(fd);
+    }
+    for (const Child& c : children) {
+      if (c.out >= 0) close(c.out);
+      if (c.err >= 0) close(c.err);
+    }
+    if (!dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+  bool forwarding = false;
+  struct sigaction old_int = {}, old_term = {}, old_chld = {};
+  std::vector<int> fds;
+  std::vector<Child> children;  // the read ends of their output pipes still open
+  std::string dir;
+};
+
+}  // namespace
+
+std::string RankExit::ToString() const { return absl::StrCat("rank ", rank, " ", end.Describe()); }
+
+int LaunchReport::ExitCode() const {
+  if (first_failure >= 0) return ranks[first_failure].end.ShellCode();
+  return forwarded_signal != 0 ? 128 + forwarded_signal : 0;
+}
+
+absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
+  LaunchReport local_report;
+  LaunchReport& rep = report ? *report : local_report;
+  rep = LaunchReport();
+  if (options.argv.empty()) return absl::InvalidArgumentError("launcher: no command");
+  if (options.nproc < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launcher: --nproc must be at least 1, got ", options.nproc));
+  }
+  if (!options.gpus.empty() && static_cast<int>(options.gpus.size()) != options.nproc) {
+    return absl::InvalidArgumentError(absl::StrCat("launcher: ", options.gpus.size(),
+                                                   " GPUs listed for ", options.nproc, " ranks"));
+  }
+
+  Cleanup cleanup;
+  std::string tmp = options.temp_dir;
+  if (tmp.empty()) tmp = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  std::string dir_template = tmp + "/ithaca-rdzv-XXXXXX";
+  if (mkdtemp(dir_template.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("launcher: cannot create a rendezvous directory in ",
+                                            tmp, ": ", std::strerror(errno)));
+  }
+  cleanup.dir = dir_template;
+
+  if (options.forward_signals) {
+    if (g_forwarding.exchange(true)) {
+      return absl::FailedPreconditionError(
+          "launcher: another launch in this process already forwards signals");
+    }
+    int wake[2];
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+      g_forwarding = false;
+      return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
+    }
+    cleanup.fds = {wake[0], wake[1]};
+    g_signal = 0;
+    g_wake_fd = wake[1];
+    struct sigaction sa = {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &cleanup.old_int);
+    sigaction(SIGTERM, &sa, &cleanup.old_term);
+    struct sigaction child = sa;
+    child.sa_handler = OnChild;
+    child.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &child, &cleanup.old_chld);
+    cleanup.forwarding = true;
+  }
+  const int wake_read = options.forward_signals ? cleanup.fds[0] : -1;
+
+  LaunchSpec spec;
+  spec.argv = options.argv;
+  spec.gpus = options.gpus;
+  if (spec.gpus.empty()) {
+    for (int r = 0; r < options.nproc; ++r) spec.gpus.push_back(r);
+  }
+  spec.rendezvous = "file:" + cleanup.dir;
+  spec.env = options.env;
+  std::vector<Child>& children = cleanup.children;
+  children.resize(options.nproc);
+  // The ranks' ends of the output pipes: closed once the ranks hold them, so that a rank's exit
+  // is its pipes' end of file.
+  std::vector<int> write_ends;
+  auto close_write_ends = [&write_ends] {
+    for (int fd : write_ends) close(fd);
+    write_ends.clear();
+  };
+  for (int r = 0; r < options.nproc; ++r) {
+    children[r].rank = r;
+    RankOutput output;
+    output.out_fd = options.out_fd;
+    output.err_fd = options.err_fd;
+    if (r > 0 && !options.log_dir.empty()) {
+      output.log_path = Launcher::RankLogPath(options.log_dir, r);
+    } else if (r > 0) {
+      int out[2], err[2];
+      if (pipe2(out, O_CLOEXEC) != 0) {
+        close_write_ends();
+        return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
+      }
+      children[r].out = out[0];
+      write_ends.push_back(out[1]);
+      if (pipe2(err, O_CLOEXEC) != 0) {
+        close_write_ends();
+        return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
+      }
+      children[r].err = err[0];
+      write_ends.push_back(err[1]);
+      output.out_fd = out[1];
+      output.err_fd = err[1];
+    }
+    spec.outputs.push_back(output);
+  }
+  absl::StatusOr<WorkerGroup> group = Launcher::Launch(spec);
+  close_write_ends();
+  if (!group.ok()) return group.status();
+  rep.ranks.resize(options.nproc);
+  for (int r = 0; r < options.nproc; ++r) {
+    children[r].pid = group->pids[r];
+    children[r].running = true;
+    rep.ranks[r].rank = r;
+    rep.ranks[r].pid = group->pids[r];
+  }
+
+  // Supervise: forward output, reap, stop everyone on the first failure or a signal.
+  bool stopping = false;
+  bool killed = false;
+  auto grace_deadline = Clock::now();
+  auto stop_all = [&](int sig) {
+    for (const Child& c : children) {
+      if (c.running) rep.ranks[c.rank].stopped_by_launcher = true;
+    }
+    Launcher::SignalGroup(group->pgid, sig);
+  };
+  auto begin_stop = [&](int sig) {
+    if (stopping) return;
+    stopping = true;
+    grace_deadline = Clock::now() + std::chrono::milliseconds(
+                                        static_cast<int64_t>(options.grace_period_s * 1000.0));
+    stop_all(sig);
+  };
+  while (true) {
+    bool any_running = false;
+    for (const Child& c : children) any_running |= c.running;
+    bool any_pipe = false;
+    for (const Child& c : children) any_pipe |= c.out >= 0 || c.err >= 0;
+    if (!any_running && !any_pipe) break;
+
+    std::vector<pollfd> fds;
+    if (wake_read >= 0) fds.push_back({wake_read, POLLIN, 0});
+    for (const Child& c : children) {
+      if (c.out >= 0) fds.push_back({c.out, POLLIN, 0});
+      if (c.err >= 0) fds.push_back({c.err, POLLIN, 0});
+    }
+    // Once every rank is reaped, only drain what is already buffered: a grandchild that kept a
+    // pipe open must not hold the launcher.
+    int timeout_ms = any_running ? (options.forward_signals ? 100 : 20) : 0;
+    int ready = poll(fds.data(), fds.size(), timeout_ms);
+    if (ready > 0) {
+      for (const pollfd& p : fds) {
+        if (p.revents == 0) continue;
+        if (p.fd == wake_read) {
+          char buf[64];
+          while (read(wake_read, buf, sizeof(buf)) > 0) {
+          }
+          continue;
+        }
+        for (Child& c : children) {
+          const std::string prefix = absl::StrCat("[rank ", c.rank, "] ");
+          if (p.fd == c.out) Pump(&c.out, &c.out_line, options.out_fd, prefix);
+          if (p.fd == c.err) Pump(&c.err, &c.err_line, options.err_fd, prefix);
+        }
+      }
+    } else if (!any_running) {
+      for (Child& c : children) {
+        for (int* fd : {&c.out, &c.err}) {
+          if (*fd >= 0) {
+            close(*fd);
+            *fd = -1;
+          }
+        }
+      }
+    }
+
+    for (Child& c : children) {
+      if (!c.running) continue;
+      std::optional<WorkerEnd> end = Launcher::Poll(c.pid);
+      if (!end) continue;
+      c.running = false;
+      RankExit& e = rep.ranks[c.rank];
+      e.end = *end;
+      if (!end->ok() && rep.first_failure < 0 && !e.stopped_by_launcher &&
+          rep.forwarded_signal == 0) {
+        rep.first_failure = c.rank;
+        begin_stop(SIGTERM);
+      }
+    }
+
+    if (g_signal != 0 && options.forward_signals) {
+      const int sig = g_signal;
+      g_signal = 0;
+      if (rep.forwarded_signal == 0 && !stopping) {
+        rep.forwarded_signal = sig;
+        begin_stop(sig);
+      } else {
+        stop_all(SIGKILL);  // a second signal, or one during shutdown: no more waiting
+        killed = true;
+      }
+    }
+    if (stopping && !killed && Clock::now() > grace_deadline) {
+      stop_all(SIGKILL);
+      killed = true;
+    }
+  }
+
+  if (rep.first_failure >= 0) {
+    // Ranks that failed on their own after the first usually did so because of it; list them.
+    std::vector<std::string> also;
+    for (const RankExit& e : rep.ranks) {
+      if (!e.end.ok() && e.rank != rep.first_failure && !e.stopped_by_launcher) {
+        also.push_back(e.ToString());
+      }
+    }
+    std::string message = absl::StrCat(rep.ranks[rep.first_failure].ToString(), " (first of ",
+                                       options.nproc, " ranks to fail; the others were stopped");
+    if (!also.empty()) absl::StrAppend(&message, "; then ", absl::StrJoin(also, ", "));
+    return absl::AbortedError(message + ")");
+  }
+  if (rep.forwarded_signal != 0) {
+    return absl::CancelledError(absl::StrCat("launcher received ", SignalName(rep.forwarded_signal),
+                                             " and forwarded it to the ranks"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ithaca

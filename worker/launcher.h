@@ -1,0 +1,126 @@
+// Launcher: starts a job's ranks, one process each, and tells how they ended. ithacad starts
+// `ithaca-worker --daemon` ranks with it (and supervises them itself); `ithaca-worker
+// --standalone job.toml --nproc N` starts `--standalone` ranks and supervises them with
+// LaunchLocal below (like torchrun, for one machine).
+//
+// Every rank runs in the launch's own process group, so one killpg reaches them all (and what
+// they start); gets ITHACA_RANK / ITHACA_WORLD_SIZE / ITHACA_RENDEZVOUS / ITHACA_GPU (and
+// OMP_NUM_THREADS, its share of the cores, unless set); reads /dev/null; and dies with SIGKILL
+// when the thread that started it exits (PR_SET_PDEATHSIG: call from a thread that lives as long
+// as the ranks), so no rank outlives its launcher.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/core/status.h"
+
+namespace ithaca {
+
+// Where one rank's stdout and stderr go.
+struct RankOutput {
+  std::string log_path;  // set: both are appended to this file
+  int out_fd = 1;        // else these descriptors (the launcher's own by default)
+  int err_fd = 2;
+};
+
+struct LaunchSpec {
+  // The command each rank runs: argv[0] is a path, or a name looked up in PATH.
+  std::vector<std::string> argv;
+  // gpus[r] is rank r's ITHACA_GPU (a GPU index, or a CPU slot); its size is the world size.
+  std::vector<int> gpus;
+  std::string rendezvous;  // ITHACA_RENDEZVOUS: "file:/dir", which the caller created
+  // Added to (or replacing keys of) the launcher's environment for every rank.
+  std::vector<std::pair<std::string, std::string>> env;
+  // One per rank; empty: every rank writes to the launcher's stdout and stderr.
+  std::vector<RankOutput> outputs;
+};
+
+struct WorkerGroup {
+  pid_t pgid = 0;
+  std::vector<pid_t> pids;  // pids[rank]
+};
+
+// How a rank's process ended.
+struct WorkerEnd {
+  bool signaled = false;
+  int code = 0;  // exit code, or the signal number when signaled
+  bool ok() const { return !signaled && code == 0; }
+  // The code a shell reports for it: the exit code, or 128 + the signal.
+  int ShellCode() const { return signaled ? 128 + code : code; }
+  // Metric label: "ok", "error", "bad_spec", "oom", "nan_loss", "killed", "signal".
+  std::string Reason() const;
+  // "exited with code 4 (NaN loss)", "killed by SIGKILL (signal 9)".
+  std::string Describe() const;
+};
+
+class Launcher {
+ public:
+  // Forks and execs every rank. FAILED_PRECONDITION when argv[0] is not an executable file,
+  // NOT_FOUND when no such command is in PATH, INVALID_ARGUMENT for an empty spec, INTERNAL when
+  // a log file or a process cannot be made (the ranks already started are then killed).
+  static absl::StatusOr<WorkerGroup> Launch(const LaunchSpec& spec);
+  // The exit of `pid` if it has ended (reaps it), nullopt while it runs.
+  static std::optional<WorkerEnd> Poll(pid_t pid);
+  // killpg; true when the group still had members.
+  static bool SignalGroup(pid_t pgid, int sig);
+  static bool GroupAlive(pid_t pgid);
+  // A rank's log file in a job's log directory: rank-R.log.
+  static std::string RankLogPath(const std::string& log_dir, int rank);
+};
+
+// ---- Supervised local launch (`ithaca-worker --standalone job.toml --nproc N`).
+
+struct LaunchOptions {
+  std::vector<std::string> argv;
+  int nproc = 1;
+  // Rank r gets ITHACA_GPU = gpus[r]; empty: ITHACA_GPU = r.
+  std::vector<int> gpus;
+  // Extra environment for every rank (on top of the launcher's own).
+  std::vector<std::pair<std::string, std::string>> env;
+  // Rank 0 writes to out_fd / err_fd directly. Other ranks' lines go there too, prefixed
+  // "[rank r] ", unless log_dir is set: then to Launcher::RankLogPath(log_dir, r).
+  int out_fd = 1;
+  int err_fd = 2;
+  std::string log_dir;
+  // After a failure or a forwarded signal, how long ranks get to exit before SIGKILL.
+  double grace_period_s = 10;
+  // Parent of the rendezvous directory the launch creates (and removes afterwards);
+  // empty: $TMPDIR, else /tmp.
+  std::string temp_dir;
+  // Install handlers for the launch (restored afterwards): SIGINT / SIGTERM are forwarded to
+  // the ranks, and SIGCHLD wakes the launcher so that the rank failing first is reaped first.
+  // Only one launch per process may do this at a time. Without them, exits are polled.
+  bool forward_signals = true;
+};
+
+struct RankExit {
+  int rank = 0;
+  pid_t pid = 0;
+  WorkerEnd end;
+  bool stopped_by_launcher = false;  // it was sent SIGTERM/SIGKILL because of another's failure
+  std::string ToString()
+      const;  // "rank 2 exited with code 3 (...)", "rank 1 killed by SIGKILL (signal 9)"
+};
+
+struct LaunchReport {
+  std::vector<RankExit> ranks;
+  int first_failure = -1;    // the rank that failed first; -1 if none did
+  int forwarded_signal = 0;  // SIGINT / SIGTERM the launcher received, 0 if none
+  // The exit code a launcher process should end with: the first failing rank's (128 + signal
+  // if it was killed), 128 + the forwarded signal, or 0.
+  int ExitCode() const;
+};
+
+// Runs the ranks and supervises them until all have ended: the first rank to fail stops the
+// others (SIGTERM, then SIGKILL after the grace period), and SIGINT / SIGTERM sent to the
+// launcher are forwarded. OK when every rank exits 0. Otherwise: ABORTED naming the first failing
+// rank and its exit code or signal, CANCELLED when a forwarded signal stopped the run, and
+// Launcher::Launch's errors. `report` (optional) receives every rank's exit.
+absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report = nullptr);
+
+}  // namespace ithaca
