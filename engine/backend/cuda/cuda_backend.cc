@@ -1,0 +1,56 @@
+#include "engine/backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <cudnn_version.h>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cuda/cuda_allocator.h"
+#include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/cudnn_attention.h"
+#include "engine/backend/cuda/library_version.h"
+#include "engine/comm/nccl/nccl_comm.h"
+
+namespace ithaca {
+
+bool BuiltWithCuda() { return true; }
+
+absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(
+        "backend: \"cuda\" but this machine has no usable CUDA GPU; use backend = \"cpu\"");
+  }
+  const int device = gpu >= 0 ? gpu : 0;
+  if (device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", device, " requested but only ", count, " are visible"));
+  }
+  if (cudaSetDevice(device) != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot use GPU ", device));
+  }
+  CudaBackend b;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    b.device_bytes = static_cast<int64_t>(total_bytes);
+  }
+  auto alloc = std::make_unique<CudaAllocator>(budget_bytes);
+  CudaOps::Options opts;
+  opts.alloc = alloc.get();
+  b.ops = std::make_unique<CudaOps>(opts);
+  b.alloc = std::move(alloc);
+  return b;
+}
+
+void UseCudaStreams(Ops* ops, Comm* comm) {
+  auto* cuda = dynamic_cast<CudaOps*>(ops);
+  auto* nccl = dynamic_cast<NcclComm*>(comm);
+  if (cuda == nullptr || nccl == nullptr) return;
+  nccl->SetStreams(cuda->stream(CudaOps::Stream::kComm), cuda->stream(CudaOps::Stream::kCompute));
+  nccl->set_synchronous(false);
+}
+
+absl::StatusOr<std::string> CudnnVersionReport() {
+  return CheckLibraryVersion("cuDNN", CUDNN_VERSION, cuda::CudnnAttention::RuntimeVersion());
+}
+
+}  // namespace ithaca
