@@ -158,8 +158,11 @@ def _impl(ctx):
     ctx.file("defs.bzl", "CUDA_AVAILABLE = True\nNVCC = %r\nCUDA_ORIGIN = %r\n" %
                          (layout.nvcc, layout.origin))
 
+# Re-run on a change of ITHACA_CUDA, or by hand after installing or removing the wheels:
+# `bazel sync --configure` (or `bazel clean --expunge`).
 cuda_configure = repository_rule(
     implementation = _impl,
     local = True,
+    configure = True,
     environ = ["ITHACA_CUDA"],
 )

@@ -74,6 +74,7 @@ pip_install() {
   if [ ${#want[@]} -gt 0 ]; then
     echo "setup: pip installing into $VENV: ${want[*]}"
     "$PY" -m pip install -q --disable-pip-version-check "$@" "${want[@]}"
+    CHANGED=1
   else
     echo "setup: pip: $(wc -w <<<"$what") pinned packages present"
   fi
@@ -83,6 +84,13 @@ pip_install "$(pins tools/requirements.txt '')" "" --no-deps
 if [ "$CUDA" -eq 1 ]; then
   # Every dependency is pinned in the file; installed into the venv even where another copy
   # is visible, since the build looks for them there.
+  CHANGED=0
   pip_install "$(pins tools/requirements-cuda.txt -v)" "--local" --no-deps --ignore-installed
+  if [ "$CHANGED" -eq 1 ] && [ -e bazel-bin ]; then
+    # A build made before the wheels were there looked elsewhere: look again.
+    echo "setup: bazel sync --configure (the build now finds CUDA in $VENV)"
+    bazel sync --configure >/dev/null 2>&1 || true
+    bazel shutdown >/dev/null 2>&1 || true
+  fi
 fi
 echo "setup: ok"

@@ -9,6 +9,7 @@
 #include "engine/backend/cuda/cudnn_attention.h"
 #include "engine/backend/cuda/library_version.h"
 #include "engine/comm/nccl/nccl_comm.h"
+#include "engine/comm/nccl/nccl_connect.h"
 
 namespace ithaca {
 
@@ -29,6 +30,14 @@ absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes) {
     return absl::FailedPreconditionError(absl::StrCat("cannot use GPU ", device));
   }
   CudaBackend b;
+  // An older library than the headers may lack what the code calls: refuse it here, by name,
+  // rather than fail obscurely mid-step. One that cannot be loaded at all is reported as such
+  // (attention then uses the own kernel; NCCL fails when a communicator is made).
+  for (auto report : {CudnnVersionReport(), NcclVersionReport()}) {
+    if (report.status().code() == absl::StatusCode::kFailedPrecondition) return report.status();
+    absl::StrAppend(&b.libraries, b.libraries.empty() ? "" : ", ",
+                    report.ok() ? *report : report.status().message());
+  }
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     b.device_bytes = static_cast<int64_t>(total_bytes);

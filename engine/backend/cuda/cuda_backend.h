@@ -24,10 +24,14 @@ struct CudaBackend {
   std::unique_ptr<Allocator> alloc;
   std::unique_ptr<Ops> ops;
   int64_t device_bytes = 0;  // the GPU's memory
+  // The cuDNN and NCCL versions loaded and built against, for the worker's start line:
+  // "cuDNN 9.19.0 (built with 9.19.0), NCCL 2.28.9 (built with 2.28.9)".
+  std::string libraries;
 };
 
 // CudaOps on GPU `gpu` (made the current device) with a caching allocator capped at
-// `budget_bytes` (0: no cap). FAILED_PRECONDITION when there is no such GPU or no CUDA.
+// `budget_bytes` (0: no cap). FAILED_PRECONDITION when there is no such GPU or no CUDA, or when
+// the cuDNN or NCCL loaded is older than the one built against (naming both versions).
 absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes);
 
 // Has `comm`'s collectives run on `ops`' comm stream, ordered with its compute stream by events

@@ -17,10 +17,9 @@ absl::StatusOr<std::string> CheckLibraryVersion(const std::string& library, int6
   }
   const std::string loaded_text = FormatLibraryVersion(loaded);
   if (loaded < built) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(library, " ", loaded_text, " is loaded but this binary was built with ",
-                     library, " ", built_text,
-                     ": put the newer library first on LD_LIBRARY_PATH or rebuild"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        library, " ", loaded_text, " is loaded but this binary was built with ", library, " ",
+        built_text, ": put the newer library first on LD_LIBRARY_PATH or rebuild"));
   }
   return absl::StrCat(library, " ", loaded_text, " (built with ", built_text, ")");
 }
