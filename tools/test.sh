@@ -12,9 +12,14 @@ cd "$(dirname "$0")/.."
 bazel() { command bazel ${ITHACA_OUTPUT_BASE:+--output_base="$ITHACA_OUTPUT_BASE"} "$@"; }
 log=$(mktemp)
 # A GPU test is a `gpu`-tagged test; without CUDA it is a `gpu`-tagged placeholder (a filegroup).
-gpu_targets=$(bazel query --noshow_progress 'attr(tags, "\bgpu\b", //...)' 2>>"$log" | sort)
-left_out=$(bazel query --noshow_progress 'attr(tags, "\bbuilt_without_cuda\b", //...)' 2>>"$log" \
-  | sort)
+# The query names the repository's packages rather than //..., which would also walk into the
+# bazel-* links of another output base (tools/ci_no_cuda.sh keeps its own).
+packages=$(git ls-files -- BUILD '*/BUILD' 2>/dev/null | grep -v '^third_party/bazel_stubs/' \
+  | sed -e 's|/\?BUILD$||' -e 's|^|//|' -e 's|$|:all|' | paste -sd+)
+packages=${packages:-//...}
+gpu_targets=$(bazel query --noshow_progress "attr(tags, '\bgpu\b', $packages)" 2>>"$log" | sort)
+left_out=$(bazel query --noshow_progress "attr(tags, '\bbuilt_without_cuda\b', $packages)" \
+  2>>"$log" | sort)
 if nvidia-smi -L >/dev/null 2>&1; then
   skipped=$left_out
   reason="built without CUDA"
