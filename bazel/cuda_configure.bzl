@@ -148,7 +148,11 @@ def _impl(ctx):
             fail("CUDA from %s: no lib%s.so* in %s" % (layout.origin, name, layout.libdirs))
         ctx.symlink(f, "lib/lib%s.so" % name)
     libdir = str(ctx.path("lib"))
-    linkopts = ["-L" + libdir] + ["-Wl,-rpath," + d for d in layout.libdirs]
+
+    # DT_RPATH (not RUNPATH): it also covers dlopen from the test's shared libraries, so that
+    # libcudnn.so.9 is this toolkit's rather than another found through ld.so.cache.
+    linkopts = ["-L" + libdir, "-Wl,--disable-new-dtags"]
+    linkopts += ["-Wl,-rpath," + d for d in layout.libdirs]
     ctx.file("BUILD.bazel", _BUILD.format(
         origin = layout.origin,
         include_globs = "\", \"".join([i + "/**" for i in includes]),

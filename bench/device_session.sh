@@ -72,8 +72,8 @@ for phase in "$@"; do
         fi
         {
           echo "$status: $t ($(($(date +%s) - start)) s)"
-          grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[  +OK|worst relative|Failure|error|^(cuDNN|NCCL) " \
-            "$OUT/t_$t.txt" | head -40 | sed 's/^/  /'
+          grep -E -e "^\[  (FAILED|PASSED|SKIPPED) |^\[  +OK|worst relative|Failure|error" \
+            -e "^(cuDNN|NCCL) " "$OUT/t_$t.txt" | head -40 | sed 's/^/  /'
         } | tee -a "$log"
         rm -f "$OUT/t_$t.txt"
       done
