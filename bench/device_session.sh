@@ -2,11 +2,13 @@
 # One device call that runs several phases from prebuilt binaries:
 # `bench/device_session.sh BIN_DIR OUT_DIR PHASE...`, from the repository root (the training test
 # reads engine/train/testdata). BIN_DIR holds the test and bench binaries, built here with
-# `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //bench/...`,
+# `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //bench/...`
+# (a build with CUDA: bazel/cuda_configure.bzl),
 # and a lib/ folder with the non-CUDA shared libraries they need (Abseil, libgomp) where the GPU
 # host lacks them; `.device/bin` (git-ignored) is carried to the device that way. Phases:
 #   info    GPU, driver and every libcudnn on the machine
-#   tests   the CUDA backend's GPU tests and the NCCL comm test (world 1)
+#   tests   the CUDA backend's GPU tests and the NCCL comm test (world 1), logged to
+#           OUT_DIR/gpu-tests-<date>.log for bench/results/
 #   attn    cuDNN attention at the bar shapes: the default graph (verbose: every plan's time),
 #           more heuristic modes, and the newest other libcudnn found on the machine
 #   sweep:SHAPES:N  every cuDNN engine/knob configuration (<= N per engine) timed at each shape
@@ -15,7 +17,8 @@
 #   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags)
 #   probe:W:S[:extra flags] the memory probe at each S
-# Lines go to OUT_DIR/{info,tests,attn,train}.log and OUT_DIR/{attn,train}.jsonl.
+# Lines go to OUT_DIR/{info,attn,train}.log, OUT_DIR/gpu-tests-<date>.log and
+# OUT_DIR/{attn,train}.jsonl.
 set -uo pipefail
 BIN=${1:?bin dir}
 OUT=${2:?out dir}
@@ -39,22 +42,42 @@ for phase in "$@"; do
       free -g
       ;;
     tests)
+      # Every GPU test (the `gpu`-tagged targets of //engine/backend/cuda and //engine/comm/nccl)
+      # and the library-version test, into OUT_DIR/gpu-tests-<date>.log: commit that file under
+      # bench/results/ (one per run of the GPU suite). It ends with "N passed, N failed".
+      log="$OUT/gpu-tests-$(date -u +%F).log"
       # NCCL may live only in a Python wheel there.
       if [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
         nccl=$(find / -xdev -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
         [ -n "$nccl" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nccl")"
       fi
-      for t in rmsnorm_test cuda_allocator_test cuda_ops_test attention_test cuda_train_test copy_stream_test \
-        nccl_comm_test; do
+      {
+        echo "# GPU test suite, bench/device_session.sh tests"
+        echo "date: $(date -u '+%F %T UTC')"
+        echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+        echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+          2>/dev/null | head -1)"
+      } | tee "$log"
+      passed=0
+      failed=0
+      for t in library_versions_loaded_test rmsnorm_test cuda_allocator_test cuda_ops_test \
+        attention_test cuda_train_test copy_stream_test nccl_comm_test; do
+        start=$(date +%s)
         if timeout 240 "$BIN/$t" >"$OUT/t_$t.txt" 2>&1; then
-          echo "PASSED: $t"
+          status=PASSED
+          passed=$((passed + 1))
         else
-          echo "FAILED: $t"
+          status=FAILED
+          failed=$((failed + 1))
         fi
-        grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[  +OK|worst relative|Failure|error" \
-          "$OUT/t_$t.txt" | head -20
+        {
+          echo "$status: $t ($(($(date +%s) - start)) s)"
+          grep -E -e "^\[  (FAILED|PASSED|SKIPPED) |^\[  +OK|worst relative|Failure|error" \
+            -e "^(cuDNN|NCCL) " "$OUT/t_$t.txt" | head -40 | sed 's/^/  /'
+        } | tee -a "$log"
         rm -f "$OUT/t_$t.txt"
       done
+      echo "$passed passed, $failed failed" | tee -a "$log"
       ;;
     attn)
       exec 3>&2 2>>"$OUT/attn.log"

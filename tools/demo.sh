@@ -53,7 +53,7 @@ ithaca watch "$JOB" || rc=$?
 echo
 ithaca status "$JOB"
 # /metrics goes away with the daemon: keep a snapshot beside the run.
-/usr/bin/python3 - "$METRICS" "$RUN/metrics.txt" <<'PY' || true
+.venv/bin/python - "$METRICS" "$RUN/metrics.txt" <<'PY' || true
 import sys, urllib.request
 text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=10).read().decode()
 open(sys.argv[2], "w").write(text)

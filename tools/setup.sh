@@ -1,22 +1,32 @@
 #!/bin/bash
-# Installs what Ithaca needs on a fresh Debian 12 machine; safe to run again (idempotent).
+# Installs what Ithaca needs on a fresh Debian 12 machine; safe to run again (idempotent), and
+# prints what it did.
+#   bash tools/setup.sh          Debian packages (apt) for the C++ build and the tests, and the
+#                                project's Python environment .venv/ with tools/requirements.txt.
+#   bash tools/setup.sh --cuda   also NVIDIA's CUDA toolkit, cuDNN and NCCL as pinned wheels
+#                                (tools/requirements-cuda.txt) into .venv, which the build then
+#                                uses (bazel/cuda_configure.bzl). Implied where a GPU is present.
+# Without --cuda and without /usr/local/cuda the build leaves the CUDA targets out.
+# Nothing is pip-installed outside .venv (git-ignored).
 set -euo pipefail
+cd "$(dirname "$0")/.."
+CUDA=0
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) CUDA=1 ;;
+    *) echo "setup: unknown argument $arg (expected --cuda)" >&2; exit 2 ;;
+  esac
+done
+if [ "$CUDA" -eq 0 ] && nvidia-smi -L >/dev/null 2>&1; then
+  echo "setup: a GPU is present: installing the CUDA wheels too"
+  CUDA=1
+fi
+
 APT_PACKAGES=(
   bazel-bootstrap pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libgrpc++-dev libabsl-dev libgtest-dev libgmock-dev libcivetweb-dev libgloo-dev libsqlite3-dev
-  libtomlplusplus-dev nlohmann-json3-dev python3-pip python3-numpy python3-torch
+  libtomlplusplus-dev nlohmann-json3-dev python3-venv python3-numpy python3-torch
   prometheus python3-yaml
-)
-# Python packages for /usr/bin/python3 (the interpreter that has Debian's torch): independent
-# oracles used by tests.
-PIP_PACKAGES=(
-  safetensors==0.4.5
-  grpcio==1.62.3
-  grpcio-tools==1.62.3
-  protobuf==4.25.5
-  prometheus-client==0.21.1
-  nvidia-cudnn-frontend==1.32.0
-  kubernetes-validate==1.37.0
 )
 
 SUDO=""
@@ -27,21 +37,60 @@ for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
+  echo "setup: apt installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
+else
+  echo "setup: apt: all ${#APT_PACKAGES[@]} packages present"
 fi
+
+# Debian's interpreter, so that its python3-torch, numpy and yaml stay visible in the venv.
+VENV=.venv
+PY="$VENV/bin/python"
+if [ ! -x "$PY" ]; then
+  echo "setup: creating $VENV (/usr/bin/python3 -m venv --system-site-packages)"
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+else
+  echo "setup: $VENV exists"
+fi
+
+# Pins of a requirements file, without comments; `no-deps` lines or the others.
+pins() { sed -e '/^\s*#/d' -e '/^\s*$/d' "$1" | grep $2 'no-deps' | sed 's/\s*#.*//' || true; }
 
 # pip is only asked when something is missing or at another version (`pip freeze` is fast).
 # pip freeze spells names its own way (prometheus_client): compare with _ and - the same.
-installed=$(/usr/bin/python3 -m pip freeze 2>/dev/null | tr '_' '-' || true)
-want=()
-for p in "${PIP_PACKAGES[@]}"; do
-  grep -qixF "${p//_/-}" <<<"$installed" || want+=("$p")
-done
-if [ ${#want[@]} -gt 0 ]; then
-  echo "setup: pip installing ${want[*]} for /usr/bin/python3"
-  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "${want[@]}"
+# `freeze_args` --local: count only what is in the venv itself, not Debian's or /usr/local's.
+pip_install() {
+  local what="$1" freeze_args="$2"
+  shift 2
+  local installed want=()
+  installed=$("$PY" -m pip freeze $freeze_args 2>/dev/null | tr '_' '-' | tr 'A-Z' 'a-z' || true)
+  for p in $what; do
+    local q
+    q=$(tr '_' '-' <<<"$p" | tr 'A-Z' 'a-z')
+    grep -qxF "$q" <<<"$installed" || want+=("$p")
+  done
+  if [ ${#want[@]} -gt 0 ]; then
+    echo "setup: pip installing into $VENV: ${want[*]}"
+    "$PY" -m pip install -q --disable-pip-version-check "$@" "${want[@]}"
+    CHANGED=1
+  else
+    echo "setup: pip: $(wc -w <<<"$what") pinned packages present"
+  fi
+}
+pip_install "$(pins tools/requirements.txt -v)" ""
+pip_install "$(pins tools/requirements.txt '')" "" --no-deps
+if [ "$CUDA" -eq 1 ]; then
+  # Every dependency is pinned in the file; installed into the venv even where another copy
+  # is visible, since the build looks for them there.
+  CHANGED=0
+  pip_install "$(pins tools/requirements-cuda.txt -v)" "--local" --no-deps --ignore-installed
+  if [ "$CHANGED" -eq 1 ] && [ -e bazel-bin ]; then
+    # A build made before the wheels were there looked elsewhere: look again.
+    echo "setup: bazel sync --configure (the build now finds CUDA in $VENV)"
+    bazel sync --configure >/dev/null 2>&1 || true
+    bazel shutdown >/dev/null 2>&1 || true
+  fi
 fi
 echo "setup: ok"

@@ -1,15 +1,42 @@
 #!/bin/bash
 # Builds everything and runs every test offline; ends with a plain "N passed, N failed" line
 # (Bazel's own summary is not a format CI reads). Extra arguments go to `bazel test`.
+#
+# GPU tests (tagged `gpu`) run only where a GPU exists (`nvidia-smi -L` succeeds); elsewhere they
+# are still built but not run, and so not counted as passed. The line before the last names the
+# GPU tests that did not run: "N skipped (no GPU): //a //b ..." (or "(built without CUDA)" when
+# the build found no CUDA, bazel/cuda_configure.bzl, and left them out).
 set -o pipefail
 cd "$(dirname "$0")/.."
+# ITHACA_OUTPUT_BASE: a Bazel output base of its own (tools/ci_no_cuda.sh keeps its build apart).
+bazel() { command bazel ${ITHACA_OUTPUT_BASE:+--output_base="$ITHACA_OUTPUT_BASE"} "$@"; }
 log=$(mktemp)
-bazel test //... "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
+# A GPU test is a `gpu`-tagged test; without CUDA it is a `gpu`-tagged placeholder (a filegroup).
+# The query names the repository's packages rather than //..., which would also walk into the
+# bazel-* links of another output base (tools/ci_no_cuda.sh keeps its own).
+packages=$(git ls-files -- BUILD '*/BUILD' 2>/dev/null | grep -v '^third_party/bazel_stubs/' \
+  | sed -e 's|/\?BUILD$||' -e 's|^|//|' -e 's|$|:all|' | paste -sd+)
+packages=${packages:-//...}
+gpu_targets=$(bazel query --noshow_progress "attr(tags, '\bgpu\b', $packages)" 2>>"$log" | sort)
+left_out=$(bazel query --noshow_progress "attr(tags, '\bbuilt_without_cuda\b', $packages)" \
+  2>>"$log" | sort)
+if nvidia-smi -L >/dev/null 2>&1; then
+  skipped=$left_out
+  reason="built without CUDA"
+  bazel test //... "$@" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+else
+  skipped=$gpu_targets
+  reason=$([ -n "$left_out" ] && echo "no GPU; built without CUDA" || echo "no GPU")
+  bazel test //... --test_tag_filters=-gpu "$@" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+fi
 passed=$(grep -cE '^//.* PASSED in ' "$log")
 failed=$(grep -cE '^//.* (FAILED|TIMEOUT|INCOMPLETE|NO STATUS|FAILED TO BUILD)( in |$)' "$log")
 bazel shutdown >/dev/null 2>&1  # do not leave the JVM server running
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # a build failure
 rm -f "$log"
+n_skipped=$(grep -c . <<<"$skipped")
+echo "${n_skipped} skipped (${reason}):" $skipped
 echo "${passed} passed, ${failed} failed"
 exit $rc

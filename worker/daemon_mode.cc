@@ -216,11 +216,12 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   // peer is an error, not a hang); the daemon normally kills the other ranks first.
   ASSIGN_OR_RETURN(std::unique_ptr<Rank> rank, Rank::Create(spec, info));
   Trainer& trainer = rank->trainer();
-  std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s\n", o.rank,
-              o.world, o.job_id.c_str(),
+  std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s%s%s\n",
+              o.rank, o.world, o.job_id.c_str(),
               spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
               static_cast<long long>(spec.data.seq_len),
-              static_cast<long long>(spec.training.steps), spec.backend.c_str());
+              static_cast<long long>(spec.training.steps), spec.backend.c_str(),
+              rank->libraries().empty() ? "" : " with ", rank->libraries().c_str());
   std::fflush(stdout);
   // One step per Run call, so SIGTERM is honoured between steps.
   while (trainer.state().step < spec.training.steps) {

@@ -1,11 +1,10 @@
 #include "worker/standalone.h"
 
-#include <cuda_runtime.h>
-
 #include <cstdio>
 
 #include "engine/plan/planner.h"
 #include "engine/runtime/rank.h"
+#include "engine/backend/cuda/cuda_backend.h"
 #include "engine/plan/budgets.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/resolve.h"
@@ -23,17 +22,6 @@ absl::StatusOr<ResolvedJob> ResolveHere(const std::string& spec_path, const JobS
     return absl::Status(job.status().code(), absl::StrCat(spec_path, ": ", job.status().message()));
   }
   return job;
-}
-
-// The first GPU's memory, as MakeBackend reads it; 0 without a GPU.
-int64_t FirstGpuMemoryBytes() {
-  int count = 0;
-  size_t free_bytes = 0, total_bytes = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaSetDevice(0) != cudaSuccess ||
-      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-    return 0;
-  }
-  return static_cast<int64_t>(total_bytes);
 }
 
 }  // namespace
@@ -57,11 +45,12 @@ absl::Status RunStandalone(const std::string& spec_path) {
   if (info.rank == 0) {
     std::printf(
         "job %s: %s, %lld tokens per sample, %lld steps, %d rank(s) (sp %lld), backend "
-        "%s\n%s\n",
+        "%s%s%s\n%s\n",
         spec.name.c_str(),
         spec.model.config.empty() ? spec.model.preset.c_str() : spec.model.config.c_str(),
         static_cast<long long>(spec.data.seq_len), static_cast<long long>(spec.training.steps),
         info.world, static_cast<long long>(spec.parallel.sp), spec.backend.c_str(),
+        rank->libraries().empty() ? "" : " with ", rank->libraries().c_str(),
         rank->resolution().c_str());
     std::fflush(stdout);
   }
@@ -75,7 +64,7 @@ absl::Status RunStandalone(const std::string& spec_path) {
 
 absl::Status PrintPlan(const std::string& spec_path) {
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
-  const int64_t device_bytes = spec.backend == "cuda" ? FirstGpuMemoryBytes() : 0;
+  const int64_t device_bytes = spec.backend == "cuda" ? CudaDeviceMemoryBytes(0) : 0;
   ASSIGN_OR_RETURN(ResolvedJob job, ResolveHere(spec_path, spec, device_bytes,
                                                 static_cast<int>(spec.parallel.world)));
   std::printf("memory plan for %s (per rank; world %lld, sp %lld, %lld tokens, %s)\n%s",

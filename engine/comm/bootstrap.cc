@@ -4,7 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "engine/comm/gloo/gloo_comm.h"
-#include "engine/comm/nccl/nccl_comm.h"
+#include "engine/comm/nccl/nccl_connect.h"
 #include "engine/comm/self_comm.h"
 
 namespace ithaca {
@@ -53,11 +53,7 @@ absl::StatusOr<RankInfo> RankInfoFromEnvironment() {
 absl::StatusOr<std::unique_ptr<Comm>> ConnectComm(const RankInfo& info, Device device,
                                                   double timeout_s) {
   if (device == Device::kCuda) {
-    NcclOptions options;
-    options.timeout_s = timeout_s;
-    ASSIGN_OR_RETURN(auto comm,
-                     NcclComm::Create(info.rank, info.world, info.rendezvous, info.gpu, options));
-    return std::unique_ptr<Comm>(std::move(comm));
+    return ConnectNccl(info.rank, info.world, info.rendezvous, info.gpu, timeout_s);
   }
   if (info.world == 1) {
     if (info.rank != 0) {

@@ -1,10 +1,7 @@
 #include "engine/runtime/backend.h"
 
-#include <cuda_runtime.h>
-
 #include "engine/backend/cpu/cpu_ops.h"
-#include "engine/backend/cuda/cuda_allocator.h"
-#include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/cuda_backend.h"
 
 namespace ithaca {
 
@@ -18,31 +15,14 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu) {
   if (spec.backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("backend: \"", spec.backend, "\" is unknown"));
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    return absl::FailedPreconditionError(
-        "backend: \"cuda\" but this machine has no usable CUDA GPU; use backend = \"cpu\"");
-  }
-  const int device = gpu >= 0 ? gpu : 0;
-  if (device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GPU ", device, " requested but only ", count, " are visible"));
-  }
-  if (cudaSetDevice(device) != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot use GPU ", device));
-  }
   const size_t budget = spec.memory.gpu_budget_gib > 0
                             ? static_cast<size_t>(spec.memory.gpu_budget_gib * (1 << 30))
                             : 0;
-  size_t free_bytes = 0, total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-    b.device_bytes = static_cast<int64_t>(total_bytes);
-  }
-  auto alloc = std::make_unique<CudaAllocator>(budget);
-  CudaOps::Options opts;
-  opts.alloc = alloc.get();
-  b.ops = std::make_unique<CudaOps>(opts);
-  b.alloc = std::move(alloc);
+  ASSIGN_OR_RETURN(CudaBackend cuda, MakeCudaBackend(gpu, budget));
+  b.alloc = std::move(cuda.alloc);
+  b.ops = std::move(cuda.ops);
+  b.device_bytes = cuda.device_bytes;
+  b.libraries = cuda.libraries;
   return b;
 }
 

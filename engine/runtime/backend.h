@@ -14,6 +14,9 @@ struct Backend {
   std::unique_ptr<Allocator> alloc;
   std::unique_ptr<Ops> ops;
   int64_t device_bytes = 0;  // the GPU's memory (0 on the CPU)
+  // The cuDNN and NCCL versions loaded and built against (CUDA), for the start line; empty on
+  // the CPU.
+  std::string libraries;
   Device device() const { return ops->device(); }
 };
 

@@ -48,6 +48,8 @@ class Rank {
   // The job's communicator; nullptr for a rank alone.
   Comm* comm() { return comm_.get(); }
   Ops& ops() { return *backend_.ops; }
+  // The cuDNN and NCCL versions loaded and built against; empty on the CPU.
+  const std::string& libraries() const { return backend_.libraries; }
   Allocator& alloc() { return *backend_.alloc; }
 
  private:

@@ -202,11 +202,12 @@ class Kubernetes(unittest.TestCase):
 
 
 def setup_sh_lists():
+    """tools/setup.sh's apt packages and tools/requirements.txt's pins (name==version)."""
     with open("tools/setup.sh") as f:
         text = f.read()
     apt = re.search(r"APT_PACKAGES=\((.*?)\)", text, re.S).group(1).split()
-    pip = re.search(r"PIP_PACKAGES=\((.*?)\)", text, re.S).group(1)
-    pip = [l.strip() for l in pip.splitlines() if l.strip() and not l.strip().startswith("#")]
+    with open("tools/requirements.txt") as f:
+        pip = [l.split("#")[0].strip() for l in f if l.split("#")[0].strip()]
     return apt, pip
 
 
@@ -255,7 +256,11 @@ class Dockerfile(unittest.TestCase):
             self.assertRegex(install, rf"(^|\s){re.escape(p)}(\s|$)", p)
         frontend = [p for p in pip if p.startswith("nvidia-cudnn-frontend==")]
         self.assertEqual(len(frontend), 1)
-        self.assertIn(frontend[0], self.text)
+        # The pin is read from the same file, not repeated in the Dockerfile.
+        self.assertNotIn("nvidia-cudnn-frontend", self.text)
+        self.assertIn("COPY tools/requirements.txt tools/", self.instructions)
+        (venv,) = [l for l in self.instructions if "python3 -m venv .venv" in l]
+        self.assertIn("tools/requirements.txt", venv)
 
     def test_runs_ithacad_as_the_manifest_expects(self):
         objs = k8s_objects()

@@ -2,6 +2,9 @@
 # Ithaca's CPU loss and gradients against an independent PyTorch Llama, for a tiny model with GQA
 # and llama3 rope_scaling, tied and untied embeddings, every checkpoint policy, headwise chunks.
 set -euo pipefail
+# The project's .venv (tools/setup.sh), found through this script's link back into the source
+# tree (Bazel's runfiles are links); ITHACA_PYTHON overrides it.
+PY="${ITHACA_PYTHON:-$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)/.venv/bin/python}"
 dump="$1"
 ref="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -9,7 +12,7 @@ run() {
   local name="$1"; shift
   echo "== $name"
   "$dump" --out "$tmp/$name" "$@"
-  /usr/bin/python3 "$ref" "$tmp/$name"
+  "$PY" "$ref" "$tmp/$name"
 }
 run tied_full --checkpoint full --seq 37 --tile 8
 run untied_none --untied --checkpoint none --seq 29 --tile 64

@@ -1,0 +1,67 @@
+#include "engine/backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <cudnn_version.h>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cuda/cuda_allocator.h"
+#include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/cudnn_attention.h"
+#include "engine/backend/cuda/library_version.h"
+#include "engine/comm/nccl/nccl_connect.h"
+
+namespace ithaca {
+
+bool BuiltWithCuda() { return true; }
+
+absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(
+        "backend: \"cuda\" but this machine has no usable CUDA GPU; use backend = \"cpu\"");
+  }
+  const int device = gpu >= 0 ? gpu : 0;
+  if (device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", device, " requested but only ", count, " are visible"));
+  }
+  if (cudaSetDevice(device) != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot use GPU ", device));
+  }
+  CudaBackend b;
+  // An older library than the headers may lack what the code calls: refuse it here, by name,
+  // rather than fail obscurely mid-step. One that cannot be loaded at all is reported as such
+  // (attention then uses the own kernel; NCCL fails when a communicator is made).
+  for (auto report : {CudnnVersionReport(), NcclVersionReport()}) {
+    if (report.status().code() == absl::StatusCode::kFailedPrecondition) return report.status();
+    absl::StrAppend(&b.libraries, b.libraries.empty() ? "" : ", ",
+                    report.ok() ? *report : report.status().message());
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    b.device_bytes = static_cast<int64_t>(total_bytes);
+  }
+  auto alloc = std::make_unique<CudaAllocator>(budget_bytes);
+  CudaOps::Options opts;
+  opts.alloc = alloc.get();
+  b.ops = std::make_unique<CudaOps>(opts);
+  b.alloc = std::move(alloc);
+  return b;
+}
+
+int64_t CudaDeviceMemoryBytes(int gpu) {
+  int count = 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || gpu < 0 || gpu >= count ||
+      cudaSetDevice(gpu) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    return 0;
+  }
+  return static_cast<int64_t>(total_bytes);
+}
+
+absl::StatusOr<std::string> CudnnVersionReport() {
+  return CheckLibraryVersion("cuDNN", CUDNN_VERSION, cuda::CudnnAttention::RuntimeVersion());
+}
+
+}  // namespace ithaca
