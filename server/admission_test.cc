@@ -65,11 +65,11 @@ TEST(AdmissionTest, AcceptsAGoodSpecAndResolvesPathsAgainstBaseDir) {
 TEST(AdmissionTest, DataPathMayBeAGlob) {
   std::string toml = Spec();
   toml.replace(toml.find("\"corpus.tok\""), 12, "\"corp*.tok\"");
-  auto a = ParseSubmission(toml, "job.toml", Dir());
+  auto a = ParseSubmission(toml, "job.toml", Dir(), Roomy());
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->spec.data.path, Dir() + "/corp*.tok");
   toml.replace(toml.find("\"corp*.tok\""), 11, "\"none-*.tok\"");
-  a = ParseSubmission(toml, "job.toml", Dir());
+  a = ParseSubmission(toml, "job.toml", Dir(), Roomy());
   ASSERT_FALSE(a.ok());
   EXPECT_NE(
       a.status().message().find("data.path: " + Dir() + "/none-*.tok: the pattern matches no file"),

@@ -287,7 +287,9 @@ TEST(SupervisorTest, ALaunchThatFailsEndsTheJobAtOnce) {
   std::optional<Ended> end = owner.WaitEnded("job-l");
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
-  EXPECT_TRUE(absl::StartsWith(end->reason, "launch failed: worker binary ")) << end->reason;
+  EXPECT_TRUE(absl::StartsWith(
+      end->reason, "launch failed: launcher: " + TmpDir() + "/no-such-worker: No such file"))
+      << end->reason;
   EXPECT_TRUE(owner.States("job-l").empty());
 }
 

@@ -26,6 +26,4 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu) {
   return b;
 }
 
-}
-
 }  // namespace ithaca

@@ -140,7 +140,7 @@ TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
   spec.training.steps = 2;
   CpuOps ops;
   HostAllocator alloc;
-  auto t = Trainer::Create(spec, &ops, &alloc);
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(Losses(**t).size(), 2u);
 
@@ -160,7 +160,7 @@ TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
   other.fingerprint[0] = 1;
   ASSERT_TRUE(WriteTokenFileV2(dir + "/other.tok", a, other).ok());
   spec.data.path = dir + "/other.tok";
-  t = Trainer::Create(spec, &ops, &alloc);
+  t = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   std::string msg(t.status().message());
@@ -176,11 +176,11 @@ TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
   other.fingerprint = *fp;
   ASSERT_TRUE(WriteTokenFileV2(dir + "/same.tok", a, other).ok());
   spec.data.path = dir + "/same.tok";
-  t = Trainer::Create(spec, &ops, &alloc);
+  t = Trainer::Create(Resolved(spec), &ops, &alloc);
   EXPECT_TRUE(t.ok()) << t.status();
 
   spec.data.path = dir + "/nothing-*.tok";
-  t = Trainer::Create(spec, &ops, &alloc);
+  t = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("nothing-*.tok: the pattern matches no file"),
             std::string::npos)
