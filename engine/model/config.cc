@@ -499,6 +499,15 @@ absl::Status ValidateConfig(const LlamaConfig& cfg) {
   };
   for (const auto& [key, value] : sizes) {
     if (value <= 0) return bad(key, absl::StrCat("must be positive, got ", value));
+    // Far above any real Llama, and low enough that no size computed from them overflows: a
+    // config.json is untrusted input that reaches the planner inside the daemon.
+    if (value > kMaxConfigSize) {
+      return bad(key, absl::StrCat("must be at most ", kMaxConfigSize, ", got ", value));
+    }
+  }
+  if (cfg.num_hidden_layers > kMaxLayers) {
+    return bad("num_hidden_layers",
+               absl::StrCat("must be at most ", kMaxLayers, ", got ", cfg.num_hidden_layers));
   }
   if (cfg.num_attention_heads % cfg.num_key_value_heads != 0) {
     return bad("num_key_value_heads",
@@ -543,14 +552,17 @@ absl::Status ValidateConfig(const LlamaConfig& cfg) {
                  absl::StrCat("must be positive, got ", r.original_max_position));
     }
   }
-  // Parameter counts are int64 everywhere; reject shapes whose count would overflow.
+  // Parameter counts are int64 everywhere, and the planner sizes buffers from them: refuse
+  // shapes far beyond any real model before anything overflows or allocates.
   const long double d = cfg.hidden_size, f = cfg.intermediate_size, hd = cfg.head_dim;
   const long double layer =
       (2.0L * cfg.num_attention_heads + 2.0L * cfg.num_key_value_heads) * hd * d + 3.0L * d * f +
       2.0L * d;
   const long double total = cfg.num_hidden_layers * layer + 2.0L * cfg.vocab_size * d + d;
-  if (total > 4.0e18L) {
-    return bad("hidden_size", "the model's shape is too large (parameter count overflows)");
+  if (total > kMaxParameters) {
+    return bad("hidden_size",
+               absl::StrFormat("the model's shape is too large: %.3Lg parameters, at most %.3g",
+                               total, kMaxParameters));
   }
   return absl::OkStatus();
 }

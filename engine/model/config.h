@@ -34,6 +34,10 @@ struct LlamaConfig {
 };
 
 // Checks the invariants the engine relies on (positive sizes, heads divide, head_dim even, ...).
+// Bounds on an untrusted config.json, checked before any size is computed from it.
+inline constexpr int64_t kMaxConfigSize = int64_t{1} << 26;  // any single dimension
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr double kMaxParameters = 2e12;
 absl::Status ValidateConfig(const LlamaConfig& cfg);
 
 // Parses config.json text; errors name the offending key ("config.json: num_key_value_heads ...").

@@ -247,7 +247,7 @@ TEST(ConfigTest, BadConfigsNameTheKey) {
   ExpectInvalid(Replace(good, "\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 0"),
                 {"rms_norm_eps", "positive"});
   ExpectInvalid(Replace(good, "\"num_hidden_layers\": 16", "\"num_hidden_layers\": 1e12"),
-                {"too large"});
+                {"num_hidden_layers", "at most"});
 }
 
 // Llama-3.2-1B as transformers 5 saves it: RoPE settings (theta included) in rope_parameters.
@@ -434,6 +434,19 @@ TEST(ConfigTest, LoadFromFileAndDirectory) {
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find(dir + "/broken.json: hidden_size"), std::string::npos)
       << broken.status();
+}
+
+TEST(ConfigBoundsTest, AHugeModelIsRefusedNamingTheKey) {
+  LlamaConfig cfg = *PresetConfig("tiny");
+  cfg.num_hidden_layers = 1000000000;
+  absl::Status st = ValidateConfig(cfg);
+  EXPECT_NE(st.message().find("num_hidden_layers: must be at most"), std::string::npos) << st;
+  cfg = *PresetConfig("llama-3-8b");
+  cfg.num_hidden_layers = 1024;
+  cfg.hidden_size = cfg.intermediate_size = 1 << 20;
+  st = ValidateConfig(cfg);
+  EXPECT_NE(st.message().find("too large"), std::string::npos) << st;
+  EXPECT_TRUE(ValidateConfig(*PresetConfig("llama-3-8b")).ok());
 }
 
 }  // namespace

@@ -312,6 +312,15 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
     return r.Error(path, absl::StrCat("must be ", list, ", got \"", v, "\""));
   };
   RETURN_IF_ERROR(r.Require(!s.name.empty(), "name", "must not be empty"));
+  // Every value is range-checked here, before any arithmetic or planning uses it: admission runs
+  // inside the daemon, and a spec from any client must not be able to exhaust it.
+  RETURN_IF_ERROR(
+      r.Require(s.name.size() <= kMaxJobNameBytes, "name",
+                absl::StrCat("must be at most ", kMaxJobNameBytes, " bytes, got ", s.name.size())));
+  RETURN_IF_ERROR(r.Require(
+      std::none_of(s.name.begin(), s.name.end(),
+                   [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }),
+      "name", "must not contain control characters"));
   RETURN_IF_ERROR(one_of(s.backend, {"cpu", "cuda"}, "backend"));
   RETURN_IF_ERROR(one_of(s.model.preset, {"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b"},
                          "model.preset"));
@@ -319,10 +328,12 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
 
   RETURN_IF_ERROR(r.Require(!s.data.path.empty(), "data.path",
                             "required: the token file to train on (see ithaca-tokenize)"));
-  RETURN_IF_ERROR(r.Require(s.data.seq_len >= 2, "data.seq_len",
-                            absl::StrCat("must be >= 2, got ", s.data.seq_len)));
-  RETURN_IF_ERROR(r.Require(s.data.micro_batch >= 1, "data.micro_batch",
-                            absl::StrCat("must be >= 1, got ", s.data.micro_batch)));
+  RETURN_IF_ERROR(
+      r.Require(s.data.seq_len >= 2 && s.data.seq_len <= kMaxSeqLen, "data.seq_len",
+                absl::StrCat("must be in [2, ", kMaxSeqLen, "], got ", s.data.seq_len)));
+  RETURN_IF_ERROR(
+      r.Require(s.data.micro_batch >= 1 && s.data.micro_batch <= kMaxMicroBatch, "data.micro_batch",
+                absl::StrCat("must be in [1, ", kMaxMicroBatch, "], got ", s.data.micro_batch)));
 
   const JobSpec::Training& t = s.training;
   RETURN_IF_ERROR(
@@ -346,12 +357,20 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(t.eps > 0, "training.eps", absl::StrCat("must be > 0, got ", t.eps)));
   RETURN_IF_ERROR(r.Require(t.grad_clip >= 0, "training.grad_clip",
                             absl::StrCat("must be >= 0 (0 disables clipping), got ", t.grad_clip)));
-  RETURN_IF_ERROR(r.Require(t.grad_accum >= 1, "training.grad_accum",
-                            absl::StrCat("must be >= 1, got ", t.grad_accum)));
+  RETURN_IF_ERROR(
+      r.Require(t.grad_accum >= 1 && t.grad_accum <= kMaxGradAccum, "training.grad_accum",
+                absl::StrCat("must be in [1, ", kMaxGradAccum, "], got ", t.grad_accum)));
+  // A step's samples are held in host memory together; each factor is bounded above, so the
+  // product cannot overflow.
+  const int64_t step_tokens = s.data.micro_batch * t.grad_accum * (s.data.seq_len + 1);
+  RETURN_IF_ERROR(r.Require(
+      step_tokens <= kMaxStepTokens, "training.grad_accum",
+      absl::StrCat("data.micro_batch x training.grad_accum x (data.seq_len + 1) = ", step_tokens,
+                   " tokens per step; at most ", kMaxStepTokens, " are allowed")));
 
   const JobSpec::Parallel& p = s.parallel;
-  RETURN_IF_ERROR(
-      r.Require(p.world >= 1, "parallel.world", absl::StrCat("must be >= 1, got ", p.world)));
+  RETURN_IF_ERROR(r.Require(p.world >= 1 && p.world <= kMaxWorld, "parallel.world",
+                            absl::StrCat("must be in [1, ", kMaxWorld, "], got ", p.world)));
   RETURN_IF_ERROR(r.Require(p.sp >= 1, "parallel.sp", absl::StrCat("must be >= 1, got ", p.sp)));
   RETURN_IF_ERROR(
       r.Require(p.world % p.sp == 0, "parallel.sp",

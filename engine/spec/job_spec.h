@@ -78,6 +78,14 @@ struct JobSpec {
   } metrics;
 };
 
+// Hard bounds, checked by the parser before anything is computed from them.
+inline constexpr size_t kMaxJobNameBytes = 256;
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 27;  // 134M tokens per sample
+inline constexpr int64_t kMaxMicroBatch = 4096;
+inline constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
+inline constexpr int64_t kMaxStepTokens = int64_t{1} << 32;  // a step's samples: 16 GiB of ids
+inline constexpr int64_t kMaxWorld = 65536;
+
 // Parses TOML text; `source` names the file in error messages.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,
                                      const std::string& source = "job.toml");

@@ -243,10 +243,11 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[training]\nbeta2 = 1.5", "job.toml: training.beta2: must be in [0, 1)"},
       {"[training]\neps = 0", "job.toml: training.eps: must be > 0"},
       {"[training]\ngrad_clip = -1", "job.toml: training.grad_clip: must be >= 0"},
-      {"[training]\ngrad_accum = 0", "job.toml: training.grad_accum: must be >= 1"},
-      {"[data]\nseq_len = 1", "job.toml: data.seq_len: must be >= 2, got 1"},
-      {"[data]\nmicro_batch = 0", "job.toml: data.micro_batch: must be >= 1"},
-      {"[parallel]\nworld = 0", "job.toml: parallel.world: must be >= 1"},
+      {"[training]\ngrad_accum = 0",
+       "job.toml: training.grad_accum: must be in [1, 1048576], got 0"},
+      {"[data]\nseq_len = 1", "job.toml: data.seq_len: must be in [2, 134217728], got 1"},
+      {"[data]\nmicro_batch = 0", "job.toml: data.micro_batch: must be in [1, 4096], got 0"},
+      {"[parallel]\nworld = 0", "job.toml: parallel.world: must be in [1, 65536], got 0"},
       {"[parallel]\nsp = 0", "job.toml: parallel.sp: must be >= 1"},
       {"[parallel]\nworld = 8\nsp = 3", "job.toml: parallel.sp: must divide parallel.world (8)"},
       {"backend = \"tpu\"", "job.toml: backend: must be \"cpu\" or \"cuda\", got \"tpu\""},
@@ -322,6 +323,28 @@ TEST(JobSpecTest, LoadResolvesRelativePathsAgainstTheSpecDirectory) {
   ASSERT_TRUE(WriteFileAtomic(path, "[data]\npath = \"d\"\nsteps = 1\n").ok());
   ExpectError(LoadJobSpec(path).status(), path + ": data.steps: unknown key");
   EXPECT_FALSE(LoadJobSpec(dir + "/missing.toml").ok());
+}
+
+TEST(JobSpecBoundsTest, HostileValuesAreRefusedBeforeAnyArithmetic) {
+  const std::string base = "[data]\npath = \"d.tok\"\n";
+  struct Case {
+    std::string toml, message;
+  };
+  const std::vector<Case> cases = {
+      {"name = \"" + std::string(257, 'n') + "\"\n" + base, "name: must be at most 256 bytes"},
+      {"name = \"a\\u001b[2Jb\"\n" + base, "name: must not contain control characters"},
+      {base + "seq_len = 100000000000\n", "data.seq_len: must be in [2, 134217728]"},
+      {base + "micro_batch = 1000000000000\n", "data.micro_batch: must be in [1, 4096]"},
+      {base + "seq_len = 1048576\nmicro_batch = 4096\n[training]\ngrad_accum = 1048576\n",
+       "tokens per step; at most 4294967296"},
+      {base + "[parallel]\nworld = 100000\nsp = 1\n", "parallel.world: must be in [1, 65536]"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(c.toml);
+    ASSERT_FALSE(spec.ok()) << c.toml.substr(0, 80);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(spec.status().message().find(c.message), std::string::npos) << spec.status();
+  }
 }
 
 }  // namespace
