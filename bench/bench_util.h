@@ -1,5 +1,5 @@
 // Shared bits of the benchmark programs: the device's name, CUDA-event timing and medians, and
-// a tiny JSON writer (each measurement is one JSON line on stdout, BENCHMARKS.md §How to measure).
+// a tiny JSON writer (each measurement is one JSON line on stdout, docs/benchmarks.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,11 +1,11 @@
 // Full training steps (forward, backward, AdamW) of a preset model on one GPU, with random
 // weights and random tokens, at each requested sequence length. One JSON line per S: tok/s,
-// model TFLOPS (BENCHMARKS.md's convention, ModelFlopsPerToken), step time (CUDA events, median
+// model TFLOPS (docs/benchmarks.md's convention, ModelFlopsPerToken), step time (CUDA events, median
 // of the timed steps after a warm-up step), measured peak bytes per tier next to the planner's
 // prediction for the same options (PlanMemory), the loss, and a per-op device-time profile of
 // the last step.
 //
-// --probe W is the memory probe (BENCHMARKS.md "How to measure"): one step per S with attention
+// --probe W is the memory probe (docs/benchmarks.md): one step per S with attention
 // limited to a causal window of W keys (CudaOps::Options::probe_window) and every buffer, copy
 // and collective at full size. Its lines say "mode": "memory-probe" and carry no throughput;
 // they add the device memory growth per extra token against the previous S.

@@ -1,4 +1,4 @@
-// ithaca: the command line for ithacad (DESIGN.md §4).
+// ithaca: the command line for ithacad (docs/architecture.md).
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>

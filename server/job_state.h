@@ -1,4 +1,4 @@
-// Job states (DESIGN.md §2): QUEUED → STARTING → RUNNING → {SUCCEEDED, FAILED,
+// Job states (docs/architecture.md): QUEUED → STARTING → RUNNING → {SUCCEEDED, FAILED,
 // CANCELLING → CANCELLED}. The enum is the proto's; these helpers are the rules.
 #pragma once
 

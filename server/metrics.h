@@ -1,4 +1,4 @@
-// Metrics: the daemon's Prometheus series (DESIGN.md §4), rendered in the text exposition format
+// Metrics: the daemon's Prometheus series (docs/architecture.md), rendered in the text exposition format
 // and served on GET /metrics by civetweb. Per-rank series carry the labels job, rank, gpu and
 // UUID, so they join with DCGM exporter series. Thread-safe.
 #pragma once

@@ -73,7 +73,7 @@ class Ops {
     }
   }
 
-  // ---- Asynchronous transfers (offload and prefetch, ALGORITHMS.md §4).
+  // ---- Asynchronous transfers (offload and prefetch, docs/schedules.md).
   // A Fence is a ticket for one CopyAsync; it needs no release. Transfers complete in the order
   // they were issued, so waiting on a fence also covers every transfer issued before it.
   struct Fence {

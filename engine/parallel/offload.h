@@ -1,7 +1,7 @@
 // CheckpointStore: the data each block saves for its backward (its input x, and with
 // attention-aware checkpointing its attention output O and LSE), kept on the device
 // (checkpoints tier) or offloaded to the host pool (host_offload tier) right after the block's
-// forward, then brought back one block ahead of its backward (ALGORITHMS.md §4).
+// forward, then brought back one block ahead of its backward (docs/schedules.md).
 //
 // Transfers run on the backend's copy stream (Ops::CopyAsync), overlapping compute. A copy's
 // source and destination both stay allocated until the compute stream has waited on its fence:

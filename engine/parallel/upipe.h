@@ -1,5 +1,5 @@
 // Attention of one block under Ulysses context parallelism with UPipe headwise stages
-// (ALGORITHMS.md §1–2). Each rank holds s = S/P tokens; each stage projects only its heads' Q
+// (docs/schedules.md). Each rank holds s = S/P tokens; each stage projects only its heads' Q
 // (K/V once per round), exchanges them with one all-to-all so every rank sees the whole sequence
 // for its heads, runs causal attention, and sends the output back into its head columns of one
 // preallocated O_local. With P = 1 the same code is headwise chunking on one device.

@@ -1,6 +1,6 @@
 // The planner against the allocator: a real CPU step's measured per-tier peaks equal the plan's,
 // the attention tier shrinks with the head chunk, offload moves the checkpoints to the host, and
-// the Llama-3-8B / 8 GPU / 3M-token plan has the shape of DESIGN.md §1.
+// the Llama-3-8B / 8 GPU / 3M-token plan has the shape of docs/benchmarks.md.
 #include "engine/plan/planner.h"
 
 #include <cmath>
@@ -138,7 +138,7 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
   ASSERT_TRUE(upipe.ok()) << upipe.status();
   std::printf("Ulysses:\n%sUPipe:\n%s", FormatPlan(*ulysses).c_str(), FormatPlan(*upipe).c_str());
   auto gib = [](const MemoryPlan& p, Tier t) { return p.peak[static_cast<int>(t)] / kGiB; };
-  // Model states: 16 bytes per parameter over 8 ranks ≈ 15 GiB (DESIGN.md: 15.4 GiB).
+  // Model states: 16 bytes per parameter over 8 ranks ≈ 15 GiB (docs/benchmarks.md: 15.4 GiB).
   const double model =
       gib(*upipe, Tier::kParams) + gib(*upipe, Tier::kGrads) + gib(*upipe, Tier::kOptimizer);
   EXPECT_GT(model, 14.0);
@@ -155,7 +155,7 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
 namespace ithaca {
 namespace {
 
-// BENCHMARKS.md bars 2 and 3 as the planner sees them: Llama-3.2-1B at 3M tokens on one H200
+// The memory bars of docs/benchmarks.md as the planner sees them: Llama-3.2-1B at 3M tokens on one H200
 // (139 GiB) with a 128 GiB host, and GPU memory growing by at most 20 KB per extra token.
 TEST(PlannerTest, Llama1BAt3MTokensFitsOneH200AndGrowsUnder20KBPerToken) {
   JobSpec spec;

@@ -1,4 +1,4 @@
-// The host waits for the device only where the loop reports (DESIGN.md §3, "no
+// The host waits for the device only where the loop reports (docs/schedules.md, "no
 // host sync inside a step except where the loop reports"). A recording Ops
 // around the CPU oracle logs every call of every training step, and each step
 // must:

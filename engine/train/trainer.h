@@ -1,6 +1,6 @@
 // Trainer: one rank's training loop. Builds the model from a JobSpec (preset or config.json,
 // weights or random init), resumes from the newest checkpoint, runs the steps, reports each one
-// (the stable step line of DESIGN.md §4 and a StepReport for whoever listens), and checkpoints.
+// (the stable step line of docs/architecture.md and a StepReport for whoever listens), and checkpoints.
 #pragma once
 
 #include <array>
@@ -25,7 +25,7 @@ struct StepReport {
   int64_t tokens = 0;            // tokens in this step (all ranks of the sample)
   double seconds = 0;            // wall time of the step
   double tokens_per_second = 0;  // per rank (per GPU)
-  double model_tflops = 0;       // BENCHMARKS.md's convention, per rank
+  double model_tflops = 0;       // docs/benchmarks.md's convention, per rank
   double mfu = 0;                // model FLOP/s / Ops::PeakFlops(); 0: the peak is unknown
   double grad_norm = 0;
   double lr = 0;

@@ -1,7 +1,7 @@
 // CudaOps: the CUDA backend of Ops (engine/backend/ops.h) for Hopper. Activations are bf16,
 // accumulation f32; GEMMs run on cuBLASLt, attention on cuDNN's fused flash attention (with the
 // own flash kernel as fallback). All work is enqueued on one compute stream owned here; copy and
-// comm streams and events are provided for the overlap schedules (DESIGN.md §3).
+// comm streams and events are provided for the overlap schedules (docs/schedules.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,7 +32,7 @@ class CudaOps : public Ops {
     Allocator* alloc = nullptr;
     AttentionImpl attention = AttentionImpl::kAuto;
     size_t gemm_workspace_bytes = size_t{32} << 20;
-    // > 0: the memory probe (BENCHMARKS.md "How to measure"). Attention forward and backward
+    // > 0: the memory probe (docs/benchmarks.md). Attention forward and backward
     // let each query see only its `probe_window` latest keys (cuDNN's causal band), so a step at
     // millions of tokens costs linear time; every buffer, copy and collective keeps its real
     // size, but the step's results are not the model's. Never quote throughput from it.

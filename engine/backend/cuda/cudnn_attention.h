@@ -22,7 +22,7 @@ namespace cuda {
 struct AttentionShape {
   int64_t s = 0, hq = 0, hkv = 0, d = 0;
   // > 0: each query sees only the `window` latest keys (itself included), a causal band. The
-  // memory probe (BENCHMARKS.md) uses it to run million-token steps at linear cost; outputs
+  // memory probe (docs/benchmarks.md) uses it to run million-token steps at linear cost; outputs
   // are then not the model's attention. 0: full causal attention.
   int64_t window = 0;
 };
