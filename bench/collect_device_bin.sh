@@ -9,11 +9,11 @@ cd "$(dirname "$0")/.."
 OUT=${1:?out dir}
 mkdir -p "$OUT/lib"
 bins=$(find bazel-bin/engine/backend/cuda bazel-bin/engine/comm/nccl bazel-bin/bench \
-  -maxdepth 2 -type f -perm -u+x ! -name '*.so' ! -name '*.params' ! -name '*.sh' \
+  -maxdepth 2 -type f -perm -u+x ! -name '*.so' ! -name '*.a' ! -name '*.params' ! -name '*.sh' ! -name '*.runfiles_manifest' \
   ! -path '*runfiles*' ! -path '*_objs*' 2>/dev/null)
 for b in $bins; do
   cp -f "$b" "$OUT/"
-  ldd "$b" | awk '/=> \// {print $3}' | while read -r lib; do
+  { ldd "$b" || true; } | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
       libcuda*|libcudnn*|libnccl*|libcublas*|libnvrtc*|libnvJitLink*) ;;
@@ -21,5 +21,6 @@ for b in $bins; do
     esac
   done
 done
+git rev-parse HEAD > "$OUT/COMMIT" 2>/dev/null || true  # the GPU host has no .git
 echo "collected $(ls "$OUT" | grep -vc '^lib$') binaries and $(ls "$OUT/lib" | wc -l) libraries" \
   "($(du -sh "$OUT" | cut -f1)) in $OUT"
