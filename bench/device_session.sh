@@ -54,7 +54,7 @@ for phase in "$@"; do
       {
         echo "# GPU test suite, bench/device_session.sh tests"
         echo "date: $(date -u '+%F %T UTC')"
-        echo "commit: $(git rev-parse HEAD 2>/dev/null || cat "$BIN/COMMIT" 2>/dev/null || echo unknown)"
+        echo "commit: $(cat "$BIN/COMMIT" 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)"
         echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
           2>/dev/null | head -1)"
       } | tee "$log"

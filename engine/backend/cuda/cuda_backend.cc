@@ -61,7 +61,8 @@ int64_t CudaDeviceMemoryBytes(int gpu) {
 }
 
 absl::StatusOr<std::string> CudnnVersionReport() {
-  return CheckLibraryVersion("cuDNN", CUDNN_VERSION, cuda::CudnnAttention::RuntimeVersion());
+  return CheckLibraryVersion("cuDNN", CUDNN_VERSION, cuda::CudnnAttention::RuntimeVersion(),
+                             kMinCudnnVersion);
 }
 
 }  // namespace ithaca

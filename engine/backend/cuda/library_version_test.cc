@@ -12,26 +12,38 @@ TEST(LibraryVersion, FormatsMajorMinorPatch) {
 }
 
 TEST(LibraryVersion, SameOrNewerLoadedIsFine) {
-  auto same = CheckLibraryVersion("cuDNN", 91400, 91400);
+  auto same = CheckLibraryVersion("cuDNN", 91400, 91400, kMinCudnnVersion);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ(*same, "cuDNN 9.14.0 (built with 9.14.0)");
-  auto newer = CheckLibraryVersion("NCCL", 22809, 23203);
+  auto newer = CheckLibraryVersion("NCCL", 22809, 23203, kMinNcclVersion);
   ASSERT_TRUE(newer.ok()) << newer.status();
   EXPECT_EQ(*newer, "NCCL 2.32.3 (built with 2.28.9)");
 }
 
-TEST(LibraryVersion, OlderLoadedIsAnErrorNamingBoth) {
-  auto older = CheckLibraryVersion("cuDNN", 92700, 91400);
-  ASSERT_FALSE(older.ok());
-  EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(older.status().message().find("cuDNN 9.14.0 is loaded"), std::string::npos)
-      << older.status();
-  EXPECT_NE(older.status().message().find("built with cuDNN 9.27.0"), std::string::npos)
-      << older.status();
+TEST(LibraryVersion, OlderThanTheHeadersButNotThanTheMinimumIsFine) {
+  // Built against 9.19 headers, run on the GPU hosts' 9.14.
+  auto older = CheckLibraryVersion("cuDNN", 91900, 91400, kMinCudnnVersion);
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(*older, "cuDNN 9.14.0 (built with 9.19.0)");
+}
+
+TEST(LibraryVersion, TooOldOrAnotherMajorIsAnErrorNamingBoth) {
+  auto old = CheckLibraryVersion("cuDNN", 92700, 91000, kMinCudnnVersion);
+  ASSERT_FALSE(old.ok());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(old.status().message().find("cuDNN 9.10.0 is loaded but Ithaca needs cuDNN 9.14.0 "
+                                        "or newer"),
+            std::string::npos)
+      << old.status();
+  auto major = CheckLibraryVersion("NCCL", 22809, 30001, kMinNcclVersion);
+  ASSERT_FALSE(major.ok());
+  EXPECT_NE(major.status().message().find("NCCL 3.0.1 is loaded but Ithaca needs NCCL 2.x"),
+            std::string::npos)
+      << major.status();
 }
 
 TEST(LibraryVersion, NothingLoadedIsUnavailable) {
-  auto none = CheckLibraryVersion("cuDNN", 91900, 0);
+  auto none = CheckLibraryVersion("cuDNN", 91900, 0, kMinCudnnVersion);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.status().message().find("9.19.0"), std::string::npos) << none.status();

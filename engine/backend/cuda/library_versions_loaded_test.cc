@@ -1,5 +1,5 @@
 // The cuDNN and NCCL this test binary loads report their versions, at least the ones it was
-// built against (the worker prints these lines at start and refuses an older library).
+// needs (the worker prints these lines at start and refuses a library older than that).
 #include <gtest/gtest.h>
 
 #include "engine/backend/cuda/cuda_backend.h"

@@ -19,7 +19,7 @@ absl::StatusOr<std::unique_ptr<Comm>> ConnectNccl(int rank, int world,
 absl::StatusOr<std::string> NcclVersionReport() {
   int loaded = 0;
   if (ncclGetVersion(&loaded) != ncclSuccess) loaded = 0;
-  return CheckLibraryVersion("NCCL", NCCL_VERSION_CODE, loaded);
+  return CheckLibraryVersion("NCCL", NCCL_VERSION_CODE, loaded, kMinNcclVersion);
 }
 
 }  // namespace ithaca
