@@ -67,6 +67,18 @@ class Stmt {
 
 std::string SlotsToText(const std::vector<int>& slots) { return absl::StrJoin(slots, ","); }
 
+// An id as error messages quote it: a client may send any bytes, of any length.
+std::string BoundedId(const std::string& id) {
+  constexpr size_t kMax = 64;
+  std::string out;
+  for (size_t i = 0; i < std::min(id.size(), kMax); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    out.push_back(c < 0x20 || c >= 0x7f ? '?' : static_cast<char>(c));
+  }
+  if (id.size() > kMax) absl::StrAppend(&out, "... (", id.size(), " bytes)");
+  return out;
+}
+
 // The largest N among `dir`'s entries named job-N (0 when none or no such directory).
 int64_t MaxJobDirSeq(const std::string& dir) {
   int64_t max_seq = 0;
@@ -226,7 +238,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
          " FROM jobs WHERE id = ?");
   q.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("job \"", id, "\" not found"));
+  if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
   v1::Job job;
   if (!job.ParseFromString(q.Text(0))) {
     return absl::DataLossError(absl::StrCat("job store: record of ", id, " is corrupt"));
@@ -296,7 +308,7 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
          " FROM jobs WHERE id = ?1");
   q.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("job \"", id, "\" not found"));
+  if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
   const JobState from = static_cast<JobState>(q.Int(0));
   if (!IsAllowedTransition(from, to)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(from),
@@ -339,7 +351,7 @@ absl::StatusOr<int> JobStore::ProcessGroup(const std::string& id) {
   Stmt q(db_, "SELECT pgid FROM jobs WHERE id = ?");
   q.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("job \"", id, "\" not found"));
+  if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
   return static_cast<int>(q.Int(0));
 }
 

@@ -194,5 +194,14 @@ TEST(JobStoreTest, ADeletedDatabaseAcceptsNoMoreJobs) {
       << refused.status();
 }
 
+TEST(JobStoreTest, AnUnknownIdIsQuotedBounded) {
+  auto store = OpenMemory();
+  const std::string huge(100000, 'x');
+  auto job = store->Get(huge + "\x1b[2J");
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(job.status().message().size(), 120u) << job.status().message().substr(0, 200);
+  EXPECT_NE(job.status().message().find("(100004 bytes)"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ithaca

@@ -12,7 +12,16 @@ namespace ithaca {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // gRPC sends the message in a trailer, and a trailer over the peer's metadata limit (8 KiB by
+  // default) turns the answer into RESOURCE_EXHAUSTED: an error must never echo a client's
+  // unbounded input whole.
+  constexpr size_t kMaxMessageBytes = 2048;
+  std::string message(status.message());
+  if (message.size() > kMaxMessageBytes) {
+    const size_t cut = message.size() - kMaxMessageBytes;
+    message = absl::StrCat(message.substr(0, kMaxMessageBytes), "... (", cut, " more bytes)");
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
