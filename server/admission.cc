@@ -17,11 +17,6 @@ absl::Status Invalid(const std::string& source, const std::string& key, const st
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", msg));
 }
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
 }  // namespace
 
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
@@ -45,15 +40,28 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                   "\" is relative and the submission has no "
                                   "base_dir; give an absolute path"));
     }
-    std::string first = *path;
-    if (path == &s.data.path && !path->empty()) {
+    if (path->empty()) continue;
+    std::vector<std::string> files = {*path};
+    if (path == &s.data.path) {
       // A glob names several files: it must match at least one.
-      absl::StatusOr<std::vector<std::string>> files = ExpandDataPath(*path);
-      if (!files.ok()) return Invalid(source, key, std::string(files.status().message()));
-      first = files->front();
+      absl::StatusOr<std::vector<std::string>> expanded = ExpandDataPath(*path);
+      if (!expanded.ok()) return Invalid(source, key, std::string(expanded.status().message()));
+      files = *expanded;
     }
-    if (!first.empty() && !Exists(first)) {
-      return Invalid(source, key, absl::StrCat(first, ": no such file or directory"));
+    // Inputs are regular files (weights may also be a directory of shards): a FIFO or a device
+    // would hang or never end the worker that reads it.
+    for (const std::string& file : files) {
+      struct stat st;
+      if (stat(file.c_str(), &st) != 0) {
+        return Invalid(source, key, absl::StrCat(file, ": no such file or directory"));
+      }
+      const bool dir_ok = path == &s.model.weights && S_ISDIR(st.st_mode);
+      if (!S_ISREG(st.st_mode) && !dir_ok) {
+        return Invalid(
+            source, key,
+            absl::StrCat(file, ": not a regular file", S_ISFIFO(st.st_mode) ? " (a FIFO)" : "",
+                         S_ISCHR(st.st_mode) ? " (a device)" : ""));
+      }
     }
   }
   if (s.data.path.empty()) return Invalid(source, "data.path", "is required");

@@ -1,5 +1,8 @@
 #include "server/admission.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -74,6 +77,20 @@ TEST(AdmissionTest, DataPathMayBeAGlob) {
   EXPECT_NE(
       a.status().message().find("data.path: " + Dir() + "/none-*.tok: the pattern matches no file"),
       std::string::npos)
+      << a.status();
+}
+
+TEST(AdmissionTest, AFifoAsDataIsRefusedAtSubmit) {
+  const std::string fifo = Dir() + "/fifo.tok";
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::string toml = Spec();
+  toml.replace(toml.find("\"corpus.tok\""), 12, "\"fifo.tok\"");
+  auto a = ParseSubmission(toml, "job.toml", Dir(), Roomy());
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(a.status().message().find("data.path: " + fifo + ": not a regular file (a FIFO)"),
+            std::string::npos)
       << a.status();
 }
 

@@ -210,12 +210,8 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
   auto bad = [&path](const std::string& msg) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
   };
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat(path, ": cannot open token file: ", std::strerror(err)));
-  }
+  // Never blocks on a FIFO or a device: those are errors naming the path.
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
