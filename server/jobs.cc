@@ -89,13 +89,28 @@ absl::Status Jobs::Recover() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::string& source,
+                                         const std::string& base_dir, const Node& node) {
+  // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
+  // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
+  // cannot starve the supervisor's heartbeats.
+  if (plans_in_flight_.fetch_add(1) >= kMaxConcurrentPlans) {
+    plans_in_flight_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ithacad is already admitting ", kMaxConcurrentPlans, " jobs; try again shortly"));
+  }
+  absl::StatusOr<AdmittedSpec> admitted = ParseSubmission(toml, source, base_dir, node);
+  plans_in_flight_.fetch_sub(1);
+  return admitted;
+}
+
 absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted, ParseSubmission(request.spec_toml(), request.source(),
-                                                          request.base_dir(), options_.node));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted,
+                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node));
   RETURN_IF_ERROR(CheckFits(admitted, options_.node));
   v1::Job job;
   job.set_name(admitted.spec.name);
@@ -119,8 +134,8 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
 }
 
 absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request) {
-  ASSIGN_OR_RETURN(AdmittedSpec admitted, ParseSubmission(request.spec_toml(), request.source(),
-                                                          request.base_dir(), options_.node));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted,
+                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;

@@ -20,6 +20,7 @@
 // Jobs never calls the Supervisor while holding its lock.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "ithaca/v1/job.pb.h"
+#include "server/admission.h"
 #include "server/event_log.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -73,6 +75,13 @@ class Jobs : private JobOwner {
   Supervisor* supervisor() { return &supervisor_; }
 
  private:
+  static constexpr int kMaxConcurrentPlans = 4;
+  // ParseSubmission (parse, validate, resolve with the planner), at most kMaxConcurrentPlans at
+  // a time: RESOURCE_EXHAUSTED beyond.
+  absl::StatusOr<AdmittedSpec> Admit(const std::string& toml, const std::string& source,
+                                     const std::string& base_dir, const Node& node);
+  std::atomic<int> plans_in_flight_{0};
+
   // JobOwner: the supervisor's reports.
   std::vector<LaunchOrder> TakeLaunches() override;
   void OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,
