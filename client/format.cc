@@ -189,6 +189,7 @@ std::string NodeText(const v1::NodeInfo& n) {
       "node %s (%s): %d %s, %d free; host memory %s; %d running, %d queued\n", n.hostname(),
       n.version(), n.slots(), n.gpus() > 0 ? "GPUs" : "CPU slots", n.free_slots(),
       HumanBytes(n.host_memory_bytes()), n.jobs_running(), n.jobs_queued());
+  if (!n.libraries().empty()) absl::StrAppend(&out, "libraries: ", n.libraries(), "\n");
   for (const v1::Device& d : n.devices()) {
     absl::StrAppend(
         &out,

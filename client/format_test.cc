@@ -67,5 +67,16 @@ TEST(FormatTest, ControlCharactersFromTheDaemonNeverReachTheTerminalRaw) {
   EXPECT_NE(JobLine(job).find("evil\\x1b]0;pwned\\x07"), std::string::npos);
 }
 
+TEST(FormatTest, NodeShowsTheLibrariesWorkersLoad) {
+  v1::NodeInfo n;
+  n.set_hostname("h200-0");
+  n.set_libraries("cuDNN 9.14.0 (built with 9.19.0), NCCL 2.28.3 (built with 2.28.9)");
+  EXPECT_NE(NodeText(n).find("libraries: cuDNN 9.14.0 (built with 9.19.0), NCCL 2.28.3"),
+            std::string::npos)
+      << NodeText(n);
+  n.clear_libraries();
+  EXPECT_EQ(NodeText(n).find("libraries:"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ithaca

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "engine/core/file_util.h"
@@ -122,6 +123,17 @@ int Run() {
   }
   o.node = DetectNode({absl::GetFlag(FLAGS_gpus), absl::GetFlag(FLAGS_cpu_slots),
                        absl::GetFlag(FLAGS_gpu_memory_gib)});
+  if (o.node.gpu) {
+    // What the workers will load: asked of the worker binary itself (ithacad links no CUDA).
+    const std::string command = "'" + so.worker_binary + "' --libraries 2>&1";
+    if (FILE* p = popen(command.c_str(), "r")) {
+      char line[1024] = {0};
+      if (std::fgets(line, sizeof(line), p) != nullptr) {
+        o.node.libraries = std::string(absl::StripTrailingAsciiWhitespace(line));
+      }
+      pclose(p);
+    }
+  }
   {
     std::vector<std::tuple<int, std::string, int64_t>> devices;
     for (const NodeDevice& d : o.node.devices) {
@@ -179,6 +191,8 @@ int Run() {
   std::printf("ithacad: serving jobs on %s, metrics on http://%s/metrics; %d %s; state in %s\n",
               address.c_str(), o.metrics_address.c_str(), o.node.slots(),
               o.node.gpu ? "GPUs" : "CPU slots", state_dir.c_str());
+  if (!o.node.libraries.empty())
+    std::printf("ithacad: workers load %s\n", o.node.libraries.c_str());
   std::fflush(stdout);
 
   // A daemon whose state directory is deleted under it must not look healthy: it stops

@@ -217,6 +217,7 @@ void Jobs::PublishState(const std::string& id, const v1::Job& job) {
 v1::NodeInfo Jobs::NodeInfo() {
   v1::NodeInfo n;
   n.set_hostname(options_.node.hostname);
+  n.set_libraries(options_.node.libraries);
   n.set_version("ithacad 0.1");
   n.set_gpus(options_.node.gpu ? options_.node.slots() : 0);
   n.set_slots(options_.node.slots());

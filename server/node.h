@@ -20,6 +20,8 @@ struct Node {
   std::vector<NodeDevice> devices;  // one per slot
   int64_t host_memory_bytes = 0;
   std::string hostname;
+  // On a GPU node: the cuDNN and NCCL loaded and built against (what workers will load).
+  std::string libraries;
   int slots() const { return static_cast<int>(devices.size()); }
 };
 

@@ -3,6 +3,7 @@
 //   --standalone JOB.toml --nproc N   the same as N local ranks (worker/launcher.h)
 //   --daemon SOCKET --job ID  one rank of a job launched by ithacad (worker/daemon_mode.h)
 //   --plan JOB.toml           print the job's memory plan per tier (engine/plan)
+//   --libraries               print the cuDNN and NCCL versions loaded and built against
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/comm/nccl/nccl_connect.h"
 #include "worker/daemon_mode.h"
 #include "worker/exit_codes.h"
 #include "worker/launcher.h"
@@ -21,6 +24,7 @@ void Usage() {
   std::fprintf(stderr,
                "usage: ithaca-worker --standalone JOB.toml [--nproc N]\n"
                "       ithaca-worker --plan JOB.toml\n"
+               "       ithaca-worker --libraries   (the cuDNN and NCCL it loads)\n"
                "  Trains the job in this process (no daemon) and prints one line per step;\n"
                "  with --nproc, as N ranks on this machine (rank 0's output shown, the\n"
                "  others' prefixed \"[rank r]\").\n");
@@ -72,6 +76,16 @@ int main(int argc, char** argv) {
       if (std::strcmp(argv[i], "--nproc") == 0) nproc = argv[i + 1];
     }
     if (!job.empty() && !nproc.empty()) return LaunchStandalone(argv[0], job, nproc);
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--libraries") == 0) {
+    // The cuDNN and NCCL this binary loads, as its ranks will (ithacad asks at start).
+    std::string line;
+    for (const auto& report : {ithaca::CudnnVersionReport(), ithaca::NcclVersionReport()}) {
+      line += (line.empty() ? "" : ", ") +
+              (report.ok() ? *report : std::string(report.status().message()));
+    }
+    std::printf("%s\n", line.c_str());
+    return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "--plan") == 0) {
     absl::Status st = ithaca::PrintPlan(argv[2]);
