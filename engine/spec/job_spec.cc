@@ -395,8 +395,9 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   const std::string& ex = s.checkpoint.export_dtype;
   RETURN_IF_ERROR(r.Require(ex.empty() || ex == "bf16" || ex == "f32", "checkpoint.export",
                             absl::StrCat("must be \"bf16\" or \"f32\", got \"", ex, "\"")));
-  RETURN_IF_ERROR(r.Require(ex.empty() || !s.checkpoint.dir.empty(), "checkpoint.export",
-                            "needs checkpoint.dir (the export is written to checkpoint.dir/export)"));
+  RETURN_IF_ERROR(
+      r.Require(ex.empty() || !s.checkpoint.dir.empty(), "checkpoint.export",
+                "needs checkpoint.dir (the export is written to checkpoint.dir/export)"));
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
   return absl::OkStatus();
