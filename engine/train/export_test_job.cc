@@ -1,0 +1,20 @@
+// export_test_job DIR CORPUS: TrainTinyJob (export_testing.h) for the export's script tests;
+// prints the checkpoint directory and the source model directory, one a line.
+#include <cstdio>
+#include <string>
+
+#include "engine/train/export_testing.h"
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: export_test_job DIR CORPUS\n");
+    return 2;
+  }
+  absl::StatusOr<ithaca::TinyJob> job = ithaca::TrainTinyJob(argv[1], argv[2], 3, "");
+  if (!job.ok()) {
+    std::fprintf(stderr, "export_test_job: %s\n", std::string(job.status().message()).c_str());
+    return 1;
+  }
+  std::printf("%s\n%s\n", job->checkpoint_dir.c_str(), job->model_dir.c_str());
+  return 0;
+}

@@ -1,0 +1,22 @@
+// For the export tests: a short training run of the tiny preset that leaves a checkpoint (and,
+// through checkpoint.export, the trainer's own export) behind.
+#pragma once
+
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace ithaca {
+
+struct TinyJob {
+  std::string model_dir;       // config.json (the tiny preset) + tokenizer and generation files
+  std::string checkpoint_dir;  // the job's checkpoint.dir
+  std::string tokens;          // the byte-level token file it trained on
+};
+
+// Under `dir`: writes the model directory, tokenizes `corpus` (plain text) and trains `steps`
+// steps on the CPU backend with checkpoint.export = `export_dtype` ("" for none).
+absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
+                                     int64_t steps, const std::string& export_dtype);
+
+}  // namespace ithaca
