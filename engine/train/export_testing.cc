@@ -11,7 +11,8 @@
 namespace ithaca {
 
 absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
-                                     int64_t steps, const std::string& export_dtype) {
+                                     int64_t steps, const std::string& export_dtype,
+                                     const std::string& tokenizer_dir) {
   TinyJob job;
   job.model_dir = dir + "/source_model";
   job.checkpoint_dir = dir + "/checkpoints";
@@ -20,14 +21,22 @@ absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& 
   ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig("tiny"));
   RETURN_IF_ERROR(WriteFileAtomic(job.model_dir + "/config.json", ConfigToJson(cfg)));
   // Stand-ins with recognizable contents: the export must copy them byte for byte.
-  RETURN_IF_ERROR(WriteFileAtomic(job.model_dir + "/tokenizer_config.json",
-                                  "{\"model_max_length\": 131072, \"tokenizer_class\": \"X\"}\n"));
   RETURN_IF_ERROR(
       WriteFileAtomic(job.model_dir + "/special_tokens_map.json", "{\"bos_token\": \"<s>\"}\n"));
   RETURN_IF_ERROR(WriteFileAtomic(job.model_dir + "/generation_config.json",
                                   "{\"bos_token_id\": 256, \"do_sample\": true}\n"));
-  RETURN_IF_ERROR(WriteFileAtomic(job.model_dir + "/tokenizer.json",
-                                  "{\"version\": \"1.0\", \"model\": {}}\n"));
+  if (tokenizer_dir.empty()) {
+    RETURN_IF_ERROR(
+        WriteFileAtomic(job.model_dir + "/tokenizer_config.json",
+                        "{\"model_max_length\": 131072, \"tokenizer_class\": \"X\"}\n"));
+    RETURN_IF_ERROR(WriteFileAtomic(job.model_dir + "/tokenizer.json",
+                                    "{\"version\": \"1.0\", \"model\": {}}\n"));
+  } else {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      ASSIGN_OR_RETURN(std::string text, ReadFileToString(tokenizer_dir + "/" + f));
+      RETURN_IF_ERROR(WriteFileAtomic(job.model_dir + "/" + f, text));
+    }
+  }
 
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(corpus));
   RETURN_IF_ERROR(WriteTokenFile(job.tokens, ByteTokenize(text), kByteVocab));

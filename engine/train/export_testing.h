@@ -15,8 +15,11 @@ struct TinyJob {
 };
 
 // Under `dir`: writes the model directory, tokenizes `corpus` (plain text) and trains `steps`
-// steps on the CPU backend with checkpoint.export = `export_dtype` ("" for none).
+// steps on the CPU backend with checkpoint.export = `export_dtype` ("" for none). The model
+// directory's tokenizer.json and tokenizer_config.json are `tokenizer_dir`'s (a real tokenizer
+// transformers loads), or small stand-ins when it is empty.
 absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
-                                     int64_t steps, const std::string& export_dtype);
+                                     int64_t steps, const std::string& export_dtype,
+                                     const std::string& tokenizer_dir = "");
 
 }  // namespace ithaca
