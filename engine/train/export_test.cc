@@ -168,6 +168,25 @@ TEST_F(ExportTest, Bf16ScoresCloseToTheCheckpointAndF32Identically) {
   EXPECT_LT(reference->loss, std::log(258.0) - 0.5);
 }
 
+// The daemon's worker runs one step per Run call: the export comes once, after the last, and
+// equals ithaca-export's of the same checkpoint.
+TEST_F(ExportTest, StepByStepRunsExportAtTheEnd) {
+  const std::string dir = TmpDir("step_by_step");
+  absl::StatusOr<TinyJob> job =
+      TrainTinyJob(dir, "engine/train/testdata/tiny_corpus.txt", 3, "f32", "", /*steps_per_run=*/1);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string exported = job->checkpoint_dir + "/export";
+  EXPECT_EQ(ReadJson(exported + "/config.json")["torch_dtype"], "float32");
+  ExportOptions f32;
+  f32.dtype = DType::kF32;
+  f32.source_model_dir = job->model_dir;
+  ASSERT_TRUE(ExportCheckpoint(job->checkpoint_dir + "/step-00000003", dir + "/cli", f32).ok());
+  EXPECT_EQ(List(exported), List(dir + "/cli"));
+  for (const std::string& f : List(exported)) {
+    EXPECT_EQ(*ReadFileToString(exported + "/" + f), *ReadFileToString(dir + "/cli/" + f)) << f;
+  }
+}
+
 TEST_F(ExportTest, FindsTheNewestStepOfACheckpointDir) {
   auto from_job = FindCheckpoint(job_->checkpoint_dir);
   ASSERT_TRUE(from_job.ok()) << from_job.status();

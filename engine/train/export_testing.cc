@@ -12,7 +12,7 @@ namespace ithaca {
 
 absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
                                      int64_t steps, const std::string& export_dtype,
-                                     const std::string& tokenizer_dir) {
+                                     const std::string& tokenizer_dir, int64_t steps_per_run) {
   TinyJob job;
   job.model_dir = dir + "/source_model";
   job.checkpoint_dir = dir + "/checkpoints";
@@ -58,7 +58,13 @@ absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& 
   CpuOps ops;
   HostAllocator alloc;
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(resolved.spec, &ops, &alloc));
-  RETURN_IF_ERROR(trainer->Run());
+  if (steps_per_run <= 0) {
+    RETURN_IF_ERROR(trainer->Run());
+  } else {
+    while (trainer->state().step < steps) {
+      RETURN_IF_ERROR(trainer->Run(nullptr, trainer->state().step + steps_per_run));
+    }
+  }
   return job;
 }
 

@@ -17,9 +17,11 @@ struct TinyJob {
 // Under `dir`: writes the model directory, tokenizes `corpus` (plain text) and trains `steps`
 // steps on the CPU backend with checkpoint.export = `export_dtype` ("" for none). The model
 // directory's tokenizer.json and tokenizer_config.json are `tokenizer_dir`'s (a real tokenizer
-// transformers loads), or small stand-ins when it is empty.
+// transformers loads), or small stand-ins when it is empty. `steps_per_run` > 0 calls
+// Trainer::Run for that many steps at a time, as the daemon's worker does (one step a call).
 absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
                                      int64_t steps, const std::string& export_dtype,
-                                     const std::string& tokenizer_dir = "");
+                                     const std::string& tokenizer_dir = "",
+                                     int64_t steps_per_run = 0);
 
 }  // namespace ithaca
