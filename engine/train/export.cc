@@ -1,6 +1,7 @@
 #include "engine/train/export.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,6 +39,15 @@ bool IsEmptyDir(const std::string& path) {
   }
   closedir(d);
   return empty;
+}
+
+absl::Status FsyncDir(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  const bool ok = fsync(fd) == 0;
+  close(fd);
+  if (!ok) return absl::InternalError(absl::StrCat("cannot fsync ", path, ": ", strerror(errno)));
+  return absl::OkStatus();
 }
 
 // `path` split into its directory ("." when none) and last component, trailing slashes dropped.
@@ -151,8 +161,10 @@ absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& 
   const std::string tmp = absl::StrCat(parent, "/.", name, ".tmp.", getpid());
   RETURN_IF_ERROR(RemoveTreeNoFollow(tmp));
   absl::Status st = WriteExport(checkpoint, tmp, options);
+  // Its entries are on disk before the directory gets its final name.
+  if (st.ok()) st = FsyncDir(tmp);
   // Replacing: the old export moves aside first and is deleted only once the new one is in
-  // place, so a kill at any moment leaves a whole export (or a hidden leftover), never half.
+  // place, so a kill never leaves half an export under `out` (at worst the old one, hidden).
   std::string old;
   if (st.ok() && options.replace && PathExists(out)) {
     old = absl::StrCat(parent, "/.", name, ".old.", getpid());
@@ -171,6 +183,7 @@ absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& 
     if (!old.empty() && !PathExists(out)) std::rename(old.c_str(), out.c_str());
     return st;
   }
+  RETURN_IF_ERROR(FsyncDir(parent));
   if (!old.empty()) RETURN_IF_ERROR(RemoveTreeNoFollow(old));
   return st;
 }

@@ -254,6 +254,15 @@ TEST_F(ExportTest, BadInputIsAClearErrorAndLeavesNothing) {
   no_source.source_model_dir = dir + "/no_model";
   ExpectMessageHas(ExportCheckpoint(Step(), dir + "/out/model", no_source), dir + "/no_model");
   EXPECT_TRUE(List(dir + "/out").empty());
+
+  // A failure after the weights are written (a tokenizer.json that is not a file): the
+  // temporary directory goes too.
+  ASSERT_TRUE(MakeDirs(dir + "/odd_model/tokenizer.json").ok());
+  ExportOptions odd;
+  odd.source_model_dir = dir + "/odd_model";
+  ExpectMessageHas(ExportCheckpoint(Step(), dir + "/out/model", odd),
+                   dir + "/odd_model/tokenizer.json");
+  EXPECT_TRUE(List(dir + "/out").empty()) << *List(dir + "/out").begin();
 }
 
 }  // namespace
