@@ -2,6 +2,7 @@
 """transformers' loss on an Ithaca export, to compare with Ithaca's own (ithaca-model-loss).
 
 Usage: verify_export.py EXPORT_DIR IDS_JSON [--dtype bfloat16|float32|float64] [--device DEV]
+                        [--compare ITHACA_LOSS_JSON [--rtol R]]
 
 EXPORT_DIR is what ithaca-export (or a job's checkpoint.export) wrote; IDS_JSON holds
 {"input_ids": [...]} (or a bare list). The model is loaded exactly as a user would load it,
@@ -29,6 +30,8 @@ def main():
     p.add_argument("ids_json")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float64"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--compare", help="ithaca-model-loss's JSON output for the same ids")
+    p.add_argument("--rtol", type=float, help="tolerance for --compare (relative)")
     args = p.parse_args()
 
     with open(args.ids_json) as f:
@@ -58,7 +61,7 @@ def main():
         logits = model(input_ids=input_ids).logits[0, :-1].double()
     # The mean next-token cross-entropy in float64, from the model's own logits.
     loss = torch.nn.functional.cross_entropy(logits, input_ids[0, 1:]).item()
-    print(json.dumps({
+    result = {
         "loss": loss,
         "tokens": len(ids) - 1,
         "dtype": args.dtype,
@@ -66,7 +69,18 @@ def main():
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "tokenizer": tokenizer,
-    }))
+    }
+    ok = True
+    if args.compare:
+        with open(args.compare) as f:
+            ithaca = json.load(f)
+        rtol = args.rtol if args.rtol is not None else (2e-2 if args.dtype == "bfloat16" else 1e-4)
+        rel = abs(loss - ithaca["loss"]) / abs(ithaca["loss"])
+        ok = rel <= rtol and ithaca["tokens"] == len(ids) - 1
+        result.update({"ithaca_loss": ithaca["loss"], "relative_difference": rel, "rtol": rtol,
+                       "match": ok})
+    print(json.dumps(result))
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
