@@ -392,6 +392,12 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             absl::StrCat("must be >= 0, got ", s.checkpoint.every)));
   RETURN_IF_ERROR(r.Require(s.checkpoint.keep >= 1, "checkpoint.keep",
                             absl::StrCat("must be >= 1, got ", s.checkpoint.keep)));
+  const std::string& ex = s.checkpoint.export_dtype;
+  RETURN_IF_ERROR(r.Require(ex.empty() || ex == "bf16" || ex == "f32", "checkpoint.export",
+                            absl::StrCat("must be \"bf16\" or \"f32\", got \"", ex, "\"")));
+  RETURN_IF_ERROR(
+      r.Require(ex.empty() || !s.checkpoint.dir.empty(), "checkpoint.export",
+                "needs checkpoint.dir (the export is written to checkpoint.dir/export)"));
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
   return absl::OkStatus();
@@ -457,7 +463,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
        {{"dir", r.Str(&s.checkpoint.dir)},
         {"every", r.Int(&s.checkpoint.every)},
         {"resume", r.Bool(&s.checkpoint.resume)},
-        {"keep", r.Int(&s.checkpoint.keep)}}},
+        {"keep", r.Int(&s.checkpoint.keep)},
+        {"export", r.Str(&s.checkpoint.export_dtype)}}},
       {"metrics", {{"log_every", r.Int(&s.metrics.log_every)}}},
   };
   RETURN_IF_ERROR(r.Walk(parsed.table(), "", top, sections));
@@ -509,7 +516,8 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\nhost_budget_gib = ", FormatDouble(m.host_budget_gib), "\n");
   absl::StrAppend(&out, "\n[checkpoint]\ndir = ", Quote(s.checkpoint.dir),
                   "\nevery = ", s.checkpoint.every, "\nresume = ", b(s.checkpoint.resume),
-                  "\nkeep = ", s.checkpoint.keep, "\n");
+                  "\nkeep = ", s.checkpoint.keep, "\nexport = ", Quote(s.checkpoint.export_dtype),
+                  "\n");
   absl::StrAppend(&out, "\n[metrics]\nlog_every = ", s.metrics.log_every, "\n");
   return out;
 }

@@ -71,6 +71,9 @@ struct JobSpec {
     int64_t every = 0;   // steps between checkpoints; 0: only at the end
     bool resume = true;  // resume from the latest checkpoint in dir when one exists
     int64_t keep = 2;    // newest checkpoints kept
+    // "bf16" or "f32": at the end of the job, also write the final weights as an
+    // inference-ready Hugging Face directory (dir/export); empty: no export.
+    std::string export_dtype;
   } checkpoint;
 
   struct Metrics {

@@ -59,6 +59,7 @@ dir = "ckpt"
 every = 50
 resume = false
 keep = 3
+export = "bf16"
 
 [metrics]
 log_every = 10
@@ -120,6 +121,7 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->checkpoint.every, 50);
   EXPECT_FALSE(s->checkpoint.resume);
   EXPECT_EQ(s->checkpoint.keep, 3);
+  EXPECT_EQ(s->checkpoint.export_dtype, "bf16");
   EXPECT_EQ(s->metrics.log_every, 10);
 }
 
@@ -152,6 +154,7 @@ TEST(JobSpecTest, RoundTripsThroughToml) {
   EXPECT_EQ(b->memory.checkpoint, CheckpointPolicy::kAttentionAware);
   EXPECT_EQ(b->parallel.world, 8);
   EXPECT_FALSE(b->checkpoint.resume);
+  EXPECT_EQ(b->checkpoint.export_dtype, "bf16");
   EXPECT_DOUBLE_EQ(b->memory.gpu_budget_gib, 70.5);
   EXPECT_NE(text.find("tile_tokens = \"auto\""), std::string::npos) << text;
 }
@@ -262,6 +265,9 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[memory]\nhost_budget_gib = -1", "job.toml: memory.host_budget_gib: must be >= 0"},
       {"[checkpoint]\nevery = -1", "job.toml: checkpoint.every: must be >= 0"},
       {"[checkpoint]\nkeep = 0", "job.toml: checkpoint.keep: must be >= 1"},
+      {"[checkpoint]\ndir = \"c\"\nexport = \"fp8\"",
+       "job.toml: checkpoint.export: must be \"bf16\" or \"f32\", got \"fp8\""},
+      {"[checkpoint]\nexport = \"f32\"", "job.toml: checkpoint.export: needs checkpoint.dir"},
       {"[metrics]\nlog_every = 0", "job.toml: metrics.log_every: must be >= 1"},
   };
   for (const Case& c : cases) {

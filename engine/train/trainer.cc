@@ -9,6 +9,7 @@
 
 #include "engine/core/file_util.h"
 #include "engine/model/weights.h"
+#include "engine/train/export.h"
 #include "engine/train/schedule.h"
 
 namespace ithaca {
@@ -39,21 +40,23 @@ double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
   return 6.0 * n + 6.0 * c.num_hidden_layers * double(seq_len) * c.num_attention_heads * D;
 }
 
-std::string ModelTokenizerJson(const JobSpec& spec) {
-  std::string dir;
+std::string ModelSourceDir(const JobSpec& spec) {
   if (!spec.model.config.empty()) {
     size_t slash = spec.model.config.rfind('/');
-    dir = slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
-  } else if (!spec.model.weights.empty()) {
+    return slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
+  }
+  if (!spec.model.weights.empty()) {
     struct stat st;
     const std::string& w = spec.model.weights;
-    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      dir = w;
-    } else {
-      size_t slash = w.rfind('/');
-      dir = slash == std::string::npos ? "." : w.substr(0, slash);
-    }
+    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return w;
+    size_t slash = w.rfind('/');
+    return slash == std::string::npos ? "." : w.substr(0, slash);
   }
+  return "";
+}
+
+std::string ModelTokenizerJson(const JobSpec& spec) {
+  const std::string dir = ModelSourceDir(spec);
   if (dir.empty()) return "";
   std::string json = dir + "/tokenizer.json";
   return PathExists(json) ? json : "";
@@ -268,6 +271,27 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
       RETURN_IF_ERROR(SaveCheckpointNow());
     }
   }
+  // The job's end (also when it resumes there, so an export a crash cut short is redone).
+  if (state_.step == spec_.training.steps && last == spec_.training.steps) {
+    RETURN_IF_ERROR(ExportNow());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ExportNow() {
+  const std::string& dtype_name = spec_.checkpoint.export_dtype;
+  if (dtype_name.empty() || spec_.checkpoint.dir.empty() || rank_ != 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(DType dtype, ParseExportDType(dtype_name));
+  // From the checkpoint just written: it is verified against its manifest on the way.
+  ASSIGN_OR_RETURN(std::string checkpoint, LatestCheckpoint(spec_.checkpoint.dir));
+  ExportOptions options;
+  options.dtype = dtype;
+  options.source_model_dir = ModelSourceDir(spec_);
+  options.replace = true;
+  const std::string out = ExportDir(spec_);
+  RETURN_IF_ERROR(ExportCheckpoint(checkpoint, out, options));
+  std::printf("exported %s to %s (%s)\n", checkpoint.c_str(), out.c_str(), dtype_name.c_str());
+  std::fflush(stdout);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // Trainer: one rank's training loop. Builds the model from a JobSpec (preset or config.json,
 // weights or random init), resumes from the newest checkpoint, runs the steps, reports each one
-// (the stable step line of docs/architecture.md and a StepReport for whoever listens), and checkpoints.
+// (the stable step line of docs/architecture.md and a StepReport for whoever listens), and
+// checkpoints.
 #pragma once
 
 #include <array>
@@ -43,6 +44,10 @@ std::string FormatStepLine(const StepReport& r);
 // attention, forward + backward, no recompute).
 double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
 
+// The directory the job's model comes from (of model.config, or model.weights itself when it is
+// a directory, else its directory); "" for a preset with random weights.
+std::string ModelSourceDir(const JobSpec& spec);
+
 // The model directory's tokenizer.json (beside model.config, or in / beside model.weights), or
 // "" when there is none; token files made with another tokenizer are rejected against it.
 std::string ModelTokenizerJson(const JobSpec& spec);
@@ -65,12 +70,16 @@ class Trainer {
   absl::StatusOr<HostWeights> GatherMasterWeights();
   // Writes a checkpoint of the current state now (no-op without checkpoint.dir).
   absl::Status SaveCheckpointNow();
+  // Where the end of the job writes the checkpoint.export directory: checkpoint.dir/export.
+  static std::string ExportDir(const JobSpec& spec) { return spec.checkpoint.dir + "/export"; }
 
  private:
   Trainer() = default;
   // One optimizer step. The host waits for the device twice, both for the report: once for the
   // loss and gradient norm (read together, before the update), once at the end for the time.
   absl::StatusOr<StepReport> TrainStep();
+  // Rank 0 writes checkpoint.export (when the spec asks for one) from the newest checkpoint.
+  absl::Status ExportNow();
 
   JobSpec spec_;
   LlamaConfig cfg_;

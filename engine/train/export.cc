@@ -1,0 +1,191 @@
+#include "engine/train/export.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "engine/core/file_util.h"
+#include "engine/model/config.h"
+#include "engine/model/params.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
+#include "engine/train/checkpoint.h"
+
+namespace ithaca {
+namespace {
+
+bool IsDir(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Whether `path` is an empty directory (false for anything else, including a missing path).
+bool IsEmptyDir(const std::string& path) {
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) return false;
+  bool empty = true;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  }
+  closedir(d);
+  return empty;
+}
+
+absl::Status FsyncDir(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  const bool ok = fsync(fd) == 0;
+  close(fd);
+  if (!ok) return absl::InternalError(absl::StrCat("cannot fsync ", path, ": ", strerror(errno)));
+  return absl::OkStatus();
+}
+
+// `path` split into its directory ("." when none) and last component, trailing slashes dropped.
+std::pair<std::string, std::string> SplitPath(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return {".", path};
+  return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
+}
+
+// The checkpoint's hub-dialect config.json, saying which dtype the tensors are stored in (the
+// checkpoint's own copy always says bfloat16, the dtype it trains in).
+std::string ExportConfigJson(const LlamaConfig& cfg, DType dtype) {
+  nlohmann::json j = nlohmann::json::parse(ConfigToJson(cfg));
+  j["torch_dtype"] = dtype == DType::kF32 ? "float32" : "bfloat16";
+  return j.dump(2) + "\n";
+}
+
+// Writes the whole export into `dir` (which exists and is empty).
+absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
+                         const ExportOptions& options) {
+  const std::string model = checkpoint + "/model";
+  ASSIGN_OR_RETURN(LlamaConfig cfg, LoadConfigJson(model));
+  const ParamLayout layout(cfg);
+  ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(model));
+  ASSIGN_OR_RETURN(HostWeights weights, ReadWeights(layout, *reader));
+  std::vector<const float*> units;
+  for (const std::vector<float>& u : weights) units.push_back(u.data());
+  RETURN_IF_ERROR(
+      WriteHfCheckpoint(dir, cfg, layout, units, options.dtype, options.max_shard_bytes));
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", ExportConfigJson(cfg, options.dtype)));
+  if (!options.source_model_dir.empty()) {
+    for (const char* name : kCopiedFiles) {
+      const std::string src = options.source_model_dir + "/" + name;
+      if (!PathExists(src)) continue;
+      ASSIGN_OR_RETURN(std::string text, ReadFileToString(src));
+      RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + name, text));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Removes what a killed export to parent/name left behind (.name.tmp.PID, .name.old.PID).
+absl::Status RemoveLeftovers(const std::string& parent, const std::string& name) {
+  DIR* d = opendir(parent.c_str());
+  if (d == nullptr) return absl::OkStatus();
+  std::vector<std::string> stale;
+  const std::string tmp = "." + name + ".tmp.", old = "." + name + ".old.";
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind(tmp, 0) == 0 || n.rfind(old, 0) == 0) stale.push_back(n);
+  }
+  closedir(d);
+  for (const std::string& n : stale) RETURN_IF_ERROR(RemoveTreeNoFollow(parent + "/" + n));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DType> ParseExportDType(const std::string& name) {
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f32") return DType::kF32;
+  return absl::InvalidArgumentError(
+      absl::StrCat("export dtype \"", name, "\": must be \"bf16\" or \"f32\""));
+}
+
+absl::StatusOr<std::string> FindCheckpoint(const std::string& path) {
+  if (!IsDir(path)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint directory"));
+  }
+  if (PathExists(path + "/manifest.json")) return path;
+  if (PathExists(path + "/model") || PathExists(path + "/state.json")) {
+    // A step directory without its manifest was never completed (or lost it).
+    return absl::DataLossError(
+        absl::StrCat(path, "/manifest.json: missing (an incomplete or damaged checkpoint)"));
+  }
+  absl::StatusOr<std::string> latest = LatestCheckpoint(path);
+  if (!latest.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        path, ": no complete checkpoint (neither a step directory nor a checkpoint.dir with one)"));
+  }
+  return latest;
+}
+
+absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out,
+                              const ExportOptions& options) {
+  if (options.dtype != DType::kBF16 && options.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export dtype ", DTypeName(options.dtype), ": must be bf16 or f32"));
+  }
+  if (options.max_shard_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export shard size must be > 0, got ", options.max_shard_bytes));
+  }
+  const auto [parent, name] = SplitPath(out);
+  if (name.empty() || name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat(out, ": not a usable output directory name"));
+  }
+  if (!options.replace && PathExists(out) && !IsEmptyDir(out)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(out, ": exists and is not an empty directory (refusing to overwrite it)"));
+  }
+  if (!options.source_model_dir.empty() && !IsDir(options.source_model_dir)) {
+    return absl::NotFoundError(
+        absl::StrCat(options.source_model_dir, ": no such source model directory"));
+  }
+  RETURN_IF_ERROR(VerifyCheckpoint(checkpoint));
+  RETURN_IF_ERROR(MakeDirs(parent));
+
+  if (options.replace) RETURN_IF_ERROR(RemoveLeftovers(parent, name));
+  const std::string tmp = absl::StrCat(parent, "/.", name, ".tmp.", getpid());
+  RETURN_IF_ERROR(RemoveTreeNoFollow(tmp));
+  absl::Status st = WriteExport(checkpoint, tmp, options);
+  // Its entries are on disk before the directory gets its final name.
+  if (st.ok()) st = FsyncDir(tmp);
+  // Replacing: the old export moves aside first and is deleted only once the new one is in
+  // place, so a kill never leaves half an export under `out` (at worst the old one, hidden).
+  std::string old;
+  if (st.ok() && options.replace && PathExists(out)) {
+    old = absl::StrCat(parent, "/.", name, ".old.", getpid());
+    st = RemoveTreeNoFollow(old);
+    if (st.ok() && std::rename(out.c_str(), old.c_str()) != 0) {
+      st = absl::InternalError(absl::StrCat("cannot rename ", out, ": ", std::strerror(errno)));
+    }
+  }
+  // rename(2) replaces an empty directory, and fails on a non-empty one that appeared meanwhile.
+  if (st.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) {
+    st = absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", out, ": ", std::strerror(errno)));
+  }
+  if (!st.ok()) {
+    RemoveTreeNoFollow(tmp).IgnoreError();
+    if (!old.empty() && !PathExists(out)) std::rename(old.c_str(), out.c_str());
+    return st;
+  }
+  RETURN_IF_ERROR(FsyncDir(parent));
+  if (!old.empty()) RETURN_IF_ERROR(RemoveTreeNoFollow(old));
+  return st;
+}
+
+}  // namespace ithaca

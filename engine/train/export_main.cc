@@ -1,0 +1,73 @@
+// ithaca-export: a training checkpoint as an inference-ready Hugging Face model directory, e.g.
+//   ithaca-export runs/job/checkpoints --out runs/job/model --dtype bf16 \
+//     --source_model /models/Llama-3.2-1B
+// CHECKPOINT_DIR is a job's checkpoint.dir (its newest step) or one step-N directory. The
+// output is written under a temporary name and renamed at the end: it appears whole or not at
+// all. See engine/train/export.h.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "engine/train/export.h"
+
+ABSL_FLAG(std::string, out, "", "directory to create (must not exist, or be empty)");
+ABSL_FLAG(std::string, dtype, "bf16", "dtype of the exported tensors: bf16 or f32");
+ABSL_FLAG(std::string, source_model, "",
+          "the model directory the job started from: its tokenizer files and "
+          "generation_config.json are copied (optional)");
+ABSL_FLAG(int64_t, max_shard_bytes, ithaca::kExportShardBytes,
+          "largest safetensors file; larger models are sharded behind "
+          "model.safetensors.index.json (default 5 GB, as transformers)");
+
+namespace ithaca {
+namespace {
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "ithaca-export: %s\n", std::string(st.message()).c_str());
+  return 1;
+}
+
+int Run(const std::string& checkpoint_arg) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::fprintf(stderr, "ithaca-export: --out is required\n%s\n",
+                 absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  absl::StatusOr<DType> dtype = ParseExportDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "ithaca-export: --dtype %s: must be bf16 or f32\n",
+                 absl::GetFlag(FLAGS_dtype).c_str());
+    return 2;
+  }
+  absl::StatusOr<std::string> checkpoint = FindCheckpoint(checkpoint_arg);
+  if (!checkpoint.ok()) return Fail(checkpoint.status());
+  ExportOptions options;
+  options.dtype = *dtype;
+  options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
+  options.source_model_dir = absl::GetFlag(FLAGS_source_model);
+  absl::Status st = ExportCheckpoint(*checkpoint, out, options);
+  if (!st.ok()) return Fail(st);
+  std::printf("exported %s to %s (%s)\n", checkpoint->c_str(), out.c_str(),
+              absl::GetFlag(FLAGS_dtype).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace ithaca
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "A training checkpoint as a Hugging Face model directory.\n"
+      "Usage: ithaca-export CHECKPOINT_DIR --out DIR [--dtype bf16|f32] [--source_model DIR]");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() != 2) {
+    std::fprintf(stderr, "ithaca-export: expected one CHECKPOINT_DIR argument, got %zu\n%s\n",
+                 rest.size() - 1, absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  return ithaca::Run(rest[1]);
+}
