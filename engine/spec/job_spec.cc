@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "engine/core/file_util.h"
 
@@ -45,26 +46,50 @@ absl::Status CheckNonAsciiPlacement(const std::string& text, const std::string& 
   };
   auto starts = [&](size_t i, const char* delim) { return text.compare(i, 3, delim) == 0; };
   auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+  // A quote opens a string here only right after `bare.key =` at the start of a line: a string
+  // value. Everywhere else it may be part of a malformed token to toml++ (`0x"`, `1."`) that it
+  // reads up to a whitespace check, so what follows counts as outside a string. Quoted keys and
+  // table names are never strings here: a job spec's keys are all bare ASCII names, so this
+  // refuses nothing valid.
+  auto bare_key_char = [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  };
+  bool seen_equals = false, value_start = false;
+  int key_chars = 0;  // bare key characters before the line's first '='; -1: something else
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (c == '\n') {
       ++line;
       line_start = i + 1;
       if (state == kComment || state == kBasic || state == kLiteral) state = kCode;
+      if (state == kCode) {  // a new line, not inside a string
+        seen_equals = value_start = false;
+        key_chars = 0;
+      }
       continue;
+    }
+    // Escapes are ASCII; toml++ asks whether the character after a backslash is whitespace.
+    if ((state == kBasic || state == kMultiBasic) && c == '\\' && i + 1 < text.size() &&
+        static_cast<unsigned char>(text[i + 1]) >= 0x80) {
+      return error(i + 1, "a non-ASCII character after a backslash (not an escape)");
     }
     switch (state) {
       case kCode:
         if (static_cast<unsigned char>(c) >= 0x80) {
           return error(i, "a non-ASCII character outside a string or comment");
         }
+        if (blank(c)) break;
         if (c == '#') {
           state = kComment;
-        } else if (c == '"' || c == '\'') {
+        } else if ((c == '"' || c == '\'') && value_start) {
           const bool multi = starts(i, c == '"' ? "\"\"\"" : "'''");
           state = c == '"' ? (multi ? kMultiBasic : kBasic) : (multi ? kMultiLiteral : kLiteral);
           if (multi) i += 2;
         }
+        value_start = c == '=' && !seen_equals && key_chars > 0;
+        if (!seen_equals && c != '=' && key_chars >= 0)
+          key_chars = bare_key_char(c) ? key_chars + 1 : -1;
+        seen_equals = seen_equals || c == '=';
         break;
       case kComment:
         break;
@@ -79,24 +104,23 @@ absl::Status CheckNonAsciiPlacement(const std::string& text, const std::string& 
         if (c == '\'') state = kCode;
         break;
       case kMultiBasic:
-        if (c == '\\') {
+        if (c == '\\' && i + 1 < text.size() && (blank(text[i + 1]) || text[i + 1] == '\n')) {
+          // A line-ending backslash: toml++ skips the whitespace after it, asking of each
+          // character whether it is whitespace, whether or not a newline follows.
           size_t j = i + 1;
-          while (j < text.size() && blank(text[j])) ++j;
-          if (j < text.size() && text[j] == '\n') {  // a line-ending backslash
-            while (j < text.size() && (blank(text[j]) || text[j] == '\n')) {
-              if (text[j] == '\n') {
-                ++line;
-                line_start = j + 1;
-              }
-              ++j;
+          while (j < text.size() && (blank(text[j]) || text[j] == '\n')) {
+            if (text[j] == '\n') {
+              ++line;
+              line_start = j + 1;
             }
-            if (j < text.size() && static_cast<unsigned char>(text[j]) >= 0x80) {
-              return error(j, "a non-ASCII character right after a line-ending backslash");
-            }
-            i = j - 1;
-          } else {
-            ++i;  // an escaped character
+            ++j;
           }
+          if (j < text.size() && static_cast<unsigned char>(text[j]) >= 0x80) {
+            return error(j, "a non-ASCII character right after a line-ending backslash");
+          }
+          i = j - 1;
+        } else if (c == '\\') {
+          ++i;  // an escaped character
         } else if (starts(i, "\"\"\"")) {
           i += 2;
           // Up to two more quotes belong to the string: """a""""" is "a" followed by "".

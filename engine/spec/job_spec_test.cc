@@ -355,6 +355,23 @@ TEST(JobSpecTest, NonAsciiOutsideStringsIsRefused) {
               "job.toml:1:3: invalid TOML: a non-ASCII character outside a string or comment");
   ExpectError(ErrorWith("[training]\nsteps = 1 \xc2\xa7\n"),
               "job.toml:4:11: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ErrorWith("name = \"\"\"?\\\xc2\xa7\"\"\"\n"),
+              "job.toml:3:13: invalid TOML: a non-ASCII character after a backslash (not an "
+              "escape)");
+  ExpectError(ErrorWith("name = \"\\\xc2\xa7\"\n"), "job.toml:3:10: invalid TOML: ");
+  ExpectError(ErrorWith("name = \"\"\"?\\ \xef\xbb\xb5\"\"\"\n"),  // no newline after the blank
+              "job.toml:3:14: invalid TOML: a non-ASCII character right after a line-ending "
+              "backslash");
+  // `"e = "` is a quoted key: what follows is not a string (crash_nonascii_after_quoted_key).
+  ExpectError(ParseError("\"e = \"\xef\xbb\xbel"),
+              "job.toml:1:7: invalid TOML: a non-ASCII character outside a string or comment");
+  // A quote inside a malformed number opens no string (crash_nonascii_after_quote_in_number).
+  ExpectError(ErrorWith("seq_len = 0x\"\xc2\xa7\n"),
+              "job.toml:3:14: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ParseError("d= 04jso.\":::::\xc6\x9b"),  // crash_nonascii_after_quote_after_dot
+              "job.toml:1:16: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ErrorWith("name = 0x=\"\xc2\xa7\"\n"),
+              "job.toml:3:12: invalid TOML: a non-ASCII character outside a string or comment");
   ExpectError(ErrorWith("name = \"\"\"x\\\n  \n  \xc2\xa7\"\"\"\n"),
               "job.toml:5:3: invalid TOML: a non-ASCII character right after a line-ending "
               "backslash");
