@@ -47,14 +47,15 @@ absl::Status CheckNonAsciiPlacement(const std::string& text, const std::string& 
   auto starts = [&](size_t i, const char* delim) { return text.compare(i, 3, delim) == 0; };
   auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
   // A quote opens a string here only right after `bare.key =` at the start of a line: a string
-  // value. Everywhere else it may be part of a malformed token to toml++ (`0x"`, `1."`) that it
-  // reads up to a whitespace check, so what follows counts as outside a string. Quoted keys and
-  // table names are never strings here: a job spec's keys are all bare ASCII names, so this
-  // refuses nothing valid.
+  // value. Elsewhere toml++ may see a quoted key, or a quote inside a malformed token (`0x"`)
+  // that it reads up to a whitespace check. After such a quote, or an array or inline table
+  // (which may span lines), where toml++'s strings and comments are is not followed here: the
+  // rest of the text counts as outside strings and comments. A job spec has only bare keys and
+  // scalar values, so this refuses nothing valid.
   auto bare_key_char = [](char c) {
     return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
   };
-  bool seen_equals = false, value_start = false;
+  bool seen_equals = false, value_start = false, lost = false;
   int key_chars = 0;  // bare key characters before the line's first '='; -1: something else
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -78,13 +79,16 @@ absl::Status CheckNonAsciiPlacement(const std::string& text, const std::string& 
         if (static_cast<unsigned char>(c) >= 0x80) {
           return error(i, "a non-ASCII character outside a string or comment");
         }
-        if (blank(c)) break;
+        if (blank(c) || lost) break;
         if (c == '#') {
           state = kComment;
         } else if ((c == '"' || c == '\'') && value_start) {
           const bool multi = starts(i, c == '"' ? "\"\"\"" : "'''");
           state = c == '"' ? (multi ? kMultiBasic : kBasic) : (multi ? kMultiLiteral : kLiteral);
           if (multi) i += 2;
+        } else if (c == '"' || c == '\'' || (seen_equals && (c == '[' || c == '{'))) {
+          lost = true;
+          break;
         }
         value_start = c == '=' && !seen_equals && key_chars > 0;
         if (!seen_equals && c != '=' && key_chars >= 0)

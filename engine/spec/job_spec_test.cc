@@ -365,6 +365,14 @@ TEST(JobSpecTest, NonAsciiOutsideStringsIsRefused) {
   // `"e = "` is a quoted key: what follows is not a string (crash_nonascii_after_quoted_key).
   ExpectError(ParseError("\"e = \"\xef\xbb\xbel"),
               "job.toml:1:7: invalid TOML: a non-ASCII character outside a string or comment");
+  // A '#' inside a quoted key opens no comment (crash_nonascii_after_hash_in_quoted_key), nor
+  // does one on a later line, which may still be inside a quoted multi-line key or an array.
+  ExpectError(ParseError(" e={\"#m{\"={\"bm{\"\xc3\x84\"\n"),
+              "job.toml:1:17: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ParseError("\"\"\"\n# \\ \xc2\xa7\"\"\"\n"),
+              "job.toml:2:5: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ParseError("x = [\na=\"\xc2\xa7\"]\n"),
+              "job.toml:2:4: invalid TOML: a non-ASCII character outside a string or comment");
   // A quote inside a malformed number opens no string (crash_nonascii_after_quote_in_number).
   ExpectError(ErrorWith("seq_len = 0x\"\xc2\xa7\n"),
               "job.toml:3:14: invalid TOML: a non-ASCII character outside a string or comment");
