@@ -2,6 +2,8 @@
 # Builds everything and runs every test offline; ends with a plain "N passed, N failed" line
 # (Bazel's own summary is not a format CI reads). Extra arguments go to `bazel test`.
 #
+# Then every fuzzer of tools/fuzz.sh runs 30 s (ITHACA_FUZZ_SECONDS), one test each.
+#
 # GPU tests (tagged `gpu`) run only where a GPU exists (`nvidia-smi -L` succeeds); elsewhere they
 # are still built but not run, and so not counted as passed. The line before the last names the
 # GPU tests that did not run: "N skipped (no GPU): //a //b ..." (or "(built without CUDA)" when
@@ -35,6 +37,21 @@ passed=$(grep -cE '^//.* PASSED in ' "$log")
 failed=$(grep -cE '^//.* (FAILED|TIMEOUT|INCOMPLETE|NO STATUS|FAILED TO BUILD)( in |$)' "$log")
 bazel shutdown >/dev/null 2>&1  # do not leave the JVM server running
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # a build failure
+# The parsers of untrusted input are fuzzed ITHACA_FUZZ_SECONDS each (default 30; 0: not at all),
+# under ASan and UBSan (tools/fuzz.sh); each fuzzer counts as one test.
+fuzz_seconds=${ITHACA_FUZZ_SECONDS:-30}
+if [ "$fuzz_seconds" != 0 ]; then
+  fuzz_log=$(mktemp)
+  bash tools/fuzz.sh -t "$fuzz_seconds" 2>&1 | tee "$fuzz_log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  fuzz_passed=$(grep -cE '^fuzz: .* PASSED in ' "$fuzz_log")
+  fuzz_failed=$(grep -cE '^fuzz: .* FAILED' "$fuzz_log")
+  # A fuzz.sh that failed before naming any fuzzer (no clang++, no absl) is one failure.
+  if [ "$rc" -ne 0 ] && [ "$fuzz_passed" -eq 0 ] && [ "$fuzz_failed" -eq 0 ]; then fuzz_failed=1; fi
+  passed=$((passed + fuzz_passed))
+  failed=$((failed + fuzz_failed))
+  rm -f "$fuzz_log"
+fi
 rm -f "$log"
 n_skipped=$(grep -c . <<<"$skipped")
 echo "${n_skipped} skipped (${reason}):" $skipped

@@ -150,8 +150,9 @@ absl::Status ParseHeader(const MappedFile& f, std::map<std::string, Entry>* tens
       }
       continue;
     }
-    auto bad = [&](const std::string& what) {
-      return loss(absl::StrCat("tensor '", name, "': ", what));
+    // C++17 lambdas cannot capture a structured binding (gcc allows it, clang does not).
+    auto bad = [&loss, &tensor = name](const std::string& what) {
+      return loss(absl::StrCat("tensor '", tensor, "': ", what));
     };
     if (!v.is_object()) return bad("entry is not an object");
     auto dt = v.find("dtype");

@@ -353,5 +353,66 @@ TEST(JobSpecBoundsTest, HostileValuesAreRefusedBeforeAnyArithmetic) {
   }
 }
 
+// toml++ 3.3 has undefined behaviour on these (found by fuzz/job_spec_fuzzer.cc; the inputs are
+// in fuzz/corpus/job_spec/crash_*): the parser refuses them before toml++ sees them.
+TEST(JobSpecTest, NonAsciiOutsideStringsIsRefused) {
+  // The fuzzer's input: U+FEBF inside a bare key.
+  ExpectError(ParseError("na\xef\xba\xbf= \"x\" # c\n[data]\npath = \"d\"\n"),
+              "job.toml:1:3: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ErrorWith("[training]\nsteps = 1 \xc2\xa7\n"),
+              "job.toml:4:11: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ErrorWith("name = \"\"\"?\\\xc2\xa7\"\"\"\n"),
+              "job.toml:3:13: invalid TOML: a non-ASCII character after a backslash (not an "
+              "escape)");
+  ExpectError(ErrorWith("name = \"\\\xc2\xa7\"\n"), "job.toml:3:10: invalid TOML: ");
+  ExpectError(ErrorWith("name = \"\"\"?\\ \xef\xbb\xb5\"\"\"\n"),  // no newline after the blank
+              "job.toml:3:14: invalid TOML: a non-ASCII character right after a line-ending "
+              "backslash");
+  // `"e = "` is a quoted key: what follows is not a string (crash_nonascii_after_quoted_key).
+  ExpectError(ParseError("\"e = \"\xef\xbb\xbel"),
+              "job.toml:1:7: invalid TOML: a non-ASCII character outside a string or comment");
+  // A '#' inside a quoted key opens no comment (crash_nonascii_after_hash_in_quoted_key), nor
+  // does one on a later line, which may still be inside a quoted multi-line key or an array.
+  ExpectError(ParseError(" e={\"#m{\"={\"bm{\"\xc3\x84\"\n"),
+              "job.toml:1:17: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ParseError("\"\"\"\n# \\ \xc2\xa7\"\"\"\n"),
+              "job.toml:2:5: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ParseError("x = [\na=\"\xc2\xa7\"]\n"),
+              "job.toml:2:4: invalid TOML: a non-ASCII character outside a string or comment");
+  // A quote inside a malformed number opens no string (crash_nonascii_after_quote_in_number).
+  ExpectError(ErrorWith("seq_len = 0x\"\xc2\xa7\n"),
+              "job.toml:3:14: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ParseError("d= 04jso.\":::::\xc6\x9b"),  // crash_nonascii_after_quote_after_dot
+              "job.toml:1:16: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ErrorWith("name = 0x=\"\xc2\xa7\"\n"),
+              "job.toml:3:12: invalid TOML: a non-ASCII character outside a string or comment");
+  ExpectError(ErrorWith("name = \"\"\"x\\\n  \n  \xc2\xa7\"\"\"\n"),
+              "job.toml:5:3: invalid TOML: a non-ASCII character right after a line-ending "
+              "backslash");
+}
+
+TEST(JobSpecTest, NonAsciiInsideStringsAndCommentsIsAccepted) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "name = \"caf\xc3\xa9 \\\" \xc2\xa7\" # \xc2\xa7\n"
+      "[data] # '\n"
+      "path = '''\xc2\xa7'''\n"
+      "[model]\n"
+      "weights = \"\"\"w\\\n  \\u00a7\xc2\xa7\"\"\"\"\n",
+      "job.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name, "caf\xc3\xa9 \" \xc2\xa7");
+  EXPECT_EQ(s->data.path, "\xc2\xa7");
+  EXPECT_EQ(s->model.weights, "w\xc2\xa7\xc2\xa7\"");
+}
+
+// toml++ asserted (aborting the process in a build without NDEBUG) on these, found by
+// fuzz/job_spec_fuzzer.cc (fuzz/corpus/job_spec/crash_assert_table_header_comment.toml).
+TEST(JobSpecTest, MalformedTableHeaderIsAnErrorNotAnAbort) {
+  ExpectError(ParseError("[#"), "job.toml:1:2: invalid TOML: ");
+  ExpectError(ParseError(std::string("[#ata \v\0\0\0\1\0\0\0\npath/\"\n", 22)),
+              "job.toml:1:2: invalid TOML: ");
+  ExpectError(ParseError("[[ #x\n"), "job.toml:1:");
+}
+
 }  // namespace
 }  // namespace ithaca
