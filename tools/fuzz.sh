@@ -84,7 +84,10 @@ for name in "${fuzzers[@]}"; do
   start=$SECONDS
   # -timeout: one input taking over 10 s is a hang; -rss_limit_mb: a parser that allocates
   # without bound on a small input is a bug, not a big file. -max_len: headers are small.
+  # FUZZ_SEED fixes libFuzzer's random seed (tools/test.sh does, so CI is reproducible); unset,
+  # every run explores differently.
   "$out/${name}_fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    ${FUZZ_SEED:+-seed="$FUZZ_SEED"} \
     -max_len=8192 -print_final_stats=1 -artifact_prefix="$out/artifacts/$name-" \
     "$out/corpus/$name" "fuzz/corpus/$name" >"$log" 2>&1
   rc=$?
