@@ -212,8 +212,9 @@ def setup_sh_lists():
 
 
 class Dockerfile(unittest.TestCase):
-    # tools/setup.sh packages that only tests use, not the build.
-    TEST_ONLY = {"python3-numpy", "python3-torch", "prometheus", "python3-yaml"}
+    # Packages only the tests need (oracles, a real Prometheus, the fuzzers' clang): not in the image.
+    TEST_ONLY = {"python3-numpy", "python3-torch", "prometheus", "python3-yaml", "clang",
+                 "libclang-rt-14-dev"}
 
     @classmethod
     def setUpClass(cls):
