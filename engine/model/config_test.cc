@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "engine/core/file_util.h"
+#include "engine/model/config_testing.h"
 
 namespace ithaca {
 namespace {
@@ -48,31 +49,6 @@ constexpr char kLlama32_1B[] = R"({
   "use_cache": true,
   "vocab_size": 128256
 })";
-
-void ExpectSameConfig(const LlamaConfig& a, const LlamaConfig& b) {
-  EXPECT_EQ(a.hidden_size, b.hidden_size);
-  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
-  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
-  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
-  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-  EXPECT_EQ(a.vocab_size, b.vocab_size);
-  EXPECT_EQ(a.rope_theta, b.rope_theta);
-  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
-  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
-  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
-  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
-  EXPECT_EQ(a.eos_token_id, b.eos_token_id);
-  EXPECT_EQ(a.rope.head_dim, b.rope.head_dim);
-  EXPECT_EQ(a.rope.theta, b.rope.theta);
-  EXPECT_EQ(a.rope.llama3_scaling, b.rope.llama3_scaling);
-  if (a.rope.llama3_scaling && b.rope.llama3_scaling) {
-    EXPECT_EQ(a.rope.factor, b.rope.factor);
-    EXPECT_EQ(a.rope.low_freq_factor, b.rope.low_freq_factor);
-    EXPECT_EQ(a.rope.high_freq_factor, b.rope.high_freq_factor);
-    EXPECT_EQ(a.rope.original_max_position, b.rope.original_max_position);
-  }
-}
 
 // Replaces the first occurrence of `from` in `s` (which must be there).
 std::string Replace(std::string s, const std::string& from, const std::string& to) {
