@@ -12,22 +12,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "server/test_workers.h"
 
 namespace ithaca {
 namespace {
-
-std::string TmpDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
-// An executable shell script standing in for ithaca-worker.
-std::string Script(const std::string& name, const std::string& body) {
-  const std::string path = TmpDir() + "/" + name;
-  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
-  chmod(path.c_str(), 0755);
-  return path;
-}
 
 Node CpuNode(int slots) {
   Node n;
