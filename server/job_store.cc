@@ -125,6 +125,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options)
   // power loss.
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
   RETURN_IF_ERROR(store->Migrate());
+  // Scanned once: every job directory made after this is made for an id this store handed out.
+  store->first_free_dir_seq_ = MaxJobDirSeq(options.job_dirs) + 1;
   if (options.path != ":memory:") {
     struct stat st;
     if (stat(options.path.c_str(), &st) != 0) {
@@ -195,7 +197,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   Stmt next(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
   ASSIGN_OR_RETURN(bool row, next.Step());
   // Never an id used before: not one in the database, nor one whose directory exists.
-  const int64_t seq = std::max(row ? next.Int(0) : 1, MaxJobDirSeq(options_.job_dirs) + 1);
+  const int64_t seq = std::max(row ? next.Int(0) : 1, first_free_dir_seq_);
   v1::Job record = job;
   record.set_id(absl::StrCat("job-", seq));
   record.set_log_dir(absl::StrReplaceAll(job.log_dir(), {{"{id}", record.id()}}));

@@ -74,6 +74,8 @@ class JobStore {
   Options options_;
   // The database file's identity at Open (0: in memory).
   uint64_t dev_ = 0, ino_ = 0;
+  // One past the largest job-N directory in options_.job_dirs at Open.
+  int64_t first_free_dir_seq_ = 1;
 };
 
 }  // namespace ithaca
