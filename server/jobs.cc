@@ -6,9 +6,12 @@
 #include "engine/core/file_util.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
+#include "google/protobuf/util/time_util.h"
 #include "server/admission.h"
 
 namespace ithaca {
+
+using google::protobuf::util::TimeUtil;
 
 Jobs::Jobs(Options options, JobStore* store, Metrics* metrics)
     : options_(std::move(options)),
@@ -270,7 +273,17 @@ void Jobs::OnLaunched(const std::string& job_id, const std::vector<int>& slots, 
   std::lock_guard<std::mutex> lock(mu_);
   store_->SetLaunch(job_id, slots, pgid).IgnoreError();
   auto starting = store_->Transition(job_id, v1::JOB_STATE_STARTING, reason);
-  if (starting.ok()) PublishState(job_id, *starting);
+  if (starting.ok()) {
+    PublishState(job_id, *starting);
+    // Queue wait: since the job last entered the queue (its submission, or a daemon restart
+    // that queued it again to resume).
+    int64_t queued_ms = TimeUtil::TimestampToMilliseconds(starting->created_at());
+    for (const v1::StateTransition& t : starting->transitions()) {
+      if (t.to() == v1::JOB_STATE_QUEUED) queued_ms = TimeUtil::TimestampToMilliseconds(t.time());
+    }
+    const int64_t waited_ms = TimeUtil::TimestampToMilliseconds(starting->updated_at()) - queued_ms;
+    metrics_->OnJobStarted(std::max<int64_t>(waited_ms, 0) / 1000.0);
+  }
 }
 
 absl::StatusOr<v1::Job> Jobs::OnStateChange(const std::string& job_id, JobState to,
