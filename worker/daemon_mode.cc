@@ -53,6 +53,8 @@ v1::StepReport ToProto(const StepReport& r, int rank) {
     tb->set_peak_bytes(r.mem_peak[t]);
   }
   p.set_device_peak_bytes(r.mem_device_peak);
+  p.set_checkpoint_seconds(r.checkpoint_seconds);
+  p.set_checkpoint_time_unix(r.checkpoint_time_unix);
   return p;
 }
 

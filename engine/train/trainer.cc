@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 
@@ -265,11 +266,17 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
       std::printf("%s\n", FormatStepLine(r).c_str());
       std::fflush(stdout);
     }
-    if (on_step) on_step(r);
     const int64_t every = spec_.checkpoint.every;
-    if ((every > 0 && r.step % every == 0) || r.step == spec_.training.steps) {
+    if (!spec_.checkpoint.dir.empty() &&
+        ((every > 0 && r.step % every == 0) || r.step == spec_.training.steps)) {
+      const auto save_start = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(SaveCheckpointNow());
+      r.checkpoint_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+      r.checkpoint_time_unix = static_cast<int64_t>(std::time(nullptr));
     }
+    // After the save, so that the step's report carries its checkpoint time.
+    if (on_step) on_step(r);
   }
   // The job's end (also when it resumes there, so an export a crash cut short is redone).
   if (state_.step == spec_.training.steps && last == spec_.training.steps) {

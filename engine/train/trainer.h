@@ -32,6 +32,10 @@ struct StepReport {
   double lr = 0;
   std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
   int64_t mem_device_peak = 0;
+  // Set when a checkpoint was saved after this step: the save's wall time (every rank waits
+  // for rank 0's write) and when it was complete (Unix seconds).
+  double checkpoint_seconds = 0;
+  int64_t checkpoint_time_unix = 0;
 };
 
 // The stable, parseable step line:
