@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "client/commands.h"
+#include "client/report.h"
 
 namespace {
 
@@ -20,6 +21,8 @@ constexpr char kUsage[] =
     "  status ID                    state, reason, last step, history, memory per tier\n"
     "  list                         every job, newest first\n"
     "  logs ID [-f] [--rank N]      the workers' output (-f: until the job ends)\n"
+    "  logs ID --steps              every recorded step and eval report, one JSON object a line\n"
+    "  report ID [--out FILE.html]  a self-contained HTML page: plots, spec, plan (ID.html)\n"
     "  cancel ID                    SIGTERM the workers, SIGKILL after the grace period\n"
     "  plan JOB.toml                memory estimate per rank against the node's budget\n"
     "  node                         GPUs or CPU slots, what runs where, the metrics address\n"
@@ -41,6 +44,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args;
   bool follow = false;
   std::optional<int> rank;
+  bool steps = false;
+  std::string out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--server" && i + 1 < argc) {
@@ -55,6 +60,10 @@ int main(int argc, char** argv) {
       int r = 0;
       if (!absl::SimpleAtoi(argv[++i], &r)) return Usage("--rank: not a number");
       rank = r;
+    } else if (a == "--steps") {
+      steps = true;
+    } else if (a == "--out" && i + 1 < argc) {
+      out = argv[++i];
     } else if (a == "-h" || a == "--help") {
       std::printf("%s", kUsage);
       return 0;
@@ -72,7 +81,9 @@ int main(int argc, char** argv) {
   if (cmd == "submit" && need(1)) return ithaca::SubmitCommand(c, args[1], follow);
   if (cmd == "status" && need(1)) return ithaca::StatusCommand(c, args[1]);
   if (cmd == "list" && need(0)) return ithaca::ListCommand(c);
+  if (cmd == "logs" && need(1) && steps) return ithaca::StepsCommand(c, args[1]);
   if (cmd == "logs" && need(1)) return ithaca::LogsCommand(c, args[1], follow, rank);
+  if (cmd == "report" && need(1)) return ithaca::ReportCommand(c, args[1], out);
   if (cmd == "cancel" && need(1)) return ithaca::CancelCommand(c, args[1]);
   if (cmd == "plan" && need(1)) return ithaca::PlanCommand(c, args[1]);
   if (cmd == "node" && need(0)) return ithaca::NodeCommand(c);

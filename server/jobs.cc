@@ -147,6 +147,10 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
 
 absl::StatusOr<v1::Job> Jobs::Get(const std::string& id) { return store_->Get(id); }
 
+absl::StatusOr<std::vector<v1::JobEvent>> Jobs::History(const std::string& id) {
+  return store_->History(id);
+}
+
 absl::StatusOr<std::vector<v1::Job>> Jobs::List(const v1::ListJobsRequest& request) {
   std::vector<JobState> states;
   for (int s : request.states()) states.push_back(static_cast<JobState>(s));

@@ -63,6 +63,8 @@ class Jobs : private JobOwner {
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& request);
   absl::StatusOr<v1::Job> Get(const std::string& id);
+  // The job's persisted step and eval reports, oldest first (JobStore::History).
+  absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
   absl::StatusOr<std::vector<v1::Job>> List(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
   // The job's event stream; for a job that ended before this daemon started, a closed log

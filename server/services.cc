@@ -77,6 +77,17 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::ReadHistory(grpc::ServerContext* context,
+                                         const v1::ReadHistoryRequest* request,
+                                         grpc::ServerWriter<v1::JobEvent>* writer) {
+  absl::StatusOr<std::vector<v1::JobEvent>> history = jobs_->History(request->id());
+  if (!history.ok()) return ToGrpc(history.status());
+  for (const v1::JobEvent& e : *history) {
+    if (context->IsCancelled() || !writer->Write(e)) break;
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
                                       const v1::ReadLogsRequest* request,
                                       grpc::ServerWriter<v1::LogLine>* writer) {
