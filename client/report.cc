@@ -10,9 +10,11 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -237,6 +239,13 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
   for (const auto& [rank, reports] : steps) {
     std::vector<std::string> tiers;  // in the reports' order
     std::map<std::string, ChartSeries> by_tier;
+    int64_t most = 0;
+    for (const v1::StepReport* r : reports) {
+      for (const v1::TierBytes& t : r->memory()) most = std::max(most, t.current_bytes());
+    }
+    // GiB for real models, MiB for small ones (whose GiB ticks would all read 0.000x).
+    const bool gib = most >= (int64_t{1} << 30);
+    const double unit = gib ? 1 << 30 : 1 << 20;
     for (const v1::StepReport* r : reports) {
       for (const v1::TierBytes& t : r->memory()) {
         if (!by_tier.count(t.tier())) {
@@ -244,7 +253,7 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
           by_tier[t.tier()].name = t.tier();
         }
         by_tier[t.tier()].points.push_back(
-            {double(r->step()), static_cast<double>(t.current_bytes()) / (1 << 30)});
+            {double(r->step()), static_cast<double>(t.current_bytes()) / unit});
       }
     }
     std::vector<ChartSeries> series;
@@ -255,8 +264,10 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
         series.push_back(by_tier[t]);
       }
     }
-    absl::StrAppend(&charts, SvgLineChart(absl::StrCat("Memory per tier, rank ", rank), "step",
-                                          "GiB at the end of the step", series));
+    absl::StrAppend(
+        &charts,
+        SvgLineChart(absl::StrCat("Memory per tier, rank ", rank), "step",
+                     gib ? "GiB at the end of the step" : "MiB at the end of the step", series));
   }
 
   std::string page = absl::StrCat(
@@ -268,6 +279,7 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
       "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}\n"
       "pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}\n"
       ".chart{margin:6px;border:1px solid #ddd}\n"
+      "#charts{display:flex;flex-wrap:wrap}\n"
       "</style>\n</head>\n<body>\n<h1>",
       Html(job.id()), ": ", Html(job.name()), "</h1>\n");
   const v1::JobSpecSummary& s = job.spec();

@@ -62,7 +62,7 @@ PY
 echo
 echo "metrics: served at http://$METRICS/metrics while ithacad ran (Prometheus text format);"
 echo "         snapshot in $RUN/metrics.txt, e.g.:"
-grep -E '^ithaca_(tokens_per_second|train_loss|train_step|jobs\{state="succeeded")' \
+grep -E '^ithaca_(tokens_per_second|train_loss|train_step|jobs\{.*state="succeeded")' \
   "$RUN/metrics.txt" | sed 's/^/           /' || true
 ithaca logs "$JOB" --steps > "$RUN/steps.jsonl"
 ithaca report "$JOB" --out "$RUN/report.html"
