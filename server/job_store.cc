@@ -172,19 +172,27 @@ absl::Status JobStore::Migrate() {
                      kSchemaVersion, "); use a newer ithacad or another --state-dir"));
   }
   if (version == kSchemaVersion) return absl::OkStatus();
-  // Version 0 → 1: the initial schema.
+  // Version 0 → 1: the initial schema; 1 → 2: last_eval. Each step runs only on the versions
+  // below it, so an older file is brought up to date step by step.
+  if (version < 1) {
+    RETURN_IF_ERROR(Exec(
+        "BEGIN;"
+        "CREATE TABLE IF NOT EXISTS jobs(id TEXT PRIMARY KEY, seq INTEGER UNIQUE NOT NULL,"
+        " name TEXT NOT NULL, state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
+        " failed_rank INTEGER, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,"
+        " slots TEXT NOT NULL DEFAULT '', pgid INTEGER NOT NULL DEFAULT 0, record BLOB NOT NULL);"
+        "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);"
+        "CREATE TABLE IF NOT EXISTS transitions(job_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " from_state INTEGER NOT NULL, to_state INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
+        " reason TEXT NOT NULL, PRIMARY KEY(job_id, seq));"
+        "CREATE TABLE IF NOT EXISTS last_steps(job_id TEXT NOT NULL, rank INTEGER NOT NULL,"
+        " report BLOB NOT NULL, PRIMARY KEY(job_id, rank));"
+        "PRAGMA user_version = 1;"
+        "COMMIT;"));
+  }
   return Exec(absl::StrCat(
       "BEGIN;"
-      "CREATE TABLE IF NOT EXISTS jobs(id TEXT PRIMARY KEY, seq INTEGER UNIQUE NOT NULL,"
-      " name TEXT NOT NULL, state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
-      " failed_rank INTEGER, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,"
-      " slots TEXT NOT NULL DEFAULT '', pgid INTEGER NOT NULL DEFAULT 0, record BLOB NOT NULL);"
-      "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);"
-      "CREATE TABLE IF NOT EXISTS transitions(job_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-      " from_state INTEGER NOT NULL, to_state INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
-      " reason TEXT NOT NULL, PRIMARY KEY(job_id, seq));"
-      "CREATE TABLE IF NOT EXISTS last_steps(job_id TEXT NOT NULL, rank INTEGER NOT NULL,"
-      " report BLOB NOT NULL, PRIMARY KEY(job_id, rank));"
+      "CREATE TABLE IF NOT EXISTS last_eval(job_id TEXT PRIMARY KEY, report BLOB NOT NULL);"
       "PRAGMA user_version = ",
       kSchemaVersion,
       ";"
@@ -206,6 +214,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   record.clear_failed_rank();
   record.clear_transitions();
   record.clear_last_steps();
+  record.clear_last_eval();
   record.clear_slots();
   const int64_t now = NowMs();
   *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
@@ -273,6 +282,10 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     if (!more) break;
     job.add_last_steps()->ParseFromString(s.Text(0));
   }
+  Stmt e(db_, "SELECT report FROM last_eval WHERE job_id = ?");
+  e.Bind(1, id);
+  ASSIGN_OR_RETURN(bool has_eval, e.Step());
+  if (has_eval) job.mutable_last_eval()->ParseFromString(e.Text(0));
   return job;
 }
 
@@ -361,6 +374,13 @@ absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& r
   std::lock_guard<std::mutex> lock(mu_);
   Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
   up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, report.SerializeAsString());
+  return up.Run();
+}
+
+absl::Status JobStore::RecordEval(const std::string& id, const v1::EvalReport& report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt up(db_, "INSERT OR REPLACE INTO last_eval(job_id, report) VALUES(?, ?)");
+  up.Bind(1, id).BindBlob(2, report.SerializeAsString());
   return up.Run();
 }
 

@@ -5,7 +5,9 @@
 //   jobs(id, seq, name, state, reason, failed_rank, created_ms, updated_ms, slots, pgid, record)
 //   transitions(job_id, seq, from_state, to_state, time_ms, reason)
 //   last_steps(job_id, rank, report)
-// `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport).
+//   last_eval(job_id, report)                                     (version 2)
+// `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport,
+// v1.EvalReport).
 #pragma once
 
 #include <map>
@@ -25,7 +27,7 @@ namespace ithaca {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   struct Options {
     std::string path;  // a file, or ":memory:"
@@ -56,6 +58,8 @@ class JobStore {
   absl::StatusOr<int> ProcessGroup(const std::string& id);
   // Keeps `report` as rank report.rank()'s newest step.
   absl::Status RecordStep(const std::string& id, const v1::StepReport& report);
+  // Keeps `report` as the job's newest evaluation (Job.last_eval).
+  absl::Status RecordEval(const std::string& id, const v1::EvalReport& report);
   absl::StatusOr<std::map<JobState, int64_t>> CountByState();
 
   // UNAVAILABLE naming the file when the database file was removed or replaced since Open (its

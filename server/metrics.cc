@@ -54,6 +54,12 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
   }
 }
 
+void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
+                     const v1::EvalReport& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  evals_[{job, rank}] = EvalSeries{gpu, uuid, r.loss()};
+}
+
 void Metrics::OnJobFinished(const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   if (std::find(finished_.begin(), finished_.end(), job) != finished_.end()) return;
@@ -63,6 +69,9 @@ void Metrics::OnJobFinished(const std::string& job) {
     finished_.pop_front();
     for (auto it = ranks_.begin(); it != ranks_.end();) {
       it = it->first.first == old ? ranks_.erase(it) : std::next(it);
+    }
+    for (auto it = evals_.begin(); it != evals_.end();) {
+      it = it->first.first == old ? evals_.erase(it) : std::next(it);
     }
   }
 }
@@ -129,6 +138,12 @@ std::string Metrics::Render() {
   }
   gauge("ithaca_train_loss", "Mean cross-entropy of the newest step.",
         [](const RankSeries& s) { return s.last.loss(); });
+  Header(&out, "ithaca_eval_loss", "gauge",
+         "Held-out loss of the job's newest evaluation ([eval]; mean over every rank's tokens).");
+  for (const auto& [key, e] : evals_) {
+    absl::StrAppend(&out, "ithaca_eval_loss{job=\"", Escape(key.first), "\",rank=\"", key.second,
+                    "\",gpu=\"", e.gpu, "\",UUID=\"", Escape(e.uuid), "\"} ", Num(e.loss), "\n");
+  }
   gauge("ithaca_train_step", "Newest completed optimizer step.",
         [](const RankSeries& s) { return static_cast<double>(s.last.step()); });
   Header(&out, "ithaca_step_duration_seconds", "histogram", "Wall time of one optimizer step.");

@@ -1,6 +1,6 @@
-// Metrics: the daemon's Prometheus series (docs/architecture.md), rendered in the text exposition format
-// and served on GET /metrics by civetweb. Per-rank series carry the labels job, rank, gpu and
-// UUID, so they join with DCGM exporter series. Thread-safe.
+// Metrics: the daemon's Prometheus series (docs/architecture.md), rendered in the text exposition
+// format and served on GET /metrics by civetweb. Per-rank series carry the labels job, rank, gpu
+// and UUID, so they join with DCGM exporter series. Thread-safe.
 #pragma once
 
 #include <array>
@@ -32,6 +32,9 @@ class Metrics {
   // A rank's identity: its device index and UUID ("" on a CPU node).
   void OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::StepReport& r);
+  // rank 0's evaluation (the whole job's held-out loss): ithaca_eval_loss.
+  void OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
+              const v1::EvalReport& r);
   void OnJobFinished(const std::string& job);
   void OnWorkerExit(const std::string& reason);
   // Called before each render with the job store's counts and its newest jobs' states.
@@ -55,6 +58,13 @@ class Metrics {
   };
   std::mutex mu_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_;
+  // Apart from ranks_: an evaluation-only job reports no step, and its ranks have no step series.
+  struct EvalSeries {
+    int gpu = 0;
+    std::string uuid;
+    double loss = 0;
+  };
+  std::map<std::pair<std::string, int>, EvalSeries> evals_;
   std::deque<std::string> finished_;
   std::map<std::string, uint64_t> exits_;
   std::map<JobState, int64_t> job_counts_;

@@ -60,11 +60,40 @@ TEST(MetricsTest, DropsSeriesOfOldFinishedJobs) {
   for (int j = 0; j < Metrics::kFinishedJobsKept + 3; ++j) {
     const std::string id = "job-" + std::to_string(j);
     m.OnStep(id, 0, 0, "", Report(1, 0.1));
+    v1::EvalReport e;
+    e.set_loss(3.5);
+    m.OnEval(id, 0, 0, "", e);
     m.OnJobFinished(id);
   }
   const std::string text = m.Render();
   EXPECT_EQ(text.find("job=\"job-0\""), std::string::npos);
   EXPECT_NE(text.find("job=\"job-18\""), std::string::npos);
+}
+
+// The newest evaluation's loss, with the per-rank labels; an evaluation-only job (no step) gets
+// it without any step series.
+TEST(MetricsTest, EvalLossOfTheNewestEvaluation) {
+  Metrics m;
+  m.OnStep("job-1", 0, 3, "GPU-abc", Report(1, 0.1));
+  v1::EvalReport e;
+  e.set_step(1);
+  e.set_loss(3.25);
+  m.OnEval("job-1", 0, 3, "GPU-abc", e);
+  e.set_loss(3.125);
+  m.OnEval("job-1", 0, 3, "GPU-abc", e);
+  e.set_loss(4.5);
+  m.OnEval("job-2", 0, 1, "GPU-def", e);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("# TYPE ithaca_eval_loss gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("ithaca_eval_loss{job=\"job-1\",rank=\"0\",gpu=\"3\",UUID=\"GPU-abc\"} "
+                      "3.125\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("ithaca_eval_loss{job=\"job-2\",rank=\"0\",gpu=\"1\",UUID=\"GPU-def\"} 4.5\n"),
+      std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("ithaca_train_loss{job=\"job-2\""), std::string::npos) << text;
 }
 
 }  // namespace
