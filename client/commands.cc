@@ -107,6 +107,12 @@ int FollowJob(CliContext& c, const std::string& id) {
         last_print = now;
       }
     }
+    if (e.has_eval() && !c.json) {
+      if (progress_open) std::printf("\n");
+      progress_open = false;
+      std::printf("%s\n", EvalLine(e.eval()).c_str());
+      std::fflush(stdout);
+    }
     if (e.has_state()) {
       final_state = e.state().to();
       final_reason = e.state().reason();

@@ -24,13 +24,18 @@ std::string StateName(v1::JobState s);      // "RUNNING"
 // leaves ETA out.
 std::string ProgressLine(const v1::StepReport& r, double eta_seconds);
 
+// "eval step 20: loss 3.1234 (ppl 22.7) over 65536 tokens, 8 batches, 1.20 s": the worker's own
+// eval line.
+std::string EvalLine(const v1::EvalReport& r);
+
 // One row per tier, one column per rank: peak bytes during the newest step; a total row (the
 // device tiers' sum) at the bottom.
 std::string MemoryTable(const v1::Job& job);
 
 // "job-3  demo  RUNNING  step 12/60  loss 3.2140  ..." for `ithaca list`.
 std::string JobLine(const v1::Job& job);
-// The multi-line `ithaca status` view: state and reason, spec, newest step, transitions, memory,
+// The multi-line `ithaca status` view: state and reason, spec, newest step and evaluation,
+// transitions, memory,
 // and the resolved spec the workers run.
 std::string JobDetails(const v1::Job& job);
 // `ithaca plan`.

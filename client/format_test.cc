@@ -53,6 +53,25 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
   EXPECT_NE(JobLine(job).find("step 12/60"), std::string::npos);
 }
 
+TEST(FormatTest, EvalLineInWatchAndStatus) {
+  v1::EvalReport e;
+  e.set_rank(0);
+  e.set_step(20);
+  e.set_loss(3.1234);
+  e.set_tokens(65536);
+  e.set_batches(8);
+  e.set_seconds(1.2);
+  EXPECT_EQ(EvalLine(e),
+            "eval step 20: loss 3.1234 (ppl 22.7) over 65536 tokens, 8 batches, 1.20 s");
+  v1::Job job;
+  job.set_id("job-1");
+  EXPECT_EQ(JobDetails(job).find("last eval"), std::string::npos) << "none yet, no line";
+  *job.mutable_last_eval() = e;
+  EXPECT_NE(JobDetails(job).find("  last eval: eval step 20: loss 3.1234 (ppl 22.7)"),
+            std::string::npos)
+      << JobDetails(job);
+}
+
 TEST(FormatTest, ControlCharactersFromTheDaemonNeverReachTheTerminalRaw) {
   EXPECT_EQ(Printable("run\x1b[2J\r\x7f-1"), "run\\x1b[2J\\x0d\\x7f-1");
   EXPECT_EQ(Printable("a\tb\nc"), "a\\x09b\\x0ac");

@@ -28,10 +28,12 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
         absl::StrCat("base_dir: must be an absolute path, got \"", base_dir, "\""));
   }
   ASSIGN_OR_RETURN(JobSpec s, ParseJobSpec(toml_text, source));
-  for (std::string* p : {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir}) {
+  for (std::string* p :
+       {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir, &s.eval.path}) {
     *p = ResolvePath(base_dir, *p);
   }
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &s.data.path},
+                           {"eval.path", &s.eval.path},
                            {"model.config", &s.model.config},
                            {"model.weights", &s.model.weights}}) {
     if (!path->empty() && (*path)[0] != '/') {
@@ -42,7 +44,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     }
     if (path->empty()) continue;
     std::vector<std::string> files = {*path};
-    if (path == &s.data.path) {
+    if (path == &s.data.path || path == &s.eval.path) {
       // A glob names several files: it must match at least one.
       absl::StatusOr<std::vector<std::string>> expanded = ExpandDataPath(*path);
       if (!expanded.ok()) return Invalid(source, key, std::string(expanded.status().message()));
@@ -64,7 +66,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
       }
     }
   }
-  if (s.data.path.empty()) return Invalid(source, "data.path", "is required");
+  if (s.data.path.empty() && s.training.steps > 0) {
+    return Invalid(source, "data.path", "is required");
+  }
   if (s.backend == "cuda" && !node.gpu) {
     return absl::FailedPreconditionError(
         "backend: \"cuda\" needs GPUs and this node has none (ithacad --gpus 0); use "

@@ -17,6 +17,9 @@
 namespace ithaca {
 namespace {
 
+// history.kind: a v1.StepReport or a v1.EvalReport.
+constexpr int64_t kHistoryStep = 0, kHistoryEval = 1;
+
 using google::protobuf::util::TimeUtil;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -216,6 +219,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   record.clear_failed_rank();
   record.clear_transitions();
   record.clear_last_steps();
+  record.clear_last_eval();
   record.clear_slots();
   const int64_t now = NowMs();
   *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
@@ -283,6 +287,11 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     if (!more) break;
     job.add_last_steps()->ParseFromString(s.Text(0));
   }
+  // The newest evaluation is the history's newest eval row (one record of each evaluation).
+  Stmt e(db_, "SELECT report FROM history WHERE job_id = ? AND kind = ? ORDER BY rowid DESC LIMIT 1");
+  e.Bind(1, id).Bind(2, kHistoryEval);
+  ASSIGN_OR_RETURN(bool has_eval, e.Step());
+  if (has_eval) job.mutable_last_eval()->ParseFromString(e.Text(0));
   return job;
 }
 
@@ -366,10 +375,6 @@ absl::StatusOr<int> JobStore::ProcessGroup(const std::string& id) {
   if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
   return static_cast<int>(q.Int(0));
 }
-
-namespace {
-constexpr int64_t kHistoryStep = 0, kHistoryEval = 1;
-}  // namespace
 
 absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& report) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -7,7 +7,7 @@
 //   last_steps(job_id, rank, report)
 //   history(job_id, kind, rank, step, time_ms, report)   (version 2)
 // `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport;
-// in history a v1.StepReport or, kind 1, a v1.EvalReport).
+// in history a v1.StepReport or, kind 1, a v1.EvalReport; Job.last_eval is the newest of those).
 #pragma once
 
 #include <map>

@@ -108,6 +108,55 @@ TEST(JobStoreTest, KeepsTheNewestStepOfEachRankAndTheLaunch) {
   EXPECT_EQ(store->Get("job-7").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(JobStoreTest, KeepsTheNewestEvaluation) {
+  auto store = OpenMemory();
+  const std::string id = store->Create(Template("a"), "s")->id();
+  EXPECT_FALSE(store->Get(id)->has_last_eval());
+  for (int step = 10; step <= 20; step += 10) {
+    v1::EvalReport e;
+    e.set_step(step);
+    e.set_loss(4.0 - step / 10.0);
+    e.set_tokens(4096);
+    ASSERT_TRUE(store->RecordEval(id, e).ok());
+  }
+  auto job = store->Get(id);
+  ASSERT_TRUE(job->has_last_eval());
+  EXPECT_EQ(job->last_eval().step(), 20);
+  EXPECT_DOUBLE_EQ(job->last_eval().loss(), 2.0);
+  EXPECT_EQ(job->last_eval().tokens(), 4096);
+  // Another job's record has none.
+  EXPECT_FALSE(store->Get(store->Create(Template("b"), "s")->id())->has_last_eval());
+}
+
+// A store written by the previous ithacad (schema version 1, no last_eval table) is migrated at
+// open, keeping its jobs.
+TEST(JobStoreTest, MigratesAVersion1Store) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_v1.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "DROP TABLE last_eval; PRAGMA user_version = 1", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Get("job-1").ok());
+  v1::EvalReport e;
+  e.set_loss(1.5);
+  ASSERT_TRUE((*store)->RecordEval("job-1", e).ok());
+  store->reset();
+  store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_DOUBLE_EQ((*store)->Get("job-1")->last_eval().loss(), 1.5) << "kept across a reopen";
+}
+
 TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
   const std::string path =
       std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_test.db";

@@ -307,6 +307,15 @@ absl::Status Jobs::OnStep(const std::string& job_id, const v1::StepReport& step)
   return absl::OkStatus();
 }
 
+absl::Status Jobs::OnEval(const std::string& job_id, const v1::EvalReport& eval) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(store_->RecordEval(job_id, eval));
+  v1::JobEvent e;
+  *e.mutable_eval() = eval;
+  EventsLocked(job_id)->Append(std::move(e));
+  return absl::OkStatus();
+}
+
 void Jobs::OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) {
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<EventLog> events = EventsLocked(job_id);

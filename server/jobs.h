@@ -91,6 +91,7 @@ class Jobs : private JobOwner {
   absl::StatusOr<v1::Job> OnStateChange(const std::string& job_id, JobState to,
                                         const std::string& reason) override;
   absl::Status OnStep(const std::string& job_id, const v1::StepReport& step) override;
+  absl::Status OnEval(const std::string& job_id, const v1::EvalReport& eval) override;
   void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) override;
   void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
                std::optional<int> failed_rank) override;

@@ -203,8 +203,8 @@ Metrics::RankSeries& Metrics::RankLocked(const std::string& job, int rank, int g
                                          const std::string& uuid) {
   auto [it, added] = ranks_.try_emplace({job, rank});
   RankSeries& s = it->second;
-  if (!added && s.gpu == gpu && s.uuid == uuid) return s;
-  if (!added) {  // the rank moved (or an eval came first, with no device yet): relabel
+  if (!added && s.gpu == gpu && s.uuid == uuid && s.host_offload != nullptr) return s;
+  if (!added) {  // the rank moved, or an evaluation came first (no step series yet): relabel
     const double eval = s.eval_loss ? s.eval_loss->Value() : 0;
     const bool had_eval = s.eval_loss != nullptr;
     DropRankLocked(s);
@@ -281,20 +281,19 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
   }
 }
 
-void Metrics::OnEval(const std::string& job, const v1::EvalReport& r) {
+void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
+                     const v1::EvalReport& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = ranks_.find({job, r.rank()});
-  RankSeries* s = nullptr;
-  if (it != ranks_.end()) {
-    s = &it->second;
-  } else {  // an evaluation before the first step: no device known yet (relabelled on the step)
-    s = &ranks_[{job, r.rank()}];
-    s->job = job;
-    s->rank = r.rank();
-    s->gpu = -1;
+  auto [it, added] = ranks_.try_emplace({job, rank});
+  RankSeries& s = it->second;
+  if (added) {  // an evaluation before any step (or an evaluation-only job): no step series yet
+    s.job = job;
+    s.rank = rank;
+    s.gpu = gpu;
+    s.uuid = uuid;
   }
-  if (s->eval_loss == nullptr) s->eval_loss = &eval_loss_.Add(RankLabels(*s));
-  s->eval_loss->Set(r.loss());
+  if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add(RankLabels(s));
+  s.eval_loss->Set(r.loss());
 }
 
 void Metrics::OnJobStarted(double queue_wait_seconds) {

@@ -53,7 +53,8 @@ class Metrics {
   void OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::StepReport& r);
   // A held-out evaluation: ithaca_eval_loss, labelled like the reporting rank's step series.
-  void OnEval(const std::string& job, const v1::EvalReport& r);
+  void OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
+              const v1::EvalReport& r);
   // A job left the queue for its workers `seconds` after it was submitted.
   void OnJobStarted(double queue_wait_seconds);
   void OnJobFinished(const std::string& job);
@@ -72,7 +73,7 @@ class Metrics {
  private:
   struct RankSeries {
     std::string job;
-    int rank = 0, gpu = 0;  // gpu -1: not known yet (an evaluation came first)
+    int rank = 0, gpu = 0;  // 
     std::string uuid;
     std::map<std::string, prometheus::Gauge*> memory, memory_peak;  // per tier
     prometheus::Gauge *host_offload = nullptr, *tokens_per_second = nullptr, *loss = nullptr,

@@ -74,7 +74,7 @@ TEST(MetricsTest, HostnameEvalCheckpointQueueWaitAndMfu) {
   v1::EvalReport eval;
   eval.set_rank(0);
   eval.set_loss(3.25);
-  m.OnEval("job-2", eval);  // before the first step: no device yet
+  m.OnEval("job-2", 0, 1, "GPU-x", eval);  // before the first step: no step series yet
   v1::StepReport r = Report(4, 2.0);
   r.set_rank(0);
   r.set_mfu(0.41);
@@ -112,11 +112,41 @@ TEST(MetricsTest, DropsSeriesOfOldFinishedJobs) {
   for (int j = 0; j < Metrics::kFinishedJobsKept + 3; ++j) {
     const std::string id = "job-" + std::to_string(j);
     m.OnStep(id, 0, 0, "", Report(1, 0.1));
+    v1::EvalReport e;
+    e.set_loss(3.5);
+    m.OnEval(id, 0, 0, "", e);
     m.OnJobFinished(id);
   }
   const std::string text = m.Render();
   EXPECT_EQ(text.find("job_id=\"job-0\""), std::string::npos);
   EXPECT_NE(text.find("job_id=\"job-18\""), std::string::npos);
+}
+
+// The newest evaluation's loss, with the per-rank labels; an evaluation-only job (no step) gets
+// it without any step series.
+TEST(MetricsTest, EvalLossOfTheNewestEvaluation) {
+  Metrics m("node-1");
+  m.OnStep("job-1", 0, 3, "GPU-abc", Report(1, 0.1));
+  v1::EvalReport e;
+  e.set_step(1);
+  e.set_loss(3.25);
+  m.OnEval("job-1", 0, 3, "GPU-abc", e);
+  e.set_loss(3.125);
+  m.OnEval("job-1", 0, 3, "GPU-abc", e);
+  e.set_loss(4.5);
+  m.OnEval("job-2", 0, 1, "GPU-def", e);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("# TYPE ithaca_eval_loss gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("ithaca_eval_loss{Hostname=\"node-1\",UUID=\"GPU-abc\",gpu=\"3\","
+                      "job_id=\"job-1\",rank=\"0\"} 3.125\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_eval_loss{Hostname=\"node-1\",UUID=\"GPU-def\",gpu=\"1\","
+                      "job_id=\"job-2\",rank=\"0\"} 4.5\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("job_id=\"job-2\",rank=\"0\"} 0"), std::string::npos)
+      << "an evaluation-only job has no step series\n" << text;
 }
 
 }  // namespace

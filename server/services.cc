@@ -146,6 +146,11 @@ grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext*,
   return ToGrpc(supervisor_->ReportStep(*request));
 }
 
+grpc::Status WorkerServiceImpl::ReportEval(grpc::ServerContext*,
+                                           const v1::ReportEvalRequest* request, v1::Ack*) {
+  return ToGrpc(supervisor_->ReportEval(*request));
+}
+
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                                           v1::Ack*) {
   return ToGrpc(supervisor_->Heartbeat(*request));

@@ -50,6 +50,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                         v1::RegisterResponse* response) override;
   grpc::Status ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* request,
                           v1::Ack*) override;
+  grpc::Status ReportEval(grpc::ServerContext*, const v1::ReportEvalRequest* request,
+                          v1::Ack*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::Ack*) override;
   grpc::Status Log(grpc::ServerContext*, const v1::LogRequest* request, v1::Ack*) override;
