@@ -128,8 +128,8 @@ TEST(JobStoreTest, KeepsTheNewestEvaluation) {
   EXPECT_FALSE(store->Get(store->Create(Template("b"), "s")->id())->has_last_eval());
 }
 
-// A store written by the previous ithacad (schema version 1, no last_eval table) is migrated at
-// open, keeping its jobs.
+// A store written by the previous ithacad (schema version 1, no history table) is migrated at
+// open, keeping its jobs, and then keeps evaluations.
 TEST(JobStoreTest, MigratesAVersion1Store) {
   const std::string path =
       std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_v1.db";
@@ -142,7 +142,7 @@ TEST(JobStoreTest, MigratesAVersion1Store) {
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(
-      sqlite3_exec(db, "DROP TABLE last_eval; PRAGMA user_version = 1", nullptr, nullptr, nullptr),
+      sqlite3_exec(db, "DROP TABLE history; PRAGMA user_version = 1", nullptr, nullptr, nullptr),
       SQLITE_OK);
   sqlite3_close(db);
   auto store = JobStore::Open({path});

@@ -253,7 +253,8 @@ TEST(SupervisorTest, RegisterChecksThePidAndAWorkerThatGoesSilentFailsItsJob) {
   eval.mutable_eval()->set_loss(2.75);
   ASSERT_TRUE(supervisor.ReportEval(eval).ok());
   EXPECT_EQ(owner.Evals("job-r"), std::vector<int64_t>{5});
-  EXPECT_NE(metrics.Render().find("ithaca_eval_loss{job=\"job-r\",rank=\"0\""), std::string::npos);
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("job_id=\"job-r\",rank=\"0\"} 2.75"), std::string::npos) << text;
   eval.mutable_eval()->set_rank(3);  // no such rank
   EXPECT_FALSE(supervisor.ReportEval(eval).ok());
 

@@ -20,7 +20,7 @@ import urllib.request
 import yaml
 
 sys.path.insert(0, os.environ["ITHACA_E2E_DIR"])  # tests/e2e/harness.py (live.sh sets it)
-from harness import TMP, Daemon, job_pb2, spec_toml, wait_gone
+from harness import TMP, Daemon, job_pb2, make_corpus, spec_toml, wait_gone
 
 DEPLOY = os.path.abspath("deploy")
 PROMETHEUS = "/usr/bin/prometheus"
@@ -66,7 +66,7 @@ def needs_dcgm(expr):
 # Series this CPU job cannot have: MFU is not exported where the device's peak FLOP/s is
 # unknown (a CPU), and eval loss only for a job that evaluates. Their queries must still parse
 # and run; they are not required to return data.
-OPTIONAL = {"ithaca_mfu_ratio", "ithaca_eval_loss"}
+OPTIONAL = {"ithaca_mfu_ratio"}  # no MFU on a CPU (unknown peak)
 
 
 def optional(expr):
@@ -137,7 +137,9 @@ class PrometheusLive(unittest.TestCase):
             os.makedirs(run, exist_ok=True)
             # Runs until cancelled; two ranks so that per-rank and per-job series differ.
             job = cls.d.submit(spec_toml(run, steps=1000000, seq_len=64, name="live",
-                                         extra="[parallel]\nworld = 2\nsp = 2\n"))
+                                         extra="[parallel]\nworld = 2\nsp = 2\n"
+                                         f"[eval]\npath = \"{make_corpus()}\"\n"
+                                         "every = 5\nbatches = 1\n"))
             cls.job_id = job.id
             # Past its first checkpoint (every 10 steps), for the checkpoint series.
             cls.d.wait(job.id, states=(job_pb2.JOB_STATE_RUNNING,), min_step=11, timeout=120)
