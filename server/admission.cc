@@ -1,9 +1,11 @@
 #include "server/admission.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "engine/plan/planner.h"
 #include "engine/train/token_file.h"
+#include "server/path_policy.h"
 
 namespace ithaca {
 namespace {
@@ -17,11 +19,59 @@ absl::Status Invalid(const std::string& source, const std::string& key, const st
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", msg));
 }
 
+// The directory a glob's matches lie under: its literal part up to the last '/' before the first
+// wildcard ("/data/shards/train-*.tok" → "/data/shards").
+std::string GlobBase(const std::string& pattern) {
+  const size_t wild = pattern.find_first_of("*?[{");
+  if (wild == std::string::npos) return pattern;
+  const size_t slash = pattern.rfind('/', wild);
+  return slash == 0 || slash == std::string::npos ? "/" : pattern.substr(0, slash);
+}
+
+// Every path the spec reads or writes, checked against the allowed roots before any is opened
+// (even stat or a glob would tell a client whether a file exists outside them).
+absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
+                            const std::vector<std::string>& roots) {
+  if (roots.empty()) return absl::OkStatus();
+  // Relative inputs (no base_dir) are refused by the caller with their own message; a relative
+  // checkpoint.dir is refused here (it would land wherever the worker's working directory is).
+  auto relative = [](const std::string& p) { return !p.empty() && p[0] != '/'; };
+  if (!s.data.path.empty() && !relative(s.data.path)) {
+    RETURN_IF_ERROR(CheckAllowedPath(source, "data.path", GlobBase(s.data.path), roots));
+  }
+  for (auto [key, path] :
+       {std::pair<const char*, const std::string*>{"model.config", &s.model.config},
+        {"model.weights", &s.model.weights},
+        {"checkpoint.dir", &s.checkpoint.dir}}) {
+    if (path->empty() || (relative(*path) && path != &s.checkpoint.dir)) continue;
+    RETURN_IF_ERROR(CheckAllowedPath(source, key, *path, roots));
+  }
+  // A weights directory's shards (and the tokenizer files read beside the model) may be links.
+  struct stat st;
+  if (!s.model.weights.empty() && stat(s.model.weights.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (DIR* d = opendir(s.model.weights.c_str())) {
+      while (struct dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
+        if (name == "." || name == "..") continue;
+        absl::Status inside =
+            CheckAllowedPath(source, "model.weights", s.model.weights + "/" + name, roots);
+        if (!inside.ok()) {
+          closedir(d);
+          return inside;
+        }
+      }
+      closedir(d);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source_in,
-                                             const std::string& base_dir, const Node& node) {
+                                             const std::string& base_dir, const Node& node,
+                                             const std::vector<std::string>& allowed_roots) {
   const std::string source = source_in.empty() ? "job.toml" : source_in;
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -31,6 +81,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   for (std::string* p : {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir}) {
     *p = ResolvePath(base_dir, *p);
   }
+  RETURN_IF_ERROR(CheckSpecPaths(s, source, allowed_roots));
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &s.data.path},
                            {"model.config", &s.model.config},
                            {"model.weights", &s.model.weights}}) {
@@ -51,6 +102,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     // Inputs are regular files (weights may also be a directory of shards): a FIFO or a device
     // would hang or never end the worker that reads it.
     for (const std::string& file : files) {
+      if (path == &s.data.path && !allowed_roots.empty()) {
+        RETURN_IF_ERROR(CheckAllowedPath(source, key, file, allowed_roots));
+      }
       struct stat st;
       if (stat(file.c_str(), &st) != 0) {
         return Invalid(source, key, absl::StrCat(file, ": no such file or directory"));
