@@ -414,8 +414,9 @@ absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::stri
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object (invalid JSON)"));
   }
   if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not a JSON object (the top level is a ", root.type_name(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object (the top level is ",
+                                                   root.is_array() ? "an " : "a ", root.type_name(),
+                                                   ")"));
   }
   RETURN_IF_ERROR(CheckModelKeys(root, source));
   KeyReader r(root, source, "");

@@ -418,21 +418,24 @@ TEST(ConfigTest, ErrorsNeverQuoteTheFile) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/secret";
   ASSERT_TRUE(MakeDirs(dir).ok());
   const std::string secret = "root:$6$hunter2-SECRET-VALUE:19000:0:99999:7:::";
-  for (const std::string& content : {secret + "\n", "\"" + secret + "\"", "12345678901234567890",
-                                     "[\"" + secret + "\"]", "{\"" + secret + "\" " + secret + "}",
-                                     std::string("\x7f"
-                                                 "ELF\x02\x01") +
-                                         secret}) {
+  for (const std::string& content :
+       {secret + "\n", "\"" + secret + "\"", std::string("12345678901234567890"),
+        "[\"" + secret + "\"]", "{\"" + secret + "\" " + secret + "}",
+        std::string("\x7f"
+                    "ELF\x02\x01") +
+            secret}) {
     const std::string path = dir + "/shadow";
     ASSERT_TRUE(WriteFileAtomic(path, content).ok());
     absl::StatusOr<LlamaConfig> c = LoadConfigJson(path);
     ASSERT_FALSE(c.ok());
-    const std::string msg(c.status().message());
+    const std::string full(c.status().message());
+    ASSERT_EQ(full.rfind(path, 0), 0u) << full;
+    const std::string msg = full.substr(path.size());  // what follows the file's name
     EXPECT_EQ(msg.find("hunter2"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("root"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("1234"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("ELF"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(path + ": not a JSON object"), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind(": not a JSON object (", 0), 0u) << msg;
   }
   ASSERT_TRUE(WriteFileAtomic(dir + "/shadow", secret).ok());
   EXPECT_EQ(LoadConfigJson(dir + "/shadow").status().message(),
