@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, tls_cert, "", "TLS certificate chain (PEM) for --listen; 
 ABSL_FLAG(std::string, tls_key, "", "TLS private key (PEM, file mode 600)");
 ABSL_FLAG(bool, insecure, false,
           "Allow a --listen address other machines can reach without a token or TLS");
+ABSL_FLAG(std::string, health_listen, "",
+          "Also serve grpc.health.v1 alone, plaintext and without a token, here (host:port; for "
+          "Kubernetes' gRPC probes, which speak no TLS); empty: off");
 ABSL_FLAG(std::string, allowed_roots, "",
           "DIR[:DIR...]: every path a job spec reads or writes must resolve inside one; default "
           "the state directory and $HOME");
@@ -160,8 +163,11 @@ int Run() {
   std::string roots_flag = absl::GetFlag(FLAGS_allowed_roots);
   if (roots_flag.empty()) {
     roots_flag = state_dir;
-    if (const char* home = std::getenv("HOME"); home && *home && access(home, F_OK) == 0) {
-      absl::StrAppend(&roots_flag, ":", home);
+    // A user without a home directory (a container's uid) often has HOME=/: that is no bound.
+    const char* home = std::getenv("HOME");
+    char real_home[PATH_MAX];
+    if (home && *home && realpath(home, real_home) != nullptr && std::string(real_home) != "/") {
+      absl::StrAppend(&roots_flag, ":", real_home);
     }
   }
   absl::StatusOr<std::vector<std::string>> allowed_roots = ParseAllowedRoots(roots_flag);
@@ -269,6 +275,21 @@ int Run() {
   jb.RegisterService(&job_service);
   std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
   if (!server) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
+  // Health alone, for probes that cannot do TLS: it tells SERVING or NOT_SERVING, nothing else.
+  std::unique_ptr<grpc::Server> health_server;
+  if (const std::string health = absl::GetFlag(FLAGS_health_listen); !health.empty()) {
+    grpc::ServerBuilder hb;
+    hb.AddListeningPort(health, grpc::InsecureServerCredentials());
+    health_server = hb.BuildAndStart();
+    if (!health_server) {
+      return Fail(
+          absl::UnavailableError(absl::StrCat("--health-listen: cannot listen on ", health)));
+    }
+  }
+  auto set_serving = [&](bool serving) {
+    server->GetHealthCheckService()->SetServingStatus(serving);
+    if (health_server) health_server->GetHealthCheckService()->SetServingStatus(serving);
+  };
   std::string address = listen;
   if (listen.rfind("unix:", 0) != 0) {
     address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
@@ -298,7 +319,7 @@ int Run() {
       absl::Status intact = (*store)->CheckIntact();
       if (!intact.ok() && !reported) {
         std::fprintf(stderr, "ithacad: %s\n", std::string(intact.message()).c_str());
-        server->GetHealthCheckService()->SetServingStatus(false);
+        set_serving(false);
         reported = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -310,10 +331,11 @@ int Run() {
   watch_store.join();
   std::printf("ithacad: %s: shutting down\n", strsignal(sig));
   std::fflush(stdout);
-  server->GetHealthCheckService()->SetServingStatus(false);
+  set_serving(false);
   jobs.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (health_server) health_server->Shutdown(std::chrono::system_clock::now());
   unlink(so.worker_socket.c_str());
   unlink((state_dir + "/ithacad.addr").c_str());
   jobs_ptr = nullptr;
