@@ -277,14 +277,25 @@ int Run() {
   if (!server) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
   // Health alone, for probes that cannot do TLS: it tells SERVING or NOT_SERVING, nothing else.
   std::unique_ptr<grpc::Server> health_server;
+  // The health service is the server's only one and runs on a queue of its own; gRPC still
+  // wants a polled queue for calls no service takes, which this thread drains.
+  std::unique_ptr<grpc::ServerCompletionQueue> health_queue;
+  std::thread health_poller;
   if (const std::string health = absl::GetFlag(FLAGS_health_listen); !health.empty()) {
     grpc::ServerBuilder hb;
     hb.AddListeningPort(health, grpc::InsecureServerCredentials());
+    health_queue = hb.AddCompletionQueue();
     health_server = hb.BuildAndStart();
     if (!health_server) {
       return Fail(
           absl::UnavailableError(absl::StrCat("--health-listen: cannot listen on ", health)));
     }
+    health_poller = std::thread([q = health_queue.get()] {
+      void* tag;
+      bool ok;
+      while (q->Next(&tag, &ok)) {
+      }
+    });
   }
   auto set_serving = [&](bool serving) {
     server->GetHealthCheckService()->SetServingStatus(serving);
@@ -335,7 +346,11 @@ int Run() {
   jobs.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (health_server) health_server->Shutdown(std::chrono::system_clock::now());
+  if (health_server) {
+    health_server->Shutdown(std::chrono::system_clock::now());
+    health_queue->Shutdown();
+    health_poller.join();
+  }
   unlink(so.worker_socket.c_str());
   unlink((state_dir + "/ithacad.addr").c_str());
   jobs_ptr = nullptr;
