@@ -88,9 +88,9 @@ TEST(AuthTest, NonLoopbackNeedsTokenOrTlsOrInsecure) {
   EXPECT_NE(open_key.status().message().find("--tls-key"), std::string::npos) << open_key.status();
 }
 
-TEST(AuthTest, AuthorizeChecksTheBearerToken) {
-  // ServerContext cannot be filled from a test; the end-to-end test (tests/e2e/security_e2e_test)
-  // sends real calls. Here: a disabled authenticator lets everything through.
+TEST(AuthTest, AuthorizeWithoutMetadata) {
+  // Real calls with right and wrong tokens: services_test and tests/e2e/security_e2e_test.
+  // Here: a disabled authenticator lets everything through, an enabled one nothing unsigned.
   Authenticator none("");
   grpc::ServerContext context;
   EXPECT_TRUE(none.Authorize(context).ok());

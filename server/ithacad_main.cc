@@ -133,6 +133,11 @@ absl::Status MakePrivateDir(const std::string& dir, const std::optional<RunAs>& 
   }
   const uid_t uid = owner ? owner->uid : geteuid();
   const gid_t gid = owner ? owner->gid : getegid();
+  // One made by someone else (under /tmp, say) may hold their links or sockets: not ours.
+  if (st.st_uid != uid && st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": belongs to uid ", st.st_uid, ", not to this daemon; remove it"));
+  }
   if ((st.st_uid != uid || st.st_gid != gid) && chown(dir.c_str(), uid, gid) != 0) {
     return absl::PermissionDeniedError(absl::StrCat("chown ", dir, ": ", strerror(errno)));
   }
