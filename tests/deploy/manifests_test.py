@@ -247,9 +247,10 @@ def setup_sh_lists():
 
 
 class Dockerfile(unittest.TestCase):
-    # Packages only the tests need (oracles, a real Prometheus, the fuzzers' clang): not in the image.
+    # Packages only the tests need (oracles, a real Prometheus, the fuzzers' clang, openssl for
+    # the end-to-end tests' certificates): not in the image.
     TEST_ONLY = {"python3-numpy", "python3-torch", "prometheus", "python3-yaml", "clang",
-                 "libclang-rt-14-dev"}
+                 "libclang-rt-14-dev", "openssl"}
 
     @classmethod
     def setUpClass(cls):
