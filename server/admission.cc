@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include "absl/strings/match.h"
 #include "engine/plan/planner.h"
 #include "engine/train/token_file.h"
 #include "server/path_policy.h"
@@ -28,6 +29,32 @@ std::string GlobBase(const std::string& pattern) {
   return slash == 0 || slash == std::string::npos ? "/" : pattern.substr(0, slash);
 }
 
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// The model files of `dir` (what a job may read beside model.config or model.weights: shards,
+// indexes, config and tokenizer files) must resolve inside the roots. Other entries are never
+// read, and a home directory full of unrelated links must not fail a job.
+absl::Status CheckModelDirectory(const std::string& source, const std::string& key,
+                                 const std::string& dir, const std::vector<std::string>& roots) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return absl::OkStatus();  // unreadable: nothing can be read from it either
+  absl::Status inside;
+  while (struct dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (!absl::EndsWith(name, ".safetensors") && !absl::EndsWith(name, ".json") &&
+        name != "tokenizer.model") {
+      continue;
+    }
+    inside = CheckAllowedPath(source, key, dir + "/" + name, roots);
+    if (!inside.ok()) break;
+  }
+  closedir(d);
+  return inside;
+}
+
 // Every path the spec reads or writes, checked against the allowed roots before any is opened
 // (even stat or a glob would tell a client whether a file exists outside them).
 absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
@@ -46,22 +73,16 @@ absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
     if (path->empty() || (relative(*path) && path != &s.checkpoint.dir)) continue;
     RETURN_IF_ERROR(CheckAllowedPath(source, key, *path, roots));
   }
-  // A weights directory's shards (and the tokenizer files read beside the model) may be links.
-  struct stat st;
-  if (!s.model.weights.empty() && stat(s.model.weights.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    if (DIR* d = opendir(s.model.weights.c_str())) {
-      while (struct dirent* e = readdir(d)) {
-        const std::string name = e->d_name;
-        if (name == "." || name == "..") continue;
-        absl::Status inside =
-            CheckAllowedPath(source, "model.weights", s.model.weights + "/" + name, roots);
-        if (!inside.ok()) {
-          closedir(d);
-          return inside;
-        }
-      }
-      closedir(d);
-    }
+  // The files read beside these paths (a weights directory's or an index's shards, the
+  // tokenizer files beside model.config or model.weights) may be links out of the roots.
+  for (auto [key, path] :
+       {std::pair<const char*, const std::string*>{"model.weights", &s.model.weights},
+        {"model.config", &s.model.config}}) {
+    if (path->empty() || relative(*path)) continue;
+    struct stat st;
+    if (stat(path->c_str(), &st) != 0) continue;  // missing: refused by the caller
+    RETURN_IF_ERROR(
+        CheckModelDirectory(source, key, S_ISDIR(st.st_mode) ? *path : Dirname(*path), roots));
   }
   return absl::OkStatus();
 }

@@ -271,6 +271,21 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
   absl::Status glob = admit(spec("models/*.tok", "preset = \"tiny\"", ""));
   EXPECT_EQ(glob.code(), absl::StatusCode::kPermissionDenied) << glob;
   EXPECT_NE(glob.message().find("link.tok"), std::string::npos) << glob;
+  // A weights directory whose shard is a link out of the root is refused; other links beside it
+  // (never read) do not matter.
+  ASSERT_EQ(system(("mkdir -p " + root + "/weights").c_str()), 0);
+  unlink((root + "/weights/model.safetensors").c_str());
+  unlink((root + "/weights/notes").c_str());
+  ASSERT_EQ(symlink((outside + "/secret.tok").c_str(), (root + "/weights/notes").c_str()), 0);
+  absl::Status weights = admit(spec("corpus.tok", "weights = \"weights\"", ""));
+  EXPECT_NE(weights.code(), absl::StatusCode::kPermissionDenied) << weights;
+  ASSERT_EQ(
+      symlink((outside + "/secret.tok").c_str(), (root + "/weights/model.safetensors").c_str()), 0);
+  weights = admit(spec("corpus.tok", "weights = \"weights\"", ""));
+  EXPECT_EQ(weights.code(), absl::StatusCode::kPermissionDenied) << weights;
+  EXPECT_NE(weights.message().find("model.weights: " + root + "/weights/model.safetensors"),
+            std::string::npos)
+      << weights;
   // ".." below a directory that does not exist yet cannot be judged: refused.
   EXPECT_FALSE(admit(spec("corpus.tok", "preset = \"tiny\"", "new/../../outside/x")).ok());
   // Without roots (library callers) nothing is restricted.

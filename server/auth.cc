@@ -176,7 +176,13 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const ServerSecurityFlags& fla
   } else {
     s.credentials = grpc::InsecureServerCredentials();
   }
-  if (!IsLoopbackListen(flags.listen) && !s.tls && !s.authenticator->enabled() && !flags.insecure) {
+  const bool reachable = !IsLoopbackListen(flags.listen);
+  if (reachable && s.tls && !s.authenticator->enabled()) {
+    s.warning = "TLS without --auth-token-file: anyone who can reach --listen can run jobs";
+  } else if (reachable && !s.tls && s.authenticator->enabled()) {
+    s.warning = "--auth-token-file without TLS: the token crosses the network in clear text";
+  }
+  if (reachable && !s.tls && !s.authenticator->enabled() && !flags.insecure) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--listen ", flags.listen,
         " is reachable from other machines and no --auth-token-file or --tls-cert/--tls-key is "

@@ -64,8 +64,11 @@ struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // TLS or plaintext
   std::shared_ptr<const Authenticator> authenticator;    // never null
   bool tls = false;
-  // Printed at start: "TLS, bearer token", "plaintext, no token (loopback only)", ...
+  // Printed at start: "TLS, bearer token", "plaintext, no token", ...
   std::string Describe() const;
+  // Set when the configuration is allowed but weak off loopback (TLS without a token lets anyone
+  // in; a token without TLS travels in clear text); printed at start.
+  std::string warning;
 };
 
 // Loads the token and the certificate and applies the listen rule. INVALID_ARGUMENT naming the

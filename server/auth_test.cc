@@ -77,6 +77,8 @@ TEST(AuthTest, NonLoopbackNeedsTokenOrTlsOrInsecure) {
   ASSERT_TRUE(with_token.ok()) << with_token.status();
   EXPECT_TRUE(with_token->authenticator->enabled());
   EXPECT_FALSE(with_token->tls);
+  EXPECT_NE(with_token->warning.find("clear text"), std::string::npos);
+  EXPECT_TRUE(LoadServerSecurity({"127.0.0.1:1", token, "", "", false})->warning.empty());
   // Half a TLS configuration is an error, not plaintext.
   auto half = LoadServerSecurity({"127.0.0.1:0", "", "/some/cert.pem", "", false});
   EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);

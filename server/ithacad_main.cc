@@ -153,6 +153,9 @@ int Run() {
       {absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_auth_token_file),
        absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_insecure)});
   if (!security.ok()) return Fail(security.status());
+  if (!security->warning.empty()) {
+    std::fprintf(stderr, "ithacad: warning: %s\n", security->warning.c_str());
+  }
   absl::StatusOr<std::optional<RunAs>> worker_user = WorkerUser();
   if (!worker_user.ok()) return Fail(worker_user.status());
 
