@@ -11,11 +11,12 @@
 #include "absl/strings/numbers.h"
 #include "client/commands.h"
 #include "client/report.h"
+#include "client/connection.h"
 
 namespace {
 
 constexpr char kUsage[] =
-    "usage: ithaca [--server ADDR] [--json] COMMAND ...\n"
+    "usage: ithaca [--server ADDR] [--token-file FILE] [--ca PEM] [--json] COMMAND ...\n"
     "  submit JOB.toml [--follow]   queue a job; --follow shows progress, exits 0 iff it succeeds\n"
     "  watch ID                     follow a job (as submit --follow); exits 0 iff it succeeds\n"
     "  status ID                    state, reason, last step, history, memory per tier\n"
@@ -27,6 +28,9 @@ constexpr char kUsage[] =
     "  plan JOB.toml                memory estimate per rank against the node's budget\n"
     "  node                         GPUs or CPU slots, what runs where, the metrics address\n"
     "  --server: host:port or unix:/path (default $ITHACA_SERVER, else 127.0.0.1:50051)\n"
+    "  --token-file: bearer token for a daemon with --auth-token-file ($ITHACA_TOKEN_FILE)\n"
+    "  --ca: CA certificate (PEM) to verify a daemon with --tls-cert; TLS ($ITHACA_CA)\n"
+    "  --tls-server-name: the name the daemon's certificate carries, if not the host's\n"
     "  --json: protobuf JSON output (one object per line when streaming)\n";
 
 int Usage(const char* msg = nullptr) {
@@ -39,8 +43,7 @@ int Usage(const char* msg = nullptr) {
 
 int main(int argc, char** argv) {
   ithaca::CliContext c;
-  const char* env = std::getenv("ITHACA_SERVER");
-  c.server = env && *env ? env : "127.0.0.1:50051";
+  ithaca::ConnectionOptions connection;
   std::vector<std::string> args;
   bool follow = false;
   std::optional<int> rank;
@@ -48,11 +51,25 @@ int main(int argc, char** argv) {
   std::string out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--server" && i + 1 < argc) {
-      c.server = argv[++i];
-    } else if (a.rfind("--server=", 0) == 0) {
-      c.server = a.substr(9);
-    } else if (a == "--json") {
+    // --flag VALUE or --flag=VALUE.
+    auto value_of = [&](const char* flag, std::string* value) {
+      const std::string f = flag;
+      if (a == f && i + 1 < argc) {
+        *value = argv[++i];
+        return true;
+      }
+      if (a.rfind(f + "=", 0) == 0) {
+        *value = a.substr(f.size() + 1);
+        return true;
+      }
+      return false;
+    };
+    if (value_of("--server", &connection.server) ||
+        value_of("--token-file", &connection.token_file) || value_of("--ca", &connection.ca_file) ||
+        value_of("--tls-server-name", &connection.tls_server_name)) {
+      continue;
+    }
+    if (a == "--json") {
       c.json = true;
     } else if (a == "--follow" || a == "-f") {
       follow = true;
@@ -74,8 +91,14 @@ int main(int argc, char** argv) {
     }
   }
   if (args.empty()) return Usage();
-  c.stub = ithaca::v1::JobService::NewStub(
-      grpc::CreateChannel(c.server, grpc::InsecureChannelCredentials()));
+  ithaca::ApplyConnectionEnvironment(&connection);
+  c.server = connection.server;
+  auto channel = ithaca::Connect(connection);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "ithaca: %s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  c.stub = ithaca::v1::JobService::NewStub(*channel);
   const std::string& cmd = args[0];
   auto need = [&](size_t n) { return args.size() == n + 1; };
   if (cmd == "submit" && need(1)) return ithaca::SubmitCommand(c, args[1], follow);

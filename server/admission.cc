@@ -1,9 +1,12 @@
 #include "server/admission.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
+#include "absl/strings/match.h"
 #include "engine/plan/planner.h"
 #include "engine/train/token_file.h"
+#include "server/path_policy.h"
 
 namespace ithaca {
 namespace {
@@ -17,11 +20,79 @@ absl::Status Invalid(const std::string& source, const std::string& key, const st
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", msg));
 }
 
+// The directory a glob's matches lie under: its literal part up to the last '/' before the first
+// wildcard ("/data/shards/train-*.tok" → "/data/shards").
+std::string GlobBase(const std::string& pattern) {
+  const size_t wild = pattern.find_first_of("*?[{");
+  if (wild == std::string::npos) return pattern;
+  const size_t slash = pattern.rfind('/', wild);
+  return slash == 0 || slash == std::string::npos ? "/" : pattern.substr(0, slash);
+}
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// The model files of `dir` (what a job may read beside model.config or model.weights: shards,
+// indexes, config and tokenizer files) must resolve inside the roots. Other entries are never
+// read, and a home directory full of unrelated links must not fail a job.
+absl::Status CheckModelDirectory(const std::string& source, const std::string& key,
+                                 const std::string& dir, const std::vector<std::string>& roots) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return absl::OkStatus();  // unreadable: nothing can be read from it either
+  absl::Status inside;
+  while (struct dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (!absl::EndsWith(name, ".safetensors") && !absl::EndsWith(name, ".json") &&
+        name != "tokenizer.model") {
+      continue;
+    }
+    inside = CheckAllowedPath(source, key, dir + "/" + name, roots);
+    if (!inside.ok()) break;
+  }
+  closedir(d);
+  return inside;
+}
+
+// Every path the spec reads or writes, checked against the allowed roots before any is opened
+// (even stat or a glob would tell a client whether a file exists outside them).
+absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
+                            const std::vector<std::string>& roots) {
+  if (roots.empty()) return absl::OkStatus();
+  // Relative inputs (no base_dir) are refused by the caller with their own message; a relative
+  // checkpoint.dir is refused here (it would land wherever the worker's working directory is).
+  auto relative = [](const std::string& p) { return !p.empty() && p[0] != '/'; };
+  if (!s.data.path.empty() && !relative(s.data.path)) {
+    RETURN_IF_ERROR(CheckAllowedPath(source, "data.path", GlobBase(s.data.path), roots));
+  }
+  for (auto [key, path] :
+       {std::pair<const char*, const std::string*>{"model.config", &s.model.config},
+        {"model.weights", &s.model.weights},
+        {"checkpoint.dir", &s.checkpoint.dir}}) {
+    if (path->empty() || (relative(*path) && path != &s.checkpoint.dir)) continue;
+    RETURN_IF_ERROR(CheckAllowedPath(source, key, *path, roots));
+  }
+  // The files read beside these paths (a weights directory's or an index's shards, the
+  // tokenizer files beside model.config or model.weights) may be links out of the roots.
+  for (auto [key, path] :
+       {std::pair<const char*, const std::string*>{"model.weights", &s.model.weights},
+        {"model.config", &s.model.config}}) {
+    if (path->empty() || relative(*path)) continue;
+    struct stat st;
+    if (stat(path->c_str(), &st) != 0) continue;  // missing: refused by the caller
+    RETURN_IF_ERROR(
+        CheckModelDirectory(source, key, S_ISDIR(st.st_mode) ? *path : Dirname(*path), roots));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source_in,
-                                             const std::string& base_dir, const Node& node) {
+                                             const std::string& base_dir, const Node& node,
+                                             const std::vector<std::string>& allowed_roots) {
   const std::string source = source_in.empty() ? "job.toml" : source_in;
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -32,6 +103,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
        {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir, &s.eval.path}) {
     *p = ResolvePath(base_dir, *p);
   }
+  RETURN_IF_ERROR(CheckSpecPaths(s, source, allowed_roots));
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &s.data.path},
                            {"eval.path", &s.eval.path},
                            {"model.config", &s.model.config},
@@ -53,6 +125,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     // Inputs are regular files (weights may also be a directory of shards): a FIFO or a device
     // would hang or never end the worker that reads it.
     for (const std::string& file : files) {
+      if (path == &s.data.path && !allowed_roots.empty()) {
+        RETURN_IF_ERROR(CheckAllowedPath(source, key, file, allowed_roots));
+      }
       struct stat st;
       if (stat(file.c_str(), &st) != 0) {
         return Invalid(source, key, absl::StrCat(file, ": no such file or directory"));

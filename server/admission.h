@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/plan/budgets.h"
@@ -27,10 +28,12 @@ struct AdmittedSpec : ResolvedJob {
 // Parses, validates and resolves a submitted spec against `node`. INVALID_ARGUMENT naming the
 // key for anything wrong in the spec itself (unknown key, bad value, heads not divisible by sp,
 // missing data file); FAILED_PRECONDITION naming `backend` when the node has no GPU for a CUDA
-// job.
+// job. With `allowed_roots` (real paths, server/path_policy.h), PERMISSION_DENIED naming the key
+// for a path that resolves outside them; empty: any path.
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source, const std::string& base_dir,
-                                             const Node& node);
+                                             const Node& node,
+                                             const std::vector<std::string>& allowed_roots = {});
 
 // The node as the budget rule sees it, for a job of `ranks` ranks (all on this host).
 NodeResources NodeResourcesFor(const Node& node, int ranks);

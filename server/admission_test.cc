@@ -1,5 +1,7 @@
 #include "server/admission.h"
 
+#include <limits.h>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +10,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <tuple>
+
+#include "server/path_policy.h"
 
 namespace ithaca {
 namespace {
@@ -250,6 +254,101 @@ TEST(AdmissionTest, AdmissionAndAWorkerResolveTheSameSpecOnTheSameNode) {
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->toml, admitted->toml);
   }
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Every path of a spec must resolve inside an allowed root; a link inside a root that leads
+// out of it does not count as inside.
+TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
+  const std::string root = Dir() + "/roots/allowed";
+  const std::string outside = Dir() + "/roots/outside";
+  ASSERT_EQ(system(("mkdir -p " + root + "/models " + outside).c_str()), 0);
+  std::ofstream(root + "/corpus.tok") << "x";
+  std::ofstream(outside + "/secret.tok") << "x";
+  std::ofstream(outside + "/config.json") << "{}";
+  unlink((root + "/escape").c_str());
+  ASSERT_EQ(symlink(outside.c_str(), (root + "/escape").c_str()), 0);
+  auto roots = ParseAllowedRoots(root);
+  ASSERT_TRUE(roots.ok()) << roots.status();
+
+  auto spec = [&](const std::string& data, const std::string& model, const std::string& ckpt) {
+    return "name = \"t\"\nbackend = \"cpu\"\n[model]\n" + model + "\n[data]\npath = \"" + data +
+           "\"\nseq_len = 64\n[training]\nsteps = 3\n" +
+           (ckpt.empty() ? "" : "[checkpoint]\ndir = \"" + ckpt + "\"\n");
+  };
+  auto admit = [&](const std::string& toml) {
+    return ParseSubmission(toml, "job.toml", root, Roomy(), *roots).status();
+  };
+  ASSERT_TRUE(admit(spec("corpus.tok", "preset = \"tiny\"", "ckpt/run1")).ok());
+
+  struct Case {
+    std::string toml, key;
+  };
+  for (const Case& c : {
+           Case{spec("escape/secret.tok", "preset = \"tiny\"", ""), "data.path"},
+           Case{spec(outside + "/secret.tok", "preset = \"tiny\"", ""), "data.path"},
+           Case{spec("escape/*.tok", "preset = \"tiny\"", ""), "data.path"},
+           Case{spec("corpus.tok", "config = \"escape/config.json\"", ""), "model.config"},
+           Case{spec("corpus.tok", "config = \"/etc/shadow\"", ""), "model.config"},
+           Case{spec("corpus.tok", "weights = \"escape\"", ""), "model.weights"},
+           Case{spec("corpus.tok", "preset = \"tiny\"", "escape/ckpt"), "checkpoint.dir"},
+           Case{spec("corpus.tok", "preset = \"tiny\"", "/var/tmp/ckpt"), "checkpoint.dir"},
+           Case{spec("corpus.tok", "preset = \"tiny\"", "../outside/new"), "checkpoint.dir"},
+       }) {
+    absl::Status st = admit(c.toml);
+    EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << c.toml << "\n" << st;
+    const std::string msg(st.message());
+    EXPECT_NE(msg.find("job.toml: " + c.key + ": "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("outside the allowed roots " + (*roots)[0]), std::string::npos) << msg;
+  }
+  // A glob's matches are checked one by one: a link among them is refused.
+  unlink((root + "/models/link.tok").c_str());
+  ASSERT_EQ(symlink((outside + "/secret.tok").c_str(), (root + "/models/link.tok").c_str()), 0);
+  std::ofstream(root + "/models/a.tok") << "x";
+  absl::Status glob = admit(spec("models/*.tok", "preset = \"tiny\"", ""));
+  EXPECT_EQ(glob.code(), absl::StatusCode::kPermissionDenied) << glob;
+  EXPECT_NE(glob.message().find("link.tok"), std::string::npos) << glob;
+  // A weights directory whose shard is a link out of the root is refused; other links beside it
+  // (never read) do not matter.
+  ASSERT_EQ(system(("mkdir -p " + root + "/weights").c_str()), 0);
+  unlink((root + "/weights/model.safetensors").c_str());
+  unlink((root + "/weights/notes").c_str());
+  ASSERT_EQ(symlink((outside + "/secret.tok").c_str(), (root + "/weights/notes").c_str()), 0);
+  absl::Status weights = admit(spec("corpus.tok", "weights = \"weights\"", ""));
+  EXPECT_NE(weights.code(), absl::StatusCode::kPermissionDenied) << weights;
+  ASSERT_EQ(
+      symlink((outside + "/secret.tok").c_str(), (root + "/weights/model.safetensors").c_str()), 0);
+  weights = admit(spec("corpus.tok", "weights = \"weights\"", ""));
+  EXPECT_EQ(weights.code(), absl::StatusCode::kPermissionDenied) << weights;
+  EXPECT_NE(weights.message().find("model.weights: " + root + "/weights/model.safetensors"),
+            std::string::npos)
+      << weights;
+  // ".." below a directory that does not exist yet cannot be judged: refused.
+  EXPECT_FALSE(admit(spec("corpus.tok", "preset = \"tiny\"", "new/../../outside/x")).ok());
+  // Without roots (library callers) nothing is restricted.
+  EXPECT_TRUE(ParseSubmission(spec(outside + "/secret.tok", "preset = \"tiny\"", ""), "job.toml",
+                              root, Roomy())
+                  .ok());
+}
+
+TEST(AllowedRootsTest, ResolveBeneathExisting) {
+  const std::string base = Dir() + "/resolve";
+  ASSERT_EQ(system(("mkdir -p " + base + "/real").c_str()), 0);
+  unlink((base + "/link").c_str());
+  ASSERT_EQ(symlink((base + "/real").c_str(), (base + "/link").c_str()), 0);
+  char real_base[PATH_MAX];
+  ASSERT_NE(realpath(base.c_str(), real_base), nullptr);
+  auto r = ResolveBeneathExisting(base + "/link/a/b");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, std::string(real_base) + "/real/a/b");
+  EXPECT_FALSE(ResolveBeneathExisting("relative/path").ok());
+  EXPECT_FALSE(ParseAllowedRoots(base + "/missing").ok());
+  EXPECT_FALSE(ParseAllowedRoots("").ok());
 }
 
 }  // namespace

@@ -16,16 +16,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "engine/core/file_util.h"
+#include "server/auth.h"
 #include "server/jobs.h"
+#include "server/path_policy.h"
 #include "server/services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -40,11 +44,27 @@ ABSL_FLAG(double, gpu_memory_gib, 0, "Memory per GPU when nvidia-smi cannot tell
 ABSL_FLAG(std::string, worker_binary, "",
           "ithaca-worker; default: next to ithacad, or ../worker/ithaca-worker");
 ABSL_FLAG(std::string, worker_socket, "",
-          "WorkerService unix socket; default <state-dir>/worker.sock");
+          "WorkerService unix socket; default <state-dir>/run/worker.sock (run/ is 0700)");
 ABSL_FLAG(double, heartbeat_timeout_s, 30, "A worker silent this long fails its job");
 ABSL_FLAG(int, heartbeat_interval_ms, 1000, "How often workers heart-beat");
 ABSL_FLAG(double, grace_period_s, 10, "Cancel: SIGTERM, then SIGKILL after this long");
 ABSL_FLAG(double, start_timeout_s, 120, "Launch → every rank registered, or the job fails");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "Bearer token every JobService call must carry (file mode 600, >= 16 bytes)");
+ABSL_FLAG(std::string, tls_cert, "", "TLS certificate chain (PEM) for --listen; needs --tls-key");
+ABSL_FLAG(std::string, tls_key, "", "TLS private key (PEM, file mode 600)");
+ABSL_FLAG(bool, insecure, false,
+          "Allow a --listen address other machines can reach without a token or TLS");
+ABSL_FLAG(std::string, health_listen, "",
+          "Also serve grpc.health.v1 alone, plaintext and without a token, here (host:port; for "
+          "Kubernetes' gRPC probes, which speak no TLS); empty: off");
+ABSL_FLAG(std::string, allowed_roots, "",
+          "DIR[:DIR...]: every path a job spec reads or writes must resolve inside one; default "
+          "the state directory and $HOME");
+ABSL_FLAG(std::string, worker_user, "",
+          "When ithacad runs as root: the user (name or uid) workers run as");
+ABSL_FLAG(bool, allow_root_workers, false,
+          "When ithacad runs as root without --worker-user: run workers as root anyway");
 
 namespace ithaca {
 namespace {
@@ -76,7 +96,69 @@ int Fail(const absl::Status& st) {
   return 1;
 }
 
+// The user workers run as: none (the daemon's own) unless ithacad is root, which must not run
+// other people's jobs as root by accident.
+absl::StatusOr<std::optional<RunAs>> WorkerUser() {
+  const std::string name = absl::GetFlag(FLAGS_worker_user);
+  if (geteuid() != 0) {
+    if (!name.empty()) {
+      return absl::InvalidArgumentError(
+          "--worker-user: ithacad is not root and cannot change its workers' user");
+    }
+    return std::nullopt;
+  }
+  if (name.empty()) {
+    if (absl::GetFlag(FLAGS_allow_root_workers)) return std::nullopt;
+    return absl::FailedPreconditionError(
+        "ithacad runs as root: give --worker-user NAME (workers run as that user) or "
+        "--allow-root-workers (workers run as root too); better, run ithacad as a normal user");
+  }
+  absl::StatusOr<RunAs> user = LookUpRunAs(name);
+  if (!user.ok()) {
+    return absl::Status(user.status().code(),
+                        absl::StrCat("--worker-user: ", user.status().message()));
+  }
+  return std::optional<RunAs>(*std::move(user));
+}
+
+// A directory only the daemon (and its worker user) may enter: the WorkerService socket inside
+// it takes no token.
+absl::Status MakePrivateDir(const std::string& dir, const std::optional<RunAs>& owner) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(absl::StrCat("mkdir ", dir, ": ", strerror(errno)));
+  }
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": not a directory"));
+  }
+  const uid_t uid = owner ? owner->uid : geteuid();
+  const gid_t gid = owner ? owner->gid : getegid();
+  // One made by someone else (under /tmp, say) may hold their links or sockets: not ours.
+  if (st.st_uid != uid && st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": belongs to uid ", st.st_uid, ", not to this daemon; remove it"));
+  }
+  if ((st.st_uid != uid || st.st_gid != gid) && chown(dir.c_str(), uid, gid) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chown ", dir, ": ", strerror(errno)));
+  }
+  if (chmod(dir.c_str(), 0700) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chmod 700 ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 int Run() {
+  // Security settings first: a daemon that would be open to the network does not start at all.
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
+      {absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_auth_token_file),
+       absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_insecure)});
+  if (!security.ok()) return Fail(security.status());
+  if (!security->warning.empty()) {
+    std::fprintf(stderr, "ithacad: warning: %s\n", security->warning.c_str());
+  }
+  absl::StatusOr<std::optional<RunAs>> worker_user = WorkerUser();
+  if (!worker_user.ok()) return Fail(worker_user.status());
+
   std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) state_dir = DefaultStateDir();
   mkdir(state_dir.c_str(), 0755);
@@ -86,6 +168,18 @@ int Run() {
         absl::InvalidArgumentError(absl::StrCat("--state-dir ", state_dir, ": ", strerror(errno))));
   }
   state_dir = real;
+  std::string roots_flag = absl::GetFlag(FLAGS_allowed_roots);
+  if (roots_flag.empty()) {
+    roots_flag = state_dir;
+    // A user without a home directory (a container's uid) often has HOME=/: that is no bound.
+    const char* home = std::getenv("HOME");
+    char real_home[PATH_MAX];
+    if (home && *home && realpath(home, real_home) != nullptr && std::string(real_home) != "/") {
+      absl::StrAppend(&roots_flag, ":", real_home);
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> allowed_roots = ParseAllowedRoots(roots_flag);
+  if (!allowed_roots.ok()) return Fail(allowed_roots.status());
   // One daemon per state directory.
   const std::string lock_path = state_dir + "/ithacad.lock";
   int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -108,17 +202,20 @@ int Run() {
 
   Jobs::Options o;
   o.state_dir = state_dir;
+  o.allowed_roots = *allowed_roots;
   Supervisor::Options& so = o.supervisor;
   so.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   if (so.worker_binary.empty()) so.worker_binary = DefaultWorkerBinary();
+  so.run_as = *worker_user;
   so.worker_socket = absl::GetFlag(FLAGS_worker_socket);
   if (so.worker_socket.empty()) {
-    so.worker_socket = state_dir + "/worker.sock";
+    std::string socket_dir = state_dir + "/run";
     // sockaddr_un holds 108 bytes; deep state directories get a short path under /tmp.
-    if (so.worker_socket.size() > 100) {
-      so.worker_socket =
-          absl::StrCat("/tmp/ithacad-", std::hash<std::string>()(state_dir), ".sock");
+    if (socket_dir.size() > 90) {
+      socket_dir = absl::StrCat("/tmp/ithacad-", std::hash<std::string>()(state_dir));
     }
+    if (absl::Status st = MakePrivateDir(socket_dir, so.run_as); !st.ok()) return Fail(st);
+    so.worker_socket = socket_dir + "/worker.sock";
   }
   o.node = DetectNode({absl::GetFlag(FLAGS_gpus), absl::GetFlag(FLAGS_cpu_slots),
                        absl::GetFlag(FLAGS_gpu_memory_gib)});
@@ -172,16 +269,49 @@ int Run() {
   if (!worker_server) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", so.worker_socket)));
   }
+  // The socket's directory keeps others out; the socket itself is for its owner (the worker user
+  // when there is one; root reaches it regardless).
+  if ((so.run_as && chown(so.worker_socket.c_str(), so.run_as->uid, so.run_as->gid) != 0) ||
+      chmod(so.worker_socket.c_str(), 0600) != 0) {
+    return Fail(absl::PermissionDeniedError(
+        absl::StrCat("cannot restrict ", so.worker_socket, ": ", strerror(errno))));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
-  JobServiceImpl job_service(&jobs);
+  JobServiceImpl job_service(&jobs, security->authenticator);
   grpc::ServerBuilder jb;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  jb.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  jb.AddListeningPort(listen, security->credentials, &port);
   jb.RegisterService(&job_service);
   std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
   if (!server) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
+  // Health alone, for probes that cannot do TLS: it tells SERVING or NOT_SERVING, nothing else.
+  std::unique_ptr<grpc::Server> health_server;
+  // The health service is the server's only one and runs on a queue of its own; gRPC still
+  // wants a polled queue for calls no service takes, which this thread drains.
+  std::unique_ptr<grpc::ServerCompletionQueue> health_queue;
+  std::thread health_poller;
+  if (const std::string health = absl::GetFlag(FLAGS_health_listen); !health.empty()) {
+    grpc::ServerBuilder hb;
+    hb.AddListeningPort(health, grpc::InsecureServerCredentials());
+    health_queue = hb.AddCompletionQueue();
+    health_server = hb.BuildAndStart();
+    if (!health_server) {
+      return Fail(
+          absl::UnavailableError(absl::StrCat("--health-listen: cannot listen on ", health)));
+    }
+    health_poller = std::thread([q = health_queue.get()] {
+      void* tag;
+      bool ok;
+      while (q->Next(&tag, &ok)) {
+      }
+    });
+  }
+  auto set_serving = [&](bool serving) {
+    server->GetHealthCheckService()->SetServingStatus(serving);
+    if (health_server) health_server->GetHealthCheckService()->SetServingStatus(serving);
+  };
   std::string address = listen;
   if (listen.rfind("unix:", 0) != 0) {
     address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
@@ -191,9 +321,13 @@ int Run() {
       state_dir + "/ithacad.addr",
       absl::StrCat("grpc=", address, "\nmetrics=", o.metrics_address, "\npid=", getpid(), "\n"));
   if (!wrote.ok()) return Fail(wrote);
-  std::printf("ithacad: serving jobs on %s, metrics on http://%s/metrics; %d %s; state in %s\n",
-              address.c_str(), o.metrics_address.c_str(), o.node.slots(),
-              o.node.gpu ? "GPUs" : "CPU slots", state_dir.c_str());
+  std::printf(
+      "ithacad: serving jobs on %s (%s), metrics on http://%s/metrics; %d %s; state in %s\n",
+      address.c_str(), security->Describe().c_str(), o.metrics_address.c_str(), o.node.slots(),
+      o.node.gpu ? "GPUs" : "CPU slots", state_dir.c_str());
+  std::printf("ithacad: job paths must lie in %s; workers run as %s\n",
+              absl::StrJoin(o.allowed_roots, ":").c_str(),
+              so.run_as ? so.run_as->name.c_str() : "this daemon's user");
   if (!o.node.libraries.empty())
     std::printf("ithacad: workers load %s\n", o.node.libraries.c_str());
   std::fflush(stdout);
@@ -207,7 +341,7 @@ int Run() {
       absl::Status intact = (*store)->CheckIntact();
       if (!intact.ok() && !reported) {
         std::fprintf(stderr, "ithacad: %s\n", std::string(intact.message()).c_str());
-        server->GetHealthCheckService()->SetServingStatus(false);
+        set_serving(false);
         reported = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -219,10 +353,15 @@ int Run() {
   watch_store.join();
   std::printf("ithacad: %s: shutting down\n", strsignal(sig));
   std::fflush(stdout);
-  server->GetHealthCheckService()->SetServingStatus(false);
+  set_serving(false);
   jobs.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (health_server) {
+    health_server->Shutdown(std::chrono::system_clock::now());
+    health_queue->Shutdown();
+    health_poller.join();
+  }
   unlink(so.worker_socket.c_str());
   unlink((state_dir + "/ithacad.addr").c_str());
   jobs_ptr = nullptr;

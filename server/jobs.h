@@ -46,6 +46,9 @@ class Jobs : private JobOwner {
     Node node;
     std::string metrics_address;  // for GetNode
     Supervisor::Options supervisor;
+    // Every path a spec names must resolve inside one of these (server/path_policy.h); empty:
+    // any path.
+    std::vector<std::string> allowed_roots;
   };
 
   Jobs(Options options, JobStore* store, Metrics* metrics);

@@ -24,30 +24,36 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
+                                       const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<v1::Job> job = jobs_->Submit(*request);
   if (job.ok()) *response->mutable_job() = *std::move(job);
   return ToGrpc(job.status());
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::Job* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
   if (job.ok()) *response = *std::move(job);
   return ToGrpc(job.status());
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
+                                      const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<std::vector<v1::Job>> jobs = jobs_->List(*request);
   if (!jobs.ok()) return ToGrpc(jobs.status());
   for (v1::Job& j : *jobs) *response->add_jobs() = std::move(j);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
-                                       v1::Job* response) {
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* request, v1::Job* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<v1::Job> job = jobs_->Cancel(request->id(), request->reason());
   if (job.ok()) *response = *std::move(job);
   return ToGrpc(job.status());
@@ -56,6 +62,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<std::shared_ptr<EventLog>> events = jobs_->Events(request->id());
   if (!events.ok()) return ToGrpc(events.status());
   absl::StatusOr<v1::Job> snapshot = jobs_->Get(request->id());
@@ -91,6 +98,7 @@ grpc::Status JobServiceImpl::ReadHistory(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
                                       const v1::ReadLogsRequest* request,
                                       grpc::ServerWriter<v1::LogLine>* writer) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
   if (!job.ok()) return ToGrpc(job.status());
   const int world = std::max(1, job->spec().world());
@@ -121,15 +129,18 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* request,
+grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* context,
+                                     const v1::PlanJobRequest* request,
                                      v1::PlanJobResponse* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<v1::PlanJobResponse> plan = jobs_->Plan(*request);
   if (plan.ok()) *response = *std::move(plan);
   return ToGrpc(plan.status());
 }
 
-grpc::Status JobServiceImpl::GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
+grpc::Status JobServiceImpl::GetNode(grpc::ServerContext* context, const v1::GetNodeRequest*,
                                      v1::NodeInfo* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   *response = jobs_->NodeInfo();
   return grpc::Status::OK;
 }

@@ -7,6 +7,7 @@
 
 #include "ithaca/v1/job.grpc.pb.h"
 #include "ithaca/v1/worker.grpc.pb.h"
+#include "server/auth.h"
 #include "server/jobs.h"
 #include "server/supervisor.h"
 
@@ -17,7 +18,9 @@ grpc::Status ToGrpc(const absl::Status& status);
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Jobs* jobs) : jobs_(jobs) {}
+  // Every call is first checked by `auth` (server/auth.h); none: every call is let through.
+  explicit JobServiceImpl(Jobs* jobs, std::shared_ptr<const Authenticator> auth = nullptr)
+      : jobs_(jobs), auth_(auth ? std::move(auth) : std::make_shared<Authenticator>("")) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override;
@@ -40,6 +43,7 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Jobs* jobs_;
+  std::shared_ptr<const Authenticator> auth_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {

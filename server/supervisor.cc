@@ -2,8 +2,11 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
@@ -146,7 +149,13 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   for (size_t r = 0; r < order.slots.size(); ++r) {
     l.outputs.push_back({Launcher::RankLogPath(a->log_dir, static_cast<int>(r))});
   }
+  l.run_as = options_.run_as;
   absl::Status st = MakeDirs(rdv_dir);
+  if (st.ok() && options_.run_as &&
+      chown(rdv_dir.c_str(), options_.run_as->uid, options_.run_as->gid) != 0) {
+    st = absl::PermissionDeniedError(
+        absl::StrCat("chown ", rdv_dir, " to ", options_.run_as->name, ": ", strerror(errno)));
+  }
   absl::StatusOr<WorkerGroup> group =
       st.ok() ? Launcher::Launch(l) : absl::StatusOr<WorkerGroup>(st);
   if (!group.ok()) {

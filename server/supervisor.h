@@ -76,6 +76,9 @@ class Supervisor {
     absl::Duration grace_period = absl::Seconds(10);    // SIGTERM → SIGKILL on cancel
     int heartbeat_interval_ms = 1000;                   // told to workers at Register
     absl::Duration poll_interval = absl::Milliseconds(50);
+    // Set (ithacad --worker-user): workers run as this user, and each launch's rendezvous
+    // directory is theirs.
+    std::optional<RunAs> run_as;
   };
 
   // `node` maps a rank's slot to its device (metrics labels, CPU or GPU workers).

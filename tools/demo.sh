@@ -25,8 +25,13 @@ echo "job spec: $RUN/job.toml"
 
 # The daemon picks free ports and writes them to $ITHACA_HOME/ithacad.addr.
 rm -f "$ITHACA_HOME/ithacad.addr"
+# The job reads and writes only under $RUN (--allowed-roots); as root (a container, CI) the
+# workers are allowed to run as root too.
+ROOT_FLAG=()
+[ "$(id -u)" = 0 ] && ROOT_FLAG=(--allow-root-workers)
 "$BIN/server/ithacad" --state-dir "$ITHACA_HOME" --gpus "$GPUS" --listen 127.0.0.1:0 \
   --metrics-listen 127.0.0.1:0 --worker-binary "$BIN/worker/ithaca-worker" \
+  --allowed-roots "$ITHACA_HOME:$RUN" "${ROOT_FLAG[@]}" \
   > "$ITHACA_HOME/ithacad.log" 2>&1 &
 DAEMON=$!
 stop_daemon() {

@@ -1,6 +1,8 @@
 #include "worker/launcher.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -17,6 +19,7 @@
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "worker/exit_codes.h"
@@ -91,12 +94,20 @@ std::map<std::string, std::string> BaseEnvironment(
   return env;
 }
 
+[[noreturn]] void ExitWithError(const char* what, int err) {
+  WriteAll(STDERR_FILENO, "launcher: ", 10);
+  WriteAll(STDERR_FILENO, what, std::strlen(what));
+  WriteAll(STDERR_FILENO, " failed: errno ", 15);
+  WriteNumber(STDERR_FILENO, err);
+  WriteAll(STDERR_FILENO, "\n", 1);
+  _exit(127);
+}
+
 // In the child: only async-signal-safe calls until exec.
 [[noreturn]] void ExecRank(pid_t parent, pid_t pgid, const char* path, char* const* argv,
-                           char* const* envp, int in_fd, int out_fd, int err_fd) {
+                           char* const* envp, int in_fd, int out_fd, int err_fd,
+                           const RunAs* run_as) {
   setpgid(0, pgid);  // rank 0 founds the group (pgid 0: its own pid)
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
   struct sigaction dfl = {};
   dfl.sa_handler = SIG_DFL;
   for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD}) sigaction(sig, &dfl, nullptr);
@@ -106,7 +117,19 @@ std::map<std::string, std::string> BaseEnvironment(
   if (dup2(in_fd, STDIN_FILENO) < 0) _exit(127);
   if (out_fd != STDOUT_FILENO && dup2(out_fd, STDOUT_FILENO) < 0) _exit(127);
   if (err_fd != STDERR_FILENO && dup2(err_fd, STDERR_FILENO) < 0) _exit(127);
-  close_range(3, ~0U, 0);  // nothing of the launcher's leaks into a rank
+  if (run_as != nullptr) {
+    // Groups first: after setuid the process may no longer change them.
+    if (setgroups(run_as->groups.size(), run_as->groups.data()) != 0) {
+      ExitWithError("setgroups", errno);
+    }
+    if (setgid(run_as->gid) != 0) ExitWithError("setgid", errno);
+    if (setuid(run_as->uid) != 0) ExitWithError("setuid", errno);
+    if (setuid(0) == 0) ExitWithError("dropping root (setuid(0) still works)", 0);
+  }
+  // After the credentials change, which clears the parent-death signal.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  close_range(3, ~0U, 0);               // nothing of the launcher's leaks into a rank
   execve(path, argv, envp);
   int err = errno;
   static const char kMsg[] = "launcher: exec failed for ";
@@ -125,6 +148,37 @@ void KillStarted(const WorkerGroup& group) {
 }
 
 }  // namespace
+
+absl::StatusOr<RunAs> LookUpRunAs(const std::string& name) {
+  std::vector<char> buf(1 << 16);
+  struct passwd pw, *found = nullptr;
+  int rc = getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found);
+  uid_t numeric = 0;
+  if (found == nullptr && absl::SimpleAtoi(name, &numeric)) {
+    rc = getpwuid_r(numeric, &pw, buf.data(), buf.size(), &found);
+  }
+  if (found == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no user \"", name, "\" in the password database",
+                     rc != 0 ? absl::StrCat(" (", std::strerror(rc), ")") : std::string()));
+  }
+  if (pw.pw_uid == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("user \"", name, "\" is root (uid 0)"));
+  }
+  RunAs r;
+  r.name = pw.pw_name;
+  r.uid = pw.pw_uid;
+  r.gid = pw.pw_gid;
+  r.home = pw.pw_dir;
+  int n = 64;
+  r.groups.resize(n);
+  if (getgrouplist(pw.pw_name, pw.pw_gid, r.groups.data(), &n) < 0) {
+    r.groups.resize(n);
+    getgrouplist(pw.pw_name, pw.pw_gid, r.groups.data(), &n);
+  }
+  r.groups.resize(std::max(n, 0));
+  return r;
+}
 
 std::string Launcher::RankLogPath(const std::string& log_dir, int rank) {
   return absl::StrCat(log_dir, "/rank-", rank, ".log");
@@ -158,6 +212,10 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
     vars["ITHACA_WORLD_SIZE"] = std::to_string(world);
     vars["ITHACA_RENDEZVOUS"] = spec.rendezvous;
     vars["ITHACA_GPU"] = std::to_string(spec.gpus[rank]);
+    if (spec.run_as) {
+      vars["HOME"] = spec.run_as->home;
+      vars["USER"] = vars["LOGNAME"] = spec.run_as->name;
+    }
     std::vector<std::string> env;
     for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
     std::vector<char*> envp;
@@ -181,7 +239,8 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
     const pid_t pgid = group.pgid;
     const pid_t pid = fork();
     if (pid == 0) {
-      ExecRank(parent, pgid, path.c_str(), argv.data(), envp.data(), null_fd, out_fd, err_fd);
+      ExecRank(parent, pgid, path.c_str(), argv.data(), envp.data(), null_fd, out_fd, err_fd,
+               spec.run_as ? &*spec.run_as : nullptr);
     }
     const int fork_errno = errno;
     if (log_fd >= 0) close(log_fd);

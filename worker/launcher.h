@@ -28,6 +28,19 @@ struct RankOutput {
   int err_fd = 2;
 };
 
+// An unprivileged user the ranks run as (a daemon started as root must not run jobs as root).
+struct RunAs {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups, from the group database
+  std::string home;
+};
+
+// The user `name` (or a numeric uid) from the password database. NOT_FOUND naming it;
+// INVALID_ARGUMENT for root (uid 0), which would drop nothing.
+absl::StatusOr<RunAs> LookUpRunAs(const std::string& name);
+
 struct LaunchSpec {
   // The command each rank runs: argv[0] is a path, or a name looked up in PATH.
   std::vector<std::string> argv;
@@ -38,6 +51,9 @@ struct LaunchSpec {
   std::vector<std::pair<std::string, std::string>> env;
   // One per rank; empty: every rank writes to the launcher's stdout and stderr.
   std::vector<RankOutput> outputs;
+  // Set: each rank sets its groups, gid and uid to these before exec (the launcher must be
+  // root), and gets HOME / USER / LOGNAME of that user.
+  std::optional<RunAs> run_as;
 };
 
 struct WorkerGroup {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "gtest/gtest.h"
@@ -120,6 +121,48 @@ TEST(LauncherTest, RanksShareAGroupAndAppendToTheirLogs) {
             "before\nrank 0 of 2 gpu 4 file:/somewhere extra omp 3\nno input\n");
   EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)),
             "rank 1 of 2 gpu 6 file:/somewhere extra omp 3\nno input\n");
+}
+
+TEST(LauncherTest, LookUpRunAs) {
+  EXPECT_EQ(LookUpRunAs("root").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LookUpRunAs("0").status().code(), absl::StatusCode::kInvalidArgument);
+  auto missing = LookUpRunAs("no-such-user-ithaca");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "no-such-user-ithaca"));
+  auto nobody = LookUpRunAs("nobody");
+  ASSERT_TRUE(nobody.ok()) << nobody.status();
+  EXPECT_NE(nobody->uid, 0u);
+  auto by_uid = LookUpRunAs(std::to_string(nobody->uid));
+  ASSERT_TRUE(by_uid.ok()) << by_uid.status();
+  EXPECT_EQ(by_uid->name, nobody->name);
+}
+
+// Needs root to change users: elsewhere the launch of a run_as rank must fail in the rank
+// (setgroups refused), never run it as the launcher's user.
+TEST(LauncherTest, RanksRunAsTheGivenUser) {
+  TempDir dir;
+  chmod(dir.path().c_str(), 0755);
+  auto nobody = LookUpRunAs("nobody");
+  ASSERT_TRUE(nobody.ok()) << nobody.status();
+  LaunchSpec spec;
+  spec.argv = {"sh", "-c", "echo $(id -u) $(id -g) $(id -G) $HOME $USER"};
+  spec.gpus = {0};
+  spec.run_as = *nobody;
+  spec.outputs.push_back({Launcher::RankLogPath(dir.path(), 0)});
+  auto group = Launcher::Launch(spec);
+  ASSERT_TRUE(group.ok()) << group.status();
+  const std::vector<WorkerEnd> ends = WaitAll(*group, 10);
+  const std::string log = ReadFile(Launcher::RankLogPath(dir.path(), 0));
+  if (geteuid() != 0) {
+    EXPECT_EQ(ends[0].code, 127) << log;
+    EXPECT_TRUE(absl::StrContains(log, "launcher: setgroups failed")) << log;
+    return;
+  }
+  EXPECT_TRUE(ends[0].ok()) << ends[0].Describe() << log;
+  std::string groups;
+  for (gid_t g : nobody->groups) absl::StrAppend(&groups, groups.empty() ? "" : " ", g);
+  EXPECT_EQ(log, absl::StrCat(nobody->uid, " ", nobody->gid, " ", groups, " ", nobody->home, " ",
+                              nobody->name, "\n"));
 }
 
 TEST(LauncherTest, RanksShareTheCoresUnlessToldOtherwise) {

@@ -405,12 +405,18 @@ absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::stri
   Json root;
   try {
     root = Json::parse(text);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON: ", e.what()));
+  } catch (const Json::parse_error& e) {
+    // The parser's own message quotes the bytes it read: a spec may name any file, and the
+    // error must not hand its content to whoever submitted the spec.
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": not a JSON object (parse error at byte ", e.byte > 0 ? e.byte - 1 : 0, ")"));
+  } catch (const Json::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object (invalid JSON)"));
   }
   if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": expected a JSON object at the top level, got ", Describe(root)));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object (the top level is ",
+                                                   root.is_array() ? "an " : "a ", root.type_name(),
+                                                   ")"));
   }
   RETURN_IF_ERROR(CheckModelKeys(root, source));
   KeyReader r(root, source, "");

@@ -181,8 +181,8 @@ TEST(ConfigTest, DefaultsFollowTransformers) {
 TEST(ConfigTest, BadConfigsNameTheKey) {
   const std::string good = kLlama32_1B;
   ASSERT_TRUE(ParseConfigJson(good).ok());
-  ExpectInvalid("{\"hidden_size\": 2048,", {"config.json", "not valid JSON"});
-  ExpectInvalid("", {"not valid JSON"});
+  ExpectInvalid("{\"hidden_size\": 2048,", {"config.json", "not a JSON object", "parse error"});
+  ExpectInvalid("", {"not a JSON object"});
   ExpectInvalid("[1, 2]", {"JSON object"});
   ExpectInvalid(Replace(good, "\"hidden_size\": 2048,", ""), {"hidden_size", "missing"});
   ExpectInvalid(Replace(good, "\"vocab_size\": 128256", "\"pad_token_id\": 1"),
@@ -410,6 +410,36 @@ TEST(ConfigTest, LoadFromFileAndDirectory) {
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find(dir + "/broken.json: hidden_size"), std::string::npos)
       << broken.status();
+}
+
+// A spec may name any readable file as model.config: the error says what is wrong with it and
+// where, never what it holds (the JSON parser's own message quotes the bytes it read).
+TEST(ConfigTest, ErrorsNeverQuoteTheFile) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/secret";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const std::string secret = "root:$6$hunter2-SECRET-VALUE:19000:0:99999:7:::";
+  for (const std::string& content :
+       {secret + "\n", "\"" + secret + "\"", std::string("12345678901234567890"),
+        "[\"" + secret + "\"]", "{\"" + secret + "\" " + secret + "}",
+        std::string("\x7f"
+                    "ELF\x02\x01") +
+            secret}) {
+    const std::string path = dir + "/shadow";
+    ASSERT_TRUE(WriteFileAtomic(path, content).ok());
+    absl::StatusOr<LlamaConfig> c = LoadConfigJson(path);
+    ASSERT_FALSE(c.ok());
+    const std::string full(c.status().message());
+    ASSERT_EQ(full.rfind(path, 0), 0u) << full;
+    const std::string msg = full.substr(path.size());  // what follows the file's name
+    EXPECT_EQ(msg.find("hunter2"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("root"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("1234"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("ELF"), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind(": not a JSON object (", 0), 0u) << msg;
+  }
+  ASSERT_TRUE(WriteFileAtomic(dir + "/shadow", secret).ok());
+  EXPECT_EQ(LoadConfigJson(dir + "/shadow").status().message(),
+            dir + "/shadow: not a JSON object (parse error at byte 0)");
 }
 
 TEST(ConfigBoundsTest, AHugeModelIsRefusedNamingTheKey) {

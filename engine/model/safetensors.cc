@@ -129,8 +129,12 @@ absl::Status ParseHeader(const MappedFile& f, std::map<std::string, Entry>* tens
   Json header;
   try {
     header = Json::parse(f.data() + 8, f.data() + data_start);
-  } catch (const Json::exception& e) {
-    return loss(absl::StrCat("header is not valid JSON (truncated or corrupt): ", e.what()));
+  } catch (const Json::parse_error& e) {
+    // Never the parser's message: it quotes the file's bytes.
+    return loss(absl::StrCat("header is not valid JSON (truncated or corrupt; parse error at byte ",
+                             8 + (e.byte > 0 ? e.byte - 1 : 0), ")"));
+  } catch (const Json::exception&) {
+    return loss("header is not valid JSON (truncated or corrupt)");
   }
   if (!header.is_object()) return loss("header is not a JSON object");
 
@@ -245,8 +249,12 @@ class MappedReader : public SafetensorsReader {
     Json index;
     try {
       index = Json::parse(text);
-    } catch (const Json::exception& e) {
-      return bad(absl::StrCat("not valid JSON: ", e.what()));
+    } catch (const Json::parse_error& e) {
+      // Never the parser's message: it quotes the file's bytes.
+      return bad(
+          absl::StrCat("not valid JSON (parse error at byte ", e.byte > 0 ? e.byte - 1 : 0, ")"));
+    } catch (const Json::exception&) {
+      return bad("not valid JSON");
     }
     auto wm = index.is_object() ? index.find("weight_map") : index.end();
     if (wm == index.end() || !wm->is_object()) return bad("no \"weight_map\" object");

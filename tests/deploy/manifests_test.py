@@ -116,11 +116,46 @@ class Kubernetes(unittest.TestCase):
         # The claim is mounted, not shadowed by a pod volume of the same name.
         self.assertNotIn(claim["metadata"]["name"], {v["name"] for v in self.pod["volumes"]})
 
-    def test_probes_are_grpc_health_on_the_job_port(self):
+    def test_probes_are_grpc_health_on_the_plaintext_health_port(self):
+        # The kubelet's gRPC probe speaks no TLS: ithacad serves health alone on --health-listen.
+        self.assertIn(f"--health-listen=0.0.0.0:{self.ports['health']}", self.container["args"])
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             p = self.container[probe]
             self.assertEqual(set(p) & {"grpc", "httpGet", "tcpSocket", "exec"}, {"grpc"}, probe)
-            self.assertEqual(p["grpc"]["port"], self.ports["grpc"], probe)
+            self.assertEqual(p["grpc"]["port"], self.ports["health"], probe)
+
+    def test_token_and_tls_come_from_secrets(self):
+        args = dict(a.split("=", 1) for a in self.container["args"] if "=" in a)
+        mounts = {m["name"]: m for m in self.container["volumeMounts"]}
+        volumes = {v["name"]: v for v in self.pod["volumes"]}
+        secrets = set()
+        for flag in ("--auth-token-file", "--tls-cert", "--tls-key"):
+            path = args[flag]
+            directory, name = os.path.split(path)
+            (mount,) = [m for m in mounts.values() if m["mountPath"] == directory]
+            self.assertTrue(mount.get("readOnly"), flag)
+            secret = volumes[mount["name"]]["secret"]
+            self.assertIn(name, [i["path"] for i in secret["items"]], flag)
+            # ithacad refuses a secret that others can read: no "other" bits, group = fsGroup.
+            self.assertEqual(secret["defaultMode"] & 0o007, 0, flag)
+            secrets.add(secret["secretName"])
+        self.assertEqual(len(secrets), 2, secrets)  # a generic token Secret and a TLS Secret
+        self.assertNotIn("--insecure", self.container["args"])
+        # No Secret with a token in the repository: they are made with kubectl (README.md).
+        self.assertFalse([k for k in self.objs if k[0] == "Secret"])
+
+    def test_runs_as_non_root_and_bounds_job_paths(self):
+        ctx = self.pod["securityContext"]
+        self.assertIs(ctx["runAsNonRoot"], True)
+        self.assertEqual(ctx["runAsUser"], 10001)
+        self.assertEqual(ctx["runAsGroup"], 10001)
+        self.assertEqual(ctx["fsGroup"], 10001)
+        self.assertNotIn("--worker-user", " ".join(self.container["args"]))  # not root: none
+        self.assertNotIn("--allow-root-workers", self.container["args"])
+        (claim,) = self.sts["spec"]["volumeClaimTemplates"]
+        mounts = {m["name"]: m["mountPath"] for m in self.container["volumeMounts"]}
+        self.assertIn(f"--allowed-roots={mounts[claim['metadata']['name']]}",
+                      self.container["args"])
 
     def test_daemon_listens_on_every_interface(self):
         args = self.container["args"]
@@ -290,9 +325,10 @@ def setup_sh_lists():
 
 
 class Dockerfile(unittest.TestCase):
-    # Packages only the tests need (oracles, a real Prometheus, the fuzzers' clang): not in the image.
+    # Packages only the tests need (oracles, a real Prometheus, the fuzzers' clang, openssl for
+    # the end-to-end tests' certificates): not in the image.
     TEST_ONLY = {"python3-numpy", "python3-torch", "prometheus", "python3-yaml", "clang",
-                 "libclang-rt-14-dev", "chromium"}
+                 "libclang-rt-14-dev", "chromium", "openssl"}
 
     @classmethod
     def setUpClass(cls):
@@ -348,6 +384,12 @@ class Dockerfile(unittest.TestCase):
         self.assertNotIn("command", c)  # the image's ENTRYPOINT runs, with the manifest's args
         self.assertIn('ENTRYPOINT ["/usr/local/bin/ithacad"]', self.instructions)
         self.assertIn(f"USER {pod['securityContext']['runAsUser']}", self.instructions)
+        self.assertIn("useradd --uid 10001 --gid 10001", self.text)
+        # The image's own default command is as safe as the manifest's.
+        (cmd,) = [json.loads(l[4:]) for l in self.instructions if l.startswith("CMD ")]
+        for flag in ("--auth-token-file", "--tls-cert", "--tls-key", "--allowed-roots"):
+            self.assertTrue([a for a in cmd if a.startswith(flag + "=")], flag)
+        self.assertNotIn("--insecure", cmd)
         exposed = [l for l in self.instructions if l.startswith("EXPOSE ")][0].split()[1:]
         self.assertEqual(sorted(int(p) for p in exposed),
                          sorted(p["containerPort"] for p in c["ports"]))

@@ -20,6 +20,7 @@ import urllib.request
 import yaml
 
 sys.path.insert(0, os.environ["ITHACA_E2E_DIR"])  # tests/e2e/harness.py (live.sh sets it)
+import harness
 from harness import TMP, Daemon, job_pb2, make_corpus, spec_toml, wait_gone
 
 DEPLOY = os.path.abspath("deploy")
@@ -130,7 +131,13 @@ def finite(result):
 class PrometheusLive(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.d = Daemon(os.path.join(TMP, "state"), cpu_slots=2)
+        # As deployed: every job call carries the token over TLS; /metrics stays plain HTTP.
+        secrets = os.path.join(TMP, "secrets")
+        cls.token = harness.make_token(secrets)
+        cls.ca, cls.cert, cls.key = harness.make_tls(secrets)
+        cls.d = Daemon(os.path.join(TMP, "state"), cpu_slots=2,
+                       extra=["--auth-token-file", cls.token, "--tls-cert", cls.cert,
+                              "--tls-key", cls.key], ca=cls.ca, token_file=cls.token)
         cls.prom = None
         try:
             run = os.path.join(TMP, "run")
@@ -292,18 +299,32 @@ class PrometheusLive(unittest.TestCase):
         self.assertEqual(used - names, set())
 
     def test_5_manifest_flags_are_the_daemons(self):
-        """ithacad starts with the StatefulSet's arguments (addresses on loopback here)."""
+        """ithacad starts with the StatefulSet's arguments (addresses on loopback here, the
+        Secrets' files made here) and its health port answers the probes in plaintext."""
         with open(f"{DEPLOY}/kubernetes/statefulset.yaml") as f:
             (c,) = yaml.safe_load(f)["spec"]["template"]["spec"]["containers"]
         state = os.path.join(TMP, "manifest-state")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            health_port = s.getsockname()[1]
         local = {"--listen": "127.0.0.1:0", "--metrics-listen": "127.0.0.1:0",
-                 "--state-dir": state, "--gpus": "0"}
+                 "--state-dir": state, "--gpus": "0", "--auth-token-file": self.token,
+                 "--tls-cert": self.cert, "--tls-key": self.key,
+                 "--health-listen": f"127.0.0.1:{health_port}", "--allowed-roots": TMP}
         args = [f"{a.split('=')[0]}={local[a.split('=')[0]]}" if a.split("=")[0] in local else a
                 for a in c["args"]]
         self.assertEqual(len(args), len(c["args"]))
-        d = Daemon(state, cpu_slots=1, extra=args)
+        d = Daemon(state, cpu_slots=1, extra=args, ca=self.ca, token_file=self.token)
         try:
             self.assertTrue(d.serving())
+            self.assertEqual(d.node().state_dir, os.path.realpath(state))
+            channel = harness.connect(f"127.0.0.1:{health_port}")
+            try:
+                r = harness.health_pb2_grpc.HealthStub(channel).Check(
+                    harness.health_pb2.HealthCheckRequest(), timeout=10)
+                self.assertEqual(r.status, harness.health_pb2.HealthCheckResponse.SERVING)
+            finally:
+                channel.close()
         finally:
             d.stop()
         self.assertEqual(d.proc.returncode, 0)

@@ -1,6 +1,8 @@
 """End-to-end harness: a real ithacad (with real ithaca-worker processes) on loopback, driven
 through grpcio — a gRPC client no one here wrote."""
+import collections
 import os
+import secrets
 import signal
 import subprocess
 import tempfile
@@ -55,12 +57,89 @@ log_every = 5
 """ + extra
 
 
-class Daemon:
-    """ithacad on 127.0.0.1 with ports it picks; `state_dir` survives restarts."""
+def make_token(directory, name="token"):
+    """A bearer token file (mode 600, as ithacad --auth-token-file demands); returns its path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    os.chmod(path, 0o600)
+    return path
 
-    def __init__(self, state_dir, cpu_slots=4, extra=(), cpus=None):
-        """`cpus`: pin the daemon and its workers to these cores (one OpenMP thread each)."""
+
+def make_tls(directory, names=("localhost",), ips=("127.0.0.1",)):
+    """A throw-away CA and a server certificate it signed (openssl, as docs/security.md shows);
+    returns (ca.pem, server.pem, server.key)."""
+    os.makedirs(directory, exist_ok=True)
+    ca_key, ca = os.path.join(directory, "ca.key"), os.path.join(directory, "ca.pem")
+    key, csr = os.path.join(directory, "server.key"), os.path.join(directory, "server.csr")
+    cert, ext = os.path.join(directory, "server.pem"), os.path.join(directory, "server.ext")
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=ithaca test CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key,
+        "-out", csr, "-subj", "/CN=ithacad")
+    with open(ext, "w") as f:
+        alt = [f"DNS:{n}" for n in names] + [f"IP:{i}" for i in ips]
+        f.write("subjectAltName=" + ",".join(alt) + "\n")
+    run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
+        "-days", "2", "-extfile", ext)
+    os.chmod(key, 0o600)
+    return ca, cert, key
+
+
+class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call (over TLS or plaintext alike)."""
+
+    def __init__(self, token):
+        self.header = ("authorization", "Bearer " + token)
+
+    def _add(self, details):
+        metadata = list(details.metadata or []) + [self.header]
+        return _Details(details.method, details.timeout, metadata, details.credentials,
+                        details.wait_for_ready, getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._add(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._add(details), request)
+
+
+class _Details(collections.namedtuple(
+        "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                     "compression")), grpc.ClientCallDetails):
+    pass
+
+
+def connect(address, ca=None, token_file=None):
+    """A channel to ithacad: TLS when `ca` (its PEM) is given, the token of `token_file` on
+    every call when given."""
+    if ca:
+        with open(ca, "rb") as f:
+            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
+    else:
+        channel = grpc.insecure_channel(address)
+    if token_file:
+        with open(token_file) as f:
+            channel = grpc.intercept_channel(channel, _Metadata(f.read().strip()))
+    return channel
+
+
+class Daemon:
+    """ithacad on 127.0.0.1 with ports it picks; `state_dir` survives restarts. Spec paths must
+    lie under TMP (--allowed-roots); as root, workers run as root too (--allow-root-workers)."""
+
+    def __init__(self, state_dir, cpu_slots=4, extra=(), cpus=None, ca=None, token_file=None):
+        """`cpus`: pin the daemon and its workers to these cores (one OpenMP thread each).
+        `ca`, `token_file`: how to reach a daemon started with TLS or a token (in `extra`)."""
         self.state_dir = state_dir
+        self.ca, self.token_file = ca, token_file
+        flags = {a.split("=")[0] for a in extra}
+        defaults = [] if "--allowed-roots" in flags else ["--allowed-roots", TMP]
+        if os.geteuid() == 0 and not flags & {"--worker-user", "--allow-root-workers"}:
+            defaults.append("--allow-root-workers")
         os.makedirs(state_dir, exist_ok=True)
         addr_file = os.path.join(state_dir, "ithacad.addr")
         if os.path.exists(addr_file):
@@ -70,7 +149,7 @@ class Daemon:
             [os.environ["ITHACAD"], "--state-dir", state_dir, "--listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--worker-binary", os.environ["ITHACA_WORKER"],
              "--cpu-slots", str(cpu_slots), "--grace-period-s", "3", "--heartbeat-timeout-s", "5",
-             "--heartbeat-interval-ms", "500", *extra],
+             "--heartbeat-interval-ms", "500", *defaults, *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
             env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))) if cpus else None,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
@@ -83,7 +162,7 @@ class Daemon:
             fields = dict(l.split("=", 1) for l in f.read().split())
         self.address, self.metrics_address = fields["grpc"], fields["metrics"]
         self.pid = int(fields["pid"])
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = connect(self.address, ca, token_file)
         self.jobs = job_pb2_grpc.JobServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.real_state_dir = self.node().state_dir
@@ -119,7 +198,9 @@ class Daemon:
             return r.read().decode()
 
     def cli(self, *args, check=False):
-        return subprocess.run([os.environ["ITHACA_CLI"], "--server", self.address, *args],
+        auth = (["--ca", self.ca] if self.ca else []) + \
+            (["--token-file", self.token_file] if self.token_file else [])
+        return subprocess.run([os.environ["ITHACA_CLI"], "--server", self.address, *auth, *args],
                               capture_output=True, text=True, timeout=120, check=check)
 
     def workers(self, job_id):

@@ -1,0 +1,30 @@
+// How the CLI reaches ithacad: plaintext or TLS (a CA to verify the daemon's certificate), with
+// or without a bearer token (server/auth.h). The one place that makes the CLI's channel.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ithaca {
+
+struct ConnectionOptions {
+  std::string server;           // host:port or unix:/path
+  std::string token_file;       // --token-file / $ITHACA_TOKEN_FILE: sent as a bearer token
+  std::string ca_file;          // --ca / $ITHACA_CA: PEM roots; set: TLS
+  std::string tls_server_name;  // --tls-server-name: the name the certificate must carry
+};
+
+// Fills the unset fields from $ITHACA_SERVER (else 127.0.0.1:50051), $ITHACA_TOKEN_FILE and
+// $ITHACA_CA.
+void ApplyConnectionEnvironment(ConnectionOptions* options);
+
+// A channel to the daemon; every call on it carries `authorization: Bearer <token>` when a token
+// file is given. INVALID_ARGUMENT naming the flag for a file that cannot be read or holds no
+// token (the message never quotes the file).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(const ConnectionOptions& options);
+
+}  // namespace ithaca
