@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 from harness import TMP, Daemon, job_pb2, spec_toml, wait_gone
+from ithaca_client import IthacaError, Snapshot, StateChange, Step
 
 
 class DaemonE2E(unittest.TestCase):
@@ -34,17 +35,17 @@ class DaemonE2E(unittest.TestCase):
         steps = 20
         job = self.d.submit(spec_toml(run, steps=steps))
         self.assertEqual(job.state, job_pb2.JOB_STATE_QUEUED)
-        events = list(self.d.jobs.WatchJob(job_pb2.WatchJobRequest(id=job.id), timeout=120))
+        events = self.d.events(job.id, timeout=120)
         # The stream starts with a snapshot, carries every step of rank 0 once, and ends with
         # the terminal state.
-        self.assertTrue(events[0].HasField("job"))
-        got = [e.step.step for e in events if e.HasField("step")]
+        self.assertIsInstance(events[0], Snapshot)
+        got = [e.step for e in events if isinstance(e, Step)]
         self.assertEqual(got, list(range(1, steps + 1)))
-        states = [e.state.to for e in events if e.HasField("state")]
+        states = [e.to_state for e in events if isinstance(e, StateChange)]
         self.assertEqual(states[-3:], [job_pb2.JOB_STATE_STARTING, job_pb2.JOB_STATE_RUNNING,
                                        job_pb2.JOB_STATE_SUCCEEDED])
-        self.assertTrue(events[-1].HasField("state"))
-        self.assertEqual(events[-1].state.to, job_pb2.JOB_STATE_SUCCEEDED)
+        self.assertIsInstance(events[-1], StateChange)
+        self.assertEqual(events[-1].to_state, job_pb2.JOB_STATE_SUCCEEDED)
         seqs = [e.seq for e in events[1:]]
         self.assertEqual(seqs, sorted(seqs))
 
@@ -120,15 +121,15 @@ class DaemonE2E(unittest.TestCase):
         pids = self.d.workers(job.id)
         self.assertEqual(len(pids), 1)
         t0 = time.time()
-        r = self.d.jobs.CancelJob(job_pb2.CancelJobRequest(id=job.id, reason="test"), timeout=10)
+        r = self.d.client.cancel(job.id, reason="test")
         self.assertIn(r.state, (job_pb2.JOB_STATE_CANCELLING, job_pb2.JOB_STATE_CANCELLED))
         done = self.d.wait(job.id, timeout=10)
         took = time.time() - t0
         self.assertEqual(done.state, job_pb2.JOB_STATE_CANCELLED, done.reason)
         self.assertLess(took, 3 + 1.0)  # the grace period, plus supervision latency
         self.assertTrue(wait_gone(self.d.real_state_dir, job.id, timeout=1))
-        with self.assertRaises(grpc.RpcError) as e:
-            self.d.jobs.CancelJob(job_pb2.CancelJobRequest(id=job.id), timeout=10)
+        with self.assertRaises(IthacaError) as e:
+            self.d.client.cancel(job.id)
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         print(f"cancel → CANCELLED in {took:.2f} s")
 
@@ -161,7 +162,7 @@ class DaemonE2E(unittest.TestCase):
 
     def test_bad_specs_are_rejected_naming_the_field(self):
         run = self.run_dir("bad")
-        before = len(self.d.jobs.ListJobs(job_pb2.ListJobsRequest(), timeout=10).jobs)
+        before = len(self.d.client.list())
         cases = [
             (spec_toml(run, extra='colour = "red"\n'), grpc.StatusCode.INVALID_ARGUMENT,
              "colour"),
@@ -177,15 +178,15 @@ class DaemonE2E(unittest.TestCase):
         ]
         for toml, code, needle in cases:
             with self.subTest(needle=needle):
-                with self.assertRaises(grpc.RpcError) as e:
+                with self.assertRaises(IthacaError) as e:
                     self.d.submit(toml)
                 self.assertEqual(e.exception.code(), code, e.exception.details())
                 self.assertIn(needle, e.exception.details())
         # Nothing was stored or started.
-        jobs = self.d.jobs.ListJobs(job_pb2.ListJobsRequest(), timeout=10).jobs
+        jobs = self.d.client.list()
         self.assertEqual(len(jobs), before)
         self.assertEqual(self.d.node().free_slots, 4)
-        with self.assertRaises(grpc.RpcError) as e:
+        with self.assertRaises(IthacaError) as e:
             self.d.get("job-12345")
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
 

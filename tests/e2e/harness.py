@@ -1,5 +1,5 @@
 """End-to-end harness: a real ithacad (with real ithaca-worker processes) on loopback, driven
-through grpcio — a gRPC client no one here wrote."""
+through ithaca_client (client/python, built from this tree by run_py.sh) and the ithaca CLI."""
 import os
 import signal
 import subprocess
@@ -7,12 +7,9 @@ import tempfile
 import time
 import urllib.request
 
-import grpc
-
-import health_pb2
-import health_pb2_grpc
-from ithaca.v1 import job_pb2
-from ithaca.v1 import job_pb2_grpc
+import ithaca_client
+from ithaca_client import JobState
+from ithaca_client import pb as job_pb2
 
 TMP = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
 TERMINAL = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
@@ -83,24 +80,26 @@ class Daemon:
             fields = dict(l.split("=", 1) for l in f.read().split())
         self.address, self.metrics_address = fields["grpc"], fields["metrics"]
         self.pid = int(fields["pid"])
-        self.channel = grpc.insecure_channel(self.address)
-        self.jobs = job_pb2_grpc.JobServiceStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
+        # Found the way a user's script finds it: through the state directory's ithacad.addr.
+        self.client = ithaca_client.Client(state_dir)
+        assert self.client.address == self.address, (self.client.address, self.address)
         self.real_state_dir = self.node().state_dir
 
     def node(self):
-        return self.jobs.GetNode(job_pb2.GetNodeRequest(), timeout=10)
+        return self.client.node()
 
     def serving(self):
-        r = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-        return r.status == health_pb2.HealthCheckResponse.SERVING
+        return self.client.healthy()
 
     def submit(self, toml, source="job.toml"):
-        return self.jobs.SubmitJob(job_pb2.SubmitJobRequest(spec_toml=toml, source=source),
-                                   timeout=30).job
+        return self.client.submit(toml=toml, source=source)
 
     def get(self, job_id):
-        return self.jobs.GetJob(job_pb2.GetJobRequest(id=job_id), timeout=10)
+        return self.client.status(job_id)
+
+    def events(self, job_id, timeout=120, **kwargs):
+        """Every event of a watch of `job_id`, the Snapshot first and the terminal state last."""
+        return list(self.client.watch(job_id, timeout=timeout, **kwargs))
 
     def wait(self, job_id, states=TERMINAL, timeout=120, min_step=0):
         deadline = time.time() + timeout
@@ -129,13 +128,13 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=30)
-        self.channel.close()
+        self.client.close()
         self.log.close()
 
     def kill9(self):
         self.proc.kill()
         self.proc.wait()
-        self.channel.close()
+        self.client.close()
         self.log.close()
 
 
