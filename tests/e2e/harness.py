@@ -66,7 +66,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [os.environ["ITHACAD"], "--state-dir", state_dir, "--listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--worker-binary", os.environ["ITHACA_WORKER"],
-             "--cpu-slots", str(cpu_slots), "--grace-period-s", "3", "--heartbeat-timeout-s", "5",
+             "--gpus", "0", "--cpu-slots", str(cpu_slots), "--grace-period-s", "3", "--heartbeat-timeout-s", "5",
              "--heartbeat-interval-ms", "500", *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
             env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))) if cpus else None,
