@@ -143,8 +143,7 @@ std::string ParseFlags(const std::vector<std::string>& args, const std::set<std:
     }
     std::string name = a == "-f" ? "follow" : a.substr(a.rfind("--", 0) == 0 ? 2 : 1);
     if (!allowed.count(name)) {
-      return absl::StrCat(cmd, ": unknown flag ", a,
-                          allowed.empty() ? " (it takes none)" : "");
+      return absl::StrCat(cmd, ": unknown flag ", a, allowed.empty() ? " (it takes none)" : "");
     }
     const bool takes_value = name != "follow" && name != "no-logs";
     std::string value;
@@ -217,6 +216,14 @@ class LiveLine {
     std::fflush(to);
     DrawLocked();
   }
+  // Leaves the newest progress line on the screen (before the job's final state, say).
+  void Commit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!tty_ || progress_.empty()) return;
+    std::printf("\r\033[K%s\n", progress_.c_str());
+    std::fflush(stdout);
+    progress_.clear();
+  }
   void Close() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -237,7 +244,8 @@ class LiveLine {
     while (!closed_) {
       cv_.wait_for(lock, std::chrono::milliseconds(250));
       ++frame_;
-      DrawLocked();
+      // Only the spinner moves: nothing to redraw before it shows.
+      if (std::chrono::steady_clock::now() - since_ >= kSpinAfter) DrawLocked();
     }
   }
   void DrawLocked() {
@@ -245,7 +253,7 @@ class LiveLine {
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
     std::string line = progress_;
-    if (waited >= 2) {
+    if (waited >= std::chrono::duration<double>(kSpinAfter).count()) {
       const char spin = "|/-\\"[frame_ % 4];
       absl::StrAppend(&line, line.empty() ? "" : " | ", std::string(1, spin), " ",
                       progress_.empty() ? phase_ : "next step", " ", HumanDuration(waited));
@@ -254,6 +262,7 @@ class LiveLine {
     std::fflush(stdout);
   }
 
+  static constexpr auto kSpinAfter = std::chrono::seconds(2);
   const bool tty_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -284,6 +293,7 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
   std::optional<std::chrono::steady_clock::time_point> give_up_at;
   auto backoff = std::chrono::milliseconds(200);
   auto print_state = [&](v1::JobState to, const std::string& reason) {
+    if (IsTerminal(to)) live.Commit();
     live.Print(absl::StrCat(id, ": ", StateName(to),
                             reason.empty() ? "" : " (" + Printable(reason) + ")"));
   };

@@ -3,15 +3,18 @@ cancel; a worker killed with SIGKILL; a worker that stops heart-beating; bad spe
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
+import tomllib
 import unittest
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 import harness
-from harness import TMP, Daemon, job_pb2, spec_toml, wait_gone
+from harness import TMP, BlinkingProxy, Daemon, job_pb2, spec_toml, wait_gone
+import ithaca_client
 from ithaca_client import IthacaError, Snapshot, StateChange, Step
 
 
@@ -113,6 +116,107 @@ class DaemonE2E(unittest.TestCase):
         bad = self.d.cli("status", "job-999")
         self.assertEqual(bad.returncode, 2)
         self.assertIn("NOT_FOUND", bad.stderr)
+
+        # For scripts: -o name, --set, a header on list, filters, --tail, every field in JSON.
+        r = self.d.cli("submit", spec, "-o", "name", "--set", "training.steps=3",
+                       "--set", "name=cli-set", check=True)
+        set_id = r.stdout.strip()
+        self.assertRegex(set_id, r"^job-\d+$")
+        self.assertEqual(self.d.cli("watch", set_id).returncode, 0)
+        done = self.d.get(set_id)
+        self.assertEqual((done.name, done.spec.steps), ("cli-set", 3))
+        table = self.d.cli("list", check=True).stdout.splitlines()
+        self.assertEqual(table[0].split(), ["ID", "NAME", "STATE", "STEP", "LOSS", "AGE",
+                                            "DURATION", "REASON"])
+        self.assertEqual(table[1].split()[:4], [set_id, "cli-set", "SUCCEEDED", "3/3"])
+        self.assertEqual(self.d.cli("-q", "list", "--state", "succeeded", "--limit", "1",
+                                    check=True).stdout, set_id + "\n")
+        self.assertEqual(self.d.cli("-o", "name", "list", "--state", "queued,cancelling",
+                                    check=True).stdout, "")
+        self.assertIn("WORLD", self.d.cli("-o", "wide", "list", check=True).stdout)
+        full_log = self.d.cli("logs", job_id, check=True).stdout.splitlines()
+        tail = self.d.cli("logs", job_id, "--tail", "3", check=True).stdout.splitlines()
+        self.assertEqual(tail, full_log[-3:])
+        self.assertGreater(len(full_log), 3)
+        full = json.loads(self.d.cli("-o", "json", "status", set_id, check=True).stdout)
+        self.assertEqual(full["spec"]["steps"], 3)  # a number, not "3"
+        self.assertIsNone(full["failed_rank"])
+        self.assertEqual(full["spec"]["checkpoint_dir"], os.path.join(run, "checkpoints"))
+        # Flags a command does not take are errors, not ignored.
+        for args in (("status", job_id, "-f"), ("cancel", job_id, "--rank", "0"),
+                     ("list", "--tail", "3"), ("-o", "name", "node")):
+            r = self.d.cli(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("ithaca --help", r.stderr)
+        # A relative path the daemon cannot find says where the daemon looked.
+        missing = os.path.join(run, "missing.toml")
+        with open(missing, "w") as f:
+            f.write(spec_toml(run).replace(harness.make_corpus(), "no-such.tok"))
+        r = self.d.cli("submit", missing)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(f"{run}/no-such.tok: no such file or directory (looked for on the "
+                      "daemon's host", r.stderr)
+        self.assertIn(f"relative to the client's directory {run}", r.stderr)
+
+    def test_watch_resumes_after_the_connection_drops(self):
+        """Python client and CLI watch through a forwarder that drops every connection: each
+        sees every step once, in order, and the end."""
+        proxy = BlinkingProxy(self.d.address)
+        try:
+            job = self.d.submit(spec_toml(self.run_dir("blink"), steps=40))
+            steps, last = [], None
+            with ithaca_client.Client(proxy.address) as c:
+                for ev in c.watch(job.id, timeout=120):
+                    if isinstance(ev, Step) and ev.rank == 0:
+                        steps.append(ev.step)
+                        if ev.step in (3, 12):
+                            proxy.blink(0.5)
+                    last = ev
+            self.assertEqual(steps, list(range(1, 41)))
+            self.assertEqual(last.to_state, job_pb2.JOB_STATE_SUCCEEDED)
+            self.assertGreaterEqual(proxy.connections, 3)
+
+            job = self.d.submit(spec_toml(self.run_dir("blink-cli"), steps=150))
+            cli = subprocess.Popen([os.environ["ITHACA_CLI"], "--server", proxy.address, "watch",
+                                    job.id], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+            before = proxy.connections
+            while cli.poll() is None:
+                time.sleep(0.7)
+                proxy.blink(0.3)
+            out, err = cli.communicate()
+            self.assertEqual(cli.returncode, 0, out + err)
+            self.assertIn("step 150/150", out)
+            self.assertIn(f"{job.id}: SUCCEEDED", out)
+            self.assertIn("resuming after event", err)
+            self.assertGreaterEqual(proxy.connections - before, 2)
+        finally:
+            proxy.close()
+
+    def test_python_client_submits_a_dict_and_reads_logs(self):
+        run = self.run_dir("dict")
+        os.symlink(harness.make_corpus(), os.path.join(run, "data.tok"))
+        spec = tomllib.loads(spec_toml(run, steps=6))
+        spec["data"]["path"] = "data.tok"  # relative: resolves against base_dir on the daemon
+        c = self.d.client
+        plan = c.plan(spec, base_dir=run)
+        self.assertTrue(plan.plan.fits, plan.plan.summary)
+        job = c.submit(spec, base_dir=run, overrides={"name": "from-dict", "training.steps": 4})
+        events = list(c.watch(job.id, include_logs=True, timeout=120))
+        self.assertTrue(any(isinstance(e, ithaca_client.Log) for e in events))
+        done = c.wait(job.id, timeout=60)
+        self.assertEqual(done.state, ithaca_client.JobState.SUCCEEDED, done.reason)
+        self.assertEqual((done.name, done.spec.steps), ("from-dict", 4))
+        self.assertEqual(done.spec.data_path, os.path.join(run, "data.tok"))
+        self.assertIn(job.id, [j.id for j in c.list(states=["succeeded"])])
+        self.assertEqual(len(c.list(limit=1)), 1)
+        lines = [l.text for l in c.logs(job.id)]
+        self.assertIn("step 4/4", "\n".join(lines))
+        self.assertEqual([l.text for l in c.logs(job.id, tail=2)], lines[-2:])
+        with self.assertRaises(IthacaError) as e:
+            c.submit(dict(spec, data={"path": "nowhere.tok", "seq_len": 64}), base_dir=run)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("daemon's host", e.exception.details())
 
     def test_cancel_while_running(self):
         run = self.run_dir("cancel")

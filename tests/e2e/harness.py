@@ -2,7 +2,9 @@
 through ithaca_client (client/python, built from this tree by run_py.sh) and the ithaca CLI."""
 import os
 import signal
+import socket
 import subprocess
+import threading
 import tempfile
 import time
 import urllib.request
@@ -167,3 +169,64 @@ def wait_gone(state_dir, job_id, timeout=10):
             return False
         time.sleep(0.05)
     return True
+
+
+class BlinkingProxy:
+    """A TCP forwarder in front of ithacad that can drop every connection through it and refuse
+    new ones for a while: a `kubectl port-forward` that blinks."""
+
+    def __init__(self, target):
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.sockets = []
+        self.down_until = 0.0
+        self.connections = 0  # accepted and forwarded
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            if time.time() < self.down_until:
+                conn.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.sockets += [conn, upstream]
+                self.connections += 1
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def blink(self, seconds):
+        """Drops every open connection; refuses new ones for `seconds`."""
+        self.down_until = time.time() + seconds
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.listener.close()
+        self.blink(0)

@@ -364,13 +364,14 @@ class Client:
                                   JobState(snapshot.state), snapshot.reason)
                 return
             now = time.monotonic()
-            give_up_at = give_up_at or now + resume_for
+            if give_up_at is None:
+                give_up_at = now + resume_for
+                _log.warning("ithaca_client: watch of %s broke (%s); resuming after event %d",
+                             job_id, why, last_seq)
             if now >= give_up_at:
                 raise IthacaError(self.address, grpc.StatusCode.UNAVAILABLE,
                                   f"watch of {job_id} broke ({why}) and did not resume within "
                                   f"{resume_for} s")
-            _log.warning("ithaca_client: watch of %s broke (%s); resuming after event %d",
-                         job_id, why, last_seq)
             time.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
