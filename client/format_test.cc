@@ -188,6 +188,13 @@ TEST(JsonTest, EveryFieldIsPresentAndInt64sAreNumbers) {
   EXPECT_NE(json.find("\"memory\":[]"), std::string::npos) << json;
   EXPECT_NE(json.find("\"slots\":[]"), std::string::npos) << json;
   EXPECT_NE(json.find("\"last_eval\":null"), std::string::npos) << json;
+  // Doubles: the shortest text that reads back the same.
+  v1::StepReport lr;
+  lr.set_lr(3e-3);
+  lr.set_loss(1.0 / 3);
+  EXPECT_NE(ProtoJson(lr).find("\"lr\":0.003,"), std::string::npos) << ProtoJson(lr);
+  EXPECT_NE(ProtoJson(lr).find("\"loss\":0.33333333333333331,"), std::string::npos)
+      << ProtoJson(lr);
   // Of a oneof, the member that is set and no other.
   v1::JobEvent e;
   e.set_seq(7);
