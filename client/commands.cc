@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "client/format.h"
 #include "client/json.h"
+#include "client/report.h"
 #include "client/spec_overrides.h"
 
 namespace ithaca {
@@ -42,6 +43,8 @@ const char kUsage[] =
     "  logs ID [-f] [--rank N] [--tail N]\n"
     "                               the workers' output (-f: until the job ends; --tail: the\n"
     "                               last N lines of each rank)\n"
+    "  logs ID --steps              every recorded step and eval report, one JSON object a line\n"
+    "  report ID [--out FILE.html]  a self-contained HTML page: plots, spec, plan (ID.html)\n"
     "  cancel ID [--reason TEXT]    SIGTERM the workers, SIGKILL after the grace period\n"
     "  plan JOB.toml [--set KEY=VALUE]...\n"
     "                               memory estimate per rank against the node's budget\n"
@@ -113,6 +116,8 @@ struct Flags {
   std::vector<std::string> positional;
   bool follow = false;
   bool no_logs = false;
+  bool steps = false;
+  std::string out;
   std::optional<int> rank;
   std::optional<int> tail;
   int limit = 0;
@@ -145,7 +150,7 @@ std::string ParseFlags(const std::vector<std::string>& args, const std::set<std:
     if (!allowed.count(name)) {
       return absl::StrCat(cmd, ": unknown flag ", a, allowed.empty() ? " (it takes none)" : "");
     }
-    const bool takes_value = name != "follow" && name != "no-logs";
+    const bool takes_value = name != "follow" && name != "no-logs" && name != "steps";
     std::string value;
     if (takes_value) {
       if (inline_value) {
@@ -170,6 +175,8 @@ std::string ParseFlags(const std::vector<std::string>& args, const std::set<std:
     if (name == "limit") f->limit = n;
     if (name == "set") f->sets.push_back(value);
     if (name == "reason") f->reason = value;
+    if (name == "steps") f->steps = true;
+    if (name == "out") f->out = value;
     if (name == "state") {
       for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty()))
         f->states.emplace_back(s);
@@ -601,7 +608,8 @@ int RunCommand(CliContext& c, const std::vector<std::string>& args) {
       {"watch", {{"no-logs"}, 1, false}},
       {"status", {{}, 1, true}},
       {"list", {{"state", "limit"}, 0, true}},
-      {"logs", {{"follow", "rank", "tail"}, 1, false}},
+      {"logs", {{"follow", "rank", "tail", "steps"}, 1, false}},
+      {"report", {{"out"}, 1, false}},
       {"cancel", {{"reason"}, 1, true}},
       {"plan", {{"set"}, 1, false}},
       {"node", {{}, 0, false}},
@@ -627,7 +635,13 @@ int RunCommand(CliContext& c, const std::vector<std::string>& args) {
   if (cmd == "watch") return FollowJob(c, arg, !f.no_logs);
   if (cmd == "status") return StatusCommand(c, arg);
   if (cmd == "list") return ListCommand(c, f);
+  if (cmd == "logs" && f.steps) {
+    if (f.follow || f.rank || f.tail)
+      return UsageError("logs: --steps takes no -f, --rank or --tail");
+    return StepsCommand(c, arg);
+  }
   if (cmd == "logs") return LogsCommand(c, arg, f);
+  if (cmd == "report") return ReportCommand(c, arg, f.out);
   if (cmd == "cancel") return CancelCommand(c, arg, f);
   if (cmd == "plan") return PlanCommand(c, arg, f);
   return NodeCommand(c);

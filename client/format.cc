@@ -75,6 +75,12 @@ std::string ProgressLine(const v1::StepReport& r, double eta_seconds) {
   return line;
 }
 
+std::string EvalLine(const v1::EvalReport& r) {
+  return absl::StrFormat("eval step %d: loss %.4f (ppl %.1f) over %d tokens, %d batches, %.2f s",
+                         r.step(), r.loss(), std::exp(r.loss()), r.tokens(), r.batches(),
+                         r.seconds());
+}
+
 std::string MemoryTable(const v1::Job& job) {
   if (job.last_steps_size() == 0) return "memory: no step reported yet\n";
   std::vector<std::string> tiers;
@@ -128,11 +134,6 @@ std::string HumanAge(absl::Duration d) {
   if (s < 120 * 60) return absl::StrCat(s / 60, "m");
   if (s < 48 * 3600) return absl::StrCat(s / 3600, "h");
   return absl::StrCat(s / 86400, "d");
-}
-
-std::string EvalLine(const v1::EvalReport& e) {
-  return absl::StrFormat("eval step %d: loss %.4f over %d tokens (%.2f s)", e.step(), e.loss(),
-                         e.tokens(), e.seconds());
 }
 
 std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now) {
@@ -209,6 +210,7 @@ std::string JobDetails(const v1::Job& job) {
                     absl::StrFormat(" | %.3f s | grad norm %.3f | lr %.3g\n", r->seconds(),
                                     r->grad_norm(), r->lr()));
   }
+  if (job.has_last_eval()) absl::StrAppend(&out, "  last eval: ", EvalLine(job.last_eval()), "\n");
   absl::StrAppend(&out, "  history:\n");
   for (const v1::StateTransition& t : job.transitions()) {
     absl::StrAppend(&out, "    ", Time(t.time()), "  ", StateName(t.to()),

@@ -27,18 +27,20 @@ std::string HumanAge(absl::Duration d);     // kubectl's AGE: "45s", "12m", "5h"
 // leaves ETA out.
 std::string ProgressLine(const v1::StepReport& r, double eta_seconds);
 
+// "eval step 20: loss 3.1234 (ppl 22.7) over 65536 tokens, 8 batches, 1.20 s": the worker's own
+// eval line.
+std::string EvalLine(const v1::EvalReport& r);
+
 // One row per tier, one column per rank: peak bytes during the newest step; a total row (the
 // device tiers' sum) at the bottom.
 std::string MemoryTable(const v1::Job& job);
-
-// "eval step 20: loss 3.1012 over 16384 tokens (0.41 s)".
-std::string EvalLine(const v1::EvalReport& e);
 
 // `ithaca list`: a header and one row per job, columns aligned: ID NAME STATE STEP LOSS AGE
 // DURATION REASON (cut to 48 bytes); `wide` adds WORLD BACKEND MODEL SLOTS and the whole reason.
 // AGE counts from submission, DURATION from the first start to the end (or `now`).
 std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now);
-// The multi-line `ithaca status` view: state and reason, spec, newest step, transitions, memory,
+// The multi-line `ithaca status` view: state and reason, spec, newest step and evaluation,
+// transitions, memory,
 // and the resolved spec the workers run.
 std::string JobDetails(const v1::Job& job);
 // `ithaca plan`.

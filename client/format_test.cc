@@ -58,6 +58,25 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
   EXPECT_NE(list.find("12/60"), std::string::npos) << list;
 }
 
+TEST(FormatTest, EvalLineInWatchAndStatus) {
+  v1::EvalReport e;
+  e.set_rank(0);
+  e.set_step(20);
+  e.set_loss(3.1234);
+  e.set_tokens(65536);
+  e.set_batches(8);
+  e.set_seconds(1.2);
+  EXPECT_EQ(EvalLine(e),
+            "eval step 20: loss 3.1234 (ppl 22.7) over 65536 tokens, 8 batches, 1.20 s");
+  v1::Job job;
+  job.set_id("job-1");
+  EXPECT_EQ(JobDetails(job).find("last eval"), std::string::npos) << "none yet, no line";
+  *job.mutable_last_eval() = e;
+  EXPECT_NE(JobDetails(job).find("  last eval: eval step 20: loss 3.1234 (ppl 22.7)"),
+            std::string::npos)
+      << JobDetails(job);
+}
+
 TEST(FormatTest, ControlCharactersFromTheDaemonNeverReachTheTerminalRaw) {
   EXPECT_EQ(Printable("run\x1b[2J\r\x7f-1"), "run\\x1b[2J\\x0d\\x7f-1");
   EXPECT_EQ(Printable("a\tb\nc"), "a\\x09b\\x0ac");
@@ -150,18 +169,12 @@ TEST(FormatTest, ListIsATableWithAHeaderAgeAndDuration) {
   EXPECT_NE(wide.find(std::string(100, 'x')), std::string::npos) << "whole in the wide view";
 }
 
-TEST(FormatTest, AgesAndEvalLines) {
+TEST(FormatTest, Ages) {
   EXPECT_EQ(HumanAge(absl::Seconds(119)), "119s");
   EXPECT_EQ(HumanAge(absl::Minutes(119)), "119m");
   EXPECT_EQ(HumanAge(absl::Hours(47)), "47h");
   EXPECT_EQ(HumanAge(absl::Hours(49)), "2d");
   EXPECT_EQ(HumanAge(-absl::Seconds(3)), "0s");  // clocks of client and daemon disagree
-  v1::EvalReport e;
-  e.set_step(20);
-  e.set_loss(3.10123);
-  e.set_tokens(16384);
-  e.set_seconds(0.414);
-  EXPECT_EQ(EvalLine(e), "eval step 20: loss 3.1012 over 16384 tokens (0.41 s)");
 }
 
 TEST(JsonTest, EveryFieldIsPresentAndInt64sAreNumbers) {

@@ -57,6 +57,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   ASSIGN_OR_RETURN(JobSpec s, ParseJobSpec(toml_text, source));
   const SpecBase base = ChooseSpecBase(base_dir, daemon_dir, node.hostname);
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &s.data.path},
+                           {"eval.path", &s.eval.path},
                            {"model.config", &s.model.config},
                            {"model.weights", &s.model.weights},
                            {"checkpoint.dir", &s.checkpoint.dir}}) {
@@ -73,7 +74,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                   "base_dir; give an absolute path"));
     }
     std::vector<std::string> files = {*path};
-    if (path == &s.data.path) {
+    if (path == &s.data.path || path == &s.eval.path) {
       // A glob names several files: it must match at least one.
       absl::StatusOr<std::vector<std::string>> expanded = ExpandDataPath(*path);
       if (!expanded.ok()) {
@@ -97,7 +98,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
       }
     }
   }
-  if (s.data.path.empty()) return Invalid(source, "data.path", "is required");
+  if (s.data.path.empty() && s.training.steps > 0) {
+    return Invalid(source, "data.path", "is required");
+  }
   if (s.backend == "cuda" && !node.gpu) {
     return absl::FailedPreconditionError(
         "backend: \"cuda\" needs GPUs and this node has none (ithacad --gpus 0); use "

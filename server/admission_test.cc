@@ -137,6 +137,48 @@ TEST(AdmissionTest, AFifoAsDataIsRefusedAtSubmit) {
       << a.status();
 }
 
+// eval.path gets data.path's checks at submit: resolved against the spec, globs that match,
+// regular files; each error names eval.path and the file.
+TEST(AdmissionTest, EvalPathIsCheckedLikeDataPath) {
+  auto a = ParseSubmission(Spec("", "[eval]\npath = \"corp*.tok\"\nevery = 2\n"), "job.toml", Dir(),
+                           Roomy());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->spec.eval.path, Dir() + "/corp*.tok");
+  EXPECT_EQ(a->spec.eval.every, 2);
+  auto back = ParseJobSpec(a->toml);  // what the workers get keeps the section
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->eval.path, Dir() + "/corp*.tok");
+
+  const std::string fifo = Dir() + "/eval-fifo.tok";
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const struct {
+    std::string path, message;
+  } cases[] = {
+      {"missing.tok", "eval.path: " + Dir() + "/missing.tok: no such file or directory"},
+      {"none-*.tok", "eval.path: " + Dir() + "/none-*.tok: the pattern matches no file"},
+      {"eval-fifo.tok", "eval.path: " + fifo + ": not a regular file (a FIFO)"},
+  };
+  for (const auto& c : cases) {
+    a = ParseSubmission(Spec("", "[eval]\npath = \"" + c.path + "\"\n"), "job.toml", Dir(),
+                        Roomy());
+    ASSERT_FALSE(a.ok()) << c.path;
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
+    EXPECT_NE(a.status().message().find(c.message), std::string::npos) << a.status();
+  }
+}
+
+TEST(AdmissionTest, AnEvaluationOnlyJobNeedsNoTrainingData) {
+  const std::string toml =
+      "name = \"e\"\n[model]\npreset = \"tiny\"\n[data]\nseq_len = 64\n"
+      "[training]\nsteps = 0\nlr = 0\n[eval]\npath = \"corpus.tok\"\n";
+  auto a = ParseSubmission(toml, "job.toml", Dir(), Roomy());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->spec.training.steps, 0);
+  EXPECT_EQ(a->spec.data.path, "");
+  EXPECT_EQ(a->summary.steps(), 0);
+}
+
 // A sequence of `n` tokens in place of the spec's 64.
 std::string WithSeqLen(std::string toml, int n) {
   const size_t at = toml.find("seq_len = 64");

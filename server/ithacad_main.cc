@@ -110,7 +110,6 @@ int Run() {
 
   auto store = JobStore::Open({state_dir + "/jobs.db", state_dir + "/jobs"});
   if (!store.ok()) return Fail(store.status());
-  Metrics metrics;
 
   Jobs::Options o;
   o.state_dir = state_dir;
@@ -144,6 +143,10 @@ int Run() {
       pclose(p);
     }
   }
+  // Hostname on every series: the Kubernetes node (NODE_NAME, from the downward API's
+  // spec.nodeName, as DCGM exporter's Hostname), else this machine's name.
+  const char* node_name = std::getenv("NODE_NAME");
+  Metrics metrics(node_name != nullptr && *node_name != 0 ? node_name : o.node.hostname);
   {
     std::vector<std::tuple<int, std::string, int64_t>> devices;
     for (const NodeDevice& d : o.node.devices) {

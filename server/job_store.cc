@@ -17,6 +17,9 @@
 namespace ithaca {
 namespace {
 
+// history.kind: a v1.StepReport or a v1.EvalReport.
+constexpr int64_t kHistoryStep = 0, kHistoryEval = 1;
+
 using google::protobuf::util::TimeUtil;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -172,7 +175,19 @@ absl::Status JobStore::Migrate() {
                      kSchemaVersion, "); use a newer ithacad or another --state-dir"));
   }
   if (version == kSchemaVersion) return absl::OkStatus();
-  // Version 0 → 1: the initial schema.
+  if (version < 1) RETURN_IF_ERROR(CreateInitialSchema());
+  // Version 1 → 2: the step and eval history.
+  return Exec(
+      "BEGIN;"
+      "CREATE TABLE IF NOT EXISTS history(job_id TEXT NOT NULL, kind INTEGER NOT NULL,"
+      " rank INTEGER NOT NULL, step INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
+      " report BLOB NOT NULL);"
+      "CREATE INDEX IF NOT EXISTS history_job ON history(job_id);"
+      "PRAGMA user_version = 2;"
+      "COMMIT;");
+}
+
+absl::Status JobStore::CreateInitialSchema() {
   return Exec(absl::StrCat(
       "BEGIN;"
       "CREATE TABLE IF NOT EXISTS jobs(id TEXT PRIMARY KEY, seq INTEGER UNIQUE NOT NULL,"
@@ -185,9 +200,7 @@ absl::Status JobStore::Migrate() {
       " reason TEXT NOT NULL, PRIMARY KEY(job_id, seq));"
       "CREATE TABLE IF NOT EXISTS last_steps(job_id TEXT NOT NULL, rank INTEGER NOT NULL,"
       " report BLOB NOT NULL, PRIMARY KEY(job_id, rank));"
-      "PRAGMA user_version = ",
-      kSchemaVersion,
-      ";"
+      "PRAGMA user_version = 1;"
       "COMMIT;"));
 }
 
@@ -206,6 +219,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   record.clear_failed_rank();
   record.clear_transitions();
   record.clear_last_steps();
+  record.clear_last_eval();
   record.clear_slots();
   const int64_t now = NowMs();
   *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
@@ -273,6 +287,11 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     if (!more) break;
     job.add_last_steps()->ParseFromString(s.Text(0));
   }
+  // The newest evaluation is the history's newest eval row (one record of each evaluation).
+  Stmt e(db_, "SELECT report FROM history WHERE job_id = ? AND kind = ? ORDER BY rowid DESC LIMIT 1");
+  e.Bind(1, id).Bind(2, kHistoryEval);
+  ASSIGN_OR_RETURN(bool has_eval, e.Step());
+  if (has_eval) job.mutable_last_eval()->ParseFromString(e.Text(0));
   return job;
 }
 
@@ -359,9 +378,54 @@ absl::StatusOr<int> JobStore::ProcessGroup(const std::string& id) {
 
 absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& report) {
   std::lock_guard<std::mutex> lock(mu_);
+  const std::string blob = report.SerializeAsString();
   Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
-  up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, report.SerializeAsString());
-  return up.Run();
+  up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, blob);
+  RETURN_IF_ERROR(up.Run());
+  const int64_t step = report.step();
+  const bool keep = (report.rank() == 0 && step <= kHistoryDenseSteps) ||
+                    step % kHistoryEvery == 0 || step == report.total_steps() ||
+                    report.checkpoint_seconds() > 0;
+  if (!keep) return absl::OkStatus();
+  Stmt h(db_, "INSERT INTO history VALUES(?, ?, ?, ?, ?, ?)");
+  h.Bind(1, id).Bind(2, kHistoryStep).Bind(3, int64_t{report.rank()}).Bind(4, step);
+  h.Bind(5, NowMs()).BindBlob(6, blob);
+  return h.Run();
+}
+
+absl::Status JobStore::RecordEval(const std::string& id, const v1::EvalReport& report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt h(db_, "INSERT INTO history VALUES(?, ?, ?, ?, ?, ?)");
+  h.Bind(1, id).Bind(2, kHistoryEval).Bind(3, int64_t{report.rank()}).Bind(4, report.step());
+  h.Bind(5, NowMs()).BindBlob(6, report.SerializeAsString());
+  return h.Run();
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::History(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt exists(db_, "SELECT 1 FROM jobs WHERE id = ?");
+  exists.Bind(1, id);
+  ASSIGN_OR_RETURN(bool found, exists.Step());
+  if (!found) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
+  Stmt q(db_, "SELECT kind, time_ms, report FROM history WHERE job_id = ? ORDER BY rowid");
+  q.Bind(1, id);
+  std::vector<v1::JobEvent> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, q.Step());
+    if (!more) break;
+    v1::JobEvent e;
+    e.set_seq(static_cast<int64_t>(out.size()) + 1);
+    *e.mutable_time() = TimeUtil::MillisecondsToTimestamp(q.Int(1));
+    const bool parsed = q.Int(0) == kHistoryEval ? e.mutable_eval()->ParseFromString(q.Text(2))
+                                                 : e.mutable_step()->ParseFromString(q.Text(2));
+    if (!parsed) {
+      return absl::DataLossError(absl::StrCat("job store ", options_.path, ": job ", id,
+                                              "'s history row ", out.size() + 1,
+                                              " does not parse"));
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountByState() {

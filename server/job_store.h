@@ -5,7 +5,9 @@
 //   jobs(id, seq, name, state, reason, failed_rank, created_ms, updated_ms, slots, pgid, record)
 //   transitions(job_id, seq, from_state, to_state, time_ms, reason)
 //   last_steps(job_id, rank, report)
-// `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport).
+//   history(job_id, kind, rank, step, time_ms, report)   (version 2)
+// `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport;
+// in history a v1.StepReport or, kind 1, a v1.EvalReport; Job.last_eval is the newest of those).
 #pragma once
 
 #include <map>
@@ -25,7 +27,12 @@ namespace ithaca {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
+  // The step history keeps rank 0's every step up to kHistoryDenseSteps, then every
+  // kHistoryEvery-th, and the other ranks' every kHistoryEvery-th (and every rank's last step):
+  // a million-step job keeps ~100k rows per rank 0, not a million.
+  static constexpr int64_t kHistoryDenseSteps = 10000;
+  static constexpr int64_t kHistoryEvery = 10;
 
   struct Options {
     std::string path;  // a file, or ":memory:"
@@ -54,8 +61,13 @@ class JobStore {
   // The slots and process group a job's workers run in (pgid 0: none).
   absl::Status SetLaunch(const std::string& id, const std::vector<int>& slots, int pgid);
   absl::StatusOr<int> ProcessGroup(const std::string& id);
-  // Keeps `report` as rank report.rank()'s newest step.
+  // Keeps `report` as rank report.rank()'s newest step, and in the job's history (sampled as
+  // kHistoryEvery says).
   absl::Status RecordStep(const std::string& id, const v1::StepReport& report);
+  // Adds an evaluation to the job's history (every one is kept).
+  absl::Status RecordEval(const std::string& id, const v1::EvalReport& report);
+  // The job's history, oldest first: events carrying `step` or `eval`, with their time.
+  absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
   absl::StatusOr<std::map<JobState, int64_t>> CountByState();
 
   // UNAVAILABLE naming the file when the database file was removed or replaced since Open (its
@@ -66,6 +78,7 @@ class JobStore {
  private:
   JobStore(sqlite3* db, Options options) : db_(db), options_(std::move(options)) {}
   absl::Status Migrate();
+  absl::Status CreateInitialSchema();
   absl::Status Exec(const std::string& sql);
   absl::StatusOr<v1::Job> GetLocked(const std::string& id);
 

@@ -108,6 +108,55 @@ TEST(JobStoreTest, KeepsTheNewestStepOfEachRankAndTheLaunch) {
   EXPECT_EQ(store->Get("job-7").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(JobStoreTest, KeepsTheNewestEvaluation) {
+  auto store = OpenMemory();
+  const std::string id = store->Create(Template("a"), "s")->id();
+  EXPECT_FALSE(store->Get(id)->has_last_eval());
+  for (int step = 10; step <= 20; step += 10) {
+    v1::EvalReport e;
+    e.set_step(step);
+    e.set_loss(4.0 - step / 10.0);
+    e.set_tokens(4096);
+    ASSERT_TRUE(store->RecordEval(id, e).ok());
+  }
+  auto job = store->Get(id);
+  ASSERT_TRUE(job->has_last_eval());
+  EXPECT_EQ(job->last_eval().step(), 20);
+  EXPECT_DOUBLE_EQ(job->last_eval().loss(), 2.0);
+  EXPECT_EQ(job->last_eval().tokens(), 4096);
+  // Another job's record has none.
+  EXPECT_FALSE(store->Get(store->Create(Template("b"), "s")->id())->has_last_eval());
+}
+
+// A store written by the previous ithacad (schema version 1, no last_eval table) is migrated at
+// open, keeping its jobs.
+TEST(JobStoreTest, MigratesAVersion1Store) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_v1.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "DROP TABLE last_eval; PRAGMA user_version = 1", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Get("job-1").ok());
+  v1::EvalReport e;
+  e.set_loss(1.5);
+  ASSERT_TRUE((*store)->RecordEval("job-1", e).ok());
+  store->reset();
+  store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_DOUBLE_EQ((*store)->Get("job-1")->last_eval().loss(), 1.5) << "kept across a reopen";
+}
+
 TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
   const std::string path =
       std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_test.db";
@@ -134,6 +183,74 @@ TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
   sqlite3_close(db);
   auto newer = JobStore::Open({path});
   EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(JobStoreTest, HistoryKeepsRankZerosStepsSampledOthersAndEvals) {
+  auto store = OpenMemory();
+  auto job = store->Create(Template("h"), "submitted");
+  ASSERT_TRUE(job.ok());
+  for (int step = 1; step <= 25; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::StepReport r;
+      r.set_rank(rank);
+      r.set_step(step);
+      r.set_total_steps(25);
+      r.set_loss(10.0 / step);
+      ASSERT_TRUE(store->RecordStep(job->id(), r).ok());
+    }
+    if (step == 12) {
+      v1::EvalReport e;
+      e.set_step(12);
+      e.set_loss(0.5);
+      ASSERT_TRUE(store->RecordEval(job->id(), e).ok());
+    }
+  }
+  auto history = store->History(job->id());
+  ASSERT_TRUE(history.ok()) << history.status();
+  std::vector<int64_t> rank0, rank1, evals;
+  for (const v1::JobEvent& e : *history) {
+    EXPECT_GT(e.time().seconds(), 1700000000);
+    if (e.has_eval()) {
+      evals.push_back(e.eval().step());
+      EXPECT_EQ(e.eval().loss(), 0.5);
+    } else {
+      ASSERT_TRUE(e.has_step());
+      (e.step().rank() == 0 ? rank0 : rank1).push_back(e.step().step());
+      EXPECT_DOUBLE_EQ(e.step().loss(), 10.0 / e.step().step());
+    }
+  }
+  EXPECT_EQ(rank0.size(), 25u);
+  EXPECT_EQ(rank1, (std::vector<int64_t>{10, 20, 25}));  // every 10th and the last
+  EXPECT_EQ(evals, (std::vector<int64_t>{12}));
+  // In order: the eval after step 12's reports.
+  EXPECT_TRUE((*history)[13].has_eval()) << (*history)[13].DebugString();
+  EXPECT_EQ(store->History("job-9").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobStoreTest, AVersionOneDatabaseGainsTheHistoryTable) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/v1.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "DROP TABLE history; PRAGMA user_version = 1", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::StepReport r;
+  r.set_step(1);
+  ASSERT_TRUE((*store)->RecordStep("job-1", r).ok());
+  auto history = (*store)->History("job-1");
+  ASSERT_TRUE(history.ok()) << history.status();
+  EXPECT_EQ(history->size(), 1u);
+  EXPECT_EQ((*store)->Get("job-1")->name(), "a");
 }
 
 std::string TestPath(const std::string& name) {

@@ -6,9 +6,12 @@
 #include "engine/core/file_util.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
+#include "google/protobuf/util/time_util.h"
 #include "server/admission.h"
 
 namespace ithaca {
+
+using google::protobuf::util::TimeUtil;
 
 Jobs::Jobs(Options options, JobStore* store, Metrics* metrics)
     : options_(std::move(options)),
@@ -145,6 +148,10 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
 
 absl::StatusOr<v1::Job> Jobs::Get(const std::string& id) { return store_->Get(id); }
 
+absl::StatusOr<std::vector<v1::JobEvent>> Jobs::History(const std::string& id) {
+  return store_->History(id);
+}
+
 absl::StatusOr<std::vector<v1::Job>> Jobs::List(const v1::ListJobsRequest& request) {
   std::vector<JobState> states;
   for (int s : request.states()) states.push_back(static_cast<JobState>(s));
@@ -271,7 +278,17 @@ void Jobs::OnLaunched(const std::string& job_id, const std::vector<int>& slots, 
   std::lock_guard<std::mutex> lock(mu_);
   store_->SetLaunch(job_id, slots, pgid).IgnoreError();
   auto starting = store_->Transition(job_id, v1::JOB_STATE_STARTING, reason);
-  if (starting.ok()) PublishState(job_id, *starting);
+  if (starting.ok()) {
+    PublishState(job_id, *starting);
+    // Queue wait: since the job last entered the queue (its submission, or a daemon restart
+    // that queued it again to resume).
+    int64_t queued_ms = TimeUtil::TimestampToMilliseconds(starting->created_at());
+    for (const v1::StateTransition& t : starting->transitions()) {
+      if (t.to() == v1::JOB_STATE_QUEUED) queued_ms = TimeUtil::TimestampToMilliseconds(t.time());
+    }
+    const int64_t waited_ms = TimeUtil::TimestampToMilliseconds(starting->updated_at()) - queued_ms;
+    metrics_->OnJobStarted(std::max<int64_t>(waited_ms, 0) / 1000.0);
+  }
 }
 
 absl::StatusOr<v1::Job> Jobs::OnStateChange(const std::string& job_id, JobState to,
@@ -287,6 +304,15 @@ absl::Status Jobs::OnStep(const std::string& job_id, const v1::StepReport& step)
   RETURN_IF_ERROR(store_->RecordStep(job_id, step));
   v1::JobEvent e;
   *e.mutable_step() = step;
+  EventsLocked(job_id)->Append(std::move(e));
+  return absl::OkStatus();
+}
+
+absl::Status Jobs::OnEval(const std::string& job_id, const v1::EvalReport& eval) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(store_->RecordEval(job_id, eval));
+  v1::JobEvent e;
+  *e.mutable_eval() = eval;
   EventsLocked(job_id)->Append(std::move(e));
   return absl::OkStatus();
 }

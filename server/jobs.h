@@ -63,6 +63,8 @@ class Jobs : private JobOwner {
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& request);
   absl::StatusOr<v1::Job> Get(const std::string& id);
+  // The job's persisted step and eval reports, oldest first (JobStore::History).
+  absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
   absl::StatusOr<std::vector<v1::Job>> List(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
   // The job's event stream; for a job that ended before this daemon started, a closed log
@@ -89,6 +91,7 @@ class Jobs : private JobOwner {
   absl::StatusOr<v1::Job> OnStateChange(const std::string& job_id, JobState to,
                                         const std::string& reason) override;
   absl::Status OnStep(const std::string& job_id, const v1::StepReport& step) override;
+  absl::Status OnEval(const std::string& job_id, const v1::EvalReport& eval) override;
   void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) override;
   void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
                std::optional<int> failed_rank) override;

@@ -1,56 +1,333 @@
 #include "server/metrics.h"
 
-#include <civetweb.h>
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <functional>
-#include <memory>
+#include <exception>
+#include <fstream>
+#include <sstream>
 
-#include "absl/strings/str_replace.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 
 namespace ithaca {
 namespace {
 
-std::string Escape(const std::string& v) {
-  return absl::StrReplaceAll(v, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}});
+using prometheus::Labels;
+
+double NowSeconds() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+Labels Constant(const std::string& hostname) {
+  return hostname.empty() ? Labels{} : Labels{{"Hostname", hostname}};
 }
 
-std::string Num(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  return absl::StrFormat("%.15g", v);
+prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r, const Labels& constant,
+                                             const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Labels(constant).Register(r);
 }
 
-void Header(std::string* out, const char* name, const char* type, const char* help) {
-  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r, const Labels& constant,
+                                                 const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Labels(constant).Register(r);
+}
+
+prometheus::Family<prometheus::Histogram>& Histogram(prometheus::Registry& r,
+                                                     const Labels& constant, const char* name,
+                                                     const char* help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Labels(constant).Register(r);
+}
+
+const std::vector<double>& QueueWaitBuckets() {
+  static const auto* b =
+      new std::vector<double>{1, 5, 15, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400};
+  return *b;
+}
+
+const char* const kExitReasons[] = {"ok",     "error",  "bad_spec",          "oom", "nan_loss",
+                                    "killed", "signal", "heartbeat_timeout", "lost"};
+
+// One sample of a family without labels of its own (the constant ones added).
+prometheus::MetricFamily Single(const char* name, const char* help, prometheus::MetricType type,
+                                double value, const Labels& constant) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  prometheus::ClientMetric m;
+  for (const auto& [k, v] : constant) m.label.push_back({k, v});
+  if (type == prometheus::MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  f.metric.push_back(std::move(m));
+  return f;
+}
+
+// The standard process_* series (as Prometheus' Go and Python clients export them), from
+// /proc/self; prometheus-cpp has no process collector. Linux only, like ithacad.
+std::vector<prometheus::MetricFamily> ProcessFamilies(const Labels& constant) {
+  std::vector<prometheus::MetricFamily> out;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  // Fields after the command name, which is in parentheses and may hold spaces.
+  const size_t close = stat.rfind(')');
+  if (close != std::string::npos && ticks > 0) {
+    std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
+    // f[0] is field 3 (state): field n is f[n - 3].
+    double utime = 0, stime = 0, start = 0, vsize = 0, rss = 0;
+    if (f.size() > 21 && absl::SimpleAtod(f[11], &utime) && absl::SimpleAtod(f[12], &stime) &&
+        absl::SimpleAtod(f[19], &start) && absl::SimpleAtod(f[20], &vsize) &&
+        absl::SimpleAtod(f[21], &rss)) {
+      using prometheus::MetricType;
+      out.push_back(Single("process_cpu_seconds_total",
+                           "Total user and system CPU time spent in "
+                           "seconds.",
+                           MetricType::Counter, (utime + stime) / ticks, constant));
+      out.push_back(Single("process_virtual_memory_bytes", "Virtual memory size in bytes.",
+                           MetricType::Gauge, vsize, constant));
+      out.push_back(Single("process_resident_memory_bytes", "Resident memory size in bytes.",
+                           MetricType::Gauge, rss * sysconf(_SC_PAGESIZE), constant));
+      std::ifstream proc_stat("/proc/stat");
+      std::string line;
+      while (std::getline(proc_stat, line)) {
+        double boot = 0;
+        if (line.rfind("btime ", 0) == 0 && absl::SimpleAtod(line.substr(6), &boot)) {
+          out.push_back(Single("process_start_time_seconds",
+                               "Start time of the process since unix epoch in seconds.",
+                               MetricType::Gauge, boot + start / ticks, constant));
+        }
+      }
+    }
+  }
+  if (DIR* d = opendir("/proc/self/fd")) {
+    int n = 0;
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+    out.push_back(Single("process_open_fds", "Number of open file descriptors.",
+                         prometheus::MetricType::Gauge, n - 1, constant));  // less the DIR's own
+  }
+  rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0) {
+    out.push_back(Single("process_max_fds", "Maximum number of open file descriptors.",
+                         prometheus::MetricType::Gauge, static_cast<double>(lim.rlim_cur),
+                         constant));
+  }
+  return out;
 }
 
 }  // namespace
 
 const std::vector<double>& Metrics::StepBuckets() {
-  static const auto* b = new std::vector<double>{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
-                                                 2.5,   5,    10,    25,   60,  120,  300};
+  static const auto* b =
+      new std::vector<double>{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,  1,    2.5,  5,
+                              10,    25,   60,    120,  300, 600,  1200, 1800, 3600, 7200};
   return *b;
+}
+
+Metrics::Metrics(const std::string& hostname, const std::string& version)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      memory_(Gauge(*registry_, Constant(hostname), "ithaca_gpu_memory_bytes",
+                    "Device memory in use per tier at the end of the step.")),
+      memory_peak_(Gauge(*registry_, Constant(hostname), "ithaca_gpu_memory_peak_bytes",
+                         "Peak device memory per tier during the step.")),
+      host_offload_(Gauge(*registry_, Constant(hostname), "ithaca_host_offload_bytes",
+                          "Pinned host memory holding offloaded checkpoints.")),
+      tokens_per_second_(Gauge(*registry_, Constant(hostname), "ithaca_tokens_per_second",
+                               "Training tokens per second of this rank (per GPU).")),
+      loss_(Gauge(*registry_, Constant(hostname), "ithaca_train_loss",
+                  "Mean cross-entropy of the newest step.")),
+      step_(Gauge(*registry_, Constant(hostname), "ithaca_train_step",
+                  "Newest completed optimizer step.")),
+      flops_(Gauge(*registry_, Constant(hostname), "ithaca_model_flops_per_second",
+                   "Model FLOPs per second of this rank.")),
+      mfu_(Gauge(*registry_, Constant(hostname), "ithaca_mfu_ratio",
+                 "Model FLOPs utilization (0..1) of this rank; absent where the device's peak is "
+                 "unknown.")),
+      grad_norm_(Gauge(*registry_, Constant(hostname), "ithaca_grad_norm",
+                       "Global gradient norm of the newest step.")),
+      lr_(Gauge(*registry_, Constant(hostname), "ithaca_learning_rate",
+                "Learning rate of the newest step.")),
+      last_step_time_(Gauge(*registry_, Constant(hostname), "ithaca_last_step_timestamp_seconds",
+                            "Unix time of this rank's newest step report.")),
+      eval_loss_(Gauge(*registry_, Constant(hostname), "ithaca_eval_loss",
+                       "Mean cross-entropy of the newest held-out evaluation.")),
+      job_state_(Gauge(*registry_, Constant(hostname), "ithaca_job_state",
+                       "1 for each recent job's current state (one series per job).")),
+      capacity_(Gauge(*registry_, Constant(hostname), "ithaca_gpu_memory_capacity_bytes",
+                      "Memory of each GPU of this node.")),
+      jobs_(Gauge(*registry_, Constant(hostname), "ithaca_jobs", "Jobs in the store per state.")),
+      checkpoint_seconds_(Gauge(*registry_, Constant(hostname), "ithaca_checkpoint_seconds",
+                                "Wall time of the job's newest checkpoint save.")),
+      checkpoint_time_(Gauge(*registry_, Constant(hostname),
+                             "ithaca_checkpoint_last_timestamp_seconds",
+                             "Unix time the job's newest checkpoint was complete.")),
+      tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
+                      "Tokens trained by this rank.")),
+      exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
+                     "Worker process exits per reason.")),
+      duration_(Histogram(*registry_, Constant(hostname), "ithaca_step_duration_seconds",
+                          "Wall time of one optimizer step.")),
+      queue_wait_(Histogram(*registry_, Constant(hostname), "ithaca_queue_wait_seconds",
+                            "Time from a job's submission to the launch of its workers.")) {
+  Gauge(*registry_, Constant(hostname), "ithaca_build_info",
+        "Always 1; labels: the ithacad version.")
+      .Add({{"version", version}})
+      .Set(1);
+  for (const char* reason : kExitReasons) exits_.Add({{"reason", reason}});
+  for (int st = v1::JOB_STATE_QUEUED; st <= v1::JOB_STATE_CANCELLED; ++st) {
+    jobs_.Add({{"state", JobStateLabel(static_cast<JobState>(st))}});
+  }
+  // Present from the start, so that rate() sees the first launch.
+  queue_wait_.Add({}, QueueWaitBuckets());
+}
+
+Metrics::~Metrics() = default;
+
+prometheus::Labels Metrics::RankLabels(const RankSeries& s) const {
+  return {{"job_id", s.job},
+          {"rank", std::to_string(s.rank)},
+          {"gpu", s.gpu >= 0 ? std::to_string(s.gpu) : ""},
+          {"UUID", s.uuid}};
+}
+
+Metrics::RankSeries& Metrics::RankLocked(const std::string& job, int rank, int gpu,
+                                         const std::string& uuid) {
+  auto [it, added] = ranks_.try_emplace({job, rank});
+  RankSeries& s = it->second;
+  if (!added && s.gpu == gpu && s.uuid == uuid && s.host_offload != nullptr) return s;
+  if (!added) {  // the rank moved, or an evaluation came first (no step series yet): relabel
+    const double eval = s.eval_loss ? s.eval_loss->Value() : 0;
+    const bool had_eval = s.eval_loss != nullptr;
+    DropRankLocked(s);
+    ranks_.erase(it);
+    RankSeries& fresh = RankLocked(job, rank, gpu, uuid);
+    if (had_eval) {
+      fresh.eval_loss = &eval_loss_.Add(RankLabels(fresh));
+      fresh.eval_loss->Set(eval);
+    }
+    return fresh;
+  }
+  s.job = job;
+  s.rank = rank;
+  s.gpu = gpu;
+  s.uuid = uuid;
+  const Labels l = RankLabels(s);
+  s.host_offload = &host_offload_.Add(l);
+  s.tokens_per_second = &tokens_per_second_.Add(l);
+  s.loss = &loss_.Add(l);
+  s.step = &step_.Add(l);
+  s.flops = &flops_.Add(l);
+  s.grad_norm = &grad_norm_.Add(l);
+  s.lr = &lr_.Add(l);
+  s.last_step_time = &last_step_time_.Add(l);
+  s.tokens = &tokens_.Add(l);
+  s.duration = &duration_.Add(l, StepBuckets());
+  return s;
 }
 
 void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
                      const v1::StepReport& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  RankSeries& s = ranks_[{job, rank}];
-  if (s.buckets.empty()) s.buckets.assign(StepBuckets().size(), 0);
-  s.gpu = gpu;
-  s.uuid = uuid;
-  s.last = r;
-  s.tokens_total += r.tokens();
-  s.last_step_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  s.count += 1;
-  s.sum += r.seconds();
-  for (size_t i = 0; i < StepBuckets().size(); ++i) {
-    if (r.seconds() <= StepBuckets()[i]) s.buckets[i] += 1;
+  RankSeries& s = RankLocked(job, rank, gpu, uuid);
+  const Labels l = RankLabels(s);
+  for (const v1::TierBytes& t : r.memory()) {
+    if (t.tier() == "host_offload") {
+      s.host_offload->Set(static_cast<double>(t.current_bytes()));
+      continue;
+    }
+    Labels tl = l;
+    tl["tier"] = t.tier();
+    prometheus::Gauge*& current = s.memory[t.tier()];
+    if (current == nullptr) current = &memory_.Add(tl);
+    current->Set(static_cast<double>(t.current_bytes()));
+    prometheus::Gauge*& peak = s.memory_peak[t.tier()];
+    if (peak == nullptr) peak = &memory_peak_.Add(tl);
+    peak->Set(static_cast<double>(t.peak_bytes()));
+  }
+  s.tokens_per_second->Set(r.tokens_per_second());
+  s.tokens->Increment(static_cast<double>(r.tokens()));
+  s.loss->Set(r.loss());
+  s.step->Set(static_cast<double>(r.step()));
+  s.duration->Observe(r.seconds());
+  s.flops->Set(r.model_tflops() * 1e12);
+  // 0 means unknown (a CPU, an unlisted GPU): no sample rather than a misleading 0.
+  if (r.mfu() > 0) {
+    if (s.mfu == nullptr) s.mfu = &mfu_.Add(l);
+    s.mfu->Set(r.mfu());
+  } else if (s.mfu != nullptr) {
+    mfu_.Remove(s.mfu);
+    s.mfu = nullptr;
+  }
+  s.grad_norm->Set(r.grad_norm());
+  s.lr->Set(r.lr());
+  s.last_step_time->Set(NowSeconds());
+  if (rank == 0 && r.checkpoint_seconds() > 0) {
+    JobSeries& j = jobs_series_[job];
+    if (j.checkpoint_seconds == nullptr) {
+      j.checkpoint_seconds = &checkpoint_seconds_.Add({{"job_id", job}});
+      j.checkpoint_time = &checkpoint_time_.Add({{"job_id", job}});
+    }
+    j.checkpoint_seconds->Set(r.checkpoint_seconds());
+    j.checkpoint_time->Set(static_cast<double>(r.checkpoint_time_unix()));
+  }
+}
+
+void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
+                     const v1::EvalReport& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, added] = ranks_.try_emplace({job, rank});
+  RankSeries& s = it->second;
+  if (added) {  // an evaluation before any step (or an evaluation-only job): no step series yet
+    s.job = job;
+    s.rank = rank;
+    s.gpu = gpu;
+    s.uuid = uuid;
+  }
+  if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add(RankLabels(s));
+  s.eval_loss->Set(r.loss());
+}
+
+void Metrics::OnJobStarted(double queue_wait_seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_wait_.Add({}, QueueWaitBuckets()).Observe(queue_wait_seconds);
+}
+
+void Metrics::DropRankLocked(RankSeries& s) {
+  for (auto& [tier, g] : s.memory) memory_.Remove(g);
+  for (auto& [tier, g] : s.memory_peak) memory_peak_.Remove(g);
+  if (s.host_offload) {  // an eval-only entry has none of the step series
+    host_offload_.Remove(s.host_offload);
+    tokens_per_second_.Remove(s.tokens_per_second);
+    loss_.Remove(s.loss);
+    step_.Remove(s.step);
+    flops_.Remove(s.flops);
+    grad_norm_.Remove(s.grad_norm);
+    lr_.Remove(s.lr);
+    last_step_time_.Remove(s.last_step_time);
+    tokens_.Remove(s.tokens);
+    duration_.Remove(s.duration);
+  }
+  if (s.mfu) mfu_.Remove(s.mfu);
+  if (s.eval_loss) eval_loss_.Remove(s.eval_loss);
+}
+
+void Metrics::DropJobLocked(const std::string& job) {
+  for (auto it = ranks_.begin(); it != ranks_.end();) {
+    if (it->first.first == job) {
+      DropRankLocked(it->second);
+      it = ranks_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 
@@ -61,174 +338,122 @@ void Metrics::OnJobFinished(const std::string& job) {
   while (static_cast<int>(finished_.size()) > kFinishedJobsKept) {
     const std::string old = finished_.front();
     finished_.pop_front();
-    for (auto it = ranks_.begin(); it != ranks_.end();) {
-      it = it->first.first == old ? ranks_.erase(it) : std::next(it);
+    DropJobLocked(old);
+    auto j = jobs_series_.find(old);
+    if (j != jobs_series_.end()) {
+      checkpoint_seconds_.Remove(j->second.checkpoint_seconds);
+      checkpoint_time_.Remove(j->second.checkpoint_time);
+      jobs_series_.erase(j);
     }
   }
 }
 
 void Metrics::OnWorkerExit(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  exits_[reason] += 1;
+  exits_.Add({{"reason", reason}}).Increment();
 }
 
 void Metrics::SetJobCounts(const std::map<JobState, int64_t>& counts) {
   std::lock_guard<std::mutex> lock(mu_);
-  job_counts_ = counts;
+  for (int st = v1::JOB_STATE_QUEUED; st <= v1::JOB_STATE_CANCELLED; ++st) {
+    auto it = counts.find(static_cast<JobState>(st));
+    jobs_.Add({{"state", JobStateLabel(static_cast<JobState>(st))}})
+        .Set(it == counts.end() ? 0 : static_cast<double>(it->second));
+  }
 }
 
 void Metrics::SetJobStates(const std::vector<std::pair<std::string, JobState>>& jobs) {
   std::lock_guard<std::mutex> lock(mu_);
-  job_states_ = jobs;
+  for (prometheus::Gauge* g : job_state_series_) job_state_.Remove(g);
+  job_state_series_.clear();
+  for (const auto& [job, state] : jobs) {
+    prometheus::Gauge& g = job_state_.Add({{"job_id", job}, {"state", JobStateLabel(state)}});
+    g.Set(1);
+    job_state_series_.push_back(&g);
+  }
 }
 
 void Metrics::SetDevices(const std::vector<std::tuple<int, std::string, int64_t>>& devices) {
   std::lock_guard<std::mutex> lock(mu_);
-  devices_ = devices;
+  for (prometheus::Gauge* g : capacity_series_) capacity_.Remove(g);
+  capacity_series_.clear();
+  for (const auto& [index, uuid, bytes] : devices) {
+    prometheus::Gauge& g = capacity_.Add({{"gpu", std::to_string(index)}, {"UUID", uuid}});
+    g.Set(static_cast<double>(bytes));
+    capacity_series_.push_back(&g);
+  }
 }
 
-std::string Metrics::Render() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::string out;
-  auto labels = [](const std::pair<std::string, int>& key, const RankSeries& s) {
-    return absl::StrCat("job=\"", Escape(key.first), "\",rank=\"", key.second, "\",gpu=\"", s.gpu,
-                        "\",UUID=\"", Escape(s.uuid), "\"");
-  };
-  auto gauge = [&](const char* name, const char* help,
-                   const std::function<double(const RankSeries&)>& value) {
-    Header(&out, name, "gauge", help);
-    for (const auto& [key, s] : ranks_) {
-      absl::StrAppend(&out, name, "{", labels(key, s), "} ", Num(value(s)), "\n");
-    }
-  };
-  auto tier_gauge = [&](const char* name, const char* help, bool peak) {
-    Header(&out, name, "gauge", help);
-    for (const auto& [key, s] : ranks_) {
-      for (const v1::TierBytes& t : s.last.memory()) {
-        if (t.tier() == "host_offload") continue;
-        absl::StrAppend(&out, name, "{", labels(key, s), ",tier=\"", Escape(t.tier()), "\"} ",
-                        peak ? t.peak_bytes() : t.current_bytes(), "\n");
+std::vector<prometheus::MetricFamily> Metrics::Collect() {
+  std::vector<prometheus::MetricFamily> out;
+  Labels constant;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = registry_->Collect();
+  }
+  // Hostname, as the registry's families carry it.
+  for (const prometheus::MetricFamily& f : out) {
+    if (f.name == "ithaca_build_info" && !f.metric.empty()) {
+      for (const auto& l : f.metric[0].label) {
+        if (l.name == "Hostname") constant[l.name] = l.value;
       }
     }
-  };
-  tier_gauge("ithaca_gpu_memory_bytes", "Device memory in use per tier at the end of the step.",
-             false);
-  tier_gauge("ithaca_gpu_memory_peak_bytes", "Peak device memory per tier during the step.", true);
-  gauge("ithaca_host_offload_bytes", "Pinned host memory holding offloaded checkpoints.",
-        [](const RankSeries& s) {
-          for (const v1::TierBytes& t : s.last.memory()) {
-            if (t.tier() == "host_offload") return static_cast<double>(t.current_bytes());
-          }
-          return 0.0;
-        });
-  gauge("ithaca_tokens_per_second", "Training tokens per second of this rank (per GPU).",
-        [](const RankSeries& s) { return s.last.tokens_per_second(); });
-  Header(&out, "ithaca_tokens_total", "counter", "Tokens trained by this rank.");
-  for (const auto& [key, s] : ranks_) {
-    absl::StrAppend(&out, "ithaca_tokens_total{", labels(key, s), "} ", Num(s.tokens_total), "\n");
   }
-  gauge("ithaca_train_loss", "Mean cross-entropy of the newest step.",
-        [](const RankSeries& s) { return s.last.loss(); });
-  gauge("ithaca_train_step", "Newest completed optimizer step.",
-        [](const RankSeries& s) { return static_cast<double>(s.last.step()); });
-  Header(&out, "ithaca_step_duration_seconds", "histogram", "Wall time of one optimizer step.");
-  for (const auto& [key, s] : ranks_) {
-    const std::string l = labels(key, s);
-    for (size_t i = 0; i < StepBuckets().size(); ++i) {
-      absl::StrAppend(&out, "ithaca_step_duration_seconds_bucket{", l, ",le=\"",
-                      Num(StepBuckets()[i]), "\"} ", s.buckets[i], "\n");
-    }
-    absl::StrAppend(&out, "ithaca_step_duration_seconds_bucket{", l, ",le=\"+Inf\"} ", s.count,
-                    "\n");
-    absl::StrAppend(&out, "ithaca_step_duration_seconds_sum{", l, "} ", Num(s.sum), "\n");
-    absl::StrAppend(&out, "ithaca_step_duration_seconds_count{", l, "} ", s.count, "\n");
-  }
-  gauge("ithaca_model_flops_per_second", "Model FLOPs per second of this rank.",
-        [](const RankSeries& s) { return s.last.model_tflops() * 1e12; });
-  gauge("ithaca_mfu_ratio", "Model FLOPs utilization (0..1) of this rank.",
-        [](const RankSeries& s) { return s.last.mfu(); });
-  gauge("ithaca_grad_norm", "Global gradient norm of the newest step.",
-        [](const RankSeries& s) { return s.last.grad_norm(); });
-  gauge("ithaca_learning_rate", "Learning rate of the newest step.",
-        [](const RankSeries& s) { return s.last.lr(); });
-  gauge("ithaca_last_step_timestamp_seconds", "Unix time of this rank's newest step report.",
-        [](const RankSeries& s) { return s.last_step_time; });
-  Header(&out, "ithaca_job_state", "gauge",
-         "1 for each recent job's current state (one series per job).");
-  for (const auto& [job, state] : job_states_) {
-    absl::StrAppend(&out, "ithaca_job_state{job=\"", Escape(job), "\",state=\"",
-                    JobStateLabel(state), "\"} 1\n");
-  }
-  Header(&out, "ithaca_gpu_memory_capacity_bytes", "gauge", "Memory of each GPU of this node.");
-  for (const auto& [index, uuid, bytes] : devices_) {
-    absl::StrAppend(&out, "ithaca_gpu_memory_capacity_bytes{gpu=\"", index, "\",UUID=\"",
-                    Escape(uuid), "\"} ", bytes, "\n");
-  }
-  Header(&out, "ithaca_jobs", "gauge", "Jobs in the store per state.");
-  for (int st = v1::JOB_STATE_QUEUED; st <= v1::JOB_STATE_CANCELLED; ++st) {
-    auto it = job_counts_.find(static_cast<JobState>(st));
-    absl::StrAppend(&out, "ithaca_jobs{state=\"", JobStateLabel(static_cast<JobState>(st)), "\"} ",
-                    it == job_counts_.end() ? 0 : it->second, "\n");
-  }
-  Header(&out, "ithaca_worker_exits_total", "counter", "Worker process exits per reason.");
-  for (const char* reason : {"ok", "error", "bad_spec", "oom", "nan_loss", "killed", "signal",
-                             "heartbeat_timeout", "lost"}) {
-    auto it = exits_.find(reason);
-    absl::StrAppend(&out, "ithaca_worker_exits_total{reason=\"", reason, "\"} ",
-                    it == exits_.end() ? 0 : it->second, "\n");
-  }
+  for (prometheus::MetricFamily& f : ProcessFamilies(constant)) out.push_back(std::move(f));
   return out;
 }
 
+std::string Metrics::Render() { return prometheus::TextSerializer().Serialize(Collect()); }
+
 namespace {
 
-int HandleMetrics(mg_connection* conn, void* cb) {
-  auto* self = static_cast<MetricsHttp*>(cb);
-  if (self->options().before_render) self->options().before_render();
-  const std::string body = self->options().metrics->Render();
-  mg_send_http_ok(conn, "text/plain; version=0.0.4; charset=utf-8",
-                  static_cast<long long>(body.size()));
-  mg_write(conn, body.data(), body.size());
-  return 200;
-}
+// What the Exposer scrapes: refreshes the gauges that are computed on demand, then collects.
+class Scrape : public prometheus::Collectable {
+ public:
+  Scrape(Metrics* metrics, std::function<void()> before) : metrics_(metrics), before_(before) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    if (before_) before_();
+    return metrics_->Collect();
+  }
 
-int HandleHealth(mg_connection* conn, void*) {
-  mg_send_http_ok(conn, "text/plain", 3);
-  mg_write(conn, "ok\n", 3);
-  return 200;
-}
+ private:
+  Metrics* metrics_;
+  std::function<void()> before_;
+};
+
+// GET /healthz: 200 with an empty body while the Exposer serves.
+class Nothing : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override { return {}; }
+};
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttp>> MetricsHttp::Start(const Options& options) {
   if (options.metrics == nullptr) return absl::InvalidArgumentError("MetricsHttp: no metrics");
   std::unique_ptr<MetricsHttp> http(new MetricsHttp(options));
-  mg_init_library(0);
-  const char* opts[] = {"listening_ports", http->options_.listen.c_str(), "num_threads", "4",
-                        nullptr};
-  mg_callbacks cbs;
-  std::memset(&cbs, 0, sizeof(cbs));
-  http->ctx_ = mg_start(&cbs, nullptr, opts);
-  if (http->ctx_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics-listen ", options.listen, ": cannot listen there"));
+  try {
+    http->exposer_ = std::make_unique<prometheus::Exposer>(options.listen, 4);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("--metrics-listen ", options.listen,
+                                               ": cannot listen there (", e.what(), ")"));
   }
-  mg_set_request_handler(http->ctx_, "/metrics", HandleMetrics, http.get());
-  mg_set_request_handler(http->ctx_, "/healthz", HandleHealth, http.get());
+  http->collectables_.push_back(std::make_shared<Scrape>(options.metrics, options.before_render));
+  http->collectables_.push_back(std::make_shared<Nothing>());
+  http->exposer_->RegisterCollectable(http->collectables_[0], "/metrics");
+  http->exposer_->RegisterCollectable(http->collectables_[1], "/healthz");
   return http;
 }
 
-MetricsHttp::~MetricsHttp() {
-  if (ctx_) mg_stop(ctx_);
-  mg_exit_library();
-}
+MetricsHttp::MetricsHttp(Options o) : options_(std::move(o)) {}
+
+MetricsHttp::~MetricsHttp() = default;
 
 std::string MetricsHttp::address() const {
-  mg_server_port ports[4];
-  int n = mg_get_server_ports(ctx_, 4, ports);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
   const std::string& l = options_.listen;
   std::string host = l.find(':') == std::string::npos ? "0.0.0.0" : l.substr(0, l.rfind(':'));
-  return n > 0 ? absl::StrCat(host, ":", ports[0].port) : l;
+  return ports.empty() ? l : absl::StrCat(host, ":", ports[0]);
 }
 
 }  // namespace ithaca

@@ -1,9 +1,13 @@
-// Metrics: the daemon's Prometheus series (docs/architecture.md), rendered in the text exposition format
-// and served on GET /metrics by civetweb. Per-rank series carry the labels job, rank, gpu and
-// UUID, so they join with DCGM exporter series. Thread-safe.
+// Metrics: the daemon's Prometheus series (docs/architecture.md, docs/operations.md), kept in a
+// prometheus-cpp registry and served on GET /metrics by its Exposer (civetweb).
+//
+// Labels: per-rank series carry job_id (the training job; not `job`, which Prometheus gives the
+// scrape job, so no `honor_labels` is needed), rank, gpu (the device index as this container
+// sees it) and UUID. Every series carries Hostname (the Kubernetes node, from NODE_NAME). Join
+// with DCGM exporter series on UUID (or UUID and Hostname): DCGM's `gpu` is the host's index,
+// which differs from a container's whenever the pod does not own every GPU. Thread-safe.
 #pragma once
 
-#include <array>
 #include <deque>
 #include <functional>
 #include <map>
@@ -16,15 +20,31 @@
 
 #include "engine/core/status.h"
 #include "ithaca/v1/job.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
 #include "server/job_state.h"
 
-struct mg_context;
+namespace prometheus {
+class Exposer;
+}
 
 namespace ithaca {
 
 class Metrics {
  public:
-  // Upper bounds of ithaca_step_duration_seconds buckets (+Inf is implicit).
+  // `hostname` labels every series (Hostname="..."; none when empty); `version` goes into
+  // ithaca_build_info.
+  explicit Metrics(const std::string& hostname = "", const std::string& version = "0.1");
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Upper bounds of ithaca_step_duration_seconds buckets (+Inf is implicit): up to 2 h, for
+  // million-token steps.
   static const std::vector<double>& StepBuckets();
   // Series of finished jobs are kept for this many jobs, then dropped (bounded cardinality).
   static constexpr int kFinishedJobsKept = 16;
@@ -32,6 +52,11 @@ class Metrics {
   // A rank's identity: its device index and UUID ("" on a CPU node).
   void OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::StepReport& r);
+  // A held-out evaluation: ithaca_eval_loss, labelled like the reporting rank's step series.
+  void OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
+              const v1::EvalReport& r);
+  // A job left the queue for its workers `seconds` after it was submitted.
+  void OnJobStarted(double queue_wait_seconds);
   void OnJobFinished(const std::string& job);
   void OnWorkerExit(const std::string& reason);
   // Called before each render with the job store's counts and its newest jobs' states.
@@ -40,29 +65,45 @@ class Metrics {
   // The node's GPUs (index, UUID, capacity), for ithaca_gpu_memory_capacity_bytes.
   void SetDevices(const std::vector<std::tuple<int, std::string, int64_t>>& devices);
 
+  // Every family: the registry's and the process_* ones.
+  std::vector<prometheus::MetricFamily> Collect();
+  // Collect() in the text exposition format.
   std::string Render();
 
  private:
   struct RankSeries {
-    int gpu = 0;
+    std::string job;
+    int rank = 0, gpu = 0;  // 
     std::string uuid;
-    v1::StepReport last;
-    double tokens_total = 0;
-    std::vector<uint64_t> buckets;  // cumulative counts per bound
-    uint64_t count = 0;
-    double sum = 0;
-    double last_step_time = 0;  // Unix seconds of the newest step report
+    std::map<std::string, prometheus::Gauge*> memory, memory_peak;  // per tier
+    prometheus::Gauge *host_offload = nullptr, *tokens_per_second = nullptr, *loss = nullptr,
+                      *step = nullptr, *flops = nullptr, *mfu = nullptr, *grad_norm = nullptr,
+                      *lr = nullptr, *last_step_time = nullptr, *eval_loss = nullptr;
+    prometheus::Counter* tokens = nullptr;
+    prometheus::Histogram* duration = nullptr;
   };
+  struct JobSeries {
+    prometheus::Gauge *checkpoint_seconds = nullptr, *checkpoint_time = nullptr;
+  };
+  prometheus::Labels RankLabels(const RankSeries& s) const;
+  RankSeries& RankLocked(const std::string& job, int rank, int gpu, const std::string& uuid);
+  void DropRankLocked(RankSeries& s);
+  void DropJobLocked(const std::string& job);
+
   std::mutex mu_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_offload_, &tokens_per_second_,
+      &loss_, &step_, &flops_, &mfu_, &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_,
+      &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_;
+  prometheus::Family<prometheus::Counter>&tokens_, &exits_;
+  prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_;
+  std::map<std::string, JobSeries> jobs_series_;
   std::deque<std::string> finished_;
-  std::map<std::string, uint64_t> exits_;
-  std::map<JobState, int64_t> job_counts_;
-  std::vector<std::pair<std::string, JobState>> job_states_;
-  std::vector<std::tuple<int, std::string, int64_t>> devices_;
+  std::vector<prometheus::Gauge*> job_state_series_, capacity_series_;
 };
 
-// civetweb server for GET /metrics (and GET /healthz).
+// The Exposer serving GET /metrics (and GET /healthz, an empty 200).
 class MetricsHttp {
  public:
   struct Options {
@@ -74,12 +115,11 @@ class MetricsHttp {
   ~MetricsHttp();
   std::string address() const;  // host:port actually bound
 
-  const Options& options() const { return options_; }
-
  private:
-  explicit MetricsHttp(Options o) : options_(std::move(o)) {}
+  explicit MetricsHttp(Options o);
   Options options_;
-  mg_context* ctx_ = nullptr;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
 };
 
 }  // namespace ithaca

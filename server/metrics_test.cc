@@ -32,27 +32,79 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
   m.SetJobStates({{"job-1", v1::JOB_STATE_RUNNING}, {"job-0", v1::JOB_STATE_FAILED}});
   m.SetDevices({{3, "GPU-abc", int64_t{141} << 30}});
   const std::string text = m.Render();
-  const std::string l = "job=\"job-1\",rank=\"1\",gpu=\"3\",UUID=\"GPU-abc\"";
+  // prometheus-cpp writes labels sorted by name.
+  const std::string l = "UUID=\"GPU-abc\",gpu=\"3\",job_id=\"job-1\",rank=\"1\"";
   for (const std::string& want : std::vector<std::string>{
            "# TYPE ithaca_step_duration_seconds histogram",
            "ithaca_gpu_memory_bytes{" + l + ",tier=\"params\"} 1000",
            "ithaca_gpu_memory_peak_bytes{" + l + ",tier=\"params\"} 1500",
-           "ithaca_host_offload_bytes{" + l + "} 77", "ithaca_tokens_total{" + l + "} 1024",
+           "ithaca_host_offload_bytes{" + l + "} 77",
+           "ithaca_tokens_total{" + l + "} 1024",
            "ithaca_train_step{" + l + "} 2",
            "ithaca_step_duration_seconds_bucket{" + l + ",le=\"0.05\"} 1",
            "ithaca_step_duration_seconds_bucket{" + l + ",le=\"0.5\"} 2",
            "ithaca_step_duration_seconds_bucket{" + l + ",le=\"+Inf\"} 2",
-           "ithaca_step_duration_seconds_count{" + l + "} 2", "ithaca_jobs{state=\"running\"} 1",
-           "ithaca_jobs{state=\"queued\"} 0", "ithaca_worker_exits_total{reason=\"nan_loss\"} 1",
-           "ithaca_job_state{job=\"job-1\",state=\"running\"} 1",
-           "ithaca_job_state{job=\"job-0\",state=\"failed\"} 1",
-           "ithaca_gpu_memory_capacity_bytes{gpu=\"3\",UUID=\"GPU-abc\"} 151397597184",
+           "ithaca_step_duration_seconds_count{" + l + "} 2",
+           "ithaca_jobs{state=\"running\"} 1",
+           "ithaca_jobs{state=\"queued\"} 0",
+           "ithaca_worker_exits_total{reason=\"nan_loss\"} 1",
+           "ithaca_job_state{job_id=\"job-1\",state=\"running\"} 1",
+           "ithaca_job_state{job_id=\"job-0\",state=\"failed\"} 1",
+           "ithaca_gpu_memory_capacity_bytes{UUID=\"GPU-abc\",gpu=\"3\"} 151397597184",
+           "ithaca_step_duration_seconds_bucket{" + l + ",le=\"7200\"} 2",
+           "ithaca_build_info{version=\"0.1\"} 1",
+           "# TYPE process_cpu_seconds_total counter",
+           "process_resident_memory_bytes ",
+           "process_open_fds ",
+           "process_start_time_seconds 1",
            "ithaca_last_step_timestamp_seconds{" + l + "} 1",  // Unix seconds: 1.7e9…
        }) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
   // host_offload is not a GPU tier.
   EXPECT_EQ(text.find("tier=\"host_offload\""), std::string::npos);
+  // MFU 0 means unknown: no sample, rather than a 0 that reads as an idle GPU.
+  EXPECT_EQ(text.find("ithaca_mfu_ratio{"), std::string::npos) << text;
+  // The scrape job's label is Prometheus' own.
+  EXPECT_EQ(text.find("job=\""), std::string::npos) << text;
+}
+
+TEST(MetricsTest, HostnameEvalCheckpointQueueWaitAndMfu) {
+  Metrics m("node-7");
+  v1::EvalReport eval;
+  eval.set_rank(0);
+  eval.set_loss(3.25);
+  m.OnEval("job-2", 0, 1, "GPU-x", eval);  // before the first step: no step series yet
+  v1::StepReport r = Report(4, 2.0);
+  r.set_rank(0);
+  r.set_mfu(0.41);
+  r.set_checkpoint_seconds(12.5);
+  r.set_checkpoint_time_unix(1780000000);
+  m.OnStep("job-2", 0, 1, "GPU-x", r);
+  m.OnJobStarted(42);
+  std::string text = m.Render();
+  const std::string l = "Hostname=\"node-7\",UUID=\"GPU-x\",gpu=\"1\",job_id=\"job-2\",rank=\"0\"";
+  for (const std::string& want : std::vector<std::string>{
+           "ithaca_eval_loss{" + l + "} 3.25",
+           "ithaca_mfu_ratio{" + l + "} 0.41",
+           "ithaca_checkpoint_seconds{Hostname=\"node-7\",job_id=\"job-2\"} 12.5",
+           "ithaca_checkpoint_last_timestamp_seconds{Hostname=\"node-7\",job_id=\"job-2\"} "
+           "1780000000",
+           "ithaca_queue_wait_seconds_bucket{Hostname=\"node-7\",le=\"30\"} 0",
+           "ithaca_queue_wait_seconds_bucket{Hostname=\"node-7\",le=\"60\"} 1",
+           "ithaca_queue_wait_seconds_sum{Hostname=\"node-7\"} 42",
+           "ithaca_build_info{Hostname=\"node-7\",version=\"0.1\"} 1",
+           "process_max_fds{Hostname=\"node-7\"} ",
+       }) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  // The eval series of the device-less entry was relabelled, not duplicated.
+  EXPECT_EQ(text.find("gpu=\"\""), std::string::npos) << text;
+  // MFU becoming unknown removes the sample.
+  r.set_mfu(0);
+  m.OnStep("job-2", 0, 1, "GPU-x", r);
+  text = m.Render();
+  EXPECT_EQ(text.find("ithaca_mfu_ratio{"), std::string::npos) << text;
 }
 
 TEST(MetricsTest, DropsSeriesOfOldFinishedJobs) {
@@ -60,11 +112,41 @@ TEST(MetricsTest, DropsSeriesOfOldFinishedJobs) {
   for (int j = 0; j < Metrics::kFinishedJobsKept + 3; ++j) {
     const std::string id = "job-" + std::to_string(j);
     m.OnStep(id, 0, 0, "", Report(1, 0.1));
+    v1::EvalReport e;
+    e.set_loss(3.5);
+    m.OnEval(id, 0, 0, "", e);
     m.OnJobFinished(id);
   }
   const std::string text = m.Render();
-  EXPECT_EQ(text.find("job=\"job-0\""), std::string::npos);
-  EXPECT_NE(text.find("job=\"job-18\""), std::string::npos);
+  EXPECT_EQ(text.find("job_id=\"job-0\""), std::string::npos);
+  EXPECT_NE(text.find("job_id=\"job-18\""), std::string::npos);
+}
+
+// The newest evaluation's loss, with the per-rank labels; an evaluation-only job (no step) gets
+// it without any step series.
+TEST(MetricsTest, EvalLossOfTheNewestEvaluation) {
+  Metrics m("node-1");
+  m.OnStep("job-1", 0, 3, "GPU-abc", Report(1, 0.1));
+  v1::EvalReport e;
+  e.set_step(1);
+  e.set_loss(3.25);
+  m.OnEval("job-1", 0, 3, "GPU-abc", e);
+  e.set_loss(3.125);
+  m.OnEval("job-1", 0, 3, "GPU-abc", e);
+  e.set_loss(4.5);
+  m.OnEval("job-2", 0, 1, "GPU-def", e);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("# TYPE ithaca_eval_loss gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("ithaca_eval_loss{Hostname=\"node-1\",UUID=\"GPU-abc\",gpu=\"3\","
+                      "job_id=\"job-1\",rank=\"0\"} 3.125\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_eval_loss{Hostname=\"node-1\",UUID=\"GPU-def\",gpu=\"1\","
+                      "job_id=\"job-2\",rank=\"0\"} 4.5\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("job_id=\"job-2\",rank=\"0\"} 0"), std::string::npos)
+      << "an evaluation-only job has no step series\n" << text;
 }
 
 }  // namespace

@@ -77,6 +77,17 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::ReadHistory(grpc::ServerContext* context,
+                                         const v1::ReadHistoryRequest* request,
+                                         grpc::ServerWriter<v1::JobEvent>* writer) {
+  absl::StatusOr<std::vector<v1::JobEvent>> history = jobs_->History(request->id());
+  if (!history.ok()) return ToGrpc(history.status());
+  for (const v1::JobEvent& e : *history) {
+    if (context->IsCancelled() || !writer->Write(e)) break;
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
                                       const v1::ReadLogsRequest* request,
                                       grpc::ServerWriter<v1::LogLine>* writer) {
@@ -133,6 +144,11 @@ grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::Registe
 grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext*,
                                            const v1::ReportStepRequest* request, v1::Ack*) {
   return ToGrpc(supervisor_->ReportStep(*request));
+}
+
+grpc::Status WorkerServiceImpl::ReportEval(grpc::ServerContext*,
+                                           const v1::ReportEvalRequest* request, v1::Ack*) {
+  return ToGrpc(supervisor_->ReportEval(*request));
 }
 
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,

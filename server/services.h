@@ -31,6 +31,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status ReadLogs(grpc::ServerContext* context, const v1::ReadLogsRequest* request,
                         grpc::ServerWriter<v1::LogLine>* writer) override;
+  grpc::Status ReadHistory(grpc::ServerContext* context, const v1::ReadHistoryRequest* request,
+                           grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* request,
                        v1::PlanJobResponse* response) override;
   grpc::Status GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
@@ -47,6 +49,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
   grpc::Status ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* request,
+                          v1::Ack*) override;
+  grpc::Status ReportEval(grpc::ServerContext*, const v1::ReportEvalRequest* request,
                           v1::Ack*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::Ack*) override;

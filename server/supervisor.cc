@@ -310,6 +310,17 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   return owner_->OnStep(a->id, step);
 }
 
+absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const v1::EvalReport& eval = request.eval();
+  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), eval.rank()));
+  Rank& r = a->ranks[eval.rank()];
+  r.last_heartbeat = absl::Now();
+  const NodeDevice& dev = node_.devices[r.slot];
+  metrics_->OnEval(a->id, eval.rank(), dev.index, dev.uuid, eval);
+  return owner_->OnEval(a->id, eval);
+}
+
 absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));

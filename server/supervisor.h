@@ -57,6 +57,8 @@ class JobOwner {
                                                 const std::string& reason) = 0;
   // A rank's step report; an error goes back to the worker.
   virtual absl::Status OnStep(const std::string& job_id, const v1::StepReport& step) = 0;
+  // An evaluation's report (rank 0's, for the whole job); an error goes back to the worker.
+  virtual absl::Status OnEval(const std::string& job_id, const v1::EvalReport& eval) = 0;
   // Lines a rank wrote to its log since the last call.
   virtual void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) = 0;
   // The job is over: every worker is gone, or none could be started. Its slots are free again.
@@ -107,6 +109,7 @@ class Supervisor {
   // WorkerService.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   absl::Status ReportStep(const v1::ReportStepRequest& request);
+  absl::Status ReportEval(const v1::ReportEvalRequest& request);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status Log(const v1::LogRequest& request);
 

@@ -66,6 +66,11 @@ class RecordingOwner : public JobOwner {
     steps_[id].push_back(step.step());
     return absl::OkStatus();
   }
+  absl::Status OnEval(const std::string& id, const v1::EvalReport& eval) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    evals_[id].push_back(eval.step());
+    return absl::OkStatus();
+  }
   void OnLogLines(const std::string& id, int rank, std::vector<std::string> lines) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (std::string& l : lines) logs_[id].push_back(absl::StrCat(rank, ": ", l));
@@ -106,6 +111,10 @@ class RecordingOwner : public JobOwner {
     std::lock_guard<std::mutex> lock(mu_);
     return steps_[id];
   }
+  std::vector<int64_t> Evals(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return evals_[id];
+  }
 
  private:
   std::mutex mu_;
@@ -114,6 +123,7 @@ class RecordingOwner : public JobOwner {
   std::map<std::string, int> pgids_;
   std::map<std::string, std::vector<JobState>> states_;
   std::map<std::string, std::vector<int64_t>> steps_;
+  std::map<std::string, std::vector<int64_t>> evals_;
   std::map<std::string, std::vector<std::string>> logs_;
   std::map<std::string, Ended> ended_;
 };
@@ -236,6 +246,16 @@ TEST(SupervisorTest, RegisterChecksThePidAndAWorkerThatGoesSilentFailsItsJob) {
   step.mutable_step()->set_step(5);
   ASSERT_TRUE(supervisor.ReportStep(step).ok());
   EXPECT_EQ(owner.Steps("job-r"), std::vector<int64_t>{5});
+  v1::ReportEvalRequest eval;
+  eval.set_job_id("job-r");
+  eval.mutable_eval()->set_rank(0);
+  eval.mutable_eval()->set_step(5);
+  eval.mutable_eval()->set_loss(2.75);
+  ASSERT_TRUE(supervisor.ReportEval(eval).ok());
+  EXPECT_EQ(owner.Evals("job-r"), std::vector<int64_t>{5});
+  EXPECT_NE(metrics.Render().find("ithaca_eval_loss{job=\"job-r\",rank=\"0\""), std::string::npos);
+  eval.mutable_eval()->set_rank(3);  // no such rank
+  EXPECT_FALSE(supervisor.ReportEval(eval).ok());
 
   // No heartbeat follows.
   std::optional<Ended> end = owner.WaitEnded("job-r");

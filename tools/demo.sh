@@ -2,7 +2,8 @@
 # The main job, through the service: starts ithacad (state under $ITHACA_HOME, default
 # ~/.ithaca), submits the built-in demo job (the tiny Llama on a small byte-level corpus, CPU
 # backend) with the `ithaca` CLI, follows it to completion, prints its per-tier memory table and
-# a snapshot of /metrics, then stops the daemon. Exits 0 only if the job SUCCEEDED.
+# a snapshot of /metrics, writes the job's report ($RUN/report.html: plots, spec, plan) and its
+# step history ($RUN/steps.jsonl), then stops the daemon. Exits 0 only if the job SUCCEEDED.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN="${ITHACA_DEMO_DIR:-$PWD/runs/demo}"
@@ -61,8 +62,11 @@ PY
 echo
 echo "metrics: served at http://$METRICS/metrics while ithacad ran (Prometheus text format);"
 echo "         snapshot in $RUN/metrics.txt, e.g.:"
-grep -E '^ithaca_(tokens_per_second|train_loss|train_step|jobs\{state="succeeded")' \
+grep -E '^ithaca_(tokens_per_second|train_loss|train_step|jobs\{.*state="succeeded")' \
   "$RUN/metrics.txt" | sed 's/^/           /' || true
+ithaca logs "$JOB" --steps > "$RUN/steps.jsonl"
+ithaca report "$JOB" --out "$RUN/report.html"
+echo "report:  $RUN/report.html (open it in a browser); step history: $RUN/steps.jsonl"
 echo "logs:    $ITHACA_HOME/jobs/$JOB/rank-0.log   store: $ITHACA_HOME/jobs.db"
 echo "checkpoints: $RUN/checkpoints"
 exit $rc

@@ -7,11 +7,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <cstdio>
+#include <deque>
+#include <functional>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <variant>
 
 #include "absl/strings/numbers.h"
 #include "engine/comm/bootstrap.h"
@@ -53,6 +55,19 @@ v1::StepReport ToProto(const StepReport& r, int rank) {
     tb->set_peak_bytes(r.mem_peak[t]);
   }
   p.set_device_peak_bytes(r.mem_device_peak);
+  p.set_checkpoint_seconds(r.checkpoint_seconds);
+  p.set_checkpoint_time_unix(r.checkpoint_time_unix);
+  return p;
+}
+
+v1::EvalReport ToProto(const EvalReport& r, int rank) {
+  v1::EvalReport p;
+  p.set_rank(rank);
+  p.set_step(r.step);
+  p.set_loss(r.loss);
+  p.set_tokens(r.tokens);
+  p.set_batches(static_cast<int32_t>(r.batches));
+  p.set_seconds(r.seconds);
   return p;
 }
 
@@ -88,14 +103,9 @@ class DaemonLink {
 
   // Queues the step's report; a sender thread delivers reports in order, so the training loop
   // never waits on the daemon.
-  void ReportStep(const StepReport& r) {
-    {
-      std::lock_guard<std::mutex> lock(report_mu_);
-      if (!sender_.joinable()) sender_ = std::thread([this] { SendReports(); });
-      reports_.push_back(ToProto(r, o_.rank));
-    }
-    report_cv_.notify_one();
-  }
+  void ReportStep(const StepReport& r) { Queue(ToProto(r, o_.rank)); }
+  // An evaluation's report, in the same queue: the daemon sees it after the step it follows.
+  void ReportEval(const EvalReport& r) { Queue(ToProto(r, o_.rank)); }
 
   // Delivers every queued report, then stops the sender (before the rank exits, so the daemon
   // has seen the last step before it sees the exit).
@@ -168,22 +178,43 @@ class DaemonLink {
   }
 
  private:
+  using Report = std::variant<v1::StepReport, v1::EvalReport>;
+
+  void Queue(Report report) {
+    {
+      std::lock_guard<std::mutex> lock(report_mu_);
+      if (!sender_.joinable()) sender_ = std::thread([this] { SendReports(); });
+      reports_.push_back(std::move(report));
+    }
+    report_cv_.notify_one();
+  }
+
   void SendReports() {
     std::unique_lock<std::mutex> lock(report_mu_);
     while (true) {
       report_cv_.wait(lock, [this] { return reports_done_ || !reports_.empty(); });
       if (reports_.empty()) return;  // done and drained
-      v1::ReportStepRequest req;
-      req.set_job_id(o_.job_id);
-      *req.mutable_step() = std::move(reports_.front());
+      Report report = std::move(reports_.front());
       reports_.pop_front();
       lock.unlock();
       grpc::ClientContext ctx;
       ctx.set_deadline(In(10000));
       v1::Ack ack;
-      grpc::Status st = stub_->ReportStep(&ctx, req, &ack);
+      grpc::Status st;
+      if (auto* step = std::get_if<v1::StepReport>(&report)) {
+        v1::ReportStepRequest req;
+        req.set_job_id(o_.job_id);
+        *req.mutable_step() = std::move(*step);
+        st = stub_->ReportStep(&ctx, req, &ack);
+      } else {
+        v1::ReportEvalRequest req;
+        req.set_job_id(o_.job_id);
+        *req.mutable_eval() = std::move(std::get<v1::EvalReport>(report));
+        st = stub_->ReportEval(&ctx, req, &ack);
+      }
       if (!st.ok()) {
-        std::fprintf(stderr, "rank %d: report step: %s\n", o_.rank, st.error_message().c_str());
+        std::fprintf(stderr, "rank %d: report %s: %s\n", o_.rank,
+                     report.index() == 0 ? "step" : "eval", st.error_message().c_str());
       }
       lock.lock();
     }
@@ -193,7 +224,7 @@ class DaemonLink {
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::mutex report_mu_;
   std::condition_variable report_cv_;
-  std::deque<v1::StepReport> reports_;
+  std::deque<Report> reports_;
   bool reports_done_ = false;
   std::thread sender_;
   std::thread thread_;
@@ -223,6 +254,9 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
               static_cast<long long>(spec.training.steps), spec.backend.c_str(),
               rank->libraries().empty() ? "" : " with ", rank->libraries().c_str());
   std::fflush(stdout);
+  // Rank 0 reports the evaluations: their losses are already the whole job's.
+  std::function<void(const EvalReport&)> on_eval = nullptr;
+  if (o.rank == 0) on_eval = [&link](const EvalReport& r) { link.ReportEval(r); };
   // One step per Run call, so SIGTERM is honoured between steps.
   while (trainer.state().step < spec.training.steps) {
     if (g_stop.load()) {
@@ -230,8 +264,10 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
           absl::StrCat("stopped by SIGTERM after step ", trainer.state().step));
     }
     RETURN_IF_ERROR(trainer.Run([&link](const StepReport& r) { link.ReportStep(r); },
-                                trainer.state().step + 1));
+                                trainer.state().step + 1, on_eval));
   }
+  // An evaluation-only job takes no step: its one evaluation is the whole run.
+  if (spec.training.steps == 0) RETURN_IF_ERROR(trainer.Run(nullptr, 0, on_eval));
   if (!spec.checkpoint.dir.empty()) {
     absl::StatusOr<std::string> latest = LatestCheckpoint(spec.checkpoint.dir);
     if (latest.ok()) std::printf("checkpoint: %s\n", latest->c_str());

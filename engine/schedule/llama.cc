@@ -104,6 +104,15 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
 
 absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_scale,
                                          const Tensor& loss_sum) {
+  return Run(sample, grad_scale, loss_sum, /*backward=*/true);
+}
+
+absl::Status LlamaModel::Forward(const DeviceSample& sample, const Tensor& loss_sum) {
+  return Run(sample, /*grad_scale=*/0.f, loss_sum, /*backward=*/false);
+}
+
+absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const Tensor& loss_sum,
+                             bool backward) {
   const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const DType act = ops_->act_dtype();
   const Tensor ids = sample.ids.tensor(), lab = sample.labels.tensor();
@@ -124,8 +133,9 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
   }
 
   const BlockContext ctx = Context(s);
-  const bool keep_all = opts_.checkpoint == CheckpointPolicy::kNone;
-  const bool keep_attention = opts_.checkpoint == CheckpointPolicy::kAttentionAware;
+  // Without a backward nothing is saved, whatever the checkpoint policy.
+  const bool keep_all = backward && opts_.checkpoint == CheckpointPolicy::kNone;
+  const bool keep_attention = backward && opts_.checkpoint == CheckpointPolicy::kAttentionAware;
   // Only every k-th block's input is saved; the others are regrown in backward from it.
   const int64_t k = keep_all ? 1 : std::max<int64_t>(1, opts_.checkpoint_interval);
   CheckpointStore saved(ops_, alloc_, L, opts_.offload, opts_.offload_keep_last);
@@ -139,13 +149,13 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
       next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l + 1));
       RETURN_IF_ERROR(next->Get().status());
     }
-    const Tier y_tier = l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
+    const Tier y_tier = backward && l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
     BlockSaved bs;
     const bool keep_o = keep_all || (keep_attention && l % k == 0);
     RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs, keep_o,
                                  /*keep_mlp_input=*/keep_all));
-    if (l % k == 0) {
+    if (backward && l % k == 0) {
       SavedInputs in;
       in.x = std::move(x);
       if (keep_attention) {
@@ -158,6 +168,7 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
     x = std::move(y);
   }
   next.reset();
+  if (!backward) return LossHead(x.tensor(), lab, grad_scale, Tensor(), loss_sum);
 
   ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, act, {s, d}, Tier::kActivations));
   RETURN_IF_ERROR(LossHead(x.tensor(), lab, grad_scale, dx.tensor(), loss_sum));
@@ -244,18 +255,25 @@ absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float g
   }
   const Tensor norm_w = ParamLayout::View(head_p, head_entries[kFinalNorm]);
   const Tensor E = ParamLayout::View(e_p, e_entry);
-  ASSIGN_OR_RETURN(Tensor head_g, ps.AcquireGrad(head));
-  Tensor e_g = head_g;
-  if (tied) {
-    ASSIGN_OR_RETURN(e_g, ps.AcquireGrad(embed));
+  const bool backward = dx.data != nullptr;  // else evaluation: the losses alone
+  Tensor norm_g, dE;
+  if (backward) {
+    ASSIGN_OR_RETURN(Tensor head_g, ps.AcquireGrad(head));
+    Tensor e_g = head_g;
+    if (tied) {
+      ASSIGN_OR_RETURN(e_g, ps.AcquireGrad(embed));
+    }
+    norm_g = ParamLayout::View(head_g, head_entries[kFinalNorm]);
+    dE = ParamLayout::View(e_g, e_entry);
   }
-  const Tensor norm_g = ParamLayout::View(head_g, head_entries[kFinalNorm]);
-  const Tensor dE = ParamLayout::View(e_g, e_entry);
   ASSIGN_OR_RETURN(Buffer h, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer rstd, Buffer::Make(alloc_, DType::kF32, {T}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer logits, Buffer::Make(alloc_, act, {T, V}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer losses, Buffer::Make(alloc_, DType::kF32, {s}, Tier::kActivations));
-  ASSIGN_OR_RETURN(Buffer dh, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
+  Buffer dh;
+  if (backward) {
+    ASSIGN_OR_RETURN(dh, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
+  }
   for (int64_t t0 = 0; t0 < s; t0 += T) {
     const int64_t t1 = std::min(s, t0 + T), n = t1 - t0;
     const Tensor xt = x.Rows(t0, t1), ht = h.tensor().Rows(0, n);
@@ -263,14 +281,17 @@ absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float g
     ops_->RmsNorm(xt, norm_w, static_cast<float>(cfg_.rms_norm_eps), ht, rt);
     ops_->Gemm(ht, false, E, true, lt, 1.f, 0.f);
     ops_->CrossEntropy(lt, labels.Rows(t0, t1), losses.tensor().Rows(t0, t1), lt, grad_scale);
+    if (!backward) continue;
     const Tensor dht = dh.tensor().Rows(0, n), dxt = dx.Rows(t0, t1);
     ops_->Gemm(lt, false, E, false, dht, 1.f, 0.f);  // dh = dlogits · E
     ops_->Gemm(lt, true, ht, false, dE, 1.f, 1.f);   // dE += dlogitsᵀ · h
     ops_->Fill(dxt, 0.f);
     ops_->RmsNormBackward(xt, norm_w, rt, dht, dxt, norm_g);
   }
-  RETURN_IF_ERROR(ps.ReduceGrad(head));
-  if (tied) RETURN_IF_ERROR(ps.ReduceGrad(embed));
+  if (backward) {
+    RETURN_IF_ERROR(ps.ReduceGrad(head));
+    if (tied) RETURN_IF_ERROR(ps.ReduceGrad(embed));
+  }
   // On the device: the loop reads it once per step, with the gradient norm.
   ops_->SumInto(losses.tensor(), loss_sum);
   return absl::OkStatus();

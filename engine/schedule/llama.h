@@ -84,14 +84,22 @@ class LlamaModel {
   // Both, then reads the loss sum back (the host waits for the work): for tests and tools.
   absl::StatusOr<LossSum> ForwardBackward(const int32_t* inputs, const int32_t* labels, int64_t S,
                                           float grad_scale);
+  // The forward alone, for evaluation: the same schedule (FSDP gathers, Ulysses / UPipe
+  // attention, MLP and loss tiles) up to the share's loss sum, written into `loss_sum` as
+  // ForwardBackward does. No gradient is computed or touched, nothing is saved for a backward,
+  // and the weights are only read. Only enqueues work.
+  absl::Status Forward(const DeviceSample& sample, const Tensor& loss_sum);
 
  private:
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
       : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts) {}
   BlockContext Context(int64_t s) const;
+  // ForwardBackward, or with `backward` false Forward: the forward pass is written once.
+  absl::Status Run(const DeviceSample& sample, float grad_scale, const Tensor& loss_sum,
+                   bool backward);
   // Final norm, LM head and cross-entropy over token tiles, fused with their backward: writes
   // dx [s, d], adds the head's (and tied embedding's) gradients, writes the loss sum into
-  // `loss_sum` (device).
+  // `loss_sum` (device). With `dx` empty only the loss sum (evaluation).
   absl::Status LossHead(const Tensor& x, const Tensor& labels, float grad_scale, const Tensor& dx,
                         const Tensor& loss_sum);
 

@@ -446,7 +446,9 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                          "model.preset"));
   RETURN_IF_ERROR(one_of(s.model.dtype, {"auto", "bf16", "f32"}, "model.dtype"));
 
-  RETURN_IF_ERROR(r.Require(!s.data.path.empty(), "data.path",
+  // An evaluation-only job (training.steps = 0) trains on nothing: data.path is optional there.
+  const bool eval_only = s.training.steps == 0;
+  RETURN_IF_ERROR(r.Require(!s.data.path.empty() || eval_only, "data.path",
                             "required: the token file to train on (see ithaca-tokenize)"));
   RETURN_IF_ERROR(
       r.Require(s.data.seq_len >= 2 && s.data.seq_len <= kMaxSeqLen, "data.seq_len",
@@ -457,13 +459,19 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
 
   const JobSpec::Training& t = s.training;
   RETURN_IF_ERROR(
-      r.Require(t.steps >= 1, "training.steps", absl::StrCat("must be >= 1, got ", t.steps)));
-  RETURN_IF_ERROR(r.Require(t.lr > 0, "training.lr", absl::StrCat("must be > 0, got ", t.lr)));
+      r.Require(t.steps >= 0, "training.steps", absl::StrCat("must be >= 0, got ", t.steps)));
+  RETURN_IF_ERROR(r.Require(!eval_only || !s.eval.path.empty(), "training.steps",
+                            "0 (an evaluation-only job) needs an [eval] section with eval.path"));
+  // An evaluation-only job never takes an optimizer step, so its learning rates do not matter.
+  RETURN_IF_ERROR(r.Require(
+      t.lr > 0 || (eval_only && t.lr == 0), "training.lr",
+      absl::StrCat("must be > 0, got ", t.lr,
+                   t.lr == 0 ? " (0 only for an evaluation-only job, training.steps = 0)" : "")));
   RETURN_IF_ERROR(
       r.Require(t.min_lr >= 0, "training.min_lr", absl::StrCat("must be >= 0, got ", t.min_lr)));
   // Says so when min_lr is the default: lowering only lr is the likely way to get here.
   RETURN_IF_ERROR(r.Require(
-      t.min_lr <= t.lr, "training.min_lr",
+      t.min_lr <= t.lr || eval_only, "training.min_lr",
       absl::StrCat("must be <= training.lr (", t.lr, "), got ", t.min_lr,
                    r.Given("training.min_lr") ? "" : " (the default; set training.min_lr)")));
   RETURN_IF_ERROR(r.Require(t.warmup_steps >= 0, "training.warmup_steps",
@@ -518,6 +526,18 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(
       r.Require(ex.empty() || !s.checkpoint.dir.empty(), "checkpoint.export",
                 "needs checkpoint.dir (the export is written to checkpoint.dir/export)"));
+  RETURN_IF_ERROR(r.Require(ex.empty() || !eval_only, "checkpoint.export",
+                            "an evaluation-only job (training.steps = 0) writes no checkpoint to "
+                            "export"));
+  RETURN_IF_ERROR(r.Require(!r.Given("eval") || !s.eval.path.empty(), "eval.path",
+                            "required in an [eval] section: the held-out token file(s) (see "
+                            "ithaca-tokenize --val-fraction)"));
+  RETURN_IF_ERROR(
+      r.Require(s.eval.every >= 0, "eval.every",
+                absl::StrCat("must be >= 0 (0: only after the last step), got ", s.eval.every)));
+  RETURN_IF_ERROR(
+      r.Require(s.eval.batches >= 1 && s.eval.batches <= kMaxEvalBatches, "eval.batches",
+                absl::StrCat("must be in [1, ", kMaxEvalBatches, "], got ", s.eval.batches)));
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
   return absl::OkStatus();
@@ -587,6 +607,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
         {"keep", r.Int(&s.checkpoint.keep)},
         {"export", r.Str(&s.checkpoint.export_dtype)}}},
       {"metrics", {{"log_every", r.Int(&s.metrics.log_every)}}},
+      {"eval",
+       {{"path", r.Str(&s.eval.path)},
+        {"every", r.Int(&s.eval.every)},
+        {"batches", r.Int(&s.eval.batches)}}},
   };
   RETURN_IF_ERROR(r.Walk(parsed.table(), "", top, sections));
   RETURN_IF_ERROR(Validate(s, r));
@@ -599,7 +623,8 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   // Paths in a spec are relative to the spec, so a job directory can be moved as a whole.
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
-  for (std::string* p : {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir}) {
+  for (std::string* p :
+       {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir, &s.eval.path}) {
     *p = ResolvePath(dir, *p);
   }
   return s;
@@ -640,6 +665,10 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\nkeep = ", s.checkpoint.keep, "\nexport = ", Quote(s.checkpoint.export_dtype),
                   "\n");
   absl::StrAppend(&out, "\n[metrics]\nlog_every = ", s.metrics.log_every, "\n");
+  if (!s.eval.path.empty()) {  // no section: no evaluation
+    absl::StrAppend(&out, "\n[eval]\npath = ", Quote(s.eval.path), "\nevery = ", s.eval.every,
+                    "\nbatches = ", s.eval.batches, "\n");
+  }
   return out;
 }
 

@@ -33,7 +33,7 @@ struct JobSpec {
   } data;
 
   struct Training {
-    int64_t steps = 100;
+    int64_t steps = 100;  // 0: an evaluation-only job (needs [eval]; lr may then be 0)
     double lr = 3e-4;
     double min_lr = 3e-5;
     int64_t warmup_steps = 10;
@@ -79,6 +79,15 @@ struct JobSpec {
   struct Metrics {
     int64_t log_every = 1;  // steps between step lines
   } metrics;
+
+  // Held-out loss, measured with no gradients. The section is optional; without it (path empty)
+  // the job never evaluates.
+  struct Eval {
+    std::string path;     // token file(s) or a glob, like data.path; read in order, from the
+                          // start each time, so successive evaluations are comparable
+    int64_t every = 0;    // steps between evaluations; 0: only after the last step (always then)
+    int64_t batches = 8;  // micro-batches of data.micro_batch windows per data-parallel replica
+  } eval;
 };
 
 // Hard bounds, checked by the parser before anything is computed from them.
@@ -88,6 +97,7 @@ inline constexpr int64_t kMaxMicroBatch = 4096;
 inline constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
 inline constexpr int64_t kMaxStepTokens = int64_t{1} << 32;  // a step's samples: 16 GiB of ids
 inline constexpr int64_t kMaxWorld = 65536;
+inline constexpr int64_t kMaxEvalBatches = int64_t{1} << 20;
 
 // Parses TOML text; `source` names the file in error messages.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,

@@ -63,6 +63,11 @@ export = "bf16"
 
 [metrics]
 log_every = 10
+
+[eval]
+path = "data/val-*.tok"
+every = 25
+batches = 4
 )";
 
 absl::Status ParseError(const std::string& toml) { return ParseJobSpec(toml, "job.toml").status(); }
@@ -123,6 +128,9 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->checkpoint.keep, 3);
   EXPECT_EQ(s->checkpoint.export_dtype, "bf16");
   EXPECT_EQ(s->metrics.log_every, 10);
+  EXPECT_EQ(s->eval.path, "data/val-*.tok");
+  EXPECT_EQ(s->eval.every, 25);
+  EXPECT_EQ(s->eval.batches, 4);
 }
 
 TEST(JobSpecTest, DefaultsApplyWhenOnlyDataPathIsGiven) {
@@ -134,6 +142,8 @@ TEST(JobSpecTest, DefaultsApplyWhenOnlyDataPathIsGiven) {
   EXPECT_EQ(s->memory.checkpoint, CheckpointPolicy::kFull);
   EXPECT_EQ(s->data.seq_len, 256);
   EXPECT_TRUE(s->data.shuffle);
+  EXPECT_EQ(s->eval.path, "");  // no [eval]: no evaluation
+  EXPECT_EQ(JobSpecToToml(*s).find("[eval]"), std::string::npos);
 }
 
 TEST(JobSpecTest, RoundTripsThroughToml) {
@@ -157,6 +167,9 @@ TEST(JobSpecTest, RoundTripsThroughToml) {
   EXPECT_EQ(b->checkpoint.export_dtype, "bf16");
   EXPECT_DOUBLE_EQ(b->memory.gpu_budget_gib, 70.5);
   EXPECT_NE(text.find("tile_tokens = \"auto\""), std::string::npos) << text;
+  EXPECT_EQ(b->eval.path, "data/val-*.tok");
+  EXPECT_EQ(b->eval.every, 25);
+  EXPECT_EQ(b->eval.batches, 4);
 }
 
 TEST(JobSpecTest, CheckpointPolicyNames) {
@@ -175,7 +188,7 @@ TEST(JobSpecTest, CheckpointPolicyNames) {
 TEST(JobSpecTest, UnknownKeyInEachSectionNamesItsPath) {
   ExpectError(ParseError("nmae = \"x\"\n[data]\npath = \"d\"\n"), "job.toml: nmae: unknown key");
   for (const char* section :
-       {"model", "data", "training", "parallel", "memory", "checkpoint", "metrics"}) {
+       {"model", "data", "training", "parallel", "memory", "checkpoint", "metrics", "eval"}) {
     std::string toml = absl::StrCat("[data]\npath = \"d\"\n[", section, "]\nbogus_key = 1\n");
     if (std::string(section) == "data") toml = "[data]\npath = \"d\"\nbogus_key = 1\n";
     ExpectError(ParseError(toml), absl::StrCat("job.toml: ", section, ".bogus_key: unknown key"));
@@ -233,9 +246,28 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
     const char* toml;
     const char* prefix;
   } cases[] = {
-      {"[training]\nsteps = 0", "job.toml: training.steps: must be >= 1, got 0"},
+      {"[training]\nsteps = -1", "job.toml: training.steps: must be >= 0, got -1"},
+      {"[training]\nsteps = 0",
+       "job.toml: training.steps: 0 (an evaluation-only job) needs an [eval] section with "
+       "eval.path"},
       {"[training]\nlr = -1", "job.toml: training.lr: must be > 0, got -1"},
-      {"[training]\nlr = 0", "job.toml: training.lr: must be > 0"},
+      {"[training]\nlr = 0",
+       "job.toml: training.lr: must be > 0, got 0 (0 only for an evaluation-only job, "
+       "training.steps = 0)"},
+      {"[training]\nlr = 0\n[eval]\npath = \"v.tok\"", "job.toml: training.lr: must be > 0"},
+      {"[training]\nsteps = 0\nlr = -1\n[eval]\npath = \"v.tok\"",
+       "job.toml: training.lr: must be > 0, got -1"},
+      {"[training]\nsteps = 0\nlr = 0\n[checkpoint]\ndir = \"c\"\nexport = \"bf16\"\n"
+       "[eval]\npath = \"v.tok\"",
+       "job.toml: checkpoint.export: an evaluation-only job (training.steps = 0) writes no "
+       "checkpoint"},
+      {"[eval]\nevery = 5", "job.toml: eval.path: required in an [eval] section"},
+      {"[eval]\npath = \"\"", "job.toml: eval.path: required in an [eval] section"},
+      {"[eval]\npath = \"v.tok\"\nevery = -1", "job.toml: eval.every: must be >= 0"},
+      {"[eval]\npath = \"v.tok\"\nbatches = 0",
+       "job.toml: eval.batches: must be in [1, 1048576], got 0"},
+      {"[eval]\npath = \"v.tok\"\nbatches = 1048577",
+       "job.toml: eval.batches: must be in [1, 1048576]"},
       {"[training]\nmin_lr = -0.1", "job.toml: training.min_lr: must be >= 0"},
       {"[training]\nlr = 0.1\nmin_lr = 0.2", "job.toml: training.min_lr: must be <= training.lr"},
       {"[training]\nlr = 1e-5", "job.toml: training.min_lr: must be <= training.lr"},  // default
@@ -313,6 +345,34 @@ TEST(JobSpecTest, MissingDataPath) {
   ExpectError(ParseError("[data]\npath = \"\"\n"), "job.toml: data.path: required");
 }
 
+// training.steps = 0 with an [eval] section: evaluate the model once and stop. The learning
+// rates do not matter then (lr may be 0, below the default min_lr), and there is no training
+// data to require.
+TEST(JobSpecTest, EvaluationOnlyJob) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[training]\nsteps = 0\nlr = 0\n[eval]\npath = \"val.tok\"\n[data]\nseq_len = 64\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->training.steps, 0);
+  EXPECT_EQ(s->training.lr, 0);
+  EXPECT_EQ(s->data.path, "");
+  EXPECT_EQ(s->eval.path, "val.tok");
+  EXPECT_EQ(s->eval.batches, 8);
+  EXPECT_EQ(s->eval.every, 0);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToToml(*s), "roundtrip.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(JobSpecToToml(*back), JobSpecToToml(*s));
+  // With data and a learning rate it is just as valid.
+  EXPECT_TRUE(ParseJobSpec("[data]\npath = \"d\"\n[training]\nsteps = 0\n[eval]\n"
+                           "path = \"v\"\n")
+                  .ok());
+  // Without [eval] a job must train.
+  ExpectError(ParseError("[training]\nsteps = 0\nlr = 0\n"),
+              "job.toml: training.steps: 0 (an evaluation-only job) needs an [eval] section");
+  ExpectError(ParseError("[training]\nlr = 0\n[eval]\npath = \"v\"\n"),
+              "job.toml: data.path: "
+              "required");
+}
+
 TEST(JobSpecTest, LoadResolvesRelativePathsAgainstTheSpecDirectory) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/jobdir");
@@ -325,6 +385,7 @@ TEST(JobSpecTest, LoadResolvesRelativePathsAgainstTheSpecDirectory) {
   EXPECT_EQ(s->model.config, dir + "/cfg/config.json");
   EXPECT_EQ(s->model.weights, "/models/llama");  // absolute: unchanged
   EXPECT_EQ(s->checkpoint.dir, dir + "/ckpt");
+  EXPECT_EQ(s->eval.path, dir + "/data/val-*.tok");
 
   ASSERT_TRUE(WriteFileAtomic(path, "[data]\npath = \"d\"\nsteps = 1\n").ok());
   ExpectError(LoadJobSpec(path).status(), path + ": data.steps: unknown key");

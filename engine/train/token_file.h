@@ -159,6 +159,8 @@ class DataLoader {
   void set_position(int64_t p) { position_ = p; }
   int64_t seq_len() const { return seq_len_; }
   int64_t samples_per_epoch() const { return samples_per_epoch_; }
+  // The files, in the order their windows are numbered (i < the number of files).
+  const TokenFile& file(size_t i) const { return *files_[i]; }
   // Things worth saying that are not errors (a byte-level file for a large-vocabulary model).
   const std::vector<std::string>& warnings() const { return warnings_; }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 
@@ -102,20 +103,37 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.fsdp = spec.parallel.fsdp;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
 
-  ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(spec.data.path));
-  std::vector<std::unique_ptr<TokenFile>> files;
-  for (const std::string& p : paths) {
-    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
-    files.push_back(std::move(f));
+  const std::string tokenizer_json = ModelTokenizerJson(spec);
+  // An evaluation-only job may name no training data; when it does, the data is checked all
+  // the same (and the eval data against it).
+  if (!spec.data.path.empty()) {
+    ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(spec.data.path));
+    std::vector<std::unique_ptr<TokenFile>> files;
+    for (const std::string& p : paths) {
+      ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
+      files.push_back(std::move(f));
+    }
+    DataOptions data_options;
+    data_options.shuffle = spec.data.shuffle;
+    data_options.seed = spec.training.seed;
+    data_options.tokenizer_json = tokenizer_json;
+    ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(files), spec.data.seq_len,
+                                                  t->cfg_.vocab_size, data_options));
+    if (t->rank_ == 0) {
+      for (const std::string& w : t->data_->warnings()) std::printf("warning: %s\n", w.c_str());
+    }
+  } else if (spec.training.steps > 0) {
+    return absl::InvalidArgumentError("data.path: required: the token file to train on");
   }
-  DataOptions data_options;
-  data_options.shuffle = spec.data.shuffle;
-  data_options.seed = spec.training.seed;
-  data_options.tokenizer_json = ModelTokenizerJson(spec);
-  ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(files), spec.data.seq_len,
-                                                t->cfg_.vocab_size, data_options));
-  if (t->rank_ == 0) {
-    for (const std::string& w : t->data_->warnings()) std::printf("warning: %s\n", w.c_str());
+  if (!spec.eval.path.empty()) {
+    ASSIGN_OR_RETURN(t->evaluator_,
+                     Evaluator::Create(spec, t->model_.get(), comm, t->dp_, t->dp_rank_,
+                                       tokenizer_json, t->data_ ? &t->data_->file(0) : nullptr));
+    if (t->rank_ == 0) {
+      for (const std::string& w : t->evaluator_->warnings()) {
+        std::printf("warning: %s\n", w.c_str());
+      }
+    }
   }
 
   // Resume when asked and a checkpoint exists; otherwise the given weights or a random init.
@@ -133,7 +151,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
                      Optimizer::Create(t->model_.get(), from_checkpoint, spec.training));
     RETURN_IF_ERROR(t->optimizer_->Restore(ck.optimizer));
     t->state_ = ck.state;
-    t->data_->set_position(ck.state.data_position);
+    if (t->data_) t->data_->set_position(ck.state.data_position);
     if (t->rank_ == 0) {
       std::printf("resumed from %s at step %lld\n", latest->c_str(),
                   static_cast<long long>(ck.state.step));
@@ -255,26 +273,55 @@ absl::Status Trainer::SaveCheckpointNow() {
   return st;
 }
 
+absl::StatusOr<EvalReport> Trainer::Evaluate() {
+  if (!evaluator_) return absl::FailedPreconditionError("eval.path: the job has no [eval] section");
+  ASSIGN_OR_RETURN(EvalReport r, evaluator_->Run(state_.step));
+  evaluated_step_ = state_.step;
+  return r;
+}
+
 absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
-                          int64_t stop_at_step) {
-  const int64_t last =
-      stop_at_step > 0 ? std::min(stop_at_step, spec_.training.steps) : spec_.training.steps;
+                          int64_t stop_at_step,
+                          const std::function<void(const EvalReport&)>& on_eval) {
+  const int64_t steps = spec_.training.steps;
+  auto evaluate = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(EvalReport r, Evaluate());
+    if (rank_ == 0) {
+      std::printf("%s\n", FormatEvalLine(r).c_str());
+      std::fflush(stdout);
+    }
+    if (on_eval) on_eval(r);
+    return absl::OkStatus();
+  };
+  const int64_t last = stop_at_step > 0 ? std::min(stop_at_step, steps) : steps;
   while (state_.step < last) {
     ASSIGN_OR_RETURN(StepReport r, TrainStep());
     if (rank_ == 0 && (r.step % spec_.metrics.log_every == 0 || r.step == r.total_steps)) {
       std::printf("%s\n", FormatStepLine(r).c_str());
       std::fflush(stdout);
     }
-    if (on_step) on_step(r);
     const int64_t every = spec_.checkpoint.every;
-    if ((every > 0 && r.step % every == 0) || r.step == spec_.training.steps) {
+    if (!spec_.checkpoint.dir.empty() && ((every > 0 && r.step % every == 0) || r.step == steps)) {
+      const auto save_start = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(SaveCheckpointNow());
+      r.checkpoint_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+      r.checkpoint_time_unix = static_cast<int64_t>(std::time(nullptr));
+    }
+    // After the save, so that the step's report carries its checkpoint time.
+    if (on_step) on_step(r);
+    // The last step's evaluation comes after the loop, once.
+    const int64_t eval_every = spec_.eval.every;
+    if (evaluator_ && eval_every > 0 && r.step % eval_every == 0 && r.step != steps) {
+      RETURN_IF_ERROR(evaluate());
     }
   }
-  // The job's end (also when it resumes there, so an export a crash cut short is redone).
-  if (state_.step == spec_.training.steps && last == spec_.training.steps) {
-    RETURN_IF_ERROR(ExportNow());
-  }
+  // The job's end (also when it resumes there, so an evaluation or export a crash cut short is
+  // redone). An evaluation-only job is always at its end: it evaluates the model it loaded,
+  // whatever step a checkpoint it resumed from says.
+  const bool at_end = steps == 0 || (state_.step == steps && last == steps);
+  if (at_end && evaluator_ && evaluated_step_ != state_.step) RETURN_IF_ERROR(evaluate());
+  if (at_end && steps > 0) RETURN_IF_ERROR(ExportNow());
   return absl::OkStatus();
 }
 

@@ -13,8 +13,9 @@
 #include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
 #include "engine/schedule/llama.h"
-#include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/evaluator.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/token_file.h"
 
@@ -32,6 +33,10 @@ struct StepReport {
   double lr = 0;
   std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
   int64_t mem_device_peak = 0;
+  // Set when a checkpoint was saved after this step: the save's wall time (every rank waits
+  // for rank 0's write) and when it was complete (Unix seconds).
+  double checkpoint_seconds = 0;
+  int64_t checkpoint_time_unix = 0;
 };
 
 // The stable, parseable step line:
@@ -60,9 +65,15 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, Ops* ops,
                                                          Allocator* alloc, Comm* comm = nullptr);
   // Runs from the current step to spec.training.steps (or to `stop_at_step` when > 0, as if
-  // interrupted there). `on_step` (optional) sees every report.
+  // interrupted there). `on_step` (optional) sees every report. With an [eval] section it
+  // evaluates every eval.every steps and after the last step (also when a job resumes there),
+  // printing the eval line after the step line on rank 0; `on_eval` (optional) sees each report.
+  // An evaluation-only job (training.steps = 0) evaluates once, here.
   absl::Status Run(const std::function<void(const StepReport&)>& on_step = nullptr,
-                   int64_t stop_at_step = 0);
+                   int64_t stop_at_step = 0,
+                   const std::function<void(const EvalReport&)>& on_eval = nullptr);
+  // One evaluation of the current weights (collective; FAILED_PRECONDITION without [eval]).
+  absl::StatusOr<EvalReport> Evaluate();
 
   const TrainState& state() const { return state_; }
   LlamaModel* model() { return model_.get(); }
@@ -90,7 +101,9 @@ class Trainer {
   int rank_ = 0, world_ = 1, dp_ = 1, dp_rank_ = 0;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<DataLoader> data_;
+  std::unique_ptr<DataLoader> data_;      // null in an evaluation-only job
+  std::unique_ptr<Evaluator> evaluator_;  // null without [eval]
+  int64_t evaluated_step_ = -1;           // the step of this process's newest evaluation
   TrainState state_;
 };
 

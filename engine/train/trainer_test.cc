@@ -3,6 +3,7 @@
 #include "engine/train/trainer.h"
 
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 
 #include "engine/backend/cpu/cpu_ops.h"
@@ -254,6 +255,31 @@ TEST(StepLineTest, NoMfuOnTheCpu) {
   EXPECT_GT(last.model_tflops, 0);
   EXPECT_EQ(last.mfu, 0) << "the CPU has no peak FLOP/s to divide by";
   EXPECT_EQ(FormatStepLine(last).find("mfu"), std::string::npos) << FormatStepLine(last);
+}
+
+TEST(StepLineTest, TheStepThatSavedReportsTheSaveTime) {
+  const std::string dir = TmpDir("ck_time");
+  JobSpec spec = SmallSpec(dir);
+  spec.training.steps = 4;
+  spec.checkpoint.dir = dir + "/ck";
+  spec.checkpoint.every = 2;
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<StepReport> reports;
+  ASSERT_TRUE((*t)->Run([&](const StepReport& r) { reports.push_back(r); }).ok());
+  ASSERT_EQ(reports.size(), 4u);
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  for (const StepReport& r : reports) {
+    if (r.step % 2 == 0) {
+      EXPECT_GT(r.checkpoint_seconds, 0) << r.step;
+      EXPECT_NEAR(r.checkpoint_time_unix, now, 60) << r.step;
+    } else {
+      EXPECT_EQ(r.checkpoint_seconds, 0) << r.step;
+      EXPECT_EQ(r.checkpoint_time_unix, 0) << r.step;
+    }
+  }
 }
 
 TEST(ModelFlopsTest, MatchesTheConventionForLlama8B) {

@@ -72,7 +72,8 @@ class Kubernetes(unittest.TestCase):
                 continue  # CRDs: no schema bundled; checked field by field below
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
             checked.append(kind)
-        self.assertEqual(sorted(checked), ["Namespace", "Service", "Service", "StatefulSet"])
+        self.assertEqual(sorted(checked), ["Namespace", "NetworkPolicy", "PodDisruptionBudget",
+                                           "Service", "Service", "ServiceAccount", "StatefulSet"])
 
     def test_a_bad_field_is_caught(self):
         # The schema check above can fail: a misspelt field is rejected.
@@ -126,6 +127,76 @@ class Kubernetes(unittest.TestCase):
         self.assertIn(f"--listen=0.0.0.0:{self.ports['grpc']}", args)
         self.assertIn(f"--metrics-listen=0.0.0.0:{self.ports['metrics']}", args)
 
+    def test_restricted_pod_security_standard(self):
+        """The "restricted" profile's rules, for the pod and every container."""
+        pod_sc = self.pod["securityContext"]
+        self.assertEqual(pod_sc["seccompProfile"]["type"], "RuntimeDefault")
+        self.assertIs(pod_sc["runAsNonRoot"], True)
+        self.assertGreater(pod_sc["runAsUser"], 0)
+        self.assertNotIn("hostNetwork", self.pod)
+        self.assertNotIn("hostPID", self.pod)
+        self.assertNotIn("hostIPC", self.pod)
+        allowed_volumes = {"emptyDir", "persistentVolumeClaim", "configMap", "secret",
+                           "projected", "downwardAPI", "csi", "ephemeral"}
+        for v in self.pod["volumes"]:
+            self.assertLessEqual(set(v) - {"name"}, allowed_volumes, v["name"])
+        for c in self.pod["containers"] + self.pod.get("initContainers", []):
+            sc = c["securityContext"]
+            self.assertIs(sc["allowPrivilegeEscalation"], False, c["name"])
+            self.assertEqual(sc["capabilities"]["drop"], ["ALL"], c["name"])
+            self.assertFalse(sc["capabilities"].get("add"), c["name"])
+            self.assertIs(sc["readOnlyRootFilesystem"], True, c["name"])
+            self.assertNotEqual(sc.get("runAsUser", pod_sc["runAsUser"]), 0, c["name"])
+            self.assertIs(sc.get("runAsNonRoot", pod_sc["runAsNonRoot"]), True, c["name"])
+            self.assertNotIn(sc.get("privileged"), (True,), c["name"])
+            self.assertNotIn("hostPort", str(c.get("ports")), c["name"])
+            # A read-only root needs writable scratch space.
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            self.assertIn("/tmp", mounts, c["name"])
+
+    def test_no_service_account_token(self):
+        sa = self.objs[("ServiceAccount", self.pod["serviceAccountName"])]
+        self.assertIs(sa["automountServiceAccountToken"], False)
+        self.assertIs(self.pod["automountServiceAccountToken"], False)
+
+    def test_node_name_from_the_downward_api(self):
+        env = {e["name"]: e for e in self.container["env"]}
+        self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
+
+    def test_pod_disruption_budget(self):
+        (pdb,) = [o for (k, _), o in self.objs.items() if k == "PodDisruptionBudget"]
+        self.assertTrue(matches(pdb["spec"]["selector"]["matchLabels"],
+                                self.sts["spec"]["template"]["metadata"]["labels"]))
+        self.assertEqual(pdb["spec"]["maxUnavailable"], 0)
+
+    def test_network_policy(self):
+        (np,) = [o for (k, _), o in self.objs.items() if k == "NetworkPolicy"]
+        pod_labels = self.sts["spec"]["template"]["metadata"]["labels"]
+        self.assertTrue(matches(np["spec"]["podSelector"]["matchLabels"], pod_labels))
+        self.assertEqual(np["spec"]["policyTypes"], ["Ingress"])
+        by_port = {}
+        for rule in np["spec"]["ingress"]:
+            for port in rule.get("ports", [{"port": "*"}]):
+                by_port.setdefault(port["port"], []).extend(rule["from"])
+        # gRPC only from namespaces that opted in; metrics only from the monitoring namespace.
+        self.assertEqual(by_port["grpc"],
+                         [{"namespaceSelector": {"matchLabels": {"ithaca.dev/api-access": "true"}}}])
+        self.assertEqual(by_port["metrics"], [{"namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
+        for name in ("grpc", "metrics"):
+            self.assertIn(name, self.ports)
+        # Peers (multi-node rendezvous) reach each other on any port; nothing else does.
+        self.assertEqual(by_port["*"], [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "ithacad"}}}])
+        self.assertEqual(set(by_port), {"grpc", "metrics", "*"})
+
+    def test_image_is_set_by_kustomize(self):
+        (k,) = load_docs(f"{K8S}/kustomization.yaml")
+        (image,) = k["images"]
+        self.assertEqual(image["name"], self.container["image"])
+        self.assertNotIn(":", self.container["image"])  # the tag comes from the kustomization
+        self.assertTrue(image["newTag"])
+
     def test_services(self):
         pod_labels = self.sts["spec"]["template"]["metadata"]["labels"]
         services = {n: o for (k, n), o in self.objs.items() if k == "Service"}
@@ -152,7 +223,8 @@ class Kubernetes(unittest.TestCase):
         port_names = {p["name"] for p in selected[0]["spec"]["ports"]}
         (endpoint,) = sm["spec"]["endpoints"]
         self.assertIn(endpoint["port"], port_names)
-        self.assertIs(endpoint["honorLabels"], True)
+        # The training job's id is job_id: nothing depends on honorLabels.
+        self.assertNotIn("honorLabels", endpoint)
         self.assertEqual(endpoint.get("path", "/metrics"), "/metrics")
 
     def test_prometheus_rule_is_the_rule_files(self):
@@ -190,8 +262,14 @@ class Kubernetes(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         docs = [d for d in yaml.safe_load_all(out.stdout) if d]
         kinds = sorted(d["kind"] for d in docs)
-        self.assertEqual(kinds, ["ConfigMap", "Namespace", "PrometheusRule", "Service", "Service",
+        self.assertEqual(kinds, ["ConfigMap", "Namespace", "NetworkPolicy", "PodDisruptionBudget",
+                                 "PrometheusRule", "Service", "Service", "ServiceAccount",
                                  "ServiceMonitor", "StatefulSet"])
+        (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+        (k,) = load_docs(f"{K8S}/kustomization.yaml")
+        (image,) = k["images"]
+        self.assertEqual(sts["spec"]["template"]["spec"]["containers"][0]["image"],
+                         f"{image['newName']}:{image['newTag']}")
         for d in docs:
             if d["kind"] != "Namespace":
                 self.assertEqual(d["metadata"]["namespace"], "ithaca", d["kind"])
@@ -214,7 +292,7 @@ def setup_sh_lists():
 class Dockerfile(unittest.TestCase):
     # Packages only the tests need (oracles, a real Prometheus, the fuzzers' clang): not in the image.
     TEST_ONLY = {"python3-numpy", "python3-torch", "prometheus", "python3-yaml", "clang",
-                 "libclang-rt-14-dev"}
+                 "libclang-rt-14-dev", "chromium"}
 
     @classmethod
     def setUpClass(cls):
@@ -276,10 +354,10 @@ class Dockerfile(unittest.TestCase):
 
 
 class Prometheus(unittest.TestCase):
-    def test_scrape_config_honors_labels(self):
+    def test_scrape_config_needs_no_honor_labels(self):
         (cfg,) = load_docs("deploy/prometheus/prometheus.yml")
         jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-        self.assertIs(jobs["ithacad"]["honor_labels"], True)
+        self.assertNotIn("honor_labels", jobs["ithacad"])
         for f in cfg["rule_files"]:
             self.assertTrue(os.path.isfile(os.path.join("deploy/prometheus", f)), f)
 
@@ -292,9 +370,9 @@ class Prometheus(unittest.TestCase):
         for record in ("job:ithaca_tokens_per_second:sum", "job:ithaca_mfu_ratio:avg"):
             self.assertIn(record, rules)
         self.assertEqual(rules["job:ithaca_tokens_per_second:sum"]["expr"],
-                         "sum by (job) (ithaca_tokens_per_second)")
+                         "sum by (job_id) (ithaca_tokens_per_second)")
         self.assertEqual(rules["job:ithaca_mfu_ratio:avg"]["expr"],
-                         "avg by (job) (ithaca_mfu_ratio)")
+                         "avg by (job_id) (ithaca_mfu_ratio)")
         for alert in ("IthacaJobStalled", "IthacaGPUMemoryNearCapacity", "IthacaWorkerExited",
                       "IthacaJobFailed", "IthacadDown"):
             self.assertIn("severity", rules[alert]["labels"], alert)
@@ -314,9 +392,10 @@ class Grafana(unittest.TestCase):
         self.assertGreaterEqual(self.d["schemaVersion"], 36)
         self.assertEqual(self.vars["datasource"]["type"], "datasource")
         self.assertEqual(self.vars["datasource"]["query"], "prometheus")
-        self.assertEqual(self.vars["job"]["definition"], "label_values(ithaca_train_step, job)")
-        self.assertRegex(self.vars["rank"]["definition"], r"^label_values\(.*\$job.*, rank\)$")
-        for name in ("job", "rank"):
+        self.assertEqual(self.vars["job_id"]["definition"],
+                         "label_values(ithaca_train_step, job_id)")
+        self.assertRegex(self.vars["rank"]["definition"], r"^label_values\(.*\$job_id.*, rank\)$")
+        for name in ("job_id", "rank"):
             v = self.vars[name]
             self.assertEqual(v["query"]["query"], v["definition"])
             self.assertEqual(v["allValue"], ".*")  # regex matchers below use =~
@@ -342,7 +421,8 @@ class Grafana(unittest.TestCase):
         for needle in ("ithaca_gpu_memory_bytes{", "ithaca_gpu_memory_peak_bytes",
                        "ithaca_tokens_per_second{", "job:ithaca_tokens_per_second:sum",
                        "ithaca_train_loss", "ithaca_mfu_ratio", "ithaca_jobs",
-                       "histogram_quantile(0.9, sum by (job, le) (rate(ithaca_step_duration_seconds_bucket"):
+                       "histogram_quantile(0.9, sum by (job_id, le) (rate(ithaca_step_duration_seconds_bucket",
+                       "ithaca_eval_loss{", "ithaca_checkpoint_seconds{", "ithaca_queue_wait_seconds"):
             self.assertIn(needle, joined)
         dcgm = [e for e in exprs if "DCGM_" in e]
         self.assertGreaterEqual(len(dcgm), 4)
@@ -353,6 +433,13 @@ class Grafana(unittest.TestCase):
         self.assertEqual(mem["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"], "normal")
         self.assertEqual(mem["repeat"], "rank")
         self.assertIn("{{tier}}", mem["targets"][0]["legendFormat"])
+        # Job states over time: a stacked time series, not only the current counts.
+        (states,) = [p for p in self.panels if p["type"] == "timeseries"
+                     and p["targets"][0]["expr"] == "sum by (state) (ithaca_jobs)"]
+        self.assertEqual(states["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"], "normal")
+        # No expression depends on the scrape's `job` label for the training job.
+        for e in exprs:
+            self.assertNotRegex(e, r"(?<![\w:])job(?![\w:])", e)
 
 
 if __name__ == "__main__":

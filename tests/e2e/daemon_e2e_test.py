@@ -66,7 +66,7 @@ class DaemonE2E(unittest.TestCase):
 
         # /metrics through prometheus_client's own parser.
         fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
-        mine = lambda fam: [s for s in fams[fam].samples if s.labels.get("job") == job.id]
+        mine = lambda fam: [s for s in fams[fam].samples if s.labels.get("job_id") == job.id]
         mem = {s.labels["tier"]: s.value for s in mine("ithaca_gpu_memory_bytes")}
         for tier in ("params", "grads", "optimizer"):  # held between steps
             self.assertGreater(mem[tier], 0, tier)
@@ -86,6 +86,14 @@ class DaemonE2E(unittest.TestCase):
         self.assertEqual([s.value for s in mine("ithaca_train_step")], [steps])
         tokens = [s.value for s in mine("ithaca_tokens")]  # counter family drops _total
         self.assertEqual(tokens, [steps * 64])
+        # The last step saved a checkpoint: its save time came with the step report.
+        ckpt = mine("ithaca_checkpoint_seconds")
+        self.assertEqual(len(ckpt), 1)
+        self.assertGreater(ckpt[0].value, 0)
+        self.assertGreater(mine("ithaca_checkpoint_last_timestamp_seconds")[0].value, 1.7e9)
+        self.assertEqual(fams["ithaca_queue_wait_seconds"].type, "histogram")
+        self.assertEqual(fams["ithaca_build_info"].samples[0].value, 1)
+        self.assertGreater(fams["process_resident_memory_bytes"].samples[0].value, 0)
         jobs = {s.labels["state"]: s.value for s in fams["ithaca_jobs"].samples}
         self.assertGreaterEqual(jobs["succeeded"], 1)
         exits = {s.labels["reason"]: s.value for s in fams["ithaca_worker_exits"].samples}

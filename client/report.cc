@@ -1,0 +1,397 @@
+#include "client/report.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace ithaca {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+int RpcFailed(const CliContext& c, const grpc::Status& st) {
+  std::fprintf(
+      stderr, "ithaca: %s: %s: %s\n", c.server.c_str(),
+      st.error_code() == grpc::StatusCode::UNAVAILABLE
+          ? "UNAVAILABLE (is ithacad running?)"
+          : absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())).c_str(),
+      st.error_message().c_str());
+  return 2;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> ReadHistory(CliContext& c, const std::string& id,
+                                                      grpc::Status* status) {
+  v1::ReadHistoryRequest req;
+  req.set_id(id);
+  grpc::ClientContext ctx;
+  auto reader = c.stub->ReadHistory(&ctx, req);
+  std::vector<v1::JobEvent> out;
+  v1::JobEvent e;
+  while (reader->Read(&e)) out.push_back(e);
+  *status = reader->Finish();
+  if (!status->ok()) return absl::UnknownError(status->error_message());
+  return out;
+}
+
+std::string Html(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    switch (ch) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
+    }
+  }
+  return out;
+}
+
+// A tick step of 1, 2 or 5 times a power of ten giving about `n` intervals over `span`.
+double NiceStep(double span, int n) {
+  const double raw = span / n;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (raw <= m * p) return m * p;
+  }
+  return 10 * p;
+}
+
+std::string TickLabel(double v) {
+  const double a = std::fabs(v);
+  if (a != 0 && (a >= 1e6 || a < 1e-3)) return absl::StrFormat("%.3g", v);
+  return absl::StrFormat("%.6g", v);
+}
+
+const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+
+std::string Time(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0) return "";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(t.seconds()),
+                          absl::UTCTimeZone());
+}
+
+std::string StateName(v1::JobState s) {
+  std::string n = v1::JobState_Name(s);
+  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+std::string Bytes(int64_t b) {
+  return absl::StrFormat("%.2f GiB", static_cast<double>(b) / (1 << 30));
+}
+
+}  // namespace
+
+std::string SvgLineChart(const std::string& title, const std::string& x_label,
+                         const std::string& y_label, const std::vector<ChartSeries>& series) {
+  constexpr double kW = 640, kH = 320, kLeft = 72, kRight = 16, kTop = 28, kBottom = 44;
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  std::vector<std::vector<std::pair<double, double>>> finite(series.size());
+  for (size_t i = 0; i < series.size(); ++i) {
+    for (const auto& [x, y] : series[i].points) {
+      if (!std::isfinite(x) || !std::isfinite(y)) continue;
+      finite[i].push_back({x, y});
+      x0 = std::min(x0, x);
+      x1 = std::max(x1, x);
+      y0 = std::min(y0, y);
+      y1 = std::max(y1, y);
+    }
+  }
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" width=\"%g\" height=\"%g\" "
+      "viewBox=\"0 0 %g %g\" role=\"img\" aria-label=\"%s\">\n"
+      "<rect x=\"0\" y=\"0\" width=\"%g\" height=\"%g\" fill=\"#fff\"/>\n"
+      "<text x=\"%g\" y=\"18\" font-size=\"14\" font-weight=\"bold\">%s</text>\n",
+      kW, kH, kW, kH, Html(title), kW, kH, kLeft, Html(title));
+  if (!std::isfinite(x0)) {
+    absl::StrAppend(&svg, "<text x=\"", kW / 2, "\" y=\"", kH / 2,
+                    "\" text-anchor=\"middle\" fill=\"#888\">no data</text>\n</svg>\n");
+    return svg;
+  }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) {
+    const double pad = y0 == 0 ? 1 : std::fabs(y0) * 0.05;
+    y0 -= pad;
+    y1 += pad;
+  }
+  const double ystep = NiceStep(y1 - y0, 5), xstep = NiceStep(x1 - x0, 6);
+  y0 = std::floor(y0 / ystep) * ystep;
+  y1 = std::ceil(y1 / ystep) * ystep;
+  const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
+  auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return kTop + (1 - (y - y0) / (y1 - y0)) * ph; };
+  // Grid and ticks.
+  for (double y = y0; y <= y1 + ystep / 2; y += ystep) {
+    absl::StrAppendFormat(
+        &svg,
+        "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>"
+        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%s</text>\n",
+        kLeft, py(y), kW - kRight, py(y), kLeft - 6, py(y) + 4, TickLabel(y));
+  }
+  for (double x = std::ceil(x0 / xstep) * xstep; x <= x1 + xstep / 1e6; x += xstep) {
+    absl::StrAppendFormat(
+        &svg,
+        "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>"
+        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%s"
+        "</text>\n",
+        px(x), kTop, px(x), kTop + ph, px(x), kTop + ph + 16, TickLabel(x));
+  }
+  absl::StrAppendFormat(
+      &svg,
+      "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#333\"/>\n"
+      "<text x=\"%g\" y=\"%g\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n"
+      "<text x=\"14\" y=\"%g\" font-size=\"12\" text-anchor=\"middle\" "
+      "transform=\"rotate(-90 14 %g)\">%s</text>\n",
+      kLeft, kTop, pw, ph, kLeft + pw / 2, kH - 6, Html(x_label), kTop + ph / 2, kTop + ph / 2,
+      Html(y_label));
+  for (size_t i = 0; i < series.size(); ++i) {
+    const char* color = kColors[i % (sizeof(kColors) / sizeof(kColors[0]))];
+    std::vector<std::string> pts;
+    for (const auto& [x, y] : finite[i]) pts.push_back(absl::StrFormat("%.1f,%.1f", px(x), py(y)));
+    absl::StrAppendFormat(&svg,
+                          "<polyline data-series=\"%s\" fill=\"none\" stroke=\"%s\" "
+                          "stroke-width=\"1.6\" points=\"%s\"/>\n",
+                          Html(series[i].name), color, absl::StrJoin(pts, " "));
+    if (series[i].markers) {
+      for (const auto& [x, y] : finite[i]) {
+        absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                              px(x), py(y), color);
+      }
+    }
+    // Legend, top right, one row per series.
+    const double ly = kTop + 14 + 15 * i;
+    absl::StrAppendFormat(&svg,
+                          "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"3\" fill=\"%s\"/>"
+                          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">%s</text>\n",
+                          kW - kRight - 150, ly - 4, color, kW - kRight - 134, ly,
+                          Html(series[i].name));
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>& history,
+                             const std::optional<v1::PlanJobResponse>& plan,
+                             const std::string& plan_error) {
+  // Per rank, its step reports in order.
+  std::map<int, std::vector<const v1::StepReport*>> steps;
+  std::vector<const v1::EvalReport*> evals;
+  for (const v1::JobEvent& e : history) {
+    if (e.has_step()) steps[e.step().rank()].push_back(&e.step());
+    if (e.has_eval()) evals.push_back(&e.eval());
+  }
+  auto per_rank = [&](const std::string& label, double (*value)(const v1::StepReport&)) {
+    std::vector<ChartSeries> out;
+    for (const auto& [rank, reports] : steps) {
+      ChartSeries s{absl::StrCat(label, " rank ", rank), {}, false};
+      for (const v1::StepReport* r : reports) s.points.push_back({double(r->step()), value(*r)});
+      out.push_back(std::move(s));
+    }
+    return out;
+  };
+
+  std::string charts;
+  {
+    std::vector<ChartSeries> loss;
+    if (steps.count(0)) {
+      ChartSeries train{"train loss (rank 0)", {}, false};
+      for (const v1::StepReport* r : steps[0])
+        train.points.push_back({double(r->step()), r->loss()});
+      loss.push_back(std::move(train));
+    }
+    ChartSeries eval{"eval loss", {}, true};
+    for (const v1::EvalReport* e : evals) eval.points.push_back({double(e->step()), e->loss()});
+    if (!eval.points.empty()) loss.push_back(std::move(eval));
+    absl::StrAppend(&charts, SvgLineChart("Loss", "step", "cross-entropy", loss));
+  }
+  absl::StrAppend(&charts, SvgLineChart("Throughput", "step", "tokens/s per GPU",
+                                        per_rank("tok/s", [](const v1::StepReport& r) {
+                                          return r.tokens_per_second();
+                                        })));
+  absl::StrAppend(
+      &charts,
+      SvgLineChart("Step time", "step", "seconds",
+                   per_rank("step time", [](const v1::StepReport& r) { return r.seconds(); })));
+  for (const auto& [rank, reports] : steps) {
+    std::vector<std::string> tiers;  // in the reports' order
+    std::map<std::string, ChartSeries> by_tier;
+    int64_t most = 0;
+    for (const v1::StepReport* r : reports) {
+      for (const v1::TierBytes& t : r->memory()) most = std::max(most, t.current_bytes());
+    }
+    // GiB for real models, MiB for small ones (whose GiB ticks would all read 0.000x).
+    const bool gib = most >= (int64_t{1} << 30);
+    const double unit = gib ? 1 << 30 : 1 << 20;
+    for (const v1::StepReport* r : reports) {
+      for (const v1::TierBytes& t : r->memory()) {
+        if (!by_tier.count(t.tier())) {
+          tiers.push_back(t.tier());
+          by_tier[t.tier()].name = t.tier();
+        }
+        by_tier[t.tier()].points.push_back(
+            {double(r->step()), static_cast<double>(t.current_bytes()) / unit});
+      }
+    }
+    std::vector<ChartSeries> series;
+    for (const std::string& t : tiers) {
+      const auto& pts = by_tier[t].points;
+      // Tiers this rank never used would only crowd the legend.
+      if (std::any_of(pts.begin(), pts.end(), [](const auto& p) { return p.second > 0; })) {
+        series.push_back(by_tier[t]);
+      }
+    }
+    absl::StrAppend(
+        &charts,
+        SvgLineChart(absl::StrCat("Memory per tier, rank ", rank), "step",
+                     gib ? "GiB at the end of the step" : "MiB at the end of the step", series));
+  }
+
+  std::string page = absl::StrCat(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>Ithaca ",
+      Html(job.id()), " ", Html(job.name()),
+      "</title>\n<style>\n"
+      "body{font-family:sans-serif;margin:24px;color:#222;max-width:1340px}\n"
+      "table{border-collapse:collapse;margin:8px 0 16px}\n"
+      "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}\n"
+      "pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}\n"
+      ".chart{margin:6px;border:1px solid #ddd}\n"
+      "#charts{display:flex;flex-wrap:wrap}\n"
+      "</style>\n</head>\n<body>\n<h1>",
+      Html(job.id()), ": ", Html(job.name()), "</h1>\n");
+  const v1::JobSpecSummary& s = job.spec();
+  int64_t last_step = 0, tokens = 0;
+  if (steps.count(0)) last_step = steps[0].back()->step();
+  for (const v1::StepReport& r : job.last_steps()) last_step = std::max(last_step, r.step());
+  if (steps.count(0)) {
+    for (const v1::StepReport* r : steps[0]) tokens += r->tokens();
+  }
+  auto row = [](const std::string& k, const std::string& v) {
+    return absl::StrCat("<tr><th>", Html(k), "</th><td>", Html(v), "</td></tr>\n");
+  };
+  absl::StrAppend(&page, "<table id=\"summary\">\n", row("state", StateName(job.state())),
+                  row("reason", job.reason()), row("model", s.model()),
+                  row("parameters", absl::StrCat(s.parameters())), row("backend", s.backend()),
+                  row("world / sp", absl::StrCat(s.world(), " / ", s.sp())),
+                  row("sequence length", absl::StrCat(s.seq_len())),
+                  row("steps", absl::StrCat(last_step, " of ", s.steps())),
+                  row("created", Time(job.created_at())), row("updated", Time(job.updated_at())),
+                  row("log directory", job.log_dir()),
+                  row("checkpoint directory", s.checkpoint_dir()), "</table>\n");
+  if (job.has_last_eval()) {
+    absl::StrAppend(&page, "<p>Newest evaluation: loss ",
+                    absl::StrFormat("%.4f", job.last_eval().loss()), " at step ",
+                    job.last_eval().step(), ".</p>\n");
+  }
+  absl::StrAppend(&page, "<h2>Plots</h2>\n<div id=\"charts\">\n", charts, "</div>\n");
+  absl::StrAppend(&page, "<h2>Memory plan</h2>\n");
+  if (plan) {
+    const v1::MemoryPlan& p = plan->plan();
+    absl::StrAppend(&page, "<p>", Html(p.summary()), "</p>\n<table id=\"plan\">\n",
+                    "<tr><th>tier</th><th>estimate per rank</th></tr>\n");
+    for (const v1::TierBytes& t : p.per_rank()) {
+      absl::StrAppend(&page, "<tr><td>", Html(t.tier()), "</td><td>", Bytes(t.current_bytes()),
+                      "</td></tr>\n");
+    }
+    absl::StrAppend(&page, "<tr><th>total</th><th>", Bytes(p.per_rank_bytes()), "</th></tr>\n",
+                    "<tr><th>budget (", Html(p.budget_source()), ")</th><th>",
+                    Bytes(p.budget_bytes()), "</th></tr>\n</table>\n");
+  } else {
+    absl::StrAppend(&page, "<p>No plan: ", Html(plan_error), "</p>\n");
+  }
+  absl::StrAppend(&page, "<h2>State history</h2>\n<table id=\"transitions\">\n",
+                  "<tr><th>time</th><th>from</th><th>to</th><th>reason</th></tr>\n");
+  for (const v1::StateTransition& t : job.transitions()) {
+    absl::StrAppend(&page, "<tr><td>", Html(Time(t.time())), "</td><td>",
+                    t.from() == v1::JOB_STATE_UNSPECIFIED ? "" : StateName(t.from()), "</td><td>",
+                    StateName(t.to()), "</td><td>", Html(t.reason()), "</td></tr>\n");
+  }
+  absl::StrAppend(&page, "</table>\n<h2>Resolved spec</h2>\n<pre id=\"spec\">",
+                  Html(job.spec_toml()), "</pre>\n");
+  absl::StrAppend(
+      &page, "<p>", history.size(), " reports (", tokens,
+      " tokens on rank 0's recorded steps). Written by <code>ithaca report</code>.</p>\n",
+      "</body>\n</html>\n");
+  return page;
+}
+
+int StepsCommand(CliContext& c, const std::string& id) {
+  grpc::Status st;
+  absl::StatusOr<std::vector<v1::JobEvent>> history = ReadHistory(c, id, &st);
+  if (!history.ok()) return RpcFailed(c, st);
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  for (const v1::JobEvent& e : *history) {
+    std::string line;
+    (void)google::protobuf::util::MessageToJsonString(e, &line, o);
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+int ReportCommand(CliContext& c, const std::string& id, const std::string& out_in) {
+  v1::GetJobRequest get;
+  get.set_id(id);
+  v1::Job job;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status st = c.stub->GetJob(&ctx, get, &job);
+    if (!st.ok()) return RpcFailed(c, st);
+  }
+  grpc::Status st;
+  absl::StatusOr<std::vector<v1::JobEvent>> history = ReadHistory(c, id, &st);
+  if (!history.ok()) return RpcFailed(c, st);
+  // The plan of the spec as it ran (resolved, paths absolute).
+  std::optional<v1::PlanJobResponse> plan;
+  std::string plan_error;
+  {
+    v1::PlanJobRequest req;
+    req.set_spec_toml(job.spec_toml());
+    req.set_source(id + " (resolved spec)");
+    req.set_base_dir("/");
+    v1::PlanJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status pst = c.stub->PlanJob(&ctx, req, &resp);
+    if (pst.ok()) {
+      plan = resp;
+    } else {
+      plan_error = pst.error_message();
+    }
+  }
+  const std::string out = out_in.empty() ? id + ".html" : out_in;
+  std::ofstream f(out);
+  f << RenderReportHtml(job, *history, plan, plan_error);
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "ithaca: %s: cannot write\n", out.c_str());
+    return 2;
+  }
+  std::printf("%s: %zu reports; wrote %s\n", id.c_str(), history->size(), out.c_str());
+  return 0;
+}
+
+}  // namespace ithaca

@@ -1,0 +1,41 @@
+// A finished (or running) job's history, for people and for scripts:
+//   ithaca logs JOB --steps     every persisted step and eval report, one JSON object per line
+//   ithaca report JOB [--out F] a self-contained HTML page (inline SVG plots: loss and eval loss,
+//                               tokens/s, step time, memory per tier per rank; the resolved spec,
+//                               the memory plan and the state history)
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/commands.h"
+#include "ithaca/v1/job.pb.h"
+
+namespace ithaca {
+
+int StepsCommand(CliContext& c, const std::string& id);
+// Writes the page to `out` ("" means JOB.html in the current directory).
+int ReportCommand(CliContext& c, const std::string& id, const std::string& out);
+
+// One line of a chart: (x, y) points in order.
+struct ChartSeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;
+  bool markers = false;  // dots at each point (sparse series such as evaluations)
+};
+
+// An inline <svg> line chart with axes, ticks and a legend. Every series is one <polyline>
+// with data-series="name" and one point per input point (in order); non-finite points are
+// dropped.
+std::string SvgLineChart(const std::string& title, const std::string& x_label,
+                         const std::string& y_label, const std::vector<ChartSeries>& series);
+
+// The whole page. `plan` is the daemon's memory plan for the job's resolved spec, absent when it
+// could not be made (`plan_error` says why).
+std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>& history,
+                             const std::optional<v1::PlanJobResponse>& plan,
+                             const std::string& plan_error);
+
+}  // namespace ithaca

@@ -1,0 +1,98 @@
+#include "client/report.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+
+namespace ithaca {
+namespace {
+
+int Count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// The points="..." of the polyline named `series`.
+std::vector<std::pair<double, double>> Points(const std::string& svg, const std::string& series) {
+  std::smatch m;
+  const std::regex re("data-series=\"" + series + "\"[^>]*points=\"([^\"]*)\"");
+  EXPECT_TRUE(std::regex_search(svg, m, re)) << series << "\n" << svg;
+  std::vector<std::pair<double, double>> out;
+  std::string pts = m[1];
+  const std::regex pt("(-?[0-9.]+),(-?[0-9.]+)");
+  for (auto it = std::sregex_iterator(pts.begin(), pts.end(), pt); it != std::sregex_iterator();
+       ++it) {
+    out.push_back({std::stod((*it)[1]), std::stod((*it)[2])});
+  }
+  return out;
+}
+
+TEST(ReportTest, ChartHasOnePolylinePointPerFinitePoint) {
+  ChartSeries a{"loss", {{1, 3.0}, {2, 2.5}, {3, NAN}, {4, 2.0}}, false};
+  ChartSeries b{"eval <x>", {{2, 2.7}, {4, 2.2}}, true};
+  const std::string svg = SvgLineChart("Loss", "step", "nats", {a, b});
+  const auto pa = Points(svg, "loss");
+  ASSERT_EQ(pa.size(), 3u);  // the NaN is dropped
+  // Falling loss: y grows downwards in SVG; x grows with the step.
+  EXPECT_LT(pa[0].first, pa[2].first);
+  EXPECT_LT(pa[0].second, pa[2].second);
+  EXPECT_EQ(Points(svg, "eval &lt;x&gt;").size(), 2u);
+  EXPECT_EQ(Count(svg, "<circle"), 2);  // markers only on the eval series
+  EXPECT_EQ(svg.find("<x>"), std::string::npos) << "names are escaped";
+  for (const auto& [x, y] : pa) {
+    EXPECT_GE(x, 0);
+    EXPECT_LE(x, 640);
+    EXPECT_GE(y, 0);
+    EXPECT_LE(y, 320);
+  }
+  EXPECT_NE(SvgLineChart("Empty", "x", "y", {}).find("no data"), std::string::npos);
+}
+
+TEST(ReportTest, PageHasTheChartsSpecAndPlan) {
+  v1::Job job;
+  job.set_id("job-3");
+  job.set_name("demo");
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.set_spec_toml("name = \"demo\"\n[data]\npath = \"a<b\"\n");
+  std::vector<v1::JobEvent> history;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int step = 1; step <= 5; ++step) {
+      v1::JobEvent e;
+      v1::StepReport* r = e.mutable_step();
+      r->set_rank(rank);
+      r->set_step(step);
+      r->set_loss(5.0 - step * 0.5);
+      r->set_tokens_per_second(100);
+      r->set_seconds(0.5);
+      auto* t = r->add_memory();
+      t->set_tier("params");
+      t->set_current_bytes(int64_t{1} << 30);
+      auto* unused = r->add_memory();
+      unused->set_tier("comm");
+      history.push_back(e);
+    }
+  }
+  v1::JobEvent eval;
+  eval.mutable_eval()->set_step(5);
+  eval.mutable_eval()->set_loss(2.75);
+  history.push_back(eval);
+  v1::PlanJobResponse plan;
+  plan.mutable_plan()->set_summary("fits: 1.2 GiB of 80 GiB");
+  const std::string page = RenderReportHtml(job, history, plan, "");
+  EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(Count(page, "<svg"), 5);  // loss, tok/s, step time, memory of ranks 0 and 1
+  EXPECT_EQ(Points(page, "train loss \\(rank 0\\)").size(), 5u);
+  EXPECT_EQ(Points(page, "eval loss").size(), 1u);
+  EXPECT_EQ(Points(page, "tok/s rank 1").size(), 5u);
+  EXPECT_EQ(Points(page, "params").size(), 5u);
+  EXPECT_EQ(page.find("data-series=\"comm\""), std::string::npos) << "an unused tier is left out";
+  EXPECT_NE(page.find("path = &quot;a&lt;b&quot;"), std::string::npos);
+  EXPECT_NE(page.find("fits: 1.2 GiB of 80 GiB"), std::string::npos);
+  EXPECT_NE(RenderReportHtml(job, {}, std::nullopt, "data gone").find("No plan: data gone"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ithaca

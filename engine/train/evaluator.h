@@ -1,0 +1,69 @@
+// Evaluator: the held-out loss of the spec's [eval] section, measured with no gradients. It
+// runs the training step's own schedule forward only (LlamaModel::Forward: FSDP gathers,
+// Ulysses / UPipe attention and the tiles as configured), so it fits wherever training fits, and
+// it touches neither the gradients, the optimizer nor the data loader of training.
+//
+// An evaluation reads eval.path from its first window on, in file order (never shuffled), so
+// every evaluation of a job sees the same windows and successive losses are comparable. Like a
+// training step, each data-parallel replica takes eval.batches micro-batches of data.micro_batch
+// windows (window i of the evaluation goes to replica i mod replicas).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
+#include "engine/schedule/llama.h"
+#include "engine/spec/job_spec.h"
+#include "engine/train/token_file.h"
+
+namespace ithaca {
+
+struct EvalReport {
+  int64_t step = 0;     // optimizer steps done before it (0: an evaluation-only job's model)
+  double loss = 0;      // mean cross-entropy over the evaluated tokens of every rank
+  int64_t tokens = 0;   // tokens the mean is over (labels < 0 are not counted)
+  int64_t batches = 0;  // eval.batches
+  double seconds = 0;   // wall time of the evaluation
+};
+
+// The companion of the step line:
+// eval step 20: loss 3.1234 (ppl 22.8) over 65536 tokens, 8 batches, 1.20 s
+std::string FormatEvalLine(const EvalReport& r);
+
+class Evaluator {
+ public:
+  // Opens spec.eval.path (a file or a glob) with data.path's checks: token files of the model's
+  // tokenizer (`tokenizer_json`, "" when the model has none) and vocabulary. When the job also
+  // trains, `training_file` is its data's first file: the evaluation data must come from the
+  // same tokenizer. The files must hold the windows one evaluation reads. Errors start with
+  // "eval.path: " and name the file. `model` and `world` must outlive the evaluator; `dp` and
+  // `dp_rank` are the data-parallel replicas and this rank's.
+  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(const JobSpec& spec, LlamaModel* model,
+                                                           Comm* world, int dp, int dp_rank,
+                                                           const std::string& tokenizer_json,
+                                                           const TokenFile* training_file);
+
+  // One evaluation of the model as it is now; `step` is what the report says. Collective: every
+  // rank of the job calls it at the same point.
+  absl::StatusOr<EvalReport> Run(int64_t step);
+
+  // Things worth saying that are not errors (DataLoader::warnings of the eval data).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+ private:
+  Evaluator() = default;
+
+  JobSpec::Eval eval_;
+  int64_t seq_len_ = 0, micro_batch_ = 1;
+  LlamaModel* model_ = nullptr;
+  Comm* world_ = nullptr;
+  int dp_ = 1, dp_rank_ = 0;
+  std::unique_ptr<DataLoader> data_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace ithaca
