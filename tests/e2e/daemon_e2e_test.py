@@ -218,6 +218,9 @@ class DaemonE2E(unittest.TestCase):
         self.assertEqual(done.spec.data_path, os.path.join(run, "data.tok"))
         self.assertIn(job.id, [j.id for j in c.list(states=["succeeded"])])
         self.assertEqual(len(c.list(limit=1)), 1)
+        history = c.history(job.id)
+        self.assertEqual([e.step for e in history if isinstance(e, Step) and e.rank == 0],
+                         [1, 2, 3, 4])
         lines = [l.text for l in c.logs(job.id)]
         self.assertIn("step 4/4", "\n".join(lines))
         self.assertEqual([l.text for l in c.logs(job.id, tail=2)], lines[-2:])

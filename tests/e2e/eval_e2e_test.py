@@ -82,7 +82,7 @@ class EvalE2E(unittest.TestCase):
         self.assertEqual(final.last_eval, evals[1])
 
         fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
-        mine = [s for s in fams["ithaca_eval_loss"].samples if s.labels.get("job") == job.id]
+        mine = [s for s in fams["ithaca_eval_loss"].samples if s.labels.get("job_id") == job.id]
         self.assertEqual(len(mine), 1)
         self.assertEqual((mine[0].labels["rank"], mine[0].labels["gpu"]), ("0", "0"))
         self.assertIn("UUID", mine[0].labels)

@@ -316,6 +316,16 @@ class Client:
                 else:
                     yield line
 
+    def history(self, job_id):
+        """Every recorded Step (rank 0's, others sampled) and Eval of a job, oldest first, from
+        the daemon's job store (also after the job ended or the daemon restarted)."""
+        call = self._jobs.ReadHistory(pb.ReadHistoryRequest(id=job_id), timeout=self.timeout,
+                                      metadata=self._metadata)
+        try:
+            return [_event(e) for e in call]
+        except grpc.RpcError as e:
+            raise IthacaError(self.address, e.code(), e.details()) from None
+
     def watch(self, job_id, *, include_logs=False, after_seq=0, resume_for=60.0, timeout=None):
         """Yields the job's events (Snapshot first, then StateChange, Step, Eval and, with
         include_logs, Log) and returns after the terminal StateChange. A stream that breaks
