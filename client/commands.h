@@ -5,24 +5,31 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ithaca/v1/job.grpc.pb.h"
 
 namespace ithaca {
 
+enum class Output { kText, kJson, kName, kWide };
+
 struct CliContext {
-  std::string server;  // --server: host:port or unix:/path
-  bool json = false;   // --json: protobuf JSON (one object per line when streaming)
+  std::string server;             // --server: host:port or unix:/path
+  Output output = Output::kText;  // -o json|name|wide (--json, -q)
   std::unique_ptr<v1::JobService::Stub> stub;
 };
 
-int SubmitCommand(CliContext& c, const std::string& spec_path, bool follow);
-int FollowJob(CliContext& c, const std::string& id);
-int StatusCommand(CliContext& c, const std::string& id);
-int ListCommand(CliContext& c);
-int LogsCommand(CliContext& c, const std::string& id, bool follow, std::optional<int> rank);
-int CancelCommand(CliContext& c, const std::string& id);
-int PlanCommand(CliContext& c, const std::string& spec_path);
-int NodeCommand(CliContext& c);
+// What `ithaca --help` prints.
+extern const char kUsage[];
+
+// Where ithacad is when --server is not given: $ITHACA_SERVER, else the grpc= line of
+// $ITHACA_HOME/ithacad.addr (default ~/.ithaca, written by ithacad), else 127.0.0.1:50051.
+std::string DefaultServer();
+
+// Parses -o's argument ("json", "name", "wide"); false when it is none of them.
+bool ParseOutput(const std::string& name, Output* out);
+
+// Runs `args` = {COMMAND, its arguments and flags...}; each command takes only its own flags.
+int RunCommand(CliContext& c, const std::vector<std::string>& args);
 
 }  // namespace ithaca

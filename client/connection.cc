@@ -59,7 +59,6 @@ void ApplyConnectionEnvironment(ConnectionOptions* o) {
     const char* v = std::getenv(var);
     *field = v && *v ? v : fallback;
   };
-  fill(&o->server, "ITHACA_SERVER", "127.0.0.1:50051");
   fill(&o->token_file, "ITHACA_TOKEN_FILE", "");
   fill(&o->ca_file, "ITHACA_CA", "");
 }

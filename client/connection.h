@@ -18,8 +18,8 @@ struct ConnectionOptions {
   std::string tls_server_name;  // --tls-server-name: the name the certificate must carry
 };
 
-// Fills the unset fields from $ITHACA_SERVER (else 127.0.0.1:50051), $ITHACA_TOKEN_FILE and
-// $ITHACA_CA.
+// Fills the unset credential fields from $ITHACA_TOKEN_FILE and $ITHACA_CA. (The address comes
+// from --server or DefaultServer() in commands.h.)
 void ApplyConnectionEnvironment(ConnectionOptions* options);
 
 // A channel to the daemon; every call on it carries `authorization: Bearer <token>` when a token

@@ -5,7 +5,11 @@
 #include <map>
 #include <vector>
 
+#include <optional>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -19,6 +23,10 @@ using google::protobuf::util::TimeUtil;
 std::string Time(const google::protobuf::Timestamp& t) {
   std::string s = TimeUtil::ToString(t);  // RFC 3339, UTC
   return s.substr(0, std::min<size_t>(s.size(), 19)) + "Z";
+}
+
+absl::Time ToAbsl(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
 }
 
 const v1::StepReport* Rank0(const v1::Job& job) {
@@ -120,14 +128,66 @@ std::string Printable(const std::string& s, bool keep_newlines, size_t max_bytes
   return out;
 }
 
-std::string JobLine(const v1::Job& job) {
-  std::string progress = "-";
-  if (const v1::StepReport* r = Rank0(job)) {
-    progress = absl::StrFormat("step %d/%d loss %.4f", r->step(), r->total_steps(), r->loss());
+std::string HumanAge(absl::Duration d) {
+  const int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(d));
+  if (s < 120) return absl::StrCat(s, "s");
+  if (s < 120 * 60) return absl::StrCat(s / 60, "m");
+  if (s < 48 * 3600) return absl::StrCat(s / 3600, "h");
+  return absl::StrCat(s / 86400, "d");
+}
+
+std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now) {
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"ID", "NAME", "STATE", "STEP", "LOSS", "AGE", "DURATION"});
+  if (wide) {
+    for (const char* h : {"WORLD", "BACKEND", "MODEL", "SLOTS"}) rows[0].push_back(h);
   }
-  return absl::StrFormat("%-10s %-16s %-11s %-28s %s", Printable(job.id(), false, 64),
-                         Printable(job.name(), false, 256), StateName(job.state()), progress,
-                         Printable(job.reason(), false, 1024));
+  rows[0].push_back("REASON");
+  for (const v1::Job& job : jobs) {
+    std::vector<std::string> row = {Printable(job.id(), false, 64),
+                                    Printable(job.name(), false, 64), StateName(job.state())};
+    const v1::StepReport* r = Rank0(job);
+    row.push_back(r ? absl::StrCat(r->step(), "/", r->total_steps()) : "-");
+    row.push_back(r ? absl::StrFormat("%.4f", r->loss()) : "-");
+    row.push_back(job.has_created_at() ? HumanAge(now - ToAbsl(job.created_at())) : "-");
+    // From the first start to the end: the time the job held its GPUs.
+    std::optional<absl::Time> started, ended;
+    for (const v1::StateTransition& t : job.transitions()) {
+      const absl::Time at = ToAbsl(t.time());
+      if (!started && t.to() == v1::JOB_STATE_STARTING) started = at;
+      if (t.to() == v1::JOB_STATE_SUCCEEDED || t.to() == v1::JOB_STATE_FAILED ||
+          t.to() == v1::JOB_STATE_CANCELLED) {
+        ended = at;
+      }
+    }
+    row.push_back(started ? HumanDuration(absl::ToDoubleSeconds(ended.value_or(now) - *started))
+                          : "-");
+    if (wide) {
+      const v1::JobSpecSummary& s = job.spec();
+      row.push_back(absl::StrCat(s.world()));
+      row.push_back(Printable(s.backend(), false, 16));
+      row.push_back(Printable(s.model(), false, 256));
+      std::vector<std::string> slots;
+      for (int slot : job.slots()) slots.push_back(absl::StrCat(slot));
+      row.push_back(slots.empty() ? "-" : absl::StrJoin(slots, ","));
+    }
+    row.push_back(Printable(job.reason(), false, wide ? 1024 : 48));
+    rows.push_back(std::move(row));
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      absl::StrAppend(&line, row[i]);
+      if (i + 1 < row.size()) line.append(width[i] - row[i].size() + 3, ' ');
+    }
+    absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(line), "\n");
+  }
+  return out;
 }
 
 std::string JobDetails(const v1::Job& job) {

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/time/time.h"
 #include "ithaca/v1/job.pb.h"
 
 namespace ithaca {
@@ -19,6 +21,7 @@ std::string HumanBytes(int64_t bytes);      // "2.9 MiB", "15.4 GiB", "512 B"
 std::string HumanDuration(double seconds);  // "0:07", "12:03", "3:02:11"
 std::string HumanRate(double per_second);   // "472.5", "12.4k", "1.2M"
 std::string StateName(v1::JobState s);      // "RUNNING"
+std::string HumanAge(absl::Duration d);     // kubectl's AGE: "45s", "12m", "5h", "3d"
 
 // "step 12/60 | loss 3.2140 | 12.4k tok/s/rank | mem 2.9 MiB | ETA 0:07"; `eta_seconds` < 0
 // leaves ETA out.
@@ -32,8 +35,10 @@ std::string EvalLine(const v1::EvalReport& r);
 // device tiers' sum) at the bottom.
 std::string MemoryTable(const v1::Job& job);
 
-// "job-3  demo  RUNNING  step 12/60  loss 3.2140  ..." for `ithaca list`.
-std::string JobLine(const v1::Job& job);
+// `ithaca list`: a header and one row per job, columns aligned: ID NAME STATE STEP LOSS AGE
+// DURATION REASON (cut to 48 bytes); `wide` adds WORLD BACKEND MODEL SLOTS and the whole reason.
+// AGE counts from submission, DURATION from the first start to the end (or `now`).
+std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now);
 // The multi-line `ithaca status` view: state and reason, spec, newest step and evaluation,
 // transitions, memory,
 // and the resolved spec the workers run.

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_split.h"
+#include "client/json.h"
+#include "client/spec_overrides.h"
+
 namespace ithaca {
 namespace {
 
@@ -50,7 +54,8 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
                                  "    head_chunk = 4\n"),
             std::string::npos)
       << JobDetails(job);
-  EXPECT_NE(JobLine(job).find("step 12/60"), std::string::npos);
+  const std::string list = JobTable({job}, false, absl::Now());
+  EXPECT_NE(list.find("12/60"), std::string::npos) << list;
 }
 
 TEST(FormatTest, EvalLineInWatchAndStatus) {
@@ -82,8 +87,9 @@ TEST(FormatTest, ControlCharactersFromTheDaemonNeverReachTheTerminalRaw) {
   v1::Job job;
   job.set_id("job-1");
   job.set_name("evil\x1b]0;pwned\x07");
-  EXPECT_EQ(JobLine(job).find('\x1b'), std::string::npos);
-  EXPECT_NE(JobLine(job).find("evil\\x1b]0;pwned\\x07"), std::string::npos);
+  const std::string table = JobTable({job}, true, absl::Now());
+  EXPECT_EQ(table.find('\x1b'), std::string::npos);
+  EXPECT_NE(table.find("evil\\x1b]0;pwned\\x07"), std::string::npos) << table;
 }
 
 TEST(FormatTest, NodeShowsTheLibrariesWorkersLoad) {
@@ -95,6 +101,147 @@ TEST(FormatTest, NodeShowsTheLibrariesWorkersLoad) {
       << NodeText(n);
   n.clear_libraries();
   EXPECT_EQ(NodeText(n).find("libraries:"), std::string::npos);
+}
+
+google::protobuf::Timestamp At(absl::Time t) {
+  google::protobuf::Timestamp ts;
+  ts.set_seconds(absl::ToUnixSeconds(t));
+  return ts;
+}
+
+void AddTransition(v1::Job* job, v1::JobState to, absl::Time at) {
+  v1::StateTransition* t = job->add_transitions();
+  t->set_to(to);
+  *t->mutable_time() = At(at);
+}
+
+TEST(FormatTest, ListIsATableWithAHeaderAgeAndDuration) {
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  v1::Job running;
+  running.set_id("job-12");
+  running.set_name("long-context");
+  running.set_state(v1::JOB_STATE_RUNNING);
+  *running.mutable_created_at() = At(now - absl::Minutes(30));
+  AddTransition(&running, v1::JOB_STATE_QUEUED, now - absl::Minutes(30));
+  AddTransition(&running, v1::JOB_STATE_STARTING, now - absl::Minutes(25));
+  AddTransition(&running, v1::JOB_STATE_RUNNING, now - absl::Minutes(24));
+  v1::StepReport* r = running.add_last_steps();
+  r->set_step(12);
+  r->set_total_steps(60);
+  r->set_loss(3.25);
+  running.mutable_spec()->set_world(8);
+  running.mutable_spec()->set_backend("cuda");
+  running.mutable_spec()->set_model("llama-3.2-1b");
+  running.add_slots(0);
+  running.add_slots(1);
+  v1::Job failed;
+  failed.set_id("job-3");
+  failed.set_name("j");
+  failed.set_state(v1::JOB_STATE_FAILED);
+  failed.set_reason("rank 1 exited with code 4: " + std::string(100, 'x'));
+  *failed.mutable_created_at() = At(now - absl::Hours(50));
+  AddTransition(&failed, v1::JOB_STATE_STARTING, now - absl::Hours(49));
+  AddTransition(&failed, v1::JOB_STATE_FAILED, now - absl::Hours(49) + absl::Seconds(75));
+  v1::Job queued;
+  queued.set_id("job-13");
+  queued.set_name("q");
+  queued.set_state(v1::JOB_STATE_QUEUED);
+  *queued.mutable_created_at() = At(now - absl::Seconds(9));
+
+  const std::string table = JobTable({running, failed, queued}, false, now);
+  const std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << table;
+  EXPECT_EQ(lines[0], "ID       NAME           STATE     STEP    LOSS     AGE   DURATION   REASON");
+  EXPECT_EQ(lines[1], "job-12   long-context   RUNNING   12/60   3.2500   30m   25:00");
+  EXPECT_EQ(lines[2].rfind("job-3    j              FAILED    -       -        2d    1:15       "
+                           "rank 1 exited with code 4: xxx",
+                           0),
+            0u)
+      << lines[2];
+  EXPECT_NE(lines[2].find("rank 1 exited with code 4: xxx"), std::string::npos);
+  EXPECT_EQ(lines[2].find(std::string(30, 'x')), std::string::npos) << "cut in the narrow view";
+  EXPECT_EQ(lines[3], "job-13   q              QUEUED    -       -        9s    -");
+
+  const std::string wide = JobTable({running, failed}, true, now);
+  EXPECT_NE(wide.find("WORLD   BACKEND   MODEL          SLOTS   REASON"), std::string::npos)
+      << wide;
+  EXPECT_NE(wide.find("8       cuda      llama-3.2-1b   0,1"), std::string::npos) << wide;
+  EXPECT_NE(wide.find(std::string(100, 'x')), std::string::npos) << "whole in the wide view";
+}
+
+TEST(FormatTest, Ages) {
+  EXPECT_EQ(HumanAge(absl::Seconds(119)), "119s");
+  EXPECT_EQ(HumanAge(absl::Minutes(119)), "119m");
+  EXPECT_EQ(HumanAge(absl::Hours(47)), "47h");
+  EXPECT_EQ(HumanAge(absl::Hours(49)), "2d");
+  EXPECT_EQ(HumanAge(-absl::Seconds(3)), "0s");  // clocks of client and daemon disagree
+}
+
+TEST(JsonTest, EveryFieldIsPresentAndInt64sAreNumbers) {
+  v1::Job job;
+  job.set_id("job-1\"\n");
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.mutable_spec()->set_parameters(int64_t{1} << 40);
+  job.mutable_created_at()->set_seconds(1800000000);
+  v1::StepReport* r = job.add_last_steps();
+  r->set_loss(0.5);
+  r->set_device_peak_bytes(0);
+  const std::string json = ProtoJson(job);
+  EXPECT_EQ(json.rfind("{\"id\":\"job-1\\\"\\n\",\"name\":\"\",\"state\":\"JOB_STATE_QUEUED\","
+                       "\"reason\":\"\",\"failed_rank\":null,",
+                       0),
+            0u)
+      << json;
+  EXPECT_NE(json.find("\"parameters\":1099511627776,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"world\":0,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"created_at\":\"2027-01-15T08:00:00Z\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"updated_at\":null"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"loss\":0.5,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"device_peak_bytes\":0"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"memory\":[]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"slots\":[]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"last_eval\":null"), std::string::npos) << json;
+  // Doubles: the shortest text that reads back the same.
+  v1::StepReport lr;
+  lr.set_lr(3e-3);
+  lr.set_loss(1.0 / 3);
+  EXPECT_NE(ProtoJson(lr).find("\"lr\":0.003,"), std::string::npos) << ProtoJson(lr);
+  EXPECT_NE(ProtoJson(lr).find("\"loss\":0.33333333333333331,"), std::string::npos)
+      << ProtoJson(lr);
+  // Of a oneof, the member that is set and no other.
+  v1::JobEvent e;
+  e.set_seq(7);
+  e.mutable_eval()->set_loss(2.25);
+  const std::string ev = ProtoJson(e);
+  EXPECT_NE(ev.find("\"eval\":{\"rank\":0,\"step\":0,\"loss\":2.25,"), std::string::npos) << ev;
+  EXPECT_EQ(ev.find("\"step\":{"), std::string::npos) << ev;
+  EXPECT_EQ(ev.find("\"state\""), std::string::npos) << ev;
+}
+
+TEST(SpecOverridesTest, SetsKeysAsTomlValuesOrStrings) {
+  const std::string spec = "name = \"j\"  # a comment\n[training]\nsteps = 60\nlr = 0.5\n";
+  auto same = ApplyOverrides(spec, "job.toml", {});
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*same, spec) << "sent as written without overrides";
+  auto out = ApplyOverrides(spec, "job.toml",
+                            {"training.steps=5", "memory.offload=true", "data.path=shards/*.tok",
+                             "name=\"sweep 3\"", "eval.paths=[\"a.tok\", \"b.tok\"]"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_NE(out->find("name = 'sweep 3'"), std::string::npos) << *out;
+  EXPECT_NE(out->find("[training]\nlr = 0.5\nsteps = 5\n"), std::string::npos) << *out;
+  EXPECT_NE(out->find("[memory]\noffload = true\n"), std::string::npos) << *out;
+  EXPECT_NE(out->find("path = 'shards/*.tok'"), std::string::npos) << *out;
+  EXPECT_NE(out->find("paths = [ 'a.tok', 'b.tok' ]"), std::string::npos) << *out;
+
+  auto bad = ApplyOverrides(spec, "job.toml", {"training.steps.x=1"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("training.steps is not a table"), absl::string_view::npos)
+      << bad.status();
+  EXPECT_FALSE(ApplyOverrides(spec, "job.toml", {"steps"}).ok());
+  EXPECT_FALSE(ApplyOverrides(spec, "job.toml", {"a..b=1"}).ok());
+  auto broken = ApplyOverrides("[training\n", "job.toml", {"a=1"});
+  EXPECT_NE(broken.status().message().find("job.toml:1"), absl::string_view::npos)
+      << broken.status();
 }
 
 }  // namespace

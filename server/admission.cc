@@ -63,8 +63,10 @@ absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
   // Relative inputs (no base_dir) are refused by the caller with their own message; a relative
   // checkpoint.dir is refused here (it would land wherever the worker's working directory is).
   auto relative = [](const std::string& p) { return !p.empty() && p[0] != '/'; };
-  if (!s.data.path.empty() && !relative(s.data.path)) {
-    RETURN_IF_ERROR(CheckAllowedPath(source, "data.path", GlobBase(s.data.path), roots));
+  for (auto [key, path] : {std::pair<const char*, const std::string*>{"data.path", &s.data.path},
+                           {"eval.path", &s.eval.path}}) {
+    if (path->empty() || relative(*path)) continue;
+    RETURN_IF_ERROR(CheckAllowedPath(source, key, GlobBase(*path), roots));
   }
   for (auto [key, path] :
        {std::pair<const char*, const std::string*>{"model.config", &s.model.config},
@@ -87,11 +89,38 @@ absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
   return absl::OkStatus();
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return !path.empty() && stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 }  // namespace
+
+SpecBase ChooseSpecBase(const std::string& client_dir, const std::string& daemon_dir,
+                        const std::string& host) {
+  SpecBase b;
+  const std::string where = absl::StrCat("on the daemon's host (ithacad on ", host, ")");
+  if (IsDirectory(client_dir) || (!client_dir.empty() && daemon_dir.empty())) {
+    b.dir = client_dir;
+    b.relative_note = absl::StrCat(" (looked for ", where, ", relative to the client's directory ",
+                                   client_dir, ")");
+  } else if (!daemon_dir.empty()) {
+    b.dir = daemon_dir;
+    b.relative_note = absl::StrCat(
+        " (looked for ", where, ", relative to its state directory ", daemon_dir,
+        client_dir.empty()
+            ? std::string("")
+            : absl::StrCat(": the client's directory ", client_dir, " does not exist there"),
+        "; give a path on the daemon's host)");
+  }
+  b.absolute_note = absl::StrCat(" (looked for ", where, ")");
+  return b;
+}
 
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source_in,
                                              const std::string& base_dir, const Node& node,
+                                             const std::string& daemon_dir,
                                              const std::vector<std::string>& allowed_roots) {
   const std::string source = source_in.empty() ? "job.toml" : source_in;
   if (!base_dir.empty() && base_dir[0] != '/') {
@@ -99,38 +128,49 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
         absl::StrCat("base_dir: must be an absolute path, got \"", base_dir, "\""));
   }
   ASSIGN_OR_RETURN(JobSpec s, ParseJobSpec(toml_text, source));
+  const SpecBase base = ChooseSpecBase(base_dir, daemon_dir, node.hostname);
+  // Every path is resolved and checked against the allowed roots before any is looked at.
+  std::map<const std::string*, std::string> notes;  // where a missing file was looked for
   for (std::string* p :
-       {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir, &s.eval.path}) {
-    *p = ResolvePath(base_dir, *p);
+       {&s.data.path, &s.eval.path, &s.model.config, &s.model.weights, &s.checkpoint.dir}) {
+    if (p->empty()) continue;
+    // The client may be on another machine: say which host looked where.
+    notes[p] = (*p)[0] != '/' ? base.relative_note : base.absolute_note;
+    *p = ResolvePath(base.dir, *p);
   }
   RETURN_IF_ERROR(CheckSpecPaths(s, source, allowed_roots));
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &s.data.path},
                            {"eval.path", &s.eval.path},
                            {"model.config", &s.model.config},
-                           {"model.weights", &s.model.weights}}) {
-    if (!path->empty() && (*path)[0] != '/') {
+                           {"model.weights", &s.model.weights},
+                           {"checkpoint.dir", &s.checkpoint.dir}}) {
+    if (path->empty()) continue;
+    const std::string& note = notes[path];
+    if (path == &s.checkpoint.dir) continue;  // made by the job
+    if ((*path)[0] != '/') {
       return Invalid(source, key,
                      absl::StrCat("\"", *path,
                                   "\" is relative and the submission has no "
                                   "base_dir; give an absolute path"));
     }
-    if (path->empty()) continue;
     std::vector<std::string> files = {*path};
     if (path == &s.data.path || path == &s.eval.path) {
       // A glob names several files: it must match at least one.
       absl::StatusOr<std::vector<std::string>> expanded = ExpandDataPath(*path);
-      if (!expanded.ok()) return Invalid(source, key, std::string(expanded.status().message()));
+      if (!expanded.ok()) {
+        return Invalid(source, key, absl::StrCat(expanded.status().message(), note));
+      }
       files = *expanded;
     }
     // Inputs are regular files (weights may also be a directory of shards): a FIFO or a device
     // would hang or never end the worker that reads it.
     for (const std::string& file : files) {
-      if (path == &s.data.path && !allowed_roots.empty()) {
+      if ((path == &s.data.path || path == &s.eval.path) && !allowed_roots.empty()) {
         RETURN_IF_ERROR(CheckAllowedPath(source, key, file, allowed_roots));
       }
       struct stat st;
       if (stat(file.c_str(), &st) != 0) {
-        return Invalid(source, key, absl::StrCat(file, ": no such file or directory"));
+        return Invalid(source, key, absl::StrCat(file, ": no such file or directory", note));
       }
       const bool dir_ok = path == &s.model.weights && S_ISDIR(st.st_mode);
       if (!S_ISREG(st.st_mode) && !dir_ok) {

@@ -25,14 +25,29 @@ struct AdmittedSpec : ResolvedJob {
   v1::JobSpecSummary summary;
 };
 
-// Parses, validates and resolves a submitted spec against `node`. INVALID_ARGUMENT naming the
-// key for anything wrong in the spec itself (unknown key, bad value, heads not divisible by sp,
-// missing data file); FAILED_PRECONDITION naming `backend` when the node has no GPU for a CUDA
-// job. With `allowed_roots` (real paths, server/path_policy.h), PERMISSION_DENIED naming the key
-// for a path that resolves outside them; empty: any path.
+// Where a submission's relative paths resolve. Files are opened by the workers, on the daemon's
+// host, so that is where paths must exist: relative ones against the client's directory
+// (`base_dir` of the request: the spec file's directory) when that directory exists on this host
+// (the CLI on the same machine, or a shared file system), else against `daemon_dir` (ithacad's
+// state directory: a pod's volume). The notes say which host looked where, for errors.
+struct SpecBase {
+  std::string dir;  // "" when neither is known: relative paths are refused
+  std::string
+      relative_note;  // " (looked for on the daemon's host (ithacad on H), relative to ...)"
+  std::string absolute_note;  // " (looked for on the daemon's host (ithacad on H))"
+};
+SpecBase ChooseSpecBase(const std::string& client_dir, const std::string& daemon_dir,
+                        const std::string& host);
+
+// Parses, validates and resolves a submitted spec against `node`; relative paths resolve as
+// ChooseSpecBase(base_dir, daemon_dir) says. INVALID_ARGUMENT naming the key for anything wrong
+// in the spec itself (unknown key, bad value, heads not divisible by sp, missing data file, with
+// where it was looked for); FAILED_PRECONDITION naming `backend` when the node has no GPU for a
+// CUDA job. With `allowed_roots` (real paths, server/path_policy.h), PERMISSION_DENIED naming the
+// key for a path that resolves outside them; empty: any path.
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source, const std::string& base_dir,
-                                             const Node& node,
+                                             const Node& node, const std::string& daemon_dir = "",
                                              const std::vector<std::string>& allowed_roots = {});
 
 // The node as the budget rule sees it, for a job of `ranks` ranks (all on this host).

@@ -84,6 +84,49 @@ TEST(AdmissionTest, DataPathMayBeAGlob) {
       << a.status();
 }
 
+TEST(AdmissionTest, RelativePathsResolveOnTheDaemonsHost) {
+  // The client's directory exists here (the CLI beside the daemon): paths resolve against it.
+  const std::string state = Dir() + "/state";
+  mkdir(state.c_str(), 0755);
+  std::ofstream(state + "/in-state.tok") << "x";
+  Node node = Roomy();
+  node.hostname = "gpu-node-7";
+  auto a = ParseSubmission(Spec(), "job.toml", Dir(), node, state);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->spec.data.path, Dir() + "/corpus.tok");
+  // It does not (the daemon in a pod, the client on a laptop): against the state directory.
+  std::string toml = Spec();
+  toml.replace(toml.find("\"corpus.tok\""), 12, "\"in-state.tok\"");
+  a = ParseSubmission(toml, "job.toml", "/home/me/runs", node, state);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->spec.data.path, state + "/in-state.tok");
+  // A missing file says which host looked where, and what the client's directory was.
+  a = ParseSubmission(Spec(), "job.toml", "/home/me/runs", node, state);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.status().message(),
+            "job.toml: data.path: " + state +
+                "/corpus.tok: no such file or directory (looked for on the daemon's host (ithacad "
+                "on gpu-node-7), relative to its state directory " +
+                state +
+                ": the client's directory /home/me/runs does not exist there; give a path on the "
+                "daemon's host)");
+  toml = Spec();
+  toml.replace(toml.find("\"corpus.tok\""), 12, "\"missing.tok\"");
+  a = ParseSubmission(toml, "job.toml", Dir(), node, state);
+  EXPECT_EQ(a.status().message(), "job.toml: data.path: " + Dir() +
+                                      "/missing.tok: no such file or directory (looked for on the "
+                                      "daemon's host (ithacad on gpu-node-7), relative to the "
+                                      "client's directory " +
+                                      Dir() + ")");
+  toml = Spec();
+  toml.replace(toml.find("\"corpus.tok\""), 12, "\"/nowhere/x.tok\"");
+  a = ParseSubmission(toml, "job.toml", Dir(), node, state);
+  EXPECT_EQ(a.status().message(),
+            "job.toml: data.path: /nowhere/x.tok: no such file or directory (looked for on the "
+            "daemon's host (ithacad on gpu-node-7))");
+}
+
 TEST(AdmissionTest, AFifoAsDataIsRefusedAtSubmit) {
   const std::string fifo = Dir() + "/fifo.tok";
   unlink(fifo.c_str());
@@ -282,7 +325,7 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
            (ckpt.empty() ? "" : "[checkpoint]\ndir = \"" + ckpt + "\"\n");
   };
   auto admit = [&](const std::string& toml) {
-    return ParseSubmission(toml, "job.toml", root, Roomy(), *roots).status();
+    return ParseSubmission(toml, "job.toml", root, Roomy(), "", *roots).status();
   };
   ASSERT_TRUE(admit(spec("corpus.tok", "preset = \"tiny\"", "ckpt/run1")).ok());
 

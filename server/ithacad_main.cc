@@ -25,6 +25,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/flags/usage.h"
 #include "engine/core/file_util.h"
 #include "server/auth.h"
@@ -38,8 +42,10 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address (host:port; port 0 picks one; empty: off)");
 ABSL_FLAG(std::string, state_dir, "",
           "Job store, logs and sockets; default $ITHACA_HOME, else ~/.ithaca");
-ABSL_FLAG(int, gpus, 0, "GPUs on this node (one rank each); 0: a CPU node");
-ABSL_FLAG(int, cpu_slots, 8, "Ranks a CPU node offers (when --gpus=0)");
+ABSL_FLAG(std::string, gpus, "auto",
+          "GPUs on this node (one rank each): auto (every GPU nvidia-smi lists; none: a CPU "
+          "node), a number, or 0 (a CPU node)");
+ABSL_FLAG(int, cpu_slots, 8, "Ranks a CPU node offers (when it has no GPUs)");
 ABSL_FLAG(double, gpu_memory_gib, 0, "Memory per GPU when nvidia-smi cannot tell (default 80)");
 ABSL_FLAG(std::string, worker_binary, "",
           "ithaca-worker; default: next to ithacad, or ../worker/ithaca-worker");
@@ -217,8 +223,13 @@ int Run() {
     if (absl::Status st = MakePrivateDir(socket_dir, so.run_as); !st.ok()) return Fail(st);
     so.worker_socket = socket_dir + "/worker.sock";
   }
-  o.node = DetectNode({absl::GetFlag(FLAGS_gpus), absl::GetFlag(FLAGS_cpu_slots),
-                       absl::GetFlag(FLAGS_gpu_memory_gib)});
+  int gpus = NodeOptions::kAutoGpus;
+  if (const std::string g = absl::GetFlag(FLAGS_gpus);
+      g != "auto" && (!absl::SimpleAtoi(g, &gpus) || gpus < 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--gpus: expected auto or a number >= 0, got \"", g, "\"")));
+  }
+  o.node = DetectNode({gpus, absl::GetFlag(FLAGS_cpu_slots), absl::GetFlag(FLAGS_gpu_memory_gib)});
   if (o.node.gpu) {
     // What the workers will load: asked of the worker binary itself (ithacad links no CUDA).
     const std::string command = "'" + so.worker_binary + "' --libraries 2>&1";
@@ -373,8 +384,39 @@ int Run() {
 }  // namespace
 }  // namespace ithaca
 
+namespace {
+
+// absl's --help names flags as they are declared (--state_dir); this daemon's flags as they are
+// typed (--state-dir), with their defaults.
+void PrintHelp() {
+  std::printf("ithacad: the Ithaca job daemon (see README.md)\n\nusage: ithacad [FLAGS]\n");
+  std::vector<std::pair<std::string, const absl::CommandLineFlag*>> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::StrContains(flag->Filename(), "ithacad_main")) {
+      flags.emplace_back(std::string(name), flag);
+    }
+  }
+  std::sort(flags.begin(), flags.end());
+  for (auto& [name, flag] : flags) {
+    std::replace(name.begin(), name.end(), '_', '-');
+    const std::string def = flag->DefaultValue();
+    std::printf("  --%s%s\n      %s\n", name.c_str(),
+                def.empty() ? "" : absl::StrCat(" (default ", def, ")").c_str(),
+                flag->Help().c_str());
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ithacad: the Ithaca job daemon (see README.md)");
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h" || a == "--helpfull" || a == "-help") {
+      PrintHelp();
+      return 0;
+    }
+  }
   // Flags are spelled with dashes on the command line (--state-dir); absl names them with
   // underscores.
   std::vector<std::string> args(argv, argv + argc);

@@ -102,7 +102,8 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::str
     return absl::ResourceExhaustedError(absl::StrCat(
         "ithacad is already admitting ", kMaxConcurrentPlans, " jobs; try again shortly"));
   }
-  absl::StatusOr<AdmittedSpec> admitted = ParseSubmission(toml, source, base_dir, node, options_.allowed_roots);
+  absl::StatusOr<AdmittedSpec> admitted =
+      ParseSubmission(toml, source, base_dir, node, options_.state_dir, options_.allowed_roots);
   plans_in_flight_.fetch_sub(1);
   return admitted;
 }

@@ -45,12 +45,15 @@ Node DetectNode(const NodeOptions& options) {
   gethostname(host, sizeof(host) - 1);
   node.hostname = host;
   node.host_memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-  node.gpu = options.gpus > 0;
+  std::vector<NodeDevice> found;
+  int gpus = options.gpus;
+  if (gpus != 0) found = QueryNvidiaSmi();
+  if (gpus == NodeOptions::kAutoGpus) gpus = static_cast<int>(found.size());
+  node.gpu = gpus > 0;
   if (node.gpu) {
-    std::vector<NodeDevice> found = QueryNvidiaSmi();
     const int64_t fallback =
         static_cast<int64_t>((options.gpu_memory_gib > 0 ? options.gpu_memory_gib : 80) * kGiB);
-    for (int i = 0; i < options.gpus; ++i) {
+    for (int i = 0; i < gpus; ++i) {
       NodeDevice d;
       if (i < static_cast<int>(found.size())) {
         d = found[i];

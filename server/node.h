@@ -26,13 +26,15 @@ struct Node {
 };
 
 struct NodeOptions {
-  int gpus = 0;               // 0: a CPU node
+  static constexpr int kAutoGpus = -1;
+  int gpus = 0;               // 0: a CPU node; kAutoGpus: as many as nvidia-smi lists
   int cpu_slots = 8;          // ranks on a CPU node
   double gpu_memory_gib = 0;  // per GPU when nvidia-smi cannot tell; 0: 80 GiB
 };
 
 // Queries nvidia-smi for the GPUs' UUIDs, names and memory when gpus > 0 (falls back to
-// placeholders when it is missing), and the host's memory.
+// placeholders when it is missing) or kAutoGpus (a CPU node when it lists none), and the host's
+// memory.
 Node DetectNode(const NodeOptions& options);
 
 }  // namespace ithaca

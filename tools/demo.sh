@@ -52,7 +52,7 @@ METRICS=$(sed -n 's/^metrics=//p' "$ITHACA_HOME/ithacad.addr")
 ithaca() { "$BIN/client/ithaca" --server "$GRPC" "$@"; }
 
 ithaca plan "$RUN/job.toml"
-JOB=$(ithaca submit "$RUN/job.toml" | awk '/^submitted/ {print $2}')
+JOB=$(ithaca submit "$RUN/job.toml" -o name)
 echo "submitted $JOB; following it (Ctrl-C stops following; \`ithaca cancel $JOB\` stops the job)"
 rc=0
 ithaca watch "$JOB" || rc=$?

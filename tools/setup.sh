@@ -81,6 +81,20 @@ pip_install() {
 }
 pip_install "$(pins tools/requirements.txt -v)" ""
 pip_install "$(pins tools/requirements.txt '')" "" --no-deps
+# The Python client (client/python, import ithaca_client), built from this tree's proto/ with the
+# .venv's grpcio-tools (--no-build-isolation: nothing fetched). Reinstalled when its sources or
+# the protos change.
+client_stamp=$(cat client/python/pyproject.toml client/python/setup.py client/python/protogen.py \
+  client/python/ithaca_client/*.py proto/ithaca/v1/job.proto | sha256sum | cut -c1-16)
+if [ "$(cat "$VENV/.ithaca_client.stamp" 2>/dev/null)" != "$client_stamp" ]; then
+  echo "setup: pip installing ithaca_client (client/python) into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+    --force-reinstall ./client/python
+  rm -rf client/python/build client/python/*.egg-info
+  echo "$client_stamp" > "$VENV/.ithaca_client.stamp"
+else
+  echo "setup: ithaca_client present"
+fi
 if [ "$CUDA" -eq 1 ]; then
   # Every dependency is pinned in the file; installed into the venv even where another copy
   # is visible, since the build looks for them there.

@@ -3,15 +3,19 @@ cancel; a worker killed with SIGKILL; a worker that stops heart-beating; bad spe
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
+import tomllib
 import unittest
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 import harness
-from harness import TMP, Daemon, job_pb2, spec_toml, wait_gone
+from harness import TMP, BlinkingProxy, Daemon, job_pb2, spec_toml, wait_gone
+import ithaca_client
+from ithaca_client import IthacaError, Snapshot, StateChange, Step
 
 
 class DaemonE2E(unittest.TestCase):
@@ -34,17 +38,17 @@ class DaemonE2E(unittest.TestCase):
         steps = 20
         job = self.d.submit(spec_toml(run, steps=steps))
         self.assertEqual(job.state, job_pb2.JOB_STATE_QUEUED)
-        events = list(self.d.jobs.WatchJob(job_pb2.WatchJobRequest(id=job.id), timeout=120))
+        events = self.d.events(job.id, timeout=120)
         # The stream starts with a snapshot, carries every step of rank 0 once, and ends with
         # the terminal state.
-        self.assertTrue(events[0].HasField("job"))
-        got = [e.step.step for e in events if e.HasField("step")]
+        self.assertIsInstance(events[0], Snapshot)
+        got = [e.step for e in events if isinstance(e, Step)]
         self.assertEqual(got, list(range(1, steps + 1)))
-        states = [e.state.to for e in events if e.HasField("state")]
+        states = [e.to_state for e in events if isinstance(e, StateChange)]
         self.assertEqual(states[-3:], [job_pb2.JOB_STATE_STARTING, job_pb2.JOB_STATE_RUNNING,
                                        job_pb2.JOB_STATE_SUCCEEDED])
-        self.assertTrue(events[-1].HasField("state"))
-        self.assertEqual(events[-1].state.to, job_pb2.JOB_STATE_SUCCEEDED)
+        self.assertIsInstance(events[-1], StateChange)
+        self.assertEqual(events[-1].to_state, job_pb2.JOB_STATE_SUCCEEDED)
         seqs = [e.seq for e in events[1:]]
         self.assertEqual(seqs, sorted(seqs))
 
@@ -121,6 +125,110 @@ class DaemonE2E(unittest.TestCase):
         self.assertEqual(bad.returncode, 2)
         self.assertIn("NOT_FOUND", bad.stderr)
 
+        # For scripts: -o name, --set, a header on list, filters, --tail, every field in JSON.
+        r = self.d.cli("submit", spec, "-o", "name", "--set", "training.steps=3",
+                       "--set", "name=cli-set", check=True)
+        set_id = r.stdout.strip()
+        self.assertRegex(set_id, r"^job-\d+$")
+        self.assertEqual(self.d.cli("watch", set_id).returncode, 0)
+        done = self.d.get(set_id)
+        self.assertEqual((done.name, done.spec.steps), ("cli-set", 3))
+        table = self.d.cli("list", check=True).stdout.splitlines()
+        self.assertEqual(table[0].split(), ["ID", "NAME", "STATE", "STEP", "LOSS", "AGE",
+                                            "DURATION", "REASON"])
+        self.assertEqual(table[1].split()[:4], [set_id, "cli-set", "SUCCEEDED", "3/3"])
+        self.assertEqual(self.d.cli("-q", "list", "--state", "succeeded", "--limit", "1",
+                                    check=True).stdout, set_id + "\n")
+        self.assertEqual(self.d.cli("-o", "name", "list", "--state", "queued,cancelling",
+                                    check=True).stdout, "")
+        self.assertIn("WORLD", self.d.cli("-o", "wide", "list", check=True).stdout)
+        full_log = self.d.cli("logs", job_id, check=True).stdout.splitlines()
+        tail = self.d.cli("logs", job_id, "--tail", "3", check=True).stdout.splitlines()
+        self.assertEqual(tail, full_log[-3:])
+        self.assertGreater(len(full_log), 3)
+        full = json.loads(self.d.cli("-o", "json", "status", set_id, check=True).stdout)
+        self.assertEqual(full["spec"]["steps"], 3)  # a number, not "3"
+        self.assertIsNone(full["failed_rank"])
+        self.assertEqual(full["spec"]["checkpoint_dir"], os.path.join(run, "checkpoints"))
+        # Flags a command does not take are errors, not ignored.
+        for args in (("status", job_id, "-f"), ("cancel", job_id, "--rank", "0"),
+                     ("list", "--tail", "3"), ("-o", "name", "node")):
+            r = self.d.cli(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("ithaca --help", r.stderr)
+        # A relative path the daemon cannot find says where the daemon looked.
+        missing = os.path.join(run, "missing.toml")
+        with open(missing, "w") as f:
+            f.write(spec_toml(run).replace(harness.make_corpus(), "no-such.tok"))
+        r = self.d.cli("submit", missing)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(f"{run}/no-such.tok: no such file or directory (looked for on the "
+                      "daemon's host", r.stderr)
+        self.assertIn(f"relative to the client's directory {run}", r.stderr)
+
+    def test_watch_resumes_after_the_connection_drops(self):
+        """Python client and CLI watch through a forwarder that drops every connection: each
+        sees every step once, in order, and the end."""
+        proxy = BlinkingProxy(self.d.address)
+        try:
+            job = self.d.submit(spec_toml(self.run_dir("blink"), steps=40))
+            steps, last = [], None
+            with ithaca_client.Client(proxy.address) as c:
+                for ev in c.watch(job.id, timeout=120):
+                    if isinstance(ev, Step) and ev.rank == 0:
+                        steps.append(ev.step)
+                        if ev.step in (3, 12):
+                            proxy.blink(0.5)
+                    last = ev
+            self.assertEqual(steps, list(range(1, 41)))
+            self.assertEqual(last.to_state, job_pb2.JOB_STATE_SUCCEEDED)
+            self.assertGreaterEqual(proxy.connections, 3)
+
+            job = self.d.submit(spec_toml(self.run_dir("blink-cli"), steps=150))
+            cli = subprocess.Popen([os.environ["ITHACA_CLI"], "--server", proxy.address, "watch",
+                                    job.id], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+            before = proxy.connections
+            while cli.poll() is None:
+                time.sleep(0.7)
+                proxy.blink(0.3)
+            out, err = cli.communicate()
+            self.assertEqual(cli.returncode, 0, out + err)
+            self.assertIn("step 150/150", out)
+            self.assertIn(f"{job.id}: SUCCEEDED", out)
+            self.assertIn("resuming after event", err)
+            self.assertGreaterEqual(proxy.connections - before, 2)
+        finally:
+            proxy.close()
+
+    def test_python_client_submits_a_dict_and_reads_logs(self):
+        run = self.run_dir("dict")
+        os.symlink(harness.make_corpus(), os.path.join(run, "data.tok"))
+        spec = tomllib.loads(spec_toml(run, steps=6))
+        spec["data"]["path"] = "data.tok"  # relative: resolves against base_dir on the daemon
+        c = self.d.client
+        plan = c.plan(spec, base_dir=run)
+        self.assertTrue(plan.plan.fits, plan.plan.summary)
+        job = c.submit(spec, base_dir=run, overrides={"name": "from-dict", "training.steps": 4})
+        events = list(c.watch(job.id, include_logs=True, timeout=120))
+        self.assertTrue(any(isinstance(e, ithaca_client.Log) for e in events))
+        done = c.wait(job.id, timeout=60)
+        self.assertEqual(done.state, ithaca_client.JobState.SUCCEEDED, done.reason)
+        self.assertEqual((done.name, done.spec.steps), ("from-dict", 4))
+        self.assertEqual(done.spec.data_path, os.path.join(run, "data.tok"))
+        self.assertIn(job.id, [j.id for j in c.list(states=["succeeded"])])
+        self.assertEqual(len(c.list(limit=1)), 1)
+        history = c.history(job.id)
+        self.assertEqual([e.step for e in history if isinstance(e, Step) and e.rank == 0],
+                         [1, 2, 3, 4])
+        lines = [l.text for l in c.logs(job.id)]
+        self.assertIn("step 4/4", "\n".join(lines))
+        self.assertEqual([l.text for l in c.logs(job.id, tail=2)], lines[-2:])
+        with self.assertRaises(IthacaError) as e:
+            c.submit(dict(spec, data={"path": "nowhere.tok", "seq_len": 64}), base_dir=run)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("daemon's host", e.exception.details())
+
     def test_cancel_while_running(self):
         run = self.run_dir("cancel")
         job = self.d.submit(spec_toml(run, steps=100000))
@@ -128,15 +236,15 @@ class DaemonE2E(unittest.TestCase):
         pids = self.d.workers(job.id)
         self.assertEqual(len(pids), 1)
         t0 = time.time()
-        r = self.d.jobs.CancelJob(job_pb2.CancelJobRequest(id=job.id, reason="test"), timeout=10)
+        r = self.d.client.cancel(job.id, reason="test")
         self.assertIn(r.state, (job_pb2.JOB_STATE_CANCELLING, job_pb2.JOB_STATE_CANCELLED))
         done = self.d.wait(job.id, timeout=10)
         took = time.time() - t0
         self.assertEqual(done.state, job_pb2.JOB_STATE_CANCELLED, done.reason)
         self.assertLess(took, 3 + 1.0)  # the grace period, plus supervision latency
         self.assertTrue(wait_gone(self.d.real_state_dir, job.id, timeout=1))
-        with self.assertRaises(grpc.RpcError) as e:
-            self.d.jobs.CancelJob(job_pb2.CancelJobRequest(id=job.id), timeout=10)
+        with self.assertRaises(IthacaError) as e:
+            self.d.client.cancel(job.id)
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         print(f"cancel → CANCELLED in {took:.2f} s")
 
@@ -169,7 +277,7 @@ class DaemonE2E(unittest.TestCase):
 
     def test_bad_specs_are_rejected_naming_the_field(self):
         run = self.run_dir("bad")
-        before = len(self.d.jobs.ListJobs(job_pb2.ListJobsRequest(), timeout=10).jobs)
+        before = len(self.d.client.list())
         cases = [
             (spec_toml(run, extra='colour = "red"\n'), grpc.StatusCode.INVALID_ARGUMENT,
              "colour"),
@@ -185,15 +293,15 @@ class DaemonE2E(unittest.TestCase):
         ]
         for toml, code, needle in cases:
             with self.subTest(needle=needle):
-                with self.assertRaises(grpc.RpcError) as e:
+                with self.assertRaises(IthacaError) as e:
                     self.d.submit(toml)
                 self.assertEqual(e.exception.code(), code, e.exception.details())
                 self.assertIn(needle, e.exception.details())
         # Nothing was stored or started.
-        jobs = self.d.jobs.ListJobs(job_pb2.ListJobsRequest(), timeout=10).jobs
+        jobs = self.d.client.list()
         self.assertEqual(len(jobs), before)
         self.assertEqual(self.d.node().free_slots, 4)
-        with self.assertRaises(grpc.RpcError) as e:
+        with self.assertRaises(IthacaError) as e:
             self.d.get("job-12345")
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
 

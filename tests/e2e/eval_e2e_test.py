@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 from harness import TMP, Daemon, job_pb2, spec_toml
+from ithaca_client import Eval, IthacaError, Step
 
 EVAL = """[eval]
 path = "{path}"
@@ -59,14 +60,14 @@ class EvalE2E(unittest.TestCase):
         steps = 8
         job = self.d.submit(spec_toml(run, steps=steps, checkpoint_every=4,
                                       extra=EVAL.format(path=corpus, every=4)))
-        events = list(self.d.jobs.WatchJob(job_pb2.WatchJobRequest(id=job.id), timeout=120))
-        self.assertEqual(events[-1].state.to, job_pb2.JOB_STATE_SUCCEEDED)
+        events = self.d.events(job.id, timeout=120)
+        self.assertEqual(events[-1].to_state, job_pb2.JOB_STATE_SUCCEEDED)
         # Each evaluation comes right after the step it follows: every 4 steps, the last once.
-        order = [("step", e.step.step) if e.HasField("step") else ("eval", e.eval.step)
-                 for e in events if e.HasField("step") or e.HasField("eval")]
+        order = [("step", e.step) if isinstance(e, Step) else ("eval", e.step)
+                 for e in events if isinstance(e, (Step, Eval))]
         self.assertEqual(order, [("step", s) for s in range(1, 5)] + [("eval", 4)] +
                          [("step", s) for s in range(5, 9)] + [("eval", 8)])
-        evals = [e.eval for e in events if e.HasField("eval")]
+        evals = [e.report for e in events if isinstance(e, Eval)]
         for e in evals:
             self.assertEqual(e.rank, 0)
             self.assertEqual(e.tokens, 2 * 64)  # batches x micro_batch x seq_len
@@ -117,7 +118,7 @@ class EvalE2E(unittest.TestCase):
     def test_bad_eval_data_names_eval_path(self):
         run = self.run_dir("bad_eval")
         missing = os.path.join(run, "missing.tok")
-        with self.assertRaises(grpc.RpcError) as e:
+        with self.assertRaises(IthacaError) as e:
             self.d.submit(spec_toml(run, steps=2, extra=EVAL.format(path=missing, every=0)))
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn(f"eval.path: {missing}: no such file or directory", e.exception.details())

@@ -1,20 +1,22 @@
 """End-to-end harness: a real ithacad (with real ithaca-worker processes) on loopback, driven
-through grpcio — a gRPC client no one here wrote."""
+through ithaca_client (client/python, built from this tree by run_py.sh) and the ithaca CLI."""
 import collections
 import os
 import secrets
 import signal
+import socket
 import subprocess
+import threading
 import tempfile
 import time
 import urllib.request
 
 import grpc
 
-import health_pb2
-import health_pb2_grpc
-from ithaca.v1 import job_pb2
-from ithaca.v1 import job_pb2_grpc
+import ithaca_client
+from ithaca_client import JobState
+from ithaca_client import pb as job_pb2
+from ithaca_client._generated import health_pb2, health_pb2_grpc, job_pb2_grpc
 
 TMP = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
 TERMINAL = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
@@ -148,8 +150,8 @@ class Daemon:
         self.proc = subprocess.Popen(
             [os.environ["ITHACAD"], "--state-dir", state_dir, "--listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--worker-binary", os.environ["ITHACA_WORKER"],
-             "--cpu-slots", str(cpu_slots), "--grace-period-s", "3", "--heartbeat-timeout-s", "5",
-             "--heartbeat-interval-ms", "500", *defaults, *extra],
+             "--gpus", "0", "--cpu-slots", str(cpu_slots), "--grace-period-s", "3",
+             "--heartbeat-timeout-s", "5", "--heartbeat-interval-ms", "500", *defaults, *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
             env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))) if cpus else None,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
@@ -162,24 +164,30 @@ class Daemon:
             fields = dict(l.split("=", 1) for l in f.read().split())
         self.address, self.metrics_address = fields["grpc"], fields["metrics"]
         self.pid = int(fields["pid"])
+        # Found the way a user's script finds it: through the state directory's ithacad.addr.
+        self.client = ithaca_client.Client(state_dir, token_file=token_file, ca_file=ca)
+        assert self.client.address == self.address, (self.client.address, self.address)
+        # Raw stubs beside the client, for tests of what the wire itself accepts.
         self.channel = connect(self.address, ca, token_file)
         self.jobs = job_pb2_grpc.JobServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.real_state_dir = self.node().state_dir
 
     def node(self):
-        return self.jobs.GetNode(job_pb2.GetNodeRequest(), timeout=10)
+        return self.client.node()
 
     def serving(self):
-        r = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-        return r.status == health_pb2.HealthCheckResponse.SERVING
+        return self.client.healthy()
 
     def submit(self, toml, source="job.toml"):
-        return self.jobs.SubmitJob(job_pb2.SubmitJobRequest(spec_toml=toml, source=source),
-                                   timeout=30).job
+        return self.client.submit(toml=toml, source=source)
 
     def get(self, job_id):
-        return self.jobs.GetJob(job_pb2.GetJobRequest(id=job_id), timeout=10)
+        return self.client.status(job_id)
+
+    def events(self, job_id, timeout=120, **kwargs):
+        """Every event of a watch of `job_id`, the Snapshot first and the terminal state last."""
+        return list(self.client.watch(job_id, timeout=timeout, **kwargs))
 
     def wait(self, job_id, states=TERMINAL, timeout=120, min_step=0):
         deadline = time.time() + timeout
@@ -210,12 +218,14 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=30)
+        self.client.close()
         self.channel.close()
         self.log.close()
 
     def kill9(self):
         self.proc.kill()
         self.proc.wait()
+        self.client.close()
         self.channel.close()
         self.log.close()
 
@@ -249,3 +259,64 @@ def wait_gone(state_dir, job_id, timeout=10):
             return False
         time.sleep(0.05)
     return True
+
+
+class BlinkingProxy:
+    """A TCP forwarder in front of ithacad that can drop every connection through it and refuse
+    new ones for a while: a `kubectl port-forward` that blinks."""
+
+    def __init__(self, target):
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.sockets = []
+        self.down_until = 0.0
+        self.connections = 0  # accepted and forwarded
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            if time.time() < self.down_until:
+                conn.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.sockets += [conn, upstream]
+                self.connections += 1
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def blink(self, seconds):
+        """Drops every open connection; refuses new ones for `seconds`."""
+        self.down_until = time.time() + seconds
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.listener.close()
+        self.blink(0)

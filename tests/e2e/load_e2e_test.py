@@ -1,4 +1,4 @@
-"""200 concurrent gRPC clients (GetJob, ListJobs, WatchJob) against ithacad while it trains:
+"""200 concurrent gRPC clients (ithaca_client: status, list, watch) against ithacad while it trains:
 no errors, every watcher sees every step; prints how much the step time changes.
 
 The daemon and its worker run on one core and the clients on the other, as they would on
@@ -13,6 +13,7 @@ import time
 import unittest
 
 from harness import TMP, Daemon, job_pb2, spec_toml
+from ithaca_client import Step
 
 CLIENTS = 200
 WATCHERS = 50  # of the clients; the rest poll GetJob / ListJobs
@@ -20,8 +21,7 @@ WATCHERS = 50  # of the clients; the rest poll GetJob / ListJobs
 
 class LoadE2E(unittest.TestCase):
     def step_times(self, d, job_id):
-        events = list(d.jobs.WatchJob(job_pb2.WatchJobRequest(id=job_id), timeout=300))
-        return [e.step.seconds for e in events if e.HasField("step")]
+        return [e.report.seconds for e in d.events(job_id, timeout=300) if isinstance(e, Step)]
 
     def test_200_clients_during_a_run(self):
         pinned = (os.cpu_count() or 1) >= 2
@@ -41,9 +41,9 @@ class LoadE2E(unittest.TestCase):
             while not stop.is_set():
                 try:
                     if i % 2:
-                        d.jobs.GetJob(job_pb2.GetJobRequest(id=job.id), timeout=30)
+                        d.client.status(job.id)
                     else:
-                        d.jobs.ListJobs(job_pb2.ListJobsRequest(limit=10), timeout=30)
+                        d.client.list(limit=10)
                     calls[i] += 1
                 except Exception as e:  # noqa: BLE001 - every error counts
                     errors.append(repr(e))
@@ -51,8 +51,8 @@ class LoadE2E(unittest.TestCase):
 
         def watcher(i):
             try:
-                got = [e.step.step for e in d.jobs.WatchJob(
-                    job_pb2.WatchJobRequest(id=job.id), timeout=300) if e.HasField("step")]
+                got = [e.step for e in d.client.watch(job.id, timeout=300)
+                       if isinstance(e, Step)]
                 watched[i] = got
                 calls[i] += 1
             except Exception as e:  # noqa: BLE001

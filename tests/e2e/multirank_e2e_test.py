@@ -6,6 +6,7 @@ import signal
 import unittest
 
 from harness import TMP, Daemon, job_pb2, spec_toml, wait_gone
+from ithaca_client import Step
 
 PARALLEL = "[parallel]\nworld = 4\nsp = 4\n"
 
@@ -21,11 +22,11 @@ class MultiRankE2E(unittest.TestCase):
 
     def test_four_ranks_train_and_report(self):
         job = self.d.submit(spec_toml(os.path.join(TMP, "w4"), steps=10, extra=PARALLEL))
-        events = list(self.d.jobs.WatchJob(job_pb2.WatchJobRequest(id=job.id), timeout=300))
+        events = self.d.events(job.id, timeout=300)
         final = self.d.get(job.id)
         self.assertEqual(final.state, job_pb2.JOB_STATE_SUCCEEDED, final.reason)
         for rank in range(4):
-            steps = [e.step.step for e in events if e.HasField("step") and e.step.rank == rank]
+            steps = [e.step for e in events if isinstance(e, Step) and e.rank == rank]
             self.assertEqual(steps, list(range(1, 11)), rank)
         self.assertEqual(sorted(s.rank for s in final.last_steps), [0, 1, 2, 3])
 

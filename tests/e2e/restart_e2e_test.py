@@ -35,8 +35,8 @@ class RestartE2E(unittest.TestCase):
         done = d2.wait(queued.id, timeout=60)
         self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
         # WatchJob of a job that ended before this daemon started: snapshot + terminal state.
-        events = list(d2.jobs.WatchJob(job_pb2.WatchJobRequest(id=running.id), timeout=10))
-        self.assertEqual(events[-1].state.to, job_pb2.JOB_STATE_FAILED)
+        events = d2.events(running.id, timeout=10)
+        self.assertEqual(events[-1].to_state, job_pb2.JOB_STATE_FAILED)
         self.assertTrue(d2.serving())
         d2.stop()
         self.assertEqual(d2.proc.returncode, 0)
