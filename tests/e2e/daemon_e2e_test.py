@@ -182,7 +182,8 @@ class DaemonE2E(unittest.TestCase):
                     last = ev
             self.assertEqual(steps, list(range(1, 41)))
             self.assertEqual(last.to_state, job_pb2.JOB_STATE_SUCCEEDED)
-            self.assertGreaterEqual(proxy.connections, 3)
+            # At least one drop was resumed (how many depends on how fast the steps come).
+            self.assertGreaterEqual(proxy.connections, 2)
 
             job = self.d.submit(spec_toml(self.run_dir("blink-cli"), steps=150))
             cli = subprocess.Popen([os.environ["ITHACA_CLI"], "--server", proxy.address, "watch",

@@ -13,9 +13,7 @@ import unittest
 import grpc
 
 import harness
-import health_pb2
-import health_pb2_grpc
-from harness import TMP, Daemon, job_pb2, job_pb2_grpc, spec_toml
+from harness import TMP, Daemon, health_pb2, health_pb2_grpc, job_pb2, job_pb2_grpc, spec_toml
 
 
 def start_daemon_expecting_failure(*args, timeout=30):

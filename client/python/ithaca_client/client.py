@@ -49,9 +49,10 @@ class JobState(enum.IntEnum):
         return cls(s)
 
 
-class IthacaError(Exception):
+class IthacaError(grpc.RpcError):
     """An RPC that failed: code() is the grpc.StatusCode, details() the daemon's message
-    (which names the spec key or the numbers that are wrong)."""
+    (which names the spec key or the numbers that are wrong). A grpc.RpcError, so code written
+    against grpc's own errors catches it too."""
 
     def __init__(self, address, code, details):
         self.address = address
