@@ -104,7 +104,7 @@ struct TcpStoreServer::State {
   std::map<std::string, std::string> kv;
   std::vector<std::string> registered, done;
   std::map<int, Conn> conns;  // only the serving thread touches these
-  std::string address;        // "host:port", for messages
+  std::string address;        // "host:port" or "port N", for messages
 };
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
@@ -132,7 +132,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
   socklen_t len = sizeof(addr);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   s->port_ = ntohs(addr.sin_port);
-  s->state_->address = absl::StrCat(bind_host, ":", s->port_);
+  s->state_->address = bind_host == "0.0.0.0" ? absl::StrCat("port ", s->port_)
+                                              : absl::StrCat(bind_host, ":", s->port_);
   if (::pipe2(s->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::InternalError(absl::StrCat("rendezvous: pipe: ", std::strerror(errno)));
   }
@@ -362,6 +363,17 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const st
 
 TcpStoreClient::~TcpStoreClient() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+std::string TcpStoreClient::LocalAddress() const {
+  sockaddr_in addr = {};
+  socklen_t len = sizeof(addr);
+  char text[INET_ADDRSTRLEN] = {};
+  if (fd_ < 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      ::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text)) == nullptr) {
+    return "";
+  }
+  return text;
 }
 
 std::string TcpStoreClient::Describe() const {

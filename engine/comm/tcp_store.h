@@ -74,6 +74,9 @@ class TcpStoreClient {
   absl::Status Register(const std::string& name);
   absl::Status Finish();
 
+  // This end's address of the connection (the interface that reaches the server): where this
+  // machine's ranks can listen for their peers.
+  std::string LocalAddress() const;
   // "the rendezvous at host:port", for messages.
   std::string Describe() const;
 

@@ -135,8 +135,8 @@ class TcpGlooStore : public gloo::rendezvous::Store {
     if (!st.ok()) throw std::runtime_error(std::string(st.message()));
   }
   std::vector<char> get(const std::string& key) override {
-    absl::StatusOr<std::string> v = Fetch(key, timeout_s_);
-    return std::vector<char>(v->begin(), v->end());
+    const std::string v = Fetch(key, timeout_s_);
+    return std::vector<char>(v.begin(), v.end());
   }
   void wait(const std::vector<std::string>& keys) override {
     wait(keys, std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000)));
@@ -150,14 +150,14 @@ class TcpGlooStore : public gloo::rendezvous::Store {
   }
 
  private:
-  absl::StatusOr<std::string> Fetch(const std::string& key, double timeout_s) {
+  std::string Fetch(const std::string& key, double timeout_s) {
     absl::StatusOr<std::string> v = client_->Get(key, timeout_s);
     if (absl::IsDeadlineExceeded(v.status())) {
       throw std::runtime_error(
           absl::StrCat(v.status().message(), "; Wait timeout for key(s): ", key));
     }
     if (!v.ok()) throw std::runtime_error(std::string(v.status().message()));
-    return v;
+    return *std::move(v);
   }
 
   std::unique_ptr<TcpStoreClient> client_;
