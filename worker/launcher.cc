@@ -461,6 +461,11 @@ class NodeLink {
     return RemoteFailure(/*now=*/true);
   }
 
+  // Tells the other nodes why this one stops (when no failure is recorded yet).
+  void Announce(const std::string& what) {
+    client_->Set(kFailedKey, absl::StrCat(name_, ": ", what)).IgnoreError();
+  }
+
   // A clean end: says goodbye; node 0 then waits for every node's goodbye, since the store must
   // outlive their last use of it.
   absl::Status Finish() {
@@ -739,6 +744,10 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
       if (rep.forwarded_signal == 0 && !stopping) {
         rep.forwarded_signal = sig;
         begin_stop(sig);
+        if (link != nullptr) {
+          link->Announce(
+              absl::StrCat("its launcher received ", SignalName(sig), " and stopped its ranks"));
+        }
       } else {
         stop_all(SIGKILL);  // a second signal, or one during shutdown: no more waiting
         killed = true;

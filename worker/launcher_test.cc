@@ -560,6 +560,31 @@ TEST(MultiNodeLauncherTest, ANodeKilledMidStepIsNamed) { KillANode(1); }
 
 TEST(MultiNodeLauncherTest, TheRendezvousNodeKilledMidStepIsNamed) { KillANode(0); }
 
+// A node told to stop (SIGTERM, as Kubernetes stops a pod) stops the others, naming it.
+TEST(MultiNodeLauncherTest, ANodeStoppedBySigtermIsNamed) {
+  TempDir dir;
+  const int port = FreePort();
+  pid_t launchers[2];
+  for (int node = 0; node < 2; ++node) {
+    launchers[node] = ForkLauncher(Node("loop", node, port, dir.path()),
+                                   absl::StrCat(dir.path(), "/status", node));
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int r = 0; r < 4; ++r) {
+          if (!std::filesystem::exists(absl::StrCat(dir.path(), "/pid", r))) return false;
+        }
+        return true;
+      },
+      20));
+  kill(launchers[1], SIGTERM);
+  EXPECT_EQ(WaitLauncher(launchers[1], 15), 128 + SIGTERM);
+  EXPECT_EQ(WaitLauncher(launchers[0], 15), 1);
+  const std::string status = ReadFile(dir.path() + "/status0");
+  EXPECT_TRUE(absl::StrContains(status, "node 1 (")) << status;
+  EXPECT_TRUE(absl::StrContains(status, "received SIGTERM")) << status;
+}
+
 TEST(MultiNodeLauncherTest, ANodeThatNeverJoinsIsNamed) {
   TempDir dir;
   LaunchOptions o = Node("ok", 0, FreePort(), dir.path());
