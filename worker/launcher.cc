@@ -396,7 +396,6 @@ class NodeLink {
     std::unique_ptr<NodeLink> link(new NodeLink());
     link->options_ = &o;
     link->name_ = absl::StrCat("node ", o.node_rank, " (", ThisHost(), ")");
-    link->address_ = absl::StrCat(rdzv.host, ":", rdzv.port);
     if (o.node_rank == 0) {
       auto server = TcpStoreServer::Start("0.0.0.0", rdzv.port);
       if (!server.ok()) {
@@ -441,8 +440,8 @@ class NodeLink {
     absl::StatusOr<std::string> failed = client_->TryGet(kFailedKey);
     if (failed.ok()) return *failed;
     if (absl::IsNotFound(failed.status())) return "";
-    return absl::StrCat("node 0, which serves ", client_->Describe(),
-                        ", vanished: ", failed.status().message());
+    return absl::StrCat("node 0, which serves ", client_->Describe(), ", vanished (",
+                        failed.status().message(), ")");
   }
 
   // Tells every node that this one failed with `what`; returns the failure that stands (another
@@ -505,7 +504,7 @@ class NodeLink {
   }
 
   const LaunchOptions* options_ = nullptr;
-  std::string name_, address_;
+  std::string name_;
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<TcpStoreClient> client_;
   Clock::time_point next_poll_, joined_by_;
