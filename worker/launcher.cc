@@ -18,10 +18,15 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/comm/rendezvous.h"
+#include "engine/comm/tcp_store.h"
 #include "worker/exit_codes.h"
 
 extern char** environ;
@@ -188,6 +193,12 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("launcher: no command");
   const int world = static_cast<int>(spec.gpus.size());
   if (world == 0) return absl::InvalidArgumentError("launcher: no ranks");
+  const int total_world = spec.world > 0 ? spec.world : world;
+  if (spec.first_rank < 0 || spec.first_rank + world > total_world) {
+    return absl::InvalidArgumentError(absl::StrCat("launcher: ranks ", spec.first_rank, "..",
+                                                   spec.first_rank + world - 1,
+                                                   " are not ranks of a world of ", total_world));
+  }
   if (!spec.outputs.empty() && static_cast<int>(spec.outputs.size()) != world) {
     return absl::InvalidArgumentError(
         absl::StrCat("launcher: ", spec.outputs.size(), " outputs listed for ", world, " ranks"));
@@ -208,8 +219,8 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
   for (int rank = 0; rank < world; ++rank) {
     // Everything the child needs is built before fork: after it, only async-signal-safe calls.
     std::map<std::string, std::string> vars = base;
-    vars["ITHACA_RANK"] = std::to_string(rank);
-    vars["ITHACA_WORLD_SIZE"] = std::to_string(world);
+    vars["ITHACA_RANK"] = std::to_string(spec.first_rank + rank);
+    vars["ITHACA_WORLD_SIZE"] = std::to_string(total_world);
     vars["ITHACA_RENDEZVOUS"] = spec.rendezvous;
     vars["ITHACA_GPU"] = std::to_string(spec.gpus[rank]);
     if (spec.run_as) {
@@ -424,13 +435,149 @@ class Cleanup {
   std::string dir;
 };
 
+std::string ThisHost() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
+  return buf;
+}
+
+// This launch's part in a job across nodes: node 0 serves the rendezvous store, and every node
+// (node 0 too) keeps a registered connection to it. A node's failure travels as the store's
+// kFailedKey; a launcher that vanishes is noticed by the server, which records it there.
+class NodeLink {
+ public:
+  static absl::StatusOr<std::unique_ptr<NodeLink>> Join(const LaunchOptions& o) {
+    ASSIGN_OR_RETURN(Rendezvous rdzv, ParseRendezvous(o.rendezvous));
+    if (rdzv.kind != Rendezvous::Kind::kTcp) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "launcher: --rendezvous ", o.rendezvous, ": ranks on several nodes need tcp:HOST:PORT"));
+    }
+    std::unique_ptr<NodeLink> link(new NodeLink());
+    link->options_ = &o;
+    link->name_ = absl::StrCat("node ", o.node_rank, " (", ThisHost(), ")");
+    if (o.node_rank == 0) {
+      auto server = TcpStoreServer::Start("0.0.0.0", rdzv.port);
+      if (!server.ok()) {
+        return absl::Status(server.status().code(),
+                            absl::StrCat("launcher (node 0): ", server.status().message()));
+      }
+      link->server_ = std::move(*server);
+    }
+    auto client = TcpStoreClient::Connect(rdzv.host, rdzv.port, o.rendezvous_timeout_s);
+    if (!client.ok()) {
+      return absl::Status(client.status().code(), absl::StrCat("launcher (", link->name_,
+                                                               "): ", client.status().message()));
+    }
+    link->client_ = std::move(*client);
+    RETURN_IF_ERROR(link->client_->Register(link->name_));
+    link->joined_by_ = Clock::now() + std::chrono::milliseconds(
+                                          static_cast<int64_t>(o.rendezvous_timeout_s * 1000.0));
+    return link;
+  }
+
+  const std::string& name() const { return name_; }
+  // Where this node's ranks listen for their peers: the interface that reaches node 0.
+  std::string LocalAddress() const { return client_->LocalAddress(); }
+
+  // Another node's failure, naming it ("" while there is none). Asks the store at most every
+  // 200 ms unless `now`.
+  std::string RemoteFailure(bool now = false) {
+    if (!now && Clock::now() < next_poll_) return "";
+    next_poll_ = Clock::now() + std::chrono::milliseconds(200);
+    if (server_ != nullptr && Clock::now() > joined_by_ && !all_joined_) {
+      std::string missing = MissingNodes();
+      all_joined_ = missing.empty();
+      if (!all_joined_) {
+        const std::string what = absl::StrCat(missing, " did not join ", client_->Describe(),
+                                              " within ", options_->rendezvous_timeout_s,
+                                              " s (did every node's launcher start, with --nnodes ",
+                                              options_->nnodes, " and the same --rendezvous?)");
+        client_->Set(kFailedKey, what).IgnoreError();
+        return what;
+      }
+    }
+    absl::StatusOr<std::string> failed = client_->TryGet(kFailedKey);
+    if (failed.ok()) return *failed;
+    if (absl::IsNotFound(failed.status())) return "";
+    return absl::StrCat("node 0, which serves ", client_->Describe(), ", vanished (",
+                        failed.status().message(), ")");
+  }
+
+  // Tells every node that this one failed with `what`; returns the failure that stands (another
+  // node's, when one was recorded first, as the likelier cause).
+  std::string ReportFailure(const std::string& what) {
+    // A local rank that fails because a peer on another node vanished usually fails a moment
+    // after the peer's launcher connection dropped: give the store that moment to say so.
+    const auto until = Clock::now() + std::chrono::milliseconds(500);
+    while (Clock::now() < until) {
+      std::string remote = RemoteFailure(/*now=*/true);
+      if (!remote.empty()) return remote;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const std::string mine = absl::StrCat(name_, ": ", what);
+    if (client_->Set(kFailedKey, mine).ok()) return "";
+    return RemoteFailure(/*now=*/true);
+  }
+
+  // Tells the other nodes why this one stops (when no failure is recorded yet).
+  void Announce(const std::string& what) {
+    client_->Set(kFailedKey, absl::StrCat(name_, ": ", what)).IgnoreError();
+  }
+
+  // A clean end: says goodbye; node 0 then waits for every node's goodbye, since the store must
+  // outlive their last use of it.
+  absl::Status Finish() {
+    RETURN_IF_ERROR(client_->Finish());
+    if (server_ == nullptr) return absl::OkStatus();
+    const auto deadline =
+        Clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(options_->rendezvous_timeout_s * 1000.0));
+    while (static_cast<int>(server_->Finished().size()) < options_->nnodes) {
+      const std::string failed = server_->Failure();
+      if (!failed.empty()) return absl::AbortedError(failed);
+      if (Clock::now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("launcher (node 0): this node's ranks finished, but not every node's "
+                         "launcher said goodbye within ",
+                         options_->rendezvous_timeout_s, " s"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  NodeLink() = default;
+
+  // "node 2, node 3": the nodes that never registered.
+  std::string MissingNodes() const {
+    std::vector<std::string> missing;
+    const std::vector<std::string> joined = server_->Registered();
+    for (int n = 0; n < options_->nnodes; ++n) {
+      const std::string prefix = absl::StrCat("node ", n, " ");
+      bool found = false;
+      for (const std::string& j : joined) found |= absl::StartsWith(j, prefix);
+      if (!found) missing.push_back(absl::StrCat("node ", n));
+    }
+    return absl::StrJoin(missing, ", ");
+  }
+
+  const LaunchOptions* options_ = nullptr;
+  std::string name_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStoreClient> client_;
+  Clock::time_point next_poll_, joined_by_;
+  bool all_joined_ = false;
+};
+
 }  // namespace
 
 std::string RankExit::ToString() const { return absl::StrCat("rank ", rank, " ", end.Describe()); }
 
 int LaunchReport::ExitCode() const {
   if (first_failure >= 0) return ranks[first_failure].end.ShellCode();
-  return forwarded_signal != 0 ? 128 + forwarded_signal : 0;
+  if (forwarded_signal != 0) return 128 + forwarded_signal;
+  return remote_failure.empty() ? 0 : kExitError;
 }
 
 absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
@@ -447,15 +594,31 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
                                                    " GPUs listed for ", options.nproc, " ranks"));
   }
 
-  Cleanup cleanup;
-  std::string tmp = options.temp_dir;
-  if (tmp.empty()) tmp = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-  std::string dir_template = tmp + "/ithaca-rdzv-XXXXXX";
-  if (mkdtemp(dir_template.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("launcher: cannot create a rendezvous directory in ",
-                                            tmp, ": ", std::strerror(errno)));
+  if (options.nnodes < 1 || options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat("launcher: --node-rank ", options.node_rank,
+                                                   " is not a node of --nnodes ", options.nnodes));
   }
-  cleanup.dir = dir_template;
+  if (options.nnodes > 1 && options.rendezvous.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launcher: ", options.nnodes, " nodes need --rendezvous tcp:HOST:PORT"));
+  }
+  const int first_rank = options.node_rank * options.nproc;
+  const bool multinode = !options.rendezvous.empty();
+
+  Cleanup cleanup;
+  std::unique_ptr<NodeLink> link;
+  if (multinode) {
+    ASSIGN_OR_RETURN(link, NodeLink::Join(options));
+  } else {
+    std::string tmp = options.temp_dir;
+    if (tmp.empty()) tmp = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+    std::string dir_template = tmp + "/ithaca-rdzv-XXXXXX";
+    if (mkdtemp(dir_template.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("launcher: cannot create a rendezvous directory in ",
+                                              tmp, ": ", std::strerror(errno)));
+    }
+    cleanup.dir = dir_template;
+  }
 
   if (options.forward_signals) {
     if (g_forwarding.exchange(true)) {
@@ -490,8 +653,17 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
   if (spec.gpus.empty()) {
     for (int r = 0; r < options.nproc; ++r) spec.gpus.push_back(r);
   }
-  spec.rendezvous = "file:" + cleanup.dir;
+  spec.rendezvous = multinode ? options.rendezvous : "file:" + cleanup.dir;
+  spec.first_rank = first_rank;
+  spec.world = options.nnodes * options.nproc;
   spec.env = options.env;
+  if (multinode) {
+    // Gloo listens where the other nodes can reach it, unless told otherwise.
+    bool gloo_host_set = std::getenv("ITHACA_GLOO_HOST") != nullptr;
+    for (const auto& [key, value] : options.env) gloo_host_set |= key == "ITHACA_GLOO_HOST";
+    const std::string address = link->LocalAddress();
+    if (!gloo_host_set && !address.empty()) spec.env.emplace_back("ITHACA_GLOO_HOST", address);
+  }
   std::vector<Child>& children = cleanup.children;
   children.resize(options.nproc);
   // The ranks' ends of the output pipes: closed once the ranks hold them, so that a rank's exit
@@ -507,7 +679,7 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
     output.out_fd = options.out_fd;
     output.err_fd = options.err_fd;
     if (r > 0 && !options.log_dir.empty()) {
-      output.log_path = Launcher::RankLogPath(options.log_dir, r);
+      output.log_path = Launcher::RankLogPath(options.log_dir, first_rank + r);
     } else if (r > 0) {
       int out[2], err[2];
       if (pipe2(out, O_CLOEXEC) != 0) {
@@ -534,13 +706,14 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
   for (int r = 0; r < options.nproc; ++r) {
     children[r].pid = group->pids[r];
     children[r].running = true;
-    rep.ranks[r].rank = r;
+    rep.ranks[r].rank = first_rank + r;
     rep.ranks[r].pid = group->pids[r];
   }
 
   // Supervise: forward output, reap, stop everyone on the first failure or a signal.
   bool stopping = false;
   bool killed = false;
+  bool reported_failure = false;
   auto grace_deadline = Clock::now();
   auto stop_all = [&](int sig) {
     for (const Child& c : children) {
@@ -582,7 +755,7 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
           continue;
         }
         for (Child& c : children) {
-          const std::string prefix = absl::StrCat("[rank ", c.rank, "] ");
+          const std::string prefix = absl::StrCat("[rank ", first_rank + c.rank, "] ");
           if (p.fd == c.out) Pump(&c.out, &c.out_line, options.out_fd, prefix);
           if (p.fd == c.err) Pump(&c.err, &c.err_line, options.err_fd, prefix);
         }
@@ -612,12 +785,27 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
       }
     }
 
+    // Across nodes: say when this node failed, and stop when another one did.
+    if (link != nullptr && rep.remote_failure.empty()) {
+      if (rep.first_failure >= 0 && !reported_failure) {
+        reported_failure = true;
+        rep.remote_failure = link->ReportFailure(rep.ranks[rep.first_failure].ToString());
+      } else if (!stopping) {
+        rep.remote_failure = link->RemoteFailure();
+        if (!rep.remote_failure.empty()) begin_stop(SIGTERM);
+      }
+    }
+
     if (g_signal != 0 && options.forward_signals) {
       const int sig = g_signal;
       g_signal = 0;
       if (rep.forwarded_signal == 0 && !stopping) {
         rep.forwarded_signal = sig;
         begin_stop(sig);
+        if (link != nullptr) {
+          link->Announce(
+              absl::StrCat("its launcher received ", SignalName(sig), " and stopped its ranks"));
+        }
       } else {
         stop_all(SIGKILL);  // a second signal, or one during shutdown: no more waiting
         killed = true;
@@ -629,6 +817,16 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
     }
   }
 
+  const std::string node = link != nullptr ? link->name() + ": " : "";
+  if (!rep.remote_failure.empty() && rep.forwarded_signal == 0) {
+    std::string message =
+        absl::StrCat(rep.remote_failure, "; ", link->name(), " stopped its ", options.nproc,
+                     " ranks (", first_rank, "..", first_rank + options.nproc - 1, ")");
+    if (rep.first_failure >= 0) {
+      absl::StrAppend(&message, "; here ", rep.ranks[rep.first_failure].ToString());
+    }
+    return absl::AbortedError(message);
+  }
   if (rep.first_failure >= 0) {
     // Ranks that failed on their own after the first usually did so because of it; list them.
     std::vector<std::string> also;
@@ -637,8 +835,10 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
         also.push_back(e.ToString());
       }
     }
-    std::string message = absl::StrCat(rep.ranks[rep.first_failure].ToString(), " (first of ",
-                                       options.nproc, " ranks to fail; the others were stopped");
+    std::string message =
+        absl::StrCat(node, rep.ranks[rep.first_failure].ToString(), " (first of ", options.nproc,
+                     link != nullptr ? " ranks on this node" : " ranks", " to fail; the others ",
+                     link != nullptr ? "on every node " : "", "were stopped");
     if (!also.empty()) absl::StrAppend(&message, "; then ", absl::StrJoin(also, ", "));
     return absl::AbortedError(message + ")");
   }
@@ -646,6 +846,7 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
     return absl::CancelledError(absl::StrCat("launcher received ", SignalName(rep.forwarded_signal),
                                              " and forwarded it to the ranks"));
   }
+  if (link != nullptr) return link->Finish();
   return absl::OkStatus();
 }
 

@@ -1,7 +1,8 @@
 // Launcher: starts a job's ranks, one process each, and tells how they ended. ithacad starts
 // `ithaca-worker --daemon` ranks with it (and supervises them itself); `ithaca-worker
 // --standalone job.toml --nproc N` starts `--standalone` ranks and supervises them with
-// LaunchLocal below (like torchrun, for one machine).
+// LaunchLocal below (like torchrun); with --nnodes M --node-rank R --rendezvous tcp:HOST:PORT,
+// one such launcher per machine runs one job across M machines.
 //
 // Every rank runs in the launch's own process group, so one killpg reaches them all (and what
 // they start); gets ITHACA_RANK / ITHACA_WORLD_SIZE / ITHACA_RENDEZVOUS / ITHACA_GPU (and
@@ -46,7 +47,11 @@ struct LaunchSpec {
   std::vector<std::string> argv;
   // gpus[r] is rank r's ITHACA_GPU (a GPU index, or a CPU slot); its size is the world size.
   std::vector<int> gpus;
-  std::string rendezvous;  // ITHACA_RENDEZVOUS: "file:/dir", which the caller created
+  std::string rendezvous;  // ITHACA_RENDEZVOUS: "file:/dir", which the caller created, or "tcp:"
+  // Ranks spanning several launches (nodes): ITHACA_RANK = first_rank + r, ITHACA_WORLD_SIZE =
+  // world. world 0: gpus.size() (one launch holds every rank).
+  int first_rank = 0;
+  int world = 0;
   // Added to (or replacing keys of) the launcher's environment for every rank.
   std::vector<std::pair<std::string, std::string>> env;
   // One per rank; empty: every rank writes to the launcher's stdout and stderr.
@@ -108,6 +113,17 @@ struct LaunchOptions {
   // Parent of the rendezvous directory the launch creates (and removes afterwards);
   // empty: $TMPDIR, else /tmp.
   std::string temp_dir;
+  // Several machines, torchrun's shape: one launch per node, each starting `nproc` ranks;
+  // global rank = node_rank * nproc + local rank, world = nnodes * nproc. `rendezvous`
+  // ("tcp:HOST:PORT", required when nnodes > 1, optional otherwise) is a TcpStore that node 0's
+  // launch serves on PORT (HOST must reach node 0) and every launch and rank connects to. A node
+  // whose ranks fail, or whose launcher vanishes, stops every node's ranks, and every launcher's
+  // error names it. Without it, a file rendezvous in temp_dir (one machine).
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string rendezvous;
+  // How long launchers wait for every node to join (and node 0 for every node to finish).
+  double rendezvous_timeout_s = 300;
   // Install handlers for the launch (restored afterwards): SIGINT / SIGTERM are forwarded to
   // the ranks, and SIGCHLD wakes the launcher so that the rank failing first is reaped first.
   // Only one launch per process may do this at a time. Without them, exits are polled.
@@ -115,7 +131,7 @@ struct LaunchOptions {
 };
 
 struct RankExit {
-  int rank = 0;
+  int rank = 0;  // the global rank
   pid_t pid = 0;
   WorkerEnd end;
   bool stopped_by_launcher = false;  // it was sent SIGTERM/SIGKILL because of another's failure
@@ -124,18 +140,21 @@ struct RankExit {
 };
 
 struct LaunchReport {
-  std::vector<RankExit> ranks;
-  int first_failure = -1;    // the rank that failed first; -1 if none did
-  int forwarded_signal = 0;  // SIGINT / SIGTERM the launcher received, 0 if none
+  std::vector<RankExit> ranks;  // this node's ranks, by local rank
+  int first_failure = -1;       // the local rank that failed first; -1 if none did
+  int forwarded_signal = 0;     // SIGINT / SIGTERM the launcher received, 0 if none
+  // Another node failed (or vanished) first: what the rendezvous says about it, naming it.
+  std::string remote_failure;
   // The exit code a launcher process should end with: the first failing rank's (128 + signal
-  // if it was killed), 128 + the forwarded signal, or 0.
+  // if it was killed), 128 + the forwarded signal, 1 for another node's failure, or 0.
   int ExitCode() const;
 };
 
 // Runs the ranks and supervises them until all have ended: the first rank to fail stops the
 // others (SIGTERM, then SIGKILL after the grace period), and SIGINT / SIGTERM sent to the
-// launcher are forwarded. OK when every rank exits 0. Otherwise: ABORTED naming the first failing
-// rank and its exit code or signal, CANCELLED when a forwarded signal stopped the run, and
+// launcher are forwarded. OK when every rank exits 0 (on every node). Otherwise: ABORTED naming
+// the first failing rank and its exit code or signal (and, across nodes, its node; or the node
+// that failed or vanished first), CANCELLED when a forwarded signal stopped the run, and
 // Launcher::Launch's errors. `report` (optional) receives every rank's exit.
 absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report = nullptr);
 

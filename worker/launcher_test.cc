@@ -5,7 +5,10 @@
 // (this binary re-run as a rank: bootstrap + Gloo).
 #include "worker/launcher.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -440,6 +443,22 @@ int RankMain(const std::string& role) {
     return 1;
   }
   if (role == "fail" && info->rank == 2) return 3;
+  if (role == "loop") {  // steps until stopped; a pid file says it is running
+    const std::string out = std::getenv("OUT");
+    std::ofstream(absl::StrCat(out, "/pid", info->rank, ".tmp")) << getpid();
+    std::filesystem::rename(absl::StrCat(out, "/pid", info->rank, ".tmp"),
+                            absl::StrCat(out, "/pid", info->rank));
+    for (int step = 0; step < 3000; ++step) {
+      float x = 1;
+      absl::Status st = (*comm)->AllReduce(Tensor(&x, DType::kF32, {1}));
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", info->rank, st.ToString().c_str());
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return 0;
+  }
   float x = static_cast<float>(info->rank + 1);
   absl::Status st = (*comm)->AllReduce(Tensor(&x, DType::kF32, {1}));
   const float want = info->world * (info->world + 1) / 2.0f;
@@ -479,6 +498,157 @@ TEST(LocalLauncherTest, ARankThatDiesIsNamed) {
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(absl::StartsWith(st.message(), "rank 2 exited with code 3")) << st;
   EXPECT_EQ(report.ExitCode(), 3);
+}
+
+// ---- Several nodes on this machine: one launcher per "node", meeting at a TCP rendezvous.
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+LaunchOptions Node(const std::string& role, int node, int port, const std::string& dir) {
+  LaunchOptions o = SelfAsRanks(role, 2, dir);
+  o.env.emplace_back("OUT", dir);
+  o.nnodes = 2;
+  o.node_rank = node;
+  o.rendezvous = absl::StrCat("tcp:127.0.0.1:", port);
+  o.rendezvous_timeout_s = 20;
+  return o;
+}
+
+// The exit status of a forked launcher, or -1 when it did not end within `seconds`.
+int WaitLauncher(pid_t pid, double seconds) {
+  int status = 0;
+  if (!WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, seconds)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(MultiNodeLauncherTest, TwoNodesOfTwoRanksAreOneWorldOfFour) {
+  TempDir dir;
+  const int port = FreePort();
+  pid_t node1 = ForkLauncher(Node("ok", 1, port, dir.path()), dir.path() + "/status1");
+  absl::Status st = LaunchLocal(Node("ok", 0, port, dir.path()));
+  EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(Launcher::RankLogPath(dir.path(), 3));
+  EXPECT_EQ(WaitLauncher(node1, 20), 0) << ReadFile(dir.path() + "/status1");
+  EXPECT_EQ(ReadFile(dir.path() + "/status1"), "OK");
+  // Global ranks 1 and 3 (the second rank of each node) log to their files: 1+2+3+4 = 10.
+  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)), "rank 1 sum 10\n");
+  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 3)), "rank 3 sum 10\n");
+}
+
+TEST(MultiNodeLauncherTest, ARankFailingOnOneNodeStopsBothNamingIt) {
+  TempDir dir;
+  const int port = FreePort();
+  pid_t node1 = ForkLauncher(Node("fail", 1, port, dir.path()), dir.path() + "/status1");
+  LaunchReport report;
+  absl::Status st = LaunchLocal(Node("fail", 0, port, dir.path()), &report);
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_TRUE(absl::StartsWith(st.message(), "node 1 (")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 2 exited with code 3")) << st;
+  EXPECT_EQ(report.ExitCode(), 1);
+  EXPECT_EQ(WaitLauncher(node1, 20), 3);
+  const std::string status1 = ReadFile(dir.path() + "/status1");
+  EXPECT_TRUE(absl::StrContains(status1, "node 1 (")) << status1;
+  EXPECT_TRUE(absl::StrContains(status1, "rank 2 exited with code 3")) << status1;
+}
+
+// Kills one node's launcher mid-step (its ranks die with it); the other node's launcher must
+// fail, naming the node that vanished, and no rank may be left running.
+void KillANode(int victim) {
+  TempDir dir;
+  const int port = FreePort();
+  pid_t launchers[2];
+  for (int node = 0; node < 2; ++node) {
+    launchers[node] = ForkLauncher(Node("loop", node, port, dir.path()),
+                                   absl::StrCat(dir.path(), "/status", node));
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int r = 0; r < 4; ++r) {
+          if (!std::filesystem::exists(absl::StrCat(dir.path(), "/pid", r))) return false;
+        }
+        return true;
+      },
+      20))
+      << "the ranks did not start";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // mid-step
+  kill(launchers[victim], SIGKILL);
+  waitpid(launchers[victim], nullptr, 0);
+  const int survivor = 1 - victim;
+  EXPECT_EQ(WaitLauncher(launchers[survivor], 15), 1);
+  const std::string status = ReadFile(absl::StrCat(dir.path(), "/status", survivor));
+  std::printf("node %d's launcher: %s\n", survivor, status.c_str());
+  EXPECT_TRUE(absl::StartsWith(status, "ABORTED")) << status;
+  EXPECT_TRUE(absl::StrContains(status, absl::StrCat("node ", victim))) << status;
+  EXPECT_TRUE(absl::StrContains(status, victim == 0 ? "vanished" : "lost its connection"))
+      << status;
+  for (pid_t pid : ReadPids(dir.path(), 4)) {
+    EXPECT_TRUE(WaitFor([&] { return ProcessGone(pid); }, 5)) << "rank pid " << pid << " survived";
+  }
+}
+
+TEST(MultiNodeLauncherTest, ANodeKilledMidStepIsNamed) { KillANode(1); }
+
+TEST(MultiNodeLauncherTest, TheRendezvousNodeKilledMidStepIsNamed) { KillANode(0); }
+
+// A node told to stop (SIGTERM, as Kubernetes stops a pod) stops the others, naming it.
+TEST(MultiNodeLauncherTest, ANodeStoppedBySigtermIsNamed) {
+  TempDir dir;
+  const int port = FreePort();
+  pid_t launchers[2];
+  for (int node = 0; node < 2; ++node) {
+    launchers[node] = ForkLauncher(Node("loop", node, port, dir.path()),
+                                   absl::StrCat(dir.path(), "/status", node));
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int r = 0; r < 4; ++r) {
+          if (!std::filesystem::exists(absl::StrCat(dir.path(), "/pid", r))) return false;
+        }
+        return true;
+      },
+      20));
+  kill(launchers[1], SIGTERM);
+  EXPECT_EQ(WaitLauncher(launchers[1], 15), 128 + SIGTERM);
+  EXPECT_EQ(WaitLauncher(launchers[0], 15), 1);
+  const std::string status = ReadFile(dir.path() + "/status0");
+  EXPECT_TRUE(absl::StrContains(status, "node 1 (")) << status;
+  EXPECT_TRUE(absl::StrContains(status, "received SIGTERM")) << status;
+}
+
+TEST(MultiNodeLauncherTest, ANodeThatNeverJoinsIsNamed) {
+  TempDir dir;
+  LaunchOptions o = Node("ok", 0, FreePort(), dir.path());
+  o.rendezvous_timeout_s = 1;
+  const auto start = Clock::now();
+  absl::Status st = LaunchLocal(o);
+  EXPECT_LT(Since(start), 8);
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_TRUE(absl::StartsWith(st.message(), "node 1 did not join")) << st;
+}
+
+TEST(MultiNodeLauncherTest, BadNodeOptions) {
+  LaunchOptions o = Sh("true", 1, "/tmp");
+  o.nnodes = 2;
+  EXPECT_EQ(LaunchLocal(o).code(), absl::StatusCode::kInvalidArgument);  // no rendezvous
+  o.rendezvous = "tcp:127.0.0.1:1";
+  o.node_rank = 2;
+  EXPECT_EQ(LaunchLocal(o).code(), absl::StatusCode::kInvalidArgument);
+  o.node_rank = 1;
+  o.rendezvous = "file:/tmp";
+  EXPECT_EQ(LaunchLocal(o).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // ithaca-worker: one training rank. Modes:
 //   --standalone JOB.toml   train without a daemon (development, benchmarks, the demo)
 //   --standalone JOB.toml --nproc N   the same as N local ranks (worker/launcher.h)
+//   --standalone JOB.toml --nproc N --nnodes M --node-rank R --rendezvous tcp:HOST:PORT
+//                             this machine's N ranks of a job on M machines (torchrun's shape)
 //   --daemon SOCKET --job ID  one rank of a job launched by ithacad (worker/daemon_mode.h)
 //   --plan JOB.toml           print the job's memory plan per tier (engine/plan)
 //   --libraries               print the cuDNN and NCCL versions loaded and built against
@@ -23,33 +25,54 @@ namespace {
 void Usage() {
   std::fprintf(stderr,
                "usage: ithaca-worker --standalone JOB.toml [--nproc N]\n"
+               "         [--nnodes M --node-rank R --rendezvous tcp:HOST:PORT]\n"
                "       ithaca-worker --plan JOB.toml\n"
                "       ithaca-worker --libraries   (the cuDNN and NCCL it loads)\n"
                "  Trains the job in this process (no daemon) and prints one line per step;\n"
                "  with --nproc, as N ranks on this machine (rank 0's output shown, the\n"
-               "  others' prefixed \"[rank r]\").\n");
+               "  others' prefixed \"[rank r]\"); with --nnodes, as this machine's share of a\n"
+               "  job on M machines: run it on each, R = 0..M-1; node 0 serves the rendezvous\n"
+               "  on PORT, and HOST must reach node 0.\n");
 }
 
-// `--standalone JOB --nproc N`: runs this binary N times with `--standalone JOB` as ranks.
-int LaunchStandalone(const char* self, const std::string& job, const std::string& nproc) {
+// A flag's whole-number value in [min_value, 4096], or -1 after printing what is wrong.
+int ParseCount(const char* flag, const std::string& value, int min_value) {
+  char* end = nullptr;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || v < min_value || v > 4096) {
+    std::fprintf(stderr, "ithaca-worker: %s %s: expected a number from %d to 4096\n", flag,
+                 value.c_str(), min_value);
+    return -1;
+  }
+  return static_cast<int>(v);
+}
+
+// `--standalone JOB --nproc N [--nnodes M --node-rank R --rendezvous tcp:HOST:PORT]`: runs this
+// binary N times with `--standalone JOB` as ranks.
+int LaunchStandalone(const char* self, const std::string& job, const std::string& nproc,
+                     const std::string& nnodes, const std::string& node_rank,
+                     const std::string& rendezvous) {
   ithaca::LaunchOptions options;
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   options.argv = {n > 0 ? std::string(exe, n) : std::string(self), "--standalone", job};
-  char* end = nullptr;
-  long ranks = std::strtol(nproc.c_str(), &end, 10);
-  if (nproc.empty() || *end != '\0' || ranks < 1 || ranks > 4096) {
-    std::fprintf(stderr, "ithaca-worker: --nproc %s: expected a number of ranks >= 1\n",
-                 nproc.c_str());
+  options.nproc = ParseCount("--nproc", nproc.empty() ? "1" : nproc, 1);
+  options.nnodes = ParseCount("--nnodes", nnodes.empty() ? "1" : nnodes, 1);
+  options.node_rank = ParseCount("--node-rank", node_rank.empty() ? "0" : node_rank, 0);
+  if (options.nproc < 0 || options.nnodes < 0 || options.node_rank < 0) {
     return ithaca::kExitBadSpec;
   }
-  options.nproc = static_cast<int>(ranks);
+  options.rendezvous = rendezvous;
   ithaca::LaunchReport report;
   absl::Status st = ithaca::LaunchLocal(options, &report);
   if (st.ok()) return 0;
   std::fprintf(stderr, "ithaca-worker: %s\n", st.ToString().c_str());
   if (report.forwarded_signal != 0) return ithaca::kExitKilled;
-  if (report.first_failure < 0) return ithaca::kExitError;
+  if (report.first_failure < 0) {
+    // A bad flag is the user's to fix, like a bad job spec.
+    return st.code() == absl::StatusCode::kInvalidArgument ? ithaca::kExitBadSpec
+                                                           : ithaca::kExitError;
+  }
   return report.ExitCode();
 }
 
@@ -69,13 +92,28 @@ int main(int argc, char** argv) {
     }
     return ithaca::RunDaemonWorker(*options);
   }
-  if (argc == 5) {  // --standalone JOB --nproc N, in either order
-    std::string job, nproc;
+  if (argc >= 5 && argc % 2 == 1) {  // --standalone JOB and launch flags, in any order
+    std::string job, nproc, nnodes, node_rank, rendezvous;
+    bool known = true;
     for (int i = 1; i + 1 < argc; i += 2) {
-      if (std::strcmp(argv[i], "--standalone") == 0) job = argv[i + 1];
-      if (std::strcmp(argv[i], "--nproc") == 0) nproc = argv[i + 1];
+      const std::string flag = argv[i];
+      if (flag == "--standalone") {
+        job = argv[i + 1];
+      } else if (flag == "--nproc") {
+        nproc = argv[i + 1];
+      } else if (flag == "--nnodes") {
+        nnodes = argv[i + 1];
+      } else if (flag == "--node-rank") {
+        node_rank = argv[i + 1];
+      } else if (flag == "--rendezvous") {
+        rendezvous = argv[i + 1];
+      } else {
+        known = false;
+      }
     }
-    if (!job.empty() && !nproc.empty()) return LaunchStandalone(argv[0], job, nproc);
+    if (known && !job.empty()) {
+      return LaunchStandalone(argv[0], job, nproc, nnodes, node_rank, rendezvous);
+    }
   }
   if (argc == 2 && std::strcmp(argv[1], "--libraries") == 0) {
     // The cuDNN and NCCL this binary loads, as its ranks will (ithacad asks at start).

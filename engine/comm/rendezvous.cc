@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "engine/comm/tcp_store.h"
 
 namespace ithaca {
 namespace {
@@ -33,6 +35,7 @@ absl::StatusOr<Rendezvous> ParseRendezvous(const std::string& address) {
   if (absl::StartsWith(address, "file:")) {
     Rendezvous r;
     r.kind = Rendezvous::Kind::kFile;
+    r.address = address;
     r.path = address.substr(5);
     if (r.path.empty() || r.path[0] != '/') {
       return absl::InvalidArgumentError(
@@ -48,18 +51,31 @@ absl::StatusOr<Rendezvous> ParseRendezvous(const std::string& address) {
     return r;
   }
   if (absl::StartsWith(address, "tcp:")) {
-    return absl::UnimplementedError(
-        absl::StrCat("rendezvous \"", address,
-                     "\": tcp rendezvous is not available in this build; "
-                     "use file:/dir on a directory all ranks share"));
+    Rendezvous r;
+    r.kind = Rendezvous::Kind::kTcp;
+    r.address = address;
+    const std::string rest = address.substr(4);
+    const size_t colon = rest.rfind(':');
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(rest.substr(colon + 1), &r.port) || r.port < 1 || r.port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rendezvous \"", address, "\": expected tcp:HOST:PORT with a port in 1..65535"));
+    }
+    r.host = rest.substr(0, colon);
+    return r;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("rendezvous \"", address, "\": expected file:/abs/dir"));
+      absl::StrCat("rendezvous \"", address, "\": expected file:/abs/dir or tcp:HOST:PORT"));
 }
 
-absl::Status PublishRendezvousValue(const std::string& dir, const std::string& key,
-                                    const std::string& value) {
+absl::Status PublishRendezvousValue(const Rendezvous& rdzv, const std::string& key,
+                                    const std::string& value, double timeout_s) {
   RETURN_IF_ERROR(CheckKey(key));
+  if (rdzv.kind == Rendezvous::Kind::kTcp) {
+    ASSIGN_OR_RETURN(auto client, TcpStoreClient::Connect(rdzv.host, rdzv.port, timeout_s));
+    return client->Set(key, value);
+  }
+  const std::string& dir = rdzv.path;
   const std::string path = dir + "/" + key;
   const std::string tmp = absl::StrCat(dir, "/.", key, ".tmp.", ::getpid());
   if (::access(path.c_str(), F_OK) == 0) {
@@ -81,9 +97,14 @@ absl::Status PublishRendezvousValue(const std::string& dir, const std::string& k
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> WaitRendezvousValue(const std::string& dir, const std::string& key,
+absl::StatusOr<std::string> WaitRendezvousValue(const Rendezvous& rdzv, const std::string& key,
                                                 double timeout_s) {
   RETURN_IF_ERROR(CheckKey(key));
+  if (rdzv.kind == Rendezvous::Kind::kTcp) {
+    ASSIGN_OR_RETURN(auto client, TcpStoreClient::Connect(rdzv.host, rdzv.port, timeout_s));
+    return client->Get(key, timeout_s);
+  }
+  const std::string& dir = rdzv.path;
   const std::string path = dir + "/" + key;
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(

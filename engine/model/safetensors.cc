@@ -496,6 +496,54 @@ absl::Status SafetensorsWriter::WriteFile(const std::string& path) const {
   return WriteOne(path, std::move(all), metadata_);
 }
 
+namespace {
+
+std::string ShardName(int i, int n) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
+}
+
+// Exactly `parts` runs of `all`, in order, of about equal bytes: a tensor goes to the part whose
+// share of the total holds its middle byte (so every writer computes the same split).
+std::vector<std::vector<Pending>> Partition(const std::vector<Pending>& all, int parts) {
+  uint64_t total = 0;
+  for (const Pending& t : all) total += t.file_bytes();
+  std::vector<std::vector<Pending>> out(parts);
+  uint64_t before = 0;
+  for (const Pending& t : all) {
+    const uint64_t bytes = t.file_bytes();
+    const uint64_t middle = before + bytes / 2;
+    const int k = total == 0 ? 0
+                             : static_cast<int>(std::min<uint64_t>(
+                                   parts - 1, middle * static_cast<uint64_t>(parts) / total));
+    out[k].push_back(t);
+    before += bytes;
+  }
+  return out;
+}
+
+// model.safetensors.index.json for `shards` (file i: ShardName(i, n)).
+absl::Status WriteIndex(const std::string& dir, const std::vector<std::vector<Pending>>& shards) {
+  Json weight_map = Json::object();
+  uint64_t total = 0;
+  const int n = static_cast<int>(shards.size());
+  for (int i = 0; i < n; ++i) {
+    for (const Pending& t : shards[i]) {
+      weight_map[*t.name] = ShardName(i, n);
+      total += t.file_bytes();
+    }
+  }
+  Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  std::string text;
+  try {
+    text = index.dump(2) + "\n";
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": cannot encode index: ", e.what()));
+  }
+  return WriteFileAtomic(absl::StrCat(dir, "/", kIndexName), text);
+}
+
+}  // namespace
+
 absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
                                              int64_t max_shard_bytes) const {
   if (max_shard_bytes <= 0) {
@@ -522,22 +570,34 @@ absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
   }
   if (shards.size() == 1) return WriteOne(absl::StrCat(dir, "/", kSingleName), all, metadata_);
 
-  Json weight_map = Json::object();
   const int n = static_cast<int>(shards.size());
   for (int i = 0; i < n; ++i) {
-    const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
-    RETURN_IF_ERROR(WriteOne(absl::StrCat(dir, "/", file), shards[i], metadata_));
-    for (const Pending& t : shards[i]) weight_map[*t.name] = file;
-  }
-  Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  std::string text;
-  try {
-    text = index.dump(2) + "\n";
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": cannot encode index: ", e.what()));
+    RETURN_IF_ERROR(WriteOne(absl::StrCat(dir, "/", ShardName(i, n)), shards[i], metadata_));
   }
   // Last, so a reader never finds an index naming shards not yet written.
-  return WriteFileAtomic(absl::StrCat(dir, "/", kIndexName), text);
+  return WriteIndex(dir, shards);
+}
+
+absl::StatusOr<std::string> SafetensorsWriter::WriteShard(const std::string& dir, int part,
+                                                          int parts) const {
+  if (parts < 1 || part < 0 || part >= parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: part ", part, " is not a part of ", parts));
+  }
+  std::vector<Pending> all = ToPending(entries_);
+  RETURN_IF_ERROR(CheckPending(all));
+  RETURN_IF_ERROR(MakeDirs(dir));
+  const std::vector<std::vector<Pending>> shards = Partition(all, parts);
+  const std::string file = parts == 1 ? kSingleName : ShardName(part, parts);
+  RETURN_IF_ERROR(WriteOne(absl::StrCat(dir, "/", file), shards[part], metadata_));
+  return file;
+}
+
+absl::Status SafetensorsWriter::WriteShardIndex(const std::string& dir, int parts) const {
+  if (parts == 1) return absl::OkStatus();
+  std::vector<Pending> all = ToPending(entries_);
+  RETURN_IF_ERROR(CheckPending(all));
+  return WriteIndex(dir, Partition(all, parts));
 }
 
 }  // namespace ithaca

@@ -55,6 +55,13 @@ class SafetensorsWriter {
   // model-0000i-of-0000n.safetensors shards plus model.safetensors.index.json (Hugging Face
   // layout, with metadata.total_size). Each file is written atomically, the index last.
   absl::Status WriteSharded(const std::string& dir, int64_t max_shard_bytes) const;
+  // The same layout written by `parts` writers at once (one per rank of a checkpoint): the
+  // tensors, in insertion order, are split into exactly `parts` files of about equal size
+  // (model-0000i-of-0000n.safetensors; one part: model.safetensors, no index). WriteShard writes
+  // file `part` only (every writer must have added the same tensors); WriteShardIndex the index,
+  // once all files are written. WriteShard returns the name of the file it wrote.
+  absl::StatusOr<std::string> WriteShard(const std::string& dir, int part, int parts) const;
+  absl::Status WriteShardIndex(const std::string& dir, int parts) const;
 
  private:
   struct Entry {

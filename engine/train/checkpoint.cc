@@ -7,6 +7,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -160,13 +162,22 @@ absl::Status ListFiles(const std::string& root, const std::string& rel,
 
 // Writes manifest.json listing every file under `root` (written last, after the data is
 // fsynced), then fsyncs every directory of the tree.
-absl::Status WriteManifest(const std::string& root) {
+// `known`: sums the ranks computed for the files they wrote, so that only the rest is read here.
+absl::StatusOr<int64_t> WriteManifest(const std::string& root,
+                                      const std::map<std::string, FileSum>& known) {
   std::vector<std::string> files;
   RETURN_IF_ERROR(ListFiles(root, "", &files));
   nlohmann::json list = nlohmann::json::array();
   std::vector<std::string> dirs = {root};
+  int64_t total = 0;
   for (const std::string& f : files) {
-    ASSIGN_OR_RETURN(FileSum sum, Checksum(root + "/" + f));
+    FileSum sum;
+    if (auto it = known.find(f); it != known.end()) {
+      sum = it->second;
+    } else {
+      ASSIGN_OR_RETURN(sum, Checksum(root + "/" + f));
+    }
+    total += sum.bytes;
     list.push_back({{"path", f}, {"bytes", sum.bytes}, {"crc32", sum.crc}});
     const size_t slash = f.rfind('/');
     if (slash != std::string::npos) dirs.push_back(root + "/" + f.substr(0, slash));
@@ -174,7 +185,24 @@ absl::Status WriteManifest(const std::string& root) {
   for (const std::string& d : dirs) RETURN_IF_ERROR(FsyncPath(d));
   nlohmann::json js = {{"format", kManifestFormat}, {"files", list}};
   RETURN_IF_ERROR(WriteFileAtomic(root + "/" + kManifest, js.dump(1) + "\n"));
-  return FsyncPath(root);
+  RETURN_IF_ERROR(FsyncPath(root));
+  return total;
+}
+
+// Each rank's checksums of the files it wrote, for the manifest: a hidden file in the
+// temporary checkpoint, removed before the manifest lists the files.
+std::string SumsPath(const std::string& tmp, int rank) {
+  return absl::StrCat(tmp, "/.sums-rank-", rank, ".json");
+}
+
+// Files of at most 4 GiB (as transformers shards), and at least one per writer.
+constexpr int64_t kMaxFileBytes = int64_t{4} << 30;
+int FileCount(int64_t bytes, int world) {
+  return static_cast<int>(std::max<int64_t>(world, (bytes + kMaxFileBytes - 1) / kMaxFileBytes));
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // Renames dir/name to a hidden trash name, then deletes it: a kill in between leaves only trash,
@@ -221,42 +249,113 @@ absl::Status RemoveStaleCheckpointFiles(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
-                            const ParamLayout& layout, const Optimizer::State& opt,
-                            const TrainState& state, int64_t keep) {
+std::string CheckpointTempPath(const std::string& dir, int64_t step) {
+  // The same name on every rank (and node) without talking: one save into `dir` at a time.
+  return absl::StrCat(dir, "/.", StepDirName(step), ".tmp.save");
+}
+
+absl::Status BeginCheckpoint(const std::string& dir, int64_t step) {
   RETURN_IF_ERROR(MakeDirs(dir));
   RETURN_IF_ERROR(RemoveStaleCheckpointFiles(dir));
-  const std::string name = StepDirName(state.step);
+  return MakeDirs(CheckpointTempPath(dir, step));
+}
+
+absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
+    const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
+    const Optimizer::State& opt, const TrainState& state, int rank, int world) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: rank ", rank, " is not a rank of a world of ", world));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string tmp = CheckpointTempPath(dir, state.step);
+  SafetensorsWriter weights, moments;
+  weights.SetMetadata("format", "pt");
+  int64_t weight_bytes = 0;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    for (const ParamEntry& e : layout.units()[u].entries) {
+      weights.Add(e.hf_name, DType::kF32, e.shape, opt.master[u].data() + e.offset, DType::kF32);
+      moments.Add("m." + e.hf_name, DType::kF32, e.shape, opt.m[u].data() + e.offset, DType::kF32);
+      moments.Add("v." + e.hf_name, DType::kF32, e.shape, opt.v[u].data() + e.offset, DType::kF32);
+      weight_bytes += NumElements(e.shape) * 4;
+    }
+  }
+  std::vector<std::string> mine;  // paths relative to tmp
+  const int weight_files = FileCount(weight_bytes, world);
+  for (int f = rank; f < weight_files; f += world) {
+    ASSIGN_OR_RETURN(std::string name, weights.WriteShard(tmp + "/model", f, weight_files));
+    mine.push_back("model/" + name);
+  }
+  const int moment_files = FileCount(2 * weight_bytes, world);
+  if (moment_files == 1) {
+    RETURN_IF_ERROR(moments.WriteFile(tmp + "/optimizer.safetensors"));
+    mine.push_back("optimizer.safetensors");
+  } else {
+    for (int f = rank; f < moment_files; f += world) {
+      ASSIGN_OR_RETURN(std::string name, moments.WriteShard(tmp + "/optimizer", f, moment_files));
+      mine.push_back("optimizer/" + name);
+    }
+  }
+  if (rank == 0) {
+    RETURN_IF_ERROR(weights.WriteShardIndex(tmp + "/model", weight_files));
+    if (moment_files > 1)
+      RETURN_IF_ERROR(moments.WriteShardIndex(tmp + "/optimizer", moment_files));
+    RETURN_IF_ERROR(WriteFileAtomic(tmp + "/model/config.json", ConfigToJson(cfg)));
+    nlohmann::json js = {{"step", state.step},
+                         {"data_position", state.data_position},
+                         {"tokens", state.tokens},
+                         {"world", world},
+                         {"format", "ithaca-checkpoint-v1"}};
+    RETURN_IF_ERROR(WriteFileAtomic(tmp + "/state.json", js.dump(2) + "\n"));
+  }
+  // Checksummed here, in parallel with the other ranks, rather than all by rank 0 at commit.
+  CheckpointWriteReport report;
+  nlohmann::json sums = nlohmann::json::array();
+  for (const std::string& f : mine) {
+    ASSIGN_OR_RETURN(FileSum sum, Checksum(tmp + "/" + f));
+    sums.push_back({{"path", f}, {"bytes", sum.bytes}, {"crc32", sum.crc}});
+    report.bytes += sum.bytes;
+  }
+  RETURN_IF_ERROR(WriteFileAtomic(SumsPath(tmp, rank), sums.dump() + "\n"));
+  report.seconds = SecondsSince(start);
+  return report;
+}
+
+absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir, int64_t step,
+                                                       int world, int64_t keep) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string name = StepDirName(step);
   const std::string final_path = dir + "/" + name;
-  const std::string tmp = absl::StrCat(dir, "/.", name, ".tmp.", getpid());
+  const std::string tmp = CheckpointTempPath(dir, step);
   auto fail = [&](absl::Status st) {
     RemoveTreeNoFollow(tmp).IgnoreError();
     return st;
   };
-  std::vector<const float*> master;
-  for (const auto& u : opt.master) master.push_back(u.data());
-  absl::Status st =
-      WriteHfCheckpoint(tmp + "/model", cfg, layout, master, DType::kF32, int64_t{4} << 30);
-  if (!st.ok()) return fail(st);
-
-  SafetensorsWriter moments;
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    for (const ParamEntry& e : layout.units()[u].entries) {
-      moments.Add("m." + e.hf_name, DType::kF32, e.shape, opt.m[u].data() + e.offset, DType::kF32);
-      moments.Add("v." + e.hf_name, DType::kF32, e.shape, opt.v[u].data() + e.offset, DType::kF32);
+  std::map<std::string, FileSum> known;
+  for (int r = 0; r < world; ++r) {
+    const std::string path = SumsPath(tmp, r);
+    absl::StatusOr<std::string> text = ReadFileToString(path);
+    if (!text.ok()) {
+      return fail(absl::DataLossError(absl::StrCat("checkpoint ", tmp, ": rank ", r,
+                                                   " did not finish writing its share (", path,
+                                                   ": ", text.status().message(), ")")));
     }
+    nlohmann::json js = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!js.is_array()) return fail(absl::DataLossError(path + ": corrupt"));
+    for (const nlohmann::json& f : js) {
+      if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("bytes") ||
+          !f["bytes"].is_number_integer() || !f.contains("crc32") ||
+          !f["crc32"].is_number_unsigned()) {
+        return fail(absl::DataLossError(path + ": corrupt entry " + f.dump()));
+      }
+      known[f["path"].get<std::string>()] = {f["bytes"].get<int64_t>(), f["crc32"].get<uint32_t>()};
+    }
+    if (std::remove(path.c_str()) != 0) return fail(Errno("cannot remove", path));
   }
-  st = moments.WriteFile(tmp + "/optimizer.safetensors");
-  if (!st.ok()) return fail(st);
-  nlohmann::json js = {{"step", state.step},
-                       {"data_position", state.data_position},
-                       {"tokens", state.tokens},
-                       {"format", "ithaca-checkpoint-v1"}};
-  st = WriteFileAtomic(tmp + "/state.json", js.dump(2) + "\n");
-  if (st.ok()) st = WriteManifest(tmp);
-  if (!st.ok()) return fail(st);
+  absl::StatusOr<int64_t> bytes = WriteManifest(tmp, known);
+  if (!bytes.ok()) return fail(bytes.status());
   // The same step saved again (a resumed job re-reaching it) replaces the old copy.
-  st = MoveToTrashAndRemove(dir, name);
+  absl::Status st = MoveToTrashAndRemove(dir, name);
   if (!st.ok()) return fail(st);
   if (std::rename(tmp.c_str(), final_path.c_str()) != 0) {
     return fail(absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", final_path)));
@@ -266,7 +365,23 @@ absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
   for (size_t i = 0; i + keep < all.size(); ++i) {
     RETURN_IF_ERROR(MoveToTrashAndRemove(dir, all[i]));
   }
-  return absl::OkStatus();
+  CheckpointWriteReport report;
+  report.bytes = *bytes;
+  report.seconds = SecondsSince(start);
+  return report;
+}
+
+absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
+                            const ParamLayout& layout, const Optimizer::State& opt,
+                            const TrainState& state, int64_t keep) {
+  RETURN_IF_ERROR(BeginCheckpoint(dir, state.step));
+  absl::StatusOr<CheckpointWriteReport> wrote =
+      WriteCheckpointShard(dir, cfg, layout, opt, state, /*rank=*/0, /*world=*/1);
+  if (!wrote.ok()) {
+    RemoveTreeNoFollow(CheckpointTempPath(dir, state.step)).IgnoreError();
+    return wrote.status();
+  }
+  return CommitCheckpoint(dir, state.step, /*world=*/1, keep).status();
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
@@ -275,7 +390,9 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
   return dir + "/" + all.back();
 }
 
-absl::Status VerifyCheckpoint(const std::string& path) {
+// VerifyCheckpoint, also counting the checkpoint's bytes.
+absl::StatusOr<int64_t> VerifyAndMeasure(const std::string& path) {
+  int64_t total = 0;
   const std::string manifest_path = path + "/" + kManifest;
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -305,14 +422,18 @@ absl::Status VerifyCheckpoint(const std::string& path) {
           absl::StrFormat("%s: checksum mismatch (crc32 %08x, the manifest says %08x): corrupt",
                           file, sum.crc, f["crc32"].get<uint32_t>()));
     }
+    total += sum.bytes;
   }
-  return absl::OkStatus();
+  return total;
 }
+
+absl::Status VerifyCheckpoint(const std::string& path) { return VerifyAndMeasure(path).status(); }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
                                                 const ParamLayout& layout) {
-  RETURN_IF_ERROR(VerifyCheckpoint(path));
+  const auto start = std::chrono::steady_clock::now();
   LoadedCheckpoint out;
+  ASSIGN_OR_RETURN(out.bytes, VerifyAndMeasure(path));
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json"));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (js.is_discarded() || !js.is_object() || !js.contains("step") ||
@@ -323,10 +444,15 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
   out.state.step = js["step"].get<int64_t>();
   out.state.data_position = js["data_position"].get<int64_t>();
   out.state.tokens = js.value("tokens", int64_t{0});
+  out.saved_world =
+      js.contains("world") && js["world"].is_number_integer() ? js["world"].get<int>() : 1;
 
   ASSIGN_OR_RETURN(auto weights, SafetensorsReader::Open(path + "/model"));
   ASSIGN_OR_RETURN(out.optimizer.master, ReadWeights(layout, *weights));
-  ASSIGN_OR_RETURN(auto moments, SafetensorsReader::Open(path + "/optimizer.safetensors"));
+  // One file, or the sharded layout of a checkpoint saved by several ranks.
+  const std::string one_file = path + "/optimizer.safetensors";
+  ASSIGN_OR_RETURN(auto moments,
+                   SafetensorsReader::Open(PathExists(one_file) ? one_file : path + "/optimizer"));
   for (const ParamUnit& unit : layout.units()) {
     std::vector<float> m(unit.numel), v(unit.numel);
     for (const ParamEntry& e : unit.entries) {
@@ -336,6 +462,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
     out.optimizer.m.push_back(std::move(m));
     out.optimizer.v.push_back(std::move(v));
   }
+  out.seconds = SecondsSince(start);
   return out;
 }
 

@@ -1,10 +1,10 @@
 // Training checkpoints: DIR/step-00000012/ holding model/ (Hugging Face config.json + f32 master
-// weights, loadable by transformers), optimizer.safetensors (Adam m and v under the weights'
-// names), state.json (step, data position) and manifest.json (every other file's size and
-// CRC-32), written last.
+// weights, loadable by transformers), optimizer.safetensors or optimizer/ (Adam m and v under
+// the weights' names), state.json (step, data position, world size) and manifest.json (every
+// other file's size and CRC-32), written last. Every rank writes its share (see below).
 //
 // What makes a crash at any moment safe:
-// - A checkpoint is written under a hidden temporary name (.step-N.tmp.PID), every file and
+// - A checkpoint is written under a hidden temporary name (.step-N.tmp.save), every file and
 //   directory fsynced, the manifest written last, and only then renamed into place. A step
 //   directory counts as complete only when its manifest exists, and loading verifies every
 //   file against it, so a checkpoint that lists as complete is whole or a clear DATA_LOSS.
@@ -30,9 +30,37 @@ struct TrainState {
   int64_t tokens = 0;         // tokens trained on
 };
 
+// One process saving alone: BeginCheckpoint, WriteCheckpointShard(rank 0 of 1), CommitCheckpoint.
 absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                             const ParamLayout& layout, const Optimizer::State& opt,
                             const TrainState& state, int64_t keep);
+
+// ---- Saving from every rank at once.
+//
+// Every rank holds the whole (gathered) state, and the files are split among the ranks: each
+// writes and checksums its share in parallel. model/ is the Hugging Face sharded layout (files of
+// at most 4 GiB, at least one per rank), so export and transformers read it as it is; the Adam
+// moments are the same layout in optimizer/ (or one optimizer.safetensors when a single file
+// holds them). Rank 0 also writes config.json, the indexes and state.json (which records the
+// world it was saved at), and at the end the manifest, from every rank's checksums. The tensors
+// are whole (split by tensor, not by FSDP shard), so a checkpoint saved at one world size loads
+// at any other.
+//
+// The order, with a barrier after each step: rank 0 BeginCheckpoint; every rank
+// WriteCheckpointShard; rank 0 CommitCheckpoint.
+struct CheckpointWriteReport {
+  int64_t bytes = 0;  // what this rank wrote (CommitCheckpoint: the whole checkpoint)
+  double seconds = 0;
+};
+// Prepares the step's temporary directory (removing what killed saves left behind).
+absl::Status BeginCheckpoint(const std::string& dir, int64_t step);
+absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
+    const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
+    const Optimizer::State& opt, const TrainState& state, int rank, int world);
+// Writes the manifest (DATA_LOSS naming a rank whose share is missing), renames the checkpoint
+// into place and prunes all but the newest `keep`.
+absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir, int64_t step,
+                                                       int world, int64_t keep);
 
 // The newest complete checkpoint under `dir` (NOT_FOUND when there is none).
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
@@ -40,6 +68,9 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
 struct LoadedCheckpoint {
   Optimizer::State optimizer;
   TrainState state;
+  int saved_world = 1;  // the world size it was saved at (1 for checkpoints that do not say)
+  int64_t bytes = 0;    // the checkpoint's size, read and verified
+  double seconds = 0;   // how long loading took
 };
 // Verifies the checkpoint against its manifest first. Errors name the file and what is wrong
 // (missing, wrong size, checksum mismatch, corrupt, truncated, a tensor missing or misshapen).

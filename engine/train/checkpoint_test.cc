@@ -201,5 +201,90 @@ TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
   EXPECT_EQ(*LatestCheckpoint(dir), ck);
 }
 
+// Values that differ by unit and position, so that a tensor read back from the wrong place of a
+// sharded checkpoint shows.
+Optimizer::State DistinctState(const ParamLayout& layout) {
+  Optimizer::State s;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const int64_t n = layout.units()[u].numel;
+    s.master.emplace_back(n);
+    s.m.emplace_back(n);
+    s.v.emplace_back(n);
+    for (int64_t i = 0; i < n; ++i) {
+      s.master[u][i] = static_cast<float>(u) + 1e-4f * static_cast<float>(i % 9973);
+      s.m[u][i] = -s.master[u][i];
+      s.v[u][i] = 2 * s.master[u][i];
+    }
+  }
+  return s;
+}
+
+// Three ranks write their shares at once (threads standing in for rank processes); the result is
+// one checkpoint in the Hugging Face sharded layout that loads whole, at any world size.
+TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
+  Fixture f;
+  const std::string dir = FreshDir("sharded");
+  const Optimizer::State state = DistinctState(f.layout);
+  const TrainState ts = TrainStateFor(7);
+  ASSERT_TRUE(BeginCheckpoint(dir, 7).ok());
+  std::vector<absl::StatusOr<CheckpointWriteReport>> wrote(3, absl::UnknownError("not run"));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back(
+        [&, r] { wrote[r] = WriteCheckpointShard(dir, f.cfg, f.layout, state, ts, r, 3); });
+  }
+  for (std::thread& t : ranks) t.join();
+  int64_t written = 0;
+  for (const auto& w : wrote) {
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_GT(w->bytes, 0);  // every rank wrote a share
+    written += w->bytes;
+  }
+  absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, 7, 3, 2);
+  ASSERT_TRUE(commit.ok()) << commit.status();
+  EXPECT_GT(commit->bytes, written);  // plus config, indexes, state
+
+  const std::string ck = dir + "/step-00000007";
+  EXPECT_TRUE(PathExists(ck + "/model/model.safetensors.index.json"));
+  EXPECT_TRUE(PathExists(ck + "/model/model-00003-of-00003.safetensors"));
+  EXPECT_TRUE(PathExists(ck + "/optimizer/model-00003-of-00003.safetensors"));
+  EXPECT_FALSE(PathExists(ck + "/.sums-rank-0.json"));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(ck, f.layout);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->saved_world, 3);
+  EXPECT_EQ(loaded->bytes, commit->bytes);
+  EXPECT_EQ(loaded->state.step, 7);
+  EXPECT_EQ(loaded->optimizer.master, state.master);
+  EXPECT_EQ(loaded->optimizer.m, state.m);
+  EXPECT_EQ(loaded->optimizer.v, state.v);
+
+  // The manifest covers the shards: a damaged one is named.
+  const std::string shard = ck + "/optimizer/model-00002-of-00003.safetensors";
+  {
+    std::fstream file(shard, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-1, std::ios::end);
+    file.put('\x7f');
+  }
+  absl::StatusOr<LoadedCheckpoint> damaged = LoadCheckpoint(ck, f.layout);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_NE(damaged.status().message().find("model-00002-of-00003.safetensors"), std::string::npos)
+      << damaged.status();
+}
+
+TEST(ShardedCheckpointTest, ACommitWithoutEveryRanksShareFailsNamingTheRank) {
+  Fixture f;
+  const std::string dir = FreshDir("sharded_missing");
+  const Optimizer::State state = DistinctState(f.layout);
+  ASSERT_TRUE(BeginCheckpoint(dir, 3).ok());
+  for (int r : {0, 2}) {  // rank 1 never writes
+    ASSERT_TRUE(WriteCheckpointShard(dir, f.cfg, f.layout, state, TrainStateFor(3), r, 3).ok());
+  }
+  absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, 3, 3, 2);
+  EXPECT_EQ(commit.status().code(), absl::StatusCode::kDataLoss) << commit.status();
+  EXPECT_NE(commit.status().message().find("rank 1 did not finish"), std::string::npos)
+      << commit.status();
+  EXPECT_TRUE(absl::IsNotFound(LatestCheckpoint(dir).status()));
+}
+
 }  // namespace
 }  // namespace ithaca

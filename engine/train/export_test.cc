@@ -11,8 +11,10 @@
 #include <set>
 
 #include "engine/core/file_util.h"
+#include "engine/model/config.h"
 #include "engine/model/params.h"
 #include "engine/model/safetensors.h"
+#include "engine/train/checkpoint.h"
 #include "engine/train/export_testing.h"
 #include "engine/train/model_loss.h"
 #include "engine/train/token_file.h"
@@ -166,6 +168,37 @@ TEST_F(ExportTest, Bf16ScoresCloseToTheCheckpointAndF32Identically) {
   EXPECT_NE(bf16->loss, reference->loss) << "the bf16 export should round the weights";
   // Trained, not random: well below the uniform loss log(258).
   EXPECT_LT(reference->loss, std::log(258.0) - 0.5);
+}
+
+// A checkpoint saved by several ranks (each writing its share of the files) exports the same
+// model: the export reads the shards through their index.
+TEST_F(ExportTest, ACheckpointSavedByThreeRanksExportsTheSameModel) {
+  const std::string dir = TmpDir("sharded");
+  absl::StatusOr<LlamaConfig> cfg = LoadConfigJson(Step() + "/model/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const ParamLayout layout(*cfg);
+  absl::StatusOr<LoadedCheckpoint> ck = LoadCheckpoint(Step(), layout);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  const std::string saved = dir + "/checkpoints";
+  ASSERT_TRUE(BeginCheckpoint(saved, ck->state.step).ok());
+  for (int rank = 0; rank < 3; ++rank) {
+    auto wrote = WriteCheckpointShard(saved, *cfg, layout, ck->optimizer, ck->state, rank, 3);
+    ASSERT_TRUE(wrote.ok()) << wrote.status();
+  }
+  ASSERT_TRUE(CommitCheckpoint(saved, ck->state.step, 3, 1).ok());
+  absl::StatusOr<std::string> sharded = FindCheckpoint(saved);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  EXPECT_EQ(List(*sharded + "/model").count("model-00003-of-00003.safetensors"), 1u);
+
+  ExportOptions f32;
+  f32.dtype = DType::kF32;
+  ASSERT_TRUE(ExportCheckpoint(*sharded, dir + "/export", f32).ok());
+  const std::vector<int32_t> ids = Ids();
+  auto reference = ComputeModelLoss(Step() + "/model", ids);
+  auto exported = ComputeModelLoss(dir + "/export", ids);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->loss, reference->loss);
 }
 
 // The daemon's worker runs one step per Run call: the export comes once, after the last, and

@@ -153,8 +153,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     t->state_ = ck.state;
     if (t->data_) t->data_->set_position(ck.state.data_position);
     if (t->rank_ == 0) {
-      std::printf("resumed from %s at step %lld\n", latest->c_str(),
-                  static_cast<long long>(ck.state.step));
+      std::printf(
+          "resumed from %s at step %lld (saved by %d ranks, loaded by %d; %.3f GB read "
+          "and verified in %.2f s, %.2f GB/s)\n",
+          latest->c_str(), static_cast<long long>(ck.state.step), ck.saved_world, t->world_,
+          ck.bytes / 1e9, ck.seconds, ck.bytes / 1e9 / std::max(ck.seconds, 1e-9));
     }
   } else if (!spec.model.weights.empty()) {
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
@@ -262,13 +265,43 @@ absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
 
 absl::Status Trainer::SaveCheckpointNow() {
   if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   ASSIGN_OR_RETURN(Optimizer::State opt, optimizer_->Save());  // every rank takes part
-  absl::Status st = absl::OkStatus();
-  if (rank_ == 0) {
-    st = SaveCheckpoint(spec_.checkpoint.dir, cfg_, model_->layout(), opt, state_,
-                        spec_.checkpoint.keep);
+  const double gather_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string& dir = spec_.checkpoint.dir;
+  // Every rank writes its share of the files (engine/train/checkpoint.h). Each phase ends at a
+  // barrier that every rank reaches even after an error of its own: nobody writes before rank 0
+  // made the directory, rank 0 commits only once every share is written (and a missing one is
+  // an error naming the rank), and nobody moves on (or resumes) before the checkpoint is whole.
+  absl::Status st = rank_ == 0 ? BeginCheckpoint(dir, state_.step) : absl::OkStatus();
+  if (comm_) RETURN_IF_ERROR(comm_->Barrier());
+  CheckpointWriteReport wrote;
+  if (st.ok()) {
+    absl::StatusOr<CheckpointWriteReport> w =
+        WriteCheckpointShard(dir, cfg_, model_->layout(), opt, state_, rank_, world_);
+    if (w.ok()) wrote = *w;
+    st = w.status();
   }
-  // Nobody moves on (or resumes) before the checkpoint is complete.
+  const double write_s = std::chrono::duration<double>(Clock::now() - start).count() - gather_s;
+  if (comm_) RETURN_IF_ERROR(comm_->Barrier());
+  if (rank_ == 0 && st.ok()) {
+    absl::StatusOr<CheckpointWriteReport> commit =
+        CommitCheckpoint(dir, state_.step, world_, spec_.checkpoint.keep);
+    st = commit.status();
+    if (commit.ok()) {
+      // The figures a save's throughput is judged by: the whole checkpoint over the whole
+      // save, and this rank's share over its own writing (the ranks write at once).
+      const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+      std::printf(
+          "checkpoint step %lld: %.3f GB by %d ranks in %.2f s (%.2f GB/s; gather %.2f s, "
+          "write %.2f s, rank 0 wrote %.3f GB at %.2f GB/s, commit %.2f s)\n",
+          static_cast<long long>(state_.step), commit->bytes / 1e9, world_, total_s,
+          commit->bytes / 1e9 / std::max(total_s, 1e-9), gather_s, write_s, wrote.bytes / 1e9,
+          wrote.bytes / 1e9 / std::max(wrote.seconds, 1e-9), commit->seconds);
+      std::fflush(stdout);
+    }
+  }
   if (comm_) RETURN_IF_ERROR(comm_->Barrier());
   return st;
 }

@@ -314,6 +314,105 @@ class Kubernetes(unittest.TestCase):
             self.assertEqual(json.loads(cm["data"]["ithaca.json"]), json.load(f))
 
 
+class MultiNodeJob(unittest.TestCase):
+    """deploy/kubernetes/multinode: one training job over several nodes as an Indexed Job, one
+    pod per node, meeting at node 0's rendezvous through a headless Service."""
+
+    DIR = f"{K8S}/multinode"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.objs = {}
+        for path in sorted(glob.glob(f"{cls.DIR}/*.yaml")):
+            if not path.endswith("kustomization.yaml"):
+                for d in load_docs(path):
+                    cls.objs[(d["kind"], d["metadata"]["name"])] = d
+        cls.job = cls.objs[("Job", "ithaca-train")]
+        cls.svc = cls.objs[("Service", "ithaca-train")]
+        cls.pod = cls.job["spec"]["template"]["spec"]
+        (cls.container,) = cls.pod["containers"]
+        args = cls.container["args"]
+        cls.flags = {args[i]: args[i + 1] for i in range(0, len(args) - 1, 2)}
+
+    def test_objects_pass_the_api_schema(self):
+        for obj in self.objs.values():
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        self.assertEqual(sorted(k for k, _ in self.objs),
+                         ["Job", "PersistentVolumeClaim", "Service"])
+
+    def test_one_pod_per_node_all_at_once(self):
+        spec = self.job["spec"]
+        self.assertEqual(spec["completionMode"], "Indexed")
+        self.assertEqual(spec["completions"], spec["parallelism"])
+        self.assertEqual(spec["backoffLimit"], 0)  # a job across nodes fails as a whole
+        self.assertEqual(self.pod["restartPolicy"], "Never")
+        labels = self.job["spec"]["template"]["metadata"]["labels"]
+        (anti,) = self.pod["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(anti["topologyKey"], "kubernetes.io/hostname")
+        self.assertTrue(matches(anti["labelSelector"]["matchLabels"], labels))
+        res = self.container["resources"]
+        self.assertEqual(res["limits"]["nvidia.com/gpu"], 8)
+        self.assertEqual(res["requests"]["nvidia.com/gpu"], 8)
+
+    def test_launcher_flags_match_the_job(self):
+        self.assertEqual(self.container["command"], ["/usr/local/bin/ithaca-worker"])
+        self.assertEqual(self.flags["--standalone"], "/etc/ithaca/job.toml")
+        self.assertEqual(self.flags["--nproc"], "8")
+        self.assertEqual(int(self.flags["--nnodes"]), self.job["spec"]["completions"])
+        # The node rank is the pod's completion index.
+        self.assertEqual(self.flags["--node-rank"], "$(NODE_RANK)")
+        env = {e["name"]: e for e in self.container["env"]}
+        self.assertEqual(env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"],
+                         "metadata.annotations['batch.kubernetes.io/job-completion-index']")
+        # The job's world is every node's GPUs.
+        import tomllib
+        with open(f"{self.DIR}/job.toml", "rb") as f:
+            job = tomllib.load(f)
+        self.assertEqual(job["parallel"]["world"],
+                         int(self.flags["--nnodes"]) * int(self.flags["--nproc"]))
+        self.assertTrue(job["checkpoint"]["dir"].startswith("/shared/"))
+
+    def test_rendezvous_is_node_0_through_the_headless_service(self):
+        m = re.fullmatch(r"tcp:([a-z0-9-]+)-0\.([a-z0-9-]+):(\d+)", self.flags["--rendezvous"])
+        self.assertIsNotNone(m, self.flags["--rendezvous"])
+        job_name, service, port = m.group(1), m.group(2), int(m.group(3))
+        # Indexed Job pods are named <job>-<index>; subdomain makes that a DNS name.
+        self.assertEqual(job_name, self.job["metadata"]["name"])
+        self.assertEqual(self.pod["subdomain"], service)
+        self.assertEqual(self.svc["metadata"]["name"], service)
+        self.assertEqual(self.svc["spec"]["clusterIP"], "None")
+        self.assertTrue(self.svc["spec"]["publishNotReadyAddresses"])
+        self.assertTrue(matches(self.svc["spec"]["selector"],
+                                self.job["spec"]["template"]["metadata"]["labels"]))
+        self.assertIn(port, [p["port"] for p in self.svc["spec"]["ports"]])
+        self.assertIn(port, [p["containerPort"] for p in self.container["ports"]])
+
+    def test_restricted_security_context(self):
+        pod_sc, sc = self.pod["securityContext"], self.container["securityContext"]
+        self.assertTrue(pod_sc["runAsNonRoot"])
+        self.assertEqual(pod_sc["runAsUser"], 10001)
+        self.assertEqual(pod_sc["seccompProfile"]["type"], "RuntimeDefault")
+        self.assertFalse(sc["allowPrivilegeEscalation"])
+        self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+
+    def test_volumes(self):
+        mounts = {m["name"]: m["mountPath"] for m in self.container["volumeMounts"]}
+        vols = {v["name"]: v for v in self.pod["volumes"]}
+        self.assertEqual(set(mounts), set(vols))
+        self.assertEqual(vols["dshm"]["emptyDir"]["medium"], "Memory")
+        self.assertEqual(mounts["dshm"], "/dev/shm")
+        claim = vols["shared"]["persistentVolumeClaim"]["claimName"]
+        pvc = self.objs[("PersistentVolumeClaim", claim)]
+        self.assertEqual(pvc["spec"]["accessModes"], ["ReadWriteMany"])  # every node writes
+        (k,) = load_docs(f"{self.DIR}/kustomization.yaml")
+        (gen,) = k["configMapGenerator"]
+        self.assertEqual(vols["job"]["configMap"]["name"], gen["name"])
+        self.assertEqual(gen["files"], ["job.toml"])
+        present = {os.path.basename(p) for p in glob.glob(f"{self.DIR}/*.yaml")}
+        self.assertEqual(set(k["resources"]), present - {"kustomization.yaml"})
+
+
 def setup_sh_lists():
     """tools/setup.sh's apt packages and tools/requirements.txt's pins (name==version)."""
     with open("tools/setup.sh") as f:

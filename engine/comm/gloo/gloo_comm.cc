@@ -7,6 +7,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include "engine/comm/comm_checks.h"
 #include "engine/comm/rendezvous.h"
 #include "engine/comm/self_comm.h"
+#include "engine/comm/tcp_store.h"
 
 namespace ithaca {
 namespace {
@@ -121,12 +123,53 @@ bool ContainsAddress(const std::string& haystack, const std::string& needle) {
   return false;
 }
 
+// Gloo's Store interface over the TCP store of a "tcp:host:port" rendezvous. Gloo expects
+// failures as exceptions; a timeout is worded like the FileStore's so MissingRanks reads it.
+class TcpGlooStore : public gloo::rendezvous::Store {
+ public:
+  TcpGlooStore(std::unique_ptr<TcpStoreClient> client, double timeout_s)
+      : client_(std::move(client)), timeout_s_(timeout_s) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status st = client_->Set(key, std::string(data.begin(), data.end()));
+    if (!st.ok()) throw std::runtime_error(std::string(st.message()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string v = Fetch(key, timeout_s_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000)));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    for (const std::string& key : keys) {
+      Fetch(key, std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()));
+    }
+  }
+
+ private:
+  std::string Fetch(const std::string& key, double timeout_s) {
+    absl::StatusOr<std::string> v = client_->Get(key, timeout_s);
+    if (absl::IsDeadlineExceeded(v.status())) {
+      throw std::runtime_error(
+          absl::StrCat(v.status().message(), "; Wait timeout for key(s): ", key));
+    }
+    if (!v.ok()) throw std::runtime_error(std::string(v.status().message()));
+    return *std::move(v);
+  }
+
+  std::unique_ptr<TcpStoreClient> client_;
+  double timeout_s_;
+};
+
 }  // namespace
 
 struct GlooComm::Shared {
-  std::string dir;
+  std::string dir;  // the rendezvous address, for messages
   GlooOptions options;
-  std::unique_ptr<gloo::rendezvous::FileStore> store;
+  std::unique_ptr<gloo::rendezvous::Store> store;
   std::shared_ptr<gloo::transport::Device> device;
   std::string host = HostName();
 };
@@ -162,10 +205,19 @@ absl::StatusOr<std::unique_ptr<GlooComm>> GlooComm::Create(int rank, int world,
   ASSIGN_OR_RETURN(Rendezvous rdzv, ParseRendezvous(rendezvous));
   IgnoreSigpipe();
   auto shared = std::make_shared<Shared>();
-  shared->dir = rdzv.path;
+  shared->dir = rdzv.kind == Rendezvous::Kind::kFile ? rdzv.path : rdzv.address;
   shared->options = options;
+  if (rdzv.kind == Rendezvous::Kind::kTcp) {
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+        TcpStoreClient::Connect(rdzv.host, rdzv.port, options.timeout_s);
+    if (!client.ok()) {
+      return absl::Status(client.status().code(), absl::StrCat("gloo rank ", rank, " of ", world,
+                                                               ": ", client.status().message()));
+    }
+    shared->store = std::make_unique<TcpGlooStore>(std::move(*client), options.timeout_s);
+  }
   try {
-    shared->store = std::make_unique<gloo::rendezvous::FileStore>(rdzv.path);
+    if (!shared->store) shared->store = std::make_unique<gloo::rendezvous::FileStore>(rdzv.path);
     gloo::transport::tcp::attr attr(options.hostname.c_str());
     shared->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "engine/comm/tcp_store.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "gtest/gtest.h"
 
@@ -194,6 +195,38 @@ TEST_P(GlooWorldTest, CollectivesMatchLocalComputation) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorldTest, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return absl::StrCat("world", info.param); });
+
+// The same collectives and a split with ranks meeting at a TCP store (how ranks on several
+// machines meet), served from this test process as node 0's launcher would.
+TEST(GlooTcpTest, CollectivesAndSplitsOverATcpRendezvous) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string rendezvous = absl::StrCat("tcp:127.0.0.1:", (*server)->port());
+  auto outcomes = RunRanks(4, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto comm, GlooComm::Create(rank, 4, rendezvous, Options(10)));
+    RETURN_IF_ERROR(CheckAllGather(*comm));
+    RETURN_IF_ERROR(CheckAllReduce(*comm));
+    ASSIGN_OR_RETURN(auto pair, comm->Split(rank / 2, rank));
+    RETURN_IF_ERROR(CheckReduceScatter(*pair));
+    return comm->Barrier();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+// A rank that never joins a TCP rendezvous: the others fail within the timeout, naming it.
+TEST(GlooTcpTest, AMissingRankIsNamed) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string rendezvous = absl::StrCat("tcp:127.0.0.1:", (*server)->port());
+  auto outcomes = RunRanks(2, [&](int rank) -> absl::Status {
+    auto comm = GlooComm::Create(rank, 3, rendezvous, Options(1));
+    RANK_CHECK(absl::IsDeadlineExceeded(comm.status()), comm.status().ToString());
+    RANK_CHECK(absl::StrContains(comm.status().message(), "rank 2 did not join"),
+               comm.status().ToString());
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
 
 // The ranks of `c`, gathered: the members of a split group and their order.
 absl::StatusOr<std::vector<int32_t>> Members(Comm& c, int32_t global_rank) {

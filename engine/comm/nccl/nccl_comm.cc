@@ -147,18 +147,19 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(int rank, int world,
   if (rank == 0) {
     ASSIGN_OR_RETURN(id, NewUniqueId());
     RETURN_IF_ERROR(PublishRendezvousValue(
-        rdzv.path, kUniqueIdKey, std::string(reinterpret_cast<const char*>(&id), sizeof(id))));
+        rdzv, kUniqueIdKey, std::string(reinterpret_cast<const char*>(&id), sizeof(id)),
+        options.timeout_s));
   } else {
-    auto value = WaitRendezvousValue(rdzv.path, kUniqueIdKey, options.timeout_s);
+    auto value = WaitRendezvousValue(rdzv, kUniqueIdKey, options.timeout_s);
     if (!value.ok()) {
       return absl::Status(value.status().code(), absl::StrCat("nccl rank ", rank, " of ", world,
                                                               ": waiting for rank 0's unique id: ",
                                                               value.status().message()));
     }
     if (value->size() != sizeof(id)) {
-      return absl::DataLossError(absl::StrCat("nccl rank ", rank, ": the unique id in ", rdzv.path,
-                                              " has ", value->size(), " bytes, expected ",
-                                              sizeof(id)));
+      return absl::DataLossError(absl::StrCat("nccl rank ", rank, ": the unique id at ",
+                                              rdzv.address, " has ", value->size(),
+                                              " bytes, expected ", sizeof(id)));
     }
     std::memcpy(&id, value->data(), sizeof(id));
   }
