@@ -1,8 +1,9 @@
 // Attention of one block under Ulysses context parallelism with UPipe headwise stages
 // (docs/schedules.md). Each rank holds s = S/P tokens; each stage projects only its heads' Q
 // (K/V once per round), exchanges them with one all-to-all so every rank sees the whole sequence
-// for its heads, runs causal attention (within each document of a packed sample), and sends the output back into its head columns of one
-// preallocated O_local. With P = 1 the same code is headwise chunking on one device.
+// for its heads, runs causal attention (within each document of a packed sample), and sends the
+// output back into its head columns of one preallocated O_local. With P = 1 the same code is
+// headwise chunking on one device.
 #pragma once
 
 #include "engine/backend/ops.h"

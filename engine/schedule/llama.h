@@ -75,8 +75,8 @@ class LlamaModel {
   // sample (S tokens, labels already shifted; < 0 ignored) and the rank takes tokens
   // [r·S/P, (r+1)·S/P). `docs` are the sample's documents (attention stays inside each, RoPE
   // restarts at each); empty: one. An upload makes the host wait for its copy.
-  absl::StatusOr<DeviceSample> UploadSample(const int32_t* inputs, const int32_t* labels,
-                                            int64_t S, const DocumentMask& docs = {});
+  absl::StatusOr<DeviceSample> UploadSample(const int32_t* inputs, const int32_t* labels, int64_t S,
+                                            const DocumentMask& docs = {});
   // The same without a host wait, for a training step that streams its samples: the share is
   // written into pinned host buffers (appended to `staging`) and copied to the device on the
   // copy stream, and the compute stream waits for the copy. The host may write the staging
