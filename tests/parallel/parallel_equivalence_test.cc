@@ -36,6 +36,7 @@ struct Case {
   int checkpoint_interval = 1;
   bool prefetch = true;
   bool packed = false;  // packed documents under a document mask (parallel_rank --packed)
+  bool sft = false;     // train on SFT data with data.loss_mask (parallel_rank --loss-mask)
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -46,7 +47,14 @@ class ParallelEquivalenceTest : public ::testing::Test {
     ASSERT_TRUE(MakeDirs(*dir_).ok());
     auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
     ASSERT_TRUE(text.ok()) << text.status();
-    ASSERT_TRUE(WriteTokenFile(*dir_ + "/corpus.tok", ByteTokenize(*text), kByteVocab).ok());
+    const std::vector<uint32_t> tokens = ByteTokenize(*text);
+    ASSERT_TRUE(WriteTokenFile(*dir_ + "/corpus.tok", tokens, kByteVocab).ok());
+    // The same tokens as SFT data: a loss mask with runs of trained and untrained tokens (every
+    // 3rd run of 11 trained), so steps and replicas train different numbers of labels.
+    TokenFileMeta meta = ByteTokenMeta(tokens);
+    meta.loss_mask.resize(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) meta.loss_mask[i] = (i / 11) % 3 == 0;
+    ASSERT_TRUE(WriteTokenFileV2(*dir_ + "/sft.tok", tokens, meta).ok());
     for (int hkv : {2, 4}) {
       LlamaConfig cfg = *PresetConfig("tiny");
       cfg.num_attention_heads = 8;
@@ -90,15 +98,17 @@ class ParallelEquivalenceTest : public ::testing::Test {
     return out;
   }
 
+  static std::string Data(bool sft) { return *dir_ + (sft ? "/sft.tok" : "/corpus.tok"); }
+
   // The single-rank reference; `packed`: its first sample's documents each run alone.
-  static std::string Reference(int hkv, int grad_accum, bool packed) {
-    const std::string key =
-        absl::StrCat("reference_kv", hkv, "_accum", grad_accum, packed ? "_separate" : "");
+  static std::string Reference(int hkv, int grad_accum, bool packed, bool sft) {
+    const std::string key = absl::StrCat("reference_kv", hkv, "_accum", grad_accum,
+                                         packed ? "_separate" : "", sft ? "_sft" : "");
     if (!references_.count(key)) {
-      std::vector<std::string> args = {"--config",     ConfigPath(hkv),
-                                       "--data",       *dir_ + "/corpus.tok",
-                                       "--grad-accum", std::to_string(grad_accum)};
+      std::vector<std::string> args = {"--config", ConfigPath(hkv), "--data",
+                                       Data(sft),  "--grad-accum",  std::to_string(grad_accum)};
       if (packed) args.insert(args.end(), {"--packed", "--separate"});
+      if (sft) args.push_back("--loss-mask");
       references_[key] = RunRanks(key, 0, args);
     }
     return references_[key];
@@ -106,9 +116,9 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   static void Check(const Case& c) {
     const int dp = c.world / c.sp;
-    const std::string ref = Reference(c.hkv, dp, c.packed);
+    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft);
     std::vector<std::string> args = {
-        "--config",     ConfigPath(c.hkv),           "--data",       *dir_ + "/corpus.tok",
+        "--config",     ConfigPath(c.hkv),           "--data",       Data(c.sft),
         "--world",      std::to_string(c.world),     "--sp",         std::to_string(c.sp),
         "--fsdp",       c.fsdp ? "1" : "0",          "--checkpoint", c.checkpoint,
         "--head-chunk", std::to_string(c.head_chunk)};
@@ -116,6 +126,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
     if (c.tile) args.insert(args.end(), {"--tile", std::to_string(c.tile)});
     if (!c.prefetch) args.push_back("--no-prefetch");
     if (c.packed) args.push_back("--packed");
+    if (c.sft) args.push_back("--loss-mask");
     args.insert(args.end(), {"--checkpoint-interval", std::to_string(c.checkpoint_interval)});
     const std::string got = RunRanks(c.name, c.world, args);
     auto a = SafetensorsReader::Open(ref);
@@ -199,8 +210,11 @@ TEST_F(ParallelEquivalenceTest, PackedDocumentsUlyssesFourDataParallel) {
   Case a{"w4_sp4_packed_fsdp_aware_onehead_offload", 2, 4, 4, true, "attention-aware", 4, true};
   a.packed = true;
   Check(a);
-  Case b{"w4_sp2_packed_noshard_none_tiled", 4, 4, 2, false, "none", 0, false, 16};
+  // With a loss mask too: the step's mean over trained labels (a different count per replica
+  // and micro-step) is the same whatever the layout.
+  Case b{"w4_sp2_packed_sft_noshard_none_tiled", 4, 4, 2, false, "none", 0, false, 16};
   b.packed = true;
+  b.sft = true;
   Check(b);
 }
 

@@ -8,7 +8,7 @@
 //
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
 //                 --checkpoint none|full|attention-aware --head-chunk U --offload --tile T
-//                 --seq S --grad-accum A --steps N --packed [--separate]]
+//                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask]
 // --packed: the first sample is packed documents (kPackedStarts) under a document mask, and the
 // training run sets data.document_mask (the corpus is a version 1 file: its documents are found
 // by the model's bos_token_id). With --separate (the reference) the first sample's documents
@@ -64,6 +64,8 @@ absl::Status Run(int argc, char** argv) {
       packed = spec.data.document_mask = true;
     else if (a == "--separate")
       separate = true;
+    else if (a == "--loss-mask")
+      spec.data.loss_mask = true;
     else if (a == "--offload")
       spec.memory.offload = true;
     else if (a == "--no-prefetch")
