@@ -32,11 +32,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   const int64_t seq_len = 4;
-  auto loader = ithaca::DataLoader::Create(std::move(tf), seq_len, int64_t{1} << 31);
+  // Every mask the file can serve: documents (by index, or BOS 0 in version 1), loss mask.
+  ithaca::DataOptions options;
+  options.document_mask = true;
+  options.bos_id = 0;
+  options.loss_mask = tf->loss_mask() != nullptr;
+  auto loader = ithaca::DataLoader::Create(std::move(tf), seq_len, int64_t{1} << 31, options);
   if (loader.ok()) {
     std::vector<int32_t> inputs(seq_len), labels(seq_len);
     const int64_t samples = (*loader)->samples_per_epoch();
     for (int64_t i = 0; i < samples + 1 && i < 64; ++i) {
+      sum += static_cast<uint64_t>((*loader)->CountLabels(i));
       (*loader)->Next(inputs.data(), labels.data());
     }
   }

@@ -56,11 +56,11 @@ int Main() {
     bench::FillRandom(ops, &alloc, v.tensor(), 3);
     bench::FillRandom(ops, &alloc, dout.tensor(), 4);
     auto fwd = [&] {
-      ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor());
+      ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), {});
     };
     auto bwd = [&] {
       ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
-                            lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor());
+                            lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), {});
     };
     const int iters = absl::GetFlag(FLAGS_iters);
     const cudaStream_t st = ops.stream();

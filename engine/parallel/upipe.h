@@ -1,8 +1,9 @@
 // Attention of one block under Ulysses context parallelism with UPipe headwise stages
 // (docs/schedules.md). Each rank holds s = S/P tokens; each stage projects only its heads' Q
 // (K/V once per round), exchanges them with one all-to-all so every rank sees the whole sequence
-// for its heads, runs causal attention, and sends the output back into its head columns of one
-// preallocated O_local. With P = 1 the same code is headwise chunking on one device.
+// for its heads, runs causal attention (within each document of a packed sample), and sends the
+// output back into its head columns of one preallocated O_local. With P = 1 the same code is
+// headwise chunking on one device.
 #pragma once
 
 #include "engine/backend/ops.h"
@@ -21,6 +22,9 @@ struct UlyssesContext {
   int64_t rank = 0;  // rank in the group
   int64_t s = 0;     // tokens on this rank
   Tensor inv_freq;   // RoPE inverse frequencies, f32 [D/2]
+  // The documents of the whole sample (S tokens): every rank's attention sees the whole sequence
+  // for its heads, and RoPE restarts at each document, so each rank holds the sample's mask.
+  DocumentMask docs;
   int64_t S() const { return s * plan.P; }
   int64_t pos0() const { return rank * s; }  // global position of this rank's first token
 };

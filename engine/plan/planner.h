@@ -2,7 +2,10 @@
 // a GPU and without computing anything. It replays one real training step (forward, backward,
 // optimizer state) of the engine's own schedule on the meta device (meta.h), so every buffer the
 // schedule allocates is counted at its real size and lifetime; "auto" settings are resolved by
-// searching for the fastest configuration that fits the budgets.
+// searching for the fastest configuration that fits the budgets. Packed documents
+// (data.document_mask) shrink the attention's work but not its memory (every buffer is sized by
+// the sequence, whatever its documents), so the plan does not depend on them; the step line's
+// model TFLOPS does (ModelFlopsPerSample counts only the attention computed).
 #pragma once
 
 #include <array>

@@ -27,7 +27,7 @@ LlamaConfig Tiny() {
 
 // Peaks measured by really running one step with these options on the CPU backend.
 MemoryTracker* Measure(const LlamaConfig& cfg, const LlamaModel::Options& opts, int64_t S,
-                       HostAllocator* alloc) {
+                       HostAllocator* alloc, const DocumentMask& docs = {}) {
   CpuOps ops;
   auto model = LlamaModel::Create(cfg, &ops, alloc, opts);
   EXPECT_TRUE(model.ok()) << model.status();
@@ -40,7 +40,7 @@ MemoryTracker* Measure(const LlamaConfig& cfg, const LlamaModel::Options& opts, 
   EXPECT_TRUE(opt.ok()) << opt.status();
   std::vector<int32_t> tokens(S);
   for (int64_t i = 0; i < S; ++i) tokens[i] = (i * 7) % cfg.vocab_size;
-  auto loss = (*model)->ForwardBackward(tokens.data(), tokens.data(), S, 1.f / S);
+  auto loss = (*model)->ForwardBackward(tokens.data(), tokens.data(), S, 1.f / S, docs);
   EXPECT_TRUE(loss.ok()) << loss.status();
   return &alloc->tracker();
 }
@@ -155,8 +155,8 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
 namespace ithaca {
 namespace {
 
-// The memory bars of docs/benchmarks.md as the planner sees them: Llama-3.2-1B at 3M tokens on one H200
-// (139 GiB) with a 128 GiB host, and GPU memory growing by at most 20 KB per extra token.
+// The memory bars of docs/benchmarks.md as the planner sees them: Llama-3.2-1B at 3M tokens on one
+// H200 (139 GiB) with a 128 GiB host, and GPU memory growing by at most 20 KB per extra token.
 TEST(PlannerTest, Llama1BAt3MTokensFitsOneH200AndGrowsUnder20KBPerToken) {
   JobSpec spec;
   spec.backend = "cuda";
@@ -189,6 +189,25 @@ namespace {
 
 // "auto" resolves to the fastest settings that fit: everything at full width when memory is
 // plentiful, head stages / offload / sparser checkpoints as the budget tightens.
+// Packed documents shrink the attention's work, not its memory: every buffer is sized by S, so
+// a step over many documents peaks exactly where one over a single document does, and the plan
+// (which knows nothing of documents) holds for both.
+TEST(PlannerTest, DocumentMasksChangeNoMemory) {
+  const LlamaConfig cfg = Tiny();
+  LlamaModel::Options opts;
+  opts.checkpoint = CheckpointPolicy::kAttentionAware;
+  opts.head_chunk = 2;
+  const int64_t S = 96;
+  HostAllocator one, many;
+  const MemoryTracker* a = Measure(cfg, opts, S, &one);
+  const MemoryTracker* b = Measure(cfg, opts, S, &many, DocumentMask{{0, 1, 30, 31, 64}});
+  for (int i = 0; i < kNumTiers; ++i) {
+    EXPECT_EQ(b->peak(static_cast<Tier>(i)), a->peak(static_cast<Tier>(i)))
+        << TierName(static_cast<Tier>(i));
+  }
+  EXPECT_EQ(b->device_peak(), a->device_peak());
+}
+
 TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
   JobSpec spec;
   spec.backend = "cuda";

@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   return m;
 }
 
-BlockContext LlamaModel::Context(int64_t s) const {
+BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs) const {
   BlockContext c;
   c.cfg = &cfg_;
   c.attn.ops = ops_;
@@ -60,6 +60,7 @@ BlockContext LlamaModel::Context(int64_t s) const {
   c.attn.rank = sp_rank();
   c.attn.s = s;
   c.attn.inv_freq = inv_freq_.tensor();
+  c.attn.docs = docs;
   c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
   // Attention-aware checkpointing keeps O and LSE with the block input.
   c.saved_attention_tier =
@@ -67,10 +68,9 @@ BlockContext LlamaModel::Context(int64_t s) const {
   return c;
 }
 
-absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, const int32_t* labels,
-                                                      int64_t S) {
-  const int64_t P = plan_.P;
-  RETURN_IF_ERROR(CheckSeqLenSplit(S, P));
+absl::Status LlamaModel::CheckSample(const int32_t* inputs, int64_t S,
+                                     const DocumentMask& docs) const {
+  RETURN_IF_ERROR(CheckSeqLenSplit(S, plan_.P));
   for (int64_t i = 0; i < S; ++i) {
     if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token ", inputs[i], " at position ", i,
@@ -78,20 +78,59 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, con
                                                      cfg_.vocab_size));
     }
   }
+  const std::vector<int64_t>& st = docs.starts;
+  for (size_t i = 0; i < st.size(); ++i) {
+    const bool ok = i == 0 ? st[0] == 0 : st[i - 1] < st[i] && st[i] < S;
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("document ", i, " of a sample of ", S, " tokens starts at ", st[i],
+                       ": document starts must rise strictly from 0 and stay inside the sample"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, const int32_t* labels,
+                                                      int64_t S, const DocumentMask& docs) {
+  RETURN_IF_ERROR(CheckSample(inputs, S, docs));
   // This rank's slice of the sequence; labels were shifted before sharding.
-  const int64_t s = S / P, t0 = sp_rank() * s;
+  const int64_t s = S / plan_.P, t0 = sp_rank() * s;
   DeviceSample out;
   ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ops_->Upload(inputs + t0, DType::kI32, out.ids.tensor());
   ops_->Upload(labels + t0, DType::kI32, out.labels.tensor());
   out.tokens = std::count_if(labels + t0, labels + t0 + s, [](int32_t v) { return v >= 0; });
+  out.docs = docs;
+  return out;
+}
+
+absl::StatusOr<DeviceSample> LlamaModel::UploadSampleAsync(const int32_t* inputs,
+                                                           const int32_t* labels, int64_t S,
+                                                           const DocumentMask& docs,
+                                                           std::vector<Buffer>* staging) {
+  RETURN_IF_ERROR(CheckSample(inputs, S, docs));
+  const int64_t s = S / plan_.P, t0 = sp_rank() * s;
+  DeviceSample out;
+  ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
+  ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
+  Ops::Fence fence;
+  for (auto [from, to] : {std::pair{inputs, &out.ids}, std::pair{labels, &out.labels}}) {
+    ASSIGN_OR_RETURN(Buffer host, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kHostOffload));
+    std::copy(from + t0, from + t0 + s, static_cast<int32_t*>(host.tensor().data));
+    fence = ops_->CopyAsync(host.tensor(), to->tensor());
+    staging->push_back(std::move(host));
+  }
+  ops_->WaitFence(fence);  // transfers complete in order: the last fence covers both
+  out.tokens = std::count_if(labels + t0, labels + t0 + s, [](int32_t v) { return v >= 0; });
+  out.docs = docs;
   return out;
 }
 
 absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* labels,
-                                                    int64_t S, float grad_scale) {
-  ASSIGN_OR_RETURN(DeviceSample sample, UploadSample(inputs, labels, S));
+                                                    int64_t S, float grad_scale,
+                                                    const DocumentMask& docs) {
+  ASSIGN_OR_RETURN(DeviceSample sample, UploadSample(inputs, labels, S, docs));
   ASSIGN_OR_RETURN(Buffer sum, Buffer::Make(alloc_, DType::kF32, {1}, Tier::kActivations));
   RETURN_IF_ERROR(ForwardBackward(sample, grad_scale, sum.tensor()));
   float host = 0;
@@ -132,7 +171,7 @@ absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const
     ops_->Embedding(ids, ParamLayout::View(e, embed_entry), x.tensor());
   }
 
-  const BlockContext ctx = Context(s);
+  const BlockContext ctx = Context(s, sample.docs);
   // Without a backward nothing is saved, whatever the checkpoint policy.
   const bool keep_all = backward && opts_.checkpoint == CheckpointPolicy::kNone;
   const bool keep_attention = backward && opts_.checkpoint == CheckpointPolicy::kAttentionAware;

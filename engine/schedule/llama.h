@@ -33,10 +33,12 @@ struct LossSum {
   int64_t tokens = 0;   // labelled tokens on this rank
 };
 
-// This rank's share of one sample on the device: token ids and (shifted) labels, i32 [S/P].
+// This rank's share of one sample on the device: token ids and (shifted) labels, i32 [S/P], and
+// the documents of the whole sample (on the host: they steer the ops, not the data).
 struct DeviceSample {
   Buffer ids, labels;
   int64_t tokens = 0;  // labelled tokens in the share
+  DocumentMask docs;
 };
 
 class LlamaModel {
@@ -71,10 +73,17 @@ class LlamaModel {
 
   // Checks one sample and uploads this rank's share of it: `inputs` and `labels` hold the whole
   // sample (S tokens, labels already shifted; < 0 ignored) and the rank takes tokens
-  // [r·S/P, (r+1)·S/P). An upload makes the host wait for its copy, so a training step uploads
-  // all its samples before its compute starts.
-  absl::StatusOr<DeviceSample> UploadSample(const int32_t* inputs, const int32_t* labels,
-                                            int64_t S);
+  // [r·S/P, (r+1)·S/P). `docs` are the sample's documents (attention stays inside each, RoPE
+  // restarts at each); empty: one. An upload makes the host wait for its copy.
+  absl::StatusOr<DeviceSample> UploadSample(const int32_t* inputs, const int32_t* labels, int64_t S,
+                                            const DocumentMask& docs = {});
+  // The same without a host wait, for a training step that streams its samples: the share is
+  // written into pinned host buffers (appended to `staging`) and copied to the device on the
+  // copy stream, and the compute stream waits for the copy. The host may write the staging
+  // buffers only once, so the caller keeps them until it next waits for the device.
+  absl::StatusOr<DeviceSample> UploadSampleAsync(const int32_t* inputs, const int32_t* labels,
+                                                 int64_t S, const DocumentMask& docs,
+                                                 std::vector<Buffer>* staging);
   // Forward and backward over an uploaded share: gradients of the summed loss times
   // `grad_scale` are added to the rank's gradient shards, and the share's loss sum is written
   // into `loss_sum` (f32, one element, on the device). Only enqueues work: the host never
@@ -83,7 +92,7 @@ class LlamaModel {
                                const Tensor& loss_sum);
   // Both, then reads the loss sum back (the host waits for the work): for tests and tools.
   absl::StatusOr<LossSum> ForwardBackward(const int32_t* inputs, const int32_t* labels, int64_t S,
-                                          float grad_scale);
+                                          float grad_scale, const DocumentMask& docs = {});
   // The forward alone, for evaluation: the same schedule (FSDP gathers, Ulysses / UPipe
   // attention, MLP and loss tiles) up to the share's loss sum, written into `loss_sum` as
   // ForwardBackward does. No gradient is computed or touched, nothing is saved for a backward,
@@ -93,10 +102,13 @@ class LlamaModel {
  private:
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
       : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts) {}
-  BlockContext Context(int64_t s) const;
+  BlockContext Context(int64_t s, const DocumentMask& docs) const;
   // ForwardBackward, or with `backward` false Forward: the forward pass is written once.
   absl::Status Run(const DeviceSample& sample, float grad_scale, const Tensor& loss_sum,
                    bool backward);
+  // Checks a whole sample: S splits over the group, token ids in the vocabulary, documents inside
+  // it.
+  absl::Status CheckSample(const int32_t* inputs, int64_t S, const DocumentMask& docs) const;
   // Final norm, LM head and cross-entropy over token tiles, fused with their backward: writes
   // dx [s, d], adds the head's (and tied embedding's) gradients, writes the loss sum into
   // `loss_sum` (device). With `dx` empty only the loss sum (evaluation).

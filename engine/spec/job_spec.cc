@@ -573,7 +573,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
        {{"path", r.Str(&s.data.path)},
         {"seq_len", r.Int(&s.data.seq_len)},
         {"micro_batch", r.Int(&s.data.micro_batch)},
-        {"shuffle", r.Bool(&s.data.shuffle)}}},
+        {"shuffle", r.Bool(&s.data.shuffle)},
+        {"document_mask", r.Bool(&s.data.document_mask)},
+        {"loss_mask", r.Bool(&s.data.loss_mask)}}},
       {"training",
        {{"steps", r.Int(&s.training.steps)},
         {"lr", r.Float(&s.training.lr)},
@@ -643,7 +645,9 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\nconfig = ", Quote(s.model.config), "\nweights = ", Quote(s.model.weights),
                   "\ndtype = ", Quote(s.model.dtype), "\n");
   absl::StrAppend(&out, "\n[data]\npath = ", Quote(s.data.path), "\nseq_len = ", s.data.seq_len,
-                  "\nmicro_batch = ", s.data.micro_batch, "\nshuffle = ", b(s.data.shuffle), "\n");
+                  "\nmicro_batch = ", s.data.micro_batch, "\nshuffle = ", b(s.data.shuffle),
+                  "\ndocument_mask = ", b(s.data.document_mask),
+                  "\nloss_mask = ", b(s.data.loss_mask), "\n");
   absl::StrAppend(&out, "\n[training]\nsteps = ", t.steps, "\nlr = ", FormatDouble(t.lr),
                   "\nmin_lr = ", FormatDouble(t.min_lr), "\nwarmup_steps = ", t.warmup_steps,
                   "\nweight_decay = ", FormatDouble(t.weight_decay),

@@ -30,6 +30,14 @@ struct JobSpec {
     int64_t seq_len = 256;  // tokens per sample (the context length S)
     int64_t micro_batch = 1;  // samples per micro-step
     bool shuffle = true;      // windows in a seeded (training.seed), resumable random order
+    // Packed documents: attention stays inside each document of a sample and RoPE positions
+    // restart at each (boundaries from the token file's document index, or for a version 1
+    // file from the model's bos_token_id); a label that would cross into the next document is
+    // not trained.
+    bool document_mask = false;
+    // SFT: only the tokens the token file's loss mask marks are trained (the file must have
+    // one: ithaca-tokenize --sft). The loss is the mean over the trained tokens of the step.
+    bool loss_mask = false;
   } data;
 
   struct Training {

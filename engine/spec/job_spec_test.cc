@@ -26,6 +26,8 @@ path = "data/corpus.tok"
 seq_len = 8192
 micro_batch = 2
 shuffle = false
+document_mask = true
+loss_mask = true
 
 [training]
 steps = 500
@@ -101,6 +103,8 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->data.seq_len, 8192);
   EXPECT_EQ(s->data.micro_batch, 2);
   EXPECT_FALSE(s->data.shuffle);
+  EXPECT_TRUE(s->data.document_mask);
+  EXPECT_TRUE(s->data.loss_mask);
   EXPECT_EQ(s->training.steps, 500);
   EXPECT_DOUBLE_EQ(s->training.lr, 1e-3);
   EXPECT_DOUBLE_EQ(s->training.min_lr, 0.0);

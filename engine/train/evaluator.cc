@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const JobSpec& spec
   std::unique_ptr<Evaluator> e(new Evaluator());
   e->eval_ = spec.eval;
   e->seq_len_ = spec.data.seq_len;
+  e->document_mask_ = spec.data.document_mask;
   e->micro_batch_ = spec.data.micro_batch;
   e->model_ = model;
   e->world_ = world;
@@ -47,6 +48,10 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const JobSpec& spec
   DataOptions options;
   options.shuffle = false;  // the same windows, in the same order, every time
   options.tokenizer_json = tokenizer_json;
+  // The held-out loss is measured as training measures it: within documents, on trained labels.
+  options.document_mask = spec.data.document_mask;
+  options.loss_mask = spec.data.loss_mask;
+  options.bos_id = static_cast<int32_t>(model->config().bos_token_id);
   absl::StatusOr<std::unique_ptr<DataLoader>> data =
       DataLoader::Create(std::move(files), spec.data.seq_len, model->config().vocab_size, options);
   if (!data.ok()) return EvalPathError(data.status());
@@ -76,6 +81,14 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const JobSpec& spec
   return e;
 }
 
+DocumentMask SampleDocuments(const DataLoader& data) {
+  DocumentMask docs;
+  docs.starts = data.sample_doc_starts();
+  // A window that starts inside a document: its cut part is a document of its own.
+  if (docs.starts.empty() || docs.starts[0] != 0) docs.starts.insert(docs.starts.begin(), 0);
+  return docs;
+}
+
 absl::StatusOr<EvalReport> Evaluator::Run(int64_t step) {
   const auto start = std::chrono::steady_clock::now();
   Ops* ops = model_->ops();
@@ -96,7 +109,8 @@ absl::StatusOr<EvalReport> Evaluator::Run(int64_t step) {
       data_->Next(inputs.data(), labels.data());
       tokens += std::count_if(labels.begin(), labels.end(), [](int32_t v) { return v >= 0; });
       if (i % dp_ != dp_rank_) continue;
-      ASSIGN_OR_RETURN(DeviceSample d, model_->UploadSample(inputs.data(), labels.data(), S));
+      const DocumentMask docs = document_mask_ ? SampleDocuments(*data_) : DocumentMask{};
+      ASSIGN_OR_RETURN(DeviceSample d, model_->UploadSample(inputs.data(), labels.data(), S, docs));
       mine.push_back(std::move(d));
     }
     for (size_t k = 0; k < mine.size(); ++k) {

@@ -22,6 +22,10 @@
 
 namespace ithaca {
 
+// The documents of the window `data` served last (data.document_mask), in the form attention and
+// RoPE take: a window that starts inside a document gets that cut part as its first document.
+DocumentMask SampleDocuments(const DataLoader& data);
+
 struct EvalReport {
   int64_t step = 0;     // optimizer steps done before it (0: an evaluation-only job's model)
   double loss = 0;      // mean cross-entropy over the evaluated tokens of every rank
@@ -59,6 +63,7 @@ class Evaluator {
 
   JobSpec::Eval eval_;
   int64_t seq_len_ = 0, micro_batch_ = 1;
+  bool document_mask_ = false;
   LlamaModel* model_ = nullptr;
   Comm* world_ = nullptr;
   int dp_ = 1, dp_rank_ = 0;

@@ -480,6 +480,21 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
                                              first.vocab_size(), ") for a model with ", model_vocab,
                                              " tokens: most of its vocabulary will never be seen"));
   }
+  for (const auto& f : files) {
+    if (options.loss_mask && f->loss_mask() == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f->path(),
+                       ": data.loss_mask is set but the file has no loss mask (make it "
+                       "with ithaca-tokenize --sft)"));
+    }
+    if (options.document_mask && !f->has_doc_index() && options.bos_id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f->path(),
+                       ": data.document_mask is set but this version 1 file has no "
+                       "document index and the model has no bos_token_id to find "
+                       "documents by; re-tokenize it (ithaca-tokenize writes version 2)"));
+    }
+  }
   int64_t total = 0;
   for (const auto& f : files) {
     loader->first_window_.push_back(total);
@@ -498,6 +513,7 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
   loader->samples_per_epoch_ = total;
   loader->seq_len_ = seq_len;
   loader->shuffle_ = options.shuffle;
+  loader->options_ = options;
   loader->seed_ = options.seed;
   loader->files_ = std::move(files);
   return loader;
@@ -511,27 +527,66 @@ int64_t DataLoader::WindowFor(int64_t position) const {
   return Permute(index, n, SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(epoch))));
 }
 
-void DataLoader::Next(int32_t* inputs, int32_t* labels) {
-  const int64_t window = WindowFor(position_);
+void DataLoader::Read(int64_t position, int32_t* inputs, int32_t* labels,
+                      std::vector<int64_t>* doc_starts, size_t* file, int64_t* offset) const {
+  const int64_t window = WindowFor(position);
   // The file holding the window: the last whose first window is <= it.
-  sample_file_ = std::upper_bound(first_window_.begin(), first_window_.end() - 1, window) -
-                 first_window_.begin() - 1;
-  const TokenFile& f = *files_[sample_file_];
+  *file = std::upper_bound(first_window_.begin(), first_window_.end() - 1, window) -
+          first_window_.begin() - 1;
+  const TokenFile& f = *files_[*file];
   // Windows step by seq_len, so a window's last label is the next window's first input.
-  sample_offset_ = (window - first_window_[sample_file_]) * seq_len_;
-  const uint32_t* t = f.tokens() + sample_offset_;
+  *offset = (window - first_window_[*file]) * seq_len_;
+  const uint32_t* t = f.tokens() + *offset;
   for (int64_t i = 0; i < seq_len_; ++i) {
     inputs[i] = static_cast<int32_t>(t[i]);
     labels[i] = static_cast<int32_t>(t[i + 1]);
   }
-  sample_doc_starts_.clear();
-  const uint64_t* docs = f.doc_starts();
-  const uint64_t lo = sample_offset_, hi = sample_offset_ + seq_len_;
-  for (const uint64_t* d = std::lower_bound(docs, docs + f.num_docs(), lo);
-       d != docs + f.num_docs() && *d < hi; ++d) {
-    sample_doc_starts_.push_back(static_cast<int64_t>(*d - lo));
+  doc_starts->clear();
+  // Whether the token after the window (the last label) starts a document.
+  bool next_starts = false;
+  if (f.has_doc_index()) {
+    const uint64_t* docs = f.doc_starts();
+    const uint64_t lo = *offset, hi = *offset + seq_len_;
+    const uint64_t* d = std::lower_bound(docs, docs + f.num_docs(), lo);
+    for (; d != docs + f.num_docs() && *d < hi; ++d) {
+      doc_starts->push_back(static_cast<int64_t>(*d - lo));
+    }
+    next_starts = d != docs + f.num_docs() && *d == hi;
+  } else if (options_.document_mask) {
+    const uint32_t bos = static_cast<uint32_t>(options_.bos_id);
+    for (int64_t i = 0; i < seq_len_; ++i) {
+      if (t[i] == bos) doc_starts->push_back(i);
+    }
+    next_starts = t[seq_len_] == bos;
   }
+  if (options_.document_mask) {
+    // Each document is trained as if alone: nothing predicts the next document's first token.
+    for (size_t k = 0; k < doc_starts->size(); ++k) {
+      if ((*doc_starts)[k] > 0) labels[(*doc_starts)[k] - 1] = -1;
+    }
+    if (next_starts) labels[seq_len_ - 1] = -1;
+  }
+  if (options_.loss_mask) {
+    const uint8_t* mask = f.loss_mask() + *offset + 1;  // the labels' tokens
+    for (int64_t i = 0; i < seq_len_; ++i) {
+      if (mask[i] == 0) labels[i] = -1;
+    }
+  }
+}
+
+void DataLoader::Next(int32_t* inputs, int32_t* labels) {
+  Read(position_, inputs, labels, &sample_doc_starts_, &sample_file_, &sample_offset_);
   ++position_;
+}
+
+int64_t DataLoader::CountLabels(int64_t position) const {
+  if (!options_.document_mask && !options_.loss_mask) return seq_len_;
+  std::vector<int32_t> inputs(seq_len_), labels(seq_len_);
+  std::vector<int64_t> docs;
+  size_t file = 0;
+  int64_t offset = 0;
+  Read(position, inputs.data(), labels.data(), &docs, &file, &offset);
+  return std::count_if(labels.begin(), labels.end(), [](int32_t v) { return v >= 0; });
 }
 
 }  // namespace ithaca

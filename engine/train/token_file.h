@@ -134,6 +134,15 @@ struct DataOptions {
   // The model's tokenizer.json ("" when the model has none): a file made with another
   // tokenizer is rejected.
   std::string tokenizer_json;
+  // data.document_mask: a label that would cross into the next document (the last token of a
+  // document predicting the next one's first) is ignored (-1), and sample_doc_starts() also
+  // finds the documents of version 1 files, at every token equal to bos_id (which must then be
+  // >= 0: the model's bos_token_id).
+  bool document_mask = false;
+  int32_t bos_id = -1;
+  // data.loss_mask: labels whose token the file's loss mask marks 0 are ignored (-1). Every file
+  // must have a loss mask.
+  bool loss_mask = false;
 };
 
 // Serves samples of seq_len + 1 consecutive tokens: inputs = first seq_len, labels = the same
@@ -153,8 +162,11 @@ class DataLoader {
   static absl::StatusOr<std::unique_ptr<DataLoader>> Create(std::unique_ptr<TokenFile> file,
                                                             int64_t seq_len, int64_t model_vocab,
                                                             const DataOptions& options = {});
-  // Fills inputs[seq_len] and labels[seq_len] with the next sample.
+  // Fills inputs[seq_len] and labels[seq_len] with the next sample (ignored labels are -1).
   void Next(int32_t* inputs, int32_t* labels);
+  // The labels that sample `position` trains (those not ignored), without serving it: the
+  // trainer's pre-pass for the step's token count when masks are on.
+  int64_t CountLabels(int64_t position) const;
   int64_t position() const { return position_; }
   void set_position(int64_t p) { position_ = p; }
   int64_t seq_len() const { return seq_len_; }
@@ -168,7 +180,8 @@ class DataLoader {
   const TokenFile& sample_file() const { return *files_[sample_file_]; }
   int64_t sample_offset() const { return sample_offset_; }
   // Positions i in [0, seq_len) where inputs[i] is a document's first token, ascending (for
-  // document masks). Empty for a version 1 file, which has no document index.
+  // document masks). Empty for a version 1 file, which has no document index, unless
+  // options.document_mask finds its documents by bos_id.
   const std::vector<int64_t>& sample_doc_starts() const { return sample_doc_starts_; }
 
   // Window `index` of the epoch's order, for sample `position` (exposed for tests).
@@ -176,6 +189,9 @@ class DataLoader {
 
  private:
   DataLoader() = default;
+  // Sample `position`: its tokens, labels (with the options' masks) and document starts.
+  void Read(int64_t position, int32_t* inputs, int32_t* labels, std::vector<int64_t>* doc_starts,
+            size_t* file, int64_t* offset) const;
   std::vector<std::unique_ptr<TokenFile>> files_;
   std::vector<int64_t> first_window_;  // per file, its first window's global index; + the total
   int64_t seq_len_ = 0;
@@ -183,6 +199,7 @@ class DataLoader {
   int64_t position_ = 0;
   bool shuffle_ = true;
   uint64_t seed_ = 0;
+  DataOptions options_;
   std::vector<std::string> warnings_;
   size_t sample_file_ = 0;
   int64_t sample_offset_ = 0;

@@ -43,7 +43,15 @@ int Run(const std::vector<std::string>& args) {
       for (int64_t i = 0; i < t.num_docs(); ++i) {
         absl::StrAppend(&out, i ? "," : "", t.doc_starts()[i]);
       }
-      absl::StrAppend(&out, "], \"has_loss_mask\": ", t.loss_mask() ? "true" : "false", "}");
+      absl::StrAppend(&out, "], \"has_loss_mask\": ", t.loss_mask() ? "true" : "false");
+      if (t.loss_mask()) {
+        absl::StrAppend(&out, ", \"loss_mask\": [");
+        for (int64_t i = 0; i < t.size(); ++i) {
+          absl::StrAppend(&out, i ? "," : "", static_cast<int>(t.loss_mask()[i]));
+        }
+        absl::StrAppend(&out, "]");
+      }
+      absl::StrAppend(&out, "}");
       std::printf("%s\n", out.c_str());
       files.push_back(std::move(*f));
     }

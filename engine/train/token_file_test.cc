@@ -492,6 +492,84 @@ TEST(DataLoaderTest, ExposesDocumentStartsInsideTheWindow) {
   EXPECT_EQ((*l)->sample_file().path(), path);
 }
 
+TEST(DataLoaderTest, DocumentMaskCutsLabelsAtDocumentEnds) {
+  std::string path = TmpPath("docmask.tok");
+  TokenFileMeta meta = ShardMeta();
+  meta.doc_starts = {0, 2, 3, 8, 9};
+  ASSERT_TRUE(WriteTokenFileV2(path, Iota(13), meta).ok());
+  DataOptions o;
+  o.shuffle = false;
+  o.document_mask = true;
+  auto l = DataLoader::Create(OpenOrDie(path), 4, 1000, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  int32_t in[4], lab[4];
+  EXPECT_EQ((*l)->CountLabels(0), 2);
+  (*l)->Next(in, lab);  // tokens 0..3: documents [0, 2), [2, 3), [3, ...
+  EXPECT_EQ(std::vector<int32_t>(lab, lab + 4), (std::vector<int32_t>{1, -1, -1, 4}));
+  // Tokens 4..7; token 8 (the last label) starts a document: the window's cut part [4, 8) is
+  // trained up to its own end only.
+  EXPECT_EQ((*l)->CountLabels(1), 3);
+  (*l)->Next(in, lab);
+  EXPECT_EQ(std::vector<int32_t>(lab, lab + 4), (std::vector<int32_t>{5, 6, 7, -1}));
+  EXPECT_TRUE((*l)->sample_doc_starts().empty());  // one document, cut at the window's start
+}
+
+TEST(DataLoaderTest, VersionOneDocumentsComeFromTheBosId) {
+  std::string path = TmpPath("v1docs.tok");
+  ASSERT_TRUE(WriteTokenFile(path, {9, 1, 2, 9, 3, 4, 5, 9, 6}, 10).ok());
+  DataOptions o;
+  o.shuffle = false;
+  o.document_mask = true;
+  auto no_bos = DataLoader::Create(OpenOrDie(path), 4, 10, o);
+  ASSERT_FALSE(no_bos.ok());
+  EXPECT_NE(no_bos.status().message().find(path + ": data.document_mask is set but this version 1 "
+                                                  "file has no document index and the model has "
+                                                  "no bos_token_id"),
+            std::string::npos)
+      << no_bos.status();
+  o.bos_id = 9;
+  auto l = DataLoader::Create(OpenOrDie(path), 4, 10, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  int32_t in[4], lab[4];
+  (*l)->Next(in, lab);  // 9 1 2 9 | labels 1 2 9 3
+  EXPECT_EQ((*l)->sample_doc_starts(), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(std::vector<int32_t>(lab, lab + 4), (std::vector<int32_t>{1, 2, -1, 3}));
+  (*l)->Next(in, lab);  // 3 4 5 9 | labels 4 5 9 6
+  EXPECT_EQ((*l)->sample_doc_starts(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(std::vector<int32_t>(lab, lab + 4), (std::vector<int32_t>{4, 5, -1, 6}));
+}
+
+TEST(DataLoaderTest, LossMaskIgnoresMaskedLabels) {
+  std::string path = TmpPath("lossmask.tok");
+  TokenFileMeta meta = ShardMeta();
+  meta.doc_starts = {0, 5};
+  meta.loss_mask = {0, 0, 1, 1, 1, 0, 0, 0, 1};  // prompt 0-1, completion 2-4, prompt 5-7, ...
+  ASSERT_TRUE(WriteTokenFileV2(path, Iota(9), meta).ok());
+  DataOptions o;
+  o.shuffle = false;
+  o.loss_mask = true;
+  auto l = DataLoader::Create(OpenOrDie(path), 4, 1000, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  int32_t in[4], lab[4];
+  (*l)->Next(in, lab);  // labels are tokens 1..4, masks 0 1 1 1
+  EXPECT_EQ(std::vector<int32_t>(lab, lab + 4), (std::vector<int32_t>{-1, 2, 3, 4}));
+  (*l)->Next(in, lab);  // labels 5..8, masks 0 0 0 1
+  EXPECT_EQ(std::vector<int32_t>(lab, lab + 4), (std::vector<int32_t>{-1, -1, -1, 8}));
+  EXPECT_EQ((*l)->CountLabels(0), 3);
+  EXPECT_EQ((*l)->CountLabels(1), 1);
+
+  // A file without a loss mask cannot serve data.loss_mask.
+  std::string plain = TmpPath("nomask.tok");
+  meta.loss_mask.clear();
+  ASSERT_TRUE(WriteTokenFileV2(plain, Iota(9), meta).ok());
+  auto bad = DataLoader::Create(OpenOrDie(plain), 4, 1000, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(plain + ": data.loss_mask is set but the file has no loss "
+                                                "mask (make it with ithaca-tokenize --sft)"),
+            std::string::npos)
+      << bad.status();
+}
+
 TEST(DataLoaderTest, RejectsFilesOfAnotherTokenizerNamingBoth) {
   const std::string tokenizer = "engine/train/testdata/bpe/tokenizer.json";
   auto model_fp = Sha256File(tokenizer);

@@ -34,11 +34,26 @@ std::string FormatStepLine(const StepReport& r) {
 }
 
 double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
+  return ModelFlopsPerSample(c, seq_len, {}) / static_cast<double>(seq_len);
+}
+
+double ModelFlopsPerSample(const LlamaConfig& c, int64_t seq_len,
+                           const std::vector<int64_t>& doc_starts) {
   const double d = c.hidden_size, D = c.head_dim;
   const double per_layer = d * D * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) +
                            3.0 * d * c.intermediate_size;
   const double n = c.num_hidden_layers * per_layer + double(c.vocab_size) * d;
-  return 6.0 * n + 6.0 * c.num_hidden_layers * double(seq_len) * c.num_attention_heads * D;
+  double pairs = 0;  // Σ n_d²: the (causal) attention squares computed
+  if (doc_starts.size() <= 1) {
+    pairs = double(seq_len) * double(seq_len);
+  } else {
+    for (size_t i = 0; i < doc_starts.size(); ++i) {
+      const double len =
+          double(i + 1 < doc_starts.size() ? doc_starts[i + 1] : seq_len) - double(doc_starts[i]);
+      pairs += len * len;
+    }
+  }
+  return 6.0 * n * double(seq_len) + 6.0 * c.num_hidden_layers * pairs * c.num_attention_heads * D;
 }
 
 std::string ModelSourceDir(const JobSpec& spec) {
@@ -117,6 +132,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     data_options.shuffle = spec.data.shuffle;
     data_options.seed = spec.training.seed;
     data_options.tokenizer_json = tokenizer_json;
+    data_options.document_mask = spec.data.document_mask;
+    data_options.loss_mask = spec.data.loss_mask;
+    data_options.bos_id = static_cast<int32_t>(t->cfg_.bos_token_id);
     ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(files), spec.data.seq_len,
                                                   t->cfg_.vocab_size, data_options));
     if (t->rank_ == 0) {
@@ -182,32 +200,44 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   // share of them (sample i goes to replica i mod dp), so any world size sees the same data.
   const int64_t per_replica = spec_.training.grad_accum * spec_.data.micro_batch;
   const int64_t samples = per_replica * dp_;
-  // The step's inputs go to the device first: an upload waits for its copy, and nothing of the
-  // step is in flight yet to wait for.
-  std::vector<DeviceSample> mine;
-  {
-    std::vector<int32_t> inputs(S), labels(S);
-    for (int64_t i = 0; i < samples; ++i) {
-      data_->Next(inputs.data(), labels.data());
-      if (i % dp_ != dp_rank_) continue;
-      ASSIGN_OR_RETURN(DeviceSample d, model_->UploadSample(inputs.data(), labels.data(), S));
-      mine.push_back(std::move(d));
-    }
+  // The step's loss is the mean over the labels it trains, across every rank and micro-step.
+  // Every rank reads the same sample stream, so each counts them all on the host, before the
+  // first micro-step (a cheap pass over the masks), and scales its gradients to that mean
+  // directly: no collective, no wait.
+  const int64_t first = data_->position();
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < samples; ++i) tokens += data_->CountLabels(first + i);
+  if (tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.loss_mask: the ", samples, " samples of step ", state_.step + 1,
+        " (from data position ", first, ") have no trained token: every label is masked"));
   }
-  // What the step reports, kept on the device until the one read below: each micro-batch's
-  // loss sum, then each unit's Σ g² of this rank's gradient shard.
+  const float grad_scale = 1.f / static_cast<float>(tokens);
+  // What the step reports, kept on the device until the one read below: each sample's loss
+  // sum, then each unit's Σ g² of this rank's gradient shard.
   ParamStore& ps = model_->params();
-  const int64_t m = static_cast<int64_t>(mine.size()), U = ps.num_units();
+  const int64_t m = per_replica, U = ps.num_units();
   ASSIGN_OR_RETURN(Buffer stats, Buffer::Make(alloc_, DType::kF32, {m + U}, Tier::kComm));
   const Tensor losses = stats.tensor().Slice(0, {m}), sumsq = stats.tensor().Slice(m, {U});
   ps.ZeroGrads();
-  // Every label is a real next token, so the step's token count is known up front and each
-  // sample's gradient can be scaled to the step's mean loss directly.
-  const float grad_scale = 1.f / static_cast<float>(samples * S);
-  for (int64_t k = 0; k < m; ++k) {
-    RETURN_IF_ERROR(model_->ForwardBackward(mine[k], grad_scale, losses.Slice(k, {1})));
+  // Samples stream in: each is read and copied to the device (asynchronously: the host does not
+  // wait) just before its forward, so the device holds one sample's tokens at a time. The pinned
+  // staging buffers live until the read below, after which every copy has completed.
+  std::vector<Buffer> staging;
+  double step_flops = 0;  // every sample of the step, all ranks
+  {
+    std::vector<int32_t> inputs(S), labels(S);
+    int64_t k = 0;
+    for (int64_t i = 0; i < samples; ++i) {
+      data_->Next(inputs.data(), labels.data());
+      const DocumentMask docs = spec_.data.document_mask ? SampleDocuments(*data_) : DocumentMask{};
+      step_flops += ModelFlopsPerSample(cfg_, S, docs.starts);
+      if (i % dp_ != dp_rank_) continue;
+      ASSIGN_OR_RETURN(DeviceSample d,
+                       model_->UploadSampleAsync(inputs.data(), labels.data(), S, docs, &staging));
+      RETURN_IF_ERROR(model_->ForwardBackward(d, grad_scale, losses.Slice(k++, {1})));
+    }
   }
-  mine.clear();
   RETURN_IF_ERROR(ps.FinishGradients());
   RETURN_IF_ERROR(optimizer_->GradSumSquares(sumsq));
   // One collective for both: loss sums always span the world; Σ g² only when the gradients
@@ -219,12 +249,11 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   // and which must be finite (and known, for clipping) before the update.
   std::vector<float> host(m + U);
   ops_->Download(stats.tensor(), host.data(), DType::kF32);
+  staging.clear();
   double loss_sum = 0, grad_sumsq = 0;
   for (int64_t k = 0; k < m; ++k) loss_sum += host[k];
   for (int64_t u = 0; u < U; ++u) grad_sumsq += host[m + u];
-  // Every position has a label, so the step's tokens are known without counting them.
-  const int64_t tokens = samples * S;
-  const double loss = loss_sum / tokens;
+  const double loss = loss_sum / static_cast<double>(tokens);
   if (!std::isfinite(loss)) {
     return absl::DataLossError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1));
   }
@@ -234,17 +263,18 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   const Optimizer::StepResult opt = optimizer_->Step(step, lr, grad_sumsq);
   state_.step = step;
   state_.data_position = data_->position();
-  state_.tokens += tokens;
+  state_.tokens += samples * S;
 
   StepReport r;
   r.step = step;
   r.total_steps = spec_.training.steps;
   r.loss = loss;
-  r.tokens = tokens;
+  r.tokens = samples * S;
+  r.loss_tokens = tokens;
   ops_->Synchronize();  // the step's end, for its time: the optimizer's update is part of it
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.tokens_per_second = tokens / r.seconds / world_;
-  r.model_tflops = r.tokens_per_second * ModelFlopsPerToken(cfg_, S) / 1e12;
+  r.tokens_per_second = r.tokens / r.seconds / world_;
+  r.model_tflops = step_flops / r.seconds / world_ / 1e12;
   const double peak = ops_->PeakFlops();
   r.mfu = peak > 0 ? r.model_tflops * 1e12 / peak : 0;
   r.grad_norm = opt.grad_norm;

@@ -23,11 +23,13 @@ namespace ithaca {
 
 struct StepReport {
   int64_t step = 0, total_steps = 0;
-  double loss = 0;               // mean cross-entropy over the step's tokens
+  double loss = 0;               // mean cross-entropy over the step's trained labels
   int64_t tokens = 0;            // tokens in this step (all ranks of the sample)
+  int64_t loss_tokens = 0;       // of which trained (the loss's denominator; masks lower it)
   double seconds = 0;            // wall time of the step
   double tokens_per_second = 0;  // per rank (per GPU)
-  double model_tflops = 0;       // docs/benchmarks.md's convention, per rank
+  double model_tflops = 0;       // docs/benchmarks.md's convention, per rank; with document
+                                 // masks only the attention computed (ModelFlopsPerSample)
   double mfu = 0;                // model FLOP/s / Ops::PeakFlops(); 0: the peak is unknown
   double grad_norm = 0;
   double lr = 0;
@@ -48,6 +50,11 @@ std::string FormatStepLine(const StepReport& r);
 // Model FLOPs per token: 6·N (matmul parameters incl. the LM head) + 6·L·S·Hq·D (causal
 // attention, forward + backward, no recompute).
 double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
+// Model FLOPs of one sample whose documents start at doc_starts (empty: one document), counting
+// only the attention that is computed: 6·N·S + 6·L·Hq·D·Σ n_d² over its documents' lengths n_d
+// (S² for one document, so ModelFlopsPerToken(cfg, S) · S).
+double ModelFlopsPerSample(const LlamaConfig& cfg, int64_t seq_len,
+                           const std::vector<int64_t>& doc_starts);
 
 // The directory the job's model comes from (of model.config, or model.weights itself when it is
 // a directory, else its directory); "" for a preset with random weights.

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <fstream>
 
+#include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/plan/planner.h"
@@ -122,6 +123,97 @@ TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("short.tok"), std::string::npos) << t.status();
+}
+
+// SFT data: each sentence of the corpus a document (BOS and its bytes), its first half a prompt
+// (loss mask 0) and the rest a completion (mask 1); `all_masked` masks every token.
+std::string SftTokens(const std::string& dir, bool all_masked = false) {
+  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  EXPECT_TRUE(text.ok()) << text.status();
+  std::vector<uint32_t> tokens;
+  TokenFileMeta meta = ByteTokenMeta(tokens);
+  for (const absl::string_view line :
+       absl::StrSplit(*text, absl::ByAnyChar(".\n"), absl::SkipWhitespace())) {
+    const size_t a = tokens.size(), n = line.size() + 1;
+    meta.doc_starts.push_back(a);
+    tokens.push_back(kByteBos);
+    for (const char c : line) tokens.push_back(static_cast<unsigned char>(c));
+    meta.loss_mask.resize(a + n, 0);
+    for (size_t i = a + n / 2; i < a + n && !all_masked; ++i) meta.loss_mask[i] = 1;
+  }
+  const std::string path = dir + (all_masked ? "/masked.tok" : "/sft.tok");
+  EXPECT_TRUE(WriteTokenFileV2(path, tokens, meta).ok());
+  return path;
+}
+
+// data.document_mask and data.loss_mask through the trainer: the step's loss is the mean over
+// the trained labels of all its micro-steps (the model run on the same samples says what it
+// must be), and training on them lowers it.
+TEST(TrainerTest, PackedSftStepIsTheMeanOverTrainedLabels) {
+  const std::string dir = TmpDir("sft");
+  JobSpec spec = SmallSpec(dir);
+  spec.data.path = SftTokens(dir);
+  spec.data.document_mask = true;
+  spec.data.loss_mask = true;
+  spec.data.shuffle = false;
+  spec.data.seq_len = 128;
+  spec.training.grad_accum = 2;
+  spec.training.steps = 8;
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+
+  // The first step's samples through the model directly.
+  auto file = TokenFile::Open(spec.data.path);
+  ASSERT_TRUE(file.ok());
+  DataOptions o;
+  o.shuffle = false;
+  o.document_mask = o.loss_mask = true;
+  auto data = DataLoader::Create(std::move(*file), spec.data.seq_len, kByteVocab, o);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const int64_t S = spec.data.seq_len;
+  std::vector<int32_t> in(S), lab(S);
+  double loss_sum = 0;
+  int64_t counted = 0, documents = 0;
+  for (int k = 0; k < 2; ++k) {
+    (*data)->Next(in.data(), lab.data());
+    DocumentMask docs{(*data)->sample_doc_starts()};
+    if (docs.starts.empty() || docs.starts[0] != 0) docs.starts.insert(docs.starts.begin(), 0);
+    documents += static_cast<int64_t>(docs.starts.size());
+    auto l = (*t)->model()->ForwardBackward(in.data(), lab.data(), S, 1.f, docs);
+    ASSERT_TRUE(l.ok()) << l.status();
+    loss_sum += l->loss_sum;
+    counted += l->tokens;
+  }
+  EXPECT_GT(documents, 3) << "the samples should pack several documents";
+  EXPECT_LT(counted, 2 * S * 3 / 4) << "about half the labels are prompts";
+
+  std::vector<StepReport> reports;
+  absl::Status st = (*t)->Run([&](const StepReport& r) { reports.push_back(r); });
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(reports.size(), 8u);
+  EXPECT_EQ(reports[0].loss_tokens, counted);
+  EXPECT_EQ(reports[0].tokens, 2 * S);
+  EXPECT_NEAR(reports[0].loss, loss_sum / counted, 1e-4);
+  EXPECT_LT(reports.back().loss, reports[0].loss - 0.3);
+}
+
+TEST(TrainerTest, AStepWhoseLabelsAreAllMaskedIsAClearError) {
+  const std::string dir = TmpDir("all_masked");
+  JobSpec spec = SmallSpec(dir);
+  spec.data.path = SftTokens(dir, /*all_masked=*/true);
+  spec.data.loss_mask = true;
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::Status st = (*t)->Run();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("data.loss_mask: the 1 samples of step 1 (from data position 0) "
+                              "have no trained token"),
+            std::string::npos)
+      << st;
 }
 
 // data.path as a glob over shards, and a model directory whose tokenizer.json decides which token
@@ -288,6 +380,21 @@ TEST(ModelFlopsTest, MatchesTheConventionForLlama8B) {
   // N ≈ 7.50e9 matmul parameters (6.98e9 in blocks + 0.53e9 LM head): 6·N + 6·32·S·4096 at S = 1M.
   const double per_token = ModelFlopsPerToken(*cfg, 1 << 20);
   EXPECT_NEAR(per_token, 6 * 7.50e9 + 6.0 * 32 * (1 << 20) * 4096, 0.01e12);
+}
+
+// With packed documents only each document's causal square of attention is computed and
+// counted: two halves cost half the attention of one whole sequence; the matmuls are unchanged.
+TEST(ModelFlopsTest, DocumentMasksCountOnlyTheAttentionComputed) {
+  auto cfg = PresetConfig("llama-3-8b");
+  ASSERT_TRUE(cfg.ok());
+  const int64_t S = 1 << 20;
+  const double whole = ModelFlopsPerSample(*cfg, S, {});
+  EXPECT_DOUBLE_EQ(whole, ModelFlopsPerToken(*cfg, S) * S);
+  EXPECT_DOUBLE_EQ(ModelFlopsPerSample(*cfg, S, {0}), whole);
+  const double attention = 6.0 * 32 * double(S) * double(S) * 4096;
+  EXPECT_NEAR(ModelFlopsPerSample(*cfg, S, {0, S / 2}), whole - attention / 2, 1e-9 * whole);
+  EXPECT_NEAR(ModelFlopsPerSample(*cfg, S, {0, S / 4}),
+              whole - attention + attention * (1.0 / 16 + 9.0 / 16), 1e-9 * whole);
 }
 
 }  // namespace

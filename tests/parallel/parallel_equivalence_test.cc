@@ -3,7 +3,8 @@
 // policy, UPipe head chunks (all heads, one GQA group, one head per rank), offload and tiling,
 // and GQA with K/V heads fewer than, equal to and more than sp. Loss, every gathered gradient,
 // the losses of three optimizer steps (with clipping) and the final weights must equal the
-// single-rank reference to fp32 tolerance.
+// single-rank reference to fp32 tolerance. With packed documents the reference runs each
+// document of the first sample alone, so a packed layout must equal that exactly.
 #include <unistd.h>
 
 #include <chrono>
@@ -34,6 +35,8 @@ struct Case {
   int tile = 0;
   int checkpoint_interval = 1;
   bool prefetch = true;
+  bool packed = false;  // packed documents under a document mask (parallel_rank --packed)
+  bool sft = false;     // train on SFT data with data.loss_mask (parallel_rank --loss-mask)
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -44,7 +47,14 @@ class ParallelEquivalenceTest : public ::testing::Test {
     ASSERT_TRUE(MakeDirs(*dir_).ok());
     auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
     ASSERT_TRUE(text.ok()) << text.status();
-    ASSERT_TRUE(WriteTokenFile(*dir_ + "/corpus.tok", ByteTokenize(*text), kByteVocab).ok());
+    const std::vector<uint32_t> tokens = ByteTokenize(*text);
+    ASSERT_TRUE(WriteTokenFile(*dir_ + "/corpus.tok", tokens, kByteVocab).ok());
+    // The same tokens as SFT data: a loss mask with runs of trained and untrained tokens (every
+    // 3rd run of 11 trained), so steps and replicas train different numbers of labels.
+    TokenFileMeta meta = ByteTokenMeta(tokens);
+    meta.loss_mask.resize(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) meta.loss_mask[i] = (i / 11) % 3 == 0;
+    ASSERT_TRUE(WriteTokenFileV2(*dir_ + "/sft.tok", tokens, meta).ok());
     for (int hkv : {2, 4}) {
       LlamaConfig cfg = *PresetConfig("tiny");
       cfg.num_attention_heads = 8;
@@ -88,27 +98,35 @@ class ParallelEquivalenceTest : public ::testing::Test {
     return out;
   }
 
-  static std::string Reference(int hkv, int grad_accum) {
-    const std::string key = absl::StrCat("reference_kv", hkv, "_accum", grad_accum);
+  static std::string Data(bool sft) { return *dir_ + (sft ? "/sft.tok" : "/corpus.tok"); }
+
+  // The single-rank reference; `packed`: its first sample's documents each run alone.
+  static std::string Reference(int hkv, int grad_accum, bool packed, bool sft) {
+    const std::string key = absl::StrCat("reference_kv", hkv, "_accum", grad_accum,
+                                         packed ? "_separate" : "", sft ? "_sft" : "");
     if (!references_.count(key)) {
-      references_[key] = RunRanks(key, 0,
-                                  {"--config", ConfigPath(hkv), "--data", *dir_ + "/corpus.tok",
-                                   "--grad-accum", std::to_string(grad_accum)});
+      std::vector<std::string> args = {"--config", ConfigPath(hkv), "--data",
+                                       Data(sft),  "--grad-accum",  std::to_string(grad_accum)};
+      if (packed) args.insert(args.end(), {"--packed", "--separate"});
+      if (sft) args.push_back("--loss-mask");
+      references_[key] = RunRanks(key, 0, args);
     }
     return references_[key];
   }
 
   static void Check(const Case& c) {
     const int dp = c.world / c.sp;
-    const std::string ref = Reference(c.hkv, dp);
+    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft);
     std::vector<std::string> args = {
-        "--config",     ConfigPath(c.hkv),           "--data",       *dir_ + "/corpus.tok",
+        "--config",     ConfigPath(c.hkv),           "--data",       Data(c.sft),
         "--world",      std::to_string(c.world),     "--sp",         std::to_string(c.sp),
         "--fsdp",       c.fsdp ? "1" : "0",          "--checkpoint", c.checkpoint,
         "--head-chunk", std::to_string(c.head_chunk)};
     if (c.offload) args.push_back("--offload");
     if (c.tile) args.insert(args.end(), {"--tile", std::to_string(c.tile)});
     if (!c.prefetch) args.push_back("--no-prefetch");
+    if (c.packed) args.push_back("--packed");
+    if (c.sft) args.push_back("--loss-mask");
     args.insert(args.end(), {"--checkpoint-interval", std::to_string(c.checkpoint_interval)});
     const std::string got = RunRanks(c.name, c.world, args);
     auto a = SafetensorsReader::Open(ref);
@@ -172,6 +190,32 @@ TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsFewerThanSpReplicated) {
 
 TEST_F(ParallelEquivalenceTest, EightRanksUlyssesEightOneHeadPerRank) {
   Check({"w8_sp8_fsdp_aware_onehead_offload_tiled", 2, 8, 8, true, "attention-aware", 8, true, 4});
+}
+
+// Packed documents: each layout's packed sample equals its documents run one by one on one
+// rank (loss and every gradient), and document-masked training steps agree across layouts.
+TEST_F(ParallelEquivalenceTest, PackedDocumentsOneRank) {
+  Case c{"w1_packed_chunk1_aware_offload_tiled", 2, 1, 1, false, "attention-aware", 1, true, 8};
+  c.packed = true;
+  Check(c);
+}
+
+TEST_F(ParallelEquivalenceTest, PackedDocumentsUlyssesTwoFsdp) {
+  Case c{"w2_sp2_packed_fsdp_full_chunk", 2, 2, 2, true, "full", 2, false, 0, 2};
+  c.packed = true;
+  Check(c);
+}
+
+TEST_F(ParallelEquivalenceTest, PackedDocumentsUlyssesFourDataParallel) {
+  Case a{"w4_sp4_packed_fsdp_aware_onehead_offload", 2, 4, 4, true, "attention-aware", 4, true};
+  a.packed = true;
+  Check(a);
+  // With a loss mask too: the step's mean over trained labels (a different count per replica
+  // and micro-step) is the same whatever the layout.
+  Case b{"w4_sp2_packed_sft_noshard_none_tiled", 4, 4, 2, false, "none", 0, false, 16};
+  b.packed = true;
+  b.sft = true;
+  Check(b);
 }
 
 TEST_F(ParallelEquivalenceTest, ARankThatDiesMidStepFailsEveryRankWithoutAHang) {

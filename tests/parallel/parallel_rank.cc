@@ -8,9 +8,14 @@
 //
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
 //                 --checkpoint none|full|attention-aware --head-chunk U --offload --tile T
-//                 --seq S --grad-accum A --steps N]
+//                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask]
+// --packed: the first sample is packed documents (kPackedStarts) under a document mask, and the
+// training run sets data.document_mask (the corpus is a version 1 file: its documents are found
+// by the model's bos_token_id). With --separate (the reference) the first sample's documents
+// are instead run one by one, each alone: what the packed sample must equal exactly.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -21,9 +26,14 @@
 namespace ithaca {
 namespace {
 
+// Documents of 5, 1, 23, 21 and 14 tokens (S = 64): short ones, and ones that cross every
+// rank's share of the sequence under Ulysses.
+const std::vector<int64_t> kPackedStarts = {0, 5, 6, 29, 50};
+
 absl::Status Run(int argc, char** argv) {
   std::string out;
   int die_rank = -1;  // this rank exits abruptly in the middle of the second training step
+  bool packed = false, separate = false;
   JobSpec spec;
   spec.training.steps = 3;
   spec.training.warmup_steps = 1;
@@ -50,6 +60,12 @@ absl::Status Run(int argc, char** argv) {
       spec.parallel.fsdp = next() == "1";
     else if (a == "--head-chunk")
       spec.memory.head_chunk = std::stoll(next());
+    else if (a == "--packed")
+      packed = spec.data.document_mask = true;
+    else if (a == "--separate")
+      separate = true;
+    else if (a == "--loss-mask")
+      spec.data.loss_mask = true;
     else if (a == "--offload")
       spec.memory.offload = true;
     else if (a == "--no-prefetch")
@@ -92,12 +108,29 @@ absl::Status Run(int argc, char** argv) {
   std::vector<int32_t> inputs(file->tokens(), file->tokens() + S);
   std::vector<int32_t> labels(file->tokens() + 1, file->tokens() + S + 1);
   const int64_t dp = spec.parallel.world / spec.parallel.sp;
+  DocumentMask docs;
+  if (packed) {
+    docs.starts = kPackedStarts;
+    // No label crosses into the next document.
+    for (size_t d = 1; d < docs.starts.size(); ++d) labels[docs.starts[d] - 1] = -1;
+  }
+  const int64_t counted = std::count_if(labels.begin(), labels.end(), [](int v) { return v >= 0; });
+  const float scale = 1.f / static_cast<float>(counted * dp);
   ps.ZeroGrads();
-  ASSIGN_OR_RETURN(LossSum l, model->ForwardBackward(inputs.data(), labels.data(), S,
-                                                     1.f / static_cast<float>(S * dp)));
+  LossSum l;
+  if (separate) {
+    for (size_t d = 0; d < docs.starts.size(); ++d) {
+      const int64_t a = docs.starts[d], b = d + 1 < docs.starts.size() ? docs.starts[d + 1] : S;
+      ASSIGN_OR_RETURN(LossSum part,
+                       model->ForwardBackward(inputs.data() + a, labels.data() + a, b - a, scale));
+      l.loss_sum += part.loss_sum;
+    }
+  } else {
+    ASSIGN_OR_RETURN(l, model->ForwardBackward(inputs.data(), labels.data(), S, scale, docs));
+  }
   RETURN_IF_ERROR(ps.FinishGradients());
   // This rank's loss share: summed over its Ulysses group (replicas hold the same value).
-  std::vector<float> loss = {static_cast<float>(l.loss_sum / S / dp)};
+  std::vector<float> loss = {static_cast<float>(l.loss_sum / counted / dp)};
   if (comm) {
     Tensor t(loss.data(), DType::kF32, {1});
     RETURN_IF_ERROR(comm->AllReduce(t));

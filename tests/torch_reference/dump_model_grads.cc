@@ -2,12 +2,16 @@
 // and parameter gradients, so llama_reference.py can check them against PyTorch.
 //
 //   dump_model_grads --out DIR [--untied] [--seq N] [--tile N] [--head-chunk U] [--offload]
-//                    [--checkpoint none|full|attention-aware]
+//                    [--checkpoint none|full|attention-aware] [--docs 0,A,B,...]
+// --docs packs the sample: documents start at the given positions (attention and RoPE restart
+// at each, the label crossing into the next document is ignored).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/model/weights.h"
@@ -20,6 +24,7 @@ absl::Status Run(int argc, char** argv) {
   std::string out, checkpoint = "full";
   bool untied = false, offload = false;
   int64_t seq = 37, tile = 8, head_chunk = 0;
+  DocumentMask docs;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -37,6 +42,10 @@ absl::Status Run(int argc, char** argv) {
       head_chunk = std::stoll(next());
     else if (a == "--offload")
       offload = true;
+    else if (a == "--docs")
+      for (const absl::string_view d : absl::StrSplit(next(), ',')) {
+        docs.starts.push_back(std::stoll(std::string(d)));
+      }
     else
       return absl::InvalidArgumentError("unknown flag " + a);
   }
@@ -81,9 +90,11 @@ absl::Status Run(int argc, char** argv) {
   for (int64_t i = 0; i < seq; ++i) inputs[i] = tok(rng);
   for (int64_t i = 0; i < seq; ++i) labels[i] = i + 1 < seq ? inputs[i + 1] : -1;
   labels[seq / 2] = -1;  // an ignored label in the middle
-  const int64_t labelled = seq - 2;
+  for (size_t d = 1; d < docs.starts.size(); ++d) labels[docs.starts[d] - 1] = -1;
+  const int64_t labelled =
+      std::count_if(labels.begin(), labels.end(), [](int v) { return v >= 0; });
   ASSIGN_OR_RETURN(LossSum loss,
-                   model->ForwardBackward(inputs.data(), labels.data(), seq, 1.f / labelled));
+                   model->ForwardBackward(inputs.data(), labels.data(), seq, 1.f / labelled, docs));
   if (loss.tokens != labelled) return absl::InternalError("token count mismatch");
 
   SafetensorsWriter grads;
@@ -92,6 +103,11 @@ absl::Status Run(int argc, char** argv) {
   grads.Add("loss", DType::kF32, {1}, loss_v.data(), DType::kF32);
   grads.Add("inputs", DType::kF32, {seq}, in_f.data(), DType::kF32);
   grads.Add("labels", DType::kF32, {seq}, lab_f.data(), DType::kF32);
+  std::vector<float> docs_f(docs.starts.begin(), docs.starts.end());
+  if (!docs_f.empty()) {
+    grads.Add("doc_starts", DType::kF32, {static_cast<int64_t>(docs_f.size())}, docs_f.data(),
+              DType::kF32);
+  }
   std::vector<std::vector<float>> host(w.size());
   for (size_t u = 0; u < w.size(); ++u) {
     const ParamUnit& unit = model->layout().units()[u];

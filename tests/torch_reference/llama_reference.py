@@ -3,7 +3,9 @@
 usage: /usr/bin/python3 llama_reference.py DIR
 DIR holds model/config.json, model/model.safetensors and grads.safetensors (dump_model_grads).
 Written from the Hugging Face Llama definition (rotate_half RoPE, llama3 rope_scaling, GQA by
-repeating K/V heads, SwiGLU MLP, RMSNorm in float), not from Ithaca's code.
+repeating K/V heads, SwiGLU MLP, RMSNorm in float), not from Ithaca's code. A packed sample
+(doc_starts in grads.safetensors) gets what Hugging Face's packing does: position_ids restarting
+at each document and a block-diagonal causal mask.
 """
 import json
 import math
@@ -41,17 +43,23 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def forward(cfg, p, ids, labels):
+def forward(cfg, p, ids, labels, doc_starts=None):
     d = cfg["hidden_size"]
     hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D = cfg.get("head_dim") or d // hq
     eps = cfg["rms_norm_eps"]
     S = ids.shape[0]
-    freqs = torch.outer(torch.arange(S, dtype=torch.float32), inv_freq(cfg)).double()
+    doc = torch.zeros(S, dtype=torch.int64)  # each token's document
+    for start in (doc_starts or [])[1:]:
+        doc[start:] += 1
+    first = torch.tensor([(doc == doc[i]).nonzero()[0].item() for i in range(S)])
+    position_ids = torch.arange(S) - first
+    freqs = torch.outer(position_ids.float(), inv_freq(cfg)).double()
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
     x = p["model.embed_tokens.weight"][ids]
     mask = torch.full((S, S), float("-inf"), dtype=torch.float64).triu(1)
+    mask = mask.masked_fill(doc[:, None] != doc[None, :], float("-inf"))
     for l in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{l}."
         h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
@@ -81,7 +89,8 @@ def main(d):
     ith = load_file(f"{d}/grads.safetensors")
     ids = ith["inputs"].long()
     labels = ith["labels"].long()
-    loss = forward(cfg, weights, ids, labels)
+    docs = [int(v) for v in ith["doc_starts"].tolist()] if "doc_starts" in ith else None
+    loss = forward(cfg, weights, ids, labels, docs)
     loss.backward()
     failures = 0
     ref_loss, got_loss = loss.item(), ith["loss"].item()
@@ -90,6 +99,7 @@ def main(d):
         print("FAIL loss")
         failures += 1
     expected = set(weights)
+    ith.pop("doc_starts", None)
     if cfg["tie_word_embeddings"]:
         expected.discard("lm_head.weight")
     for name in sorted(expected):

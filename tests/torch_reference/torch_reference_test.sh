@@ -18,3 +18,5 @@ run tied_full --checkpoint full --seq 37 --tile 8
 run untied_none --untied --checkpoint none --seq 29 --tile 64
 # Headwise chunking (one query head per stage) with attention-aware checkpointing and offload.
 run chunked_aware --checkpoint attention-aware --offload --head-chunk 1 --seq 33 --tile 16
+# A packed sample: documents of 1, 9, 14 and 11 tokens (RoPE positions and attention per document).
+run packed_chunked --checkpoint full --head-chunk 2 --seq 35 --tile 8 --docs 0,1,10,24

@@ -13,6 +13,18 @@ OUT_DIR receives train-00000.tok, ... (and val-00000.tok, ... with --val-fractio
 token files (engine/train/token_file.h) of at most --shard-tokens tokens each. OUT_DIR is
 written under a temporary name and renamed at the end, so a failure leaves nothing behind.
 --tokenizer byte is the built-in byte-level tokenizer (the C++ ithaca-tokenize's output).
+
+--sft (supervised fine-tuning; JSON Lines input): each line is one document, either
+{"prompt": ..., "completion": ...} or {"messages": [{"role": ..., "content": ...}, ...]}, and
+the files get a loss mask (data.loss_mask = true trains only the masked-in tokens):
+  prompt/completion: BOS (as the tokenizer adds it) + the prompt's tokens, mask 0; then the
+    completion's tokens + EOS (when the tokenizer has one), mask 1. Prompt and completion are
+    tokenized separately, so no token spans the boundary.
+  messages: rendered with the chat template of tokenizer_config.json (needs the Python package
+    `jinja2`; a tokenizer without a template is refused). Each assistant turn's content and
+    end-of-turn tokens get mask 1 (what the template adds after the assistant header, found by
+    rendering with add_generation_prompt); everything else (system, user, tool turns and the
+    assistant headers) mask 0. The template must render the conversation prefix by prefix.
 """
 
 import argparse
@@ -66,6 +78,7 @@ class Tokenizer:
         self.path = json_path
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         cfg = self._config(os.path.join(os.path.dirname(json_path), "tokenizer_config.json"))
+        self.config = cfg
         self.bos_id = self._token_id(cfg.get("bos_token"), "bos_token")
         self.eos_id = self._token_id(cfg.get("eos_token"), "eos_token")
         # The config's flags, when present, are the model's convention (Llama 2 style); without
@@ -109,6 +122,46 @@ class Tokenizer:
         post = [self.eos_id] if self.add_eos else []
         return [pre + e.ids + post for e in encs]
 
+    def encode_plain(self, texts):
+        """Without BOS/EOS (special tokens written in the text are still recognized)."""
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def adds_bos(self):
+        if self.explicit:
+            return self.add_bos and self.bos_id >= 0
+        ids = self.tok.encode("", add_special_tokens=True).ids
+        return self.bos_id >= 0 and ids[:1] == [self.bos_id]
+
+    def chat_template(self):
+        """The config's chat template as a jinja2 Template (InputError when there is none)."""
+        tpl = self.config.get("chat_template")
+        if isinstance(tpl, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+            tpl = named.get("default")
+        if not isinstance(tpl, str):
+            raise InputError(f"{self.config_path}: no chat_template, so chat `messages` cannot be "
+                             f"rendered (give `prompt` and `completion` instead)")
+        try:
+            import jinja2
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise InputError("rendering chat `messages` needs the Python package `jinja2` "
+                             "(pip install jinja2), or give `prompt` and `completion` instead")
+
+        def raise_exception(message):
+            raise InputError(f"{self.config_path}: the chat template says: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+        try:
+            return env.from_string(tpl)
+        except jinja2.TemplateError as e:
+            raise InputError(f"{self.config_path}: chat_template does not parse: {e}")
+
+    def special_text(self, tid):
+        return self.tok.id_to_token(tid) if tid >= 0 else ""
+
 
 class ByteTokenizer:
     """ByteTokenize of engine/train/token_file.h: BOS then the document's UTF-8 bytes."""
@@ -119,6 +172,101 @@ class ByteTokenizer:
 
     def encode_batch(self, texts):
         return [[BYTE_BOS] + list(t.encode("utf-8")) for t in texts]
+
+    def encode_plain(self, texts):
+        return [list(t.encode("utf-8")) for t in texts]
+
+    def adds_bos(self):
+        return True
+
+    def chat_template(self):
+        raise InputError("the byte-level tokenizer has no chat template, so chat `messages` "
+                         "cannot be rendered (give `prompt` and `completion` instead)")
+
+
+# ---- SFT: (tokens, loss mask) per record ----
+
+
+def sft_records(path):
+    """The JSON objects of a JSON Lines file, with their line numbers."""
+    if not path.lower().endswith((".jsonl", ".json", ".ndjson")):
+        raise InputError(f"{path}: --sft reads JSON Lines (.jsonl) with prompt/completion or "
+                         f"messages fields")
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise InputError(f"{path}:{n}: not valid JSON ({e}); a truncated file?")
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{n}: not a JSON object")
+            yield f"{path}:{n}", obj
+
+
+class SftEncoder:
+    """Turns SFT records into (ids, mask) with mask 1 on the tokens the loss trains."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.template = None
+        self.bos = [tok.bos_id] if tok.adds_bos() and tok.bos_id >= 0 else []
+        self.eos = [tok.eos_id] if tok.eos_id >= 0 else []
+
+    def encode(self, where, obj):
+        if "messages" in obj:
+            return self._messages(where, obj["messages"])
+        for key in ("prompt", "completion"):
+            if not isinstance(obj.get(key), str):
+                raise InputError(f"{where}: needs string fields `prompt` and `completion` (or a "
+                                 f"`messages` list)")
+        p, c = self.tok.encode_plain([obj["prompt"], obj["completion"]])
+        ids = self.bos + p + c + self.eos
+        mask = [0] * (len(self.bos) + len(p)) + [1] * (len(c) + len(self.eos))
+        return ids, mask
+
+    def _render(self, where, messages, generation):
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=generation,
+                                        bos_token=self.tok.special_text(self.tok.bos_id),
+                                        eos_token=self.tok.special_text(self.tok.eos_id))
+        except InputError:
+            raise
+        except Exception as e:  # jinja2's errors, and whatever the template's filters raise
+            raise InputError(f"{where}: the chat template fails on these messages: {e}")
+
+    def _messages(self, where, messages):
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise InputError(f"{where}: `messages` must be a non-empty list of objects with a "
+                             f"`role`")
+        if self.template is None:
+            self.template = self.tok.chat_template()
+        # Text pieces with their mask, from rendering the conversation prefix by prefix.
+        pieces, done = [], ""
+        for i, m in enumerate(messages):
+            full = self._render(where, messages[:i + 1], False)
+            if m["role"] == "assistant":
+                header = self._render(where, messages[:i], True)
+                if header.startswith(done) and full.startswith(header):
+                    pieces += [(header[len(done):], 0), (full[len(header):], 1)]
+                    done = full
+                    continue
+            if not full.startswith(done):
+                raise InputError(f"{where}: the chat template does not render the conversation "
+                                 f"prefix by prefix, so turns cannot be masked")
+            pieces.append((full[len(done):], 1 if m["role"] == "assistant" else 0))
+            done = full
+        pieces = [(t, k) for t, k in pieces if t]
+        ids, mask = [], []
+        for (text, keep), piece in zip(pieces, self.tok.encode_plain([t for t, _ in pieces])):
+            ids += piece
+            mask += [keep] * len(piece)
+        # A template that writes no BOS text gets the tokenizer's BOS, as plain text would.
+        if self.bos and ids[:1] != self.bos:
+            ids, mask = self.bos + ids, [0] + mask
+        return ids, mask
 
 
 # ---- Inputs: each yields (documents, bytes read) in batches ----
@@ -208,7 +356,8 @@ def documents(path, field):
 
 
 def write_token_file(path, tokens, doc_starts, tok, loss_mask=None):
-    """One version 2 file (engine/train/token_file.h). tokens: array('I'); doc_starts: list."""
+    """One version 2 file (engine/train/token_file.h). tokens: array('I'); doc_starts: list;
+    loss_mask: None or a bytearray of 0/1, one per token."""
     n = len(tokens)
     flags = FLAG_LOSS_MASK if loss_mask is not None else 0
     header = struct.pack("<8sIIQQIii4s32s48s", MAGIC, VERSION, tok.vocab_size, n, len(doc_starts),
@@ -228,19 +377,27 @@ class ShardWriter:
     """Cuts one split's token stream into files of at most `limit` tokens (a document longer
     than the room left continues in the next file)."""
 
-    def __init__(self, out_dir, split, limit, tok):
+    def __init__(self, out_dir, split, limit, tok, masked=False):
         self.out_dir, self.split, self.limit, self.tok = out_dir, split, limit, tok
-        self.tokens, self.docs = array("I"), []
+        self.masked = masked
+        self.tokens, self.docs, self.mask = array("I"), [], bytearray()
         self.files, self.total = [], 0
 
-    def add(self, ids):
+    def add(self, ids, mask=None):
         self.docs.append(len(self.tokens))
+        if self.masked:
+            assert mask is not None and len(mask) == len(ids)
         while len(self.tokens) + len(ids) > self.limit:
             room = self.limit - len(self.tokens)
             self.tokens.extend(ids[:room])
             ids = ids[room:]
+            if self.masked:
+                self.mask.extend(mask[:room])
+                mask = mask[room:]
             self.flush()
         self.tokens.extend(ids)
+        if self.masked:
+            self.mask.extend(mask)
         if len(self.tokens) == self.limit:
             self.flush()
 
@@ -248,10 +405,11 @@ class ShardWriter:
         if not self.tokens:
             return
         path = os.path.join(self.out_dir, f"{self.split}-{len(self.files):05d}.tok")
-        write_token_file(path, self.tokens, self.docs, self.tok)
+        write_token_file(path, self.tokens, self.docs, self.tok,
+                         self.mask if self.masked else None)
         self.files.append(path)
         self.total += len(self.tokens)
-        self.tokens, self.docs = array("I"), []
+        self.tokens, self.docs, self.mask = array("I"), [], bytearray()
 
 
 class Progress:
@@ -273,7 +431,7 @@ class Progress:
 
 
 def tokenize(tok, inputs, out_dir, field="text", shard_tokens=1 << 27, val_fraction=0.0, seed=0,
-             batch_docs=1024, progress=False):
+             batch_docs=1024, progress=False, sft=False):
     """Tokenizes `inputs` (file paths) into out_dir; returns a summary dict."""
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise InputError(f"{out_dir}: already exists and is not an empty directory")
@@ -282,25 +440,33 @@ def tokenize(tok, inputs, out_dir, field="text", shard_tokens=1 << 27, val_fract
     os.makedirs(tmp)
     try:
         rng = random.Random(seed)
-        writers = {"train": ShardWriter(tmp, "train", shard_tokens, tok),
-                   "val": ShardWriter(tmp, "val", shard_tokens, tok)}
+        writers = {"train": ShardWriter(tmp, "train", shard_tokens, tok, sft),
+                   "val": ShardWriter(tmp, "val", shard_tokens, tok, sft)}
         bar = Progress(progress)
-        ndocs = ntokens = 0
+        ndocs = ntokens = ntrained = 0
 
-        def store(encoded):
-            nonlocal ndocs, ntokens
-            for ids in encoded:
+        def store(encoded, masks=None):
+            nonlocal ndocs, ntokens, ntrained
+            for k, ids in enumerate(encoded):
                 split = "val" if val_fraction > 0 and rng.random() < val_fraction else "train"
-                writers[split].add(ids)
+                writers[split].add(ids, masks[k] if masks else None)
                 ntokens += len(ids)
+                ntrained += sum(masks[k]) if masks else len(ids)
             ndocs += len(encoded)
             bar.update(ndocs, ntokens)
+
+        if sft:
+            encoder = SftEncoder(tok)
+            for path in inputs:
+                for where, obj in sft_records(path):
+                    ids, mask = encoder.encode(where, obj)
+                    store([ids], [mask])
 
         # encode_batch releases the GIL: the next batch encodes (on all cores) while this thread
         # reads the input and writes the previous batch's tokens.
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = None
-            for batch in _batches(inputs, field, batch_docs):
+            for batch in ([] if sft else _batches(inputs, field, batch_docs)):
                 encoding = pool.submit(tok.encode_batch, batch)
                 if pending is not None:
                     store(pending.result())
@@ -312,6 +478,9 @@ def tokenize(tok, inputs, out_dir, field="text", shard_tokens=1 << 27, val_fract
         bar.update(ndocs, ntokens, done=True)
         if ndocs == 0:
             raise InputError(f"{', '.join(inputs)}: no documents")
+        if sft and ntrained == 0:
+            raise InputError(f"{', '.join(inputs)}: no token to train (every completion and "
+                             f"assistant turn is empty)")
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty, checked above
         os.rename(tmp, out_dir)
@@ -319,7 +488,7 @@ def tokenize(tok, inputs, out_dir, field="text", shard_tokens=1 << 27, val_fract
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     rename = lambda files: [os.path.join(out_dir, os.path.basename(f)) for f in files]
-    return {"documents": ndocs, "tokens": ntokens,
+    return {"documents": ndocs, "tokens": ntokens, "trained_tokens": ntrained,
             "train": rename(writers["train"].files), "val": rename(writers["val"].files),
             "train_tokens": writers["train"].total, "val_tokens": writers["val"].total}
 
@@ -350,6 +519,8 @@ def main(argv=None):
     ap.add_argument("--val-fraction", type=float, default=0.0,
                     help="fraction of documents written to val-*.tok instead")
     ap.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
+    ap.add_argument("--sft", action="store_true",
+                    help="JSON Lines of prompt/completion or chat messages, with a loss mask")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     patterns = a.inputs + a.input
@@ -365,7 +536,7 @@ def main(argv=None):
         start = time.monotonic()
         s = tokenize(tok, files, a.output, field=a.field, shard_tokens=a.shard_tokens,
                      val_fraction=a.val_fraction, seed=a.seed,
-                     progress=not a.no_progress and sys.stderr.isatty())
+                     progress=not a.no_progress and sys.stderr.isatty(), sft=a.sft)
     except (InputError, OSError) as e:
         print(f"ithaca-tokenize: {e}", file=sys.stderr)
         return 1
@@ -373,6 +544,8 @@ def main(argv=None):
     print(f"{a.output}: {s['tokens']} tokens, {s['documents']} documents from {len(files)} "
           f"files, vocab_size {tok.vocab_size}, tokenizer {tok.path} "
           f"({s['tokens'] / max(secs, 1e-9):.0f} tokens/s)")
+    if a.sft:
+        print(f"  loss mask: {s['trained_tokens']} of {s['tokens']} tokens trained")
     print(f"  train: {s['train_tokens']} tokens in {len(s['train'])} files")
     if a.val_fraction > 0:
         print(f"  val: {s['val_tokens']} tokens in {len(s['val'])} files")

@@ -267,6 +267,95 @@ class ByteLevelTest(Fresh):
         self.assertIn("warning: " + cpp + ": byte-level tokens (vocab_size 258) for a model with "
                       "128256 tokens", r.stdout)
 
+class SftTest(Fresh):
+    """--sft: tokens and the per-token loss mask, as the C++ reader sees them."""
+
+    def setUp(self):
+        super().setUp()
+        self.hf = Tokenizer.from_file(BPE_JSON)
+        self.bos, self.eos = self.hf.token_to_id("<s>"), self.hf.token_to_id("</s>")
+
+    def plain(self, text):
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def sft(self, tokenizer, records):
+        src = os.path.join(self.dir, "sft.jsonl")
+        write(src, "".join(json.dumps(r) + "\n" for r in records))
+        out = os.path.join(self.dir, "out")
+        r = run_tool("--sft", "--tokenizer", tokenizer, "--output", out, src)
+        return r, out
+
+    def test_prompt_and_completion(self):
+        records = [{"prompt": "Question: what is it?\n", "completion": "An answer."},
+                   {"prompt": "Hi", "completion": " there, friend"}]
+        r, out = self.sft(BPE_DIR, records)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("loss mask:", r.stdout)
+        [f] = dump(os.path.join(out, "*.tok"))
+        self.assertTrue(f["has_loss_mask"])
+        tokens, mask, starts = [], [], []
+        for rec in records:
+            p, c = self.plain(rec["prompt"]), self.plain(rec["completion"])
+            starts.append(len(tokens))
+            tokens += [self.bos] + p + c + [self.eos]
+            mask += [0] * (1 + len(p)) + [1] * (len(c) + 1)
+        self.assertEqual(f["tokens"], tokens)
+        self.assertEqual(f["loss_mask"], mask)
+        self.assertEqual(f["doc_starts"], starts)
+
+    def test_byte_level(self):
+        r, out = self.sft("byte", [{"prompt": "ab", "completion": "c"}])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [f] = dump(os.path.join(out, "*.tok"))
+        self.assertEqual(f["tokens"], [256, ord("a"), ord("b"), ord("c")])
+        self.assertEqual(f["loss_mask"], [0, 0, 0, 1])
+
+    def test_messages_use_the_chat_template_and_train_assistant_turns(self):
+        model = os.path.join(self.dir, "model")
+        os.makedirs(model)
+        shutil.copy(BPE_JSON, model)
+        cfg = json.loads(read(os.path.join(BPE_DIR, "tokenizer_config.json")))
+        # trim_blocks (as Hugging Face renders) drops a newline after a tag: the template writes
+        # its newlines as expressions.
+        cfg["chat_template"] = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] "
+                                "{{ m['content'] }}{% if m['role'] == 'assistant' %}"
+                                "{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
+                                "{% if add_generation_prompt %}[assistant] {% endif %}")
+        write(os.path.join(model, "tokenizer_config.json"), json.dumps(cfg))
+        conv = {"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "Name a colour."},
+                             {"role": "assistant", "content": "Blue."},
+                             {"role": "user", "content": "Another?"},
+                             {"role": "assistant", "content": "Red."}]}
+        r, out = self.sft(model, [conv])
+        try:
+            import jinja2  # noqa: F401
+        except ImportError:
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("needs the Python package `jinja2`", r.stderr)
+            return
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [f] = dump(os.path.join(out, "*.tok"))
+        pieces = [("<s>[system] Be brief.\n[user] Name a colour.\n[assistant] ", 0),
+                  ("Blue.</s>\n", 1), ("[user] Another?\n[assistant] ", 0), ("Red.</s>\n", 1)]
+        tokens, mask = [], []
+        for text, keep in pieces:
+            ids = self.plain(text)
+            tokens += ids
+            mask += [keep] * len(ids)
+        self.assertEqual(f["tokens"], tokens)
+        self.assertEqual(f["loss_mask"], mask)
+
+    def test_bad_sft_input(self):
+        r, out = self.sft(BPE_DIR, [{"messages": [{"role": "user", "content": "x"}]}])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no chat_template", r.stderr)
+        self.assertNothingLeft(out)
+        r, out = self.sft(BPE_DIR, [{"prompt": "only a prompt"}])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("sft.jsonl:1: needs string fields `prompt` and `completion`", r.stderr)
+        self.assertNothingLeft(out)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

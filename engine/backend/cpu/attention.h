@@ -1,5 +1,7 @@
 // Causal GQA attention on the CPU, flash-style: queries and keys are visited in blocks with an
 // online softmax, so no S × S matrix is ever formed (per-thread scratch is O(block · D)).
+// Optionally document-masked (packed samples): a query sees only the keys at or before it in its
+// own document, and key blocks wholly before a query block's first document are skipped.
 // Templated on the scalar type so the tests can run it in double.
 //
 // Layouts (tokens lead): q, out, dout, dq [S, Hq, D]; k, v, dk, dv [S, Hkv, D]; lse [Hq, S].
@@ -38,15 +40,15 @@ void PackRows(const T* x, int64_t j0, int64_t nk, int64_t g, int64_t hkv, int64_
   }
 }
 
-// out[jj] = Σ_e row[e] · xt[e][jj] for jj < n.
+// out[jj] = Σ_e row[e] · xt[e][jj] for a ≤ jj < n.
 template <typename T>
-inline void RowTimesTransposed(const T* row, const T* xt, int64_t n, int64_t d, int64_t bk,
-                               T* out) {
-  std::fill(out, out + n, T(0));
+inline void RowTimesTransposed(const T* row, const T* xt, int64_t a, int64_t n, int64_t d,
+                               int64_t bk, T* out) {
+  std::fill(out + a, out + n, T(0));
   for (int64_t e = 0; e < d; ++e) {
     const T re = row[e];
     const T* col = xt + e * bk;
-    for (int64_t jj = 0; jj < n; ++jj) out[jj] += re * col[jj];
+    for (int64_t jj = a; jj < n; ++jj) out[jj] += re * col[jj];
   }
 }
 
@@ -59,16 +61,45 @@ inline void AxpyRow(T a, const T* x, int64_t d, T* y) {
 // Keys of block [j0, ...) visible to query i under the causal mask, capped at nk (may be ≤ 0).
 inline int64_t VisibleKeys(int64_t i, int64_t j0, int64_t nk) { return std::min(nk, i - j0 + 1); }
 
+// The document structure as per-token bounds: first[i] is the first key query i may see (the
+// start of its document) and end[j] one past the last query that may see key j (the end of its
+// document). Without documents first = 0 and end = s.
+struct DocumentBounds {
+  std::vector<int64_t> first, end;
+  DocumentBounds(int64_t s, const int64_t* starts, int64_t num_docs) {
+    if (num_docs <= 1) return;
+    first.resize(static_cast<size_t>(s));
+    end.resize(static_cast<size_t>(s));
+    for (int64_t di = 0; di < num_docs; ++di) {
+      const int64_t lo = starts[di], hi = di + 1 < num_docs ? starts[di + 1] : s;
+      for (int64_t i = lo; i < hi; ++i) {
+        first[i] = lo;
+        end[i] = hi;
+      }
+    }
+  }
+  int64_t First(int64_t i) const { return first.empty() ? 0 : first[i]; }
+  int64_t End(int64_t j, int64_t s) const { return end.empty() ? s : end[j]; }
+};
+
+// Keys of block [j0, ...) hidden from query i by its document: the first max(0, First(i) − j0).
+inline int64_t HiddenKeys(const DocumentBounds& docs, int64_t i, int64_t j0) {
+  return std::max<int64_t>(0, docs.First(i) - j0);
+}
+
 // Tiny problems (most unit tests) run on one thread: a parallel region costs more than it saves.
 inline bool WorthParallel(int64_t s, int64_t hq, int64_t d) { return s * s * hq * d > (1 << 16); }
 
 }  // namespace attention_internal
 
-// out and lse (natural log of Σ_j exp(q·k_j / sqrt(D)), over visible keys) written.
+// out and lse (natural log of Σ_j exp(q·k_j / sqrt(D)), over visible keys) written. doc_starts:
+// num_docs ascending token indices, the first 0 (none: one document).
 template <typename T>
 void AttentionForward(const T* q, const T* k, const T* v, int64_t s, int64_t hq, int64_t hkv,
-                      int64_t d, T* out, T* lse, AttentionBlocks blocks = {}) {
+                      int64_t d, T* out, T* lse, AttentionBlocks blocks = {},
+                      const int64_t* doc_starts = nullptr, int64_t num_docs = 0) {
   using namespace attention_internal;
+  const DocumentBounds docs(s, doc_starts, num_docs);
   const int64_t group = hq / hkv;
   const int64_t bq = blocks.q, bk = blocks.k;
   const int64_t nqb = (s + bq - 1) / bq;
@@ -87,17 +118,18 @@ void AttentionForward(const T* q, const T* k, const T* v, int64_t s, int64_t hq,
         std::fill(acc.begin(), acc.end(), T(0));
         std::fill(mrow.begin(), mrow.end(), -std::numeric_limits<T>::infinity());
         std::fill(lrow.begin(), lrow.end(), T(0));
-        // Keys past the block's last query are masked for all its rows: stop there.
-        for (int64_t j0 = 0; j0 < i0 + nq; j0 += bk) {
+        // Keys past the block's last query are masked for all its rows: stop there; keys before
+        // its first row's document are masked for all of them too: start at their block.
+        for (int64_t j0 = docs.First(i0) / bk * bk; j0 < i0 + nq; j0 += bk) {
           const int64_t nk = std::min(bk, i0 + nq - j0);
           PackTransposed(k, j0, nk, g, hkv, d, bk, kt.data());
           PackRows(v, j0, nk, g, hkv, d, vb.data());
           for (int64_t ii = 0; ii < nq; ++ii) {
-            const int64_t n = VisibleKeys(i0 + ii, j0, nk);
-            if (n <= 0) continue;
-            RowTimesTransposed(q + ((i0 + ii) * hq + h) * d, kt.data(), n, d, bk, srow.data());
+            const int64_t n = VisibleKeys(i0 + ii, j0, nk), a0 = HiddenKeys(docs, i0 + ii, j0);
+            if (n <= a0) continue;
+            RowTimesTransposed(q + ((i0 + ii) * hq + h) * d, kt.data(), a0, n, d, bk, srow.data());
             T mx = mrow[ii];
-            for (int64_t jj = 0; jj < n; ++jj) {
+            for (int64_t jj = a0; jj < n; ++jj) {
               srow[jj] *= scale;
               mx = std::max(mx, srow[jj]);
             }
@@ -106,7 +138,7 @@ void AttentionForward(const T* q, const T* k, const T* v, int64_t s, int64_t hq,
             T* a = acc.data() + ii * d;
             T l = lrow[ii] * corr;
             for (int64_t e = 0; e < d; ++e) a[e] *= corr;
-            for (int64_t jj = 0; jj < n; ++jj) {
+            for (int64_t jj = a0; jj < n; ++jj) {
               const T p = std::exp(srow[jj] - mx);
               l += p;
               AxpyRow(p, vb.data() + jj * d, d, a);
@@ -135,8 +167,10 @@ void AttentionForward(const T* q, const T* k, const T* v, int64_t s, int64_t hq,
 template <typename T>
 void AttentionBackward(const T* q, const T* k, const T* v, const T* out, const T* dout,
                        const T* lse, int64_t s, int64_t hq, int64_t hkv, int64_t d, T* dq, T* dk,
-                       T* dv, AttentionBlocks blocks = {}) {
+                       T* dv, AttentionBlocks blocks = {}, const int64_t* doc_starts = nullptr,
+                       int64_t num_docs = 0) {
   using namespace attention_internal;
+  const DocumentBounds docs(s, doc_starts, num_docs);
   const int64_t group = hq / hkv;
   const int64_t bq = blocks.q, bk = blocks.k;
   const int64_t nqb = (s + bq - 1) / bq, nkb = (s + bk - 1) / bk;
@@ -164,20 +198,22 @@ void AttentionBackward(const T* q, const T* k, const T* v, const T* out, const T
     std::vector<T> acc_b(static_cast<size_t>(bk * d));
     std::vector<T> p(static_cast<size_t>(bk)), ds(static_cast<size_t>(bk));
 
-    // P and dS for query row i (head h) against the packed key block, over its n visible keys.
-    auto probs = [&](int64_t h, int64_t i, int64_t n) {
+    // P and dS for query row i (head h) against the packed key block, over its visible keys
+    // [a, n).
+    auto probs = [&](int64_t h, int64_t i, int64_t a, int64_t n) {
       const T* qi = q + (i * hq + h) * d;
       const T* gi = dout + (i * hq + h) * d;
-      RowTimesTransposed(qi, kt.data(), n, d, bk, p.data());
-      RowTimesTransposed(gi, vt.data(), n, d, bk, ds.data());  // dP, turned into dS below
+      RowTimesTransposed(qi, kt.data(), a, n, d, bk, p.data());
+      RowTimesTransposed(gi, vt.data(), a, n, d, bk, ds.data());  // dP, turned into dS below
       const T l = lse[h * s + i], dii = di[h * s + i];
-      for (int64_t jj = 0; jj < n; ++jj) {
+      for (int64_t jj = a; jj < n; ++jj) {
         p[jj] = std::exp(p[jj] * scale - l);
         ds[jj] = p[jj] * (ds[jj] - dii);
       }
     };
 
-    // Pass 1: dk, dv for key block kblk of K/V head g, from every query row i ≥ j0 of its group.
+    // Pass 1: dk, dv for key block kblk of K/V head g, from every query row i ≥ j0 of its group
+    // that is not past the document of the block's last key.
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t g = 0; g < hkv; ++g) {
       for (int64_t kblk = 0; kblk < nkb; ++kblk) {
@@ -188,15 +224,17 @@ void AttentionBackward(const T* q, const T* k, const T* v, const T* out, const T
         T* dv_acc = acc_b.data();
         std::fill(dk_acc, dk_acc + nk * d, T(0));
         std::fill(dv_acc, dv_acc + nk * d, T(0));
+        const int64_t i_end = docs.End(j0 + nk - 1, s);
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          for (int64_t i0 = j0; i0 < s; i0 += bq) {
-            const int64_t i1 = std::min(s, i0 + bq);
+          for (int64_t i0 = j0; i0 < i_end; i0 += bq) {
+            const int64_t i1 = std::min(i_end, i0 + bq);
             for (int64_t i = i0; i < i1; ++i) {
-              const int64_t n = VisibleKeys(i, j0, nk);
-              probs(h, i, n);
+              const int64_t n = VisibleKeys(i, j0, nk), a = HiddenKeys(docs, i, j0);
+              if (n <= a) continue;
+              probs(h, i, a, n);
               const T* qi = q + (i * hq + h) * d;
               const T* gi = dout + (i * hq + h) * d;
-              for (int64_t jj = 0; jj < n; ++jj) {
+              for (int64_t jj = a; jj < n; ++jj) {
                 AxpyRow(p[jj], gi, d, dv_acc + jj * d);
                 AxpyRow(scale * ds[jj], qi, d, dk_acc + jj * d);
               }
@@ -218,16 +256,16 @@ void AttentionBackward(const T* q, const T* k, const T* v, const T* out, const T
         const int64_t i0 = qblk * bq, nq = std::min(bq, s - i0);
         T* dq_acc = acc_a.data();
         std::fill(dq_acc, dq_acc + nq * d, T(0));
-        for (int64_t j0 = 0; j0 < i0 + nq; j0 += bk) {
+        for (int64_t j0 = docs.First(i0) / bk * bk; j0 < i0 + nq; j0 += bk) {
           const int64_t nk = std::min(bk, i0 + nq - j0);
           PackTransposed(k, j0, nk, g, hkv, d, bk, kt.data());
           PackTransposed(v, j0, nk, g, hkv, d, bk, vt.data());
           PackRows(k, j0, nk, g, hkv, d, kb.data());
           for (int64_t ii = 0; ii < nq; ++ii) {
-            const int64_t n = VisibleKeys(i0 + ii, j0, nk);
-            if (n <= 0) continue;
-            probs(h, i0 + ii, n);
-            for (int64_t jj = 0; jj < n; ++jj) {
+            const int64_t n = VisibleKeys(i0 + ii, j0, nk), a = HiddenKeys(docs, i0 + ii, j0);
+            if (n <= a) continue;
+            probs(h, i0 + ii, a, n);
+            for (int64_t jj = a; jj < n; ++jj) {
               AxpyRow(scale * ds[jj], kb.data() + jj * d, d, dq_acc + ii * d);
             }
           }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "engine/backend/cpu/attention.h"
 #include "engine/backend/cpu/gemm.h"
@@ -245,30 +246,52 @@ void CpuOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rst
                        dw.f32());
 }
 
-void CpuOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) {
+namespace {
+
+// A document mask over a sequence of `s` tokens: starts strictly ascending from 0, all < s.
+void CheckDocuments(const DocumentMask& docs, int64_t s, const char* op) {
+  const std::vector<int64_t>& st = docs.starts;
+  ITHACA_CHECK(st.empty() || st[0] == 0, "CpuOps::", op, ": the first document starts at ",
+               st.empty() ? 0 : st[0], ", not 0");
+  for (size_t i = 1; i < st.size(); ++i) {
+    ITHACA_CHECK(st[i - 1] < st[i] && st[i] < s, "CpuOps::", op, ": document ", i, " starts at ",
+                 st[i], " (after ", st[i - 1], ", in a sequence of ", s, ")");
+  }
+}
+
+}  // namespace
+
+void CpuOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
+                  const DocumentMask& docs) {
   CheckF32(x, "Rope", "x");
   CheckF32(inv_freq, "Rope", "inv_freq");
   ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CpuOps::Rope: x is ", x.DebugString(),
                ", expected [T, H, D] with D even");
   kCheck.Shape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
   ITHACA_CHECK(pos0 >= 0, "CpuOps::Rope: negative pos0 ", pos0);
-  cpu::Rope(x.f32(), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse);
+  // The whole sample's mask, whose length Rope does not know: x may be one rank's share of it.
+  CheckDocuments(docs, std::numeric_limits<int64_t>::max(), "Rope");
+  cpu::Rope(x.f32(), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse,
+            docs.starts.data(), static_cast<int64_t>(docs.starts.size()));
 }
 
 void CpuOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       const Tensor& lse) {
+                       const Tensor& lse, const DocumentMask& docs) {
   CheckAttentionShapes(q, k, v, lse, "Attention");
+  CheckDocuments(docs, q.dim(0), "Attention");
   CheckF32(out, "Attention", "out");
   kCheck.Shape(out, q.shape, "Attention", "out");
   cpu::AttentionForward(q.f32(), k.f32(), v.f32(), q.dim(0), q.dim(1), k.dim(1), q.dim(2),
-                        out.f32(), lse.f32(), blocks_);
+                        out.f32(), lse.f32(), blocks_, docs.starts.data(),
+                        static_cast<int64_t>(docs.starts.size()));
 }
 
 void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                               const Tensor& dk, const Tensor& dv) {
+                               const Tensor& dk, const Tensor& dv, const DocumentMask& docs) {
   const char* op = "AttentionBackward";
   CheckAttentionShapes(q, k, v, lse, op);
+  CheckDocuments(docs, q.dim(0), op);
   CheckF32(out, op, "out");
   CheckF32(dout, op, "dout");
   CheckF32(dq, op, "dq");
@@ -280,7 +303,8 @@ void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v
   kCheck.Shape(dk, k.shape, op, "dk");
   kCheck.Shape(dv, k.shape, op, "dv");
   cpu::AttentionBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(), q.dim(0),
-                         q.dim(1), k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_);
+                         q.dim(1), k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_,
+                         docs.starts.data(), static_cast<int64_t>(docs.starts.size()));
 }
 
 void CpuOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {

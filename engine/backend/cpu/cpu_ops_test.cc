@@ -81,7 +81,7 @@ TEST(CpuOpsTest, RopeMatchesDoubleWithLlama3Frequencies) {
   const std::vector<double> x = RandomF(tokens * heads * d, 6);
   for (bool inverse : {false, true}) {
     std::vector<float> xf = ToFloat(x);
-    ops.Rope(F32(xf, {tokens, heads, d}), pos0, F32(inv, {d / 2}), inverse);
+    ops.Rope(F32(xf, {tokens, heads, d}), pos0, F32(inv, {d / 2}), inverse, {});
     std::vector<double> want = x;
     cpu::Rope(want.data(), tokens, heads, d, pos0, inv.data(), inverse);
     // The float angle pos·f is rounded (as in Hugging Face): ~pos · 2^-24 ≈ 3e-4 rad here.
@@ -103,16 +103,79 @@ TEST(CpuOpsTest, AttentionMatchesDouble) {
     std::vector<float> qf = ToFloat(q), kf = ToFloat(k), vf = ToFloat(v), gf = ToFloat(go);
     std::vector<float> of(q.size()), lf(hq * s), dqf(q.size()), dkf(k.size()), dvf(v.size());
     ops.Attention(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
-                  F32(of, {s, hq, d}), F32(lf, {hq, s}));
+                  F32(of, {s, hq, d}), F32(lf, {hq, s}), {});
     ops.AttentionBackward(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
                           F32(of, {s, hq, d}), F32(gf, {s, hq, d}), F32(lf, {hq, s}),
-                          F32(dqf, {s, hq, d}), F32(dkf, {s, hkv, d}), F32(dvf, {s, hkv, d}));
+                          F32(dqf, {s, hq, d}), F32(dkf, {s, hkv, d}), F32(dvf, {s, hkv, d}), {});
     EXPECT_TRUE(AllNear(of, o, 1e-5, 1e-5));
     EXPECT_TRUE(AllNear(lf, l, 1e-5, 1e-5));
     EXPECT_TRUE(AllNear(dqf, dq, 1e-5, 1e-4));
     EXPECT_TRUE(AllNear(dkf, dk, 1e-5, 1e-4));
     EXPECT_TRUE(AllNear(dvf, dv, 1e-5, 1e-4));
   }
+}
+
+// The exact oracle of document masking: packed attention equals each document's own causal
+// attention (its rows of q, k, v cut out), forward and backward, and a packed RoPE equals each
+// document's RoPE from position 0. Documents of 1, 7, 22 and 15 tokens cross the small blocks.
+TEST(CpuOpsTest, DocumentMaskEqualsSeparateDocuments) {
+  const int64_t s = 45, hq = 4, hkv = 2, d = 16;
+  const DocumentMask docs{{0, 1, 8, 30}};
+  const std::vector<double> q = RandomF(s * hq * d, 7, -2, 2), k = RandomF(s * hkv * d, 8, -2, 2);
+  const std::vector<double> v = RandomF(s * hkv * d, 9), go = RandomF(s * hq * d, 10);
+  // Rows [a, b) of a [s, h, d] array.
+  auto rows = [&](const std::vector<double>& x, int64_t h, int64_t a, int64_t b) {
+    return std::vector<double>(x.begin() + a * h * d, x.begin() + b * h * d);
+  };
+  std::vector<double> o(q.size()), l(hq * s), dq(q.size()), dk(k.size()), dv(v.size());
+  for (size_t i = 0; i < docs.starts.size(); ++i) {
+    const int64_t a = docs.starts[i], b = i + 1 < docs.starts.size() ? docs.starts[i + 1] : s;
+    const int64_t n = b - a;
+    std::vector<double> qi = rows(q, hq, a, b), ki = rows(k, hkv, a, b), vi = rows(v, hkv, a, b);
+    std::vector<double> gi = rows(go, hq, a, b), oi(qi.size()), li(hq * n);
+    std::vector<double> dqi(qi.size()), dki(ki.size()), dvi(vi.size());
+    cpu::AttentionForward(qi.data(), ki.data(), vi.data(), n, hq, hkv, d, oi.data(), li.data());
+    cpu::AttentionBackward(qi.data(), ki.data(), vi.data(), oi.data(), gi.data(), li.data(), n, hq,
+                           hkv, d, dqi.data(), dki.data(), dvi.data());
+    std::copy(oi.begin(), oi.end(), o.begin() + a * hq * d);
+    std::copy(dqi.begin(), dqi.end(), dq.begin() + a * hq * d);
+    std::copy(dki.begin(), dki.end(), dk.begin() + a * hkv * d);
+    std::copy(dvi.begin(), dvi.end(), dv.begin() + a * hkv * d);
+    for (int64_t h = 0; h < hq; ++h) {
+      std::copy(li.begin() + h * n, li.begin() + (h + 1) * n, l.begin() + h * s + a);
+    }
+  }
+  for (const cpu::AttentionBlocks b :
+       {cpu::AttentionBlocks{}, cpu::AttentionBlocks{8, 16}, cpu::AttentionBlocks{16, 4}}) {
+    CpuOps ops(b);
+    std::vector<float> qf = ToFloat(q), kf = ToFloat(k), vf = ToFloat(v), gf = ToFloat(go);
+    std::vector<float> of(q.size()), lf(hq * s), dqf(q.size()), dkf(k.size()), dvf(v.size());
+    ops.Attention(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
+                  F32(of, {s, hq, d}), F32(lf, {hq, s}), docs);
+    ops.AttentionBackward(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
+                          F32(of, {s, hq, d}), F32(gf, {s, hq, d}), F32(lf, {hq, s}),
+                          F32(dqf, {s, hq, d}), F32(dkf, {s, hkv, d}), F32(dvf, {s, hkv, d}), docs);
+    EXPECT_TRUE(AllNear(of, o, 1e-5, 1e-5)) << "blocks " << b.q << "x" << b.k;
+    EXPECT_TRUE(AllNear(lf, l, 1e-5, 1e-5));
+    EXPECT_TRUE(AllNear(dqf, dq, 1e-5, 1e-4));
+    EXPECT_TRUE(AllNear(dkf, dk, 1e-5, 1e-4));
+    EXPECT_TRUE(AllNear(dvf, dv, 1e-5, 1e-4));
+  }
+
+  // RoPE of tokens [20, 45) (a rank's share starting inside document 2): the tokens of each
+  // document rotate as if that document started at position 0.
+  RopeConfig rc;
+  rc.head_dim = static_cast<int>(d);
+  std::vector<float> inv = RopeInverseFrequencies(rc);
+  const int64_t pos0 = 20, t = s - pos0;
+  std::vector<float> x = ToFloat(rows(q, hq, pos0, s)), want = x;
+  CpuOps ops;
+  ops.Rope(F32(x, {t, hq, d}), pos0, F32(inv, {d / 2}), false, docs);
+  ops.Rope(F32(want, {10, hq, d}), pos0 - 8, F32(inv, {d / 2}), false, {});
+  std::vector<float> rest(want.begin() + 10 * hq * d, want.end());
+  ops.Rope(F32(rest, {15, hq, d}), 0, F32(inv, {d / 2}), false, {});
+  std::copy(rest.begin(), rest.end(), want.begin() + 10 * hq * d);
+  EXPECT_TRUE(AllNear(x, ToDouble(want), 0.0));
 }
 
 TEST(CpuOpsTest, SwiGLUMatchesDouble) {
@@ -309,10 +372,10 @@ TEST(CpuOpsTest, ResultsAreBitIdenticalAcrossThreadCounts) {
     std::vector<float> dq(q.size()), dk(kv.size()), dv(kv.size());
     ops.Gemm(F32(av, {m, k}), false, F32(bv, {n, k}), true, F32(c, {m, n}), 1.0f, 0.0f);
     ops.Attention(F32(qv, {s, hq, d}), F32(kk, {s, hkv, d}), F32(vv, {s, hkv, d}),
-                  F32(o, {s, hq, d}), F32(l, {hq, s}));
+                  F32(o, {s, hq, d}), F32(l, {hq, s}), {});
     ops.AttentionBackward(F32(qv, {s, hq, d}), F32(kk, {s, hkv, d}), F32(vv, {s, hkv, d}),
                           F32(o, {s, hq, d}), F32(qv, {s, hq, d}), F32(l, {hq, s}),
-                          F32(dq, {s, hq, d}), F32(dk, {s, hkv, d}), F32(dv, {s, hkv, d}));
+                          F32(dq, {s, hq, d}), F32(dk, {s, hkv, d}), F32(dv, {s, hkv, d}), {});
     for (const auto* part : {&o, &l, &dq, &dk, &dv}) c.insert(c.end(), part->begin(), part->end());
     return c;
   };
@@ -331,7 +394,7 @@ TEST(CpuOpsDeathTest, ChecksShapesAndDTypes) {
   EXPECT_DEATH(ops.Copy(I32(ids, {3}), F32(a, {3})), "cannot convert i32 to f32");
   EXPECT_DEATH(ops.SwiGLU(F32(a, {3, 4}), F32(b, {4, 3}), F32(a, {3, 4})), "SwiGLU: up");
   EXPECT_DEATH(ops.Attention(F32(a, {1, 3, 4}), F32(b, {1, 2, 4}), F32(b, {1, 2, 4}),
-                             F32(a, {1, 3, 4}), F32(a, {3, 1})),
+                             F32(a, {1, 3, 4}), F32(a, {3, 1}), {}),
                "not a GQA pair");
   EXPECT_DEATH(ops.Embedding(F32(a, {3}), F32(b, {4, 3}), F32(a, {3, 3})), "Embedding: ids");
   ids = {0, 4, 1};

@@ -172,20 +172,26 @@ void RmsNormBackward(const T* x, const T* w, const R* rstd, const T* dout, int64
 
 // ---- Rotary embedding.
 
-// In place on x [T, H, D]: for token t at position pos = pos0 + t and i < D/2, the pair
-// (x_i, x_{i+D/2}) rotates by angle pos · inv_freq[i] (−angle when inverse):
+// In place on x [T, H, D]: token t is at sample index pos0 + t, and its position pos is that index
+// minus the start of its document (doc_starts: num_docs ascending sample indices, the first 0;
+// none = one document). For i < D/2 the pair (x_i, x_{i+D/2}) rotates by angle pos · inv_freq[i]
+// (−angle when inverse):
 //   x_i' = x_i cos − x_{i+D/2} sin,  x_{i+D/2}' = x_{i+D/2} cos + x_i sin   (HF rotate_half).
 // The angle is formed in T from T(pos) · T(inv_freq), as Hugging Face does in float32.
 template <typename T>
 void Rope(T* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t pos0,
-          const float* inv_freq, bool inverse) {
+          const float* inv_freq, bool inverse, const int64_t* doc_starts = nullptr,
+          int64_t num_docs = 0) {
   const int64_t half = head_dim / 2;
 #pragma omp parallel if (tokens * heads * head_dim > kParallelThreshold)
   {
     std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
-      const T pos = static_cast<T>(pos0 + t);
+      const int64_t index = pos0 + t;
+      int64_t start = 0;
+      if (num_docs > 1) start = *(std::upper_bound(doc_starts, doc_starts + num_docs, index) - 1);
+      const T pos = static_cast<T>(index - start);
       for (int64_t i = 0; i < half; ++i) {
         const T angle = pos * static_cast<T>(inv_freq[i]);
         cs[i] = std::cos(angle);

@@ -48,14 +48,14 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   std::vector<float> q = Randn(S * hq * D, 1), k = Randn(S * hkv * D, 2), v = Randn(S * hkv * D, 3);
   std::vector<float> out_ref(S * hq * D), lse_ref(hq * S);
   cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
-                CpuT(out_ref, {S, hq, D}), CpuT(lse_ref, {hq, S}));
+                CpuT(out_ref, {S, hq, D}), CpuT(lse_ref, {hq, S}), {});
 
   auto dq_in = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, q);
   auto dk_in = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, k);
   auto dv_in = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, v);
   auto out = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
   auto lse = Poisoned(ops, &alloc, DType::kF32, {hq, S});
-  ops.Attention(dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), out.tensor(), lse.tensor());
+  ops.Attention(dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), out.tensor(), lse.tensor(), {});
   std::printf("[%s] S %lld Hq %lld Hkv %lld D %lld ran: %s\n", c.name, (long long)S, (long long)hq,
               (long long)hkv, (long long)D, ops.last_attention_impl());
   if (c.impl == CudaOps::AttentionImpl::kOwn) {
@@ -74,7 +74,7 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   cpu.AttentionBackward(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
                         CpuT(out_ref, {S, hq, D}), CpuT(dout, {S, hq, D}), CpuT(lse_ref, {hq, S}),
                         CpuT(dq_ref, {S, hq, D}), CpuT(dk_ref, {S, hkv, D}),
-                        CpuT(dv_ref, {S, hkv, D}));
+                        CpuT(dv_ref, {S, hkv, D}), {});
   auto o_in = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, out_ref);
   auto do_in = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, dout);
   auto lse_in = Dev(ops, &alloc, DType::kF32, {hq, S}, lse_ref);
@@ -82,7 +82,7 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   auto dk = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
   auto dv = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
   ops.AttentionBackward(dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), o_in.tensor(),
-                        do_in.tensor(), lse_in.tensor(), dq.tensor(), dk.tensor(), dv.tensor());
+                        do_in.tensor(), lse_in.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), {});
   EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "attention dq");
   EXPECT_CLOSE(Host(ops, dk.tensor()), dk_ref, 2e-2, "attention dk (GQA sum)");
   EXPECT_CLOSE(Host(ops, dv.tensor()), dv_ref, 2e-2, "attention dv (GQA sum)");
@@ -126,9 +126,9 @@ TEST(AttentionCrossCheck, CudnnAgreesWithOwnKernel) {
     auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
     auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
     auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
-    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), to.tensor(), tl.tensor());
+    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), to.tensor(), tl.tensor(), {});
     ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), to.tensor(), tdo.tensor(),
-                              tl.tensor(), dq.tensor(), dk.tensor(), dv.tensor());
+                              tl.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), {});
     for (const Buffer* t : {&to, &tl, &dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
   }
   const char* names[] = {"cross out", "cross lse", "cross dq", "cross dk", "cross dv"};

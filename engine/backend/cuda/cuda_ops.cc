@@ -461,8 +461,11 @@ void CudaOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rs
                         compute_);
 }
 
-void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) {
+void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
+                   const DocumentMask& docs) {
   Scope scope(this, "rope");
+  ITHACA_CHECK(docs.trivial(), "CudaOps::Rope: document masks (", docs.starts.size(),
+               " documents) are not implemented on CUDA yet");
   CheckDType(x, DType::kBF16, "Rope", "x");
   CheckDType(inv_freq, DType::kF32, "Rope", "inv_freq");
   ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CudaOps::Rope: x is ", x.DebugString(),
@@ -502,8 +505,10 @@ bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
 }
 
 void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse) {
+                        const Tensor& lse, const DocumentMask& docs) {
   Scope scope(this, "attention_fwd");
+  ITHACA_CHECK(docs.trivial(), "CudaOps::Attention: document masks (", docs.starts.size(),
+               " documents) are not implemented on CUDA yet");
   CheckAttention(q, k, v, lse, "Attention");
   CheckDType(out, DType::kBF16, "Attention", "out");
   kCheck.Shape(out, q.shape, "Attention", "out");
@@ -521,9 +526,12 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
 
 void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& out, const Tensor& dout, const Tensor& lse,
-                                const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const DocumentMask& docs) {
   Scope scope(this, "attention_bwd");
   const char* op = "AttentionBackward";
+  ITHACA_CHECK(docs.trivial(), "CudaOps::AttentionBackward: document masks (", docs.starts.size(),
+               " documents) are not implemented on CUDA yet");
   CheckAttention(q, k, v, lse, op);
   for (const Tensor* t : {&out, &dout, &dq}) {
     CheckDType(*t, DType::kBF16, op, "operand");

@@ -237,9 +237,9 @@ TEST_F(CudaOpsTest, RopeForwardAndInverse) {
     std::vector<float> inv_c = inv;
     for (bool inverse : {false, true}) {
       auto y = D(DType::kBF16, {T, Hh, Dd}, x);
-      ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse);
+      ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse, {});
       std::vector<float> want = x;
-      cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse);
+      cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse, {});
       const std::string what = absl::StrCat(inverse ? "Rope inverse" : "Rope", " D=", Dd);
       EXPECT_CLOSE(H(y), want, kBf16Tol, what.c_str());
     }
