@@ -36,6 +36,14 @@ struct RopeConfig {
 // inv_freq[i] for i in [0, head_dim/2), exactly as Hugging Face computes it (in float32).
 std::vector<float> RopeInverseFrequencies(const RopeConfig& cfg);
 
+// The documents of a packed sample. starts[i] is the index of document i's first token in the
+// coordinates of the whole sample sequence (0-based); strictly ascending; starts[0] == 0 when
+// non-empty. Empty (or {0}) means one document: plain causal attention, RoPE position = index.
+struct DocumentMask {
+  std::vector<int64_t> starts;
+  bool trivial() const { return starts.size() <= 1; }
+};
+
 struct AdamWParams {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -126,20 +134,26 @@ class Ops {
   virtual void RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                const Tensor& dout, const Tensor& dx, const Tensor& dw) = 0;
 
-  // Rotary embedding in place on x [T, H, D], token t at global position pos0 + t, pairs
-  // (i, i + D/2) rotated by angle pos · inv_freq[i] (Hugging Face's rotate_half convention).
-  // inv_freq: f32 [D/2] on the device. inverse = true rotates by −angle (the backward).
-  virtual void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) = 0;
+  // Rotary embedding in place on x [T, H, D], pairs (i, i + D/2) rotated by angle
+  // pos · inv_freq[i] (Hugging Face's rotate_half convention). inv_freq: f32 [D/2] on the
+  // device. inverse = true rotates by −angle (the backward).
+  // Rope: token t of x is at sample index pos0 + t; its RoPE position is (pos0 + t) minus the
+  // start of the document containing it.
+  virtual void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
+                    const DocumentMask& docs) = 0;
 
   // Causal self-attention with GQA: q [S, Hq, D], k, v [S, Hkv, D], Hq % Hkv == 0 (query head h
   // uses K/V head h / (Hq / Hkv)); scale 1/sqrt(D). out [S, Hq, D] written; lse f32 [Hq, S]
   // written (natural log of the softmax denominator, scaled logits). Never forms an S×S matrix.
+  // q, k, v span the whole sample sequence; a query attends only to keys at or before it within
+  // its own document.
   virtual void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                         const Tensor& lse) = 0;
+                         const Tensor& lse, const DocumentMask& docs) = 0;
   // dq, dk, dv written (dk, dv summed over the query heads that share them).
   virtual void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& out, const Tensor& dout, const Tensor& lse,
-                                 const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
+                                 const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                 const DocumentMask& docs) = 0;
 
   // out = silu(gate) ⊙ up, all [T, F]. Elementwise: out may alias gate or up.
   virtual void SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;

@@ -58,7 +58,8 @@ void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tenso
   for (const Projection& p : projections) {
     if (!p.rope) continue;
     for (int64_t j = 0; j < c.plan.P; ++j) {
-      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, false);
+      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, false,
+                  DocumentMask{});
     }
   }
 }
@@ -74,7 +75,8 @@ void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tens
   for (const Projection& p : projections) {
     if (!p.rope) continue;
     for (int64_t j = 0; j < c.plan.P; ++j) {
-      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, true);
+      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, true,
+                  DocumentMask{});
     }
   }
   for (int64_t t0 = 0; t0 < s; t0 += in.tile) {
@@ -144,7 +146,7 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
       RETURN_IF_ERROR(Exchange(c, q_send.tensor(), q.tensor()));
       const int64_t stage = k_round * p.stages_per_round + t;
       c.ops->Attention(q.tensor(), k.tensor(), v.tensor(), o.tensor(),
-                       lse.Slice(stage * u * S, {u, S}));
+                       lse.Slice(stage * u * S, {u, S}), DocumentMask{});
       // Back to this rank's tokens: q_send is free again and takes the returning output.
       RETURN_IF_ERROR(Exchange(c, o.tensor(), q_send.tensor()));
       StageColumns(c, k_round, t, o_local, q_send.tensor(), /*to_local=*/true);
@@ -199,7 +201,7 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
       const int64_t stage = k_round * p.stages_per_round + t;
       c.ops->AttentionBackward(q.tensor(), k.tensor(), v.tensor(), o.tensor(), dout.tensor(),
                                lse.Slice(stage * u * S, {u, S}), dq.tensor(), dk.tensor(),
-                               dv.tensor());
+                               dv.tensor(), DocumentMask{});
       c.ops->Axpy(1.f, dk.tensor(), dk_sum.tensor());
       c.ops->Axpy(1.f, dv.tensor(), dv_sum.tensor());
       RETURN_IF_ERROR(Exchange(c, dq.tensor(), q_send));

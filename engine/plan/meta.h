@@ -35,11 +35,12 @@ class MetaOps final : public Ops {
   void RmsNorm(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&) override {}
   void RmsNormBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&) override {}
-  void Rope(const Tensor&, int64_t, const Tensor&, bool) override {}
-  void Attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                 const Tensor&) override {}
+  void Rope(const Tensor&, int64_t, const Tensor&, bool, const DocumentMask&) override {}
+  void Attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                 const DocumentMask&) override {}
   void AttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+                         const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const DocumentMask&) override {}
   void SwiGLU(const Tensor&, const Tensor&, const Tensor&) override {}
   void SwiGLUBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                       const Tensor&) override {}

@@ -117,20 +117,21 @@ class RecordingOps final : public Ops {
     Log("RmsNormBackward");
     inner_->RmsNormBackward(x, w, r, d, dx, dw);
   }
-  void Rope(const Tensor& x, int64_t p, const Tensor& f, bool inv) override {
+  void Rope(const Tensor& x, int64_t p, const Tensor& f, bool inv,
+            const DocumentMask& docs) override {
     Log("Rope");
-    inner_->Rope(x, p, f, inv);
+    inner_->Rope(x, p, f, inv, docs);
   }
   void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                 const Tensor& l) override {
+                 const Tensor& l, const DocumentMask& docs) override {
     Log("Attention");
-    inner_->Attention(q, k, v, o, l);
+    inner_->Attention(q, k, v, o, l, docs);
   }
   void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                          const Tensor& d, const Tensor& l, const Tensor& dq, const Tensor& dk,
-                         const Tensor& dv) override {
+                         const Tensor& dv, const DocumentMask& docs) override {
     Log("AttentionBackward");
-    inner_->AttentionBackward(q, k, v, o, d, l, dq, dk, dv);
+    inner_->AttentionBackward(q, k, v, o, d, l, dq, dk, dv, docs);
   }
   void SwiGLU(const Tensor& g, const Tensor& u, const Tensor& o) override {
     Log("SwiGLU");

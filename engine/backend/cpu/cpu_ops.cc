@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "engine/backend/cpu/attention.h"
 #include "engine/backend/cpu/gemm.h"
@@ -245,28 +247,89 @@ void CpuOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rst
                        dw.f32());
 }
 
-void CpuOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) {
+namespace {
+
+// The half-open token ranges [begin, end) of the documents of `docs` within [0, s).
+std::vector<std::pair<int64_t, int64_t>> DocumentRanges(const DocumentMask& docs, int64_t s,
+                                                        const char* op) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (docs.trivial()) {
+    ranges.emplace_back(0, s);
+    return ranges;
+  }
+  ITHACA_CHECK(docs.starts[0] == 0, "CpuOps::", op, ": the first document starts at ",
+               docs.starts[0], ", not 0");
+  for (size_t i = 0; i < docs.starts.size(); ++i) {
+    const int64_t end = i + 1 < docs.starts.size() ? docs.starts[i + 1] : s;
+    ITHACA_CHECK(docs.starts[i] < end && end <= s, "CpuOps::", op, ": document ", i, " starts at ",
+                 docs.starts[i], ", not strictly before ", end, " within the sequence of ", s);
+    ranges.emplace_back(docs.starts[i], end);
+  }
+  return ranges;
+}
+
+// Rows [b, e) of every head of x [H, S] into out [H, e - b], or back when `scatter`.
+void HeadColumns(float* x, int64_t heads, int64_t s, int64_t b, int64_t e, float* out,
+                 bool scatter) {
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = b; i < e; ++i) {
+      float& a = x[h * s + i];
+      float& c = out[h * (e - b) + (i - b)];
+      if (scatter) {
+        a = c;
+      } else {
+        c = a;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
+                  const DocumentMask& docs) {
   CheckF32(x, "Rope", "x");
   CheckF32(inv_freq, "Rope", "inv_freq");
   ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CpuOps::Rope: x is ", x.DebugString(),
                ", expected [T, H, D] with D even");
   kCheck.Shape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
   ITHACA_CHECK(pos0 >= 0, "CpuOps::Rope: negative pos0 ", pos0);
-  cpu::Rope(x.f32(), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse);
+  if (docs.trivial()) {
+    cpu::Rope(x.f32(), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse);
+    return;
+  }
+  // Each run of x's tokens within one document restarts its positions at the document's start.
+  const int64_t t_end = pos0 + x.dim(0), row = x.dim(1) * x.dim(2);
+  for (const auto& [b, e] : DocumentRanges(docs, std::max(t_end, docs.starts.back() + 1), "Rope")) {
+    const int64_t lo = std::max(b, pos0), hi = std::min(e, t_end);
+    if (lo >= hi) continue;
+    cpu::Rope(x.f32() + (lo - pos0) * row, hi - lo, x.dim(1), x.dim(2), lo - b, inv_freq.f32(),
+              inverse);
+  }
 }
 
 void CpuOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       const Tensor& lse) {
+                       const Tensor& lse, const DocumentMask& docs) {
   CheckAttentionShapes(q, k, v, lse, "Attention");
   CheckF32(out, "Attention", "out");
   kCheck.Shape(out, q.shape, "Attention", "out");
-  cpu::AttentionForward(q.f32(), k.f32(), v.f32(), q.dim(0), q.dim(1), k.dim(1), q.dim(2),
-                        out.f32(), lse.f32(), blocks_);
+  const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
+  if (docs.trivial()) {
+    cpu::AttentionForward(q.f32(), k.f32(), v.f32(), s, hq, hkv, d, out.f32(), lse.f32(), blocks_);
+    return;
+  }
+  // Each document is an independent causal sequence; its LSE columns are gathered per head.
+  for (const auto& [b, e] : DocumentRanges(docs, s, "Attention")) {
+    std::vector<float> l(static_cast<size_t>(hq * (e - b)));
+    cpu::AttentionForward(q.f32() + b * hq * d, k.f32() + b * hkv * d, v.f32() + b * hkv * d, e - b,
+                          hq, hkv, d, out.f32() + b * hq * d, l.data(), blocks_);
+    HeadColumns(lse.f32(), hq, s, b, e, l.data(), /*scatter=*/true);
+  }
 }
 
 void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                               const Tensor& dk, const Tensor& dv) {
+                               const Tensor& dk, const Tensor& dv, const DocumentMask& docs) {
   const char* op = "AttentionBackward";
   CheckAttentionShapes(q, k, v, lse, op);
   CheckF32(out, op, "out");
@@ -279,8 +342,20 @@ void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v
   kCheck.Shape(dq, q.shape, op, "dq");
   kCheck.Shape(dk, k.shape, op, "dk");
   kCheck.Shape(dv, k.shape, op, "dv");
-  cpu::AttentionBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(), q.dim(0),
-                         q.dim(1), k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_);
+  const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
+  if (docs.trivial()) {
+    cpu::AttentionBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(), s, hq, hkv,
+                           d, dq.f32(), dk.f32(), dv.f32(), blocks_);
+    return;
+  }
+  for (const auto& [b, e] : DocumentRanges(docs, s, "AttentionBackward")) {
+    std::vector<float> l(static_cast<size_t>(hq * (e - b)));
+    HeadColumns(lse.f32(), hq, s, b, e, l.data(), /*scatter=*/false);
+    const int64_t qo = b * hq * d, ko = b * hkv * d;
+    cpu::AttentionBackward(q.f32() + qo, k.f32() + ko, v.f32() + ko, out.f32() + qo,
+                           dout.f32() + qo, l.data(), e - b, hq, hkv, d, dq.f32() + qo,
+                           dk.f32() + ko, dv.f32() + ko, blocks_);
+  }
 }
 
 void CpuOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {

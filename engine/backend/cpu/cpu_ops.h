@@ -42,12 +42,13 @@ class CpuOps : public Ops {
                const Tensor& rstd) override;
   void RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dout,
                        const Tensor& dx, const Tensor& dw) override;
-  void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse) override;
+  void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
+            const DocumentMask& docs) override;
   void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                 const Tensor& lse) override;
+                 const Tensor& lse, const DocumentMask& docs) override;
   void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                          const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                         const Tensor& dv) override;
+                         const Tensor& dv, const DocumentMask& docs) override;
   void SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
                       const Tensor& dup) override;

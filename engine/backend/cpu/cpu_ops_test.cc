@@ -81,7 +81,7 @@ TEST(CpuOpsTest, RopeMatchesDoubleWithLlama3Frequencies) {
   const std::vector<double> x = RandomF(tokens * heads * d, 6);
   for (bool inverse : {false, true}) {
     std::vector<float> xf = ToFloat(x);
-    ops.Rope(F32(xf, {tokens, heads, d}), pos0, F32(inv, {d / 2}), inverse);
+    ops.Rope(F32(xf, {tokens, heads, d}), pos0, F32(inv, {d / 2}), inverse, DocumentMask{});
     std::vector<double> want = x;
     cpu::Rope(want.data(), tokens, heads, d, pos0, inv.data(), inverse);
     // The float angle pos·f is rounded (as in Hugging Face): ~pos · 2^-24 ≈ 3e-4 rad here.
@@ -103,10 +103,11 @@ TEST(CpuOpsTest, AttentionMatchesDouble) {
     std::vector<float> qf = ToFloat(q), kf = ToFloat(k), vf = ToFloat(v), gf = ToFloat(go);
     std::vector<float> of(q.size()), lf(hq * s), dqf(q.size()), dkf(k.size()), dvf(v.size());
     ops.Attention(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
-                  F32(of, {s, hq, d}), F32(lf, {hq, s}));
+                  F32(of, {s, hq, d}), F32(lf, {hq, s}), DocumentMask{});
     ops.AttentionBackward(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
                           F32(of, {s, hq, d}), F32(gf, {s, hq, d}), F32(lf, {hq, s}),
-                          F32(dqf, {s, hq, d}), F32(dkf, {s, hkv, d}), F32(dvf, {s, hkv, d}));
+                          F32(dqf, {s, hq, d}), F32(dkf, {s, hkv, d}), F32(dvf, {s, hkv, d}),
+                          DocumentMask{});
     EXPECT_TRUE(AllNear(of, o, 1e-5, 1e-5));
     EXPECT_TRUE(AllNear(lf, l, 1e-5, 1e-5));
     EXPECT_TRUE(AllNear(dqf, dq, 1e-5, 1e-4));
@@ -309,10 +310,11 @@ TEST(CpuOpsTest, ResultsAreBitIdenticalAcrossThreadCounts) {
     std::vector<float> dq(q.size()), dk(kv.size()), dv(kv.size());
     ops.Gemm(F32(av, {m, k}), false, F32(bv, {n, k}), true, F32(c, {m, n}), 1.0f, 0.0f);
     ops.Attention(F32(qv, {s, hq, d}), F32(kk, {s, hkv, d}), F32(vv, {s, hkv, d}),
-                  F32(o, {s, hq, d}), F32(l, {hq, s}));
+                  F32(o, {s, hq, d}), F32(l, {hq, s}), DocumentMask{});
     ops.AttentionBackward(F32(qv, {s, hq, d}), F32(kk, {s, hkv, d}), F32(vv, {s, hkv, d}),
                           F32(o, {s, hq, d}), F32(qv, {s, hq, d}), F32(l, {hq, s}),
-                          F32(dq, {s, hq, d}), F32(dk, {s, hkv, d}), F32(dv, {s, hkv, d}));
+                          F32(dq, {s, hq, d}), F32(dk, {s, hkv, d}), F32(dv, {s, hkv, d}),
+                          DocumentMask{});
     for (const auto* part : {&o, &l, &dq, &dk, &dv}) c.insert(c.end(), part->begin(), part->end());
     return c;
   };
@@ -331,7 +333,7 @@ TEST(CpuOpsDeathTest, ChecksShapesAndDTypes) {
   EXPECT_DEATH(ops.Copy(I32(ids, {3}), F32(a, {3})), "cannot convert i32 to f32");
   EXPECT_DEATH(ops.SwiGLU(F32(a, {3, 4}), F32(b, {4, 3}), F32(a, {3, 4})), "SwiGLU: up");
   EXPECT_DEATH(ops.Attention(F32(a, {1, 3, 4}), F32(b, {1, 2, 4}), F32(b, {1, 2, 4}),
-                             F32(a, {1, 3, 4}), F32(a, {3, 1})),
+                             F32(a, {1, 3, 4}), F32(a, {3, 1}), DocumentMask{}),
                "not a GQA pair");
   EXPECT_DEATH(ops.Embedding(F32(a, {3}), F32(b, {4, 3}), F32(a, {3, 3})), "Embedding: ids");
   ids = {0, 4, 1};
