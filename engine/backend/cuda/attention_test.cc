@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // The trivial mask ({0}: one document) takes the old path: the same bits as no mask, forward and
-// backward, for both implementations.
+// backward, for both implementations (but cuDNN's dq, which no two runs share bit for bit).
 TEST(AttentionDocuments, TrivialMaskIsBitIdentical) {
   SKIP_WITHOUT_GPU();
   const int64_t S = 333, hq = 8, hkv = 2, D = 64;
@@ -149,6 +149,12 @@ TEST(AttentionDocuments, TrivialMaskIsBitIdentical) {
       for (const Buffer* t : {&to, &tl, &dq, &dk, &dv}) res[i].push_back(Host(ops, t->tensor()));
     }
     for (int j = 0; j < 5; ++j) {
+      // cuDNN's backward accumulates dq with atomics, so dq differs between any two of its runs
+      // in the last bits (seen on the H200: rel_l2 ~1e-6); everything else is bit for bit.
+      if (impl == Impl::kCudnn && j == 2) {
+        EXPECT_CLOSE(res[1][j], res[0][j], 1e-5, "cuDNN dq, mask {0} vs none");
+        continue;
+      }
       EXPECT_EQ(res[0][j], res[1][j]) << "output " << j << " of " << ops.last_attention_impl();
     }
   }
