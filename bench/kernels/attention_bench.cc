@@ -1,7 +1,10 @@
 // cuDNN fused attention through CudaOps (the path training takes): forward, backward and
 // forward+backward TFLOPS, causal, GQA, bf16, [S, H, D] layout. Causal FLOPs are counted as
 // 4·S²·Hq·D/2 forward and 2.5× that backward (the long-context papers' convention).
-// Prints one JSON line per (shape, pass).
+// With --doc_len N the sample is also run packed with documents of N tokens (a document mask,
+// the last document shorter when N does not divide S), side by side with full causal at the
+// same S; its FLOPs count only the attention computed: Σ over documents of 4·L²·Hq·D/2.
+// Prints one JSON line per (shape, mask, pass).
 #include <algorithm>
 #include <random>
 #include <string>
@@ -20,6 +23,9 @@ ABSL_FLAG(std::string, shapes, "128:32:8:65536,64:32:8:131072",
 ABSL_FLAG(std::string, impl, "cudnn", "cudnn | own");
 ABSL_FLAG(int, iters, 5, "timed repetitions per pass (median reported)");
 ABSL_FLAG(std::string, passes, "fwd,bwd,fwd+bwd", "which passes to time (comma list)");
+ABSL_FLAG(int64_t, doc_len, 0,
+          "> 0: also time a packed sample of documents of this many tokens (document mask)");
+ABSL_FLAG(bool, full_causal, true, "time full causal attention (with --doc_len: beside it)");
 
 namespace ithaca {
 namespace {
@@ -55,57 +61,78 @@ int Main() {
     bench::FillRandom(ops, &alloc, k.tensor(), 2);
     bench::FillRandom(ops, &alloc, v.tensor(), 3);
     bench::FillRandom(ops, &alloc, dout.tensor(), 4);
-    auto fwd = [&] {
-      ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), {});
-    };
-    auto bwd = [&] {
-      ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
-                            lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), {});
-    };
-    const int iters = absl::GetFlag(FLAGS_iters);
-    const cudaStream_t st = ops.stream();
-    const std::vector<std::string> passes = absl::StrSplit(absl::GetFlag(FLAGS_passes), ',');
-    auto wanted = [&](const char* p) {
-      return std::find(passes.begin(), passes.end(), p) != passes.end();
-    };
-    const double fwd_flops = 4.0 * double(S) * double(S) * hq * D / 2;
-    struct Row {
-      const char* pass;
-      double ms, flops;
-    };
-    std::vector<Row> rows;
-    fwd();  // the backward needs a real O and LSE even when the forward is not timed
-    if (wanted("fwd"))
-      rows.push_back({"fwd", bench::Median(bench::TimeMs(st, 1, iters, fwd)), fwd_flops});
-    if (wanted("bwd")) {
-      rows.push_back({"bwd", bench::Median(bench::TimeMs(st, 1, iters, bwd)), 2.5 * fwd_flops});
+    const int64_t doc_len = absl::GetFlag(FLAGS_doc_len);
+    std::vector<DocumentMask> masks;
+    if (absl::GetFlag(FLAGS_full_causal)) masks.push_back(DocumentMask{});
+    if (doc_len > 0) {
+      DocumentMask docs;
+      for (int64_t t = 0; t < S; t += doc_len) docs.starts.push_back(t);
+      masks.push_back(docs);
     }
-    if (wanted("fwd+bwd")) {
-      rows.push_back({"fwd+bwd",
-                      bench::Median(bench::TimeMs(st, 1, iters,
-                                                  [&] {
-                                                    fwd();
-                                                    bwd();
-                                                  })),
-                      3.5 * fwd_flops});
-    }
-    for (const auto& r : rows) {
-      bench::Json()
-          .Str("bench", "attention")
-          .Str("date", bench::Today())
-          .Str("device", device)
-          .Str("impl", ops.last_attention_impl())
-          .Str("layout", "[S,H,D]")
-          .Bool("causal", true)
-          .Int("S", S)
-          .Int("hq", hq)
-          .Int("hkv", hkv)
-          .Int("head_dim", D)
-          .Str("pass", r.pass)
-          .Num("ms", r.ms)
-          .Num("tflops", r.flops / (r.ms * 1e-3) / 1e12)
-          .Int("iters", iters)
-          .Print();
+    for (const DocumentMask& docs : masks) {
+      auto fwd = [&] {
+        ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), docs);
+      };
+      auto bwd = [&] {
+        ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
+                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
+      };
+      const int iters = absl::GetFlag(FLAGS_iters);
+      const cudaStream_t st = ops.stream();
+      const std::vector<std::string> passes = absl::StrSplit(absl::GetFlag(FLAGS_passes), ',');
+      auto wanted = [&](const char* p) {
+        return std::find(passes.begin(), passes.end(), p) != passes.end();
+      };
+      // Σ L²/2 over the documents (one document of S tokens without a mask).
+      double half_squares = 0;
+      const int64_t ndocs = docs.trivial() ? 1 : static_cast<int64_t>(docs.starts.size());
+      for (int64_t i = 0; i < ndocs; ++i) {
+        const int64_t b = docs.trivial() ? 0 : docs.starts[i];
+        const int64_t e = i + 1 < ndocs ? docs.starts[i + 1] : S;
+        half_squares += double(e - b) * double(e - b) / 2;
+      }
+      const double fwd_flops = 4.0 * half_squares * hq * D;
+      struct Row {
+        const char* pass;
+        double ms, flops;
+      };
+      std::vector<Row> rows;
+      fwd();  // the backward needs a real O and LSE even when the forward is not timed
+      if (wanted("fwd"))
+        rows.push_back({"fwd", bench::Median(bench::TimeMs(st, 1, iters, fwd)), fwd_flops});
+      if (wanted("bwd")) {
+        rows.push_back({"bwd", bench::Median(bench::TimeMs(st, 1, iters, bwd)), 2.5 * fwd_flops});
+      }
+      if (wanted("fwd+bwd")) {
+        rows.push_back({"fwd+bwd",
+                        bench::Median(bench::TimeMs(st, 1, iters,
+                                                    [&] {
+                                                      fwd();
+                                                      bwd();
+                                                    })),
+                        3.5 * fwd_flops});
+      }
+      for (const auto& r : rows) {
+        bench::Json()
+            .Str("bench", "attention")
+            .Str("date", bench::Today())
+            .Str("device", device)
+            .Str("impl", ops.last_attention_impl())
+            .Str("layout", "[S,H,D]")
+            .Bool("causal", true)
+            .Str("mask", docs.trivial() ? "causal" : "documents")
+            .Int("doc_len", docs.trivial() ? S : doc_len)
+            .Int("docs", ndocs)
+            .Int("S", S)
+            .Int("hq", hq)
+            .Int("hkv", hkv)
+            .Int("head_dim", D)
+            .Str("pass", r.pass)
+            .Num("ms", r.ms)
+            .Num("tflops", r.flops / (r.ms * 1e-3) / 1e12)
+            .Int("iters", iters)
+            .Print();
+      }
     }
   }
   return 0;

@@ -122,7 +122,7 @@ int Main() {
       Buffer inv_freq = mk(DType::kF32, {D / 2});
       ops.Upload(inv.data(), DType::kF32, inv_freq.tensor());
       const Tensor x = a.tensor().Reshaped({rows, d / D, D});
-      auto rope = [&] { ops.Rope(x, 0, inv_freq.tensor(), false, {}); };
+      auto rope = [&] { ops.Rope(x, 0, inv_freq.tensor(), false, DocumentMask{}); };
       report("rope", 2 * elems * 2, rope, D);
     }
   }

@@ -7,10 +7,12 @@
 #include <cuda_runtime.h>
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "engine/backend/ops.h"
+#include "engine/core/status.h"
 #include "engine/memory/allocator.h"
 
 namespace ithaca {
@@ -131,7 +133,21 @@ class CudaOps : public Ops {
   void ReduceInto(const Tensor& x, bool squares, const Tensor& out, const char* op);
   bool UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
-                void* dq, void* dk, void* dv);
+                void* dq, void* dk, void* dv, const DocumentMask& docs);
+  // cuDNN on a packed sample: a ragged batch whose stats go through an [S, Hq] scratch.
+  absl::Status CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward,
+                              const void* q, const void* k, const void* v, const void* o,
+                              const void* dout, const void* lse, void* dq, void* dk, void* dv,
+                              const DocumentMask& docs);
+  // Device copies of a packed sample's document metadata, written on first use (kernels whose
+  // parameters carry the values: no host wait) and kept for the sample's further calls (each
+  // layer's Rope and Attention, forward and backward); the least recently used go first.
+  // `key` names the content, `values` are int64, and the first `int32_prefix` of them are
+  // stored as int32 in front (cuDNN's sequence lengths). Returns the device base pointer.
+  const void* DocumentIndex(const std::vector<int64_t>& key, const std::vector<int64_t>& values,
+                            int64_t int32_prefix);
+  // The document starts on the device (int64 [n]) for Rope and the own kernel.
+  const int64_t* DeviceStarts(const DocumentMask& docs, int64_t s, const char* op);
 
   Options opts_;
   double peak_flops_ = 0;
@@ -144,6 +160,12 @@ class CudaOps : public Ops {
   const char* last_attention_ = "none";
   bool cudnn_warned_ = false;
   std::vector<Span> spans_;
+  struct DocumentEntry {
+    Buffer buf;
+    uint64_t last_use = 0;
+  };
+  std::map<std::vector<int64_t>, DocumentEntry> documents_;
+  uint64_t document_clock_ = 0;
   std::vector<cudaEvent_t> free_events_;
   // CopyAsync: the copy stream catches up with the compute stream through `compute_mark_`
   // (re-recorded per copy: a wait takes the event's state when it is enqueued); each copy's end

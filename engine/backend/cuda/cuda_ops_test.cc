@@ -237,11 +237,46 @@ TEST_F(CudaOpsTest, RopeForwardAndInverse) {
     std::vector<float> inv_c = inv;
     for (bool inverse : {false, true}) {
       auto y = D(DType::kBF16, {T, Hh, Dd}, x);
-      ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse, {});
+      ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse, DocumentMask{});
       std::vector<float> want = x;
-      cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse, {});
+      cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse, DocumentMask{});
       const std::string what = absl::StrCat(inverse ? "Rope inverse" : "Rope", " D=", Dd);
       EXPECT_CLOSE(H(y), want, kBf16Tol, what.c_str());
+    }
+  }
+}
+
+// A packed sample: positions restart at each document's start, for a view that begins inside a
+// document (pos0 > 0) and covers a one-token document; against the CPU oracle. The trivial mask
+// {0} is the old path, bit for bit.
+TEST_F(CudaOpsTest, RopeWithDocuments) {
+  const DocumentMask docs{{0, 37, 38, 90, 91, 200}};
+  for (int64_t Dd : {64, 128, 12}) {
+    const int64_t T = 150, Hh = 3, pos0 = 20;  // sample indices [20, 170)
+    RopeConfig rc;
+    rc.head_dim = static_cast<int>(Dd);
+    const std::vector<float> inv = RopeInverseFrequencies(rc);
+    std::vector<float> x = Randn(T * Hh * Dd, 13);
+    auto dinv = D(DType::kF32, {Dd / 2}, inv);
+    std::vector<float> inv_c = inv;
+    for (bool inverse : {false, true}) {
+      auto y = D(DType::kBF16, {T, Hh, Dd}, x);
+      ops_->Rope(y.tensor(), pos0, dinv.tensor(), inverse, docs);
+      std::vector<float> want = x;
+      cpu_.Rope(CpuT(want, {T, Hh, Dd}), pos0, CpuT(inv_c, {Dd / 2}), inverse, docs);
+      const std::string what =
+          absl::StrCat(inverse ? "Rope inverse" : "Rope", " with documents D=", Dd);
+      EXPECT_CLOSE(H(y), want, kBf16Tol, what.c_str());
+      // Token 37 - pos0 starts a document: its rotation is the identity (position 0).
+      const std::vector<float> got = H(y);
+      for (int64_t e = 0; e < Hh * Dd; ++e) {
+        const int64_t i = (37 - pos0) * Hh * Dd + e;
+        ASSERT_EQ(got[i], x[i]) << what << " element " << e;
+      }
+      auto a = D(DType::kBF16, {T, Hh, Dd}, x), b = D(DType::kBF16, {T, Hh, Dd}, x);
+      ops_->Rope(a.tensor(), pos0, dinv.tensor(), inverse, DocumentMask{});
+      ops_->Rope(b.tensor(), pos0, dinv.tensor(), inverse, DocumentMask{{0}});
+      EXPECT_EQ(H(a), H(b)) << what << ": the trivial mask";
     }
   }
 }

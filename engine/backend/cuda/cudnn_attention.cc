@@ -53,9 +53,24 @@ absl::Status LoadCudnn() {
 }
 
 // Tensor uids in the variant packs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqLenQ,
+  kSeqLenKv,
+  kQOffset,
+  kKvOffset,
+  kStatsOffset
+};
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t>;
 
 // Which heuristic modes offer plans: ITHACA_CUDNN_HEUR is a comma list of A, B, FALLBACK
 // (default "A"). Every offered plan is timed on the first call, so more modes can only find a
@@ -156,20 +171,58 @@ void EnqueueSweep(fe::graph::Graph& g, int64_t per_engine) {
   }
 }
 
-// [S, H, D] seen as cuDNN's [B=1, H, S, D]: the token stride is H·D, the head stride D.
-std::shared_ptr<fe::graph::Tensor_attributes> Bshd(fe::graph::Graph& g, const char* name,
-                                                   int64_t uid, int64_t s, int64_t h, int64_t d) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name(name)
-                      .set_uid(uid)
-                      .set_dim({1, h, s, d})
-                      .set_stride({s * h * d, d, h * d, 1}));
+// The index tensors of a ragged batch (AttentionShape::batch > 0).
+struct RaggedTensors {
+  // Equal lengths, two tensors (one per role, as the frontend's own tests build them).
+  std::shared_ptr<fe::graph::Tensor_attributes> seq_len_q, seq_len_kv;
+  std::shared_ptr<fe::graph::Tensor_attributes> q_offset, kv_offset, stats_offset;
+};
+
+RaggedTensors MakeRagged(fe::graph::Graph& g, int64_t batch) {
+  auto index = [&](const char* name, int64_t uid, int64_t n, fe::DataType_t t) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({n, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(t));
+  };
+  RaggedTensors r;
+  r.seq_len_q = index("seq_len_q", kSeqLenQ, batch, fe::DataType_t::INT32);
+  r.seq_len_kv = index("seq_len_kv", kSeqLenKv, batch, fe::DataType_t::INT32);
+  r.q_offset = index("q_offset", kQOffset, batch + 1, fe::DataType_t::INT64);
+  r.kv_offset = index("kv_offset", kKvOffset, batch + 1, fe::DataType_t::INT64);
+  r.stats_offset = index("stats_offset", kStatsOffset, batch + 1, fe::DataType_t::INT64);
+  return r;
 }
 
-void SetBshd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid, int64_t s,
-             int64_t h, int64_t d) {
-  t->set_output(true).set_uid(uid).set_dim({1, h, s, d}).set_stride({s * h * d, d, h * d, 1});
-}
+// q, k, v, o and their gradients as cuDNN tensors: [S, H, D] is [1, H, S, D] with token stride
+// H·D; a ragged batch is [B, H, max_len, D] with the same strides inside each sequence and the
+// sequences placed by the offset tensors.
+struct Layout {
+  int64_t b, s;
+  std::shared_ptr<fe::graph::Tensor_attributes> Make(fe::graph::Graph& g, const char* name,
+                                                     int64_t uid, int64_t h, int64_t d) const {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({b, h, s, d})
+                        .set_stride({s * h * d, d, h * d, 1}));
+  }
+  void Set(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid, int64_t h,
+           int64_t d) const {
+    t->set_output(true).set_uid(uid).set_dim({b, h, s, d}).set_stride({s * h * d, d, h * d, 1});
+  }
+  // cuDNN's stats: [B, H, S, 1], head-major for one sequence, token-major when ragged.
+  void SetStats(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t h,
+                bool ragged) const {
+    t->set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({b, h, s, 1})
+        .set_stride(ragged ? std::vector<int64_t>{h * s, 1, h, 1}
+                           : std::vector<int64_t>{h * s, s, 1, 1});
+  }
+};
 
 absl::Status FeError(const char* what, fe::error_t e) {
   return absl::InternalError(absl::StrCat("cuDNN SDPA ", what, ": ", e.get_message()));
@@ -285,9 +338,21 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = Bshd(*g, "q", kQ, s, hq, d);
-  auto k = Bshd(*g, "k", kK, s, hkv, d);
-  auto v = Bshd(*g, "v", kV, s, hkv, d);
+  const bool ragged = sh.batch > 0;
+  const Layout lay = ragged ? Layout{sh.batch, sh.max_len} : Layout{1, s};
+  RaggedTensors r;
+  if (ragged) r = MakeRagged(*g, sh.batch);
+  // Sequence i of a ragged tensor starts at element offset[i] of its buffer.
+  auto place = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t,
+                   const std::shared_ptr<fe::graph::Tensor_attributes>& offset) {
+    if (ragged) t->set_ragged_offset(offset);
+  };
+  auto q = lay.Make(*g, "q", kQ, hq, d);
+  auto k = lay.Make(*g, "k", kK, hkv, d);
+  auto v = lay.Make(*g, "v", kV, hkv, d);
+  place(q, r.q_offset);
+  place(k, r.kv_offset);
+  place(v, r.kv_offset);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   if (!backward) {
     auto opts = fe::graph::SDPA_attributes()
@@ -297,32 +362,48 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
                     .set_attn_scale(scale)
                     .set_implementation(ForwardImplementation());
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
+    if (ragged) {
+      // Padding mask: sequence i has seq_len[i] queries and keys; causal is then per sequence.
+      opts.set_padding_mask(true)
+          .set_seq_len_q(r.seq_len_q)
+          .set_seq_len_kv(r.seq_len_kv)
+          .set_max_total_seq_len_q(s)
+          .set_max_total_seq_len_kv(s);
+    }
     auto [o, stats] = g->sdpa(q, k, v, opts);
-    SetBshd(o, kO, s, hq, d);
-    // cuDNN's stats are [B, H, S, 1]; the engine's LSE is [H, S].
-    stats->set_output(true)
-        .set_uid(kStats)
-        .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({1, hq, s, 1})
-        .set_stride({hq * s, s, 1, 1});
+    lay.Set(o, kO, hq, d);
+    place(o, r.q_offset);
+    // The engine's LSE is [H, S]: exactly cuDNN's stats for one sequence.
+    stats->set_output(true);
+    lay.SetStats(stats, hq, ragged);
+    place(stats, r.stats_offset);
   } else {
-    auto o = Bshd(*g, "o", kO, s, hq, d);
-    auto dout = Bshd(*g, "dO", kDO, s, hq, d);
-    auto stats = g->tensor(fe::graph::Tensor_attributes()
-                               .set_name("stats")
-                               .set_uid(kStats)
-                               .set_dim({1, hq, s, 1})
-                               .set_stride({hq * s, s, 1, 1})
-                               .set_data_type(fe::DataType_t::FLOAT));
+    auto o = lay.Make(*g, "o", kO, hq, d);
+    auto dout = lay.Make(*g, "dO", kDO, hq, d);
+    place(o, r.q_offset);
+    place(dout, r.q_offset);
+    auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("stats"));
+    lay.SetStats(stats, hq, ragged);
+    place(stats, r.stats_offset);
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_bwd")
                     .set_causal_mask(true)
                     .set_attn_scale(scale);
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
+    if (ragged) {
+      opts.set_padding_mask(true)
+          .set_seq_len_q(r.seq_len_q)
+          .set_seq_len_kv(r.seq_len_kv)
+          .set_max_total_seq_len_q(s)
+          .set_max_total_seq_len_kv(s);
+    }
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
-    SetBshd(dq, kDQ, s, hq, d);
-    SetBshd(dk, kDK, s, hkv, d);
-    SetBshd(dv, kDV, s, hkv, d);
+    lay.Set(dq, kDQ, hq, d);
+    lay.Set(dk, kDK, hkv, d);
+    lay.Set(dv, kDV, hkv, d);
+    place(dq, r.q_offset);
+    place(dk, r.kv_offset);
+    place(dv, r.kv_offset);
   }
   fe::error_t err = g->validate();
   if (err.is_bad()) return FeError("validate", err);
@@ -371,7 +452,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
 
 absl::StatusOr<CudnnAttention::Impl::Entry*> CudnnAttention::Impl::Get(const AttentionShape& sh,
                                                                        bool backward) {
-  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward};
+  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward, sh.batch, sh.max_len};
   auto it = graphs.find(key);
   if (it == graphs.end()) {
     it = graphs.emplace(key, Entry{}).first;
@@ -411,6 +492,25 @@ int64_t CudnnAttention::RuntimeVersion() {
   return static_cast<int64_t>(fe::detail::get_backend_version());
 }
 
+namespace {
+
+absl::Status AddRagged(const AttentionShape& sh, const RaggedIndex* ragged,
+                       std::unordered_map<int64_t, void*>& pack) {
+  if (sh.batch == 0) return absl::OkStatus();
+  if (!ragged || !ragged->seq_len || !ragged->q_offset || !ragged->kv_offset ||
+      !ragged->stats_offset) {
+    return absl::InvalidArgumentError("cuDNN SDPA: a ragged shape needs its index tensors");
+  }
+  pack[kSeqLenQ] = const_cast<int32_t*>(ragged->seq_len);
+  pack[kSeqLenKv] = const_cast<int32_t*>(ragged->seq_len);
+  pack[kQOffset] = const_cast<int64_t*>(ragged->q_offset);
+  pack[kKvOffset] = const_cast<int64_t*>(ragged->kv_offset);
+  pack[kStatsOffset] = const_cast<int64_t*>(ragged->stats_offset);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CudnnAttention::Prepare(const AttentionShape& sh, bool backward) {
   if (!impl_->handle) {
     RETURN_IF_ERROR(LoadCudnn());
@@ -427,7 +527,8 @@ absl::Status CudnnAttention::Prepare(const AttentionShape& sh, bool backward) {
 }
 
 absl::Status CudnnAttention::Forward(const AttentionShape& sh, const void* q, const void* k,
-                                     const void* v, void* o, float* lse) {
+                                     const void* v, void* o, float* lse,
+                                     const RaggedIndex* ragged) {
   RETURN_IF_ERROR(Prepare(sh, false));
   ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, false));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
@@ -435,12 +536,14 @@ absl::Status CudnnAttention::Forward(const AttentionShape& sh, const void* q, co
                                              {kV, const_cast<void*>(v)},
                                              {kO, o},
                                              {kStats, lse}};
+  RETURN_IF_ERROR(AddRagged(sh, ragged, pack));
   return impl_->Execute(e, pack, "forward");
 }
 
 absl::Status CudnnAttention::Backward(const AttentionShape& sh, const void* q, const void* k,
                                       const void* v, const void* o, const void* dout,
-                                      const float* lse, void* dq, void* dk, void* dv) {
+                                      const float* lse, void* dq, void* dk, void* dv,
+                                      const RaggedIndex* ragged) {
   RETURN_IF_ERROR(Prepare(sh, true));
   ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, true));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
@@ -452,6 +555,7 @@ absl::Status CudnnAttention::Backward(const AttentionShape& sh, const void* q, c
                                              {kDQ, dq},
                                              {kDK, dk},
                                              {kDV, dv}};
+  RETURN_IF_ERROR(AddRagged(sh, ragged, pack));
   return impl_->Execute(e, pack, "backward");
 }
 

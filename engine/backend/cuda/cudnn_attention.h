@@ -25,6 +25,20 @@ struct AttentionShape {
   // memory probe (docs/benchmarks.md) uses it to run million-token steps at linear cost; outputs
   // are then not the model's attention. 0: full causal attention.
   int64_t window = 0;
+  // > 0: a packed sample of documents run as a ragged batch (cuDNN's THD layout: [S, H, D] is
+  // already the documents' tokens back to back) of `batch` sequences of at most `max_len` tokens,
+  // causal within each; the lengths and offsets come as device tensors (RaggedIndex), so one
+  // graph serves every layout with the same (batch, max_len) buckets. Unused sequences have
+  // length 0. 0: one causal sequence of s tokens.
+  int64_t batch = 0, max_len = 0;
+};
+
+// The device tensors of a ragged batch (AttentionShape::batch > 0), all in elements.
+struct RaggedIndex {
+  const int32_t* seq_len = nullptr;       // [batch] tokens of each sequence
+  const int64_t* q_offset = nullptr;      // [batch + 1] start of each sequence in q, o, dq, dO
+  const int64_t* kv_offset = nullptr;     // [batch + 1] in k, v, dk, dv
+  const int64_t* stats_offset = nullptr;  // [batch + 1] in the stats
 };
 
 class CudnnAttention {
@@ -37,11 +51,13 @@ class CudnnAttention {
 
   // An error when cuDNN has no engine for the shape (the caller may fall back to its own kernel);
   // the error is remembered per shape, so a shape that fails is not rebuilt on every call.
+  // A ragged shape needs `ragged`, and its stats are token-major, [S, Hq], not [Hq, S] (cuDNN's
+  // packed layout): the caller transposes.
   absl::Status Forward(const AttentionShape& sh, const void* q, const void* k, const void* v,
-                       void* o, float* lse);
+                       void* o, float* lse, const RaggedIndex* ragged = nullptr);
   absl::Status Backward(const AttentionShape& sh, const void* q, const void* k, const void* v,
                         const void* o, const void* dout, const float* lse, void* dq, void* dk,
-                        void* dv);
+                        void* dv, const RaggedIndex* ragged = nullptr);
   // Builds (or looks up) the graphs for a shape without running them.
   absl::Status Prepare(const AttentionShape& sh, bool backward);
 

@@ -6,10 +6,16 @@
 // stream tiles of kRows keys (or queries) through shared memory; the softmax is online, so no
 // S × S matrix exists. Backward: delta = rowsum(dO ⊙ O), then one kernel for dK, dV (summed
 // over the query heads of a GQA group) and one for dQ.
+//
+// Documents (a packed sample): a query sees the keys from its document's start to itself. Key
+// tiles wholly before the first row's document start are skipped, and query tiles wholly past
+// the last key's document end, so a packed sample costs its documents' causal work plus the
+// boundary tiles; the mask inside a tile is per element.
 #include <cmath>
 
 #include "engine/backend/cuda/bf16_util.cuh"
 #include "engine/backend/cuda/cuda_check.h"
+#include "engine/backend/cuda/documents.cuh"
 #include "engine/backend/cuda/kernels.h"
 
 namespace ithaca {
@@ -50,7 +56,7 @@ __device__ __forceinline__ void LoadTile(const uint16_t* x, int64_t s, int64_t h
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     ForwardKernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s, int64_t hq,
-                  int64_t hkv, uint16_t* out, float* lse) {
+                  int64_t hkv, uint16_t* out, float* lse, const int64_t* starts, int64_t ndocs) {
   constexpr int E = D / kLanes;
   __shared__ uint16_t ks[kRows][D], vs[kRows][D];
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
@@ -63,7 +69,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
   const int64_t last = min(s - 1, blockIdx.x * int64_t(kRows) + kRows - 1);
-  for (int64_t j0 = 0; j0 <= last; j0 += kRows) {
+  const int64_t first = DocStart(starts, ndocs, blockIdx.x * int64_t(kRows));
+  const int64_t doc = valid ? DocStart(starts, ndocs, i) : 0;
+  for (int64_t j0 = first / kRows * kRows; j0 <= last; j0 += kRows) {
     __syncthreads();
     LoadTile<D>(k, s, hkv, g, j0, ks);
     LoadTile<D>(v, s, hkv, g, j0, vs);
@@ -71,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
     const int nk = static_cast<int>(s - j0 < kRows ? s - j0 : kRows);
     for (int jj = 0; jj < nk; ++jj) {
       const float sc = RowDot<E>(qr, &ks[jj][lane * E]) * scale;
-      if (valid && j0 + jj <= i) {
+      if (valid && j0 + jj <= i && j0 + jj >= doc) {
         const float m_new = fmaxf(m, sc);
         const float corr = expf(m - m_new), p = expf(sc - m_new);
         l = l * corr + p;
@@ -107,7 +115,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     DkDvKernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                const float* lse, const float* delta, int64_t s, int64_t hq, int64_t hkv,
-               uint16_t* dk, uint16_t* dv) {
+               uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t ndocs) {
   constexpr int E = D / kLanes;
   __shared__ uint16_t qs[kRows][D], dos[kRows][D];
   __shared__ float lse_s[kRows], delta_s[kRows];
@@ -120,9 +128,12 @@ __global__ void __launch_bounds__(kThreads)
   LoadRow<E>(v + (j * hkv + g) * D + lane * E, valid, vr);
 #pragma unroll
   for (int e = 0; e < E; ++e) dkr[e] = dvr[e] = 0.f;
+  // Queries past the document of the tile's last key see none of its keys.
+  const int64_t end = DocEnd(starts, ndocs, s, min(s - 1, blockIdx.x * int64_t(kRows) + kRows - 1));
+  const int64_t doc_end = valid ? DocEnd(starts, ndocs, s, j) : 0;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
     // Queries before this key tile see none of its keys.
-    for (int64_t i0 = blockIdx.x * int64_t(kRows); i0 < s; i0 += kRows) {
+    for (int64_t i0 = blockIdx.x * int64_t(kRows); i0 < end; i0 += kRows) {
       __syncthreads();
       LoadTile<D>(q, s, hq, h, i0, qs);
       LoadTile<D>(dout, s, hq, h, i0, dos);
@@ -136,7 +147,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int ii = 0; ii < nq; ++ii) {
         const float sc = RowDot<E>(kr, &qs[ii][lane * E]) * scale;
         const float dp = RowDot<E>(vr, &dos[ii][lane * E]);
-        if (valid && i0 + ii >= j) {
+        if (valid && i0 + ii >= j && i0 + ii < doc_end) {
           const float p = expf(sc - lse_s[ii]);
           const float ds = p * (dp - delta_s[ii]) * scale;
 #pragma unroll
@@ -161,8 +172,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     DqKernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-             const float* lse, const float* delta, int64_t s, int64_t hq, int64_t hkv,
-             uint16_t* dq) {
+             const float* lse, const float* delta, int64_t s, int64_t hq, int64_t hkv, uint16_t* dq,
+             const int64_t* starts, int64_t ndocs) {
   constexpr int E = D / kLanes;
   __shared__ uint16_t ks[kRows][D], vs[kRows][D];
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
@@ -176,7 +187,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = 0; e < E; ++e) dqr[e] = 0.f;
   const float lse_i = valid ? lse[h * s + i] : 0.f, delta_i = valid ? delta[h * s + i] : 0.f;
   const int64_t last = min(s - 1, blockIdx.x * int64_t(kRows) + kRows - 1);
-  for (int64_t j0 = 0; j0 <= last; j0 += kRows) {
+  const int64_t first = DocStart(starts, ndocs, blockIdx.x * int64_t(kRows));
+  const int64_t doc = valid ? DocStart(starts, ndocs, i) : 0;
+  for (int64_t j0 = first / kRows * kRows; j0 <= last; j0 += kRows) {
     __syncthreads();
     LoadTile<D>(k, s, hkv, g, j0, ks);
     LoadTile<D>(v, s, hkv, g, j0, vs);
@@ -185,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int jj = 0; jj < nk; ++jj) {
       const float sc = RowDot<E>(qr, &ks[jj][lane * E]) * scale;
       const float dp = RowDot<E>(dor, &vs[jj][lane * E]);
-      if (valid && j0 + jj <= i) {
+      if (valid && j0 + jj <= i && j0 + jj >= doc) {
         const float ds = expf(sc - lse_i) * (dp - delta_i) * scale;
 #pragma unroll
         for (int e = 0; e < E; ++e) dqr[e] += ds * Bf(ks[jj][lane * E + e]);
@@ -200,22 +213,24 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int D>
 void Forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s, int64_t hq,
-             int64_t hkv, uint16_t* out, float* lse, cudaStream_t stream) {
+             int64_t hkv, uint16_t* out, float* lse, const int64_t* starts, int64_t ndocs,
+             cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((s + kRows - 1) / kRows), static_cast<unsigned>(hq));
-  ForwardKernel<D><<<grid, kThreads, 0, stream>>>(q, k, v, s, hq, hkv, out, lse);
+  ForwardKernel<D><<<grid, kThreads, 0, stream>>>(q, k, v, s, hq, hkv, out, lse, starts, ndocs);
   cudaCheckLaunch();
 }
 
 template <int D>
 void Backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
               const float* lse, const float* delta, int64_t s, int64_t hq, int64_t hkv,
-              uint16_t* dq, uint16_t* dk, uint16_t* dv, cudaStream_t stream) {
+              uint16_t* dq, uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t ndocs,
+              cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((s + kRows - 1) / kRows);
   DkDvKernel<D><<<dim3(tiles, static_cast<unsigned>(hkv)), kThreads, 0, stream>>>(
-      q, k, v, dout, lse, delta, s, hq, hkv, dk, dv);
+      q, k, v, dout, lse, delta, s, hq, hkv, dk, dv, starts, ndocs);
   cudaCheckLaunch();
   DqKernel<D><<<dim3(tiles, static_cast<unsigned>(hq)), kThreads, 0, stream>>>(
-      q, k, v, dout, lse, delta, s, hq, hkv, dq);
+      q, k, v, dout, lse, delta, s, hq, hkv, dq, starts, ndocs);
   cudaCheckLaunch();
 }
 
@@ -225,17 +240,17 @@ bool FlashAttentionSupports(int64_t d) { return d == 16 || d == 32 || d == 64 ||
 
 void FlashAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s,
                            int64_t hq, int64_t hkv, int64_t d, uint16_t* out, float* lse,
-                           cudaStream_t stream) {
+                           const int64_t* starts, int64_t ndocs, cudaStream_t stream) {
   if (s == 0) return;
   switch (d) {
     case 16:
-      return Forward<16>(q, k, v, s, hq, hkv, out, lse, stream);
+      return Forward<16>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
     case 32:
-      return Forward<32>(q, k, v, s, hq, hkv, out, lse, stream);
+      return Forward<32>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
     case 64:
-      return Forward<64>(q, k, v, s, hq, hkv, out, lse, stream);
+      return Forward<64>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
     case 128:
-      return Forward<128>(q, k, v, s, hq, hkv, out, lse, stream);
+      return Forward<128>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
   }
   std::fprintf(stderr, "FlashAttentionForward: head_dim %lld unsupported\n", (long long)d);
   std::abort();
@@ -244,19 +259,21 @@ void FlashAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t*
 void FlashAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                             const uint16_t* out, const uint16_t* dout, const float* lse, int64_t s,
                             int64_t hq, int64_t hkv, int64_t d, float* delta, uint16_t* dq,
-                            uint16_t* dk, uint16_t* dv, cudaStream_t stream) {
+                            uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t ndocs,
+                            cudaStream_t stream) {
   if (s == 0) return;
   DeltaKernel<<<GridFor(s * hq, 256), 256, 0, stream>>>(out, dout, s, hq, d, delta);
   cudaCheckLaunch();
   switch (d) {
     case 16:
-      return Backward<16>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, stream);
+      return Backward<16>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs, stream);
     case 32:
-      return Backward<32>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, stream);
+      return Backward<32>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs, stream);
     case 64:
-      return Backward<64>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, stream);
+      return Backward<64>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs, stream);
     case 128:
-      return Backward<128>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, stream);
+      return Backward<128>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs,
+                           stream);
   }
   std::fprintf(stderr, "FlashAttentionBackward: head_dim %lld unsupported\n", (long long)d);
   std::abort();

@@ -38,10 +38,12 @@ void EmbeddingBackward(const int32_t* ids, int64_t tokens, const uint16_t* dout,
                        int64_t d, void* dtable, ElemType dt, cudaStream_t stream);
 
 // ---- rope.cu
-// In place on x bf16 [T, H, D]: pair (i, i + D/2) of token t rotates by (pos0 + t)·inv_freq[i]
-// (negated when inverse).
+// In place on x bf16 [T, H, D]: pair (i, i + D/2) of token t rotates by pos·inv_freq[i]
+// (negated when inverse), pos = (pos0 + t) minus the start of its document: `starts` (device,
+// num_docs sample indices, see documents.cuh), or no documents when num_docs == 0.
 void Rope(uint16_t* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t pos0,
-          const float* inv_freq, bool inverse, cudaStream_t stream);
+          const float* inv_freq, bool inverse, const int64_t* starts, int64_t num_docs,
+          cudaStream_t stream);
 
 // ---- swiglu.cu (bf16, f32 math; outputs may alias inputs elementwise)
 void SwiGLUForward(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
@@ -67,16 +69,26 @@ void AdamW(float* master, const void* grad, ElemType gt, float* m, float* v, voi
            ElemType wt, int64_t n, const AdamWArgs& a, cudaStream_t stream);
 
 // ---- flash_attention.cu: the own causal GQA flash attention (fallback and second opinion).
-// q, out [S, Hq, D]; k, v [S, Hkv, D] bf16; lse f32 [Hq, S]. D in {16, 32, 64, 128}.
+// q, out [S, Hq, D]; k, v [S, Hkv, D] bf16; lse f32 [Hq, S]. D in {16, 32, 64, 128}. With
+// documents (device `starts`, num_docs > 0, see documents.cuh) a query sees only the keys of its
+// own document; num_docs == 0 is one causal sequence.
 bool FlashAttentionSupports(int64_t head_dim);
 void FlashAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s,
                            int64_t hq, int64_t hkv, int64_t d, uint16_t* out, float* lse,
-                           cudaStream_t stream);
+                           const int64_t* starts, int64_t num_docs, cudaStream_t stream);
 // delta: f32 scratch [Hq, S]. dq, dk, dv written.
 void FlashAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                             const uint16_t* out, const uint16_t* dout, const float* lse, int64_t s,
                             int64_t hq, int64_t hkv, int64_t d, float* delta, uint16_t* dq,
-                            uint16_t* dk, uint16_t* dv, cudaStream_t stream);
+                            uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t num_docs,
+                            cudaStream_t stream);
+
+// ---- documents.cu: packed samples' document metadata.
+// dst[i] = values[i] for i < n (int32 when as_int32, else int64), written by kernels whose
+// parameters carry the values: the host buffer may be reused at once and the host never waits.
+void WriteIndices(const int64_t* values, int64_t n, void* dst, bool as_int32, cudaStream_t stream);
+// dst [cols, rows] = src [rows, cols]ᵀ (f32).
+void TransposeF32(const float* src, int64_t rows, int64_t cols, float* dst, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ithaca
