@@ -15,7 +15,10 @@
 #           (head_dim x Hq x Hkv x S, '+' between shapes: 64x32x8x65536+128x32x8x32768), forward
 #           and backward; every plan's time in sweep.log
 #   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
-#   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags)
+#   docattn:S:N  attention_bench at hd 64, 32 query / 8 KV heads (Llama-3.2-1B), S tokens: full
+#           causal and packed documents of N tokens (document-masked) side by side; docattn.jsonl
+#   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags;
+#           e.g. train:131072:--doc_len=8192 for packed documents)
 #   probe:W:S[:extra flags] the memory probe at each S
 # Lines go to OUT_DIR/{info,attn,train}.log, OUT_DIR/gpu-tests-<date>.log and
 # OUT_DIR/{attn,train}.jsonl.
@@ -26,6 +29,7 @@ shift 2
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export ITHACA_CUDNN_VERBOSE=1
+export NCCL_NVLS_ENABLE=0
 # The newest libcudnn outside the system folders (e.g. PyTorch's wheel), for the attn phase.
 # On the H200 image: the system's is 9.14 in /usr/lib/x86_64-linux-gnu; PyTorch's is another.
 other_cudnn() {
@@ -104,6 +108,10 @@ for phase in "$@"; do
     kernels)
       timeout 120 "$BIN/norm_bench" | tee -a "$OUT/kernels.jsonl"
       timeout 120 "$BIN/gemm_bench" | tee -a "$OUT/kernels.jsonl"
+      ;;
+    docattn)
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/attention_bench" --shapes="64:32:8:$a1" \
+        --doc_len="$a2" --iters=3 --passes=fwd,bwd 2>>"$OUT/attn.log" | tee -a "$OUT/docattn.jsonl"
       ;;
     train)
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \

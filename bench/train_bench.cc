@@ -44,6 +44,9 @@ ABSL_FLAG(int64_t, probe, 0, "memory probe: attention window W (0: a real, timed
 ABSL_FLAG(bool, plan_only, false, "print the planner's prediction only (no GPU)");
 ABSL_FLAG(bool, profile, true, "per-op device time of the last timed step (CUDA events)");
 ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
+ABSL_FLAG(int64_t, doc_len, 0,
+          "packed documents of this many tokens, document-masked (0: one causal sequence); "
+          "model TFLOPS then count only the attention computed");
 
 namespace ithaca {
 namespace {
@@ -147,6 +150,13 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   std::mt19937 gen(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
   std::vector<int32_t> inputs(S), labels(S);
+  // data.document_mask as the trainer applies it: attention and RoPE within each document, and
+  // a document's last token predicts nothing.
+  DocumentMask docs;
+  if (const int64_t n = absl::GetFlag(FLAGS_doc_len); n > 0) {
+    for (int64_t t = 0; t < S; t += n) docs.starts.push_back(t);
+  }
+  const double flops_per_sample = ModelFlopsPerSample(cfg, S, docs.starts);
 
   // A probe is one step: its time is not a measurement.
   const int warmup = probe > 0 ? 0 : absl::GetFlag(FLAGS_warmup);
@@ -161,6 +171,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
     for (int64_t i = 0; i + 1 < S; ++i) labels[i] = inputs[i + 1];
     labels[S - 1] = tok(gen);
+    for (size_t d = 1; d < docs.starts.size(); ++d) labels[docs.starts[d] - 1] = -1;
     const bool last = step + 1 == warmup + timed;
     ops.set_profile(last && absl::GetFlag(FLAGS_profile));
     ops.Synchronize();
@@ -168,7 +179,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     cudaEventRecord(a, ops.stream());
     model->params().ZeroGrads();
     ASSIGN_OR_RETURN(LossSum l, model->ForwardBackward(inputs.data(), labels.data(), S,
-                                                       1.f / static_cast<float>(S)));
+                                                       1.f / static_cast<float>(S), docs));
     RETURN_IF_ERROR(opt->Step(step + 1, hp.lr).status());
     cudaEventRecord(b, ops.stream());
     cudaEventSynchronize(b);
@@ -210,6 +221,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Str("model", absl::GetFlag(FLAGS_model))
       .Int("S", S)
       .Int("world", 1)
+      .Int("doc_len", absl::GetFlag(FLAGS_doc_len))
       .Obj("techniques", Techniques(mo, ops.last_attention_impl()));
   if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
   if (probe > 0) {
@@ -217,7 +229,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   } else {
     const double t = bench::Median(step_s);
     const double tok_s = static_cast<double>(S) / t;
-    const double tflops = tok_s * ModelFlopsPerToken(cfg, S) / 1e12;
+    const double tflops = flops_per_sample / t / 1e12;
     std::string steps_json = "[";
     for (size_t i = 0; i < step_s.size(); ++i)
       absl::StrAppendFormat(&steps_json, "%s%.4f", i ? ", " : "", step_s[i]);
