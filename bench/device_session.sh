@@ -17,6 +17,8 @@
 #   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
 #   docattn:S:N  attention_bench at hd 64, 32 query / 8 KV heads (Llama-3.2-1B), S tokens: full
 #           causal and packed documents of N tokens (document-masked) side by side; docattn.jsonl
+#   daemon  the demo job through ithacad and the CLI on this machine's GPU(s), with packed
+#           documents (data.document_mask) and a held-out loss ([eval]); daemon.log
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags;
 #           e.g. train:131072:--doc_len=8192 for packed documents)
 #   probe:W:S[:extra flags] the memory probe at each S
@@ -108,6 +110,29 @@ for phase in "$@"; do
     kernels)
       timeout 120 "$BIN/norm_bench" | tee -a "$OUT/kernels.jsonl"
       timeout 120 "$BIN/gemm_bench" | tee -a "$OUT/kernels.jsonl"
+      ;;
+    daemon)
+      D=/tmp/ithaca-daemon-phase
+      rm -rf "$D" && mkdir -p "$D/run" "$D/state"
+      "$BIN/ithaca-tokenize" --input engine/train/testdata/tiny_corpus.txt --output "$D/run/corpus.tok"
+      gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+      backend=cuda
+      [ "$gpus" = 0 ] && backend=cpu
+      sed -e "s|@RUN@|$D/run|g" -e "s|@BACKEND@|$backend|" -e "s|@WORLD@|1|" -e "s|@SP@|1|" \
+        tools/demo_job.toml > "$D/run/job.toml"
+      root=(); [ "$(id -u)" = 0 ] && root=(--allow-root-workers)
+      "$BIN/ithacad" --state-dir "$D/state" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+        --worker-binary "$BIN/ithaca-worker" --allowed-roots "$D" "${root[@]}" \
+        >"$OUT/daemon.log" 2>&1 &
+      dpid=$!
+      for _ in $(seq 100); do [ -s "$D/state/ithacad.addr" ] && break; sleep 0.1; done
+      export ITHACA_HOME="$D/state"
+      job=$("$BIN/ithaca" submit "$D/run/job.toml" -o name --set data.document_mask=true \
+        --set eval.path="$D/run/corpus.tok" --set eval.every=20 --set eval.batches=2)
+      "$BIN/ithaca" watch "$job" 2>&1 | tee -a "$OUT/daemon.log" | tail -12
+      "$BIN/ithaca" status "$job" | tee -a "$OUT/daemon.log" | head -30
+      kill -TERM "$dpid"; wait "$dpid"
+      cat "$D/state/jobs/$job/rank-0.log" >>"$OUT/daemon.log" 2>/dev/null
       ;;
     docattn)
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/attention_bench" --shapes="64:32:8:$a1" \
