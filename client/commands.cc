@@ -70,16 +70,6 @@ void PrintJson(const google::protobuf::Message& m) {
   std::fflush(stdout);
 }
 
-int RpcError(const CliContext& c, const grpc::Status& st) {
-  std::fprintf(
-      stderr, "ithaca: %s: %s\n", c.server.c_str(),
-      absl::StrCat(st.error_code() == grpc::StatusCode::UNAVAILABLE
-                       ? "UNAVAILABLE (is ithacad running?)"
-                       : absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
-                   ": ", st.error_message())
-          .c_str());
-  return 2;
-}
 
 int UsageError(const std::string& msg) {
   std::fprintf(stderr, "ithaca: %s (ithaca --help lists every command and flag)\n", msg.c_str());

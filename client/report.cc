@@ -23,15 +23,6 @@ namespace {
 
 using google::protobuf::util::TimeUtil;
 
-int RpcFailed(const CliContext& c, const grpc::Status& st) {
-  std::fprintf(
-      stderr, "ithaca: %s: %s: %s\n", c.server.c_str(),
-      st.error_code() == grpc::StatusCode::UNAVAILABLE
-          ? "UNAVAILABLE (is ithacad running?)"
-          : absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())).c_str(),
-      st.error_message().c_str());
-  return 2;
-}
 
 absl::StatusOr<std::vector<v1::JobEvent>> ReadHistory(CliContext& c, const std::string& id,
                                                       grpc::Status* status) {
@@ -341,7 +332,7 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
 int StepsCommand(CliContext& c, const std::string& id) {
   grpc::Status st;
   absl::StatusOr<std::vector<v1::JobEvent>> history = ReadHistory(c, id, &st);
-  if (!history.ok()) return RpcFailed(c, st);
+  if (!history.ok()) return RpcError(c, st);
   google::protobuf::util::JsonPrintOptions o;
   o.preserve_proto_field_names = true;
   for (const v1::JobEvent& e : *history) {
@@ -360,11 +351,11 @@ int ReportCommand(CliContext& c, const std::string& id, const std::string& out_i
   {
     grpc::ClientContext ctx;
     grpc::Status st = c.stub->GetJob(&ctx, get, &job);
-    if (!st.ok()) return RpcFailed(c, st);
+    if (!st.ok()) return RpcError(c, st);
   }
   grpc::Status st;
   absl::StatusOr<std::vector<v1::JobEvent>> history = ReadHistory(c, id, &st);
-  if (!history.ok()) return RpcFailed(c, st);
+  if (!history.ok()) return RpcError(c, st);
   // The plan of the spec as it ran (resolved, paths absolute).
   std::optional<v1::PlanJobResponse> plan;
   std::string plan_error;
