@@ -24,11 +24,6 @@ using testing::RunOptions;
 using testing::RunRanks;
 using testing::TempDir;
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 float Val(int r, int64_t i) { return std::sin(0.37f * r + 0.011f * i) * 3.1f + 0.1f * r; }
 
 GlooOptions Options(double timeout_s) {
