@@ -327,13 +327,7 @@ class SftTest(Fresh):
                              {"role": "assistant", "content": "Blue."},
                              {"role": "user", "content": "Another?"},
                              {"role": "assistant", "content": "Red."}]}
-        r, out = self.sft(model, [conv])
-        try:
-            import jinja2  # noqa: F401
-        except ImportError:
-            self.assertEqual(r.returncode, 1)
-            self.assertIn("needs the Python package `jinja2`", r.stderr)
-            return
+        r, out = self.sft(model, [conv])  # jinja2 is pinned in tools/requirements.txt
         self.assertEqual(r.returncode, 0, r.stderr)
         [f] = dump(os.path.join(out, "*.tok"))
         pieces = [("<s>[system] Be brief.\n[user] Name a colour.\n[assistant] ", 0),
