@@ -100,6 +100,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   PlanRequest req;
   req.cfg = cfg;
   req.seq_len = S;
+  req.document_mask = absl::GetFlag(FLAGS_doc_len) > 0;
   req.opts = mo;
   req.device = Device::kCuda;
   req.act = DType::kBF16;

@@ -13,9 +13,13 @@ constexpr double kGiB = double(int64_t{1} << 30);
 
 // Workspaces the CUDA backend allocates itself: cuBLASLt's fixed 32 MiB, and cuDNN's fused
 // attention backward, which measured on an H200 at 8 bytes per (token × head × head_dim) of a
-// stage's query heads (2.16 GB for 32 heads of 64 at 128K tokens).
-int64_t CudaWorkspaceBytes(const HeadPlan& heads, int64_t seq_len) {
-  return (int64_t{32} << 20) + 8 * seq_len * heads.u * heads.D;
+// stage's query heads (2.16 GB for 32 heads of 64 at 128K tokens). Document-masked (ragged)
+// attention needs 12 (3.24 GB there; 12.95 GB at 512K) plus the f32 [S, heads] statistics
+// CudaOps converts the ragged layout's log-sum-exp through.
+int64_t CudaWorkspaceBytes(const HeadPlan& heads, int64_t seq_len, bool document_mask) {
+  const int64_t per_element = document_mask ? 12 : 8;
+  const int64_t stats = document_mask ? 4 * seq_len * heads.u : 0;
+  return (int64_t{32} << 20) + per_element * seq_len * heads.u * heads.D + stats;
 }
 
 std::vector<int64_t> HeadChunkCandidates(const LlamaConfig& cfg, int64_t sp) {
@@ -91,7 +95,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   }
   p.device_peak = t.device_peak();
   p.workspace =
-      req.device == Device::kCuda ? CudaWorkspaceBytes(model->head_plan(), req.seq_len) : 0;
+      req.device == Device::kCuda ? CudaWorkspaceBytes(model->head_plan(), req.seq_len,
+                                                    req.document_mask)
+                                 : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
   p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
   p.tile_tokens = req.opts.tile_tokens;
@@ -110,6 +116,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.world = spec.parallel.world;
   req.sp = spec.parallel.sp;
   req.seq_len = spec.data.seq_len;
+  req.document_mask = spec.data.document_mask;
   req.device = spec.backend == "cuda" ? Device::kCuda : Device::kCpu;
   const std::string dtype =
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;

@@ -3,9 +3,10 @@
 // optimizer state) of the engine's own schedule on the meta device (meta.h), so every buffer the
 // schedule allocates is counted at its real size and lifetime; "auto" settings are resolved by
 // searching for the fastest configuration that fits the budgets. Packed documents
-// (data.document_mask) shrink the attention's work but not its memory (every buffer is sized by
-// the sequence, whatever its documents), so the plan does not depend on them; the step line's
-// model TFLOPS does (ModelFlopsPerSample counts only the attention computed).
+// (data.document_mask) shrink the attention's work but not the engine's memory (every buffer is
+// sized by the sequence, whatever its documents); only cuDNN's ragged attention needs a larger
+// workspace, which the plan adds. The step line's model TFLOPS count only the attention
+// computed (ModelFlopsPerSample).
 #pragma once
 
 #include <array>
@@ -22,6 +23,7 @@ namespace ithaca {
 struct PlanRequest {
   LlamaConfig cfg;
   int64_t world = 1, sp = 1, seq_len = 0;
+  bool document_mask = false;  // data.document_mask: cuDNN's ragged attention workspace
   LlamaModel::Options opts;  // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
   Device device = Device::kCpu;
   DType act = DType::kF32;

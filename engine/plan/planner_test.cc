@@ -208,6 +208,32 @@ TEST(PlannerTest, DocumentMasksChangeNoMemory) {
   EXPECT_EQ(b->device_peak(), a->device_peak());
 }
 
+// On CUDA, cuDNN's ragged (document-masked) attention backward needs a larger workspace: the
+// plan adds what the H200 measured (bench/results/2026-12-01-s2-train-packed-*: 3,238,011,008
+// bytes at 128K tokens, 12,952,019,072 at 512K, 32 heads of 64) instead of the causal 8 bytes
+// per element.
+TEST(PlannerTest, DocumentMasksWidenCudnnsWorkspaceOnly) {
+  for (auto [S, measured] : {std::pair<int64_t, int64_t>{131072, 3238011008},
+                             std::pair<int64_t, int64_t>{524288, 12952019072}}) {
+    PlanRequest req;
+    req.cfg = *PresetConfig("llama-3.2-1b");
+    req.seq_len = S;
+    req.device = Device::kCuda;
+    req.act = DType::kBF16;
+    req.opts.checkpoint = CheckpointPolicy::kAttentionAware;
+    req.opts.head_chunk = 32;
+    req.opts.tile_tokens = 16384;
+    auto causal = PlanMemory(req);
+    req.document_mask = true;
+    auto packed = PlanMemory(req);
+    ASSERT_TRUE(causal.ok() && packed.ok());
+    const int64_t cublas = int64_t{32} << 20;
+    EXPECT_NEAR(double(packed->workspace - cublas), double(measured), 0.01 * measured) << S;
+    EXPECT_EQ(packed->workspace - causal->workspace, 4 * S * 32 * 64 + 4 * S * 32) << S;
+    EXPECT_EQ(packed->device_peak, causal->device_peak) << "the engine's buffers are the same";
+  }
+}
+
 TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
   JobSpec spec;
   spec.backend = "cuda";
