@@ -34,9 +34,9 @@ shift 2
 mkdir -p "$OUT"
 # BIN_DIR/cuda-lib (bench/collect_wheel_libs.sh: the pinned wheels' cuDNN and cudart) goes before
 # the host's CUDA folders, so that the binaries load the libraries they were built against.
-CUDA_LIB=""
-[ -d "$BIN/cuda-lib" ] && CUDA_LIB="$BIN/cuda-lib:"
-export LD_LIBRARY_PATH="$CUDA_LIB$BIN/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+LIBS="$BIN/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu"
+[ -d "$BIN/cuda-lib" ] && LIBS="$BIN/cuda-lib:$LIBS"
+export LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}"
 export ITHACA_CUDNN_VERBOSE=1
 export NCCL_NVLS_ENABLE=0
 # The newest libcudnn outside the system folders (e.g. PyTorch's wheel), for the attn phase.
