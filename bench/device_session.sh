@@ -14,6 +14,9 @@
 #   sweep:SHAPES:N  every cuDNN engine/knob configuration (<= N per engine) timed at each shape
 #           (head_dim x Hq x Hkv x S, '+' between shapes: 64x32x8x65536+128x32x8x32768), forward
 #           and backward; every plan's time in sweep.log
+#   sdpa:SHAPES[:N]  attention_bench with the composite, unified and default forward node
+#           (ITHACA_CUDNN_SDPA_IMPL; SDPA_IMPLS picks some) at SHAPES as in sweep, N timed
+#           iterations (default 2); sdpa.jsonl, sdpa.log
 #   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
 #   docattn:S:N  attention_bench at hd 64, 32 query / 8 KV heads (Llama-3.2-1B), S tokens: full
 #           causal and packed documents of N tokens (document-masked) side by side; docattn.jsonl
@@ -29,7 +32,11 @@ BIN=${1:?bin dir}
 OUT=${2:?out dir}
 shift 2
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+# BIN_DIR/cuda-lib (bench/collect_wheel_libs.sh: the pinned wheels' cuDNN and cudart) goes before
+# the host's CUDA folders, so that the binaries load the libraries they were built against.
+LIBS="$BIN/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu"
+[ -d "$BIN/cuda-lib" ] && LIBS="$BIN/cuda-lib:$LIBS"
+export LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}"
 export ITHACA_CUDNN_VERBOSE=1
 export NCCL_NVLS_ENABLE=0
 # The newest libcudnn outside the system folders (e.g. PyTorch's wheel), for the attn phase.
@@ -106,6 +113,22 @@ for phase in "$@"; do
         --shapes="$(echo "$a1" | tr 'x+' ':,')" --iters=3 --passes=fwd,bwd 2>>"$OUT/sweep.log" \
         | sed 's/"impl": "cudnn"/"impl": "cudnn-sweep"/' | tee -a "$OUT/attn.jsonl"
       grep -E "chose|sweep:" "$OUT/sweep.log"
+      ;;
+    sdpa)
+      # The frontend's forward nodes side by side at SHAPES (head_dim x Hq x Hkv x S, '+' between
+      # shapes): composite (forward and backward; the backward has only that node), unified and
+      # the frontend's own choice (forward). The unified node needs the binary built against
+      # cuDNN >= 9.21 headers (bench/collect_wheel_libs.sh) as well as that library loaded.
+      shapes=$(echo "$a1" | tr 'x+' ':,')
+      for impl in ${SDPA_IMPLS:-composite unified auto}; do
+        passes=fwd
+        [ "$impl" = composite ] && passes=fwd,bwd
+        echo "--- ITHACA_CUDNN_SDPA_IMPL=$impl" >>"$OUT/sdpa.log"
+        ITHACA_CUDNN_SDPA_IMPL=$impl timeout "${SDPA_TIMEOUT:-150}" "$BIN/attention_bench" \
+          --shapes="$shapes" --iters="${a2:-2}" --passes=$passes 2>>"$OUT/sdpa.log" \
+          | sed "s/\"impl\": \"cudnn\"/\"impl\": \"cudnn-$impl\"/" | tee -a "$OUT/sdpa.jsonl"
+      done
+      grep -E "chose|cannot|failed|refused|requires" "$OUT/sdpa.log" | head -40
       ;;
     kernels)
       timeout 120 "$BIN/norm_bench" | tee -a "$OUT/kernels.jsonl"
