@@ -383,14 +383,22 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
   return final_state == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
-int SubmitCommand(CliContext& c, const std::string& spec_path, const Flags& f) {
-  v1::SubmitJobRequest req;
+// Fills a SubmitJobRequest or a PlanJobRequest (the same spec fields) from the spec file and
+// the --set overrides: 0, or the exit code after saying what is wrong.
+template <typename Request>
+int FillSpecRequest(const std::string& spec_path, const Flags& f, Request* req) {
   std::string text;
-  if (!ReadSpec(spec_path, &text, req.mutable_base_dir())) return 2;
+  if (!ReadSpec(spec_path, &text, req->mutable_base_dir())) return 2;
   absl::StatusOr<std::string> spec = ApplyOverrides(text, spec_path, f.sets);
   if (!spec.ok()) return UsageError(std::string(spec.status().message()));
-  req.set_spec_toml(*spec);
-  req.set_source(spec_path);
+  req->set_spec_toml(*spec);
+  req->set_source(spec_path);
+  return 0;
+}
+
+int SubmitCommand(CliContext& c, const std::string& spec_path, const Flags& f) {
+  v1::SubmitJobRequest req;
+  if (int rc = FillSpecRequest(spec_path, f, &req); rc != 0) return rc;
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->SubmitJob(&ctx, req, &resp);
@@ -528,12 +536,7 @@ int CancelCommand(CliContext& c, const std::string& id, const Flags& f) {
 
 int PlanCommand(CliContext& c, const std::string& spec_path, const Flags& f) {
   v1::PlanJobRequest req;
-  std::string text;
-  if (!ReadSpec(spec_path, &text, req.mutable_base_dir())) return 2;
-  absl::StatusOr<std::string> spec = ApplyOverrides(text, spec_path, f.sets);
-  if (!spec.ok()) return UsageError(std::string(spec.status().message()));
-  req.set_spec_toml(*spec);
-  req.set_source(spec_path);
+  if (int rc = FillSpecRequest(spec_path, f, &req); rc != 0) return rc;
   v1::PlanJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->PlanJob(&ctx, req, &resp);
