@@ -192,17 +192,10 @@ def sft_records(path):
     if not path.lower().endswith((".jsonl", ".json", ".ndjson")):
         raise InputError(f"{path}: --sft reads JSON Lines (.jsonl) with prompt/completion or "
                          f"messages fields")
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise InputError(f"{path}:{n}: not valid JSON ({e}); a truncated file?")
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}:{n}: not a JSON object")
-            yield f"{path}:{n}", obj
+    for n, obj in json_lines(path):
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{n}: not a JSON object")
+        yield f"{path}:{n}", obj
 
 
 class SftEncoder:
@@ -304,7 +297,8 @@ def text_documents(path):
         yield "".join(doc)
 
 
-def jsonl_documents(path, field):
+def json_lines(path):
+    """(line number, parsed value) of each non-blank line of a JSON Lines file."""
     with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -313,11 +307,16 @@ def jsonl_documents(path, field):
                 obj = json.loads(line)
             except ValueError as e:
                 raise InputError(f"{path}:{n}: not valid JSON ({e}); a truncated file?")
-            if not isinstance(obj, dict) or field not in obj:
-                raise InputError(f"{path}:{n}: no field {field!r} (use --field)")
-            if not isinstance(obj[field], str):
-                raise InputError(f"{path}:{n}: field {field!r} is not a string")
-            yield obj[field]
+            yield n, obj
+
+
+def jsonl_documents(path, field):
+    for n, obj in json_lines(path):
+        if not isinstance(obj, dict) or field not in obj:
+            raise InputError(f"{path}:{n}: no field {field!r} (use --field)")
+        if not isinstance(obj[field], str):
+            raise InputError(f"{path}:{n}: field {field!r} is not a string")
+        yield obj[field]
 
 
 def parquet_documents(path, field):
