@@ -354,6 +354,15 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
   place(k, r.kv_offset);
   place(v, r.kv_offset);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // Padding mask: sequence i has seq_len[i] queries and keys; causal is then per sequence. (The
+  // forward and backward attributes are different types with the same setters.)
+  auto set_padding = [&](auto& opts) {
+    opts.set_padding_mask(true)
+        .set_seq_len_q(r.seq_len_q)
+        .set_seq_len_kv(r.seq_len_kv)
+        .set_max_total_seq_len_q(s)
+        .set_max_total_seq_len_kv(s);
+  };
   if (!backward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("sdpa_fwd")
@@ -362,14 +371,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
                     .set_attn_scale(scale)
                     .set_implementation(ForwardImplementation());
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
-    if (ragged) {
-      // Padding mask: sequence i has seq_len[i] queries and keys; causal is then per sequence.
-      opts.set_padding_mask(true)
-          .set_seq_len_q(r.seq_len_q)
-          .set_seq_len_kv(r.seq_len_kv)
-          .set_max_total_seq_len_q(s)
-          .set_max_total_seq_len_kv(s);
-    }
+    if (ragged) set_padding(opts);
     auto [o, stats] = g->sdpa(q, k, v, opts);
     lay.Set(o, kO, hq, d);
     place(o, r.q_offset);
@@ -390,13 +392,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
                     .set_causal_mask(true)
                     .set_attn_scale(scale);
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
-    if (ragged) {
-      opts.set_padding_mask(true)
-          .set_seq_len_q(r.seq_len_q)
-          .set_seq_len_kv(r.seq_len_kv)
-          .set_max_total_seq_len_q(s)
-          .set_max_total_seq_len_kv(s);
-    }
+    if (ragged) set_padding(opts);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
     lay.Set(dq, kDQ, hq, d);
     lay.Set(dk, kDK, hkv, d);
