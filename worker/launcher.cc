@@ -25,9 +25,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "engine/comm/rendezvous.h"
-#include "engine/comm/tcp_store.h"
 #include "worker/exit_codes.h"
+#include "worker/node_link.h"
 
 extern char** environ;
 
@@ -433,141 +432,6 @@ class Cleanup {
   std::vector<int> fds;
   std::vector<Child> children;  // the read ends of their output pipes still open
   std::string dir;
-};
-
-std::string ThisHost() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
-  return buf;
-}
-
-// This launch's part in a job across nodes: node 0 serves the rendezvous store, and every node
-// (node 0 too) keeps a registered connection to it. A node's failure travels as the store's
-// kFailedKey; a launcher that vanishes is noticed by the server, which records it there.
-class NodeLink {
- public:
-  static absl::StatusOr<std::unique_ptr<NodeLink>> Join(const LaunchOptions& o) {
-    ASSIGN_OR_RETURN(Rendezvous rdzv, ParseRendezvous(o.rendezvous));
-    if (rdzv.kind != Rendezvous::Kind::kTcp) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "launcher: --rendezvous ", o.rendezvous, ": ranks on several nodes need tcp:HOST:PORT"));
-    }
-    std::unique_ptr<NodeLink> link(new NodeLink());
-    link->options_ = &o;
-    link->name_ = absl::StrCat("node ", o.node_rank, " (", ThisHost(), ")");
-    if (o.node_rank == 0) {
-      auto server = TcpStoreServer::Start("0.0.0.0", rdzv.port);
-      if (!server.ok()) {
-        return absl::Status(server.status().code(),
-                            absl::StrCat("launcher (node 0): ", server.status().message()));
-      }
-      link->server_ = std::move(*server);
-    }
-    auto client = TcpStoreClient::Connect(rdzv.host, rdzv.port, o.rendezvous_timeout_s);
-    if (!client.ok()) {
-      return absl::Status(client.status().code(), absl::StrCat("launcher (", link->name_,
-                                                               "): ", client.status().message()));
-    }
-    link->client_ = std::move(*client);
-    RETURN_IF_ERROR(link->client_->Register(link->name_));
-    link->joined_by_ = Clock::now() + std::chrono::milliseconds(
-                                          static_cast<int64_t>(o.rendezvous_timeout_s * 1000.0));
-    return link;
-  }
-
-  const std::string& name() const { return name_; }
-  // Where this node's ranks listen for their peers: the interface that reaches node 0.
-  std::string LocalAddress() const { return client_->LocalAddress(); }
-
-  // Another node's failure, naming it ("" while there is none). Asks the store at most every
-  // 200 ms unless `now`.
-  std::string RemoteFailure(bool now = false) {
-    if (!now && Clock::now() < next_poll_) return "";
-    next_poll_ = Clock::now() + std::chrono::milliseconds(200);
-    if (server_ != nullptr && Clock::now() > joined_by_ && !all_joined_) {
-      std::string missing = MissingNodes();
-      all_joined_ = missing.empty();
-      if (!all_joined_) {
-        const std::string what = absl::StrCat(missing, " did not join ", client_->Describe(),
-                                              " within ", options_->rendezvous_timeout_s,
-                                              " s (did every node's launcher start, with --nnodes ",
-                                              options_->nnodes, " and the same --rendezvous?)");
-        client_->Set(kFailedKey, what).IgnoreError();
-        return what;
-      }
-    }
-    absl::StatusOr<std::string> failed = client_->TryGet(kFailedKey);
-    if (failed.ok()) return *failed;
-    if (absl::IsNotFound(failed.status())) return "";
-    return absl::StrCat("node 0, which serves ", client_->Describe(), ", vanished (",
-                        failed.status().message(), ")");
-  }
-
-  // Tells every node that this one failed with `what`; returns the failure that stands (another
-  // node's, when one was recorded first, as the likelier cause).
-  std::string ReportFailure(const std::string& what) {
-    // A local rank that fails because a peer on another node vanished usually fails a moment
-    // after the peer's launcher connection dropped: give the store that moment to say so.
-    const auto until = Clock::now() + std::chrono::milliseconds(500);
-    while (Clock::now() < until) {
-      std::string remote = RemoteFailure(/*now=*/true);
-      if (!remote.empty()) return remote;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    const std::string mine = absl::StrCat(name_, ": ", what);
-    if (client_->Set(kFailedKey, mine).ok()) return "";
-    return RemoteFailure(/*now=*/true);
-  }
-
-  // Tells the other nodes why this one stops (when no failure is recorded yet).
-  void Announce(const std::string& what) {
-    client_->Set(kFailedKey, absl::StrCat(name_, ": ", what)).IgnoreError();
-  }
-
-  // A clean end: says goodbye; node 0 then waits for every node's goodbye, since the store must
-  // outlive their last use of it.
-  absl::Status Finish() {
-    RETURN_IF_ERROR(client_->Finish());
-    if (server_ == nullptr) return absl::OkStatus();
-    const auto deadline =
-        Clock::now() +
-        std::chrono::milliseconds(static_cast<int64_t>(options_->rendezvous_timeout_s * 1000.0));
-    while (static_cast<int>(server_->Finished().size()) < options_->nnodes) {
-      const std::string failed = server_->Failure();
-      if (!failed.empty()) return absl::AbortedError(failed);
-      if (Clock::now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("launcher (node 0): this node's ranks finished, but not every node's "
-                         "launcher said goodbye within ",
-                         options_->rendezvous_timeout_s, " s"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  NodeLink() = default;
-
-  // "node 2, node 3": the nodes that never registered.
-  std::string MissingNodes() const {
-    std::vector<std::string> missing;
-    const std::vector<std::string> joined = server_->Registered();
-    for (int n = 0; n < options_->nnodes; ++n) {
-      const std::string prefix = absl::StrCat("node ", n, " ");
-      bool found = false;
-      for (const std::string& j : joined) found |= absl::StartsWith(j, prefix);
-      if (!found) missing.push_back(absl::StrCat("node ", n));
-    }
-    return absl::StrJoin(missing, ", ");
-  }
-
-  const LaunchOptions* options_ = nullptr;
-  std::string name_;
-  std::unique_ptr<TcpStoreServer> server_;
-  std::unique_ptr<TcpStoreClient> client_;
-  Clock::time_point next_poll_, joined_by_;
-  bool all_joined_ = false;
 };
 
 }  // namespace
