@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend/cuda/cuda_check.h"
+#include "engine/backend/cuda/cuda_ops_internal.h"
 #include "engine/backend/cuda/cudnn_attention.h"
 #include "engine/backend/cuda/gemm.h"
 #include "engine/backend/cuda/kernels.h"
@@ -19,46 +20,10 @@
 #include "engine/backend/op_checks.h"
 
 namespace ithaca {
+
+using namespace cuda_ops_internal;  // NOLINT: the checks and views every op uses
+
 namespace {
-
-constexpr OpChecks kCheck("CudaOps");
-
-using cuda::ElemType;
-
-ElemType Et(DType t) { return static_cast<ElemType>(static_cast<int>(t)); }
-
-void CheckData(const Tensor& t, const char* op, const char* name) {
-  ITHACA_CHECK(t.data != nullptr || t.numel() == 0, "CudaOps::", op, ": ", name, " has no data");
-}
-
-void CheckDType(const Tensor& t, DType want, const char* op, const char* name) {
-  CheckData(t, op, name);
-  kCheck.DTypeIs(t, want, op, name);
-}
-
-void CheckFloat(const Tensor& t, const char* op, const char* name) {
-  CheckData(t, op, name);
-  ITHACA_CHECK(t.dtype != DType::kI32, "CudaOps::", op, ": ", name, " is ", t.DebugString(),
-               ", expected f32 or bf16");
-}
-
-const uint16_t* Bf(const Tensor& t) { return static_cast<const uint16_t*>(t.data); }
-uint16_t* BfMut(const Tensor& t) { return static_cast<uint16_t*>(t.data); }
-
-void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                    const char* op) {
-  CheckDType(q, DType::kBF16, op, "q");
-  CheckDType(k, DType::kBF16, op, "k");
-  CheckDType(v, DType::kBF16, op, "v");
-  CheckDType(lse, DType::kF32, op, "lse");
-  ITHACA_CHECK(q.rank() == 3 && k.rank() == 3, "CudaOps::", op, ": q ", q.DebugString(), " and k ",
-               k.DebugString(), " must be [S, H, D]");
-  const int64_t s = q.dim(0), hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
-  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(0) == s && k.dim(2) == d, "CudaOps::", op,
-               ": q ", q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
-  kCheck.Shape(v, k.shape, op, "v");
-  kCheck.Shape(lse, {hq, s}, op, "lse");
-}
 
 // Host-side conversion between the three dtypes (f32 <-> bf16; i32 only to i32).
 void HostConvert(const void* src, DType sd, void* dst, DType dd, int64_t n, const char* op) {
@@ -87,27 +52,6 @@ bool OnHost(const void* p) {
 }
 
 }  // namespace
-
-// Brackets one op with events on the compute stream when profiling; free otherwise.
-class CudaOps::Scope {
- public:
-  Scope(CudaOps* ops, const char* op) : ops_(ops->opts_.profile ? ops : nullptr) {
-    if (!ops_) return;
-    span_ = Span{op, ops_->PoolEvent(), ops_->PoolEvent()};
-    cudaCheck(cudaEventRecord(span_.a, ops_->compute_));
-  }
-  ~Scope() {
-    if (!ops_) return;
-    cudaCheck(cudaEventRecord(span_.b, ops_->compute_));
-    ops_->spans_.push_back(span_);
-  }
-  Scope(const Scope&) = delete;
-  Scope& operator=(const Scope&) = delete;
-
- private:
-  CudaOps* ops_;
-  Span span_{};
-};
 
 cudaEvent_t CudaOps::PoolEvent() {
   if (free_events_.empty()) {
@@ -459,221 +403,6 @@ void CudaOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rs
   kCheck.Shape(dx, x.shape, op, "dx");
   cuda::RmsNormBackward(Bf(x), Bf(w), rstd.f32(), Bf(dout), d2.rows, d2.cols, BfMut(dx), dw.f32(),
                         compute_);
-}
-
-namespace {
-
-// Validates a DocumentMask against a sequence of s tokens (s < 0: any length).
-void CheckDocuments(const DocumentMask& docs, int64_t s, const char* op) {
-  if (docs.trivial()) return;
-  ITHACA_CHECK(docs.starts[0] == 0, "CudaOps::", op, ": the first document starts at ",
-               docs.starts[0], ", not 0");
-  for (size_t i = 1; i < docs.starts.size(); ++i) {
-    ITHACA_CHECK(docs.starts[i] > docs.starts[i - 1], "CudaOps::", op, ": document ", i,
-                 " starts at ", docs.starts[i], ", not after ", docs.starts[i - 1]);
-  }
-  ITHACA_CHECK(s < 0 || docs.starts.back() < s, "CudaOps::", op, ": document ",
-               docs.starts.size() - 1, " starts at ", docs.starts.back(), ", past the ", s,
-               " tokens");
-}
-
-// Powers of two: the ragged graphs are built per (batch, max_len) bucket, not per layout.
-int64_t Bucket(int64_t n) {
-  int64_t b = 1;
-  while (b < n) b *= 2;
-  return b;
-}
-
-constexpr size_t kMaxDocumentEntries = 32;
-
-}  // namespace
-
-const void* CudaOps::DocumentIndex(const std::vector<int64_t>& key,
-                                   const std::vector<int64_t>& values, int64_t int32_prefix) {
-  auto it = documents_.find(key);
-  if (it == documents_.end()) {
-    if (documents_.size() >= kMaxDocumentEntries) {
-      // Freed memory is handed out again only to later work on the stream: no wait here.
-      auto oldest = documents_.begin();
-      for (auto e = documents_.begin(); e != documents_.end(); ++e) {
-        if (e->second.last_use < oldest->second.last_use) oldest = e;
-      }
-      documents_.erase(oldest);
-    }
-    const int64_t n64 = static_cast<int64_t>(values.size()) - int32_prefix;
-    const int64_t front = (int32_prefix + 1) / 2;  // int64 slots the int32 prefix takes
-    auto buf = Buffer::Make(opts_.alloc, DType::kI32, {2 * (front + n64)}, Tier::kAttention);
-    ITHACA_CHECK(buf.ok(), "CudaOps: document index: ", buf.status().ToString());
-    char* base = static_cast<char*>(buf->tensor().data);
-    if (int32_prefix > 0) cuda::WriteIndices(values.data(), int32_prefix, base, true, compute_);
-    if (n64 > 0) {
-      cuda::WriteIndices(values.data() + int32_prefix, n64, base + front * 8, false, compute_);
-    }
-    it = documents_.emplace(key, DocumentEntry{std::move(*buf), 0}).first;
-  }
-  it->second.last_use = ++document_clock_;
-  return it->second.buf.tensor().data;
-}
-
-const int64_t* CudaOps::DeviceStarts(const DocumentMask& docs, int64_t s, const char* op) {
-  CheckDocuments(docs, s, op);
-  std::vector<int64_t> key = {0};
-  key.insert(key.end(), docs.starts.begin(), docs.starts.end());
-  return static_cast<const int64_t*>(DocumentIndex(key, docs.starts, 0));
-}
-
-void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
-                   const DocumentMask& docs) {
-  Scope scope(this, "rope");
-  CheckDType(x, DType::kBF16, "Rope", "x");
-  CheckDType(inv_freq, DType::kF32, "Rope", "inv_freq");
-  ITHACA_CHECK(x.rank() == 3 && x.dim(2) % 2 == 0, "CudaOps::Rope: x is ", x.DebugString(),
-               ", expected [T, H, D] with D even");
-  kCheck.Shape(inv_freq, {x.dim(2) / 2}, "Rope", "inv_freq");
-  ITHACA_CHECK(pos0 >= 0, "CudaOps::Rope: negative pos0 ", pos0);
-  if (docs.trivial()) {
-    cuda::Rope(BfMut(x), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse, nullptr, 0,
-               compute_);
-    return;
-  }
-  const int64_t* starts = DeviceStarts(docs, -1, "Rope");
-  cuda::Rope(BfMut(x), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse, starts,
-             static_cast<int64_t>(docs.starts.size()), compute_);
-}
-
-bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
-                       const void* k, const void* v, const void* o, const void* dout,
-                       const void* lse, void* dq, void* dk, void* dv, const DocumentMask& docs) {
-  ITHACA_CHECK(opts_.probe_window == 0 || opts_.attention != AttentionImpl::kOwn,
-               "CudaOps: the memory probe's attention window needs cuDNN");
-  if (opts_.attention == AttentionImpl::kOwn) return false;
-  ITHACA_CHECK(opts_.probe_window == 0 || docs.trivial(),
-               "CudaOps: the memory probe's attention window takes no document mask");
-  const cuda::AttentionShape sh{s, hq, hkv, d, opts_.probe_window};
-  absl::Status st =
-      !docs.trivial()
-          ? CudnnDocuments(s, hq, hkv, d, backward, q, k, v, o, dout, lse, dq, dk, dv, docs)
-      : backward
-          ? cudnn_->Backward(sh, q, k, v, o, dout, static_cast<const float*>(lse), dq, dk, dv)
-          : cudnn_->Forward(sh, q, k, v, const_cast<void*>(o),
-                            static_cast<float*>(const_cast<void*>(lse)));
-  if (st.ok()) {
-    last_attention_ = "cudnn";
-    return true;
-  }
-  ITHACA_CHECK(opts_.probe_window == 0,
-               "CudaOps: cuDNN has no windowed attention for the memory "
-               "probe: ",
-               st.ToString());
-  ITHACA_CHECK(opts_.attention != AttentionImpl::kCudnn && cuda::FlashAttentionSupports(d),
-               "CudaOps: cuDNN attention failed and no fallback: ", st.ToString());
-  if (!cudnn_warned_) {
-    std::fprintf(stderr, "CudaOps: cuDNN attention unavailable (%s); using the own kernel\n",
-                 st.ToString().c_str());
-    cudnn_warned_ = true;
-  }
-  return false;
-}
-
-absl::Status CudaOps::CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward,
-                                     const void* q, const void* k, const void* v, const void* o,
-                                     const void* dout, const void* lse, void* dq, void* dk,
-                                     void* dv, const DocumentMask& docs) {
-  const int64_t n = static_cast<int64_t>(docs.starts.size());
-  int64_t longest = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    longest = std::max(longest, (i + 1 < n ? docs.starts[i + 1] : s) - docs.starts[i]);
-  }
-  cuda::AttentionShape sh{s, hq, hkv, d, 0};
-  sh.batch = Bucket(n);
-  sh.max_len = std::min(s, Bucket(longest));
-  // Sequence lengths (int32), then the element offsets of each sequence in q, k and the stats;
-  // the unused sequences of the bucket are empty and sit at the end.
-  const int64_t b = sh.batch;
-  std::vector<int64_t> values(static_cast<size_t>(b + 3 * (b + 1)));
-  for (int64_t i = 0; i <= b; ++i) {
-    const int64_t start = i < n ? docs.starts[i] : s;
-    if (i < b) values[i] = (i + 1 < n ? docs.starts[i + 1] : s) - start;
-    if (i >= n && i < b) values[i] = 0;
-    values[b + i] = start * hq * d;
-    values[b + (b + 1) + i] = start * hkv * d;
-    values[b + 2 * (b + 1) + i] = start * hq;
-  }
-  std::vector<int64_t> key = {1, s, hq, hkv, d, b};
-  key.insert(key.end(), docs.starts.begin(), docs.starts.end());
-  const char* base = static_cast<const char*>(DocumentIndex(key, values, b));
-  const int64_t* offsets = reinterpret_cast<const int64_t*>(base + (b + 1) / 2 * 8);
-  cuda::RaggedIndex ragged;
-  ragged.seq_len = reinterpret_cast<const int32_t*>(base);
-  ragged.q_offset = offsets;
-  ragged.kv_offset = offsets + (b + 1);
-  ragged.stats_offset = offsets + 2 * (b + 1);
-  // cuDNN's ragged stats are token-major [S, Hq]; the engine's LSE is [Hq, S].
-  ASSIGN_OR_RETURN(Buffer stats, Buffer::Make(opts_.alloc, DType::kF32, {s, hq}, Tier::kAttention));
-  float* st = stats.tensor().f32();
-  if (backward) {
-    cuda::TransposeF32(static_cast<const float*>(lse), hq, s, st, compute_);
-    return cudnn_->Backward(sh, q, k, v, o, dout, st, dq, dk, dv, &ragged);
-  }
-  RETURN_IF_ERROR(cudnn_->Forward(sh, q, k, v, const_cast<void*>(o), st, &ragged));
-  cuda::TransposeF32(st, s, hq, static_cast<float*>(const_cast<void*>(lse)), compute_);
-  return absl::OkStatus();
-}
-
-void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, const DocumentMask& docs) {
-  Scope scope(this, "attention_fwd");
-  CheckAttention(q, k, v, lse, "Attention");
-  CheckDType(out, DType::kBF16, "Attention", "out");
-  kCheck.Shape(out, q.shape, "Attention", "out");
-  const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
-  if (s == 0) return;
-  CheckDocuments(docs, s, "Attention");
-  if (UseCudnn(s, hq, hkv, d, false, q.data, k.data, v.data, out.data, nullptr, lse.data, nullptr,
-               nullptr, nullptr, docs)) {
-    return;
-  }
-  ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::Attention: head_dim ", d,
-               " unsupported by the own kernel");
-  const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
-  const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr;
-  cuda::FlashAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d, BfMut(out), lse.f32(), starts,
-                              ndocs, compute_);
-  last_attention_ = "own";
-}
-
-void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& out, const Tensor& dout, const Tensor& lse,
-                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                const DocumentMask& docs) {
-  Scope scope(this, "attention_bwd");
-  const char* op = "AttentionBackward";
-  CheckAttention(q, k, v, lse, op);
-  for (const Tensor* t : {&out, &dout, &dq}) {
-    CheckDType(*t, DType::kBF16, op, "operand");
-    kCheck.Shape(*t, q.shape, op, "operand");
-  }
-  for (const Tensor* t : {&dk, &dv}) {
-    CheckDType(*t, DType::kBF16, op, "dk/dv");
-    kCheck.Shape(*t, k.shape, op, "dk/dv");
-  }
-  const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
-  if (s == 0) return;
-  CheckDocuments(docs, s, op);
-  if (UseCudnn(s, hq, hkv, d, true, q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data,
-               dk.data, dv.data, docs)) {
-    return;
-  }
-  ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::AttentionBackward: head_dim ", d,
-               " unsupported by the own kernel");
-  auto delta = Buffer::Make(opts_.alloc, DType::kF32, {hq, s}, Tier::kAttention);
-  ITHACA_CHECK(delta.ok(), "CudaOps::AttentionBackward: ", delta.status().ToString());
-  const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
-  const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr;
-  cuda::FlashAttentionBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d,
-                               delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv), starts,
-                               ndocs, compute_);
-  last_attention_ = "own";
 }
 
 void CudaOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {
