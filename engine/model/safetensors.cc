@@ -304,6 +304,11 @@ class MappedReader : public SafetensorsReader {
 
   absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,
                     void* dst) const override {
+    return ReadRange(name, expected, 0, NumElements(expected), dst_dtype, dst);
+  }
+
+  absl::Status ReadRange(const std::string& name, const Shape& expected, int64_t begin,
+                         int64_t count, DType dst_dtype, void* dst) const override {
     ASSIGN_OR_RETURN(const Entry* e, Find(name));
     const std::string& path = e->file->path();
     if (e->info.shape != expected) {
@@ -311,11 +316,18 @@ class MappedReader : public SafetensorsReader {
                                                      ShapeString(e->info.shape), ", expected ",
                                                      ShapeString(expected)));
     }
+    const int64_t numel = NumElements(expected);
+    if (begin < 0 || count < 0 || begin > numel || count > numel - begin) {
+      return absl::OutOfRangeError(absl::StrCat(path, ": tensor '", name, "' has ", numel,
+                                                " elements; cannot read [", begin, ", ",
+                                                begin + count, ")"));
+    }
     const DType src = e->info.dtype;
-    const uint8_t* p = e->file->data() + e->begin;
-    const size_t n = static_cast<size_t>(NumElements(expected));
+    const size_t elem = DTypeSize(src);
+    const uint8_t* p = e->file->data() + e->begin + static_cast<size_t>(begin) * elem;
+    const size_t n = static_cast<size_t>(count);
     if (src == dst_dtype) {
-      if (n) std::memcpy(dst, p, e->end - e->begin);
+      if (n) std::memcpy(dst, p, n * elem);
     } else if (src == DType::kBF16 && dst_dtype == DType::kF32) {
       float* out = static_cast<float*>(dst);
       for (size_t i = 0; i < n; ++i) {
@@ -392,7 +404,6 @@ absl::Status CheckPending(const std::vector<Pending>& all) {
       return bad(absl::StrCat("cannot convert ", DTypeName(t.data_dtype), " to ",
                               DTypeName(t.file_dtype)));
     }
-    if (!t.data && NumElements(*t.shape) > 0) return bad("null data");
   }
   return absl::OkStatus();
 }
@@ -410,6 +421,10 @@ absl::Status WriteOne(const std::string& path, std::vector<Pending> tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const Pending& t : tensors) {
+    if (!t.data && NumElements(*t.shape) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", *t.name, "': no data to write (null)"));
+    }
     const uint64_t bytes = t.file_bytes();
     header[*t.name] = {{"dtype", FileDTypeName(t.file_dtype)},
                        {"shape", *t.shape},
@@ -503,21 +518,28 @@ std::string ShardName(int i, int n) {
 }
 
 // Exactly `parts` runs of `all`, in order, of about equal bytes: a tensor goes to the part whose
-// share of the total holds its middle byte (so every writer computes the same split).
-std::vector<std::vector<Pending>> Partition(const std::vector<Pending>& all, int parts) {
+// share of the total holds its middle byte (so every writer computes the same split). The part
+// of each tensor of `all`.
+std::vector<int> PartOf(const std::vector<Pending>& all, int parts) {
   uint64_t total = 0;
   for (const Pending& t : all) total += t.file_bytes();
-  std::vector<std::vector<Pending>> out(parts);
+  std::vector<int> part;
   uint64_t before = 0;
   for (const Pending& t : all) {
     const uint64_t bytes = t.file_bytes();
     const uint64_t middle = before + bytes / 2;
-    const int k = total == 0 ? 0
-                             : static_cast<int>(std::min<uint64_t>(
-                                   parts - 1, middle * static_cast<uint64_t>(parts) / total));
-    out[k].push_back(t);
+    part.push_back(total == 0 ? 0
+                              : static_cast<int>(std::min<uint64_t>(
+                                    parts - 1, middle * static_cast<uint64_t>(parts) / total)));
     before += bytes;
   }
+  return part;
+}
+
+std::vector<std::vector<Pending>> Partition(const std::vector<Pending>& all, int parts) {
+  const std::vector<int> part = PartOf(all, parts);
+  std::vector<std::vector<Pending>> out(parts);
+  for (size_t i = 0; i < all.size(); ++i) out[part[i]].push_back(all[i]);
   return out;
 }
 
@@ -591,6 +613,10 @@ absl::StatusOr<std::string> SafetensorsWriter::WriteShard(const std::string& dir
   const std::string file = parts == 1 ? kSingleName : ShardName(part, parts);
   RETURN_IF_ERROR(WriteOne(absl::StrCat(dir, "/", file), shards[part], metadata_));
   return file;
+}
+
+std::vector<int> SafetensorsWriter::PartOfEachTensor(int parts) const {
+  return PartOf(ToPending(entries_), parts);
 }
 
 absl::Status SafetensorsWriter::WriteShardIndex(const std::string& dir, int parts) const {

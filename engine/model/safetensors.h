@@ -38,12 +38,19 @@ class SafetensorsReader {
   // checking its shape equals `expected` (INVALID_ARGUMENT naming both shapes otherwise).
   virtual absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,
                             void* dst) const = 0;
+  // Elements [begin, begin + count) of the tensor (flattened, row-major) into `dst` as
+  // `dst_dtype`, touching only their bytes of the file (a rank loading its FSDP slice of a
+  // checkpoint). Checks the shape as Read does; OUT_OF_RANGE when the range leaves the tensor.
+  virtual absl::Status ReadRange(const std::string& name, const Shape& expected, int64_t begin,
+                                 int64_t count, DType dst_dtype, void* dst) const = 0;
 };
 
 // Collects host tensors (not copied: the data must outlive Write) and writes them.
 class SafetensorsWriter {
  public:
-  // Adds a tensor to write as `file_dtype`; `data` is host memory of `data_dtype`.
+  // Adds a tensor to write as `file_dtype`; `data` is host memory of `data_dtype`. `data` may be
+  // null for a tensor this writer only names: one in another writer's part (WriteShard), or in
+  // the index (WriteShardIndex); writing it is an error.
   void Add(const std::string& name, DType data_dtype, const Shape& shape, const void* data,
            DType file_dtype);
   // Optional string metadata ("__metadata__"), e.g. {"format": "pt"}.
@@ -62,6 +69,9 @@ class SafetensorsWriter {
   // once all files are written. WriteShard returns the name of the file it wrote.
   absl::StatusOr<std::string> WriteShard(const std::string& dir, int part, int parts) const;
   absl::Status WriteShardIndex(const std::string& dir, int parts) const;
+  // The part (file) each added tensor goes to in that split, in insertion order: the one place
+  // it is decided, so that a writer knows which tensors it needs before it has their data.
+  std::vector<int> PartOfEachTensor(int parts) const;
 
  private:
   struct Entry {

@@ -73,17 +73,34 @@ absl::Status ParamStore::FinishGradients() {
 }
 
 absl::StatusOr<std::vector<float>> ParamStore::GatherToHost(int i, const Tensor& shard) {
+  ASSIGN_OR_RETURN(auto parts, GatherRangesToHost(i, shard, {{0, units_[i].numel}}));
+  return std::move(parts[0]);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ParamStore::GatherRangesToHost(
+    int i, const Tensor& shard, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   const Unit& u = units_[i];
-  std::vector<float> host(sharded_ ? u.shard * world_->size() : u.numel);
-  if (!sharded_) {
-    ops_->Download(shard, host.data(), DType::kF32);
-    return host;
+  for (const auto& [begin, end] : ranges) {
+    if (begin < 0 || begin > end || end > u.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("GatherRangesToHost: [", begin, ", ", end,
+                                                     ") is not a range of unit ", i, " (", u.numel,
+                                                     " elements)"));
+    }
   }
-  ASSIGN_OR_RETURN(Buffer all,
-                   Buffer::Make(alloc_, shard.dtype, {u.shard * world_->size()}, Tier::kComm));
-  RETURN_IF_ERROR(world_->AllGather(shard, all.tensor()));
-  ops_->Download(all.tensor(), host.data(), DType::kF32);
-  host.resize(u.numel);
+  Buffer all;
+  Tensor whole = shard;
+  if (sharded_) {
+    ASSIGN_OR_RETURN(all,
+                     Buffer::Make(alloc_, shard.dtype, {u.shard * world_->size()}, Tier::kComm));
+    RETURN_IF_ERROR(world_->AllGather(shard, all.tensor()));
+    whole = all.tensor();
+  }
+  std::vector<std::vector<float>> host;
+  for (const auto& [begin, end] : ranges) {
+    host.emplace_back(end - begin);
+    if (end > begin)
+      ops_->Download(whole.Slice(begin, {end - begin}), host.back().data(), DType::kF32);
+  }
   return host;
 }
 

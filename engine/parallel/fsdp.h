@@ -50,6 +50,11 @@ class ParamStore {
   // The whole unit on the host as f32, from a shard-shaped tensor of any rank-local state
   // (working copy, gradient, master, Adam moments): all-gathered under FSDP. Every rank calls it.
   absl::StatusOr<std::vector<float>> GatherToHost(int unit, const Tensor& shard);
+  // Only parts of the whole unit, each element range [first, second) into its own host vector:
+  // the unit is still gathered on the device (transiently), but the host receives only what the
+  // caller keeps. Every rank calls it, also one that wants no range.
+  absl::StatusOr<std::vector<std::vector<float>>> GatherRangesToHost(
+      int unit, const Tensor& shard, const std::vector<std::pair<int64_t, int64_t>>& ranges);
   // Every rank's shard of a whole host unit (zero padded), uploaded into `shard`.
   void ScatterFromHost(int unit, const std::vector<float>& whole, const Tensor& shard);
   Comm* world() const { return world_; }

@@ -195,10 +195,50 @@ std::string SumsPath(const std::string& tmp, int rank) {
   return absl::StrCat(tmp, "/.sums-rank-", rank, ".json");
 }
 
-// Files of at most 4 GiB (as transformers shards), and at least one per writer.
+// Files of at most 4 GiB (as transformers shards), and as many for every writer (at least one):
+// the writers then hold and write equal shares.
 constexpr int64_t kMaxFileBytes = int64_t{4} << 30;
 int FileCount(int64_t bytes, int world) {
-  return static_cast<int>(std::max<int64_t>(world, (bytes + kMaxFileBytes - 1) / kMaxFileBytes));
+  const int64_t files = std::max<int64_t>(1, (bytes + kMaxFileBytes - 1) / kMaxFileBytes);
+  return static_cast<int>((files + world - 1) / world * world);
+}
+
+// How a checkpoint saved at `world` is split into files: every tensor in file order (weights in
+// model/; the Adam moments, m then v of each weight, in optimizer/), with the data of those
+// `opt` holds (null for the others), and which part (file) each goes to. Part f is written by
+// rank f mod world.
+struct FileSplit {
+  SafetensorsWriter weights, moments;
+  int weight_files = 1, moment_files = 1;
+  std::vector<int> weight_part, moment_part;  // in insertion order
+};
+
+FileSplit SplitFiles(const ParamLayout& layout, int world, const Optimizer::State* opt) {
+  FileSplit split;
+  split.weights.SetMetadata("format", "pt");
+  auto data = [&](const std::map<std::string, std::vector<float>>* kind,
+                  const std::string& name) -> const float* {
+    if (kind == nullptr) return nullptr;
+    auto it = kind->find(name);
+    return it == kind->end() ? nullptr : it->second.data();
+  };
+  int64_t weight_bytes = 0;
+  for (const ParamUnit& unit : layout.units()) {
+    for (const ParamEntry& e : unit.entries) {
+      split.weights.Add(e.hf_name, DType::kF32, e.shape,
+                        data(opt ? &opt->master : nullptr, e.hf_name), DType::kF32);
+      split.moments.Add("m." + e.hf_name, DType::kF32, e.shape,
+                        data(opt ? &opt->m : nullptr, e.hf_name), DType::kF32);
+      split.moments.Add("v." + e.hf_name, DType::kF32, e.shape,
+                        data(opt ? &opt->v : nullptr, e.hf_name), DType::kF32);
+      weight_bytes += NumElements(e.shape) * 4;
+    }
+  }
+  split.weight_files = FileCount(weight_bytes, world);
+  split.moment_files = FileCount(2 * weight_bytes, world);
+  split.weight_part = split.weights.PartOfEachTensor(split.weight_files);
+  split.moment_part = split.moments.PartOfEachTensor(split.moment_files);
+  return split;
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
@@ -260,6 +300,36 @@ absl::Status BeginCheckpoint(const std::string& dir, int64_t step) {
   return MakeDirs(CheckpointTempPath(dir, step));
 }
 
+Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world) {
+  const FileSplit split = SplitFiles(layout, world, nullptr);
+  Optimizer::Selection mine;
+  size_t i = 0;
+  for (const ParamUnit& unit : layout.units()) {
+    for (const ParamEntry& e : unit.entries) {
+      if (split.weight_part[i] % world == rank) mine.master.insert(e.hf_name);
+      if (split.moment_part[2 * i] % world == rank) mine.m.insert(e.hf_name);
+      if (split.moment_part[2 * i + 1] % world == rank) mine.v.insert(e.hf_name);
+      ++i;
+    }
+  }
+  return mine;
+}
+
+Optimizer::State StateOfWholeUnits(const ParamLayout& layout, const Optimizer::Shards& whole) {
+  Optimizer::State s;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    for (const ParamEntry& e : layout.units()[u].entries) {
+      const int64_t n = NumElements(e.shape);
+      for (auto [from, to] :
+           {std::pair{&whole.master, &s.master}, {&whole.m, &s.m}, {&whole.v, &s.v}}) {
+        const float* p = (*from)[u].data() + e.offset;
+        (*to)[e.hf_name].assign(p, p + n);
+      }
+    }
+  }
+  return s;
+}
+
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
     const Optimizer::State& opt, const TrainState& state, int rank, int world) {
@@ -269,24 +339,28 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
   }
   const auto start = std::chrono::steady_clock::now();
   const std::string tmp = CheckpointTempPath(dir, state.step);
-  SafetensorsWriter weights, moments;
-  weights.SetMetadata("format", "pt");
-  int64_t weight_bytes = 0;
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    for (const ParamEntry& e : layout.units()[u].entries) {
-      weights.Add(e.hf_name, DType::kF32, e.shape, opt.master[u].data() + e.offset, DType::kF32);
-      moments.Add("m." + e.hf_name, DType::kF32, e.shape, opt.m[u].data() + e.offset, DType::kF32);
-      moments.Add("v." + e.hf_name, DType::kF32, e.shape, opt.v[u].data() + e.offset, DType::kF32);
-      weight_bytes += NumElements(e.shape) * 4;
+  // A tensor of this rank's share that `opt` lacks is an error of WriteShard naming it.
+  for (const auto* kind : {&opt.master, &opt.m, &opt.v}) {
+    for (const ParamUnit& unit : layout.units()) {
+      for (const ParamEntry& e : unit.entries) {
+        auto it = kind->find(e.hf_name);
+        if (it != kind->end() && static_cast<int64_t>(it->second.size()) != NumElements(e.shape)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "checkpoint: tensor '", e.hf_name, "' has ", it->second.size(),
+              " elements, its shape ", ShapeString(e.shape), " needs ", NumElements(e.shape)));
+        }
+      }
     }
   }
+  const FileSplit split = SplitFiles(layout, world, &opt);
+  const SafetensorsWriter& weights = split.weights;
+  const SafetensorsWriter& moments = split.moments;
+  const int weight_files = split.weight_files, moment_files = split.moment_files;
   std::vector<std::string> mine;  // paths relative to tmp
-  const int weight_files = FileCount(weight_bytes, world);
   for (int f = rank; f < weight_files; f += world) {
     ASSIGN_OR_RETURN(std::string name, weights.WriteShard(tmp + "/model", f, weight_files));
     mine.push_back("model/" + name);
   }
-  const int moment_files = FileCount(2 * weight_bytes, world);
   if (moment_files == 1) {
     RETURN_IF_ERROR(moments.WriteFile(tmp + "/optimizer.safetensors"));
     mine.push_back("optimizer.safetensors");
@@ -390,9 +464,7 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
   return dir + "/" + all.back();
 }
 
-// VerifyCheckpoint, also counting the checkpoint's bytes.
-absl::StatusOr<int64_t> VerifyAndMeasure(const std::string& path) {
-  int64_t total = 0;
+absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path) {
   const std::string manifest_path = path + "/" + kManifest;
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -401,6 +473,7 @@ absl::StatusOr<int64_t> VerifyAndMeasure(const std::string& path) {
     return absl::DataLossError(manifest_path + ": corrupt (expected format " +
                                std::string(kManifestFormat) + " with a files list)");
   }
+  CheckpointManifest manifest;
   for (const nlohmann::json& f : js["files"]) {
     if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("bytes") ||
         !f["bytes"].is_number_integer() || !f.contains("crc32") ||
@@ -411,29 +484,63 @@ absl::StatusOr<int64_t> VerifyAndMeasure(const std::string& path) {
     if (rel.empty() || rel[0] == '/' || rel.find("..") != std::string::npos) {
       return absl::DataLossError(manifest_path + ": bad path \"" + rel + "\"");
     }
-    const std::string file = path + "/" + rel;
-    ASSIGN_OR_RETURN(FileSum sum, Checksum(file));
-    if (sum.bytes != f["bytes"].get<int64_t>()) {
-      return absl::DataLossError(absl::StrCat(file, ": ", sum.bytes, " bytes, the manifest says ",
-                                              f["bytes"].get<int64_t>(), " (truncated?)"));
-    }
-    if (sum.crc != f["crc32"].get<uint32_t>()) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: checksum mismatch (crc32 %08x, the manifest says %08x): corrupt",
-                          file, sum.crc, f["crc32"].get<uint32_t>()));
-    }
-    total += sum.bytes;
+    manifest.files.push_back({rel, f["bytes"].get<int64_t>(), f["crc32"].get<uint32_t>()});
+    manifest.total_bytes += manifest.files.back().bytes;
   }
-  return total;
+  return manifest;
 }
 
-absl::Status VerifyCheckpoint(const std::string& path) { return VerifyAndMeasure(path).status(); }
+absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManifest& manifest,
+                                  size_t i) {
+  const CheckpointManifest::File& f = manifest.files.at(i);
+  const std::string file = path + "/" + f.path;
+  ASSIGN_OR_RETURN(FileSum sum, Checksum(file));
+  if (sum.bytes != f.bytes) {
+    return absl::DataLossError(absl::StrCat(file, ": ", sum.bytes, " bytes, the manifest says ",
+                                            f.bytes, " (truncated?)"));
+  }
+  if (sum.crc != f.crc32) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: checksum mismatch (crc32 %08x, the manifest says %08x): corrupt", file,
+                        sum.crc, f.crc32));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyCheckpoint(const std::string& path) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(path));
+  for (size_t i = 0; i < manifest.files.size(); ++i) {
+    RETURN_IF_ERROR(VerifyCheckpointFile(path, manifest, i));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
                                                 const ParamLayout& layout) {
   const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(path));
+  for (size_t i = 0; i < manifest.files.size(); ++i) {
+    RETURN_IF_ERROR(VerifyCheckpointFile(path, manifest, i));
+  }
+  std::vector<UnitSlice> whole;
+  for (const ParamUnit& unit : layout.units()) whole.push_back({0, unit.numel});
+  ASSIGN_OR_RETURN(LoadedCheckpoint out, LoadCheckpointSlices(path, layout, whole));
+  out.verified_bytes = manifest.total_bytes;
+  out.seconds = SecondsSince(start);
+  return out;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
+                                                      const ParamLayout& layout,
+                                                      const std::vector<UnitSlice>& slices) {
+  const auto start = std::chrono::steady_clock::now();
+  if (slices.size() != layout.units().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LoadCheckpointSlices: ", slices.size(), " slices for ", layout.units().size(), " units"));
+  }
   LoadedCheckpoint out;
-  ASSIGN_OR_RETURN(out.bytes, VerifyAndMeasure(path));
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(path));
+  out.bytes = manifest.total_bytes;
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json"));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (js.is_discarded() || !js.is_object() || !js.contains("step") ||
@@ -447,20 +554,51 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
   out.saved_world =
       js.contains("world") && js["world"].is_number_integer() ? js["world"].get<int>() : 1;
 
+  // Opening maps the files and parses their headers only; the reads below touch just the bytes
+  // of this rank's slices.
   ASSIGN_OR_RETURN(auto weights, SafetensorsReader::Open(path + "/model"));
-  ASSIGN_OR_RETURN(out.optimizer.master, ReadWeights(layout, *weights));
   // One file, or the sharded layout of a checkpoint saved by several ranks.
   const std::string one_file = path + "/optimizer.safetensors";
   ASSIGN_OR_RETURN(auto moments,
                    SafetensorsReader::Open(PathExists(one_file) ? one_file : path + "/optimizer"));
-  for (const ParamUnit& unit : layout.units()) {
-    std::vector<float> m(unit.numel), v(unit.numel);
-    for (const ParamEntry& e : unit.entries) {
-      RETURN_IF_ERROR(moments->Read("m." + e.hf_name, e.shape, DType::kF32, m.data() + e.offset));
-      RETURN_IF_ERROR(moments->Read("v." + e.hf_name, e.shape, DType::kF32, v.data() + e.offset));
+  struct Kind {
+    const SafetensorsReader* reader;
+    std::string prefix;
+    HostWeights* out;
+  };
+  const Kind kinds[] = {{weights.get(), "", &out.optimizer.master},
+                        {moments.get(), "m.", &out.optimizer.m},
+                        {moments.get(), "v.", &out.optimizer.v}};
+  // Every tensor's name, shape and dtype first, whatever the slices: a mismatch is the same
+  // error on every rank.
+  for (const Kind& k : kinds) {
+    for (const ParamUnit& unit : layout.units()) {
+      for (const ParamEntry& e : unit.entries) {
+        ASSIGN_OR_RETURN(TensorInfo info, k.reader->Info(k.prefix + e.hf_name));
+        if (info.shape != e.shape || info.dtype != DType::kF32) {
+          return absl::DataLossError(
+              absl::StrCat(path, ": tensor '", k.prefix, e.hf_name, "' is ", DTypeName(info.dtype),
+                           " ", ShapeString(info.shape), ", expected f32 ", ShapeString(e.shape)));
+        }
+      }
     }
-    out.optimizer.m.push_back(std::move(m));
-    out.optimizer.v.push_back(std::move(v));
+  }
+  for (const Kind& k : kinds) {
+    for (size_t u = 0; u < layout.units().size(); ++u) {
+      const UnitSlice& slice = slices[u];
+      std::vector<float> part(slice.numel, 0.f);  // zeros past the unit's end
+      const int64_t end = slice.begin + slice.numel;
+      for (const ParamEntry& e : layout.units()[u].entries) {
+        const int64_t lo = std::max(slice.begin, e.offset);
+        const int64_t hi = std::min(end, e.offset + NumElements(e.shape));
+        if (lo >= hi) continue;
+        RETURN_IF_ERROR(k.reader->ReadRange(k.prefix + e.hf_name, e.shape, lo - e.offset, hi - lo,
+                                            DType::kF32, part.data() + (lo - slice.begin)));
+        out.read_bytes += (hi - lo) * 4;
+      }
+      out.host_bytes += slice.numel * 4;
+      k.out->push_back(std::move(part));
+    }
   }
   out.seconds = SecondsSince(start);
   return out;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "engine/model/config.h"
 #include "engine/model/params.h"
@@ -31,20 +32,22 @@ struct TrainState {
 };
 
 // One process saving alone: BeginCheckpoint, WriteCheckpointShard(rank 0 of 1), CommitCheckpoint.
+// `opt` holds every tensor (StateOfWholeUnits makes it from whole units).
 absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                             const ParamLayout& layout, const Optimizer::State& opt,
                             const TrainState& state, int64_t keep);
 
-// ---- Saving from every rank at once.
+// ---- Saving from every rank at once (engine/train/distributed_checkpoint.h runs the ranks).
 //
-// Every rank holds the whole (gathered) state, and the files are split among the ranks: each
-// writes and checksums its share in parallel. model/ is the Hugging Face sharded layout (files of
-// at most 4 GiB, at least one per rank), so export and transformers read it as it is; the Adam
-// moments are the same layout in optimizer/ (or one optimizer.safetensors when a single file
-// holds them). Rank 0 also writes config.json, the indexes and state.json (which records the
-// world it was saved at), and at the end the manifest, from every rank's checksums. The tensors
-// are whole (split by tensor, not by FSDP shard), so a checkpoint saved at one world size loads
-// at any other.
+// The files are split among the ranks, by tensor: each rank writes and checksums its share in
+// parallel, and holds on the host only the tensors of its share (CheckpointTensorsOf says which;
+// Optimizer::Save keeps just those). model/ is the Hugging Face sharded layout (files of at most
+// 4 GiB, as many per rank, at least one), so export and transformers read it as it is; the Adam
+// moments are the same layout in optimizer/ (or one optimizer.safetensors when a single file holds
+// them). Rank 0 also writes config.json, the indexes and state.json (which records the world it was
+// saved at), and at the end the manifest, from every rank's checksums. The tensors are whole
+// (split by tensor, not by FSDP shard), so a checkpoint saved at one world size loads at any
+// other.
 //
 // The order, with a barrier after each step: rank 0 BeginCheckpoint; every rank
 // WriteCheckpointShard; rank 0 CommitCheckpoint.
@@ -52,8 +55,15 @@ struct CheckpointWriteReport {
   int64_t bytes = 0;  // what this rank wrote (CommitCheckpoint: the whole checkpoint)
   double seconds = 0;
 };
+// The tensors rank `rank` writes in a checkpoint saved at `world`: the one place the split is
+// decided (its files are parts rank, rank + world, ... of SafetensorsWriter::WriteShard's split).
+// Every tensor is written by exactly one rank.
+Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world);
+// Every tensor of whole units (one process holding the whole state: tests, tools).
+Optimizer::State StateOfWholeUnits(const ParamLayout& layout, const Optimizer::Shards& whole);
 // Prepares the step's temporary directory (removing what killed saves left behind).
 absl::Status BeginCheckpoint(const std::string& dir, int64_t step);
+// `opt` must hold at least this rank's tensors (CheckpointTensorsOf); it may hold more.
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
     const Optimizer::State& opt, const TrainState& state, int rank, int world);
@@ -65,17 +75,49 @@ absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir, i
 // The newest complete checkpoint under `dir` (NOT_FOUND when there is none).
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
 
-struct LoadedCheckpoint {
-  Optimizer::State optimizer;
-  TrainState state;
-  int saved_world = 1;  // the world size it was saved at (1 for checkpoints that do not say)
-  int64_t bytes = 0;    // the checkpoint's size, read and verified
-  double seconds = 0;   // how long loading took
+// The part of a unit a rank loads: elements [begin, begin + numel) of the unit's flat buffer
+// (ParamStore::shard_begin, shard_numel); past the unit's end it is zeros (FSDP padding).
+struct UnitSlice {
+  int64_t begin = 0, numel = 0;
 };
-// Verifies the checkpoint against its manifest first. Errors name the file and what is wrong
-// (missing, wrong size, checksum mismatch, corrupt, truncated, a tensor missing or misshapen).
-absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, const ParamLayout& layout);
 
+struct LoadedCheckpoint {
+  Optimizer::Shards optimizer;  // the slices asked for (whole units for LoadCheckpoint)
+  TrainState state;
+  int saved_world = 1;         // the world size it was saved at (1 for checkpoints that do not say)
+  int64_t bytes = 0;           // the checkpoint's size (the manifest's total)
+  int64_t verified_bytes = 0;  // what this process read to check against the manifest
+  int64_t read_bytes = 0;      // tensor bytes read for the slices
+  int64_t host_bytes = 0;      // held on the host: the slices
+  double seconds = 0;          // how long loading took
+};
+// One process loading everything: verifies the checkpoint against its manifest first, then
+// reads whole units. Errors name the file and what is wrong (missing, wrong size, checksum
+// mismatch, corrupt, truncated, a tensor missing or misshapen).
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, const ParamLayout& layout);
+// Reads only the byte ranges of the tensors that overlap `slices` (one per unit), verifying no
+// file against the manifest: the caller has (LoadCheckpointTogether: the ranks verify a share of
+// the files each). The tensors' names, shapes and dtypes are checked, all of them, so every
+// rank finds the same mismatch whatever its slices.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
+                                                      const ParamLayout& layout,
+                                                      const std::vector<UnitSlice>& slices);
+
+// manifest.json: every other file of a checkpoint, with its size and CRC-32.
+struct CheckpointManifest {
+  struct File {
+    std::string path;  // relative to the checkpoint
+    int64_t bytes = 0;
+    uint32_t crc32 = 0;
+  };
+  std::vector<File> files;  // in the manifest's order
+  int64_t total_bytes = 0;
+};
+// DATA_LOSS naming manifest.json when it is corrupt.
+absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path);
+// Reads file `i` of the manifest whole and checks its size and CRC-32: DATA_LOSS naming it.
+absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManifest& manifest,
+                                  size_t i);
 // Checks every file a checkpoint's manifest lists (size and CRC-32): DATA_LOSS naming the file.
 absl::Status VerifyCheckpoint(const std::string& path);
 

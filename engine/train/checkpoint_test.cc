@@ -13,8 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "engine/core/file_util.h"
 #include "engine/model/config.h"
@@ -33,8 +35,8 @@ std::string FreshDir(const std::string& name) {
 
 // Every value of a step's state is derived from the step, so a loaded checkpoint can be checked
 // against the step it claims to be.
-Optimizer::State StateFor(const ParamLayout& layout, int64_t step) {
-  Optimizer::State s;
+Optimizer::Shards StateFor(const ParamLayout& layout, int64_t step) {
+  Optimizer::Shards s;
   for (const ParamUnit& u : layout.units()) {
     s.master.emplace_back(u.numel, 0.25f * step);
     s.m.emplace_back(u.numel, 1.0f * step);
@@ -49,7 +51,8 @@ struct Fixture {
   LlamaConfig cfg = *PresetConfig("tiny");
   ParamLayout layout{cfg};
   absl::Status Save(const std::string& dir, int64_t step, int64_t keep = 2) const {
-    return SaveCheckpoint(dir, cfg, layout, StateFor(layout, step), TrainStateFor(step), keep);
+    return SaveCheckpoint(dir, cfg, layout, StateOfWholeUnits(layout, StateFor(layout, step)),
+                          TrainStateFor(step), keep);
   }
   // The newest checkpoint loads, verifies and holds exactly its step's values.
   void ExpectLatestIsWhole(const std::string& dir, int64_t min_step) const {
@@ -61,7 +64,7 @@ struct Fixture {
     EXPECT_GE(step, min_step);
     EXPECT_EQ(ck->state.data_position, 10 * step);
     EXPECT_EQ(ck->state.tokens, 100 * step);
-    const Optimizer::State want = StateFor(layout, step);
+    const Optimizer::Shards want = StateFor(layout, step);
     EXPECT_EQ(ck->optimizer.master, want.master);
     EXPECT_EQ(ck->optimizer.m, want.m);
     EXPECT_EQ(ck->optimizer.v, want.v);
@@ -203,8 +206,8 @@ TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
 
 // Values that differ by unit and position, so that a tensor read back from the wrong place of a
 // sharded checkpoint shows.
-Optimizer::State DistinctState(const ParamLayout& layout) {
-  Optimizer::State s;
+Optimizer::Shards DistinctState(const ParamLayout& layout) {
+  Optimizer::Shards s;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const int64_t n = layout.units()[u].numel;
     s.master.emplace_back(n);
@@ -219,19 +222,35 @@ Optimizer::State DistinctState(const ParamLayout& layout) {
   return s;
 }
 
+// The tensors of `all` that `keep` names.
+Optimizer::State Only(const Optimizer::State& all, const Optimizer::Selection& keep) {
+  Optimizer::State s;
+  for (auto [from, names, to] : {std::tuple{&all.master, &keep.master, &s.master},
+                                 {&all.m, &keep.m, &s.m},
+                                 {&all.v, &keep.v, &s.v}}) {
+    for (const std::string& name : *names) (*to)[name] = from->at(name);
+  }
+  return s;
+}
+
 // Three ranks write their shares at once (threads standing in for rank processes); the result is
 // one checkpoint in the Hugging Face sharded layout that loads whole, at any world size.
 TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
   Fixture f;
   const std::string dir = FreshDir("sharded");
-  const Optimizer::State state = DistinctState(f.layout);
+  const Optimizer::Shards state = DistinctState(f.layout);
   const TrainState ts = TrainStateFor(7);
   ASSERT_TRUE(BeginCheckpoint(dir, 7).ok());
   std::vector<absl::StatusOr<CheckpointWriteReport>> wrote(3, absl::UnknownError("not run"));
   std::vector<std::thread> ranks;
+  // Each rank is handed only the tensors it writes, as a save does.
+  std::vector<Optimizer::State> held;
+  for (int r = 0; r < 3; ++r) {
+    held.push_back(Only(StateOfWholeUnits(f.layout, state), CheckpointTensorsOf(f.layout, r, 3)));
+  }
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back(
-        [&, r] { wrote[r] = WriteCheckpointShard(dir, f.cfg, f.layout, state, ts, r, 3); });
+        [&, r] { wrote[r] = WriteCheckpointShard(dir, f.cfg, f.layout, held[r], ts, r, 3); });
   }
   for (std::thread& t : ranks) t.join();
   int64_t written = 0;
@@ -274,7 +293,7 @@ TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
 TEST(ShardedCheckpointTest, ACommitWithoutEveryRanksShareFailsNamingTheRank) {
   Fixture f;
   const std::string dir = FreshDir("sharded_missing");
-  const Optimizer::State state = DistinctState(f.layout);
+  const Optimizer::State state = StateOfWholeUnits(f.layout, DistinctState(f.layout));
   ASSERT_TRUE(BeginCheckpoint(dir, 3).ok());
   for (int r : {0, 2}) {  // rank 1 never writes
     ASSERT_TRUE(WriteCheckpointShard(dir, f.cfg, f.layout, state, TrainStateFor(3), r, 3).ok());
@@ -284,6 +303,103 @@ TEST(ShardedCheckpointTest, ACommitWithoutEveryRanksShareFailsNamingTheRank) {
   EXPECT_NE(commit.status().message().find("rank 1 did not finish"), std::string::npos)
       << commit.status();
   EXPECT_TRUE(absl::IsNotFound(LatestCheckpoint(dir).status()));
+}
+
+// Who writes what: every tensor of every kind by exactly one rank, and each rank's share about
+// 1/world of the state, so that is all a rank holds on the host to save.
+TEST(ShardedCheckpointTest, EveryTensorHasOneWriterAndTheSharesAreAboutEqual) {
+  for (const char* preset : {"tiny", "llama-3-8b"}) {
+    const LlamaConfig cfg = *PresetConfig(preset);
+    const ParamLayout layout(cfg);
+    int64_t state_bytes = 0;
+    for (const ParamUnit& u : layout.units()) state_bytes += 3 * 4 * u.numel;
+    for (int world : {1, 2, 3, 4, 8}) {
+      SCOPED_TRACE(absl::StrCat(preset, " at world ", world));
+      std::map<std::string, int> writers;  // "kind/name" -> how many ranks write it
+      for (int r = 0; r < world; ++r) {
+        const Optimizer::Selection mine = CheckpointTensorsOf(layout, r, world);
+        int64_t bytes = 0;
+        for (const ParamUnit& u : layout.units()) {
+          for (const ParamEntry& e : u.entries) {
+            const int64_t n = NumElements(e.shape) * 4;
+            bytes += n * (mine.master.count(e.hf_name) + mine.m.count(e.hf_name) +
+                          mine.v.count(e.hf_name));
+            writers["master/" + e.hf_name] += mine.master.count(e.hf_name);
+            writers["m/" + e.hf_name] += mine.m.count(e.hf_name);
+            writers["v/" + e.hf_name] += mine.v.count(e.hf_name);
+          }
+        }
+        const double share = static_cast<double>(bytes) / state_bytes;
+        std::printf("%s world %d rank %d holds %.3f of the state\n", preset, world, r, share);
+        // Whole tensors cannot split evenly; the tiny model's few tensors least of all.
+        const double slack = std::string(preset) == "tiny" ? 0.5 : 0.15;
+        EXPECT_GT(share, (1 - slack) / world) << "rank " << r;
+        EXPECT_LT(share, (1 + slack) / world) << "rank " << r;
+      }
+      for (const auto& [name, n] : writers) EXPECT_EQ(n, 1) << name;
+    }
+  }
+}
+
+// A rank given less than its share fails naming a tensor it should have written.
+TEST(ShardedCheckpointTest, ARankWithoutItsTensorsFailsNamingOne) {
+  Fixture f;
+  const std::string dir = FreshDir("sharded_short");
+  const Optimizer::State all = StateOfWholeUnits(f.layout, DistinctState(f.layout));
+  Optimizer::State other = Only(all, CheckpointTensorsOf(f.layout, 0, 2));
+  ASSERT_TRUE(BeginCheckpoint(dir, 5).ok());
+  absl::StatusOr<CheckpointWriteReport> w =
+      WriteCheckpointShard(dir, f.cfg, f.layout, other, TrainStateFor(5), /*rank=*/1, 2);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("no data to write"), std::string::npos) << w.status();
+  EXPECT_NE(w.status().message().find("tensor '"), std::string::npos) << w.status();
+}
+
+// Loading a slice of each unit (an FSDP rank of another world) reads just that slice's values,
+// zeros past the unit's end, and holds only the slices.
+TEST(ShardedCheckpointTest, SlicesLoadTheirOwnValuesAtAnyWorld) {
+  Fixture f;
+  const std::string dir = FreshDir("slices");
+  const Optimizer::Shards state = DistinctState(f.layout);
+  ASSERT_TRUE(
+      SaveCheckpoint(dir, f.cfg, f.layout, StateOfWholeUnits(f.layout, state), TrainStateFor(4), 1)
+          .ok());
+  const std::string ck = dir + "/step-00000004";
+  int64_t state_bytes = 0;
+  for (const ParamUnit& u : f.layout.units()) state_bytes += 3 * 4 * u.numel;
+  for (int world : {2, 3, 4}) {
+    int64_t read = 0;
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r, " of ", world));
+      std::vector<UnitSlice> slices;
+      for (const ParamUnit& u : f.layout.units()) {
+        const int64_t shard = (u.numel + world - 1) / world;
+        slices.push_back({r * shard, shard});
+      }
+      absl::StatusOr<LoadedCheckpoint> got = LoadCheckpointSlices(ck, f.layout, slices);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->state.step, 4);
+      int64_t held = 0;
+      for (size_t u = 0; u < slices.size(); ++u) {
+        held += 3 * 4 * slices[u].numel;
+        for (auto [have, want] : {std::pair{&got->optimizer.master, &state.master},
+                                  {&got->optimizer.m, &state.m},
+                                  {&got->optimizer.v, &state.v}}) {
+          ASSERT_EQ((*have)[u].size(), static_cast<size_t>(slices[u].numel));
+          for (int64_t i = 0; i < slices[u].numel; ++i) {
+            const int64_t at = slices[u].begin + i;
+            const float expected =
+                at < static_cast<int64_t>((*want)[u].size()) ? (*want)[u][at] : 0;
+            ASSERT_EQ((*have)[u][i], expected) << "unit " << u << " element " << at;
+          }
+        }
+      }
+      EXPECT_EQ(got->host_bytes, held);
+      EXPECT_LT(got->read_bytes, state_bytes);
+      read += got->read_bytes;
+    }
+    EXPECT_EQ(read, state_bytes) << "the slices of world " << world << " read the state once";
+  }
 }
 
 }  // namespace

@@ -182,7 +182,8 @@ TEST_F(ExportTest, ACheckpointSavedByThreeRanksExportsTheSameModel) {
   const std::string saved = dir + "/checkpoints";
   ASSERT_TRUE(BeginCheckpoint(saved, ck->state.step).ok());
   for (int rank = 0; rank < 3; ++rank) {
-    auto wrote = WriteCheckpointShard(saved, *cfg, layout, ck->optimizer, ck->state, rank, 3);
+    auto wrote = WriteCheckpointShard(saved, *cfg, layout, StateOfWholeUnits(layout, ck->optimizer),
+                                      ck->state, rank, 3);
     ASSERT_TRUE(wrote.ok()) << wrote.status();
   }
   ASSERT_TRUE(CommitCheckpoint(saved, ck->state.step, 3, 1).ok());

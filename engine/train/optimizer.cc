@@ -2,22 +2,30 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace ithaca {
+
+absl::Status Optimizer::Allocate() {
+  ParamStore& ps = model_->params();
+  for (int u = 0; u < ps.num_units(); ++u) {
+    for (auto* vec : {&master_, &m_, &v_}) {
+      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model_->allocator(), DType::kF32, {ps.shard_numel(u)},
+                                              Tier::kOptimizer));
+      model_->ops()->Fill(b.tensor(), 0.f);
+      vec->push_back(std::move(b));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
                                                              const UnitSource& init,
                                                              const JobSpec::Training& hp) {
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp));
-  Ops* ops = model->ops();
+  RETURN_IF_ERROR(o->Allocate());
   ParamStore& ps = model->params();
   for (int u = 0; u < ps.num_units(); ++u) {
-    for (auto* vec : {&o->master_, &o->m_, &o->v_}) {
-      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model->allocator(), DType::kF32, {ps.shard_numel(u)},
-                                              Tier::kOptimizer));
-      ops->Fill(b.tensor(), 0.f);
-      vec->push_back(std::move(b));
-    }
     ASSIGN_OR_RETURN(std::vector<float> whole, init(u));
     if (static_cast<int64_t>(whole.size()) != ps.unit_numel(u)) {
       return absl::InternalError("initial weights do not match the parameter layout");
@@ -25,6 +33,15 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
     ps.ScatterFromHost(u, whole, o->master_[u].tensor());
   }
   o->RefreshWorkingCopy();
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Resume(LlamaModel* model,
+                                                             const Shards& shards,
+                                                             const JobSpec::Training& hp) {
+  std::unique_ptr<Optimizer> o(new Optimizer(model, hp));
+  RETURN_IF_ERROR(o->Allocate());
+  RETURN_IF_ERROR(o->Restore(shards));
   return o;
 }
 
@@ -89,28 +106,59 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
   return r;
 }
 
-absl::StatusOr<Optimizer::State> Optimizer::Save() const {
+int64_t Optimizer::State::HostBytes() const {
+  int64_t bytes = 0;
+  for (const auto* kind : {&master, &m, &v}) {
+    for (const auto& [name, values] : *kind) bytes += static_cast<int64_t>(values.size() * 4);
+  }
+  return bytes;
+}
+
+absl::StatusOr<Optimizer::State> Optimizer::Save(const Selection& keep) const {
   State s;
   ParamStore& ps = model_->params();
+  const std::vector<ParamUnit>& units = model_->layout().units();
   for (size_t u = 0; u < master_.size(); ++u) {
-    ASSIGN_OR_RETURN(auto master, ps.GatherToHost(u, master_[u].tensor()));
-    ASSIGN_OR_RETURN(auto m, ps.GatherToHost(u, m_[u].tensor()));
-    ASSIGN_OR_RETURN(auto v, ps.GatherToHost(u, v_[u].tensor()));
-    s.master.push_back(std::move(master));
-    s.m.push_back(std::move(m));
-    s.v.push_back(std::move(v));
+    for (auto [buffers, names, out] : {std::tuple{&master_, &keep.master, &s.master},
+                                       {&m_, &keep.m, &s.m},
+                                       {&v_, &keep.v, &s.v}}) {
+      std::vector<const ParamEntry*> kept;
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (const ParamEntry& e : units[u].entries) {
+        if (names->count(e.hf_name) == 0) continue;
+        kept.push_back(&e);
+        ranges.push_back({e.offset, e.offset + NumElements(e.shape)});
+      }
+      // Collective: every rank gathers the unit, also one that keeps none of it.
+      ASSIGN_OR_RETURN(auto parts, ps.GatherRangesToHost(u, (*buffers)[u].tensor(), ranges));
+      for (size_t i = 0; i < kept.size(); ++i) (*out)[kept[i]->hf_name] = std::move(parts[i]);
+    }
   }
   return s;
 }
 
-absl::Status Optimizer::Restore(const State& s) {
+absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
+  HostWeights w;
   ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
-    for (auto [dst, src] : {std::pair{&master_, &s.master}, {&m_, &s.m}, {&v_, &s.v}}) {
-      if (u >= src->size() || static_cast<int64_t>((*src)[u].size()) != ps.unit_numel(u)) {
-        return absl::DataLossError("optimizer state does not match the model");
+    ASSIGN_OR_RETURN(std::vector<float> unit, ps.GatherToHost(u, master_[u].tensor()));
+    w.push_back(std::move(unit));
+  }
+  return w;
+}
+
+absl::Status Optimizer::Restore(const Shards& s) {
+  ParamStore& ps = model_->params();
+  for (size_t u = 0; u < master_.size(); ++u) {
+    for (auto [dst, src, kind] : {std::tuple{&master_, &s.master, "master weights"},
+                                  {&m_, &s.m, "Adam m"},
+                                  {&v_, &s.v, "Adam v"}}) {
+      if (u >= src->size() || static_cast<int64_t>((*src)[u].size()) != ps.shard_numel(u)) {
+        return absl::DataLossError(absl::StrCat("optimizer state: the ", kind, " slice of unit ", u,
+                                                " has ", u < src->size() ? (*src)[u].size() : 0,
+                                                " elements, this rank holds ", ps.shard_numel(u)));
       }
-      ps.ScatterFromHost(u, (*src)[u], (*dst)[u].tensor());
+      model_->ops()->Upload((*src)[u].data(), DType::kF32, (*dst)[u].tensor());
     }
   }
   RefreshWorkingCopy();

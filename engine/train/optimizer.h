@@ -4,7 +4,10 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "engine/memory/allocator.h"
@@ -40,16 +43,40 @@ class Optimizer {
   // The same, computing the global Σ g² first: the host waits for the gradients.
   absl::StatusOr<StepResult> Step(int64_t step, double lr);
 
-  // Whole-model state as f32 host copies per unit (gathered from every rank's shards; every rank
-  // must call Save together).
+  // Host f32 copies of some tensors of the whole-model state, by Hugging Face parameter name
+  // ("model.layers.3.mlp.up_proj.weight"): master weights, Adam m and Adam v. Which ones is the
+  // caller's choice: a checkpoint save keeps only those this rank writes (CheckpointTensorsOf),
+  // so a rank's host holds about 1/world of the state, not all of it.
   struct State {
+    std::map<std::string, std::vector<float>> master, m, v;
+    int64_t HostBytes() const;  // what the three maps hold
+  };
+  // Names of the tensors to keep, per kind.
+  struct Selection {
+    std::set<std::string> master, m, v;
+  };
+  // Every rank calls it together: each unit is all-gathered on the device in turn (under FSDP),
+  // and this rank downloads only the tensors `keep` names.
+  absl::StatusOr<State> Save(const Selection& keep) const;
+  // Every master weight, whole, per unit (collective, as Save).
+  absl::StatusOr<HostWeights> GatherMasterWeights() const;
+
+  // This rank's slice of every unit's state, as it keeps it: elements [shard_begin,
+  // shard_begin + shard_numel) of each unit (ParamStore), zeros past the unit's end. What a
+  // rank reads from a checkpoint to resume.
+  struct Shards {
     HostWeights master, m, v;
   };
-  absl::StatusOr<State> Save() const;
-  absl::Status Restore(const State& state);
+  // Takes the slices as the optimizer's state (no collective) and writes the model's working
+  // copy from them.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Resume(LlamaModel* model, const Shards& shards,
+                                                           const JobSpec::Training& hp);
+  absl::Status Restore(const Shards& shards);
 
  private:
   Optimizer(LlamaModel* model, const JobSpec::Training& hp) : model_(model), hp_(hp) {}
+  // Allocates the zeroed master, m and v shards.
+  absl::Status Allocate();
   void RefreshWorkingCopy();
 
   LlamaModel* model_;

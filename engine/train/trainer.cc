@@ -161,21 +161,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   }
   const ParamLayout& layout = t->model_->layout();
   if (latest.ok()) {
-    ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpoint(*latest, layout));
-    auto from_checkpoint = [&](int u) -> absl::StatusOr<std::vector<float>> {
-      return ck.optimizer.master[u];
-    };
+    // Each rank reads only its slice of the state, and verifies a share of the files.
+    ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpointTogether(*latest, t->model_.get(), comm));
     ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::Create(t->model_.get(), from_checkpoint, spec.training));
-    RETURN_IF_ERROR(t->optimizer_->Restore(ck.optimizer));
+                     Optimizer::Resume(t->model_.get(), ck.optimizer, spec.training));
     t->state_ = ck.state;
     if (t->data_) t->data_->set_position(ck.state.data_position);
     if (t->rank_ == 0) {
       std::printf(
-          "resumed from %s at step %lld (saved by %d ranks, loaded by %d; %.3f GB read "
-          "and verified in %.2f s, %.2f GB/s)\n",
+          "resumed from %s at step %lld (saved by %d ranks, loaded by %d; %.3f GB verified by "
+          "the ranks together in %.2f s, %.2f GB/s; rank 0 verified %.3f GB, read %.3f GB of "
+          "tensors and held %.3f GB on the host)\n",
           latest->c_str(), static_cast<long long>(ck.state.step), ck.saved_world, t->world_,
-          ck.bytes / 1e9, ck.seconds, ck.bytes / 1e9 / std::max(ck.seconds, 1e-9));
+          ck.bytes / 1e9, ck.seconds, ck.bytes / 1e9 / std::max(ck.seconds, 1e-9),
+          ck.verified_bytes / 1e9, ck.read_bytes / 1e9, ck.host_bytes / 1e9);
     }
   } else if (!spec.model.weights.empty()) {
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
@@ -289,51 +288,31 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
 }
 
 absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
-  ASSIGN_OR_RETURN(Optimizer::State st, optimizer_->Save());
-  return std::move(st.master);
+  return optimizer_->GatherMasterWeights();
 }
 
-absl::Status Trainer::SaveCheckpointNow() {
-  if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  ASSIGN_OR_RETURN(Optimizer::State opt, optimizer_->Save());  // every rank takes part
-  const double gather_s = std::chrono::duration<double>(Clock::now() - start).count();
-  const std::string& dir = spec_.checkpoint.dir;
-  // Every rank writes its share of the files (engine/train/checkpoint.h). Each phase ends at a
-  // barrier that every rank reaches even after an error of its own: nobody writes before rank 0
-  // made the directory, rank 0 commits only once every share is written (and a missing one is
-  // an error naming the rank), and nobody moves on (or resumes) before the checkpoint is whole.
-  absl::Status st = rank_ == 0 ? BeginCheckpoint(dir, state_.step) : absl::OkStatus();
-  if (comm_) RETURN_IF_ERROR(comm_->Barrier());
-  CheckpointWriteReport wrote;
-  if (st.ok()) {
-    absl::StatusOr<CheckpointWriteReport> w =
-        WriteCheckpointShard(dir, cfg_, model_->layout(), opt, state_, rank_, world_);
-    if (w.ok()) wrote = *w;
-    st = w.status();
+absl::StatusOr<CheckpointSaveReport> Trainer::SaveCheckpointNow() {
+  if (spec_.checkpoint.dir.empty()) return CheckpointSaveReport();
+  // Every rank writes its share of the files, holding only that share on the host
+  // (engine/train/distributed_checkpoint.h).
+  ASSIGN_OR_RETURN(CheckpointSaveReport r,
+                   SaveCheckpointTogether(spec_.checkpoint.dir, model_.get(), *optimizer_, state_,
+                                          comm_, spec_.checkpoint.keep));
+  if (rank_ == 0) {
+    // The figures a save's throughput is judged by: the whole checkpoint over the whole save,
+    // and this rank's share over its own writing (the ranks write at once); and what this rank
+    // held on the host, about 1/world of the state.
+    std::printf(
+        "checkpoint step %lld: %.3f GB by %d ranks in %.2f s (%.2f GB/s; gather %.2f s, "
+        "write %.2f s, rank 0 wrote %.3f GB at %.2f GB/s holding %.3f GB on the host, "
+        "commit %.2f s)\n",
+        static_cast<long long>(state_.step), r.bytes / 1e9, world_, r.seconds,
+        r.bytes / 1e9 / std::max(r.seconds, 1e-9), r.gather_seconds, r.write_seconds,
+        r.rank_bytes / 1e9, r.rank_bytes / 1e9 / std::max(r.rank_write_seconds, 1e-9),
+        r.host_bytes / 1e9, r.commit_seconds);
+    std::fflush(stdout);
   }
-  const double write_s = std::chrono::duration<double>(Clock::now() - start).count() - gather_s;
-  if (comm_) RETURN_IF_ERROR(comm_->Barrier());
-  if (rank_ == 0 && st.ok()) {
-    absl::StatusOr<CheckpointWriteReport> commit =
-        CommitCheckpoint(dir, state_.step, world_, spec_.checkpoint.keep);
-    st = commit.status();
-    if (commit.ok()) {
-      // The figures a save's throughput is judged by: the whole checkpoint over the whole
-      // save, and this rank's share over its own writing (the ranks write at once).
-      const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
-      std::printf(
-          "checkpoint step %lld: %.3f GB by %d ranks in %.2f s (%.2f GB/s; gather %.2f s, "
-          "write %.2f s, rank 0 wrote %.3f GB at %.2f GB/s, commit %.2f s)\n",
-          static_cast<long long>(state_.step), commit->bytes / 1e9, world_, total_s,
-          commit->bytes / 1e9 / std::max(total_s, 1e-9), gather_s, write_s, wrote.bytes / 1e9,
-          wrote.bytes / 1e9 / std::max(wrote.seconds, 1e-9), commit->seconds);
-      std::fflush(stdout);
-    }
-  }
-  if (comm_) RETURN_IF_ERROR(comm_->Barrier());
-  return st;
+  return r;
 }
 
 absl::StatusOr<EvalReport> Trainer::Evaluate() {
@@ -366,7 +345,8 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
     const int64_t every = spec_.checkpoint.every;
     if (!spec_.checkpoint.dir.empty() && ((every > 0 && r.step % every == 0) || r.step == steps)) {
       const auto save_start = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(SaveCheckpointNow());
+      ASSIGN_OR_RETURN(CheckpointSaveReport saved, SaveCheckpointNow());
+      r.checkpoint_host_bytes = saved.host_bytes;
       r.checkpoint_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
       r.checkpoint_time_unix = static_cast<int64_t>(std::time(nullptr));

@@ -15,6 +15,7 @@
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/distributed_checkpoint.h"
 #include "engine/train/evaluator.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/token_file.h"
@@ -39,6 +40,9 @@ struct StepReport {
   // for rank 0's write) and when it was complete (Unix seconds).
   double checkpoint_seconds = 0;
   int64_t checkpoint_time_unix = 0;
+  // The state this rank held on the host for that save (its share of the files: about 1/world
+  // of the whole, not all of it).
+  int64_t checkpoint_host_bytes = 0;
 };
 
 // The stable, parseable step line:
@@ -86,8 +90,9 @@ class Trainer {
   LlamaModel* model() { return model_.get(); }
   // The f32 master weights, whole, per unit (collective: every rank calls it).
   absl::StatusOr<HostWeights> GatherMasterWeights();
-  // Writes a checkpoint of the current state now (no-op without checkpoint.dir).
-  absl::Status SaveCheckpointNow();
+  // Writes a checkpoint of the current state now (collective; a no-op, reporting nothing,
+  // without checkpoint.dir). Rank 0 prints the "checkpoint step N: ..." line.
+  absl::StatusOr<CheckpointSaveReport> SaveCheckpointNow();
   // Where the end of the job writes the checkpoint.export directory: checkpoint.dir/export.
   static std::string ExportDir(const JobSpec& spec) { return spec.checkpoint.dir + "/export"; }
 

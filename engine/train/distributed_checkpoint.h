@@ -1,0 +1,49 @@
+// Saving and loading a training checkpoint with every rank of a job at once (the file layout is
+// engine/train/checkpoint.h's). Each rank's host holds only its part of the state, about 1/world
+// of it, whatever the model's size:
+// - saving: each unit is all-gathered on the device in turn, and a rank downloads only the
+//   tensors it writes (CheckpointTensorsOf), then writes and checksums its files in parallel
+//   with the others;
+// - loading: a rank reads only the byte ranges of the tensors that overlap its FSDP slice of
+//   each unit, at any world size (the files hold whole tensors), and the ranks verify the files
+//   against the manifest between them: file i by rank i mod world. The verdicts are then
+//   all-reduced, so every rank fails alike: DATA_LOSS naming the file on every rank (the rank
+//   that read it says what is wrong with it).
+#pragma once
+
+#include <string>
+
+#include "engine/comm/comm.h"
+#include "engine/schedule/llama.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/optimizer.h"
+
+namespace ithaca {
+
+struct CheckpointSaveReport {
+  int64_t bytes = 0;       // the whole checkpoint (known to rank 0 only; 0 on the others)
+  int64_t rank_bytes = 0;  // the files this rank wrote
+  int64_t host_bytes = 0;  // the state this rank held on the host to write them
+  double seconds = 0;      // the whole save, barriers included
+  double gather_seconds = 0, write_seconds = 0, commit_seconds = 0;
+  double rank_write_seconds = 0;  // this rank's writing and checksumming alone
+};
+
+// Collective: every rank of `comm` (nullptr: one rank) calls it. Writes DIR/step-N for
+// `state.step` and prunes all but the newest `keep`. Each phase ends at a barrier every rank
+// reaches even after an error of its own: nobody writes before rank 0 made the directory, rank 0
+// commits only once every share is written (a missing one is an error naming the rank), and
+// nobody moves on before the checkpoint is whole. A commit error is rank 0's to return.
+absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& dir,
+                                                            LlamaModel* model,
+                                                            const Optimizer& optimizer,
+                                                            const TrainState& state, Comm* comm,
+                                                            int64_t keep);
+
+// Collective: every rank loads its slice of every unit (ParamStore::shard_begin, shard_numel)
+// of the checkpoint at `path`, verifying its share of the files; the result is what
+// Optimizer::Resume takes. verified_bytes, read_bytes and host_bytes are this rank's.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path, LlamaModel* model,
+                                                        Comm* comm);
+
+}  // namespace ithaca

@@ -1,0 +1,230 @@
+// Checkpoints saved and loaded by every rank at once (Gloo ranks as processes): a rank holds
+// only its share of the state on the host, a checkpoint saved at one world loads at another
+// with each rank reading just its FSDP slices, and a damaged file is DATA_LOSS naming it on
+// every rank, whichever rank verified it.
+#include "engine/train/distributed_checkpoint.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/comm/bootstrap.h"
+#include "engine/comm/testing/multiprocess.h"
+#include "engine/core/file_util.h"
+#include "engine/model/weights.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+LlamaConfig Config() { return *PresetConfig("tiny"); }
+
+int64_t StateBytes() {
+  int64_t bytes = 0;
+  for (const ParamUnit& u : ParamLayout(Config()).units()) bytes += 3 * 4 * u.numel;
+  return bytes;
+}
+
+// One rank: its communicator, the CPU backend and the tiny model sharded over the world.
+struct RankModel {
+  std::unique_ptr<Comm> comm;
+  CpuOps ops;
+  HostAllocator alloc;
+  std::unique_ptr<LlamaModel> model;
+};
+
+absl::StatusOr<std::unique_ptr<RankModel>> MakeRank(int rank, int world,
+                                                    const std::string& rendezvous) {
+  auto r = std::make_unique<RankModel>();
+  RankInfo info;
+  info.rank = rank;
+  info.world = world;
+  info.rendezvous = rendezvous;
+  ASSIGN_OR_RETURN(r->comm, ConnectComm(info, Device::kCpu, /*timeout_s=*/60));
+  LlamaModel::Options mo;
+  mo.fsdp = true;
+  ASSIGN_OR_RETURN(r->model, LlamaModel::Create(Config(), &r->ops, &r->alloc, mo, r->comm.get()));
+  return r;
+}
+
+// Random weights, then one AdamW step on a random sample, so that m and v are not zero.
+absl::StatusOr<std::unique_ptr<Optimizer>> TrainedOneStep(LlamaModel* model) {
+  JobSpec::Training hp;
+  const ParamLayout& layout = model->layout();
+  auto init = [&](int u) -> absl::StatusOr<std::vector<float>> {
+    return RandomUnitWeights(layout, u, 99);
+  };
+  ASSIGN_OR_RETURN(auto opt, Optimizer::Create(model, init, hp));
+  std::mt19937 rng(5);  // the same sample on every rank
+  const int64_t S = 32;
+  std::vector<int32_t> inputs(S), labels(S);
+  for (int64_t i = 0; i < S; ++i) {
+    inputs[i] = static_cast<int32_t>(rng() % 256);
+    labels[i] = static_cast<int32_t>(rng() % 256);
+  }
+  model->params().ZeroGrads();
+  RETURN_IF_ERROR(model->ForwardBackward(inputs.data(), labels.data(), S, 1.f / S).status());
+  RETURN_IF_ERROR(model->params().FinishGradients());
+  RETURN_IF_ERROR(opt->Step(1, 1e-3).status());
+  return opt;
+}
+
+class DistributedCheckpointTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    // Saved once at world 2; every test loads it (or a copy).
+    const std::string rendezvous = dir_->path() + "/rv-save";
+    ASSERT_TRUE(MakeDirs(rendezvous).ok());
+    const std::string out = dir_->path();
+    auto outcomes = testing::RunRanks(2, [&](int rank) -> absl::Status {
+      ASSIGN_OR_RETURN(auto r, MakeRank(rank, 2, "file:" + rendezvous));
+      ASSIGN_OR_RETURN(auto opt, TrainedOneStep(r->model.get()));
+      TrainState state{1, 8, 256};
+      ASSIGN_OR_RETURN(CheckpointSaveReport saved,
+                       SaveCheckpointTogether(out + "/checkpoints", r->model.get(), *opt, state,
+                                              r->comm.get(), /*keep=*/1));
+      RANK_CHECK(saved.rank_bytes > 0);
+      RANK_CHECK(rank != 0 || saved.bytes > saved.rank_bytes);
+      // What it held, for the test to add up; and the whole master weights, to compare with.
+      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(out, "/host-bytes-", rank),
+                                      std::to_string(saved.host_bytes)));
+      ASSIGN_OR_RETURN(HostWeights master, opt->GatherMasterWeights());  // collective
+      if (rank == 0) {
+        std::string bytes;
+        for (const auto& unit : master) {
+          bytes.append(reinterpret_cast<const char*>(unit.data()), unit.size() * 4);
+        }
+        RETURN_IF_ERROR(WriteFileAtomic(out + "/master.f32", bytes));
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_EQ(testing::Failures(outcomes), "");
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string Checkpoint() { return dir_->path() + "/checkpoints/step-00000001"; }
+  static std::string Rendezvous(const std::string& name) {
+    const std::string d = dir_->path() + "/rv-" + name;
+    EXPECT_TRUE(MakeDirs(d).ok());
+    return "file:" + d;
+  }
+
+  static testing::TempDir* dir_;
+};
+
+testing::TempDir* DistributedCheckpointTest::dir_ = nullptr;
+
+// Each of the two ranks held its share of the state, not all of it: together exactly the state,
+// every tensor once.
+TEST_F(DistributedCheckpointTest, EachRankHeldItsShareToSave) {
+  int64_t sum = 0;
+  for (int r = 0; r < 2; ++r) {
+    auto text = ReadFileToString(absl::StrCat(dir_->path(), "/host-bytes-", r));
+    ASSERT_TRUE(text.ok()) << text.status();
+    const int64_t held = std::stoll(*text);
+    std::printf("rank %d of 2 held %lld of %lld bytes of state\n", r, static_cast<long long>(held),
+                static_cast<long long>(StateBytes()));
+    EXPECT_GT(held, StateBytes() / 4) << "rank " << r;
+    EXPECT_LT(held, StateBytes() * 3 / 4) << "rank " << r;
+    sum += held;
+  }
+  EXPECT_EQ(sum, StateBytes());
+  EXPECT_TRUE(VerifyCheckpoint(Checkpoint()).ok());
+}
+
+// Saved at world 2, loaded at 1, 3 and 4: every rank holds exactly its FSDP slices, with the
+// saved values, and reads about its share; the optimizer it resumes holds the saved weights.
+TEST_F(DistributedCheckpointTest, LoadsAtOtherWorldsReadingOnlyTheSlices) {
+  auto bytes = ReadFileToString(dir_->path() + "/master.f32");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string saved_master = *bytes;
+  absl::StatusOr<LoadedCheckpoint> whole = LoadCheckpoint(Checkpoint(), ParamLayout(Config()));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (int world : {1, 3, 4}) {
+    const std::string rendezvous = Rendezvous(absl::StrCat("load-", world));
+    auto outcomes = testing::RunRanks(world, [&](int rank) -> absl::Status {
+      ASSIGN_OR_RETURN(auto r, MakeRank(rank, world, rendezvous));
+      ASSIGN_OR_RETURN(LoadedCheckpoint ck,
+                       LoadCheckpointTogether(Checkpoint(), r->model.get(), r->comm.get()));
+      RANK_CHECK(ck.state.step == 1 && ck.state.data_position == 8 && ck.saved_world == 2);
+      const ParamStore& ps = r->model->params();
+      int64_t slices = 0;
+      for (int u = 0; u < ps.num_units(); ++u) {
+        slices += 3 * 4 * ps.shard_numel(u);
+        for (auto [got, want] : {std::pair{&ck.optimizer.master, &whole->optimizer.master},
+                                 {&ck.optimizer.m, &whole->optimizer.m},
+                                 {&ck.optimizer.v, &whole->optimizer.v}}) {
+          RANK_CHECK(static_cast<int64_t>((*got)[u].size()) == ps.shard_numel(u));
+          for (int64_t i = 0; i < ps.shard_numel(u); ++i) {
+            const int64_t at = ps.shard_begin(u) + i;
+            const float expected = at < ps.unit_numel(u) ? (*want)[u][at] : 0.f;
+            RANK_CHECK((*got)[u][i] == expected, "unit ", u, " element ", at);
+          }
+        }
+      }
+      RANK_CHECK(ck.host_bytes == slices, ck.host_bytes, " != ", slices);
+      if (world > 1) {
+        RANK_CHECK(ck.host_bytes < StateBytes() * 2 / world, ck.host_bytes);
+        RANK_CHECK(ck.read_bytes < StateBytes() * 2 / world, ck.read_bytes);
+        RANK_CHECK(ck.verified_bytes < ck.bytes, ck.verified_bytes);
+      } else {
+        RANK_CHECK(ck.verified_bytes == ck.bytes);
+      }
+      JobSpec::Training hp;
+      ASSIGN_OR_RETURN(auto opt, Optimizer::Resume(r->model.get(), ck.optimizer, hp));
+      ASSIGN_OR_RETURN(HostWeights master, opt->GatherMasterWeights());  // collective
+      std::string got;
+      for (const auto& unit : master) {
+        got.append(reinterpret_cast<const char*>(unit.data()), unit.size() * 4);
+      }
+      RANK_CHECK(got == saved_master, "the resumed master weights differ from the saved ones");
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(testing::Failures(outcomes), "") << "world " << world;
+  }
+}
+
+// A file damaged after the save: at world 3 only one rank reads it whole to verify it, yet every
+// rank fails with DATA_LOSS naming it.
+TEST_F(DistributedCheckpointTest, ADamagedFileIsDataLossNamingItOnEveryRank) {
+  const std::string copy = dir_->path() + "/damaged";
+  ASSERT_TRUE(MakeDirs(copy + "/model").ok());
+  ASSERT_TRUE(MakeDirs(copy + "/optimizer").ok());
+  absl::StatusOr<CheckpointManifest> manifest = ReadCheckpointManifest(Checkpoint());
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  auto text = ReadFileToString(Checkpoint() + "/manifest.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_TRUE(WriteFileAtomic(copy + "/manifest.json", *text).ok());
+  for (const CheckpointManifest::File& f : manifest->files) {
+    auto text = ReadFileToString(Checkpoint() + "/" + f.path);
+    ASSERT_TRUE(text.ok()) << text.status();
+    ASSERT_TRUE(WriteFileAtomic(copy + "/" + f.path, *text).ok());
+  }
+  const std::string victim = "optimizer/model-00002-of-00002.safetensors";
+  {
+    std::fstream file(copy + "/" + victim, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(file.good()) << victim << " is not in the checkpoint";
+    file.seekp(-5, std::ios::end);
+    file.put('\x42');
+  }
+  const std::string rendezvous = Rendezvous("damaged");
+  auto outcomes = testing::RunRanks(3, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, MakeRank(rank, 3, rendezvous));
+    absl::StatusOr<LoadedCheckpoint> ck =
+        LoadCheckpointTogether(copy, r->model.get(), r->comm.get());
+    RANK_CHECK(ck.status().code() == absl::StatusCode::kDataLoss, ck.status());
+    RANK_CHECK(ck.status().message().find(victim) != std::string::npos, ck.status());
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+}  // namespace
+}  // namespace ithaca
