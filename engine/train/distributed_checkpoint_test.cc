@@ -25,7 +25,8 @@ LlamaConfig Config() { return *PresetConfig("tiny"); }
 
 int64_t StateBytes() {
   int64_t bytes = 0;
-  for (const ParamUnit& u : ParamLayout(Config()).units()) bytes += 3 * 4 * u.numel;
+  const ParamLayout layout(Config());
+  for (const ParamUnit& u : layout.units()) bytes += 3 * 4 * u.numel;
   return bytes;
 }
 
@@ -219,8 +220,8 @@ TEST_F(DistributedCheckpointTest, ADamagedFileIsDataLossNamingItOnEveryRank) {
     ASSIGN_OR_RETURN(auto r, MakeRank(rank, 3, rendezvous));
     absl::StatusOr<LoadedCheckpoint> ck =
         LoadCheckpointTogether(copy, r->model.get(), r->comm.get());
-    RANK_CHECK(ck.status().code() == absl::StatusCode::kDataLoss, ck.status());
-    RANK_CHECK(ck.status().message().find(victim) != std::string::npos, ck.status());
+    RANK_CHECK(ck.status().code() == absl::StatusCode::kDataLoss, ck.status().ToString());
+    RANK_CHECK(ck.status().message().find(victim) != std::string::npos, ck.status().ToString());
     return absl::OkStatus();
   });
   EXPECT_EQ(testing::Failures(outcomes), "");

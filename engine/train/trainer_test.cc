@@ -363,13 +363,17 @@ TEST(StepLineTest, TheStepThatSavedReportsTheSaveTime) {
   ASSERT_TRUE((*t)->Run([&](const StepReport& r) { reports.push_back(r); }).ok());
   ASSERT_EQ(reports.size(), 4u);
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  // One rank alone holds the whole state (f32 master, m, v) to save it.
+  const int64_t state_bytes = 3 * 4 * (*t)->model()->layout().total_numel();
   for (const StepReport& r : reports) {
     if (r.step % 2 == 0) {
       EXPECT_GT(r.checkpoint_seconds, 0) << r.step;
       EXPECT_NEAR(r.checkpoint_time_unix, now, 60) << r.step;
+      EXPECT_EQ(r.checkpoint_host_bytes, state_bytes) << r.step;
     } else {
       EXPECT_EQ(r.checkpoint_seconds, 0) << r.step;
       EXPECT_EQ(r.checkpoint_time_unix, 0) << r.step;
+      EXPECT_EQ(r.checkpoint_host_bytes, 0) << r.step;
     }
   }
 }

@@ -1,0 +1,27 @@
+#!/bin/bash
+# Smoke test of checkpoint_bench on the CPU: two ranks save and load the tiny model, the loaded
+# weights equal the saved ones, and each rank's lines say it held about half of the state.
+set -euo pipefail
+BENCH=$1
+OUT="$TEST_TMPDIR/out.jsonl"
+OMP_NUM_THREADS=1 "$BENCH" --model tiny --backend cpu --nproc 2 --dir "$TEST_TMPDIR/ckpt" \
+  --check --tag smoke >"$OUT"
+cat "$OUT"
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+grep -q "check: the loaded master weights equal the saved ones" "$OUT" || fail "no check line"
+for phase in save load; do
+  for rank in 0 1; do
+    line=$(grep "\"phase\": \"$phase\"" "$OUT" | grep "\"rank\": $rank," || true)
+    [ -n "$line" ] || fail "no $phase line of rank $rank"
+    fraction=$(sed -E 's/.*"host_fraction": ([0-9.]+).*/\1/' <<<"$line")
+    gbps=$(sed -E 's/.*"gb_per_s": ([0-9.]+).*/\1/' <<<"$line")
+    awk -v f="$fraction" 'BEGIN { exit !(f > 0.3 && f < 0.7) }' ||
+      fail "$phase rank $rank held $fraction of the state, not about half"
+    awk -v g="$gbps" 'BEGIN { exit !(g > 0) }' || fail "$phase rank $rank: $gbps GB/s"
+  done
+done
+[ -z "$(ls -A "$TEST_TMPDIR/ckpt")" ] || fail "the checkpoint was not removed"
+echo PASS
