@@ -262,6 +262,59 @@ TEST_F(ShardedTest, SmallShardsWithIndexLoadBackIdentical) {
   EXPECT_EQ((*shard)->Names(), std::vector<std::string>{"t3"});
 }
 
+// A rank loading its FSDP slice reads part of a tensor: the elements asked for, converted.
+TEST_F(ShardedTest, ReadRangeReadsPartOfATensor) {
+  const std::string dir = TmpDir("range");
+  ASSERT_TRUE(writer_.WriteSharded(dir, 130).ok());
+  auto r = SafetensorsReader::Open(dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<float> got(20);
+  ASSERT_TRUE((*r)->ReadRange("t3", {4, 10}, 13, 20, DType::kF32, got.data()).ok());
+  EXPECT_EQ(got, std::vector<float>(data_[3].begin() + 13, data_[3].begin() + 33));
+  std::vector<float> b16(5);  // stored as bf16
+  ASSERT_TRUE((*r)->ReadRange("t1", {2, 10}, 15, 5, DType::kF32, b16.data()).ok());
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(b16[k], Bf16ToFloat(FloatToBf16(data_[1][15 + k])));
+  ASSERT_TRUE((*r)->ReadRange("t3", {4, 10}, 40, 0, DType::kF32, got.data()).ok());
+  EXPECT_ERROR((*r)->ReadRange("t3", {4, 10}, 30, 11, DType::kF32, got.data()),
+               absl::StatusCode::kOutOfRange, {"t3", "40 elements", "[30, 41)"});
+  EXPECT_ERROR((*r)->ReadRange("t3", {40}, 0, 1, DType::kF32, got.data()),
+               absl::StatusCode::kInvalidArgument, {"t3", "expected"});
+}
+
+// Writers of a split need only the data of their own part; the others' tensors are names.
+TEST_F(ShardedTest, AWriterNeedsOnlyTheDataOfItsOwnPart) {
+  const std::string dir = TmpDir("parts");
+  const std::vector<int> part = writer_.PartOfEachTensor(3);
+  ASSERT_EQ(part.size(), 5u);
+  for (int p = 0; p < 3; ++p) {
+    SafetensorsWriter mine;
+    mine.SetMetadata("format", "pt");
+    for (int i = 0; i < 5; ++i) {
+      mine.Add("t" + std::to_string(i), DType::kF32, {i + 1, 10},
+               part[i] == p ? data_[i].data() : nullptr, i == 1 ? DType::kBF16 : DType::kF32);
+    }
+    ASSERT_TRUE(mine.WriteShard(dir, p, 3).ok()) << "part " << p;
+    if (p == 0) {
+      // Without a tensor of its own part, a writer fails naming it.
+      SafetensorsWriter none;
+      for (int i = 0; i < 5; ++i) {
+        none.Add("t" + std::to_string(i), DType::kF32, {i + 1, 10}, nullptr, DType::kF32);
+      }
+      int first = 0;
+      while (part[first] != 0) ++first;
+      EXPECT_ERROR(none.WriteShard(TmpDir("parts_none"), 0, 3).status(),
+                   absl::StatusCode::kInvalidArgument, {"t" + std::to_string(first), "no data"});
+    }
+  }
+  SafetensorsWriter names;
+  for (int i = 0; i < 5; ++i) {
+    names.Add("t" + std::to_string(i), DType::kF32, {i + 1, 10}, nullptr,
+              i == 1 ? DType::kBF16 : DType::kF32);
+  }
+  ASSERT_TRUE(names.WriteShardIndex(dir, 3).ok());
+  ExpectLoads(dir);
+}
+
 TEST_F(ShardedTest, EverythingInOneShardWritesModelSafetensors) {
   const std::string dir = TmpDir("one");
   ASSERT_TRUE(WriteFileAtomic(dir + "/notes.txt", "keep me").ok());
