@@ -25,6 +25,10 @@
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags;
 #           e.g. train:131072:--doc_len=8192 for packed documents)
 #   probe:W:S[:extra flags] the memory probe at each S
+#   ckpt:MODEL:N[:DIR]  checkpoint_bench: MODEL (a preset) saved and loaded by N ranks, one per
+#           GPU (save and load GB/s, host bytes per rank); the checkpoint (12 bytes per
+#           parameter: 96 GB for llama-3-8b) goes to DIR (default /tmp/ithaca-ckpt-bench) and is
+#           removed afterwards; checkpoint.jsonl, checkpoint.log
 # Lines go to OUT_DIR/{info,attn,train}.log, OUT_DIR/gpu-tests-<date>.log and
 # OUT_DIR/{attn,train}.jsonl.
 set -uo pipefail
@@ -169,6 +173,13 @@ for phase in "$@"; do
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \
         --probe="$a1" --seq_lens="$a2" ${a3//+/ } 2> >(tee -a "$OUT/train.log" >&2) \
         | tee -a "$OUT/train.jsonl"
+      ;;
+    ckpt)
+      df -h "$(dirname "${a3:-/tmp/ithaca-ckpt-bench}")" | tail -1
+      timeout "${CKPT_TIMEOUT:-570}" "$BIN/checkpoint_bench" --model="$a1" --backend=cuda \
+        --nproc="${a2:-1}" --dir="${a3:-/tmp/ithaca-ckpt-bench}" \
+        2> >(tee -a "$OUT/checkpoint.log" >&2) | sed -E 's/^\[rank [0-9]+\] //' \
+        | tee -a "$OUT/checkpoint.jsonl"
       ;;
   esac
 done
