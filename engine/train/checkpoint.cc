@@ -490,6 +490,23 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& pat
   return manifest;
 }
 
+std::vector<int> VerifierOfEachFile(const CheckpointManifest& manifest, int world) {
+  const size_t n = manifest.files.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return manifest.files[a].bytes > manifest.files[b].bytes;
+  });
+  std::vector<int> verifier(n, 0);
+  std::vector<int64_t> load(std::max(world, 1), 0);
+  for (size_t i : order) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    verifier[i] = r;
+    load[r] += manifest.files[i].bytes;
+  }
+  return verifier;
+}
+
 absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManifest& manifest,
                                   size_t i) {
   const CheckpointManifest::File& f = manifest.files.at(i);

@@ -115,6 +115,10 @@ struct CheckpointManifest {
 };
 // DATA_LOSS naming manifest.json when it is corrupt.
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path);
+// Which of `world` ranks verifies each file of the manifest (verifying reads a file whole): the
+// largest files first, each to the rank with the fewest bytes so far, so the ranks read about
+// as much each. Every rank computes the same from the same manifest.
+std::vector<int> VerifierOfEachFile(const CheckpointManifest& manifest, int world);
 // Reads file `i` of the manifest whole and checks its size and CRC-32: DATA_LOSS naming it.
 absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManifest& manifest,
                                   size_t i);

@@ -402,5 +402,27 @@ TEST(ShardedCheckpointTest, SlicesLoadTheirOwnValuesAtAnyWorld) {
   }
 }
 
+// The ranks loading a checkpoint verify about as many bytes each.
+TEST(ShardedCheckpointTest, VerifiersGetAboutEqualBytes) {
+  CheckpointManifest manifest;
+  for (int64_t bytes : {4000, 10, 4000, 3990, 20, 4000, 5, 2000, 2000, 4000}) {
+    manifest.files.push_back({"f" + std::to_string(manifest.files.size()), bytes, 0});
+    manifest.total_bytes += bytes;
+  }
+  for (int world : {1, 2, 3, 4}) {
+    const std::vector<int> verifier = VerifierOfEachFile(manifest, world);
+    ASSERT_EQ(verifier.size(), manifest.files.size());
+    std::vector<int64_t> load(world, 0);
+    for (size_t i = 0; i < verifier.size(); ++i) {
+      ASSERT_GE(verifier[i], 0);
+      ASSERT_LT(verifier[i], world);
+      load[verifier[i]] += manifest.files[i].bytes;
+    }
+    const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    EXPECT_LE(*hi - *lo, 4000) << "world " << world;  // at most one big file apart
+    EXPECT_EQ(verifier, VerifierOfEachFile(manifest, world)) << "deterministic";
+  }
+}
+
 }  // namespace
 }  // namespace ithaca

@@ -66,14 +66,16 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
   const int rank = comm ? comm->rank() : 0;
   const int world = comm ? comm->size() : 1;
   const auto start = Clock::now();
-  // This rank's share of the verification: manifest files rank, rank + world, ... read whole.
-  // Its verdict: 0 fine, i + 1 when manifest file i failed, -1 for any other error.
+  // This rank's share of the verification (VerifierOfEachFile): its files, read whole. Its
+  // verdict: 0 fine, i + 1 when manifest file i failed, -1 for any other error.
   float verdict = 0;
   int64_t verified = 0;
   absl::StatusOr<CheckpointManifest> manifest = ReadCheckpointManifest(path);
   absl::Status mine = manifest.status();
   if (mine.ok()) {
-    for (size_t i = rank; i < manifest->files.size(); i += world) {
+    const std::vector<int> verifier = VerifierOfEachFile(*manifest, world);
+    for (size_t i = 0; i < manifest->files.size(); ++i) {
+      if (verifier[i] != rank) continue;
       mine = VerifyCheckpointFile(path, *manifest, i);
       if (!mine.ok()) {
         verdict = static_cast<float>(i + 1);

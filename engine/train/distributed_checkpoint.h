@@ -6,9 +6,9 @@
 //   with the others;
 // - loading: a rank reads only the byte ranges of the tensors that overlap its FSDP slice of
 //   each unit, at any world size (the files hold whole tensors), and the ranks verify the files
-//   against the manifest between them: file i by rank i mod world. The verdicts are then
-//   all-reduced, so every rank fails alike: DATA_LOSS naming the file on every rank (the rank
-//   that read it says what is wrong with it).
+//   against the manifest between them (VerifierOfEachFile: about as many bytes each). The verdicts
+//   are then all-reduced, so every rank fails alike: DATA_LOSS naming the file on every rank (the
+//   rank that read it says what is wrong with it).
 #pragma once
 
 #include <string>
