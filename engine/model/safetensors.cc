@@ -624,7 +624,7 @@ absl::StatusOr<std::string> SafetensorsWriter::WriteShard(const std::string& dir
 }
 
 std::vector<int> SafetensorsWriter::PartOfEachTensor(int parts) const {
-  return PartOf(ToPending(entries_), parts);
+  return PartOf(ToPending(entries_), std::max(parts, 1));
 }
 
 absl::Status SafetensorsWriter::WriteShardIndex(const std::string& dir, int parts) const {

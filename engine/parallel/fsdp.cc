@@ -98,8 +98,9 @@ absl::StatusOr<std::vector<std::vector<float>>> ParamStore::GatherRangesToHost(
   std::vector<std::vector<float>> host;
   for (const auto& [begin, end] : ranges) {
     host.emplace_back(end - begin);
-    if (end > begin)
+    if (end > begin) {
       ops_->Download(whole.Slice(begin, {end - begin}), host.back().data(), DType::kF32);
+    }
   }
   return host;
 }

@@ -339,7 +339,8 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
   }
   const auto start = std::chrono::steady_clock::now();
   const std::string tmp = CheckpointTempPath(dir, state.step);
-  // A tensor of this rank's share that `opt` lacks is an error of WriteShard naming it.
+  // The sizes of what `opt` holds are checked here; a tensor of this rank's share that it lacks
+  // is WriteShard's error, naming the tensor.
   for (const auto* kind : {&opt.master, &opt.m, &opt.v}) {
     for (const ParamUnit& unit : layout.units()) {
       for (const ParamEntry& e : unit.entries) {
