@@ -203,10 +203,12 @@ int FileCount(int64_t bytes, int world) {
   return static_cast<int>((files + world - 1) / world * world);
 }
 
+// The rank that writes file (part) f of model/ or optimizer/.
+int WriterOf(int part, int world) { return part % world; }
+
 // How a checkpoint saved at `world` is split into files: every tensor in file order (weights in
 // model/; the Adam moments, m then v of each weight, in optimizer/), with the data of those
-// `opt` holds (null for the others), and which part (file) each goes to. Part f is written by
-// rank f mod world.
+// `opt` holds (null for the others), and which part (file) each goes to.
 struct FileSplit {
   SafetensorsWriter weights, moments;
   int weight_files = 1, moment_files = 1;
@@ -306,9 +308,9 @@ Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, in
   size_t i = 0;
   for (const ParamUnit& unit : layout.units()) {
     for (const ParamEntry& e : unit.entries) {
-      if (split.weight_part[i] % world == rank) mine.master.insert(e.hf_name);
-      if (split.moment_part[2 * i] % world == rank) mine.m.insert(e.hf_name);
-      if (split.moment_part[2 * i + 1] % world == rank) mine.v.insert(e.hf_name);
+      if (WriterOf(split.weight_part[i], world) == rank) mine.master.insert(e.hf_name);
+      if (WriterOf(split.moment_part[2 * i], world) == rank) mine.m.insert(e.hf_name);
+      if (WriterOf(split.moment_part[2 * i + 1], world) == rank) mine.v.insert(e.hf_name);
       ++i;
     }
   }
@@ -358,7 +360,8 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
   const SafetensorsWriter& moments = split.moments;
   const int weight_files = split.weight_files, moment_files = split.moment_files;
   std::vector<std::string> mine;  // paths relative to tmp
-  for (int f = rank; f < weight_files; f += world) {
+  for (int f = 0; f < weight_files; ++f) {
+    if (WriterOf(f, world) != rank) continue;
     ASSIGN_OR_RETURN(std::string name, weights.WriteShard(tmp + "/model", f, weight_files));
     mine.push_back("model/" + name);
   }
@@ -366,7 +369,8 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     RETURN_IF_ERROR(moments.WriteFile(tmp + "/optimizer.safetensors"));
     mine.push_back("optimizer.safetensors");
   } else {
-    for (int f = rank; f < moment_files; f += world) {
+    for (int f = 0; f < moment_files; ++f) {
+      if (WriterOf(f, world) != rank) continue;
       ASSIGN_OR_RETURN(std::string name, moments.WriteShard(tmp + "/optimizer", f, moment_files));
       mine.push_back("optimizer/" + name);
     }
