@@ -115,6 +115,8 @@ class Timeline {
   ~Timeline() { Clear(); }
 
   bool on() const { return on_.load(); }
+  // Changes at every BeginStep: an index from an earlier step means nothing in this one.
+  int64_t generation() const { return generation_.load(); }
 
   void BeginStep() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -122,6 +124,7 @@ class Timeline {
     step_start_ = NewEvent();
     step_end_ = NewEvent();
     cudaEventRecord(step_start_, compute_);
+    ++generation_;
     on_ = true;
   }
   void EndStep() {
@@ -185,12 +188,14 @@ class Timeline {
     if (f == nullptr) return absl::InternalError(absl::StrCat("--timeline: cannot write ", path));
     const double step_ms = ms(step_end_);
     std::vector<std::pair<double, double>> comm, waits;
+    std::vector<std::string> kinds;
     for (const CollectiveEvents& e : ops_) {
       // The collective starts once its input is ready (compute_before: NcclComm orders the comm
       // stream after the compute stream at the call) and the comm stream is free (comm_before).
       const double start = std::max(ms(e.compute_before), ms(e.comm_before));
       const double end = ms(e.comm_after);
       comm.emplace_back(start, end);
+      kinds.push_back(absl::StrCat(e.group, ".", e.op, e.issued ? ".issued" : ""));
       bench::Json j;
       j.Int("rank", rank)
           .Int("S", S)
@@ -216,6 +221,23 @@ class Timeline {
     // for); the compute stream's profile (train_bench --profile) bounds that idle time.
     const double comm_ms = UnionLength(comm);
     const double exposed_ms = IntersectionLength(comm, waits);
+    // Per kind of collective (group.op[.issued]): count, time and exposed time.
+    struct Kind {
+      int64_t count = 0;
+      double ms = 0, exposed_ms = 0;
+    };
+    std::map<std::string, Kind> by_kind;
+    for (size_t i = 0; i < comm.size(); ++i) {
+      Kind& k = by_kind[kinds[i]];
+      ++k.count;
+      k.ms += std::max(0.0, comm[i].second - comm[i].first);
+      k.exposed_ms += IntersectionLength({comm[i]}, waits);
+    }
+    bench::Json kinds_json;
+    for (const auto& [name, k] : by_kind) {
+      kinds_json.Raw(name, absl::StrFormat("{\"count\": %lld, \"ms\": %.3f, \"exposed_ms\": %.3f}",
+                                           static_cast<long long>(k.count), k.ms, k.exposed_ms));
+    }
     bench::Json summary;
     summary.Str("summary", "timeline")
         .Int("rank", rank)
@@ -225,7 +247,8 @@ class Timeline {
         .Num("comm_ms", comm_ms)
         .Num("comm_exposed_ms", exposed_ms)
         .Num("comm_hidden_ms", comm_ms - exposed_ms)
-        .Num("hidden_fraction", comm_ms > 0 ? (comm_ms - exposed_ms) / comm_ms : 0.0);
+        .Num("hidden_fraction", comm_ms > 0 ? (comm_ms - exposed_ms) / comm_ms : 0.0)
+        .Obj("by_kind", kinds_json);
     std::fprintf(f, "%s\n", summary.str().c_str());
     std::fclose(f);
     return summary;
@@ -281,6 +304,7 @@ class Timeline {
   cudaStream_t compute_, comm_;
   std::mutex mu_;
   std::atomic<bool> on_{false};  // read without mu_ by TimelineComm
+  std::atomic<int64_t> generation_{0};
   cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;
   std::vector<cudaEvent_t> events_;  // every event of the step, destroyed together
   std::vector<CollectiveEvents> ops_;
@@ -332,13 +356,19 @@ class TimelineComm final : public Comm {
 
  protected:
   absl::Status WaitIssued(int64_t id) override {
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return absl::OkStatus();
-    Pending p = std::move(it->second);
-    pending_.erase(it);
-    if (p.index >= 0 && timeline_->on()) timeline_->BeforeWait(p.index);
+    Pending p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return absl::OkStatus();
+      p = std::move(it->second);
+      pending_.erase(it);
+    }
+    // Only a collective issued in the step being recorded has a line to add its wait to.
+    const bool record = p.index >= 0 && timeline_->on() && p.generation == timeline_->generation();
+    if (record) timeline_->BeforeWait(p.index);
     absl::Status st = p.inner.Wait();
-    if (p.index >= 0 && timeline_->on()) timeline_->AfterWait(p.index);
+    if (record) timeline_->AfterWait(p.index);
     return st;
   }
 
@@ -348,6 +378,7 @@ class TimelineComm final : public Comm {
   struct Pending {
     Issued inner;
     int64_t index = -1;
+    int64_t generation = 0;  // Timeline::generation() when issued
   };
 
   template <typename F>
@@ -368,14 +399,16 @@ class TimelineComm final : public Comm {
     absl::StatusOr<Issued> inner = call();
     if (index >= 0) timeline_->After(static_cast<size_t>(index));
     if (!inner.ok()) return inner.status();
+    std::lock_guard<std::mutex> lock(mu_);
     const int64_t id = next_id_++;
-    pending_.emplace(id, Pending{std::move(*inner), index});
+    pending_.emplace(id, Pending{std::move(*inner), index, timeline_->generation()});
     return Issued(this, id);
   }
 
   std::unique_ptr<Comm> inner_;
   std::shared_ptr<Timeline> timeline_;
   std::string group_;
+  std::mutex mu_;  // guards pending_ and next_id_
   std::map<int64_t, Pending> pending_;
   int64_t next_id_ = 1;
 };
@@ -385,7 +418,8 @@ class TimelineComm final : public Comm {
 
 struct RankSetup {
   Backend backend;
-  std::shared_ptr<Timeline> timeline;  // null: no timeline
+  std::shared_ptr<Timeline> timeline;  // null: no --timeline
+  bool record_timeline = false;        // CUDA: the timeline records the last timed step
   std::unique_ptr<Comm> world;         // null for a world of one
   std::unique_ptr<Comm> sp;            // null without Ulysses
 };
@@ -421,7 +455,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
     for (int64_t i = 0; i + 1 < S; ++i) labels[i] = inputs[i + 1];
     labels[S - 1] = tok(gen);
-    const bool record = r.timeline && step + 1 == warmup + timed;
+    const bool record = r.record_timeline && step + 1 == warmup + timed;
     ops->Synchronize();
     if (r.world) RETURN_IF_ERROR(r.world->Barrier());  // the ranks start the step together
     alloc->tracker().ResetPeaks();
@@ -513,11 +547,13 @@ absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
   const DeviceStreams streams = r.backend.ops->streams();
   const bool cuda = r.backend.device() == Device::kCuda;
   if (!absl::GetFlag(FLAGS_timeline).empty()) {
-    if (cuda) {
-      // The communicator's collectives run on streams.comm once UseStreams is called (below).
-      r.timeline = std::make_shared<Timeline>(static_cast<cudaStream_t>(streams.compute),
-                                              static_cast<cudaStream_t>(streams.comm));
-    } else if (rank == 0) {
+    // The communicator's collectives run on streams.comm once UseStreams is called (below).
+    r.timeline = std::make_shared<Timeline>(static_cast<cudaStream_t>(streams.compute),
+                                            static_cast<cudaStream_t>(streams.comm));
+    // On the CPU the communicator is wrapped all the same (so the CPU test runs TimelineComm's
+    // forwarding) but nothing is recorded.
+    r.record_timeline = cuda;
+    if (!cuda && rank == 0) {
       std::fprintf(stderr, "--timeline: CUDA only (CUDA events); no timeline on the CPU\n");
     }
   }
