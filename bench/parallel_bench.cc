@@ -13,9 +13,12 @@
 //
 // --timeline=PATH (CUDA only) wraps the communicator in TimelineComm, which records CUDA events
 // around every collective during the last timed step, and writes one JSON line per collective
-// to PATH.rank<r>.jsonl plus a summary line (how much of the communication time the compute
-// stream spent doing something else: the share of communication hidden under compute).
+// to PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl, then a summary line: how much of the
+// communication time the compute stream spent doing something else (the share hidden under
+// compute). Rank 0's summary is also in its result line.
+// --plan_only prints the planner's per-rank memory for the layout without a GPU.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +44,7 @@
 #include "engine/comm/comm.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
+#include "engine/plan/planner.h"
 #include "engine/runtime/backend.h"
 #include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
@@ -64,10 +68,12 @@ ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the d
 ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the others regrow)");
 ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
 ABSL_FLAG(std::string, timeline, "",
-          "per-collective CUDA-event timeline of the last timed step: PATH.rank<r>.jsonl per "
-          "rank and S (CUDA only)");
+          "per-collective CUDA-event timeline of the last timed step, one file per rank and S: "
+          "PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl (CUDA only)");
 ABSL_FLAG(double, comm_timeout_s, 600, "bound on joining and on every collective");
 ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
+ABSL_FLAG(bool, plan_only, false,
+          "print the planner's per-rank device memory for each S and exit (no GPU, no ranks)");
 
 namespace ithaca {
 namespace {
@@ -90,6 +96,20 @@ LlamaModel::Options ModelOptions() {
   return mo;
 }
 
+// The planner's prediction for one rank of this layout (bf16 on CUDA), as the bench's lines
+// carry it: the device peak plus the library workspaces.
+absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, int sp) {
+  PlanRequest req;
+  req.cfg = cfg;
+  req.world = world;
+  req.sp = sp;
+  req.seq_len = S;
+  req.opts = ModelOptions();
+  req.device = Device::kCuda;
+  req.act = DType::kBF16;
+  return PlanMemory(req);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Timeline: CUDA events around each collective of one step.
 
@@ -99,7 +119,6 @@ struct CollectiveEvents {
   std::string op, group;
   int64_t bytes = 0;
   bool issued = false;  // an Issue* call (the compute stream waits only at Issued::Wait)
-  bool waited = false;  // issued: Wait was called while recording
   // compute_before: the compute stream reaches the call (the collective's input is ready then);
   // comm_before / comm_after: the comm stream reaches the call / is past the collective (the
   // stream runs in order, so comm_after is the collective's end); wait_before / wait_after: the
@@ -167,7 +186,6 @@ class Timeline {
   }
   void AfterWait(size_t i) {
     std::lock_guard<std::mutex> lock(mu_);
-    ops_[i].waited = true;
     ops_[i].wait_after = NewEvent();
     cudaEventRecord(ops_[i].wait_after, compute_);
   }
@@ -488,7 +506,8 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     if (step >= warmup) step_s.push_back(seconds);
     if (record) {
       const std::string path =
-          absl::StrCat(absl::GetFlag(FLAGS_timeline), ".S", S, ".rank", rank, ".jsonl");
+          absl::StrCat(absl::GetFlag(FLAGS_timeline), ".w", world, "sp", sp,
+                       mo.overlap ? ".overlap" : ".no-overlap", ".S", S, ".rank", rank, ".jsonl");
       timeline_summary = r.timeline->Write(path, rank, S);
       RETURN_IF_ERROR(timeline_summary.status());
     }
@@ -532,6 +551,10 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
       .Num("model_tflops_per_gpu", tflops / world);
   if (ops->PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / world / ops->PeakFlops());
   line.Num("step_s", t).Raw("step_times_s", steps_json).Int("device_peak_bytes", device_peak);
+  if (cuda) {
+    absl::StatusOr<MemoryPlan> plan = Plan(cfg, S, world, sp);
+    if (plan.ok()) line.Int("planner_device_total_bytes", plan->device_total());
+  }
   if (timeline_summary.ok()) line.Obj("timeline_rank0", *timeline_summary);
   line.Num("loss", loss).Print();
   return absl::OkStatus();
@@ -592,6 +615,38 @@ int Main() {
     std::fprintf(stderr, "--world %d, --sp %d: sp must divide world\n", world, sp);
     return 2;
   }
+  if (absl::GetFlag(FLAGS_plan_only)) {
+    absl::StatusOr<LlamaConfig> cfg = PresetConfig(absl::GetFlag(FLAGS_model));
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
+      return 2;
+    }
+    for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
+      int64_t S = 0;
+      absl::StatusOr<MemoryPlan> plan =
+          absl::SimpleAtoi(text, &S) ? Plan(*cfg, S, world, sp)
+                                     : absl::InvalidArgumentError("--seq_lens: not a length");
+      if (!plan.ok()) {
+        std::fprintf(stderr, "S %s: %s\n", std::string(text).c_str(),
+                     plan.status().ToString().c_str());
+        return 1;
+      }
+      bench::Json()
+          .Str("bench", "parallel")
+          .Str("mode", "plan-only")
+          .Str("model", absl::GetFlag(FLAGS_model))
+          .Int("S", S)
+          .Int("world", world)
+          .Int("sp", sp)
+          .Bool("overlap", absl::GetFlag(FLAGS_overlap))
+          .Int("device_total_bytes", plan->device_total())
+          .Num("device_total_gib", plan->device_total() / double(int64_t{1} << 30))
+          .Num("host_offload_gib",
+               plan->peak[static_cast<int>(Tier::kHostOffload)] / double(int64_t{1} << 30))
+          .Print();
+    }
+    return 0;
+  }
   // A file rendezvous in a fresh directory (engine/comm/bootstrap.h), for this run only.
   char dir[] = "/tmp/parallel_bench.XXXXXX";
   if (world > 1 && mkdtemp(dir) == nullptr) {
@@ -601,6 +656,7 @@ int Main() {
   const std::string rendezvous = world > 1 ? absl::StrCat("file:", dir) : "";
   // One process per rank, forked before this process touches CUDA or starts a thread.
   std::vector<pid_t> pids;
+  const pid_t parent = getpid();
   for (int rank = 0; rank < world; ++rank) {
     const pid_t pid = fork();
     if (pid < 0) {
@@ -608,6 +664,9 @@ int Main() {
       return 1;
     }
     if (pid == 0) {
+      // A rank outlives no parent (one killed by a timeout, say): it would hold its GPU.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(1);  // it died before prctl
       absl::Status st = RunRank(rank, world, rendezvous);
       if (!st.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, st.ToString().c_str());
       std::fflush(stdout);
