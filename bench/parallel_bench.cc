@@ -510,6 +510,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
                        mo.overlap ? ".overlap" : ".no-overlap", ".S", S, ".rank", rank, ".jsonl");
       timeline_summary = r.timeline->Write(path, rank, S);
       RETURN_IF_ERROR(timeline_summary.status());
+      std::fprintf(stderr, "%s: %s\n", path.c_str(), timeline_summary->str().c_str());
     }
   }
   if (rank != 0) return absl::OkStatus();
