@@ -25,12 +25,16 @@
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags;
 #           e.g. train:131072:--doc_len=8192 for packed documents)
 #   probe:W:S[:extra flags] the memory probe at each S
+#   parallel:W:S[:extra flags]  parallel_bench over W GPUs (Ulysses over all W: --sp=W unless a
+#           flag says otherwise), attention-aware, at S (comma list; '+' separates flags, e.g.
+#           parallel:2:262144:--overlap=false); rank 0's lines in parallel.jsonl, the
+#           per-collective timeline of each rank and S in OUT_DIR/timeline.*.jsonl
 #   ckpt:MODEL:N[:DIR]  checkpoint_bench: MODEL (a preset) saved and loaded by N ranks, one per
 #           GPU (save and load GB/s, host bytes per rank); the checkpoint (12 bytes per
 #           parameter: 96 GB for llama-3-8b) goes to DIR (default /tmp/ithaca-ckpt-bench) and is
 #           removed afterwards; checkpoint.jsonl, checkpoint.log
-# Lines go to OUT_DIR/{info,attn,train}.log, OUT_DIR/gpu-tests-<date>.log and
-# OUT_DIR/{attn,train}.jsonl.
+# Lines go to OUT_DIR/{info,attn,train,parallel,checkpoint}.log, OUT_DIR/gpu-tests-<date>.log and
+# OUT_DIR/{attn,train,parallel,checkpoint}.jsonl.
 set -uo pipefail
 BIN=${1:?bin dir}
 OUT=${2:?out dir}
@@ -173,6 +177,13 @@ for phase in "$@"; do
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \
         --probe="$a1" --seq_lens="$a2" ${a3//+/ } 2> >(tee -a "$OUT/train.log" >&2) \
         | tee -a "$OUT/train.jsonl"
+      ;;
+    parallel)
+      # NCCL_NVLS_ENABLE=0 (above) holds here too. timeout signals the whole process group, so
+      # the forked ranks end with it.
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/parallel_bench" --world="$a1" --sp="$a1" \
+        --checkpoint=attention-aware --seq_lens="$a2" --timeline="$OUT/timeline" ${a3//+/ } \
+        2> >(tee -a "$OUT/parallel.log" >&2) | tee -a "$OUT/parallel.jsonl"
       ;;
     ckpt)
       df -h "$(dirname "${a3:-/tmp/ithaca-ckpt-bench}")" | tail -1

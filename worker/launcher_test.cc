@@ -363,14 +363,22 @@ TEST(LocalLauncherTest, ACommandThatCannotBeExecutedExits127) {
   o.nproc = 2;
   o.temp_dir = dir.path();
   o.log_dir = dir.path();
+  const int err_fd = open((dir.path() + "/stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(err_fd, 0);
+  o.err_fd = err_fd;
   LaunchReport report;
   EXPECT_EQ(LaunchLocal(o, &report).code(), absl::StatusCode::kAborted);
+  close(err_fd);
   EXPECT_EQ(report.ExitCode(), 127);
   EXPECT_TRUE(absl::StrContains(report.ranks[report.first_failure].ToString(),
                                 "exited with code 127 (could not start)"))
       << report.ranks[report.first_failure].ToString();
-  EXPECT_TRUE(absl::StrContains(ReadFile(Launcher::RankLogPath(dir.path(), 1)), "exec failed"))
-      << ReadFile(Launcher::RankLogPath(dir.path(), 1));
+  // The first rank to fail said why: rank 0 on the launcher's stderr, rank 1 in its log (the
+  // other may have been stopped before it got that far).
+  const std::string said = report.first_failure == 0
+                               ? ReadFile(dir.path() + "/stderr")
+                               : ReadFile(Launcher::RankLogPath(dir.path(), 1));
+  EXPECT_TRUE(absl::StrContains(said, "exec failed")) << said;
 }
 
 // Runs LaunchLocal in a forked "launcher" process; returns its pid.

@@ -10,12 +10,40 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "engine/core/device_streams.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 
 namespace ithaca {
+
+class Comm;
+
+// A collective started by one of Comm's Issue* calls and not yet waited for ("issue now, wait at
+// first use"). Until Wait, the collective's input must not be written, its output neither read
+// nor written, and both must stay allocated. Wait makes the work issued after it (the compute
+// stream's kernels on a GPU, the host on a CPU) see the output; its error, if any, is the
+// collective's. Destroying an Issued that was not waited for waits (and drops the error: the
+// communicator's next call reports it), so an early return never frees a buffer a collective
+// still uses.
+class Issued {
+ public:
+  Issued() = default;
+  Issued(Comm* comm, int64_t id) : comm_(comm), id_(id) {}
+  Issued(Issued&& other) noexcept { *this = std::move(other); }
+  Issued& operator=(Issued&& other) noexcept;
+  Issued(const Issued&) = delete;
+  Issued& operator=(const Issued&) = delete;
+  ~Issued() { Wait().IgnoreError(); }
+
+  absl::Status Wait();
+  bool pending() const { return comm_ != nullptr; }
+
+ private:
+  Comm* comm_ = nullptr;  // nullptr: complete (or never issued)
+  int64_t id_ = 0;
+};
 
 class Comm {
  public:
@@ -38,6 +66,25 @@ class Comm {
   virtual absl::Status Broadcast(const Tensor& x, int root) = 0;
   virtual absl::Status Barrier() = 0;
 
+  // Issue-now forms of the three collectives a schedule overlaps with compute (FSDP's gathers
+  // and gradient reductions, UPipe's exchanges): the collective starts once the work issued so
+  // far has produced `in`, and nothing issued later waits for it until the returned Issued's
+  // Wait. Every rank issues the same collectives in the same order (as for the blocking forms);
+  // waits may come in any order. Backends without an asynchronous path run the blocking form and
+  // return an Issued that is already complete.
+  virtual absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) {
+    RETURN_IF_ERROR(AllGather(in, out));
+    return Issued();
+  }
+  virtual absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) {
+    RETURN_IF_ERROR(ReduceScatter(in, out));
+    return Issued();
+  }
+  virtual absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) {
+    RETURN_IF_ERROR(AllToAll(in, out));
+    return Issued();
+  }
+
   // Waits until every collective issued so far has completed, or fails within the timeout.
   // Backends whose collectives return only when done (Gloo, SelfComm) have nothing to wait for;
   // NCCL's asynchronous mode needs it before the host reads a result directly (not through the
@@ -54,6 +101,31 @@ class Comm {
   // A sub-communicator of the ranks that pass the same `color`, ordered by `key` (then rank),
   // like MPI_Comm_split. Every rank of this communicator must call it.
   virtual absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) = 0;
+
+ protected:
+  friend class Issued;
+  // Orders what is issued next after the collective `id` (one an Issue* call returned), once.
+  virtual absl::Status WaitIssued(int64_t id) {
+    (void)id;
+    return absl::OkStatus();
+  }
 };
+
+inline Issued& Issued::operator=(Issued&& other) noexcept {
+  if (this != &other) {
+    Wait().IgnoreError();
+    comm_ = other.comm_;
+    id_ = other.id_;
+    other.comm_ = nullptr;
+  }
+  return *this;
+}
+
+inline absl::Status Issued::Wait() {
+  if (comm_ == nullptr) return absl::OkStatus();
+  Comm* comm = comm_;
+  comm_ = nullptr;
+  return comm->WaitIssued(id_);
+}
 
 }  // namespace ithaca

@@ -25,26 +25,46 @@ absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Create(const ParamLayout
   return p;
 }
 
-absl::StatusOr<Tensor> ParamStore::Acquire(int i) {
+absl::Status ParamStore::Gather(int i) {
+  Unit& u = units_[i];
+  if (!sharded_ || u.users++ > 0) return absl::OkStatus();
+  const int W = world_->size();
+  absl::StatusOr<Buffer> gathered =
+      Buffer::Make(alloc_, ops_->act_dtype(), {u.shard * W}, Tier::kParams);
+  absl::StatusOr<Issued> gathering =
+      gathered.ok() ? world_->IssueAllGather(u.working.tensor(), gathered->tensor())
+                    : absl::StatusOr<Issued>(gathered.status());
+  if (!gathering.ok()) {
+    u.users = 0;
+    return gathering.status();
+  }
+  u.gathered = *std::move(gathered);
+  u.gathering = *std::move(gathering);
+  if (!overlap_) return u.gathering.Wait();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ParamStore::Gathered(int i) {
   Unit& u = units_[i];
   if (!sharded_) return u.working.tensor();
-  if (u.users++ == 0) {
-    const int W = world_->size();
-    ASSIGN_OR_RETURN(u.gathered,
-                     Buffer::Make(alloc_, ops_->act_dtype(), {u.shard * W}, Tier::kParams));
-    absl::Status st = world_->AllGather(u.working.tensor(), u.gathered.tensor());
-    if (!st.ok()) {
-      u.users = 0;
-      u.gathered.Reset();
-      return st;
-    }
-  }
+  RETURN_IF_ERROR(u.gathering.Wait());
   return u.gathered.tensor().Slice(0, {u.numel});
+}
+
+absl::StatusOr<Tensor> ParamStore::Acquire(int i) {
+  RETURN_IF_ERROR(Gather(i));
+  absl::StatusOr<Tensor> t = Gathered(i);
+  if (!t.ok()) Release(i);
+  return t;
 }
 
 void ParamStore::Release(int i) {
   Unit& u = units_[i];
-  if (sharded_ && u.users > 0 && --u.users == 0) u.gathered.Reset();
+  if (sharded_ && u.users > 0 && --u.users == 0) {
+    // A gather never waited for (an error path) still writes the buffer until it is done.
+    u.gathering.Wait().IgnoreError();
+    u.gathered.Reset();
+  }
 }
 
 absl::StatusOr<Tensor> ParamStore::AcquireGrad(int i) {
@@ -59,14 +79,39 @@ absl::StatusOr<Tensor> ParamStore::AcquireGrad(int i) {
 absl::Status ParamStore::ReduceGrad(int i) {
   Unit& u = units_[i];
   if (!sharded_) return absl::OkStatus();
-  ASSIGN_OR_RETURN(Buffer part, Buffer::Make(alloc_, DType::kF32, {u.shard}, Tier::kComm));
-  RETURN_IF_ERROR(world_->ReduceScatter(u.full_grad.tensor(), part.tensor()));
-  u.full_grad.Reset();
-  ops_->Axpy(1.f, part.tensor(), u.grad.tensor());
+  Reduction r;
+  r.unit = i;
+  r.full = std::move(u.full_grad);
+  ASSIGN_OR_RETURN(r.part, Buffer::Make(alloc_, DType::kF32, {u.shard}, Tier::kComm));
+  ASSIGN_OR_RETURN(r.reduce_scatter, world_->IssueReduceScatter(r.full.tensor(), r.part.tensor()));
+  reducing_.push_back(std::move(r));
+  // The previous unit's reduction had this unit's backward to hide under; this one gets the
+  // next unit's.
+  const size_t keep = overlap_ ? 1 : 0;
+  while (reducing_.size() > keep) {
+    absl::Status st = Finish(reducing_.front());
+    reducing_.erase(reducing_.begin());
+    RETURN_IF_ERROR(st);
+  }
   return absl::OkStatus();
 }
 
+absl::Status ParamStore::Finish(Reduction& r) {
+  RETURN_IF_ERROR(r.reduce_scatter.Wait());
+  r.full.Reset();
+  ops_->Axpy(1.f, r.part.tensor(), units_[r.unit].grad.tensor());
+  return absl::OkStatus();
+}
+
+absl::Status ParamStore::FlushGradients() {
+  absl::Status first;
+  for (Reduction& r : reducing_) first.Update(Finish(r));
+  reducing_.clear();
+  return first;
+}
+
 absl::Status ParamStore::FinishGradients() {
+  RETURN_IF_ERROR(FlushGradients());
   if (sharded_ || world_ == nullptr || world_->size() == 1) return absl::OkStatus();
   for (Unit& u : units_) RETURN_IF_ERROR(world_->AllReduce(u.grad.tensor()));
   return absl::OkStatus();
@@ -115,6 +160,7 @@ void ParamStore::ScatterFromHost(int i, const std::vector<float>& whole, const T
 }
 
 void ParamStore::ZeroGrads() {
+  FlushGradients().IgnoreError();  // a failed reduction already failed the step
   for (Unit& u : units_) ops_->Fill(u.grad.tensor(), 0.f);
 }
 

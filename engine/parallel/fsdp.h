@@ -6,6 +6,14 @@
 // Release frees it; AcquireGrad hands out a zeroed full-size f32 gradient buffer and ReduceGrad
 // reduce-scatters (sums) it into the rank's gradient shard and frees it. Without FSDP every rank
 // keeps whole units, gradients accumulate in place, and FinishGradients all-reduces them.
+//
+// With overlap (the default) communication runs under compute: Gather starts a unit's
+// all-gather without waiting for it (the schedule gathers the next block's unit before running
+// this block, and waits at Gathered, when it first reads it), and ReduceGrad leaves the
+// reduce-scatter in flight, finishing it (adding the summed slice into the gradient shard and
+// freeing the full-size buffer) only at the next ReduceGrad or FlushGradients. That keeps one
+// more full-size f32 gradient buffer alive while the next block's backward runs: the memory
+// plan replays this code, so it counts it.
 #pragma once
 
 #include <memory>
@@ -35,15 +43,22 @@ class ParamStore {
   const Tensor& working_shard(int unit) const { return units_[unit].working.tensor(); }
   const Tensor& grad_shard(int unit) const { return units_[unit].grad.tensor(); }
 
-  // The full unit (act dtype). Calls nest: the unit is gathered once and freed at the last
-  // Release.
+  // Holds the unit gathered: starts its all-gather (issue-now) unless it is held already. Calls
+  // nest: the unit is gathered once and freed at the last Release.
+  absl::Status Gather(int unit);
+  // The full unit (act dtype) of a unit this caller holds (Gather), once its gather is done.
+  absl::StatusOr<Tensor> Gathered(int unit);
+  // Gather, then Gathered.
   absl::StatusOr<Tensor> Acquire(int unit);
   void Release(int unit);
   // A full-size f32 gradient buffer for the unit (zeroed under FSDP).
   absl::StatusOr<Tensor> AcquireGrad(int unit);
-  // Adds the gradient buffer into this rank's gradient shard (reduce-scatter under FSDP).
+  // Adds the gradient buffer into this rank's gradient shard (reduce-scatter under FSDP; with
+  // overlap, finished at the next ReduceGrad or FlushGradients).
   absl::Status ReduceGrad(int unit);
-  // After the last micro-step: without FSDP, all-reduce every unit's gradient.
+  // Finishes every reduce-scatter in flight: after it the gradient shards are complete.
+  absl::Status FlushGradients();
+  // After the last micro-step: flushes, and without FSDP all-reduces every unit's gradient.
   absl::Status FinishGradients();
   void ZeroGrads();
 
@@ -58,22 +73,34 @@ class ParamStore {
   // Every rank's shard of a whole host unit (zero padded), uploaded into `shard`.
   void ScatterFromHost(int unit, const std::vector<float>& whole, const Tensor& shard);
   Comm* world() const { return world_; }
+  // Off: every collective completes before compute goes on (the reference schedule).
+  void set_overlap(bool on) { overlap_ = on; }
 
  private:
   struct Unit {
     int64_t numel = 0, shard = 0;
     Buffer working, grad;  // shards (or whole units without FSDP)
     Buffer gathered, full_grad;
+    Issued gathering;  // the all-gather into `gathered`, until Gathered waits for it
     int users = 0;
   };
+  // A gradient reduce-scatter in flight: `part` receives the unit's summed slice.
+  struct Reduction {
+    int unit;
+    Buffer full, part;
+    Issued reduce_scatter;
+  };
+  absl::Status Finish(Reduction& r);
   ParamStore(Ops* ops, Allocator* alloc, Comm* world) : ops_(ops), alloc_(alloc), world_(world) {}
 
   Ops* ops_;
   Allocator* alloc_;
   Comm* world_;
   bool sharded_ = false;
+  bool overlap_ = true;
   int rank_ = 0;
   std::vector<Unit> units_;
+  std::vector<Reduction> reducing_;  // oldest first; at most one with overlap
 };
 
 }  // namespace ithaca

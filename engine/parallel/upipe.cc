@@ -14,14 +14,61 @@ Tensor HeadRows(const Tensor& w, int64_t h0, int64_t n, int64_t D) {
   return w.Rows(h0 * D, (h0 + n) * D);
 }
 
-// Exchanges equal chunks (one per rank). With one rank the data is already where it belongs.
-absl::Status Exchange(const UlyssesContext& c, const Tensor& in, const Tensor& out) {
+// Starts exchanging equal chunks (one per rank). With one rank the data is already where it
+// belongs (copied if `out` is another buffer).
+absl::StatusOr<Issued> StartExchange(const UlyssesContext& c, const Tensor& in, const Tensor& out) {
   if (c.sp == nullptr || c.plan.P == 1) {
     if (in.data != out.data) c.ops->Copy(in, out);
+    return Issued();
+  }
+  return c.sp->IssueAllToAll(in, out);
+}
+
+absl::Status Exchange(const UlyssesContext& c, const Tensor& in, const Tensor& out) {
+  ASSIGN_OR_RETURN(Issued x, StartExchange(c, in, out));
+  return x.Wait();
+}
+
+// The buffers of a pass, owned in one place; the stage sets below hold views of them (several
+// views may share one buffer when the schedule never needs them at once).
+class Buffers {
+ public:
+  explicit Buffers(const UlyssesContext& c) : c_(c) {}
+  absl::StatusOr<Tensor> Make(DType t, Shape shape) {
+    ASSIGN_OR_RETURN(Buffer b, Buffer::Make(c_.alloc, t, std::move(shape), Tier::kAttention));
+    owned_.push_back(std::move(b));
+    return owned_.back().tensor();
+  }
+  // One buffer of `shape` for each of `views`.
+  absl::Status MakeEach(std::initializer_list<Tensor*> views, DType t, const Shape& shape) {
+    for (Tensor* v : views) {
+      ASSIGN_OR_RETURN(*v, Make(t, shape));
+    }
     return absl::OkStatus();
   }
-  return c.sp->AllToAll(in, out);
-}
+
+ private:
+  const UlyssesContext& c_;
+  std::vector<Buffer> owned_;
+};
+
+// A round's K/V: projected here (send) and received (the whole sequence for this rank's heads).
+struct KvSet {
+  Tensor k_send, v_send, k, v;
+  Issued k_in, v_in;
+};
+
+// How a pass walks its stages: round r = st / stages_per_round, t = st % stages_per_round; a
+// round's first stage brings its K/V. Look-ahead (pipelined) keeps two sets of stage buffers
+// (and of K/V buffers when there are several rounds), stage st using set st % 2.
+struct StageWalk {
+  const HeadPlan& p;
+  bool ahead;
+  int64_t round(int64_t st) const { return st / p.stages_per_round; }
+  int64_t step(int64_t st) const { return st % p.stages_per_round; }
+  int64_t q_sets() const { return ahead && p.stages() > 1 ? 2 : 1; }
+  int64_t kv_sets() const { return ahead && p.rounds > 1 ? 2 : 1; }
+};
 
 // One projection into all-to-all slots (forward) or out of them (backward): rows of `w` for n
 // heads per destination rank; `buf` is [P, s, n, D], slot j for rank j's heads.
@@ -120,37 +167,81 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
                                      const Tensor& lse) {
   const HeadPlan& p = c.plan;
   const DType act = c.ops->act_dtype();
-  const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr;
+  const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr, stages = p.stages();
+  const StageWalk walk{p, c.pipelined() && p.stages() > 1};
   ASSIGN_OR_RETURN(Buffer h,
                    Alloc(c, act, {std::min(in.tile, c.s), in.x.dim(1)}, Tier::kActivations));
-  ASSIGN_OR_RETURN(Buffer k_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer v_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer k, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer v, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer q_send, Alloc(c, act, {S, u, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer q, Alloc(c, act, {S, u, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer o, Alloc(c, act, {S, u, D}, Tier::kAttention));
-  for (int64_t k_round = 0; k_round < p.rounds; ++k_round) {
-    auto kv_head = [&](int64_t j) { return p.KvHead(j, k_round); };
-    ProjectForRanks(
-        c, in, h.tensor(),
-        {{w.wk, {}, k_send.tensor(), /*rope=*/true}, {w.wv, {}, v_send.tensor(), /*rope=*/false}},
-        kvr, kv_head);
-    RETURN_IF_ERROR(Exchange(c, k_send.tensor(), k.tensor()));
-    RETURN_IF_ERROR(Exchange(c, v_send.tensor(), v.tensor()));
-    for (int64_t t = 0; t < p.stages_per_round; ++t) {
-      auto q_head = [&](int64_t j) { return p.QHead(j, k_round, t); };
-      ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, q_send.tensor(), /*rope=*/true}}, u, q_head);
-      RETURN_IF_ERROR(Exchange(c, q_send.tensor(), q.tensor()));
-      const int64_t stage = k_round * p.stages_per_round + t;
-      c.ops->Attention(q.tensor(), k.tensor(), v.tensor(), o.tensor(),
-                       lse.Slice(stage * u * S, {u, S}), c.docs);
-      // Back to this rank's tokens: q_send is free again and takes the returning output.
-      RETURN_IF_ERROR(Exchange(c, o.tensor(), q_send.tensor()));
-      StageColumns(c, k_round, t, o_local, q_send.tensor(), /*to_local=*/true);
+  Buffers buffers(c);
+  std::vector<KvSet> kv(walk.kv_sets());
+  for (KvSet& set : kv) {
+    RETURN_IF_ERROR(buffers.MakeEach({&set.k_send, &set.v_send, &set.k, &set.v}, act, {S, kvr, D}));
+  }
+  // A stage's query heads (sent, received) and its attention output.
+  struct QSet {
+    Tensor send, q, o;
+    Issued q_in;
+  };
+  std::vector<QSet> qs(walk.q_sets());
+  for (QSet& set : qs) {
+    RETURN_IF_ERROR(buffers.MakeEach({&set.send, &set.q, &set.o}, act, {S, u, D}));
+  }
+  // Where outputs come back: a buffer of their own when the next stage's queries are already
+  // on their way, else the stage's send buffer (free once its queries have arrived).
+  Tensor back_buf;
+  if (walk.ahead) {
+    ASSIGN_OR_RETURN(back_buf, buffers.Make(act, {S, u, D}));
+  }
+
+  // Projects stage st's queries (and, first in a round, the round's K/V) and starts sending them.
+  auto start = [&](int64_t st) -> absl::Status {
+    const int64_t r = walk.round(st);
+    if (walk.step(st) == 0) {
+      KvSet& set = kv[r % kv.size()];
+      ProjectForRanks(
+          c, in, h.tensor(),
+          {{w.wk, {}, set.k_send, /*rope=*/true}, {w.wv, {}, set.v_send, /*rope=*/false}}, kvr,
+          [&](int64_t j) { return p.KvHead(j, r); });
+      ASSIGN_OR_RETURN(set.k_in, StartExchange(c, set.k_send, set.k));
+      ASSIGN_OR_RETURN(set.v_in, StartExchange(c, set.v_send, set.v));
+    }
+    QSet& set = qs[st % qs.size()];
+    ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, set.send, /*rope=*/true}}, u,
+                    [&](int64_t j) { return p.QHead(j, r, walk.step(st)); });
+    ASSIGN_OR_RETURN(set.q_in, StartExchange(c, set.send, set.q));
+    return absl::OkStatus();
+  };
+  // The output of stage `back_stage`, once back on this rank's tokens, goes into O_local.
+  Issued back;
+  int64_t back_stage = -1;
+  Tensor back_at;
+  auto land = [&]() -> absl::Status {
+    if (back_stage < 0) return absl::OkStatus();
+    RETURN_IF_ERROR(back.Wait());
+    StageColumns(c, walk.round(back_stage), walk.step(back_stage), o_local, back_at,
+                 /*to_local=*/true);
+    back_stage = -1;
+    return absl::OkStatus();
+  };
+
+  RETURN_IF_ERROR(start(0));
+  for (int64_t st = 0; st < stages; ++st) {
+    QSet& cur = qs[st % qs.size()];
+    KvSet& cur_kv = kv[walk.round(st) % kv.size()];
+    if (walk.ahead && st + 1 < stages) RETURN_IF_ERROR(start(st + 1));
+    RETURN_IF_ERROR(cur_kv.k_in.Wait());
+    RETURN_IF_ERROR(cur_kv.v_in.Wait());
+    RETURN_IF_ERROR(cur.q_in.Wait());
+    c.ops->Attention(cur.q, cur_kv.k, cur_kv.v, cur.o, lse.Slice(st * u * S, {u, S}), c.docs);
+    RETURN_IF_ERROR(land());  // the previous stage's output, back while this one computed
+    back_at = walk.ahead ? back_buf : cur.send;
+    ASSIGN_OR_RETURN(back, StartExchange(c, cur.o, back_at));
+    back_stage = st;
+    if (!walk.ahead) {
+      RETURN_IF_ERROR(land());
+      if (st + 1 < stages) RETURN_IF_ERROR(start(st + 1));
     }
   }
-  return absl::OkStatus();
+  return land();
 }
 
 absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights& w,
@@ -160,60 +251,124 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
                                       const Tensor& dnorm_w) {
   const HeadPlan& p = c.plan;
   const DType act = c.ops->act_dtype();
-  const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr;
+  const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr, stages = p.stages();
+  const StageWalk walk{p, c.pipelined() && p.stages() > 1};
   const Shape tile_shape = {std::min(in.tile, c.s), in.x.dim(1)};
   ASSIGN_OR_RETURN(Buffer h, Alloc(c, act, tile_shape, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer dh, Alloc(c, act, tile_shape, Tier::kActivations));
+  Buffers buffers(c);
 
-  ASSIGN_OR_RETURN(Buffer send, Alloc(c, act, {S, std::max(u, kvr), D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer v_send, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer k, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer v, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer dk_sum, Alloc(c, DType::kF32, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer dv_sum, Alloc(c, DType::kF32, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer q, Alloc(c, act, {S, u, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer o, Alloc(c, act, {S, u, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer dout, Alloc(c, act, {S, u, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer dq, Alloc(c, act, {S, u, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer dk, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  ASSIGN_OR_RETURN(Buffer dv, Alloc(c, act, {S, kvr, D}, Tier::kAttention));
-  const Tensor q_send = send.tensor().Slice(0, {S, u, D});
-  const Tensor kv_send = send.tensor().Slice(0, {S, kvr, D});
-  for (int64_t k_round = 0; k_round < p.rounds; ++k_round) {
-    auto kv_head = [&](int64_t j) { return p.KvHead(j, k_round); };
-    ProjectForRanks(c, in, h.tensor(),
-                    {{w.wk, {}, kv_send, /*rope=*/true}, {w.wv, {}, v_send.tensor(), false}}, kvr,
-                    kv_head);
-    RETURN_IF_ERROR(Exchange(c, kv_send, k.tensor()));
-    RETURN_IF_ERROR(Exchange(c, v_send.tensor(), v.tensor()));
-    c.ops->Fill(dk_sum.tensor(), 0.f);
-    c.ops->Fill(dv_sum.tensor(), 0.f);
-    for (int64_t t = 0; t < p.stages_per_round; ++t) {
-      auto q_head = [&](int64_t j) { return p.QHead(j, k_round, t); };
-      ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, q_send, /*rope=*/true}}, u, q_head);
-      RETURN_IF_ERROR(Exchange(c, q_send, q.tensor()));
-      StageColumns(c, k_round, t, o_local, q_send, /*to_local=*/false);
-      RETURN_IF_ERROR(Exchange(c, q_send, o.tensor()));
-      StageColumns(c, k_round, t, do_local, q_send, /*to_local=*/false);
-      RETURN_IF_ERROR(Exchange(c, q_send, dout.tensor()));
-      const int64_t stage = k_round * p.stages_per_round + t;
-      c.ops->AttentionBackward(q.tensor(), k.tensor(), v.tensor(), o.tensor(), dout.tensor(),
-                               lse.Slice(stage * u * S, {u, S}), dq.tensor(), dk.tensor(),
-                               dv.tensor(), c.docs);
-      c.ops->Axpy(1.f, dk.tensor(), dk_sum.tensor());
-      c.ops->Axpy(1.f, dv.tensor(), dv_sum.tensor());
-      RETURN_IF_ERROR(Exchange(c, dq.tensor(), q_send));
-      BackpropForRanks(c, in, h.tensor(), dh.tensor(), {{w.wq, g.wq, q_send, /*rope=*/true}}, u,
-                       q_head, dx, dnorm_w);
+  // A stage's sends (queries, output, output gradient), what arrives for them, and dQ.
+  struct QSet {
+    Tensor q_send, o_send, do_send, q, o, dout, dq;
+    Issued q_in, o_in, do_in;
+  };
+  std::vector<QSet> qs(walk.q_sets());
+  std::vector<KvSet> kv(walk.kv_sets());
+  Tensor back_buf;  // where dQ comes back when stages overlap
+  if (walk.ahead) {
+    for (QSet& set : qs) {
+      RETURN_IF_ERROR(buffers.MakeEach({&set.q_send, &set.o_send, &set.do_send}, act, {S, u, D}));
     }
-    // dK, dV summed over the round's stages go back once (as act dtype, like the forward).
-    c.ops->Copy(dk_sum.tensor(), dk.tensor());
-    RETURN_IF_ERROR(Exchange(c, dk.tensor(), kv_send));
-    c.ops->Copy(dv_sum.tensor(), dv.tensor());
-    RETURN_IF_ERROR(Exchange(c, dv.tensor(), v_send.tensor()));
-    BackpropForRanks(c, in, h.tensor(), dh.tensor(),
-                     {{w.wk, g.wk, kv_send, /*rope=*/true}, {w.wv, g.wv, v_send.tensor(), false}},
-                     kvr, kv_head, dx, dnorm_w);
+    for (KvSet& set : kv) {
+      RETURN_IF_ERROR(buffers.MakeEach({&set.k_send, &set.v_send}, act, {S, kvr, D}));
+    }
+    ASSIGN_OR_RETURN(back_buf, buffers.Make(act, {S, u, D}));
+  } else {
+    // One exchange at a time: every send shares one buffer, and dQ comes back into it too.
+    ASSIGN_OR_RETURN(Tensor send, buffers.Make(act, {S, std::max(u, kvr), D}));
+    QSet& set = qs[0];
+    set.q_send = set.o_send = set.do_send = send.Slice(0, {S, u, D});
+    kv[0].k_send = send.Slice(0, {S, kvr, D});
+    ASSIGN_OR_RETURN(kv[0].v_send, buffers.Make(act, {S, kvr, D}));
+  }
+  for (KvSet& set : kv) {
+    RETURN_IF_ERROR(buffers.MakeEach({&set.k, &set.v}, act, {S, kvr, D}));
+  }
+  for (QSet& set : qs) {
+    RETURN_IF_ERROR(buffers.MakeEach({&set.q, &set.o, &set.dout, &set.dq}, act, {S, u, D}));
+  }
+  ASSIGN_OR_RETURN(Tensor dk_sum, buffers.Make(DType::kF32, {S, kvr, D}));
+  ASSIGN_OR_RETURN(Tensor dv_sum, buffers.Make(DType::kF32, {S, kvr, D}));
+  ASSIGN_OR_RETURN(Tensor dk, buffers.Make(act, {S, kvr, D}));
+  ASSIGN_OR_RETURN(Tensor dv, buffers.Make(act, {S, kvr, D}));
+
+  auto kv_head_of = [&](int64_t r) { return [&p, r](int64_t j) { return p.KvHead(j, r); }; };
+  auto q_head_of = [&](int64_t st) {
+    return [&p, r = walk.round(st), t = walk.step(st)](int64_t j) { return p.QHead(j, r, t); };
+  };
+  // Each exchange waits at once when there is no look-ahead: the sends share one buffer.
+  auto send = [&](const Tensor& from, const Tensor& to, Issued* arrival) -> absl::Status {
+    ASSIGN_OR_RETURN(*arrival, StartExchange(c, from, to));
+    return walk.ahead ? absl::OkStatus() : arrival->Wait();
+  };
+  // Remakes stage st's queries (and, first in a round, the round's K/V) and starts sending them
+  // with the stage's output and output gradient.
+  auto start = [&](int64_t st) -> absl::Status {
+    const int64_t r = walk.round(st), t = walk.step(st);
+    if (t == 0) {
+      KvSet& set = kv[r % kv.size()];
+      ProjectForRanks(c, in, h.tensor(),
+                      {{w.wk, {}, set.k_send, /*rope=*/true}, {w.wv, {}, set.v_send, false}}, kvr,
+                      kv_head_of(r));
+      RETURN_IF_ERROR(send(set.k_send, set.k, &set.k_in));
+      RETURN_IF_ERROR(send(set.v_send, set.v, &set.v_in));
+    }
+    QSet& set = qs[st % qs.size()];
+    ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, set.q_send, /*rope=*/true}}, u, q_head_of(st));
+    RETURN_IF_ERROR(send(set.q_send, set.q, &set.q_in));
+    StageColumns(c, r, t, o_local, set.o_send, /*to_local=*/false);
+    RETURN_IF_ERROR(send(set.o_send, set.o, &set.o_in));
+    StageColumns(c, r, t, do_local, set.do_send, /*to_local=*/false);
+    return send(set.do_send, set.dout, &set.do_in);
+  };
+  // dQ of stage `back_stage`, once back on this rank's tokens, flows into dWq and dx.
+  Issued back;
+  int64_t back_stage = -1;
+  Tensor back_at;
+  auto land = [&]() -> absl::Status {
+    if (back_stage < 0) return absl::OkStatus();
+    RETURN_IF_ERROR(back.Wait());
+    BackpropForRanks(c, in, h.tensor(), dh.tensor(), {{w.wq, g.wq, back_at, /*rope=*/true}}, u,
+                     q_head_of(back_stage), dx, dnorm_w);
+    back_stage = -1;
+    return absl::OkStatus();
+  };
+
+  RETURN_IF_ERROR(start(0));
+  for (int64_t st = 0; st < stages; ++st) {
+    const int64_t r = walk.round(st);
+    QSet& cur = qs[st % qs.size()];
+    KvSet& cur_kv = kv[r % kv.size()];
+    if (walk.ahead && st + 1 < stages) RETURN_IF_ERROR(start(st + 1));
+    if (walk.step(st) == 0) {
+      RETURN_IF_ERROR(cur_kv.k_in.Wait());
+      RETURN_IF_ERROR(cur_kv.v_in.Wait());
+      c.ops->Fill(dk_sum, 0.f);
+      c.ops->Fill(dv_sum, 0.f);
+    }
+    for (Issued* arrival : {&cur.q_in, &cur.o_in, &cur.do_in}) RETURN_IF_ERROR(arrival->Wait());
+    c.ops->AttentionBackward(cur.q, cur_kv.k, cur_kv.v, cur.o, cur.dout,
+                             lse.Slice(st * u * S, {u, S}), cur.dq, dk, dv, c.docs);
+    c.ops->Axpy(1.f, dk, dk_sum);
+    c.ops->Axpy(1.f, dv, dv_sum);
+    RETURN_IF_ERROR(land());  // the previous stage's dQ, back while this one computed
+    back_at = walk.ahead ? back_buf : cur.q_send;
+    ASSIGN_OR_RETURN(back, StartExchange(c, cur.dq, back_at));
+    back_stage = st;
+    if (!walk.ahead || walk.step(st) + 1 == p.stages_per_round) RETURN_IF_ERROR(land());
+    if (walk.step(st) + 1 == p.stages_per_round) {
+      // dK, dV summed over the round's stages go back once (as act dtype, like the forward).
+      c.ops->Copy(dk_sum, dk);
+      RETURN_IF_ERROR(Exchange(c, dk, cur_kv.k_send));
+      c.ops->Copy(dv_sum, dv);
+      RETURN_IF_ERROR(Exchange(c, dv, cur_kv.v_send));
+      BackpropForRanks(
+          c, in, h.tensor(), dh.tensor(),
+          {{w.wk, g.wk, cur_kv.k_send, /*rope=*/true}, {w.wv, g.wv, cur_kv.v_send, false}}, kvr,
+          kv_head_of(r), dx, dnorm_w);
+    }
+    if (!walk.ahead && st + 1 < stages) RETURN_IF_ERROR(start(st + 1));
   }
   return absl::OkStatus();
 }

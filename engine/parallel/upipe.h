@@ -3,7 +3,8 @@
 // (K/V once per round), exchanges them with one all-to-all so every rank sees the whole sequence
 // for its heads, runs causal attention (within each document of a packed sample), and sends the
 // output back into its head columns of one preallocated O_local. With P = 1 the same code is
-// headwise chunking on one device.
+// headwise chunking on one device. Pipelined (UlyssesContext::overlap), every exchange but the
+// first and last of a pass is hidden under a stage's attention.
 #pragma once
 
 #include "engine/backend/ops.h"
@@ -25,6 +26,12 @@ struct UlyssesContext {
   // The documents of the whole sample (S tokens): every rank's attention sees the whole sequence
   // for its heads, and RoPE restarts at each document, so each rank holds the sample's mask.
   DocumentMask docs;
+  // Stage i+1's exchanges run under stage i's attention: its projections are made and sent a
+  // stage ahead into a second set of buffers, and stage i's output travels back while stage i+1
+  // computes. Only with a group to exchange with (P > 1); off, each exchange completes before
+  // the compute after it, with one set of buffers.
+  bool overlap = false;
+  bool pipelined() const { return overlap && sp != nullptr && plan.P > 1; }
   int64_t S() const { return s * plan.P; }
   int64_t pos0() const { return rank * s; }  // global position of this rank's first token
 };

@@ -94,16 +94,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
     p.at_peak[i] = t.at_device_peak(static_cast<Tier>(i));
   }
   p.device_peak = t.device_peak();
-  p.workspace =
-      req.device == Device::kCuda ? CudaWorkspaceBytes(model->head_plan(), req.seq_len,
-                                                    req.document_mask)
-                                 : 0;
+  p.workspace = req.device == Device::kCuda
+                    ? CudaWorkspaceBytes(model->head_plan(), req.seq_len, req.document_mask)
+                    : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
   p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
   p.tile_tokens = req.opts.tile_tokens;
   p.offload = req.opts.offload;
   p.prefetch = req.opts.prefetch;
   p.checkpoint_interval = req.opts.checkpoint_interval;
+  p.overlap = req.opts.overlap;
   return p;
 }
 
@@ -126,6 +126,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.opts.prefetch = spec.memory.prefetch;
   req.opts.checkpoint_interval = spec.memory.checkpoint_interval;
   req.opts.fsdp = spec.parallel.fsdp;
+  req.opts.overlap = spec.memory.overlap;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
 
   const std::vector<int64_t> chunks = spec.memory.head_chunk > 0
@@ -134,18 +135,24 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   const std::vector<int64_t> tiles = spec.memory.tile_tokens > 0
                                          ? std::vector<int64_t>{spec.memory.tile_tokens}
                                          : TileCandidates(s);
-  // How saved block data is kept, cheapest in time first: the spec's own choice, then (only
-  // when head_chunk is "auto", i.e. the planner may choose) offload with prefetch, offload
-  // without it, and saving only every 2nd, 4th or 8th block's input.
+  // How saved block data is kept and communication overlapped, cheapest in time first: the
+  // spec's own choice, then (only when head_chunk is "auto", i.e. the planner may choose) the
+  // same without overlap, then offload with prefetch, offload without it, and saving only every
+  // 2nd, 4th or 8th block's input (all without overlap: its buffers are the first to give up).
   struct Keep {
     bool offload, prefetch;
     int64_t interval;
+    bool overlap;
   };
   const JobSpec::Memory& m = spec.memory;
-  std::vector<Keep> keeps = {{m.offload, m.prefetch, m.checkpoint_interval}};
+  std::vector<Keep> keeps = {{m.offload, m.prefetch, m.checkpoint_interval, m.overlap}};
+  if (m.head_chunk == 0 && m.overlap) {
+    keeps.push_back({m.offload, m.prefetch, m.checkpoint_interval, false});
+  }
   if (m.head_chunk == 0 && spec.memory.checkpoint != CheckpointPolicy::kNone) {
-    for (Keep k : {Keep{true, true, 1}, Keep{true, false, 1}, Keep{true, false, 2},
-                   Keep{true, false, 4}, Keep{true, false, 8}}) {
+    for (Keep k :
+         {Keep{true, true, 1, false}, Keep{true, false, 1, false}, Keep{true, false, 2, false},
+          Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
       if (k.interval >= m.checkpoint_interval && (k.offload || !m.offload)) keeps.push_back(k);
     }
   }
@@ -157,6 +164,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     req.opts.offload = keep.offload;
     req.opts.prefetch = keep.prefetch;
     req.opts.checkpoint_interval = keep.interval;
+    req.opts.overlap = keep.overlap;
     ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
     p.gpu_budget = gpu_budget;
     p.host_budget = host_budget;
@@ -193,9 +201,9 @@ std::string FormatPlan(const MemoryPlan& p) {
                         "device peak", p.device_total() / unit);
   absl::StrAppendFormat(&out,
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
-                        "checkpoint_interval %d\n",
+                        "checkpoint_interval %d, overlap %s\n",
                         p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
-                        p.prefetch ? "on" : "off", p.checkpoint_interval);
+                        p.prefetch ? "on" : "off", p.checkpoint_interval, p.overlap ? "on" : "off");
   if (p.gpu_budget > 0) absl::StrAppendFormat(&out, "GPU budget %.2f GiB", p.gpu_budget / kGiB);
   if (p.host_budget > 0) {
     absl::StrAppendFormat(&out, "%shost budget %.2f GiB", p.gpu_budget > 0 ? ", " : "",

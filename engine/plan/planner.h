@@ -38,6 +38,7 @@ struct MemoryPlan {
   int64_t head_chunk = 0, tile_tokens = 0;
   bool offload = false, prefetch = true;
   int64_t checkpoint_interval = 1;
+  bool overlap = true;
   int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much
@@ -49,8 +50,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 
 // A job's plan for one rank (ResolveJob, engine/spec/resolve.h, is how a job gets one): resolves
 // the model, the dtype and every "auto" setting against the budgets. head_chunk "auto" also lets
-// the planner turn on offload, then turn off prefetch, then save only every 2nd/4th/8th block
-// input; it prefers, in this order, keeping block data cheaply, the largest head stage, the largest
+// the planner turn off overlap, then turn on offload, then turn off prefetch, then save only every
+// 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head stage, the largest
 // tile. Budgets of 0 take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);

@@ -131,6 +131,7 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
   spec.memory.offload = true;
   spec.memory.tile_tokens = 8192;
   spec.memory.head_chunk = 32;  // plain Ulysses: all heads in one stage
+  spec.memory.overlap = false;  // the reference schedule: every collective blocking
   auto ulysses = PlanJob(spec, int64_t{80} << 30);
   ASSERT_TRUE(ulysses.ok()) << ulysses.status();
   spec.memory.head_chunk = 8;  // UPipe: one head per rank per stage
@@ -147,6 +148,19 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
   EXPECT_LT(gib(*upipe, Tier::kAttention), 0.7 * gib(*ulysses, Tier::kAttention));
   EXPECT_GT(gib(*ulysses, Tier::kAttention), 15.0);
   EXPECT_TRUE(upipe->fits) << upipe->verdict;
+
+  // Overlap costs UPipe a second set of stage buffers (forward: 3 [S, u, D] buffers become 7;
+  // backward: 5 become 15), still well below plain Ulysses, and the grads tier one full-size
+  // f32 block unit (the reduction left in flight).
+  spec.memory.overlap = true;
+  auto overlapped = PlanJob(spec, int64_t{80} << 30);
+  ASSERT_TRUE(overlapped.ok()) << overlapped.status();
+  std::printf("UPipe with overlap:\n%s", FormatPlan(*overlapped).c_str());
+  const double stage_gib = 3.0 * 1024 * 1024 * 1 * 128 * 2 / kGiB;  // [S, u = 1, D] in bf16
+  EXPECT_GT(gib(*overlapped, Tier::kAttention), gib(*upipe, Tier::kAttention) + 5 * stage_gib);
+  EXPECT_LT(gib(*overlapped, Tier::kAttention), gib(*ulysses, Tier::kAttention));
+  const double unit_gib = 218.1e6 * 4 / kGiB;  // one Llama-3-8B block, f32
+  EXPECT_NEAR(gib(*overlapped, Tier::kGrads), gib(*upipe, Tier::kGrads) + unit_gib, 0.1);
 }
 
 }  // namespace

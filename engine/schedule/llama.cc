@@ -15,20 +15,23 @@ class UnitLease {
   ~UnitLease() {
     if (held_) store_->Release(unit_);
   }
-  // Gathers on the first call; later calls return the same tensor.
+  // Starts the gather (it runs under the compute issued until Get).
+  absl::Status Start() {
+    if (held_) return absl::OkStatus();
+    RETURN_IF_ERROR(store_->Gather(unit_));
+    held_ = true;
+    return absl::OkStatus();
+  }
+  // The gathered unit: starts the gather if Start did not, and waits for it.
   absl::StatusOr<Tensor> Get() {
-    if (!held_) {
-      ASSIGN_OR_RETURN(tensor_, store_->Acquire(unit_));
-      held_ = true;
-    }
-    return tensor_;
+    RETURN_IF_ERROR(Start());
+    return store_->Gathered(unit_);
   }
 
  private:
   ParamStore* store_;
   int unit_;
   bool held_ = false;
-  Tensor tensor_;
 };
 
 }  // namespace
@@ -42,6 +45,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   m->sp_ = sp;
   ASSIGN_OR_RETURN(m->plan_, MakeHeadPlan(cfg, sp ? sp->size() : 1, opts.head_chunk));
   ASSIGN_OR_RETURN(m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp));
+  m->params_->set_overlap(opts.overlap);
   const std::vector<float> inv = RopeInverseFrequencies(cfg.rope);
   ASSIGN_OR_RETURN(
       m->inv_freq_,
@@ -61,6 +65,7 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs) const {
   c.attn.s = s;
   c.attn.inv_freq = inv_freq_.tensor();
   c.attn.docs = docs;
+  c.attn.overlap = opts_.overlap;
   c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
   // Attention-aware checkpointing keeps O and LSE with the block input.
   c.saved_attention_tier =
@@ -179,14 +184,24 @@ absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const
   const int64_t k = keep_all ? 1 : std::max<int64_t>(1, opts_.checkpoint_interval);
   CheckpointStore saved(ops_, alloc_, L, opts_.offload, opts_.offload_keep_last);
   std::vector<BlockSaved> resident(keep_all ? L : 0);
-  std::unique_ptr<UnitLease> next;  // the next block's parameters, gathered one block ahead
+  // The next block's parameters are gathered one block ahead, under this block's compute. With
+  // overlap the loss head's are gathered under the last block's forward too, and the last
+  // block's stay gathered for the first step of backward.
+  std::unique_ptr<UnitLease> next, last;
+  std::vector<std::unique_ptr<UnitLease>> head;
   for (int64_t l = 0; l < L; ++l) {
     std::unique_ptr<UnitLease> cur = std::move(next);
     if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
     ASSIGN_OR_RETURN(Tensor params, cur->Get());
     if (l + 1 < L) {
       next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l + 1));
-      RETURN_IF_ERROR(next->Get().status());
+      RETURN_IF_ERROR(next->Start());
+    } else if (opts_.overlap) {
+      for (int unit : {layout_.head_unit(), embed_unit}) {
+        if (unit == embed_unit && !cfg_.tie_word_embeddings) continue;
+        head.push_back(std::make_unique<UnitLease>(&ps, unit));
+        RETURN_IF_ERROR(head.back()->Start());
+      }
     }
     const Tier y_tier = backward && l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
@@ -205,13 +220,15 @@ absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const
       RETURN_IF_ERROR(saved.Put(l, std::move(in)));
     }
     x = std::move(y);
+    if (backward && opts_.overlap && l + 1 == L) last = std::move(cur);
   }
-  next.reset();
   if (!backward) return LossHead(x.tensor(), lab, grad_scale, Tensor(), loss_sum);
 
   ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, act, {s, d}, Tier::kActivations));
   RETURN_IF_ERROR(LossHead(x.tensor(), lab, grad_scale, dx.tensor(), loss_sum));
+  head.clear();
   x.Reset();
+  next = std::move(last);
 
   // Inputs (and, attention-aware, O and LSE) of the blocks between two saved ones, rebuilt by
   // re-running the group's forward from its saved first input when backward reaches the group.
@@ -250,7 +267,7 @@ absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const
     if (opts_.prefetch) RETURN_IF_ERROR(saved.Prefetch(l - 1));
     if (l > 0) {
       next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l - 1));
-      RETURN_IF_ERROR(next->Get().status());
+      RETURN_IF_ERROR(next->Start());
     }
     ASSIGN_OR_RETURN(Tensor grads, ps.AcquireGrad(layout_.block_unit(l)));
     const BlockWeights w = BlockViews(cfg_, params);
@@ -269,7 +286,8 @@ absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const
     ops_->EmbeddingBackward(ids, dx.tensor(), ParamLayout::View(g, embed_entry));
     RETURN_IF_ERROR(ps.ReduceGrad(embed_unit));
   }
-  return absl::OkStatus();
+  // Nothing is left to hide the last reductions under.
+  return ps.FlushGradients();
 }
 
 absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float grad_scale,

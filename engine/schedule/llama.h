@@ -53,6 +53,10 @@ class LlamaModel {
     bool prefetch = true;  // bring block l−1's saved data back during block l's backward
     int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the others
     bool fsdp = true;                 // shard parameter units over `world`
+    // Collectives under compute: FSDP gathers one block ahead and reductions left in flight
+    // (ParamStore), UPipe's exchanges double-buffered a stage ahead (upipe.h). Off: every
+    // collective completes before the compute after it (the same results, less memory).
+    bool overlap = true;
   };
 
   // `world` spans every rank (FSDP and data parallel), `sp` this rank's Ulysses group; either

@@ -600,6 +600,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
         {"checkpoint_interval", r.Int(&s.memory.checkpoint_interval)},
         {"head_chunk", r.IntOrAuto(&s.memory.head_chunk)},
         {"tile_tokens", r.IntOrAuto(&s.memory.tile_tokens)},
+        {"overlap", r.Bool(&s.memory.overlap)},
         {"gpu_budget_gib", r.Float(&s.memory.gpu_budget_gib)},
         {"host_budget_gib", r.Float(&s.memory.host_budget_gib)}}},
       {"checkpoint",
@@ -661,7 +662,7 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\noffload = ", b(m.offload), "\noffload_keep_last = ", m.offload_keep_last,
                   "\nprefetch = ", b(m.prefetch), "\ncheckpoint_interval = ", m.checkpoint_interval,
                   "\nhead_chunk = ", auto_or(m.head_chunk),
-                  "\ntile_tokens = ", auto_or(m.tile_tokens),
+                  "\ntile_tokens = ", auto_or(m.tile_tokens), "\noverlap = ", b(m.overlap),
                   "\ngpu_budget_gib = ", FormatDouble(m.gpu_budget_gib),
                   "\nhost_budget_gib = ", FormatDouble(m.host_budget_gib), "\n");
   absl::StrAppend(&out, "\n[checkpoint]\ndir = ", Quote(s.checkpoint.dir),

@@ -68,6 +68,10 @@ struct JobSpec {
     int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the rest in backward
     int64_t head_chunk = 0;           // query heads per UPipe stage; 0 = "auto"
     int64_t tile_tokens = 0;          // tokens per MLP / loss tile; 0 = "auto"
+    // Collectives under compute (FSDP gathers a block ahead and reductions in flight, UPipe's
+    // exchanges a stage ahead): faster across GPUs, for a second set of stage buffers and one
+    // more full-size gradient buffer. With head_chunk "auto" the planner may turn it off to fit.
+    bool overlap = true;
     // Per rank; 0: from the node (engine/plan/budgets.h BudgetsFor). On the CPU backend the
     // "GPU" budget is the rank's share of the host's memory, which is its device.
     double gpu_budget_gib = 0;

@@ -42,6 +42,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.tile_tokens = job.plan.tile_tokens;
   s.memory.offload = job.plan.offload;
   s.memory.prefetch = job.plan.prefetch;
+  s.memory.overlap = job.plan.overlap;
   s.memory.checkpoint_interval = job.plan.checkpoint_interval;
   job.toml = JobSpecToToml(s);
   return job;
@@ -56,10 +57,11 @@ std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
       "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, checkpoint_interval "
-      "%d, dtype %s, peak %s per rank (GPU budget %s, host %s)",
+      "%d, overlap %s, dtype %s, peak %s per rank (GPU budget %s, host %s)",
       m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
-      m.checkpoint_interval, job.spec.model.dtype, HumanBytes(job.plan.device_total()),
-      HumanBytes(job.budgets.gpu_bytes), HumanBytes(job.budgets.host_bytes));
+      m.checkpoint_interval, m.overlap ? "on" : "off", job.spec.model.dtype,
+      HumanBytes(job.plan.device_total()), HumanBytes(job.budgets.gpu_bytes),
+      HumanBytes(job.budgets.host_bytes));
 }
 
 }  // namespace ithaca

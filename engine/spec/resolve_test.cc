@@ -71,6 +71,7 @@ TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
     frugal.memory.tile_tokens = 2048;
     frugal.memory.offload = true;
     frugal.memory.prefetch = false;
+    frugal.memory.overlap = false;
     auto least = ResolveJob(frugal, Node(80 * kGiB, 256 * kGiB, 2));
     ASSERT_TRUE(least.ok()) << least.status();
     ASSERT_LT(least->plan.device_total(), roomy->plan.device_total());

@@ -37,6 +37,7 @@ struct Case {
   bool prefetch = true;
   bool packed = false;  // packed documents under a document mask (parallel_rank --packed)
   bool sft = false;     // train on SFT data with data.loss_mask (parallel_rank --loss-mask)
+  bool overlap = true;  // collectives under compute (memory.overlap)
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -125,6 +126,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
     if (c.offload) args.push_back("--offload");
     if (c.tile) args.insert(args.end(), {"--tile", std::to_string(c.tile)});
     if (!c.prefetch) args.push_back("--no-prefetch");
+    if (!c.overlap) args.push_back("--no-overlap");
     if (c.packed) args.push_back("--packed");
     if (c.sft) args.push_back("--loss-mask");
     args.insert(args.end(), {"--checkpoint-interval", std::to_string(c.checkpoint_interval)});
@@ -173,6 +175,18 @@ TEST_F(ParallelEquivalenceTest, CheckpointEveryOtherBlockWithoutPrefetch) {
 
 TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {
   Check({"w2_sp1_fsdp_full", 2, 2, 1, true, "full", 0});
+}
+
+// The overlapped schedule (every other case) against the blocking one: both equal one rank.
+// Four stages in one K/V round, then two rounds of one stage, pipelined or not.
+TEST_F(ParallelEquivalenceTest, WithoutOverlap) {
+  Case within{"w2_sp2_fsdp_full_nooverlap", 2, 2, 2, true, "full", 2};
+  within.overlap = false;
+  Check(within);
+  Case rounds{"w2_sp2_fsdp_aware_rounds_nooverlap", 4, 2, 2, true, "attention-aware", 4};
+  rounds.overlap = false;
+  Check(rounds);
+  Check({"w2_sp2_fsdp_aware_rounds", 4, 2, 2, true, "attention-aware", 4});
 }
 
 TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsEqualSp) {

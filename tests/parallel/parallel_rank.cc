@@ -70,6 +70,8 @@ absl::Status Run(int argc, char** argv) {
       spec.memory.offload = true;
     else if (a == "--no-prefetch")
       spec.memory.prefetch = false;
+    else if (a == "--no-overlap")
+      spec.memory.overlap = false;
     else if (a == "--die-rank")
       die_rank = std::stoi(next());
     else if (a == "--checkpoint-interval")

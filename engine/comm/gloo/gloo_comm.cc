@@ -16,8 +16,11 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -189,7 +192,85 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context
       prefix_(std::move(prefix)),
       global_ranks_(std::move(global_ranks)) {}
 
-GlooComm::~GlooComm() = default;
+struct GlooComm::Background {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::deque<std::pair<int64_t, std::function<absl::Status()>>> queue;
+  std::map<int64_t, absl::Status> finished;  // results not waited for yet
+  int64_t next_id = 1;
+  bool busy = false, stop = false;
+  std::thread thread;
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      changed.wait(lock, [&] { return stop || !queue.empty(); });
+      if (queue.empty()) return;  // stopping, and nothing left to run
+      auto [id, collective] = std::move(queue.front());
+      queue.pop_front();
+      busy = true;
+      lock.unlock();
+      absl::Status st = collective();
+      lock.lock();
+      busy = false;
+      finished[id] = std::move(st);
+      changed.notify_all();
+    }
+  }
+};
+
+GlooComm::~GlooComm() {
+  if (background_) {
+    {
+      std::lock_guard<std::mutex> lock(background_->mu);
+      background_->stop = true;
+    }
+    background_->changed.notify_all();
+    background_->thread.join();
+  }
+}
+
+absl::StatusOr<Issued> GlooComm::Defer(std::function<absl::Status()> collective) {
+  if (!background_) {
+    background_ = std::make_unique<Background>();
+    background_->thread = std::thread([b = background_.get()] { b->Loop(); });
+  }
+  std::lock_guard<std::mutex> lock(background_->mu);
+  const int64_t id = background_->next_id++;
+  background_->queue.emplace_back(id, std::move(collective));
+  background_->changed.notify_all();
+  return Issued(this, id);
+}
+
+void GlooComm::Drain() {
+  if (!background_ || std::this_thread::get_id() == background_->thread.get_id()) return;
+  std::unique_lock<std::mutex> lock(background_->mu);
+  background_->changed.wait(lock, [&] { return background_->queue.empty() && !background_->busy; });
+}
+
+absl::Status GlooComm::WaitIssued(int64_t id) {
+  std::unique_lock<std::mutex> lock(background_->mu);
+  background_->changed.wait(lock, [&] { return background_->finished.count(id) > 0; });
+  absl::Status st = std::move(background_->finished[id]);
+  background_->finished.erase(id);
+  return st;
+}
+
+// The arguments are checked here, so a misuse is reported by the call that made it.
+absl::StatusOr<Issued> GlooComm::IssueAllGather(const Tensor& in, const Tensor& out) {
+  RETURN_IF_ERROR(CheckAllGather(in, out, rank_, size_, Device::kCpu));
+  return Defer([this, in, out] { return AllGather(in, out); });
+}
+
+absl::StatusOr<Issued> GlooComm::IssueReduceScatter(const Tensor& in, const Tensor& out) {
+  RETURN_IF_ERROR(CheckReduceScatter(in, out, rank_, size_, Device::kCpu));
+  return Defer([this, in, out] { return ReduceScatter(in, out); });
+}
+
+absl::StatusOr<Issued> GlooComm::IssueAllToAll(const Tensor& in, const Tensor& out) {
+  RETURN_IF_ERROR(CheckAllToAll(in, out, size_, Device::kCpu));
+  return Defer([this, in, out] { return AllToAll(in, out); });
+}
 
 absl::StatusOr<std::unique_ptr<GlooComm>> GlooComm::Create(int rank, int world,
                                                            const std::string& rendezvous,
@@ -405,6 +486,7 @@ void GlooComm::RawAllGather(const void* in, void* out, size_t in_bytes) {
 }
 
 absl::Status GlooComm::AllGather(const Tensor& in, const Tensor& out) {
+  Drain();
   RETURN_IF_ERROR(CheckAllGather(in, out, rank_, size_, Device::kCpu));
   if (size_ == 1 || in.numel() == 0) {
     if (in.data != out.data && in.bytes() > 0) std::memcpy(out.data, in.data, in.bytes());
@@ -414,6 +496,7 @@ absl::Status GlooComm::AllGather(const Tensor& in, const Tensor& out) {
 }
 
 absl::Status GlooComm::AllToAll(const Tensor& in, const Tensor& out) {
+  Drain();
   RETURN_IF_ERROR(CheckAllToAll(in, out, size_, Device::kCpu));
   if (size_ == 1 || in.numel() == 0) {
     if (in.data != out.data && in.bytes() > 0) std::memcpy(out.data, in.data, in.bytes());
@@ -423,6 +506,7 @@ absl::Status GlooComm::AllToAll(const Tensor& in, const Tensor& out) {
 }
 
 absl::Status GlooComm::ReduceScatter(const Tensor& in, const Tensor& out) {
+  Drain();
   RETURN_IF_ERROR(CheckReduceScatter(in, out, rank_, size_, Device::kCpu));
   if (size_ == 1 || in.numel() == 0) {
     if (in.data != out.data && in.bytes() > 0) std::memcpy(out.data, in.data, in.bytes());
@@ -438,6 +522,7 @@ absl::Status GlooComm::ReduceScatter(const Tensor& in, const Tensor& out) {
 }
 
 absl::Status GlooComm::AllReduce(const Tensor& x) {
+  Drain();
   RETURN_IF_ERROR(CheckAllReduce(x, Device::kCpu));
   if (size_ == 1 || x.numel() == 0) return broken_;
   return Run("all_reduce", [&] {
@@ -460,6 +545,7 @@ absl::Status GlooComm::AllReduce(const Tensor& x) {
 }
 
 absl::Status GlooComm::Broadcast(const Tensor& x, int root) {
+  Drain();
   RETURN_IF_ERROR(CheckBroadcast(x, root, size_, Device::kCpu));
   if (size_ == 1 || x.numel() == 0) return broken_;
   return Run("broadcast", [&] {
@@ -472,6 +558,7 @@ absl::Status GlooComm::Broadcast(const Tensor& x, int root) {
 }
 
 absl::Status GlooComm::Barrier() {
+  Drain();
   if (size_ == 1) return broken_;
   return Run("barrier", [&] {
     gloo::BarrierOptions opts(context_);
@@ -481,6 +568,7 @@ absl::Status GlooComm::Barrier() {
 }
 
 absl::StatusOr<std::unique_ptr<Comm>> GlooComm::Split(int color, int key) {
+  Drain();
   std::vector<int32_t> all(2 * size_);
   int32_t mine[2] = {color, key};
   if (size_ == 1) {

@@ -198,6 +198,85 @@ TEST_P(GlooWorldTest, CollectivesMatchLocalComputation) {
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooWorldTest, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return absl::StrCat("world", info.param); });
 
+// Issue-now collectives run on the communicator's background thread while this thread goes on:
+// several in flight at once, a blocking call behind them, waits in another order than issued,
+// and each result whole at its Wait.
+TEST(GlooIssueTest, IssuedCollectivesCompleteInOrderAndOverlapTheCaller) {
+  TempDir dir;
+  constexpr int kWorld = 3;
+  auto outcomes = RunRanks(kWorld, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto comm, GlooComm::Create(rank, kWorld, dir.rendezvous(), Options(10)));
+    const int P = kWorld, n = 1 << 16;
+    std::vector<float> mine(n), gathered(n * P, -1), rs_in(n * P), rs_out(n, -1);
+    std::vector<int32_t> a2a_in(n * P), a2a_out(n * P, -1);
+    for (int i = 0; i < n; ++i) mine[i] = Val(rank, i);
+    for (int j = 0; j < P; ++j) {
+      for (int i = 0; i < n; ++i) {
+        rs_in[j * n + i] = Val(rank, j * n + i);
+        a2a_in[j * n + i] = Code(rank, j, i % 100);
+      }
+    }
+    ASSIGN_OR_RETURN(Issued gather,
+                     comm->IssueAllGather(Tensor(mine.data(), DType::kF32, {n}),
+                                          Tensor(gathered.data(), DType::kF32, {P * n})));
+    ASSIGN_OR_RETURN(Issued reduce,
+                     comm->IssueReduceScatter(Tensor(rs_in.data(), DType::kF32, {P * n}),
+                                              Tensor(rs_out.data(), DType::kF32, {n})));
+    ASSIGN_OR_RETURN(Issued exchange,
+                     comm->IssueAllToAll(Tensor(a2a_in.data(), DType::kI32, {P * n}),
+                                         Tensor(a2a_out.data(), DType::kI32, {P * n})));
+    RANK_CHECK(gather.pending() && reduce.pending() && exchange.pending());
+    // A blocking collective queues behind the issued ones (the same order on every rank).
+    float one = 1;
+    RETURN_IF_ERROR(comm->AllReduce(Tensor(&one, DType::kF32, {1})));
+    RANK_CHECK(one == P, "all_reduce after issued collectives: ", one);
+    RETURN_IF_ERROR(exchange.Wait());
+    RETURN_IF_ERROR(reduce.Wait());
+    RETURN_IF_ERROR(gather.Wait());
+    RANK_CHECK(!gather.pending());
+    for (int k = 0; k < P; ++k) {
+      for (int i = 0; i < n; i += 997) {
+        RANK_CHECK(gathered[k * n + i] == Val(k, i), "gathered k=", k, " i=", i);
+        RANK_CHECK(a2a_out[k * n + i] == Code(k, rank, i % 100), "exchanged k=", k, " i=", i);
+      }
+    }
+    for (int i = 0; i < n; i += 997) {
+      float sum = 0;
+      for (int k = 0; k < P; ++k) sum += Val(k, rank * n + i);
+      RANK_CHECK(std::abs(rs_out[i] - sum) < 1e-5f, "reduce_scatter i=", i);
+    }
+    return comm->Barrier();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+// A peer lost while a collective is in flight: the error arrives at Wait, naming the peer.
+TEST(GlooIssueTest, APeerLostUnderAnIssuedCollectiveFailsItsWait) {
+  TempDir dir;
+  RunOptions run;
+  run.wall_limit_s = 20;
+  auto outcomes = RunRanks(
+      2,
+      [&](int rank) -> absl::Status {
+        ASSIGN_OR_RETURN(auto comm, GlooComm::Create(rank, 2, dir.rendezvous(), Options(3)));
+        RETURN_IF_ERROR(comm->Barrier());
+        if (rank == 1) _exit(7);
+        std::vector<float> in(8, 1.f), out(16);
+        ASSIGN_OR_RETURN(Issued gather,
+                         comm->IssueAllGather(Tensor(in.data(), DType::kF32, {8}),
+                                              Tensor(out.data(), DType::kF32, {16})));
+        const absl::Status st = gather.Wait();
+        RANK_CHECK(!st.ok(), "the gather with a dead peer succeeded");
+        RANK_CHECK(absl::StrContains(st.message(), "rank 1"), st.ToString());
+        // The communicator stays failed.
+        RANK_CHECK(!comm->Barrier().ok());
+        return absl::OkStatus();
+      },
+      run);
+  EXPECT_EQ(outcomes[0].exit_code, 0) << outcomes[0].ToString();
+  EXPECT_EQ(outcomes[1].exit_code, 7);
+}
+
 // The same collectives and a split with ranks meeting at a TCP store (how ranks on several
 // machines meet), served from this test process as node 0's launcher would.
 TEST(GlooTcpTest, CollectivesAndSplitsOverATcpRendezvous) {

@@ -111,6 +111,7 @@ NcclComm::~NcclComm() {
     cudaEventDestroy(f.done);
   }
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  for (auto& [id, e] : issued_) cudaEventDestroy(e);
   if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
   if (barrier_word_ != nullptr) cudaFree(barrier_word_);
 }
@@ -341,8 +342,10 @@ absl::Status NcclComm::health() const {
   return broken_;
 }
 
-absl::Status NcclComm::Run(const char* op, bool wait,
-                           const std::function<ncclResult_t()>& enqueue) {
+absl::Status NcclComm::Run(const char* op, bool wait, const std::function<ncclResult_t()>& enqueue,
+                           Issued* deferred) {
+  // Deferring needs a compute stream that can wait later, and no host wait now.
+  const bool defer = deferred != nullptr && Ordered() && !wait;
   // Listed at once, so its events are released even if enqueueing fails (which aborts).
   in_flight_.push_back(InFlight{op, NewEvent(), NewEvent()});
   const InFlight& f = in_flight_.back();
@@ -364,8 +367,17 @@ absl::Status NcclComm::Run(const char* op, bool wait,
   }
   if (res == ncclInProgress) RETURN_IF_ERROR(WaitReady(op));
   err = cudaEventRecord(f.done, options_.stream);
-  // Compute work enqueued from now on reads the outputs, or reuses the buffers' memory.
-  if (err == cudaSuccess && Ordered()) {
+  if (err == cudaSuccess && defer) {
+    // The compute stream waits at Issued::Wait, on an event of the issue's own.
+    cudaEvent_t ready = NewEvent();
+    err = ready != nullptr ? cudaEventRecord(ready, options_.stream) : cudaErrorMemoryAllocation;
+    if (err == cudaSuccess) {
+      const int64_t id = next_issued_++;
+      issued_[id] = ready;
+      *deferred = Issued(this, id);
+    }
+  } else if (err == cudaSuccess && Ordered()) {
+    // Compute work enqueued from now on reads the outputs, or reuses the buffers' memory.
     err = cudaStreamWaitEvent(options_.compute_stream, f.done, 0);
   }
   if (err != cudaSuccess) {
@@ -379,36 +391,83 @@ absl::Status NcclComm::Run(const char* op, bool wait,
 }
 
 absl::Status NcclComm::AllGather(const Tensor& in, const Tensor& out) {
+  ASSIGN_OR_RETURN(Issued issued, IssueAllGather(in, out));
+  return issued.Wait();
+}
+
+absl::StatusOr<Issued> NcclComm::IssueAllGather(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllGather(in, out, rank_, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("all_gather"));
-  if (in.numel() == 0) return absl::OkStatus();
-  return Run("all_gather", options_.synchronous, [&] {
-    return ncclAllGather(in.data, out.data, in.numel(), type, comm_, options_.stream);
-  });
+  Issued issued;
+  if (in.numel() == 0) return issued;
+  RETURN_IF_ERROR(Run(
+      "all_gather", options_.synchronous,
+      [&] { return ncclAllGather(in.data, out.data, in.numel(), type, comm_, options_.stream); },
+      &issued));
+  return issued;
 }
 
-absl::Status NcclComm::ReduceScatter(const Tensor& in, const Tensor& out) {
+absl::StatusOr<Issued> NcclComm::IssueReduceScatter(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckReduceScatter(in, out, rank_, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("reduce_scatter"));
-  if (out.numel() == 0) return absl::OkStatus();
-  return Run("reduce_scatter", options_.synchronous, [&] {
-    return ncclReduceScatter(in.data, out.data, out.numel(), type, ncclSum, comm_, options_.stream);
-  });
+  Issued issued;
+  if (out.numel() == 0) return issued;
+  RETURN_IF_ERROR(Run(
+      "reduce_scatter", options_.synchronous,
+      [&] {
+        return ncclReduceScatter(in.data, out.data, out.numel(), type, ncclSum, comm_,
+                                 options_.stream);
+      },
+      &issued));
+  return issued;
 }
 
-absl::Status NcclComm::AllToAll(const Tensor& in, const Tensor& out) {
+absl::StatusOr<Issued> NcclComm::IssueAllToAll(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllToAll(in, out, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("all_to_all"));
-  if (in.numel() == 0) return absl::OkStatus();
-  return Run("all_to_all", options_.synchronous, [&] {
-    return ncclAlltoAll(in.data, out.data, in.numel() / size_, type, comm_, options_.stream);
-  });
+  Issued issued;
+  if (in.numel() == 0) return issued;
+  RETURN_IF_ERROR(Run(
+      "all_to_all", options_.synchronous,
+      [&] {
+        return ncclAlltoAll(in.data, out.data, in.numel() / size_, type, comm_, options_.stream);
+      },
+      &issued));
+  return issued;
+}
+
+absl::Status NcclComm::WaitIssued(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = issued_.find(id);
+  if (it == issued_.end()) return absl::OkStatus();
+  const cudaEvent_t ready = it->second;
+  issued_.erase(it);
+  // Even on a broken communicator the stream must wait: the collective may still be touching
+  // its buffers until the abort has ended it.
+  const cudaError_t err = cudaStreamWaitEvent(options_.compute_stream, ready, 0);
+  free_events_.push_back(ready);
+  RETURN_IF_ERROR(Usable("wait"));
+  if (err != cudaSuccess) {
+    return Abort(absl::StatusCode::kInternal,
+                 absl::StrCat("wait: CUDA error: ", cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclComm::ReduceScatter(const Tensor& in, const Tensor& out) {
+  ASSIGN_OR_RETURN(Issued issued, IssueReduceScatter(in, out));
+  return issued.Wait();
+}
+
+absl::Status NcclComm::AllToAll(const Tensor& in, const Tensor& out) {
+  ASSIGN_OR_RETURN(Issued issued, IssueAllToAll(in, out));
+  return issued.Wait();
 }
 
 absl::Status NcclComm::AllReduce(const Tensor& x) {

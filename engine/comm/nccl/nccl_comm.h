@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,6 +72,12 @@ class NcclComm final : public Comm {
   absl::Status AllToAll(const Tensor& in, const Tensor& out) override;
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int root) override;
+  // Issue-now forms (Comm). With a compute stream set and asynchronous mode, the compute stream
+  // waits for them only at Issued::Wait (an event on the comm stream); otherwise they are the
+  // blocking forms.
+  absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override;
   // Always waits for completion (it is a host-side barrier).
   absl::Status Barrier() override;
   absl::Status Synchronize() override;
@@ -87,6 +94,9 @@ class NcclComm final : public Comm {
   cudaStream_t stream() const { return options_.stream; }
   absl::Status health() const;
 
+ protected:
+  absl::Status WaitIssued(int64_t id) override;
+
  private:
   // A collective enqueued and not yet seen complete.
   struct InFlight {
@@ -102,8 +112,11 @@ class NcclComm final : public Comm {
   bool Ordered() const;
   // The rest expect mu_ held.
   // Enqueues one collective (`enqueue` makes the NCCL call) between its events, ordered with the
-  // compute stream; when `wait`, returns once it has completed.
-  absl::Status Run(const char* op, bool wait, const std::function<ncclResult_t()>& enqueue);
+  // compute stream; when `wait`, returns once it has completed. With `deferred` (and a compute
+  // stream to order with, in asynchronous mode), the compute stream does not wait for it yet:
+  // *deferred becomes the Issued whose Wait makes it.
+  absl::Status Run(const char* op, bool wait, const std::function<ncclResult_t()>& enqueue,
+                   Issued* deferred = nullptr);
   // Polls until the communicator has no operation in progress; aborts it on error or timeout.
   absl::Status WaitReady(const char* op);
   // Forgets completed collectives; aborts on an NCCL error or when the oldest collective has
@@ -130,6 +143,10 @@ class NcclComm final : public Comm {
   std::deque<InFlight> in_flight_;  // oldest first
   std::vector<cudaEvent_t> free_events_;
   cudaEvent_t inputs_ready_ = nullptr;  // recorded on the compute stream before a collective
+  // Issued collectives not waited for yet: their completion events (on the comm stream), owned
+  // here until the wait, so that recycling never hands one to a later collective.
+  std::map<int64_t, cudaEvent_t> issued_;
+  int64_t next_issued_ = 1;
   std::condition_variable wake_;
   bool stop_ = false;
   std::thread watchdog_;

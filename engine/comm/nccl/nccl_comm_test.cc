@@ -175,6 +175,56 @@ absl::Status CheckOrderedWithComputeStream(NcclComm& c, const Streams& st) {
   return absl::OkStatus();
 }
 
+// An issued all-gather does not hold the compute stream up (it waits behind a gate on the
+// comm stream while compute work after it finishes), and after Wait the compute stream sees the
+// whole result.
+absl::Status CheckIssuedWaitsOnlyAtUse(NcclComm& c, const Streams& st) {
+  const int P = c.size(), r = c.rank();
+  const size_t n = size_t{4} << 20;  // i32 elements per rank
+  const size_t busy_bytes = size_t{1} << 30;
+  int32_t *in = nullptr, *out = nullptr, *host = nullptr;
+  void* busy = nullptr;
+  cudaStream_t side;
+  cudaEvent_t gate, compute_done;
+  RANK_CHECK(cudaMalloc(&in, n * 4) == cudaSuccess && cudaMalloc(&out, P * n * 4) == cudaSuccess &&
+             cudaMalloc(&busy, busy_bytes) == cudaSuccess &&
+             cudaMallocHost(&host, P * n * 4) == cudaSuccess &&
+             cudaStreamCreate(&side) == cudaSuccess && cudaEventCreate(&gate) == cudaSuccess &&
+             cudaEventCreate(&compute_done) == cudaSuccess);
+  cudaMemset(in, r + 1, n * 4);
+  cudaMemset(out, 0xff, P * n * 4);
+  cudaDeviceSynchronize();
+  // The gate: the comm stream cannot start the collective before a long run of work elsewhere.
+  for (int i = 0; i < 400; ++i) cudaMemsetAsync(busy, i, busy_bytes, side);
+  cudaEventRecord(gate, side);
+  cudaStreamWaitEvent(st.comm, gate, 0);
+  ASSIGN_OR_RETURN(
+      Issued gather,
+      c.IssueAllGather(Tensor(in, DType::kI32, {static_cast<int64_t>(n)}, Device::kCuda),
+                       Tensor(out, DType::kI32, {static_cast<int64_t>(P * n)}, Device::kCuda)));
+  cudaEventRecord(compute_done, st.compute);
+  RANK_CHECK(cudaEventSynchronize(compute_done) == cudaSuccess);
+  const bool gate_open = cudaEventQuery(gate) == cudaSuccess;
+  RETURN_IF_ERROR(gather.Wait());
+  cudaMemcpyAsync(host, out, P * n * 4, cudaMemcpyDeviceToHost, st.compute);
+  RANK_CHECK(cudaStreamSynchronize(st.compute) == cudaSuccess);
+  RETURN_IF_ERROR(c.Synchronize());
+  int bad = 0;
+  for (size_t i = 0; i < P * n; ++i) {
+    bad += host[i] != 0x01010101 * static_cast<int32_t>(i / n + 1);
+  }
+  cudaFree(in);
+  cudaFree(out);
+  cudaFree(busy);
+  cudaFreeHost(host);
+  cudaStreamDestroy(side);
+  cudaEventDestroy(gate);
+  cudaEventDestroy(compute_done);
+  RANK_CHECK(!gate_open, "the compute stream waited for an issued collective before its Wait");
+  RANK_CHECK(bad == 0, bad, " stale elements after Wait");
+  return absl::OkStatus();
+}
+
 TEST(NcclCommTest, OneRank) {
   if (GpuCount() < 1) GTEST_SKIP() << "no CUDA GPU on this machine: NCCL test skipped";
   auto outcomes = RunRanks(
@@ -196,6 +246,7 @@ TEST(NcclCommTest, OneRank) {
         Streams st;
         async->SetStreams(st.comm, st.compute);
         RETURN_IF_ERROR(CheckOrderedWithComputeStream(*async, st));
+        RETURN_IF_ERROR(CheckIssuedWaitsOnlyAtUse(*async, st));
         RETURN_IF_ERROR(CheckCollectives(*async));
         async->set_synchronous(true);
         return CheckOrderedWithComputeStream(*async, st);
@@ -221,6 +272,7 @@ TEST(NcclCommTest, TwoRanksWithSplitAndTimeout) {
         comm->UseStreams(DeviceStreams{st.compute, st.comm});
         RANK_CHECK(comm->stream() == st.comm);
         RETURN_IF_ERROR(CheckOrderedWithComputeStream(*comm, st));
+        RETURN_IF_ERROR(CheckIssuedWaitsOnlyAtUse(*comm, st));
         ASSIGN_OR_RETURN(auto sub, comm->Split(0, rank));
         return CheckOrderedWithComputeStream(static_cast<NcclComm&>(*sub), st);
       },

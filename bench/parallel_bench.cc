@@ -1,0 +1,704 @@
+// Training steps of a preset model over several ranks (Ulysses sequence parallelism and FSDP),
+// with random weights and random tokens, at each requested sequence length: the per-GPU
+// throughput of a parallel layout, with the schedule's communication overlap on or off
+// (LlamaModel::Options::overlap, the spec's memory.overlap).
+//
+//   parallel_bench --world=2 --sp=2 --seq_lens=65536,262144 --overlap=true [--timeline=PATH]
+//
+// The program forks one process per rank (rank r on GPU r; on the CPU backend all on the host).
+// Each sets itself up as the engine's workers do (engine/runtime: MakeBackend, ConnectComm over a
+// file rendezvous, the communicator on the backend's streams, Ulysses groups of consecutive
+// ranks as the Trainer splits them) and times forward, backward, the gradient reduction and the
+// optimizer step. Rank 0 prints one JSON line per S (docs/benchmarks.md).
+//
+// --timeline=PATH (CUDA only) wraps the communicator in TimelineComm, which records CUDA events
+// around every collective during the last timed step, and writes one JSON line per collective
+// to PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl, then a summary line: how much of the
+// communication time the compute stream spent doing something else (the share hidden under
+// compute). Rank 0's summary is also in its result line.
+// --plan_only prints the planner's per-rank memory for the layout without a GPU.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
+#include "engine/backend/cuda/cuda_ops.h"
+#include "engine/comm/bootstrap.h"
+#include "engine/comm/comm.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
+#include "engine/plan/planner.h"
+#include "engine/runtime/backend.h"
+#include "engine/schedule/llama.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/trainer.h"
+
+ABSL_FLAG(int, world, 2, "ranks (one per GPU on CUDA)");
+ABSL_FLAG(int, sp, 2, "Ulysses group size (divides --world; the rest is data parallel)");
+ABSL_FLAG(std::string, backend, "cuda", "cuda | cpu");
+ABSL_FLAG(std::string, model, "llama-3.2-1b", "model preset");
+ABSL_FLAG(std::string, seq_lens, "65536", "comma-separated sequence lengths S (per sample)");
+ABSL_FLAG(int, steps, 2, "timed steps per S (median reported), after --warmup steps");
+ABSL_FLAG(int, warmup, 1, "untimed warm-up steps per S (cuDNN plan choice happens in the first)");
+ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
+ABSL_FLAG(bool, fsdp, true, "shard parameters over the ranks (parallel.fsdp)");
+ABSL_FLAG(std::string, checkpoint, "attention-aware", "none | full | attention-aware");
+ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
+ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
+ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
+ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
+ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
+ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the others regrow)");
+ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
+ABSL_FLAG(std::string, timeline, "",
+          "per-collective CUDA-event timeline of the last timed step, one file per rank and S: "
+          "PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl (CUDA only)");
+ABSL_FLAG(double, comm_timeout_s, 600, "bound on joining and on every collective");
+ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
+ABSL_FLAG(bool, plan_only, false,
+          "print the planner's per-rank device memory for each S and exit (no GPU, no ranks)");
+
+namespace ithaca {
+namespace {
+
+LlamaModel::Options ModelOptions() {
+  LlamaModel::Options mo;
+  const std::string policy = absl::GetFlag(FLAGS_checkpoint);
+  mo.checkpoint = policy == "none"              ? CheckpointPolicy::kNone
+                  : policy == "attention-aware" ? CheckpointPolicy::kAttentionAware
+                                                : CheckpointPolicy::kFull;
+  mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
+  mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
+  mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
+  mo.offload = absl::GetFlag(FLAGS_offload);
+  mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
+  mo.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  mo.prefetch = absl::GetFlag(FLAGS_prefetch);
+  mo.fsdp = absl::GetFlag(FLAGS_fsdp);
+  mo.overlap = absl::GetFlag(FLAGS_overlap);
+  return mo;
+}
+
+// The planner's prediction for one rank of this layout (bf16 on CUDA), as the bench's lines
+// carry it: the device peak plus the library workspaces.
+absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, int sp) {
+  PlanRequest req;
+  req.cfg = cfg;
+  req.world = world;
+  req.sp = sp;
+  req.seq_len = S;
+  req.opts = ModelOptions();
+  req.device = Device::kCuda;
+  req.act = DType::kBF16;
+  return PlanMemory(req);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeline: CUDA events around each collective of one step.
+
+// One collective as the events saw it. Every event is timing-enabled; times are relative to the
+// step's start event on the compute stream.
+struct CollectiveEvents {
+  std::string op, group;
+  int64_t bytes = 0;
+  bool issued = false;  // an Issue* call (the compute stream waits only at Issued::Wait)
+  // compute_before: the compute stream reaches the call (the collective's input is ready then);
+  // comm_before / comm_after: the comm stream reaches the call / is past the collective (the
+  // stream runs in order, so comm_after is the collective's end); wait_before / wait_after: the
+  // compute stream reaches the point where it must see the result (the call itself for a
+  // blocking collective, Issued::Wait for an issued one) / is past it.
+  cudaEvent_t compute_before = nullptr, comm_before = nullptr, comm_after = nullptr;
+  cudaEvent_t wait_before = nullptr, wait_after = nullptr;
+};
+
+class Timeline {
+ public:
+  Timeline(cudaStream_t compute, cudaStream_t comm) : compute_(compute), comm_(comm) {}
+  ~Timeline() { Clear(); }
+
+  bool on() const { return on_.load(); }
+  // Changes at every BeginStep: an index from an earlier step means nothing in this one.
+  int64_t generation() const { return generation_.load(); }
+
+  void BeginStep() {
+    std::lock_guard<std::mutex> lock(mu_);
+    Clear();
+    step_start_ = NewEvent();
+    step_end_ = NewEvent();
+    cudaEventRecord(step_start_, compute_);
+    ++generation_;
+    on_ = true;
+  }
+  void EndStep() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaEventRecord(step_end_, compute_);
+    on_ = false;
+  }
+
+  // Before the call is forwarded; returns the collective's index.
+  size_t Before(const char* op, const std::string& group, int64_t bytes, bool issued) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CollectiveEvents e;
+    e.op = op;
+    e.group = group;
+    e.bytes = bytes;
+    e.issued = issued;
+    e.compute_before = NewEvent();
+    e.comm_before = NewEvent();
+    cudaEventRecord(e.compute_before, compute_);
+    cudaEventRecord(e.comm_before, comm_);
+    ops_.push_back(e);
+    return ops_.size() - 1;
+  }
+  // After the call returned. A blocking collective's compute-side wait is the call itself.
+  void After(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CollectiveEvents& e = ops_[i];
+    e.comm_after = NewEvent();
+    cudaEventRecord(e.comm_after, comm_);
+    if (!e.issued) {
+      e.wait_before = e.compute_before;
+      e.wait_after = NewEvent();
+      cudaEventRecord(e.wait_after, compute_);
+    }
+  }
+  void BeforeWait(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_[i].wait_before = NewEvent();
+    cudaEventRecord(ops_[i].wait_before, compute_);
+  }
+  void AfterWait(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_[i].wait_after = NewEvent();
+    cudaEventRecord(ops_[i].wait_after, compute_);
+  }
+
+  // Waits for the step's events and writes one JSON line per collective to `path`, then a
+  // summary line, which it also returns.
+  absl::StatusOr<bench::Json> Write(const std::string& path, int rank, int64_t S) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (step_end_ == nullptr) return absl::FailedPreconditionError("timeline: no step recorded");
+    cudaEventSynchronize(step_end_);
+    cudaDeviceSynchronize();  // the comm stream's last events may come after the step's end
+    auto ms = [&](cudaEvent_t e) {
+      float t = 0;
+      cudaEventElapsedTime(&t, step_start_, e);
+      return static_cast<double>(t);
+    };
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) return absl::InternalError(absl::StrCat("--timeline: cannot write ", path));
+    const double step_ms = ms(step_end_);
+    std::vector<std::pair<double, double>> comm, waits;
+    std::vector<std::string> kinds;
+    for (const CollectiveEvents& e : ops_) {
+      // The collective starts once its input is ready (compute_before: NcclComm orders the comm
+      // stream after the compute stream at the call) and the comm stream is free (comm_before).
+      const double start = std::max(ms(e.compute_before), ms(e.comm_before));
+      const double end = ms(e.comm_after);
+      comm.emplace_back(start, end);
+      kinds.push_back(absl::StrCat(e.group, ".", e.op, e.issued ? ".issued" : ""));
+      bench::Json j;
+      j.Int("rank", rank)
+          .Int("S", S)
+          .Str("op", e.op)
+          .Str("group", e.group)
+          .Int("bytes", e.bytes)
+          .Bool("issued", e.issued)
+          .Num("start_ms", start)
+          .Num("end_ms", end);
+      if (e.wait_before != nullptr && e.wait_after != nullptr) {
+        const double w0 = ms(e.wait_before), w1 = ms(e.wait_after);
+        waits.emplace_back(w0, w1);
+        j.Num("wait_at_ms", w0).Num("compute_wait_ms", w1 - w0);
+      } else {
+        j.Null("compute_wait_ms");  // issued and not waited for within the step
+      }
+      std::fprintf(f, "%s\n", j.str().c_str());
+    }
+    // Hidden communication, approximately: the time some collective runs minus the time the
+    // compute stream stood still waiting for one (a blocking collective's call, an Issued's
+    // Wait). The compute stream counts as busy at every other moment, which overstates the
+    // overlap where it idles for other reasons (the host launching too slowly, a copy it waits
+    // for); the compute stream's profile (train_bench --profile) bounds that idle time.
+    const double comm_ms = UnionLength(comm);
+    const double exposed_ms = IntersectionLength(comm, waits);
+    // Per kind of collective (group.op[.issued]): count, time and exposed time.
+    struct Kind {
+      int64_t count = 0;
+      double ms = 0, exposed_ms = 0;
+    };
+    std::map<std::string, Kind> by_kind;
+    for (size_t i = 0; i < comm.size(); ++i) {
+      Kind& k = by_kind[kinds[i]];
+      ++k.count;
+      k.ms += std::max(0.0, comm[i].second - comm[i].first);
+      k.exposed_ms += IntersectionLength({comm[i]}, waits);
+    }
+    bench::Json kinds_json;
+    for (const auto& [name, k] : by_kind) {
+      kinds_json.Raw(name, absl::StrFormat("{\"count\": %lld, \"ms\": %.3f, \"exposed_ms\": %.3f}",
+                                           static_cast<long long>(k.count), k.ms, k.exposed_ms));
+    }
+    bench::Json summary;
+    summary.Str("summary", "timeline")
+        .Int("rank", rank)
+        .Int("S", S)
+        .Int("collectives", static_cast<int64_t>(ops_.size()))
+        .Num("step_ms", step_ms)
+        .Num("comm_ms", comm_ms)
+        .Num("comm_exposed_ms", exposed_ms)
+        .Num("comm_hidden_ms", comm_ms - exposed_ms)
+        .Num("hidden_fraction", comm_ms > 0 ? (comm_ms - exposed_ms) / comm_ms : 0.0)
+        .Obj("by_kind", kinds_json);
+    std::fprintf(f, "%s\n", summary.str().c_str());
+    std::fclose(f);
+    return summary;
+  }
+
+ private:
+  cudaEvent_t NewEvent() {
+    cudaEvent_t e = nullptr;
+    cudaEventCreate(&e);
+    events_.push_back(e);
+    return e;
+  }
+  void Clear() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    events_.clear();
+    ops_.clear();
+    step_start_ = step_end_ = nullptr;
+  }
+  static std::vector<std::pair<double, double>> Merge(std::vector<std::pair<double, double>> v) {
+    std::sort(v.begin(), v.end());
+    std::vector<std::pair<double, double>> out;
+    for (const auto& iv : v) {
+      if (iv.second <= iv.first) continue;
+      if (!out.empty() && iv.first <= out.back().second) {
+        out.back().second = std::max(out.back().second, iv.second);
+      } else {
+        out.push_back(iv);
+      }
+    }
+    return out;
+  }
+  static double UnionLength(const std::vector<std::pair<double, double>>& v) {
+    double total = 0;
+    for (const auto& iv : Merge(v)) total += iv.second - iv.first;
+    return total;
+  }
+  static double IntersectionLength(const std::vector<std::pair<double, double>>& a,
+                                   const std::vector<std::pair<double, double>>& b) {
+    const auto x = Merge(a), y = Merge(b);
+    double total = 0;
+    size_t i = 0, j = 0;
+    while (i < x.size() && j < y.size()) {
+      total += std::max(0.0, std::min(x[i].second, y[j].second) - std::max(x[i].first, y[j].first));
+      if (x[i].second < y[j].second) {
+        ++i;
+      } else {
+        ++j;
+      }
+    }
+    return total;
+  }
+
+  cudaStream_t compute_, comm_;
+  std::mutex mu_;
+  std::atomic<bool> on_{false};  // read without mu_ by TimelineComm
+  std::atomic<int64_t> generation_{0};
+  cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // every event of the step, destroyed together
+  std::vector<CollectiveEvents> ops_;
+};
+
+// Forwards every call to the communicator it wraps and, while the timeline records, brackets
+// each collective with the timeline's events. Split wraps the sub-communicator the same way.
+class TimelineComm final : public Comm {
+ public:
+  TimelineComm(std::unique_ptr<Comm> inner, std::shared_ptr<Timeline> timeline, std::string group)
+      : inner_(std::move(inner)), timeline_(std::move(timeline)), group_(std::move(group)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+
+  absl::Status AllGather(const Tensor& in, const Tensor& out) override {
+    return Blocking("all_gather", out.bytes(), [&] { return inner_->AllGather(in, out); });
+  }
+  absl::Status ReduceScatter(const Tensor& in, const Tensor& out) override {
+    return Blocking("reduce_scatter", in.bytes(), [&] { return inner_->ReduceScatter(in, out); });
+  }
+  absl::Status AllToAll(const Tensor& in, const Tensor& out) override {
+    return Blocking("all_to_all", in.bytes(), [&] { return inner_->AllToAll(in, out); });
+  }
+  absl::Status AllReduce(const Tensor& x) override {
+    return Blocking("all_reduce", x.bytes(), [&] { return inner_->AllReduce(x); });
+  }
+  absl::Status Broadcast(const Tensor& x, int root) override {
+    return Blocking("broadcast", x.bytes(), [&] { return inner_->Broadcast(x, root); });
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+
+  absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override {
+    return Issue("all_gather", out.bytes(), [&] { return inner_->IssueAllGather(in, out); });
+  }
+  absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override {
+    return Issue("reduce_scatter", in.bytes(), [&] { return inner_->IssueReduceScatter(in, out); });
+  }
+  absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override {
+    return Issue("all_to_all", in.bytes(), [&] { return inner_->IssueAllToAll(in, out); });
+  }
+
+  absl::Status Synchronize() override { return inner_->Synchronize(); }
+  void UseStreams(const DeviceStreams& streams) override { inner_->UseStreams(streams); }
+  absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<Comm> child, inner_->Split(color, key));
+    return std::unique_ptr<Comm>(new TimelineComm(std::move(child), timeline_, "sp"));
+  }
+
+ protected:
+  absl::Status WaitIssued(int64_t id) override {
+    Pending p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return absl::OkStatus();
+      p = std::move(it->second);
+      pending_.erase(it);
+    }
+    // Only a collective issued in the step being recorded has a line to add its wait to.
+    const bool record = p.index >= 0 && timeline_->on() && p.generation == timeline_->generation();
+    if (record) timeline_->BeforeWait(p.index);
+    absl::Status st = p.inner.Wait();
+    if (record) timeline_->AfterWait(p.index);
+    return st;
+  }
+
+ private:
+  // An inner Issued this communicator's own Issued stands for, and its timeline index (-1 when
+  // it was issued while the timeline was off).
+  struct Pending {
+    Issued inner;
+    int64_t index = -1;
+    int64_t generation = 0;  // Timeline::generation() when issued
+  };
+
+  template <typename F>
+  absl::Status Blocking(const char* op, size_t bytes, F call) {
+    if (!timeline_->on()) return call();
+    const size_t i = timeline_->Before(op, group_, static_cast<int64_t>(bytes), false);
+    absl::Status st = call();
+    timeline_->After(i);
+    return st;
+  }
+  template <typename F>
+  absl::StatusOr<Issued> Issue(const char* op, size_t bytes, F call) {
+    int64_t index = -1;
+    if (timeline_->on()) {
+      index =
+          static_cast<int64_t>(timeline_->Before(op, group_, static_cast<int64_t>(bytes), true));
+    }
+    absl::StatusOr<Issued> inner = call();
+    if (index >= 0) timeline_->After(static_cast<size_t>(index));
+    if (!inner.ok()) return inner.status();
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t id = next_id_++;
+    pending_.emplace(id, Pending{std::move(*inner), index, timeline_->generation()});
+    return Issued(this, id);
+  }
+
+  std::unique_ptr<Comm> inner_;
+  std::shared_ptr<Timeline> timeline_;
+  std::string group_;
+  std::mutex mu_;  // guards pending_ and next_id_
+  std::map<int64_t, Pending> pending_;
+  int64_t next_id_ = 1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One rank.
+
+struct RankSetup {
+  Backend backend;
+  std::shared_ptr<Timeline> timeline;  // null: no --timeline
+  bool record_timeline = false;        // CUDA: the timeline records the last timed step
+  std::unique_ptr<Comm> world;         // null for a world of one
+  std::unique_ptr<Comm> sp;            // null without Ulysses
+};
+
+absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int world, int sp) {
+  Ops* ops = r.backend.ops.get();
+  Allocator* alloc = r.backend.alloc.get();
+  const LlamaModel::Options mo = ModelOptions();
+  ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, ops, alloc, mo, r.world.get(), r.sp.get()));
+  JobSpec::Training hp;
+  const ParamLayout& layout = model->layout();
+  ASSIGN_OR_RETURN(auto opt, Optimizer::Create(
+                                 model.get(),
+                                 [&](int unit) -> absl::StatusOr<std::vector<float>> {
+                                   return RandomUnitWeights(layout, unit, 1234);
+                                 },
+                                 hp));
+  ParamStore& ps = model->params();
+  const int dp = world / sp, dp_rank = rank / sp;
+  // Each data-parallel replica trains its own sample; a Ulysses group shares one.
+  std::mt19937 gen(7 + dp_rank);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
+  std::vector<int32_t> inputs(S), labels(S);
+  ASSIGN_OR_RETURN(Buffer loss_buf, Buffer::Make(alloc, DType::kF32, {1}, Tier::kComm));
+  const float grad_scale = 1.f / static_cast<float>(S * dp);
+
+  const int warmup = absl::GetFlag(FLAGS_warmup), timed = absl::GetFlag(FLAGS_steps);
+  std::vector<double> step_s;
+  double loss = 0;
+  int64_t device_peak = 0;
+  absl::StatusOr<bench::Json> timeline_summary = absl::NotFoundError("no timeline");
+  for (int step = 0; step < warmup + timed; ++step) {
+    for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
+    for (int64_t i = 0; i + 1 < S; ++i) labels[i] = inputs[i + 1];
+    labels[S - 1] = tok(gen);
+    const bool record = r.record_timeline && step + 1 == warmup + timed;
+    ops->Synchronize();
+    if (r.world) RETURN_IF_ERROR(r.world->Barrier());  // the ranks start the step together
+    alloc->tracker().ResetPeaks();
+    const auto start = std::chrono::steady_clock::now();
+    if (record) r.timeline->BeginStep();
+    ps.ZeroGrads();
+    std::vector<Buffer> staging;
+    {
+      ASSIGN_OR_RETURN(DeviceSample d,
+                       model->UploadSampleAsync(inputs.data(), labels.data(), S, {}, &staging));
+      RETURN_IF_ERROR(model->ForwardBackward(d, grad_scale, loss_buf.tensor()));
+    }
+    RETURN_IF_ERROR(ps.FinishGradients());
+    // The global gradient norm (its all-reduce and one host read) and the AdamW update.
+    RETURN_IF_ERROR(opt->Step(step + 1, hp.lr).status());
+    if (record) r.timeline->EndStep();
+    ops->Synchronize();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    device_peak = alloc->tracker().device_peak();
+    // The loss, outside the timed span: summed over the Ulysses shares and the replicas.
+    if (r.world) RETURN_IF_ERROR(r.world->AllReduce(loss_buf.tensor()));
+    float l = 0;
+    ops->Download(loss_buf.tensor(), &l, DType::kF32);
+    loss = l / static_cast<double>(S * dp);
+    if (rank == 0) {
+      std::fprintf(stderr, "S %lld step %d: %.3f s, loss %.4f\n", static_cast<long long>(S), step,
+                   seconds, loss);
+    }
+    if (step >= warmup) step_s.push_back(seconds);
+    if (record) {
+      const std::string path =
+          absl::StrCat(absl::GetFlag(FLAGS_timeline), ".w", world, "sp", sp,
+                       mo.overlap ? ".overlap" : ".no-overlap", ".S", S, ".rank", rank, ".jsonl");
+      timeline_summary = r.timeline->Write(path, rank, S);
+      RETURN_IF_ERROR(timeline_summary.status());
+      std::fprintf(stderr, "%s: %s\n", path.c_str(), timeline_summary->str().c_str());
+    }
+  }
+  if (rank != 0) return absl::OkStatus();
+
+  const double t = bench::Median(step_s);
+  const double tok_s = static_cast<double>(S * dp) / t;
+  const double tflops = ModelFlopsPerSample(cfg, S, {}) * dp / t / 1e12;
+  std::string steps_json = "[";
+  for (size_t i = 0; i < step_s.size(); ++i)
+    absl::StrAppendFormat(&steps_json, "%s%.4f", i ? ", " : "", step_s[i]);
+  steps_json += "]";
+  auto* cuda = dynamic_cast<CudaOps*>(ops);
+  bench::Json techniques;
+  techniques.Str("checkpoint", absl::GetFlag(FLAGS_checkpoint))
+      .Bool("fsdp", mo.fsdp)
+      .Bool("overlap", mo.overlap)
+      .Bool("offload", mo.offload)
+      .Int("offload_keep_last", mo.offload_keep_last)
+      .Int("tile_tokens", mo.tile_tokens)
+      .Int("loss_tile_tokens", mo.loss_tile_tokens)
+      .Int("head_chunk", mo.head_chunk)
+      .Int("checkpoint_interval", mo.checkpoint_interval)
+      .Bool("prefetch", mo.prefetch)
+      .Str("attention", cuda ? cuda->last_attention_impl() : "cpu");
+  bench::Json line;
+  line.Str("bench", "parallel")
+      .Str("date", bench::Today())
+      .Str("device", cuda ? bench::DeviceName() : "cpu")
+      .Str("model", absl::GetFlag(FLAGS_model))
+      .Int("S", S)
+      .Int("world", world)
+      .Int("sp", sp)
+      .Int("dp", dp)
+      .Bool("overlap", mo.overlap)
+      .Obj("techniques", techniques);
+  if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
+  line.Num("tok_per_s", tok_s)
+      .Num("tok_per_s_per_gpu", tok_s / world)
+      .Num("model_tflops_per_gpu", tflops / world);
+  if (ops->PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / world / ops->PeakFlops());
+  line.Num("step_s", t).Raw("step_times_s", steps_json).Int("device_peak_bytes", device_peak);
+  if (cuda) {
+    absl::StatusOr<MemoryPlan> plan = Plan(cfg, S, world, sp);
+    if (plan.ok()) line.Int("planner_device_total_bytes", plan->device_total());
+  }
+  if (timeline_summary.ok()) line.Obj("timeline_rank0", *timeline_summary);
+  line.Num("loss", loss).Print();
+  return absl::OkStatus();
+}
+
+absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
+  const int sp = absl::GetFlag(FLAGS_sp);
+  ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig(absl::GetFlag(FLAGS_model)));
+  JobSpec spec;
+  spec.backend = absl::GetFlag(FLAGS_backend);
+  RankSetup r;
+  ASSIGN_OR_RETURN(r.backend, MakeBackend(spec, rank));
+  const DeviceStreams streams = r.backend.ops->streams();
+  const bool cuda = r.backend.device() == Device::kCuda;
+  if (!absl::GetFlag(FLAGS_timeline).empty()) {
+    // The communicator's collectives run on streams.comm once UseStreams is called (below).
+    r.timeline = std::make_shared<Timeline>(static_cast<cudaStream_t>(streams.compute),
+                                            static_cast<cudaStream_t>(streams.comm));
+    // On the CPU the communicator is wrapped all the same (so the CPU test runs TimelineComm's
+    // forwarding) but nothing is recorded.
+    r.record_timeline = cuda;
+    if (!cuda && rank == 0) {
+      std::fprintf(stderr, "--timeline: CUDA only (CUDA events); no timeline on the CPU\n");
+    }
+  }
+  if (world > 1) {
+    RankInfo info;
+    info.rank = rank;
+    info.world = world;
+    info.gpu = cuda ? rank : -1;
+    info.rendezvous = rendezvous;
+    ASSIGN_OR_RETURN(r.world,
+                     ConnectComm(info, r.backend.device(), absl::GetFlag(FLAGS_comm_timeout_s)));
+    if (r.timeline) {
+      r.world = std::make_unique<TimelineComm>(std::move(r.world), r.timeline, "world");
+    }
+    // Before splitting: the Ulysses group inherits the streams (engine/runtime/rank.cc).
+    r.world->UseStreams(streams);
+    if (sp > 1) {
+      // Ulysses groups of consecutive ranks, as the Trainer splits them.
+      ASSIGN_OR_RETURN(r.sp, r.world->Split(rank / sp, rank));
+    }
+  }
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
+    int64_t S = 0;
+    if (!absl::SimpleAtoi(s, &S) || S <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--seq_lens: \"", s, "\" is not a length"));
+    }
+    absl::Status st = RunS(r, cfg, S, rank, world, sp);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("S ", S, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+int Main() {
+  const int world = absl::GetFlag(FLAGS_world), sp = absl::GetFlag(FLAGS_sp);
+  if (world < 1 || sp < 1 || world % sp != 0) {
+    std::fprintf(stderr, "--world %d, --sp %d: sp must divide world\n", world, sp);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_plan_only)) {
+    absl::StatusOr<LlamaConfig> cfg = PresetConfig(absl::GetFlag(FLAGS_model));
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
+      return 2;
+    }
+    for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
+      int64_t S = 0;
+      absl::StatusOr<MemoryPlan> plan =
+          absl::SimpleAtoi(text, &S) ? Plan(*cfg, S, world, sp)
+                                     : absl::InvalidArgumentError("--seq_lens: not a length");
+      if (!plan.ok()) {
+        std::fprintf(stderr, "S %s: %s\n", std::string(text).c_str(),
+                     plan.status().ToString().c_str());
+        return 1;
+      }
+      bench::Json()
+          .Str("bench", "parallel")
+          .Str("mode", "plan-only")
+          .Str("model", absl::GetFlag(FLAGS_model))
+          .Int("S", S)
+          .Int("world", world)
+          .Int("sp", sp)
+          .Bool("overlap", absl::GetFlag(FLAGS_overlap))
+          .Int("device_total_bytes", plan->device_total())
+          .Num("device_total_gib", plan->device_total() / double(int64_t{1} << 30))
+          .Num("host_offload_gib",
+               plan->peak[static_cast<int>(Tier::kHostOffload)] / double(int64_t{1} << 30))
+          .Print();
+    }
+    return 0;
+  }
+  // A file rendezvous in a fresh directory (engine/comm/bootstrap.h), for this run only.
+  char dir[] = "/tmp/parallel_bench.XXXXXX";
+  if (world > 1 && mkdtemp(dir) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const std::string rendezvous = world > 1 ? absl::StrCat("file:", dir) : "";
+  // One process per rank, forked before this process touches CUDA or starts a thread.
+  std::vector<pid_t> pids;
+  const pid_t parent = getpid();
+  for (int rank = 0; rank < world; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (pid == 0) {
+      // A rank outlives no parent (one killed by a timeout, say): it would hold its GPU.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(1);  // it died before prctl
+      absl::Status st = RunRank(rank, world, rendezvous);
+      if (!st.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, st.ToString().c_str());
+      std::fflush(stdout);
+      _exit(st.ok() ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  std::vector<pid_t> running = pids;
+  while (!running.empty()) {
+    int status = 0;
+    const pid_t pid = wait(&status);
+    if (pid < 0) break;
+    running.erase(std::remove(running.begin(), running.end(), pid), running.end());
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+      // The others would wait for it until their collectives time out: end them now.
+      for (pid_t p : running) kill(p, SIGTERM);
+    }
+  }
+  if (world > 1) {
+    // The rendezvous files, then the directory.
+    std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ithaca
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ithaca::Main();
+}

@@ -1,0 +1,69 @@
+// parallel_bench end to end on the CPU backend: two rank processes (Gloo), one Ulysses group of
+// two, FSDP, one timed step of the tiny model. Rank 0's JSON line must be there, for the layout
+// asked for, with a positive throughput.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+// The value after "key": in a one-line JSON object, as a number; NaN when absent.
+double Number(const std::string& line, const std::string& key) {
+  const std::string k = "\"" + key + "\": ";
+  const size_t at = line.find(k);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(line.c_str() + at + k.size(), nullptr);
+}
+
+std::string RunBench(const std::string& flags, int* exit_code) {
+  const std::string cmd = "bench/parallel_bench --backend=cpu --model=tiny " + flags;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = pclose(p);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+TEST(ParallelBench, World2Sp2OnCpuPrintsPositiveThroughput) {
+  for (const char* overlap : {"true", "false"}) {
+    SCOPED_TRACE(overlap);
+    int code = -1;
+    const std::string out =
+        RunBench(std::string("--world=2 --sp=2 --seq_lens=256 --steps=1 --warmup=0 --overlap=") +
+                     overlap + " --timeline=/tmp/ignored_on_cpu",
+                 &code);
+    ASSERT_EQ(code, 0) << out;
+    // Exactly one line (rank 0's), for S = 256.
+    ASSERT_EQ(out.find('\n'), out.size() - 1) << out;
+    EXPECT_NE(out.find("\"bench\": \"parallel\""), std::string::npos) << out;
+    EXPECT_EQ(Number(out, "world"), 2) << out;
+    EXPECT_EQ(Number(out, "sp"), 2) << out;
+    EXPECT_EQ(Number(out, "S"), 256) << out;
+    EXPECT_NE(out.find(std::string("\"overlap\": ") + overlap), std::string::npos) << out;
+    EXPECT_GT(Number(out, "tok_per_s"), 0) << out;
+    // Both printed to 6 significant digits.
+    EXPECT_NEAR(Number(out, "tok_per_s_per_gpu"), Number(out, "tok_per_s") / 2,
+                1e-4 * Number(out, "tok_per_s"))
+        << out;
+    EXPECT_GT(Number(out, "step_s"), 0) << out;
+    // Random weights and tokens: the loss is near ln(vocab) = ln 258 = 5.55.
+    EXPECT_GT(Number(out, "loss"), 4.5) << out;
+    EXPECT_LT(Number(out, "loss"), 6.5) << out;
+  }
+}
+
+TEST(ParallelBench, RejectsAnSpThatDoesNotDivideTheWorld) {
+  int code = -1;
+  RunBench("--world=2 --sp=3 --seq_lens=256 --steps=1 --warmup=0 2>/dev/null", &code);
+  EXPECT_NE(code, 0);
+}
+
+}  // namespace
