@@ -78,7 +78,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
       if (verifier[i] != rank) continue;
       mine = VerifyCheckpointFile(path, *manifest, i);
       if (!mine.ok()) {
-        verdict = static_cast<float>(i + 1);
+        // A file that does not match the manifest is named on every rank; another error (the
+        // file cannot be opened or read) is this rank's to tell.
+        verdict = absl::IsDataLoss(mine) ? static_cast<float>(i + 1) : -1.f;
         break;
       }
       verified += manifest->files[i].bytes;
@@ -90,8 +92,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
   if (mine.ok()) {
     ParamStore& ps = model->params();
     std::vector<UnitSlice> slices;
-    for (int u = 0; u < ps.num_units(); ++u)
+    for (int u = 0; u < ps.num_units(); ++u) {
       slices.push_back({ps.shard_begin(u), ps.shard_numel(u)});
+    }
     loaded = LoadCheckpointSlices(path, model->layout(), slices);
     mine = loaded.status();
   }
