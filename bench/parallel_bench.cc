@@ -39,6 +39,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/model_flags.h"
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/comm.h"
@@ -57,16 +58,6 @@ ABSL_FLAG(std::string, model, "llama-3.2-1b", "model preset");
 ABSL_FLAG(std::string, seq_lens, "65536", "comma-separated sequence lengths S (per sample)");
 ABSL_FLAG(int, steps, 2, "timed steps per S (median reported), after --warmup steps");
 ABSL_FLAG(int, warmup, 1, "untimed warm-up steps per S (cuDNN plan choice happens in the first)");
-ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
-ABSL_FLAG(bool, fsdp, true, "shard parameters over the ranks (parallel.fsdp)");
-ABSL_FLAG(std::string, checkpoint, "attention-aware", "none | full | attention-aware");
-ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
-ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
-ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
-ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
-ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
-ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the others regrow)");
-ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
 ABSL_FLAG(std::string, timeline, "",
           "per-collective CUDA-event timeline of the last timed step, one file per rank and S: "
           "PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl (CUDA only)");
@@ -78,24 +69,6 @@ ABSL_FLAG(bool, plan_only, false,
 namespace ithaca {
 namespace {
 
-LlamaModel::Options ModelOptions() {
-  LlamaModel::Options mo;
-  const std::string policy = absl::GetFlag(FLAGS_checkpoint);
-  mo.checkpoint = policy == "none"              ? CheckpointPolicy::kNone
-                  : policy == "attention-aware" ? CheckpointPolicy::kAttentionAware
-                                                : CheckpointPolicy::kFull;
-  mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
-  mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
-  mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
-  mo.offload = absl::GetFlag(FLAGS_offload);
-  mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
-  mo.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
-  mo.prefetch = absl::GetFlag(FLAGS_prefetch);
-  mo.fsdp = absl::GetFlag(FLAGS_fsdp);
-  mo.overlap = absl::GetFlag(FLAGS_overlap);
-  return mo;
-}
-
 // The planner's prediction for one rank of this layout (bf16 on CUDA), as the bench's lines
 // carry it: the device peak plus the library workspaces.
 absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, int sp) {
@@ -104,7 +77,7 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
   req.world = world;
   req.sp = sp;
   req.seq_len = S;
-  req.opts = ModelOptions();
+  req.opts = bench::ModelOptions();
   req.device = Device::kCuda;
   req.act = DType::kBF16;
   return PlanMemory(req);
@@ -445,7 +418,7 @@ struct RankSetup {
 absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int world, int sp) {
   Ops* ops = r.backend.ops.get();
   Allocator* alloc = r.backend.alloc.get();
-  const LlamaModel::Options mo = ModelOptions();
+  const LlamaModel::Options mo = bench::ModelOptions();
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, ops, alloc, mo, r.world.get(), r.sp.get()));
   JobSpec::Training hp;
   const ParamLayout& layout = model->layout();
@@ -523,18 +496,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     absl::StrAppendFormat(&steps_json, "%s%.4f", i ? ", " : "", step_s[i]);
   steps_json += "]";
   auto* cuda = dynamic_cast<CudaOps*>(ops);
-  bench::Json techniques;
-  techniques.Str("checkpoint", absl::GetFlag(FLAGS_checkpoint))
-      .Bool("fsdp", mo.fsdp)
-      .Bool("overlap", mo.overlap)
-      .Bool("offload", mo.offload)
-      .Int("offload_keep_last", mo.offload_keep_last)
-      .Int("tile_tokens", mo.tile_tokens)
-      .Int("loss_tile_tokens", mo.loss_tile_tokens)
-      .Int("head_chunk", mo.head_chunk)
-      .Int("checkpoint_interval", mo.checkpoint_interval)
-      .Bool("prefetch", mo.prefetch)
-      .Str("attention", cuda ? cuda->last_attention_impl() : "cpu");
+  const bench::Json techniques = bench::Techniques(mo, cuda ? cuda->last_attention_impl() : "cpu");
   bench::Json line;
   line.Str("bench", "parallel")
       .Str("date", bench::Today())
@@ -639,7 +601,7 @@ int Main() {
           .Int("S", S)
           .Int("world", world)
           .Int("sp", sp)
-          .Bool("overlap", absl::GetFlag(FLAGS_overlap))
+          .Bool("overlap", bench::ModelOptions().overlap)
           .Int("device_total_bytes", plan->device_total())
           .Num("device_total_gib", plan->device_total() / double(int64_t{1} << 30))
           .Num("host_offload_gib",

@@ -1,9 +1,9 @@
 // Full training steps (forward, backward, AdamW) of a preset model on one GPU, with random
 // weights and random tokens, at each requested sequence length. One JSON line per S: tok/s,
-// model TFLOPS (docs/benchmarks.md's convention, ModelFlopsPerToken), step time (CUDA events, median
-// of the timed steps after a warm-up step), measured peak bytes per tier next to the planner's
-// prediction for the same options (PlanMemory), the loss, and a per-op device-time profile of
-// the last step.
+// model TFLOPS (docs/benchmarks.md's convention, ModelFlopsPerToken), step time (CUDA events,
+// median of the timed steps after a warm-up step), measured peak bytes per tier next to the
+// planner's prediction for the same options (PlanMemory), the loss, and a per-op device-time
+// profile of the last step.
 //
 // --probe W is the memory probe (docs/benchmarks.md): one step per S with attention
 // limited to a causal window of W keys (CudaOps::Options::probe_window) and every buffer, copy
@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/model_flags.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/model/config.h"
@@ -32,14 +33,6 @@ ABSL_FLAG(std::string, model, "llama-3.2-1b", "model preset");
 ABSL_FLAG(std::string, seq_lens, "65536,131072", "comma-separated sequence lengths S");
 ABSL_FLAG(int, steps, 2, "timed steps per S (median reported), after --warmup steps");
 ABSL_FLAG(int, warmup, 1, "untimed warm-up steps per S (cuDNN plan choice happens in the first)");
-ABSL_FLAG(std::string, checkpoint, "full", "none | full | attention-aware");
-ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
-ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
-ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
-ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
-ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
-ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the others regrow)");
-ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
 ABSL_FLAG(int64_t, probe, 0, "memory probe: attention window W (0: a real, timed step)");
 ABSL_FLAG(bool, plan_only, false, "print the planner's prediction only (no GPU)");
 ABSL_FLAG(bool, profile, true, "per-op device time of the last timed step (CUDA events)");
@@ -53,36 +46,6 @@ namespace {
 
 constexpr double kGiB = double(int64_t{1} << 30);
 
-LlamaModel::Options ModelOptions() {
-  LlamaModel::Options mo;
-  const std::string policy = absl::GetFlag(FLAGS_checkpoint);
-  mo.checkpoint = policy == "none"              ? CheckpointPolicy::kNone
-                  : policy == "attention-aware" ? CheckpointPolicy::kAttentionAware
-                                                : CheckpointPolicy::kFull;
-  mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
-  mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
-  mo.offload = absl::GetFlag(FLAGS_offload);
-  mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
-  mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
-  mo.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
-  mo.prefetch = absl::GetFlag(FLAGS_prefetch);
-  return mo;
-}
-
-bench::Json Techniques(const LlamaModel::Options& mo, const char* attention) {
-  bench::Json t;
-  t.Str("checkpoint", absl::GetFlag(FLAGS_checkpoint))
-      .Bool("offload", mo.offload)
-      .Int("offload_keep_last", mo.offload_keep_last)
-      .Int("tile_tokens", mo.tile_tokens)
-      .Int("loss_tile_tokens", mo.loss_tile_tokens)
-      .Int("head_chunk", mo.head_chunk)
-      .Int("checkpoint_interval", mo.checkpoint_interval)
-      .Bool("prefetch", mo.prefetch)
-      .Str("attention", attention);
-  return t;
-}
-
 bench::Json TierJson(const std::array<int64_t, kNumTiers>& v) {
   bench::Json j;
   for (int i = 0; i < kNumTiers; ++i) j.Int(TierName(static_cast<Tier>(i)), v[i]);
@@ -95,7 +58,7 @@ struct Previous {
 };
 
 absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device, Previous* prev) {
-  const LlamaModel::Options mo = ModelOptions();
+  const LlamaModel::Options mo = bench::ModelOptions();
   const int64_t probe = absl::GetFlag(FLAGS_probe);
   PlanRequest req;
   req.cfg = cfg;
@@ -126,7 +89,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
         .Str("mode", "plan-only")
         .Str("model", absl::GetFlag(FLAGS_model))
         .Int("S", S)
-        .Obj("techniques", Techniques(mo, "n/a"))
+        .Obj("techniques", bench::Techniques(mo, "n/a"))
         .Obj("planner", planned)
         .Num("device_total_gib", plan.device_total() / kGiB)
         .Num("host_gib", plan.peak[static_cast<int>(Tier::kHostOffload)] / kGiB)
@@ -223,7 +186,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Int("S", S)
       .Int("world", 1)
       .Int("doc_len", absl::GetFlag(FLAGS_doc_len))
-      .Obj("techniques", Techniques(mo, ops.last_attention_impl()));
+      .Obj("techniques", bench::Techniques(mo, ops.last_attention_impl()));
   if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
   if (probe > 0) {
     line.Int("probe_window", probe);

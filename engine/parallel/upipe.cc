@@ -70,6 +70,30 @@ struct StageWalk {
   int64_t kv_sets() const { return ahead && p.rounds > 1 ? 2 : 1; }
 };
 
+// A stage's result on its way back to this rank's tokens. Pipelined, it lands only after the
+// next stage's compute has been issued, so the exchange runs under it.
+struct Returning {
+  Issued arrival;
+  int64_t stage = -1;  // none on its way
+  Tensor at;
+
+  absl::Status Send(const UlyssesContext& c, int64_t st, const Tensor& from, const Tensor& to) {
+    ASSIGN_OR_RETURN(arrival, StartExchange(c, from, to));
+    stage = st;
+    at = to;
+    return absl::OkStatus();
+  }
+  // Waits for it and hands it to use(stage, tensor).
+  template <typename Use>
+  absl::Status Land(Use&& use) {
+    if (stage < 0) return absl::OkStatus();
+    RETURN_IF_ERROR(arrival.Wait());
+    use(stage, at);
+    stage = -1;
+    return absl::OkStatus();
+  }
+};
+
 // One projection into all-to-all slots (forward) or out of them (backward): rows of `w` for n
 // heads per destination rank; `buf` is [P, s, n, D], slot j for rank j's heads.
 struct Projection {
@@ -210,17 +234,12 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
     ASSIGN_OR_RETURN(set.q_in, StartExchange(c, set.send, set.q));
     return absl::OkStatus();
   };
-  // The output of stage `back_stage`, once back on this rank's tokens, goes into O_local.
-  Issued back;
-  int64_t back_stage = -1;
-  Tensor back_at;
-  auto land = [&]() -> absl::Status {
-    if (back_stage < 0) return absl::OkStatus();
-    RETURN_IF_ERROR(back.Wait());
-    StageColumns(c, walk.round(back_stage), walk.step(back_stage), o_local, back_at,
-                 /*to_local=*/true);
-    back_stage = -1;
-    return absl::OkStatus();
+  // Stage outputs come back into their columns of O_local.
+  Returning back;
+  auto land = [&]() {
+    return back.Land([&](int64_t st, const Tensor& t) {
+      StageColumns(c, walk.round(st), walk.step(st), o_local, t, /*to_local=*/true);
+    });
   };
 
   RETURN_IF_ERROR(start(0));
@@ -233,9 +252,7 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
     RETURN_IF_ERROR(cur.q_in.Wait());
     c.ops->Attention(cur.q, cur_kv.k, cur_kv.v, cur.o, lse.Slice(st * u * S, {u, S}), c.docs);
     RETURN_IF_ERROR(land());  // the previous stage's output, back while this one computed
-    back_at = walk.ahead ? back_buf : cur.send;
-    ASSIGN_OR_RETURN(back, StartExchange(c, cur.o, back_at));
-    back_stage = st;
+    RETURN_IF_ERROR(back.Send(c, st, cur.o, walk.ahead ? back_buf : cur.send));
     if (!walk.ahead) {
       RETURN_IF_ERROR(land());
       if (st + 1 < stages) RETURN_IF_ERROR(start(st + 1));
@@ -322,17 +339,13 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
     StageColumns(c, r, t, do_local, set.do_send, /*to_local=*/false);
     return send(set.do_send, set.dout, &set.do_in);
   };
-  // dQ of stage `back_stage`, once back on this rank's tokens, flows into dWq and dx.
-  Issued back;
-  int64_t back_stage = -1;
-  Tensor back_at;
-  auto land = [&]() -> absl::Status {
-    if (back_stage < 0) return absl::OkStatus();
-    RETURN_IF_ERROR(back.Wait());
-    BackpropForRanks(c, in, h.tensor(), dh.tensor(), {{w.wq, g.wq, back_at, /*rope=*/true}}, u,
-                     q_head_of(back_stage), dx, dnorm_w);
-    back_stage = -1;
-    return absl::OkStatus();
+  // Each stage's dQ comes back to flow into dWq and dx.
+  Returning back;
+  auto land = [&]() {
+    return back.Land([&](int64_t st, const Tensor& t) {
+      BackpropForRanks(c, in, h.tensor(), dh.tensor(), {{w.wq, g.wq, t, /*rope=*/true}}, u,
+                       q_head_of(st), dx, dnorm_w);
+    });
   };
 
   RETURN_IF_ERROR(start(0));
@@ -353,9 +366,7 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
     c.ops->Axpy(1.f, dk, dk_sum);
     c.ops->Axpy(1.f, dv, dv_sum);
     RETURN_IF_ERROR(land());  // the previous stage's dQ, back while this one computed
-    back_at = walk.ahead ? back_buf : cur.q_send;
-    ASSIGN_OR_RETURN(back, StartExchange(c, cur.dq, back_at));
-    back_stage = st;
+    RETURN_IF_ERROR(back.Send(c, st, cur.dq, walk.ahead ? back_buf : cur.q_send));
     if (!walk.ahead || walk.step(st) + 1 == p.stages_per_round) RETURN_IF_ERROR(land());
     if (walk.step(st) + 1 == p.stages_per_round) {
       // dK, dV summed over the round's stages go back once (as act dtype, like the forward).

@@ -1,0 +1,54 @@
+#include "bench/model_flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, checkpoint, "full", "none | full | attention-aware");
+ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
+ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
+ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
+ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
+ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
+ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the others regrow)");
+ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
+ABSL_FLAG(bool, fsdp, true, "shard parameters over the ranks (parallel.fsdp)");
+ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
+
+namespace ithaca {
+namespace bench {
+
+LlamaModel::Options ModelOptions() {
+  LlamaModel::Options mo;
+  const std::string policy = absl::GetFlag(FLAGS_checkpoint);
+  mo.checkpoint = policy == "none"              ? CheckpointPolicy::kNone
+                  : policy == "attention-aware" ? CheckpointPolicy::kAttentionAware
+                                                : CheckpointPolicy::kFull;
+  mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
+  mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
+  mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
+  mo.offload = absl::GetFlag(FLAGS_offload);
+  mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
+  mo.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  mo.prefetch = absl::GetFlag(FLAGS_prefetch);
+  mo.fsdp = absl::GetFlag(FLAGS_fsdp);
+  mo.overlap = absl::GetFlag(FLAGS_overlap);
+  return mo;
+}
+
+Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
+  Json t;
+  t.Str("checkpoint", absl::GetFlag(FLAGS_checkpoint))
+      .Bool("fsdp", mo.fsdp)
+      .Bool("overlap", mo.overlap)
+      .Bool("offload", mo.offload)
+      .Int("offload_keep_last", mo.offload_keep_last)
+      .Int("tile_tokens", mo.tile_tokens)
+      .Int("loss_tile_tokens", mo.loss_tile_tokens)
+      .Int("head_chunk", mo.head_chunk)
+      .Int("checkpoint_interval", mo.checkpoint_interval)
+      .Bool("prefetch", mo.prefetch)
+      .Str("attention", attention);
+  return t;
+}
+
+}  // namespace bench
+}  // namespace ithaca

@@ -1,0 +1,23 @@
+// The memory and schedule flags every training benchmark takes (train_bench, parallel_bench),
+// defined once: --checkpoint, --tile_tokens, --loss_tile_tokens, --head_chunk, --offload,
+// --offload_keep_last, --checkpoint_interval, --prefetch, --fsdp and --overlap.
+#pragma once
+
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "bench/bench_util.h"
+#include "engine/schedule/llama.h"
+
+ABSL_DECLARE_FLAG(std::string, checkpoint);
+
+namespace ithaca {
+namespace bench {
+
+// LlamaModel's options from the flags.
+LlamaModel::Options ModelOptions();
+// The "techniques" object of a result line: the options and the attention implementation used.
+Json Techniques(const LlamaModel::Options& mo, const std::string& attention);
+
+}  // namespace bench
+}  // namespace ithaca
