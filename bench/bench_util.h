@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -23,6 +24,15 @@ inline std::string Today() {
   char buf[16];
   std::strftime(buf, sizeof(buf), "%Y-%m-%d", std::gmtime(&now));
   return buf;
+}
+
+// What the current GPU has in use (cudaMemGetInfo: total less free): on a GPU this process has
+// to itself, the whole process's memory (CUDA context, libraries, NCCL, the allocator's
+// reservations), which the planner's prediction is held against.
+inline int64_t DeviceUsedBytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+  return static_cast<int64_t>(total_bytes - free_bytes);
 }
 
 inline std::string DeviceName() {

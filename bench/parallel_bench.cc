@@ -440,7 +440,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
   const int warmup = absl::GetFlag(FLAGS_warmup), timed = absl::GetFlag(FLAGS_steps);
   std::vector<double> step_s;
   double loss = 0;
-  int64_t device_peak = 0;
+  int64_t device_peak = 0, process_used = 0;
   absl::StatusOr<bench::Json> timeline_summary = absl::NotFoundError("no timeline");
   for (int step = 0; step < warmup + timed; ++step) {
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
@@ -467,6 +467,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     device_peak = alloc->tracker().device_peak();
+    process_used = bench::DeviceUsedBytes();
     // The loss, outside the timed span: summed over the Ulysses shares and the replicas.
     if (r.world) RETURN_IF_ERROR(r.world->AllReduce(loss_buf.tensor()));
     float l = 0;
@@ -515,8 +516,17 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
   if (ops->PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / world / ops->PeakFlops());
   line.Num("step_s", t).Raw("step_times_s", steps_json).Int("device_peak_bytes", device_peak);
   if (cuda) {
+    // Rank 0's GPU as the device sees it (context, libraries, NCCL and the allocator's
+    // reservations), against the planner's prediction for one rank.
+    line.Int("process_device_used_bytes", process_used);
     absl::StatusOr<MemoryPlan> plan = Plan(cfg, S, world, sp);
-    if (plan.ok()) line.Int("planner_device_total_bytes", plan->device_total());
+    if (plan.ok()) {
+      line.Int("planner_device_total_bytes", plan->device_total());
+      if (process_used > 0) {
+        line.Num("planner_rel_error_process",
+                 double(plan->device_total() - process_used) / double(process_used));
+      }
+    }
   }
   if (timeline_summary.ok()) line.Obj("timeline_rank0", *timeline_summary);
   line.Num("loss", loss).Print();

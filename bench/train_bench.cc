@@ -173,6 +173,11 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   }
   const int64_t device_measured = mt.device_peak();
   err.Num("device_peak", double(plan.device_total() - device_measured) / double(device_measured));
+  // The whole process as the device sees it, with the allocator still holding its reservations.
+  const int64_t process_used = bench::DeviceUsedBytes();
+  if (process_used > 0) {
+    err.Num("process", double(plan.device_total() - process_used) / double(process_used));
+  }
   bench::Json workspaces;
   workspaces.Int("cudnn_attention", ops.attention_workspace_bytes())
       .Int("cublaslt", ops.gemm_workspace_bytes());
@@ -206,6 +211,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   line.Obj("peak_bytes", TierJson(measured))
       .Int("device_peak_bytes", device_measured)
       .Int("device_reserved_bytes", st.device_reserved)
+      .Int("process_device_used_bytes", process_used)
       .Int("host_reserved_bytes", st.host_reserved)
       .Num("device_fragmentation", st.device_reserved > 0
                                        ? 1.0 - double(device_measured) / double(st.device_reserved)
