@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/model/safetensors.h"
+#include "engine/plan/planner.h"
 #include "engine/runtime/rank.h"
 
 namespace ithaca {
@@ -129,6 +130,18 @@ absl::Status Run(int argc, char** argv) {
     }
   } else {
     ASSIGN_OR_RETURN(l, model->ForwardBackward(inputs.data(), labels.data(), S, scale, docs));
+    // The memory plan replays this very schedule (overlap's second buffer sets, reductions in
+    // flight): on the CPU it must equal what the rank's allocator measured.
+    ASSIGN_OR_RETURN(MemoryPlan plan, PlanJob(self->spec()));
+    const MemoryTracker& mt = self->alloc().tracker();
+    for (int t = 0; t < kNumTiers; ++t) {
+      const double planned = plan.peak[t], measured = mt.peak(static_cast<Tier>(t));
+      if (std::abs(planned - measured) > 0.05 * measured + 64) {
+        return absl::InternalError(absl::StrCat("rank ", rank, ": tier ",
+                                                TierName(static_cast<Tier>(t)), " measured ",
+                                                measured, " B, the plan says ", planned, " B"));
+      }
+    }
   }
   RETURN_IF_ERROR(ps.FinishGradients());
   // This rank's loss share: summed over its Ulysses group (replicas hold the same value).
