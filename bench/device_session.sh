@@ -17,6 +17,9 @@
 #   sdpa:SHAPES[:N]  attention_bench with the composite, unified and default forward node
 #           (ITHACA_CUDNN_SDPA_IMPL; SDPA_IMPLS picks some) at SHAPES as in sweep, N timed
 #           iterations (default 2); sdpa.jsonl, sdpa.log
+#   hopperfwd:SHAPES[:N]  attention_bench with the cuDNN and the own Hopper forward side by side
+#           (--forward=cudnn,hopper,auto; the backward is cuDNN's in all) at SHAPES as in sweep,
+#           N timed iterations (default 3); hopperfwd.jsonl, hopperfwd.log (the per-shape choice)
 #   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
 #   docattn:S:N  attention_bench at hd 64, 32 query / 8 KV heads (Llama-3.2-1B), S tokens: full
 #           causal and packed documents of N tokens (document-masked) side by side; docattn.jsonl
@@ -82,9 +85,12 @@ for phase in "$@"; do
       passed=0
       failed=0
       for t in library_versions_loaded_test rmsnorm_test cuda_allocator_test cuda_ops_test \
-        attention_test cuda_train_test copy_stream_test nccl_comm_test; do
+        attention_test hopper_attention_test cuda_train_test copy_stream_test nccl_comm_test; do
         start=$(date +%s)
-        if timeout 240 "$BIN/$t" >"$OUT/t_$t.txt" 2>&1; then
+        # hopper_attention_test generates and compares inputs at S = 65536 on the host.
+        limit=240
+        [ "$t" = hopper_attention_test ] && limit=420
+        if timeout "$limit" "$BIN/$t" >"$OUT/t_$t.txt" 2>&1; then
           status=PASSED
           passed=$((passed + 1))
         else
@@ -137,6 +143,12 @@ for phase in "$@"; do
           | sed "s/\"impl\": \"cudnn\"/\"impl\": \"cudnn-$impl\"/" | tee -a "$OUT/sdpa.jsonl"
       done
       grep -E "chose|cannot|failed|refused|requires" "$OUT/sdpa.log" | head -40
+      ;;
+    hopperfwd)
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/attention_bench" --shapes="$(echo "$a1" | tr 'x+' ':,')" \
+        --forward=cudnn,hopper,auto --iters="${a2:-3}" --passes=fwd,fwd+bwd \
+        2>>"$OUT/hopperfwd.log" | tee -a "$OUT/hopperfwd.jsonl"
+      grep -E "attention forward|chose|cannot|failed" "$OUT/hopperfwd.log" | head -40
       ;;
     kernels)
       timeout 120 "$BIN/norm_bench" | tee -a "$OUT/kernels.jsonl"

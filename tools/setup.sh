@@ -80,7 +80,14 @@ pip_install() {
   fi
 }
 pip_install "$(pins tools/requirements.txt -v)" ""
+CHANGED=0
 pip_install "$(pins tools/requirements.txt '')" "" --no-deps
+if [ "$CHANGED" -eq 1 ] && [ -e bazel-bin ]; then
+  # The header-only packages (cuDNN frontend, CUTLASS): a build configured before they were
+  # there left the Hopper attention kernel out; look again.
+  echo "setup: bazel sync --configure (new header packages in $VENV)"
+  bazel sync --configure >/dev/null 2>&1 || true
+fi
 # The Python client (client/python, import ithaca_client), built from this tree's proto/ with the
 # .venv's grpcio-tools (--no-build-isolation: nothing fetched). Reinstalled when its sources or
 # the protos change.

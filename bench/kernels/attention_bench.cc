@@ -4,8 +4,12 @@
 // With --doc_len N the sample is also run packed with documents of N tokens (a document mask,
 // the last document shorter when N does not divide S), side by side with full causal at the
 // same S; its FLOPs count only the attention computed: Σ over documents of 4·L²·Hq·D/2.
-// Prints one JSON line per (shape, mask, pass).
+// --forward=cudnn,hopper runs each shape once per forward implementation (CudaOps'
+// AttentionForward: cudnn, hopper or auto, the per-shape rule training takes), side by side; the
+// backward is cuDNN's in all. Prints one JSON line per (shape, forward, mask, pass); "impl" is
+// what ran ("hopper+cudnn" for a fwd+bwd pass with the Hopper forward), "forward" what was asked.
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +25,9 @@
 ABSL_FLAG(std::string, shapes, "128:32:8:65536,64:32:8:131072",
           "comma-separated head_dim:Hq:Hkv:S");
 ABSL_FLAG(std::string, impl, "cudnn", "cudnn | own");
+ABSL_FLAG(std::string, forward, "cudnn",
+          "with --impl=cudnn: comma list of forward implementations to time side by side: "
+          "cudnn, hopper (the own sm_90a kernel), auto (the engine's per-shape rule)");
 ABSL_FLAG(int, iters, 5, "timed repetitions per pass (median reported)");
 ABSL_FLAG(std::string, passes, "fwd,bwd,fwd+bwd", "which passes to time (comma list)");
 ABSL_FLAG(int64_t, doc_len, 0,
@@ -30,13 +37,28 @@ ABSL_FLAG(bool, full_causal, true, "time full causal attention (with --doc_len: 
 namespace ithaca {
 namespace {
 
+CudaOps::AttentionForward ParseForward(const std::string& f) {
+  if (f == "cudnn") return CudaOps::AttentionForward::kCudnn;
+  if (f == "hopper") return CudaOps::AttentionForward::kHopper;
+  ITHACA_CHECK(f == "auto", "--forward: ", f, " is not cudnn, hopper or auto");
+  return CudaOps::AttentionForward::kAuto;
+}
+
 int Main() {
   CudaAllocator alloc;
-  CudaOps::Options o;
-  o.alloc = &alloc;
-  o.attention = absl::GetFlag(FLAGS_impl) == "own" ? CudaOps::AttentionImpl::kOwn
-                                                   : CudaOps::AttentionImpl::kCudnn;
-  CudaOps ops(o);
+  const bool own = absl::GetFlag(FLAGS_impl) == "own";
+  // One CudaOps per forward implementation, sharing the buffers (the allocator is shared).
+  std::vector<std::string> forwards = absl::StrSplit(absl::GetFlag(FLAGS_forward), ',');
+  if (own) forwards = {"own"};
+  std::vector<std::unique_ptr<CudaOps>> all_ops;
+  for (const std::string& f : forwards) {
+    CudaOps::Options o;
+    o.alloc = &alloc;
+    o.attention = own ? CudaOps::AttentionImpl::kOwn : CudaOps::AttentionImpl::kCudnn;
+    if (!own) o.attention_forward = ParseForward(f);
+    all_ops.push_back(std::make_unique<CudaOps>(o));
+  }
+  CudaOps& fill = *all_ops[0];  // fills the inputs
   const std::string device = bench::DeviceName();
   for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
     std::vector<std::string> f = absl::StrSplit(spec, ':');
@@ -57,10 +79,11 @@ int Main() {
     Buffer dq = mk(DType::kBF16, {S, hq, D}, Tier::kAttention);
     Buffer dk = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
     Buffer dv = mk(DType::kBF16, {S, hkv, D}, Tier::kAttention);
-    bench::FillRandom(ops, &alloc, q.tensor(), 1);
-    bench::FillRandom(ops, &alloc, k.tensor(), 2);
-    bench::FillRandom(ops, &alloc, v.tensor(), 3);
-    bench::FillRandom(ops, &alloc, dout.tensor(), 4);
+    bench::FillRandom(fill, &alloc, q.tensor(), 1);
+    bench::FillRandom(fill, &alloc, k.tensor(), 2);
+    bench::FillRandom(fill, &alloc, v.tensor(), 3);
+    bench::FillRandom(fill, &alloc, dout.tensor(), 4);
+    fill.Synchronize();  // the other CudaOps read the inputs on their own streams
     const int64_t doc_len = absl::GetFlag(FLAGS_doc_len);
     std::vector<DocumentMask> masks;
     if (absl::GetFlag(FLAGS_full_causal)) masks.push_back(DocumentMask{});
@@ -69,13 +92,29 @@ int Main() {
       for (int64_t t = 0; t < S; t += doc_len) docs.starts.push_back(t);
       masks.push_back(docs);
     }
-    for (const DocumentMask& docs : masks) {
+    // Each forward implementation on each mask.
+    struct Run {
+      CudaOps* ops;
+      const std::string* forward;
+      const DocumentMask* docs;
+    };
+    std::vector<Run> runs;
+    for (size_t fi = 0; fi < all_ops.size(); ++fi) {
+      for (const DocumentMask& docs : masks)
+        runs.push_back({all_ops[fi].get(), &forwards[fi], &docs});
+    }
+    for (const Run& run : runs) {
+      CudaOps& ops = *run.ops;
+      const DocumentMask& docs = *run.docs;
+      std::string fwd_impl, bwd_impl;
       auto fwd = [&] {
         ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), docs);
+        fwd_impl = ops.last_attention_impl();
       };
       auto bwd = [&] {
         ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
                               lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
+        bwd_impl = ops.last_attention_impl();
       };
       const int iters = absl::GetFlag(FLAGS_iters);
       const cudaStream_t st = ops.stream();
@@ -95,29 +134,33 @@ int Main() {
       struct Row {
         const char* pass;
         double ms, flops;
+        std::string impl;
       };
       std::vector<Row> rows;
       fwd();  // the backward needs a real O and LSE even when the forward is not timed
-      if (wanted("fwd"))
-        rows.push_back({"fwd", bench::Median(bench::TimeMs(st, 1, iters, fwd)), fwd_flops});
+      if (wanted("fwd")) {
+        rows.push_back(
+            {"fwd", bench::Median(bench::TimeMs(st, 1, iters, fwd)), fwd_flops, fwd_impl});
+      }
       if (wanted("bwd")) {
-        rows.push_back({"bwd", bench::Median(bench::TimeMs(st, 1, iters, bwd)), 2.5 * fwd_flops});
+        const double ms = bench::Median(bench::TimeMs(st, 1, iters, bwd));
+        rows.push_back({"bwd", ms, 2.5 * fwd_flops, bwd_impl});
       }
       if (wanted("fwd+bwd")) {
-        rows.push_back({"fwd+bwd",
-                        bench::Median(bench::TimeMs(st, 1, iters,
-                                                    [&] {
-                                                      fwd();
-                                                      bwd();
-                                                    })),
-                        3.5 * fwd_flops});
+        const double ms = bench::Median(bench::TimeMs(st, 1, iters, [&] {
+          fwd();
+          bwd();
+        }));
+        rows.push_back({"fwd+bwd", ms, 3.5 * fwd_flops,
+                        fwd_impl == bwd_impl ? fwd_impl : fwd_impl + "+" + bwd_impl});
       }
       for (const auto& r : rows) {
         bench::Json()
             .Str("bench", "attention")
             .Str("date", bench::Today())
             .Str("device", device)
-            .Str("impl", ops.last_attention_impl())
+            .Str("impl", r.impl)
+            .Str("forward", *run.forward)
             .Str("layout", "[S,H,D]")
             .Bool("causal", true)
             .Str("mask", docs.trivial() ? "causal" : "documents")

@@ -1,7 +1,9 @@
 // CudaOps: the CUDA backend of Ops (engine/backend/ops.h) for Hopper. Activations are bf16,
 // accumulation f32; GEMMs run on cuBLASLt, attention on cuDNN's fused flash attention (with the
-// own flash kernel as fallback). All work is enqueued on one compute stream owned here; copy and
-// comm streams and events are provided for the overlap schedules (docs/schedules.md).
+// own flash kernel as fallback); at long S the forward runs the own Hopper kernel
+// (hopper_attention.h; the rule is in cuda_ops_attention.cc). All work is enqueued on one compute
+// stream owned here; copy and comm streams and events are provided for the overlap schedules
+// (docs/schedules.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "engine/backend/ops.h"
@@ -28,11 +31,19 @@ class CudaOps : public Ops {
     kCudnn,  // cuDNN only (an unsupported shape aborts)
     kOwn,    // the own flash kernel only
   };
+  // The forward where `attention` is kAuto or kCudnn (kOwn and the memory probe keep theirs);
+  // the environment's ITHACA_ATTENTION_FORWARD=auto|cudnn|hopper overrides it.
+  enum class AttentionForward {
+    kAuto,    // the own Hopper kernel where it measured faster (cuda_ops_attention.cc), else cuDNN
+    kCudnn,   // cuDNN
+    kHopper,  // the Hopper kernel wherever the shape and GPU qualify, else cuDNN (logged once)
+  };
   struct Options {
     // Workspaces (cuBLASLt, cuDNN: Tier::kWorkspace) and attention scratch come from here. Must
     // outlive the CudaOps.
     Allocator* alloc = nullptr;
     AttentionImpl attention = AttentionImpl::kAuto;
+    AttentionForward attention_forward = AttentionForward::kAuto;
     size_t gemm_workspace_bytes = size_t{32} << 20;
     // > 0: the memory probe (docs/benchmarks.md). Attention forward and backward
     // let each query see only its `probe_window` latest keys (cuDNN's causal band), so a step at
@@ -105,7 +116,8 @@ class CudaOps : public Ops {
   void AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& working, const AdamWParams& p) override;
 
-  // Which attention implementation ran last ("cudnn" or "own"), for tests and logs.
+  // Which attention implementation ran last ("cudnn", "hopper" (forward only) or "own"), for
+  // tests and logs.
   const char* last_attention_impl() const { return last_attention_; }
   // Bytes of cuDNN's attention workspace now held (workspace tier), and cuBLASLt's.
   int64_t attention_workspace_bytes() const;
@@ -134,6 +146,11 @@ class CudaOps : public Ops {
   bool UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
                 void* dq, void* dk, void* dv, const DocumentMask& docs);
+  // The forward on the own Hopper kernel when the shape qualifies and the choice says so; false:
+  // the caller runs cuDNN (or the own flash kernel).
+  bool HopperForward(int64_t s, int64_t hq, int64_t hkv, int64_t d, const Tensor& q,
+                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                     const DocumentMask& docs);
   // cuDNN on a packed sample: a ragged batch whose stats go through an [S, Hq] scratch.
   absl::Status CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward,
                               const void* q, const void* k, const void* v, const void* o,
@@ -159,6 +176,8 @@ class CudaOps : public Ops {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   const char* last_attention_ = "none";
   bool cudnn_warned_ = false;
+  bool hopper_fallback_warned_ = false;
+  std::set<std::vector<int64_t>> forward_logged_;  // shapes whose forward choice was logged
   std::vector<Span> spans_;
   struct DocumentEntry {
     Buffer buf;

@@ -1,7 +1,9 @@
 // CudaOps: rotary embedding and attention, with the documents of packed samples (DocumentMask):
-// cuDNN's fused attention (ragged when there are documents) or the own flash kernel.
+// cuDNN's fused attention (ragged when there are documents) or the own flash kernel, and at long
+// S the own Hopper forward kernel.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cuda_ops_internal.h"
 #include "engine/backend/cuda/cudnn_attention.h"
+#include "engine/backend/cuda/hopper_attention.h"
 
 namespace ithaca {
 
@@ -39,7 +42,88 @@ int64_t Bucket(int64_t n) {
 
 constexpr size_t kMaxDocumentEntries = 32;
 
+// ---- The attention forward's choice between cuDNN and the own Hopper kernel, per shape.
+// Forward TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16; bench/hopper_attention/README.md),
+// the own kernel against the engine's cuDNN 9.14:
+//   head_dim 64:  S 64K 511 vs 499, 128K 508 vs 498, 256K 496 vs 462, 512K 479 vs 428
+//   head_dim 128: S 64K 611 vs 609, 128K 572, 256K 542, 512K 531 (cuDNN 9.19: 554, 513, 487)
+// So the own kernel from 64K at head_dim 64 and from 128K at head_dim 128 (at 64K the two are
+// within the clock's 2-3 % from run to run); shorter S were not measured and stay on cuDNN.
+// The backward is cuDNN's either way: it reads the O and LSE (natural-log f32 [Hq, S], cuDNN's
+// stats layout for one sequence) that either forward writes.
+bool HopperMeasuredFaster(int64_t s, int64_t d) {
+  if (d == 64) return s >= 65536;
+  if (d == 128) return s >= 131072;
+  return false;
+}
+
+// ITHACA_ATTENTION_FORWARD, when set, overrides Options::attention_forward.
+CudaOps::AttentionForward ForwardSetting(CudaOps::AttentionForward option) {
+  static const char* env = std::getenv("ITHACA_ATTENTION_FORWARD");
+  const std::string v = env ? env : "";
+  if (v.empty()) return option;
+  if (v == "auto") return CudaOps::AttentionForward::kAuto;
+  if (v == "cudnn") return CudaOps::AttentionForward::kCudnn;
+  if (v == "hopper") return CudaOps::AttentionForward::kHopper;
+  ITHACA_CHECK(false, "ITHACA_ATTENTION_FORWARD=", v, ": expected auto, cudnn or hopper");
+  return option;
+}
+
+const char* ForwardName(CudaOps::AttentionForward f) {
+  switch (f) {
+    case CudaOps::AttentionForward::kCudnn:
+      return "cudnn";
+    case CudaOps::AttentionForward::kHopper:
+      return "hopper";
+    default:
+      return "auto";
+  }
+}
+
 }  // namespace
+
+bool CudaOps::HopperForward(int64_t s, int64_t hq, int64_t hkv, int64_t d, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                            const DocumentMask& docs) {
+  if (opts_.attention == AttentionImpl::kOwn || opts_.probe_window > 0) return false;
+  const AttentionForward want = ForwardSetting(opts_.attention_forward);
+  if (want == AttentionForward::kCudnn) return false;
+  const char* unsupported = !docs.trivial()                 ? "a document mask"
+                            : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
+                            : !cuda::HopperAttentionDeviceSupported()
+                                ? "the GPU is not compute capability 9.0"
+                                : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q.data, k.data,
+                                                                   v.data, out.data, lse.f32());
+  const bool use =
+      unsupported == nullptr && (want == AttentionForward::kHopper || HopperMeasuredFaster(s, d));
+  if (want == AttentionForward::kHopper && unsupported != nullptr && !hopper_fallback_warned_) {
+    std::fprintf(stderr,
+                 "CudaOps: attention forward \"hopper\" asked for, but the Hopper kernel does not "
+                 "run S %lld Hq %lld Hkv %lld D %lld (%s): cuDNN instead (logged once)\n",
+                 static_cast<long long>(s), static_cast<long long>(hq), static_cast<long long>(hkv),
+                 static_cast<long long>(d), unsupported);
+    hopper_fallback_warned_ = true;
+  }
+  if (forward_logged_.insert({s, hq, hkv, d, docs.trivial() ? 0 : 1}).second) {
+    std::string why = ForwardName(want);
+    if (unsupported != nullptr) {
+      why += std::string("; hopper: ") + unsupported;
+    } else if (!use) {
+      why += "; hopper measured faster only from S 65536 at D 64, 131072 at D 128";
+    }
+    std::fprintf(stderr, "CudaOps: attention forward S %lld Hq %lld Hkv %lld D %lld%s: %s (%s)\n",
+                 static_cast<long long>(s), static_cast<long long>(hq), static_cast<long long>(hkv),
+                 static_cast<long long>(d), docs.trivial() ? "" : " with documents",
+                 use ? "hopper" : "cudnn", why.c_str());
+  }
+  if (!use) return false;
+  const cudaError_t err = cuda::HopperAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d,
+                                                       BfMut(out), lse.f32(), compute_);
+  ITHACA_CHECK(err == cudaSuccess,
+               "CudaOps::Attention: the Hopper kernel did not launch: ", cudaGetErrorString(err));
+  last_attention_ = "hopper";
+  return true;
+}
 
 const void* CudaOps::DocumentIndex(const std::vector<int64_t>& key,
                                    const std::vector<int64_t>& values, int64_t int32_prefix) {
@@ -182,6 +266,7 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
   CheckDocuments(docs, s, "Attention");
+  if (HopperForward(s, hq, hkv, d, q, k, v, out, lse, docs)) return;
   if (UseCudnn(s, hq, hkv, d, false, q.data, k.data, v.data, out.data, nullptr, lse.data, nullptr,
                nullptr, nullptr, docs)) {
     return;

@@ -1,0 +1,195 @@
+// The own Hopper attention forward (hopper_attention.h) through CudaOps: against the CPU oracle
+// at small S (tiles that do not divide S, GQA 4:1 and 8:1), against cuDNN's forward at long S,
+// the per-shape rule's choice, and the training path: the Hopper forward's O and LSE feed cuDNN's
+// backward, which must give the gradients it gives after its own forward.
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "engine/backend/cpu/cpu_ops.h"
+#include "engine/backend/cuda/cuda_allocator.h"
+#include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/cuda_test_util.h"
+#include "engine/backend/cuda/hopper_attention.h"
+#include "gtest/gtest.h"
+
+namespace ithaca {
+namespace {
+
+using cuda_test::CpuT;
+using cuda_test::Dev;
+using cuda_test::Host;
+using cuda_test::Poisoned;
+using cuda_test::Randn;
+using Forward = CudaOps::AttentionForward;
+
+// The kernel needs a compute capability 9.0 GPU and a build with CUTLASS; the choice must come
+// from the options, not from the environment.
+#define SKIP_WITHOUT_HOPPER()                                                                  \
+  SKIP_WITHOUT_GPU();                                                                          \
+  if (!cuda::HopperAttentionBuilt()) GTEST_SKIP() << "built without CUTLASS: kernel left out"; \
+  if (!cuda::HopperAttentionDeviceSupported())                                                 \
+    GTEST_SKIP() << "the GPU is not compute capability 9.0 (sm_90a code)";                     \
+  if (std::getenv("ITHACA_ATTENTION_FORWARD") != nullptr)                                      \
+  GTEST_SKIP() << "ITHACA_ATTENTION_FORWARD is set: the tests pick the forward themselves"
+
+CudaOps::Options OptionsFor(Allocator* alloc, Forward forward) {
+  CudaOps::Options o;
+  o.alloc = alloc;
+  o.attention = CudaOps::AttentionImpl::kCudnn;
+  o.attention_forward = forward;
+  return o;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+    m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  }
+  return m;
+}
+
+struct Shape4 {
+  int64_t s, hq, hkv, d;
+};
+
+std::string Name(const Shape4& sh) {
+  return "S" + std::to_string(sh.s) + "_hq" + std::to_string(sh.hq) + "_hkv" +
+         std::to_string(sh.hkv) + "_d" + std::to_string(sh.d);
+}
+
+class HopperVsCpu : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperVsCpu, ForwardMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  const auto [S, hq, hkv, D] = GetParam();
+  CudaAllocator alloc;
+  CudaOps ops(OptionsFor(&alloc, Forward::kHopper));
+  CpuOps cpu;
+  std::vector<float> q = Randn(S * hq * D, 1), k = Randn(S * hkv * D, 2), v = Randn(S * hkv * D, 3);
+  std::vector<float> out_ref(S * hq * D), lse_ref(hq * S);
+  cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                CpuT(out_ref, {S, hq, D}), CpuT(lse_ref, {hq, S}), DocumentMask{});
+  auto tq = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, q);
+  auto tk = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, k);
+  auto tv = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, v);
+  auto out = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto lse = Poisoned(ops, &alloc, DType::kF32, {hq, S});
+  ops.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), DocumentMask{});
+  ASSERT_STREQ(ops.last_attention_impl(), "hopper");
+  std::printf("[%s]\n", Name(GetParam()).c_str());
+  const std::vector<float> got_lse = Host(ops, lse.tensor());
+  EXPECT_CLOSE(Host(ops, out.tensor()), out_ref, 1e-2, "hopper out vs cpu");
+  EXPECT_CLOSE(got_lse, lse_ref, 1e-5, "hopper lse vs cpu");
+  EXPECT_LT(MaxAbsDiff(got_lse, lse_ref), 1e-4) << "lse max abs diff";
+
+  // Launched again into the same buffers: the same bits (no atomics, static schedule).
+  const std::vector<float> first = Host(ops, out.tensor());
+  ops.Fill(out.tensor(), std::nanf(""));
+  ops.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), DocumentMask{});
+  EXPECT_EQ(Host(ops, out.tensor()), first) << "a second launch differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, HopperVsCpu,
+    ::testing::Values(Shape4{8, 4, 1, 64},       // one partial tile
+                      Shape4{1000, 32, 8, 64},   // Llama-3.2-1B heads, S no tile divides
+                      Shape4{1000, 16, 2, 128},  // GQA 8:1
+                      Shape4{4160, 8, 2, 64},    // 4K + 64: a ragged last row block
+                      Shape4{4160, 8, 1, 128},   // GQA 8:1
+                      Shape4{520, 6, 6, 128}),   // MHA
+    [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+
+// Long S (no CPU oracle): cuDNN's forward is the reference; LSE to 1e-3 absolute. Also the rule:
+// kAuto picks the Hopper kernel from 64K at head_dim 64 and from 128K at head_dim 128.
+class HopperVsCudnn : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperVsCudnn, ForwardMatchesCudnn) {
+  SKIP_WITHOUT_HOPPER();
+  const auto [S, hq, hkv, D] = GetParam();
+  CudaAllocator alloc;
+  CudaOps cudnn(OptionsFor(&alloc, Forward::kCudnn));
+  CudaOps hopper(OptionsFor(&alloc, Forward::kHopper));
+  CudaOps autop(OptionsFor(&alloc, Forward::kAuto));
+  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 11));
+  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 12));
+  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 13));
+  std::vector<float> res[2][2];
+  CudaOps* ops[2] = {&cudnn, &hopper};
+  const char* impl[2] = {"cudnn", "hopper"};
+  for (int i = 0; i < 2; ++i) {
+    auto out = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto lse = Poisoned(*ops[i], &alloc, DType::kF32, {hq, S});
+    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(),
+                      DocumentMask{});
+    EXPECT_STREQ(ops[i]->last_attention_impl(), impl[i]);
+    res[i][0] = Host(*ops[i], out.tensor());
+    res[i][1] = Host(*ops[i], lse.tensor());
+  }
+  std::printf("[%s]\n", Name(GetParam()).c_str());
+  EXPECT_CLOSE(res[1][0], res[0][0], 1e-2, "hopper out vs cudnn");
+  const double lse_diff = MaxAbsDiff(res[1][1], res[0][1]);
+  std::printf("  lse max abs diff %.3e\n", lse_diff);
+  EXPECT_LT(lse_diff, 1e-3) << "lse";
+
+  auto out = Poisoned(autop, &alloc, DType::kBF16, {S, hq, D});
+  auto lse = Poisoned(autop, &alloc, DType::kF32, {hq, S});
+  autop.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(),
+                  DocumentMask{});
+  const bool want_hopper = (D == 64 && S >= 65536) || (D == 128 && S >= 131072);
+  EXPECT_STREQ(autop.last_attention_impl(), want_hopper ? "hopper" : "cudnn");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsCudnn,
+                         ::testing::Values(Shape4{16384, 32, 8, 64}, Shape4{16384, 32, 8, 128},
+                                           Shape4{65536, 32, 8, 64}, Shape4{65536, 32, 8, 128}),
+                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+
+// Training: the Hopper forward, then cuDNN's backward from its O and LSE, against cuDNN forward
+// and backward. The backward recomputes P from LSE, so an LSE off by a constant or in log2
+// would show in every gradient.
+class HopperTraining : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperTraining, CudnnBackwardFromHopperForward) {
+  SKIP_WITHOUT_HOPPER();
+  const auto [S, hq, hkv, D] = GetParam();
+  CudaAllocator alloc;
+  CudaOps cudnn(OptionsFor(&alloc, Forward::kCudnn));
+  CudaOps hopper(OptionsFor(&alloc, Forward::kHopper));
+  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 21));
+  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 22));
+  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 23));
+  auto tdo = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 24));
+  std::vector<std::vector<float>> res[2];
+  CudaOps* ops[2] = {&cudnn, &hopper};
+  const char* impl[2] = {"cudnn", "hopper"};
+  for (int i = 0; i < 2; ++i) {
+    auto out = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto lse = Poisoned(*ops[i], &alloc, DType::kF32, {hq, S});
+    auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(),
+                      DocumentMask{});
+    EXPECT_STREQ(ops[i]->last_attention_impl(), impl[i]);
+    ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), tdo.tensor(),
+                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), DocumentMask{});
+    EXPECT_STREQ(ops[i]->last_attention_impl(), "cudnn");
+    for (const Buffer* t : {&out, &dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
+  }
+  std::printf("[%s]\n", Name(GetParam()).c_str());
+  EXPECT_CLOSE(res[1][0], res[0][0], 1e-2, "out, hopper vs cudnn forward");
+  EXPECT_CLOSE(res[1][1], res[0][1], 2e-2, "dq after hopper vs cudnn fwd");
+  EXPECT_CLOSE(res[1][2], res[0][2], 2e-2, "dk after hopper vs cudnn fwd");
+  EXPECT_CLOSE(res[1][3], res[0][3], 2e-2, "dv after hopper vs cudnn fwd");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperTraining,
+                         ::testing::Values(Shape4{8192, 32, 8, 64}, Shape4{8192, 32, 8, 128},
+                                           Shape4{1000, 16, 2, 128}),
+                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+
+}  // namespace
+}  // namespace ithaca
