@@ -72,7 +72,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   planned.Obj("peak_bytes", TierJson(plan.peak))
       .Int("device_peak_bytes", plan.device_peak)
       .Int("fixed_workspace_bytes", plan.workspace)
-      .Int("device_total_bytes", plan.device_total());
+      .Int("device_total_bytes", plan.device_total())
+      .Int("device_reserved_bytes", plan.device_reserved);
   // The budget a job on this GPU would get (the same rule as admission and the workers).
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
@@ -173,10 +174,16 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   }
   const int64_t device_measured = mt.device_peak();
   err.Num("device_peak", double(plan.device_total() - device_measured) / double(device_measured));
-  // The whole process as the device sees it, with the allocator still holding its reservations.
+  // What the allocator holds (its cached size classes included), and the whole process as the
+  // device sees it (with the CUDA context and the libraries' own memory on top).
+  const CudaAllocator::Stats held = alloc.stats();
+  err.Num("device_reserved",
+          double(plan.device_reserved - held.device_reserved) / double(held.device_reserved));
   const int64_t process_used = bench::DeviceUsedBytes();
   if (process_used > 0) {
     err.Num("process", double(plan.device_total() - process_used) / double(process_used));
+    err.Num("process_from_reserved",
+            double(plan.device_reserved - process_used) / double(process_used));
   }
   bench::Json workspaces;
   workspaces.Int("cudnn_attention", ops.attention_workspace_bytes())

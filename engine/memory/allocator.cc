@@ -57,4 +57,22 @@ void Buffer::Reset() {
   bytes_ = 0;
 }
 
+size_t SizeClassCache::SizeClass(size_t bytes) {
+  constexpr size_t kSmall = 512, kLarge = size_t{2} << 20, kSplit = size_t{1} << 20;
+  if (bytes == 0) bytes = 1;
+  const size_t g = bytes <= kSplit ? kSmall : kLarge;
+  return (bytes + g - 1) / g * g;
+}
+
+void SizeClassCache::OnAlloc(size_t bytes) {
+  int64_t& free_blocks = cached_[SizeClass(bytes)];
+  if (free_blocks > 0) {
+    --free_blocks;
+  } else {
+    reserved_ += static_cast<int64_t>(SizeClass(bytes));
+  }
+}
+
+void SizeClassCache::OnFree(size_t bytes) { ++cached_[SizeClass(bytes)]; }
+
 }  // namespace ithaca

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <unordered_map>
 
 #include "engine/core/tensor.h"
 #include "engine/memory/tiers.h"
@@ -21,6 +23,23 @@ class Allocator {
 
  protected:
   MemoryTracker tracker_;
+};
+
+// The caching rule of the CUDA allocator (engine/backend/cuda/cuda_allocator.h), without memory:
+// a request is rounded up to its size class, a freed block is kept in its class and handed out
+// again, so what the allocator holds from CUDA is, per class, the most blocks ever live at once.
+// The planner replays a step through it to predict that (MemoryPlan::device_reserved).
+class SizeClassCache {
+ public:
+  // 512-byte granules up to 1 MiB, 2 MiB granules above.
+  static size_t SizeClass(size_t bytes);
+  void OnAlloc(size_t bytes);
+  void OnFree(size_t bytes);
+  int64_t reserved() const { return reserved_; }
+
+ private:
+  std::unordered_map<size_t, int64_t> cached_;  // size class -> blocks free in it
+  int64_t reserved_ = 0;
 };
 
 // Host memory from the C heap (64-byte aligned), optionally capped so tests can force

@@ -53,3 +53,30 @@ TEST(AllocatorTest, MovedBufferFreesOnce) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// The CUDA allocator's caching rule: a class's freed blocks serve its later requests, so only
+// the most blocks live at once per class are ever reserved; other classes do not share them.
+TEST(SizeClassCacheTest, ReservesEachClassAtItsMostBlocksLiveAtOnce) {
+  EXPECT_EQ(SizeClassCache::SizeClass(1), 512u);
+  EXPECT_EQ(SizeClassCache::SizeClass((size_t{5} << 20) + 7), size_t{6} << 20);
+  SizeClassCache c;
+  c.OnAlloc(1000);  // class 1024
+  c.OnFree(1000);
+  c.OnAlloc(600);  // the same class: served from the cache
+  EXPECT_EQ(c.reserved(), 1024);
+  c.OnAlloc(3 << 20);  // class 4 MiB, twice at once
+  c.OnAlloc(3 << 20);
+  c.OnFree(3 << 20);
+  c.OnFree(3 << 20);
+  EXPECT_EQ(c.reserved(), 1024 + (int64_t{8} << 20));
+  // Freed 4 MiB blocks do not serve a 2 MiB request: a new block is reserved although 8 MiB
+  // sit free (what makes the allocator hold more than the peak of live bytes).
+  c.OnAlloc(2 << 20);
+  EXPECT_EQ(c.reserved(), 1024 + (int64_t{10} << 20));
+}
+
+}  // namespace
+}  // namespace ithaca

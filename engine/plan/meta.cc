@@ -13,7 +13,14 @@ absl::StatusOr<void*> MetaAllocator::Allocate(size_t bytes, Tier tier) {
   void* p = reinterpret_cast<void*>(next_);
   next_ += (bytes + 255) / 256 * 256 + 256;
   tracker_.OnAlloc(tier, bytes);
+  if (IsDeviceTier(tier)) device_cache_.OnAlloc(bytes);
   return p;
+}
+
+void MetaAllocator::Free(void* ptr, size_t bytes, Tier tier) {
+  (void)ptr;
+  tracker_.OnFree(tier, bytes);
+  if (IsDeviceTier(tier)) device_cache_.OnFree(bytes);
 }
 
 absl::StatusOr<std::unique_ptr<Comm>> MetaComm::Split(int color, int key) {

@@ -59,11 +59,14 @@ class MetaAllocator final : public Allocator {
   explicit MetaAllocator(Device device) : device_(device) {}
   Device device() const override { return device_; }
   absl::StatusOr<void*> Allocate(size_t bytes, Tier tier) override;
-  void Free(void* ptr, size_t bytes, Tier tier) override { tracker_.OnFree(tier, bytes); }
+  void Free(void* ptr, size_t bytes, Tier tier) override;
+  // What the CUDA caching allocator would hold from the device after the same requests.
+  int64_t device_reserved() const { return device_cache_.reserved(); }
 
  private:
   Device device_;
   uintptr_t next_ = uintptr_t{1} << 44;
+  SizeClassCache device_cache_;
 };
 
 // A communicator of `size` ranks seen from `rank`: collectives do nothing.

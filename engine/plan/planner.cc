@@ -98,6 +98,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
                     ? CudaWorkspaceBytes(model->head_plan(), req.seq_len, req.document_mask)
                     : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
+  p.device_reserved = alloc.device_reserved() + p.workspace;
   p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
   p.tile_tokens = req.opts.tile_tokens;
   p.offload = req.opts.offload;

@@ -24,7 +24,7 @@ struct PlanRequest {
   LlamaConfig cfg;
   int64_t world = 1, sp = 1, seq_len = 0;
   bool document_mask = false;  // data.document_mask: cuDNN's ragged attention workspace
-  LlamaModel::Options opts;  // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
+  LlamaModel::Options opts;    // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
   Device device = Device::kCpu;
   DType act = DType::kF32;
 };
@@ -34,6 +34,11 @@ struct MemoryPlan {
   int64_t device_peak = 0;                   // the highest device total at any moment
   std::array<int64_t, kNumTiers> at_peak{};  // what that highest total is made of, per tier
   int64_t workspace = 0;                     // library workspaces not allocated through the engine
+  // What the CUDA caching allocator holds at the end of the step (its size classes replayed,
+  // engine/memory SizeClassCache) plus the workspaces: the process's GPU memory less the CUDA
+  // context and the libraries' own. At least device_total(); the difference is memory cached
+  // in size classes that peak at other moments, which the allocator gives back under pressure.
+  int64_t device_reserved = 0;
   // The options the plan was made for (auto settings resolved).
   int64_t head_chunk = 0, tile_tokens = 0;
   bool offload = false, prefetch = true;
@@ -51,8 +56,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 // A job's plan for one rank (ResolveJob, engine/spec/resolve.h, is how a job gets one): resolves
 // the model, the dtype and every "auto" setting against the budgets. head_chunk "auto" also lets
 // the planner turn off overlap, then turn on offload, then turn off prefetch, then save only every
-// 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head stage, the largest
-// tile. Budgets of 0 take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
+// 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head
+// stage, the largest tile. Budgets of 0 take the spec's memory.gpu_budget_gib / host_budget_gib (0
+// there: unbounded).
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);
 

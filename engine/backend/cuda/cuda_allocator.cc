@@ -7,12 +7,7 @@
 
 namespace ithaca {
 
-size_t CudaAllocator::RoundUp(size_t bytes) {
-  constexpr size_t kSmall = 512, kLarge = size_t{2} << 20, kSplit = size_t{1} << 20;
-  if (bytes == 0) bytes = 1;
-  const size_t g = bytes <= kSplit ? kSmall : kLarge;
-  return (bytes + g - 1) / g * g;
-}
+size_t CudaAllocator::RoundUp(size_t bytes) { return SizeClassCache::SizeClass(bytes); }
 
 CudaAllocator::~CudaAllocator() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -37,7 +37,7 @@ class CudaAllocator : public Allocator {
   };
   Stats stats() const;
 
-  // The size class of a request: 512-byte granules up to 1 MiB, 2 MiB granules above.
+  // The size class of a request (SizeClassCache::SizeClass, which the planner replays).
   static size_t RoundUp(size_t bytes);
 
  private:
