@@ -239,9 +239,15 @@ absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const
     const int64_t l0 = l - l % k;
     Buffer copy;  // the group's saved input, on the device only while it regrows the next one
     ASSIGN_OR_RETURN(Tensor xm, saved.PeekInput(l0, &copy));
+    // With overlap, block m+1's gather runs under block m's regrowth.
+    auto lease = std::make_unique<UnitLease>(&ps, layout_.block_unit(l0));
     for (int64_t m = l0; m < l; ++m) {
-      UnitLease lease(&ps, layout_.block_unit(m));
-      ASSIGN_OR_RETURN(Tensor params, lease.Get());
+      const std::unique_ptr<UnitLease> held = std::move(lease);
+      ASSIGN_OR_RETURN(Tensor params, held->Get());
+      if (m + 1 < l) {
+        lease = std::make_unique<UnitLease>(&ps, layout_.block_unit(m + 1));
+        if (opts_.overlap) RETURN_IF_ERROR(lease->Start());
+      }
       ASSIGN_OR_RETURN(regrown[m + 1].x, Buffer::Make(alloc_, act, {s, d}, Tier::kCheckpoints));
       BlockSaved bs;
       RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), xm, regrown[m + 1].x.tensor(),
