@@ -28,20 +28,19 @@ absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Create(const ParamLayout
 absl::Status ParamStore::Gather(int i) {
   Unit& u = units_[i];
   if (!sharded_ || u.users++ > 0) return absl::OkStatus();
-  const int W = world_->size();
-  absl::StatusOr<Buffer> gathered =
-      Buffer::Make(alloc_, ops_->act_dtype(), {u.shard * W}, Tier::kParams);
-  absl::StatusOr<Issued> gathering =
-      gathered.ok() ? world_->IssueAllGather(u.working.tensor(), gathered->tensor())
-                    : absl::StatusOr<Issued>(gathered.status());
-  if (!gathering.ok()) {
+  auto start = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(u.gathered, Buffer::Make(alloc_, ops_->act_dtype(), {u.shard * world_->size()},
+                                              Tier::kParams));
+    ASSIGN_OR_RETURN(u.gathering, world_->IssueAllGather(u.working.tensor(), u.gathered.tensor()));
+    return overlap_ ? absl::OkStatus() : u.gathering.Wait();
+  };
+  absl::Status st = start();
+  if (!st.ok()) {
     u.users = 0;
-    return gathering.status();
+    u.gathering = Issued();
+    u.gathered.Reset();
   }
-  u.gathered = *std::move(gathered);
-  u.gathering = *std::move(gathering);
-  if (!overlap_) return u.gathering.Wait();
-  return absl::OkStatus();
+  return st;
 }
 
 absl::StatusOr<Tensor> ParamStore::Gathered(int i) {

@@ -66,7 +66,7 @@ struct StageWalk {
   bool ahead;
   int64_t round(int64_t st) const { return st / p.stages_per_round; }
   int64_t step(int64_t st) const { return st % p.stages_per_round; }
-  int64_t q_sets() const { return ahead && p.stages() > 1 ? 2 : 1; }
+  int64_t q_sets() const { return ahead ? 2 : 1; }
   int64_t kv_sets() const { return ahead && p.rounds > 1 ? 2 : 1; }
 };
 
@@ -192,7 +192,7 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   const HeadPlan& p = c.plan;
   const DType act = c.ops->act_dtype();
   const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr, stages = p.stages();
-  const StageWalk walk{p, c.pipelined() && p.stages() > 1};
+  const StageWalk walk{p, c.pipelined()};
   ASSIGN_OR_RETURN(Buffer h,
                    Alloc(c, act, {std::min(in.tile, c.s), in.x.dim(1)}, Tier::kActivations));
   Buffers buffers(c);
@@ -269,7 +269,7 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   const HeadPlan& p = c.plan;
   const DType act = c.ops->act_dtype();
   const int64_t S = c.S(), D = p.D, u = p.u, kvr = p.kvr, stages = p.stages();
-  const StageWalk walk{p, c.pipelined() && p.stages() > 1};
+  const StageWalk walk{p, c.pipelined()};
   const Shape tile_shape = {std::min(in.tile, c.s), in.x.dim(1)};
   ASSIGN_OR_RETURN(Buffer h, Alloc(c, act, tile_shape, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer dh, Alloc(c, act, tile_shape, Tier::kActivations));

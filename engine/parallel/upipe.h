@@ -28,10 +28,10 @@ struct UlyssesContext {
   DocumentMask docs;
   // Stage i+1's exchanges run under stage i's attention: its projections are made and sent a
   // stage ahead into a second set of buffers, and stage i's output travels back while stage i+1
-  // computes. Only with a group to exchange with (P > 1); off, each exchange completes before
-  // the compute after it, with one set of buffers.
+  // computes. Only with a group to exchange with (P > 1) and more than one stage; off, each
+  // exchange completes before the compute after it, with one set of buffers.
   bool overlap = false;
-  bool pipelined() const { return overlap && sp != nullptr && plan.P > 1; }
+  bool pipelined() const { return overlap && sp != nullptr && plan.P > 1 && plan.stages() > 1; }
   int64_t S() const { return s * plan.P; }
   int64_t pos0() const { return rank * s; }  // global position of this rank's first token
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,16 +58,21 @@ bool HopperMeasuredFaster(int64_t s, int64_t d) {
   return false;
 }
 
-// ITHACA_ATTENTION_FORWARD, when set, overrides Options::attention_forward.
+// ITHACA_ATTENTION_FORWARD, when set, overrides Options::attention_forward. Read once per
+// process: the choice is made on every attention call.
 CudaOps::AttentionForward ForwardSetting(CudaOps::AttentionForward option) {
-  static const char* env = std::getenv("ITHACA_ATTENTION_FORWARD");
-  const std::string v = env ? env : "";
-  if (v.empty()) return option;
-  if (v == "auto") return CudaOps::AttentionForward::kAuto;
-  if (v == "cudnn") return CudaOps::AttentionForward::kCudnn;
-  if (v == "hopper") return CudaOps::AttentionForward::kHopper;
-  ITHACA_CHECK(false, "ITHACA_ATTENTION_FORWARD=", v, ": expected auto, cudnn or hopper");
-  return option;
+  static const std::optional<CudaOps::AttentionForward> env =
+      []() -> std::optional<CudaOps::AttentionForward> {
+    const char* raw = std::getenv("ITHACA_ATTENTION_FORWARD");
+    const std::string v = raw ? raw : "";
+    if (v.empty()) return std::nullopt;
+    if (v == "auto") return CudaOps::AttentionForward::kAuto;
+    if (v == "cudnn") return CudaOps::AttentionForward::kCudnn;
+    if (v == "hopper") return CudaOps::AttentionForward::kHopper;
+    ITHACA_CHECK(false, "ITHACA_ATTENTION_FORWARD=", v, ": expected auto, cudnn or hopper");
+    return std::nullopt;
+  }();
+  return env.value_or(option);
 }
 
 const char* ForwardName(CudaOps::AttentionForward f) {

@@ -395,51 +395,38 @@ absl::Status NcclComm::AllGather(const Tensor& in, const Tensor& out) {
   return issued.Wait();
 }
 
+absl::StatusOr<Issued> NcclComm::Issue(const char* op, int64_t numel,
+                                       const std::function<ncclResult_t()>& enqueue) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(Usable(op));
+  Issued issued;
+  if (numel == 0) return issued;
+  RETURN_IF_ERROR(Run(op, options_.synchronous, enqueue, &issued));
+  return issued;
+}
+
 absl::StatusOr<Issued> NcclComm::IssueAllGather(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllGather(in, out, rank_, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(Usable("all_gather"));
-  Issued issued;
-  if (in.numel() == 0) return issued;
-  RETURN_IF_ERROR(Run(
-      "all_gather", options_.synchronous,
-      [&] { return ncclAllGather(in.data, out.data, in.numel(), type, comm_, options_.stream); },
-      &issued));
-  return issued;
+  return Issue("all_gather", in.numel(), [&] {
+    return ncclAllGather(in.data, out.data, in.numel(), type, comm_, options_.stream);
+  });
 }
 
 absl::StatusOr<Issued> NcclComm::IssueReduceScatter(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckReduceScatter(in, out, rank_, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(Usable("reduce_scatter"));
-  Issued issued;
-  if (out.numel() == 0) return issued;
-  RETURN_IF_ERROR(Run(
-      "reduce_scatter", options_.synchronous,
-      [&] {
-        return ncclReduceScatter(in.data, out.data, out.numel(), type, ncclSum, comm_,
-                                 options_.stream);
-      },
-      &issued));
-  return issued;
+  return Issue("reduce_scatter", out.numel(), [&] {
+    return ncclReduceScatter(in.data, out.data, out.numel(), type, ncclSum, comm_, options_.stream);
+  });
 }
 
 absl::StatusOr<Issued> NcclComm::IssueAllToAll(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllToAll(in, out, size_, Device::kCuda));
   ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.dtype));
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(Usable("all_to_all"));
-  Issued issued;
-  if (in.numel() == 0) return issued;
-  RETURN_IF_ERROR(Run(
-      "all_to_all", options_.synchronous,
-      [&] {
-        return ncclAlltoAll(in.data, out.data, in.numel() / size_, type, comm_, options_.stream);
-      },
-      &issued));
-  return issued;
+  return Issue("all_to_all", in.numel(), [&] {
+    return ncclAlltoAll(in.data, out.data, in.numel() / size_, type, comm_, options_.stream);
+  });
 }
 
 absl::Status NcclComm::WaitIssued(int64_t id) {

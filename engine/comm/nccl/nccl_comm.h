@@ -110,6 +110,10 @@ class NcclComm final : public Comm {
   absl::Status Init();
   std::string Name() const;
   bool Ordered() const;
+  // The Issue* forms after their argument checks (takes mu_): Run, deferred, unless the
+  // collective moves nothing.
+  absl::StatusOr<Issued> Issue(const char* op, int64_t numel,
+                               const std::function<ncclResult_t()>& enqueue);
   // The rest expect mu_ held.
   // Enqueues one collective (`enqueue` makes the NCCL call) between its events, ordered with the
   // compute stream; when `wait`, returns once it has completed. With `deferred` (and a compute
