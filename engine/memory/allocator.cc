@@ -57,6 +57,13 @@ void Buffer::Reset() {
   bytes_ = 0;
 }
 
+void Buffer::ResetUncached() {
+  if (alloc_ && view_.data) alloc_->FreeUncached(view_.data, bytes_, tier_);
+  alloc_ = nullptr;
+  view_ = Tensor();
+  bytes_ = 0;
+}
+
 size_t SizeClassCache::SizeClass(size_t bytes) {
   constexpr size_t kSmall = 512, kLarge = size_t{2} << 20, kSplit = size_t{1} << 20;
   if (bytes == 0) bytes = 1;

@@ -18,6 +18,10 @@ class Allocator {
   // Returns nullptr-free memory or an error (RESOURCE_EXHAUSTED names the tier and size).
   virtual absl::StatusOr<void*> Allocate(size_t bytes, Tier tier) = 0;
   virtual void Free(void* ptr, size_t bytes, Tier tier) = 0;
+  // Free, but the memory goes back to the system now instead of into a cache: for one-off sizes
+  // that no later request shares (a library's plan-timing workspace), which a caching allocator
+  // would otherwise hold for the rest of the process.
+  virtual void FreeUncached(void* ptr, size_t bytes, Tier tier) { Free(ptr, bytes, tier); }
   MemoryTracker& tracker() { return tracker_; }
   const MemoryTracker& tracker() const { return tracker_; }
 
@@ -67,6 +71,8 @@ class Buffer {
   ~Buffer() { Reset(); }
 
   void Reset();
+  // Reset through Allocator::FreeUncached.
+  void ResetUncached();
   const Tensor& tensor() const { return view_; }
   Tensor& tensor() { return view_; }
   bool empty() const { return view_.data == nullptr; }

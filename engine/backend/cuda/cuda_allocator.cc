@@ -81,6 +81,28 @@ void CudaAllocator::Free(void* ptr, size_t bytes, Tier tier) {
   tracker_.OnFree(tier, bytes);
 }
 
+void CudaAllocator::FreeUncached(void* ptr, size_t bytes, Tier tier) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool host = !IsDeviceTier(tier);
+  Pool& pool = host ? host_ : device_;
+  auto it = pool.live.find(ptr);
+  if (it == pool.live.end()) {
+    std::fprintf(stderr, "CudaAllocator::FreeUncached: %p was not allocated here (tier %s)\n", ptr,
+                 TierName(tier));
+    std::abort();
+  }
+  cudaDeviceSynchronize();
+  if (host) {
+    cudaFreeHost(ptr);
+  } else {
+    cudaFree(ptr);
+  }
+  pool.reserved -= static_cast<int64_t>(it->second);
+  pool.live.erase(it);
+  tracker_.OnFree(tier, bytes);
+}
+
 void CudaAllocator::ReleasePool(Pool& pool, bool host) {
   bool any = false;
   for (auto& [cls, blocks] : pool.free) any |= !blocks.empty();

@@ -27,6 +27,9 @@ class CudaAllocator : public Allocator {
   Device device() const override { return Device::kCuda; }
   absl::StatusOr<void*> Allocate(size_t bytes, Tier tier) override;
   void Free(void* ptr, size_t bytes, Tier tier) override;
+  // cudaFree / cudaFreeHost now (after a device synchronize: work enqueued on any stream may
+  // still read the block).
+  void FreeUncached(void* ptr, size_t bytes, Tier tier) override;
 
   // Returns every cached (free) block to CUDA. Synchronizes the device first.
   void ReleaseCached();

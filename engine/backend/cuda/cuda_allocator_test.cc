@@ -49,6 +49,30 @@ TEST(CudaAllocatorTest, HostOffloadTierIsPinnedHostMemory) {
   EXPECT_EQ(alloc.stats().host_mallocs, 1);
 }
 
+TEST(CudaAllocatorTest, FreeUncachedGivesTheBlockBackToCuda) {
+  SKIP_WITHOUT_GPU();
+  CudaAllocator alloc;
+  auto kept = Buffer::Make(&alloc, DType::kBF16, {3 << 20}, Tier::kActivations);
+  ASSERT_TRUE(kept.ok());
+  const int64_t base = alloc.stats().device_reserved;
+  size_t free_before = 0, free_after = 0, total = 0;
+  auto once = Buffer::Make(&alloc, DType::kBF16, {256 << 20}, Tier::kWorkspace);  // 512 MiB
+  ASSERT_TRUE(once.ok());
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  EXPECT_EQ(alloc.stats().device_reserved, base + (int64_t{512} << 20));
+  once->ResetUncached();
+  EXPECT_EQ(alloc.stats().device_reserved, base) << "the block must leave the cache";
+  EXPECT_EQ(alloc.tracker().current(Tier::kWorkspace), 0);
+  EXPECT_EQ(alloc.tracker().peak(Tier::kWorkspace), int64_t{512} << 20);
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_GE(free_after, free_before + (size_t{500} << 20)) << "CUDA must have the memory back";
+  // A plain Free of the same size keeps the block, as before.
+  auto cached = Buffer::Make(&alloc, DType::kBF16, {256 << 20}, Tier::kWorkspace);
+  ASSERT_TRUE(cached.ok());
+  cached->Reset();
+  EXPECT_EQ(alloc.stats().device_reserved, base + (int64_t{512} << 20));
+}
+
 TEST(CudaAllocatorTest, LimitGivesResourceExhausted) {
   SKIP_WITHOUT_GPU();
   CudaAllocator alloc(1 << 20);

@@ -307,7 +307,7 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
       int64_t need = 0;
       for (const auto& [key, other] : graphs) need = std::max(need, other.workspace);
       if (!workspace.empty() && static_cast<int64_t>(workspace.tensor().bytes()) > need) {
-        workspace.Reset();
+        workspace.ResetUncached();
       }
       ASSIGN_OR_RETURN(ws, Workspace(e->workspace));
     }
@@ -461,8 +461,11 @@ absl::StatusOr<CudnnAttention::Impl::Entry*> CudnnAttention::Impl::Get(const Att
 absl::StatusOr<void*> CudnnAttention::Impl::Workspace(int64_t bytes) {
   if (bytes <= 0) return nullptr;
   if (workspace.empty() || static_cast<int64_t>(workspace.tensor().bytes()) < bytes) {
-    // Grows only (Execute shrinks it once per shape), so steady state allocates nothing.
-    workspace.Reset();
+    // Grows only (Execute shrinks it once per shape), so steady state allocates nothing. The
+    // sizes are one-offs (a shape's largest plan while timing, then its chosen plan's), so the
+    // old block goes back to CUDA rather than into the allocator's cache, where no later request
+    // would reuse it and the process would hold it to the end.
+    workspace.ResetUncached();
     ASSIGN_OR_RETURN(workspace,
                      Buffer::Make(alloc, DType::kBF16, {(bytes + 1) / 2}, Tier::kWorkspace));
   }
