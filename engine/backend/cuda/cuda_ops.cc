@@ -51,16 +51,6 @@ bool OnHost(const void* p) {
   return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
 }
 
-// Ordinary (pageable) host memory, which cudaMemcpy stages through a slow driver path.
-bool Pageable(const void* p) {
-  cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return true;
-  }
-  return a.type == cudaMemoryTypeUnregistered;
-}
-
 }  // namespace
 
 cudaEvent_t CudaOps::PoolEvent() {
@@ -141,10 +131,6 @@ CudaOps::~CudaOps() {
   gemm_workspace_.Reset();
   partials_.Reset();
   if (host_partials_) cudaFreeHost(host_partials_);
-  for (int i = 0; i < 2; ++i) {
-    if (stage_[i]) cudaFreeHost(stage_[i]);
-    if (stage_done_[i]) cudaEventDestroy(stage_done_[i]);
-  }
   for (cudaStream_t s : {compute_, copy_, comm_}) {
     if (s) cudaStreamDestroy(s);
   }
@@ -255,67 +241,12 @@ void CudaOps::Copy2D(const Tensor& src, int64_t src_stride, const Tensor& dst, i
                               rows, cudaMemcpyDefault, compute_));
 }
 
-void CudaOps::Stage(const Tensor& dev, void* host, DType host_dtype, bool to_device) {
-  if (stage_[0] == nullptr) {
-    for (int i = 0; i < 2; ++i) {
-      cudaCheck(cudaHostAlloc(&stage_[i], kStageBytes, cudaHostAllocDefault));
-      cudaCheck(cudaEventCreateWithFlags(&stage_done_[i], cudaEventDisableTiming));
-    }
-  }
-  const char* op = to_device ? "Upload" : "Download";
-  const int64_t n = dev.numel(), dev_size = DTypeSize(dev.dtype), host_size = DTypeSize(host_dtype);
-  const int64_t per_chunk = kStageBytes / dev_size;
-  const int64_t chunks = (n + per_chunk - 1) / per_chunk;
-  char* d = static_cast<char*>(dev.data);
-  char* h = static_cast<char*>(host);
-  auto count = [&](int64_t k) { return std::min(per_chunk, n - k * per_chunk); };
-  // Host side of chunk k: fill the pinned chunk (upload) or empty it (download).
-  auto host_part = [&](int64_t k) {
-    void* pinned = stage_[k % 2];
-    char* hk = h + k * per_chunk * host_size;
-    if (to_device) {
-      HostConvert(hk, host_dtype, pinned, dev.dtype, count(k), op);
-    } else {
-      cudaCheck(cudaEventSynchronize(stage_done_[k % 2]));
-      HostConvert(pinned, dev.dtype, hk, host_dtype, count(k), op);
-    }
-  };
-  // Device side of chunk k, on the compute stream (ordered after the work that made `dev`).
-  auto dma = [&](int64_t k) {
-    const size_t bytes = static_cast<size_t>(count(k) * dev_size);
-    char* dk = d + k * per_chunk * dev_size;
-    if (to_device) {
-      cudaCheck(cudaMemcpyAsync(dk, stage_[k % 2], bytes, cudaMemcpyHostToDevice, compute_));
-    } else {
-      cudaCheck(cudaMemcpyAsync(stage_[k % 2], dk, bytes, cudaMemcpyDeviceToHost, compute_));
-    }
-    cudaCheck(cudaEventRecord(stage_done_[k % 2], compute_));
-  };
-  for (int64_t k = 0; k < chunks; ++k) {
-    if (to_device) {
-      // The chunk's pinned buffer was last read by chunk k - 2's copy.
-      if (k >= 2) cudaCheck(cudaEventSynchronize(stage_done_[k % 2]));
-      host_part(k);
-      dma(k);
-    } else {
-      dma(k);
-      if (k >= 1) host_part(k - 1);
-    }
-  }
-  if (!to_device) host_part(chunks - 1);
-  cudaCheck(cudaStreamSynchronize(compute_));
-}
-
 void CudaOps::Upload(const void* host, DType host_dtype, const Tensor& dst) {
   Scope scope(this, "upload");
   CheckData(dst, "Upload", "dst");
   const int64_t n = dst.numel();
   if (n == 0) return;
   ITHACA_CHECK(host != nullptr, "CudaOps::Upload: null host pointer");
-  if (dst.bytes() >= kStageBytes && Pageable(host)) {
-    Stage(dst, const_cast<void*>(host), host_dtype, /*to_device=*/true);
-    return;
-  }
   if (host_dtype == dst.dtype) {
     cudaCheck(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, compute_));
   } else {
@@ -335,10 +266,6 @@ void CudaOps::Download(const Tensor& src, void* host, DType host_dtype) {
   const int64_t n = src.numel();
   if (n == 0) return;
   ITHACA_CHECK(host != nullptr, "CudaOps::Download: null host pointer");
-  if (src.bytes() >= kStageBytes && Pageable(host)) {
-    Stage(src, host, host_dtype, /*to_device=*/false);
-    return;
-  }
   if (host_dtype == src.dtype) {
     cudaCheck(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, compute_));
     cudaCheck(cudaStreamSynchronize(compute_));

@@ -172,15 +172,6 @@ class CudaOps : public Ops {
   Buffer gemm_workspace_;
   Buffer partials_;                  // f64 per-block sums of Sum / SumSquares
   double* host_partials_ = nullptr;  // pinned
-  // Two pinned chunks through which large Upload/Download transfers stream (Stage), allocated
-  // on the first such transfer (a checkpoint) and kept: 2 x kStageBytes of pinned host memory.
-  static constexpr int64_t kStageBytes = int64_t{16} << 20;
-  void* stage_[2] = {nullptr, nullptr};
-  cudaEvent_t stage_done_[2] = {nullptr, nullptr};
-  // Copies `n` elements between pageable `host` (host_dtype) and the device tensor `dev`
-  // (to_device: host -> dev) through the pinned chunks: each chunk's DMA overlaps the host-side
-  // copy or conversion of the previous one. Pageable cudaMemcpy ran at 1.8 GB/s on the H200 host.
-  void Stage(const Tensor& dev, void* host, DType host_dtype, bool to_device);
   std::unique_ptr<cuda::LtGemm> gemm_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   const char* last_attention_ = "none";

@@ -76,33 +76,6 @@ TEST_F(CudaOpsTest, FillCopyUploadDownload) {
   }
 }
 
-// Transfers of 16 MiB and more stream through two pinned chunks: several chunks, a ragged last
-// one, with and without a dtype conversion, both ways, and a device tensor that is a view.
-TEST_F(CudaOpsTest, LargeUploadDownloadThroughPinnedChunks) {
-  const int64_t n = (int64_t{5} << 22) + 12345;  // 5 chunks of 4M f32 and a ragged sixth
-  std::vector<float> src(n);
-  for (int64_t i = 0; i < n; ++i) src[i] = static_cast<float>((i * 7919) % 100003) - 50000.f;
-  auto f = Buffer::Make(alloc_.get(), DType::kF32, {n + 3}, Tier::kActivations);
-  ASSERT_TRUE(f.ok());
-  ops_->Fill(f->tensor(), -7.f);
-  const Tensor view = f->tensor().Slice(3, {n});
-  ops_->Upload(src.data(), DType::kF32, view);
-  std::vector<float> back(n, 0.f);
-  ops_->Download(view, back.data(), DType::kF32);
-  ASSERT_EQ(back, src);
-  float head[3];
-  ops_->Download(f->tensor().Slice(0, {3}), head, DType::kF32);
-  EXPECT_EQ(head[0], -7.f) << "the upload wrote outside its view";
-  // f32 host -> bf16 device -> f32 host: each value comes back rounded to bf16.
-  auto b = Buffer::Make(alloc_.get(), DType::kBF16, {n}, Tier::kActivations);
-  ASSERT_TRUE(b.ok());
-  ops_->Upload(src.data(), DType::kF32, b->tensor());
-  std::vector<float> widened(n, 0.f);
-  ops_->Download(b->tensor(), widened.data(), DType::kF32);
-  for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(widened[i], cuda_test::RoundBf16(src[i])) << i;
-  ASSERT_EQ(widened[n - 1], cuda_test::RoundBf16(src[n - 1]));
-}
-
 // Views one element into their buffers: Fill, Copy (both conversions), Axpy and the
 // reductions take their scalar loops (the aligned tests above take the vector ones).
 TEST_F(CudaOpsTest, ElementwiseOnUnalignedViews) {
