@@ -17,6 +17,10 @@
 // communication time the compute stream spent doing something else (the share hidden under
 // compute). Rank 0's summary is also in its result line.
 // --plan_only prints the planner's per-rank memory for the layout without a GPU.
+// --probe=W is the memory probe (as train_bench's): one untimed step per S with attention limited
+// to a causal window of W keys, every buffer, copy and collective at full size. Its lines say
+// "mode": "memory-probe", carry no throughput, and put rank 0's measured device and host peaks
+// and its whole process (cudaMemGetInfo) beside the planner's.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -63,6 +67,7 @@ ABSL_FLAG(std::string, timeline, "",
           "PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl (CUDA only)");
 ABSL_FLAG(double, comm_timeout_s, 600, "bound on joining and on every collective");
 ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
+ABSL_FLAG(int64_t, probe, 0, "memory probe: attention window W (0: real, timed steps)");
 ABSL_FLAG(bool, plan_only, false,
           "print the planner's per-rank device memory for each S and exit (no GPU, no ranks)");
 
@@ -437,10 +442,13 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
   ASSIGN_OR_RETURN(Buffer loss_buf, Buffer::Make(alloc, DType::kF32, {1}, Tier::kComm));
   const float grad_scale = 1.f / static_cast<float>(S * dp);
 
-  const int warmup = absl::GetFlag(FLAGS_warmup), timed = absl::GetFlag(FLAGS_steps);
+  const int64_t probe = absl::GetFlag(FLAGS_probe);
+  // A probe is one step: its time is not a measurement.
+  const int warmup = probe > 0 ? 0 : absl::GetFlag(FLAGS_warmup);
+  const int timed = probe > 0 ? 1 : absl::GetFlag(FLAGS_steps);
   std::vector<double> step_s;
   double loss = 0;
-  int64_t device_peak = 0, process_used = 0;
+  int64_t device_peak = 0, host_peak = 0, process_used = 0;
   absl::StatusOr<bench::Json> timeline_summary = absl::NotFoundError("no timeline");
   for (int step = 0; step < warmup + timed; ++step) {
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
@@ -467,6 +475,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     device_peak = alloc->tracker().device_peak();
+    host_peak = alloc->tracker().peak(Tier::kHostOffload);
     process_used = bench::DeviceUsedBytes();
     // The loss, outside the timed span: summed over the Ulysses shares and the replicas.
     if (r.world) RETURN_IF_ERROR(r.world->AllReduce(loss_buf.tensor()));
@@ -508,20 +517,27 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
       .Int("sp", sp)
       .Int("dp", dp)
       .Bool("overlap", mo.overlap)
+      .Str("mode", probe > 0 ? "memory-probe" : "throughput")
       .Obj("techniques", techniques);
   if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
-  line.Num("tok_per_s", tok_s)
-      .Num("tok_per_s_per_gpu", tok_s / world)
-      .Num("model_tflops_per_gpu", tflops / world);
-  if (ops->PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / world / ops->PeakFlops());
+  if (probe > 0) {
+    line.Int("probe_window", probe);
+  } else {
+    line.Num("tok_per_s", tok_s)
+        .Num("tok_per_s_per_gpu", tok_s / world)
+        .Num("model_tflops_per_gpu", tflops / world);
+    if (ops->PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / world / ops->PeakFlops());
+  }
   line.Num("step_s", t).Raw("step_times_s", steps_json).Int("device_peak_bytes", device_peak);
+  line.Int("host_offload_peak_bytes", host_peak);
   if (cuda) {
     // Rank 0's GPU as the device sees it (context, libraries, NCCL and the allocator's
     // reservations), against the planner's prediction for one rank.
     line.Int("process_device_used_bytes", process_used);
     absl::StatusOr<MemoryPlan> plan = Plan(cfg, S, world, sp);
     if (plan.ok()) {
-      line.Int("planner_device_total_bytes", plan->device_total());
+      line.Int("planner_device_total_bytes", plan->device_total())
+          .Int("planner_host_offload_bytes", plan->peak[static_cast<int>(Tier::kHostOffload)]);
       if (process_used > 0) {
         line.Num("planner_rel_error_process",
                  double(plan->device_total() - process_used) / double(process_used));
@@ -539,7 +555,7 @@ absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
   JobSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
   RankSetup r;
-  ASSIGN_OR_RETURN(r.backend, MakeBackend(spec, rank));
+  ASSIGN_OR_RETURN(r.backend, MakeBackend(spec, rank, absl::GetFlag(FLAGS_probe)));
   const DeviceStreams streams = r.backend.ops->streams();
   const bool cuda = r.backend.device() == Device::kCuda;
   if (!absl::GetFlag(FLAGS_timeline).empty()) {
@@ -586,6 +602,11 @@ int Main() {
   const int world = absl::GetFlag(FLAGS_world), sp = absl::GetFlag(FLAGS_sp);
   if (world < 1 || sp < 1 || world % sp != 0) {
     std::fprintf(stderr, "--world %d, --sp %d: sp must divide world\n", world, sp);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_probe) > 0 && absl::GetFlag(FLAGS_backend) != "cuda") {
+    std::fprintf(stderr,
+                 "--probe: the memory probe needs --backend=cuda (its window is cuDNN's)\n");
     return 2;
   }
   if (absl::GetFlag(FLAGS_plan_only)) {

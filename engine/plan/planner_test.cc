@@ -276,3 +276,37 @@ TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// The longest contexts to probe on two H200s (139 GiB each, 256 GiB of host memory shared by the
+// two ranks): Llama-3-8B at 2M tokens and Llama-3.2-1B at 8M, with FSDP + Ulysses over both GPUs,
+// full checkpoints offloaded to the host, sequence tiles and one head per rank per UPipe stage.
+TEST(PlannerTest, LongestContextsOnTwoH200sFit) {
+  for (auto [preset, tokens] :
+       {std::pair<const char*, int64_t>{"llama-3-8b", int64_t{2} << 20},
+        std::pair<const char*, int64_t>{"llama-3.2-1b", int64_t{8} << 20}}) {
+    JobSpec spec;
+    spec.backend = "cuda";
+    spec.model.preset = preset;
+    spec.data.seq_len = tokens;
+    spec.parallel.world = 2;
+    spec.parallel.sp = 2;
+    spec.memory.checkpoint = CheckpointPolicy::kFull;
+    spec.memory.offload = true;
+    spec.memory.prefetch = false;
+    spec.memory.tile_tokens = 8192;
+    spec.memory.head_chunk = 2;
+    spec.memory.checkpoint_interval = 4;
+    spec.memory.overlap = false;
+    auto plan = PlanJob(spec, int64_t{139} << 30, int64_t{128} << 30);
+    ASSERT_TRUE(plan.ok()) << preset << ": " << plan.status();
+    std::printf("%s at %lld tokens on 2 GPUs:\n%s", preset, static_cast<long long>(tokens),
+                FormatPlan(*plan).c_str());
+    EXPECT_TRUE(plan->fits) << preset << ": " << plan->verdict;
+  }
+}
+
+}  // namespace
+}  // namespace ithaca

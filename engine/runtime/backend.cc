@@ -5,7 +5,7 @@
 
 namespace ithaca {
 
-absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu) {
+absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_window) {
   Backend b;
   if (spec.backend == "cpu") {
     b.ops = std::make_unique<CpuOps>();
@@ -18,7 +18,7 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu) {
   const size_t budget = spec.memory.gpu_budget_gib > 0
                             ? static_cast<size_t>(spec.memory.gpu_budget_gib * (1 << 30))
                             : 0;
-  ASSIGN_OR_RETURN(CudaBackend cuda, MakeCudaBackend(gpu, budget));
+  ASSIGN_OR_RETURN(CudaBackend cuda, MakeCudaBackend(gpu, budget, probe_window));
   b.alloc = std::move(cuda.alloc);
   b.ops = std::move(cuda.ops);
   b.device_bytes = cuda.device_bytes;

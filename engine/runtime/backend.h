@@ -21,7 +21,9 @@ struct Backend {
 };
 
 // `gpu` is the CUDA device of this rank (ignored on the CPU). FAILED_PRECONDITION naming
-// `backend` when the machine cannot run it.
-absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu);
+// `backend` when the machine cannot run it. `probe_window` > 0 (benches only) makes a CUDA
+// backend the memory probe's: attention sees a causal window of that many keys
+// (CudaOps::Options::probe_window), every buffer keeps its full size.
+absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_window = 0);
 
 }  // namespace ithaca

@@ -14,7 +14,7 @@ namespace ithaca {
 
 bool BuiltWithCuda() { return true; }
 
-absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes) {
+absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes, int64_t probe_window) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     return absl::FailedPreconditionError(
@@ -44,6 +44,7 @@ absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes) {
   auto alloc = std::make_unique<CudaAllocator>(budget_bytes);
   CudaOps::Options opts;
   opts.alloc = alloc.get();
+  opts.probe_window = probe_window;
   b.ops = std::make_unique<CudaOps>(opts);
   b.alloc = std::move(alloc);
   return b;

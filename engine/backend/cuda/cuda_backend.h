@@ -32,7 +32,8 @@ struct CudaBackend {
 // CudaOps on GPU `gpu` (made the current device) with a caching allocator capped at
 // `budget_bytes` (0: no cap). FAILED_PRECONDITION when there is no such GPU or no CUDA, or when
 // the cuDNN or NCCL loaded is older than the one built against (naming both versions).
-absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes);
+// `probe_window` > 0: the memory probe's attention window (CudaOps::Options::probe_window).
+absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes, int64_t probe_window = 0);
 
 // GPU `gpu`'s memory in bytes; 0 when there is no such GPU (or no CUDA). Makes it the current
 // device. (Collectives are put on CudaOps' streams through Ops::streams / Comm::UseStreams.)
