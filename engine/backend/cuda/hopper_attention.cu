@@ -597,7 +597,7 @@ cudaError_t launch_cluster(int cluster, void const* q, void const* k, void const
   }
 }
 
-// Cluster size per shape, from one H200 run (forward TFLOPS, causal, Hq 32, Hkv 8; cluster
+// Cluster size per shape, from one H200 run (s4-2; forward TFLOPS, causal, Hq 32, Hkv 8; cluster
 // 1 = the kernel without multicast; bench/hopper_attention/README.md):
 //   head_dim 64,  S 64K/128K/256K/512K: 1: 508/508/498/473  2: 513/516/511/502  4: 483/489/487/481
 //   head_dim 128, S 64K/128K/256K/512K: 1: 601/572/531/506  2: 619/595/574/563  4: 593/594/582/580
