@@ -8,6 +8,10 @@ Layout everywhere: Q/O [S, Hq, D], K/V [S, Hkv, D] bf16, LSE [Hq, S] f32 (natura
   python3 bench.py check                 # correctness at small S
   python3 bench.py bench --S 65536,...   # timings, JSON lines on stdout
   python3 bench.py one --impl ours --S 131072 --D 64   # a single launch (for ncu)
+
+impl "ours" is the kernel's own cluster choice per shape; "ours_c1", "ours_c2", "ours_c4" force a
+cluster size (K/V multicast to 2 or 4 CTAs); "base" is another build of the C ABI, loaded from
+HOPPER_ATTN_BASE_LIB (e.g. the kernel before a change), timed in the same run.
 """
 import argparse, ctypes, json, math, os, sys, time
 
@@ -19,19 +23,45 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HQ, HKV = 32, 8
 
 
-def load_lib():
-    lib = ctypes.CDLL(os.environ.get("HOPPER_ATTN_LIB", os.path.join(HERE, "build", "libhopper_attention.so")))
+def load_lib(path=None):
+    lib = ctypes.CDLL(path or os.environ.get("HOPPER_ATTN_LIB", os.path.join(HERE, "build", "libhopper_attention.so")))
     lib.hopper_attention_fwd.restype = ctypes.c_int
     lib.hopper_attention_fwd.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+    if hasattr(lib, "hopper_attention_fwd_cluster"):
+        lib.hopper_attention_fwd_cluster.restype = ctypes.c_int
+        lib.hopper_attention_fwd_cluster.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+        lib.hopper_attention_cluster_size.restype = ctypes.c_int
+        lib.hopper_attention_cluster_size.argtypes = [ctypes.c_int] * 4
     return lib
 
 
-def ours(lib, q, k, v, o, lse):
+_BASE = []
+
+
+def base_lib():
+    if not _BASE:
+        _BASE.append(load_lib(os.environ["HOPPER_ATTN_BASE_LIB"]))
+    return _BASE[0]
+
+
+def ours(lib, q, k, v, o, lse, cluster=0):
+    """cluster 0: the kernel's own choice (hopper_attention_fwd); 1, 2, 4: forced."""
     S, Hq, D = q.shape
-    rc = lib.hopper_attention_fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                                  S, Hq, k.shape[1], D, torch.cuda.current_stream().cuda_stream)
+    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), S, Hq, k.shape[1], D)
+    stream = torch.cuda.current_stream().cuda_stream
+    if cluster:
+        rc = lib.hopper_attention_fwd_cluster(*args, cluster, stream)
+    else:
+        rc = lib.hopper_attention_fwd(*args, stream)
     if rc != 0:
-        raise RuntimeError(f"hopper_attention_fwd returned {rc}")
+        raise RuntimeError(f"hopper_attention_fwd returned {rc} (cluster {cluster})")
+
+
+def run_impl(lib, impl, q, k, v, o, lse):
+    """impl: ours | ours_c1 | ours_c2 | ours_c4 | base."""
+    if impl == "base":
+        return ours(base_lib(), q, k, v, o, lse)
+    return ours(lib, q, k, v, o, lse, int(impl[len("ours_c"):]) if impl.startswith("ours_c") else 0)
 
 
 def sdpa(backend, q, k, v):
@@ -66,7 +96,7 @@ def reference(q, k, v):
     return O, L
 
 
-def check(lib, sizes=(128, 1024, 4096, 4160, 1000)):
+def check(lib, sizes=(128, 1024, 4096, 4160, 1000), impls=("ours",)):
     ok_all = True
     torch.manual_seed(1234)
     for D in (64, 128):
@@ -76,25 +106,27 @@ def check(lib, sizes=(128, 1024, 4096, 4160, 1000)):
             v = torch.randn(S, HKV, D, device="cuda", dtype=torch.bfloat16)
             o = torch.full((S, HQ, D), float("nan"), device="cuda", dtype=torch.bfloat16)
             lse = torch.full((HQ, S), float("nan"), device="cuda", dtype=torch.float32)
-            ours(lib, q, k, v, o, lse)
-            torch.cuda.synchronize()
             O, L = reference(q, k, v)
-            o2 = torch.full_like(o, float("nan"))
-            lse2 = torch.full_like(lse, float("nan"))
-            ours(lib, q, k, v, o2, lse2)
-            torch.cuda.synchronize()
-            of = o.float()
-            nan = int(torch.isnan(of).sum().item() + torch.isnan(lse).sum().item())
-            err_o = (of - O).abs().max().item()
-            rel_o = ((of - O).norm() / O.norm()).item()
-            err_l = (lse - L).abs().max().item()
-            det = bool(torch.equal(o, o2) and torch.equal(lse, lse2))
-            # bf16 output rounding alone gives ~4e-3 relative; 1e-2 norm-relative is the bar.
-            ok = nan == 0 and rel_o < 1e-2 and err_o < 5e-2 and err_l < 1e-3 and det
-            ok_all &= ok
-            print(json.dumps({"check": "fwd", "lib": os.path.basename(os.environ.get("HOPPER_ATTN_LIB", "libhopper_attention.so")), "S": S, "D": D, "Hq": HQ, "Hkv": HKV, "nan_or_unwritten": nan,
-                              "o_max_abs_err": err_o, "o_rel_l2_err": rel_o, "lse_max_abs_err": err_l,
-                              "deterministic": det, "ok": ok}), flush=True)
+            for impl in impls:
+              o.fill_(float("nan")); lse.fill_(float("nan"))
+              run_impl(lib, impl, q, k, v, o, lse)
+              torch.cuda.synchronize()
+              o2 = torch.full_like(o, float("nan"))
+              lse2 = torch.full_like(lse, float("nan"))
+              run_impl(lib, impl, q, k, v, o2, lse2)
+              torch.cuda.synchronize()
+              of = o.float()
+              nan = int(torch.isnan(of).sum().item() + torch.isnan(lse).sum().item())
+              err_o = (of - O).abs().max().item()
+              rel_o = ((of - O).norm() / O.norm()).item()
+              err_l = (lse - L).abs().max().item()
+              det = bool(torch.equal(o, o2) and torch.equal(lse, lse2))
+              # bf16 output rounding alone gives ~4e-3 relative; 1e-2 norm-relative is the bar.
+              ok = nan == 0 and rel_o < 1e-2 and err_o < 5e-2 and err_l < 1e-3 and det
+              ok_all &= ok
+              print(json.dumps({"check": "fwd", "impl": impl, "lib": os.path.basename(os.environ.get("HOPPER_ATTN_LIB", "libhopper_attention.so")), "S": S, "D": D, "Hq": HQ, "Hkv": HKV, "nan_or_unwritten": nan,
+                                "o_max_abs_err": err_o, "o_rel_l2_err": rel_o, "lse_max_abs_err": err_l,
+                                "deterministic": det, "ok": ok}), flush=True)
             del q, k, v, o, lse, O, L, o2, lse2
             torch.cuda.empty_cache()
     return ok_all
@@ -133,8 +165,8 @@ def bench(lib, Ss, Ds, impls, out):
             for impl in impls:
                 note = ""
                 try:
-                    if impl == "ours":
-                        fn = lambda: ours(lib, q, k, v, o, lse)
+                    if impl.startswith("ours") or impl == "base":
+                        fn = lambda impl=impl: run_impl(lib, impl, q, k, v, o, lse)
                     else:
                         be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn_sdpa" else SDPBackend.FLASH_ATTENTION
                         with torch.no_grad():
@@ -144,6 +176,8 @@ def bench(lib, Ss, Ds, impls, out):
                                 sdpa(be, q, k, v)
                     ms, times, reps = time_fn(fn, est)
                     name = impl if impl != "ours" else os.environ.get("OURS_NAME", "ours")
+                    if impl == "ours" and hasattr(lib, "hopper_attention_cluster_size"):
+                        name += f"(cluster {lib.hopper_attention_cluster_size(S, HQ, HKV, D)})"
                     rec = {"impl": name, "S": S, "D": D, "Hq": HQ, "Hkv": HKV, "dir": "fwd", "ms": round(ms, 4),
                            "tflops": round(fl / (ms * 1e-3) / 1e12, 1), "reps": reps,
                            "ms_min": round(times[0], 4), "ms_max": round(times[-1], 4), "gpu": torch.cuda.get_device_name()}
@@ -161,6 +195,36 @@ def bench(lib, Ss, Ds, impls, out):
             torch.cuda.empty_cache()
 
 
+def same(lib, Ss, Ds, impls):
+    """Whether each impl writes bit for bit the O and LSE of "base" (multicast changes no arithmetic)."""
+    ok_all = True
+    for D in Ds:
+        for S in Ss:
+            torch.manual_seed(S + D)
+            q = torch.randn(S, HQ, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(S, HKV, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(S, HKV, D, device="cuda", dtype=torch.bfloat16)
+            o0 = torch.full((S, HQ, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+            l0 = torch.full((HQ, S), float("nan"), device="cuda", dtype=torch.float32)
+            run_impl(lib, "base", q, k, v, o0, l0)
+            for impl in impls:
+                o = torch.full_like(o0, float("nan"))
+                l = torch.full_like(l0, float("nan"))
+                run_impl(lib, impl, q, k, v, o, l)
+                torch.cuda.synchronize()
+                nan = int(torch.isnan(o).sum().item() + torch.isnan(l).sum().item())
+                eq = bool(torch.equal(o, o0) and torch.equal(l, l0))
+                ok_all &= eq and nan == 0
+                name = impl
+                if impl == "ours" and hasattr(lib, "hopper_attention_cluster_size"):
+                    name += f"(cluster {lib.hopper_attention_cluster_size(S, HQ, HKV, D)})"
+                print(json.dumps({"same_as_base": eq, "impl": name, "S": S, "D": D, "nan_or_unwritten": nan}), flush=True)
+                del o, l
+            del q, k, v, o0, l0
+            torch.cuda.empty_cache()
+    return ok_all
+
+
 def one(lib, impl, S, D, n):
     torch.manual_seed(7)
     q = torch.randn(S, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -170,8 +234,8 @@ def one(lib, impl, S, D, n):
     lse = torch.empty(HQ, S, device="cuda", dtype=torch.float32)
     torch.cuda.synchronize()
     for _ in range(n):
-        if impl == "ours":
-            ours(lib, q, k, v, o, lse)
+        if impl.startswith("ours") or impl == "base":
+            run_impl(lib, impl, q, k, v, o, lse)
         else:
             be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn_sdpa" else SDPBackend.FLASH_ATTENTION
             with torch.no_grad():
@@ -181,7 +245,7 @@ def one(lib, impl, S, D, n):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["check", "bench", "one"])
+    ap.add_argument("mode", choices=["check", "bench", "one", "same"])
     ap.add_argument("--S", default="65536,131072,262144,524288")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--impls", default="ours,cudnn_sdpa,flash_sdpa")
@@ -189,12 +253,16 @@ def main():
     ap.add_argument("--n", type=int, default=1)
     ap.add_argument("--out", default="")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--check-impls", default="ours", help="check these (ours, ours_c1, ours_c2, ours_c4, base)")
     a = ap.parse_args()
     lib = load_lib()
     print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                       "gpu": torch.cuda.get_device_name()}), flush=True)
     if a.mode == "check":
-        sys.exit(0 if (check(lib, (1000, 4160)) if a.quick else check(lib)) else 1)
+        impls = a.check_impls.split(",")
+        sys.exit(0 if (check(lib, (1000, 4160), impls) if a.quick else check(lib, impls=impls)) else 1)
+    if a.mode == "same":
+        sys.exit(0 if same(lib, [int(s) for s in a.S.split(",")], [int(d) for d in a.D.split(",")], a.impls.split(",")) else 1)
     if a.mode == "bench":
         bench(lib, [int(s) for s in a.S.split(",")], [int(d) for d in a.D.split(",")], a.impls.split(","), a.out)
     else:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: bench/hopper_attention/run_device.sh STEP...
-# STEPs: build check bench l2 v5final ncu (the kernel is the engine's own, built by build.sh; the
+# STEPs: build check bench l2 v5final cluster ncu (the kernel is the engine's own, built by build.sh; the
 # tile-order and pipeline variants in notes/ were built from the experimental copy this
 # directory held until the kernel moved into the engine: git show 710544f:bench/hopper_attention/hopper_fwd.cu). Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
@@ -38,6 +38,24 @@ for step in "$@"; do
           -k regex:attn_fwd --launch-count 1 python3 $H/bench.py one --impl ours --S $1 --D $2 >> "$OUT/ncu_v5.txt" 2>&1
       done
       grep -E "===|gpu__time|per_second|hit_rate|dram__" "$OUT/ncu_v5.txt" ;;
+    cluster)
+      # v6 (K/V multicast): forced cluster sizes 1/2/4 of this build against the kernel before
+      # clusters, $H/build/libhopper_base.so, built here with:
+      #   mkdir /tmp/b && git archive 5b402ed engine/backend/cuda bench/hopper_attention | tar -x -C /tmp/b
+      #   CUTLASS_INCLUDE=… LIB_OUT=$PWD/$H/build/libhopper_base.so /tmp/b/bench/hopper_attention/build.sh
+      export HOPPER_ATTN_BASE_LIB=$H/build/libhopper_base.so
+      for impls in base,ours_c1 ours_c2 ours_c4; do
+        timeout 60 python3 $H/bench.py check --check-impls $impls 2>&1 | grep -v Warn >> "$OUT/check_cluster.jsonl"
+      done
+      grep -c '"ok": true' "$OUT/check_cluster.jsonl"
+      timeout 60 python3 $H/bench.py same --S 65536,262144 --impls ours,ours_c2,ours_c4 2>&1 | grep -v Warn | tee "$OUT/same_cluster.jsonl"
+      MIN_REPS=2 timeout 150 python3 $H/bench.py bench --impls base,ours_c2,ours_c4 --out "$OUT/bench_cluster.jsonl" 2>&1 | grep -v Warn
+      for impl in base ours_c2 ours_c4; do
+        echo "=== L2 impl=$impl S=524288 D=64" | tee -a "$OUT/ncu_cluster.txt"
+        timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+          -k regex:attn_fwd --launch-count 1 python3 $H/bench.py one --impl $impl --S 524288 --D 64 >> "$OUT/ncu_cluster.txt" 2>&1
+      done
+      grep -E "===|gpu__time|per_second|hit_rate|dram__|grid_size" "$OUT/ncu_cluster.txt" ;;
     ncu)
       NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section WarpStateStats"
       Q=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')

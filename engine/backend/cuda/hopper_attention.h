@@ -26,11 +26,17 @@ const char* HopperAttentionUnsupported(int64_t s, int64_t hq, int64_t hkv, int64
                                        const void* k, const void* v, const void* o,
                                        const float* lse);
 
+// The thread-block cluster size the forward uses for this shape: 1 (no cluster), 2 or 4 CTAs
+// that hold query heads of one KV head and share (multicast) each K/V block load. Chosen per
+// shape from measurements (hopper_attention.cu, ClusterSizeFor).
+int HopperAttentionClusterSize(int64_t s, int64_t hq, int64_t hkv, int64_t d);
+
 // Enqueues the forward on `stream`; the shape must qualify (see above). Returns the launch's
-// error (cudaSuccess when enqueued).
+// error (cudaSuccess when enqueued). `cluster` 0 takes HopperAttentionClusterSize; 1, 2 or 4
+// force a cluster size (benchmarks; it must divide Hq / Hkv).
 cudaError_t HopperAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                    int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* o,
-                                   float* lse, cudaStream_t stream);
+                                   float* lse, cudaStream_t stream, int cluster = 0);
 
 }  // namespace cuda
 }  // namespace ithaca

@@ -14,8 +14,11 @@ const char* HopperAttentionUnsupported(int64_t, int64_t, int64_t, int64_t, const
   return "built without CUTLASS";
 }
 
+int HopperAttentionClusterSize(int64_t, int64_t, int64_t, int64_t) { return 1; }
+
 cudaError_t HopperAttentionForward(const uint16_t*, const uint16_t*, const uint16_t*, int64_t,
-                                   int64_t, int64_t, int64_t, uint16_t*, float*, cudaStream_t) {
+                                   int64_t, int64_t, int64_t, uint16_t*, float*, cudaStream_t,
+                                   int) {
   return cudaErrorNotSupported;
 }
 
