@@ -45,17 +45,16 @@ constexpr size_t kMaxDocumentEntries = 32;
 
 // ---- The attention forward's choice between cuDNN and the own Hopper kernel, per shape.
 // Forward TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16; bench/hopper_attention/README.md),
-// the own kernel against the engine's cuDNN 9.14:
-//   head_dim 64:  S 64K 511 vs 499, 128K 508 vs 498, 256K 496 vs 462, 512K 479 vs 428
-//   head_dim 128: S 64K 611 vs 609, 128K 572, 256K 542, 512K 531 (cuDNN 9.19: 554, 513, 487)
-// So the own kernel from 64K at head_dim 64 and from 128K at head_dim 128 (at 64K the two are
-// within the clock's 2-3 % from run to run); shorter S were not measured and stay on cuDNN.
+// the own kernel (K/V multicast over clusters of 2 or 4 CTAs from 64K, v6) against the
+// engine's cuDNN 9.14:
+//   head_dim 64:  S 64K 513-515 vs 499, 128K 516 vs 498, 256K 508-511 vs 462, 512K 500-502 vs 428
+//   head_dim 128: S 64K 619-620 vs 609, 128K 588-595, 256K 582-584, 512K 578-580
+//                 (cuDNN 9.19: 554, 513, 487 at 128K, 256K, 512K)
+// So the own kernel from 64K at both head dims; shorter S were not measured and stay on cuDNN.
 // The backward is cuDNN's either way: it reads the O and LSE (natural-log f32 [Hq, S], cuDNN's
 // stats layout for one sequence) that either forward writes.
 bool HopperMeasuredFaster(int64_t s, int64_t d) {
-  if (d == 64) return s >= 65536;
-  if (d == 128) return s >= 131072;
-  return false;
+  return (d == 64 || d == 128) && s >= 65536;
 }
 
 // ITHACA_ATTENTION_FORWARD, when set, overrides Options::attention_forward. Read once per
