@@ -2,6 +2,8 @@
 // oracle, forward and backward, causal with GQA, on sequence lengths no tile divides, plain and
 // packed with documents (cuDNN's ragged batch; the own kernel's mask); and the two GPU
 // implementations against each other.
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/cudnn_attention.h"
 #include "engine/backend/cuda/cuda_test_util.h"
 #include "gtest/gtest.h"
 
@@ -253,6 +256,66 @@ TEST(AttentionCrossCheck, CudnnAgreesWithOwnKernel) {
     for (const Buffer* t : {&to, &tl, &dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
   }
   const char* names[] = {"cross out", "cross lse", "cross dq", "cross dk", "cross dv"};
+  for (int j = 0; j < 5; ++j) EXPECT_CLOSE(res[1][j], res[0][j], 2e-2, names[j]);
+}
+
+// A shape's first call times every plan cuDNN offers, which needs the largest plan's workspace.
+// With memory too tight for that, it times the plans that fit instead of failing, and the
+// results equal those of a run with room.
+TEST(CudnnAttentionTest, TimesOnlyThePlansThatFitWhenMemoryIsTight) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 8192, hq = 32, hkv = 8, D = 64;
+  const cuda::AttentionShape sh{S, hq, hkv, D};
+  CudaAllocator data;  // the operands; the workspaces come from the allocators below
+  CudaOps::Options o;
+  o.alloc = &data;
+  CudaOps ops(o);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ops.streams().compute);
+  std::vector<float> q = Randn(S * hq * D, 11), k = Randn(S * hkv * D, 12),
+                     v = Randn(S * hkv * D, 13), dout = Randn(S * hq * D, 14);
+  auto tq = Dev(ops, &data, DType::kBF16, {S, hq, D}, q);
+  auto tk = Dev(ops, &data, DType::kBF16, {S, hkv, D}, k);
+  auto tv = Dev(ops, &data, DType::kBF16, {S, hkv, D}, v);
+  auto tdo = Dev(ops, &data, DType::kBF16, {S, hq, D}, dout);
+
+  CudaAllocator roomy;
+  cuda::CudnnAttention probe(stream, &roomy);
+  auto sizes = probe.PlanWorkspaces(sh, /*backward=*/true);
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  const int64_t largest = *std::max_element(sizes->begin(), sizes->end());
+  int64_t smallest = largest;
+  for (int64_t w : *sizes) {
+    if (w >= 0) smallest = std::min(smallest, w);
+  }
+  std::printf("  backward plans' workspaces:");
+  for (int64_t w : *sizes) std::printf(" %lld", static_cast<long long>(w));
+  std::printf("\n");
+  if (smallest == largest) GTEST_SKIP() << "cuDNN offers one workspace size for this shape";
+
+  // The forward's workspace is freed (to CUDA) before the backward's is allocated, so a cap of
+  // one byte under the largest plan's leaves room for every smaller plan only.
+  CudaAllocator tight(static_cast<size_t>(largest - 1));
+  std::vector<std::vector<float>> res[2];
+  CudaAllocator* allocs[2] = {&roomy, &tight};
+  for (int i = 0; i < 2; ++i) {
+    cuda::CudnnAttention attn(stream, allocs[i]);
+    auto to = Poisoned(ops, &data, DType::kBF16, {S, hq, D});
+    auto tl = Poisoned(ops, &data, DType::kF32, {hq, S});
+    auto dq = Poisoned(ops, &data, DType::kBF16, {S, hq, D});
+    auto dk = Poisoned(ops, &data, DType::kBF16, {S, hkv, D});
+    auto dv = Poisoned(ops, &data, DType::kBF16, {S, hkv, D});
+    ASSERT_TRUE(attn.Forward(sh, tq.tensor().data, tk.tensor().data, tv.tensor().data,
+                             to.tensor().data, tl.tensor().f32())
+                    .ok());
+    const absl::Status st = attn.Backward(sh, tq.tensor().data, tk.tensor().data, tv.tensor().data,
+                                          to.tensor().data, tdo.tensor().data, tl.tensor().f32(),
+                                          dq.tensor().data, dk.tensor().data, dv.tensor().data);
+    ASSERT_TRUE(st.ok()) << (i ? "tight: " : "roomy: ") << st;
+    for (const Buffer* t : {&to, &tl, &dq, &dk, &dv}) res[i].push_back(Host(ops, t->tensor()));
+  }
+  EXPECT_LT(tight.tracker().peak(Tier::kWorkspace), largest);
+  EXPECT_GE(roomy.tracker().peak(Tier::kWorkspace), largest) << "with room, every plan is timed";
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
   for (int j = 0; j < 5; ++j) EXPECT_CLOSE(res[1][j], res[0][j], 2e-2, names[j]);
 }
 

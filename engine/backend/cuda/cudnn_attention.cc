@@ -256,7 +256,34 @@ struct CudnnAttention::Impl {
 // on the real operands (a one-off cost of a few runs) and the fastest kept.
 absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t, void*>& pack,
                                            const char* what) {
-  ASSIGN_OR_RETURN(void* ws, Workspace(e->workspace));
+  // Timing every plan needs the largest one's workspace, a one-off the planner does not budget
+  // (it budgets the chosen plan's). Where memory is too tight for it, time the plans whose
+  // workspace fits, trying the sizes from the largest down, rather than fail the first step.
+  int64_t timing_limit = e->workspace;
+  absl::StatusOr<void*> got = Workspace(e->workspace);
+  if (!got.ok() && e->plan < 0 && absl::IsResourceExhausted(got.status())) {
+    std::vector<int64_t> sizes;
+    for (int64_t i = 0; i < e->plans; ++i) {
+      int64_t w = 0;
+      if (e->graph->get_workspace_size_plan_at_index(i, w).is_good() && w < e->workspace)
+        sizes.push_back(w);
+    }
+    std::sort(sizes.rbegin(), sizes.rend());
+    for (int64_t w : sizes) {
+      absl::StatusOr<void*> smaller = Workspace(w);
+      if (smaller.ok()) {
+        got = smaller;
+        timing_limit = w;
+        break;
+      }
+    }
+    if (got.ok() && Verbose()) {
+      std::fprintf(stderr, "  cuDNN SDPA %s: timing only plans with at most %lld B of workspace\n",
+                   what, static_cast<long long>(timing_limit));
+    }
+  }
+  RETURN_IF_ERROR(got.status());
+  void* ws = *got;
   if (e->plan < 0) {
     e->plan = 0;
     float best = 0;
@@ -274,6 +301,11 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
       cudaEventCreate(&a);
       cudaEventCreate(&b);
       for (int64_t i = 0; i < e->plans; ++i) {
+        int64_t plan_ws = 0;
+        if (e->graph->get_workspace_size_plan_at_index(i, plan_ws).is_bad() ||
+            plan_ws > timing_limit) {
+          continue;  // failed to build (a sweep's unsupported combination), or too large to fit
+        }
         if (e->graph->execute_plan_at_index(handle, pack, ws, i).is_bad()) {  // warm-up
           continue;  // a plan that failed to build (a sweep's unsupported combination)
         }
@@ -480,6 +512,18 @@ CudnnAttention::CudnnAttention(cudaStream_t stream, Allocator* alloc) : impl_(ne
 CudnnAttention::~CudnnAttention() {
   impl_->graphs.clear();
   if (impl_->handle) (void)fe::detail::destroy_handle(impl_->handle);
+}
+
+absl::StatusOr<std::vector<int64_t>> CudnnAttention::PlanWorkspaces(const AttentionShape& sh,
+                                                                    bool backward) {
+  RETURN_IF_ERROR(Prepare(sh, backward));
+  ASSIGN_OR_RETURN(Impl::Entry * e, impl_->Get(sh, backward));
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < e->plans; ++i) {
+    int64_t w = 0;
+    sizes.push_back(e->graph->get_workspace_size_plan_at_index(i, w).is_good() ? w : -1);
+  }
+  return sizes;
 }
 
 int64_t CudnnAttention::workspace_bytes() const {

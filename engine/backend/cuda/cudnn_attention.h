@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/memory/allocator.h"
@@ -65,6 +66,9 @@ class CudnnAttention {
   static int64_t RuntimeVersion();
   // Bytes of the workspace buffer now held (what the chosen plans of all shapes need).
   int64_t workspace_bytes() const;
+  // The workspace each of the shape's plans needs (-1: the plan failed to build). The first call
+  // of a shape times every plan that fits the memory left, the largest workspace first.
+  absl::StatusOr<std::vector<int64_t>> PlanWorkspaces(const AttentionShape& sh, bool backward);
 
  private:
   struct Impl;
