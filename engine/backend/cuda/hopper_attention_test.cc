@@ -103,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
 
 // Long S (no CPU oracle): cuDNN's forward is the reference; LSE to 1e-3 absolute. Also the rule:
-// kAuto picks the Hopper kernel from 64K at head_dim 64 and from 128K at head_dim 128.
+// kAuto picks the Hopper kernel from S 64K at both head dims (CudaOps::HopperMeasuredFaster).
 class HopperVsCudnn : public ::testing::TestWithParam<Shape4> {};
 
 TEST_P(HopperVsCudnn, ForwardMatchesCudnn) {
