@@ -90,6 +90,25 @@ TEST_P(HopperVsCpu, ForwardMatchesCpu) {
   ops.Fill(out.tensor(), std::nanf(""));
   ops.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), DocumentMask{});
   EXPECT_EQ(Host(ops, out.tensor()), first) << "a second launch differs";
+
+  // Clusters of 2 and 4 CTAs (K/V multicast; the per-shape rule uses them from S 64K) compute
+  // each tile as the kernel without clusters does: the same bits, O and LSE.
+  const std::vector<float> first_lse = Host(ops, lse.tensor());
+  const auto stream = static_cast<cudaStream_t>(ops.streams().compute);
+  for (int cluster : {2, 4}) {
+    if ((hq / hkv) % cluster != 0) continue;
+    ops.Fill(out.tensor(), std::nanf(""));
+    ops.Fill(lse.tensor(), std::nanf(""));
+    ASSERT_EQ(cuda::HopperAttentionForward(static_cast<const uint16_t*>(tq.tensor().data),
+                                           static_cast<const uint16_t*>(tk.tensor().data),
+                                           static_cast<const uint16_t*>(tv.tensor().data), S, hq,
+                                           hkv, D, static_cast<uint16_t*>(out.tensor().data),
+                                           lse.tensor().f32(), stream, cluster),
+              cudaSuccess)
+        << "cluster " << cluster;
+    EXPECT_EQ(Host(ops, out.tensor()), first) << "cluster " << cluster << ": O differs";
+    EXPECT_EQ(Host(ops, lse.tensor()), first_lse) << "cluster " << cluster << ": LSE differs";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
