@@ -47,6 +47,9 @@ absl::StatusOr<RankInfo> RankInfoFromEnvironment() {
   if (const char* host = std::getenv(kEnvGlooHost); host != nullptr && host[0] != '\0') {
     info.gloo_host = host;
   }
+  if (const char* d = std::getenv(kEnvGlooIssueDelay); d != nullptr && d[0] != '\0') {
+    ASSIGN_OR_RETURN(info.gloo_issue_delay_ms, IntFromEnv(kEnvGlooIssueDelay, 0));
+  }
   return info;
 }
 
@@ -64,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Comm>> ConnectComm(const RankInfo& info, Device d
   GlooOptions options;
   options.timeout_s = timeout_s;
   options.hostname = info.gloo_host;
+  options.issue_delay_ms = info.gloo_issue_delay_ms;
   ASSIGN_OR_RETURN(auto comm, GlooComm::Create(info.rank, info.world, info.rendezvous, options));
   return std::unique_ptr<Comm>(std::move(comm));
 }

@@ -18,6 +18,8 @@ inline constexpr char kEnvRendezvous[] = "ITHACA_RENDEZVOUS";
 inline constexpr char kEnvGpu[] = "ITHACA_GPU";
 // Optional: the address Gloo listens on when ranks span machines (default 127.0.0.1).
 inline constexpr char kEnvGlooHost[] = "ITHACA_GLOO_HOST";
+// Tests only: GlooOptions::issue_delay_ms, milliseconds each issued Gloo collective starts late.
+inline constexpr char kEnvGlooIssueDelay[] = "ITHACA_GLOO_ISSUE_DELAY_MS";
 
 struct RankInfo {
   int rank = 0;
@@ -25,6 +27,7 @@ struct RankInfo {
   int gpu = -1;            // the CUDA device of this rank; -1: not assigned (CPU runs)
   std::string rendezvous;  // "file:/abs/dir"; may be empty when world == 1
   std::string gloo_host = "127.0.0.1";
+  int gloo_issue_delay_ms = 0;  // tests only (kEnvGlooIssueDelay)
 };
 
 // Reads ITHACA_RANK, ITHACA_WORLD_SIZE, ITHACA_RENDEZVOUS, ITHACA_GPU (and ITHACA_GLOO_HOST).

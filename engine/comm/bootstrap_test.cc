@@ -16,7 +16,8 @@ class EnvTest : public ::testing::Test {
   void SetUp() override { Clear(); }
   void TearDown() override { Clear(); }
   static void Clear() {
-    for (const char* v : {kEnvRank, kEnvWorldSize, kEnvRendezvous, kEnvGpu, kEnvGlooHost}) {
+    for (const char* v :
+         {kEnvRank, kEnvWorldSize, kEnvRendezvous, kEnvGpu, kEnvGlooHost, kEnvGlooIssueDelay}) {
       unsetenv(v);
     }
   }
@@ -42,6 +43,7 @@ TEST_F(EnvTest, NotLaunchedAsARank) {
 TEST_F(EnvTest, ReadsEveryVariable) {
   Set("2", "4", "file:/tmp/x", "3");
   setenv(kEnvGlooHost, "10.0.0.7", 1);
+  setenv(kEnvGlooIssueDelay, "5", 1);
   auto info = RankInfoFromEnvironment();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->rank, 2);
@@ -49,10 +51,12 @@ TEST_F(EnvTest, ReadsEveryVariable) {
   EXPECT_EQ(info->gpu, 3);
   EXPECT_EQ(info->rendezvous, "file:/tmp/x");
   EXPECT_EQ(info->gloo_host, "10.0.0.7");
+  EXPECT_EQ(info->gloo_issue_delay_ms, 5);
   Set("0", "1", nullptr, nullptr);
   info = RankInfoFromEnvironment();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->gpu, -1);
+  EXPECT_EQ(info->gloo_issue_delay_ms, 0);
   EXPECT_EQ(info->gloo_host, "127.0.0.1");
 }
 
@@ -73,6 +77,9 @@ TEST_F(EnvTest, BadValuesAreNamed) {
   ExpectInvalid("ITHACA_GPU=\"gpu0\"");
   Set("0", "2x", "file:/tmp/x", nullptr);
   ExpectInvalid("ITHACA_WORLD_SIZE=\"2x\"");
+  Set("0", "2", "file:/tmp/x", nullptr);
+  setenv(kEnvGlooIssueDelay, "soon", 1);
+  ExpectInvalid("ITHACA_GLOO_ISSUE_DELAY_MS=\"soon\"");
 }
 
 TEST(ConnectCommTest, OneCpuRankIsASelfComm) {

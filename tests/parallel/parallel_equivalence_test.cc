@@ -38,6 +38,10 @@ struct Case {
   bool packed = false;  // packed documents under a document mask (parallel_rank --packed)
   bool sft = false;     // train on SFT data with data.loss_mask (parallel_rank --loss-mask)
   bool overlap = true;  // collectives under compute (memory.overlap)
+  // > 0: each issued Gloo collective starts this late (ITHACA_GLOO_ISSUE_DELAY_MS), so that a
+  // buffer read before its collective was waited for, or overwritten while one may still read
+  // it, gives wrong numbers every time.
+  int issue_delay_ms = 0;
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -70,26 +74,30 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   // Runs parallel_rank as `world` processes (one process and no rendezvous for world 0).
   static std::string RunRanks(const std::string& name, int world, std::vector<std::string> args,
-                              std::vector<testing::RankOutcome>* outcomes_out = nullptr) {
+                              std::vector<testing::RankOutcome>* outcomes_out = nullptr,
+                              int issue_delay_ms = 0) {
     const std::string out = absl::StrCat(*dir_, "/", name, ".safetensors");
     args.insert(args.begin(), {"tests/parallel/parallel_rank", "--out", out});
     testing::TempDir rendezvous;
     const int procs = std::max(world, 1);
-    auto outcomes =
-        testing::RunRanks(procs,
-                          [&](int rank) -> absl::Status {
-                            if (world > 0) {
-                              setenv("ITHACA_RANK", std::to_string(rank).c_str(), 1);
-                              setenv("ITHACA_WORLD_SIZE", std::to_string(world).c_str(), 1);
-                              setenv("ITHACA_RENDEZVOUS", rendezvous.rendezvous().c_str(), 1);
-                            }
-                            std::vector<char*> argv;
-                            for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-                            argv.push_back(nullptr);
-                            execv(argv[0], argv.data());
-                            return absl::InternalError(absl::StrCat("exec ", argv[0], " failed"));
-                          },
-                          {/*wall_limit_s=*/120, {}});
+    auto outcomes = testing::RunRanks(
+        procs,
+        [&](int rank) -> absl::Status {
+          if (world > 0) {
+            setenv("ITHACA_RANK", std::to_string(rank).c_str(), 1);
+            setenv("ITHACA_WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("ITHACA_RENDEZVOUS", rendezvous.rendezvous().c_str(), 1);
+          }
+          if (issue_delay_ms > 0) {
+            setenv("ITHACA_GLOO_ISSUE_DELAY_MS", std::to_string(issue_delay_ms).c_str(), 1);
+          }
+          std::vector<char*> argv;
+          for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+          argv.push_back(nullptr);
+          execv(argv[0], argv.data());
+          return absl::InternalError(absl::StrCat("exec ", argv[0], " failed"));
+        },
+        {/*wall_limit_s=*/120, {}});
     if (outcomes_out) {
       *outcomes_out = outcomes;
       return out;
@@ -130,7 +138,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
     if (c.packed) args.push_back("--packed");
     if (c.sft) args.push_back("--loss-mask");
     args.insert(args.end(), {"--checkpoint-interval", std::to_string(c.checkpoint_interval)});
-    const std::string got = RunRanks(c.name, c.world, args);
+    const std::string got = RunRanks(c.name, c.world, args, nullptr, c.issue_delay_ms);
     auto a = SafetensorsReader::Open(ref);
     auto b = SafetensorsReader::Open(got);
     ASSERT_TRUE(a.ok()) << a.status();
@@ -187,6 +195,22 @@ TEST_F(ParallelEquivalenceTest, WithoutOverlap) {
   rounds.overlap = false;
   Check(rounds);
   Check({"w2_sp2_fsdp_aware_rounds", 4, 2, 2, true, "attention-aware", 4});
+}
+
+// The overlapped schedule with every issued collective starting late: no buffer is read before
+// its collective was waited for, nor overwritten while one may still use it (what a GPU's comm
+// stream would expose only sometimes). FSDP gathers and reductions in flight, UPipe stages
+// pipelined within a K/V round and across rounds, a regrown group, data parallel beside Ulysses.
+TEST_F(ParallelEquivalenceTest, LateCollectivesChangeNothing) {
+  Case stages{"w2_sp2_full_interval2_late", 2, 2, 2, true, "full", 2, false, 8, 2};
+  stages.issue_delay_ms = 2;
+  Check(stages);
+  Case rounds{"w2_sp2_fsdp_aware_rounds_late", 4, 2, 2, true, "attention-aware", 4};
+  rounds.issue_delay_ms = 2;
+  Check(rounds);
+  Case dp{"w4_sp2_fsdp_full_group_late", 4, 4, 2, true, "full", 4, false, 16};
+  dp.issue_delay_ms = 2;
+  Check(dp);
 }
 
 TEST_F(ParallelEquivalenceTest, UlyssesKvHeadsEqualSp) {

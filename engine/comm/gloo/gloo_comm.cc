@@ -235,6 +235,12 @@ absl::StatusOr<Issued> GlooComm::Defer(std::function<absl::Status()> collective)
     background_ = std::make_unique<Background>();
     background_->thread = std::thread([b = background_.get()] { b->Loop(); });
   }
+  if (const int delay_ms = shared_->options.issue_delay_ms; delay_ms > 0) {
+    collective = [delay_ms, run = std::move(collective)] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      return run();
+    };
+  }
   std::lock_guard<std::mutex> lock(background_->mu);
   const int64_t id = background_->next_id++;
   background_->queue.emplace_back(id, std::move(collective));

@@ -37,6 +37,11 @@ struct GlooOptions {
   // Bound on connecting and on every collective: a peer that is dead or stuck yields an error
   // (UNAVAILABLE or DEADLINE_EXCEEDED) within this many seconds.
   double timeout_s = 60;
+  // Tests only: each issued collective (Issue*) starts this many milliseconds late on the
+  // background thread. A schedule that reads an issued collective's output before waiting, or
+  // writes its input while it may still be in flight (hazards a GPU's comm stream would hit at
+  // random), then gets wrong numbers every time instead of rarely.
+  int issue_delay_ms = 0;
 };
 
 class GlooComm final : public Comm {
