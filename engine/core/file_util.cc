@@ -96,6 +96,27 @@ absl::Status AtomicFileWriter::Write(const void* data, size_t n) {
   return absl::OkStatus();
 }
 
+absl::Status AtomicFileWriter::WriteAt(uint64_t offset, const void* data, size_t n) {
+  if (!f_) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  if (std::fflush(f_) != 0) {  // the buffered sequential writes land first
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path_, ": write failed: ", std::strerror(errno)));
+  }
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = pwrite(fileno(f_), p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(path_, ": write of ", n, " bytes at ",
+                                                       offset, " failed: ", std::strerror(errno)));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status AtomicFileWriter::Commit() {
   if (!f_) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
   bool ok = std::fflush(f_) == 0 && fsync(fileno(f_)) == 0;

@@ -2,6 +2,7 @@
 // so a crash or an error never leaves a partial file under the final name.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -30,6 +31,9 @@ class AtomicFileWriter {
 
   absl::Status Write(const void* data, size_t n);
   absl::Status Write(const std::string& s) { return Write(s.data(), s.size()); }
+  // Writes `n` bytes at byte `offset` of the file, wherever the sequential writes have reached
+  // (a gap reads as zeros until written): for content that arrives out of order.
+  absl::Status WriteAt(uint64_t offset, const void* data, size_t n);
   absl::Status Commit();
 
  private:

@@ -419,24 +419,30 @@ absl::Status CheckPending(const std::vector<Pending>& all) {
 // Writes `tensors` and `metadata` as one file, atomically. Data is laid out by decreasing element
 // size, then name (as the reference implementation does), so every tensor is aligned to its
 // element size; the header is padded with spaces to a multiple of 8 bytes.
-absl::Status WriteOne(const std::string& path, std::vector<Pending> tensors,
-                      const std::map<std::string, std::string>& metadata) {
+// One file's layout: its tensors in file order (the larger dtype first, then by name), each
+// one's data offset from the start of the file, and the header (its length prefix included).
+struct FileLayout {
+  std::vector<Pending> tensors;
+  std::vector<uint64_t> offsets;
+  std::string header;
+};
+
+absl::StatusOr<FileLayout> LayOut(const std::string& path, std::vector<Pending> tensors,
+                                  const std::map<std::string, std::string>& metadata) {
   std::sort(tensors.begin(), tensors.end(), [](const Pending& a, const Pending& b) {
     const size_t sa = DTypeSize(a.file_dtype), sb = DTypeSize(b.file_dtype);
     return sa != sb ? sa > sb : *a.name < *b.name;
   });
   Json header = Json::object();  // std::map-backed: keys sorted
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  FileLayout l;
   uint64_t offset = 0;
   for (const Pending& t : tensors) {
-    if (!t.data && NumElements(*t.shape) > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor '", *t.name, "': no data to write (null)"));
-    }
     const uint64_t bytes = t.file_bytes();
     header[*t.name] = {{"dtype", FileDTypeName(t.file_dtype)},
                        {"shape", *t.shape},
                        {"data_offsets", {offset, offset + bytes}}};
+    l.offsets.push_back(offset);
     offset += bytes;
   }
   std::string text;
@@ -447,34 +453,73 @@ absl::Status WriteOne(const std::string& path, std::vector<Pending> tensors,
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
+  l.header.assign(reinterpret_cast<const char*>(&n), 8);
+  l.header += text;
+  for (uint64_t& o : l.offsets) o += l.header.size();
+  l.tensors = std::move(tensors);
+  return l;
+}
 
-  ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(path));
-  RETURN_IF_ERROR(w.Write(&n, 8));
-  RETURN_IF_ERROR(w.Write(text));
+// Hands `out(bytes, n)` a tensor's `count` elements of `data` as `file_dtype`, converted a chunk
+// at a time (or all at once when no conversion is needed).
+template <typename Out>
+absl::Status ForEachChunk(const void* data, DType data_dtype, DType file_dtype, size_t count,
+                          Out&& out) {
+  if (data_dtype == file_dtype) return out(data, count * DTypeSize(data_dtype));
   constexpr size_t kChunk = 1 << 16;  // elements converted per write
   std::vector<uint8_t> buf;
-  for (const Pending& t : tensors) {
-    const size_t count = static_cast<size_t>(NumElements(*t.shape));
-    if (t.data_dtype == t.file_dtype) {
-      RETURN_IF_ERROR(w.Write(t.data, count * DTypeSize(t.data_dtype)));
-      continue;
+  for (size_t i0 = 0; i0 < count; i0 += kChunk) {
+    const size_t m = std::min(kChunk, count - i0);
+    buf.resize(m * DTypeSize(file_dtype));
+    if (data_dtype == DType::kF32) {  // f32 -> bf16
+      const float* src = static_cast<const float*>(data) + i0;
+      bf16* o = reinterpret_cast<bf16*>(buf.data());
+      for (size_t i = 0; i < m; ++i) o[i] = FloatToBf16(src[i]);
+    } else {  // bf16 -> f32
+      const bf16* src = static_cast<const bf16*>(data) + i0;
+      float* o = reinterpret_cast<float*>(buf.data());
+      for (size_t i = 0; i < m; ++i) o[i] = Bf16ToFloat(src[i]);
     }
-    for (size_t i0 = 0; i0 < count; i0 += kChunk) {
-      const size_t m = std::min(kChunk, count - i0);
-      buf.resize(m * DTypeSize(t.file_dtype));
-      if (t.data_dtype == DType::kF32) {  // f32 -> bf16
-        const float* src = static_cast<const float*>(t.data) + i0;
-        bf16* out = reinterpret_cast<bf16*>(buf.data());
-        for (size_t i = 0; i < m; ++i) out[i] = FloatToBf16(src[i]);
-      } else {  // bf16 -> f32
-        const bf16* src = static_cast<const bf16*>(t.data) + i0;
-        float* out = reinterpret_cast<float*>(buf.data());
-        for (size_t i = 0; i < m; ++i) out[i] = Bf16ToFloat(src[i]);
-      }
-      RETURN_IF_ERROR(w.Write(buf.data(), buf.size()));
+    RETURN_IF_ERROR(out(buf.data(), buf.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteOne(const std::string& path, std::vector<Pending> tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  ASSIGN_OR_RETURN(FileLayout l, LayOut(path, std::move(tensors), metadata));
+  for (const Pending& t : l.tensors) {
+    if (!t.data && NumElements(*t.shape) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", *t.name, "': no data to write (null)"));
     }
   }
+  ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(path));
+  RETURN_IF_ERROR(w.Write(l.header));
+  for (const Pending& t : l.tensors) {
+    RETURN_IF_ERROR(ForEachChunk(t.data, t.data_dtype, t.file_dtype,
+                                 static_cast<size_t>(NumElements(*t.shape)),
+                                 [&](const void* p, size_t n) { return w.Write(p, n); }));
+  }
   return w.Commit();
+}
+
+// The file of `tensors` opened with its header written, its tensors to come by Put.
+absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> OpenPieces(
+    const std::string& path, std::string name, std::vector<Pending> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  ASSIGN_OR_RETURN(FileLayout l, LayOut(path, std::move(tensors), metadata));
+  ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(path));
+  RETURN_IF_ERROR(w.Write(l.header));
+  std::map<std::string, SafetensorsPieceWriter::Slot> slots;
+  for (size_t i = 0; i < l.tensors.size(); ++i) {
+    SafetensorsPieceWriter::Slot& slot = slots[*l.tensors[i].name];
+    slot.offset = l.offsets[i];
+    slot.count = NumElements(*l.tensors[i].shape);
+    slot.file_dtype = l.tensors[i].file_dtype;
+  }
+  return std::make_unique<SafetensorsPieceWriter>(
+      std::move(name), std::make_unique<AtomicFileWriter>(std::move(w)), std::move(slots));
 }
 
 }  // namespace
@@ -621,6 +666,72 @@ absl::StatusOr<std::string> SafetensorsWriter::WriteShard(const std::string& dir
   const std::string file = parts == 1 ? kSingleName : ShardName(part, parts);
   RETURN_IF_ERROR(WriteOne(absl::StrCat(dir, "/", file), shards[part], metadata_));
   return file;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> SafetensorsWriter::OpenFile(
+    const std::string& path) const {
+  std::vector<Pending> all = ToPending(entries_);
+  RETURN_IF_ERROR(CheckPending(all));
+  const size_t slash = path.find_last_of('/');
+  return OpenPieces(path, slash == std::string::npos ? path : path.substr(slash + 1),
+                    std::move(all), metadata_);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> SafetensorsWriter::OpenShard(
+    const std::string& dir, int part, int parts) const {
+  if (parts < 1 || part < 0 || part >= parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: part ", part, " is not a part of ", parts));
+  }
+  std::vector<Pending> all = ToPending(entries_);
+  RETURN_IF_ERROR(CheckPending(all));
+  RETURN_IF_ERROR(MakeDirs(dir));
+  std::vector<std::vector<Pending>> shards = Partition(all, parts);
+  const std::string file = parts == 1 ? kSingleName : ShardName(part, parts);
+  return OpenPieces(absl::StrCat(dir, "/", file), file, std::move(shards[part]), metadata_);
+}
+
+SafetensorsPieceWriter::SafetensorsPieceWriter(std::string name,
+                                               std::unique_ptr<AtomicFileWriter> file,
+                                               std::map<std::string, Slot> slots)
+    : name_(std::move(name)), file_(std::move(file)), slots_(std::move(slots)) {}
+
+SafetensorsPieceWriter::~SafetensorsPieceWriter() = default;
+
+absl::Status SafetensorsPieceWriter::Put(const std::string& tensor, DType data_dtype,
+                                         const void* data) {
+  auto it = slots_.find(tensor);
+  if (it == slots_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": tensor '", tensor, "' is not one of this file's"));
+  }
+  Slot& slot = it->second;
+  if (slot.written) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": tensor '", tensor, "' put twice"));
+  }
+  if (data == nullptr && slot.count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": tensor '", tensor, "': no data to write (null)"));
+  }
+  uint64_t at = slot.offset;
+  RETURN_IF_ERROR(ForEachChunk(data, data_dtype, slot.file_dtype, static_cast<size_t>(slot.count),
+                               [&](const void* p, size_t n) {
+                                 RETURN_IF_ERROR(file_->WriteAt(at, p, n));
+                                 at += n;
+                                 return absl::OkStatus();
+                               }));
+  slot.written = true;
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsPieceWriter::Commit() {
+  for (const auto& [tensor, slot] : slots_) {
+    if (!slot.written) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name_, ": tensor '", tensor, "' was never written"));
+    }
+  }
+  return file_->Commit();
 }
 
 std::vector<int> SafetensorsWriter::PartOfEachTensor(int parts) const {

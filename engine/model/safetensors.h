@@ -13,6 +13,8 @@
 
 namespace ithaca {
 
+class AtomicFileWriter;
+
 struct TensorInfo {
   DType dtype;
   Shape shape;
@@ -45,6 +47,40 @@ class SafetensorsReader {
                                  int64_t count, DType dst_dtype, void* dst) const = 0;
 };
 
+// One safetensors file whose tensors arrive one at a time, in any order (SafetensorsWriter::
+// OpenFile / OpenShard): the header is written when it opens, each Put writes one tensor at its
+// place, and Commit checks that every tensor came, then renames the file into place (atomically,
+// as WriteFile). For data that is produced piecewise, so that it never has to be held whole.
+class SafetensorsPieceWriter {
+ public:
+  struct Slot {
+    uint64_t offset = 0;  // of its data, from the start of the file
+    int64_t count = 0;
+    DType file_dtype = DType::kF32;
+    bool written = false;
+  };
+  // `file` has the header written already; `slots` says where each tensor goes.
+  SafetensorsPieceWriter(std::string name, std::unique_ptr<AtomicFileWriter> file,
+                         std::map<std::string, Slot> slots);
+  ~SafetensorsPieceWriter();
+  SafetensorsPieceWriter(const SafetensorsPieceWriter&) = delete;
+  SafetensorsPieceWriter& operator=(const SafetensorsPieceWriter&) = delete;
+
+  // The file's name (relative to the directory it was opened in, for OpenShard).
+  const std::string& name() const { return name_; }
+  bool Holds(const std::string& tensor) const { return slots_.count(tensor) > 0; }
+  // Writes tensor `tensor` from host memory `data` of `data_dtype` (as many elements as its
+  // shape has). INVALID_ARGUMENT for a tensor the file does not hold or one put twice.
+  absl::Status Put(const std::string& tensor, DType data_dtype, const void* data);
+  // FAILED_PRECONDITION naming a tensor never put; the file then does not appear.
+  absl::Status Commit();
+
+ private:
+  std::string name_;
+  std::unique_ptr<AtomicFileWriter> file_;
+  std::map<std::string, Slot> slots_;
+};
+
 // Collects host tensors (not copied: the data must outlive Write) and writes them.
 class SafetensorsWriter {
  public:
@@ -72,6 +108,11 @@ class SafetensorsWriter {
   // The part (file) each added tensor goes to in that split, in insertion order: the one place
   // it is decided, so that a writer knows which tensors it needs before it has their data.
   std::vector<int> PartOfEachTensor(int parts) const;
+  // WriteFile and WriteShard for data that arrives piecewise: the file opened with its header,
+  // to be filled by SafetensorsPieceWriter::Put (the added tensors need no data).
+  absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> OpenFile(const std::string& path) const;
+  absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> OpenShard(const std::string& dir,
+                                                                    int part, int parts) const;
 
  private:
   struct Entry {

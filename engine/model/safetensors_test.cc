@@ -315,6 +315,50 @@ TEST_F(ShardedTest, AWriterNeedsOnlyTheDataOfItsOwnPart) {
   ExpectLoads(dir);
 }
 
+// Tensors put one at a time, in any order, give the bytes WriteShard and WriteFile write.
+TEST_F(ShardedTest, PiecewiseWritesGiveTheSameBytes) {
+  const std::string whole = TmpDir("pieces_whole"), pieced = TmpDir("pieces_pieced");
+  SafetensorsWriter names;  // no data: the pieces bring it
+  names.SetMetadata("format", "pt");
+  for (int i = 0; i < 5; ++i) {
+    names.Add("t" + std::to_string(i), DType::kF32, {i + 1, 10}, nullptr,
+              i == 1 ? DType::kBF16 : DType::kF32);
+  }
+  const std::vector<int> part = writer_.PartOfEachTensor(3);
+  for (int p = 0; p < 3; ++p) {
+    auto wrote = writer_.WriteShard(whole, p, 3);
+    ASSERT_TRUE(wrote.ok()) << wrote.status();
+    auto file = names.OpenShard(pieced, p, 3);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ((*file)->name(), *wrote);
+    for (int i = 4; i >= 0; --i) {  // the reverse of the file's order
+      const std::string t = "t" + std::to_string(i);
+      EXPECT_EQ((*file)->Holds(t), part[i] == p) << t;
+      if (part[i] == p) ASSERT_TRUE((*file)->Put(t, DType::kF32, data_[i].data()).ok()) << t;
+    }
+    ASSERT_TRUE((*file)->Commit().ok());
+    auto a = ReadFileToString(whole + "/" + *wrote);
+    auto b = ReadFileToString(pieced + "/" + *wrote);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*a, *b) << *wrote;
+  }
+  ASSERT_TRUE(names.WriteShardIndex(pieced, 3).ok());
+  ExpectLoads(pieced);
+
+  // One file; a tensor it lacks, one put twice, one never put (the file then never appears).
+  auto file = names.OpenFile(pieced + "/one.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_ERROR((*file)->Put("t9", DType::kF32, data_[0].data()), absl::StatusCode::kInvalidArgument,
+               {"t9", "not one of this file's"});
+  ASSERT_TRUE((*file)->Put("t0", DType::kF32, data_[0].data()).ok());
+  EXPECT_ERROR((*file)->Put("t0", DType::kF32, data_[0].data()), absl::StatusCode::kInvalidArgument,
+               {"t0", "twice"});
+  EXPECT_ERROR((*file)->Commit(), absl::StatusCode::kFailedPrecondition, {"never written"});
+  file->reset();
+  EXPECT_FALSE(PathExists(pieced + "/one.safetensors"));
+  EXPECT_EQ(ListDir(pieced).size(), 4u) << "no temporary file is left";
+}
+
 TEST_F(ShardedTest, EverythingInOneShardWritesModelSafetensors) {
   const std::string dir = TmpDir("one");
   ASSERT_TRUE(WriteFileAtomic(dir + "/notes.txt", "keep me").ok());
