@@ -2,8 +2,9 @@
 // (FSDP over the ranks, deterministic pseudo-random weights, no training), saves a checkpoint
 // with every rank writing its share (SaveCheckpointTogether) and loads it back with every rank
 // reading its slices (LoadCheckpointTogether, then the upload into the optimizer). One JSON line
-// per rank and phase: bytes, seconds, GB/s and the bytes this rank held on the host, which the
-// sharded save and load keep at about 1/world of the state.
+// per rank and phase: bytes, seconds, GB/s and the bytes this rank held on the host: at most one
+// unit's tensors of one kind at once to save (written as they arrive), its slices (about
+// 1/world of the state) to load.
 //
 // Runs on the CPU (backend cpu, a tiny model: the smoke test) and on GPUs (backend cuda):
 //   checkpoint_bench --model llama-3-8b --backend cuda --nproc 2 --dir /disk/ckpt-bench

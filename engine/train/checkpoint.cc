@@ -12,6 +12,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string_view>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -207,32 +210,23 @@ int FileCount(int64_t bytes, int world) {
 int WriterOf(int part, int world) { return part % world; }
 
 // How a checkpoint saved at `world` is split into files: every tensor in file order (weights in
-// model/; the Adam moments, m then v of each weight, in optimizer/), with the data of those
-// `opt` holds (null for the others), and which part (file) each goes to.
+// model/; the Adam moments, m then v of each weight, in optimizer/), names and shapes only (the
+// data is put into the opened files piece by piece), and which part (file) each goes to.
 struct FileSplit {
   SafetensorsWriter weights, moments;
   int weight_files = 1, moment_files = 1;
   std::vector<int> weight_part, moment_part;  // in insertion order
 };
 
-FileSplit SplitFiles(const ParamLayout& layout, int world, const Optimizer::State* opt) {
+FileSplit SplitFiles(const ParamLayout& layout, int world) {
   FileSplit split;
   split.weights.SetMetadata("format", "pt");
-  auto data = [&](const std::map<std::string, std::vector<float>>* kind,
-                  const std::string& name) -> const float* {
-    if (kind == nullptr) return nullptr;
-    auto it = kind->find(name);
-    return it == kind->end() ? nullptr : it->second.data();
-  };
   int64_t weight_bytes = 0;
   for (const ParamUnit& unit : layout.units()) {
     for (const ParamEntry& e : unit.entries) {
-      split.weights.Add(e.hf_name, DType::kF32, e.shape,
-                        data(opt ? &opt->master : nullptr, e.hf_name), DType::kF32);
-      split.moments.Add("m." + e.hf_name, DType::kF32, e.shape,
-                        data(opt ? &opt->m : nullptr, e.hf_name), DType::kF32);
-      split.moments.Add("v." + e.hf_name, DType::kF32, e.shape,
-                        data(opt ? &opt->v : nullptr, e.hf_name), DType::kF32);
+      split.weights.Add(e.hf_name, DType::kF32, e.shape, nullptr, DType::kF32);
+      split.moments.Add("m." + e.hf_name, DType::kF32, e.shape, nullptr, DType::kF32);
+      split.moments.Add("v." + e.hf_name, DType::kF32, e.shape, nullptr, DType::kF32);
       weight_bytes += NumElements(e.shape) * 4;
     }
   }
@@ -303,7 +297,7 @@ absl::Status BeginCheckpoint(const std::string& dir, int64_t step) {
 }
 
 Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world) {
-  const FileSplit split = SplitFiles(layout, world, nullptr);
+  const FileSplit split = SplitFiles(layout, world);
   Optimizer::Selection mine;
   size_t i = 0;
   for (const ParamUnit& unit : layout.units()) {
@@ -335,14 +329,7 @@ Optimizer::State StateOfWholeUnits(const ParamLayout& layout, const Optimizer::S
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
     const Optimizer::State& opt, const TrainState& state, int rank, int world) {
-  if (world < 1 || rank < 0 || rank >= world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint: rank ", rank, " is not a rank of a world of ", world));
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const std::string tmp = CheckpointTempPath(dir, state.step);
-  // The sizes of what `opt` holds are checked here; a tensor of this rank's share that it lacks
-  // is WriteShard's error, naming the tensor.
+  // The sizes of what `opt` holds are checked here, also those of tensors other ranks write.
   for (const auto* kind : {&opt.master, &opt.m, &opt.v}) {
     for (const ParamUnit& unit : layout.units()) {
       for (const ParamEntry& e : unit.entries) {
@@ -355,30 +342,96 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
       }
     }
   }
-  const FileSplit split = SplitFiles(layout, world, &opt);
-  const SafetensorsWriter& weights = split.weights;
-  const SafetensorsWriter& moments = split.moments;
+  const Optimizer::Selection share = CheckpointTensorsOf(layout, rank, world);
+  return WriteCheckpointShardFrom(
+      dir, cfg, layout, state, rank, world, [&](const Optimizer::TensorSink& sink) {
+        for (auto [names, held, kind] : {std::tuple{&share.master, &opt.master, "master"},
+                                         {&share.m, &opt.m, "m"},
+                                         {&share.v, &opt.v, "v"}}) {
+          for (const std::string& name : *names) {
+            auto it = held->find(name);
+            if (it == held->end()) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("checkpoint: tensor '", name, "' (", kind,
+                               ") of this rank's share: no data to write (the state lacks it)"));
+            }
+            std::vector<float> copy = it->second;
+            RETURN_IF_ERROR(sink(kind, name, std::move(copy)));
+          }
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
+    const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
+    const TrainState& state, int rank, int world, const CheckpointProducer& produce) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: rank ", rank, " is not a rank of a world of ", world));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string tmp = CheckpointTempPath(dir, state.step);
+  const FileSplit split = SplitFiles(layout, world);
   const int weight_files = split.weight_files, moment_files = split.moment_files;
+  // This rank's files, opened with their headers; the tensors come from `produce`.
+  std::vector<std::unique_ptr<SafetensorsPieceWriter>> files;
   std::vector<std::string> mine;  // paths relative to tmp
-  for (int f = 0; f < weight_files; ++f) {
+  auto open = [&](absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> file,
+                  const std::string& folder) -> absl::Status {
+    RETURN_IF_ERROR(file.status());
+    mine.push_back(folder + (*file)->name());
+    files.push_back(std::move(*file));
+    return absl::OkStatus();
+  };
+  absl::Status opened;
+  for (int f = 0; f < weight_files && opened.ok(); ++f) {
     if (WriterOf(f, world) != rank) continue;
-    ASSIGN_OR_RETURN(std::string name, weights.WriteShard(tmp + "/model", f, weight_files));
-    mine.push_back("model/" + name);
+    opened = open(split.weights.OpenShard(tmp + "/model", f, weight_files), "model/");
   }
   if (moment_files == 1) {
-    RETURN_IF_ERROR(moments.WriteFile(tmp + "/optimizer.safetensors"));
-    mine.push_back("optimizer.safetensors");
+    if (opened.ok()) opened = open(split.moments.OpenFile(tmp + "/optimizer.safetensors"), "");
   } else {
-    for (int f = 0; f < moment_files; ++f) {
+    for (int f = 0; f < moment_files && opened.ok(); ++f) {
       if (WriterOf(f, world) != rank) continue;
-      ASSIGN_OR_RETURN(std::string name, moments.WriteShard(tmp + "/optimizer", f, moment_files));
-      mine.push_back("optimizer/" + name);
+      opened = open(split.moments.OpenShard(tmp + "/optimizer", f, moment_files), "optimizer/");
     }
   }
+  if (!opened.ok()) {
+    // `produce` runs all the same: its gathers are collective, the other ranks need this one.
+    (void)produce([&](const char*, const std::string&, std::vector<float>&&) { return opened; });
+    return opened;
+  }
+  std::map<std::string, const ParamEntry*> entries;
+  for (const ParamUnit& unit : layout.units()) {
+    for (const ParamEntry& e : unit.entries) entries[e.hf_name] = &e;
+  }
+  RETURN_IF_ERROR(produce(
+      [&](const char* kind, const std::string& name, std::vector<float>&& values) -> absl::Status {
+        auto e = entries.find(name);
+        if (e == entries.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("checkpoint: tensor '", name, "' is not one of the model's"));
+        }
+        const int64_t want = NumElements(e->second->shape);
+        if (static_cast<int64_t>(values.size()) != want) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "checkpoint: tensor '", name, "' has ", values.size(), " elements, its shape ",
+              ShapeString(e->second->shape), " needs ", want));
+        }
+        const std::string tensor = std::string_view(kind) == "master" ? name : kind + ("." + name);
+        for (auto& file : files) {
+          if (file->Holds(tensor)) return file->Put(tensor, DType::kF32, values.data());
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint: tensor '", tensor, "' is not in rank ", rank, "'s files"));
+      }));
+  // A tensor of this rank's share that never came fails here, naming it.
+  for (auto& file : files) RETURN_IF_ERROR(file->Commit());
   if (rank == 0) {
-    RETURN_IF_ERROR(weights.WriteShardIndex(tmp + "/model", weight_files));
+    RETURN_IF_ERROR(split.weights.WriteShardIndex(tmp + "/model", weight_files));
     if (moment_files > 1)
-      RETURN_IF_ERROR(moments.WriteShardIndex(tmp + "/optimizer", moment_files));
+      RETURN_IF_ERROR(split.moments.WriteShardIndex(tmp + "/optimizer", moment_files));
     RETURN_IF_ERROR(WriteFileAtomic(tmp + "/model/config.json", ConfigToJson(cfg)));
     nlohmann::json js = {{"step", state.step},
                          {"data_position", state.data_position},

@@ -16,6 +16,7 @@
 //   RemoveStaleCheckpointFiles at start).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,16 @@ absl::Status BeginCheckpoint(const std::string& dir, int64_t step);
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
     const Optimizer::State& opt, const TrainState& state, int rank, int world);
+// Hands each tensor of the rank's share (CheckpointTensorsOf) to the sink, in any order.
+using CheckpointProducer = std::function<absl::Status(const Optimizer::TensorSink& sink)>;
+// WriteCheckpointShard for a state that arrives piecewise (Optimizer::SaveEach): the rank's
+// files are opened first and each tensor is written to its place as it comes, so the host holds
+// no more than the producer does. Errors name a tensor that is misshapen, not the rank's, or
+// never produced. `produce` runs exactly once, also when the files cannot be opened (its sink
+// then answers that error): a producer's collectives must run on every rank.
+absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
+    const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
+    const TrainState& state, int rank, int world, const CheckpointProducer& produce);
 // Writes the manifest (DATA_LOSS naming a rank whose share is missing), renames the checkpoint
 // into place and prunes all but the newest `keep`.
 absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir, int64_t step,

@@ -306,7 +306,7 @@ TEST(ShardedCheckpointTest, ACommitWithoutEveryRanksShareFailsNamingTheRank) {
 }
 
 // Who writes what: every tensor of every kind by exactly one rank, and each rank's share about
-// 1/world of the state, so that is all a rank holds on the host to save.
+// 1/world of the state.
 TEST(ShardedCheckpointTest, EveryTensorHasOneWriterAndTheSharesAreAboutEqual) {
   for (const char* preset : {"tiny", "llama-3-8b"}) {
     const LlamaConfig cfg = *PresetConfig(preset);

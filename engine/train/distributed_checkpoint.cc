@@ -1,6 +1,9 @@
 #include "engine/train/distributed_checkpoint.h"
 
+#include <algorithm>
 #include <chrono>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,6 +18,22 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// What a rank holds on the host at once while saving: one unit's kept tensors of one kind (the
+// largest such set), as Optimizer::SaveEach downloads them.
+int64_t HeldAtOnce(const ParamLayout& layout, const Optimizer::Selection& share) {
+  int64_t most = 0;
+  for (const ParamUnit& unit : layout.units()) {
+    for (const std::set<std::string>* names : {&share.master, &share.m, &share.v}) {
+      int64_t bytes = 0;
+      for (const ParamEntry& e : unit.entries) {
+        if (names->count(e.hf_name)) bytes += 4 * NumElements(e.shape);
+      }
+      most = std::max(most, bytes);
+    }
+  }
+  return most;
+}
+
 }  // namespace
 
 absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& dir,
@@ -27,23 +46,40 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
   const ParamLayout& layout = model->layout();
   const auto start = Clock::now();
   CheckpointSaveReport report;
-  ASSIGN_OR_RETURN(Optimizer::State held,
-                   optimizer.Save(CheckpointTensorsOf(layout, rank, world)));  // collective
-  report.host_bytes = held.HostBytes();
-  report.gather_seconds = SecondsSince(start);
+  const Optimizer::Selection share = CheckpointTensorsOf(layout, rank, world);
+  report.host_bytes = HeldAtOnce(layout, share);
 
+  // The files are opened before the gathers (rank 0 first makes the step's directory), and each
+  // tensor of this rank's share is written to its place as its unit arrives on the host.
   absl::Status st = rank == 0 ? BeginCheckpoint(dir, state.step) : absl::OkStatus();
   if (comm) RETURN_IF_ERROR(comm->Barrier());
+  double producing = 0, writing = 0;  // the gathers' span, and the writes inside it
   if (st.ok()) {
-    absl::StatusOr<CheckpointWriteReport> w =
-        WriteCheckpointShard(dir, model->config(), layout, held, state, rank, world);
+    absl::StatusOr<CheckpointWriteReport> w = WriteCheckpointShardFrom(
+        dir, model->config(), layout, state, rank, world, [&](const Optimizer::TensorSink& sink) {
+          const auto begin = Clock::now();
+          // Collective: every rank gathers every unit, whatever it writes.
+          absl::Status done = optimizer.SaveEach(
+              share, [&](const char* kind, const std::string& name, std::vector<float>&& values) {
+                const auto put = Clock::now();
+                absl::Status wrote = sink(kind, name, std::move(values));
+                writing += SecondsSince(put);
+                return wrote;
+              });
+          producing = SecondsSince(begin);
+          return done;
+        });
     if (w.ok()) {
       report.rank_bytes = w->bytes;
       report.rank_write_seconds = w->seconds;
     }
     st = w.status();
+  } else {
+    // Rank 0 could not prepare the directory: the gathers are collective all the same.
+    (void)optimizer.SaveEach(
+        share, [&](const char*, const std::string&, std::vector<float>&&) { return st; });
   }
-  held = Optimizer::State();  // written: the host copies are not needed for the commit
+  report.gather_seconds = producing - writing;
   if (comm) RETURN_IF_ERROR(comm->Barrier());
   report.write_seconds = SecondsSince(start) - report.gather_seconds;
 

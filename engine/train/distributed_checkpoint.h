@@ -1,9 +1,9 @@
 // Saving and loading a training checkpoint with every rank of a job at once (the file layout is
-// engine/train/checkpoint.h's). Each rank's host holds only its part of the state, about 1/world
-// of it, whatever the model's size:
-// - saving: each unit is all-gathered on the device in turn, and a rank downloads only the
-//   tensors it writes (CheckpointTensorsOf), then writes and checksums its files in parallel
-//   with the others;
+// engine/train/checkpoint.h's). No rank's host holds the whole state:
+// - saving: each rank opens its files (about 1/world of the checkpoint), then each unit is
+//   all-gathered on the device in turn and a rank downloads only the tensors it writes
+//   (CheckpointTensorsOf) and writes them to their places at once, so it holds one unit's
+//   tensors of one kind at a time; then it checksums its files, in parallel with the others;
 // - loading: a rank reads only the byte ranges of the tensors that overlap its FSDP slice of
 //   each unit, at any world size (the files hold whole tensors), and the ranks verify the files
 //   against the manifest between them (VerifierOfEachFile: about as many bytes each). The verdicts
@@ -23,8 +23,12 @@ namespace ithaca {
 struct CheckpointSaveReport {
   int64_t bytes = 0;       // the whole checkpoint (known to rank 0 only; 0 on the others)
   int64_t rank_bytes = 0;  // the files this rank wrote
-  int64_t host_bytes = 0;  // the state this rank held on the host to write them
-  double seconds = 0;      // the whole save, barriers included
+  // The most of the state this rank held on the host at once: one unit's kept tensors of one
+  // kind (each is written to its file as it arrives, Optimizer::SaveEach).
+  int64_t host_bytes = 0;
+  double seconds = 0;  // the whole save, barriers included
+  // gather: gathering and downloading the units (their writes, interleaved, not counted);
+  // write: the rest until every rank is done (the writes, checksums, barriers); commit: rank 0.
   double gather_seconds = 0, write_seconds = 0, commit_seconds = 0;
   double rank_write_seconds = 0;  // this rank's writing and checksumming alone
 };

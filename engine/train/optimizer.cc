@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 #include <tuple>
 
 namespace ithaca {
@@ -116,25 +117,38 @@ int64_t Optimizer::State::HostBytes() const {
 
 absl::StatusOr<Optimizer::State> Optimizer::Save(const Selection& keep) const {
   State s;
+  RETURN_IF_ERROR(
+      SaveEach(keep, [&](const char* kind, const std::string& name, std::vector<float>&& values) {
+        const std::string_view k = kind;
+        auto& out = k == "master" ? s.master : k == "m" ? s.m : s.v;
+        out[name] = std::move(values);
+        return absl::OkStatus();
+      }));
+  return s;
+}
+
+absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) const {
   ParamStore& ps = model_->params();
   const std::vector<ParamUnit>& units = model_->layout().units();
+  absl::Status first_error;
   for (size_t u = 0; u < master_.size(); ++u) {
-    for (auto [buffers, names, out] : {std::tuple{&master_, &keep.master, &s.master},
-                                       {&m_, &keep.m, &s.m},
-                                       {&v_, &keep.v, &s.v}}) {
+    for (auto [buffers, names, kind] :
+         {std::tuple{&master_, &keep.master, "master"}, {&m_, &keep.m, "m"}, {&v_, &keep.v, "v"}}) {
       std::vector<const ParamEntry*> kept;
       std::vector<std::pair<int64_t, int64_t>> ranges;
       for (const ParamEntry& e : units[u].entries) {
-        if (names->count(e.hf_name) == 0) continue;
+        if (!first_error.ok() || names->count(e.hf_name) == 0) continue;
         kept.push_back(&e);
         ranges.push_back({e.offset, e.offset + NumElements(e.shape)});
       }
       // Collective: every rank gathers the unit, also one that keeps none of it.
       ASSIGN_OR_RETURN(auto parts, ps.GatherRangesToHost(u, (*buffers)[u].tensor(), ranges));
-      for (size_t i = 0; i < kept.size(); ++i) (*out)[kept[i]->hf_name] = std::move(parts[i]);
+      for (size_t i = 0; i < kept.size() && first_error.ok(); ++i) {
+        first_error = sink(kind, kept[i]->hf_name, std::move(parts[i]));
+      }
     }
   }
-  return s;
+  return first_error;
 }
 
 absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {

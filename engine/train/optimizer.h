@@ -45,8 +45,8 @@ class Optimizer {
 
   // Host f32 copies of some tensors of the whole-model state, by Hugging Face parameter name
   // ("model.layers.3.mlp.up_proj.weight"): master weights, Adam m and Adam v. Which ones is the
-  // caller's choice: a checkpoint save keeps only those this rank writes (CheckpointTensorsOf),
-  // so a rank's host holds about 1/world of the state, not all of it.
+  // caller's choice: a checkpoint keeps only those this rank writes (CheckpointTensorsOf), about
+  // 1/world of the state; SaveEach hands them over one at a time instead.
   struct State {
     std::map<std::string, std::vector<float>> master, m, v;
     int64_t HostBytes() const;  // what the three maps hold
@@ -58,6 +58,13 @@ class Optimizer {
   // Every rank calls it together: each unit is all-gathered on the device in turn (under FSDP),
   // and this rank downloads only the tensors `keep` names.
   absl::StatusOr<State> Save(const Selection& keep) const;
+  // Save, handing each kept tensor to `sink` as it arrives instead of holding them all: the host
+  // then holds one unit's kept tensors of one kind at a time (a checkpoint writes them straight
+  // to its files). `kind` is "master", "m" or "v". The first error of `sink` stops the download
+  // but not the gathers (collective: the other ranks go on), and is returned.
+  using TensorSink = std::function<absl::Status(const char* kind, const std::string& name,
+                                                std::vector<float>&& values)>;
+  absl::Status SaveEach(const Selection& keep, const TensorSink& sink) const;
   // Every master weight, whole, per unit (collective, as Save).
   absl::StatusOr<HostWeights> GatherMasterWeights() const;
 

@@ -295,20 +295,20 @@ absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
 
 absl::StatusOr<CheckpointSaveReport> Trainer::SaveCheckpointNow() {
   if (spec_.checkpoint.dir.empty()) return CheckpointSaveReport();
-  // Every rank writes its share of the files, holding only that share on the host
-  // (engine/train/distributed_checkpoint.h).
+  // Every rank writes its share of the files, each tensor as its unit arrives, so its host never
+  // holds more than one unit's tensors of one kind (engine/train/distributed_checkpoint.h).
   ASSIGN_OR_RETURN(CheckpointSaveReport r,
                    SaveCheckpointTogether(spec_.checkpoint.dir, model_.get(), *optimizer_, state_,
                                           comm_, spec_.checkpoint.keep));
   if (rank_ == 0) {
     // The figures a save's throughput is judged by: the whole checkpoint over the whole save,
-    // and this rank's share over its own writing (the ranks write at once); and what this rank
-    // held on the host, about 1/world of the state (f32 master weights, Adam m and v: 12
-    // bytes per parameter).
+    // and this rank's share over its own writing (the ranks write at once); and the most this
+    // rank held on the host at once: one unit's tensors of one kind, written as they arrive
+    // (as a share of the state: f32 master weights, Adam m and v, 12 bytes per parameter).
     std::printf(
         "checkpoint step %lld: %.3f GB by %d ranks in %.2f s (%.2f GB/s; gather %.2f s, "
-        "write %.2f s, rank 0 wrote %.3f GB at %.2f GB/s holding %.3f GB on the host, %.1f%% of "
-        "the state; commit %.2f s)\n",
+        "write %.2f s, rank 0 wrote %.3f GB at %.2f GB/s holding at most %.3f GB on the host, "
+        "%.1f%% of the state; commit %.2f s)\n",
         static_cast<long long>(state_.step), r.bytes / 1e9, world_, r.seconds,
         r.bytes / 1e9 / std::max(r.seconds, 1e-9), r.gather_seconds, r.write_seconds,
         r.rank_bytes / 1e9, r.rank_bytes / 1e9 / std::max(r.rank_write_seconds, 1e-9),

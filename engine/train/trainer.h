@@ -40,8 +40,8 @@ struct StepReport {
   // for rank 0's write) and when it was complete (Unix seconds).
   double checkpoint_seconds = 0;
   int64_t checkpoint_time_unix = 0;
-  // The state this rank held on the host for that save (its share of the files: about 1/world
-  // of the whole, not all of it).
+  // The most of the state this rank held on the host at once for that save: one unit's tensors
+  // of one kind (written to their files as they arrive).
   int64_t checkpoint_host_bytes = 0;
 };
 
