@@ -617,6 +617,24 @@ absl::Status WriteIndex(const std::string& dir, const std::vector<std::vector<Pe
   return WriteFileAtomic(absl::StrCat(dir, "/", kIndexName), text);
 }
 
+// Greedy in insertion order, as transformers shards: a new shard starts when the next tensor
+// would overflow the current one; a tensor larger than the limit gets a shard to itself.
+std::vector<std::vector<Pending>> GreedyShards(const std::vector<Pending>& all,
+                                               int64_t max_shard_bytes) {
+  std::vector<std::vector<Pending>> shards(1);
+  uint64_t in_shard = 0;
+  for (const Pending& t : all) {
+    const uint64_t bytes = t.file_bytes();
+    if (!shards.back().empty() && in_shard + bytes > static_cast<uint64_t>(max_shard_bytes)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(t);
+    in_shard += bytes;
+  }
+  return shards;
+}
+
 }  // namespace
 
 absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
@@ -629,20 +647,7 @@ absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
   RETURN_IF_ERROR(CheckPending(all));
   RETURN_IF_ERROR(MakeDirs(dir));
 
-  // Greedy in insertion order, as transformers shards: a new shard starts when the next tensor
-  // would overflow the current one; a tensor larger than the limit gets a shard to itself.
-  std::vector<std::vector<Pending>> shards(1);
-  uint64_t in_shard = 0, total = 0;
-  for (const Pending& t : all) {
-    const uint64_t bytes = t.file_bytes();
-    if (!shards.back().empty() && in_shard + bytes > static_cast<uint64_t>(max_shard_bytes)) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(t);
-    in_shard += bytes;
-    total += bytes;
-  }
+  const std::vector<std::vector<Pending>> shards = GreedyShards(all, max_shard_bytes);
   if (shards.size() == 1) return WriteOne(absl::StrCat(dir, "/", kSingleName), all, metadata_);
 
   const int n = static_cast<int>(shards.size());
@@ -651,6 +656,35 @@ absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
   }
   // Last, so a reader never finds an index naming shards not yet written.
   return WriteIndex(dir, shards);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<SafetensorsPieceWriter>>> SafetensorsWriter::OpenSharded(
+    const std::string& dir, int64_t max_shard_bytes) const {
+  if (max_shard_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: max_shard_bytes must be positive, got ", max_shard_bytes));
+  }
+  std::vector<Pending> all = ToPending(entries_);
+  RETURN_IF_ERROR(CheckPending(all));
+  RETURN_IF_ERROR(MakeDirs(dir));
+  std::vector<std::vector<Pending>> shards = GreedyShards(all, max_shard_bytes);
+  const int n = static_cast<int>(shards.size());
+  std::vector<std::unique_ptr<SafetensorsPieceWriter>> files;
+  for (int i = 0; i < n; ++i) {
+    const std::string name = n == 1 ? kSingleName : ShardName(i, n);
+    ASSIGN_OR_RETURN(
+        auto file, OpenPieces(absl::StrCat(dir, "/", name), name, std::move(shards[i]), metadata_));
+    files.push_back(std::move(file));
+  }
+  return files;
+}
+
+absl::Status SafetensorsWriter::WriteShardedIndex(const std::string& dir,
+                                                  int64_t max_shard_bytes) const {
+  std::vector<Pending> all = ToPending(entries_);
+  RETURN_IF_ERROR(CheckPending(all));
+  const std::vector<std::vector<Pending>> shards = GreedyShards(all, max_shard_bytes);
+  return shards.size() == 1 ? absl::OkStatus() : WriteIndex(dir, shards);
 }
 
 absl::StatusOr<std::string> SafetensorsWriter::WriteShard(const std::string& dir, int part,

@@ -113,6 +113,11 @@ class SafetensorsWriter {
   absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> OpenFile(const std::string& path) const;
   absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> OpenShard(const std::string& dir,
                                                                     int part, int parts) const;
+  // WriteSharded's files, opened: commit them all, then WriteShardedIndex (nothing to write
+  // when everything fits one file).
+  absl::StatusOr<std::vector<std::unique_ptr<SafetensorsPieceWriter>>> OpenSharded(
+      const std::string& dir, int64_t max_shard_bytes) const;
+  absl::Status WriteShardedIndex(const std::string& dir, int64_t max_shard_bytes) const;
 
  private:
   struct Entry {

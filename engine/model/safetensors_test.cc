@@ -345,6 +345,28 @@ TEST_F(ShardedTest, PiecewiseWritesGiveTheSameBytes) {
   ASSERT_TRUE(names.WriteShardIndex(pieced, 3).ok());
   ExpectLoads(pieced);
 
+  // WriteSharded's greedy layout (130 bytes: four files and an index), the same way.
+  const std::string greedy_whole = TmpDir("pieces_greedy_whole");
+  const std::string greedy_pieced = TmpDir("pieces_greedy_pieced");
+  ASSERT_TRUE(writer_.WriteSharded(greedy_whole, 130).ok());
+  auto files = names.OpenSharded(greedy_pieced, 130);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 4u);
+  for (int i = 0; i < 5; ++i) {
+    const std::string t = "t" + std::to_string(i);
+    for (auto& f : *files) {
+      if (f->Holds(t)) ASSERT_TRUE(f->Put(t, DType::kF32, data_[i].data()).ok()) << t;
+    }
+  }
+  for (auto& f : *files) ASSERT_TRUE(f->Commit().ok()) << f->name();
+  ASSERT_TRUE(names.WriteShardedIndex(greedy_pieced, 130).ok());
+  EXPECT_EQ(ListDir(greedy_pieced), ListDir(greedy_whole));
+  for (const std::string& name : ListDir(greedy_whole)) {
+    EXPECT_EQ(*ReadFileToString(greedy_whole + "/" + name),
+              *ReadFileToString(greedy_pieced + "/" + name))
+        << name;
+  }
+
   // One file; a tensor it lacks, one put twice, one never put (the file then never appears).
   auto file = names.OpenFile(pieced + "/one.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();

@@ -73,11 +73,29 @@ absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
   ASSIGN_OR_RETURN(LlamaConfig cfg, LoadConfigJson(model));
   const ParamLayout layout(cfg);
   ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(model));
-  ASSIGN_OR_RETURN(HostWeights weights, ReadWeights(layout, *reader));
-  std::vector<const float*> units;
-  for (const std::vector<float>& u : weights) units.push_back(u.data());
-  RETURN_IF_ERROR(
-      WriteHfCheckpoint(dir, cfg, layout, units, options.dtype, options.max_shard_bytes));
+  // Tensor by tensor from the checkpoint into the opened files: the host holds one tensor at a
+  // time, not the model.
+  SafetensorsWriter names;
+  names.SetMetadata("format", "pt");
+  for (const ParamUnit& unit : layout.units()) {
+    for (const ParamEntry& e : unit.entries) {
+      names.Add(e.hf_name, DType::kF32, e.shape, nullptr, options.dtype);
+    }
+  }
+  ASSIGN_OR_RETURN(auto files, names.OpenSharded(dir, options.max_shard_bytes));
+  std::vector<float> tensor;
+  for (const ParamUnit& unit : layout.units()) {
+    for (const ParamEntry& e : unit.entries) {
+      tensor.resize(static_cast<size_t>(NumElements(e.shape)));
+      RETURN_IF_ERROR(reader->Read(e.hf_name, e.shape, DType::kF32, tensor.data()));
+      for (auto& file : files) {
+        if (file->Holds(e.hf_name))
+          RETURN_IF_ERROR(file->Put(e.hf_name, DType::kF32, tensor.data()));
+      }
+    }
+  }
+  for (auto& file : files) RETURN_IF_ERROR(file->Commit());
+  RETURN_IF_ERROR(names.WriteShardedIndex(dir, options.max_shard_bytes));
   RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", ExportConfigJson(cfg, options.dtype)));
   if (!options.source_model_dir.empty()) {
     for (const char* name : kCopiedFiles) {
