@@ -355,7 +355,7 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
                   absl::StrCat("checkpoint: tensor '", name, "' (", kind,
                                ") of this rank's share: no data to write (the state lacks it)"));
             }
-            std::vector<float> copy = it->second;
+            std::vector<float> copy = it->second;  // a sink may keep what it is given
             RETURN_IF_ERROR(sink(kind, name, std::move(copy)));
           }
         }
