@@ -607,7 +607,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
                                                       const ParamLayout& layout,
-                                                      const std::vector<UnitSlice>& slices) {
+                                                      const std::vector<UnitSlice>& slices,
+                                                      const Optimizer::UnitSink& sink) {
   const auto start = std::chrono::steady_clock::now();
   if (slices.size() != layout.units().size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -658,21 +659,29 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
       }
     }
   }
-  for (const Kind& k : kinds) {
-    for (size_t u = 0; u < layout.units().size(); ++u) {
-      const UnitSlice& slice = slices[u];
-      std::vector<float> part(slice.numel, 0.f);  // zeros past the unit's end
-      const int64_t end = slice.begin + slice.numel;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const UnitSlice& slice = slices[u];
+    const int64_t end = slice.begin + slice.numel;
+    std::vector<float> parts[3];
+    for (int k = 0; k < 3; ++k) {
+      parts[k].assign(slice.numel, 0.f);  // zeros past the unit's end
       for (const ParamEntry& e : layout.units()[u].entries) {
         const int64_t lo = std::max(slice.begin, e.offset);
         const int64_t hi = std::min(end, e.offset + NumElements(e.shape));
         if (lo >= hi) continue;
-        RETURN_IF_ERROR(k.reader->ReadRange(k.prefix + e.hf_name, e.shape, lo - e.offset, hi - lo,
-                                            DType::kF32, part.data() + (lo - slice.begin)));
+        RETURN_IF_ERROR(kinds[k].reader->ReadRange(kinds[k].prefix + e.hf_name, e.shape,
+                                                   lo - e.offset, hi - lo, DType::kF32,
+                                                   parts[k].data() + (lo - slice.begin)));
         out.read_bytes += (hi - lo) * 4;
       }
-      out.host_bytes += slice.numel * 4;
-      k.out->push_back(std::move(part));
+    }
+    if (sink) {
+      out.host_bytes = std::max(out.host_bytes, 3 * 4 * slice.numel);
+      RETURN_IF_ERROR(
+          sink(static_cast<int>(u), std::move(parts[0]), std::move(parts[1]), std::move(parts[2])));
+    } else {
+      out.host_bytes += 3 * 4 * slice.numel;
+      for (int k = 0; k < 3; ++k) kinds[k].out->push_back(std::move(parts[k]));
     }
   }
   out.seconds = SecondsSince(start);

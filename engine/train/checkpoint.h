@@ -110,9 +110,13 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, const P
 // file against the manifest: the caller has (LoadCheckpointTogether: the ranks verify a share of
 // the files each). The tensors' names, shapes and dtypes are checked, all of them, so every
 // rank finds the same mismatch whatever its slices.
+// With `sink`, each unit's slices go to it as soon as they are read instead of into
+// `optimizer` (which stays empty), so the host holds one unit's slices at a time; host_bytes is
+// then that most.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
                                                       const ParamLayout& layout,
-                                                      const std::vector<UnitSlice>& slices);
+                                                      const std::vector<UnitSlice>& slices,
+                                                      const Optimizer::UnitSink& sink = nullptr);
 
 // manifest.json: every other file of a checkpoint, with its size and CRC-32.
 struct CheckpointManifest {

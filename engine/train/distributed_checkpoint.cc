@@ -98,7 +98,8 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path, LlamaModel* model,
-                                                        Comm* comm) {
+                                                        Comm* comm,
+                                                        const Optimizer::UnitSink& sink) {
   const int rank = comm ? comm->rank() : 0;
   const int world = comm ? comm->size() : 1;
   const auto start = Clock::now();
@@ -131,7 +132,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
     for (int u = 0; u < ps.num_units(); ++u) {
       slices.push_back({ps.shard_begin(u), ps.shard_numel(u)});
     }
-    loaded = LoadCheckpointSlices(path, model->layout(), slices);
+    loaded = LoadCheckpointSlices(path, model->layout(), slices, sink);
     mine = loaded.status();
   }
   if (!mine.ok() && verdict == 0) verdict = -1;

@@ -46,8 +46,12 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 
 // Collective: every rank loads its slice of every unit (ParamStore::shard_begin, shard_numel)
 // of the checkpoint at `path`, verifying its share of the files; the result is what
-// Optimizer::Resume takes. verified_bytes, read_bytes and host_bytes are this rank's.
+// Optimizer::Resume takes. verified_bytes, read_bytes and host_bytes are this rank's. With
+// `sink` (Optimizer::ResumeEach), each unit's slices go to it as they are read, before the
+// ranks' verdicts are known: an error on any rank still fails every rank, and the state the
+// sink took must then not be used.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path, LlamaModel* model,
-                                                        Comm* comm);
+                                                        Comm* comm,
+                                                        const Optimizer::UnitSink& sink = nullptr);
 
 }  // namespace ithaca

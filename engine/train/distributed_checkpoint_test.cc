@@ -197,6 +197,51 @@ TEST_F(DistributedCheckpointTest, LoadsAtOtherWorldsReadingOnlyTheSlices) {
   }
 }
 
+// Resumed piecewise (what the trainer does): each unit's slices go straight into the optimizer
+// as they are read, the host holding one unit's at a time, and the resumed master weights are
+// the saved ones at any world.
+TEST_F(DistributedCheckpointTest, ResumesOneUnitAtATime) {
+  auto bytes = ReadFileToString(dir_->path() + "/master.f32");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string saved_master = *bytes;
+  for (int world : {1, 3}) {
+    const std::string rendezvous = Rendezvous(absl::StrCat("resume-each-", world));
+    auto outcomes = testing::RunRanks(world, [&](int rank) -> absl::Status {
+      ASSIGN_OR_RETURN(auto r, MakeRank(rank, world, rendezvous));
+      const ParamStore& ps = r->model->params();
+      int64_t largest = 0, units = 0;
+      for (int u = 0; u < ps.num_units(); ++u) largest = std::max(largest, 12 * ps.shard_numel(u));
+      LoadedCheckpoint ck;
+      JobSpec::Training hp;
+      ASSIGN_OR_RETURN(
+          auto opt, Optimizer::ResumeEach(
+                        r->model.get(),
+                        [&](const Optimizer::UnitSink& sink) -> absl::Status {
+                          auto counting = [&](int u, std::vector<float>&& a, std::vector<float>&& b,
+                                              std::vector<float>&& c) {
+                            ++units;
+                            return sink(u, std::move(a), std::move(b), std::move(c));
+                          };
+                          ASSIGN_OR_RETURN(ck, LoadCheckpointTogether(Checkpoint(), r->model.get(),
+                                                                      r->comm.get(), counting));
+                          return absl::OkStatus();
+                        },
+                        hp));
+      RANK_CHECK(units == ps.num_units(), units);
+      RANK_CHECK(ck.optimizer.master.empty(), "the slices were also kept");
+      RANK_CHECK(ck.host_bytes == largest, ck.host_bytes, " != ", largest);
+      ASSIGN_OR_RETURN(HostWeights master, opt->GatherMasterWeights());  // collective
+      std::string got;
+      for (const auto& unit : master) {
+        got.append(reinterpret_cast<const char*>(unit.data()), unit.size() * 4);
+      }
+      RANK_CHECK(got == saved_master, "the resumed master weights differ from the saved ones");
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(testing::Failures(outcomes), "") << "world " << world;
+  }
+}
+
 // A save that cannot write (the checkpoint directory would be under a regular file) fails on
 // every rank, naming the path, and quickly: the ranks that cannot open their files still take
 // part in every gather, so none waits for a peer until the communicator's timeout.

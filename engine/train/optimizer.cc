@@ -162,21 +162,54 @@ absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
 }
 
 absl::Status Optimizer::Restore(const Shards& s) {
-  ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
-    for (auto [dst, src, kind] : {std::tuple{&master_, &s.master, "master weights"},
-                                  {&m_, &s.m, "Adam m"},
-                                  {&v_, &s.v, "Adam v"}}) {
-      if (u >= src->size() || static_cast<int64_t>((*src)[u].size()) != ps.shard_numel(u)) {
-        return absl::DataLossError(absl::StrCat("optimizer state: the ", kind, " slice of unit ", u,
-                                                " has ", u < src->size() ? (*src)[u].size() : 0,
-                                                " elements, this rank holds ", ps.shard_numel(u)));
-      }
-      model_->ops()->Upload((*src)[u].data(), DType::kF32, (*dst)[u].tensor());
+    if (u >= s.master.size() || u >= s.m.size() || u >= s.v.size()) {
+      return absl::DataLossError(absl::StrCat("optimizer state: unit ", u, " is missing"));
     }
+    RETURN_IF_ERROR(RestoreUnit(u, s.master[u], s.m[u], s.v[u]));
   }
   RefreshWorkingCopy();
   return absl::OkStatus();
+}
+
+absl::Status Optimizer::RestoreUnit(size_t u, const std::vector<float>& master,
+                                    const std::vector<float>& m, const std::vector<float>& v) {
+  ParamStore& ps = model_->params();
+  if (u >= master_.size()) {
+    return absl::DataLossError(
+        absl::StrCat("optimizer state: unit ", u, " of ", master_.size(), " units"));
+  }
+  for (auto [dst, src, kind] : {std::tuple{&master_, &master, "master weights"},
+                                {&m_, &m, "Adam m"},
+                                {&v_, &v, "Adam v"}}) {
+    if (static_cast<int64_t>(src->size()) != ps.shard_numel(u)) {
+      return absl::DataLossError(absl::StrCat("optimizer state: the ", kind, " slice of unit ", u,
+                                              " has ", src->size(), " elements, this rank holds ",
+                                              ps.shard_numel(u)));
+    }
+    model_->ops()->Upload(src->data(), DType::kF32, (*dst)[u].tensor());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* model,
+                                                                 const UnitLoader& load,
+                                                                 const JobSpec::Training& hp) {
+  std::unique_ptr<Optimizer> o(new Optimizer(model, hp));
+  RETURN_IF_ERROR(o->Allocate());
+  std::vector<bool> came(o->master_.size(), false);
+  RETURN_IF_ERROR(load([&](int unit, std::vector<float>&& master, std::vector<float>&& m,
+                           std::vector<float>&& v) -> absl::Status {
+    RETURN_IF_ERROR(o->RestoreUnit(static_cast<size_t>(unit), master, m, v));
+    came[unit] = true;
+    return absl::OkStatus();
+  }));
+  for (size_t u = 0; u < came.size(); ++u) {
+    if (!came[u])
+      return absl::DataLossError(absl::StrCat("optimizer state: unit ", u, " never came"));
+  }
+  o->RefreshWorkingCopy();
+  return o;
 }
 
 }  // namespace ithaca

@@ -79,12 +79,25 @@ class Optimizer {
   static absl::StatusOr<std::unique_ptr<Optimizer>> Resume(LlamaModel* model, const Shards& shards,
                                                            const JobSpec::Training& hp);
   absl::Status Restore(const Shards& shards);
+  // One unit's slices (master, m, v), as Restore takes them, handed over one unit at a time.
+  using UnitSink = std::function<absl::Status(int unit, std::vector<float>&& master,
+                                              std::vector<float>&& m, std::vector<float>&& v)>;
+  // Resume with the state arriving piecewise: `load(sink)` hands every unit's slices to `sink`
+  // (LoadCheckpointTogether does, as it reads them), each uploaded at once, so the host holds
+  // one unit's slices at a time. DATA_LOSS names a unit that is misshapen or never came.
+  using UnitLoader = std::function<absl::Status(const UnitSink& sink)>;
+  static absl::StatusOr<std::unique_ptr<Optimizer>> ResumeEach(LlamaModel* model,
+                                                               const UnitLoader& load,
+                                                               const JobSpec::Training& hp);
 
  private:
   Optimizer(LlamaModel* model, const JobSpec::Training& hp) : model_(model), hp_(hp) {}
   // Allocates the zeroed master, m and v shards.
   absl::Status Allocate();
   void RefreshWorkingCopy();
+  // Uploads unit u's slices into the master, m and v shards (DATA_LOSS naming a wrong size).
+  absl::Status RestoreUnit(size_t u, const std::vector<float>& master, const std::vector<float>& m,
+                           const std::vector<float>& v);
 
   LlamaModel* model_;
   JobSpec::Training hp_;

@@ -162,17 +162,25 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   }
   const ParamLayout& layout = t->model_->layout();
   if (latest.ok()) {
-    // Each rank reads only its slice of the state, and verifies a share of the files.
-    ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpointTogether(*latest, t->model_.get(), comm));
+    // Each rank reads only its slice of the state, one unit at a time straight into the
+    // optimizer, and verifies a share of the files.
+    LoadedCheckpoint ck;
     ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::Resume(t->model_.get(), ck.optimizer, spec.training));
+                     Optimizer::ResumeEach(
+                         t->model_.get(),
+                         [&](const Optimizer::UnitSink& sink) -> absl::Status {
+                           ASSIGN_OR_RETURN(
+                               ck, LoadCheckpointTogether(*latest, t->model_.get(), comm, sink));
+                           return absl::OkStatus();
+                         },
+                         spec.training));
     t->state_ = ck.state;
     if (t->data_) t->data_->set_position(ck.state.data_position);
     if (t->rank_ == 0) {
       std::printf(
           "resumed from %s at step %lld (saved by %d ranks, loaded by %d; %.3f GB verified by "
           "the ranks together in %.2f s, %.2f GB/s; rank 0 verified %.3f GB, read %.3f GB of "
-          "tensors and held %.3f GB on the host, %.1f%% of the state)\n",
+          "tensors and held at most %.3f GB on the host, %.1f%% of the state)\n",
           latest->c_str(), static_cast<long long>(ck.state.step), ck.saved_world, t->world_,
           ck.bytes / 1e9, ck.seconds, ck.bytes / 1e9 / std::max(ck.seconds, 1e-9),
           ck.verified_bytes / 1e9, ck.read_bytes / 1e9, ck.host_bytes / 1e9,
