@@ -67,6 +67,11 @@
 #ifndef ITHACA_BWD_DQ_ATOMIC
 #define ITHACA_BWD_DQ_ATOMIC 0
 #endif
+// Registers of the producer warpgroup (setmaxnreg); consumers get 240. 24 + 2·240 fits the
+// register file with 128 threads each; 32 is the most that still fits (32·128 + 240·256 = 64K).
+#ifndef ITHACA_BWD_PRODUCER_REGS
+#define ITHACA_BWD_PRODUCER_REGS 24
+#endif
 #ifndef ITHACA_BWD_DS_STSM
 #define ITHACA_BWD_DS_STSM 1
 #endif
@@ -360,7 +365,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename C::SmemK{});
 
   if (wg_idx == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<24>();
+    cutlass::arch::warpgroup_reg_dealloc<ITHACA_BWD_PRODUCER_REGS>();
     int const warp_in_wg = warp_idx % 4;
     if (warp_in_wg == 0) {
       // ---------------------------------------------------------------- producer
