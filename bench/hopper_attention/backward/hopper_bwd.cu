@@ -193,13 +193,13 @@ struct Params {
 enum : uint32_t { kBarPdS = 0, kBarDqEmpty0 = 1, kBarDqFull0 = 3 };
 
 template <class L>
-__device__ __forceinline__ auto acc_rowcol(L l) {
+CUTE_HOST_DEVICE auto acc_rowcol(L l) {
   return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
                      make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
 }
 // ((2,2,V),MM,MN) accumulator layout -> ((2,2,2),MM,(V/2*MN)) A-operand view (bf16, k = 16).
 template <class L>
-__device__ __forceinline__ auto acc_as_A(L l) {
+CUTE_HOST_DEVICE auto acc_as_A(L l) {
   auto v = logical_divide(get<0, 2>(l), Tile<_2>{});
   return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(v)), get<1>(l),
                      coalesce(make_layout(get<0, 1>(v), get<2>(l))));
