@@ -519,16 +519,26 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         // Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e); masked entries (key > query) → 0.
         float const* lse_s = ss.lse[s];
         float const* dsum_s = ss.dsum[s];
-        CUTE_UNROLL
-        for (int j = 0; j < size<1>(S_rc); ++j) {
-          int const qc = get<1>(cS_rc(0, j));
-          float const l = lse_s[qc];
+        // Two copies of the loop so that the tiles off the diagonal carry no mask compares.
+        auto compute_P = [&](auto masked) {
           CUTE_UNROLL
-          for (int i = 0; i < size<0>(S_rc); ++i) {
-            float x = S_rc(i, j);
-            if (need_mask && kv0 + get<0>(cS_rc(i, j)) > q0 + qc) x = -INFINITY;
-            S_rc(i, j) = exp2_ftz(fmaf(x, sl2, -l));
+          for (int j = 0; j < size<1>(S_rc); ++j) {
+            int const qc = get<1>(cS_rc(0, j));
+            float const l = lse_s[qc];
+            CUTE_UNROLL
+            for (int i = 0; i < size<0>(S_rc); ++i) {
+              float x = S_rc(i, j);
+              if constexpr (decltype(masked)::value) {
+                if (kv0 + get<0>(cS_rc(i, j)) > q0 + qc) x = -INFINITY;
+              }
+              S_rc(i, j) = exp2_ftz(fmaf(x, sl2, -l));
+            }
           }
+        };
+        if (need_mask) {
+          compute_P(cute::true_type{});
+        } else {
+          compute_P(cute::false_type{});
         }
         warpgroup_wait<0>();
         // dSᵀ = Pᵀ ∘ (dPᵀ − Dsum), in the dP registers.
