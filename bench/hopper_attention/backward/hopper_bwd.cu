@@ -72,6 +72,19 @@
 #ifndef ITHACA_BWD_PRODUCER_REGS
 #define ITHACA_BWD_PRODUCER_REGS 24
 #endif
+// Order of the query tiles inside a CTA: 0 ascending from the diagonal (FA3's order; the CTAs
+// running at one time, which start at consecutive diagonals, sweep a window of ≈ 2 × #CTAs query
+// tiles); 1 descending from the last tile (the concurrent CTAs walk the same query tiles in
+// lock-step: a small L2 working set, but their dQ reductions hit the same lines at once).
+#ifndef ITHACA_BWD_M_DESC
+#define ITHACA_BWD_M_DESC 0
+#endif
+// Order of the CTAs: 0 KV-head-major (all KV tiles of KV head 0, longest first, then head 1, ...);
+// 1 KV-tile-major (KV tile 0 of every KV head, then tile 1, ...: longest first over the whole
+// grid, the concurrent CTAs spread over all KV heads).
+#ifndef ITHACA_BWD_CTA_ORDER
+#define ITHACA_BWD_CTA_ORDER 0
+#endif
 #ifndef ITHACA_BWD_DS_STSM
 #define ITHACA_BWD_DS_STSM 1
 #endif
@@ -118,9 +131,9 @@ struct Cfg {
   // them), as FA3 does.
   using SmemQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<bf16>{},
                                        Shape<Int<kBlockM>, Int<D>, Int<kStages>>{}));
-  using SmemQt = decltype(composition(
-      SmemQ{}, make_layout(Shape<Int<D>, Int<kBlockM>, Int<kStages>>{},
-                           Stride<Int<kBlockM>, _1, Int<kBlockM * D>>{})));
+  using SmemQt =
+      decltype(composition(SmemQ{}, make_layout(Shape<Int<D>, Int<kBlockM>, Int<kStages>>{},
+                                                Stride<Int<kBlockM>, _1, Int<kBlockM * D>>{})));
   using SmemK =
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<bf16>{}, Shape<Int<kBlockN>, Int<D>>{}));
   using SmemKt = decltype(composition(
@@ -255,8 +268,19 @@ __device__ __forceinline__ void bulk_wait_all() {
 // KV tile of CTA b: KV-head-major (all tiles of KV head 0 first, so the CTAs running at one time
 // read the same query heads' Q/dO), longest first inside a head (tile 0 has every query tile).
 __device__ __forceinline__ void cta_coords(Problem const& pb, int b, int& g, int& n) {
+#if ITHACA_BWD_CTA_ORDER == 0
   g = b / pb.num_n;
   n = b % pb.num_n;
+#else
+  n = b / pb.Hkv;
+  g = b % pb.Hkv;
+#endif
+}
+
+// The it-th query tile a CTA visits (ITHACA_BWD_M_DESC); producer, dQ writer and consumers all
+// walk the same sequence.
+__device__ __forceinline__ int m_at(int it, int m_min, int m_max) {
+  return ITHACA_BWD_M_DESC ? m_max - 1 - it : m_min + it;
 }
 
 // ------------------------------------------------------------------------------ preprocess
@@ -303,8 +327,8 @@ __global__ void __launch_bounds__(C::NumMmaThreads)
   Tensor cQ = make_identity_tensor(Shape<Int<C::kBlockM>, Int<C::D>>{});
   Tensor tc = thr.partition_C(cQ);
   static_assert(decltype(size(tc))::value == C::kDqPerThread);
-  float const* blk = dq_acc + (int64_t(h) * S_pad + int64_t(m) * C::kBlockM) * C::D +
-                     wg * C::kDqHalf + t * 4;
+  float const* blk =
+      dq_acc + (int64_t(h) * S_pad + int64_t(m) * C::kBlockM) * C::D + wg * C::kDqHalf + t * 4;
   int64_t const ld = int64_t(Hq) * C::D;
   CUTE_UNROLL
   for (int i = 0; i < C::kDqPerThread; i += 4) {
@@ -380,10 +404,10 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         auto cta_k = p.tma_k.get_slice(_0{});
         auto cta_v = p.tma_v.get_slice(_0{});
 
-        Tensor gK = local_tile(mK(_, _, g), Shape<Int<kBlockN>, Int<C::D>>{},
-                               make_coord(n_block, 0));
-        Tensor gV = local_tile(mV(_, _, g), Shape<Int<kBlockN>, Int<C::D>>{},
-                               make_coord(n_block, 0));
+        Tensor gK =
+            local_tile(mK(_, _, g), Shape<Int<kBlockN>, Int<C::D>>{}, make_coord(n_block, 0));
+        Tensor gV =
+            local_tile(mV(_, _, g), Shape<Int<kBlockN>, Int<C::D>>{}, make_coord(n_block, 0));
         ss.barrier_kv.arrive_and_expect_tx(2 * C::kBytesKV);
         copy(p.tma_k.with(reinterpret_cast<uint64_t&>(ss.barrier_kv), 0,
                           TMA::CacheHintSm90::EVICT_FIRST),
@@ -392,10 +416,11 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
                           TMA::CacheHintSm90::EVICT_FIRST),
              cta_v.partition_S(gV), cta_v.partition_D(sV));
 
-        Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));     // (TMA, stages)
+        Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));      // (TMA, stages)
         Tensor tdOsdO = group_modes<0, 3>(cta_do.partition_D(sdO));  // (TMA, stages)
         auto wr = cutlass::make_producer_start_state<Pipe>();
-        for (int m = m_min; m < m_max; ++m) {
+        for (int it = 0; it < m_max - m_min; ++it) {
+          int const m = m_at(it, m_min, m_max);
           for (int hh = 0; hh < group; ++hh) {
             int const h = g * group + hh;
             Tensor gQ = local_tile(mQ(_, _, h), Shape<Int<Bm>, Int<C::D>>{}, make_coord(m, 0));
@@ -419,7 +444,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     } else if (warp_in_wg == 1) {
       // ---------------------------------------------------------------- dQ writer
 #if !ITHACA_BWD_DQ_ATOMIC
-      for (int m = m_min; m < m_max; ++m) {
+      for (int it = 0; it < m_max - m_min; ++it) {
+        int const m = m_at(it, m_min, m_max);
         for (int hh = 0; hh < group; ++hh) {
           int const h = g * group + hh;
           float* gblk = pb.dq_acc + (int64_t(h) * pb.S_pad + int64_t(m) * Bm) * C::D;
@@ -463,10 +489,10 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     auto thr_dkv = mma_dkv.get_thread_slice(mma_tid);
     auto thr_dq = mma_dq.get_thread_slice(mma_tid);
 
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, M, K)
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, N, K, stages)
-    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);    // (MMA, M, K)
-    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);  // (MMA, N, K, stages)
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, M, K)
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, N, K, stages)
+    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);     // (MMA, M, K)
+    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);   // (MMA, N, K, stages)
     Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, N=D, K=q, stages)
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, N=D, K=q, stages)
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M=q, K=keys, stages)
@@ -500,7 +526,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     ss.barrier_kv.wait(0);
 
     typename Pipe::PipelineState rd;
-    for (int m = m_min; m < m_max; ++m) {
+    for (int it = 0; it < m_max - m_min; ++it) {
+      int const m = m_at(it, m_min, m_max);
       bool const need_mask = m < m_mask_end;
       int const q0 = m * Bm;
       for (int hh = 0; hh < group; ++hh) {
@@ -512,7 +539,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 
         pipe.consumer_wait(rd);
         int const s = rd.index();
-        wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSrS);      // Sᵀ = K Qᵀ
+        wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSrS);       // Sᵀ = K Qᵀ
         wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPrdP);  // dPᵀ = V dOᵀ
         warpgroup_wait<1>();
 
@@ -577,9 +604,9 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         static_assert(decltype(size(tdQrdQ))::value == C::kDqPerThread);
 #if ITHACA_BWD_DQ_ATOMIC
         {
-          float4* dst = reinterpret_cast<float4*>(
-              pb.dq_acc + (int64_t(h) * pb.S_pad + int64_t(q0)) * C::D + cwg * C::kDqHalf +
-              (mma_tid % 128) * 4);
+          float4* dst =
+              reinterpret_cast<float4*>(pb.dq_acc + (int64_t(h) * pb.S_pad + int64_t(q0)) * C::D +
+                                        cwg * C::kDqHalf + (mma_tid % 128) * 4);
           CUTE_UNROLL
           for (int i = 0; i < C::kDqPerThread; i += 4) {
             atomicAdd(dst + (i / 4) * 128,
@@ -593,7 +620,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
               reinterpret_cast<float4*>(ss.dq.data() + cwg * C::kDqHalf + (mma_tid % 128) * 4);
           CUTE_UNROLL
           for (int i = 0; i < C::kDqPerThread; i += 4) {
-            dst[(i / 4) * 128] = make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+            dst[(i / 4) * 128] =
+                make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
           }
           cutlass::arch::fence_view_async_shared();
           cutlass::arch::NamedBarrier::arrive(128 + 32, kBarDqFull0 + cwg);
@@ -641,15 +669,14 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
   float* lse2 = dq_acc + int64_t(Hq) * S_pad * C::D;
   float* dsum = lse2 + int64_t(Hq) * S_pad;
 
-  cudaError_t e =
-      cudaMemsetAsync(dq_acc, 0, sizeof(float) * int64_t(Hq) * S_pad * C::D, stream);
+  cudaError_t e = cudaMemsetAsync(dq_acc, 0, sizeof(float) * int64_t(Hq) * S_pad * C::D, stream);
   if (e != cudaSuccess) return e;
   {
     int64_t const warps = int64_t(S_pad) * Hq;
     int const blocks = int((warps * 32 + 255) / 256);
     bwd_preprocess<<<blocks, 256, 0, stream>>>(static_cast<bf16 const*>(o),
-                                                static_cast<bf16 const*>(dout), lse, lse2, dsum,
-                                                S, S_pad, Hq, C::D);
+                                               static_cast<bf16 const*>(dout), lse, lse2, dsum, S,
+                                               S_pad, Hq, C::D);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -719,18 +746,17 @@ extern "C" int hopper_attention_bwd(void const* q, void const* k, void const* v,
                                     int Hq, int Hkv, int D, void* stream) {
   if (D != 64 && D != 128) return -2;
   if (S <= 0 || S % 8 != 0 || Hkv <= 0 || Hq % Hkv != 0) return -1;
-  for (void const* ptr : {q, k, v, o, dout, static_cast<void const*>(lse), static_cast<void const*>(dq),
-                          static_cast<void const*>(dk), static_cast<void const*>(dv),
-                          static_cast<void const*>(workspace)}) {
+  for (void const* ptr : {q, k, v, o, dout, static_cast<void const*>(lse),
+                          static_cast<void const*>(dq), static_cast<void const*>(dk),
+                          static_cast<void const*>(dv), static_cast<void const*>(workspace)}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return -1;
   }
   if (workspace_bytes < hopper_attention_bwd_workspace(S, Hq, Hkv, D)) return -3;
   auto* ws = static_cast<float*>(workspace);
   auto st = static_cast<cudaStream_t>(stream);
-  cudaError_t const e =
-      D == 128 ? ithaca_bwd::launch<ithaca_bwd::CfgD128>(q, k, v, o, dout, lse, dq, dk, dv, ws, S,
-                                                         Hq, Hkv, st)
-               : ithaca_bwd::launch<ithaca_bwd::CfgD64>(q, k, v, o, dout, lse, dq, dk, dv, ws, S,
-                                                        Hq, Hkv, st);
+  cudaError_t const e = D == 128 ? ithaca_bwd::launch<ithaca_bwd::CfgD128>(
+                                       q, k, v, o, dout, lse, dq, dk, dv, ws, S, Hq, Hkv, st)
+                                 : ithaca_bwd::launch<ithaca_bwd::CfgD64>(
+                                       q, k, v, o, dout, lse, dq, dk, dv, ws, S, Hq, Hkv, st);
   return e == cudaSuccess ? 0 : static_cast<int>(e);
 }
