@@ -23,6 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def load_bwd(path=None):
+    """path None: HOPPER_BWD_LIB or build/libhopper_bwd.so; a bare variant name (build_variants.sh):
+    build/libhopper_bwd_<name>.so."""
+    if path and os.sep not in path and not path.endswith(".so"):
+        path = os.path.join(HERE, "build", f"libhopper_bwd_{path}.so")
     lib = ctypes.CDLL(path or os.environ.get("HOPPER_BWD_LIB", os.path.join(HERE, "build", "libhopper_bwd.so")))
     lib.hopper_attention_bwd.restype = ctypes.c_int
     lib.hopper_attention_bwd.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_size_t] + [ctypes.c_int] * 4 + [ctypes.c_void_p]
@@ -112,7 +116,15 @@ def rel(a, b):
     return ((a.float() - b).norm() / b.norm()).item()
 
 
-def check(lib, sizes, Ds, heads):
+def check(lib, sizes, Ds, heads, impls=("ours",)):
+    """impls: "ours" (the default library) or "ours:<variant>" (build_variants.sh)."""
+    ok_all = True
+    for impl in impls:
+        ok_all &= check_one(lib if impl == "ours" else load_bwd(impl.split(":", 1)[1]), impl, sizes, Ds, heads)
+    return ok_all
+
+
+def check_one(lib, impl, sizes, Ds, heads):
     ours = Ours(lib)
     ok_all = True
     torch.manual_seed(1234)
@@ -136,7 +148,7 @@ def check(lib, sizes, Ds, heads):
                 dq, dk, dv = outs[0]
                 nan = int(sum(torch.isnan(t.float()).sum().item() for t in (dq, dk, dv)))
                 e = {"dq": rel(dq, dQ), "dk": rel(dk, dK), "dv": rel(dv, dV)}
-                rec = {"check": "bwd", "S": S, "D": D, "Hq": Hq, "Hkv": Hkv, "nan_or_unwritten": nan,
+                rec = {"check": "bwd", "impl": impl, "S": S, "D": D, "Hq": Hq, "Hkv": Hkv, "nan_or_unwritten": nan,
                        "dq_rel_l2": e["dq"], "dk_rel_l2": e["dk"], "dv_rel_l2": e["dv"],
                        "dq_max_abs": (dq.float() - dQ).abs().max().item(),
                        "dkdv_deterministic": bool(torch.equal(dk, outs[1][1]) and torch.equal(dv, outs[1][2])),
@@ -212,7 +224,8 @@ def bench(lib, Ss, Ds, impls, Hq, Hkv, out):
             for impl in impls:
                 rec = {"impl": impl, "S": S, "D": D, "Hq": Hq, "Hkv": Hkv, "dir": "bwd"}
                 try:
-                    if impl == "ours":
+                    if impl.startswith("ours"):
+                        run = ours if impl == "ours" else Ours(load_bwd(impl.split(":", 1)[1]))
                         o = torch.empty(S, Hq, D, device="cuda", dtype=torch.bfloat16)
                         lse = torch.empty(Hq, S, device="cuda", dtype=torch.float32)
                         if fwd is not None:
@@ -229,7 +242,7 @@ def bench(lib, Ss, Ds, impls, Hq, Hkv, out):
                             lse = lse_chunked(q, k)
                             rec["fwd"] = "sdpa+chunked-lse"
                         dq = torch.empty_like(q); dk = torch.empty_like(k); dv = torch.empty_like(v)
-                        fn = lambda: ours(q, k, v, o, do, lse, dq, dk, dv)
+                        fn = lambda: run(q, k, v, o, do, lse, dq, dk, dv)
                     else:
                         be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn_sdpa" else SDPBackend.FLASH_ATTENTION
                         qq, kk, vv = (sdpa_view(t).detach().requires_grad_() for t in (q, k, v))
@@ -255,14 +268,16 @@ def bench(lib, Ss, Ds, impls, Hq, Hkv, out):
                 if out:
                     with open(out, "a") as f:
                         f.write(line + "\n")
-                fn = None; outp = None
+                fn = None; outp = None; run = None
                 torch.cuda.empty_cache()
             del q, k, v, do
             ours.ws = None
             torch.cuda.empty_cache()
 
 
-def one(lib, S, D, Hq, Hkv, n):
+def one(lib, S, D, Hq, Hkv, n, variant=""):
+    if variant:
+        lib = load_bwd(variant)
     torch.manual_seed(7)
     q = torch.randn(S, Hq, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(S, Hkv, D, device="cuda", dtype=torch.bfloat16)
@@ -287,8 +302,10 @@ def main():
     ap.add_argument("--heads", default="32:8,4:1", help="Hq:Hkv pairs (check-bwd)")
     ap.add_argument("--Hq", type=int, default=32)
     ap.add_argument("--Hkv", type=int, default=8)
-    ap.add_argument("--impls", default="ours,cudnn_sdpa")
+    ap.add_argument("--impls", default="ours,cudnn_sdpa", help="ours, ours:<variant>, cudnn_sdpa, flash_sdpa")
+    ap.add_argument("--check-impls", default="ours", help="check-bwd: ours and/or ours:<variant>")
     ap.add_argument("--n", type=int, default=1)
+    ap.add_argument("--variant", default="", help="one: a build_variants.sh name")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     lib = load_bwd()
@@ -298,12 +315,12 @@ def main():
     if a.mode == "check-bwd":
         sizes = [int(s) for s in (a.S or "128,1000,1024,4160").split(",")]
         heads = [tuple(int(x) for x in p.split(":")) for p in a.heads.split(",")]
-        sys.exit(0 if check(lib, sizes, Ds, heads) else 1)
+        sys.exit(0 if check(lib, sizes, Ds, heads, a.check_impls.split(",")) else 1)
     if a.mode == "bench-bwd":
         bench(lib, [int(s) for s in (a.S or "65536,131072,262144,524288").split(",")], Ds,
               a.impls.split(","), a.Hq, a.Hkv, a.out)
     else:
-        one(lib, int((a.S or "131072").split(",")[0]), Ds[0], a.Hq, a.Hkv, a.n)
+        one(lib, int((a.S or "131072").split(",")[0]), Ds[0], a.Hq, a.Hkv, a.n, a.variant)
 
 
 if __name__ == "__main__":
