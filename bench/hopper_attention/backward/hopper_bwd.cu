@@ -267,7 +267,7 @@ __device__ __forceinline__ void bulk_wait_all() {
 
 // KV tile of CTA b: KV-head-major (all tiles of KV head 0 first, so the CTAs running at one time
 // read the same query heads' Q/dO), longest first inside a head (tile 0 has every query tile).
-__device__ __forceinline__ void cta_coords(Problem const& pb, int b, int& g, int& n) {
+CUTE_HOST_DEVICE void cta_coords(Problem const& pb, int b, int& g, int& n) {
 #if ITHACA_BWD_CTA_ORDER == 0
   g = b / pb.num_n;
   n = b % pb.num_n;
@@ -279,7 +279,7 @@ __device__ __forceinline__ void cta_coords(Problem const& pb, int b, int& g, int
 
 // The it-th query tile a CTA visits (ITHACA_BWD_M_DESC); producer, dQ writer and consumers all
 // walk the same sequence.
-__device__ __forceinline__ int m_at(int it, int m_min, int m_max) {
+CUTE_HOST_DEVICE int m_at(int it, int m_min, int m_max) {
   return ITHACA_BWD_M_DESC ? m_max - 1 - it : m_min + it;
 }
 
