@@ -724,7 +724,10 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
 
 // head_dim 128: 64 queries × 128 keys per step; head_dim 64: 128 × 128 (FA3's H100 choices).
 using CfgD128 = Cfg<128, 64, 2>;
-using CfgD64 = Cfg<64, 128, 2>;
+#ifndef ITHACA_BWD_HD64_BM
+#define ITHACA_BWD_HD64_BM 128
+#endif
+using CfgD64 = Cfg<64, ITHACA_BWD_HD64_BM, 2>;
 
 }  // namespace
 }  // namespace ithaca_bwd
