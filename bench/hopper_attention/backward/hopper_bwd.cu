@@ -42,9 +42,12 @@
 // stores and the bulk reduce is one contiguous copy; the postprocess kernel recomputes each
 // value's (row, col) from the same TiledMma partition.
 //
-// Compile-time switches: ITHACA_BWD_DQ_ATOMIC=1 replaces the smem + bulk reduce path with
-// float4 atomicAdd from registers (same global layout); ITHACA_BWD_DS_STSM=0 writes dS to
-// shared memory with plain element stores instead of stmatrix.
+// Compile-time switches (build_variants.sh builds the ones worth timing): ITHACA_BWD_DQ_ATOMIC=1
+// replaces the smem + bulk reduce path with float4 atomicAdd from registers (same global
+// layout); ITHACA_BWD_M_DESC and ITHACA_BWD_CTA_ORDER change the query-tile and CTA orders;
+// ITHACA_BWD_PRODUCER_REGS the producer warpgroup's registers; ITHACA_BWD_HD64_BM the hd64 query
+// step (128 or 64); ITHACA_BWD_DS_STSM=0 writes dS to shared memory with element stores instead
+// of stmatrix.
 #include <cuda_runtime.h>
 
 #include <cstdint>
