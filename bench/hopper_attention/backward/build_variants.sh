@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the default library and the variants the next device session compares, into build/:
+#   libhopper_bwd.so          default (bulk-reduce dQ, ascending query tiles, KV-head-major CTAs)
+#   libhopper_bwd_atomic.so   -DITHACA_BWD_DQ_ATOMIC=1 (float4 atomics for dQ, no writer warp)
+#   libhopper_bwd_mdesc.so    -DITHACA_BWD_M_DESC=1 (query tiles descending: concurrent CTAs in step)
+#   libhopper_bwd_tile.so     -DITHACA_BWD_CTA_ORDER=1 (KV-tile-major CTA order)
+#   libhopper_bwd_p32.so      -DITHACA_BWD_PRODUCER_REGS=32
+# bench_bwd.py runs a variant as impl "ours:<name>" (e.g. ours:atomic). Logs: build/*.log.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+mkdir -p "$HERE/build"
+build() {  # name, flags...
+  local name="$1"; shift
+  local out="$HERE/build/libhopper_bwd${name:+_$name}.so"
+  LIB_OUT="$out" "$HERE/build.sh" "$@" > "$HERE/build/build${name:+_$name}.log" 2>&1 \
+    || { echo "build ${name:-default} FAILED (see build/build${name:+_$name}.log)"; return 1; }
+  echo "${name:-default}: $(grep -A2 attn_bwd_kernel "$HERE/build/build${name:+_$name}.log" | grep -E 'spill|Used' | tr -s ' ' | paste -sd' ')"
+}
+build ""
+build atomic -DITHACA_BWD_DQ_ATOMIC=1
+build mdesc -DITHACA_BWD_M_DESC=1
+build tile -DITHACA_BWD_CTA_ORDER=1
+build p32 -DITHACA_BWD_PRODUCER_REGS=32
