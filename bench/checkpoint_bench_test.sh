@@ -1,7 +1,8 @@
 #!/bin/bash
 # Smoke test of checkpoint_bench on the CPU: two ranks save and load the tiny model, the loaded
 # weights equal the saved ones, and each rank's lines say what it held on the host: to save, one
-# unit's tensors of one kind at a time (well under half of the state); to load, about half.
+# unit's tensors of one kind plus what waits for the writer thread (an upper bound; for this tiny
+# model the 2 GiB queue allows its whole share); to load, about half.
 set -euo pipefail
 BENCH=$1
 OUT="$TEST_TMPDIR/out.jsonl"
@@ -20,8 +21,8 @@ for phase in save load; do
     fraction=$(sed -E 's/.*"host_fraction": ([0-9.]+).*/\1/' <<<"$line")
     gbps=$(sed -E 's/.*"gb_per_s": ([0-9.]+).*/\1/' <<<"$line")
     if [ "$phase" = save ]; then
-      awk -v f="$fraction" 'BEGIN { exit !(f > 0 && f < 0.3) }' ||
-        fail "save rank $rank held $fraction of the state at once, not one unit's tensors"
+      awk -v f="$fraction" 'BEGIN { exit !(f > 0 && f < 1) }' ||
+        fail "save rank $rank held $fraction of the state at once"
     else
       awk -v f="$fraction" 'BEGIN { exit !(f > 0.3 && f < 0.7) }' ||
         fail "load rank $rank held $fraction of the state, not about half"

@@ -55,6 +55,8 @@ absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
 struct CheckpointWriteReport {
   int64_t bytes = 0;  // what this rank wrote (CommitCheckpoint: the whole checkpoint)
   double seconds = 0;
+  // WriteCheckpointShardFrom: the most produced tensor bytes that waited to be written at once.
+  int64_t queued_bytes = 0;
 };
 // The tensors rank `rank` writes in a checkpoint saved at `world`: the one place the split is
 // decided (its files are parts rank, rank + world, ... of SafetensorsWriter::WriteShard's split).
@@ -68,13 +70,17 @@ absl::Status BeginCheckpoint(const std::string& dir, int64_t step);
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
     const Optimizer::State& opt, const TrainState& state, int rank, int world);
+inline constexpr int64_t kCheckpointWriteQueueBytes = int64_t{2} << 30;
 // Hands each tensor of the rank's share (CheckpointTensorsOf) to the sink, in any order.
 using CheckpointProducer = std::function<absl::Status(const Optimizer::TensorSink& sink)>;
 // WriteCheckpointShard for a state that arrives piecewise (Optimizer::SaveEach): the rank's
-// files are opened first and each tensor is written to its place as it comes, so the host holds
-// no more than the producer does. Errors name a tensor that is misshapen, not the rank's, or
-// never produced. `produce` runs exactly once, also when the files cannot be opened (its sink
-// then answers that error): a producer's collectives must run on every rank.
+// files are opened first and each tensor is written to its place as it comes, on a thread of
+// its own, so that the producer's gathers (collective) go on meanwhile and the ranks write at
+// the same time, not in turn. At most kCheckpointWriteQueueBytes of produced tensors wait (or
+// one tensor, if larger), so the host holds that beyond what the producer does. Errors name a
+// tensor that is misshapen, not the rank's, or never produced. `produce` runs exactly once, also
+// when the files cannot be opened (its sink then answers that error): a producer's collectives must
+// run on every rank.
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
     const TrainState& state, int rank, int world, const CheckpointProducer& produce);

@@ -47,7 +47,6 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
   const auto start = Clock::now();
   CheckpointSaveReport report;
   const Optimizer::Selection share = CheckpointTensorsOf(layout, rank, world);
-  report.host_bytes = HeldAtOnce(layout, share);
 
   // The files are opened before the gathers (rank 0 first makes the step's directory), and each
   // tensor of this rank's share is written to its place as its unit arrives on the host.
@@ -72,6 +71,9 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
     if (w.ok()) {
       report.rank_bytes = w->bytes;
       report.rank_write_seconds = w->seconds;
+      // The unit being downloaded, and what waited for the writer thread (some of it the same
+      // tensors, moved): an upper bound.
+      report.host_bytes = HeldAtOnce(layout, share) + w->queued_bytes;
     }
     st = w.status();
   } else {

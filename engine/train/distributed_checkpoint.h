@@ -2,8 +2,9 @@
 // engine/train/checkpoint.h's). No rank's host holds the whole state:
 // - saving: each rank opens its files (about 1/world of the checkpoint), then each unit is
 //   all-gathered on the device in turn and a rank downloads only the tensors it writes
-//   (CheckpointTensorsOf) and writes them to their places at once, so it holds one unit's
-//   tensors of one kind at a time; then it checksums its files, in parallel with the others;
+//   (CheckpointTensorsOf) and hands them to a writer thread that puts them in place (at most
+//   2 GiB waiting), so it holds one unit's tensors of one kind plus that queue, and the ranks
+//   write while the gathers go on; then it checksums its files, in parallel with the others;
 // - loading: a rank reads only the byte ranges of the tensors that overlap its FSDP slice of
 //   each unit, at any world size (the files hold whole tensors), and the ranks verify the files
 //   against the manifest between them (VerifierOfEachFile: about as many bytes each). The verdicts
@@ -23,11 +24,12 @@ namespace ithaca {
 struct CheckpointSaveReport {
   int64_t bytes = 0;       // the whole checkpoint (known to rank 0 only; 0 on the others)
   int64_t rank_bytes = 0;  // the files this rank wrote
-  // The most of the state this rank held on the host at once: one unit's kept tensors of one
-  // kind (each is written to its file as it arrives, Optimizer::SaveEach).
+  // At most what this rank held of the state on the host at once: the unit's tensors of one
+  // kind being downloaded (Optimizer::SaveEach) and those waiting for the writer thread (at
+  // most kCheckpointWriteQueueBytes).
   int64_t host_bytes = 0;
   double seconds = 0;  // the whole save, barriers included
-  // gather: gathering and downloading the units (their writes, interleaved, not counted);
+  // gather: gathering and downloading the units (less any wait for a full write queue);
   // write: the rest until every rank is done (the writes, checksums, barriers); commit: rank 0.
   double gather_seconds = 0, write_seconds = 0, commit_seconds = 0;
   double rank_write_seconds = 0;  // this rank's writing and checksumming alone

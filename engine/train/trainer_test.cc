@@ -374,7 +374,11 @@ TEST(StepLineTest, TheStepThatSavedReportsTheSaveTime) {
     if (r.step % 2 == 0) {
       EXPECT_GT(r.checkpoint_seconds, 0) << r.step;
       EXPECT_NEAR(r.checkpoint_time_unix, now, 60) << r.step;
-      EXPECT_EQ(r.checkpoint_host_bytes, largest_unit) << r.step;
+      // ... plus what waited for the writer thread (here the state is far under its 2 GiB).
+      EXPECT_GE(r.checkpoint_host_bytes, largest_unit) << r.step;
+      EXPECT_LE(r.checkpoint_host_bytes,
+                largest_unit + 3 * 4 * (*t)->model()->layout().total_numel())
+          << r.step;
     } else {
       EXPECT_EQ(r.checkpoint_seconds, 0) << r.step;
       EXPECT_EQ(r.checkpoint_time_unix, 0) << r.step;
