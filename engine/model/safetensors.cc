@@ -635,19 +635,25 @@ std::vector<std::vector<Pending>> GreedyShards(const std::vector<Pending>& all,
   return shards;
 }
 
-}  // namespace
-
-absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
-                                             int64_t max_shard_bytes) const {
+// The checked tensors of a writer in WriteSharded's files.
+absl::StatusOr<std::vector<std::vector<Pending>>> GreedyLayout(const std::vector<Pending>& all,
+                                                               int64_t max_shard_bytes) {
   if (max_shard_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("safetensors: max_shard_bytes must be positive, got ", max_shard_bytes));
   }
-  std::vector<Pending> all = ToPending(entries_);
   RETURN_IF_ERROR(CheckPending(all));
-  RETURN_IF_ERROR(MakeDirs(dir));
+  return GreedyShards(all, max_shard_bytes);
+}
 
-  const std::vector<std::vector<Pending>> shards = GreedyShards(all, max_shard_bytes);
+}  // namespace
+
+absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
+                                             int64_t max_shard_bytes) const {
+  const std::vector<Pending> all = ToPending(entries_);
+  ASSIGN_OR_RETURN(const std::vector<std::vector<Pending>> shards,
+                   GreedyLayout(all, max_shard_bytes));
+  RETURN_IF_ERROR(MakeDirs(dir));
   if (shards.size() == 1) return WriteOne(absl::StrCat(dir, "/", kSingleName), all, metadata_);
 
   const int n = static_cast<int>(shards.size());
@@ -660,14 +666,9 @@ absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
 
 absl::StatusOr<std::vector<std::unique_ptr<SafetensorsPieceWriter>>> SafetensorsWriter::OpenSharded(
     const std::string& dir, int64_t max_shard_bytes) const {
-  if (max_shard_bytes <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: max_shard_bytes must be positive, got ", max_shard_bytes));
-  }
-  std::vector<Pending> all = ToPending(entries_);
-  RETURN_IF_ERROR(CheckPending(all));
+  ASSIGN_OR_RETURN(std::vector<std::vector<Pending>> shards,
+                   GreedyLayout(ToPending(entries_), max_shard_bytes));
   RETURN_IF_ERROR(MakeDirs(dir));
-  std::vector<std::vector<Pending>> shards = GreedyShards(all, max_shard_bytes);
   const int n = static_cast<int>(shards.size());
   std::vector<std::unique_ptr<SafetensorsPieceWriter>> files;
   for (int i = 0; i < n; ++i) {
@@ -681,9 +682,8 @@ absl::StatusOr<std::vector<std::unique_ptr<SafetensorsPieceWriter>>> Safetensors
 
 absl::Status SafetensorsWriter::WriteShardedIndex(const std::string& dir,
                                                   int64_t max_shard_bytes) const {
-  std::vector<Pending> all = ToPending(entries_);
-  RETURN_IF_ERROR(CheckPending(all));
-  const std::vector<std::vector<Pending>> shards = GreedyShards(all, max_shard_bytes);
+  ASSIGN_OR_RETURN(const std::vector<std::vector<Pending>> shards,
+                   GreedyLayout(ToPending(entries_), max_shard_bytes));
   return shards.size() == 1 ? absl::OkStatus() : WriteIndex(dir, shards);
 }
 

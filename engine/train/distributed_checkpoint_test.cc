@@ -76,6 +76,16 @@ absl::StatusOr<std::unique_ptr<Optimizer>> TrainedOneStep(LlamaModel* model) {
   return opt;
 }
 
+// The master weights an optimizer holds, gathered (collective), as the bytes of master.f32.
+absl::StatusOr<std::string> MasterBytes(const Optimizer& opt) {
+  ASSIGN_OR_RETURN(HostWeights master, opt.GatherMasterWeights());
+  std::string bytes;
+  for (const auto& unit : master) {
+    bytes.append(reinterpret_cast<const char*>(unit.data()), unit.size() * 4);
+  }
+  return bytes;
+}
+
 class DistributedCheckpointTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -96,14 +106,8 @@ class DistributedCheckpointTest : public ::testing::Test {
       // What it held, for the test to add up; and the whole master weights, to compare with.
       RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(out, "/host-bytes-", rank),
                                       std::to_string(saved.host_bytes)));
-      ASSIGN_OR_RETURN(HostWeights master, opt->GatherMasterWeights());  // collective
-      if (rank == 0) {
-        std::string bytes;
-        for (const auto& unit : master) {
-          bytes.append(reinterpret_cast<const char*>(unit.data()), unit.size() * 4);
-        }
-        RETURN_IF_ERROR(WriteFileAtomic(out + "/master.f32", bytes));
-      }
+      ASSIGN_OR_RETURN(std::string bytes, MasterBytes(*opt));  // collective
+      if (rank == 0) RETURN_IF_ERROR(WriteFileAtomic(out + "/master.f32", bytes));
       return absl::OkStatus();
     });
     ASSERT_EQ(testing::Failures(outcomes), "");
@@ -186,11 +190,7 @@ TEST_F(DistributedCheckpointTest, LoadsAtOtherWorldsReadingOnlyTheSlices) {
       }
       JobSpec::Training hp;
       ASSIGN_OR_RETURN(auto opt, Optimizer::Resume(r->model.get(), ck.optimizer, hp));
-      ASSIGN_OR_RETURN(HostWeights master, opt->GatherMasterWeights());  // collective
-      std::string got;
-      for (const auto& unit : master) {
-        got.append(reinterpret_cast<const char*>(unit.data()), unit.size() * 4);
-      }
+      ASSIGN_OR_RETURN(std::string got, MasterBytes(*opt));  // collective
       RANK_CHECK(got == saved_master, "the resumed master weights differ from the saved ones");
       return absl::OkStatus();
     });
@@ -231,11 +231,7 @@ TEST_F(DistributedCheckpointTest, ResumesOneUnitAtATime) {
       RANK_CHECK(units == ps.num_units(), units);
       RANK_CHECK(ck.optimizer.master.empty(), "the slices were also kept");
       RANK_CHECK(ck.host_bytes == largest, ck.host_bytes, " != ", largest);
-      ASSIGN_OR_RETURN(HostWeights master, opt->GatherMasterWeights());  // collective
-      std::string got;
-      for (const auto& unit : master) {
-        got.append(reinterpret_cast<const char*>(unit.data()), unit.size() * 4);
-      }
+      ASSIGN_OR_RETURN(std::string got, MasterBytes(*opt));  // collective
       RANK_CHECK(got == saved_master, "the resumed master weights differ from the saved ones");
       return absl::OkStatus();
     });
