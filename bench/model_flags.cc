@@ -1,6 +1,7 @@
 #include "bench/model_flags.h"
 
 #include "absl/flags/flag.h"
+#include "engine/model/weights.h"
 
 ABSL_FLAG(std::string, checkpoint, "full", "none | full | attention-aware");
 ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
@@ -48,6 +49,17 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
       .Bool("prefetch", mo.prefetch)
       .Str("attention", attention);
   return t;
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
+                                                           const JobSpec::Training& hp) {
+  const ParamLayout& layout = model->layout();
+  return Optimizer::Create(
+      model,
+      [&](int unit) -> absl::StatusOr<std::vector<float>> {
+        return RandomUnitWeights(layout, unit, 1234);
+      },
+      hp);
 }
 
 }  // namespace bench

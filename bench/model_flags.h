@@ -8,6 +8,7 @@
 #include "absl/flags/declare.h"
 #include "bench/bench_util.h"
 #include "engine/schedule/llama.h"
+#include "engine/train/optimizer.h"
 
 ABSL_DECLARE_FLAG(std::string, checkpoint);
 
@@ -18,6 +19,10 @@ namespace bench {
 LlamaModel::Options ModelOptions();
 // The "techniques" object of a result line: the options and the attention implementation used.
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention);
+// The benchmarks' optimizer: random weights (seed 1234, the same on every rank and run) and the
+// default hyper-parameters `hp`.
+absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
+                                                           const JobSpec::Training& hp);
 
 }  // namespace bench
 }  // namespace ithaca

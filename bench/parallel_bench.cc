@@ -426,13 +426,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
   const LlamaModel::Options mo = bench::ModelOptions();
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, ops, alloc, mo, r.world.get(), r.sp.get()));
   JobSpec::Training hp;
-  const ParamLayout& layout = model->layout();
-  ASSIGN_OR_RETURN(auto opt, Optimizer::Create(
-                                 model.get(),
-                                 [&](int unit) -> absl::StatusOr<std::vector<float>> {
-                                   return RandomUnitWeights(layout, unit, 1234);
-                                 },
-                                 hp));
+  ASSIGN_OR_RETURN(auto opt, bench::RandomOptimizer(model.get(), hp));
   ParamStore& ps = model->params();
   const int dp = world / sp, dp_rank = rank / sp;
   // Each data-parallel replica trains its own sample; a Ulysses group shares one.

@@ -105,13 +105,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   CudaOps ops(o);
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, mo));
   JobSpec::Training hp;
-  const ParamLayout& layout = model->layout();
-  ASSIGN_OR_RETURN(auto opt, Optimizer::Create(
-                                 model.get(),
-                                 [&](int unit) -> absl::StatusOr<std::vector<float>> {
-                                   return RandomUnitWeights(layout, unit, 1234);
-                                 },
-                                 hp));
+  ASSIGN_OR_RETURN(auto opt, bench::RandomOptimizer(model.get(), hp));
   std::mt19937 gen(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
   std::vector<int32_t> inputs(S), labels(S);
