@@ -8,11 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <map>
-#include <mutex>
-#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +21,7 @@
 #include "engine/core/file_util.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
+#include "engine/train/tensor_writer.h"
 
 namespace ithaca {
 namespace {
@@ -257,76 +254,6 @@ absl::Status MoveToTrashAndRemove(const std::string& dir, const std::string& nam
   RETURN_IF_ERROR(FsyncPath(dir));
   return RemoveTreeNoFollow(trash);
 }
-
-// Puts tensors into their files on a thread of its own. Push blocks while `limit` bytes wait
-// (a tensor larger than that waits alone); the first error of a Put is returned by every later
-// Push and by Finish, and the tensors after it are dropped.
-class TensorWriter {
- public:
-  using Put = std::function<absl::Status(size_t file, const std::string& tensor,
-                                         const std::vector<float>& values)>;
-  TensorWriter(Put put, int64_t limit) : put_(std::move(put)), limit_(limit) {
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~TensorWriter() { Finish().IgnoreError(); }
-
-  absl::Status Push(size_t file, std::string tensor, std::vector<float>&& values) {
-    const int64_t bytes = static_cast<int64_t>(values.size() * sizeof(float));
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return !error_.ok() || queued_ == 0 || queued_ + bytes <= limit_; });
-    if (!error_.ok()) return error_;
-    queue_.push_back({file, std::move(tensor), std::move(values)});
-    queued_ += bytes;
-    peak_ = std::max(peak_, queued_);
-    changed_.notify_all();
-    return absl::OkStatus();
-  }
-  // Waits until every pushed tensor is written (or dropped after an error).
-  absl::Status Finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-      changed_.notify_all();
-    }
-    if (thread_.joinable()) thread_.join();
-    return error_;
-  }
-  int64_t peak_bytes() const { return peak_; }
-
- private:
-  struct Item {
-    size_t file;
-    std::string tensor;
-    std::vector<float> values;
-  };
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      changed_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // closed, and nothing left
-      Item item = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      absl::Status st = error_.ok() ? put_(item.file, item.tensor, item.values) : absl::OkStatus();
-      const int64_t bytes = static_cast<int64_t>(item.values.size() * sizeof(float));
-      item.values = std::vector<float>();  // freed before the producer may queue more
-      lock.lock();
-      if (error_.ok() && !st.ok()) error_ = st;
-      queued_ -= bytes;
-      changed_.notify_all();
-    }
-  }
-
-  Put put_;
-  const int64_t limit_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::deque<Item> queue_;
-  int64_t queued_ = 0, peak_ = 0;
-  bool closed_ = false;
-  absl::Status error_;
-  std::thread thread_;
-};
 
 }  // namespace
 
