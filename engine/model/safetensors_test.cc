@@ -334,7 +334,9 @@ TEST_F(ShardedTest, PiecewiseWritesGiveTheSameBytes) {
     for (int i = 4; i >= 0; --i) {  // the reverse of the file's order
       const std::string t = "t" + std::to_string(i);
       EXPECT_EQ((*file)->Holds(t), part[i] == p) << t;
-      if (part[i] == p) ASSERT_TRUE((*file)->Put(t, DType::kF32, data_[i].data()).ok()) << t;
+      if (part[i] == p) {
+        ASSERT_TRUE((*file)->Put(t, DType::kF32, data_[i].data()).ok()) << t;
+      }
     }
     ASSERT_TRUE((*file)->Commit().ok());
     auto a = ReadFileToString(whole + "/" + *wrote);
@@ -355,7 +357,9 @@ TEST_F(ShardedTest, PiecewiseWritesGiveTheSameBytes) {
   for (int i = 0; i < 5; ++i) {
     const std::string t = "t" + std::to_string(i);
     for (auto& f : *files) {
-      if (f->Holds(t)) ASSERT_TRUE(f->Put(t, DType::kF32, data_[i].data()).ok()) << t;
+      if (f->Holds(t)) {
+        ASSERT_TRUE(f->Put(t, DType::kF32, data_[i].data()).ok()) << t;
+      }
     }
   }
   for (auto& f : *files) ASSERT_TRUE(f->Commit().ok()) << f->name();
