@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <string_view>
 #include <tuple>
 
 namespace ithaca {
@@ -105,26 +104,6 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
     }
   }
   return r;
-}
-
-int64_t Optimizer::State::HostBytes() const {
-  int64_t bytes = 0;
-  for (const auto* kind : {&master, &m, &v}) {
-    for (const auto& [name, values] : *kind) bytes += static_cast<int64_t>(values.size() * 4);
-  }
-  return bytes;
-}
-
-absl::StatusOr<Optimizer::State> Optimizer::Save(const Selection& keep) const {
-  State s;
-  RETURN_IF_ERROR(
-      SaveEach(keep, [&](const char* kind, const std::string& name, std::vector<float>&& values) {
-        const std::string_view k = kind;
-        auto& out = k == "master" ? s.master : k == "m" ? s.m : s.v;
-        out[name] = std::move(values);
-        return absl::OkStatus();
-      }));
-  return s;
 }
 
 absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) const {

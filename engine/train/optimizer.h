@@ -43,29 +43,25 @@ class Optimizer {
   // The same, computing the global Σ g² first: the host waits for the gradients.
   absl::StatusOr<StepResult> Step(int64_t step, double lr);
 
-  // Host f32 copies of some tensors of the whole-model state, by Hugging Face parameter name
-  // ("model.layers.3.mlp.up_proj.weight"): master weights, Adam m and Adam v. Which ones is the
-  // caller's choice: a checkpoint keeps only those this rank writes (CheckpointTensorsOf), about
-  // 1/world of the state; SaveEach hands them over one at a time instead.
+  // Host f32 copies of tensors of the whole-model state, by Hugging Face parameter name
+  // ("model.layers.3.mlp.up_proj.weight"): master weights, Adam m and Adam v (one process
+  // holding a whole state: tests, tools; WriteCheckpointShard takes it).
   struct State {
     std::map<std::string, std::vector<float>> master, m, v;
-    int64_t HostBytes() const;  // what the three maps hold
   };
   // Names of the tensors to keep, per kind.
   struct Selection {
     std::set<std::string> master, m, v;
   };
   // Every rank calls it together: each unit is all-gathered on the device in turn (under FSDP),
-  // and this rank downloads only the tensors `keep` names.
-  absl::StatusOr<State> Save(const Selection& keep) const;
-  // Save, handing each kept tensor to `sink` as it arrives instead of holding them all: the host
-  // then holds one unit's kept tensors of one kind at a time (a checkpoint writes them straight
-  // to its files). `kind` is "master", "m" or "v". The first error of `sink` stops the download
-  // but not the gathers (collective: the other ranks go on), and is returned.
+  // and this rank downloads only the tensors `keep` names, handing each to `sink` as it arrives:
+  // the host holds one unit's kept tensors of one kind at a time (a checkpoint writes them
+  // straight to its files). `kind` is "master", "m" or "v". The first error of `sink` stops the
+  // download but not the gathers (collective: the other ranks go on), and is returned.
   using TensorSink = std::function<absl::Status(const char* kind, const std::string& name,
                                                 std::vector<float>&& values)>;
   absl::Status SaveEach(const Selection& keep, const TensorSink& sink) const;
-  // Every master weight, whole, per unit (collective, as Save).
+  // Every master weight, whole, per unit (collective, as SaveEach).
   absl::StatusOr<HostWeights> GatherMasterWeights() const;
 
   // This rank's slice of every unit's state, as it keeps it: elements [shard_begin,
