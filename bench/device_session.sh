@@ -20,6 +20,10 @@
 #   hopperfwd:SHAPES[:N]  attention_bench with the cuDNN and the own Hopper forward side by side
 #           (--forward=cudnn,hopper,auto; the backward is cuDNN's in all) at SHAPES as in sweep,
 #           N timed iterations (default 3); hopperfwd.jsonl, hopperfwd.log (the per-shape choice)
+#   hopper:SHAPES[:N]  attention_bench with cuDNN's and the own Hopper forward and backward side by
+#           side (every pair of --forward=$FORWARDS and --backward=$BACKWARDS, default
+#           cudnn,hopper each; passes $PASSES, default bwd,fwd+bwd) at SHAPES as in sweep, N timed
+#           iterations (default 3); hopper.jsonl, hopper.log (the per-shape choices)
 #   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
 #   docattn:S:N  attention_bench at hd 64, 32 query / 8 KV heads (Llama-3.2-1B), S tokens: full
 #           causal and packed documents of N tokens (document-masked) side by side; docattn.jsonl
@@ -149,6 +153,13 @@ for phase in "$@"; do
         --forward=cudnn,hopper,auto --iters="${a2:-3}" --passes=fwd,fwd+bwd \
         2>>"$OUT/hopperfwd.log" | tee -a "$OUT/hopperfwd.jsonl"
       grep -E "attention forward|chose|cannot|failed" "$OUT/hopperfwd.log" | head -40
+      ;;
+    hopper)
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/attention_bench" --shapes="$(echo "$a1" | tr 'x+' ':,')" \
+        --forward="${FORWARDS:-cudnn,hopper}" --backward="${BACKWARDS:-cudnn,hopper}" \
+        --iters="${a2:-3}" --passes="${PASSES:-bwd,fwd+bwd}" \
+        2>>"$OUT/hopper.log" | tee -a "$OUT/hopper.jsonl"
+      grep -E "attention (forward|backward)|chose|cannot|failed" "$OUT/hopper.log" | head -40
       ;;
     kernels)
       timeout 120 "$BIN/norm_bench" | tee -a "$OUT/kernels.jsonl"

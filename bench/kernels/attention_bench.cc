@@ -4,10 +4,11 @@
 // With --doc_len N the sample is also run packed with documents of N tokens (a document mask,
 // the last document shorter when N does not divide S), side by side with full causal at the
 // same S; its FLOPs count only the attention computed: Σ over documents of 4·L²·Hq·D/2.
-// --forward=cudnn,hopper runs each shape once per forward implementation (CudaOps'
-// AttentionForward: cudnn, hopper or auto, the per-shape rule training takes), side by side; the
-// backward is cuDNN's in all. Prints one JSON line per (shape, forward, mask, pass); "impl" is
-// what ran ("hopper+cudnn" for a fwd+bwd pass with the Hopper forward), "forward" what was asked.
+// --forward=cudnn,hopper and --backward=cudnn,hopper run each shape once per pair of forward and
+// backward kernels (CudaOps' AttentionKernel: cudnn, hopper or auto, the per-shape rule training
+// takes), side by side. Prints one JSON line per (shape, forward, backward, mask, pass); "impl"
+// is what ran ("hopper+cudnn" for a fwd+bwd pass with the Hopper forward and cuDNN's backward),
+// "forward" and "backward" what was asked.
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -25,6 +26,9 @@
 ABSL_FLAG(std::string, shapes, "128:32:8:65536,64:32:8:131072",
           "comma-separated head_dim:Hq:Hkv:S");
 ABSL_FLAG(std::string, impl, "cudnn", "cudnn | own");
+ABSL_FLAG(std::string, backward, "cudnn",
+          "with --impl=cudnn: comma list of backward kernels (as --forward), each timed with "
+          "each forward");
 ABSL_FLAG(std::string, forward, "cudnn",
           "with --impl=cudnn: comma list of forward implementations to time side by side: "
           "cudnn, hopper (the own sm_90a kernel), auto (the engine's per-shape rule)");
@@ -37,26 +41,35 @@ ABSL_FLAG(bool, full_causal, true, "time full causal attention (with --doc_len: 
 namespace ithaca {
 namespace {
 
-CudaOps::AttentionForward ParseForward(const std::string& f) {
-  if (f == "cudnn") return CudaOps::AttentionForward::kCudnn;
-  if (f == "hopper") return CudaOps::AttentionForward::kHopper;
-  ITHACA_CHECK(f == "auto", "--forward: ", f, " is not cudnn, hopper or auto");
-  return CudaOps::AttentionForward::kAuto;
+CudaOps::AttentionKernel ParseKernel(const std::string& f) {
+  if (f == "cudnn") return CudaOps::AttentionKernel::kCudnn;
+  if (f == "hopper") return CudaOps::AttentionKernel::kHopper;
+  ITHACA_CHECK(f == "auto", "--forward/--backward: ", f, " is not cudnn, hopper or auto");
+  return CudaOps::AttentionKernel::kAuto;
 }
 
 int Main() {
   CudaAllocator alloc;
   const bool own = absl::GetFlag(FLAGS_impl) == "own";
-  // One CudaOps per forward implementation, sharing the buffers (the allocator is shared).
-  std::vector<std::string> forwards = absl::StrSplit(absl::GetFlag(FLAGS_forward), ',');
-  if (own) forwards = {"own"};
+  // One CudaOps per (forward, backward) pair, sharing the buffers (the allocator is shared).
+  std::vector<std::string> forward_list = absl::StrSplit(absl::GetFlag(FLAGS_forward), ',');
+  std::vector<std::string> backward_list = absl::StrSplit(absl::GetFlag(FLAGS_backward), ',');
+  if (own) forward_list = backward_list = {"own"};
+  std::vector<std::string> forwards, backwards;
   std::vector<std::unique_ptr<CudaOps>> all_ops;
-  for (const std::string& f : forwards) {
-    CudaOps::Options o;
-    o.alloc = &alloc;
-    o.attention = own ? CudaOps::AttentionImpl::kOwn : CudaOps::AttentionImpl::kCudnn;
-    if (!own) o.attention_forward = ParseForward(f);
-    all_ops.push_back(std::make_unique<CudaOps>(o));
+  for (const std::string& f : forward_list) {
+    for (const std::string& b : backward_list) {
+      CudaOps::Options o;
+      o.alloc = &alloc;
+      o.attention = own ? CudaOps::AttentionImpl::kOwn : CudaOps::AttentionImpl::kCudnn;
+      if (!own) {
+        o.attention_forward = ParseKernel(f);
+        o.attention_backward = ParseKernel(b);
+      }
+      all_ops.push_back(std::make_unique<CudaOps>(o));
+      forwards.push_back(f);
+      backwards.push_back(b);
+    }
   }
   CudaOps& fill = *all_ops[0];  // fills the inputs
   const std::string device = bench::DeviceName();
@@ -92,16 +105,17 @@ int Main() {
       for (int64_t t = 0; t < S; t += doc_len) docs.starts.push_back(t);
       masks.push_back(docs);
     }
-    // Each forward implementation on each mask.
+    // Each (forward, backward) pair on each mask.
     struct Run {
       CudaOps* ops;
       const std::string* forward;
+      const std::string* backward;
       const DocumentMask* docs;
     };
     std::vector<Run> runs;
     for (size_t fi = 0; fi < all_ops.size(); ++fi) {
       for (const DocumentMask& docs : masks)
-        runs.push_back({all_ops[fi].get(), &forwards[fi], &docs});
+        runs.push_back({all_ops[fi].get(), &forwards[fi], &backwards[fi], &docs});
     }
     for (const Run& run : runs) {
       CudaOps& ops = *run.ops;
@@ -161,6 +175,7 @@ int Main() {
             .Str("device", device)
             .Str("impl", r.impl)
             .Str("forward", *run.forward)
+            .Str("backward", *run.backward)
             .Str("layout", "[S,H,D]")
             .Bool("causal", true)
             .Str("mask", docs.trivial() ? "causal" : "documents")

@@ -15,7 +15,9 @@ constexpr double kGiB = double(int64_t{1} << 30);
 // attention backward, which measured on an H200 at 8 bytes per (token × head × head_dim) of a
 // stage's query heads (2.16 GB for 32 heads of 64 at 128K tokens). Document-masked (ragged)
 // attention needs 12 (3.24 GB there; 12.95 GB at 512K) plus the f32 [S, heads] statistics
-// CudaOps converts the ragged layout's log-sum-exp through.
+// CudaOps converts the ragged layout's log-sum-exp through. The own Hopper backward, which runs
+// instead from S 16K (head_dim 64) or 32K (128), needs 4·(D + 2) per (token × head) (its f32 dQ
+// accumulator and padded rows: 1.1 GB at 128K), so the rule covers either.
 int64_t CudaWorkspaceBytes(const HeadPlan& heads, int64_t seq_len, bool document_mask) {
   const int64_t per_element = document_mask ? 12 : 8;
   const int64_t stats = document_mask ? 4 * seq_len * heads.u : 0;

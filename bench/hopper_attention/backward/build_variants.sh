@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the default library and the variants the next device session compares, into build/:
-#   libhopper_bwd.so          default (bulk-reduce dQ, ascending query tiles, KV-head-major CTAs)
+#   libhopper_bwd.so          default (bulk-reduce dQ, descending query tiles, KV-head-major CTAs)
 #   libhopper_bwd_atomic.so   -DITHACA_BWD_DQ_ATOMIC=1 (float4 atomics for dQ, no writer warp)
-#   libhopper_bwd_mdesc.so    -DITHACA_BWD_M_DESC=1 (query tiles descending: concurrent CTAs in step)
+#   libhopper_bwd_masc.so     -DITHACA_BWD_M_DESC=0 (query tiles ascending from the diagonal, FA3)
 #   libhopper_bwd_tile.so     -DITHACA_BWD_CTA_ORDER=1 (KV-tile-major CTA order)
 #   libhopper_bwd_p32.so      -DITHACA_BWD_PRODUCER_REGS=32
 # bench_bwd.py runs a variant as impl "ours:<name>" (e.g. ours:atomic). Logs: build/*.log.
@@ -18,6 +18,6 @@ build() {  # name, flags...
 }
 build ""
 build atomic -DITHACA_BWD_DQ_ATOMIC=1
-build mdesc -DITHACA_BWD_M_DESC=1
+build masc -DITHACA_BWD_M_DESC=0
 build tile -DITHACA_BWD_CTA_ORDER=1
 build p32 -DITHACA_BWD_PRODUCER_REGS=32

@@ -11,6 +11,7 @@ CUTLASS_INCLUDE="${CUTLASS_INCLUDE:-$(ls -d "$ROOT"/.venv/lib/python3*/site-pack
 mkdir -p "$HERE/build"
 for t in layout_check emulate; do
   "$NVCC" -O2 -gencode=arch=compute_90a,code=sm_90a -std=c++17 --expt-relaxed-constexpr \
-    -I"$ROOT" -I"$CUTLASS_INCLUDE" "$HERE/$t.cu" -o "$HERE/build/$t" "$@"
+    -I"$ROOT" -I"$CUTLASS_INCLUDE" "$HERE/$t.cu" "$ROOT/engine/backend/cuda/hopper_attention.cu" \
+    -o "$HERE/build/$t" "$@"
   "$HERE/build/$t"
 done

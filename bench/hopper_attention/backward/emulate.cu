@@ -1,5 +1,5 @@
 // Host-only emulation of the backward's algorithm (no GPU): the kernel's tile loops, index
-// arithmetic and per-thread register layouts (the same CuTe partitions as hopper_bwd.cu), with
+// arithmetic and per-thread register layouts (the same CuTe partitions as engine/backend/cuda/hopper_attention_bwd.cu), with
 // the GEMMs done as plain loops, against a double-precision causal GQA attention backward.
 // It checks the conventions the device code relies on — LSE and scale, causal mask ranges, the
 // padded LSE/Dsum rows, GQA head mapping, the register-order dQ accumulator and the
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "bench/hopper_attention/backward/hopper_bwd.cu"
+#include "engine/backend/cuda/hopper_attention_bwd.cu"
 
 using namespace cute;
 namespace ithaca_bwd {

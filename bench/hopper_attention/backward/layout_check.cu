@@ -1,7 +1,7 @@
 // Host-only checks of the backward's CuTe layouts (runs on the CPU machine, no GPU): the transposed
 // shared-memory views, the register reuse of Sᵀ/dPᵀ as the A operand of the dV/dK wgmma, the
 // stmatrix retiling of dSᵀ, the dQ and dK/dV ownership per thread. check_layouts.sh runs it.
-#include "bench/hopper_attention/backward/hopper_bwd.cu"
+#include "engine/backend/cuda/hopper_attention_bwd.cu"
 #include <cstdio>
 using namespace cute;
 namespace ithaca_bwd {

@@ -27,10 +27,10 @@ for step in "$@"; do
            echo "ok: $(grep -c '"ok": true' "$OUT/check.jsonl") of $(grep -c '"check"' "$OUT/check.jsonl")" ;;
     check_variants)
       timeout 200 python3 $B/bench_bwd.py check-bwd --S 1000,4160 --heads 32:8 \
-        --check-impls "${VARIANTS:-ours:atomic,ours:mdesc,ours:tile,ours:p32}" 2>&1 | grep -v Warn | tee "$OUT/check_variants.jsonl"
+        --check-impls "${VARIANTS:-ours:atomic,ours:masc,ours:tile,ours:p32}" 2>&1 | grep -v Warn | tee "$OUT/check_variants.jsonl"
       echo "ok: $(grep -c '"ok": true' "$OUT/check_variants.jsonl") of $(grep -c '"check"' "$OUT/check_variants.jsonl")" ;;
     bench_variants) timeout 240 python3 $B/bench_bwd.py bench-bwd --S "${BENCH_S:-131072}" \
-             --impls "${BENCH_IMPLS:-ours,ours:atomic,ours:mdesc,ours:tile,ours:p32}" --out "$OUT/bench_variants.jsonl" 2>&1 | grep -v Warn ;;
+             --impls "${BENCH_IMPLS:-ours,ours:atomic,ours:masc,ours:tile,ours:p32}" --out "$OUT/bench_variants.jsonl" 2>&1 | grep -v Warn ;;
     bench) timeout 240 python3 $B/bench_bwd.py bench-bwd --S "${BENCH_S:-65536,131072}" \
              --impls "${BENCH_IMPLS:-ours,cudnn_sdpa}" --out "$OUT/bench.jsonl" 2>&1 | grep -v Warn ;;
     bench_long) MIN_REPS=1 timeout 500 python3 $B/bench_bwd.py bench-bwd --S "${BENCH_S:-262144,524288}" \

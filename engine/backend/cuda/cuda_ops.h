@@ -31,9 +31,11 @@ class CudaOps : public Ops {
     kCudnn,  // cuDNN only (an unsupported shape aborts)
     kOwn,    // the own flash kernel only
   };
-  // The forward where `attention` is kAuto or kCudnn (kOwn and the memory probe keep theirs);
-  // the environment's ITHACA_ATTENTION_FORWARD=auto|cudnn|hopper overrides it.
-  enum class AttentionForward {
+  // The forward's and the backward's kernel where `attention` is kAuto or kCudnn (kOwn and the
+  // memory probe keep theirs); the environment's ITHACA_ATTENTION_FORWARD and
+  // ITHACA_ATTENTION_BACKWARD (auto|cudnn|hopper) override them. Either backward reads the O and
+  // LSE of either forward.
+  enum class AttentionKernel {
     kAuto,    // the own Hopper kernel where it measured faster (cuda_ops_attention.cc), else cuDNN
     kCudnn,   // cuDNN
     kHopper,  // the Hopper kernel wherever the shape and GPU qualify, else cuDNN (logged once)
@@ -43,7 +45,8 @@ class CudaOps : public Ops {
     // outlive the CudaOps.
     Allocator* alloc = nullptr;
     AttentionImpl attention = AttentionImpl::kAuto;
-    AttentionForward attention_forward = AttentionForward::kAuto;
+    AttentionKernel attention_forward = AttentionKernel::kAuto;
+    AttentionKernel attention_backward = AttentionKernel::kAuto;
     size_t gemm_workspace_bytes = size_t{32} << 20;
     // > 0: the memory probe (docs/benchmarks.md). Attention forward and backward
     // let each query see only its `probe_window` latest keys (cuDNN's causal band), so a step at
@@ -146,11 +149,13 @@ class CudaOps : public Ops {
   bool UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
                 void* dq, void* dk, void* dv, const DocumentMask& docs);
-  // The forward on the own Hopper kernel when the shape qualifies and the choice says so; false:
-  // the caller runs cuDNN (or the own flash kernel).
-  bool HopperForward(int64_t s, int64_t hq, int64_t hkv, int64_t d, const Tensor& q,
-                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                     const DocumentMask& docs);
+  // Whether the pass (forward, or backward with dout, dq, dk, dv) runs on the own Hopper kernel:
+  // the choice (option or environment), the shape, pointers and GPU, and the measured rule.
+  // Logs the choice once per shape and pass; false: the caller runs cuDNN (or the own flash
+  // kernel).
+  bool UseHopper(bool backward, int64_t s, int64_t hq, int64_t hkv, int64_t d, const void* q,
+                 const void* k, const void* v, const void* o, const void* dout, const float* lse,
+                 const void* dq, const void* dk, const void* dv, const DocumentMask& docs);
   // cuDNN on a packed sample: a ragged batch whose stats go through an [S, Hq] scratch.
   absl::Status CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward,
                               const void* q, const void* k, const void* v, const void* o,
@@ -176,8 +181,8 @@ class CudaOps : public Ops {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   const char* last_attention_ = "none";
   bool cudnn_warned_ = false;
-  bool hopper_fallback_warned_ = false;
-  std::set<std::vector<int64_t>> forward_logged_;  // shapes whose forward choice was logged
+  bool hopper_fallback_warned_[2] = {false, false};  // forward, backward
+  std::set<std::vector<int64_t>> choice_logged_;     // (pass, shape)s whose choice was logged
   std::vector<Span> spans_;
   struct DocumentEntry {
     Buffer buf;

@@ -1,6 +1,6 @@
 // CudaOps: rotary embedding and attention, with the documents of packed samples (DocumentMask):
 // cuDNN's fused attention (ragged when there are documents) or the own flash kernel, and at long
-// S the own Hopper forward kernel.
+// S the own Hopper forward and backward kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -43,42 +43,54 @@ int64_t Bucket(int64_t n) {
 
 constexpr size_t kMaxDocumentEntries = 32;
 
-// ---- The attention forward's choice between cuDNN and the own Hopper kernel, per shape.
-// Forward TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16; bench/hopper_attention/README.md),
-// the own kernel (K/V multicast over clusters of 2 or 4 CTAs from 64K, v6) against the
-// engine's cuDNN 9.14:
+// ---- The attention kernels' choice between cuDNN and the own Hopper kernels, per shape and pass.
+// TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16) against the engine's cuDNN 9.14.
+// Forward (bench/hopper_attention/README.md; K/V multicast over clusters of 2 or 4 CTAs):
 //   head_dim 64:  S 64K 513-515 vs 499, 128K 516 vs 498, 256K 508-511 vs 462, 512K 500-502 vs 428
 //   head_dim 128: S 64K 619-620 vs 609, 128K 588-595, 256K 582-584, 512K 578-580
 //                 (cuDNN 9.19: 554, 513, 487 at 128K, 256K, 512K)
-// So the own kernel from 64K at both head dims; shorter S were not measured and stay on cuDNN.
-// The backward is cuDNN's either way: it reads the O and LSE (natural-log f32 [Hq, S], cuDNN's
-// stats layout for one sequence) that either forward writes.
-bool HopperMeasuredFaster(int64_t s, int64_t d) {
-  return (d == 64 || d == 128) && s >= 65536;
+//   Below 64K the fwd+bwd pass with the Hopper backward is as fast or faster after cuDNN's
+//   forward (hd64 16K: 542 vs 483).
+// Backward, in-engine (bench/results/2026-12-01-s5-hopperbwd-in-engine.jsonl, two runs of each
+// kernel, the spread is the power-limited clock's):
+//   head_dim 64:  S 16K 522-547 vs 447-454, 32K 520-541 vs 439-471, 64K 490-522 vs 439,
+//                 128K 515-521 vs 431-434, 256K 520 vs 434-435
+//   head_dim 128: S 16K 531-577 vs 576-577, 32K 557-560 vs 522-538, 64K 532-556 vs 527-528,
+//                 128K 548-554 vs 527
+// So the forward from 64K at both head dims, the backward from 16K at head_dim 64 and from 32K at
+// head_dim 128; shorter S were not measured and stay on cuDNN. Either backward reads the O and
+// LSE (natural-log f32 [Hq, S], cuDNN's stats layout for one sequence) that either forward
+// writes.
+bool HopperMeasuredFaster(bool backward, int64_t s, int64_t d) {
+  if (d != 64 && d != 128) return false;
+  if (!backward) return s >= 65536;
+  return s >= (d == 64 ? 16384 : 32768);
 }
 
-// ITHACA_ATTENTION_FORWARD, when set, overrides Options::attention_forward. Read once per
-// process: the choice is made on every attention call.
-CudaOps::AttentionForward ForwardSetting(CudaOps::AttentionForward option) {
-  static const std::optional<CudaOps::AttentionForward> env =
-      []() -> std::optional<CudaOps::AttentionForward> {
-    const char* raw = std::getenv("ITHACA_ATTENTION_FORWARD");
+// ITHACA_ATTENTION_FORWARD / ITHACA_ATTENTION_BACKWARD, when set, override the options. Read
+// once per process: the choice is made on every attention call.
+CudaOps::AttentionKernel KernelSetting(bool backward, CudaOps::AttentionKernel option) {
+  using K = CudaOps::AttentionKernel;
+  auto read = [](const char* name) -> std::optional<K> {
+    const char* raw = std::getenv(name);
     const std::string v = raw ? raw : "";
     if (v.empty()) return std::nullopt;
-    if (v == "auto") return CudaOps::AttentionForward::kAuto;
-    if (v == "cudnn") return CudaOps::AttentionForward::kCudnn;
-    if (v == "hopper") return CudaOps::AttentionForward::kHopper;
-    ITHACA_CHECK(false, "ITHACA_ATTENTION_FORWARD=", v, ": expected auto, cudnn or hopper");
+    if (v == "auto") return K::kAuto;
+    if (v == "cudnn") return K::kCudnn;
+    if (v == "hopper") return K::kHopper;
+    ITHACA_CHECK(false, "environment: ", name, "=", v, ": expected auto, cudnn or hopper");
     return std::nullopt;
-  }();
-  return env.value_or(option);
+  };
+  static const std::optional<K> env[2] = {read("ITHACA_ATTENTION_FORWARD"),
+                                          read("ITHACA_ATTENTION_BACKWARD")};
+  return env[backward ? 1 : 0].value_or(option);
 }
 
-const char* ForwardName(CudaOps::AttentionForward f) {
+const char* KernelName(CudaOps::AttentionKernel f) {
   switch (f) {
-    case CudaOps::AttentionForward::kCudnn:
+    case CudaOps::AttentionKernel::kCudnn:
       return "cudnn";
-    case CudaOps::AttentionForward::kHopper:
+    case CudaOps::AttentionKernel::kHopper:
       return "hopper";
     default:
       return "auto";
@@ -87,47 +99,48 @@ const char* ForwardName(CudaOps::AttentionForward f) {
 
 }  // namespace
 
-bool CudaOps::HopperForward(int64_t s, int64_t hq, int64_t hkv, int64_t d, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                            const DocumentMask& docs) {
+bool CudaOps::UseHopper(bool backward, int64_t s, int64_t hq, int64_t hkv, int64_t d, const void* q,
+                        const void* k, const void* v, const void* o, const void* dout,
+                        const float* lse, const void* dq, const void* dk, const void* dv,
+                        const DocumentMask& docs) {
   if (opts_.attention == AttentionImpl::kOwn || opts_.probe_window > 0) return false;
-  const AttentionForward want = ForwardSetting(opts_.attention_forward);
-  if (want == AttentionForward::kCudnn) return false;
+  const AttentionKernel want =
+      KernelSetting(backward, backward ? opts_.attention_backward : opts_.attention_forward);
+  if (want == AttentionKernel::kCudnn) return false;
+  const char* pass = backward ? "backward" : "forward";
   const char* unsupported = !docs.trivial()                 ? "a document mask"
                             : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
                             : !cuda::HopperAttentionDeviceSupported()
                                 ? "the GPU is not compute capability 9.0"
-                                : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q.data, k.data,
-                                                                   v.data, out.data, lse.f32());
-  const bool use =
-      unsupported == nullptr && (want == AttentionForward::kHopper || HopperMeasuredFaster(s, d));
-  if (want == AttentionForward::kHopper && unsupported != nullptr && !hopper_fallback_warned_) {
-    std::fprintf(stderr,
-                 "CudaOps: attention forward \"hopper\" asked for, but the Hopper kernel does not "
-                 "run S %lld Hq %lld Hkv %lld D %lld (%s): cuDNN instead (logged once)\n",
-                 static_cast<long long>(s), static_cast<long long>(hq), static_cast<long long>(hkv),
-                 static_cast<long long>(d), unsupported);
-    hopper_fallback_warned_ = true;
+                                : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse);
+  if (unsupported == nullptr && backward) {
+    unsupported = cuda::HopperAttentionUnsupported(s, hq, hkv, d, dout, dq, dk, dv, nullptr);
   }
-  if (forward_logged_.insert({s, hq, hkv, d, docs.trivial() ? 0 : 1}).second) {
-    std::string why = ForwardName(want);
+  const bool use = unsupported == nullptr &&
+                   (want == AttentionKernel::kHopper || HopperMeasuredFaster(backward, s, d));
+  bool& warned = hopper_fallback_warned_[backward ? 1 : 0];
+  if (want == AttentionKernel::kHopper && unsupported != nullptr && !warned) {
+    std::fprintf(stderr,
+                 "CudaOps: attention %s \"hopper\" asked for, but the Hopper kernel does not "
+                 "run S %lld Hq %lld Hkv %lld D %lld (%s): cuDNN instead (logged once)\n",
+                 pass, static_cast<long long>(s), static_cast<long long>(hq),
+                 static_cast<long long>(hkv), static_cast<long long>(d), unsupported);
+    warned = true;
+  }
+  if (choice_logged_.insert({backward ? 1 : 0, s, hq, hkv, d, docs.trivial() ? 0 : 1}).second) {
+    std::string why = KernelName(want);
     if (unsupported != nullptr) {
       why += std::string("; hopper: ") + unsupported;
     } else if (!use) {
-      why += "; hopper measured faster only from S 65536 at D 64, 131072 at D 128";
+      why += backward ? "; hopper measured faster only from S 16384 at D 64, 32768 at D 128"
+                      : "; hopper measured faster only from S 65536";
     }
-    std::fprintf(stderr, "CudaOps: attention forward S %lld Hq %lld Hkv %lld D %lld%s: %s (%s)\n",
+    std::fprintf(stderr, "CudaOps: attention %s S %lld Hq %lld Hkv %lld D %lld%s: %s (%s)\n", pass,
                  static_cast<long long>(s), static_cast<long long>(hq), static_cast<long long>(hkv),
                  static_cast<long long>(d), docs.trivial() ? "" : " with documents",
                  use ? "hopper" : "cudnn", why.c_str());
   }
-  if (!use) return false;
-  const cudaError_t err = cuda::HopperAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d,
-                                                       BfMut(out), lse.f32(), compute_);
-  ITHACA_CHECK(err == cudaSuccess,
-               "CudaOps::Attention: the Hopper kernel did not launch: ", cudaGetErrorString(err));
-  last_attention_ = "hopper";
-  return true;
+  return use;
 }
 
 const void* CudaOps::DocumentIndex(const std::vector<int64_t>& key,
@@ -271,7 +284,15 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
   CheckDocuments(docs, s, "Attention");
-  if (HopperForward(s, hq, hkv, d, q, k, v, out, lse, docs)) return;
+  if (UseHopper(false, s, hq, hkv, d, q.data, k.data, v.data, out.data, nullptr, lse.f32(), nullptr,
+                nullptr, nullptr, docs)) {
+    const cudaError_t err = cuda::HopperAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d,
+                                                         BfMut(out), lse.f32(), compute_);
+    ITHACA_CHECK(err == cudaSuccess,
+                 "CudaOps::Attention: the Hopper kernel did not launch: ", cudaGetErrorString(err));
+    last_attention_ = "hopper";
+    return;
+  }
   if (UseCudnn(s, hq, hkv, d, false, q.data, k.data, v.data, out.data, nullptr, lse.data, nullptr,
                nullptr, nullptr, docs)) {
     return;
@@ -303,6 +324,22 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
   CheckDocuments(docs, s, op);
+  if (UseHopper(true, s, hq, hkv, d, q.data, k.data, v.data, out.data, dout.data, lse.f32(),
+                dq.data, dk.data, dv.data, docs)) {
+    // The dQ accumulator and the padded LSE/Dsum rows, for this call only (the allocator hands
+    // the block to later work on the stream only); the planner's workspace rule covers it.
+    const int64_t bytes = cuda::HopperAttentionBackwardWorkspace(s, hq, hkv, d);
+    auto ws = Buffer::Make(opts_.alloc, DType::kF32, {(bytes + 3) / 4}, Tier::kWorkspace);
+    ITHACA_CHECK(ws.ok(), "CudaOps::AttentionBackward: ", ws.status().ToString());
+    const cudaError_t err = cuda::HopperAttentionBackward(
+        Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d, BfMut(dq), BfMut(dk),
+        BfMut(dv), ws->tensor().data, static_cast<int64_t>(ws->tensor().bytes()), compute_);
+    ITHACA_CHECK(
+        err == cudaSuccess,
+        "CudaOps::AttentionBackward: the Hopper kernel did not launch: ", cudaGetErrorString(err));
+    last_attention_ = "hopper";
+    return;
+  }
   if (UseCudnn(s, hq, hkv, d, true, q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data,
                dk.data, dv.data, docs)) {
     return;

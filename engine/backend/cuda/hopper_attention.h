@@ -1,9 +1,10 @@
-// The own Hopper (sm_90a) causal GQA attention forward (hopper_attention.cu: wgmma + TMA,
-// warp-specialised, persistent). Layouts are the engine's, as cuDNN's (cudnn_attention.h):
-// q, o [S, Hq, D]; k, v [S, Hkv, D] (bf16 bits, token stride H·D); lse f32 [Hq, S], natural
-// log of the row sums of exp(scale · q·k), scale = 1/sqrt(D) — what cuDNN's backward reads.
-// CudaOps::Attention picks it per shape (cuda_ops_attention.cc: the rule and its figures);
-// cuDNN stays the fallback and runs the backward.
+// The own Hopper (sm_90a) causal GQA attention: forward (hopper_attention.cu: wgmma + TMA,
+// warp-specialised, persistent) and backward (hopper_attention_bwd.cu, FlashAttention-3 style).
+// Layouts are the engine's, as cuDNN's (cudnn_attention.h): q, o, dout, dq [S, Hq, D]; k, v, dk,
+// dv [S, Hkv, D] (bf16 bits, token stride H·D); lse f32 [Hq, S], natural log of the row sums of
+// exp(scale · q·k), scale = 1/sqrt(D) — what either backward reads, from either forward.
+// CudaOps::Attention and AttentionBackward pick them per shape (cuda_ops_attention.cc: the rule
+// and its figures); cuDNN stays the fallback.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +38,21 @@ int HopperAttentionClusterSize(int64_t s, int64_t hq, int64_t hkv, int64_t d);
 cudaError_t HopperAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                    int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* o,
                                    float* lse, cudaStream_t stream, int cluster = 0);
+
+// Bytes of device workspace HopperAttentionBackward needs: the f32 dQ accumulator
+// [Hq, S_pad, D] and the padded LSE·log2(e) and Dsum rows [Hq, S_pad], S_pad = S rounded up to
+// 128. About 4·Hq·S·(D + 2): half of cuDNN's backward workspace (8·Hq·S·D).
+int64_t HopperAttentionBackwardWorkspace(int64_t s, int64_t hq, int64_t hkv, int64_t d);
+
+// Enqueues the backward on `stream`: dq, dk, dv fully overwritten (dk, dv summed over each KV
+// head's query heads). The shape must qualify as for the forward (every pointer 16-byte
+// aligned, the workspace too) and `workspace_bytes` be at least the above; it needs no
+// initialisation. Returns the launches' error (cudaSuccess when enqueued).
+cudaError_t HopperAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                    const uint16_t* o, const uint16_t* dout, const float* lse,
+                                    int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* dq,
+                                    uint16_t* dk, uint16_t* dv, void* workspace,
+                                    int64_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ithaca

@@ -1,5 +1,5 @@
 // The Hopper attention kernel in a build without CUTLASS (bazel/cuda_configure.bzl): never
-// supported, so CudaOps::Attention stays on cuDNN.
+// supported, so CudaOps' attention forward and backward stay on cuDNN.
 #include "engine/backend/cuda/hopper_attention.h"
 
 namespace ithaca {
@@ -19,6 +19,15 @@ int HopperAttentionClusterSize(int64_t, int64_t, int64_t, int64_t) { return 1; }
 cudaError_t HopperAttentionForward(const uint16_t*, const uint16_t*, const uint16_t*, int64_t,
                                    int64_t, int64_t, int64_t, uint16_t*, float*, cudaStream_t,
                                    int) {
+  return cudaErrorNotSupported;
+}
+
+int64_t HopperAttentionBackwardWorkspace(int64_t, int64_t, int64_t, int64_t) { return 0; }
+
+cudaError_t HopperAttentionBackward(const uint16_t*, const uint16_t*, const uint16_t*,
+                                    const uint16_t*, const uint16_t*, const float*, int64_t,
+                                    int64_t, int64_t, int64_t, uint16_t*, uint16_t*, uint16_t*,
+                                    void*, int64_t, cudaStream_t) {
   return cudaErrorNotSupported;
 }
 

@@ -1,7 +1,8 @@
-// The own Hopper attention forward (hopper_attention.h) through CudaOps: against the CPU oracle
-// at small S (tiles that do not divide S, GQA 4:1 and 8:1), against cuDNN's forward at long S,
-// the per-shape rule's choice, and the training path: the Hopper forward's O and LSE feed cuDNN's
-// backward, which must give the gradients it gives after its own forward.
+// The own Hopper attention forward and backward (hopper_attention.h) through CudaOps: against the
+// CPU oracle at small S (tiles that do not divide S, GQA 4:1 and 8:1, MHA), against cuDNN at long
+// S, the per-shape rule's choice, and the training paths: the Hopper forward's O and LSE feed
+// cuDNN's backward, which must give the gradients it gives after its own forward, and the Hopper
+// backward must give cuDNN's gradients.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -22,7 +23,7 @@ using cuda_test::Dev;
 using cuda_test::Host;
 using cuda_test::Poisoned;
 using cuda_test::Randn;
-using Forward = CudaOps::AttentionForward;
+using Kernel = CudaOps::AttentionKernel;
 
 // The kernel needs a compute capability 9.0 GPU and a build with CUTLASS; the choice must come
 // from the options, not from the environment.
@@ -31,14 +32,16 @@ using Forward = CudaOps::AttentionForward;
   if (!cuda::HopperAttentionBuilt()) GTEST_SKIP() << "built without CUTLASS: kernel left out"; \
   if (!cuda::HopperAttentionDeviceSupported())                                                 \
     GTEST_SKIP() << "the GPU is not compute capability 9.0 (sm_90a code)";                     \
-  if (std::getenv("ITHACA_ATTENTION_FORWARD") != nullptr)                                      \
-  GTEST_SKIP() << "ITHACA_ATTENTION_FORWARD is set: the tests pick the forward themselves"
+  if (std::getenv("ITHACA_ATTENTION_FORWARD") != nullptr ||                                    \
+      std::getenv("ITHACA_ATTENTION_BACKWARD") != nullptr)                                     \
+  GTEST_SKIP() << "ITHACA_ATTENTION_FORWARD/BACKWARD is set: the tests pick the kernels"
 
-CudaOps::Options OptionsFor(Allocator* alloc, Forward forward) {
+CudaOps::Options OptionsFor(Allocator* alloc, Kernel forward, Kernel backward = Kernel::kCudnn) {
   CudaOps::Options o;
   o.alloc = alloc;
   o.attention = CudaOps::AttentionImpl::kCudnn;
   o.attention_forward = forward;
+  o.attention_backward = backward;
   return o;
 }
 
@@ -66,7 +69,7 @@ TEST_P(HopperVsCpu, ForwardMatchesCpu) {
   SKIP_WITHOUT_HOPPER();
   const auto [S, hq, hkv, D] = GetParam();
   CudaAllocator alloc;
-  CudaOps ops(OptionsFor(&alloc, Forward::kHopper));
+  CudaOps ops(OptionsFor(&alloc, Kernel::kHopper));
   CpuOps cpu;
   std::vector<float> q = Randn(S * hq * D, 1), k = Randn(S * hkv * D, 2), v = Randn(S * hkv * D, 3);
   std::vector<float> out_ref(S * hq * D), lse_ref(hq * S);
@@ -129,9 +132,9 @@ TEST_P(HopperVsCudnn, ForwardMatchesCudnn) {
   SKIP_WITHOUT_HOPPER();
   const auto [S, hq, hkv, D] = GetParam();
   CudaAllocator alloc;
-  CudaOps cudnn(OptionsFor(&alloc, Forward::kCudnn));
-  CudaOps hopper(OptionsFor(&alloc, Forward::kHopper));
-  CudaOps autop(OptionsFor(&alloc, Forward::kAuto));
+  CudaOps cudnn(OptionsFor(&alloc, Kernel::kCudnn));
+  CudaOps hopper(OptionsFor(&alloc, Kernel::kHopper));
+  CudaOps autop(OptionsFor(&alloc, Kernel::kAuto));
   auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 11));
   auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 12));
   auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 13));
@@ -175,8 +178,8 @@ TEST_P(HopperTraining, CudnnBackwardFromHopperForward) {
   SKIP_WITHOUT_HOPPER();
   const auto [S, hq, hkv, D] = GetParam();
   CudaAllocator alloc;
-  CudaOps cudnn(OptionsFor(&alloc, Forward::kCudnn));
-  CudaOps hopper(OptionsFor(&alloc, Forward::kHopper));
+  CudaOps cudnn(OptionsFor(&alloc, Kernel::kCudnn));
+  CudaOps hopper(OptionsFor(&alloc, Kernel::kHopper));
   auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 21));
   auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 22));
   auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 23));
@@ -208,6 +211,113 @@ TEST_P(HopperTraining, CudnnBackwardFromHopperForward) {
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperTraining,
                          ::testing::Values(Shape4{8192, 32, 8, 64}, Shape4{8192, 32, 8, 128},
                                            Shape4{1000, 16, 2, 128}),
+                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+
+// The Hopper backward against the CPU oracle's backward, from the CPU's O and LSE (so only the
+// backward is under test): GQA, ragged tiles, MHA. dK and dV are summed over each KV head's query
+// heads in registers (bitwise reproducible: checked on a second launch); dQ is reduced in f32
+// from many CTAs, so only close.
+class HopperBackwardVsCpu : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperBackwardVsCpu, BackwardMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  const auto [S, hq, hkv, D] = GetParam();
+  CudaAllocator alloc;
+  CudaOps ops(OptionsFor(&alloc, Kernel::kHopper, Kernel::kHopper));
+  CpuOps cpu;
+  std::vector<float> q = Randn(S * hq * D, 31), k = Randn(S * hkv * D, 32),
+                     v = Randn(S * hkv * D, 33), dout = Randn(S * hq * D, 34);
+  std::vector<float> out(S * hq * D), lse(hq * S);
+  cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                CpuT(out, {S, hq, D}), CpuT(lse, {hq, S}), DocumentMask{});
+  std::vector<float> dq_ref(S * hq * D), dk_ref(S * hkv * D), dv_ref(S * hkv * D);
+  cpu.AttentionBackward(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                        CpuT(out, {S, hq, D}), CpuT(dout, {S, hq, D}), CpuT(lse, {hq, S}),
+                        CpuT(dq_ref, {S, hq, D}), CpuT(dk_ref, {S, hkv, D}),
+                        CpuT(dv_ref, {S, hkv, D}), DocumentMask{});
+  auto tq = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, q);
+  auto tk = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, k);
+  auto tv = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, v);
+  auto tout = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, out);
+  auto tdo = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, dout);
+  auto tlse = Dev(ops, &alloc, DType::kF32, {hq, S}, lse);
+  auto dq = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto dk = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
+  auto dv = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
+  auto backward = [&] {
+    ops.AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), tout.tensor(), tdo.tensor(),
+                          tlse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), DocumentMask{});
+  };
+  backward();
+  ASSERT_STREQ(ops.last_attention_impl(), "hopper");
+  std::printf("[%s]\n", Name(GetParam()).c_str());
+  const std::vector<float> got_dk = Host(ops, dk.tensor()), got_dv = Host(ops, dv.tensor());
+  // bf16 inputs, O and dO against the fp32 oracle: ~3e-3 rel. L2 measured (PyTorch's cuDNN
+  // SDPA lands at the same); a wrong mask, scale or LSE gives O(1).
+  EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "hopper dq vs cpu");
+  EXPECT_CLOSE(got_dk, dk_ref, 2e-2, "hopper dk vs cpu");
+  EXPECT_CLOSE(got_dv, dv_ref, 2e-2, "hopper dv vs cpu");
+
+  for (const Buffer* t : {&dq, &dk, &dv}) ops.Fill(t->tensor(), std::nanf(""));
+  backward();
+  EXPECT_EQ(Host(ops, dk.tensor()), got_dk) << "a second launch: dK differs";
+  EXPECT_EQ(Host(ops, dv.tensor()), got_dv) << "a second launch: dV differs";
+  EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "hopper dq, second launch");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCpu,
+                         ::testing::Values(Shape4{8, 4, 1, 64},  // one partial tile
+                                           Shape4{1000, 32, 8,
+                                                  64},  // Llama-3.2-1B heads, S no tile divides
+                                           Shape4{1000, 16, 2, 128},  // GQA 8:1
+                                           Shape4{4160, 8, 2, 64},    // 4K + 64: ragged last tiles
+                                           Shape4{4160, 8, 1, 128},   // GQA 8:1
+                                           Shape4{520, 6, 6, 128}),   // MHA
+                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+
+// Long S: the Hopper forward and backward against cuDNN's forward and backward on the same bf16
+// inputs, and the rule: kAuto runs the Hopper backward from S 16K at head_dim 64, from 32K at
+// head_dim 128 (and the Hopper forward from 64K).
+class HopperBackwardVsCudnn : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperBackwardVsCudnn, BackwardMatchesCudnn) {
+  SKIP_WITHOUT_HOPPER();
+  const auto [S, hq, hkv, D] = GetParam();
+  CudaAllocator alloc;
+  CudaOps cudnn(OptionsFor(&alloc, Kernel::kCudnn, Kernel::kCudnn));
+  CudaOps hopper(OptionsFor(&alloc, Kernel::kHopper, Kernel::kHopper));
+  CudaOps autop(OptionsFor(&alloc, Kernel::kAuto, Kernel::kAuto));
+  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 41));
+  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 42));
+  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 43));
+  auto tdo = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 44));
+  std::vector<std::vector<float>> res[3];
+  CudaOps* ops[3] = {&cudnn, &hopper, &autop};
+  const bool want_hopper = S >= (D == 64 ? 16384 : 32768);  // CudaOps' rule for the backward
+  const char* impl[3] = {"cudnn", "hopper", want_hopper ? "hopper" : "cudnn"};
+  for (int i = 0; i < 3; ++i) {
+    auto out = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto lse = Poisoned(*ops[i], &alloc, DType::kF32, {hq, S});
+    auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(),
+                      DocumentMask{});
+    ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), tdo.tensor(),
+                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), DocumentMask{});
+    EXPECT_STREQ(ops[i]->last_attention_impl(), impl[i]) << "backward " << i;
+    for (const Buffer* t : {&dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
+  }
+  std::printf("[%s]\n", Name(GetParam()).c_str());
+  EXPECT_CLOSE(res[1][0], res[0][0], 2e-2, "dq, hopper vs cudnn");
+  EXPECT_CLOSE(res[1][1], res[0][1], 2e-2, "dk, hopper vs cudnn");
+  EXPECT_CLOSE(res[1][2], res[0][2], 2e-2, "dv, hopper vs cudnn");
+  EXPECT_CLOSE(res[2][1], res[want_hopper ? 1 : 0][1], 2e-2, "dk, auto");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCudnn,
+                         ::testing::Values(Shape4{16384, 32, 8, 64}, Shape4{16384, 32, 8, 128},
+                                           Shape4{65536, 32, 8, 64}, Shape4{65536, 32, 8, 128}),
                          [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
 
 }  // namespace

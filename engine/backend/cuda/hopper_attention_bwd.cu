@@ -1,7 +1,8 @@
-// Standalone Hopper (sm_90a) causal GQA attention BACKWARD, FlashAttention-3 style (Shah,
-// Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024: hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp); the
-// code is our own, on CuTe, in the conventions of the engine's forward
-// (engine/backend/cuda/hopper_attention.cu). Status: compiled, never run (README.md).
+// The own Hopper (sm_90a) causal GQA attention BACKWARD (hopper_attention.h), FlashAttention-3
+// style (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024: hopper/mainloop_bwd_sm90_tma_gmma_
+// ws.hpp); the code is our own, on CuTe, in the conventions of the forward (hopper_attention.cu).
+// bench/hopper_attention/backward/ builds it standalone (variants, PyTorch checks, ncu) and its
+// README has the design notes and the measurements.
 //
 // Layouts (the forward's): Q, O, dO, dQ [S, Hq, D] bf16; K, V, dK, dV [S, Hkv, D] bf16 (token
 // stride H·D); LSE [Hq, S] f32, natural log of sum_j exp(scale · q·k_j), scale = 1/sqrt(D).
@@ -40,14 +41,17 @@
 // [w·Bm·D/2, (w+1)·Bm·D/2); its thread t (0..127) puts value i of its dQ fragment at
 // (i/4)·512 + 4t + i%4. So the shared-memory staging is written with conflict-free 16-byte
 // stores and the bulk reduce is one contiguous copy; the postprocess kernel recomputes each
-// value's (row, col) from the same TiledMma partition.
+// value's (row, col) from the same TiledMma partition. dK and dV are bitwise reproducible; dQ is
+// not (f32 reductions from many CTAs in the order they finish).
 //
-// Compile-time switches (build_variants.sh builds the ones worth timing): ITHACA_BWD_DQ_ATOMIC=1
-// replaces the smem + bulk reduce path with float4 atomicAdd from registers (same global
-// layout); ITHACA_BWD_M_DESC and ITHACA_BWD_CTA_ORDER change the query-tile and CTA orders;
-// ITHACA_BWD_PRODUCER_REGS the producer warpgroup's registers; ITHACA_BWD_HD64_BM the hd64 query
-// step (128 or 64); ITHACA_BWD_DS_STSM=0 writes dS to shared memory with element stores instead
-// of stmatrix.
+// Compile-time switches (bench/hopper_attention/backward/build_variants.sh times them):
+// ITHACA_BWD_DQ_ATOMIC=1 replaces the smem + bulk reduce path with float4 atomicAdd from
+// registers (same global layout); ITHACA_BWD_M_DESC and ITHACA_BWD_CTA_ORDER change the
+// query-tile and CTA orders; ITHACA_BWD_PRODUCER_REGS the producer warpgroup's registers;
+// ITHACA_BWD_HD64_BM the hd64 query step (128 or 64); ITHACA_BWD_DS_STSM=0 writes dS to shared
+// memory with element stores instead of stmatrix. The defaults are the measured best (H200,
+// causal 32:8, bench/results/2026-12-01-s5-hopperbwd-bench_variants.jsonl: hd64 at 128K,
+// descending query tiles 528.8 TFLOPS, ascending 514.4, KV-tile-major CTAs 526.3, atomics 517.5).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -67,6 +71,8 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 // clang-format on
 
+#include "engine/backend/cuda/hopper_attention.h"
+
 #ifndef ITHACA_BWD_DQ_ATOMIC
 #define ITHACA_BWD_DQ_ATOMIC 0
 #endif
@@ -80,7 +86,7 @@
 // tiles); 1 descending from the last tile (the concurrent CTAs walk the same query tiles in
 // lock-step: a small L2 working set, but their dQ reductions hit the same lines at once).
 #ifndef ITHACA_BWD_M_DESC
-#define ITHACA_BWD_M_DESC 0
+#define ITHACA_BWD_M_DESC 1
 #endif
 // Order of the CTAs: 0 KV-head-major (all KV tiles of KV head 0, longest first, then head 1, ...);
 // 1 KV-tile-major (KV tile 0 of every KV head, then tile 1, ...: longest first over the whole
@@ -735,34 +741,33 @@ using CfgD64 = Cfg<64, ITHACA_BWD_HD64_BM, 2>;
 }  // namespace
 }  // namespace ithaca_bwd
 
-// Bytes of workspace hopper_attention_bwd needs: the f32 dQ accumulator [Hq, S_pad, D] plus the
-// padded LSE·log2e and Dsum rows [Hq, S_pad] (S_pad = S rounded up to 128).
-extern "C" size_t hopper_attention_bwd_workspace(int S, int Hq, int Hkv, int D) {
-  (void)Hkv;
-  size_t const S_pad = (size_t(S) + ithaca_bwd::kPadS - 1) / ithaca_bwd::kPadS * ithaca_bwd::kPadS;
-  return sizeof(float) * size_t(Hq) * S_pad * (size_t(D) + 2);
+namespace ithaca {
+namespace cuda {
+
+int64_t HopperAttentionBackwardWorkspace(int64_t s, int64_t hq, int64_t hkv, int64_t d) {
+  (void)hkv;
+  const int64_t s_pad = (s + ithaca_bwd::kPadS - 1) / ithaca_bwd::kPadS * ithaca_bwd::kPadS;
+  return int64_t{4} * hq * s_pad * (d + 2);
 }
 
-// 0 when enqueued; -1 for a shape or pointer the kernel does not take; -2 for a head size other
-// than 64 or 128; -3 for a workspace smaller than hopper_attention_bwd_workspace; else the CUDA
-// error of a launch. dq, dk, dv are fully overwritten.
-extern "C" int hopper_attention_bwd(void const* q, void const* k, void const* v, void const* o,
-                                    void const* dout, float const* lse, void* dq, void* dk,
-                                    void* dv, void* workspace, size_t workspace_bytes, int S,
-                                    int Hq, int Hkv, int D, void* stream) {
-  if (D != 64 && D != 128) return -2;
-  if (S <= 0 || S % 8 != 0 || Hkv <= 0 || Hq % Hkv != 0) return -1;
-  for (void const* ptr : {q, k, v, o, dout, static_cast<void const*>(lse),
-                          static_cast<void const*>(dq), static_cast<void const*>(dk),
-                          static_cast<void const*>(dv), static_cast<void const*>(workspace)}) {
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return -1;
+cudaError_t HopperAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                    const uint16_t* o, const uint16_t* dout, const float* lse,
+                                    int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* dq,
+                                    uint16_t* dk, uint16_t* dv, void* workspace,
+                                    int64_t workspace_bytes, cudaStream_t stream) {
+  if (HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse) != nullptr ||
+      HopperAttentionUnsupported(s, hq, hkv, d, dout, dk, dv, dq, static_cast<float*>(workspace)) !=
+          nullptr ||
+      workspace_bytes < HopperAttentionBackwardWorkspace(s, hq, hkv, d)) {
+    return cudaErrorInvalidValue;
   }
-  if (workspace_bytes < hopper_attention_bwd_workspace(S, Hq, Hkv, D)) return -3;
   auto* ws = static_cast<float*>(workspace);
-  auto st = static_cast<cudaStream_t>(stream);
-  cudaError_t const e = D == 128 ? ithaca_bwd::launch<ithaca_bwd::CfgD128>(
-                                       q, k, v, o, dout, lse, dq, dk, dv, ws, S, Hq, Hkv, st)
-                                 : ithaca_bwd::launch<ithaca_bwd::CfgD64>(
-                                       q, k, v, o, dout, lse, dq, dk, dv, ws, S, Hq, Hkv, st);
-  return e == cudaSuccess ? 0 : static_cast<int>(e);
+  const int S = static_cast<int>(s), Hq = static_cast<int>(hq), Hkv = static_cast<int>(hkv);
+  return d == 128 ? ithaca_bwd::launch<ithaca_bwd::CfgD128>(q, k, v, o, dout, lse, dq, dk, dv, ws,
+                                                            S, Hq, Hkv, stream)
+                  : ithaca_bwd::launch<ithaca_bwd::CfgD64>(q, k, v, o, dout, lse, dq, dk, dv, ws,
+                                                           S, Hq, Hkv, stream);
 }
+
+}  // namespace cuda
+}  // namespace ithaca
