@@ -57,6 +57,7 @@
 // clang-format on
 
 #include "engine/backend/cuda/hopper_attention.h"
+#include "engine/backend/cuda/hopper_cute.cuh"
 
 namespace ithaca {
 namespace cuda {
@@ -154,47 +155,10 @@ enum : uint32_t { kBarQueryEmpty = 0, kBarSched0 = 1 };
 // K/V blocks are read again by the other CTAs of the same KV head: loaded EVICT_LAST (Q is read
 // once: EVICT_FIRST). EVICT_NORMAL measured the same at hd64 512K.
 
-// ((2,2,V),MM,MN) accumulator layout -> ((2,MM),(2,V,MN)) row/col view.
-template <class L>
-__device__ __forceinline__ auto acc_rowcol(L l) {
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
-                     make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
-}
-// ((2,2,V),MM,MN) accumulator layout -> ((2,2,2),MM,(V/2*MN)) A-operand view (bf16 k=16).
-template <class L>
-__device__ __forceinline__ auto acc_as_A(L l) {
-  auto v = logical_divide(get<0, 2>(l), Tile<_2>{});
-  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(v)), get<1>(l),
-                     coalesce(make_layout(get<0, 1>(v), get<2>(l))));
-}
-
-template <bool ZeroInit, int Wait, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
-  constexpr bool kRS = !cute::is_base_of<GMMA::DescriptorIterator, typename Mma::FrgTypeA>::value;
-  if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (ZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  if constexpr (Wait >= 0) warpgroup_wait<Wait>();
-  warpgroup_fence_operand(c);
-  if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
-}
-
-// 2^x on the SFU.  Plain exp2f (without --use_fast_math) is ex2.approx.f32, which keeps
-// subnormal results and costs extra range-fixup instructions around each MUFU.EX2; the
-// softmax does not need subnormals (they are < 2^-126 relative to the row max).
-// (Measured: +12 % at hd64, where the softmax bounds the kernel.)
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using hopper::acc_as_A;  // hopper_cute.cuh: helpers shared with the backward
+using hopper::acc_rowcol;
+using hopper::exp2_ftz;
+using hopper::wg_gemm;
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));

@@ -72,6 +72,7 @@
 // clang-format on
 
 #include "engine/backend/cuda/hopper_attention.h"
+#include "engine/backend/cuda/hopper_cute.cuh"
 
 #ifndef ITHACA_BWD_DQ_ATOMIC
 #define ITHACA_BWD_DQ_ATOMIC 0
@@ -214,42 +215,10 @@ struct Params {
 // dS half. dQ empty/full per consumer warpgroup, between it (128) and the dQ writer warp (32).
 enum : uint32_t { kBarPdS = 0, kBarDqEmpty0 = 1, kBarDqFull0 = 3 };
 
-template <class L>
-CUTE_HOST_DEVICE auto acc_rowcol(L l) {
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
-                     make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
-}
-// ((2,2,V),MM,MN) accumulator layout -> ((2,2,2),MM,(V/2*MN)) A-operand view (bf16, k = 16).
-template <class L>
-CUTE_HOST_DEVICE auto acc_as_A(L l) {
-  auto v = logical_divide(get<0, 2>(l), Tile<_2>{});
-  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(v)), get<1>(l),
-                     coalesce(make_layout(get<0, 1>(v), get<2>(l))));
-}
-
-template <bool ZeroInit, int Wait, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
-  constexpr bool kRS = !cute::is_base_of<GMMA::DescriptorIterator, typename Mma::FrgTypeA>::value;
-  if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (ZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  if constexpr (Wait >= 0) warpgroup_wait<Wait>();
-  warpgroup_fence_operand(c);
-  if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
-}
-
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using ithaca::cuda::hopper::acc_as_A;  // hopper_cute.cuh: helpers shared with the forward
+using ithaca::cuda::hopper::acc_rowcol;
+using ithaca::cuda::hopper::exp2_ftz;
+using ithaca::cuda::hopper::wg_gemm;
 
 // Physical register k of src (f32) -> physical register k of dst (bf16); both tensors share
 // the accumulator's register order.
