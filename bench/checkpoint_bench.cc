@@ -1,10 +1,10 @@
 // Checkpoint save and load throughput: builds a model of a preset or config.json on every rank
 // (FSDP over the ranks, deterministic pseudo-random weights, no training), saves a checkpoint
-// with every rank writing its share (SaveCheckpointTogether) and loads it back with every rank
-// reading its slices (LoadCheckpointTogether, then the upload into the optimizer). One JSON line
-// per rank and phase: bytes, seconds, GB/s and the bytes this rank held on the host: at most one
-// unit's tensors of one kind at once to save (written as they arrive), its slices (about
-// 1/world of the state) to load.
+// with every rank writing its share (SaveCheckpointTogether) and loads it back as a resuming job
+// does (Optimizer::ResumeEach over LoadCheckpointTogether: every rank reads its slices of each
+// unit and uploads them into a new optimizer as they arrive). One JSON line per rank and phase:
+// bytes, seconds, GB/s and the most bytes this rank held on the host at once: one unit's tensors
+// of one kind to save (written as they arrive), one unit's slices to load.
 //
 // Runs on the CPU (backend cpu, a tiny model: the smoke test) and on GPUs (backend cuda):
 //   checkpoint_bench --model llama-3-8b --backend cuda --nproc 2 --dir /disk/ckpt-bench
@@ -145,15 +145,25 @@ absl::Status RunRank(const RankInfo& info) {
   if (!warm && info.rank == 0) RETURN_IF_ERROR(DropFromPageCache(path));
   if (comm) RETURN_IF_ERROR(comm->Barrier());
 
+  // The saved optimizer goes first, as in a job that resumes: the new one takes its memory.
+  optimizer.reset();
   const auto start = Clock::now();
-  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadCheckpointTogether(path, model.get(), comm.get()));
-  const double read_s = Since(start);
-  RETURN_IF_ERROR(optimizer->Restore(loaded.optimizer));
+  LoadedCheckpoint loaded;
+  double read_s = 0;
+  ASSIGN_OR_RETURN(optimizer,
+                   Optimizer::ResumeEach(
+                       model.get(),
+                       [&](const Optimizer::UnitSink& sink) -> absl::Status {
+                         ASSIGN_OR_RETURN(
+                             loaded, LoadCheckpointTogether(path, model.get(), comm.get(), sink));
+                         read_s = Since(start);  // read, verified and uploaded unit by unit
+                         return absl::OkStatus();
+                       },
+                       hp));
   backend.ops->Synchronize();
   const double total_s = Since(start);
   const int64_t held = loaded.host_bytes, verified = loaded.verified_bytes,
                 read = loaded.read_bytes;
-  loaded = LoadedCheckpoint();  // uploaded: the host copies go
   if (comm) RETURN_IF_ERROR(comm->Barrier());
   const double world_s = Since(start);  // until the slowest rank is done
   std::printf(

@@ -2,7 +2,9 @@
 # Smoke test of checkpoint_bench on the CPU: two ranks save and load the tiny model, the loaded
 # weights equal the saved ones, and each rank's lines say what it held on the host: to save, one
 # unit's tensors of one kind plus what waits for the writer thread (an upper bound; for this tiny
-# model the 2 GiB queue allows its whole share); to load, about half.
+# model the 2 GiB queue allows its whole share); to load, one unit's slices at a time, clearly
+# less than its half of the state (0.21 for the tiny model, whose embedding is the largest unit;
+# loading every slice first held 0.5).
 set -euo pipefail
 BENCH=$1
 OUT="$TEST_TMPDIR/out.jsonl"
@@ -24,8 +26,8 @@ for phase in save load; do
       awk -v f="$fraction" 'BEGIN { exit !(f > 0 && f < 1) }' ||
         fail "save rank $rank held $fraction of the state at once"
     else
-      awk -v f="$fraction" 'BEGIN { exit !(f > 0.3 && f < 0.7) }' ||
-        fail "load rank $rank held $fraction of the state, not about half"
+      awk -v f="$fraction" 'BEGIN { exit !(f > 0 && f < 0.4) }' ||
+        fail "load rank $rank held $fraction of the state at once, not one unit's slices"
     fi
     awk -v g="$gbps" 'BEGIN { exit !(g > 0) }' || fail "$phase rank $rank: $gbps GB/s"
   done
