@@ -62,6 +62,20 @@ std::string Name(const Shape4& sh) {
   return "S" + std::to_string(sh.s) + "_hq" + std::to_string(sh.hq) + "_hkv" +
          std::to_string(sh.hkv) + "_d" + std::to_string(sh.d);
 }
+std::string ParamName(const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); }
+
+// Against the CPU oracle, forward and backward.
+const std::vector<Shape4> kSmallShapes = {
+    {8, 4, 1, 64},       // one partial tile
+    {1000, 32, 8, 64},   // Llama-3.2-1B heads, S no tile divides
+    {1000, 16, 2, 128},  // GQA 8:1
+    {4160, 8, 2, 64},    // 4K + 64: ragged last tiles
+    {4160, 8, 1, 128},   // GQA 8:1
+    {520, 6, 6, 128},    // MHA
+};
+// Against cuDNN, forward and backward: below and at the rules' thresholds.
+const std::vector<Shape4> kLongShapes = {
+    {16384, 32, 8, 64}, {16384, 32, 8, 128}, {65536, 32, 8, 64}, {65536, 32, 8, 128}};
 
 class HopperVsCpu : public ::testing::TestWithParam<Shape4> {};
 
@@ -114,15 +128,7 @@ TEST_P(HopperVsCpu, ForwardMatchesCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, HopperVsCpu,
-    ::testing::Values(Shape4{8, 4, 1, 64},       // one partial tile
-                      Shape4{1000, 32, 8, 64},   // Llama-3.2-1B heads, S no tile divides
-                      Shape4{1000, 16, 2, 128},  // GQA 8:1
-                      Shape4{4160, 8, 2, 64},    // 4K + 64: a ragged last row block
-                      Shape4{4160, 8, 1, 128},   // GQA 8:1
-                      Shape4{520, 6, 6, 128}),   // MHA
-    [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsCpu, ::testing::ValuesIn(kSmallShapes), ParamName);
 
 // Long S (no CPU oracle): cuDNN's forward is the reference; LSE to 1e-3 absolute. Also the rule:
 // kAuto picks the Hopper kernel from S 64K at both head dims (CudaOps::HopperMeasuredFaster).
@@ -164,10 +170,7 @@ TEST_P(HopperVsCudnn, ForwardMatchesCudnn) {
   EXPECT_STREQ(autop.last_attention_impl(), want_hopper ? "hopper" : "cudnn");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsCudnn,
-                         ::testing::Values(Shape4{16384, 32, 8, 64}, Shape4{16384, 32, 8, 128},
-                                           Shape4{65536, 32, 8, 64}, Shape4{65536, 32, 8, 128}),
-                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsCudnn, ::testing::ValuesIn(kLongShapes), ParamName);
 
 // Training: the Hopper forward, then cuDNN's backward from its O and LSE, against cuDNN forward
 // and backward. The backward recomputes P from LSE, so an LSE off by a constant or in log2
@@ -211,7 +214,7 @@ TEST_P(HopperTraining, CudnnBackwardFromHopperForward) {
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperTraining,
                          ::testing::Values(Shape4{8192, 32, 8, 64}, Shape4{8192, 32, 8, 128},
                                            Shape4{1000, 16, 2, 128}),
-                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+                         ParamName);
 
 // The Hopper backward against the CPU oracle's backward, from the CPU's O and LSE (so only the
 // backward is under test): GQA, ragged tiles, MHA. dK and dV are summed over each KV head's query
@@ -265,15 +268,7 @@ TEST_P(HopperBackwardVsCpu, BackwardMatchesCpu) {
   EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "hopper dq, second launch");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCpu,
-                         ::testing::Values(Shape4{8, 4, 1, 64},  // one partial tile
-                                           Shape4{1000, 32, 8,
-                                                  64},  // Llama-3.2-1B heads, S no tile divides
-                                           Shape4{1000, 16, 2, 128},  // GQA 8:1
-                                           Shape4{4160, 8, 2, 64},    // 4K + 64: ragged last tiles
-                                           Shape4{4160, 8, 1, 128},   // GQA 8:1
-                                           Shape4{520, 6, 6, 128}),   // MHA
-                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCpu, ::testing::ValuesIn(kSmallShapes), ParamName);
 
 // Long S: the Hopper forward and backward against cuDNN's forward and backward on the same bf16
 // inputs, and the rule: kAuto runs the Hopper backward from S 16K at head_dim 64, from 32K at
@@ -315,10 +310,8 @@ TEST_P(HopperBackwardVsCudnn, BackwardMatchesCudnn) {
   EXPECT_CLOSE(res[2][1], res[want_hopper ? 1 : 0][1], 2e-2, "dk, auto");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCudnn,
-                         ::testing::Values(Shape4{16384, 32, 8, 64}, Shape4{16384, 32, 8, 128},
-                                           Shape4{65536, 32, 8, 64}, Shape4{65536, 32, 8, 128}),
-                         [](const ::testing::TestParamInfo<Shape4>& i) { return Name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCudnn, ::testing::ValuesIn(kLongShapes),
+                         ParamName);
 
 }  // namespace
 }  // namespace ithaca
