@@ -258,6 +258,24 @@ absl::StatusOr<std::vector<std::vector<Pending>>> GreedyLayout(const std::vector
   return GreedyShards(all, max_shard_bytes);
 }
 
+// Part `part` of `parts` of a writer's checked tensors, as WriteShard and OpenShard write it: the
+// file's name (model.safetensors when parts is 1) and its tensors; `dir` is made.
+struct ShardPart {
+  std::string file;
+  std::vector<Pending> tensors;
+};
+absl::StatusOr<ShardPart> TakePart(const std::vector<Pending>& all, const std::string& dir,
+                                   int part, int parts) {
+  if (parts < 1 || part < 0 || part >= parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: part ", part, " is not a part of ", parts));
+  }
+  RETURN_IF_ERROR(CheckPending(all));
+  RETURN_IF_ERROR(MakeDirs(dir));
+  std::vector<std::vector<Pending>> shards = Partition(all, parts);
+  return ShardPart{parts == 1 ? kSingleName : ShardName(part, parts), std::move(shards[part])};
+}
+
 }  // namespace
 
 absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
@@ -301,17 +319,9 @@ absl::Status SafetensorsWriter::WriteShardedIndex(const std::string& dir,
 
 absl::StatusOr<std::string> SafetensorsWriter::WriteShard(const std::string& dir, int part,
                                                           int parts) const {
-  if (parts < 1 || part < 0 || part >= parts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: part ", part, " is not a part of ", parts));
-  }
-  std::vector<Pending> all = ToPending(entries_);
-  RETURN_IF_ERROR(CheckPending(all));
-  RETURN_IF_ERROR(MakeDirs(dir));
-  const std::vector<std::vector<Pending>> shards = Partition(all, parts);
-  const std::string file = parts == 1 ? kSingleName : ShardName(part, parts);
-  RETURN_IF_ERROR(WriteOne(absl::StrCat(dir, "/", file), shards[part], metadata_));
-  return file;
+  ASSIGN_OR_RETURN(ShardPart p, TakePart(ToPending(entries_), dir, part, parts));
+  RETURN_IF_ERROR(WriteOne(absl::StrCat(dir, "/", p.file), p.tensors, metadata_));
+  return p.file;
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> SafetensorsWriter::OpenFile(
@@ -325,16 +335,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> SafetensorsWriter::OpenF
 
 absl::StatusOr<std::unique_ptr<SafetensorsPieceWriter>> SafetensorsWriter::OpenShard(
     const std::string& dir, int part, int parts) const {
-  if (parts < 1 || part < 0 || part >= parts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: part ", part, " is not a part of ", parts));
-  }
-  std::vector<Pending> all = ToPending(entries_);
-  RETURN_IF_ERROR(CheckPending(all));
-  RETURN_IF_ERROR(MakeDirs(dir));
-  std::vector<std::vector<Pending>> shards = Partition(all, parts);
-  const std::string file = parts == 1 ? kSingleName : ShardName(part, parts);
-  return OpenPieces(absl::StrCat(dir, "/", file), file, std::move(shards[part]), metadata_);
+  ASSIGN_OR_RETURN(ShardPart p, TakePart(ToPending(entries_), dir, part, parts));
+  return OpenPieces(absl::StrCat(dir, "/", p.file), p.file, std::move(p.tensors), metadata_);
 }
 
 SafetensorsPieceWriter::SafetensorsPieceWriter(std::string name,
