@@ -136,8 +136,10 @@ def flops_fwd(S, D, Hq=HQ):
     return 4.0 * S * S * D * Hq / 2
 
 
-def time_fn(fn, est_s):
-    reps = max(int(os.environ.get("MIN_REPS", "2")), min(20, int(2.0 / max(est_s, 1e-4))))
+def time_fn(fn, est_s, min_reps=2, max_reps=20):
+    """Median of about 2 s of timed calls after one warm-up (at least MIN_REPS or min_reps, at most
+    max_reps): (ms, sorted times, reps). backward/bench_bwd.py times with it too."""
+    reps = max(int(os.environ.get("MIN_REPS", str(min_reps))), min(max_reps, int(2.0 / max(est_s, 1e-4))))
     fn()  # warmup
     torch.cuda.synchronize()
     times = []

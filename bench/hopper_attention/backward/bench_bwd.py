@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import bench as fwd_bench  # noqa: E402 (../bench.py: the forward's bench, for its timer)
 
 
 def load_bwd(path=None):
@@ -179,18 +181,7 @@ def check_one(lib, impl, sizes, Ds, heads):
 
 
 def time_fn(fn, est_s):
-    reps = max(int(os.environ.get("MIN_REPS", "1")), min(10, int(2.0 / max(est_s, 1e-4))))
-    fn()  # warm-up
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2], times, reps
+    return fwd_bench.time_fn(fn, est_s, min_reps=1, max_reps=10)
 
 
 def lse_chunked(q, k, chunk=4096):
