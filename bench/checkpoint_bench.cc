@@ -148,18 +148,11 @@ absl::Status RunRank(const RankInfo& info) {
   // The saved optimizer goes first, as in a job that resumes: the new one takes its memory.
   optimizer.reset();
   const auto start = Clock::now();
-  LoadedCheckpoint loaded;
-  double read_s = 0;
-  ASSIGN_OR_RETURN(optimizer,
-                   Optimizer::ResumeEach(
-                       model.get(),
-                       [&](const Optimizer::UnitSink& sink) -> absl::Status {
-                         ASSIGN_OR_RETURN(
-                             loaded, LoadCheckpointTogether(path, model.get(), comm.get(), sink));
-                         read_s = Since(start);  // read, verified and uploaded unit by unit
-                         return absl::OkStatus();
-                       },
-                       hp));
+  ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
+                   ResumeCheckpointTogether(path, model.get(), comm.get(), hp));
+  optimizer = std::move(resumed.optimizer);
+  const LoadedCheckpoint& loaded = resumed.loaded;
+  const double read_s = loaded.seconds;  // read, verified and uploaded unit by unit
   backend.ops->Synchronize();
   const double total_s = Since(start);
   const int64_t held = loaded.host_bytes, verified = loaded.verified_bytes,

@@ -171,4 +171,19 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
   return std::move(*loaded);
 }
 
+absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
+                                                           LlamaModel* model, Comm* comm,
+                                                           const JobSpec::Training& hp) {
+  ResumedCheckpoint r;
+  ASSIGN_OR_RETURN(r.optimizer, Optimizer::ResumeEach(
+                                    model,
+                                    [&](const Optimizer::UnitSink& sink) -> absl::Status {
+                                      ASSIGN_OR_RETURN(r.loaded, LoadCheckpointTogether(
+                                                                     path, model, comm, sink));
+                                      return absl::OkStatus();
+                                    },
+                                    hp));
+  return r;
+}
+
 }  // namespace ithaca

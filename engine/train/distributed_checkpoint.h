@@ -12,6 +12,7 @@
 //   rank that read it says what is wrong with it).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "engine/comm/comm.h"
@@ -55,5 +56,16 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path, LlamaModel* model,
                                                         Comm* comm,
                                                         const Optimizer::UnitSink& sink = nullptr);
+
+// What a resuming job does (collective): LoadCheckpointTogether with each unit's slices going
+// straight into a new optimizer (Optimizer::ResumeEach), so a rank's host holds one unit's
+// slices at a time. `loaded` is the load's report; its optimizer slices stay empty.
+struct ResumedCheckpoint {
+  std::unique_ptr<Optimizer> optimizer;
+  LoadedCheckpoint loaded;
+};
+absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
+                                                           LlamaModel* model, Comm* comm,
+                                                           const JobSpec::Training& hp);
 
 }  // namespace ithaca

@@ -74,8 +74,7 @@ class Optimizer {
   // copy from them.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Resume(LlamaModel* model, const Shards& shards,
                                                            const JobSpec::Training& hp);
-  absl::Status Restore(const Shards& shards);
-  // One unit's slices (master, m, v), as Restore takes them, handed over one unit at a time.
+  // One unit's slices (master, m, v), as Resume takes them, handed over one unit at a time.
   using UnitSink = std::function<absl::Status(int unit, std::vector<float>&& master,
                                               std::vector<float>&& m, std::vector<float>&& v)>;
   // Resume with the state arriving piecewise: `load(sink)` hands every unit's slices to `sink`
@@ -91,6 +90,8 @@ class Optimizer {
   // Allocates the zeroed master, m and v shards.
   absl::Status Allocate();
   void RefreshWorkingCopy();
+  // Resume's upload of every unit's slices (DATA_LOSS naming a missing unit).
+  absl::Status Restore(const Shards& shards);
   // Uploads unit u's slices into the master, m and v shards (DATA_LOSS naming a wrong size).
   absl::Status RestoreUnit(size_t u, const std::vector<float>& master, const std::vector<float>& m,
                            const std::vector<float>& v);

@@ -164,16 +164,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   if (latest.ok()) {
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
-    LoadedCheckpoint ck;
-    ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::ResumeEach(
-                         t->model_.get(),
-                         [&](const Optimizer::UnitSink& sink) -> absl::Status {
-                           ASSIGN_OR_RETURN(
-                               ck, LoadCheckpointTogether(*latest, t->model_.get(), comm, sink));
-                           return absl::OkStatus();
-                         },
-                         spec.training));
+    ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
+                     ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training));
+    t->optimizer_ = std::move(resumed.optimizer);
+    const LoadedCheckpoint& ck = resumed.loaded;
     t->state_ = ck.state;
     if (t->data_) t->data_->set_position(ck.state.data_position);
     if (t->rank_ == 0) {
