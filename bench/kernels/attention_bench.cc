@@ -55,8 +55,11 @@ int Main() {
   std::vector<std::string> forward_list = absl::StrSplit(absl::GetFlag(FLAGS_forward), ',');
   std::vector<std::string> backward_list = absl::StrSplit(absl::GetFlag(FLAGS_backward), ',');
   if (own) forward_list = backward_list = {"own"};
-  std::vector<std::string> forwards, backwards;
-  std::vector<std::unique_ptr<CudaOps>> all_ops;
+  struct Kernels {
+    std::string forward, backward;  // as asked
+    std::unique_ptr<CudaOps> ops;
+  };
+  std::vector<Kernels> all_ops;
   for (const std::string& f : forward_list) {
     for (const std::string& b : backward_list) {
       CudaOps::Options o;
@@ -66,12 +69,10 @@ int Main() {
         o.attention_forward = ParseKernel(f);
         o.attention_backward = ParseKernel(b);
       }
-      all_ops.push_back(std::make_unique<CudaOps>(o));
-      forwards.push_back(f);
-      backwards.push_back(b);
+      all_ops.push_back({f, b, std::make_unique<CudaOps>(o)});
     }
   }
-  CudaOps& fill = *all_ops[0];  // fills the inputs
+  CudaOps& fill = *all_ops[0].ops;  // fills the inputs
   const std::string device = bench::DeviceName();
   for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
     std::vector<std::string> f = absl::StrSplit(spec, ':');
@@ -107,18 +108,15 @@ int Main() {
     }
     // Each (forward, backward) pair on each mask.
     struct Run {
-      CudaOps* ops;
-      const std::string* forward;
-      const std::string* backward;
+      const Kernels* kernels;
       const DocumentMask* docs;
     };
     std::vector<Run> runs;
-    for (size_t fi = 0; fi < all_ops.size(); ++fi) {
-      for (const DocumentMask& docs : masks)
-        runs.push_back({all_ops[fi].get(), &forwards[fi], &backwards[fi], &docs});
+    for (const Kernels& kernels : all_ops) {
+      for (const DocumentMask& docs : masks) runs.push_back({&kernels, &docs});
     }
     for (const Run& run : runs) {
-      CudaOps& ops = *run.ops;
+      CudaOps& ops = *run.kernels->ops;
       const DocumentMask& docs = *run.docs;
       std::string fwd_impl, bwd_impl;
       auto fwd = [&] {
@@ -174,8 +172,8 @@ int Main() {
             .Str("date", bench::Today())
             .Str("device", device)
             .Str("impl", r.impl)
-            .Str("forward", *run.forward)
-            .Str("backward", *run.backward)
+            .Str("forward", run.kernels->forward)
+            .Str("backward", run.kernels->backward)
             .Str("layout", "[S,H,D]")
             .Bool("causal", true)
             .Str("mask", docs.trivial() ? "causal" : "documents")
