@@ -196,6 +196,11 @@ void Supervisor::EndLocked(Active& job, JobState outcome, const std::string& rea
 }
 
 void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
+  // Every rank that ended since the last look, before naming one: when a rank dies, its peers
+  // fail soon after on the broken connection, and one look may find them all ended. The cause
+  // is a rank ended by a signal (killed, crashed) over one that exited with an error, else the
+  // lowest failed rank.
+  std::optional<size_t> culprit;
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     Rank& rank = job.ranks[r];
     if (rank.exit) continue;
@@ -203,12 +208,16 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     if (!rank.exit) continue;
     metrics_->OnWorkerExit(rank.exit->Reason());
     const bool ok = !rank.exit->signaled && rank.exit->code == 0;
-    if (!ok && !job.ending) {
-      TailLogsLocked(job, true);
-      std::string reason = absl::StrCat("rank ", r, " ", rank.exit->Describe());
-      if (!rank.last_error.empty()) absl::StrAppend(&reason, ": ", rank.last_error);
-      EndLocked(job, v1::JOB_STATE_FAILED, reason, static_cast<int>(r), /*sigkill_now=*/true);
+    if (!ok && (!culprit || (rank.exit->signaled && !job.ranks[*culprit].exit->signaled))) {
+      culprit = r;
     }
+  }
+  if (culprit && !job.ending) {
+    const Rank& rank = job.ranks[*culprit];
+    TailLogsLocked(job, true);
+    std::string reason = absl::StrCat("rank ", *culprit, " ", rank.exit->Describe());
+    if (!rank.last_error.empty()) absl::StrAppend(&reason, ": ", rank.last_error);
+    EndLocked(job, v1::JOB_STATE_FAILED, reason, static_cast<int>(*culprit), /*sigkill_now=*/true);
   }
   if (job.ending) {
     if (!job.killed && now >= job.kill_deadline) {

@@ -180,6 +180,29 @@ TEST(SupervisorTest, OneFailedRankKillsTheOthersAndIsNamedWithItsLastLines) {
   EXPECT_NE(std::find(logs.begin(), logs.end(), "1: rank one ran out"), logs.end());
 }
 
+// A rank that dies takes its peers down with it (they exit with an error on the broken
+// connection). When one look finds them all ended, the rank ended by a signal is named, not the
+// lowest: here rank 1 is killed and rank 0 exits with an error right after, both before the
+// supervisor's next look.
+TEST(SupervisorTest, TheKilledRankIsNamedOverPeersThatFailedAfterIt) {
+  RecordingOwner owner;
+  Metrics metrics;
+  const std::string worker = Script("rank1_killed.sh",
+                                    "if [ \"$ITHACA_RANK\" = 1 ]; then kill -9 $$; fi\n"
+                                    "sleep 0.3; exit 1");
+  Supervisor::Options options = WithWorker(worker);
+  options.poll_interval = absl::Seconds(2);
+  Supervisor supervisor(options, CpuNode(2), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-killed", 2);
+  supervisor.Wake();
+  std::optional<Ended> end = owner.WaitEnded("job-killed");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(end->failed_rank, 1) << end->reason;
+  EXPECT_EQ(end->reason.rfind("rank 1 ", 0), 0u) << end->reason;
+}
+
 TEST(SupervisorTest, CancelStopsTheWorkersThenReportsCancelled) {
   RecordingOwner owner;
   Metrics metrics;
