@@ -5,6 +5,7 @@
 #   libhopper_bwd_masc.so     -DITHACA_BWD_M_DESC=0 (query tiles ascending from the diagonal, FA3)
 #   libhopper_bwd_tile.so     -DITHACA_BWD_CTA_ORDER=1 (KV-tile-major CTA order)
 #   libhopper_bwd_p32.so      -DITHACA_BWD_PRODUCER_REGS=32
+#   libhopper_bwd_dvfirst.so  -DITHACA_BWD_DV_FIRST=1 (dV issued before dS is computed)
 # bench_bwd.py runs a variant as impl "ours:<name>" (e.g. ours:atomic). Logs: build/*.log.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -21,3 +22,4 @@ build atomic -DITHACA_BWD_DQ_ATOMIC=1
 build masc -DITHACA_BWD_M_DESC=0
 build tile -DITHACA_BWD_CTA_ORDER=1
 build p32 -DITHACA_BWD_PRODUCER_REGS=32
+build dvfirst -DITHACA_BWD_DV_FIRST=1

@@ -30,20 +30,24 @@ for step in "$@"; do
         --check-impls "${VARIANTS:-ours:atomic,ours:masc,ours:tile,ours:p32}" 2>&1 | grep -v Warn | tee "$OUT/check_variants.jsonl"
       echo "ok: $(grep -c '"ok": true' "$OUT/check_variants.jsonl") of $(grep -c '"check"' "$OUT/check_variants.jsonl")" ;;
     bench_variants) timeout 240 python3 $B/bench_bwd.py bench-bwd --S "${BENCH_S:-131072}" \
-             --impls "${BENCH_IMPLS:-ours,ours:atomic,ours:masc,ours:tile,ours:p32}" --out "$OUT/bench_variants.jsonl" 2>&1 | grep -v Warn ;;
+             --impls "${BENCH_IMPLS:-ours,ours:atomic,ours:masc,ours:tile,ours:p32}" ${BENCH_D:+--D $BENCH_D} --out "$OUT/bench_variants.jsonl" 2>&1 | grep -v Warn ;;
     bench) timeout 240 python3 $B/bench_bwd.py bench-bwd --S "${BENCH_S:-65536,131072}" \
-             --impls "${BENCH_IMPLS:-ours,cudnn_sdpa}" --out "$OUT/bench.jsonl" 2>&1 | grep -v Warn ;;
+             --impls "${BENCH_IMPLS:-ours,cudnn_sdpa}" ${BENCH_D:+--D $BENCH_D} --out "$OUT/bench.jsonl" 2>&1 | grep -v Warn ;;
     bench_long) MIN_REPS=1 timeout 500 python3 $B/bench_bwd.py bench-bwd --S "${BENCH_S:-262144,524288}" \
-             --impls "${BENCH_IMPLS:-ours,cudnn_sdpa}" --out "$OUT/bench_long.jsonl" 2>&1 | grep -v Warn ;;
+             --impls "${BENCH_IMPLS:-ours,cudnn_sdpa}" ${BENCH_D:+--D $BENCH_D} --out "$OUT/bench_long.jsonl" 2>&1 | grep -v Warn ;;
     ncu)
-      for cfg in "131072 64" "65536 128"; do
+      # NCU_CFGS: "S D [variant]" entries separated by ';' (default: hd64 128K and hd128 64K).
+      IFS=';' read -r -a cfgs <<<"${NCU_CFGS:-131072 64;65536 128}"
+      for cfg in "${cfgs[@]}"; do
         set -- $cfg
-        echo "=== bwd S=$1 D=$2" | tee -a "$OUT/ncu.txt"
-        timeout 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
-          --section WarpStateStats --metrics lts__t_sector_hit_rate.pct,dram__bytes_read.sum,sm__cycles_elapsed.avg.per_second \
-          -k regex:attn_bwd --launch-count 1 python3 $B/bench_bwd.py one --S $1 --D $2 >> "$OUT/ncu.txt" 2>&1
+        echo "=== bwd S=$1 D=$2 variant=${3:-default}" | tee -a "$OUT/ncu.txt"
+        timeout 150 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
+          --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section SchedulerStats \
+          --metrics lts__t_sector_hit_rate.pct,dram__bytes_read.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_red.sum,lts__t_sectors_op_read.sum,smsp__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
+          -k regex:attn_bwd --launch-count 1 python3 $B/bench_bwd.py one --S $1 --D $2 ${3:+--variant $3} >> "$OUT/ncu.txt" 2>&1
         echo "rc=$?" >> "$OUT/ncu.txt"
       done
-      grep -E "===|Duration|hit_rate|dram__|per_second|Stall|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Dynamic Shared|rc=" "$OUT/ncu.txt" ;;
+      grep -E "===|Duration|hit_rate|dram__|lts__|gmma|pipe_xu|wavefronts|per_second|Stall|Throughput|Registers Per|Dynamic Shared|Issue Slots|Eligible|Active Warps|No Eligible|rc=" "$OUT/ncu.txt" ;;
   esac
 done

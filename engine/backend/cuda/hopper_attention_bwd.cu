@@ -98,6 +98,11 @@
 #ifndef ITHACA_BWD_DS_STSM
 #define ITHACA_BWD_DS_STSM 1
 #endif
+// 1: dV += Pᵀ dO is issued as soon as P is in registers, before dS is computed, so the tensor
+// cores work while the consumers compute dS (FA3 issues it after dS).
+#ifndef ITHACA_BWD_DV_FIRST
+#define ITHACA_BWD_DV_FIRST 0
+#endif
 
 namespace ithaca_bwd {
 namespace {
@@ -545,7 +550,17 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         } else {
           compute_P(cute::false_type{});
         }
+        Tensor rP = make_tensor_like<bf16>(tSrS);
+        convert_bf16(tSrS, rP);
+        Tensor tdVrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
+#if ITHACA_BWD_DV_FIRST
+        // dV += Pᵀ dO goes to the tensor cores now, so that it runs while dS is computed below.
+        wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVrdV);
+        warpgroup_wait<1>();  // dP done; dV in flight
+#else
         warpgroup_wait<0>();
+#endif
+        warpgroup_fence_operand(tdPrdP);
         // dSᵀ = Pᵀ ∘ (dPᵀ − Dsum), in the dP registers.
         CUTE_UNROLL
         for (int j = 0; j < size<1>(dP_rc); ++j) {
@@ -554,8 +569,6 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
           for (int i = 0; i < size<0>(dP_rc); ++i) dP_rc(i, j) = S_rc(i, j) * (dP_rc(i, j) - ds);
         }
 
-        Tensor rP = make_tensor_like<bf16>(tSrS);
-        convert_bf16(tSrS, rP);
         Tensor rdS = make_tensor_like<bf16>(tdPrdP);
         convert_bf16(tdPrdP, rdS);
 
@@ -568,8 +581,9 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         copy(rdS, tdSsdS(_, _, _, s));
 #endif
 
-        Tensor tdVrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
+#if !ITHACA_BWD_DV_FIRST
         wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVrdV);  // dV += Pᵀ dO
+#endif
 
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::sync(C::NumMmaThreads, kBarPdS);
