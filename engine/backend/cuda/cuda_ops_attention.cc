@@ -108,7 +108,7 @@ bool CudaOps::UseHopper(bool backward, int64_t s, int64_t hq, int64_t hkv, int64
       KernelSetting(backward, backward ? opts_.attention_backward : opts_.attention_forward);
   if (want == AttentionKernel::kCudnn) return false;
   const char* pass = backward ? "backward" : "forward";
-  const char* unsupported = !docs.trivial()                 ? "a document mask"
+  const char* unsupported = !docs.trivial() && !backward    ? "a document mask"
                             : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
                             : !cuda::HopperAttentionDeviceSupported()
                                 ? "the GPU is not compute capability 9.0"
@@ -331,9 +331,11 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
     const int64_t bytes = cuda::HopperAttentionBackwardWorkspace(s, hq, hkv, d);
     auto ws = Buffer::Make(opts_.alloc, DType::kF32, {(bytes + 3) / 4}, Tier::kWorkspace);
     ITHACA_CHECK(ws.ok(), "CudaOps::AttentionBackward: ", ws.status().ToString());
+    const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
     const cudaError_t err = cuda::HopperAttentionBackward(
         Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d, BfMut(dq), BfMut(dk),
-        BfMut(dv), ws->tensor().data, static_cast<int64_t>(ws->tensor().bytes()), compute_);
+        BfMut(dv), ws->tensor().data, static_cast<int64_t>(ws->tensor().bytes()), compute_,
+        ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr, ndocs);
     ITHACA_CHECK(
         err == cudaSuccess,
         "CudaOps::AttentionBackward: the Hopper kernel did not launch: ", cudaGetErrorString(err));

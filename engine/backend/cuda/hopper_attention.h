@@ -40,19 +40,23 @@ cudaError_t HopperAttentionForward(const uint16_t* q, const uint16_t* k, const u
                                    float* lse, cudaStream_t stream, int cluster = 0);
 
 // Bytes of device workspace HopperAttentionBackward needs: the f32 dQ accumulator
-// [Hq, S_pad, D] and the padded LSE·log2(e) and Dsum rows [Hq, S_pad], S_pad = S rounded up to
-// 128. About 4·Hq·S·(D + 2): half of cuDNN's backward workspace (8·Hq·S·D).
+// [Hq, S_pad, D], the padded LSE·log2(e) and Dsum rows [Hq, S_pad] and the rows' document bounds
+// (2 × int32 [S_pad]), S_pad = S rounded up to 128. About 4·Hq·S·(D + 2): half of cuDNN's
+// backward workspace (8·Hq·S·D).
 int64_t HopperAttentionBackwardWorkspace(int64_t s, int64_t hq, int64_t hkv, int64_t d);
 
 // Enqueues the backward on `stream`: dq, dk, dv fully overwritten (dk, dv summed over each KV
 // head's query heads). The shape must qualify as for the forward (every pointer 16-byte
 // aligned, the workspace too) and `workspace_bytes` be at least the above; it needs no
-// initialisation. Returns the launches' error (cudaSuccess when enqueued).
+// initialisation. `doc_starts` (device, int64 [ndocs], ascending, the first 0; nullptr or
+// ndocs <= 1: one document) adds the document mask of packed samples: a query sees only the
+// keys of its own document. Returns the launches' error (cudaSuccess when enqueued).
 cudaError_t HopperAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                     const uint16_t* o, const uint16_t* dout, const float* lse,
                                     int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* dq,
                                     uint16_t* dk, uint16_t* dv, void* workspace,
-                                    int64_t workspace_bytes, cudaStream_t stream);
+                                    int64_t workspace_bytes, cudaStream_t stream,
+                                    const int64_t* doc_starts = nullptr, int64_t ndocs = 0);
 
 }  // namespace cuda
 }  // namespace ithaca

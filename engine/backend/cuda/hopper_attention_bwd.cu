@@ -6,20 +6,25 @@
 //
 // Layouts (the forward's): Q, O, dO, dQ [S, Hq, D] bf16; K, V, dK, dV [S, Hkv, D] bf16 (token
 // stride H·D); LSE [Hq, S] f32, natural log of sum_j exp(scale · q·k_j), scale = 1/sqrt(D).
-// Query head h reads KV head h / (Hq / Hkv). Causal (key j ≤ query i).
+// Query head h reads KV head h / (Hq / Hkv). Causal (key j ≤ query i), and optionally
+// document-masked (packed samples: key j also ≥ the start of query i's document).
 //
 // Three kernels on one stream:
 //   1. preprocess: Dsum[h, i] = Σ_d dO[i,h,d]·O[i,h,d] and LSE·log2(e) copied into a padded
 //      [Hq, S_pad] buffer (padding rows: Dsum 0, LSE +inf, so that their P is exactly 0); the f32
-//      dQ accumulator is zeroed by cudaMemsetAsync.
+//      dQ accumulator is zeroed by cudaMemsetAsync. With documents, each row's document bounds
+//      [doc_lo, doc_hi) too (int32 [S_pad]; padding rows: doc_lo = S_pad, so every key is masked).
 //   2. main: one CTA per (KV head g, KV tile n of 128 keys), ordered KV-head-major and longest
 //      first (small n = most query tiles). It loops over the query tiles m at or after its
-//      diagonal and, inside, over the Hq/Hkv query heads of the group, so dK and dV accumulate in
+//      diagonal (with documents: up to the end of its last key's document) and, inside, over the
+//      Hq/Hkv query heads of the group, so dK and dV accumulate in
 //      registers with no atomics. Per (m, h), with the KV tile as the M side of the GEMMs
 //      ("SdP swapAB"):
 //          Sᵀ  = K Qᵀ                     (SS wgmma, 128 × Bm)
 //          dPᵀ = V dOᵀ                    (SS wgmma)
-//          Pᵀ  = exp2(Sᵀ·scale·log2e − LSE·log2e)   (causal mask on the diagonal tiles)
+//          Pᵀ  = exp2(Sᵀ·scale·log2e − LSE·log2e)   (causal mask on the diagonal tiles; the
+//                                         document mask where a query's document starts after
+//                                         the tile's first key)
 //          dSᵀ = Pᵀ ∘ (dPᵀ − Dsum)
 //          dV += Pᵀ dO                    (RS wgmma: Pᵀ straight from registers)
 //          dK += dSᵀ Q                    (RS wgmma)
@@ -188,6 +193,7 @@ struct Cfg {
 #endif
     alignas(128) float lse[kStages][kBlockM];
     alignas(128) float dsum[kStages][kBlockM];
+    alignas(128) int doc_lo[kStages][kBlockM];  // with documents only
     typename Pipe::SharedStorage pipe;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
   };
@@ -203,9 +209,21 @@ struct Problem {
   float const* lse2;  // [Hq, S_pad] LSE·log2(e), +inf past S
   float const* dsum;  // [Hq, S_pad], 0 past S
   float* dq_acc;      // [Hq, S_pad, D] blocks in register order (see the top)
+  int const* doc_lo;  // [S_pad] first key of each row's document; nullptr: causal only
+  int const* doc_hi;  // [S_pad] one past the last token of each row's document
   bf16* dk;
   bf16* dv;
 };
+
+// One past the last query tile a CTA with KV tile n visits: every tile to the end, or with
+// documents up to the end of the document of the tile's last key (no later query sees a key of
+// the tile). Producer, dQ writer and consumers all call it.
+template <int Bm>
+__device__ __forceinline__ int m_end(Problem const& pb, int n_block) {
+  if (pb.doc_hi == nullptr) return pb.num_m;
+  int const last_key = min((n_block + 1) * kBlockN, pb.S) - 1;
+  return min(pb.num_m, (pb.doc_hi[last_key] + Bm - 1) / Bm);
+}
 
 template <class C>
 struct Params {
@@ -270,7 +288,9 @@ CUTE_HOST_DEVICE int m_at(int it, int m_min, int m_max) {
 // One warp per (query row i < S_pad, head h).
 __global__ void bwd_preprocess(bf16 const* __restrict__ o, bf16 const* __restrict__ dout,
                                float const* __restrict__ lse, float* __restrict__ lse2,
-                               float* __restrict__ dsum, int S, int S_pad, int Hq, int D) {
+                               float* __restrict__ dsum, int S, int S_pad, int Hq, int D,
+                               int64_t const* __restrict__ doc_starts, int ndocs,
+                               int* __restrict__ doc_lo, int* __restrict__ doc_hi) {
   int64_t const w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   int const lane = threadIdx.x % 32;
   if (w >= int64_t(S_pad) * Hq) return;
@@ -293,6 +313,16 @@ __global__ void bwd_preprocess(bf16 const* __restrict__ o, bf16 const* __restric
     int64_t const j = int64_t(h) * S_pad + i;
     dsum[j] = i < S ? acc : 0.f;
     lse2[j] = i < S ? lse[int64_t(h) * S + i] * 1.4426950408889634f : INFINITY;
+    if (doc_starts != nullptr && h == 0) {
+      // The last document starting at or before i (binary search; starts[0] = 0).
+      int lo = 0, hi = ndocs;
+      while (hi - lo > 1) {
+        int const mid = (lo + hi) / 2;
+        if (doc_starts[mid] <= i) lo = mid; else hi = mid;
+      }
+      doc_lo[i] = i < S ? int(doc_starts[lo]) : S_pad;
+      doc_hi[i] = i < S && lo + 1 < ndocs ? int(doc_starts[lo + 1]) : S;
+    }
   }
 }
 
@@ -349,7 +379,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     ss.barrier_kv.init(1);
   }
   typename Pipe::Params pp;
-  pp.transaction_bytes = C::kBytesStage;
+  bool const docs = pb.doc_lo != nullptr;
+  pp.transaction_bytes = C::kBytesStage + (docs ? C::kBlockM * 4 : 0);
   pp.role = wg_idx == 0 ? Pipe::ThreadCategory::Producer : Pipe::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = C::NumMmaThreads;
@@ -362,7 +393,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
   int const group = pb.Hq / pb.Hkv;
   // Query tiles at or after the diagonal: m·Bm ≥ n·128 (Bm divides 128).
   int const m_min = n_block * kBlockN / Bm;
-  int const m_max = pb.num_m;
+  int const m_max = m_end<Bm>(pb, n_block);
   // Tiles with m·Bm < (n+1)·128 hold some key > query: those need the causal mask.
   int const m_mask_end = (n_block + 1) * kBlockN / Bm;
 
@@ -419,6 +450,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
             int64_t const off = int64_t(h) * pb.S_pad + int64_t(m) * Bm;
             SM90_BULK_COPY_G2S::copy(pb.lse2 + off, bar, &ss.lse[s][0], Bm * 4);
             SM90_BULK_COPY_G2S::copy(pb.dsum + off, bar, &ss.dsum[s][0], Bm * 4);
+            if (docs) SM90_BULK_COPY_G2S::copy(pb.doc_lo + int64_t(m) * Bm, bar, &ss.doc_lo[s][0], Bm * 4);
             ++wr;
           }
         }
@@ -511,7 +543,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     typename Pipe::PipelineState rd;
     for (int it = 0; it < m_max - m_min; ++it) {
       int const m = m_at(it, m_min, m_max);
-      bool const need_mask = m < m_mask_end;
+      bool const diagonal = m < m_mask_end;
       int const q0 = m * Bm;
       for (int hh = 0; hh < group; ++hh) {
         [[maybe_unused]] int const h = g * group + hh;
@@ -529,26 +561,36 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         // Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e); masked entries (key > query) → 0.
         float const* lse_s = ss.lse[s];
         float const* dsum_s = ss.dsum[s];
-        // Two copies of the loop so that the tiles off the diagonal carry no mask compares.
-        auto compute_P = [&](auto masked) {
+        int const* doc_s = ss.doc_lo[s];
+        // Three copies of the loop so that the tiles off the diagonal carry no mask compares, and
+        // only those that a document start cuts carry the document compares. doc_lo rises with
+        // the query: the tile's last query has the latest document start.
+        auto compute_P = [&](auto causal, auto document) {
           CUTE_UNROLL
           for (int j = 0; j < size<1>(S_rc); ++j) {
             int const qc = get<1>(cS_rc(0, j));
             float const l = lse_s[qc];
+            [[maybe_unused]] int const lo = decltype(document)::value ? doc_s[qc] : 0;
             CUTE_UNROLL
             for (int i = 0; i < size<0>(S_rc); ++i) {
               float x = S_rc(i, j);
-              if constexpr (decltype(masked)::value) {
-                if (kv0 + get<0>(cS_rc(i, j)) > q0 + qc) x = -INFINITY;
+              [[maybe_unused]] int const key = kv0 + get<0>(cS_rc(i, j));
+              if constexpr (decltype(causal)::value) {
+                if (key > q0 + qc) x = -INFINITY;
+              }
+              if constexpr (decltype(document)::value) {
+                if (key < lo) x = -INFINITY;
               }
               S_rc(i, j) = exp2_ftz(fmaf(x, sl2, -l));
             }
           }
         };
-        if (need_mask) {
-          compute_P(cute::true_type{});
+        if (docs && doc_s[Bm - 1] > kv0) {
+          compute_P(cute::true_type{}, cute::true_type{});
+        } else if (diagonal) {
+          compute_P(cute::true_type{}, cute::false_type{});
         } else {
-          compute_P(cute::false_type{});
+          compute_P(cute::false_type{}, cute::false_type{});
         }
         Tensor rP = make_tensor_like<bf16>(tSrS);
         convert_bf16(tSrS, rP);
@@ -655,11 +697,14 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 template <class C>
 cudaError_t launch(void const* q, void const* k, void const* v, void const* o, void const* dout,
                    float const* lse, void* dq, void* dk, void* dv, float* ws, int S, int Hq,
-                   int Hkv, cudaStream_t stream) {
+                   int Hkv, int64_t const* doc_starts, int ndocs, cudaStream_t stream) {
   int const S_pad = (S + kPadS - 1) / kPadS * kPadS;
   float* dq_acc = ws;
   float* lse2 = dq_acc + int64_t(Hq) * S_pad * C::D;
   float* dsum = lse2 + int64_t(Hq) * S_pad;
+  int* doc_lo = reinterpret_cast<int*>(dsum + int64_t(Hq) * S_pad);
+  int* doc_hi = doc_lo + S_pad;
+  bool const docs = doc_starts != nullptr && ndocs > 1;
 
   cudaError_t e = cudaMemsetAsync(dq_acc, 0, sizeof(float) * int64_t(Hq) * S_pad * C::D, stream);
   if (e != cudaSuccess) return e;
@@ -668,7 +713,8 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
     int const blocks = int((warps * 32 + 255) / 256);
     bwd_preprocess<<<blocks, 256, 0, stream>>>(static_cast<bf16 const*>(o),
                                                static_cast<bf16 const*>(dout), lse, lse2, dsum, S,
-                                               S_pad, Hq, C::D);
+                                               S_pad, Hq, C::D, docs ? doc_starts : nullptr, ndocs,
+                                               doc_lo, doc_hi);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -698,6 +744,8 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
   pb.lse2 = lse2;
   pb.dsum = dsum;
   pb.dq_acc = dq_acc;
+  pb.doc_lo = docs ? doc_lo : nullptr;
+  pb.doc_hi = docs ? doc_hi : nullptr;
   pb.dk = static_cast<bf16*>(dk);
   pb.dv = static_cast<bf16*>(dv);
 
@@ -730,26 +778,29 @@ namespace cuda {
 int64_t HopperAttentionBackwardWorkspace(int64_t s, int64_t hq, int64_t hkv, int64_t d) {
   (void)hkv;
   const int64_t s_pad = (s + ithaca_bwd::kPadS - 1) / ithaca_bwd::kPadS * ithaca_bwd::kPadS;
-  return int64_t{4} * hq * s_pad * (d + 2);
+  return int64_t{4} * hq * s_pad * (d + 2) + int64_t{8} * s_pad;
 }
 
 cudaError_t HopperAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                     const uint16_t* o, const uint16_t* dout, const float* lse,
                                     int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* dq,
                                     uint16_t* dk, uint16_t* dv, void* workspace,
-                                    int64_t workspace_bytes, cudaStream_t stream) {
+                                    int64_t workspace_bytes, cudaStream_t stream,
+                                    const int64_t* doc_starts, int64_t ndocs) {
   if (HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse) != nullptr ||
       HopperAttentionUnsupported(s, hq, hkv, d, dout, dk, dv, dq, static_cast<float*>(workspace)) !=
           nullptr ||
-      workspace_bytes < HopperAttentionBackwardWorkspace(s, hq, hkv, d)) {
+      workspace_bytes < HopperAttentionBackwardWorkspace(s, hq, hkv, d) ||
+      (ndocs > 1 && doc_starts == nullptr) || ndocs > s) {
     return cudaErrorInvalidValue;
   }
   auto* ws = static_cast<float*>(workspace);
   const int S = static_cast<int>(s), Hq = static_cast<int>(hq), Hkv = static_cast<int>(hkv);
+  const int n = static_cast<int>(ndocs);
   return d == 128 ? ithaca_bwd::launch<ithaca_bwd::CfgD128>(q, k, v, o, dout, lse, dq, dk, dv, ws,
-                                                            S, Hq, Hkv, stream)
+                                                            S, Hq, Hkv, doc_starts, n, stream)
                   : ithaca_bwd::launch<ithaca_bwd::CfgD64>(q, k, v, o, dout, lse, dq, dk, dv, ws,
-                                                           S, Hq, Hkv, stream);
+                                                           S, Hq, Hkv, doc_starts, n, stream);
 }
 
 }  // namespace cuda

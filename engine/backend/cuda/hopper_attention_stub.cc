@@ -27,7 +27,7 @@ int64_t HopperAttentionBackwardWorkspace(int64_t, int64_t, int64_t, int64_t) { r
 cudaError_t HopperAttentionBackward(const uint16_t*, const uint16_t*, const uint16_t*,
                                     const uint16_t*, const uint16_t*, const float*, int64_t,
                                     int64_t, int64_t, int64_t, uint16_t*, uint16_t*, uint16_t*,
-                                    void*, int64_t, cudaStream_t) {
+                                    void*, int64_t, cudaStream_t, const int64_t*, int64_t) {
   return cudaErrorNotSupported;
 }
 

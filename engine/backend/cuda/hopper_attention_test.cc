@@ -1,6 +1,6 @@
 // The own Hopper attention forward and backward (hopper_attention.h) through CudaOps: against the
-// CPU oracle at small S (tiles that do not divide S, GQA 4:1 and 8:1, MHA), against cuDNN at long
-// S, the per-shape rule's choice, and the training paths: the Hopper forward's O and LSE feed
+// CPU oracle at small S (tiles that do not divide S, GQA 4:1 and 8:1, MHA; the backward also with
+// the document mask of packed samples), against cuDNN at long S, the per-shape rule's choice, and the training paths: the Hopper forward's O and LSE feed
 // cuDNN's backward, which must give the gradients it gives after its own forward, and the Hopper
 // backward must give cuDNN's gradients.
 #include <cmath>
@@ -217,14 +217,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HopperTraining,
                          ParamName);
 
 // The Hopper backward against the CPU oracle's backward, from the CPU's O and LSE (so only the
-// backward is under test): GQA, ragged tiles, MHA. dK and dV are summed over each KV head's query
-// heads in registers (bitwise reproducible: checked on a second launch); dQ is reduced in f32
-// from many CTAs, so only close.
-class HopperBackwardVsCpu : public ::testing::TestWithParam<Shape4> {};
-
-TEST_P(HopperBackwardVsCpu, BackwardMatchesCpu) {
-  SKIP_WITHOUT_HOPPER();
-  const auto [S, hq, hkv, D] = GetParam();
+// backward is under test). dK and dV are summed over each KV head's query heads in registers
+// (bitwise reproducible: checked on a second launch); dQ is reduced in f32 from many CTAs, so
+// only close.
+void CheckBackwardAgainstCpu(const Shape4& sh, const DocumentMask& docs) {
+  const auto [S, hq, hkv, D] = sh;
   CudaAllocator alloc;
   CudaOps ops(OptionsFor(&alloc, Kernel::kHopper, Kernel::kHopper));
   CpuOps cpu;
@@ -232,12 +229,12 @@ TEST_P(HopperBackwardVsCpu, BackwardMatchesCpu) {
                      v = Randn(S * hkv * D, 33), dout = Randn(S * hq * D, 34);
   std::vector<float> out(S * hq * D), lse(hq * S);
   cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
-                CpuT(out, {S, hq, D}), CpuT(lse, {hq, S}), DocumentMask{});
+                CpuT(out, {S, hq, D}), CpuT(lse, {hq, S}), docs);
   std::vector<float> dq_ref(S * hq * D), dk_ref(S * hkv * D), dv_ref(S * hkv * D);
   cpu.AttentionBackward(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
                         CpuT(out, {S, hq, D}), CpuT(dout, {S, hq, D}), CpuT(lse, {hq, S}),
                         CpuT(dq_ref, {S, hq, D}), CpuT(dk_ref, {S, hkv, D}),
-                        CpuT(dv_ref, {S, hkv, D}), DocumentMask{});
+                        CpuT(dv_ref, {S, hkv, D}), docs);
   auto tq = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, q);
   auto tk = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, k);
   auto tv = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, v);
@@ -249,11 +246,11 @@ TEST_P(HopperBackwardVsCpu, BackwardMatchesCpu) {
   auto dv = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
   auto backward = [&] {
     ops.AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), tout.tensor(), tdo.tensor(),
-                          tlse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), DocumentMask{});
+                          tlse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
   };
   backward();
   ASSERT_STREQ(ops.last_attention_impl(), "hopper");
-  std::printf("[%s]\n", Name(GetParam()).c_str());
+  std::printf("[%s, %zu documents]\n", Name(sh).c_str(), docs.trivial() ? 1 : docs.starts.size());
   const std::vector<float> got_dk = Host(ops, dk.tensor()), got_dv = Host(ops, dv.tensor());
   // bf16 inputs, O and dO against the fp32 oracle: ~3e-3 rel. L2 measured (PyTorch's cuDNN
   // SDPA lands at the same); a wrong mask, scale or LSE gives O(1).
@@ -268,7 +265,42 @@ TEST_P(HopperBackwardVsCpu, BackwardMatchesCpu) {
   EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "hopper dq, second launch");
 }
 
+// GQA, ragged tiles, MHA; one document.
+class HopperBackwardVsCpu : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperBackwardVsCpu, BackwardMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  CheckBackwardAgainstCpu(GetParam(), DocumentMask{});
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCpu, ::testing::ValuesIn(kSmallShapes), ParamName);
+
+// Packed samples: the document mask. Documents of one token, documents that start inside a
+// 64- or 128-token tile, a KV tile over several documents, the last document one token long.
+struct DocCase {
+  Shape4 shape;
+  std::vector<int64_t> starts;
+};
+const std::vector<DocCase> kDocCases = {
+    {{1000, 4, 1, 64}, {0, 1, 2, 130, 300, 777}},
+    {{1000, 32, 8, 128}, {0, 500, 999}},
+    {{4160, 8, 2, 64}, {0, 64, 200, 2049, 2050, 4000}},
+    {{4160, 8, 2, 128}, {0, 128, 256, 1000, 4159}},
+    {{520, 6, 6, 128}, {0, 100, 101, 102, 333}},
+};
+class HopperBackwardWithDocumentsVsCpu : public ::testing::TestWithParam<DocCase> {};
+
+TEST_P(HopperBackwardWithDocumentsVsCpu, BackwardMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  CheckBackwardAgainstCpu(GetParam().shape, DocumentMask{GetParam().starts});
+}
+
+INSTANTIATE_TEST_SUITE_P(Documents, HopperBackwardWithDocumentsVsCpu,
+                         ::testing::ValuesIn(kDocCases),
+                         [](const ::testing::TestParamInfo<DocCase>& i) {
+                           return Name(i.param.shape) + "_docs" +
+                                  std::to_string(i.param.starts.size());
+                         });
 
 // Long S: the Hopper forward and backward against cuDNN's forward and backward on the same bf16
 // inputs, and the rule: kAuto runs the Hopper backward from S 16K at head_dim 64, from 32K at
@@ -311,6 +343,50 @@ TEST_P(HopperBackwardVsCudnn, BackwardMatchesCudnn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCudnn, ::testing::ValuesIn(kLongShapes),
+                         ParamName);
+
+// Long S with documents: the Hopper backward against cuDNN's ragged backward, both after cuDNN's
+// ragged forward (the Hopper forward takes no document mask), and the rule's choice with
+// documents.
+class HopperBackwardWithDocumentsVsCudnn : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperBackwardWithDocumentsVsCudnn, BackwardMatchesCudnn) {
+  SKIP_WITHOUT_HOPPER();
+  const auto [S, hq, hkv, D] = GetParam();
+  const DocumentMask docs{{0, 3000, S / 2, S / 2 + 8, S - 4000}};
+  CudaAllocator alloc;
+  CudaOps cudnn(OptionsFor(&alloc, Kernel::kCudnn, Kernel::kCudnn));
+  CudaOps hopper(OptionsFor(&alloc, Kernel::kCudnn, Kernel::kHopper));
+  CudaOps autop(OptionsFor(&alloc, Kernel::kAuto, Kernel::kAuto));
+  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 51));
+  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 52));
+  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 53));
+  auto tdo = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 54));
+  auto out = Poisoned(cudnn, &alloc, DType::kBF16, {S, hq, D});
+  auto lse = Poisoned(cudnn, &alloc, DType::kF32, {hq, S});
+  cudnn.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), docs);
+  const bool want_hopper = S >= (D == 64 ? 16384 : 32768);  // CudaOps' rule for the backward
+  const char* impl[3] = {"cudnn", "hopper", want_hopper ? "hopper" : "cudnn"};
+  CudaOps* ops[3] = {&cudnn, &hopper, &autop};
+  std::vector<std::vector<float>> res[3];
+  for (int i = 0; i < 3; ++i) {
+    auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), tdo.tensor(),
+                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
+    EXPECT_STREQ(ops[i]->last_attention_impl(), impl[i]) << "backward " << i;
+    for (const Buffer* t : {&dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
+  }
+  std::printf("[%s, 5 documents]\n", Name(GetParam()).c_str());
+  EXPECT_CLOSE(res[1][0], res[0][0], 2e-2, "dq, hopper vs cudnn");
+  EXPECT_CLOSE(res[1][1], res[0][1], 2e-2, "dk, hopper vs cudnn");
+  EXPECT_CLOSE(res[1][2], res[0][2], 2e-2, "dv, hopper vs cudnn");
+  EXPECT_CLOSE(res[2][1], res[want_hopper ? 1 : 0][1], 2e-2, "dk, auto");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardWithDocumentsVsCudnn,
+                         ::testing::Values(Shape4{16384, 32, 8, 64}, Shape4{16384, 32, 8, 128}),
                          ParamName);
 
 }  // namespace
