@@ -17,9 +17,8 @@
 //   2. main: one CTA per (KV head g, KV tile n of 128 keys), ordered KV-head-major and longest
 //      first (small n = most query tiles). It loops over the query tiles m at or after its
 //      diagonal (with documents: up to the end of its last key's document) and, inside, over the
-//      Hq/Hkv query heads of the group, so dK and dV accumulate in
-//      registers with no atomics. Per (m, h), with the KV tile as the M side of the GEMMs
-//      ("SdP swapAB"):
+//      Hq/Hkv query heads of the group, so dK and dV accumulate in registers with no atomics.
+//      Per (m, h), with the KV tile as the M side of the GEMMs ("SdP swapAB"):
 //          Sᵀ  = K Qᵀ                     (SS wgmma, 128 × Bm)
 //          dPᵀ = V dOᵀ                    (SS wgmma)
 //          Pᵀ  = exp2(Sᵀ·scale·log2e − LSE·log2e)   (causal mask on the diagonal tiles; the
@@ -450,7 +449,9 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
             int64_t const off = int64_t(h) * pb.S_pad + int64_t(m) * Bm;
             SM90_BULK_COPY_G2S::copy(pb.lse2 + off, bar, &ss.lse[s][0], Bm * 4);
             SM90_BULK_COPY_G2S::copy(pb.dsum + off, bar, &ss.dsum[s][0], Bm * 4);
-            if (docs) SM90_BULK_COPY_G2S::copy(pb.doc_lo + int64_t(m) * Bm, bar, &ss.doc_lo[s][0], Bm * 4);
+            if (docs) {
+              SM90_BULK_COPY_G2S::copy(pb.doc_lo + int64_t(m) * Bm, bar, &ss.doc_lo[s][0], Bm * 4);
+            }
             ++wr;
           }
         }
@@ -558,7 +559,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPrdP);  // dPᵀ = V dOᵀ
         warpgroup_wait<1>();
 
-        // Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e); masked entries (key > query) → 0.
+        // Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e); masked entries (key > query, or key before the
+        // query's document) → 0.
         float const* lse_s = ss.lse[s];
         float const* dsum_s = ss.dsum[s];
         int const* doc_s = ss.doc_lo[s];

@@ -1,8 +1,9 @@
 // The own Hopper attention forward and backward (hopper_attention.h) through CudaOps: against the
 // CPU oracle at small S (tiles that do not divide S, GQA 4:1 and 8:1, MHA; the backward also with
-// the document mask of packed samples), against cuDNN at long S, the per-shape rule's choice, and the training paths: the Hopper forward's O and LSE feed
-// cuDNN's backward, which must give the gradients it gives after its own forward, and the Hopper
-// backward must give cuDNN's gradients.
+// the document mask of packed samples), against cuDNN at long S, the per-shape rule's choice,
+// and the training paths: the Hopper forward's O and LSE feed cuDNN's backward, which must give
+// the gradients it gives after its own forward, and the Hopper backward must give cuDNN's
+// gradients.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -302,22 +303,20 @@ INSTANTIATE_TEST_SUITE_P(Documents, HopperBackwardWithDocumentsVsCpu,
                                   std::to_string(i.param.starts.size());
                          });
 
-// Long S: the Hopper forward and backward against cuDNN's forward and backward on the same bf16
-// inputs, and the rule: kAuto runs the Hopper backward from S 16K at head_dim 64, from 32K at
-// head_dim 128 (and the Hopper forward from 64K).
-class HopperBackwardVsCudnn : public ::testing::TestWithParam<Shape4> {};
-
-TEST_P(HopperBackwardVsCudnn, BackwardMatchesCudnn) {
-  SKIP_WITHOUT_HOPPER();
-  const auto [S, hq, hkv, D] = GetParam();
+// Long S: the Hopper backward against cuDNN's on the same bf16 inputs, each after its own
+// CudaOps' forward (the Hopper forward where it qualifies; with documents every forward is cuDNN's
+// ragged one), and the rule: kAuto runs the Hopper backward from S 16K at head_dim 64, from 32K at
+// head_dim 128, with or without documents.
+void CheckBackwardAgainstCudnn(const Shape4& sh, const DocumentMask& docs, uint64_t seed) {
+  const auto [S, hq, hkv, D] = sh;
   CudaAllocator alloc;
   CudaOps cudnn(OptionsFor(&alloc, Kernel::kCudnn, Kernel::kCudnn));
   CudaOps hopper(OptionsFor(&alloc, Kernel::kHopper, Kernel::kHopper));
   CudaOps autop(OptionsFor(&alloc, Kernel::kAuto, Kernel::kAuto));
-  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 41));
-  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 42));
-  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 43));
-  auto tdo = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 44));
+  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, seed));
+  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, seed + 1));
+  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, seed + 2));
+  auto tdo = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, seed + 3));
   std::vector<std::vector<float>> res[3];
   CudaOps* ops[3] = {&cudnn, &hopper, &autop};
   const bool want_hopper = S >= (D == 64 ? 16384 : 32768);  // CudaOps' rule for the backward
@@ -328,61 +327,36 @@ TEST_P(HopperBackwardVsCudnn, BackwardMatchesCudnn) {
     auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
     auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
     auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
-    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(),
-                      DocumentMask{});
+    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), docs);
     ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), tdo.tensor(),
-                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), DocumentMask{});
+                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
     EXPECT_STREQ(ops[i]->last_attention_impl(), impl[i]) << "backward " << i;
     for (const Buffer* t : {&dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
   }
-  std::printf("[%s]\n", Name(GetParam()).c_str());
+  std::printf("[%s, %zu documents]\n", Name(sh).c_str(), docs.trivial() ? 1 : docs.starts.size());
   EXPECT_CLOSE(res[1][0], res[0][0], 2e-2, "dq, hopper vs cudnn");
   EXPECT_CLOSE(res[1][1], res[0][1], 2e-2, "dk, hopper vs cudnn");
   EXPECT_CLOSE(res[1][2], res[0][2], 2e-2, "dv, hopper vs cudnn");
   EXPECT_CLOSE(res[2][1], res[want_hopper ? 1 : 0][1], 2e-2, "dk, auto");
 }
 
+class HopperBackwardVsCudnn : public ::testing::TestWithParam<Shape4> {};
+
+TEST_P(HopperBackwardVsCudnn, BackwardMatchesCudnn) {
+  SKIP_WITHOUT_HOPPER();
+  CheckBackwardAgainstCudnn(GetParam(), DocumentMask{}, 41);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardVsCudnn, ::testing::ValuesIn(kLongShapes),
                          ParamName);
 
-// Long S with documents: the Hopper backward against cuDNN's ragged backward, both after cuDNN's
-// ragged forward (the Hopper forward takes no document mask), and the rule's choice with
-// documents.
+// With documents: against cuDNN's ragged backward.
 class HopperBackwardWithDocumentsVsCudnn : public ::testing::TestWithParam<Shape4> {};
 
 TEST_P(HopperBackwardWithDocumentsVsCudnn, BackwardMatchesCudnn) {
   SKIP_WITHOUT_HOPPER();
-  const auto [S, hq, hkv, D] = GetParam();
-  const DocumentMask docs{{0, 3000, S / 2, S / 2 + 8, S - 4000}};
-  CudaAllocator alloc;
-  CudaOps cudnn(OptionsFor(&alloc, Kernel::kCudnn, Kernel::kCudnn));
-  CudaOps hopper(OptionsFor(&alloc, Kernel::kCudnn, Kernel::kHopper));
-  CudaOps autop(OptionsFor(&alloc, Kernel::kAuto, Kernel::kAuto));
-  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 51));
-  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 52));
-  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 53));
-  auto tdo = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 54));
-  auto out = Poisoned(cudnn, &alloc, DType::kBF16, {S, hq, D});
-  auto lse = Poisoned(cudnn, &alloc, DType::kF32, {hq, S});
-  cudnn.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), docs);
-  const bool want_hopper = S >= (D == 64 ? 16384 : 32768);  // CudaOps' rule for the backward
-  const char* impl[3] = {"cudnn", "hopper", want_hopper ? "hopper" : "cudnn"};
-  CudaOps* ops[3] = {&cudnn, &hopper, &autop};
-  std::vector<std::vector<float>> res[3];
-  for (int i = 0; i < 3; ++i) {
-    auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
-    auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
-    auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
-    ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), tdo.tensor(),
-                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
-    EXPECT_STREQ(ops[i]->last_attention_impl(), impl[i]) << "backward " << i;
-    for (const Buffer* t : {&dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
-  }
-  std::printf("[%s, 5 documents]\n", Name(GetParam()).c_str());
-  EXPECT_CLOSE(res[1][0], res[0][0], 2e-2, "dq, hopper vs cudnn");
-  EXPECT_CLOSE(res[1][1], res[0][1], 2e-2, "dk, hopper vs cudnn");
-  EXPECT_CLOSE(res[1][2], res[0][2], 2e-2, "dv, hopper vs cudnn");
-  EXPECT_CLOSE(res[2][1], res[want_hopper ? 1 : 0][1], 2e-2, "dk, auto");
+  const int64_t S = GetParam().s;
+  CheckBackwardAgainstCudnn(GetParam(), DocumentMask{{0, 3000, S / 2, S / 2 + 8, S - 4000}}, 51);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardWithDocumentsVsCudnn,
