@@ -6,24 +6,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
-// As engine/spec/job_spec.cc: errors as values, and toml++'s asserts off (they abort on some
-// malformed documents its parser refuses anyway).
-#define TOML_EXCEPTIONS 0
-#define TOML_ASSERT(expr) static_assert(true)
-#include <toml++/toml.h>
+#include "engine/spec/toml_text.h"  // toml++ with the engine's settings and guards
 
 namespace ithaca {
 
 absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const std::string& source,
                                            const std::vector<std::string>& overrides) {
   if (overrides.empty()) return toml_text;
-  toml::parse_result parsed = toml::parse(toml_text, source);
-  if (!parsed) {
-    const toml::parse_error& e = parsed.error();
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ":", e.source().begin.line, ": ", std::string(e.description())));
-  }
-  toml::table spec = std::move(parsed).table();
+  ASSIGN_OR_RETURN(toml::table spec, ParseTomlText(toml_text, source));
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -33,6 +23,10 @@ absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const s
     const std::string key = o.substr(0, eq);
     const std::string text = o.substr(eq + 1);
     std::vector<std::string> parts = absl::StrSplit(key, '.');
+    if (parts.size() > static_cast<size_t>(kMaxTomlKeyParts)) {
+      return absl::InvalidArgumentError(absl::StrCat("--set ", key.substr(0, 64), "...: more than ",
+                                                     kMaxTomlKeyParts, " key parts"));
+    }
     toml::table* table = &spec;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       if (parts[i].empty())
@@ -50,9 +44,9 @@ absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const s
     }
     if (parts.back().empty())
       return absl::InvalidArgumentError(absl::StrCat("--set ", o, ": empty key"));
-    toml::parse_result value = toml::parse("v = " + text);
-    if (value && value.table().size() == 1 && value.table().contains("v")) {
-      table->insert_or_assign(parts.back(), *value.table().get("v"));
+    absl::StatusOr<toml::table> value = ParseTomlText("v = " + text, "--set");
+    if (value.ok() && value->size() == 1 && value->contains("v")) {
+      table->insert_or_assign(parts.back(), *value->get("v"));
     } else {
       table->insert_or_assign(parts.back(), text);
     }

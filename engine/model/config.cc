@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
 #include "engine/core/file_util.h"
 
 namespace ithaca {
@@ -622,6 +623,12 @@ std::string ConfigToJson(const LlamaConfig& cfg) {
   return j.dump(2) + "\n";
 }
 
+const std::vector<std::string>& PresetNames() {
+  static const auto* names =
+      new std::vector<std::string>{"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b"};
+  return *names;
+}
+
 absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
   LlamaConfig c;
   const std::string key = absl::AsciiStrToLower(name);
@@ -681,8 +688,7 @@ absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
     c.eos_token_id = 257;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown model preset \"", name,
-                     "\"; valid: llama-3.2-1b, llama-3.2-3b, llama-3-8b, tiny"));
+        absl::StrCat("unknown model preset \"", name, "\"; valid: ", absl::StrJoin(PresetNames(), ", ")));
   }
   c.rope.head_dim = static_cast<int>(c.head_dim);
   c.rope.theta = c.rope_theta;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/backend/ops.h"
 #include "engine/core/status.h"
@@ -50,5 +51,7 @@ std::string ConfigToJson(const LlamaConfig& cfg);
 // Presets: "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b", "tiny" (a few layers, GQA, rope_scaling,
 // tied embeddings, byte-level vocabulary: the demo and test model).
 absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name);
+// The names PresetConfig knows, in the order docs and errors list them.
+const std::vector<std::string>& PresetNames();
 
 }  // namespace ithaca

@@ -1,5 +1,9 @@
-// JobSpec <-> TOML. Every key is read through one table of (key, reader) per section so that
-// unknown keys, wrong types and bad values all report the same "file: section.key: ..." prefix.
+// JobSpec <-> TOML. Every key is one row of the key table (Keys() below): its dotted path, a
+// codec made from the member it fills (how it is read, written back, and whether it is still
+// "auto") and its documentation. Parsing, JobSpecToToml, CheckResolved and the reference in
+// docs/spec.md all walk that one table, so unknown keys, wrong types and bad values all report
+// the same "file: section.key: ..." prefix and no key can be written in one place and forgotten in
+// another.
 #include "engine/spec/job_spec.h"
 
 #include <algorithm>
@@ -12,137 +16,16 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "engine/backend/attention_choice.h"
 #include "engine/core/file_util.h"
-
-// Parse errors come back in a toml::parse_result instead of being thrown: the rest of the engine
-// reports errors through absl::Status, and a throw across the parser would be easy to miss.
-#define TOML_EXCEPTIONS 0
-// toml++ 3.3 asserts on some malformed documents that its parser then refuses with an error
-// anyway ("[#": a key expected after '['; found by fuzz/job_spec_fuzzer.cc). Without NDEBUG
-// (Bazel's default build) the assert aborts the process, and ithacad parses specs sent by clients:
-// the asserts are off here, as in a release build, and the error comes back as a status.
-#define TOML_ASSERT(expr) static_assert(true)
-#include <toml++/toml.h>
+#include "engine/spec/toml_text.h"
 
 namespace ithaca {
 
 namespace {
-
-// toml++ 3.3 (Debian's) reaches __builtin_unreachable(), undefined behaviour, when it asks
-// whether some non-ASCII characters are whitespace: any non-ASCII character outside a string or
-// comment, and the first character after a line-ending backslash in a """ string (upstream
-// issues marzer/tomlplusplus#190 and #295, fixed after 3.3). TOML allows non-ASCII characters
-// only inside strings and comments, so this scan refuses the rest before toml++ sees them; it
-// follows just enough of TOML's string syntax to know where strings and comments are.
-absl::Status CheckNonAsciiPlacement(const std::string& text, const std::string& source) {
-  enum { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } state = kCode;
-  int line = 1;
-  size_t line_start = 0;
-  auto error = [&](size_t i, const char* what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ":", line, ":", i - line_start + 1, ": invalid TOML: ", what));
-  };
-  auto starts = [&](size_t i, const char* delim) { return text.compare(i, 3, delim) == 0; };
-  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
-  // A quote opens a string here only right after `bare.key =` at the start of a line: a string
-  // value. Elsewhere toml++ may see a quoted key, or a quote inside a malformed token (`0x"`)
-  // that it reads up to a whitespace check. After such a quote, or an array or inline table
-  // (which may span lines), where toml++'s strings and comments are is not followed here: the
-  // rest of the text counts as outside strings and comments. A job spec has only bare keys and
-  // scalar values, so this refuses nothing valid.
-  auto bare_key_char = [](char c) {
-    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
-  };
-  bool seen_equals = false, value_start = false, lost = false;
-  int key_chars = 0;  // bare key characters before the line's first '='; -1: something else
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\n') {
-      ++line;
-      line_start = i + 1;
-      if (state == kComment || state == kBasic || state == kLiteral) state = kCode;
-      if (state == kCode) {  // a new line, not inside a string
-        seen_equals = value_start = false;
-        key_chars = 0;
-      }
-      continue;
-    }
-    // Escapes are ASCII; toml++ asks whether the character after a backslash is whitespace.
-    if ((state == kBasic || state == kMultiBasic) && c == '\\' && i + 1 < text.size() &&
-        static_cast<unsigned char>(text[i + 1]) >= 0x80) {
-      return error(i + 1, "a non-ASCII character after a backslash (not an escape)");
-    }
-    switch (state) {
-      case kCode:
-        if (static_cast<unsigned char>(c) >= 0x80) {
-          return error(i, "a non-ASCII character outside a string or comment");
-        }
-        if (blank(c) || lost) break;
-        if (c == '#') {
-          state = kComment;
-        } else if ((c == '"' || c == '\'') && value_start) {
-          const bool multi = starts(i, c == '"' ? "\"\"\"" : "'''");
-          state = c == '"' ? (multi ? kMultiBasic : kBasic) : (multi ? kMultiLiteral : kLiteral);
-          if (multi) i += 2;
-        } else if (c == '"' || c == '\'' || (seen_equals && (c == '[' || c == '{'))) {
-          lost = true;
-          break;
-        }
-        value_start = c == '=' && !seen_equals && key_chars > 0;
-        if (!seen_equals && c != '=' && key_chars >= 0)
-          key_chars = bare_key_char(c) ? key_chars + 1 : -1;
-        seen_equals = seen_equals || c == '=';
-        break;
-      case kComment:
-        break;
-      case kBasic:
-        if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') {
-          ++i;  // an escaped character
-        } else if (c == '"') {
-          state = kCode;
-        }
-        break;
-      case kLiteral:
-        if (c == '\'') state = kCode;
-        break;
-      case kMultiBasic:
-        if (c == '\\' && i + 1 < text.size() && (blank(text[i + 1]) || text[i + 1] == '\n')) {
-          // A line-ending backslash: toml++ skips the whitespace after it, asking of each
-          // character whether it is whitespace, whether or not a newline follows.
-          size_t j = i + 1;
-          while (j < text.size() && (blank(text[j]) || text[j] == '\n')) {
-            if (text[j] == '\n') {
-              ++line;
-              line_start = j + 1;
-            }
-            ++j;
-          }
-          if (j < text.size() && static_cast<unsigned char>(text[j]) >= 0x80) {
-            return error(j, "a non-ASCII character right after a line-ending backslash");
-          }
-          i = j - 1;
-        } else if (c == '\\') {
-          ++i;  // an escaped character
-        } else if (starts(i, "\"\"\"")) {
-          i += 2;
-          // Up to two more quotes belong to the string: """a""""" is "a" followed by "".
-          for (int k = 0; k < 2 && i + 1 < text.size() && text[i + 1] == '"'; ++k) ++i;
-          state = kCode;
-        }
-        break;
-      case kMultiLiteral:
-        if (starts(i, "'''")) {
-          i += 2;
-          for (int k = 0; k < 2 && i + 1 < text.size() && text[i + 1] == '\''; ++k) ++i;
-          state = kCode;
-        }
-        break;
-    }
-  }
-  return absl::OkStatus();
-}
 
 const char* TypeName(toml::node_type t) {
   switch (t) {
@@ -270,17 +153,12 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
+// Where a key sits in the file, for error messages: "job.toml: training.lr: must be > 0, got -1
+// (line 7)".
 class SpecReader {
  public:
-  using ReadFn = std::function<absl::Status(const toml::node&, const std::string& path)>;
-  struct Key {
-    const char* name;
-    ReadFn read;
-  };
-
   explicit SpecReader(std::string source) : source_(std::move(source)) {}
 
-  // "job.toml: training.lr: must be > 0, got -1 (line 7)".
   absl::Status Error(const std::string& path, const std::string& msg,
                      const std::string& hint = "") const {
     std::string where;
@@ -291,146 +169,395 @@ class SpecReader {
   absl::Status Require(bool ok, const std::string& path, const std::string& msg) const {
     return ok ? absl::OkStatus() : Error(path, msg);
   }
-  bool Given(const std::string& path) const { return lines_.count(path) > 0; }
-
-  absl::Status WrongType(const toml::node& n, const std::string& path, const char* want) const {
+  absl::Status WrongType(const toml::node& n, const std::string& path, const std::string& want) const {
     return Error(path, absl::StrCat("must be ", want, ", got ", TypeName(n.type())));
   }
-
-  ReadFn Str(std::string* out) {
-    return [this, out](const toml::node& n, const std::string& path) {
-      if (!n.is_string()) return WrongType(n, path, "a string");
-      *out = n.as_string()->get();
-      return absl::OkStatus();
-    };
-  }
-  ReadFn Int(int64_t* out) {
-    return [this, out](const toml::node& n, const std::string& path) {
-      if (!n.is_integer()) return WrongType(n, path, "an integer");
-      *out = n.as_integer()->get();
-      return absl::OkStatus();
-    };
-  }
-  ReadFn Float(double* out) {  // integers are accepted where floats are expected
-    return [this, out](const toml::node& n, const std::string& path) {
-      if (n.is_integer()) {
-        *out = static_cast<double>(n.as_integer()->get());
-      } else if (n.is_floating_point()) {
-        *out = n.as_floating_point()->get();
-      } else {
-        return WrongType(n, path, "a number");
-      }
-      return Require(std::isfinite(*out), path, "must be a finite number");
-    };
-  }
-  ReadFn Bool(bool* out) {
-    return [this, out](const toml::node& n, const std::string& path) {
-      if (!n.is_boolean()) return WrongType(n, path, "a boolean");
-      *out = n.as_boolean()->get();
-      return absl::OkStatus();
-    };
-  }
-  // An integer >= 1, or "auto" (stored as 0).
-  ReadFn IntOrAuto(int64_t* out) {
-    return [this, out](const toml::node& n, const std::string& path) {
-      if (n.is_string()) {
-        RETURN_IF_ERROR(Require(n.as_string()->get() == "auto", path,
-                                absl::StrCat("must be an integer >= 1 or \"auto\", got \"",
-                                             n.as_string()->get(), "\"")));
-        *out = 0;
-        return absl::OkStatus();
-      }
-      if (!n.is_integer()) return WrongType(n, path, "an integer >= 1 or \"auto\"");
-      *out = n.as_integer()->get();
-      return Require(*out >= 1, path,
-                     absl::StrCat("must be an integer >= 1 or \"auto\", got ", *out));
-    };
-  }
-  // TOML integers are signed 64-bit, so seeds above INT64_MAX are written as decimal strings.
-  ReadFn Seed(uint64_t* out) {
-    return [this, out](const toml::node& n, const std::string& path) {
-      if (n.is_string()) {
-        return Require(absl::SimpleAtoi(n.as_string()->get(), out), path,
-                       "must be an integer >= 0 (or a decimal string for seeds >= 2^63)");
-      }
-      if (!n.is_integer()) return WrongType(n, path, "an integer");
-      int64_t v = n.as_integer()->get();
-      RETURN_IF_ERROR(Require(v >= 0, path, absl::StrCat("must be >= 0, got ", v)));
-      *out = static_cast<uint64_t>(v);
-      return absl::OkStatus();
-    };
-  }
-  ReadFn Policy(CheckpointPolicy* out) {
-    return [this, out](const toml::node& n, const std::string& path) {
-      if (!n.is_string()) return WrongType(n, path, "a string");
-      const std::string& v = n.as_string()->get();
-      for (CheckpointPolicy p :
-           {CheckpointPolicy::kNone, CheckpointPolicy::kFull, CheckpointPolicy::kAttentionAware}) {
-        if (v == CheckpointPolicyName(p)) {
-          *out = p;
-          return absl::OkStatus();
-        }
-      }
-      return Error(
-          path, absl::StrCat("must be \"none\", \"full\" or \"attention-aware\", got \"", v, "\""));
-    };
-  }
-
-  // Reads every entry of `table` (whose dotted path is `prefix`, "" at the top) with `keys`;
-  // tables in `sections` are walked recursively. Anything else is unknown.
-  absl::Status Walk(const toml::table& table, const std::string& prefix,
-                    const std::vector<Key>& keys,
-                    const std::vector<std::pair<std::string, std::vector<Key>>>& sections) {
-    for (auto&& [k, node] : table) {
-      std::string name(k.str());
-      std::string path = prefix.empty() ? name : absl::StrCat(prefix, ".", name);
-      lines_[path] = static_cast<int>(k.source().begin.line);
-      auto key =
-          std::find_if(keys.begin(), keys.end(), [&](const Key& x) { return name == x.name; });
-      if (key != keys.end()) {
-        RETURN_IF_ERROR(key->read(node, path));
-        continue;
-      }
-      auto section = std::find_if(sections.begin(), sections.end(),
-                                  [&](const auto& s) { return name == s.first; });
-      if (section != sections.end()) {
-        if (!node.is_table()) return WrongType(node, path, "a table");
-        RETURN_IF_ERROR(Walk(*node.as_table(), path, section->second, {}));
-        continue;
-      }
-      std::vector<std::string> valid;
-      for (const Key& x : keys) valid.push_back(x.name);
-      for (const auto& s : sections) valid.push_back(s.first);
-      std::string best = Suggest(name, valid);
-      std::string hint;
-      if (!best.empty()) {
-        hint = absl::StrCat("; did you mean ", prefix.empty() ? "" : prefix + ".", best, "?");
-      }
-      return Error(path, node.is_table() && prefix.empty() ? "unknown section" : "unknown key",
-                   hint);
-    }
-    return absl::OkStatus();
-  }
+  bool Given(const std::string& path) const { return lines_.count(path) > 0; }
+  void Saw(const std::string& path, int line) { lines_[path] = line; }
 
  private:
   std::string source_;
   std::map<std::string, int> lines_;  // dotted path -> line, for every key present in the file
 };
 
-absl::Status Validate(const JobSpec& s, const SpecReader& r) {
-  auto one_of = [&](const std::string& v, const std::vector<std::string>& allowed,
-                    const char* path) {
-    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return absl::OkStatus();
-    std::string list;
-    for (size_t i = 0; i < allowed.size(); ++i) {
-      absl::StrAppend(&list,
-                      i == 0                    ? ""
-                      : i + 1 == allowed.size() ? " or "
-                                                : ", ",
-                      "\"", allowed[i], "\"");
-    }
-    return r.Error(path, absl::StrCat("must be ", list, ", got \"", v, "\""));
+// ---- Codecs: one per kind of value. `get` is FIELD(member): it returns a pointer to the member
+// of a JobSpec, const or not.
+
+struct Codec {
+  std::string kind;  // what the value must be, as errors and docs say it: "an integer"
+  std::function<absl::Status(const toml::node&, const std::string& path, const SpecReader&,
+                             JobSpec&)>
+      read;
+  std::function<std::string(const JobSpec&)> write;  // the value as TOML text
+  // Whether the value is still the "auto" that ResolveJob replaces; empty: never.
+  std::function<bool(const JobSpec&)> unresolved;
+};
+
+#define FIELD(member) [](auto& spec) { return &spec.member; }
+
+std::string QuotedList(const std::vector<std::string>& values) {
+  std::string list;
+  for (size_t i = 0; i < values.size(); ++i) {
+    absl::StrAppend(&list, i == 0 ? "" : i + 1 == values.size() ? " or " : ", ", "\"", values[i],
+                    "\"");
+  }
+  return list;
+}
+
+// A string of at most kMaxSpecStringBytes; with `values`, one of them (or empty, with
+// `or_empty`).
+template <typename Get>
+Codec Str(Get get, std::vector<std::string> values = {}, bool or_empty = false) {
+  const std::string choices = QuotedList(values);
+  std::string kind = values.empty() ? "a string" : choices;
+  if (or_empty) absl::StrAppend(&kind, ", or empty");
+  return {kind,
+          [get, values, choices, or_empty](const toml::node& n, const std::string& path,
+                                           const SpecReader& r, JobSpec& s) {
+            if (!n.is_string()) return r.WrongType(n, path, "a string");
+            const std::string& v = n.as_string()->get();
+            RETURN_IF_ERROR(r.Require(
+                v.size() <= kMaxSpecStringBytes, path,
+                absl::StrCat("must be at most ", kMaxSpecStringBytes, " bytes, got ", v.size())));
+            if (!values.empty() && !(or_empty && v.empty()) &&
+                std::find(values.begin(), values.end(), v) == values.end()) {
+              return r.Error(path,
+                             absl::StrCat("must be ", choices, ", got \"", v.substr(0, 64), "\""));
+            }
+            *get(s) = v;
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) { return Quote(*get(s)); }};
+}
+
+// One of `values` where "auto" (the first) is left for ResolveJob to choose.
+template <typename Get>
+Codec StrOrAuto(Get get, std::vector<std::string> values) {
+  Codec c = Str(get, std::move(values));
+  c.unresolved = [get](const JobSpec& s) { return *get(s) == "auto"; };
+  return c;
+}
+
+template <typename Get>
+Codec Int(Get get) {
+  return {"an integer",
+          [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+            if (!n.is_integer()) return r.WrongType(n, path, "an integer");
+            *get(s) = n.as_integer()->get();
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) { return absl::StrCat(*get(s)); }};
+}
+
+// An integer >= 1, or "auto" (stored as 0) for ResolveJob to choose.
+template <typename Get>
+Codec IntOrAuto(Get get) {
+  const std::string kind = "an integer >= 1 or \"auto\"";
+  return {kind,
+          [get, kind](const toml::node& n, const std::string& path, const SpecReader& r,
+                      JobSpec& s) {
+            if (n.is_string()) {
+              RETURN_IF_ERROR(r.Require(n.as_string()->get() == "auto", path,
+                                        absl::StrCat("must be ", kind, ", got \"",
+                                                     n.as_string()->get().substr(0, 64), "\"")));
+              *get(s) = 0;
+              return absl::OkStatus();
+            }
+            if (!n.is_integer()) return r.WrongType(n, path, kind);
+            *get(s) = n.as_integer()->get();
+            return r.Require(*get(s) >= 1, path, absl::StrCat("must be ", kind, ", got ", *get(s)));
+          },
+          [get](const JobSpec& s) {
+            return *get(s) == 0 ? std::string("\"auto\"") : absl::StrCat(*get(s));
+          },
+          [get](const JobSpec& s) { return *get(s) == 0; }};
+}
+
+// A finite number; integers are accepted where floats are expected.
+template <typename Get>
+Codec Float(Get get) {
+  return {"a number",
+          [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+            if (n.is_integer()) {
+              *get(s) = static_cast<double>(n.as_integer()->get());
+            } else if (n.is_floating_point()) {
+              *get(s) = n.as_floating_point()->get();
+            } else {
+              return r.WrongType(n, path, "a number");
+            }
+            return r.Require(std::isfinite(*get(s)), path, "must be a finite number");
+          },
+          [get](const JobSpec& s) { return FormatDouble(*get(s)); }};
+}
+
+// A number where 0 means "from the node", which ResolveJob replaces.
+template <typename Get>
+Codec FloatOrNode(Get get) {
+  Codec c = Float(get);
+  c.kind = "a number (0: from the node)";
+  c.unresolved = [get](const JobSpec& s) { return *get(s) == 0; };
+  return c;
+}
+
+template <typename Get>
+Codec Bool(Get get) {
+  return {"a boolean",
+          [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+            if (!n.is_boolean()) return r.WrongType(n, path, "a boolean");
+            *get(s) = n.as_boolean()->get();
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) { return std::string(*get(s) ? "true" : "false"); }};
+}
+
+// TOML integers are signed 64-bit, so seeds above INT64_MAX are written as decimal strings.
+template <typename Get>
+Codec Seed(Get get) {
+  return {"an integer >= 0 (a decimal string for seeds >= 2^63)",
+          [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+            if (n.is_string()) {
+              return r.Require(absl::SimpleAtoi(n.as_string()->get(), get(s)), path,
+                               "must be an integer >= 0 (or a decimal string for seeds >= 2^63)");
+            }
+            if (!n.is_integer()) return r.WrongType(n, path, "an integer");
+            const int64_t v = n.as_integer()->get();
+            RETURN_IF_ERROR(r.Require(v >= 0, path, absl::StrCat("must be >= 0, got ", v)));
+            *get(s) = static_cast<uint64_t>(v);
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) {
+            const uint64_t v = *get(s);
+            return v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                       ? absl::StrCat(v)
+                       : Quote(absl::StrCat(v));
+          }};
+}
+
+// An enum spelled by its names.
+template <typename Get, typename E>
+Codec Enum(Get get, std::vector<std::pair<E, std::string>> names) {
+  std::vector<std::string> spellings;
+  for (const auto& [value, name] : names) spellings.push_back(name);
+  const std::string kind = QuotedList(spellings);
+  return {kind,
+          [get, names, kind](const toml::node& n, const std::string& path, const SpecReader& r,
+                             JobSpec& s) {
+            if (!n.is_string()) return r.WrongType(n, path, "a string");
+            const std::string& v = n.as_string()->get();
+            for (const auto& [value, name] : names) {
+              if (v == name) {
+                *get(s) = value;
+                return absl::OkStatus();
+              }
+            }
+            return r.Error(path, absl::StrCat("must be ", kind, ", got \"", v.substr(0, 64), "\""));
+          },
+          [get, names](const JobSpec& s) {
+            for (const auto& [value, name] : names) {
+              if (*get(s) == value) return Quote(name);
+            }
+            return Quote("?");
+          }};
+}
+
+// ---- The key table.
+
+struct Section {
+  std::string name;  // "" for the top level
+  std::string doc;
+  // Whether JobSpecToToml writes the section; empty: always.
+  std::function<bool(const JobSpec&)> written;
+};
+
+struct Key {
+  std::string path;  // "data.seq_len"; a top-level key has no dot
+  Codec codec;
+  std::string doc;
+  std::string section() const {
+    const size_t dot = path.find('.');
+    return dot == std::string::npos ? "" : path.substr(0, dot);
+  }
+  std::string name() const { return path.substr(path.find('.') + 1); }
+};
+
+const std::vector<Section>& Sections() {
+  static const auto* sections = new std::vector<Section>{
+      {"", "The job.", {}},
+      {"model", "The model: a preset, or a Hugging Face config.json and weights.", {}},
+      {"data", "The training data: token files written by `ithaca-tokenize`.", {}},
+      {"training", "The optimizer (AdamW) and the learning-rate schedule (warmup, then cosine).",
+       {}},
+      {"parallel", "Ranks, Ulysses context parallelism and FSDP.", {}},
+      {"memory",
+       "Memory techniques (docs/schedules.md). \"auto\" settings are chosen by the planner to "
+       "fit the budgets.",
+       {}},
+      {"checkpoint", "Saved training state, resume, and the final Hugging Face export.", {}},
+      {"metrics", "Step reports.", {}},
+      {"eval",
+       "Held-out loss, measured with no gradients. Optional: without the section the job never "
+       "evaluates.",
+       [](const JobSpec& s) { return !s.eval.path.empty(); }},
+      {"kernels",
+       "Which kernel runs each pass of attention on the CUDA backend (ignored on the CPU). "
+       "\"auto\" is resolved at admission by the measured rule (engine/backend/attention_choice.cc), "
+       "so the stored spec names the kernel that runs. A CPU job's spec is written without it.",
+       [](const JobSpec& s) {
+         return s.backend == "cuda" || s.kernels.attention_forward != "auto" ||
+                s.kernels.attention_backward != "auto";
+       }},
   };
+  return *sections;
+}
+
+const std::vector<Key>& Keys() {
+  static const auto* keys = new std::vector<Key>{
+      {"name", Str(FIELD(name)), "The job's name, shown by `ithaca list` (at most 256 bytes)."},
+      {"backend", Str(FIELD(backend), {"cpu", "cuda"}), "Where the ranks run."},
+
+      {"model.preset", Str(FIELD(model.preset), PresetNames()),
+       "A built-in model; `tiny` is the demo and test model."},
+      {"model.config", Str(FIELD(model.config)),
+       "Path to a Hugging Face config.json; overrides `preset` when set."},
+      {"model.weights", Str(FIELD(model.weights)),
+       "Safetensors file, index or directory to start from; empty: random initialization."},
+      {"model.dtype", StrOrAuto(FIELD(model.dtype), {"auto", "bf16", "f32"}),
+       "Activation dtype; \"auto\" is the backend's own (bf16 on CUDA, f32 on the CPU)."},
+
+      {"data.path", Str(FIELD(data.path)),
+       "Token file(s) to train on, or a glob (`shards/*.tok`, `{a.tok,b.tok}`). Required unless "
+       "`training.steps = 0`."},
+      {"data.seq_len", Int(FIELD(data.seq_len)), "Tokens per sample: the context length S."},
+      {"data.micro_batch", Int(FIELD(data.micro_batch)), "Samples per micro-step."},
+      {"data.shuffle", Bool(FIELD(data.shuffle)),
+       "Windows in a seeded (`training.seed`), resumable random order."},
+      {"data.document_mask", Bool(FIELD(data.document_mask)),
+       "Packed documents: attention stays inside each document and RoPE positions restart at "
+       "each; a label that would cross into the next document is not trained."},
+      {"data.loss_mask", Bool(FIELD(data.loss_mask)),
+       "SFT: train only the tokens the token file's loss mask marks (`ithaca-tokenize --sft`)."},
+
+      {"training.steps", Int(FIELD(training.steps)),
+       "Optimizer steps; 0: an evaluation-only job (needs [eval])."},
+      {"training.lr", Float(FIELD(training.lr)), "Peak learning rate."},
+      {"training.min_lr", Float(FIELD(training.min_lr)),
+       "Learning rate at the end of the cosine decay."},
+      {"training.warmup_steps", Int(FIELD(training.warmup_steps)), "Linear warmup steps."},
+      {"training.weight_decay", Float(FIELD(training.weight_decay)),
+       "AdamW weight decay, on matrices only."},
+      {"training.beta1", Float(FIELD(training.beta1)), "AdamW beta1."},
+      {"training.beta2", Float(FIELD(training.beta2)), "AdamW beta2."},
+      {"training.eps", Float(FIELD(training.eps)), "AdamW epsilon."},
+      {"training.grad_clip", Float(FIELD(training.grad_clip)),
+       "Maximum global gradient norm; 0 disables clipping."},
+      {"training.grad_accum", Int(FIELD(training.grad_accum)), "Micro-steps per optimizer step."},
+      {"training.seed", Seed(FIELD(training.seed)),
+       "Seeds the initialization and the data order."},
+
+      {"parallel.world", Int(FIELD(parallel.world)), "Ranks (one per GPU)."},
+      {"parallel.sp", Int(FIELD(parallel.sp)), "Ulysses group size; divides `world`."},
+      {"parallel.fsdp", Bool(FIELD(parallel.fsdp)),
+       "Shard parameters, gradients and optimizer state over the data-parallel ranks."},
+
+      {"memory.checkpoint",
+       Enum(FIELD(memory.checkpoint), std::vector<std::pair<CheckpointPolicy, std::string>>{
+                                          {CheckpointPolicy::kNone, "none"},
+                                          {CheckpointPolicy::kFull, "full"},
+                                          {CheckpointPolicy::kAttentionAware, "attention-aware"}}),
+       "Activation checkpointing: what each block keeps for its backward."},
+      {"memory.offload", Bool(FIELD(memory.offload)),
+       "Checkpointed block inputs go to pinned host memory."},
+      {"memory.offload_keep_last", Int(FIELD(memory.offload_keep_last)),
+       "Blocks whose inputs stay on the device when offloading."},
+      {"memory.prefetch", Bool(FIELD(memory.prefetch)),
+       "Offloaded inputs come back one block ahead (else just in time)."},
+      {"memory.checkpoint_interval", Int(FIELD(memory.checkpoint_interval)),
+       "Save every k-th block's input; regrow the rest in the backward."},
+      {"memory.head_chunk", IntOrAuto(FIELD(memory.head_chunk)),
+       "Query heads per UPipe attention stage."},
+      {"memory.tile_tokens", IntOrAuto(FIELD(memory.tile_tokens)),
+       "Tokens per MLP / loss tile."},
+      {"memory.overlap", Bool(FIELD(memory.overlap)),
+       "Collectives under compute (FSDP gathers a block ahead, UPipe exchanges a stage ahead), "
+       "for more buffers."},
+      {"memory.gpu_budget_gib", FloatOrNode(FIELD(memory.gpu_budget_gib)),
+       "Per-rank device budget (on the CPU backend the rank's share of host memory)."},
+      {"memory.host_budget_gib", FloatOrNode(FIELD(memory.host_budget_gib)),
+       "Per-rank pinned host memory for offloaded block data."},
+
+      {"checkpoint.dir", Str(FIELD(checkpoint.dir)), "Where checkpoints go; empty: none."},
+      {"checkpoint.every", Int(FIELD(checkpoint.every)),
+       "Steps between checkpoints; 0: only at the end."},
+      {"checkpoint.resume", Bool(FIELD(checkpoint.resume)),
+       "Resume from the latest checkpoint in `dir` when one exists."},
+      {"checkpoint.keep", Int(FIELD(checkpoint.keep)), "Newest checkpoints kept."},
+      {"checkpoint.export", Str(FIELD(checkpoint.export_dtype), {"bf16", "f32"}, /*or_empty=*/true),
+       "At the end, also write the final weights as a Hugging Face directory (`dir/export`) in "
+       "this dtype; empty: no export."},
+
+      {"metrics.log_every", Int(FIELD(metrics.log_every)), "Steps between step lines."},
+
+      {"eval.path", Str(FIELD(eval.path)),
+       "Held-out token file(s) or a glob, read in order from the start each time."},
+      {"eval.every", Int(FIELD(eval.every)),
+       "Steps between evaluations; 0: only after the last step (always then)."},
+      {"eval.batches", Int(FIELD(eval.batches)),
+       "Micro-batches of `data.micro_batch` windows per data-parallel replica."},
+
+      {"kernels.attention_forward",
+       Str(FIELD(kernels.attention_forward), AttentionKernelNames()),
+       "The attention forward's kernel."},
+      {"kernels.attention_backward",
+       Str(FIELD(kernels.attention_backward), AttentionKernelNames()),
+       "The attention backward's kernel."},
+  };
+  return *keys;
+}
+
+#undef FIELD
+
+// Reads every entry of `table` (whose dotted path is `prefix`, "" at the top) with the keys of
+// that section; at the top, sections are walked too. Anything else is unknown.
+absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReader& r,
+                  JobSpec& s) {
+  std::vector<std::string> valid;  // for suggestions
+  for (const Key& k : Keys()) {
+    if (k.section() == prefix) valid.push_back(prefix.empty() ? k.path : k.name());
+  }
+  if (prefix.empty()) {
+    for (const Section& sec : Sections()) {
+      if (!sec.name.empty()) valid.push_back(sec.name);
+    }
+  }
+  for (auto&& [k, node] : table) {
+    const std::string name(k.str());
+    const std::string path = prefix.empty() ? name : absl::StrCat(prefix, ".", name);
+    r.Saw(path, static_cast<int>(k.source().begin.line));
+    auto key = std::find_if(Keys().begin(), Keys().end(),
+                            [&](const Key& x) { return x.path == path; });
+    if (key != Keys().end()) {
+      RETURN_IF_ERROR(key->codec.read(node, path, r, s));
+      continue;
+    }
+    auto section = std::find_if(Sections().begin(), Sections().end(),
+                                [&](const Section& x) { return !x.name.empty() && x.name == name; });
+    if (prefix.empty() && section != Sections().end()) {
+      if (!node.is_table()) return r.WrongType(node, path, "a table");
+      RETURN_IF_ERROR(Walk(*node.as_table(), path, r, s));
+      continue;
+    }
+    std::string best = Suggest(name, valid);
+    std::string hint;
+    if (!best.empty()) {
+      hint = absl::StrCat("; did you mean ", prefix.empty() ? "" : prefix + ".", best, "?");
+    }
+    return r.Error(path.substr(0, 256),
+                   node.is_table() && prefix.empty() ? "unknown section" : "unknown key", hint);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(!s.name.empty(), "name", "must not be empty"));
   // Every value is range-checked here, before any arithmetic or planning uses it: admission runs
   // inside the daemon, and a spec from any client must not be able to exhaust it.
@@ -441,10 +568,6 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
       std::none_of(s.name.begin(), s.name.end(),
                    [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }),
       "name", "must not contain control characters"));
-  RETURN_IF_ERROR(one_of(s.backend, {"cpu", "cuda"}, "backend"));
-  RETURN_IF_ERROR(one_of(s.model.preset, {"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b"},
-                         "model.preset"));
-  RETURN_IF_ERROR(one_of(s.model.dtype, {"auto", "bf16", "f32"}, "model.dtype"));
 
   // An evaluation-only job (training.steps = 0) trains on nothing: data.path is optional there.
   const bool eval_only = s.training.steps == 0;
@@ -521,8 +644,6 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(s.checkpoint.keep >= 1, "checkpoint.keep",
                             absl::StrCat("must be >= 1, got ", s.checkpoint.keep)));
   const std::string& ex = s.checkpoint.export_dtype;
-  RETURN_IF_ERROR(r.Require(ex.empty() || ex == "bf16" || ex == "f32", "checkpoint.export",
-                            absl::StrCat("must be \"bf16\" or \"f32\", got \"", ex, "\"")));
   RETURN_IF_ERROR(
       r.Require(ex.empty() || !s.checkpoint.dir.empty(), "checkpoint.export",
                 "needs checkpoint.dir (the export is written to checkpoint.dir/export)"));
@@ -551,71 +672,10 @@ std::string ResolvePath(const std::string& dir, const std::string& p) {
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::string& source) {
-  RETURN_IF_ERROR(CheckNonAsciiPlacement(toml_text, source));
-  toml::parse_result parsed = toml::parse(toml_text, source);
-  if (!parsed) {
-    const toml::parse_error& e = parsed.error();
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ":", e.source().begin.line, ":", e.source().begin.column,
-                     ": invalid TOML: ", std::string(e.description())));
-  }
+  ASSIGN_OR_RETURN(toml::table table, ParseTomlText(toml_text, source));
   JobSpec s;
   SpecReader r(source);
-  using Key = SpecReader::Key;
-  std::vector<Key> top = {{"name", r.Str(&s.name)}, {"backend", r.Str(&s.backend)}};
-  std::vector<std::pair<std::string, std::vector<Key>>> sections = {
-      {"model",
-       {{"preset", r.Str(&s.model.preset)},
-        {"config", r.Str(&s.model.config)},
-        {"weights", r.Str(&s.model.weights)},
-        {"dtype", r.Str(&s.model.dtype)}}},
-      {"data",
-       {{"path", r.Str(&s.data.path)},
-        {"seq_len", r.Int(&s.data.seq_len)},
-        {"micro_batch", r.Int(&s.data.micro_batch)},
-        {"shuffle", r.Bool(&s.data.shuffle)},
-        {"document_mask", r.Bool(&s.data.document_mask)},
-        {"loss_mask", r.Bool(&s.data.loss_mask)}}},
-      {"training",
-       {{"steps", r.Int(&s.training.steps)},
-        {"lr", r.Float(&s.training.lr)},
-        {"min_lr", r.Float(&s.training.min_lr)},
-        {"warmup_steps", r.Int(&s.training.warmup_steps)},
-        {"weight_decay", r.Float(&s.training.weight_decay)},
-        {"beta1", r.Float(&s.training.beta1)},
-        {"beta2", r.Float(&s.training.beta2)},
-        {"eps", r.Float(&s.training.eps)},
-        {"grad_clip", r.Float(&s.training.grad_clip)},
-        {"grad_accum", r.Int(&s.training.grad_accum)},
-        {"seed", r.Seed(&s.training.seed)}}},
-      {"parallel",
-       {{"world", r.Int(&s.parallel.world)},
-        {"sp", r.Int(&s.parallel.sp)},
-        {"fsdp", r.Bool(&s.parallel.fsdp)}}},
-      {"memory",
-       {{"checkpoint", r.Policy(&s.memory.checkpoint)},
-        {"offload", r.Bool(&s.memory.offload)},
-        {"offload_keep_last", r.Int(&s.memory.offload_keep_last)},
-        {"prefetch", r.Bool(&s.memory.prefetch)},
-        {"checkpoint_interval", r.Int(&s.memory.checkpoint_interval)},
-        {"head_chunk", r.IntOrAuto(&s.memory.head_chunk)},
-        {"tile_tokens", r.IntOrAuto(&s.memory.tile_tokens)},
-        {"overlap", r.Bool(&s.memory.overlap)},
-        {"gpu_budget_gib", r.Float(&s.memory.gpu_budget_gib)},
-        {"host_budget_gib", r.Float(&s.memory.host_budget_gib)}}},
-      {"checkpoint",
-       {{"dir", r.Str(&s.checkpoint.dir)},
-        {"every", r.Int(&s.checkpoint.every)},
-        {"resume", r.Bool(&s.checkpoint.resume)},
-        {"keep", r.Int(&s.checkpoint.keep)},
-        {"export", r.Str(&s.checkpoint.export_dtype)}}},
-      {"metrics", {{"log_every", r.Int(&s.metrics.log_every)}}},
-      {"eval",
-       {{"path", r.Str(&s.eval.path)},
-        {"every", r.Int(&s.eval.every)},
-        {"batches", r.Int(&s.eval.batches)}}},
-  };
-  RETURN_IF_ERROR(r.Walk(parsed.table(), "", top, sections));
+  RETURN_IF_ERROR(Walk(table, "", r, s));
   RETURN_IF_ERROR(Validate(s, r));
   return s;
 }
@@ -634,60 +694,52 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
 }
 
 std::string JobSpecToToml(const JobSpec& s) {
-  auto auto_or = [](int64_t v) { return v == 0 ? std::string("\"auto\"") : absl::StrCat(v); };
-  auto b = [](bool v) { return v ? "true" : "false"; };
-  const JobSpec::Training& t = s.training;
-  std::string seed = t.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-                         ? absl::StrCat(t.seed)
-                         : Quote(absl::StrCat(t.seed));
   std::string out;
-  absl::StrAppend(&out, "name = ", Quote(s.name), "\nbackend = ", Quote(s.backend), "\n");
-  absl::StrAppend(&out, "\n[model]\npreset = ", Quote(s.model.preset),
-                  "\nconfig = ", Quote(s.model.config), "\nweights = ", Quote(s.model.weights),
-                  "\ndtype = ", Quote(s.model.dtype), "\n");
-  absl::StrAppend(&out, "\n[data]\npath = ", Quote(s.data.path), "\nseq_len = ", s.data.seq_len,
-                  "\nmicro_batch = ", s.data.micro_batch, "\nshuffle = ", b(s.data.shuffle),
-                  "\ndocument_mask = ", b(s.data.document_mask),
-                  "\nloss_mask = ", b(s.data.loss_mask), "\n");
-  absl::StrAppend(&out, "\n[training]\nsteps = ", t.steps, "\nlr = ", FormatDouble(t.lr),
-                  "\nmin_lr = ", FormatDouble(t.min_lr), "\nwarmup_steps = ", t.warmup_steps,
-                  "\nweight_decay = ", FormatDouble(t.weight_decay),
-                  "\nbeta1 = ", FormatDouble(t.beta1), "\nbeta2 = ", FormatDouble(t.beta2),
-                  "\neps = ", FormatDouble(t.eps), "\ngrad_clip = ", FormatDouble(t.grad_clip),
-                  "\ngrad_accum = ", t.grad_accum, "\nseed = ", seed, "\n");
-  absl::StrAppend(&out, "\n[parallel]\nworld = ", s.parallel.world, "\nsp = ", s.parallel.sp,
-                  "\nfsdp = ", b(s.parallel.fsdp), "\n");
-  const JobSpec::Memory& m = s.memory;
-  absl::StrAppend(&out, "\n[memory]\ncheckpoint = ", Quote(CheckpointPolicyName(m.checkpoint)),
-                  "\noffload = ", b(m.offload), "\noffload_keep_last = ", m.offload_keep_last,
-                  "\nprefetch = ", b(m.prefetch), "\ncheckpoint_interval = ", m.checkpoint_interval,
-                  "\nhead_chunk = ", auto_or(m.head_chunk),
-                  "\ntile_tokens = ", auto_or(m.tile_tokens), "\noverlap = ", b(m.overlap),
-                  "\ngpu_budget_gib = ", FormatDouble(m.gpu_budget_gib),
-                  "\nhost_budget_gib = ", FormatDouble(m.host_budget_gib), "\n");
-  absl::StrAppend(&out, "\n[checkpoint]\ndir = ", Quote(s.checkpoint.dir),
-                  "\nevery = ", s.checkpoint.every, "\nresume = ", b(s.checkpoint.resume),
-                  "\nkeep = ", s.checkpoint.keep, "\nexport = ", Quote(s.checkpoint.export_dtype),
-                  "\n");
-  absl::StrAppend(&out, "\n[metrics]\nlog_every = ", s.metrics.log_every, "\n");
-  if (!s.eval.path.empty()) {  // no section: no evaluation
-    absl::StrAppend(&out, "\n[eval]\npath = ", Quote(s.eval.path), "\nevery = ", s.eval.every,
-                    "\nbatches = ", s.eval.batches, "\n");
+  for (const Section& sec : Sections()) {
+    if (sec.written && !sec.written(s)) continue;
+    if (!sec.name.empty()) absl::StrAppend(&out, "\n[", sec.name, "]\n");
+    for (const Key& k : Keys()) {
+      if (k.section() != sec.name) continue;
+      absl::StrAppend(&out, sec.name.empty() ? k.path : k.name(), " = ", k.codec.write(s), "\n");
+    }
   }
   return out;
 }
 
 absl::Status CheckResolved(const JobSpec& spec) {
-  const JobSpec::Memory& m = spec.memory;
-  const char* left = spec.model.dtype == "auto" ? "model.dtype"
-                     : m.head_chunk == 0        ? "memory.head_chunk"
-                     : m.tile_tokens == 0       ? "memory.tile_tokens"
-                     : m.gpu_budget_gib == 0    ? "memory.gpu_budget_gib"
-                     : m.host_budget_gib == 0   ? "memory.host_budget_gib"
-                                                : nullptr;
-  if (left == nullptr) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(left, ": still \"auto\"; the job must be resolved first (ResolveJob)"));
+  for (const Key& k : Keys()) {
+    if (k.codec.unresolved && k.codec.unresolved(spec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(k.path, ": still \"auto\"; the job must be resolved first (ResolveJob)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string SpecReferenceMarkdown() {
+  const JobSpec defaults;
+  std::string out =
+      "# The job spec\n\n"
+      "A job is a TOML file. This page is generated from the key table in "
+      "`engine/spec/job_spec.cc` (`bazel run //engine/spec:spec_reference > docs/spec.md`; a test "
+      "fails when it is stale). Unknown keys are errors that name the key and suggest the closest "
+      "valid one; paths are relative to the spec's own directory. Keys marked *auto* may be "
+      "\"auto\" (or 0 where the kind says so): ResolveJob chooses them at admission, and the "
+      "stored spec holds the chosen values.\n";
+  for (const Section& sec : Sections()) {
+    absl::StrAppend(&out, "\n## ", sec.name.empty() ? "Top level" : "[" + sec.name + "]", "\n\n",
+                    sec.doc, "\n\n| key | kind | default | meaning |\n|---|---|---|---|\n");
+    for (const Key& k : Keys()) {
+      if (k.section() != sec.name) continue;
+      std::string kind = k.codec.kind;
+      if (k.codec.unresolved) absl::StrAppend(&kind, "; *auto*");
+      std::string def = k.codec.write(defaults);
+      absl::StrAppend(&out, "| `", sec.name.empty() ? k.path : k.name(), "` | ",
+                      absl::StrReplaceAll(kind, {{"|", "\\|"}}), " | `", def, "` | ", k.doc,
+                      " |\n");
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {

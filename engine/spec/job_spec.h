@@ -1,7 +1,12 @@
-// JobSpec: a training job, as written in a TOML file. Parsing rejects unknown keys and bad values
-// with the key's path ("training.lr: must be > 0, got -1"). Settings left "auto" (or 0 where a
-// comment says so) are turned into numbers once, by ResolveJob (engine/spec/resolve.h); a
-// resolved spec has none left and is what the workers run.
+// JobSpec: a training job, as written in a TOML file. Every key is declared once, as a row of the
+// key table in job_spec.cc (its path, its member here, its kind, whether it may be "auto", its
+// documentation), which drives parsing, writing, CheckResolved and docs/spec.md. Parsing rejects
+// unknown keys and bad values with the key's path ("training.lr: must be > 0, got -1"). Settings
+// left "auto" (or 0 where a comment says so) are turned into values once, by ResolveJob
+// (engine/spec/resolve.h); a resolved spec has none left and is what the workers run.
+//
+// Adding a key: a member here, a row in Keys() (job_spec.cc), range checks in Validate when it
+// has any, then `bazel run //engine/spec:spec_reference > docs/spec.md`.
 #pragma once
 
 #include <cstdint>
@@ -92,6 +97,14 @@ struct JobSpec {
     int64_t log_every = 1;  // steps between step lines
   } metrics;
 
+  // Which attention kernel runs each pass on the CUDA backend: "auto" | "cudnn" | "hopper" |
+  // "flash" (engine/backend/attention_choice.h). ResolveJob turns "auto" into the kernel the
+  // measured rule picks for the job's shape, so the stored spec names what runs.
+  struct Kernels {
+    std::string attention_forward = "auto";
+    std::string attention_backward = "auto";
+  } kernels;
+
   // Held-out loss, measured with no gradients. The section is optional; without it (path empty)
   // the job never evaluates.
   struct Eval {
@@ -110,6 +123,7 @@ inline constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
 inline constexpr int64_t kMaxStepTokens = int64_t{1} << 32;  // a step's samples: 16 GiB of ids
 inline constexpr int64_t kMaxWorld = 65536;
 inline constexpr int64_t kMaxEvalBatches = int64_t{1} << 20;
+inline constexpr size_t kMaxSpecStringBytes = 4096;  // every string value (paths: PATH_MAX)
 
 // Parses TOML text; `source` names the file in error messages.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,
@@ -124,5 +138,9 @@ std::string JobSpecToToml(const JobSpec& spec);
 // OK when nothing in `spec` is left to resolve; else INVALID_ARGUMENT naming the first key that
 // is still "auto" (the trainer runs only resolved specs).
 absl::Status CheckResolved(const JobSpec& spec);
+
+// The key reference (docs/spec.md): every section and key with its kind, default and meaning,
+// generated from the key table.
+std::string SpecReferenceMarkdown();
 
 }  // namespace ithaca

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
 #include "gtest/gtest.h"
 
@@ -70,6 +71,10 @@ log_every = 10
 path = "data/val-*.tok"
 every = 25
 batches = 4
+
+[kernels]
+attention_forward = "hopper"
+attention_backward = "flash"
 )";
 
 absl::Status ParseError(const std::string& toml) { return ParseJobSpec(toml, "job.toml").status(); }
@@ -174,6 +179,65 @@ TEST(JobSpecTest, RoundTripsThroughToml) {
   EXPECT_EQ(b->eval.path, "data/val-*.tok");
   EXPECT_EQ(b->eval.every, 25);
   EXPECT_EQ(b->eval.batches, 4);
+  EXPECT_EQ(b->kernels.attention_forward, "hopper");
+  EXPECT_EQ(b->kernels.attention_backward, "flash");
+}
+
+// The key table drives the reader and the writer: every key JobSpecToToml writes is one the
+// parser reads back, and every key's line is in the file (no key written in one place only).
+TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
+  absl::StatusOr<JobSpec> a = ParseJobSpec(kFullSpec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string text = JobSpecToToml(*a);
+  const std::string reference = SpecReferenceMarkdown();
+  int keys = 0;
+  std::string section;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty()) continue;
+    if (line[0] == '[') {
+      section = std::string(line.substr(1, line.size() - 2));
+      EXPECT_NE(reference.find("## [" + section + "]"), std::string::npos) << section;
+      continue;
+    }
+    const std::string key(line.substr(0, line.find(" = ")));
+    EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
+    ++keys;
+  }
+  EXPECT_EQ(keys, 47);  // with [eval] and [kernels]: every key of the table
+}
+
+TEST(JobSpecTest, AttentionKernelsAreChecked) {
+  ExpectError(ErrorWith("[kernels]\nattention_forward = \"own\"\n"),
+              "job.toml: kernels.attention_forward: must be \"auto\", \"cudnn\", \"hopper\" or "
+              "\"flash\", got \"own\"");
+  absl::StatusOr<JobSpec> cpu = ParseJobSpec("[data]\npath = \"d.tok\"\n");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(JobSpecToToml(*cpu).find("[kernels]"), std::string::npos);  // nothing to say on a CPU
+  cpu->backend = "cuda";
+  EXPECT_NE(JobSpecToToml(*cpu).find("[kernels]\nattention_forward = \"auto\""), std::string::npos);
+}
+
+// Strings are bounded once, in the parser: a megabyte path or directory is refused before a
+// failure reason could repeat it (issue: a 1 MB checkpoint.dir was accepted).
+TEST(JobSpecBoundsTest, EveryStringIsBounded) {
+  const std::string huge(kMaxSpecStringBytes + 1, 'a');
+  for (const std::string& key : {"data.path", "checkpoint.dir", "model.weights", "eval.path"}) {
+    const size_t dot = key.find('.');
+    const std::string section = key.substr(0, dot);
+    const std::string spec = "[" + section + "]\n" + key.substr(dot + 1) + " = \"" + huge +
+                             "\"\n" + (section == "data" ? "" : "[data]\npath = \"d.tok\"\n");
+    absl::Status st = ParseError(spec);
+    ExpectError(st, "job.toml: " + key + ": must be at most 4096 bytes, got 4097");
+    EXPECT_LT(st.message().size(), 200u);
+  }
+}
+
+// ithacad died of SIGSEGV on a dotted key of 200,000 parts (toml++ recursed per part).
+TEST(JobSpecBoundsTest, DeepDottedKeysAreRefusedNotACrash) {
+  std::string key = "a";
+  for (int i = 0; i < 200000; ++i) key += ".a";
+  ExpectError(ParseError(key + " = 1\n"), "job.toml:1: invalid TOML: a dotted key");
+  ExpectError(ParseError("[" + key + "]\n"), "job.toml:1: invalid TOML: a dotted key");
 }
 
 TEST(JobSpecTest, CheckpointPolicyNames) {

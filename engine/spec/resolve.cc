@@ -1,14 +1,12 @@
 #include "engine/spec/resolve.h"
 
+#include <utility>
+
+#include "engine/backend/attention_choice.h"
 #include "engine/spec/validate.h"
+#include "engine/core/units.h"
 
 namespace ithaca {
-namespace {
-
-constexpr double kGiB = double(int64_t{1} << 30);
-
-}  // namespace
-
 absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources& node) {
   ResolvedJob job;
   absl::StatusOr<LlamaConfig> cfg = ResolveModelConfig(spec);
@@ -44,6 +42,14 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.prefetch = job.plan.prefetch;
   s.memory.overlap = job.plan.overlap;
   s.memory.checkpoint_interval = job.plan.checkpoint_interval;
+  if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shape
+    const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask};
+    for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, &s.kernels.attention_forward},
+                                std::pair{AttentionPass::kBackward, &s.kernels.attention_backward}}) {
+      ASSIGN_OR_RETURN(AttentionKernel asked, ParseAttentionKernel(*kernel));
+      *kernel = AttentionKernelName(ChooseAttention(pass, shape, asked).kernel);
+    }
+  }
   job.toml = JobSpecToToml(s);
   return job;
 }
@@ -57,9 +63,13 @@ std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
       "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, checkpoint_interval "
-      "%d, overlap %s, dtype %s, peak %s per rank (GPU budget %s, host %s)",
+      "%d, overlap %s, dtype %s%s, peak %s per rank (GPU budget %s, host %s)",
       m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
       m.checkpoint_interval, m.overlap ? "on" : "off", job.spec.model.dtype,
+      job.spec.backend == "cuda"
+          ? absl::StrCat(", attention ", job.spec.kernels.attention_forward, " forward / ",
+                         job.spec.kernels.attention_backward, " backward")
+          : std::string(),
       HumanBytes(job.plan.device_total()), HumanBytes(job.budgets.gpu_bytes),
       HumanBytes(job.budgets.host_bytes));
 }

@@ -8,11 +8,11 @@
 #include "engine/plan/budgets.h"
 #include "engine/spec/validate.h"
 #include "gtest/gtest.h"
+#include "engine/core/units.h"
 
 namespace ithaca {
 namespace {
 
-constexpr int64_t kGiB = int64_t{1} << 30;
 
 JobSpec Tiny(const std::string& backend) {
   JobSpec s;
@@ -124,6 +124,33 @@ TEST(ResolveTest, DtypeIsTheBackendsOwn) {
             std::string::npos);
   cuda.model.dtype = "bf16";
   EXPECT_TRUE(ResolveJob(cuda, Node(80 * kGiB, 16 * kGiB, 2)).ok());
+}
+
+// The stored spec names the attention kernel each pass runs: "auto" becomes the measured rule's
+// choice for the job's shape, an asked-for kernel stays.
+TEST(ResolveTest, TheAttentionKernelsAreInTheResolvedSpec) {
+  auto kernels = [](JobSpec spec) {
+    auto job = ResolveJob(spec, Node(140 * kGiB, 256 * kGiB, 2));
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return std::string();
+    EXPECT_NE(job->toml.find("[kernels]\nattention_forward = \"" +
+                             job->spec.kernels.attention_forward + "\""),
+              std::string::npos);
+    return job->spec.kernels.attention_forward + "/" + job->spec.kernels.attention_backward;
+  };
+  JobSpec spec = Tiny("cuda");  // head_dim 16: no Hopper rule
+  EXPECT_EQ(kernels(spec), "cudnn/cudnn");
+  spec.model.preset = "llama-3.2-1b";  // head_dim 64
+  spec.data.seq_len = 131072;
+  EXPECT_EQ(kernels(spec), "hopper/hopper");
+  spec.data.seq_len = 32768;
+  EXPECT_EQ(kernels(spec), "cudnn/hopper");
+  spec.data.seq_len = 131072;
+  spec.data.document_mask = true;  // the Hopper forward takes no document mask
+  EXPECT_EQ(kernels(spec), "cudnn/hopper");
+  spec.kernels.attention_forward = "flash";
+  EXPECT_EQ(kernels(spec), "flash/hopper");
+  EXPECT_EQ(JobSpecToToml(Tiny("cpu")).find("[kernels]"), std::string::npos);
 }
 
 TEST(ResolveTest, AGpuJobNeedsToKnowTheGpusMemory) {
