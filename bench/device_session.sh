@@ -15,7 +15,7 @@
 #           (head_dim x Hq x Hkv x S, '+' between shapes: 64x32x8x65536+128x32x8x32768), forward
 #           and backward; every plan's time in sweep.log
 #   sdpa:SHAPES[:N]  attention_bench with the composite, unified and default forward node
-#           (ITHACA_CUDNN_SDPA_IMPL; SDPA_IMPLS picks some) at SHAPES as in sweep, N timed
+#           (attention_bench --cudnn_forward_impl; SDPA_IMPLS picks some) at SHAPES as in sweep, N timed
 #           iterations (default 2); sdpa.jsonl, sdpa.log
 #   hopperfwd:SHAPES[:N]  attention_bench with the cuDNN and the own Hopper forward side by side
 #           (--forward=cudnn,hopper,auto; the backward is cuDNN's in all) at SHAPES as in sweep,
@@ -52,7 +52,6 @@ mkdir -p "$OUT"
 LIBS="$BIN/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu"
 [ -d "$BIN/cuda-lib" ] && LIBS="$BIN/cuda-lib:$LIBS"
 export LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}"
-export ITHACA_CUDNN_VERBOSE=1
 export NCCL_NVLS_ENABLE=0
 # The newest libcudnn outside the system folders (e.g. PyTorch's wheel), for the attn phase.
 # On the H200 image: the system's is 9.14 in /usr/lib/x86_64-linux-gnu; PyTorch's is another.
@@ -113,7 +112,7 @@ for phase in "$@"; do
     attn)
       exec 3>&2 2>>"$OUT/attn.log"
       timeout 120 "$BIN/attention_bench" | tee -a "$OUT/attn.jsonl"
-      ITHACA_CUDNN_HEUR=A,B,FALLBACK timeout 120 "$BIN/attention_bench" \
+      timeout 120 "$BIN/attention_bench" --cudnn_heuristics=A,B,FALLBACK \
         | sed 's/"impl": "cudnn"/"impl": "cudnn-heur-A-B-FALLBACK"/' | tee -a "$OUT/attn.jsonl"
       lib=$(other_cudnn)
       if [ -n "$lib" ]; then
@@ -127,7 +126,7 @@ for phase in "$@"; do
     sweep)
       # (The frontend's unified forward node needs cuDNN 9.21 for causal masks: on 9.14 both
       # passes are its composite node, whose engines the sweep enumerates.)
-      ITHACA_CUDNN_SWEEP="$a2" timeout "${SWEEP_TIMEOUT:-300}" "$BIN/attention_bench" \
+      timeout "${SWEEP_TIMEOUT:-300}" "$BIN/attention_bench" --cudnn_sweep="$a2" \
         --shapes="$(echo "$a1" | tr 'x+' ':,')" --iters=3 --passes=fwd,bwd 2>>"$OUT/sweep.log" \
         | sed 's/"impl": "cudnn"/"impl": "cudnn-sweep"/' | tee -a "$OUT/attn.jsonl"
       grep -E "chose|sweep:" "$OUT/sweep.log"
@@ -141,8 +140,8 @@ for phase in "$@"; do
       for impl in ${SDPA_IMPLS:-composite unified auto}; do
         passes=fwd
         [ "$impl" = composite ] && passes=fwd,bwd
-        echo "--- ITHACA_CUDNN_SDPA_IMPL=$impl" >>"$OUT/sdpa.log"
-        ITHACA_CUDNN_SDPA_IMPL=$impl timeout "${SDPA_TIMEOUT:-150}" "$BIN/attention_bench" \
+        echo "--- --cudnn_forward_impl=$impl" >>"$OUT/sdpa.log"
+        timeout "${SDPA_TIMEOUT:-150}" "$BIN/attention_bench" --cudnn_forward_impl=${impl/auto/} \
           --shapes="$shapes" --iters="${a2:-2}" --passes=$passes 2>>"$OUT/sdpa.log" \
           | sed "s/\"impl\": \"cudnn\"/\"impl\": \"cudnn-$impl\"/" | tee -a "$OUT/sdpa.jsonl"
       done

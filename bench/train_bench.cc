@@ -28,6 +28,7 @@
 #include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
+#include "engine/core/units.h"
 
 ABSL_FLAG(std::string, model, "llama-3.2-1b", "model preset");
 ABSL_FLAG(std::string, seq_lens, "65536,131072", "comma-separated sequence lengths S");
@@ -44,7 +45,6 @@ ABSL_FLAG(int64_t, doc_len, 0,
 namespace ithaca {
 namespace {
 
-constexpr double kGiB = double(int64_t{1} << 30);
 
 bench::Json TierJson(const std::array<int64_t, kNumTiers>& v) {
   bench::Json j;

@@ -7,11 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "engine/core/units.h"
 
 namespace ithaca {
 namespace {
 
-constexpr int64_t kGiB = int64_t{1} << 30;
 
 // "index, uuid, name, memory MiB" lines from nvidia-smi; empty when it is not there.
 std::vector<NodeDevice> QueryNvidiaSmi() {

@@ -220,6 +220,7 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
     std::map<std::string, std::string> vars = base;
     vars["ITHACA_RANK"] = std::to_string(spec.first_rank + rank);
     vars["ITHACA_WORLD_SIZE"] = std::to_string(total_world);
+    vars["ITHACA_LOCAL_WORLD_SIZE"] = std::to_string(world);  // this node's ranks
     vars["ITHACA_RENDEZVOUS"] = spec.rendezvous;
     vars["ITHACA_GPU"] = std::to_string(spec.gpus[rank]);
     if (spec.run_as) {

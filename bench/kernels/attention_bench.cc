@@ -5,8 +5,8 @@
 // the last document shorter when N does not divide S), side by side with full causal at the
 // same S; its FLOPs count only the attention computed: Σ over documents of 4·L²·Hq·D/2.
 // --forward=cudnn,hopper and --backward=cudnn,hopper run each shape once per pair of forward and
-// backward kernels (CudaOps' AttentionKernel: cudnn, hopper or auto, the per-shape rule training
-// takes), side by side. Prints one JSON line per (shape, forward, backward, mask, pass); "impl"
+// backward kernels (AttentionKernel: cudnn, hopper, flash or auto, the per-shape rule training
+// takes: engine/backend/attention_choice.h), side by side. Prints one JSON line per (shape, forward, backward, mask, pass); "impl"
 // is what ran ("hopper+cudnn" for a fwd+bwd pass with the Hopper forward and cuDNN's backward),
 // "forward" and "backward" what was asked.
 #include <algorithm>
@@ -25,13 +25,19 @@
 
 ABSL_FLAG(std::string, shapes, "128:32:8:65536,64:32:8:131072",
           "comma-separated head_dim:Hq:Hkv:S");
-ABSL_FLAG(std::string, impl, "cudnn", "cudnn | own");
 ABSL_FLAG(std::string, backward, "cudnn",
-          "with --impl=cudnn: comma list of backward kernels (as --forward), each timed with "
-          "each forward");
+          "comma list of backward kernels (as --forward), each timed with each forward");
 ABSL_FLAG(std::string, forward, "cudnn",
-          "with --impl=cudnn: comma list of forward implementations to time side by side: "
-          "cudnn, hopper (the own sm_90a kernel), auto (the engine's per-shape rule)");
+          "comma list of forward kernels to time side by side: cudnn, hopper (the own sm_90a "
+          "kernel), flash (the own portable kernel), auto (the engine's per-shape rule)");
+ABSL_FLAG(std::string, cudnn_heuristics, "A",
+          "cuDNN heuristic modes offering plans: a comma list of A, B, FALLBACK");
+ABSL_FLAG(bool, cudnn_verbose, false, "print every cuDNN plan's time");
+ABSL_FLAG(std::string, cudnn_forward_impl, "", "cuDNN frontend forward node: composite|unified");
+ABSL_FLAG(std::string, cudnn_plans, "", "F,B: cuDNN plan indices forward and backward, untimed");
+ABSL_FLAG(std::string, cudnn_config_forward, "", "ENGINE[:TYPE=VALUE,...] (from a sweep)");
+ABSL_FLAG(std::string, cudnn_config_backward, "", "ENGINE[:TYPE=VALUE,...] (from a sweep)");
+ABSL_FLAG(int64_t, cudnn_sweep, 0, "> 0: time every engine's knob combinations, <= N each");
 ABSL_FLAG(int, iters, 5, "timed repetitions per pass (median reported)");
 ABSL_FLAG(std::string, passes, "fwd,bwd,fwd+bwd", "which passes to time (comma list)");
 ABSL_FLAG(int64_t, doc_len, 0,
@@ -41,20 +47,17 @@ ABSL_FLAG(bool, full_causal, true, "time full causal attention (with --doc_len: 
 namespace ithaca {
 namespace {
 
-CudaOps::AttentionKernel ParseKernel(const std::string& f) {
-  if (f == "cudnn") return CudaOps::AttentionKernel::kCudnn;
-  if (f == "hopper") return CudaOps::AttentionKernel::kHopper;
-  ITHACA_CHECK(f == "auto", "--forward/--backward: ", f, " is not cudnn, hopper or auto");
-  return CudaOps::AttentionKernel::kAuto;
+AttentionKernel ParseKernel(const std::string& f) {
+  absl::StatusOr<AttentionKernel> k = ParseAttentionKernel(f);
+  ITHACA_CHECK(k.ok(), "--forward/--backward: ", k.status().ToString());
+  return *k;
 }
 
 int Main() {
   CudaAllocator alloc;
-  const bool own = absl::GetFlag(FLAGS_impl) == "own";
   // One CudaOps per (forward, backward) pair, sharing the buffers (the allocator is shared).
   std::vector<std::string> forward_list = absl::StrSplit(absl::GetFlag(FLAGS_forward), ',');
   std::vector<std::string> backward_list = absl::StrSplit(absl::GetFlag(FLAGS_backward), ',');
-  if (own) forward_list = backward_list = {"own"};
   struct Kernels {
     std::string forward, backward;  // as asked
     std::unique_ptr<CudaOps> ops;
@@ -64,11 +67,12 @@ int Main() {
     for (const std::string& b : backward_list) {
       CudaOps::Options o;
       o.alloc = &alloc;
-      o.attention = own ? CudaOps::AttentionImpl::kOwn : CudaOps::AttentionImpl::kCudnn;
-      if (!own) {
-        o.attention_forward = ParseKernel(f);
-        o.attention_backward = ParseKernel(b);
-      }
+      o.cudnn = {absl::GetFlag(FLAGS_cudnn_heuristics),     absl::GetFlag(FLAGS_cudnn_verbose),
+                 absl::GetFlag(FLAGS_cudnn_forward_impl),   absl::GetFlag(FLAGS_cudnn_plans),
+                 absl::GetFlag(FLAGS_cudnn_config_forward), absl::GetFlag(FLAGS_cudnn_config_backward),
+                 absl::GetFlag(FLAGS_cudnn_sweep)};
+      o.attention_forward = ParseKernel(f);
+      o.attention_backward = ParseKernel(b);
       all_ops.push_back({f, b, std::make_unique<CudaOps>(o)});
     }
   }

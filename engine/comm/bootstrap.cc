@@ -32,6 +32,14 @@ absl::StatusOr<RankInfo> RankInfoFromEnvironment() {
   RankInfo info;
   ASSIGN_OR_RETURN(info.rank, IntFromEnv(kEnvRank, 0));
   ASSIGN_OR_RETURN(info.world, IntFromEnv(kEnvWorldSize, 1));
+  if (const char* l = std::getenv(kEnvLocalWorldSize); l != nullptr && l[0] != '\0') {
+    ASSIGN_OR_RETURN(info.local_world, IntFromEnv(kEnvLocalWorldSize, 1));
+    if (info.local_world < 1 || info.local_world > info.world) {
+      return absl::InvalidArgumentError(absl::StrCat(kEnvLocalWorldSize, "=", info.local_world,
+                                                     " is not in [1, ", kEnvWorldSize, "=",
+                                                     info.world, "]"));
+    }
+  }
   if (info.rank >= info.world) {
     return absl::InvalidArgumentError(
         absl::StrCat(kEnvRank, "=", info.rank, " is not below ", kEnvWorldSize, "=", info.world));

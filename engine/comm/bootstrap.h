@@ -16,6 +16,8 @@ inline constexpr char kEnvRank[] = "ITHACA_RANK";
 inline constexpr char kEnvWorldSize[] = "ITHACA_WORLD_SIZE";
 inline constexpr char kEnvRendezvous[] = "ITHACA_RENDEZVOUS";
 inline constexpr char kEnvGpu[] = "ITHACA_GPU";
+// The job's ranks on this host (the launcher's --nproc); unset: all of them (one host).
+inline constexpr char kEnvLocalWorldSize[] = "ITHACA_LOCAL_WORLD_SIZE";
 // Optional: the address Gloo listens on when ranks span machines (default 127.0.0.1).
 inline constexpr char kEnvGlooHost[] = "ITHACA_GLOO_HOST";
 // Tests only: GlooOptions::issue_delay_ms, milliseconds each issued Gloo collective starts late.
@@ -24,13 +26,15 @@ inline constexpr char kEnvGlooIssueDelay[] = "ITHACA_GLOO_ISSUE_DELAY_MS";
 struct RankInfo {
   int rank = 0;
   int world = 1;
+  int local_world = 0;     // the job's ranks on this host, which share its memory; 0: world
   int gpu = -1;            // the CUDA device of this rank; -1: not assigned (CPU runs)
   std::string rendezvous;  // "file:/abs/dir"; may be empty when world == 1
   std::string gloo_host = "127.0.0.1";
   int gloo_issue_delay_ms = 0;  // tests only (kEnvGlooIssueDelay)
 };
 
-// Reads ITHACA_RANK, ITHACA_WORLD_SIZE, ITHACA_RENDEZVOUS, ITHACA_GPU (and ITHACA_GLOO_HOST).
+// Reads ITHACA_RANK, ITHACA_WORLD_SIZE, ITHACA_LOCAL_WORLD_SIZE, ITHACA_RENDEZVOUS, ITHACA_GPU
+// (and ITHACA_GLOO_HOST).
 // NOT_FOUND when ITHACA_RANK is unset (not launched as a rank); INVALID_ARGUMENT naming the
 // variable for a missing or malformed value, a rank outside [0, world), or world > 1 without a
 // rendezvous.

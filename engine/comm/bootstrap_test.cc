@@ -17,7 +17,7 @@ class EnvTest : public ::testing::Test {
   void TearDown() override { Clear(); }
   static void Clear() {
     for (const char* v :
-         {kEnvRank, kEnvWorldSize, kEnvRendezvous, kEnvGpu, kEnvGlooHost, kEnvGlooIssueDelay}) {
+         {kEnvRank, kEnvWorldSize, kEnvRendezvous, kEnvGpu, kEnvGlooHost, kEnvGlooIssueDelay, kEnvLocalWorldSize}) {
       unsetenv(v);
     }
   }
@@ -52,6 +52,14 @@ TEST_F(EnvTest, ReadsEveryVariable) {
   EXPECT_EQ(info->rendezvous, "file:/tmp/x");
   EXPECT_EQ(info->gloo_host, "10.0.0.7");
   EXPECT_EQ(info->gloo_issue_delay_ms, 5);
+  EXPECT_EQ(info->local_world, 0);  // unset: one host
+  setenv(kEnvLocalWorldSize, "2", 1);
+  info = RankInfoFromEnvironment();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->local_world, 2);
+  setenv(kEnvLocalWorldSize, "5", 1);
+  EXPECT_FALSE(RankInfoFromEnvironment().ok());  // more ranks on the host than in the job
+  unsetenv(kEnvLocalWorldSize);
   Set("0", "1", nullptr, nullptr);
   info = RankInfoFromEnvironment();
   ASSERT_TRUE(info.ok()) << info.status();

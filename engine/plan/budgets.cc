@@ -1,16 +1,11 @@
 #include "engine/plan/budgets.h"
+#include "engine/core/units.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 
 namespace ithaca {
-namespace {
-
-constexpr double kGiB = double(int64_t{1} << 30);
-
-}  // namespace
-
 RankBudgets BudgetsFor(const JobSpec& spec, const NodeResources& node) {
   RankBudgets b;
   const int ranks = std::max(1, node.ranks_on_host);

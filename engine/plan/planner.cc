@@ -5,11 +5,10 @@
 
 #include "engine/plan/meta.h"
 #include "engine/spec/validate.h"
+#include "engine/core/units.h"
 
 namespace ithaca {
 namespace {
-
-constexpr double kGiB = double(int64_t{1} << 30);
 
 // Workspaces the CUDA backend allocates itself: cuBLASLt's fixed 32 MiB, and cuDNN's fused
 // attention backward, which measured on an H200 at 8 bytes per (token × head × head_dim) of a

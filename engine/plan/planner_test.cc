@@ -9,11 +9,11 @@
 #include "engine/model/weights.h"
 #include "engine/train/optimizer.h"
 #include "gtest/gtest.h"
+#include "engine/core/units.h"
 
 namespace ithaca {
 namespace {
 
-constexpr double kGiB = double(int64_t{1} << 30);
 
 LlamaConfig Tiny() {
   LlamaConfig cfg = *PresetConfig("tiny");

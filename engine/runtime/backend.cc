@@ -15,10 +15,15 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_
   if (spec.backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("backend: \"", spec.backend, "\" is unknown"));
   }
-  const size_t budget = spec.memory.gpu_budget_gib > 0
-                            ? static_cast<size_t>(spec.memory.gpu_budget_gib * (1 << 30))
-                            : 0;
-  ASSIGN_OR_RETURN(CudaBackend cuda, MakeCudaBackend(gpu, budget, probe_window));
+  CudaBackendOptions o;
+  o.gpu = gpu;
+  o.budget_bytes = spec.memory.gpu_budget_gib > 0
+                       ? static_cast<size_t>(spec.memory.gpu_budget_gib * (1 << 30))
+                       : 0;
+  o.probe_window = probe_window;
+  ASSIGN_OR_RETURN(o.attention_forward, ParseAttentionKernel(spec.kernels.attention_forward));
+  ASSIGN_OR_RETURN(o.attention_backward, ParseAttentionKernel(spec.kernels.attention_backward));
+  ASSIGN_OR_RETURN(CudaBackend cuda, MakeCudaBackend(o));
   b.alloc = std::move(cuda.alloc);
   b.ops = std::move(cuda.ops);
   b.device_bytes = cuda.device_bytes;

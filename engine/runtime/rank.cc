@@ -11,6 +11,11 @@ absl::StatusOr<RankInfo> RankInfoOrAlone() {
   return info;
 }
 
+NodeResources RankNode(const RankInfo& info, int64_t device_bytes) {
+  // The host's memory is shared by this node's ranks only, not by the whole job's.
+  return LocalNodeResources(device_bytes, info.local_world > 0 ? info.local_world : info.world);
+}
+
 absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo& info,
                                                    const RankOptions& options) {
   if (spec.parallel.world != info.world) {
@@ -25,7 +30,7 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
   // test) is resolved here, against this host, by the rule admission uses (engine/spec).
   if (!CheckResolved(spec).ok()) {
     ASSIGN_OR_RETURN(ResolvedJob job,
-                     ResolveJob(spec, LocalNodeResources(rank->backend_.device_bytes, info.world)));
+                     ResolveJob(spec, RankNode(info, rank->backend_.device_bytes)));
     RETURN_IF_ERROR(RequireFits(job));
     rank->resolution_ = ResolutionLine(job);
     spec = std::move(job.spec);

@@ -11,6 +11,7 @@
 #include "engine/comm/comm.h"
 #include "engine/core/status.h"
 #include "engine/memory/allocator.h"
+#include "engine/plan/budgets.h"
 #include "engine/runtime/backend.h"
 #include "engine/spec/job_spec.h"
 #include "engine/train/trainer.h"
@@ -25,6 +26,10 @@ struct RankOptions {
 // This process's identity: from the ITHACA_* variables when a launcher started it as a rank
 // (RankInfoFromEnvironment), else rank 0 of a world of 1.
 absl::StatusOr<RankInfo> RankInfoOrAlone();
+
+// The machine a rank resolves an unresolved spec against: this host, shared by the job's ranks
+// on it (info.local_world; a 2-node x 8 job's rank shares its host with 8 ranks, not 16).
+NodeResources RankNode(const RankInfo& info, int64_t device_bytes);
 
 class Rank {
  public:

@@ -111,6 +111,20 @@ TEST(RankTest, UnknownBackendIsNamed) {
   EXPECT_TRUE(absl::StrContains(r.status().message(), "\"tpu\"")) << r.status();
 }
 
+// A standalone job over 2 nodes of 8 ranks: each rank shares its host with the node's 8 ranks,
+// not with all 16 (the host budget was divided by the whole world).
+TEST(RankNodeTest, TheHostIsSharedByTheNodesRanksOnly) {
+  RankInfo info;
+  info.world = 16;
+  info.local_world = 8;
+  EXPECT_EQ(RankNode(info, 0).ranks_on_host, 8);
+  JobSpec spec;
+  const int64_t per_rank = BudgetsFor(spec, RankNode(info, 0)).host_bytes;
+  info.local_world = 0;  // one host: all of the job's ranks
+  EXPECT_EQ(RankNode(info, 0).ranks_on_host, 16);
+  EXPECT_NEAR(double(BudgetsFor(spec, RankNode(info, 0)).host_bytes) * 2, double(per_rank), 16.0);
+}
+
 TEST(RankInfoOrAloneTest, EnvironmentOrRankZeroOfOne) {
   unsetenv(kEnvRank);
   auto alone = RankInfoOrAlone();

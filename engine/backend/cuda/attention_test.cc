@@ -30,7 +30,7 @@ struct Shape4 {
 
 struct Case {
   Shape4 sh;
-  CudaOps::AttentionImpl impl;
+  AttentionKernel kernel;  // both passes
   const char* name;
   std::vector<int64_t> starts = {};  // the documents (ops.h's DocumentMask); empty: one
 };
@@ -49,7 +49,7 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
-  o.attention = c.impl;
+  o.attention_forward = o.attention_backward = c.kernel;
   CudaOps ops(o);
   CpuOps cpu;
 
@@ -67,9 +67,9 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   std::printf("[%s] S %lld Hq %lld Hkv %lld D %lld documents %zu ran: %s\n", c.name, (long long)S,
               (long long)hq, (long long)hkv, (long long)D, c.starts.size(),
               ops.last_attention_impl());
-  if (c.impl == CudaOps::AttentionImpl::kOwn) {
-    EXPECT_STREQ(ops.last_attention_impl(), "own");
-  } else if (c.impl == CudaOps::AttentionImpl::kCudnn) {
+  if (c.kernel == AttentionKernel::kFlash) {
+    EXPECT_STREQ(ops.last_attention_impl(), "flash");
+  } else if (c.kernel == AttentionKernel::kCudnn) {
     EXPECT_STREQ(ops.last_attention_impl(), "cudnn");
   }
   EXPECT_CLOSE(Host(ops, out.tensor()), out_ref, 1e-2, "attention out");
@@ -98,27 +98,27 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   EXPECT_CLOSE(Host(ops, dv.tensor()), dv_ref, 2e-2, "attention dv (GQA sum)");
 }
 
-using Impl = CudaOps::AttentionImpl;
+using Impl = AttentionKernel;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionTest,
     ::testing::Values(
         Case{{131, 4, 2, 64}, Impl::kCudnn, "cudnn_hd64"},
-        Case{{131, 4, 2, 64}, Impl::kOwn, "own_hd64"},
+        Case{{131, 4, 2, 64}, Impl::kFlash, "own_hd64"},
         Case{{200, 8, 2, 128}, Impl::kCudnn, "cudnn_hd128"},
-        Case{{200, 8, 2, 128}, Impl::kOwn, "own_hd128"},
+        Case{{200, 8, 2, 128}, Impl::kFlash, "own_hd128"},
         Case{{77, 4, 2, 16}, Impl::kAuto, "auto_hd16_tiny"},
-        Case{{77, 4, 2, 16}, Impl::kOwn, "own_hd16_tiny"},
+        Case{{77, 4, 2, 16}, Impl::kFlash, "own_hd16_tiny"},
         Case{{300, 6, 6, 32}, Impl::kAuto, "auto_mha_hd32"},
         // Packed samples: uneven documents, one of a single
         // token, none aligned to a tile; 5 documents fill
         // cuDNN's batch bucket of 8 with 3 empty ones.
         Case{{300, 8, 2, 64}, Impl::kCudnn, "docs_cudnn_hd64", {0, 1, 65, 200, 233}},
-        Case{{300, 8, 2, 64}, Impl::kOwn, "docs_own_hd64", {0, 1, 65, 200, 233}},
+        Case{{300, 8, 2, 64}, Impl::kFlash, "docs_own_hd64", {0, 1, 65, 200, 233}},
         Case{{517, 4, 1, 128}, Impl::kCudnn, "docs_cudnn_hd128", {0, 128, 129, 300, 511}},
-        Case{{517, 4, 1, 128}, Impl::kOwn, "docs_own_hd128", {0, 128, 129, 300, 511}},
+        Case{{517, 4, 1, 128}, Impl::kFlash, "docs_own_hd128", {0, 128, 129, 300, 511}},
         Case{{1000, 32, 8, 64}, Impl::kCudnn, "docs_cudnn_llama1b", {0, 100, 356, 357, 700, 999}},
         Case{{257, 4, 2, 64}, Impl::kCudnn, "one_doc_cudnn", {0}},
-        Case{{257, 4, 2, 64}, Impl::kOwn, "one_doc_own", {0}}),
+        Case{{257, 4, 2, 64}, Impl::kFlash, "one_doc_own", {0}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // The trivial mask ({0}: one document) takes the old path: the same bits as no mask, forward and
@@ -129,10 +129,10 @@ TEST(AttentionDocuments, TrivialMaskIsBitIdentical) {
   CudaAllocator alloc;
   std::vector<float> q = Randn(S * hq * D, 21), k = Randn(S * hkv * D, 22);
   std::vector<float> v = Randn(S * hkv * D, 23), dout = Randn(S * hq * D, 24);
-  for (Impl impl : {Impl::kCudnn, Impl::kOwn}) {
+  for (Impl impl : {Impl::kCudnn, Impl::kFlash}) {
     CudaOps::Options o;
     o.alloc = &alloc;
-    o.attention = impl;
+    o.attention_forward = o.attention_backward = impl;
     CudaOps ops(o);
     std::vector<std::vector<float>> res[2];
     const DocumentMask masks[2] = {DocumentMask{}, DocumentMask{{0}}};
@@ -172,7 +172,7 @@ TEST(AttentionDocuments, PackedEqualsDocumentsOneByOne) {
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
-  o.attention = Impl::kCudnn;
+  o.attention_forward = o.attention_backward = Impl::kCudnn;
   CudaOps ops(o);
   std::vector<float> q = Randn(S * hq * D, 31), k = Randn(S * hkv * D, 32);
   std::vector<float> v = Randn(S * hkv * D, 33), dout = Randn(S * hq * D, 34);
@@ -231,9 +231,9 @@ TEST(AttentionCrossCheck, CudnnAgreesWithOwnKernel) {
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
-  o.attention = Impl::kCudnn;
+  o.attention_forward = o.attention_backward = Impl::kCudnn;
   CudaOps a(o);
-  o.attention = Impl::kOwn;
+  o.attention_forward = o.attention_backward = Impl::kFlash;
   CudaOps b(o);
   std::vector<float> q = Randn(S * hq * D, 5), k = Randn(S * hkv * D, 6), v = Randn(S * hkv * D, 7);
   std::vector<float> dout = Randn(S * hq * D, 8);

@@ -14,13 +14,13 @@ namespace ithaca {
 
 bool BuiltWithCuda() { return true; }
 
-absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes, int64_t probe_window) {
+absl::StatusOr<CudaBackend> MakeCudaBackend(const CudaBackendOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     return absl::FailedPreconditionError(
         "backend: \"cuda\" but this machine has no usable CUDA GPU; use backend = \"cpu\"");
   }
-  const int device = gpu >= 0 ? gpu : 0;
+  const int device = options.gpu >= 0 ? options.gpu : 0;
   if (device >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("GPU ", device, " requested but only ", count, " are visible"));
@@ -41,10 +41,12 @@ absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes, int64_
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     b.device_bytes = static_cast<int64_t>(total_bytes);
   }
-  auto alloc = std::make_unique<CudaAllocator>(budget_bytes);
+  auto alloc = std::make_unique<CudaAllocator>(options.budget_bytes);
   CudaOps::Options opts;
   opts.alloc = alloc.get();
-  opts.probe_window = probe_window;
+  opts.probe_window = options.probe_window;
+  opts.attention_forward = options.attention_forward;
+  opts.attention_backward = options.attention_backward;
   b.ops = std::make_unique<CudaOps>(opts);
   b.alloc = std::move(alloc);
   return b;

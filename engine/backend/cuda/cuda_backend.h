@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/backend/attention_choice.h"
 #include "engine/backend/ops.h"
 #include "engine/comm/comm.h"
 #include "engine/core/status.h"
@@ -29,11 +30,20 @@ struct CudaBackend {
   std::string libraries;
 };
 
-// CudaOps on GPU `gpu` (made the current device) with a caching allocator capped at
-// `budget_bytes` (0: no cap). FAILED_PRECONDITION when there is no such GPU or no CUDA, or when
-// the cuDNN or NCCL loaded is older than the one built against (naming both versions).
-// `probe_window` > 0: the memory probe's attention window (CudaOps::Options::probe_window).
-absl::StatusOr<CudaBackend> MakeCudaBackend(int gpu, size_t budget_bytes, int64_t probe_window = 0);
+struct CudaBackendOptions {
+  int gpu = 0;              // made the current device
+  size_t budget_bytes = 0;  // the caching allocator's cap; 0: none
+  // > 0: the memory probe's attention window (CudaOps::Options::probe_window).
+  int64_t probe_window = 0;
+  // Each attention pass's kernel (the job's [kernels]; engine/backend/attention_choice.h).
+  AttentionKernel attention_forward = AttentionKernel::kAuto;
+  AttentionKernel attention_backward = AttentionKernel::kAuto;
+};
+
+// CudaOps on a GPU with a caching allocator. FAILED_PRECONDITION when there is no such GPU or no
+// CUDA, or when the cuDNN or NCCL loaded is older than the one built against (naming both
+// versions).
+absl::StatusOr<CudaBackend> MakeCudaBackend(const CudaBackendOptions& options);
 
 // GPU `gpu`'s memory in bytes; 0 when there is no such GPU (or no CUDA). Makes it the current
 // device. (Collectives are put on CudaOps' streams through Ops::streams / Comm::UseStreams.)

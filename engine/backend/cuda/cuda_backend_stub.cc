@@ -14,7 +14,7 @@ absl::Status NoCuda() {
 
 bool BuiltWithCuda() { return false; }
 
-absl::StatusOr<CudaBackend> MakeCudaBackend(int, size_t, int64_t) { return NoCuda(); }
+absl::StatusOr<CudaBackend> MakeCudaBackend(const CudaBackendOptions&) { return NoCuda(); }
 
 int64_t CudaDeviceMemoryBytes(int) { return 0; }
 

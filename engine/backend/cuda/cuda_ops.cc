@@ -105,7 +105,7 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
                           sizeof(double) * cuda::kMaxReduceBlocks, cudaHostAllocDefault));
   gemm_ = std::make_unique<cuda::LtGemm>(compute_, gemm_workspace_.tensor().data,
                                          gemm_workspace_.tensor().bytes());
-  cudnn_ = std::make_unique<cuda::CudnnAttention>(compute_, opts_.alloc);
+  cudnn_ = std::make_unique<cuda::CudnnAttention>(compute_, opts_.alloc, opts_.cudnn);
   int device = 0;
   cudaDeviceProp prop;
   if (cudaGetDevice(&device) == cudaSuccess &&

@@ -1,7 +1,7 @@
 // CudaOps: the CUDA backend of Ops (engine/backend/ops.h) for Hopper. Activations are bf16,
-// accumulation f32; GEMMs run on cuBLASLt, attention on cuDNN's fused flash attention (with the
-// own flash kernel as fallback); at long S the forward runs the own Hopper kernel
-// (hopper_attention.h; the rule is in cuda_ops_attention.cc). All work is enqueued on one compute
+// accumulation f32; GEMMs run on cuBLASLt, attention on cuDNN's fused flash attention or the own
+// Hopper kernels (hopper_attention.h), as ChooseAttention (engine/backend/attention_choice.h)
+// decides, with the own flash kernel where cuDNN has no engine. All work is enqueued on one compute
 // stream owned here; copy and comm streams and events are provided for the overlap schedules
 // (docs/schedules.md).
 #pragma once
@@ -14,37 +14,27 @@
 #include <set>
 #include <vector>
 
+#include "engine/backend/attention_choice.h"
+#include "engine/backend/cuda/cudnn_attention.h"
 #include "engine/backend/ops.h"
 #include "engine/core/status.h"
 #include "engine/memory/allocator.h"
 
 namespace ithaca {
 namespace cuda {
-class CudnnAttention;
 class LtGemm;
 }  // namespace cuda
 
 class CudaOps : public Ops {
  public:
-  enum class AttentionImpl {
-    kAuto,   // cuDNN; the own kernel where cuDNN has no engine for the shape
-    kCudnn,  // cuDNN only (an unsupported shape aborts)
-    kOwn,    // the own flash kernel only
-  };
-  // The forward's and the backward's kernel where `attention` is kAuto or kCudnn (kOwn and the
-  // memory probe keep theirs); the environment's ITHACA_ATTENTION_FORWARD and
-  // ITHACA_ATTENTION_BACKWARD (auto|cudnn|hopper) override them. Either backward reads the O and
-  // LSE of either forward.
-  enum class AttentionKernel {
-    kAuto,    // the own Hopper kernel where it measured faster (cuda_ops_attention.cc), else cuDNN
-    kCudnn,   // cuDNN
-    kHopper,  // the Hopper kernel wherever the shape and GPU qualify, else cuDNN (logged once)
-  };
   struct Options {
     // Workspaces (cuBLASLt, cuDNN: Tier::kWorkspace) and attention scratch come from here. Must
     // outlive the CudaOps.
     Allocator* alloc = nullptr;
-    AttentionImpl attention = AttentionImpl::kAuto;
+    // Each pass's kernel, as the job spec names it ([kernels]); kAuto: ChooseAttention's measured
+    // table per shape (attention_choice.h). Where the GPU or the pointers do not allow the Hopper
+    // kernel it runs cuDNN; where cuDNN has no engine for a shape, the flash kernel (both logged
+    // once). Either backward reads the O and LSE of either forward.
     AttentionKernel attention_forward = AttentionKernel::kAuto;
     AttentionKernel attention_backward = AttentionKernel::kAuto;
     size_t gemm_workspace_bytes = size_t{32} << 20;
@@ -55,6 +45,8 @@ class CudaOps : public Ops {
     int64_t probe_window = 0;
     // Times every op with CUDA events on the compute stream (TakeProfile).
     bool profile = false;
+    // For measuring cuDNN's attention plans (attention_bench); the defaults are training's.
+    cuda::CudnnTuning cudnn;
   };
   explicit CudaOps(const Options& opts);
   ~CudaOps() override;
@@ -119,8 +111,7 @@ class CudaOps : public Ops {
   void AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& working, const AdamWParams& p) override;
 
-  // Which attention implementation ran last ("cudnn", "hopper" (forward only) or "own"), for
-  // tests and logs.
+  // Which attention kernel ran last ("cudnn", "hopper" or "flash"), for tests and logs.
   const char* last_attention_impl() const { return last_attention_; }
   // Bytes of cuDNN's attention workspace now held (workspace tier), and cuBLASLt's.
   int64_t attention_workspace_bytes() const;
@@ -146,16 +137,18 @@ class CudaOps : public Ops {
   cudaEvent_t PoolEvent();
   double Reduce(const Tensor& x, bool squares, const char* op);
   void ReduceInto(const Tensor& x, bool squares, const Tensor& out, const char* op);
-  bool UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
+  // The kernel the pass runs: ChooseAttention on the options, then what the GPU and the pointers
+  // allow (the Hopper kernel's checks) and the memory probe. Logs the choice and its reason once
+  // per shape and pass.
+  AttentionKernel KernelFor(AttentionPass pass, int64_t s, int64_t hq, int64_t hkv, int64_t d,
+                            const void* q, const void* k, const void* v, const void* o,
+                            const void* dout, const float* lse, const void* dq, const void* dk,
+                            const void* dv, const DocumentMask& docs);
+  // Runs cuDNN's attention; false (logged once) when cuDNN has no engine for the shape, and the
+  // caller runs the flash kernel instead.
+  bool RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
                 void* dq, void* dk, void* dv, const DocumentMask& docs);
-  // Whether the pass (forward, or backward with dout, dq, dk, dv) runs on the own Hopper kernel:
-  // the choice (option or environment), the shape, pointers and GPU, and the measured rule.
-  // Logs the choice once per shape and pass; false: the caller runs cuDNN (or the own flash
-  // kernel).
-  bool UseHopper(bool backward, int64_t s, int64_t hq, int64_t hkv, int64_t d, const void* q,
-                 const void* k, const void* v, const void* o, const void* dout, const float* lse,
-                 const void* dq, const void* dk, const void* dv, const DocumentMask& docs);
   // cuDNN on a packed sample: a ragged batch whose stats go through an [S, Hq] scratch.
   absl::Status CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward,
                               const void* q, const void* k, const void* v, const void* o,
@@ -181,7 +174,6 @@ class CudaOps : public Ops {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   const char* last_attention_ = "none";
   bool cudnn_warned_ = false;
-  bool hopper_fallback_warned_[2] = {false, false};  // forward, backward
   std::set<std::vector<int64_t>> choice_logged_;     // (pass, shape)s whose choice was logged
   std::vector<Span> spans_;
   struct DocumentEntry {

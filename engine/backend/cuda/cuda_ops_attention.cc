@@ -43,104 +43,45 @@ int64_t Bucket(int64_t n) {
 
 constexpr size_t kMaxDocumentEntries = 32;
 
-// ---- The attention kernels' choice between cuDNN and the own Hopper kernels, per shape and pass.
-// TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16) against the engine's cuDNN 9.14.
-// Forward (bench/hopper_attention/README.md; K/V multicast over clusters of 2 or 4 CTAs):
-//   head_dim 64:  S 64K 513-515 vs 499, 128K 516 vs 498, 256K 508-511 vs 462, 512K 500-502 vs 428
-//   head_dim 128: S 64K 619-620 vs 609, 128K 588-595, 256K 582-584, 512K 578-580
-//                 (cuDNN 9.19: 554, 513, 487 at 128K, 256K, 512K)
-//   Below 64K the fwd+bwd pass with the Hopper backward is as fast or faster after cuDNN's
-//   forward (hd64 16K: 542 vs 483).
-// Backward, in-engine (bench/results/2026-12-01-s5-hopperbwd-in-engine.jsonl, two runs of each
-// kernel, the spread is the power-limited clock's):
-//   head_dim 64:  S 16K 522-547 vs 447-454, 32K 520-541 vs 439-471, 64K 490-522 vs 439,
-//                 128K 515-521 vs 431-434, 256K 520 vs 434-435
-//   head_dim 128: S 16K 531-577 vs 576-577, 32K 557-560 vs 522-538, 64K 532-556 vs 527-528,
-//                 128K 548-554 vs 527
-// So the forward from 64K at both head dims, the backward from 16K at head_dim 64 and from 32K at
-// head_dim 128; shorter S were not measured and stay on cuDNN. Either backward reads the O and
-// LSE (natural-log f32 [Hq, S], cuDNN's stats layout for one sequence) that either forward
-// writes.
-bool HopperMeasuredFaster(bool backward, int64_t s, int64_t d) {
-  if (d != 64 && d != 128) return false;
-  if (!backward) return s >= 65536;
-  return s >= (d == 64 ? 16384 : 32768);
-}
-
-// ITHACA_ATTENTION_FORWARD / ITHACA_ATTENTION_BACKWARD, when set, override the options. Read
-// once per process: the choice is made on every attention call.
-CudaOps::AttentionKernel KernelSetting(bool backward, CudaOps::AttentionKernel option) {
-  using K = CudaOps::AttentionKernel;
-  auto read = [](const char* name) -> std::optional<K> {
-    const char* raw = std::getenv(name);
-    const std::string v = raw ? raw : "";
-    if (v.empty()) return std::nullopt;
-    if (v == "auto") return K::kAuto;
-    if (v == "cudnn") return K::kCudnn;
-    if (v == "hopper") return K::kHopper;
-    ITHACA_CHECK(false, "environment: ", name, "=", v, ": expected auto, cudnn or hopper");
-    return std::nullopt;
-  };
-  static const std::optional<K> env[2] = {read("ITHACA_ATTENTION_FORWARD"),
-                                          read("ITHACA_ATTENTION_BACKWARD")};
-  return env[backward ? 1 : 0].value_or(option);
-}
-
-const char* KernelName(CudaOps::AttentionKernel f) {
-  switch (f) {
-    case CudaOps::AttentionKernel::kCudnn:
-      return "cudnn";
-    case CudaOps::AttentionKernel::kHopper:
-      return "hopper";
-    default:
-      return "auto";
-  }
-}
-
 }  // namespace
 
-bool CudaOps::UseHopper(bool backward, int64_t s, int64_t hq, int64_t hkv, int64_t d, const void* q,
-                        const void* k, const void* v, const void* o, const void* dout,
-                        const float* lse, const void* dq, const void* dk, const void* dv,
-                        const DocumentMask& docs) {
-  if (opts_.attention == AttentionImpl::kOwn || opts_.probe_window > 0) return false;
-  const AttentionKernel want =
-      KernelSetting(backward, backward ? opts_.attention_backward : opts_.attention_forward);
-  if (want == AttentionKernel::kCudnn) return false;
-  const char* pass = backward ? "backward" : "forward";
-  const char* unsupported = !docs.trivial() && !backward    ? "a document mask"
-                            : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
-                            : !cuda::HopperAttentionDeviceSupported()
-                                ? "the GPU is not compute capability 9.0"
-                                : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse);
-  if (unsupported == nullptr && backward) {
-    unsupported = cuda::HopperAttentionUnsupported(s, hq, hkv, d, dout, dq, dk, dv, nullptr);
+AttentionKernel CudaOps::KernelFor(AttentionPass pass, int64_t s, int64_t hq, int64_t hkv,
+                                   int64_t d, const void* q, const void* k, const void* v,
+                                   const void* o, const void* dout, const float* lse,
+                                   const void* dq, const void* dk, const void* dv,
+                                   const DocumentMask& docs) {
+  const bool backward = pass == AttentionPass::kBackward;
+  const char* name = backward ? "backward" : "forward";
+  AttentionChoice choice =
+      ChooseAttention(pass, {s, d, !docs.trivial()},
+                      backward ? opts_.attention_backward : opts_.attention_forward);
+  if (opts_.probe_window > 0) {  // the memory probe's window is cuDNN's causal band
+    ITHACA_CHECK(choice.kernel != AttentionKernel::kFlash,
+                 "CudaOps: the memory probe's attention window needs cuDNN, not \"flash\"");
+    choice = {AttentionKernel::kCudnn, "the memory probe's window"};
   }
-  const bool use = unsupported == nullptr &&
-                   (want == AttentionKernel::kHopper || HopperMeasuredFaster(backward, s, d));
-  bool& warned = hopper_fallback_warned_[backward ? 1 : 0];
-  if (want == AttentionKernel::kHopper && unsupported != nullptr && !warned) {
-    std::fprintf(stderr,
-                 "CudaOps: attention %s \"hopper\" asked for, but the Hopper kernel does not "
-                 "run S %lld Hq %lld Hkv %lld D %lld (%s): cuDNN instead (logged once)\n",
-                 pass, static_cast<long long>(s), static_cast<long long>(hq),
-                 static_cast<long long>(hkv), static_cast<long long>(d), unsupported);
-    warned = true;
+  if (choice.kernel == AttentionKernel::kHopper) {
+    const char* unsupported = !docs.trivial() && !backward    ? "a document mask"
+                              : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
+                              : !cuda::HopperAttentionDeviceSupported()
+                                  ? "the GPU is not compute capability 9.0"
+                                  : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse);
+    if (unsupported == nullptr && backward) {
+      unsupported = cuda::HopperAttentionUnsupported(s, hq, hkv, d, dout, dq, dk, dv, nullptr);
+    }
+    if (unsupported != nullptr) {
+      choice = {AttentionKernel::kCudnn,
+                absl::StrCat(choice.why, "; but the Hopper kernel does not run it (", unsupported,
+                             "): cuDNN instead")};
+    }
   }
   if (choice_logged_.insert({backward ? 1 : 0, s, hq, hkv, d, docs.trivial() ? 0 : 1}).second) {
-    std::string why = KernelName(want);
-    if (unsupported != nullptr) {
-      why += std::string("; hopper: ") + unsupported;
-    } else if (!use) {
-      why += backward ? "; hopper measured faster only from S 16384 at D 64, 32768 at D 128"
-                      : "; hopper measured faster only from S 65536";
-    }
-    std::fprintf(stderr, "CudaOps: attention %s S %lld Hq %lld Hkv %lld D %lld%s: %s (%s)\n", pass,
+    std::fprintf(stderr, "CudaOps: attention %s S %lld Hq %lld Hkv %lld D %lld%s: %s (%s)\n", name,
                  static_cast<long long>(s), static_cast<long long>(hq), static_cast<long long>(hkv),
                  static_cast<long long>(d), docs.trivial() ? "" : " with documents",
-                 use ? "hopper" : "cudnn", why.c_str());
+                 AttentionKernelName(choice.kernel), choice.why.c_str());
   }
-  return use;
+  return choice.kernel;
 }
 
 const void* CudaOps::DocumentIndex(const std::vector<int64_t>& key,
@@ -196,12 +137,9 @@ void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool i
              static_cast<int64_t>(docs.starts.size()), compute_);
 }
 
-bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
+bool CudaOps::RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                        const void* k, const void* v, const void* o, const void* dout,
                        const void* lse, void* dq, void* dk, void* dv, const DocumentMask& docs) {
-  ITHACA_CHECK(opts_.probe_window == 0 || opts_.attention != AttentionImpl::kOwn,
-               "CudaOps: the memory probe's attention window needs cuDNN");
-  if (opts_.attention == AttentionImpl::kOwn) return false;
   ITHACA_CHECK(opts_.probe_window == 0 || docs.trivial(),
                "CudaOps: the memory probe's attention window takes no document mask");
   const cuda::AttentionShape sh{s, hq, hkv, d, opts_.probe_window};
@@ -217,13 +155,12 @@ bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
     return true;
   }
   ITHACA_CHECK(opts_.probe_window == 0,
-               "CudaOps: cuDNN has no windowed attention for the memory "
-               "probe: ",
+               "CudaOps: cuDNN has no windowed attention for the memory probe: ", st.ToString());
+  ITHACA_CHECK(cuda::FlashAttentionSupports(d),
+               "CudaOps: cuDNN attention failed and the flash kernel takes no head_dim ", d, ": ",
                st.ToString());
-  ITHACA_CHECK(opts_.attention != AttentionImpl::kCudnn && cuda::FlashAttentionSupports(d),
-               "CudaOps: cuDNN attention failed and no fallback: ", st.ToString());
   if (!cudnn_warned_) {
-    std::fprintf(stderr, "CudaOps: cuDNN attention unavailable (%s); using the own kernel\n",
+    std::fprintf(stderr, "CudaOps: cuDNN attention unavailable (%s); using the flash kernel\n",
                  st.ToString().c_str());
     cudnn_warned_ = true;
   }
@@ -284,8 +221,10 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
   CheckDocuments(docs, s, "Attention");
-  if (UseHopper(false, s, hq, hkv, d, q.data, k.data, v.data, out.data, nullptr, lse.f32(), nullptr,
-                nullptr, nullptr, docs)) {
+  const AttentionKernel kernel = KernelFor(AttentionPass::kForward, s, hq, hkv, d, q.data, k.data,
+                                           v.data, out.data, nullptr, lse.f32(), nullptr, nullptr,
+                                           nullptr, docs);
+  if (kernel == AttentionKernel::kHopper) {
     const cudaError_t err = cuda::HopperAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d,
                                                          BfMut(out), lse.f32(), compute_);
     ITHACA_CHECK(err == cudaSuccess,
@@ -293,17 +232,18 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     last_attention_ = "hopper";
     return;
   }
-  if (UseCudnn(s, hq, hkv, d, false, q.data, k.data, v.data, out.data, nullptr, lse.data, nullptr,
+  if (kernel == AttentionKernel::kCudnn &&
+      RunCudnn(s, hq, hkv, d, false, q.data, k.data, v.data, out.data, nullptr, lse.data, nullptr,
                nullptr, nullptr, docs)) {
     return;
   }
   ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::Attention: head_dim ", d,
-               " unsupported by the own kernel");
+               " unsupported by the flash kernel");
   const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr;
   cuda::FlashAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d, BfMut(out), lse.f32(), starts,
                               ndocs, compute_);
-  last_attention_ = "own";
+  last_attention_ = "flash";
 }
 
 void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -324,8 +264,10 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
   CheckDocuments(docs, s, op);
-  if (UseHopper(true, s, hq, hkv, d, q.data, k.data, v.data, out.data, dout.data, lse.f32(),
-                dq.data, dk.data, dv.data, docs)) {
+  const AttentionKernel kernel =
+      KernelFor(AttentionPass::kBackward, s, hq, hkv, d, q.data, k.data, v.data, out.data,
+                dout.data, lse.f32(), dq.data, dk.data, dv.data, docs);
+  if (kernel == AttentionKernel::kHopper) {
     // The dQ accumulator and the padded LSE/Dsum rows, for this call only (the allocator hands
     // the block to later work on the stream only); the planner's workspace rule covers it.
     const int64_t bytes = cuda::HopperAttentionBackwardWorkspace(s, hq, hkv, d);
@@ -342,12 +284,13 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
     last_attention_ = "hopper";
     return;
   }
-  if (UseCudnn(s, hq, hkv, d, true, q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data,
+  if (kernel == AttentionKernel::kCudnn &&
+      RunCudnn(s, hq, hkv, d, true, q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data,
                dk.data, dv.data, docs)) {
     return;
   }
   ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::AttentionBackward: head_dim ", d,
-               " unsupported by the own kernel");
+               " unsupported by the flash kernel");
   auto delta = Buffer::Make(opts_.alloc, DType::kF32, {hq, s}, Tier::kAttention);
   ITHACA_CHECK(delta.ok(), "CudaOps::AttentionBackward: ", delta.status().ToString());
   const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
@@ -355,7 +298,7 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
   cuda::FlashAttentionBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d,
                                delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv), starts,
                                ndocs, compute_);
-  last_attention_ = "own";
+  last_attention_ = "flash";
 }
 
 }  // namespace ithaca

@@ -72,14 +72,11 @@ enum Uid : int64_t {
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t>;
 
-// Which heuristic modes offer plans: ITHACA_CUDNN_HEUR is a comma list of A, B, FALLBACK
-// (default "A"). Every offered plan is timed on the first call, so more modes can only find a
-// faster plan, at a one-off cost; the variable exists to measure whether they do.
-std::vector<fe::HeurMode_t> HeurModes() {
-  const char* env = std::getenv("ITHACA_CUDNN_HEUR");
-  const std::string spec = env ? env : "A";
+// The heuristic modes that offer plans (CudnnTuning::heuristics). Every offered plan is timed on
+// the first call, so more modes can only find a faster plan, at a one-off cost.
+std::vector<fe::HeurMode_t> HeurModes(const CudnnTuning& t) {
   std::vector<fe::HeurMode_t> modes;
-  for (absl::string_view m : absl::StrSplit(spec, ',')) {
+  for (absl::string_view m : absl::StrSplit(t.heuristics, ',')) {
     if (m == "A") modes.push_back(fe::HeurMode_t::A);
     if (m == "B") modes.push_back(fe::HeurMode_t::B);
     if (m == "FALLBACK") modes.push_back(fe::HeurMode_t::FALLBACK);
@@ -88,15 +85,11 @@ std::vector<fe::HeurMode_t> HeurModes() {
   return modes;
 }
 
-bool Verbose() { return std::getenv("ITHACA_CUDNN_VERBOSE") != nullptr; }
-
-// ITHACA_CUDNN_SDPA_IMPL=composite|unified picks the frontend's forward node (default: its own
-// choice, UNIFIED from cuDNN 9.13.1 on); the backward has only the composite one.
-fe::AttentionImplementation_t ForwardImplementation() {
-  const char* env = std::getenv("ITHACA_CUDNN_SDPA_IMPL");
-  const std::string v = env ? env : "";
-  if (v == "composite") return fe::AttentionImplementation_t::COMPOSITE;
-  if (v == "unified") return fe::AttentionImplementation_t::UNIFIED;
+// The frontend's forward node (CudnnTuning::forward_impl; default: its own choice, UNIFIED from
+// cuDNN 9.13.1 on); the backward has only the composite one.
+fe::AttentionImplementation_t ForwardImplementation(const CudnnTuning& t) {
+  if (t.forward_impl == "composite") return fe::AttentionImplementation_t::COMPOSITE;
+  if (t.forward_impl == "unified") return fe::AttentionImplementation_t::UNIFIED;
   return fe::AttentionImplementation_t::AUTO;
 }
 
@@ -107,9 +100,9 @@ struct EngineConfig {
 };
 
 // "ENGINE" or "ENGINE:TYPE=VALUE,TYPE=VALUE" (as the sweep prints them); engine −1 when unset.
-EngineConfig ParseConfig(const char* spec) {
+EngineConfig ParseConfig(const std::string& spec) {
   EngineConfig c;
-  if (!spec || !*spec) return c;
+  if (spec.empty()) return c;
   std::vector<std::string> parts = absl::StrSplit(spec, absl::MaxSplits(':', 1));
   c.engine = std::stoll(parts[0]);
   if (parts.size() > 1) {
@@ -135,7 +128,7 @@ std::string FormatConfig(const EngineConfig& c) {
 // Every knob combination of every engine that accepts the graph, the first `per_engine` of each
 // (in odometer order). Enqueued as plans next to the heuristics' own, so the first-call timing
 // measures them all (combinations an engine rejects fail to build and are skipped).
-void EnqueueSweep(fe::graph::Graph& g, int64_t per_engine) {
+void EnqueueSweep(fe::graph::Graph& g, int64_t per_engine, bool verbose) {
   int64_t engines = 0;
   if (g.get_engine_count(engines).is_bad()) return;
   for (int64_t eng = 0; eng < engines; ++eng) {
@@ -150,7 +143,7 @@ void EnqueueSweep(fe::graph::Graph& g, int64_t per_engine) {
       }
       if (!values.empty()) axes.emplace_back(k.type, values);
     }
-    if (Verbose()) {
+    if (verbose) {
       std::string desc;
       for (const auto& [type, values] : axes) {
         absl::StrAppend(&desc, " knob ", static_cast<int64_t>(type), " [", values.front(), "..",
@@ -231,6 +224,7 @@ absl::Status FeError(const char* what, fe::error_t e) {
 }  // namespace
 
 struct CudnnAttention::Impl {
+  CudnnTuning tuning;
   cudaStream_t stream = nullptr;
   Allocator* alloc = nullptr;
   cudnnHandle_t handle = nullptr;
@@ -245,7 +239,7 @@ struct CudnnAttention::Impl {
   std::map<Key, Entry> graphs;
 
   absl::StatusOr<Entry*> Get(const AttentionShape& sh, bool backward);
-  // `allow_forced`: honour ITHACA_CUDNN_CONFIG_{FWD,BWD} (false on the retry without it).
+  // `allow_forced`: honour CudnnTuning's configurations (false on the retry without them).
   absl::Status Build(const AttentionShape& sh, bool backward, Entry* e, bool allow_forced = true);
   absl::StatusOr<void*> Workspace(int64_t bytes);
   absl::Status Execute(Entry* e, std::unordered_map<int64_t, void*>& pack, const char* what);
@@ -277,7 +271,7 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
         break;
       }
     }
-    if (got.ok() && Verbose()) {
+    if (got.ok() && tuning.verbose) {
       std::fprintf(stderr, "  cuDNN SDPA %s: timing only plans with at most %lld B of workspace\n",
                    what, static_cast<long long>(timing_limit));
     }
@@ -287,11 +281,11 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
   if (e->plan < 0) {
     e->plan = 0;
     float best = 0;
-    // ITHACA_CUDNN_PLAN="F,B" forces plan F forward and B backward (indices from an earlier
+    // CudnnTuning::plans = "F,B" forces plan F forward and B backward (indices from an earlier
     // verbose run), which skips the timing: at 512K tokens timing every plan costs a minute.
-    const char* forced = std::getenv("ITHACA_CUDNN_PLAN");
+    const bool forced = !tuning.plans.empty();
     if (forced) {
-      std::vector<std::string> f = absl::StrSplit(forced, ',');
+      std::vector<std::string> f = absl::StrSplit(tuning.plans, ',');
       const size_t i = std::string(what) == "forward" ? 0 : 1;
       if (i < f.size() && !f[i].empty())
         e->plan = std::min<int64_t>(std::stoll(f[i]), e->plans - 1);
@@ -319,7 +313,7 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
           best = ms;
           e->plan = i;
         }
-        if (Verbose()) {
+        if (tuning.verbose) {
           std::string name;
           (void)e->graph->get_plan_name_at_index(i, name);
           EngineConfig c;
@@ -343,7 +337,7 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
       }
       ASSIGN_OR_RETURN(ws, Workspace(e->workspace));
     }
-    if (Verbose()) {
+    if (tuning.verbose) {
       std::string name;
       (void)e->graph->get_plan_name_at_index(e->plan, name);
       int64_t plan_ws = 0;
@@ -401,7 +395,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
                     .set_generate_stats(true)
                     .set_causal_mask(true)
                     .set_attn_scale(scale)
-                    .set_implementation(ForwardImplementation());
+                    .set_implementation(ForwardImplementation(tuning));
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
     if (ragged) set_padding(opts);
     auto [o, stats] = g->sdpa(q, k, v, opts);
@@ -437,13 +431,12 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
   if (err.is_bad()) return FeError("validate", err);
   err = g->build_operation_graph(handle);
   if (err.is_bad()) return FeError("build_operation_graph", err);
-  // Plans: a configuration named in ITHACA_CUDNN_CONFIG_{FWD,BWD} (from a sweep) when it
-  // builds, else the heuristics' offers, plus with ITHACA_CUDNN_SWEEP=N every engine's knob
-  // combinations (≤ N per engine); the first call times them all and keeps the fastest.
-  const EngineConfig forced = allow_forced
-                                  ? ParseConfig(std::getenv(backward ? "ITHACA_CUDNN_CONFIG_BWD"
-                                                                     : "ITHACA_CUDNN_CONFIG_FWD"))
-                                  : EngineConfig{};
+  // Plans: the configuration CudnnTuning names (from a sweep) when it builds, else the
+  // heuristics' offers, plus with CudnnTuning::sweep = N every engine's knob combinations (≤ N
+  // per engine); the first call times them all and keeps the fastest.
+  const EngineConfig forced =
+      allow_forced ? ParseConfig(backward ? tuning.config_backward : tuning.config_forward)
+                   : EngineConfig{};
   bool planned = false;
   if (forced.engine >= 0) {
     planned = g->create_execution_plan(forced.engine, forced.knobs).is_good() &&
@@ -458,9 +451,9 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     }
   }
   if (!planned) {
-    err = g->create_execution_plans(HeurModes());
+    err = g->create_execution_plans(HeurModes(tuning));
     if (err.is_bad()) return FeError("create_execution_plans", err);
-    if (const char* sweep = std::getenv("ITHACA_CUDNN_SWEEP")) EnqueueSweep(*g, std::atoll(sweep));
+    if (tuning.sweep > 0) EnqueueSweep(*g, tuning.sweep, tuning.verbose);
     err = g->check_support();
     if (err.is_bad()) return FeError("check_support", err);
   }
@@ -504,7 +497,9 @@ absl::StatusOr<void*> CudnnAttention::Impl::Workspace(int64_t bytes) {
   return workspace.tensor().data;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t stream, Allocator* alloc) : impl_(new Impl) {
+CudnnAttention::CudnnAttention(cudaStream_t stream, Allocator* alloc, const CudnnTuning& tuning)
+    : impl_(new Impl) {
+  impl_->tuning = tuning;
   impl_->stream = stream;
   impl_->alloc = alloc;
 }

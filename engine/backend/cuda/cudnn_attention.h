@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -42,10 +43,23 @@ struct RaggedIndex {
   const int64_t* stats_offset = nullptr;  // [batch + 1] in the stats
 };
 
+// Settings for measuring cuDNN's plans (attention_bench's --cudnn_* flags); the defaults are what
+// training runs.
+struct CudnnTuning {
+  std::string heuristics = "A";  // heuristic modes offering plans: a comma list of A, B, FALLBACK
+  bool verbose = false;          // print every plan's time
+  std::string forward_impl;      // the frontend's forward node: "" (its choice), composite, unified
+  std::string plans;             // "F,B": plan F forward and B backward, without timing them
+  // "ENGINE" or "ENGINE:TYPE=VALUE,..." (as a sweep prints them): that configuration, when it
+  // supports the graph.
+  std::string config_forward, config_backward;
+  int64_t sweep = 0;  // > 0: also every engine's knob combinations, at most this many per engine
+};
+
 class CudnnAttention {
  public:
   // `alloc` provides the workspace (Tier::kWorkspace); work is enqueued on `stream`.
-  CudnnAttention(cudaStream_t stream, Allocator* alloc);
+  CudnnAttention(cudaStream_t stream, Allocator* alloc, const CudnnTuning& tuning = {});
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

@@ -48,14 +48,10 @@
 // value's (row, col) from the same TiledMma partition. dK and dV are bitwise reproducible; dQ is
 // not (f32 reductions from many CTAs in the order they finish).
 //
-// Compile-time switches (bench/hopper_attention/backward/build_variants.sh times them):
-// ITHACA_BWD_DQ_ATOMIC=1 replaces the smem + bulk reduce path with float4 atomicAdd from
-// registers (same global layout); ITHACA_BWD_M_DESC and ITHACA_BWD_CTA_ORDER change the
-// query-tile and CTA orders; ITHACA_BWD_PRODUCER_REGS the producer warpgroup's registers;
-// ITHACA_BWD_HD64_BM the hd64 query step (128 or 64); ITHACA_BWD_DS_STSM=0 writes dS to shared
-// memory with element stores instead of stmatrix. The defaults are the measured best (H200,
-// causal 32:8, bench/results/2026-12-01-s5-hopperbwd-bench_variants.jsonl: hd64 at 128K,
-// descending query tiles 528.8 TFLOPS, ascending 514.4, KV-tile-major CTAs 526.3, atomics 517.5).
+// The choices below are the measured best of the variants timed on the H200 (causal 32:8, hd64
+// at 128K: descending query tiles 528.8 TFLOPS, ascending 514.4, KV-tile-major CTAs 526.3, dQ by
+// float4 atomics 517.5, dV issued before dS -4 %; the variants' code is in git history before
+// the commit that removed their switches, and lab/hopper_attention/ holds their notes).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -78,35 +74,12 @@
 #include "engine/backend/cuda/hopper_attention.h"
 #include "engine/backend/cuda/hopper_cute.cuh"
 
-#ifndef ITHACA_BWD_DQ_ATOMIC
-#define ITHACA_BWD_DQ_ATOMIC 0
-#endif
 // Registers of the producer warpgroup (setmaxnreg); consumers get 240. 24 + 2·240 fits the
-// register file with 128 threads each; 32 is the most that still fits (32·128 + 240·256 = 64K).
-#ifndef ITHACA_BWD_PRODUCER_REGS
-#define ITHACA_BWD_PRODUCER_REGS 24
-#endif
-// Order of the query tiles inside a CTA: 0 ascending from the diagonal (FA3's order; the CTAs
-// running at one time, which start at consecutive diagonals, sweep a window of ≈ 2 × #CTAs query
-// tiles); 1 descending from the last tile (the concurrent CTAs walk the same query tiles in
-// lock-step: a small L2 working set, but their dQ reductions hit the same lines at once).
-#ifndef ITHACA_BWD_M_DESC
-#define ITHACA_BWD_M_DESC 1
-#endif
-// Order of the CTAs: 0 KV-head-major (all KV tiles of KV head 0, longest first, then head 1, ...);
-// 1 KV-tile-major (KV tile 0 of every KV head, then tile 1, ...: longest first over the whole
-// grid, the concurrent CTAs spread over all KV heads).
-#ifndef ITHACA_BWD_CTA_ORDER
-#define ITHACA_BWD_CTA_ORDER 0
-#endif
-#ifndef ITHACA_BWD_DS_STSM
-#define ITHACA_BWD_DS_STSM 1
-#endif
-// 1: dV += Pᵀ dO is issued as soon as P is in registers, before dS is computed, so the tensor
-// cores work while the consumers compute dS (FA3 issues it after dS).
-#ifndef ITHACA_BWD_DV_FIRST
-#define ITHACA_BWD_DV_FIRST 0
-#endif
+// register file with 128 threads each.
+constexpr int kProducerRegs = 24;
+// Query tiles inside a CTA go descending from the last tile (the concurrent CTAs walk the same
+// query tiles in lock-step: a small L2 working set). CTAs are KV-head-major (all KV tiles of KV
+// head 0, longest first, then head 1, ...).
 
 namespace ithaca_bwd {
 namespace {
@@ -187,9 +160,7 @@ struct Cfg {
     alignas(1024) cute::array_aligned<bf16, cosize_v<SmemK>, 1024> k;
     alignas(1024) cute::array_aligned<bf16, cosize_v<SmemK>, 1024> v;
     alignas(1024) cute::array_aligned<bf16, cosize_v<SmemdS>, 1024> ds;
-#if !ITHACA_BWD_DQ_ATOMIC
     alignas(128) cute::array_aligned<float, kBlockM * D, 128> dq;
-#endif
     alignas(128) float lse[kStages][kBlockM];
     alignas(128) float dsum[kStages][kBlockM];
     alignas(128) int doc_lo[kStages][kBlockM];  // with documents only
@@ -268,19 +239,14 @@ __device__ __forceinline__ void bulk_wait_all() {
 // KV tile of CTA b: KV-head-major (all tiles of KV head 0 first, so the CTAs running at one time
 // read the same query heads' Q/dO), longest first inside a head (tile 0 has every query tile).
 CUTE_HOST_DEVICE void cta_coords(Problem const& pb, int b, int& g, int& n) {
-#if ITHACA_BWD_CTA_ORDER == 0
   g = b / pb.num_n;
   n = b % pb.num_n;
-#else
-  n = b / pb.Hkv;
-  g = b % pb.Hkv;
-#endif
 }
 
-// The it-th query tile a CTA visits (ITHACA_BWD_M_DESC); producer, dQ writer and consumers all
+// The it-th query tile a CTA visits (descending); producer, dQ writer and consumers all
 // walk the same sequence.
-CUTE_HOST_DEVICE int m_at(int it, int m_min, int m_max) {
-  return ITHACA_BWD_M_DESC ? m_max - 1 - it : m_min + it;
+CUTE_HOST_DEVICE int m_at(int it, int /*m_min*/, int m_max) {
+  return m_max - 1 - it;
 }
 
 // ------------------------------------------------------------------------------ preprocess
@@ -402,7 +368,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename C::SmemK{});
 
   if (wg_idx == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<ITHACA_BWD_PRODUCER_REGS>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     int const warp_in_wg = warp_idx % 4;
     if (warp_in_wg == 0) {
       // ---------------------------------------------------------------- producer
@@ -459,7 +425,6 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
       }
     } else if (warp_in_wg == 1) {
       // ---------------------------------------------------------------- dQ writer
-#if !ITHACA_BWD_DQ_ATOMIC
       for (int it = 0; it < m_max - m_min; ++it) {
         int const m = m_at(it, m_min, m_max);
         for (int hh = 0; hh < group; ++hh) {
@@ -484,7 +449,6 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         }
       }
       if (lane == 0) bulk_wait_all();
-#endif
     }
   } else {
     // ---------------------------------------------------------------- consumers
@@ -514,13 +478,9 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M=q, K=keys, stages)
     Tensor tdQrK = thr_dq.partition_fragment_B(sKt);     // (MMA, N=D, K=keys)
 
-#if ITHACA_BWD_DS_STSM
     auto stsm = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, bf16>{}, mma_sdp);
     auto thr_stsm = stsm.get_thread_slice(mma_tid);
     Tensor tdSsdS = thr_stsm.partition_D(as_position_independent_swizzle_tensor(sdSt));
-#else
-    Tensor tdSsdS = thr_sdp.partition_C(sdSt);  // (MMA, M, N, stages), plain stores
-#endif
 
     // (key, query) coordinates of each Sᵀ accumulator element inside the 128 × Bm tile.
     Tensor cS = make_identity_tensor(Shape<Int<kBlockN>, Int<Bm>>{});
@@ -532,10 +492,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     clear(tdVrdV);
     clear(tdKrdK);
 
-#if !ITHACA_BWD_DQ_ATOMIC
     // The dQ writer's first "staging empty" arrival, made on its behalf (32 threads).
     if (mma_tid % 128 < 32) cutlass::arch::NamedBarrier::arrive(128 + 32, kBarDqEmpty0 + cwg);
-#endif
 
     float const sl2 = pb.scale_log2;
     int const kv0 = n_block * kBlockN;
@@ -597,13 +555,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         Tensor rP = make_tensor_like<bf16>(tSrS);
         convert_bf16(tSrS, rP);
         Tensor tdVrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
-#if ITHACA_BWD_DV_FIRST
-        // dV += Pᵀ dO goes to the tensor cores now, so that it runs while dS is computed below.
-        wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVrdV);
-        warpgroup_wait<1>();  // dP done; dV in flight
-#else
         warpgroup_wait<0>();
-#endif
         warpgroup_fence_operand(tdPrdP);
         // dSᵀ = Pᵀ ∘ (dPᵀ − Dsum), in the dP registers.
         CUTE_UNROLL
@@ -619,15 +571,9 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         // dSᵀ → shared memory (as dS, K-major) for dQ = dS K. Stage s's buffer was last read by
         // the dQ gemms of two steps ago, which both warpgroups finished before the PdS barrier
         // of the previous step.
-#if ITHACA_BWD_DS_STSM
         copy(stsm, thr_stsm.retile_S(rdS), tdSsdS(_, _, _, s));
-#else
-        copy(rdS, tdSsdS(_, _, _, s));
-#endif
 
-#if !ITHACA_BWD_DV_FIRST
         wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVrdV);  // dV += Pᵀ dO
-#endif
 
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::sync(C::NumMmaThreads, kBarPdS);
@@ -638,18 +584,6 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         wg_gemm<false, 1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKrdK);  // dK += dSᵀ Q; dQ done
 
         static_assert(decltype(size(tdQrdQ))::value == C::kDqPerThread);
-#if ITHACA_BWD_DQ_ATOMIC
-        {
-          float4* dst =
-              reinterpret_cast<float4*>(pb.dq_acc + (int64_t(h) * pb.S_pad + int64_t(q0)) * C::D +
-                                        cwg * C::kDqHalf + (mma_tid % 128) * 4);
-          CUTE_UNROLL
-          for (int i = 0; i < C::kDqPerThread; i += 4) {
-            atomicAdd(dst + (i / 4) * 128,
-                      make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3)));
-          }
-        }
-#else
         {
           cutlass::arch::NamedBarrier::sync(128 + 32, kBarDqEmpty0 + cwg);
           float4* dst =
@@ -662,7 +596,6 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
           cutlass::arch::fence_view_async_shared();
           cutlass::arch::NamedBarrier::arrive(128 + 32, kBarDqFull0 + cwg);
         }
-#endif
         warpgroup_wait<0>();  // dK done: Q, dO, LSE, Dsum of stage s are free
         pipe.consumer_release(rd);
         ++rd;
@@ -766,10 +699,7 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
 
 // head_dim 128: 64 queries × 128 keys per step; head_dim 64: 128 × 128 (FA3's H100 choices).
 using CfgD128 = Cfg<128, 64, 2>;
-#ifndef ITHACA_BWD_HD64_BM
-#define ITHACA_BWD_HD64_BM 128
-#endif
-using CfgD64 = Cfg<64, ITHACA_BWD_HD64_BM, 2>;
+using CfgD64 = Cfg<64, 128, 2>;
 
 }  // namespace
 }  // namespace ithaca_bwd

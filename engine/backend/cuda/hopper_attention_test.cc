@@ -24,23 +24,18 @@ using cuda_test::Dev;
 using cuda_test::Host;
 using cuda_test::Poisoned;
 using cuda_test::Randn;
-using Kernel = CudaOps::AttentionKernel;
+using Kernel = AttentionKernel;
 
-// The kernel needs a compute capability 9.0 GPU and a build with CUTLASS; the choice must come
-// from the options, not from the environment.
+// The kernel needs a compute capability 9.0 GPU and a build with CUTLASS.
 #define SKIP_WITHOUT_HOPPER()                                                                  \
   SKIP_WITHOUT_GPU();                                                                          \
   if (!cuda::HopperAttentionBuilt()) GTEST_SKIP() << "built without CUTLASS: kernel left out"; \
   if (!cuda::HopperAttentionDeviceSupported())                                                 \
-    GTEST_SKIP() << "the GPU is not compute capability 9.0 (sm_90a code)";                     \
-  if (std::getenv("ITHACA_ATTENTION_FORWARD") != nullptr ||                                    \
-      std::getenv("ITHACA_ATTENTION_BACKWARD") != nullptr)                                     \
-  GTEST_SKIP() << "ITHACA_ATTENTION_FORWARD/BACKWARD is set: the tests pick the kernels"
+    GTEST_SKIP() << "the GPU is not compute capability 9.0 (sm_90a code)"
 
 CudaOps::Options OptionsFor(Allocator* alloc, Kernel forward, Kernel backward = Kernel::kCudnn) {
   CudaOps::Options o;
   o.alloc = alloc;
-  o.attention = CudaOps::AttentionImpl::kCudnn;
   o.attention_forward = forward;
   o.attention_backward = backward;
   return o;
@@ -132,7 +127,7 @@ TEST_P(HopperVsCpu, ForwardMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsCpu, ::testing::ValuesIn(kSmallShapes), ParamName);
 
 // Long S (no CPU oracle): cuDNN's forward is the reference; LSE to 1e-3 absolute. Also the rule:
-// kAuto picks the Hopper kernel from S 64K at both head dims (CudaOps::HopperMeasuredFaster).
+// kAuto picks the Hopper kernel from S 64K at both head dims (ChooseAttention, HopperRules).
 class HopperVsCudnn : public ::testing::TestWithParam<Shape4> {};
 
 TEST_P(HopperVsCudnn, ForwardMatchesCudnn) {
