@@ -40,6 +40,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
                                                                Allocator* alloc, Options opts,
                                                                Comm* world, Comm* sp) {
   RETURN_IF_ERROR(ValidateConfig(cfg));
+  if (cfg.sliding_window > 0 && ops->device() == Device::kCuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sliding_window ", cfg.sliding_window,
+        ": the CUDA attention has no sliding window yet (the CPU backend has one)"));
+  }
   std::unique_ptr<LlamaModel> m(new LlamaModel(cfg, ops, alloc, opts));
   m->world_ = world;
   m->sp_ = sp;
@@ -65,7 +70,12 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs) const {
   c.attn.s = s;
   c.attn.inv_freq = inv_freq_.tensor();
   c.attn.docs = docs;
+  c.attn.docs.window = cfg_.sliding_window;
   c.attn.overlap = opts_.overlap;
+  c.attn.qkv_bias = cfg_.qkv_bias;
+  c.attn.qk_norm = cfg_.qk_norm;
+  c.attn.qk_norm_eps = static_cast<float>(cfg_.rms_norm_eps);
+  c.attn.rope_scale = static_cast<float>(cfg_.rope.AttentionScaling());
   c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
   // Attention-aware checkpointing keeps O and LSE with the block input.
   c.saved_attention_tier =

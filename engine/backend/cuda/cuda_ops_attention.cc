@@ -22,6 +22,9 @@ namespace {
 
 // Validates a DocumentMask against a sequence of s tokens (s < 0: any length).
 void CheckDocuments(const DocumentMask& docs, int64_t s, const char* op) {
+  // LlamaModel::Create refuses a windowed model on CUDA first; this catches direct callers.
+  ITHACA_CHECK(docs.window == 0, "CudaOps::", op, ": a sliding window of ", docs.window,
+               " keys (the CUDA attention has none yet; the CPU backend does)");
   if (docs.trivial()) return;
   ITHACA_CHECK(docs.starts[0] == 0, "CudaOps::", op, ": the first document starts at ",
                docs.starts[0], ", not 0");
