@@ -40,11 +40,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
                                                                Allocator* alloc, Options opts,
                                                                Comm* world, Comm* sp) {
   RETURN_IF_ERROR(ValidateConfig(cfg));
-  if (cfg.sliding_window > 0 && ops->device() == Device::kCuda) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sliding_window ", cfg.sliding_window,
-        ": the CUDA attention has no sliding window yet (the CPU backend has one)"));
-  }
   std::unique_ptr<LlamaModel> m(new LlamaModel(cfg, ops, alloc, opts));
   m->world_ = world;
   m->sp_ = sp;

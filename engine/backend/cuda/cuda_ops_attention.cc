@@ -22,9 +22,7 @@ namespace {
 
 // Validates a DocumentMask against a sequence of s tokens (s < 0: any length).
 void CheckDocuments(const DocumentMask& docs, int64_t s, const char* op) {
-  // LlamaModel::Create refuses a windowed model on CUDA first; this catches direct callers.
-  ITHACA_CHECK(docs.window == 0, "CudaOps::", op, ": a sliding window of ", docs.window,
-               " keys (the CUDA attention has none yet; the CPU backend does)");
+  ITHACA_CHECK(docs.window >= 0, "CudaOps::", op, ": a sliding window of ", docs.window, " keys");
   if (docs.trivial()) return;
   ITHACA_CHECK(docs.starts[0] == 0, "CudaOps::", op, ": the first document starts at ",
                docs.starts[0], ", not 0");
@@ -111,7 +109,8 @@ bool CudaOps::UseHopper(bool backward, int64_t s, int64_t hq, int64_t hkv, int64
       KernelSetting(backward, backward ? opts_.attention_backward : opts_.attention_forward);
   if (want == AttentionKernel::kCudnn) return false;
   const char* pass = backward ? "backward" : "forward";
-  const char* unsupported = !docs.trivial() && !backward    ? "a document mask"
+  const char* unsupported = docs.window > 0                  ? "a sliding window"
+                            : !docs.trivial() && !backward    ? "a document mask"
                             : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
                             : !cuda::HopperAttentionDeviceSupported()
                                 ? "the GPU is not compute capability 9.0"
@@ -204,10 +203,17 @@ bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
                        const void* lse, void* dq, void* dk, void* dv, const DocumentMask& docs) {
   ITHACA_CHECK(opts_.probe_window == 0 || opts_.attention != AttentionImpl::kOwn,
                "CudaOps: the memory probe's attention window needs cuDNN");
+  // A model's sliding window (Mistral's) runs on cuDNN's causal band, as the probe's does; the
+  // own kernels have none.
+  ITHACA_CHECK(docs.window == 0 || opts_.attention != AttentionImpl::kOwn,
+               "CudaOps: a sliding window of ", docs.window, " keys needs cuDNN (attention "
+               "\"own\" has no window)");
   if (opts_.attention == AttentionImpl::kOwn) return false;
   ITHACA_CHECK(opts_.probe_window == 0 || docs.trivial(),
                "CudaOps: the memory probe's attention window takes no document mask");
-  const cuda::AttentionShape sh{s, hq, hkv, d, opts_.probe_window};
+  ITHACA_CHECK(opts_.probe_window == 0 || docs.window == 0,
+               "CudaOps: the memory probe's attention window and a model's sliding window");
+  const cuda::AttentionShape sh{s, hq, hkv, d, docs.window > 0 ? docs.window : opts_.probe_window};
   absl::Status st =
       !docs.trivial()
           ? CudnnDocuments(s, hq, hkv, d, backward, q, k, v, o, dout, lse, dq, dk, dv, docs)
@@ -223,6 +229,8 @@ bool CudaOps::UseCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
                "CudaOps: cuDNN has no windowed attention for the memory "
                "probe: ",
                st.ToString());
+  ITHACA_CHECK(docs.window == 0, "CudaOps: cuDNN has no attention with a sliding window of ",
+               docs.window, " keys here, and the own kernel has none: ", st.ToString());
   ITHACA_CHECK(opts_.attention != AttentionImpl::kCudnn && cuda::FlashAttentionSupports(d),
                "CudaOps: cuDNN attention failed and no fallback: ", st.ToString());
   if (!cudnn_warned_) {
@@ -242,7 +250,7 @@ absl::Status CudaOps::CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t
   for (int64_t i = 0; i < n; ++i) {
     longest = std::max(longest, (i + 1 < n ? docs.starts[i + 1] : s) - docs.starts[i]);
   }
-  cuda::AttentionShape sh{s, hq, hkv, d, 0};
+  cuda::AttentionShape sh{s, hq, hkv, d, docs.window};  // a window bands each document
   sh.batch = Bucket(n);
   sh.max_len = std::min(s, Bucket(longest));
   // Sequence lengths (int32), then the element offsets of each sequence in q, k and the stats;
