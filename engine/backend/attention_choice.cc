@@ -62,6 +62,7 @@ AttentionChoice ChooseAttention(AttentionPass pass, const AttentionShape& shape,
                                 AttentionKernel asked) {
   if (asked != AttentionKernel::kAuto) return {asked, "asked for"};
   const char* name = pass == AttentionPass::kForward ? "forward" : "backward";
+  if (shape.window) return {AttentionKernel::kCudnn, "auto: a sliding window runs on cuDNN's band"};
   for (const HopperRule& r : HopperRules()) {
     if (r.pass != pass || r.head_dim != shape.head_dim) continue;
     if (shape.documents && !r.documents) {

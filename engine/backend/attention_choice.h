@@ -29,6 +29,7 @@ struct AttentionShape {
   int64_t s = 0;          // tokens of the (whole, after Ulysses) sequence
   int64_t head_dim = 0;
   bool documents = false;  // a document mask (packed samples)
+  bool window = false;     // a sliding window (Mistral's): only cuDNN's causal band takes it
 };
 
 // One row of the measured table: from `min_s` tokens on, at `head_dim`, the own Hopper kernel of

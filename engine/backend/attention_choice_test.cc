@@ -28,6 +28,11 @@ TEST(AttentionChoiceTest, DocumentsKeepTheForwardOnCudnnButNotTheBackward) {
   EXPECT_EQ(Auto(P::kBackward, 1 << 17, 64, true), K::kHopper);
 }
 
+TEST(AttentionChoiceTest, ASlidingWindowStaysOnCudnn) {
+  EXPECT_EQ(ChooseAttention(P::kForward, {1 << 20, 128, false, true}, K::kAuto).kernel, K::kCudnn);
+  EXPECT_EQ(ChooseAttention(P::kBackward, {1 << 20, 128, false, true}, K::kAuto).kernel, K::kCudnn);
+}
+
 TEST(AttentionChoiceTest, AnAskedKernelIsKept) {
   for (K k : {K::kCudnn, K::kHopper, K::kFlash}) {
     AttentionChoice c = ChooseAttention(P::kForward, {128, 64, false}, k);

@@ -22,15 +22,30 @@
 
 namespace ithaca {
 
-// Rotary embedding frequencies, Llama 3 style (optionally with rope_scaling type "llama3").
+// Rotary embedding frequencies as transformers computes them for a rope_type: "default"
+// (theta only), "linear" (every frequency divided by factor), "llama3" (Llama 3.1's banded
+// smoothing) or "yarn" (YaRN's ramp between interpolated and extrapolated frequencies, and an
+// attention factor that scales cos and sin, i.e. every rotated q and k).
+enum class RopeType { kDefault, kLinear, kLlama3, kYarn };
+const char* RopeTypeName(RopeType t);
+
 struct RopeConfig {
   int head_dim = 64;
   double theta = 500000.0;
-  bool llama3_scaling = false;
-  double factor = 8.0;
+  RopeType type = RopeType::kDefault;
+  double factor = 8.0;  // linear, llama3, yarn
+  // llama3.
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
-  int64_t original_max_position = 8192;
+  int64_t original_max_position = 8192;  // llama3, yarn
+  // yarn: the attention factor already resolved (explicit, or from factor / mscale as
+  // transformers infers it), the ramp's rotation bounds, and whether its ends are rounded.
+  double attention_factor = 1.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  // What rotated q and k are multiplied by (transformers' attention_scaling): 1 but for yarn.
+  double AttentionScaling() const { return type == RopeType::kYarn ? attention_factor : 1.0; }
 };
 
 // inv_freq[i] for i in [0, head_dim/2), exactly as Hugging Face computes it (in float32).
@@ -39,8 +54,11 @@ std::vector<float> RopeInverseFrequencies(const RopeConfig& cfg);
 // The documents of a packed sample. starts[i] is the index of document i's first token in the
 // coordinates of the whole sample sequence (0-based); strictly ascending; starts[0] == 0 when
 // non-empty. Empty (or {0}) means one document: plain causal attention, RoPE position = index.
+// `window` > 0 is a sliding window (Mistral's): a query also sees no key more than window − 1
+// tokens before it (its last `window` keys, itself included), inside its document as ever.
 struct DocumentMask {
   std::vector<int64_t> starts;
+  int64_t window = 0;
   bool trivial() const { return starts.size() <= 1; }
 };
 
@@ -145,7 +163,8 @@ class Ops {
   // uses K/V head h / (Hq / Hkv)); scale 1/sqrt(D). q, k, v span the whole sample sequence
   // (Ulysses/UPipe gather the sequence before attention), and a query attends only to keys at or
   // before it within its own document of `docs`. out [S, Hq, D] written; lse f32 [Hq, S] written
-  // (natural log of the softmax denominator, scaled logits). Never forms an S×S matrix.
+  // (natural log of the softmax denominator, scaled logits). With docs.window > 0 a query also
+  // sees only its last docs.window keys. Never forms an S×S matrix.
   virtual void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                          const Tensor& lse, const DocumentMask& docs) = 0;
   // dq, dk, dv written (dk, dv summed over the query heads that share them).

@@ -22,8 +22,22 @@ using Json = nlohmann::json;
 // Transformers' LlamaConfig defaults, used for optional keys a config.json omits, so a file
 // means here what it means to Hugging Face (these differ from LlamaConfig's member defaults).
 constexpr double kHfRopeTheta = 10000.0;
-constexpr double kHfRmsNormEps = 1e-6;
-constexpr int64_t kHfMaxPositions = 2048;
+constexpr double kHfRmsNormEps = 1e-6;  // the same in Qwen2Config, Qwen3Config, MistralConfig
+
+// The configs' max_position_embeddings default (it only matters as the original context of
+// llama3 and yarn RoPE when those omit it).
+int64_t HfMaxPositions(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kQwen2:
+    case ModelFamily::kQwen3:
+      return 32768;
+    case ModelFamily::kMistral:
+      return 4096 * 32;
+    case ModelFamily::kLlama:
+      break;
+  }
+  return 2048;
+}
 
 // A short description of a JSON value for error messages; containers are not dumped, so a
 // hostile file cannot make the message (or the recursion printing it) large.
@@ -106,14 +120,52 @@ class KeyReader {
 };
 
 // The rotary embedding as one rope object describes it: `rope_scaling` (the hub's dialect, theta
-// usually at the top level) or `rope_parameters` (transformers 5, theta inside).
+// usually at the top level) or `rope_parameters` (transformers 5, theta inside). `rope` holds the
+// type and its parameters (head_dim and theta are filled in later).
 struct RopeObject {
-  bool llama3 = false;
-  double factor = 0, low_freq_factor = 0, high_freq_factor = 0;
-  int64_t original_max_position = 0;
+  RopeConfig rope;
   bool has_theta = false;
   double theta = 0;
 };
+
+// The keys each rope_type reads besides rope_type/type, rope_theta and partial_rotary_factor.
+const std::vector<std::string>& RopeKeys(RopeType t) {
+  static const std::vector<std::string> kNone, kLinear = {"factor"},
+                                               kLlama3 = {"factor", "low_freq_factor",
+                                                          "high_freq_factor",
+                                                          "original_max_position_embeddings"},
+                                               kYarn = {"factor",
+                                                        "attention_factor",
+                                                        "beta_fast",
+                                                        "beta_slow",
+                                                        "mscale",
+                                                        "mscale_all_dim",
+                                                        "original_max_position_embeddings",
+                                                        "truncate"};
+  switch (t) {
+    case RopeType::kLinear:
+      return kLinear;
+    case RopeType::kLlama3:
+      return kLlama3;
+    case RopeType::kYarn:
+      return kYarn;
+    case RopeType::kDefault:
+      break;
+  }
+  return kNone;
+}
+
+absl::Status Positive(const KeyReader& r, const char* key, double v) {
+  if (!(v > 0) || !std::isfinite(v)) {
+    return r.Error(key, absl::StrCat("must be positive, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+// YaRN's mscale: 0.1 · m · ln(scale) + 1, and 1 for scale <= 1 (transformers' get_mscale).
+double YarnMscale(double scale, double m) {
+  return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
 
 // Reads `root[key]` (absent or null: *out stays empty) as transformers 5 reads it: rope_type
 // "default" when absent, original_max_position_embeddings = max_position_embeddings when absent.
@@ -128,7 +180,8 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
     return top.Error(key, absl::StrCat("expected an object or null, got ", Describe(*obj)));
   }
   KeyReader r(*obj, source, absl::StrCat(key, "."));
-  RopeObject rope;
+  RopeObject ro;
+  RopeConfig& rope = ro.rope;
   std::string type, old_type;
   bool has_type = false, has_old_type = false;
   // Older configs say "type"; newer ones "rope_type" (transformers accepts both).
@@ -138,14 +191,23 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
     return r.Error("type", absl::StrCat("\"", old_type, "\" contradicts rope_type \"", type, "\""));
   }
   if (!has_type) type = has_old_type ? old_type : "default";
-  if (type != "default" && type != "llama3") {
-    return r.Error("rope_type", absl::StrCat("unsupported \"", type,
-                                             "\" (Ithaca implements \"default\" and \"llama3\")"));
+  if (type == "default") {
+    rope.type = RopeType::kDefault;
+  } else if (type == "linear") {
+    rope.type = RopeType::kLinear;
+  } else if (type == "llama3") {
+    rope.type = RopeType::kLlama3;
+  } else if (type == "yarn") {
+    rope.type = RopeType::kYarn;
+  } else {
+    return r.Error(has_type ? "rope_type" : "type",
+                   absl::StrCat("unsupported \"", type,
+                                "\" (Ithaca implements \"default\", \"linear\", \"llama3\" and "
+                                "\"yarn\")"));
   }
-  rope.llama3 = type == "llama3";
   const bool has_theta = r.Find("rope_theta") != nullptr;
-  RETURN_IF_ERROR(r.Number("rope_theta", false, &rope.theta));
-  rope.has_theta = has_theta;
+  RETURN_IF_ERROR(r.Number("rope_theta", false, &ro.theta));
+  ro.has_theta = has_theta;
   if (r.Find("partial_rotary_factor")) {
     double partial = 1.0;
     RETURN_IF_ERROR(r.Number("partial_rotary_factor", false, &partial));
@@ -154,56 +216,124 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
                      absl::StrCat("unsupported ", partial, " (Ithaca rotates the whole head)"));
     }
   }
-  static const char* const kLlama3Keys[] = {"factor", "low_freq_factor", "high_freq_factor",
-                                            "original_max_position_embeddings"};
+  const std::vector<std::string>& keys = RopeKeys(rope.type);
   for (const auto& item : obj->items()) {
     const std::string& name = item.key();
     if (name == "rope_type" || name == "type" || name == "rope_theta" ||
         name == "partial_rotary_factor") {
       continue;
     }
-    const bool llama3_key =
-        std::find(std::begin(kLlama3Keys), std::end(kLlama3Keys), name) != std::end(kLlama3Keys);
-    // A factor under "default" (or a yarn/longrope key under "llama3") means the file asks for
-    // a rope Ithaca would not compute; transformers would drop it with a warning.
-    if (!llama3_key || !rope.llama3) {
+    // A factor under "default" (or a yarn key under "llama3") means the file asks for a rope
+    // Ithaca would not compute; transformers would drop it with a warning.
+    if (std::find(keys.begin(), keys.end(), name) == keys.end()) {
       return r.Error(name, absl::StrCat("not a parameter of rope_type \"", type, "\"",
                                         has_type || has_old_type ? "" : " (absent rope_type)"));
     }
   }
-  if (rope.llama3) {
-    RETURN_IF_ERROR(r.Number("factor", true, &rope.factor));
-    RETURN_IF_ERROR(r.Number("low_freq_factor", true, &rope.low_freq_factor));
-    RETURN_IF_ERROR(r.Number("high_freq_factor", true, &rope.high_freq_factor));
-    rope.original_max_position = max_position_embeddings;
-    RETURN_IF_ERROR(r.Int("original_max_position_embeddings", false, &rope.original_max_position));
-    if (!(rope.factor > 0) || !std::isfinite(rope.factor)) {
-      return r.Error("factor", absl::StrCat("must be positive, got ", rope.factor));
-    }
-    if (!(rope.low_freq_factor > 0) || !std::isfinite(rope.low_freq_factor)) {
-      return r.Error("low_freq_factor",
-                     absl::StrCat("must be positive, got ", rope.low_freq_factor));
-    }
-    // The smoothing interpolation divides by their difference.
-    if (!(rope.high_freq_factor > rope.low_freq_factor) || !std::isfinite(rope.high_freq_factor)) {
-      return r.Error("high_freq_factor",
-                     absl::StrCat("must exceed low_freq_factor ", rope.low_freq_factor, ", got ",
-                                  rope.high_freq_factor));
-    }
-    if (rope.original_max_position <= 0) {
-      return r.Error("original_max_position_embeddings",
-                     absl::StrCat("must be positive, got ", rope.original_max_position));
+  rope.original_max_position = max_position_embeddings;
+  switch (rope.type) {
+    case RopeType::kDefault:
+      break;
+    case RopeType::kLinear:
+      RETURN_IF_ERROR(r.Number("factor", true, &rope.factor));
+      RETURN_IF_ERROR(Positive(r, "factor", rope.factor));
+      break;
+    case RopeType::kLlama3:
+      RETURN_IF_ERROR(r.Number("factor", true, &rope.factor));
+      RETURN_IF_ERROR(r.Number("low_freq_factor", true, &rope.low_freq_factor));
+      RETURN_IF_ERROR(r.Number("high_freq_factor", true, &rope.high_freq_factor));
+      RETURN_IF_ERROR(
+          r.Int("original_max_position_embeddings", false, &rope.original_max_position));
+      RETURN_IF_ERROR(Positive(r, "factor", rope.factor));
+      RETURN_IF_ERROR(Positive(r, "low_freq_factor", rope.low_freq_factor));
+      // The smoothing interpolation divides by their difference.
+      if (!(rope.high_freq_factor > rope.low_freq_factor) ||
+          !std::isfinite(rope.high_freq_factor)) {
+        return r.Error("high_freq_factor",
+                       absl::StrCat("must exceed low_freq_factor ", rope.low_freq_factor,
+                                    ", got ", rope.high_freq_factor));
+      }
+      break;
+    case RopeType::kYarn: {
+      RETURN_IF_ERROR(r.Number("factor", true, &rope.factor));
+      RETURN_IF_ERROR(Positive(r, "factor", rope.factor));
+      RETURN_IF_ERROR(
+          r.Int("original_max_position_embeddings", false, &rope.original_max_position));
+      // transformers: `get("beta_fast") or 32`, so 0 (like absent) means the default.
+      double beta_fast = 0, beta_slow = 0;
+      RETURN_IF_ERROR(r.Number("beta_fast", false, &beta_fast));
+      RETURN_IF_ERROR(r.Number("beta_slow", false, &beta_slow));
+      rope.beta_fast = beta_fast != 0 ? beta_fast : 32.0;
+      rope.beta_slow = beta_slow != 0 ? beta_slow : 1.0;
+      RETURN_IF_ERROR(Positive(r, "beta_fast", rope.beta_fast));
+      RETURN_IF_ERROR(Positive(r, "beta_slow", rope.beta_slow));
+      RETURN_IF_ERROR(r.Bool("truncate", &rope.truncate));
+      // The attention factor: explicit, else mscale / mscale_all_dim when both are set (and not
+      // 0), else 0.1 · ln(factor) + 1.
+      if (r.Find("attention_factor")) {
+        RETURN_IF_ERROR(r.Number("attention_factor", true, &rope.attention_factor));
+        RETURN_IF_ERROR(Positive(r, "attention_factor", rope.attention_factor));
+      } else {
+        double mscale = 0, mscale_all_dim = 0;
+        RETURN_IF_ERROR(r.Number("mscale", false, &mscale));
+        RETURN_IF_ERROR(r.Number("mscale_all_dim", false, &mscale_all_dim));
+        rope.attention_factor =
+            mscale != 0 && mscale_all_dim != 0
+                ? YarnMscale(rope.factor, mscale) / YarnMscale(rope.factor, mscale_all_dim)
+                : YarnMscale(rope.factor, 1.0);
+        if (!(rope.attention_factor > 0) || !std::isfinite(rope.attention_factor)) {
+          return r.Error("mscale", absl::StrCat("gives an attention factor of ",
+                                                rope.attention_factor, " (must be positive)"));
+        }
+      }
+      break;
     }
   }
-  *out = rope;
+  if (rope.original_max_position <= 0) {
+    return r.Error("original_max_position_embeddings",
+                   absl::StrCat("must be positive, got ", rope.original_max_position));
+  }
+  *out = ro;
   return absl::OkStatus();
 }
 
-std::string DescribeRope(const RopeObject& r) {
-  if (!r.llama3) return "rope_type default";
-  return absl::StrCat("llama3 factor ", r.factor, ", low_freq_factor ", r.low_freq_factor,
-                      ", high_freq_factor ", r.high_freq_factor,
-                      ", original_max_position_embeddings ", r.original_max_position);
+std::string DescribeRope(const RopeConfig& r) {
+  switch (r.type) {
+    case RopeType::kDefault:
+      return "rope_type default";
+    case RopeType::kLinear:
+      return absl::StrCat("linear factor ", r.factor);
+    case RopeType::kLlama3:
+      return absl::StrCat("llama3 factor ", r.factor, ", low_freq_factor ", r.low_freq_factor,
+                          ", high_freq_factor ", r.high_freq_factor,
+                          ", original_max_position_embeddings ", r.original_max_position);
+    case RopeType::kYarn:
+      return absl::StrCat("yarn factor ", r.factor, ", attention_factor ", r.attention_factor,
+                          ", beta_fast ", r.beta_fast, ", beta_slow ", r.beta_slow,
+                          ", original_max_position_embeddings ", r.original_max_position,
+                          ", truncate ", r.truncate ? "true" : "false");
+  }
+  return "?";
+}
+
+// The same rotary embedding (type and the parameters that type reads).
+bool SameRope(const RopeConfig& a, const RopeConfig& b) {
+  if (a.type != b.type) return false;
+  switch (a.type) {
+    case RopeType::kDefault:
+      return true;
+    case RopeType::kLinear:
+      return a.factor == b.factor;
+    case RopeType::kLlama3:
+      return a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+             a.high_freq_factor == b.high_freq_factor &&
+             a.original_max_position == b.original_max_position;
+    case RopeType::kYarn:
+      return a.factor == b.factor && a.attention_factor == b.attention_factor &&
+             a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow &&
+             a.original_max_position == b.original_max_position && a.truncate == b.truncate;
+  }
+  return false;
 }
 
 // Fills cfg->rope_theta and cfg->rope from either dialect. Where a file states a value twice
@@ -237,26 +367,17 @@ absl::Status ParseRope(const Json& root, const std::string& source, LlamaConfig*
     RETURN_IF_ERROR(take_theta("rope_parameters.rope_theta", params->theta));
   }
 
-  if (scaling && params &&
-      (scaling->llama3 != params->llama3 ||
-       (scaling->llama3 &&
-        (scaling->factor != params->factor || scaling->low_freq_factor != params->low_freq_factor ||
-         scaling->high_freq_factor != params->high_freq_factor ||
-         scaling->original_max_position != params->original_max_position)))) {
+  if (scaling && params && !SameRope(scaling->rope, params->rope)) {
     return top.Error("rope_parameters",
-                     absl::StrCat("(", DescribeRope(*params), ") contradicts rope_scaling (",
-                                  DescribeRope(*scaling), ")"));
+                     absl::StrCat("(", DescribeRope(params->rope), ") contradicts rope_scaling (",
+                                  DescribeRope(scaling->rope), ")"));
   }
   const std::optional<RopeObject>& rope = params ? params : scaling;
-  RopeConfig& out = cfg->rope;
-  out.theta = cfg->rope_theta;
-  out.llama3_scaling = rope && rope->llama3;
-  if (out.llama3_scaling) {
-    out.factor = rope->factor;
-    out.low_freq_factor = rope->low_freq_factor;
-    out.high_freq_factor = rope->high_freq_factor;
-    out.original_max_position = rope->original_max_position;
-  }
+  const int head_dim = cfg->rope.head_dim;
+  cfg->rope = rope ? rope->rope : RopeConfig();
+  cfg->rope.head_dim = head_dim;
+  cfg->rope.theta = cfg->rope_theta;
+  if (!rope) cfg->rope.original_max_position = max_pos;
   return absl::OkStatus();
 }
 
@@ -284,6 +405,12 @@ constexpr const char* kModelKeys[] = {
     "sliding_window",
     "attention_dropout",
     "pretraining_tp",
+    // Qwen2 / Qwen3: the sliding window's switch and its per-layer extent, transformers 5's
+    // per-layer attention kinds, and Qwen2-VL's multimodal RoPE switch.
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+    "use_mrope",
 };
 
 // Top-level keys that do not change the model Ithaca computes from the weights: metadata,
@@ -349,30 +476,105 @@ constexpr const char* kHarmlessKeys[] = {
     "begin_suppress_tokens",
 };
 
-// Rejects keys that would make this a model other than Ithaca's Llama: SwiGLU, no biases, full
-// causal attention without dropout, and every key it does not know.
-absl::Status CheckModelKeys(const Json& root, const std::string& source) {
+// The family's architecture keys: `model_type` (absent: llama), biases, attention kinds, the
+// sliding window. Fills cfg->family, qkv_bias, qk_norm and sliding_window. Rejects values that
+// would make this a model other than the family's as Ithaca builds it (SwiGLU, no dropout, full
+// causal or Mistral's window) and every key it does not know.
+absl::Status CheckModelKeys(const Json& root, const std::string& source, LlamaConfig* cfg) {
   KeyReader r(root, source, "");
   std::string text;
   bool present = false;
   RETURN_IF_ERROR(r.String("model_type", &text, &present));
-  if (present && text != "llama") {
-    return r.Error("model_type", absl::StrCat("unsupported \"", text, "\" (only \"llama\")"));
+  if (!present || text == "llama") {
+    cfg->family = ModelFamily::kLlama;
+  } else if (text == "qwen2") {
+    cfg->family = ModelFamily::kQwen2;
+  } else if (text == "qwen3") {
+    cfg->family = ModelFamily::kQwen3;
+  } else if (text == "mistral") {
+    cfg->family = ModelFamily::kMistral;
+  } else {
+    return r.Error("model_type",
+                   absl::StrCat("unsupported \"", text,
+                                "\" (Ithaca implements \"llama\", \"qwen2\", \"qwen3\" and "
+                                "\"mistral\")"));
   }
+  const ModelFamily family = cfg->family;
+  const std::string family_name = ModelTypeName(family);
+  cfg->qkv_bias = family == ModelFamily::kQwen2;
+  cfg->qk_norm = family == ModelFamily::kQwen3;
   RETURN_IF_ERROR(r.String("hidden_act", &text, &present));
   // transformers maps "swish" to the same SiLU.
   if (present && text != "silu" && text != "swish") {
     return r.Error("hidden_act", absl::StrCat("unsupported \"", text, "\" (only \"silu\")"));
   }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
+  // Llama's and Qwen3's attention_bias puts biases on all four projections (o_proj's Ithaca does
+  // not implement); Qwen2's q/k/v biases are built in and its modeling code never reads the key.
+  if (family != ModelFamily::kQwen2) {
     bool bias = false;
-    RETURN_IF_ERROR(r.Bool(key, &bias));
-    if (bias) return r.Error(key, "true is unsupported (Ithaca's Llama has no biases)");
+    RETURN_IF_ERROR(r.Bool("attention_bias", &bias));
+    if (bias) {
+      return r.Error("attention_bias",
+                     absl::StrCat("true is unsupported (", family_name,
+                                  " with biases on q, k, v and o; Ithaca implements q/k/v "
+                                  "biases as Qwen2 has them)"));
+    }
   }
-  if (const Json* window = r.Find("sliding_window")) {
-    return r.Error("sliding_window", absl::StrCat("unsupported ", Describe(*window),
-                                                  " (Ithaca's attention is full causal; only "
-                                                  "null is accepted)"));
+  bool mlp_bias = false;
+  RETURN_IF_ERROR(r.Bool("mlp_bias", &mlp_bias));
+  if (mlp_bias) return r.Error("mlp_bias", "true is unsupported (Ithaca's MLP has no biases)");
+  bool mrope = false;
+  RETURN_IF_ERROR(r.Bool("use_mrope", &mrope));
+  if (mrope) return r.Error("use_mrope", "true is unsupported (multimodal RoPE)");
+
+  // Sliding windows. Mistral's `sliding_window` is the window itself (null: none). Qwen2/Qwen3
+  // apply theirs only with use_sliding_window true (to the layers from max_window_layers on),
+  // which Ithaca does not build; with it false transformers ignores both keys. Llama has none.
+  if (family == ModelFamily::kQwen2 || family == ModelFamily::kQwen3) {
+    bool use_window = false;
+    RETURN_IF_ERROR(r.Bool("use_sliding_window", &use_window));
+    if (use_window) {
+      return r.Error("use_sliding_window",
+                     absl::StrCat("true is unsupported (", family_name,
+                                  "'s per-layer sliding window from max_window_layers on is not "
+                                  "built in Ithaca; only false)"));
+    }
+    int64_t ignored = 0;
+    RETURN_IF_ERROR(r.Int("sliding_window", false, &ignored));
+    RETURN_IF_ERROR(r.Int("max_window_layers", false, &ignored));
+  } else {
+    for (const char* key : {"use_sliding_window", "max_window_layers"}) {
+      if (r.Find(key)) {
+        return r.Error(key, absl::StrCat("not a key of model_type \"", family_name, "\""));
+      }
+    }
+    if (family == ModelFamily::kMistral) {
+      RETURN_IF_ERROR(r.Int("sliding_window", false, &cfg->sliding_window));
+      if (r.Find("sliding_window") && cfg->sliding_window <= 0) {
+        return r.Error("sliding_window", absl::StrCat("must be positive or null, got ",
+                                                      cfg->sliding_window));
+      }
+    } else if (const Json* window = r.Find("sliding_window")) {
+      return r.Error("sliding_window",
+                     absl::StrCat("unsupported ", Describe(*window),
+                                  " (Llama's attention is full causal; only null is accepted; "
+                                  "model_type \"mistral\" has a sliding window)"));
+    }
+  }
+  // transformers 5 lists each layer's attention kind: it must be the one every layer gets here.
+  if (const Json* kinds = r.Find("layer_types")) {
+    if (!kinds->is_array()) {
+      return r.Error("layer_types", absl::StrCat("expected an array, got ", Describe(*kinds)));
+    }
+    const char* want = cfg->sliding_window > 0 ? "sliding_attention" : "full_attention";
+    for (size_t i = 0; i < kinds->size(); ++i) {
+      const Json& kind = (*kinds)[i];
+      if (!kind.is_string() || kind.get<std::string>() != want) {
+        return r.Error(absl::StrCat("layer_types[", i, "]"),
+                       absl::StrCat("unsupported ", Describe(kind), " (every layer of this model "
+                                                                    "is \"", want, "\")"));
+      }
+    }
   }
   double dropout = 0;
   RETURN_IF_ERROR(r.Number("attention_dropout", false, &dropout));
@@ -395,9 +597,10 @@ absl::Status CheckModelKeys(const Json& root, const std::string& source) {
       return false;
     };
     if (known(kModelKeys) || known(kHarmlessKeys)) continue;
-    return r.Error(key,
-                   "unknown key; Ithaca implements the plain Llama and cannot tell whether this "
-                   "key changes the model (remove it from the file if it does not)");
+    return r.Error(key, absl::StrCat("unknown key; Ithaca implements ", family_name,
+                                     " as transformers does and cannot tell whether this key "
+                                     "changes the model (remove it from the file if it does "
+                                     "not)"));
   }
   return absl::OkStatus();
 }
@@ -419,24 +622,31 @@ absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::stri
                                                    root.is_array() ? "an " : "a ", root.type_name(),
                                                    ")"));
   }
-  RETURN_IF_ERROR(CheckModelKeys(root, source));
-  KeyReader r(root, source, "");
   LlamaConfig cfg;
+  RETURN_IF_ERROR(CheckModelKeys(root, source, &cfg));
+  KeyReader r(root, source, "");
   cfg.rope_theta = kHfRopeTheta;
   cfg.rms_norm_eps = kHfRmsNormEps;
-  cfg.max_position_embeddings = kHfMaxPositions;
+  cfg.max_position_embeddings = HfMaxPositions(cfg.family);
   RETURN_IF_ERROR(r.Int("hidden_size", true, &cfg.hidden_size));
   RETURN_IF_ERROR(r.Int("intermediate_size", true, &cfg.intermediate_size));
   RETURN_IF_ERROR(r.Int("num_hidden_layers", true, &cfg.num_hidden_layers));
   RETURN_IF_ERROR(r.Int("num_attention_heads", true, &cfg.num_attention_heads));
   RETURN_IF_ERROR(r.Int("vocab_size", true, &cfg.vocab_size));
   cfg.num_key_value_heads = cfg.num_attention_heads;
-  RETURN_IF_ERROR(r.Int("num_key_value_heads", false, &cfg.num_key_value_heads));
+  // Qwen2's, Qwen3's and Mistral's configs default to 32 or 8 KV heads rather than MHA: a file
+  // that omits the key is more likely a mistake than meant, so those families need it stated.
+  RETURN_IF_ERROR(
+      r.Int("num_key_value_heads", cfg.family != ModelFamily::kLlama, &cfg.num_key_value_heads));
   if (cfg.num_attention_heads <= 0) {
     return r.Error("num_attention_heads",
                    absl::StrCat("must be positive, got ", cfg.num_attention_heads));
   }
   cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
+  // Qwen3Config defaults head_dim to 128 whatever the hidden size: every Qwen3 config states it.
+  if (cfg.family == ModelFamily::kQwen3 && !r.Find("head_dim")) {
+    return r.Error("head_dim", "missing (required for qwen3)");
+  }
   if (!r.Find("head_dim") && cfg.hidden_size % cfg.num_attention_heads != 0) {
     return r.Error("hidden_size",
                    absl::StrCat(cfg.hidden_size,
@@ -477,11 +687,27 @@ bool IsDirectory(const std::string& path) {
 
 }  // namespace
 
+const char* ModelTypeName(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kLlama:
+      return "llama";
+    case ModelFamily::kQwen2:
+      return "qwen2";
+    case ModelFamily::kQwen3:
+      return "qwen3";
+    case ModelFamily::kMistral:
+      return "mistral";
+  }
+  return "?";
+}
+
 int64_t LlamaConfig::LayerParameters() const {
   const int64_t d = hidden_size;
   const int64_t q = num_attention_heads * head_dim * d;
   const int64_t kv = num_key_value_heads * head_dim * d;
-  return q + 2 * kv + q + 3 * d * intermediate_size + 2 * d;
+  const int64_t biases = qkv_bias ? (num_attention_heads + 2 * num_key_value_heads) * head_dim : 0;
+  const int64_t qk_norms = qk_norm ? 2 * head_dim : 0;
+  return q + 2 * kv + q + 3 * d * intermediate_size + 2 * d + biases + qk_norms;
 }
 
 int64_t LlamaConfig::NumParameters() const {
@@ -539,11 +765,50 @@ absl::Status ValidateConfig(const LlamaConfig& cfg) {
     return bad("rope.theta",
                absl::StrCat(cfg.rope.theta, " differs from rope_theta ", cfg.rope_theta));
   }
-  if (cfg.rope.llama3_scaling) {
-    const RopeConfig& r = cfg.rope;
+  // The family's architecture, as ParseConfigJson and the presets set it.
+  const bool qwen2 = cfg.family == ModelFamily::kQwen2, qwen3 = cfg.family == ModelFamily::kQwen3;
+  if (cfg.qkv_bias != qwen2) {
+    return bad("qkv_bias", absl::StrCat(cfg.qkv_bias, " does not match model_type ",
+                                        ModelTypeName(cfg.family), " (only qwen2 has them)"));
+  }
+  if (cfg.qk_norm != qwen3) {
+    return bad("qk_norm", absl::StrCat(cfg.qk_norm, " does not match model_type ",
+                                       ModelTypeName(cfg.family), " (only qwen3 has them)"));
+  }
+  if (cfg.sliding_window < 0 || cfg.sliding_window > kMaxConfigSize ||
+      (cfg.sliding_window > 0 && cfg.family != ModelFamily::kMistral)) {
+    return bad("sliding_window",
+               absl::StrCat(cfg.sliding_window, " is not a window of model_type ",
+                            ModelTypeName(cfg.family),
+                            " (mistral: positive up to ", kMaxConfigSize, ", or 0 for none)"));
+  }
+  // Qwen2's attention derives head_dim from hidden_size (older transformers ignore the key).
+  if (qwen2 && cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size) {
+    return bad("head_dim", absl::StrCat(cfg.head_dim, " is not hidden_size / num_attention_heads ",
+                                        cfg.hidden_size, " / ", cfg.num_attention_heads,
+                                        " (qwen2 has no head_dim of its own)"));
+  }
+  const RopeConfig& r = cfg.rope;
+  if (r.type != RopeType::kDefault) {
     if (!(r.factor > 0) || !std::isfinite(r.factor)) {
       return bad("rope_scaling.factor", absl::StrCat("must be positive, got ", r.factor));
     }
+    if (r.original_max_position <= 0) {
+      return bad("rope_scaling.original_max_position_embeddings",
+                 absl::StrCat("must be positive, got ", r.original_max_position));
+    }
+  }
+  if (r.type == RopeType::kYarn) {
+    for (const auto& [key, v] : {std::pair<const char*, double>{"attention_factor",
+                                                                r.attention_factor},
+                                 {"beta_fast", r.beta_fast},
+                                 {"beta_slow", r.beta_slow}}) {
+      if (!(v > 0) || !std::isfinite(v)) {
+        return bad(absl::StrCat("rope_scaling.", key), absl::StrCat("must be positive, got ", v));
+      }
+    }
+  }
+  if (r.type == RopeType::kLlama3) {
     if (!(r.low_freq_factor > 0) || !std::isfinite(r.low_freq_factor)) {
       return bad("rope_scaling.low_freq_factor",
                  absl::StrCat("must be positive, got ", r.low_freq_factor));
@@ -553,10 +818,6 @@ absl::Status ValidateConfig(const LlamaConfig& cfg) {
       return bad("rope_scaling.high_freq_factor",
                  absl::StrCat("must exceed low_freq_factor ", r.low_freq_factor, ", got ",
                               r.high_freq_factor));
-    }
-    if (r.original_max_position <= 0) {
-      return bad("rope_scaling.original_max_position_embeddings",
-                 absl::StrCat("must be positive, got ", r.original_max_position));
     }
   }
   // Parameter counts are int64 everywhere, and the planner sizes buffers from them: refuse
@@ -584,38 +845,87 @@ absl::StatusOr<LlamaConfig> LoadConfigJson(const std::string& path) {
   return ParseConfig(text, file);
 }
 
+namespace {
+
+// The rope object transformers reads back as `cfg.rope` (null for the default rope).
+Json RopeJson(const RopeConfig& r) {
+  switch (r.type) {
+    case RopeType::kDefault:
+      return nullptr;
+    case RopeType::kLinear:
+      return {{"factor", r.factor}, {"rope_type", "linear"}};
+    case RopeType::kLlama3:
+      return {
+          {"factor", r.factor},
+          {"high_freq_factor", r.high_freq_factor},
+          {"low_freq_factor", r.low_freq_factor},
+          {"original_max_position_embeddings", r.original_max_position},
+          {"rope_type", "llama3"},
+      };
+    case RopeType::kYarn:
+      // The resolved attention factor is written out, so no mscale rule is needed to read it.
+      return {
+          {"attention_factor", r.attention_factor},
+          {"beta_fast", r.beta_fast},
+          {"beta_slow", r.beta_slow},
+          {"factor", r.factor},
+          {"original_max_position_embeddings", r.original_max_position},
+          {"rope_type", "yarn"},
+          {"truncate", r.truncate},
+      };
+  }
+  return nullptr;
+}
+
+const char* Architecture(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kQwen2:
+      return "Qwen2ForCausalLM";
+    case ModelFamily::kQwen3:
+      return "Qwen3ForCausalLM";
+    case ModelFamily::kMistral:
+      return "MistralForCausalLM";
+    case ModelFamily::kLlama:
+      break;
+  }
+  return "LlamaForCausalLM";
+}
+
+}  // namespace
+
 std::string ConfigToJson(const LlamaConfig& cfg) {
   Json j = Json::object();  // std::map-backed: keys come out sorted, as transformers writes them
-  j["architectures"] = Json::array({"LlamaForCausalLM"});
-  j["attention_bias"] = false;
+  const ModelFamily f = cfg.family;
+  j["architectures"] = Json::array({Architecture(f)});
+  if (f == ModelFamily::kLlama || f == ModelFamily::kQwen3) j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   if (cfg.bos_token_id >= 0) j["bos_token_id"] = cfg.bos_token_id;
   if (cfg.eos_token_id >= 0) j["eos_token_id"] = cfg.eos_token_id;
-  j["head_dim"] = cfg.head_dim;
+  if (f != ModelFamily::kQwen2) j["head_dim"] = cfg.head_dim;
   j["hidden_act"] = "silu";
   j["hidden_size"] = cfg.hidden_size;
   j["initializer_range"] = 0.02;
   j["intermediate_size"] = cfg.intermediate_size;
   j["max_position_embeddings"] = cfg.max_position_embeddings;
-  j["mlp_bias"] = false;
-  j["model_type"] = "llama";
+  if (f == ModelFamily::kLlama) {
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  }
+  j["model_type"] = ModelTypeName(f);
   j["num_attention_heads"] = cfg.num_attention_heads;
   j["num_hidden_layers"] = cfg.num_hidden_layers;
   j["num_key_value_heads"] = cfg.num_key_value_heads;
-  j["pretraining_tp"] = 1;
   j["rms_norm_eps"] = cfg.rms_norm_eps;
-  if (cfg.rope.llama3_scaling) {
-    j["rope_scaling"] = {
-        {"factor", cfg.rope.factor},
-        {"high_freq_factor", cfg.rope.high_freq_factor},
-        {"low_freq_factor", cfg.rope.low_freq_factor},
-        {"original_max_position_embeddings", cfg.rope.original_max_position},
-        {"rope_type", "llama3"},
-    };
-  } else {
-    j["rope_scaling"] = nullptr;
-  }
+  j["rope_scaling"] = RopeJson(cfg.rope);
   j["rope_theta"] = cfg.rope_theta;
+  if (f == ModelFamily::kQwen2 || f == ModelFamily::kQwen3) {
+    j["max_window_layers"] = cfg.num_hidden_layers;
+    j["sliding_window"] = nullptr;
+    j["use_sliding_window"] = false;
+  }
+  if (f == ModelFamily::kMistral) {
+    j["sliding_window"] = cfg.sliding_window > 0 ? Json(cfg.sliding_window) : Json(nullptr);
+  }
   j["tie_word_embeddings"] = cfg.tie_word_embeddings;
   j["torch_dtype"] = "bfloat16";
   j["use_cache"] = true;
@@ -623,16 +933,87 @@ std::string ConfigToJson(const LlamaConfig& cfg) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// One published shape: the fields a hub config.json sets, the rest from the family.
+struct Preset {
+  const char* name;
+  ModelFamily family;
+  int64_t hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, max_positions;
+  double theta, eps;
+  bool tied;
+  int64_t bos, eos;
+};
+
+// From the config.json files on the Hugging Face hub (Qwen/Qwen3-*, the Qwen/Qwen2.5-* base
+// models, mistralai/Mistral-7B-v0.3). Qwen2.5's use_sliding_window is false in every one.
+constexpr Preset kPresets[] = {
+    {"qwen3-0.6b", ModelFamily::kQwen3, 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1e6, 1e-6, true,
+     151643, 151645},
+    {"qwen3-1.7b", ModelFamily::kQwen3, 2048, 6144, 28, 16, 8, 128, 151936, 40960, 1e6, 1e-6, true,
+     151643, 151645},
+    {"qwen3-4b", ModelFamily::kQwen3, 2560, 9728, 36, 32, 8, 128, 151936, 40960, 1e6, 1e-6, true,
+     151643, 151645},
+    {"qwen3-8b", ModelFamily::kQwen3, 4096, 12288, 36, 32, 8, 128, 151936, 40960, 1e6, 1e-6, false,
+     151643, 151645},
+    {"qwen3-14b", ModelFamily::kQwen3, 5120, 17408, 40, 40, 8, 128, 151936, 40960, 1e6, 1e-6,
+     false, 151643, 151645},
+    {"qwen3-32b", ModelFamily::kQwen3, 5120, 25600, 64, 64, 8, 128, 151936, 40960, 1e6, 1e-6,
+     false, 151643, 151645},
+    {"qwen2.5-0.5b", ModelFamily::kQwen2, 896, 4864, 24, 14, 2, 64, 151936, 32768, 1e6, 1e-6, true,
+     151643, 151643},
+    {"qwen2.5-1.5b", ModelFamily::kQwen2, 1536, 8960, 28, 12, 2, 128, 151936, 131072, 1e6, 1e-6,
+     true, 151643, 151643},
+    {"qwen2.5-3b", ModelFamily::kQwen2, 2048, 11008, 36, 16, 2, 128, 151936, 32768, 1e6, 1e-6,
+     true, 151643, 151643},
+    {"qwen2.5-7b", ModelFamily::kQwen2, 3584, 18944, 28, 28, 4, 128, 152064, 131072, 1e6, 1e-6,
+     false, 151643, 151643},
+    {"qwen2.5-14b", ModelFamily::kQwen2, 5120, 13824, 48, 40, 8, 128, 152064, 131072, 1e6, 1e-5,
+     false, 151643, 151643},
+    {"qwen2.5-32b", ModelFamily::kQwen2, 5120, 27648, 64, 40, 8, 128, 152064, 131072, 1e6, 1e-5,
+     false, 151643, 151643},
+    {"mistral-7b-v0.3", ModelFamily::kMistral, 4096, 14336, 32, 32, 8, 128, 32768, 32768, 1e6,
+     1e-5, false, 1, 2},
+};
+
+}  // namespace
+
 const std::vector<std::string>& PresetNames() {
-  static const auto* names =
-      new std::vector<std::string>{"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b"};
-  return *names;
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = {"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b"};
+    for (const Preset& p : kPresets) n.push_back(p.name);
+    return n;
+  }();
+  return names;
 }
 
 absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
   LlamaConfig c;
   const std::string key = absl::AsciiStrToLower(name);
-  if (key == "llama-3.2-1b" || key == "llama-3.2-3b") {
+  const Preset* preset = nullptr;
+  for (const Preset& p : kPresets) {
+    if (key == p.name) preset = &p;
+  }
+  if (preset) {
+    const Preset& p = *preset;
+    c.family = p.family;
+    c.qkv_bias = p.family == ModelFamily::kQwen2;
+    c.qk_norm = p.family == ModelFamily::kQwen3;
+    c.hidden_size = p.hidden;
+    c.intermediate_size = p.intermediate;
+    c.num_hidden_layers = p.layers;
+    c.num_attention_heads = p.heads;
+    c.num_key_value_heads = p.kv_heads;
+    c.head_dim = p.head_dim;
+    c.vocab_size = p.vocab;
+    c.max_position_embeddings = p.max_positions;
+    c.rope_theta = p.theta;
+    c.rms_norm_eps = p.eps;
+    c.tie_word_embeddings = p.tied;
+    c.bos_token_id = p.bos;
+    c.eos_token_id = p.eos;
+  } else if (key == "llama-3.2-1b" || key == "llama-3.2-3b") {
+
     const bool small = key == "llama-3.2-1b";
     c.hidden_size = small ? 2048 : 3072;
     c.intermediate_size = 8192;
@@ -642,7 +1023,7 @@ absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
     c.head_dim = small ? 64 : 128;
     c.vocab_size = 128256;
     c.rope_theta = 500000.0;
-    c.rope.llama3_scaling = true;
+    c.rope.type = RopeType::kLlama3;
     c.rope.factor = 32.0;
     c.rope.low_freq_factor = 1.0;
     c.rope.high_freq_factor = 4.0;
@@ -661,7 +1042,6 @@ absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
     c.head_dim = 128;
     c.vocab_size = 128256;
     c.rope_theta = 500000.0;
-    c.rope.llama3_scaling = false;
     c.rms_norm_eps = 1e-5;
     c.tie_word_embeddings = false;
     c.max_position_embeddings = 8192;
@@ -676,7 +1056,7 @@ absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
     c.head_dim = 16;
     c.vocab_size = 258;  // bytes 0..255, then BOS and EOS
     c.rope_theta = 10000.0;
-    c.rope.llama3_scaling = true;
+    c.rope.type = RopeType::kLlama3;
     c.rope.factor = 8.0;
     c.rope.low_freq_factor = 1.0;
     c.rope.high_freq_factor = 4.0;
@@ -687,8 +1067,8 @@ absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
     c.bos_token_id = 256;
     c.eos_token_id = 257;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown model preset \"", name, "\"; valid: ", absl::StrJoin(PresetNames(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\"; valid: ",
+                                                   absl::StrJoin(PresetNames(), ", ")));
   }
   c.rope.head_dim = static_cast<int>(c.head_dim);
   c.rope.theta = c.rope_theta;

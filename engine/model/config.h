@@ -1,4 +1,6 @@
-// LlamaConfig: the model's shape, read from / written to a Hugging Face config.json.
+// LlamaConfig: the model's shape, read from / written to a Hugging Face config.json. Llama and
+// the families that differ from it only in the attention: Qwen2 / Qwen2.5 (biases on q, k and
+// v), Qwen3 (per-head RMSNorm of q and k before RoPE) and Mistral (an optional sliding window).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,17 @@
 
 namespace ithaca {
 
+// config.json's model_type.
+enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral };
+const char* ModelTypeName(ModelFamily f);  // "llama", "qwen2", "qwen3", "mistral"
+
 struct LlamaConfig {
+  ModelFamily family = ModelFamily::kLlama;
+  // What the family changes, spelled out for the code that builds the model (ValidateConfig
+  // checks each agrees with `family`).
+  bool qkv_bias = false;       // q_proj, k_proj, v_proj carry biases (Qwen2); o_proj never
+  bool qk_norm = false;        // q_norm, k_norm: RMSNorm of each head over head_dim (Qwen3)
+  int64_t sliding_window = 0;  // Mistral: each query sees its last W keys; 0: full causal
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -19,7 +31,7 @@ struct LlamaConfig {
   int64_t head_dim = 0;  // config.json may omit it: hidden_size / num_attention_heads
   int64_t vocab_size = 0;
   double rope_theta = 500000.0;
-  RopeConfig rope;  // head_dim, theta and rope_scaling (type "llama3") folded in
+  RopeConfig rope;  // head_dim, theta and rope_scaling (linear, llama3, yarn) folded in
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 8192;
@@ -44,14 +56,17 @@ absl::Status ValidateConfig(const LlamaConfig& cfg);
 // Parses config.json text; errors name the offending key ("config.json: num_key_value_heads ...").
 absl::StatusOr<LlamaConfig> ParseConfigJson(const std::string& json_text);
 absl::StatusOr<LlamaConfig> LoadConfigJson(const std::string& path);
-// Serializes in Hugging Face's layout (model_type "llama", architectures LlamaForCausalLM), so
-// transformers loads the directory.
+// Serializes in Hugging Face's layout for the family (model_type and architectures
+// LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM), so transformers
+// loads the directory as the same model.
 std::string ConfigToJson(const LlamaConfig& cfg);
 
-// Presets: "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b", "tiny" (a few layers, GQA, rope_scaling,
-// tied embeddings, byte-level vocabulary: the demo and test model).
+// Presets, with the shapes of the configs published on the Hugging Face hub: llama-3.2-1b,
+// llama-3.2-3b, llama-3-8b; qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b; qwen2.5-0.5b, -1.5b, -3b,
+// -7b, -14b, -32b; mistral-7b-v0.3; and "tiny" (a few layers, GQA, rope_scaling, tied embeddings,
+// byte-level vocabulary: the demo and test model). Names are case-insensitive.
 absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name);
-// The names PresetConfig knows, in the order docs and errors list them.
+// Every preset name PresetConfig accepts, in a stable order (the job spec's model.preset list).
 const std::vector<std::string>& PresetNames();
 
 }  // namespace ithaca

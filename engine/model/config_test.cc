@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -79,9 +80,9 @@ TEST(ConfigTest, PresetsMatchPublishedModels) {
   EXPECT_EQ(eight->LayerParameters(), 218112000);
   EXPECT_EQ(one->head_dim, 64);
   EXPECT_EQ(three->head_dim, 128);
-  EXPECT_TRUE(one->rope.llama3_scaling && three->rope.llama3_scaling);
+  EXPECT_TRUE((one->rope.type == RopeType::kLlama3) && (three->rope.type == RopeType::kLlama3));
   EXPECT_EQ(three->rope.factor, 32.0);
-  EXPECT_FALSE(eight->rope.llama3_scaling);
+  EXPECT_FALSE((eight->rope.type == RopeType::kLlama3));
   EXPECT_FALSE(eight->tie_word_embeddings);
   EXPECT_EQ(eight->max_position_embeddings, 8192);
 
@@ -130,7 +131,7 @@ TEST(ConfigTest, PresetsRoundTripThroughJson) {
           "\"mlp_bias\": false"}) {
       EXPECT_NE(json.find(key), std::string::npos) << key << " in\n" << json;
     }
-    const bool scaled = c->rope.llama3_scaling;
+    const bool scaled = (c->rope.type == RopeType::kLlama3);
     EXPECT_EQ(json.find("\"rope_scaling\": null") != std::string::npos, !scaled) << json;
     EXPECT_EQ(json.find("\"rope_type\": \"llama3\"") != std::string::npos, scaled) << json;
   }
@@ -162,7 +163,7 @@ TEST(ConfigTest, DefaultsFollowTransformers) {
   EXPECT_EQ(c->rms_norm_eps, 1e-6);
   EXPECT_EQ(c->max_position_embeddings, 2048);
   EXPECT_FALSE(c->tie_word_embeddings);
-  EXPECT_TRUE(c->rope.llama3_scaling);
+  EXPECT_TRUE((c->rope.type == RopeType::kLlama3));
   EXPECT_EQ(c->rope.original_max_position, 128);
   EXPECT_EQ(c->bos_token_id, -1);
   EXPECT_EQ(c->eos_token_id, 7);
@@ -175,7 +176,7 @@ TEST(ConfigTest, DefaultsFollowTransformers) {
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(n->num_key_value_heads, 8);
   EXPECT_EQ(n->head_dim, 32);
-  EXPECT_FALSE(n->rope.llama3_scaling);
+  EXPECT_FALSE((n->rope.type == RopeType::kLlama3));
 }
 
 TEST(ConfigTest, BadConfigsNameTheKey) {
@@ -205,8 +206,8 @@ TEST(ConfigTest, BadConfigsNameTheKey) {
   ExpectInvalid(Replace(Replace(good, "\"head_dim\": 64,", ""), "\"hidden_size\": 2048",
                         "\"hidden_size\": 2050"),
                 {"hidden_size", "not divisible"});
-  ExpectInvalid(Replace(good, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""),
-                {"rope_scaling.rope_type", "yarn"});
+  ExpectInvalid(Replace(good, "\"rope_type\": \"llama3\"", "\"rope_type\": \"dynamic\""),
+                {"rope_scaling.rope_type", "dynamic"});
   ExpectInvalid(Replace(good, "\"factor\": 32.0,", ""), {"rope_scaling.factor", "missing"});
   ExpectInvalid(Replace(good, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5"),
                 {"rope_scaling.high_freq_factor"});
@@ -244,7 +245,7 @@ TEST(ConfigTest, RopeParametersDialectMatchesHubDialect) {
   ASSERT_TRUE(preset.ok());
   ExpectSameConfig(*parsed, *preset);
   EXPECT_EQ(parsed->rope.theta, 500000.0);  // from inside rope_parameters, not the 10000 default
-  EXPECT_TRUE(parsed->rope.llama3_scaling);
+  EXPECT_TRUE((parsed->rope.type == RopeType::kLlama3));
 
   // Llama-3-8B re-saved: no scaling, theta only inside rope_parameters.
   auto plain = ParseConfigJson(R"({"hidden_size": 256, "intermediate_size": 512,
@@ -253,7 +254,7 @@ TEST(ConfigTest, RopeParametersDialectMatchesHubDialect) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->rope_theta, 500000.0);
   EXPECT_EQ(plain->rope.theta, 500000.0);
-  EXPECT_FALSE(plain->rope.llama3_scaling);
+  EXPECT_FALSE((plain->rope.type == RopeType::kLlama3));
 
   // transformers 5's defaults inside rope_parameters: rope_type "default", and llama3's
   // original_max_position_embeddings = max_position_embeddings.
@@ -262,13 +263,13 @@ TEST(ConfigTest, RopeParametersDialectMatchesHubDialect) {
       "rope_parameters": {"rope_theta": 123456.0}})");
   ASSERT_TRUE(untyped.ok()) << untyped.status();
   EXPECT_EQ(untyped->rope.theta, 123456.0);
-  EXPECT_FALSE(untyped->rope.llama3_scaling);
+  EXPECT_FALSE((untyped->rope.type == RopeType::kLlama3));
   auto no_original = ParseConfigJson(R"({"hidden_size": 256, "intermediate_size": 512,
       "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000,
       "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "llama3",
       "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}})");
   ASSERT_TRUE(no_original.ok()) << no_original.status();
-  EXPECT_TRUE(no_original->rope.llama3_scaling);
+  EXPECT_TRUE((no_original->rope.type == RopeType::kLlama3));
   EXPECT_EQ(no_original->rope.original_max_position, 4096);
   EXPECT_EQ(no_original->rope.theta, 10000.0);
 
@@ -302,9 +303,14 @@ TEST(ConfigTest, ContradictoryRopeSettingsAreErrors) {
 
 TEST(ConfigTest, RopeVariantsIthacaDoesNotImplementAreErrors) {
   const std::string v5 = Transformers5Dialect();
+  ExpectInvalid(Replace(v5, "\"rope_type\": \"llama3\"", "\"rope_type\": \"dynamic\""),
+                {"rope_parameters.rope_type", "dynamic"});
+  // llama3's keys under another implemented type: the file means a rope Ithaca would not compute.
   ExpectInvalid(Replace(v5, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""),
-                {"rope_parameters.rope_type", "yarn"});
-  for (const char* type : {"linear", "dynamic", "longrope"}) {
+                {"rope_parameters.high_freq_factor", "not a parameter", "yarn"});
+  ExpectInvalid(Replace(kLlama32_1B, "\"rope_type\": \"llama3\"", "\"rope_type\": \"linear\""),
+                {"rope_scaling.high_freq_factor", "not a parameter", "linear"});
+  for (const char* type : {"dynamic", "longrope", "ntk"}) {
     ExpectInvalid(Replace(kLlama32_1B, "\"rope_type\": \"llama3\"",
                           absl::StrCat("\"rope_type\": \"", type, "\"")),
                   {"rope_scaling.rope_type", type});
@@ -343,8 +349,8 @@ TEST(ConfigTest, RopeVariantsIthacaDoesNotImplementAreErrors) {
 
 TEST(ConfigTest, KeysThatChangeTheModelAreErrors) {
   const std::string good = kLlama32_1B;
-  ExpectInvalid(Replace(good, "\"model_type\": \"llama\"", "\"model_type\": \"mistral\""),
-                {"model_type", "mistral"});
+  ExpectInvalid(Replace(good, "\"model_type\": \"llama\"", "\"model_type\": \"gemma\""),
+                {"model_type", "gemma"});
   ExpectInvalid(Replace(good, "\"attention_bias\": false", "\"attention_bias\": true"),
                 {"attention_bias", "bias"});
   ExpectInvalid(Replace(good, "\"mlp_bias\": false", "\"mlp_bias\": true"), {"mlp_bias"});
@@ -440,6 +446,165 @@ TEST(ConfigTest, ErrorsNeverQuoteTheFile) {
   ASSERT_TRUE(WriteFileAtomic(dir + "/shadow", secret).ok());
   EXPECT_EQ(LoadConfigJson(dir + "/shadow").status().message(),
             dir + "/shadow: not a JSON object (parse error at byte 0)");
+}
+
+// The config.json files published on the hub for Qwen3-14B, Qwen2.5-0.5B and Mistral-7B-v0.3.
+constexpr char kQwen3_14B[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 17408,
+  "max_position_embeddings": 40960, "max_window_layers": 40, "model_type": "qwen3",
+  "num_attention_heads": 40, "num_hidden_layers": 40, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+})";
+constexpr char kQwen25_05B[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1", "use_cache": true, "use_mrope": false,
+  "use_sliding_window": false, "vocab_size": 151936
+})";
+constexpr char kMistral7B_v03[] = R"({
+  "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.42.0.dev0",
+  "use_cache": true, "vocab_size": 32768
+})";
+
+TEST(FamilyConfigTest, HubConfigsParseToTheirPresets) {
+  for (const auto& [json, preset] : {std::pair{kQwen3_14B, "qwen3-14b"},
+                                     std::pair{kQwen25_05B, "qwen2.5-0.5b"},
+                                     std::pair{kMistral7B_v03, "mistral-7b-v0.3"}}) {
+    SCOPED_TRACE(preset);
+    auto c = ParseConfigJson(json);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ExpectSameConfig(*c, *PresetConfig(preset));
+  }
+  auto q3 = PresetConfig("qwen3-14b");
+  EXPECT_TRUE(q3->qk_norm && !q3->qkv_bias && q3->sliding_window == 0);
+  auto q2 = PresetConfig("qwen2.5-0.5b");
+  EXPECT_TRUE(q2->qkv_bias && !q2->qk_norm && q2->tie_word_embeddings);
+  EXPECT_EQ(q2->head_dim, 64);
+  // Parameter counts against the published ones: Qwen2.5-0.5B 494,032,768 (biases included),
+  // Qwen3-0.6B 596,049,920 (q/k norms included, embeddings tied), Mistral-7B-v0.3 7,248,023,552.
+  EXPECT_EQ(q2->NumParameters(), 494032768);
+  EXPECT_EQ(PresetConfig("qwen3-0.6b")->NumParameters(), 596049920);
+  EXPECT_EQ(PresetConfig("mistral-7b-v0.3")->NumParameters(), 7248023552);
+}
+
+TEST(FamilyConfigTest, EveryPresetIsValidAndRoundTrips) {
+  ASSERT_GE(PresetNames().size(), 17u);
+  for (const std::string& name : PresetNames()) {
+    SCOPED_TRACE(name);
+    auto c = PresetConfig(name);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+    const std::string json = ConfigToJson(*c);
+    EXPECT_NE(json.find(absl::StrCat("\"model_type\": \"", ModelTypeName(c->family), "\"")),
+              std::string::npos)
+        << json;
+    auto back = ParseConfigJson(json);
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << json;
+    ExpectSameConfig(*back, *c);
+  }
+  EXPECT_NE(PresetConfig("qwen9-1b").status().message().find("qwen3-0.6b"), std::string::npos);
+}
+
+TEST(FamilyConfigTest, MistralWindowAndFamilyKeys) {
+  auto w = ParseConfigJson(Replace(kMistral7B_v03, "\"sliding_window\": null",
+                                   "\"sliding_window\": 4096"));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->sliding_window, 4096);
+  auto back = ParseConfigJson(ConfigToJson(*w));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sliding_window, 4096);
+  ExpectInvalid(Replace(kMistral7B_v03, "\"sliding_window\": null", "\"sliding_window\": 0"),
+                {"sliding_window", "positive"});
+  ExpectInvalid(Replace(kQwen25_05B, "\"use_sliding_window\": false",
+                        "\"use_sliding_window\": true"),
+                {"use_sliding_window", "true is unsupported"});
+  ExpectInvalid(Replace(kQwen3_14B, "\"attention_bias\": false", "\"attention_bias\": true"),
+                {"attention_bias", "qwen3"});
+  ExpectInvalid(Replace(kQwen3_14B, "\"head_dim\": 128,", ""), {"head_dim", "required for qwen3"});
+  ExpectInvalid(Replace(kQwen3_14B, "\"num_key_value_heads\": 8,", ""),
+                {"num_key_value_heads", "missing"});
+  ExpectInvalid(Replace(kQwen25_05B, "\"use_mrope\": false", "\"use_mrope\": true"),
+                {"use_mrope"});
+  ExpectInvalid(Replace(kMistral7B_v03, "\"rms_norm_eps\"", "\"max_window_layers\": 3, \"rms_norm_eps\""),
+                {"max_window_layers", "mistral"});
+  // transformers 5's layer_types: every layer full (or, with a window, sliding).
+  auto typed = ParseConfigJson(Replace(
+      kQwen3_14B, "\"rms_norm_eps\"", "\"layer_types\": [\"full_attention\"], \"rms_norm_eps\""));
+  EXPECT_TRUE(typed.ok()) << typed.status();
+  ExpectInvalid(Replace(kQwen3_14B, "\"rms_norm_eps\"",
+                        "\"layer_types\": [\"sliding_attention\"], \"rms_norm_eps\""),
+                {"layer_types[0]", "full_attention"});
+  // Qwen2's attention has no head_dim of its own.
+  ExpectInvalid(Replace(kQwen25_05B, "\"hidden_size\": 896", "\"head_dim\": 32, \"hidden_size\": 896"),
+                {"head_dim", "qwen2"});
+}
+
+TEST(FamilyConfigTest, LinearAndYarnRopeInBothDialects) {
+  // Qwen3's documented YaRN long-context setting, in the hub dialect and in rope_parameters.
+  const std::string hub = Replace(kQwen3_14B, "\"rope_scaling\": null",
+                                  "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
+                                  "\"original_max_position_embeddings\": 32768}");
+  auto y = ParseConfigJson(hub);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->rope.type, RopeType::kYarn);
+  EXPECT_EQ(y->rope.factor, 4.0);
+  EXPECT_EQ(y->rope.original_max_position, 32768);
+  EXPECT_DOUBLE_EQ(y->rope.attention_factor, 0.1 * std::log(4.0) + 1.0);
+  EXPECT_EQ(y->rope.beta_fast, 32.0);
+  EXPECT_EQ(y->rope.beta_slow, 1.0);
+  EXPECT_TRUE(y->rope.truncate);
+  std::string v5 = Replace(hub, "\"rope_theta\": 1000000,", "");
+  v5 = Replace(v5, "\"rope_scaling\": {", "\"rope_parameters\": {\"rope_theta\": 1000000, ");
+  auto y5 = ParseConfigJson(v5);
+  ASSERT_TRUE(y5.ok()) << y5.status();
+  ExpectSameConfig(*y5, *y);
+  auto back = ParseConfigJson(ConfigToJson(*y));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameConfig(*back, *y);
+  // DeepSeek's mscale pair and explicit betas, no truncation.
+  auto m = ParseConfigJson(Replace(
+      kQwen3_14B, "\"rope_scaling\": null",
+      "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 40, \"mscale\": 1.0, "
+      "\"mscale_all_dim\": 0.5, \"beta_fast\": 16, \"beta_slow\": 2, \"truncate\": false}"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_DOUBLE_EQ(m->rope.attention_factor,
+                   (0.1 * std::log(40.0) + 1.0) / (0.05 * std::log(40.0) + 1.0));
+  EXPECT_EQ(m->rope.beta_fast, 16.0);
+  EXPECT_FALSE(m->rope.truncate);
+  EXPECT_EQ(m->rope.original_max_position, 40960);  // max_position_embeddings
+  auto lin = ParseConfigJson(Replace(kMistral7B_v03, "\"rms_norm_eps\"",
+                                     "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}, "
+                                     "\"rms_norm_eps\""));
+  ASSERT_TRUE(lin.ok()) << lin.status();
+  EXPECT_EQ(lin->rope.type, RopeType::kLinear);
+  RopeConfig plain = lin->rope;
+  plain.type = RopeType::kDefault;
+  const std::vector<float> scaled = RopeInverseFrequencies(lin->rope);
+  const std::vector<float> base = RopeInverseFrequencies(plain);
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_EQ(scaled[i], base[i] / 2.0f);
+  ExpectInvalid(Replace(hub, "\"factor\": 4.0, ", ""), {"rope_scaling.factor", "missing"});
+  ExpectInvalid(Replace(hub, "\"factor\": 4.0", "\"factor\": 4.0, \"low_freq_factor\": 1"),
+                {"rope_scaling.low_freq_factor", "not a parameter", "yarn"});
+  ExpectInvalid(Replace(hub, "\"factor\": 4.0", "\"factor\": 4.0, \"attention_factor\": -1"),
+                {"rope_scaling.attention_factor", "positive"});
+  // rope_scaling and rope_parameters that disagree about yarn.
+  ExpectInvalid(Replace(hub, "\"rms_norm_eps\"",
+                        "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8.0, "
+                        "\"original_max_position_embeddings\": 32768}, \"rms_norm_eps\""),
+                {"rope_parameters", "yarn factor 8", "contradicts rope_scaling", "yarn factor 4"});
 }
 
 TEST(ConfigBoundsTest, AHugeModelIsRefusedNamingTheKey) {

@@ -9,6 +9,10 @@
 namespace ithaca {
 
 inline void ExpectSameConfig(const LlamaConfig& a, const LlamaConfig& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
   EXPECT_EQ(a.hidden_size, b.hidden_size);
   EXPECT_EQ(a.intermediate_size, b.intermediate_size);
   EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
@@ -24,12 +28,21 @@ inline void ExpectSameConfig(const LlamaConfig& a, const LlamaConfig& b) {
   EXPECT_EQ(a.eos_token_id, b.eos_token_id);
   EXPECT_EQ(a.rope.head_dim, b.rope.head_dim);
   EXPECT_EQ(a.rope.theta, b.rope.theta);
-  EXPECT_EQ(a.rope.llama3_scaling, b.rope.llama3_scaling);
-  if (a.rope.llama3_scaling && b.rope.llama3_scaling) {
+  EXPECT_EQ(RopeTypeName(a.rope.type), RopeTypeName(b.rope.type));
+  if (a.rope.type == b.rope.type && a.rope.type != RopeType::kDefault) {
     EXPECT_EQ(a.rope.factor, b.rope.factor);
+  }
+  if (a.rope.type == RopeType::kLlama3 && b.rope.type == RopeType::kLlama3) {
     EXPECT_EQ(a.rope.low_freq_factor, b.rope.low_freq_factor);
     EXPECT_EQ(a.rope.high_freq_factor, b.rope.high_freq_factor);
     EXPECT_EQ(a.rope.original_max_position, b.rope.original_max_position);
+  }
+  if (a.rope.type == RopeType::kYarn && b.rope.type == RopeType::kYarn) {
+    EXPECT_EQ(a.rope.attention_factor, b.rope.attention_factor);
+    EXPECT_EQ(a.rope.beta_fast, b.rope.beta_fast);
+    EXPECT_EQ(a.rope.beta_slow, b.rope.beta_slow);
+    EXPECT_EQ(a.rope.original_max_position, b.rope.original_max_position);
+    EXPECT_EQ(a.rope.truncate, b.rope.truncate);
   }
 }
 

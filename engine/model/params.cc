@@ -5,14 +5,28 @@
 namespace ithaca {
 namespace {
 
-void AddEntry(ParamUnit& unit, std::string name, Shape shape) {
+void AddEntry(ParamUnit& unit, std::string name, Shape shape, bool is_bias = false) {
   const bool is_matrix = shape.size() == 2;
   const int64_t n = NumElements(shape);
-  unit.entries.push_back({std::move(name), std::move(shape), unit.numel, is_matrix});
+  unit.entries.push_back({std::move(name), std::move(shape), unit.numel, is_matrix, is_bias});
   unit.numel += n;
 }
 
 }  // namespace
+
+int BlockEntryIndex(const LlamaConfig& cfg, ExtraBlockParam p) {
+  const int biases = cfg.qkv_bias ? 3 : 0;
+  switch (p) {
+    case kBq:
+    case kBk:
+    case kBv:
+      return cfg.qkv_bias ? kNumBlockParams + static_cast<int>(p) : -1;
+    case kQNorm:
+    case kKNorm:
+      return cfg.qk_norm ? kNumBlockParams + biases + (p == kQNorm ? 0 : 1) : -1;
+  }
+  return -1;
+}
 
 ParamLayout::ParamLayout(const LlamaConfig& c) {
   const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
@@ -32,6 +46,15 @@ ParamLayout::ParamLayout(const LlamaConfig& c) {
     AddEntry(u, p + "mlp.gate_proj.weight", {f, d});
     AddEntry(u, p + "mlp.up_proj.weight", {f, d});
     AddEntry(u, p + "mlp.down_proj.weight", {d, f});
+    if (c.qkv_bias) {
+      AddEntry(u, p + "self_attn.q_proj.bias", {c.num_attention_heads * hd}, /*is_bias=*/true);
+      AddEntry(u, p + "self_attn.k_proj.bias", {c.num_key_value_heads * hd}, /*is_bias=*/true);
+      AddEntry(u, p + "self_attn.v_proj.bias", {c.num_key_value_heads * hd}, /*is_bias=*/true);
+    }
+    if (c.qk_norm) {
+      AddEntry(u, p + "self_attn.q_norm.weight", {hd});
+      AddEntry(u, p + "self_attn.k_norm.weight", {hd});
+    }
     units_.push_back(std::move(u));
   }
   ParamUnit head{"head", {}, 0};

@@ -15,7 +15,8 @@ struct ParamEntry {
   std::string hf_name;  // e.g. "model.layers.3.self_attn.q_proj.weight"
   Shape shape;
   int64_t offset;  // elements from the start of the unit
-  bool is_matrix;  // weight decay applies to matrices only (not to norm weights)
+  bool is_matrix;  // weight decay applies to matrices only (not to norm weights or biases)
+  bool is_bias = false;  // initialized to 0 (norm weights to 1)
 };
 
 struct ParamUnit {
@@ -24,8 +25,13 @@ struct ParamUnit {
   int64_t numel = 0;
 };
 
-// Indices of the entries inside a block unit, in order.
+// Indices of the entries inside a block unit, in order. The family's extra attention parameters
+// follow: q/k/v biases (kBq, kBk, kBv) when cfg.qkv_bias, then the q/k norms' weights when
+// cfg.qk_norm (at kBq and kBq + 1 when there are no biases); BlockEntryIndex finds them.
 enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kMlpNorm, kWGate, kWUp, kWDown, kNumBlockParams };
+enum ExtraBlockParam { kBq, kBk, kBv, kQNorm, kKNorm };
+// The index of an extra entry in a block unit, or -1 when the config has none.
+int BlockEntryIndex(const LlamaConfig& cfg, ExtraBlockParam p);
 // Entries of the head unit: final norm, then lm_head (absent when embeddings are tied).
 enum HeadParam { kFinalNorm, kLmHead };
 

@@ -13,7 +13,7 @@ std::vector<float> RandomUnitWeights(const ParamLayout& layout, int u, uint64_t 
   std::normal_distribution<float> normal(0.f, 0.02f);
   for (const ParamEntry& e : unit.entries) {
     const int64_t n = NumElements(e.shape);
-    for (int64_t i = 0; i < n; ++i) flat[e.offset + i] = e.is_matrix ? normal(rng) : 1.f;
+    for (int64_t i = 0; i < n; ++i) flat[e.offset + i] = e.is_matrix ? normal(rng) : e.is_bias ? 0.f : 1.f;
   }
   return flat;
 }

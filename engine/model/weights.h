@@ -15,7 +15,8 @@ namespace ithaca {
 // One f32 host vector per unit of the layout.
 using HostWeights = std::vector<std::vector<float>>;
 
-// Deterministic in `seed`: matrices ~ N(0, 0.02²) (Hugging Face's initializer_range), norms = 1.
+// Deterministic in `seed`: matrices ~ N(0, 0.02²) (Hugging Face's initializer_range), norms = 1,
+// biases = 0.
 // Each unit has its own generator, so one unit can be made without the others.
 std::vector<float> RandomUnitWeights(const ParamLayout& layout, int unit, uint64_t seed);
 HostWeights RandomWeights(const ParamLayout& layout, uint64_t seed);

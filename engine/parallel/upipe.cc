@@ -95,34 +95,115 @@ struct Returning {
 };
 
 // One projection into all-to-all slots (forward) or out of them (backward): rows of `w` for n
-// heads per destination rank; `buf` is [P, s, n, D], slot j for rank j's heads.
+// heads per destination rank; `buf` is [P, s, n, D], slot j for rank j's heads. `b` (with the
+// context's qkv_bias) is the bias, `norm` (q and k with its qk_norm) the per-head RMSNorm's
+// weight, already multiplied by the rope scale when there is one (AttentionExtras::Norm).
 struct Projection {
   Tensor w;   // [heads·D, d]
   Tensor gw;  // its gradient (backward only)
   Tensor buf;
   bool rope = false;
+  Tensor b, gb;          // [heads·D]
+  Tensor norm, gnorm;    // [D]
 };
 
 Tensor Slot(const UlyssesContext& c, const Tensor& buf, int64_t j, int64_t n) {
   return buf.Slice(j * c.s * n * c.plan.D, {c.s, n * c.plan.D});
 }
 
+// Scratch for the family's extras over one pass: a column of ones (a bias is a rank-1 GEMM,
+// ones · bᵀ, and its gradient onesᵀ · dY, so every backend runs them as it runs the projections),
+// a tile of raw projections and its norm, and the norms' weights times the rope scale.
+struct AttentionExtras {
+  Tensor ones;             // act [tile, 1]
+  Tensor raw, normed;      // act [tile, max(u, kvr)·D]
+  Tensor rstd;             // f32 [tile·max(u, kvr)]
+  Tensor q_norm, k_norm;   // act [D]: the weights times rope_scale (the weights when it is 1)
+  Tensor dq_norm, dk_norm; // f32 [D]: their gradients, before the scale (backward, scale ≠ 1)
+};
+
+absl::StatusOr<AttentionExtras> MakeExtras(const UlyssesContext& c, const QkvWeights& w,
+                                           const QkvWeights* g, int64_t tile,
+                                           std::vector<Buffer>* owned) {
+  AttentionExtras e;
+  if (!c.qkv_bias && !c.qk_norm) return e;
+  const DType act = c.ops->act_dtype();
+  const int64_t D = c.plan.D, n = std::max(c.plan.u, c.plan.kvr);
+  auto make = [&](DType t, Shape shape) -> absl::StatusOr<Tensor> {
+    ASSIGN_OR_RETURN(Buffer b, Buffer::Make(c.alloc, t, std::move(shape), Tier::kAttention));
+    owned->push_back(std::move(b));
+    return owned->back().tensor();
+  };
+  ASSIGN_OR_RETURN(e.ones, make(act, {tile, 1}));
+  c.ops->Fill(e.ones, 1.f);
+  if (!c.qk_norm) return e;
+  ASSIGN_OR_RETURN(e.raw, make(act, {tile, n * D}));
+  ASSIGN_OR_RETURN(e.normed, make(act, {tile, n * D}));
+  ASSIGN_OR_RETURN(e.rstd, make(DType::kF32, {tile * n}));
+  e.q_norm = w.q_norm;
+  e.k_norm = w.k_norm;
+  if (c.rope_scale != 1.f) {
+    // w' = rope_scale · w, as the GEMM ones[1, 1] · w[1, D] scaled.
+    for (auto [from, to] : {std::pair{w.q_norm, &e.q_norm}, std::pair{w.k_norm, &e.k_norm}}) {
+      ASSIGN_OR_RETURN(*to, make(act, {D}));
+      c.ops->Gemm(e.ones.Rows(0, 1), false, from.Reshaped({1, D}), false, to->Reshaped({1, D}),
+                  c.rope_scale, 0.f);
+    }
+    if (g) {
+      ASSIGN_OR_RETURN(e.dq_norm, make(DType::kF32, {D}));
+      ASSIGN_OR_RETURN(e.dk_norm, make(DType::kF32, {D}));
+      c.ops->Fill(e.dq_norm, 0.f);
+      c.ops->Fill(e.dk_norm, 0.f);
+    }
+  }
+  return e;
+}
+
+// The gradient of the unscaled norms' weights: rope_scale times that of the scaled ones.
+void FinishExtras(const UlyssesContext& c, const AttentionExtras& e, const QkvWeights& g) {
+  if (e.dq_norm.shape.empty()) return;
+  c.ops->Axpy(c.rope_scale, e.dq_norm, g.q_norm);
+  c.ops->Axpy(c.rope_scale, e.dk_norm, g.k_norm);
+}
+
+// The multiplier of a projection's own GEMMs: the rope scale for rotated projections without a
+// norm (RoPE is linear, so scaling before it is scaling after), else 1 (the norm carries it).
+float ProjectionScale(const UlyssesContext& c, const Projection& p) {
+  return p.rope && p.norm.shape.empty() ? c.rope_scale : 1.f;
+}
+
+// Rows [h0·D, (h0+n)·D) of a bias [heads·D] as a [1, n·D] row.
+Tensor BiasRow(const Tensor& b, int64_t h0, int64_t n, int64_t D) {
+  return b.Slice(h0 * D, {1, n * D});
+}
+
 // Projects heads for every destination rank straight into its all-to-all slot:
-// slot j = (roped) h · W[heads of j]ᵀ for each projection, h made tile by tile into `h_tile`
-// once for all of them.
+// slot j = (roped) h · W[heads of j]ᵀ (+ b[heads of j], then each head RMS-normed) for each
+// projection, h made tile by tile into `h_tile` once for all of them.
 template <typename FirstHead>
 void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tensor& h_tile,
-                     std::initializer_list<Projection> projections, int64_t n,
-                     FirstHead first_head) {
+                     const AttentionExtras& ex, std::initializer_list<Projection> projections,
+                     int64_t n, FirstHead first_head) {
   const int64_t D = c.plan.D, s = c.s;
   for (int64_t t0 = 0; t0 < s; t0 += in.tile) {
-    const int64_t t1 = std::min(s, t0 + in.tile);
-    const Tensor h = h_tile.Rows(0, t1 - t0);
+    const int64_t t1 = std::min(s, t0 + in.tile), rows = t1 - t0;
+    const Tensor h = h_tile.Rows(0, rows);
     c.ops->RmsNorm(in.x.Rows(t0, t1), in.norm_w, in.eps, h, in.rstd.Rows(t0, t1));
     for (const Projection& p : projections) {
+      const float alpha = ProjectionScale(c, p);
       for (int64_t j = 0; j < c.plan.P; ++j) {
-        c.ops->Gemm(h, false, HeadRows(p.w, first_head(j), n, D), true,
-                    Slot(c, p.buf, j, n).Rows(t0, t1), 1.f, 0.f);
+        const Tensor out = Slot(c, p.buf, j, n).Rows(t0, t1);
+        c.ops->Gemm(h, false, HeadRows(p.w, first_head(j), n, D), true, out, alpha, 0.f);
+        if (!p.b.shape.empty()) {
+          c.ops->Gemm(ex.ones.Rows(0, rows), false, BiasRow(p.b, first_head(j), n, D), false, out,
+                      alpha, 1.f);
+        }
+        if (!p.norm.shape.empty()) {
+          const Tensor normed = ex.normed.Slice(0, {rows * n, D});
+          c.ops->RmsNorm(out.Reshaped({rows * n, D}), p.norm, c.qk_norm_eps, normed,
+                         ex.rstd.Slice(0, {rows * n}));
+          c.ops->Copy(normed, out.Reshaped({rows * n, D}));
+        }
       }
     }
   }
@@ -135,12 +216,14 @@ void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tenso
 }
 
 // The reverse of ProjectForRanks for gradients: each projection's buf holds, in slot j, the
-// gradient for this rank's tokens of j's heads. Per token tile: the weight gradient rows
-// (dW += slotᵀ · h), then dh = Σ slot · W through the norm's backward into dx and dnorm_w.
+// gradient for this rank's tokens of j's heads. Per token tile: through the heads' norm (its
+// input remade from h), the weight gradient rows (dW += slotᵀ · h, db += Σ slot), then
+// dh = Σ slot · W through the attention norm's backward into dx and dnorm_w.
 template <typename FirstHead>
 void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tensor& h_tile,
-                      const Tensor& dh_tile, std::initializer_list<Projection> projections,
-                      int64_t n, FirstHead first_head, const Tensor& dx, const Tensor& dnorm_w) {
+                      const Tensor& dh_tile, const AttentionExtras& ex,
+                      std::initializer_list<Projection> projections, int64_t n,
+                      FirstHead first_head, const Tensor& dx, const Tensor& dnorm_w) {
   const int64_t D = c.plan.D, s = c.s;
   for (const Projection& p : projections) {
     if (!p.rope) continue;
@@ -149,21 +232,66 @@ void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tens
     }
   }
   for (int64_t t0 = 0; t0 < s; t0 += in.tile) {
-    const int64_t t1 = std::min(s, t0 + in.tile);
-    const Tensor h = h_tile.Rows(0, t1 - t0), dh = dh_tile.Rows(0, t1 - t0);
+    const int64_t t1 = std::min(s, t0 + in.tile), rows = t1 - t0;
+    const Tensor h = h_tile.Rows(0, rows), dh = dh_tile.Rows(0, rows);
     c.ops->RmsNorm(in.x.Rows(t0, t1), in.norm_w, in.eps, h, in.rstd.Rows(t0, t1));
     float beta = 0.f;  // the first product writes dh, the others add to it
     for (const Projection& p : projections) {
+      const float alpha = ProjectionScale(c, p);
       for (int64_t j = 0; j < c.plan.P; ++j) {
         const Tensor slot = Slot(c, p.buf, j, n).Rows(t0, t1);
-        c.ops->Gemm(slot, true, h, false, HeadRows(p.gw, first_head(j), n, D), 1.f, 1.f);
-        c.ops->Gemm(slot, false, HeadRows(p.w, first_head(j), n, D), false, dh, 1.f, beta);
+        if (!p.norm.shape.empty()) {
+          // The slot holds the gradient wrt the normed heads: remake their input and go through
+          // the norm (raw = h · Wᵀ + b), leaving the gradient wrt raw in the slot.
+          const Tensor raw = ex.raw.Slice(0, {rows, n * D});
+          const Tensor raw2 = raw.Reshaped({rows * n, D});
+          const Tensor draw = ex.normed.Slice(0, {rows * n, D});
+          const Tensor rstd = ex.rstd.Slice(0, {rows * n});
+          c.ops->Gemm(h, false, HeadRows(p.w, first_head(j), n, D), true, raw, 1.f, 0.f);
+          if (!p.b.shape.empty()) {
+            c.ops->Gemm(ex.ones.Rows(0, rows), false, BiasRow(p.b, first_head(j), n, D), false,
+                        raw, 1.f, 1.f);
+          }
+          c.ops->RmsNorm(raw2, p.norm, c.qk_norm_eps, draw, rstd);
+          c.ops->Fill(draw, 0.f);
+          c.ops->RmsNormBackward(raw2, p.norm, rstd, slot.Reshaped({rows * n, D}), draw, p.gnorm);
+          c.ops->Copy(draw, slot.Reshaped({rows * n, D}));
+        }
+        c.ops->Gemm(slot, true, h, false, HeadRows(p.gw, first_head(j), n, D), alpha, 1.f);
+        if (!p.b.shape.empty()) {
+          c.ops->Gemm(ex.ones.Rows(0, rows), true, slot, false,
+                      BiasRow(p.gb, first_head(j), n, D), alpha, 1.f);
+        }
+        c.ops->Gemm(slot, false, HeadRows(p.w, first_head(j), n, D), false, dh, alpha, beta);
         beta = 1.f;
       }
     }
     c.ops->RmsNormBackward(in.x.Rows(t0, t1), in.norm_w, in.rstd.Rows(t0, t1), dh, dx.Rows(t0, t1),
                            dnorm_w);
   }
+}
+
+// The projections of a pass: q (rotated), k (rotated), v, each with its bias and norm where the
+// model has them; `g` (backward) adds the gradients, `buf` is set by the caller.
+Projection MakeProjection(const UlyssesContext& c, const AttentionExtras& ex, const QkvWeights& w,
+                          const QkvWeights* g, char which, const Tensor& buf) {
+  Projection p;
+  p.buf = buf;
+  p.rope = which != 'v';
+  p.w = which == 'q' ? w.wq : which == 'k' ? w.wk : w.wv;
+  if (g) p.gw = which == 'q' ? g->wq : which == 'k' ? g->wk : g->wv;
+  if (c.qkv_bias) {
+    p.b = which == 'q' ? w.bq : which == 'k' ? w.bk : w.bv;
+    if (g) p.gb = which == 'q' ? g->bq : which == 'k' ? g->bk : g->bv;
+  }
+  if (c.qk_norm && which != 'v') {
+    p.norm = which == 'q' ? ex.q_norm : ex.k_norm;
+    if (g) {
+      const bool scaled = !ex.dq_norm.shape.empty();
+      p.gnorm = which == 'q' ? (scaled ? ex.dq_norm : g->q_norm) : (scaled ? ex.dk_norm : g->k_norm);
+    }
+  }
+  return p;
 }
 
 // Moves this stage's head columns between O_local [s, Hq·D] and the all-to-all layout
@@ -195,6 +323,9 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   const StageWalk walk{p, c.pipelined()};
   ASSIGN_OR_RETURN(Buffer h,
                    Alloc(c, act, {std::min(in.tile, c.s), in.x.dim(1)}, Tier::kActivations));
+  std::vector<Buffer> extra_buffers;
+  ASSIGN_OR_RETURN(const AttentionExtras ex,
+                   MakeExtras(c, w, nullptr, std::min(in.tile, c.s), &extra_buffers));
   Buffers buffers(c);
   std::vector<KvSet> kv(walk.kv_sets());
   for (KvSet& set : kv) {
@@ -221,15 +352,15 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
     const int64_t r = walk.round(st);
     if (walk.step(st) == 0) {
       KvSet& set = kv[r % kv.size()];
-      ProjectForRanks(
-          c, in, h.tensor(),
-          {{w.wk, {}, set.k_send, /*rope=*/true}, {w.wv, {}, set.v_send, /*rope=*/false}}, kvr,
-          [&](int64_t j) { return p.KvHead(j, r); });
+      ProjectForRanks(c, in, h.tensor(), ex,
+                      {MakeProjection(c, ex, w, nullptr, 'k', set.k_send),
+                       MakeProjection(c, ex, w, nullptr, 'v', set.v_send)},
+                      kvr, [&](int64_t j) { return p.KvHead(j, r); });
       ASSIGN_OR_RETURN(set.k_in, StartExchange(c, set.k_send, set.k));
       ASSIGN_OR_RETURN(set.v_in, StartExchange(c, set.v_send, set.v));
     }
     QSet& set = qs[st % qs.size()];
-    ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, set.send, /*rope=*/true}}, u,
+    ProjectForRanks(c, in, h.tensor(), ex, {MakeProjection(c, ex, w, nullptr, 'q', set.send)}, u,
                     [&](int64_t j) { return p.QHead(j, r, walk.step(st)); });
     ASSIGN_OR_RETURN(set.q_in, StartExchange(c, set.send, set.q));
     return absl::OkStatus();
@@ -273,6 +404,9 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   const Shape tile_shape = {std::min(in.tile, c.s), in.x.dim(1)};
   ASSIGN_OR_RETURN(Buffer h, Alloc(c, act, tile_shape, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer dh, Alloc(c, act, tile_shape, Tier::kActivations));
+  std::vector<Buffer> extra_buffers;
+  ASSIGN_OR_RETURN(const AttentionExtras ex,
+                   MakeExtras(c, w, &g, tile_shape[0], &extra_buffers));
   Buffers buffers(c);
 
   // A stage's sends (queries, output, output gradient), what arrives for them, and dQ.
@@ -325,14 +459,16 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
     const int64_t r = walk.round(st), t = walk.step(st);
     if (t == 0) {
       KvSet& set = kv[r % kv.size()];
-      ProjectForRanks(c, in, h.tensor(),
-                      {{w.wk, {}, set.k_send, /*rope=*/true}, {w.wv, {}, set.v_send, false}}, kvr,
-                      kv_head_of(r));
+      ProjectForRanks(c, in, h.tensor(), ex,
+                      {MakeProjection(c, ex, w, nullptr, 'k', set.k_send),
+                       MakeProjection(c, ex, w, nullptr, 'v', set.v_send)},
+                      kvr, kv_head_of(r));
       RETURN_IF_ERROR(send(set.k_send, set.k, &set.k_in));
       RETURN_IF_ERROR(send(set.v_send, set.v, &set.v_in));
     }
     QSet& set = qs[st % qs.size()];
-    ProjectForRanks(c, in, h.tensor(), {{w.wq, {}, set.q_send, /*rope=*/true}}, u, q_head_of(st));
+    ProjectForRanks(c, in, h.tensor(), ex, {MakeProjection(c, ex, w, nullptr, 'q', set.q_send)}, u,
+                    q_head_of(st));
     RETURN_IF_ERROR(send(set.q_send, set.q, &set.q_in));
     StageColumns(c, r, t, o_local, set.o_send, /*to_local=*/false);
     RETURN_IF_ERROR(send(set.o_send, set.o, &set.o_in));
@@ -343,8 +479,8 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   Returning back;
   auto land = [&]() {
     return back.Land([&](int64_t st, const Tensor& t) {
-      BackpropForRanks(c, in, h.tensor(), dh.tensor(), {{w.wq, g.wq, t, /*rope=*/true}}, u,
-                       q_head_of(st), dx, dnorm_w);
+      BackpropForRanks(c, in, h.tensor(), dh.tensor(), ex, {MakeProjection(c, ex, w, &g, 'q', t)},
+                       u, q_head_of(st), dx, dnorm_w);
     });
   };
 
@@ -374,13 +510,14 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
       RETURN_IF_ERROR(Exchange(c, dk, cur_kv.k_send));
       c.ops->Copy(dv_sum, dv);
       RETURN_IF_ERROR(Exchange(c, dv, cur_kv.v_send));
-      BackpropForRanks(
-          c, in, h.tensor(), dh.tensor(),
-          {{w.wk, g.wk, cur_kv.k_send, /*rope=*/true}, {w.wv, g.wv, cur_kv.v_send, false}}, kvr,
-          kv_head_of(r), dx, dnorm_w);
+      BackpropForRanks(c, in, h.tensor(), dh.tensor(), ex,
+                       {MakeProjection(c, ex, w, &g, 'k', cur_kv.k_send),
+                        MakeProjection(c, ex, w, &g, 'v', cur_kv.v_send)},
+                       kvr, kv_head_of(r), dx, dnorm_w);
     }
     if (!walk.ahead && st + 1 < stages) RETURN_IF_ERROR(start(st + 1));
   }
+  FinishExtras(c, ex, g);
   return absl::OkStatus();
 }
 

@@ -31,14 +31,24 @@ struct UlyssesContext {
   // computes. Only with a group to exchange with (P > 1) and more than one stage; off, each
   // exchange completes before the compute after it, with one set of buffers.
   bool overlap = false;
+  // The family's extras (LlamaConfig): q/k/v biases (QkvWeights' bq, bk, bv), the per-head
+  // RMSNorm of q and k before RoPE (q_norm, k_norm, with this eps), and YaRN's attention factor,
+  // which multiplies every rotated q and k.
+  bool qkv_bias = false;
+  bool qk_norm = false;
+  float qk_norm_eps = 1e-6f;
+  float rope_scale = 1.f;
   bool pipelined() const { return overlap && sp != nullptr && plan.P > 1 && plan.stages() > 1; }
   int64_t S() const { return s * plan.P; }
   int64_t pos0() const { return rank * s; }  // global position of this rank's first token
 };
 
-// Projection weights (full, gathered) or their gradients (f32), [heads·D, d] each.
+// Projection weights (full, gathered) or their gradients (f32), [heads·D, d] each; with the
+// context's qkv_bias the biases [heads·D], with its qk_norm the norms' weights [D].
 struct QkvWeights {
   Tensor wq, wk, wv;
+  Tensor bq, bk, bv;
+  Tensor q_norm, k_norm;
 };
 
 // The attention's input h = rmsnorm(x) · norm_w, made one token tile at a time wherever it is

@@ -45,8 +45,8 @@ MemoryTracker* Measure(const LlamaConfig& cfg, const LlamaModel::Options& opts, 
   return &alloc->tracker();
 }
 
-void ExpectPlanMatches(const LlamaModel::Options& opts, int64_t S) {
-  const LlamaConfig cfg = Tiny();
+void ExpectPlanMatches(const LlamaModel::Options& opts, int64_t S,
+                       const LlamaConfig& cfg = Tiny()) {
   HostAllocator alloc;
   const MemoryTracker* measured = Measure(cfg, opts, S, &alloc);
   PlanRequest req;
@@ -75,6 +75,43 @@ TEST(PlannerTest, MatchesTheAllocatorForEveryTechnique) {
   o.offload = true;
   o.offload_keep_last = 1;
   ExpectPlanMatches(o, 96);
+}
+
+// Qwen2's biases and Qwen3's q/k norms (with their scratch in the attention passes) and
+// Mistral's window: the plan still matches the allocator, and the parameter tiers hold exactly
+// the family's extra parameters.
+TEST(PlannerTest, FamiliesMatchTheAllocatorAndCountTheirParameters) {
+  LlamaConfig qwen2 = Tiny(), qwen3 = Tiny(), mistral = Tiny();
+  qwen2.family = ModelFamily::kQwen2;
+  qwen2.qkv_bias = true;
+  qwen3.family = ModelFamily::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.head_dim = qwen3.rope.head_dim = 12;
+  qwen3.rope.type = RopeType::kYarn;
+  qwen3.rope.attention_factor = 1.1;
+  mistral.family = ModelFamily::kMistral;
+  mistral.sliding_window = 16;
+  LlamaModel::Options o;
+  o.checkpoint = CheckpointPolicy::kAttentionAware;
+  o.head_chunk = 2;
+  o.tile_tokens = 16;
+  for (const LlamaConfig& cfg : {qwen2, qwen3, mistral}) {
+    SCOPED_TRACE(ModelTypeName(cfg.family));
+    ExpectPlanMatches(o, 64, cfg);
+  }
+  auto params = [&](const LlamaConfig& cfg) {
+    PlanRequest req;
+    req.cfg = cfg;
+    req.seq_len = 64;
+    req.opts = o;
+    return PlanMemory(req)->peak[static_cast<int>(Tier::kParams)];
+  };
+  const int64_t llama = params(Tiny());
+  const int64_t biases = (8 + 2 * 2) * 8 * 3;  // (Hq + 2 Hkv) · D per layer, 3 layers
+  // f32 working weights on the CPU: 4 bytes each.
+  EXPECT_EQ(params(qwen2) - llama, 4 * biases);
+  EXPECT_EQ(params(mistral), llama);
+  EXPECT_EQ(qwen2.NumParameters() - Tiny().NumParameters(), biases);
 }
 
 int64_t AttentionPeak(int64_t head_chunk, bool measured) {

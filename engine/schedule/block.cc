@@ -93,8 +93,15 @@ BlockWeights BlockViews(const LlamaConfig& cfg, const Tensor& unit_flat) {
   one.num_hidden_layers = 1;
   const ParamLayout layout(one);
   const ParamUnit& u = layout.units()[1];
-  auto v = [&](BlockParam p) { return ParamLayout::View(unit_flat, u.entries[p]); };
-  return {v(kAttnNorm), v(kWq), v(kWk), v(kWv), v(kWo), v(kMlpNorm), v(kWGate), v(kWUp), v(kWDown)};
+  auto v = [&](int p) { return p < 0 ? Tensor() : ParamLayout::View(unit_flat, u.entries[p]); };
+  BlockWeights w{v(kAttnNorm), v(kWq), v(kWk), v(kWv), v(kWo), v(kMlpNorm), v(kWGate), v(kWUp),
+                 v(kWDown)};
+  w.bq = v(BlockEntryIndex(cfg, kBq));
+  w.bk = v(BlockEntryIndex(cfg, kBk));
+  w.bv = v(BlockEntryIndex(cfg, kBv));
+  w.q_norm = v(BlockEntryIndex(cfg, kQNorm));
+  w.k_norm = v(BlockEntryIndex(cfg, kKNorm));
+  return w;
 }
 
 namespace {

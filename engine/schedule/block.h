@@ -28,7 +28,9 @@ struct BlockSaved {
 // Views into one block's flat parameter unit (weights) or gradient unit (same layout).
 struct BlockWeights {
   Tensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
-  QkvWeights qkv() const { return {wq, wk, wv}; }
+  Tensor bq, bk, bv;      // with cfg.qkv_bias (Qwen2); else empty
+  Tensor q_norm, k_norm;  // with cfg.qk_norm (Qwen3); else empty
+  QkvWeights qkv() const { return {wq, wk, wv, bq, bk, bv, q_norm, k_norm}; }
 };
 BlockWeights BlockViews(const LlamaConfig& cfg, const Tensor& unit_flat);
 

@@ -65,7 +65,12 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs) const {
   c.attn.s = s;
   c.attn.inv_freq = inv_freq_.tensor();
   c.attn.docs = docs;
+  c.attn.docs.window = cfg_.sliding_window;
   c.attn.overlap = opts_.overlap;
+  c.attn.qkv_bias = cfg_.qkv_bias;
+  c.attn.qk_norm = cfg_.qk_norm;
+  c.attn.qk_norm_eps = static_cast<float>(cfg_.rms_norm_eps);
+  c.attn.rope_scale = static_cast<float>(cfg_.rope.AttentionScaling());
   c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
   // Attention-aware checkpointing keeps O and LSE with the block input.
   c.saved_attention_tier =

@@ -43,7 +43,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.overlap = job.plan.overlap;
   s.memory.checkpoint_interval = job.plan.checkpoint_interval;
   if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shape
-    const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask};
+    const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask,
+                               job.config.sliding_window > 0};
     for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, &s.kernels.attention_forward},
                                 std::pair{AttentionPass::kBackward, &s.kernels.attention_backward}}) {
       ASSIGN_OR_RETURN(AttentionKernel asked, ParseAttentionKernel(*kernel));

@@ -170,6 +170,73 @@ TEST_F(ExportTest, Bf16ScoresCloseToTheCheckpointAndF32Identically) {
   EXPECT_LT(reference->loss, std::log(258.0) - 0.5);
 }
 
+// Qwen3, Qwen2 and a windowed Mistral train, checkpoint and export as their own family: the
+// exported config.json names the family's architecture and keys, the family's tensors (q/k
+// norms, q/k/v biases) are in the safetensors under their Hugging Face names, and the f32 export
+// scores exactly as the checkpoint does.
+TEST(FamilyExportTest, EachFamilyExportsAsItself) {
+  struct Family {
+    const char* name;
+    const char* architecture;
+    const char* tensor;  // one tensor only this family has ("" for none)
+  };
+  for (const Family& f : {Family{"qwen3", "Qwen3ForCausalLM", "model.layers.1.self_attn.k_norm.weight"},
+                          Family{"qwen2", "Qwen2ForCausalLM", "model.layers.0.self_attn.v_proj.bias"},
+                          Family{"mistral", "MistralForCausalLM", ""}}) {
+    SCOPED_TRACE(f.name);
+    LlamaConfig cfg = *PresetConfig("tiny");
+    const std::string name = f.name;
+    if (name == "qwen3") {
+      cfg.family = ModelFamily::kQwen3;
+      cfg.qk_norm = true;
+      cfg.head_dim = cfg.rope.head_dim = 24;
+    } else if (name == "qwen2") {
+      cfg.family = ModelFamily::kQwen2;
+      cfg.qkv_bias = true;
+    } else {
+      cfg.family = ModelFamily::kMistral;
+      cfg.sliding_window = 9;
+    }
+    const std::string dir = TmpDir(std::string("family_") + f.name);
+    absl::StatusOr<TinyJob> job =
+        TrainTinyJob(dir, "engine/train/testdata/tiny_corpus.txt", 3, "f32", cfg);
+    ASSERT_TRUE(job.ok()) << job.status();
+    const std::string out = job->checkpoint_dir + "/export";
+    const Json j = ReadJson(out + "/config.json");
+    EXPECT_EQ(j["model_type"], f.name);
+    EXPECT_EQ(j["architectures"], Json::array({f.architecture}));
+    if (name == "mistral") {
+      EXPECT_EQ(j["sliding_window"], 9);
+    }
+    auto back = LoadConfigJson(out);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->family, cfg.family);
+    EXPECT_EQ(back->qk_norm, cfg.qk_norm);
+    EXPECT_EQ(back->qkv_bias, cfg.qkv_bias);
+    EXPECT_EQ(back->sliding_window, cfg.sliding_window);
+    EXPECT_EQ(back->head_dim, cfg.head_dim);
+    auto reader = SafetensorsReader::Open(out);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ(static_cast<int64_t>((*reader)->Names().size()),
+              static_cast<int64_t>(ParamLayout(cfg).units().size() - 2) *
+                      (cfg.qkv_bias ? 12 : cfg.qk_norm ? 11 : 9) +
+                  2);
+    if (*f.tensor) {
+      EXPECT_TRUE((*reader)->Info(f.tensor).ok()) << f.tensor;
+    }
+    absl::StatusOr<std::string> step = FindCheckpoint(job->checkpoint_dir);
+    ASSERT_TRUE(step.ok()) << step.status();
+    std::string text = *ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+    std::vector<uint32_t> tokens = ByteTokenize(text.substr(0, 99));
+    const std::vector<int32_t> ids(tokens.begin(), tokens.end());
+    auto reference = ComputeModelLoss(*step + "/model", ids);
+    auto exported = ComputeModelLoss(out, ids);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_EQ(exported->loss, reference->loss);
+  }
+}
+
 // A checkpoint saved by several ranks (each writing its share of the files) exports the same
 // model: the export reads the shards through their index.
 TEST_F(ExportTest, ACheckpointSavedByThreeRanksExportsTheSameModel) {

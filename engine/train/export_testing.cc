@@ -10,15 +10,16 @@
 
 namespace ithaca {
 
-absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
-                                     int64_t steps, const std::string& export_dtype,
-                                     const std::string& tokenizer_dir, int64_t steps_per_run) {
+namespace {
+
+absl::StatusOr<TinyJob> Train(const std::string& dir, const std::string& corpus, int64_t steps,
+                              const std::string& export_dtype, const std::string& tokenizer_dir,
+                              int64_t steps_per_run, const LlamaConfig& cfg) {
   TinyJob job;
   job.model_dir = dir + "/source_model";
   job.checkpoint_dir = dir + "/checkpoints";
   job.tokens = dir + "/corpus.tok";
   RETURN_IF_ERROR(MakeDirs(job.model_dir));
-  ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig("tiny"));
   RETURN_IF_ERROR(WriteFileAtomic(job.model_dir + "/config.json", ConfigToJson(cfg)));
   // Stand-ins with recognizable contents: the export must copy them byte for byte.
   RETURN_IF_ERROR(
@@ -66,6 +67,21 @@ absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& 
     }
   }
   return job;
+}
+
+}  // namespace
+
+absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
+                                     int64_t steps, const std::string& export_dtype,
+                                     const std::string& tokenizer_dir, int64_t steps_per_run) {
+  ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig("tiny"));
+  return Train(dir, corpus, steps, export_dtype, tokenizer_dir, steps_per_run, cfg);
+}
+
+absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
+                                     int64_t steps, const std::string& export_dtype,
+                                     const LlamaConfig& model) {
+  return Train(dir, corpus, steps, export_dtype, "", 0, model);
 }
 
 }  // namespace ithaca

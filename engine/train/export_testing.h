@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/core/status.h"
+#include "engine/model/config.h"
 
 namespace ithaca {
 
@@ -23,5 +24,9 @@ absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& 
                                      int64_t steps, const std::string& export_dtype,
                                      const std::string& tokenizer_dir = "",
                                      int64_t steps_per_run = 0);
+// The same with another model than the tiny preset (another family, say).
+absl::StatusOr<TinyJob> TrainTinyJob(const std::string& dir, const std::string& corpus,
+                                     int64_t steps, const std::string& export_dtype,
+                                     const LlamaConfig& model);
 
 }  // namespace ithaca

@@ -22,7 +22,7 @@ std::string ConfigPath(const std::string& model, const std::string& dialect) {
 LlamaConfig Llama31_8B() {
   LlamaConfig c = *PresetConfig("llama-3-8b");
   c.max_position_embeddings = 131072;
-  c.rope.llama3_scaling = true;
+  c.rope.type = RopeType::kLlama3;
   c.rope.factor = 8.0;
   c.rope.low_freq_factor = 1.0;
   c.rope.high_freq_factor = 4.0;

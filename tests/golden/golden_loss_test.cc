@@ -120,7 +120,7 @@ TEST(GoldenLossTest, DroppingTheRopeSettingsMissesTheGoldenLoss) {
     const std::string dir = FixtureDir(f.name);
     auto cfg = LoadConfigJson(dir);
     ASSERT_TRUE(cfg.ok()) << cfg.status();
-    if (!cfg->rope.llama3_scaling && cfg->rope_theta == 10000.0) continue;
+    if ((cfg->rope.type != RopeType::kLlama3) && cfg->rope_theta == 10000.0) continue;
     auto reader = SafetensorsReader::Open(dir);
     ASSERT_TRUE(reader.ok()) << reader.status();
     auto golden = ReadGolden(dir);
@@ -128,7 +128,7 @@ TEST(GoldenLossTest, DroppingTheRopeSettingsMissesTheGoldenLoss) {
 
     LlamaConfig wrong = *cfg;
     wrong.rope_theta = wrong.rope.theta = 10000.0;
-    wrong.rope.llama3_scaling = false;
+    wrong.rope.type = RopeType::kDefault;
     auto loss = IthacaLoss(wrong, **reader, *golden);
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_GT(std::fabs(*loss - golden->loss), 100 * kRelativeTolerance * golden->loss)

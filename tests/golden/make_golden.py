@@ -255,6 +255,9 @@ Llama-3.2-3B, Meta-Llama-3-8B and Llama-3.1-8B (rope_theta + rope_scaling), writ
 published values; `M.transformers5.json` is that file loaded and re-saved by transformers
 {transformers} (`AutoConfig.from_pretrained` + `save_pretrained`: rope_parameters, theta inside).
 `config_dialects_test` checks both give the same LlamaConfig, equal to the published shape.
+
+The other families (Qwen3, Qwen2, Mistral) and linear / yarn RoPE have fixtures of their own,
+`models/family_*`, made by `make_family_golden.py` and described in `README_families.md`.
 """
 
 

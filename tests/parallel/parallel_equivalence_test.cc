@@ -4,7 +4,9 @@
 // and GQA with K/V heads fewer than, equal to and more than sp. Loss, every gathered gradient,
 // the losses of three optimizer steps (with clipping) and the final weights must equal the
 // single-rank reference to fp32 tolerance. With packed documents the reference runs each
-// document of the first sample alone, so a packed layout must equal that exactly.
+// document of the first sample alone, so a packed layout must equal that exactly. The other
+// families run the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms, head_dim 12, yarn RoPE) and
+// Mistral (a sliding window of 7 keys, which crosses the ranks' sequence shards).
 #include <unistd.h>
 
 #include <chrono>
@@ -42,6 +44,7 @@ struct Case {
   // buffer read before its collective was waited for, or overwritten while one may still read
   // it, gives wrong numbers every time.
   int issue_delay_ms = 0;
+  std::string family = "llama";  // or qwen2, qwen3, mistral (SetUpTestSuite's configs)
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -61,16 +64,35 @@ class ParallelEquivalenceTest : public ::testing::Test {
     for (size_t i = 0; i < tokens.size(); ++i) meta.loss_mask[i] = (i / 11) % 3 == 0;
     ASSERT_TRUE(WriteTokenFileV2(*dir_ + "/sft.tok", tokens, meta).ok());
     for (int hkv : {2, 4}) {
-      LlamaConfig cfg = *PresetConfig("tiny");
-      cfg.num_attention_heads = 8;
-      cfg.num_key_value_heads = hkv;
-      cfg.num_hidden_layers = 3;
-      cfg.head_dim = 8;
-      cfg.rope.head_dim = 8;
-      ASSERT_TRUE(WriteFileAtomic(ConfigPath(hkv), ConfigToJson(cfg)).ok());
+      for (const char* family : {"llama", "qwen2", "qwen3", "mistral"}) {
+        LlamaConfig cfg = *PresetConfig("tiny");
+        cfg.num_attention_heads = 8;
+        cfg.num_key_value_heads = hkv;
+        cfg.num_hidden_layers = 3;
+        cfg.head_dim = 8;
+        const std::string f = family;
+        if (f == "qwen2") {
+          cfg.family = ModelFamily::kQwen2;
+          cfg.qkv_bias = true;
+        } else if (f == "qwen3") {
+          cfg.family = ModelFamily::kQwen3;
+          cfg.qk_norm = true;
+          cfg.head_dim = 12;
+          cfg.rope.type = RopeType::kYarn;
+          cfg.rope.factor = 4;
+          cfg.rope.attention_factor = 1.2;
+        } else if (f == "mistral") {
+          cfg.family = ModelFamily::kMistral;
+          cfg.sliding_window = 7;
+        }
+        cfg.rope.head_dim = static_cast<int>(cfg.head_dim);
+        ASSERT_TRUE(WriteFileAtomic(ConfigPath(hkv, f), ConfigToJson(cfg)).ok());
+      }
     }
   }
-  static std::string ConfigPath(int hkv) { return absl::StrCat(*dir_, "/config_kv", hkv, ".json"); }
+  static std::string ConfigPath(int hkv, const std::string& family = "llama") {
+    return absl::StrCat(*dir_, "/config_kv", hkv, family == "llama" ? "" : "_" + family, ".json");
+  }
 
   // Runs parallel_rank as `world` processes (one process and no rendezvous for world 0).
   static std::string RunRanks(const std::string& name, int world, std::vector<std::string> args,
@@ -110,11 +132,12 @@ class ParallelEquivalenceTest : public ::testing::Test {
   static std::string Data(bool sft) { return *dir_ + (sft ? "/sft.tok" : "/corpus.tok"); }
 
   // The single-rank reference; `packed`: its first sample's documents each run alone.
-  static std::string Reference(int hkv, int grad_accum, bool packed, bool sft) {
-    const std::string key = absl::StrCat("reference_kv", hkv, "_accum", grad_accum,
+  static std::string Reference(int hkv, int grad_accum, bool packed, bool sft,
+                               const std::string& family) {
+    const std::string key = absl::StrCat("reference_kv", hkv, "_", family, "_accum", grad_accum,
                                          packed ? "_separate" : "", sft ? "_sft" : "");
     if (!references_.count(key)) {
-      std::vector<std::string> args = {"--config", ConfigPath(hkv), "--data",
+      std::vector<std::string> args = {"--config", ConfigPath(hkv, family), "--data",
                                        Data(sft),  "--grad-accum",  std::to_string(grad_accum)};
       if (packed) args.insert(args.end(), {"--packed", "--separate"});
       if (sft) args.push_back("--loss-mask");
@@ -125,9 +148,9 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   static void Check(const Case& c) {
     const int dp = c.world / c.sp;
-    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft);
+    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft, c.family);
     std::vector<std::string> args = {
-        "--config",     ConfigPath(c.hkv),           "--data",       Data(c.sft),
+        "--config",     ConfigPath(c.hkv, c.family), "--data",       Data(c.sft),
         "--world",      std::to_string(c.world),     "--sp",         std::to_string(c.sp),
         "--fsdp",       c.fsdp ? "1" : "0",          "--checkpoint", c.checkpoint,
         "--head-chunk", std::to_string(c.head_chunk)};
@@ -254,6 +277,31 @@ TEST_F(ParallelEquivalenceTest, PackedDocumentsUlyssesFourDataParallel) {
   b.packed = true;
   b.sft = true;
   Check(b);
+}
+
+// Each family at world 4 (Ulysses 2, FSDP over all four) equals one rank: the biases and q/k
+// norms are sharded, gathered and reduced as every other parameter, yarn's attention factor and
+// the window hold across the sequence shards, and a window meets packed documents.
+TEST_F(ParallelEquivalenceTest, Qwen3UlyssesTwoFsdpFour) {
+  Case c{"w4_sp2_qwen3_fsdp_full_chunk", 2, 4, 2, true, "full", 2};
+  c.family = "qwen3";
+  Check(c);
+}
+
+TEST_F(ParallelEquivalenceTest, MistralWindowUlyssesTwoFsdpFour) {
+  Case a{"w4_sp2_mistral_fsdp_aware", 4, 4, 2, true, "attention-aware", 0};
+  a.family = "mistral";
+  Check(a);
+  Case b{"w4_sp2_mistral_packed_fsdp_full_tiled", 2, 4, 2, true, "full", 2, false, 8};
+  b.family = "mistral";
+  b.packed = true;
+  Check(b);
+}
+
+TEST_F(ParallelEquivalenceTest, Qwen2UlyssesTwoFsdpFourOffload) {
+  Case c{"w4_sp2_qwen2_fsdp_aware_offload", 4, 4, 2, true, "attention-aware", 2, true};
+  c.family = "qwen2";
+  Check(c);
 }
 
 TEST_F(ParallelEquivalenceTest, ARankThatDiesMidStepFailsEveryRankWithoutAHang) {

@@ -3,9 +3,14 @@
 //
 //   dump_model_grads --out DIR [--untied] [--seq N] [--tile N] [--head-chunk U] [--offload]
 //                    [--checkpoint none|full|attention-aware] [--docs 0,A,B,...]
+//                    [--family llama|qwen2|qwen3|mistral] [--window W] [--rope linear|yarn]
 // --docs packs the sample: documents start at the given positions (attention and RoPE restart
-// at each, the label crossing into the next document is ignored).
+// at each, the label crossing into the next document is ignored). --family makes the tiny model
+// one of that family: qwen2 with q/k/v biases, qwen3 with q/k norms and a head_dim of 24 (not
+// hidden / heads), mistral with a sliding window of --window keys (default 5). --rope replaces
+// llama3 rope_scaling with linear (factor 4) or yarn (factor 4 over an original 16 positions).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -25,6 +30,8 @@ absl::Status Run(int argc, char** argv) {
   bool untied = false, offload = false;
   int64_t seq = 37, tile = 8, head_chunk = 0;
   DocumentMask docs;
+  std::string family = "llama", rope;
+  int64_t window = 5;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -42,6 +49,12 @@ absl::Status Run(int argc, char** argv) {
       head_chunk = std::stoll(next());
     else if (a == "--offload")
       offload = true;
+    else if (a == "--family")
+      family = next();
+    else if (a == "--window")
+      window = std::stoll(next());
+    else if (a == "--rope")
+      rope = next();
     else if (a == "--docs")
       for (const absl::string_view d : absl::StrSplit(next(), ',')) {
         docs.starts.push_back(std::stoll(std::string(d)));
@@ -54,6 +67,30 @@ absl::Status Run(int argc, char** argv) {
   cfg.tie_word_embeddings = !untied;
   // Short original context so rope_scaling's low, medium and high frequency bands all occur.
   cfg.rope.original_max_position = 16;
+  if (family == "qwen2") {
+    cfg.family = ModelFamily::kQwen2;
+    cfg.qkv_bias = true;
+  } else if (family == "qwen3") {
+    cfg.family = ModelFamily::kQwen3;
+    cfg.qk_norm = true;
+    cfg.head_dim = 24;
+    cfg.rope.head_dim = 24;
+  } else if (family == "mistral") {
+    cfg.family = ModelFamily::kMistral;
+    cfg.sliding_window = window;
+  } else if (family != "llama") {
+    return absl::InvalidArgumentError("unknown --family " + family);
+  }
+  if (rope == "linear") {
+    cfg.rope.type = RopeType::kLinear;
+    cfg.rope.factor = 4.0;
+  } else if (rope == "yarn") {
+    cfg.rope.type = RopeType::kYarn;
+    cfg.rope.factor = 4.0;
+    cfg.rope.attention_factor = 0.1 * std::log(4.0) + 1.0;
+  } else if (!rope.empty()) {
+    return absl::InvalidArgumentError("unknown --rope " + rope);
+  }
 
   CpuOps ops;
   HostAllocator alloc;
@@ -74,7 +111,7 @@ absl::Status Run(int argc, char** argv) {
     for (const ParamEntry& e : model->layout().units()[u].entries) {
       float* p = w[u].data() + e.offset;
       for (int64_t i = 0; i < NumElements(e.shape); ++i)
-        p[i] = e.is_matrix ? p[i] * 5.f : 1.f + noise(rng);
+        p[i] = e.is_matrix ? p[i] * 5.f : e.is_bias ? 3.f * noise(rng) : 1.f + noise(rng);
     }
   }
   std::vector<const float*> ptrs;

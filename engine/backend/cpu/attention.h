@@ -2,6 +2,8 @@
 // online softmax, so no S × S matrix is ever formed (per-thread scratch is O(block · D)).
 // Optionally document-masked (packed samples): a query sees only the keys at or before it in its
 // own document, and key blocks wholly before a query block's first document are skipped.
+// Optionally windowed (Mistral's sliding window W): a query also sees only its last W keys
+// (itself included), and key blocks wholly before a query block's first window are skipped.
 // Templated on the scalar type so the tests can run it in double.
 //
 // Layouts (tokens lead): q, out, dout, dq [S, Hq, D]; k, v, dk, dv [S, Hkv, D]; lse [Hq, S].
@@ -61,12 +63,14 @@ inline void AxpyRow(T a, const T* x, int64_t d, T* y) {
 // Keys of block [j0, ...) visible to query i under the causal mask, capped at nk (may be ≤ 0).
 inline int64_t VisibleKeys(int64_t i, int64_t j0, int64_t nk) { return std::min(nk, i - j0 + 1); }
 
-// The document structure as per-token bounds: first[i] is the first key query i may see (the
-// start of its document) and end[j] one past the last query that may see key j (the end of its
-// document). Without documents first = 0 and end = s.
+// The document structure (and sliding window) as per-token bounds: First(i) is the first key
+// query i may see (the start of its document, or i − window + 1 when that is later) and End(j)
+// one past the last query that may see key j (the end of its document, or j + window when that
+// is sooner). Without documents or window First = 0 and End = s. Both are non-decreasing.
 struct DocumentBounds {
   std::vector<int64_t> first, end;
-  DocumentBounds(int64_t s, const int64_t* starts, int64_t num_docs) {
+  int64_t window = 0;
+  DocumentBounds(int64_t s, const int64_t* starts, int64_t num_docs, int64_t w = 0) : window(w) {
     if (num_docs <= 1) return;
     first.resize(static_cast<size_t>(s));
     end.resize(static_cast<size_t>(s));
@@ -78,11 +82,18 @@ struct DocumentBounds {
       }
     }
   }
-  int64_t First(int64_t i) const { return first.empty() ? 0 : first[i]; }
-  int64_t End(int64_t j, int64_t s) const { return end.empty() ? s : end[j]; }
+  int64_t First(int64_t i) const {
+    const int64_t doc = first.empty() ? 0 : first[i];
+    return window > 0 ? std::max(doc, i - window + 1) : doc;
+  }
+  int64_t End(int64_t j, int64_t s) const {
+    const int64_t doc = end.empty() ? s : end[j];
+    return window > 0 ? std::min(doc, j + window) : doc;
+  }
 };
 
-// Keys of block [j0, ...) hidden from query i by its document: the first max(0, First(i) − j0).
+// Keys of block [j0, ...) hidden from query i by its document or window: the first
+// max(0, First(i) − j0).
 inline int64_t HiddenKeys(const DocumentBounds& docs, int64_t i, int64_t j0) {
   return std::max<int64_t>(0, docs.First(i) - j0);
 }
@@ -93,13 +104,15 @@ inline bool WorthParallel(int64_t s, int64_t hq, int64_t d) { return s * s * hq 
 }  // namespace attention_internal
 
 // out and lse (natural log of Σ_j exp(q·k_j / sqrt(D)), over visible keys) written. doc_starts:
-// num_docs ascending token indices, the first 0 (none: one document).
+// num_docs ascending token indices, the first 0 (none: one document). window > 0: each query's
+// last `window` keys at most.
 template <typename T>
 void AttentionForward(const T* q, const T* k, const T* v, int64_t s, int64_t hq, int64_t hkv,
                       int64_t d, T* out, T* lse, AttentionBlocks blocks = {},
-                      const int64_t* doc_starts = nullptr, int64_t num_docs = 0) {
+                      const int64_t* doc_starts = nullptr, int64_t num_docs = 0,
+                      int64_t window = 0) {
   using namespace attention_internal;
-  const DocumentBounds docs(s, doc_starts, num_docs);
+  const DocumentBounds docs(s, doc_starts, num_docs, window);
   const int64_t group = hq / hkv;
   const int64_t bq = blocks.q, bk = blocks.k;
   const int64_t nqb = (s + bq - 1) / bq;
@@ -168,9 +181,9 @@ template <typename T>
 void AttentionBackward(const T* q, const T* k, const T* v, const T* out, const T* dout,
                        const T* lse, int64_t s, int64_t hq, int64_t hkv, int64_t d, T* dq, T* dk,
                        T* dv, AttentionBlocks blocks = {}, const int64_t* doc_starts = nullptr,
-                       int64_t num_docs = 0) {
+                       int64_t num_docs = 0, int64_t window = 0) {
   using namespace attention_internal;
-  const DocumentBounds docs(s, doc_starts, num_docs);
+  const DocumentBounds docs(s, doc_starts, num_docs, window);
   const int64_t group = hq / hkv;
   const int64_t bq = blocks.q, bk = blocks.k;
   const int64_t nqb = (s + bq - 1) / bq, nkb = (s + bk - 1) / bk;
@@ -213,7 +226,7 @@ void AttentionBackward(const T* q, const T* k, const T* v, const T* out, const T
     };
 
     // Pass 1: dk, dv for key block kblk of K/V head g, from every query row i ≥ j0 of its group
-    // that is not past the document of the block's last key.
+    // that is not past the document (or window) of the block's last key.
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t g = 0; g < hkv; ++g) {
       for (int64_t kblk = 0; kblk < nkb; ++kblk) {

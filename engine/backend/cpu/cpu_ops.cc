@@ -251,6 +251,7 @@ namespace {
 // A document mask over a sequence of `s` tokens: starts strictly ascending from 0, all < s.
 void CheckDocuments(const DocumentMask& docs, int64_t s, const char* op) {
   const std::vector<int64_t>& st = docs.starts;
+  ITHACA_CHECK(docs.window >= 0, "CpuOps::", op, ": a sliding window of ", docs.window, " keys");
   ITHACA_CHECK(st.empty() || st[0] == 0, "CpuOps::", op, ": the first document starts at ",
                st.empty() ? 0 : st[0], ", not 0");
   for (size_t i = 1; i < st.size(); ++i) {
@@ -283,7 +284,7 @@ void CpuOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   kCheck.Shape(out, q.shape, "Attention", "out");
   cpu::AttentionForward(q.f32(), k.f32(), v.f32(), q.dim(0), q.dim(1), k.dim(1), q.dim(2),
                         out.f32(), lse.f32(), blocks_, docs.starts.data(),
-                        static_cast<int64_t>(docs.starts.size()));
+                        static_cast<int64_t>(docs.starts.size()), docs.window);
 }
 
 void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -304,7 +305,8 @@ void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v
   kCheck.Shape(dv, k.shape, op, "dv");
   cpu::AttentionBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(), q.dim(0),
                          q.dim(1), k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_,
-                         docs.starts.data(), static_cast<int64_t>(docs.starts.size()));
+                         docs.starts.data(), static_cast<int64_t>(docs.starts.size()),
+                         docs.window);
 }
 
 void CpuOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {

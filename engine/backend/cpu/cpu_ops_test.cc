@@ -75,7 +75,7 @@ TEST(CpuOpsTest, RopeMatchesDoubleWithLlama3Frequencies) {
   CpuOps ops;
   RopeConfig cfg;
   cfg.head_dim = 16;
-  cfg.llama3_scaling = true;
+  cfg.type = RopeType::kLlama3;
   std::vector<float> inv = RopeInverseFrequencies(cfg);
   const int64_t tokens = 6, heads = 3, d = 16, pos0 = 4093;
   const std::vector<double> x = RandomF(tokens * heads * d, 6);

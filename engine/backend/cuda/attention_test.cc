@@ -33,6 +33,7 @@ struct Case {
   AttentionKernel kernel;  // both passes
   const char* name;
   std::vector<int64_t> starts = {};  // the documents (ops.h's DocumentMask); empty: one
+  int64_t window = 0;                // a sliding window (Mistral's); 0: none
 };
 
 class AttentionTest : public ::testing::TestWithParam<Case> {};
@@ -45,7 +46,7 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   const auto [S, hq, hkv, D] = c.sh;
-  const DocumentMask docs{c.starts};
+  const DocumentMask docs{c.starts, c.window};
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
@@ -118,7 +119,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{517, 4, 1, 128}, Impl::kFlash, "docs_own_hd128", {0, 128, 129, 300, 511}},
         Case{{1000, 32, 8, 64}, Impl::kCudnn, "docs_cudnn_llama1b", {0, 100, 356, 357, 700, 999}},
         Case{{257, 4, 2, 64}, Impl::kCudnn, "one_doc_cudnn", {0}},
-        Case{{257, 4, 2, 64}, Impl::kFlash, "one_doc_own", {0}}),
+        Case{{257, 4, 2, 64}, Impl::kFlash, "one_doc_own", {0}},
+        // Sliding windows on cuDNN's causal band: smaller than a tile, of one key, wider than
+        // S, and with packed documents (auto must pick cuDNN: the Hopper kernels have none).
+        Case{{300, 8, 2, 64}, Impl::kCudnn, "window_cudnn_hd64", {}, 37},
+        Case{{300, 8, 2, 128}, Impl::kAuto, "window_auto_hd128", {}, 100},
+        Case{{131, 4, 2, 64}, Impl::kCudnn, "window1_cudnn", {}, 1},
+        Case{{131, 4, 2, 64}, Impl::kCudnn, "window_wider_than_s_cudnn", {}, 1000},
+        Case{{300, 8, 2, 64}, Impl::kCudnn, "window_docs_cudnn", {0, 1, 65, 200, 233}, 40},
+        Case{{517, 4, 1, 128}, Impl::kAuto, "window_docs_auto_hd128", {0, 128, 129, 300}, 64}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // The trivial mask ({0}: one document) takes the old path: the same bits as no mask, forward and

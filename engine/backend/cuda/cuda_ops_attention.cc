@@ -22,6 +22,7 @@ namespace {
 
 // Validates a DocumentMask against a sequence of s tokens (s < 0: any length).
 void CheckDocuments(const DocumentMask& docs, int64_t s, const char* op) {
+  ITHACA_CHECK(docs.window >= 0, "CudaOps::", op, ": a sliding window of ", docs.window, " keys");
   if (docs.trivial()) return;
   ITHACA_CHECK(docs.starts[0] == 0, "CudaOps::", op, ": the first document starts at ",
                docs.starts[0], ", not 0");
@@ -53,15 +54,20 @@ AttentionKernel CudaOps::KernelFor(AttentionPass pass, int64_t s, int64_t hq, in
   const bool backward = pass == AttentionPass::kBackward;
   const char* name = backward ? "backward" : "forward";
   AttentionChoice choice =
-      ChooseAttention(pass, {s, d, !docs.trivial()},
+      ChooseAttention(pass, {s, d, !docs.trivial(), docs.window > 0},
                       backward ? opts_.attention_backward : opts_.attention_forward);
   if (opts_.probe_window > 0) {  // the memory probe's window is cuDNN's causal band
     ITHACA_CHECK(choice.kernel != AttentionKernel::kFlash,
                  "CudaOps: the memory probe's attention window needs cuDNN, not \"flash\"");
     choice = {AttentionKernel::kCudnn, "the memory probe's window"};
   }
+  // A model's sliding window (Mistral's) runs on cuDNN's causal band, as the probe's does.
+  ITHACA_CHECK(docs.window == 0 || choice.kernel != AttentionKernel::kFlash,
+               "CudaOps: a sliding window of ", docs.window,
+               " keys needs cuDNN (the flash kernel has no window)");
   if (choice.kernel == AttentionKernel::kHopper) {
-    const char* unsupported = !docs.trivial() && !backward    ? "a document mask"
+    const char* unsupported = docs.window > 0                   ? "a sliding window"
+                              : !docs.trivial() && !backward    ? "a document mask"
                               : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
                               : !cuda::HopperAttentionDeviceSupported()
                                   ? "the GPU is not compute capability 9.0"
@@ -142,7 +148,9 @@ bool CudaOps::RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
                        const void* lse, void* dq, void* dk, void* dv, const DocumentMask& docs) {
   ITHACA_CHECK(opts_.probe_window == 0 || docs.trivial(),
                "CudaOps: the memory probe's attention window takes no document mask");
-  const cuda::AttentionShape sh{s, hq, hkv, d, opts_.probe_window};
+  ITHACA_CHECK(opts_.probe_window == 0 || docs.window == 0,
+               "CudaOps: the memory probe's attention window and a model's sliding window");
+  const cuda::AttentionShape sh{s, hq, hkv, d, docs.window > 0 ? docs.window : opts_.probe_window};
   absl::Status st =
       !docs.trivial()
           ? CudnnDocuments(s, hq, hkv, d, backward, q, k, v, o, dout, lse, dq, dk, dv, docs)
@@ -156,6 +164,8 @@ bool CudaOps::RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
   }
   ITHACA_CHECK(opts_.probe_window == 0,
                "CudaOps: cuDNN has no windowed attention for the memory probe: ", st.ToString());
+  ITHACA_CHECK(docs.window == 0, "CudaOps: cuDNN has no attention with a sliding window of ",
+               docs.window, " keys here, and the flash kernel has none: ", st.ToString());
   ITHACA_CHECK(cuda::FlashAttentionSupports(d),
                "CudaOps: cuDNN attention failed and the flash kernel takes no head_dim ", d, ": ",
                st.ToString());
@@ -176,7 +186,7 @@ absl::Status CudaOps::CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t
   for (int64_t i = 0; i < n; ++i) {
     longest = std::max(longest, (i + 1 < n ? docs.starts[i + 1] : s) - docs.starts[i]);
   }
-  cuda::AttentionShape sh{s, hq, hkv, d, 0};
+  cuda::AttentionShape sh{s, hq, hkv, d, docs.window};  // a window bands each document
   sh.batch = Bucket(n);
   sh.max_len = std::min(s, Bucket(longest));
   // Sequence lengths (int32), then the element offsets of each sequence in q, k and the stats;

@@ -230,7 +230,7 @@ TEST_F(CudaOpsTest, RopeForwardAndInverse) {
     const int64_t T = 29, Hh = 3, pos0 = 100000;  // far positions test the angle's precision
     RopeConfig rc;
     rc.head_dim = static_cast<int>(Dd);
-    rc.llama3_scaling = true;
+    rc.type = RopeType::kLlama3;
     const std::vector<float> inv = RopeInverseFrequencies(rc);
     std::vector<float> x = Randn(T * Hh * Dd, 12);
     auto dinv = D(DType::kF32, {Dd / 2}, inv);

@@ -1,6 +1,7 @@
 // 20 training steps of the tiny model on the GPU (Trainer + CudaOps + CudaAllocator, bf16), plain
 // and with UPipe + attention-aware checkpointing + offload, track
-// the CPU backend's (f32) loss curve step by step.
+// the CPU backend's (f32) loss curve step by step; so do tiny Qwen3 (q/k norms, yarn RoPE) and
+// Qwen2 (q/k/v biases) models and a Mistral with a sliding window (on cuDNN's causal band).
 #include <cmath>
 #include <cstdio>
 
@@ -56,8 +57,7 @@ std::vector<double> Losses(Trainer& t) {
 
 // Trains the tiny model with `gpu_spec` on the GPU and checks its loss curve against the CPU
 // backend's (f32, plain: full checkpointing, all heads in one stage, no offload).
-void ExpectGpuTracksCpu(const JobSpec& gpu_spec) {
-  JobSpec cpu_spec = TinySpec();
+void ExpectGpuTracksCpu(const JobSpec& gpu_spec, JobSpec cpu_spec = TinySpec()) {
   CpuOps cpu;
   HostAllocator host_alloc;
   auto tc = Trainer::Create(Resolved(cpu_spec, "cpu"), &cpu, &host_alloc);
@@ -103,6 +103,53 @@ TEST(CudaTrainTest, UPipeAttentionAwareOffloadTracksCpuLossCurve) {
   spec.memory.head_chunk = 1;
   spec.memory.offload = true;
   ExpectGpuTracksCpu(spec);
+}
+
+// The tiny model as another family, written to a config.json the specs name.
+JobSpec FamilySpec(const std::string& family) {
+  JobSpec spec = TinySpec();
+  LlamaConfig cfg = *PresetConfig("tiny");
+  if (family == "qwen3") {
+    cfg.family = ModelFamily::kQwen3;
+    cfg.qk_norm = true;
+    cfg.head_dim = cfg.rope.head_dim = 24;  // not hidden / heads
+    cfg.rope.type = RopeType::kYarn;
+    cfg.rope.factor = 4;
+    cfg.rope.original_max_position = 32;
+    cfg.rope.attention_factor = 0.1 * std::log(4.0) + 1.0;
+  } else if (family == "qwen2") {
+    cfg.family = ModelFamily::kQwen2;
+    cfg.qkv_bias = true;
+  } else {
+    cfg.family = ModelFamily::kMistral;
+    cfg.sliding_window = 16;
+  }
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  spec.model.config = std::string(tmp ? tmp : "/tmp") + "/cuda_train/" + family + ".json";
+  EXPECT_TRUE(WriteFileAtomic(spec.model.config, ConfigToJson(cfg)).ok());
+  return spec;
+}
+
+TEST(CudaTrainTest, TinyQwen3WithYarnTracksCpuLossCurve) {
+  SKIP_WITHOUT_GPU();
+  JobSpec spec = FamilySpec("qwen3");
+  ExpectGpuTracksCpu(spec, spec);
+  spec.memory.checkpoint = CheckpointPolicy::kAttentionAware;
+  spec.memory.head_chunk = 1;
+  ExpectGpuTracksCpu(spec, FamilySpec("qwen3"));
+}
+
+TEST(CudaTrainTest, TinyQwen2TracksCpuLossCurve) {
+  SKIP_WITHOUT_GPU();
+  JobSpec spec = FamilySpec("qwen2");
+  ExpectGpuTracksCpu(spec, spec);
+}
+
+// A window of 16 keys over samples of 100 tokens: cuDNN's band, against the CPU attention's.
+TEST(CudaTrainTest, TinyMistralWithWindowTracksCpuLossCurve) {
+  SKIP_WITHOUT_GPU();
+  JobSpec spec = FamilySpec("mistral");
+  ExpectGpuTracksCpu(spec, spec);
 }
 
 }  // namespace
