@@ -9,11 +9,13 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "engine/core/file_util.h"
 
 // Parse errors come back in a toml::parse_result instead of being thrown: the rest of the engine
@@ -476,6 +478,13 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                    r.Given("training.min_lr") ? "" : " (the default; set training.min_lr)")));
   RETURN_IF_ERROR(r.Require(t.warmup_steps >= 0, "training.warmup_steps",
                             absl::StrCat("must be >= 0, got ", t.warmup_steps)));
+  RETURN_IF_ERROR(r.Require(t.schedule == "cosine" || t.schedule == "linear" ||
+                                t.schedule == "wsd" || t.schedule == "constant",
+                            "training.schedule",
+                            absl::StrCat("must be \"cosine\", \"linear\", \"wsd\" or "
+                                         "\"constant\", got \"", t.schedule, "\"")));
+  RETURN_IF_ERROR(r.Require(t.decay_ratio >= 0 && t.decay_ratio <= 1, "training.decay_ratio",
+                            absl::StrCat("must be in [0, 1], got ", t.decay_ratio)));
   RETURN_IF_ERROR(r.Require(t.weight_decay >= 0, "training.weight_decay",
                             absl::StrCat("must be >= 0, got ", t.weight_decay)));
   RETURN_IF_ERROR(r.Require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1",
@@ -580,7 +589,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
        {{"steps", r.Int(&s.training.steps)},
         {"lr", r.Float(&s.training.lr)},
         {"min_lr", r.Float(&s.training.min_lr)},
+        {"min_lr_ratio", r.Float(&s.training.min_lr_ratio)},
         {"warmup_steps", r.Int(&s.training.warmup_steps)},
+        {"schedule", r.Str(&s.training.schedule)},
+        {"decay_ratio", r.Float(&s.training.decay_ratio)},
         {"weight_decay", r.Float(&s.training.weight_decay)},
         {"beta1", r.Float(&s.training.beta1)},
         {"beta2", r.Float(&s.training.beta2)},
@@ -616,6 +628,20 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
         {"batches", r.Int(&s.eval.batches)}}},
   };
   RETURN_IF_ERROR(r.Walk(parsed.table(), "", top, sections));
+  // One way to say where the decay ends: an absolute min_lr, or a ratio of lr (the default).
+  RETURN_IF_ERROR(r.Require(!(r.Given("training.min_lr") && r.Given("training.min_lr_ratio")),
+                            "training.min_lr_ratio",
+                            "set either training.min_lr (absolute) or training.min_lr_ratio "
+                            "(of training.lr), not both"));
+  RETURN_IF_ERROR(r.Require(s.training.min_lr_ratio >= 0 && s.training.min_lr_ratio <= 1,
+                            "training.min_lr_ratio",
+                            absl::StrCat("must be in [0, 1], got ", s.training.min_lr_ratio)));
+  if (!r.Given("training.min_lr")) {
+    // 15 significant digits, so that 0.1 × 3e-4 is 3e-05 as a person writes it, not
+    // 2.9999999999999997e-05.
+    s.training.min_lr =
+        std::stod(absl::StrFormat("%.15g", s.training.min_lr_ratio * s.training.lr));
+  }
   RETURN_IF_ERROR(Validate(s, r));
   return s;
 }
@@ -651,6 +677,7 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\nloss_mask = ", b(s.data.loss_mask), "\n");
   absl::StrAppend(&out, "\n[training]\nsteps = ", t.steps, "\nlr = ", FormatDouble(t.lr),
                   "\nmin_lr = ", FormatDouble(t.min_lr), "\nwarmup_steps = ", t.warmup_steps,
+                  "\nschedule = ", Quote(t.schedule), "\ndecay_ratio = ", FormatDouble(t.decay_ratio),
                   "\nweight_decay = ", FormatDouble(t.weight_decay),
                   "\nbeta1 = ", FormatDouble(t.beta1), "\nbeta2 = ", FormatDouble(t.beta2),
                   "\neps = ", FormatDouble(t.eps), "\ngrad_clip = ", FormatDouble(t.grad_clip),

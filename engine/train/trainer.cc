@@ -82,6 +82,9 @@ namespace {
 
 LrSchedule LrScheduleOf(const JobSpec::Training& t) {
   LrSchedule s;
+  // ParseJobSpec accepted only the names ParseLrScheduleKind knows.
+  s.kind = ParseLrScheduleKind(t.schedule).value_or(LrScheduleKind::kCosine);
+  s.decay_ratio = t.decay_ratio;
   s.lr = t.lr;
   s.min_lr = t.min_lr;
   s.warmup_steps = t.warmup_steps;
