@@ -174,6 +174,14 @@ void Define(CLI::App& app, Parsed& p) {
   CLI::App* plan =
       app.add_subcommand("plan", "memory estimate per rank against the node's budget");
   spec_args(plan);
+  CLI::Option* max_seq = plan->add_flag(
+      "--max-seq-len", f.max_seq_len,
+      "the longest data.seq_len that fits (bisection on the planner), with the head_chunk, "
+      "tile_tokens and offload it turns on");
+  plan->add_option("--multiple-of", f.multiple_of, "with --max-seq-len: lengths tried (1024)")
+      ->check(CLI::PositiveNumber)
+      ->needs(max_seq)
+      ->type_name("N");
 
   app.add_subcommand("node", "GPUs or CPU slots, what runs where, the metrics address");
 
@@ -333,7 +341,7 @@ int RunCli(int argc, char** argv) {
   if (cmd == "logs") return f.steps ? StepsCommand(c, id) : LogsCommand(c, id, f);
   if (cmd == "report") return ReportCommand(c, id, f.out);
   if (cmd == "cancel") return CancelCommand(c, f);
-  if (cmd == "plan") return PlanCommand(c, f);
+  if (cmd == "plan") return f.max_seq_len ? MaxSeqLenCommand(c, f) : PlanCommand(c, f);
   return NodeCommand(c);
 }
 

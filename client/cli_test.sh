@@ -36,6 +36,7 @@ expect_usage "node: -o name is not supported" -o name node
 expect_usage "logs: --follow excludes --steps" logs job-1 --steps -f
 expect_usage "submit: a spec is needed" submit
 expect_usage "--output: .*not in" -o yaml list
+expect_usage "plan: --multiple-of requires --max-seq-len" plan job.toml --multiple-of 512
 
 # A command that needs the daemon, with none there: exit 2 and the hint.
 set +e

@@ -521,6 +521,71 @@ int PlanCommand(CliContext& c, const Flags& f) {
   return resp.plan().fits() ? 0 : 1;
 }
 
+int MaxSeqLenCommand(CliContext& c, const Flags& f) {
+  constexpr int64_t kMaxSeqLen = int64_t{1} << 27;  // data.seq_len's own bound
+  const int64_t m = f.multiple_of;
+  std::string text;
+  v1::PlanJobRequest base;
+  if (int rc = FillSpecRequest(f, &base, &text); rc != 0) return rc;
+  int asked = 0;
+  // The plan at seq_len n: INVALID_ARGUMENT and the like are the spec's errors (exit 2).
+  auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp) -> int {
+    Flags with = f;
+    with.sets.push_back(absl::StrCat("data.seq_len=", n));
+    v1::PlanJobRequest req = base;
+    absl::StatusOr<std::string> spec = ApplyOverrides(text, req.source(), with.sets);
+    if (!spec.ok()) return UsageError(std::string(spec.status().message()));
+    req.set_spec_toml(*spec);
+    grpc::ClientContext ctx;
+    grpc::Status st = c.stub->PlanJob(&ctx, req, resp);
+    ++asked;
+    if (!st.ok()) return SpecRpcError(c, st, text, req.source(), with);
+    return 0;
+  };
+  v1::PlanJobResponse best, resp;
+  if (int rc = plan_at(m, &best); rc != 0) return rc;
+  if (!best.plan().fits()) {
+    std::printf("not even data.seq_len = %lld fits: %s\n", static_cast<long long>(m),
+                best.plan().summary().c_str());
+    return 1;
+  }
+  // Doubling finds a length that does not fit (or the bound), bisection the last that does.
+  int64_t lo = m, hi = 0;
+  while (hi == 0) {
+    const int64_t next = std::min(lo * 2, kMaxSeqLen / m * m);
+    if (next <= lo) break;
+    if (int rc = plan_at(next, &resp); rc != 0) return rc;
+    if (resp.plan().fits()) {
+      lo = next;
+      best = resp;
+    } else {
+      hi = next;
+    }
+  }
+  while (hi > 0 && hi - lo > m) {
+    const int64_t mid = (lo + (hi - lo) / 2) / m * m;
+    if (int rc = plan_at(mid, &resp); rc != 0) return rc;
+    if (resp.plan().fits()) {
+      lo = mid;
+      best = resp;
+    } else {
+      hi = mid;
+    }
+  }
+  if (c.output == Output::kJson) {
+    std::printf("{\"max_seq_len\":%lld,\"multiple_of\":%lld,\"plan\":%s}\n",
+                static_cast<long long>(lo), static_cast<long long>(m), ProtoJson(best).c_str());
+    return 0;
+  }
+  std::printf("longest data.seq_len that fits: %lld (multiples of %lld; %s; %d plans)\n",
+              static_cast<long long>(lo), static_cast<long long>(m),
+              hi > 0 ? absl::StrCat(hi, " does not fit").c_str()
+                     : "the most data.seq_len allows",
+              asked);
+  std::printf("%s", PlanText(best).c_str());
+  return 0;
+}
+
 int NodeCommand(CliContext& c) {
   v1::GetNodeRequest req;
   v1::NodeInfo node;

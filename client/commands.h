@@ -58,6 +58,8 @@ struct Flags {
   std::vector<std::string> states;
   std::string reason;
   double timeout_s = 0;  // wait: 0 waits as long as it takes
+  bool max_seq_len = false;  // plan: bisect data.seq_len for the longest that fits
+  int64_t multiple_of = 1024;
 };
 
 // The commands (their exit codes as above).
@@ -71,6 +73,10 @@ int LogsCommand(CliContext& c, const std::string& id, const Flags& f);
 // Cancels each job (all of them, even after one fails: exit 2 then).
 int CancelCommand(CliContext& c, const Flags& f);
 int PlanCommand(CliContext& c, const Flags& f);
+// `plan --max-seq-len`: the longest data.seq_len (a multiple of f.multiple_of) whose plan fits,
+// found by doubling and then bisecting on the daemon's planner; prints that plan (the
+// head_chunk, tile_tokens and offload it turns on). 0, or 1 when not even one multiple fits.
+int MaxSeqLenCommand(CliContext& c, const Flags& f);
 int NodeCommand(CliContext& c);
 
 // Which worker lines `--follow` shows: rank 0's, except its step and eval lines (the progress

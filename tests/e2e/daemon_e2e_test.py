@@ -66,7 +66,8 @@ class DaemonE2E(unittest.TestCase):
 
         # /metrics through prometheus_client's own parser.
         fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
-        mine = lambda fam: [s for s in fams[fam].samples if s.labels.get("job_id") == job.id]
+        mine = lambda fam: [s for s in (fams[fam].samples if fam in fams else [])
+                             if s.labels.get("job_id") == job.id]
         # The job ended: its throughput and memory gauges are gone (a sum over the node counts
         # running jobs only; test_cancel_while_running reads them on a running job), what it did
         # last stays.
@@ -178,8 +179,9 @@ class DaemonE2E(unittest.TestCase):
                        check=True).stdout.strip()
         w = self.d.cli("wait", a, b, "--timeout", "120")
         self.assertEqual(w.returncode, 0, w.stdout + w.stderr)
-        self.assertEqual(sorted(w.stdout.splitlines()), sorted([f"{a}: SUCCEEDED",
-                                                                f"{b}: SUCCEEDED"]))
+        # "ID: STATE (reason)" as each ends.
+        self.assertEqual(sorted(l.split(" (")[0] for l in w.stdout.splitlines()),
+                         sorted([f"{a}: SUCCEEDED", f"{b}: SUCCEEDED"]))
         self.assertEqual(self.d.get(a).name, "stdin")
         # int64 as numbers and every field, in `logs --steps` as in `status -o json`.
         steps = [json.loads(l) for l in self.d.cli("logs", a, "--steps", check=True)
@@ -208,6 +210,19 @@ class DaemonE2E(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("training.stepz: unknown key", r.stderr)
         self.assertIn("(from --set training.stepz=3)", r.stderr)
+        # plan --max-seq-len: the longest data.seq_len whose plan fits a 64 MiB budget; the
+        # next multiple does not (checked with plain `plan`, exit 1 when it does not fit).
+        budget = ["--set", "memory.gpu_budget_gib=0.0625"]
+        r = self.d.cli("plan", f"{run}/job.toml", "--max-seq-len", "--multiple-of", "64",
+                       *budget)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        found = int(r.stdout.split("longest data.seq_len that fits: ")[1].split()[0])
+        self.assertEqual(found % 64, 0)
+        self.assertIn("head_chunk", r.stdout)
+        self.assertEqual(self.d.cli("plan", f"{run}/job.toml", *budget, "--set",
+                                    f"data.seq_len={found}").returncode, 0)
+        self.assertEqual(self.d.cli("plan", f"{run}/job.toml", *budget, "--set",
+                                    f"data.seq_len={found + 64}").returncode, 1)
         # Completion of job ids asks this daemon.
         script = self.d.cli("completion", "bash", check=True).stdout
         words = subprocess.run(
@@ -297,7 +312,8 @@ class DaemonE2E(unittest.TestCase):
         self.assertEqual(len(pids), 1)
         # A running rank's gauges, through prometheus_client's own parser.
         fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
-        mine = lambda fam: [s for s in fams[fam].samples if s.labels.get("job_id") == job.id]
+        mine = lambda fam: [s for s in (fams[fam].samples if fam in fams else [])
+                             if s.labels.get("job_id") == job.id]
         mem = {s.labels["tier"]: s.value for s in mine("ithaca_gpu_memory_bytes")}
         for tier in ("params", "grads", "optimizer"):  # held between steps
             self.assertGreater(mem[tier], 0, tier)
