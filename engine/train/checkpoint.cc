@@ -448,6 +448,7 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
                          {"schedule_steps", state.schedule_steps},
                          {"lr", state.lr},
                          {"run_id", state.run_id},
+                         {"source_model", state.source_model},
                          {"world", world},
                          {"format", "ithaca-checkpoint-v1"}};
     RETURN_IF_ERROR(WriteFileAtomic(tmp + "/state.json", js.dump(2) + "\n"));
@@ -636,6 +637,9 @@ absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path) {
   if (js.contains("lr") && js["lr"].is_number()) state.lr = js["lr"].get<double>();
   if (js.contains("run_id") && js["run_id"].is_string()) {
     state.run_id = js["run_id"].get<std::string>();
+  }
+  if (js.contains("source_model") && js["source_model"].is_string()) {
+    state.source_model = js["source_model"].get<std::string>();
   }
   return state;
 }

@@ -37,6 +37,9 @@ struct TrainState {
   int64_t schedule_steps = 0;
   double lr = 0;
   std::string run_id;
+  // The model directory the run started from (ModelSourceDir; "" for a preset): ithaca-export
+  // copies its tokenizer and generation config when not given --source_model.
+  std::string source_model;
 };
 
 // One process saving alone: BeginCheckpoint, WriteCheckpointShard(rank 0 of 1), CommitCheckpoint.

@@ -1,5 +1,7 @@
 #include "engine/train/trainer.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -80,6 +82,14 @@ std::string ModelTokenizerJson(const JobSpec& spec) {
 
 namespace {
 
+// ModelSourceDir, absolute: what the checkpoint records for ithaca-export.
+std::string RecordedSourceModel(const JobSpec& spec) {
+  const std::string dir = ModelSourceDir(spec);
+  if (dir.empty()) return "";
+  char real[PATH_MAX];
+  return realpath(dir.c_str(), real) != nullptr ? std::string(real) : dir;
+}
+
 LrSchedule LrScheduleOf(const JobSpec::Training& t) {
   LrSchedule s;
   // ParseJobSpec accepted only the names ParseLrScheduleKind knows.
@@ -140,6 +150,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   t->schedule_ = LrScheduleOf(spec.training);
   t->state_.run_id = run_id;
   t->state_.schedule_steps = spec.training.steps;
+  t->state_.source_model = RecordedSourceModel(spec);
   t->world_ = world;
   t->rank_ = comm ? comm->rank() : 0;
   t->dp_ = world / spec.parallel.sp;
@@ -215,6 +226,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     t->state_ = ck.state;
     t->state_.run_id = run_id;
     t->state_.schedule_steps = spec.training.steps;
+    if (t->state_.source_model.empty()) t->state_.source_model = RecordedSourceModel(spec);
     std::string note;
     if (ck.state.schedule_steps > 0) {
       t->schedule_ = ContinueAfterResume(t->schedule_, ck.state.step, ck.state.lr,
