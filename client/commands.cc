@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -21,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/format.h"
 #include "client/json.h"
@@ -29,37 +31,7 @@
 
 namespace ithaca {
 
-const char kUsage[] =
-    "usage: ithaca [--server ADDR] [--token-file FILE] [--ca PEM] [-o json|name|wide] [-q] "
-    "COMMAND ...\n"
-    "  submit JOB.toml [-f] [--set KEY=VALUE]... [--no-logs]\n"
-    "                               queue a job; -f/--follow shows its progress, log lines and\n"
-    "                               a spinner during long steps, and exits 0 iff it succeeds\n"
-    "  watch ID [--no-logs]         follow a job (as submit --follow); exits 0 iff it succeeds;\n"
-    "                               a dropped stream is resumed where it stopped\n"
-    "  status ID                    state, reason, last step, history, memory per tier\n"
-    "  list [--state S[,S]] [--limit N]\n"
-    "                               jobs, newest first (S: queued, starting, running,\n"
-    "                               succeeded, failed, cancelling, cancelled)\n"
-    "  logs ID [-f] [--rank N] [--tail N]\n"
-    "                               the workers' output (-f: until the job ends; --tail: the\n"
-    "                               last N lines of each rank)\n"
-    "  logs ID --steps              every recorded step and eval report, one JSON object a line\n"
-    "  report ID [--out FILE.html]  a self-contained HTML page: plots, spec, plan (ID.html)\n"
-    "  cancel ID [--reason TEXT]    SIGTERM the workers, SIGKILL after the grace period\n"
-    "  plan JOB.toml [--set KEY=VALUE]...\n"
-    "                               memory estimate per rank against the node's budget\n"
-    "  node                         GPUs or CPU slots, what runs where, the metrics address\n"
-    "  --server: host:port or unix:/path; default $ITHACA_SERVER, else the address in\n"
-    "    $ITHACA_HOME/ithacad.addr (ITHACA_HOME default ~/.ithaca), else 127.0.0.1:50051\n"
-    "  --token-file: bearer token for a daemon with --auth-token-file ($ITHACA_TOKEN_FILE)\n"
-    "  --ca: CA certificate (PEM) to verify a daemon with --tls-cert; TLS ($ITHACA_CA)\n"
-    "  --tls-server-name: the name the daemon's certificate carries, if not the host's\n"
-    "  -o json: every field, one object per line (streams: one per event); --json is -o json\n"
-    "  -o name (-q): job ids only (submit, list, status, cancel); -o wide: list's wide table\n"
-    "  --set training.steps=10: set a key of the spec before it is sent (TOML value, else a\n"
-    "    string); relative paths in a spec resolve on the daemon's host, against the spec's\n"
-    "    directory when it exists there, else against ithacad's state directory\n";
+const char kVersion[] = "0.3.0";
 
 namespace {
 
@@ -76,6 +48,7 @@ int UsageError(const std::string& msg) {
   return 2;
 }
 
+
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
@@ -87,8 +60,21 @@ bool Resumable(grpc::StatusCode code) {
          code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::CANCELLED;
 }
 
-// The spec file's text and its absolute directory (relative paths in it resolve there).
+// The spec file's text and its absolute directory (relative paths in it resolve there). "-" is
+// stdin, whose relative paths resolve against the current directory.
 bool ReadSpec(const std::string& path, std::string* text, std::string* dir) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    *text = ss.str();
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof cwd) == nullptr) {
+      std::fprintf(stderr, "ithaca: cannot read the current directory\n");
+      return false;
+    }
+    *dir = cwd;
+    return true;
+  }
   std::ifstream in(path);
   if (!in) {
     std::fprintf(stderr, "ithaca: %s: cannot read\n", path.c_str());
@@ -103,80 +89,6 @@ bool ReadSpec(const std::string& path, std::string* text, std::string* dir) {
   *dir = r.substr(0, r.rfind('/'));
   if (dir->empty()) *dir = "/";
   return true;
-}
-
-// One command's flags: each command accepts only those it names.
-struct Flags {
-  std::vector<std::string> positional;
-  bool follow = false;
-  bool no_logs = false;
-  bool steps = false;
-  std::string out;
-  std::optional<int> rank;
-  std::optional<int> tail;
-  int limit = 0;
-  std::vector<std::string> sets;
-  std::vector<std::string> states;
-  std::string reason;
-};
-
-// Parses args[1...] against `allowed` ("follow", "no-logs", "rank", "tail", "limit", "set",
-// "state", "reason"); an error message, or "" on success.
-std::string ParseFlags(const std::vector<std::string>& args, const std::set<std::string>& allowed,
-                       Flags* f) {
-  const std::string& cmd = args[0];
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a == "--") {
-      for (++i; i < args.size(); ++i) f->positional.push_back(args[i]);
-      break;
-    }
-    if (a.size() < 2 || a[0] != '-') {
-      f->positional.push_back(a);
-      continue;
-    }
-    std::optional<std::string> inline_value;
-    if (size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    }
-    std::string name = a == "-f" ? "follow" : a.substr(a.rfind("--", 0) == 0 ? 2 : 1);
-    if (!allowed.count(name)) {
-      return absl::StrCat(cmd, ": unknown flag ", a, allowed.empty() ? " (it takes none)" : "");
-    }
-    const bool takes_value = name != "follow" && name != "no-logs" && name != "steps";
-    std::string value;
-    if (takes_value) {
-      if (inline_value) {
-        value = *inline_value;
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        return absl::StrCat(cmd, ": ", a, " needs a value");
-      }
-    } else if (inline_value) {
-      return absl::StrCat(cmd, ": ", a, " takes no value");
-    }
-    int n = 0;
-    const bool number = absl::SimpleAtoi(value, &n) && n >= 0;
-    if ((name == "rank" || name == "tail" || name == "limit") && !number) {
-      return absl::StrCat(cmd, ": ", a, ": not a number >= 0: \"", value, "\"");
-    }
-    if (name == "follow") f->follow = true;
-    if (name == "no-logs") f->no_logs = true;
-    if (name == "rank") f->rank = n;
-    if (name == "tail") f->tail = n;
-    if (name == "limit") f->limit = n;
-    if (name == "set") f->sets.push_back(value);
-    if (name == "reason") f->reason = value;
-    if (name == "steps") f->steps = true;
-    if (name == "out") f->out = value;
-    if (name == "state") {
-      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty()))
-        f->states.emplace_back(s);
-    }
-  }
-  return "";
 }
 
 // The terminal's bottom line while a job is followed: the newest step's progress and, while
@@ -274,15 +186,6 @@ class LiveLine {
   int frame_ = 0;
   bool closed_ = false;
 };
-
-// Which worker lines `--follow` shows: rank 0's, except its step lines (the progress line
-// shows those), and other ranks' warnings and errors.
-bool ShowLogLine(const v1::LogLine& l) {
-  if (l.rank() == 0) return !absl::StartsWith(l.text(), "step ");
-  const std::string lower = absl::AsciiStrToLower(l.text());
-  return absl::StrContains(lower, "error") || absl::StrContains(lower, "warn") ||
-         absl::StrContains(lower, "fatal");
-}
 
 int FollowJob(CliContext& c, const std::string& id, bool logs) {
   const bool json = c.output == Output::kJson;
@@ -386,23 +289,33 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
 // Fills a SubmitJobRequest or a PlanJobRequest (the same spec fields) from the spec file and
 // the --set overrides: 0, or the exit code after saying what is wrong.
 template <typename Request>
-int FillSpecRequest(const std::string& spec_path, const Flags& f, Request* req) {
-  std::string text;
-  if (!ReadSpec(spec_path, &text, req->mutable_base_dir())) return 2;
-  absl::StatusOr<std::string> spec = ApplyOverrides(text, spec_path, f.sets);
+int FillSpecRequest(const Flags& f, Request* req, std::string* text) {
+  if (!ReadSpec(f.spec, text, req->mutable_base_dir())) return 2;
+  const std::string source = f.spec == "-" ? "<stdin>" : f.spec;
+  absl::StatusOr<std::string> spec = ApplyOverrides(*text, source, f.sets);
   if (!spec.ok()) return UsageError(std::string(spec.status().message()));
   req->set_spec_toml(*spec);
-  req->set_source(spec_path);
+  req->set_source(source);
   return 0;
 }
 
-int SubmitCommand(CliContext& c, const std::string& spec_path, const Flags& f) {
+// The daemon's answer to a spec, its line numbers those of the user's file (ExplainSpecError).
+int SpecRpcError(const CliContext& c, const grpc::Status& st, const std::string& text,
+                 const std::string& source, const Flags& f) {
+  return RpcError(c, grpc::Status(st.error_code(),
+                                  ExplainSpecError(st.error_message(), text, source, f.sets)));
+}
+
+}  // namespace
+
+int SubmitCommand(CliContext& c, const Flags& f) {
   v1::SubmitJobRequest req;
-  if (int rc = FillSpecRequest(spec_path, f, &req); rc != 0) return rc;
+  std::string text;
+  if (int rc = FillSpecRequest(f, &req, &text); rc != 0) return rc;
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->SubmitJob(&ctx, req, &resp);
-  if (!st.ok()) return RpcError(c, st);
+  if (!st.ok()) return SpecRpcError(c, st, text, req.source(), f);
   if (c.output == Output::kJson) {
     PrintJson(resp.job());
   } else if (c.output == Output::kName) {
@@ -413,6 +326,53 @@ int SubmitCommand(CliContext& c, const std::string& spec_path, const Flags& f) {
   }
   std::fflush(stdout);
   return f.follow ? FollowJob(c, resp.job().id(), !f.no_logs) : 0;
+}
+
+int WatchCommand(CliContext& c, const std::string& id, bool logs) { return FollowJob(c, id, logs); }
+
+int WaitCommand(CliContext& c, const Flags& f) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+  std::set<std::string> pending(f.ids.begin(), f.ids.end());
+  std::map<std::string, v1::Job> ended;
+  auto backoff = std::chrono::milliseconds(100);
+  while (!pending.empty()) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      v1::GetJobRequest req;
+      req.set_id(*it);
+      v1::Job job;
+      grpc::ClientContext ctx;
+      grpc::Status st = c.stub->GetJob(&ctx, req, &job);
+      if (!st.ok()) return RpcError(c, st);
+      if (!IsTerminal(job.state())) {
+        ++it;
+        continue;
+      }
+      ended[*it] = job;
+      if (c.output == Output::kJson) {
+        PrintJson(job);
+      } else if (c.output == Output::kName) {
+        std::printf("%s\n", job.id().c_str());
+      } else {
+        std::printf("%s: %s%s\n", job.id().c_str(), StateName(job.state()).c_str(),
+                    job.reason().empty() ? "" : (" (" + Printable(job.reason()) + ")").c_str());
+      }
+      std::fflush(stdout);
+      it = pending.erase(it);
+    }
+    if (pending.empty()) break;
+    if (f.timeout_s > 0 && std::chrono::steady_clock::now() >= deadline) {
+      std::fprintf(stderr, "ithaca: wait: timed out after %g s; still running: %s\n", f.timeout_s,
+                   absl::StrJoin(pending, " ").c_str());
+      return 1;
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  for (const auto& [id, job] : ended) {
+    if (job.state() != v1::JOB_STATE_SUCCEEDED) return 1;
+  }
+  return 0;
 }
 
 int StatusCommand(CliContext& c, const std::string& id) {
@@ -463,6 +423,8 @@ int ListCommand(CliContext& c, const Flags& f) {
   return 0;
 }
 
+namespace {
+
 // Streams ReadLogs; `skip` lines of each rank are dropped first (shown already by --tail).
 int ReadLogs(CliContext& c, const std::string& id, bool follow, std::optional<int> rank,
              std::map<int, int64_t> skip, const std::function<void(const v1::LogLine&)>& emit) {
@@ -483,6 +445,8 @@ int ReadLogs(CliContext& c, const std::string& id, bool follow, std::optional<in
   grpc::Status st = reader->Finish();
   return st.ok() ? 0 : RpcError(c, st);
 }
+
+}  // namespace
 
 int LogsCommand(CliContext& c, const std::string& id, const Flags& f) {
   auto print = [&](const v1::LogLine& line) {
@@ -516,37 +480,110 @@ int LogsCommand(CliContext& c, const std::string& id, const Flags& f) {
   return rc;
 }
 
-int CancelCommand(CliContext& c, const std::string& id, const Flags& f) {
-  v1::CancelJobRequest req;
-  req.set_id(id);
-  req.set_reason(f.reason);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  grpc::Status st = c.stub->CancelJob(&ctx, req, &job);
-  if (!st.ok()) return RpcError(c, st);
-  if (c.output == Output::kJson) {
-    PrintJson(job);
-  } else if (c.output == Output::kName) {
-    std::printf("%s\n", job.id().c_str());
-  } else {
-    std::printf("%s: %s\n", job.id().c_str(), StateName(job.state()).c_str());
+int CancelCommand(CliContext& c, const Flags& f) {
+  int rc = 0;
+  for (const std::string& id : f.ids) {
+    v1::CancelJobRequest req;
+    req.set_id(id);
+    req.set_reason(f.reason);
+    v1::Job job;
+    grpc::ClientContext ctx;
+    grpc::Status st = c.stub->CancelJob(&ctx, req, &job);
+    if (!st.ok()) {
+      rc = RpcError(c, st);
+      continue;
+    }
+    if (c.output == Output::kJson) {
+      PrintJson(job);
+    } else if (c.output == Output::kName) {
+      std::printf("%s\n", job.id().c_str());
+    } else {
+      std::printf("%s: %s\n", job.id().c_str(), StateName(job.state()).c_str());
+    }
+    std::fflush(stdout);
   }
-  return 0;
+  return rc;
 }
 
-int PlanCommand(CliContext& c, const std::string& spec_path, const Flags& f) {
+int PlanCommand(CliContext& c, const Flags& f) {
   v1::PlanJobRequest req;
-  if (int rc = FillSpecRequest(spec_path, f, &req); rc != 0) return rc;
+  std::string text;
+  if (int rc = FillSpecRequest(f, &req, &text); rc != 0) return rc;
   v1::PlanJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->PlanJob(&ctx, req, &resp);
-  if (!st.ok()) return RpcError(c, st);
+  if (!st.ok()) return SpecRpcError(c, st, text, req.source(), f);
   if (c.output == Output::kJson) {
     PrintJson(resp);
   } else {
     std::printf("%s", PlanText(resp).c_str());
   }
   return resp.plan().fits() ? 0 : 1;
+}
+
+int MaxSeqLenCommand(CliContext& c, const Flags& f) {
+  constexpr int64_t kMaxSeqLen = int64_t{1} << 27;  // data.seq_len's own bound
+  const int64_t m = f.multiple_of;
+  std::string text;
+  v1::PlanJobRequest base;
+  if (int rc = FillSpecRequest(f, &base, &text); rc != 0) return rc;
+  int asked = 0;
+  // The plan at seq_len n: INVALID_ARGUMENT and the like are the spec's errors (exit 2).
+  auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp) -> int {
+    Flags with = f;
+    with.sets.push_back(absl::StrCat("data.seq_len=", n));
+    v1::PlanJobRequest req = base;
+    absl::StatusOr<std::string> spec = ApplyOverrides(text, req.source(), with.sets);
+    if (!spec.ok()) return UsageError(std::string(spec.status().message()));
+    req.set_spec_toml(*spec);
+    grpc::ClientContext ctx;
+    grpc::Status st = c.stub->PlanJob(&ctx, req, resp);
+    ++asked;
+    if (!st.ok()) return SpecRpcError(c, st, text, req.source(), with);
+    return 0;
+  };
+  v1::PlanJobResponse best, resp;
+  if (int rc = plan_at(m, &best); rc != 0) return rc;
+  if (!best.plan().fits()) {
+    std::printf("not even data.seq_len = %lld fits: %s\n", static_cast<long long>(m),
+                best.plan().summary().c_str());
+    return 1;
+  }
+  // Doubling finds a length that does not fit (or the bound), bisection the last that does.
+  int64_t lo = m, hi = 0;
+  while (hi == 0) {
+    const int64_t next = std::min(lo * 2, kMaxSeqLen / m * m);
+    if (next <= lo) break;
+    if (int rc = plan_at(next, &resp); rc != 0) return rc;
+    if (resp.plan().fits()) {
+      lo = next;
+      best = resp;
+    } else {
+      hi = next;
+    }
+  }
+  while (hi > 0 && hi - lo > m) {
+    const int64_t mid = (lo + (hi - lo) / 2) / m * m;
+    if (int rc = plan_at(mid, &resp); rc != 0) return rc;
+    if (resp.plan().fits()) {
+      lo = mid;
+      best = resp;
+    } else {
+      hi = mid;
+    }
+  }
+  if (c.output == Output::kJson) {
+    std::printf("{\"max_seq_len\":%lld,\"multiple_of\":%lld,\"plan\":%s}\n",
+                static_cast<long long>(lo), static_cast<long long>(m), ProtoJson(best).c_str());
+    return 0;
+  }
+  std::printf("longest data.seq_len that fits: %lld (multiples of %lld; %s; %d plans)\n",
+              static_cast<long long>(lo), static_cast<long long>(m),
+              hi > 0 ? absl::StrCat(hi, " does not fit").c_str()
+                     : "the most data.seq_len allows",
+              asked);
+  std::printf("%s", PlanText(best).c_str());
+  return 0;
 }
 
 int NodeCommand(CliContext& c) {
@@ -562,8 +599,6 @@ int NodeCommand(CliContext& c) {
   }
   return 0;
 }
-
-}  // namespace
 
 std::string DefaultServer() {
   if (const char* env = std::getenv("ITHACA_SERVER"); env && *env) return env;
@@ -594,54 +629,13 @@ bool ParseOutput(const std::string& name, Output* out) {
   return true;
 }
 
-int RunCommand(CliContext& c, const std::vector<std::string>& args) {
-  struct Verb {
-    std::set<std::string> flags;
-    size_t positional;
-    bool names;  // -o name makes sense
-  };
-  static const std::map<std::string, Verb> kVerbs = {
-      {"submit", {{"follow", "set", "no-logs"}, 1, true}},
-      {"watch", {{"no-logs"}, 1, false}},
-      {"status", {{}, 1, true}},
-      {"list", {{"state", "limit"}, 0, true}},
-      {"logs", {{"follow", "rank", "tail", "steps"}, 1, false}},
-      {"report", {{"out"}, 1, false}},
-      {"cancel", {{"reason"}, 1, true}},
-      {"plan", {{"set"}, 1, false}},
-      {"node", {{}, 0, false}},
-  };
-  if (args.empty()) return UsageError("a command is needed");
-  const std::string& cmd = args[0];
-  auto verb = kVerbs.find(cmd);
-  if (verb == kVerbs.end()) return UsageError(absl::StrCat("unknown command \"", cmd, "\""));
-  Flags f;
-  if (std::string err = ParseFlags(args, verb->second.flags, &f); !err.empty()) {
-    return UsageError(err);
+bool ShowLogLine(const v1::LogLine& l) {
+  if (l.rank() == 0) {
+    return !absl::StartsWith(l.text(), "step ") && !absl::StartsWith(l.text(), "eval step ");
   }
-  if (f.positional.size() != verb->second.positional) {
-    return UsageError(absl::StrCat(cmd, ": takes ", verb->second.positional,
-                                   verb->second.positional == 1 ? " argument" : " arguments",
-                                   ", got ", f.positional.size()));
-  }
-  if (c.output == Output::kName && !verb->second.names) {
-    return UsageError(absl::StrCat(cmd, ": -o name is not supported (json, wide)"));
-  }
-  const std::string arg = f.positional.empty() ? "" : f.positional[0];
-  if (cmd == "submit") return SubmitCommand(c, arg, f);
-  if (cmd == "watch") return FollowJob(c, arg, !f.no_logs);
-  if (cmd == "status") return StatusCommand(c, arg);
-  if (cmd == "list") return ListCommand(c, f);
-  if (cmd == "logs" && f.steps) {
-    if (f.follow || f.rank || f.tail)
-      return UsageError("logs: --steps takes no -f, --rank or --tail");
-    return StepsCommand(c, arg);
-  }
-  if (cmd == "logs") return LogsCommand(c, arg, f);
-  if (cmd == "report") return ReportCommand(c, arg, f.out);
-  if (cmd == "cancel") return CancelCommand(c, arg, f);
-  if (cmd == "plan") return PlanCommand(c, arg, f);
-  return NodeCommand(c);
+  const std::string lower = absl::AsciiStrToLower(l.text());
+  return absl::StrContains(lower, "error") || absl::StrContains(lower, "warn") ||
+         absl::StrContains(lower, "fatal");
 }
 
 }  // namespace ithaca

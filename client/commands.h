@@ -21,8 +21,8 @@ struct CliContext {
   std::unique_ptr<v1::JobService::Stub> stub;
 };
 
-// What `ithaca --help` prints.
-extern const char kUsage[];
+// The version `ithaca --version` prints.
+extern const char kVersion[];
 
 // Where ithacad is when --server is not given: $ITHACA_SERVER, else the grpc= line of
 // $ITHACA_HOME/ithacad.addr (default ~/.ithaca, written by ithacad), else 127.0.0.1:50051.
@@ -43,7 +43,48 @@ inline int RpcError(const CliContext& c, const grpc::Status& st) {
   return 2;
 }
 
-// Runs `args` = {COMMAND, its arguments and flags...}; each command takes only its own flags.
-int RunCommand(CliContext& c, const std::vector<std::string>& args);
+// One command's flags, as the command line (cli.cc, CLI11) parsed them.
+struct Flags {
+  std::vector<std::string> ids;  // watch, wait, status, logs, report, cancel
+  std::string spec;              // submit, plan: the spec file; "-" reads it from stdin
+  bool follow = false;
+  bool no_logs = false;
+  bool steps = false;
+  std::string out;
+  std::optional<int> rank;
+  std::optional<int> tail;
+  int limit = 0;
+  std::vector<std::string> sets;
+  std::vector<std::string> states;
+  std::string reason;
+  double timeout_s = 0;  // wait: 0 waits as long as it takes
+  bool max_seq_len = false;  // plan: bisect data.seq_len for the longest that fits
+  int64_t multiple_of = 1024;
+};
+
+// The commands (their exit codes as above).
+int SubmitCommand(CliContext& c, const Flags& f);
+int WatchCommand(CliContext& c, const std::string& id, bool logs);
+// Waits until every job ended: 0 when all succeeded, 1 when one did not or the timeout passed.
+int WaitCommand(CliContext& c, const Flags& f);
+int StatusCommand(CliContext& c, const std::string& id);
+int ListCommand(CliContext& c, const Flags& f);
+int LogsCommand(CliContext& c, const std::string& id, const Flags& f);
+// Cancels each job (all of them, even after one fails: exit 2 then).
+int CancelCommand(CliContext& c, const Flags& f);
+int PlanCommand(CliContext& c, const Flags& f);
+// `plan --max-seq-len`: the longest data.seq_len (a multiple of f.multiple_of) whose plan fits,
+// found by doubling and then bisecting on the daemon's planner; prints that plan (the
+// head_chunk, tile_tokens and offload it turns on). 0, or 1 when not even one multiple fits.
+int MaxSeqLenCommand(CliContext& c, const Flags& f);
+int NodeCommand(CliContext& c);
+
+// Which worker lines `--follow` shows: rank 0's, except its step and eval lines (the progress
+// line and the eval events show those), and other ranks' warnings and errors.
+bool ShowLogLine(const v1::LogLine& l);
+
+// The whole command line: parses argv (CLI11), connects when the command needs the daemon,
+// runs the command; returns the exit code.
+int RunCli(int argc, char** argv);
 
 }  // namespace ithaca

@@ -171,7 +171,8 @@ std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now
       for (int slot : job.slots()) slots.push_back(absl::StrCat(slot));
       row.push_back(slots.empty() ? "-" : absl::StrJoin(slots, ","));
     }
-    row.push_back(Printable(job.reason(), false, wide ? 1024 : 48));
+    // The last column: nothing after it to keep aligned, so the reason is whole.
+    row.push_back(Printable(job.reason()));
     rows.push_back(std::move(row));
   }
   std::vector<size_t> width(rows[0].size(), 0);

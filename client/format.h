@@ -36,7 +36,7 @@ std::string EvalLine(const v1::EvalReport& r);
 std::string MemoryTable(const v1::Job& job);
 
 // `ithaca list`: a header and one row per job, columns aligned: ID NAME STATE STEP LOSS AGE
-// DURATION REASON (cut to 48 bytes); `wide` adds WORLD BACKEND MODEL SLOTS and the whole reason.
+// DURATION REASON (whole: the last column); `wide` adds WORLD BACKEND MODEL SLOTS.
 // AGE counts from submission, DURATION from the first start to the end (or `now`).
 std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now);
 // The multi-line `ithaca status` view: state and reason, spec, newest step and evaluation,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_split.h"
 #include "client/json.h"
 #include "client/spec_overrides.h"
+#include "engine/spec/job_spec.h"
 
 namespace ithaca {
 namespace {
@@ -159,7 +160,9 @@ TEST(FormatTest, ListIsATableWithAHeaderAgeAndDuration) {
             0u)
       << lines[2];
   EXPECT_NE(lines[2].find("rank 1 exited with code 4: xxx"), std::string::npos);
-  EXPECT_EQ(lines[2].find(std::string(30, 'x')), std::string::npos) << "cut in the narrow view";
+  // The last column is never cut: "...(N more bytes)" hid the end of the reason.
+  EXPECT_NE(lines[2].find(std::string(100, 'x')), std::string::npos) << "whole in the table";
+  EXPECT_EQ(lines[2].find("more bytes"), std::string::npos) << lines[2];
   EXPECT_EQ(lines[3], "job-13   q              QUEUED    -       -        9s    -");
 
   const std::string wide = JobTable({running, failed}, true, now);
@@ -242,6 +245,40 @@ TEST(SpecOverridesTest, SetsKeysAsTomlValuesOrStrings) {
   auto broken = ApplyOverrides("[training\n", "job.toml", {"a=1"});
   EXPECT_NE(broken.status().message().find("job.toml:1"), absl::string_view::npos)
       << broken.status();
+}
+
+// The daemon parses the spec the CLI rewrote; its "(line N)" counted lines of that text. The
+// user's view: the line in their own file, or the --set that gave the key.
+TEST(SpecOverridesTest, ErrorsPointAtTheUsersLineOrTheirSet) {
+  const std::string spec =
+      "# a job\n# with comments the rewrite drops\n\nname = \"j\"\n[model]\npreset = \"tiny\"\n"
+      "[data]\npath = \"/x.tok\"\nseq_len = 64\n[training]\n# the steps\nsteps = 60\n"
+      "lr = -1.0\n";
+  const std::vector<std::string> sets = {"training.stepz=3"};
+  auto sent = ApplyOverrides(spec, "job.toml", sets);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  // The real parser's message on what was sent.
+  absl::StatusOr<JobSpec> parsed = ParseJobSpec(*sent, "job.toml");
+  ASSERT_FALSE(parsed.ok());
+  const std::string msg(parsed.status().message());
+  ASSERT_NE(msg.find("training.stepz: unknown key"), std::string::npos) << msg;
+  EXPECT_NE(ExplainSpecError(msg, spec, "job.toml", sets).find("(from --set training.stepz=3)"),
+            std::string::npos)
+      << ExplainSpecError(msg, spec, "job.toml", sets);
+
+  // A key of the file: its line there (13), not in the rewritten text.
+  const std::vector<std::string> ok_set = {"training.steps=3"};
+  auto sent2 = ApplyOverrides(spec, "job.toml", ok_set);
+  ASSERT_TRUE(sent2.ok());
+  absl::StatusOr<JobSpec> parsed2 = ParseJobSpec(*sent2, "job.toml");
+  ASSERT_FALSE(parsed2.ok());
+  const std::string msg2(parsed2.status().message());
+  ASSERT_NE(msg2.find("training.lr"), std::string::npos) << msg2;
+  ASSERT_EQ(msg2.find("(line 13)"), std::string::npos) << "the rewrite kept the lines? " << msg2;
+  const std::string explained = ExplainSpecError(msg2, spec, "job.toml", ok_set);
+  EXPECT_NE(explained.find("training.lr: "), std::string::npos) << explained;
+  EXPECT_NE(explained.find("(line 13)"), std::string::npos) << explained;
+  EXPECT_EQ(ExplainSpecError(msg2, spec, "job.toml", {}), msg2);
 }
 
 }  // namespace

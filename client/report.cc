@@ -15,7 +15,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "google/protobuf/util/json_util.h"
+#include "client/format.h"
+#include "client/json.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ithaca {
@@ -77,6 +78,13 @@ std::string TickLabel(double v) {
   return absl::StrFormat("%.6g", v);
 }
 
+// Fewer points than half the steps they span: a rank that reports every 10th step.
+bool Sparse(const std::vector<std::pair<double, double>>& points) {
+  if (points.size() < 2) return false;
+  const double span = points.back().first - points.front().first + 1;
+  return static_cast<double>(points.size()) < 0.5 * span;
+}
+
 const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
@@ -86,14 +94,6 @@ std::string Time(const google::protobuf::Timestamp& t) {
                           absl::UTCTimeZone());
 }
 
-std::string StateName(v1::JobState s) {
-  std::string n = v1::JobState_Name(s);
-  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
-}
-
-std::string Bytes(int64_t b) {
-  return absl::StrFormat("%.2f GiB", static_cast<double>(b) / (1 << 30));
-}
 
 }  // namespace
 
@@ -163,11 +163,15 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
     const char* color = kColors[i % (sizeof(kColors) / sizeof(kColors[0]))];
     std::vector<std::string> pts;
     for (const auto& [x, y] : finite[i]) pts.push_back(absl::StrFormat("%.1f,%.1f", px(x), py(y)));
+    // A sampled series (a rank reporting every 10th step) is dotted between its samples, which
+    // are marked: a solid line would claim values between them that were never measured.
     absl::StrAppendFormat(&svg,
                           "<polyline data-series=\"%s\" fill=\"none\" stroke=\"%s\" "
-                          "stroke-width=\"1.6\" points=\"%s\"/>\n",
-                          Html(series[i].name), color, absl::StrJoin(pts, " "));
-    if (series[i].markers) {
+                          "stroke-width=\"1.6\"%s points=\"%s\"/>\n",
+                          Html(series[i].name), color,
+                          series[i].sparse ? " stroke-dasharray=\"2 4\"" : "",
+                          absl::StrJoin(pts, " "));
+    if (series[i].markers || series[i].sparse) {
       for (const auto& [x, y] : finite[i]) {
         absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
                               px(x), py(y), color);
@@ -187,7 +191,8 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
 
 std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>& history,
                              const std::optional<v1::PlanJobResponse>& plan,
-                             const std::string& plan_error) {
+                             const std::string& plan_error,
+                             const std::vector<std::string>& earlier_jobs) {
   // Per rank, its step reports in order.
   std::map<int, std::vector<const v1::StepReport*>> steps;
   std::vector<const v1::EvalReport*> evals;
@@ -200,10 +205,13 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
     for (const auto& [rank, reports] : steps) {
       ChartSeries s{absl::StrCat(label, " rank ", rank), {}, false};
       for (const v1::StepReport* r : reports) s.points.push_back({double(r->step()), value(*r)});
+      s.sparse = Sparse(s.points);
       out.push_back(std::move(s));
     }
     return out;
   };
+  // Throughput is per rank; a rank is a GPU only on a GPU backend.
+  const std::string per = job.spec().backend() == "cpu" ? "rank (CPU)" : "GPU";
 
   std::string charts;
   {
@@ -219,7 +227,7 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
     if (!eval.points.empty()) loss.push_back(std::move(eval));
     absl::StrAppend(&charts, SvgLineChart("Loss", "step", "cross-entropy", loss));
   }
-  absl::StrAppend(&charts, SvgLineChart("Throughput", "step", "tokens/s per GPU",
+  absl::StrAppend(&charts, SvgLineChart("Throughput", "step", "tokens/s per " + per,
                                         per_rank("tok/s", [](const v1::StepReport& r) {
                                           return r.tokens_per_second();
                                         })));
@@ -227,12 +235,14 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
       &charts,
       SvgLineChart("Step time", "step", "seconds",
                    per_rank("step time", [](const v1::StepReport& r) { return r.seconds(); })));
+  // Each tier's peak during the step (at its end most tiers are empty again: the activations,
+  // the attention and the saved checkpoints live only inside a step).
   for (const auto& [rank, reports] : steps) {
     std::vector<std::string> tiers;  // in the reports' order
     std::map<std::string, ChartSeries> by_tier;
     int64_t most = 0;
     for (const v1::StepReport* r : reports) {
-      for (const v1::TierBytes& t : r->memory()) most = std::max(most, t.current_bytes());
+      for (const v1::TierBytes& t : r->memory()) most = std::max(most, t.peak_bytes());
     }
     // GiB for real models, MiB for small ones (whose GiB ticks would all read 0.000x).
     const bool gib = most >= (int64_t{1} << 30);
@@ -244,21 +254,23 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
           by_tier[t.tier()].name = t.tier();
         }
         by_tier[t.tier()].points.push_back(
-            {double(r->step()), static_cast<double>(t.current_bytes()) / unit});
+            {double(r->step()), static_cast<double>(t.peak_bytes()) / unit});
       }
     }
     std::vector<ChartSeries> series;
     for (const std::string& t : tiers) {
-      const auto& pts = by_tier[t].points;
+      ChartSeries& tier = by_tier[t];
+      const auto& pts = tier.points;
       // Tiers this rank never used would only crowd the legend.
       if (std::any_of(pts.begin(), pts.end(), [](const auto& p) { return p.second > 0; })) {
-        series.push_back(by_tier[t]);
+        tier.sparse = Sparse(pts);
+        series.push_back(tier);
       }
     }
-    absl::StrAppend(
-        &charts,
-        SvgLineChart(absl::StrCat("Memory per tier, rank ", rank), "step",
-                     gib ? "GiB at the end of the step" : "MiB at the end of the step", series));
+    absl::StrAppend(&charts,
+                    SvgLineChart(absl::StrCat("Peak memory per tier, rank ", rank), "step",
+                                 gib ? "GiB, peak during the step" : "MiB, peak during the step",
+                                 series));
   }
 
   std::string page = absl::StrCat(
@@ -297,6 +309,12 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
                     absl::StrFormat("%.4f", job.last_eval().loss()), " at step ",
                     job.last_eval().step(), ".</p>\n");
   }
+  if (!earlier_jobs.empty()) {
+    absl::StrAppend(&page, "<p id=\"attempts\">This job resumed a run begun by ",
+                    Html(absl::StrJoin(earlier_jobs, ", ")),
+                    " (the same checkpoint directory): their steps before this job's first are "
+                    "part of the plots.</p>\n");
+  }
   absl::StrAppend(&page, "<h2>Plots</h2>\n<div id=\"charts\">\n", charts, "</div>\n");
   absl::StrAppend(&page, "<h2>Memory plan</h2>\n");
   if (plan) {
@@ -304,12 +322,12 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
     absl::StrAppend(&page, "<p>", Html(p.summary()), "</p>\n<table id=\"plan\">\n",
                     "<tr><th>tier</th><th>estimate per rank</th></tr>\n");
     for (const v1::TierBytes& t : p.per_rank()) {
-      absl::StrAppend(&page, "<tr><td>", Html(t.tier()), "</td><td>", Bytes(t.current_bytes()),
+      absl::StrAppend(&page, "<tr><td>", Html(t.tier()), "</td><td>", HumanBytes(t.current_bytes()),
                       "</td></tr>\n");
     }
-    absl::StrAppend(&page, "<tr><th>total</th><th>", Bytes(p.per_rank_bytes()), "</th></tr>\n",
-                    "<tr><th>budget (", Html(p.budget_source()), ")</th><th>",
-                    Bytes(p.budget_bytes()), "</th></tr>\n</table>\n");
+    absl::StrAppend(&page, "<tr><th>total</th><th>", HumanBytes(p.per_rank_bytes()),
+                    "</th></tr>\n", "<tr><th>budget (", Html(p.budget_source()), ")</th><th>",
+                    HumanBytes(p.budget_bytes()), "</th></tr>\n</table>\n");
   } else {
     absl::StrAppend(&page, "<p>No plan: ", Html(plan_error), "</p>\n");
   }
@@ -329,17 +347,55 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
   return page;
 }
 
+int AddEarlierAttempts(CliContext& c, const v1::Job& job, std::vector<v1::JobEvent>* history,
+                       std::vector<std::string>* earlier) {
+  int64_t first = -1;  // the first step this job trained
+  for (const v1::JobEvent& e : *history) {
+    if (e.has_step() && (first < 0 || e.step().step() < first)) first = e.step().step();
+  }
+  if (first <= 1 || job.spec().checkpoint_dir().empty()) return 0;
+  v1::ListJobsRequest req;  // every job, newest first
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext ctx;
+  grpc::Status st = c.stub->ListJobs(&ctx, req, &jobs);
+  if (!st.ok()) return RpcError(c, st);
+  std::vector<v1::JobEvent> before;  // oldest first, once complete
+  for (const v1::Job& other : jobs.jobs()) {
+    if (first <= 1) break;
+    if (other.id() == job.id() || other.spec().checkpoint_dir() != job.spec().checkpoint_dir() ||
+        TimeUtil::TimestampToMilliseconds(other.created_at()) >=
+            TimeUtil::TimestampToMilliseconds(job.created_at())) {
+      continue;
+    }
+    grpc::Status hst;
+    absl::StatusOr<std::vector<v1::JobEvent>> h = ReadHistory(c, other.id(), &hst);
+    if (!h.ok()) return RpcError(c, hst);
+    // Only what led to the checkpoint the next attempt resumed from: steps past it were
+    // trained again.
+    std::vector<v1::JobEvent> kept;
+    int64_t other_first = -1;
+    for (const v1::JobEvent& e : *h) {
+      const int64_t step = e.has_step() ? e.step().step() : e.has_eval() ? e.eval().step() : -1;
+      if (step < 0 || step >= first) continue;
+      if (e.has_step() && (other_first < 0 || step < other_first)) other_first = step;
+      kept.push_back(e);
+    }
+    if (kept.empty()) continue;
+    earlier->push_back(other.id());
+    before.insert(before.begin(), kept.begin(), kept.end());
+    first = other_first;
+  }
+  history->insert(history->begin(), before.begin(), before.end());
+  std::reverse(earlier->begin(), earlier->end());  // oldest first
+  return 0;
+}
+
 int StepsCommand(CliContext& c, const std::string& id) {
   grpc::Status st;
   absl::StatusOr<std::vector<v1::JobEvent>> history = ReadHistory(c, id, &st);
   if (!history.ok()) return RpcError(c, st);
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  for (const v1::JobEvent& e : *history) {
-    std::string line;
-    (void)google::protobuf::util::MessageToJsonString(e, &line, o);
-    std::printf("%s\n", line.c_str());
-  }
+  // The same JSON as every other -o json output (client/json.h): int64 as numbers, every field.
+  for (const v1::JobEvent& e : *history) std::printf("%s\n", ProtoJson(e).c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -356,6 +412,8 @@ int ReportCommand(CliContext& c, const std::string& id, const std::string& out_i
   grpc::Status st;
   absl::StatusOr<std::vector<v1::JobEvent>> history = ReadHistory(c, id, &st);
   if (!history.ok()) return RpcError(c, st);
+  std::vector<std::string> earlier;
+  if (int rc = AddEarlierAttempts(c, job, &*history, &earlier); rc != 0) return rc;
   // The plan of the spec as it ran (resolved, paths absolute).
   std::optional<v1::PlanJobResponse> plan;
   std::string plan_error;
@@ -375,7 +433,7 @@ int ReportCommand(CliContext& c, const std::string& id, const std::string& out_i
   }
   const std::string out = out_in.empty() ? id + ".html" : out_in;
   std::ofstream f(out);
-  f << RenderReportHtml(job, *history, plan, plan_error);
+  f << RenderReportHtml(job, *history, plan, plan_error, earlier);
   f.close();
   if (!f) {
     std::fprintf(stderr, "ithaca: %s: cannot write\n", out.c_str());

@@ -24,6 +24,7 @@ struct ChartSeries {
   std::string name;
   std::vector<std::pair<double, double>> points;
   bool markers = false;  // dots at each point (sparse series such as evaluations)
+  bool sparse = false;   // sampled (every Nth step): dots at each point, a dotted line between
 };
 
 // An inline <svg> line chart with axes, ticks and a legend. Every series is one <polyline>
@@ -33,9 +34,18 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
                          const std::string& y_label, const std::vector<ChartSeries>& series);
 
 // The whole page. `plan` is the daemon's memory plan for the job's resolved spec, absent when it
-// could not be made (`plan_error` says why).
+// could not be made (`plan_error` says why). `earlier_jobs`: the jobs whose steps
+// AddEarlierAttempts put before this job's in `history`, oldest first.
 std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>& history,
                              const std::optional<v1::PlanJobResponse>& plan,
-                             const std::string& plan_error);
+                             const std::string& plan_error,
+                             const std::vector<std::string>& earlier_jobs = {});
+
+// A job that resumed another's checkpoint (the same checkpoint.dir, submitted earlier) trained
+// only the rest of the run: puts the earlier jobs' steps and evaluations before its first step
+// at the front of `history` (each one up to where the next attempt took over) and names those
+// jobs in `earlier`. 0, or the exit code after an RPC error.
+int AddEarlierAttempts(CliContext& c, const v1::Job& job, std::vector<v1::JobEvent>* history,
+                       std::vector<std::string>* earlier);
 
 }  // namespace ithaca

@@ -69,6 +69,10 @@ TEST(ReportTest, PageHasTheChartsSpecAndPlan) {
       auto* t = r->add_memory();
       t->set_tier("params");
       t->set_current_bytes(int64_t{1} << 30);
+      t->set_peak_bytes(int64_t{1} << 30);
+      auto* act = r->add_memory();  // lives only inside the step: 0 at its end
+      act->set_tier("activations");
+      act->set_peak_bytes(int64_t{2} << 30);
       auto* unused = r->add_memory();
       unused->set_tier("comm");
       history.push_back(e);
@@ -92,6 +96,50 @@ TEST(ReportTest, PageHasTheChartsSpecAndPlan) {
   EXPECT_NE(page.find("fits: 1.2 GiB of 80 GiB"), std::string::npos);
   EXPECT_NE(RenderReportHtml(job, {}, std::nullopt, "data gone").find("No plan: data gone"),
             std::string::npos);
+}
+
+// The report findings: "0.00 GiB" in the plan of a small model, end-of-step memory
+// (peaks invisible), "per GPU" on a CPU job, a sampled rank drawn as solid segments, and a
+// resumed job's page without the run's first steps.
+TEST(ReportTest, SmallPlanUnitsPeaksCpuAxisSparseRanksAndEarlierAttempts) {
+  v1::Job job;
+  job.set_id("job-8");
+  job.mutable_spec()->set_backend("cpu");
+  std::vector<v1::JobEvent> history;
+  for (int step = 11; step <= 30; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      if (rank == 1 && step % 10 != 0) continue;  // rank 1 reports every 10th step
+      v1::JobEvent e;
+      v1::StepReport* r = e.mutable_step();
+      r->set_rank(rank);
+      r->set_step(step);
+      r->set_tokens_per_second(250);
+      auto* t = r->add_memory();
+      t->set_tier("activations");
+      t->set_current_bytes(0);
+      t->set_peak_bytes(int64_t{3} << 20);
+      history.push_back(e);
+    }
+  }
+  v1::PlanJobResponse plan;
+  auto* tier = plan.mutable_plan()->add_per_rank();
+  tier->set_tier("params");
+  tier->set_current_bytes(int64_t{3} << 20);
+  plan.mutable_plan()->set_per_rank_bytes(int64_t{5} << 20);
+  const std::string page = RenderReportHtml(job, history, plan, "", {"job-2", "job-5"});
+  EXPECT_NE(page.find("<td>params</td><td>3.0 MiB</td>"), std::string::npos) << page;
+  EXPECT_EQ(page.find("0.00 GiB"), std::string::npos);
+  // The peak (3 MiB), not the end of the step (0): the chart's y range reaches 3.
+  EXPECT_NE(page.find("Peak memory per tier, rank 0"), std::string::npos);
+  EXPECT_NE(page.find("MiB, peak during the step"), std::string::npos);
+  EXPECT_NE(page.find("tokens/s per rank (CPU)"), std::string::npos);
+  EXPECT_EQ(page.find("per GPU"), std::string::npos);
+  // Rank 1 (2 samples over 11 steps) is dotted and marked; rank 0 (every step) solid.
+  const std::regex sparse("data-series=\"tok/s rank 1\"[^>]*stroke-dasharray");
+  EXPECT_TRUE(std::regex_search(page, sparse)) << page;
+  const std::regex solid("data-series=\"tok/s rank 0\"[^>]*stroke-dasharray");
+  EXPECT_FALSE(std::regex_search(page, solid));
+  EXPECT_NE(page.find("This job resumed a run begun by job-2, job-5"), std::string::npos);
 }
 
 }  // namespace

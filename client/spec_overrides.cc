@@ -1,7 +1,10 @@
 #include "client/spec_overrides.h"
 
+#include <map>
 #include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -54,6 +57,56 @@ absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const s
   std::ostringstream out;
   out << toml::toml_formatter(spec);
   return out.str() + "\n";
+}
+
+namespace {
+
+// The line of every key of `table` (dotted path -> line), as the daemon's parser counts them.
+void KeyLines(const toml::table& table, const std::string& prefix, std::map<std::string, int>* out) {
+  for (auto&& [k, node] : table) {
+    const std::string path = prefix.empty() ? std::string(k.str())
+                                            : absl::StrCat(prefix, ".", std::string(k.str()));
+    (*out)[path] = static_cast<int>(k.source().begin.line);
+    if (node.is_table()) KeyLines(*node.as_table(), path, out);
+  }
+}
+
+}  // namespace
+
+std::string ExplainSpecError(const std::string& message, const std::string& toml_text,
+                             const std::string& source, const std::vector<std::string>& overrides) {
+  if (overrides.empty()) return message;
+  // "SOURCE: KEY: what (line N)hint", as engine/spec/job_spec.cc writes it.
+  const std::string head = source + ": ";
+  const size_t at = message.find(head);
+  if (at == std::string::npos) return message;
+  const size_t key_start = at + head.size();
+  const size_t key_end = message.find(": ", key_start);
+  if (key_end == std::string::npos) return message;
+  const std::string key = message.substr(key_start, key_end - key_start);
+  const size_t line_at = message.find(" (line ", key_end);
+  const size_t line_end = line_at == std::string::npos ? line_at : message.find(')', line_at);
+  int sent_line = 0;
+  if (line_end == std::string::npos ||
+      !absl::SimpleAtoi(message.substr(line_at + 7, line_end - line_at - 7), &sent_line)) {
+    return message;
+  }
+  std::string where;
+  // The last --set of the key (or of a table above it) wins, as in ApplyOverrides.
+  for (const std::string& o : overrides) {
+    const std::string set_key = o.substr(0, o.find('='));
+    if (set_key == key || absl::StartsWith(key, set_key + ".")) where = "from --set " + o;
+  }
+  if (where.empty()) {
+    toml::parse_result parsed = toml::parse(toml_text, source);
+    if (!parsed) return message;
+    std::map<std::string, int> lines;
+    KeyLines(parsed.table(), "", &lines);
+    auto it = lines.find(key);
+    if (it == lines.end()) return message;
+    where = absl::StrCat("line ", it->second);
+  }
+  return absl::StrCat(message.substr(0, line_at), " (", where, message.substr(line_end));
 }
 
 }  // namespace ithaca

@@ -16,4 +16,11 @@ namespace ithaca {
 absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const std::string& source,
                                            const std::vector<std::string>& overrides);
 
+// The daemon's error about a spec ApplyOverrides rewrote ("SOURCE: KEY: what (line N)...")
+// counts N in the text that was sent, which the user never saw. This gives the line of KEY in
+// the user's file (`toml_text`), or names the --set that gave KEY; `message` unchanged when it
+// names no key or there were no overrides.
+std::string ExplainSpecError(const std::string& message, const std::string& toml_text,
+                             const std::string& source, const std::vector<std::string>& overrides);
+
 }  // namespace ithaca

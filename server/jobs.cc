@@ -252,11 +252,7 @@ void Jobs::RefreshJobCounts() {
   if (counts.ok()) metrics_->SetJobCounts(*counts);
   // Per-job state series for the newest jobs (bounded, like the per-rank series).
   absl::StatusOr<std::vector<v1::Job>> recent = store_->List({}, Metrics::kFinishedJobsKept);
-  if (recent.ok()) {
-    std::vector<std::pair<std::string, JobState>> states;
-    for (const v1::Job& j : *recent) states.push_back({j.id(), j.state()});
-    metrics_->SetJobStates(states);
-  }
+  if (recent.ok()) metrics_->SetJobs(*recent);
 }
 
 std::vector<LaunchOrder> Jobs::TakeLaunches() {

@@ -170,6 +170,11 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
       checkpoint_time_(Gauge(*registry_, Constant(hostname),
                              "ithaca_checkpoint_last_timestamp_seconds",
                              "Unix time the job's newest checkpoint was complete.")),
+      job_state_since_(Gauge(*registry_, Constant(hostname),
+                             "ithaca_job_state_since_timestamp_seconds",
+                             "Unix time each recent job entered its current state.")),
+      job_info_(Gauge(*registry_, Constant(hostname), "ithaca_job_info",
+                      "Always 1; labels: each recent job's name and model.")),
       tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
@@ -203,7 +208,10 @@ Metrics::RankSeries& Metrics::RankLocked(const std::string& job, int rank, int g
                                          const std::string& uuid) {
   auto [it, added] = ranks_.try_emplace({job, rank});
   RankSeries& s = it->second;
-  if (!added && s.gpu == gpu && s.uuid == uuid && s.host_offload != nullptr) return s;
+  if (!added && s.tokens != nullptr && s.gpu == gpu && s.uuid == uuid) {
+    AddActivityLocked(s);  // back after the job's workers ended (a relaunch)
+    return s;
+  }
   if (!added) {  // the rank moved, or an evaluation came first (no step series yet): relabel
     const double eval = s.eval_loss ? s.eval_loss->Value() : 0;
     const bool had_eval = s.eval_loss != nullptr;
@@ -221,17 +229,34 @@ Metrics::RankSeries& Metrics::RankLocked(const std::string& job, int rank, int g
   s.gpu = gpu;
   s.uuid = uuid;
   const Labels l = RankLabels(s);
-  s.host_offload = &host_offload_.Add(l);
-  s.tokens_per_second = &tokens_per_second_.Add(l);
   s.loss = &loss_.Add(l);
   s.step = &step_.Add(l);
-  s.flops = &flops_.Add(l);
   s.grad_norm = &grad_norm_.Add(l);
   s.lr = &lr_.Add(l);
   s.last_step_time = &last_step_time_.Add(l);
   s.tokens = &tokens_.Add(l);
   s.duration = &duration_.Add(l, StepBuckets());
+  AddActivityLocked(s);
   return s;
+}
+
+void Metrics::AddActivityLocked(RankSeries& s) {
+  const Labels l = RankLabels(s);
+  if (s.host_offload == nullptr) s.host_offload = &host_offload_.Add(l);
+  if (s.tokens_per_second == nullptr) s.tokens_per_second = &tokens_per_second_.Add(l);
+  if (s.flops == nullptr) s.flops = &flops_.Add(l);
+}
+
+void Metrics::DropActivityLocked(RankSeries& s) {
+  for (auto& [tier, g] : s.memory) memory_.Remove(g);
+  for (auto& [tier, g] : s.memory_peak) memory_peak_.Remove(g);
+  s.memory.clear();
+  s.memory_peak.clear();
+  if (s.host_offload) host_offload_.Remove(s.host_offload);
+  if (s.tokens_per_second) tokens_per_second_.Remove(s.tokens_per_second);
+  if (s.flops) flops_.Remove(s.flops);
+  if (s.mfu) mfu_.Remove(s.mfu);
+  s.host_offload = s.tokens_per_second = s.flops = s.mfu = nullptr;
 }
 
 void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
@@ -302,21 +327,16 @@ void Metrics::OnJobStarted(double queue_wait_seconds) {
 }
 
 void Metrics::DropRankLocked(RankSeries& s) {
-  for (auto& [tier, g] : s.memory) memory_.Remove(g);
-  for (auto& [tier, g] : s.memory_peak) memory_peak_.Remove(g);
-  if (s.host_offload) {  // an eval-only entry has none of the step series
-    host_offload_.Remove(s.host_offload);
-    tokens_per_second_.Remove(s.tokens_per_second);
+  DropActivityLocked(s);
+  if (s.tokens) {  // an eval-only entry has none of the step series
     loss_.Remove(s.loss);
     step_.Remove(s.step);
-    flops_.Remove(s.flops);
     grad_norm_.Remove(s.grad_norm);
     lr_.Remove(s.lr);
     last_step_time_.Remove(s.last_step_time);
     tokens_.Remove(s.tokens);
     duration_.Remove(s.duration);
   }
-  if (s.mfu) mfu_.Remove(s.mfu);
   if (s.eval_loss) eval_loss_.Remove(s.eval_loss);
 }
 
@@ -333,6 +353,10 @@ void Metrics::DropJobLocked(const std::string& job) {
 
 void Metrics::OnJobFinished(const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Nothing runs any more: a sum of tokens/s or memory over the node counts only live ranks.
+  for (auto& [key, s] : ranks_) {
+    if (key.first == job) DropActivityLocked(s);
+  }
   if (std::find(finished_.begin(), finished_.end(), job) != finished_.end()) return;
   finished_.push_back(job);
   while (static_cast<int>(finished_.size()) > kFinishedJobsKept) {
@@ -362,14 +386,35 @@ void Metrics::SetJobCounts(const std::map<JobState, int64_t>& counts) {
   }
 }
 
-void Metrics::SetJobStates(const std::vector<std::pair<std::string, JobState>>& jobs) {
+void Metrics::SetJobs(const std::vector<v1::Job>& jobs) {
   std::lock_guard<std::mutex> lock(mu_);
   for (prometheus::Gauge* g : job_state_series_) job_state_.Remove(g);
+  for (prometheus::Gauge* g : job_since_series_) job_state_since_.Remove(g);
+  for (prometheus::Gauge* g : job_info_series_) job_info_.Remove(g);
   job_state_series_.clear();
-  for (const auto& [job, state] : jobs) {
-    prometheus::Gauge& g = job_state_.Add({{"job_id", job}, {"state", JobStateLabel(state)}});
+  job_since_series_.clear();
+  job_info_series_.clear();
+  for (const v1::Job& job : jobs) {
+    const Labels l = {{"job_id", job.id()}, {"state", JobStateLabel(job.state())}};
+    prometheus::Gauge& g = job_state_.Add(l);
     g.Set(1);
     job_state_series_.push_back(&g);
+    // The newest transition into the current state: when the job got there.
+    double since = 0;
+    for (const v1::StateTransition& t : job.transitions()) {
+      if (t.to() == job.state()) {
+        since = static_cast<double>(t.time().seconds()) + t.time().nanos() / 1e9;
+      }
+    }
+    if (since > 0) {
+      prometheus::Gauge& at = job_state_since_.Add(l);
+      at.Set(since);
+      job_since_series_.push_back(&at);
+    }
+    prometheus::Gauge& info = job_info_.Add(
+        {{"job_id", job.id()}, {"name", job.name()}, {"model", job.spec().model()}});
+    info.Set(1);
+    job_info_series_.push_back(&info);
   }
 }
 

@@ -46,7 +46,11 @@ class Metrics {
   // Upper bounds of ithaca_step_duration_seconds buckets (+Inf is implicit): up to 2 h, for
   // million-token steps.
   static const std::vector<double>& StepBuckets();
-  // Series of finished jobs are kept for this many jobs, then dropped (bounded cardinality).
+  // When a job's workers end, its gauges of what a running rank does (tokens/s, FLOP/s, MFU,
+  // memory per tier, host offload) are removed at once, so sums over the node stay true. What
+  // it did last (loss, step, learning rate, gradient norm, eval loss, last step time) and its
+  // counters and histograms are kept for this many finished jobs, then dropped too (bounded
+  // cardinality).
   static constexpr int kFinishedJobsKept = 16;
 
   // A rank's identity: its device index and UUID ("" on a CPU node).
@@ -61,7 +65,9 @@ class Metrics {
   void OnWorkerExit(const std::string& reason);
   // Called before each render with the job store's counts and its newest jobs' states.
   void SetJobCounts(const std::map<JobState, int64_t>& counts);
-  void SetJobStates(const std::vector<std::pair<std::string, JobState>>& jobs);
+  // ithaca_job_state{job_id,state}, ithaca_job_state_since_timestamp_seconds{job_id,state} (when
+  // the job entered it) and ithaca_job_info{job_id,name,model} of the newest jobs.
+  void SetJobs(const std::vector<v1::Job>& jobs);
   // The node's GPUs (index, UUID, capacity), for ithaca_gpu_memory_capacity_bytes.
   void SetDevices(const std::vector<std::tuple<int, std::string, int64_t>>& devices);
 
@@ -73,7 +79,7 @@ class Metrics {
  private:
   struct RankSeries {
     std::string job;
-    int rank = 0, gpu = 0;  // 
+    int rank = 0, gpu = 0;
     std::string uuid;
     std::map<std::string, prometheus::Gauge*> memory, memory_peak;  // per tier
     prometheus::Gauge *host_offload = nullptr, *tokens_per_second = nullptr, *loss = nullptr,
@@ -87,6 +93,8 @@ class Metrics {
   };
   prometheus::Labels RankLabels(const RankSeries& s) const;
   RankSeries& RankLocked(const std::string& job, int rank, int gpu, const std::string& uuid);
+  void AddActivityLocked(RankSeries& s);
+  void DropActivityLocked(RankSeries& s);
   void DropRankLocked(RankSeries& s);
   void DropJobLocked(const std::string& job);
 
@@ -94,13 +102,14 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_offload_, &tokens_per_second_,
       &loss_, &step_, &flops_, &mfu_, &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_,
-      &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_;
+      &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_;
   prometheus::Family<prometheus::Counter>&tokens_, &exits_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_;
   std::map<std::string, JobSeries> jobs_series_;
   std::deque<std::string> finished_;
-  std::vector<prometheus::Gauge*> job_state_series_, capacity_series_;
+  std::vector<prometheus::Gauge*> job_state_series_, job_since_series_, job_info_series_,
+      capacity_series_;
 };
 
 // The Exposer serving GET /metrics (and GET /healthz, an empty 200).

@@ -29,7 +29,12 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
   m.OnStep("job-1", 1, 3, "GPU-abc", Report(2, 0.3));
   m.OnWorkerExit("nan_loss");
   m.SetJobCounts({{v1::JOB_STATE_RUNNING, 1}});
-  m.SetJobStates({{"job-1", v1::JOB_STATE_RUNNING}, {"job-0", v1::JOB_STATE_FAILED}});
+  v1::Job running, failed;
+  running.set_id("job-1");
+  running.set_state(v1::JOB_STATE_RUNNING);
+  failed.set_id("job-0");
+  failed.set_state(v1::JOB_STATE_FAILED);
+  m.SetJobs({running, failed});
   m.SetDevices({{3, "GPU-abc", int64_t{141} << 30}});
   const std::string text = m.Render();
   // prometheus-cpp writes labels sorted by name.
@@ -147,6 +152,72 @@ TEST(MetricsTest, EvalLossOfTheNewestEvaluation) {
       << text;
   EXPECT_EQ(text.find("job_id=\"job-2\",rank=\"0\"} 0"), std::string::npos)
       << "an evaluation-only job has no step series\n" << text;
+}
+
+// A finished job's throughput and memory gauges go at once: sum(ithaca_tokens_per_second) read
+// 36k tok/s on a node doing 250, from the 16 finished jobs kept. What the job did last stays.
+TEST(MetricsTest, EndedJobsLeaveNoThroughputOrMemoryGauges) {
+  Metrics m;
+  v1::StepReport r = Report(3, 0.5);
+  r.set_mfu(0.3);
+  r.set_model_tflops(2);
+  m.OnStep("job-1", 0, 0, "GPU-a", r);
+  m.OnStep("job-2", 0, 1, "GPU-b", Report(1, 2.0));
+  m.OnJobFinished("job-1");
+  std::string text = m.Render();
+  const std::string l1 = "UUID=\"GPU-a\",gpu=\"0\",job_id=\"job-1\",rank=\"0\"";
+  for (const char* gone : {"ithaca_tokens_per_second{", "ithaca_gpu_memory_bytes{",
+                           "ithaca_gpu_memory_peak_bytes{", "ithaca_host_offload_bytes{",
+                           "ithaca_model_flops_per_second{", "ithaca_mfu_ratio{"}) {
+    EXPECT_EQ(text.find(std::string(gone) + l1), std::string::npos) << gone << "\n" << text;
+  }
+  for (const std::string& kept : {"ithaca_train_loss{" + l1 + "} 2.5",
+                                  "ithaca_train_step{" + l1 + "} 3",
+                                  "ithaca_tokens_total{" + l1 + "} 512"}) {
+    EXPECT_NE(text.find(kept), std::string::npos) << kept << "\n" << text;
+  }
+  // The running job is untouched: the node's sum is its rate alone.
+  EXPECT_NE(text.find("ithaca_tokens_per_second{UUID=\"GPU-b\",gpu=\"1\",job_id=\"job-2\","
+                      "rank=\"0\"} 256\n"),
+            std::string::npos)
+      << text;
+  // A relaunch of the job (a resume) brings them back.
+  m.OnStep("job-1", 0, 0, "GPU-a", Report(4, 1.0));
+  text = m.Render();
+  EXPECT_NE(text.find("ithaca_tokens_per_second{" + l1 + "} 512"), std::string::npos) << text;
+  EXPECT_NE(text.find("ithaca_gpu_memory_bytes{" + l1 + ",tier=\"params\"} 1000"),
+            std::string::npos)
+      << text;
+}
+
+// ithaca_job_info names the job and its model, for legends; the time a job entered its state
+// lets an alert fire only for recent failures (a fresh Prometheus has no history to compare).
+TEST(MetricsTest, JobInfoAndTheTimeEachJobEnteredItsState) {
+  Metrics m;
+  v1::Job job;
+  job.set_id("job-9");
+  job.set_name("long context");
+  job.mutable_spec()->set_model("llama-3.2-1b");
+  job.set_state(v1::JOB_STATE_FAILED);
+  auto* t = job.add_transitions();
+  t->set_to(v1::JOB_STATE_RUNNING);
+  t->mutable_time()->set_seconds(1780000000);
+  t = job.add_transitions();
+  t->set_to(v1::JOB_STATE_FAILED);
+  t->mutable_time()->set_seconds(1780000500);
+  m.SetJobs({job});
+  std::string text = m.Render();
+  EXPECT_NE(text.find("ithaca_job_info{job_id=\"job-9\",model=\"llama-3.2-1b\","
+                      "name=\"long context\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_job_state_since_timestamp_seconds{job_id=\"job-9\","
+                      "state=\"failed\"} 1780000500\n"),
+            std::string::npos)
+      << text;
+  m.SetJobs({});
+  text = m.Render();
+  EXPECT_EQ(text.find("job-9"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ fi
 APT_PACKAGES=(
   bazel-bootstrap pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libgrpc++-dev libabsl-dev libgtest-dev libgmock-dev libcivetweb-dev libgloo-dev libsqlite3-dev
-  libtomlplusplus-dev nlohmann-json3-dev prometheus-cpp-dev python3-venv python3-numpy
+  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev python3-venv python3-numpy
   python3-torch prometheus python3-yaml clang libclang-rt-14-dev chromium openssl
 )
 

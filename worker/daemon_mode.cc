@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/memory/allocator.h"
 #include "engine/runtime/rank.h"
@@ -245,7 +246,11 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   // The spec is the one admission resolved (every "auto" decided against this node): it runs
   // as it is. Joining the group and every collective give up after RankOptions' timeout (a dead
   // peer is an error, not a hang); the daemon normally kills the other ranks first.
-  ASSIGN_OR_RETURN(std::unique_ptr<Rank> rank, Rank::Create(spec, info));
+  // The daemon (its socket) and the job name the run: a relaunch of this job may resume at its
+  // last step; another job finding that checkpoint is refused (Trainer::Create).
+  RankOptions options;
+  options.run_id = absl::StrCat("ithacad ", o.socket, " ", o.job_id);
+  ASSIGN_OR_RETURN(std::unique_ptr<Rank> rank, Rank::Create(spec, info, options));
   Trainer& trainer = rank->trainer();
   std::printf("rank %d/%d: job %s (%s), %lld tokens per sample, %lld steps, backend %s%s%s\n",
               o.rank, o.world, o.job_id.c_str(),

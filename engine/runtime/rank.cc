@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
     rank->comm_->UseStreams(rank->backend_.ops->streams());
   }
   ASSIGN_OR_RETURN(rank->trainer_, Trainer::Create(rank->spec_, rank->backend_.ops.get(),
-                                                   rank->backend_.alloc.get(), rank->comm_.get()));
+                                                   rank->backend_.alloc.get(), rank->comm_.get(),
+                                                   options.run_id));
   return rank;
 }
 

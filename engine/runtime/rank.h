@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "engine/backend/ops.h"
 #include "engine/comm/bootstrap.h"
@@ -21,6 +22,9 @@ namespace ithaca {
 struct RankOptions {
   // Bounds joining the communicator and every collective: a dead peer is an error, not a hang.
   double comm_timeout_s = 120;
+  // Names the run in its checkpoints (Trainer::Create): ithacad's workers pass the daemon and
+  // the job, so a relaunch of the job may resume at its last step.
+  std::string run_id;
 };
 
 // This process's identity: from the ITHACA_* variables when a launcher started it as a rank

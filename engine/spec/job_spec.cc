@@ -13,6 +13,8 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <string>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -373,6 +375,9 @@ struct Key {
   std::string path;  // "data.seq_len"; a top-level key has no dot
   Codec codec;
   std::string doc;
+  // False: read but not written back, because what it says is folded into another key at
+  // parsing (min_lr_ratio into min_lr).
+  bool written = true;
   std::string section() const {
     const size_t dot = path.find('.');
     return dot == std::string::npos ? "" : path.substr(0, dot);
@@ -385,7 +390,7 @@ const std::vector<Section>& Sections() {
       {"", "The job.", {}},
       {"model", "The model: a preset, or a Hugging Face config.json and weights.", {}},
       {"data", "The training data: token files written by `ithaca-tokenize`.", {}},
-      {"training", "The optimizer (AdamW) and the learning-rate schedule (warmup, then cosine).",
+      {"training", "The optimizer (AdamW) and the learning-rate schedule (warmup, then a decay).",
        {}},
       {"parallel", "Ranks, Ulysses context parallelism and FSDP.", {}},
       {"memory",
@@ -441,7 +446,16 @@ const std::vector<Key>& Keys() {
        "Optimizer steps; 0: an evaluation-only job (needs [eval])."},
       {"training.lr", Float(FIELD(training.lr)), "Peak learning rate."},
       {"training.min_lr", Float(FIELD(training.min_lr)),
-       "Learning rate at the end of the cosine decay."},
+       "Learning rate at the end of the decay, absolute; when not given, `min_lr_ratio` x `lr`."},
+      {"training.min_lr_ratio", Float(FIELD(training.min_lr_ratio)),
+       "The end of the decay as a fraction of `lr` (TorchTitan's way), unless `min_lr` is given; "
+       "not both. The stored spec holds the absolute `min_lr`.",
+       /*written=*/false},
+      {"training.schedule", Str(FIELD(training.schedule), {"cosine", "linear", "wsd", "constant"}),
+       "After warmup: cosine or linear decay to `min_lr`, wsd (hold `lr`, then decay linearly "
+       "over the last `decay_ratio` of the steps after warmup), or constant."},
+      {"training.decay_ratio", Float(FIELD(training.decay_ratio)),
+       "wsd: the fraction of the steps after warmup spent decaying."},
       {"training.warmup_steps", Int(FIELD(training.warmup_steps)), "Linear warmup steps."},
       {"training.weight_decay", Float(FIELD(training.weight_decay)),
        "AdamW weight decay, on matrices only."},
@@ -599,6 +613,8 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                    r.Given("training.min_lr") ? "" : " (the default; set training.min_lr)")));
   RETURN_IF_ERROR(r.Require(t.warmup_steps >= 0, "training.warmup_steps",
                             absl::StrCat("must be >= 0, got ", t.warmup_steps)));
+  RETURN_IF_ERROR(r.Require(t.decay_ratio >= 0 && t.decay_ratio <= 1, "training.decay_ratio",
+                            absl::StrCat("must be in [0, 1], got ", t.decay_ratio)));
   RETURN_IF_ERROR(r.Require(t.weight_decay >= 0, "training.weight_decay",
                             absl::StrCat("must be >= 0, got ", t.weight_decay)));
   RETURN_IF_ERROR(r.Require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1",
@@ -676,6 +692,20 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
   JobSpec s;
   SpecReader r(source);
   RETURN_IF_ERROR(Walk(table, "", r, s));
+  // One way to say where the decay ends: an absolute min_lr, or a ratio of lr (the default).
+  RETURN_IF_ERROR(r.Require(!(r.Given("training.min_lr") && r.Given("training.min_lr_ratio")),
+                            "training.min_lr_ratio",
+                            "set either training.min_lr (absolute) or training.min_lr_ratio "
+                            "(of training.lr), not both"));
+  RETURN_IF_ERROR(r.Require(s.training.min_lr_ratio >= 0 && s.training.min_lr_ratio <= 1,
+                            "training.min_lr_ratio",
+                            absl::StrCat("must be in [0, 1], got ", s.training.min_lr_ratio)));
+  if (!r.Given("training.min_lr")) {
+    // 15 significant digits, so that 0.1 x 3e-4 is 3e-05 as a person writes it, not
+    // 2.9999999999999997e-05.
+    s.training.min_lr =
+        std::stod(absl::StrFormat("%.15g", s.training.min_lr_ratio * s.training.lr));
+  }
   RETURN_IF_ERROR(Validate(s, r));
   return s;
 }
@@ -699,7 +729,7 @@ std::string JobSpecToToml(const JobSpec& s) {
     if (sec.written && !sec.written(s)) continue;
     if (!sec.name.empty()) absl::StrAppend(&out, "\n[", sec.name, "]\n");
     for (const Key& k : Keys()) {
-      if (k.section() != sec.name) continue;
+      if (k.section() != sec.name || !k.written) continue;
       absl::StrAppend(&out, sec.name.empty() ? k.path : k.name(), " = ", k.codec.write(s), "\n");
     }
   }

@@ -48,8 +48,17 @@ struct JobSpec {
   struct Training {
     int64_t steps = 100;  // 0: an evaluation-only job (needs [eval]; lr may then be 0)
     double lr = 3e-4;
+    // Where the decay ends: min_lr (absolute) when the spec gives it, else
+    // min_lr_ratio × lr (TorchTitan's way; so a fine-tune's lr = 1e-5 needs nothing else).
+    // ParseJobSpec leaves min_lr absolute either way.
     double min_lr = 3e-5;
+    double min_lr_ratio = 0.1;
     int64_t warmup_steps = 10;
+    // The learning-rate schedule after warmup (engine/train/lr_schedule.h): "cosine",
+    // "linear", "wsd" (hold lr, then decay over the last decay_ratio of the steps after
+    // warmup) or "constant".
+    std::string schedule = "cosine";
+    double decay_ratio = 0.2;
     double weight_decay = 0.1;
     double beta1 = 0.9;
     double beta2 = 0.95;

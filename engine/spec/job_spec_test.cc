@@ -203,7 +203,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 47);  // with [eval] and [kernels]: every key of the table
+  EXPECT_EQ(keys, 49);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -338,7 +338,14 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
        "job.toml: eval.batches: must be in [1, 1048576]"},
       {"[training]\nmin_lr = -0.1", "job.toml: training.min_lr: must be >= 0"},
       {"[training]\nlr = 0.1\nmin_lr = 0.2", "job.toml: training.min_lr: must be <= training.lr"},
-      {"[training]\nlr = 1e-5", "job.toml: training.min_lr: must be <= training.lr"},  // default
+      {"[training]\nmin_lr = 1e-6\nmin_lr_ratio = 0.1",
+       "job.toml: training.min_lr_ratio: set either training.min_lr (absolute) or "
+       "training.min_lr_ratio (of training.lr), not both"},
+      {"[training]\nmin_lr_ratio = 1.5", "job.toml: training.min_lr_ratio: must be in [0, 1]"},
+      {"[training]\nschedule = \"step\"",
+       "job.toml: training.schedule: must be \"cosine\", \"linear\", \"wsd\" or \"constant\", "
+       "got \"step\""},
+      {"[training]\ndecay_ratio = 2", "job.toml: training.decay_ratio: must be in [0, 1]"},
       {"[training]\nwarmup_steps = -1", "job.toml: training.warmup_steps: must be >= 0"},
       {"[training]\nweight_decay = -1", "job.toml: training.weight_decay: must be >= 0"},
       {"[training]\nbeta1 = 1", "job.toml: training.beta1: must be in [0, 1)"},
@@ -541,6 +548,31 @@ TEST(JobSpecTest, MalformedTableHeaderIsAnErrorNotAnAbort) {
   ExpectError(ParseError(std::string("[#ata \v\0\0\0\1\0\0\0\npath/\"\n", 22)),
               "job.toml:1:2: invalid TOML: ");
   ExpectError(ParseError("[[ #x\n"), "job.toml:1:");
+}
+
+// min_lr is a ratio of lr unless given absolute: the usual fine-tune lr = 1e-5 was refused
+// against the absolute default 3e-5 ("must be <= training.lr").
+TEST(JobSpecTest, MinLrIsARatioUnlessGivenAndSchedulesParse) {
+  auto fine_tune = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nlr = 1e-5\n", "job.toml");
+  ASSERT_TRUE(fine_tune.ok()) << fine_tune.status();
+  EXPECT_DOUBLE_EQ(fine_tune->training.min_lr, 1e-6);
+  EXPECT_EQ(fine_tune->training.schedule, "cosine");
+  auto ratio = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nlr = 2e-4\nmin_lr_ratio = 0\n", "job.toml");
+  ASSERT_TRUE(ratio.ok()) << ratio.status();
+  EXPECT_DOUBLE_EQ(ratio->training.min_lr, 0.0);
+  auto absolute = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nlr = 2e-4\nmin_lr = 5e-6\n", "job.toml");
+  ASSERT_TRUE(absolute.ok()) << absolute.status();
+  EXPECT_DOUBLE_EQ(absolute->training.min_lr, 5e-6);
+  auto wsd = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nschedule = \"wsd\"\ndecay_ratio = 0.1\n", "job.toml");
+  ASSERT_TRUE(wsd.ok()) << wsd.status();
+  EXPECT_EQ(wsd->training.schedule, "wsd");
+  EXPECT_DOUBLE_EQ(wsd->training.decay_ratio, 0.1);
+  // The written spec (what the workers get) says the same: min_lr absolute.
+  auto back = ParseJobSpec(JobSpecToToml(*wsd), "resolved");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->training.schedule, "wsd");
+  EXPECT_DOUBLE_EQ(back->training.min_lr, wsd->training.min_lr);
+  EXPECT_DOUBLE_EQ(back->training.decay_ratio, 0.1);
 }
 
 }  // namespace

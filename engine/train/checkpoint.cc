@@ -445,6 +445,10 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
     nlohmann::json js = {{"step", state.step},
                          {"data_position", state.data_position},
                          {"tokens", state.tokens},
+                         {"schedule_steps", state.schedule_steps},
+                         {"lr", state.lr},
+                         {"run_id", state.run_id},
+                         {"source_model", state.source_model},
                          {"world", world},
                          {"format", "ithaca-checkpoint-v1"}};
     RETURN_IF_ERROR(WriteFileAtomic(tmp + "/state.json", js.dump(2) + "\n"));
@@ -615,6 +619,31 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
   return out;
 }
 
+absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json"));
+  nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  TrainState state;
+  if (js.is_discarded() || !js.is_object() || !js.contains("step") ||
+      !js["step"].is_number_integer() || !js.contains("data_position") ||
+      !js["data_position"].is_number_integer()) {
+    return absl::DataLossError(path + "/state.json: corrupt (needs integer step, data_position)");
+  }
+  state.step = js["step"].get<int64_t>();
+  state.data_position = js["data_position"].get<int64_t>();
+  state.tokens = js.value("tokens", int64_t{0});
+  if (js.contains("schedule_steps") && js["schedule_steps"].is_number_integer()) {
+    state.schedule_steps = js["schedule_steps"].get<int64_t>();
+  }
+  if (js.contains("lr") && js["lr"].is_number()) state.lr = js["lr"].get<double>();
+  if (js.contains("run_id") && js["run_id"].is_string()) {
+    state.run_id = js["run_id"].get<std::string>();
+  }
+  if (js.contains("source_model") && js["source_model"].is_string()) {
+    state.source_model = js["source_model"].get<std::string>();
+  }
+  return state;
+}
+
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
                                                       const ParamLayout& layout,
                                                       const std::vector<UnitSlice>& slices,
@@ -627,16 +656,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
   LoadedCheckpoint out;
   ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(path));
   out.bytes = manifest.total_bytes;
+  ASSIGN_OR_RETURN(out.state, ReadCheckpointState(path));
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json"));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (js.is_discarded() || !js.is_object() || !js.contains("step") ||
-      !js["step"].is_number_integer() || !js.contains("data_position") ||
-      !js["data_position"].is_number_integer()) {
-    return absl::DataLossError(path + "/state.json: corrupt (needs integer step, data_position)");
-  }
-  out.state.step = js["step"].get<int64_t>();
-  out.state.data_position = js["data_position"].get<int64_t>();
-  out.state.tokens = js.value("tokens", int64_t{0});
   out.saved_world =
       js.contains("world") && js["world"].is_number_integer() ? js["world"].get<int>() : 1;
 

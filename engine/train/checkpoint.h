@@ -30,6 +30,16 @@ struct TrainState {
   int64_t step = 0;           // optimizer steps completed
   int64_t data_position = 0;  // samples served by the data loader
   int64_t tokens = 0;         // tokens trained on
+  // What a resume needs to keep the run's learning-rate schedule and to tell a relaunch of the
+  // same run from a new submission (engine/train/trainer.cc): training.steps of the run that
+  // saved it and the rate of its last step (0 in checkpoints older than these fields), and the
+  // run's id (Trainer::Create's run_id; "" when it had none).
+  int64_t schedule_steps = 0;
+  double lr = 0;
+  std::string run_id;
+  // The model directory the run started from (ModelSourceDir; "" for a preset): ithaca-export
+  // copies its tokenizer and generation config when not given --source_model.
+  std::string source_model;
 };
 
 // One process saving alone: BeginCheckpoint, WriteCheckpointShard(rank 0 of 1), CommitCheckpoint.
@@ -112,6 +122,9 @@ struct LoadedCheckpoint {
 // reads whole units. Errors name the file and what is wrong (missing, wrong size, checksum
 // mismatch, corrupt, truncated, a tensor missing or misshapen).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, const ParamLayout& layout);
+// Only the checkpoint's state.json (its step, data position, schedule and run id): DATA_LOSS
+// when it is corrupt.
+absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path);
 // Reads only the byte ranges of the tensors that overlap `slices` (one per unit), verifying no
 // file against the manifest: the caller has (LoadCheckpointTogether: the ranks verify a share of
 // the files each). The tensors' names, shapes and dtypes are checked, all of them, so every

@@ -151,7 +151,16 @@ absl::StatusOr<std::string> FindCheckpoint(const std::string& path) {
 }
 
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out,
-                              const ExportOptions& options) {
+                              const ExportOptions& given) {
+  ExportOptions options = given;
+  // Without a source model, the one the run started from (its checkpoint records it), while
+  // that directory still exists.
+  if (options.source_model_dir.empty()) {
+    absl::StatusOr<TrainState> state = ReadCheckpointState(checkpoint);
+    if (state.ok() && !state->source_model.empty() && IsDir(state->source_model)) {
+      options.source_model_dir = state->source_model;
+    }
+  }
   if (options.dtype != DType::kBF16 && options.dtype != DType::kF32) {
     return absl::InvalidArgumentError(
         absl::StrCat("export dtype ", DTypeName(options.dtype), ": must be bf16 or f32"));

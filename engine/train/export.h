@@ -42,7 +42,9 @@ absl::StatusOr<DType> ParseExportDType(const std::string& name);
 // complete step). NOT_FOUND naming the path when it holds neither.
 absl::StatusOr<std::string> FindCheckpoint(const std::string& path);
 
-// Verifies the checkpoint against its manifest, then writes its model to `out`.
+// Verifies the checkpoint against its manifest, then writes its model to `out`. Without
+// options.source_model_dir, the model directory the run started from (its state.json records
+// it) gives the tokenizer and generation config, when that directory still exists.
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out,
                               const ExportOptions& options);
 

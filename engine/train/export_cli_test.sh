@@ -16,6 +16,12 @@ mkdir "$T/out"
 "$EXPORT" "$CKPT" --out "$T/out/bf16" --dtype bf16 --source_model "$MODEL" \
   --max_shard_bytes 40000
 "$EXPORT" "$CKPT" --out "$T/out/f32" --dtype f32 --source_model "$MODEL"
+# Without --source_model: the checkpoint records the model the run started from.
+"$EXPORT" "$CKPT" --out "$T/recorded" --dtype bf16
+for f in tokenizer.json generation_config.json; do
+  cmp "$MODEL/$f" "$T/recorded/$f" || fail "$f not copied from the recorded source model"
+done
+rm -r "$T/recorded"
 for f in tokenizer.json tokenizer_config.json special_tokens_map.json generation_config.json; do
   cmp "$MODEL/$f" "$T/out/bf16/$f" || fail "$f not copied"
 done

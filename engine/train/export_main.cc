@@ -17,7 +17,7 @@ ABSL_FLAG(std::string, out, "", "directory to create (must not exist, or be empt
 ABSL_FLAG(std::string, dtype, "bf16", "dtype of the exported tensors: bf16 or f32");
 ABSL_FLAG(std::string, source_model, "",
           "the model directory the job started from: its tokenizer files and "
-          "generation_config.json are copied (optional)");
+          "generation_config.json are copied (default: the one the checkpoint records)");
 ABSL_FLAG(int64_t, max_shard_bytes, ithaca::kExportShardBytes,
           "largest safetensors file; larger models are sharded behind "
           "model.safetensors.index.json (default 5 GB, as transformers)");

@@ -1,5 +1,7 @@
 #include "engine/train/trainer.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -11,7 +13,7 @@
 #include "engine/core/file_util.h"
 #include "engine/model/weights.h"
 #include "engine/train/export.h"
-#include "engine/train/schedule.h"
+#include "engine/train/lr_schedule.h"
 
 namespace ithaca {
 
@@ -78,8 +80,55 @@ std::string ModelTokenizerJson(const JobSpec& spec) {
   return PathExists(json) ? json : "";
 }
 
+namespace {
+
+// ModelSourceDir, absolute: what the checkpoint records for ithaca-export.
+std::string RecordedSourceModel(const JobSpec& spec) {
+  const std::string dir = ModelSourceDir(spec);
+  if (dir.empty()) return "";
+  char real[PATH_MAX];
+  return realpath(dir.c_str(), real) != nullptr ? std::string(real) : dir;
+}
+
+LrSchedule LrScheduleOf(const JobSpec::Training& t) {
+  LrSchedule s;
+  // ParseJobSpec accepted only the names ParseLrScheduleKind knows.
+  s.kind = ParseLrScheduleKind(t.schedule).value_or(LrScheduleKind::kCosine);
+  s.decay_ratio = t.decay_ratio;
+  s.lr = t.lr;
+  s.min_lr = t.min_lr;
+  s.warmup_steps = t.warmup_steps;
+  s.total_steps = t.steps;
+  return s;
+}
+
+// A training job whose checkpoint.dir already holds its last step has nothing to train: unless
+// it is a relaunch of the run that wrote it (which redoes the end's evaluation and export), it
+// is an error saying what to change. An evaluation-only job (training.steps = 0) evaluates the
+// checkpoint, whatever its step.
+absl::Status CheckSomethingToResume(const JobSpec& spec, const std::string& checkpoint,
+                                    const TrainState& saved, const std::string& run_id) {
+  const int64_t steps = spec.training.steps;
+  if (steps == 0 || saved.step < steps) return absl::OkStatus();
+  if (saved.step == steps && !run_id.empty() && saved.run_id == run_id) return absl::OkStatus();
+  const std::string done =
+      saved.step == steps
+          ? absl::StrCat("holds a finished run: ", checkpoint, " is at step ", saved.step,
+                         " of training.steps = ", steps)
+          : absl::StrCat("holds a run past this one's end: ", checkpoint, " is at step ",
+                         saved.step, ", training.steps = ", steps);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", spec.checkpoint.dir, " ", done,
+      ", so nothing would train. To continue it, raise training.steps above ", saved.step,
+      " (the learning-rate schedule continues from where it ended); to start over, use another "
+      "checkpoint.dir"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Ops* ops,
-                                                         Allocator* alloc, Comm* comm) {
+                                                         Allocator* alloc, Comm* comm,
+                                                         const std::string& run_id) {
   const int world = comm ? comm->size() : 1;
   if (world != spec.parallel.world) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -98,6 +147,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   t->ops_ = ops;
   t->alloc_ = alloc;
   t->comm_ = comm;
+  t->schedule_ = LrScheduleOf(spec.training);
+  t->state_.run_id = run_id;
+  t->state_.schedule_steps = spec.training.steps;
+  t->state_.source_model = RecordedSourceModel(spec);
   t->world_ = world;
   t->rank_ = comm ? comm->rank() : 0;
   t->dp_ = world / spec.parallel.sp;
@@ -162,6 +215,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   }
   const ParamLayout& layout = t->model_->layout();
   if (latest.ok()) {
+    ASSIGN_OR_RETURN(const TrainState saved, ReadCheckpointState(*latest));
+    RETURN_IF_ERROR(CheckSomethingToResume(spec, *latest, saved, run_id));
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
     ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
@@ -169,6 +224,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     t->optimizer_ = std::move(resumed.optimizer);
     const LoadedCheckpoint& ck = resumed.loaded;
     t->state_ = ck.state;
+    t->state_.run_id = run_id;
+    t->state_.schedule_steps = spec.training.steps;
+    if (t->state_.source_model.empty()) t->state_.source_model = RecordedSourceModel(spec);
+    std::string note;
+    if (ck.state.schedule_steps > 0) {
+      t->schedule_ = ContinueAfterResume(t->schedule_, ck.state.step, ck.state.lr,
+                                         ck.state.schedule_steps, &note);
+    }
+    if (t->rank_ == 0 && !note.empty()) std::printf("%s\n", note.c_str());
     if (t->data_) t->data_->set_position(ck.state.data_position);
     if (t->rank_ == 0) {
       std::printf(
@@ -261,10 +325,10 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
     return absl::DataLossError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1));
   }
   const int64_t step = state_.step + 1;
-  const double lr = LearningRate(step, spec_.training.steps, spec_.training.warmup_steps,
-                                 spec_.training.lr, spec_.training.min_lr);
+  const double lr = schedule_.At(step);
   const Optimizer::StepResult opt = optimizer_->Step(step, lr, grad_sumsq);
   state_.step = step;
+  state_.lr = lr;
   state_.data_position = data_->position();
   state_.tokens += samples * S;
 

@@ -17,6 +17,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/distributed_checkpoint.h"
 #include "engine/train/evaluator.h"
+#include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/token_file.h"
 
@@ -72,9 +73,15 @@ class Trainer {
  public:
   // `spec` must be resolved (engine/spec/resolve.h ResolveJob; CheckResolved), for the dtype
   // `ops` computes in. `comm` spans the job's ranks (spec.parallel.world of them); nullptr means
-  // a single rank.
+  // a single rank. `run_id` names the run (ithaca-worker under ithacad: the daemon and the job)
+  // and is saved in its checkpoints: a relaunch of the same run may resume at its last step
+  // (to redo an evaluation or export a crash cut short); any other run whose checkpoint.dir
+  // holds a checkpoint at or past training.steps is refused, saying so (nothing would train).
+  // A resume with another training.steps keeps the schedule's shape (lr_schedule.h) and says
+  // what changed on rank 0.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, Ops* ops,
-                                                         Allocator* alloc, Comm* comm = nullptr);
+                                                         Allocator* alloc, Comm* comm = nullptr,
+                                                         const std::string& run_id = "");
   // Runs from the current step to spec.training.steps (or to `stop_at_step` when > 0, as if
   // interrupted there). `on_step` (optional) sees every report. With an [eval] section it
   // evaluates every eval.every steps and after the last step (also when a job resumes there),
@@ -87,6 +94,8 @@ class Trainer {
   absl::StatusOr<EvalReport> Evaluate();
 
   const TrainState& state() const { return state_; }
+  // The learning-rate schedule the steps follow (continued after a resume, lr_schedule.h).
+  const LrSchedule& lr_schedule() const { return schedule_; }
   LlamaModel* model() { return model_.get(); }
   // The f32 master weights, whole, per unit (collective: every rank calls it).
   absl::StatusOr<HostWeights> GatherMasterWeights();
@@ -117,6 +126,7 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;  // null without [eval]
   int64_t evaluated_step_ = -1;           // the step of this process's newest evaluation
   TrainState state_;
+  LrSchedule schedule_;
 };
 
 }  // namespace ithaca

@@ -113,6 +113,63 @@ TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
   }
 }
 
+// Resubmitting a spec whose checkpoint.dir holds its finished run trained nothing and
+// succeeded; now it is an error that says so and what to change. A relaunch of the same run
+// (the same run id, as ithacad's workers pass) may still resume there, and raising
+// training.steps continues without the learning-rate jump a re-derived cosine had.
+TEST(TrainerTest, FinishedRunIsRefusedAndRaisingStepsKeepsTheSchedule) {
+  const std::string dir = TmpDir("finished");
+  JobSpec spec = SmallSpec(dir);
+  spec.training.steps = 6;
+  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.checkpoint.dir = dir + "/checkpoints";
+  CpuOps ops;
+  HostAllocator alloc;
+  std::vector<double> lrs;
+  auto record = [&](const StepReport& r) { lrs.push_back(r.lr); };
+  {
+    auto t = Trainer::Create(Resolved(spec), &ops, &alloc, nullptr, "run-a");
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->Run(record).ok());
+  }
+  ASSERT_EQ(lrs.size(), 6u);
+  EXPECT_DOUBLE_EQ(lrs.back(), spec.training.min_lr);
+
+  for (const std::string run_id : {"", "run-b"}) {
+    auto again = Trainer::Create(Resolved(spec), &ops, &alloc, nullptr, run_id);
+    ASSERT_FALSE(again.ok()) << "run id \"" << run_id << "\"";
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+    const std::string msg(again.status().message());
+    EXPECT_NE(msg.find("holds a finished run"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("step 6 of training.steps = 6"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("raise training.steps"), std::string::npos) << msg;
+  }
+  {
+    auto relaunch = Trainer::Create(Resolved(spec), &ops, &alloc, nullptr, "run-a");
+    ASSERT_TRUE(relaunch.ok()) << relaunch.status();
+    EXPECT_EQ((*relaunch)->state().step, 6);
+  }
+  // Lowering the steps below the checkpoint is refused too.
+  JobSpec shorter = spec;
+  shorter.training.steps = 4;
+  auto past = Trainer::Create(Resolved(shorter), &ops, &alloc, nullptr, "run-a");
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(past.status().message().find("past this one's end"), std::string::npos)
+      << past.status();
+
+  JobSpec longer = spec;
+  longer.training.steps = 10;
+  auto more = Trainer::Create(Resolved(longer), &ops, &alloc, nullptr, "run-c");
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ((*more)->state().step, 6);
+  lrs.clear();
+  ASSERT_TRUE((*more)->Run(record).ok());
+  ASSERT_EQ(lrs.size(), 4u);
+  // The cosine ended at min_lr: it stays there (re-derived for 10 steps, step 7 would be far
+  // above it).
+  for (double lr : lrs) EXPECT_DOUBLE_EQ(lr, spec.training.min_lr);
+}
+
 TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
   const std::string dir = TmpDir("short");
   JobSpec spec = SmallSpec(dir);
@@ -302,6 +359,7 @@ TEST(TrainerTest, CorruptCheckpointIsAClearErrorAndNotOverwritten) {
     std::ofstream out(opt, std::ios::binary | std::ios::trunc);
     out.write(bytes->data(), bytes->size() / 2);  // truncated
   }
+  spec.training.steps = 3;  // a continuation (at 2 of 2 the run is finished: another error)
   auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("optimizer.safetensors"), std::string::npos) << t.status();

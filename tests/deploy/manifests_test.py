@@ -508,11 +508,11 @@ class Prometheus(unittest.TestCase):
             for g in load_docs(path)[0]["groups"]:
                 for r in g["rules"]:
                     rules[r.get("record") or r.get("alert")] = r
-        for record in ("job:ithaca_tokens_per_second:sum", "job:ithaca_mfu_ratio:avg"):
+        for record in ("job_id:ithaca_tokens_per_second:sum", "job_id:ithaca_mfu_ratio:avg"):
             self.assertIn(record, rules)
-        self.assertEqual(rules["job:ithaca_tokens_per_second:sum"]["expr"],
+        self.assertEqual(rules["job_id:ithaca_tokens_per_second:sum"]["expr"],
                          "sum by (job_id) (ithaca_tokens_per_second)")
-        self.assertEqual(rules["job:ithaca_mfu_ratio:avg"]["expr"],
+        self.assertEqual(rules["job_id:ithaca_mfu_ratio:avg"]["expr"],
                          "avg by (job_id) (ithaca_mfu_ratio)")
         for alert in ("IthacaJobStalled", "IthacaGPUMemoryNearCapacity", "IthacaWorkerExited",
                       "IthacaJobFailed", "IthacadDown"):
@@ -560,7 +560,7 @@ class Grafana(unittest.TestCase):
         exprs = [t["expr"] for p in self.panels for t in p["targets"]]
         joined = "\n".join(exprs)
         for needle in ("ithaca_gpu_memory_bytes{", "ithaca_gpu_memory_peak_bytes",
-                       "ithaca_tokens_per_second{", "job:ithaca_tokens_per_second:sum",
+                       "ithaca_tokens_per_second{", "job_id:ithaca_tokens_per_second:sum",
                        "ithaca_train_loss", "ithaca_mfu_ratio", "ithaca_jobs",
                        "histogram_quantile(0.9, sum by (job_id, le) (rate(ithaca_step_duration_seconds_bucket",
                        "ithaca_eval_loss{", "ithaca_checkpoint_seconds{", "ithaca_queue_wait_seconds"):

@@ -71,7 +71,7 @@ OPTIONAL = {"ithaca_mfu_ratio"}  # no MFU on a CPU (unknown peak)
 
 
 def optional(expr):
-    """Also true of recorded series derived from them (job:ithaca_mfu_ratio:avg)."""
+    """Also true of recorded series derived from them (job_id:ithaca_mfu_ratio:avg)."""
     return any(n in expr for n in OPTIONAL)
 
 
@@ -223,7 +223,7 @@ class PrometheusLive(unittest.TestCase):
             self.assertTrue(res, r["record"])
             if r["record"].startswith("job"):
                 self.assertEqual({s["metric"]["job_id"] for s in res}, {self.job_id}, r["record"])
-        tps = self.prom.query("job:ithaca_tokens_per_second:sum")["data"]["result"]
+        tps = self.prom.query("job_id:ithaca_tokens_per_second:sum")["data"]["result"]
         self.assertGreater(float(tps[0]["value"][1]), 0)
 
     def variable_values(self, name, variables):
@@ -348,6 +348,25 @@ class PrometheusLive(unittest.TestCase):
             time.sleep(0.5)
         # A cancelled or finished worker ("killed", "ok") is not an alert.
         self.assertFalse({r for a, r in firing if a == "IthacaWorkerExited"} & {"ok", "killed"})
+        # The ended job's throughput and memory are gone, so the node's sums count running
+        # jobs only (they read 36k tok/s on a node doing 250, from finished jobs' gauges); what
+        # it did last (its step) and its name stay.
+        deadline = time.time() + 30
+        while True:
+            left = [self.prom.query(f'{name}{{job_id="{self.job_id}"}}')["data"]["result"]
+                    for name in ("ithaca_tokens_per_second", "ithaca_gpu_memory_bytes",
+                                 "ithaca_gpu_memory_peak_bytes")]
+            node = self.prom.query("sum(ithaca_tokens_per_second)")["data"]["result"]
+            if not any(left) and not node:
+                break
+            if time.time() > deadline:
+                self.fail(f"an ended job's gauges after 30 s: {left}; node sum {node}")
+            time.sleep(0.5)
+        steps = self.prom.query(f'ithaca_train_step{{job_id="{self.job_id}"}}')["data"]["result"]
+        self.assertEqual(len(steps), 2)
+        info = self.prom.query(f'ithaca_job_info{{job_id="{self.job_id}"}}')["data"]["result"]
+        self.assertEqual([(s["metric"]["name"], s["metric"]["model"]) for s in info],
+                         [("live", "tiny")])
 
 
 if __name__ == "__main__":

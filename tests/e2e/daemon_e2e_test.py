@@ -66,20 +66,18 @@ class DaemonE2E(unittest.TestCase):
 
         # /metrics through prometheus_client's own parser.
         fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
-        mine = lambda fam: [s for s in fams[fam].samples if s.labels.get("job_id") == job.id]
-        mem = {s.labels["tier"]: s.value for s in mine("ithaca_gpu_memory_bytes")}
-        for tier in ("params", "grads", "optimizer"):  # held between steps
-            self.assertGreater(mem[tier], 0, tier)
-        peak = {s.labels["tier"]: s.value for s in mine("ithaca_gpu_memory_peak_bytes")}
-        for tier in ("params", "grads", "optimizer", "attention", "activations", "checkpoints"):
-            self.assertGreater(peak[tier], 0, tier)
-            self.assertGreaterEqual(peak[tier], mem[tier], tier)
-        self.assertEqual(set(mem), {"params", "grads", "optimizer", "attention", "activations",
-                                    "checkpoints", "comm", "workspace"})
-        tps = mine("ithaca_tokens_per_second")
-        self.assertEqual([(s.labels["rank"], s.labels["gpu"]) for s in tps], [("0", "0")])
-        self.assertIn("UUID", tps[0].labels)
-        self.assertGreater(tps[0].value, 0)
+        mine = lambda fam: [s for s in (fams[fam].samples if fam in fams else [])
+                             if s.labels.get("job_id") == job.id]
+        # The job ended: its throughput and memory gauges are gone (a sum over the node counts
+        # running jobs only; test_cancel_while_running reads them on a running job), what it did
+        # last stays.
+        for gone in ("ithaca_gpu_memory_bytes", "ithaca_gpu_memory_peak_bytes",
+                     "ithaca_tokens_per_second", "ithaca_host_offload_bytes",
+                     "ithaca_model_flops_per_second"):
+            self.assertEqual(mine(gone), [], gone)
+        info = [s for s in fams["ithaca_job_info"].samples if s.labels["job_id"] == job.id]
+        self.assertEqual([(s.labels["name"], s.labels["model"], s.value) for s in info],
+                         [("e2e", "tiny", 1)])
         hist = {s.name: s.value for s in mine("ithaca_step_duration_seconds")
                 if s.name.endswith("_count")}
         self.assertEqual(hist["ithaca_step_duration_seconds_count"], steps)
@@ -166,6 +164,82 @@ class DaemonE2E(unittest.TestCase):
                       "daemon's host", r.stderr)
         self.assertIn(f"relative to the client's directory {run}", r.stderr)
 
+    def test_cli_verbs_as_kubectl_and_ray_have_them(self):
+        """-f - (the spec on stdin), wait for several jobs, cancel several, the same JSON
+        numbers everywhere, --set errors at the user's line, completion of job ids."""
+        run = self.run_dir("cli_verbs")
+        spec = spec_toml(run, steps=3, name="stdin")
+        r = subprocess.run([os.environ["ITHACA_CLI"], "--server", self.d.address, "submit",
+                            "-f", "-", "-o", "name", "--set", "checkpoint.dir=" + run + "/a"],
+                           input=spec, capture_output=True, text=True, timeout=60, cwd=run)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        a = r.stdout.strip()
+        b = self.d.cli("submit", "-o", "name", "--set", "checkpoint.dir=" + run + "/b",
+                       "--set", "name=second", "-f", self.write(run, "job.toml", spec),
+                       check=True).stdout.strip()
+        w = self.d.cli("wait", a, b, "--timeout", "120")
+        self.assertEqual(w.returncode, 0, w.stdout + w.stderr)
+        # "ID: STATE (reason)" as each ends.
+        self.assertEqual(sorted(l.split(" (")[0] for l in w.stdout.splitlines()),
+                         sorted([f"{a}: SUCCEEDED", f"{b}: SUCCEEDED"]))
+        self.assertEqual(self.d.get(a).name, "stdin")
+        # int64 as numbers and every field, in `logs --steps` as in `status -o json`.
+        steps = [json.loads(l) for l in self.d.cli("logs", a, "--steps", check=True)
+                 .stdout.splitlines()]
+        self.assertEqual([e["step"]["step"] for e in steps], [1, 2, 3])
+        self.assertIsInstance(steps[0]["step"]["tokens"], int)
+        self.assertEqual(steps[0]["step"]["rank"], 0)  # a zero field is there, not dropped
+        status = json.loads(self.d.cli("-o", "json", "status", a, check=True).stdout)
+        self.assertEqual(status["last_steps"][0]["tokens"], steps[-1]["step"]["tokens"])
+        # A wait that times out says which jobs are left; cancel takes several ids.
+        long = [self.d.cli("submit", "-o", "name", "--set", f"checkpoint.dir={run}/l{i}",
+                           "--set", "training.steps=100000", "-f", f"{run}/job.toml",
+                           check=True).stdout.strip() for i in range(2)]
+        w = self.d.cli("wait", *long, "--timeout", "1")
+        self.assertEqual(w.returncode, 1)
+        self.assertIn("timed out after 1 s; still running:", w.stderr)
+        c = self.d.cli("cancel", *long, "--reason", "done")
+        self.assertEqual(c.returncode, 0, c.stderr)
+        self.assertEqual(len(c.stdout.splitlines()), 2)
+        w = self.d.cli("wait", *long)
+        self.assertEqual(w.returncode, 1)  # they did not succeed
+        self.assertEqual(sorted(l.split(":")[1].split()[0] for l in w.stdout.splitlines()),
+                         ["CANCELLED", "CANCELLED"])
+        # A mistyped --set key: named as the --set it came from, not a line past the file's end.
+        r = self.d.cli("submit", f"{run}/job.toml", "--set", "training.stepz=3")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("training.stepz: unknown key", r.stderr)
+        self.assertIn("(from --set training.stepz=3)", r.stderr)
+        # plan --max-seq-len: the longest data.seq_len whose plan fits a 64 MiB budget; the
+        # next multiple does not (checked with plain `plan`, exit 1 when it does not fit).
+        budget = ["--set", "memory.gpu_budget_gib=0.0625"]
+        r = self.d.cli("plan", f"{run}/job.toml", "--max-seq-len", "--multiple-of", "64",
+                       *budget)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        found = int(r.stdout.split("longest data.seq_len that fits: ")[1].split()[0])
+        self.assertEqual(found % 64, 0)
+        self.assertIn("head_chunk", r.stdout)
+        self.assertEqual(self.d.cli("plan", f"{run}/job.toml", *budget, "--set",
+                                    f"data.seq_len={found}").returncode, 0)
+        self.assertEqual(self.d.cli("plan", f"{run}/job.toml", *budget, "--set",
+                                    f"data.seq_len={found + 64}").returncode, 1)
+        # Completion of job ids asks this daemon.
+        script = self.d.cli("completion", "bash", check=True).stdout
+        words = subprocess.run(
+            ["bash", "-c", 'eval "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); '
+             '_ithaca; printf "%s\\n" "${COMPREPLY[@]}"', "_", script,
+             os.environ["ITHACA_CLI"], "--server", self.d.address, "status", ""],
+            capture_output=True, text=True, timeout=60).stdout.split()
+        self.assertIn(a, words)
+        self.assertIn(long[1], words)
+
+    @staticmethod
+    def write(directory, name, text):
+        path = os.path.join(directory, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
     def test_watch_resumes_after_the_connection_drops(self):
         """Python client and CLI watch through a forwarder that drops every connection: each
         sees every step once, in order, and the end."""
@@ -236,6 +310,23 @@ class DaemonE2E(unittest.TestCase):
         self.d.wait(job.id, states=(job_pb2.JOB_STATE_RUNNING,), min_step=2)
         pids = self.d.workers(job.id)
         self.assertEqual(len(pids), 1)
+        # A running rank's gauges, through prometheus_client's own parser.
+        fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
+        mine = lambda fam: [s for s in (fams[fam].samples if fam in fams else [])
+                             if s.labels.get("job_id") == job.id]
+        mem = {s.labels["tier"]: s.value for s in mine("ithaca_gpu_memory_bytes")}
+        for tier in ("params", "grads", "optimizer"):  # held between steps
+            self.assertGreater(mem[tier], 0, tier)
+        peak = {s.labels["tier"]: s.value for s in mine("ithaca_gpu_memory_peak_bytes")}
+        for tier in ("params", "grads", "optimizer", "attention", "activations", "checkpoints"):
+            self.assertGreater(peak[tier], 0, tier)
+            self.assertGreaterEqual(peak[tier], mem[tier], tier)
+        self.assertEqual(set(mem), {"params", "grads", "optimizer", "attention", "activations",
+                                    "checkpoints", "comm", "workspace"})
+        tps = mine("ithaca_tokens_per_second")
+        self.assertEqual([(s.labels["rank"], s.labels["gpu"]) for s in tps], [("0", "0")])
+        self.assertIn("UUID", tps[0].labels)
+        self.assertGreater(tps[0].value, 0)
         t0 = time.time()
         r = self.d.client.cancel(job.id, reason="test")
         self.assertIn(r.state, (job_pb2.JOB_STATE_CANCELLING, job_pb2.JOB_STATE_CANCELLED))

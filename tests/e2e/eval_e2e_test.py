@@ -107,6 +107,8 @@ class EvalE2E(unittest.TestCase):
         r = self.d.cli("submit", spec, "--follow")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn(f"eval step {steps}: loss {evals[1].loss:.4f}", r.stdout)
+        # Once: the worker's own eval line is not shown beside the eval event's.
+        self.assertEqual(r.stdout.count(f"eval step {steps}: loss"), 1, r.stdout)
         self.assertIn("SUCCEEDED", r.stdout)
         only = self.d.get(r.stdout.split()[1])
         self.assertEqual(only.state, job_pb2.JOB_STATE_SUCCEEDED, only.reason)

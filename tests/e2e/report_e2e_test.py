@@ -126,15 +126,16 @@ class ReportE2E(unittest.TestCase):
         for e in events:
             self.assertIn("time", e)
             s = e["step"]
-            by_rank.setdefault(s.get("rank", 0), []).append(s)
-        self.assertEqual([int(s["step"]) for s in by_rank[0]], list(range(1, STEPS + 1)))
-        self.assertEqual([int(s["step"]) for s in by_rank[1]], [10, 20, STEPS])
+            by_rank.setdefault(s["rank"], []).append(s)
+        # Numbers, as in every -o json output (protobuf's JSON mapping gave "1").
+        self.assertEqual([s["step"] for s in by_rank[0]], list(range(1, STEPS + 1)))
+        self.assertEqual([s["step"] for s in by_rank[1]], [10, 20, STEPS])
         for s in by_rank[0]:
             self.assertTrue(0 < s["loss"] < 10, s)
             self.assertGreater(s["tokens_per_second"], 0)
             # Checkpoints every 10 steps and at the end: the save time rides on those steps.
-            saved = int(s["step"]) % 10 == 0 or int(s["step"]) == STEPS
-            self.assertEqual("checkpoint_seconds" in s, saved, s)
+            saved = s["step"] % 10 == 0 or s["step"] == STEPS
+            self.assertEqual(s["checkpoint_seconds"] > 0, saved, s)
         self.assertLess(by_rank[0][-1]["loss"], by_rank[0][0]["loss"])
         # An unknown job is an error naming it.
         bad = self.d.cli("logs", "job-999", "--steps")
@@ -199,6 +200,41 @@ class ReportE2E(unittest.TestCase):
         self.assertLess(white, total * 0.99, "blank page")
         blue = sum(n for c, n in colors.items() if c[2] > 150 and c[0] < 80 and c[1] < 160)
         self.assertGreater(blue, 20, "no plotted line in the first series' colour")
+
+    def test_z_resubmitting_the_finished_run_and_continuing_it(self):
+        """The finished run's spec again is refused, saying so (it succeeded with no step);
+        raising its steps continues it without a learning-rate jump, and the continuation's
+        report covers the whole run."""
+        run = os.path.join(TMP, "run")
+        spec = lambda steps: spec_toml(run, steps=steps, name="report", resume=True,
+                                       extra="[parallel]\nworld = 2\nsp = 2\n")
+        again = self.d.wait(self.d.submit(spec(STEPS)).id, timeout=120)
+        self.assertEqual(again.state, job_pb2.JOB_STATE_FAILED)
+        self.assertIn("holds a finished run", again.reason)
+        self.assertIn(f"is at step {STEPS} of training.steps = {STEPS}", again.reason)
+        self.assertIn("raise training.steps", again.reason)
+        more = self.d.wait(self.d.submit(spec(STEPS + 6)).id, timeout=180)
+        self.assertEqual(more.state, job_pb2.JOB_STATE_SUCCEEDED, more.reason)
+        log = self.d.cli("logs", more.id, "--rank", "0", check=True).stdout
+        self.assertIn(f"training.steps {STEPS} -> {STEPS + 6}: the cosine decay continues", log)
+        steps = [json.loads(l)["step"] for l in
+                 self.d.cli("logs", more.id, "--steps", check=True).stdout.splitlines()]
+        lrs = [s["lr"] for s in steps if s["rank"] == 0]
+        self.assertEqual(len(lrs), 6)
+        first = [json.loads(l)["step"] for l in
+                 self.d.cli("logs", self.job.id, "--steps", check=True).stdout.splitlines()]
+        last_lr = [s["lr"] for s in first if s["rank"] == 0][-1]
+        for lr in lrs:  # the cosine ended at min_lr; it stays there, no jump back up
+            self.assertLessEqual(lr, last_lr * (1 + 1e-9))
+        out = os.path.join(TMP, "report-more.html")
+        r = self.d.cli("report", more.id, "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out) as f:
+            text = f.read()
+        p = Page()
+        p.feed(text)
+        self.assertEqual(len(p.polylines["train loss (rank 0)"]), STEPS + 6)
+        self.assertIn(f"This job resumed a run begun by {self.job.id}", text)
 
 
 if __name__ == "__main__":
