@@ -30,6 +30,17 @@ absl::Status Jobs::Start() {
   return absl::OkStatus();
 }
 
+int Jobs::Detach() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+  }
+  const int left = supervisor_.Detach();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, log] : events_) log->Close();
+  return left;
+}
+
 void Jobs::Shutdown(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -52,11 +63,48 @@ std::string ResumableCheckpoint(const v1::Job& job) {
 
 }  // namespace
 
+std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job) {
+  if (job.state() == v1::JOB_STATE_CANCELLING) return std::nullopt;  // finish the cancel instead
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(job.log_dir());
+  if (!record.ok() || record->job_id != job.id()) return std::nullopt;
+  int alive = 0;
+  for (pid_t pid : record->pids) alive += IsWorkerOf(pid, job.id()) ? 1 : 0;
+  if (alive == 0) return std::nullopt;  // really gone: resumed or failed by Recover
+  if (!scheduler_.Reserve(job.id(), record->slots).ok()) return std::nullopt;
+  std::printf("ithacad: adopting job %s (%s): %d of %zu workers still run\n", job.id().c_str(),
+              JobStateLabel(job.state()).c_str(), alive, record->pids.size());
+  std::fflush(stdout);
+  AdoptOrder order{job.id(), job.spec_toml(), job.log_dir(), *std::move(record),
+                   job.state() == v1::JOB_STATE_RUNNING};
+  // From the history, not the job's last_steps: a daemon killed inside RecordStep may have
+  // written the one and not the other, and the report the rank re-sends must reach the history.
+  order.last_steps.assign(order.record.pids.size(), 0);
+  absl::StatusOr<std::vector<v1::JobEvent>> history = store_->History(job.id());
+  for (const v1::JobEvent& e : history.ok() ? *history : std::vector<v1::JobEvent>()) {
+    const int rank = e.step().rank();
+    if (e.has_step() && rank >= 0 && rank < static_cast<int>(order.last_steps.size())) {
+      order.last_steps[rank] = std::max(order.last_steps[rank], e.step().step());
+    }
+  }
+  return order;
+}
+
 absl::Status Jobs::Recover() {
   ASSIGN_OR_RETURN(
       std::vector<v1::Job> left,
       store_->List({v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLING}, 0));
   for (const v1::Job& job : left) {
+    // Workers outlive the daemon that launched them: take them over when they still run (the
+    // supervisor's thread is not started yet; it rechecks every rank on its first look).
+    std::optional<AdoptOrder> adopt;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      adopt = AdoptableLocked(job);
+    }
+    if (adopt) {
+      supervisor_.Adopt(*adopt);
+      continue;
+    }
     ASSIGN_OR_RETURN(int pgid, store_->ProcessGroup(job.id()));
     const int killed = pgid > 0 ? Supervisor::KillStrayWorkers(pgid, job.id()) : 0;
     const std::string stray = killed > 0 ? absl::StrCat("; killed ", killed, " stray workers")

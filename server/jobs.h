@@ -2,9 +2,9 @@
 // admits jobs (admission.h), stores them (job_store.h), queues them (scheduler.h) and keeps each
 // job's event stream (event_log.h); its Supervisor (supervisor.h) runs the jobs' workers and
 // reports back through the JobOwner interface, which Jobs implements privately. After a restart,
-// jobs that were running are marked FAILED ("daemon restarted") once the supervisor has killed
-// their stray workers, or queued again when they can resume from a checkpoint; queued jobs are
-// queued again.
+// jobs whose workers still run are adopted (server/adoption.h): they go on where they are. Jobs
+// that were running and whose workers are gone are marked FAILED ("daemon restarted"), or queued
+// again when they can resume from a checkpoint; queued jobs are queued again.
 //
 // Jobs, not the supervisor, owns the scheduler: the queue is made of stored jobs that have no
 // processes yet (submit adds, cancel removes, recovery re-queues, GetNode reports), and the
@@ -61,6 +61,9 @@ class Jobs : private JobOwner {
   // Stops every running job (FAILED, `reason`) and waits for its workers. Queued jobs stay queued
   // for the next start. New submissions get UNAVAILABLE from now on.
   void Shutdown(const std::string& reason);
+  // Stops serving and leaves running jobs running, for the next daemon on this state directory
+  // to adopt (a restart, an upgrade). Returns how many were left.
+  int Detach();
 
   // JobService.
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
@@ -100,6 +103,10 @@ class Jobs : private JobOwner {
                std::optional<int> failed_rank) override;
 
   absl::Status Recover();
+  // For a job found STARTING or RUNNING at start whose workers still run (its adoption record
+  // names live workers of the job): the order to adopt them, its slots reserved. nullopt
+  // otherwise.
+  std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job);
   void PublishState(const std::string& id, const v1::Job& job);
   std::shared_ptr<EventLog> EventsLocked(const std::string& id);
 

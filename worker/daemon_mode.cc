@@ -71,29 +71,48 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
   return p;
 }
 
+// A daemon that restarts binds the same socket again: reconnect within a second of it.
+std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
+}
+
+// The daemon is not there (stopped, restarting; CANCELLED: a call in flight when it stopped):
+// try again later. The daemon ignores a step report it already recorded.
+bool DaemonAway(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         st.error_code() == grpc::StatusCode::CANCELLED;
+}
+
 // One rank's connection to the daemon, and the heartbeat thread.
 class DaemonLink {
  public:
   explicit DaemonLink(const DaemonWorkerOptions& o)
-      : o_(o),
-        stub_(v1::WorkerService::NewStub(
-            grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials()))) {}
+      : o_(o), stub_(v1::WorkerService::NewStub(DaemonChannel(o.socket))) {}
   ~DaemonLink() {
     FlushReports();
     StopHeartbeats();
   }
 
-  absl::StatusOr<v1::RegisterResponse> Register() {
+  // `reattach`: this rank registered with an earlier daemon, which went away.
+  absl::StatusOr<v1::RegisterResponse> Register(bool reattach = false) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(In(30000));
+    ctx.set_deadline(In(reattach ? 5000 : 30000));
     ctx.set_wait_for_ready(true);  // the daemon may still be binding its socket
     v1::RegisterRequest req;
     req.set_job_id(o_.job_id);
     req.set_rank(o_.rank);
     req.set_pid(getpid());
+    req.set_secret(o_.secret);
+    req.set_reattach(reattach);
     v1::RegisterResponse resp;
     grpc::Status st = stub_->Register(&ctx, req, &resp);
     if (!st.ok()) {
+      if (reattach && DaemonAway(st)) return absl::UnavailableError(st.error_message());
       return absl::Status(
           static_cast<absl::StatusCode>(st.error_code()),
           absl::StrCat("register with ithacad at ", o_.socket, ": ", st.error_message()));
@@ -132,37 +151,65 @@ class DaemonLink {
     stub_->Log(&ctx, req, &ack);
   }
 
-  // Heart-beats every `interval_ms`. When the daemon says the job is over, or cannot be reached
-  // for a while, the rank stops as if it got SIGTERM, and exits outright if a step hangs.
-  void StartHeartbeats(int interval_ms) {
-    thread_ = std::thread([this, interval_ms] {
-      const auto lost_after = std::chrono::milliseconds(std::max(10000, 10 * interval_ms));
+  // The rank's exit code, for a daemon that adopted the rank and cannot waitpid it.
+  void Exiting(int code) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(5000));
+    v1::ExitingRequest req;
+    req.set_job_id(o_.job_id);
+    req.set_rank(o_.rank);
+    req.set_exit_code(code);
+    v1::Ack ack;
+    stub_->Exiting(&ctx, req, &ack);
+  }
+
+  // Heart-beats every `interval_ms`. When the daemon goes away, the rank trains on and
+  // re-attaches to the one that comes back (the step reports wait in their queue meanwhile).
+  // When the daemon says the job is over, or does not know it, the rank stops as if it got
+  // SIGTERM; when none answers for `lost_timeout_ms` (0: ten intervals, at least 10 s), it exits
+  // outright, even in the middle of a step.
+  void StartHeartbeats(int interval_ms, int lost_timeout_ms) {
+    thread_ = std::thread([this, interval_ms, lost_timeout_ms] {
+      const auto lost_after = std::chrono::milliseconds(
+          lost_timeout_ms > 0 ? lost_timeout_ms : std::max(10000, 10 * interval_ms));
       auto last_ok = std::chrono::steady_clock::now();
+      bool away = false;  // the daemon stopped answering: re-attach when one answers again
       std::unique_lock<std::mutex> lock(mu_);
       while (!done_) {
         cv_.wait_for(lock, std::chrono::milliseconds(interval_ms));
         if (done_) break;
         lock.unlock();
-        grpc::ClientContext ctx;
-        ctx.set_deadline(In(5000));
-        v1::HeartbeatRequest req;
-        req.set_job_id(o_.job_id);
-        req.set_rank(o_.rank);
-        v1::Ack ack;
-        grpc::Status st = stub_->Heartbeat(&ctx, req, &ack);
+        grpc::Status st = away ? Reattach() : Beat();
         const auto now = std::chrono::steady_clock::now();
         if (st.ok()) {
+          if (away) std::fprintf(stderr, "rank %d: re-attached to ithacad\n", o_.rank);
+          away = false;
           last_ok = now;
-        } else if (st.error_code() == grpc::StatusCode::ABORTED ||
-                   st.error_code() == grpc::StatusCode::NOT_FOUND) {
+        } else if (DaemonAway(st) || st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+          // FAILED_PRECONDITION from Heartbeat: a new daemon adopted the job and waits for this
+          // rank to re-attach.
+          if (!away) {
+            std::fprintf(stderr, "rank %d: ithacad away (%s); training on, waiting for it\n",
+                         o_.rank, st.error_message().c_str());
+          }
+          away = true;
+          if (now - last_ok > lost_after) {
+            std::fprintf(stderr, "rank %d: ithacad unreachable for %lld s (%s); exiting\n", o_.rank,
+                         static_cast<long long>(
+                             std::chrono::duration_cast<std::chrono::seconds>(lost_after).count()),
+                         st.error_message().c_str());
+            std::fflush(stderr);
+            _exit(kExitKilled);
+          }
+        } else {  // ABORTED: the job is ending; NOT_FOUND, PERMISSION_DENIED: not ours any more
           std::fprintf(stderr, "rank %d: %s; stopping\n", o_.rank, st.error_message().c_str());
           g_stop.store(true);
-        } else if (now - last_ok > lost_after) {
-          std::fprintf(stderr, "rank %d: ithacad unreachable (%s); exiting\n", o_.rank,
-                       st.error_message().c_str());
-          std::fflush(stderr);
-          _exit(kExitKilled);
+          if (st.error_code() != grpc::StatusCode::ABORTED) {
+            reports_abandoned_.store(true);  // no daemon will take them
+            report_cv_.notify_all();
+          }
         }
+        std::fflush(stderr);
         lock.lock();
       }
     });
@@ -180,6 +227,23 @@ class DaemonLink {
  private:
   using Report = std::variant<v1::StepReport, v1::EvalReport>;
 
+  grpc::Status Beat() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(5000));
+    v1::HeartbeatRequest req;
+    req.set_job_id(o_.job_id);
+    req.set_rank(o_.rank);
+    v1::Ack ack;
+    return stub_->Heartbeat(&ctx, req, &ack);
+  }
+
+  grpc::Status Reattach() {
+    absl::StatusOr<v1::RegisterResponse> r = Register(/*reattach=*/true);
+    if (r.ok()) return grpc::Status::OK;
+    return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()),
+                        std::string(r.status().message()));
+  }
+
   void Queue(Report report) {
     {
       std::lock_guard<std::mutex> lock(report_mu_);
@@ -194,30 +258,39 @@ class DaemonLink {
     while (true) {
       report_cv_.wait(lock, [this] { return reports_done_ || !reports_.empty(); });
       if (reports_.empty()) return;  // done and drained
-      Report report = std::move(reports_.front());
-      reports_.pop_front();
+      Report report = reports_.front();
       lock.unlock();
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(10000));
-      v1::Ack ack;
-      grpc::Status st;
-      if (auto* step = std::get_if<v1::StepReport>(&report)) {
-        v1::ReportStepRequest req;
-        req.set_job_id(o_.job_id);
-        *req.mutable_step() = std::move(*step);
-        st = stub_->ReportStep(&ctx, req, &ack);
-      } else {
-        v1::ReportEvalRequest req;
-        req.set_job_id(o_.job_id);
-        *req.mutable_eval() = std::move(std::get<v1::EvalReport>(report));
-        st = stub_->ReportEval(&ctx, req, &ack);
+      grpc::Status st = Send(report);
+      lock.lock();
+      // The daemon is away (restarting): the report waits at the head of the queue, so the next
+      // daemon gets every step in order. The heartbeat thread ends the wait, one way or another.
+      if (DaemonAway(st) && !reports_abandoned_.load()) {
+        report_cv_.wait_for(lock, std::chrono::milliseconds(200),
+                            [this] { return reports_abandoned_.load(); });
+        continue;
       }
+      reports_.pop_front();
       if (!st.ok()) {
         std::fprintf(stderr, "rank %d: report %s: %s\n", o_.rank,
                      report.index() == 0 ? "step" : "eval", st.error_message().c_str());
       }
-      lock.lock();
     }
+  }
+
+  grpc::Status Send(const Report& report) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10000));
+    v1::Ack ack;
+    if (const auto* step = std::get_if<v1::StepReport>(&report)) {
+      v1::ReportStepRequest req;
+      req.set_job_id(o_.job_id);
+      *req.mutable_step() = *step;
+      return stub_->ReportStep(&ctx, req, &ack);
+    }
+    v1::ReportEvalRequest req;
+    req.set_job_id(o_.job_id);
+    *req.mutable_eval() = std::get<v1::EvalReport>(report);
+    return stub_->ReportEval(&ctx, req, &ack);
   }
 
   DaemonWorkerOptions o_;
@@ -226,6 +299,8 @@ class DaemonLink {
   std::condition_variable report_cv_;
   std::deque<Report> reports_;
   bool reports_done_ = false;
+  // The daemon disowned the job: queued reports are dropped instead of waited on.
+  std::atomic<bool> reports_abandoned_{false};
   std::thread sender_;
   std::thread thread_;
   std::mutex mu_;
@@ -286,6 +361,7 @@ absl::StatusOr<DaemonWorkerOptions> DaemonWorkerOptionsFromEnv(const std::string
   DaemonWorkerOptions o;
   o.socket = socket_flag.empty() ? env("ITHACA_DAEMON_SOCKET") : socket_flag;
   o.job_id = job_flag.empty() ? env("ITHACA_JOB_ID") : job_flag;
+  o.secret = env("ITHACA_JOB_SECRET");
   if (o.socket.empty()) return absl::InvalidArgumentError("--daemon: no socket path given");
   if (o.job_id.empty()) return absl::InvalidArgumentError("--job: no job id given");
   const std::string rank = env("ITHACA_RANK"), world = env("ITHACA_WORLD_SIZE");
@@ -312,15 +388,17 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
     std::fprintf(stderr, "rank %d: %s\n", o.rank, reg.status().ToString().c_str());
     return kExitError;
   }
-  link.StartHeartbeats(std::max(50, reg->heartbeat_interval_ms()));
+  link.StartHeartbeats(std::max(50, reg->heartbeat_interval_ms()), reg->daemon_lost_timeout_ms());
   absl::StatusOr<JobSpec> spec = ParseJobSpec(reg->spec_toml(), "job " + o.job_id);
   absl::Status st = spec.ok() ? Train(o, *spec, link) : spec.status();
   link.FlushReports();
   if (!st.ok())
     link.Log(st.code() == absl::StatusCode::kCancelled ? "INFO" : "ERROR",
              std::string(st.message()));
+  const int code = ExitCodeFor(st);
+  link.Exiting(code);
   link.StopHeartbeats();
-  return ExitCodeFor(st);
+  return code;
 }
 
 }  // namespace ithaca

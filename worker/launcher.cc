@@ -110,7 +110,7 @@ std::map<std::string, std::string> BaseEnvironment(
 // In the child: only async-signal-safe calls until exec.
 [[noreturn]] void ExecRank(pid_t parent, pid_t pgid, const char* path, char* const* argv,
                            char* const* envp, int in_fd, int out_fd, int err_fd,
-                           const RunAs* run_as) {
+                           const RunAs* run_as, bool die_with_launcher) {
   setpgid(0, pgid);  // rank 0 founds the group (pgid 0: its own pid)
   struct sigaction dfl = {};
   dfl.sa_handler = SIG_DFL;
@@ -130,9 +130,11 @@ std::map<std::string, std::string> BaseEnvironment(
     if (setuid(run_as->uid) != 0) ExitWithError("setuid", errno);
     if (setuid(0) == 0) ExitWithError("dropping root (setuid(0) still works)", 0);
   }
-  // After the credentials change, which clears the parent-death signal.
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  if (die_with_launcher) {
+    // After the credentials change, which clears the parent-death signal.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  }
   close_range(3, ~0U, 0);               // nothing of the launcher's leaks into a rank
   execve(path, argv, envp);
   int err = errno;
@@ -250,7 +252,7 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
     const pid_t pid = fork();
     if (pid == 0) {
       ExecRank(parent, pgid, path.c_str(), argv.data(), envp.data(), null_fd, out_fd, err_fd,
-               spec.run_as ? &*spec.run_as : nullptr);
+               spec.run_as ? &*spec.run_as : nullptr, spec.die_with_launcher);
     }
     const int fork_errno = errno;
     if (log_fd >= 0) close(log_fd);
