@@ -538,6 +538,12 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(
       r.Require(s.eval.batches >= 1 && s.eval.batches <= kMaxEvalBatches, "eval.batches",
                 absl::StrCat("must be in [1, ", kMaxEvalBatches, "], got ", s.eval.batches)));
+  RETURN_IF_ERROR(r.Require(s.retry.max_restarts >= 0 && s.retry.max_restarts <= 1000,
+                            "retry.max_restarts",
+                            absl::StrCat("must be in 0..1000, got ", s.retry.max_restarts)));
+  RETURN_IF_ERROR(r.Require(
+      s.retry.backoff_seconds >= 0 && s.retry.backoff_seconds <= 86400, "retry.backoff_seconds",
+      absl::StrCat("must be in 0..86400, got ", FormatDouble(s.retry.backoff_seconds))));
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
   return absl::OkStatus();
@@ -610,6 +616,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
         {"keep", r.Int(&s.checkpoint.keep)},
         {"export", r.Str(&s.checkpoint.export_dtype)}}},
       {"metrics", {{"log_every", r.Int(&s.metrics.log_every)}}},
+      {"retry",
+       {{"max_restarts", r.Int(&s.retry.max_restarts)},
+        {"backoff_seconds", r.Float(&s.retry.backoff_seconds)}}},
       {"eval",
        {{"path", r.Str(&s.eval.path)},
         {"every", r.Int(&s.eval.every)},
@@ -670,6 +679,8 @@ std::string JobSpecToToml(const JobSpec& s) {
                   "\nkeep = ", s.checkpoint.keep, "\nexport = ", Quote(s.checkpoint.export_dtype),
                   "\n");
   absl::StrAppend(&out, "\n[metrics]\nlog_every = ", s.metrics.log_every, "\n");
+  absl::StrAppend(&out, "\n[retry]\nmax_restarts = ", s.retry.max_restarts,
+                  "\nbackoff_seconds = ", FormatDouble(s.retry.backoff_seconds), "\n");
   if (!s.eval.path.empty()) {  // no section: no evaluation
     absl::StrAppend(&out, "\n[eval]\npath = ", Quote(s.eval.path), "\nevery = ", s.eval.every,
                     "\nbatches = ", s.eval.batches, "\n");
