@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "ithaca/v1/job.pb.h"
 #include "server/admission.h"
 #include "server/event_log.h"
@@ -100,7 +101,12 @@ class Jobs : private JobOwner {
   absl::Status OnEval(const std::string& job_id, const v1::EvalReport& eval) override;
   void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) override;
   void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
-               std::optional<int> failed_rank) override;
+               std::optional<int> failed_rank, bool retryable) override;
+  // A failed job's [retry] policy: when it has restarts left, the job goes QUEUED again
+  // ("restart N of M ...", resuming from its newest checkpoint) and joins the queue after its
+  // backoff; true then.
+  bool RestartLocked(const std::string& job_id, const std::string& reason,
+                     std::optional<int> failed_rank);
 
   absl::Status Recover();
   // For a job found STARTING or RUNNING at start whose workers still run (its adoption record
@@ -117,6 +123,12 @@ class Jobs : private JobOwner {
   std::mutex mu_;
   Scheduler scheduler_;
   std::map<std::string, std::shared_ptr<EventLog>> events_;
+  // Restarted jobs waiting out their backoff before they join the queue.
+  struct BackingOff {
+    absl::Time due;
+    int world = 1;
+  };
+  std::map<std::string, BackingOff> backing_off_;
   bool shutting_down_ = false;
   // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
   Supervisor supervisor_;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
+#include "worker/exit_codes.h"
 
 namespace ithaca {
 
@@ -184,7 +185,8 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   absl::StatusOr<std::string> secret = NewJobSecret();
   if (!secret.ok()) {
     owner_->OnEnded(a->id, v1::JOB_STATE_FAILED,
-                    absl::StrCat("launch failed: ", secret.status().message()), std::nullopt);
+                    absl::StrCat("launch failed: ", secret.status().message()), std::nullopt,
+                    /*retryable=*/false);
     return;
   }
   a->secret = *secret;
@@ -210,7 +212,8 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
       st.ok() ? Launcher::Launch(l) : absl::StatusOr<WorkerGroup>(st);
   if (!group.ok()) {
     owner_->OnEnded(a->id, v1::JOB_STATE_FAILED,
-                    absl::StrCat("launch failed: ", group.status().message()), std::nullopt);
+                    absl::StrCat("launch failed: ", group.status().message()), std::nullopt,
+                    /*retryable=*/false);
     return;
   }
   a->pgid = group->pgid;
@@ -224,7 +227,7 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
       while (!Launcher::Poll(pid)) absl::SleepFor(absl::Milliseconds(1));
     }
     owner_->OnEnded(a->id, v1::JOB_STATE_FAILED, absl::StrCat("launch failed: ", wrote.message()),
-                    std::nullopt);
+                    std::nullopt, /*retryable=*/false);
     return;
   }
   for (size_t r = 0; r < group->pids.size(); ++r) {
@@ -256,6 +259,18 @@ void Supervisor::EndLocked(Active& job, JobState outcome, const std::string& rea
     job.kill_deadline = absl::Now() + options_.grace_period;
   }
 }
+
+namespace {
+
+// A rank's end that another attempt need not repeat: killed, crashed, an I/O or collective
+// error. A bad spec, a NaN loss and running out of memory would fail again the same way.
+bool IsRetryable(const WorkerEnd& end) {
+  if (end.signaled) return true;
+  return end.code != kExitBadSpec && end.code != kExitNanLoss && end.code != kExitOutOfMemory &&
+         end.code != kExitOk;
+}
+
+}  // namespace
 
 std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank) {
   if (!rank.adopted) return Launcher::Poll(rank.pid);
@@ -298,6 +313,7 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
             : absl::StrCat("rank ", *culprit, " ", rank.exit->Describe());
     if (!rank.last_error.empty()) absl::StrAppend(&reason, ": ", rank.last_error);
     EndLocked(job, v1::JOB_STATE_FAILED, reason, static_cast<int>(*culprit), /*sigkill_now=*/true);
+    job.retryable = rank.vanished || IsRetryable(*rank.exit);
   }
   if (job.ending) {
     if (!job.killed && now >= job.kill_deadline) {
@@ -323,6 +339,7 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
                 absl::StrCat("rank ", r, " (pid ", rank.pid, ") stopped heart-beating: none for ",
                              absl::FormatDuration(now - rank.last_heartbeat)),
                 static_cast<int>(r), true);
+      job.retryable = true;  // a hung rank, a lost node
       return;
     }
     if (!rank.registered && now - job.launched > options_.start_timeout) {
@@ -331,6 +348,7 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
                              rank.adopted ? "re-attach after the daemon restart" : "register",
                              " within ", absl::FormatDuration(options_.start_timeout)),
                 static_cast<int>(r), true);
+      job.retryable = true;
       return;
     }
   }
@@ -350,7 +368,8 @@ void Supervisor::FinalizeLocked(Active& job) {
     job.outcome = v1::JOB_STATE_FAILED;
     job.reason = "workers exited";
   }
-  owner_->OnEnded(job.id, job.outcome, job.reason, job.failed_rank);
+  owner_->OnEnded(job.id, job.outcome, job.reason, job.failed_rank,
+                  job.outcome == v1::JOB_STATE_FAILED && job.retryable);
   metrics_->OnJobFinished(job.id);
 }
 

@@ -81,8 +81,10 @@ class JobOwner {
   // Lines a rank wrote to its log since the last call.
   virtual void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) = 0;
   // The job is over: every worker is gone, or none could be started. Its slots are free again.
+  // `retryable`: a FAILED job whose failure need not repeat (a rank killed, crashed or silent;
+  // not a bad spec, a NaN loss or out of memory), which its retry policy may queue again.
   virtual void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
-                       std::optional<int> failed_rank) = 0;
+                       std::optional<int> failed_rank, bool retryable) = 0;
 };
 
 class Supervisor {
@@ -176,6 +178,7 @@ class Supervisor {
     JobState outcome = v1::JOB_STATE_UNSPECIFIED;
     std::string reason;
     std::optional<int> failed_rank;
+    bool retryable = false;  // see JobOwner::OnEnded
     absl::Time kill_deadline;
     bool killed = false;  // SIGKILL sent
   };

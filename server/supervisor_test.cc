@@ -31,6 +31,7 @@ struct Ended {
   JobState outcome;
   std::string reason;
   std::optional<int> failed_rank;
+  bool retryable = false;
 };
 
 // Hands out the orders it is given and records every report, in order.
@@ -79,9 +80,9 @@ class RecordingOwner : public JobOwner {
     for (std::string& l : lines) logs_[id].push_back(absl::StrCat(rank, ": ", l));
   }
   void OnEnded(const std::string& id, JobState outcome, const std::string& reason,
-               std::optional<int> failed_rank) override {
+               std::optional<int> failed_rank, bool retryable) override {
     std::lock_guard<std::mutex> lock(mu_);
-    ended_[id] = Ended{outcome, reason, failed_rank};
+    ended_[id] = Ended{outcome, reason, failed_rank, retryable};
     cv_.notify_all();
   }
 
@@ -152,6 +153,7 @@ TEST(SupervisorTest, AWorkerThatExitsNonZeroFailsItsJob) {
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_EQ(end->reason, "rank 0 exited with code 1 (error)");
   EXPECT_EQ(end->failed_rank, 0);
+  EXPECT_TRUE(end->retryable);  // an error need not repeat
   EXPECT_EQ(owner.States("job-false"), std::vector<JobState>{v1::JOB_STATE_STARTING});
   EXPECT_EQ(supervisor.running_jobs(), 0);
   EXPECT_NE(metrics.Render().find("ithaca_worker_exits_total{reason=\"error\"} 1"),
@@ -177,6 +179,7 @@ TEST(SupervisorTest, OneFailedRankKillsTheOthersAndIsNamedWithItsLastLines) {
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_EQ(end->reason, "rank 1 exited with code 3 (out of memory)");
   EXPECT_EQ(end->failed_rank, 1);
+  EXPECT_FALSE(end->retryable);  // out of memory by plan: it would again
   // Rank 0 was killed at once (not after its 30 s sleep, nor the grace period).
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   const std::vector<std::string> logs = owner.Logs("job-two");
@@ -204,6 +207,7 @@ TEST(SupervisorTest, TheKilledRankIsNamedOverPeersThatFailedAfterIt) {
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_EQ(end->failed_rank, 1) << end->reason;
   EXPECT_EQ(end->reason.rfind("rank 1 ", 0), 0u) << end->reason;
+  EXPECT_TRUE(end->retryable);
 }
 
 TEST(SupervisorTest, CancelStopsTheWorkersThenReportsCancelled) {
