@@ -413,8 +413,7 @@ void Jobs::OnLogLines(const std::string& job_id, int rank, std::vector<std::stri
   }
 }
 
-bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason,
-                         std::optional<int> failed_rank) {
+bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason) {
   absl::StatusOr<v1::Job> job = store_->Get(job_id);
   if (!job.ok() || shutting_down_) return false;
   absl::StatusOr<JobSpec> spec = ParseJobSpec(job->spec_toml(), "job " + job_id);
@@ -427,8 +426,7 @@ bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason,
       job_id, v1::JOB_STATE_QUEUED,
       absl::StrCat(kRestartReason, restarts + 1, " of ", spec->retry.max_restarts, " in ", backoff,
                    " s, ", checkpoint.empty() ? "from the start" : "from " + checkpoint,
-                   "; after: ", reason),
-      failed_rank);
+                   "; after: ", reason));  // which names the rank: failed_rank is for FAILED
   if (!queued.ok()) return false;
   PublishState(job_id, *queued);
   backing_off_[job_id] = {absl::Now() + absl::Seconds(backoff), spec->parallel.world};
@@ -442,7 +440,7 @@ void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::strin
     std::lock_guard<std::mutex> lock(mu_);
     scheduler_.Release(job_id);
     // Its [retry] policy may queue it again: the event stream goes on.
-    if (retryable && RestartLocked(job_id, reason, failed_rank)) return;
+    if (retryable && RestartLocked(job_id, reason)) return;
     auto done = store_->Transition(job_id, outcome, reason, failed_rank);
     if (!done.ok()) {
       std::fprintf(stderr, "ithacad: %s\n", done.status().ToString().c_str());

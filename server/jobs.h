@@ -105,8 +105,7 @@ class Jobs : private JobOwner {
   // A failed job's [retry] policy: when it has restarts left, the job goes QUEUED again
   // ("restart N of M ...", resuming from its newest checkpoint) and joins the queue after its
   // backoff; true then.
-  bool RestartLocked(const std::string& job_id, const std::string& reason,
-                     std::optional<int> failed_rank);
+  bool RestartLocked(const std::string& job_id, const std::string& reason);
 
   absl::Status Recover();
   // For a job found STARTING or RUNNING at start whose workers still run (its adoption record
