@@ -75,6 +75,10 @@ ABSL_FLAG(double, daemon_lost_timeout_s, 300,
 ABSL_FLAG(bool, stop_jobs_on_exit, false,
           "SIGTERM / SIGINT fail the running jobs; default: they go on, and the next ithacad on "
           "this state directory adopts them");
+ABSL_FLAG(bool, drain_on_exit, false,
+          "SIGTERM / SIGINT first ask running jobs that can resume to checkpoint and stop, and "
+          "queue them again for the next ithacad; the others are left running");
+ABSL_FLAG(double, drain_timeout_s, 300, "--drain-on-exit: how long to wait for the checkpoints");
 ABSL_FLAG(bool, allow_root_workers, false,
           "When ithacad runs as root without --worker-user: run workers as root anyway");
 
@@ -170,6 +174,9 @@ struct DaemonOptions {
   // On SIGTERM / SIGINT: fail the running jobs (the old way) instead of leaving them to the
   // next daemon.
   bool stop_jobs_on_exit = false;
+  // On SIGTERM / SIGINT: drain the running jobs first (Jobs::Drain), waiting up to this long.
+  bool drain_on_exit = false;
+  absl::Duration drain_timeout;
 };
 
 // The state directory: --state-dir, else the default; created, and made absolute.
@@ -259,6 +266,11 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.health_listen = absl::GetFlag(FLAGS_health_listen);
   o.stop_jobs_on_exit = absl::GetFlag(FLAGS_stop_jobs_on_exit);
+  o.drain_on_exit = absl::GetFlag(FLAGS_drain_on_exit);
+  o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  if (o.stop_jobs_on_exit && o.drain_on_exit) {
+    return absl::InvalidArgumentError("--stop-jobs-on-exit and --drain-on-exit: choose one");
+  }
   ASSIGN_OR_RETURN(o.state_dir, StateDirFromFlags());
   o.jobs.state_dir = o.state_dir;
   ASSIGN_OR_RETURN(o.jobs.allowed_roots, AllowedRootsFromFlags(o.state_dir));
@@ -453,6 +465,11 @@ absl::Status Serve(DaemonOptions o) {
   if (o.stop_jobs_on_exit) {
     jobs.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
   } else {
+    if (o.drain_on_exit) {
+      const int drained = jobs.Drain(o.drain_timeout);
+      std::printf("ithacad: drained %d job%s (checkpointed, queued again)\n", drained,
+                  drained == 1 ? "" : "s");
+    }
     const int left = jobs.Detach();
     if (left > 0) {
       std::printf("ithacad: left %d running job%s to the next ithacad on %s\n", left,

@@ -31,6 +31,22 @@ absl::Status Jobs::Start() {
   return absl::OkStatus();
 }
 
+int Jobs::Drain(absl::Duration timeout) {
+  std::vector<std::string> resumable;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;  // no new submissions, no new launches
+    absl::StatusOr<std::vector<v1::Job>> running = store_->List({v1::JOB_STATE_RUNNING}, 0);
+    for (const v1::Job& job : running.ok() ? *running : std::vector<v1::Job>()) {
+      absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job " + job.id());
+      if (spec.ok() && spec->checkpoint.resume && !spec->checkpoint.dir.empty()) {
+        resumable.push_back(job.id());
+      }
+    }
+  }
+  return supervisor_.Drain(resumable, timeout);
+}
+
 int Jobs::Detach() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -331,6 +347,7 @@ void Jobs::RefreshJobCounts() {
 
 std::vector<LaunchOrder> Jobs::TakeLaunches() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return {};  // draining or stopping: queued jobs wait for the next daemon
   // Restarted jobs whose backoff is over join the queue (at its end, as a new submission).
   const absl::Time now = absl::Now();
   for (auto it = backing_off_.begin(); it != backing_off_.end();) {

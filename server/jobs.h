@@ -65,6 +65,10 @@ class Jobs : private JobOwner {
   // Stops serving and leaves running jobs running, for the next daemon on this state directory
   // to adopt (a restart, an upgrade). Returns how many were left.
   int Detach();
+  // Before Detach (ithacad --drain-on-exit): asks every running job that can resume (a
+  // checkpoint.dir, checkpoint.resume) to checkpoint and stop, and queues it again for the next
+  // daemon; waits up to `timeout`. Stops admitting. Returns how many were drained.
+  int Drain(absl::Duration timeout);
 
   // JobService.
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);

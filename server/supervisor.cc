@@ -71,6 +71,25 @@ int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
   return killed;
 }
 
+int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<std::string> draining;
+  for (const std::string& id : job_ids) {
+    auto it = active_.find(id);
+    if (it == active_.end() || it->second->ending || !it->second->running) continue;
+    it->second->draining = true;
+    Launcher::SignalGroup(it->second->pgid, SIGUSR1);
+    draining.push_back(id);
+  }
+  wake_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+    return std::none_of(draining.begin(), draining.end(),
+                        [&](const std::string& id) { return active_.count(id) > 0; });
+  });
+  int drained = 0;
+  for (const std::string& id : draining) drained += active_.count(id) == 0 ? 1 : 0;
+  return drained;
+}
+
 int Supervisor::Detach() {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) return 0;
@@ -298,7 +317,8 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     rank.exit = PollRankLocked(job, rank);
     if (!rank.exit) continue;
     metrics_->OnWorkerExit(rank.exit->Reason());
-    const bool ok = !rank.exit->signaled && rank.exit->code == 0;
+    const bool ok = !rank.exit->signaled && (rank.exit->code == kExitOk ||
+                                             (job.draining && rank.exit->code == kExitDrained));
     if (!ok && (!culprit || (rank.exit->signaled && !job.ranks[*culprit].exit->signaled))) {
       culprit = r;
     }
@@ -325,6 +345,16 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   const bool all_ok = std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
     return x.exit && !x.exit->signaled && x.exit->code == 0;
   });
+  const bool all_drained = std::all_of(job.ranks.begin(), job.ranks.end(), [&](const Rank& x) {
+    return x.exit && !x.exit->signaled && (x.exit->code == kExitDrained || x.exit->code == 0);
+  });
+  if (job.draining && all_drained && !all_ok) {
+    EndLocked(job, v1::JOB_STATE_QUEUED,
+              "drained by ithacad: checkpointed and stopped; it resumes from that checkpoint "
+              "when a daemon runs it again",
+              std::nullopt, false);
+    return;
+  }
   if (all_ok) {
     EndLocked(job, v1::JOB_STATE_SUCCEEDED,
               absl::StrCat("all ", job.ranks.size(), " ranks finished"), std::nullopt, false);

@@ -119,6 +119,11 @@ class Supervisor {
   // Stops every running job (FAILED, `reason`), waits for its workers, stops the thread; nothing
   // is launched from now on.
   void Shutdown(const std::string& reason);
+  // Asks the running jobs in `job_ids` to checkpoint and stop (SIGUSR1: the ranks agree on the
+  // step, write a checkpoint together and exit with kExitDrained); each is reported QUEUED
+  // ("drained ...") once its workers are gone. Waits up to `timeout` for them; returns how many
+  // were drained. Jobs still running then are left to Detach.
+  int Drain(const std::vector<std::string>& job_ids, absl::Duration timeout);
   // Stops the thread and leaves every running job's workers alone (a daemon restart or upgrade):
   // the next daemon adopts them. Nothing is launched from now on; returns how many jobs were left
   // running.
@@ -179,6 +184,7 @@ class Supervisor {
     std::string reason;
     std::optional<int> failed_rank;
     bool retryable = false;  // see JobOwner::OnEnded
+    bool draining = false;   // Drain asked it to checkpoint and stop
     absl::Time kill_deadline;
     bool killed = false;  // SIGKILL sent
   };

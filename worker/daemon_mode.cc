@@ -28,8 +28,31 @@ namespace ithaca {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_drain{false};
 
 void OnSigterm(int) { g_stop.store(true); }
+void OnSigusr1(int) { g_drain.store(true); }
+
+// What the ranks agreed to do before the next step: a signal reaches each rank at its own time,
+// so they agree (one small all-reduce per step) and all stop after the same step, which is what
+// lets a drain write a checkpoint together.
+struct StopRequest {
+  bool stop = false;   // SIGTERM on some rank: stop
+  bool drain = false;  // SIGUSR1 on some rank: checkpoint, then stop
+};
+
+absl::StatusOr<StopRequest> AgreeOnStop(Rank& rank) {
+  StopRequest mine{g_stop.load(), g_drain.load()};
+  Comm* comm = rank.comm();
+  if (comm == nullptr || comm->size() == 1) return mine;
+  LlamaModel* model = rank.trainer().model();
+  ASSIGN_OR_RETURN(Buffer buf, Buffer::Make(model->allocator(), DType::kF32, {2}, Tier::kComm));
+  float flags[2] = {mine.stop ? 1.f : 0.f, mine.drain ? 1.f : 0.f};
+  model->ops()->Upload(flags, DType::kF32, buf.tensor());
+  RETURN_IF_ERROR(comm->AllReduce(buf.tensor()));
+  model->ops()->Download(buf.tensor(), flags, DType::kF32);
+  return StopRequest{flags[0] > 0, flags[1] > 0};
+}
 
 std::chrono::system_clock::time_point In(int ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -308,7 +331,8 @@ class DaemonLink {
   bool done_ = false;
 };
 
-absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link) {
+absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link,
+                   bool* drained) {
   // The rank's identity and rendezvous come from the launcher's ITHACA_* variables; the daemon
   // created the Gloo FileStore directory of $ITHACA_RENDEZVOUS.
   ASSIGN_OR_RETURN(RankInfo info, RankInfoFromEnvironment());
@@ -332,9 +356,17 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   // Rank 0 reports the evaluations: their losses are already the whole job's.
   std::function<void(const EvalReport&)> on_eval = nullptr;
   if (o.rank == 0) on_eval = [&link](const EvalReport& r) { link.ReportEval(r); };
-  // One step per Run call, so SIGTERM is honoured between steps.
+  // One step per Run call, so SIGTERM and SIGUSR1 are honoured between steps.
   while (trainer.state().step < spec.training.steps) {
-    if (g_stop.load()) {
+    ASSIGN_OR_RETURN(StopRequest request, AgreeOnStop(*rank));
+    if (request.drain) {
+      ASSIGN_OR_RETURN(CheckpointSaveReport saved, trainer.SaveCheckpointNow());
+      (void)saved;
+      *drained = true;
+      return absl::CancelledError(
+          absl::StrCat("drained: checkpointed and stopped after step ", trainer.state().step));
+    }
+    if (request.stop) {
       return absl::CancelledError(
           absl::StrCat("stopped by SIGTERM after step ", trainer.state().step));
     }
@@ -382,6 +414,9 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   struct sigaction sa = {};
   sa.sa_handler = OnSigterm;
   sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction drain = {};
+  drain.sa_handler = OnSigusr1;
+  sigaction(SIGUSR1, &drain, nullptr);
   DaemonLink link(o);
   absl::StatusOr<v1::RegisterResponse> reg = link.Register();
   if (!reg.ok()) {
@@ -390,12 +425,13 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   }
   link.StartHeartbeats(std::max(50, reg->heartbeat_interval_ms()), reg->daemon_lost_timeout_ms());
   absl::StatusOr<JobSpec> spec = ParseJobSpec(reg->spec_toml(), "job " + o.job_id);
-  absl::Status st = spec.ok() ? Train(o, *spec, link) : spec.status();
+  bool drained = false;
+  absl::Status st = spec.ok() ? Train(o, *spec, link, &drained) : spec.status();
   link.FlushReports();
   if (!st.ok())
     link.Log(st.code() == absl::StatusCode::kCancelled ? "INFO" : "ERROR",
              std::string(st.message()));
-  const int code = ExitCodeFor(st);
+  const int code = drained ? kExitDrained : ExitCodeFor(st);
   link.Exiting(code);
   link.StopHeartbeats();
   return code;

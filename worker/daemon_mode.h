@@ -1,7 +1,8 @@
 // Daemon mode: `ithaca-worker --daemon SOCKET --job ID` is one rank of a job that ithacad
 // launched. It registers on the daemon's WorkerService (unix socket), receives the spec, joins
 // the collective group, trains, reports every step, heart-beats from a thread of its own, and
-// exits with a code from exit_codes.h (SIGTERM: kExitKilled after the current step).
+// exits with a code from exit_codes.h (SIGTERM: kExitKilled after the current step; SIGUSR1, a
+// drain: a checkpoint, then kExitDrained; the ranks agree on the step, so they stop together).
 //
 // A rank outlives its daemon: when ithacad stops or dies, the rank trains on, keeps its step
 // reports queued, and re-attaches to the daemon that comes back on the same socket (Register

@@ -135,7 +135,7 @@ std::map<std::string, std::string> BaseEnvironment(
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
   }
-  close_range(3, ~0U, 0);               // nothing of the launcher's leaks into a rank
+  close_range(3, ~0U, 0);  // nothing of the launcher's leaks into a rank
   execve(path, argv, envp);
   int err = errno;
   static const char kMsg[] = "launcher: exec failed for ";
@@ -304,6 +304,8 @@ std::string WorkerEnd::Reason() const {
       return "nan_loss";
     case kExitKilled:
       return "killed";
+    case kExitDrained:
+      return "drained";
     default:
       return "error";
   }
@@ -327,6 +329,9 @@ std::string WorkerEnd::Describe() const {
       break;
     case kExitKilled:
       what = " (stopped by SIGTERM)";
+      break;
+    case kExitDrained:
+      what = " (checkpointed and stopped: drained)";
       break;
     case 127:
       what = " (could not start)";

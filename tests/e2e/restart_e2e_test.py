@@ -117,6 +117,35 @@ class RestartE2E(unittest.TestCase):
         self.assertTrue(wait_gone(d2.real_state_dir, job.id, timeout=10))
         d2.stop()
 
+    def test_drain_checkpoints_stops_and_queues_the_job_for_the_next_daemon(self):
+        state = os.path.join(TMP, "state_drain")
+        run = os.path.join(TMP, "run_drain")
+        d = Daemon(state, cpu_slots=2, extra=["--drain-on-exit"])
+        # No checkpoint of its own before step 100000: the drain's is the only one.
+        job = d.submit(spec_toml(run, steps=100000, resume=True, checkpoint_every=100000,
+                                 extra="[parallel]\nworld = 2\n"))
+        d.wait(job.id, states=(job_pb2.JOB_STATE_RUNNING,), min_step=5)
+        d.stop(leave_jobs=True)
+        self.assertEqual(d.proc.returncode, 0)
+        self.assertTrue(wait_gone(d.real_state_dir, job.id, timeout=10))
+        checkpoints = sorted(c for c in os.listdir(os.path.join(run, "checkpoints"))
+                             if c.startswith("step-"))
+        self.assertEqual(len(checkpoints), 1, checkpoints)
+        drained_at = int(checkpoints[0].split("-")[1])
+        self.assertGreaterEqual(drained_at, 5)
+
+        d2 = Daemon(state, cpu_slots=2)
+        requeue = [t for t in d2.get(job.id).transitions if t.to == job_pb2.JOB_STATE_QUEUED][-1]
+        self.assertEqual(getattr(requeue, "from"), job_pb2.JOB_STATE_RUNNING)
+        self.assertIn("drained by ithacad: checkpointed and stopped", requeue.reason)
+        d2.wait(job.id, states=(job_pb2.JOB_STATE_RUNNING,), min_step=drained_at + 2)
+        log = open(os.path.join(d2.real_state_dir, "jobs", job.id, "rank-0.log")).read()
+        self.assertIn(f"resumed from {run}/checkpoints/{checkpoints[0]}", log)
+        self.assertIn("rank 0: drained: checkpointed and stopped after step", log)
+        d2.client.cancel(job.id)
+        self.assertEqual(d2.wait(job.id).state, job_pb2.JOB_STATE_CANCELLED)
+        d2.stop()
+
     def test_job_that_asks_to_resume_continues_from_its_checkpoint(self):
         state = os.path.join(TMP, "state_resume")
         run = os.path.join(TMP, "run_resume")
