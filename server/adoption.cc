@@ -105,7 +105,7 @@ absl::StatusOr<std::string> NewJobSecret() {
   return hex;
 }
 
-bool IsWorkerOf(pid_t pid, const std::string& job_id) {
+bool IsWorkerOf(pid_t pid, const std::string& job_id, const std::string& secret) {
   if (pid <= 0) return false;
   std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
   std::string line;
@@ -116,12 +116,15 @@ bool IsWorkerOf(pid_t pid, const std::string& job_id) {
   const char state = line[close_paren + 2];
   if (state == 'Z' || state == 'X') return false;
   std::ifstream env(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
-  const std::string want = absl::StrCat("ITHACA_JOB_ID=", job_id);
+  const std::string want_job = absl::StrCat("ITHACA_JOB_ID=", job_id);
+  const std::string want_secret = absl::StrCat("ITHACA_JOB_SECRET=", secret);
+  bool job = false, same_launch = false;
   std::string var;
   while (std::getline(env, var, '\0')) {
-    if (var == want) return true;
+    job |= var == want_job;
+    same_launch |= var == want_secret;
   }
-  return false;
+  return job && same_launch;
 }
 
 }  // namespace ithaca

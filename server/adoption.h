@@ -36,7 +36,8 @@ absl::StatusOr<AdoptionRecord> ReadAdoptionRecord(const std::string& log_dir);
 absl::StatusOr<std::string> NewJobSecret();
 
 // True while `pid` is a live (not zombie) process whose environment says it is a worker of
-// `job_id`: a pid reused by anything else does not count.
-bool IsWorkerOf(pid_t pid, const std::string& job_id);
+// `job_id` launched with `secret`: a pid reused by anything else (another daemon's job of the
+// same id included) does not count.
+bool IsWorkerOf(pid_t pid, const std::string& job_id, const std::string& secret);
 
 }  // namespace ithaca

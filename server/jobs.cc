@@ -100,7 +100,7 @@ std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job) {
   absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(job.log_dir());
   if (!record.ok() || record->job_id != job.id()) return std::nullopt;
   int alive = 0;
-  for (pid_t pid : record->pids) alive += IsWorkerOf(pid, job.id()) ? 1 : 0;
+  for (pid_t pid : record->pids) alive += IsWorkerOf(pid, job.id(), record->secret) ? 1 : 0;
   if (alive == 0) return std::nullopt;  // really gone: resumed or failed by Recover
   if (!scheduler_.Reserve(job.id(), record->slots).ok()) return std::nullopt;
   std::printf("ithacad: adopting job %s (%s): %d of %zu workers still run\n", job.id().c_str(),

@@ -293,7 +293,7 @@ bool IsRetryable(const WorkerEnd& end) {
 
 std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank) {
   if (!rank.adopted) return Launcher::Poll(rank.pid);
-  if (IsWorkerOf(rank.pid, job.id)) return std::nullopt;
+  if (IsWorkerOf(rank.pid, job.id, job.secret)) return std::nullopt;
   WorkerEnd end;
   if (rank.announced_exit) {
     end.code = *rank.announced_exit;

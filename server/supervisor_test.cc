@@ -378,10 +378,12 @@ TEST(SupervisorTest, ADetachedJobIsAdoptedAndEndsWithTheExitItsWorkerAnnounces) 
     EXPECT_EQ(first.Detach(), 1);
   }  // destroyed: the worker must survive it
   absl::SleepFor(absl::Milliseconds(200));
-  ASSERT_TRUE(IsWorkerOf(pid, "job-a"));
-
   absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-a");
   ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_TRUE(IsWorkerOf(pid, "job-a", record->secret));
+  EXPECT_FALSE(IsWorkerOf(pid, "job-a", "another launch's secret"));
+  EXPECT_FALSE(IsWorkerOf(pid, "job-b", record->secret));
+
   RecordingOwner owner;
   Supervisor second(o, CpuNode(1), &owner, &metrics);
   second.Adopt({"job-a", "spec of job-a", TmpDir() + "/jobs/job-a", *record, /*running=*/true,
