@@ -1,6 +1,7 @@
 // ithacad: the Ithaca job daemon. Takes training jobs over gRPC (JobService + grpc.health.v1),
 // runs one ithaca-worker per GPU (or CPU slot), serves Prometheus metrics on /metrics, and keeps
-// every job in SQLite under --state-dir. SIGTERM / SIGINT: graceful shutdown.
+// every job in SQLite under --state-dir. SIGTERM / SIGINT: stops serving and leaves running jobs
+// to the next ithacad on the state directory, which adopts them (server/adoption.h).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -69,6 +70,15 @@ ABSL_FLAG(std::string, allowed_roots, "",
           "the state directory and $HOME");
 ABSL_FLAG(std::string, worker_user, "",
           "When ithacad runs as root: the user (name or uid) workers run as");
+ABSL_FLAG(double, daemon_lost_timeout_s, 300,
+          "Workers train on this long without a daemon (one restarting), waiting to re-attach");
+ABSL_FLAG(bool, stop_jobs_on_exit, false,
+          "SIGTERM / SIGINT fail the running jobs; default: they go on, and the next ithacad on "
+          "this state directory adopts them");
+ABSL_FLAG(bool, drain_on_exit, false,
+          "SIGTERM / SIGINT first ask running jobs that can resume to checkpoint and stop, and "
+          "queue them again for the next ithacad; the others are left running");
+ABSL_FLAG(double, drain_timeout_s, 300, "--drain-on-exit: how long to wait for the checkpoints");
 ABSL_FLAG(bool, allow_root_workers, false,
           "When ithacad runs as root without --worker-user: run workers as root anyway");
 
@@ -153,27 +163,37 @@ absl::Status MakePrivateDir(const std::string& dir, const std::optional<RunAs>& 
   return absl::OkStatus();
 }
 
-int Run() {
-  // Security settings first: a daemon that would be open to the network does not start at all.
-  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
-      {absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_auth_token_file),
-       absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_insecure)});
-  if (!security.ok()) return Fail(security.status());
-  if (!security->warning.empty()) {
-    std::fprintf(stderr, "ithacad: warning: %s\n", security->warning.c_str());
-  }
-  absl::StatusOr<std::optional<RunAs>> worker_user = WorkerUser();
-  if (!worker_user.ok()) return Fail(worker_user.status());
+// Everything ithacad is told by its flags, checked: what Serve runs with.
+struct DaemonOptions {
+  ServerSecurity security;
+  std::string state_dir;  // absolute
+  std::string listen;
+  std::string metrics_listen;  // empty: no /metrics
+  std::string health_listen;   // empty: no plaintext health server
+  Jobs::Options jobs;          // node, supervisor, allowed roots
+  // On SIGTERM / SIGINT: fail the running jobs (the old way) instead of leaving them to the
+  // next daemon.
+  bool stop_jobs_on_exit = false;
+  // On SIGTERM / SIGINT: drain the running jobs first (Jobs::Drain), waiting up to this long.
+  bool drain_on_exit = false;
+  absl::Duration drain_timeout;
+};
 
+// The state directory: --state-dir, else the default; created, and made absolute.
+absl::StatusOr<std::string> StateDirFromFlags() {
   std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) state_dir = DefaultStateDir();
   mkdir(state_dir.c_str(), 0755);
   char real[PATH_MAX];
   if (realpath(state_dir.c_str(), real) == nullptr) {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat("--state-dir ", state_dir, ": ", strerror(errno))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--state-dir ", state_dir, ": ", strerror(errno)));
   }
-  state_dir = real;
+  return std::string(real);
+}
+
+// --allowed-roots, else the state directory and $HOME.
+absl::StatusOr<std::vector<std::string>> AllowedRootsFromFlags(const std::string& state_dir) {
   std::string roots_flag = absl::GetFlag(FLAGS_allowed_roots);
   if (roots_flag.empty()) {
     roots_flag = state_dir;
@@ -184,35 +204,15 @@ int Run() {
       absl::StrAppend(&roots_flag, ":", real_home);
     }
   }
-  absl::StatusOr<std::vector<std::string>> allowed_roots = ParseAllowedRoots(roots_flag);
-  if (!allowed_roots.ok()) return Fail(allowed_roots.status());
-  // One daemon per state directory.
-  const std::string lock_path = state_dir + "/ithacad.lock";
-  int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    return Fail(absl::FailedPreconditionError(
-        absl::StrCat("another ithacad is using ", state_dir, " (", lock_path, " is locked)")));
-  }
+  return ParseAllowedRoots(roots_flag);
+}
 
-  // Signals are taken synchronously by this thread (sigwait); every thread started below
-  // inherits the blocked mask. Workers get a clean mask from the launcher.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
-  auto store = JobStore::Open({state_dir + "/jobs.db", state_dir + "/jobs"});
-  if (!store.ok()) return Fail(store.status());
-
-  Jobs::Options o;
-  o.state_dir = state_dir;
-  o.allowed_roots = *allowed_roots;
-  Supervisor::Options& so = o.supervisor;
+// The supervisor's settings: the worker binary, socket, user and timeouts.
+absl::StatusOr<Supervisor::Options> SupervisorOptionsFromFlags(const std::string& state_dir) {
+  Supervisor::Options so;
+  ASSIGN_OR_RETURN(so.run_as, WorkerUser());
   so.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   if (so.worker_binary.empty()) so.worker_binary = DefaultWorkerBinary();
-  so.run_as = *worker_user;
   so.worker_socket = absl::GetFlag(FLAGS_worker_socket);
   if (so.worker_socket.empty()) {
     std::string socket_dir = state_dir + "/run";
@@ -220,136 +220,161 @@ int Run() {
     if (socket_dir.size() > 90) {
       socket_dir = absl::StrCat("/tmp/ithacad-", std::hash<std::string>()(state_dir));
     }
-    if (absl::Status st = MakePrivateDir(socket_dir, so.run_as); !st.ok()) return Fail(st);
+    RETURN_IF_ERROR(MakePrivateDir(socket_dir, so.run_as));
     so.worker_socket = socket_dir + "/worker.sock";
-  }
-  int gpus = NodeOptions::kAutoGpus;
-  if (const std::string g = absl::GetFlag(FLAGS_gpus);
-      g != "auto" && (!absl::SimpleAtoi(g, &gpus) || gpus < 0)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--gpus: expected auto or a number >= 0, got \"", g, "\"")));
-  }
-  o.node = DetectNode({gpus, absl::GetFlag(FLAGS_cpu_slots), absl::GetFlag(FLAGS_gpu_memory_gib)});
-  if (o.node.gpu) {
-    // What the workers will load: asked of the worker binary itself (ithacad links no CUDA).
-    const std::string command = "'" + so.worker_binary + "' --libraries 2>&1";
-    if (FILE* p = popen(command.c_str(), "r")) {
-      char line[1024] = {0};
-      if (std::fgets(line, sizeof(line), p) != nullptr) {
-        o.node.libraries = std::string(absl::StripTrailingAsciiWhitespace(line));
-      }
-      pclose(p);
-    }
-  }
-  // Hostname on every series: the Kubernetes node (NODE_NAME, from the downward API's
-  // spec.nodeName, as DCGM exporter's Hostname), else this machine's name.
-  const char* node_name = std::getenv("NODE_NAME");
-  Metrics metrics(node_name != nullptr && *node_name != 0 ? node_name : o.node.hostname);
-  {
-    std::vector<std::tuple<int, std::string, int64_t>> devices;
-    for (const NodeDevice& d : o.node.devices) {
-      if (o.node.gpu) devices.emplace_back(d.index, d.uuid, d.memory_bytes);
-    }
-    metrics.SetDevices(devices);
   }
   so.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   so.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
   so.grace_period = absl::Seconds(absl::GetFlag(FLAGS_grace_period_s));
   so.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
+  so.daemon_lost_timeout = absl::Seconds(absl::GetFlag(FLAGS_daemon_lost_timeout_s));
+  return so;
+}
 
-  std::unique_ptr<MetricsHttp> http;
-  Jobs* jobs_ptr = nullptr;
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    auto h = MetricsHttp::Start({absl::GetFlag(FLAGS_metrics_listen), &metrics, [&jobs_ptr] {
-                                   if (jobs_ptr) jobs_ptr->RefreshJobCounts();
-                                 }});
-    if (!h.ok()) return Fail(h.status());
-    http = std::move(*h);
-    o.metrics_address = http->address();
+// This node's GPUs (or CPU slots), and on a GPU node the libraries its workers load.
+absl::StatusOr<Node> NodeFromFlags(const std::string& worker_binary) {
+  int gpus = NodeOptions::kAutoGpus;
+  if (const std::string g = absl::GetFlag(FLAGS_gpus);
+      g != "auto" && (!absl::SimpleAtoi(g, &gpus) || gpus < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus: expected auto or a number >= 0, got \"", g, "\""));
   }
-  Jobs jobs(o, store->get(), &metrics);
-  if (absl::Status st = jobs.Start(); !st.ok()) return Fail(st);
-  jobs_ptr = &jobs;
+  Node node =
+      DetectNode({gpus, absl::GetFlag(FLAGS_cpu_slots), absl::GetFlag(FLAGS_gpu_memory_gib)});
+  if (node.gpu) {
+    // What the workers will load: asked of the worker binary itself (ithacad links no CUDA).
+    const std::string command = "'" + worker_binary + "' --libraries 2>&1";
+    if (FILE* p = popen(command.c_str(), "r")) {
+      char line[1024] = {0};
+      if (std::fgets(line, sizeof(line), p) != nullptr) {
+        node.libraries = std::string(absl::StripTrailingAsciiWhitespace(line));
+      }
+      pclose(p);
+    }
+  }
+  return node;
+}
 
-  WorkerServiceImpl worker_service(jobs.supervisor());
+absl::StatusOr<DaemonOptions> OptionsFromFlags() {
+  DaemonOptions o;
+  // Security settings first: a daemon that would be open to the network does not start at all.
+  o.listen = absl::GetFlag(FLAGS_listen);
+  ASSIGN_OR_RETURN(o.security,
+                   LoadServerSecurity({o.listen, absl::GetFlag(FLAGS_auth_token_file),
+                                       absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                       absl::GetFlag(FLAGS_insecure)}));
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.health_listen = absl::GetFlag(FLAGS_health_listen);
+  o.stop_jobs_on_exit = absl::GetFlag(FLAGS_stop_jobs_on_exit);
+  o.drain_on_exit = absl::GetFlag(FLAGS_drain_on_exit);
+  o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  if (o.stop_jobs_on_exit && o.drain_on_exit) {
+    return absl::InvalidArgumentError("--stop-jobs-on-exit and --drain-on-exit: choose one");
+  }
+  ASSIGN_OR_RETURN(o.state_dir, StateDirFromFlags());
+  o.jobs.state_dir = o.state_dir;
+  ASSIGN_OR_RETURN(o.jobs.allowed_roots, AllowedRootsFromFlags(o.state_dir));
+  ASSIGN_OR_RETURN(o.jobs.supervisor, SupervisorOptionsFromFlags(o.state_dir));
+  ASSIGN_OR_RETURN(o.jobs.node, NodeFromFlags(o.jobs.supervisor.worker_binary));
+  return o;
+}
+
+// One daemon per state directory: holds its lock for the life of the process.
+absl::Status LockStateDir(const std::string& state_dir) {
+  const std::string lock_path = state_dir + "/ithacad.lock";
+  int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another ithacad is using ", state_dir, " (", lock_path, " is locked)"));
+  }
+  return absl::OkStatus();
+}
+
+// The WorkerService on its unix socket, which only the daemon's (and its worker user's) own
+// processes may reach.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartWorkerServer(const Supervisor::Options& so,
+                                                                WorkerServiceImpl* service) {
   unlink(so.worker_socket.c_str());
   grpc::ServerBuilder wb;
   wb.AddListeningPort("unix:" + so.worker_socket, grpc::InsecureServerCredentials());
-  wb.RegisterService(&worker_service);
-  std::unique_ptr<grpc::Server> worker_server = wb.BuildAndStart();
-  if (!worker_server) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", so.worker_socket)));
+  wb.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = wb.BuildAndStart();
+  if (!server) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", so.worker_socket));
   }
   // The socket's directory keeps others out; the socket itself is for its owner (the worker user
   // when there is one; root reaches it regardless).
   if ((so.run_as && chown(so.worker_socket.c_str(), so.run_as->uid, so.run_as->gid) != 0) ||
       chmod(so.worker_socket.c_str(), 0600) != 0) {
-    return Fail(absl::PermissionDeniedError(
-        absl::StrCat("cannot restrict ", so.worker_socket, ": ", strerror(errno))));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot restrict ", so.worker_socket, ": ", strerror(errno)));
   }
+  return server;
+}
 
-  grpc::EnableDefaultHealthCheckService(true);
-  JobServiceImpl job_service(&jobs, security->authenticator);
-  grpc::ServerBuilder jb;
-  int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  jb.AddListeningPort(listen, security->credentials, &port);
-  jb.RegisterService(&job_service);
-  std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
-  if (!server) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
-  // Health alone, for probes that cannot do TLS: it tells SERVING or NOT_SERVING, nothing else.
-  std::unique_ptr<grpc::Server> health_server;
-  // The health service is the server's only one and runs on a queue of its own; gRPC still
-  // wants a polled queue for calls no service takes, which this thread drains.
-  std::unique_ptr<grpc::ServerCompletionQueue> health_queue;
-  std::thread health_poller;
-  if (const std::string health = absl::GetFlag(FLAGS_health_listen); !health.empty()) {
+// grpc.health.v1 alone, plaintext and without a token, for probes that cannot do TLS: it tells
+// SERVING or NOT_SERVING, nothing else.
+class HealthServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<HealthServer>> Start(const std::string& address) {
+    auto h = std::unique_ptr<HealthServer>(new HealthServer);
     grpc::ServerBuilder hb;
-    hb.AddListeningPort(health, grpc::InsecureServerCredentials());
-    health_queue = hb.AddCompletionQueue();
-    health_server = hb.BuildAndStart();
-    if (!health_server) {
-      return Fail(
-          absl::UnavailableError(absl::StrCat("--health-listen: cannot listen on ", health)));
+    hb.AddListeningPort(address, grpc::InsecureServerCredentials());
+    h->queue_ = hb.AddCompletionQueue();
+    h->server_ = hb.BuildAndStart();
+    if (!h->server_) {
+      return absl::UnavailableError(absl::StrCat("--health-listen: cannot listen on ", address));
     }
-    health_poller = std::thread([q = health_queue.get()] {
+    // The health service is the server's only one and runs on a queue of its own; gRPC still
+    // wants a polled queue for calls no service takes, which this thread drains.
+    h->poller_ = std::thread([q = h->queue_.get()] {
       void* tag;
       bool ok;
       while (q->Next(&tag, &ok)) {
       }
     });
+    return h;
   }
-  auto set_serving = [&](bool serving) {
-    server->GetHealthCheckService()->SetServingStatus(serving);
-    if (health_server) health_server->GetHealthCheckService()->SetServingStatus(serving);
-  };
-  std::string address = listen;
-  if (listen.rfind("unix:", 0) != 0) {
-    address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  ~HealthServer() {
+    server_->Shutdown(std::chrono::system_clock::now());
+    queue_->Shutdown();
+    poller_.join();
   }
-  // Where to find this daemon, for scripts and tests (written once it serves).
-  absl::Status wrote = WriteFileAtomic(
-      state_dir + "/ithacad.addr",
-      absl::StrCat("grpc=", address, "\nmetrics=", o.metrics_address, "\npid=", getpid(), "\n"));
-  if (!wrote.ok()) return Fail(wrote);
+  void SetServing(bool serving) { server_->GetHealthCheckService()->SetServingStatus(serving); }
+
+ private:
+  HealthServer() = default;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  std::thread poller_;
+};
+
+void PrintServing(const DaemonOptions& o, const std::string& address,
+                  const std::string& metrics_address) {
+  const Supervisor::Options& so = o.jobs.supervisor;
   std::printf(
       "ithacad: serving jobs on %s (%s), metrics on http://%s/metrics; %d %s; state in %s\n",
-      address.c_str(), security->Describe().c_str(), o.metrics_address.c_str(), o.node.slots(),
-      o.node.gpu ? "GPUs" : "CPU slots", state_dir.c_str());
+      address.c_str(), o.security.Describe().c_str(), metrics_address.c_str(), o.jobs.node.slots(),
+      o.jobs.node.gpu ? "GPUs" : "CPU slots", o.state_dir.c_str());
   std::printf("ithacad: job paths must lie in %s; workers run as %s\n",
-              absl::StrJoin(o.allowed_roots, ":").c_str(),
+              absl::StrJoin(o.jobs.allowed_roots, ":").c_str(),
               so.run_as ? so.run_as->name.c_str() : "this daemon's user");
-  if (!o.node.libraries.empty())
-    std::printf("ithacad: workers load %s\n", o.node.libraries.c_str());
+  if (!o.jobs.node.libraries.empty()) {
+    std::printf("ithacad: workers load %s\n", o.jobs.node.libraries.c_str());
+  }
   std::fflush(stdout);
+}
 
-  // A daemon whose state directory is deleted under it must not look healthy: it stops
-  // admitting (JobStore::Create refuses) and its health check says NOT_SERVING.
+// Blocks until SIGTERM or SIGINT (blocked by the caller, so every thread inherits the mask);
+// meanwhile, a daemon whose state directory is deleted under it stops looking healthy: it stops
+// admitting (JobStore::Create refuses) and `set_serving(false)` is called once.
+int WaitForStopSignal(const sigset_t& stop_signals, JobStore* store,
+                      const std::function<void(bool)>& set_serving) {
   std::atomic<bool> stopping{false};
   std::thread watch_store([&] {
     bool reported = false;
     while (!stopping.load()) {
-      absl::Status intact = (*store)->CheckIntact();
+      absl::Status intact = store->CheckIntact();
       if (!intact.ok() && !reported) {
         std::fprintf(stderr, "ithacad: %s\n", std::string(intact.message()).c_str());
         set_serving(false);
@@ -362,23 +387,114 @@ int Run() {
   sigwait(&stop_signals, &sig);
   stopping.store(true);
   watch_store.join();
+  return sig;
+}
+
+// Runs the daemon until SIGTERM / SIGINT.
+absl::Status Serve(DaemonOptions o) {
+  RETURN_IF_ERROR(LockStateDir(o.state_dir));
+  // Signals are taken synchronously (sigwait); every thread started below inherits the blocked
+  // mask. Workers get a clean mask from the launcher.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
+                   JobStore::Open({o.state_dir + "/jobs.db", o.state_dir + "/jobs"}));
+  // Hostname on every series: the Kubernetes node (NODE_NAME, from the downward API's
+  // spec.nodeName, as DCGM exporter's Hostname), else this machine's name.
+  const char* node_name = std::getenv("NODE_NAME");
+  Metrics metrics(node_name != nullptr && *node_name != 0 ? node_name : o.jobs.node.hostname);
+  {
+    std::vector<std::tuple<int, std::string, int64_t>> devices;
+    for (const NodeDevice& d : o.jobs.node.devices) {
+      if (o.jobs.node.gpu) devices.emplace_back(d.index, d.uuid, d.memory_bytes);
+    }
+    metrics.SetDevices(devices);
+  }
+  std::unique_ptr<MetricsHttp> http;
+  std::atomic<Jobs*> jobs_ptr{nullptr};
+  if (!o.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(http, MetricsHttp::Start({o.metrics_listen, &metrics, [&jobs_ptr] {
+                                                 if (Jobs* j = jobs_ptr.load())
+                                                   j->RefreshJobCounts();
+                                               }}));
+    o.jobs.metrics_address = http->address();
+  }
+  Jobs jobs(o.jobs, store.get(), &metrics);
+  RETURN_IF_ERROR(jobs.Start());
+  jobs_ptr.store(&jobs);
+
+  WorkerServiceImpl worker_service(jobs.supervisor());
+  ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> worker_server,
+                   StartWorkerServer(o.jobs.supervisor, &worker_service));
+
+  grpc::EnableDefaultHealthCheckService(true);
+  JobServiceImpl job_service(&jobs, o.security.authenticator);
+  grpc::ServerBuilder jb;
+  int port = 0;
+  jb.AddListeningPort(o.listen, o.security.credentials, &port);
+  jb.RegisterService(&job_service);
+  std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
+  if (!server) return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
+  std::unique_ptr<HealthServer> health_server;
+  if (!o.health_listen.empty()) {
+    ASSIGN_OR_RETURN(health_server, HealthServer::Start(o.health_listen));
+  }
+  auto set_serving = [&](bool serving) {
+    server->GetHealthCheckService()->SetServingStatus(serving);
+    if (health_server) health_server->SetServing(serving);
+  };
+  std::string address = o.listen;
+  if (o.listen.rfind("unix:", 0) != 0) {
+    address = absl::StrCat(o.listen.substr(0, o.listen.rfind(':')), ":", port);
+  }
+  // Where to find this daemon, for scripts and tests (written once it serves).
+  RETURN_IF_ERROR(WriteFileAtomic(o.state_dir + "/ithacad.addr",
+                                  absl::StrCat("grpc=", address, "\nmetrics=",
+                                               o.jobs.metrics_address, "\npid=", getpid(), "\n")));
+  PrintServing(o, address, o.jobs.metrics_address);
+
+  const int sig = WaitForStopSignal(stop_signals, store.get(), set_serving);
   std::printf("ithacad: %s: shutting down\n", strsignal(sig));
   std::fflush(stdout);
   set_serving(false);
-  jobs.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
+  if (o.stop_jobs_on_exit) {
+    jobs.Shutdown(absl::StrCat("daemon shut down (", strsignal(sig), ")"));
+  } else {
+    if (o.drain_on_exit) {
+      const int drained = jobs.Drain(o.drain_timeout);
+      std::printf("ithacad: drained %d job%s (checkpointed, queued again)\n", drained,
+                  drained == 1 ? "" : "s");
+    }
+    const int left = jobs.Detach();
+    if (left > 0) {
+      std::printf("ithacad: left %d running job%s to the next ithacad on %s\n", left,
+                  left == 1 ? "" : "s", o.state_dir.c_str());
+    }
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (health_server) {
-    health_server->Shutdown(std::chrono::system_clock::now());
-    health_queue->Shutdown();
-    health_poller.join();
-  }
-  unlink(so.worker_socket.c_str());
-  unlink((state_dir + "/ithacad.addr").c_str());
-  jobs_ptr = nullptr;
+  health_server.reset();
+  unlink(o.jobs.supervisor.worker_socket.c_str());
+  unlink((o.state_dir + "/ithacad.addr").c_str());
+  jobs_ptr.store(nullptr);
   http.reset();
   std::printf("ithacad: stopped\n");
-  return 0;
+  return absl::OkStatus();
+}
+
+int Run() {
+  absl::StatusOr<DaemonOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  if (!options->security.warning.empty()) {
+    std::fprintf(stderr, "ithacad: warning: %s\n", options->security.warning.c_str());
+  }
+  absl::Status served = Serve(*std::move(options));
+  return served.ok() ? 0 : Fail(served);
 }
 
 }  // namespace

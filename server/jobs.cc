@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "engine/core/file_util.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
@@ -30,6 +31,33 @@ absl::Status Jobs::Start() {
   return absl::OkStatus();
 }
 
+int Jobs::Drain(absl::Duration timeout) {
+  std::vector<std::string> resumable;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;  // no new submissions, no new launches
+    absl::StatusOr<std::vector<v1::Job>> running = store_->List({v1::JOB_STATE_RUNNING}, 0);
+    for (const v1::Job& job : running.ok() ? *running : std::vector<v1::Job>()) {
+      absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job " + job.id());
+      if (spec.ok() && spec->checkpoint.resume && !spec->checkpoint.dir.empty()) {
+        resumable.push_back(job.id());
+      }
+    }
+  }
+  return supervisor_.Drain(resumable, timeout);
+}
+
+int Jobs::Detach() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+  }
+  const int left = supervisor_.Detach();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, log] : events_) log->Close();
+  return left;
+}
+
 void Jobs::Shutdown(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -50,13 +78,65 @@ std::string ResumableCheckpoint(const v1::Job& job) {
   return latest.ok() ? *latest : "";
 }
 
+constexpr char kRestartReason[] = "restart ";
+
+int RestartsOf(const v1::Job& job) {
+  int n = 0;
+  for (const v1::StateTransition& t : job.transitions()) {
+    if (t.to() == v1::JOB_STATE_QUEUED && absl::StartsWith(t.reason(), kRestartReason)) ++n;
+  }
+  return n;
+}
+
+v1::Job WithRestarts(v1::Job job) {
+  job.set_restarts(RestartsOf(job));
+  return job;
+}
+
 }  // namespace
+
+std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job) {
+  if (job.state() == v1::JOB_STATE_CANCELLING) return std::nullopt;  // finish the cancel instead
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(job.log_dir());
+  if (!record.ok() || record->job_id != job.id()) return std::nullopt;
+  int alive = 0;
+  for (pid_t pid : record->pids) alive += IsWorkerOf(pid, job.id(), record->secret) ? 1 : 0;
+  if (alive == 0) return std::nullopt;  // really gone: resumed or failed by Recover
+  if (!scheduler_.Reserve(job.id(), record->slots).ok()) return std::nullopt;
+  std::printf("ithacad: adopting job %s (%s): %d of %zu workers still run\n", job.id().c_str(),
+              JobStateLabel(job.state()).c_str(), alive, record->pids.size());
+  std::fflush(stdout);
+  AdoptOrder order{job.id(), job.spec_toml(), job.log_dir(), *std::move(record),
+                   job.state() == v1::JOB_STATE_RUNNING};
+  // From the history, not the job's last_steps: a daemon killed inside RecordStep may have
+  // written the one and not the other, and the report the rank re-sends must reach the history.
+  order.last_steps.assign(order.record.pids.size(), 0);
+  absl::StatusOr<std::vector<v1::JobEvent>> history = store_->History(job.id());
+  for (const v1::JobEvent& e : history.ok() ? *history : std::vector<v1::JobEvent>()) {
+    const int rank = e.step().rank();
+    if (e.has_step() && rank >= 0 && rank < static_cast<int>(order.last_steps.size())) {
+      order.last_steps[rank] = std::max(order.last_steps[rank], e.step().step());
+    }
+  }
+  return order;
+}
 
 absl::Status Jobs::Recover() {
   ASSIGN_OR_RETURN(
       std::vector<v1::Job> left,
       store_->List({v1::JOB_STATE_STARTING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLING}, 0));
   for (const v1::Job& job : left) {
+    // Workers outlive the daemon that launched them: take them over when they still run (the
+    // supervisor's thread is not started yet; it rechecks every rank on its first look).
+    std::optional<AdoptOrder> adopt;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      adopt = AdoptableLocked(job);
+    }
+    if (adopt) {
+      supervisor_.Adopt(*adopt);
+      continue;
+    }
     ASSIGN_OR_RETURN(int pgid, store_->ProcessGroup(job.id()));
     const int killed = pgid > 0 ? Supervisor::KillStrayWorkers(pgid, job.id()) : 0;
     const std::string stray = killed > 0 ? absl::StrCat("; killed ", killed, " stray workers")
@@ -146,7 +226,10 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
   return response;
 }
 
-absl::StatusOr<v1::Job> Jobs::Get(const std::string& id) { return store_->Get(id); }
+absl::StatusOr<v1::Job> Jobs::Get(const std::string& id) {
+  ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  return WithRestarts(std::move(job));
+}
 
 absl::StatusOr<std::vector<v1::JobEvent>> Jobs::History(const std::string& id) {
   return store_->History(id);
@@ -155,7 +238,9 @@ absl::StatusOr<std::vector<v1::JobEvent>> Jobs::History(const std::string& id) {
 absl::StatusOr<std::vector<v1::Job>> Jobs::List(const v1::ListJobsRequest& request) {
   std::vector<JobState> states;
   for (int s : request.states()) states.push_back(static_cast<JobState>(s));
-  return store_->List(states, request.limit());
+  ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->List(states, request.limit()));
+  for (v1::Job& job : jobs) job = WithRestarts(std::move(job));
+  return jobs;
 }
 
 absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& reason_in) {
@@ -171,7 +256,8 @@ absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& r
     if (job.state() == v1::JOB_STATE_CANCELLING) return job;
     // Still in the queue: no workers to stop. (A QUEUED job the scheduler already handed to the
     // supervisor is no longer in it; the supervisor cancels it below once launched.)
-    if (job.state() == v1::JOB_STATE_QUEUED && scheduler_.Remove(id)) {
+    if (job.state() == v1::JOB_STATE_QUEUED &&
+        (scheduler_.Remove(id) || backing_off_.erase(id) > 0)) {
       ASSIGN_OR_RETURN(v1::Job done, store_->Transition(id, v1::JOB_STATE_CANCELLED, reason));
       PublishState(id, done);
       EventsLocked(id)->Close();
@@ -218,7 +304,7 @@ void Jobs::PublishState(const std::string& id, const v1::Job& job) {
   } else {
     e.mutable_state()->set_to(job.state());
   }
-  *e.mutable_job() = job;
+  *e.mutable_job() = WithRestarts(job);
   EventsLocked(id)->Append(std::move(e));
 }
 
@@ -257,6 +343,22 @@ void Jobs::RefreshJobCounts() {
 
 std::vector<LaunchOrder> Jobs::TakeLaunches() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return {};  // draining or stopping: queued jobs wait for the next daemon
+  // Restarted jobs whose backoff is over join the queue (at its end, as a new submission).
+  const absl::Time now = absl::Now();
+  for (auto it = backing_off_.begin(); it != backing_off_.end();) {
+    if (it->second.due > now) {
+      ++it;
+      continue;
+    }
+    absl::Status queued = scheduler_.Enqueue(it->first, it->second.world);
+    if (!queued.ok()) {
+      auto failed =
+          store_->Transition(it->first, v1::JOB_STATE_FAILED, std::string(queued.message()));
+      if (failed.ok()) PublishState(it->first, *failed);
+    }
+    it = backing_off_.erase(it);
+  }
   std::vector<LaunchOrder> orders;
   for (const Scheduler::Assignment& a : scheduler_.Schedule()) {
     absl::StatusOr<v1::Job> job = store_->Get(a.job_id);
@@ -324,11 +426,34 @@ void Jobs::OnLogLines(const std::string& job_id, int rank, std::vector<std::stri
   }
 }
 
+bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason) {
+  absl::StatusOr<v1::Job> job = store_->Get(job_id);
+  if (!job.ok() || shutting_down_) return false;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job->spec_toml(), "job " + job_id);
+  if (!spec.ok()) return false;
+  const int restarts = RestartsOf(*job);
+  if (restarts >= spec->retry.max_restarts) return false;
+  const double backoff = spec->retry.backoff_seconds;
+  const std::string checkpoint = ResumableCheckpoint(*job);
+  auto queued = store_->Transition(
+      job_id, v1::JOB_STATE_QUEUED,
+      absl::StrCat(kRestartReason, restarts + 1, " of ", spec->retry.max_restarts, " in ", backoff,
+                   " s, ", checkpoint.empty() ? "from the start" : "from " + checkpoint,
+                   "; after: ", reason));  // which names the rank: failed_rank is for FAILED
+  if (!queued.ok()) return false;
+  PublishState(job_id, *queued);
+  backing_off_[job_id] = {absl::Now() + absl::Seconds(backoff), spec->parallel.world};
+  metrics_->OnJobRestarted();
+  return true;
+}
+
 void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
-                   std::optional<int> failed_rank) {
+                   std::optional<int> failed_rank, bool retryable) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     scheduler_.Release(job_id);
+    // Its [retry] policy may queue it again: the event stream goes on.
+    if (retryable && RestartLocked(job_id, reason)) return;
     auto done = store_->Transition(job_id, outcome, reason, failed_rank);
     if (!done.ok()) {
       std::fprintf(stderr, "ithacad: %s\n", done.status().ToString().c_str());

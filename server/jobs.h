@@ -2,9 +2,9 @@
 // admits jobs (admission.h), stores them (job_store.h), queues them (scheduler.h) and keeps each
 // job's event stream (event_log.h); its Supervisor (supervisor.h) runs the jobs' workers and
 // reports back through the JobOwner interface, which Jobs implements privately. After a restart,
-// jobs that were running are marked FAILED ("daemon restarted") once the supervisor has killed
-// their stray workers, or queued again when they can resume from a checkpoint; queued jobs are
-// queued again.
+// jobs whose workers still run are adopted (server/adoption.h): they go on where they are. Jobs
+// that were running and whose workers are gone are marked FAILED ("daemon restarted"), or queued
+// again when they can resume from a checkpoint; queued jobs are queued again.
 //
 // Jobs, not the supervisor, owns the scheduler: the queue is made of stored jobs that have no
 // processes yet (submit adds, cancel removes, recovery re-queues, GetNode reports), and the
@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "ithaca/v1/job.pb.h"
 #include "server/admission.h"
 #include "server/event_log.h"
@@ -61,6 +62,13 @@ class Jobs : private JobOwner {
   // Stops every running job (FAILED, `reason`) and waits for its workers. Queued jobs stay queued
   // for the next start. New submissions get UNAVAILABLE from now on.
   void Shutdown(const std::string& reason);
+  // Stops serving and leaves running jobs running, for the next daemon on this state directory
+  // to adopt (a restart, an upgrade). Returns how many were left.
+  int Detach();
+  // Before Detach (ithacad --drain-on-exit): asks every running job that can resume (a
+  // checkpoint.dir, checkpoint.resume) to checkpoint and stop, and queues it again for the next
+  // daemon; waits up to `timeout`. Stops admitting. Returns how many were drained.
+  int Drain(absl::Duration timeout);
 
   // JobService.
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
@@ -97,9 +105,17 @@ class Jobs : private JobOwner {
   absl::Status OnEval(const std::string& job_id, const v1::EvalReport& eval) override;
   void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) override;
   void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
-               std::optional<int> failed_rank) override;
+               std::optional<int> failed_rank, bool retryable) override;
+  // A failed job's [retry] policy: when it has restarts left, the job goes QUEUED again
+  // ("restart N of M ...", resuming from its newest checkpoint) and joins the queue after its
+  // backoff; true then.
+  bool RestartLocked(const std::string& job_id, const std::string& reason);
 
   absl::Status Recover();
+  // For a job found STARTING or RUNNING at start whose workers still run (its adoption record
+  // names live workers of the job): the order to adopt them, its slots reserved. nullopt
+  // otherwise.
+  std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job);
   void PublishState(const std::string& id, const v1::Job& job);
   std::shared_ptr<EventLog> EventsLocked(const std::string& id);
 
@@ -110,6 +126,12 @@ class Jobs : private JobOwner {
   std::mutex mu_;
   Scheduler scheduler_;
   std::map<std::string, std::shared_ptr<EventLog>> events_;
+  // Restarted jobs waiting out their backoff before they join the queue.
+  struct BackingOff {
+    absl::Time due;
+    int world = 1;
+  };
+  std::map<std::string, BackingOff> backing_off_;
   bool shutting_down_ = false;
   // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
   Supervisor supervisor_;

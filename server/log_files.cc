@@ -1,6 +1,7 @@
 #include "server/log_files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace ithaca {
@@ -28,6 +29,12 @@ std::vector<std::string> LogTail::ReadLines(bool flush) {
     partial_.clear();
   }
   return lines;
+}
+
+void LogTail::SkipToEnd() {
+  struct stat st;
+  if (stat(path_.c_str(), &st) == 0) offset_ = st.st_size;
+  partial_.clear();
 }
 
 }  // namespace ithaca

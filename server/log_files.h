@@ -13,6 +13,9 @@ class LogTail {
   // Complete lines appended since the last call (without their newlines). `flush` also returns
   // a final line that has no newline yet (when the writer is gone).
   std::vector<std::string> ReadLines(bool flush = false);
+  // Starts from the file's current end (a daemon adopting a running job: what its predecessor
+  // already read is not read again).
+  void SkipToEnd();
   const std::string& path() const { return path_; }
 
  private:

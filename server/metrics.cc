@@ -179,6 +179,8 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
                      "Worker process exits per reason.")),
+      restarts_(Counter(*registry_, Constant(hostname), "ithaca_job_restarts_total",
+                        "Failed jobs queued again by their [retry] policy.")),
       duration_(Histogram(*registry_, Constant(hostname), "ithaca_step_duration_seconds",
                           "Wall time of one optimizer step.")),
       queue_wait_(Histogram(*registry_, Constant(hostname), "ithaca_queue_wait_seconds",
@@ -188,6 +190,7 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
       .Add({{"version", version}})
       .Set(1);
   for (const char* reason : kExitReasons) exits_.Add({{"reason", reason}});
+  restarts_.Add({});
   for (int st = v1::JOB_STATE_QUEUED; st <= v1::JOB_STATE_CANCELLED; ++st) {
     jobs_.Add({{"state", JobStateLabel(static_cast<JobState>(st))}});
   }
@@ -375,6 +378,11 @@ void Metrics::OnJobFinished(const std::string& job) {
 void Metrics::OnWorkerExit(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   exits_.Add({{"reason", reason}}).Increment();
+}
+
+void Metrics::OnJobRestarted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  restarts_.Add({}).Increment();
 }
 
 void Metrics::SetJobCounts(const std::map<JobState, int64_t>& counts) {

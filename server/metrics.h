@@ -63,6 +63,8 @@ class Metrics {
   void OnJobStarted(double queue_wait_seconds);
   void OnJobFinished(const std::string& job);
   void OnWorkerExit(const std::string& reason);
+  // A failed job was queued again by its [retry] policy: ithaca_job_restarts_total.
+  void OnJobRestarted();
   // Called before each render with the job store's counts and its newest jobs' states.
   void SetJobCounts(const std::map<JobState, int64_t>& counts);
   // ithaca_job_state{job_id,state}, ithaca_job_state_since_timestamp_seconds{job_id,state} (when
@@ -103,7 +105,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_offload_, &tokens_per_second_,
       &loss_, &step_, &flops_, &mfu_, &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_,
       &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_;
-  prometheus::Family<prometheus::Counter>&tokens_, &exits_;
+  prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_;
   std::map<std::string, JobSeries> jobs_series_;

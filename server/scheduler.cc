@@ -45,6 +45,20 @@ std::vector<Scheduler::Assignment> Scheduler::Schedule() {
   return out;
 }
 
+absl::Status Scheduler::Reserve(const std::string& job_id, const std::vector<int>& slots) {
+  for (int s : slots) {
+    if (s < 0 || s >= total_slots()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slot ", s, " is outside this node's ", total_slots()));
+    }
+    if (!owner_[s].empty() && owner_[s] != job_id) {
+      return absl::FailedPreconditionError(absl::StrCat("slot ", s, " is held by job ", owner_[s]));
+    }
+  }
+  for (int s : slots) owner_[s] = job_id;
+  return absl::OkStatus();
+}
+
 void Scheduler::Release(const std::string& job_id) {
   for (std::string& o : owner_) {
     if (o == job_id) o.clear();

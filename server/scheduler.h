@@ -30,6 +30,9 @@ class Scheduler {
   bool Remove(const std::string& job_id);
   // Pops every job from the head of the queue that fits now and gives it slots.
   std::vector<Assignment> Schedule();
+  // Gives a running job these slots (a job adopted after a daemon restart keeps the ones it
+  // runs on). FAILED_PRECONDITION when one is outside the node or held by another job.
+  absl::Status Reserve(const std::string& job_id, const std::vector<int>& slots);
   // Frees a running job's slots.
   void Release(const std::string& job_id);
 

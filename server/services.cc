@@ -171,4 +171,9 @@ grpc::Status WorkerServiceImpl::Log(grpc::ServerContext*, const v1::LogRequest* 
   return ToGrpc(supervisor_->Log(*request));
 }
 
+grpc::Status WorkerServiceImpl::Exiting(grpc::ServerContext*, const v1::ExitingRequest* request,
+                                        v1::Ack*) {
+  return ToGrpc(supervisor_->Exiting(*request));
+}
+
 }  // namespace ithaca

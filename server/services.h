@@ -59,6 +59,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::Ack*) override;
   grpc::Status Log(grpc::ServerContext*, const v1::LogRequest* request, v1::Ack*) override;
+  grpc::Status Exiting(grpc::ServerContext*, const v1::ExitingRequest* request, v1::Ack*) override;
 
  private:
   Supervisor* supervisor_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
+#include "worker/exit_codes.h"
 
 namespace ithaca {
 
@@ -67,6 +69,64 @@ int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
   }
   closedir(proc);
   return killed;
+}
+
+int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<std::string> draining;
+  for (const std::string& id : job_ids) {
+    auto it = active_.find(id);
+    if (it == active_.end() || it->second->ending || !it->second->running) continue;
+    it->second->draining = true;
+    Launcher::SignalGroup(it->second->pgid, SIGUSR1);
+    draining.push_back(id);
+  }
+  wake_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+    return std::none_of(draining.begin(), draining.end(),
+                        [&](const std::string& id) { return active_.count(id) > 0; });
+  });
+  int drained = 0;
+  for (const std::string& id : draining) drained += active_.count(id) == 0 ? 1 : 0;
+  return drained;
+}
+
+int Supervisor::Detach() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return 0;
+  shutting_down_ = true;
+  stop_ = true;
+  detached_ = true;
+  // Log lines up to now reach the event logs; what follows, the next daemon reads.
+  for (auto& [id, job] : active_) TailLogsLocked(*job, false);
+  const int left = static_cast<int>(active_.size());
+  wake_.notify_all();
+  lock.unlock();
+  if (thread_.joinable()) thread_.join();
+  return left;
+}
+
+void Supervisor::Adopt(const AdoptOrder& order) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto a = std::make_unique<Active>();
+  a->id = order.job_id;
+  a->spec_toml = order.spec_toml;
+  a->log_dir = order.log_dir;
+  a->rendezvous = order.record.rendezvous;
+  a->secret = order.record.secret;
+  a->pgid = order.record.pgid;
+  a->launched = absl::Now();  // the ranks have start_timeout to re-attach
+  a->running = order.running;
+  for (size_t r = 0; r < order.record.pids.size(); ++r) {
+    Rank rank;
+    rank.pid = order.record.pids[r];
+    rank.slot = order.record.slots[r];
+    rank.adopted = true;
+    if (r < order.last_steps.size()) rank.last_step = order.last_steps[r];
+    rank.log = std::make_unique<LogTail>(Launcher::RankLogPath(a->log_dir, static_cast<int>(r)));
+    rank.log->SkipToEnd();
+    a->ranks.push_back(std::move(rank));
+  }
+  active_[a->id] = std::move(a);
 }
 
 void Supervisor::Shutdown(const std::string& reason) {
@@ -141,11 +201,22 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   const std::string rdv_dir =
       absl::StrCat(a->log_dir, "/rendezvous-", absl::ToUnixMicros(absl::Now()));
   a->rendezvous = "file:" + rdv_dir;
+  absl::StatusOr<std::string> secret = NewJobSecret();
+  if (!secret.ok()) {
+    owner_->OnEnded(a->id, v1::JOB_STATE_FAILED,
+                    absl::StrCat("launch failed: ", secret.status().message()), std::nullopt,
+                    /*retryable=*/false);
+    return;
+  }
+  a->secret = *secret;
   LaunchSpec l;
   l.argv = {options_.worker_binary, "--daemon", options_.worker_socket, "--job", a->id};
   l.gpus = order.slots;
   l.rendezvous = a->rendezvous;
-  l.env = {{"ITHACA_DAEMON_SOCKET", options_.worker_socket}, {"ITHACA_JOB_ID", a->id}};
+  l.env = {{"ITHACA_DAEMON_SOCKET", options_.worker_socket},
+           {"ITHACA_JOB_ID", a->id},
+           {"ITHACA_JOB_SECRET", a->secret}};
+  l.die_with_launcher = false;  // a daemon restart must not cost the job (adoption.h)
   for (size_t r = 0; r < order.slots.size(); ++r) {
     l.outputs.push_back({Launcher::RankLogPath(a->log_dir, static_cast<int>(r))});
   }
@@ -160,11 +231,24 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
       st.ok() ? Launcher::Launch(l) : absl::StatusOr<WorkerGroup>(st);
   if (!group.ok()) {
     owner_->OnEnded(a->id, v1::JOB_STATE_FAILED,
-                    absl::StrCat("launch failed: ", group.status().message()), std::nullopt);
+                    absl::StrCat("launch failed: ", group.status().message()), std::nullopt,
+                    /*retryable=*/false);
     return;
   }
   a->pgid = group->pgid;
   a->launched = absl::Now();
+  // Written before the job counts as launched: a daemon that dies from here on leaves a job
+  // the next one can adopt.
+  AdoptionRecord record{a->id, a->secret, group->pgid, a->rendezvous, order.slots, group->pids};
+  if (absl::Status wrote = WriteAdoptionRecord(a->log_dir, record); !wrote.ok()) {
+    Launcher::SignalGroup(group->pgid, SIGKILL);
+    for (pid_t pid : group->pids) {
+      while (!Launcher::Poll(pid)) absl::SleepFor(absl::Milliseconds(1));
+    }
+    owner_->OnEnded(a->id, v1::JOB_STATE_FAILED, absl::StrCat("launch failed: ", wrote.message()),
+                    std::nullopt, /*retryable=*/false);
+    return;
+  }
   for (size_t r = 0; r < group->pids.size(); ++r) {
     Rank rank;
     rank.pid = group->pids[r];
@@ -195,6 +279,32 @@ void Supervisor::EndLocked(Active& job, JobState outcome, const std::string& rea
   }
 }
 
+namespace {
+
+// A rank's end that another attempt need not repeat: killed, crashed, an I/O or collective
+// error. A bad spec, a NaN loss and running out of memory would fail again the same way.
+bool IsRetryable(const WorkerEnd& end) {
+  if (end.signaled) return true;
+  return end.code != kExitBadSpec && end.code != kExitNanLoss && end.code != kExitOutOfMemory &&
+         end.code != kExitOk;
+}
+
+}  // namespace
+
+std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank) {
+  if (!rank.adopted) return Launcher::Poll(rank.pid);
+  if (IsWorkerOf(rank.pid, job.id, job.secret)) return std::nullopt;
+  WorkerEnd end;
+  if (rank.announced_exit) {
+    end.code = *rank.announced_exit;
+  } else {
+    rank.vanished = true;  // killed, or crashed before it could say why
+    end.signaled = true;
+    end.code = SIGKILL;
+  }
+  return end;
+}
+
 void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   // Every rank that ended since the last look, before naming one: when a rank dies, its peers
   // fail soon after on the broken connection, and one look may find them all ended. The cause
@@ -204,10 +314,11 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     Rank& rank = job.ranks[r];
     if (rank.exit) continue;
-    rank.exit = Launcher::Poll(rank.pid);
+    rank.exit = PollRankLocked(job, rank);
     if (!rank.exit) continue;
     metrics_->OnWorkerExit(rank.exit->Reason());
-    const bool ok = !rank.exit->signaled && rank.exit->code == 0;
+    const bool ok = !rank.exit->signaled && (rank.exit->code == kExitOk ||
+                                             (job.draining && rank.exit->code == kExitDrained));
     if (!ok && (!culprit || (rank.exit->signaled && !job.ranks[*culprit].exit->signaled))) {
       culprit = r;
     }
@@ -215,9 +326,14 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   if (culprit && !job.ending) {
     const Rank& rank = job.ranks[*culprit];
     TailLogsLocked(job, true);
-    std::string reason = absl::StrCat("rank ", *culprit, " ", rank.exit->Describe());
+    std::string reason =
+        rank.vanished
+            ? absl::StrCat("rank ", *culprit, " (pid ", rank.pid,
+                           ", adopted after a daemon restart) is gone; its exit status is unknown")
+            : absl::StrCat("rank ", *culprit, " ", rank.exit->Describe());
     if (!rank.last_error.empty()) absl::StrAppend(&reason, ": ", rank.last_error);
     EndLocked(job, v1::JOB_STATE_FAILED, reason, static_cast<int>(*culprit), /*sigkill_now=*/true);
+    job.retryable = rank.vanished || IsRetryable(*rank.exit);
   }
   if (job.ending) {
     if (!job.killed && now >= job.kill_deadline) {
@@ -229,6 +345,16 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   const bool all_ok = std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
     return x.exit && !x.exit->signaled && x.exit->code == 0;
   });
+  const bool all_drained = std::all_of(job.ranks.begin(), job.ranks.end(), [&](const Rank& x) {
+    return x.exit && !x.exit->signaled && (x.exit->code == kExitDrained || x.exit->code == 0);
+  });
+  if (job.draining && all_drained && !all_ok) {
+    EndLocked(job, v1::JOB_STATE_QUEUED,
+              "drained by ithacad: checkpointed and stopped; it resumes from that checkpoint "
+              "when a daemon runs it again",
+              std::nullopt, false);
+    return;
+  }
   if (all_ok) {
     EndLocked(job, v1::JOB_STATE_SUCCEEDED,
               absl::StrCat("all ", job.ranks.size(), " ranks finished"), std::nullopt, false);
@@ -243,13 +369,16 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
                 absl::StrCat("rank ", r, " (pid ", rank.pid, ") stopped heart-beating: none for ",
                              absl::FormatDuration(now - rank.last_heartbeat)),
                 static_cast<int>(r), true);
+      job.retryable = true;  // a hung rank, a lost node
       return;
     }
     if (!rank.registered && now - job.launched > options_.start_timeout) {
       EndLocked(job, v1::JOB_STATE_FAILED,
-                absl::StrCat("rank ", r, " (pid ", rank.pid, ") did not register within ",
-                             absl::FormatDuration(options_.start_timeout)),
+                absl::StrCat("rank ", r, " (pid ", rank.pid, ") did not ",
+                             rank.adopted ? "re-attach after the daemon restart" : "register",
+                             " within ", absl::FormatDuration(options_.start_timeout)),
                 static_cast<int>(r), true);
+      job.retryable = true;
       return;
     }
   }
@@ -269,11 +398,15 @@ void Supervisor::FinalizeLocked(Active& job) {
     job.outcome = v1::JOB_STATE_FAILED;
     job.reason = "workers exited";
   }
-  owner_->OnEnded(job.id, job.outcome, job.reason, job.failed_rank);
+  owner_->OnEnded(job.id, job.outcome, job.reason, job.failed_rank,
+                  job.outcome == v1::JOB_STATE_FAILED && job.retryable);
   metrics_->OnJobFinished(job.id);
 }
 
 absl::StatusOr<Supervisor::Active*> Supervisor::ActiveLocked(const std::string& job_id, int rank) {
+  // Detached: the next daemon takes the workers' calls (a rank that finishes meanwhile waits to
+  // tell it so), and this one must not record anything more.
+  if (detached_) return absl::UnavailableError("ithacad is stopping; its successor takes over");
   auto it = active_.find(job_id);
   if (it == active_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no running workers"));
@@ -297,6 +430,15 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
     return absl::PermissionDeniedError(absl::StrCat("rank ", request.rank(), " of ", a->id,
                                                     " is pid ", r.pid, ", not ", request.pid()));
   }
+  if (request.secret() != a->secret) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("rank ", request.rank(), " of ", a->id, ": wrong job secret"));
+  }
+  if (request.reattach() && !r.registered) {
+    std::printf("ithacad: job %s rank %d (pid %d) re-attached\n", a->id.c_str(), request.rank(),
+                r.pid);
+    std::fflush(stdout);
+  }
   r.registered = true;
   r.last_heartbeat = absl::Now();
   const bool all =
@@ -314,6 +456,8 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
   response.set_rendezvous(a->rendezvous);
   response.set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
   response.set_gpu(r.slot);
+  response.set_daemon_lost_timeout_ms(
+      static_cast<int32_t>(absl::ToInt64Milliseconds(options_.daemon_lost_timeout)));
   return response;
 }
 
@@ -323,9 +467,12 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), step.rank()));
   Rank& r = a->ranks[step.rank()];
   r.last_heartbeat = absl::Now();
+  if (step.step() <= r.last_step) return absl::OkStatus();  // re-sent after a daemon restart
   const NodeDevice& dev = node_.devices[r.slot];
   metrics_->OnStep(a->id, step.rank(), dev.index, dev.uuid, step);
-  return owner_->OnStep(a->id, step);
+  RETURN_IF_ERROR(owner_->OnStep(a->id, step));
+  r.last_step = step.step();
+  return absl::OkStatus();
 }
 
 absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
@@ -345,7 +492,19 @@ absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
   if (a->ending) {
     return absl::AbortedError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
   }
-  a->ranks[request.rank()].last_heartbeat = absl::Now();
+  Rank& r = a->ranks[request.rank()];
+  if (!r.registered) {  // adopted, and not re-attached yet: the worker re-attaches on this
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", request.rank(), " of ", a->id, " has not re-attached"));
+  }
+  r.last_heartbeat = absl::Now();
+  return absl::OkStatus();
+}
+
+absl::Status Supervisor::Exiting(const v1::ExitingRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
+  a->ranks[request.rank()].announced_exit = request.exit_code();
   return absl::OkStatus();
 }
 

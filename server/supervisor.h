@@ -3,7 +3,13 @@
 // non-zero, stops heart-beating or never registers fails the job naming the rank, and the job's
 // other workers are killed; cancel sends SIGTERM, then SIGKILL after the grace period. A job's
 // outcome is reported only once all its workers are gone. The WorkerService (Register,
-// ReportStep, Heartbeat, Log) is answered here.
+// ReportStep, Heartbeat, Log, Exiting) is answered here.
+//
+// Workers outlive the daemon: they run in their own process group without a death signal, and
+// every launch writes an adoption record (adoption.h). A daemon that stops (Detach) leaves its
+// jobs running; the next one, on the same state directory, adopts their workers (Adopt) before it
+// starts, and they re-attach with the job's secret. An adopted worker is not this daemon's child:
+// it is judged alive through /proc, and its exit code is the one it announced (Exiting).
 //
 // The supervisor knows nothing of the job store, the queue or the event logs: those belong to its
 // owner (Jobs, jobs.h), which hands it jobs to launch and hears about everything that happens to
@@ -22,6 +28,7 @@
 #include "absl/time/time.h"
 #include "ithaca/v1/job.pb.h"
 #include "ithaca/v1/worker.pb.h"
+#include "server/adoption.h"
 #include "server/job_state.h"
 #include "worker/launcher.h"
 #include "server/log_files.h"
@@ -36,6 +43,18 @@ struct LaunchOrder {
   std::string spec_toml;   // what every rank receives at Register
   std::string log_dir;     // rank logs and the rendezvous directory go here
   std::vector<int> slots;  // slots[rank]
+};
+
+// A job whose workers a previous daemon launched and which still run (Jobs::Recover checks).
+struct AdoptOrder {
+  std::string job_id;
+  std::string spec_toml;
+  std::string log_dir;
+  AdoptionRecord record;
+  bool running = false;  // the job was RUNNING (every rank had registered), not STARTING
+  // last_steps[rank]: the newest step the store holds of each rank (0: none). A rank re-sends
+  // the report that was in flight when its daemon went away; one already recorded is ignored.
+  std::vector<int64_t> last_steps;
 };
 
 // The owner of the jobs a Supervisor runs. The supervisor calls it with its own lock held, so one
@@ -62,8 +81,10 @@ class JobOwner {
   // Lines a rank wrote to its log since the last call.
   virtual void OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) = 0;
   // The job is over: every worker is gone, or none could be started. Its slots are free again.
+  // `retryable`: a FAILED job whose failure need not repeat (a rank killed, crashed or silent;
+  // not a bad spec, a NaN loss or out of memory), which its retry policy may queue again.
   virtual void OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
-                       std::optional<int> failed_rank) = 0;
+                       std::optional<int> failed_rank, bool retryable) = 0;
 };
 
 class Supervisor {
@@ -75,6 +96,9 @@ class Supervisor {
     absl::Duration start_timeout = absl::Seconds(120);  // launch → every rank registered
     absl::Duration grace_period = absl::Seconds(10);    // SIGTERM → SIGKILL on cancel
     int heartbeat_interval_ms = 1000;                   // told to workers at Register
+    // Told to workers at Register: how long they train on without a daemon (one restarting),
+    // waiting to re-attach, before they give up.
+    absl::Duration daemon_lost_timeout = absl::Minutes(5);
     absl::Duration poll_interval = absl::Milliseconds(50);
     // Set (ithacad --worker-user): workers run as this user, and each launch's rendezvous
     // directory is theirs.
@@ -87,12 +111,23 @@ class Supervisor {
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
-  // Starts the supervision thread. Workers die with the thread that forked them, so every launch
-  // happens on it.
+  // Starts the supervision thread; every launch happens on it.
   void Start();
+  // Takes over the workers of a job launched by a previous daemon; before Start. They have
+  // start_timeout to re-attach, as a launch's workers have to register.
+  void Adopt(const AdoptOrder& order);
   // Stops every running job (FAILED, `reason`), waits for its workers, stops the thread; nothing
   // is launched from now on.
   void Shutdown(const std::string& reason);
+  // Asks the running jobs in `job_ids` to checkpoint and stop (SIGUSR1: the ranks agree on the
+  // step, write a checkpoint together and exit with kExitDrained); each is reported QUEUED
+  // ("drained ...") once its workers are gone. Waits up to `timeout` for them; returns how many
+  // were drained. Jobs still running then are left to Detach.
+  int Drain(const std::vector<std::string>& job_ids, absl::Duration timeout);
+  // Stops the thread and leaves every running job's workers alone (a daemon restart or upgrade):
+  // the next daemon adopts them. Nothing is launched from now on; returns how many jobs were left
+  // running.
+  int Detach();
   // Wakes the thread, so a job just queued launches without waiting for the next poll.
   void Wake();
 
@@ -115,6 +150,7 @@ class Supervisor {
   absl::Status ReportEval(const v1::ReportEvalRequest& request);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status Log(const v1::LogRequest& request);
+  absl::Status Exiting(const v1::ExitingRequest& request);
 
  private:
   struct Rank {
@@ -123,7 +159,13 @@ class Supervisor {
     bool registered = false;
     absl::Time last_heartbeat;
     std::optional<WorkerEnd> exit;
+    // Adopted from a previous daemon: not our child, so no waitpid; its end is what it announced
+    // (Exiting), or unknown when it vanished without a word.
+    bool adopted = false;
+    std::optional<int> announced_exit;
+    bool vanished = false;
     std::string last_error;  // newest ERROR line the worker sent
+    int64_t last_step = 0;   // newest step report recorded (a re-sent one is not recorded twice)
     std::unique_ptr<LogTail> log;
   };
   struct Active {
@@ -131,6 +173,7 @@ class Supervisor {
     std::string spec_toml;
     std::string rendezvous;
     std::string log_dir;
+    std::string secret;  // every rank's ITHACA_JOB_SECRET
     std::vector<Rank> ranks;
     int pgid = 0;
     absl::Time launched;
@@ -140,12 +183,16 @@ class Supervisor {
     JobState outcome = v1::JOB_STATE_UNSPECIFIED;
     std::string reason;
     std::optional<int> failed_rank;
+    bool retryable = false;  // see JobOwner::OnEnded
+    bool draining = false;   // Drain asked it to checkpoint and stop
     absl::Time kill_deadline;
     bool killed = false;  // SIGKILL sent
   };
 
   void Loop();
   void LaunchLocked(const LaunchOrder& order);
+  // Rank `r`'s exit, if it ended since the last look.
+  std::optional<WorkerEnd> PollRankLocked(const Active& job, Rank& rank);
   void SuperviseLocked(Active& job, absl::Time now);
   void EndLocked(Active& job, JobState outcome, const std::string& reason,
                  std::optional<int> failed_rank, bool sigkill_now);
@@ -163,6 +210,7 @@ class Supervisor {
   std::map<std::string, std::unique_ptr<Active>> active_;
   bool shutting_down_ = false;
   bool stop_ = false;
+  bool detached_ = false;  // stopped by Detach: the workers are the next daemon's
   std::thread thread_;
 };
 

@@ -3,7 +3,10 @@
 #include "server/supervisor.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdlib>
@@ -28,6 +31,7 @@ struct Ended {
   JobState outcome;
   std::string reason;
   std::optional<int> failed_rank;
+  bool retryable = false;
 };
 
 // Hands out the orders it is given and records every report, in order.
@@ -76,9 +80,9 @@ class RecordingOwner : public JobOwner {
     for (std::string& l : lines) logs_[id].push_back(absl::StrCat(rank, ": ", l));
   }
   void OnEnded(const std::string& id, JobState outcome, const std::string& reason,
-               std::optional<int> failed_rank) override {
+               std::optional<int> failed_rank, bool retryable) override {
     std::lock_guard<std::mutex> lock(mu_);
-    ended_[id] = Ended{outcome, reason, failed_rank};
+    ended_[id] = Ended{outcome, reason, failed_rank, retryable};
     cv_.notify_all();
   }
 
@@ -149,6 +153,7 @@ TEST(SupervisorTest, AWorkerThatExitsNonZeroFailsItsJob) {
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_EQ(end->reason, "rank 0 exited with code 1 (error)");
   EXPECT_EQ(end->failed_rank, 0);
+  EXPECT_TRUE(end->retryable);  // an error need not repeat
   EXPECT_EQ(owner.States("job-false"), std::vector<JobState>{v1::JOB_STATE_STARTING});
   EXPECT_EQ(supervisor.running_jobs(), 0);
   EXPECT_NE(metrics.Render().find("ithaca_worker_exits_total{reason=\"error\"} 1"),
@@ -174,6 +179,7 @@ TEST(SupervisorTest, OneFailedRankKillsTheOthersAndIsNamedWithItsLastLines) {
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_EQ(end->reason, "rank 1 exited with code 3 (out of memory)");
   EXPECT_EQ(end->failed_rank, 1);
+  EXPECT_FALSE(end->retryable);  // out of memory by plan: it would again
   // Rank 0 was killed at once (not after its 30 s sleep, nor the grace period).
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   const std::vector<std::string> logs = owner.Logs("job-two");
@@ -201,6 +207,7 @@ TEST(SupervisorTest, TheKilledRankIsNamedOverPeersThatFailedAfterIt) {
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_EQ(end->failed_rank, 1) << end->reason;
   EXPECT_EQ(end->reason.rfind("rank 1 ", 0), 0u) << end->reason;
+  EXPECT_TRUE(end->retryable);
 }
 
 TEST(SupervisorTest, CancelStopsTheWorkersThenReportsCancelled) {
@@ -254,6 +261,12 @@ TEST(SupervisorTest, RegisterChecksThePidAndAWorkerThatGoesSilentFailsItsJob) {
   EXPECT_TRUE(absl::IsInvalidArgument(supervisor.Register(request).status()));
   request.set_rank(0);
   request.set_pid(pgid);
+  // The job's secret, which the launch gave its workers and wrote into the adoption record.
+  EXPECT_TRUE(absl::IsPermissionDenied(supervisor.Register(request).status()));
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-r");
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->pids, std::vector<pid_t>{pgid});
+  request.set_secret(record->secret);
   absl::StatusOr<v1::RegisterResponse> registered = supervisor.Register(request);
   ASSERT_TRUE(registered.ok()) << registered.status();
   EXPECT_EQ(registered->spec_toml(), "spec of job-r");
@@ -342,6 +355,108 @@ TEST(SupervisorTest, ShutdownFailsRunningJobsBeforeItReturns) {
   // Nothing launches after shutdown.
   owner.Queue("job-after", 1);
   EXPECT_EQ(owner.WaitLaunched("job-after", absl::Milliseconds(300)), 0);
+}
+
+// A detached supervisor leaves its job's workers running; another one adopts them from the
+// adoption record: the rank re-attaches with the job's secret, its step reports go on (a re-sent
+// one is not recorded twice), and the exit code it announces before it exits is the outcome.
+TEST(SupervisorTest, ADetachedJobIsAdoptedAndEndsWithTheExitItsWorkerAnnounces) {
+  const std::string go = TmpDir() + "/adopt-go";
+  unlink(go.c_str());
+  Supervisor::Options o =
+      WithWorker(Script("adoptee.sh", "while [ ! -e " + go + " ]; do sleep 0.05; done; exit 0"));
+  RecordingOwner first_owner;
+  Metrics metrics;
+  int pid = 0;
+  {
+    Supervisor first(o, CpuNode(1), &first_owner, &metrics);
+    first.Start();
+    first_owner.Queue("job-a", 1);
+    first.Wake();
+    pid = first_owner.WaitLaunched("job-a");
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(first.Detach(), 1);
+  }  // destroyed: the worker must survive it
+  absl::SleepFor(absl::Milliseconds(200));
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-a");
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_TRUE(IsWorkerOf(pid, "job-a", record->secret));
+  EXPECT_FALSE(IsWorkerOf(pid, "job-a", "another launch's secret"));
+  EXPECT_FALSE(IsWorkerOf(pid, "job-b", record->secret));
+
+  RecordingOwner owner;
+  Supervisor second(o, CpuNode(1), &owner, &metrics);
+  second.Adopt({"job-a", "spec of job-a", TmpDir() + "/jobs/job-a", *record, /*running=*/true,
+                /*last_steps=*/{7}});
+  second.Start();
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("job-a");
+  beat.set_rank(0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.Heartbeat(beat)));  // re-attach first
+  v1::RegisterRequest reattach;
+  reattach.set_job_id("job-a");
+  reattach.set_rank(0);
+  reattach.set_pid(pid);
+  reattach.set_reattach(true);
+  reattach.set_secret("not the secret");
+  EXPECT_TRUE(absl::IsPermissionDenied(second.Register(reattach).status()));
+  reattach.set_secret(record->secret);
+  absl::StatusOr<v1::RegisterResponse> attached = second.Register(reattach);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  EXPECT_EQ(attached->spec_toml(), "spec of job-a");
+  EXPECT_EQ(attached->daemon_lost_timeout_ms(), 300000);
+  EXPECT_TRUE(second.Heartbeat(beat).ok());
+  v1::ReportStepRequest step;
+  step.set_job_id("job-a");
+  step.mutable_step()->set_rank(0);
+  for (int s : {7, 8}) {  // 7 was recorded before the restart
+    step.mutable_step()->set_step(s);
+    ASSERT_TRUE(second.ReportStep(step).ok());
+  }
+  EXPECT_EQ(owner.Steps("job-a"), std::vector<int64_t>{8});
+
+  v1::ExitingRequest exiting;
+  exiting.set_job_id("job-a");
+  exiting.set_rank(0);
+  exiting.set_exit_code(0);
+  ASSERT_TRUE(second.Exiting(exiting).ok());
+  std::ofstream(go) << "go\n";
+  std::optional<Ended> end = owner.WaitEnded("job-a");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_SUCCEEDED) << end->reason;
+  // Already RUNNING when adopted: no state change is reported again.
+  EXPECT_TRUE(owner.States("job-a").empty());
+  waitpid(pid, nullptr, 0);  // this test process launched it
+}
+
+// An adopted worker that vanishes without announcing its exit fails the job, naming it.
+TEST(SupervisorTest, AnAdoptedWorkerThatVanishesFailsItsJob) {
+  Supervisor::Options o = WithWorker(Script("vanishes.sh", "exec sleep 30"));
+  RecordingOwner first_owner, owner;
+  Metrics metrics;
+  int pid = 0;
+  {
+    Supervisor first(o, CpuNode(1), &first_owner, &metrics);
+    first.Start();
+    first_owner.Queue("job-v", 1);
+    first.Wake();
+    pid = first_owner.WaitLaunched("job-v");
+    ASSERT_GT(pid, 0);
+    first.Detach();
+  }
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-v");
+  ASSERT_TRUE(record.ok()) << record.status();
+  Supervisor second(o, CpuNode(1), &owner, &metrics);
+  second.Adopt({"job-v", "spec", TmpDir() + "/jobs/job-v", *record, true, {}});
+  second.Start();
+  kill(pid, SIGKILL);
+  std::optional<Ended> end = owner.WaitEnded("job-v");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(end->failed_rank, 0);
+  EXPECT_TRUE(absl::StrContains(end->reason, "adopted after a daemon restart) is gone"))
+      << end->reason;
+  waitpid(pid, nullptr, 0);
 }
 
 }  // namespace

@@ -29,8 +29,31 @@ namespace ithaca {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_drain{false};
 
 void OnSigterm(int) { g_stop.store(true); }
+void OnSigusr1(int) { g_drain.store(true); }
+
+// What the ranks agreed to do before the next step: a signal reaches each rank at its own time,
+// so they agree (one small all-reduce per step) and all stop after the same step, which is what
+// lets a drain write a checkpoint together.
+struct StopRequest {
+  bool stop = false;   // SIGTERM on some rank: stop
+  bool drain = false;  // SIGUSR1 on some rank: checkpoint, then stop
+};
+
+absl::StatusOr<StopRequest> AgreeOnStop(Rank& rank) {
+  StopRequest mine{g_stop.load(), g_drain.load()};
+  Comm* comm = rank.comm();
+  if (comm == nullptr || comm->size() == 1) return mine;
+  LlamaModel* model = rank.trainer().model();
+  ASSIGN_OR_RETURN(Buffer buf, Buffer::Make(model->allocator(), DType::kF32, {2}, Tier::kComm));
+  float flags[2] = {mine.stop ? 1.f : 0.f, mine.drain ? 1.f : 0.f};
+  model->ops()->Upload(flags, DType::kF32, buf.tensor());
+  RETURN_IF_ERROR(comm->AllReduce(buf.tensor()));
+  model->ops()->Download(buf.tensor(), flags, DType::kF32);
+  return StopRequest{flags[0] > 0, flags[1] > 0};
+}
 
 std::chrono::system_clock::time_point In(int ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -72,29 +95,48 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
   return p;
 }
 
+// A daemon that restarts binds the same socket again: reconnect within a second of it.
+std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
+}
+
+// The daemon is not there (stopped, restarting; CANCELLED: a call in flight when it stopped):
+// try again later. The daemon ignores a step report it already recorded.
+bool DaemonAway(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         st.error_code() == grpc::StatusCode::CANCELLED;
+}
+
 // One rank's connection to the daemon, and the heartbeat thread.
 class DaemonLink {
  public:
   explicit DaemonLink(const DaemonWorkerOptions& o)
-      : o_(o),
-        stub_(v1::WorkerService::NewStub(
-            grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials()))) {}
+      : o_(o), stub_(v1::WorkerService::NewStub(DaemonChannel(o.socket))) {}
   ~DaemonLink() {
     FlushReports();
     StopHeartbeats();
   }
 
-  absl::StatusOr<v1::RegisterResponse> Register() {
+  // `reattach`: this rank registered with an earlier daemon, which went away.
+  absl::StatusOr<v1::RegisterResponse> Register(bool reattach = false) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(In(30000));
+    ctx.set_deadline(In(reattach ? 5000 : 30000));
     ctx.set_wait_for_ready(true);  // the daemon may still be binding its socket
     v1::RegisterRequest req;
     req.set_job_id(o_.job_id);
     req.set_rank(o_.rank);
     req.set_pid(getpid());
+    req.set_secret(o_.secret);
+    req.set_reattach(reattach);
     v1::RegisterResponse resp;
     grpc::Status st = stub_->Register(&ctx, req, &resp);
     if (!st.ok()) {
+      if (reattach && DaemonAway(st)) return absl::UnavailableError(st.error_message());
       return absl::Status(
           static_cast<absl::StatusCode>(st.error_code()),
           absl::StrCat("register with ithacad at ", o_.socket, ": ", st.error_message()));
@@ -133,37 +175,65 @@ class DaemonLink {
     stub_->Log(&ctx, req, &ack);
   }
 
-  // Heart-beats every `interval_ms`. When the daemon says the job is over, or cannot be reached
-  // for a while, the rank stops as if it got SIGTERM, and exits outright if a step hangs.
-  void StartHeartbeats(int interval_ms) {
-    thread_ = std::thread([this, interval_ms] {
-      const auto lost_after = std::chrono::milliseconds(std::max(10000, 10 * interval_ms));
+  // The rank's exit code, for a daemon that adopted the rank and cannot waitpid it.
+  void Exiting(int code) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(5000));
+    v1::ExitingRequest req;
+    req.set_job_id(o_.job_id);
+    req.set_rank(o_.rank);
+    req.set_exit_code(code);
+    v1::Ack ack;
+    stub_->Exiting(&ctx, req, &ack);
+  }
+
+  // Heart-beats every `interval_ms`. When the daemon goes away, the rank trains on and
+  // re-attaches to the one that comes back (the step reports wait in their queue meanwhile).
+  // When the daemon says the job is over, or does not know it, the rank stops as if it got
+  // SIGTERM; when none answers for `lost_timeout_ms` (0: ten intervals, at least 10 s), it exits
+  // outright, even in the middle of a step.
+  void StartHeartbeats(int interval_ms, int lost_timeout_ms) {
+    thread_ = std::thread([this, interval_ms, lost_timeout_ms] {
+      const auto lost_after = std::chrono::milliseconds(
+          lost_timeout_ms > 0 ? lost_timeout_ms : std::max(10000, 10 * interval_ms));
       auto last_ok = std::chrono::steady_clock::now();
+      bool away = false;  // the daemon stopped answering: re-attach when one answers again
       std::unique_lock<std::mutex> lock(mu_);
       while (!done_) {
         cv_.wait_for(lock, std::chrono::milliseconds(interval_ms));
         if (done_) break;
         lock.unlock();
-        grpc::ClientContext ctx;
-        ctx.set_deadline(In(5000));
-        v1::HeartbeatRequest req;
-        req.set_job_id(o_.job_id);
-        req.set_rank(o_.rank);
-        v1::Ack ack;
-        grpc::Status st = stub_->Heartbeat(&ctx, req, &ack);
+        grpc::Status st = away ? Reattach() : Beat();
         const auto now = std::chrono::steady_clock::now();
         if (st.ok()) {
+          if (away) std::fprintf(stderr, "rank %d: re-attached to ithacad\n", o_.rank);
+          away = false;
           last_ok = now;
-        } else if (st.error_code() == grpc::StatusCode::ABORTED ||
-                   st.error_code() == grpc::StatusCode::NOT_FOUND) {
+        } else if (DaemonAway(st) || st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+          // FAILED_PRECONDITION from Heartbeat: a new daemon adopted the job and waits for this
+          // rank to re-attach.
+          if (!away) {
+            std::fprintf(stderr, "rank %d: ithacad away (%s); training on, waiting for it\n",
+                         o_.rank, st.error_message().c_str());
+          }
+          away = true;
+          if (now - last_ok > lost_after) {
+            std::fprintf(stderr, "rank %d: ithacad unreachable for %lld s (%s); exiting\n", o_.rank,
+                         static_cast<long long>(
+                             std::chrono::duration_cast<std::chrono::seconds>(lost_after).count()),
+                         st.error_message().c_str());
+            std::fflush(stderr);
+            _exit(kExitKilled);
+          }
+        } else {  // ABORTED: the job is ending; NOT_FOUND, PERMISSION_DENIED: not ours any more
           std::fprintf(stderr, "rank %d: %s; stopping\n", o_.rank, st.error_message().c_str());
           g_stop.store(true);
-        } else if (now - last_ok > lost_after) {
-          std::fprintf(stderr, "rank %d: ithacad unreachable (%s); exiting\n", o_.rank,
-                       st.error_message().c_str());
-          std::fflush(stderr);
-          _exit(kExitKilled);
+          if (st.error_code() != grpc::StatusCode::ABORTED) {
+            reports_abandoned_.store(true);  // no daemon will take them
+            report_cv_.notify_all();
+          }
         }
+        std::fflush(stderr);
         lock.lock();
       }
     });
@@ -181,6 +251,23 @@ class DaemonLink {
  private:
   using Report = std::variant<v1::StepReport, v1::EvalReport>;
 
+  grpc::Status Beat() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(5000));
+    v1::HeartbeatRequest req;
+    req.set_job_id(o_.job_id);
+    req.set_rank(o_.rank);
+    v1::Ack ack;
+    return stub_->Heartbeat(&ctx, req, &ack);
+  }
+
+  grpc::Status Reattach() {
+    absl::StatusOr<v1::RegisterResponse> r = Register(/*reattach=*/true);
+    if (r.ok()) return grpc::Status::OK;
+    return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()),
+                        std::string(r.status().message()));
+  }
+
   void Queue(Report report) {
     {
       std::lock_guard<std::mutex> lock(report_mu_);
@@ -195,30 +282,39 @@ class DaemonLink {
     while (true) {
       report_cv_.wait(lock, [this] { return reports_done_ || !reports_.empty(); });
       if (reports_.empty()) return;  // done and drained
-      Report report = std::move(reports_.front());
-      reports_.pop_front();
+      Report report = reports_.front();
       lock.unlock();
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(10000));
-      v1::Ack ack;
-      grpc::Status st;
-      if (auto* step = std::get_if<v1::StepReport>(&report)) {
-        v1::ReportStepRequest req;
-        req.set_job_id(o_.job_id);
-        *req.mutable_step() = std::move(*step);
-        st = stub_->ReportStep(&ctx, req, &ack);
-      } else {
-        v1::ReportEvalRequest req;
-        req.set_job_id(o_.job_id);
-        *req.mutable_eval() = std::move(std::get<v1::EvalReport>(report));
-        st = stub_->ReportEval(&ctx, req, &ack);
+      grpc::Status st = Send(report);
+      lock.lock();
+      // The daemon is away (restarting): the report waits at the head of the queue, so the next
+      // daemon gets every step in order. The heartbeat thread ends the wait, one way or another.
+      if (DaemonAway(st) && !reports_abandoned_.load()) {
+        report_cv_.wait_for(lock, std::chrono::milliseconds(200),
+                            [this] { return reports_abandoned_.load(); });
+        continue;
       }
+      reports_.pop_front();
       if (!st.ok()) {
         std::fprintf(stderr, "rank %d: report %s: %s\n", o_.rank,
                      report.index() == 0 ? "step" : "eval", st.error_message().c_str());
       }
-      lock.lock();
     }
+  }
+
+  grpc::Status Send(const Report& report) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10000));
+    v1::Ack ack;
+    if (const auto* step = std::get_if<v1::StepReport>(&report)) {
+      v1::ReportStepRequest req;
+      req.set_job_id(o_.job_id);
+      *req.mutable_step() = *step;
+      return stub_->ReportStep(&ctx, req, &ack);
+    }
+    v1::ReportEvalRequest req;
+    req.set_job_id(o_.job_id);
+    *req.mutable_eval() = std::get<v1::EvalReport>(report);
+    return stub_->ReportEval(&ctx, req, &ack);
   }
 
   DaemonWorkerOptions o_;
@@ -227,6 +323,8 @@ class DaemonLink {
   std::condition_variable report_cv_;
   std::deque<Report> reports_;
   bool reports_done_ = false;
+  // The daemon disowned the job: queued reports are dropped instead of waited on.
+  std::atomic<bool> reports_abandoned_{false};
   std::thread sender_;
   std::thread thread_;
   std::mutex mu_;
@@ -234,7 +332,8 @@ class DaemonLink {
   bool done_ = false;
 };
 
-absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link) {
+absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link,
+                   bool* drained) {
   // The rank's identity and rendezvous come from the launcher's ITHACA_* variables; the daemon
   // created the Gloo FileStore directory of $ITHACA_RENDEZVOUS.
   ASSIGN_OR_RETURN(RankInfo info, RankInfoFromEnvironment());
@@ -262,9 +361,17 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   // Rank 0 reports the evaluations: their losses are already the whole job's.
   std::function<void(const EvalReport&)> on_eval = nullptr;
   if (o.rank == 0) on_eval = [&link](const EvalReport& r) { link.ReportEval(r); };
-  // One step per Run call, so SIGTERM is honoured between steps.
+  // One step per Run call, so SIGTERM and SIGUSR1 are honoured between steps.
   while (trainer.state().step < spec.training.steps) {
-    if (g_stop.load()) {
+    ASSIGN_OR_RETURN(StopRequest request, AgreeOnStop(*rank));
+    if (request.drain) {
+      ASSIGN_OR_RETURN(CheckpointSaveReport saved, trainer.SaveCheckpointNow());
+      (void)saved;
+      *drained = true;
+      return absl::CancelledError(
+          absl::StrCat("drained: checkpointed and stopped after step ", trainer.state().step));
+    }
+    if (request.stop) {
       return absl::CancelledError(
           absl::StrCat("stopped by SIGTERM after step ", trainer.state().step));
     }
@@ -291,6 +398,7 @@ absl::StatusOr<DaemonWorkerOptions> DaemonWorkerOptionsFromEnv(const std::string
   DaemonWorkerOptions o;
   o.socket = socket_flag.empty() ? env("ITHACA_DAEMON_SOCKET") : socket_flag;
   o.job_id = job_flag.empty() ? env("ITHACA_JOB_ID") : job_flag;
+  o.secret = env("ITHACA_JOB_SECRET");
   if (o.socket.empty()) return absl::InvalidArgumentError("--daemon: no socket path given");
   if (o.job_id.empty()) return absl::InvalidArgumentError("--job: no job id given");
   const std::string rank = env("ITHACA_RANK"), world = env("ITHACA_WORLD_SIZE");
@@ -311,21 +419,27 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   struct sigaction sa = {};
   sa.sa_handler = OnSigterm;
   sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction drain = {};
+  drain.sa_handler = OnSigusr1;
+  sigaction(SIGUSR1, &drain, nullptr);
   DaemonLink link(o);
   absl::StatusOr<v1::RegisterResponse> reg = link.Register();
   if (!reg.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", o.rank, reg.status().ToString().c_str());
     return kExitError;
   }
-  link.StartHeartbeats(std::max(50, reg->heartbeat_interval_ms()));
+  link.StartHeartbeats(std::max(50, reg->heartbeat_interval_ms()), reg->daemon_lost_timeout_ms());
   absl::StatusOr<JobSpec> spec = ParseJobSpec(reg->spec_toml(), "job " + o.job_id);
-  absl::Status st = spec.ok() ? Train(o, *spec, link) : spec.status();
+  bool drained = false;
+  absl::Status st = spec.ok() ? Train(o, *spec, link, &drained) : spec.status();
   link.FlushReports();
   if (!st.ok())
     link.Log(st.code() == absl::StatusCode::kCancelled ? "INFO" : "ERROR",
              std::string(st.message()));
+  const int code = drained ? kExitDrained : ExitCodeFor(st);
+  link.Exiting(code);
   link.StopHeartbeats();
-  return ExitCodeFor(st);
+  return code;
 }
 
 }  // namespace ithaca

@@ -1,7 +1,14 @@
 // Daemon mode: `ithaca-worker --daemon SOCKET --job ID` is one rank of a job that ithacad
 // launched. It registers on the daemon's WorkerService (unix socket), receives the spec, joins
 // the collective group, trains, reports every step, heart-beats from a thread of its own, and
-// exits with a code from exit_codes.h (SIGTERM: kExitKilled after the current step).
+// exits with a code from exit_codes.h (SIGTERM: kExitKilled after the current step; SIGUSR1, a
+// drain: a checkpoint, then kExitDrained; the ranks agree on the step, so they stop together).
+//
+// A rank outlives its daemon: when ithacad stops or dies, the rank trains on, keeps its step
+// reports queued, and re-attaches to the daemon that comes back on the same socket (Register
+// with reattach and the job's secret), which then receives every report in order. It gives up
+// (exits) when no daemon answers for the timeout the daemon gave at Register, or when the new
+// daemon does not know the job.
 #pragma once
 
 #include <string>
@@ -15,6 +22,7 @@ struct DaemonWorkerOptions {
   std::string job_id;  // --job, else $ITHACA_JOB_ID
   int rank = 0;        // $ITHACA_RANK
   int world = 1;       // $ITHACA_WORLD_SIZE
+  std::string secret;  // $ITHACA_JOB_SECRET: proves the rank is the job's at (re-)registration
 };
 
 // Fills what the flags left empty from the environment the launcher sets.

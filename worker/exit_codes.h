@@ -12,6 +12,7 @@ enum WorkerExit : int {
   kExitOutOfMemory = 3,  // an allocation failed (the plan did not fit)
   kExitNanLoss = 4,      // the loss became NaN or infinite
   kExitKilled = 5,       // stopped by SIGTERM / cancel
+  kExitDrained = 6,      // SIGUSR1 (ithacad --drain-on-exit): checkpointed, then stopped
 };
 
 // Maps a status to the exit code that describes it.

@@ -110,7 +110,7 @@ std::map<std::string, std::string> BaseEnvironment(
 // In the child: only async-signal-safe calls until exec.
 [[noreturn]] void ExecRank(pid_t parent, pid_t pgid, const char* path, char* const* argv,
                            char* const* envp, int in_fd, int out_fd, int err_fd,
-                           const RunAs* run_as) {
+                           const RunAs* run_as, bool die_with_launcher) {
   setpgid(0, pgid);  // rank 0 founds the group (pgid 0: its own pid)
   struct sigaction dfl = {};
   dfl.sa_handler = SIG_DFL;
@@ -130,10 +130,12 @@ std::map<std::string, std::string> BaseEnvironment(
     if (setuid(run_as->uid) != 0) ExitWithError("setuid", errno);
     if (setuid(0) == 0) ExitWithError("dropping root (setuid(0) still works)", 0);
   }
-  // After the credentials change, which clears the parent-death signal.
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
-  close_range(3, ~0U, 0);               // nothing of the launcher's leaks into a rank
+  if (die_with_launcher) {
+    // After the credentials change, which clears the parent-death signal.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+  }
+  close_range(3, ~0U, 0);  // nothing of the launcher's leaks into a rank
   execve(path, argv, envp);
   int err = errno;
   static const char kMsg[] = "launcher: exec failed for ";
@@ -251,7 +253,7 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
     const pid_t pid = fork();
     if (pid == 0) {
       ExecRank(parent, pgid, path.c_str(), argv.data(), envp.data(), null_fd, out_fd, err_fd,
-               spec.run_as ? &*spec.run_as : nullptr);
+               spec.run_as ? &*spec.run_as : nullptr, spec.die_with_launcher);
     }
     const int fork_errno = errno;
     if (log_fd >= 0) close(log_fd);
@@ -303,6 +305,8 @@ std::string WorkerEnd::Reason() const {
       return "nan_loss";
     case kExitKilled:
       return "killed";
+    case kExitDrained:
+      return "drained";
     default:
       return "error";
   }
@@ -326,6 +330,9 @@ std::string WorkerEnd::Describe() const {
       break;
     case kExitKilled:
       what = " (stopped by SIGTERM)";
+      break;
+    case kExitDrained:
+      what = " (checkpointed and stopped: drained)";
       break;
     case 127:
       what = " (could not start)";
@@ -445,10 +452,9 @@ int LaunchReport::ExitCode() const {
   return remote_failure.empty() ? 0 : kExitError;
 }
 
-absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
-  LaunchReport local_report;
-  LaunchReport& rep = report ? *report : local_report;
-  rep = LaunchReport();
+namespace {
+
+absl::Status CheckLaunchOptions(const LaunchOptions& options) {
   if (options.argv.empty()) return absl::InvalidArgumentError("launcher: no command");
   if (options.nproc < 1) {
     return absl::InvalidArgumentError(
@@ -467,76 +473,62 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
     return absl::InvalidArgumentError(
         absl::StrCat("launcher: ", options.nnodes, " nodes need --rendezvous tcp:HOST:PORT"));
   }
-  const int first_rank = options.node_rank * options.nproc;
-  const bool multinode = !options.rendezvous.empty();
+  return absl::OkStatus();
+}
 
-  Cleanup cleanup;
-  std::unique_ptr<NodeLink> link;
-  if (multinode) {
-    ASSIGN_OR_RETURN(link, NodeLink::Join(options));
-  } else {
-    std::string tmp = options.temp_dir;
-    if (tmp.empty()) tmp = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-    std::string dir_template = tmp + "/ithaca-rdzv-XXXXXX";
-    if (mkdtemp(dir_template.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("launcher: cannot create a rendezvous directory in ",
-                                              tmp, ": ", std::strerror(errno)));
-    }
-    cleanup.dir = dir_template;
+// One machine: a file rendezvous in a fresh directory, which `cleanup` removes.
+absl::Status MakeRendezvousDir(const LaunchOptions& options, Cleanup& cleanup) {
+  std::string tmp = options.temp_dir;
+  if (tmp.empty()) tmp = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  std::string dir_template = tmp + "/ithaca-rdzv-XXXXXX";
+  if (mkdtemp(dir_template.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("launcher: cannot create a rendezvous directory in ",
+                                            tmp, ": ", std::strerror(errno)));
   }
+  cleanup.dir = dir_template;
+  return absl::OkStatus();
+}
 
-  if (options.forward_signals) {
-    if (g_forwarding.exchange(true)) {
-      return absl::FailedPreconditionError(
-          "launcher: another launch in this process already forwards signals");
-    }
-    int wake[2];
-    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-      g_forwarding = false;
-      return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
-    }
-    cleanup.fds = {wake[0], wake[1]};
-    g_signal = 0;
-    g_wake_fd = wake[1];
-    struct sigaction sa = {};
-    sa.sa_handler = OnSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, &cleanup.old_int);
-    sigaction(SIGTERM, &sa, &cleanup.old_term);
-    struct sigaction child = sa;
-    child.sa_handler = OnChild;
-    child.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &child, &cleanup.old_chld);
-    cleanup.forwarding = true;
+// SIGINT / SIGTERM are forwarded to the ranks, SIGCHLD wakes the loop (through a pipe whose read
+// end is cleanup.fds[0]); `cleanup` restores the old handlers.
+absl::Status ForwardSignals(Cleanup& cleanup) {
+  if (g_forwarding.exchange(true)) {
+    return absl::FailedPreconditionError(
+        "launcher: another launch in this process already forwards signals");
   }
-  const int wake_read = options.forward_signals ? cleanup.fds[0] : -1;
+  int wake[2];
+  if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    g_forwarding = false;
+    return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
+  }
+  cleanup.fds = {wake[0], wake[1]};
+  g_signal = 0;
+  g_wake_fd = wake[1];
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, &cleanup.old_int);
+  sigaction(SIGTERM, &sa, &cleanup.old_term);
+  struct sigaction child = sa;
+  child.sa_handler = OnChild;
+  child.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &child, &cleanup.old_chld);
+  cleanup.forwarding = true;
+  return absl::OkStatus();
+}
 
-  LaunchSpec spec;
-  spec.argv = options.argv;
-  spec.gpus = options.gpus;
-  if (spec.gpus.empty()) {
-    for (int r = 0; r < options.nproc; ++r) spec.gpus.push_back(r);
-  }
-  spec.rendezvous = multinode ? options.rendezvous : "file:" + cleanup.dir;
-  spec.first_rank = first_rank;
-  spec.world = options.nnodes * options.nproc;
-  spec.env = options.env;
-  if (multinode) {
-    // Gloo listens where the other nodes can reach it, unless told otherwise.
-    bool gloo_host_set = std::getenv("ITHACA_GLOO_HOST") != nullptr;
-    for (const auto& [key, value] : options.env) gloo_host_set |= key == "ITHACA_GLOO_HOST";
-    const std::string address = link->LocalAddress();
-    if (!gloo_host_set && !address.empty()) spec.env.emplace_back("ITHACA_GLOO_HOST", address);
-  }
-  std::vector<Child>& children = cleanup.children;
-  children.resize(options.nproc);
-  // The ranks' ends of the output pipes: closed once the ranks hold them, so that a rank's exit
-  // is its pipes' end of file.
-  std::vector<int> write_ends;
-  auto close_write_ends = [&write_ends] {
+// Where each rank's output goes: rank 0 to the launcher's own descriptors; the others to their
+// log files, or to pipes the loop prefixes "[rank r] " onto. The ranks' write ends are left in
+// `write_ends`, for the caller to close once the ranks hold them (a rank's exit is then its
+// pipes' end of file).
+absl::Status ConnectOutputs(const LaunchOptions& options, int first_rank,
+                            std::vector<Child>& children, LaunchSpec& spec,
+                            std::vector<int>& write_ends) {
+  auto fail = [&write_ends] {
     for (int fd : write_ends) close(fd);
     write_ends.clear();
+    return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
   };
   for (int r = 0; r < options.nproc; ++r) {
     children[r].rank = r;
@@ -547,16 +539,10 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
       output.log_path = Launcher::RankLogPath(options.log_dir, first_rank + r);
     } else if (r > 0) {
       int out[2], err[2];
-      if (pipe2(out, O_CLOEXEC) != 0) {
-        close_write_ends();
-        return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
-      }
+      if (pipe2(out, O_CLOEXEC) != 0) return fail();
       children[r].out = out[0];
       write_ends.push_back(out[1]);
-      if (pipe2(err, O_CLOEXEC) != 0) {
-        close_write_ends();
-        return absl::InternalError(absl::StrCat("launcher: pipe: ", std::strerror(errno)));
-      }
+      if (pipe2(err, O_CLOEXEC) != 0) return fail();
       children[r].err = err[0];
       write_ends.push_back(err[1]);
       output.out_fd = out[1];
@@ -564,69 +550,73 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
     }
     spec.outputs.push_back(output);
   }
-  absl::StatusOr<WorkerGroup> group = Launcher::Launch(spec);
-  close_write_ends();
-  if (!group.ok()) return group.status();
-  rep.ranks.resize(options.nproc);
-  for (int r = 0; r < options.nproc; ++r) {
-    children[r].pid = group->pids[r];
-    children[r].running = true;
-    rep.ranks[r].rank = first_rank + r;
-    rep.ranks[r].pid = group->pids[r];
+  return absl::OkStatus();
+}
+
+// Supervises one node's ranks until every one has ended and its output is drained: forwards
+// their output, reaps them, and stops them all (SIGTERM, then SIGKILL after the grace period) on
+// the first failure, another node's failure, or a signal the launcher forwards.
+class LocalSupervision {
+ public:
+  LocalSupervision(const LaunchOptions& options, int first_rank, pid_t pgid, int wake_read,
+                   std::vector<Child>& children, NodeLink* link, LaunchReport& rep)
+      : options_(options),
+        first_rank_(first_rank),
+        pgid_(pgid),
+        wake_read_(wake_read),
+        children_(children),
+        link_(link),
+        rep_(rep) {}
+
+  void Run() {
+    while (true) {
+      bool any_running = false, any_pipe = false;
+      for (const Child& c : children_) {
+        any_running |= c.running;
+        any_pipe |= c.out >= 0 || c.err >= 0;
+      }
+      if (!any_running && !any_pipe) return;
+      ForwardOutput(any_running);
+      Reap();
+      WatchOtherNodes();
+      TakeSignal();
+      if (stopping_ && !killed_ && Clock::now() > grace_deadline_) {
+        StopAll(SIGKILL);
+        killed_ = true;
+      }
+    }
   }
 
-  // Supervise: forward output, reap, stop everyone on the first failure or a signal.
-  bool stopping = false;
-  bool killed = false;
-  bool reported_failure = false;
-  auto grace_deadline = Clock::now();
-  auto stop_all = [&](int sig) {
-    for (const Child& c : children) {
-      if (c.running) rep.ranks[c.rank].stopped_by_launcher = true;
-    }
-    Launcher::SignalGroup(group->pgid, sig);
-  };
-  auto begin_stop = [&](int sig) {
-    if (stopping) return;
-    stopping = true;
-    grace_deadline = Clock::now() + std::chrono::milliseconds(
-                                        static_cast<int64_t>(options.grace_period_s * 1000.0));
-    stop_all(sig);
-  };
-  while (true) {
-    bool any_running = false;
-    for (const Child& c : children) any_running |= c.running;
-    bool any_pipe = false;
-    for (const Child& c : children) any_pipe |= c.out >= 0 || c.err >= 0;
-    if (!any_running && !any_pipe) break;
-
+ private:
+  // Waits (up to a poll interval) for output or a wake-up, and forwards what came.
+  void ForwardOutput(bool any_running) {
     std::vector<pollfd> fds;
-    if (wake_read >= 0) fds.push_back({wake_read, POLLIN, 0});
-    for (const Child& c : children) {
+    if (wake_read_ >= 0) fds.push_back({wake_read_, POLLIN, 0});
+    for (const Child& c : children_) {
       if (c.out >= 0) fds.push_back({c.out, POLLIN, 0});
       if (c.err >= 0) fds.push_back({c.err, POLLIN, 0});
     }
     // Once every rank is reaped, only drain what is already buffered: a grandchild that kept a
     // pipe open must not hold the launcher.
-    int timeout_ms = any_running ? (options.forward_signals ? 100 : 20) : 0;
-    int ready = poll(fds.data(), fds.size(), timeout_ms);
+    const int timeout_ms = any_running ? (options_.forward_signals ? 100 : 20) : 0;
+    const int ready = poll(fds.data(), fds.size(), timeout_ms);
     if (ready > 0) {
       for (const pollfd& p : fds) {
         if (p.revents == 0) continue;
-        if (p.fd == wake_read) {
+        if (p.fd == wake_read_) {
           char buf[64];
-          while (read(wake_read, buf, sizeof(buf)) > 0) {
+          while (read(wake_read_, buf, sizeof(buf)) > 0) {
           }
           continue;
         }
-        for (Child& c : children) {
-          const std::string prefix = absl::StrCat("[rank ", first_rank + c.rank, "] ");
-          if (p.fd == c.out) Pump(&c.out, &c.out_line, options.out_fd, prefix);
-          if (p.fd == c.err) Pump(&c.err, &c.err_line, options.err_fd, prefix);
+        for (Child& c : children_) {
+          const std::string prefix = absl::StrCat("[rank ", first_rank_ + c.rank, "] ");
+          if (p.fd == c.out) Pump(&c.out, &c.out_line, options_.out_fd, prefix);
+          if (p.fd == c.err) Pump(&c.err, &c.err_line, options_.err_fd, prefix);
         }
       }
     } else if (!any_running) {
-      for (Child& c : children) {
+      for (Child& c : children_) {
         for (int* fd : {&c.out, &c.err}) {
           if (*fd >= 0) {
             close(*fd);
@@ -635,53 +625,86 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
         }
       }
     }
+  }
 
-    for (Child& c : children) {
+  // Reaps ranks that ended; the first to fail (on its own) stops the others.
+  void Reap() {
+    for (Child& c : children_) {
       if (!c.running) continue;
       std::optional<WorkerEnd> end = Launcher::Poll(c.pid);
       if (!end) continue;
       c.running = false;
-      RankExit& e = rep.ranks[c.rank];
+      RankExit& e = rep_.ranks[c.rank];
       e.end = *end;
-      if (!end->ok() && rep.first_failure < 0 && !e.stopped_by_launcher &&
-          rep.forwarded_signal == 0) {
-        rep.first_failure = c.rank;
-        begin_stop(SIGTERM);
+      if (!end->ok() && rep_.first_failure < 0 && !e.stopped_by_launcher &&
+          rep_.forwarded_signal == 0) {
+        rep_.first_failure = c.rank;
+        BeginStop(SIGTERM);
       }
-    }
-
-    // Across nodes: say when this node failed, and stop when another one did.
-    if (link != nullptr && rep.remote_failure.empty()) {
-      if (rep.first_failure >= 0 && !reported_failure) {
-        reported_failure = true;
-        rep.remote_failure = link->ReportFailure(rep.ranks[rep.first_failure].ToString());
-      } else if (!stopping) {
-        rep.remote_failure = link->RemoteFailure();
-        if (!rep.remote_failure.empty()) begin_stop(SIGTERM);
-      }
-    }
-
-    if (g_signal != 0 && options.forward_signals) {
-      const int sig = g_signal;
-      g_signal = 0;
-      if (rep.forwarded_signal == 0 && !stopping) {
-        rep.forwarded_signal = sig;
-        begin_stop(sig);
-        if (link != nullptr) {
-          link->Announce(
-              absl::StrCat("its launcher received ", SignalName(sig), " and stopped its ranks"));
-        }
-      } else {
-        stop_all(SIGKILL);  // a second signal, or one during shutdown: no more waiting
-        killed = true;
-      }
-    }
-    if (stopping && !killed && Clock::now() > grace_deadline) {
-      stop_all(SIGKILL);
-      killed = true;
     }
   }
 
+  // Across nodes: says when this node failed, and stops when another one did.
+  void WatchOtherNodes() {
+    if (link_ == nullptr || !rep_.remote_failure.empty()) return;
+    if (rep_.first_failure >= 0 && !reported_failure_) {
+      reported_failure_ = true;
+      rep_.remote_failure = link_->ReportFailure(rep_.ranks[rep_.first_failure].ToString());
+    } else if (!stopping_) {
+      rep_.remote_failure = link_->RemoteFailure();
+      if (!rep_.remote_failure.empty()) BeginStop(SIGTERM);
+    }
+  }
+
+  // A SIGINT / SIGTERM the launcher received: forwarded; a second one kills.
+  void TakeSignal() {
+    if (g_signal == 0 || !options_.forward_signals) return;
+    const int sig = g_signal;
+    g_signal = 0;
+    if (rep_.forwarded_signal == 0 && !stopping_) {
+      rep_.forwarded_signal = sig;
+      BeginStop(sig);
+      if (link_ != nullptr) {
+        link_->Announce(
+            absl::StrCat("its launcher received ", SignalName(sig), " and stopped its ranks"));
+      }
+    } else {
+      StopAll(SIGKILL);  // a second signal, or one during shutdown: no more waiting
+      killed_ = true;
+    }
+  }
+
+  void StopAll(int sig) {
+    for (const Child& c : children_) {
+      if (c.running) rep_.ranks[c.rank].stopped_by_launcher = true;
+    }
+    Launcher::SignalGroup(pgid_, sig);
+  }
+
+  void BeginStop(int sig) {
+    if (stopping_) return;
+    stopping_ = true;
+    grace_deadline_ = Clock::now() + std::chrono::milliseconds(
+                                         static_cast<int64_t>(options_.grace_period_s * 1000.0));
+    StopAll(sig);
+  }
+
+  const LaunchOptions& options_;
+  const int first_rank_;
+  const pid_t pgid_;
+  const int wake_read_;
+  std::vector<Child>& children_;
+  NodeLink* const link_;
+  LaunchReport& rep_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  bool reported_failure_ = false;
+  Clock::time_point grace_deadline_ = Clock::now();
+};
+
+// The launch's result once every rank has ended (see LaunchLocal in launcher.h).
+absl::Status LaunchOutcome(const LaunchOptions& options, const LaunchReport& rep, int first_rank,
+                           NodeLink* link) {
   const std::string node = link != nullptr ? link->name() + ": " : "";
   if (!rep.remote_failure.empty() && rep.forwarded_signal == 0) {
     std::string message =
@@ -713,6 +736,62 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
   }
   if (link != nullptr) return link->Finish();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
+  LaunchReport local_report;
+  LaunchReport& rep = report ? *report : local_report;
+  rep = LaunchReport();
+  RETURN_IF_ERROR(CheckLaunchOptions(options));
+  const int first_rank = options.node_rank * options.nproc;
+  const bool multinode = !options.rendezvous.empty();
+
+  Cleanup cleanup;
+  std::unique_ptr<NodeLink> link;
+  if (multinode) {
+    ASSIGN_OR_RETURN(link, NodeLink::Join(options));
+  } else {
+    RETURN_IF_ERROR(MakeRendezvousDir(options, cleanup));
+  }
+  if (options.forward_signals) RETURN_IF_ERROR(ForwardSignals(cleanup));
+  const int wake_read = options.forward_signals ? cleanup.fds[0] : -1;
+
+  LaunchSpec spec;
+  spec.argv = options.argv;
+  spec.gpus = options.gpus;
+  if (spec.gpus.empty()) {
+    for (int r = 0; r < options.nproc; ++r) spec.gpus.push_back(r);
+  }
+  spec.rendezvous = multinode ? options.rendezvous : "file:" + cleanup.dir;
+  spec.first_rank = first_rank;
+  spec.world = options.nnodes * options.nproc;
+  spec.env = options.env;
+  if (multinode) {
+    // Gloo listens where the other nodes can reach it, unless told otherwise.
+    bool gloo_host_set = std::getenv("ITHACA_GLOO_HOST") != nullptr;
+    for (const auto& [key, value] : options.env) gloo_host_set |= key == "ITHACA_GLOO_HOST";
+    const std::string address = link->LocalAddress();
+    if (!gloo_host_set && !address.empty()) spec.env.emplace_back("ITHACA_GLOO_HOST", address);
+  }
+  std::vector<Child>& children = cleanup.children;
+  children.resize(options.nproc);
+  std::vector<int> write_ends;
+  RETURN_IF_ERROR(ConnectOutputs(options, first_rank, children, spec, write_ends));
+  absl::StatusOr<WorkerGroup> group = Launcher::Launch(spec);
+  for (int fd : write_ends) close(fd);
+  if (!group.ok()) return group.status();
+  rep.ranks.resize(options.nproc);
+  for (int r = 0; r < options.nproc; ++r) {
+    children[r].pid = group->pids[r];
+    children[r].running = true;
+    rep.ranks[r].rank = first_rank + r;
+    rep.ranks[r].pid = group->pids[r];
+  }
+
+  LocalSupervision(options, first_rank, group->pgid, wake_read, children, link.get(), rep).Run();
+  return LaunchOutcome(options, rep, first_rank, link.get());
 }
 
 }  // namespace ithaca

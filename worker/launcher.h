@@ -6,9 +6,9 @@
 //
 // Every rank runs in the launch's own process group, so one killpg reaches them all (and what
 // they start); gets ITHACA_RANK / ITHACA_WORLD_SIZE / ITHACA_RENDEZVOUS / ITHACA_GPU (and
-// OMP_NUM_THREADS, its share of the cores, unless set); reads /dev/null; and dies with SIGKILL
-// when the thread that started it exits (PR_SET_PDEATHSIG: call from a thread that lives as long
-// as the ranks), so no rank outlives its launcher.
+// OMP_NUM_THREADS, its share of the cores, unless set); reads /dev/null; and, unless the launch
+// says otherwise (LaunchSpec::die_with_launcher), dies with SIGKILL when the thread that started
+// it exits (PR_SET_PDEATHSIG: call from a thread that lives as long as the ranks).
 #pragma once
 
 #include <sys/types.h>
@@ -59,6 +59,10 @@ struct LaunchSpec {
   // Set: each rank sets its groups, gid and uid to these before exec (the launcher must be
   // root), and gets HOME / USER / LOGNAME of that user.
   std::optional<RunAs> run_as;
+  // true: the ranks get PR_SET_PDEATHSIG and die when the launching thread does. false
+  // (ithacad's supervisor): they outlive the launcher, in their own process group, so a daemon
+  // restart does not cost the job; the next daemon adopts them (server/adoption.h).
+  bool die_with_launcher = true;
 };
 
 struct WorkerGroup {

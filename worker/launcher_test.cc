@@ -229,6 +229,9 @@ TEST(WorkerEndTest, ReasonsNameTheWorkerExitCodes) {
   EXPECT_EQ(WorkerEnd({false, 4}).Reason(), "nan_loss");
   EXPECT_EQ(WorkerEnd({false, 4}).Describe(), "exited with code 4 (NaN loss)");
   EXPECT_EQ(WorkerEnd({false, 5}).Reason(), "killed");
+  EXPECT_EQ(WorkerEnd({false, 6}).Reason(), "drained");
+  EXPECT_EQ(WorkerEnd({false, 6}).Describe(),
+            "exited with code 6 (checkpointed and stopped: drained)");
   EXPECT_EQ(WorkerEnd({false, 127}).Describe(), "exited with code 127 (could not start)");
   EXPECT_EQ(WorkerEnd({true, SIGKILL}).Describe(), "killed by SIGKILL (signal 9)");
   EXPECT_EQ(WorkerEnd({true, SIGKILL}).ShellCode(), 128 + SIGKILL);

@@ -403,6 +403,11 @@ const std::vector<Section>& Sections() {
        "Held-out loss, measured with no gradients. Optional: without the section the job never "
        "evaluates.",
        [](const JobSpec& s) { return !s.eval.path.empty(); }},
+      {"retry",
+       "What ithacad does when the job fails in a way that need not repeat (a rank killed or "
+       "crashed, a lost heartbeat; not a bad spec, a NaN loss or out of memory): it queues the "
+       "job again and it resumes from its newest checkpoint (docs/jobs.md).",
+       {}},
       {"kernels",
        "Which kernel runs each pass of attention on the CUDA backend (ignored on the CPU). "
        "\"auto\" is resolved at admission by the measured rule (engine/backend/attention_choice.cc), "
@@ -517,6 +522,11 @@ const std::vector<Key>& Keys() {
        "Steps between evaluations; 0: only after the last step (always then)."},
       {"eval.batches", Int(FIELD(eval.batches)),
        "Micro-batches of `data.micro_batch` windows per data-parallel replica."},
+
+      {"retry.max_restarts", Int(FIELD(retry.max_restarts)),
+       "Restarts after such failures (0..1000); 0: the first failure is final."},
+      {"retry.backoff_seconds", Float(FIELD(retry.backoff_seconds)),
+       "Seconds between a failure and the restart (0..86400)."},
 
       {"kernels.attention_forward",
        Str(FIELD(kernels.attention_forward), AttentionKernelNames()),
@@ -675,6 +685,12 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(
       r.Require(s.eval.batches >= 1 && s.eval.batches <= kMaxEvalBatches, "eval.batches",
                 absl::StrCat("must be in [1, ", kMaxEvalBatches, "], got ", s.eval.batches)));
+  RETURN_IF_ERROR(r.Require(s.retry.max_restarts >= 0 && s.retry.max_restarts <= 1000,
+                            "retry.max_restarts",
+                            absl::StrCat("must be in 0..1000, got ", s.retry.max_restarts)));
+  RETURN_IF_ERROR(r.Require(
+      s.retry.backoff_seconds >= 0 && s.retry.backoff_seconds <= 86400, "retry.backoff_seconds",
+      absl::StrCat("must be in 0..86400, got ", FormatDouble(s.retry.backoff_seconds))));
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
   return absl::OkStatus();

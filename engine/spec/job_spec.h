@@ -114,6 +114,15 @@ struct JobSpec {
     std::string attention_backward = "auto";
   } kernels;
 
+  // What ithacad does when the job fails in a way that need not repeat (a rank killed or
+  // crashed, a lost heartbeat; not a bad spec, a NaN loss or out of memory): it queues the job
+  // again, up to max_restarts times, backoff_seconds after the failure; the job resumes from its
+  // newest checkpoint (checkpoint.resume).
+  struct Retry {
+    int64_t max_restarts = 0;
+    double backoff_seconds = 10;
+  } retry;
+
   // Held-out loss, measured with no gradients. The section is optional; without it (path empty)
   // the job never evaluates.
   struct Eval {

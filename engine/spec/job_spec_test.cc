@@ -203,7 +203,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 49);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
+  EXPECT_EQ(keys, 51);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -376,6 +376,9 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
        "job.toml: checkpoint.export: must be \"bf16\" or \"f32\", got \"fp8\""},
       {"[checkpoint]\nexport = \"f32\"", "job.toml: checkpoint.export: needs checkpoint.dir"},
       {"[metrics]\nlog_every = 0", "job.toml: metrics.log_every: must be >= 1"},
+      {"[retry]\nmax_restarts = -1", "job.toml: retry.max_restarts: must be in 0..1000"},
+      {"[retry]\nbackoff_seconds = -2", "job.toml: retry.backoff_seconds: must be in 0..86400"},
+      {"[retry]\nmax_retries = 2", "job.toml: retry.max_retries"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.toml);
@@ -446,6 +449,22 @@ TEST(JobSpecTest, EvaluationOnlyJob) {
   ExpectError(ParseError("[training]\nlr = 0\n[eval]\npath = \"v\"\n"),
               "job.toml: data.path: "
               "required");
+}
+
+TEST(JobSpecTest, RetryPolicyDefaultsToNoRestartAndRoundTrips) {
+  absl::StatusOr<JobSpec> none = ParseJobSpec("[data]\npath = \"d\"\n");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->retry.max_restarts, 0);
+  EXPECT_EQ(none->retry.backoff_seconds, 10);
+  absl::StatusOr<JobSpec> s =
+      ParseJobSpec("[data]\npath = \"d\"\n[retry]\nmax_restarts = 3\nbackoff_seconds = 0.5\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->retry.max_restarts, 3);
+  EXPECT_EQ(s->retry.backoff_seconds, 0.5);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToToml(*s), "roundtrip.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->retry.max_restarts, 3);
+  EXPECT_EQ(back->retry.backoff_seconds, 0.5);
 }
 
 TEST(JobSpecTest, LoadResolvesRelativePathsAgainstTheSpecDirectory) {

@@ -151,7 +151,10 @@ class Daemon:
             [os.environ["ITHACAD"], "--state-dir", state_dir, "--listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--worker-binary", os.environ["ITHACA_WORKER"],
              "--gpus", "0", "--cpu-slots", str(cpu_slots), "--grace-period-s", "3",
-             "--heartbeat-timeout-s", "5", "--heartbeat-interval-ms", "500", *defaults, *extra],
+             "--heartbeat-timeout-s", "5", "--heartbeat-interval-ms", "500",
+             # Workers outlive the daemon (it adopts them again on restart); here they give up
+             # soon after a test's daemon is gone for good.
+             "--daemon-lost-timeout-s", "20", *defaults, *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
             env=dict(os.environ, OMP_NUM_THREADS=str(len(cpus))) if cpus else None,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
@@ -214,20 +217,26 @@ class Daemon:
     def workers(self, job_id):
         return workers_of(self.real_state_dir, job_id)
 
-    def stop(self):
+    def stop(self, leave_jobs=False):
+        """SIGTERM: ithacad leaves running jobs running for the next daemon. Unless `leave_jobs`
+        (a test that restarts the daemon), their workers are then killed, so that no test leaves
+        training processes behind."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=30)
-        self.client.close()
-        self.channel.close()
-        self.log.close()
+        self._close(leave_jobs)
 
-    def kill9(self):
+    def kill9(self, leave_jobs=True):
         self.proc.kill()
         self.proc.wait()
+        self._close(leave_jobs)
+
+    def _close(self, leave_jobs):
         self.client.close()
         self.channel.close()
         self.log.close()
+        if not leave_jobs:
+            kill_workers(self.real_state_dir)
 
 
 def workers_of(state_dir, job_id):
@@ -249,6 +258,28 @@ def workers_of(state_dir, job_id):
             continue
         if want in env and any(e.startswith(rendezvous) for e in env):
             pids.append(int(d))
+    return pids
+
+
+def kill_workers(state_dir, job_id=""):
+    """SIGKILLs the workers of `job_id` (every job when empty) of the daemon using `state_dir`;
+    returns their pids."""
+    prefix = f"ITHACA_RENDEZVOUS=file:{state_dir}/jobs/{job_id}".encode()
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(prefix) for e in env):
+            try:
+                os.kill(int(d), signal.SIGKILL)
+                pids.append(int(d))
+            except OSError:
+                pass
     return pids
 
 
