@@ -260,9 +260,9 @@ TEST(PlannerTest, DocumentMasksChangeNoMemory) {
 }
 
 // On CUDA, cuDNN's ragged (document-masked) attention backward needs a larger workspace: the
-// plan adds what the H200 measured (bench/results/2026-12-01-s2-train-packed-*: 3,238,011,008
-// bytes at 128K tokens, 12,952,019,072 at 512K, 32 heads of 64) instead of the causal 8 bytes
-// per element.
+// plan adds what the H200 measured (3,238,011,008 bytes at 128K tokens, 12,952,019,072 at 512K,
+// 32 heads of 64: bench/results/2026-12-01-s2-train-packed-llama-3.2-1b.jsonl) instead of the
+// causal 8 bytes per element.
 TEST(PlannerTest, DocumentMasksWidenCudnnsWorkspaceOnly) {
   for (auto [S, measured] : {std::pair<int64_t, int64_t>{131072, 3238011008},
                              std::pair<int64_t, int64_t>{524288, 12952019072}}) {

@@ -11,7 +11,7 @@
 //     time share one KV head's K/V, which stays L2-resident (hd128 at 64K: 32 MB of the 50 MB
 //     L2). Heads innermost ("m-major") spread the concurrent CTAs over all KV heads and
 //     streamed K/V from DRAM: 52 % of DRAM peak, the clock dropped from 1.72 to 1.45 GHz
-//     (power) and the kernel lost 8 % at hd128 64K (bench/hopper_attention/README.md).
+//     (power) and the kernel lost 8 % at hd128 64K (lab/hopper_attention/README.md).
 //   * Clusters with K/V multicast (cluster size per shape, ClusterSizeFor): a cluster of 2 or 4
 //     CTAs takes one row block of 2 or 4 query heads of the same KV head, so all its CTAs read
 //     the same K/V blocks over the same causal extent. Each CTA loads 1/cluster of every K/V
@@ -562,7 +562,7 @@ cudaError_t launch_cluster(int cluster, void const* q, void const* k, void const
 }
 
 // Cluster size per shape, from one H200 run (s4-2; forward TFLOPS, causal, Hq 32, Hkv 8; cluster
-// 1 = the kernel without multicast; bench/hopper_attention/README.md):
+// 1 = the kernel without multicast; lab/hopper_attention/README.md):
 //   head_dim 64,  S 64K/128K/256K/512K: 1: 508/508/498/473  2: 513/516/511/502  4: 483/489/487/481
 //   head_dim 128, S 64K/128K/256K/512K: 1: 601/572/531/506  2: 619/595/574/563  4: 593/594/582/580
 // Multicast cuts the K/V bytes each CTA pulls from L2 by the cluster size, and the CTAs of a

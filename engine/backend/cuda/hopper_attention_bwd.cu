@@ -1,7 +1,7 @@
 // The own Hopper (sm_90a) causal GQA attention BACKWARD (hopper_attention.h), FlashAttention-3
 // style (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024: hopper/mainloop_bwd_sm90_tma_gmma_
 // ws.hpp); the code is our own, on CuTe, in the conventions of the forward (hopper_attention.cu).
-// bench/hopper_attention/backward/ builds it standalone (variants, PyTorch checks, ncu) and its
+// lab/hopper_attention/backward/ builds it standalone (variants, PyTorch checks, ncu) and its
 // README has the design notes and the measurements.
 //
 // Layouts (the forward's): Q, O, dO, dQ [S, Hq, D] bf16; K, V, dK, dV [S, Hkv, D] bf16 (token

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from the repository root: bench/hopper_attention/backward/run_device.sh STEP...
+# Runs on the GPU machine from the repository root: lab/hopper_attention/backward/run_device.sh STEP...
 # STEPs: build quick check check_variants bench bench_variants bench_long ncu.
 # Logs and JSON lines go to $OUT (or ./out). The .so files are built on the CPU machine
 # (backward/build_variants.sh, ../build.sh for the forward) and carried (the .venv with the CUTLASS
 # headers is 240 MB, over the carry limit, so the device does not rebuild):
-#   carry: ["bench/hopper_attention/build", "bench/hopper_attention/backward/build"]
+#   carry: ["lab/hopper_attention/build", "lab/hopper_attention/backward/build"]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-H=bench/hopper_attention
+H=lab/hopper_attention
 B=$H/backward
 OUT="${OUT:-$B/out}"; mkdir -p "$OUT"
 for step in "$@"; do

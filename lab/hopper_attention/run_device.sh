@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from the repository root: bench/hopper_attention/run_device.sh STEP...
+# Runs on the GPU machine from the repository root: lab/hopper_attention/run_device.sh STEP...
 # STEPs: build check bench l2 v5final cluster ncu (the kernel is the engine's own, built by build.sh; the
-# tile-order and pipeline variants in notes/ were built from the experimental copy this
+# tile-order and pipeline variants of notes/INDEX.md were built from the experimental copy this
 # directory held until the kernel moved into the engine: git show 710544f:bench/hopper_attention/hopper_fwd.cu). Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-H=bench/hopper_attention
+H=lab/hopper_attention
 OUT="${OUT:-$H/out}"; mkdir -p "$OUT"
 for step in "$@"; do
   case "$step" in

@@ -9,6 +9,15 @@
 # bench_bwd.py runs a variant as impl "ours:<name>" (e.g. ours:atomic). Logs: build/*.log.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../../.." && pwd)"
+# The -D switches live in the engine's kernel only up to commit c34505a (issue 29 removed them
+# once measured): without them every variant would silently be the default.
+if ! grep -q 'ITHACA_BWD_' "$ROOT/engine/backend/cuda/hopper_attention_bwd.cu"; then
+  echo "build_variants.sh: engine/backend/cuda/hopper_attention_bwd.cu has no ITHACA_BWD_* switches;" \
+    "build the variants from the last kernel that had them:" \
+    "git worktree add /tmp/bwd-variants c34505a && /tmp/bwd-variants/bench/hopper_attention/backward/build_variants.sh" >&2
+  exit 1
+fi
 mkdir -p "$HERE/build"
 build() {  # name, flags...
   local name="$1"; shift
