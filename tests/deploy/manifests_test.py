@@ -141,7 +141,7 @@ class Kubernetes(unittest.TestCase):
             secrets.add(secret["secretName"])
         self.assertEqual(len(secrets), 2, secrets)  # a generic token Secret and a TLS Secret
         self.assertNotIn("--insecure", self.container["args"])
-        # No Secret with a token in the repository: they are made with kubectl (README.md).
+        # No Secret with a token in the repository: they are made with kubectl (docs/service.md).
         self.assertFalse([k for k in self.objs if k[0] == "Secret"])
 
     def test_runs_as_non_root_and_bounds_job_paths(self):
