@@ -31,7 +31,7 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(const std::string& name) {
 }
 
 // TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16) against the engine's cuDNN 9.14.
-// Forward (bench/hopper_attention/README.md; K/V multicast over clusters of 2 or 4 CTAs):
+// Forward (lab/hopper_attention/README.md; K/V multicast over clusters of 2 or 4 CTAs):
 //   head_dim 64:  S 64K 513-515 vs 499, 128K 516 vs 498, 256K 508-511 vs 462, 512K 500-502 vs 428
 //   head_dim 128: S 64K 619-620 vs 609, 128K 588-595, 256K 582-584, 512K 578-580
 //                 (cuDNN 9.19: 554, 513, 487 at 128K, 256K, 512K)
