@@ -35,6 +35,7 @@
 #include "server/auth.h"
 #include "server/jobs.h"
 #include "server/path_policy.h"
+#include "server/rpc_text.h"
 #include "server/services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -298,6 +299,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartWorkerServer(const Supervisor
   grpc::ServerBuilder wb;
   wb.AddListeningPort("unix:" + so.worker_socket, grpc::InsecureServerCredentials());
   wb.RegisterService(service);
+  AddRpcBoundary(&wb);  // a request that is not UTF-8 gets INVALID_ARGUMENT saying so
   std::unique_ptr<grpc::Server> server = wb.BuildAndStart();
   if (!server) {
     return absl::UnavailableError(absl::StrCat("cannot listen on unix:", so.worker_socket));
@@ -438,6 +440,7 @@ absl::Status Serve(DaemonOptions o) {
   int port = 0;
   jb.AddListeningPort(o.listen, o.security.credentials, &port);
   jb.RegisterService(&job_service);
+  AddRpcBoundary(&jb);
   std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
   if (!server) return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
   std::unique_ptr<HealthServer> health_server;

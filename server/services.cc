@@ -5,7 +5,9 @@
 #include <memory>
 
 #include "absl/time/clock.h"
+#include "engine/core/utf8.h"
 #include "server/log_files.h"
+#include "server/rpc_text.h"
 #include "worker/launcher.h"
 
 namespace ithaca {
@@ -16,13 +18,30 @@ grpc::Status ToGrpc(const absl::Status& status) {
   // default) turns the answer into RESOURCE_EXHAUSTED: an error must never echo a client's
   // unbounded input whole.
   constexpr size_t kMaxMessageBytes = 2048;
-  std::string message(status.message());
-  if (message.size() > kMaxMessageBytes) {
-    const size_t cut = message.size() - kMaxMessageBytes;
-    message = absl::StrCat(message.substr(0, kMaxMessageBytes), "... (", cut, " more bytes)");
-  }
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
+  // Clients decode the message as UTF-8 (Python's grpc does).
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      BoundedUtf8(status.message(), kMaxMessageBytes));
 }
+
+namespace {
+
+// What a handler answers: valid UTF-8 in every string (server/rpc_text.h), or the error.
+template <typename M>
+grpc::Status Answer(absl::StatusOr<M> result, M* response) {
+  if (!result.ok()) return ToGrpc(result.status());
+  *response = *std::move(result);
+  SanitizeUtf8(response);
+  return grpc::Status::OK;
+}
+
+// Writes one streamed message with its strings made valid UTF-8.
+template <typename M>
+bool WriteValid(grpc::ServerWriter<M>* writer, M message) {
+  SanitizeUtf8(&message);
+  return writer->Write(message);
+}
+
+}  // namespace
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
@@ -30,15 +49,14 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<v1::Job> job = jobs_->Submit(*request);
   if (job.ok()) *response->mutable_job() = *std::move(job);
+  SanitizeUtf8(response);
   return ToGrpc(job.status());
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::Job* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
-  if (job.ok()) *response = *std::move(job);
-  return ToGrpc(job.status());
+  return Answer(jobs_->Get(request->id()), response);
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
@@ -48,15 +66,14 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
   absl::StatusOr<std::vector<v1::Job>> jobs = jobs_->List(*request);
   if (!jobs.ok()) return ToGrpc(jobs.status());
   for (v1::Job& j : *jobs) *response->add_jobs() = std::move(j);
+  SanitizeUtf8(response);
   return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request, v1::Job* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::Job> job = jobs_->Cancel(request->id(), request->reason());
-  if (job.ok()) *response = *std::move(job);
-  return ToGrpc(job.status());
+  return Answer(jobs_->Cancel(request->id(), request->reason()), response);
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
@@ -69,7 +86,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   if (!snapshot.ok()) return ToGrpc(snapshot.status());
   v1::JobEvent first;
   *first.mutable_job() = *snapshot;
-  if (!writer->Write(first)) return grpc::Status::OK;
+  if (!WriteValid(writer, std::move(first))) return grpc::Status::OK;
   int64_t after = request->after_seq();
   while (!context->IsCancelled()) {
     bool closed = false;
@@ -77,7 +94,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
     for (const v1::JobEvent& e : batch) {
       after = e.seq();
       if (e.has_log() && !request->include_logs()) continue;
-      if (!writer->Write(e)) return grpc::Status::OK;
+      if (!WriteValid(writer, e)) return grpc::Status::OK;
     }
     if (closed) break;  // the batch taken with `closed` held every remaining event
   }
@@ -87,10 +104,13 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ReadHistory(grpc::ServerContext* context,
                                          const v1::ReadHistoryRequest* request,
                                          grpc::ServerWriter<v1::JobEvent>* writer) {
+  // Checked before the job is looked up, so NOT_FOUND tells no one without the token which
+  // jobs exist.
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   absl::StatusOr<std::vector<v1::JobEvent>> history = jobs_->History(request->id());
   if (!history.ok()) return ToGrpc(history.status());
-  for (const v1::JobEvent& e : *history) {
-    if (context->IsCancelled() || !writer->Write(e)) break;
+  for (v1::JobEvent& e : *history) {
+    if (context->IsCancelled() || !WriteValid(writer, std::move(e))) break;
   }
   return grpc::Status::OK;
 }
@@ -119,8 +139,8 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
       for (std::string& text : tail->ReadLines(ended || !request->follow())) {
         v1::LogLine line;
         line.set_rank(rank);
-        line.set_text(std::move(text));
-        if (!writer->Write(line)) return grpc::Status::OK;
+        line.set_text(std::move(text));  // a log file may hold any bytes
+        if (!WriteValid(writer, std::move(line))) return grpc::Status::OK;
       }
     }
     if (!request->follow() || ended) break;
@@ -133,23 +153,20 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* context,
                                      const v1::PlanJobRequest* request,
                                      v1::PlanJobResponse* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::PlanJobResponse> plan = jobs_->Plan(*request);
-  if (plan.ok()) *response = *std::move(plan);
-  return ToGrpc(plan.status());
+  return Answer(jobs_->Plan(*request), response);
 }
 
 grpc::Status JobServiceImpl::GetNode(grpc::ServerContext* context, const v1::GetNodeRequest*,
                                      v1::NodeInfo* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   *response = jobs_->NodeInfo();
+  SanitizeUtf8(response);
   return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                                          v1::RegisterResponse* response) {
-  absl::StatusOr<v1::RegisterResponse> r = supervisor_->Register(*request);
-  if (r.ok()) *response = *std::move(r);
-  return ToGrpc(r.status());
+  return Answer(supervisor_->Register(*request), response);
 }
 
 grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext*,

@@ -23,6 +23,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
+#include "server/rpc_text.h"
 #include "worker/exit_codes.h"
 
 namespace ithaca {
@@ -171,6 +172,8 @@ class DaemonLink {
     req.set_rank(o_.rank);
     req.set_level(level);
     req.set_text(text);
+    // A file name in Latin-1 must not turn the real error into an unparsable request.
+    SanitizeUtf8(&req);
     v1::Ack ack;
     stub_->Log(&ctx, req, &ack);
   }
@@ -309,11 +312,13 @@ class DaemonLink {
       v1::ReportStepRequest req;
       req.set_job_id(o_.job_id);
       *req.mutable_step() = *step;
-      return stub_->ReportStep(&ctx, req, &ack);
+      SanitizeUtf8(&req);
+    return stub_->ReportStep(&ctx, req, &ack);
     }
     v1::ReportEvalRequest req;
     req.set_job_id(o_.job_id);
     *req.mutable_eval() = std::get<v1::EvalReport>(report);
+    SanitizeUtf8(&req);
     return stub_->ReportEval(&ctx, req, &ack);
   }
 
