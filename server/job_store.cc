@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "engine/core/utf8.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ithaca {
@@ -204,7 +205,8 @@ absl::Status JobStore::CreateInitialSchema() {
       "COMMIT;"));
 }
 
-absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& reason) {
+absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& reason_in) {
+  const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckIntact());
   Stmt next(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
@@ -260,7 +262,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     return absl::DataLossError(absl::StrCat("job store: record of ", id, " is corrupt"));
   }
   job.set_state(static_cast<JobState>(q.Int(1)));
-  job.set_reason(q.Text(2));
+  job.set_reason(BoundedUtf8(q.Text(2), kMaxReasonBytes));
   if (q.Int(3)) job.set_failed_rank(static_cast<int32_t>(q.Int(4)));
   *job.mutable_updated_at() = TimeUtil::MillisecondsToTimestamp(q.Int(5));
   for (absl::string_view s : absl::StrSplit(q.Text(6), ',', absl::SkipEmpty())) {
@@ -278,7 +280,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     tr->set_from(static_cast<JobState>(t.Int(0)));
     tr->set_to(static_cast<JobState>(t.Int(1)));
     *tr->mutable_time() = TimeUtil::MillisecondsToTimestamp(t.Int(2));
-    tr->set_reason(t.Text(3));
+    tr->set_reason(BoundedUtf8(t.Text(3), kMaxReasonBytes));
   }
   Stmt s(db_, "SELECT report FROM last_steps WHERE job_id = ? ORDER BY rank");
   s.Bind(1, id);
@@ -321,8 +323,9 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>&
 }
 
 absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
-                                             const std::string& reason,
+                                             const std::string& reason_in,
                                              std::optional<int> failed_rank) {
+  const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
   std::lock_guard<std::mutex> lock(mu_);
   Stmt q(db_,
          "SELECT state, (SELECT COALESCE(MAX(seq), 0) FROM transitions WHERE job_id = ?1)"

@@ -33,6 +33,10 @@ class JobStore {
   // a million-step job keeps ~100k rows per rank 0, not a million.
   static constexpr int64_t kHistoryDenseSteps = 10000;
   static constexpr int64_t kHistoryEvery = 10;
+  // A reason (of a job's state, of each transition) is kept to this many bytes, valid UTF-8:
+  // one record must always fit in a reply, whatever a client or a failure message quoted. Also
+  // applied when reading, so a store written by an older ithacad serves bounded records.
+  static constexpr size_t kMaxReasonBytes = 4096;
 
   struct Options {
     std::string path;  // a file, or ":memory:"

@@ -322,3 +322,45 @@ TEST(JobStoreTest, AnUnknownIdIsQuotedBounded) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// A reason is stored bounded and valid UTF-8, so one job's record always fits in a reply; a
+// store an older ithacad filled with a 1.5 MB reason serves it bounded too.
+TEST(JobStoreTest, ReasonsAreBoundedAndValidUtf8) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_reason.db";
+  unlink(path.c_str());
+  const std::string huge(1500000, 'r');
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "submitted \xE9").ok());
+    auto cancelled = (*store)->Transition("job-1", v1::JOB_STATE_CANCELLED, huge);
+    ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+    EXPECT_LE(cancelled->reason().size(), JobStore::kMaxReasonBytes + 32);
+    EXPECT_NE(cancelled->reason().find("more bytes)"), std::string::npos);
+    EXPECT_EQ(cancelled->transitions(0).reason(), "submitted \xEF\xBF\xBD");
+    EXPECT_LT(cancelled->ByteSizeLong(), 3 * JobStore::kMaxReasonBytes + 1000);
+    ASSERT_TRUE((*store)->Create(Template("b"), "submitted").ok());
+  }
+  // What an older ithacad wrote: the whole reason, in both tables.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const std::string sql = "UPDATE jobs SET reason = '" + huge + "' WHERE id = 'job-2';" +
+                          "UPDATE transitions SET reason = '" + huge + "' WHERE job_id = 'job-2';";
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok());
+  auto list = (*store)->List({}, 0);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  for (const v1::Job& j : *list) {
+    EXPECT_LT(j.ByteSizeLong(), 3 * JobStore::kMaxReasonBytes + 1000) << j.id();
+  }
+}
+
+}  // namespace
+}  // namespace ithaca

@@ -244,6 +244,10 @@ absl::StatusOr<std::vector<v1::Job>> Jobs::List(const v1::ListJobsRequest& reque
 }
 
 absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& reason_in) {
+  if (reason_in.size() > kMaxCancelReasonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("reason: at most ", kMaxCancelReasonBytes,
+                                                   " bytes, got ", reason_in.size()));
+  }
   const std::string reason = reason_in.empty() ? "cancelled by the user" : reason_in;
   v1::Job job;
   {

@@ -77,6 +77,9 @@ class Jobs : private JobOwner {
   // The job's persisted step and eval reports, oldest first (JobStore::History).
   absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
   absl::StatusOr<std::vector<v1::Job>> List(const v1::ListJobsRequest& request);
+  // INVALID_ARGUMENT for a reason longer than kMaxCancelReasonBytes (it is stored and sent back
+  // with the job).
+  static constexpr size_t kMaxCancelReasonBytes = 4096;
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
   // The job's event stream; for a job that ended before this daemon started, a closed log
   // holding its final state change.

@@ -117,6 +117,28 @@ TEST(JobsTest, CancelTakesAQueuedJobOffTheQueueAndStopsARunningOne) {
   EXPECT_TRUE(absl::IsFailedPrecondition(jobs.Cancel(first->id(), "").status()));
 }
 
+TEST(JobsTest, ACancelReasonIsBounded) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("cancel_reason", 1, Script("sleep.sh", "exec sleep 30")), store->get(),
+            &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> first = jobs.Submit(Submission(1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<v1::Job> queued = jobs.Submit(Submission(1));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  absl::StatusOr<v1::Job> refused = jobs.Cancel(queued->id(), std::string(1500000, 'r'));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("reason: at most 4096 bytes, got 1500000"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(jobs.Get(queued->id())->state(), v1::JOB_STATE_QUEUED) << "not cancelled";
+  absl::StatusOr<v1::Job> cancelled = jobs.Cancel(queued->id(), std::string(4096, 'r'));
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->reason().size(), 4096u);
+}
+
 TEST(JobsTest, ShutdownFailsRunningJobsKeepsQueuedOnesAndRefusesSubmissions) {
   auto store = JobStore::Open({":memory:"});
   ASSERT_TRUE(store.ok()) << store.status();
