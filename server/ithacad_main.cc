@@ -34,7 +34,7 @@
 #include "engine/core/file_util.h"
 #include "server/auth.h"
 #include "server/jobs.h"
-#include "server/path_policy.h"
+#include "engine/core/path_policy.h"
 #include "server/rpc_text.h"
 #include "server/services.h"
 

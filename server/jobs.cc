@@ -173,7 +173,8 @@ absl::Status Jobs::Recover() {
 }
 
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::string& source,
-                                         const std::string& base_dir, const Node& node) {
+                                         const std::string& base_dir, const Node& node,
+                                         const std::function<bool()>& cancelled) {
   // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
   // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
   // cannot starve the supervisor's heartbeats.
@@ -183,18 +184,20 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::str
         "ithacad is already admitting ", kMaxConcurrentPlans, " jobs; try again shortly"));
   }
   absl::StatusOr<AdmittedSpec> admitted =
-      ParseSubmission(toml, source, base_dir, node, options_.state_dir, options_.allowed_roots);
+      ParseSubmission(toml, source, base_dir, node, options_.state_dir, options_.allowed_roots,
+                      cancelled);
   plans_in_flight_.fetch_sub(1);
   return admitted;
 }
 
-absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
+                                     const std::function<bool()>& cancelled) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request.spec_toml(), request.source(),
+                                                request.base_dir(), options_.node, cancelled));
   RETURN_IF_ERROR(CheckFits(admitted, options_.node));
   v1::Job job;
   job.set_name(admitted.spec.name);
@@ -217,9 +220,10 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
   return stored;
 }
 
-absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request) {
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node));
+absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request,
+                                               const std::function<bool()>& cancelled) {
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request.spec_toml(), request.source(),
+                                                request.base_dir(), options_.node, cancelled));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;

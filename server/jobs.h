@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,7 +48,7 @@ class Jobs : private JobOwner {
     Node node;
     std::string metrics_address;  // for GetNode
     Supervisor::Options supervisor;
-    // Every path a spec names must resolve inside one of these (server/path_policy.h); empty:
+    // Every path a spec names must resolve inside one of these (engine/core/path_policy.h); empty:
     // any path.
     std::vector<std::string> allowed_roots;
   };
@@ -71,8 +72,11 @@ class Jobs : private JobOwner {
   int Drain(absl::Duration timeout);
 
   // JobService.
-  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
-  absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& request);
+  // `cancelled` (the RPC's client went away) is polled while admitting (admission.h).
+  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request,
+                                 const std::function<bool()>& cancelled = nullptr);
+  absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& request,
+                                           const std::function<bool()>& cancelled = nullptr);
   absl::StatusOr<v1::Job> Get(const std::string& id);
   // The job's persisted step and eval reports, oldest first (JobStore::History).
   absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
@@ -95,7 +99,8 @@ class Jobs : private JobOwner {
   // ParseSubmission (parse, validate, resolve with the planner), at most kMaxConcurrentPlans at
   // a time: RESOURCE_EXHAUSTED beyond.
   absl::StatusOr<AdmittedSpec> Admit(const std::string& toml, const std::string& source,
-                                     const std::string& base_dir, const Node& node);
+                                     const std::string& base_dir, const Node& node,
+                                     const std::function<bool()>& cancelled);
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.

@@ -47,7 +47,8 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::Job> job = jobs_->Submit(*request);
+  absl::StatusOr<v1::Job> job =
+      jobs_->Submit(*request, [context] { return context->IsCancelled(); });
   if (job.ok()) *response->mutable_job() = *std::move(job);
   SanitizeUtf8(response);
   return ToGrpc(job.status());
@@ -153,7 +154,7 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* context,
                                      const v1::PlanJobRequest* request,
                                      v1::PlanJobResponse* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  return Answer(jobs_->Plan(*request), response);
+  return Answer(jobs_->Plan(*request, [context] { return context->IsCancelled(); }), response);
 }
 
 grpc::Status JobServiceImpl::GetNode(grpc::ServerContext* context, const v1::GetNodeRequest*,
