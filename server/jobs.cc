@@ -4,7 +4,9 @@
 #include <cstdio>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "google/protobuf/util/time_util.h"
@@ -25,6 +27,11 @@ Jobs::~Jobs() { Shutdown("daemon stopped"); }
 
 absl::Status Jobs::Start() {
   RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));
+  // Workers inherit this environment: they check the paths they open against the same roots
+  // (worker/job_paths.h, engine/core/path_policy.h).
+  if (!options_.allowed_roots.empty()) {
+    setenv(kAllowedRootsEnv, absl::StrJoin(options_.allowed_roots, ":").c_str(), 1);
+  }
   RETURN_IF_ERROR(Recover());
   RefreshJobCounts();
   supervisor_.Start();

@@ -18,12 +18,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/comm/bootstrap.h"
+#include "engine/core/path_policy.h"
 #include "engine/memory/allocator.h"
 #include "engine/runtime/rank.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
 #include "server/rpc_text.h"
+#include "worker/job_paths.h"
 #include "worker/exit_codes.h"
 
 namespace ithaca {
@@ -347,6 +349,10 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
                                                    info.rank, " of ", info.world, ", expected ",
                                                    o.rank, " of ", o.world));
   }
+  // Admission checked the paths against ithacad's roots; what is there now is checked again
+  // before anything is opened (a link planted since is refused), and checkpoint.dir is made.
+  ASSIGN_OR_RETURN(std::vector<std::string> roots, AllowedRootsFromEnvironment());
+  RETURN_IF_ERROR(CheckJobPaths(spec, roots));
   // The spec is the one admission resolved (every "auto" decided against this node): it runs
   // as it is. Joining the group and every collective give up after RankOptions' timeout (a dead
   // peer is an error, not a hang); the daemon normally kills the other ranks first.
