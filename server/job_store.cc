@@ -298,13 +298,14 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>& states,
-                                                    int limit) {
+                                                    int limit, int64_t before_seq) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::string sql = "SELECT id FROM jobs";
+  std::string sql = "SELECT id FROM jobs WHERE 1";
   if (!states.empty()) {
     std::vector<int> v(states.begin(), states.end());
-    absl::StrAppend(&sql, " WHERE state IN (", absl::StrJoin(v, ","), ")");
+    absl::StrAppend(&sql, " AND state IN (", absl::StrJoin(v, ","), ")");
   }
+  if (before_seq > 0) absl::StrAppend(&sql, " AND seq < ", before_seq);
   absl::StrAppend(&sql, " ORDER BY seq DESC");
   if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
   Stmt q(db_, sql.c_str());

@@ -80,7 +80,11 @@ class Jobs : private JobOwner {
   absl::StatusOr<v1::Job> Get(const std::string& id);
   // The job's persisted step and eval reports, oldest first (JobStore::History).
   absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
-  absl::StatusOr<std::vector<v1::Job>> List(const v1::ListJobsRequest& request);
+  // One page (job.proto ListJobsRequest): at most kMaxListLimit jobs and about kMaxListBytes.
+  static constexpr int kDefaultListLimit = 100;
+  static constexpr int kMaxListLimit = 1000;
+  static constexpr size_t kMaxListBytes = 2 << 20;
+  absl::StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
   // INVALID_ARGUMENT for a reason longer than kMaxCancelReasonBytes (it is stored and sent back
   // with the job).
   static constexpr size_t kMaxCancelReasonBytes = 4096;
@@ -124,6 +128,13 @@ class Jobs : private JobOwner {
   // names live workers of the job): the order to adopt them, its slots reserved. nullopt
   // otherwise.
   std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job);
+  // Two live jobs never share a checkpoint.dir: one would delete the other's temporary save,
+  // prune its steps, and a resume would load the other's state. FAILED_PRECONDITION naming the
+  // job that uses `dir` (the admitted, absolute path; compared once resolved).
+  absl::Status ClaimCheckpointDirLocked(const std::string& dir, const std::string& job_id);
+  void ReleaseCheckpointDirLocked(const std::string& job_id);
+  // A job ended: its stream is closed, and dropped from memory (the store keeps what matters).
+  void EndEventsLocked(const std::string& id);
   void PublishState(const std::string& id, const v1::Job& job);
   std::shared_ptr<EventLog> EventsLocked(const std::string& id);
 
@@ -140,6 +151,7 @@ class Jobs : private JobOwner {
     int world = 1;
   };
   std::map<std::string, BackingOff> backing_off_;
+  std::map<std::string, std::string> checkpoint_dirs_;  // resolved dir → live job id
   bool shutting_down_ = false;
   // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
   Supervisor supervisor_;

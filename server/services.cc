@@ -64,11 +64,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<std::vector<v1::Job>> jobs = jobs_->List(*request);
-  if (!jobs.ok()) return ToGrpc(jobs.status());
-  for (v1::Job& j : *jobs) *response->add_jobs() = std::move(j);
-  SanitizeUtf8(response);
-  return grpc::Status::OK;
+  return Answer(jobs_->List(*request), response);
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
