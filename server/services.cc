@@ -43,6 +43,12 @@ bool WriteValid(grpc::ServerWriter<M>* writer, M message) {
 
 }  // namespace
 
+grpc::Status JobServiceImpl::TooManyStreams() const {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("ithacad is serving ", kMaxStreams,
+                                   " streams (watch, logs, history) already; try again shortly"));
+}
+
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
@@ -77,6 +83,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  StreamSlot slot(&open_streams_);
+  if (!slot.ok()) return TooManyStreams();
   absl::StatusOr<std::shared_ptr<EventLog>> events = jobs_->Events(request->id());
   if (!events.ok()) return ToGrpc(events.status());
   absl::StatusOr<v1::Job> snapshot = jobs_->Get(request->id());
@@ -104,6 +112,8 @@ grpc::Status JobServiceImpl::ReadHistory(grpc::ServerContext* context,
   // Checked before the job is looked up, so NOT_FOUND tells no one without the token which
   // jobs exist.
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  StreamSlot slot(&open_streams_);
+  if (!slot.ok()) return TooManyStreams();
   absl::StatusOr<std::vector<v1::JobEvent>> history = jobs_->History(request->id());
   if (!history.ok()) return ToGrpc(history.status());
   for (v1::JobEvent& e : *history) {
@@ -116,6 +126,8 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
                                       const v1::ReadLogsRequest* request,
                                       grpc::ServerWriter<v1::LogLine>* writer) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  StreamSlot slot(&open_streams_);
+  if (!slot.ok()) return TooManyStreams();
   absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
   if (!job.ok()) return ToGrpc(job.status());
   const int world = std::max(1, job->spec().world());
