@@ -25,6 +25,18 @@ using google::protobuf::util::TimeUtil;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
+// "database is locked" is another process holding the store (an operator's sqlite3 shell, a
+// backup) past the busy timeout: UNAVAILABLE, which callers may retry, not INTERNAL.
+absl::Status SqliteError(sqlite3* db, int rc) {
+  const int primary = rc & 0xff;
+  const std::string msg = absl::StrCat("sqlite: ", sqlite3_errmsg(db));
+  if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) {
+    return absl::UnavailableError(
+        absl::StrCat("job store is locked by another process (", msg, "); try again"));
+  }
+  return absl::InternalError(msg);
+}
+
 // One prepared statement; binds by position (1-based) and finalizes on destruction.
 class Stmt {
  public:
@@ -48,15 +60,20 @@ class Stmt {
     sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
-  // SQLITE_ROW → true, SQLITE_DONE → false, anything else → error.
+  // SQLITE_ROW → true, SQLITE_DONE → false, anything else → error: UNAVAILABLE when another
+  // process holds the database locked past the busy timeout (the caller may retry), else
+  // INTERNAL.
   absl::StatusOr<bool> Step() {
     RETURN_IF_ERROR(status());
     int rc = sqlite3_step(s_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+    return SqliteError(db_, rc);
   }
   absl::Status Run() { return Step().status(); }
+  // Ends the statement's read: a connection that still holds a read snapshot cannot wait for
+  // the write lock (SQLite answers "database is locked" at once, without the busy timeout).
+  void Reset() { sqlite3_reset(s_); }
   int64_t Int(int col) { return sqlite3_column_int64(s_, col); }
   std::string Text(int col) {
     const void* p = sqlite3_column_blob(s_, col);
@@ -158,10 +175,11 @@ JobStore::~JobStore() { sqlite3_close(db_); }
 
 absl::Status JobStore::Exec(const std::string& sql) {
   char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+  if (int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db_);
     sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("sqlite: ", msg, " in: ", sql.substr(0, 80)));
+    absl::Status st = SqliteError(db_, rc);
+    return absl::Status(st.code(), absl::StrCat(st.message(), " in: ", sql.substr(0, 80)));
   }
   return absl::OkStatus();
 }
@@ -213,6 +231,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   ASSIGN_OR_RETURN(bool row, next.Step());
   // Never an id used before: not one in the database, nor one whose directory exists.
   const int64_t seq = std::max(row ? next.Int(0) : 1, first_free_dir_seq_);
+  next.Reset();
   v1::Job record = job;
   record.set_id(absl::StrCat("job-", seq));
   record.set_log_dir(absl::StrReplaceAll(job.log_dir(), {{"{id}", record.id()}}));
@@ -225,7 +244,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   record.clear_slots();
   const int64_t now = NowMs();
   *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
-  RETURN_IF_ERROR(Exec("BEGIN"));
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));  // waits (busy timeout) for the write lock here
   Stmt ins(db_,
            "INSERT INTO jobs(id, seq, name, state, reason, created_ms, updated_ms, record)"
            " VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
@@ -335,12 +354,14 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
   ASSIGN_OR_RETURN(bool row, q.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
   const JobState from = static_cast<JobState>(q.Int(0));
+  const int64_t last_seq = q.Int(1);
+  q.Reset();
   if (!IsAllowedTransition(from, to)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(from),
                                                       "; it cannot become ", JobStateName(to)));
   }
   const int64_t now = NowMs();
-  RETURN_IF_ERROR(Exec("BEGIN"));
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));  // waits (busy timeout) for the write lock here
   Stmt up(db_, failed_rank
                    ? "UPDATE jobs SET state = ?, reason = ?, updated_ms = ?, failed_rank = ?"
                      " WHERE id = ?"
@@ -352,7 +373,7 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
     up.Bind(4, id);
   }
   Stmt tr(db_, "INSERT INTO transitions VALUES(?, ?, ?, ?, ?, ?)");
-  tr.Bind(1, id).Bind(2, q.Int(1) + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
+  tr.Bind(1, id).Bind(2, last_seq + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
   tr.Bind(5, now).Bind(6, reason);
   absl::Status st = up.Run();
   if (st.ok()) st = tr.Run();

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 
 namespace ithaca {
 namespace {
@@ -360,6 +361,42 @@ TEST(JobStoreTest, ReasonsAreBoundedAndValidUtf8) {
   for (const v1::Job& j : *list) {
     EXPECT_LT(j.ByteSizeLong(), 3 * JobStore::kMaxReasonBytes + 1000) << j.id();
   }
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Another process holding the store's write lock: a transition waits for it (busy timeout),
+// and a lock held past that is UNAVAILABLE naming the cause (callers retry), not INTERNAL.
+TEST(JobStoreTest, ALockedStoreIsWaitedForThenUnavailable) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_busy.db";
+  unlink(path.c_str());
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Create(Template("a"), "submitted").ok());
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::thread release([other] {
+    usleep(300 * 1000);
+    sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
+  });
+  auto moved = (*store)->Transition("job-1", v1::JOB_STATE_CANCELLED, "while locked");
+  release.join();
+  EXPECT_TRUE(moved.ok()) << moved.status();
+
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  auto created = (*store)->Create(Template("b"), "submitted");  // waits the 5 s busy timeout
+  EXPECT_TRUE(absl::IsUnavailable(created.status())) << created.status();
+  EXPECT_NE(created.status().message().find("locked by another process"), std::string::npos)
+      << created.status();
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+  EXPECT_TRUE((*store)->Create(Template("b"), "submitted").ok());
 }
 
 }  // namespace
