@@ -378,7 +378,11 @@ void Jobs::EndEventsLocked(const std::string& id) {
   auto it = events_.find(id);
   if (it == events_.end()) return;
   it->second->Close();  // watchers holding it read to its end
-  events_.erase(it);
+  ended_events_.push_back(id);
+  while (ended_events_.size() > kEndedEventLogsKept) {
+    events_.erase(ended_events_.front());
+    ended_events_.pop_front();
+  }
 }
 
 std::shared_ptr<EventLog> Jobs::EventsLocked(const std::string& id) {
@@ -392,9 +396,22 @@ absl::StatusOr<std::shared_ptr<EventLog>> Jobs::Events(const std::string& id) {
   auto it = events_.find(id);
   if (it != events_.end()) return it->second;
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  if (IsTerminal(job.state())) {
+    // Ended before this daemon started, or long enough ago to be dropped: a closed log with
+    // the final state, held by the watcher alone.
+    auto log = std::make_shared<EventLog>();
+    v1::JobEvent e;
+    *e.mutable_state() = job.transitions_size() > 0
+                             ? job.transitions(job.transitions_size() - 1)
+                             : v1::StateTransition();
+    if (job.transitions_size() == 0) e.mutable_state()->set_to(job.state());
+    *e.mutable_job() = job;
+    log->Append(std::move(e));
+    log->Close();
+    return log;
+  }
   std::shared_ptr<EventLog> log = EventsLocked(id);
   PublishState(id, job);
-  if (IsTerminal(job.state())) EndEventsLocked(id);  // the watcher's copy alone holds it
   return log;
 }
 

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -82,6 +83,10 @@ class Jobs : private JobOwner {
   absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
   // One page (job.proto ListJobsRequest): at most kMaxListLimit jobs and about kMaxListBytes.
   static constexpr int kDefaultListLimit = 100;
+  // The newest this many ended jobs keep their event streams in memory (a watcher whose
+  // connection dropped resumes where it was); older ones are dropped (the store keeps their
+  // state and history), so memory does not grow with every job.
+  static constexpr size_t kEndedEventLogsKept = 16;
   static constexpr int kMaxListLimit = 1000;
   static constexpr size_t kMaxListBytes = 2 << 20;
   absl::StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
@@ -133,7 +138,7 @@ class Jobs : private JobOwner {
   // job that uses `dir` (the admitted, absolute path; compared once resolved).
   absl::Status ClaimCheckpointDirLocked(const std::string& dir, const std::string& job_id);
   void ReleaseCheckpointDirLocked(const std::string& job_id);
-  // A job ended: its stream is closed, and dropped from memory (the store keeps what matters).
+  // A job ended: its stream is closed (see kEndedEventLogsKept).
   void EndEventsLocked(const std::string& id);
   void PublishState(const std::string& id, const v1::Job& job);
   std::shared_ptr<EventLog> EventsLocked(const std::string& id);
@@ -152,6 +157,8 @@ class Jobs : private JobOwner {
   };
   std::map<std::string, BackingOff> backing_off_;
   std::map<std::string, std::string> checkpoint_dirs_;  // resolved dir → live job id
+  std::deque<std::string> ended_events_;                // oldest first
+
   bool shutting_down_ = false;
   // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
   Supervisor supervisor_;
