@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "absl/time/clock.h"
+#include "server/services.h"
 #include "server/test_workers.h"
 
 namespace ithaca {
@@ -235,6 +236,62 @@ TEST(JobsTest, EndedJobsEventLogsAreDropped) {
   weak = *later;
   later->reset();
   EXPECT_TRUE(weak.expired()) << "a late watcher's log is not kept either";
+}
+
+// A worker whose error names a file in Latin-1: its logs and the watch stream reach a gRPC
+// client (valid UTF-8, U+FFFD for the bad byte) and end, instead of failing to parse there.
+TEST(JobsTest, NonUtf8WorkerOutputReachesClients) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("latin1", 1, Script("latin1.sh", "printf 'data/caf\\351.tok: bad\\n' >&2; exit 2")),
+            store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_FAILED).state(), v1::JOB_STATE_FAILED);
+
+  JobServiceImpl service(&jobs);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto stub = v1::JobService::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
+  const std::string fffd = "\xEF\xBF\xBD";
+  {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest req;
+    req.set_id(job->id());
+    v1::Job got;
+    ASSERT_TRUE(stub->GetJob(&ctx, req, &got).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ReadLogsRequest req;
+    req.set_id(job->id());
+    auto reader = stub->ReadLogs(&ctx, req);
+    std::string all;
+    v1::LogLine line;
+    while (reader->Read(&line)) all += line.text() + "\n";
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_NE(all.find("caf" + fffd + ".tok: bad"), std::string::npos) << all;
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::WatchJobRequest req;
+    req.set_id(job->id());
+    req.set_include_logs(true);
+    auto reader = stub->WatchJob(&ctx, req);
+    v1::JobEvent e;
+    JobState last = v1::JOB_STATE_UNSPECIFIED;
+    while (reader->Read(&e)) {
+      if (e.has_state()) last = e.state().to();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(last, v1::JOB_STATE_FAILED);
+  }
+  server->Shutdown();
 }
 
 TEST(JobsTest, ShutdownFailsRunningJobsKeepsQueuedOnesAndRefusesSubmissions) {
