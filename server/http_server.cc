@@ -209,7 +209,16 @@ void HttpServer::Loop() {
     if (fds[1].revents & POLLIN) {
       while (true) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
+        if (fd < 0) {
+          // Out of descriptors: the oldest connection makes room (else the pending one would
+          // keep the listener readable and this loop would spin).
+          if ((errno == EMFILE || errno == ENFILE) && !conns.empty()) {
+            close(conns.front().fd);
+            conns.pop_front();
+            continue;
+          }
+          break;
+        }
         if (static_cast<int>(conns.size()) >= options_.max_connections) {
           close(conns.front().fd);  // the oldest makes room: it has waited longest
           conns.pop_front();
