@@ -264,6 +264,8 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
                    LoadServerSecurity({o.listen, absl::GetFlag(FLAGS_auth_token_file),
                                        absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                                        absl::GetFlag(FLAGS_insecure)}));
+  // A ":0" port is chosen here: gRPC would open a second, unannounced listener for it.
+  ASSIGN_OR_RETURN(o.listen, ChooseListenPort(o.listen));
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.health_listen = absl::GetFlag(FLAGS_health_listen);
   o.stop_jobs_on_exit = absl::GetFlag(FLAGS_stop_jobs_on_exit);

@@ -1,5 +1,9 @@
 #include "server/services.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <memory>
@@ -21,6 +25,42 @@ grpc::Status ToGrpc(const absl::Status& status) {
   // Clients decode the message as UTF-8 (Python's grpc does).
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       BoundedUtf8(status.message(), kMaxMessageBytes));
+}
+
+absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (listen.rfind("unix:", 0) == 0 || colon == std::string::npos ||
+      listen.substr(colon + 1) != "0") {
+    return listen;
+  }
+  std::string host = listen.substr(0, colon);
+  const std::string bare =
+      host.size() >= 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), "0", &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen ", listen, ": ", gai_strerror(rc)));
+  }
+  int port = 0;
+  for (addrinfo* a = found; a != nullptr && port == 0; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage bound = {};
+    socklen_t len = sizeof(bound);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      port = ntohs(bound.ss_family == AF_INET6
+                       ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                       : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (port == 0) return absl::UnavailableError(absl::StrCat("--listen ", listen, ": no free port"));
+  return absl::StrCat(host, ":", port);
 }
 
 namespace {

@@ -18,6 +18,12 @@ namespace ithaca {
 // absl::Status → grpc::Status (the codes are the same numbers).
 grpc::Status ToGrpc(const absl::Status& status);
 
+// "HOST:0" → "HOST:P" with P a port free now; anything else unchanged. gRPC 1.51 binds every
+// port of a server twice when its default health service is enabled: for port 0 the second
+// listener gets a port of its own, which serves JobService unannounced (not in ithacad.addr).
+// With the port chosen first, both listen on the one port.
+absl::StatusOr<std::string> ChooseListenPort(const std::string& listen);
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   // The sync server gives every open stream (WatchJob, ReadLogs, ReadHistory) a thread: past

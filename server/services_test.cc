@@ -177,3 +177,32 @@ TEST(ServicesTest, InvalidUtf8RequestsGetInvalidArgument) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// With the default health service on, gRPC binds a server's port twice; for ":0" the second
+// listener got a port of its own. ChooseListenPort picks the port first.
+TEST(ServicesTest, ChooseListenPortPicksAFreePortForZero) {
+  EXPECT_EQ(*ChooseListenPort("127.0.0.1:7000"), "127.0.0.1:7000");
+  EXPECT_EQ(*ChooseListenPort("unix:/tmp/x.sock"), "unix:/tmp/x.sock");
+  absl::StatusOr<std::string> chosen = ChooseListenPort("127.0.0.1:0");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ASSERT_EQ(chosen->rfind("127.0.0.1:", 0), 0u) << *chosen;
+  const int port = std::stoi(chosen->substr(10));
+  EXPECT_GT(port, 0);
+  grpc::EnableDefaultHealthCheckService(true);
+  JobServiceImpl service(nullptr);
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(*chosen, grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server);
+  EXPECT_EQ(bound, port);
+  server->Shutdown();
+  grpc::EnableDefaultHealthCheckService(false);
+}
+
+}  // namespace
+}  // namespace ithaca
