@@ -175,8 +175,12 @@ TEST(SupervisorTest, ACancelDuringAFinishedJobsTeardownLeavesItSucceeded) {
   ASSERT_GT(owner.WaitLaunched("job-done"), 0);
   absl::SleepFor(absl::Milliseconds(500));  // both ranks have exited 0 by now
   absl::StatusOr<std::optional<v1::Job>> cancel = supervisor.Cancel("job-done", "too late");
-  ASSERT_TRUE(cancel.ok()) << cancel.status();
-  EXPECT_FALSE(cancel->has_value()) << "the job was finishing";
+  // NOT_FOUND when the supervisor already saw the exits and let the job go; else no cancel.
+  if (cancel.ok()) {
+    EXPECT_FALSE(cancel->has_value()) << "the job was finishing";
+  } else {
+    EXPECT_TRUE(absl::IsNotFound(cancel.status())) << cancel.status();
+  }
   std::optional<Ended> end = owner.WaitEnded("job-done");
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->outcome, v1::JOB_STATE_SUCCEEDED) << end->reason;
