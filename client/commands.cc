@@ -404,11 +404,18 @@ int ListCommand(CliContext& c, const Flags& f) {
     }
     req.add_states(state);
   }
-  req.set_limit(f.limit);
+  // The daemon answers a page at a time (at most 1000 jobs, 2 MiB): follow the pages until
+  // --limit jobs (0: all of them).
   v1::ListJobsResponse resp;
-  grpc::ClientContext ctx;
-  grpc::Status st = c.stub->ListJobs(&ctx, req, &resp);
-  if (!st.ok()) return RpcError(c, st);
+  do {
+    req.set_limit(f.limit > 0 ? f.limit - resp.jobs_size() : 0);
+    v1::ListJobsResponse page;
+    grpc::ClientContext ctx;
+    grpc::Status st = c.stub->ListJobs(&ctx, req, &page);
+    if (!st.ok()) return RpcError(c, st);
+    for (v1::Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
+    req.set_page_token(page.next_page_token());
+  } while (!req.page_token().empty() && (f.limit <= 0 || resp.jobs_size() < f.limit));
   if (c.output == Output::kJson) {
     PrintJson(resp);
   } else if (c.output == Output::kName) {

@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "engine/plan/planner.h"
 #include "engine/train/token_file.h"
-#include "server/path_policy.h"
+#include "engine/core/path_policy.h"
 
 namespace ithaca {
 namespace {
@@ -18,15 +18,6 @@ std::string ResolvePath(const std::string& dir, const std::string& p) {
 
 absl::Status Invalid(const std::string& source, const std::string& key, const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", msg));
-}
-
-// The directory a glob's matches lie under: its literal part up to the last '/' before the first
-// wildcard ("/data/shards/train-*.tok" → "/data/shards").
-std::string GlobBase(const std::string& pattern) {
-  const size_t wild = pattern.find_first_of("*?[{");
-  if (wild == std::string::npos) return pattern;
-  const size_t slash = pattern.rfind('/', wild);
-  return slash == 0 || slash == std::string::npos ? "/" : pattern.substr(0, slash);
 }
 
 std::string Dirname(const std::string& path) {
@@ -63,11 +54,7 @@ absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
   // Relative inputs (no base_dir) are refused by the caller with their own message; a relative
   // checkpoint.dir is refused here (it would land wherever the worker's working directory is).
   auto relative = [](const std::string& p) { return !p.empty() && p[0] != '/'; };
-  for (auto [key, path] : {std::pair<const char*, const std::string*>{"data.path", &s.data.path},
-                           {"eval.path", &s.eval.path}}) {
-    if (path->empty() || relative(*path)) continue;
-    RETURN_IF_ERROR(CheckAllowedPath(source, key, GlobBase(*path), roots));
-  }
+  // data.path and eval.path: ExpandPattern checks each of their alternatives before it looks.
   for (auto [key, path] :
        {std::pair<const char*, const std::string*>{"model.config", &s.model.config},
         {"model.weights", &s.model.weights},
@@ -121,7 +108,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source_in,
                                              const std::string& base_dir, const Node& node,
                                              const std::string& daemon_dir,
-                                             const std::vector<std::string>& allowed_roots) {
+                                             const std::vector<std::string>& allowed_roots,
+                                             const std::function<bool()>& cancelled) {
   const std::string source = source_in.empty() ? "job.toml" : source_in;
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -155,10 +143,21 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     }
     std::vector<std::string> files = {*path};
     if (path == &s.data.path || path == &s.eval.path) {
-      // A glob names several files: it must match at least one.
-      absl::StatusOr<std::vector<std::string>> expanded = ExpandDataPath(*path);
+      // A pattern names several files: each alternative must match at least one, inside the
+      // roots, within bounded work (engine/core/path_policy.h).
+      ExpandLimits limits;
+      limits.cancelled = cancelled;
+      absl::StatusOr<std::vector<std::string>> expanded =
+          ExpandPattern(*path, allowed_roots, limits);
       if (!expanded.ok()) {
-        return Invalid(source, key, absl::StrCat(expanded.status().message(), note));
+        const absl::StatusCode code = expanded.status().code();
+        const bool keep = code == absl::StatusCode::kPermissionDenied ||
+                          code == absl::StatusCode::kResourceExhausted ||
+                          code == absl::StatusCode::kCancelled ||
+                          code == absl::StatusCode::kDeadlineExceeded;
+        return absl::Status(keep ? code : absl::StatusCode::kInvalidArgument,
+                            absl::StrCat(source, ": ", key, ": ", expanded.status().message(),
+                                         code == absl::StatusCode::kNotFound ? note : ""));
       }
       files = *expanded;
     }
@@ -184,6 +183,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   if (s.data.path.empty() && s.training.steps > 0) {
     return Invalid(source, "data.path", "is required");
   }
+  if (cancelled && cancelled()) return absl::CancelledError("the client went away");
   if (s.backend == "cuda" && !node.gpu) {
     return absl::FailedPreconditionError(
         "backend: \"cuda\" needs GPUs and this node has none (ithacad --gpus 0); use "

@@ -9,6 +9,7 @@
 // also after a daemon restart.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,12 +44,15 @@ SpecBase ChooseSpecBase(const std::string& client_dir, const std::string& daemon
 // ChooseSpecBase(base_dir, daemon_dir) says. INVALID_ARGUMENT naming the key for anything wrong
 // in the spec itself (unknown key, bad value, heads not divisible by sp, missing data file, with
 // where it was looked for); FAILED_PRECONDITION naming `backend` when the node has no GPU for a
-// CUDA job. With `allowed_roots` (real paths, server/path_policy.h), PERMISSION_DENIED naming the
-// key for a path that resolves outside them; empty: any path.
+// CUDA job. With `allowed_roots` (real paths, engine/core/path_policy.h), PERMISSION_DENIED naming the
+// key for a path that resolves outside them; empty: any path. Expanding data.path is bounded
+// (ExpandPattern's limits: RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) and polls `cancelled` (the
+// RPC's client went away: CANCELLED), so abandoned admissions free their slot.
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source, const std::string& base_dir,
                                              const Node& node, const std::string& daemon_dir = "",
-                                             const std::vector<std::string>& allowed_roots = {});
+                                             const std::vector<std::string>& allowed_roots = {},
+                                             const std::function<bool()>& cancelled = nullptr);
 
 // The node as the budget rule sees it, for a job of `ranks` ranks (all on this host).
 NodeResources NodeResourcesFor(const Node& node, int ranks);

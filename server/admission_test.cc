@@ -11,7 +11,8 @@
 #include <fstream>
 #include <tuple>
 
-#include "server/path_policy.h"
+#include "absl/time/clock.h"
+#include "engine/core/path_policy.h"
 
 namespace ithaca {
 namespace {
@@ -377,6 +378,62 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
   EXPECT_TRUE(ParseSubmission(spec(outside + "/secret.tok", "preset = \"tiny\"", ""), "job.toml",
                               root, Roomy())
                   .ok());
+}
+
+// Every brace alternative of data.path is checked against the roots before it is looked at: no
+// existence oracle ("../etc/no-such-file" and an existing file outside answer alike), no
+// listing of a directory outside one name at a time.
+TEST(AllowedRootsTest, EveryBraceAlternativeIsCheckedBeforeItIsLookedAt) {
+  const std::string root = Dir() + "/alternatives/allowed";
+  const std::string outside = Dir() + "/alternatives/outside";
+  ASSERT_EQ(system(("mkdir -p " + root + " " + outside + "/dir").c_str()), 0);
+  std::ofstream(root + "/corpus.tok") << "x";
+  std::ofstream(outside + "/dir/private-name.tok") << "x";
+  auto roots = ParseAllowedRoots(root);
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  auto admit = [&](const std::string& data) {
+    return ParseSubmission("name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n"
+                           "[data]\npath = \"" + data + "\"\nseq_len = 64\n[training]\nsteps = 3\n",
+                           "job.toml", root, Roomy(), "", *roots)
+        .status();
+  };
+  const absl::Status exists = admit("{corpus.tok,../outside/dir/private-name.tok}");
+  const absl::Status missing = admit("{corpus.tok,../outside/dir/no-such-file}");
+  const absl::Status listing = admit("{corpus.tok,../outside/dir/*}");
+  for (const absl::Status& st : {exists, missing, listing}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+    EXPECT_NE(st.message().find("job.toml: data.path: "), std::string::npos) << st;
+    EXPECT_NE(st.message().find("outside the allowed roots"), std::string::npos) << st;
+  }
+  EXPECT_EQ(listing.message().find("private-name"), std::string::npos) << listing;
+  // Inside the roots a typo in one alternative names it.
+  const absl::Status typo = admit("{corpus.tok,corpus.tokk}");
+  EXPECT_EQ(typo.code(), absl::StatusCode::kInvalidArgument) << typo;
+  EXPECT_NE(typo.message().find("corpus.tokk: no such file"), std::string::npos) << typo;
+}
+
+// A 289-byte data.path must not cost seconds and hundreds of MB of admission (2^21 brace
+// alternatives), and an admission whose client went away stops.
+TEST(AdmissionTest, DataPatternsAreBoundedAndCancellable) {
+  const std::string dir = Dir() + "/bounded";
+  ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
+  std::ofstream(dir + "/corpus.tok") << "x";
+  auto spec = [](const std::string& data) {
+    return "name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n[data]\npath = \"" +
+           data + "\"\nseq_len = 64\n[training]\nsteps = 3\n";
+  };
+  std::string groups;
+  for (int i = 0; i < 21; ++i) groups += "{,}";
+  const absl::Time start = absl::Now();
+  absl::Status st = ParseSubmission(spec("corpus.tok" + groups), "job.toml", dir, Roomy()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("job.toml: data.path: "), std::string::npos) << st;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  st = ParseSubmission(spec("{corpus,other}.tok"), "job.toml", dir, Roomy(), "", {},
+                       [] { return true; })
+           .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  EXPECT_TRUE(ParseSubmission(spec("{corpus,corpus}.tok"), "job.toml", dir, Roomy()).ok());
 }
 
 TEST(AllowedRootsTest, ResolveBeneathExisting) {

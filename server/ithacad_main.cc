@@ -34,7 +34,8 @@
 #include "engine/core/file_util.h"
 #include "server/auth.h"
 #include "server/jobs.h"
-#include "server/path_policy.h"
+#include "engine/core/path_policy.h"
+#include "server/rpc_text.h"
 #include "server/services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -263,6 +264,8 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
                    LoadServerSecurity({o.listen, absl::GetFlag(FLAGS_auth_token_file),
                                        absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                                        absl::GetFlag(FLAGS_insecure)}));
+  // A ":0" port is chosen here: gRPC would open a second, unannounced listener for it.
+  ASSIGN_OR_RETURN(o.listen, ChooseListenPort(o.listen));
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.health_listen = absl::GetFlag(FLAGS_health_listen);
   o.stop_jobs_on_exit = absl::GetFlag(FLAGS_stop_jobs_on_exit);
@@ -298,6 +301,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartWorkerServer(const Supervisor
   grpc::ServerBuilder wb;
   wb.AddListeningPort("unix:" + so.worker_socket, grpc::InsecureServerCredentials());
   wb.RegisterService(service);
+  AddRpcBoundary(&wb);  // a request that is not UTF-8 gets INVALID_ARGUMENT saying so
   std::unique_ptr<grpc::Server> server = wb.BuildAndStart();
   if (!server) {
     return absl::UnavailableError(absl::StrCat("cannot listen on unix:", so.worker_socket));
@@ -438,6 +442,7 @@ absl::Status Serve(DaemonOptions o) {
   int port = 0;
   jb.AddListeningPort(o.listen, o.security.credentials, &port);
   jb.RegisterService(&job_service);
+  AddRpcBoundary(&jb);
   std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
   if (!server) return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
   std::unique_ptr<HealthServer> health_server;

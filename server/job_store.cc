@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "engine/core/utf8.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ithaca {
@@ -23,6 +24,18 @@ constexpr int64_t kHistoryStep = 0, kHistoryEval = 1;
 using google::protobuf::util::TimeUtil;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// "database is locked" is another process holding the store (an operator's sqlite3 shell, a
+// backup) past the busy timeout: UNAVAILABLE, which callers may retry, not INTERNAL.
+absl::Status SqliteError(sqlite3* db, int rc) {
+  const int primary = rc & 0xff;
+  const std::string msg = absl::StrCat("sqlite: ", sqlite3_errmsg(db));
+  if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) {
+    return absl::UnavailableError(
+        absl::StrCat("job store is locked by another process (", msg, "); try again"));
+  }
+  return absl::InternalError(msg);
+}
 
 // One prepared statement; binds by position (1-based) and finalizes on destruction.
 class Stmt {
@@ -47,15 +60,20 @@ class Stmt {
     sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
-  // SQLITE_ROW → true, SQLITE_DONE → false, anything else → error.
+  // SQLITE_ROW → true, SQLITE_DONE → false, anything else → error: UNAVAILABLE when another
+  // process holds the database locked past the busy timeout (the caller may retry), else
+  // INTERNAL.
   absl::StatusOr<bool> Step() {
     RETURN_IF_ERROR(status());
     int rc = sqlite3_step(s_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+    return SqliteError(db_, rc);
   }
   absl::Status Run() { return Step().status(); }
+  // Ends the statement's read: a connection that still holds a read snapshot cannot wait for
+  // the write lock (SQLite answers "database is locked" at once, without the busy timeout).
+  void Reset() { sqlite3_reset(s_); }
   int64_t Int(int col) { return sqlite3_column_int64(s_, col); }
   std::string Text(int col) {
     const void* p = sqlite3_column_blob(s_, col);
@@ -157,10 +175,11 @@ JobStore::~JobStore() { sqlite3_close(db_); }
 
 absl::Status JobStore::Exec(const std::string& sql) {
   char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+  if (int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db_);
     sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("sqlite: ", msg, " in: ", sql.substr(0, 80)));
+    absl::Status st = SqliteError(db_, rc);
+    return absl::Status(st.code(), absl::StrCat(st.message(), " in: ", sql.substr(0, 80)));
   }
   return absl::OkStatus();
 }
@@ -204,13 +223,15 @@ absl::Status JobStore::CreateInitialSchema() {
       "COMMIT;"));
 }
 
-absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& reason) {
+absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& reason_in) {
+  const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckIntact());
   Stmt next(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
   ASSIGN_OR_RETURN(bool row, next.Step());
   // Never an id used before: not one in the database, nor one whose directory exists.
   const int64_t seq = std::max(row ? next.Int(0) : 1, first_free_dir_seq_);
+  next.Reset();
   v1::Job record = job;
   record.set_id(absl::StrCat("job-", seq));
   record.set_log_dir(absl::StrReplaceAll(job.log_dir(), {{"{id}", record.id()}}));
@@ -223,7 +244,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   record.clear_slots();
   const int64_t now = NowMs();
   *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
-  RETURN_IF_ERROR(Exec("BEGIN"));
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));  // waits (busy timeout) for the write lock here
   Stmt ins(db_,
            "INSERT INTO jobs(id, seq, name, state, reason, created_ms, updated_ms, record)"
            " VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
@@ -260,7 +281,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     return absl::DataLossError(absl::StrCat("job store: record of ", id, " is corrupt"));
   }
   job.set_state(static_cast<JobState>(q.Int(1)));
-  job.set_reason(q.Text(2));
+  job.set_reason(BoundedUtf8(q.Text(2), kMaxReasonBytes));
   if (q.Int(3)) job.set_failed_rank(static_cast<int32_t>(q.Int(4)));
   *job.mutable_updated_at() = TimeUtil::MillisecondsToTimestamp(q.Int(5));
   for (absl::string_view s : absl::StrSplit(q.Text(6), ',', absl::SkipEmpty())) {
@@ -278,7 +299,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     tr->set_from(static_cast<JobState>(t.Int(0)));
     tr->set_to(static_cast<JobState>(t.Int(1)));
     *tr->mutable_time() = TimeUtil::MillisecondsToTimestamp(t.Int(2));
-    tr->set_reason(t.Text(3));
+    tr->set_reason(BoundedUtf8(t.Text(3), kMaxReasonBytes));
   }
   Stmt s(db_, "SELECT report FROM last_steps WHERE job_id = ? ORDER BY rank");
   s.Bind(1, id);
@@ -296,13 +317,14 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>& states,
-                                                    int limit) {
+                                                    int limit, int64_t before_seq) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::string sql = "SELECT id FROM jobs";
+  std::string sql = "SELECT id FROM jobs WHERE 1";
   if (!states.empty()) {
     std::vector<int> v(states.begin(), states.end());
-    absl::StrAppend(&sql, " WHERE state IN (", absl::StrJoin(v, ","), ")");
+    absl::StrAppend(&sql, " AND state IN (", absl::StrJoin(v, ","), ")");
   }
+  if (before_seq > 0) absl::StrAppend(&sql, " AND seq < ", before_seq);
   absl::StrAppend(&sql, " ORDER BY seq DESC");
   if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
   Stmt q(db_, sql.c_str());
@@ -321,8 +343,9 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>&
 }
 
 absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
-                                             const std::string& reason,
+                                             const std::string& reason_in,
                                              std::optional<int> failed_rank) {
+  const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
   std::lock_guard<std::mutex> lock(mu_);
   Stmt q(db_,
          "SELECT state, (SELECT COALESCE(MAX(seq), 0) FROM transitions WHERE job_id = ?1)"
@@ -331,12 +354,14 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
   ASSIGN_OR_RETURN(bool row, q.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
   const JobState from = static_cast<JobState>(q.Int(0));
+  const int64_t last_seq = q.Int(1);
+  q.Reset();
   if (!IsAllowedTransition(from, to)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(from),
                                                       "; it cannot become ", JobStateName(to)));
   }
   const int64_t now = NowMs();
-  RETURN_IF_ERROR(Exec("BEGIN"));
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));  // waits (busy timeout) for the write lock here
   Stmt up(db_, failed_rank
                    ? "UPDATE jobs SET state = ?, reason = ?, updated_ms = ?, failed_rank = ?"
                      " WHERE id = ?"
@@ -348,7 +373,7 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
     up.Bind(4, id);
   }
   Stmt tr(db_, "INSERT INTO transitions VALUES(?, ?, ?, ?, ?, ?)");
-  tr.Bind(1, id).Bind(2, q.Int(1) + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
+  tr.Bind(1, id).Bind(2, last_seq + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
   tr.Bind(5, now).Bind(6, reason);
   absl::Status st = up.Run();
   if (st.ok()) st = tr.Run();

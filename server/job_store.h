@@ -33,6 +33,10 @@ class JobStore {
   // a million-step job keeps ~100k rows per rank 0, not a million.
   static constexpr int64_t kHistoryDenseSteps = 10000;
   static constexpr int64_t kHistoryEvery = 10;
+  // A reason (of a job's state, of each transition) is kept to this many bytes, valid UTF-8:
+  // one record must always fit in a reply, whatever a client or a failure message quoted. Also
+  // applied when reading, so a store written by an older ithacad serves bounded records.
+  static constexpr size_t kMaxReasonBytes = 4096;
 
   struct Options {
     std::string path;  // a file, or ":memory:"
@@ -51,8 +55,10 @@ class JobStore {
   // spec and log_dir (log_dir may contain "{id}", replaced by the id).
   absl::StatusOr<v1::Job> Create(const v1::Job& job, const std::string& reason);
   absl::StatusOr<v1::Job> Get(const std::string& id);
-  // Newest first; `states` empty means all; `limit` 0 means no limit.
-  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<JobState>& states, int limit);
+  // Newest first; `states` empty means all; `limit` 0 means no limit; `before_seq` > 0: only
+  // jobs numbered below it (job-N is number N), for paging.
+  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<JobState>& states, int limit,
+                                            int64_t before_seq = 0);
 
   // Moves a job to `to`, recording the time and reason. FAILED_PRECONDITION when the state
   // machine does not allow it (for example out of a terminal state).

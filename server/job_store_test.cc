@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 
 namespace ithaca {
 namespace {
@@ -318,6 +319,84 @@ TEST(JobStoreTest, AnUnknownIdIsQuotedBounded) {
   ASSERT_EQ(job.status().code(), absl::StatusCode::kNotFound);
   EXPECT_LT(job.status().message().size(), 120u) << job.status().message().substr(0, 200);
   EXPECT_NE(job.status().message().find("(100004 bytes)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// A reason is stored bounded and valid UTF-8, so one job's record always fits in a reply; a
+// store an older ithacad filled with a 1.5 MB reason serves it bounded too.
+TEST(JobStoreTest, ReasonsAreBoundedAndValidUtf8) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_reason.db";
+  unlink(path.c_str());
+  const std::string huge(1500000, 'r');
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "submitted \xE9").ok());
+    auto cancelled = (*store)->Transition("job-1", v1::JOB_STATE_CANCELLED, huge);
+    ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+    EXPECT_LE(cancelled->reason().size(), JobStore::kMaxReasonBytes + 32);
+    EXPECT_NE(cancelled->reason().find("more bytes)"), std::string::npos);
+    EXPECT_EQ(cancelled->transitions(0).reason(), "submitted \xEF\xBF\xBD");
+    EXPECT_LT(cancelled->ByteSizeLong(), 3 * JobStore::kMaxReasonBytes + 1000);
+    ASSERT_TRUE((*store)->Create(Template("b"), "submitted").ok());
+  }
+  // What an older ithacad wrote: the whole reason, in both tables.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const std::string sql = "UPDATE jobs SET reason = '" + huge + "' WHERE id = 'job-2';" +
+                          "UPDATE transitions SET reason = '" + huge + "' WHERE job_id = 'job-2';";
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok());
+  auto list = (*store)->List({}, 0);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  for (const v1::Job& j : *list) {
+    EXPECT_LT(j.ByteSizeLong(), 3 * JobStore::kMaxReasonBytes + 1000) << j.id();
+  }
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Another process holding the store's write lock: a transition waits for it (busy timeout),
+// and a lock held past that is UNAVAILABLE naming the cause (callers retry), not INTERNAL.
+TEST(JobStoreTest, ALockedStoreIsWaitedForThenUnavailable) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_busy.db";
+  unlink(path.c_str());
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Create(Template("a"), "submitted").ok());
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::thread release([other] {
+    usleep(300 * 1000);
+    sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
+  });
+  auto moved = (*store)->Transition("job-1", v1::JOB_STATE_CANCELLED, "while locked");
+  release.join();
+  EXPECT_TRUE(moved.ok()) << moved.status();
+
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  auto created = (*store)->Create(Template("b"), "submitted");  // waits the 5 s busy timeout
+  EXPECT_TRUE(absl::IsUnavailable(created.status())) << created.status();
+  EXPECT_NE(created.status().message().find("locked by another process"), std::string::npos)
+      << created.status();
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+  EXPECT_TRUE((*store)->Create(Template("b"), "submitted").ok());
 }
 
 }  // namespace

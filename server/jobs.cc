@@ -4,7 +4,11 @@
 #include <cstdio>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "google/protobuf/util/time_util.h"
@@ -25,6 +29,11 @@ Jobs::~Jobs() { Shutdown("daemon stopped"); }
 
 absl::Status Jobs::Start() {
   RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));
+  // Workers inherit this environment: they check the paths they open against the same roots
+  // (worker/job_paths.h, engine/core/path_policy.h).
+  if (!options_.allowed_roots.empty()) {
+    setenv(kAllowedRootsEnv, absl::StrJoin(options_.allowed_roots, ":").c_str(), 1);
+  }
   RETURN_IF_ERROR(Recover());
   RefreshJobCounts();
   supervisor_.Start();
@@ -164,6 +173,10 @@ absl::Status Jobs::Recover() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const v1::Job& job : queued) {
     absl::Status st = scheduler_.Enqueue(job.id(), job.spec().world());
+    if (st.ok() && !job.spec().checkpoint_dir().empty()) {
+      st = ClaimCheckpointDirLocked(job.spec().checkpoint_dir(), job.id());
+      if (!st.ok()) scheduler_.Remove(job.id());
+    }
     if (!st.ok()) {
       ASSIGN_OR_RETURN(
           v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_FAILED, std::string(st.message())));
@@ -173,7 +186,8 @@ absl::Status Jobs::Recover() {
 }
 
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::string& source,
-                                         const std::string& base_dir, const Node& node) {
+                                         const std::string& base_dir, const Node& node,
+                                         const std::function<bool()>& cancelled) {
   // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
   // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
   // cannot starve the supervisor's heartbeats.
@@ -183,18 +197,20 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::str
         "ithacad is already admitting ", kMaxConcurrentPlans, " jobs; try again shortly"));
   }
   absl::StatusOr<AdmittedSpec> admitted =
-      ParseSubmission(toml, source, base_dir, node, options_.state_dir, options_.allowed_roots);
+      ParseSubmission(toml, source, base_dir, node, options_.state_dir, options_.allowed_roots,
+                      cancelled);
   plans_in_flight_.fetch_sub(1);
   return admitted;
 }
 
-absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
+                                     const std::function<bool()>& cancelled) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request.spec_toml(), request.source(),
+                                                request.base_dir(), options_.node, cancelled));
   RETURN_IF_ERROR(CheckFits(admitted, options_.node));
   v1::Job job;
   job.set_name(admitted.spec.name);
@@ -204,11 +220,16 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
   v1::Job stored;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const std::string& dir = admitted.spec.checkpoint.dir;
+    // Checked before the job is stored, claimed once it has its id (under one lock hold).
+    if (!dir.empty()) RETURN_IF_ERROR(ClaimCheckpointDirLocked(dir, ""));
     ASSIGN_OR_RETURN(stored, store_->Create(job, "submitted"));
+    if (!dir.empty()) ClaimCheckpointDirLocked(dir, stored.id()).IgnoreError();
     absl::Status queued = scheduler_.Enqueue(stored.id(), admitted.spec.parallel.world);
     if (!queued.ok()) {  // CheckFits makes this unreachable; keep the store honest anyway
       store_->Transition(stored.id(), v1::JOB_STATE_FAILED, std::string(queued.message()))
           .IgnoreError();
+      ReleaseCheckpointDirLocked(stored.id());
       return queued;
     }
     PublishState(stored.id(), stored);
@@ -217,9 +238,10 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request) {
   return stored;
 }
 
-absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request) {
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node));
+absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request,
+                                               const std::function<bool()>& cancelled) {
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request.spec_toml(), request.source(),
+                                                request.base_dir(), options_.node, cancelled));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;
@@ -235,15 +257,46 @@ absl::StatusOr<std::vector<v1::JobEvent>> Jobs::History(const std::string& id) {
   return store_->History(id);
 }
 
-absl::StatusOr<std::vector<v1::Job>> Jobs::List(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Jobs::List(const v1::ListJobsRequest& request) {
   std::vector<JobState> states;
   for (int s : request.states()) states.push_back(static_cast<JobState>(s));
-  ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->List(states, request.limit()));
-  for (v1::Job& job : jobs) job = WithRestarts(std::move(job));
-  return jobs;
+  if (request.limit() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("limit: must be >= 0, got ", request.limit()));
+  }
+  const int limit = request.limit() == 0 ? kDefaultListLimit
+                                         : std::min<int>(request.limit(), kMaxListLimit);
+  int64_t before = 0;
+  if (!request.page_token().empty() &&
+      (!absl::SimpleAtoi(request.page_token(), &before) || before <= 0)) {
+    return absl::InvalidArgumentError(
+        "page_token: not a token this daemon gave (pass next_page_token back unchanged)");
+  }
+  // One more than the page, to know whether another page follows.
+  ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->List(states, limit + 1, before));
+  v1::ListJobsResponse response;
+  size_t bytes = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const size_t size = jobs[i].ByteSizeLong();
+    const bool full = static_cast<int>(i) == limit || (i > 0 && bytes + size > kMaxListBytes);
+    if (full) {
+      // job-N's number is N: the next page starts below the last one sent.
+      int64_t seq = 0;
+      const std::string& last = response.jobs(response.jobs_size() - 1).id();
+      absl::SimpleAtoi(absl::string_view(last).substr(std::min<size_t>(4, last.size())), &seq);
+      response.set_next_page_token(absl::StrCat(seq));
+      break;
+    }
+    bytes += size;
+    *response.add_jobs() = WithRestarts(std::move(jobs[i]));
+  }
+  return response;
 }
 
 absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& reason_in) {
+  if (reason_in.size() > kMaxCancelReasonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("reason: at most ", kMaxCancelReasonBytes,
+                                                   " bytes, got ", reason_in.size()));
+  }
   const std::string reason = reason_in.empty() ? "cancelled by the user" : reason_in;
   v1::Job job;
   {
@@ -260,7 +313,8 @@ absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& r
         (scheduler_.Remove(id) || backing_off_.erase(id) > 0)) {
       ASSIGN_OR_RETURN(v1::Job done, store_->Transition(id, v1::JOB_STATE_CANCELLED, reason));
       PublishState(id, done);
-      EventsLocked(id)->Close();
+      EndEventsLocked(id);
+      ReleaseCheckpointDirLocked(id);
       return done;
     }
   }
@@ -280,6 +334,57 @@ absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& r
   return **cancelling;
 }
 
+namespace {
+
+// "a//b/./c/../d/" → "a/b/d" (by the letters: for comparing spellings of one directory).
+std::string LexicallyNormal(const std::string& path) {
+  std::vector<std::string> parts;
+  for (absl::string_view p : absl::StrSplit(path, '/', absl::SkipEmpty())) {
+    if (p == ".") continue;
+    if (p == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.emplace_back(p);
+  }
+  return absl::StrCat(!path.empty() && path[0] == '/' ? "/" : "", absl::StrJoin(parts, "/"));
+}
+
+}  // namespace
+
+absl::Status Jobs::ClaimCheckpointDirLocked(const std::string& dir, const std::string& job_id) {
+  // Resolved, so two spellings of one directory ("a/../b", a link to it) are one.
+  const std::string normal = LexicallyNormal(dir);
+  absl::StatusOr<std::string> real = ResolveBeneathExisting(normal);
+  const std::string key = real.ok() ? *real : normal;
+  auto it = checkpoint_dirs_.find(key);
+  if (it != checkpoint_dirs_.end() && it->second != job_id && !it->second.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir: ", dir, " is the checkpoint directory of ", it->second,
+        ", which has not ended; two jobs in one directory would overwrite each other's "
+        "checkpoints: give this job a directory of its own, or cancel ", it->second));
+  }
+  if (!job_id.empty()) checkpoint_dirs_[key] = job_id;
+  return absl::OkStatus();
+}
+
+void Jobs::ReleaseCheckpointDirLocked(const std::string& job_id) {
+  for (auto it = checkpoint_dirs_.begin(); it != checkpoint_dirs_.end();) {
+    it = it->second == job_id ? checkpoint_dirs_.erase(it) : std::next(it);
+  }
+}
+
+void Jobs::EndEventsLocked(const std::string& id) {
+  auto it = events_.find(id);
+  if (it == events_.end()) return;
+  it->second->Close();  // watchers holding it read to its end
+  ended_events_.push_back(id);
+  while (ended_events_.size() > kEndedEventLogsKept) {
+    events_.erase(ended_events_.front());
+    ended_events_.pop_front();
+  }
+}
+
 std::shared_ptr<EventLog> Jobs::EventsLocked(const std::string& id) {
   std::shared_ptr<EventLog>& log = events_[id];
   if (!log) log = std::make_shared<EventLog>();
@@ -291,9 +396,22 @@ absl::StatusOr<std::shared_ptr<EventLog>> Jobs::Events(const std::string& id) {
   auto it = events_.find(id);
   if (it != events_.end()) return it->second;
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
+  if (IsTerminal(job.state())) {
+    // Ended before this daemon started, or long enough ago to be dropped: a closed log with
+    // the final state, held by the watcher alone.
+    auto log = std::make_shared<EventLog>();
+    v1::JobEvent e;
+    *e.mutable_state() = job.transitions_size() > 0
+                             ? job.transitions(job.transitions_size() - 1)
+                             : v1::StateTransition();
+    if (job.transitions_size() == 0) e.mutable_state()->set_to(job.state());
+    *e.mutable_job() = job;
+    log->Append(std::move(e));
+    log->Close();
+    return log;
+  }
   std::shared_ptr<EventLog> log = EventsLocked(id);
   PublishState(id, job);
-  if (IsTerminal(job.state())) log->Close();
   return log;
 }
 
@@ -460,7 +578,8 @@ void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::strin
     } else {
       PublishState(job_id, *done);
     }
-    EventsLocked(job_id)->Close();
+    EndEventsLocked(job_id);
+    ReleaseCheckpointDirLocked(job_id);
   }
   RefreshJobCounts();
 }

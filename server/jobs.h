@@ -21,6 +21,8 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,7 +49,7 @@ class Jobs : private JobOwner {
     Node node;
     std::string metrics_address;  // for GetNode
     Supervisor::Options supervisor;
-    // Every path a spec names must resolve inside one of these (server/path_policy.h); empty:
+    // Every path a spec names must resolve inside one of these (engine/core/path_policy.h); empty:
     // any path.
     std::vector<std::string> allowed_roots;
   };
@@ -71,12 +73,26 @@ class Jobs : private JobOwner {
   int Drain(absl::Duration timeout);
 
   // JobService.
-  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
-  absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& request);
+  // `cancelled` (the RPC's client went away) is polled while admitting (admission.h).
+  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request,
+                                 const std::function<bool()>& cancelled = nullptr);
+  absl::StatusOr<v1::PlanJobResponse> Plan(const v1::PlanJobRequest& request,
+                                           const std::function<bool()>& cancelled = nullptr);
   absl::StatusOr<v1::Job> Get(const std::string& id);
   // The job's persisted step and eval reports, oldest first (JobStore::History).
   absl::StatusOr<std::vector<v1::JobEvent>> History(const std::string& id);
-  absl::StatusOr<std::vector<v1::Job>> List(const v1::ListJobsRequest& request);
+  // One page (job.proto ListJobsRequest): at most kMaxListLimit jobs and about kMaxListBytes.
+  static constexpr int kDefaultListLimit = 100;
+  // The newest this many ended jobs keep their event streams in memory (a watcher whose
+  // connection dropped resumes where it was); older ones are dropped (the store keeps their
+  // state and history), so memory does not grow with every job.
+  static constexpr size_t kEndedEventLogsKept = 16;
+  static constexpr int kMaxListLimit = 1000;
+  static constexpr size_t kMaxListBytes = 2 << 20;
+  absl::StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
+  // INVALID_ARGUMENT for a reason longer than kMaxCancelReasonBytes (it is stored and sent back
+  // with the job).
+  static constexpr size_t kMaxCancelReasonBytes = 4096;
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
   // The job's event stream; for a job that ended before this daemon started, a closed log
   // holding its final state change.
@@ -92,7 +108,8 @@ class Jobs : private JobOwner {
   // ParseSubmission (parse, validate, resolve with the planner), at most kMaxConcurrentPlans at
   // a time: RESOURCE_EXHAUSTED beyond.
   absl::StatusOr<AdmittedSpec> Admit(const std::string& toml, const std::string& source,
-                                     const std::string& base_dir, const Node& node);
+                                     const std::string& base_dir, const Node& node,
+                                     const std::function<bool()>& cancelled);
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.
@@ -116,6 +133,13 @@ class Jobs : private JobOwner {
   // names live workers of the job): the order to adopt them, its slots reserved. nullopt
   // otherwise.
   std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job);
+  // Two live jobs never share a checkpoint.dir: one would delete the other's temporary save,
+  // prune its steps, and a resume would load the other's state. FAILED_PRECONDITION naming the
+  // job that uses `dir` (the admitted, absolute path; compared once resolved).
+  absl::Status ClaimCheckpointDirLocked(const std::string& dir, const std::string& job_id);
+  void ReleaseCheckpointDirLocked(const std::string& job_id);
+  // A job ended: its stream is closed (see kEndedEventLogsKept).
+  void EndEventsLocked(const std::string& id);
   void PublishState(const std::string& id, const v1::Job& job);
   std::shared_ptr<EventLog> EventsLocked(const std::string& id);
 
@@ -132,6 +156,9 @@ class Jobs : private JobOwner {
     int world = 1;
   };
   std::map<std::string, BackingOff> backing_off_;
+  std::map<std::string, std::string> checkpoint_dirs_;  // resolved dir → live job id
+  std::deque<std::string> ended_events_;                // oldest first
+
   bool shutting_down_ = false;
   // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
   Supervisor supervisor_;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "absl/time/clock.h"
+#include "server/services.h"
 #include "server/test_workers.h"
 
 namespace ithaca {
@@ -115,6 +116,182 @@ TEST(JobsTest, CancelTakesAQueuedJobOffTheQueueAndStopsARunningOne) {
   EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(cancelled.reason(), "enough");
   EXPECT_TRUE(absl::IsFailedPrecondition(jobs.Cancel(first->id(), "").status()));
+}
+
+TEST(JobsTest, ACancelReasonIsBounded) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("cancel_reason", 1, Script("sleep.sh", "exec sleep 30")), store->get(),
+            &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> first = jobs.Submit(Submission(1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<v1::Job> queued = jobs.Submit(Submission(1));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  absl::StatusOr<v1::Job> refused = jobs.Cancel(queued->id(), std::string(1500000, 'r'));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("reason: at most 4096 bytes, got 1500000"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(jobs.Get(queued->id())->state(), v1::JOB_STATE_QUEUED) << "not cancelled";
+  absl::StatusOr<v1::Job> cancelled = jobs.Cancel(queued->id(), std::string(4096, 'r'));
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->reason().size(), 4096u);
+}
+
+// Two live jobs never share a checkpoint.dir (however it is spelled); once the first ended, the
+// directory is free again.
+TEST(JobsTest, TwoLiveJobsCannotShareACheckpointDir) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("ckpt_dir", 1, Script("sleep.sh", "exec sleep 30")), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  auto with_dir = [](const std::string& dir) {
+    v1::SubmitJobRequest r = Submission(1);
+    r.set_spec_toml(r.spec_toml() + "[checkpoint]\ndir = \"" + dir + "\"\n");
+    return r;
+  };
+  absl::StatusOr<v1::Job> first = jobs.Submit(with_dir("ckpt/shared"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<v1::Job> second = jobs.Submit(with_dir("ckpt/../ckpt/shared/"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_NE(second.status().message().find("checkpoint directory of " + first->id()),
+            std::string::npos)
+      << second.status();
+  absl::StatusOr<v1::Job> other = jobs.Submit(with_dir("ckpt/other"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(jobs.Cancel(first->id(), "").ok());
+  WaitFor(jobs, first->id(), v1::JOB_STATE_CANCELLED);
+  absl::StatusOr<v1::Job> third = jobs.Submit(with_dir("ckpt/shared"));
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
+// ListJobs answers a page at a time, however many jobs the store holds, and the pages together
+// are every job once, newest first.
+TEST(JobsTest, ListJobsPages) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("pages", 1, "/bin/false"), store->get(), &metrics);
+  for (int i = 0; i < 250; ++i) {
+    v1::Job j;
+    j.set_name("j");
+    ASSERT_TRUE((*store)->Create(j, "submitted").ok());
+  }
+  v1::ListJobsRequest request;
+  absl::StatusOr<v1::ListJobsResponse> page = jobs.List(request);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->jobs_size(), Jobs::kDefaultListLimit) << "limit 0 is a page, not everything";
+  EXPECT_EQ(page->jobs(0).id(), "job-250");
+  std::vector<std::string> ids;
+  request.set_limit(70);
+  do {
+    page = jobs.List(request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->jobs_size(), 70);
+    for (const v1::Job& j : page->jobs()) ids.push_back(j.id());
+    request.set_page_token(page->next_page_token());
+  } while (!request.page_token().empty());
+  ASSERT_EQ(ids.size(), 250u);
+  EXPECT_EQ(ids.front(), "job-250");
+  EXPECT_EQ(ids.back(), "job-1");
+  request.set_page_token("not-a-token");
+  EXPECT_TRUE(absl::IsInvalidArgument(jobs.List(request).status()));
+  request.clear_page_token();
+  request.set_limit(1000000);
+  EXPECT_EQ(jobs.List(request)->jobs_size(), 250);
+}
+
+// Ended jobs' event logs leave the daemon's memory once kEndedEventLogsKept newer jobs ended
+// (their history stays in the store); a watcher that comes later still gets the final state.
+TEST(JobsTest, EndedJobsEventLogsAreDropped) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("events", 1, "/bin/false"), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::shared_ptr<EventLog>> live = jobs.Events(job->id());
+  ASSERT_TRUE(live.ok());
+  std::weak_ptr<EventLog> weak = *live;
+  live->reset();
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_FAILED).state(), v1::JOB_STATE_FAILED);
+  EXPECT_FALSE(weak.expired()) << "a recently ended job's stream is kept for resuming watchers";
+  for (size_t i = 0; i < Jobs::kEndedEventLogsKept; ++i) {
+    absl::StatusOr<v1::Job> next = jobs.Submit(Submission(1));
+    ASSERT_TRUE(next.ok()) << next.status();
+    ASSERT_EQ(WaitFor(jobs, next->id(), v1::JOB_STATE_FAILED).state(), v1::JOB_STATE_FAILED);
+  }
+  EXPECT_TRUE(weak.expired()) << "an old ended job's log is still held";
+  absl::StatusOr<std::shared_ptr<EventLog>> later = jobs.Events(job->id());
+  ASSERT_TRUE(later.ok());
+  bool closed = false;
+  std::vector<v1::JobEvent> events = (*later)->WaitAfter(0, absl::Seconds(1), &closed);
+  EXPECT_TRUE(closed);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].state().to(), v1::JOB_STATE_FAILED);
+  weak = *later;
+  later->reset();
+  EXPECT_TRUE(weak.expired()) << "a late watcher's log is not kept either";
+}
+
+// A worker whose error names a file in Latin-1: its logs and the watch stream reach a gRPC
+// client (valid UTF-8, U+FFFD for the bad byte) and end, instead of failing to parse there.
+TEST(JobsTest, NonUtf8WorkerOutputReachesClients) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("latin1", 1, Script("latin1.sh", "printf 'data/caf\\351.tok: bad\\n' >&2; exit 2")),
+            store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_FAILED).state(), v1::JOB_STATE_FAILED);
+
+  JobServiceImpl service(&jobs);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto stub = v1::JobService::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
+  const std::string fffd = "\xEF\xBF\xBD";
+  {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest req;
+    req.set_id(job->id());
+    v1::Job got;
+    ASSERT_TRUE(stub->GetJob(&ctx, req, &got).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ReadLogsRequest req;
+    req.set_id(job->id());
+    auto reader = stub->ReadLogs(&ctx, req);
+    std::string all;
+    v1::LogLine line;
+    while (reader->Read(&line)) all += line.text() + "\n";
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_NE(all.find("caf" + fffd + ".tok: bad"), std::string::npos) << all;
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::WatchJobRequest req;
+    req.set_id(job->id());
+    req.set_include_logs(true);
+    auto reader = stub->WatchJob(&ctx, req);
+    v1::JobEvent e;
+    JobState last = v1::JOB_STATE_UNSPECIFIED;
+    while (reader->Read(&e)) {
+      if (e.has_state()) last = e.state().to();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(last, v1::JOB_STATE_FAILED);
+  }
+  server->Shutdown();
 }
 
 TEST(JobsTest, ShutdownFailsRunningJobsKeepsQueuedOnesAndRefusesSubmissions) {

@@ -14,7 +14,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 #include "prometheus/text_serializer.h"
 
 namespace ithaca {
@@ -458,43 +457,27 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() {
 
 std::string Metrics::Render() { return prometheus::TextSerializer().Serialize(Collect()); }
 
-namespace {
-
-// What the Exposer scrapes: refreshes the gauges that are computed on demand, then collects.
-class Scrape : public prometheus::Collectable {
- public:
-  Scrape(Metrics* metrics, std::function<void()> before) : metrics_(metrics), before_(before) {}
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    if (before_) before_();
-    return metrics_->Collect();
-  }
-
- private:
-  Metrics* metrics_;
-  std::function<void()> before_;
-};
-
-// GET /healthz: 200 with an empty body while the Exposer serves.
-class Nothing : public prometheus::Collectable {
- public:
-  std::vector<prometheus::MetricFamily> Collect() const override { return {}; }
-};
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<MetricsHttp>> MetricsHttp::Start(const Options& options) {
   if (options.metrics == nullptr) return absl::InvalidArgumentError("MetricsHttp: no metrics");
   std::unique_ptr<MetricsHttp> http(new MetricsHttp(options));
-  try {
-    http->exposer_ = std::make_unique<prometheus::Exposer>(options.listen, 4);
-  } catch (const std::exception& e) {
+  HttpServer::Options o;
+  o.listen = options.listen;
+  Metrics* metrics = options.metrics;
+  std::function<void()> before = options.before_render;
+  o.handlers["/metrics"] = [metrics, before] {
+    if (before) before();  // refreshes the gauges computed on demand
+    HttpServer::Response r;
+    r.body = metrics->Render();
+    return r;
+  };
+  o.handlers["/healthz"] = [] { return HttpServer::Response{}; };  // 200, empty, while serving
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(std::move(o));
+  if (!server.ok()) {
     return absl::UnavailableError(absl::StrCat("--metrics-listen ", options.listen,
-                                               ": cannot listen there (", e.what(), ")"));
+                                               ": cannot listen there (",
+                                               server.status().message(), ")"));
   }
-  http->collectables_.push_back(std::make_shared<Scrape>(options.metrics, options.before_render));
-  http->collectables_.push_back(std::make_shared<Nothing>());
-  http->exposer_->RegisterCollectable(http->collectables_[0], "/metrics");
-  http->exposer_->RegisterCollectable(http->collectables_[1], "/healthz");
+  http->server_ = std::move(*server);
   return http;
 }
 
@@ -503,10 +486,9 @@ MetricsHttp::MetricsHttp(Options o) : options_(std::move(o)) {}
 MetricsHttp::~MetricsHttp() = default;
 
 std::string MetricsHttp::address() const {
-  const std::vector<int> ports = exposer_->GetListeningPorts();
   const std::string& l = options_.listen;
   std::string host = l.find(':') == std::string::npos ? "0.0.0.0" : l.substr(0, l.rfind(':'));
-  return ports.empty() ? l : absl::StrCat(host, ":", ports[0]);
+  return absl::StrCat(host, ":", server_->port());
 }
 
 }  // namespace ithaca

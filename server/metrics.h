@@ -1,5 +1,5 @@
 // Metrics: the daemon's Prometheus series (docs/architecture.md, docs/operations.md), kept in a
-// prometheus-cpp registry and served on GET /metrics by its Exposer (civetweb).
+// prometheus-cpp registry and served on GET /metrics by MetricsHttp (below).
 //
 // Labels: per-rank series carry job_id (the training job; not `job`, which Prometheus gives the
 // scrape job, so no `honor_labels` is needed), rank, gpu (the device index as this container
@@ -26,11 +26,8 @@
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
+#include "server/http_server.h"
 #include "server/job_state.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace ithaca {
 
@@ -114,7 +111,8 @@ class Metrics {
       capacity_series_;
 };
 
-// The Exposer serving GET /metrics (and GET /healthz, an empty 200).
+// GET /metrics (and GET /healthz, an empty 200), served by HttpServer (http_server.h), which
+// idle or slow connections cannot stall.
 class MetricsHttp {
  public:
   struct Options {
@@ -129,8 +127,7 @@ class MetricsHttp {
  private:
   explicit MetricsHttp(Options o);
   Options options_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  std::unique_ptr<HttpServer> server_;
 };
 
 }  // namespace ithaca

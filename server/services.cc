@@ -1,11 +1,17 @@
 #include "server/services.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <memory>
 
 #include "absl/time/clock.h"
+#include "engine/core/utf8.h"
 #include "server/log_files.h"
+#include "server/rpc_text.h"
 #include "worker/launcher.h"
 
 namespace ithaca {
@@ -16,60 +22,116 @@ grpc::Status ToGrpc(const absl::Status& status) {
   // default) turns the answer into RESOURCE_EXHAUSTED: an error must never echo a client's
   // unbounded input whole.
   constexpr size_t kMaxMessageBytes = 2048;
-  std::string message(status.message());
-  if (message.size() > kMaxMessageBytes) {
-    const size_t cut = message.size() - kMaxMessageBytes;
-    message = absl::StrCat(message.substr(0, kMaxMessageBytes), "... (", cut, " more bytes)");
+  // Clients decode the message as UTF-8 (Python's grpc does).
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      BoundedUtf8(status.message(), kMaxMessageBytes));
+}
+
+absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (listen.rfind("unix:", 0) == 0 || colon == std::string::npos ||
+      listen.substr(colon + 1) != "0") {
+    return listen;
   }
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
+  std::string host = listen.substr(0, colon);
+  const std::string bare =
+      host.size() >= 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), "0", &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen ", listen, ": ", gai_strerror(rc)));
+  }
+  int port = 0;
+  for (addrinfo* a = found; a != nullptr && port == 0; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage bound = {};
+    socklen_t len = sizeof(bound);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      port = ntohs(bound.ss_family == AF_INET6
+                       ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                       : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (port == 0) return absl::UnavailableError(absl::StrCat("--listen ", listen, ": no free port"));
+  return absl::StrCat(host, ":", port);
+}
+
+namespace {
+
+// What a handler answers: valid UTF-8 in every string (server/rpc_text.h), or the error.
+template <typename M>
+grpc::Status Answer(absl::StatusOr<M> result, M* response) {
+  if (!result.ok()) return ToGrpc(result.status());
+  *response = *std::move(result);
+  SanitizeUtf8(response);
+  return grpc::Status::OK;
+}
+
+// Writes one streamed message with its strings made valid UTF-8.
+template <typename M>
+bool WriteValid(grpc::ServerWriter<M>* writer, M message) {
+  SanitizeUtf8(&message);
+  return writer->Write(message);
+}
+
+}  // namespace
+
+grpc::Status JobServiceImpl::TooManyStreams() const {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("ithacad is serving ", kMaxStreams,
+                                   " streams (watch, logs, history) already; try again shortly"));
 }
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::Job> job = jobs_->Submit(*request);
+  absl::StatusOr<v1::Job> job =
+      jobs_->Submit(*request, [context] { return context->IsCancelled(); });
   if (job.ok()) *response->mutable_job() = *std::move(job);
+  SanitizeUtf8(response);
   return ToGrpc(job.status());
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::Job* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
-  if (job.ok()) *response = *std::move(job);
-  return ToGrpc(job.status());
+  return Answer(jobs_->Get(request->id()), response);
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<std::vector<v1::Job>> jobs = jobs_->List(*request);
-  if (!jobs.ok()) return ToGrpc(jobs.status());
-  for (v1::Job& j : *jobs) *response->add_jobs() = std::move(j);
-  return grpc::Status::OK;
+  return Answer(jobs_->List(*request), response);
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request, v1::Job* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::Job> job = jobs_->Cancel(request->id(), request->reason());
-  if (job.ok()) *response = *std::move(job);
-  return ToGrpc(job.status());
+  return Answer(jobs_->Cancel(request->id(), request->reason()), response);
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  StreamSlot slot(&open_streams_);
+  if (!slot.ok()) return TooManyStreams();
   absl::StatusOr<std::shared_ptr<EventLog>> events = jobs_->Events(request->id());
   if (!events.ok()) return ToGrpc(events.status());
   absl::StatusOr<v1::Job> snapshot = jobs_->Get(request->id());
   if (!snapshot.ok()) return ToGrpc(snapshot.status());
   v1::JobEvent first;
   *first.mutable_job() = *snapshot;
-  if (!writer->Write(first)) return grpc::Status::OK;
+  if (!WriteValid(writer, std::move(first))) return grpc::Status::OK;
   int64_t after = request->after_seq();
   while (!context->IsCancelled()) {
     bool closed = false;
@@ -77,7 +139,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
     for (const v1::JobEvent& e : batch) {
       after = e.seq();
       if (e.has_log() && !request->include_logs()) continue;
-      if (!writer->Write(e)) return grpc::Status::OK;
+      if (!WriteValid(writer, e)) return grpc::Status::OK;
     }
     if (closed) break;  // the batch taken with `closed` held every remaining event
   }
@@ -87,10 +149,15 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ReadHistory(grpc::ServerContext* context,
                                          const v1::ReadHistoryRequest* request,
                                          grpc::ServerWriter<v1::JobEvent>* writer) {
+  // Checked before the job is looked up, so NOT_FOUND tells no one without the token which
+  // jobs exist.
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  StreamSlot slot(&open_streams_);
+  if (!slot.ok()) return TooManyStreams();
   absl::StatusOr<std::vector<v1::JobEvent>> history = jobs_->History(request->id());
   if (!history.ok()) return ToGrpc(history.status());
-  for (const v1::JobEvent& e : *history) {
-    if (context->IsCancelled() || !writer->Write(e)) break;
+  for (v1::JobEvent& e : *history) {
+    if (context->IsCancelled() || !WriteValid(writer, std::move(e))) break;
   }
   return grpc::Status::OK;
 }
@@ -99,6 +166,8 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
                                       const v1::ReadLogsRequest* request,
                                       grpc::ServerWriter<v1::LogLine>* writer) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  StreamSlot slot(&open_streams_);
+  if (!slot.ok()) return TooManyStreams();
   absl::StatusOr<v1::Job> job = jobs_->Get(request->id());
   if (!job.ok()) return ToGrpc(job.status());
   const int world = std::max(1, job->spec().world());
@@ -119,8 +188,8 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
       for (std::string& text : tail->ReadLines(ended || !request->follow())) {
         v1::LogLine line;
         line.set_rank(rank);
-        line.set_text(std::move(text));
-        if (!writer->Write(line)) return grpc::Status::OK;
+        line.set_text(std::move(text));  // a log file may hold any bytes
+        if (!WriteValid(writer, std::move(line))) return grpc::Status::OK;
       }
     }
     if (!request->follow() || ended) break;
@@ -133,23 +202,20 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* context,
                                      const v1::PlanJobRequest* request,
                                      v1::PlanJobResponse* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
-  absl::StatusOr<v1::PlanJobResponse> plan = jobs_->Plan(*request);
-  if (plan.ok()) *response = *std::move(plan);
-  return ToGrpc(plan.status());
+  return Answer(jobs_->Plan(*request, [context] { return context->IsCancelled(); }), response);
 }
 
 grpc::Status JobServiceImpl::GetNode(grpc::ServerContext* context, const v1::GetNodeRequest*,
                                      v1::NodeInfo* response) {
   if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
   *response = jobs_->NodeInfo();
+  SanitizeUtf8(response);
   return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                                          v1::RegisterResponse* response) {
-  absl::StatusOr<v1::RegisterResponse> r = supervisor_->Register(*request);
-  if (r.ok()) *response = *std::move(r);
-  return ToGrpc(r.status());
+  return Answer(supervisor_->Register(*request), response);
 }
 
 grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext*,

@@ -5,6 +5,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+
 #include "ithaca/v1/job.grpc.pb.h"
 #include "ithaca/v1/worker.grpc.pb.h"
 #include "server/auth.h"
@@ -16,8 +18,18 @@ namespace ithaca {
 // absl::Status → grpc::Status (the codes are the same numbers).
 grpc::Status ToGrpc(const absl::Status& status);
 
+// "HOST:0" → "HOST:P" with P a port free now; anything else unchanged. gRPC 1.51 binds every
+// port of a server twice when its default health service is enabled: for port 0 the second
+// listener gets a port of its own, which serves JobService unannounced (not in ithacad.addr).
+// With the port chosen first, both listen on the one port.
+absl::StatusOr<std::string> ChooseListenPort(const std::string& listen);
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
+  // The sync server gives every open stream (WatchJob, ReadLogs, ReadHistory) a thread: past
+  // this many at once, a new one gets RESOURCE_EXHAUSTED instead of another thread.
+  static constexpr int kMaxStreams = 256;
+
   // Every call is first checked by `auth` (server/auth.h); none: every call is let through.
   explicit JobServiceImpl(Jobs* jobs, std::shared_ptr<const Authenticator> auth = nullptr)
       : jobs_(jobs), auth_(auth ? std::move(auth) : std::make_shared<Authenticator>("")) {}
@@ -42,8 +54,21 @@ class JobServiceImpl final : public v1::JobService::Service {
                        v1::NodeInfo* response) override;
 
  private:
+  // Counts an open stream for its lifetime; `ok()` false when kMaxStreams are open already.
+  class StreamSlot {
+   public:
+    explicit StreamSlot(std::atomic<int>* open) : open_(open) { ok_ = open_->fetch_add(1) < kMaxStreams; }
+    ~StreamSlot() { open_->fetch_sub(1); }
+    bool ok() const { return ok_; }
+   private:
+    std::atomic<int>* open_;
+    bool ok_;
+  };
+  grpc::Status TooManyStreams() const;
+
   Jobs* jobs_;
   std::shared_ptr<const Authenticator> auth_;
+  std::atomic<int> open_streams_{0};
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {

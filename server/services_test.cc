@@ -2,7 +2,11 @@
 // no JobService call gets past a missing or wrong token.
 #include "server/services.h"
 
+#include <grpcpp/impl/codegen/client_unary_call.h>
 #include <gtest/gtest.h>
+
+#include "engine/core/utf8.h"
+#include "server/rpc_text.h"
 
 namespace ithaca {
 namespace {
@@ -67,7 +71,17 @@ TEST(ServicesTest, EveryJobServiceCallNeedsTheToken) {
       EXPECT_FALSE(reader->Read(&l));
       answers.push_back(reader->Finish());
     }
-    ASSERT_EQ(answers.size(), 8u);
+    {
+      // ReadHistory, too: without the token it must not even say whether the job exists.
+      auto c = context();
+      v1::JobEvent e;
+      v1::ReadHistoryRequest request;
+      request.set_id("job-1");
+      auto reader = stub->ReadHistory(c.get(), request);
+      EXPECT_FALSE(reader->Read(&e));
+      answers.push_back(reader->Finish());
+    }
+    ASSERT_EQ(answers.size(), 9u);
     for (const grpc::Status& st : answers) {
       EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << header;
       EXPECT_EQ(st.error_message().find("0123456789abcdef"), std::string::npos)
@@ -75,6 +89,119 @@ TEST(ServicesTest, EveryJobServiceCallNeedsTheToken) {
     }
   }
   server->Shutdown();
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Error messages go out as valid UTF-8 too (clients decode them), however long the input.
+TEST(ServicesTest, ErrorMessagesAreValidUtf8) {
+  grpc::Status st = ToGrpc(absl::NotFoundError("data.path: /data/caf\xE9.tok: no such file"));
+  EXPECT_TRUE(IsValidUtf8(st.error_message())) << st.error_message();
+  EXPECT_NE(st.error_message().find("caf\xEF\xBF\xBD.tok"), std::string::npos);
+  std::string cut_in_a_character = std::string(2047, 'x') + "\xE2\x82\xAC";
+  EXPECT_TRUE(IsValidUtf8(ToGrpc(absl::InternalError(cut_in_a_character)).error_message()));
+}
+
+// Every string of a message the daemon sends, nested and repeated ones included, becomes valid
+// UTF-8; the message then parses at the receiver.
+TEST(ServicesTest, SanitizeUtf8ReachesEveryStringField) {
+  v1::Job job;
+  job.set_id("job-1");
+  job.set_reason("data.path: /data/caf\xE9.tok: not a token file");
+  job.add_transitions()->set_reason("ok");
+  job.add_transitions()->set_reason("bad \xFF byte");
+  job.mutable_spec()->set_data_path("/data/\xE9t\xE9/*.tok");
+  v1::ListJobsResponse list;
+  *list.add_jobs() = job;
+  EXPECT_EQ(SanitizeUtf8(&list), 3);
+  const v1::Job& out = list.jobs(0);
+  EXPECT_EQ(out.reason(), "data.path: /data/caf\xEF\xBF\xBD.tok: not a token file");
+  EXPECT_EQ(out.transitions(0).reason(), "ok");
+  EXPECT_TRUE(IsValidUtf8(out.transitions(1).reason()));
+  EXPECT_TRUE(IsValidUtf8(out.spec().data_path()));
+  EXPECT_EQ(out.id(), "job-1");
+  v1::ListJobsResponse parsed;
+  EXPECT_TRUE(parsed.ParseFromString(list.SerializeAsString()));
+  EXPECT_EQ(SanitizeUtf8(&list), 0);
+}
+
+// A request whose string field is not UTF-8 gets INVALID_ARGUMENT naming the method and the
+// cause, not INTERNAL with an empty message; a well-formed one goes on to the handler.
+TEST(ServicesTest, InvalidUtf8RequestsGetInvalidArgument) {
+  JobServiceImpl service(nullptr, std::make_shared<Authenticator>("0123456789abcdef-token"));
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  AddRpcBoundary(&builder);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server);
+  std::shared_ptr<grpc::Channel> channel = server->InProcessChannel(grpc::ChannelArguments());
+  // GetJobRequest{id = "caf\xE9"} by hand: field 1, length-delimited, 4 bytes.
+  const std::string wire = std::string("\x0A\x04", 2) + "caf\xE9";
+  for (const char* method : {"/ithaca.v1.JobService/GetJob", "/ithaca.v1.JobService/ReadHistory"}) {
+    const bool streaming = std::string(method).find("ReadHistory") != std::string::npos;
+    grpc::ClientContext context;
+    grpc::Slice slice(wire);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::Status st;
+    if (streaming) {
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+              channel.get(),
+              grpc::internal::RpcMethod(method, grpc::internal::RpcMethod::SERVER_STREAMING),
+              &context, request));
+      while (reader->Read(&response)) {
+      }
+      st = reader->Finish();
+    } else {
+      st = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+          channel.get(), grpc::internal::RpcMethod(method, grpc::internal::RpcMethod::NORMAL_RPC),
+          &context, request, &response);
+    }
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(st.error_message().find("not valid UTF-8"), std::string::npos) << st.error_message();
+    EXPECT_NE(st.error_message().find(method), std::string::npos) << st.error_message();
+  }
+  // Valid UTF-8 reaches the handler (here: the token check).
+  auto stub = v1::JobService::NewStub(channel);
+  grpc::ClientContext context;
+  v1::GetJobRequest get;
+  get.set_id("caf\xC3\xA9");
+  v1::Job job;
+  EXPECT_EQ(stub->GetJob(&context, get, &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// With the default health service on, gRPC binds a server's port twice; for ":0" the second
+// listener got a port of its own. ChooseListenPort picks the port first.
+TEST(ServicesTest, ChooseListenPortPicksAFreePortForZero) {
+  EXPECT_EQ(*ChooseListenPort("127.0.0.1:7000"), "127.0.0.1:7000");
+  EXPECT_EQ(*ChooseListenPort("unix:/tmp/x.sock"), "unix:/tmp/x.sock");
+  absl::StatusOr<std::string> chosen = ChooseListenPort("127.0.0.1:0");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ASSERT_EQ(chosen->rfind("127.0.0.1:", 0), 0u) << *chosen;
+  const int port = std::stoi(chosen->substr(10));
+  EXPECT_GT(port, 0);
+  grpc::EnableDefaultHealthCheckService(true);
+  JobServiceImpl service(nullptr);
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(*chosen, grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server);
+  EXPECT_EQ(bound, port);
+  server->Shutdown();
+  grpc::EnableDefaultHealthCheckService(false);
 }
 
 }  // namespace

@@ -156,7 +156,13 @@ absl::StatusOr<std::optional<v1::Job>> Supervisor::Cancel(const std::string& job
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no workers"));
   }
   Active& a = *it->second;
-  if (a.ending) return std::nullopt;  // already failing or finishing: its outcome stands
+  // Ranks that exited since the last look decide first: a job whose ranks all finished is
+  // SUCCEEDED, not turned CANCELLED by a cancel that arrives during its teardown.
+  SuperviseLocked(a, absl::Now());
+  if (a.ending) {
+    wake_.notify_all();
+    return std::nullopt;  // already failing or finishing: its outcome stands
+  }
   ASSIGN_OR_RETURN(v1::Job cancelling,
                    owner_->OnStateChange(job_id, v1::JOB_STATE_CANCELLING, reason));
   EndLocked(a, v1::JOB_STATE_CANCELLED, reason, std::nullopt, /*sigkill_now=*/false);

@@ -161,6 +161,32 @@ TEST(SupervisorTest, AWorkerThatExitsNonZeroFailsItsJob) {
       << metrics.Render();
 }
 
+// A cancel that arrives after every rank exited 0, before the supervisor looked again, does not
+// turn the finished job into CANCELLED.
+TEST(SupervisorTest, ACancelDuringAFinishedJobsTeardownLeavesItSucceeded) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor::Options o = WithWorker("/bin/true");
+  o.poll_interval = absl::Seconds(30);  // the loop does not look again by itself
+  Supervisor supervisor(o, CpuNode(2), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-done", 2);
+  supervisor.Wake();
+  ASSERT_GT(owner.WaitLaunched("job-done"), 0);
+  absl::SleepFor(absl::Milliseconds(500));  // both ranks have exited 0 by now
+  absl::StatusOr<std::optional<v1::Job>> cancel = supervisor.Cancel("job-done", "too late");
+  // NOT_FOUND when the supervisor already saw the exits and let the job go; else no cancel.
+  if (cancel.ok()) {
+    EXPECT_FALSE(cancel->has_value()) << "the job was finishing";
+  } else {
+    EXPECT_TRUE(absl::IsNotFound(cancel.status())) << cancel.status();
+  }
+  std::optional<Ended> end = owner.WaitEnded("job-done");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_SUCCEEDED) << end->reason;
+  supervisor.Shutdown("test over");
+}
+
 TEST(SupervisorTest, OneFailedRankKillsTheOthersAndIsNamedWithItsLastLines) {
   RecordingOwner owner;
   Metrics metrics;

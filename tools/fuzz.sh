@@ -26,7 +26,7 @@ while getopts "t:b" opt; do
   esac
 done
 shift $((OPTIND - 1))
-all=(job_spec config_json safetensors token_file)
+all=(job_spec config_json safetensors token_file data_pattern utf8)
 fuzzers=("$@")
 [ ${#fuzzers[@]} -gt 0 ] || fuzzers=("${all[@]}")
 
@@ -41,11 +41,14 @@ sources_job_spec=(engine/spec/job_spec.cc engine/model/config.cc engine/backend/
   engine/schedule/checkpoint_policy.cc)
 sources_config_json=(engine/model/config.cc engine/backend/rope.cc)
 sources_safetensors=(engine/model/safetensors.cc)
-sources_token_file=(engine/train/token_file.cc)
+sources_token_file=(engine/train/token_file.cc engine/core/path_policy.cc)
+sources_data_pattern=(engine/core/path_policy.cc)
+sources_utf8=(engine/core/utf8.cc)
 
 flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -I. $(pkg-config --cflags absl_strings)
   -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined)
-libs=$(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format) || {
+libs=$(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format absl_time \
+  protobuf) || {
   echo "fuzz: pkg-config found no absl (apt-get install libabsl-dev)"; exit 1; }
 
 # Objects are rebuilt when their source or any header of the repository is newer.

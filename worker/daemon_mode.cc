@@ -18,11 +18,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/comm/bootstrap.h"
+#include "engine/core/path_policy.h"
 #include "engine/memory/allocator.h"
 #include "engine/runtime/rank.h"
 #include "engine/train/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
+#include "server/rpc_text.h"
+#include "worker/job_paths.h"
 #include "worker/exit_codes.h"
 
 namespace ithaca {
@@ -171,6 +174,8 @@ class DaemonLink {
     req.set_rank(o_.rank);
     req.set_level(level);
     req.set_text(text);
+    // A file name in Latin-1 must not turn the real error into an unparsable request.
+    SanitizeUtf8(&req);
     v1::Ack ack;
     stub_->Log(&ctx, req, &ack);
   }
@@ -309,11 +314,13 @@ class DaemonLink {
       v1::ReportStepRequest req;
       req.set_job_id(o_.job_id);
       *req.mutable_step() = *step;
-      return stub_->ReportStep(&ctx, req, &ack);
+      SanitizeUtf8(&req);
+    return stub_->ReportStep(&ctx, req, &ack);
     }
     v1::ReportEvalRequest req;
     req.set_job_id(o_.job_id);
     *req.mutable_eval() = std::get<v1::EvalReport>(report);
+    SanitizeUtf8(&req);
     return stub_->ReportEval(&ctx, req, &ack);
   }
 
@@ -342,6 +349,10 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
                                                    info.rank, " of ", info.world, ", expected ",
                                                    o.rank, " of ", o.world));
   }
+  // Admission checked the paths against ithacad's roots; what is there now is checked again
+  // before anything is opened (a link planted since is refused), and checkpoint.dir is made.
+  ASSIGN_OR_RETURN(std::vector<std::string> roots, AllowedRootsFromEnvironment());
+  RETURN_IF_ERROR(CheckJobPaths(spec, roots));
   // The spec is the one admission resolved (every "auto" decided against this node): it runs
   // as it is. Joining the group and every collective give up after RankOptions' timeout (a dead
   // peer is an error, not a hang); the daemon normally kills the other ranks first.

@@ -87,28 +87,36 @@ AtomicFileWriter::~AtomicFileWriter() {
   }
 }
 
+namespace {
+
+// A failed write is an I/O error (UNAVAILABLE: it may succeed once space is freed), never "out
+// of memory": a full disk says so.
+absl::Status WriteError(const std::string& what, int err) {
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", std::strerror(err),
+                   err == ENOSPC || err == EDQUOT ? " (the disk or quota is full)" : ""));
+}
+
+}  // namespace
+
 absl::Status AtomicFileWriter::Write(const void* data, size_t n) {
   if (!f_) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
-  if (n && std::fwrite(data, 1, n, f_) != n) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(path_, ": write failed: ", std::strerror(errno)));
-  }
+  if (n && std::fwrite(data, 1, n, f_) != n) return WriteError(path_ + ": write failed", errno);
   return absl::OkStatus();
 }
 
 absl::Status AtomicFileWriter::WriteAt(uint64_t offset, const void* data, size_t n) {
   if (!f_) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
   if (std::fflush(f_) != 0) {  // the buffered sequential writes land first
-    return absl::ResourceExhaustedError(
-        absl::StrCat(path_, ": write failed: ", std::strerror(errno)));
+    return WriteError(path_ + ": write failed", errno);
   }
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = pwrite(fileno(f_), p, n, static_cast<off_t>(offset));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(path_, ": write of ", n, " bytes at ",
-                                                       offset, " failed: ", std::strerror(errno)));
+      return WriteError(absl::StrCat(path_, ": write of ", n, " bytes at ", offset, " failed"),
+                        w < 0 ? errno : ENOSPC);
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -123,9 +131,9 @@ absl::Status AtomicFileWriter::Commit() {
   ok = (std::fclose(f_) == 0) && ok;
   f_ = nullptr;
   if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-    std::string err = std::strerror(errno);
+    const int err = errno;
     std::remove(tmp_.c_str());
-    return absl::DataLossError(absl::StrCat(path_, ": could not commit: ", err));
+    return WriteError(path_ + ": could not commit", err);
   }
   return absl::OkStatus();
 }

@@ -2,10 +2,14 @@
 // is an error naming it, returned at once (never a reader blocked forever).
 #include "engine/core/file_util.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "gtest/gtest.h"
 
@@ -44,6 +48,30 @@ TEST(FileUtilTest, DevicesDirectoriesAndMissingFilesAreNamed) {
   absl::StatusOr<std::string> missing = ReadFileToString(TestDir() + "/no-such-file");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("no-such-file: cannot open"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// A write the file system refuses (here: past RLIMIT_FSIZE, as a full disk would) is an I/O
+// error naming the cause, not RESOURCE_EXHAUSTED, which the worker reports as "out of memory".
+TEST(FileUtilTest, AFailedWriteIsAnIoErrorNotOutOfMemory) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(t ? t : "/tmp") + "/too_large.bin";
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status st = WriteFileAtomic(path, std::string(1 << 20, 'x'));
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find(strerror(EFBIG)), std::string::npos) << st;
+  EXPECT_FALSE(PathExists(path));
 }
 
 }  // namespace

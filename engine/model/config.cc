@@ -734,13 +734,9 @@ absl::Status ValidateConfig(const LlamaConfig& cfg) {
     if (value <= 0) return bad(key, absl::StrCat("must be positive, got ", value));
     // Far above any real Llama, and low enough that no size computed from them overflows: a
     // config.json is untrusted input that reaches the planner inside the daemon.
-    if (value > kMaxConfigSize) {
-      return bad(key, absl::StrCat("must be at most ", kMaxConfigSize, ", got ", value));
-    }
-  }
-  if (cfg.num_hidden_layers > kMaxLayers) {
-    return bad("num_hidden_layers",
-               absl::StrCat("must be at most ", kMaxLayers, ", got ", cfg.num_hidden_layers));
+    // One bound per key, so every message names the same one (layers have their own).
+    const int64_t max = std::string(key) == "num_hidden_layers" ? kMaxLayers : kMaxConfigSize;
+    if (value > max) return bad(key, absl::StrCat("must be at most ", max, ", got ", value));
   }
   if (cfg.num_attention_heads % cfg.num_key_value_heads != 0) {
     return bad("num_key_value_heads",

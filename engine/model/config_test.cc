@@ -612,6 +612,15 @@ TEST(ConfigBoundsTest, AHugeModelIsRefusedNamingTheKey) {
   cfg.num_hidden_layers = 1000000000;
   absl::Status st = ValidateConfig(cfg);
   EXPECT_NE(st.message().find("num_hidden_layers: must be at most"), std::string::npos) << st;
+  // Whatever the value above the bound, the message names the one bound layers have.
+  for (int64_t layers : {int64_t{2000}, int64_t{1000000000}}) {
+    cfg.num_hidden_layers = layers;
+    st = ValidateConfig(cfg);
+    EXPECT_NE(st.message().find(absl::StrCat("num_hidden_layers: must be at most ", kMaxLayers,
+                                             ", got ", layers)),
+              std::string::npos)
+        << st;
+  }
   cfg = *PresetConfig("llama-3-8b");
   cfg.num_hidden_layers = 1024;
   cfg.hidden_size = cfg.intermediate_size = 1 << 20;

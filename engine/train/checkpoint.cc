@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 #include "engine/train/tensor_writer.h"
@@ -292,7 +293,10 @@ std::string CheckpointTempPath(const std::string& dir, int64_t step) {
 }
 
 absl::Status BeginCheckpoint(const std::string& dir, int64_t step) {
-  RETURN_IF_ERROR(MakeDirs(dir));
+  // Under ithacad the directory is checked against its roots before every save, and made one
+  // component at a time without following links (engine/core/path_policy.h).
+  ASSIGN_OR_RETURN(std::vector<std::string> roots, AllowedRootsFromEnvironment());
+  RETURN_IF_ERROR(roots.empty() ? MakeDirs(dir) : MakeDirsInsideRoots(dir, roots));
   RETURN_IF_ERROR(RemoveStaleCheckpointFiles(dir));
   return MakeDirs(CheckpointTempPath(dir, step));
 }

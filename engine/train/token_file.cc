@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include <limits>
 
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 
 namespace ithaca {
 
@@ -382,21 +382,10 @@ TokenFileMeta ByteTokenMeta(const std::vector<uint32_t>& tokens) {
 }
 
 absl::StatusOr<std::vector<std::string>> ExpandDataPath(const std::string& pattern) {
-  if (pattern.find_first_of("*?[{") == std::string::npos) return std::vector<std::string>{pattern};
-  glob_t g;
-  int rc = glob(pattern.c_str(), GLOB_BRACE | GLOB_ERR, nullptr, &g);
-  std::vector<std::string> out;
-  if (rc == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
-  }
-  globfree(&g);
-  if (rc == GLOB_NOSPACE) return absl::ResourceExhaustedError(pattern + ": glob ran out of memory");
-  if (rc == GLOB_ABORTED) {
-    return absl::PermissionDeniedError(pattern + ": a directory of the pattern cannot be read");
-  }
-  if (out.empty()) return absl::NotFoundError(pattern + ": the pattern matches no file");
-  std::sort(out.begin(), out.end());
-  return out;
+  // The worker expands the pattern again, under the same bounds and the same roots as admission
+  // (ithacad passes them in $ITHACA_ALLOWED_ROOTS): a link planted since is refused.
+  ASSIGN_OR_RETURN(std::vector<std::string> roots, AllowedRootsFromEnvironment());
+  return ExpandPattern(pattern, roots);
 }
 
 absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(std::unique_ptr<TokenFile> file,

@@ -125,7 +125,9 @@ std::vector<uint32_t> ByteTokenize(const std::string& text);
 TokenFileMeta ByteTokenMeta(const std::vector<uint32_t>& tokens);
 
 // The files a data.path names: the path itself, or the files a glob pattern (*, ?, [...],
-// {a,b}) matches, sorted. NOT_FOUND naming the pattern when it matches nothing.
+// {a,b}) matches, sorted (engine/core/path_policy.h ExpandPattern: bounded, every alternative
+// must match, inside $ITHACA_ALLOWED_ROOTS when set). NOT_FOUND naming the pattern when it
+// matches nothing.
 absl::StatusOr<std::vector<std::string>> ExpandDataPath(const std::string& pattern);
 
 struct DataOptions {

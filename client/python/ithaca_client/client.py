@@ -269,8 +269,17 @@ class Client:
 
     def list(self, states=None, limit=0):
         """Jobs, newest first; `states`: JobStates or names ("running") to keep."""
-        req = pb.ListJobsRequest(states=[JobState.parse(s) for s in states or ()], limit=limit)
-        return list(self._call(self._jobs.ListJobs, req).jobs)
+        # The daemon answers a page at a time: follow the pages until `limit` jobs (0: all).
+        jobs, token = [], ""
+        while True:
+            req = pb.ListJobsRequest(states=[JobState.parse(s) for s in states or ()],
+                                     limit=limit - len(jobs) if limit > 0 else 0,
+                                     page_token=token)
+            page = self._call(self._jobs.ListJobs, req)
+            jobs.extend(page.jobs)
+            token = page.next_page_token
+            if not token or (limit > 0 and len(jobs) >= limit):
+                return jobs
 
     def cancel(self, job_id, reason=""):
         return self._call(self._jobs.CancelJob, pb.CancelJobRequest(id=job_id, reason=reason))

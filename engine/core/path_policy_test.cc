@@ -1,0 +1,198 @@
+// The path policy admission and the workers share: bounded pattern expansion, every brace
+// alternative checked against the roots before it is looked at, opens that refuse links.
+#include "engine/core/path_policy.h"
+
+#include <gtest/gtest.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace ithaca {
+namespace {
+
+std::string Real(const std::string& path) {
+  char buf[PATH_MAX];
+  return realpath(path.c_str(), buf) ? buf : "";
+}
+
+// <tmp>/<name>/{root,outside}: root holds a.tok, b.tok and shards/s{1,2}.tok; outside holds
+// secret.tok and dir/{alpha,beta}.
+struct Tree {
+  std::string root, outside;
+  std::vector<std::string> roots;
+  explicit Tree(const std::string& name) {
+    const char* t = std::getenv("TEST_TMPDIR");
+    const std::string base = std::string(t ? t : "/tmp") + "/" + name;
+    EXPECT_EQ(system(("rm -rf " + base + " && mkdir -p " + base + "/root/shards " + base +
+                      "/outside/dir")
+                         .c_str()),
+              0);
+    root = Real(base + "/root");
+    outside = Real(base + "/outside");
+    for (const std::string& f : {root + "/a.tok", root + "/b.tok", root + "/shards/s1.tok",
+                                 root + "/shards/s2.tok", outside + "/secret.tok",
+                                 outside + "/dir/alpha", outside + "/dir/beta"}) {
+      std::ofstream(f) << "x";
+    }
+    roots = {root};
+  }
+};
+
+TEST(ExpandPatternTest, BracesAndGlobs) {
+  Tree t("expand");
+  auto files = ExpandPattern(t.root + "/{a,b}.tok", t.roots);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, (std::vector<std::string>{t.root + "/a.tok", t.root + "/b.tok"}));
+  files = ExpandPattern(t.root + "/{*.tok,shards/s?.tok,a.tok}", t.roots);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->size(), 4u) << "sorted, without repeats";
+  files = ExpandPattern(t.root + "/s*/s[12].tok");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->size(), 2u);
+  // Not a pattern: returned as it is (the reader reports a missing file).
+  files = ExpandPattern(t.root + "/missing.tok", t.roots);
+  ASSERT_TRUE(files.ok());
+  EXPECT_EQ(files->size(), 1u);
+  EXPECT_TRUE(absl::IsNotFound(ExpandPattern(t.root + "/*.bin").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ExpandPattern(t.root + "/{a,b.tok").status()));
+}
+
+// A typo in one alternative is an error naming it, not a silently smaller data set.
+TEST(ExpandPatternTest, AMissingAlternativeIsAnError) {
+  Tree t("missing_alternative");
+  auto files = ExpandPattern(t.root + "/{a.tok,typo.tok}", t.roots);
+  EXPECT_TRUE(absl::IsNotFound(files.status())) << files.status();
+  EXPECT_NE(files.status().message().find(t.root + "/typo.tok: no such file"), std::string::npos)
+      << files.status();
+  EXPECT_TRUE(absl::IsNotFound(ExpandPattern(t.root + "/{a.tok,nothing*.tok}").status()));
+}
+
+// Every alternative is checked against the roots before it is looked at: the answer for a path
+// outside is the same whether it exists or not, and a listing outside is never read.
+TEST(ExpandPatternTest, AlternativesOutsideTheRootsAreRefusedUnseen) {
+  Tree t("outside_alternative");
+  auto exists = ExpandPattern(t.root + "/{a.tok,../outside/secret.tok}", t.roots);
+  auto missing = ExpandPattern(t.root + "/{a.tok,../outside/no-such-file}", t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(exists.status())) << exists.status();
+  EXPECT_TRUE(absl::IsPermissionDenied(missing.status())) << missing.status();
+  auto listing = ExpandPattern(t.root + "/{a.tok,../outside/dir/*}", t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(listing.status())) << listing.status();
+  for (const auto& st : {exists.status(), missing.status(), listing.status()}) {
+    const std::string msg(st.message());
+    EXPECT_NE(msg.find("outside the allowed roots"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("alpha"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("beta"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("resolves to"), std::string::npos) << msg;
+  }
+  // A link inside the roots that leads out is refused, not followed, and not described.
+  ASSERT_EQ(symlink(t.outside.c_str(), (t.root + "/escape").c_str()), 0);
+  auto linked = ExpandPattern(t.root + "/escape/dir/*", t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(linked.status())) << linked.status();
+  EXPECT_EQ(std::string(linked.status().message()).find(t.outside), std::string::npos)
+      << linked.status();
+  auto star = ExpandPattern(t.root + "/*/dir/*", t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(star.status())) << star.status();
+}
+
+TEST(ExpandPatternTest, BraceExpansionIsBoundedInCountAndTime) {
+  Tree t("bounded");
+  std::string groups;
+  for (int i = 0; i < 21; ++i) groups += "{,}";  // 2^21 alternatives under glob(GLOB_BRACE)
+  const absl::Time start = absl::Now();
+  auto files = ExpandPattern(t.root + "/a.tok" + groups, t.roots);
+  EXPECT_TRUE(absl::IsResourceExhausted(files.status())) << files.status();
+  EXPECT_NE(files.status().message().find("more than 1024 alternatives"), std::string::npos);
+  // Nested groups multiply too.
+  std::string nested = "x";
+  for (int i = 0; i < 12; ++i) nested = "{" + nested + "," + nested + "}";
+  EXPECT_FALSE(ExpandPattern(t.root + "/" + nested).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+
+  ExpandLimits few;
+  few.max_entries = 3;
+  EXPECT_TRUE(absl::IsResourceExhausted(ExpandPattern(t.root + "/*.tok", {}, few).status()));
+  ExpandLimits one;
+  one.max_matches = 1;
+  EXPECT_TRUE(absl::IsResourceExhausted(ExpandPattern(t.root + "/*.tok", {}, one).status()));
+}
+
+TEST(ExpandPatternTest, ACancelledExpansionStops) {
+  Tree t("cancelled");
+  ExpandLimits limits;
+  limits.cancelled = [] { return true; };
+  EXPECT_TRUE(absl::IsCancelled(ExpandPattern(t.root + "/{a,b}.tok", {}, limits).status()));
+  ExpandLimits no_time;
+  no_time.max_time = absl::ZeroDuration();
+  EXPECT_TRUE(
+      absl::IsDeadlineExceeded(ExpandPattern(t.root + "/{a,b}.tok", {}, no_time).status()));
+}
+
+// A path of 300,000 components costs nothing: it is refused by its length.
+TEST(PathPolicyTest, LongPathsAreRefusedInConstantTime) {
+  Tree t("long");
+  std::string path = t.root;
+  for (int i = 0; i < 300000; ++i) path += "/a";
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(absl::IsInvalidArgument(ResolveBeneathExisting(path).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckAllowedPath("job.toml", "k", path, t.roots)));
+  EXPECT_TRUE(absl::IsInvalidArgument(ExpandPattern(path + "/*", t.roots).status()));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+}
+
+// The worker's opens: a link that leads out of the roots is refused, also one that appears
+// where a directory to be made was checked before.
+TEST(PathPolicyTest, OpensAndDirectoriesStayInsideTheRoots) {
+  Tree t("open");
+  auto fd = OpenInsideRoots(t.root + "/a.tok", O_RDONLY, t.roots);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(*fd);
+  ASSERT_EQ(symlink((t.outside + "/secret.tok").c_str(), (t.root + "/link.tok").c_str()), 0);
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      OpenInsideRoots(t.root + "/link.tok", O_RDONLY, t.roots).status()));
+  // A link to a file inside the roots is fine.
+  ASSERT_EQ(symlink((t.root + "/b.tok").c_str(), (t.root + "/inner.tok").c_str()), 0);
+  fd = OpenInsideRoots(t.root + "/inner.tok", O_RDONLY, t.roots);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(*fd);
+
+  const std::string ckpt = t.root + "/ckpt/run1";
+  ASSERT_TRUE(MakeDirsInsideRoots(ckpt, t.roots).ok());
+  struct stat st;
+  ASSERT_EQ(stat(ckpt.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  fd = OpenInsideRoots(ckpt + "/step-1.tmp", O_WRONLY | O_CREAT | O_TRUNC, t.roots);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(*fd);
+  // checkpoint.dir replaced by a link after admission.
+  ASSERT_EQ(symlink(t.outside.c_str(), (t.root + "/swapped").c_str()), 0);
+  absl::Status made = MakeDirsInsideRoots(t.root + "/swapped/ckpt", t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(made)) << made;
+  EXPECT_NE(stat((t.outside + "/ckpt").c_str(), &st), 0) << "nothing made outside";
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      OpenInsideRoots(t.root + "/swapped/x", O_WRONLY | O_CREAT, t.roots).status()));
+}
+
+TEST(PathPolicyTest, RootsFromTheEnvironment) {
+  Tree t("env");
+  unsetenv(kAllowedRootsEnv);
+  auto none = AllowedRootsFromEnvironment();
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  setenv(kAllowedRootsEnv, (t.root + ":" + t.outside).c_str(), 1);
+  auto two = AllowedRootsFromEnvironment();
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, (std::vector<std::string>{t.root, t.outside}));
+  setenv(kAllowedRootsEnv, "/no/such/dir", 1);
+  EXPECT_FALSE(AllowedRootsFromEnvironment().ok());
+  unsetenv(kAllowedRootsEnv);
+}
+
+}  // namespace
+}  // namespace ithaca
