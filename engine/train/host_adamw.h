@@ -75,6 +75,11 @@ void HostAdamW(const HostAdamWSpan& s, const AdamWParams& p, HostThreadPool* poo
 void HostAdamWRange(const HostAdamWSpan& s, const AdamWParams& p, int64_t begin, int64_t end,
                     bool vectorized = true);
 
+// Optimizer offload stages gradients and working copies through two host buffers of at most
+// this many elements each (64 MiB of f32): the unit of the host pipeline (engine/train/optimizer.h),
+// which the planner counts (engine/plan).
+inline constexpr int64_t kHostStageElements = int64_t{16} << 20;
+
 // Whether this CPU runs the AVX2 loop.
 bool HostAdamWVectorized();
 

@@ -9,18 +9,24 @@
 namespace ithaca {
 namespace {
 
+int64_t stage_elements = kHostStageElements;  // SetHostStageElementsForTesting
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
 
+void Optimizer::SetHostStageElementsForTesting(int64_t n) {
+  stage_elements = n > 0 ? n : kHostStageElements;
+}
+
 absl::Status Optimizer::Allocate() {
   ParamStore& ps = model_->params();
   const Tier tier = host_state_ ? Tier::kHostOptimizer : Tier::kOptimizer;
   int64_t largest = 0;
   for (int u = 0; u < ps.num_units(); ++u) {
-    largest = std::max(largest, ps.shard_numel(u));
+    largest = std::max(largest, std::min(ps.shard_numel(u), stage_elements));
     for (auto* vec : {&master_, &m_, &v_}) {
       ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model_->allocator(), DType::kF32, {ps.shard_numel(u)},
                                               tier));
@@ -163,26 +169,45 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
 void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
   Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
-  const int U = ps.num_units();
   const auto start = std::chrono::steady_clock::now();
   double cpu = 0;
-  auto grad_stage = [&](int u) { return grad_stage_[u % 2].tensor().Slice(0, {ps.shard_numel(u)}); };
-  auto working_stage = [&](int u) {
-    return working_stage_[u % 2].tensor().Slice(0, {ps.shard_numel(u)});
+  // The pieces of every unit's shard, in the order the next forward reads them: at most
+  // kHostStageElements each (an embedding of 525M parameters is many pieces).
+  struct Piece {
+    int unit;
+    int64_t lo, hi;  // shard-relative
   };
-  // Unit u + 1's gradient comes down while the CPU updates unit u. Staging slot u % 2 is free
-  // again at unit u + 2: its gradient was read at unit u (on this thread), and its working copy's
-  // upload was issued before unit u + 2's download, whose end the host waits for first
+  std::vector<Piece> pieces;
+  for (int u = 0; u < ps.num_units(); ++u) {
+    for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
+      pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
+    }
+  }
+  auto stage = [&](const Buffer* slots, size_t i) {
+    return slots[i % 2].tensor().Slice(0, {pieces[i].hi - pieces[i].lo});
+  };
+  auto shard = [&](const Tensor& t, size_t i) {
+    return t.Slice(pieces[i].lo, {pieces[i].hi - pieces[i].lo});
+  };
+  // Piece i + 1's gradient comes down while the CPU updates piece i. Staging slot i % 2 is free
+  // again at piece i + 2: its gradient was read at piece i (on this thread), and its working
+  // copy's upload was issued before piece i + 2's download, whose end the host waits for first
   // (transfers complete in order).
-  std::vector<Ops::Fence> down(U);
-  if (U > 0) down[0] = ops->CopyAsync(ps.grad_shard(0), grad_stage(0));
-  for (int u = 0; u < U; ++u) {
-    if (u + 1 < U) down[u + 1] = ops->CopyAsync(ps.grad_shard(u + 1), grad_stage(u + 1));
-    ops->WaitFence(down[u]);
-    ops->Synchronize();  // the host waits for unit u's gradient (the device is idle otherwise)
+  std::vector<Ops::Fence> down(pieces.size());
+  auto download = [&](size_t i) {
+    down[i] = ops->CopyAsync(shard(ps.grad_shard(pieces[i].unit), i), stage(grad_stage_, i));
+  };
+  if (!pieces.empty()) download(0);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i + 1 < pieces.size()) download(i + 1);
+    ops->WaitFence(down[i]);
+    ops->Synchronize();  // the host waits for piece i's gradient (the device is idle otherwise)
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t begin = ps.shard_begin(u), end = begin + ps.shard_numel(u);
-    const Tensor working = working_stage(u);
+    const int u = pieces[i].unit;
+    // The piece as elements [begin, end) of the whole unit.
+    const int64_t begin = ps.shard_begin(u) + pieces[i].lo, end = ps.shard_begin(u) + pieces[i].hi;
+    const Tensor working = stage(working_stage_, i);
+    const Tensor grad = stage(grad_stage_, i);
     const size_t wbytes = DTypeSize(working.dtype);
     // What no entry covers (the padding past the unit's end on the last rank) keeps master
     // weights of zero, and so a working copy of zero, as on the device.
@@ -201,12 +226,13 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
       covered = std::max(covered, hi);
       AdamWParams p = base;
       p.weight_decay = e.is_matrix ? static_cast<float>(hp_.weight_decay) : 0.f;
-      const int64_t at = lo - begin;
+      const int64_t at = lo - begin;                        // in the piece
+      const int64_t in_shard = lo - ps.shard_begin(u);      // in the shard
       HostAdamWSpan s;
-      s.master = master_[u].tensor().f32() + at;
-      s.grad = grad_stage_[u % 2].tensor().f32() + at;
-      s.m = m_[u].tensor().f32() + at;
-      s.v = v_[u].tensor().f32() + at;
+      s.master = master_[u].tensor().f32() + in_shard;
+      s.grad = grad.f32() + at;
+      s.m = m_[u].tensor().f32() + in_shard;
+      s.v = v_[u].tensor().f32() + in_shard;
       s.working = static_cast<char*>(working.data) + at * wbytes;
       s.working_dtype = working.dtype;
       s.n = hi - lo;
@@ -214,8 +240,8 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
     }
     zero_working(covered, end);
     cpu += SecondsSince(t0);
-    // Later compute (the next forward) reads the unit only after its upload.
-    ops->WaitFence(ops->CopyAsync(working, ps.working_shard(u)));
+    // Later compute (the next forward) reads the piece only after its upload.
+    ops->WaitFence(ops->CopyAsync(working, shard(ps.working_shard(u), i)));
   }
   r->cpu_update_seconds = cpu;
   r->device_wait_seconds = SecondsSince(start);

@@ -4,11 +4,12 @@
 //
 // With host state (memory.optimizer_offload) the master weights and Adam m and v live in pinned
 // host memory (host_optimizer tier) and the CPU AdamW (host_adamw.h) updates them: unit by unit,
-// in the order the next forward needs them, the unit's gradient shard goes down to a host staging
-// buffer on the copy stream (the next unit's download overlapping this unit's update), the CPU
-// updates it and writes the working copy into a second staging buffer, which goes up on the copy
-// stream while the CPU updates the next unit; the compute stream waits for each upload before
-// anything reads the unit. Two units' staging in all. The gradient norm (and so clipping) is
+// in the order the next forward needs them, in pieces of at most kHostStageElements, a piece of
+// the gradient shard goes down to a host staging buffer on the copy stream (the next piece's
+// download overlapping this piece's update), the CPU updates it and writes the working copy into
+// a second staging buffer, which goes up on the copy stream while the CPU updates the next
+// piece; the compute stream waits for each upload before anything reads it. Two pieces' staging
+// in all (at most 384 MiB with a bf16 working copy). The gradient norm (and so clipping) is
 // that of the whole gradient, as on the device: the trainer reads it before the update. Same
 // formula, same bits: the weights are those of the on-device optimizer exactly.
 #pragma once
@@ -40,6 +41,9 @@ class Optimizer {
                                                            const JobSpec::Training& hp,
                                                            bool host_state = false);
   bool host_state() const { return host_state_; }
+  // Host state's pieces of this many elements instead of kHostStageElements (0: back to it), for
+  // optimizers made from now on: tests cut small models into many pieces with it.
+  static void SetHostStageElementsForTesting(int64_t n);
 
   struct StepResult {
     double grad_norm = 0;  // before clipping
@@ -129,7 +133,7 @@ class Optimizer {
   JobSpec::Training hp_;
   bool host_state_ = false;
   std::vector<Buffer> master_, m_, v_;
-  // Host state only: two units' gradient (f32) and working-copy (act dtype) staging, and the
+  // Host state only: two pieces' gradient (f32) and working-copy (act dtype) staging, and the
   // CPU's threads.
   Buffer grad_stage_[2], working_stage_[2];
   std::unique_ptr<HostThreadPool> pool_;

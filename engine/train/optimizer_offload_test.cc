@@ -79,6 +79,9 @@ void ExpectSameWeights(const Outcome& a, const Outcome& b) {
 
 TEST(OptimizerOffloadTest, SameLossesAndWeightsAsOnTheDevice) {
   const std::string dir = TmpDir("offload_same");
+  // Pieces of 1000 elements: every unit is many pieces, cut inside entries (a norm weight and a
+  // matrix share pieces) at no multiple of the vector width.
+  Optimizer::SetHostStageElementsForTesting(1000);
   CpuOps ops;
   HostAllocator on_alloc, off_alloc;
   auto on = Trainer::Create(SmallSpec(dir, true), &ops, &on_alloc);
@@ -117,6 +120,7 @@ TEST(OptimizerOffloadTest, SameLossesAndWeightsAsOnTheDevice) {
   EXPECT_NE(line.find(" | cpu adamw "), std::string::npos) << line;
   EXPECT_NE(line.find("host_optimizer "), std::string::npos) << line;
   EXPECT_EQ(FormatStepLine(b.reports.back()).find("cpu adamw"), std::string::npos);
+  Optimizer::SetHostStageElementsForTesting(0);
 }
 
 // A checkpoint saved from host state resumes into device state and the other way round: the
