@@ -93,14 +93,38 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Resume(LlamaModel* model,
 }
 
 void Optimizer::RefreshWorkingCopy() {
+  Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
+  if (!host_state_) {
+    for (size_t u = 0; u < master_.size(); ++u) ops->Copy(master_[u].tensor(), ps.working_shard(u));
+    return;
+  }
+  // The master weights converted on every core into the two working-copy staging buffers, piece
+  // by piece, each going up on the copy stream while the next is converted (slot i % 2 is
+  // rewritten only after piece i's upload has completed).
+  std::vector<Ops::Fence> up;
   for (size_t u = 0; u < master_.size(); ++u) {
-    if (host_state_) {
-      model_->ops()->Upload(master_[u].tensor().data, DType::kF32, ps.working_shard(u));
-    } else {
-      model_->ops()->Copy(master_[u].tensor(), ps.working_shard(u));
+    for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
+      const int64_t n = std::min(ps.shard_numel(u) - lo, stage_elements);
+      const size_t i = up.size();
+      if (i >= 2) {
+        ops->WaitFence(up[i - 2]);
+        ops->Synchronize();
+      }
+      const Tensor stage = working_stage_[i % 2].tensor().Slice(0, {n});
+      const float* from = master_[u].tensor().f32() + lo;
+      pool_->ParallelFor(n, 16384, [&](int64_t b, int64_t e) {
+        if (stage.dtype == DType::kBF16) {
+          uint16_t* to = static_cast<uint16_t*>(stage.data);
+          for (int64_t k = b; k < e; ++k) to[k] = FloatToBf16(from[k]).bits;
+        } else {
+          std::copy(from + b, from + e, stage.f32() + b);
+        }
+      });
+      up.push_back(ops->CopyAsync(stage, ps.working_shard(u).Slice(lo, {n})));
     }
   }
+  if (!up.empty()) ops->WaitFence(up.back());
 }
 
 absl::Status Optimizer::GradSumSquares(const Tensor& sumsq) {
