@@ -110,10 +110,7 @@ void Optimizer::RefreshWorkingCopy() {
     for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
       const int64_t n = std::min(ps.shard_numel(u) - lo, stage_elements);
       const size_t i = up.size();
-      if (i >= 2) {
-        ops->WaitFence(up[i - 2]);
-        ops->Synchronize();
-      }
+      if (i >= 2) ops->HostWaitFence(up[i - 2]);
       const Tensor stage = working_stage_[i % 2].tensor().Slice(0, {n});
       const float* from = master_[u].tensor().f32() + lo;
       pool_->ParallelFor(n, 16384, [&](int64_t b, int64_t e) {
@@ -225,10 +222,12 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
     down[i] = ops->CopyAsync(shard(ps.grad_shard(pieces[i].unit), i), stage(grad_stage_, i));
   };
   if (!pieces.empty()) download(0);
+  Ops::Fence last_upload;
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (i + 1 < pieces.size()) download(i + 1);
-    ops->WaitFence(down[i]);
-    ops->Synchronize();  // the host waits for piece i's gradient (the device is idle otherwise)
+    // The host waits for piece i's gradient alone: piece i + 1's download and piece i − 1's
+    // upload go on meanwhile.
+    ops->HostWaitFence(down[i]);
     const auto t0 = std::chrono::steady_clock::now();
     const int u = pieces[i].unit;
     // The piece as elements [begin, end) of the whole unit.
@@ -267,9 +266,12 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
     }
     zero_working(covered, end);
     cpu += SecondsSince(t0);
-    // Later compute (the next forward) reads the piece only after its upload.
-    ops->WaitFence(ops->CopyAsync(working, shard(ps.working_shard(u), i)));
+    last_upload = ops->CopyAsync(working, shard(ps.working_shard(u), i));
   }
+  // Later compute (the next forward) reads the working copy only after every upload. (Waited
+  // for once, at the end: a WaitFence per piece would retire the next download's event too, and
+  // the host would then wait for that upload as well.)
+  ops->WaitFence(last_upload);
   r->cpu_update_seconds = cpu;
   r->device_wait_seconds = SecondsSince(start);
 }

@@ -8,8 +8,9 @@
 // the gradient shard goes down to a host staging buffer on the copy stream (the next piece's
 // download overlapping this piece's update), the CPU updates it and writes the working copy into
 // a second staging buffer, which goes up on the copy stream while the CPU updates the next
-// piece; the compute stream waits for each upload before anything reads it. Two pieces' staging
-// in all (at most 384 MiB with a bf16 working copy). The gradient norm (and so clipping) is
+// piece (the host waits for one download at a time, Ops::HostWaitFence); the compute stream
+// waits for the uploads before anything reads the working copy. Two pieces' staging in all
+// (192 MiB with a bf16 working copy). The gradient norm (and so clipping) is
 // that of the whole gradient, as on the device: the trainer reads it before the update. Same
 // formula, same bits: the weights are those of the on-device optimizer exactly.
 #pragma once
