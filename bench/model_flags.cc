@@ -13,6 +13,9 @@ ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the o
 ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
 ABSL_FLAG(bool, fsdp, true, "shard parameters over the ranks (parallel.fsdp)");
 ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
+ABSL_FLAG(bool, optimizer_offload, false,
+          "f32 master weights and Adam m, v in pinned host memory, updated by the CPU AdamW "
+          "(memory.optimizer_offload)");
 
 namespace ithaca {
 namespace bench {
@@ -47,6 +50,7 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
       .Int("head_chunk", mo.head_chunk)
       .Int("checkpoint_interval", mo.checkpoint_interval)
       .Bool("prefetch", mo.prefetch)
+      .Bool("optimizer_offload", absl::GetFlag(FLAGS_optimizer_offload))
       .Str("attention", attention);
   return t;
 }
@@ -59,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
       [&](int unit) -> absl::StatusOr<std::vector<float>> {
         return RandomUnitWeights(layout, unit, 1234);
       },
-      hp);
+      hp, absl::GetFlag(FLAGS_optimizer_offload));
 }
 
 }  // namespace bench

@@ -1,6 +1,7 @@
 // The memory and schedule flags every training benchmark takes (train_bench, parallel_bench),
 // defined once: --checkpoint, --tile_tokens, --loss_tile_tokens, --head_chunk, --offload,
-// --offload_keep_last, --checkpoint_interval, --prefetch, --fsdp and --overlap.
+// --offload_keep_last, --checkpoint_interval, --prefetch, --fsdp, --overlap and
+// --optimizer_offload.
 #pragma once
 
 #include <string>
@@ -11,6 +12,7 @@
 #include "engine/train/optimizer.h"
 
 ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(bool, optimizer_offload);
 
 namespace ithaca {
 namespace bench {
@@ -20,7 +22,7 @@ LlamaModel::Options ModelOptions();
 // The "techniques" object of a result line: the options and the attention implementation used.
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention);
 // The benchmarks' optimizer: random weights (seed 1234, the same on every rank and run) and the
-// default hyper-parameters `hp`.
+// default hyper-parameters `hp`; its state on the host with --optimizer_offload.
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
                                                            const JobSpec::Training& hp);
 

@@ -83,6 +83,7 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
   req.sp = sp;
   req.seq_len = S;
   req.opts = bench::ModelOptions();
+  req.optimizer_offload = absl::GetFlag(FLAGS_optimizer_offload);
   req.device = Device::kCuda;
   req.act = DType::kBF16;
   return PlanMemory(req);

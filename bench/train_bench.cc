@@ -10,6 +10,10 @@
 // and collective at full size. Its lines say "mode": "memory-probe" and carry no throughput;
 // they add the device memory growth per extra token against the previous S.
 // --plan_only prints the planner's lines without touching a GPU (to choose settings).
+// --optimizer_offload keeps the optimizer's state on the host (memory.optimizer_offload); the
+// line then also says how long the CPU update took and how long the device waited for it, and
+// how long the start-up (model, random init, optimizer state) took.
+#include <chrono>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,6 +69,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   req.seq_len = S;
   req.document_mask = absl::GetFlag(FLAGS_doc_len) > 0;
   req.opts = mo;
+  req.optimizer_offload = absl::GetFlag(FLAGS_optimizer_offload);
   req.device = Device::kCuda;
   req.act = DType::kBF16;
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(req));
@@ -73,7 +78,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Int("device_peak_bytes", plan.device_peak)
       .Int("fixed_workspace_bytes", plan.workspace)
       .Int("device_total_bytes", plan.device_total())
-      .Int("device_reserved_bytes", plan.device_reserved);
+      .Int("device_reserved_bytes", plan.device_reserved)
+      .Int("host_total_bytes", plan.host_total());
   // The budget a job on this GPU would get (the same rule as admission and the workers).
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
@@ -93,11 +99,12 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
         .Obj("techniques", bench::Techniques(mo, "n/a"))
         .Obj("planner", planned)
         .Num("device_total_gib", plan.device_total() / kGiB)
-        .Num("host_gib", plan.peak[static_cast<int>(Tier::kHostOffload)] / kGiB)
+        .Num("host_gib", plan.host_total() / kGiB)
         .Print();
     return absl::OkStatus();
   }
 
+  const auto start = std::chrono::steady_clock::now();
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
@@ -106,6 +113,10 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, mo));
   JobSpec::Training hp;
   ASSIGN_OR_RETURN(auto opt, bench::RandomOptimizer(model.get(), hp));
+  ops.Synchronize();
+  const double startup_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "start-up (model, random init, optimizer state): %.1f s\n", startup_s);
   std::mt19937 gen(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
   std::vector<int32_t> inputs(S), labels(S);
@@ -121,6 +132,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   const int warmup = probe > 0 ? 0 : absl::GetFlag(FLAGS_warmup);
   const int timed = probe > 0 ? 1 : absl::GetFlag(FLAGS_steps);
   std::vector<double> step_s;
+  Optimizer::StepResult last_update;
   std::vector<CudaOps::ProfileRow> profile;
   double loss = 0;
   cudaEvent_t a, b;
@@ -139,7 +151,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     model->params().ZeroGrads();
     ASSIGN_OR_RETURN(LossSum l, model->ForwardBackward(inputs.data(), labels.data(), S,
                                                        1.f / static_cast<float>(S), docs));
-    RETURN_IF_ERROR(opt->Step(step + 1, hp.lr).status());
+    ASSIGN_OR_RETURN(last_update, opt->Step(step + 1, hp.lr));
     cudaEventRecord(b, ops.stream());
     cudaEventSynchronize(b);
     float ms = 0;
@@ -208,6 +220,12 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     // MFU against the device's own peak (Ops::PeakFlops); left out where it is not known.
     if (ops.PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / ops.PeakFlops());
     line.Num("step_s", t).Raw("step_times_s", steps_json);
+  }
+  line.Num("startup_s", startup_s);
+  if (absl::GetFlag(FLAGS_optimizer_offload)) {
+    // The last step's CPU AdamW and the device's wait for the host update (Optimizer::StepResult).
+    line.Num("cpu_update_s", last_update.cpu_update_seconds)
+        .Num("device_wait_s", last_update.device_wait_seconds);
   }
   line.Obj("peak_bytes", TierJson(measured))
       .Int("device_peak_bytes", device_measured)

@@ -208,8 +208,14 @@ std::string JobDetails(const v1::Job& job) {
   absl::StrAppend(&out, "  logs: ", job.log_dir(), "/rank-*.log\n");
   if (const v1::StepReport* r = Rank0(job)) {
     absl::StrAppend(&out, "  last step: ", ProgressLine(*r, -1),
-                    absl::StrFormat(" | %.3f s | grad norm %.3f | lr %.3g\n", r->seconds(),
+                    absl::StrFormat(" | %.3f s | grad norm %.3f | lr %.3g", r->seconds(),
                                     r->grad_norm(), r->lr()));
+    // Optimizer offload: the CPU update and the device's wait for it.
+    if (r->device_wait_seconds() > 0) {
+      absl::StrAppendFormat(&out, " | cpu adamw %.3f s (device waited %.3f s)",
+                            r->cpu_update_seconds(), r->device_wait_seconds());
+    }
+    out += "\n";
   }
   if (job.has_last_eval()) absl::StrAppend(&out, "  last eval: ", EvalLine(job.last_eval()), "\n");
   absl::StrAppend(&out, "  history:\n");

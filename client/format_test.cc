@@ -47,6 +47,12 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
   job.set_reason("rank 1 exited with code 4 (NaN loss)");
   job.set_failed_rank(1);
   const std::string details = JobDetails(job);
+  EXPECT_EQ(details.find("cpu adamw"), std::string::npos) << "no offload, no figure";
+  job.mutable_last_steps(0)->set_cpu_update_seconds(1.25);
+  job.mutable_last_steps(0)->set_device_wait_seconds(1.5);
+  EXPECT_NE(JobDetails(job).find(" | lr 0 | cpu adamw 1.250 s (device waited 1.500 s)\n"),
+            std::string::npos)
+      << JobDetails(job);
   EXPECT_NE(details.find("FAILED"), std::string::npos);
   EXPECT_NE(details.find("failed rank: 1"), std::string::npos);
   EXPECT_EQ(details.find("spec (resolved)"), std::string::npos) << "no spec, no section";

@@ -236,7 +236,8 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
   plan.set_fits(p.fits);
   plan.set_summary(absl::StrFormat(
       "peak %s per rank %s budget %s (%s); head_chunk %d, tile_tokens %d, offload %s%s",
-      HumanBytes(p.device_total()).c_str(), p.fits ? "<=" : ">",
+      HumanBytes(p.device_total()).c_str(),
+      p.gpu_budget > 0 && p.device_total() > p.gpu_budget ? ">" : "<=",
       HumanBytes(a.budgets.gpu_bytes).c_str(), plan.budget_source().c_str(), p.head_chunk,
       p.tile_tokens, p.offload ? "on" : "off",
       p.fits ? "" : absl::StrCat("; ", p.verdict).c_str()));

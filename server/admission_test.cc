@@ -246,6 +246,37 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
   EXPECT_TRUE(CheckFits(*sharded, node).ok());
 }
 
+// Optimizer state on the host: a plan over the host budget is refused naming the host tier and
+// its bytes; "auto" admits Llama-3-8B at 128K on one H200 only by putting the state on the host.
+TEST(AdmissionTest, OptimizerOffloadOverTheHostBudgetIsRefusedNamingTheTier) {
+  const std::string toml =
+      "name = \"big\"\nbackend = \"cuda\"\n[model]\npreset = \"llama-3-8b\"\n"
+      "[data]\npath = \"corpus.tok\"\nseq_len = 131072\n[memory]\ncheckpoint = \"full\"\n";
+  const Node small_host = GpuNode(1, int64_t{141} << 30, int64_t{64} << 30);
+  auto a = ParseSubmission(toml + "optimizer_offload = true\n", "job.toml", Dir(), small_host);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::Status st = CheckFits(*a, small_host);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("of pinned host memory per rank ("), std::string::npos) << st;
+  EXPECT_NE(st.message().find(absl::StrCat("host_optimizer ", HumanBytes(a->plan.peak[int(
+                                  Tier::kHostOptimizer)]), " (",
+                                           a->plan.peak[int(Tier::kHostOptimizer)], " bytes)")),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("budget 54.40 GiB"), std::string::npos) << st;  // 85% of 64 GiB
+
+  const Node device_host = GpuNode(1, int64_t{141} << 30, int64_t{125} << 30);
+  auto chosen =
+      ParseSubmission(toml + "optimizer_offload = \"auto\"\n", "job.toml", Dir(), device_host);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_TRUE(CheckFits(*chosen, device_host).ok()) << EstimateMemory(*chosen).summary();
+  EXPECT_EQ(chosen->spec.memory.optimizer_offload, OffloadChoice::kOn);
+  auto on_device =
+      ParseSubmission(toml + "optimizer_offload = false\n", "job.toml", Dir(), device_host);
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  EXPECT_FALSE(CheckFits(*on_device, device_host).ok());
+}
+
 TEST(AdmissionTest, NodeLimits) {
   const Node node = CpuNode(2, int64_t{16} << 30);
   auto a = ParseSubmission(Spec("", "[parallel]\nworld = 4\nsp = 2\n"), "job.toml", Dir(), node);

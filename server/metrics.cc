@@ -140,6 +140,9 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
                          "Peak device memory per tier during the step.")),
       host_offload_(Gauge(*registry_, Constant(hostname), "ithaca_host_offload_bytes",
                           "Pinned host memory holding offloaded checkpoints.")),
+      host_optimizer_(Gauge(*registry_, Constant(hostname), "ithaca_host_optimizer_bytes",
+                            "Pinned host memory holding the optimizer's state "
+                            "(memory.optimizer_offload).")),
       tokens_per_second_(Gauge(*registry_, Constant(hostname), "ithaca_tokens_per_second",
                                "Training tokens per second of this rank (per GPU).")),
       loss_(Gauge(*registry_, Constant(hostname), "ithaca_train_loss",
@@ -255,10 +258,11 @@ void Metrics::DropActivityLocked(RankSeries& s) {
   s.memory.clear();
   s.memory_peak.clear();
   if (s.host_offload) host_offload_.Remove(s.host_offload);
+  if (s.host_optimizer) host_optimizer_.Remove(s.host_optimizer);
   if (s.tokens_per_second) tokens_per_second_.Remove(s.tokens_per_second);
   if (s.flops) flops_.Remove(s.flops);
   if (s.mfu) mfu_.Remove(s.mfu);
-  s.host_offload = s.tokens_per_second = s.flops = s.mfu = nullptr;
+  s.host_offload = s.host_optimizer = s.tokens_per_second = s.flops = s.mfu = nullptr;
 }
 
 void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
@@ -269,6 +273,12 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
   for (const v1::TierBytes& t : r.memory()) {
     if (t.tier() == "host_offload") {
       s.host_offload->Set(static_cast<double>(t.current_bytes()));
+      continue;
+    }
+    if (t.tier() == "host_optimizer") {  // a host tier too; its series only where it is used
+      if (t.current_bytes() == 0 && s.host_optimizer == nullptr) continue;
+      if (s.host_optimizer == nullptr) s.host_optimizer = &host_optimizer_.Add(l);
+      s.host_optimizer->Set(static_cast<double>(t.current_bytes()));
       continue;
     }
     Labels tl = l;

@@ -20,6 +20,9 @@ v1::StepReport Report(int step, double seconds) {
   auto* h = r.add_memory();
   h->set_tier("host_offload");
   h->set_current_bytes(77);
+  auto* o = r.add_memory();
+  o->set_tier("host_optimizer");
+  o->set_current_bytes(99);
   return r;
 }
 
@@ -44,6 +47,7 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
            "ithaca_gpu_memory_bytes{" + l + ",tier=\"params\"} 1000",
            "ithaca_gpu_memory_peak_bytes{" + l + ",tier=\"params\"} 1500",
            "ithaca_host_offload_bytes{" + l + "} 77",
+           "ithaca_host_optimizer_bytes{" + l + "} 99",
            "ithaca_tokens_total{" + l + "} 1024",
            "ithaca_train_step{" + l + "} 2",
            "ithaca_step_duration_seconds_bucket{" + l + ",le=\"0.05\"} 1",
@@ -68,6 +72,7 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
   }
   // host_offload is not a GPU tier.
   EXPECT_EQ(text.find("tier=\"host_offload\""), std::string::npos);
+  EXPECT_EQ(text.find("tier=\"host_optimizer\""), std::string::npos);
   // MFU 0 means unknown: no sample, rather than a 0 that reads as an idle GPU.
   EXPECT_EQ(text.find("ithaca_mfu_ratio{"), std::string::npos) << text;
   // The scrape job's label is Prometheus' own.

@@ -75,6 +75,8 @@ v1::StepReport ToProto(const StepReport& r, int rank) {
   p.set_mfu(r.mfu);
   p.set_grad_norm(r.grad_norm);
   p.set_lr(r.lr);
+  p.set_cpu_update_seconds(r.cpu_update_seconds);
+  p.set_device_wait_seconds(r.device_wait_seconds);
   for (int t = 0; t < kNumTiers; ++t) {
     v1::TierBytes* tb = p.add_memory();
     tb->set_tier(TierName(static_cast<Tier>(t)));

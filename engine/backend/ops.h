@@ -117,6 +117,10 @@ class Ops {
   // Ops enqueued from now on wait for the copy; the host does not. Afterwards both tensors may
   // be used and freed (the allocators hand memory out again only to later ops).
   virtual void WaitFence(Fence /*fence*/) {}
+  // The host waits until the copy (and every copy issued before it) has completed, without
+  // waiting for the streams' other work (optimizer offload reads a downloaded gradient while
+  // the next download runs). The default's copies complete at once.
+  virtual void HostWaitFence(Fence /*fence*/) {}
 
   // Host memory (f32, bf16 or i32 as `host_dtype`) to/from a device tensor, converting dtype.
   virtual void Upload(const void* host, DType host_dtype, const Tensor& dst) = 0;

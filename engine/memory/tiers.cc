@@ -3,9 +3,10 @@
 namespace ithaca {
 namespace {
 
-const char* const kNames[kNumTiers] = {"params",    "grads",       "optimizer",
-                                       "attention", "activations", "checkpoints",
-                                       "comm",      "workspace",   "host_offload"};
+const char* const kNames[kNumTiers] = {"params",      "grads",         "optimizer",
+                                       "attention",   "activations",   "checkpoints",
+                                       "comm",        "workspace",     "host_offload",
+                                       "host_optimizer"};
 
 void RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
   int64_t seen = peak.load();

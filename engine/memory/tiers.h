@@ -19,13 +19,16 @@ enum class Tier : uint8_t {
   kComm,         // collective staging
   kWorkspace,    // library workspaces (cuBLAS, cuDNN)
   kHostOffload,  // pinned host memory holding offloaded checkpoints
+  // Pinned host memory holding the optimizer's state under optimizer offload: f32 master
+  // weights, Adam m and v, and the staging of a few units' gradients and working copies.
+  kHostOptimizer,
 };
-inline constexpr int kNumTiers = 9;
+inline constexpr int kNumTiers = 10;
 
 const char* TierName(Tier t);
 // Parses the names TierName prints ("params", "host_offload", ...).
 bool ParseTier(const std::string& name, Tier* out);
-inline bool IsDeviceTier(Tier t) { return t != Tier::kHostOffload; }
+inline bool IsDeviceTier(Tier t) { return t != Tier::kHostOffload && t != Tier::kHostOptimizer; }
 
 // Current and peak bytes per tier. Thread-safe; cheap enough to call on every allocation.
 class MemoryTracker {

@@ -16,8 +16,8 @@ namespace ithaca {
 using HostWeights = std::vector<std::vector<float>>;
 
 // Deterministic in `seed`: matrices ~ N(0, 0.02²) (Hugging Face's initializer_range), norms = 1,
-// biases = 0.
-// Each unit has its own generator, so one unit can be made without the others.
+// biases = 0. Each unit has its own counter-based stream (element j's value depends only on
+// seed, unit and j), so one unit can be made without the others, and is made on every core.
 std::vector<float> RandomUnitWeights(const ParamLayout& layout, int unit, uint64_t seed);
 HostWeights RandomWeights(const ParamLayout& layout, uint64_t seed);
 

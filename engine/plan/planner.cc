@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/plan/meta.h"
+#include "engine/train/host_adamw.h"
 #include "engine/spec/validate.h"
 #include "engine/core/units.h"
 
@@ -46,20 +47,34 @@ std::vector<int64_t> TileCandidates(int64_t s) {
 void Judge(MemoryPlan* p) {
   p->fits = true;
   p->verdict = "fits";
-  const int64_t host = p->peak[static_cast<int>(Tier::kHostOffload)];
+  const int64_t host = p->host_total();
   if (p->gpu_budget > 0 && p->device_total() > p->gpu_budget) {
     p->fits = false;
     p->verdict = absl::StrCat("needs ", HumanBytes(p->device_total()),
                               " of GPU memory per rank, budget ", HumanBytes(p->gpu_budget));
   } else if (p->host_budget > 0 && host > p->host_budget) {
+    // Name each host tier that holds anything, with its bytes.
+    std::string tiers;
+    for (int i = 0; i < kNumTiers; ++i) {
+      if (IsDeviceTier(static_cast<Tier>(i)) || p->peak[i] == 0) continue;
+      absl::StrAppend(&tiers, tiers.empty() ? "" : ", ", TierName(static_cast<Tier>(i)), " ",
+                      HumanBytes(p->peak[i]), " (", p->peak[i], " bytes)");
+    }
     p->fits = false;
-    p->verdict =
-        absl::StrCat("needs ", HumanBytes(host), " of pinned host memory per rank, budget ",
-                     HumanBytes(p->host_budget));
+    p->verdict = absl::StrCat("needs ", HumanBytes(host), " of pinned host memory per rank (",
+                              tiers, "), budget ", HumanBytes(p->host_budget));
   }
 }
 
 }  // namespace
+
+int64_t MemoryPlan::host_total() const {
+  int64_t total = 0;
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (!IsDeviceTier(static_cast<Tier>(i))) total += peak[i];
+  }
+  return total;
+}
 
 std::string HumanBytes(int64_t b) {
   return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / kGiB)
@@ -76,14 +91,25 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   ASSIGN_OR_RETURN(
       auto model, LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
                                      req.world > 1 ? &world : nullptr, req.sp > 1 ? &sp : nullptr));
-  // The optimizer's f32 master, m and v for every shard (as Optimizer::Create allocates them).
+  // The optimizer's f32 master, m and v for every shard, and under optimizer offload two pieces'
+  // gradient and working-copy staging (as Optimizer::Allocate allocates them).
   std::vector<Buffer> optimizer;
   ParamStore& ps = model->params();
+  const Tier tier = req.optimizer_offload ? Tier::kHostOptimizer : Tier::kOptimizer;
+  int64_t largest = 0;
   for (int u = 0; u < ps.num_units(); ++u) {
+    largest = std::max(largest, std::min(ps.shard_numel(u), kHostStageElements));
     for (int k = 0; k < 3; ++k) {
-      ASSIGN_OR_RETURN(Buffer b,
-                       Buffer::Make(&alloc, DType::kF32, {ps.shard_numel(u)}, Tier::kOptimizer));
+      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(&alloc, DType::kF32, {ps.shard_numel(u)}, tier));
       optimizer.push_back(std::move(b));
+    }
+  }
+  if (req.optimizer_offload) {
+    for (int k = 0; k < 2; ++k) {
+      for (DType d : {DType::kF32, req.act}) {
+        ASSIGN_OR_RETURN(Buffer b, Buffer::Make(&alloc, d, {largest}, tier));
+        optimizer.push_back(std::move(b));
+      }
     }
   }
   std::vector<int32_t> tokens(req.seq_len, 0);
@@ -106,6 +132,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.prefetch = req.opts.prefetch;
   p.checkpoint_interval = req.opts.checkpoint_interval;
   p.overlap = req.opts.overlap;
+  p.optimizer_offload = req.optimizer_offload;
   return p;
 }
 
@@ -174,15 +201,22 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     if (!smallest.ok() || p.device_total() < smallest->device_total()) smallest = p;
     return p;
   };
-  for (const Keep& keep : keeps) {
-    // Smaller stages and tiles never need more memory: when the most frugal settings do not
-    // fit, no others with this way of keeping block data do.
-    ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
-    if (!frugal.fits) continue;
-    for (int64_t chunk : chunks) {
-      for (int64_t tile : tiles) {
-        ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunk, tile));
-        if (p.fits) return p;
+  // The optimizer's state on the device unless the spec puts it on the host; "auto" moves it
+  // there only when no way of keeping the state on the device fits.
+  std::vector<bool> offloads = {m.optimizer_offload == OffloadChoice::kOn};
+  if (m.optimizer_offload == OffloadChoice::kAuto) offloads.push_back(true);
+  for (bool offload : offloads) {
+    req.optimizer_offload = offload;
+    for (const Keep& keep : keeps) {
+      // Smaller stages and tiles never need more memory: when the most frugal settings do not
+      // fit, no others with this way of keeping block data do.
+      ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
+      if (!frugal.fits) continue;
+      for (int64_t chunk : chunks) {
+        for (int64_t tile : tiles) {
+          ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunk, tile));
+          if (p.fits) return p;
+        }
       }
     }
   }
@@ -203,9 +237,14 @@ std::string FormatPlan(const MemoryPlan& p) {
                         "device peak", p.device_total() / unit);
   absl::StrAppendFormat(&out,
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
-                        "checkpoint_interval %d, overlap %s\n",
+                        "checkpoint_interval %d, overlap %s, optimizer_offload %s\n",
                         p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
-                        p.prefetch ? "on" : "off", p.checkpoint_interval, p.overlap ? "on" : "off");
+                        p.prefetch ? "on" : "off", p.checkpoint_interval, p.overlap ? "on" : "off",
+                        p.optimizer_offload ? "on" : "off");
+  if (p.host_total() > 0) {
+    absl::StrAppendFormat(&out, "%-14s %13.3f  (host tiers together)\n", "host total",
+                          p.host_total() / unit);
+  }
   if (p.gpu_budget > 0) absl::StrAppendFormat(&out, "GPU budget %.2f GiB", p.gpu_budget / kGiB);
   if (p.host_budget > 0) {
     absl::StrAppendFormat(&out, "%shost budget %.2f GiB", p.gpu_budget > 0 ? ", " : "",

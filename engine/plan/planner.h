@@ -25,6 +25,10 @@ struct PlanRequest {
   int64_t world = 1, sp = 1, seq_len = 0;
   bool document_mask = false;  // data.document_mask: cuDNN's ragged attention workspace
   LlamaModel::Options opts;    // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
+  // memory.optimizer_offload: the f32 master weights and Adam m, v (12 bytes per parameter of
+  // the rank's shards) and two units' staging in the host_optimizer tier instead of the device's
+  // optimizer tier.
+  bool optimizer_offload = false;
   Device device = Device::kCpu;
   DType act = DType::kF32;
 };
@@ -44,10 +48,14 @@ struct MemoryPlan {
   bool offload = false, prefetch = true;
   int64_t checkpoint_interval = 1;
   bool overlap = true;
+  bool optimizer_offload = false;
   int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much
   int64_t device_total() const { return device_peak + workspace; }
+  // What the host tiers (host_offload, host_optimizer) hold at most, together: the figure the
+  // host budget bounds (each tier's peak, summed: the optimizer's state lives all step long).
+  int64_t host_total() const;
 };
 
 // Exactly the given options.
@@ -57,8 +65,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 // the model, the dtype and every "auto" setting against the budgets. head_chunk "auto" also lets
 // the planner turn off overlap, then turn on offload, then turn off prefetch, then save only every
 // 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head
-// stage, the largest tile. Budgets of 0 take the spec's memory.gpu_budget_gib / host_budget_gib (0
-// there: unbounded).
+// stage, the largest tile. memory.optimizer_offload "auto" plans every way with the optimizer
+// state on the device first, and moves it to the host only when none of them fits. Budgets of 0
+// take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);
 

@@ -27,7 +27,8 @@ LlamaConfig Tiny() {
 
 // Peaks measured by really running one step with these options on the CPU backend.
 MemoryTracker* Measure(const LlamaConfig& cfg, const LlamaModel::Options& opts, int64_t S,
-                       HostAllocator* alloc, const DocumentMask& docs = {}) {
+                       HostAllocator* alloc, const DocumentMask& docs = {},
+                       bool optimizer_offload = false) {
   CpuOps ops;
   auto model = LlamaModel::Create(cfg, &ops, alloc, opts);
   EXPECT_TRUE(model.ok()) << model.status();
@@ -36,7 +37,7 @@ MemoryTracker* Measure(const LlamaConfig& cfg, const LlamaModel::Options& opts, 
   auto opt = Optimizer::Create(
       model->get(),
       [&](int u) -> absl::StatusOr<std::vector<float>> { return RandomUnitWeights(layout, u, 1); },
-      hp);
+      hp, optimizer_offload);
   EXPECT_TRUE(opt.ok()) << opt.status();
   std::vector<int32_t> tokens(S);
   for (int64_t i = 0; i < S; ++i) tokens[i] = (i * 7) % cfg.vocab_size;
@@ -343,6 +344,97 @@ TEST(PlannerTest, LongestContextsOnTwoH200sFit) {
                 FormatPlan(*plan).c_str());
     EXPECT_TRUE(plan->fits) << preset << ": " << plan->verdict;
   }
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Optimizer offload: the host_optimizer tier the plan counts is what the optimizer allocates
+// (12 bytes per parameter and two pieces' staging), and the device's optimizer tier is empty.
+TEST(PlannerTest, OptimizerOffloadMovesTheStateToTheHostTier) {
+  const LlamaConfig cfg = Tiny();
+  LlamaModel::Options opts;
+  opts.tile_tokens = 16;
+  HostAllocator alloc;
+  const MemoryTracker* measured = Measure(cfg, opts, 64, &alloc, {}, /*optimizer_offload=*/true);
+  PlanRequest req;
+  req.cfg = cfg;
+  req.seq_len = 64;
+  req.opts = opts;
+  req.optimizer_offload = true;
+  auto plan = PlanMemory(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int i = 0; i < kNumTiers; ++i) {
+    EXPECT_EQ(plan->peak[i], measured->peak(static_cast<Tier>(i))) << TierName(Tier(i));
+  }
+  EXPECT_EQ(plan->peak[static_cast<int>(Tier::kOptimizer)], 0);
+  const int64_t params = ParamLayout(cfg).total_numel();
+  EXPECT_GT(plan->peak[static_cast<int>(Tier::kHostOptimizer)], 12 * params);
+  EXPECT_EQ(plan->host_total(), plan->peak[static_cast<int>(Tier::kHostOptimizer)]);
+  EXPECT_NE(FormatPlan(*plan).find("optimizer_offload on"), std::string::npos);
+}
+
+// "auto" keeps the state on the device wherever some way of keeping it there fits, and moves it
+// to the host only where none does: Llama-3.2-1B at 64K and Llama-3-8B at 32K fit one H200 as
+// they are; Llama-3-8B at 128K fits only with its 96 GB of master weights and moments on the
+// host (the device host's 125 GiB, 85% of it for the job).
+TEST(PlannerTest, AutoOffloadsTheOptimizerOnlyWhereItDoesNotFit) {
+  const int64_t gpu = int64_t{137} << 30, host = int64_t(0.85 * double(int64_t{125} << 30));
+  auto plan_for = [&](const char* preset, int64_t tokens, OffloadChoice choice) {
+    JobSpec spec;
+    spec.backend = "cuda";
+    spec.model.preset = preset;
+    spec.data.seq_len = tokens;
+    spec.memory.checkpoint = CheckpointPolicy::kFull;
+    spec.memory.optimizer_offload = choice;
+    auto p = PlanJob(spec, gpu, host);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  };
+  const MemoryPlan small = plan_for("llama-3.2-1b", 64 << 10, OffloadChoice::kAuto);
+  EXPECT_TRUE(small.fits) << small.verdict;
+  EXPECT_FALSE(small.optimizer_offload);
+  EXPECT_GT(small.peak[static_cast<int>(Tier::kOptimizer)], 0);
+  const MemoryPlan short8b = plan_for("llama-3-8b", 32 << 10, OffloadChoice::kAuto);
+  EXPECT_TRUE(short8b.fits) << short8b.verdict;
+  EXPECT_FALSE(short8b.optimizer_offload);
+
+  const MemoryPlan on_device = plan_for("llama-3-8b", 128 << 10, OffloadChoice::kOff);
+  EXPECT_FALSE(on_device.fits);
+  const MemoryPlan chosen = plan_for("llama-3-8b", 128 << 10, OffloadChoice::kAuto);
+  std::printf("Llama-3-8B at 128K on one H200, optimizer_offload auto:\n%s",
+              FormatPlan(chosen).c_str());
+  EXPECT_TRUE(chosen.fits) << chosen.verdict;
+  EXPECT_TRUE(chosen.optimizer_offload);
+  EXPECT_EQ(chosen.peak[static_cast<int>(Tier::kOptimizer)], 0);
+  const double host_gib = chosen.peak[static_cast<int>(Tier::kHostOptimizer)] / kGiB;
+  EXPECT_GT(host_gib, 89.0);  // 12 bytes x 8.03e9 parameters = 89.8 GiB, plus 192 MiB of staging
+  EXPECT_LT(host_gib, 90.2);
+}
+
+// A plan over the host budget does not fit, and says which host tier holds how many bytes.
+TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3-8b";
+  spec.data.seq_len = 128 << 10;
+  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  spec.memory.head_chunk = 8;
+  spec.memory.tile_tokens = 8192;
+  spec.memory.optimizer_offload = OffloadChoice::kOn;
+  auto p = PlanJob(spec, int64_t{137} << 30, int64_t{64} << 30);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fits);
+  EXPECT_NE(p->verdict.find("of pinned host memory per rank (host_optimizer "), std::string::npos)
+      << p->verdict;
+  EXPECT_NE(p->verdict.find(absl::StrCat(p->peak[static_cast<int>(Tier::kHostOptimizer)],
+                                         " bytes)")),
+            std::string::npos)
+      << p->verdict;
+  EXPECT_NE(p->verdict.find("budget 64.00 GiB"), std::string::npos) << p->verdict;
 }
 
 }  // namespace

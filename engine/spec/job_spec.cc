@@ -312,6 +312,32 @@ Codec Bool(Get get) {
           [get](const JobSpec& s) { return std::string(*get(s) ? "true" : "false"); }};
 }
 
+// true | false | "auto" (for ResolveJob to choose).
+template <typename Get>
+Codec BoolOrAuto(Get get) {
+  const std::string kind = "true, false or \"auto\"";
+  return {kind,
+          [get, kind](const toml::node& n, const std::string& path, const SpecReader& r,
+                      JobSpec& s) {
+            if (n.is_boolean()) {
+              *get(s) = n.as_boolean()->get() ? OffloadChoice::kOn : OffloadChoice::kOff;
+              return absl::OkStatus();
+            }
+            if (!n.is_string()) return r.WrongType(n, path, kind);
+            RETURN_IF_ERROR(r.Require(n.as_string()->get() == "auto", path,
+                                      absl::StrCat("must be ", kind, ", got \"",
+                                                   n.as_string()->get().substr(0, 64), "\"")));
+            *get(s) = OffloadChoice::kAuto;
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) {
+            return std::string(*get(s) == OffloadChoice::kAuto ? "\"auto\""
+                               : *get(s) == OffloadChoice::kOn ? "true"
+                                                               : "false");
+          },
+          [get](const JobSpec& s) { return *get(s) == OffloadChoice::kAuto; }};
+}
+
 // TOML integers are signed 64-bit, so seeds above INT64_MAX are written as decimal strings.
 template <typename Get>
 Codec Seed(Get get) {
@@ -502,7 +528,12 @@ const std::vector<Key>& Keys() {
       {"memory.gpu_budget_gib", FloatOrNode(FIELD(memory.gpu_budget_gib)),
        "Per-rank device budget (on the CPU backend the rank's share of host memory)."},
       {"memory.host_budget_gib", FloatOrNode(FIELD(memory.host_budget_gib)),
-       "Per-rank pinned host memory for offloaded block data."},
+       "Per-rank pinned host memory for every host tier (offloaded block data, optimizer "
+       "state)."},
+      {"memory.optimizer_offload", BoolOrAuto(FIELD(memory.optimizer_offload)),
+       "The f32 master weights and Adam m, v in pinned host memory, updated by the CPU AdamW "
+       "(bit for bit the device's update); \"auto\": only when they do not fit the GPU budget "
+       "with the job's activations."},
 
       {"checkpoint.dir", Str(FIELD(checkpoint.dir)), "Where checkpoints go; empty: none."},
       {"checkpoint.every", Int(FIELD(checkpoint.every)),

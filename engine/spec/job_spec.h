@@ -18,6 +18,9 @@
 
 namespace ithaca {
 
+// A setting that is on, off, or left to the planner ("auto").
+enum class OffloadChoice { kOff, kOn, kAuto };
+
 struct JobSpec {
   std::string name = "job";     // top-level `name`
   std::string backend = "cpu";  // top-level `backend`: "cpu" | "cuda"
@@ -90,6 +93,10 @@ struct JobSpec {
     // "GPU" budget is the rank's share of the host's memory, which is its device.
     double gpu_budget_gib = 0;
     double host_budget_gib = 0;  // pinned host memory for offloaded block data
+    // Each rank's f32 master weights and Adam m, v in (pinned) host memory, updated by the CPU
+    // AdamW (engine/train/host_adamw.h): true | false | "auto" (the planner turns it on only
+    // when the state does not fit the GPU budget with the job's activations).
+    OffloadChoice optimizer_offload = OffloadChoice::kOff;
   } memory;
 
   struct Checkpoint {

@@ -56,6 +56,7 @@ head_chunk = 4
 tile_tokens = "auto"
 gpu_budget_gib = 70.5
 host_budget_gib = 200
+optimizer_offload = "auto"
 
 [checkpoint]
 dir = "ckpt"
@@ -131,6 +132,7 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->memory.tile_tokens, 0);
   EXPECT_DOUBLE_EQ(s->memory.gpu_budget_gib, 70.5);
   EXPECT_DOUBLE_EQ(s->memory.host_budget_gib, 200.0);
+  EXPECT_EQ(s->memory.optimizer_offload, OffloadChoice::kAuto);
   EXPECT_EQ(s->checkpoint.dir, "ckpt");
   EXPECT_EQ(s->checkpoint.every, 50);
   EXPECT_FALSE(s->checkpoint.resume);
@@ -203,7 +205,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 51);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
+  EXPECT_EQ(keys, 52);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -370,6 +372,10 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[memory]\noffload_keep_last = -1", "job.toml: memory.offload_keep_last: must be >= 0"},
       {"[memory]\ngpu_budget_gib = -1", "job.toml: memory.gpu_budget_gib: must be >= 0"},
       {"[memory]\nhost_budget_gib = -1", "job.toml: memory.host_budget_gib: must be >= 0"},
+      {"[memory]\noptimizer_offload = \"yes\"",
+       "job.toml: memory.optimizer_offload: must be true, false or \"auto\", got \"yes\""},
+      {"[memory]\noptimizer_offload = 1",
+       "job.toml: memory.optimizer_offload: must be true, false or \"auto\", got integer"},
       {"[checkpoint]\nevery = -1", "job.toml: checkpoint.every: must be >= 0"},
       {"[checkpoint]\nkeep = 0", "job.toml: checkpoint.keep: must be >= 1"},
       {"[checkpoint]\ndir = \"c\"\nexport = \"fp8\"",

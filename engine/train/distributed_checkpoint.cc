@@ -173,7 +173,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
 
 absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
                                                            LlamaModel* model, Comm* comm,
-                                                           const JobSpec::Training& hp) {
+                                                           const JobSpec::Training& hp,
+                                                           bool host_state) {
   ResumedCheckpoint r;
   ASSIGN_OR_RETURN(r.optimizer, Optimizer::ResumeEach(
                                     model,
@@ -182,7 +183,7 @@ absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& pa
                                                                      path, model, comm, sink));
                                       return absl::OkStatus();
                                     },
-                                    hp));
+                                    hp, host_state));
   return r;
 }
 

@@ -60,12 +60,15 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
 // What a resuming job does (collective): LoadCheckpointTogether with each unit's slices going
 // straight into a new optimizer (Optimizer::ResumeEach), so a rank's host holds one unit's
 // slices at a time. `loaded` is the load's report; its optimizer slices stay empty.
+// `host_state`: the optimizer keeps its state on the host (memory.optimizer_offload), and the
+// slices are copied straight into it, whichever way the checkpoint was saved.
 struct ResumedCheckpoint {
   std::unique_ptr<Optimizer> optimizer;
   LoadedCheckpoint loaded;
 };
 absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
                                                            LlamaModel* model, Comm* comm,
-                                                           const JobSpec::Training& hp);
+                                                           const JobSpec::Training& hp,
+                                                           bool host_state = false);
 
 }  // namespace ithaca

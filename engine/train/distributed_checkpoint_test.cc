@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/backend/cpu/cpu_ops.h"
@@ -298,6 +299,53 @@ TEST_F(DistributedCheckpointTest, ADamagedFileIsDataLossNamingItOnEveryRank) {
     return absl::OkStatus();
   });
   EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+// Optimizer state on the host (memory.optimizer_offload), under FSDP: resumed into host state
+// at worlds 2 and 3 (each unit's slices copied straight into it), saved again from it (each
+// unit gathered through a device copy, one at a time), and that checkpoint holds exactly the
+// first one's master weights, m and v.
+TEST_F(DistributedCheckpointTest, HostStateResumesAndSavesTheSameState) {
+  absl::StatusOr<LoadedCheckpoint> whole = LoadCheckpoint(Checkpoint(), ParamLayout(Config()));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto bytes = ReadFileToString(dir_->path() + "/master.f32");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string saved_master = *bytes;
+  for (int world : {2, 3}) {
+    const std::string again = absl::StrCat(dir_->path(), "/host-state-", world);
+    const std::string rendezvous = Rendezvous(absl::StrCat("host-state-", world));
+    auto outcomes = testing::RunRanks(world, [&](int rank) -> absl::Status {
+      ASSIGN_OR_RETURN(auto r, MakeRank(rank, world, rendezvous));
+      JobSpec::Training hp;
+      ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
+                       ResumeCheckpointTogether(Checkpoint(), r->model.get(), r->comm.get(), hp,
+                                                /*host_state=*/true));
+      RANK_CHECK(resumed.optimizer->host_state());
+      RANK_CHECK(r->alloc.tracker().current(Tier::kOptimizer) == 0);
+      RANK_CHECK(r->alloc.tracker().current(Tier::kHostOptimizer) > 0);
+      ASSIGN_OR_RETURN(std::string got, MasterBytes(*resumed.optimizer));  // collective
+      RANK_CHECK(got == saved_master, "the resumed master weights differ from the saved ones");
+      TrainState state{1, 8, 256};
+      ASSIGN_OR_RETURN(CheckpointSaveReport saved,
+                       SaveCheckpointTogether(again, r->model.get(), *resumed.optimizer, state,
+                                              r->comm.get(), /*keep=*/1));
+      RANK_CHECK(saved.rank_bytes > 0);
+      return absl::OkStatus();
+    });
+    ASSERT_EQ(testing::Failures(outcomes), "") << "world " << world;
+    absl::StatusOr<LoadedCheckpoint> back =
+        LoadCheckpoint(again + "/step-00000001", ParamLayout(Config()));
+    ASSERT_TRUE(back.ok()) << back.status();
+    for (auto [got, want, kind] :
+         {std::tuple{&back->optimizer.master, &whole->optimizer.master, "master"},
+          {&back->optimizer.m, &whole->optimizer.m, "m"},
+          {&back->optimizer.v, &whole->optimizer.v, "v"}}) {
+      ASSERT_EQ(got->size(), want->size());
+      for (size_t u = 0; u < want->size(); ++u) {
+        EXPECT_EQ((*got)[u], (*want)[u]) << kind << " of unit " << u << " at world " << world;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,28 +1,70 @@
 #include "engine/train/optimizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 namespace ithaca {
+namespace {
+
+int64_t stage_elements = kHostStageElements;  // SetHostStageElementsForTesting
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+void Optimizer::SetHostStageElementsForTesting(int64_t n) {
+  stage_elements = n > 0 ? n : kHostStageElements;
+}
 
 absl::Status Optimizer::Allocate() {
   ParamStore& ps = model_->params();
+  const Tier tier = host_state_ ? Tier::kHostOptimizer : Tier::kOptimizer;
+  if (host_state_) pool_ = std::make_unique<HostThreadPool>();
+  int64_t largest = 0;
   for (int u = 0; u < ps.num_units(); ++u) {
+    largest = std::max(largest, std::min(ps.shard_numel(u), stage_elements));
     for (auto* vec : {&master_, &m_, &v_}) {
       ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model_->allocator(), DType::kF32, {ps.shard_numel(u)},
-                                              Tier::kOptimizer));
-      model_->ops()->Fill(b.tensor(), 0.f);
+                                              tier));
+      if (host_state_) {  // 12 bytes per parameter to zero: every core (and its first touch)
+        float* p = b.tensor().f32();
+        pool_->ParallelFor(b.tensor().numel(), 1 << 16, [p](int64_t lo, int64_t hi) {
+          std::memset(p + lo, 0, (hi - lo) * sizeof(float));
+        });
+      } else {
+        model_->ops()->Fill(b.tensor(), 0.f);
+      }
       vec->push_back(std::move(b));
+    }
+  }
+  if (host_state_) {
+    for (int k = 0; k < 2; ++k) {
+      ASSIGN_OR_RETURN(grad_stage_[k],
+                       Buffer::Make(model_->allocator(), DType::kF32, {largest}, tier));
+      ASSIGN_OR_RETURN(working_stage_[k], Buffer::Make(model_->allocator(),
+                                                       model_->ops()->act_dtype(), {largest}, tier));
     }
   }
   return absl::OkStatus();
 }
 
+absl::StatusOr<Tensor> Optimizer::OnDevice(const Buffer& host, Buffer* keep) const {
+  ASSIGN_OR_RETURN(*keep, Buffer::Make(model_->allocator(), DType::kF32, host.tensor().shape,
+                                       Tier::kComm));
+  model_->ops()->Upload(host.tensor().data, DType::kF32, keep->tensor());
+  return keep->tensor();
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
                                                              const UnitSource& init,
-                                                             const JobSpec::Training& hp) {
-  std::unique_ptr<Optimizer> o(new Optimizer(model, hp));
+                                                             const JobSpec::Training& hp,
+                                                             bool host_state) {
+  std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
   ParamStore& ps = model->params();
   for (int u = 0; u < ps.num_units(); ++u) {
@@ -30,7 +72,14 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
     if (static_cast<int64_t>(whole.size()) != ps.unit_numel(u)) {
       return absl::InternalError("initial weights do not match the parameter layout");
     }
-    ps.ScatterFromHost(u, whole, o->master_[u].tensor());
+    if (host_state) {
+      // This rank's slice, zero padded past the unit's end (as ScatterFromHost uploads it).
+      const int64_t begin = ps.shard_begin(u);
+      const int64_t n = std::max<int64_t>(0, std::min(ps.shard_numel(u), ps.unit_numel(u) - begin));
+      std::copy(whole.begin() + begin, whole.begin() + begin + n, o->master_[u].tensor().f32());
+    } else {
+      ps.ScatterFromHost(u, whole, o->master_[u].tensor());
+    }
   }
   o->RefreshWorkingCopy();
   return o;
@@ -38,18 +87,44 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Resume(LlamaModel* model,
                                                              const Shards& shards,
-                                                             const JobSpec::Training& hp) {
-  std::unique_ptr<Optimizer> o(new Optimizer(model, hp));
+                                                             const JobSpec::Training& hp,
+                                                             bool host_state) {
+  std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
   RETURN_IF_ERROR(o->Restore(shards));
   return o;
 }
 
 void Optimizer::RefreshWorkingCopy() {
+  Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
-  for (size_t u = 0; u < master_.size(); ++u) {
-    model_->ops()->Copy(master_[u].tensor(), ps.working_shard(u));
+  if (!host_state_) {
+    for (size_t u = 0; u < master_.size(); ++u) ops->Copy(master_[u].tensor(), ps.working_shard(u));
+    return;
   }
+  // The master weights converted on every core into the two working-copy staging buffers, piece
+  // by piece, each going up on the copy stream while the next is converted (slot i % 2 is
+  // rewritten only after piece i's upload has completed).
+  std::vector<Ops::Fence> up;
+  for (size_t u = 0; u < master_.size(); ++u) {
+    for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
+      const int64_t n = std::min(ps.shard_numel(u) - lo, stage_elements);
+      const size_t i = up.size();
+      if (i >= 2) ops->HostWaitFence(up[i - 2]);
+      const Tensor stage = working_stage_[i % 2].tensor().Slice(0, {n});
+      const float* from = master_[u].tensor().f32() + lo;
+      pool_->ParallelFor(n, 16384, [&](int64_t b, int64_t e) {
+        if (stage.dtype == DType::kBF16) {
+          uint16_t* to = static_cast<uint16_t*>(stage.data);
+          for (int64_t k = b; k < e; ++k) to[k] = FloatToBf16(from[k]).bits;
+        } else {
+          std::copy(from + b, from + e, stage.f32() + b);
+        }
+      });
+      up.push_back(ops->CopyAsync(stage, ps.working_shard(u).Slice(lo, {n})));
+    }
+  }
+  if (!up.empty()) ops->WaitFence(up.back());
 }
 
 absl::Status Optimizer::GradSumSquares(const Tensor& sumsq) {
@@ -77,19 +152,28 @@ absl::StatusOr<Optimizer::StepResult> Optimizer::Step(int64_t step, double lr) {
   return Step(step, lr, total);
 }
 
+AdamWParams Optimizer::Params(int64_t step, double lr, double clip_scale) const {
+  AdamWParams p;
+  p.lr = static_cast<float>(lr);
+  p.beta1 = static_cast<float>(hp_.beta1);
+  p.beta2 = static_cast<float>(hp_.beta2);
+  p.eps = static_cast<float>(hp_.eps);
+  p.grad_scale = static_cast<float>(clip_scale);
+  p.step = step;
+  return p;
+}
+
 Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq) {
   Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
   StepResult r;
   r.grad_norm = std::sqrt(grad_sumsq);
   if (hp_.grad_clip > 0 && r.grad_norm > hp_.grad_clip) r.clip_scale = hp_.grad_clip / r.grad_norm;
-  AdamWParams p;
-  p.lr = static_cast<float>(lr);
-  p.beta1 = static_cast<float>(hp_.beta1);
-  p.beta2 = static_cast<float>(hp_.beta2);
-  p.eps = static_cast<float>(hp_.eps);
-  p.grad_scale = static_cast<float>(r.clip_scale);
-  p.step = step;
+  AdamWParams p = Params(step, lr, r.clip_scale);
+  if (host_state_) {
+    HostStep(p, &r);
+    return r;
+  }
   for (int u = 0; u < ps.num_units(); ++u) {
     // Each entry's part of this rank's shard, so weight decay follows the entry's kind.
     const int64_t begin = ps.shard_begin(u), end = begin + ps.shard_numel(u);
@@ -104,6 +188,92 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
     }
   }
   return r;
+}
+
+void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
+  Ops* ops = model_->ops();
+  ParamStore& ps = model_->params();
+  const auto start = std::chrono::steady_clock::now();
+  double cpu = 0;
+  // The pieces of every unit's shard, in the order the next forward reads them: at most
+  // kHostStageElements each (an embedding of 525M parameters is many pieces).
+  struct Piece {
+    int unit;
+    int64_t lo, hi;  // shard-relative
+  };
+  std::vector<Piece> pieces;
+  for (int u = 0; u < ps.num_units(); ++u) {
+    for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
+      pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
+    }
+  }
+  auto stage = [&](const Buffer* slots, size_t i) {
+    return slots[i % 2].tensor().Slice(0, {pieces[i].hi - pieces[i].lo});
+  };
+  auto shard = [&](const Tensor& t, size_t i) {
+    return t.Slice(pieces[i].lo, {pieces[i].hi - pieces[i].lo});
+  };
+  // Piece i + 1's gradient comes down while the CPU updates piece i. Staging slot i % 2 is free
+  // again at piece i + 2: its gradient was read at piece i (on this thread), and its working
+  // copy's upload was issued before piece i + 2's download, whose end the host waits for first
+  // (transfers complete in order).
+  std::vector<Ops::Fence> down(pieces.size());
+  auto download = [&](size_t i) {
+    down[i] = ops->CopyAsync(shard(ps.grad_shard(pieces[i].unit), i), stage(grad_stage_, i));
+  };
+  if (!pieces.empty()) download(0);
+  Ops::Fence last_upload;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i + 1 < pieces.size()) download(i + 1);
+    // The host waits for piece i's gradient alone: piece i + 1's download and piece i − 1's
+    // upload go on meanwhile.
+    ops->HostWaitFence(down[i]);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int u = pieces[i].unit;
+    // The piece as elements [begin, end) of the whole unit.
+    const int64_t begin = ps.shard_begin(u) + pieces[i].lo, end = ps.shard_begin(u) + pieces[i].hi;
+    const Tensor working = stage(working_stage_, i);
+    const Tensor grad = stage(grad_stage_, i);
+    const size_t wbytes = DTypeSize(working.dtype);
+    // What no entry covers (the padding past the unit's end on the last rank) keeps master
+    // weights of zero, and so a working copy of zero, as on the device.
+    int64_t covered = begin;
+    auto zero_working = [&](int64_t from, int64_t to) {
+      if (to > from) {
+        std::memset(static_cast<char*>(working.data) + (from - begin) * wbytes, 0,
+                    (to - from) * wbytes);
+      }
+    };
+    for (const ParamEntry& e : model_->layout().units()[u].entries) {
+      const int64_t lo = std::max(begin, e.offset);
+      const int64_t hi = std::min(end, e.offset + NumElements(e.shape));
+      if (lo >= hi) continue;
+      zero_working(covered, lo);
+      covered = std::max(covered, hi);
+      AdamWParams p = base;
+      p.weight_decay = e.is_matrix ? static_cast<float>(hp_.weight_decay) : 0.f;
+      const int64_t at = lo - begin;                        // in the piece
+      const int64_t in_shard = lo - ps.shard_begin(u);      // in the shard
+      HostAdamWSpan s;
+      s.master = master_[u].tensor().f32() + in_shard;
+      s.grad = grad.f32() + at;
+      s.m = m_[u].tensor().f32() + in_shard;
+      s.v = v_[u].tensor().f32() + in_shard;
+      s.working = static_cast<char*>(working.data) + at * wbytes;
+      s.working_dtype = working.dtype;
+      s.n = hi - lo;
+      HostAdamW(s, p, pool_.get());
+    }
+    zero_working(covered, end);
+    cpu += SecondsSince(t0);
+    last_upload = ops->CopyAsync(working, shard(ps.working_shard(u), i));
+  }
+  // Later compute (the next forward) reads the working copy only after every upload. (Waited
+  // for once, at the end: a WaitFence per piece would retire the next download's event too, and
+  // the host would then wait for that upload as well.)
+  ops->WaitFence(last_upload);
+  r->cpu_update_seconds = cpu;
+  r->device_wait_seconds = SecondsSince(start);
 }
 
 absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) const {
@@ -121,7 +291,20 @@ absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) 
         ranges.push_back({e.offset, e.offset + NumElements(e.shape)});
       }
       // Collective: every rank gathers the unit, also one that keeps none of it.
-      ASSIGN_OR_RETURN(auto parts, ps.GatherRangesToHost(u, (*buffers)[u].tensor(), ranges));
+      Buffer copy;
+      Tensor shard = (*buffers)[u].tensor();
+      if (host_state_) {
+        if (!ps.sharded()) {  // the whole unit is here: hand over the kept ranges directly
+          for (size_t i = 0; i < kept.size() && first_error.ok(); ++i) {
+            const float* at = shard.f32() + ranges[i].first;
+            first_error = sink(kind, kept[i]->hf_name,
+                               std::vector<float>(at, at + (ranges[i].second - ranges[i].first)));
+          }
+          continue;
+        }
+        ASSIGN_OR_RETURN(shard, OnDevice((*buffers)[u], &copy));
+      }
+      ASSIGN_OR_RETURN(auto parts, ps.GatherRangesToHost(u, shard, ranges));
       for (size_t i = 0; i < kept.size() && first_error.ok(); ++i) {
         first_error = sink(kind, kept[i]->hf_name, std::move(parts[i]));
       }
@@ -134,7 +317,17 @@ absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
   HostWeights w;
   ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
-    ASSIGN_OR_RETURN(std::vector<float> unit, ps.GatherToHost(u, master_[u].tensor()));
+    if (host_state_ && !ps.sharded()) {
+      const float* at = master_[u].tensor().f32();
+      w.emplace_back(at, at + ps.unit_numel(u));
+      continue;
+    }
+    Buffer copy;
+    Tensor shard = master_[u].tensor();
+    if (host_state_) {
+      ASSIGN_OR_RETURN(shard, OnDevice(master_[u], &copy));
+    }
+    ASSIGN_OR_RETURN(std::vector<float> unit, ps.GatherToHost(u, shard));
     w.push_back(std::move(unit));
   }
   return w;
@@ -166,15 +359,20 @@ absl::Status Optimizer::RestoreUnit(size_t u, const std::vector<float>& master,
                                               " has ", src->size(), " elements, this rank holds ",
                                               ps.shard_numel(u)));
     }
-    model_->ops()->Upload(src->data(), DType::kF32, (*dst)[u].tensor());
+    if (host_state_) {
+      std::copy(src->begin(), src->end(), (*dst)[u].tensor().f32());
+    } else {
+      model_->ops()->Upload(src->data(), DType::kF32, (*dst)[u].tensor());
+    }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* model,
                                                                  const UnitLoader& load,
-                                                                 const JobSpec::Training& hp) {
-  std::unique_ptr<Optimizer> o(new Optimizer(model, hp));
+                                                                 const JobSpec::Training& hp,
+                                                                 bool host_state) {
+  std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
   std::vector<bool> came(o->master_.size(), false);
   RETURN_IF_ERROR(load([&](int unit, std::vector<float>&& master, std::vector<float>&& m,

@@ -1,6 +1,18 @@
 // AdamW on each rank's parameter shards with f32 master weights (optimizer tier), global
 // gradient-norm clipping (an all-reduce of the shards' squared norms under FSDP), and decoupled
 // weight decay on matrices only (not on norm weights).
+//
+// With host state (memory.optimizer_offload) the master weights and Adam m and v live in pinned
+// host memory (host_optimizer tier) and the CPU AdamW (host_adamw.h) updates them: unit by unit,
+// in the order the next forward needs them, in pieces of at most kHostStageElements, a piece of
+// the gradient shard goes down to a host staging buffer on the copy stream (the next piece's
+// download overlapping this piece's update), the CPU updates it and writes the working copy into
+// a second staging buffer, which goes up on the copy stream while the CPU updates the next
+// piece (the host waits for one download at a time, Ops::HostWaitFence); the compute stream
+// waits for the uploads before anything reads the working copy. Two pieces' staging in all
+// (192 MiB with a bf16 working copy). The gradient norm (and so clipping) is
+// that of the whole gradient, as on the device: the trainer reads it before the update. Same
+// formula, same bits: the weights are those of the on-device optimizer exactly.
 #pragma once
 
 #include <functional>
@@ -14,6 +26,7 @@
 #include "engine/model/weights.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
+#include "engine/train/host_adamw.h"
 
 namespace ithaca {
 
@@ -23,14 +36,24 @@ class Optimizer {
   using UnitSource = std::function<absl::StatusOr<std::vector<float>>(int unit)>;
 
   // Takes this rank's shard of every unit as its master weights and writes the model's working
-  // copy from them.
+  // copy from them. `host_state`: the state lives on the host and the CPU updates it (above).
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(LlamaModel* model,
                                                            const UnitSource& init,
-                                                           const JobSpec::Training& hp);
+                                                           const JobSpec::Training& hp,
+                                                           bool host_state = false);
+  bool host_state() const { return host_state_; }
+  // Host state's pieces of this many elements instead of kHostStageElements (0: back to it), for
+  // optimizers made from now on: tests cut small models into many pieces with it.
+  static void SetHostStageElementsForTesting(int64_t n);
 
   struct StepResult {
     double grad_norm = 0;  // before clipping
     double clip_scale = 1;
+    // With host state: the CPU AdamW's own time, and the step's time from the first gradient
+    // download to the last upload enqueued, all of which the device waits (it has nothing else
+    // to run until the next forward). 0 on the device.
+    double cpu_update_seconds = 0;
+    double device_wait_seconds = 0;
   };
   // Σ g² of this rank's shard of every unit's gradient, written into `sumsq` (f32 [num_units],
   // on the device) without a host wait. The global Σ g² is the sum of these over every rank
@@ -73,7 +96,8 @@ class Optimizer {
   // Takes the slices as the optimizer's state (no collective) and writes the model's working
   // copy from them.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Resume(LlamaModel* model, const Shards& shards,
-                                                           const JobSpec::Training& hp);
+                                                           const JobSpec::Training& hp,
+                                                           bool host_state = false);
   // One unit's slices (master, m, v), as Resume takes them, handed over one unit at a time.
   using UnitSink = std::function<absl::Status(int unit, std::vector<float>&& master,
                                               std::vector<float>&& m, std::vector<float>&& v)>;
@@ -83,12 +107,22 @@ class Optimizer {
   using UnitLoader = std::function<absl::Status(const UnitSink& sink)>;
   static absl::StatusOr<std::unique_ptr<Optimizer>> ResumeEach(LlamaModel* model,
                                                                const UnitLoader& load,
-                                                               const JobSpec::Training& hp);
+                                                               const JobSpec::Training& hp,
+                                                               bool host_state = false);
 
  private:
-  Optimizer(LlamaModel* model, const JobSpec::Training& hp) : model_(model), hp_(hp) {}
-  // Allocates the zeroed master, m and v shards.
+  Optimizer(LlamaModel* model, const JobSpec::Training& hp, bool host_state)
+      : model_(model), hp_(hp), host_state_(host_state) {}
+  // Allocates the zeroed master, m and v shards (and with host state the staging buffers and
+  // the CPU's threads).
   absl::Status Allocate();
+  // The update's parameters but weight decay (which follows each entry's kind).
+  AdamWParams Params(int64_t step, double lr, double clip_scale) const;
+  // Host state: the per-unit pipeline of the class comment.
+  void HostStep(const AdamWParams& base, StepResult* r);
+  // A shard of host state as a device tensor (a copy, comm tier) for the collectives that need
+  // device memory; `keep` owns it.
+  absl::StatusOr<Tensor> OnDevice(const Buffer& host, Buffer* keep) const;
   void RefreshWorkingCopy();
   // Resume's upload of every unit's slices (DATA_LOSS naming a missing unit).
   absl::Status Restore(const Shards& shards);
@@ -98,7 +132,12 @@ class Optimizer {
 
   LlamaModel* model_;
   JobSpec::Training hp_;
+  bool host_state_ = false;
   std::vector<Buffer> master_, m_, v_;
+  // Host state only: two pieces' gradient (f32) and working-copy (act dtype) staging, and the
+  // CPU's threads.
+  Buffer grad_stage_[2], working_stage_[2];
+  std::unique_ptr<HostThreadPool> pool_;
 };
 
 }  // namespace ithaca

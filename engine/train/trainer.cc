@@ -29,10 +29,16 @@ std::string FormatStepLine(const StepReport& r) {
     absl::StrAppendFormat(&tiers, "%s%s %.1f", tiers.empty() ? "" : " ",
                           TierName(static_cast<Tier>(t)), r.mem_peak[t] / unit);
   }
+  // Only under optimizer offload: the CPU AdamW's time and how long the device waited for it.
+  const std::string host_update =
+      r.device_wait_seconds > 0
+          ? absl::StrFormat(" | cpu adamw %.2f s (device waited %.2f s)", r.cpu_update_seconds,
+                            r.device_wait_seconds)
+          : "";
   return absl::StrFormat(
-      "step %d/%d | loss %.4f | tok/s/gpu %.1f | tflops %.1f%s | mem %.1f %s (%s) | %.2f s", r.step,
-      r.total_steps, r.loss, r.tokens_per_second, r.model_tflops, mfu, r.mem_device_peak / unit,
-      gib ? "GiB" : "MiB", tiers, r.seconds);
+      "step %d/%d | loss %.4f | tok/s/gpu %.1f | tflops %.1f%s | mem %.1f %s (%s)%s | %.2f s",
+      r.step, r.total_steps, r.loss, r.tokens_per_second, r.model_tflops, mfu,
+      r.mem_device_peak / unit, gib ? "GiB" : "MiB", tiers, host_update, r.seconds);
 }
 
 double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
@@ -214,13 +220,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     latest = LatestCheckpoint(spec.checkpoint.dir);
   }
   const ParamLayout& layout = t->model_->layout();
+  const bool host_state = spec.memory.optimizer_offload == OffloadChoice::kOn;
   if (latest.ok()) {
     ASSIGN_OR_RETURN(const TrainState saved, ReadCheckpointState(*latest));
     RETURN_IF_ERROR(CheckSomethingToResume(spec, *latest, saved, run_id));
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
     ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
-                     ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training));
+                     ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training,
+                                              host_state));
     t->optimizer_ = std::move(resumed.optimizer);
     const LoadedCheckpoint& ck = resumed.loaded;
     t->state_ = ck.state;
@@ -248,13 +256,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
                      SafetensorsReader::Open(spec.model.weights));
     auto from_file = [&](int u) { return ReadUnitWeights(layout, *reader, u); };
-    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(t->model_.get(), from_file, spec.training));
+    ASSIGN_OR_RETURN(t->optimizer_,
+                     Optimizer::Create(t->model_.get(), from_file, spec.training, host_state));
   } else {
     const uint64_t seed = spec.training.seed;
     auto random = [&](int u) -> absl::StatusOr<std::vector<float>> {
       return RandomUnitWeights(layout, u, seed);
     };
-    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(t->model_.get(), random, spec.training));
+    ASSIGN_OR_RETURN(t->optimizer_,
+                     Optimizer::Create(t->model_.get(), random, spec.training, host_state));
   }
   return t;
 }
@@ -346,6 +356,8 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.mfu = peak > 0 ? r.model_tflops * 1e12 / peak : 0;
   r.grad_norm = opt.grad_norm;
   r.lr = lr;
+  r.cpu_update_seconds = opt.cpu_update_seconds;
+  r.device_wait_seconds = opt.device_wait_seconds;
   const MemoryTracker& mt = alloc_->tracker();
   for (int t = 0; t < kNumTiers; ++t) {
     r.mem_current[t] = mt.current(static_cast<Tier>(t));

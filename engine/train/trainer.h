@@ -35,6 +35,11 @@ struct StepReport {
   double mfu = 0;                // model FLOP/s / Ops::PeakFlops(); 0: the peak is unknown
   double grad_norm = 0;
   double lr = 0;
+  // Under optimizer offload (memory.optimizer_offload): the CPU AdamW's time, and how long the
+  // device waited for the host's update (from the first gradient download to the last upload
+  // enqueued); 0 otherwise.
+  double cpu_update_seconds = 0;
+  double device_wait_seconds = 0;
   std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
   int64_t mem_device_peak = 0;
   // Set when a checkpoint was saved after this step: the save's wall time (every rank waits
@@ -49,7 +54,9 @@ struct StepReport {
 // The stable, parseable step line:
 // step 12/100 | loss 3.2140 | tok/s/gpu 472.5 | tflops 401.2 | mfu 40.6% | mem 68.1 GiB (params
 // 15.4 grads ... ) | 41.3 s
-// The "mfu" field is left out when it is 0 (the backend does not know its peak FLOP/s).
+// The "mfu" field is left out when it is 0 (the backend does not know its peak FLOP/s). Under
+// optimizer offload a field before the time says how long the CPU update took and how long the
+// device waited for it: "| cpu adamw 1.10 s (device waited 1.32 s) |".
 std::string FormatStepLine(const StepReport& r);
 
 // Model FLOPs per token: 6·N (matmul parameters incl. the LM head) + 6·L·S·Hq·D (causal

@@ -8,7 +8,9 @@
 //
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
 //                 --checkpoint none|full|attention-aware --head-chunk U --offload --tile T
-//                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask]
+//                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask
+//                 --optimizer-offload --weight-decay W]
+// It also writes grad_norm_steps (each step's gradient norm, before clipping).
 // --packed: the first sample is packed documents (kPackedStarts) under a document mask, and the
 // training run sets data.document_mask (the corpus is a version 1 file: its documents are found
 // by the model's bos_token_id). With --separate (the reference) the first sample's documents
@@ -85,6 +87,10 @@ absl::Status Run(int argc, char** argv) {
       spec.training.grad_accum = std::stoll(next());
     else if (a == "--steps")
       spec.training.steps = std::stoll(next());
+    else if (a == "--optimizer-offload")
+      spec.memory.optimizer_offload = OffloadChoice::kOn;
+    else if (a == "--weight-decay")
+      spec.training.weight_decay = std::stod(next());
     else if (a == "--checkpoint") {
       const std::string p = next();
       spec.memory.checkpoint = p == "full"              ? CheckpointPolicy::kFull
@@ -157,9 +163,10 @@ absl::Status Run(int argc, char** argv) {
   }
   ps.ZeroGrads();
 
-  std::vector<float> step_losses;
+  std::vector<float> step_losses, grad_norms;
   RETURN_IF_ERROR(trainer->Run([&](const StepReport& r) {
     step_losses.push_back(r.loss);
+    grad_norms.push_back(static_cast<float>(r.grad_norm));
     // After step 1 the others go on into step 2's collectives and find this rank gone.
     if (r.step == 1 && rank == die_rank) _exit(9);
   }));
@@ -171,6 +178,8 @@ absl::Status Run(int argc, char** argv) {
   w.Add("loss0", DType::kF32, {1}, loss.data(), DType::kF32);
   w.Add("loss_steps", DType::kF32, {static_cast<int64_t>(step_losses.size())}, step_losses.data(),
         DType::kF32);
+  w.Add("grad_norm_steps", DType::kF32, {static_cast<int64_t>(grad_norms.size())},
+        grad_norms.data(), DType::kF32);
   const ParamLayout& layout = model->layout();
   std::vector<std::string> names;
   for (int u = 0; u < layout.num_units(); ++u) {

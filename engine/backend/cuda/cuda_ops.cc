@@ -203,6 +203,21 @@ void CudaOps::WaitFence(Fence fence) {
   waited_ticket_ = fence.ticket;
 }
 
+void CudaOps::HostWaitFence(Fence fence) {
+  ITHACA_CHECK(fence.ticket <= last_ticket_, "CudaOps::HostWaitFence: unknown fence ",
+               fence.ticket);
+  if (!fence.pending()) return;
+  for (const InFlight& c : copies_) {
+    if (c.ticket >= fence.ticket) {
+      cudaCheck(cudaEventSynchronize(c.done));
+      return;
+    }
+  }
+  // A WaitFence already covered it (its event went back to the pool): the compute stream waits
+  // for the copy, so the compute stream's end is after it.
+  cudaCheck(cudaStreamSynchronize(compute_));
+}
+
 // ---- Memory movement and elementwise.
 
 void CudaOps::Fill(const Tensor& x, float value) {

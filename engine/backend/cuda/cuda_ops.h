@@ -78,6 +78,8 @@ class CudaOps : public Ops {
   // stream wait on the copy's event.
   Fence CopyAsync(const Tensor& src, const Tensor& dst) override;
   void WaitFence(Fence fence) override;
+  // cudaEventSynchronize on the copy's event (or on a later copy's: copies complete in order).
+  void HostWaitFence(Fence fence) override;
   // Both return once the host buffer may be reused or read (they synchronize the stream).
   void Upload(const void* host, DType host_dtype, const Tensor& dst) override;
   void Download(const Tensor& src, void* host, DType host_dtype) override;
