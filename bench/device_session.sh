@@ -88,7 +88,8 @@ for phase in "$@"; do
       passed=0
       failed=0
       for t in library_versions_loaded_test rmsnorm_test cuda_allocator_test cuda_ops_test \
-        attention_test hopper_attention_test cuda_train_test copy_stream_test nccl_comm_test; do
+        attention_test hopper_attention_test cuda_train_test copy_stream_test nccl_comm_test \
+        host_adamw_gpu_test; do
         start=$(date +%s)
         # hopper_attention_test generates and compares inputs at S = 65536 on the host.
         limit=240

@@ -158,7 +158,8 @@ TEST(FamilyGoldenTest, DroppingTheFeatureMissesTheGoldenLoss) {
     ASSERT_TRUE(golden.ok()) << golden.status();
     auto got = RunStep(wrong, **reader, *golden);
     ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_GT(std::fabs(got->loss - golden->loss), 1e-3 * golden->loss) << got->loss;
+    // 1e-4 of the loss: ten times the golden tolerance (Qwen2 linear moves it by 8.7e-4).
+    EXPECT_GT(std::fabs(got->loss - golden->loss), 1e-4 * golden->loss) << got->loss;
     ++checked;
   }
   EXPECT_EQ(checked, 5);
