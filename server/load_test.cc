@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "server/test_http.h"
 #include "server/jobs.h"
 #include "server/rpc_text.h"
 #include "server/services.h"
@@ -32,33 +33,6 @@ int64_t RssBytes() {
   int64_t pages = 0, resident = 0;
   statm >> pages >> resident;
   return resident * sysconf(_SC_PAGESIZE);
-}
-
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  return fd;
-}
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = Connect(port);
-  const std::string req = "GET " + path + " HTTP/1.1\r\n\r\n";
-  send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string out;
-  for (absl::Time end = absl::Now() + absl::Seconds(2); absl::Now() < end;) {
-    pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0) continue;
-    char buf[65536];
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    out.append(buf, n);
-  }
-  close(fd);
-  return out;
 }
 
 TEST(LoadTest, ManyJobsStreamsAndSlowClientsStayBounded) {
@@ -112,9 +86,9 @@ TEST(LoadTest, ManyJobsStreamsAndSlowClientsStayBounded) {
   // Slow clients on both ports.
   std::vector<int> slow;
   for (int i = 0; i < 100; ++i) {
-    slow.push_back(Connect(port));
+    slow.push_back(ConnectLoopback(port));
     send(slow.back(), "PRI * HTTP/2.0\r\n", 16, MSG_NOSIGNAL);
-    slow.push_back(Connect(metrics_port));
+    slow.push_back(ConnectLoopback(metrics_port));
     send(slow.back(), "GET /met", 8, MSG_NOSIGNAL);
   }
 
