@@ -24,7 +24,8 @@ namespace {
 const char kStates[] = "queued starting running succeeded failed cancelling cancelled";
 
 // Commands whose output -o name (job ids only) makes sense for.
-const std::set<std::string> kNameCommands = {"submit", "status", "list", "cancel", "wait"};
+const std::set<std::string> kNameCommands = {"submit", "status", "list", "cancel", "wait",
+                                             "delete"};
 
 // What a value of the option or positional argument named `name` completes to in bash: a word
 // list, "@files", "@jobs" (the daemon's job ids) or "" (nothing to offer).
@@ -99,7 +100,7 @@ void Define(CLI::App& app, Parsed& p) {
                  "the name the daemon's certificate carries, if not the host's");
   app.add_option("-o,--output", output,
                  "json: every field, one object per line (streams: one per event); name: job "
-                 "ids only (submit, list, status, cancel, wait); wide: list's wide table")
+                 "ids only (submit, list, status, cancel, delete, wait); wide: list's wide table")
       ->check(CLI::IsMember({"json", "name", "wide"}));
   app.add_flag("--json", json, "the same as -o json");
   app.add_flag("-q,--quiet", quiet, "the same as -o name");
@@ -170,6 +171,10 @@ void Define(CLI::App& app, Parsed& p) {
       "cancel", "SIGTERM each job's workers, SIGKILL after the grace period");
   cancel->add_option("ids", f.ids, "the jobs")->required()->expected(1, 1 << 20);
   cancel->add_option("--reason", f.reason, "recorded as the job's reason");
+
+  CLI::App* del = app.add_subcommand(
+      "delete", "forget ended jobs: their record, history and rank logs (not checkpoint.dir)");
+  del->add_option("ids", f.ids, "the jobs")->required()->expected(1, 1 << 20);
 
   CLI::App* plan =
       app.add_subcommand("plan", "memory estimate per rank against the node's budget");
@@ -341,6 +346,7 @@ int RunCli(int argc, char** argv) {
   if (cmd == "logs") return f.steps ? StepsCommand(c, id) : LogsCommand(c, id, f);
   if (cmd == "report") return ReportCommand(c, id, f.out);
   if (cmd == "cancel") return CancelCommand(c, f);
+  if (cmd == "delete") return DeleteCommand(c, f);
   if (cmd == "plan") return f.max_seq_len ? MaxSeqLenCommand(c, f) : PlanCommand(c, f);
   return NodeCommand(c);
 }

@@ -10,7 +10,7 @@ out=$("$ITHACA" --version)
 [[ $out =~ ^ithaca\ [0-9]+\.[0-9]+\.[0-9]+ ]] || fail "--version printed: $out"
 
 help=$("$ITHACA" --help)
-for cmd in submit watch wait status list logs report cancel plan node completion; do
+for cmd in submit watch wait status list logs report cancel delete plan node completion; do
   grep -q "^  $cmd" <<<"$help" || fail "--help does not list $cmd: $help"
 done
 "$ITHACA" cancel --help | grep -q -- "--reason" || fail "cancel --help lacks --reason"

@@ -512,6 +512,31 @@ int CancelCommand(CliContext& c, const Flags& f) {
   return rc;
 }
 
+int DeleteCommand(CliContext& c, const Flags& f) {
+  int rc = 0;
+  for (const std::string& id : f.ids) {
+    v1::DeleteJobRequest req;
+    req.set_id(id);
+    v1::DeleteJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status st = c.stub->DeleteJob(&ctx, req, &resp);
+    if (!st.ok()) {
+      rc = RpcError(c, st);
+      continue;
+    }
+    if (c.output == Output::kJson) {
+      PrintJson(resp.job());
+    } else if (c.output == Output::kName) {
+      std::printf("%s\n", resp.job().id().c_str());
+    } else {
+      std::printf("%s: deleted (was %s)\n", resp.job().id().c_str(),
+                  StateName(resp.job().state()).c_str());
+    }
+    std::fflush(stdout);
+  }
+  return rc;
+}
+
 int PlanCommand(CliContext& c, const Flags& f) {
   v1::PlanJobRequest req;
   std::string text;

@@ -72,6 +72,8 @@ int ListCommand(CliContext& c, const Flags& f);
 int LogsCommand(CliContext& c, const std::string& id, const Flags& f);
 // Cancels each job (all of them, even after one fails: exit 2 then).
 int CancelCommand(CliContext& c, const Flags& f);
+// Deletes each ended job (all are tried; exit 2 if one could not be: a live one is refused).
+int DeleteCommand(CliContext& c, const Flags& f);
 int PlanCommand(CliContext& c, const Flags& f);
 // `plan --max-seq-len`: the longest data.seq_len (a multiple of f.multiple_of) whose plan fits,
 // found by doubling and then bisecting on the daemon's planner; prints that plan (the

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include "absl/strings/match.h"
+#include "engine/train/checkpoint.h"
 #include "engine/plan/planner.h"
 #include "engine/train/token_file.h"
 #include "engine/core/path_policy.h"
@@ -188,6 +189,21 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     return absl::FailedPreconditionError(
         "backend: \"cuda\" needs GPUs and this node has none (ithacad --gpus 0); use "
         "backend = \"cpu\"");
+  }
+  // A resubmitted finished run is refused here, before it takes a slot; the worker checks again
+  // at start (a checkpoint written meanwhile by the job that was using the directory).
+  if (!s.checkpoint.dir.empty() && s.checkpoint.resume && s.training.steps > 0) {
+    absl::StatusOr<std::string> latest = LatestCheckpoint(s.checkpoint.dir);
+    if (latest.ok()) {
+      absl::StatusOr<TrainState> saved = ReadCheckpointState(*latest);
+      if (saved.ok()) {
+        absl::Status work = CheckResumeHasWork(s.checkpoint.dir, s.training.steps, *latest,
+                                               *saved, /*run_id=*/"");
+        if (!work.ok()) {
+          return absl::FailedPreconditionError(absl::StrCat(source, ": ", work.message()));
+        }
+      }
+    }
   }
   absl::StatusOr<ResolvedJob> resolved =
       ResolveJob(s, NodeResourcesFor(node, static_cast<int>(s.parallel.world)));

@@ -70,6 +70,33 @@ TEST(AdmissionTest, AcceptsAGoodSpecAndResolvesPathsAgainstBaseDir) {
   EXPECT_TRUE(CheckFits(*a, Roomy()).ok());
 }
 
+// A resubmission whose checkpoint.dir holds a finished run is refused at admission (no slot
+// spent, the same words as the worker's check); raising training.steps or an evaluation-only job
+// is admitted.
+TEST(AdmissionTest, AResubmittedFinishedRunIsRefused) {
+  const std::string ckpt = Dir() + "/finished-ckpt";
+  const std::string step = ckpt + "/step-00000003";
+  mkdir(ckpt.c_str(), 0755);
+  mkdir(step.c_str(), 0755);
+  std::ofstream(step + "/state.json") << R"({"step": 3, "data_position": 12, "run_id": "x"})";
+  std::ofstream(step + "/manifest.json") << R"({"format": "ithaca-checkpoint-manifest-1", "files": []})";
+  const std::string with_ckpt = "[checkpoint]\ndir = \"finished-ckpt\"\nresume = true\n";
+  auto a = ParseSubmission(Spec("", with_ckpt), "job.toml", Dir(), Roomy());
+  ASSERT_TRUE(absl::IsFailedPrecondition(a.status())) << a.status();
+  EXPECT_EQ(a.status().message(),
+            "job.toml: checkpoint.dir " + ckpt + " holds a finished run: " + step +
+                " is at step 3 of training.steps = 3, so nothing would train. To continue it, "
+                "raise training.steps above 3 (the learning-rate schedule continues from where "
+                "it ended); to start over, use another checkpoint.dir");
+  std::string longer = Spec("", with_ckpt);
+  longer.replace(longer.find("steps = 3"), 9, "steps = 6");
+  EXPECT_TRUE(ParseSubmission(longer, "job.toml", Dir(), Roomy()).ok());
+  // Not resuming: the run starts over (training writes new steps), nothing to refuse.
+  std::string fresh = Spec("", with_ckpt);
+  fresh.replace(fresh.find("resume = true"), 13, "resume = false");
+  EXPECT_TRUE(ParseSubmission(fresh, "job.toml", Dir(), Roomy()).ok());
+}
+
 TEST(AdmissionTest, DataPathMayBeAGlob) {
   std::string toml = Spec();
   toml.replace(toml.find("\"corpus.tok\""), 12, "\"corp*.tok\"");

@@ -196,13 +196,24 @@ absl::Status JobStore::Migrate() {
   if (version == kSchemaVersion) return absl::OkStatus();
   if (version < 1) RETURN_IF_ERROR(CreateInitialSchema());
   // Version 1 → 2: the step and eval history.
+  if (version < 2) {
+    RETURN_IF_ERROR(Exec(
+        "BEGIN;"
+        "CREATE TABLE IF NOT EXISTS history(job_id TEXT NOT NULL, kind INTEGER NOT NULL,"
+        " rank INTEGER NOT NULL, step INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
+        " report BLOB NOT NULL);"
+        "CREATE INDEX IF NOT EXISTS history_job ON history(job_id);"
+        "PRAGMA user_version = 2;"
+        "COMMIT;"));
+  }
+  // Version 2 → 3: the next job number, kept apart from the jobs table so a deleted job's id is
+  // never handed out again.
   return Exec(
       "BEGIN;"
-      "CREATE TABLE IF NOT EXISTS history(job_id TEXT NOT NULL, kind INTEGER NOT NULL,"
-      " rank INTEGER NOT NULL, step INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
-      " report BLOB NOT NULL);"
-      "CREATE INDEX IF NOT EXISTS history_job ON history(job_id);"
-      "PRAGMA user_version = 2;"
+      "CREATE TABLE IF NOT EXISTS next_job(seq INTEGER NOT NULL);"
+      "INSERT INTO next_job(seq) SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs"
+      " WHERE NOT EXISTS (SELECT 1 FROM next_job);"
+      "PRAGMA user_version = 3;"
       "COMMIT;");
 }
 
@@ -227,9 +238,12 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckIntact());
-  Stmt next(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
+  Stmt next(db_,
+            "SELECT MAX((SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs),"
+            " (SELECT COALESCE(MAX(seq), 1) FROM next_job))");
   ASSIGN_OR_RETURN(bool row, next.Step());
-  // Never an id used before: not one in the database, nor one whose directory exists.
+  // Never an id used before: not one in the database, nor a deleted one (next_job only grows),
+  // nor one whose directory exists.
   const int64_t seq = std::max(row ? next.Int(0) : 1, first_free_dir_seq_);
   next.Reset();
   v1::Job record = job;
@@ -254,14 +268,48 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   Stmt tr(db_, "INSERT INTO transitions VALUES(?, 1, ?, ?, ?, ?)");
   tr.Bind(1, record.id()).Bind(2, int64_t{v1::JOB_STATE_UNSPECIFIED});
   tr.Bind(3, int64_t{v1::JOB_STATE_QUEUED}).Bind(4, now).Bind(5, reason);
+  Stmt bump(db_, "UPDATE next_job SET seq = ?");
+  bump.Bind(1, seq + 1);
   absl::Status st = ins.Run();
   if (st.ok()) st = tr.Run();
+  if (st.ok()) st = bump.Run();
   if (!st.ok()) {
     Exec("ROLLBACK").IgnoreError();
     return st;
   }
   RETURN_IF_ERROR(Exec("COMMIT"));
   return GetLocked(record.id());
+}
+
+absl::Status JobStore::Delete(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckIntact());
+  Stmt q(db_, "SELECT state FROM jobs WHERE id = ?");
+  q.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
+  const JobState state = static_cast<JobState>(q.Int(0));
+  q.Reset();
+  if (!IsTerminal(state)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(state),
+                                                      "; only an ended job can be deleted"));
+  }
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status st;
+  for (const char* sql : {"DELETE FROM history WHERE job_id = ?",
+                          "DELETE FROM last_steps WHERE job_id = ?",
+                          "DELETE FROM transitions WHERE job_id = ?",
+                          "DELETE FROM jobs WHERE id = ?"}) {
+    Stmt d(db_, sql);
+    d.Bind(1, id);
+    st = d.Run();
+    if (!st.ok()) break;
+  }
+  if (!st.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return st;
+  }
+  return Exec("COMMIT");
 }
 
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {

@@ -6,6 +6,7 @@
 //   transitions(job_id, seq, from_state, to_state, time_ms, reason)
 //   last_steps(job_id, rank, report)
 //   history(job_id, kind, rank, step, time_ms, report)   (version 2)
+//   next_job(seq)   one row: the next job's number; only grows (version 3)
 // `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport;
 // in history a v1.StepReport or, kind 1, a v1.EvalReport; Job.last_eval is the newest of those).
 #pragma once
@@ -27,7 +28,7 @@ namespace ithaca {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
   // The step history keeps rank 0's every step up to kHistoryDenseSteps, then every
   // kHistoryEvery-th, and the other ranks' every kHistoryEvery-th (and every rank's last step):
   // a million-step job keeps ~100k rows per rank 0, not a million.
@@ -55,6 +56,9 @@ class JobStore {
   // spec and log_dir (log_dir may contain "{id}", replaced by the id).
   absl::StatusOr<v1::Job> Create(const v1::Job& job, const std::string& reason);
   absl::StatusOr<v1::Job> Get(const std::string& id);
+  // Removes an ended job's rows (record, transitions, newest steps, history). Its id is never
+  // handed out again. NOT_FOUND for an unknown id, FAILED_PRECONDITION for a job not ended.
+  absl::Status Delete(const std::string& id);
   // Newest first; `states` empty means all; `limit` 0 means no limit; `before_seq` > 0: only
   // jobs numbered below it (job-N is number N), for paging.
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<JobState>& states, int limit,

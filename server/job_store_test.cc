@@ -158,6 +158,36 @@ TEST(JobStoreTest, MigratesAVersion1Store) {
   EXPECT_DOUBLE_EQ((*store)->Get("job-1")->last_eval().loss(), 1.5) << "kept across a reopen";
 }
 
+// A deleted job's rows go, and its number is never handed out again, across a reopen too; a
+// live job is not deleted.
+TEST(JobStoreTest, DeleteRemovesAnEndedJobAndItsIdStaysUsed) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_del.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_EQ((*store)->Create(Template("a"), "s")->id(), "job-1");
+    ASSERT_EQ((*store)->Create(Template("b"), "s")->id(), "job-2");
+    EXPECT_TRUE(absl::IsFailedPrecondition((*store)->Delete("job-2")));
+    ASSERT_TRUE((*store)->Transition("job-2", v1::JOB_STATE_CANCELLED, "x").ok());
+    v1::StepReport r;
+    r.set_step(1);
+    ASSERT_TRUE((*store)->RecordStep("job-2", r).ok());
+    ASSERT_TRUE((*store)->Delete("job-2").ok());
+    EXPECT_TRUE(absl::IsNotFound((*store)->Get("job-2").status()));
+    EXPECT_TRUE(absl::IsNotFound((*store)->History("job-2").status()));
+    EXPECT_TRUE(absl::IsNotFound((*store)->Delete("job-2")));
+    EXPECT_EQ((*store)->List({}, 0)->size(), 1u);
+    EXPECT_EQ((*store)->Create(Template("c"), "s")->id(), "job-3");
+    ASSERT_TRUE((*store)->Transition("job-3", v1::JOB_STATE_CANCELLED, "x").ok());
+    ASSERT_TRUE((*store)->Delete("job-3").ok());
+  }
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Create(Template("d"), "s")->id(), "job-4");
+}
+
 TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
   const std::string path =
       std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_test.db";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -332,6 +333,37 @@ absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& r
   RETURN_IF_ERROR(cancelling.status());
   if (!cancelling->has_value()) return job;  // already failing or finishing: its outcome stands
   return **cancelling;
+}
+
+absl::StatusOr<v1::Job> Jobs::Delete(const std::string& id) {
+  v1::Job job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(job, store_->Get(id));
+    if (!IsTerminal(job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", JobStateName(job.state()),
+          "; only an ended job can be deleted: cancel it first (ithaca cancel ", id, ")"));
+    }
+    RETURN_IF_ERROR(store_->Delete(id));
+    events_.erase(id);
+    ended_events_.erase(std::remove(ended_events_.begin(), ended_events_.end(), id),
+                        ended_events_.end());
+  }
+  RefreshJobCounts();
+  // Its directory under the state directory (rank logs, rendezvous, adoption record), never
+  // anything else: checkpoint.dir and the outputs are the user's.
+  const std::string jobs_dir = absl::StrCat(options_.state_dir, "/jobs/");
+  if (!options_.state_dir.empty() && job.log_dir() == jobs_dir + id) {
+    std::error_code ec;
+    std::filesystem::remove_all(job.log_dir(), ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("job ", id, " was deleted, but its log directory ",
+                                              job.log_dir(), " could not be removed: ",
+                                              ec.message()));
+    }
+  }
+  return job;
 }
 
 namespace {

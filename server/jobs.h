@@ -94,6 +94,11 @@ class Jobs : private JobOwner {
   // with the job).
   static constexpr size_t kMaxCancelReasonBytes = 4096;
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
+  // Forgets an ended job: its rows in the store (record, transitions, step and eval history),
+  // its event stream and its directory under the state directory (rank logs); never its
+  // checkpoint.dir. Returns its last record. FAILED_PRECONDITION for a job that has not ended;
+  // the id is never reused (JobStore::Delete).
+  absl::StatusOr<v1::Job> Delete(const std::string& id);
   // The job's event stream; for a job that ended before this daemon started, a closed log
   // holding its final state change.
   absl::StatusOr<std::shared_ptr<EventLog>> Events(const std::string& id);

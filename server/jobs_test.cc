@@ -118,6 +118,53 @@ TEST(JobsTest, CancelTakesAQueuedJobOffTheQueueAndStopsARunningOne) {
   EXPECT_TRUE(absl::IsFailedPrecondition(jobs.Cancel(first->id(), "").status()));
 }
 
+// `ithaca delete`: a live job is refused (naming cancel); an ended one disappears from the store,
+// its history and its log directory go, its checkpoint.dir stays, and its id is not reused.
+TEST(JobsTest, DeleteForgetsAnEndedJobKeepsItsCheckpointsAndNeverReusesItsId) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("delete", 1, Script("sleep_del.sh", "echo hello; exec sleep 30")),
+            store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  const std::string ckpt = TmpDir() + "/delete-ckpt";
+  mkdir(ckpt.c_str(), 0755);
+  std::ofstream(ckpt + "/user-file") << "mine";
+  v1::SubmitJobRequest request = Submission(1);
+  request.set_spec_toml(request.spec_toml() + "[checkpoint]\ndir = \"" + ckpt + "\"\n");
+  absl::StatusOr<v1::Job> job = jobs.Submit(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->id(), "job-1");
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+
+  absl::StatusOr<v1::Job> live = jobs.Delete(job->id());
+  ASSERT_TRUE(absl::IsFailedPrecondition(live.status())) << live.status();
+  EXPECT_NE(live.status().message().find("ithaca cancel job-1"), std::string::npos)
+      << live.status();
+
+  ASSERT_TRUE(jobs.Cancel(job->id(), "").ok());
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_CANCELLED).state(), v1::JOB_STATE_CANCELLED);
+  struct stat st;
+  ASSERT_EQ(stat(job->log_dir().c_str(), &st), 0) << job->log_dir();
+
+  absl::StatusOr<v1::Job> deleted = jobs.Delete(job->id());
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(absl::IsNotFound(jobs.Get(job->id()).status()));
+  EXPECT_TRUE(absl::IsNotFound(jobs.History(job->id()).status()));
+  EXPECT_TRUE(absl::IsNotFound(jobs.Events(job->id()).status()));
+  EXPECT_TRUE(absl::IsNotFound(jobs.Delete(job->id()).status())) << "deleted once";
+  EXPECT_TRUE(jobs.List(v1::ListJobsRequest())->jobs().empty());
+  EXPECT_NE(stat(job->log_dir().c_str(), &st), 0) << "the rank logs are gone";
+  EXPECT_EQ(stat((ckpt + "/user-file").c_str(), &st), 0) << "checkpoint.dir is the user's";
+
+  absl::StatusOr<v1::Job> next = jobs.Submit(Submission(1));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->id(), "job-2") << "a deleted job's id is never given out again";
+  ASSERT_TRUE(jobs.Cancel(next->id(), "").ok());
+  WaitFor(jobs, next->id(), v1::JOB_STATE_CANCELLED);
+}
+
 TEST(JobsTest, ACancelReasonIsBounded) {
   auto store = JobStore::Open({":memory:"});
   ASSERT_TRUE(store.ok()) << store.status();

@@ -119,6 +119,16 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
   return Answer(jobs_->Cancel(request->id(), request->reason()), response);
 }
 
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* context,
+                                       const v1::DeleteJobRequest* request,
+                                       v1::DeleteJobResponse* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  absl::StatusOr<v1::Job> job = jobs_->Delete(request->id());
+  if (job.ok()) *response->mutable_job() = *std::move(job);
+  SanitizeUtf8(response);
+  return ToGrpc(job.status());
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {

@@ -42,6 +42,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
                          v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status ReadLogs(grpc::ServerContext* context, const v1::ReadLogsRequest* request,

@@ -51,6 +51,10 @@ TEST(ServicesTest, EveryJobServiceCallNeedsTheToken) {
     v1::Job job;
     answers.push_back(stub->GetJob(context().get(), v1::GetJobRequest(), &job));
     answers.push_back(stub->CancelJob(context().get(), v1::CancelJobRequest(), &job));
+    {
+      v1::DeleteJobResponse r;
+      answers.push_back(stub->DeleteJob(context().get(), v1::DeleteJobRequest(), &r));
+    }
     v1::ListJobsResponse list;
     answers.push_back(stub->ListJobs(context().get(), v1::ListJobsRequest(), &list));
     v1::PlanJobResponse plan;
@@ -81,7 +85,7 @@ TEST(ServicesTest, EveryJobServiceCallNeedsTheToken) {
       EXPECT_FALSE(reader->Read(&e));
       answers.push_back(reader->Finish());
     }
-    ASSERT_EQ(answers.size(), 9u);
+    ASSERT_EQ(answers.size(), 10u);
     for (const grpc::Status& st : answers) {
       EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << header;
       EXPECT_EQ(st.error_message().find("0123456789abcdef"), std::string::npos)

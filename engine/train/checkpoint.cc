@@ -534,6 +534,24 @@ absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
   return CommitCheckpoint(dir, state.step, /*world=*/1, keep).status();
 }
 
+absl::Status CheckResumeHasWork(const std::string& dir, int64_t steps,
+                                const std::string& checkpoint, const TrainState& saved,
+                                const std::string& run_id) {
+  if (steps == 0 || saved.step < steps) return absl::OkStatus();
+  if (saved.step == steps && !run_id.empty() && saved.run_id == run_id) return absl::OkStatus();
+  const std::string done =
+      saved.step == steps
+          ? absl::StrCat("holds a finished run: ", checkpoint, " is at step ", saved.step,
+                         " of training.steps = ", steps)
+          : absl::StrCat("holds a run past this one's end: ", checkpoint, " is at step ",
+                         saved.step, ", training.steps = ", steps);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", dir, " ", done,
+      ", so nothing would train. To continue it, raise training.steps above ", saved.step,
+      " (the learning-rate schedule continues from where it ended); to start over, use another "
+      "checkpoint.dir"));
+}
+
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
   std::vector<std::string> all = ListCheckpoints(dir);
   if (all.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));

@@ -122,6 +122,16 @@ struct LoadedCheckpoint {
 // reads whole units. Errors name the file and what is wrong (missing, wrong size, checksum
 // mismatch, corrupt, truncated, a tensor missing or misshapen).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, const ParamLayout& layout);
+// A job of training.steps = `steps` resuming from `checkpoint` (the newest in checkpoint.dir
+// `dir`, whose state is `saved`) has nothing to train when saved.step >= steps: unless it is a
+// relaunch of the run that wrote it (the same non-empty run_id, which redoes the end's
+// evaluation and export), FAILED_PRECONDITION saying what to change. An evaluation-only job
+// (steps = 0) evaluates the checkpoint, whatever its step. The worker checks it at start, and
+// ithacad at admission (with no run id: a submission is never a relaunch), so a resubmitted
+// finished run is refused before it takes a slot.
+absl::Status CheckResumeHasWork(const std::string& dir, int64_t steps,
+                                const std::string& checkpoint, const TrainState& saved,
+                                const std::string& run_id);
 // Only the checkpoint's state.json (its step, data position, schedule and run id): DATA_LOSS
 // when it is corrupt.
 absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path);

@@ -108,28 +108,6 @@ LrSchedule LrScheduleOf(const JobSpec::Training& t) {
   return s;
 }
 
-// A training job whose checkpoint.dir already holds its last step has nothing to train: unless
-// it is a relaunch of the run that wrote it (which redoes the end's evaluation and export), it
-// is an error saying what to change. An evaluation-only job (training.steps = 0) evaluates the
-// checkpoint, whatever its step.
-absl::Status CheckSomethingToResume(const JobSpec& spec, const std::string& checkpoint,
-                                    const TrainState& saved, const std::string& run_id) {
-  const int64_t steps = spec.training.steps;
-  if (steps == 0 || saved.step < steps) return absl::OkStatus();
-  if (saved.step == steps && !run_id.empty() && saved.run_id == run_id) return absl::OkStatus();
-  const std::string done =
-      saved.step == steps
-          ? absl::StrCat("holds a finished run: ", checkpoint, " is at step ", saved.step,
-                         " of training.steps = ", steps)
-          : absl::StrCat("holds a run past this one's end: ", checkpoint, " is at step ",
-                         saved.step, ", training.steps = ", steps);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "checkpoint.dir ", spec.checkpoint.dir, " ", done,
-      ", so nothing would train. To continue it, raise training.steps above ", saved.step,
-      " (the learning-rate schedule continues from where it ended); to start over, use another "
-      "checkpoint.dir"));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Ops* ops,
@@ -223,7 +201,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   const bool host_state = spec.memory.optimizer_offload == OffloadChoice::kOn;
   if (latest.ok()) {
     ASSIGN_OR_RETURN(const TrainState saved, ReadCheckpointState(*latest));
-    RETURN_IF_ERROR(CheckSomethingToResume(spec, *latest, saved, run_id));
+    RETURN_IF_ERROR(CheckResumeHasWork(spec.checkpoint.dir, spec.training.steps, *latest, saved,
+                                       run_id));
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
     ASSIGN_OR_RETURN(ResumedCheckpoint resumed,

@@ -233,6 +233,36 @@ class DaemonE2E(unittest.TestCase):
         self.assertIn(a, words)
         self.assertIn(long[1], words)
 
+    def test_cli_delete_forgets_ended_jobs_only(self):
+        """`ithaca delete`: a running job is refused naming cancel; an ended one is gone from
+        status and list, its rank logs too, its checkpoints stay, and its id is not reused."""
+        run = self.run_dir("delete")
+        spec = self.write(run, "job.toml", spec_toml(run, steps=100000, checkpoint_every=1))
+        job_id = self.d.cli("submit", "-o", "name", spec, check=True).stdout.strip()
+        self.d.wait(job_id, states=(job_pb2.JOB_STATE_RUNNING,), min_step=2)
+        r = self.d.cli("delete", job_id)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(f"job {job_id} is RUNNING; only an ended job can be deleted: cancel it "
+                      f"first (ithaca cancel {job_id})", r.stderr)
+        self.d.cli("cancel", job_id, check=True)
+        self.assertEqual(self.d.cli("wait", job_id).returncode, 1)
+        job_dir = os.path.join(self.d.real_state_dir, "jobs", job_id)
+        self.assertTrue(os.path.exists(os.path.join(job_dir, "rank-0.log")))
+        r = self.d.cli("delete", job_id, "no-such-job")
+        self.assertEqual(r.returncode, 2)  # one of them could not be deleted
+        self.assertEqual(r.stdout, f"{job_id}: deleted (was CANCELLED)\n")
+        self.assertIn('job "no-such-job" not found', r.stderr)
+        r = self.d.cli("status", job_id)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not found", r.stderr)
+        self.assertNotIn(job_id, self.d.cli("-o", "name", "list", check=True).stdout.split())
+        self.assertFalse(os.path.exists(job_dir))
+        self.assertTrue(os.listdir(os.path.join(run, "checkpoints")), "checkpoints are kept")
+        newer = self.d.cli("submit", "-o", "name", "--set", "training.steps=1", "--set",
+                           f"checkpoint.dir={run}/other", spec, check=True).stdout.strip()
+        self.assertGreater(int(newer.split("-")[1]), int(job_id.split("-")[1]))
+        self.d.cli("wait", newer)
+
     @staticmethod
     def write(directory, name, text):
         path = os.path.join(directory, name)

@@ -13,6 +13,8 @@ import subprocess
 import unittest
 import zlib
 
+import grpc
+
 import harness
 from harness import TMP, Daemon, job_pb2, spec_toml
 
@@ -202,17 +204,28 @@ class ReportE2E(unittest.TestCase):
         self.assertGreater(blue, 20, "no plotted line in the first series' colour")
 
     def test_z_resubmitting_the_finished_run_and_continuing_it(self):
-        """The finished run's spec again is refused, saying so (it succeeded with no step);
-        raising its steps continues it without a learning-rate jump, and the continuation's
-        report covers the whole run."""
+        """The finished run's spec again is refused at submit, saying so (no job is made, no
+        slot spent; it used to succeed with no step); raising its steps continues it without a
+        learning-rate jump, and the continuation's report covers the whole run."""
         run = os.path.join(TMP, "run")
         spec = lambda steps: spec_toml(run, steps=steps, name="report", resume=True,
                                        extra="[parallel]\nworld = 2\nsp = 2\n")
-        again = self.d.wait(self.d.submit(spec(STEPS)).id, timeout=120)
-        self.assertEqual(again.state, job_pb2.JOB_STATE_FAILED)
-        self.assertIn("holds a finished run", again.reason)
-        self.assertIn(f"is at step {STEPS} of training.steps = {STEPS}", again.reason)
-        self.assertIn("raise training.steps", again.reason)
+        before = len(self.d.client.list())
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.d.submit(spec(STEPS))
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        reason = refused.exception.details()
+        self.assertIn("holds a finished run", reason)
+        self.assertIn(f"is at step {STEPS} of training.steps = {STEPS}", reason)
+        self.assertIn("raise training.steps", reason)
+        self.assertEqual(len(self.d.client.list()), before, "no job was made")
+        # The CLI says the same, exit 2.
+        spec_file = os.path.join(TMP, "again.toml")
+        with open(spec_file, "w") as f:
+            f.write(spec(STEPS))
+        r = self.d.cli("submit", spec_file)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("holds a finished run", r.stderr)
         more = self.d.wait(self.d.submit(spec(STEPS + 6)).id, timeout=180)
         self.assertEqual(more.state, job_pb2.JOB_STATE_SUCCEEDED, more.reason)
         log = self.d.cli("logs", more.id, "--rank", "0", check=True).stdout

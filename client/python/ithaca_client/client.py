@@ -284,6 +284,11 @@ class Client:
     def cancel(self, job_id, reason=""):
         return self._call(self._jobs.CancelJob, pb.CancelJobRequest(id=job_id, reason=reason))
 
+    def delete(self, job_id):
+        """Forgets an ended job (record, history, rank logs; never its checkpoint.dir); returns
+        its last record. A job that has not ended is refused (FAILED_PRECONDITION)."""
+        return self._call(self._jobs.DeleteJob, pb.DeleteJobRequest(id=job_id)).job
+
     def node(self):
         return self._call(self._jobs.GetNode, pb.GetNodeRequest())
 
