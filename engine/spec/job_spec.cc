@@ -546,6 +546,9 @@ const std::vector<Key>& Keys() {
        "this dtype; empty: no export."},
 
       {"metrics.log_every", Int(FIELD(metrics.log_every)), "Steps between step lines."},
+      {"metrics.tensorboard", Bool(FIELD(metrics.tensorboard)),
+       "Rank 0 also writes TensorBoard event files to `checkpoint.dir/tensorboard` (every step's "
+       "loss, lr, grad_norm, tokens/s, memory; each evaluation's loss)."},
 
       {"eval.path", Str(FIELD(eval.path)),
        "Held-out token file(s) or a glob, read in order from the start each time."},
@@ -724,6 +727,9 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
       absl::StrCat("must be in 0..86400, got ", FormatDouble(s.retry.backoff_seconds))));
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
+  RETURN_IF_ERROR(r.Require(
+      !s.metrics.tensorboard || !s.checkpoint.dir.empty(), "metrics.tensorboard",
+      "needs checkpoint.dir (the event files are written to checkpoint.dir/tensorboard)"));
   return absl::OkStatus();
 }
 

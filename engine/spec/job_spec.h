@@ -111,6 +111,9 @@ struct JobSpec {
 
   struct Metrics {
     int64_t log_every = 1;  // steps between step lines
+    // Rank 0 writes TensorBoard event files to checkpoint.dir/tensorboard
+    // (engine/train/tensorboard.h).
+    bool tensorboard = false;
   } metrics;
 
   // Which attention kernel runs each pass on the CUDA backend: "auto" | "cudnn" | "hopper" |

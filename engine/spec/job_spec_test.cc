@@ -205,7 +205,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 52);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
+  EXPECT_EQ(keys, 53);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -381,6 +381,7 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[checkpoint]\ndir = \"c\"\nexport = \"fp8\"",
        "job.toml: checkpoint.export: must be \"bf16\" or \"f32\", got \"fp8\""},
       {"[checkpoint]\nexport = \"f32\"", "job.toml: checkpoint.export: needs checkpoint.dir"},
+      {"[metrics]\ntensorboard = true", "job.toml: metrics.tensorboard: needs checkpoint.dir"},
       {"[metrics]\nlog_every = 0", "job.toml: metrics.log_every: must be >= 1"},
       {"[retry]\nmax_restarts = -1", "job.toml: retry.max_restarts: must be in 0..1000"},
       {"[retry]\nbackoff_seconds = -2", "job.toml: retry.backoff_seconds: must be in 0..86400"},

@@ -41,6 +41,25 @@ std::string FormatStepLine(const StepReport& r) {
       r.mem_device_peak / unit, gib ? "GiB" : "MiB", tiers, host_update, r.seconds);
 }
 
+std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport& r) {
+  std::vector<std::pair<std::string, double>> v = {
+      {"train/loss", r.loss},
+      {"train/lr", r.lr},
+      {"train/grad_norm", r.grad_norm},
+      {"train/tokens_per_second", r.tokens_per_second},
+      {"train/step_seconds", r.seconds},
+      {"memory/device_peak_gib", r.mem_device_peak / double(int64_t{1} << 30)},
+  };
+  for (int t = 0; t < kNumTiers; ++t) {
+    if (!IsDeviceTier(static_cast<Tier>(t)) && r.mem_peak[t] == 0) continue;
+    v.emplace_back(absl::StrCat("memory/", TierName(static_cast<Tier>(t)), "_peak_gib"),
+                   r.mem_peak[t] / double(int64_t{1} << 30));
+  }
+  if (r.model_tflops > 0) v.emplace_back("train/model_tflops", r.model_tflops);
+  if (r.mfu > 0) v.emplace_back("train/mfu", r.mfu);
+  return v;
+}
+
 double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
   return ModelFlopsPerSample(c, seq_len, {}) / static_cast<double>(seq_len);
 }
@@ -387,11 +406,17 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
                           int64_t stop_at_step,
                           const std::function<void(const EvalReport&)>& on_eval) {
   const int64_t steps = spec_.training.steps;
+  if (rank_ == 0 && spec_.metrics.tensorboard && !tensorboard_) {
+    ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(TensorBoardDir(spec_)));
+  }
   auto evaluate = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(EvalReport r, Evaluate());
     if (rank_ == 0) {
       std::printf("%s\n", FormatEvalLine(r).c_str());
       std::fflush(stdout);
+    }
+    if (tensorboard_) {
+      RETURN_IF_ERROR(tensorboard_->Write(r.step, {{"eval/loss", r.loss}}));
     }
     if (on_eval) on_eval(r);
     return absl::OkStatus();
@@ -414,6 +439,7 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
     }
     // After the save, so that the step's report carries its checkpoint time.
     if (on_step) on_step(r);
+    if (tensorboard_) RETURN_IF_ERROR(tensorboard_->Write(r.step, TensorBoardScalars(r)));
     // The last step's evaluation comes after the loop, once.
     const int64_t eval_every = spec_.eval.every;
     if (evaluator_ && eval_every > 0 && r.step % eval_every == 0 && r.step != steps) {

@@ -19,6 +19,7 @@
 #include "engine/train/evaluator.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/tensorboard.h"
 #include "engine/train/token_file.h"
 
 namespace ithaca {
@@ -58,6 +59,11 @@ struct StepReport {
 // optimizer offload a field before the time says how long the CPU update took and how long the
 // device waited for it: "| cpu adamw 1.10 s (device waited 1.32 s) |".
 std::string FormatStepLine(const StepReport& r);
+
+// The step's TensorBoard scalars (metrics.tensorboard): train/loss, train/lr, train/grad_norm,
+// train/tokens_per_second (per rank), train/step_seconds, memory/device_peak_gib and each
+// tier's memory/<tier>_peak_gib (the step's peak), train/model_tflops, train/mfu (when known).
+std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport& r);
 
 // Model FLOPs per token: 6·N (matmul parameters incl. the LM head) + 6·L·S·Hq·D (causal
 // attention, forward + backward, no recompute).
@@ -111,6 +117,10 @@ class Trainer {
   absl::StatusOr<CheckpointSaveReport> SaveCheckpointNow();
   // Where the end of the job writes the checkpoint.export directory: checkpoint.dir/export.
   static std::string ExportDir(const JobSpec& spec) { return spec.checkpoint.dir + "/export"; }
+  // Where rank 0 writes TensorBoard event files (metrics.tensorboard): checkpoint.dir/tensorboard.
+  static std::string TensorBoardDir(const JobSpec& spec) {
+    return spec.checkpoint.dir + "/tensorboard";
+  }
 
  private:
   Trainer() = default;
@@ -131,6 +141,8 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> data_;      // null in an evaluation-only job
   std::unique_ptr<Evaluator> evaluator_;  // null without [eval]
+  // Rank 0 with metrics.tensorboard: checkpoint.dir/tensorboard's event file of this run.
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t evaluated_step_ = -1;           // the step of this process's newest evaluation
   TrainState state_;
   LrSchedule schedule_;
