@@ -31,6 +31,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/flags/usage.h"
+#include "engine/core/flag_spelling.h"
 #include "engine/core/file_util.h"
 #include "server/auth.h"
 #include "server/jobs.h"
@@ -510,45 +511,22 @@ namespace {
 // absl's --help names flags as they are declared (--state_dir); this daemon's flags as they are
 // typed (--state-dir), with their defaults.
 void PrintHelp() {
-  std::printf("ithacad: the Ithaca job daemon (see README.md)\n\nusage: ithacad [FLAGS]\n");
-  std::vector<std::pair<std::string, const absl::CommandLineFlag*>> flags;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (absl::StrContains(flag->Filename(), "ithacad_main")) {
-      flags.emplace_back(std::string(name), flag);
-    }
-  }
-  std::sort(flags.begin(), flags.end());
-  for (auto& [name, flag] : flags) {
-    std::replace(name.begin(), name.end(), '_', '-');
-    const std::string def = flag->DefaultValue();
-    std::printf("  --%s%s\n      %s\n", name.c_str(),
-                def.empty() ? "" : absl::StrCat(" (default ", def, ")").c_str(),
-                flag->Help().c_str());
-  }
+  std::printf("ithacad: the Ithaca job daemon (see README.md)\n\nusage: ithacad [FLAGS]\n%s",
+              ithaca::DashedFlagHelp("ithacad_main").c_str());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ithacad: the Ithaca job daemon (see README.md)");
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h" || a == "--helpfull" || a == "-help") {
-      PrintHelp();
-      return 0;
-    }
+  if (ithaca::AsksForHelp(argc, argv)) {
+    PrintHelp();
+    return 0;
   }
   // Flags are spelled with dashes on the command line (--state-dir); absl names them with
-  // underscores.
-  std::vector<std::string> args(argv, argv + argc);
-  std::vector<char*> fixed;
-  for (std::string& a : args) {
-    if (a.rfind("--", 0) == 0) {
-      const size_t end = std::min(a.find('='), a.size());
-      std::replace(a.begin() + 2, a.begin() + end, '-', '_');
-    }
-    fixed.push_back(a.data());
-  }
+  // underscores (engine/core/flag_spelling.h; the old --state_dir still works, with a warning).
+  ithaca::FlagSpelling flags = ithaca::NormalizeFlags("ithacad", argc, argv);
+  std::vector<char*> fixed = flags.argv();
   absl::ParseCommandLine(static_cast<int>(fixed.size()), fixed.data());
   return ithaca::Run();
 }

@@ -38,7 +38,7 @@ struct TrainState {
   double lr = 0;
   std::string run_id;
   // The model directory the run started from (ModelSourceDir; "" for a preset): ithaca-export
-  // copies its tokenizer and generation config when not given --source_model.
+  // copies its tokenizer and generation config when not given --source-model.
   std::string source_model;
 };
 

@@ -13,10 +13,15 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$JOB" "$T/job" "$CORPUS" > "$T.job.log" || { cat "$T.job.log"; fail "the training run failed"; }
 CKPT=$T/job/checkpoints MODEL=$T/job/source_model
 mkdir "$T/out"
-"$EXPORT" "$CKPT" --out "$T/out/bf16" --dtype bf16 --source_model "$MODEL" \
-  --max_shard_bytes 40000
-"$EXPORT" "$CKPT" --out "$T/out/f32" --dtype f32 --source_model "$MODEL"
-# Without --source_model: the checkpoint records the model the run started from.
+"$EXPORT" "$CKPT" --out "$T/out/bf16" --dtype bf16 --source-model "$MODEL" \
+  --max-shard-bytes 40000
+"$EXPORT" --help | grep -q -- "--source-model" || fail "ithaca-export --help lacks --source-model"
+"$EXPORT" --help | grep -q -- "--source_model" && fail "ithaca-export --help spells --source_model"
+# The old underscore spelling still works, warning with the new one (docs/cli.md).
+"$EXPORT" "$CKPT" --out "$T/out/f32" --dtype f32 --source_model "$MODEL" 2> "$T.old.stderr"
+grep -qF "warning: ithaca-export: --source_model is the old spelling; use --source-model" \
+  "$T.old.stderr" || fail "no deprecation warning for --source_model: $(cat "$T.old.stderr")"
+# Without --source-model: the checkpoint records the model the run started from.
 "$EXPORT" "$CKPT" --out "$T/recorded" --dtype bf16
 for f in tokenizer.json generation_config.json; do
   cmp "$MODEL/$f" "$T/recorded/$f" || fail "$f not copied from the recorded source model"
@@ -56,5 +61,5 @@ expect_error 1 "$T/out/bf16: exists and is not an empty directory" \
   "$EXPORT" "$CKPT" --out "$T/out/bf16"
 expect_error 2 "--dtype fp8: must be bf16 or f32" "$EXPORT" "$CKPT" --out "$T/x" --dtype fp8
 expect_error 1 "$T/nomodel: no such source model directory" \
-  "$EXPORT" "$CKPT" --out "$T/x" --source_model "$T/nomodel"
+  "$EXPORT" "$CKPT" --out "$T/x" --source-model "$T/nomodel"
 echo PASS

@@ -1,9 +1,9 @@
 // ithaca-export: a training checkpoint as an inference-ready Hugging Face model directory, e.g.
 //   ithaca-export runs/job/checkpoints --out runs/job/model --dtype bf16 \
-//     --source_model /models/Llama-3.2-1B
+//     --source-model /models/Llama-3.2-1B
 // CHECKPOINT_DIR is a job's checkpoint.dir (its newest step) or one step-N directory. The
 // output is written under a temporary name and renamed at the end: it appears whole or not at
-// all. See engine/train/export.h.
+// all. See engine/train/export.h. Flags are spelled with dashes (engine/core/flag_spelling.h).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "engine/core/flag_spelling.h"
 #include "engine/train/export.h"
 
 ABSL_FLAG(std::string, out, "", "directory to create (must not exist, or be empty)");
@@ -62,8 +63,16 @@ int Run(const std::string& checkpoint_arg) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "A training checkpoint as a Hugging Face model directory.\n"
-      "Usage: ithaca-export CHECKPOINT_DIR --out DIR [--dtype bf16|f32] [--source_model DIR]");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+      "Usage: ithaca-export CHECKPOINT_DIR --out DIR [--dtype bf16|f32] [--source-model DIR]\n"
+      "       [--max-shard-bytes N]");
+  if (ithaca::AsksForHelp(argc, argv)) {
+    std::printf("%s\n\n%s", absl::ProgramUsageMessage().data(),
+                ithaca::DashedFlagHelp("export_main").c_str());
+    return 0;
+  }
+  ithaca::FlagSpelling flags = ithaca::NormalizeFlags("ithaca-export", argc, argv);
+  std::vector<char*> args = flags.argv();
+  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (rest.size() != 2) {
     std::fprintf(stderr, "ithaca-export: expected one CHECKPOINT_DIR argument, got %zu\n%s\n",
                  rest.size() - 1, absl::ProgramUsageMessage().data());

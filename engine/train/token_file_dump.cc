@@ -1,14 +1,15 @@
 // token_file_dump: prints token files as JSON, one object per file, through the C++ reader; with
-// --seq_len it also builds the DataLoader over all of them (checked against --model_tokenizer)
+// --seq-len it also builds the DataLoader over all of them (checked against --model-tokenizer)
 // and prints its verdict. Lets the Python tool's tests check that the C++ side reads what Python
 // wrote.
-//   token_file_dump [--seq_len N --model_vocab V --model_tokenizer tokenizer.json] FILE_OR_GLOB...
+//   token_file_dump [--seq-len N --model-vocab V --model-tokenizer tokenizer.json] FILE_OR_GLOB...
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "engine/core/flag_spelling.h"
 #include "engine/train/token_file.h"
 
 ABSL_FLAG(int64_t, seq_len, 0, "also build a DataLoader with this seq_len");
@@ -76,6 +77,8 @@ int Run(const std::vector<std::string>& args) {
 }  // namespace ithaca
 
 int main(int argc, char** argv) {
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  ithaca::FlagSpelling flags = ithaca::NormalizeFlags("token_file_dump", argc, argv);
+  std::vector<char*> args = flags.argv();
+  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   return ithaca::Run(std::vector<std::string>(rest.begin() + 1, rest.end()));
 }

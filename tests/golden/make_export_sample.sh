@@ -17,7 +17,7 @@ CORPUS=engine/train/testdata/tiny_corpus.txt
 mkdir -p "$OUT"
 "$BIN/export_test_job" "$OUT/job" "$CORPUS" engine/train/testdata/bpe > "$OUT/job.log"
 "$BIN/ithaca-export" "$OUT/job/checkpoints" --out "$OUT/export" --dtype bf16 \
-  --source_model "$OUT/job/source_model" --max_shard_bytes 100000
+  --source-model "$OUT/job/source_model" --max-shard-bytes 100000
 # 200 bytes of the training text: byte-level token ids, as the tiny model was trained on.
 python3 -c 'import json, sys; json.dump({"input_ids": list(open(sys.argv[1], "rb").read(200))},
   open(sys.argv[2], "w"))' "$CORPUS" "$OUT/ids.json"

@@ -123,7 +123,7 @@ class BpeTest(Fresh):
                 self.assertEqual(got_val[j], w)
                 j += 1
         # The C++ DataLoader takes the set with the model's own tokenizer...
-        r = subprocess.run([DUMP, "--seq_len", "64", "--model_vocab", "600", "--model_tokenizer",
+        r = subprocess.run([DUMP, "--seq-len", "64", "--model-vocab", "600", "--model-tokenizer",
                             BPE_JSON, os.path.join(out, "train-*.tok")], capture_output=True,
                            text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -134,7 +134,7 @@ class BpeTest(Fresh):
         os.makedirs(other)
         text = read(BPE_JSON)
         write(os.path.join(other, "tokenizer.json"), text.replace('"<s>"', '"<bos>"'))
-        r = subprocess.run([DUMP, "--seq_len", "64", "--model_vocab", "600", "--model_tokenizer",
+        r = subprocess.run([DUMP, "--seq-len", "64", "--model-vocab", "600", "--model-tokenizer",
                             os.path.join(other, "tokenizer.json"),
                             os.path.join(out, "train-*.tok")], capture_output=True, text=True)
         self.assertNotEqual(r.returncode, 0)
@@ -142,7 +142,7 @@ class BpeTest(Fresh):
                       + fingerprint, r.stderr)
         self.assertIn(os.path.join(other, "tokenizer.json") + " has sha256", r.stderr)
         # ...and a model with a smaller vocabulary than the ids.
-        r = subprocess.run([DUMP, "--seq_len", "64", "--model_vocab", "300",
+        r = subprocess.run([DUMP, "--seq-len", "64", "--model-vocab", "300",
                             os.path.join(out, "train-*.tok")], capture_output=True, text=True)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("vocab_size 600 exceeds the model's vocab_size 300", r.stderr)
@@ -261,7 +261,7 @@ class ByteLevelTest(Fresh):
         self.assertEqual(read(os.path.join(out, "train-00000.tok"), "rb"),
                          read(cpp, "rb"))
         # A byte-level file for a 128K-vocabulary model: accepted with a warning.
-        r = subprocess.run([DUMP, "--seq_len", "64", "--model_vocab", "128256", cpp],
+        r = subprocess.run([DUMP, "--seq-len", "64", "--model-vocab", "128256", cpp],
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("warning: " + cpp + ": byte-level tokens (vocab_size 258) for a model with "
