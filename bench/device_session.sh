@@ -168,7 +168,8 @@ for phase in "$@"; do
     daemon)
       D=/tmp/ithaca-daemon-phase
       rm -rf "$D" && mkdir -p "$D/run" "$D/state"
-      "$BIN/ithaca-tokenize" --input engine/train/testdata/tiny_corpus.txt --output "$D/run/corpus.tok"
+      tools/tokenize/ithaca-tokenize --no-progress --output "$D/run/corpus" \
+        engine/train/testdata/tiny_corpus.txt
       gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
       backend=cuda
       [ "$gpus" = 0 ] && backend=cpu
@@ -182,7 +183,7 @@ for phase in "$@"; do
       for _ in $(seq 100); do [ -s "$D/state/ithacad.addr" ] && break; sleep 0.1; done
       export ITHACA_HOME="$D/state"
       job=$("$BIN/ithaca" submit "$D/run/job.toml" -o name --set data.document_mask=true \
-        --set eval.path="$D/run/corpus.tok" --set eval.every=20 --set eval.batches=2)
+        --set eval.path="$D/run/corpus/train-00000.tok" --set eval.every=20 --set eval.batches=2)
       "$BIN/ithaca" watch "$job" 2>&1 | tee -a "$OUT/daemon.log" | tail -12
       "$BIN/ithaca" status "$job" | tee -a "$OUT/daemon.log" | head -30
       kill -TERM "$dpid"; wait "$dpid"

@@ -1,7 +1,7 @@
 // Token files: pre-tokenized training data, and the DataLoader that serves windows of them.
 //
-// Version 2 (written by ithaca-tokenize, both the C++ byte-level tool and
-// tools/tokenize/ithaca_tokenize.py). Little-endian:
+// Version 2 (written by ithaca-tokenize, tools/tokenize/ithaca_tokenize.py, and by
+// WriteTokenFileV2). Little-endian:
 //   offset 0    8 bytes   magic "ITHACATK"
 //   offset 8    uint32    version (2)
 //   offset 12   uint32    vocab_size: the tokenizer's vocabulary (ids are < it); 0 if unknown

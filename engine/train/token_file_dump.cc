@@ -3,23 +3,40 @@
 // and prints its verdict. Lets the Python tool's tests check that the C++ side reads what Python
 // wrote.
 //   token_file_dump [--seq-len N --model-vocab V --model-tokenizer tokenizer.json] FILE_OR_GLOB...
+// --write-byte-tokens TEXT OUT.tok writes the C++ ByteTokenize of TEXT instead (the oracle the
+// byte-level ithaca-tokenize is compared with).
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "engine/core/file_util.h"
 #include "engine/core/flag_spelling.h"
 #include "engine/train/token_file.h"
 
 ABSL_FLAG(int64_t, seq_len, 0, "also build a DataLoader with this seq_len");
 ABSL_FLAG(int64_t, model_vocab, 0, "the model's vocab_size for the DataLoader");
 ABSL_FLAG(std::string, model_tokenizer, "", "the model's tokenizer.json for the DataLoader");
+ABSL_FLAG(std::string, write_byte_tokens, "",
+          "a text file: write its ByteTokenize to the one FILE argument, and print nothing");
 
 namespace ithaca {
 namespace {
 
 int Run(const std::vector<std::string>& args) {
+  if (const std::string text_path = absl::GetFlag(FLAGS_write_byte_tokens); !text_path.empty()) {
+    absl::StatusOr<std::string> text = ReadFileToString(text_path);
+    if (!text.ok() || args.size() != 1) {
+      std::fprintf(stderr, "--write-byte-tokens: %s\n",
+                   text.ok() ? "give one output FILE" : std::string(text.status().message()).c_str());
+      return 1;
+    }
+    const std::vector<uint32_t> tokens = ByteTokenize(*text);
+    absl::Status st = WriteTokenFileV2(args[0], tokens, ByteTokenMeta(tokens));
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
   std::vector<std::unique_ptr<TokenFile>> files;
   for (const std::string& pattern : args) {
     absl::StatusOr<std::vector<std::string>> paths = ExpandDataPath(pattern);

@@ -27,11 +27,12 @@ def state_name(s):
 
 
 def make_corpus():
-    path = os.path.join(TMP, "corpus.tok")
-    if not os.path.exists(path):
-        subprocess.run([os.environ["ITHACA_TOKENIZE"], "--input", os.environ["ITHACA_CORPUS"],
-                        "--output", path], check=True, capture_output=True)
-    return path
+    """The demo corpus, byte-level tokenized by ithaca-tokenize: its one train shard."""
+    out = os.path.join(TMP, "corpus")
+    if not os.path.exists(out):
+        subprocess.run([os.environ["ITHACA_TOKENIZE"], "--no-progress", "--output", out,
+                        os.environ["ITHACA_CORPUS"]], check=True, capture_output=True)
+    return os.path.join(out, "train-00000.tok")
 
 
 def spec_toml(run_dir, steps=20, extra="", seq_len=64, name="e2e", resume=False,

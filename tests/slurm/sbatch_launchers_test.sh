@@ -19,15 +19,15 @@ trap 'tests/slurm/slurm_local.sh stop "$S" >/dev/null 2>&1 || true; rm -rf "$S"'
 tests/slurm/slurm_local.sh start "$S" 2 2 >/dev/null
 export SLURM_CONF=$S/slurm.conf
 
-engine/train/ithaca-tokenize --input engine/train/testdata/tiny_corpus.txt \
-  --output "$T/corpus.tok" >/dev/null
+tools/tokenize/ithaca-tokenize --no-progress --output "$T/corpus" \
+  engine/train/testdata/tiny_corpus.txt >/dev/null
 cat > "$T/job.toml" <<TOML
 name = "slurm"
 backend = "cpu"
 [model]
 preset = "tiny"
 [data]
-path = "$T/corpus.tok"
+path = "$T/corpus/train-00000.tok"
 seq_len = 64
 [training]
 steps = 6

@@ -12,7 +12,9 @@ bos_token / eos_token when it says, else the tokenizer's own post-processor.
 OUT_DIR receives train-00000.tok, ... (and val-00000.tok, ... with --val-fraction): version 2
 token files (engine/train/token_file.h) of at most --shard-tokens tokens each. OUT_DIR is
 written under a temporary name and renamed at the end, so a failure leaves nothing behind.
---tokenizer byte is the built-in byte-level tokenizer (the C++ ithaca-tokenize's output).
+--tokenizer byte (the default) is the built-in byte-level tokenizer (engine/train/token_file.h
+ByteTokenize; stdlib only, no package needed). This is the one ithaca-tokenize; the C++ one
+that wrote a single --output FILE is retired.
 
 --sft (supervised fine-tuning; JSON Lines input): each line is one document, either
 {"prompt": ..., "completion": ...} or {"messages": [{"role": ..., "content": ...}, ...]}, and
@@ -529,6 +531,11 @@ def main(argv=None):
         ap.error(f"--shard-tokens must be >= 1, got {a.shard_tokens}")
     if not 0 <= a.val_fraction < 1:
         ap.error(f"--val-fraction must be in [0, 1), got {a.val_fraction}")
+    if a.output.endswith(".tok"):
+        # The retired C++ ithaca-tokenize wrote one file; this one writes a directory of shards.
+        ap.error(f"--output {a.output}: names a directory (train-00000.tok, ... are written in "
+                 f"it), not a token file; the C++ tool's --output FILE is retired: give "
+                 f"--output DIR and train on data.path = \"DIR/train-*.tok\"")
     try:
         tok = ByteTokenizer() if a.tokenizer == "byte" else Tokenizer(a.tokenizer)
         files = expand_inputs(patterns)

@@ -20,7 +20,6 @@ from tokenizers import Tokenizer  # noqa: E402
 
 TOOL = os.path.join(HERE, "ithaca_tokenize.py")
 DUMP = "engine/train/token_file_dump"
-BYTE_TOOL = "engine/train/ithaca-tokenize"
 BPE_DIR = "engine/train/testdata/bpe"
 BPE_JSON = os.path.join(BPE_DIR, "tokenizer.json")
 CORPUS = "engine/train/testdata/tiny_corpus.txt"
@@ -251,12 +250,20 @@ class BpeTest(Fresh):
 
 
 class ByteLevelTest(Fresh):
-    def test_same_bytes_as_the_cpp_tool(self):
+    def test_an_output_named_like_a_token_file_is_refused_with_the_new_usage(self):
+        r = run_tool("--input", CORPUS, "--output", os.path.join(self.dir, "corpus.tok"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("names a directory", r.stderr)
+        self.assertIn('data.path = "DIR/train-*.tok"', r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "corpus.tok")))
+
+    def test_same_bytes_as_the_cpp_byte_tokenize(self):
         out = os.path.join(self.dir, "out")
         r = run_tool("--output", out, CORPUS)  # --tokenizer byte is the default
         self.assertEqual(r.returncode, 0, r.stderr)
         cpp = os.path.join(self.dir, "cpp.tok")
-        subprocess.run([BYTE_TOOL, "--input", CORPUS, "--output", cpp], check=True,
+        # The C++ ByteTokenize (engine/train/token_file.h), which the tests' corpora use.
+        subprocess.run([DUMP, "--write-byte-tokens", CORPUS, cpp], check=True,
                        capture_output=True)
         self.assertEqual(read(os.path.join(out, "train-00000.tok"), "rb"),
                          read(cpp, "rb"))
