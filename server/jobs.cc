@@ -144,6 +144,11 @@ absl::Status Jobs::Recover() {
       adopt = AdoptableLocked(job);
     }
     if (adopt) {
+      // The adopted job still writes into its checkpoint.dir: no new job may share it.
+      if (!job.spec().checkpoint_dir().empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ClaimCheckpointDirLocked(job.spec().checkpoint_dir(), job.id()).IgnoreError();
+      }
       supervisor_.Adopt(*adopt);
       continue;
     }
