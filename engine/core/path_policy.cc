@@ -399,4 +399,14 @@ absl::Status MakeDirsInsideRoots(const std::string& dir, const std::vector<std::
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::string>> SplitDataSources(const std::string& pattern) {
+  size_t open = 0, close = 0;
+  std::vector<std::pair<size_t, size_t>> alternatives;
+  ASSIGN_OR_RETURN(bool group, FirstGroup(pattern, &open, &close, &alternatives));
+  if (!group || open != 0 || close + 1 != pattern.size()) return std::vector<std::string>{pattern};
+  std::vector<std::string> out;
+  for (const auto& [b, e] : alternatives) out.push_back(pattern.substr(b, e - b));
+  return out;
+}
+
 }  // namespace ithaca

@@ -75,6 +75,12 @@ absl::StatusOr<std::vector<std::string>> ExpandPattern(const std::string& patter
                                                        const std::vector<std::string>& roots = {},
                                                        const ExpandLimits& limits = {});
 
+// The sources of a weighted data mix (data.weights): a pattern that is one brace group
+// "{A,B,...}" from its first to its last character has the sources A, B, ... (each a pattern of
+// its own, nested braces and globs kept); any other pattern is one source, itself.
+// INVALID_ARGUMENT for an unmatched brace.
+absl::StatusOr<std::vector<std::string>> SplitDataSources(const std::string& pattern);
+
 // Opens `path` for a job: PERMISSION_DENIED (as CheckAllowedPath) unless it resolves inside
 // `roots` (empty: any path), then opens the resolved path one component at a time with
 // O_NOFOLLOW, so a link swapped in after the check is refused (ELOOP) rather than followed out

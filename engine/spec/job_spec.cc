@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <string>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_replace.h"
 #include "engine/backend/attention_choice.h"
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 #include "engine/spec/toml_text.h"
 
 namespace ithaca {
@@ -301,6 +303,37 @@ Codec FloatOrNode(Get get) {
   return c;
 }
 
+// An array of finite numbers (integers accepted), at most kMaxDataSources of them.
+template <typename Get>
+Codec FloatList(Get get) {
+  return {"an array of numbers",
+          [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+            if (!n.is_array()) return r.WrongType(n, path, "an array of numbers");
+            const toml::array& a = *n.as_array();
+            RETURN_IF_ERROR(r.Require(a.size() <= kMaxDataSources, path,
+                                      absl::StrCat("at most ", kMaxDataSources,
+                                                   " numbers, got ", a.size())));
+            std::vector<double> v;
+            for (const toml::node& e : a) {
+              if (e.is_integer()) {
+                v.push_back(static_cast<double>(e.as_integer()->get()));
+              } else if (e.is_floating_point()) {
+                v.push_back(e.as_floating_point()->get());
+              } else {
+                return r.WrongType(e, path, "an array of numbers");
+              }
+              RETURN_IF_ERROR(r.Require(std::isfinite(v.back()), path, "must be finite numbers"));
+            }
+            *get(s) = std::move(v);
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) {
+            std::vector<std::string> parts;
+            for (double d : *get(s)) parts.push_back(FormatDouble(d));
+            return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+          }};
+}
+
 template <typename Get>
 Codec Bool(Get get) {
   return {"a boolean",
@@ -463,6 +496,10 @@ const std::vector<Key>& Keys() {
       {"data.path", Str(FIELD(data.path)),
        "Token file(s) to train on, or a glob (`shards/*.tok`, `{a.tok,b.tok}`). Required unless "
        "`training.steps = 0`."},
+      {"data.weights", FloatList(FIELD(data.weights)),
+       "A weighted mix of sources: `data.path` is one brace group `{A,B,...}` (each source a "
+       "file, glob or group) and source i gets weights[i] / sum of the samples, exactly (a "
+       "fixed interleave, resumable); at most 3 decimals each. Empty: one source."},
       {"data.seq_len", Int(FIELD(data.seq_len)), "Tokens per sample: the context length S."},
       {"data.micro_batch", Int(FIELD(data.micro_batch)), "Samples per micro-step."},
       {"data.shuffle", Bool(FIELD(data.shuffle)),
@@ -615,6 +652,40 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> DataMixSlots(const std::vector<double>& weights) {
+  std::vector<int64_t> slots;
+  int64_t g = 0;
+  for (double w : weights) {
+    const double milli = w * 1000;
+    if (!(w > 0) || !(milli < 1e15)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("must be positive numbers, got ", FormatDouble(w)));
+    }
+    const int64_t m = static_cast<int64_t>(std::llround(milli));
+    if (m < 1 || std::abs(milli - static_cast<double>(m)) > 1e-6 * std::max(1.0, milli)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "at most 3 decimals each (the mix is exact in whole samples), got ", FormatDouble(w)));
+    }
+    slots.push_back(m);
+    g = std::gcd(g, m);
+  }
+  int64_t period = 0;
+  for (int64_t& m : slots) {
+    m /= g;
+    period += m;
+    if (period > kMaxDataMixPeriod) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the mix repeats only every ", period, "+ samples (at most ", kMaxDataMixPeriod,
+          "): use weights with fewer digits, such as [7, 3] rather than [0.701, 0.299]"));
+    }
+  }
+  return slots;
+}
+
+namespace {
+
 absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(!s.name.empty(), "name", "must not be empty"));
   // Every value is range-checked here, before any arithmetic or planning uses it: admission runs
@@ -631,6 +702,19 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   const bool eval_only = s.training.steps == 0;
   RETURN_IF_ERROR(r.Require(!s.data.path.empty() || eval_only, "data.path",
                             "required: the token file to train on (see ithaca-tokenize)"));
+  if (!s.data.weights.empty()) {
+    absl::StatusOr<std::vector<int64_t>> slots = DataMixSlots(s.data.weights);
+    if (!slots.ok()) return r.Error("data.weights", std::string(slots.status().message()));
+    absl::StatusOr<std::vector<std::string>> sources = SplitDataSources(s.data.path);
+    RETURN_IF_ERROR(r.Require(sources.ok(), "data.path",
+                              sources.ok() ? "" : std::string(sources.status().message())));
+    RETURN_IF_ERROR(r.Require(
+        sources->size() == s.data.weights.size(), "data.weights",
+        absl::StrCat(s.data.weights.size(), " weights for ", sources->size(),
+                     sources->size() == 1 ? " source" : " sources",
+                     ": data.path must be one brace group with a source per weight, "
+                     "\"{web/*.tok,code/*.tok}\" for weights = [3, 1]")));
+  }
   RETURN_IF_ERROR(
       r.Require(s.data.seq_len >= 2 && s.data.seq_len <= kMaxSeqLen, "data.seq_len",
                 absl::StrCat("must be in [2, ", kMaxSeqLen, "], got ", s.data.seq_len)));

@@ -46,6 +46,11 @@ struct JobSpec {
     // SFT: only the tokens the token file's loss mask marks are trained (the file must have
     // one: ithaca-tokenize --sft). The loss is the mean over the trained tokens of the step.
     bool loss_mask = false;
+    // A weighted mix: data.path is one brace group "{A,B,...}" and source i (A, B, ...: each a
+    // file, glob or group of its own) gets weights[i] / sum of the samples, exactly: a fixed
+    // interleave repeating every DataMixSlots period (engine/train/token_file.h). Empty: no mix
+    // (data.path is one source, its files' windows shuffled together).
+    std::vector<double> weights;
   } data;
 
   struct Training {
@@ -151,6 +156,16 @@ inline constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
 inline constexpr int64_t kMaxStepTokens = int64_t{1} << 32;  // a step's samples: 16 GiB of ids
 inline constexpr int64_t kMaxWorld = 65536;
 inline constexpr int64_t kMaxEvalBatches = int64_t{1} << 20;
+// data.weights: at most this many sources, and a mix period of at most kMaxDataMixPeriod samples.
+inline constexpr size_t kMaxDataSources = 256;
+inline constexpr int64_t kMaxDataMixPeriod = int64_t{1} << 20;
+
+// data.weights as whole samples per period: each weight (with at most 3 decimals) × 1000,
+// divided by their greatest common divisor ([0.7, 0.3] → [7, 3]; [3, 1] → [3, 1]). Over every
+// period (their sum) of consecutive samples, source i serves exactly slots[i].
+// INVALID_ARGUMENT (naming data.weights) for a weight that is not positive, has more decimals,
+// or a period over kMaxDataMixPeriod.
+absl::StatusOr<std::vector<int64_t>> DataMixSlots(const std::vector<double>& weights);
 inline constexpr size_t kMaxSpecStringBytes = 4096;  // every string value (paths: PATH_MAX)
 
 // Parses TOML text; `source` names the file in error messages.

@@ -205,7 +205,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 53);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
+  EXPECT_EQ(keys, 54);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -456,6 +456,40 @@ TEST(JobSpecTest, EvaluationOnlyJob) {
   ExpectError(ParseError("[training]\nlr = 0\n[eval]\npath = \"v\"\n"),
               "job.toml: data.path: "
               "required");
+}
+
+// data.weights: one weight per alternative of data.path's brace group, exact in whole samples.
+TEST(JobSpecTest, DataWeightsNameTheSourcesOfTheBraceGroup) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[data]\npath = \"{web/*.tok,code/{a,b}.tok}\"\nweights = [0.7, 0.3]\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->data.weights, (std::vector<double>{0.7, 0.3}));
+  EXPECT_EQ(*DataMixSlots(s->data.weights), (std::vector<int64_t>{7, 3}));
+  EXPECT_EQ(*DataMixSlots({3, 1}), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(*DataMixSlots({0.25, 0.25, 0.5}), (std::vector<int64_t>{1, 1, 2}));
+  absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToToml(*s), "roundtrip.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data.weights, s->data.weights);
+  EXPECT_TRUE(ParseJobSpec("[data]\npath = \"d\"\n")->data.weights.empty());
+  for (const auto& [toml, error] : std::vector<std::pair<std::string, std::string>>{
+           {"path = \"{a.tok,b.tok,c.tok}\"\nweights = [1, 2]",
+            "job.toml: data.weights: 2 weights for 3 sources: data.path must be one brace group "
+            "with a source per weight"},
+           {"path = \"d/{a,b}.tok\"\nweights = [1, 2]",
+            "job.toml: data.weights: 2 weights for 1 source"},
+           {"path = \"{a.tok,b.tok}\"\nweights = [1, 0]",
+            "job.toml: data.weights: must be positive numbers, got 0"},
+           {"path = \"{a.tok,b.tok}\"\nweights = [0.12345, 1]",
+            "job.toml: data.weights: at most 3 decimals each"},
+           {"path = \"{a.tok,b.tok}\"\nweights = [1, \"x\"]",
+            "job.toml: data.weights: must be an array of numbers, got string"},
+           {"path = \"{a.tok,b.tok}\"\nweights = [999999.5, 1]",
+            "job.toml: data.weights: the mix repeats only every"},
+       }) {
+    absl::StatusOr<JobSpec> bad = ParseJobSpec("[data]\n" + toml + "\n");
+    ASSERT_FALSE(bad.ok()) << toml;
+    EXPECT_NE(bad.status().message().find(error), std::string::npos) << bad.status();
+  }
 }
 
 TEST(JobSpecTest, RetryPolicyDefaultsToNoRestartAndRoundTrips) {

@@ -508,6 +508,76 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
   return loader;
 }
 
+absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::CreateMix(
+    std::vector<std::vector<std::unique_ptr<TokenFile>>> sources,
+    const std::vector<int64_t>& slots, int64_t seq_len, int64_t model_vocab,
+    const DataOptions& options) {
+  if (sources.empty() || sources.size() != slots.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("data.weights: ", slots.size(),
+                                                   " weights for ", sources.size(), " sources"));
+  }
+  int64_t period = 0;
+  for (int64_t n : slots) {
+    if (n < 1) return absl::InvalidArgumentError("data.weights: a source has no slot");
+    period += n;
+  }
+  auto loader = std::unique_ptr<DataLoader>(new DataLoader());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    DataOptions o = options;
+    o.seed = SplitMix64(options.seed ^ SplitMix64(0x6d6978ULL + i));  // "mix" + i
+    ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> source,
+                     Create(std::move(sources[i]), seq_len, model_vocab, o));
+    const TokenFile& a = loader->mix_.empty() ? source->file(0) : loader->mix_[0]->file(0);
+    const TokenFile& b = source->file(0);
+    if (a.fingerprint() != b.fingerprint() || a.vocab_size() != b.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          b.path(), " (data.path's source ", i + 1, "): made with tokenizer ",
+          FingerprintHex(b.fingerprint()), " (vocab_size ", b.vocab_size(), ") but ", a.path(),
+          " with ", FingerprintHex(a.fingerprint()), " (vocab_size ", a.vocab_size(),
+          "): the sources of a mix must share one tokenizer"));
+    }
+    for (const std::string& w : source->warnings()) {
+      if (std::find(loader->warnings_.begin(), loader->warnings_.end(), w) ==
+          loader->warnings_.end()) {
+        loader->warnings_.push_back(w);
+      }
+    }
+    loader->first_file_.push_back(loader->all_files_.size());
+    for (size_t f = 0; f < source->files_.size(); ++f) {
+      loader->all_files_.push_back(source->files_[f].get());
+    }
+    loader->samples_per_epoch_ += source->samples_per_epoch();
+    loader->mix_.push_back(std::move(source));
+  }
+  // Smooth weighted round robin over one period: every slot, each source's credit grows by its
+  // share and the one with the most credit (the lowest index among equals) takes the slot and
+  // pays the period; over the period source i takes exactly slots[i] slots.
+  std::vector<int64_t> credit(slots.size(), 0), taken(slots.size(), 0);
+  for (int64_t slot = 0; slot < period; ++slot) {
+    size_t best = 0;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      credit[i] += slots[i];
+      if (credit[i] > credit[best]) best = i;
+    }
+    credit[best] -= period;
+    loader->slot_source_.push_back(static_cast<uint32_t>(best));
+    loader->slot_rank_.push_back(static_cast<uint32_t>(taken[best]++));
+  }
+  loader->mix_slots_ = slots;
+  loader->seq_len_ = seq_len;
+  loader->options_ = options;
+  loader->seed_ = options.seed;
+  return loader;
+}
+
+std::pair<size_t, int64_t> DataLoader::SourceFor(int64_t position) const {
+  if (mix_.empty()) return {0, position};
+  const int64_t period = static_cast<int64_t>(slot_source_.size());
+  const int64_t cycle = position / period, slot = position % period;
+  const size_t source = slot_source_[slot];
+  return {source, cycle * mix_slots_[source] + slot_rank_[slot]};
+}
+
 int64_t DataLoader::WindowFor(int64_t position) const {
   const int64_t n = samples_per_epoch_;
   int64_t epoch = position / n, index = position % n;
@@ -518,6 +588,12 @@ int64_t DataLoader::WindowFor(int64_t position) const {
 
 void DataLoader::Read(int64_t position, int32_t* inputs, int32_t* labels,
                       std::vector<int64_t>* doc_starts, size_t* file, int64_t* offset) const {
+  if (!mix_.empty()) {
+    const auto [source, index] = SourceFor(position);
+    mix_[source]->Read(index, inputs, labels, doc_starts, file, offset);
+    *file += first_file_[source];
+    return;
+  }
   const int64_t window = WindowFor(position);
   // The file holding the window: the last whose first window is <= it.
   *file = std::upper_bound(first_window_.begin(), first_window_.end() - 1, window) -

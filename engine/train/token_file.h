@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -164,6 +165,23 @@ class DataLoader {
   static absl::StatusOr<std::unique_ptr<DataLoader>> Create(std::unique_ptr<TokenFile> file,
                                                             int64_t seq_len, int64_t model_vocab,
                                                             const DataOptions& options = {});
+  // A weighted mix (data.weights): source i (its files, with their own windows and shuffle, seeded
+  // from options.seed and i) serves slots[i] of every period = sum(slots) consecutive samples,
+  // exactly. Within a period the sources take turns in smooth weighted round-robin order (each
+  // slot goes to the source furthest behind its share; ties to the lower index), so [3, 1]
+  // serves A A B A | A A B A ...; sample `position` is sample (position / period) × slots[s]
+  // + (its rank among s's slots of the period) of its source s. A pure function of position, so
+  // a resumed run (position from the checkpoint) sees the same samples. The sources must share
+  // one tokenizer; each is checked as Create checks its files.
+  static absl::StatusOr<std::unique_ptr<DataLoader>> CreateMix(
+      std::vector<std::vector<std::unique_ptr<TokenFile>>> sources,
+      const std::vector<int64_t>& slots, int64_t seq_len, int64_t model_vocab,
+      const DataOptions& options = {});
+  // The source and its sample index that mix sample `position` reads ({0, position} without a
+  // mix; exposed for tests).
+  std::pair<size_t, int64_t> SourceFor(int64_t position) const;
+  size_t num_sources() const { return mix_.empty() ? 1 : mix_.size(); }
+
   // Fills inputs[seq_len] and labels[seq_len] with the next sample (ignored labels are -1).
   void Next(int32_t* inputs, int32_t* labels);
   // The labels that sample `position` trains (those not ignored), without serving it: the
@@ -174,12 +192,12 @@ class DataLoader {
   int64_t seq_len() const { return seq_len_; }
   int64_t samples_per_epoch() const { return samples_per_epoch_; }
   // The files, in the order their windows are numbered (i < the number of files).
-  const TokenFile& file(size_t i) const { return *files_[i]; }
+  const TokenFile& file(size_t i) const { return mix_.empty() ? *files_[i] : *all_files_[i]; }
   // Things worth saying that are not errors (a byte-level file for a large-vocabulary model).
   const std::vector<std::string>& warnings() const { return warnings_; }
 
   // The last sample Next served: its file and the offset of inputs[0] in that file.
-  const TokenFile& sample_file() const { return *files_[sample_file_]; }
+  const TokenFile& sample_file() const { return file(sample_file_); }
   int64_t sample_offset() const { return sample_offset_; }
   // Positions i in [0, seq_len) where inputs[i] is a document's first token, ascending (for
   // document masks). Empty for a version 1 file, which has no document index, unless
@@ -206,6 +224,14 @@ class DataLoader {
   size_t sample_file_ = 0;
   int64_t sample_offset_ = 0;
   std::vector<int64_t> sample_doc_starts_;
+  // A mix: its sources' loaders, every file of them in order (file(i)) and where each source's
+  // files begin there; per slot of one period, its source and its rank among that source's
+  // slots.
+  std::vector<std::unique_ptr<DataLoader>> mix_;
+  std::vector<const TokenFile*> all_files_;
+  std::vector<size_t> first_file_;
+  std::vector<int64_t> mix_slots_;
+  std::vector<uint32_t> slot_source_, slot_rank_;
 };
 
 }  // namespace ithaca

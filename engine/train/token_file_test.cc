@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <map>
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -660,6 +662,123 @@ TEST(DataLoaderTest, NoFileLongEnough) {
   ASSERT_FALSE(l.ok());
   EXPECT_NE(std::string(l.status().message())
                 .find("and 2 more files: no file holds one sample of seq_len + 1 = 21 tokens"),
+            std::string::npos)
+      << l.status();
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// One source of a mix: a file whose tokens are 1000·source + index (so a sample names its
+// source), `windows` windows of seq_len 4.
+std::vector<std::unique_ptr<TokenFile>> MixSource(int source, int windows) {
+  std::vector<uint32_t> t(windows * 4 + 1);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = 1000 * source + static_cast<uint32_t>(i);
+  TokenFileMeta m;
+  m.vocab_size = 4000;
+  m.doc_starts = {0};
+  const std::string path = TmpPath(absl::StrCat("mix", source, "-", windows, ".tok"));
+  EXPECT_TRUE(WriteTokenFileV2(path, t, m).ok());
+  std::vector<std::unique_ptr<TokenFile>> files;
+  files.push_back(OpenOrDie(path));
+  return files;
+}
+
+std::unique_ptr<DataLoader> Mix(const std::vector<int64_t>& slots,
+                                const std::vector<int>& windows) {
+  std::vector<std::vector<std::unique_ptr<TokenFile>>> sources;
+  for (size_t i = 0; i < slots.size(); ++i) sources.push_back(MixSource(i, windows[i]));
+  DataOptions o;
+  o.seed = 7;
+  auto l = DataLoader::CreateMix(std::move(sources), slots, 4, 4000, o);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return l.ok() ? std::move(*l) : nullptr;
+}
+
+// data.weights: the proportions hold exactly over every period and within one sample over every
+// prefix (a fixed interleave, not random drift); each source still visits all of its windows
+// once per its own epoch.
+TEST(DataMixTest, ProportionsAreExactAndInterleaved) {
+  auto l = Mix({3, 1}, {50, 7});
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->num_sources(), 2u);
+  int32_t in[4], lab[4];
+  std::string order;
+  int64_t count[2] = {0, 0};
+  std::map<int32_t, int> seen_b;  // source B's windows by their first token
+  for (int64_t n = 1; n <= 4000; ++n) {
+    l->Next(in, lab);
+    const int source = in[0] / 1000;
+    ASSERT_TRUE(source == 0 || source == 1) << in[0];
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(lab[i], in[i] + 1);
+    EXPECT_EQ(l->sample_file().path(), TmpPath(source == 0 ? "mix0-50.tok" : "mix1-7.tok"));
+    ++count[source];
+    if (n <= 8) order += source == 0 ? 'A' : 'B';
+    if (source == 1 && count[1] <= 7) ++seen_b[in[0]];
+    // Every prefix is within one sample of its share.
+    EXPECT_LT(std::abs(count[0] - 0.75 * n), 1.0) << n;
+    if (n % 4 == 0) EXPECT_EQ(count[0], 3 * n / 4) << n;
+  }
+  EXPECT_EQ(order, "AABAAABA");
+  EXPECT_EQ(count[0], 3000);
+  EXPECT_EQ(count[1], 1000);
+  EXPECT_EQ(seen_b.size(), 7u) << "source B's first epoch visits each of its windows once";
+  // Three sources, [5, 3, 2] (data.weights = [0.5, 0.3, 0.2]): exact over each period of 10.
+  auto three = Mix({5, 3, 2}, {20, 20, 20});
+  ASSERT_TRUE(three);
+  int64_t c3[3] = {0, 0, 0};
+  for (int n = 1; n <= 1000; ++n) {
+    three->Next(in, lab);
+    ++c3[in[0] / 1000];
+    if (n % 10 == 0) {
+      EXPECT_EQ(c3[0], n / 2);
+      EXPECT_EQ(c3[1], 3 * n / 10);
+      EXPECT_EQ(c3[2], n / 5);
+    }
+  }
+}
+
+// A run resumed at any position (the checkpoint's data_position) serves exactly the samples
+// the uninterrupted run served from there.
+TEST(DataMixTest, ResumeAtAnyPositionServesTheSameSamples) {
+  auto whole = Mix({7, 3}, {13, 5});
+  ASSERT_TRUE(whole);
+  std::vector<std::vector<int32_t>> served;
+  std::vector<std::pair<std::string, int64_t>> where;
+  int32_t in[4], lab[4];
+  for (int n = 0; n < 200; ++n) {
+    whole->Next(in, lab);
+    served.emplace_back(in, in + 4);
+    where.emplace_back(whole->sample_file().path(), whole->sample_offset());
+  }
+  for (int64_t at : {0, 1, 9, 10, 37, 199}) {
+    auto resumed = Mix({7, 3}, {13, 5});
+    ASSERT_TRUE(resumed);
+    resumed->set_position(at);
+    for (int64_t n = at; n < 200; ++n) {
+      resumed->Next(in, lab);
+      ASSERT_EQ(std::vector<int32_t>(in, in + 4), served[n]) << "resumed at " << at << ", " << n;
+      ASSERT_EQ(std::make_pair(resumed->sample_file().path(), resumed->sample_offset()), where[n]);
+    }
+    EXPECT_EQ(resumed->position(), 200);
+  }
+}
+
+TEST(DataMixTest, SourcesOfAnotherTokenizerAreRefused) {
+  std::vector<std::vector<std::unique_ptr<TokenFile>>> sources;
+  sources.push_back(MixSource(0, 5));
+  std::vector<uint32_t> t(21, 3);
+  const std::string other = TmpPath("mix-other.tok");
+  ASSERT_TRUE(WriteTokenFile(other, t, 300).ok());
+  std::vector<std::unique_ptr<TokenFile>> files;
+  files.push_back(OpenOrDie(other));
+  sources.push_back(std::move(files));
+  auto l = DataLoader::CreateMix(std::move(sources), {1, 1}, 4, 4000);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("the sources of a mix must share one tokenizer"),
             std::string::npos)
       << l.status();
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/core/path_policy.h"
 #include "engine/core/file_util.h"
 #include "engine/model/weights.h"
 #include "engine/train/export.h"
@@ -179,11 +180,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   // An evaluation-only job may name no training data; when it does, the data is checked all
   // the same (and the eval data against it).
   if (!spec.data.path.empty()) {
-    ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(spec.data.path));
-    std::vector<std::unique_ptr<TokenFile>> files;
-    for (const std::string& p : paths) {
-      ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
-      files.push_back(std::move(f));
+    // One source, or with data.weights one per alternative of data.path's brace group.
+    std::vector<std::string> patterns = {spec.data.path};
+    if (!spec.data.weights.empty()) {
+      ASSIGN_OR_RETURN(patterns, SplitDataSources(spec.data.path));
+    }
+    std::vector<std::vector<std::unique_ptr<TokenFile>>> sources;
+    for (const std::string& pattern : patterns) {
+      ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(pattern));
+      std::vector<std::unique_ptr<TokenFile>> files;
+      for (const std::string& p : paths) {
+        ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
+        files.push_back(std::move(f));
+      }
+      sources.push_back(std::move(files));
     }
     DataOptions data_options;
     data_options.shuffle = spec.data.shuffle;
@@ -192,8 +202,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     data_options.document_mask = spec.data.document_mask;
     data_options.loss_mask = spec.data.loss_mask;
     data_options.bos_id = static_cast<int32_t>(t->cfg_.bos_token_id);
-    ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(files), spec.data.seq_len,
-                                                  t->cfg_.vocab_size, data_options));
+    if (spec.data.weights.empty()) {
+      ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(sources[0]), spec.data.seq_len,
+                                                    t->cfg_.vocab_size, data_options));
+    } else {
+      ASSIGN_OR_RETURN(std::vector<int64_t> slots, DataMixSlots(spec.data.weights));
+      ASSIGN_OR_RETURN(t->data_,
+                       DataLoader::CreateMix(std::move(sources), slots, spec.data.seq_len,
+                                             t->cfg_.vocab_size, data_options));
+    }
     if (t->rank_ == 0) {
       for (const std::string& w : t->data_->warnings()) std::printf("warning: %s\n", w.c_str());
     }

@@ -113,6 +113,51 @@ TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
   }
 }
 
+// data.weights: a mix of two sources (the corpus's halves) trains, and a run interrupted and
+// resumed from its checkpoint (its data position) sees the same samples: the same losses.
+TEST(TrainerTest, AWeightedMixResumesExactly) {
+  const std::string dir = TmpDir("mix");
+  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  ASSERT_TRUE(text.ok());
+  const size_t half = text->size() / 2;
+  ASSERT_TRUE(WriteTokenFile(dir + "/a.tok", ByteTokenize(text->substr(0, half)), kByteVocab).ok());
+  ASSERT_TRUE(WriteTokenFile(dir + "/b.tok", ByteTokenize(text->substr(half)), kByteVocab).ok());
+  JobSpec spec = SmallSpec(dir);
+  spec.data.path = "{" + dir + "/a.tok," + dir + "/b.tok}";
+  spec.data.weights = {3, 1};
+  spec.training.steps = 8;
+  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  CpuOps ops;
+  HostAllocator alloc;
+  spec.checkpoint.dir = dir + "/straight";
+  auto a = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<double> straight = Losses(**a);
+  ASSERT_EQ(straight.size(), 8u);
+  // Not the unmixed run: the mix changes what is trained on.
+  JobSpec plain = SmallSpec(dir);
+  plain.data.path = dir + "/a.tok";
+  plain.training.steps = 8;
+  plain.memory.checkpoint = CheckpointPolicy::kNone;
+  auto p = Trainer::Create(Resolved(plain), &ops, &alloc);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NE(Losses(**p), straight);
+
+  spec.checkpoint.dir = dir + "/interrupted";
+  spec.checkpoint.every = 3;
+  auto b1 = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  std::vector<double> first = Losses(**b1, /*stop=*/4);  // checkpoint at 3, "crash" after 4
+  b1->reset();
+  auto b2 = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(b2.ok()) << b2.status();
+  EXPECT_EQ((*b2)->state().step, 3);
+  std::vector<double> rest = Losses(**b2);
+  ASSERT_EQ(rest.size(), 5u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i + 1;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(rest[i], straight[3 + i]) << "step " << 4 + i;
+}
+
 // Resubmitting a spec whose checkpoint.dir holds its finished run trained nothing and
 // succeeded; now it is an error that says so and what to change. A relaunch of the same run
 // (the same run id, as ithacad's workers pass) may still resume there, and raising
