@@ -64,28 +64,6 @@ double ModelFlopsPerSample(const LlamaConfig& c, int64_t seq_len,
   return 6.0 * n * double(seq_len) + 6.0 * c.num_hidden_layers * pairs * c.num_attention_heads * D;
 }
 
-std::string ModelSourceDir(const JobSpec& spec) {
-  if (!spec.model.config.empty()) {
-    size_t slash = spec.model.config.rfind('/');
-    return slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
-  }
-  if (!spec.model.weights.empty()) {
-    struct stat st;
-    const std::string& w = spec.model.weights;
-    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return w;
-    size_t slash = w.rfind('/');
-    return slash == std::string::npos ? "." : w.substr(0, slash);
-  }
-  return "";
-}
-
-std::string ModelTokenizerJson(const JobSpec& spec) {
-  const std::string dir = ModelSourceDir(spec);
-  if (dir.empty()) return "";
-  std::string json = dir + "/tokenizer.json";
-  return PathExists(json) ? json : "";
-}
-
 namespace {
 
 // ModelSourceDir, absolute: what the checkpoint records for ithaca-export.
@@ -178,25 +156,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.overlap = spec.memory.overlap;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
 
-  const std::string tokenizer_json = ModelTokenizerJson(spec);
   // An evaluation-only job may name no training data; when it does, the data is checked all
   // the same (and the eval data against it).
   if (!spec.data.path.empty()) {
-    ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(spec.data.path));
-    std::vector<std::unique_ptr<TokenFile>> files;
-    for (const std::string& p : paths) {
-      ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
-      files.push_back(std::move(f));
-    }
-    DataOptions data_options;
-    data_options.shuffle = spec.data.shuffle;
-    data_options.seed = spec.training.seed;
-    data_options.tokenizer_json = tokenizer_json;
-    data_options.document_mask = spec.data.document_mask;
-    data_options.loss_mask = spec.data.loss_mask;
-    data_options.bos_id = static_cast<int32_t>(t->cfg_.bos_token_id);
-    ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(files), spec.data.seq_len,
-                                                  t->cfg_.vocab_size, data_options));
+    ASSIGN_OR_RETURN(t->data_, OpenTrainingData(spec, t->cfg_));
     if (t->rank_ == 0) {
       for (const std::string& w : t->data_->warnings()) std::printf("warning: %s\n", w.c_str());
     }
@@ -206,7 +169,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   if (!spec.eval.path.empty()) {
     ASSIGN_OR_RETURN(t->evaluator_,
                      Evaluator::Create(spec, t->model_.get(), comm, t->dp_, t->dp_rank_,
-                                       tokenizer_json, t->data_ ? &t->data_->file(0) : nullptr));
+                                       t->data_ ? &t->data_->file(0) : nullptr));
     if (t->rank_ == 0) {
       for (const std::string& w : t->evaluator_->warnings()) {
         std::printf("warning: %s\n", w.c_str());
