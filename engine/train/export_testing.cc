@@ -4,7 +4,7 @@
 #include "engine/core/file_util.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/config.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/token_file.h"
 #include "engine/train/trainer.h"
 

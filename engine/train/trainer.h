@@ -78,7 +78,7 @@ std::string ModelTokenizerJson(const JobSpec& spec);
 
 class Trainer {
  public:
-  // `spec` must be resolved (engine/spec/resolve.h ResolveJob; CheckResolved), for the dtype
+  // `spec` must be resolved (engine/plan/resolve.h ResolveJob; CheckResolved), for the dtype
   // `ops` computes in. `comm` spans the job's ranks (spec.parallel.world of them); nullptr means
   // a single rank. `run_id` names the run (ithaca-worker under ithacad: the daemon and the job)
   // and is saved in its checkpoints: a relaunch of the same run may resume at its last step

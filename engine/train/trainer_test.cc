@@ -11,7 +11,7 @@
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/plan/planner.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {

@@ -11,7 +11,7 @@
 #include "engine/backend/cuda/cuda_test_util.h"
 #include "engine/core/file_util.h"
 #include "engine/train/token_file.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 

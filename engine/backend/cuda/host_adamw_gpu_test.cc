@@ -9,7 +9,7 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cuda_test_util.h"
 #include "engine/core/file_util.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/host_adamw.h"
 #include "engine/train/token_file.h"
 #include "engine/train/trainer.h"
