@@ -41,7 +41,7 @@ sources_job_spec=(engine/spec/job_spec.cc engine/model/config.cc engine/backend/
   engine/spec/checkpoint_policy.cc engine/spec/toml_text.cc engine/backend/attention_choice.cc)
 sources_config_json=(engine/model/config.cc engine/backend/rope.cc)
 sources_safetensors=(engine/model/safetensors.cc)
-sources_token_file=(engine/train/token_file.cc engine/core/path_policy.cc)
+sources_token_file=(engine/data/token_file.cc engine/core/path_policy.cc)
 sources_data_pattern=(engine/core/path_policy.cc)
 sources_utf8=(engine/core/utf8.cc)
 

@@ -8,7 +8,7 @@
 #include "engine/plan/budgets.h"
 #include "engine/spec/job_spec.h"
 #include "engine/plan/resolve.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 namespace ithaca {
 namespace {

@@ -33,7 +33,7 @@ struct JobSpec {
   } model;
 
   struct Data {
-    std::string path;       // token file(s) (engine/train/token_file.h), or a glob ("shards/*.tok",
+    std::string path;       // token file(s) (engine/data/token_file.h), or a glob ("shards/*.tok",
                             // "{a.tok,b.tok}"); required
     int64_t seq_len = 256;  // tokens per sample (the context length S)
     int64_t micro_batch = 1;  // samples per micro-step

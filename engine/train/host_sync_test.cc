@@ -267,7 +267,7 @@ absl::Status TrainAndCheck(int rank, const Layout& layout, const std::string& to
 // OpenMP CPU kernels, so forking stays safe.
 void RunLayout(const std::string& name, const Layout& layout) {
   testing::TempDir dir;
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   ASSERT_TRUE(text.ok()) << text.status();
   const std::string tokens = dir.path() + "/corpus.tok";
   ASSERT_TRUE(WriteTokenFile(tokens, ByteTokenize(*text), kByteVocab).ok());

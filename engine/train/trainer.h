@@ -14,12 +14,12 @@
 #include "engine/memory/allocator.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/distributed_checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/train/evaluator.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace ithaca {
 
