@@ -5,8 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "engine/plan/planner.h"
-#include "engine/train/job_inputs.h"
-#include "engine/train/token_file.h"
+#include "engine/data/job_inputs.h"
+#include "engine/data/token_file.h"
 #include "engine/core/path_policy.h"
 
 namespace ithaca {

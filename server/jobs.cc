@@ -9,7 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/admission.h"

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace ithaca {
 

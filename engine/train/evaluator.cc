@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "engine/train/job_inputs.h"
+#include "engine/data/job_inputs.h"
 
 namespace ithaca {
 

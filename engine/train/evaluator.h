@@ -18,7 +18,7 @@
 #include "engine/core/status.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace ithaca {
 
@@ -40,7 +40,7 @@ std::string FormatEvalLine(const EvalReport& r);
 
 class Evaluator {
  public:
-  // Opens spec.eval.path with OpenEvalData (engine/train/job_inputs.h: data.path's checks, the
+  // Opens spec.eval.path with OpenEvalData (engine/data/job_inputs.h: data.path's checks, the
   // training data's tokenizer when the job trains, `training_file` being its data's first file,
   // and the windows one evaluation reads). `model` and `world` must outlive the evaluator; `dp`
   // and `dp_rank` are the data-parallel replicas and this rank's.

@@ -12,7 +12,7 @@
 
 #include "engine/core/file_util.h"
 #include "engine/model/weights.h"
-#include "engine/train/export.h"
+#include "engine/checkpoint/export.h"
 #include "engine/train/lr_schedule.h"
 
 namespace ithaca {
@@ -337,7 +337,7 @@ absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
 absl::StatusOr<CheckpointSaveReport> Trainer::SaveCheckpointNow() {
   if (spec_.checkpoint.dir.empty()) return CheckpointSaveReport();
   // Every rank writes its share of the files, each tensor as its unit arrives, so its host never
-  // holds more than one unit's tensors of one kind (engine/train/distributed_checkpoint.h).
+  // holds more than one unit's tensors of one kind (engine/checkpoint/distributed_checkpoint.h).
   ASSIGN_OR_RETURN(CheckpointSaveReport r,
                    SaveCheckpointTogether(spec_.checkpoint.dir, model_.get(), *optimizer_, state_,
                                           comm_, spec_.checkpoint.keep));

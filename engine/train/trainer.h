@@ -14,13 +14,13 @@
 #include "engine/memory/allocator.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/distributed_checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/train/evaluator.h"
-#include "engine/train/job_inputs.h"
+#include "engine/data/job_inputs.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace ithaca {
 
@@ -71,7 +71,7 @@ double ModelFlopsPerSample(const LlamaConfig& cfg, int64_t seq_len,
 
 class Trainer {
  public:
-  // `spec` must be resolved (engine/spec/resolve.h ResolveJob; CheckResolved), for the dtype
+  // `spec` must be resolved (engine/plan/resolve.h ResolveJob; CheckResolved), for the dtype
   // `ops` computes in. `comm` spans the job's ranks (spec.parallel.world of them); nullptr means
   // a single rank. `run_id` names the run (ithaca-worker under ithacad: the daemon and the job)
   // and is saved in its checkpoints: a relaunch of the same run may resume at its last step

@@ -11,7 +11,7 @@
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/plan/planner.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
@@ -24,7 +24,7 @@ std::string TmpDir(const std::string& name) {
 }
 
 std::string CorpusTokens(const std::string& dir) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   const std::string path = dir + "/corpus.tok";
   EXPECT_TRUE(WriteTokenFile(path, ByteTokenize(*text), kByteVocab).ok());
@@ -186,7 +186,7 @@ TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
 // SFT data: each sentence of the corpus a document (BOS and its bytes), its first half a prompt
 // (loss mask 0) and the rest a completion (mask 1); `all_masked` masks every token.
 std::string SftTokens(const std::string& dir, bool all_masked = false) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   std::vector<uint32_t> tokens;
   TokenFileMeta meta = ByteTokenMeta(tokens);
@@ -278,7 +278,7 @@ TEST(TrainerTest, AStepWhoseLabelsAreAllMaskedIsAClearError) {
 // files it accepts.
 TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
   const std::string dir = TmpDir("shards");
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   ASSERT_TRUE(text.ok());
   std::vector<uint32_t> tokens = ByteTokenize(*text);
   const size_t half = tokens.size() / 2;
@@ -300,7 +300,7 @@ TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
   auto cfg = PresetConfig("tiny");
   ASSERT_TRUE(cfg.ok());
   ASSERT_TRUE(WriteFileAtomic(model + "/config.json", ConfigToJson(*cfg)).ok());
-  auto tokenizer = ReadFileToString("engine/train/testdata/bpe/tokenizer.json");
+  auto tokenizer = ReadFileToString("engine/data/testdata/bpe/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok());
   ASSERT_TRUE(WriteFileAtomic(model + "/tokenizer.json", *tokenizer).ok());
   spec.model.config = model + "/config.json";

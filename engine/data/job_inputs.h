@@ -10,7 +10,7 @@
 
 #include "engine/model/config.h"
 #include "engine/spec/job_spec.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace ithaca {
 

@@ -1,4 +1,4 @@
-#include "engine/train/job_inputs.h"
+#include "engine/data/job_inputs.h"
 
 #include <sys/stat.h>
 
