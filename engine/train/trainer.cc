@@ -51,14 +51,18 @@ double ModelFlopsPerSample(const LlamaConfig& c, int64_t seq_len,
   const double per_layer = d * D * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) +
                            3.0 * d * c.intermediate_size;
   const double n = c.num_hidden_layers * per_layer + double(c.vocab_size) * d;
-  double pairs = 0;  // Σ n_d²: the (causal) attention squares computed
+  // A document of n tokens computes n² "pairs" in this convention (twice its causal triangle);
+  // under a sliding window of W < n keys, twice the W·n − W(W−1)/2 keys its queries see.
+  const double W = double(c.sliding_window);
+  auto pairs_of = [W](double n) { return W > 0 && W < n ? 2 * W * n - W * (W - 1) : n * n; };
+  double pairs = 0;
   if (doc_starts.size() <= 1) {
-    pairs = double(seq_len) * double(seq_len);
+    pairs = pairs_of(double(seq_len));
   } else {
     for (size_t i = 0; i < doc_starts.size(); ++i) {
       const double len =
           double(i + 1 < doc_starts.size() ? doc_starts[i + 1] : seq_len) - double(doc_starts[i]);
-      pairs += len * len;
+      pairs += pairs_of(len);
     }
   }
   return 6.0 * n * double(seq_len) + 6.0 * c.num_hidden_layers * pairs * c.num_attention_heads * D;
