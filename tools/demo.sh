@@ -12,7 +12,7 @@ mkdir -p "$RUN" "$ITHACA_HOME"
 bazel build //server:ithacad //worker:ithaca-worker //client:ithaca
 BIN="$PWD/bazel-bin"
 rm -rf "$RUN/corpus"
-tools/tokenize/ithaca-tokenize --output "$RUN/corpus" engine/train/testdata/tiny_corpus.txt
+tools/tokenize/ithaca-tokenize --output "$RUN/corpus" engine/data/testdata/tiny_corpus.txt
 # CUDA on one GPU where there is one; otherwise two CPU ranks (FSDP + Ulysses over Gloo).
 if nvidia-smi -L >/dev/null 2>&1; then
   BACKEND=cuda WORLD=1 SP=1 GPUS=1

@@ -20,7 +20,7 @@ tests/slurm/slurm_local.sh start "$S" 2 2 >/dev/null
 export SLURM_CONF=$S/slurm.conf
 
 tools/tokenize/ithaca-tokenize --no-progress --output "$T/corpus" \
-  engine/train/testdata/tiny_corpus.txt >/dev/null
+  engine/data/testdata/tiny_corpus.txt >/dev/null
 cat > "$T/job.toml" <<TOML
 name = "slurm"
 backend = "cpu"

@@ -19,10 +19,10 @@ import ithaca_tokenize  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 TOOL = os.path.join(HERE, "ithaca_tokenize.py")
-DUMP = "engine/train/token_file_dump"
-BPE_DIR = "engine/train/testdata/bpe"
+DUMP = "engine/data/token_file_dump"
+BPE_DIR = "engine/data/testdata/bpe"
 BPE_JSON = os.path.join(BPE_DIR, "tokenizer.json")
-CORPUS = "engine/train/testdata/tiny_corpus.txt"
+CORPUS = "engine/data/testdata/tiny_corpus.txt"
 TMP = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
 
 
@@ -262,7 +262,7 @@ class ByteLevelTest(Fresh):
         r = run_tool("--output", out, CORPUS)  # --tokenizer byte is the default
         self.assertEqual(r.returncode, 0, r.stderr)
         cpp = os.path.join(self.dir, "cpp.tok")
-        # The C++ ByteTokenize (engine/train/token_file.h), which the tests' corpora use.
+        # The C++ ByteTokenize (engine/data/token_file.h), which the tests' corpora use.
         subprocess.run([DUMP, "--write-byte-tokens", CORPUS, cpp], check=True,
                        capture_output=True)
         self.assertEqual(read(os.path.join(out, "train-00000.tok"), "rb"),

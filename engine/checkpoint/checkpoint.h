@@ -50,7 +50,7 @@ absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                             const ParamLayout& layout, const Optimizer::State& opt,
                             const TrainState& state, int64_t keep);
 
-// ---- Saving from every rank at once (engine/train/distributed_checkpoint.h runs the ranks).
+// ---- Saving from every rank at once (engine/checkpoint/distributed_checkpoint.h runs the ranks).
 //
 // The files are split among the ranks, by tensor: each rank writes and checksums its share in
 // parallel, and holds on the host only the tensors of its share (CheckpointTensorsOf says which;

@@ -1,4 +1,4 @@
-#include "engine/train/distributed_checkpoint.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
 
 #include <algorithm>
 #include <chrono>

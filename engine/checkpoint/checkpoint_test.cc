@@ -1,6 +1,6 @@
 // Checkpoints survive kill -9 at any point of a save or a prune, never follow symbolic links when
 // deleting, clean up after killed saves, and refuse to load a damaged file.
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 #include <dirent.h>
 #include <signal.h>

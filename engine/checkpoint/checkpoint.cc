@@ -1,4 +1,4 @@
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -24,7 +24,7 @@
 #include "engine/core/path_policy.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
-#include "engine/train/tensor_writer.h"
+#include "engine/checkpoint/tensor_writer.h"
 
 namespace ithaca {
 namespace {

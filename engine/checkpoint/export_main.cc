@@ -3,7 +3,8 @@
 //     --source-model /models/Llama-3.2-1B
 // CHECKPOINT_DIR is a job's checkpoint.dir (its newest step) or one step-N directory. The
 // output is written under a temporary name and renamed at the end: it appears whole or not at
-// all. See engine/train/export.h. Flags are spelled with dashes (engine/core/flag_spelling.h).
+// all. See engine/checkpoint/export.h. Flags are spelled with dashes
+// (engine/core/flag_spelling.h).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -12,7 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "engine/core/flag_spelling.h"
-#include "engine/train/export.h"
+#include "engine/checkpoint/export.h"
 
 ABSL_FLAG(std::string, out, "", "directory to create (must not exist, or be empty)");
 ABSL_FLAG(std::string, dtype, "bf16", "dtype of the exported tensors: bf16 or f32");
