@@ -14,6 +14,15 @@
 // freeing the full-size buffer) only at the next ReduceGrad or FlushGradients. That keeps one
 // more full-size f32 gradient buffer alive while the next block's backward runs: the memory
 // plan replays this code, so it counts it.
+//
+// With host parameters (memory.param_offload) the working-copy shards live in pinned host memory
+// (host_params tier) and the device holds a unit only while it is held: Gather uploads the
+// rank's shard on the copy stream (CopyAsync) into a params-tier buffer, and under FSDP then
+// all-gathers it from there (the compute stream waits for the shard's upload first, a 1/world
+// of the unit); Gathered makes the compute wait for the upload; the last Release frees it. The
+// schedule starts the next unit's lease before running this one (overlap), so the upload runs
+// under this unit's compute: the device holds two units of weights, the used and the next.
+// Nothing else changes: gradients and their reductions are the device's, as without it.
 #pragma once
 
 #include <memory>
@@ -31,9 +40,11 @@ class ParamStore {
   // `world` may be nullptr (one rank).
   static absl::StatusOr<std::unique_ptr<ParamStore>> Create(const ParamLayout& layout, Ops* ops,
                                                             Allocator* alloc, Comm* world,
-                                                            bool fsdp);
+                                                            bool fsdp, bool host_params = false);
 
   bool sharded() const { return sharded_; }
+  // The working-copy shards are host memory (memory.param_offload): write them on the host.
+  bool host_params() const { return host_params_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   // This rank's slice of a unit: elements [shard_begin, shard_begin + shard_numel) of the unit
   // (the slice may run into the zero padding past the unit's end).
@@ -82,6 +93,9 @@ class ParamStore {
     Buffer working, grad;  // shards (or whole units without FSDP)
     Buffer gathered, full_grad;
     Issued gathering;  // the all-gather into `gathered`, until Gathered waits for it
+    // Host parameters: the shard's upload (into `gathered`, or into `staged` under FSDP).
+    Buffer staged;
+    Ops::Fence upload;
     int users = 0;
   };
   // A gradient reduce-scatter in flight: `part` receives the unit's summed slice.
@@ -98,6 +112,7 @@ class ParamStore {
   Comm* world_;
   bool sharded_ = false;
   bool overlap_ = true;
+  bool host_params_ = false;
   int rank_ = 0;
   std::vector<Unit> units_;
   std::vector<Reduction> reducing_;  // oldest first; at most one with overlap

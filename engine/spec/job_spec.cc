@@ -534,6 +534,11 @@ const std::vector<Key>& Keys() {
        "The f32 master weights and Adam m, v in pinned host memory, updated by the CPU AdamW "
        "(bit for bit the device's update); \"auto\": only when they do not fit the GPU budget "
        "with the job's activations."},
+      {"memory.param_offload", BoolOrAuto(FIELD(memory.param_offload)),
+       "The bf16 working copy in pinned host memory too, uploaded a unit ahead of use, so the "
+       "GPU holds about two units of weights; needs memory.optimizer_offload on (or \"auto\"); "
+       "\"auto\": only when the job does not fit the GPU budget with the optimizer's state on "
+       "the host alone."},
 
       {"checkpoint.dir", Str(FIELD(checkpoint.dir)), "Where checkpoints go; empty: none."},
       {"checkpoint.every", Int(FIELD(checkpoint.every)),

@@ -23,6 +23,11 @@ void Optimizer::SetHostStageElementsForTesting(int64_t n) {
 
 absl::Status Optimizer::Allocate() {
   ParamStore& ps = model_->params();
+  if (ps.host_params() && !host_state_) {
+    return absl::InvalidArgumentError(
+        "memory.param_offload: the working copy on the host needs the optimizer's state there "
+        "too (memory.optimizer_offload = true): the CPU AdamW writes it");
+  }
   const Tier tier = host_state_ ? Tier::kHostOptimizer : Tier::kOptimizer;
   if (host_state_) pool_ = std::make_unique<HostThreadPool>();
   int64_t largest = 0;
@@ -46,6 +51,8 @@ absl::Status Optimizer::Allocate() {
     for (int k = 0; k < 2; ++k) {
       ASSIGN_OR_RETURN(grad_stage_[k],
                        Buffer::Make(model_->allocator(), DType::kF32, {largest}, tier));
+      // With the working copy on the host the CPU writes it in place: no staging for it.
+      if (ps.host_params()) continue;
       ASSIGN_OR_RETURN(working_stage_[k], Buffer::Make(model_->allocator(),
                                                        model_->ops()->act_dtype(), {largest}, tier));
     }
@@ -105,13 +112,17 @@ void Optimizer::RefreshWorkingCopy() {
   // The master weights converted on every core into the two working-copy staging buffers, piece
   // by piece, each going up on the copy stream while the next is converted (slot i % 2 is
   // rewritten only after piece i's upload has completed).
+  // With the working copy on the host (memory.param_offload) they are converted in place.
   std::vector<Ops::Fence> up;
+  const bool in_place = ps.host_params();
+  size_t pieces = 0;
   for (size_t u = 0; u < master_.size(); ++u) {
     for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
       const int64_t n = std::min(ps.shard_numel(u) - lo, stage_elements);
-      const size_t i = up.size();
-      if (i >= 2) ops->HostWaitFence(up[i - 2]);
-      const Tensor stage = working_stage_[i % 2].tensor().Slice(0, {n});
+      const size_t i = pieces++;
+      if (!in_place && i >= 2) ops->HostWaitFence(up[i - 2]);
+      const Tensor stage = in_place ? ps.working_shard(u).Slice(lo, {n})
+                                    : working_stage_[i % 2].tensor().Slice(0, {n});
       const float* from = master_[u].tensor().f32() + lo;
       pool_->ParallelFor(n, 16384, [&](int64_t b, int64_t e) {
         if (stage.dtype == DType::kBF16) {
@@ -121,7 +132,7 @@ void Optimizer::RefreshWorkingCopy() {
           std::copy(from + b, from + e, stage.f32() + b);
         }
       });
-      up.push_back(ops->CopyAsync(stage, ps.working_shard(u).Slice(lo, {n})));
+      if (!in_place) up.push_back(ops->CopyAsync(stage, ps.working_shard(u).Slice(lo, {n})));
     }
   }
   if (!up.empty()) ops->WaitFence(up.back());
@@ -232,7 +243,9 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
     const int u = pieces[i].unit;
     // The piece as elements [begin, end) of the whole unit.
     const int64_t begin = ps.shard_begin(u) + pieces[i].lo, end = ps.shard_begin(u) + pieces[i].hi;
-    const Tensor working = stage(working_stage_, i);
+    // The working copy's piece: staging to upload, or in place on the host (param_offload).
+    const Tensor working = ps.host_params() ? shard(ps.working_shard(u), i)
+                                            : stage(working_stage_, i);
     const Tensor grad = stage(grad_stage_, i);
     const size_t wbytes = DTypeSize(working.dtype);
     // What no entry covers (the padding past the unit's end on the last rank) keeps master
@@ -266,7 +279,7 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
     }
     zero_working(covered, end);
     cpu += SecondsSince(t0);
-    last_upload = ops->CopyAsync(working, shard(ps.working_shard(u), i));
+    if (!ps.host_params()) last_upload = ops->CopyAsync(working, shard(ps.working_shard(u), i));
   }
   // Later compute (the next forward) reads the working copy only after every upload. (Waited
   // for once, at the end: a WaitFence per piece would retire the next download's event too, and

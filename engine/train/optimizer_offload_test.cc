@@ -3,6 +3,7 @@
 // and the same weights, bit for bit, as the on-device optimizer, with clipping that engages,
 // weight decay and gradient accumulation; checkpoints saved with it resume without it and the
 // other way round, exactly; its state is counted in the host_optimizer tier, not the device's.
+#include <algorithm>
 #include <cstring>
 
 #include "engine/backend/cpu/cpu_ops.h"
@@ -20,7 +21,7 @@ std::string TmpDir(const std::string& name) {
   return d;
 }
 
-JobSpec SmallSpec(const std::string& dir, bool offload) {
+JobSpec SmallSpec(const std::string& dir, bool offload, bool params = false) {
   auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   JobSpec spec;
@@ -38,6 +39,7 @@ JobSpec SmallSpec(const std::string& dir, bool offload) {
   spec.memory.tile_tokens = 16;
   spec.memory.checkpoint = CheckpointPolicy::kNone;
   spec.memory.optimizer_offload = offload ? OffloadChoice::kOn : OffloadChoice::kOff;
+  spec.memory.param_offload = params ? OffloadChoice::kOn : OffloadChoice::kOff;
   NodeResources node;
   node.host_memory_bytes = int64_t{64} << 30;
   absl::StatusOr<ResolvedJob> job = ResolveJob(spec, node);
@@ -161,6 +163,114 @@ TEST(OptimizerOffloadTest, CheckpointsResumeAcrossTheSwitchExactly) {
     }
     ExpectSameWeights(rest, straight);
   }
+}
+
+// The working copy on the host too (memory.param_offload): every unit streams to the device
+// when its lease starts and the CPU AdamW writes the host copy in place; the same losses and
+// weights, bit for bit, as with everything on the device. The device's params tier holds only
+// the units in use: at most two blocks (the current and the next) and the embedding and head
+// (which the loss reads), never the whole model at once.
+TEST(OptimizerOffloadTest, ParamOffloadChangesNoBit) {
+  const std::string dir = TmpDir("param_offload_same");
+  Optimizer::SetHostStageElementsForTesting(1000);
+  CpuOps ops;
+  HostAllocator on_alloc, off_alloc;
+  auto on = Trainer::Create(SmallSpec(dir, true, true), &ops, &on_alloc);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE((*on)->model()->params().host_params());
+  auto off = Trainer::Create(SmallSpec(dir, false), &ops, &off_alloc);
+  ASSERT_TRUE(off.ok()) << off.status();
+  const Outcome a = Train(**on), b = Train(**off);
+  ASSERT_EQ(a.reports.size(), 5u);
+  ASSERT_EQ(b.reports.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(a.reports[i].loss, b.reports[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a.reports[i].grad_norm, b.reports[i].grad_norm) << "step " << i + 1;
+  }
+  ExpectSameWeights(a, b);
+  const StepReport& r = a.reports.back();
+  const ParamLayout& layout = (*on)->model()->layout();
+  const int64_t params = layout.total_numel();
+  int64_t block = 0;
+  for (int l = 0; l < (*on)->model()->config().num_hidden_layers; ++l) {
+    block = std::max(block, layout.units()[layout.block_unit(l)].numel);
+  }
+  const int64_t ends =
+      layout.units()[layout.embed_unit()].numel + layout.units()[layout.head_unit()].numel;
+  const int64_t act = 4;  // the CPU computes in f32
+  EXPECT_EQ(r.mem_peak[static_cast<int>(Tier::kHostParams)], act * params);
+  EXPECT_GT(r.mem_peak[static_cast<int>(Tier::kParams)], 0);
+  EXPECT_LE(r.mem_peak[static_cast<int>(Tier::kParams)], act * (ends + 2 * block));
+  EXPECT_LT(r.mem_peak[static_cast<int>(Tier::kParams)], act * params);
+  EXPECT_EQ(b.reports.back().mem_peak[static_cast<int>(Tier::kParams)], act * params);
+  EXPECT_EQ(b.reports.back().mem_peak[static_cast<int>(Tier::kHostParams)], 0);
+  EXPECT_NE(FormatStepLine(r).find("host_params "), std::string::npos) << FormatStepLine(r);
+  Optimizer::SetHostStageElementsForTesting(0);
+}
+
+// Checkpoints saved with the working copy on the host resume without it and the other way
+// round, exactly.
+TEST(OptimizerOffloadTest, ParamOffloadCheckpointsResumeWithoutIt) {
+  CpuOps ops;
+  HostAllocator alloc;
+  const std::string base = TmpDir("param_offload_ckpt");
+  Outcome straight;
+  {
+    auto t = Trainer::Create(SmallSpec(base, false), &ops, &alloc);
+    ASSERT_TRUE(t.ok()) << t.status();
+    straight = Train(**t);
+  }
+  for (bool saved_with : {true, false}) {
+    SCOPED_TRACE(saved_with ? "saved with param offload, resumed without"
+                            : "saved without, resumed with param offload");
+    const std::string dir = TmpDir(saved_with ? "param_ckpt_on_off" : "param_ckpt_off_on");
+    JobSpec first = SmallSpec(dir, saved_with, saved_with);
+    first.checkpoint.dir = dir + "/ckpt";
+    first.checkpoint.every = 2;
+    {
+      auto t = Trainer::Create(first, &ops, &alloc);
+      ASSERT_TRUE(t.ok()) << t.status();
+      ASSERT_EQ(Train(**t, /*stop=*/3).reports.size(), 3u);
+    }
+    JobSpec second = SmallSpec(dir, !saved_with, !saved_with);
+    second.checkpoint = first.checkpoint;
+    auto t = Trainer::Create(second, &ops, &alloc);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_EQ((*t)->state().step, 2);
+    Outcome rest = Train(**t);
+    ASSERT_EQ(rest.reports.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(rest.reports[i].loss, straight.reports[2 + i].loss) << "step " << 3 + i;
+    }
+    ExpectSameWeights(rest, straight);
+  }
+}
+
+// The working copy on the host without the optimizer's state there is refused, naming both keys.
+TEST(OptimizerOffloadTest, ParamOffloadNeedsOptimizerOffload) {
+  const std::string dir = TmpDir("param_offload_alone");
+  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  ASSERT_TRUE(text.ok());
+  JobSpec spec;
+  spec.model.preset = "tiny";
+  spec.data.path = dir + "/corpus.tok";
+  ASSERT_TRUE(WriteTokenFile(spec.data.path, ByteTokenize(*text), kByteVocab).ok());
+  spec.data.seq_len = 64;
+  spec.memory.param_offload = OffloadChoice::kOn;
+  NodeResources node;
+  node.host_memory_bytes = int64_t{64} << 30;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(spec, node);
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("memory.param_offload = true needs "
+                                        "memory.optimizer_offload = true"),
+            std::string::npos)
+      << job.status();
+  // "auto" for the optimizer is enough: the planner puts both on the host.
+  spec.memory.optimizer_offload = OffloadChoice::kAuto;
+  job = ResolveJob(spec, node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.memory.optimizer_offload, OffloadChoice::kOn);
+  EXPECT_EQ(job->spec.memory.param_offload, OffloadChoice::kOn);
 }
 
 }  // namespace

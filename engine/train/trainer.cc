@@ -176,6 +176,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.checkpoint_interval = spec.memory.checkpoint_interval;
   mo.fsdp = spec.parallel.fsdp;
   mo.overlap = spec.memory.overlap;
+  mo.param_offload = spec.memory.param_offload == OffloadChoice::kOn;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
 
   const std::string tokenizer_json = ModelTokenizerJson(spec);
