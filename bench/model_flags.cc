@@ -16,6 +16,9 @@ ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
 ABSL_FLAG(bool, optimizer_offload, false,
           "f32 master weights and Adam m, v in pinned host memory, updated by the CPU AdamW "
           "(memory.optimizer_offload)");
+ABSL_FLAG(bool, param_offload, false,
+          "the bf16 working copy in pinned host memory too, uploaded a unit ahead of use "
+          "(memory.param_offload; needs --optimizer_offload)");
 
 namespace ithaca {
 namespace bench {
@@ -35,6 +38,7 @@ LlamaModel::Options ModelOptions() {
   mo.prefetch = absl::GetFlag(FLAGS_prefetch);
   mo.fsdp = absl::GetFlag(FLAGS_fsdp);
   mo.overlap = absl::GetFlag(FLAGS_overlap);
+  mo.param_offload = absl::GetFlag(FLAGS_param_offload);
   return mo;
 }
 
@@ -51,6 +55,7 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
       .Int("checkpoint_interval", mo.checkpoint_interval)
       .Bool("prefetch", mo.prefetch)
       .Bool("optimizer_offload", absl::GetFlag(FLAGS_optimizer_offload))
+      .Bool("param_offload", mo.param_offload)
       .Str("attention", attention);
   return t;
 }

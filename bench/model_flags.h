@@ -13,6 +13,7 @@
 
 ABSL_DECLARE_FLAG(std::string, checkpoint);
 ABSL_DECLARE_FLAG(bool, optimizer_offload);
+ABSL_DECLARE_FLAG(bool, param_offload);
 
 namespace ithaca {
 namespace bench {

@@ -22,6 +22,7 @@ void Optimizer::SetHostStageElementsForTesting(int64_t n) {
 }
 
 absl::Status Optimizer::Allocate() {
+  const auto start = std::chrono::steady_clock::now();
   ParamStore& ps = model_->params();
   if (ps.host_params() && !host_state_) {
     return absl::InvalidArgumentError(
@@ -57,6 +58,12 @@ absl::Status Optimizer::Allocate() {
                                                        model_->ops()->act_dtype(), {largest}, tier));
     }
   }
+  if (host_state_) {
+    for (auto* vec : {&master_, &m_, &v_}) {
+      for (const Buffer& b : *vec) startup_.host_bytes += b.tensor().bytes();
+    }
+  }
+  startup_.allocate_s = SecondsSince(start);
   return absl::OkStatus();
 }
 
@@ -75,20 +82,31 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
   RETURN_IF_ERROR(o->Allocate());
   ParamStore& ps = model->params();
   for (int u = 0; u < ps.num_units(); ++u) {
+    auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(std::vector<float> whole, init(u));
+    o->startup_.init_s += SecondsSince(t0);
+    t0 = std::chrono::steady_clock::now();
     if (static_cast<int64_t>(whole.size()) != ps.unit_numel(u)) {
       return absl::InternalError("initial weights do not match the parameter layout");
     }
     if (host_state) {
-      // This rank's slice, zero padded past the unit's end (as ScatterFromHost uploads it).
+      // This rank's slice, zero padded past the unit's end (as ScatterFromHost uploads it),
+      // copied on every core (8B's 32 GB of master weights are a minute's copy on one).
       const int64_t begin = ps.shard_begin(u);
       const int64_t n = std::max<int64_t>(0, std::min(ps.shard_numel(u), ps.unit_numel(u) - begin));
-      std::copy(whole.begin() + begin, whole.begin() + begin + n, o->master_[u].tensor().f32());
+      const float* from = whole.data() + begin;
+      float* to = o->master_[u].tensor().f32();
+      o->pool_->ParallelFor(n, 1 << 16, [from, to](int64_t lo, int64_t hi) {
+        std::memcpy(to + lo, from + lo, (hi - lo) * sizeof(float));
+      });
     } else {
       ps.ScatterFromHost(u, whole, o->master_[u].tensor());
     }
+    o->startup_.place_s += SecondsSince(t0);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   o->RefreshWorkingCopy();
+  o->startup_.working_copy_s = SecondsSince(t0);
   return o;
 }
 
@@ -98,7 +116,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Resume(LlamaModel* model,
                                                              bool host_state) {
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
+  const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(o->Restore(shards));
+  o->startup_.place_s = SecondsSince(t0);
   return o;
 }
 
@@ -372,8 +392,13 @@ absl::Status Optimizer::RestoreUnit(size_t u, const std::vector<float>& master,
                                               " has ", src->size(), " elements, this rank holds ",
                                               ps.shard_numel(u)));
     }
-    if (host_state_) {
-      std::copy(src->begin(), src->end(), (*dst)[u].tensor().f32());
+    if (host_state_) {  // on every core
+      const float* from = src->data();
+      float* to = (*dst)[u].tensor().f32();
+      pool_->ParallelFor(static_cast<int64_t>(src->size()), 1 << 16,
+                         [from, to](int64_t lo, int64_t hi) {
+                           std::memcpy(to + lo, from + lo, (hi - lo) * sizeof(float));
+                         });
     } else {
       model_->ops()->Upload(src->data(), DType::kF32, (*dst)[u].tensor());
     }
@@ -388,6 +413,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* mod
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
   std::vector<bool> came(o->master_.size(), false);
+  auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(load([&](int unit, std::vector<float>&& master, std::vector<float>&& m,
                            std::vector<float>&& v) -> absl::Status {
     RETURN_IF_ERROR(o->RestoreUnit(static_cast<size_t>(unit), master, m, v));
@@ -398,7 +424,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* mod
     if (!came[u])
       return absl::DataLossError(absl::StrCat("optimizer state: unit ", u, " never came"));
   }
+  o->startup_.init_s = SecondsSince(t0);  // reading the checkpoint's slices, and placing them
+  t0 = std::chrono::steady_clock::now();
   o->RefreshWorkingCopy();
+  o->startup_.working_copy_s = SecondsSince(t0);
   return o;
 }
 

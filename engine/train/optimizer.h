@@ -42,6 +42,15 @@ class Optimizer {
                                                            const JobSpec::Training& hp,
                                                            bool host_state = false);
   bool host_state() const { return host_state_; }
+  // Where Create / Resume spent their time (the start-up line, Trainer::Create): allocating the
+  // state (with host state: pinning it, cudaHostAlloc, and zeroing it on every core), producing
+  // the initial weights (reading or drawing them, or reading the checkpoint's slices), placing
+  // them into the master shards, and writing the working copy from them.
+  struct StartupTimes {
+    double allocate_s = 0, init_s = 0, place_s = 0, working_copy_s = 0;
+    int64_t host_bytes = 0;  // what Allocate pinned
+  };
+  const StartupTimes& startup() const { return startup_; }
   // Host state's pieces of this many elements instead of kHostStageElements (0: back to it), for
   // optimizers made from now on: tests cut small models into many pieces with it.
   static void SetHostStageElementsForTesting(int64_t n);
@@ -138,6 +147,7 @@ class Optimizer {
   // CPU's threads.
   Buffer grad_stage_[2], working_stage_[2];
   std::unique_ptr<HostThreadPool> pool_;
+  StartupTimes startup_;
 };
 
 }  // namespace ithaca

@@ -122,6 +122,19 @@ TEST(OptimizerOffloadTest, SameLossesAndWeightsAsOnTheDevice) {
   EXPECT_NE(line.find(" | cpu adamw "), std::string::npos) << line;
   EXPECT_NE(line.find("host_optimizer "), std::string::npos) << line;
   EXPECT_EQ(FormatStepLine(b.reports.back()).find("cpu adamw"), std::string::npos);
+  // The start-up line says where the time before step 1 went, and what was pinned.
+  const StartupReport& up = (*on)->startup();
+  EXPECT_EQ(up.optimizer.host_bytes, 12 * params);
+  EXPECT_GT(up.total_s, 0);
+  EXPECT_GE(up.total_s, up.model_s + up.optimizer.allocate_s + up.optimizer.init_s +
+                            up.optimizer.place_s + up.optimizer.working_copy_s);
+  const std::string startup = FormatStartupLine(up);
+  EXPECT_EQ(startup.rfind("start-up ", 0), 0u) << startup;
+  EXPECT_NE(startup.find("optimizer state allocated "), std::string::npos) << startup;
+  EXPECT_NE(startup.find(absl::StrFormat(" (pinned host %.1f GB)", 12 * params / 1e9)),
+            std::string::npos)
+      << startup;
+  EXPECT_EQ(FormatStartupLine((*off)->startup()).find("pinned host"), std::string::npos);
   Optimizer::SetHostStageElementsForTesting(0);
 }
 

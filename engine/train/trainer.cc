@@ -41,6 +41,18 @@ std::string FormatStepLine(const StepReport& r) {
       r.mem_device_peak / unit, gib ? "GiB" : "MiB", tiers, host_update, r.seconds);
 }
 
+std::string FormatStartupLine(const StartupReport& r) {
+  const Optimizer::StartupTimes& o = r.optimizer;
+  const double rest = r.total_s - r.model_s - o.allocate_s - o.init_s - o.place_s - o.working_copy_s;
+  const std::string pinned =
+      o.host_bytes > 0 ? absl::StrFormat(" (pinned host %.1f GB)", o.host_bytes / 1e9) : "";
+  return absl::StrFormat(
+      "start-up %.1f s: model %.1f s, optimizer state allocated %.1f s%s, initial weights %.1f s, "
+      "placed %.1f s, working copy %.1f s, data and the rest %.1f s",
+      r.total_s, r.model_s, o.allocate_s, pinned, o.init_s, o.place_s, o.working_copy_s,
+      std::max(0.0, rest));
+}
+
 double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
   return ModelFlopsPerSample(c, seq_len, {}) / static_cast<double>(seq_len);
 }
@@ -135,6 +147,7 @@ absl::Status CheckSomethingToResume(const JobSpec& spec, const std::string& chec
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Ops* ops,
                                                          Allocator* alloc, Comm* comm,
                                                          const std::string& run_id) {
+  const auto created = std::chrono::steady_clock::now();
   const int world = comm ? comm->size() : 1;
   if (world != spec.parallel.world) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -177,7 +190,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.fsdp = spec.parallel.fsdp;
   mo.overlap = spec.memory.overlap;
   mo.param_offload = spec.memory.param_offload == OffloadChoice::kOn;
+  const auto model_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
+  ops->Synchronize();
+  t->startup_.model_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - model_start).count();
 
   const std::string tokenizer_json = ModelTokenizerJson(spec);
   // An evaluation-only job may name no training data; when it does, the data is checked all
@@ -266,6 +283,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     };
     ASSIGN_OR_RETURN(t->optimizer_,
                      Optimizer::Create(t->model_.get(), random, spec.training, host_state));
+  }
+  ops->Synchronize();
+  t->startup_.optimizer = t->optimizer_->startup();
+  t->startup_.total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
+  if (t->rank_ == 0) {
+    std::printf("%s\n", FormatStartupLine(t->startup_).c_str());
+    std::fflush(stdout);
   }
   return t;
 }
