@@ -29,9 +29,30 @@ absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Create(const ParamLayout
   return p;
 }
 
+absl::Status ParamStore::BeforeUse(int i) {
+  if (!before_use_) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Ops::Fence f, before_use_(i));
+  ops_->WaitFence(f);
+  return absl::OkStatus();
+}
+
+absl::Status ParamStore::FreshGrad(int i) {
+  Unit& u = units_[i];
+  if (!u.stale_grad) return absl::OkStatus();
+  RETURN_IF_ERROR(BeforeUse(i));  // an update may still have to read the old gradient
+  ops_->Fill(u.grad.tensor(), 0.f);
+  u.stale_grad = false;
+  return absl::OkStatus();
+}
+
 absl::Status ParamStore::Gather(int i) {
   Unit& u = units_[i];
-  if (!(sharded_ || host_params_) || u.users++ > 0) return absl::OkStatus();
+  if (!(sharded_ || host_params_)) return absl::OkStatus();  // Gathered calls the hook
+  if (u.users++ > 0) return absl::OkStatus();
+  if (absl::Status st = BeforeUse(i); !st.ok()) {
+    u.users = 0;
+    return st;
+  }
   auto start = [&]() -> absl::Status {
     const int W = sharded_ ? world_->size() : 1;
     ASSIGN_OR_RETURN(u.gathered,
@@ -70,7 +91,12 @@ absl::Status ParamStore::Gather(int i) {
 
 absl::StatusOr<Tensor> ParamStore::Gathered(int i) {
   Unit& u = units_[i];
-  if (!(sharded_ || host_params_)) return u.working.tensor();
+  if (!(sharded_ || host_params_)) {
+    RETURN_IF_ERROR(BeforeUse(i));
+    Trace(absl::StrCat("use ", i));
+    return u.working.tensor();
+  }
+  Trace(absl::StrCat("use ", i));  // its hook ran at Gather
   if (!sharded_) {
     ops_->WaitFence(u.upload);  // later compute reads the unit only after its upload
     return u.gathered.tensor().Slice(0, {u.numel});
@@ -101,7 +127,10 @@ void ParamStore::Release(int i) {
 
 absl::StatusOr<Tensor> ParamStore::AcquireGrad(int i) {
   Unit& u = units_[i];
-  if (!sharded_) return u.grad.tensor();
+  if (!sharded_) {
+    RETURN_IF_ERROR(FreshGrad(i));
+    return u.grad.tensor();
+  }
   const int W = world_->size();
   ASSIGN_OR_RETURN(u.full_grad, Buffer::Make(alloc_, DType::kF32, {u.shard * W}, Tier::kGrads));
   ops_->Fill(u.full_grad.tensor(), 0.f);
@@ -131,6 +160,7 @@ absl::Status ParamStore::ReduceGrad(int i) {
 absl::Status ParamStore::Finish(Reduction& r) {
   RETURN_IF_ERROR(r.reduce_scatter.Wait());
   r.full.Reset();
+  RETURN_IF_ERROR(FreshGrad(r.unit));
   ops_->Axpy(1.f, r.part.tensor(), units_[r.unit].grad.tensor());
   return absl::OkStatus();
 }
@@ -144,6 +174,7 @@ absl::Status ParamStore::FlushGradients() {
 
 absl::Status ParamStore::FinishGradients() {
   RETURN_IF_ERROR(FlushGradients());
+  for (int i = 0; i < num_units(); ++i) RETURN_IF_ERROR(FreshGrad(i));  // a unit no backward wrote
   if (sharded_ || world_ == nullptr || world_->size() == 1) return absl::OkStatus();
   for (Unit& u : units_) RETURN_IF_ERROR(world_->AllReduce(u.grad.tensor()));
   return absl::OkStatus();
@@ -193,7 +224,7 @@ void ParamStore::ScatterFromHost(int i, const std::vector<float>& whole, const T
 
 void ParamStore::ZeroGrads() {
   FlushGradients().IgnoreError();  // a failed reduction already failed the step
-  for (Unit& u : units_) ops_->Fill(u.grad.tensor(), 0.f);
+  for (Unit& u : units_) u.stale_grad = true;
 }
 
 }  // namespace ithaca

@@ -23,9 +23,18 @@
 // schedule starts the next unit's lease before running this one (overlap), so the upload runs
 // under this unit's compute: the device holds two units of weights, the used and the next.
 // Nothing else changes: gradients and their reductions are the device's, as without it.
+//
+// A unit's state may be owed by an update still in progress (optimizer offload's CPU update of
+// the last step, run unit by unit under the next forward: engine/train/optimizer.h): the
+// `before_use` hook is called with the unit before its working copy is first read (Gather, and
+// Gathered without FSDP) and before its gradient shard is zeroed, and returns the transfer the
+// compute must wait for first. ZeroGrads only marks the gradients stale; each unit's is zeroed
+// when the backward first writes it (AcquireGrad, or the reduction into it), after the hook.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/backend/ops.h"
@@ -73,6 +82,16 @@ class ParamStore {
   absl::Status FinishGradients();
   void ZeroGrads();
 
+  // Called before a unit's working copy is read or its gradient shard zeroed (above); returns
+  // the transfer the compute waits for before either. nullptr: none.
+  using UnitHook = std::function<absl::StatusOr<Ops::Fence>(int unit)>;
+  void set_before_use(UnitHook hook) { before_use_ = std::move(hook); }
+  // Tests: each unit's first read of the working copy per lease ("use U"), and whatever else
+  // the hook's owner logs ("update U"), in order.
+  void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
+  void Trace(const std::string& event) const {
+    if (trace_) trace_(event);
+  }
   // The whole unit on the host as f32, from a shard-shaped tensor of any rank-local state
   // (working copy, gradient, master, Adam moments): all-gathered under FSDP. Every rank calls it.
   absl::StatusOr<std::vector<float>> GatherToHost(int unit, const Tensor& shard);
@@ -96,6 +115,7 @@ class ParamStore {
     // Host parameters: the shard's upload (into `gathered`, or into `staged` under FSDP).
     Buffer staged;
     Ops::Fence upload;
+    bool stale_grad = false;  // ZeroGrads was called: zero before the next write
     int users = 0;
   };
   // A gradient reduce-scatter in flight: `part` receives the unit's summed slice.
@@ -105,6 +125,10 @@ class ParamStore {
     Issued reduce_scatter;
   };
   absl::Status Finish(Reduction& r);
+  // The before_use hook, with the compute waiting for its transfer.
+  absl::Status BeforeUse(int unit);
+  // Zeroes the unit's gradient shard if ZeroGrads left it stale.
+  absl::Status FreshGrad(int unit);
   ParamStore(Ops* ops, Allocator* alloc, Comm* world) : ops_(ops), alloc_(alloc), world_(world) {}
 
   Ops* ops_;
@@ -116,6 +140,8 @@ class ParamStore {
   int rank_ = 0;
   std::vector<Unit> units_;
   std::vector<Reduction> reducing_;  // oldest first; at most one with overlap
+  UnitHook before_use_;
+  std::function<void(const std::string&)> trace_;
 };
 
 }  // namespace ithaca

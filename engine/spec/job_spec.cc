@@ -539,6 +539,10 @@ const std::vector<Key>& Keys() {
        "GPU holds about two units of weights; needs memory.optimizer_offload on (or \"auto\"); "
        "\"auto\": only when the job does not fit the GPU budget with the optimizer's state on "
        "the host alone."},
+      {"memory.overlap_update", Bool(FIELD(memory.overlap_update)),
+       "Under optimizer offload, each step's CPU update runs under the next forward, unit by "
+       "unit just before the forward reads each unit (the same bits); false: between the steps, "
+       "the device idle."},
 
       {"checkpoint.dir", Str(FIELD(checkpoint.dir)), "Where checkpoints go; empty: none."},
       {"checkpoint.every", Int(FIELD(checkpoint.every)),

@@ -222,50 +222,66 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
 }
 
 void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
-  Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
-  const auto start = std::chrono::steady_clock::now();
-  double cpu = 0;
+  Drain();  // an update the forward did not finish (a step without one)
+  auto p = std::make_unique<Pending>();
+  p->base = base;
   // The pieces of every unit's shard, in the order the next forward reads them: at most
   // kHostStageElements each (an embedding of 525M parameters is many pieces).
-  struct Piece {
-    int unit;
-    int64_t lo, hi;  // shard-relative
-  };
-  std::vector<Piece> pieces;
+  p->unit_end.resize(ps.num_units());
+  p->unit_fence.resize(ps.num_units());
   for (int u = 0; u < ps.num_units(); ++u) {
     for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
-      pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
+      p->pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
     }
+    p->unit_end[u] = p->pieces.size();
   }
+  p->down.resize(p->pieces.size());
+  pending_ = std::move(p);
+  if (overlap_update_) return;  // the next forward runs it, unit by unit (EnsureUnit)
+  const auto start = std::chrono::steady_clock::now();
+  Ops::Fence last = Advance(pending_->pieces.size());
+  // Later compute (the next forward) reads the working copy only after every upload.
+  model_->ops()->WaitFence(last);
+  r->cpu_update_seconds = pending_->cpu;
+  r->device_wait_seconds = SecondsSince(start);
+  pending_.reset();
+}
+
+Ops::Fence Optimizer::Advance(size_t until) const {
+  Ops* ops = model_->ops();
+  ParamStore& ps = model_->params();
+  Pending& p = *pending_;
   auto stage = [&](const Buffer* slots, size_t i) {
-    return slots[i % 2].tensor().Slice(0, {pieces[i].hi - pieces[i].lo});
+    return slots[i % 2].tensor().Slice(0, {p.pieces[i].hi - p.pieces[i].lo});
   };
   auto shard = [&](const Tensor& t, size_t i) {
-    return t.Slice(pieces[i].lo, {pieces[i].hi - pieces[i].lo});
+    return t.Slice(p.pieces[i].lo, {p.pieces[i].hi - p.pieces[i].lo});
   };
   // Piece i + 1's gradient comes down while the CPU updates piece i. Staging slot i % 2 is free
   // again at piece i + 2: its gradient was read at piece i (on this thread), and its working
   // copy's upload was issued before piece i + 2's download, whose end the host waits for first
-  // (transfers complete in order).
-  std::vector<Ops::Fence> down(pieces.size());
-  auto download = [&](size_t i) {
-    down[i] = ops->CopyAsync(shard(ps.grad_shard(pieces[i].unit), i), stage(grad_stage_, i));
-  };
-  if (!pieces.empty()) download(0);
-  Ops::Fence last_upload;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (i + 1 < pieces.size()) download(i + 1);
+  // (transfers complete in order). The transfers need not wait for the compute stream (the
+  // gradients were final when the host read the step's norm, and nothing enqueued since uses
+  // the working copy of a unit not yet updated), so they run under the forward's blocks.
+  while (p.done < until) {
+    const size_t i = p.done;
+    while (p.issued < std::min(p.pieces.size(), i + 2)) {
+      const size_t k = p.issued++;
+      p.down[k] =
+          ops->CopyAsyncUnordered(shard(ps.grad_shard(p.pieces[k].unit), k), stage(grad_stage_, k));
+    }
     // The host waits for piece i's gradient alone: piece i + 1's download and piece i − 1's
     // upload go on meanwhile.
-    ops->HostWaitFence(down[i]);
+    ops->HostWaitFence(p.down[i]);
     const auto t0 = std::chrono::steady_clock::now();
-    const int u = pieces[i].unit;
+    const int u = p.pieces[i].unit;
     // The piece as elements [begin, end) of the whole unit.
-    const int64_t begin = ps.shard_begin(u) + pieces[i].lo, end = ps.shard_begin(u) + pieces[i].hi;
+    const int64_t begin = ps.shard_begin(u) + p.pieces[i].lo;
+    const int64_t end = ps.shard_begin(u) + p.pieces[i].hi;
     // The working copy's piece: staging to upload, or in place on the host (param_offload).
-    const Tensor working = ps.host_params() ? shard(ps.working_shard(u), i)
-                                            : stage(working_stage_, i);
+    const Tensor working =
+        ps.host_params() ? shard(ps.working_shard(u), i) : stage(working_stage_, i);
     const Tensor grad = stage(grad_stage_, i);
     const size_t wbytes = DTypeSize(working.dtype);
     // What no entry covers (the padding past the unit's end on the last rank) keeps master
@@ -283,33 +299,88 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
       if (lo >= hi) continue;
       zero_working(covered, lo);
       covered = std::max(covered, hi);
-      AdamWParams p = base;
-      p.weight_decay = e.is_matrix ? static_cast<float>(hp_.weight_decay) : 0.f;
-      const int64_t at = lo - begin;                        // in the piece
-      const int64_t in_shard = lo - ps.shard_begin(u);      // in the shard
-      HostAdamWSpan s;
-      s.master = master_[u].tensor().f32() + in_shard;
-      s.grad = grad.f32() + at;
-      s.m = m_[u].tensor().f32() + in_shard;
-      s.v = v_[u].tensor().f32() + in_shard;
-      s.working = static_cast<char*>(working.data) + at * wbytes;
-      s.working_dtype = working.dtype;
-      s.n = hi - lo;
-      HostAdamW(s, p, pool_.get());
+      AdamWParams a = p.base;
+      a.weight_decay = e.is_matrix ? static_cast<float>(hp_.weight_decay) : 0.f;
+      const int64_t at = lo - begin;                    // in the piece
+      const int64_t in_shard = lo - ps.shard_begin(u);  // in the shard
+      HostAdamWSpan sp;
+      sp.master = master_[u].tensor().f32() + in_shard;
+      sp.grad = grad.f32() + at;
+      sp.m = m_[u].tensor().f32() + in_shard;
+      sp.v = v_[u].tensor().f32() + in_shard;
+      sp.working = static_cast<char*>(working.data) + at * wbytes;
+      sp.working_dtype = working.dtype;
+      sp.n = hi - lo;
+      HostAdamW(sp, a, pool_.get());
     }
     zero_working(covered, end);
-    cpu += SecondsSince(t0);
-    if (!ps.host_params()) last_upload = ops->CopyAsync(working, shard(ps.working_shard(u), i));
+    p.cpu += SecondsSince(t0);
+    // What the compute waits for before reading the unit (or zeroing its gradient): its last
+    // upload, or with the working copy on the host its last gradient download.
+    p.last = ps.host_params() ? p.down[i]
+                              : ops->CopyAsyncUnordered(working, shard(ps.working_shard(u), i));
+    p.unit_fence[u] = p.last;
+    ++p.done;
+    if (p.done == p.unit_end[u]) ps.Trace(absl::StrCat("update ", u));
   }
-  // Later compute (the next forward) reads the working copy only after every upload. (Waited
-  // for once, at the end: a WaitFence per piece would retire the next download's event too, and
-  // the host would then wait for that upload as well.)
-  ops->WaitFence(last_upload);
-  r->cpu_update_seconds = cpu;
-  r->device_wait_seconds = SecondsSince(start);
+  return p.last;
+}
+
+absl::StatusOr<Ops::Fence> Optimizer::EnsureUnit(int unit) {
+  if (!pending_) return finished_fence_;
+  Pending& p = *pending_;
+  const auto start = std::chrono::steady_clock::now();
+  Advance(p.unit_end[unit]);
+  const Ops::Fence f = p.unit_fence[unit];
+  // The first unit's update has no block queued before it to hide under: the device waits.
+  if (!p.first_done) p.exposed += SecondsSince(start);
+  p.first_done = true;
+  if (p.done == p.pieces.size()) {
+    finished_fence_ = p.last;
+    last_update_ = {p.cpu, p.exposed};
+    pending_.reset();
+  }
+  return f;
+}
+
+void Optimizer::Drain() const {
+  if (!pending_) return;
+  const auto start = std::chrono::steady_clock::now();
+  Ops::Fence last = Advance(pending_->pieces.size());
+  model_->ops()->WaitFence(last);
+  finished_fence_ = last;
+  last_update_ = {pending_->cpu, pending_->exposed + SecondsSince(start)};
+  pending_.reset();
+}
+
+absl::Status Optimizer::FinishUpdate() {
+  Drain();
+  return absl::OkStatus();
+}
+
+Optimizer::UpdateTimes Optimizer::TakeUpdateTimes() {
+  UpdateTimes t = last_update_;
+  last_update_ = UpdateTimes();
+  return t;
+}
+
+Optimizer::~Optimizer() {
+  Drain();
+  if (overlap_update_) model_->params().set_before_use(nullptr);
+}
+
+void Optimizer::set_overlap_update(bool on) {
+  Drain();
+  overlap_update_ = on && host_state_;
+  if (overlap_update_) {
+    model_->params().set_before_use([this](int u) { return EnsureUnit(u); });
+  } else {
+    model_->params().set_before_use(nullptr);
+  }
 }
 
 absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) const {
+  Drain();  // the state of the last step, whole
   ParamStore& ps = model_->params();
   const std::vector<ParamUnit>& units = model_->layout().units();
   absl::Status first_error;
@@ -347,6 +418,7 @@ absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) 
 }
 
 absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
+  Drain();
   HostWeights w;
   ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {

@@ -99,6 +99,19 @@ TEST(OptimizerOffloadTest, SameLossesAndWeightsAsOnTheDevice) {
     EXPECT_GT(b.reports[i].grad_norm, 0.3) << "clipping engages at step " << i + 1;
   }
   ExpectSameWeights(a, b);
+  // The update between the steps (memory.overlap_update false) instead of under the next
+  // forward: the same bits.
+  JobSpec between = SmallSpec(TmpDir("offload_between"), true);
+  between.memory.overlap_update = false;
+  HostAllocator between_alloc;
+  auto sync = Trainer::Create(between, &ops, &between_alloc);
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  const Outcome c = Train(**sync);
+  ASSERT_EQ(c.reports.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(c.reports[i].loss, b.reports[i].loss) << "step " << i + 1;
+  ExpectSameWeights(c, b);
+  EXPECT_GT(c.reports.back().cpu_update_seconds, 0);
+  EXPECT_LE(c.reports.back().cpu_update_seconds, c.reports.back().device_wait_seconds);
   // And training moved the weights: equal because both updated them the same way.
   auto fresh = Trainer::Create(SmallSpec(TmpDir("offload_fresh"), false), &ops, &off_alloc);
   ASSERT_TRUE(fresh.ok());
@@ -115,9 +128,11 @@ TEST(OptimizerOffloadTest, SameLossesAndWeightsAsOnTheDevice) {
   EXPECT_LE(r.mem_peak[static_cast<int>(Tier::kHostOptimizer)], 20 * params);
   EXPECT_EQ(b.reports.back().mem_peak[static_cast<int>(Tier::kOptimizer)], 12 * params);
   EXPECT_EQ(b.reports.back().mem_peak[static_cast<int>(Tier::kHostOptimizer)], 0);
+  // Under the next forward: step 1's line has no update to report; the later ones report the
+  // update of the step before, and the first unit's part of it the device waited for.
+  EXPECT_EQ(a.reports[0].cpu_update_seconds, 0);
   EXPECT_GT(r.device_wait_seconds, 0);
   EXPECT_GT(r.cpu_update_seconds, 0);
-  EXPECT_LE(r.cpu_update_seconds, r.device_wait_seconds);
   const std::string line = FormatStepLine(r);
   EXPECT_NE(line.find(" | cpu adamw "), std::string::npos) << line;
   EXPECT_NE(line.find("host_optimizer "), std::string::npos) << line;
@@ -284,6 +299,58 @@ TEST(OptimizerOffloadTest, ParamOffloadNeedsOptimizerOffload) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.memory.optimizer_offload, OffloadChoice::kOn);
   EXPECT_EQ(job->spec.memory.param_offload, OffloadChoice::kOn);
+}
+
+// The order of the update under the next forward (memory.overlap_update): in every step after
+// the first, each unit's update comes before the forward first reads that unit, and after the
+// forward has read the units before it (the embedding is in use before the last block is
+// updated): the update is spread through the forward, a unit ahead of it, not run before it.
+TEST(OptimizerOffloadTest, UpdateRunsUnitByUnitUnderTheNextForward) {
+  for (bool params : {false, true}) {
+    SCOPED_TRACE(params ? "param offload" : "optimizer offload");
+    CpuOps ops;
+    HostAllocator alloc;
+    auto t = Trainer::Create(SmallSpec(TmpDir(params ? "order_params" : "order"), true, params),
+                             &ops, &alloc);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ParamStore& ps = (*t)->model()->params();
+    std::vector<std::string> log;
+    ps.set_trace([&](const std::string& e) { log.push_back(e); });
+    int64_t step = 0;
+    ASSERT_TRUE((*t)->Run([&](const StepReport& r) {
+                  step = r.step;
+                  log.push_back(absl::StrCat("end ", r.step));
+                }, /*stop=*/3)
+                    .ok());
+    ps.set_trace(nullptr);
+    ASSERT_EQ(step, 3);
+    const int U = ps.num_units();
+    // The events of step 2 (between "end 1" and "end 2").
+    auto at = [&](const std::string& e) {
+      return std::find(log.begin(), log.end(), e) - log.begin();
+    };
+    const auto from = at("end 1"), to = at("end 2");
+    ASSERT_LT(from, to);
+    std::vector<int64_t> update(U, -1), first_use(U, -1);
+    for (int64_t i = from; i < to; ++i) {
+      for (int u = 0; u < U; ++u) {
+        if (log[i] == absl::StrCat("update ", u) && update[u] < 0) update[u] = i;
+        if (log[i] == absl::StrCat("use ", u) && first_use[u] < 0) first_use[u] = i;
+      }
+    }
+    for (int u = 0; u < U; ++u) {
+      ASSERT_GE(update[u], 0) << "unit " << u << " was not updated in step 2";
+      ASSERT_GE(first_use[u], 0) << "unit " << u;
+      EXPECT_LT(update[u], first_use[u]) << "unit " << u << " read before its update";
+      if (u > 0) EXPECT_LT(update[u - 1], update[u]) << "units updated out of order";
+    }
+    // Not all before the forward: the embedding is in use before the last units are updated.
+    EXPECT_LT(first_use[0], update[U - 1]);
+    EXPECT_LT(first_use[0], update[1]);
+    // Step 1's update is not finished before step 1 ends (it runs in step 2).
+    const auto first_update = at("update 0");
+    EXPECT_GT(first_update, from);
+  }
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ std::string FormatStepLine(const StepReport& r) {
   }
   // Only under optimizer offload: the CPU AdamW's time and how long the device waited for it.
   const std::string host_update =
-      r.device_wait_seconds > 0
+      r.device_wait_seconds > 0 || r.cpu_update_seconds > 0
           ? absl::StrFormat(" | cpu adamw %.2f s (device waited %.2f s)", r.cpu_update_seconds,
                             r.device_wait_seconds)
           : "";
@@ -284,6 +284,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     ASSIGN_OR_RETURN(t->optimizer_,
                      Optimizer::Create(t->model_.get(), random, spec.training, host_state));
   }
+  t->optimizer_->set_overlap_update(spec.memory.overlap_update);
   ops->Synchronize();
   t->startup_.optimizer = t->optimizer_->startup();
   t->startup_.total_s =
@@ -384,6 +385,12 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.lr = lr;
   r.cpu_update_seconds = opt.cpu_update_seconds;
   r.device_wait_seconds = opt.device_wait_seconds;
+  if (optimizer_->host_state() && spec_.memory.overlap_update) {
+    // The update of the step before, which ran under this step's forward.
+    const Optimizer::UpdateTimes u = optimizer_->TakeUpdateTimes();
+    r.cpu_update_seconds = u.cpu_seconds;
+    r.device_wait_seconds = u.device_wait_seconds;
+  }
   const MemoryTracker& mt = alloc_->tracker();
   for (int t = 0; t < kNumTiers; ++t) {
     r.mem_current[t] = mt.current(static_cast<Tier>(t));
@@ -394,6 +401,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
 }
 
 absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
+  RETURN_IF_ERROR(optimizer_->FinishUpdate());
   return optimizer_->GatherMasterWeights();
 }
 
@@ -470,6 +478,7 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
   // The job's end (also when it resumes there, so an evaluation or export a crash cut short is
   // redone). An evaluation-only job is always at its end: it evaluates the model it loaded,
   // whatever step a checkpoint it resumed from says.
+  RETURN_IF_ERROR(optimizer_->FinishUpdate());  // the last step's update, whole
   const bool at_end = steps == 0 || (state_.step == steps && last == steps);
   if (at_end && evaluator_ && evaluated_step_ != state_.step) RETURN_IF_ERROR(evaluate());
   if (at_end && steps > 0) RETURN_IF_ERROR(ExportNow());

@@ -37,7 +37,9 @@ struct StepReport {
   double lr = 0;
   // Under optimizer offload (memory.optimizer_offload): the CPU AdamW's time, and how long the
   // device waited for the host's update (from the first gradient download to the last upload
-  // enqueued); 0 otherwise.
+  // enqueued); 0 otherwise. With memory.overlap_update, the update of the step before, which
+  // ran under this step's forward, and the part of it the device surely waited for (its first
+  // unit's, which no queued block hides): 0 on the first step.
   double cpu_update_seconds = 0;
   double device_wait_seconds = 0;
   std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
