@@ -165,7 +165,15 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     model->params().ZeroGrads();
     ASSIGN_OR_RETURN(LossSum l, model->ForwardBackward(inputs.data(), labels.data(), S,
                                                        1.f / static_cast<float>(S), docs));
-    ASSIGN_OR_RETURN(last_update, opt->Step(step + 1, hp.lr));
+    ASSIGN_OR_RETURN(Optimizer::StepResult r, opt->Step(step + 1, hp.lr));
+    // With --overlap_update the previous step's update ran under this step's forward.
+    const Optimizer::UpdateTimes ran = opt->TakeUpdateTimes();
+    if (r.cpu_update_seconds > 0) {
+      last_update = r;
+    } else if (ran.cpu_seconds > 0) {
+      last_update.cpu_update_seconds = ran.cpu_seconds;
+      last_update.device_wait_seconds = ran.device_wait_seconds;
+    }
     cudaEventRecord(b, ops.stream());
     cudaEventSynchronize(b);
     float ms = 0;
