@@ -67,10 +67,11 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
                                                            const JobSpec::Training& hp) {
   const ParamLayout& layout = model->layout();
-  ASSIGN_OR_RETURN(auto opt, Optimizer::Create(
+  ASSIGN_OR_RETURN(auto opt, Optimizer::CreateFilled(
                                  model,
-                                 [&](int unit) -> absl::StatusOr<std::vector<float>> {
-                                   return RandomUnitWeights(layout, unit, 1234);
+                                 [&](int unit, float* out) {
+                                   RandomUnitWeightsInto(layout, unit, 1234, out);
+                                   return absl::OkStatus();
                                  },
                                  hp, absl::GetFlag(FLAGS_optimizer_offload)));
   opt->set_overlap_update(absl::GetFlag(FLAGS_overlap_update));

@@ -110,6 +110,34 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
   return o;
 }
 
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::CreateFilled(LlamaModel* model,
+                                                                   const UnitFill& fill,
+                                                                   const JobSpec::Training& hp,
+                                                                   bool host_state) {
+  ParamStore& ps = model->params();
+  if (!host_state || ps.sharded()) {  // a whole unit on the host first, then this rank's part
+    return Create(
+        model,
+        [&](int u) -> absl::StatusOr<std::vector<float>> {
+          std::vector<float> whole(ps.unit_numel(u));
+          RETURN_IF_ERROR(fill(u, whole.data()));
+          return whole;
+        },
+        hp, host_state);
+  }
+  std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
+  RETURN_IF_ERROR(o->Allocate());
+  for (int u = 0; u < ps.num_units(); ++u) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(fill(u, o->master_[u].tensor().f32()));  // the shard is the whole unit
+    o->startup_.init_s += SecondsSince(t0);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  o->RefreshWorkingCopy();
+  o->startup_.working_copy_s = SecondsSince(t0);
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Resume(LlamaModel* model,
                                                              const Shards& shards,
                                                              const JobSpec::Training& hp,

@@ -41,6 +41,14 @@ class Optimizer {
                                                            const UnitSource& init,
                                                            const JobSpec::Training& hp,
                                                            bool host_state = false);
+  // The same from a source that writes a whole unit's f32 weights into `out` (unit_numel
+  // floats): with host state and whole units (no FSDP) straight into the master weights, so
+  // the start-up allocates, zeroes and copies no second copy of them.
+  using UnitFill = std::function<absl::Status(int unit, float* out)>;
+  static absl::StatusOr<std::unique_ptr<Optimizer>> CreateFilled(LlamaModel* model,
+                                                                 const UnitFill& fill,
+                                                                 const JobSpec::Training& hp,
+                                                                 bool host_state = false);
   bool host_state() const { return host_state_; }
   ~Optimizer();
   // Host state: the CPU update of a step runs under the next forward, unit by unit as it reads

@@ -273,16 +273,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   } else if (!spec.model.weights.empty()) {
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
                      SafetensorsReader::Open(spec.model.weights));
-    auto from_file = [&](int u) { return ReadUnitWeights(layout, *reader, u); };
-    ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::Create(t->model_.get(), from_file, spec.training, host_state));
+    auto from_file = [&](int u, float* out) {
+      return ReadUnitWeightsInto(layout, *reader, u, out);
+    };
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), from_file,
+                                                            spec.training, host_state));
   } else {
     const uint64_t seed = spec.training.seed;
-    auto random = [&](int u) -> absl::StatusOr<std::vector<float>> {
-      return RandomUnitWeights(layout, u, seed);
+    auto random = [&](int u, float* out) {
+      RandomUnitWeightsInto(layout, u, seed, out);
+      return absl::OkStatus();
     };
-    ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::Create(t->model_.get(), random, spec.training, host_state));
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), random,
+                                                            spec.training, host_state));
   }
   t->optimizer_->set_overlap_update(spec.memory.overlap_update);
   ops->Synchronize();
