@@ -8,7 +8,7 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -22,7 +22,7 @@ std::string TmpDir(const std::string& name) {
 }
 
 JobSpec SmallSpec(const std::string& dir, bool offload, bool params = false) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   JobSpec spec;
   spec.model.preset = "tiny";
@@ -277,7 +277,7 @@ TEST(OptimizerOffloadTest, ParamOffloadCheckpointsResumeWithoutIt) {
 // The working copy on the host without the optimizer's state there is refused, naming both keys.
 TEST(OptimizerOffloadTest, ParamOffloadNeedsOptimizerOffload) {
   const std::string dir = TmpDir("param_offload_alone");
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   ASSERT_TRUE(text.ok());
   JobSpec spec;
   spec.model.preset = "tiny";
