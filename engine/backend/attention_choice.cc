@@ -37,9 +37,13 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(const std::string& name) {
 //                 (cuDNN 9.19: 554, 513, 487 at 128K, 256K, 512K)
 //   Below 64K the fwd+bwd pass with the Hopper backward is as fast or faster after cuDNN's
 //   forward (hd64 16K: 542 vs 483).
-//   With documents and sliding windows the forward skips the key blocks no row of a tile sees;
-//   the rows' documents/windows flags below say where that was measured faster than cuDNN's
-//   ragged forward / causal band (bench/results/2026-12-02-kernels-*.jsonl).
+//   With documents and sliding windows both kernels skip the key blocks (the backward: the query
+//   tiles) that no row sees. Measured on one H200 in-engine at S 128K, 32/8 heads
+//   (bench/results/2026-12-02-kernels-attention.jsonl, ms, two runs where there are two):
+//   documents, forward, hd64: 8K documents 9.70 / 9.70 vs cuDNN's ragged 9.68 / 9.68 (a tie),
+//     2K documents 3.58 vs 2.99 (cuDNN faster): the forward with documents stays on cuDNN.
+//   window 4096, forward: hd64 9.55-9.61 vs cuDNN's band 10.18; hd128 15.40-15.55 vs 15.86-15.93.
+//   window 4096, backward: hd64 25.1-25.5 vs 28.6-28.8; hd128 54.7-55.9 vs 47.0 (cuDNN faster).
 // Backward, in-engine (bench/results/2026-12-01-s5-hopperbwd-in-engine.jsonl, two runs of each
 // kernel, the spread is the power-limited clock's):
 //   head_dim 64:  S 16K 522-547 vs 447-454, 32K 520-541 vs 439-471, 64K 490-522 vs 439,
@@ -52,10 +56,10 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(const std::string& name) {
 // (natural-log f32 [Hq, S], cuDNN's stats layout for one sequence) that either forward writes.
 const std::vector<HopperRule>& HopperRules() {
   static const auto* rules = new std::vector<HopperRule>{
-      {AttentionPass::kForward, 64, 65536, true, true},
-      {AttentionPass::kForward, 128, 65536, true, true},
+      {AttentionPass::kForward, 64, 65536, false, true},
+      {AttentionPass::kForward, 128, 65536, false, true},
       {AttentionPass::kBackward, 64, 16384, true, true},
-      {AttentionPass::kBackward, 128, 32768, true, true},
+      {AttentionPass::kBackward, 128, 32768, true, false},
   };
   return *rules;
 }
