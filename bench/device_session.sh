@@ -2,7 +2,7 @@
 # One device call that runs several phases from prebuilt binaries:
 # `bench/device_session.sh BIN_DIR OUT_DIR PHASE...`, from the repository root (the training test
 # reads engine/data/testdata). BIN_DIR holds the test and bench binaries, built here with
-# `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //bench/...`
+# `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //tests/gpu:all //bench/...`
 # (a build with CUDA: bazel/cuda_configure.bzl),
 # and a lib/ folder with the non-CUDA shared libraries they need (Abseil, libgomp) where the GPU
 # host lacks them; `.device/bin` (git-ignored) is carried to the device that way. Phases:

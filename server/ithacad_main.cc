@@ -35,7 +35,7 @@
 #include "server/auth.h"
 #include "server/jobs.h"
 #include "engine/core/path_policy.h"
-#include "server/rpc_text.h"
+#include "worker/rpc_text.h"
 #include "server/services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
