@@ -12,7 +12,9 @@
 // --plan_only prints the planner's lines without touching a GPU (to choose settings).
 // --optimizer_offload keeps the optimizer's state on the host (memory.optimizer_offload); the
 // line then also says how long the CPU update took and how long the device waited for it, and
-// how long the start-up (model, random init, optimizer state) took.
+// how long the start-up (model, random init, optimizer state) took, and where (startup_breakdown,
+// the trainer's start-up line). --param_offload (with --optimizer_offload) keeps the bf16 working
+// copy on the host too (memory.param_offload).
 #include <chrono>
 #include <random>
 #include <string>
@@ -46,6 +48,10 @@ ABSL_FLAG(int64_t, doc_len, 0,
           "packed documents of this many tokens, document-masked (0: one causal sequence); "
           "model TFLOPS then count only the attention computed");
 
+ABSL_FLAG(std::string, attention_forward, "auto",
+          "kernels.attention_forward: auto | cudnn | hopper | flash (the planner follows it)");
+ABSL_FLAG(std::string, attention_backward, "auto", "kernels.attention_backward, as above");
+
 namespace ithaca {
 namespace {
 
@@ -72,6 +78,10 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   req.optimizer_offload = absl::GetFlag(FLAGS_optimizer_offload);
   req.device = Device::kCuda;
   req.act = DType::kBF16;
+  ASSIGN_OR_RETURN(req.attention_forward,
+                   ParseAttentionKernel(absl::GetFlag(FLAGS_attention_forward)));
+  ASSIGN_OR_RETURN(req.attention_backward,
+                   ParseAttentionKernel(absl::GetFlag(FLAGS_attention_backward)));
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(req));
   bench::Json planned;
   planned.Obj("peak_bytes", TierJson(plan.peak))
@@ -109,14 +119,28 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   CudaOps::Options o;
   o.alloc = &alloc;
   o.probe_window = probe;
+  o.attention_forward = req.attention_forward;
+  o.attention_backward = req.attention_backward;
   CudaOps ops(o);
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, mo));
+  ops.Synchronize();
+  StartupReport startup;
+  startup.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   JobSpec::Training hp;
   ASSIGN_OR_RETURN(auto opt, bench::RandomOptimizer(model.get(), hp));
   ops.Synchronize();
   const double startup_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "start-up (model, random init, optimizer state): %.1f s\n", startup_s);
+  startup.total_s = startup_s;
+  startup.optimizer = opt->startup();
+  std::fprintf(stderr, "%s\n", FormatStartupLine(startup).c_str());
+  bench::Json startup_json;
+  startup_json.Num("model_s", startup.model_s)
+      .Num("allocate_s", startup.optimizer.allocate_s)
+      .Int("pinned_host_bytes", startup.optimizer.host_bytes)
+      .Num("init_s", startup.optimizer.init_s)
+      .Num("place_s", startup.optimizer.place_s)
+      .Num("working_copy_s", startup.optimizer.working_copy_s);
   std::mt19937 gen(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size - 1));
   std::vector<int32_t> inputs(S), labels(S);
@@ -151,7 +175,15 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     model->params().ZeroGrads();
     ASSIGN_OR_RETURN(LossSum l, model->ForwardBackward(inputs.data(), labels.data(), S,
                                                        1.f / static_cast<float>(S), docs));
-    ASSIGN_OR_RETURN(last_update, opt->Step(step + 1, hp.lr));
+    ASSIGN_OR_RETURN(Optimizer::StepResult r, opt->Step(step + 1, hp.lr));
+    // With --overlap_update the previous step's update ran under this step's forward.
+    const Optimizer::UpdateTimes ran = opt->TakeUpdateTimes();
+    if (r.cpu_update_seconds > 0) {
+      last_update = r;
+    } else if (ran.cpu_seconds > 0) {
+      last_update.cpu_update_seconds = ran.cpu_seconds;
+      last_update.device_wait_seconds = ran.device_wait_seconds;
+    }
     cudaEventRecord(b, ops.stream());
     cudaEventSynchronize(b);
     float ms = 0;
@@ -204,6 +236,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Int("S", S)
       .Int("world", 1)
       .Int("doc_len", absl::GetFlag(FLAGS_doc_len))
+      .Str("attention_forward", absl::GetFlag(FLAGS_attention_forward))
+      .Str("attention_backward", absl::GetFlag(FLAGS_attention_backward))
       .Obj("techniques", bench::Techniques(mo, ops.last_attention_impl()));
   if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
   if (probe > 0) {
@@ -221,7 +255,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     if (ops.PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / ops.PeakFlops());
     line.Num("step_s", t).Raw("step_times_s", steps_json);
   }
-  line.Num("startup_s", startup_s);
+  line.Num("startup_s", startup_s).Obj("startup_breakdown", startup_json);
   if (absl::GetFlag(FLAGS_optimizer_offload)) {
     // The last step's CPU AdamW and the device's wait for the host update (Optimizer::StepResult).
     line.Num("cpu_update_s", last_update.cpu_update_seconds)

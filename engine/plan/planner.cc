@@ -11,17 +11,21 @@
 namespace ithaca {
 namespace {
 
-// Workspaces the CUDA backend allocates itself: cuBLASLt's fixed 32 MiB, and cuDNN's fused
-// attention backward, which measured on an H200 at 8 bytes per (token × head × head_dim) of a
-// stage's query heads (2.16 GB for 32 heads of 64 at 128K tokens). Document-masked (ragged)
-// attention needs 12 (3.24 GB there; 12.95 GB at 512K) plus the f32 [S, heads] statistics
-// CudaOps converts the ragged layout's log-sum-exp through. The own Hopper backward, which runs
-// instead from S 16K (head_dim 64) or 32K (128), needs 4·(D + 2) per (token × head) (its f32 dQ
-// accumulator and padded rows: 1.1 GB at 128K), so the rule covers either.
-int64_t CudaWorkspaceBytes(const HeadPlan& heads, int64_t seq_len, bool document_mask) {
-  const int64_t per_element = document_mask ? 12 : 8;
-  const int64_t stats = document_mask ? 4 * seq_len * heads.u : 0;
-  return (int64_t{32} << 20) + per_element * seq_len * heads.u * heads.D + stats;
+// Workspaces the CUDA backend allocates itself: cuBLASLt's fixed 32 MiB, and the attention
+// kernels' of the pass that needs more, for the kernels that run (ChooseAttention, as admission
+// resolves them): cuDNN's backward measured on an H200 at 8 bytes per (token × head × head_dim)
+// of a stage's query heads (2.16 GB for 32 heads of 64 at 128K tokens), 12 document-masked
+// (ragged; 3.24 GB there, 12.95 GB at 512K) plus the f32 [S, heads] statistics CudaOps converts
+// the ragged LSE through; the own Hopper backward 4·(D + 2) per (token × head) (1.1 GB at
+// 128K). AttentionWorkspaceBytes (engine/backend/attention_choice.h) holds the figures.
+int64_t CudaWorkspaceBytes(const PlanRequest& req, const HeadPlan& heads) {
+  const AttentionShape shape{req.seq_len, heads.D, req.document_mask, req.cfg.sliding_window};
+  int64_t attention = 0;
+  for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, req.attention_forward},
+                              std::pair{AttentionPass::kBackward, req.attention_backward}}) {
+    attention = std::max(attention, AttentionWorkspaceBytes(kernel, pass, shape, heads.u));
+  }
+  return (int64_t{32} << 20) + attention;
 }
 
 std::vector<int64_t> HeadChunkCandidates(const LlamaConfig& cfg, int64_t sp) {
@@ -92,7 +96,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
       auto model, LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
                                      req.world > 1 ? &world : nullptr, req.sp > 1 ? &sp : nullptr));
   // The optimizer's f32 master, m and v for every shard, and under optimizer offload two pieces'
-  // gradient and working-copy staging (as Optimizer::Allocate allocates them).
+  // gradient and working-copy staging (as Optimizer::Allocate allocates them). The working copy
+  // itself is the model's (ParamStore: host_params under param_offload).
   std::vector<Buffer> optimizer;
   ParamStore& ps = model->params();
   const Tier tier = req.optimizer_offload ? Tier::kHostOptimizer : Tier::kOptimizer;
@@ -106,7 +111,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   }
   if (req.optimizer_offload) {
     for (int k = 0; k < 2; ++k) {
-      for (DType d : {DType::kF32, req.act}) {
+      // The gradient's, and the working copy's unless the CPU writes that in place (on the
+      // host already: param_offload).
+      for (int kind = 0; kind < (req.opts.param_offload ? 1 : 2); ++kind) {
+        const DType d = kind == 0 ? DType::kF32 : req.act;
         ASSIGN_OR_RETURN(Buffer b, Buffer::Make(&alloc, d, {largest}, tier));
         optimizer.push_back(std::move(b));
       }
@@ -122,7 +130,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   }
   p.device_peak = t.device_peak();
   p.workspace = req.device == Device::kCuda
-                    ? CudaWorkspaceBytes(model->head_plan(), req.seq_len, req.document_mask)
+                    ? CudaWorkspaceBytes(req, model->head_plan())
                     : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
   p.device_reserved = alloc.device_reserved() + p.workspace;
@@ -133,6 +141,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.checkpoint_interval = req.opts.checkpoint_interval;
   p.overlap = req.opts.overlap;
   p.optimizer_offload = req.optimizer_offload;
+  p.param_offload = req.opts.param_offload;
   return p;
 }
 
@@ -146,6 +155,10 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.sp = spec.parallel.sp;
   req.seq_len = spec.data.seq_len;
   req.document_mask = spec.data.document_mask;
+  for (auto [name, kernel] : {std::pair{&spec.kernels.attention_forward, &req.attention_forward},
+                              std::pair{&spec.kernels.attention_backward, &req.attention_backward}}) {
+    ASSIGN_OR_RETURN(*kernel, ParseAttentionKernel(*name));
+  }
   req.device = spec.backend == "cuda" ? Device::kCuda : Device::kCpu;
   const std::string dtype =
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;
@@ -203,10 +216,24 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   };
   // The optimizer's state on the device unless the spec puts it on the host; "auto" moves it
   // there only when no way of keeping the state on the device fits.
-  std::vector<bool> offloads = {m.optimizer_offload == OffloadChoice::kOn};
-  if (m.optimizer_offload == OffloadChoice::kAuto) offloads.push_back(true);
-  for (bool offload : offloads) {
+  // The working copy follows it there, "auto" only when still nothing fits.
+  auto choices = [](OffloadChoice c) {
+    return c == OffloadChoice::kAuto ? std::vector<bool>{false, true}
+                                     : std::vector<bool>{c == OffloadChoice::kOn};
+  };
+  std::vector<std::pair<bool, bool>> offloads;  // (optimizer, params), in the order tried
+  for (bool opt : choices(m.optimizer_offload)) {
+    for (bool params : choices(m.param_offload)) {
+      if (!params || opt) offloads.push_back({opt, params});
+    }
+  }
+  if (offloads.empty()) {
+    return absl::InvalidArgumentError(
+        "memory.param_offload = true needs memory.optimizer_offload = true (or \"auto\")");
+  }
+  for (auto [offload, params] : offloads) {
     req.optimizer_offload = offload;
+    req.opts.param_offload = params;
     for (const Keep& keep : keeps) {
       // Smaller stages and tiles never need more memory: when the most frugal settings do not
       // fit, no others with this way of keeping block data do.
@@ -237,10 +264,11 @@ std::string FormatPlan(const MemoryPlan& p) {
                         "device peak", p.device_total() / unit);
   absl::StrAppendFormat(&out,
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
-                        "checkpoint_interval %d, overlap %s, optimizer_offload %s\n",
+                        "checkpoint_interval %d, overlap %s, optimizer_offload %s, "
+                        "param_offload %s\n",
                         p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
                         p.prefetch ? "on" : "off", p.checkpoint_interval, p.overlap ? "on" : "off",
-                        p.optimizer_offload ? "on" : "off");
+                        p.optimizer_offload ? "on" : "off", p.param_offload ? "on" : "off");
   if (p.host_total() > 0) {
     absl::StrAppendFormat(&out, "%-14s %13.3f  (host tiers together)\n", "host total",
                           p.host_total() / unit);

@@ -4,14 +4,15 @@
 // schedule allocates is counted at its real size and lifetime; "auto" settings are resolved by
 // searching for the fastest configuration that fits the budgets. Packed documents
 // (data.document_mask) shrink the attention's work but not the engine's memory (every buffer is
-// sized by the sequence, whatever its documents); only cuDNN's ragged attention needs a larger
-// workspace, which the plan adds. The step line's model TFLOPS count only the attention
+// sized by the sequence, whatever its documents); only the attention kernels' workspaces differ,
+// and the plan adds those of the kernels that run. The step line's model TFLOPS count only the attention
 // computed (ModelFlopsPerSample).
 #pragma once
 
 #include <array>
 #include <string>
 
+#include "engine/backend/attention_choice.h"
 #include "engine/core/status.h"
 #include "engine/memory/tiers.h"
 #include "engine/model/config.h"
@@ -24,11 +25,17 @@ struct PlanRequest {
   LlamaConfig cfg;
   int64_t world = 1, sp = 1, seq_len = 0;
   bool document_mask = false;  // data.document_mask: cuDNN's ragged attention workspace
+  // kernels.attention_forward / _backward: the workspace follows the kernels that run ("auto":
+  // ChooseAttention's choice for the shape, as admission resolves it).
+  AttentionKernel attention_forward = AttentionKernel::kAuto;
+  AttentionKernel attention_backward = AttentionKernel::kAuto;
   LlamaModel::Options opts;    // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
   // memory.optimizer_offload: the f32 master weights and Adam m, v (12 bytes per parameter of
   // the rank's shards) and two units' staging in the host_optimizer tier instead of the device's
   // optimizer tier.
   bool optimizer_offload = false;
+  // memory.param_offload is opts.param_offload: the working copy's shards in the host_params
+  // tier (the device holds the units being used and prefetched), and no working-copy staging.
   Device device = Device::kCpu;
   DType act = DType::kF32;
 };
@@ -49,6 +56,7 @@ struct MemoryPlan {
   int64_t checkpoint_interval = 1;
   bool overlap = true;
   bool optimizer_offload = false;
+  bool param_offload = false;
   int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much
@@ -66,7 +74,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 // the planner turn off overlap, then turn on offload, then turn off prefetch, then save only every
 // 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head
 // stage, the largest tile. memory.optimizer_offload "auto" plans every way with the optimizer
-// state on the device first, and moves it to the host only when none of them fits. Budgets of 0
+// state on the device first, and moves it to the host only when none of them fits;
+// memory.param_offload "auto" then moves the working copy there too, only when still nothing
+// fits (so the order is: all on the device, optimizer on the host, both). Budgets of 0
 // take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);

@@ -44,14 +44,23 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.checkpoint_interval = job.plan.checkpoint_interval;
   if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shape
     const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask,
-                               job.config.sliding_window > 0};
+                               job.config.sliding_window};
     for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, &s.kernels.attention_forward},
                                 std::pair{AttentionPass::kBackward, &s.kernels.attention_backward}}) {
       ASSIGN_OR_RETURN(AttentionKernel asked, ParseAttentionKernel(*kernel));
-      *kernel = AttentionKernelName(ChooseAttention(pass, shape, asked).kernel);
+      const AttentionKernel chosen = ChooseAttention(pass, shape, asked).kernel;
+      if (const char* why = AttentionKernelRefuses(chosen, pass, shape)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            pass == AttentionPass::kForward ? "kernels.attention_forward" : "kernels.attention_backward",
+            ": \"", AttentionKernelName(chosen), "\"", asked == AttentionKernel::kAuto ? " (auto)" : "",
+            " cannot run the model's sliding_window of ", shape.window, " keys at head_dim ",
+            shape.head_dim, ": ", why));
+      }
+      *kernel = AttentionKernelName(chosen);
     }
   }
   s.memory.optimizer_offload = job.plan.optimizer_offload ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.param_offload = job.plan.param_offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   job.toml = JobSpecToToml(s);
   return job;
 }
@@ -65,11 +74,12 @@ std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
       "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, checkpoint_interval "
-      "%d, overlap %s, optimizer_offload %s, dtype %s%s, peak %s per rank (GPU budget %s), "
-      "host %s per rank (budget %s)",
+      "%d, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, peak %s per rank "
+      "(GPU budget %s), host %s per rank (budget %s)",
       m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
       m.checkpoint_interval, m.overlap ? "on" : "off",
-      m.optimizer_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
+      m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
+      m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
       job.spec.backend == "cuda"
           ? absl::StrCat(", attention ", job.spec.kernels.attention_forward, " forward / ",
                          job.spec.kernels.attention_backward, " backward")
