@@ -1,4 +1,4 @@
-#include "client/spec_overrides.h"
+#include "engine/spec/overrides.h"
 
 #include <map>
 #include <sstream>
@@ -16,6 +16,10 @@ namespace ithaca {
 absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const std::string& source,
                                            const std::vector<std::string>& overrides) {
   if (overrides.empty()) return toml_text;
+  if (overrides.size() > kMaxOverrides) {
+    return absl::InvalidArgumentError(absl::StrCat(overrides.size(), " --set overrides: at most ",
+                                                   kMaxOverrides, " in one request"));
+  }
   ASSIGN_OR_RETURN(toml::table spec, ParseTomlText(toml_text, source));
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
