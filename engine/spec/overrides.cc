@@ -102,10 +102,10 @@ std::string ExplainSpecError(const std::string& message, const std::string& toml
     if (set_key == key || absl::StartsWith(key, set_key + ".")) where = "from --set " + o;
   }
   if (where.empty()) {
-    toml::parse_result parsed = toml::parse(toml_text, source);
-    if (!parsed) return message;
+    absl::StatusOr<toml::table> parsed = ParseTomlText(toml_text, source);
+    if (!parsed.ok()) return message;
     std::map<std::string, int> lines;
-    KeyLines(parsed.table(), "", &lines);
+    KeyLines(*parsed, "", &lines);
     auto it = lines.find(key);
     if (it == lines.end()) return message;
     where = absl::StrCat("line ", it->second);
