@@ -57,6 +57,12 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::vector<std::string>& allowed_roots = {},
                                              const std::function<bool()>& cancelled = nullptr);
 
+// The job's data, evaluation data and weights opened and checked against its model as the
+// workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it
+// takes a slot; errors start with `source`. SubmitJob runs it; PlanJob, which answers what a job
+// would take (also for data.seq_len values the data does not hold yet), does not.
+absl::Status CheckInputs(const AdmittedSpec& admitted, const std::string& source);
+
 // The node as the budget rule sees it, for a job of `ranks` ranks (all on this host).
 NodeResources NodeResourcesFor(const Node& node, int ranks);
 

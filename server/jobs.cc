@@ -144,6 +144,11 @@ absl::Status Jobs::Recover() {
       adopt = AdoptableLocked(job);
     }
     if (adopt) {
+      // The adopted job still writes into its checkpoint.dir: no new job may share it.
+      if (!job.spec().checkpoint_dir().empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ClaimCheckpointDirLocked(job.spec().checkpoint_dir(), job.id()).IgnoreError();
+      }
       supervisor_.Adopt(*adopt);
       continue;
     }
@@ -188,6 +193,7 @@ absl::Status Jobs::Recover() {
 
 template <typename Request>
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& node,
+                                         bool check_inputs,
                                          const std::function<bool()>& cancelled) {
   const std::string source = SpecSource(request.source());
   const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
@@ -203,6 +209,11 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   absl::StatusOr<AdmittedSpec> admitted =
       ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
                       options_.allowed_roots, cancelled);
+  if (admitted.ok() && check_inputs) {
+    absl::Status inputs = cancelled && cancelled() ? absl::CancelledError("the client went away")
+                                                   : CheckInputs(*admitted, source);
+    if (!inputs.ok()) admitted = inputs;
+  }
   plans_in_flight_.fetch_sub(1);
   if (!admitted.ok() && !overrides.empty()) {
     return absl::Status(admitted.status().code(),
@@ -218,7 +229,8 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request, options_.node, cancelled));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted,
+                   Admit(request, options_.node, /*check_inputs=*/true, cancelled));
   RETURN_IF_ERROR(CheckFits(admitted, options_.node));
   v1::Job job;
   job.set_name(admitted.spec.name);
@@ -248,7 +260,8 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
 
 absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request,
                                                const std::function<bool()>& cancelled) {
-  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request, options_.node, cancelled));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted,
+                   Admit(request, options_.node, /*check_inputs=*/false, cancelled));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;

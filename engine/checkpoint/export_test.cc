@@ -247,13 +247,13 @@ TEST_F(ExportTest, ACheckpointSavedByThreeRanksExportsTheSameModel) {
   absl::StatusOr<LoadedCheckpoint> ck = LoadCheckpoint(Step(), layout);
   ASSERT_TRUE(ck.ok()) << ck.status();
   const std::string saved = dir + "/checkpoints";
-  ASSERT_TRUE(BeginCheckpoint(saved, ck->state.step).ok());
+  ASSERT_TRUE(BeginCheckpoint(saved, ck->state).ok());
   for (int rank = 0; rank < 3; ++rank) {
     auto wrote = WriteCheckpointShard(saved, *cfg, layout, StateOfWholeUnits(layout, ck->optimizer),
                                       ck->state, rank, 3);
     ASSERT_TRUE(wrote.ok()) << wrote.status();
   }
-  ASSERT_TRUE(CommitCheckpoint(saved, ck->state.step, 3, 1).ok());
+  ASSERT_TRUE(CommitCheckpoint(saved, ck->state, 3, 1).ok());
   absl::StatusOr<std::string> sharded = FindCheckpoint(saved);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   EXPECT_EQ(List(*sharded + "/model").count("model-00003-of-00003.safetensors"), 1u);

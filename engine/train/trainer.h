@@ -17,6 +17,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/train/evaluator.h"
+#include "engine/data/job_inputs.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
 #include "engine/data/token_file.h"
@@ -67,14 +68,6 @@ double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
 // (S² for one document, so ModelFlopsPerToken(cfg, S) · S).
 double ModelFlopsPerSample(const LlamaConfig& cfg, int64_t seq_len,
                            const std::vector<int64_t>& doc_starts);
-
-// The directory the job's model comes from (of model.config, or model.weights itself when it is
-// a directory, else its directory); "" for a preset with random weights.
-std::string ModelSourceDir(const JobSpec& spec);
-
-// The model directory's tokenizer.json (beside model.config, or in / beside model.weights), or
-// "" when there is none; token files made with another tokenizer are rejected against it.
-std::string ModelTokenizerJson(const JobSpec& spec);
 
 class Trainer {
  public:

@@ -468,6 +468,27 @@ TEST(ModelFlopsTest, DocumentMasksCountOnlyTheAttentionComputed) {
               whole - attention + attention * (1.0 / 16 + 9.0 / 16), 1e-9 * whole);
 }
 
+// A sliding window computes only the keys each query sees (Mistral at W = 4096, S = 128K: about
+// 2W/S of the causal attention); a document shorter than the window is counted whole.
+TEST(ModelFlopsTest, ASlidingWindowCountsOnlyTheKeysInside) {
+  auto cfg = PresetConfig("mistral-7b-v0.3");
+  ASSERT_TRUE(cfg.ok());
+  const int64_t S = 131072, W = 4096;
+  const double full = ModelFlopsPerSample(*cfg, S, {});
+  const double per_pair = 6.0 * cfg->num_hidden_layers * cfg->num_attention_heads * cfg->head_dim;
+  cfg->sliding_window = W;
+  const double windowed = ModelFlopsPerSample(*cfg, S, {});
+  EXPECT_NEAR(full - windowed,
+              per_pair * (double(S) * S - (2.0 * W * S - double(W) * (W - 1))), 1e-9 * full);
+  // Documents of W / 2 tokens: each inside the window, counted as without one.
+  std::vector<int64_t> docs;
+  for (int64_t at = 0; at < S; at += W / 2) docs.push_back(at);
+  cfg->sliding_window = 0;
+  const double packed = ModelFlopsPerSample(*cfg, S, docs);
+  cfg->sliding_window = W;
+  EXPECT_DOUBLE_EQ(ModelFlopsPerSample(*cfg, S, docs), packed);
+}
+
 }  // namespace
 }  // namespace ithaca
 
