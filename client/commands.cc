@@ -27,7 +27,6 @@
 #include "client/format.h"
 #include "client/json.h"
 #include "client/report.h"
-#include "client/spec_overrides.h"
 
 namespace ithaca {
 
@@ -287,35 +286,27 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
 }
 
 // Fills a SubmitJobRequest or a PlanJobRequest (the same spec fields) from the spec file and
-// the --set overrides: 0, or the exit code after saying what is wrong.
+// the --set overrides, which ithacad applies (engine/spec/overrides.h): 0, or the exit code
+// after saying what is wrong.
 template <typename Request>
-int FillSpecRequest(const Flags& f, Request* req, std::string* text) {
-  if (!ReadSpec(f.spec, text, req->mutable_base_dir())) return 2;
-  const std::string source = f.spec == "-" ? "<stdin>" : f.spec;
-  absl::StatusOr<std::string> spec = ApplyOverrides(*text, source, f.sets);
-  if (!spec.ok()) return UsageError(std::string(spec.status().message()));
-  req->set_spec_toml(*spec);
-  req->set_source(source);
+int FillSpecRequest(const Flags& f, Request* req) {
+  std::string text;
+  if (!ReadSpec(f.spec, &text, req->mutable_base_dir())) return 2;
+  req->set_spec_toml(text);
+  req->set_source(f.spec == "-" ? "<stdin>" : f.spec);
+  for (const std::string& o : f.sets) req->add_overrides(o);
   return 0;
-}
-
-// The daemon's answer to a spec, its line numbers those of the user's file (ExplainSpecError).
-int SpecRpcError(const CliContext& c, const grpc::Status& st, const std::string& text,
-                 const std::string& source, const Flags& f) {
-  return RpcError(c, grpc::Status(st.error_code(),
-                                  ExplainSpecError(st.error_message(), text, source, f.sets)));
 }
 
 }  // namespace
 
 int SubmitCommand(CliContext& c, const Flags& f) {
   v1::SubmitJobRequest req;
-  std::string text;
-  if (int rc = FillSpecRequest(f, &req, &text); rc != 0) return rc;
+  if (int rc = FillSpecRequest(f, &req); rc != 0) return rc;
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->SubmitJob(&ctx, req, &resp);
-  if (!st.ok()) return SpecRpcError(c, st, text, req.source(), f);
+  if (!st.ok()) return RpcError(c, st);
   if (c.output == Output::kJson) {
     PrintJson(resp.job());
   } else if (c.output == Output::kName) {
@@ -539,12 +530,11 @@ int DeleteCommand(CliContext& c, const Flags& f) {
 
 int PlanCommand(CliContext& c, const Flags& f) {
   v1::PlanJobRequest req;
-  std::string text;
-  if (int rc = FillSpecRequest(f, &req, &text); rc != 0) return rc;
+  if (int rc = FillSpecRequest(f, &req); rc != 0) return rc;
   v1::PlanJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->PlanJob(&ctx, req, &resp);
-  if (!st.ok()) return SpecRpcError(c, st, text, req.source(), f);
+  if (!st.ok()) return RpcError(c, st);
   if (c.output == Output::kJson) {
     PrintJson(resp);
   } else {
@@ -556,22 +546,17 @@ int PlanCommand(CliContext& c, const Flags& f) {
 int MaxSeqLenCommand(CliContext& c, const Flags& f) {
   constexpr int64_t kMaxSeqLen = int64_t{1} << 27;  // data.seq_len's own bound
   const int64_t m = f.multiple_of;
-  std::string text;
   v1::PlanJobRequest base;
-  if (int rc = FillSpecRequest(f, &base, &text); rc != 0) return rc;
+  if (int rc = FillSpecRequest(f, &base); rc != 0) return rc;
   int asked = 0;
   // The plan at seq_len n: INVALID_ARGUMENT and the like are the spec's errors (exit 2).
   auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp) -> int {
-    Flags with = f;
-    with.sets.push_back(absl::StrCat("data.seq_len=", n));
     v1::PlanJobRequest req = base;
-    absl::StatusOr<std::string> spec = ApplyOverrides(text, req.source(), with.sets);
-    if (!spec.ok()) return UsageError(std::string(spec.status().message()));
-    req.set_spec_toml(*spec);
+    req.add_overrides(absl::StrCat("data.seq_len=", n));  // after the user's: it wins
     grpc::ClientContext ctx;
     grpc::Status st = c.stub->PlanJob(&ctx, req, resp);
     ++asked;
-    if (!st.ok()) return SpecRpcError(c, st, text, req.source(), with);
+    if (!st.ok()) return RpcError(c, st);
     return 0;
   };
   v1::PlanJobResponse best, resp;

@@ -106,13 +106,17 @@ SpecBase ChooseSpecBase(const std::string& client_dir, const std::string& daemon
   return b;
 }
 
+std::string SpecSource(const std::string& source) {
+  return source.empty() ? "job.toml" : source;
+}
+
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source_in,
                                              const std::string& base_dir, const Node& node,
                                              const std::string& daemon_dir,
                                              const std::vector<std::string>& allowed_roots,
                                              const std::function<bool()>& cancelled) {
-  const std::string source = source_in.empty() ? "job.toml" : source_in;
+  const std::string source = SpecSource(source_in);
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("base_dir: must be an absolute path, got \"", base_dir, "\""));

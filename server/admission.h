@@ -40,6 +40,9 @@ struct SpecBase {
 SpecBase ChooseSpecBase(const std::string& client_dir, const std::string& daemon_dir,
                         const std::string& host);
 
+// The name a submitted spec goes by in errors: `source`, or "job.toml" when the client sent none.
+std::string SpecSource(const std::string& source);
+
 // Parses, validates and resolves a submitted spec against `node`; relative paths resolve as
 // ChooseSpecBase(base_dir, daemon_dir) says. INVALID_ARGUMENT naming the key for anything wrong
 // in the spec itself (unknown key, bad value, heads not divisible by sp, missing data file, with

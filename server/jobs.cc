@@ -12,6 +12,7 @@
 #include "engine/core/path_policy.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
+#include "engine/spec/overrides.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/admission.h"
 
@@ -191,10 +192,13 @@ absl::Status Jobs::Recover() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::string& source,
-                                         const std::string& base_dir, const Node& node,
+template <typename Request>
+absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& node,
                                          bool check_inputs,
                                          const std::function<bool()>& cancelled) {
+  const std::string source = SpecSource(request.source());
+  const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
+  ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides));
   // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
   // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
   // cannot starve the supervisor's heartbeats.
@@ -204,14 +208,19 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::str
         "ithacad is already admitting ", kMaxConcurrentPlans, " jobs; try again shortly"));
   }
   absl::StatusOr<AdmittedSpec> admitted =
-      ParseSubmission(toml, source, base_dir, node, options_.state_dir, options_.allowed_roots,
-                      cancelled);
+      ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
+                      options_.allowed_roots, cancelled);
   if (admitted.ok() && check_inputs) {
     absl::Status inputs = cancelled && cancelled() ? absl::CancelledError("the client went away")
                                                    : CheckInputs(*admitted, source);
     if (!inputs.ok()) admitted = inputs;
   }
   plans_in_flight_.fetch_sub(1);
+  if (!admitted.ok() && !overrides.empty()) {
+    return absl::Status(admitted.status().code(),
+                        ExplainSpecError(std::string(admitted.status().message()),
+                                         request.spec_toml(), source, overrides));
+  }
   return admitted;
 }
 
@@ -222,8 +231,7 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
   ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node,
-                         /*check_inputs=*/true, cancelled));
+                   Admit(request, options_.node, /*check_inputs=*/true, cancelled));
   RETURN_IF_ERROR(CheckFits(admitted, options_.node));
   v1::Job job;
   job.set_name(admitted.spec.name);
@@ -254,8 +262,7 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
 absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request,
                                                const std::function<bool()>& cancelled) {
   ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node,
-                         /*check_inputs=*/false, cancelled));
+                   Admit(request, options_.node, /*check_inputs=*/false, cancelled));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;

@@ -110,12 +110,14 @@ class Jobs : private JobOwner {
 
  private:
   static constexpr int kMaxConcurrentPlans = 4;
+  // The request's overrides applied (engine/spec/overrides.h: the clients' --set), then
   // ParseSubmission (parse, validate, resolve with the planner) and, with `check_inputs`,
   // CheckInputs (the data and weights opened as the workers will), at most kMaxConcurrentPlans
-  // at a time: RESOURCE_EXHAUSTED beyond.
-  absl::StatusOr<AdmittedSpec> Admit(const std::string& toml, const std::string& source,
-                                     const std::string& base_dir, const Node& node,
-                                     bool check_inputs, const std::function<bool()>& cancelled);
+  // at a time: RESOURCE_EXHAUSTED beyond. An error about a key names the line of the spec as
+  // sent, or the override that set it.
+  template <typename Request>
+  absl::StatusOr<AdmittedSpec> Admit(const Request& request, const Node& node, bool check_inputs,
+                                     const std::function<bool()>& cancelled);
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.

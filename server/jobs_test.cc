@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "server/services.h"
 #include "server/test_workers.h"
@@ -213,6 +214,55 @@ TEST(JobsTest, TwoLiveJobsCannotShareACheckpointDir) {
   WaitFor(jobs, first->id(), v1::JOB_STATE_CANCELLED);
   absl::StatusOr<v1::Job> third = jobs.Submit(with_dir("ckpt/shared"));
   EXPECT_TRUE(third.ok()) << third.status();
+}
+
+// The clients' --set travels as the request's overrides and ithacad applies them (one
+// implementation, engine/spec/overrides.h): the stored spec has them, Plan sees them, and an error
+// names the override or the user's own line.
+TEST(JobsTest, OverridesAreAppliedByTheDaemon) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("overrides", 1, Script("sleep.sh", "exec sleep 30")), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  v1::SubmitJobRequest r = Submission(1);
+  r.add_overrides("training.steps=7");
+  r.add_overrides("name=sweep-7");
+  absl::StatusOr<v1::Job> job = jobs.Submit(r);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name(), "sweep-7");
+  EXPECT_NE(job->spec_toml().find("steps = 7"), std::string::npos) << job->spec_toml();
+
+  v1::PlanJobRequest p;
+  p.set_spec_toml(r.spec_toml());
+  p.set_source("job.toml");
+  p.set_base_dir(r.base_dir());
+  p.add_overrides("data.seq_len=128");
+  absl::StatusOr<v1::PlanJobResponse> plan = jobs.Plan(p);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->spec().seq_len(), 128);
+
+  v1::SubmitJobRequest typo = Submission(1);
+  typo.add_overrides("training.stepz=3");
+  absl::StatusOr<v1::Job> refused = jobs.Submit(typo);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("(from --set training.stepz=3)"), std::string::npos)
+      << refused.status();
+  // A key of the user's file: its line there (the rewritten text's lines differ).
+  v1::SubmitJobRequest bad = Submission(1);
+  bad.set_spec_toml("# comment\n\n" + absl::StrReplaceAll(bad.spec_toml(),
+                                                         {{"steps = 3\n", "steps = 3\nlr = -1.0\n"}}));
+  bad.add_overrides("name=x");
+  refused = jobs.Submit(bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("training.lr: "), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("(line 12)"), std::string::npos) << refused.status();
+  v1::SubmitJobRequest no_eq = Submission(1);
+  no_eq.add_overrides("steps");
+  refused = jobs.Submit(no_eq);
+  EXPECT_NE(refused.status().message().find("--set steps: expected KEY=VALUE"), std::string::npos)
+      << refused.status();
 }
 
 // ListJobs answers a page at a time, however many jobs the store holds, and the pages together

@@ -65,6 +65,7 @@ probe worker //server:daemon fail
 probe engine/spec //engine/plan:planner fail
 probe engine/spec //engine/model:params fail
 probe client //engine/core fail
+probe client //engine/spec:toml_text fail
 probe proto //engine/train:trainer fail
 
 if [ $failures -ne 0 ]; then

@@ -314,6 +314,12 @@ class DaemonE2E(unittest.TestCase):
         c = self.d.client
         plan = c.plan(spec, base_dir=run)
         self.assertTrue(plan.plan.fits, plan.plan.summary)
+        # Overrides as the CLI's --set strings: the daemon applies them, and names a bad one.
+        self.assertEqual(c.plan(spec, base_dir=run, overrides=["data.seq_len=128"]).spec.seq_len,
+                         128)
+        with self.assertRaisesRegex(ithaca_client.IthacaError,
+                                    r"training\.stepz: unknown key.*\(from --set training\.stepz=3\)"):
+            c.plan(spec, base_dir=run, overrides=["training.stepz=3"])
         job = c.submit(spec, base_dir=run, overrides={"name": "from-dict", "training.steps": 4})
         events = list(c.watch(job.id, include_logs=True, timeout=120))
         self.assertTrue(any(isinstance(e, ithaca_client.Log) for e in events))

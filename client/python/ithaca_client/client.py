@@ -220,15 +220,16 @@ class Client:
 
     @staticmethod
     def _spec_request(spec, toml, overrides, source, base_dir):
-        """(spec TOML text, source name, base directory) of a dict, a path or TOML text."""
+        """(spec TOML text, source name, base directory, overrides) of a dict, a path or TOML
+        text. The overrides are sent as they are, "KEY=VALUE" each, and applied by ithacad
+        (the CLI's --set; engine/spec/overrides.h): a dict's values are written as TOML."""
         if (spec is None) == (toml is None):
             raise TypeError("give a spec (a dict or a path) or toml= (TOML text), not both")
-        data = text = None
         if toml is not None:
             text = toml
             source = source or "spec.toml"
         elif isinstance(spec, dict):
-            data = spec
+            text = _toml.dumps(spec)
             source = source or "spec"
         elif isinstance(spec, (str, os.PathLike)):
             path = os.fspath(spec)
@@ -239,29 +240,34 @@ class Client:
             base_dir = base_dir or os.path.dirname(os.path.abspath(path))
         else:
             raise TypeError(f"spec: a dict or a path, got {type(spec).__name__}")
-        if overrides:
-            data = _toml.tomllib.loads(text) if data is None else _deep_copy(data)
-            for key, value in overrides.items():
-                _toml.set_key(data, key, value)
-        if data is not None:
-            text = _toml.dumps(data)
-        return text, source, base_dir or os.getcwd()
+        if overrides is None:
+            sets = []
+        elif isinstance(overrides, dict):
+            sets = [f"{key}={_toml.value_text(value, key)}" for key, value in overrides.items()]
+        elif isinstance(overrides, (list, tuple)) and all(isinstance(o, str) for o in overrides):
+            sets = list(overrides)  # "KEY=VALUE" each, as on the CLI's command line
+        else:
+            raise TypeError('overrides: a dict {"training.steps": 10} or a list of '
+                            '"KEY=VALUE" strings')
+        return text, source, base_dir or os.getcwd(), sets
 
     # -- the API ----------------------------------------------------------------------------
 
     def submit(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None):
         """Queues a job and returns it (pb.Job; .id). `spec`: a dict (written as TOML) or the
-        path of a TOML file; or `toml`: the spec's TOML text. `overrides`: {"training.steps": 10, ...}. Relative
+        path of a TOML file; or `toml`: the spec's TOML text. `overrides`: {"training.steps":
+        10, ...} or ["training.steps=10", ...] (the CLI's --set), applied by the daemon. Relative
         paths in the spec resolve against `base_dir` (default: the file's directory, or the
         current directory) when the daemon's host has it, else against its state directory."""
-        text, source, base_dir = self._spec_request(spec, toml, overrides, source, base_dir)
-        req = pb.SubmitJobRequest(spec_toml=text, source=source, base_dir=base_dir)
+        text, source, base_dir, sets = self._spec_request(spec, toml, overrides, source, base_dir)
+        req = pb.SubmitJobRequest(spec_toml=text, source=source, base_dir=base_dir,
+                                  overrides=sets)
         return self._call(self._jobs.SubmitJob, req).job
 
     def plan(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None):
         """The memory plan of a spec against the node (pb.PlanJobResponse: .plan.fits, ...)."""
-        text, source, base_dir = self._spec_request(spec, toml, overrides, source, base_dir)
-        req = pb.PlanJobRequest(spec_toml=text, source=source, base_dir=base_dir)
+        text, source, base_dir, sets = self._spec_request(spec, toml, overrides, source, base_dir)
+        req = pb.PlanJobRequest(spec_toml=text, source=source, base_dir=base_dir, overrides=sets)
         return self._call(self._jobs.PlanJob, req)
 
     def status(self, job_id):
@@ -405,7 +411,3 @@ class Client:
         for _ in self.watch(job_id, timeout=timeout):
             pass
         return self.status(job_id)
-
-
-def _deep_copy(d):
-    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}

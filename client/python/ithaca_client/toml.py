@@ -1,13 +1,9 @@
 """Job specs as TOML: `dumps` writes a dict (of str, bool, int, float, lists and nested dicts) as
-TOML text that tomllib reads back equal, and `set_key` applies "a.b=c" overrides. The daemon
-takes the spec as TOML text; Python's standard library reads TOML but does not write it."""
+TOML text that tomllib reads back equal, and `value_text` one value (an override's). The daemon
+takes the spec as TOML text, and applies overrides itself; Python's standard library reads TOML
+but does not write it."""
 import math
 import re
-
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    import tomli as tomllib
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -82,23 +78,6 @@ def _table(d, path, lines):
         _table(v, path + [k], lines)
 
 
-def parse_value(text):
-    """A --set value: TOML (3, 1e-3, true, "x", [1, 2]) when it reads as such, else a string."""
-    try:
-        return tomllib.loads("v = " + text)["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def set_key(spec, dotted, value):
-    """spec["a"]["b"] = value for dotted == "a.b", making tables as needed."""
-    parts = dotted.split(".")
-    if not all(parts):
-        raise ValueError(f"--set {dotted}: empty key")
-    d = spec
-    for i, p in enumerate(parts[:-1]):
-        nxt = d.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise ValueError(f"--set {dotted}: {'.'.join(parts[:i + 1])} is not a table")
-        d = nxt
-    d[parts[-1]] = value
+def value_text(value, key):
+    """The TOML text of one value (for an override "KEY=VALUE"); TypeError naming `key`."""
+    return _value(value, key)

@@ -10,7 +10,6 @@ from unittest import mock
 
 import ithaca_client as ic
 from ithaca_client import pb
-from ithaca_client import toml as ictoml
 
 
 class SpecToml(unittest.TestCase):
@@ -51,37 +50,41 @@ class SpecToml(unittest.TestCase):
         with self.assertRaises(TypeError):
             ic.spec_toml(["not", "a", "dict"])
 
-    def test_overrides(self):
-        spec = {"training": {"steps": 60}}
-        ictoml.set_key(spec, "training.steps", ictoml.parse_value("5"))
-        ictoml.set_key(spec, "training.lr", ictoml.parse_value("1e-3"))
-        ictoml.set_key(spec, "memory.offload", ictoml.parse_value("true"))
-        ictoml.set_key(spec, "name", ictoml.parse_value("plain words"))
-        ictoml.set_key(spec, "data.path", ictoml.parse_value('"quoted.tok"'))
-        self.assertEqual(spec, {"training": {"steps": 5, "lr": 1e-3}, "memory": {"offload": True},
-                                "name": "plain words", "data": {"path": "quoted.tok"}})
-        with self.assertRaisesRegex(ValueError, "training.steps is not a table"):
-            ictoml.set_key(spec, "training.steps.x", 1)
-        with self.assertRaisesRegex(ValueError, "empty key"):
-            ictoml.set_key(spec, "training..x", 1)
+    def test_overrides_are_sent_for_the_daemon_to_apply(self):
+        # A dict's values as TOML text; a list as the CLI's --set strings, unchanged. Nothing is
+        # applied here: ithacad applies them (engine/spec/overrides.h), for both clients.
+        _, _, _, sets = ic.Client._spec_request(
+            None, "name = 'x'", {"training.steps": 5, "training.lr": 1e-3, "memory.offload": True,
+                                 "name": "plain words", "eval.paths": ["a.tok", "b.tok"]},
+            None, None)
+        self.assertEqual(sets, ["training.steps=5", "training.lr=0.001", "memory.offload=true",
+                                'name="plain words"', 'eval.paths=["a.tok", "b.tok"]'])
+        _, _, _, sets = ic.Client._spec_request(None, "name = 'x'",
+                                                ["training.steps=5", "data.path=shards/*.tok"],
+                                                None, None)
+        self.assertEqual(sets, ["training.steps=5", "data.path=shards/*.tok"])
+        with self.assertRaisesRegex(TypeError, "training.lr"):
+            ic.Client._spec_request(None, "name = 'x'", {"training.lr": None}, None, None)
+        with self.assertRaises(TypeError):
+            ic.Client._spec_request(None, "name = 'x'", "training.steps=5", None, None)
 
     def test_spec_requests(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "job.toml")
             with open(path, "w") as f:
                 f.write('name = "j"  # a comment\n[training]\nsteps = 60\n')
-            text, source, base = ic.Client._spec_request(path, None, None, None, None)
-            self.assertEqual((source, base), (path, d))
+            text, source, base, sets = ic.Client._spec_request(path, None, None, None, None)
+            self.assertEqual((source, base, sets), (path, d, []))
             self.assertIn("# a comment", text)  # sent as written
-            text, _, _ = ic.Client._spec_request(path, None, {"training.steps": 2}, None, None)
-            self.assertEqual(tomllib.loads(text), {"name": "j", "training": {"steps": 2}})
+            text, _, _, sets = ic.Client._spec_request(path, None, {"training.steps": 2}, None,
+                                                       None)
+            self.assertIn("# a comment", text)  # still as written: the daemon applies the set
+            self.assertEqual(sets, ["training.steps=2"])
             spec = {"name": "j", "training": {"steps": 60}}
-            text, source, base = ic.Client._spec_request(spec, None, {"training.steps": 3},
-                                                         None, None)
-            self.assertEqual(tomllib.loads(text)["training"]["steps"], 3)
-            self.assertEqual(spec["training"]["steps"], 60, "the caller's dict is not changed")
+            text, source, base, _ = ic.Client._spec_request(spec, None, None, None, None)
+            self.assertEqual(tomllib.loads(text), spec)
             self.assertEqual((source, base), ("spec", os.getcwd()))
-            _, source, base = ic.Client._spec_request(None, "name = 'x'", None, None, "/data")
+            _, source, base, _ = ic.Client._spec_request(None, "name = 'x'", None, None, "/data")
             self.assertEqual((source, base), ("spec.toml", "/data"))
             with self.assertRaises(TypeError):
                 ic.Client._spec_request(spec, "name = 'x'", None, None, None)

@@ -1,4 +1,4 @@
-#include "client/spec_overrides.h"
+#include "engine/spec/overrides.h"
 
 #include <map>
 #include <sstream>
@@ -16,6 +16,10 @@ namespace ithaca {
 absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const std::string& source,
                                            const std::vector<std::string>& overrides) {
   if (overrides.empty()) return toml_text;
+  if (overrides.size() > kMaxOverrides) {
+    return absl::InvalidArgumentError(absl::StrCat(overrides.size(), " --set overrides: at most ",
+                                                   kMaxOverrides, " in one request"));
+  }
   ASSIGN_OR_RETURN(toml::table spec, ParseTomlText(toml_text, source));
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
@@ -98,10 +102,10 @@ std::string ExplainSpecError(const std::string& message, const std::string& toml
     if (set_key == key || absl::StartsWith(key, set_key + ".")) where = "from --set " + o;
   }
   if (where.empty()) {
-    toml::parse_result parsed = toml::parse(toml_text, source);
-    if (!parsed) return message;
+    absl::StatusOr<toml::table> parsed = ParseTomlText(toml_text, source);
+    if (!parsed.ok()) return message;
     std::map<std::string, int> lines;
-    KeyLines(parsed.table(), "", &lines);
+    KeyLines(*parsed, "", &lines);
     auto it = lines.find(key);
     if (it == lines.end()) return message;
     where = absl::StrCat("line ", it->second);
