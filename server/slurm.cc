@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -274,10 +275,21 @@ std::string SlurmOutputErrors(const std::string& log_dir, const std::string& slu
       found.push_back(std::string(absl::StripAsciiWhitespace(line)));
     }
   }
-  if (static_cast<int>(found.size()) > max_lines) {
-    found.erase(found.begin(), found.end() - max_lines);
+  // A node that failed is named first ("Task launch for StepId=4.0 failed on node n2"), then the
+  // newest lines.
+  std::vector<std::string> picked;
+  for (const std::string& l : found) {
+    if (absl::StrContains(l, "on node") && static_cast<int>(picked.size()) < max_lines) {
+      picked.push_back(l);
+    }
   }
-  return absl::StrJoin(found, "; ");
+  for (auto it = found.rbegin(); it != found.rend() && static_cast<int>(picked.size()) < max_lines;
+       ++it) {
+    if (std::find(picked.begin(), picked.end(), *it) == picked.end()) {
+      picked.insert(picked.begin() + (picked.empty() ? 0 : 1), *it);
+    }
+  }
+  return absl::StrJoin(picked, "; ");
 }
 
 }  // namespace ithaca

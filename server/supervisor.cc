@@ -425,6 +425,21 @@ bool IsRetryable(const WorkerEnd& end) {
 
 }  // namespace
 
+namespace {
+
+// "ranks 2, 3": the ranks of a job that never registered ("" when all did).
+template <typename Job>
+std::string NeverRegistered(const Job& job) {
+  std::vector<int> missing;
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    if (!job.ranks[r].registered && !job.ranks[r].adopted) missing.push_back(static_cast<int>(r));
+  }
+  if (missing.empty()) return "";
+  return absl::StrCat(missing.size() == 1 ? "rank " : "ranks ", absl::StrJoin(missing, ", "));
+}
+
+}  // namespace
+
 std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank,
                                                     absl::Time now) {
   if (rank.remote) {
@@ -469,11 +484,11 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   }
   if (!job.slurm_id.empty() && !job.ending) {
     if (SlurmVerdictLocked(job, now)) return;
-    // A rank stopped by SIGTERM (or killed) may be Slurm's doing (scancel, a time limit,
-    // preemption): Slurm's state says so a moment later, and is the better reason.
+    // A rank's end may be Slurm's doing (scancel, a time limit, preemption, a lost node: SIGTERM
+    // to one node's launcher, and the other nodes' ranks fail on the broken collective): Slurm's
+    // state says so a moment later, and is the better reason.
     if (culprit && !job.deferred_culprit) {
-      const WorkerEnd& end = *job.ranks[*culprit].exit;
-      if ((end.signaled || end.code == kExitKilled) && !job.ranks[*culprit].vanished) {
+      if (!job.ranks[*culprit].vanished) {
         job.deferred_culprit = static_cast<int>(*culprit);
         job.deferred_since = now;
         job.slurm_polled = absl::InfinitePast();
@@ -489,9 +504,12 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     TailLogsLocked(job, true);
     std::string reason =
         rank.vanished && rank.remote
-            ? absl::StrCat("rank ", *culprit, rank.node.empty() ? "" : " (node " + rank.node + ")",
-                           " did not report its end before the Slurm job ended: ",
-                           SlurmSaysLocked(job))
+            ? absl::StrCat(NeverRegistered(job).empty()
+                               ? absl::StrCat("rank ", *culprit,
+                                              rank.node.empty() ? "" : " (node " + rank.node + ")",
+                                              " did not report its end")
+                               : NeverRegistered(job) + " never started",
+                           " before the Slurm job ended: ", SlurmSaysLocked(job))
         : rank.vanished
             ? absl::StrCat("rank ", *culprit, " (pid ", rank.pid,
                            ", adopted after a daemon restart) is gone; its exit status is unknown")
@@ -546,7 +564,8 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
                 absl::StrCat("rank ", r, rank.remote ? "" : absl::StrCat(" (pid ", rank.pid, ")"),
                              " did not ",
                              rank.adopted ? "re-attach after the daemon restart" : "register",
-                             " within ", absl::FormatDuration(options_.start_timeout)),
+                             " within ", absl::FormatDuration(options_.start_timeout),
+                             job.slurm_id.empty() ? "" : "; " + SlurmSaysLocked(job)),
                 static_cast<int>(r), true);
       job.retryable = true;
       return;

@@ -77,9 +77,12 @@ ${4:-}
 TOML
 }
 
+# One port for every ithacad of the test: the ranks on the nodes dial it, and a restarted daemon
+# must be found where its predecessor was (as a real deployment's fixed address).
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start_daemon() {
   rm -f "$T/state/ithacad.addr"
-  "$D" --cluster slurm --state-dir "$T/state" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+  "$D" --cluster slurm --state-dir "$T/state" --listen "127.0.0.1:$PORT" --metrics-listen 127.0.0.1:0 \
     --cpu-slots 2 --allow-root-workers --allowed-roots "$S" --start-timeout-s 30 \
     --heartbeat-interval-ms 200 --slurm-poll-s 0.5 >> "$T/ithacad.out" 2>&1 &
   DPID=$!
@@ -141,7 +144,7 @@ echo "1 node x 4 ranks:"; echo "$one_node"
 [ "$two_nodes" = "$one_node" ] || fail "the losses differ"
 
 echo "== 2. ithacad killed (-9) and restarted mid-job"
-spec restart 40 2 > "$T/restart.toml"
+spec restart 200 2 > "$T/restart.toml"
 J2=$("$C" submit "$T/restart.toml" -q)
 wait_state "$J2" running 90
 for _ in $(seq 300); do [ "$(steps "$J2" | wc -l)" -ge 3 ] && break; sleep 0.2; done
@@ -151,7 +154,7 @@ start_daemon
 "$C" wait "$J2" --timeout 240 >/dev/null || fail "job $J2 after the restart: $(state "$J2"): $(field "$J2" reason)"
 grep -q "adopting job $J2 .*Slurm job" "$T/ithacad.out" || fail "the new ithacad did not adopt $J2 by its Slurm job"
 got=$(steps "$J2" | awk '{print $2}' | tr '\n' ' ')
-want=$(seq 1 40 | tr '\n' ' ')
+want=$(seq 1 200 | tr '\n' ' ')
 [ "$got" = "$want" ] || fail "job $J2's history of rank 0 is [$got], not [$want]"
 [ "$("$C" status "$J2" -o json | python3 -c 'import json,sys; print(sum(1 for t in json.load(sys.stdin)["transitions"] if t["to"] == "JOB_STATE_STARTING"))')" = 1 ] \
   || fail "job $J2 was started more than once"
