@@ -496,7 +496,15 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
       }
     } else if (!culprit && job.deferred_culprit &&
                (job.slurm.Terminal() || now - job.deferred_since > options_.cluster_verdict_wait)) {
+      // The cause: a rank killed or gone without a word (its node's launcher saw it die) over
+      // the first one that reported an error (often a peer's broken collective).
       culprit = static_cast<size_t>(*job.deferred_culprit);
+      for (size_t r = 0; r < job.ranks.size(); ++r) {
+        if (job.ranks[r].exit && job.ranks[r].exit->signaled) {
+          culprit = r;
+          break;
+        }
+      }
     }
   }
   if (culprit && !job.ending) {

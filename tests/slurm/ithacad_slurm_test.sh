@@ -4,8 +4,10 @@
 #     4-rank job on one node; its history, status and metrics name both nodes;
 #  2. ithacad killed (-9) mid-job and started again: it re-attaches to the Slurm job by the id
 #     in its store, the job goes on and succeeds, and its history has every step once;
-#  3. `scancel` from Slurm's side: the job is CANCELLED in ithacad with Slurm's reason;
-#  4. a node that never starts (its slurmd stopped): the job fails naming Slurm's reason, in
+#  3. a rank killed on node n2 with [retry] max_restarts = 1: the job is submitted again, resumes
+#     from its checkpoint and ends with the loss of a run nothing interrupted;
+#  4. `scancel` from Slurm's side: the job is CANCELLED in ithacad with Slurm's reason;
+#  5. a node that never starts (its slurmd stopped): the job fails naming Slurm's reason, in
 #     bounded time.
 # Needs root and `apt-get install slurm-wlm munge` (tools/setup.sh installs them).
 set -euo pipefail
@@ -37,8 +39,8 @@ cleanup() {
   SLURM_CONF=$S/slurm.conf scancel --user=root 2>/dev/null
   "$ROOT/tests/slurm/slurm_local.sh" stop "$S" >/dev/null 2>&1
   # Anything of ours a killed step left behind (its environment names this test's state).
-  for p in $(pgrep -f "$W" 2>/dev/null); do
-    grep -qz "ITHACA_JOB_ID=" "/proc/$p/environ" 2>/dev/null && grep -q "$S" "/proc/$p/cmdline" 2>/dev/null && kill -9 "$p"
+  for p in $(pgrep -f "ithaca-worker --daemon" 2>/dev/null); do
+    grep -qz "ITHACA_ALLOWED_ROOTS=$S" "/proc/$p/environ" 2>/dev/null && kill -9 "$p"
   done
   rm -rf "$S"
 }
@@ -159,7 +161,35 @@ want=$(seq 1 200 | tr '\n' ' ')
 [ "$("$C" status "$J2" -o json | python3 -c 'import json,sys; print(sum(1 for t in json.load(sys.stdin)["transitions"] if t["to"] == "JOB_STATE_STARTING"))')" = 1 ] \
   || fail "job $J2 was started more than once"
 
-echo "== 3. scancel from Slurm's side"
+echo "== 3. a rank killed on node n2, [retry] max_restarts = 1"
+spec retry 60 2 "[checkpoint]
+dir = \"$T/ck-retry\"
+every = 5
+[retry]
+max_restarts = 1
+backoff_seconds = 0" > "$T/retry.toml"
+J5=$("$C" submit "$T/retry.toml" -q)
+wait_state "$J5" running 90
+for _ in $(seq 300); do [ "$(steps "$J5" | wc -l)" -ge 12 ] && break; sleep 0.1; done
+victim=""
+for p in $(pgrep -f "ithaca-worker --daemon"); do
+  env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
+  grep -qx "ITHACA_JOB_ID=$J5" <<<"$env" && grep -qx ITHACA_RANK=3 <<<"$env" && grep -qx SLURMD_NODENAME=n2 <<<"$env" && victim=$p
+done
+[ -n "$victim" ] || fail "no rank 3 of $J5 on n2 to kill"
+kill -9 "$victim"
+"$C" wait "$J5" --timeout 240 >/dev/null || fail "job $J5 after the kill: $(state "$J5"): $(field "$J5" reason)"
+[ "$(field "$J5" restarts)" = 1 ] || fail "job $J5 has $(field "$J5" restarts) restarts, not 1"
+"$C" status "$J5" | grep -q "restart 1 of 1 .*rank 3 (node n2)" || { "$C" status "$J5" >&2; fail "the restart does not name rank 3 on n2"; }
+sed "s#$T/ck-retry#$T/ck-straight#" "$T/retry.toml" > "$T/straight.toml"
+timeout 300 "$W" --standalone "$T/straight.toml" --nproc 4 > "$T/straight.log" 2>&1 \
+  || { cat "$T/straight.log" >&2; fail "the uninterrupted run failed"; }
+last_retry=$(steps "$J5" | tail -n 1)
+last_straight=$(losses "$T/straight.log" | tail -n 1 | awk '{printf "step %d loss %.4f", $2, $4}')
+echo "retried: $last_retry; uninterrupted: $last_straight"
+[ "$last_retry" = "$last_straight" ] || fail "the retried job ends at \"$last_retry\", not \"$last_straight\""
+
+echo "== 4. scancel from Slurm's side"
 spec cancel 1000 2 > "$T/cancel.toml"
 J3=$("$C" submit "$T/cancel.toml" -q)
 wait_state "$J3" running 90
@@ -170,7 +200,7 @@ reason=$(field "$J3" reason)
 echo "reason: $reason"
 grep -q "cancelled in Slurm: Slurm job $sid CANCELLED" <<<"$reason" || fail "the reason is \"$reason\""
 
-echo "== 4. a node that never starts"
+echo "== 5. a node that never starts"
 "$ROOT/tests/slurm/slurm_local.sh" node-down "$S" n2
 spec down 6 2 > "$T/down.toml"
 J4=$("$C" submit "$T/down.toml" -q)
