@@ -37,13 +37,16 @@ cleanup() {
   set +e
   [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
   SLURM_CONF=$S/slurm.conf scancel --user=root 2>/dev/null
-  "$ROOT/tests/slurm/slurm_local.sh" stop "$S" >/dev/null 2>&1
+  "$ROOT/tests/slurm/slurm_local.sh" stop "$S" $stop_munge >/dev/null 2>&1
   # Anything of ours a killed step left behind (its environment names this test's state).
   for p in $(pgrep -f "ithaca-worker --daemon" 2>/dev/null); do
     grep -qz "ITHACA_ALLOWED_ROOTS=$S" "/proc/$p/environ" 2>/dev/null && kill -9 "$p"
   done
   rm -rf "$S"
 }
+# munged too, unless it ran before this test.
+stop_munge=--munge
+munge -n >/dev/null 2>&1 && stop_munge=""
 trap cleanup EXIT
 "$ROOT/tests/slurm/slurm_local.sh" start "$S" 2 2 >/dev/null
 export SLURM_CONF=$S/slurm.conf
