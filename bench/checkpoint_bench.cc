@@ -29,8 +29,8 @@
 #include "engine/runtime/backend.h"
 #include "engine/runtime/rank.h"
 #include "engine/schedule/llama.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/distributed_checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "worker/launcher.h"
 

@@ -3,7 +3,7 @@
 # shared libraries they need that such a host lacks (Debian's Abseil, gflags, ...; not CUDA,
 # cuDNN, NCCL or glibc, which the host has): `bench/collect_device_bin.sh OUT_DIR`, after
 #   bazel build //engine/backend/cuda:all //engine/comm/nccl:all //bench/... //server:ithacad \
-#     //worker:ithaca-worker //client:ithaca //engine/train:ithaca-tokenize
+#     //worker:ithaca-worker //client:ithaca //engine/data:ithaca-tokenize
 # Then carry OUT_DIR to the device and run `bench/device_session.sh OUT_DIR RESULTS PHASE...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ bins=$(find bazel-bin/engine/backend/cuda bazel-bin/engine/comm/nccl bazel-bin/b
   ! -path '*runfiles*' ! -path '*_objs*' 2>/dev/null)
 # The service too (the daemon phase): ithacad, its worker, the CLI and the byte-level tokenizer.
 bins="$bins bazel-bin/server/ithacad bazel-bin/worker/ithaca-worker bazel-bin/client/ithaca
-  bazel-bin/engine/train/ithaca-tokenize"
+  bazel-bin/engine/data/ithaca-tokenize"
 for b in $bins; do
   cp -f "$b" "$OUT/"
   { ldd "$b" || true; } | awk '/=> \// {print $3}' | while read -r lib; do

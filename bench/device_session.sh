@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call that runs several phases from prebuilt binaries:
 # `bench/device_session.sh BIN_DIR OUT_DIR PHASE...`, from the repository root (the training test
-# reads engine/train/testdata). BIN_DIR holds the test and bench binaries, built here with
+# reads engine/data/testdata). BIN_DIR holds the test and bench binaries, built here with
 # `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //bench/...`
 # (a build with CUDA: bazel/cuda_configure.bzl),
 # and a lib/ folder with the non-CUDA shared libraries they need (Abseil, libgomp) where the GPU
@@ -168,7 +168,7 @@ for phase in "$@"; do
     daemon)
       D=/tmp/ithaca-daemon-phase
       rm -rf "$D" && mkdir -p "$D/run" "$D/state"
-      "$BIN/ithaca-tokenize" --input engine/train/testdata/tiny_corpus.txt --output "$D/run/corpus.tok"
+      "$BIN/ithaca-tokenize" --input engine/data/testdata/tiny_corpus.txt --output "$D/run/corpus.tok"
       gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
       backend=cuda
       [ "$gpus" = 0 ] && backend=cpu

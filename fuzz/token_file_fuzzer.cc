@@ -1,4 +1,4 @@
-// libFuzzer harness: token files of versions 1 and 2 (engine/train/token_file.h). Open validates
+// libFuzzer harness: token files of versions 1 and 2 (engine/data/token_file.h). Open validates
 // the header, the document index and the loss mask; a file it accepts is then served by a
 // DataLoader, which relies on that validation.
 #include <cstddef>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 #include "fuzz/fuzz_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -5,7 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "engine/plan/planner.h"
-#include "engine/train/token_file.h"
+#include "engine/data/job_inputs.h"
+#include "engine/data/token_file.h"
 #include "engine/core/path_policy.h"
 
 namespace ithaca {
@@ -209,6 +210,14 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   m.set_data_path(a.spec.data.path);
   m.set_checkpoint_dir(a.spec.checkpoint.dir);
   return a;
+}
+
+absl::Status CheckInputs(const AdmittedSpec& a, const std::string& source) {
+  absl::StatusOr<std::vector<std::string>> inputs = CheckJobInputs(a.spec, a.config);
+  if (inputs.ok()) return absl::OkStatus();
+  return absl::Status(inputs.status().code(),
+                      absl::StrCat(source.empty() ? "job.toml" : source, ": ",
+                                   inputs.status().message()));
 }
 
 NodeResources NodeResourcesFor(const Node& node, int ranks) {

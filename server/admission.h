@@ -2,7 +2,7 @@
 // key that is wrong (INVALID_ARGUMENT) or the numbers that do not fit (FAILED_PRECONDITION),
 // never later on a worker.
 //
-// A job is resolved here, once (engine/spec/resolve.h ResolveJob): the budget rule
+// A job is resolved here, once (engine/plan/resolve.h ResolveJob): the budget rule
 // (engine/plan/budgets.h) applied to this node, the planner's per-rank peak per tier for the
 // settings it chose for every "auto", and the job is admitted only if that peak fits. The
 // resolved TOML is what the job store keeps, `ithaca status` shows and the workers run as it is,
@@ -15,7 +15,7 @@
 
 #include "engine/core/status.h"
 #include "engine/plan/budgets.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "ithaca/v1/job.pb.h"
 #include "server/node.h"
 
@@ -53,6 +53,12 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const Node& node, const std::string& daemon_dir = "",
                                              const std::vector<std::string>& allowed_roots = {},
                                              const std::function<bool()>& cancelled = nullptr);
+
+// The job's data, evaluation data and weights opened and checked against its model as the
+// workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it
+// takes a slot; errors start with `source`. SubmitJob runs it; PlanJob, which answers what a job
+// would take (also for data.seq_len values the data does not hold yet), does not.
+absl::Status CheckInputs(const AdmittedSpec& admitted, const std::string& source);
 
 // The node as the budget rule sees it, for a job of `ranks` ranks (all on this host).
 NodeResources NodeResourcesFor(const Node& node, int ranks);

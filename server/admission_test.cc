@@ -13,16 +13,19 @@
 
 #include "absl/time/clock.h"
 #include "engine/core/path_policy.h"
+#include "engine/model/config.h"
+#include "engine/model/safetensors.h"
+#include "server/test_workers.h"
 
 namespace ithaca {
 namespace {
 
-// A spec whose data file exists (any file will do: admission checks presence, not format).
+// A spec whose data file exists and is a real token file (admission opens it as the workers do).
 std::string Dir() {
   const char* t = std::getenv("TEST_TMPDIR");
   static const std::string dir = [&] {
     std::string d = t ? t : "/tmp";
-    std::ofstream(d + "/corpus.tok") << "x";
+    WriteCorpus(d + "/corpus.tok");
     return d;
   }();
   return dir;
@@ -89,7 +92,7 @@ TEST(AdmissionTest, RelativePathsResolveOnTheDaemonsHost) {
   // The client's directory exists here (the CLI beside the daemon): paths resolve against it.
   const std::string state = Dir() + "/state";
   mkdir(state.c_str(), 0755);
-  std::ofstream(state + "/in-state.tok") << "x";
+  WriteCorpus(state + "/in-state.tok");
   Node node = Roomy();
   node.hostname = "gpu-node-7";
   auto a = ParseSubmission(Spec(), "job.toml", Dir(), node, state);
@@ -343,8 +346,8 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
   const std::string root = Dir() + "/roots/allowed";
   const std::string outside = Dir() + "/roots/outside";
   ASSERT_EQ(system(("mkdir -p " + root + "/models " + outside).c_str()), 0);
-  std::ofstream(root + "/corpus.tok") << "x";
-  std::ofstream(outside + "/secret.tok") << "x";
+  WriteCorpus(root + "/corpus.tok");
+  WriteCorpus(outside + "/secret.tok");
   std::ofstream(outside + "/config.json") << "{}";
   unlink((root + "/escape").c_str());
   ASSERT_EQ(symlink(outside.c_str(), (root + "/escape").c_str()), 0);
@@ -384,7 +387,7 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
   // A glob's matches are checked one by one: a link among them is refused.
   unlink((root + "/models/link.tok").c_str());
   ASSERT_EQ(symlink((outside + "/secret.tok").c_str(), (root + "/models/link.tok").c_str()), 0);
-  std::ofstream(root + "/models/a.tok") << "x";
+  WriteCorpus(root + "/models/a.tok");
   absl::Status glob = admit(spec("models/*.tok", "preset = \"tiny\"", ""));
   EXPECT_EQ(glob.code(), absl::StatusCode::kPermissionDenied) << glob;
   EXPECT_NE(glob.message().find("link.tok"), std::string::npos) << glob;
@@ -418,7 +421,7 @@ TEST(AllowedRootsTest, EveryBraceAlternativeIsCheckedBeforeItIsLookedAt) {
   const std::string root = Dir() + "/alternatives/allowed";
   const std::string outside = Dir() + "/alternatives/outside";
   ASSERT_EQ(system(("mkdir -p " + root + " " + outside + "/dir").c_str()), 0);
-  std::ofstream(root + "/corpus.tok") << "x";
+  WriteCorpus(root + "/corpus.tok");
   std::ofstream(outside + "/dir/private-name.tok") << "x";
   auto roots = ParseAllowedRoots(root);
   ASSERT_TRUE(roots.ok()) << roots.status();
@@ -443,12 +446,77 @@ TEST(AllowedRootsTest, EveryBraceAlternativeIsCheckedBeforeItIsLookedAt) {
   EXPECT_NE(typo.message().find("corpus.tokk: no such file"), std::string::npos) << typo;
 }
 
+// What a worker used to find only after its launch (a slot taken, ranks started) is refused at
+// admission (CheckInputs, which SubmitJob runs): an evaluation set too small for eval.batches, weights in a dtype Ithaca does not
+// read or missing a tensor, and data made with another tokenizer than the model's.
+TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
+  const std::string dir = Dir() + "/inputs";
+  ASSERT_EQ(system(("mkdir -p " + dir + "/model").c_str()), 0);
+  WriteCorpus(dir + "/corpus.tok");
+  auto check = [&](const std::string& toml) {
+    absl::StatusOr<AdmittedSpec> a = ParseSubmission(toml, "job.toml", dir, Roomy());
+    return a.ok() ? CheckInputs(*a, "job.toml") : a.status();
+  };
+  auto admit = [&](const std::string& model, const std::string& extra) {
+    return check("name = \"t\"\nbackend = \"cpu\"\n[model]\n" + model +
+                 "\n[data]\npath = \"corpus.tok\"\nseq_len = 64\n[training]\nsteps = 3\n" + extra);
+  };
+  ASSERT_TRUE(admit("preset = \"tiny\"", "[eval]\npath = \"corpus.tok\"\nbatches = 4\n").ok());
+  absl::Status eval = admit("preset = \"tiny\"", "[eval]\npath = \"corpus.tok\"\nbatches = 1000\n");
+  EXPECT_EQ(eval.code(), absl::StatusCode::kInvalidArgument) << eval;
+  EXPECT_NE(eval.message().find("job.toml: eval.path: "), std::string::npos) << eval;
+  EXPECT_NE(eval.message().find("(eval.batches 1000 x data.micro_batch 1 x 1 data-parallel "
+                                "replicas): lower eval.batches or add data"),
+            std::string::npos)
+      << eval;
+
+  // A safetensors file of one F16 tensor: its header names the dtype.
+  const std::string header =
+      R"({"model.embed_tokens.weight":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})";
+  {
+    std::ofstream f(dir + "/model/model.safetensors", std::ios::binary);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << std::string(4, '\0');
+  }
+  std::ofstream(dir + "/model/config.json") << ConfigToJson(*PresetConfig("tiny"));
+  absl::Status f16 = admit("config = \"model/config.json\"\nweights = \"model\"", "");
+  EXPECT_EQ(f16.code(), absl::StatusCode::kInvalidArgument) << f16;
+  EXPECT_NE(f16.message().find("job.toml: model.weights: "), std::string::npos) << f16;
+  EXPECT_NE(f16.message().find("has dtype F16, which Ithaca does not read"), std::string::npos)
+      << f16;
+  // Weights that lack a tensor of the config.
+  SafetensorsWriter w;
+  const std::vector<float> two = {1, 2};
+  w.Add("model.norm.weight", DType::kF32, {2}, two.data(), DType::kF32);
+  ASSERT_TRUE(w.WriteFile(dir + "/model/model.safetensors").ok());
+  absl::Status missing = admit("config = \"model/config.json\"\nweights = \"model\"", "");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument) << missing;
+  EXPECT_NE(missing.message().find("has no tensor 'model.embed_tokens.weight', which the model's "
+                                   "config needs"),
+            std::string::npos)
+      << missing;
+
+  // Data tokenized with another tokenizer than the model directory's tokenizer.json.
+  std::ofstream(dir + "/model/tokenizer.json") << R"({"model": {"type": "BPE"}})";
+  TokenFileMeta meta = ByteTokenMeta(ByteTokenize(std::string(200, 'x')));
+  meta.fingerprint = Sha256("another tokenizer", 17);
+  ASSERT_TRUE(WriteTokenFileV2(dir + "/other.tok", ByteTokenize(std::string(200, 'x')), meta).ok());
+  const std::string other = "name = \"t\"\nbackend = \"cpu\"\n[model]\nconfig = \"model/config.json\"\n"
+                            "[data]\npath = \"other.tok\"\nseq_len = 64\n[training]\nsteps = 3\n";
+  absl::Status tokenizer = check(other);
+  EXPECT_EQ(tokenizer.code(), absl::StatusCode::kInvalidArgument) << tokenizer;
+  EXPECT_NE(tokenizer.message().find("but the model's tokenizer " + dir + "/model/tokenizer.json"),
+            std::string::npos)
+      << tokenizer;
+}
+
 // A 289-byte data.path must not cost seconds and hundreds of MB of admission (2^21 brace
 // alternatives), and an admission whose client went away stops.
 TEST(AdmissionTest, DataPatternsAreBoundedAndCancellable) {
   const std::string dir = Dir() + "/bounded";
   ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
-  std::ofstream(dir + "/corpus.tok") << "x";
+  WriteCorpus(dir + "/corpus.tok");
   auto spec = [](const std::string& data) {
     return "name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n[data]\npath = \"" +
            data + "\"\nseq_len = 64\n[training]\nsteps = 3\n";

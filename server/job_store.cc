@@ -424,18 +424,27 @@ absl::StatusOr<int> JobStore::ProcessGroup(const std::string& id) {
 absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& report) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string blob = report.SerializeAsString();
-  Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
-  up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, blob);
-  RETURN_IF_ERROR(up.Run());
   const int64_t step = report.step();
   const bool keep = (report.rank() == 0 && step <= kHistoryDenseSteps) ||
                     step % kHistoryEvery == 0 || step == report.total_steps() ||
                     report.checkpoint_seconds() > 0;
-  if (!keep) return absl::OkStatus();
-  Stmt h(db_, "INSERT INTO history VALUES(?, ?, ?, ?, ?, ?)");
-  h.Bind(1, id).Bind(2, kHistoryStep).Bind(3, int64_t{report.rank()}).Bind(4, step);
-  h.Bind(5, NowMs()).BindBlob(6, blob);
-  return h.Run();
+  // The rank's last step and its history row together or not at all: a daemon killed between
+  // the two would leave a step that the history lacks (or the other way round).
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
+  up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, blob);
+  absl::Status st = up.Run();
+  if (st.ok() && keep) {
+    Stmt h(db_, "INSERT INTO history VALUES(?, ?, ?, ?, ?, ?)");
+    h.Bind(1, id).Bind(2, kHistoryStep).Bind(3, int64_t{report.rank()}).Bind(4, step);
+    h.Bind(5, NowMs()).BindBlob(6, blob);
+    st = h.Run();
+  }
+  if (!st.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return st;
+  }
+  return Exec("COMMIT");
 }
 
 absl::Status JobStore::RecordEval(const std::string& id, const v1::EvalReport& report) {

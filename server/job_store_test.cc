@@ -286,6 +286,43 @@ std::string TestPath(const std::string& name) {
   return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
 }
 
+// A step's two writes (the rank's last step, its history row) are one transaction: when the
+// history insert fails (a trigger stands in for a crash between the two), the last step is not
+// moved on either, so an adopting daemon never sees a step the history lacks.
+TEST(JobStoreTest, AStepIsRecordedWholeOrNotAtAll) {
+  const std::string path = TestPath("atomic-step.db");
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TRIGGER boom BEFORE INSERT ON history WHEN NEW.step = 7 "
+                         "BEGIN SELECT RAISE(ABORT, 'disk gone'); END",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::StepReport r;
+  r.set_total_steps(7);
+  r.set_step(6);
+  ASSERT_TRUE((*store)->RecordStep("job-1", r).ok());
+  r.set_step(7);  // the last step: always kept in the history
+  EXPECT_FALSE((*store)->RecordStep("job-1", r).ok());
+  absl::StatusOr<v1::Job> job = (*store)->Get("job-1");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->last_steps_size(), 1);
+  EXPECT_EQ(job->last_steps(0).step(), 6) << "the last step moved on without its history row";
+  auto history = (*store)->History("job-1");
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), 1u);
+  EXPECT_EQ((*history)[0].step().step(), 6);
+}
+
 TEST(JobStoreTest, ADamagedDatabaseIsRefusedAtOpenNamingTheFile) {
   const std::string path = TestPath("damaged.db");
   unlink(path.c_str());

@@ -10,7 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/admission.h"
@@ -172,6 +172,11 @@ absl::Status Jobs::Recover() {
       adopt = AdoptableLocked(job, &why_not);
     }
     if (adopt) {
+      // The adopted job still writes into its checkpoint.dir: no new job may share it.
+      if (!job.spec().checkpoint_dir().empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ClaimCheckpointDirLocked(job.spec().checkpoint_dir(), job.id()).IgnoreError();
+      }
       supervisor_.Adopt(*adopt);
       continue;
     }
@@ -217,6 +222,7 @@ absl::Status Jobs::Recover() {
 
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::string& source,
                                          const std::string& base_dir, const Node& node,
+                                         bool check_inputs,
                                          const std::function<bool()>& cancelled) {
   // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
   // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
@@ -229,6 +235,11 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const std::string& toml, const std::str
   absl::StatusOr<AdmittedSpec> admitted =
       ParseSubmission(toml, source, base_dir, node, options_.state_dir, options_.allowed_roots,
                       cancelled);
+  if (admitted.ok() && check_inputs) {
+    absl::Status inputs = cancelled && cancelled() ? absl::CancelledError("the client went away")
+                                                   : CheckInputs(*admitted, source);
+    if (!inputs.ok()) admitted = inputs;
+  }
   plans_in_flight_.fetch_sub(1);
   return admitted;
 }
@@ -239,8 +250,9 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request.spec_toml(), request.source(),
-                                                request.base_dir(), options_.node, cancelled));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted,
+                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node,
+                         /*check_inputs=*/true, cancelled));
   if (admitted.spec.slurm.nodes > 1 && !options_.supervisor.slurm) {
     return absl::FailedPreconditionError(absl::StrCat(
         "slurm.nodes = ", admitted.spec.slurm.nodes,
@@ -276,8 +288,9 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
 
 absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request,
                                                const std::function<bool()>& cancelled) {
-  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request.spec_toml(), request.source(),
-                                                request.base_dir(), options_.node, cancelled));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted,
+                   Admit(request.spec_toml(), request.source(), request.base_dir(), options_.node,
+                         /*check_inputs=*/false, cancelled));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;

@@ -105,11 +105,12 @@ class Jobs : private JobOwner {
 
  private:
   static constexpr int kMaxConcurrentPlans = 4;
-  // ParseSubmission (parse, validate, resolve with the planner), at most kMaxConcurrentPlans at
-  // a time: RESOURCE_EXHAUSTED beyond.
+  // ParseSubmission (parse, validate, resolve with the planner) and, with `check_inputs`,
+  // CheckInputs (the data and weights opened as the workers will), at most kMaxConcurrentPlans
+  // at a time: RESOURCE_EXHAUSTED beyond.
   absl::StatusOr<AdmittedSpec> Admit(const std::string& toml, const std::string& source,
                                      const std::string& base_dir, const Node& node,
-                                     const std::function<bool()>& cancelled);
+                                     bool check_inputs, const std::function<bool()>& cancelled);
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.

@@ -15,9 +15,9 @@
 namespace ithaca {
 namespace {
 
-// A CPU job of `world` ranks whose data file exists (admission checks presence, not format).
+// A CPU job of `world` ranks whose data file is a real token file.
 v1::SubmitJobRequest Submission(int world) {
-  std::ofstream(TmpDir() + "/corpus.tok") << "x";
+  WriteCorpus(TmpDir() + "/corpus.tok");
   v1::SubmitJobRequest r;
   r.set_spec_toml(
       absl::StrCat("name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n",

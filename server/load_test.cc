@@ -61,7 +61,7 @@ TEST(LoadTest, ManyJobsStreamsAndSlowClientsStayBounded) {
   o.supervisor.start_timeout = absl::Seconds(120);
   Jobs jobs(o, store->get(), &metrics);
   ASSERT_TRUE(jobs.Start().ok());
-  std::ofstream(TmpDir() + "/corpus.tok") << "x";
+  WriteCorpus(TmpDir() + "/corpus.tok");
   v1::SubmitJobRequest submit;
   submit.set_spec_toml(
       "name = \"live\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n[data]\npath = "

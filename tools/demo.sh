@@ -9,9 +9,9 @@ cd "$(dirname "$0")/.."
 RUN="${ITHACA_DEMO_DIR:-$PWD/runs/demo}"
 export ITHACA_HOME="${ITHACA_HOME:-$HOME/.ithaca}"
 mkdir -p "$RUN" "$ITHACA_HOME"
-bazel build //server:ithacad //worker:ithaca-worker //client:ithaca //engine/train:ithaca-tokenize
+bazel build //server:ithacad //worker:ithaca-worker //client:ithaca //engine/data:ithaca-tokenize
 BIN="$PWD/bazel-bin"
-"$BIN/engine/train/ithaca-tokenize" --input engine/train/testdata/tiny_corpus.txt \
+"$BIN/engine/data/ithaca-tokenize" --input engine/data/testdata/tiny_corpus.txt \
   --output "$RUN/corpus.tok"
 # CUDA on one GPU where there is one; otherwise two CPU ranks (FSDP + Ulysses over Gloo).
 if nvidia-smi -L >/dev/null 2>&1; then

@@ -21,7 +21,7 @@
 #include "engine/core/path_policy.h"
 #include "engine/memory/allocator.h"
 #include "engine/runtime/rank.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
 #include "server/rpc_text.h"

@@ -7,8 +7,8 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/plan/budgets.h"
 #include "engine/spec/job_spec.h"
-#include "engine/spec/resolve.h"
-#include "engine/train/checkpoint.h"
+#include "engine/plan/resolve.h"
+#include "engine/checkpoint/checkpoint.h"
 
 namespace ithaca {
 namespace {

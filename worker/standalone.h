@@ -8,7 +8,7 @@
 
 namespace ithaca {
 
-// The spec is resolved here (engine/spec/resolve.h ResolveJob) against this host, as admission
+// The spec is resolved here (engine/plan/resolve.h ResolveJob) against this host, as admission
 // would resolve it against the daemon's node.
 absl::Status RunStandalone(const std::string& spec_path);
 

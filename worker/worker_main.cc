@@ -20,8 +20,7 @@
 #include <cstring>
 #include <string>
 
-#include "engine/backend/cuda/cuda_backend.h"
-#include "engine/comm/nccl/nccl_connect.h"
+#include "engine/runtime/backend.h"
 #include "worker/daemon_mode.h"
 #include "worker/exit_codes.h"
 #include "worker/launcher.h"
@@ -185,12 +184,7 @@ int main(int argc, char** argv) {
   }
   if (argc == 2 && std::strcmp(argv[1], "--libraries") == 0) {
     // The cuDNN and NCCL this binary loads, as its ranks will (ithacad asks at start).
-    std::string line;
-    for (const auto& report : {ithaca::CudnnVersionReport(), ithaca::NcclVersionReport()}) {
-      line += (line.empty() ? "" : ", ") +
-              (report.ok() ? *report : std::string(report.status().message()));
-    }
-    std::printf("%s\n", line.c_str());
+    std::printf("%s\n", ithaca::ReportLibraries().line.c_str());
     return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "--plan") == 0) {

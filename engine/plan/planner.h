@@ -61,7 +61,7 @@ struct MemoryPlan {
 // Exactly the given options.
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 
-// A job's plan for one rank (ResolveJob, engine/spec/resolve.h, is how a job gets one): resolves
+// A job's plan for one rank (ResolveJob, engine/plan/resolve.h, is how a job gets one): resolves
 // the model, the dtype and every "auto" setting against the budgets. head_chunk "auto" also lets
 // the planner turn off overlap, then turn on offload, then turn off prefetch, then save only every
 // 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head

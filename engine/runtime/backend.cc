@@ -2,6 +2,7 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/comm/nccl/nccl_connect.h"
 
 namespace ithaca {
 
@@ -23,12 +24,23 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_
   o.probe_window = probe_window;
   ASSIGN_OR_RETURN(o.attention_forward, ParseAttentionKernel(spec.kernels.attention_forward));
   ASSIGN_OR_RETURN(o.attention_backward, ParseAttentionKernel(spec.kernels.attention_backward));
+  LibraryReport libraries;
+  if (BuiltWithCuda()) {
+    // One that cannot be loaded at all is only reported (attention then uses the own kernel;
+    // NCCL fails when a communicator is made).
+    libraries = ReportLibraries();
+    RETURN_IF_ERROR(libraries.refusal);
+  }
   ASSIGN_OR_RETURN(CudaBackend cuda, MakeCudaBackend(o));
   b.alloc = std::move(cuda.alloc);
   b.ops = std::move(cuda.ops);
   b.device_bytes = cuda.device_bytes;
-  b.libraries = cuda.libraries;
+  b.libraries = libraries.line;
   return b;
+}
+
+LibraryReport ReportLibraries() {
+  return CombineLibraryReports({CudnnVersionReport(), NcclVersionReport()});
 }
 
 }  // namespace ithaca

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "engine/backend/ops.h"
+#include "engine/core/library_version.h"
 #include "engine/memory/allocator.h"
 #include "engine/spec/job_spec.h"
 
@@ -24,6 +25,14 @@ struct Backend {
 // `backend` when the machine cannot run it. `probe_window` > 0 (benches only) makes a CUDA
 // backend the memory probe's: attention sees a causal window of that many keys
 // (CudaOps::Options::probe_window), every buffer keeps its full size.
+// An older cuDNN or NCCL than the code needs (naming both versions) is refused before the
+// backend is made (ReportLibraries), rather than failing obscurely mid-step.
 absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_window = 0);
+
+// The cuDNN and NCCL this binary loads and was built against (CudnnVersionReport,
+// NcclVersionReport), as one line: the one report of the worker's start line (MakeBackend) and
+// of `ithaca-worker --libraries` (what ithacad shows as the node's libraries). In a build
+// without CUDA the line says so, twice.
+LibraryReport ReportLibraries();
 
 }  // namespace ithaca

@@ -1,7 +1,7 @@
 #include "engine/runtime/rank.h"
 
 #include "engine/plan/budgets.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 
 namespace ithaca {
 

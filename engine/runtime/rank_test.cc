@@ -12,14 +12,14 @@
 #include "absl/strings/match.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
 namespace {
 
 JobSpec TinySpec(const std::string& dir) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   JobSpec spec;
   spec.model.preset = "tiny";

@@ -24,7 +24,7 @@
 #include "engine/parallel/fsdp.h"
 #include "engine/parallel/head_plan.h"
 #include "engine/schedule/block.h"
-#include "engine/schedule/checkpoint_policy.h"
+#include "engine/spec/checkpoint_policy.h"
 
 namespace ithaca {
 

@@ -3,7 +3,7 @@
 // documentation), which drives parsing, writing, CheckResolved and docs/spec.md. Parsing rejects
 // unknown keys and bad values with the key's path ("training.lr: must be > 0, got -1"). Settings
 // left "auto" (or 0 where a comment says so) are turned into values once, by ResolveJob
-// (engine/spec/resolve.h); a resolved spec has none left and is what the workers run.
+// (engine/plan/resolve.h); a resolved spec has none left and is what the workers run.
 //
 // Adding a key: a member here, a row in Keys() (job_spec.cc), range checks in Validate when it
 // has any, then `bazel run //engine/spec:spec_reference > docs/spec.md`.
@@ -14,7 +14,7 @@
 
 #include "engine/core/status.h"
 #include "engine/model/config.h"
-#include "engine/schedule/checkpoint_policy.h"
+#include "engine/spec/checkpoint_policy.h"
 
 namespace ithaca {
 
@@ -33,7 +33,7 @@ struct JobSpec {
   } model;
 
   struct Data {
-    std::string path;       // token file(s) (engine/train/token_file.h), or a glob ("shards/*.tok",
+    std::string path;       // token file(s) (engine/data/token_file.h), or a glob ("shards/*.tok",
                             // "{a.tok,b.tok}"); required
     int64_t seq_len = 256;  // tokens per sample (the context length S)
     int64_t micro_batch = 1;  // samples per micro-step

@@ -4,15 +4,9 @@
 #include <chrono>
 #include <cmath>
 
+#include "engine/data/job_inputs.h"
+
 namespace ithaca {
-namespace {
-
-// Every error of the eval data names the key it came from; the file is in the message already.
-absl::Status EvalPathError(const absl::Status& st) {
-  return absl::Status(st.code(), absl::StrCat("eval.path: ", st.message()));
-}
-
-}  // namespace
 
 std::string FormatEvalLine(const EvalReport& r) {
   // exp() of a large loss overflows to inf, which prints as "inf": honest and still parseable.
@@ -22,7 +16,6 @@ std::string FormatEvalLine(const EvalReport& r) {
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const JobSpec& spec, LlamaModel* model,
                                                              Comm* world, int dp, int dp_rank,
-                                                             const std::string& tokenizer_json,
                                                              const TokenFile* training_file) {
   if (spec.eval.path.empty()) {
     return absl::InvalidArgumentError("eval.path: the job has no [eval] section");
@@ -37,47 +30,8 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const JobSpec& spec
   e->dp_ = dp;
   e->dp_rank_ = dp_rank;
 
-  absl::StatusOr<std::vector<std::string>> paths = ExpandDataPath(spec.eval.path);
-  if (!paths.ok()) return EvalPathError(paths.status());
-  std::vector<std::unique_ptr<TokenFile>> files;
-  for (const std::string& p : *paths) {
-    absl::StatusOr<std::unique_ptr<TokenFile>> f = TokenFile::Open(p);
-    if (!f.ok()) return EvalPathError(f.status());
-    files.push_back(*std::move(f));
-  }
-  DataOptions options;
-  options.shuffle = false;  // the same windows, in the same order, every time
-  options.tokenizer_json = tokenizer_json;
-  // The held-out loss is measured as training measures it: within documents, on trained labels.
-  options.document_mask = spec.data.document_mask;
-  options.loss_mask = spec.data.loss_mask;
-  options.bos_id = static_cast<int32_t>(model->config().bos_token_id);
-  absl::StatusOr<std::unique_ptr<DataLoader>> data =
-      DataLoader::Create(std::move(files), spec.data.seq_len, model->config().vocab_size, options);
-  if (!data.ok()) return EvalPathError(data.status());
-  e->data_ = *std::move(data);
-  // A loss on tokens of another tokenizer than the training data's measures nothing, also when
-  // the model directory has no tokenizer.json to check either against.
-  const TokenFile& first = e->data_->file(0);
-  if (training_file != nullptr && (first.fingerprint() != training_file->fingerprint() ||
-                                   first.vocab_size() != training_file->vocab_size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "eval.path: ", first.path(), ": made with tokenizer ", FingerprintHex(first.fingerprint()),
-        " (vocab_size ", first.vocab_size(), ") but data.path's ", training_file->path(), " with ",
-        FingerprintHex(training_file->fingerprint()), " (vocab_size ", training_file->vocab_size(),
-        "): evaluate on data of the training data's tokenizer"));
-  }
+  ASSIGN_OR_RETURN(e->data_, OpenEvalData(spec, model->config(), training_file, dp));
   for (const std::string& w : e->data_->warnings()) e->warnings_.push_back("eval.path: " + w);
-
-  // Each window is read once per evaluation: wrapping around would count some twice.
-  const int64_t needed = spec.eval.batches * spec.data.micro_batch * dp;
-  if (e->data_->samples_per_epoch() < needed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "eval.path: ", spec.eval.path, " holds ", e->data_->samples_per_epoch(),
-        " windows of data.seq_len + 1 = ", spec.data.seq_len + 1, " tokens; an evaluation reads ",
-        needed, " (eval.batches ", spec.eval.batches, " x data.micro_batch ", spec.data.micro_batch,
-        " x ", dp, " data-parallel replicas): lower eval.batches or add data"));
-  }
   return e;
 }
 

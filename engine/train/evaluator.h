@@ -18,7 +18,7 @@
 #include "engine/core/status.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace ithaca {
 
@@ -40,15 +40,12 @@ std::string FormatEvalLine(const EvalReport& r);
 
 class Evaluator {
  public:
-  // Opens spec.eval.path (a file or a glob) with data.path's checks: token files of the model's
-  // tokenizer (`tokenizer_json`, "" when the model has none) and vocabulary. When the job also
-  // trains, `training_file` is its data's first file: the evaluation data must come from the
-  // same tokenizer. The files must hold the windows one evaluation reads. Errors start with
-  // "eval.path: " and name the file. `model` and `world` must outlive the evaluator; `dp` and
-  // `dp_rank` are the data-parallel replicas and this rank's.
+  // Opens spec.eval.path with OpenEvalData (engine/data/job_inputs.h: data.path's checks, the
+  // training data's tokenizer when the job trains, `training_file` being its data's first file,
+  // and the windows one evaluation reads). `model` and `world` must outlive the evaluator; `dp`
+  // and `dp_rank` are the data-parallel replicas and this rank's.
   static absl::StatusOr<std::unique_ptr<Evaluator>> Create(const JobSpec& spec, LlamaModel* model,
                                                            Comm* world, int dp, int dp_rank,
-                                                           const std::string& tokenizer_json,
                                                            const TokenFile* training_file);
 
   // One evaluation of the model as it is now; `step` is what the report says. Collective: every

@@ -12,7 +12,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -20,7 +20,7 @@ namespace ithaca {
 namespace {
 
 std::string WriteCorpus(const std::string& dir) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   const std::vector<uint32_t> tokens = ByteTokenize(text.ok() ? *text : "");
   const std::string path = dir + "/corpus.tok";

@@ -14,7 +14,7 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -28,7 +28,7 @@ std::string TmpDir(const std::string& name) {
 }
 
 std::vector<uint32_t> CorpusTokens() {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   return ByteTokenize(text.ok() ? *text : "");
 }
@@ -243,7 +243,7 @@ TEST(EvaluatorTest, BadEvalDataNamesEvalPathAndTheFile) {
   auto cfg = PresetConfig("tiny");
   ASSERT_TRUE(cfg.ok());
   ASSERT_TRUE(WriteFileAtomic(model + "/config.json", ConfigToJson(*cfg)).ok());
-  auto tokenizer = ReadFileToString("engine/train/testdata/bpe/tokenizer.json");
+  auto tokenizer = ReadFileToString("engine/data/testdata/bpe/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok());
   ASSERT_TRUE(WriteFileAtomic(model + "/tokenizer.json", *tokenizer).ok());
   JobSpec eval_only = spec;

@@ -26,7 +26,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -267,7 +267,7 @@ absl::Status TrainAndCheck(int rank, const Layout& layout, const std::string& to
 // OpenMP CPU kernels, so forking stays safe.
 void RunLayout(const std::string& name, const Layout& layout) {
   testing::TempDir dir;
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   ASSERT_TRUE(text.ok()) << text.status();
   const std::string tokens = dir.path() + "/corpus.tok";
   ASSERT_TRUE(WriteTokenFile(tokens, ByteTokenize(*text), kByteVocab).ok());

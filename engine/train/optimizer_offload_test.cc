@@ -7,7 +7,7 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -21,7 +21,7 @@ std::string TmpDir(const std::string& name) {
 }
 
 JobSpec SmallSpec(const std::string& dir, bool offload) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   JobSpec spec;
   spec.model.preset = "tiny";

@@ -12,7 +12,7 @@
 
 #include "engine/core/file_util.h"
 #include "engine/model/weights.h"
-#include "engine/train/export.h"
+#include "engine/checkpoint/export.h"
 #include "engine/train/lr_schedule.h"
 
 namespace ithaca {
@@ -51,39 +51,21 @@ double ModelFlopsPerSample(const LlamaConfig& c, int64_t seq_len,
   const double per_layer = d * D * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) +
                            3.0 * d * c.intermediate_size;
   const double n = c.num_hidden_layers * per_layer + double(c.vocab_size) * d;
-  double pairs = 0;  // Σ n_d²: the (causal) attention squares computed
+  // A document of n tokens computes n² "pairs" in this convention (twice its causal triangle);
+  // under a sliding window of W < n keys, twice the W·n − W(W−1)/2 keys its queries see.
+  const double W = double(c.sliding_window);
+  auto pairs_of = [W](double n) { return W > 0 && W < n ? 2 * W * n - W * (W - 1) : n * n; };
+  double pairs = 0;
   if (doc_starts.size() <= 1) {
-    pairs = double(seq_len) * double(seq_len);
+    pairs = pairs_of(double(seq_len));
   } else {
     for (size_t i = 0; i < doc_starts.size(); ++i) {
       const double len =
           double(i + 1 < doc_starts.size() ? doc_starts[i + 1] : seq_len) - double(doc_starts[i]);
-      pairs += len * len;
+      pairs += pairs_of(len);
     }
   }
   return 6.0 * n * double(seq_len) + 6.0 * c.num_hidden_layers * pairs * c.num_attention_heads * D;
-}
-
-std::string ModelSourceDir(const JobSpec& spec) {
-  if (!spec.model.config.empty()) {
-    size_t slash = spec.model.config.rfind('/');
-    return slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
-  }
-  if (!spec.model.weights.empty()) {
-    struct stat st;
-    const std::string& w = spec.model.weights;
-    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return w;
-    size_t slash = w.rfind('/');
-    return slash == std::string::npos ? "." : w.substr(0, slash);
-  }
-  return "";
-}
-
-std::string ModelTokenizerJson(const JobSpec& spec) {
-  const std::string dir = ModelSourceDir(spec);
-  if (dir.empty()) return "";
-  std::string json = dir + "/tokenizer.json";
-  return PathExists(json) ? json : "";
 }
 
 namespace {
@@ -178,25 +160,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.overlap = spec.memory.overlap;
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
 
-  const std::string tokenizer_json = ModelTokenizerJson(spec);
   // An evaluation-only job may name no training data; when it does, the data is checked all
   // the same (and the eval data against it).
   if (!spec.data.path.empty()) {
-    ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(spec.data.path));
-    std::vector<std::unique_ptr<TokenFile>> files;
-    for (const std::string& p : paths) {
-      ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
-      files.push_back(std::move(f));
-    }
-    DataOptions data_options;
-    data_options.shuffle = spec.data.shuffle;
-    data_options.seed = spec.training.seed;
-    data_options.tokenizer_json = tokenizer_json;
-    data_options.document_mask = spec.data.document_mask;
-    data_options.loss_mask = spec.data.loss_mask;
-    data_options.bos_id = static_cast<int32_t>(t->cfg_.bos_token_id);
-    ASSIGN_OR_RETURN(t->data_, DataLoader::Create(std::move(files), spec.data.seq_len,
-                                                  t->cfg_.vocab_size, data_options));
+    ASSIGN_OR_RETURN(t->data_, OpenTrainingData(spec, t->cfg_));
     if (t->rank_ == 0) {
       for (const std::string& w : t->data_->warnings()) std::printf("warning: %s\n", w.c_str());
     }
@@ -206,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   if (!spec.eval.path.empty()) {
     ASSIGN_OR_RETURN(t->evaluator_,
                      Evaluator::Create(spec, t->model_.get(), comm, t->dp_, t->dp_rank_,
-                                       tokenizer_json, t->data_ ? &t->data_->file(0) : nullptr));
+                                       t->data_ ? &t->data_->file(0) : nullptr));
     if (t->rank_ == 0) {
       for (const std::string& w : t->evaluator_->warnings()) {
         std::printf("warning: %s\n", w.c_str());
@@ -374,7 +341,7 @@ absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
 absl::StatusOr<CheckpointSaveReport> Trainer::SaveCheckpointNow() {
   if (spec_.checkpoint.dir.empty()) return CheckpointSaveReport();
   // Every rank writes its share of the files, each tensor as its unit arrives, so its host never
-  // holds more than one unit's tensors of one kind (engine/train/distributed_checkpoint.h).
+  // holds more than one unit's tensors of one kind (engine/checkpoint/distributed_checkpoint.h).
   ASSIGN_OR_RETURN(CheckpointSaveReport r,
                    SaveCheckpointTogether(spec_.checkpoint.dir, model_.get(), *optimizer_, state_,
                                           comm_, spec_.checkpoint.keep));

@@ -14,12 +14,13 @@
 #include "engine/memory/allocator.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/distributed_checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/train/evaluator.h"
+#include "engine/data/job_inputs.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 namespace ithaca {
 
@@ -68,17 +69,9 @@ double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
 double ModelFlopsPerSample(const LlamaConfig& cfg, int64_t seq_len,
                            const std::vector<int64_t>& doc_starts);
 
-// The directory the job's model comes from (of model.config, or model.weights itself when it is
-// a directory, else its directory); "" for a preset with random weights.
-std::string ModelSourceDir(const JobSpec& spec);
-
-// The model directory's tokenizer.json (beside model.config, or in / beside model.weights), or
-// "" when there is none; token files made with another tokenizer are rejected against it.
-std::string ModelTokenizerJson(const JobSpec& spec);
-
 class Trainer {
  public:
-  // `spec` must be resolved (engine/spec/resolve.h ResolveJob; CheckResolved), for the dtype
+  // `spec` must be resolved (engine/plan/resolve.h ResolveJob; CheckResolved), for the dtype
   // `ops` computes in. `comm` spans the job's ranks (spec.parallel.world of them); nullptr means
   // a single rank. `run_id` names the run (ithaca-worker under ithacad: the daemon and the job)
   // and is saved in its checkpoints: a relaunch of the same run may resume at its last step

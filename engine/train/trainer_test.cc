@@ -11,7 +11,7 @@
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/plan/planner.h"
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
@@ -24,7 +24,7 @@ std::string TmpDir(const std::string& name) {
 }
 
 std::string CorpusTokens(const std::string& dir) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   const std::string path = dir + "/corpus.tok";
   EXPECT_TRUE(WriteTokenFile(path, ByteTokenize(*text), kByteVocab).ok());
@@ -186,7 +186,7 @@ TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
 // SFT data: each sentence of the corpus a document (BOS and its bytes), its first half a prompt
 // (loss mask 0) and the rest a completion (mask 1); `all_masked` masks every token.
 std::string SftTokens(const std::string& dir, bool all_masked = false) {
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   std::vector<uint32_t> tokens;
   TokenFileMeta meta = ByteTokenMeta(tokens);
@@ -278,7 +278,7 @@ TEST(TrainerTest, AStepWhoseLabelsAreAllMaskedIsAClearError) {
 // files it accepts.
 TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
   const std::string dir = TmpDir("shards");
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   ASSERT_TRUE(text.ok());
   std::vector<uint32_t> tokens = ByteTokenize(*text);
   const size_t half = tokens.size() / 2;
@@ -300,7 +300,7 @@ TEST(TrainerTest, GlobOfShardsAndTheModelDirectorysTokenizer) {
   auto cfg = PresetConfig("tiny");
   ASSERT_TRUE(cfg.ok());
   ASSERT_TRUE(WriteFileAtomic(model + "/config.json", ConfigToJson(*cfg)).ok());
-  auto tokenizer = ReadFileToString("engine/train/testdata/bpe/tokenizer.json");
+  auto tokenizer = ReadFileToString("engine/data/testdata/bpe/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok());
   ASSERT_TRUE(WriteFileAtomic(model + "/tokenizer.json", *tokenizer).ok());
   spec.model.config = model + "/config.json";
@@ -466,6 +466,27 @@ TEST(ModelFlopsTest, DocumentMasksCountOnlyTheAttentionComputed) {
   EXPECT_NEAR(ModelFlopsPerSample(*cfg, S, {0, S / 2}), whole - attention / 2, 1e-9 * whole);
   EXPECT_NEAR(ModelFlopsPerSample(*cfg, S, {0, S / 4}),
               whole - attention + attention * (1.0 / 16 + 9.0 / 16), 1e-9 * whole);
+}
+
+// A sliding window computes only the keys each query sees (Mistral at W = 4096, S = 128K: about
+// 2W/S of the causal attention); a document shorter than the window is counted whole.
+TEST(ModelFlopsTest, ASlidingWindowCountsOnlyTheKeysInside) {
+  auto cfg = PresetConfig("mistral-7b-v0.3");
+  ASSERT_TRUE(cfg.ok());
+  const int64_t S = 131072, W = 4096;
+  const double full = ModelFlopsPerSample(*cfg, S, {});
+  const double per_pair = 6.0 * cfg->num_hidden_layers * cfg->num_attention_heads * cfg->head_dim;
+  cfg->sliding_window = W;
+  const double windowed = ModelFlopsPerSample(*cfg, S, {});
+  EXPECT_NEAR(full - windowed,
+              per_pair * (double(S) * S - (2.0 * W * S - double(W) * (W - 1))), 1e-9 * full);
+  // Documents of W / 2 tokens: each inside the window, counted as without one.
+  std::vector<int64_t> docs;
+  for (int64_t at = 0; at < S; at += W / 2) docs.push_back(at);
+  cfg->sliding_window = 0;
+  const double packed = ModelFlopsPerSample(*cfg, S, docs);
+  cfg->sliding_window = W;
+  EXPECT_DOUBLE_EQ(ModelFlopsPerSample(*cfg, S, docs), packed);
 }
 
 }  // namespace

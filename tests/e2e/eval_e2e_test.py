@@ -131,11 +131,12 @@ class EvalE2E(unittest.TestCase):
         with open(wide, "wb") as f:
             f.write(b"ITHACATK" + struct.pack("<IIQ8x", 1, 100000, len(tokens)))
             f.write(struct.pack(f"<{len(tokens)}I", *tokens))
-        job = self.d.submit(spec_toml(run, steps=2, extra=EVAL.format(path=wide, every=0)))
-        final = self.d.wait(job.id, timeout=60)
-        self.assertEqual(final.state, job_pb2.JOB_STATE_FAILED)
+        # Refused at submit, as the workers would refuse it, before the job takes a slot.
+        with self.assertRaises(IthacaError) as e:
+            self.d.submit(spec_toml(run, steps=2, extra=EVAL.format(path=wide, every=0)))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn(f"eval.path: {wide}: the file's vocab_size 100000 exceeds the model's "
-                      "vocab_size 258", final.reason)
+                      "vocab_size 258", e.exception.details())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ import signal
 import time
 import unittest
 
+import grpc
+
 from harness import TMP, Daemon, job_pb2, kill_workers, spec_toml, wait_gone
+from ithaca_client import IthacaError
 
 STEPS = 60
 
@@ -37,6 +40,11 @@ class RestartE2E(unittest.TestCase):
         d2 = Daemon(state, cpu_slots=2)
         self.assertEqual(d2.get(job.id).state, job_pb2.JOB_STATE_RUNNING)
         self.assertEqual(d2.get(queued.id).state, job_pb2.JOB_STATE_QUEUED)
+        # The adopted job still owns its checkpoint.dir: a new job there is refused.
+        with self.assertRaises(IthacaError) as refused:
+            d2.submit(spec_toml(run, steps=3))
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn(f"is the checkpoint directory of {job.id}", refused.exception.details())
         done = d2.wait(job.id, timeout=240)
         self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
         # One run, never queued again: adopted, not restarted.

@@ -21,7 +21,7 @@
 #include "engine/core/file_util.h"
 #include "engine/model/config.h"
 #include "engine/model/safetensors.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
@@ -54,7 +54,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
     dir_ = new std::string(std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
                            "/parallel_equivalence");
     ASSERT_TRUE(MakeDirs(*dir_).ok());
-    auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+    auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
     ASSERT_TRUE(text.ok()) << text.status();
     const std::vector<uint32_t> tokens = ByteTokenize(*text);
     ASSERT_TRUE(WriteTokenFile(*dir_ + "/corpus.tok", tokens, kByteVocab).ok());

@@ -20,7 +20,7 @@
 #include "engine/core/file_util.h"
 #include "engine/model/config.h"
 #include "engine/model/safetensors.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 #include "gtest/gtest.h"
 #include "worker/launcher.h"
 
@@ -45,7 +45,7 @@ class ScaleOutTest : public ::testing::Test {
     dir_ = new std::string(std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
                            "/scaleout");
     ASSERT_TRUE(MakeDirs(*dir_).ok());
-    auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+    auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
     ASSERT_TRUE(text.ok()) << text.status();
     ASSERT_TRUE(WriteTokenFile(*dir_ + "/corpus.tok", ByteTokenize(*text), kByteVocab).ok());
     LlamaConfig cfg = *PresetConfig("tiny");

@@ -51,7 +51,7 @@ trap cleanup EXIT
 "$ROOT/tests/slurm/slurm_local.sh" start "$S" 2 2 >/dev/null
 export SLURM_CONF=$S/slurm.conf
 
-"$ROOT/engine/train/ithaca-tokenize" --input "$ROOT/engine/train/testdata/tiny_corpus.txt" \
+"$ROOT/engine/data/ithaca-tokenize" --input "$ROOT/engine/data/testdata/tiny_corpus.txt" \
   --output "$T/corpus.tok" >/dev/null
 
 # spec NAME STEPS NODES [EXTRA]

@@ -19,7 +19,7 @@ trap 'tests/slurm/slurm_local.sh stop "$S" >/dev/null 2>&1 || true; rm -rf "$S"'
 tests/slurm/slurm_local.sh start "$S" 2 2 >/dev/null
 export SLURM_CONF=$S/slurm.conf
 
-engine/train/ithaca-tokenize --input engine/train/testdata/tiny_corpus.txt \
+engine/data/ithaca-tokenize --input engine/data/testdata/tiny_corpus.txt \
   --output "$T/corpus.tok" >/dev/null
 cat > "$T/job.toml" <<TOML
 name = "slurm"

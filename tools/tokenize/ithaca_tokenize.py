@@ -10,7 +10,7 @@ tokenizer splits them), *.jsonl / *.json (one JSON object per line, the document
 BOS/EOS follow the tokenizer: tokenizer_config.json's add_bos_token / add_eos_token with its
 bos_token / eos_token when it says, else the tokenizer's own post-processor.
 OUT_DIR receives train-00000.tok, ... (and val-00000.tok, ... with --val-fraction): version 2
-token files (engine/train/token_file.h) of at most --shard-tokens tokens each. OUT_DIR is
+token files (engine/data/token_file.h) of at most --shard-tokens tokens each. OUT_DIR is
 written under a temporary name and renamed at the end, so a failure leaves nothing behind.
 --tokenizer byte is the built-in byte-level tokenizer (the C++ ithaca-tokenize's output).
 
@@ -164,7 +164,7 @@ class Tokenizer:
 
 
 class ByteTokenizer:
-    """ByteTokenize of engine/train/token_file.h: BOS then the document's UTF-8 bytes."""
+    """ByteTokenize of engine/data/token_file.h: BOS then the document's UTF-8 bytes."""
     fingerprint = bytes(32)
     vocab_size = BYTE_VOCAB
     bos_id, eos_id = BYTE_BOS, -1
@@ -355,7 +355,7 @@ def documents(path, field):
 
 
 def write_token_file(path, tokens, doc_starts, tok, loss_mask=None):
-    """One version 2 file (engine/train/token_file.h). tokens: array('I'); doc_starts: list;
+    """One version 2 file (engine/data/token_file.h). tokens: array('I'); doc_starts: list;
     loss_mask: None or a bytearray of 0/1, one per token."""
     n = len(tokens)
     flags = FLAG_LOSS_MASK if loss_mask is not None else 0

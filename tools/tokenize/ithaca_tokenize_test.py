@@ -19,11 +19,11 @@ import ithaca_tokenize  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 TOOL = os.path.join(HERE, "ithaca_tokenize.py")
-DUMP = "engine/train/token_file_dump"
-BYTE_TOOL = "engine/train/ithaca-tokenize"
-BPE_DIR = "engine/train/testdata/bpe"
+DUMP = "engine/data/token_file_dump"
+BYTE_TOOL = "engine/data/ithaca-tokenize"
+BPE_DIR = "engine/data/testdata/bpe"
 BPE_JSON = os.path.join(BPE_DIR, "tokenizer.json")
-CORPUS = "engine/train/testdata/tiny_corpus.txt"
+CORPUS = "engine/data/testdata/tiny_corpus.txt"
 TMP = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
 
 

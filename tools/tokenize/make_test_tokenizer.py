@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerates engine/train/testdata/bpe/: a small byte-level BPE tokenizer (vocab 600) trained on
-engine/train/testdata/tiny_corpus.txt, the fixture of the tokenizer tests.
+"""Regenerates engine/data/testdata/bpe/: a small byte-level BPE tokenizer (vocab 600) trained on
+engine/data/testdata/tiny_corpus.txt, the fixture of the tokenizer tests.
 
     tools/tokenize/python.sh tools/tokenize/make_test_tokenizer.py
 
@@ -13,8 +13,8 @@ import os
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-out = os.path.join(repo, "engine/train/testdata/bpe")
-corpus = os.path.join(repo, "engine/train/testdata/tiny_corpus.txt")
+out = os.path.join(repo, "engine/data/testdata/bpe")
+corpus = os.path.join(repo, "engine/data/testdata/tiny_corpus.txt")
 
 tok = Tokenizer(models.BPE())
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

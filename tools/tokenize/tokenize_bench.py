@@ -18,9 +18,9 @@ import ithaca_tokenize  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer", default="engine/train/testdata/bpe",
+    ap.add_argument("--tokenizer", default="engine/data/testdata/bpe",
                     help="model directory or tokenizer.json (default: the BPE test fixture)")
-    ap.add_argument("--corpus", default="engine/train/testdata/tiny_corpus.txt",
+    ap.add_argument("--corpus", default="engine/data/testdata/tiny_corpus.txt",
                     help="text repeated up to --mib MiB")
     ap.add_argument("--mib", type=float, default=8)
     ap.add_argument("--repeats", type=int, default=3, help="best of N for each side")

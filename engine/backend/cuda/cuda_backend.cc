@@ -7,8 +7,7 @@
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cudnn_attention.h"
-#include "engine/backend/cuda/library_version.h"
-#include "engine/comm/nccl/nccl_connect.h"
+#include "engine/core/library_version.h"
 
 namespace ithaca {
 
@@ -29,14 +28,6 @@ absl::StatusOr<CudaBackend> MakeCudaBackend(const CudaBackendOptions& options) {
     return absl::FailedPreconditionError(absl::StrCat("cannot use GPU ", device));
   }
   CudaBackend b;
-  // An older library than the headers may lack what the code calls: refuse it here, by name,
-  // rather than fail obscurely mid-step. One that cannot be loaded at all is reported as such
-  // (attention then uses the own kernel; NCCL fails when a communicator is made).
-  for (auto report : {CudnnVersionReport(), NcclVersionReport()}) {
-    if (report.status().code() == absl::StatusCode::kFailedPrecondition) return report.status();
-    absl::StrAppend(&b.libraries, b.libraries.empty() ? "" : ", ",
-                    report.ok() ? *report : report.status().message());
-  }
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     b.device_bytes = static_cast<int64_t>(total_bytes);

@@ -25,9 +25,6 @@ struct CudaBackend {
   std::unique_ptr<Allocator> alloc;
   std::unique_ptr<Ops> ops;
   int64_t device_bytes = 0;  // the GPU's memory
-  // The cuDNN and NCCL versions loaded and built against, for the worker's start line:
-  // "cuDNN 9.19.0 (built with 9.19.0), NCCL 2.28.9 (built with 2.28.9)".
-  std::string libraries;
 };
 
 struct CudaBackendOptions {
@@ -41,8 +38,7 @@ struct CudaBackendOptions {
 };
 
 // CudaOps on a GPU with a caching allocator. FAILED_PRECONDITION when there is no such GPU or no
-// CUDA, or when the cuDNN or NCCL loaded is older than the one built against (naming both
-// versions).
+// CUDA. (The library versions are checked first by engine/runtime's MakeBackend, ReportLibraries.)
 absl::StatusOr<CudaBackend> MakeCudaBackend(const CudaBackendOptions& options);
 
 // GPU `gpu`'s memory in bytes; 0 when there is no such GPU (or no CUDA). Makes it the current

@@ -10,8 +10,8 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cuda_test_util.h"
 #include "engine/core/file_util.h"
-#include "engine/train/token_file.h"
-#include "engine/spec/resolve.h"
+#include "engine/data/token_file.h"
+#include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -22,7 +22,7 @@ JobSpec TinySpec() {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = std::string(tmp ? tmp : "/tmp") + "/cuda_train";
   EXPECT_TRUE(MakeDirs(dir).ok());
-  auto text = ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+  auto text = ReadFileToString("engine/data/testdata/tiny_corpus.txt");
   EXPECT_TRUE(text.ok()) << text.status();
   JobSpec spec;
   spec.model.preset = "tiny";

@@ -2,7 +2,7 @@
 
 #include <nccl.h>
 
-#include "engine/backend/cuda/library_version.h"
+#include "engine/core/library_version.h"
 #include "engine/comm/nccl/nccl_comm.h"
 
 namespace ithaca {

@@ -1,6 +1,6 @@
 // ResolveJob and the checks it runs: every "auto" becomes a number, a resolved spec resolves to
 // itself on any node, each cross-field rule has one message naming its key, and the budget rule.
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 
 #include <string>
 

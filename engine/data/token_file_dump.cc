@@ -9,7 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 ABSL_FLAG(int64_t, seq_len, 0, "also build a DataLoader with this seq_len");
 ABSL_FLAG(int64_t, model_vocab, 0, "the model's vocab_size for the DataLoader");

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/train/model_loss.h"
+#include "engine/checkpoint/model_loss.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

@@ -1,7 +1,8 @@
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -22,7 +24,7 @@
 #include "engine/core/path_policy.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
-#include "engine/train/tensor_writer.h"
+#include "engine/checkpoint/tensor_writer.h"
 
 namespace ithaca {
 namespace {
@@ -283,22 +285,64 @@ absl::Status RemoveStaleCheckpointFiles(const std::string& dir) {
     if (tmp || n.rfind(kTrashPrefix, 0) == 0) stale.push_back(n);
   }
   closedir(d);
-  for (const std::string& n : stale) RETURN_IF_ERROR(RemoveTreeNoFollow(dir + "/" + n));
+  for (const std::string& n : stale) {
+    // A temporary whose save is live (its CheckpointSaveLock held, by another run sharing the
+    // directory) is that run's, not stale: left alone.
+    const std::string path = dir + "/" + n;
+    const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      close(fd);
+      continue;
+    }
+    absl::Status removed = RemoveTreeNoFollow(path);
+    if (fd >= 0) close(fd);
+    RETURN_IF_ERROR(removed);
+  }
   return absl::OkStatus();
 }
 
-std::string CheckpointTempPath(const std::string& dir, int64_t step) {
-  // The same name on every rank (and node) without talking: one save into `dir` at a time.
-  return absl::StrCat(dir, "/.", StepDirName(step), ".tmp.save");
+std::string CheckpointTempPath(const std::string& dir, const TrainState& state) {
+  // The same name on every rank (and node) without talking, and a different one for each run:
+  // two runs never write into, or clean up, each other's save. A run without an id: "save".
+  std::string tag = "save";
+  if (!state.run_id.empty()) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : state.run_id) h = (h ^ c) * 1099511628211ull;
+    tag = absl::StrFormat("%016x", h);
+  }
+  return absl::StrCat(dir, "/.", StepDirName(state.step), ".tmp.", tag);
 }
 
-absl::Status BeginCheckpoint(const std::string& dir, int64_t step) {
+CheckpointSaveLock::~CheckpointSaveLock() {
+  if (fd_ >= 0) close(fd_);
+}
+
+CheckpointSaveLock& CheckpointSaveLock::operator=(CheckpointSaveLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+absl::StatusOr<CheckpointSaveLock> BeginCheckpoint(const std::string& dir,
+                                                   const TrainState& state) {
   // Under ithacad the directory is checked against its roots before every save, and made one
   // component at a time without following links (engine/core/path_policy.h).
   ASSIGN_OR_RETURN(std::vector<std::string> roots, AllowedRootsFromEnvironment());
   RETURN_IF_ERROR(roots.empty() ? MakeDirs(dir) : MakeDirsInsideRoots(dir, roots));
   RETURN_IF_ERROR(RemoveStaleCheckpointFiles(dir));
-  return MakeDirs(CheckpointTempPath(dir, step));
+  const std::string tmp = CheckpointTempPath(dir, state);
+  RETURN_IF_ERROR(MakeDirs(tmp));
+  const int fd = open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", tmp);
+  CheckpointSaveLock lock(fd);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) return Errno("cannot lock", tmp);
+  return lock;
+}
+
+void AbandonCheckpoint(const std::string& dir, const TrainState& state) {
+  RemoveTreeNoFollow(CheckpointTempPath(dir, state)).IgnoreError();
 }
 
 Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world) {
@@ -376,7 +420,7 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
         absl::StrCat("checkpoint: rank ", rank, " is not a rank of a world of ", world));
   }
   const auto start = std::chrono::steady_clock::now();
-  const std::string tmp = CheckpointTempPath(dir, state.step);
+  const std::string tmp = CheckpointTempPath(dir, state);
   const FileSplit split = SplitFiles(layout, world);
   const int weight_files = split.weight_files, moment_files = split.moment_files;
   // This rank's files, opened with their headers; the tensors come from `produce`.
@@ -471,12 +515,13 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
   return report;
 }
 
-absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir, int64_t step,
-                                                       int world, int64_t keep) {
+absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir,
+                                                       const TrainState& state, int world,
+                                                       int64_t keep) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string name = StepDirName(step);
+  const std::string name = StepDirName(state.step);
   const std::string final_path = dir + "/" + name;
-  const std::string tmp = CheckpointTempPath(dir, step);
+  const std::string tmp = CheckpointTempPath(dir, state);
   auto fail = [&](absl::Status st) {
     RemoveTreeNoFollow(tmp).IgnoreError();
     return st;
@@ -524,14 +569,14 @@ absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir, i
 absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                             const ParamLayout& layout, const Optimizer::State& opt,
                             const TrainState& state, int64_t keep) {
-  RETURN_IF_ERROR(BeginCheckpoint(dir, state.step));
+  ASSIGN_OR_RETURN(CheckpointSaveLock lock, BeginCheckpoint(dir, state));
   absl::StatusOr<CheckpointWriteReport> wrote =
       WriteCheckpointShard(dir, cfg, layout, opt, state, /*rank=*/0, /*world=*/1);
   if (!wrote.ok()) {
-    RemoveTreeNoFollow(CheckpointTempPath(dir, state.step)).IgnoreError();
+    AbandonCheckpoint(dir, state);
     return wrote.status();
   }
-  return CommitCheckpoint(dir, state.step, /*world=*/1, keep).status();
+  return CommitCheckpoint(dir, state, /*world=*/1, keep).status();
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {

@@ -2,7 +2,7 @@
 // transformers layout, shards behind an index, tokenizer files), that the bf16 export scores
 // within 1e-2 of the f32 checkpoint and the f32 export identically, and that bad input is a
 // clear error that leaves nothing behind.
-#include "engine/train/export.h"
+#include "engine/checkpoint/export.h"
 
 #include <dirent.h>
 
@@ -14,10 +14,10 @@
 #include "engine/model/config.h"
 #include "engine/model/params.h"
 #include "engine/model/safetensors.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/export_testing.h"
-#include "engine/train/model_loss.h"
-#include "engine/train/token_file.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/export_testing.h"
+#include "engine/checkpoint/model_loss.h"
+#include "engine/data/token_file.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -55,7 +55,7 @@ class ExportTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     absl::StatusOr<TinyJob> job =
-        TrainTinyJob(TmpDir("job"), "engine/train/testdata/tiny_corpus.txt", 8, "bf16");
+        TrainTinyJob(TmpDir("job"), "engine/data/testdata/tiny_corpus.txt", 8, "bf16");
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = new TinyJob(*job);
   }
@@ -70,7 +70,7 @@ class ExportTest : public ::testing::Test {
 
   // 200 tokens of the training text.
   static std::vector<int32_t> Ids() {
-    std::string text = *ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+    std::string text = *ReadFileToString("engine/data/testdata/tiny_corpus.txt");
     std::vector<uint32_t> tokens = ByteTokenize(text.substr(0, 199));
     return std::vector<int32_t>(tokens.begin(), tokens.end());
   }
@@ -199,7 +199,7 @@ TEST(FamilyExportTest, EachFamilyExportsAsItself) {
     }
     const std::string dir = TmpDir(std::string("family_") + f.name);
     absl::StatusOr<TinyJob> job =
-        TrainTinyJob(dir, "engine/train/testdata/tiny_corpus.txt", 3, "f32", cfg);
+        TrainTinyJob(dir, "engine/data/testdata/tiny_corpus.txt", 3, "f32", cfg);
     ASSERT_TRUE(job.ok()) << job.status();
     const std::string out = job->checkpoint_dir + "/export";
     const Json j = ReadJson(out + "/config.json");
@@ -226,7 +226,7 @@ TEST(FamilyExportTest, EachFamilyExportsAsItself) {
     }
     absl::StatusOr<std::string> step = FindCheckpoint(job->checkpoint_dir);
     ASSERT_TRUE(step.ok()) << step.status();
-    std::string text = *ReadFileToString("engine/train/testdata/tiny_corpus.txt");
+    std::string text = *ReadFileToString("engine/data/testdata/tiny_corpus.txt");
     std::vector<uint32_t> tokens = ByteTokenize(text.substr(0, 99));
     const std::vector<int32_t> ids(tokens.begin(), tokens.end());
     auto reference = ComputeModelLoss(*step + "/model", ids);
@@ -247,13 +247,13 @@ TEST_F(ExportTest, ACheckpointSavedByThreeRanksExportsTheSameModel) {
   absl::StatusOr<LoadedCheckpoint> ck = LoadCheckpoint(Step(), layout);
   ASSERT_TRUE(ck.ok()) << ck.status();
   const std::string saved = dir + "/checkpoints";
-  ASSERT_TRUE(BeginCheckpoint(saved, ck->state.step).ok());
+  ASSERT_TRUE(BeginCheckpoint(saved, ck->state).ok());
   for (int rank = 0; rank < 3; ++rank) {
     auto wrote = WriteCheckpointShard(saved, *cfg, layout, StateOfWholeUnits(layout, ck->optimizer),
                                       ck->state, rank, 3);
     ASSERT_TRUE(wrote.ok()) << wrote.status();
   }
-  ASSERT_TRUE(CommitCheckpoint(saved, ck->state.step, 3, 1).ok());
+  ASSERT_TRUE(CommitCheckpoint(saved, ck->state, 3, 1).ok());
   absl::StatusOr<std::string> sharded = FindCheckpoint(saved);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   EXPECT_EQ(List(*sharded + "/model").count("model-00003-of-00003.safetensors"), 1u);
@@ -274,7 +274,7 @@ TEST_F(ExportTest, ACheckpointSavedByThreeRanksExportsTheSameModel) {
 TEST_F(ExportTest, StepByStepRunsExportAtTheEnd) {
   const std::string dir = TmpDir("step_by_step");
   absl::StatusOr<TinyJob> job =
-      TrainTinyJob(dir, "engine/train/testdata/tiny_corpus.txt", 3, "f32", "", /*steps_per_run=*/1);
+      TrainTinyJob(dir, "engine/data/testdata/tiny_corpus.txt", 3, "f32", "", /*steps_per_run=*/1);
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string exported = job->checkpoint_dir + "/export";
   EXPECT_EQ(ReadJson(exported + "/config.json")["torch_dtype"], "float32");

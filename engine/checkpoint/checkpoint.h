@@ -4,7 +4,7 @@
 // other file's size and CRC-32), written last. Every rank writes its share (see below).
 //
 // What makes a crash at any moment safe:
-// - A checkpoint is written under a hidden temporary name (.step-N.tmp.save), every file and
+// - A checkpoint is written under a hidden temporary name (.step-N.tmp.<run>), every file and
 //   directory fsynced, the manifest written last, and only then renamed into place. A step
 //   directory counts as complete only when its manifest exists, and loading verifies every
 //   file against it, so a checkpoint that lists as complete is whole or a clear DATA_LOSS.
@@ -13,7 +13,9 @@
 // - Deleting never follows symbolic links: a link inside a checkpoint is removed, its target is
 //   left alone.
 // - Temporaries and trash left by a killed process are removed at the next save (and by
-//   RemoveStaleCheckpointFiles at start).
+//   RemoveStaleCheckpointFiles at start); a save that fails removes its own temporary. The
+//   temporary is named after the run and locked while its save is live, so two runs in one
+//   directory never delete each other's.
 #pragma once
 
 #include <functional>
@@ -48,7 +50,7 @@ absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                             const ParamLayout& layout, const Optimizer::State& opt,
                             const TrainState& state, int64_t keep);
 
-// ---- Saving from every rank at once (engine/train/distributed_checkpoint.h runs the ranks).
+// ---- Saving from every rank at once (engine/checkpoint/distributed_checkpoint.h runs the ranks).
 //
 // The files are split among the ranks, by tensor: each rank writes and checksums its share in
 // parallel, and holds on the host only the tensors of its share (CheckpointTensorsOf says which;
@@ -74,8 +76,28 @@ struct CheckpointWriteReport {
 Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world);
 // Every tensor of whole units (one process holding the whole state: tests, tools).
 Optimizer::State StateOfWholeUnits(const ParamLayout& layout, const Optimizer::Shards& whole);
-// Prepares the step's temporary directory (removing what killed saves left behind).
-absl::Status BeginCheckpoint(const std::string& dir, int64_t step);
+// Held by the rank that began a save until the save is committed or abandoned: a lock (flock)
+// on the save's temporary directory, which another run's RemoveStaleCheckpointFiles respects.
+class CheckpointSaveLock {
+ public:
+  CheckpointSaveLock() = default;
+  explicit CheckpointSaveLock(int fd) : fd_(fd) {}
+  CheckpointSaveLock(CheckpointSaveLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  CheckpointSaveLock& operator=(CheckpointSaveLock&& other) noexcept;
+  ~CheckpointSaveLock();
+
+ private:
+  int fd_ = -1;
+};
+// The temporary directory of `state.step`'s save by the run `state.run_id`:
+// DIR/.step-N.tmp.<a hash of the run id> ("save" for a run without an id).
+std::string CheckpointTempPath(const std::string& dir, const TrainState& state);
+// Prepares the step's temporary directory (removing what killed saves left behind, but not a
+// live save of another run) and locks it until the returned lock is destroyed.
+absl::StatusOr<CheckpointSaveLock> BeginCheckpoint(const std::string& dir,
+                                                   const TrainState& state);
+// Removes the temporary of a save that failed before its commit (a full disk, say).
+void AbandonCheckpoint(const std::string& dir, const TrainState& state);
 // `opt` must hold at least this rank's tensors (CheckpointTensorsOf); it may hold more.
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
@@ -96,8 +118,9 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
     const TrainState& state, int rank, int world, const CheckpointProducer& produce);
 // Writes the manifest (DATA_LOSS naming a rank whose share is missing), renames the checkpoint
 // into place and prunes all but the newest `keep`.
-absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir, int64_t step,
-                                                       int world, int64_t keep);
+absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir,
+                                                       const TrainState& state, int world,
+                                                       int64_t keep);
 
 // The newest complete checkpoint under `dir` (NOT_FOUND when there is none).
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);

@@ -2,9 +2,13 @@
 // only its share of the state on the host, a checkpoint saved at one world loads at another
 // with each rank reading just its FSDP slices, and a damaged file is DATA_LOSS naming it on
 // every rank, whichever rank verified it.
-#include "engine/train/distributed_checkpoint.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
+
+#include <dirent.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -264,6 +268,36 @@ TEST_F(DistributedCheckpointTest, ASaveThatCannotWriteFailsEveryRankWithoutAHang
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 30) << "a rank waited for a peer (the communicator's timeout is 60 s)";
+}
+
+// A save that runs out of disk (RLIMIT_FSIZE stands in for a full disk: writes fail with EFBIG)
+// fails on every rank as an I/O error, not "out of memory", and leaves no temporary behind (an
+// empty .step-N.tmp.* was left, taking the space a retry needs).
+TEST_F(DistributedCheckpointTest, ASaveThatRunsOutOfDiskLeavesNoTemporary) {
+  const std::string dir = dir_->path() + "/full-disk";
+  const std::string rendezvous = Rendezvous("full-disk");
+  auto outcomes = testing::RunRanks(2, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, MakeRank(rank, 2, rendezvous));
+    ASSIGN_OR_RETURN(auto opt, TrainedOneStep(r->model.get()));
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit small{1024, 1024};
+    RANK_CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    absl::StatusOr<CheckpointSaveReport> saved = SaveCheckpointTogether(
+        dir, r->model.get(), *opt, TrainState{1, 8, 256}, r->comm.get(), 1);
+    RANK_CHECK(!saved.ok(), "the save succeeded");
+    RANK_CHECK(!absl::IsResourceExhausted(saved.status()), saved.status().ToString());
+    RETURN_IF_ERROR(r->comm->Barrier());
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+  std::vector<std::string> left;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") left.push_back(e->d_name);
+    }
+    closedir(d);
+  }
+  EXPECT_TRUE(left.empty()) << left.front();
 }
 
 // A file damaged after the save: at world 3 only one rank reads it whole to verify it, yet every

@@ -1,4 +1,4 @@
-#include "engine/train/tensor_writer.h"
+#include "engine/checkpoint/tensor_writer.h"
 
 #include <algorithm>
 #include <utility>

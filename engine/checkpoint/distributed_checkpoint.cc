@@ -1,4 +1,4 @@
-#include "engine/train/distributed_checkpoint.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
 
 #include <algorithm>
 #include <chrono>
@@ -50,7 +50,15 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 
   // The files are opened before the gathers (rank 0 first makes the step's directory), and each
   // tensor of this rank's share is written to its place as its unit arrives on the host.
-  absl::Status st = rank == 0 ? BeginCheckpoint(dir, state.step) : absl::OkStatus();
+  CheckpointSaveLock lock;  // rank 0's, held until the save is committed or abandoned
+  absl::Status st;
+  bool began = false;
+  if (rank == 0) {
+    absl::StatusOr<CheckpointSaveLock> begun = BeginCheckpoint(dir, state);
+    began = begun.ok();
+    if (began) lock = *std::move(begun);
+    st = begun.status();
+  }
   if (comm) RETURN_IF_ERROR(comm->Barrier());
   double producing = 0, writing = 0;  // the gathers' span, and the writes inside it
   if (st.ok()) {
@@ -85,8 +93,10 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
   if (comm) RETURN_IF_ERROR(comm->Barrier());
   report.write_seconds = SecondsSince(start) - report.gather_seconds;
 
+  // A share that could not be written (a full disk): its temporary does not outlive the save.
+  if (rank == 0 && !st.ok() && began) AbandonCheckpoint(dir, state);
   if (rank == 0 && st.ok()) {
-    absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, state.step, world, keep);
+    absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, state, world, keep);
     if (commit.ok()) {
       report.bytes = commit->bytes;
       report.commit_seconds = commit->seconds;

@@ -1,4 +1,4 @@
-#include "engine/schedule/checkpoint_policy.h"
+#include "engine/spec/checkpoint_policy.h"
 
 namespace ithaca {
 

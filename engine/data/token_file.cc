@@ -1,5 +1,5 @@
 // Token files (write, mmap + validate), the byte-level tokenizer and the DataLoader.
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 #include <errno.h>
 #include <fcntl.h>

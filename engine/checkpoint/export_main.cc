@@ -3,7 +3,7 @@
 //     --source_model /models/Llama-3.2-1B
 // CHECKPOINT_DIR is a job's checkpoint.dir (its newest step) or one step-N directory. The
 // output is written under a temporary name and renamed at the end: it appears whole or not at
-// all. See engine/train/export.h.
+// all. See engine/checkpoint/export.h.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,7 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "engine/train/export.h"
+#include "engine/checkpoint/export.h"
 
 ABSL_FLAG(std::string, out, "", "directory to create (must not exist, or be empty)");
 ABSL_FLAG(std::string, dtype, "bf16", "dtype of the exported tensors: bf16 or f32");

@@ -11,7 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "engine/core/file_util.h"
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 ABSL_FLAG(std::string, input, "", "UTF-8 / plain-text corpus; documents separated by blank lines");
 ABSL_FLAG(std::string, output, "", "token file to write (atomically)");

@@ -1,4 +1,4 @@
-#include "engine/backend/cuda/library_version.h"
+#include "engine/core/library_version.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -25,6 +25,18 @@ absl::StatusOr<std::string> CheckLibraryVersion(const std::string& library, int6
         ": put a suitable library first on LD_LIBRARY_PATH or rebuild"));
   }
   return absl::StrCat(library, " ", loaded_text, " (built with ", built_text, ")");
+}
+
+LibraryReport CombineLibraryReports(const std::vector<absl::StatusOr<std::string>>& reports) {
+  LibraryReport out;
+  for (const auto& report : reports) {
+    if (out.refusal.ok() && report.status().code() == absl::StatusCode::kFailedPrecondition) {
+      out.refusal = report.status();
+    }
+    absl::StrAppend(&out.line, out.line.empty() ? "" : ", ",
+                    report.ok() ? *report : report.status().message());
+  }
+  return out;
 }
 
 }  // namespace ithaca

@@ -1,5 +1,5 @@
 // Token files: round trip, each kind of corruption, ByteTokenize, and the DataLoader's order.
-#include "engine/train/token_file.h"
+#include "engine/data/token_file.h"
 
 #include <unistd.h>
 
@@ -571,7 +571,7 @@ TEST(DataLoaderTest, LossMaskIgnoresMaskedLabels) {
 }
 
 TEST(DataLoaderTest, RejectsFilesOfAnotherTokenizerNamingBoth) {
-  const std::string tokenizer = "engine/train/testdata/bpe/tokenizer.json";
+  const std::string tokenizer = "engine/data/testdata/bpe/tokenizer.json";
   auto model_fp = Sha256File(tokenizer);
   ASSERT_TRUE(model_fp.ok()) << model_fp.status();
   DataOptions o;
@@ -646,7 +646,7 @@ TEST(DataLoaderTest, ByteLevelFileForALargeVocabularyWarns) {
   EXPECT_TRUE((*l)->warnings().empty());
   // With the model's own tokenizer present, a byte-level file is called out too.
   DataOptions o;
-  o.tokenizer_json = "engine/train/testdata/bpe/tokenizer.json";
+  o.tokenizer_json = "engine/data/testdata/bpe/tokenizer.json";
   l = DataLoader::Create(OpenOrDie(path), 4, 600, o);
   ASSERT_TRUE(l.ok());
   ASSERT_FALSE((*l)->warnings().empty());

@@ -1,4 +1,4 @@
-#include "engine/train/model_loss.h"
+#include "engine/checkpoint/model_loss.h"
 
 #include <nlohmann/json.hpp>
 

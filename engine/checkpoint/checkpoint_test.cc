@@ -1,6 +1,6 @@
 // Checkpoints survive kill -9 at any point of a save or a prune, never follow symbolic links when
 // deleting, clean up after killed saves, and refuse to load a damaged file.
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -167,6 +167,34 @@ TEST(CheckpointTest, StaleTemporariesAndTrashAreRemoved) {
   EXPECT_EQ(Entries(dir), (std::vector<std::string>{"step-00000001"}));
 }
 
+// Two runs saving into one directory (issue: one deleted the other's temporary save, and that
+// job failed): each run's temporary has a name of its own, and a live save is locked, so the
+// other run's clean-up leaves it alone; once that save is over, it is stale and goes.
+TEST(CheckpointTest, ALiveSaveOfAnotherRunIsNotRemovedAsStale) {
+  Fixture f;
+  const std::string dir = FreshDir("two_runs");
+  TrainState a = TrainStateFor(4), b = TrainStateFor(4);
+  a.run_id = "ithacad /state/worker.sock job-1";
+  b.run_id = "ithacad /state/worker.sock job-2";
+  EXPECT_NE(CheckpointTempPath(dir, a), CheckpointTempPath(dir, b));
+  EXPECT_EQ(CheckpointTempPath(dir, TrainStateFor(4)), dir + "/.step-00000004.tmp.save");
+  {
+    absl::StatusOr<CheckpointSaveLock> live = BeginCheckpoint(dir, a);  // job-1 is saving
+    ASSERT_TRUE(live.ok()) << live.status();
+    ASSERT_TRUE(WriteFileAtomic(CheckpointTempPath(dir, a) + "/partial", "x").ok());
+    // job-2 begins and commits a save of its own meanwhile.
+    ASSERT_TRUE(SaveCheckpoint(dir, f.cfg, f.layout,
+                               StateOfWholeUnits(f.layout, StateFor(f.layout, 4)), b, 3)
+                    .ok());
+    EXPECT_TRUE(PathExists(CheckpointTempPath(dir, a) + "/partial")) << "job-1's live save";
+    ASSERT_TRUE(RemoveStaleCheckpointFiles(dir).ok());
+    EXPECT_TRUE(PathExists(CheckpointTempPath(dir, a) + "/partial")) << "job-1's live save";
+  }
+  // job-1 died: its temporary is stale now.
+  ASSERT_TRUE(RemoveStaleCheckpointFiles(dir).ok());
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{"step-00000004"}));
+}
+
 TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
   Fixture f;
   const std::string dir = FreshDir("damaged");
@@ -240,7 +268,7 @@ TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
   const std::string dir = FreshDir("sharded");
   const Optimizer::Shards state = DistinctState(f.layout);
   const TrainState ts = TrainStateFor(7);
-  ASSERT_TRUE(BeginCheckpoint(dir, 7).ok());
+  ASSERT_TRUE(BeginCheckpoint(dir, ts).ok());
   std::vector<absl::StatusOr<CheckpointWriteReport>> wrote(3, absl::UnknownError("not run"));
   std::vector<std::thread> ranks;
   // Each rank is handed only the tensors it writes, as a save does.
@@ -259,7 +287,7 @@ TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
     EXPECT_GT(w->bytes, 0);  // every rank wrote a share
     written += w->bytes;
   }
-  absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, 7, 3, 2);
+  absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, ts, 3, 2);
   ASSERT_TRUE(commit.ok()) << commit.status();
   EXPECT_GT(commit->bytes, written);  // plus config, indexes, state
 
@@ -294,11 +322,11 @@ TEST(ShardedCheckpointTest, ACommitWithoutEveryRanksShareFailsNamingTheRank) {
   Fixture f;
   const std::string dir = FreshDir("sharded_missing");
   const Optimizer::State state = StateOfWholeUnits(f.layout, DistinctState(f.layout));
-  ASSERT_TRUE(BeginCheckpoint(dir, 3).ok());
+  ASSERT_TRUE(BeginCheckpoint(dir, TrainStateFor(3)).ok());
   for (int r : {0, 2}) {  // rank 1 never writes
     ASSERT_TRUE(WriteCheckpointShard(dir, f.cfg, f.layout, state, TrainStateFor(3), r, 3).ok());
   }
-  absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, 3, 3, 2);
+  absl::StatusOr<CheckpointWriteReport> commit = CommitCheckpoint(dir, TrainStateFor(3), 3, 2);
   EXPECT_EQ(commit.status().code(), absl::StatusCode::kDataLoss) << commit.status();
   EXPECT_NE(commit.status().message().find("rank 1 did not finish"), std::string::npos)
       << commit.status();
@@ -347,7 +375,7 @@ TEST(ShardedCheckpointTest, ARankWithoutItsTensorsFailsNamingOne) {
   const std::string dir = FreshDir("sharded_short");
   const Optimizer::State all = StateOfWholeUnits(f.layout, DistinctState(f.layout));
   Optimizer::State other = Only(all, CheckpointTensorsOf(f.layout, 0, 2));
-  ASSERT_TRUE(BeginCheckpoint(dir, 5).ok());
+  ASSERT_TRUE(BeginCheckpoint(dir, TrainStateFor(5)).ok());
   absl::StatusOr<CheckpointWriteReport> w =
       WriteCheckpointShard(dir, f.cfg, f.layout, other, TrainStateFor(5), /*rank=*/1, 2);
   ASSERT_FALSE(w.ok());

@@ -1,4 +1,4 @@
-#include "engine/spec/resolve.h"
+#include "engine/plan/resolve.h"
 
 #include <utility>
 

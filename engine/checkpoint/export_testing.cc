@@ -1,11 +1,11 @@
-#include "engine/train/export_testing.h"
+#include "engine/checkpoint/export_testing.h"
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/config.h"
-#include "engine/spec/resolve.h"
-#include "engine/train/token_file.h"
+#include "engine/plan/resolve.h"
+#include "engine/data/token_file.h"
 #include "engine/train/trainer.h"
 
 namespace ithaca {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 
@@ -24,5 +25,15 @@ inline constexpr int64_t kMinNcclVersion = 21800;   // ncclCommSplit
 // UNAVAILABLE when nothing was loaded (`loaded` <= 0).
 absl::StatusOr<std::string> CheckLibraryVersion(const std::string& library, int64_t built,
                                                 int64_t loaded, int64_t minimum);
+
+// The libraries' reports (CheckLibraryVersion's results) as the one line a worker prints at
+// start and `ithaca node` shows: "cuDNN 9.19.0 (built with 9.19.0), NCCL 2.28.9 (built with
+// 2.28.9)", an error's message in place of a library that failed. `refusal` is the first
+// FAILED_PRECONDITION among them (a library too old: the backend refuses to start), else OK.
+struct LibraryReport {
+  std::string line;
+  absl::Status refusal;
+};
+LibraryReport CombineLibraryReports(const std::vector<absl::StatusOr<std::string>>& reports);
 
 }  // namespace ithaca

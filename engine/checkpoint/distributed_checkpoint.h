@@ -1,5 +1,5 @@
 // Saving and loading a training checkpoint with every rank of a job at once (the file layout is
-// engine/train/checkpoint.h's). No rank's host holds the whole state:
+// engine/checkpoint/checkpoint.h's). No rank's host holds the whole state:
 // - saving: each rank opens its files (about 1/world of the checkpoint), then each unit is
 //   all-gathered on the device in turn and a rank downloads only the tensors it writes
 //   (CheckpointTensorsOf) and hands them to a writer thread that puts them in place (at most
@@ -17,7 +17,7 @@
 
 #include "engine/comm/comm.h"
 #include "engine/schedule/llama.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/train/optimizer.h"
 
 namespace ithaca {

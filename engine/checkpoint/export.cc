@@ -1,4 +1,4 @@
-#include "engine/train/export.h"
+#include "engine/checkpoint/export.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include "engine/model/params.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 namespace ithaca {
 namespace {

@@ -1,0 +1,152 @@
+#include "engine/data/job_inputs.h"
+
+#include <sys/stat.h>
+
+#include <utility>
+
+#include "engine/core/file_util.h"
+#include "engine/model/params.h"
+#include "engine/model/safetensors.h"
+
+namespace ithaca {
+namespace {
+
+// Every error of the eval data names the key it came from; the file is in the message already.
+absl::Status EvalPathError(const absl::Status& st) {
+  return absl::Status(st.code(), absl::StrCat("eval.path: ", st.message()));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> OpenTokenFiles(const std::string& path) {
+  ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(path));
+  std::vector<std::unique_ptr<TokenFile>> files;
+  for (const std::string& p : paths) {
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
+    files.push_back(std::move(f));
+  }
+  return files;
+}
+
+// The options both loaders share: the model's tokenizer and bos, the spec's masks.
+DataOptions DataOptionsFor(const JobSpec& spec, const LlamaConfig& cfg) {
+  DataOptions o;
+  o.tokenizer_json = ModelTokenizerJson(spec);
+  o.document_mask = spec.data.document_mask;
+  o.loss_mask = spec.data.loss_mask;
+  o.bos_id = static_cast<int32_t>(cfg.bos_token_id);
+  return o;
+}
+
+}  // namespace
+
+std::string ModelSourceDir(const JobSpec& spec) {
+  if (!spec.model.config.empty()) {
+    size_t slash = spec.model.config.rfind('/');
+    return slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
+  }
+  if (!spec.model.weights.empty()) {
+    struct stat st;
+    const std::string& w = spec.model.weights;
+    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return w;
+    size_t slash = w.rfind('/');
+    return slash == std::string::npos ? "." : w.substr(0, slash);
+  }
+  return "";
+}
+
+std::string ModelTokenizerJson(const JobSpec& spec) {
+  const std::string dir = ModelSourceDir(spec);
+  if (dir.empty()) return "";
+  std::string json = dir + "/tokenizer.json";
+  return PathExists(json) ? json : "";
+}
+
+absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec,
+                                                             const LlamaConfig& cfg) {
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<TokenFile>> files, OpenTokenFiles(spec.data.path));
+  DataOptions options = DataOptionsFor(spec, cfg);
+  options.shuffle = spec.data.shuffle;
+  options.seed = spec.training.seed;
+  return DataLoader::Create(std::move(files), spec.data.seq_len, cfg.vocab_size, options);
+}
+
+absl::StatusOr<std::unique_ptr<DataLoader>> OpenEvalData(const JobSpec& spec,
+                                                         const LlamaConfig& cfg,
+                                                         const TokenFile* training_file,
+                                                         int64_t dp) {
+  if (spec.eval.path.empty()) {
+    return absl::InvalidArgumentError("eval.path: the job has no [eval] section");
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> files = OpenTokenFiles(spec.eval.path);
+  if (!files.ok()) return EvalPathError(files.status());
+  DataOptions options = DataOptionsFor(spec, cfg);
+  options.shuffle = false;  // the same windows, in the same order, every time
+  // The held-out loss is measured as training measures it: within documents, on trained labels.
+  absl::StatusOr<std::unique_ptr<DataLoader>> data =
+      DataLoader::Create(*std::move(files), spec.data.seq_len, cfg.vocab_size, options);
+  if (!data.ok()) return EvalPathError(data.status());
+  // A loss on tokens of another tokenizer than the training data's measures nothing, also when
+  // the model directory has no tokenizer.json to check either against.
+  const TokenFile& first = (*data)->file(0);
+  if (training_file != nullptr && (first.fingerprint() != training_file->fingerprint() ||
+                                   first.vocab_size() != training_file->vocab_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval.path: ", first.path(), ": made with tokenizer ", FingerprintHex(first.fingerprint()),
+        " (vocab_size ", first.vocab_size(), ") but data.path's ", training_file->path(), " with ",
+        FingerprintHex(training_file->fingerprint()), " (vocab_size ", training_file->vocab_size(),
+        "): evaluate on data of the training data's tokenizer"));
+  }
+  // Each window is read once per evaluation: wrapping around would count some twice.
+  const int64_t needed = spec.eval.batches * spec.data.micro_batch * dp;
+  if ((*data)->samples_per_epoch() < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval.path: ", spec.eval.path, " holds ", (*data)->samples_per_epoch(),
+        " windows of data.seq_len + 1 = ", spec.data.seq_len + 1, " tokens; an evaluation reads ",
+        needed, " (eval.batches ", spec.eval.batches, " x data.micro_batch ", spec.data.micro_batch,
+        " x ", dp, " data-parallel replicas): lower eval.batches or add data"));
+  }
+  return data;
+}
+
+absl::Status CheckWeights(const std::string& path, const LlamaConfig& cfg) {
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader = SafetensorsReader::Open(path);
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(),
+                        absl::StrCat("model.weights: ", reader.status().message()));
+  }
+  const ParamLayout layout(cfg);
+  for (const ParamUnit& unit : layout.units()) {
+    for (const ParamEntry& e : unit.entries) {
+      absl::StatusOr<TensorInfo> info = (*reader)->Info(e.hf_name);
+      if (!info.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.weights: ", path, " has no tensor '", e.hf_name, "', which the model's config needs"));
+      }
+      if (info->shape != e.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.weights: ", path, ": tensor '", e.hf_name, "' has shape ",
+            ShapeString(info->shape), ", the model's config needs ", ShapeString(e.shape)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> CheckJobInputs(const JobSpec& spec,
+                                                        const LlamaConfig& cfg) {
+  std::vector<std::string> warnings;
+  std::unique_ptr<DataLoader> train;
+  if (!spec.data.path.empty()) {
+    ASSIGN_OR_RETURN(train, OpenTrainingData(spec, cfg));
+    for (const std::string& w : train->warnings()) warnings.push_back(w);
+  }
+  if (!spec.eval.path.empty()) {
+    const int64_t dp = spec.parallel.world / std::max<int64_t>(1, spec.parallel.sp);
+    ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> eval,
+                     OpenEvalData(spec, cfg, train ? &train->file(0) : nullptr, dp));
+    for (const std::string& w : eval->warnings()) warnings.push_back("eval.path: " + w);
+  }
+  if (!spec.model.weights.empty()) RETURN_IF_ERROR(CheckWeights(spec.model.weights, cfg));
+  return warnings;
+}
+
+}  // namespace ithaca

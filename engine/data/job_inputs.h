@@ -1,0 +1,45 @@
+// A job's inputs, opened and checked against its model: the training data, the evaluation data
+// and the initial weights. The one check of them: ithacad's admission runs CheckJobInputs before
+// the job is queued (a bad input then costs no slot and no launch), and the trainer opens its
+// data with the same functions.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/config.h"
+#include "engine/spec/job_spec.h"
+#include "engine/data/token_file.h"
+
+namespace ithaca {
+
+// The directory the job's model comes from (of model.config, or model.weights itself when it is
+// a directory, else its directory); "" for a preset with random weights.
+std::string ModelSourceDir(const JobSpec& spec);
+
+// The model directory's tokenizer.json (beside model.config, or in / beside model.weights), or
+// "" when there is none; token files made with another tokenizer are rejected against it.
+std::string ModelTokenizerJson(const JobSpec& spec);
+
+// data.path's files as the training loader: one tokenizer (the model's, when it has one), tokens
+// within the model's vocabulary, the masks the spec asks for, at least one window.
+absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec,
+                                                             const LlamaConfig& cfg);
+// eval.path's files with data.path's checks, from the training data's tokenizer
+// (`training_file`, its first file, when the job trains), holding the windows one evaluation
+// reads (eval.batches x data.micro_batch x `dp` replicas). Errors start with "eval.path: ".
+absl::StatusOr<std::unique_ptr<DataLoader>> OpenEvalData(const JobSpec& spec,
+                                                         const LlamaConfig& cfg,
+                                                         const TokenFile* training_file,
+                                                         int64_t dp);
+// model.weights' tensors: every one the model needs, with its shape, in a dtype Ithaca reads
+// (headers only; no tensor data is read). Errors start with "model.weights: ".
+absl::Status CheckWeights(const std::string& path, const LlamaConfig& cfg);
+
+// All of the above for a job (the data-parallel replicas from spec.parallel); the warnings the
+// loaders have (not errors).
+absl::StatusOr<std::vector<std::string>> CheckJobInputs(const JobSpec& spec,
+                                                        const LlamaConfig& cfg);
+
+}  // namespace ithaca
