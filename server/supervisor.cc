@@ -623,7 +623,7 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
   if (a->ending) {
     return absl::FailedPreconditionError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
   }
-  if (r.remote && (r.pid == 0 || !r.registered)) {
+  if (r.remote && (r.pid == 0 || !r.registered) && ConstantTimeEquals(request.secret(), a->secret)) {
     r.pid = request.pid();  // a rank on another node: its pid is known from its registration
     r.node = request.node();
   }
