@@ -2,14 +2,14 @@
 # Gathers prebuilt GPU test and bench binaries into one folder for the GPU host, with the
 # shared libraries they need that such a host lacks (Debian's Abseil, gflags, ...; not CUDA,
 # cuDNN, NCCL or glibc, which the host has): `bench/collect_device_bin.sh OUT_DIR`, after
-#   bazel build //engine/backend/cuda:all //engine/comm/nccl:all //bench/... //server:ithacad \
+#   bazel build //engine/backend/cuda:all //engine/comm/nccl:all //tests/gpu:all //bench/... //server:ithacad \
 #     //worker:ithaca-worker //client:ithaca //engine/data:ithaca-tokenize
 # Then carry OUT_DIR to the device and run `bench/device_session.sh OUT_DIR RESULTS PHASE...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?out dir}
 mkdir -p "$OUT/lib"
-bins=$(find bazel-bin/engine/backend/cuda bazel-bin/engine/comm/nccl bazel-bin/bench \
+bins=$(find bazel-bin/engine/backend/cuda bazel-bin/engine/comm/nccl bazel-bin/tests/gpu bazel-bin/bench \
   -maxdepth 2 -type f -perm -u+x ! -name '*.so' ! -name '*.a' ! -name '*.params' ! -name '*.sh' ! -name '*.runfiles_manifest' \
   ! -path '*runfiles*' ! -path '*_objs*' 2>/dev/null)
 # The service too (the daemon phase): ithacad, its worker, the CLI and the byte-level tokenizer.

@@ -2,7 +2,7 @@
 # One device call that runs several phases from prebuilt binaries:
 # `bench/device_session.sh BIN_DIR OUT_DIR PHASE...`, from the repository root (the training test
 # reads engine/data/testdata). BIN_DIR holds the test and bench binaries, built here with
-# `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //bench/...`
+# `bazel build --dynamic_mode=off //engine/backend/cuda:all //engine/comm/nccl:all //tests/gpu:all //bench/...`
 # (a build with CUDA: bazel/cuda_configure.bzl),
 # and a lib/ folder with the non-CUDA shared libraries they need (Abseil, libgomp) where the GPU
 # host lacks them; `.device/bin` (git-ignored) is carried to the device that way. Phases:
@@ -26,7 +26,11 @@
 #           iterations (default 3); hopper.jsonl, hopper.log (the per-shape choices)
 #   kernels  norm_bench (RMSNorm, SwiGLU, RoPE GB/s) and gemm_bench; kernels.jsonl
 #   docattn:S:N  attention_bench at hd 64, 32 query / 8 KV heads (Llama-3.2-1B), S tokens: full
-#           causal and packed documents of N tokens (document-masked) side by side; docattn.jsonl
+#           causal and packed documents of N tokens (document-masked) side by side, for every
+#           pair of --forward=$FORWARDS and --backward=$BACKWARDS (default cudnn each); docattn.jsonl
+#   winattn:SHAPES:W  attention_bench at SHAPES (as in sweep): full causal and a sliding window of
+#           W keys side by side, cuDNN's and the own Hopper kernels (passes $PASSES, default
+#           fwd,bwd,fwd+bwd); winattn.jsonl
 #   daemon  the demo job through ithacad and the CLI on this machine's GPU(s), with packed
 #           documents (data.document_mask) and a held-out loss ([eval]); daemon.log
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags;
@@ -190,7 +194,13 @@ for phase in "$@"; do
       ;;
     docattn)
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/attention_bench" --shapes="64:32:8:$a1" \
-        --doc_len="$a2" --iters=3 --passes=fwd,bwd 2>>"$OUT/attn.log" | tee -a "$OUT/docattn.jsonl"
+        --doc_len="$a2" --iters=3 --passes=fwd,bwd --forward="${FORWARDS:-cudnn}" \
+        --backward="${BACKWARDS:-cudnn}" 2>>"$OUT/attn.log" | tee -a "$OUT/docattn.jsonl"
+      ;;
+    winattn)
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/attention_bench" --shapes="$(echo "$a1" | tr 'x+' ':,')" \
+        --window="$a2" --iters=3 --passes="${PASSES:-fwd,bwd,fwd+bwd}" --forward=cudnn,hopper \
+        --backward=cudnn,hopper 2>>"$OUT/attn.log" | tee -a "$OUT/winattn.jsonl"
       ;;
     train)
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \

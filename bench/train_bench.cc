@@ -46,6 +46,10 @@ ABSL_FLAG(int64_t, doc_len, 0,
           "packed documents of this many tokens, document-masked (0: one causal sequence); "
           "model TFLOPS then count only the attention computed");
 
+ABSL_FLAG(std::string, attention_forward, "auto",
+          "kernels.attention_forward: auto | cudnn | hopper | flash (the planner follows it)");
+ABSL_FLAG(std::string, attention_backward, "auto", "kernels.attention_backward, as above");
+
 namespace ithaca {
 namespace {
 
@@ -72,6 +76,10 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   req.optimizer_offload = absl::GetFlag(FLAGS_optimizer_offload);
   req.device = Device::kCuda;
   req.act = DType::kBF16;
+  ASSIGN_OR_RETURN(req.attention_forward,
+                   ParseAttentionKernel(absl::GetFlag(FLAGS_attention_forward)));
+  ASSIGN_OR_RETURN(req.attention_backward,
+                   ParseAttentionKernel(absl::GetFlag(FLAGS_attention_backward)));
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(req));
   bench::Json planned;
   planned.Obj("peak_bytes", TierJson(plan.peak))
@@ -109,6 +117,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   CudaOps::Options o;
   o.alloc = &alloc;
   o.probe_window = probe;
+  o.attention_forward = req.attention_forward;
+  o.attention_backward = req.attention_backward;
   CudaOps ops(o);
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, mo));
   JobSpec::Training hp;
@@ -204,6 +214,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Int("S", S)
       .Int("world", 1)
       .Int("doc_len", absl::GetFlag(FLAGS_doc_len))
+      .Str("attention_forward", absl::GetFlag(FLAGS_attention_forward))
+      .Str("attention_backward", absl::GetFlag(FLAGS_attention_backward))
       .Obj("techniques", bench::Techniques(mo, ops.last_attention_impl()));
   if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
   if (probe > 0) {

@@ -35,7 +35,7 @@
 #include "server/auth.h"
 #include "server/jobs.h"
 #include "engine/core/path_policy.h"
-#include "server/rpc_text.h"
+#include "worker/rpc_text.h"
 #include "server/services.h"
 #include "server/slurm.h"
 #include "engine/spec/job_spec.h"

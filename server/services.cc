@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "engine/core/utf8.h"
 #include "server/log_files.h"
-#include "server/rpc_text.h"
+#include "worker/rpc_text.h"
 #include "worker/launcher.h"
 #include "worker/worker_rpc.h"
 
@@ -66,7 +66,7 @@ absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
 
 namespace {
 
-// What a handler answers: valid UTF-8 in every string (server/rpc_text.h), or the error.
+// What a handler answers: valid UTF-8 in every string (worker/rpc_text.h), or the error.
 template <typename M>
 grpc::Status Answer(absl::StatusOr<M> result, M* response) {
   if (!result.ok()) return ToGrpc(result.status());

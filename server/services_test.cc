@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/core/utf8.h"
-#include "server/rpc_text.h"
+#include "worker/rpc_text.h"
 
 namespace ithaca {
 namespace {

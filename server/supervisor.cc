@@ -486,24 +486,26 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     if (SlurmVerdictLocked(job, now)) return;
     // A rank's end may be Slurm's doing (scancel, a time limit, preemption, a lost node: SIGTERM
     // to one node's launcher, and the other nodes' ranks fail on the broken collective): Slurm's
-    // state says so a moment later, and is the better reason.
-    if (culprit && !job.deferred_culprit) {
-      if (!job.ranks[*culprit].vanished) {
-        job.deferred_culprit = static_cast<int>(*culprit);
-        job.deferred_since = now;
-        job.slurm_polled = absl::InfinitePast();
-        culprit.reset();
-      }
-    } else if (!culprit && job.deferred_culprit &&
-               (job.slurm.Terminal() || now - job.deferred_since > options_.cluster_verdict_wait)) {
-      // The cause: a rank killed or gone without a word (its node's launcher saw it die) over
-      // the first one that reported an error (often a peer's broken collective).
-      culprit = static_cast<size_t>(*job.deferred_culprit);
-      for (size_t r = 0; r < job.ranks.size(); ++r) {
-        if (job.ranks[r].exit && job.ranks[r].exit->signaled) {
-          culprit = r;
-          break;
+    // state says so a moment later, and is the better reason. Until it does (or the wait is
+    // over), no rank's end decides the job.
+    if (culprit && !job.deferred_culprit && !job.ranks[*culprit].vanished) {
+      job.deferred_culprit = static_cast<int>(*culprit);
+      job.deferred_since = now;
+      job.slurm_polled = absl::InfinitePast();
+    }
+    if (job.deferred_culprit) {
+      if (job.slurm.Terminal() || now - job.deferred_since > options_.cluster_verdict_wait) {
+        // The cause: a rank killed or gone without a word (its node's launcher saw it die) over
+        // the first one that reported an error (often a peer's broken collective).
+        culprit = static_cast<size_t>(*job.deferred_culprit);
+        for (size_t r = 0; r < job.ranks.size(); ++r) {
+          if (job.ranks[r].exit && job.ranks[r].exit->signaled) {
+            culprit = r;
+            break;
+          }
         }
+      } else {
+        culprit.reset();
       }
     }
   }

@@ -24,7 +24,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
-#include "server/rpc_text.h"
+#include "worker/rpc_text.h"
 #include "client/connection.h"
 #include "absl/strings/match.h"
 #include "worker/job_paths.h"

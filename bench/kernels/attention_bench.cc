@@ -43,6 +43,8 @@ ABSL_FLAG(std::string, passes, "fwd,bwd,fwd+bwd", "which passes to time (comma l
 ABSL_FLAG(int64_t, doc_len, 0,
           "> 0: also time a packed sample of documents of this many tokens (document mask)");
 ABSL_FLAG(bool, full_causal, true, "time full causal attention (with --doc_len: beside it)");
+ABSL_FLAG(int64_t, window, 0,
+          "> 0: also time a sliding window of this many keys (Mistral's), beside the others");
 
 namespace ithaca {
 namespace {
@@ -110,6 +112,8 @@ int Main() {
       for (int64_t t = 0; t < S; t += doc_len) docs.starts.push_back(t);
       masks.push_back(docs);
     }
+    const int64_t window = absl::GetFlag(FLAGS_window);
+    if (window > 0) masks.push_back(DocumentMask{{}, window});
     // Each (forward, backward) pair on each mask.
     struct Run {
       const Kernels* kernels;
@@ -138,13 +142,15 @@ int Main() {
       auto wanted = [&](const char* p) {
         return std::find(passes.begin(), passes.end(), p) != passes.end();
       };
-      // Σ L²/2 over the documents (one document of S tokens without a mask).
+      // Σ L²/2 over the documents (one document of S tokens without a mask); with a window of
+      // W < L keys, the W·L − W²/2 scores of the band.
       double half_squares = 0;
       const int64_t ndocs = docs.trivial() ? 1 : static_cast<int64_t>(docs.starts.size());
       for (int64_t i = 0; i < ndocs; ++i) {
         const int64_t b = docs.trivial() ? 0 : docs.starts[i];
         const int64_t e = i + 1 < ndocs ? docs.starts[i + 1] : S;
-        half_squares += double(e - b) * double(e - b) / 2;
+        const double L = double(e - b), W = double(docs.window);
+        half_squares += docs.window > 0 && W < L ? W * L - W * W / 2 : L * L / 2;
       }
       const double fwd_flops = 4.0 * half_squares * hq * D;
       struct Row {
@@ -180,7 +186,8 @@ int Main() {
             .Str("backward", run.kernels->backward)
             .Str("layout", "[S,H,D]")
             .Bool("causal", true)
-            .Str("mask", docs.trivial() ? "causal" : "documents")
+            .Str("mask", docs.window > 0 ? "window" : docs.trivial() ? "causal" : "documents")
+            .Int("window", docs.window)
             .Int("doc_len", docs.trivial() ? S : doc_len)
             .Int("docs", ndocs)
             .Int("S", S)

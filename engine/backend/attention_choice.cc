@@ -36,8 +36,14 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(const std::string& name) {
 //   head_dim 128: S 64K 619-620 vs 609, 128K 588-595, 256K 582-584, 512K 578-580
 //                 (cuDNN 9.19: 554, 513, 487 at 128K, 256K, 512K)
 //   Below 64K the fwd+bwd pass with the Hopper backward is as fast or faster after cuDNN's
-//   forward (hd64 16K: 542 vs 483). The forward has no document mask: packed samples stay on
-//   cuDNN's ragged forward.
+//   forward (hd64 16K: 542 vs 483).
+//   With documents and sliding windows both kernels skip the key blocks (the backward: the query
+//   tiles) that no row sees. Measured on one H200 in-engine at S 128K, 32/8 heads
+//   (bench/results/2026-12-02-kernels-attention.jsonl, ms, two runs where there are two):
+//   documents, forward, hd64: 8K documents 9.70 / 9.70 vs cuDNN's ragged 9.68 / 9.68 (a tie),
+//     2K documents 3.58 vs 2.99 (cuDNN faster): the forward with documents stays on cuDNN.
+//   window 4096, forward: hd64 9.55-9.61 vs cuDNN's band 10.18; hd128 15.40-15.55 vs 15.86-15.93.
+//   window 4096, backward: hd64 25.1-25.5 vs 28.6-28.8; hd128 54.7-55.9 vs 47.0 (cuDNN faster).
 // Backward, in-engine (bench/results/2026-12-01-s5-hopperbwd-in-engine.jsonl, two runs of each
 // kernel, the spread is the power-limited clock's):
 //   head_dim 64:  S 16K 522-547 vs 447-454, 32K 520-541 vs 439-471, 64K 490-522 vs 439,
@@ -50,10 +56,10 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(const std::string& name) {
 // (natural-log f32 [Hq, S], cuDNN's stats layout for one sequence) that either forward writes.
 const std::vector<HopperRule>& HopperRules() {
   static const auto* rules = new std::vector<HopperRule>{
-      {AttentionPass::kForward, 64, 65536, false},
-      {AttentionPass::kForward, 128, 65536, false},
-      {AttentionPass::kBackward, 64, 16384, true},
-      {AttentionPass::kBackward, 128, 32768, true},
+      {AttentionPass::kForward, 64, 65536, false, true},
+      {AttentionPass::kForward, 128, 65536, false, true},
+      {AttentionPass::kBackward, 64, 16384, true, true},
+      {AttentionPass::kBackward, 128, 32768, true, false},
   };
   return *rules;
 }
@@ -62,12 +68,22 @@ AttentionChoice ChooseAttention(AttentionPass pass, const AttentionShape& shape,
                                 AttentionKernel asked) {
   if (asked != AttentionKernel::kAuto) return {asked, "asked for"};
   const char* name = pass == AttentionPass::kForward ? "forward" : "backward";
-  if (shape.window) return {AttentionKernel::kCudnn, "auto: a sliding window runs on cuDNN's band"};
+  const bool hopper_dim = shape.head_dim == 64 || shape.head_dim == 128;
+  if (hopper_dim) {
+    if (const char* why = AttentionKernelRefuses(AttentionKernel::kCudnn, pass, shape)) {
+      return {AttentionKernel::kHopper, absl::StrCat("auto: ", why)};
+    }
+  }
+  const bool window = shape.window > 0 && shape.window < shape.s;
   for (const HopperRule& r : HopperRules()) {
     if (r.pass != pass || r.head_dim != shape.head_dim) continue;
     if (shape.documents && !r.documents) {
       return {AttentionKernel::kCudnn,
-              absl::StrCat("auto: the Hopper ", name, " takes no document mask")};
+              absl::StrCat("auto: the Hopper ", name, " was not measured faster with documents")};
+    }
+    if (window && !r.window) {
+      return {AttentionKernel::kCudnn,
+              absl::StrCat("auto: the Hopper ", name, " was not measured faster with a window")};
     }
     if (shape.s >= r.min_s) {
       return {AttentionKernel::kHopper, absl::StrCat("auto: Hopper ", name, " measured faster from S ",
@@ -78,6 +94,45 @@ AttentionChoice ChooseAttention(AttentionPass pass, const AttentionShape& shape,
   }
   return {AttentionKernel::kCudnn,
           absl::StrCat("auto: no Hopper ", name, " rule for head_dim ", shape.head_dim)};
+}
+
+}  // namespace ithaca
+
+namespace ithaca {
+
+const char* AttentionKernelRefuses(AttentionKernel kernel, AttentionPass pass,
+                                   const AttentionShape& shape) {
+  (void)pass;
+  const bool window = shape.window > 0 && shape.window < shape.s;
+  if (kernel == AttentionKernel::kFlash && window) return "the flash kernel has no sliding window";
+  if (kernel == AttentionKernel::kCudnn && window && shape.window == 1) {
+    return "cuDNN's causal band is wrong at a window of one key";
+  }
+  return nullptr;
+}
+
+int64_t HopperBackwardWorkspaceBytes(int64_t s, int64_t heads, int64_t head_dim) {
+  const int64_t s_pad = (s + 127) / 128 * 128;  // the kernel's S_pad (kPadS)
+  return int64_t{4} * heads * s_pad * (head_dim + 2) + int64_t{8} * s_pad;
+}
+
+int64_t AttentionWorkspaceBytes(AttentionKernel kernel, AttentionPass pass,
+                                const AttentionShape& shape, int64_t heads) {
+  const int64_t s = shape.s, d = shape.head_dim;
+  const bool backward = pass == AttentionPass::kBackward;
+  switch (kernel) {
+    case AttentionKernel::kHopper:
+      return backward ? HopperBackwardWorkspaceBytes(s, heads, d) : 0;
+    case AttentionKernel::kCudnn: {
+      const int64_t stats = shape.documents ? 4 * s * heads : 0;
+      return stats + (backward ? (shape.documents ? 12 : 8) * s * heads * d : 0);
+    }
+    case AttentionKernel::kFlash:  // the f32 [heads, S] row sums of the backward
+      return backward ? 4 * s * heads : 0;
+    case AttentionKernel::kAuto:
+      break;
+  }
+  return AttentionWorkspaceBytes(ChooseAttention(pass, shape, kernel).kernel, pass, shape, heads);
 }
 
 }  // namespace ithaca

@@ -29,7 +29,7 @@ struct AttentionShape {
   int64_t s = 0;          // tokens of the (whole, after Ulysses) sequence
   int64_t head_dim = 0;
   bool documents = false;  // a document mask (packed samples)
-  bool window = false;     // a sliding window (Mistral's): only cuDNN's causal band takes it
+  int64_t window = 0;      // a sliding window of this many keys (Mistral's); 0: none
 };
 
 // One row of the measured table: from `min_s` tokens on, at `head_dim`, the own Hopper kernel of
@@ -38,7 +38,8 @@ struct HopperRule {
   AttentionPass pass;
   int64_t head_dim;
   int64_t min_s;
-  bool documents;  // whether the kernel of this pass takes a document mask
+  bool documents;  // whether the kernel of this pass was measured faster with a document mask
+  bool window;     // ... and with a sliding window
 };
 const std::vector<HopperRule>& HopperRules();
 
@@ -48,8 +49,25 @@ struct AttentionChoice {
 };
 
 // `asked` when it is not kAuto; else the own Hopper kernel where a row of HopperRules() covers
-// the shape, cuDNN otherwise. Never kAuto.
+// the shape, or where cuDNN refuses it (AttentionKernelRefuses), cuDNN otherwise. Never kAuto.
 AttentionChoice ChooseAttention(AttentionPass pass, const AttentionShape& shape,
                                 AttentionKernel asked);
+
+// Why `kernel` cannot compute `pass` of `shape` right, or nullptr: the flash kernel has no
+// sliding window; cuDNN's causal band is wrong at a window of one key (its forward disagreed
+// with the CPU oracle on the H200, bench/results/2026-12-01-gpu-tests-merged.log). Admission
+// (engine/spec/resolve.cc) refuses such a job; CudaOps checks what it runs.
+const char* AttentionKernelRefuses(AttentionKernel kernel, AttentionPass pass,
+                                   const AttentionShape& shape);
+
+// Bytes of device workspace the kernel of each pass allocates beyond the engine's buffers, at
+// `heads` query heads (a stage's) of `shape`: the own Hopper backward's f32 dQ accumulator and
+// padded rows (hopper_attention.h, HopperAttentionBackwardWorkspace: the same formula), cuDNN's
+// backward workspace (8 bytes per token × head × head_dim measured on an H200, 12 ragged) and,
+// with documents, the f32 [S, heads] statistics CudaOps converts cuDNN's ragged LSE through.
+// The planner adds the larger of the two passes' (they do not overlap).
+int64_t AttentionWorkspaceBytes(AttentionKernel kernel, AttentionPass pass,
+                                const AttentionShape& shape, int64_t heads);
+int64_t HopperBackwardWorkspaceBytes(int64_t s, int64_t heads, int64_t head_dim);
 
 }  // namespace ithaca

@@ -11,17 +11,21 @@
 namespace ithaca {
 namespace {
 
-// Workspaces the CUDA backend allocates itself: cuBLASLt's fixed 32 MiB, and cuDNN's fused
-// attention backward, which measured on an H200 at 8 bytes per (token × head × head_dim) of a
-// stage's query heads (2.16 GB for 32 heads of 64 at 128K tokens). Document-masked (ragged)
-// attention needs 12 (3.24 GB there; 12.95 GB at 512K) plus the f32 [S, heads] statistics
-// CudaOps converts the ragged layout's log-sum-exp through. The own Hopper backward, which runs
-// instead from S 16K (head_dim 64) or 32K (128), needs 4·(D + 2) per (token × head) (its f32 dQ
-// accumulator and padded rows: 1.1 GB at 128K), so the rule covers either.
-int64_t CudaWorkspaceBytes(const HeadPlan& heads, int64_t seq_len, bool document_mask) {
-  const int64_t per_element = document_mask ? 12 : 8;
-  const int64_t stats = document_mask ? 4 * seq_len * heads.u : 0;
-  return (int64_t{32} << 20) + per_element * seq_len * heads.u * heads.D + stats;
+// Workspaces the CUDA backend allocates itself: cuBLASLt's fixed 32 MiB, and the attention
+// kernels' of the pass that needs more, for the kernels that run (ChooseAttention, as admission
+// resolves them): cuDNN's backward measured on an H200 at 8 bytes per (token × head × head_dim)
+// of a stage's query heads (2.16 GB for 32 heads of 64 at 128K tokens), 12 document-masked
+// (ragged; 3.24 GB there, 12.95 GB at 512K) plus the f32 [S, heads] statistics CudaOps converts
+// the ragged LSE through; the own Hopper backward 4·(D + 2) per (token × head) (1.1 GB at
+// 128K). AttentionWorkspaceBytes (engine/backend/attention_choice.h) holds the figures.
+int64_t CudaWorkspaceBytes(const PlanRequest& req, const HeadPlan& heads) {
+  const AttentionShape shape{req.seq_len, heads.D, req.document_mask, req.cfg.sliding_window};
+  int64_t attention = 0;
+  for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, req.attention_forward},
+                              std::pair{AttentionPass::kBackward, req.attention_backward}}) {
+    attention = std::max(attention, AttentionWorkspaceBytes(kernel, pass, shape, heads.u));
+  }
+  return (int64_t{32} << 20) + attention;
 }
 
 std::vector<int64_t> HeadChunkCandidates(const LlamaConfig& cfg, int64_t sp) {
@@ -122,7 +126,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   }
   p.device_peak = t.device_peak();
   p.workspace = req.device == Device::kCuda
-                    ? CudaWorkspaceBytes(model->head_plan(), req.seq_len, req.document_mask)
+                    ? CudaWorkspaceBytes(req, model->head_plan())
                     : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
   p.device_reserved = alloc.device_reserved() + p.workspace;
@@ -146,6 +150,10 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.sp = spec.parallel.sp;
   req.seq_len = spec.data.seq_len;
   req.document_mask = spec.data.document_mask;
+  for (auto [name, kernel] : {std::pair{&spec.kernels.attention_forward, &req.attention_forward},
+                              std::pair{&spec.kernels.attention_backward, &req.attention_backward}}) {
+    ASSIGN_OR_RETURN(*kernel, ParseAttentionKernel(*name));
+  }
   req.device = spec.backend == "cuda" ? Device::kCuda : Device::kCpu;
   const std::string dtype =
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;

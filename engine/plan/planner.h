@@ -4,14 +4,15 @@
 // schedule allocates is counted at its real size and lifetime; "auto" settings are resolved by
 // searching for the fastest configuration that fits the budgets. Packed documents
 // (data.document_mask) shrink the attention's work but not the engine's memory (every buffer is
-// sized by the sequence, whatever its documents); only cuDNN's ragged attention needs a larger
-// workspace, which the plan adds. The step line's model TFLOPS count only the attention
+// sized by the sequence, whatever its documents); only the attention kernels' workspaces differ,
+// and the plan adds those of the kernels that run. The step line's model TFLOPS count only the attention
 // computed (ModelFlopsPerSample).
 #pragma once
 
 #include <array>
 #include <string>
 
+#include "engine/backend/attention_choice.h"
 #include "engine/core/status.h"
 #include "engine/memory/tiers.h"
 #include "engine/model/config.h"
@@ -24,6 +25,10 @@ struct PlanRequest {
   LlamaConfig cfg;
   int64_t world = 1, sp = 1, seq_len = 0;
   bool document_mask = false;  // data.document_mask: cuDNN's ragged attention workspace
+  // kernels.attention_forward / _backward: the workspace follows the kernels that run ("auto":
+  // ChooseAttention's choice for the shape, as admission resolves it).
+  AttentionKernel attention_forward = AttentionKernel::kAuto;
+  AttentionKernel attention_backward = AttentionKernel::kAuto;
   LlamaModel::Options opts;    // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
   // memory.optimizer_offload: the f32 master weights and Adam m, v (12 bytes per parameter of
   // the rank's shards) and two units' staging in the host_optimizer tier instead of the device's

@@ -275,6 +275,7 @@ TEST(PlannerTest, DocumentMasksWidenCudnnsWorkspaceOnly) {
     req.opts.checkpoint = CheckpointPolicy::kAttentionAware;
     req.opts.head_chunk = 32;
     req.opts.tile_tokens = 16384;
+    req.attention_forward = req.attention_backward = AttentionKernel::kCudnn;
     auto causal = PlanMemory(req);
     req.document_mask = true;
     auto packed = PlanMemory(req);
@@ -284,6 +285,56 @@ TEST(PlannerTest, DocumentMasksWidenCudnnsWorkspaceOnly) {
     EXPECT_EQ(packed->workspace - causal->workspace, 4 * S * 32 * 64 + 4 * S * 32) << S;
     EXPECT_EQ(packed->device_peak, causal->device_peak) << "the engine's buffers are the same";
   }
+}
+
+// The workspace follows the kernels that run: with "auto" at 128K (head_dim 64) packed samples
+// run cuDNN's ragged forward (its f32 [S, heads] statistics) and the own Hopper backward, whose
+// 4·(D + 2) bytes per token and head (S_pad = S here) and the rows' bounds are the larger; not
+// cuDNN's ragged backward's 12·D + 4. (Measured on the H200, train_bench 128K of 8K documents:
+// device peak 45,953,494,556 bytes, this plan 45,953,486,980; bench/results/2026-12-02-kernels-*.)
+TEST(PlannerTest, TheWorkspaceFollowsTheChosenKernels) {
+  const int64_t S = 131072, cublas = int64_t{32} << 20;
+  PlanRequest req;
+  req.cfg = *PresetConfig("llama-3.2-1b");
+  req.seq_len = S;
+  req.device = Device::kCuda;
+  req.act = DType::kBF16;
+  req.opts.checkpoint = CheckpointPolicy::kAttentionAware;
+  req.opts.head_chunk = 32;
+  req.opts.tile_tokens = 16384;
+  req.document_mask = true;
+  auto hopper = PlanMemory(req);
+  ASSERT_TRUE(hopper.ok()) << hopper.status();
+  EXPECT_EQ(hopper->workspace - cublas, 4 * 32 * S * (64 + 2) + 8 * S);
+  // Both passes on the Hopper kernels: the same (the forward needs none).
+  req.attention_forward = AttentionKernel::kHopper;
+  auto mixed = PlanMemory(req);
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_EQ(mixed->workspace, hopper->workspace);
+  req.attention_backward = AttentionKernel::kCudnn;
+  auto cudnn = PlanMemory(req);
+  ASSERT_TRUE(cudnn.ok());
+  EXPECT_EQ(cudnn->workspace - cublas, 12 * S * 32 * 64 + 4 * S * 32);
+  EXPECT_EQ(hopper->device_peak, cudnn->device_peak) << "the engine's buffers are the same";
+  // PlanJob reads the kernels from the spec.
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";
+  spec.data.seq_len = S;
+  spec.data.document_mask = true;
+  spec.memory.head_chunk = 32;
+  spec.memory.tile_tokens = 16384;
+  spec.memory.checkpoint = CheckpointPolicy::kAttentionAware;
+  auto job = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->workspace, hopper->workspace);
+  spec.kernels.attention_backward = "cudnn";
+  spec.kernels.attention_forward = "cudnn";
+  job = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->workspace, cudnn->workspace);
+  spec.kernels.attention_backward = "own";
+  EXPECT_FALSE(PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40).ok());
 }
 
 TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {

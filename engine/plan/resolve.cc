@@ -44,11 +44,19 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.checkpoint_interval = job.plan.checkpoint_interval;
   if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shape
     const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask,
-                               job.config.sliding_window > 0};
+                               job.config.sliding_window};
     for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, &s.kernels.attention_forward},
                                 std::pair{AttentionPass::kBackward, &s.kernels.attention_backward}}) {
       ASSIGN_OR_RETURN(AttentionKernel asked, ParseAttentionKernel(*kernel));
-      *kernel = AttentionKernelName(ChooseAttention(pass, shape, asked).kernel);
+      const AttentionKernel chosen = ChooseAttention(pass, shape, asked).kernel;
+      if (const char* why = AttentionKernelRefuses(chosen, pass, shape)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            pass == AttentionPass::kForward ? "kernels.attention_forward" : "kernels.attention_backward",
+            ": \"", AttentionKernelName(chosen), "\"", asked == AttentionKernel::kAuto ? " (auto)" : "",
+            " cannot run the model's sliding_window of ", shape.window, " keys at head_dim ",
+            shape.head_dim, ": ", why));
+      }
+      *kernel = AttentionKernelName(chosen);
     }
   }
   s.memory.optimizer_offload = job.plan.optimizer_offload ? OffloadChoice::kOn : OffloadChoice::kOff;

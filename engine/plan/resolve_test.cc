@@ -2,8 +2,11 @@
 // itself on any node, each cross-field rule has one message naming its key, and the budget rule.
 #include "engine/plan/resolve.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <string>
 
+#include "engine/model/config.h"
 #include "engine/parallel/head_plan.h"
 #include "engine/plan/budgets.h"
 #include "engine/spec/validate.h"
@@ -146,11 +149,63 @@ TEST(ResolveTest, TheAttentionKernelsAreInTheResolvedSpec) {
   spec.data.seq_len = 32768;
   EXPECT_EQ(kernels(spec), "cudnn/hopper");
   spec.data.seq_len = 131072;
-  spec.data.document_mask = true;  // the Hopper forward takes no document mask
+  spec.data.document_mask = true;  // the Hopper forward was not measured faster with documents
   EXPECT_EQ(kernels(spec), "cudnn/hopper");
   spec.kernels.attention_forward = "flash";
   EXPECT_EQ(kernels(spec), "flash/hopper");
   EXPECT_EQ(JobSpecToToml(Tiny("cpu")).find("[kernels]"), std::string::npos);
+}
+
+// A windowed model (Mistral's sliding_window) on CUDA: every window runs where it is computed
+// right. A window of one key is wrong on cuDNN's band, so auto takes the Hopper kernels (head_dim
+// 64 or 128) and a job that would run it on cuDNN is refused at admission, naming the key; the
+// flash kernel has no window at all.
+TEST(ResolveTest, AWindowRunsOnlyWhereItIsComputedRight) {
+  LlamaConfig cfg = *PresetConfig("mistral-7b-v0.3");
+  cfg.num_hidden_layers = 2;  // a small plan
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  auto with_window = [&](int64_t window, int64_t head_dim) {
+    LlamaConfig c = cfg;
+    c.sliding_window = window;
+    c.head_dim = head_dim;
+    const std::string path = absl::StrCat(dir, "/mistral_w", window, "_d", head_dim, ".json");
+    std::ofstream(path) << ConfigToJson(c);
+    JobSpec spec = Tiny("cuda");
+    spec.model.preset = "";
+    spec.model.config = path;
+    spec.parallel.world = 1;
+    spec.parallel.sp = 1;
+    return spec;
+  };
+  const NodeResources node = Node(140 * kGiB, 256 * kGiB, 1);
+  auto job = ResolveJob(with_window(1, 128), node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.kernels.attention_forward, "hopper");
+  EXPECT_EQ(job->spec.kernels.attention_backward, "hopper");
+  job = ResolveJob(with_window(4096, 128), node);  // S 1024 < W: the causal mask, cuDNN's rows
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.kernels.attention_forward, "cudnn");
+
+  JobSpec asked = with_window(1, 128);
+  asked.kernels.attention_forward = "cudnn";
+  job = ResolveJob(asked, node);
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("kernels.attention_forward: \"cudnn\" cannot run the "
+                                        "model's sliding_window of 1 keys"),
+            std::string::npos)
+      << job.status();
+  job = ResolveJob(with_window(1, 96), node);  // no Hopper kernel at head_dim 96: cuDNN's band
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("(auto) cannot run"), std::string::npos) << job.status();
+  EXPECT_NE(job.status().message().find("wrong at a window of one key"), std::string::npos);
+  asked = with_window(40, 128);
+  asked.kernels.attention_backward = "flash";
+  job = ResolveJob(asked, node);
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("kernels.attention_backward: \"flash\""),
+            std::string::npos)
+      << job.status();
+  EXPECT_TRUE(ResolveJob(with_window(40, 128), node).ok());
 }
 
 TEST(ResolveTest, AGpuJobNeedsToKnowTheGpusMemory) {

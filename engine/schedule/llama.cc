@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "engine/parallel/offload.h"
 #include "engine/spec/validate.h"
 
 namespace ithaca {
@@ -151,154 +150,194 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   return out;
 }
 
+// One step's state between its passes: the blocks' context and activations and, for a training
+// step, what the forward keeps for the backward under the checkpoint policy.
+struct LlamaModel::Step {
+  Step(const LlamaModel& m, const DeviceSample& sample, bool backward)
+      : backward(backward),
+        keep_all(backward && m.opts_.checkpoint == CheckpointPolicy::kNone),
+        keep_attention(backward && m.opts_.checkpoint == CheckpointPolicy::kAttentionAware),
+        k(keep_all ? 1 : std::max<int64_t>(1, m.opts_.checkpoint_interval)),
+        ctx(m.Context(sample.ids.tensor().numel(), sample.docs)),
+        saved(m.ops_, m.alloc_, m.cfg_.num_hidden_layers, m.opts_.offload,
+              m.opts_.offload_keep_last),
+        resident(keep_all ? m.cfg_.num_hidden_layers : 0) {}
+
+  const bool backward;  // a training step (Forward for evaluation saves nothing)
+  // Without a backward nothing is saved, whatever the checkpoint policy.
+  const bool keep_all;        // kNone: each block keeps everything it made (`resident`)
+  const bool keep_attention;  // kAttentionAware: O and LSE are saved with a block's input
+  // Only every k-th block's input is saved; the others are regrown in backward from it.
+  const int64_t k;
+  const BlockContext ctx;
+  Buffer x;  // the activations between blocks: the embedding, then each block's output
+  CheckpointStore saved;
+  std::vector<BlockSaved> resident;
+  // The next block's parameters are gathered one block ahead, under this block's compute. With
+  // overlap the loss head's are gathered under the last block's forward too (`head`), and the
+  // last block's stay gathered for the first step of backward (`last`).
+  std::unique_ptr<UnitLease> next, last;
+  std::vector<std::unique_ptr<UnitLease>> head;
+};
+
 absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_scale,
                                          const Tensor& loss_sum) {
-  return Run(sample, grad_scale, loss_sum, /*backward=*/true);
+  RETURN_IF_ERROR(CheckShare(sample));
+  Step step(*this, sample, /*backward=*/true);
+  RETURN_IF_ERROR(Embed(sample, &step));
+  RETURN_IF_ERROR(BlocksForward(&step));
+  const int64_t s = sample.ids.tensor().numel(), d = cfg_.hidden_size;
+  ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kActivations));
+  RETURN_IF_ERROR(LossHead(step.x.tensor(), sample.labels.tensor(), grad_scale, dx.tensor(),
+                           loss_sum));
+  step.head.clear();
+  step.x.Reset();
+  step.next = std::move(step.last);
+  RETURN_IF_ERROR(Backward(&step, sample.ids.tensor(), dx.tensor()));
+  // Nothing is left to hide the last reductions under.
+  return params_->FlushGradients();
 }
 
 absl::Status LlamaModel::Forward(const DeviceSample& sample, const Tensor& loss_sum) {
-  return Run(sample, /*grad_scale=*/0.f, loss_sum, /*backward=*/false);
+  RETURN_IF_ERROR(CheckShare(sample));
+  Step step(*this, sample, /*backward=*/false);
+  RETURN_IF_ERROR(Embed(sample, &step));
+  RETURN_IF_ERROR(BlocksForward(&step));
+  return LossHead(step.x.tensor(), sample.labels.tensor(), /*grad_scale=*/0.f, Tensor(),
+                  loss_sum);
 }
 
-absl::Status LlamaModel::Run(const DeviceSample& sample, float grad_scale, const Tensor& loss_sum,
-                             bool backward) {
-  const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
-  const DType act = ops_->act_dtype();
-  const Tensor ids = sample.ids.tensor(), lab = sample.labels.tensor();
-  const int64_t s = ids.numel();
-  if (s == 0 || lab.numel() != s) {
-    return absl::InvalidArgumentError(absl::StrCat("a sample of ", s, " token ids and ",
-                                                   lab.numel(), " labels (UploadSample makes it)"));
+absl::Status LlamaModel::CheckShare(const DeviceSample& sample) const {
+  const int64_t s = sample.ids.tensor().numel(), labels = sample.labels.tensor().numel();
+  if (s == 0 || labels != s) {
+    return absl::InvalidArgumentError(absl::StrCat("a sample of ", s, " token ids and ", labels,
+                                                   " labels (UploadSample makes it)"));
   }
+  return absl::OkStatus();
+}
 
-  ParamStore& ps = *params_;
+absl::Status LlamaModel::Embed(const DeviceSample& sample, Step* step) {
+  const Tensor ids = sample.ids.tensor();
   const int embed_unit = layout_.embed_unit();
-  const auto& embed_entry = layout_.units()[embed_unit].entries[0];
-  ASSIGN_OR_RETURN(Buffer x, Buffer::Make(alloc_, act, {s, d}, Tier::kCheckpoints));
-  {
-    UnitLease embed(&ps, embed_unit);
-    ASSIGN_OR_RETURN(Tensor e, embed.Get());
-    ops_->Embedding(ids, ParamLayout::View(e, embed_entry), x.tensor());
-  }
+  ASSIGN_OR_RETURN(step->x, Buffer::Make(alloc_, ops_->act_dtype(), {ids.numel(), cfg_.hidden_size},
+                                         Tier::kCheckpoints));
+  UnitLease embed(params_.get(), embed_unit);
+  ASSIGN_OR_RETURN(Tensor e, embed.Get());
+  ops_->Embedding(ids, ParamLayout::View(e, layout_.units()[embed_unit].entries[0]),
+                  step->x.tensor());
+  return absl::OkStatus();
+}
 
-  const BlockContext ctx = Context(s, sample.docs);
-  // Without a backward nothing is saved, whatever the checkpoint policy.
-  const bool keep_all = backward && opts_.checkpoint == CheckpointPolicy::kNone;
-  const bool keep_attention = backward && opts_.checkpoint == CheckpointPolicy::kAttentionAware;
-  // Only every k-th block's input is saved; the others are regrown in backward from it.
-  const int64_t k = keep_all ? 1 : std::max<int64_t>(1, opts_.checkpoint_interval);
-  CheckpointStore saved(ops_, alloc_, L, opts_.offload, opts_.offload_keep_last);
-  std::vector<BlockSaved> resident(keep_all ? L : 0);
-  // The next block's parameters are gathered one block ahead, under this block's compute. With
-  // overlap the loss head's are gathered under the last block's forward too, and the last
-  // block's stay gathered for the first step of backward.
-  std::unique_ptr<UnitLease> next, last;
-  std::vector<std::unique_ptr<UnitLease>> head;
+absl::Status LlamaModel::BlocksForward(Step* step) {
+  Step& st = *step;
+  const int64_t L = cfg_.num_hidden_layers;
+  ParamStore& ps = *params_;
+  const int64_t s = st.x.tensor().dim(0), d = cfg_.hidden_size;
   for (int64_t l = 0; l < L; ++l) {
-    std::unique_ptr<UnitLease> cur = std::move(next);
+    std::unique_ptr<UnitLease> cur = std::move(st.next);
     if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
     ASSIGN_OR_RETURN(Tensor params, cur->Get());
     if (l + 1 < L) {
-      next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l + 1));
-      RETURN_IF_ERROR(next->Start());
+      st.next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l + 1));
+      RETURN_IF_ERROR(st.next->Start());
     } else if (opts_.overlap) {
-      for (int unit : {layout_.head_unit(), embed_unit}) {
-        if (unit == embed_unit && !cfg_.tie_word_embeddings) continue;
-        head.push_back(std::make_unique<UnitLease>(&ps, unit));
-        RETURN_IF_ERROR(head.back()->Start());
+      for (int unit : {layout_.head_unit(), layout_.embed_unit()}) {
+        if (unit == layout_.embed_unit() && !cfg_.tie_word_embeddings) continue;
+        st.head.push_back(std::make_unique<UnitLease>(&ps, unit));
+        RETURN_IF_ERROR(st.head.back()->Start());
       }
     }
-    const Tier y_tier = backward && l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
-    ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, act, {s, d}, y_tier));
+    const Tier y_tier = st.backward && l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
+    ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, y_tier));
     BlockSaved bs;
-    const bool keep_o = keep_all || (keep_attention && l % k == 0);
-    RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), x.tensor(), y.tensor(), &bs, keep_o,
-                                 /*keep_mlp_input=*/keep_all));
-    if (backward && l % k == 0) {
+    const bool keep_o = st.keep_all || (st.keep_attention && l % st.k == 0);
+    RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), st.x.tensor(), y.tensor(), &bs,
+                                 keep_o, /*keep_mlp_input=*/st.keep_all));
+    if (st.backward && l % st.k == 0) {
       SavedInputs in;
-      in.x = std::move(x);
-      if (keep_attention) {
+      in.x = std::move(st.x);
+      if (st.keep_attention) {
         in.o = std::move(bs.o);
         in.lse = std::move(bs.lse);
       }
-      if (keep_all) resident[l] = std::move(bs);
-      RETURN_IF_ERROR(saved.Put(l, std::move(in)));
+      if (st.keep_all) st.resident[l] = std::move(bs);
+      RETURN_IF_ERROR(st.saved.Put(l, std::move(in)));
     }
-    x = std::move(y);
-    if (backward && opts_.overlap && l + 1 == L) last = std::move(cur);
+    st.x = std::move(y);
+    if (st.backward && opts_.overlap && l + 1 == L) st.last = std::move(cur);
   }
-  if (!backward) return LossHead(x.tensor(), lab, grad_scale, Tensor(), loss_sum);
+  return absl::OkStatus();
+}
 
-  ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, act, {s, d}, Tier::kActivations));
-  RETURN_IF_ERROR(LossHead(x.tensor(), lab, grad_scale, dx.tensor(), loss_sum));
-  head.clear();
-  x.Reset();
-  next = std::move(last);
+absl::StatusOr<SavedInputs> LlamaModel::TakeSaved(Step* step, int64_t l,
+                                                  std::vector<SavedInputs>* regrown) {
+  Step& st = *step;
+  std::vector<SavedInputs>& re = *regrown;
+  if (!re[l].x.empty()) return std::move(re[l]);
+  if (l % st.k == 0) return st.saved.Take(l);
+  const int64_t l0 = l - l % st.k;
+  Buffer copy;  // the group's saved input, on the device only while it regrows the next one
+  ASSIGN_OR_RETURN(Tensor xm, st.saved.PeekInput(l0, &copy));
+  const int64_t s = xm.dim(0), d = cfg_.hidden_size;
+  // With overlap, block m+1's gather runs under block m's regrowth.
+  auto lease = std::make_unique<UnitLease>(params_.get(), layout_.block_unit(l0));
+  for (int64_t m = l0; m < l; ++m) {
+    const std::unique_ptr<UnitLease> held = std::move(lease);
+    ASSIGN_OR_RETURN(Tensor params, held->Get());
+    if (m + 1 < l) {
+      lease = std::make_unique<UnitLease>(params_.get(), layout_.block_unit(m + 1));
+      if (opts_.overlap) RETURN_IF_ERROR(lease->Start());
+    }
+    ASSIGN_OR_RETURN(re[m + 1].x,
+                     Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kCheckpoints));
+    BlockSaved bs;
+    RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), xm, re[m + 1].x.tensor(), &bs,
+                                 /*keep_attention_output=*/st.keep_attention && m > l0,
+                                 /*keep_mlp_input=*/false));
+    if (st.keep_attention && m > l0) {  // block l0's own O and LSE are saved with its input
+      re[m].o = std::move(bs.o);
+      re[m].lse = std::move(bs.lse);
+    }
+    xm = re[m + 1].x.tensor();
+    copy.Reset();
+  }
+  return std::move(re[l]);
+}
 
+absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& dx) {
+  Step& st = *step;
+  const int64_t L = cfg_.num_hidden_layers;
+  ParamStore& ps = *params_;
   // Inputs (and, attention-aware, O and LSE) of the blocks between two saved ones, rebuilt by
   // re-running the group's forward from its saved first input when backward reaches the group.
   std::vector<SavedInputs> regrown(L);
-  auto take = [&](int64_t l) -> absl::StatusOr<SavedInputs> {
-    if (!regrown[l].x.empty()) return std::move(regrown[l]);
-    if (l % k == 0) return saved.Take(l);
-    const int64_t l0 = l - l % k;
-    Buffer copy;  // the group's saved input, on the device only while it regrows the next one
-    ASSIGN_OR_RETURN(Tensor xm, saved.PeekInput(l0, &copy));
-    // With overlap, block m+1's gather runs under block m's regrowth.
-    auto lease = std::make_unique<UnitLease>(&ps, layout_.block_unit(l0));
-    for (int64_t m = l0; m < l; ++m) {
-      const std::unique_ptr<UnitLease> held = std::move(lease);
-      ASSIGN_OR_RETURN(Tensor params, held->Get());
-      if (m + 1 < l) {
-        lease = std::make_unique<UnitLease>(&ps, layout_.block_unit(m + 1));
-        if (opts_.overlap) RETURN_IF_ERROR(lease->Start());
-      }
-      ASSIGN_OR_RETURN(regrown[m + 1].x, Buffer::Make(alloc_, act, {s, d}, Tier::kCheckpoints));
-      BlockSaved bs;
-      RETURN_IF_ERROR(BlockForward(ctx, BlockViews(cfg_, params), xm, regrown[m + 1].x.tensor(),
-                                   &bs, /*keep_attention_output=*/keep_attention && m > l0,
-                                   /*keep_mlp_input=*/false));
-      if (keep_attention && m > l0) {  // block l0's own O and LSE are saved with its input
-        regrown[m].o = std::move(bs.o);
-        regrown[m].lse = std::move(bs.lse);
-      }
-      xm = regrown[m + 1].x.tensor();
-      copy.Reset();
-    }
-    return std::move(regrown[l]);
-  };
-
   for (int64_t l = L - 1; l >= 0; --l) {
-    std::unique_ptr<UnitLease> cur = std::move(next);
+    std::unique_ptr<UnitLease> cur = std::move(st.next);
     if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
     ASSIGN_OR_RETURN(Tensor params, cur->Get());
-    ASSIGN_OR_RETURN(SavedInputs in, take(l));
+    ASSIGN_OR_RETURN(SavedInputs in, TakeSaved(step, l, &regrown));
     // The previous block's inputs one block ahead (overlap), or only when their turn comes (one
     // fewer [s, d] buffer on the device).
-    if (opts_.prefetch) RETURN_IF_ERROR(saved.Prefetch(l - 1));
+    if (opts_.prefetch) RETURN_IF_ERROR(st.saved.Prefetch(l - 1));
     if (l > 0) {
-      next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l - 1));
-      RETURN_IF_ERROR(next->Start());
+      st.next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l - 1));
+      RETURN_IF_ERROR(st.next->Start());
     }
     ASSIGN_OR_RETURN(Tensor grads, ps.AcquireGrad(layout_.block_unit(l)));
     const BlockWeights w = BlockViews(cfg_, params);
-    BlockSaved bs = keep_all ? std::move(resident[l]) : BlockSaved();
-    if (keep_attention) {
+    BlockSaved bs = st.keep_all ? std::move(st.resident[l]) : BlockSaved();
+    if (st.keep_attention) {
       bs.o = std::move(in.o);
       bs.lse = std::move(in.lse);
     }
-    RETURN_IF_ERROR(BlockRecompute(ctx, w, in.x.tensor(), &bs));
-    RETURN_IF_ERROR(
-        BlockBackward(ctx, w, BlockViews(cfg_, grads), in.x.tensor(), &bs, dx.tensor()));
+    RETURN_IF_ERROR(BlockRecompute(st.ctx, w, in.x.tensor(), &bs));
+    RETURN_IF_ERROR(BlockBackward(st.ctx, w, BlockViews(cfg_, grads), in.x.tensor(), &bs, dx));
     RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
   }
-  {
-    ASSIGN_OR_RETURN(Tensor g, ps.AcquireGrad(embed_unit));
-    ops_->EmbeddingBackward(ids, dx.tensor(), ParamLayout::View(g, embed_entry));
-    RETURN_IF_ERROR(ps.ReduceGrad(embed_unit));
-  }
-  // Nothing is left to hide the last reductions under.
-  return ps.FlushGradients();
+  const int embed_unit = layout_.embed_unit();
+  ASSIGN_OR_RETURN(Tensor g, ps.AcquireGrad(embed_unit));
+  ops_->EmbeddingBackward(ids, dx, ParamLayout::View(g, layout_.units()[embed_unit].entries[0]));
+  return ps.ReduceGrad(embed_unit);
 }
 
 absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float grad_scale,

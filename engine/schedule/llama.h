@@ -23,6 +23,7 @@
 #include "engine/model/params.h"
 #include "engine/parallel/fsdp.h"
 #include "engine/parallel/head_plan.h"
+#include "engine/parallel/offload.h"
 #include "engine/schedule/block.h"
 #include "engine/spec/checkpoint_policy.h"
 
@@ -107,9 +108,22 @@ class LlamaModel {
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
       : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts) {}
   BlockContext Context(int64_t s, const DocumentMask& docs) const;
-  // ForwardBackward, or with `backward` false Forward: the forward pass is written once.
-  absl::Status Run(const DeviceSample& sample, float grad_scale, const Tensor& loss_sum,
-                   bool backward);
+  // The pieces of ForwardBackward and Forward (llama.cc). A Step is one step's state between
+  // them: the context, the activations and what a training step's forward saves for its backward.
+  struct Step;
+  // INVALID_ARGUMENT unless the share has as many labels as token ids, and some.
+  absl::Status CheckShare(const DeviceSample& sample) const;
+  // step->x = the embedding of the share's ids (the first block's input).
+  absl::Status Embed(const DeviceSample& sample, Step* step);
+  // The blocks' forward, step->x becoming the last block's output; a training step saves what
+  // its checkpoint policy keeps (evaluation saves nothing).
+  absl::Status BlocksForward(Step* step);
+  // The backward from dx (the loss head's gradient of the last block's output, [s, d]) through
+  // every block to the embedding, each unit's gradient reduce-scattered as it completes.
+  absl::Status Backward(Step* step, const Tensor& ids, const Tensor& dx);
+  // Block l's saved inputs for its backward: taken from the store, or regrown from the group's
+  // saved first input (the blocks between two saved ones go into `regrown`).
+  absl::StatusOr<SavedInputs> TakeSaved(Step* step, int64_t l, std::vector<SavedInputs>* regrown);
   // Checks a whole sample: S splits over the group, token ids in the vocabulary, documents inside
   // it.
   absl::Status CheckSample(const int32_t* inputs, int64_t S, const DocumentMask& docs) const;

@@ -13,6 +13,7 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cudnn_attention.h"
 #include "engine/backend/cuda/cuda_test_util.h"
+#include "engine/backend/cuda/hopper_attention.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
@@ -47,6 +48,9 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   const Case c = GetParam();
   const auto [S, hq, hkv, D] = c.sh;
   const DocumentMask docs{c.starts, c.window};
+  if (c.window == 1 && !(cuda::HopperAttentionBuilt() && cuda::HopperAttentionDeviceSupported())) {
+    GTEST_SKIP() << "a window of one key runs on the Hopper kernels only";
+  }
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
@@ -94,8 +98,10 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   ops.AttentionBackward(dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), o_in.tensor(),
                         do_in.tensor(), lse_in.tensor(), dq.tensor(), dk.tensor(), dv.tensor(),
                         docs);
-  EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "attention dq");
-  EXPECT_CLOSE(Host(ops, dk.tensor()), dk_ref, 2e-2, "attention dk (GQA sum)");
+  // (A window of one key: every query sees only itself, and dQ, dK are exactly 0.)
+  EXPECT_CLOSE_OR_ZERO(Host(ops, dq.tensor()), dq_ref, dv_ref, 2e-2, 1e-4, "attention dq");
+  EXPECT_CLOSE_OR_ZERO(Host(ops, dk.tensor()), dk_ref, dv_ref, 2e-2, 1e-4,
+                       "attention dk (GQA sum)");
   EXPECT_CLOSE(Host(ops, dv.tensor()), dv_ref, 2e-2, "attention dv (GQA sum)");
 }
 
@@ -121,10 +127,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{257, 4, 2, 64}, Impl::kCudnn, "one_doc_cudnn", {0}},
         Case{{257, 4, 2, 64}, Impl::kFlash, "one_doc_own", {0}},
         // Sliding windows on cuDNN's causal band: smaller than a tile, of one key, wider than
-        // S, and with packed documents (auto must pick cuDNN: the Hopper kernels have none).
+        // S, and with packed documents (auto picks cuDNN at these S: HopperRules).
         Case{{300, 8, 2, 64}, Impl::kCudnn, "window_cudnn_hd64", {}, 37},
         Case{{300, 8, 2, 128}, Impl::kAuto, "window_auto_hd128", {}, 100},
-        Case{{131, 4, 2, 64}, Impl::kCudnn, "window1_cudnn", {}, 1},
+        // cuDNN's band is wrong at a window of one key (its forward disagreed with the CPU
+        // here, bench/results/2026-12-01-gpu-tests-merged.log): auto runs the Hopper kernels.
+        Case{{136, 4, 2, 64}, Impl::kAuto, "window1_auto", {}, 1},
         Case{{131, 4, 2, 64}, Impl::kCudnn, "window_wider_than_s_cudnn", {}, 1000},
         Case{{300, 8, 2, 64}, Impl::kCudnn, "window_docs_cudnn", {0, 1, 65, 200, 233}, 40},
         Case{{517, 4, 1, 128}, Impl::kAuto, "window_docs_auto_hd128", {0, 128, 129, 300}, 64}),

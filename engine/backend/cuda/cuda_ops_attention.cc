@@ -53,22 +53,16 @@ AttentionKernel CudaOps::KernelFor(AttentionPass pass, int64_t s, int64_t hq, in
                                    const DocumentMask& docs) {
   const bool backward = pass == AttentionPass::kBackward;
   const char* name = backward ? "backward" : "forward";
+  const AttentionShape shape{s, d, !docs.trivial(), docs.window};
   AttentionChoice choice =
-      ChooseAttention(pass, {s, d, !docs.trivial(), docs.window > 0},
-                      backward ? opts_.attention_backward : opts_.attention_forward);
+      ChooseAttention(pass, shape, backward ? opts_.attention_backward : opts_.attention_forward);
   if (opts_.probe_window > 0) {  // the memory probe's window is cuDNN's causal band
     ITHACA_CHECK(choice.kernel != AttentionKernel::kFlash,
                  "CudaOps: the memory probe's attention window needs cuDNN, not \"flash\"");
     choice = {AttentionKernel::kCudnn, "the memory probe's window"};
   }
-  // A model's sliding window (Mistral's) runs on cuDNN's causal band, as the probe's does.
-  ITHACA_CHECK(docs.window == 0 || choice.kernel != AttentionKernel::kFlash,
-               "CudaOps: a sliding window of ", docs.window,
-               " keys needs cuDNN (the flash kernel has no window)");
   if (choice.kernel == AttentionKernel::kHopper) {
-    const char* unsupported = docs.window > 0                   ? "a sliding window"
-                              : !docs.trivial() && !backward    ? "a document mask"
-                              : !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
+    const char* unsupported = !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
                               : !cuda::HopperAttentionDeviceSupported()
                                   ? "the GPU is not compute capability 9.0"
                                   : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse);
@@ -81,10 +75,19 @@ AttentionKernel CudaOps::KernelFor(AttentionPass pass, int64_t s, int64_t hq, in
                              "): cuDNN instead")};
     }
   }
-  if (choice_logged_.insert({backward ? 1 : 0, s, hq, hkv, d, docs.trivial() ? 0 : 1}).second) {
-    std::fprintf(stderr, "CudaOps: attention %s S %lld Hq %lld Hkv %lld D %lld%s: %s (%s)\n", name,
-                 static_cast<long long>(s), static_cast<long long>(hq), static_cast<long long>(hkv),
-                 static_cast<long long>(d), docs.trivial() ? "" : " with documents",
+  // A model's sliding window (Mistral's): the Hopper kernels or cuDNN's causal band, each where
+  // it computes the window right.
+  const char* refused = AttentionKernelRefuses(choice.kernel, pass, shape);
+  ITHACA_CHECK(refused == nullptr, "CudaOps: attention ", name, " with a sliding window of ",
+               docs.window, " keys on \"", AttentionKernelName(choice.kernel), "\" (", choice.why,
+               "): ", refused);
+  if (choice_logged_.insert({backward ? 1 : 0, s, hq, hkv, d, docs.trivial() ? 0 : 1, docs.window})
+          .second) {
+    const std::string window = docs.window > 0 ? absl::StrCat(" window ", docs.window) : "";
+    std::fprintf(stderr, "CudaOps: attention %s S %lld Hq %lld Hkv %lld D %lld%s%s: %s (%s)\n",
+                 name, static_cast<long long>(s), static_cast<long long>(hq),
+                 static_cast<long long>(hkv), static_cast<long long>(d),
+                 docs.trivial() ? "" : " with documents", window.c_str(),
                  AttentionKernelName(choice.kernel), choice.why.c_str());
   }
   return choice.kernel;
@@ -235,8 +238,10 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
                                            v.data, out.data, nullptr, lse.f32(), nullptr, nullptr,
                                            nullptr, docs);
   if (kernel == AttentionKernel::kHopper) {
-    const cudaError_t err = cuda::HopperAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d,
-                                                         BfMut(out), lse.f32(), compute_);
+    const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
+    const cudaError_t err = cuda::HopperAttentionForward(
+        Bf(q), Bf(k), Bf(v), s, hq, hkv, d, BfMut(out), lse.f32(), compute_, /*cluster=*/0,
+        ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr, ndocs, docs.window);
     ITHACA_CHECK(err == cudaSuccess,
                  "CudaOps::Attention: the Hopper kernel did not launch: ", cudaGetErrorString(err));
     last_attention_ = "hopper";
@@ -287,7 +292,7 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
     const cudaError_t err = cuda::HopperAttentionBackward(
         Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d, BfMut(dq), BfMut(dk),
         BfMut(dv), ws->tensor().data, static_cast<int64_t>(ws->tensor().bytes()), compute_,
-        ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr, ndocs);
+        ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr, ndocs, docs.window);
     ITHACA_CHECK(
         err == cudaSuccess,
         "CudaOps::AttentionBackward: the Hopper kernel did not launch: ", cudaGetErrorString(err));

@@ -35,6 +35,13 @@
 //     warpgroups, so one warpgroup's softmax overlaps the others' gemms.
 //   * Epilogue: O scaled by 1/rowsum and stored straight from registers (bf16 pairs); LSE by
 //     one thread per row.
+//   * Masks besides the causal one (optional): the documents of packed samples and a sliding
+//     window (Mistral's: a query sees its last W keys, itself included). Row r sees the keys
+//     [lo(r), r], lo(r) = max(start of r's document, r - W + 1), which never falls as r rises.
+//     A row block reads the key blocks from the one holding lo(its first row) up to its
+//     diagonal (the blocks before are skipped, never loaded); the blocks before lo(its last
+//     row) take the mask key < lo(row) besides the causal one. Each thread finds its rows' lo
+//     once per tile (a binary search in the document starts).
 //
 // Tiles: hd128 128x128 (2 consumer warpgroups, 240 registers each, 2 K/V stages); hd64 192x128
 // (3 consumer warpgroups, 160 registers, 3 stages). S need not be a multiple of the tile (TMA
@@ -139,7 +146,27 @@ struct Problem {
   float softmax_scale;
   bf16* O;
   float* LSE;
+  int64_t const* doc_starts;  // packed samples' document starts (device, ascending); or nullptr
+  int ndocs;
+  int window;  // a sliding window of this many keys; 0: none
 };
+
+// The first key row sees: its document's start (0 without documents), or with a window the
+// first key of the window if later. Non-decreasing in row. Rows past S take the last row's.
+__device__ __forceinline__ int key_lo(Problem const& pb, int row) {
+  row = min(row, pb.S - 1);
+  int lo = 0;
+  if (pb.doc_starts != nullptr) {
+    int a = 0, b = pb.ndocs;
+    while (b - a > 1) {
+      int const mid = (a + b) / 2;
+      if (pb.doc_starts[mid] <= row) a = mid; else b = mid;
+    }
+    lo = int(pb.doc_starts[a]);
+  }
+  if (pb.window > 0) lo = max(lo, row - pb.window + 1);
+  return lo;
+}
 
 template <class C>
 struct Params {
@@ -189,6 +216,13 @@ template <class C>
 __device__ __forceinline__ int n_blocks_for(Problem const& pb, int m_block) {
   int end = min((m_block + 1) * C::kBlockM, pb.S);
   return (end + C::kBlockN - 1) / C::kBlockN;
+}
+
+// The first key block a row block reads: the one holding the first key of its first row (0 with
+// the causal mask alone). No row of the block sees a key before it. Producer and consumers agree.
+template <class C>
+__device__ __forceinline__ int n_first_for(Problem const& pb, int m_block) {
+  return key_lo(pb, m_block * C::kBlockM) / C::kBlockN;
 }
 
 template <class C>
@@ -259,6 +293,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
       unit_coords<K>(pb, u, rank, m_block, head);
       int const hkv = head / group;
       int const n_max = n_blocks_for<C>(pb, m_block);
+      int const n_min = n_first_for<C>(pb, m_block);
 
       Tensor gQ =
           local_tile(mQ(_, _, head), Shape<Int<C::kBlockM>, Int<C::D>>{}, make_coord(m_block, 0));
@@ -285,7 +320,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
                           TMA::CacheHintSm90::EVICT_FIRST),
              tQgQ, tQsQ);
         int n_prev = n;
-        for (--n; n >= 0; --n) {
+        for (--n; n >= n_min; --n) {
           auto wr_v = wr;
           ++wr;
           pipe_k.producer_acquire(wr);
@@ -350,9 +385,12 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
       int m_block, head;
       unit_coords<K>(pb, u, rank, m_block, head);
       int const n_max = n_blocks_for<C>(pb, m_block);
+      int const n_min = n_first_for<C>(pb, m_block);
       int const row0 = m_block * C::kBlockM;
-      // Blocks n >= n_mask_min intersect the diagonal for some row of this tile.
+      // Blocks n >= n_mask_min intersect the diagonal for some row of this tile; with documents
+      // or a window, blocks n < n_lo_end hold a key before the last row's first key.
       int const n_mask_min = row0 / C::kBlockN;
+      int const n_lo_end = (key_lo(pb, row0 + C::kBlockM - 1) + C::kBlockN - 1) / C::kBlockN;
 
       Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<C::kBlockM>, Int<C::kBlockN>>{});
       Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<C::kBlockM>, Int<C::D>>{});
@@ -363,7 +401,11 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
       Tensor P_acc = make_tensor(tSrS.data(), acc_as_A(tSrS.layout()));
       constexpr int kRows = decltype(size<0>(S_rc))::value;  // 2 rows per thread
       float row_max[kRows], row_sum[kRows];
+      int row_lo[kRows];  // the first key each row sees
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) row_lo[i] = key_lo(pb, row0 + get<0>(cS_rc(i, 0)));
 
+      // Causal (key > row) and lower (key before the row's first key) masks.
       auto apply_mask = [&](int n) {
         int const col0 = n * C::kBlockN;
         CUTE_UNROLL
@@ -371,7 +413,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
           int const row = row0 + get<0>(cS_rc(i, 0));
           CUTE_UNROLL
           for (int j = 0; j < size<1>(S_rc); ++j) {
-            if (col0 + get<1>(cS_rc(i, j)) > row) S_rc(i, j) = -INFINITY;
+            int const key = col0 + get<1>(cS_rc(i, j));
+            if (key > row || key < row_lo[i]) S_rc(i, j) = -INFINITY;
           }
         }
       };
@@ -426,7 +469,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
       convert_P();
       clear(tOrO);
 
-      for (--n; n >= 0; --n) {
+      for (--n; n >= n_min; --n) {
         auto rd_v = rd;
         ++rd;
         pipe_k.consumer_wait(rd);
@@ -437,7 +480,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
         sched_arrive();
         warpgroup_wait<1>();
         pipe_k.consumer_release(rd);
-        if (n >= n_mask_min) apply_mask(n);
+        if (n >= n_mask_min || n < n_lo_end) apply_mask(n);
         softmax(false, scale);
         warpgroup_wait<0>();
         pipe_v.consumer_release(rd_v);
@@ -484,7 +527,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 
 template <class C>
 cudaError_t launch(void const* q, void const* k, void const* v, void* o, float* lse, int S, int Hq,
-                   int Hkv, cudaStream_t stream) {
+                   int Hkv, int64_t const* doc_starts, int ndocs, int window,
+                   cudaStream_t stream) {
   Params<C> p;
   auto mkQK = [&](void const* ptr, int H) {
     return make_tensor(make_gmem_ptr(static_cast<bf16 const*>(ptr)), make_shape(S, C::D, H),
@@ -510,6 +554,9 @@ cudaError_t launch(void const* q, void const* k, void const* v, void* o, float* 
   pb.scale_log2 = pb.softmax_scale * 1.4426950408889634f;
   pb.O = static_cast<bf16*>(o);
   pb.LSE = lse;
+  pb.doc_starts = ndocs > 1 ? doc_starts : nullptr;
+  pb.ndocs = ndocs;
+  pb.window = window;
 
   int dev = 0, sms = 0;
   cudaGetDevice(&dev);
@@ -548,14 +595,18 @@ cudaError_t launch(void const* q, void const* k, void const* v, void* o, float* 
 
 template <int D, int NWG, int kBlockN, int kStages>
 cudaError_t launch_cluster(int cluster, void const* q, void const* k, void const* v, void* o,
-                           float* lse, int S, int Hq, int Hkv, cudaStream_t stream) {
+                           float* lse, int S, int Hq, int Hkv, int64_t const* docs, int ndocs,
+                           int window, cudaStream_t stream) {
   switch (cluster) {
     case 1:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 1>>(q, k, v, o, lse, S, Hq, Hkv, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 1>>(q, k, v, o, lse, S, Hq, Hkv, docs, ndocs,
+                                                      window, stream);
     case 2:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 2>>(q, k, v, o, lse, S, Hq, Hkv, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 2>>(q, k, v, o, lse, S, Hq, Hkv, docs, ndocs,
+                                                      window, stream);
     case 4:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 4>>(q, k, v, o, lse, S, Hq, Hkv, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 4>>(q, k, v, o, lse, S, Hq, Hkv, docs, ndocs,
+                                                      window, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -617,8 +668,10 @@ const char* HopperAttentionUnsupported(int64_t s, int64_t hq, int64_t hkv, int64
 
 cudaError_t HopperAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                    int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* o,
-                                   float* lse, cudaStream_t stream, int cluster) {
-  if (HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse) != nullptr) {
+                                   float* lse, cudaStream_t stream, int cluster,
+                                   const int64_t* doc_starts, int64_t ndocs, int64_t window) {
+  if (HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse) != nullptr ||
+      (ndocs > 1 && doc_starts == nullptr) || ndocs > s || window < 0) {
     return cudaErrorInvalidValue;
   }
   if (cluster == 0) cluster = ClusterSizeFor(s, hq, hkv, d);
@@ -626,8 +679,12 @@ cudaError_t HopperAttentionForward(const uint16_t* q, const uint16_t* k, const u
   int const S = static_cast<int>(s), Hq = static_cast<int>(hq), Hkv = static_cast<int>(hkv);
   // hd128: 2 consumer warpgroups (128x128 tiles), 2 stages (3 stages, 224 KB of smem, measured
   // 3 % slower). hd64: 3 consumer warpgroups (192x128), 3 stages; 160 registers each is the limit.
-  return d == 128 ? launch_cluster<128, 2, 128, 2>(cluster, q, k, v, o, lse, S, Hq, Hkv, stream)
-                  : launch_cluster<64, 3, 128, 3>(cluster, q, k, v, o, lse, S, Hq, Hkv, stream);
+  // A window of S keys or more is the causal mask alone.
+  const int n = static_cast<int>(ndocs), w = window >= s ? 0 : static_cast<int>(window);
+  return d == 128 ? launch_cluster<128, 2, 128, 2>(cluster, q, k, v, o, lse, S, Hq, Hkv,
+                                                   doc_starts, n, w, stream)
+                  : launch_cluster<64, 3, 128, 3>(cluster, q, k, v, o, lse, S, Hq, Hkv,
+                                                  doc_starts, n, w, stream);
 }
 
 }  // namespace cuda

@@ -34,10 +34,13 @@ int HopperAttentionClusterSize(int64_t s, int64_t hq, int64_t hkv, int64_t d);
 
 // Enqueues the forward on `stream`; the shape must qualify (see above). Returns the launch's
 // error (cudaSuccess when enqueued). `cluster` 0 takes HopperAttentionClusterSize; 1, 2 or 4
-// force a cluster size (benchmarks; it must divide Hq / Hkv).
+// force a cluster size (benchmarks; it must divide Hq / Hkv). `doc_starts` and `window` add the
+// masks of the backward below; the key blocks that no query of a row block sees are skipped.
 cudaError_t HopperAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                    int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* o,
-                                   float* lse, cudaStream_t stream, int cluster = 0);
+                                   float* lse, cudaStream_t stream, int cluster = 0,
+                                   const int64_t* doc_starts = nullptr, int64_t ndocs = 0,
+                                   int64_t window = 0);
 
 // Bytes of device workspace HopperAttentionBackward needs: the f32 dQ accumulator
 // [Hq, S_pad, D], the padded LSE·log2(e) and Dsum rows [Hq, S_pad] and the rows' document bounds
@@ -50,13 +53,17 @@ int64_t HopperAttentionBackwardWorkspace(int64_t s, int64_t hq, int64_t hkv, int
 // aligned, the workspace too) and `workspace_bytes` be at least the above; it needs no
 // initialisation. `doc_starts` (device, int64 [ndocs], ascending, the first 0; nullptr or
 // ndocs <= 1: one document) adds the document mask of packed samples: a query sees only the
-// keys of its own document. Returns the launches' error (cudaSuccess when enqueued).
+// keys of its own document. `window` > 0 adds a sliding window: query i sees only the keys
+// j > i - window (its last `window` keys, itself included; window >= S: the causal mask alone);
+// the KV tiles outside every query tile's window are skipped. Returns the launches' error
+// (cudaSuccess when enqueued).
 cudaError_t HopperAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                     const uint16_t* o, const uint16_t* dout, const float* lse,
                                     int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* dq,
                                     uint16_t* dk, uint16_t* dv, void* workspace,
                                     int64_t workspace_bytes, cudaStream_t stream,
-                                    const int64_t* doc_starts = nullptr, int64_t ndocs = 0);
+                                    const int64_t* doc_starts = nullptr, int64_t ndocs = 0,
+                                    int64_t window = 0);
 
 }  // namespace cuda
 }  // namespace ithaca

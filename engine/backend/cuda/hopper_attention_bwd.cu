@@ -6,17 +6,20 @@
 //
 // Layouts (the forward's): Q, O, dO, dQ [S, Hq, D] bf16; K, V, dK, dV [S, Hkv, D] bf16 (token
 // stride H·D); LSE [Hq, S] f32, natural log of sum_j exp(scale · q·k_j), scale = 1/sqrt(D).
-// Query head h reads KV head h / (Hq / Hkv). Causal (key j ≤ query i), and optionally
-// document-masked (packed samples: key j also ≥ the start of query i's document).
+// Query head h reads KV head h / (Hq / Hkv). Causal (key j ≤ query i), optionally
+// document-masked (packed samples: key j also ≥ the start of query i's document) and optionally
+// windowed (a sliding window of W keys: j > i - W). Query i sees the keys [lo(i), i].
 //
 // Three kernels on one stream:
 //   1. preprocess: Dsum[h, i] = Σ_d dO[i,h,d]·O[i,h,d] and LSE·log2(e) copied into a padded
 //      [Hq, S_pad] buffer (padding rows: Dsum 0, LSE +inf, so that their P is exactly 0); the f32
-//      dQ accumulator is zeroed by cudaMemsetAsync. With documents, each row's document bounds
-//      [doc_lo, doc_hi) too (int32 [S_pad]; padding rows: doc_lo = S_pad, so every key is masked).
+//      dQ accumulator is zeroed by cudaMemsetAsync. With documents or a window, each row's first
+//      key lo (int32 [S_pad]; padding rows: S_pad, so every key is masked), and with documents
+//      the end of each row's document too.
 //   2. main: one CTA per (KV head g, KV tile n of 128 keys), ordered KV-head-major and longest
 //      first (small n = most query tiles). It loops over the query tiles m at or after its
-//      diagonal (with documents: up to the end of its last key's document) and, inside, over the
+//      diagonal (with documents or a window: up to the last query that sees its last key; the
+//      KV tiles beyond a window are never visited) and, inside, over the
 //      Hq/Hkv query heads of the group, so dK and dV accumulate in registers with no atomics.
 //      Per (m, h), with the KV tile as the M side of the GEMMs ("SdP swapAB"):
 //          Sᵀ  = K Qᵀ                     (SS wgmma, 128 × Bm)
@@ -163,7 +166,7 @@ struct Cfg {
     alignas(128) cute::array_aligned<float, kBlockM * D, 128> dq;
     alignas(128) float lse[kStages][kBlockM];
     alignas(128) float dsum[kStages][kBlockM];
-    alignas(128) int doc_lo[kStages][kBlockM];  // with documents only
+    alignas(128) int doc_lo[kStages][kBlockM];  // with documents or a window only
     typename Pipe::SharedStorage pipe;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
   };
@@ -179,20 +182,24 @@ struct Problem {
   float const* lse2;  // [Hq, S_pad] LSE·log2(e), +inf past S
   float const* dsum;  // [Hq, S_pad], 0 past S
   float* dq_acc;      // [Hq, S_pad, D] blocks in register order (see the top)
-  int const* doc_lo;  // [S_pad] first key of each row's document; nullptr: causal only
-  int const* doc_hi;  // [S_pad] one past the last token of each row's document
+  int const* doc_lo;  // [S_pad] first key each row sees; nullptr: causal only
+  int const* doc_hi;  // [S_pad] one past the last token of each row's document; or nullptr
+  int window;         // a sliding window of this many keys; 0: none
   bf16* dk;
   bf16* dv;
 };
 
-// One past the last query tile a CTA with KV tile n visits: every tile to the end, or with
-// documents up to the end of the document of the tile's last key (no later query sees a key of
-// the tile). Producer, dQ writer and consumers all call it.
+// One past the last query tile a CTA with KV tile n visits: every tile to the end, or up to the
+// last query that sees the tile's last key: the end of that key's document, and with a window
+// the key + W - 1 (no later query sees a key of the tile). Producer, dQ writer and consumers
+// all call it.
 template <int Bm>
 __device__ __forceinline__ int m_end(Problem const& pb, int n_block) {
-  if (pb.doc_hi == nullptr) return pb.num_m;
+  if (pb.doc_hi == nullptr && pb.window == 0) return pb.num_m;
   int const last_key = min((n_block + 1) * kBlockN, pb.S) - 1;
-  return min(pb.num_m, (pb.doc_hi[last_key] + Bm - 1) / Bm);
+  int end = pb.doc_hi != nullptr ? pb.doc_hi[last_key] : pb.S;  // one past the last query
+  if (pb.window > 0) end = min(end, last_key + pb.window);
+  return min(pb.num_m, (end + Bm - 1) / Bm);
 }
 
 template <class C>
@@ -254,7 +261,7 @@ CUTE_HOST_DEVICE int m_at(int it, int /*m_min*/, int m_max) {
 __global__ void bwd_preprocess(bf16 const* __restrict__ o, bf16 const* __restrict__ dout,
                                float const* __restrict__ lse, float* __restrict__ lse2,
                                float* __restrict__ dsum, int S, int S_pad, int Hq, int D,
-                               int64_t const* __restrict__ doc_starts, int ndocs,
+                               int64_t const* __restrict__ doc_starts, int ndocs, int window,
                                int* __restrict__ doc_lo, int* __restrict__ doc_hi) {
   int64_t const w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   int const lane = threadIdx.x % 32;
@@ -278,15 +285,16 @@ __global__ void bwd_preprocess(bf16 const* __restrict__ o, bf16 const* __restric
     int64_t const j = int64_t(h) * S_pad + i;
     dsum[j] = i < S ? acc : 0.f;
     lse2[j] = i < S ? lse[int64_t(h) * S + i] * 1.4426950408889634f : INFINITY;
-    if (doc_starts != nullptr && h == 0) {
+    if ((doc_starts != nullptr || window > 0) && h == 0) {
       // The last document starting at or before i (binary search; starts[0] = 0).
-      int lo = 0, hi = ndocs;
+      int lo = 0, hi = doc_starts != nullptr ? ndocs : 1;
       while (hi - lo > 1) {
         int const mid = (lo + hi) / 2;
         if (doc_starts[mid] <= i) lo = mid; else hi = mid;
       }
-      doc_lo[i] = i < S ? int(doc_starts[lo]) : S_pad;
-      doc_hi[i] = i < S && lo + 1 < ndocs ? int(doc_starts[lo + 1]) : S;
+      int const start = doc_starts != nullptr ? int(doc_starts[lo]) : 0;
+      doc_lo[i] = i >= S ? S_pad : window > 0 ? max(start, i - window + 1) : start;
+      if (doc_starts != nullptr) doc_hi[i] = i < S && lo + 1 < ndocs ? int(doc_starts[lo + 1]) : S;
     }
   }
 }
@@ -344,8 +352,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
     ss.barrier_kv.init(1);
   }
   typename Pipe::Params pp;
-  bool const docs = pb.doc_lo != nullptr;
-  pp.transaction_bytes = C::kBytesStage + (docs ? C::kBlockM * 4 : 0);
+  bool const lower = pb.doc_lo != nullptr;  // documents or a window: a first key per row
+  pp.transaction_bytes = C::kBytesStage + (lower ? C::kBlockM * 4 : 0);
   pp.role = wg_idx == 0 ? Pipe::ThreadCategory::Producer : Pipe::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = C::NumMmaThreads;
@@ -415,7 +423,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
             int64_t const off = int64_t(h) * pb.S_pad + int64_t(m) * Bm;
             SM90_BULK_COPY_G2S::copy(pb.lse2 + off, bar, &ss.lse[s][0], Bm * 4);
             SM90_BULK_COPY_G2S::copy(pb.dsum + off, bar, &ss.dsum[s][0], Bm * 4);
-            if (docs) {
+            if (lower) {
               SM90_BULK_COPY_G2S::copy(pb.doc_lo + int64_t(m) * Bm, bar, &ss.doc_lo[s][0], Bm * 4);
             }
             ++wr;
@@ -545,7 +553,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
             }
           }
         };
-        if (docs && doc_s[Bm - 1] > kv0) {
+        if (lower && doc_s[Bm - 1] > kv0) {
           compute_P(cute::true_type{}, cute::true_type{});
         } else if (diagonal) {
           compute_P(cute::true_type{}, cute::false_type{});
@@ -632,7 +640,8 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 template <class C>
 cudaError_t launch(void const* q, void const* k, void const* v, void const* o, void const* dout,
                    float const* lse, void* dq, void* dk, void* dv, float* ws, int S, int Hq,
-                   int Hkv, int64_t const* doc_starts, int ndocs, cudaStream_t stream) {
+                   int Hkv, int64_t const* doc_starts, int ndocs, int window,
+                   cudaStream_t stream) {
   int const S_pad = (S + kPadS - 1) / kPadS * kPadS;
   float* dq_acc = ws;
   float* lse2 = dq_acc + int64_t(Hq) * S_pad * C::D;
@@ -640,6 +649,7 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
   int* doc_lo = reinterpret_cast<int*>(dsum + int64_t(Hq) * S_pad);
   int* doc_hi = doc_lo + S_pad;
   bool const docs = doc_starts != nullptr && ndocs > 1;
+  bool const lower = docs || window > 0;  // a lower bound per row besides the causal one
 
   cudaError_t e = cudaMemsetAsync(dq_acc, 0, sizeof(float) * int64_t(Hq) * S_pad * C::D, stream);
   if (e != cudaSuccess) return e;
@@ -649,7 +659,7 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
     bwd_preprocess<<<blocks, 256, 0, stream>>>(static_cast<bf16 const*>(o),
                                                static_cast<bf16 const*>(dout), lse, lse2, dsum, S,
                                                S_pad, Hq, C::D, docs ? doc_starts : nullptr, ndocs,
-                                               doc_lo, doc_hi);
+                                               window, doc_lo, doc_hi);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -679,8 +689,9 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
   pb.lse2 = lse2;
   pb.dsum = dsum;
   pb.dq_acc = dq_acc;
-  pb.doc_lo = docs ? doc_lo : nullptr;
+  pb.doc_lo = lower ? doc_lo : nullptr;
   pb.doc_hi = docs ? doc_hi : nullptr;
+  pb.window = window;
   pb.dk = static_cast<bf16*>(dk);
   pb.dv = static_cast<bf16*>(dv);
 
@@ -718,21 +729,22 @@ cudaError_t HopperAttentionBackward(const uint16_t* q, const uint16_t* k, const 
                                     int64_t s, int64_t hq, int64_t hkv, int64_t d, uint16_t* dq,
                                     uint16_t* dk, uint16_t* dv, void* workspace,
                                     int64_t workspace_bytes, cudaStream_t stream,
-                                    const int64_t* doc_starts, int64_t ndocs) {
+                                    const int64_t* doc_starts, int64_t ndocs, int64_t window) {
   if (HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse) != nullptr ||
       HopperAttentionUnsupported(s, hq, hkv, d, dout, dk, dv, dq, static_cast<float*>(workspace)) !=
           nullptr ||
       workspace_bytes < HopperAttentionBackwardWorkspace(s, hq, hkv, d) ||
-      (ndocs > 1 && doc_starts == nullptr) || ndocs > s) {
+      (ndocs > 1 && doc_starts == nullptr) || ndocs > s || window < 0) {
     return cudaErrorInvalidValue;
   }
   auto* ws = static_cast<float*>(workspace);
   const int S = static_cast<int>(s), Hq = static_cast<int>(hq), Hkv = static_cast<int>(hkv);
-  const int n = static_cast<int>(ndocs);
+  // A window of S keys or more is the causal mask alone.
+  const int n = static_cast<int>(ndocs), w = window >= s ? 0 : static_cast<int>(window);
   return d == 128 ? ithaca_bwd::launch<ithaca_bwd::CfgD128>(q, k, v, o, dout, lse, dq, dk, dv, ws,
-                                                            S, Hq, Hkv, doc_starts, n, stream)
+                                                            S, Hq, Hkv, doc_starts, n, w, stream)
                   : ithaca_bwd::launch<ithaca_bwd::CfgD64>(q, k, v, o, dout, lse, dq, dk, dv, ws,
-                                                           S, Hq, Hkv, doc_starts, n, stream);
+                                                           S, Hq, Hkv, doc_starts, n, w, stream);
 }
 
 }  // namespace cuda

@@ -18,7 +18,7 @@ int HopperAttentionClusterSize(int64_t, int64_t, int64_t, int64_t) { return 1; }
 
 cudaError_t HopperAttentionForward(const uint16_t*, const uint16_t*, const uint16_t*, int64_t,
                                    int64_t, int64_t, int64_t, uint16_t*, float*, cudaStream_t,
-                                   int) {
+                                   int, const int64_t*, int64_t, int64_t) {
   return cudaErrorNotSupported;
 }
 
@@ -27,7 +27,8 @@ int64_t HopperAttentionBackwardWorkspace(int64_t, int64_t, int64_t, int64_t) { r
 cudaError_t HopperAttentionBackward(const uint16_t*, const uint16_t*, const uint16_t*,
                                     const uint16_t*, const uint16_t*, const float*, int64_t,
                                     int64_t, int64_t, int64_t, uint16_t*, uint16_t*, uint16_t*,
-                                    void*, int64_t, cudaStream_t, const int64_t*, int64_t) {
+                                    void*, int64_t, cudaStream_t, const int64_t*, int64_t,
+                                    int64_t) {
   return cudaErrorNotSupported;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/attention_choice.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
@@ -250,15 +251,17 @@ void CheckBackwardAgainstCpu(const Shape4& sh, const DocumentMask& docs) {
   const std::vector<float> got_dk = Host(ops, dk.tensor()), got_dv = Host(ops, dv.tensor());
   // bf16 inputs, O and dO against the fp32 oracle: ~3e-3 rel. L2 measured (PyTorch's cuDNN
   // SDPA lands at the same); a wrong mask, scale or LSE gives O(1).
-  EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "hopper dq vs cpu");
-  EXPECT_CLOSE(got_dk, dk_ref, 2e-2, "hopper dk vs cpu");
+  // (Where every query sees only itself, dQ and dK are exactly 0.)
+  EXPECT_CLOSE_OR_ZERO(Host(ops, dq.tensor()), dq_ref, dv_ref, 2e-2, 1e-4, "hopper dq vs cpu");
+  EXPECT_CLOSE_OR_ZERO(got_dk, dk_ref, dv_ref, 2e-2, 1e-4, "hopper dk vs cpu");
   EXPECT_CLOSE(got_dv, dv_ref, 2e-2, "hopper dv vs cpu");
 
   for (const Buffer* t : {&dq, &dk, &dv}) ops.Fill(t->tensor(), std::nanf(""));
   backward();
   EXPECT_EQ(Host(ops, dk.tensor()), got_dk) << "a second launch: dK differs";
   EXPECT_EQ(Host(ops, dv.tensor()), got_dv) << "a second launch: dV differs";
-  EXPECT_CLOSE(Host(ops, dq.tensor()), dq_ref, 2e-2, "hopper dq, second launch");
+  EXPECT_CLOSE_OR_ZERO(Host(ops, dq.tensor()), dq_ref, dv_ref, 2e-2, 1e-4,
+                       "hopper dq, second launch");
 }
 
 // GQA, ragged tiles, MHA; one document.
@@ -357,6 +360,177 @@ TEST_P(HopperBackwardWithDocumentsVsCudnn, BackwardMatchesCudnn) {
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperBackwardWithDocumentsVsCudnn,
                          ::testing::Values(Shape4{16384, 32, 8, 64}, Shape4{16384, 32, 8, 128}),
                          ParamName);
+
+// Masks besides the causal one on both own kernels: documents (packed samples) and sliding
+// windows (a query sees its last W keys), alone and together. Documents of one token, many
+// small documents, one document; windows of one key, smaller than a tile (64/128 rows, 128
+// keys), equal to it, not a multiple of it, wider than a tile, and wider than S.
+struct MaskCase {
+  const char* name;
+  Shape4 shape;
+  std::vector<int64_t> starts;  // empty: one document
+  int64_t window = 0;
+};
+std::vector<int64_t> Every(int64_t n, int64_t s) {
+  std::vector<int64_t> v;
+  for (int64_t t = 0; t < s; t += n) v.push_back(t);
+  return v;
+}
+const std::vector<MaskCase> kMaskCases = {
+    {"docs_of_one_token", {8, 4, 1, 64}, Every(1, 8)},
+    {"docs_of_one_token_hd128", {136, 4, 2, 128}, Every(1, 136)},
+    {"docs_first_tokens", {1000, 4, 1, 64}, {0, 1, 2, 130, 300, 777}},
+    {"docs_llama1b_hd128", {1000, 32, 8, 128}, {0, 500, 999}},
+    {"docs_in_tiles", {4160, 8, 2, 64}, {0, 64, 200, 2049, 2050, 4000}},
+    {"docs_last_one_token", {4160, 8, 2, 128}, {0, 128, 256, 1000, 4159}},
+    {"docs_mha", {520, 6, 6, 128}, {0, 100, 101, 102, 333}},
+    {"many_small_docs", {4160, 8, 2, 64}, Every(7, 4160)},
+    {"many_small_docs_hd128", {2048, 8, 2, 128}, Every(33, 2048)},
+    {"one_doc", {1000, 8, 2, 64}, {0}},
+    {"window1", {136, 4, 2, 64}, {}, 1},
+    {"window1_hd128", {136, 4, 2, 128}, {}, 1},
+    {"window37", {1000, 8, 2, 64}, {}, 37},
+    {"window100_hd128", {1000, 16, 2, 128}, {}, 100},
+    {"window128", {1000, 8, 2, 64}, {}, 128},
+    {"window200", {4160, 8, 2, 64}, {}, 200},
+    {"window333_hd128", {4160, 8, 1, 128}, {}, 333},
+    {"window4096", {4160, 8, 2, 64}, {}, 4096},
+    {"window_wider_than_s", {520, 6, 6, 128}, {}, 1000},
+    {"window_docs", {1000, 8, 2, 64}, {0, 1, 65, 200, 233, 700}, 40},
+    {"window_docs_hd128", {1000, 4, 1, 128}, {0, 128, 129, 300}, 150},
+};
+std::string MaskName(const ::testing::TestParamInfo<MaskCase>& i) { return i.param.name; }
+
+class HopperMasksVsCpu : public ::testing::TestWithParam<MaskCase> {};
+
+// The forward against the CPU oracle; clusters of 2 and 4 give the bits of the kernel without.
+TEST_P(HopperMasksVsCpu, ForwardMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  const MaskCase& c = GetParam();
+  const auto [S, hq, hkv, D] = c.shape;
+  const DocumentMask docs{c.starts, c.window};
+  CudaAllocator alloc;
+  CudaOps ops(OptionsFor(&alloc, Kernel::kHopper));
+  CpuOps cpu;
+  std::vector<float> q = Randn(S * hq * D, 4), k = Randn(S * hkv * D, 5), v = Randn(S * hkv * D, 6);
+  std::vector<float> out_ref(S * hq * D), lse_ref(hq * S);
+  cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                CpuT(out_ref, {S, hq, D}), CpuT(lse_ref, {hq, S}), docs);
+  auto tq = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, q);
+  auto tk = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, k);
+  auto tv = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, v);
+  auto out = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto lse = Poisoned(ops, &alloc, DType::kF32, {hq, S});
+  ops.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), docs);
+  ASSERT_STREQ(ops.last_attention_impl(), "hopper");
+  std::printf("[%s: %s, %zu documents, window %lld]\n", c.name, Name(c.shape).c_str(),
+              c.starts.size(), static_cast<long long>(c.window));
+  const std::vector<float> first = Host(ops, out.tensor()), first_lse = Host(ops, lse.tensor());
+  EXPECT_CLOSE(first, out_ref, 1e-2, "hopper out vs cpu");
+  EXPECT_CLOSE(first_lse, lse_ref, 1e-5, "hopper lse vs cpu");
+  EXPECT_LT(MaxAbsDiff(first_lse, lse_ref), 1e-4) << "lse max abs diff";
+
+  const size_t n = docs.trivial() ? 0 : docs.starts.size();
+  int64_t* dev_starts = nullptr;
+  if (n > 0) {
+    ASSERT_EQ(cudaMalloc(&dev_starts, n * sizeof(int64_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev_starts, docs.starts.data(), n * sizeof(int64_t),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  const auto stream = static_cast<cudaStream_t>(ops.streams().compute);
+  for (int cluster : {2, 4}) {
+    if ((hq / hkv) % cluster != 0) continue;
+    ops.Fill(out.tensor(), std::nanf(""));
+    ops.Fill(lse.tensor(), std::nanf(""));
+    ASSERT_EQ(cuda::HopperAttentionForward(
+                  static_cast<const uint16_t*>(tq.tensor().data),
+                  static_cast<const uint16_t*>(tk.tensor().data),
+                  static_cast<const uint16_t*>(tv.tensor().data), S, hq, hkv, D,
+                  static_cast<uint16_t*>(out.tensor().data), lse.tensor().f32(), stream, cluster,
+                  dev_starts, static_cast<int64_t>(n), c.window),
+              cudaSuccess)
+        << "cluster " << cluster;
+    EXPECT_EQ(Host(ops, out.tensor()), first) << "cluster " << cluster << ": O differs";
+    EXPECT_EQ(Host(ops, lse.tensor()), first_lse) << "cluster " << cluster << ": LSE differs";
+  }
+  if (dev_starts != nullptr) cudaFree(dev_starts);
+}
+
+TEST_P(HopperMasksVsCpu, BackwardMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  CheckBackwardAgainstCpu(GetParam().shape, DocumentMask{GetParam().starts, GetParam().window});
+}
+
+INSTANTIATE_TEST_SUITE_P(Masks, HopperMasksVsCpu, ::testing::ValuesIn(kMaskCases), MaskName);
+
+// Long S: the masked forward against cuDNN's (ragged for documents, its causal band for a
+// window), then both backwards; and what auto runs (HopperRules).
+class HopperMasksVsCudnn : public ::testing::TestWithParam<MaskCase> {};
+
+TEST_P(HopperMasksVsCudnn, ForwardAndBackwardMatchCudnn) {
+  SKIP_WITHOUT_HOPPER();
+  const MaskCase& c = GetParam();
+  const auto [S, hq, hkv, D] = c.shape;
+  const DocumentMask docs{c.starts, c.window};
+  CudaAllocator alloc;
+  CudaOps cudnn(OptionsFor(&alloc, Kernel::kCudnn, Kernel::kCudnn));
+  CudaOps hopper(OptionsFor(&alloc, Kernel::kHopper, Kernel::kHopper));
+  CudaOps autop(OptionsFor(&alloc, Kernel::kAuto, Kernel::kAuto));
+  auto tq = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 61));
+  auto tk = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 62));
+  auto tv = Dev(cudnn, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 63));
+  auto tdo = Dev(cudnn, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 64));
+  const AttentionShape shape{S, D, !docs.trivial(), c.window};
+  const char* want_fwd =
+      AttentionKernelName(ChooseAttention(AttentionPass::kForward, shape, Kernel::kAuto).kernel);
+  const char* want_bwd =
+      AttentionKernelName(ChooseAttention(AttentionPass::kBackward, shape, Kernel::kAuto).kernel);
+  std::vector<std::vector<float>> res[3];
+  CudaOps* ops[3] = {&cudnn, &hopper, &autop};
+  const char* fwd_impl[3] = {"cudnn", "hopper", want_fwd};
+  const char* bwd_impl[3] = {"cudnn", "hopper", want_bwd};
+  for (int i = 0; i < 3; ++i) {
+    auto out = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto lse = Poisoned(*ops[i], &alloc, DType::kF32, {hq, S});
+    auto dq = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hq, D});
+    auto dk = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    auto dv = Poisoned(*ops[i], &alloc, DType::kBF16, {S, hkv, D});
+    ops[i]->Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), docs);
+    EXPECT_STREQ(ops[i]->last_attention_impl(), fwd_impl[i]) << "forward " << i;
+    ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), tdo.tensor(),
+                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
+    EXPECT_STREQ(ops[i]->last_attention_impl(), bwd_impl[i]) << "backward " << i;
+    for (const Buffer* t : {&out, &lse, &dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
+  }
+  std::printf("[%s: %s]\n", c.name, Name(c.shape).c_str());
+  EXPECT_CLOSE(res[1][0], res[0][0], 1e-2, "out, hopper vs cudnn");
+  EXPECT_LT(MaxAbsDiff(res[1][1], res[0][1]), 1e-3) << "lse, hopper vs cudnn";
+  EXPECT_CLOSE(res[1][2], res[0][2], 2e-2, "dq, hopper vs cudnn");
+  EXPECT_CLOSE(res[1][3], res[0][3], 2e-2, "dk, hopper vs cudnn");
+  EXPECT_CLOSE(res[1][4], res[0][4], 2e-2, "dv, hopper vs cudnn");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Masks, HopperMasksVsCudnn,
+    ::testing::Values(MaskCase{"docs_16k_hd64", {16384, 32, 8, 64}, {0, 3000, 8192, 8200, 12384}},
+                      MaskCase{"docs8k_64k_hd128", {65536, 32, 8, 128}, Every(8192, 65536)},
+                      MaskCase{"window4096_64k_hd64", {65536, 32, 8, 64}, {}, 4096},
+                      MaskCase{"window1000_16k_hd128", {16384, 32, 8, 128}, {}, 1000}),
+    MaskName);
+
+// The planner's figure for the Hopper backward's workspace (attention_choice.h, no CUDA) is the
+// kernel's own.
+TEST(HopperWorkspace, ThePlannerCountsWhatTheKernelTakes) {
+  if (!cuda::HopperAttentionBuilt()) GTEST_SKIP() << "built without CUTLASS: kernel left out";
+  for (int64_t s : {8, 1000, 4160, 131072, 524288}) {
+    for (int64_t d : {64, 128}) {
+      EXPECT_EQ(cuda::HopperAttentionBackwardWorkspace(s, 32, 8, d),
+                HopperBackwardWorkspaceBytes(s, 32, d))
+          << s << " " << d;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace ithaca

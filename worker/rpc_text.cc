@@ -1,4 +1,4 @@
-#include "server/rpc_text.h"
+#include "worker/rpc_text.h"
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/utf8.h"
