@@ -16,6 +16,12 @@ ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
 ABSL_FLAG(bool, optimizer_offload, false,
           "f32 master weights and Adam m, v in pinned host memory, updated by the CPU AdamW "
           "(memory.optimizer_offload)");
+ABSL_FLAG(bool, overlap_update, true,
+          "with --optimizer_offload: each step's CPU update under the next forward, unit by unit "
+          "(memory.overlap_update); false: between the steps");
+ABSL_FLAG(bool, param_offload, false,
+          "the bf16 working copy in pinned host memory too, uploaded a unit ahead of use "
+          "(memory.param_offload; needs --optimizer_offload)");
 
 namespace ithaca {
 namespace bench {
@@ -35,6 +41,7 @@ LlamaModel::Options ModelOptions() {
   mo.prefetch = absl::GetFlag(FLAGS_prefetch);
   mo.fsdp = absl::GetFlag(FLAGS_fsdp);
   mo.overlap = absl::GetFlag(FLAGS_overlap);
+  mo.param_offload = absl::GetFlag(FLAGS_param_offload);
   return mo;
 }
 
@@ -51,6 +58,8 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
       .Int("checkpoint_interval", mo.checkpoint_interval)
       .Bool("prefetch", mo.prefetch)
       .Bool("optimizer_offload", absl::GetFlag(FLAGS_optimizer_offload))
+      .Bool("param_offload", mo.param_offload)
+      .Bool("overlap_update", absl::GetFlag(FLAGS_overlap_update))
       .Str("attention", attention);
   return t;
 }
@@ -58,12 +67,15 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
                                                            const JobSpec::Training& hp) {
   const ParamLayout& layout = model->layout();
-  return Optimizer::Create(
-      model,
-      [&](int unit) -> absl::StatusOr<std::vector<float>> {
-        return RandomUnitWeights(layout, unit, 1234);
-      },
-      hp, absl::GetFlag(FLAGS_optimizer_offload));
+  ASSIGN_OR_RETURN(auto opt, Optimizer::CreateFilled(
+                                 model,
+                                 [&](int unit, float* out) {
+                                   RandomUnitWeightsInto(layout, unit, 1234, out);
+                                   return absl::OkStatus();
+                                 },
+                                 hp, absl::GetFlag(FLAGS_optimizer_offload)));
+  opt->set_overlap_update(absl::GetFlag(FLAGS_overlap_update));
+  return opt;
 }
 
 }  // namespace bench

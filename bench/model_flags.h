@@ -13,6 +13,8 @@
 
 ABSL_DECLARE_FLAG(std::string, checkpoint);
 ABSL_DECLARE_FLAG(bool, optimizer_offload);
+ABSL_DECLARE_FLAG(bool, param_offload);
+ABSL_DECLARE_FLAG(bool, overlap_update);
 
 namespace ithaca {
 namespace bench {

@@ -8,6 +8,7 @@
 #include <exception>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -143,6 +144,9 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
       host_optimizer_(Gauge(*registry_, Constant(hostname), "ithaca_host_optimizer_bytes",
                             "Pinned host memory holding the optimizer's state "
                             "(memory.optimizer_offload).")),
+      host_params_(Gauge(*registry_, Constant(hostname), "ithaca_host_params_bytes",
+                         "Pinned host memory holding the bf16 working copy "
+                         "(memory.param_offload).")),
       tokens_per_second_(Gauge(*registry_, Constant(hostname), "ithaca_tokens_per_second",
                                "Training tokens per second of this rank (per GPU).")),
       loss_(Gauge(*registry_, Constant(hostname), "ithaca_train_loss",
@@ -262,10 +266,11 @@ void Metrics::DropActivityLocked(RankSeries& s) {
   s.memory_peak.clear();
   if (s.host_offload) host_offload_.Remove(s.host_offload);
   if (s.host_optimizer) host_optimizer_.Remove(s.host_optimizer);
+  if (s.host_params) host_params_.Remove(s.host_params);
   if (s.tokens_per_second) tokens_per_second_.Remove(s.tokens_per_second);
   if (s.flops) flops_.Remove(s.flops);
   if (s.mfu) mfu_.Remove(s.mfu);
-  s.host_offload = s.host_optimizer = s.tokens_per_second = s.flops = s.mfu = nullptr;
+  s.host_offload = s.host_optimizer = s.host_params = s.tokens_per_second = s.flops = s.mfu = nullptr;
 }
 
 void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
@@ -282,12 +287,17 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
       s.host_offload->Set(static_cast<double>(t.current_bytes()));
       continue;
     }
-    if (t.tier() == "host_optimizer") {  // a host tier too; its series only where it is used
-      if (t.current_bytes() == 0 && s.host_optimizer == nullptr) continue;
-      if (s.host_optimizer == nullptr) s.host_optimizer = &host_optimizer_.Add(l);
-      s.host_optimizer->Set(static_cast<double>(t.current_bytes()));
-      continue;
+    // Host tiers too; their series only where they are used.
+    for (auto [name, family, gauge] :
+         {std::tuple{"host_optimizer", &host_optimizer_, &s.host_optimizer},
+          std::tuple{"host_params", &host_params_, &s.host_params}}) {
+      if (t.tier() != name) continue;
+      if (t.current_bytes() > 0 || *gauge != nullptr) {
+        if (*gauge == nullptr) *gauge = &family->Add(l);
+        (*gauge)->Set(static_cast<double>(t.current_bytes()));
+      }
     }
+    if (t.tier() == "host_optimizer" || t.tier() == "host_params") continue;
     Labels tl = l;
     tl["tier"] = t.tier();
     prometheus::Gauge*& current = s.memory[t.tier()];

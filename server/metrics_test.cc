@@ -23,6 +23,9 @@ v1::StepReport Report(int step, double seconds) {
   auto* o = r.add_memory();
   o->set_tier("host_optimizer");
   o->set_current_bytes(99);
+  auto* w = r.add_memory();
+  w->set_tier("host_params");
+  w->set_current_bytes(55);
   return r;
 }
 
@@ -48,6 +51,7 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
            "ithaca_gpu_memory_peak_bytes{" + l + ",tier=\"params\"} 1500",
            "ithaca_host_offload_bytes{" + l + "} 77",
            "ithaca_host_optimizer_bytes{" + l + "} 99",
+           "ithaca_host_params_bytes{" + l + "} 55",
            "ithaca_tokens_total{" + l + "} 1024",
            "ithaca_train_step{" + l + "} 2",
            "ithaca_step_duration_seconds_bucket{" + l + ",le=\"0.05\"} 1",
@@ -73,6 +77,7 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
   // host_offload is not a GPU tier.
   EXPECT_EQ(text.find("tier=\"host_offload\""), std::string::npos);
   EXPECT_EQ(text.find("tier=\"host_optimizer\""), std::string::npos);
+  EXPECT_EQ(text.find("tier=\"host_params\""), std::string::npos);
   // MFU 0 means unknown: no sample, rather than a 0 that reads as an idle GPU.
   EXPECT_EQ(text.find("ithaca_mfu_ratio{"), std::string::npos) << text;
   // The scrape job's label is Prometheus' own.

@@ -114,6 +114,14 @@ class Ops {
     Copy(src, dst);
     return Fence{};
   }
+  // CopyAsync that does not wait for the compute enqueued so far (it still completes in order
+  // with every other transfer): for a source the compute stream finished writing before the
+  // host last waited for it, into a destination no compute enqueued since uses. Optimizer
+  // offload moves gradients and working copies so under the next step's forward, whose
+  // enqueued blocks would otherwise hold every transfer back. The default is CopyAsync.
+  virtual Fence CopyAsyncUnordered(const Tensor& src, const Tensor& dst) {
+    return CopyAsync(src, dst);
+  }
   // Ops enqueued from now on wait for the copy; the host does not. Afterwards both tensors may
   // be used and freed (the allocators hand memory out again only to later ops).
   virtual void WaitFence(Fence /*fence*/) {}

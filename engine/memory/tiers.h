@@ -22,13 +22,18 @@ enum class Tier : uint8_t {
   // Pinned host memory holding the optimizer's state under optimizer offload: f32 master
   // weights, Adam m and v, and the staging of a few units' gradients and working copies.
   kHostOptimizer,
+  // Pinned host memory holding the bf16 working copy (this rank's shards) under
+  // memory.param_offload; the device holds only the units being used and prefetched (params).
+  kHostParams,
 };
-inline constexpr int kNumTiers = 10;
+inline constexpr int kNumTiers = 11;
 
 const char* TierName(Tier t);
 // Parses the names TierName prints ("params", "host_offload", ...).
 bool ParseTier(const std::string& name, Tier* out);
-inline bool IsDeviceTier(Tier t) { return t != Tier::kHostOffload && t != Tier::kHostOptimizer; }
+inline bool IsDeviceTier(Tier t) {
+  return t != Tier::kHostOffload && t != Tier::kHostOptimizer && t != Tier::kHostParams;
+}
 
 // Current and peak bytes per tier. Thread-safe; cheap enough to call on every allocation.
 class MemoryTracker {

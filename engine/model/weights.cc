@@ -43,8 +43,13 @@ void Normals(uint64_t key, int64_t begin, int64_t end, float sigma, float* out) 
 }  // namespace
 
 std::vector<float> RandomUnitWeights(const ParamLayout& layout, int u, uint64_t seed) {
+  std::vector<float> flat(layout.units()[u].numel);
+  RandomUnitWeightsInto(layout, u, seed, flat.data());
+  return flat;
+}
+
+void RandomUnitWeightsInto(const ParamLayout& layout, int u, uint64_t seed, float* flat) {
   const ParamUnit& unit = layout.units()[u];
-  std::vector<float> flat(unit.numel);
   const uint64_t key = Mix(Mix(seed) ^ (static_cast<uint64_t>(u) * 0x100000001b3ull + 1));
   // Every matrix element is draw number (its index in the unit) of the unit's stream; pieces of
   // 1M elements go to every core (a Llama-3-8B init is 8 billion draws: minutes on one core).
@@ -56,7 +61,7 @@ std::vector<float> RandomUnitWeights(const ParamLayout& layout, int u, uint64_t 
   for (const ParamEntry& e : unit.entries) {
     const int64_t n = NumElements(e.shape);
     if (!e.is_matrix) {  // norm weights 1, biases 0
-      std::fill(flat.begin() + e.offset, flat.begin() + e.offset + n, e.is_bias ? 0.f : 1.f);
+      std::fill(flat + e.offset, flat + e.offset + n, e.is_bias ? 0.f : 1.f);
       continue;
     }
     for (int64_t b = e.offset; b < e.offset + n; b += kPiece) {
@@ -70,16 +75,16 @@ std::vector<float> RandomUnitWeights(const ParamLayout& layout, int u, uint64_t 
       float two[2];
       Normals(key, even, even + 2, 0.02f, two);
       flat[r.begin] = two[1];
-      if (r.begin + 1 < r.end) Normals(key, r.begin + 1, r.end, 0.02f, flat.data() + r.begin + 1);
+      if (r.begin + 1 < r.end) Normals(key, r.begin + 1, r.end, 0.02f, flat + r.begin + 1);
     } else {
-      Normals(key, r.begin, r.end, 0.02f, flat.data() + r.begin);
+      Normals(key, r.begin, r.end, 0.02f, flat + r.begin);
     }
   };
   const int threads = static_cast<int>(std::min<size_t>(
       std::max(1u, std::thread::hardware_concurrency()), pieces.size()));
   if (threads <= 1) {
     for (const Range& r : pieces) draw(r);
-    return flat;
+    return;
   }
   std::atomic<size_t> next{0};
   std::vector<std::thread> pool;
@@ -89,7 +94,6 @@ std::vector<float> RandomUnitWeights(const ParamLayout& layout, int u, uint64_t 
     });
   }
   for (std::thread& t : pool) t.join();
-  return flat;
 }
 
 HostWeights RandomWeights(const ParamLayout& layout, uint64_t seed) {
@@ -100,12 +104,17 @@ HostWeights RandomWeights(const ParamLayout& layout, uint64_t seed) {
 
 absl::StatusOr<std::vector<float>> ReadUnitWeights(const ParamLayout& layout,
                                                    const SafetensorsReader& reader, int u) {
-  const ParamUnit& unit = layout.units()[u];
-  std::vector<float> flat(unit.numel);
-  for (const ParamEntry& e : unit.entries) {
-    RETURN_IF_ERROR(reader.Read(e.hf_name, e.shape, DType::kF32, flat.data() + e.offset));
-  }
+  std::vector<float> flat(layout.units()[u].numel);
+  RETURN_IF_ERROR(ReadUnitWeightsInto(layout, reader, u, flat.data()));
   return flat;
+}
+
+absl::Status ReadUnitWeightsInto(const ParamLayout& layout, const SafetensorsReader& reader,
+                                 int u, float* out) {
+  for (const ParamEntry& e : layout.units()[u].entries) {
+    RETURN_IF_ERROR(reader.Read(e.hf_name, e.shape, DType::kF32, out + e.offset));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<HostWeights> ReadWeights(const ParamLayout& layout,

@@ -19,11 +19,17 @@ using HostWeights = std::vector<std::vector<float>>;
 // biases = 0. Each unit has its own counter-based stream (element j's value depends only on
 // seed, unit and j), so one unit can be made without the others, and is made on every core.
 std::vector<float> RandomUnitWeights(const ParamLayout& layout, int unit, uint64_t seed);
+// The same values written into `out` (the unit's numel floats), e.g. straight into host master
+// weights: no vector to allocate, zero and copy (32 GB of them for Llama-3-8B).
+void RandomUnitWeightsInto(const ParamLayout& layout, int unit, uint64_t seed, float* out);
 HostWeights RandomWeights(const ParamLayout& layout, uint64_t seed);
 
 // Reads every tensor the layout names, checking shapes; a tied model ignores lm_head.weight.
 absl::StatusOr<std::vector<float>> ReadUnitWeights(const ParamLayout& layout,
                                                    const SafetensorsReader& reader, int unit);
+// The same into `out` (the unit's numel floats).
+absl::Status ReadUnitWeightsInto(const ParamLayout& layout, const SafetensorsReader& reader,
+                                 int unit, float* out);
 absl::StatusOr<HostWeights> ReadWeights(const ParamLayout& layout, const SafetensorsReader& reader);
 
 // Writes `dir`/config.json and the weights (model.safetensors, or shards + index above

@@ -6,47 +6,103 @@ namespace ithaca {
 
 absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Create(const ParamLayout& layout, Ops* ops,
                                                                Allocator* alloc, Comm* world,
-                                                               bool fsdp) {
+                                                               bool fsdp, bool host_params) {
   std::unique_ptr<ParamStore> p(new ParamStore(ops, alloc, world));
   const int W = world ? world->size() : 1;
   p->sharded_ = fsdp && W > 1;
+  p->host_params_ = host_params;
+  const Tier working_tier = host_params ? Tier::kHostParams : Tier::kParams;
   p->rank_ = world ? world->rank() : 0;
   for (const ParamUnit& u : layout.units()) {
     Unit unit;
     unit.numel = u.numel;
     unit.shard = p->sharded_ ? (u.numel + W - 1) / W : u.numel;
     ASSIGN_OR_RETURN(unit.working,
-                     Buffer::Make(alloc, ops->act_dtype(), {unit.shard}, Tier::kParams));
+                     Buffer::Make(alloc, ops->act_dtype(), {unit.shard}, working_tier));
     ASSIGN_OR_RETURN(unit.grad, Buffer::Make(alloc, DType::kF32, {unit.shard}, Tier::kGrads));
-    ops->Fill(unit.working.tensor(), 0.f);
+    // Host memory is written whole by the optimizer (Optimizer::RefreshWorkingCopy) before
+    // any use, on the host; the device's is zeroed.
+    if (!host_params) ops->Fill(unit.working.tensor(), 0.f);
     ops->Fill(unit.grad.tensor(), 0.f);
     p->units_.push_back(std::move(unit));
   }
   return p;
 }
 
+absl::Status ParamStore::BeforeUse(int i) {
+  if (!before_use_) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Ops::Fence f, before_use_(i));
+  ops_->WaitFence(f);
+  return absl::OkStatus();
+}
+
+absl::Status ParamStore::FreshGrad(int i) {
+  Unit& u = units_[i];
+  if (!u.stale_grad) return absl::OkStatus();
+  RETURN_IF_ERROR(BeforeUse(i));  // an update may still have to read the old gradient
+  ops_->Fill(u.grad.tensor(), 0.f);
+  u.stale_grad = false;
+  return absl::OkStatus();
+}
+
 absl::Status ParamStore::Gather(int i) {
   Unit& u = units_[i];
-  if (!sharded_ || u.users++ > 0) return absl::OkStatus();
+  if (!(sharded_ || host_params_)) return absl::OkStatus();  // Gathered calls the hook
+  if (u.users++ > 0) return absl::OkStatus();
+  if (absl::Status st = BeforeUse(i); !st.ok()) {
+    u.users = 0;
+    return st;
+  }
   auto start = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(u.gathered, Buffer::Make(alloc_, ops_->act_dtype(), {u.shard * world_->size()},
-                                              Tier::kParams));
-    ASSIGN_OR_RETURN(u.gathering, world_->IssueAllGather(u.working.tensor(), u.gathered.tensor()));
+    const int W = sharded_ ? world_->size() : 1;
+    ASSIGN_OR_RETURN(u.gathered,
+                     Buffer::Make(alloc_, ops_->act_dtype(), {u.shard * W}, Tier::kParams));
+    if (host_params_) {
+      // The shard comes up on the copy stream: straight into the unit without FSDP, else into
+      // a staging buffer the all-gather reads once the compute stream has waited for it.
+      if (sharded_) {
+        ASSIGN_OR_RETURN(u.staged,
+                         Buffer::Make(alloc_, ops_->act_dtype(), {u.shard}, Tier::kParams));
+      }
+      u.upload = ops_->CopyAsync(u.working.tensor(),
+                                 sharded_ ? u.staged.tensor() : u.gathered.tensor());
+      if (!sharded_) {
+        if (!overlap_) ops_->WaitFence(u.upload);
+        return absl::OkStatus();
+      }
+      ops_->WaitFence(u.upload);
+    }
+    const Tensor& from = host_params_ ? u.staged.tensor() : u.working.tensor();
+    ASSIGN_OR_RETURN(u.gathering, world_->IssueAllGather(from, u.gathered.tensor()));
     return overlap_ ? absl::OkStatus() : u.gathering.Wait();
   };
   absl::Status st = start();
   if (!st.ok()) {
     u.users = 0;
+    u.gathering.Wait().IgnoreError();
     u.gathering = Issued();
+    ops_->WaitFence(u.upload);
+    u.upload = Ops::Fence();
     u.gathered.Reset();
+    u.staged.Reset();
   }
   return st;
 }
 
 absl::StatusOr<Tensor> ParamStore::Gathered(int i) {
   Unit& u = units_[i];
-  if (!sharded_) return u.working.tensor();
+  if (!(sharded_ || host_params_)) {
+    RETURN_IF_ERROR(BeforeUse(i));
+    Trace(absl::StrCat("use ", i));
+    return u.working.tensor();
+  }
+  Trace(absl::StrCat("use ", i));  // its hook ran at Gather
+  if (!sharded_) {
+    ops_->WaitFence(u.upload);  // later compute reads the unit only after its upload
+    return u.gathered.tensor().Slice(0, {u.numel});
+  }
   RETURN_IF_ERROR(u.gathering.Wait());
+  u.staged.Reset();  // the all-gather has read it
   return u.gathered.tensor().Slice(0, {u.numel});
 }
 
@@ -59,16 +115,22 @@ absl::StatusOr<Tensor> ParamStore::Acquire(int i) {
 
 void ParamStore::Release(int i) {
   Unit& u = units_[i];
-  if (sharded_ && u.users > 0 && --u.users == 0) {
-    // A gather never waited for (an error path) still writes the buffer until it is done.
+  if ((sharded_ || host_params_) && u.users > 0 && --u.users == 0) {
+    // A gather or upload never waited for (an error path) still writes the buffer until done.
     u.gathering.Wait().IgnoreError();
+    if (u.upload.pending()) ops_->WaitFence(u.upload);
+    u.upload = Ops::Fence();
     u.gathered.Reset();
+    u.staged.Reset();
   }
 }
 
 absl::StatusOr<Tensor> ParamStore::AcquireGrad(int i) {
   Unit& u = units_[i];
-  if (!sharded_) return u.grad.tensor();
+  if (!sharded_) {
+    RETURN_IF_ERROR(FreshGrad(i));
+    return u.grad.tensor();
+  }
   const int W = world_->size();
   ASSIGN_OR_RETURN(u.full_grad, Buffer::Make(alloc_, DType::kF32, {u.shard * W}, Tier::kGrads));
   ops_->Fill(u.full_grad.tensor(), 0.f);
@@ -98,6 +160,7 @@ absl::Status ParamStore::ReduceGrad(int i) {
 absl::Status ParamStore::Finish(Reduction& r) {
   RETURN_IF_ERROR(r.reduce_scatter.Wait());
   r.full.Reset();
+  RETURN_IF_ERROR(FreshGrad(r.unit));
   ops_->Axpy(1.f, r.part.tensor(), units_[r.unit].grad.tensor());
   return absl::OkStatus();
 }
@@ -111,6 +174,7 @@ absl::Status ParamStore::FlushGradients() {
 
 absl::Status ParamStore::FinishGradients() {
   RETURN_IF_ERROR(FlushGradients());
+  for (int i = 0; i < num_units(); ++i) RETURN_IF_ERROR(FreshGrad(i));  // a unit no backward wrote
   if (sharded_ || world_ == nullptr || world_->size() == 1) return absl::OkStatus();
   for (Unit& u : units_) RETURN_IF_ERROR(world_->AllReduce(u.grad.tensor()));
   return absl::OkStatus();
@@ -160,7 +224,7 @@ void ParamStore::ScatterFromHost(int i, const std::vector<float>& whole, const T
 
 void ParamStore::ZeroGrads() {
   FlushGradients().IgnoreError();  // a failed reduction already failed the step
-  for (Unit& u : units_) ops_->Fill(u.grad.tensor(), 0.f);
+  for (Unit& u : units_) u.stale_grad = true;
 }
 
 }  // namespace ithaca

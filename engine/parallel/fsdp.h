@@ -14,9 +14,27 @@
 // freeing the full-size buffer) only at the next ReduceGrad or FlushGradients. That keeps one
 // more full-size f32 gradient buffer alive while the next block's backward runs: the memory
 // plan replays this code, so it counts it.
+//
+// With host parameters (memory.param_offload) the working-copy shards live in pinned host memory
+// (host_params tier) and the device holds a unit only while it is held: Gather uploads the
+// rank's shard on the copy stream (CopyAsync) into a params-tier buffer, and under FSDP then
+// all-gathers it from there (the compute stream waits for the shard's upload first, a 1/world
+// of the unit); Gathered makes the compute wait for the upload; the last Release frees it. The
+// schedule starts the next unit's lease before running this one (overlap), so the upload runs
+// under this unit's compute: the device holds two units of weights, the used and the next.
+// Nothing else changes: gradients and their reductions are the device's, as without it.
+//
+// A unit's state may be owed by an update still in progress (optimizer offload's CPU update of
+// the last step, run unit by unit under the next forward: engine/train/optimizer.h): the
+// `before_use` hook is called with the unit before its working copy is first read (Gather, and
+// Gathered without FSDP) and before its gradient shard is zeroed, and returns the transfer the
+// compute must wait for first. ZeroGrads only marks the gradients stale; each unit's is zeroed
+// when the backward first writes it (AcquireGrad, or the reduction into it), after the hook.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/backend/ops.h"
@@ -31,9 +49,11 @@ class ParamStore {
   // `world` may be nullptr (one rank).
   static absl::StatusOr<std::unique_ptr<ParamStore>> Create(const ParamLayout& layout, Ops* ops,
                                                             Allocator* alloc, Comm* world,
-                                                            bool fsdp);
+                                                            bool fsdp, bool host_params = false);
 
   bool sharded() const { return sharded_; }
+  // The working-copy shards are host memory (memory.param_offload): write them on the host.
+  bool host_params() const { return host_params_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   // This rank's slice of a unit: elements [shard_begin, shard_begin + shard_numel) of the unit
   // (the slice may run into the zero padding past the unit's end).
@@ -62,6 +82,16 @@ class ParamStore {
   absl::Status FinishGradients();
   void ZeroGrads();
 
+  // Called before a unit's working copy is read or its gradient shard zeroed (above); returns
+  // the transfer the compute waits for before either. nullptr: none.
+  using UnitHook = std::function<absl::StatusOr<Ops::Fence>(int unit)>;
+  void set_before_use(UnitHook hook) { before_use_ = std::move(hook); }
+  // Tests: each unit's first read of the working copy per lease ("use U"), and whatever else
+  // the hook's owner logs ("update U"), in order.
+  void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
+  void Trace(const std::string& event) const {
+    if (trace_) trace_(event);
+  }
   // The whole unit on the host as f32, from a shard-shaped tensor of any rank-local state
   // (working copy, gradient, master, Adam moments): all-gathered under FSDP. Every rank calls it.
   absl::StatusOr<std::vector<float>> GatherToHost(int unit, const Tensor& shard);
@@ -82,6 +112,10 @@ class ParamStore {
     Buffer working, grad;  // shards (or whole units without FSDP)
     Buffer gathered, full_grad;
     Issued gathering;  // the all-gather into `gathered`, until Gathered waits for it
+    // Host parameters: the shard's upload (into `gathered`, or into `staged` under FSDP).
+    Buffer staged;
+    Ops::Fence upload;
+    bool stale_grad = false;  // ZeroGrads was called: zero before the next write
     int users = 0;
   };
   // A gradient reduce-scatter in flight: `part` receives the unit's summed slice.
@@ -91,6 +125,10 @@ class ParamStore {
     Issued reduce_scatter;
   };
   absl::Status Finish(Reduction& r);
+  // The before_use hook, with the compute waiting for its transfer.
+  absl::Status BeforeUse(int unit);
+  // Zeroes the unit's gradient shard if ZeroGrads left it stale.
+  absl::Status FreshGrad(int unit);
   ParamStore(Ops* ops, Allocator* alloc, Comm* world) : ops_(ops), alloc_(alloc), world_(world) {}
 
   Ops* ops_;
@@ -98,9 +136,12 @@ class ParamStore {
   Comm* world_;
   bool sharded_ = false;
   bool overlap_ = true;
+  bool host_params_ = false;
   int rank_ = 0;
   std::vector<Unit> units_;
   std::vector<Reduction> reducing_;  // oldest first; at most one with overlap
+  UnitHook before_use_;
+  std::function<void(const std::string&)> trace_;
 };
 
 }  // namespace ithaca

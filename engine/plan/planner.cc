@@ -96,7 +96,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
       auto model, LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
                                      req.world > 1 ? &world : nullptr, req.sp > 1 ? &sp : nullptr));
   // The optimizer's f32 master, m and v for every shard, and under optimizer offload two pieces'
-  // gradient and working-copy staging (as Optimizer::Allocate allocates them).
+  // gradient and working-copy staging (as Optimizer::Allocate allocates them). The working copy
+  // itself is the model's (ParamStore: host_params under param_offload).
   std::vector<Buffer> optimizer;
   ParamStore& ps = model->params();
   const Tier tier = req.optimizer_offload ? Tier::kHostOptimizer : Tier::kOptimizer;
@@ -110,7 +111,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   }
   if (req.optimizer_offload) {
     for (int k = 0; k < 2; ++k) {
-      for (DType d : {DType::kF32, req.act}) {
+      // The gradient's, and the working copy's unless the CPU writes that in place (on the
+      // host already: param_offload).
+      for (int kind = 0; kind < (req.opts.param_offload ? 1 : 2); ++kind) {
+        const DType d = kind == 0 ? DType::kF32 : req.act;
         ASSIGN_OR_RETURN(Buffer b, Buffer::Make(&alloc, d, {largest}, tier));
         optimizer.push_back(std::move(b));
       }
@@ -137,6 +141,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.checkpoint_interval = req.opts.checkpoint_interval;
   p.overlap = req.opts.overlap;
   p.optimizer_offload = req.optimizer_offload;
+  p.param_offload = req.opts.param_offload;
   return p;
 }
 
@@ -211,10 +216,24 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   };
   // The optimizer's state on the device unless the spec puts it on the host; "auto" moves it
   // there only when no way of keeping the state on the device fits.
-  std::vector<bool> offloads = {m.optimizer_offload == OffloadChoice::kOn};
-  if (m.optimizer_offload == OffloadChoice::kAuto) offloads.push_back(true);
-  for (bool offload : offloads) {
+  // The working copy follows it there, "auto" only when still nothing fits.
+  auto choices = [](OffloadChoice c) {
+    return c == OffloadChoice::kAuto ? std::vector<bool>{false, true}
+                                     : std::vector<bool>{c == OffloadChoice::kOn};
+  };
+  std::vector<std::pair<bool, bool>> offloads;  // (optimizer, params), in the order tried
+  for (bool opt : choices(m.optimizer_offload)) {
+    for (bool params : choices(m.param_offload)) {
+      if (!params || opt) offloads.push_back({opt, params});
+    }
+  }
+  if (offloads.empty()) {
+    return absl::InvalidArgumentError(
+        "memory.param_offload = true needs memory.optimizer_offload = true (or \"auto\")");
+  }
+  for (auto [offload, params] : offloads) {
     req.optimizer_offload = offload;
+    req.opts.param_offload = params;
     for (const Keep& keep : keeps) {
       // Smaller stages and tiles never need more memory: when the most frugal settings do not
       // fit, no others with this way of keeping block data do.
@@ -245,10 +264,11 @@ std::string FormatPlan(const MemoryPlan& p) {
                         "device peak", p.device_total() / unit);
   absl::StrAppendFormat(&out,
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
-                        "checkpoint_interval %d, overlap %s, optimizer_offload %s\n",
+                        "checkpoint_interval %d, overlap %s, optimizer_offload %s, "
+                        "param_offload %s\n",
                         p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
                         p.prefetch ? "on" : "off", p.checkpoint_interval, p.overlap ? "on" : "off",
-                        p.optimizer_offload ? "on" : "off");
+                        p.optimizer_offload ? "on" : "off", p.param_offload ? "on" : "off");
   if (p.host_total() > 0) {
     absl::StrAppendFormat(&out, "%-14s %13.3f  (host tiers together)\n", "host total",
                           p.host_total() / unit);

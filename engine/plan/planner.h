@@ -34,6 +34,8 @@ struct PlanRequest {
   // the rank's shards) and two units' staging in the host_optimizer tier instead of the device's
   // optimizer tier.
   bool optimizer_offload = false;
+  // memory.param_offload is opts.param_offload: the working copy's shards in the host_params
+  // tier (the device holds the units being used and prefetched), and no working-copy staging.
   Device device = Device::kCpu;
   DType act = DType::kF32;
 };
@@ -54,6 +56,7 @@ struct MemoryPlan {
   int64_t checkpoint_interval = 1;
   bool overlap = true;
   bool optimizer_offload = false;
+  bool param_offload = false;
   int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much
@@ -71,7 +74,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 // the planner turn off overlap, then turn on offload, then turn off prefetch, then save only every
 // 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head
 // stage, the largest tile. memory.optimizer_offload "auto" plans every way with the optimizer
-// state on the device first, and moves it to the host only when none of them fits. Budgets of 0
+// state on the device first, and moves it to the host only when none of them fits;
+// memory.param_offload "auto" then moves the working copy there too, only when still nothing
+// fits (so the order is: all on the device, optimizer on the host, both). Budgets of 0
 // take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
                                    int64_t host_budget_bytes = 0);

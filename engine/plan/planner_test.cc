@@ -466,6 +466,45 @@ TEST(PlannerTest, AutoOffloadsTheOptimizerOnlyWhereItDoesNotFit) {
   EXPECT_LT(host_gib, 90.2);
 }
 
+// memory.param_offload "auto" moves the working copy to the host only where the optimizer's state
+// there is not enough: Llama-3-8B at 128K on one H200 keeps it on the device; on a 40 GiB GPU
+// (its 30 GiB of f32 gradients and 15 GiB of bf16 weights alone overfill it) only both on the host fit,
+// and the plan counts the working copy in host_params (2 bytes per parameter) and on the device
+// only the units in use.
+TEST(PlannerTest, AutoOffloadsTheParametersOnlyWhereTheOptimizerIsNotEnough) {
+  auto plan_for = [&](int64_t tokens, int64_t gpu_gib, OffloadChoice params) {
+    JobSpec spec;
+    spec.backend = "cuda";
+    spec.model.preset = "llama-3-8b";
+    spec.data.seq_len = tokens;
+    spec.memory.checkpoint = CheckpointPolicy::kFull;
+    spec.memory.optimizer_offload = OffloadChoice::kAuto;
+    spec.memory.param_offload = params;
+    auto p = PlanJob(spec, gpu_gib << 30, int64_t{200} << 30);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  };
+  const MemoryPlan h200 = plan_for(128 << 10, 137, OffloadChoice::kAuto);
+  EXPECT_TRUE(h200.fits) << h200.verdict;
+  EXPECT_TRUE(h200.optimizer_offload);
+  EXPECT_FALSE(h200.param_offload);
+  EXPECT_EQ(h200.peak[static_cast<int>(Tier::kHostParams)], 0);
+
+  EXPECT_FALSE(plan_for(16 << 10, 40, OffloadChoice::kOff).fits);
+  const MemoryPlan small = plan_for(16 << 10, 40, OffloadChoice::kAuto);
+  std::printf("Llama-3-8B at 16K on a 40 GiB GPU, both offloads auto:\n%s",
+              FormatPlan(small).c_str());
+  EXPECT_TRUE(small.fits) << small.verdict;
+  EXPECT_TRUE(small.optimizer_offload);
+  EXPECT_TRUE(small.param_offload);
+  const double host_params_gib = small.peak[static_cast<int>(Tier::kHostParams)] / kGiB;
+  EXPECT_GT(host_params_gib, 14.9);  // 2 bytes x 8.03e9 parameters = 14.96 GiB
+  EXPECT_LT(host_params_gib, 15.0);
+  // On the device: a few units (the embedding and head, 2 x 1.96 GiB, and two blocks of 0.41).
+  EXPECT_LT(small.peak[static_cast<int>(Tier::kParams)] / kGiB, 5.0);
+  EXPECT_NE(FormatPlan(small).find("param_offload on"), std::string::npos);
+}
+
 // A plan over the host budget does not fit, and says which host tier holds how many bytes.
 TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
   JobSpec spec;
@@ -486,6 +525,21 @@ TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
             std::string::npos)
       << p->verdict;
   EXPECT_NE(p->verdict.find("budget 64.00 GiB"), std::string::npos) << p->verdict;
+  // With the working copy there too, at a budget the optimizer's state alone fits: the verdict
+  // names both tiers.
+  spec.memory.param_offload = OffloadChoice::kOn;
+  spec.memory.offload = false;
+  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.data.seq_len = 4096;
+  p = PlanJob(spec, int64_t{137} << 30, int64_t{95} << 30);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fits);
+  EXPECT_NE(p->verdict.find(absl::StrCat(
+                "host_params ", HumanBytes(p->peak[static_cast<int>(Tier::kHostParams)]), " (",
+                p->peak[static_cast<int>(Tier::kHostParams)], " bytes)")),
+            std::string::npos)
+      << p->verdict;
+  EXPECT_NE(p->verdict.find("budget 95.00 GiB"), std::string::npos) << p->verdict;
 }
 
 }  // namespace

@@ -60,6 +60,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
     }
   }
   s.memory.optimizer_offload = job.plan.optimizer_offload ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.param_offload = job.plan.param_offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   job.toml = JobSpecToToml(s);
   return job;
 }
@@ -73,11 +74,12 @@ std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
       "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, checkpoint_interval "
-      "%d, overlap %s, optimizer_offload %s, dtype %s%s, peak %s per rank (GPU budget %s), "
-      "host %s per rank (budget %s)",
+      "%d, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, peak %s per rank "
+      "(GPU budget %s), host %s per rank (budget %s)",
       m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
       m.checkpoint_interval, m.overlap ? "on" : "off",
-      m.optimizer_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
+      m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
+      m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
       job.spec.backend == "cuda"
           ? absl::StrCat(", attention ", job.spec.kernels.attention_forward, " forward / ",
                          job.spec.kernels.attention_backward, " backward")

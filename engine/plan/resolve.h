@@ -37,8 +37,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
 absl::Status RequireFits(const ResolvedJob& job);
 
 // One line for logs: "memory plan: head_chunk 4, tile_tokens 2048, offload off, prefetch on,
-// checkpoint_interval 1, overlap on, optimizer_offload off, dtype bf16, peak 61.20 GiB per rank
-// (GPU budget 137.00 GiB), host 0.00 MiB per rank (budget 100.00 GiB)".
+// checkpoint_interval 1, overlap on, optimizer_offload off, param_offload off, dtype bf16, peak
+// 61.20 GiB per rank (GPU budget 137.00 GiB), host 0.00 MiB per rank (budget 100.00 GiB)".
 std::string ResolutionLine(const ResolvedJob& job);
 
 }  // namespace ithaca

@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   m->world_ = world;
   m->sp_ = sp;
   ASSIGN_OR_RETURN(m->plan_, MakeHeadPlan(cfg, sp ? sp->size() : 1, opts.head_chunk));
-  ASSIGN_OR_RETURN(m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp));
+  ASSIGN_OR_RETURN(m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp,
+                                                         opts.param_offload));
   m->params_->set_overlap(opts.overlap);
   const std::vector<float> inv = RopeInverseFrequencies(cfg.rope);
   ASSIGN_OR_RETURN(

@@ -58,6 +58,9 @@ class LlamaModel {
     // (ParamStore), UPipe's exchanges double-buffered a stage ahead (upipe.h). Off: every
     // collective completes before the compute after it (the same results, less memory).
     bool overlap = true;
+    // memory.param_offload: the working copy's shards live in pinned host memory and each unit
+    // is uploaded (then, under FSDP, all-gathered) when its lease starts (ParamStore).
+    bool param_offload = false;
   };
 
   // `world` spans every rank (FSDP and data parallel), `sp` this rank's Ulysses group; either

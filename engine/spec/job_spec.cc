@@ -585,6 +585,15 @@ const std::vector<Key>& Keys() {
        "The f32 master weights and Adam m, v in pinned host memory, updated by the CPU AdamW "
        "(bit for bit the device's update); \"auto\": only when they do not fit the GPU budget "
        "with the job's activations."},
+      {"memory.param_offload", BoolOrAuto(FIELD(memory.param_offload)),
+       "The bf16 working copy in pinned host memory too, uploaded a unit ahead of use, so the "
+       "GPU holds about two units of weights; needs memory.optimizer_offload on (or \"auto\"); "
+       "\"auto\": only when the job does not fit the GPU budget with the optimizer's state on "
+       "the host alone."},
+      {"memory.overlap_update", Bool(FIELD(memory.overlap_update)),
+       "Under optimizer offload, each step's CPU update runs under the next forward, unit by "
+       "unit just before the forward reads each unit (the same bits); false: between the steps, "
+       "the device idle."},
 
       {"checkpoint.dir", Str(FIELD(checkpoint.dir)), "Where checkpoints go; empty: none."},
       {"checkpoint.every", Int(FIELD(checkpoint.every)),

@@ -97,6 +97,15 @@ struct JobSpec {
     // AdamW (engine/train/host_adamw.h): true | false | "auto" (the planner turns it on only
     // when the state does not fit the GPU budget with the job's activations).
     OffloadChoice optimizer_offload = OffloadChoice::kOff;
+    // Each rank's bf16 working copy in (pinned) host memory too, streamed to the device a unit
+    // ahead of use (engine/parallel/fsdp.h): true | false | "auto" (the planner turns it on
+    // only when the job does not fit the GPU budget with the optimizer's state on the host
+    // alone). Needs the optimizer's state on the host (the CPU AdamW writes the working copy).
+    OffloadChoice param_offload = OffloadChoice::kOff;
+    // Under optimizer offload: the CPU update of each step runs under the next step's forward,
+    // unit by unit just before the forward reads each unit (engine/train/optimizer.h), instead
+    // of between the steps with the device idle. The same bits either way.
+    bool overlap_update = true;
   } memory;
 
   struct Checkpoint {

@@ -57,6 +57,7 @@ tile_tokens = "auto"
 gpu_budget_gib = 70.5
 host_budget_gib = 200
 optimizer_offload = "auto"
+param_offload = true
 
 [checkpoint]
 dir = "ckpt"
@@ -133,6 +134,7 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_DOUBLE_EQ(s->memory.gpu_budget_gib, 70.5);
   EXPECT_DOUBLE_EQ(s->memory.host_budget_gib, 200.0);
   EXPECT_EQ(s->memory.optimizer_offload, OffloadChoice::kAuto);
+  EXPECT_EQ(s->memory.param_offload, OffloadChoice::kOn);
   EXPECT_EQ(s->checkpoint.dir, "ckpt");
   EXPECT_EQ(s->checkpoint.every, 50);
   EXPECT_FALSE(s->checkpoint.resume);
@@ -205,7 +207,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 52);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
+  EXPECT_EQ(keys, 54);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -376,6 +378,8 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
        "job.toml: memory.optimizer_offload: must be true, false or \"auto\", got \"yes\""},
       {"[memory]\noptimizer_offload = 1",
        "job.toml: memory.optimizer_offload: must be true, false or \"auto\", got integer"},
+      {"[memory]\nparam_offload = \"host\"",
+       "job.toml: memory.param_offload: must be true, false or \"auto\", got \"host\""},
       {"[checkpoint]\nevery = -1", "job.toml: checkpoint.every: must be >= 0"},
       {"[checkpoint]\nkeep = 0", "job.toml: checkpoint.keep: must be >= 1"},
       {"[checkpoint]\ndir = \"c\"\nexport = \"fp8\"",

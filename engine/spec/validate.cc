@@ -60,6 +60,12 @@ absl::Status CheckDtype(const std::string& backend, const std::string& dtype) {
 
 absl::Status ValidateJob(const JobSpec& spec, const LlamaConfig& cfg) {
   RETURN_IF_ERROR(CheckDtype(spec.backend, spec.model.dtype));
+  if (spec.memory.param_offload == OffloadChoice::kOn &&
+      spec.memory.optimizer_offload == OffloadChoice::kOff) {
+    return absl::InvalidArgumentError(
+        "memory.param_offload = true needs memory.optimizer_offload = true (or \"auto\"): the "
+        "CPU AdamW writes the working copy on the host, so the optimizer's state must be there");
+  }
   RETURN_IF_ERROR(CheckHeadSplit(cfg, spec.parallel.sp, spec.memory.head_chunk));
   return CheckSeqLenSplit(spec.data.seq_len, spec.parallel.sp);
 }

@@ -22,7 +22,13 @@ void Optimizer::SetHostStageElementsForTesting(int64_t n) {
 }
 
 absl::Status Optimizer::Allocate() {
+  const auto start = std::chrono::steady_clock::now();
   ParamStore& ps = model_->params();
+  if (ps.host_params() && !host_state_) {
+    return absl::InvalidArgumentError(
+        "memory.param_offload: the working copy on the host needs the optimizer's state there "
+        "too (memory.optimizer_offload = true): the CPU AdamW writes it");
+  }
   const Tier tier = host_state_ ? Tier::kHostOptimizer : Tier::kOptimizer;
   if (host_state_) pool_ = std::make_unique<HostThreadPool>();
   int64_t largest = 0;
@@ -46,10 +52,18 @@ absl::Status Optimizer::Allocate() {
     for (int k = 0; k < 2; ++k) {
       ASSIGN_OR_RETURN(grad_stage_[k],
                        Buffer::Make(model_->allocator(), DType::kF32, {largest}, tier));
+      // With the working copy on the host the CPU writes it in place: no staging for it.
+      if (ps.host_params()) continue;
       ASSIGN_OR_RETURN(working_stage_[k], Buffer::Make(model_->allocator(),
                                                        model_->ops()->act_dtype(), {largest}, tier));
     }
   }
+  if (host_state_) {
+    for (auto* vec : {&master_, &m_, &v_}) {
+      for (const Buffer& b : *vec) startup_.host_bytes += b.tensor().bytes();
+    }
+  }
+  startup_.allocate_s = SecondsSince(start);
   return absl::OkStatus();
 }
 
@@ -68,20 +82,59 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
   RETURN_IF_ERROR(o->Allocate());
   ParamStore& ps = model->params();
   for (int u = 0; u < ps.num_units(); ++u) {
+    auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(std::vector<float> whole, init(u));
+    o->startup_.init_s += SecondsSince(t0);
+    t0 = std::chrono::steady_clock::now();
     if (static_cast<int64_t>(whole.size()) != ps.unit_numel(u)) {
       return absl::InternalError("initial weights do not match the parameter layout");
     }
     if (host_state) {
-      // This rank's slice, zero padded past the unit's end (as ScatterFromHost uploads it).
+      // This rank's slice, zero padded past the unit's end (as ScatterFromHost uploads it),
+      // copied on every core (8B's 32 GB of master weights are a minute's copy on one).
       const int64_t begin = ps.shard_begin(u);
       const int64_t n = std::max<int64_t>(0, std::min(ps.shard_numel(u), ps.unit_numel(u) - begin));
-      std::copy(whole.begin() + begin, whole.begin() + begin + n, o->master_[u].tensor().f32());
+      const float* from = whole.data() + begin;
+      float* to = o->master_[u].tensor().f32();
+      o->pool_->ParallelFor(n, 1 << 16, [from, to](int64_t lo, int64_t hi) {
+        std::memcpy(to + lo, from + lo, (hi - lo) * sizeof(float));
+      });
     } else {
       ps.ScatterFromHost(u, whole, o->master_[u].tensor());
     }
+    o->startup_.place_s += SecondsSince(t0);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   o->RefreshWorkingCopy();
+  o->startup_.working_copy_s = SecondsSince(t0);
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::CreateFilled(LlamaModel* model,
+                                                                   const UnitFill& fill,
+                                                                   const JobSpec::Training& hp,
+                                                                   bool host_state) {
+  ParamStore& ps = model->params();
+  if (!host_state || ps.sharded()) {  // a whole unit on the host first, then this rank's part
+    return Create(
+        model,
+        [&](int u) -> absl::StatusOr<std::vector<float>> {
+          std::vector<float> whole(ps.unit_numel(u));
+          RETURN_IF_ERROR(fill(u, whole.data()));
+          return whole;
+        },
+        hp, host_state);
+  }
+  std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
+  RETURN_IF_ERROR(o->Allocate());
+  for (int u = 0; u < ps.num_units(); ++u) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(fill(u, o->master_[u].tensor().f32()));  // the shard is the whole unit
+    o->startup_.init_s += SecondsSince(t0);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  o->RefreshWorkingCopy();
+  o->startup_.working_copy_s = SecondsSince(t0);
   return o;
 }
 
@@ -91,7 +144,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Resume(LlamaModel* model,
                                                              bool host_state) {
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
+  const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(o->Restore(shards));
+  o->startup_.place_s = SecondsSince(t0);
   return o;
 }
 
@@ -105,13 +160,17 @@ void Optimizer::RefreshWorkingCopy() {
   // The master weights converted on every core into the two working-copy staging buffers, piece
   // by piece, each going up on the copy stream while the next is converted (slot i % 2 is
   // rewritten only after piece i's upload has completed).
+  // With the working copy on the host (memory.param_offload) they are converted in place.
   std::vector<Ops::Fence> up;
+  const bool in_place = ps.host_params();
+  size_t pieces = 0;
   for (size_t u = 0; u < master_.size(); ++u) {
     for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
       const int64_t n = std::min(ps.shard_numel(u) - lo, stage_elements);
-      const size_t i = up.size();
-      if (i >= 2) ops->HostWaitFence(up[i - 2]);
-      const Tensor stage = working_stage_[i % 2].tensor().Slice(0, {n});
+      const size_t i = pieces++;
+      if (!in_place && i >= 2) ops->HostWaitFence(up[i - 2]);
+      const Tensor stage = in_place ? ps.working_shard(u).Slice(lo, {n})
+                                    : working_stage_[i % 2].tensor().Slice(0, {n});
       const float* from = master_[u].tensor().f32() + lo;
       pool_->ParallelFor(n, 16384, [&](int64_t b, int64_t e) {
         if (stage.dtype == DType::kBF16) {
@@ -121,7 +180,7 @@ void Optimizer::RefreshWorkingCopy() {
           std::copy(from + b, from + e, stage.f32() + b);
         }
       });
-      up.push_back(ops->CopyAsync(stage, ps.working_shard(u).Slice(lo, {n})));
+      if (!in_place) up.push_back(ops->CopyAsync(stage, ps.working_shard(u).Slice(lo, {n})));
     }
   }
   if (!up.empty()) ops->WaitFence(up.back());
@@ -191,48 +250,66 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
 }
 
 void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
-  Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
-  const auto start = std::chrono::steady_clock::now();
-  double cpu = 0;
+  Drain();  // an update the forward did not finish (a step without one)
+  auto p = std::make_unique<Pending>();
+  p->base = base;
   // The pieces of every unit's shard, in the order the next forward reads them: at most
   // kHostStageElements each (an embedding of 525M parameters is many pieces).
-  struct Piece {
-    int unit;
-    int64_t lo, hi;  // shard-relative
-  };
-  std::vector<Piece> pieces;
+  p->unit_end.resize(ps.num_units());
+  p->unit_fence.resize(ps.num_units());
   for (int u = 0; u < ps.num_units(); ++u) {
     for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
-      pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
+      p->pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
     }
+    p->unit_end[u] = p->pieces.size();
   }
+  p->down.resize(p->pieces.size());
+  pending_ = std::move(p);
+  if (overlap_update_) return;  // the next forward runs it, unit by unit (EnsureUnit)
+  const auto start = std::chrono::steady_clock::now();
+  Ops::Fence last = Advance(pending_->pieces.size());
+  // Later compute (the next forward) reads the working copy only after every upload.
+  model_->ops()->WaitFence(last);
+  r->cpu_update_seconds = pending_->cpu;
+  r->device_wait_seconds = SecondsSince(start);
+  pending_.reset();
+}
+
+Ops::Fence Optimizer::Advance(size_t until) const {
+  Ops* ops = model_->ops();
+  ParamStore& ps = model_->params();
+  Pending& p = *pending_;
   auto stage = [&](const Buffer* slots, size_t i) {
-    return slots[i % 2].tensor().Slice(0, {pieces[i].hi - pieces[i].lo});
+    return slots[i % 2].tensor().Slice(0, {p.pieces[i].hi - p.pieces[i].lo});
   };
   auto shard = [&](const Tensor& t, size_t i) {
-    return t.Slice(pieces[i].lo, {pieces[i].hi - pieces[i].lo});
+    return t.Slice(p.pieces[i].lo, {p.pieces[i].hi - p.pieces[i].lo});
   };
   // Piece i + 1's gradient comes down while the CPU updates piece i. Staging slot i % 2 is free
   // again at piece i + 2: its gradient was read at piece i (on this thread), and its working
   // copy's upload was issued before piece i + 2's download, whose end the host waits for first
-  // (transfers complete in order).
-  std::vector<Ops::Fence> down(pieces.size());
-  auto download = [&](size_t i) {
-    down[i] = ops->CopyAsync(shard(ps.grad_shard(pieces[i].unit), i), stage(grad_stage_, i));
-  };
-  if (!pieces.empty()) download(0);
-  Ops::Fence last_upload;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (i + 1 < pieces.size()) download(i + 1);
+  // (transfers complete in order). The transfers need not wait for the compute stream (the
+  // gradients were final when the host read the step's norm, and nothing enqueued since uses
+  // the working copy of a unit not yet updated), so they run under the forward's blocks.
+  while (p.done < until) {
+    const size_t i = p.done;
+    while (p.issued < std::min(p.pieces.size(), i + 2)) {
+      const size_t k = p.issued++;
+      p.down[k] =
+          ops->CopyAsyncUnordered(shard(ps.grad_shard(p.pieces[k].unit), k), stage(grad_stage_, k));
+    }
     // The host waits for piece i's gradient alone: piece i + 1's download and piece i − 1's
     // upload go on meanwhile.
-    ops->HostWaitFence(down[i]);
+    ops->HostWaitFence(p.down[i]);
     const auto t0 = std::chrono::steady_clock::now();
-    const int u = pieces[i].unit;
+    const int u = p.pieces[i].unit;
     // The piece as elements [begin, end) of the whole unit.
-    const int64_t begin = ps.shard_begin(u) + pieces[i].lo, end = ps.shard_begin(u) + pieces[i].hi;
-    const Tensor working = stage(working_stage_, i);
+    const int64_t begin = ps.shard_begin(u) + p.pieces[i].lo;
+    const int64_t end = ps.shard_begin(u) + p.pieces[i].hi;
+    // The working copy's piece: staging to upload, or in place on the host (param_offload).
+    const Tensor working =
+        ps.host_params() ? shard(ps.working_shard(u), i) : stage(working_stage_, i);
     const Tensor grad = stage(grad_stage_, i);
     const size_t wbytes = DTypeSize(working.dtype);
     // What no entry covers (the padding past the unit's end on the last rank) keeps master
@@ -250,33 +327,88 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
       if (lo >= hi) continue;
       zero_working(covered, lo);
       covered = std::max(covered, hi);
-      AdamWParams p = base;
-      p.weight_decay = e.is_matrix ? static_cast<float>(hp_.weight_decay) : 0.f;
-      const int64_t at = lo - begin;                        // in the piece
-      const int64_t in_shard = lo - ps.shard_begin(u);      // in the shard
-      HostAdamWSpan s;
-      s.master = master_[u].tensor().f32() + in_shard;
-      s.grad = grad.f32() + at;
-      s.m = m_[u].tensor().f32() + in_shard;
-      s.v = v_[u].tensor().f32() + in_shard;
-      s.working = static_cast<char*>(working.data) + at * wbytes;
-      s.working_dtype = working.dtype;
-      s.n = hi - lo;
-      HostAdamW(s, p, pool_.get());
+      AdamWParams a = p.base;
+      a.weight_decay = e.is_matrix ? static_cast<float>(hp_.weight_decay) : 0.f;
+      const int64_t at = lo - begin;                    // in the piece
+      const int64_t in_shard = lo - ps.shard_begin(u);  // in the shard
+      HostAdamWSpan sp;
+      sp.master = master_[u].tensor().f32() + in_shard;
+      sp.grad = grad.f32() + at;
+      sp.m = m_[u].tensor().f32() + in_shard;
+      sp.v = v_[u].tensor().f32() + in_shard;
+      sp.working = static_cast<char*>(working.data) + at * wbytes;
+      sp.working_dtype = working.dtype;
+      sp.n = hi - lo;
+      HostAdamW(sp, a, pool_.get());
     }
     zero_working(covered, end);
-    cpu += SecondsSince(t0);
-    last_upload = ops->CopyAsync(working, shard(ps.working_shard(u), i));
+    p.cpu += SecondsSince(t0);
+    // What the compute waits for before reading the unit (or zeroing its gradient): its last
+    // upload, or with the working copy on the host its last gradient download.
+    p.last = ps.host_params() ? p.down[i]
+                              : ops->CopyAsyncUnordered(working, shard(ps.working_shard(u), i));
+    p.unit_fence[u] = p.last;
+    ++p.done;
+    if (p.done == p.unit_end[u]) ps.Trace(absl::StrCat("update ", u));
   }
-  // Later compute (the next forward) reads the working copy only after every upload. (Waited
-  // for once, at the end: a WaitFence per piece would retire the next download's event too, and
-  // the host would then wait for that upload as well.)
-  ops->WaitFence(last_upload);
-  r->cpu_update_seconds = cpu;
-  r->device_wait_seconds = SecondsSince(start);
+  return p.last;
+}
+
+absl::StatusOr<Ops::Fence> Optimizer::EnsureUnit(int unit) {
+  if (!pending_) return finished_fence_;
+  Pending& p = *pending_;
+  const auto start = std::chrono::steady_clock::now();
+  Advance(p.unit_end[unit]);
+  const Ops::Fence f = p.unit_fence[unit];
+  // The first unit's update has no block queued before it to hide under: the device waits.
+  if (!p.first_done) p.exposed += SecondsSince(start);
+  p.first_done = true;
+  if (p.done == p.pieces.size()) {
+    finished_fence_ = p.last;
+    last_update_ = {p.cpu, p.exposed};
+    pending_.reset();
+  }
+  return f;
+}
+
+void Optimizer::Drain() const {
+  if (!pending_) return;
+  const auto start = std::chrono::steady_clock::now();
+  Ops::Fence last = Advance(pending_->pieces.size());
+  model_->ops()->WaitFence(last);
+  finished_fence_ = last;
+  last_update_ = {pending_->cpu, pending_->exposed + SecondsSince(start)};
+  pending_.reset();
+}
+
+absl::Status Optimizer::FinishUpdate() {
+  Drain();
+  return absl::OkStatus();
+}
+
+Optimizer::UpdateTimes Optimizer::TakeUpdateTimes() {
+  UpdateTimes t = last_update_;
+  last_update_ = UpdateTimes();
+  return t;
+}
+
+Optimizer::~Optimizer() {
+  Drain();
+  if (overlap_update_) model_->params().set_before_use(nullptr);
+}
+
+void Optimizer::set_overlap_update(bool on) {
+  Drain();
+  overlap_update_ = on && host_state_;
+  if (overlap_update_) {
+    model_->params().set_before_use([this](int u) { return EnsureUnit(u); });
+  } else {
+    model_->params().set_before_use(nullptr);
+  }
 }
 
 absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) const {
+  Drain();  // the state of the last step, whole
   ParamStore& ps = model_->params();
   const std::vector<ParamUnit>& units = model_->layout().units();
   absl::Status first_error;
@@ -314,6 +446,7 @@ absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) 
 }
 
 absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
+  Drain();
   HostWeights w;
   ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
@@ -359,8 +492,13 @@ absl::Status Optimizer::RestoreUnit(size_t u, const std::vector<float>& master,
                                               " has ", src->size(), " elements, this rank holds ",
                                               ps.shard_numel(u)));
     }
-    if (host_state_) {
-      std::copy(src->begin(), src->end(), (*dst)[u].tensor().f32());
+    if (host_state_) {  // on every core
+      const float* from = src->data();
+      float* to = (*dst)[u].tensor().f32();
+      pool_->ParallelFor(static_cast<int64_t>(src->size()), 1 << 16,
+                         [from, to](int64_t lo, int64_t hi) {
+                           std::memcpy(to + lo, from + lo, (hi - lo) * sizeof(float));
+                         });
     } else {
       model_->ops()->Upload(src->data(), DType::kF32, (*dst)[u].tensor());
     }
@@ -375,6 +513,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* mod
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
   std::vector<bool> came(o->master_.size(), false);
+  auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(load([&](int unit, std::vector<float>&& master, std::vector<float>&& m,
                            std::vector<float>&& v) -> absl::Status {
     RETURN_IF_ERROR(o->RestoreUnit(static_cast<size_t>(unit), master, m, v));
@@ -385,7 +524,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* mod
     if (!came[u])
       return absl::DataLossError(absl::StrCat("optimizer state: unit ", u, " never came"));
   }
+  o->startup_.init_s = SecondsSince(t0);  // reading the checkpoint's slices, and placing them
+  t0 = std::chrono::steady_clock::now();
   o->RefreshWorkingCopy();
+  o->startup_.working_copy_s = SecondsSince(t0);
   return o;
 }
 

@@ -41,7 +41,38 @@ class Optimizer {
                                                            const UnitSource& init,
                                                            const JobSpec::Training& hp,
                                                            bool host_state = false);
+  // The same from a source that writes a whole unit's f32 weights into `out` (unit_numel
+  // floats): with host state and whole units (no FSDP) straight into the master weights, so
+  // the start-up allocates, zeroes and copies no second copy of them.
+  using UnitFill = std::function<absl::Status(int unit, float* out)>;
+  static absl::StatusOr<std::unique_ptr<Optimizer>> CreateFilled(LlamaModel* model,
+                                                                 const UnitFill& fill,
+                                                                 const JobSpec::Training& hp,
+                                                                 bool host_state = false);
   bool host_state() const { return host_state_; }
+  ~Optimizer();
+  // Host state: the CPU update of a step runs under the next forward, unit by unit as it reads
+  // them (ParamStore's before_use hook), instead of before Step returns (see the class comment).
+  // Off by default; the trainer sets memory.overlap_update.
+  void set_overlap_update(bool on);
+  // Finishes an update still in progress (before anything reads the whole state).
+  absl::Status FinishUpdate();
+  // The CPU time of the last update finished since the previous call, and how much of it the
+  // device surely waited for (the first unit's, which nothing queued hides, and any finished
+  // outside a forward). Zeros when none finished.
+  struct UpdateTimes {
+    double cpu_seconds = 0, device_wait_seconds = 0;
+  };
+  UpdateTimes TakeUpdateTimes();
+  // Where Create / Resume spent their time (the start-up line, Trainer::Create): allocating the
+  // state (with host state: pinning it, cudaHostAlloc, and zeroing it on every core), producing
+  // the initial weights (reading or drawing them, or reading the checkpoint's slices), placing
+  // them into the master shards, and writing the working copy from them.
+  struct StartupTimes {
+    double allocate_s = 0, init_s = 0, place_s = 0, working_copy_s = 0;
+    int64_t host_bytes = 0;  // what Allocate pinned
+  };
+  const StartupTimes& startup() const { return startup_; }
   // Host state's pieces of this many elements instead of kHostStageElements (0: back to it), for
   // optimizers made from now on: tests cut small models into many pieces with it.
   static void SetHostStageElementsForTesting(int64_t n);
@@ -118,8 +149,15 @@ class Optimizer {
   absl::Status Allocate();
   // The update's parameters but weight decay (which follows each entry's kind).
   AdamWParams Params(int64_t step, double lr, double clip_scale) const;
-  // Host state: the per-unit pipeline of the class comment.
+  // Host state: the per-unit pipeline of the class comment, run to its end, or (overlap_update)
+  // left pending for the next forward.
   void HostStep(const AdamWParams& base, StepResult* r);
+  // The pending update's pieces up to `until` (exclusive) done; returns the last transfer issued.
+  Ops::Fence Advance(size_t until) const;
+  // The before_use hook: unit `unit` updated; the transfer the compute waits for before using it.
+  absl::StatusOr<Ops::Fence> EnsureUnit(int unit);
+  // Runs a pending update to its end, the compute waiting for its last transfer.
+  void Drain() const;
   // A shard of host state as a device tensor (a copy, comm tier) for the collectives that need
   // device memory; `keep` owns it.
   absl::StatusOr<Tensor> OnDevice(const Buffer& host, Buffer* keep) const;
@@ -138,6 +176,28 @@ class Optimizer {
   // CPU's threads.
   Buffer grad_stage_[2], working_stage_[2];
   std::unique_ptr<HostThreadPool> pool_;
+  StartupTimes startup_;
+  // A host-state update in progress (overlap_update): its pieces, in the forward's order, how
+  // many downloads were issued and pieces done, each unit's last transfer.
+  struct Piece {
+    int unit;
+    int64_t lo, hi;  // shard-relative
+  };
+  struct Pending {
+    AdamWParams base;
+    std::vector<Piece> pieces;
+    std::vector<size_t> unit_end;  // one past each unit's last piece
+    std::vector<Ops::Fence> down, unit_fence;
+    Ops::Fence last;
+    size_t issued = 0, done = 0;
+    double cpu = 0, exposed = 0;
+    bool first_done = false;
+  };
+  bool overlap_update_ = false;
+  // Mutable: SaveEach and GatherMasterWeights (const) finish an update first.
+  mutable std::unique_ptr<Pending> pending_;
+  mutable Ops::Fence finished_fence_;
+  mutable UpdateTimes last_update_;
 };
 
 }  // namespace ithaca

@@ -31,7 +31,7 @@ std::string FormatStepLine(const StepReport& r) {
   }
   // Only under optimizer offload: the CPU AdamW's time and how long the device waited for it.
   const std::string host_update =
-      r.device_wait_seconds > 0
+      r.device_wait_seconds > 0 || r.cpu_update_seconds > 0
           ? absl::StrFormat(" | cpu adamw %.2f s (device waited %.2f s)", r.cpu_update_seconds,
                             r.device_wait_seconds)
           : "";
@@ -39,6 +39,18 @@ std::string FormatStepLine(const StepReport& r) {
       "step %d/%d | loss %.4f | tok/s/gpu %.1f | tflops %.1f%s | mem %.1f %s (%s)%s | %.2f s",
       r.step, r.total_steps, r.loss, r.tokens_per_second, r.model_tflops, mfu,
       r.mem_device_peak / unit, gib ? "GiB" : "MiB", tiers, host_update, r.seconds);
+}
+
+std::string FormatStartupLine(const StartupReport& r) {
+  const Optimizer::StartupTimes& o = r.optimizer;
+  const double rest = r.total_s - r.model_s - o.allocate_s - o.init_s - o.place_s - o.working_copy_s;
+  const std::string pinned =
+      o.host_bytes > 0 ? absl::StrFormat(" (pinned host %.1f GB)", o.host_bytes / 1e9) : "";
+  return absl::StrFormat(
+      "start-up %.1f s: model %.1f s, optimizer state allocated %.1f s%s, initial weights %.1f s, "
+      "placed %.1f s, working copy %.1f s, data and the rest %.1f s",
+      r.total_s, r.model_s, o.allocate_s, pinned, o.init_s, o.place_s, o.working_copy_s,
+      std::max(0.0, rest));
 }
 
 double ModelFlopsPerToken(const LlamaConfig& c, int64_t seq_len) {
@@ -117,6 +129,7 @@ absl::Status CheckSomethingToResume(const JobSpec& spec, const std::string& chec
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Ops* ops,
                                                          Allocator* alloc, Comm* comm,
                                                          const std::string& run_id) {
+  const auto created = std::chrono::steady_clock::now();
   const int world = comm ? comm->size() : 1;
   if (world != spec.parallel.world) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -158,7 +171,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.checkpoint_interval = spec.memory.checkpoint_interval;
   mo.fsdp = spec.parallel.fsdp;
   mo.overlap = spec.memory.overlap;
+  mo.param_offload = spec.memory.param_offload == OffloadChoice::kOn;
+  const auto model_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
+  ops->Synchronize();
+  t->startup_.model_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - model_start).count();
 
   // An evaluation-only job may name no training data; when it does, the data is checked all
   // the same (and the eval data against it).
@@ -222,16 +240,28 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   } else if (!spec.model.weights.empty()) {
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
                      SafetensorsReader::Open(spec.model.weights));
-    auto from_file = [&](int u) { return ReadUnitWeights(layout, *reader, u); };
-    ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::Create(t->model_.get(), from_file, spec.training, host_state));
+    auto from_file = [&](int u, float* out) {
+      return ReadUnitWeightsInto(layout, *reader, u, out);
+    };
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), from_file,
+                                                            spec.training, host_state));
   } else {
     const uint64_t seed = spec.training.seed;
-    auto random = [&](int u) -> absl::StatusOr<std::vector<float>> {
-      return RandomUnitWeights(layout, u, seed);
+    auto random = [&](int u, float* out) {
+      RandomUnitWeightsInto(layout, u, seed, out);
+      return absl::OkStatus();
     };
-    ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::Create(t->model_.get(), random, spec.training, host_state));
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), random,
+                                                            spec.training, host_state));
+  }
+  t->optimizer_->set_overlap_update(spec.memory.overlap_update);
+  ops->Synchronize();
+  t->startup_.optimizer = t->optimizer_->startup();
+  t->startup_.total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
+  if (t->rank_ == 0) {
+    std::printf("%s\n", FormatStartupLine(t->startup_).c_str());
+    std::fflush(stdout);
   }
   return t;
 }
@@ -325,6 +355,12 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.lr = lr;
   r.cpu_update_seconds = opt.cpu_update_seconds;
   r.device_wait_seconds = opt.device_wait_seconds;
+  if (optimizer_->host_state() && spec_.memory.overlap_update) {
+    // The update of the step before, which ran under this step's forward.
+    const Optimizer::UpdateTimes u = optimizer_->TakeUpdateTimes();
+    r.cpu_update_seconds = u.cpu_seconds;
+    r.device_wait_seconds = u.device_wait_seconds;
+  }
   const MemoryTracker& mt = alloc_->tracker();
   for (int t = 0; t < kNumTiers; ++t) {
     r.mem_current[t] = mt.current(static_cast<Tier>(t));
@@ -335,6 +371,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
 }
 
 absl::StatusOr<HostWeights> Trainer::GatherMasterWeights() {
+  RETURN_IF_ERROR(optimizer_->FinishUpdate());
   return optimizer_->GatherMasterWeights();
 }
 
@@ -411,6 +448,7 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
   // The job's end (also when it resumes there, so an evaluation or export a crash cut short is
   // redone). An evaluation-only job is always at its end: it evaluates the model it loaded,
   // whatever step a checkpoint it resumed from says.
+  RETURN_IF_ERROR(optimizer_->FinishUpdate());  // the last step's update, whole
   const bool at_end = steps == 0 || (state_.step == steps && last == steps);
   if (at_end && evaluator_ && evaluated_step_ != state_.step) RETURN_IF_ERROR(evaluate());
   if (at_end && steps > 0) RETURN_IF_ERROR(ExportNow());

@@ -38,7 +38,9 @@ struct StepReport {
   double lr = 0;
   // Under optimizer offload (memory.optimizer_offload): the CPU AdamW's time, and how long the
   // device waited for the host's update (from the first gradient download to the last upload
-  // enqueued); 0 otherwise.
+  // enqueued); 0 otherwise. With memory.overlap_update, the update of the step before, which
+  // ran under this step's forward, and the part of it the device surely waited for (its first
+  // unit's, which no queued block hides): 0 on the first step.
   double cpu_update_seconds = 0;
   double device_wait_seconds = 0;
   std::array<int64_t, kNumTiers> mem_current{}, mem_peak{};
@@ -59,6 +61,15 @@ struct StepReport {
 // optimizer offload a field before the time says how long the CPU update took and how long the
 // device waited for it: "| cpu adamw 1.10 s (device waited 1.32 s) |".
 std::string FormatStepLine(const StepReport& r);
+
+// Where a job's start-up went before step 1 (Trainer::Create), printed by rank 0 as
+// "start-up 95.1 s: model 0.4 s, optimizer state allocated 31.0 s (pinned host 96.4 GB), initial
+// weights 40.2 s, placed 12.1 s, working copy 3.3 s, data and the rest 8.1 s".
+struct StartupReport {
+  double total_s = 0, model_s = 0;
+  Optimizer::StartupTimes optimizer;
+};
+std::string FormatStartupLine(const StartupReport& r);
 
 // Model FLOPs per token: 6·N (matmul parameters incl. the LM head) + 6·L·S·Hq·D (causal
 // attention, forward + backward, no recompute).
@@ -94,6 +105,7 @@ class Trainer {
   absl::StatusOr<EvalReport> Evaluate();
 
   const TrainState& state() const { return state_; }
+  const StartupReport& startup() const { return startup_; }
   // The learning-rate schedule the steps follow (continued after a resume, lr_schedule.h).
   const LrSchedule& lr_schedule() const { return schedule_; }
   LlamaModel* model() { return model_.get(); }
@@ -114,6 +126,7 @@ class Trainer {
   absl::Status ExportNow();
 
   JobSpec spec_;
+  StartupReport startup_;
   LlamaConfig cfg_;
   Ops* ops_ = nullptr;
   Allocator* alloc_ = nullptr;

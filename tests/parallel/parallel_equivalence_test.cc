@@ -330,8 +330,9 @@ TEST_F(ParallelEquivalenceTest, EightRanksTwoUlyssesGroupsOfFour) {
 // Optimizer state on the host (memory.optimizer_offload) against the same layout with the state
 // on the device: every loss and every weight identical, bit for bit, over 5 steps with clipping
 // that engages, weight decay and gradient accumulation 2, at world 1, 2 (FSDP) and 4 (FSDP,
-// Ulysses 2). Each rank moves only its own shards; the plan of the host tier must also match
-// what the ranks allocate (parallel_rank checks every tier).
+// Ulysses 2); and so with the working copy on the host as well (memory.param_offload). Each rank
+// moves only its own shards; the plan of the host tiers must also match what the ranks allocate
+// (parallel_rank checks every tier).
 TEST_F(ParallelEquivalenceTest, OptimizerOffloadChangesNoBit) {
   struct Layout {
     int world, sp;
@@ -350,26 +351,32 @@ TEST_F(ParallelEquivalenceTest, OptimizerOffloadChangesNoBit) {
     const std::string off = RunRanks(name + "_off", l.world, args);
     args.push_back("--optimizer-offload");
     const std::string on = RunRanks(name + "_on", l.world, args);
+    // And the working copy on the host too (memory.param_offload): streamed to the device unit
+    // by unit (uploaded, then all-gathered under FSDP), written in place by the CPU AdamW.
+    args.push_back("--param-offload");
+    const std::string params_on = RunRanks(name + "_params_on", l.world, args);
     auto a = SafetensorsReader::Open(off);
-    auto b = SafetensorsReader::Open(on);
     ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    int params = 0;
-    for (const std::string& t : (*a)->Names()) {
-      auto info = (*a)->Info(t);
-      ASSERT_TRUE(info.ok());
-      const int64_t n = NumElements(info->shape);
-      std::vector<float> x(n), y(n);
-      ASSERT_TRUE((*a)->Read(t, info->shape, DType::kF32, x.data()).ok());
-      ASSERT_TRUE((*b)->Read(t, info->shape, DType::kF32, y.data()).ok()) << name << " " << t;
-      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), n * sizeof(float))) << name << ": " << t;
-      if (t == "grad_norm_steps") {
-        ASSERT_EQ(n, 5);
-        for (float g : x) EXPECT_GT(g, 0.5f) << name << ": clipping (0.5) engages every step";
+    for (const std::string& other : {on, params_on}) {
+      auto b = SafetensorsReader::Open(other);
+      ASSERT_TRUE(b.ok()) << b.status();
+      int params = 0;
+      for (const std::string& t : (*a)->Names()) {
+        auto info = (*a)->Info(t);
+        ASSERT_TRUE(info.ok());
+        const int64_t n = NumElements(info->shape);
+        std::vector<float> x(n), y(n);
+        ASSERT_TRUE((*a)->Read(t, info->shape, DType::kF32, x.data()).ok());
+        ASSERT_TRUE((*b)->Read(t, info->shape, DType::kF32, y.data()).ok()) << other << " " << t;
+        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), n * sizeof(float))) << other << ": " << t;
+        if (t == "grad_norm_steps") {
+          ASSERT_EQ(n, 5);
+          for (float g : x) EXPECT_GT(g, 0.5f) << name << ": clipping (0.5) engages every step";
+        }
+        if (t.rfind("param.", 0) == 0) ++params;
       }
-      if (t.rfind("param.", 0) == 0) ++params;
+      EXPECT_GT(params, 20) << other;
     }
-    EXPECT_GT(params, 20) << name;
   }
 }
 

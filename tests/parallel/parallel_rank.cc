@@ -9,7 +9,7 @@
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
 //                 --checkpoint none|full|attention-aware --head-chunk U --offload --tile T
 //                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask
-//                 --optimizer-offload --weight-decay W]
+//                 --optimizer-offload --param-offload --weight-decay W]
 // It also writes grad_norm_steps (each step's gradient norm, before clipping).
 // --packed: the first sample is packed documents (kPackedStarts) under a document mask, and the
 // training run sets data.document_mask (the corpus is a version 1 file: its documents are found
@@ -89,6 +89,8 @@ absl::Status Run(int argc, char** argv) {
       spec.training.steps = std::stoll(next());
     else if (a == "--optimizer-offload")
       spec.memory.optimizer_offload = OffloadChoice::kOn;
+    else if (a == "--param-offload")
+      spec.memory.param_offload = OffloadChoice::kOn;
     else if (a == "--weight-decay")
       spec.training.weight_decay = std::stod(next());
     else if (a == "--checkpoint") {

@@ -166,15 +166,26 @@ void CudaOps::Synchronize() const {
 // ---- Asynchronous transfers.
 
 Ops::Fence CudaOps::CopyAsync(const Tensor& src, const Tensor& dst) {
+  return IssueCopy(src, dst, /*after_compute=*/true);
+}
+
+Ops::Fence CudaOps::CopyAsyncUnordered(const Tensor& src, const Tensor& dst) {
+  return IssueCopy(src, dst, /*after_compute=*/false);
+}
+
+Ops::Fence CudaOps::IssueCopy(const Tensor& src, const Tensor& dst, bool after_compute) {
   CheckData(src, "CopyAsync", "src");
   CheckData(dst, "CopyAsync", "dst");
   kCheck.Numel(dst, src.numel(), "CopyAsync", "dst");
   ITHACA_CHECK(src.dtype == dst.dtype, "CudaOps::CopyAsync: ", src.DebugString(), " to ",
                dst.DebugString(), ": dtypes differ");
   // src may have just been written on the compute stream, and dst's memory just freed there
-  // (the caching allocator orders reuse on the compute stream): start after both.
-  cudaCheck(cudaEventRecord(compute_mark_, compute_));
-  cudaCheck(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  // (the caching allocator orders reuse on the compute stream): start after both (unless the
+  // caller knows neither is the case: CopyAsyncUnordered).
+  if (after_compute) {
+    cudaCheck(cudaEventRecord(compute_mark_, compute_));
+    cudaCheck(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  }
   cudaCheck(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, copy_));
   cudaEvent_t done;
   if (free_fences_.empty()) {

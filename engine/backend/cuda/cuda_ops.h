@@ -77,6 +77,7 @@ class CudaOps : public Ops {
   // On the copy stream, after an event from the compute stream; WaitFence has the compute
   // stream wait on the copy's event.
   Fence CopyAsync(const Tensor& src, const Tensor& dst) override;
+  Fence CopyAsyncUnordered(const Tensor& src, const Tensor& dst) override;
   void WaitFence(Fence fence) override;
   // cudaEventSynchronize on the copy's event (or on a later copy's: copies complete in order).
   void HostWaitFence(Fence fence) override;
@@ -185,6 +186,8 @@ class CudaOps : public Ops {
   std::map<std::vector<int64_t>, DocumentEntry> documents_;
   uint64_t document_clock_ = 0;
   std::vector<cudaEvent_t> free_events_;
+  // CopyAsync (after_compute) and CopyAsyncUnordered.
+  Fence IssueCopy(const Tensor& src, const Tensor& dst, bool after_compute);
   // CopyAsync: the copy stream catches up with the compute stream through `compute_mark_`
   // (re-recorded per copy: a wait takes the event's state when it is enqueued); each copy's end
   // is an event in `copies_`, oldest first, until a WaitFence covers it.
