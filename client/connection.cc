@@ -2,6 +2,7 @@
 
 #include <grpcpp/support/client_interceptor.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -77,6 +78,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(const ConnectionOptions& 
     }
   } else if (!o.tls_server_name.empty()) {
     return absl::InvalidArgumentError("--tls-server-name needs --ca (TLS)");
+  }
+  if (o.max_reconnect_backoff_ms > 0) {
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, o.max_reconnect_backoff_ms));
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, o.max_reconnect_backoff_ms));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, o.max_reconnect_backoff_ms);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!o.token_file.empty()) {

@@ -16,6 +16,8 @@ struct ConnectionOptions {
   std::string token_file;       // --token-file / $ITHACA_TOKEN_FILE: sent as a bearer token
   std::string ca_file;          // --ca / $ITHACA_CA: PEM roots; set: TLS
   std::string tls_server_name;  // --tls-server-name: the name the certificate must carry
+  // Set (a worker, whose daemon may restart): reconnect within this long of the daemon's return.
+  int max_reconnect_backoff_ms = 0;
 };
 
 // Fills the unset credential fields from $ITHACA_TOKEN_FILE and $ITHACA_CA. (The address comes

@@ -197,6 +197,13 @@ std::string JobDetails(const v1::Job& job) {
                                     Printable(job.name(), false, 256), StateName(job.state()));
   if (!job.reason().empty()) absl::StrAppend(&out, "  reason: ", Printable(job.reason()), "\n");
   if (job.has_failed_rank()) absl::StrAppend(&out, "  failed rank: ", job.failed_rank(), "\n");
+  if (job.restarts() > 0) {
+    absl::StrAppend(&out, "  attempt: ", job.restarts() + 1, " (restarted ", job.restarts(),
+                    job.restarts() == 1 ? " time" : " times", " by its [retry] policy)\n");
+  }
+  if (!job.cluster_job().empty()) {
+    absl::StrAppend(&out, "  cluster job: ", Printable(job.cluster_job(), false, 64), "\n");
+  }
   absl::StrAppend(&out,
                   absl::StrFormat("  model: %s (%.3g M parameters), backend %s, world %d (sp %d), "
                                   "seq_len %d, %d steps\n",

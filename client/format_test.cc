@@ -54,6 +54,13 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
       << JobDetails(job);
   EXPECT_NE(details.find("FAILED"), std::string::npos);
   EXPECT_NE(details.find("failed rank: 1"), std::string::npos);
+  EXPECT_EQ(details.find("attempt:"), std::string::npos) << "never restarted: no line";
+  job.set_restarts(2);
+  job.set_cluster_job("slurm:12");
+  EXPECT_NE(JobDetails(job).find("  attempt: 3 (restarted 2 times by its [retry] policy)\n"
+                                 "  cluster job: slurm:12\n"),
+            std::string::npos)
+      << JobDetails(job);
   EXPECT_EQ(details.find("spec (resolved)"), std::string::npos) << "no spec, no section";
   job.set_spec_toml("name = \"j\"\n\n[memory]\nhead_chunk = 4\n");
   EXPECT_NE(JobDetails(job).find("  spec (resolved):\n    name = \"j\"\n    [memory]\n"

@@ -302,6 +302,11 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
                   row("sequence length", absl::StrCat(s.seq_len())),
                   row("steps", absl::StrCat(last_step, " of ", s.steps())),
                   row("created", Time(job.created_at())), row("updated", Time(job.updated_at())),
+                  row("attempt", job.restarts() > 0
+                                     ? absl::StrCat(job.restarts() + 1, " (", job.restarts(),
+                                                    " restarts by its [retry] policy)")
+                                     : "1"),
+                  row("cluster job", job.cluster_job()),
                   row("log directory", job.log_dir()),
                   row("checkpoint directory", s.checkpoint_dir()), "</table>\n");
   if (job.has_last_eval()) {

@@ -275,10 +275,14 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
 
 absl::Status CheckFits(const AdmittedSpec& a, const Node& node) {
   const JobSpec& s = a.spec;
-  if (s.parallel.world > node.slots()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("parallel.world: the job needs ", s.parallel.world, " ranks; this node has ",
-                     node.slots(), node.gpu ? " GPUs" : " CPU slots (ithacad --cpu-slots)"));
+  // Across Slurm nodes (slurm.nodes), each node runs world / nodes ranks; `node` describes one.
+  const int64_t per_node = s.parallel.world / s.slurm.nodes;
+  if (per_node > node.slots()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.world: the job needs ", per_node, " ranks",
+        s.slurm.nodes > 1 ? absl::StrCat(" on each of its ", s.slurm.nodes, " nodes") : "",
+        "; this node has ", node.slots(),
+        node.gpu ? " GPUs" : " CPU slots (ithacad --cpu-slots)"));
   }
   v1::MemoryPlan plan = EstimateMemory(a);
   if (!plan.fits()) {

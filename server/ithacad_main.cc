@@ -38,6 +38,8 @@
 #include "engine/core/path_policy.h"
 #include "worker/rpc_text.h"
 #include "server/services.h"
+#include "server/slurm.h"
+#include "engine/spec/job_spec.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "JobService address: host:port (port 0 picks one) or unix:/path");
@@ -81,6 +83,20 @@ ABSL_FLAG(bool, drain_on_exit, false,
           "SIGTERM / SIGINT first ask running jobs that can resume to checkpoint and stop, and "
           "queue them again for the next ithacad; the others are left running");
 ABSL_FLAG(double, drain_timeout_s, 300, "--drain-on-exit: how long to wait for the checkpoints");
+ABSL_FLAG(std::string, cluster, "local",
+          "Where jobs run: local (ranks forked on this node) or slurm (each job an sbatch of one "
+          "task per node; ranks report over TCP to --listen; docs/jobs.md)");
+ABSL_FLAG(std::string, slurm_partition, "", "--cluster slurm: sbatch --partition by default");
+ABSL_FLAG(std::string, slurm_account, "", "--cluster slurm: sbatch --account by default");
+ABSL_FLAG(std::string, slurm_time_limit, "", "--cluster slurm: sbatch --time by default");
+ABSL_FLAG(std::string, slurm_constraint, "", "--cluster slurm: sbatch --constraint by default");
+ABSL_FLAG(std::string, worker_address, "",
+          "--cluster slurm: host:port the ranks on the nodes dial (the --listen port); default "
+          "--listen's, with this machine's host name for 0.0.0.0 / [::]");
+ABSL_FLAG(std::string, worker_ca, "",
+          "--cluster slurm: the CA (PEM) the ranks verify --tls-cert with, at this path on every "
+          "node");
+ABSL_FLAG(double, slurm_poll_s, 1, "--cluster slurm: how often squeue is asked about each job");
 ABSL_FLAG(bool, allow_root_workers, false,
           "When ithacad runs as root without --worker-user: run workers as root anyway");
 
@@ -257,6 +273,64 @@ absl::StatusOr<Node> NodeFromFlags(const std::string& worker_binary) {
   return node;
 }
 
+// --cluster: local, or slurm with its defaults and the address the nodes' ranks dial.
+absl::Status ClusterFromFlags(const std::string& listen, Supervisor::Options* so) {
+  const std::string cluster = absl::GetFlag(FLAGS_cluster);
+  if (cluster == "local") return absl::OkStatus();
+  if (cluster != "slurm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cluster: expected local or slurm, got \"", cluster, "\""));
+  }
+  if (so->run_as) {
+    return absl::InvalidArgumentError(
+        "--worker-user with --cluster slurm: Slurm runs the jobs as the user who submits them, "
+        "ithacad's own; run ithacad as that user instead");
+  }
+  if (listen.rfind("unix:", 0) == 0) {
+    return absl::InvalidArgumentError(
+        "--cluster slurm: --listen must be host:port (the nodes' ranks report to it over TCP)");
+  }
+  SlurmDefaults d;
+  d.partition = absl::GetFlag(FLAGS_slurm_partition);
+  d.account = absl::GetFlag(FLAGS_slurm_account);
+  d.time_limit = absl::GetFlag(FLAGS_slurm_time_limit);
+  d.constraint = absl::GetFlag(FLAGS_slurm_constraint);
+  // The same rules as the spec's [slurm] keys: the values go on #SBATCH lines.
+  RETURN_IF_ERROR(CheckSlurmValue("slurm.partition", d.partition, "--slurm-partition"));
+  RETURN_IF_ERROR(CheckSlurmValue("slurm.account", d.account, "--slurm-account"));
+  RETURN_IF_ERROR(CheckSlurmValue("slurm.time_limit", d.time_limit, "--slurm-time-limit"));
+  RETURN_IF_ERROR(CheckSlurmValue("slurm.constraint", d.constraint, "--slurm-constraint"));
+  absl::StatusOr<CommandResult> version = RunCommand({"sbatch", "--version"}, {}, absl::Seconds(10));
+  if (!version.ok() || version->exit_code != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--cluster slurm: cannot run sbatch (",
+        version.ok() ? absl::StrCat("exit code ", version->exit_code)
+                     : std::string(version.status().message()),
+        "); install Slurm's client commands, or set PATH and SLURM_CONF"));
+  }
+  so->slurm = d;
+  so->cluster_poll_interval = absl::Seconds(absl::GetFlag(FLAGS_slurm_poll_s));
+  so->worker_address = absl::GetFlag(FLAGS_worker_address);
+  if (so->worker_address.empty()) {
+    const size_t colon = listen.rfind(':');
+    std::string host = listen.substr(0, colon);
+    if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) {
+      char name[256] = {};
+      gethostname(name, sizeof(name) - 1);
+      host = name;
+    }
+    so->worker_address = absl::StrCat(host, listen.substr(colon));
+  }
+  so->worker_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  so->worker_ca_file = absl::GetFlag(FLAGS_worker_ca);
+  if (!absl::GetFlag(FLAGS_tls_cert).empty() && so->worker_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--cluster slurm with --tls-cert: --worker-ca names the CA the nodes' ranks verify it "
+        "with");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   DaemonOptions o;
   // Security settings first: a daemon that would be open to the network does not start at all.
@@ -280,6 +354,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   ASSIGN_OR_RETURN(o.jobs.allowed_roots, AllowedRootsFromFlags(o.state_dir));
   ASSIGN_OR_RETURN(o.jobs.supervisor, SupervisorOptionsFromFlags(o.state_dir));
   ASSIGN_OR_RETURN(o.jobs.node, NodeFromFlags(o.jobs.supervisor.worker_binary));
+  RETURN_IF_ERROR(ClusterFromFlags(o.listen, &o.jobs.supervisor));
   return o;
 }
 
@@ -443,6 +518,10 @@ absl::Status Serve(DaemonOptions o) {
   int port = 0;
   jb.AddListeningPort(o.listen, o.security.credentials, &port);
   jb.RegisterService(&job_service);
+  // --cluster slurm: ranks on the nodes report here, with the clients' TLS and token and their
+  // job's secret (services.h).
+  WorkerServiceImpl remote_worker_service(jobs.supervisor(), o.security.authenticator);
+  if (o.jobs.supervisor.slurm) jb.RegisterService(&remote_worker_service);
   AddRpcBoundary(&jb);
   std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
   if (!server) return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));

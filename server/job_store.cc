@@ -197,23 +197,35 @@ absl::Status JobStore::Migrate() {
   if (version < 1) RETURN_IF_ERROR(CreateInitialSchema());
   // Version 1 → 2: the step and eval history.
   if (version < 2) {
-    RETURN_IF_ERROR(Exec(
-        "BEGIN;"
-        "CREATE TABLE IF NOT EXISTS history(job_id TEXT NOT NULL, kind INTEGER NOT NULL,"
-        " rank INTEGER NOT NULL, step INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
-        " report BLOB NOT NULL);"
-        "CREATE INDEX IF NOT EXISTS history_job ON history(job_id);"
-        "PRAGMA user_version = 2;"
-        "COMMIT;"));
+    RETURN_IF_ERROR(
+        Exec("BEGIN;"
+             "CREATE TABLE IF NOT EXISTS history(job_id TEXT NOT NULL, kind INTEGER NOT NULL,"
+             " rank INTEGER NOT NULL, step INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
+             " report BLOB NOT NULL);"
+             "CREATE INDEX IF NOT EXISTS history_job ON history(job_id);"
+             "PRAGMA user_version = 2;"
+             "COMMIT;"));
   }
-  // Version 2 → 3: the next job number, kept apart from the jobs table so a deleted job's id is
+  // Version 2 → 3: the cluster's id of a job (ithacad --cluster slurm).
+  if (version < 3) {
+    Stmt has(db_, "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'cluster_job'");
+    ASSIGN_OR_RETURN(bool has_row, has.Step());
+    const bool has_column = has_row && has.Int(0) > 0;
+    has.Reset();
+    RETURN_IF_ERROR(Exec(absl::StrCat(
+        "BEGIN;",
+        has_column ? "" : "ALTER TABLE jobs ADD COLUMN cluster_job TEXT NOT NULL DEFAULT '';",
+        "PRAGMA user_version = 3;"
+        "COMMIT;")));
+  }
+  // Version 3 → 4: the next job number, kept apart from the jobs table so a deleted job's id is
   // never handed out again.
   return Exec(
       "BEGIN;"
       "CREATE TABLE IF NOT EXISTS next_job(seq INTEGER NOT NULL);"
       "INSERT INTO next_job(seq) SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs"
       " WHERE NOT EXISTS (SELECT 1 FROM next_job);"
-      "PRAGMA user_version = 3;"
+      "PRAGMA user_version = 4;"
       "COMMIT;");
 }
 
@@ -319,8 +331,8 @@ absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {
 
 absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
   Stmt q(db_,
-         "SELECT record, state, reason, failed_rank IS NOT NULL, failed_rank, updated_ms, slots"
-         " FROM jobs WHERE id = ?");
+         "SELECT record, state, reason, failed_rank IS NOT NULL, failed_rank, updated_ms, slots,"
+         " cluster_job FROM jobs WHERE id = ?");
   q.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, q.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
@@ -336,6 +348,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     int v = 0;
     if (absl::SimpleAtoi(s, &v)) job.add_slots(v);
   }
+  job.set_cluster_job(q.Text(7));
   Stmt t(db_,
          "SELECT from_state, to_state, time_ms, reason FROM transitions WHERE job_id = ?"
          " ORDER BY seq");
@@ -437,6 +450,13 @@ absl::Status JobStore::SetLaunch(const std::string& id, const std::vector<int>& 
   std::lock_guard<std::mutex> lock(mu_);
   Stmt up(db_, "UPDATE jobs SET slots = ?, pgid = ?, updated_ms = ? WHERE id = ?");
   up.Bind(1, SlotsToText(slots)).Bind(2, int64_t{pgid}).Bind(3, NowMs()).Bind(4, id);
+  return up.Run();
+}
+
+absl::Status JobStore::SetClusterJob(const std::string& id, const std::string& cluster_job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt up(db_, "UPDATE jobs SET cluster_job = ?, updated_ms = ? WHERE id = ?");
+  up.Bind(1, cluster_job).Bind(2, NowMs()).Bind(3, id);
   return up.Run();
 }
 

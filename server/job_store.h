@@ -6,7 +6,8 @@
 //   transitions(job_id, seq, from_state, to_state, time_ms, reason)
 //   last_steps(job_id, rank, report)
 //   history(job_id, kind, rank, step, time_ms, report)   (version 2)
-//   next_job(seq)   one row: the next job's number; only grows (version 3)
+//   jobs.cluster_job: the cluster's id of the job's current attempt, "slurm:ID" (version 3)
+//   next_job(seq)   one row: the next job's number; only grows (version 4)
 // `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport;
 // in history a v1.StepReport or, kind 1, a v1.EvalReport; Job.last_eval is the newest of those).
 #pragma once
@@ -28,7 +29,7 @@ namespace ithaca {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
   // The step history keeps rank 0's every step up to kHistoryDenseSteps, then every
   // kHistoryEvery-th, and the other ranks' every kHistoryEvery-th (and every rank's last step):
   // a million-step job keeps ~100k rows per rank 0, not a million.
@@ -71,6 +72,9 @@ class JobStore {
   // The slots and process group a job's workers run in (pgid 0: none).
   absl::Status SetLaunch(const std::string& id, const std::vector<int>& slots, int pgid);
   absl::StatusOr<int> ProcessGroup(const std::string& id);
+  // The cluster's id of the job's current attempt ("slurm:1234"; Job.cluster_job): what a
+  // restarted daemon re-attaches to.
+  absl::Status SetClusterJob(const std::string& id, const std::string& cluster_job);
   // Keeps `report` as rank report.rank()'s newest step, and in the job's history (sampled as
   // kHistoryEvery says).
   absl::Status RecordStep(const std::string& id, const v1::StepReport& report);

@@ -188,6 +188,34 @@ TEST(JobStoreTest, DeleteRemovesAnEndedJobAndItsIdStaysUsed) {
   EXPECT_EQ((*store)->Create(Template("d"), "s")->id(), "job-4");
 }
 
+// A store of schema version 2 (before jobs.cluster_job) gains the column at open, and a job's
+// cluster id (ithacad --cluster slurm's Slurm job id) is kept across a reopen.
+TEST(JobStoreTest, MigratesAVersion2StoreAndKeepsClusterJobs) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_v2.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "ALTER TABLE jobs DROP COLUMN cluster_job; PRAGMA user_version = 2",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get("job-1")->cluster_job(), "");
+  ASSERT_TRUE((*store)->SetClusterJob("job-1", "slurm:42").ok());
+  store->reset();
+  store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get("job-1")->cluster_job(), "slurm:42");
+}
+
 TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
   const std::string path =
       std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_test.db";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -24,7 +25,9 @@ Jobs::Jobs(Options options, JobStore* store, Metrics* metrics)
     : options_(std::move(options)),
       store_(store),
       metrics_(metrics),
-      scheduler_(Scheduler::Options{options_.node.slots()}),
+      // Under Slurm, Slurm queues and places jobs: every admitted job is handed on at once.
+      scheduler_(Scheduler::Options{options_.supervisor.slurm ? kClusterSlots
+                                                              : options_.node.slots()}),
       supervisor_(options_.supervisor, options_.node, this, metrics) {}
 
 Jobs::~Jobs() { Shutdown("daemon stopped"); }
@@ -106,19 +109,44 @@ v1::Job WithRestarts(v1::Job job) {
 
 }  // namespace
 
-std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job) {
-  if (job.state() == v1::JOB_STATE_CANCELLING) return std::nullopt;  // finish the cancel instead
+std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job, std::string* why_not) {
   absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(job.log_dir());
   if (!record.ok() || record->job_id != job.id()) return std::nullopt;
-  int alive = 0;
-  for (pid_t pid : record->pids) alive += IsWorkerOf(pid, job.id(), record->secret) ? 1 : 0;
-  if (alive == 0) return std::nullopt;  // really gone: resumed or failed by Recover
+  std::string slurm_id;
+  if (absl::StartsWith(job.cluster_job(), kSlurmPrefix)) {
+    // A Slurm job: Slurm says whether it still runs; its ranks re-attach over TCP.
+    slurm_id = job.cluster_job().substr(strlen(kSlurmPrefix));
+    if (!options_.supervisor.slurm) {
+      *why_not = absl::StrCat("; Slurm job ", slurm_id, " left to Slurm (this ithacad runs "
+                              "without --cluster slurm)");
+      return std::nullopt;
+    }
+    absl::StatusOr<SlurmJobState> st = SlurmQuery(slurm_id, *options_.supervisor.slurm);
+    if (!st.ok() || !st->Active()) {
+      *why_not = absl::StrCat("; Slurm job ", slurm_id, " ",
+                              st.ok() ? st->ToString() : std::string(st.status().message()));
+      return std::nullopt;
+    }
+    if (job.state() == v1::JOB_STATE_CANCELLING) {
+      SlurmCancel(slurm_id, 0, *options_.supervisor.slurm).IgnoreError();
+      *why_not = absl::StrCat("; scancel of Slurm job ", slurm_id);
+      return std::nullopt;
+    }
+    std::printf("ithacad: adopting job %s (%s): Slurm job %s is %s\n", job.id().c_str(),
+                JobStateLabel(job.state()).c_str(), slurm_id.c_str(), st->ToString().c_str());
+  } else {
+    if (job.state() == v1::JOB_STATE_CANCELLING) return std::nullopt;  // finish the cancel
+    int alive = 0;
+    for (pid_t pid : record->pids) alive += IsWorkerOf(pid, job.id(), record->secret) ? 1 : 0;
+    if (alive == 0) return std::nullopt;  // really gone: resumed or failed by Recover
+    std::printf("ithacad: adopting job %s (%s): %d of %zu workers still run\n", job.id().c_str(),
+                JobStateLabel(job.state()).c_str(), alive, record->pids.size());
+  }
   if (!scheduler_.Reserve(job.id(), record->slots).ok()) return std::nullopt;
-  std::printf("ithacad: adopting job %s (%s): %d of %zu workers still run\n", job.id().c_str(),
-              JobStateLabel(job.state()).c_str(), alive, record->pids.size());
   std::fflush(stdout);
   AdoptOrder order{job.id(), job.spec_toml(), job.log_dir(), *std::move(record),
                    job.state() == v1::JOB_STATE_RUNNING};
+  order.slurm_id = slurm_id;
   // From the history, not the job's last_steps: a daemon killed inside RecordStep may have
   // written the one and not the other, and the report the rank re-sends must reach the history.
   order.last_steps.assign(order.record.pids.size(), 0);
@@ -140,9 +168,10 @@ absl::Status Jobs::Recover() {
     // Workers outlive the daemon that launched them: take them over when they still run (the
     // supervisor's thread is not started yet; it rechecks every rank on its first look).
     std::optional<AdoptOrder> adopt;
+    std::string why_not;  // a Slurm job's state
     {
       std::lock_guard<std::mutex> lock(mu_);
-      adopt = AdoptableLocked(job);
+      adopt = AdoptableLocked(job, &why_not);
     }
     if (adopt) {
       // The adopted job still writes into its checkpoint.dir: no new job may share it.
@@ -155,8 +184,9 @@ absl::Status Jobs::Recover() {
     }
     ASSIGN_OR_RETURN(int pgid, store_->ProcessGroup(job.id()));
     const int killed = pgid > 0 ? Supervisor::KillStrayWorkers(pgid, job.id()) : 0;
-    const std::string stray = killed > 0 ? absl::StrCat("; killed ", killed, " stray workers")
-                                         : "; its workers were gone";
+    const std::string stray = !why_not.empty() ? why_not
+                              : killed > 0   ? absl::StrCat("; killed ", killed, " stray workers")
+                                             : "; its workers were gone";
     if (job.state() == v1::JOB_STATE_CANCELLING) {
       ASSIGN_OR_RETURN(v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_CANCELLED,
                                                      "daemon restarted while cancelling" + stray));
@@ -232,6 +262,12 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   }
   ASSIGN_OR_RETURN(AdmittedSpec admitted,
                    Admit(request, options_.node, /*check_inputs=*/true, cancelled));
+  if (admitted.spec.slurm.nodes > 1 && !options_.supervisor.slurm) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slurm.nodes = ", admitted.spec.slurm.nodes,
+        ": this ithacad runs jobs on its own node only; a job across nodes needs ithacad "
+        "--cluster slurm (docs/jobs.md)"));
+  }
   RETURN_IF_ERROR(CheckFits(admitted, options_.node));
   v1::Job job;
   job.set_name(admitted.spec.name);
@@ -539,6 +575,11 @@ std::vector<LaunchOrder> Jobs::TakeLaunches() {
     orders.push_back({job->id(), job->spec_toml(), job->log_dir(), a.slots});
   }
   return orders;
+}
+
+void Jobs::OnClusterJob(const std::string& job_id, const std::string& cluster_job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  store_->SetClusterJob(job_id, cluster_job).IgnoreError();
 }
 
 void Jobs::OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,

@@ -124,6 +124,7 @@ class Jobs : private JobOwner {
   std::vector<LaunchOrder> TakeLaunches() override;
   void OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,
                   const std::string& reason) override;
+  void OnClusterJob(const std::string& job_id, const std::string& cluster_job) override;
   absl::StatusOr<v1::Job> OnStateChange(const std::string& job_id, JobState to,
                                         const std::string& reason) override;
   absl::Status OnStep(const std::string& job_id, const v1::StepReport& step) override;
@@ -140,7 +141,12 @@ class Jobs : private JobOwner {
   // For a job found STARTING or RUNNING at start whose workers still run (its adoption record
   // names live workers of the job): the order to adopt them, its slots reserved. nullopt
   // otherwise.
-  std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job);
+  // A Slurm job (Job.cluster_job "slurm:ID") is adoptable while Slurm still has it queued or
+  // running; otherwise `why_not` says what Slurm says.
+  std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job, std::string* why_not);
+  static constexpr char kSlurmPrefix[] = "slurm:";
+  // The scheduler's slots under Slurm: Slurm queues and places the jobs, not this daemon.
+  static constexpr int kClusterSlots = 1 << 16;
   // Two live jobs never share a checkpoint.dir: one would delete the other's temporary save,
   // prune its steps, and a resume would load the other's state. FAILED_PRECONDITION naming the
   // job that uses `dir` (the admitted, absolute path; compared once resolved).

@@ -265,6 +265,31 @@ TEST(JobsTest, OverridesAreAppliedByTheDaemon) {
       << refused.status();
 }
 
+// A job across nodes needs a daemon on a cluster: a daemon of one node refuses it at submission,
+// naming the key and the flag, rather than queueing what it can never run. The ranks per node
+// are what must fit the node.
+TEST(JobsTest, AJobAcrossNodesIsRefusedWithoutTheClusterAndFitsPerNode) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("nodes", 2, Script("sleep.sh", "exec sleep 30")), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  v1::SubmitJobRequest r = Submission(4);
+  r.set_spec_toml(r.spec_toml() + "[slurm]\nnodes = 2\n");
+  absl::StatusOr<v1::Job> refused = jobs.Submit(r);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("slurm.nodes = 2: this ithacad runs jobs on its own "
+                                            "node only; a job across nodes needs ithacad "
+                                            "--cluster slurm"),
+            std::string::npos)
+      << refused.status();
+  // One node of 2 slots: 4 ranks do not fit, with or without [slurm].
+  absl::StatusOr<v1::Job> too_big = jobs.Submit(Submission(4));
+  EXPECT_NE(too_big.status().message().find("the job needs 4 ranks; this node has 2"),
+            std::string::npos)
+      << too_big.status();
+}
+
 // ListJobs answers a page at a time, however many jobs the store holds, and the pages together
 // are every job once, newest first.
 TEST(JobsTest, ListJobsPages) {

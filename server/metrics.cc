@@ -181,6 +181,9 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
                              "Unix time each recent job entered its current state.")),
       job_info_(Gauge(*registry_, Constant(hostname), "ithaca_job_info",
                       "Always 1; labels: each recent job's name and model.")),
+      rank_node_(Gauge(*registry_, Constant(hostname), "ithaca_rank_node_info",
+                       "1 for each rank of a job across nodes (ithacad --cluster slurm): the node "
+                       "it runs on (join on job_id, rank).")),
       tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
@@ -275,6 +278,10 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
   std::lock_guard<std::mutex> lock(mu_);
   RankSeries& s = RankLocked(job, rank, gpu, uuid);
   const Labels l = RankLabels(s);
+  if (!r.node().empty() && s.node_info == nullptr) {
+    s.node_info = &rank_node_.Add({{"job_id", job}, {"rank", std::to_string(rank)}, {"node", r.node()}});
+    s.node_info->Set(1);
+  }
   for (const v1::TierBytes& t : r.memory()) {
     if (t.tier() == "host_offload") {
       s.host_offload->Set(static_cast<double>(t.current_bytes()));
@@ -360,6 +367,7 @@ void Metrics::DropRankLocked(RankSeries& s) {
     duration_.Remove(s.duration);
   }
   if (s.eval_loss) eval_loss_.Remove(s.eval_loss);
+  if (s.node_info) rank_node_.Remove(s.node_info);
 }
 
 void Metrics::DropJobLocked(const std::string& job) {

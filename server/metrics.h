@@ -88,6 +88,8 @@ class Metrics {
                       *lr = nullptr, *last_step_time = nullptr, *eval_loss = nullptr;
     prometheus::Counter* tokens = nullptr;
     prometheus::Histogram* duration = nullptr;
+    // ithaca_rank_node_info{job_id, rank, node}: where a rank of a job across nodes runs.
+    prometheus::Gauge* node_info = nullptr;
   };
   struct JobSeries {
     prometheus::Gauge *checkpoint_seconds = nullptr, *checkpoint_time = nullptr;
@@ -104,7 +106,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_offload_, &host_optimizer_,
       &host_params_, &tokens_per_second_,
       &loss_, &step_, &flops_, &mfu_, &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_,
-      &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_;
+      &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_,
+      &rank_node_;
   prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_;

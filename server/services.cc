@@ -13,6 +13,7 @@
 #include "server/log_files.h"
 #include "worker/rpc_text.h"
 #include "worker/launcher.h"
+#include "worker/worker_rpc.h"
 
 namespace ithaca {
 
@@ -223,32 +224,50 @@ grpc::Status JobServiceImpl::GetNode(grpc::ServerContext* context, const v1::Get
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+grpc::Status WorkerServiceImpl::Check(const grpc::ServerContext& context,
+                                      const std::string& job_id) const {
+  if (remote_ == nullptr) return grpc::Status::OK;
+  if (grpc::Status auth = remote_->Authorize(context); !auth.ok()) return auth;
+  const auto& md = context.client_metadata();
+  auto it = md.find(kJobSecretMetadata);
+  const std::string secret = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+  return ToGrpc(supervisor_->CheckSecret(job_id, secret));
+}
+
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* context,
+                                         const v1::RegisterRequest* request,
                                          v1::RegisterResponse* response) {
+  if (grpc::Status st = Check(*context, request->job_id()); !st.ok()) return st;
   return Answer(supervisor_->Register(*request), response);
 }
 
-grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::ReportStep(grpc::ServerContext* context,
                                            const v1::ReportStepRequest* request, v1::Ack*) {
+  if (grpc::Status st = Check(*context, request->job_id()); !st.ok()) return st;
   return ToGrpc(supervisor_->ReportStep(*request));
 }
 
-grpc::Status WorkerServiceImpl::ReportEval(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::ReportEval(grpc::ServerContext* context,
                                            const v1::ReportEvalRequest* request, v1::Ack*) {
+  if (grpc::Status st = Check(*context, request->job_id()); !st.ok()) return st;
   return ToGrpc(supervisor_->ReportEval(*request));
 }
 
-grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                                          v1::Ack*) {
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context,
+                                          const v1::HeartbeatRequest* request, v1::Ack*) {
+  if (grpc::Status st = Check(*context, request->job_id()); !st.ok()) return st;
   return ToGrpc(supervisor_->Heartbeat(*request));
 }
 
-grpc::Status WorkerServiceImpl::Log(grpc::ServerContext*, const v1::LogRequest* request, v1::Ack*) {
+grpc::Status WorkerServiceImpl::Log(grpc::ServerContext* context, const v1::LogRequest* request,
+                                    v1::Ack*) {
+  if (grpc::Status st = Check(*context, request->job_id()); !st.ok()) return st;
   return ToGrpc(supervisor_->Log(*request));
 }
 
-grpc::Status WorkerServiceImpl::Exiting(grpc::ServerContext*, const v1::ExitingRequest* request,
-                                        v1::Ack*) {
+grpc::Status WorkerServiceImpl::Exiting(grpc::ServerContext* context,
+                                        const v1::ExitingRequest* request, v1::Ack*) {
+  if (grpc::Status st = Check(*context, request->job_id()); !st.ok()) return st;
   return ToGrpc(supervisor_->Exiting(*request));
 }
 

@@ -73,9 +73,15 @@ class JobServiceImpl final : public v1::JobService::Service {
   std::atomic<int> open_streams_{0};
 };
 
+// The workers' service. On the daemon's unix socket (the default) nothing is checked beyond the
+// job's secret at Register. On its client port (`remote`: ranks on other nodes, ithacad
+// --cluster slurm) every call must also carry the clients' bearer token and, under
+// worker/worker_rpc.h's key, the secret of the job it names.
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(Supervisor* supervisor) : supervisor_(supervisor) {}
+  explicit WorkerServiceImpl(Supervisor* supervisor,
+                             std::shared_ptr<const Authenticator> remote = nullptr)
+      : supervisor_(supervisor), remote_(std::move(remote)) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -89,7 +95,11 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Exiting(grpc::ServerContext*, const v1::ExitingRequest* request, v1::Ack*) override;
 
  private:
+  // OK for a call on the unix socket; on the TCP port, the token and the job's secret.
+  grpc::Status Check(const grpc::ServerContext& context, const std::string& job_id) const;
+
   Supervisor* supervisor_;
+  std::shared_ptr<const Authenticator> remote_;
 };
 
 }  // namespace ithaca

@@ -15,6 +15,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
+#include "engine/spec/job_spec.h"
+#include "server/auth.h"
 #include "worker/exit_codes.h"
 
 namespace ithaca {
@@ -77,6 +79,8 @@ int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration ti
   for (const std::string& id : job_ids) {
     auto it = active_.find(id);
     if (it == active_.end() || it->second->ending || !it->second->running) continue;
+    // A Slurm job's ranks are not ours to signal; Slurm's --signal is the way (docs/jobs.md).
+    if (!it->second->slurm_id.empty()) continue;
     it->second->draining = true;
     Launcher::SignalGroup(it->second->pgid, SIGUSR1);
     draining.push_back(id);
@@ -116,9 +120,12 @@ void Supervisor::Adopt(const AdoptOrder& order) {
   a->pgid = order.record.pgid;
   a->launched = absl::Now();  // the ranks have start_timeout to re-attach
   a->running = order.running;
+  a->slurm_id = order.slurm_id;
+  a->slurm_running = !order.slurm_id.empty() && order.running;
   for (size_t r = 0; r < order.record.pids.size(); ++r) {
     Rank rank;
-    rank.pid = order.record.pids[r];
+    rank.remote = !order.slurm_id.empty();
+    rank.pid = rank.remote ? 0 : order.record.pids[r];
     rank.slot = order.record.slots[r];
     rank.adopted = true;
     if (r < order.last_steps.size()) rank.last_step = order.last_steps[r];
@@ -174,10 +181,11 @@ void Supervisor::Loop() {
   absl::Time last_tail = absl::InfinitePast();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    const absl::Time now = absl::Now();
     if (!shutting_down_) {
       for (const LaunchOrder& order : owner_->TakeLaunches()) LaunchLocked(order);
     }
+    PollSlurm(lock);
+    const absl::Time now = absl::Now();
     const bool tail = now - last_tail > absl::Milliseconds(200);
     if (tail) last_tail = now;
     std::vector<std::string> done;
@@ -186,7 +194,8 @@ void Supervisor::Loop() {
       if (tail) TailLogsLocked(*job, false);
       const bool all_exited = std::all_of(job->ranks.begin(), job->ranks.end(),
                                           [](const Rank& r) { return r.exit.has_value(); });
-      if (all_exited) done.push_back(id);
+      // (A Slurm job whose ranks all ended may still wait for Slurm's word on why.)
+      if (all_exited && (job->ending || job->slurm_id.empty())) done.push_back(id);
     }
     for (const std::string& id : done) {
       FinalizeLocked(*active_[id]);
@@ -197,7 +206,110 @@ void Supervisor::Loop() {
   }
 }
 
+void Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
+  const absl::Time now = absl::Now();
+  std::vector<std::pair<std::string, std::string>> due;  // (job id, Slurm job id)
+  for (auto& [id, job] : active_) {
+    if (!job->slurm_id.empty() && now - job->slurm_polled >= options_.cluster_poll_interval) {
+      due.emplace_back(id, job->slurm_id);
+    }
+  }
+  if (due.empty()) return;
+  std::vector<absl::StatusOr<SlurmJobState>> answers;
+  lock.unlock();  // squeue takes tens of milliseconds: the workers' calls go on meanwhile
+  for (const auto& [id, slurm_id] : due) answers.push_back(SlurmQuery(slurm_id, *options_.slurm));
+  lock.lock();
+  for (size_t i = 0; i < due.size(); ++i) {
+    auto it = active_.find(due[i].first);
+    if (it == active_.end() || it->second->slurm_id != due[i].second) continue;
+    Active& job = *it->second;
+    job.slurm_polled = absl::Now();
+    if (!answers[i].ok()) {
+      std::fprintf(stderr, "ithacad: job %s: %s\n", job.id.c_str(),
+                   std::string(answers[i].status().message()).c_str());
+      continue;  // Slurm did not answer: its last answer stands
+    }
+    SlurmJobState st = *answers[i];
+    if (!st.known) {  // squeue forgot it and there is no accounting: it ended, how is lost
+      st.known = true;
+      st.state = "GONE";
+      st.reason = "Slurm no longer knows the job";
+    }
+    if (st.state != job.slurm.state) {
+      std::printf("ithacad: job %s: Slurm job %s %s\n", job.id.c_str(), job.slurm_id.c_str(),
+                  st.ToString().c_str());
+      std::fflush(stdout);
+    }
+    job.slurm = st;
+    if (!job.slurm_running && st.state == "RUNNING") {
+      job.slurm_running = true;
+      if (!job.running) job.launched = job.slurm_polled;  // the ranks' start timeout from here
+    }
+  }
+}
+
+void Supervisor::LaunchSlurmLocked(const LaunchOrder& order) {
+  auto a = std::make_unique<Active>();
+  a->id = order.job_id;
+  a->spec_toml = order.spec_toml;
+  a->log_dir = order.log_dir;
+  a->rendezvous = "tcp: node 0 of the Slurm job";
+  auto fail = [&](const std::string& what) {
+    owner_->OnEnded(a->id, v1::JOB_STATE_FAILED, absl::StrCat("launch failed: ", what),
+                    std::nullopt, /*retryable=*/false);
+  };
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(order.spec_toml, "job " + a->id);
+  if (!spec.ok()) return fail(std::string(spec.status().message()));
+  absl::StatusOr<std::string> secret = NewJobSecret();
+  if (!secret.ok()) return fail(std::string(secret.status().message()));
+  a->secret = *secret;
+  const int nodes = static_cast<int>(spec->slurm.nodes);
+  const int per_node = static_cast<int>(order.slots.size()) / nodes;
+  SlurmSubmission sub;
+  sub.job_id = a->id;
+  sub.log_dir = a->log_dir;
+  sub.worker_binary = options_.worker_binary;
+  sub.daemon_address = options_.worker_address;
+  sub.nodes = nodes;
+  sub.ranks_per_node = per_node;
+  sub.gpus = node_.gpu;
+  sub.partition = spec->slurm.partition;
+  sub.account = spec->slurm.account;
+  sub.time_limit = spec->slurm.time_limit;
+  sub.constraint = spec->slurm.constraint;
+  sub.env = {{"ITHACA_JOB_ID", a->id}, {"ITHACA_JOB_SECRET", a->secret}};
+  if (!options_.worker_token_file.empty()) {
+    sub.env.emplace_back("ITHACA_TOKEN_FILE", options_.worker_token_file);
+  }
+  if (!options_.worker_ca_file.empty()) sub.env.emplace_back("ITHACA_CA", options_.worker_ca_file);
+  if (absl::Status made = MakeDirs(a->log_dir); !made.ok()) return fail(std::string(made.message()));
+  // The secret first: a daemon that dies from here on finds it for the ranks' re-attach.
+  AdoptionRecord record{a->id, a->secret, 0, a->rendezvous, order.slots,
+                        std::vector<pid_t>(order.slots.size(), 0)};
+  if (absl::Status wrote = WriteAdoptionRecord(a->log_dir, record); !wrote.ok()) {
+    return fail(std::string(wrote.message()));
+  }
+  absl::StatusOr<std::string> slurm_id = SlurmSubmit(sub, *options_.slurm);
+  if (!slurm_id.ok()) return fail(std::string(slurm_id.status().message()));
+  a->slurm_id = *slurm_id;
+  a->launched = absl::Now();
+  owner_->OnClusterJob(a->id, "slurm:" + a->slurm_id);
+  for (size_t r = 0; r < order.slots.size(); ++r) {
+    Rank rank;
+    rank.remote = true;
+    rank.slot = static_cast<int>(r) % per_node;  // its GPU (or CPU slot) on its node
+    rank.log = std::make_unique<LogTail>(Launcher::RankLogPath(a->log_dir, static_cast<int>(r)));
+    a->ranks.push_back(std::move(rank));
+  }
+  owner_->OnLaunched(a->id, order.slots, 0,
+                     absl::StrCat("submitted to Slurm as job ", a->slurm_id, ": ", nodes,
+                                  nodes == 1 ? " node x " : " nodes x ", per_node,
+                                  per_node == 1 ? " rank" : " ranks"));
+  active_[a->id] = std::move(a);
+}
+
 void Supervisor::LaunchLocked(const LaunchOrder& order) {
+  if (options_.slurm) return LaunchSlurmLocked(order);
   auto a = std::make_unique<Active>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
@@ -276,6 +388,22 @@ void Supervisor::EndLocked(Active& job, JobState outcome, const std::string& rea
   job.outcome = outcome;
   job.reason = reason;
   job.failed_rank = failed_rank;
+  if (!job.slurm_id.empty()) {
+    // Slurm stops its tasks (SIGTERM to each step, SIGKILL after its KillWait); the ranks'
+    // announced exits, or the job's end in squeue, finish the job here.
+    if ((outcome == v1::JOB_STATE_FAILED || outcome == v1::JOB_STATE_CANCELLED) &&
+        !job.slurm.Terminal()) {
+      absl::Status cancelled = SlurmCancel(job.slurm_id, 0, *options_.slurm);
+      if (!cancelled.ok()) {
+        std::fprintf(stderr, "ithacad: job %s: %s\n", job.id.c_str(),
+                     std::string(cancelled.message()).c_str());
+      }
+    }
+    job.killed = true;
+    job.kill_deadline = absl::Now() + options_.grace_period + absl::Seconds(60);
+    job.slurm_polled = absl::InfinitePast();  // look again now
+    return;
+  }
   if (sigkill_now) {
     Launcher::SignalGroup(job.pgid, SIGKILL);
     job.killed = true;
@@ -297,7 +425,32 @@ bool IsRetryable(const WorkerEnd& end) {
 
 }  // namespace
 
-std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank) {
+namespace {
+
+// "ranks 2, 3": the ranks of a job that never registered ("" when all did).
+template <typename Job>
+std::string NeverRegistered(const Job& job) {
+  std::vector<int> missing;
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    if (!job.ranks[r].registered && !job.ranks[r].adopted) missing.push_back(static_cast<int>(r));
+  }
+  if (missing.empty()) return "";
+  return absl::StrCat(missing.size() == 1 ? "rank " : "ranks ", absl::StrJoin(missing, ", "));
+}
+
+}  // namespace
+
+std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank,
+                                                    absl::Time now) {
+  if (rank.remote) {
+    if (rank.announced_exit) return WorkerEnd{false, *rank.announced_exit};
+    // The Slurm job is over (or, once stopping, Slurm never said so) and the rank said nothing.
+    if (job.slurm.Terminal() || (job.ending && now > job.kill_deadline)) {
+      rank.vanished = true;
+      return WorkerEnd{true, SIGKILL};
+    }
+    return std::nullopt;
+  }
   if (!rank.adopted) return Launcher::Poll(rank.pid);
   if (IsWorkerOf(rank.pid, job.id, job.secret)) return std::nullopt;
   WorkerEnd end;
@@ -320,7 +473,7 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     Rank& rank = job.ranks[r];
     if (rank.exit) continue;
-    rank.exit = PollRankLocked(job, rank);
+    rank.exit = PollRankLocked(job, rank, now);
     if (!rank.exit) continue;
     metrics_->OnWorkerExit(rank.exit->Reason());
     const bool ok = !rank.exit->signaled && (rank.exit->code == kExitOk ||
@@ -329,14 +482,49 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
       culprit = r;
     }
   }
+  if (!job.slurm_id.empty() && !job.ending) {
+    if (SlurmVerdictLocked(job, now)) return;
+    // A rank's end may be Slurm's doing (scancel, a time limit, preemption, a lost node: SIGTERM
+    // to one node's launcher, and the other nodes' ranks fail on the broken collective): Slurm's
+    // state says so a moment later, and is the better reason. Until it does (or the wait is
+    // over), no rank's end decides the job.
+    if (culprit && !job.deferred_culprit && !job.ranks[*culprit].vanished) {
+      job.deferred_culprit = static_cast<int>(*culprit);
+      job.deferred_since = now;
+      job.slurm_polled = absl::InfinitePast();
+    }
+    if (job.deferred_culprit) {
+      if (job.slurm.Terminal() || now - job.deferred_since > options_.cluster_verdict_wait) {
+        // The cause: a rank killed or gone without a word (its node's launcher saw it die) over
+        // the first one that reported an error (often a peer's broken collective).
+        culprit = static_cast<size_t>(*job.deferred_culprit);
+        for (size_t r = 0; r < job.ranks.size(); ++r) {
+          if (job.ranks[r].exit && job.ranks[r].exit->signaled) {
+            culprit = r;
+            break;
+          }
+        }
+      } else {
+        culprit.reset();
+      }
+    }
+  }
   if (culprit && !job.ending) {
     const Rank& rank = job.ranks[*culprit];
     TailLogsLocked(job, true);
     std::string reason =
-        rank.vanished
+        rank.vanished && rank.remote
+            ? absl::StrCat(NeverRegistered(job).empty()
+                               ? absl::StrCat("rank ", *culprit,
+                                              rank.node.empty() ? "" : " (node " + rank.node + ")",
+                                              " did not report its end")
+                               : NeverRegistered(job) + " never started",
+                           " before the Slurm job ended: ", SlurmSaysLocked(job))
+        : rank.vanished
             ? absl::StrCat("rank ", *culprit, " (pid ", rank.pid,
                            ", adopted after a daemon restart) is gone; its exit status is unknown")
-            : absl::StrCat("rank ", *culprit, " ", rank.exit->Describe());
+            : absl::StrCat("rank ", *culprit, rank.node.empty() ? "" : " (node " + rank.node + ")",
+                           " ", rank.exit->Describe());
     if (!rank.last_error.empty()) absl::StrAppend(&reason, ": ", rank.last_error);
     EndLocked(job, v1::JOB_STATE_FAILED, reason, static_cast<int>(*culprit), /*sigkill_now=*/true);
     job.retryable = rank.vanished || IsRetryable(*rank.exit);
@@ -378,11 +566,16 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
       job.retryable = true;  // a hung rank, a lost node
       return;
     }
-    if (!rank.registered && now - job.launched > options_.start_timeout) {
+    // A Slurm job's ranks have start_timeout once Slurm runs the job (SlurmVerdictLocked judges
+    // a job that stays PENDING).
+    if (!rank.registered && (job.slurm_id.empty() || job.slurm_running) &&
+        now - job.launched > options_.start_timeout) {
       EndLocked(job, v1::JOB_STATE_FAILED,
-                absl::StrCat("rank ", r, " (pid ", rank.pid, ") did not ",
+                absl::StrCat("rank ", r, rank.remote ? "" : absl::StrCat(" (pid ", rank.pid, ")"),
+                             " did not ",
                              rank.adopted ? "re-attach after the daemon restart" : "register",
-                             " within ", absl::FormatDuration(options_.start_timeout)),
+                             " within ", absl::FormatDuration(options_.start_timeout),
+                             job.slurm_id.empty() ? "" : "; " + SlurmSaysLocked(job)),
                 static_cast<int>(r), true);
       job.retryable = true;
       return;
@@ -432,6 +625,10 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
   if (a->ending) {
     return absl::FailedPreconditionError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
   }
+  if (r.remote && (r.pid == 0 || !r.registered) && ConstantTimeEquals(request.secret(), a->secret)) {
+    r.pid = request.pid();  // a rank on another node: its pid is known from its registration
+    r.node = request.node();
+  }
   if (request.pid() != r.pid) {
     return absl::PermissionDeniedError(absl::StrCat("rank ", request.rank(), " of ", a->id,
                                                     " is pid ", r.pid, ", not ", request.pid()));
@@ -451,10 +648,25 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
       std::all_of(a->ranks.begin(), a->ranks.end(), [](const Rank& x) { return x.registered; });
   if (all && !a->running) {
     a->running = true;
-    RETURN_IF_ERROR(owner_
-                        ->OnStateChange(a->id, v1::JOB_STATE_RUNNING,
-                                        absl::StrCat("all ", a->ranks.size(), " ranks registered"))
-                        .status());
+    std::string where;
+    if (!a->slurm_id.empty()) {
+      // "ranks 0-1 on n1, 2-3 on n2": the nodes the job runs on, in its history.
+      std::vector<std::string> parts;
+      for (size_t i = 0; i < a->ranks.size();) {
+        size_t j = i;
+        while (j + 1 < a->ranks.size() && a->ranks[j + 1].node == a->ranks[i].node) ++j;
+        parts.push_back(absl::StrCat(i == j ? std::to_string(i) : absl::StrCat(i, "-", j), " on ",
+                                     a->ranks[i].node.empty() ? "?" : a->ranks[i].node));
+        i = j + 1;
+      }
+      where = absl::StrCat(" (Slurm job ", a->slurm_id, ": ranks ", absl::StrJoin(parts, ", "),
+                           ")");
+    }
+    RETURN_IF_ERROR(
+        owner_
+            ->OnStateChange(a->id, v1::JOB_STATE_RUNNING,
+                            absl::StrCat("all ", a->ranks.size(), " ranks registered", where))
+            .status());
   }
   v1::RegisterResponse response;
   response.set_spec_toml(a->spec_toml);
@@ -474,6 +686,14 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   Rank& r = a->ranks[step.rank()];
   r.last_heartbeat = absl::Now();
   if (step.step() <= r.last_step) return absl::OkStatus();  // re-sent after a daemon restart
+  if (r.remote) {
+    v1::StepReport on_node = step;
+    on_node.set_node(r.node);
+    metrics_->OnStep(a->id, step.rank(), r.slot, "", on_node);
+    RETURN_IF_ERROR(owner_->OnStep(a->id, on_node));
+    r.last_step = step.step();
+    return absl::OkStatus();
+  }
   const NodeDevice& dev = node_.devices[r.slot];
   metrics_->OnStep(a->id, step.rank(), dev.index, dev.uuid, step);
   RETURN_IF_ERROR(owner_->OnStep(a->id, step));
@@ -487,8 +707,12 @@ absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), eval.rank()));
   Rank& r = a->ranks[eval.rank()];
   r.last_heartbeat = absl::Now();
-  const NodeDevice& dev = node_.devices[r.slot];
-  metrics_->OnEval(a->id, eval.rank(), dev.index, dev.uuid, eval);
+  if (r.remote) {
+    metrics_->OnEval(a->id, eval.rank(), r.slot, "", eval);
+  } else {
+    const NodeDevice& dev = node_.devices[r.slot];
+    metrics_->OnEval(a->id, eval.rank(), dev.index, dev.uuid, eval);
+  }
   return owner_->OnEval(a->id, eval);
 }
 
@@ -512,6 +736,63 @@ absl::Status Supervisor::Exiting(const v1::ExitingRequest& request) {
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
   a->ranks[request.rank()].announced_exit = request.exit_code();
   return absl::OkStatus();
+}
+
+absl::Status Supervisor::CheckSecret(const std::string& job_id, const std::string& secret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(job_id);
+  if (it == active_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no running workers"));
+  }
+  if (secret.empty() || !ConstantTimeEquals(secret, it->second->secret)) {
+    return absl::PermissionDeniedError(absl::StrCat("job ", job_id, ": wrong job secret"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Supervisor::SlurmSaysLocked(const Active& job) const {
+  std::string s = absl::StrCat("Slurm job ", job.slurm_id, " ", job.slurm.ToString());
+  const std::string errors = SlurmOutputErrors(job.log_dir, job.slurm_id);
+  if (!errors.empty()) absl::StrAppend(&s, ": ", errors);
+  return s;
+}
+
+bool Supervisor::SlurmVerdictLocked(Active& job, absl::Time now) {
+  const std::string& state = job.slurm.state;
+  if (state == "PENDING" && now - job.launched > options_.start_timeout) {
+    // Waiting for its turn (Resources, Priority) is Slurm's business; waiting for a node that
+    // is down or not responding may be forever.
+    const std::string& why = job.slurm.reason;
+    if (absl::StrContains(why, "ReqNodeNotAvail") || absl::StrContains(why, "NodeDown") ||
+        absl::StrContains(why, "Nodes_required") || absl::StrContains(why, "PartitionNodeLimit") ||
+        absl::StrContains(why, "BadConstraints") || absl::StrContains(why, "PartitionDown")) {
+      EndLocked(job, v1::JOB_STATE_FAILED,
+                absl::StrCat("Slurm job ", job.slurm_id, " is still PENDING after ",
+                             absl::FormatDuration(now - job.launched), " (reason ", why,
+                             "): a node it needs is down or not responding (see sinfo -R)"),
+                std::nullopt, false);
+      job.retryable = true;
+      return true;
+    }
+    return false;
+  }
+  if (!job.slurm.Terminal()) return false;
+  if (state == "CANCELLED") {
+    const std::string reason = absl::StrCat("cancelled in Slurm: ", SlurmSaysLocked(job));
+    if (owner_->OnStateChange(job.id, v1::JOB_STATE_CANCELLING, reason).ok()) {
+      EndLocked(job, v1::JOB_STATE_CANCELLED, reason, std::nullopt, false);
+      return true;
+    }
+    return false;
+  }
+  for (const char* lost : {"NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}) {
+    if (state == lost) {
+      EndLocked(job, v1::JOB_STATE_FAILED, SlurmSaysLocked(job), std::nullopt, false);
+      job.retryable = true;  // a lost node, a time limit, preemption: another attempt may pass
+      return true;
+    }
+  }
+  return false;  // COMPLETED, FAILED, ...: the ranks' own ends say more
 }
 
 absl::Status Supervisor::Log(const v1::LogRequest& request) {

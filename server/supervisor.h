@@ -11,6 +11,15 @@
 // starts, and they re-attach with the job's secret. An adopted worker is not this daemon's child:
 // it is judged alive through /proc, and its exit code is the one it announced (Exiting).
 //
+// Under `ithacad --cluster slurm` (Options::slurm) the supervisor forks nothing: a launch is an
+// sbatch of one task per node (slurm.h), whose ranks register over TCP with the job's secret; a
+// rank's end is what it announced (Exiting), or, when the Slurm job ended first, Slurm's state
+// (squeue, polled every cluster_poll_interval). A job Slurm cancelled is CANCELLED with Slurm's
+// reason; NODE_FAIL, TIMEOUT, PREEMPTED, BOOT_FAIL and DEADLINE fail it as a failure that need not
+// repeat (the retry policy's to judge); cancel is scancel. A job Slurm keeps PENDING because a
+// node it needs is down fails after start_timeout, naming Slurm's reason. A restarted daemon
+// adopts a Slurm job that Slurm still runs (AdoptOrder::slurm_id, kept in the store).
+//
 // The supervisor knows nothing of the job store, the queue or the event logs: those belong to its
 // owner (Jobs, jobs.h), which hands it jobs to launch and hears about everything that happens to
 // them through JobOwner.
@@ -34,6 +43,7 @@
 #include "server/log_files.h"
 #include "server/metrics.h"
 #include "server/node.h"
+#include "server/slurm.h"
 
 namespace ithaca {
 
@@ -55,6 +65,9 @@ struct AdoptOrder {
   // last_steps[rank]: the newest step the store holds of each rank (0: none). A rank re-sends
   // the report that was in flight when its daemon went away; one already recorded is ignored.
   std::vector<int64_t> last_steps;
+  // Set: the job runs under Slurm as this job id (ithacad --cluster slurm); its ranks re-attach
+  // over TCP and the record's pids are not used.
+  std::string slurm_id;
 };
 
 // The owner of the jobs a Supervisor runs. The supervisor calls it with its own lock held, so one
@@ -69,6 +82,8 @@ class JobOwner {
   // The job's workers were started in process group `pgid`; `reason` says where.
   virtual void OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,
                           const std::string& reason) = 0;
+  // The cluster took the job (before OnLaunched): "slurm:ID", kept for a daemon restart.
+  virtual void OnClusterJob(const std::string& job_id, const std::string& cluster_job) {}
   // RUNNING (every rank registered) or CANCELLING (a cancel is stopping the workers); returns the
   // job as recorded. An error (the change is not allowed) is returned to whoever caused it, and
   // the supervisor goes no further with that change.
@@ -103,6 +118,18 @@ class Supervisor {
     // Set (ithacad --worker-user): workers run as this user, and each launch's rendezvous
     // directory is theirs.
     std::optional<RunAs> run_as;
+    // Set (ithacad --cluster slurm): jobs are submitted to Slurm with these defaults instead of
+    // forked here. Their ranks dial worker_address (host:port of the WorkerService on the
+    // client port), with the clients' token file and CA, which must be readable at the same
+    // paths on the nodes (a shared file system, like the job's data and checkpoints).
+    std::optional<SlurmDefaults> slurm;
+    std::string worker_address;
+    std::string worker_token_file;  // the ranks' ITHACA_TOKEN_FILE
+    std::string worker_ca_file;     // the ranks' ITHACA_CA
+    absl::Duration cluster_poll_interval = absl::Seconds(1);  // squeue, per job
+    // A rank ending with SIGTERM's code while Slurm's job still runs waits this long for Slurm's
+    // state (scancel, a time limit and preemption all begin with SIGTERM).
+    absl::Duration cluster_verdict_wait = absl::Seconds(20);
   };
 
   // `node` maps a rank's slot to its device (metrics labels, CPU or GPU workers).
@@ -151,6 +178,9 @@ class Supervisor {
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status Log(const v1::LogRequest& request);
   absl::Status Exiting(const v1::ExitingRequest& request);
+  // Over TCP every call must carry its job's secret (worker/worker_rpc.h): PERMISSION_DENIED
+  // otherwise, NOT_FOUND for a job that has no workers here.
+  absl::Status CheckSecret(const std::string& job_id, const std::string& secret);
 
  private:
   struct Rank {
@@ -167,6 +197,9 @@ class Supervisor {
     std::string last_error;  // newest ERROR line the worker sent
     int64_t last_step = 0;   // newest step report recorded (a re-sent one is not recorded twice)
     std::unique_ptr<LogTail> log;
+    // On another node (a Slurm job): no pid of ours until it registers, no /proc to look at.
+    bool remote = false;
+    std::string node;  // where it registered from
   };
   struct Active {
     std::string id;
@@ -187,12 +220,29 @@ class Supervisor {
     bool draining = false;   // Drain asked it to checkpoint and stop
     absl::Time kill_deadline;
     bool killed = false;  // SIGKILL sent
+    // A Slurm job (slurm_id set): Slurm's newest answer, when it was asked, and whether it has
+    // been RUNNING (its ranks' start timeout counts from then).
+    std::string slurm_id;
+    SlurmJobState slurm;
+    absl::Time slurm_polled = absl::InfinitePast();
+    bool slurm_running = false;
+    // A rank's end that waits for Slurm's state to say why (see cluster_verdict_wait).
+    std::optional<int> deferred_culprit;
+    absl::Time deferred_since;
   };
 
   void Loop();
   void LaunchLocked(const LaunchOrder& order);
+  void LaunchSlurmLocked(const LaunchOrder& order);
+  // Asks Slurm about every Slurm job due a look, without the lock held while squeue runs.
+  void PollSlurm(std::unique_lock<std::mutex>& lock);
+  // A Slurm job that Slurm itself ended (CANCELLED, TIMEOUT, NODE_FAIL, ...) or keeps PENDING
+  // for a node that is down: ends it with Slurm's reason; true then.
+  bool SlurmVerdictLocked(Active& job, absl::Time now);
+  // "Slurm job 12 FAILED (reason NonZeroExitCode) on n[1-2]: srun: error: ..."
+  std::string SlurmSaysLocked(const Active& job) const;
   // Rank `r`'s exit, if it ended since the last look.
-  std::optional<WorkerEnd> PollRankLocked(const Active& job, Rank& rank);
+  std::optional<WorkerEnd> PollRankLocked(const Active& job, Rank& rank, absl::Time now);
   void SuperviseLocked(Active& job, absl::Time now);
   void EndLocked(Active& job, JobState outcome, const std::string& reason,
                  std::optional<int> failed_rank, bool sigkill_now);

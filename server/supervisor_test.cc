@@ -15,7 +15,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "server/services.h"
 #include "server/test_workers.h"
+#include "worker/worker_rpc.h"
 
 namespace ithaca {
 namespace {
@@ -483,6 +485,62 @@ TEST(SupervisorTest, AnAdoptedWorkerThatVanishesFailsItsJob) {
   EXPECT_TRUE(absl::StrContains(end->reason, "adopted after a daemon restart) is gone"))
       << end->reason;
   waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// The WorkerService on the client port (ithacad --cluster slurm: ranks on other nodes) lets no
+// call through without the clients' token and the secret of the job the call names; on the unix
+// socket only the token check is absent.
+TEST(SupervisorTest, TheTcpWorkerServiceNeedsTheTokenAndTheJobsSecret) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor supervisor(WithWorker(Script("idle.sh", "exec sleep 30")), CpuNode(1), &owner,
+                        &metrics);
+  supervisor.Start();
+  owner.Queue("job-t", 1);
+  supervisor.Wake();
+  ASSERT_GT(owner.WaitLaunched("job-t"), 0);
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-t");
+  ASSERT_TRUE(record.ok()) << record.status();
+
+  const std::string token = "0123456789abcdef-token";
+  WorkerServiceImpl remote(&supervisor, std::make_shared<Authenticator>(token));
+  WorkerServiceImpl local(&supervisor);
+  grpc::ServerBuilder rb, lb;
+  rb.RegisterService(&remote);
+  lb.RegisterService(&local);
+  std::unique_ptr<grpc::Server> remote_server = rb.BuildAndStart(), local_server = lb.BuildAndStart();
+  ASSERT_TRUE(remote_server && local_server);
+  auto remote_stub =
+      v1::WorkerService::NewStub(remote_server->InProcessChannel(grpc::ChannelArguments()));
+  auto local_stub =
+      v1::WorkerService::NewStub(local_server->InProcessChannel(grpc::ChannelArguments()));
+  auto beat = [&](v1::WorkerService::Stub* stub, const std::string& bearer,
+                  const std::string& secret) {
+    grpc::ClientContext ctx;
+    if (!bearer.empty()) ctx.AddMetadata("authorization", "Bearer " + bearer);
+    if (!secret.empty()) ctx.AddMetadata(kJobSecretMetadata, secret);
+    v1::HeartbeatRequest req;
+    req.set_job_id("job-t");
+    v1::Ack ack;
+    return stub->Heartbeat(&ctx, req, &ack).error_code();
+  };
+  EXPECT_EQ(beat(remote_stub.get(), "", record->secret), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(beat(remote_stub.get(), "wrong-token-0123456789", record->secret),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(beat(remote_stub.get(), token, ""), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(beat(remote_stub.get(), token, record->secret + "0"),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Token and secret: the call reaches the supervisor (the rank has not registered yet).
+  EXPECT_EQ(beat(remote_stub.get(), token, record->secret), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(beat(local_stub.get(), "", ""), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(supervisor.Cancel("job-t", "test over").ok());
+  ASSERT_TRUE(owner.WaitEnded("job-t").has_value());
 }
 
 }  // namespace

@@ -25,8 +25,11 @@
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
 #include "worker/rpc_text.h"
+#include "client/connection.h"
+#include "absl/strings/match.h"
 #include "worker/job_paths.h"
 #include "worker/exit_codes.h"
+#include "worker/worker_rpc.h"
 
 namespace ithaca {
 namespace {
@@ -56,6 +59,15 @@ absl::StatusOr<StopRequest> AgreeOnStop(Rank& rank) {
   RETURN_IF_ERROR(comm->AllReduce(buf.tensor()));
   model->ops()->Download(buf.tensor(), flags, DType::kF32);
   return StopRequest{flags[0] > 0, flags[1] > 0};
+}
+
+// The node this rank runs on, for the daemon's status and metrics: Slurm's name for it, else
+// the host name.
+std::string NodeName() {
+  if (const char* n = std::getenv("SLURMD_NODENAME"); n != nullptr && *n != 0) return n;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
 }
 
 std::chrono::system_clock::time_point In(int ms) {
@@ -100,13 +112,23 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
   return p;
 }
 
-// A daemon that restarts binds the same socket again: reconnect within a second of it.
-std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
+// A daemon that restarts binds the same address again: reconnect within a second of it. A path
+// (or unix:PATH) is the daemon's worker socket on this machine; host:port is its TCP port, for
+// ranks on other nodes (ithacad --cluster slurm), reached as clients reach it: TLS when
+// $ITHACA_CA names the CA, the bearer token of $ITHACA_TOKEN_FILE (client/connection.h).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> DaemonChannel(const std::string& address) {
+  ConnectionOptions c;
+  c.server = IsUnixAddress(address) && !absl::StartsWith(address, "unix:") ? "unix:" + address
+                                                                          : address;
+  if (!IsUnixAddress(address)) ApplyConnectionEnvironment(&c);
+  c.max_reconnect_backoff_ms = 1000;
+  return Connect(c);
+}
+
+// Every call carries the job's secret: over TCP, a client's token alone does not make a caller
+// one of the job's ranks.
+void WithSecret(grpc::ClientContext* ctx, const std::string& secret) {
+  if (!secret.empty()) ctx->AddMetadata(kJobSecretMetadata, secret);
 }
 
 // The daemon is not there (stopped, restarting; CANCELLED: a call in flight when it stopped):
@@ -120,8 +142,8 @@ bool DaemonAway(const grpc::Status& st) {
 // One rank's connection to the daemon, and the heartbeat thread.
 class DaemonLink {
  public:
-  explicit DaemonLink(const DaemonWorkerOptions& o)
-      : o_(o), stub_(v1::WorkerService::NewStub(DaemonChannel(o.socket))) {}
+  DaemonLink(const DaemonWorkerOptions& o, std::shared_ptr<grpc::Channel> channel)
+      : o_(o), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
   ~DaemonLink() {
     FlushReports();
     StopHeartbeats();
@@ -132,12 +154,14 @@ class DaemonLink {
     grpc::ClientContext ctx;
     ctx.set_deadline(In(reattach ? 5000 : 30000));
     ctx.set_wait_for_ready(true);  // the daemon may still be binding its socket
+    WithSecret(&ctx, o_.secret);
     v1::RegisterRequest req;
     req.set_job_id(o_.job_id);
     req.set_rank(o_.rank);
     req.set_pid(getpid());
     req.set_secret(o_.secret);
     req.set_reattach(reattach);
+    req.set_node(NodeName());
     v1::RegisterResponse resp;
     grpc::Status st = stub_->Register(&ctx, req, &resp);
     if (!st.ok()) {
@@ -171,6 +195,7 @@ class DaemonLink {
     std::fflush(stderr);
     grpc::ClientContext ctx;
     ctx.set_deadline(In(5000));
+    WithSecret(&ctx, o_.secret);
     v1::LogRequest req;
     req.set_job_id(o_.job_id);
     req.set_rank(o_.rank);
@@ -186,6 +211,7 @@ class DaemonLink {
   void Exiting(int code) {
     grpc::ClientContext ctx;
     ctx.set_deadline(In(5000));
+    WithSecret(&ctx, o_.secret);
     v1::ExitingRequest req;
     req.set_job_id(o_.job_id);
     req.set_rank(o_.rank);
@@ -261,6 +287,7 @@ class DaemonLink {
   grpc::Status Beat() {
     grpc::ClientContext ctx;
     ctx.set_deadline(In(5000));
+    WithSecret(&ctx, o_.secret);
     v1::HeartbeatRequest req;
     req.set_job_id(o_.job_id);
     req.set_rank(o_.rank);
@@ -311,6 +338,7 @@ class DaemonLink {
   grpc::Status Send(const Report& report) {
     grpc::ClientContext ctx;
     ctx.set_deadline(In(10000));
+    WithSecret(&ctx, o_.secret);
     v1::Ack ack;
     if (const auto* step = std::get_if<v1::StepReport>(&report)) {
       v1::ReportStepRequest req;
@@ -435,7 +463,12 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   struct sigaction drain = {};
   drain.sa_handler = OnSigusr1;
   sigaction(SIGUSR1, &drain, nullptr);
-  DaemonLink link(o);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(o.socket);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", o.rank, channel.status().ToString().c_str());
+    return kExitBadSpec;
+  }
+  DaemonLink link(o, *std::move(channel));
   absl::StatusOr<v1::RegisterResponse> reg = link.Register();
   if (!reg.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", o.rank, reg.status().ToString().c_str());

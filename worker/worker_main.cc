@@ -3,10 +3,17 @@
 //   --standalone JOB.toml --nproc N   the same as N local ranks (worker/launcher.h)
 //   --standalone JOB.toml --nproc N --nnodes M --node-rank R --rendezvous tcp:HOST:PORT
 //                             this machine's N ranks of a job on M machines (torchrun's shape)
-//   --daemon SOCKET --job ID  one rank of a job launched by ithacad (worker/daemon_mode.h)
+//   --daemon ADDR --job ID    one rank of a job launched by ithacad (worker/daemon_mode.h); ADDR
+//                             is ithacad's worker socket, or host:port over TCP
+//   --daemon ADDR --job ID --nproc N [--nnodes M --node-rank R --rendezvous tcp:HOST:PORT]
+//                             [--log-dir DIR]   this node's N ranks of a daemon job a cluster
+//                             (Slurm) started: one launcher per node (worker/launcher.h)
 //   --plan JOB.toml           print the job's memory plan per tier (engine/plan)
 //   --libraries               print the cuDNN and NCCL versions loaded and built against
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <cstdlib>
@@ -75,14 +82,75 @@ int LaunchStandalone(const char* self, const std::string& job, const std::string
   return report.ExitCode();
 }
 
+// `--daemon ADDR --job ID --nproc N [--nnodes M --node-rank R --rendezvous tcp:HOST:PORT]
+// [--log-dir DIR]`: this node's N ranks of a daemon job that a cluster (Slurm) started, one
+// launcher per node; each rank runs `--daemon ADDR --job ID` and reports to ithacad itself.
+// With --log-dir, rank r writes DIR/rank-r.log (as ranks ithacad forks do); the launcher's own
+// lines stay on its stdout and stderr.
+int LaunchDaemonNode(const char* self, const std::string& address, const std::string& job,
+                     const std::string& nproc, const std::string& nnodes,
+                     const std::string& node_rank, const std::string& rendezvous,
+                     const std::string& log_dir) {
+  if (address.empty() || job.empty()) {
+    std::fprintf(stderr, "ithaca-worker: --daemon ADDR and --job ID are both required\n");
+    return ithaca::kExitBadSpec;
+  }
+  ithaca::LaunchOptions options;
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  options.argv = {n > 0 ? std::string(exe, n) : std::string(self), "--daemon", address, "--job",
+                  job};
+  options.nproc = ParseCount("--nproc", nproc, 1);
+  options.nnodes = ParseCount("--nnodes", nnodes.empty() ? "1" : nnodes, 1);
+  options.node_rank = ParseCount("--node-rank", node_rank.empty() ? "0" : node_rank, 0);
+  if (options.nproc < 0 || options.nnodes < 0 || options.node_rank < 0) {
+    return ithaca::kExitBadSpec;
+  }
+  options.rendezvous = rendezvous;
+  options.log_dir = log_dir;
+  int rank0_fd = -1;
+  if (!log_dir.empty()) {  // the node's first rank writes to the launcher's fds: its file here
+    const std::string path =
+        ithaca::Launcher::RankLogPath(log_dir, options.node_rank * options.nproc);
+    rank0_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (rank0_fd < 0) {
+      std::fprintf(stderr, "ithaca-worker: cannot open %s: %s\n", path.c_str(), strerror(errno));
+      return ithaca::kExitError;
+    }
+    options.out_fd = options.err_fd = rank0_fd;
+  }
+  ithaca::LaunchReport report;
+  absl::Status st = ithaca::LaunchLocal(options, &report);
+  if (rank0_fd >= 0) close(rank0_fd);
+  if (st.ok()) return 0;
+  std::fprintf(stderr, "ithaca-worker: node %d: %s\n", options.node_rank, st.ToString().c_str());
+  if (report.forwarded_signal != 0) return ithaca::kExitKilled;
+  if (report.first_failure < 0) {
+    return st.code() == absl::StatusCode::kInvalidArgument ? ithaca::kExitBadSpec
+                                                           : ithaca::kExitError;
+  }
+  return report.ExitCode();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--daemon") == 0) {
-    std::string socket, job;
+    std::string socket, job, nproc, nnodes, node_rank, rendezvous, log_dir;
+    bool launcher = false;
     for (int i = 1; i + 1 < argc; i += 2) {
-      if (std::strcmp(argv[i], "--daemon") == 0) socket = argv[i + 1];
-      if (std::strcmp(argv[i], "--job") == 0) job = argv[i + 1];
+      const std::string flag = argv[i];
+      if (flag == "--daemon") socket = argv[i + 1];
+      if (flag == "--job") job = argv[i + 1];
+      if (flag == "--nproc") nproc = argv[i + 1], launcher = true;
+      if (flag == "--nnodes") nnodes = argv[i + 1];
+      if (flag == "--node-rank") node_rank = argv[i + 1];
+      if (flag == "--rendezvous") rendezvous = argv[i + 1];
+      if (flag == "--log-dir") log_dir = argv[i + 1];
+    }
+    if (launcher) {
+      return LaunchDaemonNode(argv[0], socket, job, nproc, nnodes, node_rank, rendezvous,
+                              log_dir);
     }
     auto options = ithaca::DaemonWorkerOptionsFromEnv(socket, job);
     if (!options.ok()) {

@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "engine/backend/attention_choice.h"
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
@@ -30,6 +31,48 @@
 namespace ithaca {
 
 namespace {
+
+// The [slurm] values go on #SBATCH lines of the batch script ithacad writes: a value with a
+// space, a quote or a newline could add options of its own, so each key has its alphabet.
+bool SlurmValueOk(const std::string& key, const std::string& v) {
+  if (v.size() > 256) return false;
+  if (key == "slurm.time_limit") {
+    if (v.empty()) return true;
+    // minutes | MM:SS | HH:MM:SS | D-HH | D-HH:MM | D-HH:MM:SS (sbatch --time)
+    size_t dash = v.find('-');
+    std::string days = dash == std::string::npos ? "" : v.substr(0, dash);
+    std::string rest = dash == std::string::npos ? v : v.substr(dash + 1);
+    std::vector<std::string> parts = absl::StrSplit(rest, ':');
+    if (dash != std::string::npos && days.empty()) return false;
+    for (char c : days) {
+      if (c < '0' || c > '9') return false;
+    }
+    if (parts.size() > 3) return false;
+    for (const std::string& p : parts) {
+      if (p.empty() || p.size() > 6) return false;
+      for (char c : p) {
+        if (c < '0' || c > '9') return false;
+      }
+    }
+    return true;
+  }
+  const std::string extra = key == "slurm.constraint" ? "_.,-&|!*()[]:" : "_.,-";
+  for (char c : v) {
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (!alnum && extra.find(c) == std::string::npos) return false;
+  }
+  return true;
+}
+
+std::string SlurmValueRule(const std::string& key) {
+  if (key == "slurm.time_limit") {
+    return " (sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)";
+  }
+  if (key == "slurm.constraint") {
+    return " (letters, digits and _ . , - & | ! * ( ) [ ] :, at most 256)";
+  }
+  return " (letters, digits and _ . , -, at most 256)";
+}
 
 const char* TypeName(toml::node_type t) {
   switch (t) {
@@ -467,6 +510,14 @@ const std::vector<Section>& Sections() {
        "crashed, a lost heartbeat; not a bad spec, a NaN loss or out of memory): it queues the "
        "job again and it resumes from its newest checkpoint (docs/jobs.md).",
        {}},
+      {"slurm",
+       "Where ithacad --cluster slurm runs the job: on `nodes` Slurm nodes, parallel.world / "
+       "nodes ranks each (docs/jobs.md). The other keys override the daemon's --slurm-* flags. "
+       "Written only when one is set.",
+       [](const JobSpec& s) {
+         return s.slurm.nodes != 1 || !s.slurm.partition.empty() || !s.slurm.account.empty() ||
+                !s.slurm.time_limit.empty() || !s.slurm.constraint.empty();
+       }},
       {"kernels",
        "Which kernel runs each pass of attention on the CUDA backend (ignored on the CPU). "
        "\"auto\" is resolved at admission by the measured rule (engine/backend/attention_choice.cc), "
@@ -607,6 +658,20 @@ const std::vector<Key>& Keys() {
        "Restarts after such failures (0..1000); 0: the first failure is final."},
       {"retry.backoff_seconds", Float(FIELD(retry.backoff_seconds)),
        "Seconds between a failure and the restart (0..86400)."},
+
+      {"slurm.nodes", Int(FIELD(slurm.nodes)),
+       "Slurm nodes (1..4096); must divide parallel.world. More than 1 needs ithacad --cluster "
+       "slurm."},
+      {"slurm.partition", Str(FIELD(slurm.partition)),
+       "sbatch --partition; empty: ithacad --slurm-partition (else Slurm's default)."},
+      {"slurm.account", Str(FIELD(slurm.account)),
+       "sbatch --account; empty: ithacad --slurm-account."},
+      {"slurm.time_limit", Str(FIELD(slurm.time_limit)),
+       "sbatch --time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); empty: ithacad "
+       "--slurm-time-limit."},
+      {"slurm.constraint", Str(FIELD(slurm.constraint)),
+       "sbatch --constraint (node features, e.g. \"h100&ib\"); empty: ithacad "
+       "--slurm-constraint."},
 
       {"kernels.attention_forward",
        Str(FIELD(kernels.attention_forward), AttentionKernelNames()),
@@ -818,6 +883,20 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(
       s.retry.backoff_seconds >= 0 && s.retry.backoff_seconds <= 86400, "retry.backoff_seconds",
       absl::StrCat("must be in 0..86400, got ", FormatDouble(s.retry.backoff_seconds))));
+  RETURN_IF_ERROR(r.Require(s.slurm.nodes >= 1 && s.slurm.nodes <= 4096, "slurm.nodes",
+                            absl::StrCat("must be in 1..4096, got ", s.slurm.nodes)));
+  RETURN_IF_ERROR(r.Require(s.parallel.world % s.slurm.nodes == 0, "slurm.nodes",
+                            absl::StrCat("must divide parallel.world (", s.parallel.world,
+                                         "), got ", s.slurm.nodes)));
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string*>{"slurm.partition", &s.slurm.partition},
+        {"slurm.account", &s.slurm.account},
+        {"slurm.time_limit", &s.slurm.time_limit},
+        {"slurm.constraint", &s.slurm.constraint}}) {
+    RETURN_IF_ERROR(r.Require(SlurmValueOk(key, *value), key,
+                              absl::StrCat("\"", *value, "\" is not a valid ", key,
+                                           SlurmValueRule(key))));
+  }
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
   RETURN_IF_ERROR(r.Require(
@@ -921,6 +1000,13 @@ std::string SpecReferenceMarkdown() {
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {
   if (!spec.model.config.empty()) return LoadConfigJson(spec.model.config);
   return PresetConfig(spec.model.preset);
+}
+
+absl::Status CheckSlurmValue(const std::string& key, const std::string& value,
+                             const std::string& what) {
+  if (SlurmValueOk(key, value)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": \"", value, "\" is not valid", SlurmValueRule(key)));
 }
 
 }  // namespace ithaca

@@ -147,6 +147,18 @@ struct JobSpec {
     double backoff_seconds = 10;
   } retry;
 
+  // Where ithacad --cluster slurm runs the job: `nodes` Slurm nodes, parallel.world / nodes ranks
+  // on each (one sbatch task per node running the per-node launcher). The other keys override
+  // the daemon's --slurm-* defaults; empty: the daemon's (or Slurm's) default. A daemon without
+  // --cluster slurm runs only jobs of one node.
+  struct Slurm {
+    int64_t nodes = 1;
+    std::string partition;   // sbatch --partition
+    std::string account;     // sbatch --account
+    std::string time_limit;  // sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM[:SS]
+    std::string constraint;  // sbatch --constraint (node features)
+  } slurm;
+
   // Held-out loss, measured with no gradients. The section is optional; without it (path empty)
   // the job never evaluates.
   struct Eval {
@@ -190,6 +202,12 @@ std::string JobSpecToToml(const JobSpec& spec);
 // OK when nothing in `spec` is left to resolve; else INVALID_ARGUMENT naming the first key that
 // is still "auto" (the trainer runs only resolved specs).
 absl::Status CheckResolved(const JobSpec& spec);
+
+// The rule of a [slurm] string key ("slurm.partition", "slurm.account", "slurm.time_limit",
+// "slurm.constraint"), whose value goes on an #SBATCH line: OK, or INVALID_ARGUMENT naming
+// `what` (the key, or the ithacad flag that gives its default) and the allowed alphabet.
+absl::Status CheckSlurmValue(const std::string& key, const std::string& value,
+                             const std::string& what);
 
 // The key reference (docs/spec.md): every section and key with its kind, default and meaning,
 // generated from the key table.

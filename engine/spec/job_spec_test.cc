@@ -390,6 +390,16 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[retry]\nmax_restarts = -1", "job.toml: retry.max_restarts: must be in 0..1000"},
       {"[retry]\nbackoff_seconds = -2", "job.toml: retry.backoff_seconds: must be in 0..86400"},
       {"[retry]\nmax_retries = 2", "job.toml: retry.max_retries"},
+      {"[slurm]\nnodes = 0", "job.toml: slurm.nodes: must be in 1..4096, got 0"},
+      {"[slurm]\nnodes = 3", "job.toml: slurm.nodes: must divide parallel.world (1), got 3"},
+      // Each would add an sbatch option of its own on the batch script's #SBATCH line.
+      {"[slurm]\npartition = \"gpu --uid=0\"",
+       "job.toml: slurm.partition: \"gpu --uid=0\" is not a valid slurm.partition (letters"},
+      {"[slurm]\naccount = \"a\\nb\"", "job.toml: slurm.account: "},
+      {"[slurm]\nconstraint = \"h100'\"", "job.toml: slurm.constraint: "},
+      {"[slurm]\ntime_limit = \"1 day\"",
+       "job.toml: slurm.time_limit: \"1 day\" is not a valid slurm.time_limit (sbatch --time"},
+      {"[slurm]\ntime_limit = \"1:2:3:4\"", "job.toml: slurm.time_limit: "},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.toml);
@@ -510,6 +520,29 @@ TEST(JobSpecTest, RetryPolicyDefaultsToNoRestartAndRoundTrips) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->retry.max_restarts, 3);
   EXPECT_EQ(back->retry.backoff_seconds, 0.5);
+}
+
+TEST(JobSpecTest, SlurmSectionIsWrittenOnlyWhenSetAndRoundTrips) {
+  absl::StatusOr<JobSpec> none = ParseJobSpec("[data]\npath = \"d\"\n");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->slurm.nodes, 1);
+  EXPECT_EQ(JobSpecToToml(*none).find("[slurm]"), std::string::npos);
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[data]\npath = \"d\"\n[parallel]\nworld = 4\n[slurm]\nnodes = 2\npartition = \"gpu,debug\"\n"
+      "account = \"proj-1\"\ntime_limit = \"1-02:30:00\"\nconstraint = \"h100&[ib1|ib2]\"\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToToml(*s), "roundtrip.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->slurm.nodes, 2);
+  EXPECT_EQ(back->slurm.partition, "gpu,debug");
+  EXPECT_EQ(back->slurm.account, "proj-1");
+  EXPECT_EQ(back->slurm.time_limit, "1-02:30:00");
+  EXPECT_EQ(back->slurm.constraint, "h100&[ib1|ib2]");
+  for (const char* ok : {"30", "30:00", "1:00:00", "2-12", "2-12:30", "2-12:30:00"}) {
+    EXPECT_TRUE(CheckSlurmValue("slurm.time_limit", ok, "t").ok()) << ok;
+  }
+  EXPECT_EQ(CheckSlurmValue("slurm.partition", "a b", "--slurm-partition").message(),
+            "--slurm-partition: \"a b\" is not valid (letters, digits and _ . , -, at most 256)");
 }
 
 TEST(JobSpecTest, LoadResolvesRelativePathsAgainstTheSpecDirectory) {

@@ -1,0 +1,216 @@
+#!/bin/bash
+# ithacad --cluster slurm on a real two-node Slurm (tests/slurm/slurm_local.sh, started here):
+#  1. a 2-node x 2-rank job submitted through ithacad (CPU, Gloo) gives the same losses as the
+#     4-rank job on one node; its history, status and metrics name both nodes;
+#  2. ithacad killed (-9) mid-job and started again: it re-attaches to the Slurm job by the id
+#     in its store, the job goes on and succeeds, and its history has every step once;
+#  3. a rank killed on node n2 with [retry] max_restarts = 1: the job is submitted again, resumes
+#     from its checkpoint and ends with the loss of a run nothing interrupted;
+#  4. `scancel` from Slurm's side: the job is CANCELLED in ithacad with Slurm's reason;
+#  5. a node that never starts (its slurmd stopped): the job fails naming Slurm's reason, in
+#     bounded time.
+# Needs root and `apt-get install slurm-wlm munge` (tools/setup.sh installs them).
+set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin:/usr/bin"  # Bazel's test PATH lacks the daemons' directory
+fail() { echo "FAIL: $*" >&2; dump; exit 1; }
+command -v slurmctld >/dev/null || { echo "FAIL: no slurmctld: apt-get install -y slurm-wlm munge" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || { echo "FAIL: needs root (slurmd runs the nodes' tasks as root here)" >&2; exit 1; }
+
+ROOT=$PWD
+W=$ROOT/worker/ithaca-worker
+D=$ROOT/server/ithacad
+C=$ROOT/client/ithaca
+# Short paths: slurmd's step sockets live under S, and a unix socket path holds 108 bytes.
+S=$(mktemp -d /tmp/ithaca-slurm-XXXXXX)
+T=$S/t
+mkdir -p "$T"
+DPID=""
+dump() {
+  set +e
+  echo "---- ithacad" >&2; tail -n 40 "$T/ithacad.out" >&2
+  for f in "$T"/state/jobs/*/slurm-*.out "$T"/state/jobs/*/rank-*.log; do
+    [ -f "$f" ] && { echo "---- $f" >&2; tail -n 15 "$f" >&2; }
+  done
+  squeue --states=all >&2
+}
+cleanup() {
+  set +e
+  [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+  SLURM_CONF=$S/slurm.conf scancel --user=root 2>/dev/null
+  "$ROOT/tests/slurm/slurm_local.sh" stop "$S" $stop_munge >/dev/null 2>&1
+  # Anything of ours a killed step left behind (its environment names this test's state).
+  for p in $(pgrep -f "ithaca-worker --daemon" 2>/dev/null); do
+    grep -qz "ITHACA_ALLOWED_ROOTS=$S" "/proc/$p/environ" 2>/dev/null && kill -9 "$p"
+  done
+  rm -rf "$S"
+}
+# munged too, unless it ran before this test.
+stop_munge=--munge
+munge -n >/dev/null 2>&1 && stop_munge=""
+trap cleanup EXIT
+"$ROOT/tests/slurm/slurm_local.sh" start "$S" 2 2 >/dev/null
+export SLURM_CONF=$S/slurm.conf
+
+"$ROOT/engine/data/ithaca-tokenize" --input "$ROOT/engine/data/testdata/tiny_corpus.txt" \
+  --output "$T/corpus.tok" >/dev/null
+
+# spec NAME STEPS NODES [EXTRA]
+spec() {
+  cat <<TOML
+name = "$1"
+backend = "cpu"
+[model]
+preset = "tiny"
+[data]
+path = "$T/corpus.tok"
+seq_len = 64
+[training]
+steps = $2
+lr = 3e-3
+warmup_steps = 2
+[parallel]
+world = 4
+[memory]
+checkpoint = "full"
+tile_tokens = 32
+[metrics]
+log_every = 1
+[slurm]
+nodes = $3
+time_limit = "10"
+${4:-}
+TOML
+}
+
+# One port for every ithacad of the test: the ranks on the nodes dial it, and a restarted daemon
+# must be found where its predecessor was (as a real deployment's fixed address).
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_daemon() {
+  rm -f "$T/state/ithacad.addr"
+  "$D" --cluster slurm --state-dir "$T/state" --listen "127.0.0.1:$PORT" --metrics-listen 127.0.0.1:0 \
+    --cpu-slots 2 --allow-root-workers --allowed-roots "$S" --start-timeout-s 30 \
+    --heartbeat-interval-ms 200 --slurm-poll-s 0.5 >> "$T/ithacad.out" 2>&1 &
+  DPID=$!
+  for _ in $(seq 100); do [ -s "$T/state/ithacad.addr" ] && break; sleep 0.1; done
+  [ -s "$T/state/ithacad.addr" ] || fail "ithacad did not start"
+  export ITHACA_SERVER
+  ITHACA_SERVER=$(sed -n 's/^grpc=//p' "$T/state/ithacad.addr")
+  METRICS=$(sed -n 's/^metrics=//p' "$T/state/ithacad.addr")
+}
+# state ID: the job's state, lower case
+state() { "$C" status "$1" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"].replace("JOB_STATE_", "").lower())'; }
+field() { "$C" status "$1" -o json | python3 -c "import json,sys; j=json.load(sys.stdin); print(j.get('$2', ''))"; }
+# wait_state ID STATE SECONDS
+wait_state() {
+  for _ in $(seq $(($3 * 5))); do
+    [ "$(state "$1")" = "$2" ] && return 0
+    sleep 0.2
+  done
+  fail "job $1 is $(state "$1"), not $2, after $3 s: $(field "$1" reason)"
+}
+# steps ID: "step N loss L" of rank 0, in the history's order
+steps() {
+  "$C" logs --steps "$1" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    e = json.loads(line)
+    s = e.get("step")
+    if s and s.get("rank", 0) == 0:
+        print("step %d loss %.4f" % (int(s["step"]), s["loss"]))'
+}
+losses() { grep -oE '^step [0-9]+/[0-9]+ \| loss [0-9.]+' "$1" | sed -E 's#^step ([0-9]+)/[0-9]+ \| loss ([0-9.]+)#step \1 loss \2#'; }
+
+start_daemon
+
+echo "== 1. a 2-node x 2-rank job through ithacad"
+spec two-nodes 6 2 > "$T/two.toml"
+J1=$("$C" submit "$T/two.toml" -q)
+"$C" wait "$J1" --timeout 180 >/dev/null || fail "job $J1: $(state "$J1"): $(field "$J1" reason)"
+two_nodes=$(steps "$J1")
+[ "$(grep -c . <<<"$two_nodes")" -eq 6 ] || fail "job $J1 has $(grep -c . <<<"$two_nodes") steps of rank 0, not 6"
+"$C" status "$J1" > "$T/status1.txt"
+grep -q "Slurm job [0-9]*: ranks 0-1 on n1, 2-3 on n2" "$T/status1.txt" \
+  || { cat "$T/status1.txt" >&2; fail "status does not name both nodes"; }
+nodes=$("$C" logs --steps "$J1" | python3 -c '
+import json, sys
+print(" ".join(sorted({json.loads(l)["step"].get("node", "") for l in sys.stdin if "step" in json.loads(l)})))')
+[ "$nodes" = "n1 n2" ] || fail "the step reports name nodes \"$nodes\", not n1 n2"
+curl -s "http://$METRICS/metrics" > "$T/metrics1.txt"
+for n in n1 n2; do
+  grep -q "ithaca_rank_node_info{.*job_id=\"$J1\".*node=\"$n\"" "$T/metrics1.txt" \
+    || fail "/metrics has no ithaca_rank_node_info of $J1 on $n"
+done
+[ "$(field "$J1" cluster_job)" != "" ] || fail "job $J1 has no cluster_job"
+timeout 300 "$W" --standalone "$T/two.toml" --nproc 4 > "$T/one-node.log" 2>&1 \
+  || { cat "$T/one-node.log" >&2; fail "the one-node run failed"; }
+one_node=$(losses "$T/one-node.log" | awk '{printf "step %d loss %.4f\n", $2, $4}')
+echo "2 nodes x 2 ranks (ithacad on Slurm):"; echo "$two_nodes"
+echo "1 node x 4 ranks:"; echo "$one_node"
+[ "$two_nodes" = "$one_node" ] || fail "the losses differ"
+
+echo "== 2. ithacad killed (-9) and restarted mid-job"
+spec restart 200 2 > "$T/restart.toml"
+J2=$("$C" submit "$T/restart.toml" -q)
+wait_state "$J2" running 90
+for _ in $(seq 300); do [ "$(steps "$J2" | wc -l)" -ge 3 ] && break; sleep 0.2; done
+kill -9 "$DPID"; wait "$DPID" 2>/dev/null || true; DPID=""
+sleep 2
+start_daemon
+"$C" wait "$J2" --timeout 240 >/dev/null || fail "job $J2 after the restart: $(state "$J2"): $(field "$J2" reason)"
+grep -q "adopting job $J2 .*Slurm job" "$T/ithacad.out" || fail "the new ithacad did not adopt $J2 by its Slurm job"
+got=$(steps "$J2" | awk '{print $2}' | tr '\n' ' ')
+want=$(seq 1 200 | tr '\n' ' ')
+[ "$got" = "$want" ] || fail "job $J2's history of rank 0 is [$got], not [$want]"
+[ "$("$C" status "$J2" -o json | python3 -c 'import json,sys; print(sum(1 for t in json.load(sys.stdin)["transitions"] if t["to"] == "JOB_STATE_STARTING"))')" = 1 ] \
+  || fail "job $J2 was started more than once"
+
+echo "== 3. a rank killed on node n2, [retry] max_restarts = 1"
+spec retry 60 2 "[checkpoint]
+dir = \"$T/ck-retry\"
+every = 5
+[retry]
+max_restarts = 1
+backoff_seconds = 0" > "$T/retry.toml"
+J5=$("$C" submit "$T/retry.toml" -q)
+wait_state "$J5" running 90
+for _ in $(seq 300); do [ "$(steps "$J5" | wc -l)" -ge 12 ] && break; sleep 0.1; done
+victim=""
+for p in $(pgrep -f "ithaca-worker --daemon"); do
+  env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
+  grep -qx "ITHACA_JOB_ID=$J5" <<<"$env" && grep -qx ITHACA_RANK=3 <<<"$env" && grep -qx SLURMD_NODENAME=n2 <<<"$env" && victim=$p
+done
+[ -n "$victim" ] || fail "no rank 3 of $J5 on n2 to kill"
+kill -9 "$victim"
+"$C" wait "$J5" --timeout 240 >/dev/null || fail "job $J5 after the kill: $(state "$J5"): $(field "$J5" reason)"
+[ "$(field "$J5" restarts)" = 1 ] || fail "job $J5 has $(field "$J5" restarts) restarts, not 1"
+"$C" status "$J5" | grep -q "restart 1 of 1 .*rank 3 (node n2)" || { "$C" status "$J5" >&2; fail "the restart does not name rank 3 on n2"; }
+sed "s#$T/ck-retry#$T/ck-straight#" "$T/retry.toml" > "$T/straight.toml"
+timeout 300 "$W" --standalone "$T/straight.toml" --nproc 4 > "$T/straight.log" 2>&1 \
+  || { cat "$T/straight.log" >&2; fail "the uninterrupted run failed"; }
+last_retry=$(steps "$J5" | tail -n 1)
+last_straight=$(losses "$T/straight.log" | tail -n 1 | awk '{printf "step %d loss %.4f", $2, $4}')
+echo "retried: $last_retry; uninterrupted: $last_straight"
+[ "$last_retry" = "$last_straight" ] || fail "the retried job ends at \"$last_retry\", not \"$last_straight\""
+
+echo "== 4. scancel from Slurm's side"
+spec cancel 1000 2 > "$T/cancel.toml"
+J3=$("$C" submit "$T/cancel.toml" -q)
+wait_state "$J3" running 90
+sid=$(field "$J3" cluster_job); sid=${sid#slurm:}
+scancel "$sid"
+wait_state "$J3" cancelled 60
+reason=$(field "$J3" reason)
+echo "reason: $reason"
+grep -q "cancelled in Slurm: Slurm job $sid CANCELLED" <<<"$reason" || fail "the reason is \"$reason\""
+
+echo "== 5. a node that never starts"
+"$ROOT/tests/slurm/slurm_local.sh" node-down "$S" n2
+spec down 6 2 > "$T/down.toml"
+J4=$("$C" submit "$T/down.toml" -q)
+t0=$(date +%s)
+"$C" wait "$J4" --timeout 150 >/dev/null && fail "job $J4 succeeded with a node down"
+reason=$(field "$J4" reason)
+echo "reason ($(( $(date +%s) - t0 )) s): $reason"
+[ "$(state "$J4")" = failed ] || fail "job $J4 is $(state "$J4")"
+grep -q "Slurm job" <<<"$reason" && grep -q "n2" <<<"$reason" || fail "the reason does not name Slurm's view of n2: $reason"
+echo PASS
