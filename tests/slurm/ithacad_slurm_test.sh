@@ -51,8 +51,8 @@ trap cleanup EXIT
 "$ROOT/tests/slurm/slurm_local.sh" start "$S" 2 2 >/dev/null
 export SLURM_CONF=$S/slurm.conf
 
-"$ROOT/engine/data/ithaca-tokenize" --input "$ROOT/engine/data/testdata/tiny_corpus.txt" \
-  --output "$T/corpus.tok" >/dev/null
+"$ROOT/tools/tokenize/ithaca-tokenize" --no-progress --output "$T/corpus" \
+  "$ROOT/engine/data/testdata/tiny_corpus.txt" >/dev/null
 
 # spec NAME STEPS NODES [EXTRA]
 spec() {
@@ -62,7 +62,7 @@ backend = "cpu"
 [model]
 preset = "tiny"
 [data]
-path = "$T/corpus.tok"
+path = "$T/corpus/train-00000.tok"
 seq_len = 64
 [training]
 steps = $2
