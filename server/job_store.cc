@@ -173,6 +173,16 @@ absl::Status JobStore::CheckIntact() const {
 
 JobStore::~JobStore() { sqlite3_close(db_); }
 
+absl::Status JobStore::InWriteTransaction(const std::function<absl::Status()>& body) {
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));  // waits (busy timeout) for the write lock here
+  absl::Status st = body();
+  if (!st.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return st;
+  }
+  return Exec("COMMIT");
+}
+
 absl::Status JobStore::Exec(const std::string& sql) {
   char* err = nullptr;
   if (int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
@@ -270,26 +280,22 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   record.clear_slots();
   const int64_t now = NowMs();
   *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));  // waits (busy timeout) for the write lock here
-  Stmt ins(db_,
-           "INSERT INTO jobs(id, seq, name, state, reason, created_ms, updated_ms, record)"
-           " VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
-  ins.Bind(1, record.id()).Bind(2, seq).Bind(3, record.name());
-  ins.Bind(4, int64_t{v1::JOB_STATE_QUEUED}).Bind(5, reason).Bind(6, now).Bind(7, now);
-  ins.BindBlob(8, record.SerializeAsString());
-  Stmt tr(db_, "INSERT INTO transitions VALUES(?, 1, ?, ?, ?, ?)");
-  tr.Bind(1, record.id()).Bind(2, int64_t{v1::JOB_STATE_UNSPECIFIED});
-  tr.Bind(3, int64_t{v1::JOB_STATE_QUEUED}).Bind(4, now).Bind(5, reason);
-  Stmt bump(db_, "UPDATE next_job SET seq = ?");
-  bump.Bind(1, seq + 1);
-  absl::Status st = ins.Run();
-  if (st.ok()) st = tr.Run();
-  if (st.ok()) st = bump.Run();
-  if (!st.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return st;
-  }
-  RETURN_IF_ERROR(Exec("COMMIT"));
+  RETURN_IF_ERROR(InWriteTransaction([&]() -> absl::Status {
+    Stmt ins(db_,
+             "INSERT INTO jobs(id, seq, name, state, reason, created_ms, updated_ms, record)"
+             " VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
+    ins.Bind(1, record.id()).Bind(2, seq).Bind(3, record.name());
+    ins.Bind(4, int64_t{v1::JOB_STATE_QUEUED}).Bind(5, reason).Bind(6, now).Bind(7, now);
+    ins.BindBlob(8, record.SerializeAsString());
+    RETURN_IF_ERROR(ins.Run());
+    Stmt tr(db_, "INSERT INTO transitions VALUES(?, 1, ?, ?, ?, ?)");
+    tr.Bind(1, record.id()).Bind(2, int64_t{v1::JOB_STATE_UNSPECIFIED});
+    tr.Bind(3, int64_t{v1::JOB_STATE_QUEUED}).Bind(4, now).Bind(5, reason);
+    RETURN_IF_ERROR(tr.Run());
+    Stmt bump(db_, "UPDATE next_job SET seq = ?");
+    bump.Bind(1, seq + 1);
+    return bump.Run();
+  }));
   return GetLocked(record.id());
 }
 
@@ -306,22 +312,17 @@ absl::Status JobStore::Delete(const std::string& id) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(state),
                                                       "; only an ended job can be deleted"));
   }
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  absl::Status st;
-  for (const char* sql : {"DELETE FROM history WHERE job_id = ?",
-                          "DELETE FROM last_steps WHERE job_id = ?",
-                          "DELETE FROM transitions WHERE job_id = ?",
-                          "DELETE FROM jobs WHERE id = ?"}) {
-    Stmt d(db_, sql);
-    d.Bind(1, id);
-    st = d.Run();
-    if (!st.ok()) break;
-  }
-  if (!st.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return st;
-  }
-  return Exec("COMMIT");
+  return InWriteTransaction([&]() -> absl::Status {
+    for (const char* sql : {"DELETE FROM history WHERE job_id = ?",
+                            "DELETE FROM last_steps WHERE job_id = ?",
+                            "DELETE FROM transitions WHERE job_id = ?",
+                            "DELETE FROM jobs WHERE id = ?"}) {
+      Stmt d(db_, sql);
+      d.Bind(1, id);
+      RETURN_IF_ERROR(d.Run());
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {
@@ -422,27 +423,23 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
                                                       "; it cannot become ", JobStateName(to)));
   }
   const int64_t now = NowMs();
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));  // waits (busy timeout) for the write lock here
-  Stmt up(db_, failed_rank
-                   ? "UPDATE jobs SET state = ?, reason = ?, updated_ms = ?, failed_rank = ?"
-                     " WHERE id = ?"
-                   : "UPDATE jobs SET state = ?, reason = ?, updated_ms = ? WHERE id = ?");
-  up.Bind(1, int64_t{to}).Bind(2, reason).Bind(3, now);
-  if (failed_rank) {
-    up.Bind(4, int64_t{*failed_rank}).Bind(5, id);
-  } else {
-    up.Bind(4, id);
-  }
-  Stmt tr(db_, "INSERT INTO transitions VALUES(?, ?, ?, ?, ?, ?)");
-  tr.Bind(1, id).Bind(2, last_seq + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
-  tr.Bind(5, now).Bind(6, reason);
-  absl::Status st = up.Run();
-  if (st.ok()) st = tr.Run();
-  if (!st.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return st;
-  }
-  RETURN_IF_ERROR(Exec("COMMIT"));
+  RETURN_IF_ERROR(InWriteTransaction([&]() -> absl::Status {
+    Stmt up(db_, failed_rank
+                     ? "UPDATE jobs SET state = ?, reason = ?, updated_ms = ?, failed_rank = ?"
+                       " WHERE id = ?"
+                     : "UPDATE jobs SET state = ?, reason = ?, updated_ms = ? WHERE id = ?");
+    up.Bind(1, int64_t{to}).Bind(2, reason).Bind(3, now);
+    if (failed_rank) {
+      up.Bind(4, int64_t{*failed_rank}).Bind(5, id);
+    } else {
+      up.Bind(4, id);
+    }
+    RETURN_IF_ERROR(up.Run());
+    Stmt tr(db_, "INSERT INTO transitions VALUES(?, ?, ?, ?, ?, ?)");
+    tr.Bind(1, id).Bind(2, last_seq + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
+    tr.Bind(5, now).Bind(6, reason);
+    return tr.Run();
+  }));
   return GetLocked(id);
 }
 
@@ -478,21 +475,16 @@ absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& r
                     report.checkpoint_seconds() > 0;
   // The rank's last step and its history row together or not at all: a daemon killed between
   // the two would leave a step that the history lacks (or the other way round).
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
-  up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, blob);
-  absl::Status st = up.Run();
-  if (st.ok() && keep) {
+  return InWriteTransaction([&]() -> absl::Status {
+    Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
+    up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, blob);
+    RETURN_IF_ERROR(up.Run());
+    if (!keep) return absl::OkStatus();
     Stmt h(db_, "INSERT INTO history VALUES(?, ?, ?, ?, ?, ?)");
     h.Bind(1, id).Bind(2, kHistoryStep).Bind(3, int64_t{report.rank()}).Bind(4, step);
     h.Bind(5, NowMs()).BindBlob(6, blob);
-    st = h.Run();
-  }
-  if (!st.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return st;
-  }
-  return Exec("COMMIT");
+    return h.Run();
+  });
 }
 
 absl::Status JobStore::RecordEval(const std::string& id, const v1::EvalReport& report) {

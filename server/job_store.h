@@ -14,6 +14,7 @@
 
 #include <map>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -94,6 +95,8 @@ class JobStore {
   absl::Status Migrate();
   absl::Status CreateInitialSchema();
   absl::Status Exec(const std::string& sql);
+  // Runs `body` in one write transaction: committed when it succeeds, rolled back when it fails.
+  absl::Status InWriteTransaction(const std::function<absl::Status()>& body);
   absl::StatusOr<v1::Job> GetLocked(const std::string& id);
 
   std::mutex mu_;
