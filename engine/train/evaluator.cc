@@ -17,9 +17,6 @@ std::string FormatEvalLine(const EvalReport& r) {
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const JobSpec& spec, LlamaModel* model,
                                                              Comm* world, int dp, int dp_rank,
                                                              const TokenFile* training_file) {
-  if (spec.eval.path.empty()) {
-    return absl::InvalidArgumentError("eval.path: the job has no [eval] section");
-  }
   std::unique_ptr<Evaluator> e(new Evaluator());
   e->eval_ = spec.eval;
   e->seq_len_ = spec.data.seq_len;
