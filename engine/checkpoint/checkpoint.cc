@@ -306,9 +306,8 @@ std::string CheckpointTempPath(const std::string& dir, const TrainState& state) 
   // two runs never write into, or clean up, each other's save. A run without an id: "save".
   std::string tag = "save";
   if (!state.run_id.empty()) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char c : state.run_id) h = (h ^ c) * 1099511628211ull;
-    tag = absl::StrFormat("%016x", h);
+    const auto* id = reinterpret_cast<const Bytef*>(state.run_id.data());
+    tag = absl::StrFormat("%08x", crc32_z(0L, id, state.run_id.size()));
   }
   return absl::StrCat(dir, "/.", StepDirName(state.step), ".tmp.", tag);
 }
