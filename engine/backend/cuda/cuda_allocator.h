@@ -1,5 +1,5 @@
 // CudaAllocator: a tier-tagged caching allocator over cudaMalloc (device tiers) and
-// cudaHostAlloc (the host_offload tier, pinned). Freed blocks go to per-size-class free lists
+// cudaHostAlloc (the host_block_inputs tier, pinned). Freed blocks go to per-size-class free lists
 // and are handed out again, so a steady-state training step calls neither cudaMalloc nor
 // cudaFree. The tracker counts requested bytes per tier, as HostAllocator does; reserved bytes
 // (what the pools hold from CUDA) are reported separately.
