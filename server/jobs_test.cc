@@ -260,6 +260,31 @@ TEST(JobsTest, OverridesAreAppliedByTheDaemon) {
   EXPECT_NE(refused.status().message().find("training.lr: "), std::string::npos)
       << refused.status();
   EXPECT_NE(refused.status().message().find("(line 12)"), std::string::npos) << refused.status();
+  // A renamed key (issue 30), from --set or the file, is refused naming the new one.
+  v1::SubmitJobRequest renamed = Submission(1);
+  renamed.add_overrides("memory.checkpoint=full");
+  refused = jobs.Submit(renamed);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "memory.checkpoint: renamed key (from --set memory.checkpoint=full); did you mean "
+                "memory.recompute?"),
+            std::string::npos)
+      << refused.status();
+  renamed = Submission(1);
+  renamed.set_spec_toml(renamed.spec_toml() + "[memory]\ncheckpoint_interval = 2\n");
+  refused = jobs.Submit(renamed);
+  EXPECT_NE(refused.status().message().find("did you mean memory.recompute_interval?"),
+            std::string::npos)
+      << refused.status();
+  renamed = Submission(1);
+  renamed.add_overrides("memory.recompute=attention-aware");
+  renamed.add_overrides("memory.recompute_interval=2");
+  job = jobs.Submit(renamed);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_NE(job->spec_toml().find("\nrecompute = \"attention-aware\"\n"), std::string::npos)
+      << job->spec_toml();
+  EXPECT_NE(job->spec_toml().find("\nrecompute_interval = 2\n"), std::string::npos)
+      << job->spec_toml();
   v1::SubmitJobRequest no_eq = Submission(1);
   no_eq.add_overrides("steps");
   refused = jobs.Submit(no_eq);
