@@ -222,11 +222,11 @@ for phase in "$@"; do
         --backward=cudnn,hopper 2>>"$OUT/attn.log" | tee -a "$OUT/winattn.jsonl"
       ;;
     train)
-      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --recompute=attention-aware \
         --seq_lens="$a1" ${a2//+/ } 2> >(tee -a "$OUT/train.log" >&2) | tee -a "$OUT/train.jsonl"
       ;;
     probe)
-      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --checkpoint=attention-aware \
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/train_bench" --recompute=attention-aware \
         --probe="$a1" --seq_lens="$a2" ${a3//+/ } 2> >(tee -a "$OUT/train.log" >&2) \
         | tee -a "$OUT/train.jsonl"
       ;;
@@ -234,7 +234,7 @@ for phase in "$@"; do
       # NCCL_NVLS_ENABLE=0 (above) holds here too. timeout signals the whole process group, so
       # the forked ranks end with it.
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/parallel_bench" --world="$a1" --sp="$a1" \
-        --checkpoint=attention-aware --seq_lens="$a2" --timeline="$OUT/timeline" ${a3//+/ } \
+        --recompute=attention-aware --seq_lens="$a2" --timeline="$OUT/timeline" ${a3//+/ } \
         2> >(tee -a "$OUT/parallel.log" >&2) | tee -a "$OUT/parallel.jsonl"
       ;;
     ckpt)

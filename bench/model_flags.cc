@@ -3,13 +3,15 @@
 #include "absl/flags/flag.h"
 #include "engine/model/weights.h"
 
-ABSL_FLAG(std::string, checkpoint, "full", "none | full | attention-aware");
+ABSL_FLAG(
+    std::string, recompute, "full",
+    "what each block keeps for its backward (memory.recompute): none | full | attention-aware");
 ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
 ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
 ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
 ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
 ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
-ABSL_FLAG(int64_t, checkpoint_interval, 1, "save every k-th block's input (the others regrow)");
+ABSL_FLAG(int64_t, recompute_interval, 1, "save every k-th block's input (the others regrow)");
 ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
 ABSL_FLAG(bool, fsdp, true, "shard parameters over the ranks (parallel.fsdp)");
 ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
@@ -28,16 +30,16 @@ namespace bench {
 
 LlamaModel::Options ModelOptions() {
   LlamaModel::Options mo;
-  const std::string policy = absl::GetFlag(FLAGS_checkpoint);
-  mo.checkpoint = policy == "none"              ? CheckpointPolicy::kNone
-                  : policy == "attention-aware" ? CheckpointPolicy::kAttentionAware
-                                                : CheckpointPolicy::kFull;
+  const std::string policy = absl::GetFlag(FLAGS_recompute);
+  mo.recompute = policy == "none"              ? RecomputePolicy::kNone
+                 : policy == "attention-aware" ? RecomputePolicy::kAttentionAware
+                                               : RecomputePolicy::kFull;
   mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
   mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
   mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
   mo.offload = absl::GetFlag(FLAGS_offload);
   mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
-  mo.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  mo.recompute_interval = absl::GetFlag(FLAGS_recompute_interval);
   mo.prefetch = absl::GetFlag(FLAGS_prefetch);
   mo.fsdp = absl::GetFlag(FLAGS_fsdp);
   mo.overlap = absl::GetFlag(FLAGS_overlap);
@@ -47,7 +49,7 @@ LlamaModel::Options ModelOptions() {
 
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
   Json t;
-  t.Str("checkpoint", absl::GetFlag(FLAGS_checkpoint))
+  t.Str("recompute", absl::GetFlag(FLAGS_recompute))
       .Bool("fsdp", mo.fsdp)
       .Bool("overlap", mo.overlap)
       .Bool("offload", mo.offload)
@@ -55,7 +57,7 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
       .Int("tile_tokens", mo.tile_tokens)
       .Int("loss_tile_tokens", mo.loss_tile_tokens)
       .Int("head_chunk", mo.head_chunk)
-      .Int("checkpoint_interval", mo.checkpoint_interval)
+      .Int("recompute_interval", mo.recompute_interval)
       .Bool("prefetch", mo.prefetch)
       .Bool("optimizer_offload", absl::GetFlag(FLAGS_optimizer_offload))
       .Bool("param_offload", mo.param_offload)

@@ -1,6 +1,6 @@
 // The memory and schedule flags every training benchmark takes (train_bench, parallel_bench),
-// defined once: --checkpoint, --tile_tokens, --loss_tile_tokens, --head_chunk, --offload,
-// --offload_keep_last, --checkpoint_interval, --prefetch, --fsdp, --overlap and
+// defined once: --recompute, --tile_tokens, --loss_tile_tokens, --head_chunk, --offload,
+// --offload_keep_last, --recompute_interval, --prefetch, --fsdp, --overlap and
 // --optimizer_offload.
 #pragma once
 

@@ -470,7 +470,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     device_peak = alloc->tracker().device_peak();
-    host_peak = alloc->tracker().peak(Tier::kHostOffload);
+    host_peak = alloc->tracker().peak(Tier::kHostBlockInputs);
     process_used = bench::DeviceUsedBytes();
     // The loss, outside the timed span: summed over the Ulysses shares and the replicas.
     if (r.world) RETURN_IF_ERROR(r.world->AllReduce(loss_buf.tensor()));
@@ -524,7 +524,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     if (ops->PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / world / ops->PeakFlops());
   }
   line.Num("step_s", t).Raw("step_times_s", steps_json).Int("device_peak_bytes", device_peak);
-  line.Int("host_offload_peak_bytes", host_peak);
+  line.Int("host_block_inputs_peak_bytes", host_peak);
   if (cuda) {
     // Rank 0's GPU as the device sees it (context, libraries, NCCL and the allocator's
     // reservations), against the planner's prediction for one rank.
@@ -532,7 +532,8 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     absl::StatusOr<MemoryPlan> plan = Plan(cfg, S, world, sp);
     if (plan.ok()) {
       line.Int("planner_device_total_bytes", plan->device_total())
-          .Int("planner_host_offload_bytes", plan->peak[static_cast<int>(Tier::kHostOffload)]);
+          .Int("planner_host_block_inputs_bytes",
+               plan->peak[static_cast<int>(Tier::kHostBlockInputs)]);
       if (process_used > 0) {
         line.Num("planner_rel_error_process",
                  double(plan->device_total() - process_used) / double(process_used));
@@ -630,8 +631,8 @@ int Main() {
           .Bool("overlap", bench::ModelOptions().overlap)
           .Int("device_total_bytes", plan->device_total())
           .Num("device_total_gib", plan->device_total() / double(int64_t{1} << 30))
-          .Num("host_offload_gib",
-               plan->peak[static_cast<int>(Tier::kHostOffload)] / double(int64_t{1} << 30))
+          .Num("host_block_inputs_gib",
+               plan->peak[static_cast<int>(Tier::kHostBlockInputs)] / double(int64_t{1} << 30))
           .Print();
     }
     return 0;

@@ -93,18 +93,19 @@ std::string MemoryTable(const v1::Job& job) {
     }
     device_peak[r.rank()] = r.device_peak_bytes();
   }
-  std::string out = absl::StrFormat("%-14s", "tier (peak)");
+  // The first column fits the longest tier name (host_block_inputs) and a space.
+  std::string out = absl::StrFormat("%-18s", "tier (peak)");
   for (const auto& [rank, _] : device_peak)
     absl::StrAppend(&out, absl::StrFormat("%12s", absl::StrCat("rank ", rank)));
   absl::StrAppend(&out, "\n");
   for (const std::string& tier : tiers) {
-    absl::StrAppend(&out, absl::StrFormat("%-14s", tier));
+    absl::StrAppend(&out, absl::StrFormat("%-18s", tier));
     for (const auto& [rank, _] : device_peak) {
       absl::StrAppend(&out, absl::StrFormat("%12s", HumanBytes(peak[tier][rank])));
     }
     absl::StrAppend(&out, "\n");
   }
-  absl::StrAppend(&out, absl::StrFormat("%-14s", "device total"));
+  absl::StrAppend(&out, absl::StrFormat("%-18s", "device total"));
   for (const auto& [rank, bytes] : device_peak) {
     absl::StrAppend(&out, absl::StrFormat("%12s", HumanBytes(bytes)));
   }
@@ -256,9 +257,9 @@ std::string PlanText(const v1::PlanJobResponse& p) {
                       p.spec().model(), plan.parameters() / 1e6, plan.world());
   for (const v1::TierBytes& t : plan.per_rank()) {
     absl::StrAppend(
-        &out, absl::StrFormat("  %-12s %12s per rank\n", t.tier(), HumanBytes(t.peak_bytes())));
+        &out, absl::StrFormat("  %-17s %12s per rank\n", t.tier(), HumanBytes(t.peak_bytes())));
   }
-  absl::StrAppend(&out, absl::StrFormat("  %-12s %12s per rank, budget %s (%s)\n", "total",
+  absl::StrAppend(&out, absl::StrFormat("  %-17s %12s per rank, budget %s (%s)\n", "total",
                                         HumanBytes(plan.per_rank_bytes()),
                                         HumanBytes(plan.budget_bytes()), plan.budget_source()));
   absl::StrAppend(&out, plan.fits() ? "fits" : "does NOT fit", ": ", plan.summary(), "\n");

@@ -34,6 +34,9 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
     v1::TierBytes* t = r->add_memory();
     t->set_tier("params");
     t->set_peak_bytes((rank + 1) * 1024);
+    v1::TierBytes* h = r->add_memory();  // the longest tier name
+    h->set_tier("host_block_inputs");
+    h->set_peak_bytes(int64_t{5} << 30);
   }
   EXPECT_EQ(ProgressLine(job.last_steps(0), 7),
             "step 12/60 | loss 3.2140 | 12.4k tok/s/rank | mem 3.0 MiB | ETA 0:07");
@@ -42,6 +45,11 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
   EXPECT_NE(table.find("rank 1"), std::string::npos) << table;
   EXPECT_NE(table.find("2.0 KiB"), std::string::npos) << table;
   EXPECT_NE(table.find("device total"), std::string::npos) << table;
+  // Every row lines up under the header, the longest tier name included.
+  EXPECT_NE(table.find("\nhost_block_inputs "), std::string::npos) << table;
+  for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+    EXPECT_EQ(line.size(), table.find('\n')) << table;
+  }
   job.set_state(v1::JOB_STATE_FAILED);
   job.set_reason("rank 1 exited with code 4 (NaN loss)");
   job.set_failed_rank(1);

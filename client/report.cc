@@ -236,7 +236,7 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
       SvgLineChart("Step time", "step", "seconds",
                    per_rank("step time", [](const v1::StepReport& r) { return r.seconds(); })));
   // Each tier's peak during the step (at its end most tiers are empty again: the activations,
-  // the attention and the saved checkpoints live only inside a step).
+  // the attention and the saved block inputs live only inside a step).
   for (const auto& [rank, reports] : steps) {
     std::vector<std::string> tiers;  // in the reports' order
     std::map<std::string, ChartSeries> by_tier;

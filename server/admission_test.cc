@@ -281,7 +281,7 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
 TEST(AdmissionTest, OptimizerOffloadOverTheHostBudgetIsRefusedNamingTheTier) {
   const std::string toml =
       "name = \"big\"\nbackend = \"cuda\"\n[model]\npreset = \"llama-3-8b\"\n"
-      "[data]\npath = \"corpus.tok\"\nseq_len = 131072\n[memory]\ncheckpoint = \"full\"\n";
+      "[data]\npath = \"corpus.tok\"\nseq_len = 131072\n[memory]\nrecompute = \"full\"\n";
   const Node small_host = GpuNode(1, int64_t{141} << 30, int64_t{64} << 30);
   auto a = ParseSubmission(toml + "optimizer_offload = true\n", "job.toml", Dir(), small_host);
   ASSERT_TRUE(a.ok()) << a.status();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/core/utf8.h"
+#include "engine/spec/job_spec.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ithaca {
@@ -341,6 +342,9 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
   if (!job.ParseFromString(q.Text(0))) {
     return absl::DataLossError(absl::StrCat("job store: record of ", id, " is corrupt"));
   }
+  // A spec stored by an older ithacad is served with today's key names, so every reader (the
+  // supervisor launching it, a restart, `status`) reads a job queued or running across an upgrade.
+  job.set_spec_toml(UpgradeStoredSpec(job.spec_toml()));
   job.set_state(static_cast<JobState>(q.Int(1)));
   job.set_reason(BoundedUtf8(q.Text(2), kMaxReasonBytes));
   if (q.Int(3)) job.set_failed_rank(static_cast<int32_t>(q.Int(4)));

@@ -10,6 +10,8 @@
 //   next_job(seq)   one row: the next job's number; only grows (version 4)
 // `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport;
 // in history a v1.StepReport or, kind 1, a v1.EvalReport; Job.last_eval is the newest of those).
+// A record's spec_toml is served through UpgradeStoredSpec (engine/spec): the spec keys an older
+// ithacad wrote read under today's names.
 #pragma once
 
 #include <map>

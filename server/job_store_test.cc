@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "engine/spec/job_spec.h"
+
 namespace ithaca {
 namespace {
 
@@ -41,6 +43,39 @@ TEST(JobStoreTest, CreateAssignsSequentialIdsAndRecordsTheFirstTransition) {
   EXPECT_EQ(a->transitions(0).to(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(a->transitions(0).reason(), "submitted");
   EXPECT_GT(a->created_at().seconds(), 1600000000);
+}
+
+// A job stored by the previous ithacad, whose spec has the keys of then (memory.checkpoint, now
+// memory.recompute: issue 30), reads with today's names after a restart, through Get and List.
+TEST(JobStoreTest, ASpecStoredWithRenamedKeysIsServedUnderTheNewNames) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_keys.db";
+  std::remove(path.c_str());
+  v1::Job old = Template("old");
+  old.set_spec_toml(
+      "name = \"old\"\n[data]\npath = \"d.tok\"\n[memory]\ncheckpoint = \"attention-aware\"\n"
+      "checkpoint_interval = 2\noffload = true\n[checkpoint]\ndir = \"ckpt\"\nresume = true\n");
+  ASSERT_FALSE(ParseJobSpec(old.spec_toml()).ok());  // today's parser alone refuses it
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Create(old, "submitted").ok());
+  }
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<v1::Job> got = (*store)->Get("job-1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<std::vector<v1::Job>> listed = (*store)->List({}, 0);
+  ASSERT_TRUE(listed.ok() && listed->size() == 1);
+  for (const v1::Job& job : {*got, listed->front()}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job-1");
+    ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << job.spec_toml();
+    EXPECT_EQ(spec->memory.recompute, RecomputePolicy::kAttentionAware);
+    EXPECT_EQ(spec->memory.recompute_interval, 2);
+    EXPECT_TRUE(spec->memory.offload);
+    EXPECT_EQ(spec->checkpoint.dir, "ckpt");  // [checkpoint] keeps its name
+    EXPECT_TRUE(spec->checkpoint.resume);
+  }
 }
 
 TEST(JobStoreTest, TransitionsFollowTheStateMachineAndKeepHistory) {

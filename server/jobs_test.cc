@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "engine/spec/job_spec.h"
 #include "server/services.h"
 #include "server/test_workers.h"
 
@@ -258,6 +260,31 @@ TEST(JobsTest, OverridesAreAppliedByTheDaemon) {
   EXPECT_NE(refused.status().message().find("training.lr: "), std::string::npos)
       << refused.status();
   EXPECT_NE(refused.status().message().find("(line 12)"), std::string::npos) << refused.status();
+  // A renamed key (issue 30), from --set or the file, is refused naming the new one.
+  v1::SubmitJobRequest renamed = Submission(1);
+  renamed.add_overrides("memory.checkpoint=full");
+  refused = jobs.Submit(renamed);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "memory.checkpoint: renamed key (from --set memory.checkpoint=full); did you mean "
+                "memory.recompute?"),
+            std::string::npos)
+      << refused.status();
+  renamed = Submission(1);
+  renamed.set_spec_toml(renamed.spec_toml() + "[memory]\ncheckpoint_interval = 2\n");
+  refused = jobs.Submit(renamed);
+  EXPECT_NE(refused.status().message().find("did you mean memory.recompute_interval?"),
+            std::string::npos)
+      << refused.status();
+  renamed = Submission(1);
+  renamed.add_overrides("memory.recompute=attention-aware");
+  renamed.add_overrides("memory.recompute_interval=2");
+  job = jobs.Submit(renamed);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_NE(job->spec_toml().find("\nrecompute = \"attention-aware\"\n"), std::string::npos)
+      << job->spec_toml();
+  EXPECT_NE(job->spec_toml().find("\nrecompute_interval = 2\n"), std::string::npos)
+      << job->spec_toml();
   v1::SubmitJobRequest no_eq = Submission(1);
   no_eq.add_overrides("steps");
   refused = jobs.Submit(no_eq);
@@ -414,6 +441,45 @@ TEST(JobsTest, NonUtf8WorkerOutputReachesClients) {
     EXPECT_EQ(last, v1::JOB_STATE_FAILED);
   }
   server->Shutdown();
+}
+
+// A job the previous ithacad stored, with the spec keys of then (memory.checkpoint, now
+// memory.recompute: issue 30), is recovered by a daemon of today: it is queued and launched, and
+// its stored [retry] policy, read from that spec, restarts it when its worker fails.
+TEST(JobsTest, AJobStoredWithRenamedKeysIsRecoveredAndItsSpecStillRead) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::Job old;
+  old.set_name("old");
+  old.set_spec_toml(absl::StrCat(
+      "name = \"old\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n[data]\npath = \"",
+      WriteCorpus(TmpDir() + "/corpus.tok"),
+      "\"\nseq_len = 64\n[training]\nsteps = 3\n[memory]\ncheckpoint = \"attention-aware\"\n"
+      "checkpoint_interval = 2\n[retry]\nmax_restarts = 1\nbackoff_seconds = 0.0\n"));
+  ASSERT_FALSE(ParseJobSpec(old.spec_toml()).ok());  // what today's parser alone says
+  old.mutable_spec()->set_world(1);
+  old.set_log_dir(TmpDir() + "/renamed/jobs/{id}");
+  absl::StatusOr<v1::Job> stored = (*store)->Create(old, "submitted (previous ithacad)");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+
+  Metrics metrics;
+  Jobs jobs(CpuJobs("renamed", 1, "/bin/false"), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());  // Recover: queued again
+  v1::Job failed = WaitFor(jobs, stored->id(), v1::JOB_STATE_FAILED);
+  ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED) << failed.reason();
+  // Two attempts: the retry policy came from the stored spec (an unreadable one restarts none).
+  std::vector<std::string> restarts;
+  for (const v1::StateTransition& t : failed.transitions()) {
+    if (absl::StartsWith(t.reason(), "restart ")) restarts.push_back(t.reason());
+  }
+  ASSERT_EQ(restarts.size(), 1u) << failed.DebugString();
+  EXPECT_TRUE(absl::StartsWith(restarts[0], "restart 1 of 1")) << restarts[0];
+  EXPECT_EQ(failed.reason(), "rank 0 exited with code 1 (error)");
+  // `status` shows the spec under today's names.
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(failed.spec_toml());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->memory.recompute, RecomputePolicy::kAttentionAware);
+  EXPECT_EQ(spec->memory.recompute_interval, 2);
 }
 
 TEST(JobsTest, ShutdownFailsRunningJobsKeepsQueuedOnesAndRefusesSubmissions) {

@@ -139,8 +139,10 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
                     "Device memory in use per tier at the end of the step.")),
       memory_peak_(Gauge(*registry_, Constant(hostname), "ithaca_gpu_memory_peak_bytes",
                          "Peak device memory per tier during the step.")),
-      host_offload_(Gauge(*registry_, Constant(hostname), "ithaca_host_offload_bytes",
-                          "Pinned host memory holding offloaded checkpoints.")),
+      host_block_inputs_(
+          Gauge(*registry_, Constant(hostname), "ithaca_host_block_inputs_bytes",
+                "Pinned host memory holding saved block inputs offloaded from the device "
+                "(memory.offload).")),
       host_optimizer_(Gauge(*registry_, Constant(hostname), "ithaca_host_optimizer_bytes",
                             "Pinned host memory holding the optimizer's state "
                             "(memory.optimizer_offload).")),
@@ -254,7 +256,7 @@ Metrics::RankSeries& Metrics::RankLocked(const std::string& job, int rank, int g
 
 void Metrics::AddActivityLocked(RankSeries& s) {
   const Labels l = RankLabels(s);
-  if (s.host_offload == nullptr) s.host_offload = &host_offload_.Add(l);
+  if (s.host_block_inputs == nullptr) s.host_block_inputs = &host_block_inputs_.Add(l);
   if (s.tokens_per_second == nullptr) s.tokens_per_second = &tokens_per_second_.Add(l);
   if (s.flops == nullptr) s.flops = &flops_.Add(l);
 }
@@ -264,13 +266,14 @@ void Metrics::DropActivityLocked(RankSeries& s) {
   for (auto& [tier, g] : s.memory_peak) memory_peak_.Remove(g);
   s.memory.clear();
   s.memory_peak.clear();
-  if (s.host_offload) host_offload_.Remove(s.host_offload);
+  if (s.host_block_inputs) host_block_inputs_.Remove(s.host_block_inputs);
   if (s.host_optimizer) host_optimizer_.Remove(s.host_optimizer);
   if (s.host_params) host_params_.Remove(s.host_params);
   if (s.tokens_per_second) tokens_per_second_.Remove(s.tokens_per_second);
   if (s.flops) flops_.Remove(s.flops);
   if (s.mfu) mfu_.Remove(s.mfu);
-  s.host_offload = s.host_optimizer = s.host_params = s.tokens_per_second = s.flops = s.mfu = nullptr;
+  s.host_block_inputs = s.host_optimizer = s.host_params = s.tokens_per_second = s.flops = s.mfu =
+      nullptr;
 }
 
 void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
@@ -283,8 +286,8 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
     s.node_info->Set(1);
   }
   for (const v1::TierBytes& t : r.memory()) {
-    if (t.tier() == "host_offload") {
-      s.host_offload->Set(static_cast<double>(t.current_bytes()));
+    if (t.tier() == "host_block_inputs") {
+      s.host_block_inputs->Set(static_cast<double>(t.current_bytes()));
       continue;
     }
     // Host tiers too; their series only where they are used.

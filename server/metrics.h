@@ -83,7 +83,7 @@ class Metrics {
     std::map<std::string, prometheus::Gauge*> memory, memory_peak;  // per tier
     prometheus::Gauge* host_optimizer = nullptr;  // under memory.optimizer_offload only
     prometheus::Gauge* host_params = nullptr;     // under memory.param_offload only
-    prometheus::Gauge *host_offload = nullptr, *tokens_per_second = nullptr, *loss = nullptr,
+    prometheus::Gauge *host_block_inputs = nullptr, *tokens_per_second = nullptr, *loss = nullptr,
                       *step = nullptr, *flops = nullptr, *mfu = nullptr, *grad_norm = nullptr,
                       *lr = nullptr, *last_step_time = nullptr, *eval_loss = nullptr;
     prometheus::Counter* tokens = nullptr;
@@ -103,8 +103,8 @@ class Metrics {
 
   std::mutex mu_;
   std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_offload_, &host_optimizer_,
-      &host_params_, &tokens_per_second_,
+  prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_block_inputs_,
+      &host_optimizer_, &host_params_, &tokens_per_second_,
       &loss_, &step_, &flops_, &mfu_, &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_,
       &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_,
       &rank_node_;

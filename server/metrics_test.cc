@@ -17,8 +17,12 @@ v1::StepReport Report(int step, double seconds) {
   t->set_tier("params");
   t->set_current_bytes(1000);
   t->set_peak_bytes(1500);
-  auto* h = r.add_memory();
-  h->set_tier("host_offload");
+  auto* b = r.add_memory();  // the saved block inputs on the device
+  b->set_tier("block_inputs");
+  b->set_current_bytes(300);
+  b->set_peak_bytes(400);
+  auto* h = r.add_memory();  // and the ones offloaded to the host
+  h->set_tier("host_block_inputs");
   h->set_current_bytes(77);
   auto* o = r.add_memory();
   o->set_tier("host_optimizer");
@@ -49,7 +53,9 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
            "# TYPE ithaca_step_duration_seconds histogram",
            "ithaca_gpu_memory_bytes{" + l + ",tier=\"params\"} 1000",
            "ithaca_gpu_memory_peak_bytes{" + l + ",tier=\"params\"} 1500",
-           "ithaca_host_offload_bytes{" + l + "} 77",
+           "ithaca_gpu_memory_bytes{" + l + ",tier=\"block_inputs\"} 300",
+           "ithaca_gpu_memory_peak_bytes{" + l + ",tier=\"block_inputs\"} 400",
+           "ithaca_host_block_inputs_bytes{" + l + "} 77",
            "ithaca_host_optimizer_bytes{" + l + "} 99",
            "ithaca_host_params_bytes{" + l + "} 55",
            "ithaca_tokens_total{" + l + "} 1024",
@@ -74,8 +80,8 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
        }) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
-  // host_offload is not a GPU tier.
-  EXPECT_EQ(text.find("tier=\"host_offload\""), std::string::npos);
+  // host_block_inputs is not a GPU tier.
+  EXPECT_EQ(text.find("tier=\"host_block_inputs\""), std::string::npos);
   EXPECT_EQ(text.find("tier=\"host_optimizer\""), std::string::npos);
   EXPECT_EQ(text.find("tier=\"host_params\""), std::string::npos);
   // MFU 0 means unknown: no sample, rather than a 0 that reads as an idle GPU.
@@ -176,9 +182,9 @@ TEST(MetricsTest, EndedJobsLeaveNoThroughputOrMemoryGauges) {
   m.OnJobFinished("job-1");
   std::string text = m.Render();
   const std::string l1 = "UUID=\"GPU-a\",gpu=\"0\",job_id=\"job-1\",rank=\"0\"";
-  for (const char* gone : {"ithaca_tokens_per_second{", "ithaca_gpu_memory_bytes{",
-                           "ithaca_gpu_memory_peak_bytes{", "ithaca_host_offload_bytes{",
-                           "ithaca_model_flops_per_second{", "ithaca_mfu_ratio{"}) {
+  for (const char* gone :
+       {"ithaca_tokens_per_second{", "ithaca_gpu_memory_bytes{", "ithaca_gpu_memory_peak_bytes{",
+        "ithaca_host_block_inputs_bytes{", "ithaca_model_flops_per_second{", "ithaca_mfu_ratio{"}) {
     EXPECT_EQ(text.find(std::string(gone) + l1), std::string::npos) << gone << "\n" << text;
   }
   for (const std::string& kept : {"ithaca_train_loss{" + l1 + "} 2.5",

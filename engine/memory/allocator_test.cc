@@ -19,10 +19,10 @@ TEST(AllocatorTest, TracksCurrentAndPeakPerTier) {
     b->Reset();
     EXPECT_EQ(t.current(Tier::kAttention), 0);
     EXPECT_EQ(t.peak(Tier::kAttention), 200);
-    auto off = Buffer::Make(&alloc, DType::kF32, {50}, Tier::kHostOffload);
+    auto off = Buffer::Make(&alloc, DType::kF32, {50}, Tier::kHostBlockInputs);
     ASSERT_TRUE(off.ok());
     EXPECT_EQ(t.device_current(), 400);  // host offload is not device memory
-    EXPECT_EQ(t.current(Tier::kHostOffload), 200);
+    EXPECT_EQ(t.current(Tier::kHostBlockInputs), 200);
   }
   EXPECT_EQ(t.device_current(), 0);
   EXPECT_EQ(t.device_peak(), 600);

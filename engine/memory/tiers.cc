@@ -3,10 +3,9 @@
 namespace ithaca {
 namespace {
 
-const char* const kNames[kNumTiers] = {"params",      "grads",         "optimizer",
-                                       "attention",   "activations",   "checkpoints",
-                                       "comm",        "workspace",     "host_offload",
-                                       "host_optimizer", "host_params"};
+const char* const kNames[kNumTiers] = {
+    "params", "grads",     "optimizer",         "attention",      "activations", "block_inputs",
+    "comm",   "workspace", "host_block_inputs", "host_optimizer", "host_params"};
 
 void RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
   int64_t seen = peak.load();

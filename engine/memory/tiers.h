@@ -15,10 +15,13 @@ enum class Tier : uint8_t {
   kOptimizer,    // fp32 master weights, Adam m and v
   kAttention,    // Q/K/V/O/LSE, their all-to-all buffers, dQ/dK/dV
   kActivations,  // every other transient buffer
-  kCheckpoints,  // saved block inputs still on the device
-  kComm,         // collective staging
-  kWorkspace,    // library workspaces (cuBLAS, cuDNN)
-  kHostOffload,  // pinned host memory holding offloaded checkpoints
+  // Block data saved in the forward for the backward, still on the device: each saved block's
+  // input (memory.recompute), and its O and LSE under "attention-aware".
+  kBlockInputs,
+  kComm,       // collective staging
+  kWorkspace,  // library workspaces (cuBLAS, cuDNN)
+  // The same saved block data moved to pinned host memory (memory.offload).
+  kHostBlockInputs,
   // Pinned host memory holding the optimizer's state under optimizer offload: f32 master
   // weights, Adam m and v, and the staging of a few units' gradients and working copies.
   kHostOptimizer,
@@ -29,10 +32,10 @@ enum class Tier : uint8_t {
 inline constexpr int kNumTiers = 11;
 
 const char* TierName(Tier t);
-// Parses the names TierName prints ("params", "host_offload", ...).
+// Parses the names TierName prints ("params", "host_block_inputs", ...).
 bool ParseTier(const std::string& name, Tier* out);
 inline bool IsDeviceTier(Tier t) {
-  return t != Tier::kHostOffload && t != Tier::kHostOptimizer && t != Tier::kHostParams;
+  return t != Tier::kHostBlockInputs && t != Tier::kHostOptimizer && t != Tier::kHostParams;
 }
 
 // Current and peak bytes per tier. Thread-safe; cheap enough to call on every allocation.

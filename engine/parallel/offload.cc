@@ -4,11 +4,11 @@
 
 namespace ithaca {
 
-CheckpointStore::~CheckpointStore() {
+BlockInputStore::~BlockInputStore() {
   for (Slot& s : blocks_) Settle(s);
 }
 
-absl::Status CheckpointStore::Start(SavedInputs from, SavedInputs& to, Tier tier, Slot& slot) {
+absl::Status BlockInputStore::Start(SavedInputs from, SavedInputs& to, Tier tier, Slot& slot) {
   Settle(slot);  // the slot's previous copy, if any, before its source is replaced
   slot.source = std::move(from);
   for (auto [src, dst] : {std::pair{&slot.source.x, &to.x}, std::pair{&slot.source.o, &to.o},
@@ -21,18 +21,18 @@ absl::Status CheckpointStore::Start(SavedInputs from, SavedInputs& to, Tier tier
   return absl::OkStatus();
 }
 
-void CheckpointStore::Settle(Slot& slot) {
+void BlockInputStore::Settle(Slot& slot) {
   if (slot.fence.pending()) ops_->WaitFence(slot.fence);
   slot.fence = Ops::Fence{};
   slot.source = SavedInputs{};
 }
 
-void CheckpointStore::SettleOffloads() {
+void BlockInputStore::SettleOffloads() {
   for (int l : offloading_) Settle(blocks_[l]);
   offloading_.clear();
 }
 
-absl::Status CheckpointStore::Put(int l, SavedInputs saved) {
+absl::Status BlockInputStore::Put(int l, SavedInputs saved) {
   // The previous offload has had this block's forward to finish in; its device buffers go now.
   SettleOffloads();
   Slot& s = blocks_[l];
@@ -41,29 +41,29 @@ absl::Status CheckpointStore::Put(int l, SavedInputs saved) {
     return absl::OkStatus();
   }
   offloading_.push_back(l);
-  return Start(std::move(saved), s.host, Tier::kHostOffload, s);
+  return Start(std::move(saved), s.host, Tier::kHostBlockInputs, s);
 }
 
-absl::Status CheckpointStore::Prefetch(int l) {
+absl::Status BlockInputStore::Prefetch(int l) {
   if (l < 0) return absl::OkStatus();
   SettleOffloads();  // the host copy must be complete before it is read back
   Slot& s = blocks_[l];
   if (s.host.x.empty()) return absl::OkStatus();  // on the device, or on its way
-  return Start(std::move(s.host), s.device, Tier::kCheckpoints, s);
+  return Start(std::move(s.host), s.device, Tier::kBlockInputs, s);
 }
 
-absl::StatusOr<Tensor> CheckpointStore::PeekInput(int l, Buffer* copy) {
+absl::StatusOr<Tensor> BlockInputStore::PeekInput(int l, Buffer* copy) {
   SettleOffloads();
   Slot& s = blocks_[l];
   Settle(s);  // a prefetch in flight
   if (!s.device.x.empty()) return s.device.x.tensor();
   const Tensor& host = s.host.x.tensor();
-  ASSIGN_OR_RETURN(*copy, Buffer::Make(alloc_, host.dtype, host.shape, Tier::kCheckpoints));
+  ASSIGN_OR_RETURN(*copy, Buffer::Make(alloc_, host.dtype, host.shape, Tier::kBlockInputs));
   ops_->WaitFence(ops_->CopyAsync(host, copy->tensor()));  // needed right away
   return copy->tensor();
 }
 
-absl::StatusOr<SavedInputs> CheckpointStore::Take(int l) {
+absl::StatusOr<SavedInputs> BlockInputStore::Take(int l) {
   RETURN_IF_ERROR(Prefetch(l));
   Slot& s = blocks_[l];
   Settle(s);

@@ -1,7 +1,7 @@
-// CheckpointStore: the data each block saves for its backward (its input x, and with
-// attention-aware checkpointing its attention output O and LSE), kept on the device
-// (checkpoints tier) or offloaded to the host pool (host_offload tier) right after the block's
-// forward, then brought back one block ahead of its backward (docs/schedules.md).
+// BlockInputStore: the data each block saves for its backward (its input x, and with
+// attention-aware recompute its attention output O and LSE), kept on the device
+// (block_inputs tier) or offloaded to the host pool (host_block_inputs tier) right after the
+// block's forward, then brought back one block ahead of its backward (docs/schedules.md).
 //
 // Transfers run on the backend's copy stream (Ops::CopyAsync), overlapping compute. A copy's
 // source and destination both stay allocated until the compute stream has waited on its fence:
@@ -17,18 +17,18 @@
 namespace ithaca {
 
 struct SavedInputs {
-  Buffer x, o, lse;  // o and lse are empty unless checkpointing is attention-aware
+  Buffer x, o, lse;  // o and lse are empty unless the recompute policy is attention-aware
 };
 
-class CheckpointStore {
+class BlockInputStore {
  public:
   // Blocks [num_blocks − keep_last, num_blocks) stay on the device even when offloading.
-  CheckpointStore(Ops* ops, Allocator* alloc, int num_blocks, bool offload, int keep_last)
+  BlockInputStore(Ops* ops, Allocator* alloc, int num_blocks, bool offload, int keep_last)
       : ops_(ops), alloc_(alloc), offload_(offload), keep_last_(keep_last), blocks_(num_blocks) {}
   // Orders the compute stream after every copy still in flight before their buffers are freed.
-  ~CheckpointStore();
-  CheckpointStore(const CheckpointStore&) = delete;
-  CheckpointStore& operator=(const CheckpointStore&) = delete;
+  ~BlockInputStore();
+  BlockInputStore(const BlockInputStore&) = delete;
+  BlockInputStore& operator=(const BlockInputStore&) = delete;
 
   // Takes block l's saved data (device buffers); offloaded blocks start their copy to the host.
   absl::Status Put(int l, SavedInputs saved);

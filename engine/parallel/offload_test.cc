@@ -1,4 +1,4 @@
-// CheckpointStore on the CPU, with asynchronous copies simulated at their worst: a CopyAsync
+// BlockInputStore on the CPU, with asynchronous copies simulated at their worst: a CopyAsync
 // runs only when it is waited on (as late as a real copy stream could run it), and an allocator
 // poisons memory on free and fails the test when a buffer of a copy still in flight is freed.
 // Data that survives a round trip was therefore never read before it was written nor freed
@@ -93,7 +93,7 @@ constexpr int64_t kRows = 5, kWidth = 7;
 float Value(int block, int which, int64_t i) { return 1000.f * block + 100.f * which + i; }
 
 Buffer Filled(Allocator* alloc, Ops& ops, int block, int which, Shape shape) {
-  auto b = Buffer::Make(alloc, DType::kF32, shape, Tier::kCheckpoints);
+  auto b = Buffer::Make(alloc, DType::kF32, shape, Tier::kBlockInputs);
   EXPECT_TRUE(b.ok()) << b.status();
   std::vector<float> v(static_cast<size_t>(b->tensor().numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = Value(block, which, static_cast<int64_t>(i));
@@ -124,7 +124,7 @@ void ExpectSaved(const SavedInputs& s, int block) {
   ExpectBuffer(s.lse, block, 2);
 }
 
-class CheckpointStoreRoundTrip : public ::testing::TestWithParam<bool> {
+class BlockInputStoreRoundTrip : public ::testing::TestWithParam<bool> {
  protected:
   LateCopyOps ops_;
   PoisoningAllocator alloc_{&ops_};
@@ -132,18 +132,19 @@ class CheckpointStoreRoundTrip : public ::testing::TestWithParam<bool> {
 
 // The forward/backward pattern of LlamaModel::ForwardBackward: Put every block, then Take in
 // reverse, prefetching one block ahead when the parameter is true.
-TEST_P(CheckpointStoreRoundTrip, LateCopies) {
+TEST_P(BlockInputStoreRoundTrip, LateCopies) {
   const bool prefetch = GetParam();
   const int L = 5;
   const int64_t block_bytes = (kRows * kWidth + kRows * 2 * kWidth + 3 * kRows) * 4;
   {
-    CheckpointStore store(&ops_, &alloc_, L, /*offload=*/true, /*keep_last=*/1);
+    BlockInputStore store(&ops_, &alloc_, L, /*offload=*/true, /*keep_last=*/1);
     for (int l = 0; l < L; ++l) {
       ASSERT_TRUE(store.Put(l, Saved(&alloc_, ops_, l)).ok());
       // An offloaded block's device buffers stay until the next Put (its copy is in flight),
       // which frees them: one block's worth is on the device at a time (the last, kept one too).
-      EXPECT_EQ(alloc_.tracker().current(Tier::kCheckpoints), block_bytes) << "after Put " << l;
-      EXPECT_EQ(alloc_.tracker().current(Tier::kHostOffload), std::min(l + 1, L - 1) * block_bytes)
+      EXPECT_EQ(alloc_.tracker().current(Tier::kBlockInputs), block_bytes) << "after Put " << l;
+      EXPECT_EQ(alloc_.tracker().current(Tier::kHostBlockInputs),
+                std::min(l + 1, L - 1) * block_bytes)
           << "after Put " << l;
     }
     for (int l = L - 1; l >= 0; --l) {
@@ -154,18 +155,18 @@ TEST_P(CheckpointStoreRoundTrip, LateCopies) {
       }
       ExpectSaved(*saved, l);
     }
-    EXPECT_EQ(alloc_.tracker().current(Tier::kHostOffload), 0);
+    EXPECT_EQ(alloc_.tracker().current(Tier::kHostBlockInputs), 0);
   }
   EXPECT_EQ(ops_.num_pending(), 0u);
-  EXPECT_EQ(alloc_.tracker().current(Tier::kCheckpoints), 0);
+  EXPECT_EQ(alloc_.tracker().current(Tier::kBlockInputs), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Prefetch, CheckpointStoreRoundTrip, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(Prefetch, BlockInputStoreRoundTrip, ::testing::Bool());
 
-TEST(CheckpointStoreTest, PeekInputCopiesWhileTheHostKeepsIt) {
+TEST(BlockInputStoreTest, PeekInputCopiesWhileTheHostKeepsIt) {
   LateCopyOps ops;
   PoisoningAllocator alloc(&ops);
-  CheckpointStore store(&ops, &alloc, 3, /*offload=*/true, /*keep_last=*/0);
+  BlockInputStore store(&ops, &alloc, 3, /*offload=*/true, /*keep_last=*/0);
   for (int l = 0; l < 3; ++l) ASSERT_TRUE(store.Put(l, Saved(&alloc, ops, l)).ok());
   Buffer copy;
   auto x = store.PeekInput(1, &copy);
@@ -186,25 +187,25 @@ TEST(CheckpointStoreTest, PeekInputCopiesWhileTheHostKeepsIt) {
 
 // Dropping a store with copies in flight waits for them before freeing their buffers (the
 // allocator fails the test otherwise).
-TEST(CheckpointStoreTest, DestroyedWithCopiesInFlight) {
+TEST(BlockInputStoreTest, DestroyedWithCopiesInFlight) {
   LateCopyOps ops;
   PoisoningAllocator alloc(&ops);
   {
-    CheckpointStore store(&ops, &alloc, 3, /*offload=*/true, /*keep_last=*/0);
+    BlockInputStore store(&ops, &alloc, 3, /*offload=*/true, /*keep_last=*/0);
     for (int l = 0; l < 3; ++l) ASSERT_TRUE(store.Put(l, Saved(&alloc, ops, l)).ok());
     ASSERT_TRUE(store.Prefetch(1).ok());
     EXPECT_GT(ops.num_pending(), 0u);
   }
   EXPECT_EQ(ops.num_pending(), 0u);
-  EXPECT_EQ(alloc.tracker().current(Tier::kCheckpoints), 0);
-  EXPECT_EQ(alloc.tracker().current(Tier::kHostOffload), 0);
+  EXPECT_EQ(alloc.tracker().current(Tier::kBlockInputs), 0);
+  EXPECT_EQ(alloc.tracker().current(Tier::kHostBlockInputs), 0);
 }
 
 // With the synchronous default (CpuOps) nothing changes for the schedule.
-TEST(CheckpointStoreTest, SynchronousCopiesOnCpuOps) {
+TEST(BlockInputStoreTest, SynchronousCopiesOnCpuOps) {
   CpuOps ops;
   HostAllocator alloc;
-  CheckpointStore store(&ops, &alloc, 2, /*offload=*/true, /*keep_last=*/0);
+  BlockInputStore store(&ops, &alloc, 2, /*offload=*/true, /*keep_last=*/0);
   for (int l = 0; l < 2; ++l) ASSERT_TRUE(store.Put(l, Saved(&alloc, ops, l)).ok());
   for (int l = 1; l >= 0; --l) {
     auto s = store.Take(l);

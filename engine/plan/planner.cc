@@ -138,7 +138,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.tile_tokens = req.opts.tile_tokens;
   p.offload = req.opts.offload;
   p.prefetch = req.opts.prefetch;
-  p.checkpoint_interval = req.opts.checkpoint_interval;
+  p.recompute_interval = req.opts.recompute_interval;
   p.overlap = req.opts.overlap;
   p.optimizer_offload = req.optimizer_offload;
   p.param_offload = req.opts.param_offload;
@@ -163,10 +163,10 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   const std::string dtype =
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;
   req.act = dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  req.opts.checkpoint = spec.memory.checkpoint;
+  req.opts.recompute = spec.memory.recompute;
   req.opts.offload_keep_last = spec.memory.offload_keep_last;
   req.opts.prefetch = spec.memory.prefetch;
-  req.opts.checkpoint_interval = spec.memory.checkpoint_interval;
+  req.opts.recompute_interval = spec.memory.recompute_interval;
   req.opts.fsdp = spec.parallel.fsdp;
   req.opts.overlap = spec.memory.overlap;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
@@ -187,15 +187,15 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     bool overlap;
   };
   const JobSpec::Memory& m = spec.memory;
-  std::vector<Keep> keeps = {{m.offload, m.prefetch, m.checkpoint_interval, m.overlap}};
+  std::vector<Keep> keeps = {{m.offload, m.prefetch, m.recompute_interval, m.overlap}};
   if (m.head_chunk == 0 && m.overlap) {
-    keeps.push_back({m.offload, m.prefetch, m.checkpoint_interval, false});
+    keeps.push_back({m.offload, m.prefetch, m.recompute_interval, false});
   }
-  if (m.head_chunk == 0 && spec.memory.checkpoint != CheckpointPolicy::kNone) {
+  if (m.head_chunk == 0 && spec.memory.recompute != RecomputePolicy::kNone) {
     for (Keep k :
          {Keep{true, true, 1, false}, Keep{true, false, 1, false}, Keep{true, false, 2, false},
           Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
-      if (k.interval >= m.checkpoint_interval && (k.offload || !m.offload)) keeps.push_back(k);
+      if (k.interval >= m.recompute_interval && (k.offload || !m.offload)) keeps.push_back(k);
     }
   }
 
@@ -205,7 +205,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     req.opts.tile_tokens = tile;
     req.opts.offload = keep.offload;
     req.opts.prefetch = keep.prefetch;
-    req.opts.checkpoint_interval = keep.interval;
+    req.opts.recompute_interval = keep.interval;
     req.opts.overlap = keep.overlap;
     ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
     p.gpu_budget = gpu_budget;
@@ -264,10 +264,10 @@ std::string FormatPlan(const MemoryPlan& p) {
                         "device peak", p.device_total() / unit);
   absl::StrAppendFormat(&out,
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
-                        "checkpoint_interval %d, overlap %s, optimizer_offload %s, "
+                        "recompute_interval %d, overlap %s, optimizer_offload %s, "
                         "param_offload %s\n",
                         p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
-                        p.prefetch ? "on" : "off", p.checkpoint_interval, p.overlap ? "on" : "off",
+                        p.prefetch ? "on" : "off", p.recompute_interval, p.overlap ? "on" : "off",
                         p.optimizer_offload ? "on" : "off", p.param_offload ? "on" : "off");
   if (p.host_total() > 0) {
     absl::StrAppendFormat(&out, "%-14s %13.3f  (host tiers together)\n", "host total",

@@ -53,7 +53,7 @@ struct MemoryPlan {
   // The options the plan was made for (auto settings resolved).
   int64_t head_chunk = 0, tile_tokens = 0;
   bool offload = false, prefetch = true;
-  int64_t checkpoint_interval = 1;
+  int64_t recompute_interval = 1;
   bool overlap = true;
   bool optimizer_offload = false;
   bool param_offload = false;
@@ -61,7 +61,7 @@ struct MemoryPlan {
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much
   int64_t device_total() const { return device_peak + workspace; }
-  // What the host tiers (host_offload, host_optimizer) hold at most, together: the figure the
+  // What the host tiers (host_block_inputs, host_optimizer) hold at most, together: the figure the
   // host budget bounds (each tier's peak, summed: the optimizer's state lives all step long).
   int64_t host_total() const;
 };

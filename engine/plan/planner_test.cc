@@ -1,6 +1,6 @@
 // The planner against the allocator: a real CPU step's measured per-tier peaks equal the plan's,
-// the attention tier shrinks with the head chunk, offload moves the checkpoints to the host, and
-// the Llama-3-8B / 8 GPU / 3M-token plan has the shape of docs/benchmarks.md.
+// the attention tier shrinks with the head chunk, offload moves the saved block inputs to the host,
+// and the Llama-3-8B / 8 GPU / 3M-token plan has the shape of docs/benchmarks.md.
 #include "engine/plan/planner.h"
 
 #include <cmath>
@@ -65,12 +65,12 @@ void ExpectPlanMatches(const LlamaModel::Options& opts, int64_t S,
 
 TEST(PlannerTest, MatchesTheAllocatorForEveryTechnique) {
   LlamaModel::Options o;
-  o.checkpoint = CheckpointPolicy::kNone;
+  o.recompute = RecomputePolicy::kNone;
   ExpectPlanMatches(o, 64);
-  o.checkpoint = CheckpointPolicy::kFull;
+  o.recompute = RecomputePolicy::kFull;
   o.tile_tokens = 16;
   ExpectPlanMatches(o, 64);
-  o.checkpoint = CheckpointPolicy::kAttentionAware;
+  o.recompute = RecomputePolicy::kAttentionAware;
   o.head_chunk = 2;
   ExpectPlanMatches(o, 96);
   o.offload = true;
@@ -93,7 +93,7 @@ TEST(PlannerTest, FamiliesMatchTheAllocatorAndCountTheirParameters) {
   mistral.family = ModelFamily::kMistral;
   mistral.sliding_window = 16;
   LlamaModel::Options o;
-  o.checkpoint = CheckpointPolicy::kAttentionAware;
+  o.recompute = RecomputePolicy::kAttentionAware;
   o.head_chunk = 2;
   o.tile_tokens = 16;
   for (const LlamaConfig& cfg : {qwen2, qwen3, mistral}) {
@@ -117,7 +117,7 @@ TEST(PlannerTest, FamiliesMatchTheAllocatorAndCountTheirParameters) {
 
 int64_t AttentionPeak(int64_t head_chunk, bool measured) {
   LlamaModel::Options o;
-  o.checkpoint = CheckpointPolicy::kFull;
+  o.recompute = RecomputePolicy::kFull;
   o.head_chunk = head_chunk;
   if (measured) {
     HostAllocator alloc;
@@ -146,16 +146,16 @@ TEST(PlannerTest, AttentionTierShrinksWithHeadChunk) {
 
 TEST(PlannerTest, OffloadMovesCheckpointsToTheHost) {
   LlamaModel::Options o;
-  o.checkpoint = CheckpointPolicy::kAttentionAware;
+  o.recompute = RecomputePolicy::kAttentionAware;
   HostAllocator a1, a2;
-  const int64_t on_device = Measure(Tiny(), o, 96, &a1)->peak(Tier::kCheckpoints);
+  const int64_t on_device = Measure(Tiny(), o, 96, &a1)->peak(Tier::kBlockInputs);
   o.offload = true;
   const MemoryTracker* off = Measure(Tiny(), o, 96, &a2);
-  EXPECT_GT(off->peak(Tier::kHostOffload), 0);
+  EXPECT_GT(off->peak(Tier::kHostBlockInputs), 0);
   // At most two blocks' saved data are on the device at once (the one in backward and the one
   // prefetched), instead of all three.
-  EXPECT_LT(off->peak(Tier::kCheckpoints), on_device);
-  EXPECT_GE(off->peak(Tier::kHostOffload), on_device / 3);
+  EXPECT_LT(off->peak(Tier::kBlockInputs), on_device);
+  EXPECT_GE(off->peak(Tier::kHostBlockInputs), on_device / 3);
 }
 
 TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
@@ -165,7 +165,7 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
   spec.data.seq_len = 3 * 1024 * 1024;
   spec.parallel.world = 8;
   spec.parallel.sp = 8;
-  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  spec.memory.recompute = RecomputePolicy::kFull;
   spec.memory.offload = true;
   spec.memory.tile_tokens = 8192;
   spec.memory.head_chunk = 32;  // plain Ulysses: all heads in one stage
@@ -213,10 +213,10 @@ TEST(PlannerTest, Llama1BAt3MTokensFitsOneH200AndGrowsUnder20KBPerToken) {
   JobSpec spec;
   spec.backend = "cuda";
   spec.model.preset = "llama-3.2-1b";
-  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  spec.memory.recompute = RecomputePolicy::kFull;
   spec.memory.offload = true;
   spec.memory.prefetch = false;
-  spec.memory.checkpoint_interval = 2;
+  spec.memory.recompute_interval = 2;
   spec.memory.head_chunk = 1;
   spec.memory.tile_tokens = 8192;
   auto plan_at = [&](int64_t tokens) {
@@ -240,14 +240,14 @@ namespace ithaca {
 namespace {
 
 // "auto" resolves to the fastest settings that fit: everything at full width when memory is
-// plentiful, head stages / offload / sparser checkpoints as the budget tightens.
+// plentiful, head stages / offload / sparser saved block inputs as the budget tightens.
 // Packed documents shrink the attention's work, not its memory: every buffer is sized by S, so
 // a step over many documents peaks exactly where one over a single document does, and the plan
 // (which knows nothing of documents) holds for both.
 TEST(PlannerTest, DocumentMasksChangeNoMemory) {
   const LlamaConfig cfg = Tiny();
   LlamaModel::Options opts;
-  opts.checkpoint = CheckpointPolicy::kAttentionAware;
+  opts.recompute = RecomputePolicy::kAttentionAware;
   opts.head_chunk = 2;
   const int64_t S = 96;
   HostAllocator one, many;
@@ -272,7 +272,7 @@ TEST(PlannerTest, DocumentMasksWidenCudnnsWorkspaceOnly) {
     req.seq_len = S;
     req.device = Device::kCuda;
     req.act = DType::kBF16;
-    req.opts.checkpoint = CheckpointPolicy::kAttentionAware;
+    req.opts.recompute = RecomputePolicy::kAttentionAware;
     req.opts.head_chunk = 32;
     req.opts.tile_tokens = 16384;
     req.attention_forward = req.attention_backward = AttentionKernel::kCudnn;
@@ -299,7 +299,7 @@ TEST(PlannerTest, TheWorkspaceFollowsTheChosenKernels) {
   req.seq_len = S;
   req.device = Device::kCuda;
   req.act = DType::kBF16;
-  req.opts.checkpoint = CheckpointPolicy::kAttentionAware;
+  req.opts.recompute = RecomputePolicy::kAttentionAware;
   req.opts.head_chunk = 32;
   req.opts.tile_tokens = 16384;
   req.document_mask = true;
@@ -324,7 +324,7 @@ TEST(PlannerTest, TheWorkspaceFollowsTheChosenKernels) {
   spec.data.document_mask = true;
   spec.memory.head_chunk = 32;
   spec.memory.tile_tokens = 16384;
-  spec.memory.checkpoint = CheckpointPolicy::kAttentionAware;
+  spec.memory.recompute = RecomputePolicy::kAttentionAware;
   auto job = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->workspace, hopper->workspace);
@@ -342,7 +342,7 @@ TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
   spec.backend = "cuda";
   spec.model.preset = "llama-3.2-1b";
   spec.data.seq_len = 1 << 20;
-  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  spec.memory.recompute = RecomputePolicy::kFull;
   auto roomy = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
   ASSERT_TRUE(roomy.ok()) << roomy.status();
   EXPECT_TRUE(roomy->fits);
@@ -371,7 +371,8 @@ namespace {
 
 // The longest contexts to probe on two H200s (139 GiB each, 256 GiB of host memory shared by the
 // two ranks): Llama-3-8B at 2M tokens and Llama-3.2-1B at 8M, with FSDP + Ulysses over both GPUs,
-// full checkpoints offloaded to the host, sequence tiles and one head per rank per UPipe stage.
+// full recompute, saved block inputs offloaded to the host, sequence tiles and one head per rank
+// per UPipe stage.
 TEST(PlannerTest, LongestContextsOnTwoH200sFit) {
   for (auto [preset, tokens] :
        {std::pair<const char*, int64_t>{"llama-3-8b", int64_t{2} << 20},
@@ -382,12 +383,12 @@ TEST(PlannerTest, LongestContextsOnTwoH200sFit) {
     spec.data.seq_len = tokens;
     spec.parallel.world = 2;
     spec.parallel.sp = 2;
-    spec.memory.checkpoint = CheckpointPolicy::kFull;
+    spec.memory.recompute = RecomputePolicy::kFull;
     spec.memory.offload = true;
     spec.memory.prefetch = false;
     spec.memory.tile_tokens = 8192;
     spec.memory.head_chunk = 2;
-    spec.memory.checkpoint_interval = 4;
+    spec.memory.recompute_interval = 4;
     spec.memory.overlap = false;
     auto plan = PlanJob(spec, int64_t{139} << 30, int64_t{128} << 30);
     ASSERT_TRUE(plan.ok()) << preset << ": " << plan.status();
@@ -439,7 +440,7 @@ TEST(PlannerTest, AutoOffloadsTheOptimizerOnlyWhereItDoesNotFit) {
     spec.backend = "cuda";
     spec.model.preset = preset;
     spec.data.seq_len = tokens;
-    spec.memory.checkpoint = CheckpointPolicy::kFull;
+    spec.memory.recompute = RecomputePolicy::kFull;
     spec.memory.optimizer_offload = choice;
     auto p = PlanJob(spec, gpu, host);
     EXPECT_TRUE(p.ok()) << p.status();
@@ -477,7 +478,7 @@ TEST(PlannerTest, AutoOffloadsTheParametersOnlyWhereTheOptimizerIsNotEnough) {
     spec.backend = "cuda";
     spec.model.preset = "llama-3-8b";
     spec.data.seq_len = tokens;
-    spec.memory.checkpoint = CheckpointPolicy::kFull;
+    spec.memory.recompute = RecomputePolicy::kFull;
     spec.memory.optimizer_offload = OffloadChoice::kAuto;
     spec.memory.param_offload = params;
     auto p = PlanJob(spec, gpu_gib << 30, int64_t{200} << 30);
@@ -511,7 +512,7 @@ TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
   spec.backend = "cuda";
   spec.model.preset = "llama-3-8b";
   spec.data.seq_len = 128 << 10;
-  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  spec.memory.recompute = RecomputePolicy::kFull;
   spec.memory.head_chunk = 8;
   spec.memory.tile_tokens = 8192;
   spec.memory.optimizer_offload = OffloadChoice::kOn;
@@ -529,7 +530,7 @@ TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
   // names both tiers.
   spec.memory.param_offload = OffloadChoice::kOn;
   spec.memory.offload = false;
-  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.memory.recompute = RecomputePolicy::kNone;
   spec.data.seq_len = 4096;
   p = PlanJob(spec, int64_t{137} << 30, int64_t{95} << 30);
   ASSERT_TRUE(p.ok()) << p.status();

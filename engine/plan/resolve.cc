@@ -41,7 +41,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.offload = job.plan.offload;
   s.memory.prefetch = job.plan.prefetch;
   s.memory.overlap = job.plan.overlap;
-  s.memory.checkpoint_interval = job.plan.checkpoint_interval;
+  s.memory.recompute_interval = job.plan.recompute_interval;
   if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shape
     const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask,
                                job.config.sliding_window};
@@ -73,11 +73,11 @@ absl::Status RequireFits(const ResolvedJob& job) {
 std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
-      "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, checkpoint_interval "
+      "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, recompute_interval "
       "%d, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, peak %s per rank "
       "(GPU budget %s), host %s per rank (budget %s)",
       m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
-      m.checkpoint_interval, m.overlap ? "on" : "off",
+      m.recompute_interval, m.overlap ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
       m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
       job.spec.backend == "cuda"

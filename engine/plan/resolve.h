@@ -17,7 +17,7 @@ namespace ithaca {
 
 struct ResolvedJob {
   // Concrete: model.dtype, memory.head_chunk, tile_tokens, gpu_budget_gib and host_budget_gib
-  // are numbers (CheckResolved passes), and offload / prefetch / checkpoint_interval /
+  // are numbers (CheckResolved passes), and offload / prefetch / recompute_interval /
   // optimizer_offload are the planner's choices when it was free to make them.
   JobSpec spec;
   LlamaConfig config;
@@ -37,7 +37,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
 absl::Status RequireFits(const ResolvedJob& job);
 
 // One line for logs: "memory plan: head_chunk 4, tile_tokens 2048, offload off, prefetch on,
-// checkpoint_interval 1, overlap on, optimizer_offload off, param_offload off, dtype bf16, peak
+// recompute_interval 1, overlap on, optimizer_offload off, param_offload off, dtype bf16, peak
 // 61.20 GiB per rank (GPU budget 137.00 GiB), host 0.00 MiB per rank (budget 100.00 GiB)".
 std::string ResolutionLine(const ResolvedJob& job);
 

@@ -1,8 +1,8 @@
 // One Llama transformer block, forward and backward, on one rank of a Ulysses group (the whole
 // sequence when P = 1): part of engine/schedule (see llama.h) rather than engine/model because
 // its attention is the Ulysses/UPipe exchange of engine/parallel/upipe.h and because what it
-// keeps for backward is the checkpoint policy's decision. The MLP runs over token tiles. The
-// checkpoint policies are built from the same pieces: forward keeps what the policy keeps,
+// keeps for backward is the recompute policy's decision. The MLP runs over token tiles. The
+// recompute policies are built from the same pieces: forward keeps what the policy keeps,
 // BlockRecompute rebuilds the rest before backward.
 #pragma once
 
@@ -19,8 +19,8 @@ namespace ithaca {
 // tile at a time where they are used, so a block holds at most four [s, d]-sized buffers.
 struct BlockSaved {
   Buffer rstd1;  // f32 [s]                                          activations
-  Buffer o;      // attention output O_local [s, Hq·D]               attention (or checkpoints)
-  Buffer lse;    // f32 [Hq/P, S], stage by stage                    attention (or checkpoints)
+  Buffer o;      // attention output O_local [s, Hq·D]               attention (or block_inputs)
+  Buffer lse;    // f32 [Hq/P, S], stage by stage                    attention (or block_inputs)
   Buffer x2;     // x + O·Woᵀ, the MLP's residual input [s, d]       activations
   Buffer rstd2;  // f32 [s]                                          activations
 };
@@ -38,21 +38,21 @@ struct BlockContext {
   const LlamaConfig* cfg;
   UlyssesContext attn;  // ops, allocator, Ulysses group, head plan, local tokens, RoPE
   int64_t tile_tokens;  // MLP tile
-  Tier saved_attention_tier = Tier::kAttention;  // O and LSE: checkpoints when kept across blocks
+  Tier saved_attention_tier = Tier::kAttention;  // O and LSE: block_inputs when kept across blocks
   Ops* ops() const { return attn.ops; }
   Allocator* alloc() const { return attn.alloc; }
 };
 
 // y = block(x), x and y [s, d]. Fills `saved` with O, LSE and the norms' rstd; without
 // `keep_attention_output` O and LSE are freed as soon as the MLP's input has been made from
-// them (checkpointing recomputes them). The MLP runs in place on y, so its input x2 is kept
-// (a copy) only with `keep_mlp_input` (no checkpointing).
+// them (the recompute rebuilds them). The MLP runs in place on y, so its input x2 is kept
+// (a copy) only with `keep_mlp_input` (no recompute).
 absl::Status BlockForward(const BlockContext& c, const BlockWeights& w, const Tensor& x,
                           const Tensor& y, BlockSaved* saved, bool keep_attention_output,
                           bool keep_mlp_input);
 
 // Rebuilds the members of `saved` that are empty: o, lse (and rstd1) by re-running the attention
-// forward (full checkpointing; attention-aware keeps them), then x2.
+// forward (full recompute; attention-aware keeps them), then x2.
 absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
                             BlockSaved* saved);
 

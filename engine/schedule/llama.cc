@@ -72,9 +72,9 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs) const {
   c.attn.qk_norm_eps = static_cast<float>(cfg_.rms_norm_eps);
   c.attn.rope_scale = static_cast<float>(cfg_.rope.AttentionScaling());
   c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
-  // Attention-aware checkpointing keeps O and LSE with the block input.
+  // The attention-aware recompute policy keeps O and LSE with the block input.
   c.saved_attention_tier =
-      opts_.checkpoint == CheckpointPolicy::kAttentionAware ? Tier::kCheckpoints : Tier::kAttention;
+      opts_.recompute == RecomputePolicy::kAttentionAware ? Tier::kBlockInputs : Tier::kAttention;
   return c;
 }
 
@@ -126,7 +126,7 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSampleAsync(const int32_t* inputs
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   Ops::Fence fence;
   for (auto [from, to] : {std::pair{inputs, &out.ids}, std::pair{labels, &out.labels}}) {
-    ASSIGN_OR_RETURN(Buffer host, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kHostOffload));
+    ASSIGN_OR_RETURN(Buffer host, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kHostBlockInputs));
     std::copy(from + t0, from + t0 + s, static_cast<int32_t*>(host.tensor().data));
     fence = ops_->CopyAsync(host.tensor(), to->tensor());
     staging->push_back(std::move(host));
@@ -152,27 +152,27 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
 }
 
 // One step's state between its passes: the blocks' context and activations and, for a training
-// step, what the forward keeps for the backward under the checkpoint policy.
+// step, what the forward keeps for the backward under the recompute policy.
 struct LlamaModel::Step {
   Step(const LlamaModel& m, const DeviceSample& sample, bool backward)
       : backward(backward),
-        keep_all(backward && m.opts_.checkpoint == CheckpointPolicy::kNone),
-        keep_attention(backward && m.opts_.checkpoint == CheckpointPolicy::kAttentionAware),
-        k(keep_all ? 1 : std::max<int64_t>(1, m.opts_.checkpoint_interval)),
+        keep_all(backward && m.opts_.recompute == RecomputePolicy::kNone),
+        keep_attention(backward && m.opts_.recompute == RecomputePolicy::kAttentionAware),
+        k(keep_all ? 1 : std::max<int64_t>(1, m.opts_.recompute_interval)),
         ctx(m.Context(sample.ids.tensor().numel(), sample.docs)),
         saved(m.ops_, m.alloc_, m.cfg_.num_hidden_layers, m.opts_.offload,
               m.opts_.offload_keep_last),
         resident(keep_all ? m.cfg_.num_hidden_layers : 0) {}
 
   const bool backward;  // a training step (Forward for evaluation saves nothing)
-  // Without a backward nothing is saved, whatever the checkpoint policy.
+  // Without a backward nothing is saved, whatever the recompute policy.
   const bool keep_all;        // kNone: each block keeps everything it made (`resident`)
   const bool keep_attention;  // kAttentionAware: O and LSE are saved with a block's input
   // Only every k-th block's input is saved; the others are regrown in backward from it.
   const int64_t k;
   const BlockContext ctx;
   Buffer x;  // the activations between blocks: the embedding, then each block's output
-  CheckpointStore saved;
+  BlockInputStore saved;
   std::vector<BlockSaved> resident;
   // The next block's parameters are gathered one block ahead, under this block's compute. With
   // overlap the loss head's are gathered under the last block's forward too (`head`), and the
@@ -221,7 +221,7 @@ absl::Status LlamaModel::Embed(const DeviceSample& sample, Step* step) {
   const Tensor ids = sample.ids.tensor();
   const int embed_unit = layout_.embed_unit();
   ASSIGN_OR_RETURN(step->x, Buffer::Make(alloc_, ops_->act_dtype(), {ids.numel(), cfg_.hidden_size},
-                                         Tier::kCheckpoints));
+                                         Tier::kBlockInputs));
   UnitLease embed(params_.get(), embed_unit);
   ASSIGN_OR_RETURN(Tensor e, embed.Get());
   ops_->Embedding(ids, ParamLayout::View(e, layout_.units()[embed_unit].entries[0]),
@@ -248,7 +248,7 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
         RETURN_IF_ERROR(st.head.back()->Start());
       }
     }
-    const Tier y_tier = st.backward && l + 1 < L ? Tier::kCheckpoints : Tier::kActivations;
+    const Tier y_tier = st.backward && l + 1 < L ? Tier::kBlockInputs : Tier::kActivations;
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, y_tier));
     BlockSaved bs;
     const bool keep_o = st.keep_all || (st.keep_attention && l % st.k == 0);
@@ -290,7 +290,7 @@ absl::StatusOr<SavedInputs> LlamaModel::TakeSaved(Step* step, int64_t l,
       if (opts_.overlap) RETURN_IF_ERROR(lease->Start());
     }
     ASSIGN_OR_RETURN(re[m + 1].x,
-                     Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kCheckpoints));
+                     Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kBlockInputs));
     BlockSaved bs;
     RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), xm, re[m + 1].x.tensor(), &bs,
                                  /*keep_attention_output=*/st.keep_attention && m > l0,

@@ -1,10 +1,10 @@
 // engine/schedule: how one training step runs the model on one rank. It owns the order of the
 // step and every decision that trades memory for time: which FSDP unit is gathered when (one
 // block ahead of its use, released after), what each block saves for backward
-// (CheckpointPolicy, and only every k-th block's input with checkpoint_interval: the blocks in
+// (RecomputePolicy, and only every k-th block's input with recompute_interval: the blocks in
 // between are regrown from it), where saved data waits (offload to the host, prefetch one block
 // ahead), and the token tiles of the MLP and the loss. It composes the mechanisms of
-// engine/parallel (ParamStore, CheckpointStore, Ulysses/UPipe attention) over what engine/model
+// engine/parallel (ParamStore, BlockInputStore, Ulysses/UPipe attention) over what engine/model
 // describes (LlamaConfig, ParamLayout); neither of those depends on it. The planner
 // (engine/plan) replays this schedule on a meta device to measure its memory, and the trainer
 // (engine/train) drives it.
@@ -25,7 +25,7 @@
 #include "engine/parallel/head_plan.h"
 #include "engine/parallel/offload.h"
 #include "engine/schedule/block.h"
-#include "engine/spec/checkpoint_policy.h"
+#include "engine/spec/recompute_policy.h"
 
 namespace ithaca {
 
@@ -45,14 +45,14 @@ struct DeviceSample {
 class LlamaModel {
  public:
   struct Options {
-    CheckpointPolicy checkpoint = CheckpointPolicy::kFull;
+    RecomputePolicy recompute = RecomputePolicy::kFull;
     int64_t tile_tokens = 0;       // MLP tile; 0 = auto
     int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0 = auto
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
     bool offload = false;          // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;
     bool prefetch = true;  // bring block l−1's saved data back during block l's backward
-    int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the others
+    int64_t recompute_interval = 1;   // save every k-th block's input; regrow the others
     bool fsdp = true;                 // shard parameter units over `world`
     // Collectives under compute: FSDP gathers one block ahead and reductions left in flight
     // (ParamStore), UPipe's exchanges double-buffered a stage ahead (upipe.h). Off: every
@@ -119,7 +119,7 @@ class LlamaModel {
   // step->x = the embedding of the share's ids (the first block's input).
   absl::Status Embed(const DeviceSample& sample, Step* step);
   // The blocks' forward, step->x becoming the last block's output; a training step saves what
-  // its checkpoint policy keeps (evaluation saves nothing).
+  // its recompute policy keeps (evaluation saves nothing).
   absl::Status BlocksForward(Step* step);
   // The backward from dx (the loss head's gradient of the last block's output, [s, d]) through
   // every block to the embedding, each unit's gradient reduce-scattered as it completes.

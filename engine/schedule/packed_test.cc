@@ -1,6 +1,6 @@
 // Packed documents and loss masks on one rank, against exact oracles:
 // - a packed sample with document masking equals each of its documents run on its own (loss sum
-//   and every gradient), under every checkpoint policy, UPipe head chunks, offload and tiling
+//   and every gradient), under every recompute policy, UPipe head chunks, offload and tiling
 //   (tests/parallel checks the same across ranks);
 // - loss masks: the gradient of all labels is the gradient of the masked labels plus that of
 //   the others, so a masked label adds nothing to the gradient.
@@ -120,21 +120,21 @@ TEST_F(PackedTest, PackedSampleEqualsEachDocumentAlone) {
 
   struct Case {
     const char* name;
-    CheckpointPolicy policy;
+    RecomputePolicy policy;
     int64_t head_chunk, tile, loss_tile, interval;
     bool offload;
   };
   for (const Case& c :
-       {Case{"none", CheckpointPolicy::kNone, 0, 0, 0, 1, false},
-        Case{"full_chunk2_tiled", CheckpointPolicy::kFull, 2, 8, 16, 1, false},
-        Case{"aware_interval2_offload", CheckpointPolicy::kAttentionAware, 0, 0, 0, 2, true},
-        Case{"full_chunk2_interval3_offload", CheckpointPolicy::kFull, 2, 16, 7, 3, true}}) {
+       {Case{"none", RecomputePolicy::kNone, 0, 0, 0, 1, false},
+        Case{"full_chunk2_tiled", RecomputePolicy::kFull, 2, 8, 16, 1, false},
+        Case{"aware_interval2_offload", RecomputePolicy::kAttentionAware, 0, 0, 0, 2, true},
+        Case{"full_chunk2_interval3_offload", RecomputePolicy::kFull, 2, 16, 7, 3, true}}) {
     LlamaModel::Options o;
-    o.checkpoint = c.policy;
+    o.recompute = c.policy;
     o.head_chunk = c.head_chunk;
     o.tile_tokens = c.tile;
     o.loss_tile_tokens = c.loss_tile;
-    o.checkpoint_interval = c.interval;
+    o.recompute_interval = c.interval;
     o.offload = c.offload;
     ExpectSame(Run(o, {packed}), want, c.name);
   }

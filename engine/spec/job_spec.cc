@@ -14,11 +14,13 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -114,6 +116,18 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// Keys this spec format used to have, by their dotted path, and the key each is now. A new
+// spec that uses one is refused with "did you mean NEW?" (Suggest, below); a spec stored by an
+// older ithacad is read with the new names (UpgradeStoredSpec).
+const std::vector<std::pair<std::string, std::string>>& RenamedKeys() {
+  // memory.checkpoint said "checkpoint" for activation recompute while [checkpoint] is the saved
+  // training state (docs/schedules.md, "Names").
+  static const auto* renamed = new std::vector<std::pair<std::string, std::string>>{
+      {"memory.checkpoint", "memory.recompute"},
+      {"memory.checkpoint_interval", "memory.recompute_interval"}};
+  return *renamed;
+}
+
 // Names other trainers use for our keys; a typo of one of these still finds the right key.
 const std::vector<std::pair<std::string, std::string>>& Aliases() {
   static const auto* aliases = new std::vector<std::pair<std::string, std::string>>{
@@ -129,15 +143,26 @@ const std::vector<std::pair<std::string, std::string>>& Aliases() {
       {"world_size", "world"},
       {"keep_last", "keep"},
       {"save_every", "every"},
-      {"activation_checkpointing", "checkpoint"}};
+      {"activation_checkpointing", "recompute"},
+      {"gradient_checkpointing", "recompute"}};
   return *aliases;
 }
 
-// The valid key closest to `bad`, or "" when none is close enough to be a likely typo.
-std::string Suggest(const std::string& bad, const std::vector<std::string>& valid) {
+// The valid key of section `section` ("" at the top) closest to `bad`, or "" when none is close
+// enough to be a likely typo. `valid` holds the section's keys by their last part.
+std::string Suggest(const std::string& bad, const std::string& section,
+                    const std::vector<std::string>& valid) {
   std::vector<std::pair<std::string, std::string>> candidates;  // (spelling, valid key)
   for (const std::string& v : valid) candidates.emplace_back(v, v);
-  for (const auto& [alias, key] : Aliases()) {
+  std::vector<std::pair<std::string, std::string>> aliases = Aliases();
+  // A renamed key of this section is one more alias of its new name.
+  const std::string prefix = section.empty() ? "" : section + ".";
+  for (const auto& [old_path, new_path] : RenamedKeys()) {
+    if (absl::StartsWith(old_path, prefix) && absl::StartsWith(new_path, prefix)) {
+      aliases.emplace_back(old_path.substr(prefix.size()), new_path.substr(prefix.size()));
+    }
+  }
+  for (const auto& [alias, key] : aliases) {
     if (std::find(valid.begin(), valid.end(), key) != valid.end()) {
       candidates.emplace_back(alias, key);
     }
@@ -592,20 +617,23 @@ const std::vector<Key>& Keys() {
       {"parallel.fsdp", Bool(FIELD(parallel.fsdp)),
        "Shard parameters, gradients and optimizer state over the data-parallel ranks."},
 
-      {"memory.checkpoint",
-       Enum(FIELD(memory.checkpoint), std::vector<std::pair<CheckpointPolicy, std::string>>{
-                                          {CheckpointPolicy::kNone, "none"},
-                                          {CheckpointPolicy::kFull, "full"},
-                                          {CheckpointPolicy::kAttentionAware, "attention-aware"}}),
-       "Activation checkpointing: what each block keeps for its backward."},
+      {"memory.recompute",
+       Enum(FIELD(memory.recompute),
+            std::vector<std::pair<RecomputePolicy, std::string>>{
+                {RecomputePolicy::kNone, "none"},
+                {RecomputePolicy::kFull, "full"},
+                {RecomputePolicy::kAttentionAware, "attention-aware"}}),
+       "Activation recompute: what each block keeps for its backward (the `block_inputs` tier); "
+       "the backward computes the rest again. Was `memory.checkpoint`."},
       {"memory.offload", Bool(FIELD(memory.offload)),
-       "Checkpointed block inputs go to pinned host memory."},
+       "Saved block inputs go to pinned host memory (the `host_block_inputs` tier)."},
       {"memory.offload_keep_last", Int(FIELD(memory.offload_keep_last)),
        "Blocks whose inputs stay on the device when offloading."},
       {"memory.prefetch", Bool(FIELD(memory.prefetch)),
        "Offloaded inputs come back one block ahead (else just in time)."},
-      {"memory.checkpoint_interval", Int(FIELD(memory.checkpoint_interval)),
-       "Save every k-th block's input; regrow the rest in the backward."},
+      {"memory.recompute_interval", Int(FIELD(memory.recompute_interval)),
+       "Save every k-th block's input; regrow the rest in the backward. Was "
+       "`memory.checkpoint_interval`."},
       {"memory.head_chunk", IntOrAuto(FIELD(memory.head_chunk)),
        "Query heads per UPipe attention stage."},
       {"memory.tile_tokens", IntOrAuto(FIELD(memory.tile_tokens)),
@@ -715,13 +743,18 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
       RETURN_IF_ERROR(Walk(*node.as_table(), path, r, s));
       continue;
     }
-    std::string best = Suggest(name, valid);
+    std::string best = Suggest(name, prefix, valid);
     std::string hint;
     if (!best.empty()) {
       hint = absl::StrCat("; did you mean ", prefix.empty() ? "" : prefix + ".", best, "?");
     }
+    const bool renamed = std::any_of(RenamedKeys().begin(), RenamedKeys().end(),
+                                     [&](const auto& old_new) { return old_new.first == path; });
     return r.Error(path.substr(0, 256),
-                   node.is_table() && prefix.empty() ? "unknown section" : "unknown key", hint);
+                   renamed                             ? "renamed key"
+                   : node.is_table() && prefix.empty() ? "unknown section"
+                                                       : "unknown key",
+                   hint);
   }
   return absl::OkStatus();
 }
@@ -848,8 +881,8 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   const JobSpec::Memory& m = s.memory;
   RETURN_IF_ERROR(r.Require(m.offload_keep_last >= 0, "memory.offload_keep_last",
                             absl::StrCat("must be >= 0, got ", m.offload_keep_last)));
-  RETURN_IF_ERROR(r.Require(m.checkpoint_interval >= 1, "memory.checkpoint_interval",
-                            absl::StrCat("must be >= 1, got ", m.checkpoint_interval)));
+  RETURN_IF_ERROR(r.Require(m.recompute_interval >= 1, "memory.recompute_interval",
+                            absl::StrCat("must be >= 1, got ", m.recompute_interval)));
   RETURN_IF_ERROR(
       r.Require(m.gpu_budget_gib >= 0, "memory.gpu_budget_gib",
                 absl::StrCat("must be >= 0 (0: from the node), got ", m.gpu_budget_gib)));
@@ -933,6 +966,38 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
   }
   RETURN_IF_ERROR(Validate(s, r));
   return s;
+}
+
+std::string UpgradeStoredSpec(const std::string& toml_text) {
+  absl::StatusOr<toml::table> spec = ParseTomlText(toml_text, "stored spec");
+  if (!spec.ok()) return toml_text;  // the parse that reads the spec reports it
+  bool changed = false;
+  for (const auto& [old_path, new_path] : RenamedKeys()) {
+    // The tables above each key (they are one level down today; the walk takes any depth).
+    const std::vector<std::string> from = absl::StrSplit(old_path, '.');
+    const std::vector<std::string> to = absl::StrSplit(new_path, '.');
+    auto parent = [&](const std::vector<std::string>& parts) -> toml::table* {
+      toml::table* t = &*spec;
+      for (size_t i = 0; i + 1 < parts.size() && t != nullptr; ++i) {
+        toml::node* next = t->get(parts[i]);
+        t = next == nullptr ? nullptr : next->as_table();
+      }
+      return t;
+    };
+    toml::table* old_parent = parent(from);
+    toml::table* new_parent = parent(to);
+    if (old_parent == nullptr || new_parent == nullptr) continue;
+    const toml::node* value = old_parent->get(from.back());
+    // Both spellings present: leave it to the parser, which refuses the old one.
+    if (value == nullptr || new_parent->contains(to.back())) continue;
+    new_parent->insert_or_assign(to.back(), *value);
+    old_parent->erase(from.back());
+    changed = true;
+  }
+  if (!changed) return toml_text;
+  std::ostringstream out;
+  out << toml::toml_formatter(*spec);
+  return out.str() + "\n";
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {

@@ -14,7 +14,7 @@
 
 #include "engine/core/status.h"
 #include "engine/model/config.h"
-#include "engine/spec/checkpoint_policy.h"
+#include "engine/spec/recompute_policy.h"
 
 namespace ithaca {
 
@@ -83,11 +83,11 @@ struct JobSpec {
   } parallel;
 
   struct Memory {
-    CheckpointPolicy checkpoint = CheckpointPolicy::kFull;
+    RecomputePolicy recompute = RecomputePolicy::kFull;
     bool offload = false;
     int64_t offload_keep_last = 0;  // blocks kept on the device when offloading
     bool prefetch = true;  // offloaded inputs come back one block ahead (else just in time)
-    int64_t checkpoint_interval = 1;  // save every k-th block's input; regrow the rest in backward
+    int64_t recompute_interval = 1;   // save every k-th block's input; regrow the rest in backward
     int64_t head_chunk = 0;           // query heads per UPipe stage; 0 = "auto"
     int64_t tile_tokens = 0;          // tokens per MLP / loss tile; 0 = "auto"
     // Collectives under compute (FSDP gathers a block ahead and reductions in flight, UPipe's
@@ -193,6 +193,12 @@ inline constexpr size_t kMaxSpecStringBytes = 4096;  // every string value (path
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,
                                      const std::string& source = "job.toml");
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+// A spec that an older ithacad stored, with the keys of its version (memory.checkpoint and
+// memory.checkpoint_interval, now memory.recompute and memory.recompute_interval), written with
+// today's names; any other text unchanged. For stored specs only (the job store reads every spec
+// through it, so a job queued or running across an upgrade is still read): a spec submitted now
+// with an old key is refused, naming the new one.
+std::string UpgradeStoredSpec(const std::string& toml_text);
 // The spec's model: config.json when given, else the preset.
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec);
 

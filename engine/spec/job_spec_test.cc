@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
 #include "gtest/gtest.h"
@@ -49,7 +50,7 @@ sp = 4
 fsdp = false
 
 [memory]
-checkpoint = "attention-aware"
+recompute = "attention-aware"
 offload = true
 offload_keep_last = 2
 head_chunk = 4
@@ -126,7 +127,7 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->parallel.world, 8);
   EXPECT_EQ(s->parallel.sp, 4);
   EXPECT_FALSE(s->parallel.fsdp);
-  EXPECT_EQ(s->memory.checkpoint, CheckpointPolicy::kAttentionAware);
+  EXPECT_EQ(s->memory.recompute, RecomputePolicy::kAttentionAware);
   EXPECT_TRUE(s->memory.offload);
   EXPECT_EQ(s->memory.offload_keep_last, 2);
   EXPECT_EQ(s->memory.head_chunk, 4);
@@ -152,7 +153,7 @@ TEST(JobSpecTest, DefaultsApplyWhenOnlyDataPathIsGiven) {
   JobSpec d;  // every other field keeps the struct's default
   d.data.path = "d.tok";
   EXPECT_EQ(JobSpecToToml(*s), JobSpecToToml(d));
-  EXPECT_EQ(s->memory.checkpoint, CheckpointPolicy::kFull);
+  EXPECT_EQ(s->memory.recompute, RecomputePolicy::kFull);
   EXPECT_EQ(s->data.seq_len, 256);
   EXPECT_TRUE(s->data.shuffle);
   EXPECT_EQ(s->eval.path, "");  // no [eval]: no evaluation
@@ -174,7 +175,7 @@ TEST(JobSpecTest, RoundTripsThroughToml) {
   EXPECT_EQ(b->name, "quote \" and \\ backslash");
   EXPECT_EQ(b->memory.head_chunk, 4);
   EXPECT_EQ(b->memory.tile_tokens, 0);
-  EXPECT_EQ(b->memory.checkpoint, CheckpointPolicy::kAttentionAware);
+  EXPECT_EQ(b->memory.recompute, RecomputePolicy::kAttentionAware);
   EXPECT_EQ(b->parallel.world, 8);
   EXPECT_FALSE(b->checkpoint.resume);
   EXPECT_EQ(b->checkpoint.export_dtype, "bf16");
@@ -244,17 +245,80 @@ TEST(JobSpecBoundsTest, DeepDottedKeysAreRefusedNotACrash) {
   ExpectError(ParseError("[" + key + "]\n"), "job.toml:1: invalid TOML: a dotted key");
 }
 
-TEST(JobSpecTest, CheckpointPolicyNames) {
-  EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kNone), "none");
-  EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kFull), "full");
-  EXPECT_STREQ(CheckpointPolicyName(CheckpointPolicy::kAttentionAware), "attention-aware");
+TEST(JobSpecTest, RecomputePolicyNames) {
+  EXPECT_STREQ(RecomputePolicyName(RecomputePolicy::kNone), "none");
+  EXPECT_STREQ(RecomputePolicyName(RecomputePolicy::kFull), "full");
+  EXPECT_STREQ(RecomputePolicyName(RecomputePolicy::kAttentionAware), "attention-aware");
   for (const char* p : {"none", "full", "attention-aware"}) {
     absl::StatusOr<JobSpec> s =
-        ParseJobSpec(absl::StrCat("[data]\npath = \"d\"\n[memory]\ncheckpoint = \"", p, "\"\n"));
+        ParseJobSpec(absl::StrCat("[data]\npath = \"d\"\n[memory]\nrecompute = \"", p, "\"\n"));
     ASSERT_TRUE(s.ok()) << s.status();
-    EXPECT_STREQ(CheckpointPolicyName(s->memory.checkpoint), p);
+    EXPECT_STREQ(RecomputePolicyName(s->memory.recompute), p);
   }
-  ExpectError(ErrorWith("[memory]\ncheckpoint = \"some\"\n"), "job.toml: memory.checkpoint: ");
+  ExpectError(ErrorWith("[memory]\nrecompute = \"some\"\n"), "job.toml: memory.recompute: ");
+}
+
+// Issue 30: "checkpoint" named three things. memory.checkpoint and memory.checkpoint_interval are
+// now memory.recompute and memory.recompute_interval; the old keys are refused naming the new.
+TEST(JobSpecTest, RenamedKeysAreRefusedNamingTheirNewNames) {
+  absl::Status st = ErrorWith("[memory]\ncheckpoint = \"full\"\n");
+  ExpectError(st, "job.toml: memory.checkpoint: renamed key (line 4)");
+  ExpectContains(st, "did you mean memory.recompute?");
+  st = ErrorWith("[memory]\ncheckpoint_interval = 2\n");
+  ExpectError(st, "job.toml: memory.checkpoint_interval: renamed key");
+  ExpectContains(st, "did you mean memory.recompute_interval?");
+  // A typo of an old name, and the other trainers' names of the idea, find it too.
+  ExpectContains(ErrorWith("[memory]\ncheckpont = \"full\"\n"), "did you mean memory.recompute?");
+  ExpectContains(ErrorWith("[memory]\nactivation_checkpointing = \"full\"\n"),
+                 "did you mean memory.recompute?");
+  ExpectContains(ErrorWith("[memory]\ngradient_checkpointing = \"full\"\n"),
+                 "did you mean memory.recompute?");
+  // The saved training state keeps its name: [checkpoint] is still a section, and no other
+  // section's "checkpoint" turns into a recompute hint.
+  ExpectError(ErrorWith("[training]\ncheckpoint = 1\n"),
+              "job.toml: training.checkpoint: unknown key");
+  EXPECT_EQ(std::string(ErrorWith("[training]\ncheckpoint = 1\n").message()).find("recompute"),
+            std::string::npos);
+
+  // The new keys work.
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[data]\npath = \"d\"\n[memory]\nrecompute = \"attention-aware\"\nrecompute_interval = 4\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->memory.recompute, RecomputePolicy::kAttentionAware);
+  EXPECT_EQ(s->memory.recompute_interval, 4);
+  ExpectError(ErrorWith("[memory]\nrecompute_interval = 0\n"),
+              "job.toml: memory.recompute_interval: must be >= 1, got 0");
+}
+
+// A spec stored by the previous version (JobSpecToToml's text with the keys of then) reads as
+// the same spec after UpgradeStoredSpec; today's text passes through unchanged.
+TEST(JobSpecTest, UpgradeStoredSpecReadsTheOldKeysUnderTheNewNames) {
+  absl::StatusOr<JobSpec> full = ParseJobSpec(kFullSpec);
+  ASSERT_TRUE(full.ok()) << full.status();
+  JobSpec want = *full;
+  want.memory.recompute_interval = 3;
+  const std::string today = JobSpecToToml(want);
+  EXPECT_EQ(UpgradeStoredSpec(today), today);
+  // What the previous ithacad wrote: the same lines, under the old names.
+  ASSERT_NE(today.find("\nrecompute = \"attention-aware\"\n"), std::string::npos) << today;
+  ASSERT_NE(today.find("\nrecompute_interval = 3\n"), std::string::npos) << today;
+  const std::string stored =
+      absl::StrReplaceAll(today, {{"\nrecompute = ", "\ncheckpoint = "},
+                                  {"\nrecompute_interval = ", "\ncheckpoint_interval = "}});
+  ASSERT_NE(stored, today);
+  ExpectContains(ParseJobSpec(stored).status(), "did you mean memory.recompute?");
+
+  const std::string upgraded = UpgradeStoredSpec(stored);
+  absl::StatusOr<JobSpec> read = ParseJobSpec(upgraded, "stored");
+  ASSERT_TRUE(read.ok()) << read.status() << "\n" << upgraded;
+  EXPECT_EQ(read->memory.recompute, RecomputePolicy::kAttentionAware);
+  EXPECT_EQ(read->memory.recompute_interval, 3);
+  EXPECT_EQ(JobSpecToToml(*read), today);  // every other key as it was
+
+  // Text that does not parse, or holds both spellings, is left for the parser to report.
+  EXPECT_EQ(UpgradeStoredSpec("[memory\ncheckpoint = 1"), "[memory\ncheckpoint = 1");
+  const std::string both = "[memory]\ncheckpoint = \"none\"\nrecompute = \"full\"\n";
+  EXPECT_EQ(UpgradeStoredSpec(both), both);
 }
 
 TEST(JobSpecTest, UnknownKeyInEachSectionNamesItsPath) {
@@ -298,7 +362,7 @@ TEST(JobSpecTest, WrongTypes) {
       {"[training]\nseed = -1", "job.toml: training.seed: must be >= 0"},
       {"[parallel]\nfsdp = 1", "job.toml: parallel.fsdp: must be a boolean, got integer"},
       {"[model]\npreset = 3", "job.toml: model.preset: must be a string, got integer"},
-      {"[memory]\ncheckpoint = [1]", "job.toml: memory.checkpoint: must be a string, got array"},
+      {"[memory]\nrecompute = [1]", "job.toml: memory.recompute: must be a string, got array"},
       {"[memory]\ntile_tokens = 1.5", "job.toml: memory.tile_tokens: must be an integer >= 1"},
       {"[checkpoint]\nevery = 1979-05-27",
        "job.toml: checkpoint.every: must be an integer, got date"},

@@ -43,7 +43,7 @@ absl::Status EvaluateOnRank(int rank, const Layout& layout, const std::string& c
   spec.training.lr = 0;
   spec.training.min_lr = 0;
   spec.memory.tile_tokens = 16;
-  spec.memory.checkpoint = CheckpointPolicy::kFull;
+  spec.memory.recompute = RecomputePolicy::kFull;
   spec.parallel.world = layout.world;
   spec.parallel.sp = layout.sp;
   spec.parallel.fsdp = layout.fsdp;

@@ -37,7 +37,7 @@ JobSpec SmallSpec(const std::string& dir, bool offload, bool params = false) {
   spec.training.grad_clip = 0.3;  // small enough that every step clips
   spec.training.grad_accum = 2;
   spec.memory.tile_tokens = 16;
-  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.memory.recompute = RecomputePolicy::kNone;
   spec.memory.optimizer_offload = offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   spec.memory.param_offload = params ? OffloadChoice::kOn : OffloadChoice::kOff;
   NodeResources node;

@@ -159,13 +159,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   }
   ASSIGN_OR_RETURN(t->cfg_, ResolveModelConfig(spec));
   LlamaModel::Options mo;
-  mo.checkpoint = spec.memory.checkpoint;
+  mo.recompute = spec.memory.recompute;
   mo.tile_tokens = spec.memory.tile_tokens;
   mo.head_chunk = spec.memory.head_chunk;
   mo.offload = spec.memory.offload;
   mo.offload_keep_last = spec.memory.offload_keep_last;
   mo.prefetch = spec.memory.prefetch;
-  mo.checkpoint_interval = spec.memory.checkpoint_interval;
+  mo.recompute_interval = spec.memory.recompute_interval;
   mo.fsdp = spec.parallel.fsdp;
   mo.overlap = spec.memory.overlap;
   mo.param_offload = spec.memory.param_offload == OffloadChoice::kOn;

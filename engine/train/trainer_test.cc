@@ -81,7 +81,7 @@ TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
   JobSpec spec = SmallSpec(dir);
   spec.training.steps = 8;
   spec.training.grad_accum = 2;
-  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.memory.recompute = RecomputePolicy::kNone;
   CpuOps ops;
   HostAllocator alloc;
 
@@ -126,7 +126,7 @@ TEST(TrainerTest, AWeightedMixResumesExactly) {
   spec.data.path = "{" + dir + "/a.tok," + dir + "/b.tok}";
   spec.data.weights = {3, 1};
   spec.training.steps = 8;
-  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.memory.recompute = RecomputePolicy::kNone;
   CpuOps ops;
   HostAllocator alloc;
   spec.checkpoint.dir = dir + "/straight";
@@ -138,7 +138,7 @@ TEST(TrainerTest, AWeightedMixResumesExactly) {
   JobSpec plain = SmallSpec(dir);
   plain.data.path = dir + "/a.tok";
   plain.training.steps = 8;
-  plain.memory.checkpoint = CheckpointPolicy::kNone;
+  plain.memory.recompute = RecomputePolicy::kNone;
   auto p = Trainer::Create(Resolved(plain), &ops, &alloc);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_NE(Losses(**p), straight);
@@ -166,7 +166,7 @@ TEST(TrainerTest, FinishedRunIsRefusedAndRaisingStepsKeepsTheSchedule) {
   const std::string dir = TmpDir("finished");
   JobSpec spec = SmallSpec(dir);
   spec.training.steps = 6;
-  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.memory.recompute = RecomputePolicy::kNone;
   spec.checkpoint.dir = dir + "/checkpoints";
   CpuOps ops;
   HostAllocator alloc;
@@ -553,7 +553,7 @@ TEST(TrainerTest, AutoSettingsFitTheBudget) {
   PlanRequest fastest;
   fastest.cfg = *PresetConfig("tiny");
   fastest.seq_len = 512;
-  fastest.opts.checkpoint = spec.memory.checkpoint;
+  fastest.opts.recompute = spec.memory.recompute;
   fastest.opts.tile_tokens = 512;
   auto full = PlanMemory(fastest);
   ASSERT_TRUE(full.ok()) << full.status();

@@ -72,7 +72,7 @@ class DaemonE2E(unittest.TestCase):
         # running jobs only; test_cancel_while_running reads them on a running job), what it did
         # last stays.
         for gone in ("ithaca_gpu_memory_bytes", "ithaca_gpu_memory_peak_bytes",
-                     "ithaca_tokens_per_second", "ithaca_host_offload_bytes",
+                     "ithaca_tokens_per_second", "ithaca_host_block_inputs_bytes",
                      "ithaca_model_flops_per_second"):
             self.assertEqual(mine(gone), [], gone)
         info = [s for s in fams["ithaca_job_info"].samples if s.labels["job_id"] == job.id]
@@ -354,11 +354,11 @@ class DaemonE2E(unittest.TestCase):
         for tier in ("params", "grads", "optimizer"):  # held between steps
             self.assertGreater(mem[tier], 0, tier)
         peak = {s.labels["tier"]: s.value for s in mine("ithaca_gpu_memory_peak_bytes")}
-        for tier in ("params", "grads", "optimizer", "attention", "activations", "checkpoints"):
+        for tier in ("params", "grads", "optimizer", "attention", "activations", "block_inputs"):
             self.assertGreater(peak[tier], 0, tier)
             self.assertGreaterEqual(peak[tier], mem[tier], tier)
         self.assertEqual(set(mem), {"params", "grads", "optimizer", "attention", "activations",
-                                    "checkpoints", "comm", "workspace"})
+                                    "block_inputs", "comm", "workspace"})
         tps = mine("ithaca_tokens_per_second")
         self.assertEqual([(s.labels["rank"], s.labels["gpu"]) for s in tps], [("0", "0")])
         self.assertIn("UUID", tps[0].labels)

@@ -33,7 +33,7 @@ seq_len = 64
 steps = 0
 lr = 0
 [memory]
-checkpoint = "full"
+recompute = "full"
 tile_tokens = 32
 [checkpoint]
 dir = "{checkpoint_dir}"

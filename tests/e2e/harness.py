@@ -49,7 +49,7 @@ steps = {steps}
 lr = 3e-3
 warmup_steps = 2
 [memory]
-checkpoint = "full"
+recompute = "full"
 tile_tokens = 32
 [checkpoint]
 dir = "{run_dir}/checkpoints"

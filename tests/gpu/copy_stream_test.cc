@@ -1,4 +1,4 @@
-// CudaOps' copy stream (CopyAsync / WaitFence) and the CheckpointStore on it: transfers are
+// CudaOps' copy stream (CopyAsync / WaitFence) and the BlockInputStore on it: transfers are
 // ordered after the compute work before them, later compute work waits for them, buffers are
 // neither reused nor freed under a copy in flight, the host never waits, and a copy overlaps
 // compute. Races are provoked on purpose: the compute stream is kept busy with GEMMs, the copy
@@ -35,7 +35,7 @@ class CopyStreamTest : public ::testing::Test {
     gemm_c_ = Make(DType::kF32, {n, n}, Tier::kActivations);
     ops_->Fill(gemm_a_.tensor(), 0.01f);
     junk_device_ = Make(DType::kF32, {kJunkElems}, Tier::kActivations);
-    junk_host_ = Make(DType::kF32, {kJunkElems}, Tier::kHostOffload);
+    junk_host_ = Make(DType::kF32, {kJunkElems}, Tier::kHostBlockInputs);
     ops_->Synchronize();
   }
 
@@ -103,7 +103,7 @@ int64_t Mismatches(const std::vector<float>& got, const std::vector<float>& want
 TEST_F(CopyStreamTest, CopyIsOrderedBothWays) {
   const int64_t n = int64_t{64} << 20;  // 256 MiB of f32: a copy of several milliseconds
   Buffer x = Make(DType::kF32, {n}, Tier::kActivations);
-  Buffer host = Make(DType::kF32, {n}, Tier::kHostOffload);
+  Buffer host = Make(DType::kF32, {n}, Tier::kHostBlockInputs);
   // Device to host: the source is written last behind busy compute, and overwritten right after
   // the WaitFence. The host copy must hold exactly the value in between.
   ops_->Fill(x.tensor(), 1.f);
@@ -139,7 +139,7 @@ TEST_F(CopyStreamTest, FencesCoverEarlierCopiesAndCanBeWaitedInAnyOrder) {
   BusyCopyStream();
   for (int i = 0; i < 4; ++i) {
     dev.push_back(Make(DType::kF32, {n}, Tier::kActivations));
-    host.push_back(Make(DType::kF32, {n}, Tier::kHostOffload));
+    host.push_back(Make(DType::kF32, {n}, Tier::kHostBlockInputs));
     ops_->Fill(dev[i].tensor(), static_cast<float>(i));
     fences.push_back(ops_->CopyAsync(dev[i].tensor(), host[i].tensor()));
     EXPECT_TRUE(fences.back().pending());
@@ -157,7 +157,7 @@ TEST_F(CopyStreamTest, FencesCoverEarlierCopiesAndCanBeWaitedInAnyOrder) {
 TEST_F(CopyStreamTest, CopyOverlapsCompute) {
   const int64_t n = int64_t{256} << 20;  // 1 GiB of f32 to the host
   Buffer x = Make(DType::kF32, {n}, Tier::kActivations);
-  Buffer host = Make(DType::kF32, {n}, Tier::kHostOffload);
+  Buffer host = Make(DType::kF32, {n}, Tier::kHostBlockInputs);
   ops_->Fill(x.tensor(), 2.f);
   ops_->Synchronize();
   cudaEvent_t g0, g1, c0, c1;
@@ -187,14 +187,14 @@ TEST_F(CopyStreamTest, CopyOverlapsCompute) {
   for (cudaEvent_t e : {g0, g1, c0, c1}) cudaEventDestroy(e);
 }
 
-// The forward/backward pattern of LlamaModel::ForwardBackward on a CheckpointStore that
+// The forward/backward pattern of LlamaModel::ForwardBackward on a BlockInputStore that
 // offloads, under provoked races: each saved buffer is written last behind busy compute, the
 // copy stream is slowed before every Put, Prefetch and Take, and whatever memory the store frees
 // is taken at once by new allocations that are overwritten with NaN. Everything read back must
 // equal what was saved, and the store's calls must not block the host.
-class CheckpointStoreOnCuda : public CopyStreamTest, public ::testing::WithParamInterface<bool> {};
+class BlockInputStoreOnCuda : public CopyStreamTest, public ::testing::WithParamInterface<bool> {};
 
-TEST_P(CheckpointStoreOnCuda, RoundTripUnderRaces) {
+TEST_P(BlockInputStoreOnCuda, RoundTripUnderRaces) {
   const bool prefetch = GetParam();
   const int L = 6;
   const Shape shapes[3] = {{1024, 4096}, {1024, 4096}, {8, 1024}};  // x, o, lse
@@ -212,7 +212,7 @@ TEST_P(CheckpointStoreOnCuda, RoundTripUnderRaces) {
   auto reuse_and_poison = [&] {
     std::vector<Buffer> reused;
     for (const Shape& s : shapes) {
-      reused.push_back(Make(DType::kF32, s, Tier::kCheckpoints));
+      reused.push_back(Make(DType::kF32, s, Tier::kBlockInputs));
       ops_->Fill(reused.back().tensor(), std::nanf(""));
     }
   };
@@ -230,13 +230,13 @@ TEST_P(CheckpointStoreOnCuda, RoundTripUnderRaces) {
       for (Buffer& r : results[w]) ops_->Fill(r.tensor(), std::nanf(""));
     }
     {
-      CheckpointStore store(ops_.get(), alloc_.get(), L, /*offload=*/true, /*keep_last=*/1);
+      BlockInputStore store(ops_.get(), alloc_.get(), L, /*offload=*/true, /*keep_last=*/1);
       for (int l = 0; l < L; ++l) {
         BusyCompute(5);
         SavedInputs in;
         Buffer* bufs[3] = {&in.x, &in.o, &in.lse};
         for (int w = 0; w < 3; ++w) {
-          *bufs[w] = Make(DType::kF32, shapes[w], Tier::kCheckpoints);
+          *bufs[w] = Make(DType::kF32, shapes[w], Tier::kBlockInputs);
           ops_->Copy(sources[w][l].tensor(), bufs[w]->tensor());
         }
         BusyCopyStream();
@@ -284,12 +284,12 @@ TEST_P(CheckpointStoreOnCuda, RoundTripUnderRaces) {
       EXPECT_LT(store_ms, 0.25 * busy_ms);
     }
   }
-  EXPECT_EQ(alloc_->tracker().current(Tier::kCheckpoints), 0);
-  EXPECT_EQ(alloc_->tracker().current(Tier::kHostOffload),
+  EXPECT_EQ(alloc_->tracker().current(Tier::kBlockInputs), 0);
+  EXPECT_EQ(alloc_->tracker().current(Tier::kHostBlockInputs),
             static_cast<int64_t>(junk_host_.tensor().bytes()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Prefetch, CheckpointStoreOnCuda, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(Prefetch, BlockInputStoreOnCuda, ::testing::Bool());
 
 }  // namespace
 }  // namespace ithaca

@@ -1,5 +1,5 @@
 // 20 training steps of the tiny model on the GPU (Trainer + CudaOps + CudaAllocator, bf16), plain
-// and with UPipe + attention-aware checkpointing + offload, track
+// and with UPipe + attention-aware recompute + offload, track
 // the CPU backend's (f32) loss curve step by step; so do tiny Qwen3 (q/k norms, yarn RoPE) and
 // Qwen2 (q/k/v biases) models and a Mistral with a sliding window (on cuDNN's causal band).
 #include <cmath>
@@ -56,7 +56,7 @@ std::vector<double> Losses(Trainer& t) {
 }
 
 // Trains the tiny model with `gpu_spec` on the GPU and checks its loss curve against the CPU
-// backend's (f32, plain: full checkpointing, all heads in one stage, no offload).
+// backend's (f32, plain: full recompute, all heads in one stage, no offload).
 void ExpectGpuTracksCpu(const JobSpec& gpu_spec, JobSpec cpu_spec = TinySpec()) {
   CpuOps cpu;
   HostAllocator host_alloc;
@@ -94,12 +94,12 @@ TEST(CudaTrainTest, TinyModelTracksCpuLossCurve) {
 }
 
 // The long-context settings together on the GPU: UPipe stages of one query head (4 stages over
-// 2 K/V rounds), attention-aware checkpointing (O and LSE kept, attention never re-run) and the
+// 2 K/V rounds), attention-aware recompute (O and LSE kept, attention never re-run) and the
 // saved block data offloaded to pinned host memory between forward and backward.
 TEST(CudaTrainTest, UPipeAttentionAwareOffloadTracksCpuLossCurve) {
   SKIP_WITHOUT_GPU();
   JobSpec spec = TinySpec();
-  spec.memory.checkpoint = CheckpointPolicy::kAttentionAware;
+  spec.memory.recompute = RecomputePolicy::kAttentionAware;
   spec.memory.head_chunk = 1;
   spec.memory.offload = true;
   ExpectGpuTracksCpu(spec);
@@ -134,7 +134,7 @@ TEST(CudaTrainTest, TinyQwen3WithYarnTracksCpuLossCurve) {
   SKIP_WITHOUT_GPU();
   JobSpec spec = FamilySpec("qwen3");
   ExpectGpuTracksCpu(spec, spec);
-  spec.memory.checkpoint = CheckpointPolicy::kAttentionAware;
+  spec.memory.recompute = RecomputePolicy::kAttentionAware;
   spec.memory.head_chunk = 1;
   ExpectGpuTracksCpu(spec, FamilySpec("qwen3"));
 }

@@ -1,5 +1,5 @@
 // Every distributed layout computes what one rank computes: real processes over Gloo on loopback
-// run parallel_rank with world sizes 1–8, Ulysses groups 1–8, FSDP on/off, every checkpoint
+// run parallel_rank with world sizes 1–8, Ulysses groups 1–8, FSDP on/off, every recompute
 // policy, UPipe head chunks (all heads, one GQA group, one head per rank), offload and tiling,
 // and GQA with K/V heads fewer than, equal to and more than sp. Loss, every gathered gradient,
 // the losses of three optimizer steps (with clipping) and the final weights must equal the
@@ -32,11 +32,11 @@ struct Case {
   int hkv;  // the model: 8 query heads of size 8, `hkv` K/V heads
   int world, sp;
   bool fsdp;
-  std::string checkpoint;
+  std::string recompute;  // memory.recompute: none | full | attention-aware
   int head_chunk;  // 0: all heads
   bool offload = false;
   int tile = 0;
-  int checkpoint_interval = 1;
+  int recompute_interval = 1;
   bool prefetch = true;
   bool packed = false;  // packed documents under a document mask (parallel_rank --packed)
   bool sft = false;     // train on SFT data with data.loss_mask (parallel_rank --loss-mask)
@@ -151,9 +151,9 @@ class ParallelEquivalenceTest : public ::testing::Test {
     const int dp = c.world / c.sp;
     const std::string ref = Reference(c.hkv, dp, c.packed, c.sft, c.family);
     std::vector<std::string> args = {
-        "--config",     ConfigPath(c.hkv, c.family), "--data",       Data(c.sft),
-        "--world",      std::to_string(c.world),     "--sp",         std::to_string(c.sp),
-        "--fsdp",       c.fsdp ? "1" : "0",          "--checkpoint", c.checkpoint,
+        "--config",     ConfigPath(c.hkv, c.family), "--data",      Data(c.sft),
+        "--world",      std::to_string(c.world),     "--sp",        std::to_string(c.sp),
+        "--fsdp",       c.fsdp ? "1" : "0",          "--recompute", c.recompute,
         "--head-chunk", std::to_string(c.head_chunk)};
     if (c.offload) args.push_back("--offload");
     if (c.tile) args.insert(args.end(), {"--tile", std::to_string(c.tile)});
@@ -161,7 +161,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
     if (!c.overlap) args.push_back("--no-overlap");
     if (c.packed) args.push_back("--packed");
     if (c.sft) args.push_back("--loss-mask");
-    args.insert(args.end(), {"--checkpoint-interval", std::to_string(c.checkpoint_interval)});
+    args.insert(args.end(), {"--recompute-interval", std::to_string(c.recompute_interval)});
     const std::string got = RunRanks(c.name, c.world, args, nullptr, c.issue_delay_ms);
     auto a = SafetensorsReader::Open(ref);
     auto b = SafetensorsReader::Open(got);
@@ -339,14 +339,14 @@ TEST_F(ParallelEquivalenceTest, OptimizerOffloadChangesNoBit) {
   };
   for (Layout l : {Layout{0, 1}, Layout{2, 1}, Layout{4, 2}}) {
     const std::string name = absl::StrCat("optimizer_offload_w", l.world, "_sp", l.sp);
-    std::vector<std::string> args = {"--config",      ConfigPath(2),
-                                     "--data",        *dir_ + "/corpus.tok",
-                                     "--world",       std::to_string(std::max(l.world, 1)),
-                                     "--sp",          std::to_string(l.sp),
-                                     "--fsdp",        "1",
-                                     "--checkpoint",  "full",
-                                     "--grad-accum",  "2",
-                                     "--steps",       "5",
+    std::vector<std::string> args = {"--config",       ConfigPath(2),
+                                     "--data",         *dir_ + "/corpus.tok",
+                                     "--world",        std::to_string(std::max(l.world, 1)),
+                                     "--sp",           std::to_string(l.sp),
+                                     "--fsdp",         "1",
+                                     "--recompute",    "full",
+                                     "--grad-accum",   "2",
+                                     "--steps",        "5",
                                      "--weight-decay", "0.1"};
     const std::string off = RunRanks(name + "_off", l.world, args);
     args.push_back("--optimizer-offload");

@@ -7,7 +7,7 @@
 //   param.<name>          every f32 master weight after those steps
 //
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
-//                 --checkpoint none|full|attention-aware --head-chunk U --offload --tile T
+//                 --recompute none|full|attention-aware --head-chunk U --offload --tile T
 //                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask
 //                 --optimizer-offload --param-offload --weight-decay W]
 // It also writes grad_norm_steps (each step's gradient norm, before clipping).
@@ -44,7 +44,7 @@ absl::Status Run(int argc, char** argv) {
   spec.training.min_lr = 1e-3;
   spec.training.grad_clip = 0.5;  // small enough that clipping happens
   spec.data.seq_len = 64;
-  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.memory.recompute = RecomputePolicy::kNone;
   spec.parallel.fsdp = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -77,8 +77,8 @@ absl::Status Run(int argc, char** argv) {
       spec.memory.overlap = false;
     else if (a == "--die-rank")
       die_rank = std::stoi(next());
-    else if (a == "--checkpoint-interval")
-      spec.memory.checkpoint_interval = std::stoll(next());
+    else if (a == "--recompute-interval")
+      spec.memory.recompute_interval = std::stoll(next());
     else if (a == "--tile")
       spec.memory.tile_tokens = std::stoll(next());
     else if (a == "--seq")
@@ -93,11 +93,11 @@ absl::Status Run(int argc, char** argv) {
       spec.memory.param_offload = OffloadChoice::kOn;
     else if (a == "--weight-decay")
       spec.training.weight_decay = std::stod(next());
-    else if (a == "--checkpoint") {
+    else if (a == "--recompute") {
       const std::string p = next();
-      spec.memory.checkpoint = p == "full"              ? CheckpointPolicy::kFull
-                               : p == "attention-aware" ? CheckpointPolicy::kAttentionAware
-                                                        : CheckpointPolicy::kNone;
+      spec.memory.recompute = p == "full"              ? RecomputePolicy::kFull
+                              : p == "attention-aware" ? RecomputePolicy::kAttentionAware
+                                                       : RecomputePolicy::kNone;
     } else {
       return absl::InvalidArgumentError("unknown flag " + a);
     }

@@ -27,7 +27,7 @@ absl::Status Run(int argc, char** argv) {
   spec.training.min_lr = 1e-3;
   spec.training.grad_clip = 0.5;
   spec.data.seq_len = 32;
-  spec.memory.checkpoint = CheckpointPolicy::kNone;
+  spec.memory.recompute = RecomputePolicy::kNone;
   spec.parallel.fsdp = true;
   spec.metrics.log_every = 1000;
   for (int i = 1; i < argc; ++i) {

@@ -36,7 +36,7 @@ warmup_steps = 2
 [parallel]
 world = 4
 [memory]
-checkpoint = "full"
+recompute = "full"
 tile_tokens = 32
 [metrics]
 log_every = 1

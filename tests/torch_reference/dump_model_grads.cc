@@ -2,7 +2,7 @@
 // and parameter gradients, so llama_reference.py can check them against PyTorch.
 //
 //   dump_model_grads --out DIR [--untied] [--seq N] [--tile N] [--head-chunk U] [--offload]
-//                    [--checkpoint none|full|attention-aware] [--docs 0,A,B,...]
+//                    [--recompute none|full|attention-aware] [--docs 0,A,B,...]
 //                    [--family llama|qwen2|qwen3|mistral] [--window W] [--rope linear|yarn]
 // --docs packs the sample: documents start at the given positions (attention and RoPE restart
 // at each, the label crossing into the next document is ignored). --family makes the tiny model
@@ -26,7 +26,7 @@ namespace ithaca {
 namespace {
 
 absl::Status Run(int argc, char** argv) {
-  std::string out, checkpoint = "full";
+  std::string out, recompute = "full";
   bool untied = false, offload = false;
   int64_t seq = 37, tile = 8, head_chunk = 0;
   DocumentMask docs;
@@ -43,8 +43,8 @@ absl::Status Run(int argc, char** argv) {
       seq = std::stoll(next());
     else if (a == "--tile")
       tile = std::stoll(next());
-    else if (a == "--checkpoint")
-      checkpoint = next();
+    else if (a == "--recompute")
+      recompute = next();
     else if (a == "--head-chunk")
       head_chunk = std::stoll(next());
     else if (a == "--offload")
@@ -95,9 +95,9 @@ absl::Status Run(int argc, char** argv) {
   CpuOps ops;
   HostAllocator alloc;
   LlamaModel::Options opts;
-  opts.checkpoint = checkpoint == "none"              ? CheckpointPolicy::kNone
-                    : checkpoint == "attention-aware" ? CheckpointPolicy::kAttentionAware
-                                                      : CheckpointPolicy::kFull;
+  opts.recompute = recompute == "none"              ? RecomputePolicy::kNone
+                   : recompute == "attention-aware" ? RecomputePolicy::kAttentionAware
+                                                    : RecomputePolicy::kFull;
   opts.head_chunk = head_chunk;
   opts.offload = offload;
   opts.tile_tokens = tile;

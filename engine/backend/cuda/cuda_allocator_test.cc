@@ -1,5 +1,5 @@
 // CudaAllocator: per-tier current/peak bytes, reuse of freed blocks without new cudaMalloc calls
-// (the steady state of a training step), pinned host memory for the host_offload tier, and
+// (the steady state of a training step), pinned host memory for the host_block_inputs tier, and
 // out-of-memory as a status.
 #include "engine/backend/cuda/cuda_allocator.h"
 
@@ -39,13 +39,13 @@ TEST(CudaAllocatorTest, SteadyStateReusesBlocksAndTracksTiers) {
 TEST(CudaAllocatorTest, HostOffloadTierIsPinnedHostMemory) {
   SKIP_WITHOUT_GPU();
   CudaAllocator alloc;
-  auto b = Buffer::Make(&alloc, DType::kBF16, {4096}, Tier::kHostOffload);
+  auto b = Buffer::Make(&alloc, DType::kBF16, {4096}, Tier::kHostBlockInputs);
   ASSERT_TRUE(b.ok()) << b.status();
   cudaPointerAttributes attr;
   ASSERT_EQ(cudaPointerGetAttributes(&attr, b->tensor().data), cudaSuccess);
   EXPECT_EQ(attr.type, cudaMemoryTypeHost);
-  EXPECT_EQ(alloc.tracker().current(Tier::kHostOffload), 8192);
-  EXPECT_EQ(alloc.tracker().device_current(), 0) << "host_offload is not a device tier";
+  EXPECT_EQ(alloc.tracker().current(Tier::kHostBlockInputs), 8192);
+  EXPECT_EQ(alloc.tracker().device_current(), 0) << "host_block_inputs is not a device tier";
   EXPECT_EQ(alloc.stats().host_mallocs, 1);
 }
 

@@ -1,0 +1,17 @@
+#include "engine/spec/recompute_policy.h"
+
+namespace ithaca {
+
+const char* RecomputePolicyName(RecomputePolicy p) {
+  switch (p) {
+    case RecomputePolicy::kNone:
+      return "none";
+    case RecomputePolicy::kFull:
+      return "full";
+    case RecomputePolicy::kAttentionAware:
+      return "attention-aware";
+  }
+  return "unknown";
+}
+
+}  // namespace ithaca
