@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "engine/backend/cuda/cuda_check.h"
+#include "engine/backend/cuda/kernels.h"
 
 #define cublasCheck(call) ::ithaca::cuda::CublasCheckImpl((call), #call, __FILE__, __LINE__)
 
@@ -56,7 +57,7 @@ LtGemm::~LtGemm() {
 LtGemm::Plan* LtGemm::GetPlan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return &it->second;
-  const auto [m, n, k, lda, ldb, ldc, trans_a, trans_b, c_f32, al_a, al_b, al_c] = key;
+  const auto [m, n, k, lda, ldb, ldc, trans_a, trans_b, c_f32, al_a, al_b, al_c, al_bias] = key;
   Plan p;
   cublasCheck(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Lt's first operand is b, its second a (see the file comment).
@@ -66,6 +67,16 @@ LtGemm::Plan* LtGemm::GetPlan(const Key& key) {
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)));
   cublasCheck(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)));
+  if (al_bias > 0) {
+    // Column-major D is [n, m]: a bias of length n (D's rows) broadcast over its m columns, i.e.
+    // row-major c's every row. The pointer is set per call (Run).
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                               sizeof(epilogue)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                               &bias_type, sizeof(bias_type)));
+  }
   // Stored (pre-op) column-major shapes: b is [n, k] (or [k, n]), a is [k, m] (or [m, k]).
   cublasCheck(
       cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, trans_b ? k : n, trans_b ? n : k, ldb));
@@ -97,18 +108,27 @@ LtGemm::Plan* LtGemm::GetPlan(const Key& key) {
 
 void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_t ldb, bool trans_b,
                  void* c, int64_t ldc, bool c_f32, int64_t m, int64_t n, int64_t k, float alpha,
-                 float beta) {
+                 float beta, const void* bias) {
   if (m == 0 || n == 0) return;
+  if (bias != nullptr && c_f32) {
+    std::fprintf(stderr, "LtGemm: a bias needs a bf16 c\n");
+    std::abort();
+  }
   if (k == 0) {
     // Nothing to multiply: c = beta · c. Rare (empty tiles); Lt rejects k = 0.
-    if (beta == 1.f) return;
-    std::fprintf(stderr, "LtGemm: k = 0 with beta != 1 is not supported\n");
+    if (beta == 1.f && bias == nullptr) return;
+    std::fprintf(stderr, "LtGemm: k = 0 with beta != 1 or a bias is not supported\n");
     std::abort();
   }
   const Key key{m,       n,       k,     lda,          ldb,          ldc,
-                trans_a, trans_b, c_f32, Alignment(a), Alignment(b), Alignment(c)};
+                trans_a, trans_b, c_f32, Alignment(a), Alignment(b), Alignment(c),
+                bias != nullptr ? Alignment(bias) : 0};
   Plan* p = GetPlan(key);
   if (p->ok) {
+    if (bias != nullptr) {
+      cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &bias, sizeof(bias)));
+    }
     cublasCheck(cublasLtMatmul(lt_, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
                                &p->algo, workspace_, workspace_bytes_, stream_));
     return;
@@ -120,6 +140,9 @@ void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_
                            static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c,
                            c_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldc),
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (bias != nullptr) {
+    AddBiasRows(static_cast<uint16_t*>(c), ldc, m, n, static_cast<const uint16_t*>(bias), stream_);
+  }
 }
 
 }  // namespace cuda
