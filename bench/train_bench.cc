@@ -233,6 +233,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Str("date", bench::Today())
       .Str("device", device)
       .Str("model", absl::GetFlag(FLAGS_model))
+      .Bool("qk_norm", cfg.qk_norm)
+      .Bool("qkv_bias", cfg.qkv_bias)
       .Int("S", S)
       .Int("world", 1)
       .Int("doc_len", absl::GetFlag(FLAGS_doc_len))
@@ -298,7 +300,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
 }
 
 int Main() {
-  auto cfg = PresetConfig(absl::GetFlag(FLAGS_model));
+  auto cfg = bench::BenchConfig(absl::GetFlag(FLAGS_model));
   if (!cfg.ok()) {
     std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
     return 2;
