@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <type_traits>
 
 #include "engine/backend/cuda/bf16_util.cuh"
 #include "engine/backend/cuda/cuda_check.h"
@@ -343,15 +344,18 @@ void LaunchBackward(const uint16_t* x, const uint16_t* w, const float* rstd, flo
   if (Vectorizable(d, {x, w, dout, dx})) {
     launched = ForTeam<4>(d, [&](auto team) {
       using T = decltype(team);
-      auto launch = [&](auto* kernel) {
+      // One instantiation (and so one cached occupancy) per kernel: team and kInPlace.
+      auto launch = [&](auto in_place_constant) {
+        constexpr bool kInPlace = decltype(in_place_constant)::value;
+        auto* kernel = RmsNormBackwardVecKernel<T::kVecsPerThread, T::kWarpsPerTeam, kInPlace>;
         static const int per_sm = BlocksPerSm(kernel, T::kBlock, 0);  // once per kernel
         const unsigned grid = BackwardGrid(rows, T::kRows, per_sm);
         kernel<<<grid, T::kBlock, 0, stream>>>(x, w, rstd, eps, dout, rows, d, dx, dw);
       };
       if (in_place) {
-        launch(RmsNormBackwardVecKernel<T::kVecsPerThread, T::kWarpsPerTeam, true>);
+        launch(std::true_type{});
       } else {
-        launch(RmsNormBackwardVecKernel<T::kVecsPerThread, T::kWarpsPerTeam, false>);
+        launch(std::false_type{});
       }
     });
   }
