@@ -25,6 +25,10 @@ inline void CublasCheckImpl(cublasStatus_t s, const char* what, const char* file
 
 namespace {
 
+// The bias alignment below which Run does not ask for the epilogue (16 bytes: one vector of 8
+// bf16). The projections' biases are slices at whole heads (head_dim · 2 bytes), well above.
+constexpr int kBiasAlignment = 16;
+
 // Largest power of two (up to 256) dividing the address: cuBLASLt picks kernels by alignment.
 int Alignment(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -120,6 +124,14 @@ void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_
     std::fprintf(stderr, "LtGemm: k = 0 with beta != 1 or a bias is not supported\n");
     std::abort();
   }
+  if (bias != nullptr && Alignment(bias) < kBiasAlignment) {
+    // Not asked of the epilogue (on an H200 cuda_ops_test's GemmBias, whose cases include a bias
+    // 6 bytes into its buffer, aborted with CUBLAS_STATUS_NOT_SUPPORTED from cublasLtMatmul):
+    // the plain GEMM and the bias kernel.
+    Run(a, lda, trans_a, b, ldb, trans_b, c, ldc, c_f32, m, n, k, alpha, beta, nullptr);
+    AddBiasRows(static_cast<uint16_t*>(c), ldc, m, n, static_cast<const uint16_t*>(bias), stream_);
+    return;
+  }
   const Key key{m,       n,       k,     lda,          ldb,          ldc,
                 trans_a, trans_b, c_f32, Alignment(a), Alignment(b), Alignment(c),
                 bias != nullptr ? Alignment(bias) : 0};
@@ -129,8 +141,21 @@ void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_
       cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                  &bias, sizeof(bias)));
     }
-    cublasCheck(cublasLtMatmul(lt_, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
-                               &p->algo, workspace_, workspace_bytes_, stream_));
+    const cublasStatus_t st =
+        cublasLtMatmul(lt_, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
+                       &p->algo, workspace_, workspace_bytes_, stream_);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED || bias == nullptr) {
+      cublasCheck(st);
+      return;
+    }
+    // The heuristic's algorithm took the layout but not this bias: this key runs the fallback
+    // from now on (rejected before launch, so c is untouched).
+    p->ok = false;
+  }
+  if (bias != nullptr) {
+    // No Lt kernel with the epilogue for this layout: the plain GEMM, then the bias kernel.
+    Run(a, lda, trans_a, b, ldb, trans_b, c, ldc, c_f32, m, n, k, alpha, beta, nullptr);
+    AddBiasRows(static_cast<uint16_t*>(c), ldc, m, n, static_cast<const uint16_t*>(bias), stream_);
     return;
   }
   // No Lt kernel for this layout (odd leading dimensions, say): cublasGemmEx takes anything.
@@ -140,9 +165,6 @@ void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_
                            static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c,
                            c_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldc),
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (bias != nullptr) {
-    AddBiasRows(static_cast<uint16_t*>(c), ldc, m, n, static_cast<const uint16_t*>(bias), stream_);
-  }
 }
 
 }  // namespace cuda
