@@ -105,6 +105,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
         .Str("bench", "train")
         .Str("mode", "plan-only")
         .Str("model", absl::GetFlag(FLAGS_model))
+        .Bool("qk_norm", cfg.qk_norm)
+        .Bool("qkv_bias", cfg.qkv_bias)
         .Int("S", S)
         .Obj("techniques", bench::Techniques(mo, "n/a"))
         .Obj("planner", planned)
