@@ -1,6 +1,9 @@
 #include "bench/model_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/model/config.h"
 #include "engine/model/weights.h"
 
 ABSL_FLAG(
@@ -21,12 +24,50 @@ ABSL_FLAG(bool, optimizer_offload, false,
 ABSL_FLAG(bool, overlap_update, true,
           "with --optimizer_offload: each step's CPU update under the next forward, unit by unit "
           "(memory.overlap_update); false: between the steps");
+ABSL_FLAG(std::string, qk_norm, "",
+          "false: the preset without its per-head q/k RMSNorm (Qwen3), to measure what the norm "
+          "costs; empty: as the preset has it");
+ABSL_FLAG(std::string, qkv_bias, "",
+          "false: the preset without its q/k/v biases (Qwen2), to measure what they cost; empty: "
+          "as the preset has it");
 ABSL_FLAG(bool, param_offload, false,
           "the bf16 working copy in pinned host memory too, uploaded a unit ahead of use "
           "(memory.param_offload; needs --optimizer_offload)");
 
 namespace ithaca {
 namespace bench {
+
+namespace {
+
+// An extra's override: "" keeps the preset's `on`, "false" turns it off; turning on what the
+// preset lacks is an error (that would be another model, not an ablation).
+absl::Status Override(const std::string& flag, const char* name, bool* on) {
+  if (flag.empty() || flag == "true") {
+    if (flag == "true" && !*on) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, "=true: the preset has none (the flag only turns it off)"));
+    }
+    return absl::OkStatus();
+  }
+  if (flag != "false") {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, "=", flag, ": true or false"));
+  }
+  *on = false;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset) {
+  ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig(preset));
+  RETURN_IF_ERROR(Override(absl::GetFlag(FLAGS_qk_norm), "qk_norm", &cfg.qk_norm));
+  RETURN_IF_ERROR(Override(absl::GetFlag(FLAGS_qkv_bias), "qkv_bias", &cfg.qkv_bias));
+  // ValidateConfig ties the extras to the family: a Qwen without its extra is Llama's math on
+  // the same shapes.
+  const bool qwen = cfg.family == ModelFamily::kQwen2 || cfg.family == ModelFamily::kQwen3;
+  if (qwen && !cfg.qk_norm && !cfg.qkv_bias) cfg.family = ModelFamily::kLlama;
+  return cfg;
+}
 
 LlamaModel::Options ModelOptions() {
   LlamaModel::Options mo;

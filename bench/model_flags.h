@@ -1,12 +1,13 @@
 // The memory and schedule flags every training benchmark takes (train_bench, parallel_bench),
 // defined once: --recompute, --tile_tokens, --loss_tile_tokens, --head_chunk, --offload,
 // --offload_keep_last, --recompute_interval, --prefetch, --fsdp, --overlap and
-// --optimizer_offload.
+// --optimizer_offload, and the ablations --qk_norm and --qkv_bias.
 #pragma once
 
 #include <string>
 
 #include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
 #include "bench/bench_util.h"
 #include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
@@ -19,6 +20,9 @@ ABSL_DECLARE_FLAG(bool, overlap_update);
 namespace ithaca {
 namespace bench {
 
+// The preset `preset` with the --qk_norm / --qkv_bias ablations applied (either may turn its
+// extra off; a Qwen left with neither runs as the Llama family on the same shapes).
+absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset);
 // LlamaModel's options from the flags.
 LlamaModel::Options ModelOptions();
 // The "techniques" object of a result line: the options and the attention implementation used.

@@ -547,7 +547,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
 
 absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
   const int sp = absl::GetFlag(FLAGS_sp);
-  ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig(absl::GetFlag(FLAGS_model)));
+  ASSIGN_OR_RETURN(LlamaConfig cfg, bench::BenchConfig(absl::GetFlag(FLAGS_model)));
   JobSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
   RankSetup r;
@@ -606,7 +606,7 @@ int Main() {
     return 2;
   }
   if (absl::GetFlag(FLAGS_plan_only)) {
-    absl::StatusOr<LlamaConfig> cfg = PresetConfig(absl::GetFlag(FLAGS_model));
+    absl::StatusOr<LlamaConfig> cfg = bench::BenchConfig(absl::GetFlag(FLAGS_model));
     if (!cfg.ok()) {
       std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
       return 2;

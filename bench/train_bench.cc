@@ -110,6 +110,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
         .Str("bench", "train")
         .Str("mode", "plan-only")
         .Str("model", absl::GetFlag(FLAGS_model))
+        .Bool("qk_norm", cfg.qk_norm)
+        .Bool("qkv_bias", cfg.qkv_bias)
         .Int("S", S)
         .Obj("techniques", bench::Techniques(mo, "n/a"))
         .Obj("planner", planned)
@@ -238,6 +240,8 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Str("date", bench::Today())
       .Str("device", device)
       .Str("model", absl::GetFlag(FLAGS_model))
+      .Bool("qk_norm", cfg.qk_norm)
+      .Bool("qkv_bias", cfg.qkv_bias)
       .Int("S", S)
       .Int("world", 1)
       .Int("doc_len", absl::GetFlag(FLAGS_doc_len))
@@ -303,7 +307,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
 }
 
 int Main() {
-  auto cfg = PresetConfig(absl::GetFlag(FLAGS_model));
+  auto cfg = bench::BenchConfig(absl::GetFlag(FLAGS_model));
   if (!cfg.ok()) {
     std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
     return 2;

@@ -150,6 +150,12 @@ class Ops {
   // while a, b are act_dtype().
   virtual void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                     float alpha, float beta) = 0;
+  // Gemm with a bias row added to every row of c: c = alpha · op(a) · op(b) + beta · c + 1 · biasᵀ,
+  // bias [n] (c's columns), c and bias act_dtype(). The bias is NOT scaled by alpha (cuBLASLt's
+  // CUBLASLT_EPILOGUE_BIAS adds it after alpha and beta; a caller wanting alpha · (a·b + bias)
+  // passes alpha · bias). This is how a projection's bias costs no pass of its own.
+  virtual void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                        const Tensor& bias, const Tensor& c, float alpha, float beta) = 0;
 
   // ---- Layers.
   // out[t] = table[ids[t]]: ids i32 [T], table [V, d], out [T, d] written.
@@ -157,12 +163,19 @@ class Ops {
   // dtable[ids[t]] += dout[t] (accumulated).
   virtual void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) = 0;
 
-  // out = x / rms(x) · w over the last dim; x, out [T, d]; w [d]; rstd f32 [T] written.
+  // out = x / rms(x) · w over the last dim; x, out [T, d]; w [d]; rstd f32 [T] written. out may
+  // be x itself (the per-head q/k norms run in place).
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, const Tensor& out,
                        const Tensor& rstd) = 0;
   // dx accumulated (it is a residual-stream gradient); dw accumulated.
   virtual void RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                const Tensor& dout, const Tensor& dx, const Tensor& dw) = 0;
+  // RmsNormBackward for a norm that kept neither its output nor its rstd (the per-head q/k norms,
+  // whose input the backward remakes): rstd is recomputed from x (with eps, as RmsNorm does),
+  // and `grad` [T, d] holds dout on entry and dx on return (written, not accumulated); dw
+  // accumulated. One pass instead of RmsNorm into a scratch, a zeroed dx and a copy back.
+  virtual void RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps,
+                                      const Tensor& grad, const Tensor& dw) = 0;
 
   // Rotary embedding in place on x [T, H, D]: token t of x is at sample index pos0 + t, and its
   // RoPE position is (pos0 + t) minus the start of the document (of `docs`) containing it. Pairs

@@ -96,8 +96,10 @@ struct Returning {
 
 // One projection into all-to-all slots (forward) or out of them (backward): rows of `w` for n
 // heads per destination rank; `buf` is [P, s, n, D], slot j for rank j's heads. `b` (with the
-// context's qkv_bias) is the bias, `norm` (q and k with its qk_norm) the per-head RMSNorm's
-// weight, already multiplied by the rope scale when there is one (AttentionExtras::Norm).
+// context's qkv_bias) is the bias as the projection's GEMM adds it (times the rope scale where
+// the GEMM carries that scale: AttentionExtras), `gb` the gradient of the model's bias; `norm`
+// (q and k with its qk_norm) the per-head RMSNorm's weight, already multiplied by the rope scale
+// when there is one (AttentionExtras).
 struct Projection {
   Tensor w;   // [heads·D, d]
   Tensor gw;  // its gradient (backward only)
@@ -111,15 +113,20 @@ Tensor Slot(const UlyssesContext& c, const Tensor& buf, int64_t j, int64_t n) {
   return buf.Slice(j * c.s * n * c.plan.D, {c.s, n * c.plan.D});
 }
 
-// Scratch for the family's extras over one pass: a column of ones (a bias is a rank-1 GEMM,
-// ones · bᵀ, and its gradient onesᵀ · dY, so every backend runs them as it runs the projections),
-// a tile of raw projections and its norm, and the norms' weights times the rope scale.
+// Scratch for the family's extras over one pass. A bias rides in its projection's GEMM
+// (Ops::GemmBias, cuBLASLt's bias epilogue on CUDA); its gradient is the rank-1 GEMM onesᵀ · dY
+// over a column of ones (cuBLASLt's BGRADB epilogue would fit the weight-gradient GEMM's layout,
+// but it writes its sum where the tiles must accumulate it, and it is not measured yet). The
+// per-head norms run in place in the projection's slot; the backward remakes their input in
+// `raw` (Ops::RmsNormBackwardInPlace). The norms' weights, and the q/k biases of a rotated
+// projection without a norm, are kept times the rope scale.
 struct AttentionExtras {
   Tensor ones;             // act [tile, 1]
-  Tensor raw, normed;      // act [tile, max(u, kvr)·D]
-  Tensor rstd;             // f32 [tile·max(u, kvr)]
+  Tensor raw;              // act [tile, max(u, kvr)·D] (backward)
+  Tensor rstd;             // f32 [tile·max(u, kvr)] (the forward norm's, unused after it)
   Tensor q_norm, k_norm;   // act [D]: the weights times rope_scale (the weights when it is 1)
   Tensor dq_norm, dk_norm; // f32 [D]: their gradients, before the scale (backward, scale ≠ 1)
+  Tensor bq, bk;           // act [heads·D]: the biases times rope_scale (the biases when it is 1)
 };
 
 absl::StatusOr<AttentionExtras> MakeExtras(const UlyssesContext& c, const QkvWeights& w,
@@ -136,19 +143,34 @@ absl::StatusOr<AttentionExtras> MakeExtras(const UlyssesContext& c, const QkvWei
   };
   ASSIGN_OR_RETURN(e.ones, make(act, {tile, 1}));
   c.ops->Fill(e.ones, 1.f);
+  // v' = rope_scale · v, as the GEMM ones[1, 1] · v[1, len] scaled.
+  auto scaled = [&](const Tensor& from, Tensor* to) -> absl::Status {
+    const int64_t len = from.numel();
+    ASSIGN_OR_RETURN(*to, make(act, {len}));
+    c.ops->Gemm(e.ones.Rows(0, 1), false, from.Reshaped({1, len}), false, to->Reshaped({1, len}),
+                c.rope_scale, 0.f);
+    return absl::OkStatus();
+  };
+  if (c.qkv_bias) {
+    e.bq = w.bq;
+    e.bk = w.bk;
+    if (!c.qk_norm && c.rope_scale != 1.f) {
+      // The rotated projections' GEMMs carry the scale (ProjectionScale), and GemmBias adds its
+      // bias after alpha: the bias goes in already scaled.
+      RETURN_IF_ERROR(scaled(w.bq, &e.bq));
+      RETURN_IF_ERROR(scaled(w.bk, &e.bk));
+    }
+  }
   if (!c.qk_norm) return e;
-  ASSIGN_OR_RETURN(e.raw, make(act, {tile, n * D}));
-  ASSIGN_OR_RETURN(e.normed, make(act, {tile, n * D}));
+  if (g) {
+    ASSIGN_OR_RETURN(e.raw, make(act, {tile, n * D}));
+  }
   ASSIGN_OR_RETURN(e.rstd, make(DType::kF32, {tile * n}));
   e.q_norm = w.q_norm;
   e.k_norm = w.k_norm;
   if (c.rope_scale != 1.f) {
-    // w' = rope_scale · w, as the GEMM ones[1, 1] · w[1, D] scaled.
-    for (auto [from, to] : {std::pair{w.q_norm, &e.q_norm}, std::pair{w.k_norm, &e.k_norm}}) {
-      ASSIGN_OR_RETURN(*to, make(act, {D}));
-      c.ops->Gemm(e.ones.Rows(0, 1), false, from.Reshaped({1, D}), false, to->Reshaped({1, D}),
-                  c.rope_scale, 0.f);
-    }
+    RETURN_IF_ERROR(scaled(w.q_norm, &e.q_norm));
+    RETURN_IF_ERROR(scaled(w.k_norm, &e.k_norm));
     if (g) {
       ASSIGN_OR_RETURN(e.dq_norm, make(DType::kF32, {D}));
       ASSIGN_OR_RETURN(e.dk_norm, make(DType::kF32, {D}));
@@ -177,9 +199,21 @@ Tensor BiasRow(const Tensor& b, int64_t h0, int64_t n, int64_t D) {
   return b.Slice(h0 * D, {1, n * D});
 }
 
+// slot = alpha · h · W[heads]ᵀ (+ bias in the same GEMM).
+void Project(const UlyssesContext& c, const Tensor& h, const Projection& p, int64_t h0, int64_t n,
+             float alpha, const Tensor& out) {
+  const int64_t D = c.plan.D;
+  if (p.b.shape.empty()) {
+    c.ops->Gemm(h, false, HeadRows(p.w, h0, n, D), true, out, alpha, 0.f);
+  } else {
+    c.ops->GemmBias(h, false, HeadRows(p.w, h0, n, D), true, p.b.Slice(h0 * D, {n * D}), out,
+                    alpha, 0.f);
+  }
+}
+
 // Projects heads for every destination rank straight into its all-to-all slot:
-// slot j = (roped) h · W[heads of j]ᵀ (+ b[heads of j], then each head RMS-normed) for each
-// projection, h made tile by tile into `h_tile` once for all of them.
+// slot j = (roped) h · W[heads of j]ᵀ (+ b[heads of j], then each head RMS-normed in place) for
+// each projection, h made tile by tile into `h_tile` once for all of them.
 template <typename FirstHead>
 void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tensor& h_tile,
                      const AttentionExtras& ex, std::initializer_list<Projection> projections,
@@ -193,16 +227,10 @@ void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tenso
       const float alpha = ProjectionScale(c, p);
       for (int64_t j = 0; j < c.plan.P; ++j) {
         const Tensor out = Slot(c, p.buf, j, n).Rows(t0, t1);
-        c.ops->Gemm(h, false, HeadRows(p.w, first_head(j), n, D), true, out, alpha, 0.f);
-        if (!p.b.shape.empty()) {
-          c.ops->Gemm(ex.ones.Rows(0, rows), false, BiasRow(p.b, first_head(j), n, D), false, out,
-                      alpha, 1.f);
-        }
+        Project(c, h, p, first_head(j), n, alpha, out);
         if (!p.norm.shape.empty()) {
-          const Tensor normed = ex.normed.Slice(0, {rows * n, D});
-          c.ops->RmsNorm(out.Reshaped({rows * n, D}), p.norm, c.qk_norm_eps, normed,
-                         ex.rstd.Slice(0, {rows * n}));
-          c.ops->Copy(normed, out.Reshaped({rows * n, D}));
+          const Tensor heads = out.Reshaped({rows * n, D});
+          c.ops->RmsNorm(heads, p.norm, c.qk_norm_eps, heads, ex.rstd.Slice(0, {rows * n}));
         }
       }
     }
@@ -241,21 +269,13 @@ void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tens
       for (int64_t j = 0; j < c.plan.P; ++j) {
         const Tensor slot = Slot(c, p.buf, j, n).Rows(t0, t1);
         if (!p.norm.shape.empty()) {
-          // The slot holds the gradient wrt the normed heads: remake their input and go through
-          // the norm (raw = h · Wᵀ + b), leaving the gradient wrt raw in the slot.
+          // The slot holds the gradient wrt the normed heads: remake their input (raw = h · Wᵀ
+          // + b, one GEMM) and go back through the norm in place, leaving the gradient wrt raw
+          // in the slot.
           const Tensor raw = ex.raw.Slice(0, {rows, n * D});
-          const Tensor raw2 = raw.Reshaped({rows * n, D});
-          const Tensor draw = ex.normed.Slice(0, {rows * n, D});
-          const Tensor rstd = ex.rstd.Slice(0, {rows * n});
-          c.ops->Gemm(h, false, HeadRows(p.w, first_head(j), n, D), true, raw, 1.f, 0.f);
-          if (!p.b.shape.empty()) {
-            c.ops->Gemm(ex.ones.Rows(0, rows), false, BiasRow(p.b, first_head(j), n, D), false,
-                        raw, 1.f, 1.f);
-          }
-          c.ops->RmsNorm(raw2, p.norm, c.qk_norm_eps, draw, rstd);
-          c.ops->Fill(draw, 0.f);
-          c.ops->RmsNormBackward(raw2, p.norm, rstd, slot.Reshaped({rows * n, D}), draw, p.gnorm);
-          c.ops->Copy(draw, slot.Reshaped({rows * n, D}));
+          Project(c, h, p, first_head(j), n, 1.f, raw);
+          c.ops->RmsNormBackwardInPlace(raw.Reshaped({rows * n, D}), p.norm, c.qk_norm_eps,
+                                        slot.Reshaped({rows * n, D}), p.gnorm);
         }
         c.ops->Gemm(slot, true, h, false, HeadRows(p.gw, first_head(j), n, D), alpha, 1.f);
         if (!p.b.shape.empty()) {
@@ -281,7 +301,7 @@ Projection MakeProjection(const UlyssesContext& c, const AttentionExtras& ex, co
   p.w = which == 'q' ? w.wq : which == 'k' ? w.wk : w.wv;
   if (g) p.gw = which == 'q' ? g->wq : which == 'k' ? g->wk : g->wv;
   if (c.qkv_bias) {
-    p.b = which == 'q' ? w.bq : which == 'k' ? w.bk : w.bv;
+    p.b = which == 'q' ? ex.bq : which == 'k' ? ex.bk : w.bv;
     if (g) p.gb = which == 'q' ? g->bq : which == 'k' ? g->bk : g->bv;
   }
   if (c.qk_norm && which != 'v') {

@@ -30,11 +30,15 @@ class MetaOps final : public Ops {
   void SumSquaresInto(const Tensor&, const Tensor&) override {}
   void SumInto(const Tensor&, const Tensor&) override {}
   void Gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) override {}
+  void GemmBias(const Tensor&, bool, const Tensor&, bool, const Tensor&, const Tensor&, float,
+                float) override {}
   void Embedding(const Tensor&, const Tensor&, const Tensor&) override {}
   void EmbeddingBackward(const Tensor&, const Tensor&, const Tensor&) override {}
   void RmsNorm(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&) override {}
   void RmsNormBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&) override {}
+  void RmsNormBackwardInPlace(const Tensor&, const Tensor&, float, const Tensor&,
+                              const Tensor&) override {}
   void Rope(const Tensor&, int64_t, const Tensor&, bool, const DocumentMask&) override {}
   void Attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                  const DocumentMask&) override {}

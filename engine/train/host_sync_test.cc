@@ -100,6 +100,11 @@ class RecordingOps final : public Ops {
     Log("Gemm");
     inner_->Gemm(a, ta, b, tb, c, alpha, beta);
   }
+  void GemmBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& bias,
+                const Tensor& c, float alpha, float beta) override {
+    Log("GemmBias");
+    inner_->GemmBias(a, ta, b, tb, bias, c, alpha, beta);
+  }
   void Embedding(const Tensor& i, const Tensor& t, const Tensor& o) override {
     Log("Embedding");
     inner_->Embedding(i, t, o);
@@ -117,6 +122,11 @@ class RecordingOps final : public Ops {
                        const Tensor& dx, const Tensor& dw) override {
     Log("RmsNormBackward");
     inner_->RmsNormBackward(x, w, r, d, dx, dw);
+  }
+  void RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps, const Tensor& g,
+                              const Tensor& dw) override {
+    Log("RmsNormBackwardInPlace");
+    inner_->RmsNormBackwardInPlace(x, w, eps, g, dw);
   }
   void Rope(const Tensor& x, int64_t p, const Tensor& f, bool inv,
             const DocumentMask& docs) override {

@@ -190,6 +190,21 @@ void CpuOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
                    c.f32(), dc.cols);
 }
 
+// The GEMM, then the bias added to each row of c (after alpha and beta, as ops.h says).
+void CpuOps::GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                      const Tensor& bias, const Tensor& c, float alpha, float beta) {
+  CheckF32(bias, "GemmBias", "bias");
+  CpuOps::Gemm(a, trans_a, b, trans_b, c, alpha, beta);
+  const OpChecks::Dims2 dc = kCheck.View2D(c, "GemmBias", "c");
+  kCheck.Numel(bias, dc.cols, "GemmBias", "bias");
+  ITHACA_CHECK(!Overlap(c, bias), "CpuOps::GemmBias: c overlaps the bias");
+  const float* bv = bias.f32();
+  for (int64_t r = 0; r < dc.rows; ++r) {
+    float* row = c.f32() + r * dc.cols;
+    for (int64_t i = 0; i < dc.cols; ++i) row[i] += bv[i];
+  }
+}
+
 // ---- Layers.
 
 void CpuOps::Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
@@ -244,6 +259,28 @@ void CpuOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rst
   kCheck.Shape(dx, x.shape, op, "dx");
   cpu::RmsNormBackward(x.f32(), w.f32(), rstd.f32(), dout.f32(), d2.rows, d2.cols, dx.f32(),
                        dw.f32());
+}
+
+// The oracle's way, from its own pieces: rstd as RmsNorm computes it, then RmsNormBackward into
+// a zeroed dx, which replaces grad.
+void CpuOps::RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps,
+                                    const Tensor& grad, const Tensor& dw) {
+  const char* op = "RmsNormBackwardInPlace";
+  CheckF32(x, op, "x");
+  CheckF32(w, op, "w");
+  CheckF32(grad, op, "grad");
+  CheckF32(dw, op, "dw");
+  const OpChecks::Dims2 d2 = kCheck.View2D(x, op, "x");
+  kCheck.Shape(w, {d2.cols}, op, "w");
+  kCheck.Shape(dw, {d2.cols}, op, "dw");
+  kCheck.Shape(grad, x.shape, op, "grad");
+  ITHACA_CHECK(!Overlap(grad, x), "CpuOps::", op, ": grad overlaps x");
+  const size_t n = static_cast<size_t>(d2.rows * d2.cols);
+  std::vector<float> normed(n), rstd(static_cast<size_t>(d2.rows)), dx(n, 0.f);
+  cpu::RmsNorm(x.f32(), w.f32(), d2.rows, d2.cols, eps, normed.data(), rstd.data());
+  cpu::RmsNormBackward(x.f32(), w.f32(), rstd.data(), grad.f32(), d2.rows, d2.cols, dx.data(),
+                       dw.f32());
+  std::copy(dx.begin(), dx.end(), grad.f32());
 }
 
 namespace {

@@ -35,6 +35,8 @@ class CpuOps : public Ops {
 
   void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
             float alpha, float beta) override;
+  void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+                const Tensor& c, float alpha, float beta) override;
 
   void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;
@@ -42,6 +44,8 @@ class CpuOps : public Ops {
                const Tensor& rstd) override;
   void RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dout,
                        const Tensor& dx, const Tensor& dw) override;
+  void RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps, const Tensor& grad,
+                              const Tensor& dw) override;
   void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
             const DocumentMask& docs) override;
   void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

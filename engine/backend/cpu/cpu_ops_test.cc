@@ -71,6 +71,62 @@ TEST(CpuOpsTest, RmsNormMatchesDouble) {
   EXPECT_TRUE(AllNear(dw, ddw, 1e-5, 1e-5));
 }
 
+// In place (out = x), as the per-head q/k norms run: the same values as out of place.
+TEST(CpuOpsTest, RmsNormInPlaceMatchesOutOfPlace) {
+  CpuOps ops;
+  const int64_t rows = 6, d = 16;
+  std::vector<float> x = ToFloat(Random(rows * d, 21)), w = ToFloat(Random(d, 22));
+  std::vector<float> out(rows * d), rstd(rows), rstd2(rows);
+  ops.RmsNorm(F32(x, {rows, d}), F32(w, {d}), 1e-6f, F32(out, {rows, d}), F32(rstd, {rows}));
+  ops.RmsNorm(F32(x, {rows, d}), F32(w, {d}), 1e-6f, F32(x, {rows, d}), F32(rstd2, {rows}));
+  EXPECT_TRUE(AllNear(x, ToDouble(out), 0.0));
+  EXPECT_TRUE(AllNear(rstd2, ToDouble(rstd), 0.0));
+}
+
+// The in-place backward: rstd remade from x, dx written over dout, dw accumulated; against the
+// double kernels with rstd from the double forward and dx from zero.
+TEST(CpuOpsTest, RmsNormBackwardInPlaceMatchesDouble) {
+  CpuOps ops;
+  const int64_t rows = 7, d = 32;
+  const std::vector<double> x = RandomF(rows * d, 23), w = RandomF(d, 24), g = RandomF(rows * d, 25);
+  std::vector<float> xf = ToFloat(x), wf = ToFloat(w), grad = ToFloat(g), dw(d, 0.25f);
+  ops.RmsNormBackwardInPlace(F32(xf, {rows, d}), F32(wf, {d}), 1e-6f, F32(grad, {rows, d}),
+                             F32(dw, {d}));
+  std::vector<double> o(rows * d), r(rows), ddx(rows * d, 0.0), ddw(d, 0.25);
+  cpu::RmsNorm(x.data(), w.data(), rows, d, 1e-6, o.data(), r.data());
+  cpu::RmsNormBackward(x.data(), w.data(), r.data(), g.data(), rows, d, ddx.data(), ddw.data());
+  EXPECT_TRUE(AllNear(grad, ddx, 1e-5, 1e-5));
+  EXPECT_TRUE(AllNear(dw, ddw, 1e-5, 1e-5));
+}
+
+// GemmBias = Gemm, then the bias (unscaled by alpha) on every row; both transposes.
+TEST(CpuOpsTest, GemmBiasAddsTheBiasAfterAlphaAndBeta) {
+  CpuOps ops;
+  const int64_t m = 5, n = 6, k = 4;
+  const float alpha = 0.5f, beta = 2.f;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const std::vector<double> a = RandomF(m * k, 31), b = RandomF(k * n, 32),
+                                bias = RandomF(n, 33), c0 = RandomF(m * n, 34);
+      std::vector<float> af = ToFloat(a), bf = ToFloat(b), biasf = ToFloat(bias), c = ToFloat(c0);
+      ops.GemmBias(F32(af, ta ? Shape{k, m} : Shape{m, k}), ta,
+                   F32(bf, tb ? Shape{n, k} : Shape{k, n}), tb, F32(biasf, {n}), F32(c, {m, n}),
+                   alpha, beta);
+      std::vector<double> want(m * n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int64_t l = 0; l < k; ++l) {
+            dot += (ta ? a[l * m + i] : a[i * k + l]) * (tb ? b[j * k + l] : b[l * n + j]);
+          }
+          want[i * n + j] = alpha * dot + beta * c0[i * n + j] + bias[j];
+        }
+      }
+      EXPECT_TRUE(AllNear(c, want, 1e-5, 1e-5)) << "trans_a " << ta << " trans_b " << tb;
+    }
+  }
+}
+
 TEST(CpuOpsTest, RopeMatchesDoubleWithLlama3Frequencies) {
   CpuOps ops;
   RopeConfig cfg;

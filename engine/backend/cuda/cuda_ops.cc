@@ -357,19 +357,36 @@ void CudaOps::SumInto(const Tensor& x, const Tensor& out) { ReduceInto(x, false,
 void CudaOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                    float alpha, float beta) {
   Scope scope(this, "gemm");
-  CheckDType(a, DType::kBF16, "Gemm", "a");
-  CheckDType(b, DType::kBF16, "Gemm", "b");
-  CheckFloat(c, "Gemm", "c");
-  const OpChecks::Dims2 da = kCheck.View2D(a, "Gemm", "a"), db = kCheck.View2D(b, "Gemm", "b"),
-                        dc = kCheck.View2D(c, "Gemm", "c");
+  RunGemm(a, trans_a, b, trans_b, nullptr, c, alpha, beta, "Gemm");
+}
+
+// The bias rides in cuBLASLt's epilogue (LtGemm::Run), so it reads c once, as Gemm does.
+void CudaOps::GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                       const Tensor& bias, const Tensor& c, float alpha, float beta) {
+  Scope scope(this, "gemm");
+  CheckDType(bias, DType::kBF16, "GemmBias", "bias");
+  CheckDType(c, DType::kBF16, "GemmBias", "c");
+  ITHACA_CHECK(!Overlap(c, bias), "CudaOps::GemmBias: c overlaps the bias");
+  RunGemm(a, trans_a, b, trans_b, &bias, c, alpha, beta, "GemmBias");
+}
+
+void CudaOps::RunGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                      const Tensor* bias, const Tensor& c, float alpha, float beta,
+                      const char* op) {
+  CheckDType(a, DType::kBF16, op, "a");
+  CheckDType(b, DType::kBF16, op, "b");
+  CheckFloat(c, op, "c");
+  const OpChecks::Dims2 da = kCheck.View2D(a, op, "a"), db = kCheck.View2D(b, op, "b"),
+                        dc = kCheck.View2D(c, op, "c");
   const int64_t m = trans_a ? da.cols : da.rows, k = trans_a ? da.rows : da.cols;
   const int64_t kb = trans_b ? db.cols : db.rows, n = trans_b ? db.rows : db.cols;
-  ITHACA_CHECK(k == kb && dc.rows == m && dc.cols == n, "CudaOps::Gemm: op(a) ", m, "x", k, " (a ",
-               a.DebugString(), trans_a ? "ᵀ" : "", ") times op(b) ", kb, "x", n, " (b ",
+  ITHACA_CHECK(k == kb && dc.rows == m && dc.cols == n, "CudaOps::", op, ": op(a) ", m, "x", k,
+               " (a ", a.DebugString(), trans_a ? "ᵀ" : "", ") times op(b) ", kb, "x", n, " (b ",
                b.DebugString(), trans_b ? "ᵀ" : "", ") does not fit c ", c.DebugString());
-  ITHACA_CHECK(!Overlap(c, a) && !Overlap(c, b), "CudaOps::Gemm: c overlaps an input");
+  ITHACA_CHECK(!Overlap(c, a) && !Overlap(c, b), "CudaOps::", op, ": c overlaps an input");
+  if (bias) kCheck.Numel(*bias, n, op, "bias");
   gemm_->Run(a.data, da.cols, trans_a, b.data, db.cols, trans_b, c.data, dc.cols,
-             c.dtype == DType::kF32, m, n, k, alpha, beta);
+             c.dtype == DType::kF32, m, n, k, alpha, beta, bias ? bias->data : nullptr);
 }
 
 // ---- Layers.
@@ -429,6 +446,23 @@ void CudaOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rs
   kCheck.Shape(dx, x.shape, op, "dx");
   cuda::RmsNormBackward(Bf(x), Bf(w), rstd.f32(), Bf(dout), d2.rows, d2.cols, BfMut(dx), dw.f32(),
                         compute_);
+}
+
+void CudaOps::RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps,
+                                     const Tensor& grad, const Tensor& dw) {
+  Scope scope(this, "rmsnorm_bwd");
+  const char* op = "RmsNormBackwardInPlace";
+  CheckDType(x, DType::kBF16, op, "x");
+  CheckDType(w, DType::kBF16, op, "w");
+  CheckDType(grad, DType::kBF16, op, "grad");
+  CheckDType(dw, DType::kF32, op, "dw");
+  const OpChecks::Dims2 d2 = kCheck.View2D(x, op, "x");
+  kCheck.Shape(w, {d2.cols}, op, "w");
+  kCheck.Shape(dw, {d2.cols}, op, "dw");
+  kCheck.Shape(grad, x.shape, op, "grad");
+  ITHACA_CHECK(!Overlap(grad, x), "CudaOps::", op, ": grad overlaps x");
+  cuda::RmsNormBackwardInPlace(Bf(x), Bf(w), eps, BfMut(grad), d2.rows, d2.cols, dw.f32(),
+                               compute_);
 }
 
 void CudaOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {

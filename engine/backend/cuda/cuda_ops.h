@@ -92,6 +92,8 @@ class CudaOps : public Ops {
 
   void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
             float alpha, float beta) override;
+  void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+                const Tensor& c, float alpha, float beta) override;
 
   void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;
@@ -99,6 +101,8 @@ class CudaOps : public Ops {
                const Tensor& rstd) override;
   void RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dout,
                        const Tensor& dx, const Tensor& dw) override;
+  void RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps, const Tensor& grad,
+                              const Tensor& dw) override;
   void Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool inverse,
             const DocumentMask& docs) override;
   void Attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -139,6 +143,9 @@ class CudaOps : public Ops {
   };
   cudaEvent_t PoolEvent();
   double Reduce(const Tensor& x, bool squares, const char* op);
+  // Gemm and GemmBias (bias null: none) after the shape checks, named `op` in their messages.
+  void RunGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor* bias,
+               const Tensor& c, float alpha, float beta, const char* op);
   void ReduceInto(const Tensor& x, bool squares, const Tensor& out, const char* op);
   // The kernel the pass runs: ChooseAttention on the options, then what the GPU and the pointers
   // allow (the Hopper kernel's checks) and the memory probe. Logs the choice and its reason once

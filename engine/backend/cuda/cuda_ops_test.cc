@@ -167,6 +167,43 @@ TEST_F(CudaOpsTest, GemmAllLayoutsAgainstCpu) {
   }
 }
 
+// GemmBias (cuBLASLt's bias epilogue, or the fallback's kernel) against the CPU's: every
+// transpose on an odd shape and an aligned one, and the projection's own case (h · Wᵀ into a
+// slot, the bias a slice of a longer one, alpha the rope scale), with beta 0 and 1.
+TEST_F(CudaOpsTest, GemmBiasAgainstCpu) {
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+    int64_t bias_at;  // the bias is elements [bias_at, bias_at + n) of a longer vector
+  };
+  std::vector<Case> cases = {{512, 256, 1024, false, true, 768}, {37, 53, 71, false, true, 3}};
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) cases.push_back({200, 136, 264, bool(ta), bool(tb), 0});
+  }
+  for (const Case& cs : cases) {
+    for (float beta : {0.f, 1.f}) {
+      const int64_t m = cs.m, n = cs.n, k = cs.k;
+      std::vector<float> a = Randn(m * k, 40), b = Randn(k * n, 41), c0 = Randn(m * n, 42);
+      std::vector<float> bias = Randn(cs.bias_at + n + 5, 43);
+      const Shape sa = cs.ta ? Shape{k, m} : Shape{m, k}, sb = cs.tb ? Shape{n, k} : Shape{k, n};
+      auto da = D(DType::kBF16, sa, a), db = D(DType::kBF16, sb, b);
+      auto dbias = D(DType::kBF16, {int64_t(bias.size())}, bias);
+      auto dc = D(DType::kBF16, {m, n}, c0);
+      const float alpha = 0.75f;
+      ops_->GemmBias(da.tensor(), cs.ta, db.tensor(), cs.tb, dbias.tensor().Slice(cs.bias_at, {n}),
+                     dc.tensor(), alpha, beta);
+      std::vector<float> want = c0;
+      std::vector<float> bias_n(bias.begin() + cs.bias_at, bias.begin() + cs.bias_at + n);
+      cpu_.GemmBias(CpuT(a, sa), cs.ta, CpuT(b, sb), cs.tb, CpuT(bias_n, {n}), CpuT(want, {m, n}),
+                    alpha, beta);
+      const std::string what = absl::StrCat("GemmBias ", m, "x", n, "x", k, cs.ta ? " aT" : "",
+                                            cs.tb ? " bT" : "", " bias at ", cs.bias_at,
+                                            " beta ", beta);
+      EXPECT_CLOSE(H(dc), want, kBf16Tol, what.c_str());
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, EmbeddingForwardAndBackward) {
   const int64_t V = 101, d = 67, T = 45;
   std::vector<float> table = Randn(V * d, 4);
@@ -221,6 +258,36 @@ TEST_F(CudaOpsTest, RmsNormForwardAndBackward) {
                          CpuT(dout, {rows, d}), CpuT(dxw, {rows, d}), CpuT(dww, {d}));
     EXPECT_CLOSE(H(ddx), dxw, kBf16Tol, ("RmsNormBackward dx (+=)" + shape).c_str());
     EXPECT_CLOSE(H(ddw), dww, 1e-4, ("RmsNormBackward dw (+=)" + shape).c_str());
+  }
+}
+
+// The per-head q/k norms' ops: RmsNorm with out = x, and RmsNormBackwardInPlace (rstd remade,
+// dx written over dout, dw accumulated from nonzero) against the CPU oracle's; head_dim 128 and
+// 64 on the vector path (many rows: several per team and block), 12 on the scalar one.
+TEST_F(CudaOpsTest, RmsNormInPlaceForwardAndBackward) {
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{6000, 128}, {333, 64}, {301, 12}}) {
+    const std::string shape = absl::StrCat(" ", rows, "x", d);
+    std::vector<float> x = Randn(rows * d, 50, 3.f), w = Randn(d, 51, 0.2f);
+    for (float& v : w) v = cuda_test::RoundBf16(1.f + v);
+    auto dx = D(DType::kBF16, {rows, d}, x), dw = D(DType::kBF16, {d}, w);
+    auto rstd = P(DType::kF32, {rows});
+    auto inplace = D(DType::kBF16, {rows, d}, x);
+    ops_->RmsNorm(inplace.tensor(), dw.tensor(), 1e-6f, inplace.tensor(), rstd.tensor());
+    std::vector<float> want(rows * d), rwant(rows);
+    cpu_.RmsNorm(CpuT(x, {rows, d}), CpuT(w, {d}), 1e-6f, CpuT(want, {rows, d}),
+                 CpuT(rwant, {rows}));
+    EXPECT_CLOSE(H(inplace), want, kBf16Tol, ("RmsNorm in place" + shape).c_str());
+    EXPECT_CLOSE(H(rstd), rwant, 1e-5, ("RmsNorm in place rstd" + shape).c_str());
+
+    std::vector<float> g = Randn(rows * d, 52), dw0 = Randn(d, 53, 1.f, false);
+    auto dg = D(DType::kBF16, {rows, d}, g);
+    auto ddw = D(DType::kF32, {d}, dw0);
+    ops_->RmsNormBackwardInPlace(dx.tensor(), dw.tensor(), 1e-6f, dg.tensor(), ddw.tensor());
+    std::vector<float> gwant = g, dwwant = dw0;
+    cpu_.RmsNormBackwardInPlace(CpuT(x, {rows, d}), CpuT(w, {d}), 1e-6f, CpuT(gwant, {rows, d}),
+                                CpuT(dwwant, {d}));
+    EXPECT_CLOSE(H(dg), gwant, kBf16Tol, ("RmsNormBackwardInPlace dx" + shape).c_str());
+    EXPECT_CLOSE(H(ddw), dwwant, 1e-4, ("RmsNormBackwardInPlace dw (+=)" + shape).c_str());
   }
 }
 

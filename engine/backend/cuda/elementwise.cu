@@ -53,6 +53,16 @@ __global__ void AxpyKernel(float alpha, const X* x, float* y, int64_t n, bool ve
   });
 }
 
+// One grid-strided element of c per thread (the fallback path only: plain 2-byte accesses).
+__global__ void AddBiasRowsKernel(uint16_t* c, int64_t ldc, int64_t rows, int64_t n,
+                                  const uint16_t* bias) {
+  const int64_t total = rows * n, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += stride) {
+    const int64_t r = i / n, j = i % n;
+    c[r * ldc + j] = ToBf(Bf(c[r * ldc + j]) + Bf(bias[j]));
+  }
+}
+
 // Each block sums a grid-strided share in double and writes one partial. f32 and bf16 are read
 // in 16-byte vectors where `vec`; i32 (exact in double, not in f32) one element at a time.
 template <typename X>
@@ -154,6 +164,13 @@ void Axpy(float alpha, const void* x, ElemType xt, float* y, int64_t n, cudaStre
   } else {
     AxpyKernel<<<grid, kThreads, 0, stream>>>(alpha, static_cast<const float*>(x), y, n, vec);
   }
+  cudaCheckLaunch();
+}
+
+void AddBiasRows(uint16_t* c, int64_t ldc, int64_t rows, int64_t n, const uint16_t* bias,
+                 cudaStream_t stream) {
+  if (rows == 0 || n == 0) return;
+  AddBiasRowsKernel<<<GridFor8(rows * n, false), kThreads, 0, stream>>>(c, ldc, rows, n, bias);
   cudaCheckLaunch();
 }
 

@@ -20,6 +20,10 @@ void Fill(void* x, ElemType t, int64_t n, float value, cudaStream_t stream);
 void Convert(const void* src, ElemType st, void* dst, ElemType dt, int64_t n, cudaStream_t stream);
 // y[:n] += alpha · x[:n]; x f32 or bf16, y f32.
 void Axpy(float alpha, const void* x, ElemType xt, float* y, int64_t n, cudaStream_t stream);
+// c[r, :n] += bias[:n] for each of `rows` rows (leading dimension ldc), bf16: the bias of
+// LtGemm's fallback, where cuBLASLt has no kernel with the bias epilogue for a layout.
+void AddBiasRows(uint16_t* c, int64_t ldc, int64_t rows, int64_t n, const uint16_t* bias,
+                 cudaStream_t stream);
 // Per-block partial sums of x (or of x² when `squares`) in double, into partials[0, blocks);
 // returns the number of blocks used (at most kMaxReduceBlocks).
 constexpr int kMaxReduceBlocks = 264;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <type_traits>
 
 #include "engine/backend/cuda/bf16_util.cuh"
 #include "engine/backend/cuda/cuda_check.h"
@@ -121,9 +122,11 @@ __global__ void __launch_bounds__(Team<kVecs, kWarps>::kBlock)
 // thread's columns are the same in every row, so w and its dw partials stay in registers; at the
 // end the block's teams add their partials in shared memory and the block does one atomicAdd
 // per column. About 125 registers a thread: two blocks of 256 (or one of 512) per SM.
-template <int kVecs, int kWarps>
+// kInPlace (RmsNormBackwardInPlace): rstd is remade from the row of x already in registers
+// (`rstd` unused, `eps` used) and dx is written rather than accumulated; dx may be dout.
+template <int kVecs, int kWarps, bool kInPlace>
 __global__ void __launch_bounds__(Team<kVecs, kWarps>::kBlock, 512 / Team<kVecs, kWarps>::kBlock)
-    RmsNormBackwardVecKernel(const uint16_t* x, const uint16_t* w, const float* rstd,
+    RmsNormBackwardVecKernel(const uint16_t* x, const uint16_t* w, const float* rstd, float eps,
                              const uint16_t* dout, int64_t rows, int64_t d, uint16_t* dx,
                              float* dw) {
   using T = Team<kVecs, kWarps>;
@@ -142,11 +145,13 @@ __global__ void __launch_bounds__(Team<kVecs, kWarps>::kBlock, 512 / Team<kVecs,
        base += int64_t(gridDim.x) * T::kRows) {
     const int64_t row = base + team;
     const bool live = row < rows;
-    const float rs = live ? rstd[row] : 0.f;  // early: its latency overlaps the row's loads
+    // Early: its latency overlaps the row's loads.
+    float rs = !kInPlace && live ? rstd[row] : 0.f;
     const uint4* xr = reinterpret_cast<const uint4*>(x) + row * nvec;
     const uint4* gr = reinterpret_cast<const uint4*>(dout) + row * nvec;
     uint4 xv[kVecs] = {}, gv[kVecs] = {};
     float dot = 0.f;  // Σ dout ⊙ w ⊙ x over the row
+    float sq = 0.f;   // Σ x² (kInPlace)
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int64_t j = k * T::kThreads + t;
@@ -158,10 +163,17 @@ __global__ void __launch_bounds__(Team<kVecs, kWarps>::kBlock, 512 / Team<kVecs,
         UnpackBf16x8(gv[k], gf);
         UnpackBf16x8(wv[k], wf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dot += gf[e] * wf[e] * xf[e];
+        for (int e = 0; e < 8; ++e) {
+          dot += gf[e] * wf[e] * xf[e];
+          if constexpr (kInPlace) sq += xf[e] * xf[e];
+        }
       }
     }
     dot = TeamSum<kWarps>(dot, team, slots + team * kWarps);
+    if constexpr (kInPlace) {
+      sq = TeamSum<kWarps>(sq, team, slots + team * kWarps);
+      rs = rsqrtf(sq / static_cast<float>(d) + eps);  // as the forward computed it
+    }
     if (!live) continue;
     const float c = dot / static_cast<float>(d) * rs * rs;
     uint4* dxr = reinterpret_cast<uint4*>(dx) + row * nvec;
@@ -173,10 +185,11 @@ __global__ void __launch_bounds__(Team<kVecs, kWarps>::kBlock, 512 / Team<kVecs,
         UnpackBf16x8(xv[k], xf);
         UnpackBf16x8(gv[k], gf);
         UnpackBf16x8(wv[k], wf);
-        UnpackBf16x8(dxr[j], df);
+        if constexpr (!kInPlace) UnpackBf16x8(dxr[j], df);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          df[e] = df[e] + rs * (gf[e] * wf[e] - xf[e] * c);
+          const float g = rs * (gf[e] * wf[e] - xf[e] * c);
+          df[e] = kInPlace ? g : df[e] + g;
           dw_part[k][e] += gf[e] * xf[e] * rs;
         }
         dxr[j] = PackBf16x8(df);
@@ -235,23 +248,31 @@ __global__ void RmsNormForwardScalarKernel(const uint16_t* x, const uint16_t* w,
 // One block per row, the blocks striding over the rows; dw partials of all the block's rows in
 // shared memory (column i is only ever touched by thread i % blockDim), then one atomic per
 // column.
+// in_place as the vector kernel's kInPlace: rstd remade (with eps), dx written (it may be dout;
+// thread i reads column i of dout before it writes that column of dx, and no other thread reads
+// it after the reduction's barrier).
 __global__ void RmsNormBackwardScalarKernel(const uint16_t* x, const uint16_t* w, const float* rstd,
-                                            const uint16_t* dout, int64_t rows, int64_t d,
-                                            uint16_t* dx, float* dw) {
+                                            float eps, bool in_place, const uint16_t* dout,
+                                            int64_t rows, int64_t d, uint16_t* dx, float* dw) {
   extern __shared__ float dw_partial[];
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dw_partial[i] = 0.f;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const uint16_t* xr = x + r * d;
     const uint16_t* gr = dout + r * d;
-    float dot = 0.f;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dot += Bf(gr[i]) * Bf(w[i]) * Bf(xr[i]);
+    float dot = 0.f, sq = 0.f;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      const float xv = Bf(xr[i]);
+      dot += Bf(gr[i]) * Bf(w[i]) * xv;
+      sq += xv * xv;
+    }
     dot = BlockSum(dot);
-    const float rs = rstd[r];
+    const float rs = in_place ? rsqrtf(BlockSum(sq) / static_cast<float>(d) + eps) : rstd[r];
     const float c = dot / static_cast<float>(d) * rs * rs;
     uint16_t* dxr = dx + r * d;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
       const float xv = Bf(xr[i]), g = Bf(gr[i]);
-      dxr[i] = ToBf(Bf(dxr[i]) + rs * (g * Bf(w[i]) - xv * c));
+      const float gx = rs * (g * Bf(w[i]) - xv * c);
+      dxr[i] = ToBf(in_place ? gx : Bf(dxr[i]) + gx);
       dw_partial[i] += g * xv * rs;
     }
   }
@@ -310,18 +331,32 @@ void RmsNormForward(const uint16_t* x, const uint16_t* w, float eps, int64_t row
   cudaCheckLaunch();
 }
 
-void RmsNormBackward(const uint16_t* x, const uint16_t* w, const float* rstd, const uint16_t* dout,
-                     int64_t rows, int64_t d, uint16_t* dx, float* dw, cudaStream_t stream) {
+namespace {
+
+// Both backwards: RmsNormBackward (in_place false: rstd given, dx accumulated) and
+// RmsNormBackwardInPlace (rstd remade with eps, dx written, dx == dout allowed).
+void LaunchBackward(const uint16_t* x, const uint16_t* w, const float* rstd, float eps,
+                    bool in_place, const uint16_t* dout, int64_t rows, int64_t d, uint16_t* dx,
+                    float* dw, cudaStream_t stream) {
   if (rows == 0 || d == 0) return;
   // At most four vectors per thread: x, dout, w and 32 f32 dw partials stay in registers.
   bool launched = false;
   if (Vectorizable(d, {x, w, dout, dx})) {
     launched = ForTeam<4>(d, [&](auto team) {
       using T = decltype(team);
-      auto* kernel = RmsNormBackwardVecKernel<T::kVecsPerThread, T::kWarpsPerTeam>;
-      static const int per_sm = BlocksPerSm(kernel, T::kBlock, 0);  // once per kernel
-      const unsigned grid = BackwardGrid(rows, T::kRows, per_sm);
-      kernel<<<grid, T::kBlock, 0, stream>>>(x, w, rstd, dout, rows, d, dx, dw);
+      // One instantiation (and so one cached occupancy) per kernel: team and kInPlace.
+      auto launch = [&](auto in_place_constant) {
+        constexpr bool kInPlace = decltype(in_place_constant)::value;
+        auto* kernel = RmsNormBackwardVecKernel<T::kVecsPerThread, T::kWarpsPerTeam, kInPlace>;
+        static const int per_sm = BlocksPerSm(kernel, T::kBlock, 0);  // once per kernel
+        const unsigned grid = BackwardGrid(rows, T::kRows, per_sm);
+        kernel<<<grid, T::kBlock, 0, stream>>>(x, w, rstd, eps, dout, rows, d, dx, dw);
+      };
+      if (in_place) {
+        launch(std::true_type{});
+      } else {
+        launch(std::false_type{});
+      }
     });
   }
   if (!launched) {
@@ -335,10 +370,22 @@ void RmsNormBackward(const uint16_t* x, const uint16_t* w, const float* rstd, co
     }
     const unsigned grid =
         BackwardGrid(rows, 1, BlocksPerSm(RmsNormBackwardScalarKernel, kScalarThreads, smem));
-    RmsNormBackwardScalarKernel<<<grid, kScalarThreads, smem, stream>>>(x, w, rstd, dout, rows, d,
-                                                                        dx, dw);
+    RmsNormBackwardScalarKernel<<<grid, kScalarThreads, smem, stream>>>(
+        x, w, rstd, eps, in_place, dout, rows, d, dx, dw);
   }
   cudaCheckLaunch();
+}
+
+}  // namespace
+
+void RmsNormBackward(const uint16_t* x, const uint16_t* w, const float* rstd, const uint16_t* dout,
+                     int64_t rows, int64_t d, uint16_t* dx, float* dw, cudaStream_t stream) {
+  LaunchBackward(x, w, rstd, 0.f, /*in_place=*/false, dout, rows, d, dx, dw, stream);
+}
+
+void RmsNormBackwardInPlace(const uint16_t* x, const uint16_t* w, float eps, uint16_t* grad,
+                            int64_t rows, int64_t d, float* dw, cudaStream_t stream) {
+  LaunchBackward(x, w, nullptr, eps, /*in_place=*/true, grad, rows, d, grad, dw, stream);
 }
 
 }  // namespace cuda

@@ -23,5 +23,11 @@ void RmsNormForward(const uint16_t* x, const uint16_t* w, float eps, int64_t row
 void RmsNormBackward(const uint16_t* x, const uint16_t* w, const float* rstd, const uint16_t* dout,
                      int64_t rows, int64_t d, uint16_t* dx, float* dw, cudaStream_t stream);
 
+// The backward of a norm whose rstd was not kept (the per-head q/k norms): rstd[r] remade from
+// x[r] with eps (as RmsNormForward computes it), and `grad` holds dout on entry and dx on return
+// (written, not accumulated); dw accumulated as above. Same paths and limits.
+void RmsNormBackwardInPlace(const uint16_t* x, const uint16_t* w, float eps, uint16_t* grad,
+                            int64_t rows, int64_t d, float* dw, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace ithaca
