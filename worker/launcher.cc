@@ -353,6 +353,7 @@ using Clock = std::chrono::steady_clock;
 // Signal forwarding: the handler records the signal and wakes the supervision loop through a
 // self-pipe. One launch at a time may forward signals.
 volatile sig_atomic_t g_signal = 0;
+volatile sig_atomic_t g_drain = 0;  // SIGUSR1 (LaunchOptions::forward_drain)
 int g_wake_fd = -1;
 std::atomic<bool> g_forwarding{false};
 
@@ -368,6 +369,11 @@ void Wake() {
 
 void OnSignal(int sig) {
   g_signal = sig;
+  Wake();
+}
+
+void OnDrainSignal(int) {
+  g_drain = 1;
   Wake();
 }
 
@@ -419,8 +425,10 @@ class Cleanup {
       sigaction(SIGINT, &old_int, nullptr);
       sigaction(SIGTERM, &old_term, nullptr);
       sigaction(SIGCHLD, &old_chld, nullptr);
+      if (drain) sigaction(SIGUSR1, &old_usr1, nullptr);
       g_wake_fd = -1;
       g_signal = 0;
+      g_drain = 0;
       g_forwarding = false;
     }
     for (int fd : fds) {
@@ -436,7 +444,8 @@ class Cleanup {
     }
   }
   bool forwarding = false;
-  struct sigaction old_int = {}, old_term = {}, old_chld = {};
+  bool drain = false;  // SIGUSR1 forwarded too
+  struct sigaction old_int = {}, old_term = {}, old_chld = {}, old_usr1 = {};
   std::vector<int> fds;
   std::vector<Child> children;  // the read ends of their output pipes still open
   std::string dir;
@@ -489,9 +498,9 @@ absl::Status MakeRendezvousDir(const LaunchOptions& options, Cleanup& cleanup) {
   return absl::OkStatus();
 }
 
-// SIGINT / SIGTERM are forwarded to the ranks, SIGCHLD wakes the loop (through a pipe whose read
-// end is cleanup.fds[0]); `cleanup` restores the old handlers.
-absl::Status ForwardSignals(Cleanup& cleanup) {
+// SIGINT / SIGTERM (and, with `drain`, SIGUSR1) are forwarded to the ranks, SIGCHLD wakes the
+// loop (through a pipe whose read end is cleanup.fds[0]); `cleanup` restores the old handlers.
+absl::Status ForwardSignals(Cleanup& cleanup, bool drain) {
   if (g_forwarding.exchange(true)) {
     return absl::FailedPreconditionError(
         "launcher: another launch in this process already forwards signals");
@@ -514,6 +523,12 @@ absl::Status ForwardSignals(Cleanup& cleanup) {
   child.sa_handler = OnChild;
   child.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigaction(SIGCHLD, &child, &cleanup.old_chld);
+  if (drain) {
+    struct sigaction usr1 = sa;
+    usr1.sa_handler = OnDrainSignal;
+    sigaction(SIGUSR1, &usr1, &cleanup.old_usr1);
+    cleanup.drain = true;
+  }
   cleanup.forwarding = true;
   return absl::OkStatus();
 }
@@ -636,7 +651,11 @@ class LocalSupervision {
       c.running = false;
       RankExit& e = rep_.ranks[c.rank];
       e.end = *end;
-      if (!end->ok() && rep_.first_failure < 0 && !e.stopped_by_launcher &&
+      // A drained rank checkpointed with its peers and stopped on purpose: no failure.
+      const bool drained =
+          options_.forward_drain && !end->signaled && end->code == kExitDrained;
+      rep_.drained |= drained;
+      if (!end->ok() && !drained && rep_.first_failure < 0 && !e.stopped_by_launcher &&
           rep_.forwarded_signal == 0) {
         rep_.first_failure = c.rank;
         BeginStop(SIGTERM);
@@ -656,8 +675,13 @@ class LocalSupervision {
     }
   }
 
-  // A SIGINT / SIGTERM the launcher received: forwarded; a second one kills.
+  // A SIGINT / SIGTERM the launcher received: forwarded; a second one kills. A SIGUSR1 (a
+  // drain) is forwarded as it is: the ranks decide together when to checkpoint and stop.
   void TakeSignal() {
+    if (g_drain != 0 && options_.forward_drain) {
+      g_drain = 0;
+      if (!stopping_) Launcher::SignalGroup(pgid_, SIGUSR1);
+    }
     if (g_signal == 0 || !options_.forward_signals) return;
     const int sig = g_signal;
     g_signal = 0;
@@ -755,7 +779,7 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
   } else {
     RETURN_IF_ERROR(MakeRendezvousDir(options, cleanup));
   }
-  if (options.forward_signals) RETURN_IF_ERROR(ForwardSignals(cleanup));
+  if (options.forward_signals) RETURN_IF_ERROR(ForwardSignals(cleanup, options.forward_drain));
   const int wake_read = options.forward_signals ? cleanup.fds[0] : -1;
 
   LaunchSpec spec;

@@ -132,6 +132,11 @@ struct LaunchOptions {
   // the ranks, and SIGCHLD wakes the launcher so that the rank failing first is reaped first.
   // Only one launch per process may do this at a time. Without them, exits are polled.
   bool forward_signals = true;
+  // With forward_signals: SIGUSR1 is forwarded to the ranks too, as a drain (Slurm's warning
+  // signal before a time limit or a preemption, `#SBATCH --signal`; `ithaca drain`): they agree
+  // on a step, checkpoint together and exit with kExitDrained, which is then no failure. Only for
+  // ranks that take SIGUSR1 so (daemon ranks, worker/daemon_mode.h); it would kill others.
+  bool forward_drain = false;
 };
 
 struct RankExit {
@@ -147,6 +152,7 @@ struct LaunchReport {
   std::vector<RankExit> ranks;  // this node's ranks, by local rank
   int first_failure = -1;       // the local rank that failed first; -1 if none did
   int forwarded_signal = 0;     // SIGINT / SIGTERM the launcher received, 0 if none
+  bool drained = false;         // a rank checkpointed and stopped on a drain (forward_drain)
   // Another node failed (or vanished) first: what the rendezvous says about it, naming it.
   std::string remote_failure;
   // The exit code a launcher process should end with: the first failing rank's (128 + signal

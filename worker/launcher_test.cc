@@ -420,6 +420,41 @@ TEST(LocalLauncherTest, ForwardsSigterm) {
   for (pid_t pid : ReadPids(dir.path(), 2)) EXPECT_TRUE(ProcessGone(pid)) << pid;
 }
 
+// SIGUSR1 (Slurm's --signal warning, a drain) with forward_drain: forwarded to the ranks, whose
+// drained exit (kExitDrained, after their checkpoint) is no failure; the launcher exits 0.
+TEST(LocalLauncherTest, ForwardsADrainAndADrainedExitIsNoFailure) {
+  TempDir dir;
+  // Each rank exits 6 on SIGUSR1 (a daemon rank's drained exit), only once it has one.
+  LaunchOptions o =
+      Sh("trap 'exit 6' USR1; echo $$ > $OUT/pid$ITHACA_RANK.tmp && mv $OUT/pid$ITHACA_RANK.tmp "
+         "$OUT/pid$ITHACA_RANK; while :; do sleep 0.05; done",
+         2, dir.path());
+  o.forward_drain = true;
+  pid_t launcher = ForkLauncher(o, dir.path() + "/status");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return std::filesystem::exists(dir.path() + "/pid0") &&
+               std::filesystem::exists(dir.path() + "/pid1");
+      },
+      5));
+  kill(launcher, SIGUSR1);  // to the launcher only: it forwards it
+  int status = 0;
+  ASSERT_TRUE(WaitFor([&] { return waitpid(launcher, &status, WNOHANG) == launcher; }, 5))
+      << "the launcher did not stop";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ReadFile(dir.path() + "/status"), "OK");
+  for (pid_t pid : ReadPids(dir.path(), 2)) EXPECT_TRUE(ProcessGone(pid)) << pid;
+
+  // Without forward_drain a rank's exit 6 is a failure like any other.
+  TempDir dir2;
+  LaunchOptions plain = Sh("exit 6", 1, dir2.path());
+  LaunchReport report;
+  EXPECT_EQ(LaunchLocal(plain, &report).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(report.first_failure, 0);
+  EXPECT_FALSE(report.drained);
+}
+
 TEST(LocalLauncherTest, RanksDieWithTheLauncher) {
   TempDir dir;
   LaunchOptions o =
