@@ -62,6 +62,7 @@ class DrainE2E(unittest.TestCase):
         undo = d.cli("drain", "--undo")
         self.assertEqual(undo.returncode, 0, undo.stdout + undo.stderr)
         self.assertFalse(d.node().scheduling_paused)
+        self.assertFalse(d.client.drain(undo=True).scheduling_paused)  # the Python client's
         done = d.wait(job.id, timeout=240)
         self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
         self.assertEqual(d.wait(later.id, timeout=120).state, job_pb2.JOB_STATE_SUCCEEDED)
