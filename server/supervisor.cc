@@ -385,6 +385,7 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
            {"ITHACA_JOB_ID", a->id},
            {"ITHACA_JOB_SECRET", a->secret}};
   l.die_with_launcher = false;  // a daemon restart must not cost the job (adoption.h)
+  l.drain_signal_blocked = true;  // Drain's SIGUSR1 waits for a rank that is still starting
   for (size_t r = 0; r < order.slots.size(); ++r) {
     l.outputs.push_back({Launcher::RankLogPath(a->log_dir, static_cast<int>(r))});
   }

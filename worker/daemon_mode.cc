@@ -497,6 +497,12 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   struct sigaction drain = {};
   drain.sa_handler = OnSigusr1;
   sigaction(SIGUSR1, &drain, nullptr);
+  // The launcher started this rank with SIGUSR1 blocked (LaunchSpec::drain_signal_blocked): a
+  // drain that came before the handler was pending, and is taken now.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(o.socket);
   if (!channel.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", o.rank, channel.status().ToString().c_str());

@@ -63,6 +63,10 @@ struct LaunchSpec {
   // (ithacad's supervisor): they outlive the launcher, in their own process group, so a daemon
   // restart does not cost the job; the next daemon adopts them (server/adoption.h).
   bool die_with_launcher = true;
+  // true: the ranks start with SIGUSR1 blocked, so a drain (Slurm's warning, ithacad's drain)
+  // that reaches a rank before it installs its handler waits, pending, instead of killing it.
+  // For daemon ranks only, which unblock it once they take it (worker/daemon_mode.h).
+  bool drain_signal_blocked = false;
 };
 
 struct WorkerGroup {

@@ -129,7 +129,60 @@ for line in sys.stdin:
 }
 losses() { grep -oE '^step [0-9]+/[0-9]+ \| loss [0-9.]+' "$1" | sed -E 's#^step ([0-9]+)/[0-9]+ \| loss ([0-9.]+)#step \1 loss \2#'; }
 
+# job_steps_once ID N: rank 0's history is steps 1..N, each once
+job_steps_once() {
+  local got want
+  got=$(steps "$1" | awk '{print $2}' | tr '\n' ' ')
+  want=$(seq 1 "$2" | tr '\n' ' ')
+  [ "$got" = "$want" ] || fail "job $1's history of rank 0 is [$got], not [$want]"
+}
+# transitions ID STATE: the reasons of the job's transitions to STATE, one a line
+transitions() {
+  "$C" status "$1" -o json | python3 -c "
+import json, sys
+for t in json.load(sys.stdin)['transitions']:
+    if t['to'] == 'JOB_STATE_$2': print(t.get('reason', ''))"
+}
+# same_final_loss ID SPEC: the job's last step equals an uninterrupted run's (standalone)
+same_final_loss() {
+  local ck="$T/ck-straight-$1"
+  sed -E "s#^dir = .*#dir = \"$ck\"#" "$2" > "$T/straight-$1.toml"
+  timeout 300 "$W" --standalone "$T/straight-$1.toml" --nproc 4 > "$T/straight-$1.log" 2>&1 \
+    || { cat "$T/straight-$1.log" >&2; fail "the uninterrupted run of $2 failed"; }
+  local got want
+  got=$(steps "$1" | tail -n 1)
+  want=$(losses "$T/straight-$1.log" | tail -n 1 | awk '{printf "step %d loss %.4f", $2, $4}')
+  echo "$1: $got; uninterrupted: $want"
+  [ "$got" = "$want" ] || fail "job $1 ends at \"$got\", not \"$want\""
+}
+
 start_daemon
+
+if [ "${1:-}" = time-limit ]; then
+  # (its own test target: Slurm checks time limits only every ~30 s, so this takes a minute)
+  echo "== a real time limit: Slurm's warning, checkpoint, QUEUED, resumed (maybe more than once)"
+  # --time=1 with a warning 55 s ahead: it comes 5..35 s into each attempt, and the job trains
+  # for longer than that, so at least its first attempt is warned.
+  spec timeout 700 2 "signal_grace = 55
+[checkpoint]
+dir = \"$T/ck-timeout\"
+every = 100000" | sed 's/^time_limit = .*/time_limit = "1"/' > "$T/timeout.toml"
+  J=$("$C" submit "$T/timeout.toml" -q)
+  "$C" wait "$J" --timeout 280 >/dev/null || fail "job $J: $(state "$J"): $(field "$J" reason)"
+  grep -q "^#SBATCH --signal=USR1@55$" "$T/state/jobs/$J/slurm.sbatch" || fail "no --signal=USR1@55 in $J's batch script"
+  grep -q "^#SBATCH --time=1$" "$T/state/jobs/$J/slurm.sbatch" || fail "no --time=1 in $J's batch script"
+  transitions "$J" QUEUED | sed 1d > "$T/requeues.txt"
+  cat "$T/requeues.txt"
+  [ -s "$T/requeues.txt" ] || fail "job $J was never warned before its time limit"
+  if grep -qv "^Slurm's warning (SIGUSR1): TIMEOUT (used [0-9:]* of its 1:00); checkpointed and stopped" "$T/requeues.txt"; then
+    fail "job $J was queued again for something else than its time limit"
+  fi
+  [ "$(field "$J" restarts)" = 0 ] || fail "the time limit counted as a restart of $J"
+  job_steps_once "$J" 700
+  same_final_loss "$J" "$T/timeout.toml"
+  echo PASS
+  exit 0
+fi
 
 echo "== 1. a 2-node x 2-rank job through ithacad"
 spec two-nodes 6 2 > "$T/two.toml"
@@ -211,33 +264,6 @@ wait_state "$J3" cancelled 60
 reason=$(field "$J3" reason)
 echo "reason: $reason"
 grep -q "cancelled in Slurm: Slurm job $sid CANCELLED" <<<"$reason" || fail "the reason is \"$reason\""
-
-# job_steps_once ID N: rank 0's history is steps 1..N, each once
-job_steps_once() {
-  local got want
-  got=$(steps "$1" | awk '{print $2}' | tr '\n' ' ')
-  want=$(seq 1 "$2" | tr '\n' ' ')
-  [ "$got" = "$want" ] || fail "job $1's history of rank 0 is [$got], not [$want]"
-}
-# transitions ID STATE: the reasons of the job's transitions to STATE, one a line
-transitions() {
-  "$C" status "$1" -o json | python3 -c "
-import json, sys
-for t in json.load(sys.stdin)['transitions']:
-    if t['to'] == 'JOB_STATE_$2': print(t.get('reason', ''))"
-}
-# same_final_loss ID SPEC: the job's last step equals an uninterrupted run's (standalone)
-same_final_loss() {
-  local ck="$T/ck-straight-$1"
-  sed -E "s#^dir = .*#dir = \"$ck\"#" "$2" > "$T/straight-$1.toml"
-  timeout 300 "$W" --standalone "$T/straight-$1.toml" --nproc 4 > "$T/straight-$1.log" 2>&1 \
-    || { cat "$T/straight-$1.log" >&2; fail "the uninterrupted run of $2 failed"; }
-  local got want
-  got=$(steps "$1" | tail -n 1)
-  want=$(losses "$T/straight-$1.log" | tail -n 1 | awk '{printf "step %d loss %.4f", $2, $4}')
-  echo "$1: $got; uninterrupted: $want"
-  [ "$got" = "$want" ] || fail "job $1 ends at \"$got\", not \"$want\""
-}
 
 echo "== 5. ithacad stopped with SIGTERM and restarted mid-job, on another port"
 spec term 150 2 > "$T/term.toml"
