@@ -31,8 +31,13 @@
 #   winattn:SHAPES:W  attention_bench at SHAPES (as in sweep): full causal and a sliding window of
 #           W keys side by side, cuDNN's and the own Hopper kernels (passes $PASSES, default
 #           fwd,bwd,fwd+bwd); winattn.jsonl
-#   daemon  the demo job through ithacad and the CLI on this machine's GPU(s), with packed
-#           documents (data.document_mask) and a held-out loss ([eval]); daemon.log
+#   daemon[:SETS]  the demo job through ithacad and the CLI on this machine's GPU(s): without
+#           SETS with packed documents (data.document_mask) and a held-out loss ([eval]); with
+#           SETS ('+' between key=value, e.g. model.preset=llama-3-8b+data.seq_len=16384) those
+#           --set overrides instead, on a corpus of the built-in text repeated CORPUS_REPEAT times
+#           (default 1); each job's step lines (`ithaca logs --steps`) go to daemon-steps.log,
+#           everything to daemon.log
+#   pin     pin_bench: cudaHostAlloc against mmap + touch + cudaHostRegister; pin.jsonl
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags;
 #           e.g. train:131072:--doc_len=8192 for packed documents)
 #   probe:W:S[:extra flags] the memory probe at each S
@@ -172,26 +177,39 @@ for phase in "$@"; do
     daemon)
       D=/tmp/ithaca-daemon-phase
       rm -rf "$D" && mkdir -p "$D/run" "$D/state"
-      tools/tokenize/ithaca-tokenize --no-progress --output "$D/run/corpus" \
-        engine/data/testdata/tiny_corpus.txt
+      for _ in $(seq "${CORPUS_REPEAT:-1}"); do cat engine/data/testdata/tiny_corpus.txt; done \
+        >"$D/run/corpus.txt"
+      tools/tokenize/ithaca-tokenize --no-progress --output "$D/run/corpus" "$D/run/corpus.txt"
       gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
       backend=cuda
       [ "$gpus" = 0 ] && backend=cpu
       sed -e "s|@RUN@|$D/run|g" -e "s|@BACKEND@|$backend|" -e "s|@WORLD@|1|" -e "s|@SP@|1|" \
         tools/demo_job.toml > "$D/run/job.toml"
+      sets=()
+      if [ -z "$a1" ]; then
+        sets=(--set data.document_mask=true --set eval.path="$D/run/corpus/train-00000.tok"
+              --set eval.every=20 --set eval.batches=2)
+      else
+        for kv in ${a1//+/ }; do sets+=(--set "$kv"); done
+      fi
       root=(); [ "$(id -u)" = 0 ] && root=(--allow-root-workers)
       "$BIN/ithacad" --state-dir "$D/state" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
         --worker-binary "$BIN/ithaca-worker" --allowed-roots "$D" "${root[@]}" \
-        >"$OUT/daemon.log" 2>&1 &
+        >>"$OUT/daemon.log" 2>&1 &
       dpid=$!
       for _ in $(seq 100); do [ -s "$D/state/ithacad.addr" ] && break; sleep 0.1; done
       export ITHACA_HOME="$D/state"
-      job=$("$BIN/ithaca" submit "$D/run/job.toml" -o name --set data.document_mask=true \
-        --set eval.path="$D/run/corpus/train-00000.tok" --set eval.every=20 --set eval.batches=2)
-      "$BIN/ithaca" watch "$job" 2>&1 | tee -a "$OUT/daemon.log" | tail -12
-      "$BIN/ithaca" status "$job" | tee -a "$OUT/daemon.log" | head -30
+      job=$("$BIN/ithaca" submit "$D/run/job.toml" -o name "${sets[@]}")
+      echo "=== $job: ${sets[*]}" | tee -a "$OUT/daemon.log" "$OUT/daemon-steps.log"
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/ithaca" watch "$job" 2>&1 | tee -a "$OUT/daemon.log" \
+        | tail -12
+      "$BIN/ithaca" status "$job" | tee -a "$OUT/daemon.log" | head -40
+      "$BIN/ithaca" logs "$job" --steps >>"$OUT/daemon-steps.log" 2>&1
       kill -TERM "$dpid"; wait "$dpid"
       cat "$D/state/jobs/$job/rank-0.log" >>"$OUT/daemon.log" 2>/dev/null
+      ;;
+    pin)
+      timeout 300 "$BIN/pin_bench" --sizes_gib="${PIN_GIB:-4,16}" | tee -a "$OUT/pin.jsonl"
       ;;
     docattn)
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/attention_bench" --shapes="64:32:8:$a1" \

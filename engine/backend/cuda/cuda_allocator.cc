@@ -1,11 +1,39 @@
-// CudaAllocator: exact-size-class caching over cudaMalloc / cudaHostAlloc.
+// CudaAllocator: exact-size-class caching over cudaMalloc and pinned host memory (pinned_host.h).
 #include "engine/backend/cuda/cuda_allocator.h"
 
 #include <cuda_runtime.h>
 
+#include "engine/backend/cuda/pinned_host.h"
+
 #include <cstdio>
 
 namespace ithaca {
+namespace {
+
+// How a host block of size class `cls` is pinned: the big ones (the optimizer's state, the
+// parameters on the host, offloaded block inputs) by mmap + parallel touch + cudaHostRegister.
+PinMethod PinMethodFor(size_t cls) {
+  return cls >= kRegisterPinMinBytes ? PinMethod::kRegister : PinMethod::kHostAlloc;
+}
+
+// One block from CUDA: device memory, or pinned host memory.
+cudaError_t Obtain(void** p, size_t cls, bool host) {
+  if (!host) return cudaMalloc(p, cls);
+  absl::StatusOr<void*> got = AllocatePinnedHost(cls, PinMethodFor(cls));
+  if (!got.ok()) return cudaErrorMemoryAllocation;
+  *p = *got;
+  return cudaSuccess;
+}
+
+void GiveBack(void* p, size_t cls, bool host) {
+  if (host) {
+    FreePinnedHost(p, cls, PinMethodFor(cls));
+  } else {
+    cudaFree(p);
+  }
+}
+
+}  // namespace
 
 size_t CudaAllocator::RoundUp(size_t bytes) { return SizeClassCache::SizeClass(bytes); }
 
@@ -42,12 +70,12 @@ absl::StatusOr<void*> CudaAllocator::AllocateFrom(Pool& pool, bool host, size_t 
     return p;
   }
   void* p = nullptr;
-  cudaError_t err = host ? cudaHostAlloc(&p, cls, cudaHostAllocDefault) : cudaMalloc(&p, cls);
+  cudaError_t err = Obtain(&p, cls, host);
   if (err != cudaSuccess) {
     // Out of memory with blocks cached in other size classes: give them back and retry once.
     cudaGetLastError();
     ReleasePool(pool, host);
-    err = host ? cudaHostAlloc(&p, cls, cudaHostAllocDefault) : cudaMalloc(&p, cls);
+    err = Obtain(&p, cls, host);
   }
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -93,11 +121,7 @@ void CudaAllocator::FreeUncached(void* ptr, size_t bytes, Tier tier) {
     std::abort();
   }
   cudaDeviceSynchronize();
-  if (host) {
-    cudaFreeHost(ptr);
-  } else {
-    cudaFree(ptr);
-  }
+  GiveBack(ptr, it->second, host);
   pool.reserved -= static_cast<int64_t>(it->second);
   pool.live.erase(it);
   tracker_.OnFree(tier, bytes);
@@ -110,11 +134,7 @@ void CudaAllocator::ReleasePool(Pool& pool, bool host) {
   cudaDeviceSynchronize();
   for (auto& [cls, blocks] : pool.free) {
     for (void* p : blocks) {
-      if (host) {
-        cudaFreeHost(p);
-      } else {
-        cudaFree(p);
-      }
+      GiveBack(p, cls, host);
       pool.reserved -= static_cast<int64_t>(cls);
     }
     blocks.clear();

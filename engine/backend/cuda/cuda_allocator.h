@@ -1,5 +1,6 @@
-// CudaAllocator: a tier-tagged caching allocator over cudaMalloc (device tiers) and
-// cudaHostAlloc (the host_offload tier, pinned). Freed blocks go to per-size-class free lists
+// CudaAllocator: a tier-tagged caching allocator over cudaMalloc (device tiers) and pinned host
+// memory (the host tiers; pinned_host.h: blocks from 256 MiB by mmap + cudaHostRegister, smaller
+// ones by cudaHostAlloc). Freed blocks go to per-size-class free lists
 // and are handed out again, so a steady-state training step calls neither cudaMalloc nor
 // cudaFree. The tracker counts requested bytes per tier, as HostAllocator does; reserved bytes
 // (what the pools hold from CUDA) are reported separately.
@@ -36,7 +37,7 @@ class CudaAllocator : public Allocator {
 
   struct Stats {
     int64_t device_reserved = 0, host_reserved = 0;  // bytes obtained from CUDA, in use or cached
-    int64_t device_mallocs = 0, host_mallocs = 0;    // calls to cudaMalloc / cudaHostAlloc
+    int64_t device_mallocs = 0, host_mallocs = 0;    // blocks obtained from CUDA
   };
   Stats stats() const;
 
