@@ -190,6 +190,13 @@ void Define(CLI::App& app, Parsed& p) {
 
   app.add_subcommand("node", "GPUs or CPU slots, what runs where, the metrics address");
 
+  CLI::App* drain = app.add_subcommand(
+      "drain", "pause scheduling; running jobs checkpoint, stop and are queued again");
+  drain->add_flag("--undo", f.undo, "start the queue again (as kubectl uncordon)");
+  drain->add_option("--timeout", f.timeout_s,
+                    "seconds to wait for the checkpoints (default: the daemon's 300)")
+      ->check(CLI::NonNegativeNumber);
+
   CLI::App* completion = app.add_subcommand(
       "completion", "print a shell completion script: source <(ithaca completion bash)");
   completion->add_option("shell", f.out, "bash")->required()->check(CLI::IsMember({"bash"}));
@@ -348,6 +355,7 @@ int RunCli(int argc, char** argv) {
   if (cmd == "cancel") return CancelCommand(c, f);
   if (cmd == "delete") return DeleteCommand(c, f);
   if (cmd == "plan") return f.max_seq_len ? MaxSeqLenCommand(c, f) : PlanCommand(c, f);
+  if (cmd == "drain") return DrainCommand(c, f);
   return NodeCommand(c);
 }
 

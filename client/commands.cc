@@ -617,6 +617,33 @@ int NodeCommand(CliContext& c) {
   return 0;
 }
 
+int DrainCommand(CliContext& c, const Flags& f) {
+  v1::DrainRequest req;
+  req.set_undo(f.undo);
+  req.set_timeout_seconds(static_cast<int32_t>(f.timeout_s));
+  v1::DrainResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status st = c.stub->Drain(&ctx, req, &resp);
+  if (!st.ok()) return RpcError(c, st);
+  if (c.output == Output::kJson) {
+    PrintJson(resp);
+  } else if (f.undo) {
+    std::printf("scheduling resumed: queued jobs start again\n");
+  } else {
+    std::printf("scheduling paused: jobs are admitted and queued, none starts until "
+                "`ithaca drain --undo` (or a daemon restart)\n");
+    for (const std::string& id : resp.drained()) {
+      std::printf("%s drained: checkpointed, stopped and queued; it resumes from that "
+                  "checkpoint\n", id.c_str());
+    }
+    for (const std::string& id : resp.still_running()) {
+      std::printf("%s still running: it has no checkpoint.dir to resume from, or did not stop "
+                  "in time\n", id.c_str());
+    }
+  }
+  return resp.still_running_size() > 0 ? 1 : 0;
+}
+
 std::string DefaultServer() {
   if (const char* env = std::getenv("ITHACA_SERVER"); env && *env) return env;
   std::string home;

@@ -57,7 +57,8 @@ struct Flags {
   std::vector<std::string> sets;
   std::vector<std::string> states;
   std::string reason;
-  double timeout_s = 0;  // wait: 0 waits as long as it takes
+  double timeout_s = 0;  // wait: 0 waits as long as it takes; drain: 0 is the daemon's 300 s
+  bool undo = false;     // drain --undo
   bool max_seq_len = false;  // plan: bisect data.seq_len for the longest that fits
   int64_t multiple_of = 1024;
 };
@@ -80,6 +81,9 @@ int PlanCommand(CliContext& c, const Flags& f);
 // head_chunk, tile_tokens and offload it turns on). 0, or 1 when not even one multiple fits.
 int MaxSeqLenCommand(CliContext& c, const Flags& f);
 int NodeCommand(CliContext& c);
+// `drain`: the daemon pauses scheduling and drains its running jobs (checkpoint, stop, queued
+// again); `drain --undo` starts the queue again. 1 when a running job could not be drained.
+int DrainCommand(CliContext& c, const Flags& f);
 
 // Which worker lines `--follow` shows: rank 0's, except its step and eval lines (the progress
 // line and the eval events show those), and other ranks' warnings and errors.

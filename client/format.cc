@@ -272,6 +272,10 @@ std::string NodeText(const v1::NodeInfo& n) {
       n.version(), n.slots(), n.gpus() > 0 ? "GPUs" : "CPU slots", n.free_slots(),
       HumanBytes(n.host_memory_bytes()), n.jobs_running(), n.jobs_queued());
   if (!n.libraries().empty()) absl::StrAppend(&out, "libraries: ", n.libraries(), "\n");
+  if (n.scheduling_paused()) {
+    absl::StrAppend(&out, "scheduling paused (ithaca drain): queued jobs wait for "
+                          "`ithaca drain --undo`\n");
+  }
   for (const v1::Device& d : n.devices()) {
     absl::StrAppend(
         &out,

@@ -90,6 +90,10 @@ ABSL_FLAG(std::string, slurm_partition, "", "--cluster slurm: sbatch --partition
 ABSL_FLAG(std::string, slurm_account, "", "--cluster slurm: sbatch --account by default");
 ABSL_FLAG(std::string, slurm_time_limit, "", "--cluster slurm: sbatch --time by default");
 ABSL_FLAG(std::string, slurm_constraint, "", "--cluster slurm: sbatch --constraint by default");
+ABSL_FLAG(int32_t, slurm_signal_grace, 120,
+          "--cluster slurm: sbatch --signal=USR1@N: seconds of warning before a job's time limit "
+          "(and on preemption) in which it checkpoints, stops and is queued again; 0: none; a "
+          "job's [slurm] signal_grace overrides it");
 ABSL_FLAG(std::string, worker_address, "",
           "--cluster slurm: host:port the ranks on the nodes dial (the --listen port); default "
           "--listen's, with this machine's host name for 0.0.0.0 / [::]");
@@ -295,6 +299,11 @@ absl::Status ClusterFromFlags(const std::string& listen, Supervisor::Options* so
   d.account = absl::GetFlag(FLAGS_slurm_account);
   d.time_limit = absl::GetFlag(FLAGS_slurm_time_limit);
   d.constraint = absl::GetFlag(FLAGS_slurm_constraint);
+  d.signal_grace_s = absl::GetFlag(FLAGS_slurm_signal_grace);
+  if (d.signal_grace_s < 0 || d.signal_grace_s > 86400) {
+    return absl::InvalidArgumentError(absl::StrCat("--slurm-signal-grace: must be in 0..86400, got ",
+                                                   d.signal_grace_s));
+  }
   // The same rules as the spec's [slurm] keys: the values go on #SBATCH lines.
   RETURN_IF_ERROR(CheckSlurmValue("slurm.partition", d.partition, "--slurm-partition"));
   RETURN_IF_ERROR(CheckSlurmValue("slurm.account", d.account, "--slurm-account"));

@@ -45,20 +45,59 @@ absl::Status Jobs::Start() {
   return absl::OkStatus();
 }
 
+std::vector<std::string> Jobs::ResumableRunningLocked(std::vector<std::string>* others) {
+  std::vector<std::string> resumable;
+  absl::StatusOr<std::vector<v1::Job>> running = store_->List({v1::JOB_STATE_RUNNING}, 0);
+  for (const v1::Job& job : running.ok() ? *running : std::vector<v1::Job>()) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job " + job.id());
+    if (spec.ok() && spec->checkpoint.resume && !spec->checkpoint.dir.empty()) {
+      resumable.push_back(job.id());
+    } else if (others != nullptr) {
+      others->push_back(job.id());
+    }
+  }
+  return resumable;
+}
+
 int Jobs::Drain(absl::Duration timeout) {
   std::vector<std::string> resumable;
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutting_down_ = true;  // no new submissions, no new launches
-    absl::StatusOr<std::vector<v1::Job>> running = store_->List({v1::JOB_STATE_RUNNING}, 0);
-    for (const v1::Job& job : running.ok() ? *running : std::vector<v1::Job>()) {
-      absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job " + job.id());
-      if (spec.ok() && spec->checkpoint.resume && !spec->checkpoint.dir.empty()) {
-        resumable.push_back(job.id());
-      }
-    }
+    resumable = ResumableRunningLocked(nullptr);
   }
   return supervisor_.Drain(resumable, timeout);
+}
+
+v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout) {
+  v1::DrainResponse response;
+  std::vector<std::string> resumable, others;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    scheduling_paused_ = !undo;
+    if (!undo) resumable = ResumableRunningLocked(&others);
+  }
+  std::printf("ithacad: scheduling %s\n", undo ? "resumed (drain undone)" : "paused (drain)");
+  std::fflush(stdout);
+  if (undo) {
+    supervisor_.Wake();  // the queue starts now
+  } else {
+    // The supervisor reports each drained job QUEUED (OnEnded), which queues it again: it waits
+    // there, as every queued job does, for the undo.
+    supervisor_.Drain(resumable, timeout);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& id : resumable) {
+    absl::StatusOr<v1::Job> job = store_->Get(id);
+    if (job.ok() && job->state() == v1::JOB_STATE_QUEUED) {
+      response.add_drained(id);
+    } else {
+      others.push_back(id);
+    }
+  }
+  for (const std::string& id : others) response.add_still_running(id);
+  response.set_scheduling_paused(scheduling_paused_);
+  return response;
 }
 
 int Jobs::Detach() {
@@ -527,6 +566,7 @@ v1::NodeInfo Jobs::NodeInfo() {
   n.set_jobs_running(supervisor_.running_jobs());  // before taking mu_: see the locking note
   std::lock_guard<std::mutex> lock(mu_);
   n.set_free_slots(scheduler_.free_slots());
+  n.set_scheduling_paused(scheduling_paused_);
   n.set_jobs_queued(scheduler_.queued());
   for (const NodeDevice& d : options_.node.devices) {
     v1::Device* out = n.add_devices();
@@ -550,6 +590,7 @@ void Jobs::RefreshJobCounts() {
 std::vector<LaunchOrder> Jobs::TakeLaunches() {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return {};  // draining or stopping: queued jobs wait for the next daemon
+  if (scheduling_paused_) return {};  // `ithaca drain`: queued jobs wait for the undo
   // Restarted jobs whose backoff is over join the queue (at its end, as a new submission).
   const absl::Time now = absl::Now();
   for (auto it = backing_off_.begin(); it != backing_off_.end();) {
@@ -665,6 +706,20 @@ void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::strin
     scheduler_.Release(job_id);
     // Its [retry] policy may queue it again: the event stream goes on.
     if (retryable && RestartLocked(job_id, reason)) return;
+    // Drained (`ithaca drain`, or Slurm's warning before a time limit or a preemption): it
+    // checkpointed and stopped, and joins the queue again to resume from that checkpoint, with
+    // no restart counted. A daemon that is stopping leaves it queued for the next one.
+    if (outcome == v1::JOB_STATE_QUEUED && !shutting_down_) {
+      absl::StatusOr<v1::Job> queued = store_->Transition(job_id, outcome, reason);
+      if (queued.ok()) {
+        PublishState(job_id, *queued);
+        absl::StatusOr<JobSpec> spec = ParseJobSpec(queued->spec_toml(), "job " + job_id);
+        backing_off_[job_id] = {absl::Now(), spec.ok() ? static_cast<int>(spec->parallel.world)
+                                                       : 1};
+        return;
+      }
+      std::fprintf(stderr, "ithacad: %s\n", queued.status().ToString().c_str());
+    }
     auto done = store_->Transition(job_id, outcome, reason, failed_rank);
     if (!done.ok()) {
       std::fprintf(stderr, "ithacad: %s\n", done.status().ToString().c_str());

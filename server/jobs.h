@@ -71,6 +71,11 @@ class Jobs : private JobOwner {
   // checkpoint.dir, checkpoint.resume) to checkpoint and stop, and queues it again for the next
   // daemon; waits up to `timeout`. Stops admitting. Returns how many were drained.
   int Drain(absl::Duration timeout);
+  // `ithaca drain` (JobService.Drain): pauses scheduling (jobs are admitted and queued, none
+  // starts) and drains the running jobs that can resume, as Drain does, waiting up to `timeout`;
+  // they are queued again. With `undo`, scheduling goes on and the queue starts. Both last until
+  // the daemon restarts.
+  v1::DrainResponse DrainNode(bool undo, absl::Duration timeout);
 
   // JobService.
   // `cancelled` (the RPC's client went away) is polled while admitting (admission.h).
@@ -137,6 +142,10 @@ class Jobs : private JobOwner {
   // backoff; true then.
   bool RestartLocked(const std::string& job_id, const std::string& reason);
 
+  // The RUNNING jobs that can resume from a checkpoint (checkpoint.dir, checkpoint.resume): the
+  // ones a drain stops. The others are in `others`.
+  std::vector<std::string> ResumableRunningLocked(std::vector<std::string>* others);
+
   absl::Status Recover();
   // For a job found STARTING or RUNNING at start whose workers still run (its adoption record
   // names live workers of the job): the order to adopt them, its slots reserved. nullopt
@@ -174,6 +183,7 @@ class Jobs : private JobOwner {
   std::deque<std::string> ended_events_;                // oldest first
 
   bool shutting_down_ = false;
+  bool scheduling_paused_ = false;  // DrainNode: queued jobs wait for the undo
   // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
   Supervisor supervisor_;
 };

@@ -224,6 +224,17 @@ grpc::Status JobServiceImpl::GetNode(grpc::ServerContext* context, const v1::Get
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                                   v1::DrainResponse* response) {
+  if (grpc::Status auth = auth_->Authorize(*context); !auth.ok()) return auth;
+  if (request->timeout_seconds() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout_seconds must be >= 0");
+  }
+  const int timeout_s = request->timeout_seconds() > 0 ? request->timeout_seconds() : 300;
+  *response = jobs_->DrainNode(request->undo(), absl::Seconds(timeout_s));
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerServiceImpl::Check(const grpc::ServerContext& context,
                                       const std::string& job_id) const {
   if (remote_ == nullptr) return grpc::Status::OK;

@@ -54,6 +54,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                        v1::PlanJobResponse* response) override;
   grpc::Status GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
                        v1::NodeInfo* response) override;
+  grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest* request,
+                     v1::DrainResponse* response) override;
 
  private:
   // Counts an open stream for its lifetime; `ok()` false when kMaxStreams are open already.

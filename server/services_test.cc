@@ -62,6 +62,10 @@ TEST(ServicesTest, EveryJobServiceCallNeedsTheToken) {
     v1::NodeInfo node;
     answers.push_back(stub->GetNode(context().get(), v1::GetNodeRequest(), &node));
     {
+      v1::DrainResponse r;  // pausing scheduling and stopping jobs: never without the token
+      answers.push_back(stub->Drain(context().get(), v1::DrainRequest(), &r));
+    }
+    {
       auto c = context();
       v1::JobEvent e;
       auto reader = stub->WatchJob(c.get(), v1::WatchJobRequest());
@@ -85,7 +89,7 @@ TEST(ServicesTest, EveryJobServiceCallNeedsTheToken) {
       EXPECT_FALSE(reader->Read(&e));
       answers.push_back(reader->Finish());
     }
-    ASSERT_EQ(answers.size(), 10u);
+    ASSERT_EQ(answers.size(), 11u);  // every JobService method
     for (const grpc::Status& st : answers) {
       EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << header;
       EXPECT_EQ(st.error_message().find("0123456789abcdef"), std::string::npos)

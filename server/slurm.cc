@@ -14,6 +14,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -77,6 +78,10 @@ std::string SlurmBatchScript(const SlurmSubmission& s, const SlurmDefaults& d) {
   opt("account", Or(s.account, d.account));
   opt("time", Or(s.time_limit, d.time_limit));
   opt("constraint", Or(s.constraint, d.constraint));
+  // Slurm's warning before the time limit (and on preemption): the ranks checkpoint and stop
+  // (worker/daemon_mode.h), and ithacad queues the job again.
+  const int grace = s.signal_grace_s > 0 ? s.signal_grace_s : d.signal_grace_s;
+  if (grace > 0) opt("signal", absl::StrCat("USR1@", grace));
   // A failed node is the job's failure (the launcher's, and ithacad's retry policy's), not
   // something Slurm should requeue behind ithacad's back.
   absl::StrAppend(&script, "#SBATCH --no-requeue\n");
@@ -214,10 +219,7 @@ absl::StatusOr<std::string> SlurmSubmit(const SlurmSubmission& s, const SlurmDef
 
 absl::Status SlurmCancel(const std::string& slurm_id, int signal, const SlurmDefaults& d) {
   std::vector<std::string> argv = {"scancel"};
-  if (signal != 0) {
-    argv.push_back(absl::StrCat("--signal=", signal));
-    argv.push_back("--full");
-  }
+  if (signal != 0) argv.push_back(absl::StrCat("--signal=", signal));
   argv.push_back(slurm_id);
   absl::StatusOr<CommandResult> r = RunCommand(argv, {}, d.command_timeout);
   if (!r.ok()) return absl::UnavailableError(absl::StrCat("scancel: ", r.status().message()));
@@ -262,6 +264,47 @@ absl::StatusOr<SlurmJobState> SlurmQuery(const std::string& slurm_id, const Slur
     }
   }
   return st;
+}
+
+int64_t SlurmDurationSeconds(const std::string& text) {
+  // [D-]HH:MM:SS, [D-]MM:SS, MM (as squeue prints TimeUsed and TimeLimit).
+  std::string t(absl::StripAsciiWhitespace(text));
+  int64_t days = 0;
+  if (size_t dash = t.find('-'); dash != std::string::npos) {
+    if (!absl::SimpleAtoi(t.substr(0, dash), &days)) return -1;
+    t = t.substr(dash + 1);
+  }
+  int64_t total = 0;
+  for (absl::string_view part : absl::StrSplit(t, ':')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 0) return -1;
+    total = total * 60 + v;
+  }
+  return days * 86400 + total;
+}
+
+absl::StatusOr<std::string> SlurmWarningCause(const std::string& slurm_id, int grace_s,
+                                              const SlurmDefaults& d) {
+  absl::StatusOr<CommandResult> q =
+      RunCommand({"squeue", "-h", "--states=all", "-j", slurm_id, "-O",
+                  "PreemptTime,TimeUsed,TimeLimit"},
+                 {}, d.command_timeout);
+  if (!q.ok()) return absl::UnavailableError(absl::StrCat("squeue: ", q.status().message()));
+  std::vector<std::string> f =
+      absl::StrSplit(absl::StripAsciiWhitespace(q->out), ' ', absl::SkipEmpty());
+  if (q->exit_code != 0 || f.size() < 3) {
+    return absl::UnavailableError(absl::StrCat("squeue does not remember Slurm job ", slurm_id));
+  }
+  if (f[0] != "N/A" && f[0] != "None" && f[0] != "Unknown") {
+    return absl::StrCat("PREEMPTED at ", f[0]);
+  }
+  const int64_t used = SlurmDurationSeconds(f[1]), limit = SlurmDurationSeconds(f[2]);
+  // Slurm checks time limits (and sends the warning) about every 30 s.
+  if (used >= 0 && limit > 0 && limit - used <= grace_s + 60) {
+    return absl::StrCat("TIMEOUT (used ", f[1], " of its ", f[2], ")");
+  }
+  return absl::StrCat("SIGUSR1 from outside Slurm's schedule (a user's scancel --signal=USR1; ",
+                      "used ", f[1], " of ", f[2], ", not preempted)");
 }
 
 std::string SlurmOutputErrors(const std::string& log_dir, const std::string& slurm_id,

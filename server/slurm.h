@@ -22,6 +22,10 @@ struct SlurmDefaults {
   std::string account;
   std::string time_limit;
   std::string constraint;
+  // `#SBATCH --signal=USR1@GRACE`: Slurm's warning this many seconds before the time limit, and
+  // on preemption (with SlurmctldParameters=preempt_send_user_signal), on which the ranks
+  // checkpoint and stop, and the job is queued again (docs/jobs.md); 0: no warning.
+  int signal_grace_s = 120;
   absl::Duration command_timeout = absl::Seconds(30);  // one sbatch / squeue / scancel call
 };
 
@@ -36,6 +40,7 @@ struct SlurmSubmission {
   bool gpus = false;  // --gpus-per-node=ranks_per_node
   // The job's [slurm] keys; empty ones fall back to SlurmDefaults.
   std::string partition, account, time_limit, constraint;
+  int signal_grace_s = 0;  // [slurm] signal_grace; 0: SlurmDefaults::signal_grace_s
   // Added to sbatch's environment, which the job's tasks inherit (--export=ALL): the job id and
   // secret, the daemon's token and CA files.
   std::vector<std::pair<std::string, std::string>> env;
@@ -60,8 +65,19 @@ std::string SlurmBatchScript(const SlurmSubmission& s, const SlurmDefaults& d);
 // UNAVAILABLE naming sbatch and what it printed when the submission fails.
 absl::StatusOr<std::string> SlurmSubmit(const SlurmSubmission& s, const SlurmDefaults& d);
 
-// `scancel [--signal=SIG --full] ID`; signal 0: cancel the job.
+// `scancel ID` (signal 0: cancel the job), or `scancel --signal=SIG ID`: SIG to every process
+// of the job's steps (the launchers and their ranks), as Slurm's own --signal warning does.
 absl::Status SlurmCancel(const std::string& slurm_id, int signal, const SlurmDefaults& d);
+
+// Why Slurm sent a job its warning signal (`--signal`), asked once the job has stopped on it:
+// "PREEMPTED at 2026-12-02T04:32:02" when Slurm preempted it (squeue's PreemptTime); "TIMEOUT
+// (used 9:01 of its 10:00)" when its time limit was within `grace` (+ a minute of Slurm's
+// checking period) of its run time; otherwise a user's `scancel --signal=USR1`. UNAVAILABLE when
+// squeue cannot say (it forgot the job: accounting does not keep PreemptTime).
+absl::StatusOr<std::string> SlurmWarningCause(const std::string& slurm_id, int grace_s,
+                                              const SlurmDefaults& d);
+// "10:00", "1-02:03:04", "UNLIMITED": seconds; -1 for what is not a duration.
+int64_t SlurmDurationSeconds(const std::string& text);
 
 // squeue (every state Slurm still remembers), else sacct. UNAVAILABLE when Slurm cannot be asked.
 absl::StatusOr<SlurmJobState> SlurmQuery(const std::string& slurm_id, const SlurmDefaults& d);

@@ -48,6 +48,30 @@ TEST(SlurmTest, TheBatchScriptRunsOneLauncherPerNodeWithTheJobsKeysOverTheDefaul
   EXPECT_FALSE(absl::StrContains(SlurmBatchScript(s, d), "--gpus-per-node"));
 }
 
+// Slurm's warning before the time limit and on preemption: the daemon's grace unless the job's
+// [slurm] signal_grace says otherwise; none with a grace of 0.
+TEST(SlurmTest, TheBatchScriptAsksForTheWarningSignal) {
+  SlurmSubmission s;
+  s.job_id = "job-1";
+  s.log_dir = "/state/jobs/job-1";
+  SlurmDefaults d;
+  EXPECT_TRUE(absl::StrContains(SlurmBatchScript(s, d), "#SBATCH --signal=USR1@120\n"));
+  s.signal_grace_s = 45;
+  EXPECT_TRUE(absl::StrContains(SlurmBatchScript(s, d), "#SBATCH --signal=USR1@45\n"));
+  s.signal_grace_s = 0;
+  d.signal_grace_s = 0;
+  EXPECT_FALSE(absl::StrContains(SlurmBatchScript(s, d), "--signal"));
+}
+
+TEST(SlurmTest, DurationsAreReadAsSqueuePrintsThem) {
+  EXPECT_EQ(SlurmDurationSeconds("0:07"), 7);
+  EXPECT_EQ(SlurmDurationSeconds("10:00"), 600);
+  EXPECT_EQ(SlurmDurationSeconds("1:02:03"), 3723);
+  EXPECT_EQ(SlurmDurationSeconds("2-01:00:00"), 2 * 86400 + 3600);
+  EXPECT_EQ(SlurmDurationSeconds("UNLIMITED"), -1);
+  EXPECT_EQ(SlurmDurationSeconds("INVALID"), -1);
+}
+
 TEST(SlurmTest, TheBatchOutputsErrorsNameTheFailedNodeFirst) {
   const std::string dir = TmpDir();
   std::ofstream(dir + "/slurm-12.out")

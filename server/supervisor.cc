@@ -42,6 +42,10 @@ int Supervisor::running_jobs() {
   return static_cast<int>(active_.size());
 }
 
+std::string Supervisor::DaemonAddressPath(const std::string& log_dir) {
+  return log_dir + "/daemon.addr";
+}
+
 int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
   int killed = 0;
   DIR* proc = opendir("/proc");
@@ -79,10 +83,19 @@ int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration ti
   for (const std::string& id : job_ids) {
     auto it = active_.find(id);
     if (it == active_.end() || it->second->ending || !it->second->running) continue;
-    // A Slurm job's ranks are not ours to signal; Slurm's --signal is the way (docs/jobs.md).
-    if (!it->second->slurm_id.empty()) continue;
-    it->second->draining = true;
-    Launcher::SignalGroup(it->second->pgid, SIGUSR1);
+    Active& job = *it->second;
+    if (!job.slurm_id.empty()) {
+      // A Slurm job's ranks are on its nodes: Slurm signals them, as its own warning does.
+      absl::Status sent = SlurmCancel(job.slurm_id, SIGUSR1, *options_.slurm);
+      if (!sent.ok()) {
+        std::fprintf(stderr, "ithacad: drain job %s: %s\n", id.c_str(),
+                     std::string(sent.message()).c_str());
+        continue;
+      }
+    } else {
+      Launcher::SignalGroup(job.pgid, SIGUSR1);
+    }
+    job.draining = true;
     draining.push_back(id);
   }
   wake_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
@@ -122,6 +135,21 @@ void Supervisor::Adopt(const AdoptOrder& order) {
   a->running = order.running;
   a->slurm_id = order.slurm_id;
   a->slurm_running = !order.slurm_id.empty() && order.running;
+  if (options_.slurm && !order.slurm_id.empty()) {
+    // The ranks read it before each re-attach: this daemon may listen elsewhere than the last.
+    absl::Status wrote =
+        WriteFileAtomic(DaemonAddressPath(a->log_dir), options_.worker_address + "\n");
+    if (!wrote.ok()) {
+      std::fprintf(stderr, "ithacad: job %s: %s\n", a->id.c_str(),
+                   std::string(wrote.message()).c_str());
+    }
+  }
+  if (options_.slurm) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(order.spec_toml, "job " + order.job_id);
+    a->signal_grace_s = spec.ok() && spec->slurm.signal_grace > 0
+                            ? static_cast<int>(spec->slurm.signal_grace)
+                            : options_.slurm->signal_grace_s;
+  }
   for (size_t r = 0; r < order.record.pids.size(); ++r) {
     Rank rank;
     rank.remote = !order.slurm_id.empty();
@@ -209,21 +237,34 @@ void Supervisor::Loop() {
 void Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
   const absl::Time now = absl::Now();
   std::vector<std::pair<std::string, std::string>> due;  // (job id, Slurm job id)
+  std::vector<int> cause_grace;  // > 0: also ask why Slurm warned the job, with this grace
   for (auto& [id, job] : active_) {
     if (!job->slurm_id.empty() && now - job->slurm_polled >= options_.cluster_poll_interval) {
       due.emplace_back(id, job->slurm_id);
+      cause_grace.push_back(job->slurm_warned && job->warning_cause.empty() && job->slurm.Terminal()
+                                ? std::max(job->signal_grace_s, 1)
+                                : 0);
     }
   }
   if (due.empty()) return;
   std::vector<absl::StatusOr<SlurmJobState>> answers;
+  std::vector<std::string> causes(due.size());
   lock.unlock();  // squeue takes tens of milliseconds: the workers' calls go on meanwhile
-  for (const auto& [id, slurm_id] : due) answers.push_back(SlurmQuery(slurm_id, *options_.slurm));
+  for (size_t i = 0; i < due.size(); ++i) {
+    answers.push_back(SlurmQuery(due[i].second, *options_.slurm));
+    if (cause_grace[i] > 0) {
+      absl::StatusOr<std::string> cause =
+          SlurmWarningCause(due[i].second, cause_grace[i], *options_.slurm);
+      causes[i] = cause.ok() ? *cause : std::string(cause.status().message());
+    }
+  }
   lock.lock();
   for (size_t i = 0; i < due.size(); ++i) {
     auto it = active_.find(due[i].first);
     if (it == active_.end() || it->second->slurm_id != due[i].second) continue;
     Active& job = *it->second;
     job.slurm_polled = absl::Now();
+    if (!causes[i].empty()) job.warning_cause = causes[i];
     if (!answers[i].ok()) {
       std::fprintf(stderr, "ithacad: job %s: %s\n", job.id.c_str(),
                    std::string(answers[i].status().message()).c_str());
@@ -277,12 +318,21 @@ void Supervisor::LaunchSlurmLocked(const LaunchOrder& order) {
   sub.account = spec->slurm.account;
   sub.time_limit = spec->slurm.time_limit;
   sub.constraint = spec->slurm.constraint;
+  sub.signal_grace_s = static_cast<int>(spec->slurm.signal_grace);
+  a->signal_grace_s = sub.signal_grace_s > 0 ? sub.signal_grace_s : options_.slurm->signal_grace_s;
   sub.env = {{"ITHACA_JOB_ID", a->id}, {"ITHACA_JOB_SECRET", a->secret}};
   if (!options_.worker_token_file.empty()) {
     sub.env.emplace_back("ITHACA_TOKEN_FILE", options_.worker_token_file);
   }
   if (!options_.worker_ca_file.empty()) sub.env.emplace_back("ITHACA_CA", options_.worker_ca_file);
   if (absl::Status made = MakeDirs(a->log_dir); !made.ok()) return fail(std::string(made.message()));
+  // Where the ranks find this daemon if it restarts elsewhere (another port or host).
+  sub.env.emplace_back("ITHACA_DAEMON_ADDR_FILE", DaemonAddressPath(a->log_dir));
+  if (absl::Status wrote = WriteFileAtomic(DaemonAddressPath(a->log_dir),
+                                           options_.worker_address + "\n");
+      !wrote.ok()) {
+    return fail(std::string(wrote.message()));
+  }
   // The secret first: a daemon that dies from here on finds it for the ranks' re-attach.
   AdoptionRecord record{a->id, a->secret, 0, a->rendezvous, order.slots,
                         std::vector<pid_t>(order.slots.size(), 0)};
@@ -335,6 +385,7 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
            {"ITHACA_JOB_ID", a->id},
            {"ITHACA_JOB_SECRET", a->secret}};
   l.die_with_launcher = false;  // a daemon restart must not cost the job (adoption.h)
+  l.drain_signal_blocked = true;  // Drain's SIGUSR1 waits for a rank that is still starting
   for (size_t r = 0; r < order.slots.size(); ++r) {
     l.outputs.push_back({Launcher::RankLogPath(a->log_dir, static_cast<int>(r))});
   }
@@ -476,11 +527,19 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     rank.exit = PollRankLocked(job, rank, now);
     if (!rank.exit) continue;
     metrics_->OnWorkerExit(rank.exit->Reason());
-    const bool ok = !rank.exit->signaled && (rank.exit->code == kExitOk ||
-                                             (job.draining && rank.exit->code == kExitDrained));
+    const bool drained = !rank.exit->signaled && rank.exit->code == kExitDrained;
+    // A Slurm job's rank drained without Drain asking: Slurm's warning reached it.
+    if (drained && !job.slurm_id.empty() && !job.draining) job.slurm_warned = true;
+    const bool ok = !rank.exit->signaled &&
+                    (rank.exit->code == kExitOk ||
+                     ((job.draining || job.slurm_warned) && rank.exit->code == kExitDrained));
     if (!ok && (!culprit || (rank.exit->signaled && !job.ranks[*culprit].exit->signaled))) {
       culprit = r;
     }
+  }
+  if (!culprit && !job.ending && !job.slurm_id.empty() && (job.draining || job.slurm_warned) &&
+      SlurmDrainedLocked(job, now)) {
+    return;
   }
   if (!job.slurm_id.empty() && !job.ending) {
     if (SlurmVerdictLocked(job, now)) return;
@@ -755,6 +814,39 @@ std::string Supervisor::SlurmSaysLocked(const Active& job) const {
   const std::string errors = SlurmOutputErrors(job.log_dir, job.slurm_id);
   if (!errors.empty()) absl::StrAppend(&s, ": ", errors);
   return s;
+}
+
+bool Supervisor::SlurmDrainedLocked(Active& job, absl::Time now) {
+  const bool all_drained = std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
+    return x.exit && !x.exit->signaled && (x.exit->code == kExitDrained || x.exit->code == kExitOk);
+  });
+  const bool any_drained = std::any_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
+    return x.exit && !x.exit->signaled && x.exit->code == kExitDrained;
+  });
+  if (!all_drained || !any_drained) return false;
+  if (job.drained_since == absl::InfiniteFuture()) {
+    job.drained_since = now;
+    job.slurm_polled = absl::InfinitePast();  // ask Slurm now
+  }
+  // Slurm's end of the job (and, for its own warning, why it sent it) is the better reason; it
+  // comes within a poll or two of the ranks' exits.
+  const bool waited = now - job.drained_since > options_.cluster_verdict_wait;
+  if (!waited && (!job.slurm.Terminal() || (job.slurm_warned && job.warning_cause.empty()))) {
+    return true;  // decided: no rank's end fails it; Slurm's word finishes it
+  }
+  std::string reason;
+  if (job.draining) {
+    reason = absl::StrCat("drained by ithacad: checkpointed and stopped; ", SlurmSaysLocked(job),
+                          "; it resumes from that checkpoint when it runs again");
+  } else {
+    reason = absl::StrCat("Slurm's warning (SIGUSR1): ",
+                          job.warning_cause.empty() ? "cause unknown" : job.warning_cause,
+                          "; checkpointed and stopped, queued again to resume from that "
+                          "checkpoint (not a failure: no restart counted); ",
+                          SlurmSaysLocked(job));
+  }
+  EndLocked(job, v1::JOB_STATE_QUEUED, reason, std::nullopt, false);
+  return true;
 }
 
 bool Supervisor::SlurmVerdictLocked(Active& job, absl::Time now) {

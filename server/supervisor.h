@@ -16,9 +16,12 @@
 // rank's end is what it announced (Exiting), or, when the Slurm job ended first, Slurm's state
 // (squeue, polled every cluster_poll_interval). A job Slurm cancelled is CANCELLED with Slurm's
 // reason; NODE_FAIL, TIMEOUT, PREEMPTED, BOOT_FAIL and DEADLINE fail it as a failure that need not
-// repeat (the retry policy's to judge); cancel is scancel. A job Slurm keeps PENDING because a
+// repeat (the retry policy's to judge); cancel is scancel. Before a time limit and on preemption
+// Slurm warns the job (`--signal=USR1@grace`): its ranks checkpoint and stop as in a drain, and
+// the job is reported QUEUED with Slurm's cause (SlurmWarningCause), not failed. A job Slurm keeps PENDING because a
 // node it needs is down fails after start_timeout, naming Slurm's reason. A restarted daemon
-// adopts a Slurm job that Slurm still runs (AdoptOrder::slurm_id, kept in the store).
+// adopts a Slurm job that Slurm still runs (AdoptOrder::slurm_id, kept in the store), and tells
+// its ranks where it listens now (DaemonAddressPath).
 //
 // The supervisor knows nothing of the job store, the queue or the event logs: those belong to its
 // owner (Jobs, jobs.h), which hands it jobs to launch and hears about everything that happens to
@@ -147,9 +150,10 @@ class Supervisor {
   // is launched from now on.
   void Shutdown(const std::string& reason);
   // Asks the running jobs in `job_ids` to checkpoint and stop (SIGUSR1: the ranks agree on the
-  // step, write a checkpoint together and exit with kExitDrained); each is reported QUEUED
+  // step, write a checkpoint together and exit with kExitDrained; a Slurm job's through
+  // `scancel --signal=USR1`, the way Slurm's own warning comes); each is reported QUEUED
   // ("drained ...") once its workers are gone. Waits up to `timeout` for them; returns how many
-  // were drained. Jobs still running then are left to Detach.
+  // were drained. Jobs still running then are left to Detach (or go on).
   int Drain(const std::vector<std::string>& job_ids, absl::Duration timeout);
   // Stops the thread and leaves every running job's workers alone (a daemon restart or upgrade):
   // the next daemon adopts them. Nothing is launched from now on; returns how many jobs were left
@@ -170,6 +174,10 @@ class Supervisor {
   // returns how many. The environment check keeps a reused process-group id from hitting
   // anything else.
   static int KillStrayWorkers(int pgid, const std::string& job_id);
+  // A Slurm job's <log_dir>/daemon.addr: the host:port its ranks dial, written at submission and
+  // again by a daemon that adopts the job, which may listen elsewhere than its predecessor; the
+  // ranks read it before each re-attach ($ITHACA_DAEMON_ADDR_FILE, worker/daemon_mode.h).
+  static std::string DaemonAddressPath(const std::string& log_dir);
 
   // WorkerService.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -218,6 +226,13 @@ class Supervisor {
     std::optional<int> failed_rank;
     bool retryable = false;  // see JobOwner::OnEnded
     bool draining = false;   // Drain asked it to checkpoint and stop
+    // A Slurm job's rank stopped drained without Drain asking: Slurm's warning signal before its
+    // time limit or on preemption (SlurmDefaults::signal_grace_s). Once Slurm's job has ended,
+    // `warning_cause` holds why Slurm sent it (SlurmWarningCause), and the job is queued again.
+    bool slurm_warned = false;
+    int signal_grace_s = 0;  // the job's effective --signal grace
+    std::string warning_cause;
+    absl::Time drained_since = absl::InfiniteFuture();  // every rank had stopped drained
     absl::Time kill_deadline;
     bool killed = false;  // SIGKILL sent
     // A Slurm job (slurm_id set): Slurm's newest answer, when it was asked, and whether it has
@@ -239,6 +254,10 @@ class Supervisor {
   // A Slurm job that Slurm itself ended (CANCELLED, TIMEOUT, NODE_FAIL, ...) or keeps PENDING
   // for a node that is down: ends it with Slurm's reason; true then.
   bool SlurmVerdictLocked(Active& job, absl::Time now);
+  // A Slurm job whose ranks all stopped drained (Drain, or Slurm's warning signal): once Slurm's
+  // job has ended (or cluster_verdict_wait passed), ends it QUEUED with the cause. True when the
+  // job is drained, decided or waiting for Slurm's word: nothing else judges it then.
+  bool SlurmDrainedLocked(Active& job, absl::Time now);
   // "Slurm job 12 FAILED (reason NonZeroExitCode) on n[1-2]: srun: error: ..."
   std::string SlurmSaysLocked(const Active& job) const;
   // Rank `r`'s exit, if it ended since the last look.

@@ -9,12 +9,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <variant>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/comm/bootstrap.h"
@@ -143,7 +145,7 @@ bool DaemonAway(const grpc::Status& st) {
 class DaemonLink {
  public:
   DaemonLink(const DaemonWorkerOptions& o, std::shared_ptr<grpc::Channel> channel)
-      : o_(o), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+      : o_(o), address_(o.socket), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
   ~DaemonLink() {
     FlushReports();
     StopHeartbeats();
@@ -163,7 +165,7 @@ class DaemonLink {
     req.set_reattach(reattach);
     req.set_node(NodeName());
     v1::RegisterResponse resp;
-    grpc::Status st = stub_->Register(&ctx, req, &resp);
+    grpc::Status st = stub()->Register(&ctx, req, &resp);
     if (!st.ok()) {
       if (reattach && DaemonAway(st)) return absl::UnavailableError(st.error_message());
       return absl::Status(
@@ -204,7 +206,7 @@ class DaemonLink {
     // A file name in Latin-1 must not turn the real error into an unparsable request.
     SanitizeUtf8(&req);
     v1::Ack ack;
-    stub_->Log(&ctx, req, &ack);
+    stub()->Log(&ctx, req, &ack);
   }
 
   // The rank's exit code, for a daemon that adopted the rank and cannot waitpid it.
@@ -217,7 +219,7 @@ class DaemonLink {
     req.set_rank(o_.rank);
     req.set_exit_code(code);
     v1::Ack ack;
-    stub_->Exiting(&ctx, req, &ack);
+    stub()->Exiting(&ctx, req, &ack);
   }
 
   // Heart-beats every `interval_ms`. When the daemon goes away, the rank trains on and
@@ -292,10 +294,39 @@ class DaemonLink {
     req.set_job_id(o_.job_id);
     req.set_rank(o_.rank);
     v1::Ack ack;
-    return stub_->Heartbeat(&ctx, req, &ack);
+    return stub()->Heartbeat(&ctx, req, &ack);
+  }
+
+  // The daemon this rank talks to (the heartbeat thread may switch it: FollowDaemon).
+  std::shared_ptr<v1::WorkerService::Stub> stub() {
+    std::lock_guard<std::mutex> lock(stub_mu_);
+    return stub_;
+  }
+
+  // A daemon restarted elsewhere (another port or host) says where in the address file; the
+  // rank dials it from now on.
+  void FollowDaemon() {
+    if (o_.address_file.empty()) return;
+    std::ifstream in(o_.address_file);
+    std::string address;
+    std::getline(in, address);
+    address = std::string(absl::StripAsciiWhitespace(address));
+    if (address.empty() || address == address_) return;
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(address);
+    if (!channel.ok()) {
+      std::fprintf(stderr, "rank %d: %s names ithacad at %s: %s\n", o_.rank,
+                   o_.address_file.c_str(), address.c_str(), channel.status().ToString().c_str());
+      return;
+    }
+    std::fprintf(stderr, "rank %d: ithacad is now at %s (%s)\n", o_.rank, address.c_str(),
+                 o_.address_file.c_str());
+    address_ = address;
+    std::lock_guard<std::mutex> lock(stub_mu_);
+    stub_ = v1::WorkerService::NewStub(*std::move(channel));
   }
 
   grpc::Status Reattach() {
+    FollowDaemon();
     absl::StatusOr<v1::RegisterResponse> r = Register(/*reattach=*/true);
     if (r.ok()) return grpc::Status::OK;
     return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()),
@@ -345,17 +376,19 @@ class DaemonLink {
       req.set_job_id(o_.job_id);
       *req.mutable_step() = *step;
       SanitizeUtf8(&req);
-    return stub_->ReportStep(&ctx, req, &ack);
+    return stub()->ReportStep(&ctx, req, &ack);
     }
     v1::ReportEvalRequest req;
     req.set_job_id(o_.job_id);
     *req.mutable_eval() = std::get<v1::EvalReport>(report);
     SanitizeUtf8(&req);
-    return stub_->ReportEval(&ctx, req, &ack);
+    return stub()->ReportEval(&ctx, req, &ack);
   }
 
   DaemonWorkerOptions o_;
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::string address_;  // the daemon's, as stub_ dials it (heartbeat thread only)
+  std::mutex stub_mu_;
+  std::shared_ptr<v1::WorkerService::Stub> stub_;
   std::mutex report_mu_;
   std::condition_variable report_cv_;
   std::deque<Report> reports_;
@@ -440,6 +473,7 @@ absl::StatusOr<DaemonWorkerOptions> DaemonWorkerOptionsFromEnv(const std::string
   o.socket = socket_flag.empty() ? env("ITHACA_DAEMON_SOCKET") : socket_flag;
   o.job_id = job_flag.empty() ? env("ITHACA_JOB_ID") : job_flag;
   o.secret = env("ITHACA_JOB_SECRET");
+  o.address_file = env("ITHACA_DAEMON_ADDR_FILE");
   if (o.socket.empty()) return absl::InvalidArgumentError("--daemon: no socket path given");
   if (o.job_id.empty()) return absl::InvalidArgumentError("--job: no job id given");
   const std::string rank = env("ITHACA_RANK"), world = env("ITHACA_WORLD_SIZE");
@@ -463,6 +497,12 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   struct sigaction drain = {};
   drain.sa_handler = OnSigusr1;
   sigaction(SIGUSR1, &drain, nullptr);
+  // The launcher started this rank with SIGUSR1 blocked (LaunchSpec::drain_signal_blocked): a
+  // drain that came before the handler was pending, and is taken now.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(o.socket);
   if (!channel.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", o.rank, channel.status().ToString().c_str());

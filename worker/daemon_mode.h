@@ -23,6 +23,10 @@ struct DaemonWorkerOptions {
   int rank = 0;        // $ITHACA_RANK
   int world = 1;       // $ITHACA_WORLD_SIZE
   std::string secret;  // $ITHACA_JOB_SECRET: proves the rank is the job's at (re-)registration
+  // $ITHACA_DAEMON_ADDR_FILE (a Slurm job's <job dir>/daemon.addr, on shared storage): where the
+  // daemon is now. A rank whose daemon went away reads it before each re-attach, so a daemon
+  // restarted on another host or port is found.
+  std::string address_file;
 };
 
 // Fills what the flags left empty from the environment the launcher sets.

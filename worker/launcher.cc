@@ -110,14 +110,15 @@ std::map<std::string, std::string> BaseEnvironment(
 // In the child: only async-signal-safe calls until exec.
 [[noreturn]] void ExecRank(pid_t parent, pid_t pgid, const char* path, char* const* argv,
                            char* const* envp, int in_fd, int out_fd, int err_fd,
-                           const RunAs* run_as, bool die_with_launcher) {
+                           const RunAs* run_as, bool die_with_launcher, bool block_drain) {
   setpgid(0, pgid);  // rank 0 founds the group (pgid 0: its own pid)
   struct sigaction dfl = {};
   dfl.sa_handler = SIG_DFL;
   for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD}) sigaction(sig, &dfl, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  sigset_t mask;
+  sigemptyset(&mask);
+  if (block_drain) sigaddset(&mask, SIGUSR1);  // kept across exec, until the rank takes it
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
   if (dup2(in_fd, STDIN_FILENO) < 0) _exit(127);
   if (out_fd != STDOUT_FILENO && dup2(out_fd, STDOUT_FILENO) < 0) _exit(127);
   if (err_fd != STDERR_FILENO && dup2(err_fd, STDERR_FILENO) < 0) _exit(127);
@@ -253,7 +254,8 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
     const pid_t pid = fork();
     if (pid == 0) {
       ExecRank(parent, pgid, path.c_str(), argv.data(), envp.data(), null_fd, out_fd, err_fd,
-               spec.run_as ? &*spec.run_as : nullptr, spec.die_with_launcher);
+               spec.run_as ? &*spec.run_as : nullptr, spec.die_with_launcher,
+               spec.drain_signal_blocked);
     }
     const int fork_errno = errno;
     if (log_fd >= 0) close(log_fd);
@@ -353,6 +355,7 @@ using Clock = std::chrono::steady_clock;
 // Signal forwarding: the handler records the signal and wakes the supervision loop through a
 // self-pipe. One launch at a time may forward signals.
 volatile sig_atomic_t g_signal = 0;
+volatile sig_atomic_t g_drain = 0;  // SIGUSR1 (LaunchOptions::forward_drain)
 int g_wake_fd = -1;
 std::atomic<bool> g_forwarding{false};
 
@@ -368,6 +371,11 @@ void Wake() {
 
 void OnSignal(int sig) {
   g_signal = sig;
+  Wake();
+}
+
+void OnDrainSignal(int) {
+  g_drain = 1;
   Wake();
 }
 
@@ -423,6 +431,10 @@ class Cleanup {
       g_signal = 0;
       g_forwarding = false;
     }
+    if (drain) {
+      sigaction(SIGUSR1, &old_usr1, nullptr);
+      g_drain = 0;
+    }
     for (int fd : fds) {
       if (fd >= 0) close(fd);
     }
@@ -436,7 +448,8 @@ class Cleanup {
     }
   }
   bool forwarding = false;
-  struct sigaction old_int = {}, old_term = {}, old_chld = {};
+  bool drain = false;  // SIGUSR1 forwarded too
+  struct sigaction old_int = {}, old_term = {}, old_chld = {}, old_usr1 = {};
   std::vector<int> fds;
   std::vector<Child> children;  // the read ends of their output pipes still open
   std::string dir;
@@ -489,9 +502,21 @@ absl::Status MakeRendezvousDir(const LaunchOptions& options, Cleanup& cleanup) {
   return absl::OkStatus();
 }
 
-// SIGINT / SIGTERM are forwarded to the ranks, SIGCHLD wakes the loop (through a pipe whose read
-// end is cleanup.fds[0]); `cleanup` restores the old handlers.
-absl::Status ForwardSignals(Cleanup& cleanup) {
+// SIGUSR1 (a drain) is recorded from now on, and forwarded once the ranks run: a warning that
+// comes while the nodes join the rendezvous must not kill the launcher. Idempotent.
+void TakeDrainSignal(Cleanup& cleanup) {
+  if (cleanup.drain) return;
+  struct sigaction usr1 = {};
+  usr1.sa_handler = OnDrainSignal;
+  sigemptyset(&usr1.sa_mask);
+  usr1.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &usr1, &cleanup.old_usr1);
+  cleanup.drain = true;
+}
+
+// SIGINT / SIGTERM (and, with `drain`, SIGUSR1) are forwarded to the ranks, SIGCHLD wakes the
+// loop (through a pipe whose read end is cleanup.fds[0]); `cleanup` restores the old handlers.
+absl::Status ForwardSignals(Cleanup& cleanup, bool drain) {
   if (g_forwarding.exchange(true)) {
     return absl::FailedPreconditionError(
         "launcher: another launch in this process already forwards signals");
@@ -514,6 +539,7 @@ absl::Status ForwardSignals(Cleanup& cleanup) {
   child.sa_handler = OnChild;
   child.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigaction(SIGCHLD, &child, &cleanup.old_chld);
+  if (drain) TakeDrainSignal(cleanup);
   cleanup.forwarding = true;
   return absl::OkStatus();
 }
@@ -636,7 +662,11 @@ class LocalSupervision {
       c.running = false;
       RankExit& e = rep_.ranks[c.rank];
       e.end = *end;
-      if (!end->ok() && rep_.first_failure < 0 && !e.stopped_by_launcher &&
+      // A drained rank checkpointed with its peers and stopped on purpose: no failure.
+      const bool drained =
+          options_.forward_drain && !end->signaled && end->code == kExitDrained;
+      rep_.drained |= drained;
+      if (!end->ok() && !drained && rep_.first_failure < 0 && !e.stopped_by_launcher &&
           rep_.forwarded_signal == 0) {
         rep_.first_failure = c.rank;
         BeginStop(SIGTERM);
@@ -656,8 +686,13 @@ class LocalSupervision {
     }
   }
 
-  // A SIGINT / SIGTERM the launcher received: forwarded; a second one kills.
+  // A SIGINT / SIGTERM the launcher received: forwarded; a second one kills. A SIGUSR1 (a
+  // drain) is forwarded as it is: the ranks decide together when to checkpoint and stop.
   void TakeSignal() {
+    if (g_drain != 0 && options_.forward_drain) {
+      g_drain = 0;
+      if (!stopping_) Launcher::SignalGroup(pgid_, SIGUSR1);
+    }
     if (g_signal == 0 || !options_.forward_signals) return;
     const int sig = g_signal;
     g_signal = 0;
@@ -749,13 +784,14 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
   const bool multinode = !options.rendezvous.empty();
 
   Cleanup cleanup;
+  if (options.forward_signals && options.forward_drain) TakeDrainSignal(cleanup);
   std::unique_ptr<NodeLink> link;
   if (multinode) {
     ASSIGN_OR_RETURN(link, NodeLink::Join(options));
   } else {
     RETURN_IF_ERROR(MakeRendezvousDir(options, cleanup));
   }
-  if (options.forward_signals) RETURN_IF_ERROR(ForwardSignals(cleanup));
+  if (options.forward_signals) RETURN_IF_ERROR(ForwardSignals(cleanup, options.forward_drain));
   const int wake_read = options.forward_signals ? cleanup.fds[0] : -1;
 
   LaunchSpec spec;
@@ -767,6 +803,7 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
   spec.rendezvous = multinode ? options.rendezvous : "file:" + cleanup.dir;
   spec.first_rank = first_rank;
   spec.world = options.nnodes * options.nproc;
+  spec.drain_signal_blocked = options.forward_drain;
   spec.env = options.env;
   if (multinode) {
     // Gloo listens where the other nodes can reach it, unless told otherwise.

@@ -63,6 +63,10 @@ struct LaunchSpec {
   // (ithacad's supervisor): they outlive the launcher, in their own process group, so a daemon
   // restart does not cost the job; the next daemon adopts them (server/adoption.h).
   bool die_with_launcher = true;
+  // true: the ranks start with SIGUSR1 blocked, so a drain (Slurm's warning, ithacad's drain)
+  // that reaches a rank before it installs its handler waits, pending, instead of killing it.
+  // For daemon ranks only, which unblock it once they take it (worker/daemon_mode.h).
+  bool drain_signal_blocked = false;
 };
 
 struct WorkerGroup {
@@ -132,6 +136,11 @@ struct LaunchOptions {
   // the ranks, and SIGCHLD wakes the launcher so that the rank failing first is reaped first.
   // Only one launch per process may do this at a time. Without them, exits are polled.
   bool forward_signals = true;
+  // With forward_signals: SIGUSR1 is forwarded to the ranks too, as a drain (Slurm's warning
+  // signal before a time limit or a preemption, `#SBATCH --signal`; `ithaca drain`): they agree
+  // on a step, checkpoint together and exit with kExitDrained, which is then no failure. Only for
+  // ranks that take SIGUSR1 so (daemon ranks, worker/daemon_mode.h); it would kill others.
+  bool forward_drain = false;
 };
 
 struct RankExit {
@@ -147,6 +156,7 @@ struct LaunchReport {
   std::vector<RankExit> ranks;  // this node's ranks, by local rank
   int first_failure = -1;       // the local rank that failed first; -1 if none did
   int forwarded_signal = 0;     // SIGINT / SIGTERM the launcher received, 0 if none
+  bool drained = false;         // a rank checkpointed and stopped on a drain (forward_drain)
   // Another node failed (or vanished) first: what the rendezvous says about it, naming it.
   std::string remote_failure;
   // The exit code a launcher process should end with: the first failing rank's (128 + signal

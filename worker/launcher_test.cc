@@ -420,6 +420,51 @@ TEST(LocalLauncherTest, ForwardsSigterm) {
   for (pid_t pid : ReadPids(dir.path(), 2)) EXPECT_TRUE(ProcessGone(pid)) << pid;
 }
 
+// SIGUSR1 (Slurm's --signal warning, a drain) with forward_drain: forwarded to the ranks, whose
+// drained exit (kExitDrained, after their checkpoint) is no failure; the launcher exits 0.
+TEST(LocalLauncherTest, ForwardsADrainAndADrainedExitIsNoFailure) {
+  TempDir dir;
+  // Each rank does what a daemon rank does: it starts with SIGUSR1 blocked (it says so in
+  // blocked$RANK), takes it, unblocks it, and exits 6 (drained) on it.
+  LaunchOptions o = Sh("", 2, dir.path());
+  o.argv = {"python3", "-c",
+            "import os, signal, sys, time\n"
+            "out, rank = os.environ['OUT'], os.environ['ITHACA_RANK']\n"
+            "blk = [l for l in open('/proc/self/status') if l.startswith('SigBlk:')][0]\n"
+            "open(f'{out}/blocked{rank}', 'w').write(str(int(blk.split()[1], 16) >> 9 & 1))\n"
+            "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(6))\n"
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})\n"
+            "open(f'{out}/pid{rank}.tmp', 'w').write(str(os.getpid()))\n"
+            "os.rename(f'{out}/pid{rank}.tmp', f'{out}/pid{rank}')\n"
+            "while True: time.sleep(0.05)\n"};
+  o.forward_drain = true;
+  pid_t launcher = ForkLauncher(o, dir.path() + "/status");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return std::filesystem::exists(dir.path() + "/pid0") &&
+               std::filesystem::exists(dir.path() + "/pid1");
+      },
+      5));
+  kill(launcher, SIGUSR1);  // to the launcher only: it forwards it
+  int status = 0;
+  ASSERT_TRUE(WaitFor([&] { return waitpid(launcher, &status, WNOHANG) == launcher; }, 5))
+      << "the launcher did not stop";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ReadFile(dir.path() + "/status"), "OK");
+  for (pid_t pid : ReadPids(dir.path(), 2)) EXPECT_TRUE(ProcessGone(pid)) << pid;
+  EXPECT_EQ(ReadFile(dir.path() + "/blocked0"), "1");
+  EXPECT_EQ(ReadFile(dir.path() + "/blocked1"), "1");
+
+  // Without forward_drain a rank's exit 6 is a failure like any other.
+  TempDir dir2;
+  LaunchOptions plain = Sh("exit 6", 1, dir2.path());
+  LaunchReport report;
+  EXPECT_EQ(LaunchLocal(plain, &report).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(report.first_failure, 0);
+  EXPECT_FALSE(report.drained);
+}
+
 TEST(LocalLauncherTest, RanksDieWithTheLauncher) {
   TempDir dir;
   LaunchOptions o =

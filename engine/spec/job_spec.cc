@@ -541,7 +541,8 @@ const std::vector<Section>& Sections() {
        "Written only when one is set.",
        [](const JobSpec& s) {
          return s.slurm.nodes != 1 || !s.slurm.partition.empty() || !s.slurm.account.empty() ||
-                !s.slurm.time_limit.empty() || !s.slurm.constraint.empty();
+                !s.slurm.time_limit.empty() || !s.slurm.constraint.empty() ||
+                s.slurm.signal_grace != 0;
        }},
       {"kernels",
        "Which kernel runs each pass of attention on the CUDA backend (ignored on the CPU). "
@@ -700,6 +701,10 @@ const std::vector<Key>& Keys() {
       {"slurm.constraint", Str(FIELD(slurm.constraint)),
        "sbatch --constraint (node features, e.g. \"h100&ib\"); empty: ithacad "
        "--slurm-constraint."},
+      {"slurm.signal_grace", Int(FIELD(slurm.signal_grace)),
+       "Seconds of warning (sbatch --signal=USR1@N) before the time limit, and on preemption, in "
+       "which the ranks checkpoint and stop and the job is queued again to resume (0..86400); "
+       "0: ithacad --slurm-signal-grace."},
 
       {"kernels.attention_forward",
        Str(FIELD(kernels.attention_forward), AttentionKernelNames()),
@@ -921,6 +926,9 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(s.parallel.world % s.slurm.nodes == 0, "slurm.nodes",
                             absl::StrCat("must divide parallel.world (", s.parallel.world,
                                          "), got ", s.slurm.nodes)));
+  RETURN_IF_ERROR(r.Require(s.slurm.signal_grace >= 0 && s.slurm.signal_grace <= 86400,
+                            "slurm.signal_grace",
+                            absl::StrCat("must be in 0..86400, got ", s.slurm.signal_grace)));
   for (const auto& [key, value] :
        {std::pair<const char*, const std::string*>{"slurm.partition", &s.slurm.partition},
         {"slurm.account", &s.slurm.account},

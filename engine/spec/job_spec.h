@@ -157,6 +157,9 @@ struct JobSpec {
     std::string account;     // sbatch --account
     std::string time_limit;  // sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM[:SS]
     std::string constraint;  // sbatch --constraint (node features)
+    // sbatch --signal=USR1@signal_grace: seconds of warning before the time limit (and on
+    // preemption) to checkpoint and stop in; 0: the daemon's --slurm-signal-grace.
+    int64_t signal_grace = 0;
   } slurm;
 
   // Held-out loss, measured with no gradients. The section is optional; without it (path empty)

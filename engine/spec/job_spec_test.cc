@@ -456,6 +456,7 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[retry]\nmax_retries = 2", "job.toml: retry.max_retries"},
       {"[slurm]\nnodes = 0", "job.toml: slurm.nodes: must be in 1..4096, got 0"},
       {"[slurm]\nnodes = 3", "job.toml: slurm.nodes: must divide parallel.world (1), got 3"},
+      {"[slurm]\nsignal_grace = -1", "job.toml: slurm.signal_grace: must be in 0..86400, got -1"},
       // Each would add an sbatch option of its own on the batch script's #SBATCH line.
       {"[slurm]\npartition = \"gpu --uid=0\"",
        "job.toml: slurm.partition: \"gpu --uid=0\" is not a valid slurm.partition (letters"},

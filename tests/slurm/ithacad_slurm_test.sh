@@ -7,7 +7,15 @@
 #  3. a rank killed on node n2 with [retry] max_restarts = 1: the job is submitted again, resumes
 #     from its checkpoint and ends with the loss of a run nothing interrupted;
 #  4. `scancel` from Slurm's side: the job is CANCELLED in ithacad with Slurm's reason;
-#  5. a node that never starts (its slurmd stopped): the job fails naming Slurm's reason, in
+#  5. ithacad stopped with SIGTERM mid-job and started again on another port: the Slurm job runs
+#     on, its ranks find the new address in the job's daemon.addr and re-attach, every step is
+#     in the history once;
+#  6. a real preemption (a job in the higher-tier partition takes the nodes): Slurm's warning
+#     signal (--signal=USR1) reaches the ranks, they checkpoint and stop, the job is QUEUED with
+#     Slurm's cause (PREEMPTED), submitted again, and resumes: every step once, no restart
+#     counted, the final loss of a run nothing interrupted;
+#  7. `ithaca drain` of a Slurm job: checkpointed, QUEUED, nothing starts; `--undo`: it resumes;
+#  8. a node that never starts (its slurmd stopped): the job fails naming Slurm's reason, in
 #     bounded time.
 # Needs root and `apt-get install slurm-wlm munge` (tools/setup.sh installs them).
 set -euo pipefail
@@ -85,9 +93,10 @@ TOML
 # One port for every ithacad of the test: the ranks on the nodes dial it, and a restarted daemon
 # must be found where its predecessor was (as a real deployment's fixed address).
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# start_daemon [PORT]: on PORT ($PORT unless given)
 start_daemon() {
   rm -f "$T/state/ithacad.addr"
-  "$D" --cluster slurm --state-dir "$T/state" --listen "127.0.0.1:$PORT" --metrics-listen 127.0.0.1:0 \
+  "$D" --cluster slurm --state-dir "$T/state" --listen "127.0.0.1:${1:-$PORT}" --metrics-listen 127.0.0.1:0 \
     --cpu-slots 2 --allow-root-workers --allowed-roots "$S" --start-timeout-s 30 \
     --heartbeat-interval-ms 200 --slurm-poll-s 0.5 >> "$T/ithacad.out" 2>&1 &
   DPID=$!
@@ -120,7 +129,60 @@ for line in sys.stdin:
 }
 losses() { grep -oE '^step [0-9]+/[0-9]+ \| loss [0-9.]+' "$1" | sed -E 's#^step ([0-9]+)/[0-9]+ \| loss ([0-9.]+)#step \1 loss \2#'; }
 
+# job_steps_once ID N: rank 0's history is steps 1..N, each once
+job_steps_once() {
+  local got want
+  got=$(steps "$1" | awk '{print $2}' | tr '\n' ' ')
+  want=$(seq 1 "$2" | tr '\n' ' ')
+  [ "$got" = "$want" ] || fail "job $1's history of rank 0 is [$got], not [$want]"
+}
+# transitions ID STATE: the reasons of the job's transitions to STATE, one a line
+transitions() {
+  "$C" status "$1" -o json | python3 -c "
+import json, sys
+for t in json.load(sys.stdin)['transitions']:
+    if t['to'] == 'JOB_STATE_$2': print(t.get('reason', ''))"
+}
+# same_final_loss ID SPEC: the job's last step equals an uninterrupted run's (standalone)
+same_final_loss() {
+  local ck="$T/ck-straight-$1"
+  sed -E "s#^dir = .*#dir = \"$ck\"#" "$2" > "$T/straight-$1.toml"
+  timeout 300 "$W" --standalone "$T/straight-$1.toml" --nproc 4 > "$T/straight-$1.log" 2>&1 \
+    || { cat "$T/straight-$1.log" >&2; fail "the uninterrupted run of $2 failed"; }
+  local got want
+  got=$(steps "$1" | tail -n 1)
+  want=$(losses "$T/straight-$1.log" | tail -n 1 | awk '{printf "step %d loss %.4f", $2, $4}')
+  echo "$1: $got; uninterrupted: $want"
+  [ "$got" = "$want" ] || fail "job $1 ends at \"$got\", not \"$want\""
+}
+
 start_daemon
+
+if [ "${1:-}" = time-limit ]; then
+  # (its own test target: Slurm checks time limits only every ~30 s, so this takes a minute)
+  echo "== a real time limit: Slurm's warning, checkpoint, QUEUED, resumed (maybe more than once)"
+  # --time=1 with a warning 55 s ahead: it comes 5..35 s into each attempt, and the job trains
+  # for longer than that, so at least its first attempt is warned.
+  spec timeout 700 2 "signal_grace = 55
+[checkpoint]
+dir = \"$T/ck-timeout\"
+every = 100000" | sed 's/^time_limit = .*/time_limit = "1"/' > "$T/timeout.toml"
+  J=$("$C" submit "$T/timeout.toml" -q)
+  "$C" wait "$J" --timeout 280 >/dev/null || fail "job $J: $(state "$J"): $(field "$J" reason)"
+  grep -q "^#SBATCH --signal=USR1@55$" "$T/state/jobs/$J/slurm.sbatch" || fail "no --signal=USR1@55 in $J's batch script"
+  grep -q "^#SBATCH --time=1$" "$T/state/jobs/$J/slurm.sbatch" || fail "no --time=1 in $J's batch script"
+  transitions "$J" QUEUED | sed 1d > "$T/requeues.txt"
+  cat "$T/requeues.txt"
+  [ -s "$T/requeues.txt" ] || fail "job $J was never warned before its time limit"
+  if grep -qv "^Slurm's warning (SIGUSR1): TIMEOUT (used [0-9:]* of its 1:00); checkpointed and stopped" "$T/requeues.txt"; then
+    fail "job $J was queued again for something else than its time limit"
+  fi
+  [ "$(field "$J" restarts)" = 0 ] || fail "the time limit counted as a restart of $J"
+  job_steps_once "$J" 700
+  same_final_loss "$J" "$T/timeout.toml"
+  echo PASS
+  exit 0
+fi
 
 echo "== 1. a 2-node x 2-rank job through ithacad"
 spec two-nodes 6 2 > "$T/two.toml"
@@ -203,7 +265,70 @@ reason=$(field "$J3" reason)
 echo "reason: $reason"
 grep -q "cancelled in Slurm: Slurm job $sid CANCELLED" <<<"$reason" || fail "the reason is \"$reason\""
 
-echo "== 5. a node that never starts"
+echo "== 5. ithacad stopped with SIGTERM and restarted mid-job, on another port"
+spec term 150 2 > "$T/term.toml"
+J7=$("$C" submit "$T/term.toml" -q)
+wait_state "$J7" running 90
+for _ in $(seq 300); do [ "$(steps "$J7" | wc -l)" -ge 3 ] && break; sleep 0.2; done
+sid7=$(field "$J7" cluster_job)
+kill -TERM "$DPID"; wait "$DPID" 2>/dev/null || true; DPID=""
+grep -q "ithacad: left 1 running job" "$T/ithacad.out" || fail "ithacad did not leave $J7 running on SIGTERM"
+squeue -h -j "${sid7#slurm:}" -o %T | grep -qx RUNNING || fail "the Slurm job of $J7 stopped with ithacad"
+sleep 2
+# Elsewhere than the ranks were told: they find it in the job's daemon.addr, which it rewrites.
+PORT2=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_daemon "$PORT2"
+"$C" wait "$J7" --timeout 240 >/dev/null || fail "job $J7 after the TERM restart: $(state "$J7"): $(field "$J7" reason)"
+job_steps_once "$J7" 150
+[ "$(transitions "$J7" STARTING | wc -l)" = 1 ] || fail "job $J7 was started more than once"
+grep -q "ithacad is now at 127.0.0.1:$PORT2" "$T/state/jobs/$J7/rank-0.log" \
+  || fail "rank 0 of $J7 did not follow ithacad to port $PORT2"
+
+echo "== 6. a real preemption: Slurm's warning, checkpoint, QUEUED, resumed"
+spec preempt 60 2 "[checkpoint]
+dir = \"$T/ck-preempt\"
+every = 1000" > "$T/preempt.toml"
+J8=$("$C" submit "$T/preempt.toml" -q)
+wait_state "$J8" running 90
+for _ in $(seq 300); do [ "$(steps "$J8" | wc -l)" -ge 10 ] && break; sleep 0.1; done
+sid8=$(field "$J8" cluster_job); sid8=${sid8#slurm:}
+urgent=$(sbatch --parsable -p urgent -N2 --exclusive -o /dev/null --wrap 'sleep 3')
+"$C" wait "$J8" --timeout 240 >/dev/null || fail "job $J8 after the preemption: $(state "$J8"): $(field "$J8" reason)"
+squeue -h --states=all -j "$sid8" -O PreemptTime | grep -q "[0-9]T[0-9]" || fail "Slurm did not preempt $sid8"
+queued=$(transitions "$J8" QUEUED | tail -n 1)
+echo "requeued: $queued"
+grep -q "Slurm's warning (SIGUSR1.*PREEMPTED at .*checkpointed and stopped" <<<"$queued" \
+  || fail "job $J8 was not queued again for the preemption: \"$queued\""
+[ "$(field "$J8" restarts)" = 0 ] || fail "the preemption counted as a restart of $J8"
+[ "$(transitions "$J8" STARTING | wc -l)" = 2 ] || fail "job $J8 did not start twice"
+[ "$(squeue -h --states=all -j "$urgent" -o %T)" = COMPLETED ] || fail "the urgent job $urgent did not run"
+job_steps_once "$J8" 60
+same_final_loss "$J8" "$T/preempt.toml"
+
+echo "== 7. ithaca drain of a Slurm job, then --undo"
+spec drain 80 2 "[checkpoint]
+dir = \"$T/ck-drain\"
+every = 1000" > "$T/drain.toml"
+J9=$("$C" submit "$T/drain.toml" -q)
+wait_state "$J9" running 90
+for _ in $(seq 300); do [ "$(steps "$J9" | wc -l)" -ge 10 ] && break; sleep 0.1; done
+"$C" drain --timeout 120 > "$T/drain.out" || { cat "$T/drain.out" >&2; fail "ithaca drain"; }
+cat "$T/drain.out"
+grep -q "^$J9 drained" "$T/drain.out" || fail "ithaca drain did not drain $J9"
+[ "$(state "$J9")" = queued ] || fail "job $J9 is $(state "$J9") after the drain"
+ls "$T/ck-drain" | grep -q . || fail "the drain left no checkpoint in $T/ck-drain"
+spec after-drain 6 2 > "$T/after.toml"
+J10=$("$C" submit "$T/after.toml" -q)
+sleep 3
+[ "$(state "$J9")" = queued ] && [ "$(state "$J10")" = queued ] || fail "a job started while drained: $J9 $(state "$J9"), $J10 $(state "$J10")"
+"$C" node | grep -q "scheduling paused" || fail "ithaca node does not say scheduling is paused"
+"$C" drain --undo >/dev/null || fail "ithaca drain --undo"
+"$C" wait "$J9" "$J10" --timeout 240 >/dev/null || fail "after the undo: $J9 $(state "$J9"), $J10 $(state "$J10")"
+job_steps_once "$J9" 80
+[ "$(field "$J9" restarts)" = 0 ] || fail "the drain counted as a restart of $J9"
+same_final_loss "$J9" "$T/drain.toml"
+
+echo "== 8. a node that never starts"
 "$ROOT/tests/slurm/slurm_local.sh" node-down "$S" n2
 spec down 6 2 > "$T/down.toml"
 J4=$("$C" submit "$T/down.toml" -q)

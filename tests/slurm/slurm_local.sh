@@ -8,6 +8,8 @@
 #   tests/slurm/slurm_local.sh stop DIR [--munge]        # stops what start started (and munged)
 #   tests/slurm/slurm_local.sh node-down DIR NODE        # stops one slurmd (a node that never starts)
 #
+# Two partitions on the same nodes: debug (the default) and urgent, whose jobs preempt debug's
+# (`sbatch -p urgent --exclusive -N2 --wrap 'sleep 5'` preempts whatever runs there).
 # Needs `apt-get install -y slurm-wlm munge`. After start, `sinfo` shows the nodes idle and
 # `srun -N2 --ntasks-per-node=1 bash -c 'echo $SLURMD_NODENAME $SLURM_NODEID'` prints n1 0 / n2 1.
 # Keep DIR short (say /tmp/slurm-XXXX): slurmd's step sockets live under it, and a unix socket
@@ -55,11 +57,18 @@ SlurmdTimeout=10
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
+# Preemption as clusters run it: a job in "urgent" (PriorityTier 2) cancels the "debug" jobs
+# (tier 1) it needs the nodes of, after their GraceTime; the victims get their --signal first
+# (preempt_send_user_signal), as a time limit gives it GRACE seconds ahead.
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+SlurmctldParameters=preempt_send_user_signal
 CONF
     for n in $(seq "$nodes"); do
       echo "NodeName=n$n NodeAddr=127.0.0.1 NodeHostname=localhost Port=$((17000 + n)) CPUs=$cpus RealMemory=4000 State=UNKNOWN"
     done
-    echo "PartitionName=debug Nodes=n[1-$nodes] Default=YES MaxTime=INFINITE State=UP"
+    echo "PartitionName=debug Nodes=n[1-$nodes] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=60"
+    echo "PartitionName=urgent Nodes=n[1-$nodes] MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF"
   } > "$T/slurm.conf"
   slurmctld -f "$T/slurm.conf"
   for n in $(seq "$nodes"); do slurmd -f "$T/slurm.conf" -N "n$n"; done

@@ -298,6 +298,14 @@ class Client:
     def node(self):
         return self._call(self._jobs.GetNode, pb.GetNodeRequest())
 
+    def drain(self, undo=False, timeout_seconds=0):
+        """`ithaca drain`: pauses scheduling and drains the running jobs that can resume (they
+        checkpoint, stop and are queued again); `undo=True` schedules again. Returns the
+        DrainResponse (`drained`, `still_running`, `scheduling_paused`)."""
+        return self._call(self._jobs.Drain,
+                          pb.DrainRequest(undo=undo, timeout_seconds=timeout_seconds),
+                          timeout=(timeout_seconds or 300) + 30)  # the daemon waits that long
+
     def healthy(self):
         """True when ithacad answers its health check with SERVING."""
         r = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=""))
