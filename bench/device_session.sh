@@ -115,7 +115,8 @@ for phase in "$@"; do
           grep -E -e "^\[  (FAILED|PASSED|SKIPPED) |^\[  +OK|worst relative|Failure|error" \
             -e "^(cuDNN|NCCL) " "$OUT/t_$t.txt" | head -40 | sed 's/^/  /'
         } | tee -a "$log"
-        rm -f "$OUT/t_$t.txt"
+        # A failed test's whole output stays (OUT_DIR/t_NAME.txt): the lines above are a digest.
+        [ "$status" = PASSED ] && rm -f "$OUT/t_$t.txt"
       done
       echo "$passed passed, $failed failed" | tee -a "$log"
       ;;
