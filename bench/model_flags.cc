@@ -107,6 +107,10 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
   return t;
 }
 
+void PlanProbeKernels(int64_t probe_window, PlanRequest* req) {
+  if (probe_window > 0) req->attention_forward = req->attention_backward = AttentionKernel::kCudnn;
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
                                                            const JobSpec::Training& hp) {
   const ParamLayout& layout = model->layout();

@@ -9,10 +9,11 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "bench/bench_util.h"
+#include "engine/plan/planner.h"
 #include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
 
-ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(std::string, recompute);
 ABSL_DECLARE_FLAG(bool, optimizer_offload);
 ABSL_DECLARE_FLAG(bool, param_offload);
 ABSL_DECLARE_FLAG(bool, overlap_update);
@@ -27,6 +28,10 @@ absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset);
 LlamaModel::Options ModelOptions();
 // The "techniques" object of a result line: the options and the attention implementation used.
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention);
+// The memory probe (--probe W > 0) runs its window on cuDNN's causal band both ways
+// (CudaOps::Options::probe_window), whatever "auto" would choose for a real step: its plan
+// takes those kernels, so the planner counts the workspace of what runs.
+void PlanProbeKernels(int64_t probe_window, PlanRequest* req);
 // The benchmarks' optimizer: random weights (seed 1234, the same on every rank and run) and the
 // default hyper-parameters `hp`; its state on the host with --optimizer_offload.
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,

@@ -86,6 +86,7 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
   req.optimizer_offload = absl::GetFlag(FLAGS_optimizer_offload);
   req.device = Device::kCuda;
   req.act = DType::kBF16;
+  bench::PlanProbeKernels(absl::GetFlag(FLAGS_probe), &req);
   return PlanMemory(req);
 }
 

@@ -82,11 +82,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
                    ParseAttentionKernel(absl::GetFlag(FLAGS_attention_forward)));
   ASSIGN_OR_RETURN(req.attention_backward,
                    ParseAttentionKernel(absl::GetFlag(FLAGS_attention_backward)));
-  if (probe > 0) {
-    // The probe's window runs on cuDNN's causal band both ways (CudaOps::Options::probe_window),
-    // whatever "auto" would choose for a real step: plan the workspace of what runs.
-    req.attention_forward = req.attention_backward = AttentionKernel::kCudnn;
-  }
+  bench::PlanProbeKernels(probe, &req);
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(req));
   bench::Json planned;
   planned.Obj("peak_bytes", TierJson(plan.peak))
