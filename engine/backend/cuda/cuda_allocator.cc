@@ -16,13 +16,15 @@ PinMethod PinMethodFor(size_t cls) {
   return cls >= kRegisterPinMinBytes ? PinMethod::kRegister : PinMethod::kHostAlloc;
 }
 
-// One block from CUDA: device memory, or pinned host memory.
-cudaError_t Obtain(void** p, size_t cls, bool host) {
-  if (!host) return cudaMalloc(p, cls);
-  absl::StatusOr<void*> got = AllocatePinnedHost(cls, PinMethodFor(cls));
-  if (!got.ok()) return cudaErrorMemoryAllocation;
-  *p = *got;
-  return cudaSuccess;
+// One block from CUDA: device memory, or pinned host memory. The error says what failed
+// (cudaMalloc's error, or pinned_host.h's: cudaHostAlloc, mmap or cudaHostRegister, and why).
+absl::StatusOr<void*> Obtain(size_t cls, bool host) {
+  if (host) return AllocatePinnedHost(cls, PinMethodFor(cls));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, cls);
+  if (err == cudaSuccess) return p;
+  cudaGetLastError();
+  return absl::ResourceExhaustedError(cudaGetErrorString(err));
 }
 
 void GiveBack(void* p, size_t cls, bool host) {
@@ -69,23 +71,21 @@ absl::StatusOr<void*> CudaAllocator::AllocateFrom(Pool& pool, bool host, size_t 
     pool.live.emplace(p, cls);
     return p;
   }
-  void* p = nullptr;
-  cudaError_t err = Obtain(&p, cls, host);
-  if (err != cudaSuccess) {
+  absl::StatusOr<void*> got = Obtain(cls, host);
+  if (!got.ok()) {
     // Out of memory with blocks cached in other size classes: give them back and retry once.
-    cudaGetLastError();
     ReleasePool(pool, host);
-    err = Obtain(&p, cls, host);
+    got = Obtain(cls, host);
   }
-  if (err != cudaSuccess) {
-    cudaGetLastError();
+  if (!got.ok()) {
     size_t free_b = 0, total_b = 0;
     if (!host) cudaMemGetInfo(&free_b, &total_b);
     return absl::ResourceExhaustedError(absl::StrCat(
         host ? "pinned host" : "GPU", " allocation of ", bytes, " bytes for tier ", TierName(tier),
-        " failed: ", cudaGetErrorString(err), "; ", pool.reserved, " bytes reserved",
+        " failed: ", got.status().message(), "; ", pool.reserved, " bytes reserved",
         host ? "" : absl::StrCat(", ", free_b, " of ", total_b, " free")));
   }
+  void* p = *got;
   pool.reserved += static_cast<int64_t>(cls);
   ++pool.mallocs;
   pool.live.emplace(p, cls);
