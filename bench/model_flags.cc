@@ -15,6 +15,9 @@ ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
 ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
 ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
 ABSL_FLAG(int64_t, recompute_interval, 1, "save every k-th block's input (the others regrow)");
+ABSL_FLAG(int64_t, saved_block_inputs, 0,
+          "> 0: hold at most this many block inputs at once, with the fewest regrowing forwards "
+          "(memory.saved_block_inputs); 0: --recompute_interval decides");
 ABSL_FLAG(bool, prefetch, true, "bring block l-1's saved data back during block l's backward");
 ABSL_FLAG(bool, fsdp, true, "shard parameters over the ranks (parallel.fsdp)");
 ABSL_FLAG(bool, overlap, true, "collectives under compute (memory.overlap)");
@@ -81,6 +84,7 @@ LlamaModel::Options ModelOptions() {
   mo.offload = absl::GetFlag(FLAGS_offload);
   mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
   mo.recompute_interval = absl::GetFlag(FLAGS_recompute_interval);
+  mo.saved_block_inputs = absl::GetFlag(FLAGS_saved_block_inputs);
   mo.prefetch = absl::GetFlag(FLAGS_prefetch);
   mo.fsdp = absl::GetFlag(FLAGS_fsdp);
   mo.overlap = absl::GetFlag(FLAGS_overlap);
@@ -99,6 +103,7 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
       .Int("loss_tile_tokens", mo.loss_tile_tokens)
       .Int("head_chunk", mo.head_chunk)
       .Int("recompute_interval", mo.recompute_interval)
+      .Int("saved_block_inputs", mo.saved_block_inputs)
       .Bool("prefetch", mo.prefetch)
       .Bool("optimizer_offload", absl::GetFlag(FLAGS_optimizer_offload))
       .Bool("param_offload", mo.param_offload)

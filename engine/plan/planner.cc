@@ -139,6 +139,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.offload = req.opts.offload;
   p.prefetch = req.opts.prefetch;
   p.recompute_interval = req.opts.recompute_interval;
+  p.saved_block_inputs = req.opts.saved_block_inputs;
   p.overlap = req.opts.overlap;
   p.optimizer_offload = req.optimizer_offload;
   p.param_offload = req.opts.param_offload;
@@ -167,6 +168,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.opts.offload_keep_last = spec.memory.offload_keep_last;
   req.opts.prefetch = spec.memory.prefetch;
   req.opts.recompute_interval = spec.memory.recompute_interval;
+  req.opts.saved_block_inputs = spec.memory.saved_block_inputs;
   req.opts.fsdp = spec.parallel.fsdp;
   req.opts.overlap = spec.memory.overlap;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
@@ -180,22 +182,35 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   // How saved block data is kept and communication overlapped, cheapest in time first: the
   // spec's own choice, then (only when head_chunk is "auto", i.e. the planner may choose) the
   // same without overlap, then offload with prefetch, offload without it, and saving only every
-  // 2nd, 4th or 8th block's input (all without overlap: its buffers are the first to give up).
+  // 2nd, 4th or 8th block's input (all without overlap: its buffers are the first to give up);
+  // last, on the device alone, holding at most 8, 6, 5, 4 or 3 block inputs at once (each fewer
+  // costs more regrowing forwards): where the host has no room for them either.
   struct Keep {
     bool offload, prefetch;
     int64_t interval;
     bool overlap;
+    int64_t saved = 0;
   };
   const JobSpec::Memory& m = spec.memory;
-  std::vector<Keep> keeps = {{m.offload, m.prefetch, m.recompute_interval, m.overlap}};
+  std::vector<Keep> keeps = {
+      {m.offload, m.prefetch, m.recompute_interval, m.overlap, m.saved_block_inputs}};
   if (m.head_chunk == 0 && m.overlap) {
-    keeps.push_back({m.offload, m.prefetch, m.recompute_interval, false});
+    keeps.push_back({m.offload, m.prefetch, m.recompute_interval, false, m.saved_block_inputs});
   }
   if (m.head_chunk == 0 && spec.memory.recompute != RecomputePolicy::kNone) {
     for (Keep k :
          {Keep{true, true, 1, false}, Keep{true, false, 1, false}, Keep{true, false, 2, false},
           Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
-      if (k.interval >= m.recompute_interval && (k.offload || !m.offload)) keeps.push_back(k);
+      if (m.saved_block_inputs == 0 && k.interval >= m.recompute_interval &&
+          (k.offload || !m.offload)) {
+        keeps.push_back(k);
+      }
+    }
+    for (int64_t n : {8, 6, 5, 4, 3}) {
+      const bool fewer = m.saved_block_inputs == 0 || n < m.saved_block_inputs;
+      if (fewer && n < cfg.num_hidden_layers && !m.offload) {
+        keeps.push_back({false, m.prefetch, 1, false, n});
+      }
     }
   }
 
@@ -206,6 +221,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     req.opts.offload = keep.offload;
     req.opts.prefetch = keep.prefetch;
     req.opts.recompute_interval = keep.interval;
+    req.opts.saved_block_inputs = keep.saved;
     req.opts.overlap = keep.overlap;
     ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
     p.gpu_budget = gpu_budget;
@@ -250,6 +266,10 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   return smallest;
 }
 
+std::string SavedBlockInputsSetting(int64_t saved_block_inputs) {
+  return saved_block_inputs > 0 ? absl::StrCat(", saved_block_inputs ", saved_block_inputs) : "";
+}
+
 std::string FormatPlan(const MemoryPlan& p) {
   // One unit for the whole table, chosen by the total, so small models read sensibly too.
   const bool gib = p.device_total() >= (int64_t{1} << 30);
@@ -264,10 +284,11 @@ std::string FormatPlan(const MemoryPlan& p) {
                         "device peak", p.device_total() / unit);
   absl::StrAppendFormat(&out,
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
-                        "recompute_interval %d, overlap %s, optimizer_offload %s, "
+                        "recompute_interval %d%s, overlap %s, optimizer_offload %s, "
                         "param_offload %s\n",
                         p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
-                        p.prefetch ? "on" : "off", p.recompute_interval, p.overlap ? "on" : "off",
+                        p.prefetch ? "on" : "off", p.recompute_interval,
+                        SavedBlockInputsSetting(p.saved_block_inputs), p.overlap ? "on" : "off",
                         p.optimizer_offload ? "on" : "off", p.param_offload ? "on" : "off");
   if (p.host_total() > 0) {
     absl::StrAppendFormat(&out, "%-14s %13.3f  (host tiers together)\n", "host total",

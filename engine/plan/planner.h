@@ -54,6 +54,7 @@ struct MemoryPlan {
   int64_t head_chunk = 0, tile_tokens = 0;
   bool offload = false, prefetch = true;
   int64_t recompute_interval = 1;
+  int64_t saved_block_inputs = 0;
   bool overlap = true;
   bool optimizer_offload = false;
   bool param_offload = false;
@@ -65,6 +66,10 @@ struct MemoryPlan {
   // host budget bounds (each tier's peak, summed: the optimizer's state lives all step long).
   int64_t host_total() const;
 };
+
+// ", saved_block_inputs N" when the plan holds at most N block inputs, else "": for the lines
+// that print a plan's settings after its recompute_interval.
+std::string SavedBlockInputsSetting(int64_t saved_block_inputs);
 
 // Exactly the given options.
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);

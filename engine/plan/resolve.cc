@@ -42,6 +42,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.prefetch = job.plan.prefetch;
   s.memory.overlap = job.plan.overlap;
   s.memory.recompute_interval = job.plan.recompute_interval;
+  s.memory.saved_block_inputs = job.plan.saved_block_inputs;
   if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shape
     const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask,
                                job.config.sliding_window};
@@ -74,10 +75,10 @@ std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
       "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, recompute_interval "
-      "%d, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, peak %s per rank "
+      "%d%s, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, peak %s per rank "
       "(GPU budget %s), host %s per rank (budget %s)",
       m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
-      m.recompute_interval, m.overlap ? "on" : "off",
+      m.recompute_interval, SavedBlockInputsSetting(m.saved_block_inputs), m.overlap ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
       m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
       job.spec.backend == "cuda"

@@ -86,7 +86,8 @@ TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
     const JobSpec::Memory &a = roomy->spec.memory, &b = tight->spec.memory;
     EXPECT_TRUE(a.head_chunk != b.head_chunk || a.tile_tokens != b.tile_tokens ||
                 a.offload != b.offload || a.prefetch != b.prefetch ||
-                a.recompute_interval != b.recompute_interval)
+                a.recompute_interval != b.recompute_interval ||
+                a.saved_block_inputs != b.saved_block_inputs)
         << "the tight budget changes the planner's choices";
     for (const auto* job : {&*roomy, &*tight}) {
       auto sent = ParseJobSpec(job->toml);  // what a worker receives

@@ -151,6 +151,13 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   return out;
 }
 
+RecomputeSchedule LlamaModel::Schedule(bool keep_all) const {
+  const int64_t L = cfg_.num_hidden_layers;
+  if (keep_all) return RecomputeSchedule::Every(L, 1);
+  if (opts_.saved_block_inputs > 0) return RecomputeSchedule::AtMost(L, opts_.saved_block_inputs);
+  return RecomputeSchedule::Every(L, opts_.recompute_interval);
+}
+
 // One step's state between its passes: the blocks' context and activations and, for a training
 // step, what the forward keeps for the backward under the recompute policy.
 struct LlamaModel::Step {
@@ -158,7 +165,7 @@ struct LlamaModel::Step {
       : backward(backward),
         keep_all(backward && m.opts_.recompute == RecomputePolicy::kNone),
         keep_attention(backward && m.opts_.recompute == RecomputePolicy::kAttentionAware),
-        k(keep_all ? 1 : std::max<int64_t>(1, m.opts_.recompute_interval)),
+        schedule(m.Schedule(keep_all)),
         ctx(m.Context(sample.ids.tensor().numel(), sample.docs)),
         saved(m.ops_, m.alloc_, m.cfg_.num_hidden_layers, m.opts_.offload,
               m.opts_.offload_keep_last),
@@ -168,8 +175,8 @@ struct LlamaModel::Step {
   // Without a backward nothing is saved, whatever the recompute policy.
   const bool keep_all;        // kNone: each block keeps everything it made (`resident`)
   const bool keep_attention;  // kAttentionAware: O and LSE are saved with a block's input
-  // Only every k-th block's input is saved; the others are regrown in backward from it.
-  const int64_t k;
+  // Which block inputs the forward saves, and how backward regrows the others.
+  const RecomputeSchedule schedule;
   const BlockContext ctx;
   Buffer x;  // the activations between blocks: the embedding, then each block's output
   BlockInputStore saved;
@@ -251,10 +258,11 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
     const Tier y_tier = st.backward && l + 1 < L ? Tier::kBlockInputs : Tier::kActivations;
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, y_tier));
     BlockSaved bs;
-    const bool keep_o = st.keep_all || (st.keep_attention && l % st.k == 0);
+    const bool saved = st.schedule.saved(l);
+    const bool keep_o = st.keep_all || (st.keep_attention && saved);
     RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), st.x.tensor(), y.tensor(), &bs,
                                  keep_o, /*keep_mlp_input=*/st.keep_all));
-    if (st.backward && l % st.k == 0) {
+    if (st.backward && saved) {
       SavedInputs in;
       in.x = std::move(st.x);
       if (st.keep_attention) {
@@ -273,36 +281,64 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
 absl::StatusOr<SavedInputs> LlamaModel::TakeSaved(Step* step, int64_t l,
                                                   std::vector<SavedInputs>* regrown) {
   Step& st = *step;
+  const RecomputeSchedule& plan = st.schedule;
   std::vector<SavedInputs>& re = *regrown;
   if (!re[l].x.empty()) return std::move(re[l]);
-  if (l % st.k == 0) return st.saved.Take(l);
-  const int64_t l0 = l - l % st.k;
+  const int64_t l0 = plan.group_start(l);
+  if (l == l0) return st.saved.Take(l);
+  // Regrow from the nearest held input below l, as the schedule splits the way (recompute_
+  // schedule.h): each run forward ends at an input that is held until its block's backward.
+  int64_t h = l - 1, free = plan.group_slots(l);
+  while (h > l0 && re[h].x.empty()) --h;
+  for (int64_t j = l0 + 1; j < l; ++j) free -= !re[j].x.empty();
+  while (h < l) {
+    const int64_t m = plan.Split(l + 1 - h, free--);
+    RETURN_IF_ERROR(Regrow(step, h, h + m, regrown));
+    h += m;
+  }
+  return std::move(re[l]);
+}
+
+absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
+                                std::vector<SavedInputs>* regrown) {
+  Step& st = *step;
+  std::vector<SavedInputs>& re = *regrown;
+  const int64_t l0 = st.schedule.group_start(from);
   Buffer copy;  // the group's saved input, on the device only while it regrows the next one
-  ASSIGN_OR_RETURN(Tensor xm, st.saved.PeekInput(l0, &copy));
+  Tensor xm;
+  if (from == l0) {
+    ASSIGN_OR_RETURN(xm, st.saved.PeekInput(l0, &copy));
+  } else {
+    xm = re[from].x.tensor();
+  }
   const int64_t s = xm.dim(0), d = cfg_.hidden_size;
+  Buffer between;  // the input between two blocks of a longer run, held for the next only
   // With overlap, block m+1's gather runs under block m's regrowth.
-  auto lease = std::make_unique<UnitLease>(params_.get(), layout_.block_unit(l0));
-  for (int64_t m = l0; m < l; ++m) {
+  auto lease = std::make_unique<UnitLease>(params_.get(), layout_.block_unit(from));
+  for (int64_t m = from; m < to; ++m) {
     const std::unique_ptr<UnitLease> held = std::move(lease);
     ASSIGN_OR_RETURN(Tensor params, held->Get());
-    if (m + 1 < l) {
+    if (m + 1 < to) {
       lease = std::make_unique<UnitLease>(params_.get(), layout_.block_unit(m + 1));
       if (opts_.overlap) RETURN_IF_ERROR(lease->Start());
     }
-    ASSIGN_OR_RETURN(re[m + 1].x,
-                     Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kBlockInputs));
+    ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kBlockInputs));
+    // Attention-aware: the O and LSE of a block whose input is held are kept with it (block
+    // l0's are saved with its input by the forward).
+    const bool keep_o = st.keep_attention && m == from && from > l0 && re[from].o.empty();
     BlockSaved bs;
-    RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), xm, re[m + 1].x.tensor(), &bs,
-                                 /*keep_attention_output=*/st.keep_attention && m > l0,
+    RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), xm, y.tensor(), &bs, keep_o,
                                  /*keep_mlp_input=*/false));
-    if (st.keep_attention && m > l0) {  // block l0's own O and LSE are saved with its input
+    if (keep_o) {
       re[m].o = std::move(bs.o);
       re[m].lse = std::move(bs.lse);
     }
-    xm = re[m + 1].x.tensor();
     copy.Reset();
+    between = std::move(y);
+    xm = between.tensor();
   }
-  return std::move(re[l]);
+  re[to].x = std::move(between);
+  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& dx) {

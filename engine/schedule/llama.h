@@ -1,8 +1,8 @@
 // engine/schedule: how one training step runs the model on one rank. It owns the order of the
 // step and every decision that trades memory for time: which FSDP unit is gathered when (one
 // block ahead of its use, released after), what each block saves for backward
-// (RecomputePolicy, and only every k-th block's input with recompute_interval: the blocks in
-// between are regrown from it), where saved data waits (offload to the host, prefetch one block
+// (RecomputePolicy, and which block inputs are saved, the others regrown from them:
+// RecomputeSchedule), where saved data waits (offload to the host, prefetch one block
 // ahead), and the token tiles of the MLP and the loss. It composes the mechanisms of
 // engine/parallel (ParamStore, BlockInputStore, Ulysses/UPipe attention) over what engine/model
 // describes (LlamaConfig, ParamLayout); neither of those depends on it. The planner
@@ -25,6 +25,7 @@
 #include "engine/parallel/head_plan.h"
 #include "engine/parallel/offload.h"
 #include "engine/schedule/block.h"
+#include "engine/schedule/recompute_schedule.h"
 #include "engine/spec/recompute_policy.h"
 
 namespace ithaca {
@@ -53,6 +54,9 @@ class LlamaModel {
     int64_t offload_keep_last = 0;
     bool prefetch = true;  // bring block l−1's saved data back during block l's backward
     int64_t recompute_interval = 1;   // save every k-th block's input; regrow the others
+    // > 0: hold at most this many block inputs at once, with the fewest regrowing forwards
+    // (RecomputeSchedule::AtMost; recompute_interval is then 1).
+    int64_t saved_block_inputs = 0;
     bool fsdp = true;                 // shard parameter units over `world`
     // Collectives under compute: FSDP gathers one block ahead and reductions left in flight
     // (ParamStore), UPipe's exchanges double-buffered a stage ahead (upipe.h). Off: every
@@ -124,9 +128,13 @@ class LlamaModel {
   // The backward from dx (the loss head's gradient of the last block's output, [s, d]) through
   // every block to the embedding, each unit's gradient reduce-scattered as it completes.
   absl::Status Backward(Step* step, const Tensor& ids, const Tensor& dx);
-  // Block l's saved inputs for its backward: taken from the store, or regrown from the group's
-  // saved first input (the blocks between two saved ones go into `regrown`).
+  // The recompute schedule of a training step (every input saved with `keep_all`).
+  RecomputeSchedule Schedule(bool keep_all) const;
+  // Block l's saved inputs for its backward: taken from the store, or regrown from the nearest
+  // held input below it as the schedule says (the regrown ones wait in `regrown`).
   absl::StatusOr<SavedInputs> TakeSaved(Step* step, int64_t l, std::vector<SavedInputs>* regrown);
+  // Runs blocks [from, to) forward from the held input of `from` into regrown[to].
+  absl::Status Regrow(Step* step, int64_t from, int64_t to, std::vector<SavedInputs>* regrown);
   // Checks a whole sample: S splits over the group, token ids in the vocabulary, documents inside
   // it.
   absl::Status CheckSample(const int32_t* inputs, int64_t S, const DocumentMask& docs) const;

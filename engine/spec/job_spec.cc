@@ -635,6 +635,10 @@ const std::vector<Key>& Keys() {
       {"memory.recompute_interval", Int(FIELD(memory.recompute_interval)),
        "Save every k-th block's input; regrow the rest in the backward. Was "
        "`memory.checkpoint_interval`."},
+      {"memory.saved_block_inputs", Int(FIELD(memory.saved_block_inputs)),
+       "Hold at most this many block inputs at once (saved by the forward and regrown by the "
+       "backward together), choosing where to save and regrow for the fewest extra block "
+       "forwards; 0: `memory.recompute_interval` decides."},
       {"memory.head_chunk", IntOrAuto(FIELD(memory.head_chunk)),
        "Query heads per UPipe attention stage."},
       {"memory.tile_tokens", IntOrAuto(FIELD(memory.tile_tokens)),
@@ -888,6 +892,16 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             absl::StrCat("must be >= 0, got ", m.offload_keep_last)));
   RETURN_IF_ERROR(r.Require(m.recompute_interval >= 1, "memory.recompute_interval",
                             absl::StrCat("must be >= 1, got ", m.recompute_interval)));
+  RETURN_IF_ERROR(r.Require(m.saved_block_inputs == 0 || m.saved_block_inputs >= 2,
+                            "memory.saved_block_inputs",
+                            absl::StrCat("must be 0 (off) or >= 2, got ", m.saved_block_inputs)));
+  if (m.saved_block_inputs > 0) {
+    RETURN_IF_ERROR(r.Require(m.recompute_interval == 1, "memory.saved_block_inputs",
+                              "set it or memory.recompute_interval, not both"));
+    RETURN_IF_ERROR(r.Require(m.recompute != RecomputePolicy::kNone, "memory.saved_block_inputs",
+                              "needs memory.recompute \"full\" or \"attention-aware\" (\"none\" "
+                              "keeps every block's input)"));
+  }
   RETURN_IF_ERROR(
       r.Require(m.gpu_budget_gib >= 0, "memory.gpu_budget_gib",
                 absl::StrCat("must be >= 0 (0: from the node), got ", m.gpu_budget_gib)));

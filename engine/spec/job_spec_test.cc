@@ -208,7 +208,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 56);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
+  EXPECT_EQ(keys, 57);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -288,6 +288,22 @@ TEST(JobSpecTest, RenamedKeysAreRefusedNamingTheirNewNames) {
   EXPECT_EQ(s->memory.recompute_interval, 4);
   ExpectError(ErrorWith("[memory]\nrecompute_interval = 0\n"),
               "job.toml: memory.recompute_interval: must be >= 1, got 0");
+}
+
+TEST(JobSpecTest, SavedBlockInputs) {
+  absl::StatusOr<JobSpec> s =
+      ParseJobSpec("[data]\npath = \"d\"\n[memory]\nsaved_block_inputs = 6\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->memory.saved_block_inputs, 6);
+  auto again = ParseJobSpec(JobSpecToToml(*s));  // what a worker receives
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->memory.saved_block_inputs, 6);
+  ExpectError(ErrorWith("[memory]\nsaved_block_inputs = 1\n"),
+              "job.toml: memory.saved_block_inputs: must be 0 (off) or >= 2, got 1");
+  ExpectError(ErrorWith("[memory]\nsaved_block_inputs = 4\nrecompute_interval = 2\n"),
+              "job.toml: memory.saved_block_inputs: set it or memory.recompute_interval, not both");
+  ExpectError(ErrorWith("[memory]\nsaved_block_inputs = 4\nrecompute = \"none\"\n"),
+              "job.toml: memory.saved_block_inputs: needs memory.recompute \"full\"");
 }
 
 // A spec stored by the previous version (JobSpecToToml's text with the keys of then) reads as

@@ -166,6 +166,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   mo.offload_keep_last = spec.memory.offload_keep_last;
   mo.prefetch = spec.memory.prefetch;
   mo.recompute_interval = spec.memory.recompute_interval;
+  mo.saved_block_inputs = spec.memory.saved_block_inputs;
   mo.fsdp = spec.parallel.fsdp;
   mo.overlap = spec.memory.overlap;
   mo.param_offload = spec.memory.param_offload == OffloadChoice::kOn;

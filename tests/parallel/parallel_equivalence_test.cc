@@ -46,6 +46,7 @@ struct Case {
   // it, gives wrong numbers every time.
   int issue_delay_ms = 0;
   std::string family = "llama";  // or qwen2, qwen3, mistral (SetUpTestSuite's configs)
+  int saved_block_inputs = 0;    // memory.saved_block_inputs
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -162,6 +163,9 @@ class ParallelEquivalenceTest : public ::testing::Test {
     if (c.packed) args.push_back("--packed");
     if (c.sft) args.push_back("--loss-mask");
     args.insert(args.end(), {"--recompute-interval", std::to_string(c.recompute_interval)});
+    if (c.saved_block_inputs > 0) {
+      args.insert(args.end(), {"--saved-block-inputs", std::to_string(c.saved_block_inputs)});
+    }
     const std::string got = RunRanks(c.name, c.world, args, nullptr, c.issue_delay_ms);
     auto a = SafetensorsReader::Open(ref);
     auto b = SafetensorsReader::Open(got);
@@ -203,6 +207,19 @@ TEST_F(ParallelEquivalenceTest, SingleRankTechniques) {
 TEST_F(ParallelEquivalenceTest, CheckpointEveryOtherBlockWithoutPrefetch) {
   Check({"w2_sp2_full_interval2", 2, 2, 2, true, "full", 2, true, 8, 2, false});
   Check({"w1_aware_interval3", 4, 1, 1, false, "attention-aware", 0, false, 0, 3, true});
+}
+
+// At most two of the three blocks' inputs held: the forward saves blocks 0 and 2, the backward
+// regrows block 1's from block 0's (recompute_schedule.h), with late collectives, and
+// attention-aware with the saved inputs offloaded.
+TEST_F(ParallelEquivalenceTest, AtMostTwoBlockInputs) {
+  Case late{"w2_sp2_full_saved2_late", 2, 2, 2, true, "full", 2};
+  late.saved_block_inputs = 2;
+  late.issue_delay_ms = 2;
+  Check(late);
+  Case aware{"w2_sp1_aware_saved2_offload", 2, 2, 1, true, "attention-aware", 0, true};
+  aware.saved_block_inputs = 2;
+  Check(aware);
 }
 
 TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {

@@ -79,6 +79,8 @@ absl::Status Run(int argc, char** argv) {
       die_rank = std::stoi(next());
     else if (a == "--recompute-interval")
       spec.memory.recompute_interval = std::stoll(next());
+    else if (a == "--saved-block-inputs")
+      spec.memory.saved_block_inputs = std::stoll(next());
     else if (a == "--tile")
       spec.memory.tile_tokens = std::stoll(next());
     else if (a == "--seq")
