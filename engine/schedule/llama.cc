@@ -151,11 +151,11 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   return out;
 }
 
-RecomputeSchedule LlamaModel::Schedule(bool keep_all) const {
-  const int64_t L = cfg_.num_hidden_layers;
-  if (keep_all) return RecomputeSchedule::Every(L, 1);
-  if (opts_.saved_block_inputs > 0) return RecomputeSchedule::AtMost(L, opts_.saved_block_inputs);
-  return RecomputeSchedule::Every(L, opts_.recompute_interval);
+RecomputeSchedule LlamaModel::Schedule(const LlamaConfig& cfg, const Options& opts) {
+  const int64_t L = cfg.num_hidden_layers;
+  if (opts.recompute == RecomputePolicy::kNone) return RecomputeSchedule::Every(L, 1);
+  if (opts.saved_block_inputs > 0) return RecomputeSchedule::AtMost(L, opts.saved_block_inputs);
+  return RecomputeSchedule::Every(L, opts.recompute_interval);
 }
 
 // One step's state between its passes: the blocks' context and activations and, for a training
@@ -165,7 +165,7 @@ struct LlamaModel::Step {
       : backward(backward),
         keep_all(backward && m.opts_.recompute == RecomputePolicy::kNone),
         keep_attention(backward && m.opts_.recompute == RecomputePolicy::kAttentionAware),
-        schedule(m.Schedule(keep_all)),
+        schedule(m.schedule_),
         ctx(m.Context(sample.ids.tensor().numel(), sample.docs)),
         saved(m.ops_, m.alloc_, m.cfg_.num_hidden_layers, m.opts_.offload,
               m.opts_.offload_keep_last),
@@ -176,7 +176,7 @@ struct LlamaModel::Step {
   const bool keep_all;        // kNone: each block keeps everything it made (`resident`)
   const bool keep_attention;  // kAttentionAware: O and LSE are saved with a block's input
   // Which block inputs the forward saves, and how backward regrows the others.
-  const RecomputeSchedule schedule;
+  const RecomputeSchedule& schedule;
   const BlockContext ctx;
   Buffer x;  // the activations between blocks: the embedding, then each block's output
   BlockInputStore saved;
@@ -288,13 +288,12 @@ absl::StatusOr<SavedInputs> LlamaModel::TakeSaved(Step* step, int64_t l,
   if (l == l0) return st.saved.Take(l);
   // Regrow from the nearest held input below l, as the schedule splits the way (recompute_
   // schedule.h): each run forward ends at an input that is held until its block's backward.
-  int64_t h = l - 1, free = plan.group_slots(l);
-  while (h > l0 && re[h].x.empty()) --h;
-  for (int64_t j = l0 + 1; j < l; ++j) free -= !re[j].x.empty();
-  while (h < l) {
-    const int64_t m = plan.Split(l + 1 - h, free--);
-    RETURN_IF_ERROR(Regrow(step, h, h + m, regrown));
-    h += m;
+  auto held = [&](int64_t j) { return j == l0 || !re[j].x.empty(); };
+  while (re[l].x.empty()) {
+    const int64_t to = plan.NextHeld(l, held);
+    int64_t from = to - 1;
+    while (!held(from)) --from;
+    RETURN_IF_ERROR(Regrow(step, from, to, regrown));
   }
   return std::move(re[l]);
 }

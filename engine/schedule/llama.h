@@ -113,7 +113,10 @@ class LlamaModel {
 
  private:
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
-      : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts) {}
+      : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts), schedule_(Schedule(cfg, opts)) {}
+  // Which block inputs a training step saves and how it regrows the others (every input saved
+  // under RecomputePolicy::kNone).
+  static RecomputeSchedule Schedule(const LlamaConfig& cfg, const Options& opts);
   BlockContext Context(int64_t s, const DocumentMask& docs) const;
   // The pieces of ForwardBackward and Forward (llama.cc). A Step is one step's state between
   // them: the context, the activations and what a training step's forward saves for its backward.
@@ -128,8 +131,6 @@ class LlamaModel {
   // The backward from dx (the loss head's gradient of the last block's output, [s, d]) through
   // every block to the embedding, each unit's gradient reduce-scattered as it completes.
   absl::Status Backward(Step* step, const Tensor& ids, const Tensor& dx);
-  // The recompute schedule of a training step (every input saved with `keep_all`).
-  RecomputeSchedule Schedule(bool keep_all) const;
   // Block l's saved inputs for its backward: taken from the store, or regrown from the nearest
   // held input below it as the schedule says (the regrown ones wait in `regrown`).
   absl::StatusOr<SavedInputs> TakeSaved(Step* step, int64_t l, std::vector<SavedInputs>* regrown);
@@ -149,6 +150,7 @@ class LlamaModel {
   Ops* ops_;
   Allocator* alloc_;
   Options opts_;
+  RecomputeSchedule schedule_;
   Comm* world_ = nullptr;
   Comm* sp_ = nullptr;
   HeadPlan plan_;

@@ -88,15 +88,13 @@ RecomputeSchedule::Cost RecomputeSchedule::Simulate() const {
     }
   }
   for (int64_t l = L - 1; l >= 0; --l) {  // as LlamaModel::TakeSaved, then the block's backward
-    const int64_t a = group_start(l);
-    int64_t h = l, regrown = 0;
-    while (!held[h]) --h;
-    for (int64_t j = a + 1; j < l; ++j) regrown += held[j];
-    for (int64_t free = group_slots(l) - regrown; h < l; --free) {
-      const int64_t m = Split(l + 1 - h, free);
-      c.regrow_forwards += m;
-      h += m;
-      held[h] = true;
+    auto is_held = [&](int64_t j) { return bool(held[j]); };
+    while (!held[l]) {
+      const int64_t to = NextHeld(l, is_held);
+      int64_t from = to - 1;
+      while (!held[from]) --from;
+      c.regrow_forwards += to - from;
+      held[to] = true;
       c.peak_inputs = std::max(c.peak_inputs, ++n_held);
     }
     held[l] = false;
