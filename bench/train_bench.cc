@@ -43,6 +43,9 @@ ABSL_FLAG(int, warmup, 1, "untimed warm-up steps per S (cuDNN plan choice happen
 ABSL_FLAG(int64_t, probe, 0, "memory probe: attention window W (0: a real, timed step)");
 ABSL_FLAG(bool, plan_only, false, "print the planner's prediction only (no GPU)");
 ABSL_FLAG(bool, profile, true, "per-op device time of the last timed step (CUDA events)");
+ABSL_FLAG(bool, profile_gemm_shapes, false,
+          "with --profile: one row per GEMM shape (m×n×k, layout, accumulation) instead of one "
+          "\"gemm\" row");
 ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
 ABSL_FLAG(int64_t, doc_len, 0,
           "packed documents of this many tokens, document-masked (0: one causal sequence); "
@@ -165,6 +168,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
+  ops.set_profile_gemm_shapes(absl::GetFlag(FLAGS_profile_gemm_shapes));
   for (int step = 0; step < warmup + timed; ++step) {
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
     for (int64_t i = 0; i + 1 < S; ++i) labels[i] = inputs[i + 1];

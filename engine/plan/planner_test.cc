@@ -288,9 +288,8 @@ TEST(PlannerTest, DocumentMasksWidenCudnnsWorkspaceOnly) {
 }
 
 // The workspace follows the kernels that run: with "auto" at 128K (head_dim 64) packed samples
-// run cuDNN's ragged forward (its f32 [S, heads] statistics) and the own Hopper backward, whose
-// 4·(D + 2) bytes per token and head (S_pad = S here) and the rows' bounds are the larger; not
-// cuDNN's ragged backward's 12·D + 4. (Measured on the H200, train_bench 128K of 8K documents:
+// run the own Hopper forward (no workspace) and backward, whose 4·(D + 2) bytes per token and
+// head (S_pad = S here) and the rows' bounds it is; not cuDNN's ragged backward's 12·D + 4. (Measured on the H200, train_bench 128K of 8K documents:
 // device peak 45,953,494,556 bytes, this plan 45,953,486,980; bench/results/2026-12-02-kernels-*.)
 TEST(PlannerTest, TheWorkspaceFollowsTheChosenKernels) {
   const int64_t S = 131072, cublas = int64_t{32} << 20;

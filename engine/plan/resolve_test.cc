@@ -150,8 +150,11 @@ TEST(ResolveTest, TheAttentionKernelsAreInTheResolvedSpec) {
   spec.data.seq_len = 32768;
   EXPECT_EQ(kernels(spec), "cudnn/hopper");
   spec.data.seq_len = 131072;
-  spec.data.document_mask = true;  // the Hopper forward was not measured faster with documents
+  spec.data.document_mask = true;  // packed samples: the same rows
+  EXPECT_EQ(kernels(spec), "hopper/hopper");
+  spec.data.seq_len = 32768;
   EXPECT_EQ(kernels(spec), "cudnn/hopper");
+  spec.data.seq_len = 131072;
   spec.kernels.attention_forward = "flash";
   EXPECT_EQ(kernels(spec), "flash/hopper");
   EXPECT_EQ(JobSpecToToml(Tiny("cpu")).find("[kernels]"), std::string::npos);

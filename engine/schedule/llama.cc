@@ -376,14 +376,17 @@ absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& d
   return ps.ReduceGrad(embed_unit);
 }
 
+int64_t DefaultLossTileTokens(int64_t s, int64_t vocab) {
+  constexpr int64_t kLogits = int64_t{1} << 28, kRows = 128;
+  return std::min(s, std::max(kRows, kLogits / std::max<int64_t>(1, vocab) / kRows * kRows));
+}
+
 absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
                                   const Tensor& dx, const Tensor& loss_sum) {
   const int64_t s = x.dim(0), d = cfg_.hidden_size, V = cfg_.vocab_size;
   const DType act = ops_->act_dtype();
-  // The [T, V] logits tile is the largest transient buffer: keep it near 32M elements.
-  const int64_t T = opts_.loss_tile_tokens > 0
-                        ? std::min(opts_.loss_tile_tokens, s)
-                        : std::min<int64_t>(s, std::max<int64_t>(16, (int64_t{1} << 25) / V));
+  const int64_t T = opts_.loss_tile_tokens > 0 ? std::min(opts_.loss_tile_tokens, s)
+                                               : DefaultLossTileTokens(s, V);
   ParamStore& ps = *params_;
   const int head = layout_.head_unit(), embed = layout_.embed_unit();
   const bool tied = cfg_.tie_word_embeddings;

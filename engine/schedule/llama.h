@@ -43,12 +43,19 @@ struct DeviceSample {
   DocumentMask docs;
 };
 
+// The loss head's tile (LlamaModel::LossHead) when Options::loss_tile_tokens is 0: about 2^28
+// logits (512 MiB in bf16), in whole 128-row GEMM tiles, at most s. Each tile adds its
+// dlogitsᵀ·h into the whole [V, d] f32 gradient of E, reading and writing it once; at 2^25
+// logits (261 tokens of a 128K vocabulary) those passes, not the multiplications, bounded the
+// head.
+int64_t DefaultLossTileTokens(int64_t s, int64_t vocab);
+
 class LlamaModel {
  public:
   struct Options {
     RecomputePolicy recompute = RecomputePolicy::kFull;
     int64_t tile_tokens = 0;       // MLP tile; 0 = auto
-    int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0 = auto
+    int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0 = LossTileTokens's
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
     bool offload = false;          // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;

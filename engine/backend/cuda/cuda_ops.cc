@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "engine/backend/cuda/cuda_check.h"
 #include "engine/backend/cuda/cuda_ops_internal.h"
 #include "engine/backend/cuda/cudnn_attention.h"
@@ -104,7 +105,7 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
   cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&host_partials_),
                           sizeof(double) * cuda::kMaxReduceBlocks, cudaHostAllocDefault));
   gemm_ = std::make_unique<cuda::LtGemm>(compute_, gemm_workspace_.tensor().data,
-                                         gemm_workspace_.tensor().bytes());
+                                         gemm_workspace_.tensor().bytes(), opts_.gemm_heuristic);
   cudnn_ = std::make_unique<cuda::CudnnAttention>(compute_, opts_.alloc, opts_.cudnn);
   int device = 0;
   cudaDeviceProp prop;
@@ -356,14 +357,12 @@ void CudaOps::SumInto(const Tensor& x, const Tensor& out) { ReduceInto(x, false,
 
 void CudaOps::Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                    float alpha, float beta) {
-  Scope scope(this, "gemm");
   RunGemm(a, trans_a, b, trans_b, nullptr, c, alpha, beta, "Gemm");
 }
 
 // The bias rides in cuBLASLt's epilogue (LtGemm::Run), so it reads c once, as Gemm does.
 void CudaOps::GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                        const Tensor& bias, const Tensor& c, float alpha, float beta) {
-  Scope scope(this, "gemm");
   CheckDType(bias, DType::kBF16, "GemmBias", "bias");
   CheckDType(c, DType::kBF16, "GemmBias", "c");
   ITHACA_CHECK(!Overlap(c, bias), "CudaOps::GemmBias: c overlaps the bias");
@@ -385,6 +384,17 @@ void CudaOps::RunGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans
                b.DebugString(), trans_b ? "ᵀ" : "", ") does not fit c ", c.DebugString());
   ITHACA_CHECK(!Overlap(c, a) && !Overlap(c, b), "CudaOps::", op, ": c overlaps an input");
   if (bias) kCheck.Numel(*bias, n, op, "bias");
+  const char* row = "gemm";
+  if (opts_.profile && opts_.profile_gemm_shapes) {
+    // m×n×k, a and b as used (N plain, T transposed), and what c receives: "=" (beta 0) or
+    // "+=", "f32" for an f32 c, "+bias" with the epilogue.
+    row = span_names_
+              .insert(absl::StrFormat("gemm %dx%dx%d %c%c %s%s%s", m, n, k, trans_a ? 'T' : 'N',
+                                      trans_b ? 'T' : 'N', c.dtype == DType::kF32 ? "f32" : "bf16",
+                                      beta == 0.f ? "=" : "+=", bias ? "+bias" : ""))
+              .first->c_str();
+  }
+  Scope scope(this, row);
   gemm_->Run(a.data, da.cols, trans_a, b.data, db.cols, trans_b, c.data, dc.cols,
              c.dtype == DType::kF32, m, n, k, alpha, beta, bias ? bias->data : nullptr);
 }

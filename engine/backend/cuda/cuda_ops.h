@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "engine/backend/attention_choice.h"
@@ -38,6 +39,9 @@ class CudaOps : public Ops {
     AttentionKernel attention_forward = AttentionKernel::kAuto;
     AttentionKernel attention_backward = AttentionKernel::kAuto;
     size_t gemm_workspace_bytes = size_t{32} << 20;
+    // Which of cuBLASLt's heuristic results each GEMM runs (LtGemm): 0, its first, in training;
+    // gemm_bench times the others.
+    int gemm_heuristic = 0;
     // > 0: the memory probe (docs/benchmarks.md). Attention forward and backward
     // let each query see only its `probe_window` latest keys (cuDNN's causal band), so a step at
     // millions of tokens costs linear time; every buffer, copy and collective keeps its real
@@ -45,6 +49,9 @@ class CudaOps : public Ops {
     int64_t probe_window = 0;
     // Times every op with CUDA events on the compute stream (TakeProfile).
     bool profile = false;
+    // With profile: one row per GEMM shape ("gemm m×n×k NT f32+=", see RunGemm) instead of one
+    // "gemm" row, to see which of the step's GEMMs fall short of the device's peak.
+    bool profile_gemm_shapes = false;
     // For measuring cuDNN's attention plans (attention_bench); the defaults are training's.
     cuda::CudnnTuning cudnn;
   };
@@ -134,6 +141,7 @@ class CudaOps : public Ops {
   };
   std::vector<ProfileRow> TakeProfile();
   void set_profile(bool on) { opts_.profile = on; }
+  void set_profile_gemm_shapes(bool on) { opts_.profile_gemm_shapes = on; }
 
  private:
   class Scope;  // records one op's span while profiling
@@ -186,6 +194,7 @@ class CudaOps : public Ops {
   bool cudnn_warned_ = false;
   std::set<std::vector<int64_t>> choice_logged_;     // (pass, shape)s whose choice was logged
   std::vector<Span> spans_;
+  std::set<std::string> span_names_;  // the GEMM shapes' row names (Span::op points into it)
   struct DocumentEntry {
     Buffer buf;
     uint64_t last_use = 0;

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "engine/backend/cuda/cuda_check.h"
 #include "engine/backend/cuda/kernels.h"
@@ -39,8 +40,11 @@ int Alignment(const void* p) {
 
 }  // namespace
 
-LtGemm::LtGemm(cudaStream_t stream, void* workspace, size_t workspace_bytes)
-    : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+LtGemm::LtGemm(cudaStream_t stream, void* workspace, size_t workspace_bytes, int heuristic)
+    : stream_(stream),
+      workspace_(workspace),
+      workspace_bytes_(workspace_bytes),
+      heuristic_(heuristic) {
   cublasCheck(cublasLtCreate(&lt_));
   cublasCheck(cublasCreate(&blas_));
   cublasCheck(cublasSetStream(blas_, stream_));
@@ -100,13 +104,13 @@ LtGemm::Plan* LtGemm::GetPlan(const Key& key) {
                                                    &a3, sizeof(a3)));
   cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                    &a3, sizeof(a3)));
-  cublasLtMatmulHeuristicResult_t result;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(heuristic_ + 1);
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, heuristic_ + 1, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (p.ok) p.algo = result.algo;
+  p.ok = st == CUBLAS_STATUS_SUCCESS && found > heuristic_;
+  if (p.ok) p.algo = results[heuristic_].algo;
   return &plans_.emplace(key, p).first->second;
 }
 

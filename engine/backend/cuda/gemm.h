@@ -16,7 +16,9 @@ namespace cuda {
 class LtGemm {
  public:
   // `workspace` (device, `workspace_bytes`) stays owned by the caller and outlives this object.
-  LtGemm(cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  // `heuristic`: which of cuBLASLt's ranked algorithms for a shape runs (0: the first); a shape
+  // with no more than that many runs on cublasGemmEx.
+  LtGemm(cudaStream_t stream, void* workspace, size_t workspace_bytes, int heuristic = 0);
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -48,6 +50,7 @@ class LtGemm {
   cudaStream_t stream_;
   void* workspace_;
   size_t workspace_bytes_;
+  int heuristic_;
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::map<Key, Plan> plans_;
