@@ -165,5 +165,21 @@ TEST_F(PackedTest, MaskedLabelsAddNoGradient) {
   EXPECT_GT(std::abs(only.loss_sum - whole.loss_sum), 1e-3);
 }
 
+// The loss head's default tile: about 2^28 logits in whole 128-row GEMM tiles, never more than the
+// sequence, never fewer than one GEMM tile (a vocabulary too large for 128 rows still gets them).
+TEST(DefaultLossTileTokensTest, AboutTwoToThe28LogitsInWholeGemmTiles) {
+  EXPECT_EQ(DefaultLossTileTokens(131072, 128256), 2048);  // Llama 3: 2048·128256 ≈ 2^28
+  EXPECT_EQ(DefaultLossTileTokens(131072, 151936), 1664);  // Qwen: ⌊1766.8 / 128⌋·128
+  EXPECT_EQ(DefaultLossTileTokens(1000, 128256), 1000);    // the whole sequence
+  EXPECT_EQ(DefaultLossTileTokens(1 << 20, int64_t{1} << 22), 128);
+  EXPECT_EQ(DefaultLossTileTokens(96, 256), 96);
+  for (int64_t v : {1000, 32000, 128256, 151936}) {
+    const int64_t t = DefaultLossTileTokens(int64_t{1} << 24, v);
+    EXPECT_EQ(t % 128, 0) << v;
+    EXPECT_LE(t * v, int64_t{1} << 28) << v;
+    EXPECT_GT((t + 128) * v, int64_t{1} << 28) << v;
+  }
+}
+
 }  // namespace
 }  // namespace ithaca
