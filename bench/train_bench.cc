@@ -127,6 +127,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   o.probe_window = probe;
   o.attention_forward = req.attention_forward;
   o.attention_backward = req.attention_backward;
+  o.profile_gemm_shapes = absl::GetFlag(FLAGS_profile_gemm_shapes);
   CudaOps ops(o);
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, mo));
   ops.Synchronize();
@@ -168,7 +169,6 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  ops.set_profile_gemm_shapes(absl::GetFlag(FLAGS_profile_gemm_shapes));
   for (int step = 0; step < warmup + timed; ++step) {
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
     for (int64_t i = 0; i + 1 < S; ++i) labels[i] = inputs[i + 1];

@@ -25,7 +25,33 @@ ABSL_FLAG(int, iters, 20, "timed repetitions (median reported)");
 namespace ithaca {
 namespace {
 
+struct Case {
+  int64_t m, n, k;
+  std::string layout;  // a's then b's: N as stored, T transposed
+  DType c;
+};
+
+// --shapes × --c_dtypes, checked before anything runs.
+std::vector<Case> Cases() {
+  std::vector<Case> out;
+  for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
+    std::vector<std::string> f = absl::StrSplit(spec, ':');
+    ITHACA_CHECK(f.size() == 3 || f.size() == 4, "bad shape ", spec);
+    const std::string layout = f.size() == 4 ? f[3] : "NT";
+    ITHACA_CHECK(layout.size() == 2 && absl::StrContains("NT", layout[0]) &&
+                     absl::StrContains("NT", layout[1]),
+                 "bad layout ", layout, " in ", spec, " (NN, NT, TN or TT)");
+    for (absl::string_view ctn : absl::StrSplit(absl::GetFlag(FLAGS_c_dtypes), ',')) {
+      ITHACA_CHECK(ctn == "bf16" || ctn == "f32", "bad --c_dtypes entry ", ctn);
+      out.push_back({std::stoll(f[0]), std::stoll(f[1]), std::stoll(f[2]), layout,
+                     ctn == "f32" ? DType::kF32 : DType::kBF16});
+    }
+  }
+  return out;
+}
+
 int Main() {
+  const std::vector<Case> cases = Cases();
   CudaAllocator alloc;
   const std::string device = bench::DeviceName();
   uint64_t seed = 1;
@@ -34,50 +60,41 @@ int Main() {
     o.alloc = &alloc;
     o.gemm_heuristic = heuristic;
     CudaOps ops(o);
-    for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
-      std::vector<std::string> f = absl::StrSplit(spec, ':');
-      ITHACA_CHECK(f.size() == 3 || f.size() == 4, "bad shape ", spec);
-      const int64_t m = std::stoll(f[0]), n = std::stoll(f[1]), k = std::stoll(f[2]);
-      const std::string layout = f.size() == 4 ? f[3] : "NT";
-      ITHACA_CHECK(layout.size() == 2 && absl::StrContains("NT", layout[0]) &&
-                       absl::StrContains("NT", layout[1]),
-                   "bad layout ", layout, " in ", spec, " (NN, NT, TN or TT)");
-      const bool ta = layout[0] == 'T', tb = layout[1] == 'T';
-      for (absl::string_view ctn : absl::StrSplit(absl::GetFlag(FLAGS_c_dtypes), ',')) {
-        ITHACA_CHECK(ctn == "bf16" || ctn == "f32", "bad --c_dtypes entry ", ctn);
-        const DType ct = ctn == "f32" ? DType::kF32 : DType::kBF16;
-        auto mk = [&](DType t, Shape s) {
-          auto b = Buffer::Make(&alloc, t, s, Tier::kActivations);
-          ITHACA_CHECK(b.ok(), "allocation: ", b.status().ToString());
-          // Random data (zeros run faster than real data), made on the device: the loss head's
-          // [V, d] operands are hundreds of millions of elements.
-          bench::FillRandom(ops, &alloc, b->tensor(), seed++);
-          return std::move(*b);
-        };
-        Buffer a = mk(DType::kBF16, ta ? Shape{k, m} : Shape{m, k});
-        Buffer b = mk(DType::kBF16, tb ? Shape{n, k} : Shape{k, n});
-        Buffer c = mk(ct, {m, n});
-        const float beta = ct == DType::kF32 ? 1.f : 0.f;
-        const int iters = absl::GetFlag(FLAGS_iters);
-        const double ms = bench::Median(bench::TimeMs(ops.stream(), 2, iters, [&] {
-          ops.Gemm(a.tensor(), ta, b.tensor(), tb, c.tensor(), 1.f, beta);
-        }));
-        bench::Json()
-            .Str("bench", "gemm")
-            .Str("date", bench::Today())
-            .Str("device", device)
-            .Int("m", m)
-            .Int("n", n)
-            .Int("k", k)
-            .Str("layout", layout)
-            .Str("c_dtype", DTypeName(ct))
-            .Num("beta", beta)
-            .Int("heuristic", heuristic)
-            .Num("ms", ms)
-            .Num("tflops", 2.0 * m * n * k / (ms * 1e-3) / 1e12)
-            .Int("iters", iters)
-            .Print();
-      }
+    for (const Case& cs : cases) {
+      const int64_t m = cs.m, n = cs.n, k = cs.k;
+      const bool ta = cs.layout[0] == 'T', tb = cs.layout[1] == 'T';
+      const DType ct = cs.c;
+      auto mk = [&](DType t, Shape s) {
+        auto b = Buffer::Make(&alloc, t, s, Tier::kActivations);
+        ITHACA_CHECK(b.ok(), "allocation: ", b.status().ToString());
+        // Random data (zeros run faster than real data), made on the device: the loss head's
+        // [V, d] operands are hundreds of millions of elements.
+        bench::FillRandom(ops, &alloc, b->tensor(), seed++);
+        return std::move(*b);
+      };
+      Buffer a = mk(DType::kBF16, ta ? Shape{k, m} : Shape{m, k});
+      Buffer b = mk(DType::kBF16, tb ? Shape{n, k} : Shape{k, n});
+      Buffer c = mk(ct, {m, n});
+      const float beta = ct == DType::kF32 ? 1.f : 0.f;
+      const int iters = absl::GetFlag(FLAGS_iters);
+      const double ms = bench::Median(bench::TimeMs(ops.stream(), 2, iters, [&] {
+        ops.Gemm(a.tensor(), ta, b.tensor(), tb, c.tensor(), 1.f, beta);
+      }));
+      bench::Json()
+          .Str("bench", "gemm")
+          .Str("date", bench::Today())
+          .Str("device", device)
+          .Int("m", m)
+          .Int("n", n)
+          .Int("k", k)
+          .Str("layout", cs.layout)
+          .Str("c_dtype", DTypeName(ct))
+          .Num("beta", beta)
+          .Int("heuristic", heuristic)
+          .Num("ms", ms)
+          .Num("tflops", 2.0 * m * n * k / (ms * 1e-3) / 1e12)
+          .Int("iters", iters)
+          .Print();
     }
   }
   return 0;

@@ -290,10 +290,8 @@ absl::StatusOr<SavedInputs> LlamaModel::TakeSaved(Step* step, int64_t l,
   // schedule.h): each run forward ends at an input that is held until its block's backward.
   auto held = [&](int64_t j) { return j == l0 || !re[j].x.empty(); };
   while (re[l].x.empty()) {
-    const int64_t to = plan.NextHeld(l, held);
-    int64_t from = to - 1;
-    while (!held(from)) --from;
-    RETURN_IF_ERROR(Regrow(step, from, to, regrown));
+    const RecomputeSchedule::Regrowth r = plan.NextRegrowth(l, held);
+    RETURN_IF_ERROR(Regrow(step, r.from, r.to, regrown));
   }
   return std::move(re[l]);
 }

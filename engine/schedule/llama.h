@@ -55,7 +55,7 @@ class LlamaModel {
   struct Options {
     RecomputePolicy recompute = RecomputePolicy::kFull;
     int64_t tile_tokens = 0;       // MLP tile; 0 = auto
-    int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0 = LossTileTokens's
+    int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0: DefaultLossTileTokens
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
     bool offload = false;          // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;
@@ -120,7 +120,12 @@ class LlamaModel {
 
  private:
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
-      : cfg_(cfg), layout_(cfg), ops_(ops), alloc_(alloc), opts_(opts), schedule_(Schedule(cfg, opts)) {}
+      : cfg_(cfg),
+        layout_(cfg),
+        ops_(ops),
+        alloc_(alloc),
+        opts_(opts),
+        schedule_(Schedule(cfg, opts)) {}
   // Which block inputs a training step saves and how it regrows the others (every input saved
   // under RecomputePolicy::kNone).
   static RecomputeSchedule Schedule(const LlamaConfig& cfg, const Options& opts);

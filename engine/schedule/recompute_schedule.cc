@@ -90,11 +90,9 @@ RecomputeSchedule::Cost RecomputeSchedule::Simulate() const {
   for (int64_t l = L - 1; l >= 0; --l) {  // as LlamaModel::TakeSaved, then the block's backward
     auto is_held = [&](int64_t j) { return bool(held[j]); };
     while (!held[l]) {
-      const int64_t to = NextHeld(l, is_held);
-      int64_t from = to - 1;
-      while (!held[from]) --from;
-      c.regrow_forwards += to - from;
-      held[to] = true;
+      const Regrowth r = NextRegrowth(l, is_held);
+      c.regrow_forwards += r.to - r.from;
+      held[r.to] = true;
       c.peak_inputs = std::max(c.peak_inputs, ++n_held);
     }
     held[l] = false;

@@ -38,17 +38,20 @@ class RecomputeSchedule {
   // Backward needs the input of a block n − 1 blocks after a held one and may hold `slots` more
   // inputs: how many blocks to run forward before holding the input reached (1 <= m <= n − 1).
   int64_t Split(int64_t n, int64_t slots) const { return split_[n][slots]; }
-  // Where backward's next regrowth for block l stops, given which inputs are held now
-  // (`held(j)`; the group's saved input is), or l when l's input is held: the run goes forward
-  // from the highest held input below l. The executor and Simulate both ask this.
+  // Backward's next regrowth for block l, whose input is not held, given which inputs are held
+  // now (`held(j)`; the group's saved input is): run blocks [from, to) forward from the highest
+  // held input below l and hold the input reached, `to` (at most l). The executor and Simulate
+  // both ask this.
+  struct Regrowth {
+    int64_t from, to;
+  };
   template <typename Held>
-  int64_t NextHeld(int64_t l, const Held& held) const {
-    if (held(l)) return l;
+  Regrowth NextRegrowth(int64_t l, const Held& held) const {
     const int64_t l0 = group_start(l);
     int64_t h = l - 1, free = group_slots(l);
     while (h > l0 && !held(h)) --h;
     for (int64_t j = l0 + 1; j < l; ++j) free -= held(j);
-    return h + Split(l + 1 - h, free);
+    return {h, h + Split(l + 1 - h, free)};
   }
 
   // What the schedule costs, by running its decisions as the executor does: the block forwards

@@ -141,7 +141,6 @@ class CudaOps : public Ops {
   };
   std::vector<ProfileRow> TakeProfile();
   void set_profile(bool on) { opts_.profile = on; }
-  void set_profile_gemm_shapes(bool on) { opts_.profile_gemm_shapes = on; }
 
  private:
   class Scope;  // records one op's span while profiling
