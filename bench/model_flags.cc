@@ -1,7 +1,12 @@
 #include "bench/model_flags.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "engine/core/status.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
@@ -33,6 +38,9 @@ ABSL_FLAG(std::string, qk_norm, "",
 ABSL_FLAG(std::string, qkv_bias, "",
           "false: the preset without its q/k/v biases (Qwen2), to measure what they cost; empty: "
           "as the preset has it");
+ABSL_FLAG(std::string, window_layers, "",
+          "W,FROM: a Qwen2/Qwen3 preset with use_sliding_window, a window of W keys on the "
+          "layers from FROM (max_window_layers) on; empty: as the preset has it (none)");
 ABSL_FLAG(bool, param_offload, false,
           "the bf16 working copy in pinned host memory too, uploaded a unit ahead of use "
           "(memory.param_offload; needs --optimizer_offload)");
@@ -69,6 +77,20 @@ absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset) {
   // the same shapes.
   const bool qwen = cfg.family == ModelFamily::kQwen2 || cfg.family == ModelFamily::kQwen3;
   if (qwen && !cfg.qk_norm && !cfg.qkv_bias) cfg.family = ModelFamily::kLlama;
+  const std::string window = absl::GetFlag(FLAGS_window_layers);
+  if (!window.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(window, ',');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &cfg.sliding_window) ||
+        !absl::SimpleAtoi(parts[1], &cfg.window_first_layer)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--window_layers=", window, ": expected W,FROM (e.g. 4096,14)"));
+    }
+    if (cfg.family != ModelFamily::kQwen2 && cfg.family != ModelFamily::kQwen3) {
+      return absl::InvalidArgumentError("--window_layers: Qwen2/Qwen3 presets only, with their "
+                                        "extras (use_sliding_window is theirs)");
+    }
+    RETURN_IF_ERROR(ValidateConfig(cfg));
+  }
   return cfg;
 }
 

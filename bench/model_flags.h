@@ -1,7 +1,7 @@
 // The memory and schedule flags every training benchmark takes (train_bench, parallel_bench),
 // defined once: --recompute, --tile_tokens, --loss_tile_tokens, --head_chunk, --offload,
 // --offload_keep_last, --recompute_interval, --prefetch, --fsdp, --overlap and
-// --optimizer_offload, and the ablations --qk_norm and --qkv_bias.
+// --optimizer_offload, the ablations --qk_norm and --qkv_bias, and --window_layers.
 #pragma once
 
 #include <string>

@@ -37,10 +37,10 @@ mkdir -p "$out/obj" "$out/corpus" "$out/artifacts"
 
 # The engine sources each harness needs (what its Bazel library depends on).
 common=(engine/core/file_util.cc engine/core/tensor.cc)
-sources_job_spec=(engine/spec/job_spec.cc engine/model/config.cc engine/backend/rope.cc
-  engine/spec/recompute_policy.cc engine/spec/toml_text.cc engine/backend/attention_choice.cc
+sources_job_spec=(engine/spec/job_spec.cc engine/model/config.cc engine/model/presets.cc
+  engine/backend/rope.cc engine/spec/recompute_policy.cc engine/spec/toml_text.cc engine/backend/attention_choice.cc
   engine/spec/overrides.cc engine/core/path_policy.cc)
-sources_config_json=(engine/model/config.cc engine/backend/rope.cc)
+sources_config_json=(engine/model/config.cc engine/model/presets.cc engine/backend/rope.cc)
 sources_safetensors=(engine/model/safetensors.cc)
 sources_token_file=(engine/data/token_file.cc engine/core/path_policy.cc)
 sources_data_pattern=(engine/core/path_policy.cc)

@@ -1,4 +1,5 @@
-// LlamaConfig <-> Hugging Face config.json, validation, parameter counts and presets.
+// LlamaConfig <-> Hugging Face config.json, validation and parameter counts (the presets:
+// presets.cc).
 #include "engine/model/config.h"
 
 #include <sys/stat.h>
@@ -10,8 +11,6 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_join.h"
 #include "engine/core/file_util.h"
 
 namespace ithaca {
@@ -527,21 +526,35 @@ absl::Status CheckModelKeys(const Json& root, const std::string& source, LlamaCo
   RETURN_IF_ERROR(r.Bool("use_mrope", &mrope));
   if (mrope) return r.Error("use_mrope", "true is unsupported (multimodal RoPE)");
 
-  // Sliding windows. Mistral's `sliding_window` is the window itself (null: none). Qwen2/Qwen3
-  // apply theirs only with use_sliding_window true (to the layers from max_window_layers on),
-  // which Ithaca does not build; with it false transformers ignores both keys. Llama has none.
+  // Sliding windows. Mistral's `sliding_window` is the window itself (null: none), on every
+  // layer. Qwen2/Qwen3 apply theirs only with use_sliding_window true, to the layers from
+  // max_window_layers on (transformers' defaults: a window of 4096, max_window_layers 28); with
+  // it false transformers ignores both keys. Llama has none.
   if (family == ModelFamily::kQwen2 || family == ModelFamily::kQwen3) {
     bool use_window = false;
     RETURN_IF_ERROR(r.Bool("use_sliding_window", &use_window));
+    int64_t window = 4096, first = 28;
+    // (KeyReader::Find treats null as absent; here null is "no window", absent the default.)
+    const bool null_window = root.contains("sliding_window") && root["sliding_window"].is_null();
+    RETURN_IF_ERROR(r.Int("sliding_window", false, &window));
+    RETURN_IF_ERROR(r.Int("max_window_layers", false, &first));
     if (use_window) {
-      return r.Error("use_sliding_window",
-                     absl::StrCat("true is unsupported (", family_name,
-                                  "'s per-layer sliding window from max_window_layers on is not "
-                                  "built in Ithaca; only false)"));
+      if (null_window) {
+        window = 0;  // transformers: no window on any layer
+      } else if (window <= 0) {
+        return r.Error("sliding_window", absl::StrCat("must be positive or null, got ", window));
+      }
+      if (first < 0) {
+        return r.Error("max_window_layers", absl::StrCat("must be >= 0, got ", first));
+      }
+      // A window no layer uses (max_window_layers >= num_hidden_layers) is no window.
+      int64_t layers = 0;
+      RETURN_IF_ERROR(r.Int("num_hidden_layers", false, &layers));
+      if (window > 0 && first < layers) {
+        cfg->sliding_window = window;
+        cfg->window_first_layer = first;
+      }
     }
-    int64_t ignored = 0;
-    RETURN_IF_ERROR(r.Int("sliding_window", false, &ignored));
-    RETURN_IF_ERROR(r.Int("max_window_layers", false, &ignored));
   } else {
     for (const char* key : {"use_sliding_window", "max_window_layers"}) {
       if (r.Find(key)) {
@@ -561,18 +574,22 @@ absl::Status CheckModelKeys(const Json& root, const std::string& source, LlamaCo
                                   "model_type \"mistral\" has a sliding window)"));
     }
   }
-  // transformers 5 lists each layer's attention kind: it must be the one every layer gets here.
+  // transformers 5 lists each layer's attention kind: it must be the one the keys above give
+  // that layer.
   if (const Json* kinds = r.Find("layer_types")) {
     if (!kinds->is_array()) {
       return r.Error("layer_types", absl::StrCat("expected an array, got ", Describe(*kinds)));
     }
-    const char* want = cfg->sliding_window > 0 ? "sliding_attention" : "full_attention";
     for (size_t i = 0; i < kinds->size(); ++i) {
       const Json& kind = (*kinds)[i];
+      const char* want =
+          cfg->LayerWindow(static_cast<int64_t>(i)) > 0 ? "sliding_attention" : "full_attention";
       if (!kind.is_string() || kind.get<std::string>() != want) {
         return r.Error(absl::StrCat("layer_types[", i, "]"),
-                       absl::StrCat("unsupported ", Describe(kind), " (every layer of this model "
-                                                                    "is \"", want, "\")"));
+                       absl::StrCat("unsupported ", Describe(kind),
+                                    " (the sliding_window, "
+                                    "use_sliding_window and max_window_layers keys make layer ",
+                                    i, " \"", want, "\")"));
       }
     }
   }
@@ -772,11 +789,22 @@ absl::Status ValidateConfig(const LlamaConfig& cfg) {
                                        ModelTypeName(cfg.family), " (only qwen3 has them)"));
   }
   if (cfg.sliding_window < 0 || cfg.sliding_window > kMaxConfigSize ||
-      (cfg.sliding_window > 0 && cfg.family != ModelFamily::kMistral)) {
+      (cfg.sliding_window > 0 && cfg.family == ModelFamily::kLlama)) {
     return bad("sliding_window",
                absl::StrCat(cfg.sliding_window, " is not a window of model_type ",
-                            ModelTypeName(cfg.family),
-                            " (mistral: positive up to ", kMaxConfigSize, ", or 0 for none)"));
+                            ModelTypeName(cfg.family), " (mistral, qwen2, qwen3: positive up to ",
+                            kMaxConfigSize, ", or 0 for none)"));
+  }
+  // Mistral windows every layer; Qwen2/Qwen3 from a layer that exists.
+  const bool window_layers_ok =
+      cfg.family == ModelFamily::kMistral || cfg.sliding_window == 0
+          ? cfg.window_first_layer == 0
+          : cfg.window_first_layer >= 0 && cfg.window_first_layer < cfg.num_hidden_layers;
+  if (!window_layers_ok) {
+    return bad(
+        "window_first_layer",
+        absl::StrCat(cfg.window_first_layer, " with a sliding_window of ", cfg.sliding_window,
+                     " in ", cfg.num_hidden_layers, " layers of ", ModelTypeName(cfg.family)));
   }
   // Qwen2's attention derives head_dim from hidden_size (older transformers ignore the key).
   if (qwen2 && cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size) {
@@ -915,9 +943,10 @@ std::string ConfigToJson(const LlamaConfig& cfg) {
   j["rope_scaling"] = RopeJson(cfg.rope);
   j["rope_theta"] = cfg.rope_theta;
   if (f == ModelFamily::kQwen2 || f == ModelFamily::kQwen3) {
-    j["max_window_layers"] = cfg.num_hidden_layers;
-    j["sliding_window"] = nullptr;
-    j["use_sliding_window"] = false;
+    const bool window = cfg.sliding_window > 0;
+    j["max_window_layers"] = window ? cfg.window_first_layer : cfg.num_hidden_layers;
+    j["sliding_window"] = window ? Json(cfg.sliding_window) : Json(nullptr);
+    j["use_sliding_window"] = window;
   }
   if (f == ModelFamily::kMistral) {
     j["sliding_window"] = cfg.sliding_window > 0 ? Json(cfg.sliding_window) : Json(nullptr);
@@ -927,148 +956,6 @@ std::string ConfigToJson(const LlamaConfig& cfg) {
   j["use_cache"] = true;
   j["vocab_size"] = cfg.vocab_size;
   return j.dump(2) + "\n";
-}
-
-namespace {
-
-// One published shape: the fields a hub config.json sets, the rest from the family.
-struct Preset {
-  const char* name;
-  ModelFamily family;
-  int64_t hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, max_positions;
-  double theta, eps;
-  bool tied;
-  int64_t bos, eos;
-};
-
-// From the config.json files on the Hugging Face hub (Qwen/Qwen3-*, the Qwen/Qwen2.5-* base
-// models, mistralai/Mistral-7B-v0.3). Qwen2.5's use_sliding_window is false in every one.
-constexpr Preset kPresets[] = {
-    {"qwen3-0.6b", ModelFamily::kQwen3, 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1e6, 1e-6, true,
-     151643, 151645},
-    {"qwen3-1.7b", ModelFamily::kQwen3, 2048, 6144, 28, 16, 8, 128, 151936, 40960, 1e6, 1e-6, true,
-     151643, 151645},
-    {"qwen3-4b", ModelFamily::kQwen3, 2560, 9728, 36, 32, 8, 128, 151936, 40960, 1e6, 1e-6, true,
-     151643, 151645},
-    {"qwen3-8b", ModelFamily::kQwen3, 4096, 12288, 36, 32, 8, 128, 151936, 40960, 1e6, 1e-6, false,
-     151643, 151645},
-    {"qwen3-14b", ModelFamily::kQwen3, 5120, 17408, 40, 40, 8, 128, 151936, 40960, 1e6, 1e-6,
-     false, 151643, 151645},
-    {"qwen3-32b", ModelFamily::kQwen3, 5120, 25600, 64, 64, 8, 128, 151936, 40960, 1e6, 1e-6,
-     false, 151643, 151645},
-    {"qwen2.5-0.5b", ModelFamily::kQwen2, 896, 4864, 24, 14, 2, 64, 151936, 32768, 1e6, 1e-6, true,
-     151643, 151643},
-    {"qwen2.5-1.5b", ModelFamily::kQwen2, 1536, 8960, 28, 12, 2, 128, 151936, 131072, 1e6, 1e-6,
-     true, 151643, 151643},
-    {"qwen2.5-3b", ModelFamily::kQwen2, 2048, 11008, 36, 16, 2, 128, 151936, 32768, 1e6, 1e-6,
-     true, 151643, 151643},
-    {"qwen2.5-7b", ModelFamily::kQwen2, 3584, 18944, 28, 28, 4, 128, 152064, 131072, 1e6, 1e-6,
-     false, 151643, 151643},
-    {"qwen2.5-14b", ModelFamily::kQwen2, 5120, 13824, 48, 40, 8, 128, 152064, 131072, 1e6, 1e-5,
-     false, 151643, 151643},
-    {"qwen2.5-32b", ModelFamily::kQwen2, 5120, 27648, 64, 40, 8, 128, 152064, 131072, 1e6, 1e-5,
-     false, 151643, 151643},
-    {"mistral-7b-v0.3", ModelFamily::kMistral, 4096, 14336, 32, 32, 8, 128, 32768, 32768, 1e6,
-     1e-5, false, 1, 2},
-};
-
-}  // namespace
-
-const std::vector<std::string>& PresetNames() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n = {"tiny", "llama-3.2-1b", "llama-3.2-3b", "llama-3-8b"};
-    for (const Preset& p : kPresets) n.push_back(p.name);
-    return n;
-  }();
-  return names;
-}
-
-absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
-  LlamaConfig c;
-  const std::string key = absl::AsciiStrToLower(name);
-  const Preset* preset = nullptr;
-  for (const Preset& p : kPresets) {
-    if (key == p.name) preset = &p;
-  }
-  if (preset) {
-    const Preset& p = *preset;
-    c.family = p.family;
-    c.qkv_bias = p.family == ModelFamily::kQwen2;
-    c.qk_norm = p.family == ModelFamily::kQwen3;
-    c.hidden_size = p.hidden;
-    c.intermediate_size = p.intermediate;
-    c.num_hidden_layers = p.layers;
-    c.num_attention_heads = p.heads;
-    c.num_key_value_heads = p.kv_heads;
-    c.head_dim = p.head_dim;
-    c.vocab_size = p.vocab;
-    c.max_position_embeddings = p.max_positions;
-    c.rope_theta = p.theta;
-    c.rms_norm_eps = p.eps;
-    c.tie_word_embeddings = p.tied;
-    c.bos_token_id = p.bos;
-    c.eos_token_id = p.eos;
-  } else if (key == "llama-3.2-1b" || key == "llama-3.2-3b") {
-
-    const bool small = key == "llama-3.2-1b";
-    c.hidden_size = small ? 2048 : 3072;
-    c.intermediate_size = 8192;
-    c.num_hidden_layers = small ? 16 : 28;
-    c.num_attention_heads = small ? 32 : 24;
-    c.num_key_value_heads = 8;
-    c.head_dim = small ? 64 : 128;
-    c.vocab_size = 128256;
-    c.rope_theta = 500000.0;
-    c.rope.type = RopeType::kLlama3;
-    c.rope.factor = 32.0;
-    c.rope.low_freq_factor = 1.0;
-    c.rope.high_freq_factor = 4.0;
-    c.rope.original_max_position = 8192;
-    c.rms_norm_eps = 1e-5;
-    c.tie_word_embeddings = true;
-    c.max_position_embeddings = 131072;
-    c.bos_token_id = 128000;
-    c.eos_token_id = 128001;
-  } else if (key == "llama-3-8b") {
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
-    c.vocab_size = 128256;
-    c.rope_theta = 500000.0;
-    c.rms_norm_eps = 1e-5;
-    c.tie_word_embeddings = false;
-    c.max_position_embeddings = 8192;
-    c.bos_token_id = 128000;
-    c.eos_token_id = 128001;
-  } else if (key == "tiny") {
-    c.hidden_size = 64;
-    c.intermediate_size = 176;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.vocab_size = 258;  // bytes 0..255, then BOS and EOS
-    c.rope_theta = 10000.0;
-    c.rope.type = RopeType::kLlama3;
-    c.rope.factor = 8.0;
-    c.rope.low_freq_factor = 1.0;
-    c.rope.high_freq_factor = 4.0;
-    c.rope.original_max_position = 64;
-    c.rms_norm_eps = 1e-5;
-    c.tie_word_embeddings = true;
-    c.max_position_embeddings = 4096;
-    c.bos_token_id = 256;
-    c.eos_token_id = 257;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\"; valid: ",
-                                                   absl::StrJoin(PresetNames(), ", ")));
-  }
-  c.rope.head_dim = static_cast<int>(c.head_dim);
-  c.rope.theta = c.rope_theta;
-  return c;
 }
 
 }  // namespace ithaca

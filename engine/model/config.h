@@ -22,7 +22,11 @@ struct LlamaConfig {
   // checks each agrees with `family`).
   bool qkv_bias = false;       // q_proj, k_proj, v_proj carry biases (Qwen2); o_proj never
   bool qk_norm = false;        // q_norm, k_norm: RMSNorm of each head over head_dim (Qwen3)
-  int64_t sliding_window = 0;  // Mistral: each query sees its last W keys; 0: full causal
+  // A sliding window: each query of a windowed layer sees its last W keys, itself included;
+  // 0: every layer full causal. Mistral's window is on every layer; Qwen2/Qwen3's
+  // (use_sliding_window true) on the layers from max_window_layers on.
+  int64_t sliding_window = 0;
+  int64_t window_first_layer = 0;  // the first windowed layer (0 for Mistral)
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -40,6 +44,10 @@ struct LlamaConfig {
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
 
+  // Layer l's window (0: full causal).
+  int64_t LayerWindow(int64_t l) const {
+    return sliding_window > 0 && l >= window_first_layer ? sliding_window : 0;
+  }
   // Number of parameters (embedding, LM head when untied, norms, all layers).
   int64_t NumParameters() const;
   // Parameters of one transformer block.

@@ -518,6 +518,73 @@ TEST(FamilyConfigTest, EveryPresetIsValidAndRoundTrips) {
   EXPECT_NE(PresetConfig("qwen9-1b").status().message().find("qwen3-0.6b"), std::string::npos);
 }
 
+// Qwen2/Qwen3's use_sliding_window, as transformers reads it: the window on the layers from
+// max_window_layers on; none when that is past the last layer (Qwen2.5-0.5B's published 24 of
+// 24) or the window is null; transformers' defaults (4096, from layer 28) when keys are absent.
+TEST(FamilyConfigTest, QwenWindowFromMaxWindowLayers) {
+  const std::string on =
+      Replace(kQwen25_05B, "\"use_sliding_window\": false", "\"use_sliding_window\": true");
+  auto none = ParseConfigJson(on);  // max_window_layers 24 of 24 layers: no layer windowed
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->sliding_window, 0);
+  auto some =
+      ParseConfigJson(Replace(on, "\"max_window_layers\": 24", "\"max_window_layers\": 20"));
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_EQ(some->sliding_window, 32768);
+  EXPECT_EQ(some->window_first_layer, 20);
+  EXPECT_EQ(some->LayerWindow(19), 0);
+  EXPECT_EQ(some->LayerWindow(20), 32768);
+  EXPECT_EQ(some->LayerWindow(23), 32768);
+  const std::string json = ConfigToJson(*some);  // exported as the same keys
+  EXPECT_NE(json.find("\"use_sliding_window\": true"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"max_window_layers\": 20"), std::string::npos) << json;
+  auto back = ParseConfigJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameConfig(*back, *some);
+  // The window null: none, whatever max_window_layers says.
+  auto null_window =
+      ParseConfigJson(Replace(Replace(on, "\"max_window_layers\": 24", "\"max_window_layers\": 2"),
+                              "\"sliding_window\": 32768", "\"sliding_window\": null"));
+  ASSERT_TRUE(null_window.ok()) << null_window.status();
+  EXPECT_EQ(null_window->sliding_window, 0);
+  // Absent keys take transformers' defaults: a window of 4096 from layer 28 (of Qwen3-14B's 40).
+  auto defaults = ParseConfigJson(Replace(
+      Replace(Replace(kQwen3_14B, "\"use_sliding_window\": false", "\"use_sliding_window\": true"),
+              "\"sliding_window\": null,", ""),
+      "\"max_window_layers\": 40,", ""));
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->sliding_window, 4096);
+  EXPECT_EQ(defaults->window_first_layer, 28);
+  // use_sliding_window false ignores both keys, as transformers does.
+  auto off = ParseConfigJson(
+      Replace(kQwen25_05B, "\"max_window_layers\": 24", "\"max_window_layers\": 3"));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->sliding_window, 0);
+  ExpectInvalid(Replace(on, "\"sliding_window\": 32768", "\"sliding_window\": 0"),
+                {"sliding_window", "positive"});
+  ExpectInvalid(Replace(on, "\"max_window_layers\": 24", "\"max_window_layers\": -1"),
+                {"max_window_layers", ">= 0"});
+  // transformers 5's layer_types must be the kinds these keys give each layer.
+  std::string kinds = "\"layer_types\": [";
+  for (int l = 0; l < 24; ++l) {
+    kinds += absl::StrCat(l ? ", " : "", l >= 20 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  kinds += "], ";
+  const std::string with_20 = Replace(on, "\"max_window_layers\": 24", "\"max_window_layers\": 20");
+  auto listed = ParseConfigJson(Replace(with_20, "\"model_type\"", kinds + "\"model_type\""));
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ExpectSameConfig(*listed, *some);
+  ExpectInvalid(Replace(Replace(with_20, "\"max_window_layers\": 20", "\"max_window_layers\": 21"),
+                        "\"model_type\"", kinds + "\"model_type\""),
+                {"layer_types[20]", "\"sliding_attention\"", "\"full_attention\""});
+  LlamaConfig bad = *some;
+  bad.window_first_layer = 24;
+  EXPECT_FALSE(ValidateConfig(bad).ok());
+  bad = *PresetConfig("llama-3.2-1b");
+  bad.sliding_window = 8;
+  EXPECT_FALSE(ValidateConfig(bad).ok());
+}
+
 TEST(FamilyConfigTest, MistralWindowAndFamilyKeys) {
   auto w = ParseConfigJson(Replace(kMistral7B_v03, "\"sliding_window\": null",
                                    "\"sliding_window\": 4096"));
@@ -528,9 +595,6 @@ TEST(FamilyConfigTest, MistralWindowAndFamilyKeys) {
   EXPECT_EQ(back->sliding_window, 4096);
   ExpectInvalid(Replace(kMistral7B_v03, "\"sliding_window\": null", "\"sliding_window\": 0"),
                 {"sliding_window", "positive"});
-  ExpectInvalid(Replace(kQwen25_05B, "\"use_sliding_window\": false",
-                        "\"use_sliding_window\": true"),
-                {"use_sliding_window", "true is unsupported"});
   ExpectInvalid(Replace(kQwen3_14B, "\"attention_bias\": false", "\"attention_bias\": true"),
                 {"attention_bias", "qwen3"});
   ExpectInvalid(Replace(kQwen3_14B, "\"head_dim\": 128,", ""), {"head_dim", "required for qwen3"});

@@ -13,6 +13,7 @@ inline void ExpectSameConfig(const LlamaConfig& a, const LlamaConfig& b) {
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
   EXPECT_EQ(a.qk_norm, b.qk_norm);
   EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.window_first_layer, b.window_first_layer);
   EXPECT_EQ(a.hidden_size, b.hidden_size);
   EXPECT_EQ(a.intermediate_size, b.intermediate_size);
   EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);

@@ -1,6 +1,7 @@
 #include "engine/plan/planner.h"
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "engine/plan/meta.h"
@@ -18,12 +19,26 @@ namespace {
 // (ragged; 3.24 GB there, 12.95 GB at 512K) plus the f32 [S, heads] statistics CudaOps converts
 // the ragged LSE through; the own Hopper backward 4·(D + 2) per (token × head) (1.1 GB at
 // 128K). AttentionWorkspaceBytes (engine/backend/attention_choice.h) holds the figures.
+//
+// A model with full and windowed layers (Qwen2/Qwen3's use_sliding_window) may run a pass on two
+// kernels when it is "auto" per shape (train_bench; a job's spec names one kernel per pass): each
+// keeps its own workspace, so that pass needs the sum of its kernels' (measured on the H200:
+// Qwen2.5-1.5B at 128K, the own backward's 0.82 GB and cuDNN's windowed 1.62 GB held together).
 int64_t CudaWorkspaceBytes(const PlanRequest& req, const HeadPlan& heads) {
-  const AttentionShape shape{req.seq_len, heads.D, req.document_mask, req.cfg.sliding_window};
+  const std::vector<AttentionShape> shapes =
+      ModelAttentionShapes(req.cfg, req.seq_len, req.document_mask);
   int64_t attention = 0;
-  for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, req.attention_forward},
-                              std::pair{AttentionPass::kBackward, req.attention_backward}}) {
-    attention = std::max(attention, AttentionWorkspaceBytes(kernel, pass, shape, heads.u));
+  for (auto [pass, asked] : {std::pair{AttentionPass::kForward, req.attention_forward},
+                             std::pair{AttentionPass::kBackward, req.attention_backward}}) {
+    std::map<AttentionKernel, int64_t> per_kernel;  // the largest use of each kernel that runs
+    for (const AttentionShape& shape : shapes) {
+      const AttentionKernel kernel = ChooseAttention(pass, shape, asked).kernel;
+      per_kernel[kernel] =
+          std::max(per_kernel[kernel], AttentionWorkspaceBytes(kernel, pass, shape, heads.u));
+    }
+    int64_t sum = 0;
+    for (const auto& [kernel, bytes] : per_kernel) sum += bytes;
+    attention = std::max(attention, sum);
   }
   return (int64_t{32} << 20) + attention;
 }
@@ -71,6 +86,18 @@ void Judge(MemoryPlan* p) {
 }
 
 }  // namespace
+
+std::vector<AttentionShape> ModelAttentionShapes(const LlamaConfig& cfg, int64_t seq_len,
+                                                 bool documents) {
+  std::vector<AttentionShape> shapes;
+  if (cfg.sliding_window == 0 || cfg.window_first_layer > 0) {
+    shapes.push_back({seq_len, cfg.head_dim, documents, 0});
+  }
+  if (cfg.sliding_window > 0) {
+    shapes.push_back({seq_len, cfg.head_dim, documents, cfg.sliding_window});
+  }
+  return shapes;
+}
 
 int64_t MemoryPlan::host_total() const {
   int64_t total = 0;

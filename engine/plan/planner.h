@@ -71,6 +71,12 @@ struct MemoryPlan {
 // that print a plan's settings after its recompute_interval.
 std::string SavedBlockInputsSetting(int64_t saved_block_inputs);
 
+// The attention shapes a model's layers run at seq_len tokens: full causal where a layer has no
+// window, windowed where it has (a Mistral window: one shape; Qwen2/Qwen3's from
+// max_window_layers on: both).
+std::vector<AttentionShape> ModelAttentionShapes(const LlamaConfig& cfg, int64_t seq_len,
+                                                 bool documents);
+
 // Exactly the given options.
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 

@@ -115,6 +115,40 @@ TEST(PlannerTest, FamiliesMatchTheAllocatorAndCountTheirParameters) {
   EXPECT_EQ(qwen2.NumParameters() - Tiny().NumParameters(), biases);
 }
 
+// Qwen2's window on some layers with "auto" kernels per shape (train_bench): at 128K and head_dim
+// 128 the full layers' backward is the own Hopper kernel and the windowed layers' cuDNN's band,
+// and each keeps its workspace, so the backward needs both (measured on the H200 at 2.469 GB,
+// bench/results/2026-12-02-s12-train-qwen2-window-layers.jsonl); with one kernel named, one.
+TEST(PlannerTest, APassOnTwoKernelsNeedsBothWorkspaces) {
+  PlanRequest req;
+  req.cfg = *PresetConfig("qwen2.5-1.5b");
+  req.cfg.sliding_window = 4096;
+  req.cfg.window_first_layer = 14;
+  req.seq_len = 131072;
+  req.device = Device::kCuda;
+  req.act = DType::kBF16;
+  req.opts.recompute = RecomputePolicy::kAttentionAware;
+  req.opts.tile_tokens = 16384;
+  const int64_t heads = req.cfg.num_attention_heads;
+  const AttentionShape full{req.seq_len, 128, false, 0}, windowed{req.seq_len, 128, false, 4096};
+  ASSERT_EQ(ChooseAttention(AttentionPass::kBackward, full, AttentionKernel::kAuto).kernel,
+            AttentionKernel::kHopper);
+  ASSERT_EQ(ChooseAttention(AttentionPass::kBackward, windowed, AttentionKernel::kAuto).kernel,
+            AttentionKernel::kCudnn);
+  const int64_t hopper = AttentionWorkspaceBytes(AttentionKernel::kHopper,
+                                                 AttentionPass::kBackward, full, heads);
+  const int64_t cudnn = AttentionWorkspaceBytes(AttentionKernel::kCudnn, AttentionPass::kBackward,
+                                                windowed, heads);
+  auto plan = PlanMemory(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace, (int64_t{32} << 20) + hopper + cudnn);
+  EXPECT_NEAR(double(plan->workspace), 2469398848.0, 0.01 * 2469398848.0);  // the H200's
+  req.attention_backward = AttentionKernel::kHopper;  // one kernel for both shapes
+  plan = PlanMemory(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace, (int64_t{32} << 20) + hopper);
+}
+
 int64_t AttentionPeak(int64_t head_chunk, bool measured) {
   LlamaModel::Options o;
   o.recompute = RecomputePolicy::kFull;

@@ -1,8 +1,11 @@
 #include "engine/plan/resolve.h"
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/backend/attention_choice.h"
+#include "engine/plan/planner.h"
 #include "engine/spec/validate.h"
 #include "engine/core/units.h"
 
@@ -43,21 +46,39 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.overlap = job.plan.overlap;
   s.memory.recompute_interval = job.plan.recompute_interval;
   s.memory.saved_block_inputs = job.plan.saved_block_inputs;
-  if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shape
-    const AttentionShape shape{s.data.seq_len, job.config.head_dim, s.data.document_mask,
-                               job.config.sliding_window};
+  if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shapes
+    const std::vector<AttentionShape> shapes =
+        ModelAttentionShapes(job.config, s.data.seq_len, s.data.document_mask);
     for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, &s.kernels.attention_forward},
                                 std::pair{AttentionPass::kBackward, &s.kernels.attention_backward}}) {
       ASSIGN_OR_RETURN(AttentionKernel asked, ParseAttentionKernel(*kernel));
-      const AttentionKernel chosen = ChooseAttention(pass, shape, asked).kernel;
-      if (const char* why = AttentionKernelRefuses(chosen, pass, shape)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            pass == AttentionPass::kForward ? "kernels.attention_forward" : "kernels.attention_backward",
-            ": \"", AttentionKernelName(chosen), "\"", asked == AttentionKernel::kAuto ? " (auto)" : "",
-            " cannot run the model's sliding_window of ", shape.window, " keys at head_dim ",
-            shape.head_dim, ": ", why));
+      // One kernel runs every layer's pass. With full and windowed layers (Qwen2/Qwen3's window
+      // from max_window_layers on), "auto" takes the first shape's choice that the other shape
+      // can run too, the full layers' first.
+      std::vector<AttentionKernel> candidates;
+      for (const AttentionShape& shape : shapes) {
+        candidates.push_back(ChooseAttention(pass, shape, asked).kernel);
       }
-      *kernel = AttentionKernelName(chosen);
+      std::string refused;
+      for (AttentionKernel chosen : candidates) {
+        refused.clear();
+        for (const AttentionShape& shape : shapes) {
+          if (const char* why = AttentionKernelRefuses(chosen, pass, shape)) {
+            refused = absl::StrCat(pass == AttentionPass::kForward ? "kernels.attention_forward"
+                                                                   : "kernels.attention_backward",
+                                   ": \"", AttentionKernelName(chosen), "\"",
+                                   asked == AttentionKernel::kAuto ? " (auto)" : "",
+                                   " cannot run the model's sliding_window of ", shape.window,
+                                   " keys at head_dim ", shape.head_dim, ": ", why);
+            break;
+          }
+        }
+        if (refused.empty()) {
+          *kernel = AttentionKernelName(chosen);
+          break;
+        }
+      }
+      if (!refused.empty()) return absl::InvalidArgumentError(refused);
     }
   }
   s.memory.optimizer_offload = job.plan.optimizer_offload ? OffloadChoice::kOn : OffloadChoice::kOff;

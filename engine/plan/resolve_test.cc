@@ -160,6 +160,19 @@ TEST(ResolveTest, TheAttentionKernelsAreInTheResolvedSpec) {
   EXPECT_EQ(JobSpecToToml(Tiny("cpu")).find("[kernels]"), std::string::npos);
 }
 
+// A one-GPU CUDA job of the tiny spec on the model `cfg`, written to TEST_TMPDIR/`name`.json.
+JobSpec CudaJobOf(const LlamaConfig& cfg, const std::string& name) {
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string path = absl::StrCat(dir, "/", name, ".json");
+  std::ofstream(path) << ConfigToJson(cfg);
+  JobSpec spec = Tiny("cuda");
+  spec.model.preset = "";
+  spec.model.config = path;
+  spec.parallel.world = 1;
+  spec.parallel.sp = 1;
+  return spec;
+}
+
 // A windowed model (Mistral's sliding_window) on CUDA: every window runs where it is computed
 // right. A window of one key is wrong on cuDNN's band, so auto takes the Hopper kernels (head_dim
 // 64 or 128) and a job that would run it on cuDNN is refused at admission, naming the key; the
@@ -167,19 +180,11 @@ TEST(ResolveTest, TheAttentionKernelsAreInTheResolvedSpec) {
 TEST(ResolveTest, AWindowRunsOnlyWhereItIsComputedRight) {
   LlamaConfig cfg = *PresetConfig("mistral-7b-v0.3");
   cfg.num_hidden_layers = 2;  // a small plan
-  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   auto with_window = [&](int64_t window, int64_t head_dim) {
     LlamaConfig c = cfg;
     c.sliding_window = window;
     c.head_dim = head_dim;
-    const std::string path = absl::StrCat(dir, "/mistral_w", window, "_d", head_dim, ".json");
-    std::ofstream(path) << ConfigToJson(c);
-    JobSpec spec = Tiny("cuda");
-    spec.model.preset = "";
-    spec.model.config = path;
-    spec.parallel.world = 1;
-    spec.parallel.sp = 1;
-    return spec;
+    return CudaJobOf(c, absl::StrCat("mistral_w", window, "_d", head_dim));
   };
   const NodeResources node = Node(140 * kGiB, 256 * kGiB, 1);
   auto job = ResolveJob(with_window(1, 128), node);
@@ -210,6 +215,39 @@ TEST(ResolveTest, AWindowRunsOnlyWhereItIsComputedRight) {
             std::string::npos)
       << job.status();
   EXPECT_TRUE(ResolveJob(with_window(40, 128), node).ok());
+}
+
+// Qwen2's use_sliding_window: full layers and windowed layers run each pass on one kernel. A
+// window of one key cannot run on cuDNN, which auto would take for the full layers at S 1024, so
+// both passes take the windowed layers' choice (the Hopper kernels), which runs both shapes; a
+// window cuDNN can run keeps the full layers' choice.
+TEST(ResolveTest, FullAndWindowedLayersShareAKernelBothCanRun) {
+  LlamaConfig cfg = *PresetConfig("qwen2.5-7b");
+  cfg.num_hidden_layers = 3;  // a small plan
+  cfg.window_first_layer = 1;
+  auto with_window = [&](int64_t window) {
+    LlamaConfig c = cfg;
+    c.sliding_window = window;
+    return CudaJobOf(c, absl::StrCat("qwen2_layers_w", window));
+  };
+  const NodeResources node = Node(140 * kGiB, 256 * kGiB, 1);
+  ASSERT_EQ(cfg.head_dim, 128);
+  auto job = ResolveJob(with_window(1), node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.kernels.attention_forward, "hopper");
+  EXPECT_EQ(job->spec.kernels.attention_backward, "hopper");
+  job = ResolveJob(with_window(40), node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.kernels.attention_forward, "cudnn");
+  EXPECT_EQ(job->spec.kernels.attention_backward, "cudnn");
+  JobSpec asked = with_window(1);
+  asked.kernels.attention_backward = "cudnn";
+  job = ResolveJob(asked, node);
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("kernels.attention_backward: \"cudnn\" cannot run the "
+                                        "model's sliding_window of 1 keys"),
+            std::string::npos)
+      << job.status();
 }
 
 TEST(ResolveTest, AGpuJobNeedsToKnowTheGpusMemory) {

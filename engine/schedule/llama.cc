@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   return m;
 }
 
-BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs) const {
+BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs, int64_t window) const {
   BlockContext c;
   c.cfg = &cfg_;
   c.attn.ops = ops_;
@@ -65,7 +65,7 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs) const {
   c.attn.s = s;
   c.attn.inv_freq = inv_freq_.tensor();
   c.attn.docs = docs;
-  c.attn.docs.window = cfg_.sliding_window;
+  c.attn.docs.window = window;
   c.attn.overlap = opts_.overlap;
   c.attn.qkv_bias = cfg_.qkv_bias;
   c.attn.qk_norm = cfg_.qk_norm;
@@ -166,7 +166,11 @@ struct LlamaModel::Step {
         keep_all(backward && m.opts_.recompute == RecomputePolicy::kNone),
         keep_attention(backward && m.opts_.recompute == RecomputePolicy::kAttentionAware),
         schedule(m.schedule_),
-        ctx(m.Context(sample.ids.tensor().numel(), sample.docs)),
+        cfg(m.cfg_),
+        full(m.Context(sample.ids.tensor().numel(), sample.docs, 0)),
+        windowed(m.cfg_.sliding_window > 0
+                     ? m.Context(sample.ids.tensor().numel(), sample.docs, m.cfg_.sliding_window)
+                     : BlockContext()),
         saved(m.ops_, m.alloc_, m.cfg_.num_hidden_layers, m.opts_.offload,
               m.opts_.offload_keep_last),
         resident(keep_all ? m.cfg_.num_hidden_layers : 0) {}
@@ -177,7 +181,11 @@ struct LlamaModel::Step {
   const bool keep_attention;  // kAttentionAware: O and LSE are saved with a block's input
   // Which block inputs the forward saves, and how backward regrows the others.
   const RecomputeSchedule& schedule;
-  const BlockContext ctx;
+  // Block l's context: `windowed` for the layers with the model's sliding window (every layer of
+  // a windowed Mistral; Qwen2/Qwen3's from max_window_layers on), `full` for the others.
+  const BlockContext& ctx(int64_t l) const { return cfg.LayerWindow(l) > 0 ? windowed : full; }
+  const LlamaConfig& cfg;
+  const BlockContext full, windowed;
   Buffer x;  // the activations between blocks: the embedding, then each block's output
   BlockInputStore saved;
   std::vector<BlockSaved> resident;
@@ -260,8 +268,8 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
     BlockSaved bs;
     const bool saved = st.schedule.saved(l);
     const bool keep_o = st.keep_all || (st.keep_attention && saved);
-    RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), st.x.tensor(), y.tensor(), &bs,
-                                 keep_o, /*keep_mlp_input=*/st.keep_all));
+    RETURN_IF_ERROR(BlockForward(st.ctx(l), BlockViews(cfg_, params), st.x.tensor(), y.tensor(),
+                                 &bs, keep_o, /*keep_mlp_input=*/st.keep_all));
     if (st.backward && saved) {
       SavedInputs in;
       in.x = std::move(st.x);
@@ -324,7 +332,7 @@ absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
     // l0's are saved with its input by the forward).
     const bool keep_o = st.keep_attention && m == from && from > l0 && re[from].o.empty();
     BlockSaved bs;
-    RETURN_IF_ERROR(BlockForward(st.ctx, BlockViews(cfg_, params), xm, y.tensor(), &bs, keep_o,
+    RETURN_IF_ERROR(BlockForward(st.ctx(m), BlockViews(cfg_, params), xm, y.tensor(), &bs, keep_o,
                                  /*keep_mlp_input=*/false));
     if (keep_o) {
       re[m].o = std::move(bs.o);
@@ -364,8 +372,8 @@ absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& d
       bs.o = std::move(in.o);
       bs.lse = std::move(in.lse);
     }
-    RETURN_IF_ERROR(BlockRecompute(st.ctx, w, in.x.tensor(), &bs));
-    RETURN_IF_ERROR(BlockBackward(st.ctx, w, BlockViews(cfg_, grads), in.x.tensor(), &bs, dx));
+    RETURN_IF_ERROR(BlockRecompute(st.ctx(l), w, in.x.tensor(), &bs));
+    RETURN_IF_ERROR(BlockBackward(st.ctx(l), w, BlockViews(cfg_, grads), in.x.tensor(), &bs, dx));
     RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
   }
   const int embed_unit = layout_.embed_unit();

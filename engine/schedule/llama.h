@@ -129,7 +129,9 @@ class LlamaModel {
   // Which block inputs a training step saves and how it regrows the others (every input saved
   // under RecomputePolicy::kNone).
   static RecomputeSchedule Schedule(const LlamaConfig& cfg, const Options& opts);
-  BlockContext Context(int64_t s, const DocumentMask& docs) const;
+  // The blocks' context for a sample of s tokens on this rank; `window`: the sliding window of
+  // the blocks that use it (LlamaConfig::LayerWindow), 0 for full causal.
+  BlockContext Context(int64_t s, const DocumentMask& docs, int64_t window) const;
   // The pieces of ForwardBackward and Forward (llama.cc). A Step is one step's state between
   // them: the context, the activations and what a training step's forward saves for its backward.
   struct Step;

@@ -83,20 +83,28 @@ double ModelFlopsPerSample(const LlamaConfig& c, int64_t seq_len,
                            3.0 * d * c.intermediate_size;
   const double n = c.num_hidden_layers * per_layer + double(c.vocab_size) * d;
   // A document of n tokens computes n² "pairs" in this convention (twice its causal triangle);
-  // under a sliding window of W < n keys, twice the W·n − W(W−1)/2 keys its queries see.
-  const double W = double(c.sliding_window);
-  auto pairs_of = [W](double n) { return W > 0 && W < n ? 2 * W * n - W * (W - 1) : n * n; };
-  double pairs = 0;
-  if (doc_starts.size() <= 1) {
-    pairs = pairs_of(double(seq_len));
-  } else {
+  // under a sliding window of W < n keys, twice the W·n − W(W−1)/2 keys its queries see. Each
+  // layer counts with its own window (Qwen2/Qwen3 window only some).
+  auto pairs_of = [](double n, double W) {
+    return W > 0 && W < n ? 2 * W * n - W * (W - 1) : n * n;
+  };
+  auto sample_pairs = [&](double W) {
+    if (doc_starts.size() <= 1) return pairs_of(double(seq_len), W);
+    double pairs = 0;
     for (size_t i = 0; i < doc_starts.size(); ++i) {
       const double len =
           double(i + 1 < doc_starts.size() ? doc_starts[i + 1] : seq_len) - double(doc_starts[i]);
-      pairs += pairs_of(len);
+      pairs += pairs_of(len, W);
     }
+    return pairs;
+  };
+  const double full = sample_pairs(0);
+  const double windowed = c.sliding_window > 0 ? sample_pairs(double(c.sliding_window)) : 0;
+  double pairs = 0;  // over every layer
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    pairs += c.LayerWindow(l) > 0 ? windowed : full;
   }
-  return 6.0 * n * double(seq_len) + 6.0 * c.num_hidden_layers * pairs * c.num_attention_heads * D;
+  return 6.0 * n * double(seq_len) + 6.0 * pairs * c.num_attention_heads * D;
 }
 
 namespace {

@@ -534,6 +534,20 @@ TEST(ModelFlopsTest, ASlidingWindowCountsOnlyTheKeysInside) {
   EXPECT_DOUBLE_EQ(ModelFlopsPerSample(*cfg, S, docs), packed);
 }
 
+// Qwen2/Qwen3's window on the layers from max_window_layers on: each layer counts with its own.
+TEST(ModelFlopsTest, WindowLayersCountTheirWindowAndTheOthersTheirWholeTriangle) {
+  auto cfg = PresetConfig("qwen2.5-7b");
+  ASSERT_TRUE(cfg.ok());
+  const int64_t S = 131072, W = 4096, L = cfg->num_hidden_layers;
+  const double full = ModelFlopsPerSample(*cfg, S, {});
+  const double per_layer_pair = 6.0 * cfg->num_attention_heads * cfg->head_dim;
+  cfg->sliding_window = W;
+  cfg->window_first_layer = L - 4;  // the last 4 layers windowed
+  EXPECT_NEAR(full - ModelFlopsPerSample(*cfg, S, {}),
+              4 * per_layer_pair * (double(S) * S - (2.0 * W * S - double(W) * (W - 1))),
+              1e-9 * full);
+}
+
 }  // namespace
 }  // namespace ithaca
 

@@ -42,6 +42,8 @@ constexpr Fixture kFixtures[] = {
     {"family_qwen3_v5_yarn", ModelFamily::kQwen3, RopeType::kYarn},
     {"family_qwen2_hub_tied", ModelFamily::kQwen2, RopeType::kDefault},
     {"family_qwen2_v5_linear", ModelFamily::kQwen2, RopeType::kLinear},
+    {"family_qwen2_hub_window_layers", ModelFamily::kQwen2, RopeType::kDefault},
+    {"family_qwen3_v5_window_layers", ModelFamily::kQwen3, RopeType::kDefault},
     {"family_mistral_v5_window", ModelFamily::kMistral, RopeType::kDefault},
     {"family_mistral_hub_nowindow", ModelFamily::kMistral, RopeType::kDefault},
     {"family_llama_hub_linear", ModelFamily::kLlama, RopeType::kLinear},
@@ -136,7 +138,8 @@ TEST(FamilyGoldenTest, LossAndEveryGradientMatchTransformers) {
 }
 
 // Without the fixture's feature the same weights give another loss, by far more than the
-// tolerance: the window dropped (Mistral) or the rope scaling dropped (linear, yarn).
+// tolerance: the window dropped (Mistral, Qwen2/Qwen3's window layers, which also differ from a
+// window on every layer) or the rope scaling dropped (linear, yarn).
 TEST(FamilyGoldenTest, DroppingTheFeatureMissesTheGoldenLoss) {
   int checked = 0;
   for (const Fixture& f : kFixtures) {
@@ -144,25 +147,35 @@ TEST(FamilyGoldenTest, DroppingTheFeatureMissesTheGoldenLoss) {
     const std::string dir = FixtureDir(f.name);
     auto cfg = LoadConfigJson(dir);
     ASSERT_TRUE(cfg.ok()) << cfg.status();
+    auto reader = SafetensorsReader::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    auto golden = ReadGolden(dir);
+    ASSERT_TRUE(golden.ok()) << golden.status();
+    // 1e-4 of the loss: ten times the golden tolerance (Qwen2 linear moves it by 8.7e-4).
+    auto expect_missed = [&](const LlamaConfig& other) {
+      auto got = RunStep(other, **reader, *golden);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_GT(std::fabs(got->loss - golden->loss), 1e-4 * golden->loss) << got->loss;
+    };
     LlamaConfig wrong = *cfg;
-    if (cfg->sliding_window > 0) {
+    if (cfg->sliding_window > 0 && cfg->window_first_layer > 0) {
+      // Qwen2/Qwen3's window on some layers: on every layer is not it either.
+      LlamaConfig everywhere = *cfg;
+      everywhere.window_first_layer = 0;
+      expect_missed(everywhere);
+      wrong.sliding_window = 0;
+      wrong.window_first_layer = 0;
+    } else if (cfg->sliding_window > 0) {
       wrong.sliding_window = 0;
     } else if (cfg->rope.type != RopeType::kDefault) {
       wrong.rope.type = RopeType::kDefault;
     } else {
       continue;
     }
-    auto reader = SafetensorsReader::Open(dir + "/model.safetensors");
-    ASSERT_TRUE(reader.ok()) << reader.status();
-    auto golden = ReadGolden(dir);
-    ASSERT_TRUE(golden.ok()) << golden.status();
-    auto got = RunStep(wrong, **reader, *golden);
-    ASSERT_TRUE(got.ok()) << got.status();
-    // 1e-4 of the loss: ten times the golden tolerance (Qwen2 linear moves it by 8.7e-4).
-    EXPECT_GT(std::fabs(got->loss - golden->loss), 1e-4 * golden->loss) << got->loss;
+    expect_missed(wrong);
     ++checked;
   }
-  EXPECT_EQ(checked, 5);
+  EXPECT_EQ(checked, 7);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 """Writes the family golden fixtures of tests/golden (Qwen3, Qwen2, Mistral, linear and yarn RoPE)
 with transformers itself: models/family_*/.
 
-usage: python make_family_golden.py [OUT_DIR]   (OUT_DIR defaults to this script's directory)
+usage: python make_family_golden.py [OUT_DIR [NAME...]]   (OUT_DIR defaults to this script's
+directory; NAMEs: only those fixtures, their README rows printed)
 
 Needs torch, transformers >= 5 and safetensors (see make_golden.py). For each fixture it writes
 models/NAME/: what `<Family>ForCausalLM.save_pretrained` saved for a tiny random model (config.json
@@ -74,6 +75,28 @@ FIXTURES = [
          rope=dict(rope_type="linear", rope_theta=10000.0, factor=4.0),
          extra=dict(use_sliding_window=False), seq=48, seed=14,
          without=dict(rope=dict(rope_type="default", rope_theta=10000.0))),
+    dict(name="family_qwen2_hub_window_layers", family="qwen2", dialect="hub",
+         what="Qwen2 with use_sliding_window true: a window of 6 keys on layers 1 and 2 "
+              "(max_window_layers 1), full causal on layer 0; no layer_types in the file",
+         shape=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=110,
+                    tie_word_embeddings=False),
+         rope=dict(rope_type="default", rope_theta=10000.0),
+         extra=dict(use_sliding_window=True, sliding_window=6, max_window_layers=1),
+         hub_drop=("layer_types",), seq=48, seed=19,
+         without=dict(extra=dict(use_sliding_window=False, sliding_window=6,
+                                 max_window_layers=1))),
+    dict(name="family_qwen3_v5_window_layers", family="qwen3", dialect="transformers5",
+         what="Qwen3 with use_sliding_window true: a window of 5 keys on layer 2 only "
+              "(max_window_layers 2; layer_types as transformers 5 writes them), GQA 4/2",
+         shape=dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=112,
+                    tie_word_embeddings=False),
+         rope=dict(rope_type="default", rope_theta=1000000.0),
+         extra=dict(use_sliding_window=True, sliding_window=5, max_window_layers=2),
+         seq=40, seed=20,
+         without=dict(extra=dict(use_sliding_window=False, sliding_window=5,
+                                 max_window_layers=2))),
     dict(name="family_mistral_v5_window", family="mistral", dialect="transformers5",
          what="Mistral with a sliding window of 7 keys over 64 tokens, GQA 4/2, untied",
          shape=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -139,10 +162,13 @@ def loss_of(model, ids, labels):
     return torch.nn.functional.cross_entropy(logits, labels[1:], ignore_index=-100)
 
 
-def to_hub_dialect(path):
-    """rope_parameters -> rope_theta at the top level and rope_scaling (null for default)."""
+def to_hub_dialect(path, drop=()):
+    """rope_parameters -> rope_theta at the top level and rope_scaling (null for default); the
+    keys in `drop` removed (transformers 4's configs had no layer_types)."""
     with open(path) as f:
         cfg = json.load(f)
+    for key in drop:
+        cfg.pop(key, None)
     rope = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rope.pop("rope_theta")
     cfg["rope_scaling"] = rope if rope["rope_type"] != "default" else None
@@ -161,7 +187,7 @@ def make_fixture(fx, out_dir):
     randomize(model, fx["seed"])
     model.save_pretrained(d)
     if fx["dialect"] == "hub":
-        to_hub_dialect(os.path.join(d, "config.json"))
+        to_hub_dialect(os.path.join(d, "config.json"), fx.get("hub_drop", ()))
     with open(os.path.join(d, "config.json")) as f:
         saved = json.load(f)
     assert ("rope_parameters" in saved) == (fx["dialect"] == "transformers5"), saved
@@ -173,6 +199,12 @@ def make_fixture(fx, out_dir):
     got = dict(loaded.config.rope_parameters)
     for k, v in fx["rope"].items():
         assert got.get(k) == v, f"{fx['name']}: transformers read rope {got}, meant {fx['rope']}"
+    if fx["extra"].get("use_sliding_window"):
+        # The layers transformers windows: from max_window_layers on.
+        want = ["sliding_attention" if i >= fx["extra"]["max_window_layers"] else "full_attention"
+                for i in range(fx["shape"]["num_hidden_layers"])]
+        assert list(loaded.config.layer_types) == want, (fx["name"], loaded.config.layer_types)
+        assert loaded.config.sliding_window == fx["extra"]["sliding_window"], loaded.config
     names = [n for n, _ in loaded.named_parameters()]
     if fx["family"] == "qwen3":
         assert any(n.endswith("q_norm.weight") for n in names), names
@@ -245,13 +277,21 @@ that loss for every parameter, stored as f32). `family_golden_test` checks Ithac
 
 
 def main():
+    """[OUT_DIR [NAME...]]: with NAMEs only those fixtures are made, and their README rows are
+    printed instead of README_families.md being written."""
     out_dir = sys.argv[1] if len(sys.argv) > 1 else HERE
+    only = sys.argv[2:]
+    unknown = set(only) - {fx["name"] for fx in FIXTURES}
+    assert not unknown, f"no such fixtures: {sorted(unknown)}"
     assert int(transformers.__version__.split(".")[0]) >= 5, transformers.__version__
     torch.use_deterministic_algorithms(True)
-    results = [make_fixture(fx, out_dir) for fx in FIXTURES]
+    results = [make_fixture(fx, out_dir) for fx in FIXTURES if not only or fx["name"] in only]
     rows = "\n".join(
         f"| `{r['name']}` | {r['family']} | {r['dialect']} | {r['what']} | {r['loss']:.6f} | "
         f"{r['size']} |" for r in results)
+    if only:
+        print(rows)
+        return
     with open(os.path.join(out_dir, "README_families.md"), "w") as f:
         f.write(README.format(transformers=transformers.__version__, torch=torch.__version__,
                               safetensors=safetensors.__version__,

@@ -117,9 +117,13 @@ JobSpec FamilySpec(const std::string& family) {
     cfg.rope.factor = 4;
     cfg.rope.original_max_position = 32;
     cfg.rope.attention_factor = 0.1 * std::log(4.0) + 1.0;
-  } else if (family == "qwen2") {
+  } else if (family == "qwen2" || family == "qwen2-window-layers") {
     cfg.family = ModelFamily::kQwen2;
     cfg.qkv_bias = true;
+    if (family == "qwen2-window-layers") {  // use_sliding_window from max_window_layers 1
+      cfg.sliding_window = 16;
+      cfg.window_first_layer = 1;
+    }
   } else {
     cfg.family = ModelFamily::kMistral;
     cfg.sliding_window = 16;
@@ -142,6 +146,13 @@ TEST(CudaTrainTest, TinyQwen3WithYarnTracksCpuLossCurve) {
 TEST(CudaTrainTest, TinyQwen2TracksCpuLossCurve) {
   SKIP_WITHOUT_GPU();
   JobSpec spec = FamilySpec("qwen2");
+  ExpectGpuTracksCpu(spec, spec);
+}
+
+// Qwen2's use_sliding_window: a window of 16 keys on the last layer, the first full causal.
+TEST(CudaTrainTest, TinyQwen2WithWindowLayersTracksCpuLossCurve) {
+  SKIP_WITHOUT_GPU();
+  JobSpec spec = FamilySpec("qwen2-window-layers");
   ExpectGpuTracksCpu(spec, spec);
 }
 

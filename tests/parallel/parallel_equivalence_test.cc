@@ -5,8 +5,9 @@
 // the losses of three optimizer steps (with clipping) and the final weights must equal the
 // single-rank reference to fp32 tolerance. With packed documents the reference runs each
 // document of the first sample alone, so a packed layout must equal that exactly. The other
-// families run the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms, head_dim 12, yarn RoPE) and
-// Mistral (a sliding window of 7 keys, which crosses the ranks' sequence shards).
+// families run the same way: Qwen2 (q/k/v biases, and use_sliding_window's window of 5 keys on its
+// last two layers), Qwen3 (q/k norms, head_dim 12, yarn RoPE) and Mistral (a sliding window of 7
+// keys, which crosses the ranks' sequence shards).
 #include <unistd.h>
 
 #include <chrono>
@@ -76,6 +77,8 @@ class ParallelEquivalenceTest : public ::testing::Test {
         if (f == "qwen2") {
           cfg.family = ModelFamily::kQwen2;
           cfg.qkv_bias = true;
+          cfg.sliding_window = 5;  // use_sliding_window: layers 1 and 2 windowed, layer 0 full
+          cfg.window_first_layer = 1;
         } else if (f == "qwen3") {
           cfg.family = ModelFamily::kQwen3;
           cfg.qk_norm = true;

@@ -32,6 +32,7 @@ absl::Status Run(int argc, char** argv) {
   DocumentMask docs;
   std::string family = "llama", rope;
   int64_t window = 5;
+  int64_t window_from = -1;  // Qwen2/Qwen3: the window (--window) from this layer on; -1: none
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -53,6 +54,8 @@ absl::Status Run(int argc, char** argv) {
       family = next();
     else if (a == "--window")
       window = std::stoll(next());
+    else if (a == "--window-from")
+      window_from = std::stoll(next());
     else if (a == "--rope")
       rope = next();
     else if (a == "--docs")
@@ -75,11 +78,17 @@ absl::Status Run(int argc, char** argv) {
     cfg.qk_norm = true;
     cfg.head_dim = 24;
     cfg.rope.head_dim = 24;
+  } else if (family == "mistral" && window_from >= 0) {
+    return absl::InvalidArgumentError("--window-from is Qwen2/Qwen3's (max_window_layers)");
   } else if (family == "mistral") {
     cfg.family = ModelFamily::kMistral;
     cfg.sliding_window = window;
   } else if (family != "llama") {
     return absl::InvalidArgumentError("unknown --family " + family);
+  }
+  if (window_from >= 0 && (family == "qwen2" || family == "qwen3")) {  // use_sliding_window
+    cfg.sliding_window = window;
+    cfg.window_first_layer = window_from;
   }
   if (rope == "linear") {
     cfg.rope.type = RopeType::kLinear;

@@ -6,7 +6,8 @@ DIR holds model/config.json, model/model.safetensors and grads.safetensors (dump
 Written from the Hugging Face definitions (rotate_half RoPE; llama3, linear and yarn rope scaling,
 yarn's attention factor on cos and sin; GQA by repeating K/V heads; SwiGLU MLP; RMSNorm in float;
 Qwen2's q/k/v biases; Qwen3's per-head q_norm/k_norm before RoPE; Mistral's sliding window, where
-query i sees keys j with i - window < j <= i), not from Ithaca's code. A packed sample (doc_starts
+query i sees keys j with i - window < j <= i, and Qwen2/Qwen3's on the layers from max_window_layers
+on), not from Ithaca's code. A packed sample (doc_starts
 in grads.safetensors) gets what Hugging Face's packing does: position_ids restarting at each
 document and a block-diagonal causal mask.
 """
@@ -73,6 +74,24 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def layer_windows(cfg):
+    """Each layer's sliding window (None: full causal). Mistral: sliding_window on every layer.
+    Qwen2/Qwen3: only with use_sliding_window, on the layers layer_types marks
+    "sliding_attention", which by default are those from max_window_layers (28) on; the window
+    defaults to 4096."""
+    family = cfg.get("model_type", "llama")
+    layers = cfg["num_hidden_layers"]
+    if family == "mistral":
+        return [cfg.get("sliding_window")] * layers
+    if family not in ("qwen2", "qwen3"):
+        return [None] * layers
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
+    kinds = cfg.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= cfg.get("max_window_layers", 28)
+        else "full_attention" for i in range(layers)]
+    return [window if k == "sliding_attention" else None for k in kinds]
+
+
 def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
@@ -83,7 +102,7 @@ def forward(cfg, p, ids, labels, doc_starts=None):
     D = head_dim(cfg)
     eps = cfg["rms_norm_eps"]
     family = cfg.get("model_type", "llama")
-    window = cfg.get("sliding_window") if family == "mistral" else None
+    windows = layer_windows(cfg)
     S = ids.shape[0]
     doc = torch.zeros(S, dtype=torch.int64)  # each token's document
     for start in (doc_starts or [])[1:]:
@@ -95,12 +114,13 @@ def forward(cfg, p, ids, labels, doc_starts=None):
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[:, None, :] * att, emb.sin()[:, None, :] * att
     x = p["model.embed_tokens.weight"][ids]
-    mask = torch.full((S, S), float("-inf"), dtype=torch.float64).triu(1)
-    mask = mask.masked_fill(doc[:, None] != doc[None, :], float("-inf"))
-    if window:
-        i = torch.arange(S)
-        mask = mask.masked_fill(i[None, :] <= i[:, None] - window, float("-inf"))
+    causal = torch.full((S, S), float("-inf"), dtype=torch.float64).triu(1)
+    causal = causal.masked_fill(doc[:, None] != doc[None, :], float("-inf"))
     for l in range(cfg["num_hidden_layers"]):
+        mask = causal
+        if windows[l]:
+            i = torch.arange(S)
+            mask = causal.masked_fill(i[None, :] <= i[:, None] - windows[l], float("-inf"))
         pre = f"model.layers.{l}."
         h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
         q = h @ p[pre + "self_attn.q_proj.weight"].T

@@ -33,4 +33,8 @@ run mistral_window_1 --family mistral --window 1 --recompute none --seq 19 --til
 run mistral_window_wide --family mistral --window 100 --recompute none --seq 19 --tile 8
 run llama_linear --rope linear --recompute full --seq 37 --tile 8
 run llama_yarn --rope yarn --untied --recompute full --seq 37 --tile 8
+# Qwen2/Qwen3's use_sliding_window: the window on the layers from max_window_layers on (layer 1
+# of 2; with packed documents too), every other layer full causal.
+run qwen2_window_layers --family qwen2 --window 4 --window-from 1 --recompute full --seq 31 --tile 8
+run qwen3_window_layers_packed --family qwen3 --window 3 --window-from 1 --recompute attention-aware --head-chunk 1 --seq 35 --tile 8 --docs 0,1,10,24
 run qwen2_yarn_offload --family qwen2 --rope yarn --recompute attention-aware --offload --seq 27 --tile 8
