@@ -3,7 +3,7 @@
 # shared libraries they need that such a host lacks (Debian's Abseil, gflags, ...; not CUDA,
 # cuDNN, NCCL or glibc, which the host has): `bench/collect_device_bin.sh OUT_DIR`, after
 #   bazel build //engine/backend/cuda:all //engine/comm/nccl:all //tests/gpu:all //bench/... //server:ithacad \
-#     //worker:ithaca-worker //client:ithaca
+#     //worker:ithaca-worker //client:ithaca //engine/checkpoint:ithaca-model-loss
 # Then carry OUT_DIR to the device and run `bench/device_session.sh OUT_DIR RESULTS PHASE...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,9 @@ bins=$(find bazel-bin/engine/backend/cuda bazel-bin/engine/comm/nccl bazel-bin/t
   ! -path '*runfiles*' ! -path '*_objs*' 2>/dev/null)
 # The service too (the daemon phase): ithacad, its worker and the CLI (the tokenizer is
 # tools/tokenize/ithaca-tokenize, run from the tree).
+# ithaca-model-loss scores the daemon phase's export against transformers.
 bins="$bins bazel-bin/server/ithacad bazel-bin/worker/ithaca-worker bazel-bin/client/ithaca"
+bins="$bins bazel-bin/engine/checkpoint/ithaca-model-loss"
 for b in $bins; do
   cp -f "$b" "$OUT/"
   { ldd "$b" || true; } | awk '/=> \// {print $3}' | while read -r lib; do

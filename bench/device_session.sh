@@ -36,7 +36,8 @@
 #           SETS ('+' between key=value, e.g. model.preset=llama-3-8b+data.seq_len=16384) those
 #           --set overrides instead, on a corpus of the built-in text repeated CORPUS_REPEAT times
 #           (default 1); each job's step lines (`ithaca logs --steps`) go to daemon-steps.log,
-#           everything to daemon.log
+#           everything to daemon.log; where transformers is installed, the job's export is scored
+#           by tests/golden/verify_export.py (float32) against ithaca-model-loss
 #   pin     pin_bench: cudaHostAlloc against mmap + touch + cudaHostRegister; pin.jsonl
 #   train:S[:extra flags]  attention-aware train_bench at S (comma list; '+' separates flags;
 #           e.g. train:131072:--doc_len=8192 for packed documents)
@@ -208,6 +209,20 @@ for phase in "$@"; do
       "$BIN/ithaca" logs "$job" --steps >>"$OUT/daemon-steps.log" 2>&1
       kill -TERM "$dpid"; wait "$dpid"
       cat "$D/state/jobs/$job/rank-0.log" >>"$OUT/daemon.log" 2>/dev/null
+      # The job's export (checkpoint.export) scored by transformers in float32 against
+      # ithaca-model-loss on the first 512 tokens, where transformers is installed.
+      E=$D/run/checkpoints/export
+      if [ -f "$E/config.json" ] && [ -x "$BIN/ithaca-model-loss" ] &&
+        python3 -c 'import transformers' 2>/dev/null; then
+        python3 -c "import struct, json, sys
+b = open(sys.argv[1], 'rb').read()
+json.dump({'input_ids': list(struct.unpack('<512I', b[128:128 + 2048]))}, open(sys.argv[2], 'w'))" \
+          "$D/run/corpus/train-00000.tok" "$D/ids.json"
+        "$BIN/ithaca-model-loss" "$E" "$D/ids.json" >"$D/ithaca_loss.json"
+        echo "=== $job export: transformers (float32) against ithaca-model-loss" | tee -a "$OUT/daemon.log"
+        python3 tests/golden/verify_export.py "$E" "$D/ids.json" --dtype float32 \
+          --compare "$D/ithaca_loss.json" 2>/dev/null | tee -a "$OUT/daemon.log"
+      fi
       ;;
     pin)
       timeout 300 "$BIN/pin_bench" --sizes_gib="${PIN_GIB:-4,16}" | tee -a "$OUT/pin.jsonl"
