@@ -47,6 +47,9 @@ ABSL_FLAG(bool, profile_gemm_shapes, false,
           "with --profile: one row per GEMM shape (m×n×k, layout, accumulation) instead of one "
           "\"gemm\" row");
 ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
+ABSL_FLAG(int, gemm_heuristic, -1,
+          "cuBLASLt's algorithm per GEMM shape: -1 the fastest of its first few, timed on the "
+          "warm-up's calls (training's choice); N always its N-th (0: its first)");
 ABSL_FLAG(int64_t, doc_len, 0,
           "packed documents of this many tokens, document-masked (0: one causal sequence); "
           "model TFLOPS then count only the attention computed");
@@ -130,6 +133,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
   o.attention_forward = req.attention_forward;
   o.attention_backward = req.attention_backward;
   o.profile_gemm_shapes = absl::GetFlag(FLAGS_profile_gemm_shapes);
+  o.gemm_heuristic = absl::GetFlag(FLAGS_gemm_heuristic);
   CudaOps ops(o);
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, mo));
   ops.Synchronize();
@@ -251,6 +255,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
       .Int("doc_len", absl::GetFlag(FLAGS_doc_len))
       .Str("attention_forward", absl::GetFlag(FLAGS_attention_forward))
       .Str("attention_backward", absl::GetFlag(FLAGS_attention_backward))
+      .Int("gemm_heuristic", absl::GetFlag(FLAGS_gemm_heuristic))
       .Obj("techniques", bench::Techniques(mo, ops.last_attention_impl()));
   if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
   if (probe > 0) {

@@ -2,7 +2,8 @@
 // the gradient case). TFLOPS = 2·m·n·k / time, median of --iters after a warm-up. A shape may
 // name its layout (m:n:k:TN is c = aᵀ·b with a [k, m], b [k, n]; default NT, b [n, k]);
 // --heuristics=N times each of cuBLASLt's first N ranked algorithms (CudaOps::Options::
-// gemm_heuristic), to see whether the first, the one training runs, is the fastest.
+// gemm_heuristic), and --timed (the default) then the choice training makes, the fastest of the
+// first few as timed on a shape's first calls (heuristic -1 in the JSON; LtGemm).
 #include <string>
 #include <vector>
 
@@ -14,11 +15,13 @@
 #include "bench/kernels/fill_random.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/gemm.h"
 
 ABSL_FLAG(std::string, shapes, "8192:8192:8192,16384:8192:2048,16384:2048:8192",
           "comma-separated m:n:k[:LAYOUT] (row-major c[m, n] = op(a) · op(b); LAYOUT, default "
           "NT, is a's then b's: N as stored, T transposed)");
 ABSL_FLAG(int, heuristics, 1, "time each of cuBLASLt's first N ranked algorithms");
+ABSL_FLAG(bool, timed, true, "then time training's choice (LtGemm's kGemmTimed)");
 ABSL_FLAG(std::string, c_dtypes, "bf16,f32", "c's types: bf16 (beta 0), f32 (beta 1)");
 ABSL_FLAG(int, iters, 20, "timed repetitions (median reported)");
 
@@ -55,7 +58,10 @@ int Main() {
   CudaAllocator alloc;
   const std::string device = bench::DeviceName();
   uint64_t seed = 1;
-  for (int heuristic = 0; heuristic < absl::GetFlag(FLAGS_heuristics); ++heuristic) {
+  std::vector<int> heuristics;
+  for (int h = 0; h < absl::GetFlag(FLAGS_heuristics); ++h) heuristics.push_back(h);
+  if (absl::GetFlag(FLAGS_timed)) heuristics.push_back(cuda::kGemmTimed);
+  for (int heuristic : heuristics) {
     CudaOps::Options o;
     o.alloc = &alloc;
     o.gemm_heuristic = heuristic;
@@ -77,7 +83,12 @@ int Main() {
       Buffer c = mk(ct, {m, n});
       const float beta = ct == DType::kF32 ? 1.f : 0.f;
       const int iters = absl::GetFlag(FLAGS_iters);
-      const double ms = bench::Median(bench::TimeMs(ops.stream(), 2, iters, [&] {
+      // The warm-up holds the timed choice's trials.
+      const int warmup =
+          2 + (heuristic == cuda::kGemmTimed
+                   ? cuda::LtGemm::kTimedCandidates * cuda::LtGemm::kTimedCallsEach
+                   : 0);
+      const double ms = bench::Median(bench::TimeMs(ops.stream(), warmup, iters, [&] {
         ops.Gemm(a.tensor(), ta, b.tensor(), tb, c.tensor(), 1.f, beta);
       }));
       bench::Json()

@@ -104,6 +104,7 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
   partials_ = std::move(*partials);
   cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&host_partials_),
                           sizeof(double) * cuda::kMaxReduceBlocks, cudaHostAllocDefault));
+  static_assert(cuda::kGemmTimed == -1, "Options::gemm_heuristic's default");
   gemm_ = std::make_unique<cuda::LtGemm>(compute_, gemm_workspace_.tensor().data,
                                          gemm_workspace_.tensor().bytes(), opts_.gemm_heuristic);
   cudnn_ = std::make_unique<cuda::CudnnAttention>(compute_, opts_.alloc, opts_.cudnn);

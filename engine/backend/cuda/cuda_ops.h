@@ -39,9 +39,10 @@ class CudaOps : public Ops {
     AttentionKernel attention_forward = AttentionKernel::kAuto;
     AttentionKernel attention_backward = AttentionKernel::kAuto;
     size_t gemm_workspace_bytes = size_t{32} << 20;
-    // Which of cuBLASLt's heuristic results each GEMM runs (LtGemm): 0, its first, in training;
-    // gemm_bench times the others.
-    int gemm_heuristic = 0;
+    // Which of cuBLASLt's ranked algorithms each GEMM shape runs (LtGemm): -1
+    // (cuda::kGemmTimed), the fastest of its first few as timed on the shape's first calls; N,
+    // always the N-th (gemm_bench, train_bench --gemm_heuristic).
+    int gemm_heuristic = -1;
     // > 0: the memory probe (docs/benchmarks.md). Attention forward and backward
     // let each query see only its `probe_window` latest keys (cuDNN's causal band), so a step at
     // millions of tokens costs linear time; every buffer, copy and collective keeps its real

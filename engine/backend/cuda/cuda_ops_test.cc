@@ -2,6 +2,7 @@
 // are not multiples of any tile size. Inputs are rounded to bf16 first, so both backends see the
 // same numbers and the error is the GPU's arithmetic plus its bf16 output rounding.
 #include "engine/backend/cuda/cuda_ops.h"
+#include "engine/backend/cuda/gemm.h"
 
 #include <cmath>
 #include <memory>
@@ -165,6 +166,31 @@ TEST_F(CudaOpsTest, GemmAllLayoutsAgainstCpu) {
       }
     }
   }
+}
+
+// The timed choice (LtGemm's kGemmTimed, the default): a shape's first calls each run one of
+// cuBLASLt's candidates, timed, and then the fastest. Every call must still be exactly one product:
+// each overwrite (c bf16, beta 0) equals the CPU's, and the accumulations (c f32, beta 1) over
+// all the calls sum each product once.
+TEST_F(CudaOpsTest, GemmTimedChoiceRunsEachCallOnce) {
+  const int calls = cuda::LtGemm::kTimedCandidates * cuda::LtGemm::kTimedCallsEach + 3;
+  const int64_t m = 512, n = 384, k = 640;
+  std::vector<float> a = Randn(m * k, 50), b = Randn(n * k, 51), c0 = Randn(m * n, 52);
+  auto da = D(DType::kBF16, {m, k}, a), db = D(DType::kBF16, {n, k}, b);
+  std::vector<float> product(m * n, 0.f);
+  cpu_.Gemm(CpuT(a, {m, k}), false, CpuT(b, {n, k}), true, CpuT(product, {m, n}), 1.f, 0.f);
+  auto dc = P(DType::kBF16, {m, n});
+  for (int i = 0; i < calls; ++i) {
+    ops_->Gemm(da.tensor(), false, db.tensor(), true, dc.tensor(), 1.f, 0.f);
+    EXPECT_CLOSE(H(dc), product, kBf16Tol, absl::StrCat("c bf16, call ", i + 1).c_str());
+  }
+  auto acc = D(DType::kF32, {m, n}, c0);
+  for (int i = 0; i < calls; ++i) {
+    ops_->Gemm(da.tensor(), false, db.tensor(), true, acc.tensor(), 0.5f, 1.f);
+  }
+  std::vector<float> want = c0;
+  for (size_t i = 0; i < want.size(); ++i) want[i] += 0.5f * calls * product[i];
+  EXPECT_CLOSE(H(acc), want, 1e-5, "c f32 += over the timed calls");
 }
 
 // GemmBias (cuBLASLt's bias epilogue, or the fallback's kernel) against the CPU's: every

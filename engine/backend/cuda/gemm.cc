@@ -53,6 +53,10 @@ LtGemm::LtGemm(cudaStream_t stream, void* workspace, size_t workspace_bytes, int
 
 LtGemm::~LtGemm() {
   for (auto& [key, p] : plans_) {
+    for (const Trial& t : p.trials) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.stop);
+    }
     if (p.la) cublasLtMatrixLayoutDestroy(p.la);
     if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
     if (p.lc) cublasLtMatrixLayoutDestroy(p.lc);
@@ -104,14 +108,77 @@ LtGemm::Plan* LtGemm::GetPlan(const Key& key) {
                                                    &a3, sizeof(a3)));
   cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                    &a3, sizeof(a3)));
-  std::vector<cublasLtMatmulHeuristicResult_t> results(heuristic_ + 1);
+  const int wanted = heuristic_ == kGemmTimed ? kTimedCandidates : heuristic_ + 1;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, heuristic_ + 1, results.data(), &found);
+      lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, wanted, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  p.ok = st == CUBLAS_STATUS_SUCCESS && found > heuristic_;
-  if (p.ok) p.algo = results[heuristic_].algo;
-  return &plans_.emplace(key, p).first->second;
+  if (st == CUBLAS_STATUS_SUCCESS && heuristic_ == kGemmTimed) {
+    for (int i = 0; i < found; ++i) p.algos.push_back(results[i].algo);
+    p.best_ms.assign(p.algos.size(), -1.f);
+    if (p.algos.size() <= 1) p.chosen = 0;  // nothing to choose between
+  } else if (st == CUBLAS_STATUS_SUCCESS && found > heuristic_) {
+    p.algos.push_back(results[heuristic_].algo);
+    p.chosen = 0;
+  }
+  return &plans_.emplace(key, std::move(p)).first->second;
+}
+
+void LtGemm::ReadTrials(Plan* p, bool wait) {
+  size_t kept = 0;
+  for (const Trial& t : p->trials) {
+    const cudaError_t done = wait ? cudaEventSynchronize(t.stop) : cudaEventQuery(t.stop);
+    if (done == cudaErrorNotReady) {  // read at a later call
+      p->trials[kept++] = t;
+      continue;
+    }
+    cudaCheck(done);
+    float ms = 0;
+    cudaCheck(cudaEventElapsedTime(&ms, t.start, t.stop));
+    float& best = p->best_ms[t.candidate];
+    if (best < 0 || ms < best) best = ms;
+    cudaCheck(cudaEventDestroy(t.start));
+    cudaCheck(cudaEventDestroy(t.stop));
+  }
+  p->trials.resize(kept);
+}
+
+void LtGemm::DropCandidate(Plan* p, int i) {
+  ReadTrials(p, /*wait=*/true);  // the trials' indices move with the erase
+  p->algos.erase(p->algos.begin() + i);
+  p->best_ms.erase(p->best_ms.begin() + i);
+  if (p->chosen >= 0) p->chosen = 0;  // a fixed algorithm refused: the fallback runs
+  if (p->algos.size() == 1) p->chosen = 0;
+}
+
+int LtGemm::NextAlgo(const Key& key, Plan* p, bool* timed) {
+  *timed = false;
+  if (p->chosen >= 0) return p->chosen;
+  const int n = static_cast<int>(p->algos.size());
+  if (p->calls < n * kTimedCallsEach) {
+    ReadTrials(p, /*wait=*/false);
+    *timed = true;
+    return p->calls++ % n;
+  }
+  // Every candidate has had its calls: keep the fastest.
+  ReadTrials(p, /*wait=*/true);
+  p->chosen = 0;
+  for (int i = 1; i < n; ++i) {
+    if (p->best_ms[i] >= 0 && (p->best_ms[p->chosen] < 0 || p->best_ms[i] < p->best_ms[p->chosen])) {
+      p->chosen = i;
+    }
+  }
+  if (p->chosen != 0) {
+    const auto [m, nn, k, lda, ldb, ldc, trans_a, trans_b, c_f32, al_a, al_b, al_c, al_bias] = key;
+    std::fprintf(stderr,
+                 "LtGemm: %lldx%lldx%lld %c%c %s%s: cuBLASLt's algorithm %d, %.3f ms against its "
+                 "first's %.3f ms\n",
+                 static_cast<long long>(m), static_cast<long long>(nn), static_cast<long long>(k),
+                 trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', c_f32 ? "f32" : "bf16",
+                 al_bias > 0 ? " +bias" : "", p->chosen + 1, p->best_ms[p->chosen], p->best_ms[0]);
+  }
+  return p->chosen;
 }
 
 void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_t ldb, bool trans_b,
@@ -140,21 +207,38 @@ void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_
                 trans_a, trans_b, c_f32, Alignment(a), Alignment(b), Alignment(c),
                 bias != nullptr ? Alignment(bias) : 0};
   Plan* p = GetPlan(key);
-  if (p->ok) {
-    if (bias != nullptr) {
-      cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                 &bias, sizeof(bias)));
+  if (bias != nullptr && !p->algos.empty()) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof(bias)));
+  }
+  while (!p->algos.empty()) {
+    bool timed = false;
+    const int i = NextAlgo(key, p, &timed);
+    Trial t{i, nullptr, nullptr};
+    if (timed) {
+      cudaCheck(cudaEventCreate(&t.start));
+      cudaCheck(cudaEventCreate(&t.stop));
+      cudaCheck(cudaEventRecord(t.start, stream_));
     }
     const cublasStatus_t st =
         cublasLtMatmul(lt_, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
-                       &p->algo, workspace_, workspace_bytes_, stream_);
+                       &p->algos[i], workspace_, workspace_bytes_, stream_);
+    if (timed) {
+      cudaCheck(cudaEventRecord(t.stop, stream_));
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        p->trials.push_back(t);
+      } else {
+        cudaCheck(cudaEventDestroy(t.start));
+        cudaCheck(cudaEventDestroy(t.stop));
+      }
+    }
     if (st != CUBLAS_STATUS_NOT_SUPPORTED || bias == nullptr) {
       cublasCheck(st);
       return;
     }
-    // The heuristic's algorithm took the layout but not this bias: this key runs the fallback
-    // from now on (rejected before launch, so c is untouched).
-    p->ok = false;
+    // The algorithm took the layout but not this bias (rejected before launch, so c is
+    // untouched): the next candidate, or where none is left the fallback, from now on.
+    DropCandidate(p, i);
   }
   if (bias != nullptr) {
     // No Lt kernel with the epilogue for this layout: the plain GEMM, then the bias kernel.
