@@ -207,13 +207,16 @@ absl::StatusOr<std::optional<v1::Job>> Supervisor::Cancel(const std::string& job
 
 void Supervisor::Loop() {
   absl::Time last_tail = absl::InfinitePast();
+  absl::Time last_pass = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     if (!shutting_down_) {
       for (const LaunchOrder& order : owner_->TakeLaunches()) LaunchLocked(order);
     }
-    PollSlurm(lock);
+    const absl::Duration squeue_took = PollSlurm(lock);
     const absl::Time now = absl::Now();
+    ForgiveStallLocked(now, now - last_pass - squeue_took);
+    last_pass = now;
     const bool tail = now - last_tail > absl::Milliseconds(200);
     if (tail) last_tail = now;
     std::vector<std::string> done;
@@ -234,7 +237,7 @@ void Supervisor::Loop() {
   }
 }
 
-void Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
+absl::Duration Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
   const absl::Time now = absl::Now();
   std::vector<std::pair<std::string, std::string>> due;  // (job id, Slurm job id)
   std::vector<int> cause_grace;  // > 0: also ask why Slurm warned the job, with this grace
@@ -246,9 +249,10 @@ void Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
                                 : 0);
     }
   }
-  if (due.empty()) return;
+  if (due.empty()) return absl::ZeroDuration();
   std::vector<absl::StatusOr<SlurmJobState>> answers;
   std::vector<std::string> causes(due.size());
+  const absl::Time unlocked_at = absl::Now();
   lock.unlock();  // squeue takes tens of milliseconds: the workers' calls go on meanwhile
   for (size_t i = 0; i < due.size(); ++i) {
     answers.push_back(SlurmQuery(due[i].second, *options_.slurm));
@@ -258,6 +262,7 @@ void Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
       causes[i] = cause.ok() ? *cause : std::string(cause.status().message());
     }
   }
+  const absl::Duration unlocked_for = absl::Now() - unlocked_at;
   lock.lock();
   for (size_t i = 0; i < due.size(); ++i) {
     auto it = active_.find(due[i].first);
@@ -287,6 +292,7 @@ void Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
       if (!job.running) job.launched = job.slurm_polled;  // the ranks' start timeout from here
     }
   }
+  return unlocked_for;
 }
 
 void Supervisor::LaunchSlurmLocked(const LaunchOrder& order) {
@@ -513,6 +519,24 @@ std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& ran
     end.code = SIGKILL;
   }
   return end;
+}
+
+void Supervisor::ForgiveStallLocked(absl::Time now, absl::Duration since_last_pass) {
+  // The ranks' silence is judged only over time this daemon was listening. When the pass comes
+  // late (the lock was held through a slow store write, the daemon got no CPU), heartbeats
+  // queued behind it were not yet taken: the time beyond the poll interval is not the ranks'.
+  const absl::Duration stalled = since_last_pass - options_.poll_interval;
+  if (stalled < kStallForgiven) return;
+  std::printf("ithacad: the supervisor was held up %s; the ranks' heartbeat and start clocks "
+              "skip it\n",
+              absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))).c_str());
+  std::fflush(stdout);
+  for (auto& [id, job] : active_) {
+    job->launched = std::min(now, job->launched + stalled);
+    for (Rank& rank : job->ranks) {
+      rank.last_heartbeat = std::min(now, rank.last_heartbeat + stalled);
+    }
+  }
 }
 
 void Supervisor::SuperviseLocked(Active& job, absl::Time now) {

@@ -249,8 +249,9 @@ class Supervisor {
   void Loop();
   void LaunchLocked(const LaunchOrder& order);
   void LaunchSlurmLocked(const LaunchOrder& order);
-  // Asks Slurm about every Slurm job due a look, without the lock held while squeue runs.
-  void PollSlurm(std::unique_lock<std::mutex>& lock);
+  // Asks Slurm about every Slurm job due a look, without the lock held while squeue runs;
+  // returns how long it was let go.
+  absl::Duration PollSlurm(std::unique_lock<std::mutex>& lock);
   // A Slurm job that Slurm itself ended (CANCELLED, TIMEOUT, NODE_FAIL, ...) or keeps PENDING
   // for a node that is down: ends it with Slurm's reason; true then.
   bool SlurmVerdictLocked(Active& job, absl::Time now);
@@ -262,6 +263,10 @@ class Supervisor {
   std::string SlurmSaysLocked(const Active& job) const;
   // Rank `r`'s exit, if it ended since the last look.
   std::optional<WorkerEnd> PollRankLocked(const Active& job, Rank& rank, absl::Time now);
+  // A pass that comes more than kStallForgiven late moves every rank's heartbeat and start
+  // clocks on by the delay: a daemon that could not listen does not blame its ranks.
+  static constexpr absl::Duration kStallForgiven = absl::Milliseconds(500);
+  void ForgiveStallLocked(absl::Time now, absl::Duration since_last_pass);
   void SuperviseLocked(Active& job, absl::Time now);
   void EndLocked(Active& job, JobState outcome, const std::string& reason,
                  std::optional<int> failed_rank, bool sigkill_now);

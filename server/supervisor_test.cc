@@ -68,6 +68,7 @@ class RecordingOwner : public JobOwner {
     return job;
   }
   absl::Status OnStep(const std::string& id, const v1::StepReport& step) override {
+    absl::SleepFor(step_delay);  // a store write that waits on a slow disk
     std::lock_guard<std::mutex> lock(mu_);
     steps_[id].push_back(step.step());
     return absl::OkStatus();
@@ -121,6 +122,8 @@ class RecordingOwner : public JobOwner {
     std::lock_guard<std::mutex> lock(mu_);
     return evals_[id];
   }
+
+  absl::Duration step_delay;  // set before the first report
 
  private:
   std::mutex mu_;
@@ -332,6 +335,49 @@ TEST(SupervisorTest, RegisterChecksThePidAndAWorkerThatGoesSilentFailsItsJob) {
   v1::HeartbeatRequest late;
   late.set_job_id("job-r");
   EXPECT_TRUE(absl::IsNotFound(supervisor.Heartbeat(late)));
+}
+
+// The daemon, not the rank, was silent: a step report whose store write took 2.5 s held the
+// supervisor's lock, so nothing heard the rank (timeout 1 s) meanwhile. That time is not held
+// against it; silence after it still is.
+TEST(SupervisorTest, ADaemonThatStalledDoesNotBlameItsRanks) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor::Options o = WithWorker(Script("quiet.sh", "exec sleep 30"));
+  o.heartbeat_timeout = absl::Seconds(1);
+  Supervisor supervisor(o, CpuNode(1), &owner, &metrics);
+  supervisor.Start();
+  owner.Queue("job-stall", 1);
+  supervisor.Wake();
+  const int pgid = owner.WaitLaunched("job-stall");
+  ASSERT_GT(pgid, 0);
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-stall");
+  ASSERT_TRUE(record.ok()) << record.status();
+  v1::RegisterRequest request;
+  request.set_job_id("job-stall");
+  request.set_rank(0);
+  request.set_pid(pgid);
+  request.set_secret(record->secret);
+  ASSERT_TRUE(supervisor.Register(request).ok());
+
+  owner.step_delay = absl::Milliseconds(2500);
+  v1::ReportStepRequest step;
+  step.set_job_id("job-stall");
+  step.mutable_step()->set_rank(0);
+  step.mutable_step()->set_step(1);
+  ASSERT_TRUE(supervisor.ReportStep(step).ok());
+  absl::SleepFor(absl::Milliseconds(400));  // many passes, no heartbeat
+  EXPECT_FALSE(owner.EndedNow("job-stall").has_value())
+      << owner.EndedNow("job-stall")->reason;
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("job-stall");
+  beat.set_rank(0);
+  EXPECT_TRUE(supervisor.Heartbeat(beat).ok());
+
+  std::optional<Ended> end = owner.WaitEnded("job-stall");  // then it goes silent for real
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(end->reason, "stopped heart-beating")) << end->reason;
 }
 
 TEST(SupervisorTest, AWorkerThatNeverRegistersFailsItsJob) {

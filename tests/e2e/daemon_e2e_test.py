@@ -284,8 +284,12 @@ class DaemonE2E(unittest.TestCase):
                         if ev.step in (3, 12):
                             proxy.blink(0.5)
                     last = ev
-            self.assertEqual(steps, list(range(1, 41)))
-            self.assertEqual(last.to_state, job_pb2.JOB_STATE_SUCCEEDED)
+            # On a mismatch, say how the watch ended and what the daemon says of the job.
+            job_now = self.d.client.status(job.id)
+            why = (f"the watch ended with {last}; the job is {job_pb2.JobState.Name(job_now.state)}"
+                   f" ({job_now.reason})")
+            self.assertEqual(steps, list(range(1, 41)), why)
+            self.assertEqual(last.to_state, job_pb2.JOB_STATE_SUCCEEDED, why)
             # At least one drop was resumed (how many depends on how fast the steps come).
             self.assertGreaterEqual(proxy.connections, 2)
 
