@@ -694,7 +694,8 @@ bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason) {
                    "; after: ", reason));  // which names the rank: failed_rank is for FAILED
   if (!queued.ok()) return false;
   PublishState(job_id, *queued);
-  backing_off_[job_id] = {absl::Now() + absl::Seconds(backoff), spec->parallel.world};
+  backing_off_[job_id] = {absl::Now() + absl::Seconds(backoff),
+                           static_cast<int>(spec->parallel.world)};
   metrics_->OnJobRestarted();
   return true;
 }

@@ -1,6 +1,6 @@
 // ithaca-export: a training checkpoint as an inference-ready Hugging Face model directory, e.g.
-//   ithaca-export runs/job/checkpoints --out runs/job/model --dtype bf16 \
-//     --source-model /models/Llama-3.2-1B
+//   ithaca-export runs/job/checkpoints --out runs/job/model --dtype bf16
+//       --source-model /models/Llama-3.2-1B
 // CHECKPOINT_DIR is a job's checkpoint.dir (its newest step) or one step-N directory. The
 // output is written under a temporary name and renamed at the end: it appears whole or not at
 // all. See engine/checkpoint/export.h. Flags are spelled with dashes

@@ -720,7 +720,9 @@ TEST(DataMixTest, ProportionsAreExactAndInterleaved) {
     if (source == 1 && count[1] <= 7) ++seen_b[in[0]];
     // Every prefix is within one sample of its share.
     EXPECT_LT(std::abs(count[0] - 0.75 * n), 1.0) << n;
-    if (n % 4 == 0) EXPECT_EQ(count[0], 3 * n / 4) << n;
+    if (n % 4 == 0) {
+      EXPECT_EQ(count[0], 3 * n / 4) << n;
+    }
   }
   EXPECT_EQ(order, "AABAAABA");
   EXPECT_EQ(count[0], 3000);

@@ -100,7 +100,9 @@ TEST(RecomputeScheduleTest, ThirtyTwoBlocks) {
   for (int n = 2; n <= 12; ++n) {
     const RecomputeSchedule::Cost c = RecomputeSchedule::AtMost(32, n).Simulate();
     EXPECT_LE(c.peak_inputs, n);
-    if (!forwards.empty()) EXPECT_LE(c.regrow_forwards, forwards.back()) << n;
+    if (!forwards.empty()) {
+      EXPECT_LE(c.regrow_forwards, forwards.back()) << n;
+    }
     forwards.push_back(c.regrow_forwards);
   }
   EXPECT_EQ(forwards[10 - 2], 22);

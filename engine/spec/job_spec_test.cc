@@ -226,7 +226,7 @@ TEST(JobSpecTest, AttentionKernelsAreChecked) {
 // failure reason could repeat it (issue: a 1 MB checkpoint.dir was accepted).
 TEST(JobSpecBoundsTest, EveryStringIsBounded) {
   const std::string huge(kMaxSpecStringBytes + 1, 'a');
-  for (const std::string& key : {"data.path", "checkpoint.dir", "model.weights", "eval.path"}) {
+  for (const std::string key : {"data.path", "checkpoint.dir", "model.weights", "eval.path"}) {
     const size_t dot = key.find('.');
     const std::string section = key.substr(0, dot);
     const std::string spec = "[" + section + "]\n" + key.substr(dot + 1) + " = \"" + huge +

@@ -342,7 +342,9 @@ TEST(OptimizerOffloadTest, UpdateRunsUnitByUnitUnderTheNextForward) {
       ASSERT_GE(update[u], 0) << "unit " << u << " was not updated in step 2";
       ASSERT_GE(first_use[u], 0) << "unit " << u;
       EXPECT_LT(update[u], first_use[u]) << "unit " << u << " read before its update";
-      if (u > 0) EXPECT_LT(update[u - 1], update[u]) << "units updated out of order";
+      if (u > 0) {
+        EXPECT_LT(update[u - 1], update[u]) << "units updated out of order";
+      }
     }
     // Not all before the forward: the embedding is in use before the last units are updated.
     EXPECT_LT(first_use[0], update[U - 1]);

@@ -162,7 +162,9 @@ TEST_P(WindowedAttentionTest, ForwardMatchesNaiveReference) {
   std::vector<double> full_out, full_lse;
   NaiveAttention(q, k, v, dm, &full_out, &full_lse,
                  [&](int64_t i, int64_t j) { return doc_of[i] == doc_of[j]; });
-  if (c.window < dm.s) EXPECT_FALSE(AllNear(out, full_out, 1e-6));
+  if (c.window < dm.s) {
+    EXPECT_FALSE(AllNear(out, full_out, 1e-6));
+  }
 }
 
 TEST_P(WindowedAttentionTest, BackwardMatchesFiniteDifferences) {
