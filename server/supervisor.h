@@ -18,10 +18,15 @@
 // reason; NODE_FAIL, TIMEOUT, PREEMPTED, BOOT_FAIL and DEADLINE fail it as a failure that need not
 // repeat (the retry policy's to judge); cancel is scancel. Before a time limit and on preemption
 // Slurm warns the job (`--signal=USR1@grace`): its ranks checkpoint and stop as in a drain, and
-// the job is reported QUEUED with Slurm's cause (SlurmWarningCause), not failed. A job Slurm keeps PENDING because a
-// node it needs is down fails after start_timeout, naming Slurm's reason. A restarted daemon
-// adopts a Slurm job that Slurm still runs (AdoptOrder::slurm_id, kept in the store), and tells
-// its ranks where it listens now (DaemonAddressPath).
+// the job is reported QUEUED with Slurm's cause (SlurmWarningCause), not failed. A job Slurm
+// keeps PENDING because a node it needs is down fails after start_timeout, naming Slurm's
+// reason. A restarted daemon adopts a Slurm job that Slurm still runs (AdoptOrder::slurm_id, kept
+// in the store), and tells its ranks where it listens now (DaemonAddressPath). This side of the
+// class is in supervisor_slurm.cc.
+//
+// A worker's silence is judged only over time the supervisor was listening: a pass that comes
+// late (its lock held through a slow store write, a daemon without CPU) moves the heartbeat and
+// start clocks on by the delay (ForgiveStallLocked).
 //
 // The supervisor knows nothing of the job store, the queue or the event logs: those belong to its
 // owner (Jobs, jobs.h), which hands it jobs to launch and hears about everything that happens to
