@@ -193,7 +193,8 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
   bool first = true;
   double avg_step = -1;  // moving average of step seconds, for the ETA
   v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
-  std::optional<std::chrono::steady_clock::time_point> give_up_at;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point give_up_at{};  // while resuming, when to give up; zero: not resuming
   auto backoff = std::chrono::milliseconds(200);
   auto print_state = [&](v1::JobState to, const std::string& reason) {
     if (IsTerminal(to)) live.Commit();
@@ -211,7 +212,7 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
     bool ended = false;
     v1::JobEvent e;
     while (!ended && reader->Read(&e)) {
-      give_up_at.reset();
+      give_up_at = {};
       backoff = std::chrono::milliseconds(200);
       if (e.kind_case() == v1::JobEvent::KIND_NOT_SET) {  // the snapshot, first on each stream
         snapshot = e.job();
@@ -264,14 +265,14 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
             ? "the stream ended before the job did"
             : absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
                            ": ", st.error_message());
-    const auto now = std::chrono::steady_clock::now();
-    if (!give_up_at) {
+    const Clock::time_point now = Clock::now();
+    if (give_up_at == Clock::time_point{}) {
       give_up_at = now + kResumeFor;
       live.Print(absl::StrCat("ithaca: the watch of ", id, " broke (", why,
                               "); resuming after event ", after),
                  stderr);
     }
-    if (now >= *give_up_at) {
+    if (now >= give_up_at) {
       live.Close();
       std::fprintf(stderr, "ithaca: %s: the watch of %s did not resume within %lld s (%s)\n",
                    c.server.c_str(), id.c_str(), static_cast<long long>(kResumeFor.count()),
