@@ -399,7 +399,7 @@ void Supervisor::ForgiveStallLocked(absl::Time now, absl::Duration since_last_pa
   // late (the lock was held through a slow store write, the daemon got no CPU), heartbeats
   // queued behind it were not yet taken: the time beyond the poll interval is not the ranks'.
   const absl::Duration stalled = since_last_pass - options_.poll_interval;
-  if (stalled < kStallForgiven) return;
+  if (stalled < kStallForgiven || active_.empty()) return;
   std::printf("ithacad: the supervisor was held up %s; the ranks' heartbeat and start clocks "
               "skip it\n",
               absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))).c_str());
