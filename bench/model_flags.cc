@@ -114,6 +114,19 @@ LlamaModel::Options ModelOptions() {
   return mo;
 }
 
+void SetMemoryFlags(const JobSpec::Memory& m) {
+  absl::SetFlag(&FLAGS_head_chunk, m.head_chunk);
+  absl::SetFlag(&FLAGS_tile_tokens, m.tile_tokens);
+  absl::SetFlag(&FLAGS_offload, m.offload);
+  absl::SetFlag(&FLAGS_offload_keep_last, m.offload_keep_last);
+  absl::SetFlag(&FLAGS_prefetch, m.prefetch);
+  absl::SetFlag(&FLAGS_recompute_interval, m.recompute_interval);
+  absl::SetFlag(&FLAGS_saved_block_inputs, m.saved_block_inputs);
+  absl::SetFlag(&FLAGS_overlap, m.overlap);
+  absl::SetFlag(&FLAGS_optimizer_offload, m.optimizer_offload == OffloadChoice::kOn);
+  absl::SetFlag(&FLAGS_param_offload, m.param_offload == OffloadChoice::kOn);
+}
+
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
   Json t;
   t.Str("recompute", absl::GetFlag(FLAGS_recompute))

@@ -26,6 +26,10 @@ namespace bench {
 absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset);
 // LlamaModel's options from the flags.
 LlamaModel::Options ModelOptions();
+// Sets the memory flags (head_chunk, tile_tokens, offload, offload_keep_last, prefetch,
+// recompute_interval, saved_block_inputs, overlap, optimizer_offload, param_offload) to a resolved
+// spec's, so that ModelOptions, Techniques and RandomOptimizer follow them.
+void SetMemoryFlags(const JobSpec::Memory& m);
 // The "techniques" object of a result line: the options and the attention implementation used.
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention);
 // The memory probe (--probe W > 0) runs its window on cuDNN's causal band both ways

@@ -17,10 +17,20 @@
 // communication time the compute stream spent doing something else (the share hidden under
 // compute). Rank 0's summary is also in its result line.
 // --plan_only prints the planner's per-rank memory for the layout without a GPU.
+// --rehearse runs one rank (--rank) of the layout alone in this process, on this one GPU (or the
+// CPU): RehearsalComm (engine/comm/rehearsal_comm.h) makes each collective a local copy of the
+// real sizes that holds the comm stream for the link model's time (--link), with --nodes nodes
+// of world/nodes ranks. --device_memory_gib caps the GPU at another's memory (80: an H100),
+// --node_host_gib and --node_cores give the node's host, which the rank gets its share of. Each
+// S is timed with the link time (step_s) and again without it (compute_s): the difference is
+// the communication the schedule could not hide (comm_exposed_s). --planner_settings runs each S
+// with the memory settings admission would resolve for it on the rehearsed node. Its lines say
+// "mode": "rehearsal" (docs/rehearsal.md).
 // --probe=W is the memory probe (as train_bench's): one untimed step per S with attention limited
 // to a causal window of W keys, every buffer, copy and collective at full size. Its lines say
 // "mode": "memory-probe", carry no throughput, and put rank 0's measured device and host peaks
 // and its whole process (cudaMemGetInfo) beside the planner's.
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -47,6 +57,9 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/comm.h"
+#include "engine/comm/rehearsal/rehearsal_device.h"
+#include "engine/plan/budgets.h"
+#include "engine/plan/resolve.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
 #include "engine/plan/planner.h"
@@ -68,6 +81,25 @@ ABSL_FLAG(std::string, timeline, "",
 ABSL_FLAG(double, comm_timeout_s, 600, "bound on joining and on every collective");
 ABSL_FLAG(std::string, tag, "", "free-form label copied into each line");
 ABSL_FLAG(int64_t, probe, 0, "memory probe: attention window W (0: real, timed steps)");
+ABSL_FLAG(bool, rehearse, false,
+          "run one rank (--rank) of the layout alone on this device, collectives as local "
+          "copies held for the link model's time (docs/rehearsal.md)");
+ABSL_FLAG(int, rank, 0, "--rehearse: the rank rehearsed");
+ABSL_FLAG(int, nodes, 1, "--rehearse: nodes of the job, world/nodes consecutive ranks on each");
+ABSL_FLAG(std::string, link, "h200-sxm",
+          "--rehearse: a preset (h100-sxm, h200-sxm, zero) and/or nvlink_gbps=, nvlink_us=, "
+          "ib_gbps=, ib_us= overrides, comma-separated");
+ABSL_FLAG(double, device_memory_gib, 0,
+          "--rehearse: the rehearsed GPU's memory in GiB (e.g. 80 for an H100 SXM); 0: this one's");
+ABSL_FLAG(double, node_host_gib, 2048,
+          "--rehearse: host memory of one rehearsed node in GiB (DGX H100/H200: 2 TiB)");
+ABSL_FLAG(int, node_cores, 112, "--rehearse: CPU cores of one rehearsed node (DGX H100: 112)");
+ABSL_FLAG(bool, compute_step, true,
+          "--rehearse: time one more step per S without link time (compute_s, comm_exposed_s)");
+ABSL_FLAG(bool, planner_settings, false,
+          "--rehearse: for each S, the memory settings admission resolves for the job on the "
+          "rehearsed node (recompute from --recompute; head_chunk, tiles, offload, saved inputs, "
+          "optimizer and parameter offload chosen by the planner)");
 ABSL_FLAG(bool, plan_only, false,
           "print the planner's per-rank device memory for each S and exit (no GPU, no ranks)");
 
@@ -76,7 +108,8 @@ namespace {
 
 // The planner's prediction for one rank of this layout (bf16 on CUDA), as the bench's lines
 // carry it: the device peak plus the library workspaces.
-absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, int sp) {
+absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, int sp,
+                                Device device = Device::kCuda) {
   PlanRequest req;
   req.cfg = cfg;
   req.world = world;
@@ -84,8 +117,8 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
   req.seq_len = S;
   req.opts = bench::ModelOptions();
   req.optimizer_offload = absl::GetFlag(FLAGS_optimizer_offload);
-  req.device = Device::kCuda;
-  req.act = DType::kBF16;
+  req.device = device;
+  req.act = device == Device::kCuda ? DType::kBF16 : DType::kF32;
   bench::PlanProbeKernels(absl::GetFlag(FLAGS_probe), &req);
   return PlanMemory(req);
 }
@@ -420,9 +453,49 @@ struct RankSetup {
   bool record_timeline = false;        // CUDA: the timeline records the last timed step
   std::unique_ptr<Comm> world;         // null for a world of one
   std::unique_ptr<Comm> sp;            // null without Ulysses
+  RehearsalComm* rehearsal = nullptr;  // `world`, when rehearsing
+  // --rehearse: one node of the cluster rehearsed, and what the rank gets of it.
+  NodeResources node;
+  LinkModel link;
+  int cores_share = 0, cores_used = 0;
 };
 
+// A rehearsal's memory settings for S: the bench's flags, or (--planner_settings) what admission
+// resolves for the job on the rehearsed node, written into the same flags so that every reader
+// (ModelOptions, Techniques, RandomOptimizer, Plan) sees them.
+absl::Status ApplyPlannerSettings(const RankSetup& r, int64_t S, int world, int sp) {
+  JobSpec spec;
+  spec.backend = absl::GetFlag(FLAGS_backend);
+  spec.model.preset = absl::GetFlag(FLAGS_model);
+  spec.data.seq_len = S;
+  spec.parallel.world = world;
+  spec.parallel.sp = sp;
+  spec.parallel.fsdp = bench::ModelOptions().fsdp;
+  spec.memory.recompute = bench::ModelOptions().recompute;
+  spec.memory.optimizer_offload = OffloadChoice::kAuto;
+  spec.memory.param_offload = OffloadChoice::kAuto;
+  ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, r.node));
+  if (!job.plan.fits) {
+    std::fprintf(stderr, "S %lld: the planner finds no settings that fit: %s\n",
+                 static_cast<long long>(S), job.plan.verdict.c_str());
+  }
+  bench::SetMemoryFlags(job.spec.memory);
+  std::fprintf(stderr, "S %lld: %s\n", static_cast<long long>(S), ResolutionLine(job).c_str());
+  return absl::OkStatus();
+}
+
+// Bytes per tier as a JSON object.
+bench::Json TierBytes(const std::array<int64_t, kNumTiers>& bytes) {
+  bench::Json j;
+  for (int t = 0; t < kNumTiers; ++t) j.Int(TierName(static_cast<Tier>(t)), bytes[t]);
+  return j;
+}
+
 absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int world, int sp) {
+  const bool rehearse = r.rehearsal != nullptr;
+  if (rehearse && absl::GetFlag(FLAGS_planner_settings)) {
+    RETURN_IF_ERROR(ApplyPlannerSettings(r, S, world, sp));
+  }
   Ops* ops = r.backend.ops.get();
   Allocator* alloc = r.backend.alloc.get();
   const LlamaModel::Options mo = bench::ModelOptions();
@@ -442,11 +515,17 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
   // A probe is one step: its time is not a measurement.
   const int warmup = probe > 0 ? 0 : absl::GetFlag(FLAGS_warmup);
   const int timed = probe > 0 ? 1 : absl::GetFlag(FLAGS_steps);
-  std::vector<double> step_s;
+  // A rehearsal times one more step without link time: the step's compute (and copies) alone.
+  const int compute_steps = rehearse && probe == 0 && absl::GetFlag(FLAGS_compute_step) ? 1 : 0;
+  std::vector<double> step_s, compute_s, modeled_s;
   double loss = 0;
-  int64_t device_peak = 0, host_peak = 0, process_used = 0;
+  int64_t device_peak = 0, process_used = 0;
+  std::array<int64_t, kNumTiers> peaks{};
+  RehearsalStats comm_stats;
   absl::StatusOr<bench::Json> timeline_summary = absl::NotFoundError("no timeline");
-  for (int step = 0; step < warmup + timed; ++step) {
+  for (int step = 0; step < warmup + timed + compute_steps; ++step) {
+    const bool compute_only = step >= warmup + timed;
+    if (rehearse) r.rehearsal->set_link_time(!compute_only);
     for (int64_t i = 0; i < S; ++i) inputs[i] = tok(gen);
     for (int64_t i = 0; i + 1 < S; ++i) labels[i] = inputs[i + 1];
     labels[S - 1] = tok(gen);
@@ -454,6 +533,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     ops->Synchronize();
     if (r.world) RETURN_IF_ERROR(r.world->Barrier());  // the ranks start the step together
     alloc->tracker().ResetPeaks();
+    if (rehearse) r.rehearsal->ResetStats();
     const auto start = std::chrono::steady_clock::now();
     if (record) r.timeline->BeginStep();
     ps.ZeroGrads();
@@ -468,21 +548,30 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     RETURN_IF_ERROR(opt->Step(step + 1, hp.lr).status());
     if (record) r.timeline->EndStep();
     ops->Synchronize();
+    if (r.world) RETURN_IF_ERROR(r.world->Synchronize());
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    device_peak = alloc->tracker().device_peak();
-    host_peak = alloc->tracker().peak(Tier::kHostBlockInputs);
-    process_used = bench::DeviceUsedBytes();
+    if (!compute_only) {
+      device_peak = alloc->tracker().device_peak();
+      for (int t = 0; t < kNumTiers; ++t) peaks[t] = alloc->tracker().peak(static_cast<Tier>(t));
+      process_used = bench::DeviceUsedBytes();
+      if (rehearse) comm_stats = r.rehearsal->stats();
+    }
     // The loss, outside the timed span: summed over the Ulysses shares and the replicas.
     if (r.world) RETURN_IF_ERROR(r.world->AllReduce(loss_buf.tensor()));
     float l = 0;
     ops->Download(loss_buf.tensor(), &l, DType::kF32);
     loss = l / static_cast<double>(S * dp);
-    if (rank == 0) {
-      std::fprintf(stderr, "S %lld step %d: %.3f s, loss %.4f\n", static_cast<long long>(S), step,
-                   seconds, loss);
+    if (rank == 0 || rehearse) {
+      std::fprintf(stderr, "S %lld step %d%s: %.3f s, loss %.4f\n", static_cast<long long>(S),
+                   step, compute_only ? " (no link time)" : "", seconds, loss);
     }
-    if (step >= warmup) step_s.push_back(seconds);
+    if (compute_only) {
+      compute_s.push_back(seconds);
+    } else if (step >= warmup) {
+      step_s.push_back(seconds);
+      if (rehearse) modeled_s.push_back(comm_stats.modeled_s());
+    }
     if (record) {
       const std::string path =
           absl::StrCat(absl::GetFlag(FLAGS_timeline), ".w", world, "sp", sp,
@@ -492,7 +581,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
       std::fprintf(stderr, "%s: %s\n", path.c_str(), timeline_summary->str().c_str());
     }
   }
-  if (rank != 0) return absl::OkStatus();
+  if (rank != 0 && !rehearse) return absl::OkStatus();
 
   const double t = bench::Median(step_s);
   const double tok_s = static_cast<double>(S * dp) / t;
@@ -503,6 +592,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
   steps_json += "]";
   auto* cuda = dynamic_cast<CudaOps*>(ops);
   const bench::Json techniques = bench::Techniques(mo, cuda ? cuda->last_attention_impl() : "cpu");
+  const char* mode = rehearse ? "rehearsal" : probe > 0 ? "memory-probe" : "throughput";
   bench::Json line;
   line.Str("bench", "parallel")
       .Str("date", bench::Today())
@@ -513,29 +603,80 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
       .Int("sp", sp)
       .Int("dp", dp)
       .Bool("overlap", mo.overlap)
-      .Str("mode", probe > 0 ? "memory-probe" : "throughput")
+      .Str("mode", mode)
       .Obj("techniques", techniques);
   if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
-  if (probe > 0) {
+  if (rehearse) {
+    const LinkModel& link = r.link;
+    bench::Json link_json;
+    link_json.Str("name", link.name)
+        .Num("nvlink_gbps", link.nvlink.bytes_per_s / 1e9)
+        .Num("nvlink_us", link.nvlink.latency_s * 1e6)
+        .Num("ib_gbps", link.ib.bytes_per_s / 1e9)
+        .Num("ib_us", link.ib.latency_s * 1e6);
+    line.Int("nodes", absl::GetFlag(FLAGS_nodes)).Int("rank", rank).Obj("link", link_json);
+    if (probe > 0) line.Int("probe_window", probe);
+  }
+  if (probe > 0 && !rehearse) {
     line.Int("probe_window", probe);
-  } else {
+  } else if (probe == 0 && !rehearse) {
     line.Num("tok_per_s", tok_s)
         .Num("tok_per_s_per_gpu", tok_s / world)
         .Num("model_tflops_per_gpu", tflops / world);
     if (ops->PeakFlops() > 0) line.Num("mfu", tflops * 1e12 / world / ops->PeakFlops());
   }
   line.Num("step_s", t).Raw("step_times_s", steps_json).Int("device_peak_bytes", device_peak);
-  line.Int("host_block_inputs_peak_bytes", host_peak);
-  if (cuda) {
+  line.Int("host_block_inputs_peak_bytes", peaks[static_cast<int>(Tier::kHostBlockInputs)]);
+  if (rehearse) {
+    line.Obj("peaks", TierBytes(peaks));
+    if (probe == 0) {
+      // What the job would do: every rank runs this rank's step (the layout is symmetric).
+      line.Num("projected_tok_per_s_per_gpu", tok_s / world)
+          .Num("projected_model_tflops_per_gpu", tflops / world)
+          .Num("comm_modeled_s", bench::Median(modeled_s))
+          .Int("collectives", comm_stats.calls());
+      if (!compute_s.empty()) {
+        const double c = bench::Median(compute_s);
+        line.Num("compute_s", c).Num("comm_exposed_s", std::max(0.0, t - c));
+      } else {
+        line.Null("compute_s").Null("comm_exposed_s");
+      }
+      bench::Json by_op;
+      for (int o = 0; o < static_cast<int>(comm_stats.by_op.size()); ++o) {
+        const RehearsalCounts& c = comm_stats.by_op[o];
+        if (c.calls == 0) continue;
+        by_op.Raw(CollectiveOpName(static_cast<CollectiveOp>(o)),
+                  absl::StrFormat("{\"calls\": %lld, \"bytes\": %lld, \"modeled_s\": %.6g}",
+                                  static_cast<long long>(c.calls),
+                                  static_cast<long long>(c.bytes), c.modeled_s));
+      }
+      line.Obj("comm_by_op", by_op);
+    }
+    // The node rehearsed and this rank's share of it.
+    const RankBudgets budgets = BudgetsFor(JobSpec(), r.node);
+    const NodeResources here = LocalNodeResources(r.backend.device_bytes, 1);
+    line.Int("device_memory_bytes", r.node.device_memory_bytes)
+        .Int("gpu_budget_bytes", budgets.gpu_bytes)
+        .Int("node_host_bytes", r.node.host_memory_bytes)
+        .Int("ranks_per_node", r.node.ranks_on_host)
+        .Int("host_share_bytes", budgets.host_bytes)
+        .Int("host_here_bytes", here.host_memory_bytes)
+        .Bool("host_share_representable",
+              budgets.host_bytes <= BudgetsFor(JobSpec(), here).host_bytes)
+        .Int("cores_share", r.cores_share)
+        .Int("cores_used", r.cores_used);
+  }
+  if (cuda || rehearse) {
     // Rank 0's GPU as the device sees it (context, libraries, NCCL and the allocator's
     // reservations), against the planner's prediction for one rank.
-    line.Int("process_device_used_bytes", process_used);
-    absl::StatusOr<MemoryPlan> plan = Plan(cfg, S, world, sp);
+    if (cuda) line.Int("process_device_used_bytes", process_used);
+    absl::StatusOr<MemoryPlan> plan = Plan(cfg, S, world, sp, r.backend.device());
     if (plan.ok()) {
       line.Int("planner_device_total_bytes", plan->device_total())
           .Int("planner_host_block_inputs_bytes",
                plan->peak[static_cast<int>(Tier::kHostBlockInputs)]);
-      if (process_used > 0) {
+      if (rehearse) line.Obj("planner_peaks", TierBytes(plan->peak));
+      if (process_used > 0 && cuda) {
         line.Num("planner_rel_error_process",
                  double(plan->device_total() - process_used) / double(process_used));
       }
@@ -546,13 +687,81 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
   return absl::OkStatus();
 }
 
+// --rehearse: this process is rank --rank of the layout, alone on GPU 0 (or the CPU).
+absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
+  const int nodes = absl::GetFlag(FLAGS_nodes);
+  if (nodes < 1 || world % nodes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nodes ", nodes, ": must divide --world ", world));
+  }
+  RehearsalLayout layout;
+  layout.world = world;
+  layout.nodes = nodes;
+  ASSIGN_OR_RETURN(layout.link, ParseLinkModel(absl::GetFlag(FLAGS_link)));
+  r.link = layout.link;
+  layout.split = [sp](int w) { return UlyssesSplit(w, sp); };
+  const int per_node = world / nodes;
+  // The rehearsed node: its GPU (this one unless --device_memory_gib), its host and cores.
+  const double gib = absl::GetFlag(FLAGS_device_memory_gib);
+  r.node.device_memory_bytes =
+      gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : r.backend.device_bytes;
+  r.node.host_memory_bytes =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * (int64_t{1} << 30));
+  r.node.ranks_on_host = per_node;
+  // The rank's cores: its share of the node's, taken from this machine's (the CPU AdamW's
+  // threads follow the affinity, engine/train/host_adamw.h).
+  r.cores_share = std::max(1, absl::GetFlag(FLAGS_node_cores) / per_node);
+  cpu_set_t here;
+  CPU_ZERO(&here);
+  if (sched_getaffinity(0, sizeof(here), &here) == 0) {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    int taken = 0;
+    for (int c = 0; c < CPU_SETSIZE && taken < r.cores_share; ++c) {
+      if (CPU_ISSET(c, &here)) {
+        CPU_SET(c, &mine);
+        ++taken;
+      }
+    }
+    if (sched_setaffinity(0, sizeof(mine), &mine) == 0) r.cores_used = taken;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<RehearsalComm> comm,
+                   MakeRehearsalComm(rank, layout, r.backend.device()));
+  r.rehearsal = comm.get();
+  r.world = std::move(comm);
+  r.world->UseStreams(r.backend.ops->streams());
+  if (sp > 1) {
+    const SplitArgs a = UlyssesSplit(rank, sp);
+    ASSIGN_OR_RETURN(r.sp, r.world->Split(a.color, a.key));
+  }
+  std::fprintf(stderr,
+               "rehearsal: rank %d of %d (sp %d, dp %d) on %d node(s) of %d ranks; link %s; GPU "
+               "%.1f GiB; host share %.1f GiB, %d cores (of this machine's %.1f GiB)\n",
+               rank, world, sp, world / sp, nodes, per_node, LinkModelText(layout.link).c_str(),
+               r.node.device_memory_bytes / double(int64_t{1} << 30),
+               BudgetsFor(JobSpec(), r.node).host_bytes / double(int64_t{1} << 30),
+               r.cores_used,
+               LocalNodeResources(0, 1).host_memory_bytes / double(int64_t{1} << 30));
+  return absl::OkStatus();
+}
+
 absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
   const int sp = absl::GetFlag(FLAGS_sp);
+  const bool rehearse = absl::GetFlag(FLAGS_rehearse);
   ASSIGN_OR_RETURN(LlamaConfig cfg, bench::BenchConfig(absl::GetFlag(FLAGS_model)));
   JobSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
+  if (rehearse && absl::GetFlag(FLAGS_device_memory_gib) > 0 && spec.backend == "cuda") {
+    // The allocator holds to the rehearsed GPU's budget (BudgetsFor: its memory less the
+    // reserve for the CUDA context and the libraries).
+    NodeResources target;
+    target.device_memory_bytes =
+        static_cast<int64_t>(absl::GetFlag(FLAGS_device_memory_gib) * (int64_t{1} << 30));
+    spec.memory.gpu_budget_gib =
+        BudgetsFor(spec, target).gpu_bytes / static_cast<double>(int64_t{1} << 30);
+  }
   RankSetup r;
-  ASSIGN_OR_RETURN(r.backend, MakeBackend(spec, rank, absl::GetFlag(FLAGS_probe)));
+  ASSIGN_OR_RETURN(r.backend, MakeBackend(spec, rehearse ? 0 : rank, absl::GetFlag(FLAGS_probe)));
   const DeviceStreams streams = r.backend.ops->streams();
   const bool cuda = r.backend.device() == Device::kCuda;
   if (!absl::GetFlag(FLAGS_timeline).empty()) {
@@ -566,7 +775,9 @@ absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
       std::fprintf(stderr, "--timeline: CUDA only (CUDA events); no timeline on the CPU\n");
     }
   }
-  if (world > 1) {
+  if (rehearse) {
+    RETURN_IF_ERROR(SetUpRehearsal(r, rank, world, sp));
+  } else if (world > 1) {
     RankInfo info;
     info.rank = rank;
     info.world = world;
@@ -581,7 +792,8 @@ absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
     r.world->UseStreams(streams);
     if (sp > 1) {
       // Ulysses groups of consecutive ranks, as the Trainer splits them.
-      ASSIGN_OR_RETURN(r.sp, r.world->Split(rank / sp, rank));
+      const SplitArgs a = UlyssesSplit(rank, sp);
+      ASSIGN_OR_RETURN(r.sp, r.world->Split(a.color, a.key));
     }
   }
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
@@ -605,6 +817,20 @@ int Main() {
     std::fprintf(stderr,
                  "--probe: the memory probe needs --backend=cuda (its window is cuDNN's)\n");
     return 2;
+  }
+  if (absl::GetFlag(FLAGS_rehearse)) {
+    // One rank, in this process.
+    const int rank = absl::GetFlag(FLAGS_rank);
+    if (rank < 0 || rank >= world) {
+      std::fprintf(stderr, "--rank %d: not a rank of --world %d\n", rank, world);
+      return 2;
+    }
+    absl::Status st = RunRank(rank, world, "");
+    if (!st.ok()) {
+      std::fprintf(stderr, "rehearsal of rank %d: %s\n", rank, st.ToString().c_str());
+      return 1;
+    }
+    return 0;
   }
   if (absl::GetFlag(FLAGS_plan_only)) {
     absl::StatusOr<LlamaConfig> cfg = bench::BenchConfig(absl::GetFlag(FLAGS_model));

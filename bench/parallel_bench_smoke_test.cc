@@ -60,6 +60,48 @@ TEST(ParallelBench, World2Sp2OnCpuPrintsPositiveThroughput) {
   }
 }
 
+// One rank of 16 (Ulysses 4 x data parallel 4, on 2 nodes) rehearsed alone on the CPU: its line
+// says so, carries the names the docs promise, and its per-tier peaks are the planner's.
+TEST(ParallelBench, RehearsesOneRankOfSixteen) {
+  int code = -1;
+  const std::string out = RunBench(
+      "--rehearse --world=16 --sp=4 --nodes=2 --rank=6 --link=h100-sxm,ib_gbps=25 "
+      "--seq_lens=256 --steps=1 --warmup=0",
+      &code);
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_EQ(out.find('\n'), out.size() - 1) << out;
+  EXPECT_NE(out.find("\"mode\": \"rehearsal\""), std::string::npos) << out;
+  EXPECT_EQ(Number(out, "world"), 16) << out;
+  EXPECT_EQ(Number(out, "sp"), 4) << out;
+  EXPECT_EQ(Number(out, "dp"), 4) << out;
+  EXPECT_EQ(Number(out, "nodes"), 2) << out;
+  EXPECT_EQ(Number(out, "rank"), 6) << out;
+  EXPECT_EQ(Number(out, "ranks_per_node"), 8) << out;
+  EXPECT_EQ(Number(out, "ib_gbps"), 25) << out;
+  for (const char* key : {"step_s", "compute_s", "comm_exposed_s", "comm_modeled_s",
+                          "projected_tok_per_s_per_gpu", "projected_model_tflops_per_gpu",
+                          "device_peak_bytes", "planner_device_total_bytes", "host_share_bytes"}) {
+    EXPECT_FALSE(std::isnan(Number(out, key))) << key << ": " << out;
+  }
+  // Every rank of a group runs S/sp tokens: per GPU, S / (sp · step).
+  EXPECT_NEAR(Number(out, "projected_tok_per_s_per_gpu"), 256 / 4 / Number(out, "step_s"),
+              1e-3 * Number(out, "projected_tok_per_s_per_gpu"))
+      << out;
+  EXPECT_GT(Number(out, "comm_modeled_s"), 0) << out;
+  // The planner replays this very step: its device total is what the allocator measured.
+  EXPECT_EQ(Number(out, "planner_device_total_bytes"), Number(out, "device_peak_bytes")) << out;
+}
+
+TEST(ParallelBench, RehearsalRefusesARankOutsideTheWorld) {
+  int code = -1;
+  RunBench("--rehearse --world=4 --sp=4 --rank=4 --seq_lens=256 2>/dev/null", &code);
+  EXPECT_NE(code, 0);
+  RunBench("--rehearse --world=4 --sp=4 --nodes=3 --seq_lens=256 2>/dev/null", &code);
+  EXPECT_NE(code, 0);
+  RunBench("--rehearse --world=4 --sp=4 --link=h300 --seq_lens=256 2>/dev/null", &code);
+  EXPECT_NE(code, 0);
+}
+
 TEST(ParallelBench, RejectsAnSpThatDoesNotDivideTheWorld) {
   int code = -1;
   RunBench("--world=2 --sp=3 --seq_lens=256 --steps=1 --warmup=0 2>/dev/null", &code);

@@ -62,6 +62,57 @@ absl::Status RunStandalone(const std::string& spec_path) {
   return absl::OkStatus();
 }
 
+absl::Status RunRehearsal(const std::string& spec_path, const RehearsalArgs& args) {
+  ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
+  const int world = static_cast<int>(spec.parallel.world);
+  if (args.rank < 0 || args.rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank ", args.rank, ": not a rank of the ",
+                                                   world, " of parallel.world"));
+  }
+  if (args.nodes < 1 || world % args.nodes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--nodes ", args.nodes,
+                                                   ": must divide parallel.world (", world, ")"));
+  }
+  RankRehearsal rehearsal;
+  rehearsal.nodes = args.nodes;
+  ASSIGN_OR_RETURN(rehearsal.link, ParseLinkModel(args.link));
+  rehearsal.node.device_memory_bytes =
+      args.device_memory_gib > 0
+          ? static_cast<int64_t>(args.device_memory_gib * (int64_t{1} << 30))
+          : (spec.backend == "cuda" ? CudaDeviceMemoryBytes(0) : 0);
+  rehearsal.node.host_memory_bytes = static_cast<int64_t>(args.node_host_gib * (int64_t{1} << 30));
+  rehearsal.node.ranks_on_host = world / args.nodes;
+  RankInfo info;
+  info.rank = args.rank;
+  info.world = world;
+  info.local_world = world / args.nodes;
+  info.gpu = 0;
+  RankOptions options;
+  options.rehearsal = rehearsal;
+  // The values mean nothing: nothing of them is kept.
+  spec.checkpoint.dir.clear();
+  spec.metrics.tensorboard = false;
+  absl::StatusOr<std::unique_ptr<Rank>> created = Rank::Create(spec, info, options);
+  if (!created.ok()) {
+    return absl::Status(created.status().code(),
+                        absl::StrCat(spec_path, ": ", created.status().message()));
+  }
+  std::unique_ptr<Rank> rank = std::move(*created);
+  const RankBudgets budgets = BudgetsFor(rank->spec(), rehearsal.node);
+  std::printf(
+      "rehearsal of rank %d of %d (sp %lld) on %d node(s) of %d ranks, link %s; the node: GPU "
+      "%.1f GiB, host %.0f GiB (this rank's share %.1f GiB)\n%s\n",
+      args.rank, world, static_cast<long long>(rank->spec().parallel.sp), args.nodes,
+      world / args.nodes, LinkModelText(rehearsal.link).c_str(),
+      rehearsal.node.device_memory_bytes / double(int64_t{1} << 30), args.node_host_gib,
+      budgets.host_bytes / double(int64_t{1} << 30), rank->resolution().c_str());
+  std::fflush(stdout);
+  // The trainer prints rank 0's lines; any other rank's are printed here.
+  return rank->trainer().Run([&](const StepReport& r) {
+    if (args.rank != 0) std::printf("%s\n", FormatStepLine(r).c_str());
+  });
+}
+
 absl::Status PrintPlan(const std::string& spec_path) {
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
   const int64_t device_bytes = spec.backend == "cuda" ? CudaDeviceMemoryBytes(0) : 0;

@@ -9,6 +9,9 @@
 //                             [--log-dir DIR]   this node's N ranks of a daemon job a cluster
 //                             (Slurm) started: one launcher per node (worker/launcher.h)
 //   --plan JOB.toml           print the job's memory plan per tier (engine/plan)
+//   --rehearse JOB.toml [--rank R] [--nodes M] [--link L] [--device-memory-gib G]
+//                             [--node-host-gib H]   one rank of the job alone on this GPU, its
+//                             collectives modeled (docs/rehearsal.md)
 //   --libraries               print the cuDNN and NCCL versions loaded and built against
 #include <fcntl.h>
 #include <unistd.h>
@@ -33,12 +36,18 @@ void Usage() {
                "usage: ithaca-worker --standalone JOB.toml [--nproc N]\n"
                "         [--nnodes M --node-rank R --rendezvous tcp:HOST:PORT]\n"
                "       ithaca-worker --plan JOB.toml\n"
+               "       ithaca-worker --rehearse JOB.toml [--rank R] [--nodes M] [--link L]\n"
+               "         [--device-memory-gib G] [--node-host-gib H]\n"
                "       ithaca-worker --libraries   (the cuDNN and NCCL it loads)\n"
                "  Trains the job in this process (no daemon) and prints one line per step;\n"
                "  with --nproc, as N ranks on this machine (rank 0's output shown, the\n"
                "  others' prefixed \"[rank r]\"); with --nnodes, as this machine's share of a\n"
                "  job on M machines: run it on each, R = 0..M-1; node 0 serves the rendezvous\n"
-               "  on PORT, and HOST must reach node 0.\n");
+               "  on PORT, and HOST must reach node 0.\n"
+               "  --rehearse runs rank R of the job's parallel.world alone on this GPU: its\n"
+               "  memory and step time, with collectives as copies held for the link model's\n"
+               "  time (L: h100-sxm | h200-sxm | zero, then nvlink_gbps=, nvlink_us=, ib_gbps=,\n"
+               "  ib_us=), on M nodes with G GiB GPUs and H GiB hosts (docs/rehearsal.md).\n");
 }
 
 // A flag's whole-number value in [min_value, 4096], or -1 after printing what is wrong.
@@ -184,6 +193,39 @@ int main(int argc, char** argv) {
     if (known && !job.empty()) {
       return LaunchStandalone(argv[0], job, nproc, nnodes, node_rank, rendezvous);
     }
+  }
+  if (argc >= 3 && argc % 2 == 1 && std::strcmp(argv[1], "--rehearse") == 0) {
+    ithaca::RehearsalArgs args;
+    for (int i = 3; i + 1 < argc; i += 2) {
+      const std::string flag = argv[i], value = argv[i + 1];
+      int parsed = 0;
+      if (flag == "--rank" && (parsed = ParseCount("--rank", value, 0)) >= 0) {
+        args.rank = parsed;
+      } else if (flag == "--nodes" && (parsed = ParseCount("--nodes", value, 1)) >= 0) {
+        args.nodes = parsed;
+      } else if (flag == "--link") {
+        args.link = value;
+      } else if (flag == "--device-memory-gib" || flag == "--node-host-gib") {
+        char* end = nullptr;
+        const double gib = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !(gib > 0) || gib > (1 << 20)) {
+          std::fprintf(stderr, "ithaca-worker: %s %s: expected GiB, a number above 0\n",
+                       flag.c_str(), value.c_str());
+          return ithaca::kExitBadSpec;
+        }
+        (flag == "--device-memory-gib" ? args.device_memory_gib : args.node_host_gib) = gib;
+      } else {
+        if (parsed >= 0) std::fprintf(stderr, "ithaca-worker: unknown flag %s\n", flag.c_str());
+        Usage();
+        return ithaca::kExitBadSpec;
+      }
+    }
+    absl::Status st = ithaca::RunRehearsal(argv[2], args);
+    if (!st.ok()) {
+      std::fprintf(stderr, "ithaca-worker: %s\n", st.ToString().c_str());
+      return ithaca::ExitCodeFor(st);
+    }
+    return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--libraries") == 0) {
     // The cuDNN and NCCL this binary loads, as its ranks will (ithacad asks at start).

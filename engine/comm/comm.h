@@ -20,6 +20,12 @@ namespace ithaca {
 
 class Comm;
 
+// The arguments a rank passes to Comm::Split.
+struct SplitArgs {
+  int color = 0;
+  int key = 0;
+};
+
 // A collective started by one of Comm's Issue* calls and not yet waited for ("issue now, wait at
 // first use"). Until Wait, the collective's input must not be written, its output neither read
 // nor written, and both must stay allocated. Wait makes the work issued after it (the compute

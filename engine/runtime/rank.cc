@@ -1,5 +1,6 @@
 #include "engine/runtime/rank.h"
 
+#include "engine/comm/rehearsal/rehearsal_device.h"
 #include "engine/plan/budgets.h"
 #include "engine/plan/resolve.h"
 
@@ -25,18 +26,39 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
   }
   std::unique_ptr<Rank> rank(new Rank());
   rank->info_ = info;
+  const RankRehearsal* rehearsal = options.rehearsal ? &*options.rehearsal : nullptr;
+  if (rehearsal != nullptr && spec.memory.gpu_budget_gib <= 0 &&
+      rehearsal->node.device_memory_bytes > 0) {
+    // The allocator holds to the rehearsed GPU's budget (BudgetsFor's rule), not this one's.
+    spec.memory.gpu_budget_gib =
+        static_cast<double>(BudgetsFor(spec, rehearsal->node).gpu_bytes) / (int64_t{1} << 30);
+  }
   ASSIGN_OR_RETURN(rank->backend_, MakeBackend(spec, info.gpu));
   // A spec admitted by ithacad arrives resolved and runs as it is. Any other (standalone, a
-  // test) is resolved here, against this host, by the rule admission uses (engine/spec).
+  // test) is resolved here, against this host (or the rehearsed node), by the rule admission
+  // uses (engine/spec).
   if (!CheckResolved(spec).ok()) {
-    ASSIGN_OR_RETURN(ResolvedJob job,
-                     ResolveJob(spec, RankNode(info, rank->backend_.device_bytes)));
+    const NodeResources node =
+        rehearsal ? rehearsal->node : RankNode(info, rank->backend_.device_bytes);
+    ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
     RETURN_IF_ERROR(RequireFits(job));
     rank->resolution_ = ResolutionLine(job);
     spec = std::move(job.spec);
   }
   rank->spec_ = std::move(spec);
-  if (info.world > 1) {
+  if (rehearsal != nullptr && info.world > 1) {
+    RehearsalLayout layout;
+    layout.world = info.world;
+    layout.nodes = rehearsal->nodes;
+    layout.link = rehearsal->link;
+    const int sp = static_cast<int>(rank->spec_.parallel.sp);
+    layout.split = [sp](int r) { return UlyssesSplit(r, sp); };
+    ASSIGN_OR_RETURN(std::unique_ptr<RehearsalComm> comm,
+                     MakeRehearsalComm(info.rank, layout, rank->backend_.device()));
+    rank->rehearsal_ = comm.get();
+    rank->comm_ = std::move(comm);
+    rank->comm_->UseStreams(rank->backend_.ops->streams());
+  } else if (info.world > 1) {
     ASSIGN_OR_RETURN(rank->comm_,
                      ConnectComm(info, rank->backend_.device(), options.comm_timeout_s));
     // Before the trainer splits the communicator: its sub-communicators inherit the streams.

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/backend/ops.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/comm.h"
+#include "engine/comm/rehearsal_comm.h"
 #include "engine/core/status.h"
 #include "engine/memory/allocator.h"
 #include "engine/plan/budgets.h"
@@ -19,12 +21,27 @@
 
 namespace ithaca {
 
+// A rehearsal (engine/comm/rehearsal_comm.h, docs/rehearsal.md): this process runs rank
+// info.rank of a job of info.world ranks alone on its one device. The collectives are local
+// copies of the real sizes, each holding the comm stream for the link model's time; memory,
+// compute and overlap are the rank's, the values are not.
+struct RankRehearsal {
+  int nodes = 1;  // the job's nodes; info.world / nodes ranks on each, consecutive
+  LinkModel link;
+  // One node of the cluster rehearsed: its GPU's memory, its host and its ranks (world / nodes).
+  // An unresolved spec resolves against it, and the allocator is capped at its GPU budget (a
+  // rehearsal of 80 GB GPUs on a larger one holds to 80 GB).
+  NodeResources node;
+};
+
 struct RankOptions {
   // Bounds joining the communicator and every collective: a dead peer is an error, not a hang.
   double comm_timeout_s = 120;
   // Names the run in its checkpoints (Trainer::Create): ithacad's workers pass the daemon and
   // the job, so a relaunch of the job may resume at its last step.
   std::string run_id;
+  // Set: rehearse (info.gpu is the device to run on, usually 0).
+  std::optional<RankRehearsal> rehearsal;
 };
 
 // This process's identity: from the ITHACA_* variables when a launcher started it as a rank
@@ -56,6 +73,8 @@ class Rank {
   Trainer& trainer() { return *trainer_; }
   // The job's communicator; nullptr for a rank alone.
   Comm* comm() { return comm_.get(); }
+  // The same communicator when rehearsing, else nullptr.
+  RehearsalComm* rehearsal() { return rehearsal_; }
   Ops& ops() { return *backend_.ops; }
   // The cuDNN and NCCL versions loaded and built against; empty on the CPU.
   const std::string& libraries() const { return backend_.libraries; }
@@ -71,6 +90,7 @@ class Rank {
   // communicator's collectives run on the backend's streams.
   Backend backend_;
   std::unique_ptr<Comm> comm_;
+  RehearsalComm* rehearsal_ = nullptr;  // comm_, when rehearsing
   std::unique_ptr<Trainer> trainer_;
 };
 

@@ -1,5 +1,7 @@
 #include "engine/train/host_adamw.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -10,8 +12,21 @@
 
 namespace ithaca {
 
+namespace {
+
+// The cores this process may run on: its affinity (a launcher or a rehearsal may give each rank
+// its share of the node), else every core.
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
 HostThreadPool::HostThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = UsableCores();
   for (int i = 0; i + 1 < threads; ++i) workers_.emplace_back([this, i] { Work(i); });
 }
 

@@ -28,7 +28,7 @@ namespace ithaca {
 // A fixed set of worker threads for data-parallel loops over host memory.
 class HostThreadPool {
  public:
-  // `threads` <= 0: one per core (std::thread::hardware_concurrency()).
+  // `threads` <= 0: one per core this process may run on (its CPU affinity).
   explicit HostThreadPool(int threads = 0);
   ~HostThreadPool();
   HostThreadPool(const HostThreadPool&) = delete;

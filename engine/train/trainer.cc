@@ -162,8 +162,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   t->dp_ = world / spec.parallel.sp;
   t->dp_rank_ = t->rank_ / spec.parallel.sp;
   if (comm && spec.parallel.sp > 1) {
-    // Ulysses groups are consecutive ranks (on one node: neighbouring GPUs).
-    ASSIGN_OR_RETURN(t->sp_comm_, comm->Split(t->dp_rank_, t->rank_));
+    const SplitArgs group = UlyssesSplit(t->rank_, static_cast<int>(spec.parallel.sp));
+    ASSIGN_OR_RETURN(t->sp_comm_, comm->Split(group.color, group.key));
   }
   ASSIGN_OR_RETURN(t->cfg_, ResolveModelConfig(spec));
   LlamaModel::Options mo;

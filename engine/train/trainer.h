@@ -86,6 +86,11 @@ double ModelFlopsPerToken(const LlamaConfig& cfg, int64_t seq_len);
 double ModelFlopsPerSample(const LlamaConfig& cfg, int64_t seq_len,
                            const std::vector<int64_t>& doc_starts);
 
+// The Ulysses groups: consecutive ranks (on one node, neighbouring GPUs), so every rank of a job
+// calls Split(rank / sp, rank). The one rule, for the Trainer and for a rehearsal of its ranks
+// (engine/comm/rehearsal_comm.h), which must know what the other ranks pass.
+inline SplitArgs UlyssesSplit(int rank, int sp) { return SplitArgs{rank / sp, rank}; }
+
 class Trainer {
  public:
   // `spec` must be resolved (engine/plan/resolve.h ResolveJob; CheckResolved), for the dtype

@@ -11,6 +11,10 @@
 //                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask
 //                 --optimizer-offload --param-offload --weight-decay W]
 // It also writes grad_norm_steps (each step's gradient norm, before clipping).
+// --peaks FILE: every rank writes FILE.rank<r>, its allocator's peak per tier after the first
+// forward/backward ("fb TIER MEASURED PLANNED") and in each training step ("step<i> TIER PEAK").
+// --rehearse --rank R [--nodes M]: this process is rank R of --world alone (RankRehearsal, no
+// link time): what the real rank R measures, it must measure (tests/parallel/rehearsal_test.cc).
 // --packed: the first sample is packed documents (kPackedStarts) under a document mask, and the
 // training run sets data.document_mask (the corpus is a version 1 file: its documents are found
 // by the model's bos_token_id). With --separate (the reference) the first sample's documents
@@ -19,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -37,6 +42,9 @@ absl::Status Run(int argc, char** argv) {
   std::string out;
   int die_rank = -1;  // this rank exits abruptly in the middle of the second training step
   bool packed = false, separate = false;
+  bool rehearse = false;
+  int rehearse_rank = 0, nodes = 1;
+  std::string peaks_path;
   JobSpec spec;
   spec.training.steps = 3;
   spec.training.warmup_steps = 1;
@@ -75,6 +83,14 @@ absl::Status Run(int argc, char** argv) {
       spec.memory.prefetch = false;
     else if (a == "--no-overlap")
       spec.memory.overlap = false;
+    else if (a == "--rehearse")
+      rehearse = true;
+    else if (a == "--rank")
+      rehearse_rank = std::stoi(next());
+    else if (a == "--nodes")
+      nodes = std::stoi(next());
+    else if (a == "--peaks")
+      peaks_path = next();
     else if (a == "--die-rank")
       die_rank = std::stoi(next());
     else if (a == "--recompute-interval")
@@ -107,6 +123,17 @@ absl::Status Run(int argc, char** argv) {
   ASSIGN_OR_RETURN(RankInfo info, RankInfoOrAlone());
   RankOptions options;
   options.comm_timeout_s = 60;
+  if (rehearse) {
+    const int world = static_cast<int>(spec.parallel.world);
+    info = RankInfo();
+    info.rank = rehearse_rank;
+    info.world = world;
+    RankRehearsal r;
+    r.nodes = nodes;
+    ASSIGN_OR_RETURN(r.link, LinkPreset("zero"));
+    r.node = LocalNodeResources(0, world / std::max(nodes, 1));
+    options.rehearsal = r;
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Rank> self, Rank::Create(spec, info, options));
   const int rank = info.rank;
   Comm* comm = self->comm();
@@ -114,6 +141,11 @@ absl::Status Run(int argc, char** argv) {
   LlamaModel* model = trainer->model();
   ParamStore& ps = model->params();
 
+  std::ofstream peaks;  // --peaks: this rank's file
+  if (!peaks_path.empty()) {
+    peaks.open(absl::StrCat(peaks_path, ".rank", rank));
+    if (!peaks) return absl::InternalError("cannot write " + peaks_path);
+  }
   // One forward/backward over the first sample; every data-parallel replica takes the same
   // sample with its share of the scale, so the reduced gradient is that sample's gradient.
   ASSIGN_OR_RETURN(auto file, TokenFile::Open(spec.data.path));
@@ -146,6 +178,8 @@ absl::Status Run(int argc, char** argv) {
     const MemoryTracker& mt = self->alloc().tracker();
     for (int t = 0; t < kNumTiers; ++t) {
       const double planned = plan.peak[t], measured = mt.peak(static_cast<Tier>(t));
+      peaks << "fb " << TierName(static_cast<Tier>(t)) << " " << mt.peak(static_cast<Tier>(t))
+            << " " << plan.peak[t] << "\n";
       if (std::abs(planned - measured) > 0.05 * measured + 64) {
         return absl::InternalError(absl::StrCat("rank ", rank, ": tier ",
                                                 TierName(static_cast<Tier>(t)), " measured ",
@@ -170,6 +204,10 @@ absl::Status Run(int argc, char** argv) {
   std::vector<float> step_losses, grad_norms;
   RETURN_IF_ERROR(trainer->Run([&](const StepReport& r) {
     step_losses.push_back(r.loss);
+    for (int t = 0; t < kNumTiers; ++t) {
+      peaks << "step" << r.step << " " << TierName(static_cast<Tier>(t)) << " " << r.mem_peak[t]
+            << "\n";
+    }
     grad_norms.push_back(static_cast<float>(r.grad_norm));
     // After step 1 the others go on into step 2's collectives and find this rank gone.
     if (r.step == 1 && rank == die_rank) _exit(9);
