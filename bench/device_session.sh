@@ -46,6 +46,11 @@
 #           flag says otherwise), attention-aware, at S (comma list; '+' separates flags, e.g.
 #           parallel:2:262144:--overlap=false); rank 0's lines in parallel.jsonl, the
 #           per-collective timeline of each rank and S in OUT_DIR/timeline.*.jsonl
+#   rehearse:W:S[:extra flags]  parallel_bench --rehearse: rank 0 of W ranks (Ulysses over all W
+#           unless a flag says otherwise) alone on this GPU, collectives modeled
+#           (docs/rehearsal.md), attention-aware, at S (comma list; '+' separates flags, e.g.
+#           rehearse:8:131072:--model=llama-3-8b+--planner_settings); rehearsal.jsonl, rehearsal.log;
+#           the rehearsal's GPU test (cuda_rehearsal_test) runs first, once, into the same log
 #   ckpt:MODEL:N[:DIR]  checkpoint_bench: MODEL (a preset) saved and loaded by N ranks, one per
 #           GPU (save and load GB/s, host bytes per rank); the checkpoint (12 bytes per
 #           parameter: 96 GB for llama-3-8b) goes to DIR (default /tmp/ithaca-ckpt-bench) and is
@@ -252,6 +257,15 @@ json.dump({'input_ids': list(struct.unpack('<512I', b[128:128 + 2048]))}, open(s
       timeout "${TRAIN_TIMEOUT:-420}" "$BIN/parallel_bench" --world="$a1" --sp="$a1" \
         --recompute=attention-aware --seq_lens="$a2" --timeline="$OUT/timeline" ${a3//+/ } \
         2> >(tee -a "$OUT/parallel.log" >&2) | tee -a "$OUT/parallel.jsonl"
+      ;;
+    rehearse)
+      if [ ! -f "$OUT/.rehearsal_tested" ] && [ -x "$BIN/cuda_rehearsal_test" ]; then
+        "$BIN/cuda_rehearsal_test" 2>&1 | tee -a "$OUT/rehearsal.log"
+        touch "$OUT/.rehearsal_tested"
+      fi
+      timeout "${TRAIN_TIMEOUT:-420}" "$BIN/parallel_bench" --rehearse --world="$a1" --sp="$a1" \
+        --recompute=attention-aware --seq_lens="$a2" ${a3//+/ } \
+        2> >(tee -a "$OUT/rehearsal.log" >&2) | tee -a "$OUT/rehearsal.jsonl"
       ;;
     ckpt)
       df -h "$(dirname "${a3:-/tmp/ithaca-ckpt-bench}")" | tail -1

@@ -41,6 +41,10 @@ ABSL_FLAG(std::string, qkv_bias, "",
 ABSL_FLAG(std::string, window_layers, "",
           "W,FROM: a Qwen2/Qwen3 preset with use_sliding_window, a window of W keys on the "
           "layers from FROM (max_window_layers) on; empty: as the preset has it (none)");
+ABSL_FLAG(int64_t, layers, 0,
+          "> 0: only the preset's first N decoder layers (every layer is the same work, so a "
+          "step at a length too long to time whole is timed on fewer layers; bench/project_layers.py "
+          "scales it); 0: all");
 ABSL_FLAG(bool, param_offload, false,
           "the bf16 working copy in pinned host memory too, uploaded a unit ahead of use "
           "(memory.param_offload; needs --optimizer_offload)");
@@ -77,6 +81,12 @@ absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset) {
   // the same shapes.
   const bool qwen = cfg.family == ModelFamily::kQwen2 || cfg.family == ModelFamily::kQwen3;
   if (qwen && !cfg.qk_norm && !cfg.qkv_bias) cfg.family = ModelFamily::kLlama;
+  const int64_t layers = absl::GetFlag(FLAGS_layers);
+  if (layers < 0 || layers > cfg.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers=", layers, ": from 0 to the ",
+                                                   cfg.num_hidden_layers, " of ", preset));
+  }
+  if (layers > 0) cfg.num_hidden_layers = layers;
   const std::string window = absl::GetFlag(FLAGS_window_layers);
   if (!window.empty()) {
     const std::vector<std::string> parts = absl::StrSplit(window, ',');

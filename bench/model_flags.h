@@ -17,11 +17,12 @@ ABSL_DECLARE_FLAG(std::string, recompute);
 ABSL_DECLARE_FLAG(bool, optimizer_offload);
 ABSL_DECLARE_FLAG(bool, param_offload);
 ABSL_DECLARE_FLAG(bool, overlap_update);
+ABSL_DECLARE_FLAG(int64_t, layers);
 
 namespace ithaca {
 namespace bench {
 
-// The preset `preset` with the --qk_norm / --qkv_bias ablations applied (either may turn its
+// The preset `preset` with --layers and the --qk_norm / --qkv_bias ablations applied (either may turn its
 // extra off; a Qwen left with neither runs as the Llama family on the same shapes).
 absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset);
 // LlamaModel's options from the flags.

@@ -460,10 +460,23 @@ struct RankSetup {
   int cores_share = 0, cores_used = 0;
 };
 
+// One node of the rehearsed cluster: its GPU (--device_memory_gib, else `this_gpu_bytes`), its
+// host (--node_host_gib) and its ranks (world / --nodes).
+NodeResources RehearsedNode(int world, int64_t this_gpu_bytes) {
+  NodeResources node;
+  const double gib = absl::GetFlag(FLAGS_device_memory_gib);
+  node.device_memory_bytes = gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : this_gpu_bytes;
+  node.host_memory_bytes =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * (int64_t{1} << 30));
+  node.ranks_on_host = world / std::max(1, absl::GetFlag(FLAGS_nodes));
+  return node;
+}
+
 // A rehearsal's memory settings for S: the bench's flags, or (--planner_settings) what admission
 // resolves for the job on the rehearsed node, written into the same flags so that every reader
 // (ModelOptions, Techniques, RandomOptimizer, Plan) sees them.
-absl::Status ApplyPlannerSettings(const RankSetup& r, int64_t S, int world, int sp) {
+absl::StatusOr<ResolvedJob> ApplyPlannerSettings(const NodeResources& node, int64_t S, int world,
+                                                 int sp) {
   JobSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
   spec.model.preset = absl::GetFlag(FLAGS_model);
@@ -474,14 +487,14 @@ absl::Status ApplyPlannerSettings(const RankSetup& r, int64_t S, int world, int 
   spec.memory.recompute = bench::ModelOptions().recompute;
   spec.memory.optimizer_offload = OffloadChoice::kAuto;
   spec.memory.param_offload = OffloadChoice::kAuto;
-  ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, r.node));
+  ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
   if (!job.plan.fits) {
     std::fprintf(stderr, "S %lld: the planner finds no settings that fit: %s\n",
                  static_cast<long long>(S), job.plan.verdict.c_str());
   }
   bench::SetMemoryFlags(job.spec.memory);
   std::fprintf(stderr, "S %lld: %s\n", static_cast<long long>(S), ResolutionLine(job).c_str());
-  return absl::OkStatus();
+  return job;
 }
 
 // Bytes per tier as a JSON object.
@@ -494,7 +507,7 @@ bench::Json TierBytes(const std::array<int64_t, kNumTiers>& bytes) {
 absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int world, int sp) {
   const bool rehearse = r.rehearsal != nullptr;
   if (rehearse && absl::GetFlag(FLAGS_planner_settings)) {
-    RETURN_IF_ERROR(ApplyPlannerSettings(r, S, world, sp));
+    RETURN_IF_ERROR(ApplyPlannerSettings(r.node, S, world, sp).status());
   }
   Ops* ops = r.backend.ops.get();
   Allocator* alloc = r.backend.alloc.get();
@@ -615,6 +628,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
         .Num("ib_gbps", link.ib.bytes_per_s / 1e9)
         .Num("ib_us", link.ib.latency_s * 1e6);
     line.Int("nodes", absl::GetFlag(FLAGS_nodes)).Int("rank", rank).Obj("link", link_json);
+    if (absl::GetFlag(FLAGS_layers) > 0) line.Int("layers_run", cfg.num_hidden_layers);
     if (probe > 0) line.Int("probe_window", probe);
   }
   if (probe > 0 && !rehearse) {
@@ -653,7 +667,9 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
       line.Obj("comm_by_op", by_op);
     }
     // The node rehearsed and this rank's share of it.
-    const RankBudgets budgets = BudgetsFor(JobSpec(), r.node);
+    JobSpec backend_spec;  // the budget rule for this backend: BudgetsFor
+    backend_spec.backend = absl::GetFlag(FLAGS_backend);
+    const RankBudgets budgets = BudgetsFor(backend_spec, r.node);
     const NodeResources here = LocalNodeResources(r.backend.device_bytes, 1);
     line.Int("device_memory_bytes", r.node.device_memory_bytes)
         .Int("gpu_budget_bytes", budgets.gpu_bytes)
@@ -662,7 +678,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
         .Int("host_share_bytes", budgets.host_bytes)
         .Int("host_here_bytes", here.host_memory_bytes)
         .Bool("host_share_representable",
-              budgets.host_bytes <= BudgetsFor(JobSpec(), here).host_bytes)
+              budgets.host_bytes <= BudgetsFor(backend_spec, here).host_bytes)
         .Int("cores_share", r.cores_share)
         .Int("cores_used", r.cores_used);
   }
@@ -701,13 +717,7 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
   r.link = layout.link;
   layout.split = [sp](int w) { return UlyssesSplit(w, sp); };
   const int per_node = world / nodes;
-  // The rehearsed node: its GPU (this one unless --device_memory_gib), its host and cores.
-  const double gib = absl::GetFlag(FLAGS_device_memory_gib);
-  r.node.device_memory_bytes =
-      gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : r.backend.device_bytes;
-  r.node.host_memory_bytes =
-      static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * (int64_t{1} << 30));
-  r.node.ranks_on_host = per_node;
+  r.node = RehearsedNode(world, r.backend.device_bytes);
   // The rank's cores: its share of the node's, taken from this machine's (the CPU AdamW's
   // threads follow the affinity, engine/train/host_adamw.h).
   r.cores_share = std::max(1, absl::GetFlag(FLAGS_node_cores) / per_node);
@@ -840,9 +850,27 @@ int Main() {
     }
     for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_seq_lens), ',')) {
       int64_t S = 0;
-      absl::StatusOr<MemoryPlan> plan =
-          absl::SimpleAtoi(text, &S) ? Plan(*cfg, S, world, sp)
-                                     : absl::InvalidArgumentError("--seq_lens: not a length");
+      if (!absl::SimpleAtoi(text, &S) || S <= 0) {
+        std::fprintf(stderr, "--seq_lens: \"%s\" is not a length\n", std::string(text).c_str());
+        return 2;
+      }
+      // --planner_settings: what admission resolves on the rehearsed node (the GPU is
+      // --device_memory_gib's; without a GPU here, that flag is needed).
+      absl::StatusOr<ResolvedJob> job = absl::NotFoundError("no resolution");
+      if (absl::GetFlag(FLAGS_planner_settings)) {
+        const NodeResources node = RehearsedNode(world, 0);
+        if (node.device_memory_bytes <= 0 && absl::GetFlag(FLAGS_backend) == "cuda") {
+          std::fprintf(stderr, "--plan_only --planner_settings: give --device_memory_gib\n");
+          return 2;
+        }
+        job = ApplyPlannerSettings(node, S, world, sp);
+        if (!job.ok()) {
+          std::fprintf(stderr, "S %lld: %s\n", static_cast<long long>(S),
+                       job.status().ToString().c_str());
+          return 1;
+        }
+      }
+      absl::StatusOr<MemoryPlan> plan = Plan(*cfg, S, world, sp);
       if (!plan.ok()) {
         std::fprintf(stderr, "S %s: %s\n", std::string(text).c_str(),
                      plan.status().ToString().c_str());
@@ -860,6 +888,9 @@ int Main() {
           .Num("device_total_gib", plan->device_total() / double(int64_t{1} << 30))
           .Num("host_block_inputs_gib",
                plan->peak[static_cast<int>(Tier::kHostBlockInputs)] / double(int64_t{1} << 30))
+          .Raw("fits", job.ok() ? (job->plan.fits ? "true" : "false") : "null")
+          .Str("verdict", job.ok() ? job->plan.verdict : "")
+          .Obj("planner_peaks", TierBytes(plan->peak))
           .Print();
     }
     return 0;

@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,24 @@ TEST(ParallelBench, RehearsesOneRankOfSixteen) {
   EXPECT_GT(Number(out, "comm_modeled_s"), 0) << out;
   // The planner replays this very step: its device total is what the allocator measured.
   EXPECT_EQ(Number(out, "planner_device_total_bytes"), Number(out, "device_peak_bytes")) << out;
+}
+
+// The planner alone, for a node this machine is not: the settings admission would resolve.
+TEST(ParallelBench, PlansTheRehearsedNode) {
+  int code = -1;
+  const std::string out = RunBench(
+      "--plan_only --planner_settings --world=8 --sp=4 --nodes=2 --seq_lens=256,512 "
+      "--recompute=attention-aware",
+      &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+  EXPECT_NE(out.find("\"fits\": true"), std::string::npos) << out;
+  EXPECT_GT(Number(out, "device_total_bytes"), 0) << out;
+  // A GPU node without a GPU here needs its memory named.
+  RunBench("--plan_only --planner_settings --backend=cuda --world=8 --sp=8 --seq_lens=256 "
+           "2>/dev/null",
+           &code);
+  EXPECT_EQ(code, 2);
 }
 
 TEST(ParallelBench, RehearsalRefusesARankOutsideTheWorld) {
