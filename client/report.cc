@@ -235,6 +235,12 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
       &charts,
       SvgLineChart("Step time", "step", "seconds",
                    per_rank("step time", [](const v1::StepReport& r) { return r.seconds(); })));
+  // The schedule as it ran (warm-up, decay); every rank reports the same rate: rank 0's.
+  if (steps.count(0)) {
+    ChartSeries lr{"learning rate", {}, false};
+    for (const v1::StepReport* r : steps.at(0)) lr.points.push_back({double(r->step()), r->lr()});
+    absl::StrAppend(&charts, SvgLineChart("Learning rate", "step", "lr", {lr}));
+  }
   // Each tier's peak during the step (at its end most tiers are empty again: the activations,
   // the attention and the saved block inputs live only inside a step).
   for (const auto& [rank, reports] : steps) {
@@ -419,10 +425,15 @@ int ReportCommand(CliContext& c, const std::string& id, const std::string& out_i
   if (!history.ok()) return RpcError(c, st);
   std::vector<std::string> earlier;
   if (int rc = AddEarlierAttempts(c, job, &*history, &earlier); rc != 0) return rc;
-  // The plan of the spec as it ran (resolved, paths absolute).
+  // The plan admission made for the spec as it ran; a job stored before plans were kept is
+  // planned again (its checkpoint directory may then refuse: a finished run).
   std::optional<v1::PlanJobResponse> plan;
   std::string plan_error;
-  {
+  if (job.has_plan()) {
+    plan.emplace();
+    *plan->mutable_plan() = job.plan();
+    *plan->mutable_spec() = job.spec();
+  } else {
     v1::PlanJobRequest req;
     req.set_spec_toml(job.spec_toml());
     req.set_source(id + " (resolved spec)");

@@ -66,6 +66,7 @@ TEST(ReportTest, PageHasTheChartsSpecAndPlan) {
       r->set_loss(5.0 - step * 0.5);
       r->set_tokens_per_second(100);
       r->set_seconds(0.5);
+      r->set_lr(1e-3 * step);
       auto* t = r->add_memory();
       t->set_tier("params");
       t->set_current_bytes(int64_t{1} << 30);
@@ -86,7 +87,9 @@ TEST(ReportTest, PageHasTheChartsSpecAndPlan) {
   plan.mutable_plan()->set_summary("fits: 1.2 GiB of 80 GiB");
   const std::string page = RenderReportHtml(job, history, plan, "");
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
-  EXPECT_EQ(Count(page, "<svg"), 5);  // loss, tok/s, step time, memory of ranks 0 and 1
+  // Loss, tok/s, step time, learning rate (rank 0's), memory of ranks 0 and 1.
+  EXPECT_EQ(Count(page, "<svg"), 6);
+  EXPECT_EQ(Points(page, "learning rate").size(), 5u);
   EXPECT_EQ(Points(page, "train loss \\(rank 0\\)").size(), 5u);
   EXPECT_EQ(Points(page, "eval loss").size(), 1u);
   EXPECT_EQ(Points(page, "tok/s rank 1").size(), 5u);

@@ -13,11 +13,6 @@
 namespace ithaca {
 namespace {
 
-std::string ResolvePath(const std::string& dir, const std::string& p) {
-  if (p.empty() || p[0] == '/' || dir.empty()) return p;
-  return absl::StrCat(dir, dir.back() == '/' ? "" : "/", p);
-}
-
 absl::Status Invalid(const std::string& source, const std::string& key, const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", msg));
 }
@@ -130,7 +125,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     if (p->empty()) continue;
     // The client may be on another machine: say which host looked where.
     notes[p] = (*p)[0] != '/' ? base.relative_note : base.absolute_note;
-    *p = ResolvePath(base.dir, *p);
+    absl::StatusOr<std::string> resolved = ResolvePattern(base.dir, *p);
+    if (!resolved.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", resolved.status().message()));
+    *p = *resolved;
   }
   RETURN_IF_ERROR(CheckSpecPaths(s, source, allowed_roots));
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &s.data.path},
@@ -141,7 +138,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     if (path->empty()) continue;
     const std::string& note = notes[path];
     if (path == &s.checkpoint.dir) continue;  // made by the job
-    if ((*path)[0] != '/') {
+    if (!PatternIsAbsolute(*path)) {
       return Invalid(source, key,
                      absl::StrCat("\"", *path,
                                   "\" is relative and the submission has no "

@@ -312,6 +312,7 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   job.set_name(admitted.spec.name);
   *job.mutable_spec() = admitted.summary;
   job.set_spec_toml(admitted.toml);  // resolved: what `status` shows and the workers run
+  *job.mutable_plan() = EstimateMemory(admitted);  // the report shows it as admitted
   job.set_log_dir(absl::StrCat(options_.state_dir, "/jobs/{id}"));
   v1::Job stored;
   {

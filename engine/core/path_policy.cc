@@ -399,6 +399,38 @@ absl::Status MakeDirsInsideRoots(const std::string& dir, const std::vector<std::
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern) {
+  if (pattern.empty() || dir.empty()) return pattern;
+  size_t open = 0, close = 0;
+  std::vector<std::pair<size_t, size_t>> alternatives;
+  ASSIGN_OR_RETURN(bool group, FirstGroup(pattern, &open, &close, &alternatives));
+  if (!group || open != 0) {
+    if (pattern[0] == '/') return pattern;
+    return dir == "/" ? "/" + pattern
+                      : absl::StrCat(dir, dir.back() == '/' ? "" : "/", pattern);
+  }
+  const std::string rest = pattern.substr(close + 1);
+  std::string out = "{";
+  for (size_t i = 0; i < alternatives.size(); ++i) {
+    const auto& [b, e] = alternatives[i];
+    ASSIGN_OR_RETURN(std::string one, ResolvePattern(dir, pattern.substr(b, e - b) + rest));
+    absl::StrAppend(&out, i ? "," : "", one);
+  }
+  return out + "}";
+}
+
+bool PatternIsAbsolute(const std::string& pattern) {
+  size_t open = 0, close = 0;
+  std::vector<std::pair<size_t, size_t>> alternatives;
+  absl::StatusOr<bool> group = FirstGroup(pattern, &open, &close, &alternatives);
+  if (!group.ok() || !*group || open != 0) return !pattern.empty() && pattern[0] == '/';
+  const std::string rest = pattern.substr(close + 1);
+  for (const auto& [b, e] : alternatives) {
+    if (!PatternIsAbsolute(pattern.substr(b, e - b) + rest)) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<std::string>> SplitDataSources(const std::string& pattern) {
   size_t open = 0, close = 0;
   std::vector<std::pair<size_t, size_t>> alternatives;

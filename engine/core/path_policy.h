@@ -81,6 +81,16 @@ absl::StatusOr<std::vector<std::string>> ExpandPattern(const std::string& patter
 // INVALID_ARGUMENT for an unmatched brace.
 absl::StatusOr<std::vector<std::string>> SplitDataSources(const std::string& pattern);
 
+// A path or data pattern of a spec, relative to `dir` (the spec's directory) when it is relative;
+// "" and absolute paths come back as they are, and so does anything when `dir` is empty. A pattern
+// that begins with a brace group has each alternative resolved on its own (with the rest of the
+// pattern after the group appended to each): "{a.tok,/abs/b.tok}" in /d is
+// "{/d/a.tok,/abs/b.tok}", so a weighted mix keeps one source per alternative. The one rule for
+// admission and the standalone worker. INVALID_ARGUMENT for an unmatched brace.
+absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern);
+// True when every alternative of the leading brace group (or the pattern itself) is absolute.
+bool PatternIsAbsolute(const std::string& pattern);
+
 // Opens `path` for a job: PERMISSION_DENIED (as CheckAllowedPath) unless it resolves inside
 // `roots` (empty: any path), then opens the resolved path one component at a time with
 // O_NOFOLLOW, so a link swapped in after the check is refused (ELOOP) rather than followed out

@@ -196,3 +196,38 @@ TEST(PathPolicyTest, RootsFromTheEnvironment) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+TEST(ResolvePatternTest, EachAlternativeOfALeadingGroupOnItsOwn) {
+  EXPECT_EQ(*ResolvePattern("/d", "a.tok"), "/d/a.tok");
+  EXPECT_EQ(*ResolvePattern("/d/", "a.tok"), "/d/a.tok");
+  EXPECT_EQ(*ResolvePattern("/", "a.tok"), "/a.tok");
+  EXPECT_EQ(*ResolvePattern("/d", "/abs/b.tok"), "/abs/b.tok");
+  EXPECT_EQ(*ResolvePattern("", "a.tok"), "a.tok");
+  EXPECT_EQ(*ResolvePattern("/d", ""), "");
+  // A weighted mix: one source per alternative, relative and absolute side by side.
+  EXPECT_EQ(*ResolvePattern("/d", "{a.tok,/abs/b.tok}"), "{/d/a.tok,/abs/b.tok}");
+  auto sources = SplitDataSources(*ResolvePattern("/d", "{a/*.tok,{/x/c,d}.tok}"));
+  ASSERT_TRUE(sources.ok());
+  EXPECT_EQ(*sources, (std::vector<std::string>{"/d/a/*.tok", "{/x/c.tok,/d/d.tok}"}));
+  // A group inside a path is one path: the prefix goes in front of it.
+  EXPECT_EQ(*ResolvePattern("/d", "data/{a,b}.tok"), "/d/data/{a,b}.tok");
+  // What follows a leading group goes with every alternative.
+  EXPECT_EQ(*ResolvePattern("/d", "{a,/b}/x.tok"), "{/d/a/x.tok,/b/x.tok}");
+  EXPECT_FALSE(ResolvePattern("/d", "{a,b").ok());
+}
+
+TEST(ResolvePatternTest, AbsoluteOnlyWhenEveryAlternativeIs) {
+  EXPECT_TRUE(PatternIsAbsolute("/a.tok"));
+  EXPECT_FALSE(PatternIsAbsolute("a.tok"));
+  EXPECT_FALSE(PatternIsAbsolute(""));
+  EXPECT_TRUE(PatternIsAbsolute("{/a,/b/*.tok}"));
+  EXPECT_FALSE(PatternIsAbsolute("{/a,b}"));
+  EXPECT_TRUE(PatternIsAbsolute("{/a,/b}/x"));
+  EXPECT_FALSE(PatternIsAbsolute("{/a,b"));
+}
+
+}  // namespace
+}  // namespace ithaca

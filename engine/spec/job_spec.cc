@@ -960,11 +960,6 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   return absl::OkStatus();
 }
 
-std::string ResolvePath(const std::string& dir, const std::string& p) {
-  if (p.empty() || p[0] == '/' || dir.empty()) return p;
-  return dir == "/" ? "/" + p : absl::StrCat(dir, "/", p);
-}
-
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::string& source) {
@@ -1030,7 +1025,9 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   std::string dir = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
   for (std::string* p :
        {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir, &s.eval.path}) {
-    *p = ResolvePath(dir, *p);
+    absl::StatusOr<std::string> resolved = ResolvePattern(dir, *p);
+    if (!resolved.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", resolved.status().message()));
+    *p = *resolved;
   }
   return s;
 }

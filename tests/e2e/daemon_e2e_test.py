@@ -310,6 +310,38 @@ class DaemonE2E(unittest.TestCase):
         finally:
             proxy.close()
 
+    def test_weighted_mix_from_the_cli_and_the_python_client(self):
+        # data.weights over a brace group whose sources are one relative and one absolute path:
+        # each alternative resolves on its own against the spec's directory (it was the whole
+        # group, which gave "2 weights for 1 sources" or "BASE//abs/...").
+        run = self.run_dir("mix")
+        os.symlink(harness.make_corpus(), os.path.join(run, "a.tok"))
+        corpus = harness.make_corpus()
+        text = spec_toml(run, steps=4).replace(
+            f'path = "{corpus}"', f'path = "{{a.tok,{corpus}}}"\nweights = [3.0, 1.0]')
+        spec = os.path.join(run, "job.toml")
+        with open(spec, "w") as f:
+            f.write(text)
+        plan = self.d.cli("plan", spec)
+        self.assertEqual(plan.returncode, 0, plan.stdout + plan.stderr)
+        r = self.d.cli("submit", spec, "--follow", "--set", "checkpoint.dir=" + run + "/ck-cli")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("SUCCEEDED", r.stdout)
+        job_id = r.stdout.split()[1]
+        status = json.loads(self.d.cli("--json", "status", job_id, check=True).stdout)
+        self.assertEqual(status["spec"]["data_path"],
+                         "{" + os.path.join(run, "a.tok") + "," + corpus + "}")
+        c = self.d.client
+        d = tomllib.loads(text)
+        d["checkpoint"]["dir"] = run + "/ck-py"
+        job = c.submit(d, base_dir=run)
+        done = c.wait(job.id, timeout=120)
+        self.assertEqual(done.state, ithaca_client.JobState.SUCCEEDED, done.reason)
+        # Three weights for two sources is still refused, naming both counts.
+        d["data"]["weights"] = [1.0, 1.0, 1.0]
+        with self.assertRaisesRegex(IthacaError, r"3 weights for 2 sources"):
+            c.submit(d, base_dir=run)
+
     def test_python_client_submits_a_dict_and_reads_logs(self):
         run = self.run_dir("dict")
         os.symlink(harness.make_corpus(), os.path.join(run, "data.tok"))

@@ -154,8 +154,13 @@ class ReportE2E(unittest.TestCase):
         self.assertEqual(p.stack, [], "every element is closed")
         self.assertEqual(p.external, [], "nothing loaded from elsewhere")
         self.assertIn(self.job.id, p.title)
-        # Loss, tok/s, step time, and memory for each of the two ranks.
-        self.assertEqual(len(p.svgs), 5)
+        # Loss, tok/s, step time, learning rate, and memory for each of the two ranks.
+        self.assertEqual(len(p.svgs), 6)
+        lr = p.polylines["learning rate"]
+        self.assertEqual(len(lr), STEPS)
+        # Warm-up, then the cosine decay: the highest rate (the lowest SVG y) is after step 1.
+        self.assertLess(min(y for _, y in lr), lr[0][1])
+        self.assertGreater(lr[-1][1], min(y for _, y in lr))
         self.assertEqual(len(p.polylines["train loss (rank 0)"]), STEPS)
         self.assertEqual(len(p.polylines["tok/s rank 0"]), STEPS)
         self.assertEqual(len(p.polylines["tok/s rank 1"]), 3)
@@ -183,7 +188,7 @@ class ReportE2E(unittest.TestCase):
                              timeout=120)
         self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
         # The browser's DOM has the plots as SVG elements.
-        self.assertEqual(dom.stdout.count("<svg"), 5, dom.stdout[:500])
+        self.assertEqual(dom.stdout.count("<svg"), 6, dom.stdout[:500])
         self.assertIn("<polyline", dom.stdout)
         png = os.path.join(TMP, "report.png")
         shot = subprocess.run(flags + [f"--screenshot={png}", "--window-size=1400,1600", url],
@@ -248,6 +253,11 @@ class ReportE2E(unittest.TestCase):
         p.feed(text)
         self.assertEqual(len(p.polylines["train loss (rank 0)"]), STEPS + 6)
         self.assertIn(f"This job resumed a run begun by {self.job.id}", text)
+        # A finished run in its checkpoint directory: the plan is the one admission made (planning
+        # it again is refused, "holds a finished run").
+        self.assertIn('id="plan"', text)
+        self.assertNotIn("No plan", text)
+        self.assertEqual(len(p.polylines["learning rate"]), STEPS + 6)
 
 
 if __name__ == "__main__":
