@@ -183,6 +183,10 @@ void Define(CLI::App& app, Parsed& p) {
       "--max-seq-len", f.max_seq_len,
       "the longest data.seq_len that fits (bisection on the planner), with the head_chunk, "
       "tile_tokens and offload it turns on");
+  plan->add_option("--hardware", f.hardware,
+                   "plan for a node this daemon is not: h100x1, h100x8, h200x1, h200x8, or "
+                   "gpus=N,gpu_gib=G,host_gib=H (a preset may be followed by such overrides)")
+      ->type_name("NODE");
   plan->add_option("--multiple-of", f.multiple_of, "with --max-seq-len: lengths tried (1024)")
       ->check(CLI::PositiveNumber)
       ->needs(max_seq)

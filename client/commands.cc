@@ -532,6 +532,7 @@ int DeleteCommand(CliContext& c, const Flags& f) {
 int PlanCommand(CliContext& c, const Flags& f) {
   v1::PlanJobRequest req;
   if (int rc = FillSpecRequest(f, &req); rc != 0) return rc;
+  req.set_hardware(f.hardware);
   v1::PlanJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->PlanJob(&ctx, req, &resp);
@@ -549,7 +550,9 @@ int MaxSeqLenCommand(CliContext& c, const Flags& f) {
   const int64_t m = f.multiple_of;
   v1::PlanJobRequest base;
   if (int rc = FillSpecRequest(f, &base); rc != 0) return rc;
+  base.set_hardware(f.hardware);
   int asked = 0;
+  const auto started = std::chrono::steady_clock::now();
   // The plan at seq_len n: INVALID_ARGUMENT and the like are the spec's errors (exit 2).
   auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp) -> int {
     v1::PlanJobRequest req = base;
@@ -558,6 +561,10 @@ int MaxSeqLenCommand(CliContext& c, const Flags& f) {
     grpc::Status st = c.stub->PlanJob(&ctx, req, resp);
     ++asked;
     if (!st.ok()) return RpcError(c, st);
+    // Progress on stderr: each length tried, its verdict, the time so far.
+    std::fprintf(stderr, "  data.seq_len %lld: %s (%.1f s)\n", static_cast<long long>(n),
+                 resp->plan().fits() ? "fits" : "does not fit",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     return 0;
   };
   v1::PlanJobResponse best, resp;

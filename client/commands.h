@@ -61,6 +61,9 @@ struct Flags {
   bool undo = false;     // drain --undo
   bool max_seq_len = false;  // plan: bisect data.seq_len for the longest that fits
   int64_t multiple_of = 1024;
+  // plan: a node this daemon is not ("h200x8", "gpus=8,gpu_gib=80,host_gib=2048"): the daemon
+  // parses it (server/node.h HardwareNode).
+  std::string hardware;
 };
 
 // The commands (their exit codes as above).

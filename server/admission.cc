@@ -208,7 +208,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
     }
   }
   absl::StatusOr<ResolvedJob> resolved =
-      ResolveJob(s, NodeResourcesFor(node, static_cast<int>(s.parallel.world)));
+      ResolveJob(s, NodeResourcesFor(node, s));
   if (!resolved.ok()) {
     return absl::Status(resolved.status().code(),
                         absl::StrCat(source, ": ", resolved.status().message()));
@@ -237,11 +237,11 @@ absl::Status CheckInputs(const AdmittedSpec& a, const std::string& source) {
                                    inputs.status().message()));
 }
 
-NodeResources NodeResourcesFor(const Node& node, int ranks) {
+NodeResources NodeResourcesFor(const Node& node, const JobSpec& s) {
   NodeResources r;
   r.device_memory_bytes = node.gpu && !node.devices.empty() ? node.devices[0].memory_bytes : 0;
   r.host_memory_bytes = node.host_memory_bytes;
-  r.ranks_on_host = ranks;
+  r.ranks_on_host = static_cast<int>(s.parallel.world / std::max<int64_t>(1, s.slurm.nodes));
   return r;
 }
 

@@ -63,8 +63,10 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
 // would take (also for data.seq_len values the data does not hold yet), does not.
 absl::Status CheckInputs(const AdmittedSpec& admitted, const std::string& source);
 
-// The node as the budget rule sees it, for a job of `ranks` ranks (all on this host).
-NodeResources NodeResourcesFor(const Node& node, int ranks);
+// One node as the budget rule sees it for the job `s`: the ranks sharing its host are
+// parallel.world / slurm.nodes (a 2-node Slurm job's rank shares its host with half the ranks,
+// as the workers' own rule, engine/runtime/rank.h RankNode, counts them).
+NodeResources NodeResourcesFor(const Node& node, const JobSpec& s);
 
 // The resolved job's per-rank peak per tier against its budget.
 v1::MemoryPlan EstimateMemory(const AdmittedSpec& admitted);

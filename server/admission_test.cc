@@ -248,7 +248,7 @@ TEST(AdmissionTest, BadSpecsNameTheKey) {
 TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
   std::string toml =
       "name = \"big\"\n[model]\npreset = \"llama-3-8b\"\n"
-      "[data]\npath = \"corpus.tok\"\nseq_len = 64\n";
+      "[data]\npath = \"corpus.tok\"\nseq_len = 64\n[memory]\noptimizer_offload = false\n";
   const Node node = CpuNode(8, int64_t{24} << 30);
   auto a = ParseSubmission(toml, "job.toml", Dir(), node);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -265,8 +265,8 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
   EXPECT_NE(st.message().find("GiB per rank"), std::string::npos) << st;
   // Sharded over 8 ranks with a large host budget (per rank) it fits.
   auto sharded = ParseSubmission(toml +
-                                     "[parallel]\nworld = 8\nsp = 8\n[memory]\n"
-                                     "host_budget_gib = 125\n",
+                                     "host_budget_gib = 125\n"  // in toml's [memory]
+                                     "[parallel]\nworld = 8\nsp = 8\n",
                                  "job.toml", Dir(), node);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   const int64_t sharded_bytes = EstimateMemory(*sharded).per_rank_bytes();
@@ -305,6 +305,32 @@ TEST(AdmissionTest, OptimizerOffloadOverTheHostBudgetIsRefusedNamingTheTier) {
       ParseSubmission(toml + "optimizer_offload = false\n", "job.toml", Dir(), device_host);
   ASSERT_TRUE(on_device.ok()) << on_device.status();
   EXPECT_FALSE(CheckFits(*on_device, device_host).ok());
+  // The plan that does not fit names the first change that makes it fit.
+  EXPECT_NE(EstimateMemory(*on_device)
+                .summary()
+                .find("it fits with memory.optimizer_offload = \"auto\""),
+            std::string::npos)
+      << EstimateMemory(*on_device).summary();
+  // "auto" is the default: the spec without the key fits the same way.
+  auto by_default = ParseSubmission(toml, "job.toml", Dir(), device_host);
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_TRUE(CheckFits(*by_default, device_host).ok());
+  EXPECT_EQ(by_default->spec.memory.optimizer_offload, OffloadChoice::kOn);
+}
+
+// A rank's host share is its node's host divided by the ranks on that node: world / slurm.nodes
+// (it was the whole world, as if every rank of a 2-node job shared one host).
+TEST(AdmissionTest, HostShareCountsTheRanksOnOneNode) {
+  const std::string toml =
+      "name = \"two\"\nbackend = \"cuda\"\n[model]\npreset = \"tiny\"\n"
+      "[data]\npath = \"corpus.tok\"\nseq_len = 64\n[parallel]\nworld = 16\nsp = 4\n";
+  const Node node = GpuNode(8, int64_t{80} << 30, int64_t{1024} << 30);
+  auto two = ParseSubmission(toml + "[slurm]\nnodes = 2\n", "job.toml", Dir(), node);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->budgets.host_bytes, static_cast<int64_t>(0.85 * double(int64_t{1024} << 30)) / 8);
+  auto one = ParseSubmission(toml, "job.toml", Dir(), node);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->budgets.host_bytes, static_cast<int64_t>(0.85 * double(int64_t{1024} << 30)) / 16);
 }
 
 TEST(AdmissionTest, NodeLimits) {

@@ -337,8 +337,23 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
 
 absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request,
                                                const std::function<bool()>& cancelled) {
+  // Any daemon answers for hardware it is not (`ithaca plan --hardware h200x8`): the same
+  // admission and planner, against that node.
+  Node node = options_.node;
+  if (!request.hardware().empty()) {
+    ASSIGN_OR_RETURN(node, HardwareNode(request.hardware()));
+  }
   ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request, options_.node, /*check_inputs=*/false, cancelled));
+                   Admit(request, node, /*check_inputs=*/false, cancelled));
+  if (!request.hardware().empty()) {
+    const int64_t nodes = std::max<int64_t>(1, admitted.spec.slurm.nodes);
+    if (admitted.spec.parallel.world > nodes * node.slots()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallel.world: ", admitted.spec.parallel.world, " ranks, but ", nodes,
+          " node(s) of --hardware ", request.hardware(), " have ", nodes * node.slots(),
+          " GPUs (slurm.nodes sets the nodes)"));
+    }
+  }
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;

@@ -79,3 +79,77 @@ Node DetectNode(const NodeOptions& options) {
 }
 
 }  // namespace ithaca
+
+namespace ithaca {
+
+absl::StatusOr<Node> HardwareNode(const std::string& text) {
+  constexpr double kH100Gib = 80, kH200Gib = 150109880320.0 / (int64_t{1} << 30);
+  struct Preset {
+    const char* name;
+    int gpus;
+    double gpu_gib, host_gib;
+  };
+  static const Preset kPresets[] = {{"h100x1", 1, kH100Gib, 256},
+                                    {"h100x8", 8, kH100Gib, 2048},
+                                    {"h200x1", 1, kH200Gib, 256},
+                                    {"h200x8", 8, kH200Gib, 2048}};
+  std::vector<std::string> parts = absl::StrSplit(text, ',', absl::SkipWhitespace());
+  if (parts.empty()) {
+    return absl::InvalidArgumentError(
+        "--hardware: empty (h100x1, h100x8, h200x1, h200x8, or gpus=N,gpu_gib=G,host_gib=H)");
+  }
+  int gpus = 0;
+  double gpu_gib = 0, host_gib = 0;
+  std::string name = text;
+  size_t first = 0;
+  if (parts[0].find('=') == std::string::npos) {
+    const Preset* found = nullptr;
+    for (const Preset& p : kPresets) {
+      if (parts[0] == p.name) found = &p;
+    }
+    if (found == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hardware: \"", parts[0], "\" is not a preset (h100x1, h100x8, h200x1, h200x8)"));
+    }
+    gpus = found->gpus;
+    gpu_gib = found->gpu_gib;
+    host_gib = found->host_gib;
+    first = 1;
+  }
+  for (size_t i = first; i < parts.size(); ++i) {
+    std::vector<std::string> kv = absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
+    double v = 0;
+    if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &v) || !(v > 0) || v > (1 << 24)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hardware: \"", parts[i], "\": expected gpus=N, gpu_gib=G or host_gib=H, a number above 0"));
+    }
+    if (kv[0] == "gpus" && v == static_cast<int>(v) && v <= 4096) {
+      gpus = static_cast<int>(v);
+    } else if (kv[0] == "gpu_gib") {
+      gpu_gib = v;
+    } else if (kv[0] == "host_gib") {
+      host_gib = v;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hardware: \"", parts[i], "\": the keys are gpus (a whole number), gpu_gib, host_gib"));
+    }
+  }
+  if (gpus == 0 || gpu_gib == 0 || host_gib == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hardware ", text, ": give gpus, gpu_gib and host_gib (or start with a preset)"));
+  }
+  Node node;
+  node.gpu = true;
+  node.hostname = absl::StrCat("--hardware ", name);
+  node.host_memory_bytes = static_cast<int64_t>(host_gib * (int64_t{1} << 30));
+  for (int i = 0; i < gpus; ++i) {
+    NodeDevice d;
+    d.index = i;
+    d.name = name;
+    d.memory_bytes = static_cast<int64_t>(gpu_gib * (int64_t{1} << 30));
+    node.devices.push_back(d);
+  }
+  return node;
+}
+
+}  // namespace ithaca

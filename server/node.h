@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "absl/status/statusor.h"
 #include <string>
 #include <vector>
 
@@ -36,5 +38,12 @@ struct NodeOptions {
 // placeholders when it is missing) or kAutoGpus (a CPU node when it lists none), and the host's
 // memory.
 Node DetectNode(const NodeOptions& options);
+
+// A node this daemon is not, to plan for (`ithaca plan --hardware`): a preset, "h100x1",
+// "h100x8", "h200x1", "h200x8" (H100 SXM 80 GiB, H200 SXM 139.8 GiB as the device reports it;
+// 2 TiB of host for 8 GPUs, 256 GiB for one, as DGX/HGX nodes and a cloud's one-GPU machines
+// have), or "gpus=N,gpu_gib=G,host_gib=H" (every key needed), or a preset with such overrides
+// ("h100x8,host_gib=1024"). INVALID_ARGUMENT naming the part that is wrong.
+absl::StatusOr<Node> HardwareNode(const std::string& text);
 
 }  // namespace ithaca

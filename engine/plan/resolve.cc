@@ -1,15 +1,75 @@
 #include "engine/plan/resolve.h"
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "engine/backend/attention_choice.h"
 #include "engine/plan/planner.h"
 #include "engine/spec/validate.h"
 #include "engine/core/units.h"
 
 namespace ithaca {
+namespace {
+
+// A job that does not fit: the first of a few changes that makes it fit, as "; it fits with
+// ...", or "" when none does (or the planning takes too long). Each try is one PlanJob.
+std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const NodeResources& node) {
+  constexpr absl::Duration kMaxTime = absl::Seconds(3);
+  struct Try {
+    std::string what;
+    std::function<void(JobSpec*)> change;
+  };
+  std::vector<Try> tries;
+  const JobSpec::Memory& m = spec.memory;
+  if (m.optimizer_offload == OffloadChoice::kOff) {
+    tries.push_back({"memory.optimizer_offload = \"auto\" (the optimizer's state on the host)",
+                     [](JobSpec* t) { t->memory.optimizer_offload = OffloadChoice::kAuto; }});
+  }
+  if (m.param_offload == OffloadChoice::kOff) {
+    tries.push_back({"memory.optimizer_offload and memory.param_offload = \"auto\" (the "
+                     "optimizer's state and the working copy on the host)",
+                     [](JobSpec* t) {
+                       if (t->memory.optimizer_offload == OffloadChoice::kOff) {
+                         t->memory.optimizer_offload = OffloadChoice::kAuto;
+                       }
+                       t->memory.param_offload = OffloadChoice::kAuto;
+                     }});
+  }
+  if (m.recompute != RecomputePolicy::kFull) {
+    tries.push_back({"memory.recompute = \"full\"",
+                     [](JobSpec* t) { t->memory.recompute = RecomputePolicy::kFull; }});
+  }
+  if (m.saved_block_inputs == 0 || m.saved_block_inputs > 2) {
+    tries.push_back({"memory.saved_block_inputs = 2 (at most two block inputs held)",
+                     [](JobSpec* t) { t->memory.saved_block_inputs = 2; }});
+  }
+  for (int64_t k : {2, 4, 8}) {
+    const int64_t world = spec.parallel.world * k, sp = spec.parallel.sp * k;
+    tries.push_back({absl::StrCat("parallel.world = ", world, ", parallel.sp = ", sp, " (", world,
+                                  " GPUs)"),
+                     [world, sp](JobSpec* t) {
+                       t->parallel.world = world;
+                       t->parallel.sp = sp;
+                     }});
+  }
+  const absl::Time deadline = absl::Now() + kMaxTime;
+  for (const Try& t : tries) {
+    if (absl::Now() > deadline) break;
+    JobSpec changed = spec;
+    t.change(&changed);
+    if (!ValidateJob(changed, cfg).ok()) continue;  // e.g. more ranks than heads
+    const RankBudgets b = BudgetsFor(changed, node);
+    absl::StatusOr<MemoryPlan> plan = PlanJob(changed, b.gpu_bytes, b.host_bytes);
+    if (plan.ok() && plan->fits) return absl::StrCat("; it fits with ", t.what);
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources& node) {
   ResolvedJob job;
   absl::StatusOr<LlamaConfig> cfg = ResolveModelConfig(spec);
@@ -39,6 +99,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
 
   ASSIGN_OR_RETURN(job.plan, PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes));
+  if (!job.plan.fits) job.plan.verdict += FitSuggestion(s, job.config, node);
   s.memory.head_chunk = job.plan.head_chunk;
   s.memory.tile_tokens = job.plan.tile_tokens;
   s.memory.offload = job.plan.offload;

@@ -104,7 +104,7 @@ struct JobSpec {
     // Each rank's f32 master weights and Adam m, v in (pinned) host memory, updated by the CPU
     // AdamW (engine/train/host_adamw.h): true | false | "auto" (the planner turns it on only
     // when the state does not fit the GPU budget with the job's activations).
-    OffloadChoice optimizer_offload = OffloadChoice::kOff;
+    OffloadChoice optimizer_offload = OffloadChoice::kAuto;
     // Each rank's bf16 working copy in (pinned) host memory too, streamed to the device a unit
     // ahead of use (engine/parallel/fsdp.h): true | false | "auto" (the planner turns it on
     // only when the job does not fit the GPU budget with the optimizer's state on the host

@@ -285,6 +285,7 @@ TEST(OptimizerOffloadTest, ParamOffloadNeedsOptimizerOffload) {
   ASSERT_TRUE(WriteTokenFile(spec.data.path, ByteTokenize(*text), kByteVocab).ok());
   spec.data.seq_len = 64;
   spec.memory.param_offload = OffloadChoice::kOn;
+  spec.memory.optimizer_offload = OffloadChoice::kOff;
   NodeResources node;
   node.host_memory_bytes = int64_t{64} << 30;
   absl::StatusOr<ResolvedJob> job = ResolveJob(spec, node);

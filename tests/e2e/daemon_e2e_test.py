@@ -342,6 +342,47 @@ class DaemonE2E(unittest.TestCase):
         with self.assertRaisesRegex(IthacaError, r"3 weights for 2 sources"):
             c.submit(d, base_dir=run)
 
+    def test_plan_for_hardware_this_daemon_is_not(self):
+        # A CPU daemon answers for GPU nodes it is not: Llama-3-8B at 128K over 8 H200s fits,
+        # on one H100 it does not (exit 1, the plan says why), and the GPUs must be there.
+        run = self.run_dir("hardware")
+        spec = os.path.join(run, "job.toml")
+        with open(spec, "w") as f:
+            f.write(f"""backend = "cuda"
+[model]
+preset = "llama-3-8b"
+[data]
+path = "{harness.make_corpus()}"
+seq_len = 131072
+[parallel]
+world = 8
+sp = 8
+""")
+        here = self.d.cli("plan", spec)
+        self.assertEqual(here.returncode, 2, here.stdout + here.stderr)
+        self.assertIn("needs GPUs", here.stderr)
+        r = self.d.cli("-o", "json", "plan", spec, "--hardware", "h200x8")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        plan = json.loads(r.stdout)["plan"]
+        self.assertTrue(plan["fits"], plan)
+        self.assertEqual(plan["world"], 8)
+        # 139.8 GiB less the 2 GiB the CUDA context and libraries keep.
+        self.assertAlmostEqual(plan["budget_bytes"] / 2**30, 137.8, delta=0.1)
+        one = self.d.cli("plan", spec, "--hardware", "h100x1", "--set", "parallel.world=1",
+                         "--set", "parallel.sp=1", "--set", "data.seq_len=1048576")
+        self.assertEqual(one.returncode, 1, one.stdout + one.stderr)
+        self.assertIn("does NOT fit", one.stdout)
+        too_many = self.d.cli("plan", spec, "--hardware", "h200x1")
+        self.assertEqual(too_many.returncode, 2)
+        self.assertIn("8 ranks", too_many.stderr)
+        bad = self.d.cli("plan", spec, "--hardware", "h300x8")
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("h300x8", bad.stderr)
+        custom = self.d.client.plan(toml=open(spec).read(), source="job.toml",
+                                    hardware="gpus=8,gpu_gib=80,host_gib=1024")
+        self.assertTrue(custom.plan.fits, custom.plan.summary)
+        self.assertAlmostEqual(custom.plan.budget_bytes / 2**30, 78, delta=0.1)
+
     def test_python_client_submits_a_dict_and_reads_logs(self):
         run = self.run_dir("dict")
         os.symlink(harness.make_corpus(), os.path.join(run, "data.tok"))

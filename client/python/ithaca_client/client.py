@@ -264,10 +264,14 @@ class Client:
                                   overrides=sets)
         return self._call(self._jobs.SubmitJob, req).job
 
-    def plan(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None):
-        """The memory plan of a spec against the node (pb.PlanJobResponse: .plan.fits, ...)."""
+    def plan(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None,
+             hardware=None):
+        """The memory plan of a spec against the node (pb.PlanJobResponse: .plan.fits, ...);
+        `hardware` plans for another node: "h100x1", "h100x8", "h200x1", "h200x8" or
+        "gpus=N,gpu_gib=G,host_gib=H" (as `ithaca plan --hardware`)."""
         text, source, base_dir, sets = self._spec_request(spec, toml, overrides, source, base_dir)
-        req = pb.PlanJobRequest(spec_toml=text, source=source, base_dir=base_dir, overrides=sets)
+        req = pb.PlanJobRequest(spec_toml=text, source=source, base_dir=base_dir, overrides=sets,
+                                hardware=hardware or "")
         return self._call(self._jobs.PlanJob, req)
 
     def status(self, job_id):
