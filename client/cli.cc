@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli.h"
+
+#include <algorithm>
 #include "client/commands.h"
 #include "client/connection.h"
 #include "client/report.h"
@@ -213,6 +215,34 @@ std::string Usage(const std::string& cmd, const std::string& what) {
                       " --help lists its flags, ithaca --help every command)");
 }
 
+// "; did you mean submit?" for a command a typo away (at most 2 edits), else "".
+std::string ClosestCommand(const CLI::App& app, const std::string& word) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+        diagonal = up;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  size_t best_distance = 3;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    const size_t d = distance(word, sub->get_name());
+    if (d < best_distance) {
+      best_distance = d;
+      best = sub->get_name();
+    }
+  }
+  return best.empty() ? "" : absl::StrCat("; did you mean ", best, "?");
+}
+
 std::string UsageMessage(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
   std::vector<const CLI::App*> parsed =
       app.get_subcommands([](const CLI::App* s) { return s->parsed(); });
@@ -221,7 +251,9 @@ std::string UsageMessage(const CLI::App& app, const CLI::ParseError& e, int argc
   // the command the user meant.
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.empty() || a[0] != '-') return Usage("", absl::StrCat("unknown command \"", a, "\""));
+    if (a.empty() || a[0] != '-') {
+      return Usage("", absl::StrCat("unknown command \"", a, "\"", ClosestCommand(app, a)));
+    }
     const CLI::Option* o = nullptr;
     try {
       o = app.get_option(a.substr(0, a.find('=')));

@@ -30,6 +30,17 @@ expect_usage() {
 expect_usage "status: The following argument was not expected: -f" status job-1 -f
 expect_usage "cancel: .*--rank" cancel job-1 --rank 0
 expect_usage "unknown command \"frobnicate\"" frobnicate
+expect_usage "unknown command \"sumbit\"; did you mean submit?" sumbit job.toml
+# A spec that cannot be read says why (exit 2).
+for args in "submit no-such-spec.toml|cannot read: No such file or directory" \
+            "plan /|/: is a directory, not a job spec"; do
+  set +e
+  err=$("$ITHACA" --server 127.0.0.1:1 ${args%%|*} 2>&1 >/dev/null)
+  rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || fail "ithaca ${args%%|*}: exit $rc, expected 2 ($err)"
+  grep -q -- "${args#*|}" <<<"$err" || fail "ithaca ${args%%|*}: '$err' lacks '${args#*|}'"
+done
 expect_usage "unknown command \"frobnicate\"" --server x:1 -o json frobnicate
 expect_usage "status: id is required" status
 expect_usage "node: -o name is not supported" -o name node

@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 #include <limits.h>
+#include <sys/stat.h>
+#include <cstring>
+#include <cerrno>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -76,7 +79,13 @@ bool ReadSpec(const std::string& path, std::string* text, std::string* dir) {
   }
   std::ifstream in(path);
   if (!in) {
-    std::fprintf(stderr, "ithaca: %s: cannot read\n", path.c_str());
+    // Say why: no such file, a permission, a directory.
+    std::fprintf(stderr, "ithaca: %s: cannot read: %s\n", path.c_str(), std::strerror(errno));
+    return false;
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::fprintf(stderr, "ithaca: %s: is a directory, not a job spec\n", path.c_str());
     return false;
   }
   std::stringstream ss;

@@ -754,7 +754,14 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
     }
     std::string best = Suggest(name, prefix, valid);
     std::string hint;
-    if (!best.empty()) {
+    // A key of another section, put here (a top-level `lr`): name where it belongs.
+    auto elsewhere = std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) {
+      return x.name() == name && x.section() != prefix && !x.section().empty();
+    });
+    if (elsewhere != Keys().end()) {
+      hint = absl::StrCat("; did you mean ", elsewhere->path, "? (it belongs under [",
+                          elsewhere->section(), "])");
+    } else if (!best.empty()) {
       hint = absl::StrCat("; did you mean ", prefix.empty() ? "" : prefix + ".", best, "?");
     }
     const bool renamed = std::any_of(RenamedKeys().begin(), RenamedKeys().end(),

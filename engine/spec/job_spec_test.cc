@@ -258,6 +258,15 @@ TEST(JobSpecTest, RecomputePolicyNames) {
   ExpectError(ErrorWith("[memory]\nrecompute = \"some\"\n"), "job.toml: memory.recompute: ");
 }
 
+// A key of one section written in another (or at the top) is named where it belongs.
+TEST(JobSpecTest, AKeyInTheWrongSectionIsNamedWhereItBelongs) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec("lr = 1e-3\n[data]\npath = \"d\"\n", "job.toml");
+  ASSERT_FALSE(s.ok());
+  ExpectContains(s.status(), "job.toml: lr: unknown key");
+  ExpectContains(s.status(), "did you mean training.lr? (it belongs under [training])");
+  ExpectContains(ErrorWith("[model]\nseq_len = 128\n"), "did you mean data.seq_len?");
+}
+
 // Issue 30: "checkpoint" named three things. memory.checkpoint and memory.checkpoint_interval are
 // now memory.recompute and memory.recompute_interval; the old keys are refused naming the new.
 TEST(JobSpecTest, RenamedKeysAreRefusedNamingTheirNewNames) {

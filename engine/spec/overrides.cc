@@ -99,7 +99,12 @@ std::string ExplainSpecError(const std::string& message, const std::string& toml
   // The last --set of the key (or of a table above it) wins, as in ApplyOverrides.
   for (const std::string& o : overrides) {
     const std::string set_key = o.substr(0, o.find('='));
-    if (set_key == key || absl::StartsWith(key, set_key + ".")) where = "from --set " + o;
+    // The key itself, a key under a table the --set replaced, or (an unknown section) the
+    // section of the --set's key.
+    if (set_key == key || absl::StartsWith(key, set_key + ".") ||
+        absl::StartsWith(set_key, key + ".")) {
+      where = "from --set " + o;
+    }
   }
   if (where.empty()) {
     absl::StatusOr<toml::table> parsed = ParseTomlText(toml_text, source);

@@ -68,6 +68,17 @@ TEST(SpecOverridesTest, ErrorsPointAtTheUsersLineOrTheirSet) {
   EXPECT_NE(explained.find("training.lr: "), std::string::npos) << explained;
   EXPECT_NE(explained.find("(line 13)"), std::string::npos) << explained;
   EXPECT_EQ(ExplainSpecError(msg2, spec, "job.toml", {}), msg2);
+
+  // A misspelt section from --set: the --set is named, not a line past the file's end.
+  const std::vector<std::string> section_set = {"trainng.steps=5"};
+  auto sent3 = ApplyOverrides(spec, "job.toml", section_set);
+  ASSERT_TRUE(sent3.ok()) << sent3.status();
+  absl::StatusOr<JobSpec> parsed3 = ParseJobSpec(*sent3, "job.toml");
+  ASSERT_FALSE(parsed3.ok());
+  const std::string explained3 =
+      ExplainSpecError(std::string(parsed3.status().message()), spec, "job.toml", section_set);
+  EXPECT_NE(explained3.find("(from --set trainng.steps=5)"), std::string::npos) << explained3;
+  EXPECT_EQ(explained3.find("(line "), std::string::npos) << explained3;
 }
 
 TEST(SpecOverridesTest, BoundedInNumber) {
