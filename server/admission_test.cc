@@ -263,6 +263,11 @@ TEST(AdmissionTest, ModelThatDoesNotFitIsRejectedWithTheNumbers) {
   absl::Status st = CheckFits(*a, node);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("GiB per rank"), std::string::npos) << st;
+  // A CPU job's "device" is its share of the host: the message says so, not "GPU".
+  EXPECT_NE(st.message().find("of memory per rank (the CPU backend's share of the host)"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(st.message().find("GPU"), std::string::npos) << st;
   // Sharded over 8 ranks with a large host budget (per rank) it fits.
   auto sharded = ParseSubmission(toml +
                                      "host_budget_gib = 125\n"  // in toml's [memory]

@@ -63,14 +63,19 @@ std::vector<int64_t> TileCandidates(int64_t s) {
   return out;
 }
 
-void Judge(MemoryPlan* p) {
+// `device`: the backend's; on the CPU the "device" is the rank's share of the host's memory.
+void Judge(MemoryPlan* p, Device device) {
   p->fits = true;
   p->verdict = "fits";
   const int64_t host = p->host_total();
   if (p->gpu_budget > 0 && p->device_total() > p->gpu_budget) {
     p->fits = false;
-    p->verdict = absl::StrCat("needs ", HumanBytes(p->device_total()),
-                              " of GPU memory per rank, budget ", HumanBytes(p->gpu_budget));
+    p->verdict = absl::StrCat(
+        "needs ", HumanBytes(p->device_total()),
+        device == Device::kCuda ? " of GPU memory per rank, budget "
+                                : " of memory per rank (the CPU backend's share of the host), "
+                                  "budget ",
+        HumanBytes(p->gpu_budget));
   } else if (p->host_budget > 0 && host > p->host_budget) {
     // Name each host tier that holds anything, with its bytes.
     std::string tiers;
@@ -253,7 +258,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
     p.gpu_budget = gpu_budget;
     p.host_budget = host_budget;
-    Judge(&p);
+    Judge(&p, req.device);
     if (!smallest.ok() || p.device_total() < smallest->device_total()) smallest = p;
     return p;
   };

@@ -49,7 +49,7 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
   for (int64_t k : {2, 4, 8}) {
     const int64_t world = spec.parallel.world * k, sp = spec.parallel.sp * k;
     tries.push_back({absl::StrCat("parallel.world = ", world, ", parallel.sp = ", sp, " (", world,
-                                  " GPUs)"),
+                                  " ranks)"),
                      [world, sp](JobSpec* t) {
                        t->parallel.world = world;
                        t->parallel.sp = sp;
