@@ -46,6 +46,8 @@ absl::StatusOr<TinyJob> Train(const std::string& dir, const std::string& corpus,
   spec.model.config = job.model_dir + "/config.json";
   spec.data.path = job.tokens;
   spec.data.seq_len = 64;
+  // Byte-level data for a model with its own tokenizer.json: on purpose (the export is tested).
+  spec.data.byte_tokens = true;
   spec.training.steps = steps;
   spec.training.lr = 3e-3;
   spec.training.warmup_steps = 1;

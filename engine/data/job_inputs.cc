@@ -33,6 +33,7 @@ DataOptions DataOptionsFor(const JobSpec& spec, const LlamaConfig& cfg) {
   o.tokenizer_json = ModelTokenizerJson(spec);
   o.document_mask = spec.data.document_mask;
   o.loss_mask = spec.data.loss_mask;
+  o.allow_byte_tokens = spec.data.byte_tokens;
   o.bos_id = static_cast<int32_t>(cfg.bos_token_id);
   return o;
 }

@@ -434,12 +434,20 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
           FingerprintHex(model_fp), ": re-tokenize with --tokenizer ", options.tokenizer_json));
     }
     if (!first.has_fingerprint()) {
+      const std::string what = absl::StrCat(
+          first.path(),
+          first.version() == 1 ? ": a version 1 file, which records no tokenizer"
+                               : ": byte-level tokens",
+          ", but the model has its own tokenizer ", options.tokenizer_json);
+      const std::string dir = options.tokenizer_json.substr(0, options.tokenizer_json.rfind('/'));
+      if (!options.allow_byte_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": tokenize with `ithaca-tokenize --tokenizer ", dir,
+            "`, or set data.byte_tokens = true to train on bytes all the same"));
+      }
       loader->warnings_.push_back(
-          absl::StrCat(first.path(),
-                       first.version() == 1 ? ": a version 1 file, which records no tokenizer"
-                                            : ": byte-level tokens",
-                       ", but the model has its own tokenizer ", options.tokenizer_json,
-                       "; re-tokenize with --tokenizer ", options.tokenizer_json));
+          absl::StrCat(what, " (data.byte_tokens = true); its own tokens: ithaca-tokenize "
+                             "--tokenizer ", dir));
     }
   } else if (first.has_fingerprint()) {
     loader->warnings_.push_back(absl::StrCat(

@@ -146,6 +146,9 @@ struct DataOptions {
   // data.loss_mask: labels whose token the file's loss mask marks 0 are ignored (-1). Every file
   // must have a loss mask.
   bool loss_mask = false;
+  // data.byte_tokens: byte-level (or version 1) files for a model with its own tokenizer.json
+  // are allowed, with a warning; otherwise they are refused.
+  bool allow_byte_tokens = false;
 };
 
 // Serves samples of seq_len + 1 consecutive tokens: inputs = first seq_len, labels = the same

@@ -646,11 +646,24 @@ TEST(DataLoaderTest, ByteLevelFileForALargeVocabularyWarns) {
   l = DataLoader::Create(OpenOrDie(path), 4, 258, {});
   ASSERT_TRUE(l.ok());
   EXPECT_TRUE((*l)->warnings().empty());
-  // With the model's own tokenizer present, a byte-level file is called out too.
+  // With the model's own tokenizer present, a byte-level file is refused, naming the command
+  // that makes the model's tokens and the key that allows bytes.
   DataOptions o;
   o.tokenizer_json = "engine/data/testdata/bpe/tokenizer.json";
   l = DataLoader::Create(OpenOrDie(path), 4, 600, o);
-  ASSERT_TRUE(l.ok());
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(l.status().message().find("byte-level tokens, but the model has its own tokenizer"),
+            std::string::npos)
+      << l.status();
+  EXPECT_NE(l.status().message().find("ithaca-tokenize --tokenizer engine/data/testdata/bpe"),
+            std::string::npos)
+      << l.status();
+  EXPECT_NE(l.status().message().find("data.byte_tokens = true"), std::string::npos);
+  // Said on purpose (data.byte_tokens): accepted, with the warning.
+  o.allow_byte_tokens = true;
+  l = DataLoader::Create(OpenOrDie(path), 4, 600, o);
+  ASSERT_TRUE(l.ok()) << l.status();
   ASSERT_FALSE((*l)->warnings().empty());
   EXPECT_NE((*l)->warnings()[0].find("byte-level tokens, but the model has its own tokenizer"),
             std::string::npos);

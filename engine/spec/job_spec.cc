@@ -586,6 +586,9 @@ const std::vector<Key>& Keys() {
        "each; a label that would cross into the next document is not trained."},
       {"data.loss_mask", Bool(FIELD(data.loss_mask)),
        "SFT: train only the tokens the token file's loss mask marks (`ithaca-tokenize --sft`)."},
+      {"data.byte_tokens", Bool(FIELD(data.byte_tokens)),
+       "Byte-level token files for a model that has its own tokenizer.json are meant (else "
+       "refused: tokenize with `ithaca-tokenize --tokenizer MODEL_DIR`)."},
 
       {"training.steps", Int(FIELD(training.steps)),
        "Optimizer steps; 0: an evaluation-only job (needs [eval])."},

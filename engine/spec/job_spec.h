@@ -46,6 +46,10 @@ struct JobSpec {
     // SFT: only the tokens the token file's loss mask marks are trained (the file must have
     // one: ithaca-tokenize --sft). The loss is the mean over the trained tokens of the step.
     bool loss_mask = false;
+    // Byte-level token files (ithaca-tokenize without --tokenizer) for a model that has its own
+    // tokenizer.json are refused unless this says they are meant (training a byte model on
+    // the architecture); the model's own tokens come from `ithaca-tokenize --tokenizer DIR`.
+    bool byte_tokens = false;
     // A weighted mix: data.path is one brace group "{A,B,...}" and source i (A, B, ...: each a
     // file, glob or group of its own) gets weights[i] / sum of the samples, exactly: a fixed
     // interleave repeating every DataMixSlots period (engine/data/token_file.h). Empty: no mix
