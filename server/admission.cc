@@ -207,6 +207,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
       }
     }
   }
+  // The node's slots before anything that depends on the world size (an eval set too small
+  // for 100 ranks is not what is wrong with 100 ranks on 4 slots).
+  RETURN_IF_ERROR(CheckSlots(s, node));
   absl::StatusOr<ResolvedJob> resolved =
       ResolveJob(s, NodeResourcesFor(node, s));
   if (!resolved.ok()) {
@@ -270,17 +273,21 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
   return plan;
 }
 
-absl::Status CheckFits(const AdmittedSpec& a, const Node& node) {
-  const JobSpec& s = a.spec;
+absl::Status CheckSlots(const JobSpec& s, const Node& node) {
   // Across Slurm nodes (slurm.nodes), each node runs world / nodes ranks; `node` describes one.
-  const int64_t per_node = s.parallel.world / s.slurm.nodes;
+  const int64_t per_node = s.parallel.world / std::max<int64_t>(1, s.slurm.nodes);
   if (per_node > node.slots()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "parallel.world: the job needs ", per_node, " ranks",
         s.slurm.nodes > 1 ? absl::StrCat(" on each of its ", s.slurm.nodes, " nodes") : "",
-        "; this node has ", node.slots(),
-        node.gpu ? " GPUs" : " CPU slots (ithacad --cpu-slots)"));
+        "; ", absl::StartsWith(node.hostname, "--hardware") ? node.hostname : "this node",
+        " has ", node.slots(), node.gpu ? " GPUs" : " CPU slots (ithacad --cpu-slots)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFits(const AdmittedSpec& a, const Node& node) {
+  RETURN_IF_ERROR(CheckSlots(a.spec, node));
   v1::MemoryPlan plan = EstimateMemory(a);
   if (!plan.fits()) {
     return absl::FailedPreconditionError(

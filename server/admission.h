@@ -71,6 +71,10 @@ NodeResources NodeResourcesFor(const Node& node, const JobSpec& s);
 // The resolved job's per-rank peak per tier against its budget.
 v1::MemoryPlan EstimateMemory(const AdmittedSpec& admitted);
 
+// FAILED_PRECONDITION when one node cannot hold the job's ranks on it (world / slurm.nodes >
+// its slots). ParseSubmission checks it before resolving (for PlanJob too).
+absl::Status CheckSlots(const JobSpec& s, const Node& node);
+
 // FAILED_PRECONDITION when the node cannot run the job: world > slots, or the plan does not fit
 // (the message carries the plan's numbers).
 absl::Status CheckFits(const AdmittedSpec& admitted, const Node& node);

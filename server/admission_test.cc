@@ -333,18 +333,29 @@ TEST(AdmissionTest, HostShareCountsTheRanksOnOneNode) {
   auto two = ParseSubmission(toml + "[slurm]\nnodes = 2\n", "job.toml", Dir(), node);
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(two->budgets.host_bytes, static_cast<int64_t>(0.85 * double(int64_t{1024} << 30)) / 8);
-  auto one = ParseSubmission(toml, "job.toml", Dir(), node);
+  const Node sixteen = GpuNode(16, int64_t{80} << 30, int64_t{1024} << 30);
+  auto one = ParseSubmission(toml, "job.toml", Dir(), sixteen);
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->budgets.host_bytes, static_cast<int64_t>(0.85 * double(int64_t{1024} << 30)) / 16);
 }
 
 TEST(AdmissionTest, NodeLimits) {
   const Node node = CpuNode(2, int64_t{16} << 30);
+  // Refused before anything that depends on the world size is looked at.
   auto a = ParseSubmission(Spec("", "[parallel]\nworld = 4\nsp = 2\n"), "job.toml", Dir(), node);
-  ASSERT_TRUE(a.ok()) << a.status();
-  absl::Status st = CheckFits(*a, node);
-  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("parallel.world"), std::string::npos);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(a.status().message().find("parallel.world: the job needs 4 ranks; this node has 2 "
+                                      "CPU slots"),
+            std::string::npos)
+      << a.status();
+  auto hundred = ParseSubmission(Spec("", "[parallel]\nworld = 100\n"), "job.toml", Dir(), node);
+  ASSERT_FALSE(hundred.ok());
+  EXPECT_NE(hundred.status().message().find("needs 100 ranks"), std::string::npos)
+      << hundred.status();
+  auto two = ParseSubmission(Spec("", "[parallel]\nworld = 2\nsp = 2\n"), "job.toml", Dir(), node);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_TRUE(CheckSlots(two->spec, node).ok());
   auto cuda = ParseSubmission("backend = \"cuda\"\n" + Spec().substr(Spec().find("[model]")),
                               "job.toml", Dir(), node);
   ASSERT_FALSE(cuda.ok());

@@ -345,15 +345,6 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
   }
   ASSIGN_OR_RETURN(AdmittedSpec admitted,
                    Admit(request, node, /*check_inputs=*/false, cancelled));
-  if (!request.hardware().empty()) {
-    const int64_t nodes = std::max<int64_t>(1, admitted.spec.slurm.nodes);
-    if (admitted.spec.parallel.world > nodes * node.slots()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parallel.world: ", admitted.spec.parallel.world, " ranks, but ", nodes,
-          " node(s) of --hardware ", request.hardware(), " have ", nodes * node.slots(),
-          " GPUs (slurm.nodes sets the nodes)"));
-    }
-  }
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;
