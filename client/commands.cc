@@ -1,5 +1,7 @@
 #include "client/commands.h"
 
+#include "proto/version.h"
+
 #include <grpcpp/grpcpp.h>
 #include <limits.h>
 #include <sys/stat.h>
@@ -33,7 +35,7 @@
 
 namespace ithaca {
 
-const char kVersion[] = "0.3.0";
+const char* const kVersion = kIthacaVersion;
 
 namespace {
 

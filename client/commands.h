@@ -22,7 +22,7 @@ struct CliContext {
 };
 
 // The version `ithaca --version` prints.
-extern const char kVersion[];
+extern const char* const kVersion;  // proto/version.h
 
 // Where ithacad is when --server is not given: $ITHACA_SERVER, else the grpc= line of
 // $ITHACA_HOME/ithacad.addr (default ~/.ithaca, written by ithacad), else 127.0.0.1:50051.

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/usage_config.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
@@ -33,6 +34,7 @@
 #include "absl/flags/usage.h"
 #include "engine/core/flag_spelling.h"
 #include "engine/core/file_util.h"
+#include "proto/version.h"
 #include "server/auth.h"
 #include "server/jobs.h"
 #include "engine/core/path_policy.h"
@@ -607,6 +609,14 @@ void PrintHelp() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ithacad: the Ithaca job daemon (see README.md)");
+  {
+    // --version: the number every program prints (proto/version.h), not absl's build kind.
+    absl::FlagsUsageConfig usage;
+    usage.version_string = [] {
+      return absl::StrCat("ithacad ", ithaca::kIthacaVersion, " (API ithaca.v1)\n");
+    };
+    absl::SetFlagsUsageConfig(usage);
+  }
   if (ithaca::AsksForHelp(argc, argv)) {
     PrintHelp();
     return 0;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
+#include "proto/version.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "engine/spec/overrides.h"
@@ -564,7 +565,7 @@ v1::NodeInfo Jobs::NodeInfo() {
   v1::NodeInfo n;
   n.set_hostname(options_.node.hostname);
   n.set_libraries(options_.node.libraries);
-  n.set_version("ithacad 0.1");
+  n.set_version(absl::StrCat("ithacad ", kIthacaVersion));
   n.set_gpus(options_.node.gpu ? options_.node.slots() : 0);
   n.set_slots(options_.node.slots());
   n.set_host_memory_bytes(options_.node.host_memory_bytes);

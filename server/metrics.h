@@ -20,6 +20,7 @@
 
 #include "engine/core/status.h"
 #include "ithaca/v1/job.pb.h"
+#include "proto/version.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -35,7 +36,7 @@ class Metrics {
  public:
   // `hostname` labels every series (Hostname="..."; none when empty); `version` goes into
   // ithaca_build_info.
-  explicit Metrics(const std::string& hostname = "", const std::string& version = "0.1");
+  explicit Metrics(const std::string& hostname = "", const std::string& version = kIthacaVersion);
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;

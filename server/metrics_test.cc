@@ -71,7 +71,7 @@ TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
            "ithaca_job_state{job_id=\"job-0\",state=\"failed\"} 1",
            "ithaca_gpu_memory_capacity_bytes{UUID=\"GPU-abc\",gpu=\"3\"} 151397597184",
            "ithaca_step_duration_seconds_bucket{" + l + ",le=\"7200\"} 2",
-           "ithaca_build_info{version=\"0.1\"} 1",
+           std::string("ithaca_build_info{version=\"") + kIthacaVersion + "\"} 1",
            "# TYPE process_cpu_seconds_total counter",
            "process_resident_memory_bytes ",
            "process_open_fds ",
@@ -114,7 +114,8 @@ TEST(MetricsTest, HostnameEvalCheckpointQueueWaitAndMfu) {
            "ithaca_queue_wait_seconds_bucket{Hostname=\"node-7\",le=\"30\"} 0",
            "ithaca_queue_wait_seconds_bucket{Hostname=\"node-7\",le=\"60\"} 1",
            "ithaca_queue_wait_seconds_sum{Hostname=\"node-7\"} 42",
-           "ithaca_build_info{Hostname=\"node-7\",version=\"0.1\"} 1",
+           std::string("ithaca_build_info{Hostname=\"node-7\",version=\"") + kIthacaVersion +
+               "\"} 1",
            "process_max_fds{Hostname=\"node-7\"} ",
        }) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;

@@ -342,6 +342,16 @@ class DaemonE2E(unittest.TestCase):
         with self.assertRaisesRegex(IthacaError, r"3 weights for 2 sources"):
             c.submit(d, base_dir=run)
 
+    def test_one_version_everywhere(self):
+        cli = self.d.cli("--version", check=True).stdout.split()[1]
+        daemon = subprocess.run([os.environ["ITHACAD"], "--version"], capture_output=True,
+                                text=True, check=True).stdout.split()
+        node = json.loads(self.d.cli("-o", "json", "node", check=True).stdout)["version"]
+        self.assertRegex(cli, r"^\d+\.\d+\.\d+$")
+        self.assertEqual(daemon[:2], ["ithacad", cli])
+        self.assertEqual(node, "ithacad " + cli)
+        self.assertRegex(self.d.metrics_text(), r'ithaca_build_info\{.*version="' + cli + '"')
+
     def test_plan_for_hardware_this_daemon_is_not(self):
         # A CPU daemon answers for GPU nodes it is not: Llama-3-8B at 128K over 8 H200s fits,
         # on one H100 it does not (exit 1, the plan says why), and the GPUs must be there.
