@@ -509,6 +509,15 @@ TEST(AllowedRootsTest, EveryBraceAlternativeIsCheckedBeforeItIsLookedAt) {
     EXPECT_NE(st.message().find("outside the allowed roots"), std::string::npos) << st;
   }
   EXPECT_EQ(listing.message().find("private-name"), std::string::npos) << listing;
+  // A wildcard then ".." (N1): the path is cleaned before anything is looked at, so a file that
+  // exists outside the roots and one that does not get the same answer.
+  ASSERT_EQ(system(("mkdir -p " + root + "/jobs").c_str()), 0);  // something for j* to match
+  const std::string up = root + "/j*/../../outside/dir/";
+  const absl::Status up_exists = admit(up + "private-name.tok");
+  const absl::Status up_missing = admit(up + "no-such-file");
+  for (const absl::Status& st : {up_exists, up_missing}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  }
   // Inside the roots a typo in one alternative names it.
   const absl::Status typo = admit("{corpus.tok,corpus.tokk}");
   EXPECT_EQ(typo.code(), absl::StatusCode::kInvalidArgument) << typo;

@@ -399,15 +399,35 @@ absl::Status MakeDirsInsideRoots(const std::string& dir, const std::vector<std::
   return absl::OkStatus();
 }
 
+std::string CleanPath(const std::string& path) {
+  if (path.empty()) return path;
+  const bool absolute = path[0] == '/';
+  std::vector<std::string> parts;
+  for (absl::string_view c : absl::StrSplit(path, '/', absl::SkipEmpty())) {
+    if (c == ".") continue;
+    if (c == "..") {
+      if (!parts.empty() && parts.back() != "..") {
+        parts.pop_back();
+      } else if (!absolute) {
+        parts.emplace_back("..");
+      }
+      continue;
+    }
+    parts.emplace_back(c);
+  }
+  const std::string joined = absl::StrJoin(parts, "/");
+  if (absolute) return "/" + joined;
+  return joined.empty() ? "." : joined;
+}
+
 absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern) {
-  if (pattern.empty() || dir.empty()) return pattern;
+  if (pattern.empty()) return pattern;
   size_t open = 0, close = 0;
   std::vector<std::pair<size_t, size_t>> alternatives;
   ASSIGN_OR_RETURN(bool group, FirstGroup(pattern, &open, &close, &alternatives));
   if (!group || open != 0) {
-    if (pattern[0] == '/') return pattern;
-    return dir == "/" ? "/" + pattern
-                      : absl::StrCat(dir, dir.back() == '/' ? "" : "/", pattern);
+    if (pattern[0] == '/' || dir.empty()) return pattern[0] == '/' ? CleanPath(pattern) : pattern;
+    return CleanPath(absl::StrCat(dir, "/", pattern));
   }
   const std::string rest = pattern.substr(close + 1);
   std::string out = "{";

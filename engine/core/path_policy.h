@@ -85,9 +85,17 @@ absl::StatusOr<std::vector<std::string>> SplitDataSources(const std::string& pat
 // "" and absolute paths come back as they are, and so does anything when `dir` is empty. A pattern
 // that begins with a brace group has each alternative resolved on its own (with the rest of the
 // pattern after the group appended to each): "{a.tok,/abs/b.tok}" in /d is
-// "{/d/a.tok,/abs/b.tok}", so a weighted mix keeps one source per alternative. The one rule for
-// admission and the standalone worker. INVALID_ARGUMENT for an unmatched brace.
+// "{/d/a.tok,/abs/b.tok}", so a weighted mix keeps one source per alternative. Each path comes
+// back cleaned (CleanPath), so one directory has one name ("ck" and "jobs/../ck" claim the same
+// checkpoint.dir). The one rule for admission and the standalone worker. INVALID_ARGUMENT for an
+// unmatched brace.
 absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern);
+// `path` with "." components, repeated slashes and a component followed by ".." removed,
+// lexically (as Go's filepath.Clean): "/x/jobs/../ckpt/" is "/x/ckpt"; ".." above the root
+// stays at the root, above a relative path it stays. A glob's "j*/.." goes too: it names the
+// directory above whatever j* matches, without asking whether anything does.
+std::string CleanPath(const std::string& path);
+
 // True when every alternative of the leading brace group (or the pattern itself) is absolute.
 bool PatternIsAbsolute(const std::string& pattern);
 

@@ -219,6 +219,20 @@ TEST(ResolvePatternTest, EachAlternativeOfALeadingGroupOnItsOwn) {
   EXPECT_FALSE(ResolvePattern("/d", "{a,b").ok());
 }
 
+TEST(ResolvePatternTest, PathsAreCleaned) {
+  EXPECT_EQ(CleanPath("/x/jobs/../ckpt/"), "/x/ckpt");
+  EXPECT_EQ(CleanPath("/x//./y"), "/x/y");
+  EXPECT_EQ(CleanPath("/../a"), "/a");
+  EXPECT_EQ(CleanPath("../a/./b/.."), "../a");
+  EXPECT_EQ(CleanPath("a/.."), ".");
+  EXPECT_EQ(CleanPath("/"), "/");
+  EXPECT_EQ(CleanPath("/s/j*/../../etc/x"), "/etc/x");
+  // One directory, one name: what admission claims for checkpoint.dir.
+  EXPECT_EQ(*ResolvePattern("/d", "jobs/../ckpt"), *ResolvePattern("/d", "ckpt"));
+  EXPECT_EQ(*ResolvePattern("/d", "/e/./f/"), "/e/f");
+  EXPECT_EQ(*ResolvePattern("/d", "{./a,/b/../c}"), "{/d/a,/c}");
+}
+
 TEST(ResolvePatternTest, AbsoluteOnlyWhenEveryAlternativeIs) {
   EXPECT_TRUE(PatternIsAbsolute("/a.tok"));
   EXPECT_FALSE(PatternIsAbsolute("a.tok"));

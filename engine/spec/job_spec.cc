@@ -1049,6 +1049,8 @@ std::string JobSpecToToml(const JobSpec& s) {
     if (!sec.name.empty()) absl::StrAppend(&out, "\n[", sec.name, "]\n");
     for (const Key& k : Keys()) {
       if (k.section() != sec.name || !k.written) continue;
+      // model.config overrides the preset, which then means nothing: not shown beside it.
+      if (k.path == "model.preset" && !s.model.config.empty()) continue;
       absl::StrAppend(&out, sec.name.empty() ? k.path : k.name(), " = ", k.codec.write(s), "\n");
     }
   }

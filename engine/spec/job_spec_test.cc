@@ -208,7 +208,9 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 58);  // with [eval] and [kernels]: every key of the table but min_lr_ratio
+  // With [eval] and [kernels]: every key of the table but min_lr_ratio, and model.preset (the
+  // full spec's model is a config.json).
+  EXPECT_EQ(keys, 57);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -256,6 +258,20 @@ TEST(JobSpecTest, RecomputePolicyNames) {
     EXPECT_STREQ(RecomputePolicyName(s->memory.recompute), p);
   }
   ExpectError(ErrorWith("[memory]\nrecompute = \"some\"\n"), "job.toml: memory.recompute: ");
+}
+
+// A spec whose model is a config.json is written without the preset it ignores.
+TEST(JobSpecTest, ConfigIsWrittenWithoutThePreset) {
+  JobSpec s;
+  s.model.config = "/models/m/config.json";
+  s.data.path = "/data/train.tok";
+  const std::string toml = JobSpecToToml(s);
+  EXPECT_EQ(toml.find("preset"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("config = \"/models/m/config.json\""), std::string::npos) << toml;
+  absl::StatusOr<JobSpec> back = ParseJobSpec(toml, "resolved.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model.config, s.model.config);
+  EXPECT_NE(JobSpecToToml(JobSpec()).find("preset = \"tiny\""), std::string::npos);
 }
 
 // A key of one section written in another (or at the top) is named where it belongs.
