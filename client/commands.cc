@@ -104,10 +104,11 @@ bool ReadSpec(const std::string& path, std::string* text, std::string* dir) {
 // The terminal's bottom line while a job is followed: the newest step's progress and, while
 // nothing arrives (a 40-156 s step, a long model load), a spinner with the time it has taken.
 // Log lines and state changes are printed above it. Without a terminal: plain lines, no
-// spinner.
+// spinner, at most one step line a second, and the first time one is left out a note on stderr
+// saying so (`skip_note`).
 class LiveLine {
  public:
-  explicit LiveLine(bool tty) : tty_(tty) {
+  LiveLine(bool tty, std::string skip_note) : tty_(tty), skip_note_(std::move(skip_note)) {
     if (tty_) ticker_ = std::thread([this] { Tick(); });
   }
   ~LiveLine() { Close(); }
@@ -128,6 +129,10 @@ class LiveLine {
       std::printf("%s\n", progress_.c_str());
       std::fflush(stdout);
       last_plain_ = since_;
+    } else if (!skip_noted_) {
+      skip_noted_ = true;
+      std::fprintf(stderr, "%s\n", skip_note_.c_str());
+      std::fflush(stderr);
     }
   }
   // A whole line above the live line (to stdout, or stderr for notes).
@@ -187,6 +192,8 @@ class LiveLine {
 
   static constexpr auto kSpinAfter = std::chrono::seconds(2);
   const bool tty_;
+  const std::string skip_note_;
+  bool skip_noted_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread ticker_;
@@ -199,7 +206,9 @@ class LiveLine {
 
 int FollowJob(CliContext& c, const std::string& id, bool logs) {
   const bool json = c.output == Output::kJson;
-  LiveLine live(!json && isatty(1));
+  LiveLine live(!json && isatty(1),
+                absl::StrCat("ithaca: not a terminal: at most one step line a second is printed, "
+                             "and the last; `ithaca logs ", id, " --steps` has every step"));
   int64_t after = 0;  // the newest event seen: a resumed stream continues after it
   bool first = true;
   double avg_step = -1;  // moving average of step seconds, for the ETA

@@ -108,6 +108,11 @@ class DaemonE2E(unittest.TestCase):
         r = self.d.cli("submit", spec, "--follow")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("step 8/8", r.stdout)
+        # Not a terminal: at most a line a second; when steps were left out, stderr says so.
+        shown = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+        if len(shown) < 8:
+            self.assertIn("at most one step line a second", r.stderr)
+            self.assertIn("--steps` has every step", r.stderr)
         self.assertIn("SUCCEEDED", r.stdout)
         job_id = r.stdout.split()[1]
         status = json.loads(self.d.cli("--json", "status", job_id, check=True).stdout)
