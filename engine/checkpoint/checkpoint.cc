@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <map>
 #include <cerrno>
@@ -604,7 +605,7 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
 
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path) {
   const std::string manifest_path = path + "/" + kManifest;
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path, kMaxIndexBytes));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (js.is_discarded() || !js.is_object() || js.value("format", "") != kManifestFormat ||
       !js.contains("files") || !js["files"].is_array()) {
@@ -686,7 +687,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
 }
 
 absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json"));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json", kMaxJsonConfigBytes));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   TrainState state;
   if (js.is_discarded() || !js.is_object() || !js.contains("step") ||
@@ -696,11 +697,27 @@ absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path) {
   }
   state.step = js["step"].get<int64_t>();
   state.data_position = js["data_position"].get<int64_t>();
-  state.tokens = js.value("tokens", int64_t{0});
+  if (js.contains("tokens") && js["tokens"].is_number_integer()) {
+    state.tokens = js["tokens"].get<int64_t>();
+  }
   if (js.contains("schedule_steps") && js["schedule_steps"].is_number_integer()) {
     state.schedule_steps = js["schedule_steps"].get<int64_t>();
   }
   if (js.contains("lr") && js["lr"].is_number()) state.lr = js["lr"].get<double>();
+  // A damaged (or forged) state must not reach the trainer: negative counts abort it. Refused
+  // here as data loss, which is not retried (the same file fails the same way every time).
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"step", state.step},
+                         {"data_position", state.data_position},
+                         {"tokens", state.tokens},
+                         {"schedule_steps", state.schedule_steps}}) {
+    if (v < 0) {
+      return absl::DataLossError(
+          absl::StrCat(path, "/state.json: corrupt: ", name, " is ", v, ", expected >= 0"));
+    }
+  }
+  if (!std::isfinite(state.lr) || state.lr < 0) {
+    return absl::DataLossError(absl::StrCat(path, "/state.json: corrupt: lr is ", state.lr));
+  }
   if (js.contains("run_id") && js["run_id"].is_string()) {
     state.run_id = js["run_id"].get<std::string>();
   }
@@ -723,10 +740,14 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
   ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(path));
   out.bytes = manifest.total_bytes;
   ASSIGN_OR_RETURN(out.state, ReadCheckpointState(path));
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json"));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/state.json", kMaxJsonConfigBytes));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   out.saved_world =
       js.contains("world") && js["world"].is_number_integer() ? js["world"].get<int>() : 1;
+  if (out.saved_world < 1) {
+    return absl::DataLossError(absl::StrCat(path, "/state.json: corrupt: world is ",
+                                            out.saved_world, ", expected >= 1"));
+  }
 
   // Opening maps the files and parses their headers only; the reads below touch just the bytes
   // of this rank's slices.

@@ -232,6 +232,31 @@ TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
   EXPECT_EQ(*LatestCheckpoint(dir), ck);
 }
 
+// A state.json whose counts are negative (damaged or forged) is data loss naming the field,
+// not an abort in the trainer (issue 43 N8).
+TEST(CheckpointTest, NegativeCountsInTheStateAreDataLoss) {
+  const std::string dir = FreshDir("negative");
+  for (const char* field : {"step", "data_position", "tokens", "schedule_steps"}) {
+    std::string js = "{\"step\": 3, \"data_position\": 4, \"tokens\": 5, \"schedule_steps\": 9}";
+    js.replace(js.find(field) + std::string(field).size() + 3, 1, "-5");
+    ASSERT_TRUE(WriteFileAtomic(dir + "/state.json", js).ok());
+    absl::StatusOr<TrainState> st = ReadCheckpointState(dir);
+    ASSERT_FALSE(st.ok()) << js;
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(st.status().message().find(absl::StrCat(field, " is -5")), std::string::npos)
+        << st.status();
+  }
+  ASSERT_TRUE(WriteFileAtomic(dir + "/state.json", "{\"step\": 3, \"data_position\": 4, "
+                                                     "\"tokens\": \"many\"}")
+                  .ok());
+  EXPECT_TRUE(ReadCheckpointState(dir).ok());  // a field of the wrong type is ignored, not a crash
+  // A state.json past its bound is refused before it is read.
+  ASSERT_EQ(truncate((dir + "/state.json").c_str(), (int64_t{17} << 20)), 0);
+  absl::StatusOr<TrainState> big = ReadCheckpointState(dir);
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("more than the"), std::string::npos) << big.status();
+}
+
 // Values that differ by unit and position, so that a tensor read back from the wrong place of a
 // sharded checkpoint shows.
 Optimizer::Shards DistinctState(const ParamLayout& layout) {

@@ -45,8 +45,15 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path) {
   return fd;
 }
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
   ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
+  struct stat st;
+  if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", st.st_size, " bytes, more than the ", max_bytes,
+                     " such a file may have"));
+  }
   std::string out;
   char buf[1 << 16];
   for (;;) {
@@ -59,6 +66,11 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {  // grew while read
+      close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": more than the ", max_bytes, " bytes such a file may have"));
+    }
   }
   close(fd);
   return out;

@@ -16,8 +16,19 @@ namespace ithaca {
 // ("is a FIFO, expected a regular file"); NOT_FOUND / PERMISSION_DENIED when it cannot be opened.
 absl::StatusOr<int> OpenRegularFile(const std::string& path);
 
-// The whole file (a regular file; see OpenRegularFile).
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+// How much of a file the readers below take whole (nothing Ithaca reads whole comes near it;
+// token files and weights are mapped, not read): a file past its bound is refused before it is
+// read, so a 2 GiB "config.json" cannot take the daemon's memory.
+inline constexpr size_t kMaxReadBytes = size_t{256} << 20;
+// Bounds of the small files a job names (the daemon reads them at admission).
+inline constexpr size_t kMaxJsonConfigBytes = size_t{16} << 20;    // config.json, state.json
+inline constexpr size_t kMaxIndexBytes = size_t{64} << 20;         // *.safetensors.index.json
+inline constexpr size_t kMaxTokenizerBytes = size_t{128} << 20;    // tokenizer.json
+
+// The whole file (a regular file; see OpenRegularFile). INVALID_ARGUMENT naming the path, its
+// size and the bound when it holds more than `max_bytes`.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path,
+                                             size_t max_bytes = kMaxReadBytes);
 
 // Streams a file to `path + ".tmp.<pid>"`; Commit() fsyncs and renames it to `path`. Destroying
 // the writer without Commit() removes the temporary file.

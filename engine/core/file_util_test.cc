@@ -29,6 +29,22 @@ TEST(FileUtilTest, ReadsARegularFile) {
   EXPECT_EQ(*text, "hello\n");
 }
 
+// A file past the reader's bound is refused before it is read (issue 43 N4: a 2 GiB
+// "config.json" took the daemon's memory).
+TEST(FileUtilTest, AFilePastItsBoundIsRefusedUnread) {
+  const std::string path = ::testing::TempDir() + "/bounded.txt";
+  ASSERT_TRUE(WriteFileAtomic(path, std::string(100, 'x')).ok());
+  EXPECT_TRUE(ReadFileToString(path, 100).ok());
+  absl::StatusOr<std::string> over = ReadFileToString(path, 99);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("100 bytes, more than the 99"), std::string::npos)
+      << over.status();
+  // The default bound holds too: a sparse file of 1 GiB costs nothing to make.
+  ASSERT_EQ(truncate(path.c_str(), int64_t{1} << 30), 0);
+  EXPECT_FALSE(ReadFileToString(path).ok());
+}
+
 TEST(FileUtilTest, AFifoIsRefusedWithoutBlocking) {
   const std::string path = TestDir() + "/fifo";
   unlink(path.c_str());

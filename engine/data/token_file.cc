@@ -124,7 +124,7 @@ TokenizerFingerprint Sha256(const void* data, size_t n) {
 }
 
 absl::StatusOr<TokenizerFingerprint> Sha256File(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+  ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path, kMaxTokenizerBytes));
   return Sha256(bytes.data(), bytes.size());
 }
 

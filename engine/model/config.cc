@@ -865,7 +865,7 @@ absl::StatusOr<LlamaConfig> ParseConfigJson(const std::string& json_text) {
 
 absl::StatusOr<LlamaConfig> LoadConfigJson(const std::string& path) {
   const std::string file = IsDirectory(path) ? path + "/config.json" : path;
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, kMaxJsonConfigBytes));
   return ParseConfig(text, file);
 }
 

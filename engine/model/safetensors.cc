@@ -242,7 +242,7 @@ class MappedReader : public SafetensorsReader {
   }
 
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenIndex(const std::string& path) {
-    ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, kMaxIndexBytes));
     auto bad = [&](const std::string& what) {
       return absl::DataLossError(absl::StrCat(path, ": ", what));
     };
