@@ -1,5 +1,9 @@
 #include "engine/train/tensorboard.h"
 
+#include <fcntl.h>
+
+#include "engine/core/path_policy.h"
+
 #include <unistd.h>
 
 #include <array>
@@ -89,7 +93,11 @@ std::string TensorBoardScalarEvent(double wall_time, int64_t step,
 
 absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
     const std::string& dir) {
-  RETURN_IF_ERROR(MakeDirs(dir));
+  // Inside the allowed roots (ithacad's --allowed-roots, passed down to the workers), made and
+  // opened one component at a time without following links: a link at
+  // checkpoint.dir/tensorboard cannot send the event file elsewhere (issue 43 N2).
+  ASSIGN_OR_RETURN(std::vector<std::string> roots, AllowedRootsFromEnvironment());
+  RETURN_IF_ERROR(roots.empty() ? MakeDirs(dir) : MakeDirsInsideRoots(dir, roots));
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
   // The pid and a counter keep two writers of one process and second apart.
@@ -97,8 +105,14 @@ absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
   const std::string path =
       absl::StrCat(dir, "/events.out.tfevents.", static_cast<int64_t>(std::time(nullptr)), ".",
                    host, ".", getpid(), opened++ > 0 ? absl::StrCat(".", opened) : "");
-  std::FILE* f = std::fopen(path.c_str(), "wbx");
+  absl::StatusOr<int> fd = OpenInsideRoots(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, roots);
+  if (!fd.ok()) {
+    return absl::Status(fd.status().code(), absl::StrCat("metrics.tensorboard: cannot create ",
+                                                         path, ": ", fd.status().message()));
+  }
+  std::FILE* f = fdopen(*fd, "wb");
   if (f == nullptr) {
+    close(*fd);
     return absl::InternalError(
         absl::StrCat("metrics.tensorboard: cannot create ", path, ": ", std::strerror(errno)));
   }

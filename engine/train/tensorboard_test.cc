@@ -4,12 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 
 namespace ithaca {
 namespace {
@@ -74,6 +78,38 @@ TEST(TensorBoardTest, RecordsAreFramedAndChecksummed) {
   auto again = TensorBoardWriter::Open(dir);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_NE((*again)->path(), (*w)->path());
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Issue 43 N2: a link at checkpoint.dir/tensorboard must not make the worker write its event
+// file outside the allowed roots; inside them the file is made as before.
+TEST(TensorBoardTest, TheEventFileStaysInsideTheAllowedRoots) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(tmp ? tmp : "/tmp") + "/tb_roots";
+  const std::string root = base + "/root", outside = base + "/outside";
+  ASSERT_TRUE(MakeDirs(root + "/ckpt").ok());
+  ASSERT_TRUE(MakeDirs(outside).ok());
+  const std::string link = root + "/ckpt/tensorboard";
+  unlink(link.c_str());
+  ASSERT_EQ(symlink(outside.c_str(), link.c_str()), 0);
+  setenv(kAllowedRootsEnv, root.c_str(), 1);
+  auto w = TensorBoardWriter::Open(link);
+  EXPECT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kPermissionDenied) << w.status();
+  DIR* d = opendir(outside.c_str());
+  ASSERT_NE(d, nullptr);
+  int entries = 0;
+  while (dirent* e = readdir(d)) entries += e->d_name[0] != '.';
+  closedir(d);
+  EXPECT_EQ(entries, 0) << "an event file was made outside the roots";
+  auto inside = TensorBoardWriter::Open(root + "/ckpt/tb");
+  EXPECT_TRUE(inside.ok()) << inside.status();
+  unsetenv(kAllowedRootsEnv);
 }
 
 }  // namespace
