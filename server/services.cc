@@ -237,8 +237,12 @@ grpc::Status JobServiceImpl::Drain(grpc::ServerContext* context, const v1::Drain
 
 grpc::Status WorkerServiceImpl::Check(const grpc::ServerContext& context,
                                       const std::string& job_id) const {
-  if (remote_ == nullptr) return grpc::Status::OK;
-  if (grpc::Status auth = remote_->Authorize(context); !auth.ok()) return auth;
+  // Over TCP the caller also needs the client token; on the local socket too, every call (not
+  // only Register) carries the job's secret, so a process that reaches the socket cannot forge
+  // a job's progress, losses or failure reason (issue 43 N15).
+  if (remote_ != nullptr) {
+    if (grpc::Status auth = remote_->Authorize(context); !auth.ok()) return auth;
+  }
   const auto& md = context.client_metadata();
   auto it = md.find(kJobSecretMetadata);
   const std::string secret = it == md.end() ? "" : std::string(it->second.data(), it->second.size());

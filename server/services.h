@@ -97,7 +97,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Exiting(grpc::ServerContext*, const v1::ExitingRequest* request, v1::Ack*) override;
 
  private:
-  // OK for a call on the unix socket; on the TCP port, the token and the job's secret.
+  // The job's secret on every call; on the TCP port the client token too.
   grpc::Status Check(const grpc::ServerContext& context, const std::string& job_id) const;
 
   Supervisor* supervisor_;

@@ -584,7 +584,10 @@ TEST(SupervisorTest, TheTcpWorkerServiceNeedsTheTokenAndTheJobsSecret) {
             grpc::StatusCode::PERMISSION_DENIED);
   // Token and secret: the call reaches the supervisor (the rank has not registered yet).
   EXPECT_EQ(beat(remote_stub.get(), token, record->secret), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(beat(local_stub.get(), "", ""), grpc::StatusCode::FAILED_PRECONDITION);
+  // The local socket asks for no token, but for the job's secret on every call.
+  EXPECT_EQ(beat(local_stub.get(), "", ""), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(beat(local_stub.get(), "", record->secret + "0"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(beat(local_stub.get(), "", record->secret), grpc::StatusCode::FAILED_PRECONDITION);
   ASSERT_TRUE(supervisor.Cancel("job-t", "test over").ok());
   ASSERT_TRUE(owner.WaitEnded("job-t").has_value());
 }
