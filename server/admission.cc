@@ -210,8 +210,12 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   // The node's slots before anything that depends on the world size (an eval set too small
   // for 100 ranks is not what is wrong with 100 ranks on 4 slots).
   RETURN_IF_ERROR(CheckSlots(s, node));
-  absl::StatusOr<ResolvedJob> resolved =
-      ResolveJob(s, NodeResourcesFor(node, s));
+  // Planning costs daemon CPU in proportion to the model and the length: bounded in time, and
+  // stopped when the client goes (issue 43 N3).
+  PlanLimits limits;
+  limits.deadline = absl::Now() + kMaxPlanTime;
+  limits.cancelled = cancelled;
+  absl::StatusOr<ResolvedJob> resolved = ResolveJob(s, NodeResourcesFor(node, s), limits);
   if (!resolved.ok()) {
     return absl::Status(resolved.status().code(),
                         absl::StrCat(source, ": ", resolved.status().message()));

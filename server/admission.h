@@ -71,6 +71,10 @@ NodeResources NodeResourcesFor(const Node& node, const JobSpec& s);
 // The resolved job's per-rank peak per tier against its budget.
 v1::MemoryPlan EstimateMemory(const AdmittedSpec& admitted);
 
+// The most daemon time one submission's planning may take (DEADLINE_EXCEEDED naming the job's
+// length and model past it).
+inline constexpr absl::Duration kMaxPlanTime = absl::Seconds(30);
+
 // FAILED_PRECONDITION when one node cannot hold the job's ranks on it (world / slurm.nodes >
 // its slots). ParseSubmission checks it before resolving (for PlanJob too).
 absl::Status CheckSlots(const JobSpec& s, const Node& node);

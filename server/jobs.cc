@@ -272,10 +272,17 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
   // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
   // cannot starve the supervisor's heartbeats.
-  if (plans_in_flight_.fetch_add(1) >= kMaxConcurrentPlans) {
+  // A long plan (a long sequence) may not take the last slot: small requests keep one.
+  absl::StatusOr<JobSpec> peek = ParseJobSpec(toml, source);
+  const bool heavy = peek.ok() && peek->data.seq_len > kSmallPlanTokens;
+  const int slots = heavy ? kMaxConcurrentPlans - 1 : kMaxConcurrentPlans;
+  if (plans_in_flight_.fetch_add(1) >= slots) {
     plans_in_flight_.fetch_sub(1);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "ithacad is already admitting ", kMaxConcurrentPlans, " jobs; try again shortly"));
+        "ithacad is already admitting ", slots, " jobs",
+        heavy ? absl::StrCat(" (one more slot is kept for data.seq_len <= ", kSmallPlanTokens, ")")
+              : "",
+        "; try again shortly"));
   }
   absl::StatusOr<AdmittedSpec> admitted =
       ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,

@@ -115,6 +115,8 @@ class Jobs : private JobOwner {
 
  private:
   static constexpr int kMaxConcurrentPlans = 4;
+  // Submissions longer than this plan in at most kMaxConcurrentPlans - 1 slots.
+  static constexpr int64_t kSmallPlanTokens = int64_t{1} << 20;
   // The request's overrides applied (engine/spec/overrides.h: the clients' --set), then
   // ParseSubmission (parse, validate, resolve with the planner) and, with `check_inputs`,
   // CheckInputs (the data and weights opened as the workers will), at most kMaxConcurrentPlans

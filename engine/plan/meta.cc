@@ -10,6 +10,16 @@ void MetaOps::Download(const Tensor& src, void* host, DType host_dtype) {
 }
 
 absl::StatusOr<void*> MetaAllocator::Allocate(size_t bytes, Tier tier) {
+  // The replay allocates throughout (every tile, stage and block), so this is where a long one
+  // stops.
+  if (++allocations_ % 256 == 0) {
+    if (limits_.cancelled && limits_.cancelled()) {
+      return absl::CancelledError("planning stopped: the client went away");
+    }
+    if (absl::Now() > limits_.deadline) {
+      return absl::DeadlineExceededError("planning ran past its time bound");
+    }
+  }
   void* p = reinterpret_cast<void*>(next_);
   next_ += (bytes + 255) / 256 * 256 + 256;
   tracker_.OnAlloc(tier, bytes);

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/backend/ops.h"
 #include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
@@ -58,9 +61,17 @@ class MetaOps final : public Ops {
 };
 
 // Addresses from a private range, never backed by memory; tracks tiers like a real allocator.
+// How long a replay may run and whether to stop it: its caller's (a daemon stops planning when
+// the client goes, and bounds its CPU per plan).
+struct PlanLimits {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // unset: never
+};
+
 class MetaAllocator final : public Allocator {
  public:
-  explicit MetaAllocator(Device device) : device_(device) {}
+  explicit MetaAllocator(Device device, PlanLimits limits = {})
+      : device_(device), limits_(std::move(limits)) {}
   Device device() const override { return device_; }
   absl::StatusOr<void*> Allocate(size_t bytes, Tier tier) override;
   void Free(void* ptr, size_t bytes, Tier tier) override;
@@ -69,6 +80,8 @@ class MetaAllocator final : public Allocator {
 
  private:
   Device device_;
+  PlanLimits limits_;
+  int64_t allocations_ = 0;  // the limits are looked at every 256th
   uintptr_t next_ = uintptr_t{1} << 44;
   SizeClassCache device_cache_;
 };

@@ -119,7 +119,7 @@ std::string HumanBytes(int64_t b) {
 
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   MetaOps ops(req.device, req.act);
-  MetaAllocator alloc(req.device);
+  MetaAllocator alloc(req.device, req.limits);
   // Rank 0's view: its shards are full-size (padding sits on the last rank).
   MetaComm world(0, static_cast<int>(req.world));
   MetaComm sp(0, static_cast<int>(req.sp));
@@ -178,7 +178,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   return p;
 }
 
-absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int64_t host_budget) {
+absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int64_t host_budget,
+                                   const PlanLimits& limits) {
   ASSIGN_OR_RETURN(LlamaConfig cfg, ResolveModelConfig(spec));
   if (gpu_budget == 0) gpu_budget = static_cast<int64_t>(spec.memory.gpu_budget_gib * kGiB);
   if (host_budget == 0) host_budget = static_cast<int64_t>(spec.memory.host_budget_gib * kGiB);
@@ -193,6 +194,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     ASSIGN_OR_RETURN(*kernel, ParseAttentionKernel(*name));
   }
   req.device = spec.backend == "cuda" ? Device::kCuda : Device::kCpu;
+  req.limits = limits;
   const std::string dtype =
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;
   req.act = dtype == "bf16" ? DType::kBF16 : DType::kF32;

@@ -16,6 +16,7 @@
 #include "engine/core/status.h"
 #include "engine/memory/tiers.h"
 #include "engine/model/config.h"
+#include "engine/plan/meta.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
 
@@ -38,6 +39,7 @@ struct PlanRequest {
   // tier (the device holds the units being used and prefetched), and no working-copy staging.
   Device device = Device::kCpu;
   DType act = DType::kF32;
+  PlanLimits limits;  // engine/plan/meta.h: the replay's time bound and cancellation
 };
 
 struct MemoryPlan {
@@ -89,8 +91,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 // memory.param_offload "auto" then moves the working copy there too, only when still nothing
 // fits (so the order is: all on the device, optimizer on the host, both). Budgets of 0
 // take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
+// `limits` bound the whole search (every replay it makes): DEADLINE_EXCEEDED or CANCELLED.
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
-                                   int64_t host_budget_bytes = 0);
+                                   int64_t host_budget_bytes = 0, const PlanLimits& limits = {});
 
 // "12.34 GiB", or MiB below one GiB.
 std::string HumanBytes(int64_t bytes);

@@ -16,7 +16,8 @@ namespace {
 
 // A job that does not fit: the first of a few changes that makes it fit, as "; it fits with
 // ...", or "" when none does (or the planning takes too long). Each try is one PlanJob.
-std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const NodeResources& node) {
+std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const NodeResources& node,
+                          const PlanLimits& limits) {
   constexpr absl::Duration kMaxTime = absl::Seconds(3);
   struct Try {
     std::string what;
@@ -55,14 +56,16 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
                        t->parallel.sp = sp;
                      }});
   }
-  const absl::Time deadline = absl::Now() + kMaxTime;
+  const absl::Time deadline = std::min(absl::Now() + kMaxTime, limits.deadline);
+  PlanLimits bounded = limits;
+  bounded.deadline = deadline;
   for (const Try& t : tries) {
     if (absl::Now() > deadline) break;
     JobSpec changed = spec;
     t.change(&changed);
     if (!ValidateJob(changed, cfg).ok()) continue;  // e.g. more ranks than heads
     const RankBudgets b = BudgetsFor(changed, node);
-    absl::StatusOr<MemoryPlan> plan = PlanJob(changed, b.gpu_bytes, b.host_bytes);
+    absl::StatusOr<MemoryPlan> plan = PlanJob(changed, b.gpu_bytes, b.host_bytes, bounded);
     if (plan.ok() && plan->fits) return absl::StrCat("; it fits with ", t.what);
   }
   return "";
@@ -70,7 +73,8 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
 
 }  // namespace
 
-absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources& node) {
+absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources& node,
+                                       const PlanLimits& limits) {
   ResolvedJob job;
   absl::StatusOr<LlamaConfig> cfg = ResolveModelConfig(spec);
   if (!cfg.ok()) {
@@ -98,8 +102,17 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.gpu_budget_gib = job.budgets.gpu_bytes / kGiB;
   s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
 
-  ASSIGN_OR_RETURN(job.plan, PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes));
-  if (!job.plan.fits) job.plan.verdict += FitSuggestion(s, job.config, node);
+  absl::StatusOr<MemoryPlan> plan =
+      PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits);
+  if (absl::IsDeadlineExceeded(plan.status()) || absl::IsCancelled(plan.status())) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("planning data.seq_len = ", s.data.seq_len, " for ",
+                                     s.model.config.empty() ? s.model.preset : s.model.config,
+                                     ": ", plan.status().message()));
+  }
+  RETURN_IF_ERROR(plan.status());
+  job.plan = *plan;
+  if (!job.plan.fits) job.plan.verdict += FitSuggestion(s, job.config, node, limits);
   s.memory.head_chunk = job.plan.head_chunk;
   s.memory.tile_tokens = job.plan.tile_tokens;
   s.memory.offload = job.plan.offload;

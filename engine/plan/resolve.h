@@ -31,7 +31,10 @@ struct ResolvedJob {
 // (engine/plan PlanJob). A job that does not fit is still resolved, to the most frugal settings
 // tried, so its plan can be shown: plan.fits says so, and RequireFits turns it into the error a
 // job about to run returns.
-absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources& node);
+// `limits` bound the planning (engine/plan/meta.h): DEADLINE_EXCEEDED or CANCELLED naming the
+// job's length and model.
+absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources& node,
+                                       const PlanLimits& limits = {});
 
 // FAILED_PRECONDITION with the plan's verdict when the job does not fit its budgets.
 absl::Status RequireFits(const ResolvedJob& job);

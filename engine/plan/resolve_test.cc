@@ -334,3 +334,40 @@ TEST(BudgetsTest, TheOneRule) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Issue 43 N3: planning the longest a spec allows (qwen3-32b at 2^27 tokens) took minutes of the
+// daemon's CPU and went on after the client left. With limits it stops: past its deadline, or
+// at once when cancelled, naming the job.
+TEST(ResolveLimitsTest, PlanningStopsAtItsDeadlineAndWhenCancelled) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "qwen3-32b";
+  spec.data.seq_len = int64_t{1} << 27;
+  spec.parallel.world = 8;
+  spec.parallel.sp = 8;
+  NodeResources node;
+  node.device_memory_bytes = int64_t{80} << 30;
+  node.host_memory_bytes = int64_t{2048} << 30;
+  node.ranks_on_host = 8;
+  PlanLimits limits;
+  limits.deadline = absl::Now() + absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ResolvedJob> late = ResolveJob(spec, node, limits);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_NE(late.status().message().find("planning data.seq_len = 134217728 for qwen3-32b"),
+            std::string::npos)
+      << late.status();
+  PlanLimits gone;
+  gone.cancelled = [] { return true; };
+  absl::StatusOr<ResolvedJob> cancelled = ResolveJob(spec, node, gone);
+  ASSERT_FALSE(cancelled.ok());
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+}
+
+}  // namespace
+}  // namespace ithaca
