@@ -207,11 +207,17 @@ struct DaemonOptions {
 absl::StatusOr<std::string> StateDirFromFlags() {
   std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) state_dir = DefaultStateDir();
-  mkdir(state_dir.c_str(), 0755);
+  // Other users may pass through (a --worker-user's workers reach their socket and log
+  // directory) but not list or read it: every job's spec, reasons and history are in there.
+  mkdir(state_dir.c_str(), 0711);
   char real[PATH_MAX];
   if (realpath(state_dir.c_str(), real) == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("--state-dir ", state_dir, ": ", strerror(errno)));
+  }
+  struct stat st;
+  if (stat(real, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & 0066) != 0) {
+    chmod(real, st.st_mode & 07711);  // an older daemon's 0755: take group and others' reads away
   }
   return std::string(real);
 }
@@ -372,7 +378,19 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
 // One daemon per state directory: holds its lock for the life of the process.
 absl::Status LockStateDir(const std::string& state_dir) {
   const std::string lock_path = state_dir + "/ithacad.lock";
-  int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Only this daemon's user may open the lock (0600, and refused when another user owns it), so
+  // no other local user can hold it to keep ithacad from starting.
+  int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  struct stat st;
+  if (lock_fd >= 0 && fstat(lock_fd, &st) == 0) {
+    if (st.st_uid != geteuid()) {
+      close(lock_fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          lock_path, " belongs to uid ", st.st_uid, ", not to this daemon's user (uid ", geteuid(),
+          "): remove it"));
+    }
+    fchmod(lock_fd, 0600);
+  }
   if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("another ithacad is using ", state_dir, " (", lock_path, " is locked)"));

@@ -128,6 +128,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options)
     return absl::UnavailableError(absl::StrCat("job store ", options.path, ": ", msg));
   }
   std::unique_ptr<JobStore> store(new JobStore(db, options));
+  // The store holds every job's spec, reasons and history: its owner's alone (SQLite gives its
+  // journal files the same mode).
+  chmod(options.path.c_str(), 0600);
   sqlite3_busy_timeout(db, 5000);
   {
     // A damaged file opens fine and fails later, one RPC at a time: check every page now.

@@ -61,6 +61,15 @@ class SecurityE2E(unittest.TestCase):
                              e.exception.details())
             self.assertNotIn(token, e.exception.details())
 
+    def test_the_state_is_the_daemons_own(self):
+        # N11: others may pass through the state directory (a worker user's workers) but not
+        # list or read it; the job store and the lock are the daemon's user's alone.
+        state = os.path.join(TMP, "state")
+        mode = os.stat(state).st_mode & 0o777
+        self.assertEqual(mode & 0o066, 0, oct(mode))
+        for name in ("jobs.db", "ithacad.lock"):
+            self.assertEqual(os.stat(os.path.join(state, name)).st_mode & 0o777, 0o600, name)
+
     def test_a_job_runs_over_tls_with_the_token(self):
         run = os.path.join(TMP, "tls-run")
         job = self.d.submit(spec_toml(run, steps=6, checkpoint_every=3))
