@@ -325,6 +325,11 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   v1::Job stored;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A client that gave up (its deadline passed while the job was planned) gets no job: its
+    // retry would otherwise find this one holding the checkpoint directory (issue 43 N5).
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("the client went away before the job was stored; none was made");
+    }
     const std::string& dir = admitted.spec.checkpoint.dir;
     // Checked before the job is stored, claimed once it has its id (under one lock hold).
     if (!dir.empty()) RETURN_IF_ERROR(ClaimCheckpointDirLocked(dir, ""));

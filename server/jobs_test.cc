@@ -508,3 +508,32 @@ TEST(JobsTest, ShutdownFailsRunningJobsKeepsQueuedOnesAndRefusesSubmissions) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Issue 43 N5: a client that gave up while its job was admitted gets no job. The last look at
+// `cancelled` is just before the job is stored: a client gone by then leaves nothing behind.
+TEST(JobsTest, AClientGoneBeforeTheJobIsStoredGetsNone) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("gone", 2, "/bin/false"), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  // How often admission asks, for this spec, when the client stays.
+  int asked = 0;
+  absl::StatusOr<v1::Job> stays = jobs.Submit(Submission(1), [&] { return ++asked < 0; });
+  ASSERT_TRUE(stays.ok()) << stays.status();
+  ASSERT_GT(asked, 0);
+  const size_t before = jobs.List({})->jobs_size();
+  // The same submission whose client is gone at the last question only.
+  int n = 0;
+  const int last = asked;
+  absl::StatusOr<v1::Job> gone = jobs.Submit(Submission(1), [&] { return ++n >= last; });
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kCancelled) << gone.status();
+  EXPECT_EQ(jobs.List({})->jobs_size(), before) << "a job was stored for a client that left";
+}
+
+}  // namespace
+}  // namespace ithaca
