@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
 #include "engine/model/safetensors.h"
@@ -625,6 +626,26 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& pat
     }
     manifest.files.push_back({rel, f["bytes"].get<int64_t>(), f["crc32"].get<uint32_t>()});
     manifest.total_bytes += manifest.files.back().bytes;
+  }
+  // What every checkpoint holds must be listed, or verifying checks nothing of it (a manifest of
+  // no files verified nothing, and a resume loaded whatever the step held: issue 43 N17).
+  auto listed = [&](auto&& match) {
+    return std::any_of(manifest.files.begin(), manifest.files.end(),
+                       [&](const CheckpointManifest::File& f) { return match(f.path); });
+  };
+  const std::pair<const char*, bool> needed[] = {
+      {"state.json", listed([](const std::string& p) { return p == "state.json"; })},
+      {"the weights (model/)",
+       listed([](const std::string& p) { return absl::StartsWith(p, "model/"); })},
+      {"the optimizer's state (optimizer.safetensors or optimizer/)",
+       listed([](const std::string& p) {
+         return p == "optimizer.safetensors" || absl::StartsWith(p, "optimizer/");
+       })}};
+  for (const auto& [what, present] : needed) {
+    if (!present) {
+      return absl::DataLossError(
+          absl::StrCat(manifest_path, ": does not list ", what, ": not a whole checkpoint"));
+    }
   }
   return manifest;
 }

@@ -234,6 +234,33 @@ TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
 
 // A state.json whose counts are negative (damaged or forged) is data loss naming the field,
 // not an abort in the trainer (issue 43 N8).
+// Issue 43 N17: a manifest that lists nothing (or leaves out a part) verified nothing, and a
+// resume loaded whatever the step held. Each part a checkpoint has must be listed.
+TEST(CheckpointTest, AManifestMustListEveryPart) {
+  Fixture f;
+  const std::string dir = FreshDir("manifest");
+  ASSERT_TRUE(f.Save(dir, 1).ok());
+  const std::string ck = dir + "/step-00000001";
+  ASSERT_TRUE(VerifyCheckpoint(ck).ok());
+  auto write = [&](const std::string& files) {
+    ASSERT_TRUE(WriteFileAtomic(ck + "/manifest.json",
+                                "{\"format\": \"ithaca-manifest-v1\", \"files\": [" + files +
+                                    "]}")
+                    .ok());
+  };
+  write("");
+  absl::Status verified = VerifyCheckpoint(ck);
+  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
+  EXPECT_NE(verified.message().find("does not list state.json"), std::string::npos) << verified;
+  // state.json and the weights, but not the optimizer's state.
+  write("{\"path\": \"state.json\", \"bytes\": 1, \"crc32\": 1}, "
+        "{\"path\": \"model/model.safetensors\", \"bytes\": 1, \"crc32\": 1}");
+  verified = VerifyCheckpoint(ck);
+  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
+  EXPECT_NE(verified.message().find("does not list the optimizer's state"), std::string::npos)
+      << verified;
+}
+
 TEST(CheckpointTest, NegativeCountsInTheStateAreDataLoss) {
   const std::string dir = FreshDir("negative");
   for (const char* field : {"step", "data_position", "tokens", "schedule_steps"}) {
