@@ -199,9 +199,19 @@ void Define(CLI::App& app, Parsed& p) {
   CLI::App* drain = app.add_subcommand(
       "drain", "pause scheduling; running jobs checkpoint, stop and are queued again");
   drain->add_flag("--undo", f.undo, "start the queue again (as kubectl uncordon)");
+  // Whole seconds from 1 to a day: 0.5 would become the daemon's default, 1e12 overflow.
   drain->add_option("--timeout", f.timeout_s,
-                    "seconds to wait for the checkpoints (default: the daemon's 300)")
-      ->check(CLI::NonNegativeNumber);
+                    "whole seconds to wait for the checkpoints, 1 to 86400 (default: the "
+                    "daemon's 300)")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            double d = 0;
+            return absl::SimpleAtod(v, &d) && d == static_cast<double>(static_cast<int64_t>(d))
+                       ? std::string()
+                       : std::string("whole seconds");
+          },
+          "SECONDS"));
 
   CLI::App* completion = app.add_subcommand(
       "completion", "print a shell completion script: source <(ithaca completion bash)");

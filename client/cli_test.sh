@@ -31,6 +31,9 @@ expect_usage "status: The following argument was not expected: -f" status job-1 
 expect_usage "cancel: .*--rank" cancel job-1 --rank 0
 expect_usage "unknown command \"frobnicate\"" frobnicate
 expect_usage "unknown command \"sumbit\"; did you mean submit?" sumbit job.toml
+expect_usage "drain: --timeout: Value 0.5 not in range" drain --timeout 0.5
+expect_usage "drain: --timeout: Value 1e12 not in range" drain --timeout 1e12
+expect_usage "drain: --timeout: .*whole seconds" drain --timeout 2.5
 # A spec that cannot be read says why (exit 2).
 for args in "submit no-such-spec.toml|cannot read: No such file or directory" \
             "plan /|/: is a directory, not a job spec"; do

@@ -456,9 +456,12 @@ absl::StatusOr<v1::Job> Jobs::Delete(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(job, store_->Get(id));
     if (!IsTerminal(job.state())) {
+      // A job already being cancelled needs no second cancel: only its end.
+      const bool cancelling = job.state() == v1::JOB_STATE_CANCELLING;
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", id, " is ", JobStateName(job.state()),
-          "; only an ended job can be deleted: cancel it first (ithaca cancel ", id, ")"));
+          "job ", id, " is ", JobStateName(job.state()), "; only an ended job can be deleted: ",
+          cancelling ? absl::StrCat("wait for it to end (ithaca wait ", id, ")")
+                     : absl::StrCat("cancel it first (ithaca cancel ", id, ")")));
     }
     RETURN_IF_ERROR(store_->Delete(id));
     events_.erase(id);
