@@ -1,5 +1,10 @@
 #include "server/services.h"
 
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -29,6 +34,22 @@ grpc::Status ToGrpc(const absl::Status& status) {
 }
 
 absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
+  // host:port or [v6]:port, the port a number: without one gRPC would take :443.
+  if (!absl::StartsWith(listen, "unix:") && !absl::StartsWith(listen, "unix-abstract:")) {
+    size_t port_at = std::string::npos;
+    if (absl::StartsWith(listen, "[")) {
+      const size_t close = listen.find("]:");
+      if (close != std::string::npos) port_at = close + 2;
+    } else if (std::count(listen.begin(), listen.end(), ':') == 1) {
+      port_at = listen.find(':') + 1;
+    }
+    int port = -1;
+    if (port_at == std::string::npos || !absl::SimpleAtoi(listen.substr(port_at), &port) ||
+        port < 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", listen, ": give host:port (127.0.0.1:50051, [::1]:50051) or unix:PATH"));
+    }
+  }
   const size_t colon = listen.rfind(':');
   if (listen.rfind("unix:", 0) == 0 || colon == std::string::npos ||
       listen.substr(colon + 1) != "0") {
