@@ -580,6 +580,12 @@ absl::Status CheckModelKeys(const Json& root, const std::string& source, LlamaCo
     if (!kinds->is_array()) {
       return r.Error("layer_types", absl::StrCat("expected an array, got ", Describe(*kinds)));
     }
+    int64_t layers = 0;
+    RETURN_IF_ERROR(r.Int("num_hidden_layers", false, &layers));
+    if (layers > 0 && static_cast<int64_t>(kinds->size()) != layers) {
+      return r.Error("layer_types", absl::StrCat(kinds->size(), " entries for ", layers,
+                                                 " layers (num_hidden_layers): one per layer"));
+    }
     for (size_t i = 0; i < kinds->size(); ++i) {
       const Json& kind = (*kinds)[i];
       const char* want =
@@ -684,6 +690,14 @@ absl::StatusOr<LlamaConfig> ParseConfig(const std::string& text, const std::stri
     RETURN_IF_ERROR(KeyReader(first, source, "").Int("eos_token_id", true, &cfg.eos_token_id));
   } else {
     RETURN_IF_ERROR(r.Int("eos_token_id", false, &cfg.eos_token_id));
+  }
+  // Token ids name rows of the embedding: inside the vocabulary (a packed sample's documents are
+  // found by bos_token_id).
+  for (auto [name, id] : {std::pair<const char*, int64_t>{"bos_token_id", cfg.bos_token_id},
+                          {"eos_token_id", cfg.eos_token_id}}) {
+    if (id >= cfg.vocab_size && cfg.vocab_size > 0) {
+      return r.Error(name, absl::StrCat(id, " is not below vocab_size (", cfg.vocab_size, ")"));
+    }
   }
 
   if (cfg.head_dim > std::numeric_limits<int>::max()) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 
 #include "engine/core/file_util.h"
 #include "engine/model/config_testing.h"
@@ -604,13 +605,20 @@ TEST(FamilyConfigTest, MistralWindowAndFamilyKeys) {
                 {"use_mrope"});
   ExpectInvalid(Replace(kMistral7B_v03, "\"rms_norm_eps\"", "\"max_window_layers\": 3, \"rms_norm_eps\""),
                 {"max_window_layers", "mistral"});
-  // transformers 5's layer_types: every layer full (or, with a window, sliding).
-  auto typed = ParseConfigJson(Replace(
-      kQwen3_14B, "\"rms_norm_eps\"", "\"layer_types\": [\"full_attention\"], \"rms_norm_eps\""));
+  // transformers 5's layer_types: one per layer (Qwen3-14B's 40), every layer full (or, with a
+  // window, sliding).
+  auto kinds = [](const std::string& first) {
+    std::string list = "\"layer_types\": [\"" + first + "\"";
+    for (int i = 1; i < 40; ++i) list += ", \"full_attention\"";
+    return list + "], \"rms_norm_eps\"";
+  };
+  auto typed = ParseConfigJson(Replace(kQwen3_14B, "\"rms_norm_eps\"", kinds("full_attention")));
   EXPECT_TRUE(typed.ok()) << typed.status();
-  ExpectInvalid(Replace(kQwen3_14B, "\"rms_norm_eps\"",
-                        "\"layer_types\": [\"sliding_attention\"], \"rms_norm_eps\""),
+  ExpectInvalid(Replace(kQwen3_14B, "\"rms_norm_eps\"", kinds("sliding_attention")),
                 {"layer_types[0]", "full_attention"});
+  ExpectInvalid(Replace(kQwen3_14B, "\"rms_norm_eps\"",
+                        "\"layer_types\": [\"full_attention\"], \"rms_norm_eps\""),
+                {"layer_types", "1 entries for 40 layers"});
   // Qwen2's attention has no head_dim of its own.
   ExpectInvalid(Replace(kQwen25_05B, "\"hidden_size\": 896", "\"head_dim\": 32, \"hidden_size\": 896"),
                 {"head_dim", "qwen2"});
@@ -691,6 +699,36 @@ TEST(ConfigBoundsTest, AHugeModelIsRefusedNamingTheKey) {
   st = ValidateConfig(cfg);
   EXPECT_NE(st.message().find("too large"), std::string::npos) << st;
   EXPECT_TRUE(ValidateConfig(*PresetConfig("llama-3-8b")).ok());
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Issue 43: a layer_types list of another length than the layers, and token ids outside the
+// vocabulary, were accepted.
+TEST(ConfigTest, LayerTypesAndTokenIdsMustFitTheModel) {
+  auto with = [](const std::string& extra) {
+    std::string json = kLlama32_1B;
+    json.insert(json.rfind('}'), ", " + extra);
+    return ParseConfigJson(json);
+  };
+  std::string many = "\"layer_types\": [";
+  for (int i = 0; i < 100000; ++i) absl::StrAppend(&many, i ? "," : "", "\"full_attention\"");
+  auto long_list = with(many + "]");
+  ASSERT_FALSE(long_list.ok());
+  EXPECT_NE(long_list.status().message().find("100000 entries for 16 layers"), std::string::npos)
+      << long_list.status();
+  std::string sixteen = "\"layer_types\": [";
+  for (int i = 0; i < 16; ++i) absl::StrAppend(&sixteen, i ? "," : "", "\"full_attention\"");
+  EXPECT_TRUE(with(sixteen + "]").ok());
+  auto big_eos = ParseConfigJson(absl::StrReplaceAll(
+      std::string(kLlama32_1B), {{"\"eos_token_id\": 128001", "\"eos_token_id\": 128256"}}));
+  ASSERT_FALSE(big_eos.ok());
+  EXPECT_NE(big_eos.status().message().find("eos_token_id"), std::string::npos)
+      << big_eos.status();
 }
 
 }  // namespace
