@@ -46,9 +46,10 @@ absl::Status Jobs::Start() {
   return absl::OkStatus();
 }
 
-std::vector<std::string> Jobs::ResumableRunningLocked(std::vector<std::string>* others) {
+std::vector<std::string> Jobs::ResumableRunningLocked(std::vector<std::string>* others,
+                                                      JobState state) {
   std::vector<std::string> resumable;
-  absl::StatusOr<std::vector<v1::Job>> running = store_->List({v1::JOB_STATE_RUNNING}, 0);
+  absl::StatusOr<std::vector<v1::Job>> running = store_->List({state}, 0);
   for (const v1::Job& job : running.ok() ? *running : std::vector<v1::Job>()) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_toml(), "job " + job.id());
     if (spec.ok() && spec->checkpoint.resume && !spec->checkpoint.dir.empty()) {
@@ -72,12 +73,34 @@ int Jobs::Drain(absl::Duration timeout) {
 
 v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout) {
   v1::DrainResponse response;
-  std::vector<std::string> resumable, others;
+  std::vector<std::string> resumable, others, starting;
+  const absl::Time deadline = absl::Now() + timeout;
   {
     std::lock_guard<std::mutex> lock(mu_);
     scheduling_paused_ = !undo;
-    if (!undo) resumable = ResumableRunningLocked(&others);
+    if (!undo) {
+      resumable = ResumableRunningLocked(&others);
+      // Jobs still starting (under Slurm: pending) would run on while scheduling is paused
+      // (issue 43 N9): drained too, once they run, within the same timeout.
+      starting = ResumableRunningLocked(&others, v1::JOB_STATE_STARTING);
+    }
   }
+  while (!starting.empty() && absl::Now() < deadline) {
+    std::vector<std::string> still;
+    for (const std::string& id : starting) {
+      absl::StatusOr<v1::Job> job = Get(id);
+      if (!job.ok() || IsTerminal(job->state())) continue;
+      if (job->state() == v1::JOB_STATE_RUNNING) {
+        resumable.push_back(id);
+      } else {
+        still.push_back(id);
+      }
+    }
+    starting = std::move(still);
+    if (!starting.empty()) absl::SleepFor(absl::Milliseconds(100));
+  }
+  // Not running by the deadline: listed, not silently left out.
+  others.insert(others.end(), starting.begin(), starting.end());
   std::printf("ithacad: scheduling %s\n", undo ? "resumed (drain undone)" : "paused (drain)");
   std::fflush(stdout);
   if (undo) {
@@ -85,7 +108,7 @@ v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout) {
   } else {
     // The supervisor reports each drained job QUEUED (OnEnded), which queues it again: it waits
     // there, as every queued job does, for the undo.
-    supervisor_.Drain(resumable, timeout);
+    supervisor_.Drain(resumable, std::max(absl::ZeroDuration(), deadline - absl::Now()));
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& id : resumable) {

@@ -144,9 +144,10 @@ class Jobs : private JobOwner {
   // backoff; true then.
   bool RestartLocked(const std::string& job_id, const std::string& reason);
 
-  // The RUNNING jobs that can resume from a checkpoint (checkpoint.dir, checkpoint.resume): the
-  // ones a drain stops. The others are in `others`.
-  std::vector<std::string> ResumableRunningLocked(std::vector<std::string>* others);
+  // The jobs in `state` (RUNNING unless said) that can resume from a checkpoint (checkpoint.dir,
+  // checkpoint.resume): the ones a drain stops. The others are added to `others`.
+  std::vector<std::string> ResumableRunningLocked(std::vector<std::string>* others,
+                                                  JobState state = v1::JOB_STATE_RUNNING);
 
   absl::Status Recover();
   // For a job found STARTING or RUNNING at start whose workers still run (its adoption record

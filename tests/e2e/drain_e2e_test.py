@@ -77,6 +77,24 @@ class DrainE2E(unittest.TestCase):
         self.assertEqual(steps, rank0_steps(d, reference.id))
         d.stop()
 
+    def test_a_job_still_starting_is_drained_too(self):
+        # Issue 43 N9: a job whose workers were still starting was neither drained nor listed,
+        # and ran on while scheduling was paused. Drained right after its submission, it is
+        # drained once it runs (or listed when it does not run in time).
+        d = Daemon(os.path.join(TMP, "state_starting"), cpu_slots=2)
+        job = d.submit(job_toml(os.path.join(TMP, "run_starting")))
+        deadline = time.time() + 60
+        while d.get(job.id).state == job_pb2.JOB_STATE_QUEUED and time.time() < deadline:
+            time.sleep(0.02)
+        response = d.client.drain(timeout_seconds=120)
+        self.assertIn(job.id, list(response.drained) + list(response.still_running), response)
+        if job.id in response.drained:
+            self.assertEqual(d.get(job.id).state, job_pb2.JOB_STATE_QUEUED)
+        self.assertTrue(d.client.drain(undo=True).scheduling_paused is False)
+        done = d.wait(job.id, timeout=240)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        d.stop()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
