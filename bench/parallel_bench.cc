@@ -57,13 +57,13 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/comm.h"
-#include "engine/comm/rehearsal/rehearsal_device.h"
 #include "engine/plan/budgets.h"
 #include "engine/plan/resolve.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
 #include "engine/plan/planner.h"
 #include "engine/runtime/backend.h"
+#include "engine/runtime/rank.h"
 #include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
@@ -629,11 +629,10 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
         .Num("ib_us", link.ib.latency_s * 1e6);
     line.Int("nodes", absl::GetFlag(FLAGS_nodes)).Int("rank", rank).Obj("link", link_json);
     if (absl::GetFlag(FLAGS_layers) > 0) line.Int("layers_run", cfg.num_hidden_layers);
-    if (probe > 0) line.Int("probe_window", probe);
   }
-  if (probe > 0 && !rehearse) {
+  if (probe > 0) {
     line.Int("probe_window", probe);
-  } else if (probe == 0 && !rehearse) {
+  } else if (!rehearse) {  // a rehearsal's figures are projections (below)
     line.Num("tok_per_s", tok_s)
         .Num("tok_per_s_per_gpu", tok_s / world)
         .Num("model_tflops_per_gpu", tflops / world);
@@ -710,14 +709,13 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
     return absl::InvalidArgumentError(
         absl::StrCat("--nodes ", nodes, ": must divide --world ", world));
   }
-  RehearsalLayout layout;
-  layout.world = world;
-  layout.nodes = nodes;
-  ASSIGN_OR_RETURN(layout.link, ParseLinkModel(absl::GetFlag(FLAGS_link)));
-  r.link = layout.link;
-  layout.split = [sp](int w) { return UlyssesSplit(w, sp); };
+  RankRehearsal rehearsal;
+  rehearsal.nodes = nodes;
+  ASSIGN_OR_RETURN(rehearsal.link, ParseLinkModel(absl::GetFlag(FLAGS_link)));
+  rehearsal.node = RehearsedNode(world, r.backend.device_bytes);
+  r.link = rehearsal.link;
+  r.node = rehearsal.node;
   const int per_node = world / nodes;
-  r.node = RehearsedNode(world, r.backend.device_bytes);
   // The rank's cores: its share of the node's, taken from this machine's (the CPU AdamW's
   // threads follow the affinity, engine/train/host_adamw.h).
   r.cores_share = std::max(1, absl::GetFlag(FLAGS_node_cores) / per_node);
@@ -735,11 +733,13 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
     }
     if (sched_setaffinity(0, sizeof(mine), &mine) == 0) r.cores_used = taken;
   }
+  RankInfo info;
+  info.rank = rank;
+  info.world = world;
   ASSIGN_OR_RETURN(std::unique_ptr<RehearsalComm> comm,
-                   MakeRehearsalComm(rank, layout, r.backend.device()));
+                   ConnectRehearsal(info, sp, rehearsal, r.backend));
   r.rehearsal = comm.get();
   r.world = std::move(comm);
-  r.world->UseStreams(r.backend.ops->streams());
   if (sp > 1) {
     const SplitArgs a = UlyssesSplit(rank, sp);
     ASSIGN_OR_RETURN(r.sp, r.world->Split(a.color, a.key));
@@ -747,7 +747,7 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
   std::fprintf(stderr,
                "rehearsal: rank %d of %d (sp %d, dp %d) on %d node(s) of %d ranks; link %s; GPU "
                "%.1f GiB; host share %.1f GiB, %d cores (of this machine's %.1f GiB)\n",
-               rank, world, sp, world / sp, nodes, per_node, LinkModelText(layout.link).c_str(),
+               rank, world, sp, world / sp, nodes, per_node, LinkModelText(rehearsal.link).c_str(),
                r.node.device_memory_bytes / double(int64_t{1} << 30),
                BudgetsFor(JobSpec(), r.node).host_bytes / double(int64_t{1} << 30),
                r.cores_used,
@@ -762,13 +762,8 @@ absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
   JobSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
   if (rehearse && absl::GetFlag(FLAGS_device_memory_gib) > 0 && spec.backend == "cuda") {
-    // The allocator holds to the rehearsed GPU's budget (BudgetsFor: its memory less the
-    // reserve for the CUDA context and the libraries).
-    NodeResources target;
-    target.device_memory_bytes =
-        static_cast<int64_t>(absl::GetFlag(FLAGS_device_memory_gib) * (int64_t{1} << 30));
-    spec.memory.gpu_budget_gib =
-        BudgetsFor(spec, target).gpu_bytes / static_cast<double>(int64_t{1} << 30);
+    // The allocator holds to the rehearsed GPU's budget (this GPU's own, uncapped, otherwise).
+    CapAtRehearsedGpu(RehearsedNode(world, 0), &spec);
   }
   RankSetup r;
   ASSIGN_OR_RETURN(r.backend, MakeBackend(spec, rehearse ? 0 : rank, absl::GetFlag(FLAGS_probe)));

@@ -17,6 +17,27 @@ NodeResources RankNode(const RankInfo& info, int64_t device_bytes) {
   return LocalNodeResources(device_bytes, info.local_world > 0 ? info.local_world : info.world);
 }
 
+absl::StatusOr<std::unique_ptr<RehearsalComm>> ConnectRehearsal(const RankInfo& info, int sp,
+                                                                const RankRehearsal& rehearsal,
+                                                                const Backend& backend) {
+  RehearsalLayout layout;
+  layout.world = info.world;
+  layout.nodes = rehearsal.nodes;
+  layout.link = rehearsal.link;
+  layout.split = [sp](int r) { return UlyssesSplit(r, sp); };
+  ASSIGN_OR_RETURN(std::unique_ptr<RehearsalComm> comm,
+                   MakeRehearsalComm(info.rank, layout, backend.device()));
+  // Before the trainer (or a bench) splits it: the groups inherit the streams.
+  comm->UseStreams(backend.ops->streams());
+  return comm;
+}
+
+void CapAtRehearsedGpu(const NodeResources& node, JobSpec* spec) {
+  if (spec->memory.gpu_budget_gib > 0 || node.device_memory_bytes <= 0) return;
+  spec->memory.gpu_budget_gib =
+      static_cast<double>(BudgetsFor(*spec, node).gpu_bytes) / (int64_t{1} << 30);
+}
+
 absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo& info,
                                                    const RankOptions& options) {
   if (spec.parallel.world != info.world) {
@@ -27,12 +48,7 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
   std::unique_ptr<Rank> rank(new Rank());
   rank->info_ = info;
   const RankRehearsal* rehearsal = options.rehearsal ? &*options.rehearsal : nullptr;
-  if (rehearsal != nullptr && spec.memory.gpu_budget_gib <= 0 &&
-      rehearsal->node.device_memory_bytes > 0) {
-    // The allocator holds to the rehearsed GPU's budget (BudgetsFor's rule), not this one's.
-    spec.memory.gpu_budget_gib =
-        static_cast<double>(BudgetsFor(spec, rehearsal->node).gpu_bytes) / (int64_t{1} << 30);
-  }
+  if (rehearsal != nullptr) CapAtRehearsedGpu(rehearsal->node, &spec);
   ASSIGN_OR_RETURN(rank->backend_, MakeBackend(spec, info.gpu));
   // A spec admitted by ithacad arrives resolved and runs as it is. Any other (standalone, a
   // test) is resolved here, against this host (or the rehearsed node), by the rule admission
@@ -47,17 +63,9 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
   }
   rank->spec_ = std::move(spec);
   if (rehearsal != nullptr && info.world > 1) {
-    RehearsalLayout layout;
-    layout.world = info.world;
-    layout.nodes = rehearsal->nodes;
-    layout.link = rehearsal->link;
-    const int sp = static_cast<int>(rank->spec_.parallel.sp);
-    layout.split = [sp](int r) { return UlyssesSplit(r, sp); };
-    ASSIGN_OR_RETURN(std::unique_ptr<RehearsalComm> comm,
-                     MakeRehearsalComm(info.rank, layout, rank->backend_.device()));
-    rank->rehearsal_ = comm.get();
-    rank->comm_ = std::move(comm);
-    rank->comm_->UseStreams(rank->backend_.ops->streams());
+    ASSIGN_OR_RETURN(rank->comm_,
+                     ConnectRehearsal(info, static_cast<int>(rank->spec_.parallel.sp), *rehearsal,
+                                      rank->backend_));
   } else if (info.world > 1) {
     ASSIGN_OR_RETURN(rank->comm_,
                      ConnectComm(info, rank->backend_.device(), options.comm_timeout_s));

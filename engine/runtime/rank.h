@@ -44,6 +44,18 @@ struct RankOptions {
   std::optional<RankRehearsal> rehearsal;
 };
 
+// The communicator of a rehearsed rank (info.rank of info.world, on the backend's device and
+// streams), splitting as the Trainer splits (UlyssesSplit with `sp`). The one set-up of
+// Rank::Create and the benches.
+absl::StatusOr<std::unique_ptr<RehearsalComm>> ConnectRehearsal(const RankInfo& info, int sp,
+                                                                const RankRehearsal& rehearsal,
+                                                                const Backend& backend);
+
+// Caps a rehearsal's allocator at the rehearsed GPU's budget (BudgetsFor's rule on `node`) by
+// setting memory.gpu_budget_gib, unless the spec sets it or the node's GPU is unknown: a
+// rehearsal of 80 GB GPUs on a larger one holds to 80 GB.
+void CapAtRehearsedGpu(const NodeResources& node, JobSpec* spec);
+
 // This process's identity: from the ITHACA_* variables when a launcher started it as a rank
 // (RankInfoFromEnvironment), else rank 0 of a world of 1.
 absl::StatusOr<RankInfo> RankInfoOrAlone();
@@ -73,8 +85,6 @@ class Rank {
   Trainer& trainer() { return *trainer_; }
   // The job's communicator; nullptr for a rank alone.
   Comm* comm() { return comm_.get(); }
-  // The same communicator when rehearsing, else nullptr.
-  RehearsalComm* rehearsal() { return rehearsal_; }
   Ops& ops() { return *backend_.ops; }
   // The cuDNN and NCCL versions loaded and built against; empty on the CPU.
   const std::string& libraries() const { return backend_.libraries; }
@@ -90,7 +100,6 @@ class Rank {
   // communicator's collectives run on the backend's streams.
   Backend backend_;
   std::unique_ptr<Comm> comm_;
-  RehearsalComm* rehearsal_ = nullptr;  // comm_, when rehearsing
   std::unique_ptr<Trainer> trainer_;
 };
 
