@@ -502,9 +502,10 @@ struct Key {
   std::string path;  // "data.seq_len"; a top-level key has no dot
   Codec codec;
   std::string doc;
-  // False: read but not written back, because what it says is folded into another key at
-  // parsing (min_lr_ratio into min_lr).
-  bool written = true;
+  // Unset: always written back. Else whether this spec writes it: never for a key folded into
+  // another at parsing (min_lr_ratio into min_lr), not for one another key overrides (a preset
+  // beside model.config).
+  std::function<bool(const JobSpec&)> written;
   std::string section() const {
     const size_t dot = path.find('.');
     return dot == std::string::npos ? "" : path.substr(0, dot);
@@ -562,7 +563,8 @@ const std::vector<Key>& Keys() {
       {"backend", Str(FIELD(backend), {"cpu", "cuda"}), "Where the ranks run."},
 
       {"model.preset", Str(FIELD(model.preset), PresetNames()),
-       "A built-in model; `tiny` is the demo and test model."},
+       "A built-in model; `tiny` is the demo and test model.",
+       [](const JobSpec& s) { return s.model.config.empty(); }},
       {"model.config", Str(FIELD(model.config)),
        "Path to a Hugging Face config.json; overrides `preset` when set."},
       {"model.weights", Str(FIELD(model.weights)),
@@ -598,7 +600,7 @@ const std::vector<Key>& Keys() {
       {"training.min_lr_ratio", Float(FIELD(training.min_lr_ratio)),
        "The end of the decay as a fraction of `lr` (TorchTitan's way), unless `min_lr` is given; "
        "not both. The stored spec holds the absolute `min_lr`.",
-       /*written=*/false},
+       /*written=*/[](const JobSpec&) { return false; }},
       {"training.schedule", Str(FIELD(training.schedule), {"cosine", "linear", "wsd", "constant"}),
        "After warmup: cosine or linear decay to `min_lr`, wsd (hold `lr`, then decay linearly "
        "over the last `decay_ratio` of the steps after warmup), or constant."},
@@ -1048,9 +1050,7 @@ std::string JobSpecToToml(const JobSpec& s) {
     if (sec.written && !sec.written(s)) continue;
     if (!sec.name.empty()) absl::StrAppend(&out, "\n[", sec.name, "]\n");
     for (const Key& k : Keys()) {
-      if (k.section() != sec.name || !k.written) continue;
-      // model.config overrides the preset, which then means nothing: not shown beside it.
-      if (k.path == "model.preset" && !s.model.config.empty()) continue;
+      if (k.section() != sec.name || (k.written && !k.written(s))) continue;
       absl::StrAppend(&out, sec.name.empty() ? k.path : k.name(), " = ", k.codec.write(s), "\n");
     }
   }
