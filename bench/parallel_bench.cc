@@ -13,10 +13,9 @@
 //
 // --timeline=PATH (CUDA only) wraps the communicator in TimelineComm (bench/timeline.h), which
 // records CUDA events around every collective during the last timed step, and writes one JSON
-// line per collective
-// to PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl, then a summary line: how much of the
-// communication time the compute stream spent doing something else (the share hidden under
-// compute). Rank 0's summary is also in its result line.
+// line per collective to PATH.w<world>sp<sp>.[no-]overlap.S<S>.rank<r>.jsonl, then a summary
+// line: how much of the communication time the compute stream spent doing something else (the
+// share hidden under compute). Rank 0's summary is also in its result line.
 // --plan_only prints the planner's per-rank memory for the layout without a GPU.
 // --rehearse runs one rank (--rank) of the layout alone in this process, on this one GPU (or the
 // CPU): RehearsalComm (engine/comm/rehearsal_comm.h) makes each collective a local copy of the
@@ -146,7 +145,8 @@ struct RankSetup {
 NodeResources RehearsedNode(int world, int64_t this_gpu_bytes) {
   NodeResources node;
   const double gib = absl::GetFlag(FLAGS_device_memory_gib);
-  node.device_memory_bytes = gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : this_gpu_bytes;
+  node.device_memory_bytes =
+      gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : this_gpu_bytes;
   node.host_memory_bytes =
       static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * (int64_t{1} << 30));
   node.ranks_on_host = world / std::max(1, absl::GetFlag(FLAGS_nodes));
