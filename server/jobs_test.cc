@@ -145,16 +145,7 @@ TEST(JobsTest, DeleteForgetsAnEndedJobKeepsItsCheckpointsAndNeverReusesItsId) {
   EXPECT_NE(live.status().message().find("ithaca cancel job-1"), std::string::npos)
       << live.status();
 
-  absl::StatusOr<v1::Job> cancelling = jobs.Cancel(job->id(), "");
-  ASSERT_TRUE(cancelling.ok()) << cancelling.status();
-  if (cancelling->state() == v1::JOB_STATE_CANCELLING) {
-    // Being cancelled already: the refusal says to wait for the end, not to cancel again.
-    absl::StatusOr<v1::Job> early = jobs.Delete(job->id());
-    if (!early.ok() && early.status().message().find("is CANCELLING") != absl::string_view::npos) {
-      EXPECT_NE(early.status().message().find("ithaca wait job-1"), std::string::npos)
-          << early.status();
-    }
-  }
+  ASSERT_TRUE(jobs.Cancel(job->id(), "").ok());
   ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_CANCELLED).state(), v1::JOB_STATE_CANCELLED);
   struct stat st;
   ASSERT_EQ(stat(job->log_dir().c_str(), &st), 0) << job->log_dir();
@@ -542,6 +533,36 @@ TEST(JobsTest, AClientGoneBeforeTheJobIsStoredGetsNone) {
   ASSERT_FALSE(gone.ok());
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kCancelled) << gone.status();
   EXPECT_EQ(jobs.List({})->jobs_size(), before) << "a job was stored for a client that left";
+}
+
+}  // namespace
+}  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// A job being cancelled needs no second cancel: deleting it says to wait for its end. Its worker
+// ignores SIGTERM, so it stays CANCELLING until the grace period's SIGKILL (2 s here).
+TEST(JobsTest, DeletingACancellingJobSaysToWait) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("delete_cancelling", 1,
+                    Script("stubborn.sh", "trap '' TERM; echo hello; exec sleep 30")),
+            store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  absl::StatusOr<v1::Job> cancelling = jobs.Cancel(job->id(), "");
+  ASSERT_TRUE(cancelling.ok()) << cancelling.status();
+  ASSERT_EQ(cancelling->state(), v1::JOB_STATE_CANCELLING);
+  absl::StatusOr<v1::Job> early = jobs.Delete(job->id());
+  ASSERT_TRUE(absl::IsFailedPrecondition(early.status())) << early.status();
+  EXPECT_NE(early.status().message().find("ithaca wait " + job->id()), std::string::npos)
+      << early.status();
+  EXPECT_EQ(early.status().message().find("cancel it first"), std::string::npos) << early.status();
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_CANCELLED).state(), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace
