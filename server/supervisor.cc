@@ -553,9 +553,11 @@ void Supervisor::FinalizeLocked(Active& job) {
     job.outcome = v1::JOB_STATE_FAILED;
     job.reason = "workers exited";
   }
+  // The job's live gauges go before its end is stored: whoever sees the end (a watch, a status)
+  // and then reads /metrics finds them gone.
+  metrics_->OnJobFinished(job.id);
   owner_->OnEnded(job.id, job.outcome, job.reason, job.failed_rank,
                   job.outcome == v1::JOB_STATE_FAILED && job.retryable);
-  metrics_->OnJobFinished(job.id);
 }
 
 absl::StatusOr<Supervisor::Active*> Supervisor::ActiveLocked(const std::string& job_id, int rank) {
