@@ -39,6 +39,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
                                                                Allocator* alloc, Options opts,
                                                                Comm* world, Comm* sp) {
   RETURN_IF_ERROR(ValidateConfig(cfg));
+  if (opts.recompute == RecomputePolicy::kAuto) {
+    return absl::InvalidArgumentError(
+        "recompute \"auto\" is the planner's to resolve (ResolveJob) before a model is built");
+  }
+  if (opts.attention_aware_blocks < -1 || opts.attention_aware_blocks > cfg.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_aware_blocks must be -1 (every block) or 0..", cfg.num_hidden_layers,
+        " (the model's layers), got ", opts.attention_aware_blocks));
+  }
   std::unique_ptr<LlamaModel> m(new LlamaModel(cfg, ops, alloc, opts));
   m->world_ = world;
   m->sp_ = sp;
@@ -72,9 +81,8 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs, int64_t wi
   c.attn.qk_norm_eps = static_cast<float>(cfg_.rms_norm_eps);
   c.attn.rope_scale = static_cast<float>(cfg_.rope.AttentionScaling());
   c.tile_tokens = opts_.tile_tokens > 0 ? opts_.tile_tokens : std::min<int64_t>(s, 4096);
-  // The attention-aware recompute policy keeps O and LSE with the block input.
-  c.saved_attention_tier =
-      opts_.recompute == RecomputePolicy::kAttentionAware ? Tier::kBlockInputs : Tier::kAttention;
+  // O and LSE count as attention until a block keeps them with its input (Step::ctx).
+  c.saved_attention_tier = Tier::kAttention;
   return c;
 }
 
@@ -151,6 +159,12 @@ absl::StatusOr<LossSum> LlamaModel::ForwardBackward(const int32_t* inputs, const
   return out;
 }
 
+bool LlamaModel::KeepsAttention(int64_t l) const {
+  if (opts_.recompute != RecomputePolicy::kAttentionAware) return false;
+  const int64_t n = opts_.attention_aware_blocks;
+  return n < 0 || l >= cfg_.num_hidden_layers - n;
+}
+
 RecomputeSchedule LlamaModel::Schedule(const LlamaConfig& cfg, const Options& opts) {
   const int64_t L = cfg.num_hidden_layers;
   if (opts.recompute == RecomputePolicy::kNone) return RecomputeSchedule::Every(L, 1);
@@ -164,7 +178,7 @@ struct LlamaModel::Step {
   Step(const LlamaModel& m, const DeviceSample& sample, bool backward)
       : backward(backward),
         keep_all(backward && m.opts_.recompute == RecomputePolicy::kNone),
-        keep_attention(backward && m.opts_.recompute == RecomputePolicy::kAttentionAware),
+        model(m),
         schedule(m.schedule_),
         cfg(m.cfg_),
         full(m.Context(sample.ids.tensor().numel(), sample.docs, 0)),
@@ -178,12 +192,20 @@ struct LlamaModel::Step {
   const bool backward;  // a training step (Forward for evaluation saves nothing)
   // Without a backward nothing is saved, whatever the recompute policy.
   const bool keep_all;        // kNone: each block keeps everything it made (`resident`)
-  const bool keep_attention;  // kAttentionAware: O and LSE are saved with a block's input
+  // Whether block l's O and LSE are saved with its input (attention-aware recompute, on the
+  // blocks the model's mix gives it).
+  bool keep_attention(int64_t l) const { return backward && model.KeepsAttention(l); }
+  const LlamaModel& model;
   // Which block inputs the forward saves, and how backward regrows the others.
   const RecomputeSchedule& schedule;
   // Block l's context: `windowed` for the layers with the model's sliding window (every layer of
-  // a windowed Mistral; Qwen2/Qwen3's from max_window_layers on), `full` for the others.
-  const BlockContext& ctx(int64_t l) const { return cfg.LayerWindow(l) > 0 ? windowed : full; }
+  // a windowed Mistral; Qwen2/Qwen3's from max_window_layers on), `full` for the others; the O
+  // and LSE a block keeps for its backward count with its input (block_inputs).
+  BlockContext ctx(int64_t l) const {
+    BlockContext c = cfg.LayerWindow(l) > 0 ? windowed : full;
+    if (keep_attention(l)) c.saved_attention_tier = Tier::kBlockInputs;
+    return c;
+  }
   const LlamaConfig& cfg;
   const BlockContext full, windowed;
   Buffer x;  // the activations between blocks: the embedding, then each block's output
@@ -267,13 +289,13 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, y_tier));
     BlockSaved bs;
     const bool saved = st.schedule.saved(l);
-    const bool keep_o = st.keep_all || (st.keep_attention && saved);
+    const bool keep_o = st.keep_all || (st.keep_attention(l) && saved);
     RETURN_IF_ERROR(BlockForward(st.ctx(l), BlockViews(cfg_, params), st.x.tensor(), y.tensor(),
                                  &bs, keep_o, /*keep_mlp_input=*/st.keep_all));
     if (st.backward && saved) {
       SavedInputs in;
       in.x = std::move(st.x);
-      if (st.keep_attention) {
+      if (st.keep_attention(l)) {
         in.o = std::move(bs.o);
         in.lse = std::move(bs.lse);
       }
@@ -330,7 +352,7 @@ absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kBlockInputs));
     // Attention-aware: the O and LSE of a block whose input is held are kept with it (block
     // l0's are saved with its input by the forward).
-    const bool keep_o = st.keep_attention && m == from && from > l0 && re[from].o.empty();
+    const bool keep_o = st.keep_attention(m) && m == from && from > l0 && re[from].o.empty();
     BlockSaved bs;
     RETURN_IF_ERROR(BlockForward(st.ctx(m), BlockViews(cfg_, params), xm, y.tensor(), &bs, keep_o,
                                  /*keep_mlp_input=*/false));
@@ -368,7 +390,7 @@ absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& d
     ASSIGN_OR_RETURN(Tensor grads, ps.AcquireGrad(layout_.block_unit(l)));
     const BlockWeights w = BlockViews(cfg_, params);
     BlockSaved bs = st.keep_all ? std::move(st.resident[l]) : BlockSaved();
-    if (st.keep_attention) {
+    if (st.keep_attention(l)) {
       bs.o = std::move(in.o);
       bs.lse = std::move(in.lse);
     }

@@ -54,6 +54,9 @@ class LlamaModel {
  public:
   struct Options {
     RecomputePolicy recompute = RecomputePolicy::kFull;
+    // Under kAttentionAware: how many blocks keep O and LSE, the last ones (whose backward comes
+    // first); the others recompute fully. -1: every block.
+    int64_t attention_aware_blocks = -1;
     int64_t tile_tokens = 0;       // MLP tile; 0 = auto
     int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0: DefaultLossTileTokens
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
@@ -129,6 +132,9 @@ class LlamaModel {
   // Which block inputs a training step saves and how it regrows the others (every input saved
   // under RecomputePolicy::kNone).
   static RecomputeSchedule Schedule(const LlamaConfig& cfg, const Options& opts);
+  // Whether block l keeps its attention's O and LSE for the backward (kAttentionAware, within
+  // attention_aware_blocks).
+  bool KeepsAttention(int64_t l) const;
   // The blocks' context for a sample of s tokens on this rank; `window`: the sliding window of
   // the blocks that use it (LlamaConfig::LayerWindow), 0 for full causal.
   BlockContext Context(int64_t s, const DocumentMask& docs, int64_t window) const;

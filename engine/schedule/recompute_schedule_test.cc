@@ -166,6 +166,7 @@ TEST(RecomputeScheduleTest, TheModelIsTheSameUnderEverySchedule) {
     int64_t interval, at_most;
     bool offload;
     int64_t head_chunk;
+    int64_t aware_blocks = -1;  // attention-aware on the last N blocks (a mix); -1: all
   };
   std::vector<Case> cases = {{"every1", RecomputePolicy::kFull, 1, 0, false, 0},
                              {"every3", RecomputePolicy::kFull, 3, 0, false, 2},
@@ -173,11 +174,21 @@ TEST(RecomputeScheduleTest, TheModelIsTheSameUnderEverySchedule) {
                              {"at_most2_offload", RecomputePolicy::kFull, 1, 2, true, 0},
                              {"at_most3_aware", RecomputePolicy::kAttentionAware, 1, 3, false, 0},
                              {"at_most3_aware_offload", RecomputePolicy::kAttentionAware, 1, 3,
-                              true, 2}};
+                              true, 2},
+                             // Per-block mixes: attention-aware on the last N blocks, full on
+                             // the others.
+                             {"mix0", RecomputePolicy::kAttentionAware, 1, 0, false, 0, 0},
+                             {"mix3", RecomputePolicy::kAttentionAware, 1, 0, false, 0, 3},
+                             {"mix4_offload", RecomputePolicy::kAttentionAware, 1, 0, true, 2, 4},
+                             {"mix2_every3", RecomputePolicy::kAttentionAware, 3, 0, false, 0, 2},
+                             {"mix5_at_most3", RecomputePolicy::kAttentionAware, 1, 3, false, 2,
+                              5},
+                             {"aware_all", RecomputePolicy::kAttentionAware, 1, 0, false, 0}};
   for (int64_t n = 2; n <= 8; ++n) {
     cases.push_back({"at_most" + std::to_string(n), RecomputePolicy::kFull, 1, n, false, 0});
   }
   std::map<int64_t, int64_t> peak_of;  // at_most n (on the device, full recompute) -> bytes
+  std::map<std::string, int64_t> block_inputs_of;  // case -> block_inputs peak
   for (const Case& c : cases) {
     LlamaModel::Options o;
     o.recompute = c.policy;
@@ -185,7 +196,9 @@ TEST(RecomputeScheduleTest, TheModelIsTheSameUnderEverySchedule) {
     o.saved_block_inputs = c.at_most;
     o.offload = c.offload;
     o.head_chunk = c.head_chunk;
+    o.attention_aware_blocks = c.aware_blocks;
     const Result got = RunStep(o, cfg, S);
+    block_inputs_of[c.name] = got.block_input_peak;
     const Result& want = want_of[c.head_chunk];
     EXPECT_EQ(got.loss_sum, want.loss_sum) << c.name;
     ASSERT_EQ(got.grads.size(), want.grads.size()) << c.name;
@@ -200,6 +213,10 @@ TEST(RecomputeScheduleTest, TheModelIsTheSameUnderEverySchedule) {
   }
   EXPECT_LT(peak_of[2], peak_of[4]);
   EXPECT_LT(peak_of[4], peak_of[7]);
+  // A mix keeps O and LSE on its attention-aware blocks only: between full and every block.
+  EXPECT_EQ(block_inputs_of["mix0"], block_inputs_of["every1"]);
+  EXPECT_LT(block_inputs_of["every1"], block_inputs_of["mix3"]);
+  EXPECT_LT(block_inputs_of["mix3"], block_inputs_of["aware_all"]);
 }
 
 }  // namespace

@@ -345,6 +345,29 @@ Codec IntOrAuto(Get get) {
           [get](const JobSpec& s) { return *get(s) == 0; }};
 }
 
+// An integer >= 0, or "all" (stored as -1).
+template <typename Get>
+Codec IntOrAll(Get get) {
+  const std::string kind = "an integer >= 0 or \"all\"";
+  return {kind,
+          [get, kind](const toml::node& n, const std::string& path, const SpecReader& r,
+                      JobSpec& s) {
+            if (n.is_string()) {
+              RETURN_IF_ERROR(r.Require(n.as_string()->get() == "all", path,
+                                        absl::StrCat("must be ", kind, ", got \"",
+                                                     n.as_string()->get().substr(0, 64), "\"")));
+              *get(s) = -1;
+              return absl::OkStatus();
+            }
+            if (!n.is_integer()) return r.WrongType(n, path, kind);
+            *get(s) = n.as_integer()->get();
+            return r.Require(*get(s) >= 0, path, absl::StrCat("must be ", kind, ", got ", *get(s)));
+          },
+          [get](const JobSpec& s) {
+            return *get(s) < 0 ? std::string("\"all\"") : absl::StrCat(*get(s));
+          }};
+}
+
 // A finite number; integers are accepted where floats are expected.
 template <typename Get>
 Codec Float(Get get) {
@@ -489,6 +512,14 @@ Codec Enum(Get get, std::vector<std::pair<E, std::string>> names) {
           }};
 }
 
+// Enum with one value (`auto_value`) left for ResolveJob to choose.
+template <typename Get, typename E>
+Codec EnumOrAuto(Get get, std::vector<std::pair<E, std::string>> names, E auto_value) {
+  Codec c = Enum(get, std::move(names));
+  c.unresolved = [get, auto_value](const JobSpec& s) { return *get(s) == auto_value; };
+  return c;
+}
+
 // ---- The key table.
 
 struct Section {
@@ -624,13 +655,19 @@ const std::vector<Key>& Keys() {
        "Shard parameters, gradients and optimizer state over the data-parallel ranks."},
 
       {"memory.recompute",
-       Enum(FIELD(memory.recompute),
-            std::vector<std::pair<RecomputePolicy, std::string>>{
-                {RecomputePolicy::kNone, "none"},
-                {RecomputePolicy::kFull, "full"},
-                {RecomputePolicy::kAttentionAware, "attention-aware"}}),
+       EnumOrAuto(FIELD(memory.recompute),
+                  std::vector<std::pair<RecomputePolicy, std::string>>{
+                      {RecomputePolicy::kNone, "none"},
+                      {RecomputePolicy::kFull, "full"},
+                      {RecomputePolicy::kAttentionAware, "attention-aware"},
+                      {RecomputePolicy::kAuto, "auto"}},
+                  RecomputePolicy::kAuto),
        "Activation recompute: what each block keeps for its backward (the `block_inputs` tier); "
-       "the backward computes the rest again. Was `memory.checkpoint`."},
+       "the backward computes the rest again. \"auto\": the policy (and per-block mix) of the "
+       "plan with the shortest predicted step that fits. Was `memory.checkpoint`."},
+      {"memory.attention_aware_blocks", IntOrAll(FIELD(memory.attention_aware_blocks)),
+       "Under \"attention-aware\": how many blocks, the last ones, keep their attention's O and "
+       "LSE; the others recompute fully (a per-block mix). \"all\": every block."},
       {"memory.offload", Bool(FIELD(memory.offload)),
        "Saved block inputs go to pinned host memory (the `host_block_inputs` tier)."},
       {"memory.offload_keep_last", Int(FIELD(memory.offload_keep_last)),

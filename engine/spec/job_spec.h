@@ -88,6 +88,9 @@ struct JobSpec {
 
   struct Memory {
     RecomputePolicy recompute = RecomputePolicy::kFull;
+    // Under attention-aware: the last N blocks keep O and LSE, the others recompute fully; -1:
+    // every block.
+    int64_t attention_aware_blocks = -1;
     bool offload = false;
     int64_t offload_keep_last = 0;  // blocks kept on the device when offloading
     bool prefetch = true;  // offloaded inputs come back one block ahead (else just in time)

@@ -210,7 +210,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
   }
   // With [eval] and [kernels]: every key of the table but min_lr_ratio, and model.preset (the
   // full spec's model is a config.json).
-  EXPECT_EQ(keys, 57);
+  EXPECT_EQ(keys, 58);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {

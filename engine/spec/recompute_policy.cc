@@ -10,6 +10,8 @@ const char* RecomputePolicyName(RecomputePolicy p) {
       return "full";
     case RecomputePolicy::kAttentionAware:
       return "attention-aware";
+    case RecomputePolicy::kAuto:
+      return "auto";
   }
   return "unknown";
 }

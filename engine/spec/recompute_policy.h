@@ -7,8 +7,12 @@ namespace ithaca {
 
 // kNone keeps every activation backward needs; kFull keeps only each block's input and re-runs
 // the block's forward before its backward; kAttentionAware also keeps the attention output O and
-// its LSE with the input, so the recompute skips attention.
-enum class RecomputePolicy { kNone, kFull, kAttentionAware };
-const char* RecomputePolicyName(RecomputePolicy p);  // "none" | "full" | "attention-aware"
+// its LSE with the input, so the recompute skips attention. Under kAttentionAware a model may
+// also keep O and LSE on only some blocks (LlamaModel::Options::attention_aware_blocks), the
+// others recomputing fully: a per-block mix. kAuto is a job spec's only: the planner chooses the
+// policy (and the mix) by predicted step time, and the schedule never sees it.
+enum class RecomputePolicy { kNone, kFull, kAttentionAware, kAuto };
+// "none" | "full" | "attention-aware" | "auto"
+const char* RecomputePolicyName(RecomputePolicy p);
 
 }  // namespace ithaca

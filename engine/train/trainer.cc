@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "engine/core/file_util.h"
+#include "engine/schedule/spec_options.h"
 #include "engine/model/weights.h"
 #include "engine/checkpoint/export.h"
 #include "engine/train/lr_schedule.h"
@@ -166,18 +167,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     ASSIGN_OR_RETURN(t->sp_comm_, comm->Split(group.color, group.key));
   }
   ASSIGN_OR_RETURN(t->cfg_, ResolveModelConfig(spec));
-  LlamaModel::Options mo;
-  mo.recompute = spec.memory.recompute;
-  mo.tile_tokens = spec.memory.tile_tokens;
-  mo.head_chunk = spec.memory.head_chunk;
-  mo.offload = spec.memory.offload;
-  mo.offload_keep_last = spec.memory.offload_keep_last;
-  mo.prefetch = spec.memory.prefetch;
-  mo.recompute_interval = spec.memory.recompute_interval;
-  mo.saved_block_inputs = spec.memory.saved_block_inputs;
-  mo.fsdp = spec.parallel.fsdp;
-  mo.overlap = spec.memory.overlap;
-  mo.param_offload = spec.memory.param_offload == OffloadChoice::kOn;
+  const LlamaModel::Options mo = ModelOptionsFromSpec(spec);
   const auto model_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
   ops->Synchronize();

@@ -225,6 +225,40 @@ TEST_F(ParallelEquivalenceTest, AtMostTwoBlockInputs) {
   Check(aware);
 }
 
+// A per-block mix (attention-aware on the last block of three, full on the others) against no
+// recompute, both at world 2 with sp 2: the same gradients, losses and weights, bit for bit (the
+// recompute re-runs the same forward).
+TEST_F(ParallelEquivalenceTest, MixedPolicyEqualsNoRecomputeBitForBit) {
+  auto run = [&](const std::string& name, std::vector<std::string> policy) {
+    std::vector<std::string> args = {"--config", ConfigPath(2), "--data", Data(false),
+                                     "--world",  "2",           "--sp",   "2",
+                                     "--fsdp",   "1",           "--head-chunk", "2"};
+    args.insert(args.end(), policy.begin(), policy.end());
+    return RunRanks(name, 2, args);
+  };
+  const std::string none = run("w2_sp2_none", {"--recompute", "none"});
+  for (const char* blocks : {"1", "2"}) {
+    const std::string mixed =
+        run(absl::StrCat("w2_sp2_mix", blocks),
+            {"--recompute", "attention-aware", "--attention-aware-blocks", blocks});
+    auto a = SafetensorsReader::Open(none);
+    auto b = SafetensorsReader::Open(mixed);
+    ASSERT_TRUE(a.ok() && b.ok());
+    int checked = 0;
+    for (const std::string& name : (*a)->Names()) {
+      auto info = (*a)->Info(name);
+      ASSERT_TRUE(info.ok());
+      const int64_t n = NumElements(info->shape);
+      std::vector<float> x(n), y(n);
+      ASSERT_TRUE((*a)->Read(name, info->shape, DType::kF32, x.data()).ok());
+      ASSERT_TRUE((*b)->Read(name, info->shape, DType::kF32, y.data()).ok()) << name;
+      EXPECT_EQ(x, y) << "mix of " << blocks << ": " << name;
+      ++checked;
+    }
+    EXPECT_GT(checked, 40);
+  }
+}
+
 TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {
   Check({"w2_sp1_fsdp_full", 2, 2, 1, true, "full", 0});
 }

@@ -111,6 +111,8 @@ absl::Status Run(int argc, char** argv) {
       spec.memory.param_offload = OffloadChoice::kOn;
     else if (a == "--weight-decay")
       spec.training.weight_decay = std::stod(next());
+    else if (a == "--attention-aware-blocks")
+      spec.memory.attention_aware_blocks = std::stoll(next());
     else if (a == "--recompute") {
       const std::string p = next();
       spec.memory.recompute = p == "full"              ? RecomputePolicy::kFull

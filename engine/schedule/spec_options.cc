@@ -1,0 +1,23 @@
+#include "engine/schedule/spec_options.h"
+
+namespace ithaca {
+
+LlamaModel::Options ModelOptionsFromSpec(const JobSpec& spec) {
+  const JobSpec::Memory& m = spec.memory;
+  LlamaModel::Options o;
+  o.recompute = m.recompute;
+  o.attention_aware_blocks = m.attention_aware_blocks;
+  o.tile_tokens = m.tile_tokens;
+  o.head_chunk = m.head_chunk;
+  o.offload = m.offload;
+  o.offload_keep_last = m.offload_keep_last;
+  o.prefetch = m.prefetch;
+  o.recompute_interval = m.recompute_interval;
+  o.saved_block_inputs = m.saved_block_inputs;
+  o.fsdp = spec.parallel.fsdp;
+  o.overlap = m.overlap;
+  o.param_offload = m.param_offload == OffloadChoice::kOn;
+  return o;
+}
+
+}  // namespace ithaca
