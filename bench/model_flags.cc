@@ -13,7 +13,10 @@
 
 ABSL_FLAG(
     std::string, recompute, "full",
-    "what each block keeps for its backward (memory.recompute): none | full | attention-aware");
+    "what each block keeps for its backward (memory.recompute): none | full | attention-aware "
+    "| auto (the planner's choice: --planner_settings)");
+ABSL_FLAG(int64_t, attention_aware_blocks, -1,
+          "under attention-aware, how many of the last blocks keep O and LSE (-1: all)");
 ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
 ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
 ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
@@ -109,7 +112,9 @@ LlamaModel::Options ModelOptions() {
   const std::string policy = absl::GetFlag(FLAGS_recompute);
   mo.recompute = policy == "none"              ? RecomputePolicy::kNone
                  : policy == "attention-aware" ? RecomputePolicy::kAttentionAware
+                 : policy == "auto"            ? RecomputePolicy::kAuto
                                                : RecomputePolicy::kFull;
+  mo.attention_aware_blocks = absl::GetFlag(FLAGS_attention_aware_blocks);
   mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
   mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
   mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
@@ -125,6 +130,8 @@ LlamaModel::Options ModelOptions() {
 }
 
 void SetMemoryFlags(const JobSpec::Memory& m) {
+  absl::SetFlag(&FLAGS_recompute, std::string(RecomputePolicyName(m.recompute)));
+  absl::SetFlag(&FLAGS_attention_aware_blocks, m.attention_aware_blocks);
   absl::SetFlag(&FLAGS_head_chunk, m.head_chunk);
   absl::SetFlag(&FLAGS_tile_tokens, m.tile_tokens);
   absl::SetFlag(&FLAGS_offload, m.offload);
@@ -140,6 +147,7 @@ void SetMemoryFlags(const JobSpec::Memory& m) {
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
   Json t;
   t.Str("recompute", absl::GetFlag(FLAGS_recompute))
+      .Int("attention_aware_blocks", mo.attention_aware_blocks)
       .Bool("fsdp", mo.fsdp)
       .Bool("overlap", mo.overlap)
       .Bool("offload", mo.offload)

@@ -14,6 +14,7 @@
 #include "engine/train/optimizer.h"
 
 ABSL_DECLARE_FLAG(std::string, recompute);
+ABSL_DECLARE_FLAG(int64_t, attention_aware_blocks);
 ABSL_DECLARE_FLAG(bool, optimizer_offload);
 ABSL_DECLARE_FLAG(bool, param_offload);
 ABSL_DECLARE_FLAG(bool, overlap_update);

@@ -165,7 +165,11 @@ absl::StatusOr<ResolvedJob> ApplyPlannerSettings(const NodeResources& node, int6
   spec.parallel.world = world;
   spec.parallel.sp = sp;
   spec.parallel.fsdp = bench::ModelOptions().fsdp;
-  spec.memory.recompute = bench::ModelOptions().recompute;
+  // The policy asked for on the command line, before an S wrote its resolution into the flags.
+  static const RecomputePolicy asked = bench::ModelOptions().recompute;
+  static const int64_t asked_blocks = bench::ModelOptions().attention_aware_blocks;
+  spec.memory.recompute = asked;
+  spec.memory.attention_aware_blocks = asked_blocks;
   spec.memory.optimizer_offload = OffloadChoice::kAuto;
   spec.memory.param_offload = OffloadChoice::kAuto;
   ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));

@@ -13,51 +13,70 @@
 #include "engine/backend/ops.h"
 #include "engine/comm/comm.h"
 #include "engine/memory/allocator.h"
+#include "engine/comm/link_model.h"
+#include "engine/plan/step_time.h"
 
 namespace ithaca {
 
 class MetaOps final : public Ops {
  public:
   explicit MetaOps(Device device, DType act) : device_(device), act_(act) {}
+  // Each op from now on also advances `clock` by its predicted time from `rates` (step_time.h),
+  // on the stream the engine runs it on. Both outlive the ops; nullptr: untimed.
+  void set_timing(const RateTable* rates, StepClock* clock) {
+    rates_ = rates;
+    clock_ = clock;
+  }
   Device device() const override { return device_; }
   DType act_dtype() const override { return act_; }
   double PeakFlops() const override { return 0; }
-  void Fill(const Tensor&, float) override {}
-  void Copy(const Tensor&, const Tensor&) override {}
-  void Copy2D(const Tensor&, int64_t, const Tensor&, int64_t, int64_t, int64_t) override {}
-  void Upload(const void*, DType, const Tensor&) override {}
+  void Fill(const Tensor& x, float) override;
+  void Copy(const Tensor& src, const Tensor& dst) override;
+  void Copy2D(const Tensor& src, int64_t, const Tensor&, int64_t, int64_t rows,
+              int64_t cols) override;
+  Fence CopyAsync(const Tensor& src, const Tensor& dst) override;
+  Fence CopyAsyncUnordered(const Tensor& src, const Tensor& dst) override;
+  void WaitFence(Fence fence) override;
+  void Upload(const void*, DType, const Tensor& dst) override;
   void Download(const Tensor& src, void* host, DType host_dtype) override;
-  void Axpy(float, const Tensor&, const Tensor&) override {}
-  double SumSquares(const Tensor&) override { return 0; }
-  double Sum(const Tensor&) override { return 0; }
-  void SumSquaresInto(const Tensor&, const Tensor&) override {}
-  void SumInto(const Tensor&, const Tensor&) override {}
-  void Gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) override {}
-  void GemmBias(const Tensor&, bool, const Tensor&, bool, const Tensor&, const Tensor&, float,
-                float) override {}
-  void Embedding(const Tensor&, const Tensor&, const Tensor&) override {}
-  void EmbeddingBackward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void RmsNorm(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&) override {}
-  void RmsNormBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       const Tensor&) override {}
-  void RmsNormBackwardInPlace(const Tensor&, const Tensor&, float, const Tensor&,
-                              const Tensor&) override {}
-  void Rope(const Tensor&, int64_t, const Tensor&, bool, const DocumentMask&) override {}
-  void Attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                 const DocumentMask&) override {}
-  void AttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+  void Axpy(float, const Tensor&, const Tensor& y) override;
+  double SumSquares(const Tensor& x) override;
+  double Sum(const Tensor& x) override;
+  void SumSquaresInto(const Tensor& x, const Tensor&) override;
+  void SumInto(const Tensor& x, const Tensor&) override;
+  void Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float,
+            float) override;
+  void GemmBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor&,
+                const Tensor& c, float, float) override;
+  void Embedding(const Tensor& ids, const Tensor&, const Tensor& out) override;
+  void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor&) override;
+  void RmsNorm(const Tensor& x, const Tensor&, float, const Tensor& out, const Tensor&) override;
+  void RmsNormBackward(const Tensor& x, const Tensor&, const Tensor&, const Tensor& dout,
+                       const Tensor& dx, const Tensor&) override;
+  void RmsNormBackwardInPlace(const Tensor& x, const Tensor&, float, const Tensor& grad,
+                              const Tensor&) override;
+  void Rope(const Tensor& x, int64_t, const Tensor&, bool, const DocumentMask&) override;
+  void Attention(const Tensor& q, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                 const DocumentMask& docs) override;
+  void AttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const DocumentMask&) override {}
-  void SwiGLU(const Tensor&, const Tensor&, const Tensor&) override {}
-  void SwiGLUBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                      const Tensor&) override {}
-  void CrossEntropy(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override {}
-  void AdamW(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-             const AdamWParams&) override {}
+                         const Tensor&, const DocumentMask& docs) override;
+  void SwiGLU(const Tensor& gate, const Tensor&, const Tensor&) override;
+  void SwiGLUBackward(const Tensor& gate, const Tensor&, const Tensor&, const Tensor&,
+                      const Tensor&) override;
+  void CrossEntropy(const Tensor& logits, const Tensor&, const Tensor&, const Tensor&,
+                    float) override;
+  void AdamW(const Tensor& master, const Tensor& grad, const Tensor&, const Tensor&,
+             const Tensor& working, const AdamWParams&) override;
 
  private:
+  void Elementwise(ElementwiseOp op, int64_t bytes);
+  Fence Transfer(const Tensor& src, const Tensor& dst, bool unordered);
+
   Device device_;
   DType act_;
+  const RateTable* rates_ = nullptr;
+  StepClock* clock_ = nullptr;
 };
 
 // Addresses from a private range, never backed by memory; tracks tiers like a real allocator.
@@ -77,33 +96,60 @@ class MetaAllocator final : public Allocator {
   void Free(void* ptr, size_t bytes, Tier tier) override;
   // What the CUDA caching allocator would hold from the device after the same requests.
   int64_t device_reserved() const { return device_cache_.reserved(); }
+  // Whether `p` was handed out for a host tier (the timed replay prices a copy by direction).
+  static bool IsHost(const void* p) {
+    return reinterpret_cast<uintptr_t>(p) >= kHostBase;
+  }
 
  private:
   Device device_;
   PlanLimits limits_;
   int64_t allocations_ = 0;  // the limits are looked at every 256th
-  uintptr_t next_ = uintptr_t{1} << 44;
+  static constexpr uintptr_t kHostBase = uintptr_t{1} << 46;
+  uintptr_t next_ = uintptr_t{1} << 44;  // device tiers
+  uintptr_t next_host_ = kHostBase;
   SizeClassCache device_cache_;
 };
 
-// A communicator of `size` ranks seen from `rank`: collectives do nothing.
+// A communicator of `size` ranks seen from `rank`: collectives move nothing. With timing, each
+// one occupies the step clock's comm stream for the link model's time for this group
+// (CollectiveSeconds), ordered with the compute stream as NcclComm orders it: a blocking
+// collective makes later compute wait; an issued one, only its Wait.
 class MetaComm final : public Comm {
  public:
   MetaComm(int rank, int size) : rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  absl::Status AllGather(const Tensor&, const Tensor&) override { return absl::OkStatus(); }
-  absl::Status ReduceScatter(const Tensor&, const Tensor&) override { return absl::OkStatus(); }
-  absl::Status AllToAll(const Tensor&, const Tensor&) override { return absl::OkStatus(); }
-  absl::Status AllReduce(const Tensor&) override { return absl::OkStatus(); }
-  absl::Status Broadcast(const Tensor&, int) override { return absl::OkStatus(); }
-  absl::Status Barrier() override { return absl::OkStatus(); }
+  absl::Status AllGather(const Tensor&, const Tensor& out) override;
+  absl::Status ReduceScatter(const Tensor& in, const Tensor&) override;
+  absl::Status AllToAll(const Tensor& in, const Tensor&) override;
+  absl::Status AllReduce(const Tensor& x) override;
+  absl::Status Broadcast(const Tensor& x, int) override;
+  absl::Status Barrier() override;
+  absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override;
   // Groups of consecutive ranks, as the trainer splits them (color = rank / group size).
   absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override;
   void set_split_size(int n) { split_size_ = n; }
+  // Collectives from now on (and the groups Split makes) take the link model's time for ranks
+  // placed `ranks_per_node` to a node on `clock`. Both outlive this communicator.
+  void set_timing(const LinkModel* link, int ranks_per_node, StepClock* clock) {
+    link_ = link;
+    ranks_per_node_ = ranks_per_node;
+    clock_ = clock;
+  }
+
+ protected:
+  absl::Status WaitIssued(int64_t id) override;
 
  private:
+  uint64_t Charge(CollectiveOp op, int64_t bytes, bool deferred);
+
   int rank_, size_, split_size_ = 1;
+  const LinkModel* link_ = nullptr;
+  int ranks_per_node_ = 1;
+  StepClock* clock_ = nullptr;
 };
 
 }  // namespace ithaca

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "engine/plan/meta.h"
+#include "engine/schedule/spec_options.h"
 #include "engine/train/host_adamw.h"
 #include "engine/spec/validate.h"
 #include "engine/core/units.h"
@@ -90,6 +92,53 @@ void Judge(MemoryPlan* p, Device device) {
   }
 }
 
+// The step around one replayed forward/backward (`clock`): grad_accum of them, then the update.
+// On the device AdamW streams the shards (one elementwise pass, plus the gradient norm's);
+// under optimizer offload the CPU AdamW runs on the host while gradients go down and working
+// copies up, and with overlap_update it runs under the next step's forward, unit by unit
+// ahead of the forward's reads: only the first unit's update and what outlasts the forward
+// are exposed (the forward is taken as a third of the forward/backward).
+StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, ParamStore& ps) {
+  const RateTable& t = *req.rates;
+  StepPrediction out;
+  out.rates = t.device;
+  out.forward_backward_s = clock.end();
+  out.gemm_s = clock.busy(StepClock::Work::kGemm);
+  out.attention_s = clock.busy(StepClock::Work::kAttention);
+  out.elementwise_s = clock.busy(StepClock::Work::kElementwise);
+  out.transfer_s = clock.busy(StepClock::Work::kTransfer);
+  out.collective_s = clock.busy(StepClock::Work::kCollective);
+  out.waited_s = clock.waited();
+  int64_t params = 0, first = 0;
+  for (int u = 0; u < ps.num_units(); ++u) {
+    params += ps.shard_numel(u);
+    if (u == 0) first = ps.shard_numel(u);
+  }
+  const int64_t act = DTypeSize(req.act);
+  // The gradient norm reads every gradient shard once (f32), whatever the update does.
+  double update = ElementwiseSeconds(t, ElementwiseOp::kReduce, 4 * params);
+  if (!req.optimizer_offload) {
+    update += ElementwiseSeconds(t, ElementwiseOp::kAdamW, params * (6 * 4 + 4 + act));
+  } else {
+    const double host = double(params) / std::max(1.0, t.host_adamw_params_per_s);
+    const double bus = TransferSeconds(t, false, 4 * params) +
+                       (req.opts.param_offload ? 0 : TransferSeconds(t, true, act * params));
+    const double cpu = std::max(host, bus);
+    if (req.overlap_update) {
+      const double head = cpu * double(first) / double(std::max<int64_t>(1, params));
+      update += head + std::max(0.0, cpu - head - out.forward_backward_s / 3);
+    } else {
+      update += cpu;
+    }
+  }
+  out.update_s = update;
+  out.step_s = double(std::max<int64_t>(1, req.grad_accum)) * out.forward_backward_s + update;
+  const double tokens = double(req.world / std::max<int64_t>(1, req.sp)) *
+                        double(std::max<int64_t>(1, req.grad_accum)) * double(req.seq_len);
+  out.tok_per_s = out.step_s > 0 ? tokens / out.step_s : 0;
+  return out;
+}
+
 }  // namespace
 
 std::vector<AttentionShape> ModelAttentionShapes(const LlamaConfig& cfg, int64_t seq_len,
@@ -124,6 +173,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   MetaComm world(0, static_cast<int>(req.world));
   MetaComm sp(0, static_cast<int>(req.sp));
   world.set_split_size(static_cast<int>(req.sp));
+  StepClock clock;
+  if (req.rates != nullptr) {
+    for (MetaComm* c : {&world, &sp}) c->set_timing(&req.link, req.ranks_per_node, &clock);
+  }
   ASSIGN_OR_RETURN(
       auto model, LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
                                      req.world > 1 ? &world : nullptr, req.sp > 1 ? &sp : nullptr));
@@ -153,8 +206,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
     }
   }
   std::vector<int32_t> tokens(req.seq_len, 0);
+  if (req.rates != nullptr) ops.set_timing(req.rates, &clock);
   RETURN_IF_ERROR(model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
   MemoryPlan p;
+  if (req.rates != nullptr) p.predicted = PredictStep(req, clock, ps);
   const MemoryTracker& t = alloc.tracker();
   for (int i = 0; i < kNumTiers; ++i) {
     p.peak[i] = t.peak(static_cast<Tier>(i));
@@ -175,11 +230,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.overlap = req.opts.overlap;
   p.optimizer_offload = req.optimizer_offload;
   p.param_offload = req.opts.param_offload;
+  p.recompute = req.opts.recompute;
+  p.attention_aware_blocks =
+      req.opts.recompute == RecomputePolicy::kAttentionAware ? req.opts.attention_aware_blocks : -1;
   return p;
 }
 
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int64_t host_budget,
-                                   const PlanLimits& limits) {
+                                   const PlanLimits& limits, const PlanHardware& hardware) {
   ASSIGN_OR_RETURN(LlamaConfig cfg, ResolveModelConfig(spec));
   if (gpu_budget == 0) gpu_budget = static_cast<int64_t>(spec.memory.gpu_budget_gib * kGiB);
   if (host_budget == 0) host_budget = static_cast<int64_t>(spec.memory.host_budget_gib * kGiB);
@@ -198,14 +256,21 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   const std::string dtype =
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;
   req.act = dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  req.opts.recompute = spec.memory.recompute;
-  req.opts.offload_keep_last = spec.memory.offload_keep_last;
-  req.opts.prefetch = spec.memory.prefetch;
-  req.opts.recompute_interval = spec.memory.recompute_interval;
-  req.opts.saved_block_inputs = spec.memory.saved_block_inputs;
-  req.opts.fsdp = spec.parallel.fsdp;
-  req.opts.overlap = spec.memory.overlap;
+  req.opts = ModelOptionsFromSpec(spec);
+  req.rates = hardware.rates != nullptr ? hardware.rates : &DefaultRateTable(req.device);
+  if (!hardware.link.name.empty()) {
+    req.link = hardware.link;
+  } else {
+    ASSIGN_OR_RETURN(req.link, LinkPreset(req.device == Device::kCuda ? "h200-sxm" : "zero"));
+  }
+  req.ranks_per_node =
+      hardware.ranks_per_node > 0
+          ? hardware.ranks_per_node
+          : static_cast<int>(spec.parallel.world / std::max<int64_t>(1, spec.slurm.nodes));
+  req.grad_accum = spec.training.grad_accum;
+  req.overlap_update = spec.memory.overlap_update;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
+  const int64_t L = cfg.num_hidden_layers;
 
   const std::vector<int64_t> chunks = spec.memory.head_chunk > 0
                                           ? std::vector<int64_t>{spec.memory.head_chunk}
@@ -213,40 +278,50 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   const std::vector<int64_t> tiles = spec.memory.tile_tokens > 0
                                          ? std::vector<int64_t>{spec.memory.tile_tokens}
                                          : TileCandidates(s);
-  // How saved block data is kept and communication overlapped, cheapest in time first: the
-  // spec's own choice, then (only when head_chunk is "auto", i.e. the planner may choose) the
-  // same without overlap, then offload with prefetch, offload without it, and saving only every
-  // 2nd, 4th or 8th block's input (all without overlap: its buffers are the first to give up);
-  // last, on the device alone, holding at most 8, 6, 5, 4 or 3 block inputs at once (each fewer
-  // costs more regrowing forwards): where the host has no room for them either.
+  // The recompute policies to try: the spec's, or under "auto" none, attention-aware (on as
+  // many of the last blocks as fit, the others full) and full.
+  const JobSpec::Memory& m = spec.memory;
+  const bool auto_policy = m.recompute == RecomputePolicy::kAuto;
+  const std::vector<RecomputePolicy> policies =
+      auto_policy ? std::vector<RecomputePolicy>{RecomputePolicy::kNone,
+                                                 RecomputePolicy::kAttentionAware,
+                                                 RecomputePolicy::kFull}
+                  : std::vector<RecomputePolicy>{m.recompute};
+  // How saved block data is kept and communication overlapped: the spec's own choice, then
+  // (only when head_chunk is "auto", i.e. the planner may choose) the same without overlap,
+  // then offload with prefetch, offload without it, and saving only every 2nd, 4th or 8th
+  // block's input (all without overlap: its buffers are the first to give up); last, on the
+  // device alone, holding at most 8, 6, 5, 4 or 3 block inputs at once (each fewer costs more
+  // regrowing forwards): where the host has no room for them either.
   struct Keep {
     bool offload, prefetch;
     int64_t interval;
     bool overlap;
     int64_t saved = 0;
   };
-  const JobSpec::Memory& m = spec.memory;
-  std::vector<Keep> keeps = {
-      {m.offload, m.prefetch, m.recompute_interval, m.overlap, m.saved_block_inputs}};
-  if (m.head_chunk == 0 && m.overlap) {
-    keeps.push_back({m.offload, m.prefetch, m.recompute_interval, false, m.saved_block_inputs});
-  }
-  if (m.head_chunk == 0 && spec.memory.recompute != RecomputePolicy::kNone) {
-    for (Keep k :
-         {Keep{true, true, 1, false}, Keep{true, false, 1, false}, Keep{true, false, 2, false},
-          Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
-      if (m.saved_block_inputs == 0 && k.interval >= m.recompute_interval &&
-          (k.offload || !m.offload)) {
-        keeps.push_back(k);
+  auto keeps_for = [&](RecomputePolicy policy) {
+    std::vector<Keep> keeps = {
+        {m.offload, m.prefetch, m.recompute_interval, m.overlap, m.saved_block_inputs}};
+    if (m.head_chunk == 0 && m.overlap) {
+      keeps.push_back({m.offload, m.prefetch, m.recompute_interval, false, m.saved_block_inputs});
+    }
+    if (m.head_chunk == 0 && policy != RecomputePolicy::kNone) {
+      for (Keep k :
+           {Keep{true, true, 1, true}, Keep{true, true, 1, false}, Keep{true, false, 1, false},
+            Keep{true, false, 2, false}, Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
+        if (k.overlap && !m.overlap) continue;
+        if (m.saved_block_inputs == 0 && k.interval >= m.recompute_interval &&
+            (k.offload || !m.offload)) {
+          keeps.push_back(k);
+        }
+      }
+      for (int64_t n : {8, 6, 5, 4, 3}) {
+        const bool fewer = m.saved_block_inputs == 0 || n < m.saved_block_inputs;
+        if (fewer && n < L && !m.offload) keeps.push_back({false, m.prefetch, 1, false, n});
       }
     }
-    for (int64_t n : {8, 6, 5, 4, 3}) {
-      const bool fewer = m.saved_block_inputs == 0 || n < m.saved_block_inputs;
-      if (fewer && n < cfg.num_hidden_layers && !m.offload) {
-        keeps.push_back({false, m.prefetch, 1, false, n});
-      }
-    }
-  }
+    return keeps;
+  };
 
   absl::StatusOr<MemoryPlan> smallest = absl::InvalidArgumentError("no configuration planned");
   auto plan = [&](const Keep& keep, int64_t chunk, int64_t tile) -> absl::StatusOr<MemoryPlan> {
@@ -264,14 +339,13 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     if (!smallest.ok() || p.device_total() < smallest->device_total()) smallest = p;
     return p;
   };
-  // The optimizer's state on the device unless the spec puts it on the host; "auto" moves it
-  // there only when no way of keeping the state on the device fits.
-  // The working copy follows it there, "auto" only when still nothing fits.
+  // The optimizer's state on the device, on the host, and the working copy there too, as the
+  // spec allows ("auto": each way).
   auto choices = [](OffloadChoice c) {
     return c == OffloadChoice::kAuto ? std::vector<bool>{false, true}
                                      : std::vector<bool>{c == OffloadChoice::kOn};
   };
-  std::vector<std::pair<bool, bool>> offloads;  // (optimizer, params), in the order tried
+  std::vector<std::pair<bool, bool>> offloads;  // (optimizer, params)
   for (bool opt : choices(m.optimizer_offload)) {
     for (bool params : choices(m.param_offload)) {
       if (!params || opt) offloads.push_back({opt, params});
@@ -281,23 +355,78 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     return absl::InvalidArgumentError(
         "memory.param_offload = true needs memory.optimizer_offload = true (or \"auto\")");
   }
+  std::optional<MemoryPlan> best;
+  auto consider = [&](const MemoryPlan& p) {
+    if (!best || p.predicted.step_s < best->predicted.step_s) best = p;
+  };
   for (auto [offload, params] : offloads) {
     req.optimizer_offload = offload;
     req.opts.param_offload = params;
-    for (const Keep& keep : keeps) {
-      // Smaller stages and tiles never need more memory: when the most frugal settings do not
-      // fit, no others with this way of keeping block data do.
-      ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
-      if (!frugal.fits) continue;
-      for (int64_t chunk : chunks) {
-        for (int64_t tile : tiles) {
-          ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunk, tile));
-          if (p.fits) return p;
+    for (RecomputePolicy policy : policies) {
+      req.opts.recompute = policy;
+      for (const Keep& keep : keeps_for(policy)) {
+        // Smaller stages and tiles never need more memory: when the most frugal settings do not
+        // fit, no others with this way of keeping block data do.
+        if (policy == RecomputePolicy::kAttentionAware && auto_policy) {
+          // As many attention-aware blocks as fit (memory grows with them), the last ones.
+          req.opts.attention_aware_blocks = 0;
+          ASSIGN_OR_RETURN(MemoryPlan none_kept, plan(keep, chunks.back(), tiles.back()));
+          if (!none_kept.fits) continue;
+          int64_t lo = 0, hi = L;  // lo fits
+          while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) / 2;
+            req.opts.attention_aware_blocks = mid;
+            ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunks.back(), tiles.back()));
+            if (p.fits) {
+              lo = mid;
+            } else {
+              hi = mid - 1;
+            }
+          }
+          if (lo == 0) continue;  // that is full recompute, tried on its own
+          req.opts.attention_aware_blocks = lo == L ? -1 : lo;
+        } else {
+          if (policy == RecomputePolicy::kAttentionAware) {
+            req.opts.attention_aware_blocks = m.attention_aware_blocks;
+          }
+          ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
+          if (!frugal.fits) continue;
+        }
+        // The largest head stage, then tile, that fits this way of keeping block data.
+        bool found = false;
+        for (int64_t chunk : chunks) {
+          for (int64_t tile : tiles) {
+            ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunk, tile));
+            if (p.fits) {
+              consider(p);
+              found = true;
+              break;
+            }
+          }
+          if (found) break;
         }
       }
     }
   }
+  if (best) return *best;
   return smallest;
+}
+
+std::string RecomputeSetting(const MemoryPlan& p) {
+  if (p.recompute == RecomputePolicy::kAttentionAware && p.attention_aware_blocks >= 0) {
+    return absl::StrCat("attention-aware on the last ", p.attention_aware_blocks,
+                        " blocks (full on the others)");
+  }
+  return RecomputePolicyName(p.recompute);
+}
+
+std::string PredictionLine(const MemoryPlan& p, int64_t world) {
+  const StepPrediction& r = p.predicted;
+  if (r.step_s <= 0) return "";
+  return absl::StrFormat("predicted step %.3g s, %s tok/s (%s tok/s per GPU; rates: %s)", r.step_s,
+                         absl::StrFormat("%.0f", r.tok_per_s),
+                         absl::StrFormat("%.0f", r.tok_per_s / double(std::max<int64_t>(1, world))),
+                         r.rates);
 }
 
 std::string SavedBlockInputsSetting(int64_t saved_block_inputs) {
@@ -316,6 +445,7 @@ std::string FormatPlan(const MemoryPlan& p) {
   }
   absl::StrAppendFormat(&out, "%-14s %13.3f  (highest device total during the step)\n",
                         "device peak", p.device_total() / unit);
+  absl::StrAppendFormat(&out, "recompute: %s\n", RecomputeSetting(p));
   absl::StrAppendFormat(&out,
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
                         "recompute_interval %d%s, overlap %s, optimizer_offload %s, "
@@ -335,6 +465,16 @@ std::string FormatPlan(const MemoryPlan& p) {
   }
   if (p.gpu_budget > 0 || p.host_budget > 0) out += "\n";
   absl::StrAppend(&out, p.fits ? "verdict: fits\n" : "verdict: does NOT fit: " + p.verdict + "\n");
+  const StepPrediction& r = p.predicted;
+  if (r.step_s > 0) {
+    absl::StrAppendFormat(&out,
+                          "predicted step: %.3f s (forward/backward %.3f s: gemm %.3f, attention "
+                          "%.3f, elementwise %.3f, transfers %.3f, collectives %.3f busy, compute "
+                          "waited %.3f; update %.3f s), %.0f tok/s (rates: %s)\n",
+                          r.step_s, r.forward_backward_s, r.gemm_s, r.attention_s, r.elementwise_s,
+                          r.transfer_s, r.collective_s, r.waited_s, r.update_s, r.tok_per_s,
+                          r.rates);
+  }
   return out;
 }
 

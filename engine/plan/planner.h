@@ -16,7 +16,9 @@
 #include "engine/core/status.h"
 #include "engine/memory/tiers.h"
 #include "engine/model/config.h"
+#include "engine/comm/link_model.h"
 #include "engine/plan/meta.h"
+#include "engine/plan/step_time.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
 
@@ -40,6 +42,26 @@ struct PlanRequest {
   Device device = Device::kCpu;
   DType act = DType::kF32;
   PlanLimits limits;  // engine/plan/meta.h: the replay's time bound and cancellation
+  // The step-time model (step_time.h): rates of the device class (nullptr: no prediction), the
+  // links between ranks placed ranks_per_node to a node, and the step's shape around the
+  // replayed forward/backward.
+  const RateTable* rates = nullptr;
+  LinkModel link;
+  int ranks_per_node = 8;
+  int64_t grad_accum = 1;
+  bool overlap_update = true;  // memory.overlap_update
+};
+
+// What the step-time model predicts for a plan (0 where it made no prediction).
+struct StepPrediction {
+  double step_s = 0;     // one optimizer step: grad_accum forward/backward passes and the update
+  double tok_per_s = 0;  // the job's tokens (every data-parallel rank's samples) per second
+  double forward_backward_s = 0;  // one sample's forward and backward, the streams overlapped
+  double update_s = 0;            // the update's share of the step (exposed, not hidden)
+  // Busy seconds of one forward/backward by kind, and what the compute stream waited.
+  double gemm_s = 0, attention_s = 0, elementwise_s = 0, transfer_s = 0, collective_s = 0;
+  double waited_s = 0;
+  std::string rates;  // the rate table's device class
 };
 
 struct MemoryPlan {
@@ -60,6 +82,9 @@ struct MemoryPlan {
   bool overlap = true;
   bool optimizer_offload = false;
   bool param_offload = false;
+  RecomputePolicy recompute = RecomputePolicy::kFull;
+  int64_t attention_aware_blocks = -1;  // under attention-aware; -1: every block
+  StepPrediction predicted;
   int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much
@@ -82,18 +107,38 @@ std::vector<AttentionShape> ModelAttentionShapes(const LlamaConfig& cfg, int64_t
 // Exactly the given options.
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 
+// Where a job's ranks run, for the step-time model: the rates of the device class (nullptr:
+// DefaultRateTable of the spec's backend) and the links between them (empty name: the h200-sxm
+// preset on CUDA, none on the CPU), `ranks_per_node` to a node (0: the spec's world over its
+// slurm.nodes).
+struct PlanHardware {
+  const RateTable* rates = nullptr;
+  LinkModel link;
+  int ranks_per_node = 0;
+};
+
 // A job's plan for one rank (ResolveJob, engine/plan/resolve.h, is how a job gets one): resolves
-// the model, the dtype and every "auto" setting against the budgets. head_chunk "auto" also lets
-// the planner turn off overlap, then turn on offload, then turn off prefetch, then save only every
-// 2nd/4th/8th block input; it prefers, in this order, keeping block data cheaply, the largest head
-// stage, the largest tile. memory.optimizer_offload "auto" plans every way with the optimizer
-// state on the device first, and moves it to the host only when none of them fits;
-// memory.param_offload "auto" then moves the working copy there too, only when still nothing
-// fits (so the order is: all on the device, optimizer on the host, both). Budgets of 0
-// take the spec's memory.gpu_budget_gib / host_budget_gib (0 there: unbounded).
-// `limits` bound the whole search (every replay it makes): DEADLINE_EXCEEDED or CANCELLED.
+// the model, the dtype and every "auto" setting against the budgets, choosing among the
+// configurations that fit the one with the shortest predicted step (step_time.h).
+//
+// What is searched: with head_chunk "auto", how saved block data is kept (the spec's way, then
+// without overlap, offload with and without prefetch, saving every 2nd/4th/8th block input, or
+// at most 8..3 inputs on the device), and for each the largest head stage and tile that fit;
+// memory.recompute "auto" also tries no recompute, attention-aware on as many of the last
+// blocks as fit (the others full) and full; memory.optimizer_offload / param_offload "auto" try
+// the state on the device and on the host. The fastest that fits wins; when nothing fits, the
+// plan with the smallest device total says by how much. Budgets of 0 take the spec's
+// memory.gpu_budget_gib / host_budget_gib (0 there: unbounded). `limits` bound the whole search
+// (every replay it makes): DEADLINE_EXCEEDED or CANCELLED.
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,
-                                   int64_t host_budget_bytes = 0, const PlanLimits& limits = {});
+                                   int64_t host_budget_bytes = 0, const PlanLimits& limits = {},
+                                   const PlanHardware& hardware = {});
+
+// "attention-aware", "attention-aware on the last 12 of 32 blocks", "full", "none".
+std::string RecomputeSetting(const MemoryPlan& plan);
+
+// "predicted step 12.3 s, 10,650 tok/s (1,331 tok/s per GPU)", or "" without a prediction.
+std::string PredictionLine(const MemoryPlan& plan, int64_t world);
 
 // "12.34 GiB", or MiB below one GiB.
 std::string HumanBytes(int64_t bytes);

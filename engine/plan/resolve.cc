@@ -120,6 +120,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.overlap = job.plan.overlap;
   s.memory.recompute_interval = job.plan.recompute_interval;
   s.memory.saved_block_inputs = job.plan.saved_block_inputs;
+  s.memory.recompute = job.plan.recompute;
+  s.memory.attention_aware_blocks = job.plan.attention_aware_blocks;
   if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shapes
     const std::vector<AttentionShape> shapes =
         ModelAttentionShapes(job.config, s.data.seq_len, s.data.document_mask);
@@ -169,10 +171,10 @@ absl::Status RequireFits(const ResolvedJob& job) {
 std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
-      "memory plan: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, recompute_interval "
-      "%d%s, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, peak %s per rank "
-      "(GPU budget %s), host %s per rank (budget %s)",
-      m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
+      "memory plan: recompute %s, head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
+      "recompute_interval %d%s, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, "
+      "peak %s per rank (GPU budget %s), host %s per rank (budget %s)%s",
+      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
       m.recompute_interval, SavedBlockInputsSetting(m.saved_block_inputs), m.overlap ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
       m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
@@ -181,7 +183,10 @@ std::string ResolutionLine(const ResolvedJob& job) {
                          job.spec.kernels.attention_backward, " backward")
           : std::string(),
       HumanBytes(job.plan.device_total()), HumanBytes(job.budgets.gpu_bytes),
-      HumanBytes(job.plan.host_total()), HumanBytes(job.budgets.host_bytes));
+      HumanBytes(job.plan.host_total()), HumanBytes(job.budgets.host_bytes),
+      job.plan.predicted.step_s > 0
+          ? absl::StrCat("; ", PredictionLine(job.plan, job.spec.parallel.world))
+          : std::string());
 }
 
 }  // namespace ithaca

@@ -1,0 +1,140 @@
+// The step-time model: what one training step of a plan will take, predicted without a GPU.
+//
+// The planner's meta replay (meta.h) already walks every op of one step in the order the engine
+// issues it. With a RateTable and a StepClock attached, each op also gets a predicted time from
+// measured rates of the device class (GEMMs by shape, attention by head_dim and length,
+// elementwise ops by bytes, host<->device copies, collectives from the rehearsal's link model)
+// and is placed on the stream the engine runs it on: compute, copy (CopyAsync: offload,
+// prefetch, parameter uploads) or comm (collectives). The clock keeps each stream's time and
+// the waits between them the way the engine orders them (WaitFence, Issued::Wait, a blocking
+// collective), so overlap is modeled, not assumed. docs/schedules.md ("The step-time model")
+// says where the model is wrong.
+//
+// A RateTable is data: `bench/calibrate` measures one on the device class and writes it as
+// text (engine/plan/rates/<name>.txt, compiled in). Lookups never fail: a shape the table lacks
+// takes its nearest measured neighbour's rate.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
+
+namespace ithaca {
+
+// One GEMM shape as Ops::Gemm sees it: c [m, n] = op(a) [m, k] · op(b) [k, n].
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  bool ta = false, tb = false;
+  bool c_f32 = false;  // an f32 output (gradient accumulation), else the activation dtype
+  bool operator<(const GemmShape& o) const;
+  bool operator==(const GemmShape& o) const;
+};
+
+struct GemmRate {
+  GemmShape shape;
+  double seconds = 0;
+};
+
+// Attention of `pass` at head_dim `head_dim` over a causal sample of `seq` tokens, in FLOP/s of
+// the attention computed (AttentionFlops).
+struct AttentionRate {
+  bool backward = false;
+  int64_t head_dim = 0;
+  int64_t seq = 0;
+  double flops_per_s = 0;
+};
+
+// An elementwise op: time = launch_s + bytes / bytes_per_s, bytes as OpBytes counts them.
+struct OpRate {
+  double bytes_per_s = 0;
+  double launch_s = 0;
+};
+
+struct RateTable {
+  std::string device;  // the device class: "h200", "cpu"
+  std::string note;    // where and when it was measured
+  std::vector<GemmRate> gemms;
+  std::vector<AttentionRate> attention;
+  std::map<std::string, OpRate> ops;  // by ElementwiseOp name
+  double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;  // pinned host memory, the copy stream
+  double host_adamw_params_per_s = 0;               // the CPU AdamW of optimizer offload
+  double gemm_flops_per_s = 0;                      // for a table without GEMM shapes
+};
+
+// The text form (one record per line, '#' comments): what bench/calibrate writes.
+//   device NAME / note TEXT
+//   gemm M N K TA TB C_F32 SECONDS
+//   attention fwd|bwd HEAD_DIM SEQ FLOPS_PER_S
+//   op NAME BYTES_PER_S LAUNCH_S
+//   h2d BYTES_PER_S / d2h BYTES_PER_S / host_adamw PARAMS_PER_S / gemm_flops FLOPS_PER_S
+absl::StatusOr<RateTable> ParseRateTable(const std::string& text);
+std::string RateTableText(const RateTable& table);
+
+// The tables committed under engine/plan/rates/: "h200" (one H200, bench/calibrate) and "cpu".
+absl::StatusOr<RateTable> BuiltinRateTable(const std::string& name);
+std::vector<std::string> BuiltinRateTableNames();
+// The table a plan on `device` uses: h200 for CUDA (the one GPU class calibrated), cpu else.
+const RateTable& DefaultRateTable(Device device);
+
+// The elementwise ops the model times by bytes (names in the table).
+enum class ElementwiseOp {
+  kFill, kCopy, kAxpy, kReduce, kEmbedding, kEmbeddingBackward, kRmsNorm, kRmsNormBackward,
+  kRope, kSwiGLU, kSwiGLUBackward, kCrossEntropy, kAdamW, kNumOps
+};
+const char* ElementwiseOpName(ElementwiseOp op);
+
+// The attention's "pairs" of one head over a sample of `seq` tokens whose documents start at
+// `doc_starts` (empty: one document), each query counting the keys it sees twice (so a causal
+// document of n tokens counts n²: the model-FLOPs convention of ModelFlopsPerSample), under a
+// sliding `window` (0: none).
+double AttentionPairs(int64_t seq, int64_t window, const std::vector<int64_t>& doc_starts);
+// FLOPs of one attention pass over `heads` query heads of head_dim `head_dim`: 2·pairs·H·D
+// forward, 4·pairs·H·D backward.
+double AttentionFlops(bool backward, double pairs, int64_t heads, int64_t head_dim);
+
+double GemmSeconds(const RateTable& t, const GemmShape& g);
+// `seq` tokens, `pairs` as AttentionPairs counts them for the call's mask.
+double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double pairs,
+                        int64_t heads, int64_t head_dim);
+double ElementwiseSeconds(const RateTable& t, ElementwiseOp op, int64_t bytes);
+double TransferSeconds(const RateTable& t, bool to_device, int64_t bytes);
+
+// The streams of one rank's step, in predicted seconds from the step's start.
+class StepClock {
+ public:
+  enum class Work { kGemm, kAttention, kElementwise, kTransfer, kCollective, kNumWork };
+
+  // `s` seconds of `what` on the compute stream, after everything it waits for.
+  void Compute(double s, Work what);
+  // A transfer of `s` seconds on the copy stream, after the compute issued so far unless
+  // `unordered`; transfers run in order. Returns its ticket.
+  uint64_t Transfer(double s, bool unordered);
+  // The compute stream waits for the transfer `ticket` (and every one before it).
+  void WaitTransfer(uint64_t ticket);
+  // A collective of `s` seconds on the comm stream, after the compute issued so far. Unless
+  // `deferred` the compute stream waits for it at once; else WaitCollective does. Returns its
+  // ticket.
+  uint64_t Collective(double s, bool deferred);
+  void WaitCollective(uint64_t ticket);
+
+  // When the last work of any stream ends.
+  double end() const;
+  double compute_end() const { return compute_; }
+  // Seconds of each kind of work (on whichever stream ran it).
+  double busy(Work w) const { return busy_[static_cast<int>(w)]; }
+  // Seconds the compute stream stood waiting for transfers and collectives.
+  double waited() const { return waited_; }
+
+ private:
+  double compute_ = 0, copy_ = 0, comm_ = 0;
+  double waited_ = 0;
+  double busy_[static_cast<int>(Work::kNumWork)] = {};
+  std::vector<double> transfer_end_, collective_end_;  // by ticket - 1
+};
+
+}  // namespace ithaca

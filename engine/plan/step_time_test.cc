@@ -1,0 +1,115 @@
+#include "engine/plan/step_time.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/plan/meta.h"
+
+namespace ithaca {
+namespace {
+
+TEST(RateTable, CommittedTablesParse) {
+  for (const std::string& name : BuiltinRateTableNames()) {
+    absl::StatusOr<RateTable> t = BuiltinRateTable(name);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    EXPECT_EQ(t->device, name);
+  }
+  EXPECT_EQ(BuiltinRateTable("tpu").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RateTable, TextRoundTrips) {
+  RateTable t;
+  t.device = "x";
+  t.gemms.push_back({{4096, 2048, 8192, false, true, true}, 0.001});
+  t.attention.push_back({true, 128, 65536, 5e14});
+  t.ops["rmsnorm"] = {3e12, 4e-6};
+  t.h2d_bytes_per_s = 5e10;
+  absl::StatusOr<RateTable> back = ParseRateTable(RateTableText(t));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(RateTableText(*back), RateTableText(t));
+  ASSERT_EQ(back->gemms.size(), 1u);
+  EXPECT_TRUE(back->gemms[0].shape == t.gemms[0].shape);
+}
+
+TEST(RateTable, BadLinesNameTheLine) {
+  absl::StatusOr<RateTable> t = ParseRateTable("gemm_flops 1e12\ngemm 1 2 3\n");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("line 2"), std::string::npos) << t.status();
+  EXPECT_FALSE(ParseRateTable("gemm_flops 1e12\nwarp 9\n").ok());
+  EXPECT_FALSE(ParseRateTable("gemm_flops -3\n").ok());
+}
+
+TEST(StepTime, GemmTakesTheNearestShapeScaledByFlops) {
+  RateTable t;
+  t.gemms.push_back({{1024, 1024, 1024, false, true, false}, 1.0});
+  t.gemms.push_back({{65536, 4096, 4096, false, true, false}, 2.0});
+  EXPECT_DOUBLE_EQ(GemmSeconds(t, {1024, 1024, 1024, false, true, false}), 1.0);
+  // Twice the rows of the large shape: twice its time.
+  EXPECT_DOUBLE_EQ(GemmSeconds(t, {131072, 4096, 4096, false, true, false}), 4.0);
+}
+
+TEST(StepTime, AttentionInterpolatesByLengthAndMasksByKeysSeen) {
+  RateTable t;
+  t.gemm_flops_per_s = 1;
+  t.attention.push_back({false, 128, 1024, 1e14});
+  t.attention.push_back({false, 128, 4096, 3e14});
+  const double causal = AttentionPairs(4096, 0, {});
+  EXPECT_DOUBLE_EQ(causal, 4096.0 * 4096.0);
+  EXPECT_DOUBLE_EQ(AttentionSeconds(t, false, 4096, causal, 8, 128),
+                   AttentionFlops(false, causal, 8, 128) / 3e14);
+  // 2048: halfway in log2 between the rows.
+  const double mid = AttentionPairs(2048, 0, {});
+  EXPECT_DOUBLE_EQ(AttentionSeconds(t, false, 2048, mid, 8, 128),
+                   AttentionFlops(false, mid, 8, 128) / 2e14);
+  // Four documents of 1024 in 4096 tokens: the rate of 1024-token samples.
+  const double docs = AttentionPairs(4096, 0, {0, 1024, 2048, 3072});
+  EXPECT_DOUBLE_EQ(docs, 4 * 1024.0 * 1024.0);
+  EXPECT_DOUBLE_EQ(AttentionSeconds(t, false, 4096, docs, 8, 128),
+                   AttentionFlops(false, docs, 8, 128) / 1e14);
+}
+
+TEST(StepClock, OverlapsCopiesAndCollectivesWithCompute) {
+  StepClock c;
+  c.Compute(1.0, StepClock::Work::kGemm);
+  const uint64_t copy = c.Transfer(0.5, /*unordered=*/false);  // starts at 1.0
+  c.Compute(2.0, StepClock::Work::kAttention);                 // 1.0 .. 3.0
+  c.WaitTransfer(copy);                                        // done at 1.5: no wait
+  EXPECT_DOUBLE_EQ(c.compute_end(), 3.0);
+  EXPECT_DOUBLE_EQ(c.waited(), 0.0);
+  const uint64_t late = c.Transfer(4.0, false);  // 3.0 .. 7.0
+  c.Compute(1.0, StepClock::Work::kGemm);        // 3.0 .. 4.0
+  c.WaitTransfer(late);
+  EXPECT_DOUBLE_EQ(c.compute_end(), 7.0);
+  EXPECT_DOUBLE_EQ(c.waited(), 3.0);
+  // A blocking collective: compute waits at once; an issued one, only at its wait.
+  c.Collective(1.0, /*deferred=*/false);
+  EXPECT_DOUBLE_EQ(c.compute_end(), 8.0);
+  const uint64_t issued = c.Collective(2.0, /*deferred=*/true);  // 8 .. 10
+  c.Compute(0.5, StepClock::Work::kGemm);
+  EXPECT_DOUBLE_EQ(c.compute_end(), 8.5);
+  c.WaitCollective(issued);
+  EXPECT_DOUBLE_EQ(c.compute_end(), 10.0);
+  EXPECT_DOUBLE_EQ(c.end(), 10.0);
+  EXPECT_DOUBLE_EQ(c.busy(StepClock::Work::kGemm), 2.5);
+}
+
+TEST(StepClock, MetaOpsPriceCopiesByDirection) {
+  RateTable t;
+  t.gemm_flops_per_s = 1e12;
+  t.h2d_bytes_per_s = 1e9;
+  t.d2h_bytes_per_s = 0.5e9;
+  StepClock clock;
+  MetaOps ops(Device::kCuda, DType::kBF16);
+  ops.set_timing(&t, &clock);
+  MetaAllocator alloc(Device::kCuda);
+  absl::StatusOr<Buffer> dev = Buffer::Make(&alloc, DType::kBF16, {500'000'000}, Tier::kBlockInputs);
+  absl::StatusOr<Buffer> host =
+      Buffer::Make(&alloc, DType::kBF16, {500'000'000}, Tier::kHostBlockInputs);
+  ASSERT_TRUE(dev.ok() && host.ok());
+  ops.WaitFence(ops.CopyAsync(dev->tensor(), host->tensor()));  // 1e9 bytes down: 2 s
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 2.0);
+  ops.WaitFence(ops.CopyAsync(host->tensor(), dev->tensor()));  // up: 1 s
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 3.0);
+}
+
+}  // namespace
+}  // namespace ithaca
