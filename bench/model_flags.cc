@@ -115,6 +115,9 @@ LlamaModel::Options ModelOptions() {
                  : policy == "auto"            ? RecomputePolicy::kAuto
                                                : RecomputePolicy::kFull;
   mo.attention_aware_blocks = absl::GetFlag(FLAGS_attention_aware_blocks);
+  // A mix resolved for the whole model, run on --layers of it: those are its last blocks.
+  const int64_t layers = absl::GetFlag(FLAGS_layers);
+  if (layers > 0 && mo.attention_aware_blocks > layers) mo.attention_aware_blocks = -1;
   mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
   mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
   mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);

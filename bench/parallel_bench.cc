@@ -62,7 +62,9 @@
 #include "engine/plan/resolve.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
+#include "engine/core/file_util.h"
 #include "engine/plan/planner.h"
+#include "engine/plan/step_time.h"
 #include "engine/runtime/backend.h"
 #include "engine/runtime/rank.h"
 #include "engine/schedule/llama.h"
@@ -104,8 +106,29 @@ ABSL_FLAG(bool, planner_settings, false,
 ABSL_FLAG(bool, plan_only, false,
           "print the planner's per-rank device memory for each S and exit (no GPU, no ranks)");
 
+ABSL_FLAG(std::string, rates, "",
+          "the step-time model's rate table (engine/plan/step_time.h text; empty: the committed "
+          "table of the backend's device class) for the lines' predicted_step_s");
+
 namespace ithaca {
 namespace {
+
+// The rate table the lines' predictions use (--rates, else the committed one).
+const RateTable& Rates(Device device) {
+  static const RateTable* from_flag = [] {
+    const std::string path = absl::GetFlag(FLAGS_rates);
+    if (path.empty()) return static_cast<RateTable*>(nullptr);
+    absl::StatusOr<std::string> text = ReadFileToString(path);
+    absl::StatusOr<RateTable> t =
+        text.ok() ? ParseRateTable(*text) : absl::StatusOr<RateTable>(text.status());
+    if (!t.ok()) {
+      std::fprintf(stderr, "--rates %s: %s\n", path.c_str(), std::string(t.status().message()).c_str());
+      std::exit(2);
+    }
+    return new RateTable(*t);
+  }();
+  return from_flag != nullptr ? *from_flag : DefaultRateTable(device);
+}
 
 // The planner's prediction for one rank of this layout (bf16 on CUDA), as the bench's lines
 // carry it: the device peak plus the library workspaces.
@@ -121,7 +144,26 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
   req.device = device;
   req.act = device == Device::kCuda ? DType::kBF16 : DType::kF32;
   bench::PlanProbeKernels(absl::GetFlag(FLAGS_probe), &req);
+  req.rates = &Rates(device);
+  ASSIGN_OR_RETURN(req.link, ParseLinkModel(absl::GetFlag(FLAGS_link)));
+  req.ranks_per_node = world / std::max(1, absl::GetFlag(FLAGS_nodes));
   return PlanMemory(req);
+}
+
+// The step-time model's prediction beside a measured step.
+void AddPrediction(const MemoryPlan& plan, double step_s, bench::Json* line) {
+  const StepPrediction& p = plan.predicted;
+  if (p.step_s <= 0) return;
+  line->Num("predicted_step_s", p.step_s);
+  if (step_s > 0) line->Num("predicted_rel_error", (p.step_s - step_s) / step_s);
+  line->Num("predicted_forward_backward_s", p.forward_backward_s)
+      .Num("predicted_update_s", p.update_s)
+      .Num("predicted_gemm_s", p.gemm_s)
+      .Num("predicted_attention_s", p.attention_s)
+      .Num("predicted_elementwise_s", p.elementwise_s)
+      .Num("predicted_transfer_s", p.transfer_s)
+      .Num("predicted_collective_s", p.collective_s)
+      .Str("rates", p.rates);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,6 +418,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
           .Int("planner_host_block_inputs_bytes",
                plan->peak[static_cast<int>(Tier::kHostBlockInputs)]);
       if (rehearse) line.Obj("planner_peaks", TierBytes(plan->peak));
+      AddPrediction(*plan, t, &line);
       if (process_used > 0 && cuda) {
         line.Num("planner_rel_error_process",
                  double(plan->device_total() - process_used) / double(process_used));
@@ -556,8 +599,8 @@ int Main() {
                      plan.status().ToString().c_str());
         return 1;
       }
-      bench::Json()
-          .Str("bench", "parallel")
+      bench::Json line;
+      line.Str("bench", "parallel")
           .Str("mode", "plan-only")
           .Str("model", absl::GetFlag(FLAGS_model))
           .Int("S", S)
@@ -570,8 +613,9 @@ int Main() {
                plan->peak[static_cast<int>(Tier::kHostBlockInputs)] / double(int64_t{1} << 30))
           .Raw("fits", job.ok() ? (job->plan.fits ? "true" : "false") : "null")
           .Str("verdict", job.ok() ? job->plan.verdict : "")
-          .Obj("planner_peaks", TierBytes(plan->peak))
-          .Print();
+          .Obj("planner_peaks", TierBytes(plan->peak));
+      AddPrediction(*plan, 0, &line);
+      line.Print();
     }
     return 0;
   }

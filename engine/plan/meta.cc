@@ -99,9 +99,10 @@ void MetaOps::SumInto(const Tensor& x, const Tensor&) {
 
 void MetaOps::Gemm(const Tensor& a, bool ta, const Tensor&, bool tb, const Tensor& c, float,
                    float) {
-  if (!clock_) return;
   const GemmShape g{c.dim(0), c.dim(1), ta ? a.dim(0) : a.dim(1), ta, tb,
                     c.dtype == DType::kF32 && act_ != DType::kF32};
+  if (gemm_log_) gemm_log_->insert(g);
+  if (!clock_) return;
   clock_->Compute(GemmSeconds(*rates_, g), StepClock::Work::kGemm);
 }
 

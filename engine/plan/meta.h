@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -27,6 +28,8 @@ class MetaOps final : public Ops {
     rates_ = rates;
     clock_ = clock;
   }
+  // Every GEMM shape from now on is added to `log` (bench/calibrate measures them).
+  void set_gemm_log(std::set<GemmShape>* log) { gemm_log_ = log; }
   Device device() const override { return device_; }
   DType act_dtype() const override { return act_; }
   double PeakFlops() const override { return 0; }
@@ -77,6 +80,7 @@ class MetaOps final : public Ops {
   DType act_;
   const RateTable* rates_ = nullptr;
   StepClock* clock_ = nullptr;
+  std::set<GemmShape>* gemm_log_ = nullptr;
 };
 
 // Addresses from a private range, never backed by memory; tracks tiers like a real allocator.

@@ -207,6 +207,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   }
   std::vector<int32_t> tokens(req.seq_len, 0);
   if (req.rates != nullptr) ops.set_timing(req.rates, &clock);
+  if (req.gemm_log != nullptr) ops.set_gemm_log(req.gemm_log);
   RETURN_IF_ERROR(model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
   MemoryPlan p;
   if (req.rates != nullptr) p.predicted = PredictStep(req, clock, ps);

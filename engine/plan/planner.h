@@ -50,6 +50,7 @@ struct PlanRequest {
   int ranks_per_node = 8;
   int64_t grad_accum = 1;
   bool overlap_update = true;  // memory.overlap_update
+  std::set<GemmShape>* gemm_log = nullptr;  // every GEMM shape of the step (bench/calibrate)
 };
 
 // What the step-time model predicts for a plan (0 where it made no prediction).

@@ -83,10 +83,10 @@ absl::StatusOr<RateTable> ParseRateTable(const std::string& text) {
       t.gemms.push_back(g);
     } else if (kind == "attention") {
       if (f.size() < 2 || (f[1] != "fwd" && f[1] != "bwd")) {
-        return LineError(line_no, "attention takes fwd|bwd HEAD_DIM SEQ FLOPS_PER_S");
+        return LineError(line_no, "attention takes fwd|bwd HEAD_DIM HEADS SEQ FLOPS_PER_S");
       }
-      RETURN_IF_ERROR(need(3));
-      t.attention.push_back({f[1] == "bwd", int64_t(v[0]), int64_t(v[1]), v[2]});
+      RETURN_IF_ERROR(need(4));
+      t.attention.push_back({f[1] == "bwd", int64_t(v[0]), int64_t(v[1]), int64_t(v[2]), v[3]});
     } else if (kind == "op") {
       if (f.size() < 2) return LineError(line_no, "op takes NAME BYTES_PER_S LAUNCH_S");
       RETURN_IF_ERROR(need(2));
@@ -123,8 +123,8 @@ std::string RateTableText(const RateTable& t) {
     absl::StrAppend(&out, "op ", name, " ", num(r.bytes_per_s), " ", num(r.launch_s), "\n");
   }
   for (const AttentionRate& a : t.attention) {
-    absl::StrAppend(&out, "attention ", a.backward ? "bwd" : "fwd", " ", a.head_dim, " ", a.seq,
-                    " ", num(a.flops_per_s), "\n");
+    absl::StrAppend(&out, "attention ", a.backward ? "bwd" : "fwd", " ", a.head_dim, " ", a.heads,
+                    " ", a.seq, " ", num(a.flops_per_s), "\n");
   }
   for (const GemmRate& g : t.gemms) {
     const GemmShape& s = g.shape;
@@ -190,17 +190,20 @@ double GemmSeconds(const RateTable& t, const GemmShape& g) {
 double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double pairs,
                         int64_t heads, int64_t head_dim) {
   const double flops = AttentionFlops(backward, pairs, heads, head_dim);
-  // The rows of this pass at the nearest head_dim, by length.
-  int64_t hd = 0;
+  // The rows of this pass at the nearest head_dim, then the nearest head count, by length.
+  auto nearest = [](int64_t have, int64_t best, int64_t want) {
+    return best == 0 || std::abs(Log2(have) - Log2(want)) < std::abs(Log2(best) - Log2(want));
+  };
+  int64_t hd = 0, hs = 0;
   for (const AttentionRate& a : t.attention) {
-    if (a.backward == backward &&
-        (hd == 0 || std::abs(Log2(a.head_dim) - Log2(head_dim)) < std::abs(Log2(hd) - Log2(head_dim)))) {
-      hd = a.head_dim;
-    }
+    if (a.backward == backward && nearest(a.head_dim, hd, head_dim)) hd = a.head_dim;
+  }
+  for (const AttentionRate& a : t.attention) {
+    if (a.backward == backward && a.head_dim == hd && nearest(a.heads, hs, heads)) hs = a.heads;
   }
   std::vector<const AttentionRate*> rows;
   for (const AttentionRate& a : t.attention) {
-    if (a.backward == backward && a.head_dim == hd) rows.push_back(&a);
+    if (a.backward == backward && a.head_dim == hd && a.heads == hs) rows.push_back(&a);
   }
   if (rows.empty()) return flops / std::max(1.0, t.gemm_flops_per_s * 0.7);
   std::sort(rows.begin(), rows.end(),

@@ -40,11 +40,13 @@ struct GemmRate {
   double seconds = 0;
 };
 
-// Attention of `pass` at head_dim `head_dim` over a causal sample of `seq` tokens, in FLOP/s of
-// the attention computed (AttentionFlops).
+// Attention of `pass` at head_dim `head_dim` over a causal sample of `seq` tokens with `heads`
+// query heads (a quarter of them K/V heads), in FLOP/s of the attention computed
+// (AttentionFlops).
 struct AttentionRate {
   bool backward = false;
   int64_t head_dim = 0;
+  int64_t heads = 0;
   int64_t seq = 0;
   double flops_per_s = 0;
 };
@@ -69,7 +71,7 @@ struct RateTable {
 // The text form (one record per line, '#' comments): what bench/calibrate writes.
 //   device NAME / note TEXT
 //   gemm M N K TA TB C_F32 SECONDS
-//   attention fwd|bwd HEAD_DIM SEQ FLOPS_PER_S
+//   attention fwd|bwd HEAD_DIM HEADS SEQ FLOPS_PER_S
 //   op NAME BYTES_PER_S LAUNCH_S
 //   h2d BYTES_PER_S / d2h BYTES_PER_S / host_adamw PARAMS_PER_S / gemm_flops FLOPS_PER_S
 absl::StatusOr<RateTable> ParseRateTable(const std::string& text);

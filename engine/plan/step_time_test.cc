@@ -20,7 +20,7 @@ TEST(RateTable, TextRoundTrips) {
   RateTable t;
   t.device = "x";
   t.gemms.push_back({{4096, 2048, 8192, false, true, true}, 0.001});
-  t.attention.push_back({true, 128, 65536, 5e14});
+  t.attention.push_back({true, 128, 8, 65536, 5e14});
   t.ops["rmsnorm"] = {3e12, 4e-6};
   t.h2d_bytes_per_s = 5e10;
   absl::StatusOr<RateTable> back = ParseRateTable(RateTableText(t));
@@ -50,8 +50,9 @@ TEST(StepTime, GemmTakesTheNearestShapeScaledByFlops) {
 TEST(StepTime, AttentionInterpolatesByLengthAndMasksByKeysSeen) {
   RateTable t;
   t.gemm_flops_per_s = 1;
-  t.attention.push_back({false, 128, 1024, 1e14});
-  t.attention.push_back({false, 128, 4096, 3e14});
+  t.attention.push_back({false, 128, 8, 1024, 1e14});
+  t.attention.push_back({false, 128, 8, 4096, 3e14});
+  t.attention.push_back({false, 128, 1, 4096, 1e12});  // fewer heads: another row
   const double causal = AttentionPairs(4096, 0, {});
   EXPECT_DOUBLE_EQ(causal, 4096.0 * 4096.0);
   EXPECT_DOUBLE_EQ(AttentionSeconds(t, false, 4096, causal, 8, 128),
