@@ -52,6 +52,7 @@ class MetaOps final : public Ops {
   void SwiGLUBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                       const Tensor&) override {}
   void CrossEntropy(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override {}
+  void LabelIsArgmax(const Tensor&, const Tensor&, const Tensor&) override {}
   void AdamW(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
              const AdamWParams&) override {}
 
