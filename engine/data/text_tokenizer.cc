@@ -109,9 +109,35 @@ std::vector<std::string> PreTokenize(const std::string& t, const Split& sp) {
   return out;
 }
 
+// The BOS a tokenizer.json's post-processor puts first (TemplateProcessing's "single" template
+// starting with a special token, alone or inside a Sequence), or -1.
+int32_t PostProcessorBos(const nlohmann::json& post) {
+  if (!post.is_object()) return -1;
+  const std::string type = post.value("type", std::string());
+  if (type == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
+    for (const nlohmann::json& p : post["processors"]) {
+      const int32_t bos = PostProcessorBos(p);
+      if (bos >= 0) return bos;
+    }
+    return -1;
+  }
+  if (type != "TemplateProcessing" || !post.contains("single") || !post["single"].is_array() ||
+      post["single"].empty()) {
+    return -1;
+  }
+  const nlohmann::json& first = post["single"][0];
+  if (!first.is_object() || !first.contains("SpecialToken")) return -1;
+  const std::string name = first["SpecialToken"].value("id", std::string());
+  const nlohmann::json& specials = post.value("special_tokens", nlohmann::json());
+  if (!specials.is_object() || !specials.contains(name)) return -1;
+  const nlohmann::json& ids = specials[name].value("ids", nlohmann::json());
+  if (!ids.is_array() || ids.empty() || !ids[0].is_number_integer()) return -1;
+  return ids[0].get<int32_t>();
+}
+
 class BpeTokenizer final : public TextTokenizer {
  public:
-  static absl::StatusOr<std::unique_ptr<TextTokenizer>> Load(const std::string& path, int32_t bos) {
+  static absl::StatusOr<std::unique_ptr<TextTokenizer>> Load(const std::string& path) {
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, kMaxTokenizerBytes));
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     auto refuse = [&](const std::string& why) {
@@ -127,7 +153,7 @@ class BpeTokenizer final : public TextTokenizer {
     }
     std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
     t->path_ = path;
-    t->bos_ = bos;
+    t->bos_ = PostProcessorBos(j.value("post_processor", nlohmann::json()));
     t->ignore_merges_ = model.value("ignore_merges", false);
     const nlohmann::json& vocab = model.value("vocab", nlohmann::json());
     if (!vocab.is_object()) return refuse("model.vocab is not an object");
@@ -295,16 +321,14 @@ class BpeTokenizer final : public TextTokenizer {
 
 std::unique_ptr<TextTokenizer> MakeByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
 
-absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadBpeTokenizer(const std::string& json_path,
-                                                                int32_t bos) {
-  return BpeTokenizer::Load(json_path, bos);
+absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadBpeTokenizer(const std::string& json_path) {
+  return BpeTokenizer::Load(json_path);
 }
 
-absl::StatusOr<std::unique_ptr<TextTokenizer>> OpenModelTokenizer(const JobSpec& spec,
-                                                                  int32_t bos) {
+absl::StatusOr<std::unique_ptr<TextTokenizer>> OpenModelTokenizer(const JobSpec& spec) {
   const std::string json = ModelTokenizerJson(spec);
   if (json.empty() || spec.data.byte_tokens) return MakeByteTokenizer();
-  return LoadBpeTokenizer(json, bos);
+  return LoadBpeTokenizer(json);
 }
 
 }  // namespace ithaca

@@ -34,13 +34,13 @@ class TextTokenizer {
 // The byte-level tokenizer: token = byte, BOS kByteBos (256).
 std::unique_ptr<TextTokenizer> MakeByteTokenizer();
 
-// A tokenizer.json of the byte-level BPE kind (read whole; at most 64 MiB). `bos` is the BOS the
-// model's token files start with (-1: none).
-absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadBpeTokenizer(const std::string& json_path,
-                                                                int32_t bos);
+// A tokenizer.json of the byte-level BPE kind (read whole, at most kMaxTokenizerBytes). Its BOS
+// is the special token its post-processor's template starts with (Llama 3's
+// <|begin_of_text|>), else none (Qwen's).
+absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadBpeTokenizer(const std::string& json_path);
 
 // The job's model's tokenizer: its tokenizer.json (ModelTokenizerJson) unless data.byte_tokens
-// or it has none, then the byte-level one. `bos` as for LoadBpeTokenizer.
-absl::StatusOr<std::unique_ptr<TextTokenizer>> OpenModelTokenizer(const JobSpec& spec, int32_t bos);
+// or it has none, then the byte-level one.
+absl::StatusOr<std::unique_ptr<TextTokenizer>> OpenModelTokenizer(const JobSpec& spec);
 
 }  // namespace ithaca

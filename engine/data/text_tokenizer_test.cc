@@ -93,7 +93,7 @@ TEST(TextTokenizerTest, BpeMatchesHuggingFaceTokenizersForEachPattern) {
                24,  306, 222, 613, 261, 486, 90,  612, 610, 90, 283, 10}},
   };
   for (const auto& [pattern, want] : cases) {
-    auto t = LoadBpeTokenizer(Variant(pattern), 0);
+    auto t = LoadBpeTokenizer(Variant(pattern));
     ASSERT_TRUE(t.ok()) << t.status();
     auto ids = (*t)->Encode(kText);
     ASSERT_TRUE(ids.ok()) << ids.status();
@@ -102,8 +102,9 @@ TEST(TextTokenizerTest, BpeMatchesHuggingFaceTokenizersForEachPattern) {
 }
 
 TEST(TextTokenizerTest, RefusesWhatItCannotEncode) {
-  auto t = LoadBpeTokenizer(kFixture, 0);
+  auto t = LoadBpeTokenizer(kFixture);
   ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->bos(), 0);  // <s>, from the post-processor's template
   auto ids = (*t)->Encode("caf\xC3\xA9");
   ASSERT_FALSE(ids.ok());
   EXPECT_NE(ids.status().message().find("printable ASCII"), std::string::npos) << ids.status();
@@ -114,7 +115,7 @@ TEST(TextTokenizerTest, RefusesWhatItCannotEncode) {
   j["pre_tokenizer"] = {{"type", "Metaspace"}};
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/metaspace.json";
   std::ofstream(path) << j.dump();
-  auto m = LoadBpeTokenizer(path, 0);
+  auto m = LoadBpeTokenizer(path);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("Metaspace"), std::string::npos) << m.status();
 }
