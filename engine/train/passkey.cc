@@ -121,8 +121,12 @@ std::vector<std::string> FormatPasskeyLines(int64_t step, const std::vector<Pass
 absl::StatusOr<std::unique_ptr<PasskeyEval>> PasskeyEval::Create(const JobSpec& spec,
                                                                  LlamaModel* model, Comm* world,
                                                                  int dp, int dp_rank) {
-  ASSIGN_OR_RETURN(std::unique_ptr<TextTokenizer> tok, OpenModelTokenizer(spec));
-  return Create(spec, model, world, dp, dp_rank, std::move(tok));
+  absl::StatusOr<std::unique_ptr<TextTokenizer>> tok = OpenModelTokenizer(spec);
+  if (!tok.ok()) {
+    return absl::Status(tok.status().code(), absl::StrCat("eval.passkey: the model's tokenizer: ",
+                                                          tok.status().message()));
+  }
+  return Create(spec, model, world, dp, dp_rank, std::move(*tok));
 }
 
 absl::StatusOr<std::unique_ptr<PasskeyEval>> PasskeyEval::Create(
