@@ -1,11 +1,12 @@
 #include "engine/data/text_tokenizer.h"
 
+#include <sys/stat.h>
+
 #include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "engine/core/file_util.h"
-#include "engine/data/job_inputs.h"
 #include "engine/data/token_file.h"
 
 namespace ithaca {
@@ -323,6 +324,28 @@ std::unique_ptr<TextTokenizer> MakeByteTokenizer() { return std::make_unique<Byt
 
 absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadBpeTokenizer(const std::string& json_path) {
   return BpeTokenizer::Load(json_path);
+}
+
+std::string ModelSourceDir(const JobSpec& spec) {
+  if (!spec.model.config.empty()) {
+    size_t slash = spec.model.config.rfind('/');
+    return slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
+  }
+  if (!spec.model.weights.empty()) {
+    struct stat st;
+    const std::string& w = spec.model.weights;
+    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return w;
+    size_t slash = w.rfind('/');
+    return slash == std::string::npos ? "." : w.substr(0, slash);
+  }
+  return "";
+}
+
+std::string ModelTokenizerJson(const JobSpec& spec) {
+  const std::string dir = ModelSourceDir(spec);
+  if (dir.empty()) return "";
+  std::string json = dir + "/tokenizer.json";
+  return PathExists(json) ? json : "";
 }
 
 absl::StatusOr<std::unique_ptr<TextTokenizer>> OpenModelTokenizer(const JobSpec& spec) {

@@ -39,6 +39,14 @@ std::unique_ptr<TextTokenizer> MakeByteTokenizer();
 // <|begin_of_text|>), else none (Qwen's).
 absl::StatusOr<std::unique_ptr<TextTokenizer>> LoadBpeTokenizer(const std::string& json_path);
 
+// The directory the job's model comes from (of model.config, or model.weights itself when it is
+// a directory, else its directory); "" for a preset with random weights.
+std::string ModelSourceDir(const JobSpec& spec);
+
+// The model directory's tokenizer.json (beside model.config, or in / beside model.weights), or
+// "" when there is none; token files made with another tokenizer are rejected against it.
+std::string ModelTokenizerJson(const JobSpec& spec);
+
 // The job's model's tokenizer: its tokenizer.json (ModelTokenizerJson) unless data.byte_tokens
 // or it has none, then the byte-level one.
 absl::StatusOr<std::unique_ptr<TextTokenizer>> OpenModelTokenizer(const JobSpec& spec);

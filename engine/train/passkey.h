@@ -1,19 +1,11 @@
 // The passkey eval ([eval.passkey]): does the model retrieve a key from far back in its context?
-//
-// A prompt of exactly `length` tokens, built with the model's own tokenizer (TextTokenizer):
-//   [BOS] filler... key sentence filler... question answer
-// The filler repeats five plain sentences ("The grass is green. The sky is blue. ..."); the key
-// sentence ("The pass key is 71432. Remember it. 71432 is the pass key.") sits at the filler's
-// sentence boundary nearest `depth` of it (0: first, 1: last); the question is "What is the pass
-// key? The pass key is" and the answer the key's tokens, which end the prompt. Each key is five
-// digits drawn from training.seed, the length, the depth and the sample, so a job's prompts are
-// the same every time.
-//
-// Scoring is teacher-forced: one forward of the prompt through the training step's schedule
-// (LlamaModel::Forward: FSDP, Ulysses / UPipe, tiles, as the job trains) with labels only at the
-// answer, so the loss head yields each answer token's log-probability and whether it is the
-// argmax (Ops::LabelIsArgmax), never a whole sequence's logits. A sample is retrieved when all
-// its answer tokens are the argmax.
+// Its prompts (engine/data/passkey_prompt.h: filler, a key sentence at a depth, the question and
+// the key, exactly `length` tokens of the model's tokenizer) are scored teacher-forced: one
+// forward of each prompt through the training step's schedule (LlamaModel::Forward: FSDP,
+// Ulysses / UPipe, tiles, as the job trains) with labels only at the answer, so the loss head
+// yields each answer token's log-probability and whether it is the argmax (Ops::LabelIsArgmax),
+// never a whole sequence's logits. A sample is retrieved when all its answer tokens are the
+// argmax.
 #pragma once
 
 #include <cstdint>
@@ -23,27 +15,12 @@
 
 #include "engine/comm/comm.h"
 #include "engine/core/status.h"
+#include "engine/data/passkey_prompt.h"
 #include "engine/data/text_tokenizer.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
 
 namespace ithaca {
-
-struct PasskeyPrompt {
-  std::vector<int32_t> tokens;  // exactly the length asked for
-  int64_t key_at = 0;           // the key sentence's first token
-  int64_t filler = 0;           // filler tokens in all (before and after the key sentence)
-  int64_t answer_at = 0;        // the answer's first token; the answer runs to the end
-  std::string key;              // the five digits
-};
-
-// The key of one sample: five digits from the seed and the sample's place.
-std::string PasskeyKey(uint64_t seed, int64_t length, int64_t depth_index, int64_t sample);
-
-// One prompt of `length` tokens with `key` at `depth`. INVALID_ARGUMENT naming
-// eval.passkey.lengths when the length cannot hold the key sentence, the question and the answer.
-absl::StatusOr<PasskeyPrompt> BuildPasskeyPrompt(const TextTokenizer& tok, int64_t length,
-                                                 double depth, const std::string& key);
 
 // One (length, depth) point of the eval.
 struct PasskeyResult {
@@ -61,7 +38,8 @@ std::vector<std::string> FormatPasskeyLines(int64_t step, const std::vector<Pass
 
 class PasskeyEval {
  public:
-  // The model's tokenizer (OpenModelTokenizer) and a check that every length holds its prompts.
+  // The model's tokenizer (OpenPasskeyTokenizer) and a check that every prompt fits
+  // (CheckPasskeyPrompts).
   // `model` and `world` must outlive it; `dp` and `dp_rank` are the data-parallel replicas and
   // this rank's: replica r scores samples r, r + dp, ...
   static absl::StatusOr<std::unique_ptr<PasskeyEval>> Create(const JobSpec& spec, LlamaModel* model,
