@@ -75,6 +75,33 @@ TEST(PasskeyPromptTest, TooShortNamesTheKey) {
       << p.status();
 }
 
+// With a tokenizer.json (the BPE fixture): its BOS first, the exact length, the key sentence at a
+// sentence boundary, and the answer the tokenizer's own tokens of " KEY".
+TEST(PasskeyPromptTest, BpeTokenizerPrompts) {
+  auto tok = LoadBpeTokenizer("engine/data/testdata/bpe/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto period = (*tok)->Encode(".");
+  auto answer = (*tok)->Encode(" 71432");
+  ASSERT_TRUE(period.ok() && answer.ok());
+  for (int64_t length : {200, 1000}) {
+    for (double depth : {0.0, 0.5, 1.0}) {
+      auto p = BuildPasskeyPrompt(**tok, length, depth, "71432");
+      ASSERT_TRUE(p.ok()) << p.status();
+      ASSERT_EQ(static_cast<int64_t>(p->tokens.size()), length);
+      EXPECT_EQ(p->tokens[0], 0) << "<s>, the post-processor's BOS";
+      EXPECT_TRUE(p->key_at == 1 || p->tokens[p->key_at - 1] == (*period)[0]) << depth;
+      EXPECT_EQ(std::vector<int32_t>(p->tokens.begin() + p->answer_at, p->tokens.end()), *answer);
+    }
+  }
+  JobSpec spec;
+  spec.eval.passkey.lengths = {1000};
+  EXPECT_TRUE(CheckPasskeyPrompts(spec, **tok, 1000).ok());
+  absl::Status small = CheckPasskeyPrompts(spec, **tok, 300);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.message().find(", outside the model's vocabulary of 300"), std::string::npos)
+      << small;
+}
+
 TEST(PasskeyPromptTest, CheckNamesTheShortestLengthThatWouldDo) {
   JobSpec spec;
   spec.eval.passkey.lengths = {4096, 100};
