@@ -33,6 +33,7 @@
 #include "engine/plan/planner.h"
 #include "engine/schedule/llama.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/passkey.h"
 #include "engine/train/trainer.h"
 #include "engine/core/units.h"
 
@@ -57,6 +58,11 @@ ABSL_FLAG(int64_t, doc_len, 0,
 ABSL_FLAG(std::string, attention_forward, "auto",
           "kernels.attention_forward: auto | cudnn | hopper | flash (the planner follows it)");
 ABSL_FLAG(std::string, attention_backward, "auto", "kernels.attention_backward, as above");
+ABSL_FLAG(int64_t, passkey_samples, 0,
+          "> 0: after the training steps of each S, also time the passkey eval ([eval.passkey]) "
+          "at length S with this many samples per depth, and print a line of mode \"passkey\" "
+          "beside the step's (byte-level prompts: a preset's random weights have no tokenizer)");
+ABSL_FLAG(std::string, passkey_depths, "0,0.5,1", "eval.passkey.depths for --passkey_samples");
 
 namespace ithaca {
 namespace {
@@ -72,6 +78,60 @@ bench::Json TierJson(const std::array<int64_t, kNumTiers>& v) {
 struct Previous {
   int64_t S = 0, device_peak = 0, device_reserved = 0;
 };
+
+// The passkey eval at length S on the model as it is (PasskeyEval, engine/train/passkey.h: the
+// step's schedule, forward only, labels at the key), timed against the training step's median
+// `step_s`; its memory peak is measured on its own.
+absl::Status RunPasskey(LlamaModel* model, int64_t S, const std::string& device, double step_s,
+                        CudaAllocator* alloc) {
+  JobSpec spec;
+  spec.data.seq_len = S;
+  spec.eval.passkey.lengths = {S};
+  spec.eval.passkey.depths.clear();
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_passkey_depths), ',')) {
+    spec.eval.passkey.depths.push_back(std::stod(std::string(d)));
+  }
+  spec.eval.passkey.samples = absl::GetFlag(FLAGS_passkey_samples);
+  ASSIGN_OR_RETURN(std::unique_ptr<PasskeyEval> eval,
+                   PasskeyEval::Create(spec, model, nullptr, 1, 0, MakeByteTokenizer()));
+  model->ops()->Synchronize();
+  alloc->tracker().ResetPeaks();
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(std::vector<PasskeyResult> results, eval->Run());
+  model->ops()->Synchronize();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t prompts = spec.eval.passkey.samples * static_cast<int64_t>(results.size());
+  std::string points = "[";
+  for (size_t i = 0; i < results.size(); ++i) {
+    absl::StrAppendFormat(&points,
+                          "%s{\"depth\": %g, \"accuracy\": %g, \"logprob\": %.4f, "
+                          "\"seconds\": %.4f}",
+                          i ? ", " : "", results[i].depth, results[i].accuracy, results[i].logprob,
+                          results[i].seconds);
+  }
+  points += "]";
+  const double per_prompt = seconds / static_cast<double>(prompts);
+  bench::Json line;
+  line.Str("bench", "train")
+      .Str("mode", "passkey")
+      .Str("date", bench::Today())
+      .Str("device", device)
+      .Str("model", absl::GetFlag(FLAGS_model))
+      .Int("S", S)
+      .Int("world", 1)
+      .Int("samples_per_depth", spec.eval.passkey.samples)
+      .Int("prompts", prompts)
+      .Obj("techniques", bench::Techniques(bench::ModelOptions(), "n/a"))
+      .Num("eval_s", seconds)
+      .Num("s_per_prompt", per_prompt)
+      .Num("prompt_tok_per_s", static_cast<double>(S) / per_prompt)
+      .Num("train_step_s", step_s);
+  if (step_s > 0) line.Num("prompt_vs_train_step", per_prompt / step_s);
+  if (!absl::GetFlag(FLAGS_tag).empty()) line.Str("tag", absl::GetFlag(FLAGS_tag));
+  line.Int("device_peak_bytes", alloc->tracker().device_peak()).Raw("points", points).Print();
+  return absl::OkStatus();
+}
 
 absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device, Previous* prev) {
   const LlamaModel::Options mo = bench::ModelOptions();
@@ -309,6 +369,10 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
     if (!step_s.empty()) line.Num("profile_idle_ms", step_s.back() * 1e3 - busy);
   }
   line.Num("loss", loss).Print();
+  if (absl::GetFlag(FLAGS_passkey_samples) > 0 && probe == 0) {
+    RETURN_IF_ERROR(
+        RunPasskey(model.get(), S, device, step_s.empty() ? 0 : bench::Median(step_s), &alloc));
+  }
   prev->S = S;
   prev->device_peak = device_measured;
   prev->device_reserved = st.device_reserved;

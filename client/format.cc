@@ -76,9 +76,46 @@ std::string ProgressLine(const v1::StepReport& r, double eta_seconds) {
 }
 
 std::string EvalLine(const v1::EvalReport& r) {
-  return absl::StrFormat("eval step %d: loss %.4f (ppl %.1f) over %d tokens, %d batches, %.2f s",
-                         r.step(), r.loss(), std::exp(r.loss()), r.tokens(), r.batches(),
-                         r.seconds());
+  if (r.passkey_size() == 0 || r.tokens() > 0) {
+    std::string line = absl::StrFormat(
+        "eval step %d: loss %.4f (ppl %.1f) over %d tokens, %d batches, %.2f s", r.step(), r.loss(),
+        std::exp(r.loss()), r.tokens(), r.batches(), r.seconds());
+    if (r.passkey_size() > 0) absl::StrAppend(&line, " | ", PasskeySummary(r));
+    return line;
+  }
+  return absl::StrFormat("eval step %d: %s, %.2f s", r.step(), PasskeySummary(r), r.seconds());
+}
+
+std::string PasskeySummary(const v1::EvalReport& r) {
+  // Per length (in the report's order), the accuracy over its depths.
+  std::vector<std::pair<int64_t, std::pair<double, int>>> by_length;
+  for (const v1::PasskeyResult& p : r.passkey()) {
+    if (by_length.empty() || by_length.back().first != p.length()) {
+      by_length.push_back({p.length(), {0.0, 0}});
+    }
+    by_length.back().second.first += p.accuracy();
+    by_length.back().second.second += 1;
+  }
+  std::vector<std::string> parts;
+  for (const auto& [length, sum] : by_length) {
+    parts.push_back(absl::StrFormat("%.2f at %d", sum.first / sum.second, length));
+  }
+  return absl::StrCat("passkey accuracy ", absl::StrJoin(parts, ", "), " tokens");
+}
+
+std::vector<std::string> PasskeyTable(const v1::EvalReport& r) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < r.passkey_size();) {
+    const int64_t length = r.passkey(i).length();
+    std::vector<std::string> cells;
+    for (; i < r.passkey_size() && r.passkey(i).length() == length; ++i) {
+      const v1::PasskeyResult& p = r.passkey(i);
+      cells.push_back(
+          absl::StrFormat("depth %g %.2f (logprob %.3f)", p.depth(), p.accuracy(), p.logprob()));
+    }
+    lines.push_back(absl::StrFormat("%d tokens: %s", length, absl::StrJoin(cells, ", ")));
+  }
+  return lines;
 }
 
 std::string MemoryTable(const v1::Job& job) {
@@ -225,7 +262,12 @@ std::string JobDetails(const v1::Job& job) {
     }
     out += "\n";
   }
-  if (job.has_last_eval()) absl::StrAppend(&out, "  last eval: ", EvalLine(job.last_eval()), "\n");
+  if (job.has_last_eval()) {
+    absl::StrAppend(&out, "  last eval: ", EvalLine(job.last_eval()), "\n");
+    for (const std::string& line : PasskeyTable(job.last_eval())) {
+      absl::StrAppend(&out, "    passkey ", line, "\n");
+    }
+  }
   absl::StrAppend(&out, "  history:\n");
   for (const v1::StateTransition& t : job.transitions()) {
     absl::StrAppend(&out, "    ", Time(t.time()), "  ", StateName(t.to()),

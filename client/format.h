@@ -28,8 +28,14 @@ std::string HumanAge(absl::Duration d);     // kubectl's AGE: "45s", "12m", "5h"
 std::string ProgressLine(const v1::StepReport& r, double eta_seconds);
 
 // "eval step 20: loss 3.1234 (ppl 22.7) over 65536 tokens, 8 batches, 1.20 s": the worker's own
-// eval line.
+// eval line; with passkey points "... | passkey accuracy 1.00 at 4096 tokens", and with only
+// those "eval step 20: passkey accuracy 1.00 at 4096, 0.50 at 8192 tokens, 3.10 s".
 std::string EvalLine(const v1::EvalReport& r);
+// The passkey eval's accuracy per length, over its depths:
+// "passkey accuracy 1.00 at 4096, 0.75 at 8192 tokens".
+std::string PasskeySummary(const v1::EvalReport& r);
+// One line per length: "4096 tokens: depth 0 1.00 (logprob -0.012), depth 0.5 0.75 (...)".
+std::vector<std::string> PasskeyTable(const v1::EvalReport& r);
 
 // One row per tier, one column per rank: peak bytes during the newest step; a total row (the
 // device tiers' sum) at the bottom.

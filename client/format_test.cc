@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/json.h"
@@ -94,6 +96,35 @@ TEST(FormatTest, EvalLineInWatchAndStatus) {
   EXPECT_EQ(JobDetails(job).find("last eval"), std::string::npos) << "none yet, no line";
   *job.mutable_last_eval() = e;
   EXPECT_NE(JobDetails(job).find("  last eval: eval step 20: loss 3.1234 (ppl 22.7)"),
+            std::string::npos)
+      << JobDetails(job);
+}
+
+TEST(FormatTest, EvalLineWithPasskeyPoints) {
+  v1::EvalReport e;
+  e.set_step(20);
+  e.set_seconds(3.1);
+  for (auto [length, depth, accuracy] :
+       {std::tuple<int64_t, double, double>{4096, 0, 1.0}, {4096, 1, 0.5}, {8192, 0, 0.25}}) {
+    v1::PasskeyResult* p = e.add_passkey();
+    p->set_length(length);
+    p->set_depth(depth);
+    p->set_accuracy(accuracy);
+    p->set_logprob(-0.5);
+  }
+  EXPECT_EQ(EvalLine(e),
+            "eval step 20: passkey accuracy 0.75 at 4096, 0.25 at 8192 tokens, 3.10 s");
+  e.set_loss(3.1234);
+  e.set_tokens(65536);
+  e.set_batches(8);
+  EXPECT_EQ(EvalLine(e),
+            "eval step 20: loss 3.1234 (ppl 22.7) over 65536 tokens, 8 batches, 3.10 s | passkey "
+            "accuracy 0.75 at 4096, 0.25 at 8192 tokens");
+  v1::Job job;
+  job.set_id("job-1");
+  *job.mutable_last_eval() = e;
+  EXPECT_NE(JobDetails(job).find("    passkey 4096 tokens: depth 0 1.00 (logprob -0.500), depth 1 "
+                                 "0.50 (logprob -0.500)\n    passkey 8192 tokens: depth 0 0.25"),
             std::string::npos)
       << JobDetails(job);
 }

@@ -189,6 +189,86 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
   return svg;
 }
 
+std::string SvgPasskeyHeatmap(const v1::EvalReport& r) {
+  std::vector<int64_t> lengths;
+  std::vector<double> depths;
+  std::map<std::pair<int64_t, double>, const v1::PasskeyResult*> at;
+  for (const v1::PasskeyResult& p : r.passkey()) {
+    if (std::find(lengths.begin(), lengths.end(), p.length()) == lengths.end()) {
+      lengths.push_back(p.length());
+    }
+    if (std::find(depths.begin(), depths.end(), p.depth()) == depths.end()) {
+      depths.push_back(p.depth());
+    }
+    at[{p.length(), p.depth()}] = &p;
+  }
+  std::sort(lengths.begin(), lengths.end());
+  std::sort(depths.begin(), depths.end());
+  constexpr double kLeft = 80, kRight = 16, kTop = 28, kBottom = 62, kCellH = 30;
+  const double cell_w =
+      std::max(48.0, std::min(110.0, 544.0 / std::max<size_t>(1, lengths.size())));
+  const double W = kLeft + kRight + cell_w * static_cast<double>(lengths.size());
+  const double H = kTop + kBottom + kCellH * static_cast<double>(depths.size());
+  const std::string title = absl::StrCat("Passkey retrieval, step ", r.step());
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"passkey\" "
+      "width=\"%g\" height=\"%g\" viewBox=\"0 0 %g %g\" role=\"img\" aria-label=\"%s\">\n"
+      "<rect x=\"0\" y=\"0\" width=\"%g\" height=\"%g\" fill=\"#fff\"/>\n"
+      "<text x=\"%g\" y=\"18\" font-size=\"14\" font-weight=\"bold\">%s</text>\n",
+      W, H, W, H, Html(title), W, H, kLeft, Html(title));
+  // Accuracy 0 red, 0.5 yellow, 1 green (the needle-in-a-haystack picture's scale).
+  auto colour = [](double a) {
+    a = std::min(1.0, std::max(0.0, a));
+    const double lo[3] = {215, 48, 39}, mid[3] = {254, 224, 139}, hi[3] = {26, 152, 80};
+    const double* from = a < 0.5 ? lo : mid;
+    const double* to = a < 0.5 ? mid : hi;
+    const double t = a < 0.5 ? a / 0.5 : (a - 0.5) / 0.5;
+    int c[3];
+    for (int i = 0; i < 3; ++i)
+      c[i] = static_cast<int>(std::lround(from[i] + (to[i] - from[i]) * t));
+    return absl::StrFormat("#%02x%02x%02x", c[0], c[1], c[2]);
+  };
+  for (size_t yi = 0; yi < depths.size(); ++yi) {
+    const double y = kTop + kCellH * static_cast<double>(yi);
+    absl::StrAppendFormat(&svg,
+                          "<text x=\"%g\" y=\"%g\" text-anchor=\"end\" font-size=\"11\">depth "
+                          "%g%%</text>\n",
+                          kLeft - 6, y + kCellH / 2 + 4, depths[yi] * 100);
+    for (size_t xi = 0; xi < lengths.size(); ++xi) {
+      const double x = kLeft + cell_w * static_cast<double>(xi);
+      auto it = at.find({lengths[xi], depths[yi]});
+      if (it == at.end()) continue;
+      const v1::PasskeyResult& p = *it->second;
+      absl::StrAppendFormat(
+          &svg,
+          "<rect class=\"cell\" x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" "
+          "stroke=\"#fff\" data-length=\"%d\" data-depth=\"%g\" data-accuracy=\"%g\" "
+          "data-logprob=\"%g\"><title>%d tokens, depth %g: %d samples, accuracy %.2f, mean "
+          "logprob %.3f</title></rect>\n"
+          "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\" font-size=\"11\">%.2f</text>\n",
+          x, y, cell_w, kCellH, colour(p.accuracy()), p.length(), p.depth(), p.accuracy(),
+          p.logprob(), p.length(), p.depth(), p.samples(), p.accuracy(), p.logprob(),
+          x + cell_w / 2, y + kCellH / 2 + 4, p.accuracy());
+    }
+  }
+  const double bottom = kTop + kCellH * static_cast<double>(depths.size());
+  for (size_t xi = 0; xi < lengths.size(); ++xi) {
+    const int64_t n = lengths[xi];
+    const std::string label = n % 1024 == 0 ? absl::StrCat(n / 1024, "K") : absl::StrCat(n);
+    absl::StrAppendFormat(&svg,
+                          "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\" "
+                          "font-size=\"11\">%s</text>\n",
+                          kLeft + cell_w * (static_cast<double>(xi) + 0.5), bottom + 14,
+                          Html(label));
+  }
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\" font-size=\"12\">"
+                        "prompt length (tokens); colour: accuracy, red 0 to green 1</text>\n",
+                        kLeft + cell_w * static_cast<double>(lengths.size()) / 2, bottom + 34);
+  svg += "</svg>\n";
+  return svg;
+}
+
 std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>& history,
                              const std::optional<v1::PlanJobResponse>& plan,
                              const std::string& plan_error,
@@ -223,10 +303,22 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
       loss.push_back(std::move(train));
     }
     ChartSeries eval{"eval loss", {}, true};
-    for (const v1::EvalReport* e : evals) eval.points.push_back({double(e->step()), e->loss()});
+    for (const v1::EvalReport* e : evals) {
+      // A passkey-only evaluation (no held-out tokens) has no loss to plot.
+      if (e->tokens() > 0 || e->passkey_size() == 0) {
+        eval.points.push_back({double(e->step()), e->loss()});
+      }
+    }
     if (!eval.points.empty()) loss.push_back(std::move(eval));
     absl::StrAppend(&charts, SvgLineChart("Loss", "step", "cross-entropy", loss));
   }
+  // The newest evaluation with passkey points: the heatmap, and each point's accuracy over the
+  // evaluations (one series per length, averaged over its depths).
+  const v1::EvalReport* passkey = nullptr;
+  for (const v1::EvalReport* e : evals) {
+    if (e->passkey_size() > 0) passkey = e;
+  }
+  if (passkey != nullptr) absl::StrAppend(&charts, SvgPasskeyHeatmap(*passkey));
   absl::StrAppend(&charts, SvgLineChart("Throughput", "step", "tokens/s per " + per,
                                         per_rank("tok/s", [](const v1::StepReport& r) {
                                           return r.tokens_per_second();
@@ -315,10 +407,16 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
                   row("cluster job", job.cluster_job()),
                   row("log directory", job.log_dir()),
                   row("checkpoint directory", s.checkpoint_dir()), "</table>\n");
-  if (job.has_last_eval()) {
+  if (job.has_last_eval() &&
+      (job.last_eval().tokens() > 0 || job.last_eval().passkey_size() == 0)) {
     absl::StrAppend(&page, "<p>Newest evaluation: loss ",
                     absl::StrFormat("%.4f", job.last_eval().loss()), " at step ",
                     job.last_eval().step(), ".</p>\n");
+  }
+  if (passkey != nullptr) {
+    absl::StrAppend(&page, "<p id=\"passkey-summary\">Passkey retrieval at step ", passkey->step(),
+                    " (teacher-forced; ", passkey->passkey(0).samples(),
+                    " samples per length and depth): ", Html(PasskeySummary(*passkey)), ".</p>\n");
   }
   if (!earlier_jobs.empty()) {
     absl::StrAppend(&page, "<p id=\"attempts\">This job resumed a run begun by ",

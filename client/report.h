@@ -33,6 +33,12 @@ struct ChartSeries {
 std::string SvgLineChart(const std::string& title, const std::string& x_label,
                          const std::string& y_label, const std::vector<ChartSeries>& series);
 
+// The passkey eval's points of one evaluation as the needle-in-a-haystack picture: an inline
+// <svg id="passkey"> with a cell per (length, depth) (x: length, y: depth, colour: accuracy from
+// red 0 through yellow to green 1), each a rect with data-length, data-depth, data-accuracy and
+// data-logprob.
+std::string SvgPasskeyHeatmap(const v1::EvalReport& r);
+
 // The whole page. `plan` is the daemon's memory plan for the job's resolved spec, absent when it
 // could not be made (`plan_error` says why). `earlier_jobs`: the jobs whose steps
 // AddEarlierAttempts put before this job's in `history`, oldest first.

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <regex>
+#include <tuple>
+
+#include "absl/strings/str_format.h"
 
 namespace ithaca {
 namespace {
@@ -99,6 +102,73 @@ TEST(ReportTest, PageHasTheChartsSpecAndPlan) {
   EXPECT_NE(page.find("fits: 1.2 GiB of 80 GiB"), std::string::npos);
   EXPECT_NE(RenderReportHtml(job, {}, std::nullopt, "data gone").find("No plan: data gone"),
             std::string::npos);
+}
+
+// The passkey eval as the needle-in-a-haystack picture: a cell per (length, depth), lengths
+// left to right, depths top to bottom, coloured by accuracy; the newest evaluation's points; a
+// passkey-only evaluation adds no point to the eval loss.
+TEST(ReportTest, PasskeyHeatmapOfTheNewestEvaluation) {
+  auto add = [](v1::EvalReport* r, int64_t length, double depth, double accuracy) {
+    v1::PasskeyResult* p = r->add_passkey();
+    p->set_length(length);
+    p->set_depth(depth);
+    p->set_samples(4);
+    p->set_accuracy(accuracy);
+    p->set_logprob(-0.25);
+  };
+  v1::EvalReport r;
+  r.set_step(7);
+  for (int64_t length : {8192, 4096}) {
+    for (double depth : {0.0, 0.5, 1.0}) add(&r, length, depth, length == 4096 ? 1.0 : depth / 2);
+  }
+  const std::string svg = SvgPasskeyHeatmap(r);
+  EXPECT_EQ(Count(svg, "<rect class=\"cell\""), 6);
+  auto cell = [&](int64_t length, double depth) {
+    std::smatch m;
+    const std::regex re(
+        absl::StrFormat("<rect class=\"cell\" x=\"([0-9.]+)\" y=\"([0-9.]+)\" "
+                        "[^>]*fill=\"(#[0-9a-f]{6})\" [^>]*data-length=\"%d\" "
+                        "data-depth=\"%g\" data-accuracy=\"([0-9.]+)\"",
+                        length, depth));
+    EXPECT_TRUE(std::regex_search(svg, m, re)) << length << " " << depth << "\n" << svg;
+    return std::make_tuple(std::stod(m[1]), std::stod(m[2]), std::string(m[3]), std::stod(m[4]));
+  };
+  const auto [x4, y4, c4, a4] = cell(4096, 0);
+  const auto [x8, y8, c8, a8] = cell(8192, 0);
+  const auto [x8b, y8b, c8b, a8b] = cell(8192, 1);
+  const auto [x8m, y8m, c8m, a8m] = cell(8192, 0.5);
+  EXPECT_LT(x4, x8) << "lengths rise to the right";
+  EXPECT_LT(y8, y8m) << "depths rise downwards";
+  EXPECT_LT(y8m, y8b);
+  EXPECT_EQ(a4, 1);
+  EXPECT_EQ(a8, 0);
+  EXPECT_EQ(a8b, 0.5);
+  EXPECT_EQ(c4, "#1a9850") << "accuracy 1: green";
+  EXPECT_EQ(c8, "#d73027") << "accuracy 0: red";
+  EXPECT_EQ(c8b, "#fee08b") << "accuracy 0.5: yellow";
+  EXPECT_NE(svg.find(">4K</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">depth 50%</text>"), std::string::npos) << svg;
+
+  // In the page: the newest evaluation with points, and no eval loss from a passkey-only one.
+  v1::Job job;
+  job.set_id("job-9");
+  std::vector<v1::JobEvent> history;
+  v1::JobEvent older, newer;
+  *older.mutable_eval() = r;
+  older.mutable_eval()->set_step(3);
+  older.mutable_eval()->mutable_passkey(0)->set_accuracy(0.125);
+  *newer.mutable_eval() = r;
+  history = {older, newer};
+  *job.mutable_last_eval() = r;
+  const std::string page = RenderReportHtml(job, history, std::nullopt, "");
+  EXPECT_EQ(Count(page, "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"passkey\""),
+            1);
+  EXPECT_NE(page.find("Passkey retrieval, step 7"), std::string::npos);
+  EXPECT_EQ(page.find("data-accuracy=\"0.125\""), std::string::npos) << "only the newest";
+  EXPECT_NE(page.find("passkey accuracy 0.25 at 8192, 1.00 at 4096 tokens"), std::string::npos)
+      << page;
+  EXPECT_EQ(page.find("data-series=\"eval loss\""), std::string::npos) << "no held-out loss";
+  EXPECT_EQ(page.find("Newest evaluation: loss"), std::string::npos);
 }
 
 // The report findings: "0.00 GiB" in the plan of a small model, end-of-step memory

@@ -587,6 +587,25 @@ TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
   EXPECT_NE(tokenizer.message().find("but the model's tokenizer " + dir + "/model/tokenizer.json"),
             std::string::npos)
       << tokenizer;
+
+  // [eval.passkey]: a length too short for the prompts in the model's tokenizer (byte-level
+  // here), and a tokenizer.json the engine cannot encode with (that one above: no vocab).
+  absl::Status short_prompt = admit("preset = \"tiny\"", "[eval.passkey]\nlengths = [32, 64]\n");
+  EXPECT_EQ(short_prompt.code(), absl::StatusCode::kInvalidArgument) << short_prompt;
+  EXPECT_NE(short_prompt.message().find("job.toml: eval.passkey.lengths: 32 tokens cannot hold a "
+                                        "passkey prompt"),
+            std::string::npos)
+      << short_prompt;
+  const std::string bpe =
+      "name = \"t\"\nbackend = \"cpu\"\n[model]\nconfig = \"model/config.json\"\n"
+      "[data]\nseq_len = 256\n[training]\nsteps = 0\nlr = 0\n"
+      "[eval.passkey]\nlengths = [256]\n";
+  absl::Status unreadable = check(bpe);
+  EXPECT_EQ(unreadable.code(), absl::StatusCode::kInvalidArgument) << unreadable;
+  EXPECT_NE(unreadable.message().find("job.toml: eval.passkey: the model's tokenizer: " + dir +
+                                      "/model/tokenizer.json: model.vocab is not an object"),
+            std::string::npos)
+      << unreadable;
 }
 
 // A 289-byte data.path must not cost seconds and hundreds of MB of admission (2^21 brace

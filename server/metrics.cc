@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -186,6 +187,12 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
       rank_node_(Gauge(*registry_, Constant(hostname), "ithaca_rank_node_info",
                        "1 for each rank of a job across nodes (ithacad --cluster slurm): the node "
                        "it runs on (join on job_id, rank).")),
+      passkey_accuracy_(Gauge(*registry_, Constant(hostname), "ithaca_passkey_accuracy",
+                              "Share of passkey prompts of a length and depth whose key the "
+                              "newest evaluation retrieved ([eval.passkey]).")),
+      passkey_logprob_(Gauge(*registry_, Constant(hostname), "ithaca_passkey_logprob",
+                             "Mean log-probability of a passkey key token at a length and "
+                             "depth in the newest evaluation ([eval.passkey]).")),
       tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
@@ -349,8 +356,22 @@ void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::strin
     s.gpu = gpu;
     s.uuid = uuid;
   }
-  if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add(RankLabels(s));
-  s.eval_loss->Set(r.loss());
+  if (r.tokens() > 0 || r.passkey_size() == 0) {  // a held-out loss (0 tokens: passkey only)
+    if (s.eval_loss == nullptr) s.eval_loss = &eval_loss_.Add(RankLabels(s));
+    s.eval_loss->Set(r.loss());
+  }
+  JobSeries& j = jobs_series_[job];
+  for (const v1::PasskeyResult& p : r.passkey()) {
+    const std::string depth = absl::StrFormat("%g", p.depth());
+    auto [g, added_point] = j.passkey.try_emplace({p.length(), depth});
+    if (added_point) {
+      const prometheus::Labels l = {
+          {"job_id", job}, {"length", std::to_string(p.length())}, {"depth", depth}};
+      g->second = {&passkey_accuracy_.Add(l), &passkey_logprob_.Add(l)};
+    }
+    g->second.first->Set(p.accuracy());
+    g->second.second->Set(p.logprob());
+  }
 }
 
 void Metrics::OnJobStarted(double queue_wait_seconds) {
@@ -400,6 +421,10 @@ void Metrics::OnJobFinished(const std::string& job) {
     if (j != jobs_series_.end()) {
       checkpoint_seconds_.Remove(j->second.checkpoint_seconds);
       checkpoint_time_.Remove(j->second.checkpoint_time);
+      for (auto& [point, g] : j->second.passkey) {
+        passkey_accuracy_.Remove(g.first);
+        passkey_logprob_.Remove(g.second);
+      }
       jobs_series_.erase(j);
     }
   }

@@ -54,7 +54,9 @@ class Metrics {
   // A rank's identity: its device index and UUID ("" on a CPU node).
   void OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::StepReport& r);
-  // A held-out evaluation: ithaca_eval_loss, labelled like the reporting rank's step series.
+  // A held-out evaluation: ithaca_eval_loss, labelled like the reporting rank's step series
+  // (when it has a held-out loss), and per passkey point ithaca_passkey_accuracy and
+  // ithaca_passkey_logprob{job_id, length, depth}.
   void OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::EvalReport& r);
   // A job left the queue for its workers `seconds` after it was submitted.
@@ -94,6 +96,9 @@ class Metrics {
   };
   struct JobSeries {
     prometheus::Gauge *checkpoint_seconds = nullptr, *checkpoint_time = nullptr;
+    // Per passkey point (length, depth label): accuracy and logprob.
+    std::map<std::pair<int64_t, std::string>, std::pair<prometheus::Gauge*, prometheus::Gauge*>>
+        passkey;
   };
   prometheus::Labels RankLabels(const RankSeries& s) const;
   RankSeries& RankLocked(const std::string& job, int rank, int gpu, const std::string& uuid);
@@ -105,10 +110,10 @@ class Metrics {
   std::mutex mu_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_block_inputs_,
-      &host_optimizer_, &host_params_, &tokens_per_second_,
-      &loss_, &step_, &flops_, &mfu_, &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_,
-      &capacity_, &jobs_, &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_,
-      &rank_node_;
+      &host_optimizer_, &host_params_, &tokens_per_second_, &loss_, &step_, &flops_, &mfu_,
+      &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_, &capacity_, &jobs_,
+      &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_, &rank_node_,
+      &passkey_accuracy_, &passkey_logprob_;
   prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_;

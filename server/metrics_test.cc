@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 namespace ithaca {
 namespace {
 
@@ -169,6 +171,42 @@ TEST(MetricsTest, EvalLossOfTheNewestEvaluation) {
       << text;
   EXPECT_EQ(text.find("job_id=\"job-2\",rank=\"0\"} 0"), std::string::npos)
       << "an evaluation-only job has no step series\n" << text;
+}
+
+// The passkey eval's points: one accuracy and one logprob series per (length, depth) of the job,
+// the newest evaluation's values; a passkey-only evaluation (no held-out tokens) sets no
+// ithaca_eval_loss.
+TEST(MetricsTest, PasskeyPointsOfTheNewestEvaluation) {
+  Metrics m("node-1");
+  v1::EvalReport e;
+  e.set_step(10);
+  for (auto [length, depth, accuracy] :
+       {std::tuple<int64_t, double, double>{4096, 0, 1.0}, {4096, 0.5, 0.25}, {8192, 0.5, 0.5}}) {
+    v1::PasskeyResult* p = e.add_passkey();
+    p->set_length(length);
+    p->set_depth(depth);
+    p->set_samples(4);
+    p->set_accuracy(accuracy);
+    p->set_logprob(-0.5);
+  }
+  m.OnEval("job-1", 0, 0, "", e);
+  e.mutable_passkey(1)->set_accuracy(0.75);
+  m.OnEval("job-1", 0, 0, "", e);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("# TYPE ithaca_passkey_accuracy gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("ithaca_passkey_accuracy{Hostname=\"node-1\",depth=\"0.5\",job_id=\"job-1\","
+                      "length=\"4096\"} 0.75\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_passkey_accuracy{Hostname=\"node-1\",depth=\"0\",job_id=\"job-1\","
+                      "length=\"4096\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_passkey_logprob{Hostname=\"node-1\",depth=\"0.5\",job_id=\"job-1\","
+                      "length=\"8192\"} -0.5\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("ithaca_eval_loss{"), std::string::npos) << "no held-out loss\n" << text;
 }
 
 // A finished job's throughput and memory gauges go at once: sum(ithaca_tokens_per_second) read

@@ -111,6 +111,15 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
   p.set_tokens(r.tokens);
   p.set_batches(static_cast<int32_t>(r.batches));
   p.set_seconds(r.seconds);
+  for (const PasskeyResult& k : r.passkey) {
+    v1::PasskeyResult* q = p.add_passkey();
+    q->set_length(k.length);
+    q->set_depth(k.depth);
+    q->set_samples(static_cast<int32_t>(k.samples));
+    q->set_accuracy(k.accuracy);
+    q->set_logprob(k.logprob);
+    q->set_seconds(k.seconds);
+  }
   return p;
 }
 

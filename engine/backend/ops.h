@@ -210,6 +210,11 @@ class Ops {
   // dlogits [T, V] written as (softmax − onehot) · grad_scale; dlogits may alias logits.
   virtual void CrossEntropy(const Tensor& logits, const Tensor& labels, const Tensor& losses,
                             const Tensor& dlogits, float grad_scale) = 0;
+  // Whether each row's label is its argmax, for one tile: logits [T, V], labels i32 [T]; hits
+  // f32 [T] written 1 where label >= 0 and the row's first largest logit (torch.argmax's pick) is
+  // at the label, else 0. For scoring answers teacher-forced (the passkey eval); run it before
+  // CrossEntropy, which may overwrite the logits with their gradient.
+  virtual void LabelIsArgmax(const Tensor& logits, const Tensor& labels, const Tensor& hits) = 0;
 
   // AdamW on f32 master weights (decoupled weight decay): updates master, m, v in place from
   // grad (f32 or act dtype) and, when working.data != nullptr, writes the updated weights into

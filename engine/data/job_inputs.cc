@@ -6,6 +6,7 @@
 
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
+#include "engine/data/passkey_prompt.h"
 #include "engine/model/params.h"
 #include "engine/model/safetensors.h"
 
@@ -39,28 +40,6 @@ DataOptions DataOptionsFor(const JobSpec& spec, const LlamaConfig& cfg) {
 }
 
 }  // namespace
-
-std::string ModelSourceDir(const JobSpec& spec) {
-  if (!spec.model.config.empty()) {
-    size_t slash = spec.model.config.rfind('/');
-    return slash == std::string::npos ? "." : spec.model.config.substr(0, slash);
-  }
-  if (!spec.model.weights.empty()) {
-    struct stat st;
-    const std::string& w = spec.model.weights;
-    if (stat(w.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return w;
-    size_t slash = w.rfind('/');
-    return slash == std::string::npos ? "." : w.substr(0, slash);
-  }
-  return "";
-}
-
-std::string ModelTokenizerJson(const JobSpec& spec) {
-  const std::string dir = ModelSourceDir(spec);
-  if (dir.empty()) return "";
-  std::string json = dir + "/tokenizer.json";
-  return PathExists(json) ? json : "";
-}
 
 absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec,
                                                              const LlamaConfig& cfg) {
@@ -162,6 +141,7 @@ absl::StatusOr<std::vector<std::string>> CheckJobInputs(const JobSpec& spec,
     for (const std::string& w : eval->warnings()) warnings.push_back("eval.path: " + w);
   }
   if (!spec.model.weights.empty()) RETURN_IF_ERROR(CheckWeights(spec.model.weights, cfg));
+  if (!spec.eval.passkey.lengths.empty()) RETURN_IF_ERROR(CheckPasskeyInputs(spec, cfg.vocab_size));
   return warnings;
 }
 

@@ -10,17 +10,10 @@
 
 #include "engine/model/config.h"
 #include "engine/spec/job_spec.h"
+#include "engine/data/text_tokenizer.h"  // ModelSourceDir, ModelTokenizerJson
 #include "engine/data/token_file.h"
 
 namespace ithaca {
-
-// The directory the job's model comes from (of model.config, or model.weights itself when it is
-// a directory, else its directory); "" for a preset with random weights.
-std::string ModelSourceDir(const JobSpec& spec);
-
-// The model directory's tokenizer.json (beside model.config, or in / beside model.weights), or
-// "" when there is none; token files made with another tokenizer are rejected against it.
-std::string ModelTokenizerJson(const JobSpec& spec);
 
 // data.path's files as the training loader: one tokenizer (the model's, when it has one), tokens
 // within the model's vocabulary, the masks the spec asks for, at least one window.
@@ -37,8 +30,9 @@ absl::StatusOr<std::unique_ptr<DataLoader>> OpenEvalData(const JobSpec& spec,
 // (headers only; no tensor data is read). Errors start with "model.weights: ".
 absl::Status CheckWeights(const std::string& path, const LlamaConfig& cfg);
 
-// All of the above for a job (the data-parallel replicas from spec.parallel); the warnings the
-// loaders have (not errors).
+// All of the above for a job (the data-parallel replicas from spec.parallel), and the passkey
+// eval's prompts in the model's tokenizer (CheckPasskeyInputs); the warnings the loaders have
+// (not errors).
 absl::StatusOr<std::vector<std::string>> CheckJobInputs(const JobSpec& spec,
                                                         const LlamaConfig& cfg);
 

@@ -69,6 +69,10 @@ class MetaOps final : public Ops {
                       const Tensor&) override;
   void CrossEntropy(const Tensor& logits, const Tensor&, const Tensor&, const Tensor&,
                     float) override;
+  // Reads the logits once, like the loss.
+  void LabelIsArgmax(const Tensor& logits, const Tensor&, const Tensor&) override {
+    Elementwise(ElementwiseOp::kCrossEntropy, static_cast<int64_t>(logits.bytes()));
+  }
   void AdamW(const Tensor& master, const Tensor& grad, const Tensor&, const Tensor&,
              const Tensor& working, const AdamWParams&) override;
 

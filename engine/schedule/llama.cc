@@ -237,12 +237,17 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
 }
 
 absl::Status LlamaModel::Forward(const DeviceSample& sample, const Tensor& loss_sum) {
+  return Forward(sample, loss_sum, Tensor());
+}
+
+absl::Status LlamaModel::Forward(const DeviceSample& sample, const Tensor& loss_sum,
+                                 const Tensor& hits) {
   RETURN_IF_ERROR(CheckShare(sample));
   Step step(*this, sample, /*backward=*/false);
   RETURN_IF_ERROR(Embed(sample, &step));
   RETURN_IF_ERROR(BlocksForward(&step));
-  return LossHead(step.x.tensor(), sample.labels.tensor(), /*grad_scale=*/0.f, Tensor(),
-                  loss_sum);
+  return LossHead(step.x.tensor(), sample.labels.tensor(), /*grad_scale=*/0.f, Tensor(), loss_sum,
+                  hits);
 }
 
 absl::Status LlamaModel::CheckShare(const DeviceSample& sample) const {
@@ -410,7 +415,7 @@ int64_t DefaultLossTileTokens(int64_t s, int64_t vocab) {
 }
 
 absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float grad_scale,
-                                  const Tensor& dx, const Tensor& loss_sum) {
+                                  const Tensor& dx, const Tensor& loss_sum, const Tensor& hits) {
   const int64_t s = x.dim(0), d = cfg_.hidden_size, V = cfg_.vocab_size;
   const DType act = ops_->act_dtype();
   const int64_t T = opts_.loss_tile_tokens > 0 ? std::min(opts_.loss_tile_tokens, s)
@@ -444,9 +449,12 @@ absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float g
   ASSIGN_OR_RETURN(Buffer rstd, Buffer::Make(alloc_, DType::kF32, {T}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer logits, Buffer::Make(alloc_, act, {T, V}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer losses, Buffer::Make(alloc_, DType::kF32, {s}, Tier::kActivations));
-  Buffer dh;
+  Buffer dh, row_hits;
   if (backward) {
     ASSIGN_OR_RETURN(dh, Buffer::Make(alloc_, act, {T, d}, Tier::kActivations));
+  }
+  if (hits.data != nullptr) {
+    ASSIGN_OR_RETURN(row_hits, Buffer::Make(alloc_, DType::kF32, {s}, Tier::kActivations));
   }
   for (int64_t t0 = 0; t0 < s; t0 += T) {
     const int64_t t1 = std::min(s, t0 + T), n = t1 - t0;
@@ -454,6 +462,10 @@ absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float g
     const Tensor rt = rstd.tensor().Rows(0, n), lt = logits.tensor().Rows(0, n);
     ops_->RmsNorm(xt, norm_w, static_cast<float>(cfg_.rms_norm_eps), ht, rt);
     ops_->Gemm(ht, false, E, true, lt, 1.f, 0.f);
+    // Before CrossEntropy, which overwrites the logits with their gradient.
+    if (hits.data != nullptr) {
+      ops_->LabelIsArgmax(lt, labels.Rows(t0, t1), row_hits.tensor().Rows(t0, t1));
+    }
     ops_->CrossEntropy(lt, labels.Rows(t0, t1), losses.tensor().Rows(t0, t1), lt, grad_scale);
     if (!backward) continue;
     const Tensor dht = dh.tensor().Rows(0, n), dxt = dx.Rows(t0, t1);
@@ -468,6 +480,7 @@ absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float g
   }
   // On the device: the loop reads it once per step, with the gradient norm.
   ops_->SumInto(losses.tensor(), loss_sum);
+  if (hits.data != nullptr) ops_->SumInto(row_hits.tensor(), hits);
   return absl::OkStatus();
 }
 

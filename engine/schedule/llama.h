@@ -120,6 +120,10 @@ class LlamaModel {
   // ForwardBackward does. No gradient is computed or touched, nothing is saved for a backward,
   // and the weights are only read. Only enqueues work.
   absl::Status Forward(const DeviceSample& sample, const Tensor& loss_sum);
+  // The same, and also writes into `hits` (f32, one element, on the device) how many of the
+  // share's labelled tokens are the argmax of their logits (Ops::LabelIsArgmax): the passkey
+  // eval's teacher-forced score, with labels only at the answer's positions.
+  absl::Status Forward(const DeviceSample& sample, const Tensor& loss_sum, const Tensor& hits);
 
  private:
   LlamaModel(const LlamaConfig& cfg, Ops* ops, Allocator* alloc, Options opts)
@@ -161,9 +165,10 @@ class LlamaModel {
   absl::Status CheckSample(const int32_t* inputs, int64_t S, const DocumentMask& docs) const;
   // Final norm, LM head and cross-entropy over token tiles, fused with their backward: writes
   // dx [s, d], adds the head's (and tied embedding's) gradients, writes the loss sum into
-  // `loss_sum` (device). With `dx` empty only the loss sum (evaluation).
+  // `loss_sum` (device). With `dx` empty only the loss sum (evaluation); with `hits` given, the
+  // count of labels that are their row's argmax too.
   absl::Status LossHead(const Tensor& x, const Tensor& labels, float grad_scale, const Tensor& dx,
-                        const Tensor& loss_sum);
+                        const Tensor& loss_sum, const Tensor& hits = Tensor());
 
   LlamaConfig cfg_;
   ParamLayout layout_;

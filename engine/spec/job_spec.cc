@@ -425,6 +425,27 @@ Codec FloatList(Get get) {
           }};
 }
 
+// An array of integers, at most kMaxDataSources of them.
+template <typename Get>
+Codec IntList(Get get) {
+  return {"an array of integers",
+          [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+            if (!n.is_array()) return r.WrongType(n, path, "an array of integers");
+            const toml::array& a = *n.as_array();
+            RETURN_IF_ERROR(
+                r.Require(a.size() <= kMaxDataSources, path,
+                          absl::StrCat("at most ", kMaxDataSources, " integers, got ", a.size())));
+            std::vector<int64_t> v;
+            for (const toml::node& e : a) {
+              if (!e.is_integer()) return r.WrongType(e, path, "an array of integers");
+              v.push_back(e.as_integer()->get());
+            }
+            *get(s) = std::move(v);
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) { return absl::StrCat("[", absl::StrJoin(*get(s), ", "), "]"); }};
+}
+
 template <typename Get>
 Codec Bool(Get get) {
   return {"a boolean",
@@ -537,11 +558,12 @@ struct Key {
   // another at parsing (min_lr_ratio into min_lr), not for one another key overrides (a preset
   // beside model.config).
   std::function<bool(const JobSpec&)> written;
+  // The section is everything before the last dot ("eval.passkey" for eval.passkey.lengths).
   std::string section() const {
-    const size_t dot = path.find('.');
+    const size_t dot = path.rfind('.');
     return dot == std::string::npos ? "" : path.substr(0, dot);
   }
-  std::string name() const { return path.substr(path.find('.') + 1); }
+  std::string name() const { return path.substr(path.rfind('.') + 1); }
 };
 
 const std::vector<Section>& Sections() {
@@ -561,7 +583,13 @@ const std::vector<Section>& Sections() {
       {"eval",
        "Held-out loss, measured with no gradients. Optional: without the section the job never "
        "evaluates.",
-       [](const JobSpec& s) { return !s.eval.path.empty(); }},
+       [](const JobSpec& s) { return !s.eval.path.empty() || !s.eval.passkey.lengths.empty(); }},
+      {"eval.passkey",
+       "Retrieval at length (the passkey test): prompts of filler text with a 5-digit key at a "
+       "depth, built with the model's own tokenizer (its tokenizer.json, else byte-level) and "
+       "scored teacher-forced under the job's parallel layout, at each `eval.every` and after "
+       "the last step (docs/training.md). Optional; `eval.path` is then optional too.",
+       [](const JobSpec& s) { return !s.eval.passkey.lengths.empty(); }},
       {"retry",
        "What ithacad does when the job fails in a way that need not repeat (a rank killed or "
        "crashed, a lost heartbeat; not a bad spec, a NaN loss or out of memory): it queues the "
@@ -728,6 +756,13 @@ const std::vector<Key>& Keys() {
        "Steps between evaluations; 0: only after the last step (always then)."},
       {"eval.batches", Int(FIELD(eval.batches)),
        "Micro-batches of `data.micro_batch` windows per data-parallel replica."},
+      {"eval.passkey.lengths", IntList(FIELD(eval.passkey.lengths)),
+       "Prompt lengths in tokens, each at most `data.seq_len` and divisible by `parallel.sp`."},
+      {"eval.passkey.depths", FloatList(FIELD(eval.passkey.depths)),
+       "Where the key sits in the filler, as fractions 0 (the start) to 1 (just before the "
+       "question)."},
+      {"eval.passkey.samples", Int(FIELD(eval.passkey.samples)),
+       "Prompts per (length, depth), each with its own key drawn from `training.seed`."},
 
       {"retry.max_restarts", Int(FIELD(retry.max_restarts)),
        "Restarts after such failures (0..1000); 0: the first failure is final."},
@@ -772,10 +807,15 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
   for (const Key& k : Keys()) {
     if (k.section() == prefix) valid.push_back(prefix.empty() ? k.path : k.name());
   }
-  if (prefix.empty()) {
-    for (const Section& sec : Sections()) {
-      if (!sec.name.empty()) valid.push_back(sec.name);
-    }
+  // The sections directly inside this one (every top-level one at the top, eval.passkey in eval).
+  auto subsection = [&](const Section& sec) {
+    if (sec.name.empty()) return false;
+    const size_t dot = sec.name.rfind('.');
+    return prefix.empty() ? dot == std::string::npos
+                          : dot != std::string::npos && sec.name.substr(0, dot) == prefix;
+  };
+  for (const Section& sec : Sections()) {
+    if (subsection(sec)) valid.push_back(sec.name.substr(sec.name.rfind('.') + 1));
   }
   for (auto&& [k, node] : table) {
     const std::string name(k.str());
@@ -788,8 +828,8 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
       continue;
     }
     auto section = std::find_if(Sections().begin(), Sections().end(),
-                                [&](const Section& x) { return !x.name.empty() && x.name == name; });
-    if (prefix.empty() && section != Sections().end()) {
+                                [&](const Section& x) { return subsection(x) && x.name == path; });
+    if (section != Sections().end()) {
       if (!node.is_table()) return r.WrongType(node, path, "a table");
       RETURN_IF_ERROR(Walk(*node.as_table(), path, r, s));
       continue;
@@ -890,8 +930,11 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   const JobSpec::Training& t = s.training;
   RETURN_IF_ERROR(
       r.Require(t.steps >= 0, "training.steps", absl::StrCat("must be >= 0, got ", t.steps)));
-  RETURN_IF_ERROR(r.Require(!eval_only || !s.eval.path.empty(), "training.steps",
-                            "0 (an evaluation-only job) needs an [eval] section with eval.path"));
+  const JobSpec::Eval::Passkey& pk = s.eval.passkey;
+  RETURN_IF_ERROR(r.Require(!eval_only || !s.eval.path.empty() || !pk.lengths.empty(),
+                            "training.steps",
+                            "0 (an evaluation-only job) needs an [eval] section with eval.path "
+                            "or [eval.passkey]"));
   // An evaluation-only job never takes an optimizer step, so its learning rates do not matter.
   RETURN_IF_ERROR(r.Require(
       t.lr > 0 || (eval_only && t.lr == 0), "training.lr",
@@ -969,9 +1012,52 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(ex.empty() || !eval_only, "checkpoint.export",
                             "an evaluation-only job (training.steps = 0) writes no checkpoint to "
                             "export"));
-  RETURN_IF_ERROR(r.Require(!r.Given("eval") || !s.eval.path.empty(), "eval.path",
-                            "required in an [eval] section: the held-out token file(s) (see "
-                            "ithaca-tokenize --val-fraction)"));
+  RETURN_IF_ERROR(r.Require(!r.Given("eval.passkey") || !pk.lengths.empty(),
+                            "eval.passkey.lengths",
+                            "required in an [eval.passkey] section: the prompt lengths in tokens, "
+                            "e.g. [4096, 8192]"));
+  RETURN_IF_ERROR(r.Require(!r.Given("eval") || !s.eval.path.empty() || !pk.lengths.empty(),
+                            "eval.path",
+                            "required in an [eval] section without [eval.passkey]: the held-out "
+                            "token file(s) (see ithaca-tokenize --val-fraction)"));
+  if (!pk.lengths.empty()) {
+    RETURN_IF_ERROR(r.Require(pk.lengths.size() <= kMaxPasskeyPoints, "eval.passkey.lengths",
+                              absl::StrCat("at most ", kMaxPasskeyPoints, " lengths, got ",
+                                           pk.lengths.size())));
+    for (size_t i = 0; i < pk.lengths.size(); ++i) {
+      const int64_t n = pk.lengths[i];
+      RETURN_IF_ERROR(r.Require(
+          n >= 1 && n <= s.data.seq_len, "eval.passkey.lengths",
+          absl::StrCat(n, " is not in [1, data.seq_len = ", s.data.seq_len,
+                       "]: the job is planned for data.seq_len tokens, so no prompt may be "
+                       "longer (raise data.seq_len)")));
+      RETURN_IF_ERROR(r.Require(
+          s.parallel.sp < 1 || n % s.parallel.sp == 0, "eval.passkey.lengths",
+          absl::StrCat(n, " is not divisible by parallel.sp (", s.parallel.sp,
+                       "): every rank of a Ulysses group holds an equal share of a prompt")));
+      RETURN_IF_ERROR(r.Require(
+          std::find(pk.lengths.begin(), pk.lengths.begin() + i, n) == pk.lengths.begin() + i,
+          "eval.passkey.lengths", absl::StrCat(n, " is given twice")));
+    }
+    RETURN_IF_ERROR(r.Require(!pk.depths.empty() && pk.depths.size() <= kMaxPasskeyPoints,
+                              "eval.passkey.depths",
+                              absl::StrCat("must hold 1 to ", kMaxPasskeyPoints,
+                                           " depths, got ", pk.depths.size())));
+    for (size_t i = 0; i < pk.depths.size(); ++i) {
+      const double d = pk.depths[i];
+      RETURN_IF_ERROR(r.Require(d >= 0 && d <= 1, "eval.passkey.depths",
+                                absl::StrCat(FormatDouble(d),
+                                             " is not in [0, 1] (0: the key at the start of "
+                                             "the filler, 1: at its end)")));
+      RETURN_IF_ERROR(r.Require(
+          std::find(pk.depths.begin(), pk.depths.begin() + i, d) == pk.depths.begin() + i,
+          "eval.passkey.depths", absl::StrCat(FormatDouble(d), " is given twice")));
+    }
+    RETURN_IF_ERROR(r.Require(pk.samples >= 1 && pk.samples <= kMaxPasskeySamples,
+                              "eval.passkey.samples",
+                              absl::StrCat("must be in [1, ", kMaxPasskeySamples, "], got ",
+                                           pk.samples)));
+  }
   RETURN_IF_ERROR(
       r.Require(s.eval.every >= 0, "eval.every",
                 absl::StrCat("must be >= 0 (0: only after the last step), got ", s.eval.every)));

@@ -179,6 +179,13 @@ struct JobSpec {
                           // start each time, so successive evaluations are comparable
     int64_t every = 0;    // steps between evaluations; 0: only after the last step (always then)
     int64_t batches = 8;  // micro-batches of data.micro_batch windows per data-parallel replica
+    // [eval.passkey]: retrieval at length (engine/train/passkey.h), run with the loss above (at
+    // eval.every and after the last step). Off while `lengths` is empty.
+    struct Passkey {
+      std::vector<int64_t> lengths;  // prompt tokens of each length measured
+      std::vector<double> depths = {0, 0.25, 0.5, 0.75, 1};  // where the key sits, 0..1
+      int64_t samples = 4;  // prompts (each with its own key) per (length, depth)
+    } passkey;
   } eval;
 };
 
@@ -190,6 +197,9 @@ inline constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
 inline constexpr int64_t kMaxStepTokens = int64_t{1} << 32;  // a step's samples: 16 GiB of ids
 inline constexpr int64_t kMaxWorld = 65536;
 inline constexpr int64_t kMaxEvalBatches = int64_t{1} << 20;
+// [eval.passkey]: at most this many lengths and depths, and samples per (length, depth).
+inline constexpr size_t kMaxPasskeyPoints = 64;
+inline constexpr int64_t kMaxPasskeySamples = 4096;
 // data.weights: at most this many sources, and a mix period of at most kMaxDataMixPeriod samples.
 inline constexpr size_t kMaxDataSources = 256;
 inline constexpr int64_t kMaxDataMixPeriod = int64_t{1} << 20;

@@ -75,6 +75,11 @@ path = "data/val-*.tok"
 every = 25
 batches = 4
 
+[eval.passkey]
+lengths = [1024, 2048]
+depths = [0, 0.5, 1]
+samples = 2
+
 [kernels]
 attention_forward = "hopper"
 attention_backward = "flash"
@@ -208,9 +213,9 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  // With [eval] and [kernels]: every key of the table but min_lr_ratio, and model.preset (the
-  // full spec's model is a config.json).
-  EXPECT_EQ(keys, 58);
+  // With [eval], [eval.passkey] and [kernels]: every key of the table but min_lr_ratio, and
+  // model.preset (the full spec's model is a config.json).
+  EXPECT_EQ(keys, 61);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -439,6 +444,22 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
        "job.toml: checkpoint.export: an evaluation-only job (training.steps = 0) writes no "
        "checkpoint"},
       {"[eval]\nevery = 5", "job.toml: eval.path: required in an [eval] section"},
+      {"[eval.passkey]\nsamples = 2",
+       "job.toml: eval.passkey.lengths: required in an [eval.passkey] section"},
+      {"[eval.passkey]\nlengths = [128, 300]",
+       "job.toml: eval.passkey.lengths: 300 is not in [1, data.seq_len = 256]"},
+      {"[parallel]\nworld = 2\nsp = 2\n[eval.passkey]\nlengths = [128, 201]",
+       "job.toml: eval.passkey.lengths: 201 is not divisible by parallel.sp (2)"},
+      {"[eval.passkey]\nlengths = [128, 128]", "job.toml: eval.passkey.lengths: 128 is given twice"},
+      {"[eval.passkey]\nlengths = [128]\ndepths = [0, 1.5]",
+       "job.toml: eval.passkey.depths: 1.5 is not in [0, 1]"},
+      {"[eval.passkey]\nlengths = [128]\ndepths = []",
+       "job.toml: eval.passkey.depths: must hold 1 to 64 depths, got 0"},
+      {"[eval.passkey]\nlengths = [128]\nsamples = 0",
+       "job.toml: eval.passkey.samples: must be in [1, 4096], got 0"},
+      {"[eval.passkey]\nlengths = [128.5]", "job.toml: eval.passkey.lengths: "},
+      {"[eval.passkey]\nlenghts = [128]",
+       "job.toml: eval.passkey.lenghts: unknown key"},
       {"[eval]\npath = \"\"", "job.toml: eval.path: required in an [eval] section"},
       {"[eval]\npath = \"v.tok\"\nevery = -1", "job.toml: eval.every: must be >= 0"},
       {"[eval]\npath = \"v.tok\"\nbatches = 0",
@@ -579,6 +600,32 @@ TEST(JobSpecTest, EvaluationOnlyJob) {
 }
 
 // data.weights: one weight per alternative of data.path's brace group, exact in whole samples.
+// [eval.passkey] alone: an evaluation-only job needs neither data.path nor eval.path, and the
+// section survives the stored spec (the [eval] header too, for eval.every).
+TEST(JobSpecTest, PasskeyEvalAloneRoundTrips) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[training]\nsteps = 0\nlr = 0\n[data]\nseq_len = 4096\n[eval]\nevery = 3\n"
+      "[eval.passkey]\nlengths = [1024, 4096]\nsamples = 2\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->eval.passkey.lengths, (std::vector<int64_t>{1024, 4096}));
+  EXPECT_EQ(s->eval.passkey.depths, (std::vector<double>{0, 0.25, 0.5, 0.75, 1}));
+  EXPECT_EQ(s->eval.passkey.samples, 2);
+  const std::string toml = JobSpecToToml(*s);
+  EXPECT_NE(toml.find("[eval]\npath = \"\"\nevery = 3\n"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("[eval.passkey]\nlengths = [1024, 4096]\ndepths = [0.0, 0.25, 0.5, 0.75, "
+                      "1.0]\nsamples = 2\n"),
+            std::string::npos)
+      << toml;
+  absl::StatusOr<JobSpec> back = ParseJobSpec(toml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->eval.passkey.lengths, s->eval.passkey.lengths);
+  EXPECT_EQ(back->eval.every, 3);
+  // Without it nothing is written.
+  absl::StatusOr<JobSpec> plain = ParseJobSpec("[data]\npath = \"d.tok\"\n");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(JobSpecToToml(*plain).find("passkey"), std::string::npos);
+}
+
 TEST(JobSpecTest, DataWeightsNameTheSourcesOfTheBraceGroup) {
   absl::StatusOr<JobSpec> s = ParseJobSpec(
       "[data]\npath = \"{web/*.tok,code/{a,b}.tok}\"\nweights = [0.7, 0.3]\n");

@@ -158,6 +158,10 @@ class RecordingOps final : public Ops {
     Log("CrossEntropy");
     inner_->CrossEntropy(l, y, loss, d, s);
   }
+  void LabelIsArgmax(const Tensor& l, const Tensor& y, const Tensor& hits) override {
+    Log("LabelIsArgmax");
+    inner_->LabelIsArgmax(l, y, hits);
+  }
   void AdamW(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& work,
              const AdamWParams& p) override {
     Log("AdamW");

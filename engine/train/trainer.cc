@@ -61,6 +61,17 @@ std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport&
   return v;
 }
 
+std::vector<std::pair<std::string, double>> EvalScalars(const EvalReport& r) {
+  std::vector<std::pair<std::string, double>> v;
+  if (r.tokens > 0) v.emplace_back("eval/loss", r.loss);
+  for (const PasskeyResult& p : r.passkey) {
+    const std::string at = absl::StrFormat("passkey/%d/depth_%g", p.length, p.depth);
+    v.emplace_back(at + "/accuracy", p.accuracy);
+    v.emplace_back(at + "/logprob", p.logprob);
+  }
+  return v;
+}
+
 std::string FormatStartupLine(const StartupReport& r) {
   const Optimizer::StartupTimes& o = r.optimizer;
   const double rest = r.total_s - r.model_s - o.allocate_s - o.init_s - o.place_s - o.working_copy_s;
@@ -183,6 +194,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     }
   } else if (spec.training.steps > 0) {
     return absl::InvalidArgumentError("data.path: required: the token file to train on");
+  }
+  if (!spec.eval.passkey.lengths.empty()) {
+    ASSIGN_OR_RETURN(t->passkey_,
+                     PasskeyEval::Create(spec, t->model_.get(), comm, t->dp_, t->dp_rank_));
   }
   if (!spec.eval.path.empty()) {
     ASSIGN_OR_RETURN(t->evaluator_,
@@ -399,8 +414,19 @@ absl::StatusOr<CheckpointSaveReport> Trainer::SaveCheckpointNow() {
 }
 
 absl::StatusOr<EvalReport> Trainer::Evaluate() {
-  if (!evaluator_) return absl::FailedPreconditionError("eval.path: the job has no [eval] section");
-  ASSIGN_OR_RETURN(EvalReport r, evaluator_->Run(state_.step));
+  if (!evaluator_ && !passkey_) {
+    return absl::FailedPreconditionError("eval.path: the job has no [eval] section");
+  }
+  EvalReport r;
+  r.step = state_.step;
+  if (evaluator_) {
+    ASSIGN_OR_RETURN(r, evaluator_->Run(state_.step));
+  }
+  if (passkey_) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(r.passkey, passkey_->Run());
+    r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   evaluated_step_ = state_.step;
   return r;
 }
@@ -415,12 +441,13 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
   auto evaluate = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(EvalReport r, Evaluate());
     if (rank_ == 0) {
-      std::printf("%s\n", FormatEvalLine(r).c_str());
+      if (evaluator_) std::printf("%s\n", FormatEvalLine(r).c_str());
+      for (const std::string& line : FormatPasskeyLines(r.step, r.passkey)) {
+        std::printf("%s\n", line.c_str());
+      }
       std::fflush(stdout);
     }
-    if (tensorboard_) {
-      RETURN_IF_ERROR(tensorboard_->Write(r.step, {{"eval/loss", r.loss}}));
-    }
+    if (tensorboard_) RETURN_IF_ERROR(tensorboard_->Write(r.step, EvalScalars(r)));
     if (on_eval) on_eval(r);
     return absl::OkStatus();
   };
@@ -445,7 +472,8 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
     if (tensorboard_) RETURN_IF_ERROR(tensorboard_->Write(r.step, TensorBoardScalars(r)));
     // The last step's evaluation comes after the loop, once.
     const int64_t eval_every = spec_.eval.every;
-    if (evaluator_ && eval_every > 0 && r.step % eval_every == 0 && r.step != steps) {
+    const bool evaluates = evaluator_ || passkey_;
+    if (evaluates && eval_every > 0 && r.step % eval_every == 0 && r.step != steps) {
       RETURN_IF_ERROR(evaluate());
     }
   }
@@ -454,7 +482,9 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
   // whatever step a checkpoint it resumed from says.
   RETURN_IF_ERROR(optimizer_->FinishUpdate());  // the last step's update, whole
   const bool at_end = steps == 0 || (state_.step == steps && last == steps);
-  if (at_end && evaluator_ && evaluated_step_ != state_.step) RETURN_IF_ERROR(evaluate());
+  if (at_end && (evaluator_ || passkey_) && evaluated_step_ != state_.step) {
+    RETURN_IF_ERROR(evaluate());
+  }
   if (at_end && steps > 0) RETURN_IF_ERROR(ExportNow());
   return absl::OkStatus();
 }

@@ -67,6 +67,9 @@ std::string FormatStepLine(const StepReport& r);
 // train/tokens_per_second (per rank), train/step_seconds, memory/device_peak_gib and each
 // tier's memory/<tier>_peak_gib (the step's peak), train/model_tflops, train/mfu (when known).
 std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport& r);
+// An evaluation's: eval/loss (with eval.path), and per passkey point
+// passkey/<length>/depth_<depth>/accuracy and .../logprob.
+std::vector<std::pair<std::string, double>> EvalScalars(const EvalReport& r);
 
 // Where a job's start-up went before step 1 (Trainer::Create), printed by rank 0 as
 // "start-up 95.1 s: model 0.4 s, optimizer state allocated 31.0 s (pinned host 96.4 GB), initial
@@ -107,12 +110,14 @@ class Trainer {
   // Runs from the current step to spec.training.steps (or to `stop_at_step` when > 0, as if
   // interrupted there). `on_step` (optional) sees every report. With an [eval] section it
   // evaluates every eval.every steps and after the last step (also when a job resumes there),
-  // printing the eval line after the step line on rank 0; `on_eval` (optional) sees each report.
+  // printing the eval and passkey lines after the step line on rank 0; `on_eval` (optional) sees
+  // each report.
   // An evaluation-only job (training.steps = 0) evaluates once, here.
   absl::Status Run(const std::function<void(const StepReport&)>& on_step = nullptr,
                    int64_t stop_at_step = 0,
                    const std::function<void(const EvalReport&)>& on_eval = nullptr);
-  // One evaluation of the current weights (collective; FAILED_PRECONDITION without [eval]).
+  // One evaluation of the current weights: the held-out loss (eval.path) and the passkey eval
+  // ([eval.passkey]), whichever the job has (collective; FAILED_PRECONDITION with neither).
   absl::StatusOr<EvalReport> Evaluate();
 
   const TrainState& state() const { return state_; }
@@ -151,7 +156,8 @@ class Trainer {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> data_;      // null in an evaluation-only job
-  std::unique_ptr<Evaluator> evaluator_;  // null without [eval]
+  std::unique_ptr<Evaluator> evaluator_;  // null without eval.path
+  std::unique_ptr<PasskeyEval> passkey_;  // null without [eval.passkey]
   // Rank 0 with metrics.tensorboard: checkpoint.dir/tensorboard's event file of this run.
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t evaluated_step_ = -1;           // the step of this process's newest evaluation

@@ -106,7 +106,8 @@ class Step:
 
 @dataclasses.dataclass(frozen=True)
 class Eval:
-    """A held-out loss (EvalReport), for the whole job."""
+    """An evaluation (EvalReport), for the whole job: the held-out loss (tokens 0 without
+    eval.path) and the passkey eval's points ([eval.passkey]; PasskeyResult per length, depth)."""
     seq: int
     time: "datetime.datetime | None"
     report: pb.EvalReport
@@ -114,6 +115,7 @@ class Eval:
     step = property(lambda self: self.report.step)
     loss = property(lambda self: self.report.loss)
     tokens = property(lambda self: self.report.tokens)
+    passkey = property(lambda self: list(self.report.passkey))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -385,6 +385,19 @@ void CpuOps::CrossEntropy(const Tensor& logits, const Tensor& labels, const Tens
                     grad_scale);
 }
 
+void CpuOps::LabelIsArgmax(const Tensor& logits, const Tensor& labels, const Tensor& hits) {
+  const char* op = "LabelIsArgmax";
+  CheckF32(logits, op, "logits");
+  CheckDType(labels, DType::kI32, op, "labels");
+  CheckF32(hits, op, "hits");
+  ITHACA_CHECK(logits.rank() == 2, "CpuOps::", op, ": logits is ", logits.DebugString(),
+               ", expected [T, V]");
+  const int64_t tokens = logits.dim(0), vocab = logits.dim(1);
+  kCheck.Shape(labels, {tokens}, op, "labels");
+  kCheck.Shape(hits, {tokens}, op, "hits");
+  cpu::LabelIsArgmax(logits.f32(), labels.i32(), tokens, vocab, hits.f32());
+}
+
 void CpuOps::AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                    const Tensor& working, const AdamWParams& p) {
   const char* op = "AdamW";

@@ -58,6 +58,7 @@ class CpuOps : public Ops {
                       const Tensor& dup) override;
   void CrossEntropy(const Tensor& logits, const Tensor& labels, const Tensor& losses,
                     const Tensor& dlogits, float grad_scale) override;
+  void LabelIsArgmax(const Tensor& logits, const Tensor& labels, const Tensor& hits) override;
   void AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& working, const AdamWParams& p) override;
 

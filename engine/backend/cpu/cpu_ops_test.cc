@@ -287,6 +287,23 @@ TEST(CpuOpsTest, CrossEntropyMatchesDoubleInPlace) {
   EXPECT_EQ(losses[5], 0.0f);
 }
 
+TEST(CpuOpsTest, LabelIsArgmaxTakesTheFirstLargestLogit) {
+  CpuOps ops;
+  const int64_t tokens = 6, vocab = 4;
+  std::vector<float> logits = {
+      0,  3,  1,  2,   // argmax 1: the label's
+      0,  3,  1,  2,   // argmax 1, label 3: a miss
+      5,  1,  5,  0,   // a tie of 0 and 2: the first counts, so label 2 misses
+      5,  1,  5,  0,   // and label 0 hits
+      0,  3,  1,  2,   // label −1: ignored, never a hit
+      -9, -1, -2, -1,  // label 3 ties with 1 after it: a miss
+  };
+  std::vector<int32_t> labels = {1, 3, 2, 0, -1, 3};
+  std::vector<float> hits(tokens, 7.f);
+  ops.LabelIsArgmax(F32(logits, {tokens, vocab}), I32(labels, {tokens}), F32(hits, {tokens}));
+  EXPECT_EQ(hits, (std::vector<float>{1, 0, 0, 1, 0, 0}));
+}
+
 // p0 = 1, grads 0.5 then −0.25 scaled by 2, lr 0.1, β = (0.9, 0.95), eps 1e-8, wd 0.01:
 //   step 1: g = 1:    p = 0.999 − 0.1·1/(1 + 1e-8)               = 0.899000001,  m = 0.1, v = 0.05
 //   step 2: g = −0.5: p = 0.899000001·0.999 − 0.1·(0.04/0.19)/(sqrt(0.06/0.0975) + 1e-8)

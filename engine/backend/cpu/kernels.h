@@ -271,6 +271,26 @@ void CrossEntropy(const T* logits, const int32_t* labels, int64_t tokens, int64_
   }
 }
 
+// Per row t: hits[t] = 1 when labels[t] >= 0 and the first largest logit of the row is at
+// labels[t] (torch.argmax's pick), else 0.
+template <typename T>
+void LabelIsArgmax(const T* logits, const int32_t* labels, int64_t tokens, int64_t vocab, T* hits) {
+#pragma omp parallel for schedule(static) if (tokens * vocab > kParallelThreshold)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* row = logits + t * vocab;
+    const int32_t label = labels[t];
+    if (label < 0 || label >= vocab) {
+      hits[t] = T(0);
+      continue;
+    }
+    int64_t best = 0;
+    for (int64_t j = 1; j < vocab; ++j) {
+      if (row[j] > row[best]) best = j;
+    }
+    hits[t] = best == label ? T(1) : T(0);
+  }
+}
+
 // ---- AdamW.
 
 // PyTorch's AdamW (decoupled weight decay), with g = grad_scale · grad:

@@ -64,7 +64,47 @@ __global__ void CrossEntropyKernel(const T* logits, const int32_t* labels, int64
   });
 }
 
+// One block per row: the block's largest logit, then the first column holding it (as a float:
+// columns below 2^24 are exact), compared with the label.
+template <typename T>
+__global__ void LabelIsArgmaxKernel(const T* logits, const int32_t* labels, int64_t vocab,
+                                    float* hits) {
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * vocab;
+  const int32_t label = labels[row];
+  if (label < 0 || label >= vocab) {
+    if (threadIdx.x == 0) hits[row] = 0.f;
+    return;
+  }
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, Load(x, j));
+  const float block_max = BlockMax(m);
+  float first = -static_cast<float>(vocab);  // −(first column holding the max) of this thread
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    if (Load(x, j) == block_max) {
+      first = -static_cast<float>(j);
+      break;
+    }
+  }
+  const float argmax = -BlockMax(first);
+  if (threadIdx.x == 0) hits[row] = argmax == static_cast<float>(label) ? 1.f : 0.f;
+}
+
 }  // namespace
+
+void LabelIsArgmax(const void* logits, ElemType lt, const int32_t* labels, int64_t tokens,
+                   int64_t vocab, float* hits, cudaStream_t stream) {
+  if (tokens == 0) return;
+  const unsigned grid = static_cast<unsigned>(tokens);
+  if (lt == ElemType::kBF16) {
+    LabelIsArgmaxKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(logits), labels,
+                                                       vocab, hits);
+  } else {
+    LabelIsArgmaxKernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(logits), labels,
+                                                       vocab, hits);
+  }
+  cudaCheckLaunch();
+}
 
 void CrossEntropy(const void* logits, ElemType lt, const int32_t* labels, int64_t tokens,
                   int64_t vocab, float* losses, void* dlogits, float grad_scale,

@@ -516,6 +516,23 @@ void CudaOps::CrossEntropy(const Tensor& logits, const Tensor& labels, const Ten
                      dlogits.data, grad_scale, compute_);
 }
 
+void CudaOps::LabelIsArgmax(const Tensor& logits, const Tensor& labels, const Tensor& hits) {
+  Scope scope(this, "label_is_argmax");
+  const char* op = "LabelIsArgmax";
+  CheckFloat(logits, op, "logits");
+  CheckDType(labels, DType::kI32, op, "labels");
+  CheckDType(hits, DType::kF32, op, "hits");
+  ITHACA_CHECK(logits.rank() == 2, "CudaOps::", op, ": logits is ", logits.DebugString(),
+               ", expected [T, V]");
+  const int64_t tokens = logits.dim(0), vocab = logits.dim(1);
+  ITHACA_CHECK(vocab < (int64_t{1} << 24), "CudaOps::", op, ": vocabulary of ", vocab,
+               " is over 2^24");
+  kCheck.Shape(labels, {tokens}, op, "labels");
+  kCheck.Shape(hits, {tokens}, op, "hits");
+  cuda::LabelIsArgmax(logits.data, Et(logits.dtype), labels.i32(), tokens, vocab, hits.f32(),
+                      compute_);
+}
+
 void CudaOps::AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const Tensor& working, const AdamWParams& p) {
   Scope scope(this, "adamw");

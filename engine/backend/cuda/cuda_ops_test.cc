@@ -437,6 +437,44 @@ TEST_F(CudaOpsTest, CrossEntropyFusedWithGradientIgnoresNegativeLabels) {
   }
 }
 
+TEST_F(CudaOpsTest, LabelIsArgmaxMatchesTheCpuOracle) {
+  for (auto [V, dt] :
+       {std::pair<int64_t, DType>{1001, DType::kBF16}, {4096, DType::kBF16}, {1024, DType::kF32}}) {
+    const int64_t T = 23;
+    const std::string what = absl::StrCat("LabelIsArgmax V=", V, " ", DTypeName(dt));
+    // Randn rounds to bf16, so the device and the oracle see the same values in either dtype.
+    std::vector<float> logits = Randn(T * V, 21, 3.f);
+    std::vector<int32_t> labels(T);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = logits.data() + t * V;
+      const int32_t argmax = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      // Every third row's label is its argmax; every fifth is ignored; the others are not it.
+      labels[t] = t % 5 == 4 ? -1 : t % 3 == 0 ? argmax : (argmax + 1 + t) % V;
+    }
+    // A tie: row 6's largest logit copied to an earlier column, so the label there misses, and
+    // row 9's copied to a later one, so it still hits.
+    float* r6 = logits.data() + 6 * V;
+    const int64_t a6 = std::max_element(r6, r6 + V) - r6;
+    r6[a6 == 0 ? 1 : 0] = r6[a6];
+    if (a6 == 0) labels[6] = 1;  // keep the label on the later of the two
+    float* r9 = logits.data() + 9 * V;
+    const int64_t a9 = std::max_element(r9, r9 + V) - r9;
+    r9[a9 == V - 1 ? 0 : V - 1] = r9[a9];
+    auto dl = D(dt, {T, V}, logits);
+    auto dlab = Buffer::Make(alloc_.get(), DType::kI32, {T}, Tier::kActivations);
+    ASSERT_TRUE(dlab.ok());
+    ops_->Upload(labels.data(), DType::kI32, dlab->tensor());
+    auto hits = P(DType::kF32, {T});
+    ops_->LabelIsArgmax(dl.tensor(), dlab->tensor(), hits.tensor());
+    std::vector<float> want(T);
+    Tensor clab(labels.data(), DType::kI32, {T});
+    cpu_.LabelIsArgmax(CpuT(logits, {T, V}), clab, CpuT(want, {T}));
+    EXPECT_EQ(H(hits), want) << what;
+    EXPECT_GT(std::count(want.begin(), want.end(), 1.f), 3) << what;
+    EXPECT_EQ(want[6], 0.f) << what << ": a tie goes to the first column";
+  }
+}
+
 TEST_F(CudaOpsTest, AdamWWithF32AndBf16Gradients) {
   const int64_t n = 1234;
   AdamWParams p;

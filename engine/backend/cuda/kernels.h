@@ -61,6 +61,9 @@ void SwiGLUBackward(const uint16_t* gate, const uint16_t* up, const uint16_t* do
 void CrossEntropy(const void* logits, ElemType lt, const int32_t* labels, int64_t tokens,
                   int64_t vocab, float* losses, void* dlogits, float grad_scale,
                   cudaStream_t stream);
+// hits f32 [T] = 1 where labels[t] >= 0 is the row's first largest logit, else 0.
+void LabelIsArgmax(const void* logits, ElemType lt, const int32_t* labels, int64_t tokens,
+                   int64_t vocab, float* hits, cudaStream_t stream);
 
 // ---- adamw.cu
 struct AdamWArgs {
