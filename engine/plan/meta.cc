@@ -103,7 +103,9 @@ void MetaOps::Gemm(const Tensor& a, bool ta, const Tensor&, bool tb, const Tenso
                     c.dtype == DType::kF32 && act_ != DType::kF32};
   if (gemm_log_) gemm_log_->insert(g);
   if (!clock_) return;
-  clock_->Compute(GemmSeconds(*rates_, g), StepClock::Work::kGemm);
+  auto [it, added] = gemm_seconds_.try_emplace(g, 0.0);
+  if (added) it->second = GemmSeconds(*rates_, g);
+  clock_->Compute(it->second, StepClock::Work::kGemm);
 }
 
 void MetaOps::GemmBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor&,

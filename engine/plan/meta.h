@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <map>
 #include <set>
 
 #include "absl/time/clock.h"
@@ -85,6 +86,9 @@ class MetaOps final : public Ops {
   const RateTable* rates_ = nullptr;
   StepClock* clock_ = nullptr;
   std::set<GemmShape>* gemm_log_ = nullptr;
+  // GemmSeconds by shape: a step issues tens of thousands of GEMMs of a few dozen shapes, and
+  // each lookup scans the table.
+  std::map<GemmShape, double> gemm_seconds_;
 };
 
 // Addresses from a private range, never backed by memory; tracks tiers like a real allocator.

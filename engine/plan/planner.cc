@@ -393,19 +393,38 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
           ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
           if (!frugal.fits) continue;
         }
-        // The largest head stage, then tile, that fits this way of keeping block data.
-        bool found = false;
-        for (int64_t chunk : chunks) {
-          for (int64_t tile : tiles) {
-            ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunk, tile));
-            if (p.fits) {
-              consider(p);
-              found = true;
-              break;
+        // The largest head stage, then tile, that fits this way of keeping block data: smaller
+        // stages and tiles never need more memory, so each is a binary search (the frugal
+        // corner fits).
+        auto first_fit = [&](size_t n, auto fits_at) -> absl::StatusOr<size_t> {
+          size_t lo = 0, hi = n - 1;  // the answer is in [lo, hi]; n - 1 fits
+          while (lo < hi) {
+            const size_t mid = (lo + hi) / 2;
+            ASSIGN_OR_RETURN(bool fits, fits_at(mid));
+            if (fits) {
+              hi = mid;
+            } else {
+              lo = mid + 1;
             }
           }
-          if (found) break;
-        }
+          return lo;
+        };
+        ASSIGN_OR_RETURN(size_t c, first_fit(chunks.size(), [&](size_t i) -> absl::StatusOr<bool> {
+                           ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunks[i], tiles.back()));
+                           return p.fits;
+                         }));
+        ASSIGN_OR_RETURN(size_t t, first_fit(tiles.size(), [&](size_t i) -> absl::StatusOr<bool> {
+                           ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunks[c], tiles[i]));
+                           return p.fits;
+                         }));
+        ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunks[c], tiles[t]));
+        if (p.fits) consider(p);
+        // The ways after this one keep block data more cheaply in memory and dearly in time;
+        // with nothing left to gain in stage, tile or attention-aware blocks, none is faster.
+        const bool whole = c == 0 && t == 0 &&
+                           (policy != RecomputePolicy::kAttentionAware ||
+                            req.opts.attention_aware_blocks < 0);
+        if (p.fits && whole) break;
       }
     }
   }
