@@ -305,7 +305,8 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
                   row("reason", job.reason()), row("model", s.model()),
                   row("parameters", absl::StrCat(s.parameters())), row("backend", s.backend()),
                   row("world / sp", absl::StrCat(s.world(), " / ", s.sp())),
-                  row("sequence length", absl::StrCat(s.seq_len())),
+                  row("sequence length", absl::StrCat(s.seq_len())), row("rope", s.rope()),
+                  row("init from", s.init_from()), row("after", job.after()),
                   row("steps", absl::StrCat(last_step, " of ", s.steps())),
                   row("created", Time(job.created_at())), row("updated", Time(job.updated_at())),
                   row("attempt", job.restarts() > 0
