@@ -125,9 +125,10 @@ void Define(CLI::App& app, Parsed& p) {
                    "show its progress, log lines and a spinner during long steps; exit 0 iff it "
                    "succeeds");
   submit->add_flag("--no-logs", f.no_logs, "with --follow: progress and states only");
-  submit->add_option("--after", f.after,
-                     "ID: start only when job ID has succeeded; cancelled if it fails or is "
-                     "cancelled (Slurm's afterok)")
+  submit
+      ->add_option("--after", f.after,
+                   "ID: start only when job ID has succeeded; cancelled if it fails or is "
+                   "cancelled (Slurm's afterok)")
       ->type_name("ID");
 
   CLI::App* watch = app.add_subcommand(

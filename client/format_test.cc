@@ -186,8 +186,7 @@ TEST(FormatTest, ListIsATableWithAHeaderAgeAndDuration) {
   EXPECT_EQ(lines[3], "job-13   q              QUEUED    -       -        9s    -");
 
   const std::string wide = JobTable({running, failed}, true, now);
-  EXPECT_NE(wide.find("WORLD   BACKEND   MODEL          SLOTS   AFTER   REASON"),
-            std::string::npos)
+  EXPECT_NE(wide.find("WORLD   BACKEND   MODEL          SLOTS   AFTER   REASON"), std::string::npos)
       << wide;
   EXPECT_NE(wide.find("8       cuda      llama-3.2-1b   0,1     -"), std::string::npos) << wide;
   // A job waiting for another (submit --after) names it.
@@ -216,8 +215,7 @@ TEST(FormatTest, StatusAndPlanShowAfterRopeInitAndWarnings) {
   EXPECT_NE(details.find("  rope: rope_theta 40000, rope_type default (from [model.rope])\n"),
             std::string::npos)
       << details;
-  EXPECT_NE(details.find("  init from: /ck/phase1 (weights only)\n"), std::string::npos)
-      << details;
+  EXPECT_NE(details.find("  init from: /ck/phase1 (weights only)\n"), std::string::npos) << details;
   EXPECT_NE(details.find("  warning: data.seq_len 8192 exceeds"), std::string::npos) << details;
 
   v1::PlanJobResponse plan;

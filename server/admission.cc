@@ -115,13 +115,10 @@ std::string SpecSource(const std::string& source) {
   return source.empty() ? "job.toml" : source;
 }
 
-absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
-                                             const std::string& source_in,
-                                             const std::string& base_dir, const Node& node,
-                                             const std::string& daemon_dir,
-                                             const std::vector<std::string>& allowed_roots,
-                                             const std::function<bool()>& cancelled,
-                                             const InitJobLookup& init_job) {
+absl::StatusOr<AdmittedSpec> ParseSubmission(
+    const std::string& toml_text, const std::string& source_in, const std::string& base_dir,
+    const Node& node, const std::string& daemon_dir, const std::vector<std::string>& allowed_roots,
+    const std::function<bool()>& cancelled, const InitJobLookup& init_job) {
   const std::string source = SpecSource(source_in);
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -132,8 +129,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   bool init_pending = false;  // a job whose checkpoints are still to come
   if (const std::string parent = InitFromJob(s.init.from); !parent.empty()) {
     if (!init_job) {
-      return Invalid(source, "init.from",
-                     absl::StrCat("\"", s.init.from, "\" names a job, which only ithacad resolves"));
+      return Invalid(
+          source, "init.from",
+          absl::StrCat("\"", s.init.from, "\" names a job, which only ithacad resolves"));
     }
     absl::StatusOr<InitJob> j = init_job(parent);
     if (!j.ok()) {

@@ -58,8 +58,8 @@ std::string SpecSource(const std::string& source);
 // ChooseSpecBase(base_dir, daemon_dir) says. INVALID_ARGUMENT naming the key for anything wrong
 // in the spec itself (unknown key, bad value, heads not divisible by sp, missing data file, with
 // where it was looked for); FAILED_PRECONDITION naming `backend` when the node has no GPU for a
-// CUDA job. With `allowed_roots` (real paths, engine/core/path_policy.h), PERMISSION_DENIED naming the
-// key for a path that resolves outside them; empty: any path. Expanding data.path is bounded
+// CUDA job. With `allowed_roots` (real paths, engine/core/path_policy.h), PERMISSION_DENIED naming
+// the key for a path that resolves outside them; empty: any path. Expanding data.path is bounded
 // (ExpandPattern's limits: RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) and polls `cancelled` (the
 // RPC's client went away: CANCELLED), so abandoned admissions free their slot.
 // init.from: "job:ID" becomes that job's checkpoint.dir (`init_job`; without it refused); a path

@@ -452,8 +452,8 @@ TEST(AdmissionTest, InitFromAJobBecomesItsCheckpointDir) {
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
   EXPECT_EQ(st.message(), "job.toml: init.from: job:job-4: no such job");
   // The summary names the RoPE, and the warning a context past the model's names its keys.
-  absl::StatusOr<AdmittedSpec> rope = ParseSubmission(
-      Spec("[model.rope]\ntheta = 40000\n"), "job.toml", Dir(), Roomy());
+  absl::StatusOr<AdmittedSpec> rope =
+      ParseSubmission(Spec("[model.rope]\ntheta = 40000\n"), "job.toml", Dir(), Roomy());
   ASSERT_TRUE(rope.ok()) << rope.status();
   EXPECT_EQ(rope->summary.rope().rfind("rope_theta 40000, llama3 factor 8", 0), 0u)
       << rope->summary.rope();
@@ -497,8 +497,7 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
            Case{spec("corpus.tok", "preset = \"tiny\"", "../outside/new"), "checkpoint.dir"},
            Case{spec("corpus.tok", "preset = \"tiny\"\n[init]\nfrom = \"escape\"", ""),
                 "init.from"},
-           Case{spec("corpus.tok", "preset = \"tiny\"\n[init]\nfrom = \"/etc\"", ""),
-                "init.from"},
+           Case{spec("corpus.tok", "preset = \"tiny\"\n[init]\nfrom = \"/etc\"", ""), "init.from"},
        }) {
     absl::Status st = admit(c.toml);
     EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << c.toml << "\n" << st;

@@ -249,8 +249,7 @@ absl::Status JobStore::Migrate() {
   const bool has_column = has_row && has.Int(0) > 0;
   has.Reset();
   return Exec(absl::StrCat(
-      "BEGIN;",
-      has_column ? "" : "ALTER TABLE jobs ADD COLUMN after_job TEXT NOT NULL DEFAULT '';",
+      "BEGIN;", has_column ? "" : "ALTER TABLE jobs ADD COLUMN after_job TEXT NOT NULL DEFAULT '';",
       "PRAGMA user_version = 5;"
       "COMMIT;"));
 }

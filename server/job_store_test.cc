@@ -283,9 +283,9 @@ TEST(JobStoreTest, MigratesAVersion4StoreAndKeepsTheJobAJobWaitsFor) {
   sqlite3* check = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &check), SQLITE_OK);
   sqlite3_stmt* q = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(check, "SELECT after_job FROM jobs WHERE id = 'job-2'", -1, &q,
-                               nullptr),
-            SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_prepare_v2(check, "SELECT after_job FROM jobs WHERE id = 'job-2'", -1, &q, nullptr),
+      SQLITE_OK);
   ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(q, 0))), "job-1");
   sqlite3_finalize(q);

@@ -304,8 +304,7 @@ absl::Status Jobs::Recover() {
 
 template <typename Request>
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& node,
-                                         bool check_inputs,
-                                         const std::function<bool()>& cancelled,
+                                         bool check_inputs, const std::function<bool()>& cancelled,
                                          const std::string& after, bool plan) {
   const std::string source = SpecSource(request.source());
   const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
@@ -326,8 +325,8 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
         "; try again shortly"));
   }
   // init.from = "job:ID": that job's checkpoint.dir, as admitted.
-  const InitJobLookup init_job = [this, &after, plan](const std::string& id)
-      -> absl::StatusOr<InitJob> {
+  const InitJobLookup init_job = [this, &after,
+                                  plan](const std::string& id) -> absl::StatusOr<InitJob> {
     absl::StatusOr<v1::Job> parent = store_->Get(id);
     if (!parent.ok()) {
       return absl::NotFoundError(
@@ -341,10 +340,10 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
           "job:", id, ": that job has no checkpoint.dir, so it leaves no weights to start from"));
     }
     if (!j.ended && !plan && after != id) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job:", id, ": that job is ", JobStateLabel(parent->state()),
-          " and has no final checkpoint yet; submit with --after ", id,
-          " so this job starts when it succeeds"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job:", id, ": that job is ", JobStateLabel(parent->state()),
+                       " and has no final checkpoint yet; submit with --after ", id,
+                       " so this job starts when it succeeds"));
     }
     return j;
   };
@@ -380,8 +379,8 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   if (!after.empty()) {
     absl::StatusOr<v1::Job> parent = store_->Get(after);
     if (absl::IsNotFound(parent.status())) {
-      return absl::NotFoundError(absl::StrCat(
-          "after: no job \"", after.substr(0, 64), "\" (`ithaca list` shows the ids)"));
+      return absl::NotFoundError(absl::StrCat("after: no job \"", after.substr(0, 64),
+                                              "\" (`ithaca list` shows the ids)"));
     }
     RETURN_IF_ERROR(parent.status());
     if (parent->state() == v1::JOB_STATE_FAILED || parent->state() == v1::JOB_STATE_CANCELLED) {
@@ -424,17 +423,17 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
       absl::StatusOr<v1::Job> parent = store_->Get(after);
       if (parent.ok() && IsTerminal(parent->state())) {
         if (parent->state() != v1::JOB_STATE_SUCCEEDED) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "after: job ", after, " ended ", JobStateLabel(parent->state()),
-              " while this job was admitted, so it would never start"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("after: job ", after, " ended ", JobStateLabel(parent->state()),
+                           " while this job was admitted, so it would never start"));
         }
         after_done = true;
       }
     }
-    ASSIGN_OR_RETURN(stored, store_->Create(job, after.empty() || after_done
-                                                     ? "submitted"
-                                                     : "submitted; waits for " + after +
-                                                           " to succeed (--after)"));
+    ASSIGN_OR_RETURN(
+        stored, store_->Create(job, after.empty() || after_done ? "submitted"
+                                                                : "submitted; waits for " + after +
+                                                                      " to succeed (--after)"));
     if (!dir.empty()) ClaimCheckpointDirLocked(dir, stored.id()).IgnoreError();
     if (!after.empty() && !after_done) {
       waiting_[stored.id()] = after;
@@ -881,7 +880,8 @@ void Jobs::ResolveDependentsLocked(const std::string& parent, JobState outcome,
     if (outcome == v1::JOB_STATE_SUCCEEDED) {
       absl::Status queued = scheduler_.Enqueue(child, job->spec().world());
       if (!queued.ok()) {
-        auto failed = store_->Transition(child, v1::JOB_STATE_FAILED, std::string(queued.message()));
+        auto failed =
+            store_->Transition(child, v1::JOB_STATE_FAILED, std::string(queued.message()));
         if (failed.ok()) PublishState(child, *failed);
         EndEventsLocked(child);
         ReleaseCheckpointDirLocked(child);

@@ -56,10 +56,10 @@ TEST(JobPathsTest, ACheckpointDirSwappedForALinkIsRefused) {
 TEST(JobPathsTest, InitFromIsCheckedAgainstTheRoots) {
   const char* t = std::getenv("TEST_TMPDIR");
   const std::string base = std::string(t ? t : "/tmp") + "/job_paths_init";
-  ASSERT_EQ(system(("rm -rf " + base + " && mkdir -p " + base + "/root/model " + base +
-                    "/outside")
-                       .c_str()),
-            0);
+  ASSERT_EQ(
+      system(
+          ("rm -rf " + base + " && mkdir -p " + base + "/root/model " + base + "/outside").c_str()),
+      0);
   const std::string root = Real(base + "/root"), outside = Real(base + "/outside");
   std::ofstream(root + "/model/config.json") << "{}";
   JobSpec spec;

@@ -621,8 +621,8 @@ absl::StatusOr<std::string> InitWeightsDir(const std::string& from) {
   if (PathExists(from + "/config.json")) return from;  // a Hugging Face model directory
   if (PathExists(from + "/" + kManifest)) return from + "/model";
   if (PathExists(from + "/model") || PathExists(from + "/state.json")) {
-    return absl::DataLossError(absl::StrCat(
-        "init.from: ", from, "/", kManifest, ": missing (an incomplete or damaged checkpoint)"));
+    return absl::DataLossError(absl::StrCat("init.from: ", from, "/", kManifest,
+                                            ": missing (an incomplete or damaged checkpoint)"));
   }
   absl::StatusOr<std::string> latest = LatestCheckpoint(from);
   if (!latest.ok()) {

@@ -333,11 +333,8 @@ TEST(PhaseTest, InitWeightsDirFindsTheModelOfEachKindOfPath) {
 
   absl::StatusOr<std::string> missing = InitWeightsDir(dir + "/nope");
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
-  EXPECT_EQ(std::string(missing.status().message()).rfind("init.from: " + dir + "/nope: no such "
-                                                          "directory",
-                                                          0),
-            0u)
-      << missing.status();
+  const std::string nope = "init.from: " + dir + "/nope: no such directory";
+  EXPECT_EQ(std::string(missing.status().message()).rfind(nope, 0), 0u) << missing.status();
   const std::string empty = FreshDir("init_from_empty");
   absl::StatusOr<std::string> none = InitWeightsDir(empty);
   EXPECT_TRUE(absl::IsNotFound(none.status())) << none.status();
@@ -354,13 +351,12 @@ TEST(PhaseTest, ANewPhaseRefusesACheckpointDirHoldingAnotherRun) {
   EXPECT_TRUE(CheckInitTarget(dir + "/not-yet", "").ok());
   TrainState s = TrainStateFor(3);
   s.run_id = "ithacad /state/worker.sock job-7";
-  ASSERT_TRUE(SaveCheckpoint(dir, f.cfg, f.layout,
-                             StateOfWholeUnits(f.layout, StateFor(f.layout, 3)), s, 2)
-                  .ok());
+  ASSERT_TRUE(
+      SaveCheckpoint(dir, f.cfg, f.layout, StateOfWholeUnits(f.layout, StateFor(f.layout, 3)), s, 2)
+          .ok());
   absl::Status other = CheckInitTarget(dir, "ithacad /state/worker.sock job-8");
   EXPECT_TRUE(absl::IsFailedPrecondition(other)) << other;
-  EXPECT_NE(other.message().find("already holds the run of job job-7"), std::string::npos)
-      << other;
+  EXPECT_NE(other.message().find("already holds the run of job job-7"), std::string::npos) << other;
   EXPECT_NE(other.message().find("at step 3"), std::string::npos) << other;
   EXPECT_TRUE(absl::IsFailedPrecondition(CheckInitTarget(dir, "")));  // a submission
   // The same run relaunched (a retry, a daemon restart) resumes its own checkpoint.
@@ -377,8 +373,7 @@ TEST(PhaseTest, AResumeKeepsTheRunsRope) {
   theta.rope_theta = theta.rope.theta = 4 * f.cfg.rope_theta;
   absl::Status st = CheckResumeRope(ck, theta);
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
-  EXPECT_EQ(std::string(st.message()).rfind("model.rope: the job's RoPE (rope_theta 40000", 0),
-            0u)
+  EXPECT_EQ(std::string(st.message()).rfind("model.rope: the job's RoPE (rope_theta 40000", 0), 0u)
       << st;
   EXPECT_NE(st.message().find("was trained with (rope_theta 10000"), std::string::npos) << st;
   EXPECT_NE(st.message().find("[init] from = \"" + dir + "\""), std::string::npos) << st;

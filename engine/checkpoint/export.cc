@@ -103,8 +103,7 @@ absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
   LlamaConfig out_cfg = cfg;
   out_cfg.max_position_embeddings =
       std::max(out_cfg.max_position_embeddings, options.trained_seq_len);
-  RETURN_IF_ERROR(
-      WriteFileAtomic(dir + "/config.json", ExportConfigJson(out_cfg, options.dtype)));
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", ExportConfigJson(out_cfg, options.dtype)));
   if (!options.source_model_dir.empty()) {
     for (const char* name : kCopiedFiles) {
       const std::string src = options.source_model_dir + "/" + name;

@@ -801,8 +801,9 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
       RETURN_IF_ERROR(key->codec.read(node, path, r, s));
       continue;
     }
-    auto section = std::find_if(Sections().begin(), Sections().end(),
-                                [&](const Section& x) { return !x.name.empty() && x.name == path; });
+    auto section = std::find_if(Sections().begin(), Sections().end(), [&](const Section& x) {
+      return !x.name.empty() && x.name == path;
+    });
     if (section != Sections().end()) {
       if (!node.is_table()) return r.WrongType(node, path, "a table");
       RETURN_IF_ERROR(Walk(*node.as_table(), path, r, s));
@@ -918,7 +919,8 @@ absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r)
         absl::StrCat("must be in [1, ", kMaxSeqLen, "], got ",
                      rope.original_max_position_embeddings)));
   }
-  const bool scaled = rope.scaling == "linear" || rope.scaling == "llama3" || rope.scaling == "yarn";
+  const bool scaled =
+      rope.scaling == "linear" || rope.scaling == "llama3" || rope.scaling == "yarn";
   RETURN_IF_ERROR(r.Require(!scaled || rope.factor > 0, "model.rope.factor",
                             absl::StrCat("required with scaling \"", rope.scaling,
                                          "\" (how many times the context is stretched)")));

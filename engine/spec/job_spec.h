@@ -36,17 +36,17 @@ struct JobSpec {
       double theta = 0;     // 0: the model's rope_theta
       std::string scaling;  // "" (the model's) | "none" | "linear" | "llama3" | "yarn"
       // The scaling's parameters; each only where `scaling` reads it, 0: its default.
-      double factor = 0;                              // linear, llama3, yarn (required)
-      double low_freq_factor = 0;                     // llama3 (1)
-      double high_freq_factor = 0;                    // llama3 (4)
-      double beta_fast = 0;                           // yarn (32)
-      double beta_slow = 0;                           // yarn (1)
-      double attention_factor = 0;                    // yarn (0.1 ln(factor) + 1)
+      double factor = 0;                             // linear, llama3, yarn (required)
+      double low_freq_factor = 0;                    // llama3 (1)
+      double high_freq_factor = 0;                   // llama3 (4)
+      double beta_fast = 0;                          // yarn (32)
+      double beta_slow = 0;                          // yarn (1)
+      double attention_factor = 0;                   // yarn (0.1 ln(factor) + 1)
       int64_t original_max_position_embeddings = 0;  // llama3, yarn (the model's context)
       bool set() const {
         return theta != 0 || !scaling.empty() || factor != 0 || low_freq_factor != 0 ||
-               high_freq_factor != 0 || beta_fast != 0 || beta_slow != 0 ||
-               attention_factor != 0 || original_max_position_embeddings != 0;
+               high_freq_factor != 0 || beta_fast != 0 || beta_slow != 0 || attention_factor != 0 ||
+               original_max_position_embeddings != 0;
       }
     } rope;
   } model;

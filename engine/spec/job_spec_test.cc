@@ -796,8 +796,7 @@ TEST(RopeSpecTest, ParsesAndRoundTripsUnderModel) {
   EXPECT_EQ(a->model.rope.factor, 16);
   EXPECT_EQ(a->model.rope.original_max_position_embeddings, 4096);
   const std::string text = JobSpecToToml(*a);
-  EXPECT_NE(text.find("[model.rope]\ntheta = 2e+06\nscaling = \"llama3\"\n"),
-            std::string::npos)
+  EXPECT_NE(text.find("[model.rope]\ntheta = 2e+06\nscaling = \"llama3\"\n"), std::string::npos)
       << text;
   // Unset keys are not written; without any key the section is not either.
   EXPECT_EQ(text.find("beta_fast"), std::string::npos) << text;
@@ -946,9 +945,9 @@ TEST(InitSpecTest, LoadResolvesAPathButNotAJob) {
   ASSERT_NE(tmp, nullptr);
   const std::string dir = std::string(tmp) + "/init_spec";
   ASSERT_TRUE(MakeDirs(dir).ok());
-  ASSERT_TRUE(WriteFileAtomic(dir + "/a.toml",
-                                "[data]\npath = \"d.tok\"\n[init]\nfrom = \"phase1/ck\"\n")
-                  .ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(dir + "/a.toml", "[data]\npath = \"d.tok\"\n[init]\nfrom = \"phase1/ck\"\n")
+          .ok());
   ASSERT_TRUE(
       WriteFileAtomic(dir + "/b.toml", "[data]\npath = \"d.tok\"\n[init]\nfrom = \"job:3\"\n")
           .ok());

@@ -261,8 +261,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
       }
       ASSIGN_OR_RETURN(weights, InitWeightsDir(spec.init.from));
     }
-    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
-                     SafetensorsReader::Open(weights));
+    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader, SafetensorsReader::Open(weights));
     auto from_file = [&](int u, float* out) {
       return ReadUnitWeightsInto(layout, *reader, u, out);
     };
