@@ -269,8 +269,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
   AdmittedSpec a;
   static_cast<ResolvedJob&>(a) = *std::move(resolved);
   // A plain resume keeps the run's RoPE; another one is a new phase ([init] from).
-  if (!a.spec.checkpoint.dir.empty() && a.spec.checkpoint.resume && a.spec.init.from.empty() &&
-      a.spec.training.steps > 0) {
+  if (!a.spec.checkpoint.dir.empty() && a.spec.checkpoint.resume && a.spec.init.from.empty()) {
     absl::StatusOr<std::string> latest = LatestCheckpoint(a.spec.checkpoint.dir);
     if (latest.ok()) {
       absl::Status rope = CheckResumeRope(*latest, a.config);
