@@ -299,10 +299,24 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
 
 absl::Status CheckInputs(const AdmittedSpec& a, const std::string& source) {
   absl::StatusOr<std::vector<std::string>> inputs = CheckJobInputs(a.spec, a.config);
-  if (inputs.ok()) return absl::OkStatus();
-  return absl::Status(inputs.status().code(),
-                      absl::StrCat(source.empty() ? "job.toml" : source, ": ",
-                                   inputs.status().message()));
+  if (!inputs.ok()) {
+    return absl::Status(inputs.status().code(),
+                        absl::StrCat(SpecSource(source), ": ", inputs.status().message()));
+  }
+  // init.from's weights, when they are there already (a job waited for writes them later): every
+  // tensor the model needs, in its shape, as the workers will read them.
+  if (!a.spec.init.from.empty()) {
+    absl::StatusOr<std::string> weights = InitWeightsDir(a.spec.init.from);
+    if (weights.ok()) {
+      absl::Status st = CheckWeights(*weights, a.config);
+      if (!st.ok()) {
+        std::string msg(st.message());
+        if (absl::StartsWith(msg, "model.weights: ")) msg = msg.substr(15);
+        return absl::Status(st.code(), absl::StrCat(SpecSource(source), ": init.from: ", msg));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 NodeResources NodeResourcesFor(const Node& node, const JobSpec& s) {

@@ -73,8 +73,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::function<bool()>& cancelled = nullptr,
                                              const InitJobLookup& init_job = nullptr);
 
-// The job's data, evaluation data and weights opened and checked against its model as the
-// workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it
+// The job's data, evaluation data and weights (model.weights, and init.from's when they exist)
+// opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it
 // takes a slot; errors start with `source`. SubmitJob runs it; PlanJob, which answers what a job
 // would take (also for data.seq_len values the data does not hold yet), does not.
 absl::Status CheckInputs(const AdmittedSpec& admitted, const std::string& source);

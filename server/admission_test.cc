@@ -626,6 +626,14 @@ TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
                                    "config needs"),
             std::string::npos)
       << missing;
+  // init.from's weights are checked the same way, under their own key.
+  absl::Status init = admit("preset = \"tiny\"", "[init]\nfrom = \"model\"\n");
+  EXPECT_EQ(init.code(), absl::StatusCode::kInvalidArgument) << init;
+  EXPECT_EQ(init.message().rfind("job.toml: init.from: " + dir + "/model has no tensor "
+                                 "'model.embed_tokens.weight'",
+                                 0),
+            0u)
+      << init;
 
   // Data tokenized with another tokenizer than the model directory's tokenizer.json.
   std::ofstream(dir + "/model/tokenizer.json") << R"({"model": {"type": "BPE"}})";
