@@ -36,7 +36,7 @@ std::string ValueKind(const std::string& name) {
       {"--output", "json name wide"}, {"--state", kStates},  {"shell", "bash"},
       {"--filename", "@files"},       {"spec", "@files"},    {"--out", "@files"},
       {"--token-file", "@files"},     {"--ca", "@files"},    {"id", "@jobs"},
-      {"ids", "@jobs"},
+      {"ids", "@jobs"},               {"--after", "@jobs"},
   };
   auto it = kKinds.find(name);
   return it == kKinds.end() ? "" : it->second;
