@@ -36,7 +36,7 @@ std::string ValueKind(const std::string& name) {
       {"--output", "json name wide"}, {"--state", kStates},  {"shell", "bash"},
       {"--filename", "@files"},       {"spec", "@files"},    {"--out", "@files"},
       {"--token-file", "@files"},     {"--ca", "@files"},    {"id", "@jobs"},
-      {"ids", "@jobs"},
+      {"ids", "@jobs"},               {"--after", "@jobs"},
   };
   auto it = kKinds.find(name);
   return it == kKinds.end() ? "" : it->second;
@@ -125,6 +125,11 @@ void Define(CLI::App& app, Parsed& p) {
                    "show its progress, log lines and a spinner during long steps; exit 0 iff it "
                    "succeeds");
   submit->add_flag("--no-logs", f.no_logs, "with --follow: progress and states only");
+  submit
+      ->add_option("--after", f.after,
+                   "ID: start only when job ID has succeeded; cancelled if it fails or is "
+                   "cancelled (Slurm's afterok)")
+      ->type_name("ID");
 
   CLI::App* watch = app.add_subcommand(
       "watch", "follow a job (as submit --follow); exits 0 iff it succeeds; a dropped stream "

@@ -84,6 +84,8 @@ words=$(complete_words ithaca list --state s)
 words=$(complete_words ithaca --server x:1 logs job-1 --)
 grep -qx -- "--steps" <<<"$words" || fail "completing logs flags after a global flag: $words"
 grep -qx "bash" <<<"$(complete_words ithaca completion "")" || fail "completing 'completion'"
+words=$(complete_words ithaca submit job.toml --af)
+grep -qx -- "--after" <<<"$words" || fail "completing 'ithaca submit --af': $words"
 # A flag takes no value: the word after it is the command.
 words=$(complete_words ithaca --json cancel --r)
 grep -qx -- "--reason" <<<"$words" || fail "completing after --json: $words"

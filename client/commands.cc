@@ -324,17 +324,24 @@ int FillSpecRequest(const Flags& f, Request* req) {
 int SubmitCommand(CliContext& c, const Flags& f) {
   v1::SubmitJobRequest req;
   if (int rc = FillSpecRequest(f, &req); rc != 0) return rc;
+  req.set_after(f.after);
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
   grpc::Status st = c.stub->SubmitJob(&ctx, req, &resp);
   if (!st.ok()) return RpcError(c, st);
+  for (const std::string& w : resp.job().warnings()) {
+    std::fprintf(stderr, "warning: %s\n", Printable(w).c_str());
+  }
   if (c.output == Output::kJson) {
     PrintJson(resp.job());
   } else if (c.output == Output::kName) {
     std::printf("%s\n", resp.job().id().c_str());
   } else {
-    std::printf("submitted %s (%s): %s\n", resp.job().id().c_str(),
-                Printable(resp.job().name()).c_str(), StateName(resp.job().state()).c_str());
+    std::printf("submitted %s (%s): %s%s\n", resp.job().id().c_str(),
+                Printable(resp.job().name()).c_str(), StateName(resp.job().state()).c_str(),
+                resp.job().after().empty()
+                    ? ""
+                    : absl::StrCat(", after ", Printable(resp.job().after(), false, 64)).c_str());
   }
   std::fflush(stdout);
   return f.follow ? FollowJob(c, resp.job().id(), !f.no_logs) : 0;

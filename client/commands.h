@@ -64,6 +64,7 @@ struct Flags {
   // plan: a node this daemon is not ("h200x8", "gpus=8,gpu_gib=80,host_gib=2048"): the daemon
   // parses it (server/node.h HardwareNode).
   std::string hardware;
+  std::string after;  // submit --after ID: start when that job succeeds
 };
 
 // The commands (their exit codes as above).

@@ -178,7 +178,7 @@ std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"ID", "NAME", "STATE", "STEP", "LOSS", "AGE", "DURATION"});
   if (wide) {
-    for (const char* h : {"WORLD", "BACKEND", "MODEL", "SLOTS"}) rows[0].push_back(h);
+    for (const char* h : {"WORLD", "BACKEND", "MODEL", "SLOTS", "AFTER"}) rows[0].push_back(h);
   }
   rows[0].push_back("REASON");
   for (const v1::Job& job : jobs) {
@@ -208,6 +208,7 @@ std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now
       std::vector<std::string> slots;
       for (int slot : job.slots()) slots.push_back(absl::StrCat(slot));
       row.push_back(slots.empty() ? "-" : absl::StrJoin(slots, ","));
+      row.push_back(job.after().empty() ? "-" : Printable(job.after(), false, 64));
     }
     // The last column: nothing after it to keep aligned, so the reason is whole.
     row.push_back(Printable(job.reason()));
@@ -247,6 +248,17 @@ std::string JobDetails(const v1::Job& job) {
                                   "seq_len %d, %d steps\n",
                                   s.model(), s.parameters() / 1e6, s.backend(), s.world(), s.sp(),
                                   s.seq_len(), s.steps()));
+  if (!job.after().empty()) {
+    absl::StrAppend(&out, "  after: ", Printable(job.after(), false, 64),
+                    " (starts when it succeeds; cancelled if it fails or is cancelled)\n");
+  }
+  if (!s.rope().empty()) absl::StrAppend(&out, "  rope: ", Printable(s.rope()), "\n");
+  if (!s.init_from().empty()) {
+    absl::StrAppend(&out, "  init from: ", Printable(s.init_from()), " (weights only)\n");
+  }
+  for (const std::string& w : job.warnings()) {
+    absl::StrAppend(&out, "  warning: ", Printable(w), "\n");
+  }
   absl::StrAppend(&out, "  data: ", s.data_path(), "\n");
   if (!s.checkpoint_dir().empty())
     absl::StrAppend(&out, "  checkpoints: ", s.checkpoint_dir(), "\n");
@@ -297,6 +309,11 @@ std::string PlanText(const v1::PlanJobResponse& p) {
   std::string out =
       absl::StrFormat("plan for %s: %s, %.3g M parameters, world %d\n", p.spec().name(),
                       p.spec().model(), plan.parameters() / 1e6, plan.world());
+  if (!p.spec().rope().empty()) absl::StrAppend(&out, "  rope: ", p.spec().rope(), "\n");
+  if (!p.spec().init_from().empty()) {
+    absl::StrAppend(&out, "  init from: ", p.spec().init_from(), " (weights only)\n");
+  }
+  for (const std::string& w : p.warnings()) absl::StrAppend(&out, "  warning: ", w, "\n");
   for (const v1::TierBytes& t : plan.per_rank()) {
     absl::StrAppend(
         &out, absl::StrFormat("  %-17s %12s per rank\n", t.tier(), HumanBytes(t.peak_bytes())));

@@ -217,10 +217,46 @@ TEST(FormatTest, ListIsATableWithAHeaderAgeAndDuration) {
   EXPECT_EQ(lines[3], "job-13   q              QUEUED    -       -        9s    -");
 
   const std::string wide = JobTable({running, failed}, true, now);
-  EXPECT_NE(wide.find("WORLD   BACKEND   MODEL          SLOTS   REASON"), std::string::npos)
+  EXPECT_NE(wide.find("WORLD   BACKEND   MODEL          SLOTS   AFTER   REASON"), std::string::npos)
       << wide;
-  EXPECT_NE(wide.find("8       cuda      llama-3.2-1b   0,1"), std::string::npos) << wide;
+  EXPECT_NE(wide.find("8       cuda      llama-3.2-1b   0,1     -"), std::string::npos) << wide;
+  // A job waiting for another (submit --after) names it.
+  queued.set_after("job-12");
+  const std::string waiting = JobTable({queued}, true, now);
+  EXPECT_NE(waiting.find("   job-12"), std::string::npos) << waiting;
   EXPECT_NE(wide.find(std::string(100, 'x')), std::string::npos) << "whole in the wide view";
+}
+
+// A phase of long-context training: status and plan name the job it waits for, its RoPE, the
+// weights it starts from and admission's warnings.
+TEST(FormatTest, StatusAndPlanShowAfterRopeInitAndWarnings) {
+  v1::Job job;
+  job.set_id("job-5");
+  job.set_name("phase2");
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_after("job-4");
+  job.mutable_spec()->set_rope("rope_theta 40000, rope_type default (from [model.rope])");
+  job.mutable_spec()->set_init_from("/ck/phase1");
+  job.add_warnings("data.seq_len 8192 exceeds the model's max_position_embeddings 4096");
+  const std::string details = JobDetails(job);
+  EXPECT_NE(details.find("  after: job-4 (starts when it succeeds; cancelled if it fails or is "
+                         "cancelled)\n"),
+            std::string::npos)
+      << details;
+  EXPECT_NE(details.find("  rope: rope_theta 40000, rope_type default (from [model.rope])\n"),
+            std::string::npos)
+      << details;
+  EXPECT_NE(details.find("  init from: /ck/phase1 (weights only)\n"), std::string::npos) << details;
+  EXPECT_NE(details.find("  warning: data.seq_len 8192 exceeds"), std::string::npos) << details;
+
+  v1::PlanJobResponse plan;
+  plan.mutable_spec()->set_name("phase2");
+  plan.mutable_spec()->set_rope("rope_theta 40000, rope_type default");
+  plan.add_warnings("data.seq_len 8192 exceeds");
+  const std::string text = PlanText(plan);
+  EXPECT_NE(text.find("\n  rope: rope_theta 40000, rope_type default\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\n  warning: data.seq_len 8192 exceeds\n"), std::string::npos) << text;
 }
 
 TEST(FormatTest, Ages) {

@@ -393,20 +393,20 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
   auto row = [](const std::string& k, const std::string& v) {
     return absl::StrCat("<tr><th>", Html(k), "</th><td>", Html(v), "</td></tr>\n");
   };
-  absl::StrAppend(&page, "<table id=\"summary\">\n", row("state", StateName(job.state())),
-                  row("reason", job.reason()), row("model", s.model()),
-                  row("parameters", absl::StrCat(s.parameters())), row("backend", s.backend()),
-                  row("world / sp", absl::StrCat(s.world(), " / ", s.sp())),
-                  row("sequence length", absl::StrCat(s.seq_len())),
-                  row("steps", absl::StrCat(last_step, " of ", s.steps())),
-                  row("created", Time(job.created_at())), row("updated", Time(job.updated_at())),
-                  row("attempt", job.restarts() > 0
-                                     ? absl::StrCat(job.restarts() + 1, " (", job.restarts(),
-                                                    " restarts by its [retry] policy)")
-                                     : "1"),
-                  row("cluster job", job.cluster_job()),
-                  row("log directory", job.log_dir()),
-                  row("checkpoint directory", s.checkpoint_dir()), "</table>\n");
+  absl::StrAppend(
+      &page, "<table id=\"summary\">\n", row("state", StateName(job.state())),
+      row("reason", job.reason()), row("model", s.model()),
+      row("parameters", absl::StrCat(s.parameters())), row("backend", s.backend()),
+      row("world / sp", absl::StrCat(s.world(), " / ", s.sp())),
+      row("sequence length", absl::StrCat(s.seq_len())), row("rope", s.rope()),
+      row("init from", s.init_from()), row("after", job.after()),
+      row("steps", absl::StrCat(last_step, " of ", s.steps())),
+      row("created", Time(job.created_at())), row("updated", Time(job.updated_at())),
+      row("attempt", job.restarts() > 0 ? absl::StrCat(job.restarts() + 1, " (", job.restarts(),
+                                                       " restarts by its [retry] policy)")
+                                        : "1"),
+      row("cluster job", job.cluster_job()), row("log directory", job.log_dir()),
+      row("checkpoint directory", s.checkpoint_dir()), "</table>\n");
   if (job.has_last_eval() &&
       (job.last_eval().tokens() > 0 || job.last_eval().passkey_size() == 0)) {
     absl::StrAppend(&page, "<p>Newest evaluation: loss ",

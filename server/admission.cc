@@ -9,6 +9,7 @@
 #include "engine/data/job_inputs.h"
 #include "engine/data/token_file.h"
 #include "engine/core/path_policy.h"
+#include "engine/spec/validate.h"
 
 namespace ithaca {
 namespace {
@@ -55,9 +56,18 @@ absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
   for (auto [key, path] :
        {std::pair<const char*, const std::string*>{"model.config", &s.model.config},
         {"model.weights", &s.model.weights},
+        {"init.from", &s.init.from},
         {"checkpoint.dir", &s.checkpoint.dir}}) {
     if (path->empty() || (relative(*path) && path != &s.checkpoint.dir)) continue;
     RETURN_IF_ERROR(CheckAllowedPath(source, key, *path, roots));
+  }
+  // init.from's weights (a checkpoint's model/ or a model directory) are read as model.weights'.
+  if (!s.init.from.empty() && !relative(s.init.from)) {
+    absl::StatusOr<std::string> weights = InitWeightsDir(s.init.from);
+    if (weights.ok()) {
+      RETURN_IF_ERROR(CheckAllowedPath(source, "init.from", *weights, roots));
+      RETURN_IF_ERROR(CheckModelDirectory(source, "init.from", *weights, roots));
+    }
   }
   // The files read beside these paths (a weights directory's or an index's shards, the
   // tokenizer files beside model.config or model.weights) may be links out of the roots.
@@ -105,23 +115,37 @@ std::string SpecSource(const std::string& source) {
   return source.empty() ? "job.toml" : source;
 }
 
-absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
-                                             const std::string& source_in,
-                                             const std::string& base_dir, const Node& node,
-                                             const std::string& daemon_dir,
-                                             const std::vector<std::string>& allowed_roots,
-                                             const std::function<bool()>& cancelled) {
+absl::StatusOr<AdmittedSpec> ParseSubmission(
+    const std::string& toml_text, const std::string& source_in, const std::string& base_dir,
+    const Node& node, const std::string& daemon_dir, const std::vector<std::string>& allowed_roots,
+    const std::function<bool()>& cancelled, const InitJobLookup& init_job) {
   const std::string source = SpecSource(source_in);
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("base_dir: must be an absolute path, got \"", base_dir, "\""));
   }
   ASSIGN_OR_RETURN(JobSpec s, ParseJobSpec(toml_text, source));
+  // init.from = "job:ID": that job's checkpoint.dir, whose newest checkpoint the job starts from.
+  bool init_pending = false;  // a job whose checkpoints are still to come
+  if (const std::string parent = InitFromJob(s.init.from); !parent.empty()) {
+    if (!init_job) {
+      return Invalid(
+          source, "init.from",
+          absl::StrCat("\"", s.init.from, "\" names a job, which only ithacad resolves"));
+    }
+    absl::StatusOr<InitJob> j = init_job(parent);
+    if (!j.ok()) {
+      return absl::Status(j.status().code(),
+                          absl::StrCat(source, ": init.from: ", j.status().message()));
+    }
+    s.init.from = j->checkpoint_dir;
+    init_pending = !j->ended;
+  }
   const SpecBase base = ChooseSpecBase(base_dir, daemon_dir, node.hostname);
   // Every path is resolved and checked against the allowed roots before any is looked at.
   std::map<const std::string*, std::string> notes;  // where a missing file was looked for
-  for (std::string* p :
-       {&s.data.path, &s.eval.path, &s.model.config, &s.model.weights, &s.checkpoint.dir}) {
+  for (std::string* p : {&s.data.path, &s.eval.path, &s.model.config, &s.model.weights,
+                         &s.checkpoint.dir, &s.init.from}) {
     if (p->empty()) continue;
     // The client may be on another machine: say which host looked where.
     notes[p] = (*p)[0] != '/' ? base.relative_note : base.absolute_note;
@@ -186,6 +210,28 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   if (s.data.path.empty() && s.training.steps > 0) {
     return Invalid(source, "data.path", "is required");
   }
+  if (!s.init.from.empty()) {
+    if (!PatternIsAbsolute(s.init.from)) {
+      return Invalid(source, "init.from",
+                     absl::StrCat("\"", s.init.from,
+                                  "\" is relative and the submission has no base_dir; give an "
+                                  "absolute path"));
+    }
+    if (!init_pending) {
+      absl::StatusOr<std::string> weights = InitWeightsDir(s.init.from);
+      if (!weights.ok()) {
+        std::string msg(weights.status().message());
+        if (absl::StartsWith(msg, "init.from: ")) msg = msg.substr(11);
+        return Invalid(source, "init.from",
+                       absl::StrCat(msg, s.init.from[0] == '/' ? notes[&s.init.from] : ""));
+      }
+    }
+    // A new phase starts a run of its own: its checkpoint.dir may hold none yet.
+    absl::Status target = CheckInitTarget(s.checkpoint.dir, /*run_id=*/"");
+    if (!target.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(source, ": ", target.message()));
+    }
+  }
   if (cancelled && cancelled()) return absl::CancelledError("the client went away");
   if (s.backend == "cuda" && !node.gpu) {
     return absl::FailedPreconditionError(
@@ -222,6 +268,17 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   }
   AdmittedSpec a;
   static_cast<ResolvedJob&>(a) = *std::move(resolved);
+  // A plain resume keeps the run's RoPE; another one is a new phase ([init] from).
+  if (!a.spec.checkpoint.dir.empty() && a.spec.checkpoint.resume && a.spec.init.from.empty()) {
+    absl::StatusOr<std::string> latest = LatestCheckpoint(a.spec.checkpoint.dir);
+    if (latest.ok()) {
+      absl::Status rope = CheckResumeRope(*latest, a.config);
+      if (absl::IsFailedPrecondition(rope)) {
+        return absl::FailedPreconditionError(absl::StrCat(source, ": ", rope.message()));
+      }
+    }
+  }
+  a.warnings = JobWarnings(a.spec, a.config);
   v1::JobSpecSummary& m = a.summary;
   m.set_name(a.spec.name);
   m.set_backend(a.spec.backend);
@@ -233,15 +290,33 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
   m.set_steps(a.spec.training.steps);
   m.set_data_path(a.spec.data.path);
   m.set_checkpoint_dir(a.spec.checkpoint.dir);
+  m.set_rope(absl::StrCat(DescribeModelRope(a.config),
+                          a.spec.model.rope.set() ? " (from [model.rope])" : ""));
+  m.set_max_position_embeddings(a.config.max_position_embeddings);
+  m.set_init_from(a.spec.init.from);
   return a;
 }
 
 absl::Status CheckInputs(const AdmittedSpec& a, const std::string& source) {
   absl::StatusOr<std::vector<std::string>> inputs = CheckJobInputs(a.spec, a.config);
-  if (inputs.ok()) return absl::OkStatus();
-  return absl::Status(inputs.status().code(),
-                      absl::StrCat(source.empty() ? "job.toml" : source, ": ",
-                                   inputs.status().message()));
+  if (!inputs.ok()) {
+    return absl::Status(inputs.status().code(),
+                        absl::StrCat(SpecSource(source), ": ", inputs.status().message()));
+  }
+  // init.from's weights, when they are there already (a job waited for writes them later): every
+  // tensor the model needs, in its shape, as the workers will read them.
+  if (!a.spec.init.from.empty()) {
+    absl::StatusOr<std::string> weights = InitWeightsDir(a.spec.init.from);
+    if (weights.ok()) {
+      absl::Status st = CheckWeights(*weights, a.config);
+      if (!st.ok()) {
+        std::string msg(st.message());
+        if (absl::StartsWith(msg, "model.weights: ")) msg = msg.substr(15);
+        return absl::Status(st.code(), absl::StrCat(SpecSource(source), ": init.from: ", msg));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 NodeResources NodeResourcesFor(const Node& node, const JobSpec& s) {

@@ -24,7 +24,18 @@ namespace ithaca {
 // The resolved job (spec paths absolute; toml: what the workers receive) and its summary.
 struct AdmittedSpec : ResolvedJob {
   v1::JobSpecSummary summary;
+  // What the job is warned of at submit (engine/spec/validate.h JobWarnings): not errors.
+  std::vector<std::string> warnings;
 };
+
+// init.from = "job:ID": that job as admission needs it. ithacad answers from its job store
+// (Jobs::Admit): NOT_FOUND for an unknown job, FAILED_PRECONDITION for one without a
+// checkpoint.dir or one that has not ended when the submission does not wait for it (--after).
+struct InitJob {
+  std::string checkpoint_dir;  // absolute, as admitted
+  bool ended = false;          // false: its checkpoints are still to come
+};
+using InitJobLookup = std::function<absl::StatusOr<InitJob>(const std::string& job_id)>;
 
 // Where a submission's relative paths resolve. Files are opened by the workers, on the daemon's
 // host, so that is where paths must exist: relative ones against the client's directory
@@ -47,18 +58,23 @@ std::string SpecSource(const std::string& source);
 // ChooseSpecBase(base_dir, daemon_dir) says. INVALID_ARGUMENT naming the key for anything wrong
 // in the spec itself (unknown key, bad value, heads not divisible by sp, missing data file, with
 // where it was looked for); FAILED_PRECONDITION naming `backend` when the node has no GPU for a
-// CUDA job. With `allowed_roots` (real paths, engine/core/path_policy.h), PERMISSION_DENIED naming the
-// key for a path that resolves outside them; empty: any path. Expanding data.path is bounded
+// CUDA job. With `allowed_roots` (real paths, engine/core/path_policy.h), PERMISSION_DENIED naming
+// the key for a path that resolves outside them; empty: any path. Expanding data.path is bounded
 // (ExpandPattern's limits: RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) and polls `cancelled` (the
 // RPC's client went away: CANCELLED), so abandoned admissions free their slot.
+// init.from: "job:ID" becomes that job's checkpoint.dir (`init_job`; without it refused); a path
+// obeys the roots as model.weights does and must hold weights now (InitWeightsDir), unless it is
+// a job's whose checkpoints are still to come. A new phase's checkpoint.dir must hold no run
+// (CheckInitTarget), and a plain resume must keep the checkpoint's RoPE (CheckResumeRope).
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source, const std::string& base_dir,
                                              const Node& node, const std::string& daemon_dir = "",
                                              const std::vector<std::string>& allowed_roots = {},
-                                             const std::function<bool()>& cancelled = nullptr);
+                                             const std::function<bool()>& cancelled = nullptr,
+                                             const InitJobLookup& init_job = nullptr);
 
-// The job's data, evaluation data and weights opened and checked against its model as the
-// workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it
+// The job's data, evaluation data and weights (model.weights, and init.from's when they exist)
+// opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it
 // takes a slot; errors start with `source`. SubmitJob runs it; PlanJob, which answers what a job
 // would take (also for data.seq_len values the data does not hold yet), does not.
 absl::Status CheckInputs(const AdmittedSpec& admitted, const std::string& source);

@@ -411,6 +411,55 @@ namespace {
 
 // Every path of a spec must resolve inside an allowed root; a link inside a root that leads
 // out of it does not count as inside.
+// init.from = "job:ID": the daemon's lookup turns it into that job's checkpoint.dir; a job whose
+// checkpoints are still to come is admitted without them, a path must hold weights now.
+TEST(AdmissionTest, InitFromAJobBecomesItsCheckpointDir) {
+  WriteCorpus(Dir() + "/corpus.tok");
+  const std::string toml = Spec("[init]\nfrom = \"job:job-4\"\n");
+  absl::Status none = ParseSubmission(toml, "job.toml", Dir(), Roomy()).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
+  EXPECT_NE(none.message().find("job.toml: init.from: \"job:job-4\" names a job"),
+            std::string::npos)
+      << none;
+  const std::string later = Dir() + "/phase1-ckpt";
+  std::string asked;
+  auto lookup = [&](const std::string& id) -> absl::StatusOr<InitJob> {
+    asked = id;
+    return InitJob{later, /*ended=*/false};
+  };
+  absl::StatusOr<AdmittedSpec> a =
+      ParseSubmission(toml, "job.toml", Dir(), Roomy(), "", {}, nullptr, lookup);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(asked, "job-4");
+  EXPECT_EQ(a->spec.init.from, later);
+  EXPECT_EQ(a->summary.init_from(), later);
+  EXPECT_NE(a->toml.find("[init]\nfrom = \"" + later + "\""), std::string::npos) << a->toml;
+  // Ended, its checkpoint.dir must hold weights now.
+  auto ended = [&](const std::string&) -> absl::StatusOr<InitJob> {
+    return InitJob{later, /*ended=*/true};
+  };
+  absl::Status missing =
+      ParseSubmission(toml, "job.toml", Dir(), Roomy(), "", {}, nullptr, ended).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument) << missing;
+  EXPECT_NE(missing.message().find("job.toml: init.from: " + later + ": no such directory"),
+            std::string::npos)
+      << missing;
+  auto unknown = [](const std::string& id) -> absl::StatusOr<InitJob> {
+    return absl::NotFoundError("job:" + id + ": no such job");
+  };
+  absl::Status st =
+      ParseSubmission(toml, "job.toml", Dir(), Roomy(), "", {}, nullptr, unknown).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_EQ(st.message(), "job.toml: init.from: job:job-4: no such job");
+  // The summary names the RoPE, and the warning a context past the model's names its keys.
+  absl::StatusOr<AdmittedSpec> rope =
+      ParseSubmission(Spec("[model.rope]\ntheta = 40000\n"), "job.toml", Dir(), Roomy());
+  ASSERT_TRUE(rope.ok()) << rope.status();
+  EXPECT_EQ(rope->summary.rope().rfind("rope_theta 40000, llama3 factor 8", 0), 0u)
+      << rope->summary.rope();
+  EXPECT_TRUE(rope->warnings.empty());
+}
+
 TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
   const std::string root = Dir() + "/roots/allowed";
   const std::string outside = Dir() + "/roots/outside";
@@ -446,6 +495,9 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
            Case{spec("corpus.tok", "preset = \"tiny\"", "escape/ckpt"), "checkpoint.dir"},
            Case{spec("corpus.tok", "preset = \"tiny\"", "/var/tmp/ckpt"), "checkpoint.dir"},
            Case{spec("corpus.tok", "preset = \"tiny\"", "../outside/new"), "checkpoint.dir"},
+           Case{spec("corpus.tok", "preset = \"tiny\"\n[init]\nfrom = \"escape\"", ""),
+                "init.from"},
+           Case{spec("corpus.tok", "preset = \"tiny\"\n[init]\nfrom = \"/etc\"", ""), "init.from"},
        }) {
     absl::Status st = admit(c.toml);
     EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << c.toml << "\n" << st;
@@ -574,6 +626,14 @@ TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
                                    "config needs"),
             std::string::npos)
       << missing;
+  // init.from's weights are checked the same way, under their own key.
+  absl::Status init = admit("preset = \"tiny\"", "[init]\nfrom = \"model\"\n");
+  EXPECT_EQ(init.code(), absl::StatusCode::kInvalidArgument) << init;
+  EXPECT_EQ(init.message().rfind("job.toml: init.from: " + dir + "/model has no tensor "
+                                 "'model.embed_tokens.weight'",
+                                 0),
+            0u)
+      << init;
 
   // Data tokenized with another tokenizer than the model directory's tokenizer.json.
   std::ofstream(dir + "/model/tokenizer.json") << R"({"model": {"type": "BPE"}})";

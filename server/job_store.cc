@@ -234,13 +234,24 @@ absl::Status JobStore::Migrate() {
   }
   // Version 3 → 4: the next job number, kept apart from the jobs table so a deleted job's id is
   // never handed out again.
-  return Exec(
-      "BEGIN;"
-      "CREATE TABLE IF NOT EXISTS next_job(seq INTEGER NOT NULL);"
-      "INSERT INTO next_job(seq) SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs"
-      " WHERE NOT EXISTS (SELECT 1 FROM next_job);"
-      "PRAGMA user_version = 4;"
-      "COMMIT;");
+  if (version < 4) {
+    RETURN_IF_ERROR(
+        Exec("BEGIN;"
+             "CREATE TABLE IF NOT EXISTS next_job(seq INTEGER NOT NULL);"
+             "INSERT INTO next_job(seq) SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs"
+             " WHERE NOT EXISTS (SELECT 1 FROM next_job);"
+             "PRAGMA user_version = 4;"
+             "COMMIT;"));
+  }
+  // Version 4 → 5: the job a job waits for (submit --after).
+  Stmt has(db_, "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'after_job'");
+  ASSIGN_OR_RETURN(bool has_row, has.Step());
+  const bool has_column = has_row && has.Int(0) > 0;
+  has.Reset();
+  return Exec(absl::StrCat(
+      "BEGIN;", has_column ? "" : "ALTER TABLE jobs ADD COLUMN after_job TEXT NOT NULL DEFAULT '';",
+      "PRAGMA user_version = 5;"
+      "COMMIT;"));
 }
 
 absl::Status JobStore::CreateInitialSchema() {
@@ -286,11 +297,12 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   *record.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(now);
   RETURN_IF_ERROR(InWriteTransaction([&]() -> absl::Status {
     Stmt ins(db_,
-             "INSERT INTO jobs(id, seq, name, state, reason, created_ms, updated_ms, record)"
-             " VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
+             "INSERT INTO jobs(id, seq, name, state, reason, created_ms, updated_ms, record,"
+             " after_job) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)");
     ins.Bind(1, record.id()).Bind(2, seq).Bind(3, record.name());
     ins.Bind(4, int64_t{v1::JOB_STATE_QUEUED}).Bind(5, reason).Bind(6, now).Bind(7, now);
     ins.BindBlob(8, record.SerializeAsString());
+    ins.Bind(9, record.after());
     RETURN_IF_ERROR(ins.Run());
     Stmt tr(db_, "INSERT INTO transitions VALUES(?, 1, ?, ?, ?, ?)");
     tr.Bind(1, record.id()).Bind(2, int64_t{v1::JOB_STATE_UNSPECIFIED});
@@ -337,7 +349,7 @@ absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {
 absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
   Stmt q(db_,
          "SELECT record, state, reason, failed_rank IS NOT NULL, failed_rank, updated_ms, slots,"
-         " cluster_job FROM jobs WHERE id = ?");
+         " cluster_job, after_job FROM jobs WHERE id = ?");
   q.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, q.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
@@ -357,6 +369,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     if (absl::SimpleAtoi(s, &v)) job.add_slots(v);
   }
   job.set_cluster_job(q.Text(7));
+  job.set_after(q.Text(8));
   Stmt t(db_,
          "SELECT from_state, to_state, time_ms, reason FROM transitions WHERE job_id = ?"
          " ORDER BY seq");

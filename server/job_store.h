@@ -8,6 +8,7 @@
 //   history(job_id, kind, rank, step, time_ms, report)   (version 2)
 //   jobs.cluster_job: the cluster's id of the job's current attempt, "slurm:ID" (version 3)
 //   next_job(seq)   one row: the next job's number; only grows (version 4)
+//   jobs.after_job: the job it waits for (submit --after; Job.after), "" for none (version 5)
 // `record` and `report` are serialized protos (v1.Job without its mutable fields, v1.StepReport;
 // in history a v1.StepReport or, kind 1, a v1.EvalReport; Job.last_eval is the newest of those).
 // A record's spec_toml is served through UpgradeStoredSpec (engine/spec): the spec keys an older
@@ -32,7 +33,7 @@ namespace ithaca {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
   // The step history keeps rank 0's every step up to kHistoryDenseSteps, then every
   // kHistoryEvery-th, and the other ranks' every kHistoryEvery-th (and every rank's last step):
   // a million-step job keeps ~100k rows per rank 0, not a million.

@@ -251,6 +251,47 @@ TEST(JobStoreTest, MigratesAVersion2StoreAndKeepsClusterJobs) {
   EXPECT_EQ((*store)->Get("job-1")->cluster_job(), "slurm:42");
 }
 
+// A store of schema version 4 (before jobs.after_job) gains the column at open; the job a job
+// waits for (submit --after) is kept across a reopen, so a dependency survives a restart.
+TEST(JobStoreTest, MigratesAVersion4StoreAndKeepsTheJobAJobWaitsFor) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_v4.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "ALTER TABLE jobs DROP COLUMN after_job; PRAGMA user_version = 4",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get("job-1")->after(), "");
+  v1::Job waits = Template("b");
+  waits.set_after("job-1");
+  ASSERT_EQ((*store)->Create(waits, "s")->after(), "job-1");
+  store->reset();
+  store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get("job-2")->after(), "job-1");
+  EXPECT_EQ((*store)->Get("job-1")->after(), "");
+  sqlite3* check = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &check), SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  ASSERT_EQ(
+      sqlite3_prepare_v2(check, "SELECT after_job FROM jobs WHERE id = 'job-2'", -1, &q, nullptr),
+      SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(q, 0))), "job-1");
+  sqlite3_finalize(q);
+  sqlite3_close(check);
+}
+
 TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {
   const std::string path =
       std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_test.db";

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
@@ -272,6 +273,22 @@ absl::Status Jobs::Recover() {
   std::reverse(queued.begin(), queued.end());  // oldest first
   std::lock_guard<std::mutex> lock(mu_);
   for (const v1::Job& job : queued) {
+    // Waiting for another job (submit --after): by what that job has become meanwhile.
+    if (!job.after().empty()) {
+      absl::StatusOr<v1::Job> parent = store_->Get(job.after());
+      const JobState ps = parent.ok() ? parent->state() : v1::JOB_STATE_CANCELLED;
+      if (ps != v1::JOB_STATE_SUCCEEDED) {
+        if (!job.spec().checkpoint_dir().empty()) {
+          ClaimCheckpointDirLocked(job.spec().checkpoint_dir(), job.id()).IgnoreError();
+        }
+        waiting_[job.id()] = job.after();
+        if (IsTerminal(ps)) {
+          ResolveDependentsLocked(job.after(), ps,
+                                  parent.ok() ? parent->reason() : "it no longer exists");
+        }
+        continue;
+      }
+    }
     absl::Status st = scheduler_.Enqueue(job.id(), job.spec().world());
     if (st.ok() && !job.spec().checkpoint_dir().empty()) {
       st = ClaimCheckpointDirLocked(job.spec().checkpoint_dir(), job.id());
@@ -287,8 +304,8 @@ absl::Status Jobs::Recover() {
 
 template <typename Request>
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& node,
-                                         bool check_inputs,
-                                         const std::function<bool()>& cancelled) {
+                                         bool check_inputs, const std::function<bool()>& cancelled,
+                                         const std::string& after, bool plan) {
   const std::string source = SpecSource(request.source());
   const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
   ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides));
@@ -307,9 +324,32 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
               : "",
         "; try again shortly"));
   }
+  // init.from = "job:ID": that job's checkpoint.dir, as admitted.
+  const InitJobLookup init_job = [this, &after,
+                                  plan](const std::string& id) -> absl::StatusOr<InitJob> {
+    absl::StatusOr<v1::Job> parent = store_->Get(id);
+    if (!parent.ok()) {
+      return absl::NotFoundError(
+          absl::StrCat("job:", id, ": no such job (`ithaca list` shows the ids)"));
+    }
+    InitJob j;
+    j.checkpoint_dir = parent->spec().checkpoint_dir();
+    j.ended = IsTerminal(parent->state());
+    if (j.checkpoint_dir.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job:", id, ": that job has no checkpoint.dir, so it leaves no weights to start from"));
+    }
+    if (!j.ended && !plan && after != id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job:", id, ": that job is ", JobStateLabel(parent->state()),
+                       " and has no final checkpoint yet; submit with --after ", id,
+                       " so this job starts when it succeeds"));
+    }
+    return j;
+  };
   absl::StatusOr<AdmittedSpec> admitted =
       ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
-                      options_.allowed_roots, cancelled);
+                      options_.allowed_roots, cancelled, init_job);
   if (admitted.ok() && check_inputs) {
     absl::Status inputs = cancelled && cancelled() ? absl::CancelledError("the client went away")
                                                    : CheckInputs(*admitted, source);
@@ -330,8 +370,28 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request, options_.node, /*check_inputs=*/true, cancelled));
+  // --after: the job must exist and may still succeed; checked before the costlier admission.
+  std::string after = request.after();
+  if (!after.empty() && std::all_of(after.begin(), after.end(), absl::ascii_isdigit)) {
+    after = "job-" + after;  // "3" is job-3, as `ithaca list` shows it
+  }
+  bool after_done = false;  // it already succeeded: nothing to wait for
+  if (!after.empty()) {
+    absl::StatusOr<v1::Job> parent = store_->Get(after);
+    if (absl::IsNotFound(parent.status())) {
+      return absl::NotFoundError(absl::StrCat("after: no job \"", after.substr(0, 64),
+                                              "\" (`ithaca list` shows the ids)"));
+    }
+    RETURN_IF_ERROR(parent.status());
+    if (parent->state() == v1::JOB_STATE_FAILED || parent->state() == v1::JOB_STATE_CANCELLED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("after: job ", after, " already ended ", JobStateLabel(parent->state()),
+                       " (", parent->reason().substr(0, 200), "), so this job would never start"));
+    }
+    after_done = parent->state() == v1::JOB_STATE_SUCCEEDED;
+  }
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request, options_.node, /*check_inputs=*/true,
+                                                cancelled, after, /*plan=*/false));
   if (admitted.spec.slurm.nodes > 1 && !options_.supervisor.slurm) {
     return absl::FailedPreconditionError(absl::StrCat(
         "slurm.nodes = ", admitted.spec.slurm.nodes,
@@ -345,6 +405,8 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   job.set_spec_toml(admitted.toml);  // resolved: what `status` shows and the workers run
   *job.mutable_plan() = EstimateMemory(admitted);  // the report shows it as admitted
   job.set_log_dir(absl::StrCat(options_.state_dir, "/jobs/{id}"));
+  job.set_after(after);
+  for (const std::string& w : admitted.warnings) job.add_warnings(w);
   v1::Job stored;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -356,8 +418,28 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
     const std::string& dir = admitted.spec.checkpoint.dir;
     // Checked before the job is stored, claimed once it has its id (under one lock hold).
     if (!dir.empty()) RETURN_IF_ERROR(ClaimCheckpointDirLocked(dir, ""));
-    ASSIGN_OR_RETURN(stored, store_->Create(job, "submitted"));
+    // The job it waits for may have ended while this one was admitted.
+    if (!after.empty() && !after_done) {
+      absl::StatusOr<v1::Job> parent = store_->Get(after);
+      if (parent.ok() && IsTerminal(parent->state())) {
+        if (parent->state() != v1::JOB_STATE_SUCCEEDED) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("after: job ", after, " ended ", JobStateLabel(parent->state()),
+                           " while this job was admitted, so it would never start"));
+        }
+        after_done = true;
+      }
+    }
+    ASSIGN_OR_RETURN(
+        stored, store_->Create(job, after.empty() || after_done ? "submitted"
+                                                                : "submitted; waits for " + after +
+                                                                      " to succeed (--after)"));
     if (!dir.empty()) ClaimCheckpointDirLocked(dir, stored.id()).IgnoreError();
+    if (!after.empty() && !after_done) {
+      waiting_[stored.id()] = after;
+      PublishState(stored.id(), stored);
+      return stored;
+    }
     absl::Status queued = scheduler_.Enqueue(stored.id(), admitted.spec.parallel.world);
     if (!queued.ok()) {  // CheckFits makes this unreachable; keep the store honest anyway
       store_->Transition(stored.id(), v1::JOB_STATE_FAILED, std::string(queued.message()))
@@ -379,11 +461,12 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
   if (!request.hardware().empty()) {
     ASSIGN_OR_RETURN(node, HardwareNode(request.hardware()));
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request, node, /*check_inputs=*/false, cancelled));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request, node, /*check_inputs=*/false, cancelled,
+                                                /*after=*/"", /*plan=*/true));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;
+  for (const std::string& w : admitted.warnings) response.add_warnings(w);
   return response;
 }
 
@@ -449,11 +532,12 @@ absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& r
     // Still in the queue: no workers to stop. (A QUEUED job the scheduler already handed to the
     // supervisor is no longer in it; the supervisor cancels it below once launched.)
     if (job.state() == v1::JOB_STATE_QUEUED &&
-        (scheduler_.Remove(id) || backing_off_.erase(id) > 0)) {
+        (scheduler_.Remove(id) || backing_off_.erase(id) > 0 || waiting_.erase(id) > 0)) {
       ASSIGN_OR_RETURN(v1::Job done, store_->Transition(id, v1::JOB_STATE_CANCELLED, reason));
       PublishState(id, done);
       EndEventsLocked(id);
       ReleaseCheckpointDirLocked(id);
+      ResolveDependentsLocked(id, v1::JOB_STATE_CANCELLED, reason);
       return done;
     }
   }
@@ -775,8 +859,45 @@ void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::strin
     }
     EndEventsLocked(job_id);
     ReleaseCheckpointDirLocked(job_id);
+    if (done.ok()) ResolveDependentsLocked(job_id, done->state(), done->reason());
   }
+  // A job that waited for this one may start: the supervisor's loop, which called this, takes
+  // the launches on its next pass.
   RefreshJobCounts();
+}
+
+void Jobs::ResolveDependentsLocked(const std::string& parent, JobState outcome,
+                                   const std::string& reason) {
+  if (!IsTerminal(outcome)) return;
+  std::vector<std::string> children;
+  for (const auto& [child, waits_for] : waiting_) {
+    if (waits_for == parent) children.push_back(child);
+  }
+  for (const std::string& child : children) {
+    waiting_.erase(child);
+    absl::StatusOr<v1::Job> job = store_->Get(child);
+    if (!job.ok() || job->state() != v1::JOB_STATE_QUEUED) continue;
+    if (outcome == v1::JOB_STATE_SUCCEEDED) {
+      absl::Status queued = scheduler_.Enqueue(child, job->spec().world());
+      if (!queued.ok()) {
+        auto failed =
+            store_->Transition(child, v1::JOB_STATE_FAILED, std::string(queued.message()));
+        if (failed.ok()) PublishState(child, *failed);
+        EndEventsLocked(child);
+        ReleaseCheckpointDirLocked(child);
+        ResolveDependentsLocked(child, v1::JOB_STATE_FAILED, std::string(queued.message()));
+      }
+      continue;
+    }
+    const std::string why =
+        absl::StrCat("job ", parent, " it waited for (--after) ended ", JobStateLabel(outcome),
+                     reason.empty() ? "" : ": ", reason.substr(0, 1024));
+    auto cancelled = store_->Transition(child, v1::JOB_STATE_CANCELLED, why);
+    if (cancelled.ok()) PublishState(child, *cancelled);
+    EndEventsLocked(child);
+    ReleaseCheckpointDirLocked(child);
+    ResolveDependentsLocked(child, v1::JOB_STATE_CANCELLED, why);
+  }
 }
 
 }  // namespace ithaca

@@ -122,9 +122,12 @@ class Jobs : private JobOwner {
   // CheckInputs (the data and weights opened as the workers will), at most kMaxConcurrentPlans
   // at a time: RESOURCE_EXHAUSTED beyond. An error about a key names the line of the spec as
   // sent, or the override that set it.
+  // `after`: the job the submission waits for (--after), which init.from = "job:ID" may name
+  // before it has ended; "" for a plan, which takes a job's checkpoints as still to come.
   template <typename Request>
   absl::StatusOr<AdmittedSpec> Admit(const Request& request, const Node& node, bool check_inputs,
-                                     const std::function<bool()>& cancelled);
+                                     const std::function<bool()>& cancelled,
+                                     const std::string& after, bool plan);
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.
@@ -164,6 +167,11 @@ class Jobs : private JobOwner {
   // job that uses `dir` (the admitted, absolute path; compared once resolved).
   absl::Status ClaimCheckpointDirLocked(const std::string& dir, const std::string& job_id);
   void ReleaseCheckpointDirLocked(const std::string& job_id);
+  // `submit --after`: the job `parent` reached `outcome` (a terminal state). The jobs waiting
+  // for it join the queue when it SUCCEEDED, and are cancelled (saying why, and so are theirs)
+  // otherwise.
+  void ResolveDependentsLocked(const std::string& parent, JobState outcome,
+                               const std::string& reason);
   // A job ended: its stream is closed (see kEndedEventLogsKept).
   void EndEventsLocked(const std::string& id);
   void PublishState(const std::string& id, const v1::Job& job);
@@ -182,6 +190,9 @@ class Jobs : private JobOwner {
     int world = 1;
   };
   std::map<std::string, BackingOff> backing_off_;
+  // QUEUED jobs waiting for another to succeed (submit --after): job id → the job it waits for.
+  // Not in the scheduler's queue until then; rebuilt from the store at start (Recover).
+  std::map<std::string, std::string> waiting_;
   std::map<std::string, std::string> checkpoint_dirs_;  // resolved dir → live job id
   std::deque<std::string> ended_events_;                // oldest first
 

@@ -89,6 +89,95 @@ TEST(JobsTest, AJobWhoseWorkerExitsNonZeroEndsFailedAndItsStreamSaysSo) {
   EXPECT_EQ(node.jobs_running(), 0);
 }
 
+// submit --after: the job waits, queued with a free slot beside it, and is cancelled saying why
+// when the job it waits for is cancelled or fails (Slurm's afterok); an unknown job, or one
+// that already ended badly, is refused at submit.
+TEST(JobsTest, AJobAfterAnotherWaitsAndIsCancelledWhenThatOneIsCancelled) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("after", 2, Script("sleep.sh", "exec sleep 30")), store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> parent = jobs.Submit(Submission(1));
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  v1::SubmitJobRequest after = Submission(1);
+  after.set_after(parent->id());
+  absl::StatusOr<v1::Job> child = jobs.Submit(after);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(child->after(), parent->id());
+  EXPECT_NE(child->reason().find("waits for " + parent->id() + " to succeed (--after)"),
+            std::string::npos)
+      << child->reason();
+  v1::SubmitJobRequest grand = Submission(1);
+  grand.set_after(child->id());
+  absl::StatusOr<v1::Job> grandchild = jobs.Submit(grand);
+  ASSERT_TRUE(grandchild.ok()) << grandchild.status();
+  ASSERT_EQ(WaitFor(jobs, parent->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  absl::SleepFor(absl::Milliseconds(300));  // a free slot, and still it waits
+  EXPECT_EQ(jobs.Get(child->id())->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(jobs.NodeInfo().free_slots(), 1);
+
+  ASSERT_TRUE(jobs.Cancel(parent->id(), "").ok());
+  v1::Job cancelled = WaitFor(jobs, child->id(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled.reason(), "job " + parent->id() +
+                                    " it waited for (--after) ended cancelled: cancelled by the "
+                                    "user");
+  v1::Job chained = WaitFor(jobs, grandchild->id(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(chained.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(absl::StartsWith(chained.reason(), "job " + child->id() + " it waited for"))
+      << chained.reason();
+
+  v1::SubmitJobRequest unknown = Submission(1);
+  unknown.set_after("job-99");
+  absl::StatusOr<v1::Job> refused = jobs.Submit(unknown);
+  EXPECT_TRUE(absl::IsNotFound(refused.status())) << refused.status();
+  EXPECT_EQ(refused.status().message(), "after: no job \"job-99\" (`ithaca list` shows the ids)");
+  v1::SubmitJobRequest late = Submission(1);
+  late.set_after(parent->id());
+  refused = jobs.Submit(late);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(),
+                               "after: job " + parent->id() + " already ended cancelled"))
+      << refused.status();
+  // Cancelling a waiting job itself works too.
+  v1::SubmitJobRequest again = Submission(1);
+  absl::StatusOr<v1::Job> runs = jobs.Submit(again);
+  ASSERT_TRUE(runs.ok());
+  again.set_after(runs->id());
+  absl::StatusOr<v1::Job> waits = jobs.Submit(again);
+  ASSERT_TRUE(waits.ok()) << waits.status();
+  absl::StatusOr<v1::Job> gone = jobs.Cancel(waits->id(), "");
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->state(), v1::JOB_STATE_CANCELLED);
+  jobs.Shutdown("test over");
+}
+
+TEST(JobsTest, AJobAfterAnotherIsCancelledWhenThatOneFails) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("after_fail", 2, Script("fail_late.sh", "sleep 1; exit 1")), store->get(),
+            &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> parent = jobs.Submit(Submission(1));
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  v1::SubmitJobRequest after = Submission(1);
+  after.set_after(parent->id());
+  absl::StatusOr<v1::Job> child = jobs.Submit(after);
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_EQ(WaitFor(jobs, parent->id(), v1::JOB_STATE_FAILED).state(), v1::JOB_STATE_FAILED);
+  v1::Job cancelled = WaitFor(jobs, child->id(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(absl::StartsWith(cancelled.reason(),
+                               "job " + parent->id() + " it waited for (--after) ended failed: "))
+      << cancelled.reason();
+  // It never started.
+  for (const v1::StateTransition& t : cancelled.transitions()) {
+    EXPECT_NE(t.to(), v1::JOB_STATE_STARTING);
+  }
+}
+
 TEST(JobsTest, CancelTakesAQueuedJobOffTheQueueAndStopsARunningOne) {
   auto store = JobStore::Open({":memory:"});
   ASSERT_TRUE(store.ok()) << store.status();

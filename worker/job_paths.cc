@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/core/path_policy.h"
 
 namespace ithaca {
@@ -55,6 +56,16 @@ absl::Status CheckJobPaths(const JobSpec& spec, const std::vector<std::string>& 
     struct stat st;
     if (stat(path->c_str(), &st) != 0) continue;  // the reader says it is missing
     RETURN_IF_ERROR(CheckModelFiles(key, S_ISDIR(st.st_mode) ? *path : Dirname(*path), roots));
+  }
+  // init.from's weights (a checkpoint's model/, perhaps written after admission by the job this
+  // one waited for) are read as model.weights' are.
+  if (!spec.init.from.empty()) {
+    RETURN_IF_ERROR(CheckAllowedPath("job", "init.from", spec.init.from, roots));
+    absl::StatusOr<std::string> weights = InitWeightsDir(spec.init.from);
+    if (weights.ok()) {  // else the trainer says what is missing
+      RETURN_IF_ERROR(CheckAllowedPath("job", "init.from", *weights, roots));
+      RETURN_IF_ERROR(CheckModelFiles("init.from", *weights, roots));
+    }
   }
   if (!spec.checkpoint.dir.empty()) {
     absl::Status made = MakeDirsInsideRoots(spec.checkpoint.dir, roots);

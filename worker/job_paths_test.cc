@@ -51,5 +51,30 @@ TEST(JobPathsTest, ACheckpointDirSwappedForALinkIsRefused) {
   EXPECT_TRUE(CheckJobPaths(spec, {}).ok()) << "no roots: no restriction";
 }
 
+// init.from: the weights of a phase before, written after admission; a model file among them
+// that links out of the roots is refused before anything is read.
+TEST(JobPathsTest, InitFromIsCheckedAgainstTheRoots) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(t ? t : "/tmp") + "/job_paths_init";
+  ASSERT_EQ(
+      system(
+          ("rm -rf " + base + " && mkdir -p " + base + "/root/model " + base + "/outside").c_str()),
+      0);
+  const std::string root = Real(base + "/root"), outside = Real(base + "/outside");
+  std::ofstream(root + "/model/config.json") << "{}";
+  JobSpec spec;
+  spec.init.from = root + "/model";
+  ASSERT_TRUE(CheckJobPaths(spec, {root}).ok());
+  std::ofstream(outside + "/secret.safetensors") << "x";
+  ASSERT_EQ(symlink((outside + "/secret.safetensors").c_str(),
+                    (root + "/model/model.safetensors").c_str()),
+            0);
+  absl::Status refused = CheckJobPaths(spec, {root});
+  EXPECT_TRUE(absl::IsPermissionDenied(refused)) << refused;
+  EXPECT_NE(refused.message().find("init.from"), std::string::npos) << refused;
+  spec.init.from = outside;
+  EXPECT_TRUE(absl::IsPermissionDenied(CheckJobPaths(spec, {root})));
+}
+
 }  // namespace
 }  // namespace ithaca

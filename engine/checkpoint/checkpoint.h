@@ -155,6 +155,23 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, const P
 absl::Status CheckResumeHasWork(const std::string& dir, int64_t steps,
                                 const std::string& checkpoint, const TrainState& saved,
                                 const std::string& run_id);
+// ---- Phases (docs/long_context.md): a resume keeps the run's RoPE; a new phase ([init] from)
+// starts from another run's weights only, in a checkpoint.dir of its own.
+//
+// A resume from `checkpoint` of a job whose model (with [model.rope] applied) is `cfg`:
+// FAILED_PRECONDITION naming both RoPEs when the checkpoint's model/config.json has another one
+// (the weights were trained with that RoPE; changing it is a new phase, not a resume).
+absl::Status CheckResumeRope(const std::string& checkpoint, const LlamaConfig& cfg);
+// The model directory init.from names: a checkpoint.dir (its newest complete checkpoint's
+// model/), one step directory (its model/; it must be complete) or a Hugging Face model
+// directory (config.json and safetensors). NOT_FOUND / DATA_LOSS starting "init.from: " and
+// naming the path otherwise.
+absl::StatusOr<std::string> InitWeightsDir(const std::string& from);
+// A new phase writes into `dir` (its checkpoint.dir): FAILED_PRECONDITION saying which run it
+// holds (its run id, the ithacad job, its step) when it holds a checkpoint of another run than
+// `run_id` (a relaunch of the same run resumes it instead; "" is never the same run).
+absl::Status CheckInitTarget(const std::string& dir, const std::string& run_id);
+
 // Only the checkpoint's state.json (its step, data position, schedule and run id): DATA_LOSS
 // when it is corrupt.
 absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path);

@@ -315,6 +315,73 @@ Optimizer::State Only(const Optimizer::State& all, const Optimizer::Selection& k
 
 // Three ranks write their shares at once (threads standing in for rank processes); the result is
 // one checkpoint in the Hugging Face sharded layout that loads whole, at any world size.
+// A new phase ([init] from) reads the weights of a checkpoint.dir, a step directory or a model
+// directory, and refuses a missing or incomplete one naming it.
+TEST(PhaseTest, InitWeightsDirFindsTheModelOfEachKindOfPath) {
+  Fixture f;
+  const std::string dir = FreshDir("init_from");
+  for (int64_t step = 1; step <= 2; ++step) ASSERT_TRUE(f.Save(dir, step).ok());
+  absl::StatusOr<std::string> newest = InitWeightsDir(dir);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(*newest, dir + "/step-00000002/model");
+  absl::StatusOr<std::string> step = InitWeightsDir(dir + "/step-00000001");
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, dir + "/step-00000001/model");
+  absl::StatusOr<std::string> model = InitWeightsDir(dir + "/step-00000001/model");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(*model, dir + "/step-00000001/model");
+
+  absl::StatusOr<std::string> missing = InitWeightsDir(dir + "/nope");
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  const std::string nope = "init.from: " + dir + "/nope: no such directory";
+  EXPECT_EQ(std::string(missing.status().message()).rfind(nope, 0), 0u) << missing.status();
+  const std::string empty = FreshDir("init_from_empty");
+  absl::StatusOr<std::string> none = InitWeightsDir(empty);
+  EXPECT_TRUE(absl::IsNotFound(none.status())) << none.status();
+  EXPECT_NE(none.status().message().find("holds no complete checkpoint"), std::string::npos);
+  ASSERT_TRUE(RemoveTreeNoFollow(dir + "/step-00000002/manifest.json").ok());
+  absl::StatusOr<std::string> torn = InitWeightsDir(dir + "/step-00000002");
+  EXPECT_TRUE(absl::IsDataLoss(torn.status())) << torn.status();
+}
+
+TEST(PhaseTest, ANewPhaseRefusesACheckpointDirHoldingAnotherRun) {
+  Fixture f;
+  const std::string dir = FreshDir("init_target");
+  EXPECT_TRUE(CheckInitTarget(dir, "").ok());  // empty: a new phase may start here
+  EXPECT_TRUE(CheckInitTarget(dir + "/not-yet", "").ok());
+  TrainState s = TrainStateFor(3);
+  s.run_id = "ithacad /state/worker.sock job-7";
+  ASSERT_TRUE(
+      SaveCheckpoint(dir, f.cfg, f.layout, StateOfWholeUnits(f.layout, StateFor(f.layout, 3)), s, 2)
+          .ok());
+  absl::Status other = CheckInitTarget(dir, "ithacad /state/worker.sock job-8");
+  EXPECT_TRUE(absl::IsFailedPrecondition(other)) << other;
+  EXPECT_NE(other.message().find("already holds the run of job job-7"), std::string::npos) << other;
+  EXPECT_NE(other.message().find("at step 3"), std::string::npos) << other;
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckInitTarget(dir, "")));  // a submission
+  // The same run relaunched (a retry, a daemon restart) resumes its own checkpoint.
+  EXPECT_TRUE(CheckInitTarget(dir, s.run_id).ok());
+}
+
+TEST(PhaseTest, AResumeKeepsTheRunsRope) {
+  Fixture f;
+  const std::string dir = FreshDir("resume_rope");
+  ASSERT_TRUE(f.Save(dir, 1).ok());
+  const std::string ck = *LatestCheckpoint(dir);
+  EXPECT_TRUE(CheckResumeRope(ck, f.cfg).ok());
+  LlamaConfig theta = f.cfg;
+  theta.rope_theta = theta.rope.theta = 4 * f.cfg.rope_theta;
+  absl::Status st = CheckResumeRope(ck, theta);
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_EQ(std::string(st.message()).rfind("model.rope: the job's RoPE (rope_theta 40000", 0), 0u)
+      << st;
+  EXPECT_NE(st.message().find("was trained with (rope_theta 10000"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("[init] from = \"" + dir + "\""), std::string::npos) << st;
+  LlamaConfig scaling = f.cfg;
+  scaling.rope.factor = 16;
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckResumeRope(ck, scaling)));
+}
+
 TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
   Fixture f;
   const std::string dir = FreshDir("sharded");

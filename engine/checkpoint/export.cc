@@ -1,5 +1,7 @@
 #include "engine/checkpoint/export.h"
 
+#include <algorithm>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -96,7 +98,12 @@ absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
   }
   for (auto& file : files) RETURN_IF_ERROR(file->Commit());
   RETURN_IF_ERROR(names.WriteShardedIndex(dir, options.max_shard_bytes));
-  RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", ExportConfigJson(cfg, options.dtype)));
+  // A model trained past its config's context (a long-context phase) is exported as one that
+  // serves that length: RoPE ([model.rope]) is already in cfg, as the checkpoint recorded it.
+  LlamaConfig out_cfg = cfg;
+  out_cfg.max_position_embeddings =
+      std::max(out_cfg.max_position_embeddings, options.trained_seq_len);
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", ExportConfigJson(out_cfg, options.dtype)));
   if (!options.source_model_dir.empty()) {
     for (const char* name : kCopiedFiles) {
       const std::string src = options.source_model_dir + "/" + name;

@@ -27,6 +27,9 @@ struct ExportOptions {
   // Replace an existing `out` (the trainer's own export directory). Otherwise `out` must not
   // exist or be an empty directory.
   bool replace = false;
+  // The length the model was trained at (the trainer's data.seq_len): config.json's
+  // max_position_embeddings is raised to it when below. 0: as the checkpoint says.
+  int64_t trained_seq_len = 0;
 };
 
 // Copied from ExportOptions::source_model_dir when present there.

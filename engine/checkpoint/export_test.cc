@@ -107,6 +107,27 @@ TEST_F(ExportTest, TheJobsExportIsATransformersDirectory) {
   }
 }
 
+// A model trained past its config's context is exported as one that serves that length; RoPE
+// comes from the checkpoint's config.json (what [model.rope] made it), untouched.
+TEST_F(ExportTest, MaxPositionEmbeddingsIsRaisedToTheTrainedLength) {
+  const Json saved = ReadJson(Step() + "/model/config.json");
+  const int64_t context = saved["max_position_embeddings"].get<int64_t>();
+  ExportOptions options;
+  options.dtype = DType::kF32;
+  options.trained_seq_len = 4 * context;
+  const std::string longer = TmpDir("longer") + "/model";
+  ASSERT_TRUE(ExportCheckpoint(Step(), longer, options).ok());
+  const Json cfg = ReadJson(longer + "/config.json");
+  EXPECT_EQ(cfg["max_position_embeddings"], 4 * context);
+  EXPECT_EQ(cfg["rope_theta"], saved["rope_theta"]);
+  EXPECT_EQ(cfg["rope_scaling"], saved["rope_scaling"]);
+  // Never lowered: a shorter run keeps the model's context.
+  options.trained_seq_len = context / 2;
+  const std::string shorter = TmpDir("shorter") + "/model";
+  ASSERT_TRUE(ExportCheckpoint(Step(), shorter, options).ok());
+  EXPECT_EQ(ReadJson(shorter + "/config.json")["max_position_embeddings"], context);
+}
+
 TEST_F(ExportTest, ShardsAreIndexedAndCoverEveryTensor) {
   const std::string out = TmpDir("sharded") + "/model";
   ExportOptions options;

@@ -972,4 +972,14 @@ std::string ConfigToJson(const LlamaConfig& cfg) {
   return j.dump(2) + "\n";
 }
 
+std::string DescribeModelRope(const LlamaConfig& cfg) {
+  return absl::StrCat("rope_theta ", cfg.rope_theta, ", ", DescribeRope(cfg.rope));
+}
+
+bool SameModelRope(const LlamaConfig& a, const LlamaConfig& b) {
+  return a.rope_theta == b.rope_theta && SameRope(a.rope, b.rope);
+}
+
+double YarnDefaultAttentionFactor(double factor) { return YarnMscale(factor, 1.0); }
+
 }  // namespace ithaca

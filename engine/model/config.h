@@ -69,6 +69,15 @@ absl::StatusOr<LlamaConfig> LoadConfigJson(const std::string& path);
 // loads the directory as the same model.
 std::string ConfigToJson(const LlamaConfig& cfg);
 
+// The rotary embedding in words, for plan, status and errors: "rope_theta 500000, llama3 factor
+// 32, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192".
+std::string DescribeModelRope(const LlamaConfig& cfg);
+// The same rotary embedding: theta, type and every parameter the type reads.
+bool SameModelRope(const LlamaConfig& a, const LlamaConfig& b);
+// YaRN's attention factor when a config gives neither it nor mscale: 0.1 ln(factor) + 1
+// (1 for factor <= 1), as transformers infers it.
+double YarnDefaultAttentionFactor(double factor);
+
 // Presets, with the shapes of the configs published on the Hugging Face hub: llama-3.2-1b,
 // llama-3.2-3b, llama-3-8b; qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b; qwen2.5-0.5b, -1.5b, -3b,
 // -7b, -14b, -32b; mistral-7b-v0.3; and "tiny" (a few layers, GQA, rope_scaling, tied embeddings,

@@ -558,7 +558,7 @@ struct Key {
   // another at parsing (min_lr_ratio into min_lr), not for one another key overrides (a preset
   // beside model.config).
   std::function<bool(const JobSpec&)> written;
-  // The section is everything before the last dot ("eval.passkey" for eval.passkey.lengths).
+  // The section is everything before the last dot ("eval.passkey" for eval.passkey.lengths, "model.rope" for model.rope.theta).
   std::string section() const {
     const size_t dot = path.rfind('.');
     return dot == std::string::npos ? "" : path.substr(0, dot);
@@ -570,6 +570,19 @@ const std::vector<Section>& Sections() {
   static const auto* sections = new std::vector<Section>{
       {"", "The job.", {}},
       {"model", "The model: a preset, or a Hugging Face config.json and weights.", {}},
+      {"model.rope",
+       "The rotary embedding, overriding the model's config.json (or preset): how a phase of "
+       "long-context training extends the model (docs/long_context.md). Unset keys keep the "
+       "model's own; `scaling` replaces the model's scaling type and parameters (a parameter "
+       "left unset takes transformers' default). Checkpoints record it, a resume with another "
+       "RoPE is refused (start a new phase with `[init] from`), and the export's config.json "
+       "writes it in the model's dialect. Written only when a key is set.",
+       [](const JobSpec& s) { return s.model.rope.set(); }},
+      {"init",
+       "A weights-only start: only the weights are loaded, and the run starts at step 0 with a "
+       "fresh optimizer, learning-rate schedule and data position (a new phase; a resume is "
+       "`checkpoint.resume`). Written only when `from` is set.",
+       [](const JobSpec& s) { return !s.init.from.empty(); }},
       {"data", "The training data: token files written by `ithaca-tokenize`.", {}},
       {"training", "The optimizer (AdamW) and the learning-rate schedule (warmup, then a decay).",
        {}},
@@ -630,6 +643,40 @@ const std::vector<Key>& Keys() {
        "Safetensors file, index or directory to start from; empty: random initialization."},
       {"model.dtype", StrOrAuto(FIELD(model.dtype), {"auto", "bf16", "f32"}),
        "Activation dtype; \"auto\" is the backend's own (bf16 on CUDA, f32 on the CPU)."},
+
+      {"model.rope.theta", Float(FIELD(model.rope.theta)),
+       "RoPE base (`rope_theta`); 0: the model's.",
+       [](const JobSpec& s) { return s.model.rope.theta != 0; }},
+      {"model.rope.scaling", Str(FIELD(model.rope.scaling), {"none", "linear", "llama3", "yarn"},
+                                 /*or_empty=*/true),
+       "The scaling type (`rope_scaling`'s `rope_type`), with its parameters below; \"none\": "
+       "plain RoPE; empty: the model's type and parameters.",
+       [](const JobSpec& s) { return !s.model.rope.scaling.empty(); }},
+      {"model.rope.factor", Float(FIELD(model.rope.factor)),
+       "linear, llama3, yarn: the context's scaling factor (required with them).",
+       [](const JobSpec& s) { return s.model.rope.factor != 0; }},
+      {"model.rope.low_freq_factor", Float(FIELD(model.rope.low_freq_factor)),
+       "llama3; 0: 1.", [](const JobSpec& s) { return s.model.rope.low_freq_factor != 0; }},
+      {"model.rope.high_freq_factor", Float(FIELD(model.rope.high_freq_factor)),
+       "llama3; 0: 4.", [](const JobSpec& s) { return s.model.rope.high_freq_factor != 0; }},
+      {"model.rope.beta_fast", Float(FIELD(model.rope.beta_fast)), "yarn; 0: 32.",
+       [](const JobSpec& s) { return s.model.rope.beta_fast != 0; }},
+      {"model.rope.beta_slow", Float(FIELD(model.rope.beta_slow)), "yarn; 0: 1.",
+       [](const JobSpec& s) { return s.model.rope.beta_slow != 0; }},
+      {"model.rope.attention_factor", Float(FIELD(model.rope.attention_factor)),
+       "yarn: what rotated q and k are multiplied by; 0: 0.1 ln(factor) + 1.",
+       [](const JobSpec& s) { return s.model.rope.attention_factor != 0; }},
+      {"model.rope.original_max_position_embeddings",
+       Int(FIELD(model.rope.original_max_position_embeddings)),
+       "llama3, yarn: the context the model was trained at before scaling; 0: the model's "
+       "(its scaling's, else its max_position_embeddings).",
+       [](const JobSpec& s) { return s.model.rope.original_max_position_embeddings != 0; }},
+
+      {"init.from", Str(FIELD(init.from)),
+       "Start from these weights only: a `checkpoint.dir` (its newest checkpoint), one step "
+       "directory, a Hugging Face model directory, or `job:ID` (that job's newest checkpoint; "
+       "ithacad stores its checkpoint.dir). Refused when `checkpoint.dir` already holds a run; not "
+       "with `model.weights`."},
 
       {"data.path", Str(FIELD(data.path)),
        "Token file(s) to train on, or a glob (`shards/*.tok`, `{a.tok,b.tok}`). Required unless "
@@ -807,7 +854,7 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
   for (const Key& k : Keys()) {
     if (k.section() == prefix) valid.push_back(prefix.empty() ? k.path : k.name());
   }
-  // The sections directly inside this one (every top-level one at the top, eval.passkey in eval).
+  // The sections directly inside this one (every top-level one at the top, eval.passkey in eval, model.rope in model).
   auto subsection = [&](const Section& sec) {
     if (sec.name.empty()) return false;
     const size_t dot = sec.name.rfind('.');
@@ -890,6 +937,74 @@ absl::StatusOr<std::vector<int64_t>> DataMixSlots(const std::vector<double>& wei
 }
 
 namespace {
+
+// [model.rope] on its own (ApplyRopeOverride checks it against the model): each parameter only
+// under a scaling that reads it, and every value in range.
+absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r) {
+  if (r.Given("model.rope.theta")) {
+    RETURN_IF_ERROR(r.Require(rope.theta > 0, "model.rope.theta",
+                              absl::StrCat("must be > 0, got ", FormatDouble(rope.theta))));
+  }
+  struct Param {
+    const char* key;
+    bool given;
+    std::vector<std::string> scalings;  // the scalings that read it
+  };
+  const Param params[] = {
+      {"factor", rope.factor != 0 || r.Given("model.rope.factor"), {"linear", "llama3", "yarn"}},
+      {"low_freq_factor", r.Given("model.rope.low_freq_factor"), {"llama3"}},
+      {"high_freq_factor", r.Given("model.rope.high_freq_factor"), {"llama3"}},
+      {"beta_fast", r.Given("model.rope.beta_fast"), {"yarn"}},
+      {"beta_slow", r.Given("model.rope.beta_slow"), {"yarn"}},
+      {"attention_factor", r.Given("model.rope.attention_factor"), {"yarn"}},
+      {"original_max_position_embeddings", r.Given("model.rope.original_max_position_embeddings"),
+       {"llama3", "yarn"}},
+  };
+  for (const Param& p : params) {
+    if (!p.given) continue;
+    const std::string key = absl::StrCat("model.rope.", p.key);
+    if (rope.scaling.empty()) {
+      return r.Error(key, absl::StrCat("needs model.rope.scaling (", QuotedList(p.scalings),
+                                       ": the scaling it is a parameter of)"));
+    }
+    RETURN_IF_ERROR(r.Require(
+        std::find(p.scalings.begin(), p.scalings.end(), rope.scaling) != p.scalings.end(), key,
+        absl::StrCat("not a parameter of scaling \"", rope.scaling, "\" (it is one of ",
+                     QuotedList(p.scalings), ")")));
+  }
+  for (const auto& [key, v] : {std::pair<const char*, double>{"factor", rope.factor},
+                               {"low_freq_factor", rope.low_freq_factor},
+                               {"high_freq_factor", rope.high_freq_factor},
+                               {"beta_fast", rope.beta_fast},
+                               {"beta_slow", rope.beta_slow},
+                               {"attention_factor", rope.attention_factor}}) {
+    const std::string path = absl::StrCat("model.rope.", key);
+    if (!r.Given(path)) continue;
+    RETURN_IF_ERROR(
+        r.Require(v > 0, path, absl::StrCat("must be > 0, got ", FormatDouble(v))));
+  }
+  if (r.Given("model.rope.original_max_position_embeddings")) {
+    RETURN_IF_ERROR(r.Require(
+        rope.original_max_position_embeddings >= 1 &&
+            rope.original_max_position_embeddings <= kMaxSeqLen,
+        "model.rope.original_max_position_embeddings",
+        absl::StrCat("must be in [1, ", kMaxSeqLen, "], got ",
+                     rope.original_max_position_embeddings)));
+  }
+  const bool scaled =
+      rope.scaling == "linear" || rope.scaling == "llama3" || rope.scaling == "yarn";
+  RETURN_IF_ERROR(r.Require(!scaled || rope.factor > 0, "model.rope.factor",
+                            absl::StrCat("required with scaling \"", rope.scaling,
+                                         "\" (how many times the context is stretched)")));
+  if (rope.scaling == "llama3") {
+    const double low = rope.low_freq_factor != 0 ? rope.low_freq_factor : 1.0;
+    const double high = rope.high_freq_factor != 0 ? rope.high_freq_factor : 4.0;
+    RETURN_IF_ERROR(r.Require(high > low, "model.rope.high_freq_factor",
+                              absl::StrCat("must exceed low_freq_factor (", FormatDouble(low),
+                                           "), got ", FormatDouble(high))));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(!s.name.empty(), "name", "must not be empty"));
@@ -1000,6 +1115,15 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(
       r.Require(m.host_budget_gib >= 0, "memory.host_budget_gib",
                 absl::StrCat("must be >= 0 (0: from the node), got ", m.host_budget_gib)));
+
+  RETURN_IF_ERROR(ValidateRope(s.model.rope, r));
+  RETURN_IF_ERROR(r.Require(s.init.from.empty() || s.model.weights.empty(), "init.from",
+                            "set either init.from (a new phase's start) or model.weights, not "
+                            "both"));
+  RETURN_IF_ERROR(r.Require(
+      !absl::StartsWith(s.init.from, "job:") || !InitFromJob(s.init.from).empty(), "init.from",
+      absl::StrCat("\"", s.init.from.substr(0, 64),
+                   "\" names no job: write job:ID with the id `ithaca list` shows (job:job-3)")));
 
   RETURN_IF_ERROR(r.Require(s.checkpoint.every >= 0, "checkpoint.every",
                             absl::StrCat("must be >= 0, got ", s.checkpoint.every)));
@@ -1158,8 +1282,9 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   // Paths in a spec are relative to the spec, so a job directory can be moved as a whole.
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
-  for (std::string* p :
-       {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir, &s.eval.path}) {
+  for (std::string* p : {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir,
+                         &s.eval.path, &s.init.from}) {
+    if (p == &s.init.from && !InitFromJob(*p).empty()) continue;  // a job, not a path
     absl::StatusOr<std::string> resolved = ResolvePattern(dir, *p);
     if (!resolved.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", resolved.status().message()));
     *p = *resolved;
@@ -1217,8 +1342,92 @@ std::string SpecReferenceMarkdown() {
 }
 
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {
-  if (!spec.model.config.empty()) return LoadConfigJson(spec.model.config);
-  return PresetConfig(spec.model.preset);
+  LlamaConfig cfg;
+  if (!spec.model.config.empty()) {
+    ASSIGN_OR_RETURN(cfg, LoadConfigJson(spec.model.config));
+  } else {
+    ASSIGN_OR_RETURN(cfg, PresetConfig(spec.model.preset));
+  }
+  RETURN_IF_ERROR(ApplyRopeOverride(spec.model.rope, &cfg));
+  return cfg;
+}
+
+absl::Status ApplyRopeOverride(const JobSpec::Model::Rope& o, LlamaConfig* cfg) {
+  if (o.theta != 0) {
+    if (!(o.theta > 0) || !std::isfinite(o.theta)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.rope.theta: must be > 0, got ", FormatDouble(o.theta)));
+    }
+    cfg->rope_theta = o.theta;
+  }
+  if (!o.scaling.empty()) {
+    RopeConfig r;
+    r.head_dim = cfg->rope.head_dim;
+    // The context the model was trained at before this scaling: its own scaling's original
+    // context when it has one, else its max_position_embeddings.
+    const bool had_original =
+        cfg->rope.type == RopeType::kLlama3 || cfg->rope.type == RopeType::kYarn;
+    r.original_max_position = o.original_max_position_embeddings > 0
+                                  ? o.original_max_position_embeddings
+                              : had_original ? cfg->rope.original_max_position
+                                             : cfg->max_position_embeddings;
+    auto need_factor = [&]() -> absl::Status {
+      if (!(o.factor > 0) || !std::isfinite(o.factor)) {
+        return absl::InvalidArgumentError(absl::StrCat("model.rope.factor: required (> 0) with "
+                                                       "scaling \"",
+                                                       o.scaling, "\""));
+      }
+      r.factor = o.factor;
+      return absl::OkStatus();
+    };
+    if (o.scaling == "none") {
+      r.type = RopeType::kDefault;
+    } else if (o.scaling == "linear") {
+      r.type = RopeType::kLinear;
+      RETURN_IF_ERROR(need_factor());
+    } else if (o.scaling == "llama3") {
+      r.type = RopeType::kLlama3;
+      RETURN_IF_ERROR(need_factor());
+      r.low_freq_factor = o.low_freq_factor != 0 ? o.low_freq_factor : 1.0;
+      r.high_freq_factor = o.high_freq_factor != 0 ? o.high_freq_factor : 4.0;
+      if (!(r.high_freq_factor > r.low_freq_factor)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.rope.high_freq_factor: must exceed low_freq_factor (",
+            FormatDouble(r.low_freq_factor), "), got ", FormatDouble(r.high_freq_factor)));
+      }
+    } else if (o.scaling == "yarn") {
+      r.type = RopeType::kYarn;
+      RETURN_IF_ERROR(need_factor());
+      r.beta_fast = o.beta_fast != 0 ? o.beta_fast : 32.0;
+      r.beta_slow = o.beta_slow != 0 ? o.beta_slow : 1.0;
+      r.attention_factor =
+          o.attention_factor != 0 ? o.attention_factor : YarnDefaultAttentionFactor(o.factor);
+      r.truncate = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.rope.scaling: must be \"none\", \"linear\", \"llama3\" or \"yarn\", got \"",
+          o.scaling.substr(0, 64), "\""));
+    }
+    cfg->rope = r;
+  }
+  cfg->rope.theta = cfg->rope_theta;
+  return absl::OkStatus();
+}
+
+std::string InitFromJob(const std::string& from) {
+  if (!absl::StartsWith(from, "job:")) return "";
+  std::string id = from.substr(4);
+  if (id.empty() || id.size() > 64) return "";
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    if (!ok) return "";
+  }
+  // "job:3" is job-3, as the ids `ithaca list` shows.
+  if (std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    id = "job-" + id;
+  }
+  return id;
 }
 
 absl::Status CheckSlurmValue(const std::string& key, const std::string& value,

@@ -30,7 +30,35 @@ struct JobSpec {
     std::string config;           // path to a config.json (overrides preset when set)
     std::string weights;          // safetensors file / index / directory; empty: random init
     std::string dtype = "auto";   // "auto" | "bf16" (cuda) | "f32" (cpu): the backend's own
+    // [model.rope]: the rotary embedding, overriding what the model's config.json (or preset)
+    // says (ApplyRopeOverride). A key left unset (0, "") keeps the model's own.
+    struct Rope {
+      double theta = 0;     // 0: the model's rope_theta
+      std::string scaling;  // "" (the model's) | "none" | "linear" | "llama3" | "yarn"
+      // The scaling's parameters; each only where `scaling` reads it, 0: its default.
+      double factor = 0;                             // linear, llama3, yarn (required)
+      double low_freq_factor = 0;                    // llama3 (1)
+      double high_freq_factor = 0;                   // llama3 (4)
+      double beta_fast = 0;                          // yarn (32)
+      double beta_slow = 0;                          // yarn (1)
+      double attention_factor = 0;                   // yarn (0.1 ln(factor) + 1)
+      int64_t original_max_position_embeddings = 0;  // llama3, yarn (the model's context)
+      bool set() const {
+        return theta != 0 || !scaling.empty() || factor != 0 || low_freq_factor != 0 ||
+               high_freq_factor != 0 || beta_fast != 0 || beta_slow != 0 || attention_factor != 0 ||
+               original_max_position_embeddings != 0;
+      }
+    } rope;
   } model;
+
+  // [init]: a weights-only start (a new phase of a model trained before). Only the weights are
+  // loaded: the run starts at step 0 with a fresh optimizer, schedule and data position, and
+  // checkpoint.dir must not hold a run already.
+  struct Init {
+    // A checkpoint.dir (its newest checkpoint), one step directory, a Hugging Face model
+    // directory, or "job:ID" (that job's checkpoint.dir: ithacad resolves it at admission).
+    std::string from;
+  } init;
 
   struct Data {
     std::string path;       // token file(s) (engine/data/token_file.h), or a glob ("shards/*.tok",
@@ -222,8 +250,16 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 // through it, so a job queued or running across an upgrade is still read): a spec submitted now
 // with an old key is refused, naming the new one.
 std::string UpgradeStoredSpec(const std::string& toml_text);
-// The spec's model: config.json when given, else the preset.
+// The spec's model: config.json when given, else the preset, with [model.rope] applied
+// (ApplyRopeOverride).
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec);
+// [model.rope] over the model's own rotary embedding: theta when given; a scaling given
+// replaces the model's type and parameters (its unset parameters take transformers' defaults,
+// original_max_position_embeddings the model's original context). INVALID_ARGUMENT naming the
+// model.rope key for a value the resulting embedding cannot have.
+absl::Status ApplyRopeOverride(const JobSpec::Model::Rope& rope, LlamaConfig* cfg);
+// "job:ID" in init.from: the job id (empty when `from` is not of that form).
+std::string InitFromJob(const std::string& from);
 
 // Writes a spec back as TOML (round-trips through ParseJobSpec).
 std::string JobSpecToToml(const JobSpec& spec);

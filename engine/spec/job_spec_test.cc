@@ -1,12 +1,14 @@
 // JobSpec parsing: values, round trip, and that every class of bad input names its key.
 #include "engine/spec/job_spec.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
+#include "engine/spec/validate.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {
@@ -22,6 +24,14 @@ preset = "llama-3.2-1b"
 config = "cfg/config.json"
 weights = "/models/llama"
 dtype = "bf16"
+
+[model.rope]
+theta = 2000000.0
+scaling = "llama3"
+factor = 16
+low_freq_factor = 2
+high_freq_factor = 8
+original_max_position_embeddings = 4096
 
 [data]
 path = "data/corpus.tok"
@@ -213,9 +223,9 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  // With [eval], [eval.passkey] and [kernels]: every key of the table but min_lr_ratio, and
+  // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but min_lr_ratio, and
   // model.preset (the full spec's model is a config.json).
-  EXPECT_EQ(keys, 61);
+  EXPECT_EQ(keys, 67);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -823,6 +833,177 @@ TEST(JobSpecTest, MinLrIsARatioUnlessGivenAndSchedulesParse) {
   EXPECT_EQ(back->training.schedule, "wsd");
   EXPECT_DOUBLE_EQ(back->training.min_lr, wsd->training.min_lr);
   EXPECT_DOUBLE_EQ(back->training.decay_ratio, 0.1);
+}
+
+TEST(RopeSpecTest, ParsesAndRoundTripsUnderModel) {
+  absl::StatusOr<JobSpec> a = ParseJobSpec(kFullSpec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->model.rope.theta, 2e6);
+  EXPECT_EQ(a->model.rope.scaling, "llama3");
+  EXPECT_EQ(a->model.rope.factor, 16);
+  EXPECT_EQ(a->model.rope.original_max_position_embeddings, 4096);
+  const std::string text = JobSpecToToml(*a);
+  EXPECT_NE(text.find("[model.rope]\ntheta = 2e+06\nscaling = \"llama3\"\n"), std::string::npos)
+      << text;
+  // Unset keys are not written; without any key the section is not either.
+  EXPECT_EQ(text.find("beta_fast"), std::string::npos) << text;
+  absl::StatusOr<JobSpec> plain = ParseJobSpec("[data]\npath = \"d.tok\"\n");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->model.rope.set());
+  EXPECT_EQ(JobSpecToToml(*plain).find("[model.rope]"), std::string::npos);
+  EXPECT_EQ(JobSpecToToml(*plain).find("[init]"), std::string::npos);
+  // The dotted spelling and --set's path reach the same key.
+  absl::StatusOr<JobSpec> dotted =
+      ParseJobSpec("[data]\npath = \"d.tok\"\n[model]\nrope.theta = 40000\n");
+  ASSERT_TRUE(dotted.ok()) << dotted.status();
+  EXPECT_EQ(dotted->model.rope.theta, 40000);
+}
+
+TEST(RopeSpecTest, BadValuesNameTheirKey) {
+  ExpectError(ErrorWith("[model.rope]\ntheta = -1\n"), "job.toml: model.rope.theta: must be > 0");
+  ExpectError(ErrorWith("[model.rope]\ntheta = 0\n"), "job.toml: model.rope.theta: must be > 0");
+  ExpectError(ErrorWith("[model.rope]\nscaling = \"dynamic\"\n"),
+              "job.toml: model.rope.scaling: must be \"none\", \"linear\", \"llama3\" or "
+              "\"yarn\"");
+  ExpectError(ErrorWith("[model.rope]\nfactor = 4\n"),
+              "job.toml: model.rope.factor: needs model.rope.scaling");
+  ExpectError(ErrorWith("[model.rope]\nscaling = \"yarn\"\n"),
+              "job.toml: model.rope.factor: required with scaling \"yarn\"");
+  ExpectError(ErrorWith("[model.rope]\nscaling = \"llama3\"\nfactor = 8\nbeta_fast = 16\n"),
+              "job.toml: model.rope.beta_fast: not a parameter of scaling \"llama3\"");
+  ExpectError(ErrorWith("[model.rope]\nscaling = \"none\"\nfactor = 8\n"),
+              "job.toml: model.rope.factor: not a parameter of scaling \"none\"");
+  ExpectError(ErrorWith("[model.rope]\nscaling = \"linear\"\nfactor = -2\n"),
+              "job.toml: model.rope.factor: must be > 0");
+  ExpectError(ErrorWith("[model.rope]\nscaling = \"llama3\"\nfactor = 8\nhigh_freq_factor = 0.5\n"),
+              "job.toml: model.rope.high_freq_factor: must exceed low_freq_factor (1.0), got 0.5");
+  ExpectError(ErrorWith("[model.rope]\nscaling = \"yarn\"\nfactor = 4\n"
+                        "original_max_position_embeddings = 0\n"),
+              "job.toml: model.rope.original_max_position_embeddings: must be in [1, ");
+  ExpectError(ErrorWith("[model.rope]\nthet = 1e6\n"),
+              "job.toml: model.rope.thet: unknown key (line 4); did you mean model.rope.theta?");
+  ExpectError(ErrorWith("[model.rop]\ntheta = 1e6\n"),
+              "job.toml: model.rop: unknown key (line 3); did you mean model.rope?");
+}
+
+TEST(RopeSpecTest, OverridesTheModelsConfig) {
+  JobSpec s;
+  s.model.preset = "llama-3.2-1b";
+  absl::StatusOr<LlamaConfig> base = ResolveModelConfig(s);
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_EQ(base->rope.type, RopeType::kLlama3);
+
+  // Theta alone keeps the model's scaling.
+  s.model.rope.theta = 2e6;
+  absl::StatusOr<LlamaConfig> theta = ResolveModelConfig(s);
+  ASSERT_TRUE(theta.ok()) << theta.status();
+  EXPECT_EQ(theta->rope_theta, 2e6);
+  EXPECT_EQ(theta->rope.theta, 2e6);
+  EXPECT_EQ(theta->rope.type, RopeType::kLlama3);
+  EXPECT_EQ(theta->rope.factor, base->rope.factor);
+  EXPECT_FALSE(SameModelRope(*base, *theta));
+
+  // A scaling replaces type and parameters; the original context stays the model's.
+  s.model.rope.scaling = "yarn";
+  s.model.rope.factor = 4;
+  absl::StatusOr<LlamaConfig> yarn = ResolveModelConfig(s);
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_EQ(yarn->rope.type, RopeType::kYarn);
+  EXPECT_EQ(yarn->rope.factor, 4);
+  EXPECT_EQ(yarn->rope.beta_fast, 32);
+  EXPECT_EQ(yarn->rope.beta_slow, 1);
+  EXPECT_NEAR(yarn->rope.attention_factor, 0.1 * std::log(4.0) + 1, 1e-12);
+  EXPECT_EQ(yarn->rope.original_max_position, 8192);
+  EXPECT_EQ(yarn->rope.head_dim, base->rope.head_dim);
+  EXPECT_NE(DescribeModelRope(*yarn).find("rope_theta 2e+06, yarn factor 4"), std::string::npos)
+      << DescribeModelRope(*yarn);
+
+  s.model.rope = {};
+  s.model.rope.scaling = "none";
+  absl::StatusOr<LlamaConfig> none = ResolveModelConfig(s);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->rope.type, RopeType::kDefault);
+  EXPECT_EQ(none->rope_theta, base->rope_theta);
+
+  // A scaling on a model without one: the original context is its max_position_embeddings.
+  JobSpec q;
+  q.model.preset = "qwen3-0.6b";
+  q.model.rope.scaling = "yarn";
+  q.model.rope.factor = 4;
+  absl::StatusOr<LlamaConfig> qwen = ResolveModelConfig(q);
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->rope.original_max_position, qwen->max_position_embeddings);
+  EXPECT_TRUE(CheckRopeFamily(q.model.rope, *qwen).ok());
+  // llama3 is Llama's own: refused for the other families.
+  q.model.rope.scaling = "llama3";
+  absl::StatusOr<LlamaConfig> q3 = ResolveModelConfig(q);
+  ASSERT_TRUE(q3.ok());
+  absl::Status family = ValidateJob(q, *q3);
+  ASSERT_FALSE(family.ok());
+  EXPECT_EQ(std::string(family.message()).rfind("model.rope.scaling: \"llama3\" is Llama 3's", 0),
+            0u)
+      << family;
+}
+
+TEST(RopeSpecTest, SeqLenPastTheModelsContextWarnsNamingTheRopeKeys) {
+  JobSpec s;
+  s.model.preset = "qwen3-0.6b";
+  absl::StatusOr<LlamaConfig> cfg = ResolveModelConfig(s);
+  ASSERT_TRUE(cfg.ok());
+  s.data.seq_len = cfg->max_position_embeddings;
+  EXPECT_TRUE(JobWarnings(s, *cfg).empty());
+  s.data.seq_len = 2 * cfg->max_position_embeddings;
+  std::vector<std::string> w = JobWarnings(s, *cfg);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("exceeds the model's max_position_embeddings"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("[model.rope] theta"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("original_max_position_embeddings"), std::string::npos) << w[0];
+  s.model.rope.theta = 4e6;  // the job extends it
+  EXPECT_TRUE(JobWarnings(s, *cfg).empty());
+}
+
+TEST(InitSpecTest, FromIsAPathOrAJob) {
+  absl::StatusOr<JobSpec> a = ParseJobSpec(
+      "[data]\npath = \"d.tok\"\n[checkpoint]\ndir = \"ck2\"\n[init]\nfrom = \"ck1\"\n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->init.from, "ck1");
+  const std::string text = JobSpecToToml(*a);
+  EXPECT_NE(text.find("[init]\nfrom = \"ck1\"\n"), std::string::npos) << text;
+  absl::StatusOr<JobSpec> b = ParseJobSpec(text);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->init.from, "ck1");
+
+  EXPECT_EQ(InitFromJob("job:job-12"), "job-12");
+  EXPECT_EQ(InitFromJob("job:7"), "job-7");
+  EXPECT_EQ(InitFromJob("ck1"), "");
+  EXPECT_EQ(InitFromJob("job:"), "");
+  EXPECT_EQ(InitFromJob("job:a/b"), "");
+
+  ExpectError(ErrorWith("[init]\nfrom = \"job:../x\"\n"),
+              "job.toml: init.from: \"job:../x\" names no job");
+  ExpectError(ErrorWith("[model]\nweights = \"/m\"\n[init]\nfrom = \"/ck\"\n"),
+              "job.toml: init.from: set either init.from (a new phase's start) or model.weights");
+  ExpectError(ErrorWith("[init]\nfrm = \"/ck\"\n"),
+              "job.toml: init.frm: unknown key (line 4); did you mean init.from?");
+}
+
+TEST(InitSpecTest, LoadResolvesAPathButNotAJob) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  ASSERT_NE(tmp, nullptr);
+  const std::string dir = std::string(tmp) + "/init_spec";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(dir + "/a.toml", "[data]\npath = \"d.tok\"\n[init]\nfrom = \"phase1/ck\"\n")
+          .ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(dir + "/b.toml", "[data]\npath = \"d.tok\"\n[init]\nfrom = \"job:3\"\n")
+          .ok());
+  absl::StatusOr<JobSpec> a = LoadJobSpec(dir + "/a.toml");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->init.from, dir + "/phase1/ck");
+  absl::StatusOr<JobSpec> b = LoadJobSpec(dir + "/b.toml");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->init.from, "job:3");
 }
 
 }  // namespace

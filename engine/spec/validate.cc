@@ -58,8 +58,20 @@ absl::Status CheckDtype(const std::string& backend, const std::string& dtype) {
                                                  dtype, "\""));
 }
 
+absl::Status CheckRopeFamily(const JobSpec::Model::Rope& rope, const LlamaConfig& cfg) {
+  // llama3's frequency bands are Llama 3's own recipe, and only its config dialect carries them;
+  // the other families extend their context with yarn (Qwen2.5, Qwen3) or linear.
+  if (rope.scaling == "llama3" && cfg.family != ModelFamily::kLlama) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.rope.scaling: \"llama3\" is Llama 3's own scaling; a ", ModelTypeName(cfg.family),
+        " model extends its context with \"yarn\" or \"linear\""));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJob(const JobSpec& spec, const LlamaConfig& cfg) {
   RETURN_IF_ERROR(CheckDtype(spec.backend, spec.model.dtype));
+  RETURN_IF_ERROR(CheckRopeFamily(spec.model.rope, cfg));
   if (spec.memory.param_offload == OffloadChoice::kOn &&
       spec.memory.optimizer_offload == OffloadChoice::kOff) {
     return absl::InvalidArgumentError(
@@ -68,6 +80,19 @@ absl::Status ValidateJob(const JobSpec& spec, const LlamaConfig& cfg) {
   }
   RETURN_IF_ERROR(CheckHeadSplit(cfg, spec.parallel.sp, spec.memory.head_chunk));
   return CheckSeqLenSplit(spec.data.seq_len, spec.parallel.sp);
+}
+
+std::vector<std::string> JobWarnings(const JobSpec& spec, const LlamaConfig& cfg) {
+  std::vector<std::string> w;
+  if (spec.data.seq_len > cfg.max_position_embeddings && !spec.model.rope.set()) {
+    w.push_back(absl::StrCat(
+        "data.seq_len ", spec.data.seq_len, " exceeds the model's max_position_embeddings ",
+        cfg.max_position_embeddings, " (", DescribeModelRope(cfg),
+        "): positions past it were never trained; to extend the context set [model.rope] theta "
+        "(a larger base), or scaling = \"yarn\" (\"llama3\" for Llama, or \"linear\") with "
+        "factor and original_max_position_embeddings (docs/long_context.md)"));
+  }
+  return w;
 }
 
 }  // namespace ithaca

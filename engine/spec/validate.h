@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/model/config.h"
@@ -26,6 +28,14 @@ const char* BackendDtype(const std::string& backend);
 
 // The backend computes in `dtype` ("auto" passes: resolution picks the backend's own).
 absl::Status CheckDtype(const std::string& backend, const std::string& dtype);
+
+// [model.rope] against the model's family: a scaling that family's checkpoints do not use
+// (llama3 outside Llama) is refused, naming the ones it does.
+absl::Status CheckRopeFamily(const JobSpec::Model::Rope& rope, const LlamaConfig& cfg);
+
+// The warnings a job gets at submit (not errors): data.seq_len past the model's
+// max_position_embeddings without a [model.rope] that extends it, naming the keys that would.
+std::vector<std::string> JobWarnings(const JobSpec& spec, const LlamaConfig& cfg);
 
 // All of the above for a parsed spec and its model. (Single-key checks and the model-free
 // relations, such as parallel.sp dividing parallel.world, are made by ParseJobSpec.)

@@ -217,10 +217,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   }
   const ParamLayout& layout = t->model_->layout();
   const bool host_state = spec.memory.optimizer_offload == OffloadChoice::kOn;
+  // A new phase ([init] from) starts a run of its own: checkpoint.dir may hold only this run
+  // (a relaunch of it resumes, below, rather than starting over).
+  if (!spec.init.from.empty()) RETURN_IF_ERROR(CheckInitTarget(spec.checkpoint.dir, run_id));
   if (latest.ok()) {
     ASSIGN_OR_RETURN(const TrainState saved, ReadCheckpointState(*latest));
     RETURN_IF_ERROR(CheckResumeHasWork(spec.checkpoint.dir, spec.training.steps, *latest, saved,
                                        run_id));
+    RETURN_IF_ERROR(CheckResumeRope(*latest, t->cfg_));
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
     ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
@@ -249,14 +253,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
           ck.verified_bytes / 1e9, ck.read_bytes / 1e9, ck.host_bytes / 1e9,
           100.0 * ck.host_bytes / (12.0 * layout.total_numel()));
     }
-  } else if (!spec.model.weights.empty()) {
-    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader,
-                     SafetensorsReader::Open(spec.model.weights));
+  } else if (!spec.model.weights.empty() || !spec.init.from.empty()) {
+    // init.from: only the weights of the phase before; the step, optimizer state, schedule and
+    // data position start afresh.
+    std::string weights = spec.model.weights;
+    if (!spec.init.from.empty()) {
+      if (!InitFromJob(spec.init.from).empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "init.from: \"", spec.init.from,
+            "\" names an ithacad job; only ithacad resolves it (submit the job there), a "
+            "standalone run needs the directory"));
+      }
+      ASSIGN_OR_RETURN(weights, InitWeightsDir(spec.init.from));
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader, SafetensorsReader::Open(weights));
     auto from_file = [&](int u, float* out) {
       return ReadUnitWeightsInto(layout, *reader, u, out);
     };
     ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), from_file,
                                                             spec.training, host_state));
+    if (t->rank_ == 0 && !spec.init.from.empty()) {
+      std::printf(
+          "init from %s: weights only (%s); step 0, a fresh optimizer, learning-rate schedule "
+          "and data position\n",
+          weights.c_str(), DescribeModelRope(t->cfg_).c_str());
+    }
   } else {
     const uint64_t seed = spec.training.seed;
     auto random = [&](int u, float* out) {
@@ -499,6 +520,7 @@ absl::Status Trainer::ExportNow() {
   options.dtype = dtype;
   options.source_model_dir = ModelSourceDir(spec_);
   options.replace = true;
+  options.trained_seq_len = spec_.data.seq_len;
   const std::string out = ExportDir(spec_);
   RETURN_IF_ERROR(ExportCheckpoint(checkpoint, out, options));
   std::printf("exported %s to %s (%s)\n", checkpoint.c_str(), out.c_str(), dtype_name.c_str());

@@ -215,6 +215,74 @@ TEST(TrainerTest, FinishedRunIsRefusedAndRaisingStepsKeepsTheSchedule) {
   for (double lr : lrs) EXPECT_DOUBLE_EQ(lr, spec.training.min_lr);
 }
 
+// A new phase ([init] from): the weights of the run before, and nothing else of it: step 1 comes
+// first, at the warmup's first rate, with the data from its start; the RoPE may change there
+// while a plain resume with another RoPE is refused.
+TEST(TrainerTest, InitFromStartsANewRunFromTheWeightsOnly) {
+  const std::string dir = TmpDir("init_from");
+  JobSpec first = SmallSpec(dir);
+  first.training.steps = 4;
+  first.memory.recompute = RecomputePolicy::kNone;
+  first.checkpoint.dir = dir + "/phase1";
+  CpuOps ops;
+  HostAllocator alloc;
+  HostWeights trained;
+  {
+    auto t = Trainer::Create(Resolved(first), &ops, &alloc, nullptr, "phase-1");
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->Run().ok());
+    absl::StatusOr<HostWeights> w = (*t)->GatherMasterWeights();
+    ASSERT_TRUE(w.ok()) << w.status();
+    trained = *w;
+  }
+  JobSpec second = first;
+  second.checkpoint.dir = dir + "/phase2";
+  second.init.from = first.checkpoint.dir;
+  second.model.rope.theta = 40000;
+  second.training.steps = 2;
+  std::vector<StepReport> reports;
+  {
+    auto t = Trainer::Create(Resolved(second), &ops, &alloc, nullptr, "phase-2");
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ((*t)->state().step, 0);
+    EXPECT_EQ((*t)->state().data_position, 0);
+    absl::StatusOr<HostWeights> w = (*t)->GatherMasterWeights();
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, trained) << "phase 1's final weights";
+    ASSERT_TRUE((*t)->Run([&](const StepReport& r) { reports.push_back(r); }).ok());
+  }
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].step, 1);
+  EXPECT_DOUBLE_EQ(reports[0].lr, first.training.lr / first.training.warmup_steps);
+  // Relaunched (a retry), the phase resumes its own checkpoint; another run may not start a
+  // phase into it, and a plain resume of phase 1 with phase 2's RoPE is refused.
+  auto relaunch = Trainer::Create(Resolved(second), &ops, &alloc, nullptr, "phase-2");
+  ASSERT_TRUE(relaunch.ok()) << relaunch.status();
+  EXPECT_EQ((*relaunch)->state().step, 2);
+  auto other = Trainer::Create(Resolved(second), &ops, &alloc, nullptr, "phase-2b");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("already holds run \"phase-2\", at step 2"),
+            std::string::npos)
+      << other.status();
+  JobSpec resume = first;
+  resume.training.steps = 6;
+  resume.model.rope.theta = 40000;
+  auto changed = Trainer::Create(Resolved(resume), &ops, &alloc, nullptr, "phase-1");
+  ASSERT_FALSE(changed.ok());
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(changed.status().message().find("a resume keeps the run's RoPE"), std::string::npos)
+      << changed.status();
+  // A missing source is named.
+  JobSpec missing = second;
+  missing.checkpoint.dir = dir + "/phase3";
+  missing.init.from = dir + "/nowhere";
+  auto none = Trainer::Create(Resolved(missing), &ops, &alloc, nullptr, "phase-3");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("init.from: " + dir + "/nowhere: no such directory"),
+            std::string::npos)
+      << none.status();
+}
+
 TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
   const std::string dir = TmpDir("short");
   JobSpec spec = SmallSpec(dir);

@@ -255,15 +255,19 @@ class Client:
 
     # -- the API ----------------------------------------------------------------------------
 
-    def submit(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None):
+    def submit(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None,
+               after=None):
         """Queues a job and returns it (pb.Job; .id). `spec`: a dict (written as TOML) or the
         path of a TOML file; or `toml`: the spec's TOML text. `overrides`: {"training.steps":
         10, ...} or ["training.steps=10", ...] (the CLI's --set), applied by the daemon. Relative
         paths in the spec resolve against `base_dir` (default: the file's directory, or the
-        current directory) when the daemon's host has it, else against its state directory."""
+        current directory) when the daemon's host has it, else against its state directory.
+        `after`: a job id (the CLI's --after): the job waits, QUEUED, until that job succeeds,
+        and is cancelled if it fails or is cancelled (Job.after names it). Admission's warnings
+        are in the returned job's .warnings."""
         text, source, base_dir, sets = self._spec_request(spec, toml, overrides, source, base_dir)
         req = pb.SubmitJobRequest(spec_toml=text, source=source, base_dir=base_dir,
-                                  overrides=sets)
+                                  overrides=sets, after=after or "")
         return self._call(self._jobs.SubmitJob, req).job
 
     def plan(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None,
