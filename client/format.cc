@@ -321,6 +321,14 @@ std::string PlanText(const v1::PlanJobResponse& p) {
   absl::StrAppend(&out, absl::StrFormat("  %-17s %12s per rank, budget %s (%s)\n", "total",
                                         HumanBytes(plan.per_rank_bytes()),
                                         HumanBytes(plan.budget_bytes()), plan.budget_source()));
+  if (plan.predicted_step_s() > 0) {
+    absl::StrAppend(&out, absl::StrFormat("  %-17s %.4g s a step, %.0f tok/s (%.0f per GPU; "
+                                          "recompute %s; rates %s)\n",
+                                          "predicted", plan.predicted_step_s(),
+                                          plan.predicted_tok_per_s(),
+                                          plan.predicted_tok_per_s_per_gpu(), plan.recompute(),
+                                          plan.rates()));
+  }
   absl::StrAppend(&out, plan.fits() ? "fits" : "does NOT fit", ": ", plan.summary(), "\n");
   return out;
 }

@@ -257,6 +257,18 @@ TEST(FormatTest, StatusAndPlanShowAfterRopeInitAndWarnings) {
   EXPECT_NE(text.find("\n  rope: rope_theta 40000, rope_type default\n"), std::string::npos)
       << text;
   EXPECT_NE(text.find("\n  warning: data.seq_len 8192 exceeds\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("predicted"), std::string::npos) << text;  // no prediction: no line
+
+  plan.mutable_plan()->set_predicted_step_s(12.5);
+  plan.mutable_plan()->set_predicted_tok_per_s(10486);
+  plan.mutable_plan()->set_predicted_tok_per_s_per_gpu(1311);
+  plan.mutable_plan()->set_recompute("attention-aware");
+  plan.mutable_plan()->set_rates("h200");
+  const std::string predicted = PlanText(plan);
+  EXPECT_NE(predicted.find("  predicted         12.5 s a step, 10486 tok/s (1311 per GPU; "
+                           "recompute attention-aware; rates h200)\n"),
+            std::string::npos)
+      << predicted;
 }
 
 TEST(FormatTest, Ages) {

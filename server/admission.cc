@@ -342,12 +342,22 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
   }
   plan.set_per_rank_bytes(p.device_total());
   plan.set_fits(p.fits);
+  plan.set_recompute(RecomputeSetting(p));
+  plan.set_predicted_step_s(p.predicted.step_s);
+  plan.set_predicted_tok_per_s(p.predicted.tok_per_s);
+  plan.set_predicted_tok_per_s_per_gpu(
+      p.predicted.tok_per_s / static_cast<double>(std::max<int64_t>(1, a.spec.parallel.world)));
+  plan.set_rates(p.predicted.rates);
   plan.set_summary(absl::StrFormat(
-      "peak %s per rank %s budget %s (%s); head_chunk %d, tile_tokens %d, offload %s%s",
+      "peak %s per rank %s budget %s (%s); recompute %s, head_chunk %d, tile_tokens %d, offload "
+      "%s%s%s",
       HumanBytes(p.device_total()).c_str(),
       p.gpu_budget > 0 && p.device_total() > p.gpu_budget ? ">" : "<=",
-      HumanBytes(a.budgets.gpu_bytes).c_str(), plan.budget_source().c_str(), p.head_chunk,
-      p.tile_tokens, p.offload ? "on" : "off",
+      HumanBytes(a.budgets.gpu_bytes).c_str(), plan.budget_source().c_str(),
+      plan.recompute().c_str(), p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
+      p.fits && p.predicted.step_s > 0
+          ? absl::StrCat("; ", PredictionLine(p, a.spec.parallel.world)).c_str()
+          : "",
       p.fits ? "" : absl::StrCat("; ", p.verdict).c_str()));
   return plan;
 }

@@ -124,7 +124,9 @@ StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, Param
     const double bus = TransferSeconds(t, false, 4 * params) +
                        (req.opts.param_offload ? 0 : TransferSeconds(t, true, act * params));
     const double cpu = std::max(host, bus);
-    if (req.overlap_update) {
+    // Under the next forward only where that forward runs elsewhere: on the CPU backend the
+    // update and the "device" share the cores.
+    if (req.overlap_update && req.device == Device::kCuda) {
       const double head = cpu * double(first) / double(std::max<int64_t>(1, params));
       update += head + std::max(0.0, cpu - head - out.forward_backward_s / 3);
     } else {
@@ -356,9 +358,17 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     return absl::InvalidArgumentError(
         "memory.param_offload = true needs memory.optimizer_offload = true (or \"auto\")");
   }
+  // Moving state to the host costs host memory and CPU the prediction does not weigh (other
+  // jobs', the data loader's): it must be predicted kOffloadGain faster than keeping it on the
+  // device, or be the only way that fits.
+  constexpr double kOffloadGain = 0.03;
   std::optional<MemoryPlan> best;
+  auto cost = [&](const MemoryPlan& p) {
+    const int moved = int(p.optimizer_offload) + int(p.param_offload);
+    return p.predicted.step_s * (1 + kOffloadGain * moved);
+  };
   auto consider = [&](const MemoryPlan& p) {
-    if (!best || p.predicted.step_s < best->predicted.step_s) best = p;
+    if (!best || cost(p) < cost(*best)) best = p;
   };
   for (auto [offload, params] : offloads) {
     req.optimizer_offload = offload;
@@ -443,7 +453,7 @@ std::string RecomputeSetting(const MemoryPlan& p) {
 std::string PredictionLine(const MemoryPlan& p, int64_t world) {
   const StepPrediction& r = p.predicted;
   if (r.step_s <= 0) return "";
-  return absl::StrFormat("predicted step %.3g s, %s tok/s (%s tok/s per GPU; rates: %s)", r.step_s,
+  return absl::StrFormat("predicted step %.3g s, %s tok/s (%s tok/s per rank; rates: %s)", r.step_s,
                          absl::StrFormat("%.0f", r.tok_per_s),
                          absl::StrFormat("%.0f", r.tok_per_s / double(std::max<int64_t>(1, world))),
                          r.rates);

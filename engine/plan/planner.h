@@ -127,7 +127,8 @@ struct PlanHardware {
 // at most 8..3 inputs on the device), and for each the largest head stage and tile that fit;
 // memory.recompute "auto" also tries no recompute, attention-aware on as many of the last
 // blocks as fit (the others full) and full; memory.optimizer_offload / param_offload "auto" try
-// the state on the device and on the host. The fastest that fits wins; when nothing fits, the
+// the state on the device and on the host. The fastest that fits wins (state moves to the host
+// only when that is predicted 3 % faster per tier moved, or nothing else fits); when nothing fits, the
 // plan with the smallest device total says by how much. Budgets of 0 take the spec's
 // memory.gpu_budget_gib / host_budget_gib (0 there: unbounded). `limits` bound the whole search
 // (every replay it makes): DEADLINE_EXCEEDED or CANCELLED.
@@ -138,7 +139,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes
 // "attention-aware", "attention-aware on the last 12 of 32 blocks", "full", "none".
 std::string RecomputeSetting(const MemoryPlan& plan);
 
-// "predicted step 12.3 s, 10,650 tok/s (1,331 tok/s per GPU)", or "" without a prediction.
+// "predicted step 12.3 s, 10650 tok/s (1331 tok/s per rank; rates: h200)", or "" without one.
 std::string PredictionLine(const MemoryPlan& plan, int64_t world);
 
 // "12.34 GiB", or MiB below one GiB.

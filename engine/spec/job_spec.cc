@@ -770,13 +770,13 @@ const std::vector<Key>& Keys() {
        "state)."},
       {"memory.optimizer_offload", BoolOrAuto(FIELD(memory.optimizer_offload)),
        "The f32 master weights and Adam m, v in pinned host memory, updated by the CPU AdamW "
-       "(bit for bit the device's update); \"auto\": only when they do not fit the GPU budget "
-       "with the job's activations."},
+       "(bit for bit the device's update); \"auto\": when nothing fits the GPU budget without "
+       "it, or the planner predicts a step at least 3 % faster with it."},
       {"memory.param_offload", BoolOrAuto(FIELD(memory.param_offload)),
        "The bf16 working copy in pinned host memory too, uploaded a unit ahead of use, so the "
        "GPU holds about two units of weights; needs memory.optimizer_offload on (or \"auto\"); "
-       "\"auto\": only when the job does not fit the GPU budget with the optimizer's state on "
-       "the host alone."},
+       "\"auto\": when the job does not fit the GPU budget with the optimizer's state on the "
+       "host alone, or the planner predicts a step at least 3 % faster with it."},
       {"memory.overlap_update", Bool(FIELD(memory.overlap_update)),
        "Under optimizer offload, each step's CPU update runs under the next forward, unit by "
        "unit just before the forward reads each unit (the same bits); false: between the steps, "

@@ -124,6 +124,13 @@ class DaemonE2E(unittest.TestCase):
         plan = self.d.cli("plan", spec)
         self.assertEqual(plan.returncode, 0, plan.stderr)
         self.assertIn("fits", plan.stdout)
+        self.assertIn("predicted", plan.stdout)
+        # The step-time model's figures, by the names scripts read (CPU rates here).
+        pj = json.loads(self.d.cli("--json", "plan", spec, check=True).stdout)["plan"]
+        self.assertGreater(pj["predicted_step_s"], 0, pj)
+        self.assertGreater(pj["predicted_tok_per_s"], 0, pj)
+        self.assertEqual(pj["rates"], "cpu")
+        self.assertIn(pj["recompute"], ("none", "full", "attention-aware"))
         bad = self.d.cli("status", "job-999")
         self.assertEqual(bad.returncode, 2)
         self.assertIn("NOT_FOUND", bad.stderr)
