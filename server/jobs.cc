@@ -72,7 +72,8 @@ int Jobs::Drain(absl::Duration timeout) {
   return supervisor_.Drain(resumable, timeout);
 }
 
-v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout) {
+v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout,
+                                    std::function<bool()> cancelled) {
   v1::DrainResponse response;
   std::vector<std::string> resumable, others, starting;
   const absl::Time deadline = absl::Now() + timeout;
@@ -86,7 +87,8 @@ v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout) {
       starting = ResumableRunningLocked(&others, v1::JOB_STATE_STARTING);
     }
   }
-  while (!starting.empty() && absl::Now() < deadline) {
+  auto gone = [&] { return cancelled && cancelled(); };
+  while (!starting.empty() && absl::Now() < deadline && !gone()) {
     std::vector<std::string> still;
     for (const std::string& id : starting) {
       absl::StatusOr<v1::Job> job = Get(id);
@@ -109,7 +111,8 @@ v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout) {
   } else {
     // The supervisor reports each drained job QUEUED (OnEnded), which queues it again: it waits
     // there, as every queued job does, for the undo.
-    supervisor_.Drain(resumable, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    supervisor_.Drain(resumable, std::max(absl::ZeroDuration(), deadline - absl::Now()),
+                      cancelled);
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& id : resumable) {

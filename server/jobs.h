@@ -75,7 +75,10 @@ class Jobs : private JobOwner {
   // starts) and drains the running jobs that can resume, as Drain does, waiting up to `timeout`;
   // they are queued again. With `undo`, scheduling goes on and the queue starts. Both last until
   // the daemon restarts.
-  v1::DrainResponse DrainNode(bool undo, absl::Duration timeout);
+  // `cancelled` (the caller gone: its client cancelled the call) stops the waiting at once; what
+  // was asked stays asked (scheduling paused, the jobs signalled).
+  v1::DrainResponse DrainNode(bool undo, absl::Duration timeout,
+                              std::function<bool()> cancelled = {});
 
   // JobService.
   // `cancelled` (the RPC's client went away) is polled while admitting (admission.h).

@@ -210,6 +210,30 @@ TEST(JobsTest, CancelTakesAQueuedJobOffTheQueueAndStopsARunningOne) {
   EXPECT_TRUE(absl::IsFailedPrecondition(jobs.Cancel(first->id(), "").status()));
 }
 
+// Issue 43 N10: a drain whose caller went away (its client cancelled the call) stops waiting at
+// once instead of holding a daemon thread until the job stops or the timeout passes; the job it
+// could not drain is listed.
+TEST(JobsTest, AnAbandonedDrainStopsWaiting) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(CpuJobs("abandoned-drain", 2, Script("sleep-drain.sh", "exec sleep 30")), store->get(),
+            &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  const absl::Time start = absl::Now();
+  const v1::DrainResponse r = jobs.DrainNode(
+      /*undo=*/false, absl::Seconds(60),
+      [start] { return absl::Now() - start > absl::Milliseconds(300); });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(r.scheduling_paused());
+  ASSERT_EQ(r.still_running_size(), 1);
+  EXPECT_EQ(r.still_running(0), job->id());
+  EXPECT_TRUE(jobs.Cancel(job->id(), "").ok());
+}
+
 // `ithaca delete`: a live job is refused (naming cancel); an ended one disappears from the store,
 // its history and its log directory go, its checkpoint.dir stays, and its id is not reused.
 TEST(JobsTest, DeleteForgetsAnEndedJobKeepsItsCheckpointsAndNeverReusesItsId) {

@@ -252,7 +252,8 @@ grpc::Status JobServiceImpl::Drain(grpc::ServerContext* context, const v1::Drain
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout_seconds must be >= 0");
   }
   const int timeout_s = request->timeout_seconds() > 0 ? request->timeout_seconds() : 300;
-  *response = jobs_->DrainNode(request->undo(), absl::Seconds(timeout_s));
+  *response = jobs_->DrainNode(request->undo(), absl::Seconds(timeout_s),
+                               [context] { return context->IsCancelled(); });
   return grpc::Status::OK;
 }
 

@@ -77,7 +77,8 @@ int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
   return killed;
 }
 
-int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration timeout) {
+int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration timeout,
+                      const std::function<bool()>& cancelled) {
   std::unique_lock<std::mutex> lock(mu_);
   std::vector<std::string> draining;
   for (const std::string& id : job_ids) {
@@ -98,10 +99,17 @@ int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration ti
     job.draining = true;
     draining.push_back(id);
   }
-  wake_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+  auto stopped = [&] {
     return std::none_of(draining.begin(), draining.end(),
                         [&](const std::string& id) { return active_.count(id) > 0; });
-  });
+  };
+  // In slices, so that a caller gone (an abandoned `ithaca drain`) frees its thread at once
+  // (issue 43 N10).
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!stopped() && absl::Now() < deadline && !(cancelled && cancelled())) {
+    const absl::Duration slice = std::min(absl::Milliseconds(100), deadline - absl::Now());
+    wake_.wait_for(lock, absl::ToChronoNanoseconds(slice), stopped);
+  }
   int drained = 0;
   for (const std::string& id : draining) drained += active_.count(id) == 0 ? 1 : 0;
   return drained;

@@ -35,6 +35,7 @@
 
 #include <condition_variable>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -159,7 +160,9 @@ class Supervisor {
   // `scancel --signal=USR1`, the way Slurm's own warning comes); each is reported QUEUED
   // ("drained ...") once its workers are gone. Waits up to `timeout` for them; returns how many
   // were drained. Jobs still running then are left to Detach (or go on).
-  int Drain(const std::vector<std::string>& job_ids, absl::Duration timeout);
+  // `cancelled`, looked at every 100 ms, ends the wait early (the drain stays asked).
+  int Drain(const std::vector<std::string>& job_ids, absl::Duration timeout,
+            const std::function<bool()>& cancelled = {});
   // Stops the thread and leaves every running job's workers alone (a daemon restart or upgrade):
   // the next daemon adopts them. Nothing is launched from now on; returns how many jobs were left
   // running.
