@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "engine/core/file_util.h"
+#include "engine/plan/step_time.h"
 #include "engine/schedule/spec_options.h"
 #include "engine/model/weights.h"
 #include "engine/checkpoint/export.h"
@@ -94,24 +95,11 @@ double ModelFlopsPerSample(const LlamaConfig& c, int64_t seq_len,
   const double per_layer = d * D * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) +
                            3.0 * d * c.intermediate_size;
   const double n = c.num_hidden_layers * per_layer + double(c.vocab_size) * d;
-  // A document of n tokens computes n² "pairs" in this convention (twice its causal triangle);
-  // under a sliding window of W < n keys, twice the W·n − W(W−1)/2 keys its queries see. Each
-  // layer counts with its own window (Qwen2/Qwen3 window only some).
-  auto pairs_of = [](double n, double W) {
-    return W > 0 && W < n ? 2 * W * n - W * (W - 1) : n * n;
-  };
-  auto sample_pairs = [&](double W) {
-    if (doc_starts.size() <= 1) return pairs_of(double(seq_len), W);
-    double pairs = 0;
-    for (size_t i = 0; i < doc_starts.size(); ++i) {
-      const double len =
-          double(i + 1 < doc_starts.size() ? doc_starts[i + 1] : seq_len) - double(doc_starts[i]);
-      pairs += pairs_of(len, W);
-    }
-    return pairs;
-  };
-  const double full = sample_pairs(0);
-  const double windowed = c.sliding_window > 0 ? sample_pairs(double(c.sliding_window)) : 0;
+  // Each layer counts the attention it computes, with its own window (Qwen2/Qwen3 window only
+  // some): AttentionPairs, the step-time model's count too.
+  const double full = AttentionPairs(seq_len, 0, doc_starts);
+  const double windowed =
+      c.sliding_window > 0 ? AttentionPairs(seq_len, c.sliding_window, doc_starts) : 0;
   double pairs = 0;  // over every layer
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     pairs += c.LayerWindow(l) > 0 ? windowed : full;
