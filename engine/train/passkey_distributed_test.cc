@@ -16,6 +16,7 @@
 #include "engine/core/file_util.h"
 #include "engine/plan/resolve.h"
 #include "engine/train/passkey_testing.h"
+#include "engine/train/eval_rank_testing.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 
@@ -51,24 +52,8 @@ JobSpec PasskeySpec(const std::string& model_dir, const Layout& layout) {
 absl::Status EvaluateOnRank(int rank, const Layout& layout, const std::string& model_dir,
                             const std::string& rendezvous, const std::string& out) {
   const JobSpec spec = PasskeySpec(model_dir, layout);
-  std::unique_ptr<Comm> comm;
-  if (layout.world > 1) {
-    RankInfo info;
-    info.rank = rank;
-    info.world = layout.world;
-    info.rendezvous = rendezvous;
-    ASSIGN_OR_RETURN(comm, ConnectComm(info, Device::kCpu, /*timeout_s=*/60));
-  }
-  NodeResources node;
-  node.host_memory_bytes = int64_t{64} << 30;
-  node.ranks_on_host = layout.world;
-  ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
-  ASSIGN_OR_RETURN(JobSpec resolved, ParseJobSpec(job.toml, "resolved.toml"));
-  CpuOps ops;
-  HostAllocator alloc;
-  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(resolved, &ops, &alloc, comm.get()));
-  std::vector<EvalReport> evals;
-  RETURN_IF_ERROR(trainer->Run(nullptr, 0, [&](const EvalReport& r) { evals.push_back(r); }));
+  ASSIGN_OR_RETURN(const std::vector<EvalReport> evals,
+                   testing::EvaluateRank(spec, rank, rendezvous));
   RANK_CHECK(evals.size() == 1u, evals.size());
   RANK_CHECK(evals[0].tokens == 0, evals[0].tokens);  // no eval.path: no held-out loss
   if (rank == 0) {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -151,6 +152,38 @@ class ParallelEquivalenceTest : public ::testing::Test {
     return references_[key];
   }
 
+  // Reads every tensor of `want_path` and the same-named one of `got_path` as f32 and hands both
+  // to `check`; returns how many were compared (a failure to read fails the test, named `what`).
+  static int CompareTensors(
+      const std::string& want_path, const std::string& got_path, const std::string& what,
+      const std::function<void(const std::string&, const std::vector<float>&,
+                               const std::vector<float>&)>& check) {
+    auto a = SafetensorsReader::Open(want_path);
+    auto b = SafetensorsReader::Open(got_path);
+    if (!a.ok() || !b.ok()) {
+      ADD_FAILURE() << what << ": " << (a.ok() ? b.status() : a.status());
+      return 0;
+    }
+    int checked = 0;
+    for (const std::string& name : (*a)->Names()) {
+      auto info = (*a)->Info(name);
+      const int64_t n = info.ok() ? NumElements(info->shape) : 0;
+      std::vector<float> x(n), y(n);
+      if (!info.ok() || !(*a)->Read(name, info->shape, DType::kF32, x.data()).ok()) {
+        ADD_FAILURE() << what << ": cannot read " << name << " from " << want_path;
+        return checked;
+      }
+      absl::Status st = (*b)->Read(name, info->shape, DType::kF32, y.data());
+      if (!st.ok()) {
+        ADD_FAILURE() << what << ": " << st;
+        return checked;
+      }
+      check(name, x, y);
+      ++checked;
+    }
+    return checked;
+  }
+
   static void Check(const Case& c) {
     const int dp = c.world / c.sp;
     const std::string ref = Reference(c.hkv, dp, c.packed, c.sft, c.family);
@@ -170,29 +203,18 @@ class ParallelEquivalenceTest : public ::testing::Test {
       args.insert(args.end(), {"--saved-block-inputs", std::to_string(c.saved_block_inputs)});
     }
     const std::string got = RunRanks(c.name, c.world, args, nullptr, c.issue_delay_ms);
-    auto a = SafetensorsReader::Open(ref);
-    auto b = SafetensorsReader::Open(got);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    int checked = 0;
-    for (const std::string& name : (*a)->Names()) {
-      auto info = (*a)->Info(name);
-      ASSERT_TRUE(info.ok());
-      const int64_t n = NumElements(info->shape);
-      std::vector<float> x(n), y(n);
-      ASSERT_TRUE((*a)->Read(name, info->shape, DType::kF32, x.data()).ok());
-      auto st = (*b)->Read(name, info->shape, DType::kF32, y.data());
-      ASSERT_TRUE(st.ok()) << c.name << ": " << st;
+    const int checked = CompareTensors(ref, got, c.name, [&](const std::string& name,
+                                                             const std::vector<float>& x,
+                                                             const std::vector<float>& y) {
       double scale = 0, err = 0;
-      for (int64_t i = 0; i < n; ++i) {
+      for (size_t i = 0; i < x.size(); ++i) {
         scale = std::max(scale, std::abs(double(x[i])));
         err = std::max(err, std::abs(double(x[i]) - y[i]));
       }
       // Gradients and losses to fp32 rounding; weights after three Adam steps a little looser.
       const double tol = name.rfind("param.", 0) == 0 ? 1e-4 + 1e-4 * scale : 1e-7 + 2e-4 * scale;
       EXPECT_LE(err, tol) << c.name << ": " << name << " max|ref| " << scale;
-      ++checked;
-    }
+    });
     EXPECT_GT(checked, 40) << c.name;
   }
 
@@ -241,20 +263,11 @@ TEST_F(ParallelEquivalenceTest, MixedPolicyEqualsNoRecomputeBitForBit) {
     const std::string mixed =
         run(absl::StrCat("w2_sp2_mix", blocks),
             {"--recompute", "attention-aware", "--attention-aware-blocks", blocks});
-    auto a = SafetensorsReader::Open(none);
-    auto b = SafetensorsReader::Open(mixed);
-    ASSERT_TRUE(a.ok() && b.ok());
-    int checked = 0;
-    for (const std::string& name : (*a)->Names()) {
-      auto info = (*a)->Info(name);
-      ASSERT_TRUE(info.ok());
-      const int64_t n = NumElements(info->shape);
-      std::vector<float> x(n), y(n);
-      ASSERT_TRUE((*a)->Read(name, info->shape, DType::kF32, x.data()).ok());
-      ASSERT_TRUE((*b)->Read(name, info->shape, DType::kF32, y.data()).ok()) << name;
-      EXPECT_EQ(x, y) << "mix of " << blocks << ": " << name;
-      ++checked;
-    }
+    const int checked = CompareTensors(
+        none, mixed, absl::StrCat("mix of ", blocks),
+        [&](const std::string& name, const std::vector<float>& x, const std::vector<float>& y) {
+          EXPECT_EQ(x, y) << "mix of " << blocks << ": " << name;
+        });
     EXPECT_GT(checked, 40);
   }
 }
