@@ -381,7 +381,7 @@ std::string NeverRegistered(const Job& job) {
 std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank,
                                                     absl::Time now) {
   if (rank.remote) {
-    if (rank.announced_exit) return WorkerEnd{false, *rank.announced_exit};
+    if (rank.announced_exit) return *rank.announced_exit;
     // The Slurm job is over (or, once stopping, Slurm never said so) and the rank said nothing.
     if (job.slurm.Terminal() || (job.ending && now > job.kill_deadline)) {
       rank.vanished = true;
@@ -391,15 +391,9 @@ std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& ran
   }
   if (!rank.adopted) return Launcher::Poll(rank.pid);
   if (IsWorkerOf(rank.pid, job.id, job.secret)) return std::nullopt;
-  WorkerEnd end;
-  if (rank.announced_exit) {
-    end.code = *rank.announced_exit;
-  } else {
-    rank.vanished = true;  // killed, or crashed before it could say why
-    end.signaled = true;
-    end.code = SIGKILL;
-  }
-  return end;
+  if (rank.announced_exit) return *rank.announced_exit;
+  rank.vanished = true;  // killed, or crashed before it could say why
+  return WorkerEnd{true, SIGKILL};
 }
 
 void Supervisor::ForgiveStallLocked(absl::Time now, absl::Duration since_last_pass) {
@@ -459,15 +453,17 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     }
     if (job.deferred_culprit) {
       if (job.slurm.Terminal() || now - job.deferred_since > options_.cluster_verdict_wait) {
-        // The cause: a rank killed or gone without a word (its node's launcher saw it die) over
+        // The cause: a rank its node's launcher saw killed, else one gone without a word, over
         // the first one that reported an error (often a peer's broken collective).
         culprit = static_cast<size_t>(*job.deferred_culprit);
+        std::optional<size_t> killed, gone;
         for (size_t r = 0; r < job.ranks.size(); ++r) {
-          if (job.ranks[r].exit && job.ranks[r].exit->signaled) {
-            culprit = r;
-            break;
-          }
+          const Rank& x = job.ranks[r];
+          if (!x.exit || !x.exit->signaled) continue;
+          std::optional<size_t>& first = x.vanished ? gone : killed;
+          if (!first) first = r;
         }
+        if (killed || gone) culprit = killed ? *killed : *gone;
       } else {
         culprit.reset();
       }
@@ -700,7 +696,9 @@ absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
 absl::Status Supervisor::Exiting(const v1::ExitingRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
-  a->ranks[request.rank()].announced_exit = request.exit_code();
+  a->ranks[request.rank()].announced_exit =
+      request.signal() != 0 ? WorkerEnd{true, request.signal()}
+                            : WorkerEnd{false, request.exit_code()};
   return absl::OkStatus();
 }
 

@@ -13,8 +13,9 @@
 //
 // Under `ithacad --cluster slurm` (Options::slurm) the supervisor forks nothing: a launch is an
 // sbatch of one task per node (slurm.h), whose ranks register over TCP with the job's secret; a
-// rank's end is what it announced (Exiting), or, when the Slurm job ended first, Slurm's state
-// (squeue, polled every cluster_poll_interval). A job Slurm cancelled is CANCELLED with Slurm's
+// rank's end is what it announced (Exiting; a killed rank's node launcher announces the signal
+// for it), or, when the Slurm job ended first, Slurm's state (squeue, polled every
+// cluster_poll_interval). A job Slurm cancelled is CANCELLED with Slurm's
 // reason; NODE_FAIL, TIMEOUT, PREEMPTED, BOOT_FAIL and DEADLINE fail it as a failure that need not
 // repeat (the retry policy's to judge); cancel is scancel. Before a time limit and on preemption
 // Slurm warns the job (`--signal=USR1@grace`): its ranks checkpoint and stop as in a drain, and
@@ -206,9 +207,10 @@ class Supervisor {
     absl::Time last_heartbeat;
     std::optional<WorkerEnd> exit;
     // Adopted from a previous daemon: not our child, so no waitpid; its end is what it announced
-    // (Exiting), or unknown when it vanished without a word.
+    // (Exiting: its exit code, or the signal its node's launcher saw kill it), or unknown when
+    // it vanished without a word.
     bool adopted = false;
-    std::optional<int> announced_exit;
+    std::optional<WorkerEnd> announced_exit;
     bool vanished = false;
     std::string last_error;  // newest ERROR line the worker sent
     int64_t last_step = 0;   // newest step report recorded (a re-sent one is not recorded twice)

@@ -150,6 +150,20 @@ bool DaemonAway(const grpc::Status& st) {
          st.error_code() == grpc::StatusCode::CANCELLED;
 }
 
+void SendExiting(v1::WorkerService::Stub* stub, const std::string& secret,
+                 const std::string& job_id, int rank, int exit_code, int signal) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(5000));
+  WithSecret(&ctx, secret);
+  v1::ExitingRequest req;
+  req.set_job_id(job_id);
+  req.set_rank(rank);
+  req.set_exit_code(exit_code);
+  req.set_signal(signal);
+  v1::Ack ack;
+  stub->Exiting(&ctx, req, &ack);
+}
+
 // One rank's connection to the daemon, and the heartbeat thread.
 class DaemonLink {
  public:
@@ -219,17 +233,7 @@ class DaemonLink {
   }
 
   // The rank's exit code, for a daemon that adopted the rank and cannot waitpid it.
-  void Exiting(int code) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(5000));
-    WithSecret(&ctx, o_.secret);
-    v1::ExitingRequest req;
-    req.set_job_id(o_.job_id);
-    req.set_rank(o_.rank);
-    req.set_exit_code(code);
-    v1::Ack ack;
-    stub()->Exiting(&ctx, req, &ack);
-  }
+  void Exiting(int code) { SendExiting(stub().get(), o_.secret, o_.job_id, o_.rank, code, 0); }
 
   // Heart-beats every `interval_ms`. When the daemon goes away, the rank trains on and
   // re-attaches to the one that comes back (the step reports wait in their queue meanwhile).
@@ -535,6 +539,15 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   link.Exiting(code);
   link.StopHeartbeats();
   return code;
+}
+
+void ReportKilledRank(const std::string& address, const std::string& job_id, int rank,
+                      int signal) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(address);
+  if (!channel.ok()) return;
+  const char* secret = std::getenv("ITHACA_JOB_SECRET");
+  auto stub = v1::WorkerService::NewStub(*std::move(channel));
+  SendExiting(stub.get(), secret != nullptr ? secret : "", job_id, rank, 0, signal);
 }
 
 }  // namespace ithaca

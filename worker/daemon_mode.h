@@ -36,4 +36,12 @@ absl::StatusOr<DaemonWorkerOptions> DaemonWorkerOptionsFromEnv(const std::string
 // Runs the rank to its end; returns the process exit code.
 int RunDaemonWorker(const DaemonWorkerOptions& options);
 
+// For a node's launcher (ithaca-worker --daemon ADDR --job ID --nproc N): tells the daemon at
+// `address` that `rank` of `job_id` was killed by `signal`, with the job's secret from
+// $ITHACA_JOB_SECRET. A killed rank cannot say so itself, and without this the daemon, seeing
+// the Slurm job end, could not tell the killed rank from the ones its launchers then stopped.
+// Best effort: waits at most 5 s, and a daemon that is away misses it.
+void ReportKilledRank(const std::string& address, const std::string& job_id, int rank,
+                      int signal);
+
 }  // namespace ithaca

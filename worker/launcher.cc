@@ -662,6 +662,10 @@ class LocalSupervision {
       c.running = false;
       RankExit& e = rep_.ranks[c.rank];
       e.end = *end;
+      if (end->signaled && !e.stopped_by_launcher && rep_.forwarded_signal == 0 &&
+          options_.on_rank_killed) {
+        options_.on_rank_killed(first_rank_ + c.rank, *end);
+      }
       // A drained rank checkpointed with its peers and stopped on purpose: no failure.
       const bool drained =
           options_.forward_drain && !end->signaled && end->code == kExitDrained;

@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -141,6 +142,10 @@ struct LaunchOptions {
   // on a step, checkpoint together and exit with kExitDrained, which is then no failure. Only for
   // ranks that take SIGUSR1 so (daemon ranks, worker/daemon_mode.h); it would kill others.
   bool forward_drain = false;
+  // Called (on the launcher's thread) as soon as a rank is found killed by a signal the launcher
+  // did not send, before the other ranks are stopped: a daemon's Slurm ranks tell ithacad which
+  // rank was killed, which that rank cannot (worker/daemon_mode.h ReportKilledRank).
+  std::function<void(int global_rank, const WorkerEnd& end)> on_rank_killed;
 };
 
 struct RankExit {

@@ -297,6 +297,13 @@ TEST(LocalLauncherTest, SignalledRankAndSigkillAfterGrace) {
       Sh("if [ $ITHACA_RANK = 0 ]; then sleep 0.3; kill -9 $$; fi; trap '' TERM; exec sleep 30", 2,
          dir.path());
   o.grace_period_s = 0.5;
+  // Only the rank that was killed is reported killed: rank 1, which the launcher itself killed
+  // after the grace, is not.
+  std::vector<std::pair<int, int>> killed;
+  o.on_rank_killed = [&](int rank, const WorkerEnd& end) {
+    EXPECT_TRUE(end.signaled);
+    killed.emplace_back(rank, end.code);
+  };
   LaunchReport report;
   const auto start = Clock::now();
   absl::Status st = LaunchLocal(o, &report);
@@ -305,6 +312,7 @@ TEST(LocalLauncherTest, SignalledRankAndSigkillAfterGrace) {
   EXPECT_EQ(report.ExitCode(), 128 + SIGKILL);
   EXPECT_TRUE(report.ranks[1].end.signaled) << report.ranks[1].ToString();
   EXPECT_EQ(report.ranks[1].end.code, SIGKILL) << report.ranks[1].ToString();
+  EXPECT_EQ(killed, (std::vector<std::pair<int, int>>{{0, SIGKILL}}));
 }
 
 TEST(LocalLauncherTest, OutputIsPrefixedOrLogged) {

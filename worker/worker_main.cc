@@ -120,6 +120,9 @@ int LaunchDaemonNode(const char* self, const std::string& address, const std::st
   // Daemon ranks take SIGUSR1 as a drain: Slurm's warning before a time limit or a preemption
   // (`#SBATCH --signal`, server/slurm.h) reaches them through this launcher too.
   options.forward_drain = true;
+  options.on_rank_killed = [&](int rank, const ithaca::WorkerEnd& end) {
+    ithaca::ReportKilledRank(address, job, rank, end.code);
+  };
   int rank0_fd = -1;
   if (!log_dir.empty()) {  // the node's first rank writes to the launcher's fds: its file here
     const std::string path =
