@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "client/secret_file.h"
 
 namespace ithaca {
 namespace {
@@ -86,14 +87,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(const ConnectionOptions& 
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!o.token_file.empty()) {
-    absl::StatusOr<std::string> content = ReadWhole(o.token_file, "--token-file");
-    if (!content.ok()) return content.status();
-    const std::string token(absl::StripAsciiWhitespace(*content));
-    if (token.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--token-file ", o.token_file, ": holds no token"));
-    }
-    interceptors.push_back(std::make_unique<BearerInterceptorFactory>(token));
+    // The daemon's rule for its own token file (client/secret_file.h): a token that other users
+    // can read is refused here too, not sent.
+    absl::StatusOr<std::string> token = ReadTokenFile(o.token_file, "--token-file");
+    if (!token.ok()) return token.status();
+    interceptors.push_back(std::make_unique<BearerInterceptorFactory>(*token));
   }
   return grpc::experimental::CreateCustomChannelWithInterceptors(o.server, credentials, args,
                                                                  std::move(interceptors));

@@ -13,6 +13,7 @@ import unittest
 import grpc
 
 import harness
+from ithaca_client import Client
 from harness import TMP, Daemon, health_pb2, health_pb2_grpc, job_pb2, job_pb2_grpc, spec_toml
 
 
@@ -124,6 +125,27 @@ class SecurityE2E(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("UNAUTHENTICATED", r.stderr)
+
+    def test_a_token_file_others_can_read_is_refused_by_the_clients_too(self):
+        # ithacad refuses such a file for itself; the CLI and the Python client refuse to send
+        # one, naming the file and the fix, rather than using it silently.
+        open_token = harness.make_token(os.path.join(TMP, "client"), "open-token")
+        os.chmod(open_token, 0o644)
+        r = subprocess.run([os.environ["ITHACA_CLI"], "--server", self.d.address, "--ca", self.ca,
+                            "--token-file", open_token, "list"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"--token-file {open_token}: readable or writable by other users", r.stderr)
+        self.assertIn("chmod 600", r.stderr)
+        with open(open_token) as f:
+            self.assertNotIn(f.read().strip(), r.stderr)
+        with self.assertRaisesRegex(ValueError, "readable or writable by other users"):
+            Client(self.d.address, token_file=open_token, ca_file=self.ca)
+        os.chmod(open_token, 0o600)
+        r = subprocess.run([os.environ["ITHACA_CLI"], "--server", self.d.address, "--ca", self.ca,
+                            "--token-file", open_token, "list"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertIn("UNAUTHENTICATED", r.stderr)  # a readable-only-by-us file is sent
 
     def test_paths_outside_the_allowed_roots_are_refused(self):
         # A link inside the allowed root that leads out of it.

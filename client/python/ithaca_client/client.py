@@ -7,6 +7,7 @@ import datetime
 import enum
 import logging
 import os
+import stat
 import time
 
 import grpc
@@ -174,6 +175,26 @@ def _event(e):
     return Snapshot(e.seq, t, e.job)
 
 
+def read_token_file(path):
+    """The bearer token in `path`, by ithacad's rule for its own (client/secret_file.h): a
+    regular file that other users cannot read or write (group read only for one of our own
+    groups), holding at least 16 printable characters. ValueError names what is wrong."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"token_file {path}: not a regular file")
+    group, other = st.st_mode & 0o070, st.st_mode & 0o007
+    own_groups = {os.getegid(), os.getgid(), *os.getgroups()}
+    if other or group & 0o030 or (group and st.st_gid not in own_groups):
+        raise ValueError(f"token_file {path}: readable or writable by other users "
+                         f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
+    with open(path) as f:
+        token = f.read().strip()
+    if len(token) < 16 or any(c <= " " or c > "~" for c in token):
+        raise ValueError(f"token_file {path}: the token must be at least 16 printable ASCII "
+                         "characters without spaces")
+    return token
+
+
 class Client:
     """A connection to one ithacad.
 
@@ -191,8 +212,7 @@ class Client:
         self.address = resolve_address(address, home)
         self.timeout = timeout
         if token_file:
-            with open(token_file) as f:
-                token = f.read().strip()
+            token = read_token_file(token_file)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         if ca_file:
             with open(ca_file, "rb") as f:
