@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -581,8 +582,11 @@ int MaxSeqLenCommand(CliContext& c, const Flags& f) {
   int asked = 0;
   const auto started = std::chrono::steady_clock::now();
   // The plan at seq_len n: INVALID_ARGUMENT and the like are the spec's errors (exit 2).
-  auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp) -> int {
+  // Each length asks only whether it fits (the first plan found that fits, without the
+  // fastest-plan search or a step-time prediction); the answer's plan is then asked in full.
+  auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp, bool fit_only = true) -> int {
     v1::PlanJobRequest req = base;
+    req.set_fit_only(fit_only);
     req.add_overrides(absl::StrCat("data.seq_len=", n));  // after the user's: it wins
     grpc::ClientContext ctx;
     grpc::Status st = c.stub->PlanJob(&ctx, req, resp);
@@ -624,6 +628,8 @@ int MaxSeqLenCommand(CliContext& c, const Flags& f) {
       hi = mid;
     }
   }
+  // The plan a job of that length gets: the fastest that fits, with its prediction.
+  if (int rc = plan_at(lo, &best, /*fit_only=*/false); rc != 0) return rc;
   if (c.output == Output::kJson) {
     std::printf("{\"max_seq_len\":%lld,\"multiple_of\":%lld,\"plan\":%s}\n",
                 static_cast<long long>(lo), static_cast<long long>(m), ProtoJson(best).c_str());

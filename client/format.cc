@@ -334,10 +334,27 @@ std::string PlanText(const v1::PlanJobResponse& p) {
 }
 
 std::string NodeText(const v1::NodeInfo& n) {
-  std::string out = absl::StrFormat(
-      "node %s (%s): %d %s, %d free; host memory %s; %d running, %d queued\n", n.hostname(),
-      n.version(), n.slots(), n.gpus() > 0 ? "GPUs" : "CPU slots", n.free_slots(),
-      HumanBytes(n.host_memory_bytes()), n.jobs_running(), n.jobs_queued());
+  std::string out;
+  if (n.has_cluster()) {
+    const v1::ClusterInfo& c = n.cluster();
+    out = absl::StrFormat("node %s (%s): jobs run on %s; %d running, %d queued (%d pending in %s)\n",
+                          n.hostname(), n.version(), c.kind(), n.jobs_running(), n.jobs_queued(),
+                          c.jobs_pending(), c.kind());
+    const std::string where =
+        c.partition().empty() ? "every partition" : "partition " + c.partition();
+    if (c.error().empty()) {
+      absl::StrAppend(&out, absl::StrFormat("%s, %s: %d nodes, %d idle, %d busy, %d unavailable\n",
+                                            c.kind(), where, c.nodes(), c.nodes_idle(),
+                                            c.nodes_busy(), c.nodes_unavailable()));
+    } else {
+      absl::StrAppend(&out, c.kind(), ", ", where, ": cannot say (", c.error(), ")\n");
+    }
+  } else {
+    out = absl::StrFormat(
+        "node %s (%s): %d %s, %d free; host memory %s; %d running, %d queued\n", n.hostname(),
+        n.version(), n.slots(), n.gpus() > 0 ? "GPUs" : "CPU slots", n.free_slots(),
+        HumanBytes(n.host_memory_bytes()), n.jobs_running(), n.jobs_queued());
+  }
   if (!n.libraries().empty()) absl::StrAppend(&out, "libraries: ", n.libraries(), "\n");
   if (n.scheduling_paused()) {
     absl::StrAppend(&out, "scheduling paused (ithaca drain): queued jobs wait for "

@@ -155,6 +155,37 @@ TEST(FormatTest, NodeShowsTheLibrariesWorkersLoad) {
   EXPECT_EQ(NodeText(n).find("libraries:"), std::string::npos);
 }
 
+TEST(FormatTest, NodeUnderSlurmShowsTheClustersView) {
+  v1::NodeInfo n;
+  n.set_hostname("login-1");
+  n.set_version("ithacad 0.9.0");
+  n.set_jobs_running(1);
+  n.set_jobs_queued(3);
+  v1::ClusterInfo* c = n.mutable_cluster();
+  c->set_kind("slurm");
+  c->set_partition("gpu");
+  c->set_nodes(8);
+  c->set_nodes_idle(2);
+  c->set_nodes_busy(5);
+  c->set_nodes_unavailable(1);
+  c->set_jobs_running(1);
+  c->set_jobs_pending(2);
+  const std::string text = NodeText(n);
+  EXPECT_NE(text.find("node login-1 (ithacad 0.9.0): jobs run on slurm; 1 running, 3 queued "
+                      "(2 pending in slurm)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("slurm, partition gpu: 8 nodes, 2 idle, 5 busy, 1 unavailable"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("free"), std::string::npos) << text;  // no local slots
+  c->clear_partition();
+  c->set_error("sinfo: command not found");
+  EXPECT_NE(NodeText(n).find("slurm, every partition: cannot say (sinfo: command not found)"),
+            std::string::npos)
+      << NodeText(n);
+}
+
 google::protobuf::Timestamp At(absl::Time t) {
   google::protobuf::Timestamp ts;
   ts.set_seconds(absl::ToUnixSeconds(t));

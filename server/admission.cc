@@ -118,7 +118,7 @@ std::string SpecSource(const std::string& source) {
 absl::StatusOr<AdmittedSpec> ParseSubmission(
     const std::string& toml_text, const std::string& source_in, const std::string& base_dir,
     const Node& node, const std::string& daemon_dir, const std::vector<std::string>& allowed_roots,
-    const std::function<bool()>& cancelled, const InitJobLookup& init_job) {
+    const std::function<bool()>& cancelled, const InitJobLookup& init_job, bool fit_only) {
   const std::string source = SpecSource(source_in);
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -261,6 +261,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
   PlanLimits limits;
   limits.deadline = absl::Now() + kMaxPlanTime;
   limits.cancelled = cancelled;
+  limits.first_fit = fit_only;
   absl::StatusOr<ResolvedJob> resolved = ResolveJob(s, NodeResourcesFor(node, s), limits);
   if (!resolved.ok()) {
     return absl::Status(resolved.status().code(),
@@ -341,6 +342,8 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
     t->set_peak_bytes(p.peak[i]);
   }
   plan.set_per_rank_bytes(p.device_total());
+  plan.set_host_per_rank_bytes(p.host_total());
+  plan.set_host_budget_bytes(p.host_budget);
   plan.set_fits(p.fits);
   plan.set_recompute(RecomputeSetting(p));
   plan.set_predicted_step_s(p.predicted.step_s);

@@ -71,7 +71,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const Node& node, const std::string& daemon_dir = "",
                                              const std::vector<std::string>& allowed_roots = {},
                                              const std::function<bool()>& cancelled = nullptr,
-                                             const InitJobLookup& init_job = nullptr);
+                                             const InitJobLookup& init_job = nullptr,
+                                             bool fit_only = false);
 
 // The job's data, evaluation data and weights (model.weights, and init.from's when they exist)
 // opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it

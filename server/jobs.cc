@@ -308,7 +308,7 @@ absl::Status Jobs::Recover() {
 template <typename Request>
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& node,
                                          bool check_inputs, const std::function<bool()>& cancelled,
-                                         const std::string& after, bool plan) {
+                                         const std::string& after, bool plan, bool fit_only) {
   const std::string source = SpecSource(request.source());
   const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
   ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides));
@@ -352,7 +352,7 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   };
   absl::StatusOr<AdmittedSpec> admitted =
       ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
-                      options_.allowed_roots, cancelled, init_job);
+                      options_.allowed_roots, cancelled, init_job, fit_only);
   if (admitted.ok() && check_inputs) {
     absl::Status inputs = cancelled && cancelled() ? absl::CancelledError("the client went away")
                                                    : CheckInputs(*admitted, source);
@@ -464,8 +464,9 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
   if (!request.hardware().empty()) {
     ASSIGN_OR_RETURN(node, HardwareNode(request.hardware()));
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request, node, /*check_inputs=*/false, cancelled,
-                                                /*after=*/"", /*plan=*/true));
+  ASSIGN_OR_RETURN(AdmittedSpec admitted,
+                   Admit(request, node, /*check_inputs=*/false, cancelled,
+                         /*after=*/"", /*plan=*/true, request.fit_only()));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;
@@ -697,6 +698,31 @@ v1::NodeInfo Jobs::NodeInfo() {
   n.set_metrics_address(options_.metrics_address);
   n.set_state_dir(options_.state_dir);
   n.set_jobs_running(supervisor_.running_jobs());  // before taking mu_: see the locking note
+  if (const std::optional<SlurmDefaults>& slurm = options_.supervisor.slurm) {
+    // The cluster's view: the jobs run on its nodes (sinfo runs outside every lock).
+    v1::ClusterInfo* c = n.mutable_cluster();
+    c->set_kind("slurm");
+    c->set_partition(slurm->partition);
+    absl::StatusOr<SlurmClusterState> cluster = SlurmCluster(*slurm);
+    if (cluster.ok()) {
+      c->set_nodes(cluster->nodes);
+      c->set_nodes_idle(cluster->idle);
+      c->set_nodes_busy(cluster->busy);
+      c->set_nodes_unavailable(cluster->unavailable);
+    } else {
+      c->set_error(std::string(cluster.status().message()));
+    }
+    const Supervisor::ClusterJobs jobs = supervisor_.cluster_jobs();
+    c->set_jobs_running(jobs.running);
+    c->set_jobs_pending(jobs.pending);
+    n.set_gpus(0);
+    n.set_slots(0);
+    n.set_jobs_running(jobs.running);
+    std::lock_guard<std::mutex> lock(mu_);
+    n.set_scheduling_paused(scheduling_paused_);
+    n.set_jobs_queued(scheduler_.queued() + jobs.pending);
+    return n;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   n.set_free_slots(scheduler_.free_slots());
   n.set_scheduling_paused(scheduling_paused_);

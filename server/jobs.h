@@ -127,10 +127,11 @@ class Jobs : private JobOwner {
   // sent, or the override that set it.
   // `after`: the job the submission waits for (--after), which init.from = "job:ID" may name
   // before it has ended; "" for a plan, which takes a job's checkpoints as still to come.
+  // `fit_only`: the plan says only whether the job fits (PlanJobRequest.fit_only).
   template <typename Request>
   absl::StatusOr<AdmittedSpec> Admit(const Request& request, const Node& node, bool check_inputs,
                                      const std::function<bool()>& cancelled,
-                                     const std::string& after, bool plan);
+                                     const std::string& after, bool plan, bool fit_only = false);
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -227,6 +228,43 @@ absl::Status SlurmCancel(const std::string& slurm_id, int signal, const SlurmDef
     return absl::UnavailableError(absl::StrCat("scancel ", slurm_id, ": ", Said(*r)));
   }
   return absl::OkStatus();
+}
+
+void CountSlurmNodeState(const std::string& state, SlurmClusterState* s) {
+  ++s->nodes;
+  // A trailing "*" is a node that does not respond; "~" (powered off), "#", "!", "%", "$", "@"
+  // and "-" (planned) qualify a state the node still has.
+  if (absl::EndsWith(state, "*")) {
+    ++s->unavailable;
+    return;
+  }
+  std::string base = state;
+  while (!base.empty() && !absl::ascii_isalpha(static_cast<unsigned char>(base.back()))) {
+    base.pop_back();
+  }
+  if (base == "idle") {
+    ++s->idle;
+  } else if (base == "allocated" || base == "mixed" || base == "completing") {
+    ++s->busy;
+  } else {
+    ++s->unavailable;
+  }
+}
+
+absl::StatusOr<SlurmClusterState> SlurmCluster(const SlurmDefaults& d) {
+  std::vector<std::string> argv = {"sinfo", "-h", "-N", "-o", "%N|%T"};
+  if (!d.partition.empty()) argv.insert(argv.end(), {"-p", d.partition});
+  absl::StatusOr<CommandResult> r = RunCommand(argv, {}, d.command_timeout);
+  if (!r.ok()) return absl::UnavailableError(absl::StrCat("sinfo: ", r.status().message()));
+  if (r->exit_code != 0) return absl::UnavailableError(absl::StrCat("sinfo: ", Said(*r)));
+  SlurmClusterState s;
+  std::set<std::string> seen;  // -N prints a node once per partition it is in
+  for (absl::string_view line : absl::StrSplit(r->out, '\n', absl::SkipWhitespace())) {
+    std::vector<std::string> f = absl::StrSplit(absl::StripAsciiWhitespace(line), '|');
+    if (f.size() != 2 || !seen.insert(f[0]).second) continue;
+    CountSlurmNodeState(f[1], &s);
+  }
+  return s;
 }
 
 absl::StatusOr<SlurmJobState> SlurmQuery(const std::string& slurm_id, const SlurmDefaults& d) {

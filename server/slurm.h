@@ -82,6 +82,18 @@ int64_t SlurmDurationSeconds(const std::string& text);
 // squeue (every state Slurm still remembers), else sacct. UNAVAILABLE when Slurm cannot be asked.
 absl::StatusOr<SlurmJobState> SlurmQuery(const std::string& slurm_id, const SlurmDefaults& d);
 
+// What the cluster has, for `ithaca node` (sinfo over --slurm-partition, else every partition; a
+// node in several partitions counts once).
+struct SlurmClusterState {
+  int nodes = 0;
+  int idle = 0;         // idle
+  int busy = 0;         // allocated, mixed, completing
+  int unavailable = 0;  // down, drained, draining, failing, not responding ("*"), ...
+};
+absl::StatusOr<SlurmClusterState> SlurmCluster(const SlurmDefaults& d);
+// One node's state as sinfo's %T prints it ("idle", "mixed-", "down*") counted into `s`.
+void CountSlurmNodeState(const std::string& state, SlurmClusterState* s);
+
 // The lines of the job's batch output (<log_dir>/slurm-<id>.out) that say why it ended: srun's
 // errors and slurmstepd's "*** ... CANCELLED ... ***"; at most `max_lines`, newest last, joined
 // by "; ".

@@ -72,6 +72,18 @@ TEST(SlurmTest, DurationsAreReadAsSqueuePrintsThem) {
   EXPECT_EQ(SlurmDurationSeconds("INVALID"), -1);
 }
 
+TEST(SlurmTest, NodeStatesAreCountedAsSinfoPrintsThem) {
+  SlurmClusterState s;
+  for (const char* state : {"idle", "idle~", "mixed", "allocated", "completing", "mixed-", "down*",
+                            "idle*", "drained", "draining", "maint", "fail"}) {
+    CountSlurmNodeState(state, &s);
+  }
+  EXPECT_EQ(s.nodes, 12);
+  EXPECT_EQ(s.idle, 2);
+  EXPECT_EQ(s.busy, 4);
+  EXPECT_EQ(s.unavailable, 6);  // down*, idle* (not responding), drained, draining, maint, fail
+}
+
 TEST(SlurmTest, TheBatchOutputsErrorsNameTheFailedNodeFirst) {
   const std::string dir = TmpDir();
   std::ofstream(dir + "/slurm-12.out")

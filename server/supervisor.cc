@@ -42,6 +42,16 @@ int Supervisor::running_jobs() {
   return static_cast<int>(active_.size());
 }
 
+Supervisor::ClusterJobs Supervisor::cluster_jobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ClusterJobs c;
+  for (const auto& [id, job] : active_) {
+    if (job->slurm_id.empty()) continue;
+    ++(job->slurm_running ? c.running : c.pending);
+  }
+  return c;
+}
+
 std::string Supervisor::DaemonAddressPath(const std::string& log_dir) {
   return log_dir + "/daemon.addr";
 }

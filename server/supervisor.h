@@ -178,6 +178,13 @@ class Supervisor {
   absl::StatusOr<std::optional<v1::Job>> Cancel(const std::string& job_id,
                                                 const std::string& reason);
   int running_jobs();
+  // Under Slurm: this daemon's jobs that Slurm runs, and those it holds PENDING (or has not
+  // been asked about yet).
+  struct ClusterJobs {
+    int running = 0;
+    int pending = 0;
+  };
+  ClusterJobs cluster_jobs();
 
   // Kills the processes of `pgid` that are workers of `job_id`, left by a daemon that died;
   // returns how many. The environment check keeps a reused process-group id from hitting

@@ -97,6 +97,10 @@ class MetaOps final : public Ops {
 struct PlanLimits {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // unset: never
+  // The search (PlanJob) stops at the first configuration that fits, trying the most frugal
+  // first, and predicts no step time: whether a job fits at all (`ithaca plan --max-seq-len`
+  // asks it at every length it tries), not its fastest plan.
+  bool first_fit = false;
 };
 
 class MetaAllocator final : public Allocator {

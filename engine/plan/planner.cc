@@ -260,7 +260,9 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;
   req.act = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   req.opts = ModelOptionsFromSpec(spec);
-  req.rates = hardware.rates != nullptr ? hardware.rates : &DefaultRateTable(req.device);
+  req.rates = limits.first_fit        ? nullptr
+              : hardware.rates != nullptr ? hardware.rates
+                                          : &DefaultRateTable(req.device);
   if (!hardware.link.name.empty()) {
     req.link = hardware.link;
   } else {
@@ -285,11 +287,14 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   // many of the last blocks as fit, the others full) and full.
   const JobSpec::Memory& m = spec.memory;
   const bool auto_policy = m.recompute == RecomputePolicy::kAuto;
-  const std::vector<RecomputePolicy> policies =
+  std::vector<RecomputePolicy> policies =
       auto_policy ? std::vector<RecomputePolicy>{RecomputePolicy::kNone,
                                                  RecomputePolicy::kAttentionAware,
                                                  RecomputePolicy::kFull}
                   : std::vector<RecomputePolicy>{m.recompute};
+  // Whether anything fits: full recompute holds the least of the three (on the device and on the
+  // host), so under "auto" when it does not fit, nothing does.
+  if (limits.first_fit && auto_policy) policies = {RecomputePolicy::kFull};
   // How saved block data is kept and communication overlapped: the spec's own choice, then
   // (only when head_chunk is "auto", i.e. the planner may choose) the same without overlap,
   // then offload with prefetch, offload without it, and saving only every 2nd, 4th or 8th
@@ -322,6 +327,13 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
         const bool fewer = m.saved_block_inputs == 0 || n < m.saved_block_inputs;
         if (fewer && n < L && !m.offload) keeps.push_back({false, m.prefetch, 1, false, n});
       }
+    }
+    if (limits.first_fit) {
+      // Whether anything fits: overlap and prefetch only add buffers to a way of keeping block
+      // data that is also tried without them.
+      keeps.erase(std::remove_if(keeps.begin() + 1, keeps.end(),
+                                 [](const Keep& k) { return k.overlap || (k.offload && k.prefetch); }),
+                  keeps.end());
     }
     return keeps;
   };
@@ -358,6 +370,8 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     return absl::InvalidArgumentError(
         "memory.param_offload = true needs memory.optimizer_offload = true (or \"auto\")");
   }
+  // Whether anything fits: the state on the host first (it frees the most device memory).
+  if (limits.first_fit) std::reverse(offloads.begin(), offloads.end());
   // Moving state to the host costs host memory and CPU the prediction does not weigh (other
   // jobs', the data loader's): it must be predicted kOffloadGain faster than keeping it on the
   // device, or be the only way that fits.
@@ -402,6 +416,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
           }
           ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
           if (!frugal.fits) continue;
+          if (limits.first_fit) return frugal;
         }
         // The largest head stage, then tile, that fits this way of keeping block data: smaller
         // stages and tiles never need more memory, so each is a binary search (the frugal

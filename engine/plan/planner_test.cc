@@ -396,6 +396,39 @@ TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
   EXPECT_NE(impossible->verdict.find("GiB of GPU memory"), std::string::npos);
 }
 
+// `ithaca plan --max-seq-len` asks only whether a length fits (PlanLimits::first_fit): the
+// answer must be the full search's, over budgets from roomy to impossible, with every auto
+// setting free.
+TEST(PlannerTest, FirstFitSaysWhatTheFullSearchSays) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";
+  spec.data.seq_len = 1 << 17;
+  spec.memory.recompute = RecomputePolicy::kAuto;
+  spec.memory.optimizer_offload = OffloadChoice::kAuto;
+  PlanLimits first_fit;
+  first_fit.first_fit = true;
+  int fitting = 0;
+  for (int64_t gib : {80, 12, 9, 8, 6, 4}) {
+    for (int64_t host_gib : {4, 64}) {
+      auto full = PlanJob(spec, gib << 30, host_gib << 30);
+      auto quick = PlanJob(spec, gib << 30, host_gib << 30, first_fit);
+      ASSERT_TRUE(full.ok()) << full.status();
+      ASSERT_TRUE(quick.ok()) << quick.status();
+      EXPECT_EQ(quick->fits, full->fits) << gib << " GiB, host " << host_gib << " GiB: "
+                                         << quick->verdict << " / " << full->verdict;
+      EXPECT_EQ(quick->predicted.step_s, 0);  // no step-time prediction
+      if (quick->fits) {
+        EXPECT_LE(quick->device_total(), gib << 30);
+        EXPECT_LE(quick->host_total(), host_gib << 30);
+      }
+      fitting += full->fits;
+    }
+  }
+  EXPECT_GT(fitting, 2);   // the sweep crosses the boundary both ways
+  EXPECT_LT(fitting, 10);
+}
+
 }  // namespace
 }  // namespace ithaca
 

@@ -112,7 +112,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   }
   RETURN_IF_ERROR(plan.status());
   job.plan = *plan;
-  if (!job.plan.fits) job.plan.verdict += FitSuggestion(s, job.config, node, limits);
+  if (!job.plan.fits && !limits.first_fit) {
+    job.plan.verdict += FitSuggestion(s, job.config, node, limits);
+  }
   s.memory.head_chunk = job.plan.head_chunk;
   s.memory.tile_tokens = job.plan.tile_tokens;
   s.memory.offload = job.plan.offload;

@@ -338,6 +338,16 @@ echo "== 8. a node that never starts"
 spec down 6 2 > "$T/down.toml"
 J4=$("$C" submit "$T/down.toml" -q)
 t0=$(date +%s)
+# ithaca node shows the cluster's view: two nodes (slurmctld notices n2 is gone only after
+# SlurmdTimeout), the job pending in Slurm, no local slots.
+for _ in $(seq 100); do
+  "$C" node > "$T/node8.txt" && grep -q "(1 pending in slurm)" "$T/node8.txt" && break
+  sleep 0.2
+done
+grep -q "jobs run on slurm; 0 running, 1 queued (1 pending in slurm)" "$T/node8.txt" \
+  && grep -q "^slurm, every partition: 2 nodes, [0-9]* idle, 0 busy, [0-9]* unavailable" "$T/node8.txt" \
+  && ! grep -q "free" "$T/node8.txt" \
+  || { cat "$T/node8.txt" >&2; fail "ithaca node does not show Slurm's view with $J4 pending"; }
 "$C" wait "$J4" --timeout 150 >/dev/null && fail "job $J4 succeeded with a node down"
 reason=$(field "$J4" reason)
 echo "reason ($(( $(date +%s) - t0 )) s): $reason"
