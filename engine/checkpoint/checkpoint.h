@@ -187,6 +187,11 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
                                                       const std::vector<UnitSlice>& slices,
                                                       const Optimizer::UnitSink& sink = nullptr);
 
+// A step directory holds only directories and regular files, reached without following a
+// symbolic link (the step itself neither): DATA_LOSS naming the first entry that is not, without
+// saying anything of where a link leads. Every reader of a step (manifest, state, config) checks.
+absl::Status CheckCheckpointStep(const std::string& path);
+
 // manifest.json: every other file of a checkpoint, with its size and CRC-32.
 struct CheckpointManifest {
   struct File {

@@ -215,7 +215,8 @@ TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
   absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(ck, f.layout);
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(loaded.status().message().find("optimizer.safetensors: checksum mismatch"),
+  EXPECT_NE(loaded.status().message().find(
+                "optimizer.safetensors: not the checksum the manifest says: corrupt"),
             std::string::npos)
       << loaded.status();
 
@@ -223,9 +224,11 @@ TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
   ASSERT_EQ(truncate((dir + "/step-00000002/state.json").c_str(), 3), 0);
   loaded = LoadCheckpoint(dir + "/step-00000002", f.layout);
   ASSERT_FALSE(loaded.ok());
-  EXPECT_NE(loaded.status().message().find("state.json: 3 bytes, the manifest says"),
+  EXPECT_NE(loaded.status().message().find("state.json: not the size the manifest says"),
             std::string::npos)
       << loaded.status();
+  // No fact about the file reaches the reason: neither its size nor its checksum.
+  EXPECT_EQ(loaded.status().message().find(" 3 "), std::string::npos) << loaded.status();
 
   // Without its manifest a step directory is not a checkpoint at all.
   ASSERT_EQ(unlink((dir + "/step-00000002/manifest.json").c_str()), 0);
@@ -236,6 +239,37 @@ TEST(CheckpointTest, ADamagedFileIsDataLossNamingIt) {
 // not an abort in the trainer (issue 43 N8).
 // Issue 43 N17: a manifest that lists nothing (or leaves out a part) verified nothing, and a
 // resume loaded whatever the step held. Each part a checkpoint has must be listed.
+// A step whose directory (or any entry) is a symbolic link is refused before anything is read
+// through it, and the reason says nothing of the file it leads to (issue 43 N6).
+TEST(CheckpointTest, AResumeFollowsNoLinkInAStep) {
+  Fixture f;
+  const std::string dir = FreshDir("links");
+  ASSERT_TRUE(f.Save(dir, 1).ok());
+  const std::string ck = dir + "/step-00000001";
+  // A secret outside the checkpoint, and a manifest that lists it through a linked directory.
+  const std::string outside = FreshDir("links-outside");
+  { std::ofstream(outside + "/secret") << "0123456789"; }
+  ASSERT_EQ(rename((ck + "/model").c_str(), (dir + "/real-model").c_str()), 0);
+  ASSERT_EQ(symlink(outside.c_str(), (ck + "/model").c_str()), 0);
+  for (auto load : {+[](const std::string& p, const ParamLayout& l) {
+                      return LoadCheckpoint(p, l).status();
+                    },
+                    +[](const std::string& p, const ParamLayout&) { return VerifyCheckpoint(p); }}) {
+    const absl::Status st = load(ck, f.layout);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find(ck + "/model: a symbolic link"), std::string::npos) << st;
+    EXPECT_EQ(st.message().find("secret"), std::string::npos) << st;
+  }
+  // The step directory itself a link: refused too.
+  ASSERT_EQ(unlink((ck + "/model").c_str()), 0);
+  ASSERT_EQ(rename((dir + "/real-model").c_str(), (ck + "/model").c_str()), 0);
+  ASSERT_TRUE(LoadCheckpoint(ck, f.layout).ok());  // whole again
+  ASSERT_EQ(symlink(ck.c_str(), (dir + "/step-00000009").c_str()), 0);
+  const absl::Status st = VerifyCheckpoint(dir + "/step-00000009");
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("links are not followed"), std::string::npos) << st;
+}
+
 TEST(CheckpointTest, AManifestMustListEveryPart) {
   Fixture f;
   const std::string dir = FreshDir("manifest");
