@@ -281,7 +281,14 @@ std::string JobDetails(const v1::Job& job) {
     }
   }
   absl::StrAppend(&out, "  history:\n");
-  for (const v1::StateTransition& t : job.transitions()) {
+  // The daemon keeps the first 16 transitions and the newest (job.proto transitions_omitted).
+  constexpr int kKeptFirst = 16;
+  for (int i = 0; i < job.transitions_size(); ++i) {
+    const v1::StateTransition& t = job.transitions(i);
+    if (i == kKeptFirst && job.transitions_omitted() > 0) {
+      absl::StrAppend(&out, "    ... ", job.transitions_omitted(),
+                      " transitions not kept (restarts, drains, requeues) ...\n");
+    }
     absl::StrAppend(&out, "    ", Time(t.time()), "  ", StateName(t.to()),
                     t.reason().empty() ? "" : "  (" + Printable(t.reason()) + ")", "\n");
   }

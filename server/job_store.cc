@@ -243,14 +243,32 @@ absl::Status JobStore::Migrate() {
              "PRAGMA user_version = 4;"
              "COMMIT;"));
   }
+  auto has_column = [&](const char* name) -> absl::StatusOr<bool> {
+    Stmt has(db_, "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = ?");
+    has.Bind(1, std::string(name));
+    ASSIGN_OR_RETURN(bool has_row, has.Step());
+    return has_row && has.Int(0) > 0;
+  };
   // Version 4 → 5: the job a job waits for (submit --after).
-  Stmt has(db_, "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'after_job'");
-  ASSIGN_OR_RETURN(bool has_row, has.Step());
-  const bool has_column = has_row && has.Int(0) > 0;
-  has.Reset();
+  if (version < 5) {
+    ASSIGN_OR_RETURN(bool after, has_column("after_job"));
+    RETURN_IF_ERROR(Exec(absl::StrCat(
+        "BEGIN;", after ? "" : "ALTER TABLE jobs ADD COLUMN after_job TEXT NOT NULL DEFAULT '';",
+        "PRAGMA user_version = 5;"
+        "COMMIT;")));
+  }
+  // Version 5 → 6: the restart count, kept apart from the transitions (which are bounded now:
+  // the oldest past kKeptFirstTransitions go), and how many transitions were dropped.
+  ASSIGN_OR_RETURN(bool restarts, has_column("restarts"));
+  ASSIGN_OR_RETURN(bool dropped, has_column("transitions_dropped"));
   return Exec(absl::StrCat(
-      "BEGIN;", has_column ? "" : "ALTER TABLE jobs ADD COLUMN after_job TEXT NOT NULL DEFAULT '';",
-      "PRAGMA user_version = 5;"
+      "BEGIN;",
+      restarts ? "" : "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;",
+      dropped ? "" : "ALTER TABLE jobs ADD COLUMN transitions_dropped INTEGER NOT NULL DEFAULT 0;",
+      // Restarts so far: the transitions to QUEUED whose reason starts "restart ".
+      "UPDATE jobs SET restarts = (SELECT COUNT(*) FROM transitions t WHERE t.job_id = jobs.id"
+      " AND t.to_state = ", int64_t{v1::JOB_STATE_QUEUED}, " AND t.reason LIKE 'restart %');",
+      "PRAGMA user_version = 6;"
       "COMMIT;"));
 }
 
@@ -349,7 +367,7 @@ absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {
 absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
   Stmt q(db_,
          "SELECT record, state, reason, failed_rank IS NOT NULL, failed_rank, updated_ms, slots,"
-         " cluster_job, after_job FROM jobs WHERE id = ?");
+         " cluster_job, after_job, restarts, transitions_dropped FROM jobs WHERE id = ?");
   q.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, q.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("job \"", BoundedId(id), "\" not found"));
@@ -370,6 +388,8 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
   }
   job.set_cluster_job(q.Text(7));
   job.set_after(q.Text(8));
+  job.set_restarts(static_cast<int32_t>(q.Int(9)));
+  job.set_transitions_omitted(q.Int(10));
   Stmt t(db_,
          "SELECT from_state, to_state, time_ms, reason FROM transitions WHERE job_id = ?"
          " ORDER BY seq");
@@ -426,7 +446,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>&
 
 absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
                                              const std::string& reason_in,
-                                             std::optional<int> failed_rank) {
+                                             std::optional<int> failed_rank, bool restart) {
   const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
   std::lock_guard<std::mutex> lock(mu_);
   Stmt q(db_,
@@ -455,10 +475,28 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
       up.Bind(4, id);
     }
     RETURN_IF_ERROR(up.Run());
+    if (restart) {
+      Stmt count(db_, "UPDATE jobs SET restarts = restarts + 1 WHERE id = ?");
+      count.Bind(1, id);
+      RETURN_IF_ERROR(count.Run());
+    }
     Stmt tr(db_, "INSERT INTO transitions VALUES(?, ?, ?, ?, ?, ?)");
     tr.Bind(1, id).Bind(2, last_seq + 1).Bind(3, int64_t{from}).Bind(4, int64_t{to});
     tr.Bind(5, now).Bind(6, reason);
-    return tr.Run();
+    RETURN_IF_ERROR(tr.Run());
+    // Bounded: the first kKeptFirstTransitions (how the job began) and the newest, up to
+    // kMaxTransitions in all; the one in between that goes is counted.
+    const int64_t drop = last_seq + 1 - kKeptFirstTransitions -
+                         (kMaxTransitions - kKeptFirstTransitions);
+    if (drop <= 0) return absl::OkStatus();
+    const int64_t victim = kKeptFirstTransitions + drop;  // seqs are 1-based and never reused
+    Stmt del(db_, "DELETE FROM transitions WHERE job_id = ? AND seq = ?");
+    del.Bind(1, id).Bind(2, victim);
+    RETURN_IF_ERROR(del.Run());
+    Stmt counted(db_,
+                 "UPDATE jobs SET transitions_dropped = transitions_dropped + changes() WHERE id = ?");
+    counted.Bind(1, id);
+    return counted.Run();
   }));
   return GetLocked(id);
 }

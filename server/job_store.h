@@ -33,7 +33,7 @@ namespace ithaca {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
   // The step history keeps rank 0's every step up to kHistoryDenseSteps, then every
   // kHistoryEvery-th, and the other ranks' every kHistoryEvery-th (and every rank's last step):
   // a million-step job keeps ~100k rows per rank 0, not a million.
@@ -70,9 +70,15 @@ class JobStore {
                                             int64_t before_seq = 0);
 
   // Moves a job to `to`, recording the time and reason. FAILED_PRECONDITION when the state
-  // machine does not allow it (for example out of a terminal state).
+  // machine does not allow it (for example out of a terminal state). `restart`: its [retry]
+  // policy queues it again (Job.restarts counts these). A job keeps its first
+  // kKeptFirstTransitions transitions and its newest, kMaxTransitions in all (restarts, drains
+  // and requeues are unbounded over a job's life); Job.transitions_omitted counts the others.
+  static constexpr int64_t kKeptFirstTransitions = 16;
+  static constexpr int64_t kMaxTransitions = 200;
   absl::StatusOr<v1::Job> Transition(const std::string& id, JobState to, const std::string& reason,
-                                     std::optional<int> failed_rank = std::nullopt);
+                                     std::optional<int> failed_rank = std::nullopt,
+                                     bool restart = false);
   // The slots and process group a job's workers run in (pgid 0: none).
   absl::Status SetLaunch(const std::string& id, const std::vector<int>& slots, int pgid);
   absl::StatusOr<int> ProcessGroup(const std::string& id);

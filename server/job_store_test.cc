@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "engine/spec/job_spec.h"
 
 namespace ithaca {
@@ -290,6 +291,64 @@ TEST(JobStoreTest, MigratesAVersion4StoreAndKeepsTheJobAJobWaitsFor) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(q, 0))), "job-1");
   sqlite3_finalize(q);
   sqlite3_close(check);
+}
+
+// A job restarted, drained and requeued without end keeps a bounded history (issue 43 N7): its
+// first transitions and its newest, the others counted, and its restarts counted exactly.
+TEST(JobStoreTest, TransitionsAreBoundedAndRestartsCountedApart) {
+  auto store = OpenMemory();
+  ASSERT_TRUE(store->Create(Template("cycling"), "submitted").ok());
+  const int kCycles = 400;  // each: STARTING, RUNNING, then QUEUED again (a restart or a drain)
+  for (int i = 0; i < kCycles; ++i) {
+    ASSERT_TRUE(store->Transition("job-1", v1::JOB_STATE_STARTING, "start").ok());
+    ASSERT_TRUE(store->Transition("job-1", v1::JOB_STATE_RUNNING, "run").ok());
+    const bool restart = i % 2 == 0;
+    ASSERT_TRUE(store
+                    ->Transition("job-1", v1::JOB_STATE_QUEUED,
+                                 absl::StrCat(restart ? "restart " : "drained ", i),
+                                 std::nullopt, restart)
+                    .ok());
+  }
+  absl::StatusOr<v1::Job> job = store->Get("job-1");
+  ASSERT_TRUE(job.ok());
+  const int64_t total = 1 + 3 * kCycles;
+  EXPECT_EQ(job->transitions_size(), JobStore::kMaxTransitions);
+  EXPECT_EQ(job->transitions_omitted(), total - JobStore::kMaxTransitions);
+  EXPECT_EQ(job->restarts(), kCycles / 2);
+  EXPECT_EQ(job->transitions(0).reason(), "submitted");  // how it began
+  EXPECT_EQ(job->transitions(JobStore::kKeptFirstTransitions - 1).to(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job->transitions(job->transitions_size() - 1).reason(),
+            absl::StrCat("drained ", kCycles - 1));  // and where it is now
+  EXPECT_LT(job->ByteSizeLong(), 64 << 10);
+}
+
+// A version 5 store's restarts are counted from its transitions when it is opened.
+TEST(JobStoreTest, MigratesAVersion5StoreCountingItsRestarts) {
+  const std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/job_store_v5.db";
+  unlink(path.c_str());
+  {
+    auto store = JobStore::Open({path});
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Create(Template("a"), "s").ok());
+    for (const char* reason : {"restart 1 of 3 in 0 s", "drained by ithacad"}) {
+      ASSERT_TRUE((*store)->Transition("job-1", v1::JOB_STATE_STARTING, "").ok());
+      ASSERT_TRUE((*store)->Transition("job-1", v1::JOB_STATE_QUEUED, reason).ok());
+    }
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE jobs DROP COLUMN restarts; ALTER TABLE jobs DROP COLUMN "
+                         "transitions_dropped; PRAGMA user_version = 5",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  auto store = JobStore::Open({path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get("job-1")->restarts(), 1);
+  EXPECT_EQ((*store)->Get("job-1")->transitions_omitted(), 0);
 }
 
 TEST(JobStoreTest, SurvivesReopenAndRefusesNewerSchemas) {

@@ -161,18 +161,6 @@ std::string ResumableCheckpoint(const v1::Job& job) {
 
 constexpr char kRestartReason[] = "restart ";
 
-int RestartsOf(const v1::Job& job) {
-  int n = 0;
-  for (const v1::StateTransition& t : job.transitions()) {
-    if (t.to() == v1::JOB_STATE_QUEUED && absl::StartsWith(t.reason(), kRestartReason)) ++n;
-  }
-  return n;
-}
-
-v1::Job WithRestarts(v1::Job job) {
-  job.set_restarts(RestartsOf(job));
-  return job;
-}
 
 }  // namespace
 
@@ -476,7 +464,7 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
 
 absl::StatusOr<v1::Job> Jobs::Get(const std::string& id) {
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
-  return WithRestarts(std::move(job));
+  return job;
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> Jobs::History(const std::string& id) {
@@ -513,7 +501,7 @@ absl::StatusOr<v1::ListJobsResponse> Jobs::List(const v1::ListJobsRequest& reque
       break;
     }
     bytes += size;
-    *response.add_jobs() = WithRestarts(std::move(jobs[i]));
+    *response.add_jobs() = std::move(jobs[i]);
   }
   return response;
 }
@@ -683,7 +671,7 @@ void Jobs::PublishState(const std::string& id, const v1::Job& job) {
   } else {
     e.mutable_state()->set_to(job.state());
   }
-  *e.mutable_job() = WithRestarts(job);
+  *e.mutable_job() = job;
   EventsLocked(id)->Append(std::move(e));
 }
 
@@ -842,7 +830,7 @@ bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason) {
   if (!job.ok() || shutting_down_) return false;
   absl::StatusOr<JobSpec> spec = ParseJobSpec(job->spec_toml(), "job " + job_id);
   if (!spec.ok()) return false;
-  const int restarts = RestartsOf(*job);
+  const int restarts = job->restarts();
   if (restarts >= spec->retry.max_restarts) return false;
   const double backoff = spec->retry.backoff_seconds;
   const std::string checkpoint = ResumableCheckpoint(*job);
@@ -850,7 +838,8 @@ bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason) {
       job_id, v1::JOB_STATE_QUEUED,
       absl::StrCat(kRestartReason, restarts + 1, " of ", spec->retry.max_restarts, " in ", backoff,
                    " s, ", checkpoint.empty() ? "from the start" : "from " + checkpoint,
-                   "; after: ", reason));  // which names the rank: failed_rank is for FAILED
+                   "; after: ", reason),  // which names the rank: failed_rank is for FAILED
+      std::nullopt, /*restart=*/true);
   if (!queued.ok()) return false;
   PublishState(job_id, *queued);
   backing_off_[job_id] = {absl::Now() + absl::Seconds(backoff),
