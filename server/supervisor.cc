@@ -567,6 +567,10 @@ void Supervisor::FinalizeLocked(Active& job) {
     job.outcome = v1::JOB_STATE_FAILED;
     job.reason = "workers exited";
   }
+  if (!job.unstored_steps.empty()) {
+    absl::StrAppend(&job.reason, "; its history lacks ", job.unstored_steps.size(),
+                    " step report(s) that could not be stored (", job.unstored_error, ")");
+  }
   // The job's live gauges go before its end is stored: whoever sees the end (a watch, a status)
   // and then reads /metrics finds them gone.
   metrics_->OnJobFinished(job.id);
@@ -658,17 +662,25 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   Rank& r = a->ranks[step.rank()];
   r.last_heartbeat = absl::Now();
   if (step.step() <= r.last_step) return absl::OkStatus();  // re-sent after a daemon restart
-  if (r.remote) {
-    v1::StepReport on_node = step;
-    on_node.set_node(r.node);
-    metrics_->OnStep(a->id, step.rank(), r.slot, "", on_node);
-    RETURN_IF_ERROR(owner_->OnStep(a->id, on_node));
-    r.last_step = step.step();
-    return absl::OkStatus();
+  v1::StepReport report = step;
+  if (r.remote) report.set_node(r.node);
+  // A store that cannot take the report (its disk full): the rank keeps it and sends it again
+  // (RESOURCE_EXHAUSTED, worker/daemon_mode.cc), and until then it is counted as a gap.
+  const std::pair<int, int64_t> key{step.rank(), step.step()};
+  if (absl::Status stored = owner_->OnStep(a->id, report); !stored.ok()) {
+    if (a->unstored_steps.empty()) a->unstored_error = std::string(stored.message());
+    a->unstored_steps.insert(key);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ithacad could not store step ", step.step(), " of rank ", step.rank(), " (",
+                     stored.message(), "); send it again"));
   }
-  const NodeDevice& dev = node_.devices[r.slot];
-  metrics_->OnStep(a->id, step.rank(), dev.index, dev.uuid, step);
-  RETURN_IF_ERROR(owner_->OnStep(a->id, step));
+  a->unstored_steps.erase(key);
+  if (r.remote) {
+    metrics_->OnStep(a->id, step.rank(), r.slot, "", report);
+  } else {
+    const NodeDevice& dev = node_.devices[r.slot];
+    metrics_->OnStep(a->id, step.rank(), dev.index, dev.uuid, report);
+  }
   r.last_step = step.step();
   return absl::OkStatus();
 }

@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -232,6 +233,11 @@ class Supervisor {
     std::string rendezvous;
     std::string log_dir;
     std::string secret;  // every rank's ITHACA_JOB_SECRET
+    // Step reports the store could not take (a full state disk): (rank, step), until the rank
+    // sends them again and they are stored; what is left when the job ends is named in its
+    // reason, so the history's gap is said, not silent.
+    std::set<std::pair<int, int64_t>> unstored_steps;
+    std::string unstored_error;
     std::vector<Rank> ranks;
     int pgid = 0;
     absl::Time launched;

@@ -70,6 +70,10 @@ class RecordingOwner : public JobOwner {
   absl::Status OnStep(const std::string& id, const v1::StepReport& step) override {
     absl::SleepFor(step_delay);  // a store write that waits on a slow disk
     std::lock_guard<std::mutex> lock(mu_);
+    if (failing_steps > 0) {  // a full state disk
+      --failing_steps;
+      return absl::InternalError("job store: database or disk is full");
+    }
     steps_[id].push_back(step.step());
     return absl::OkStatus();
   }
@@ -124,6 +128,7 @@ class RecordingOwner : public JobOwner {
   }
 
   absl::Duration step_delay;  // set before the first report
+  int failing_steps = 0;      // this many next OnStep calls fail
 
  private:
   std::mutex mu_;
@@ -378,6 +383,49 @@ TEST(SupervisorTest, ADaemonThatStalledDoesNotBlameItsRanks) {
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(end->reason, "stopped heart-beating")) << end->reason;
+}
+
+// A step report the store cannot take (its disk full) is refused as RESOURCE_EXHAUSTED, so the
+// rank keeps it and sends it again; one never stored is named in the job's reason (issue 43 N13).
+TEST(SupervisorTest, AStepTheStoreCannotTakeIsResentOrNamed) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor supervisor(WithWorker(Script("brief.sh", "sleep 1.5; exit 0")), CpuNode(1), &owner,
+                        &metrics);
+  supervisor.Start();
+  owner.Queue("job-full", 1);
+  supervisor.Wake();
+  const int pgid = owner.WaitLaunched("job-full");
+  ASSERT_GT(pgid, 0);
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-full");
+  ASSERT_TRUE(record.ok()) << record.status();
+  v1::RegisterRequest request;
+  request.set_job_id("job-full");
+  request.set_rank(0);
+  request.set_pid(pgid);
+  request.set_secret(record->secret);
+  ASSERT_TRUE(supervisor.Register(request).ok());
+  v1::ReportStepRequest step;
+  step.set_job_id("job-full");
+  step.mutable_step()->set_rank(0);
+  step.mutable_step()->set_step(1);
+  owner.failing_steps = 2;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const absl::Status st = supervisor.ReportStep(step);
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "could not store step 1 of rank 0")) << st;
+  }
+  EXPECT_TRUE(supervisor.ReportStep(step).ok());  // sent again once there is room: stored
+  owner.failing_steps = 1;
+  step.mutable_step()->set_step(2);
+  EXPECT_EQ(supervisor.ReportStep(step).code(), absl::StatusCode::kResourceExhausted);
+  std::optional<Ended> end = owner.WaitEnded("job-full");  // the rank exits without resending
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->outcome, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(absl::StrContains(end->reason, "its history lacks 1 step report(s) that could not "
+                                             "be stored (job store: database or disk is full)"))
+      << end->reason;
+  EXPECT_EQ(owner.Steps("job-full"), std::vector<int64_t>{1});
 }
 
 TEST(SupervisorTest, AWorkerThatNeverRegistersFailsItsJob) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <variant>
 
@@ -371,6 +372,18 @@ class DaemonLink {
                             [this] { return reports_abandoned_.load(); });
         continue;
       }
+      // The daemon could not store it (its state disk full): sent again each second while the
+      // rank trains; once it exits, for at most kStoreRetry, then the daemon names the gap.
+      if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        const auto now = std::chrono::steady_clock::now();
+        if (!reports_done_) store_retry_until_.reset();
+        if (reports_done_ && !store_retry_until_) store_retry_until_ = now + kStoreRetry;
+        if (!store_retry_until_ || now < *store_retry_until_) {
+          report_cv_.wait_for(lock, std::chrono::seconds(1),
+                              [this] { return reports_abandoned_.load(); });
+          if (!reports_abandoned_.load()) continue;
+        }
+      }
       reports_.pop_front();
       if (!st.ok()) {
         std::fprintf(stderr, "rank %d: report %s: %s\n", o_.rank,
@@ -408,6 +421,9 @@ class DaemonLink {
   bool reports_done_ = false;
   // The daemon disowned the job: queued reports are dropped instead of waited on.
   std::atomic<bool> reports_abandoned_{false};
+  // A report the daemon could not store is retried this long after the rank's training ended.
+  static constexpr std::chrono::seconds kStoreRetry{30};
+  std::optional<std::chrono::steady_clock::time_point> store_retry_until_;
   std::thread sender_;
   std::thread thread_;
   std::mutex mu_;
