@@ -18,11 +18,12 @@ absl::Status EvalPathError(const absl::Status& st) {
   return absl::Status(st.code(), absl::StrCat("eval.path: ", st.message()));
 }
 
-absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> OpenTokenFiles(const std::string& path) {
+absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> OpenTokenFiles(const std::string& path,
+                                                                       int64_t check_limit) {
   ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPath(path));
   std::vector<std::unique_ptr<TokenFile>> files;
   for (const std::string& p : paths) {
-    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p));
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> f, TokenFile::Open(p, check_limit));
     files.push_back(std::move(f));
   }
   return files;
@@ -42,13 +43,14 @@ DataOptions DataOptionsFor(const JobSpec& spec, const LlamaConfig& cfg) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec,
-                                                             const LlamaConfig& cfg) {
+                                                             const LlamaConfig& cfg,
+                                                             int64_t check_limit) {
   DataOptions options = DataOptionsFor(spec, cfg);
   options.shuffle = spec.data.shuffle;
   options.seed = spec.training.seed;
   if (spec.data.weights.empty()) {
     ASSIGN_OR_RETURN(std::vector<std::unique_ptr<TokenFile>> files,
-                     OpenTokenFiles(spec.data.path));
+                     OpenTokenFiles(spec.data.path, check_limit));
     return DataLoader::Create(std::move(files), spec.data.seq_len, cfg.vocab_size, options);
   }
   // data.weights: one source per alternative of data.path's brace group (ParseJobSpec checked
@@ -56,7 +58,7 @@ absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec
   ASSIGN_OR_RETURN(std::vector<std::string> patterns, SplitDataSources(spec.data.path));
   std::vector<std::vector<std::unique_ptr<TokenFile>>> sources;
   for (const std::string& pattern : patterns) {
-    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<TokenFile>> files, OpenTokenFiles(pattern));
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<TokenFile>> files, OpenTokenFiles(pattern, check_limit));
     sources.push_back(std::move(files));
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> slots, DataMixSlots(spec.data.weights));
@@ -67,11 +69,11 @@ absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec
 absl::StatusOr<std::unique_ptr<DataLoader>> OpenEvalData(const JobSpec& spec,
                                                          const LlamaConfig& cfg,
                                                          const TokenFile* training_file,
-                                                         int64_t dp) {
+                                                         int64_t dp, int64_t check_limit) {
   if (spec.eval.path.empty()) {
     return absl::InvalidArgumentError("eval.path: the job has no [eval] section");
   }
-  absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> files = OpenTokenFiles(spec.eval.path);
+  absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> files = OpenTokenFiles(spec.eval.path, check_limit);
   if (!files.ok()) return EvalPathError(files.status());
   DataOptions options = DataOptionsFor(spec, cfg);
   options.shuffle = false;  // the same windows, in the same order, every time
@@ -131,13 +133,14 @@ absl::StatusOr<std::vector<std::string>> CheckJobInputs(const JobSpec& spec,
   std::vector<std::string> warnings;
   std::unique_ptr<DataLoader> train;
   if (!spec.data.path.empty()) {
-    ASSIGN_OR_RETURN(train, OpenTrainingData(spec, cfg));
+    ASSIGN_OR_RETURN(train, OpenTrainingData(spec, cfg, kAdmissionCheckLimit));
     for (const std::string& w : train->warnings()) warnings.push_back(w);
   }
   if (!spec.eval.path.empty()) {
     const int64_t dp = spec.parallel.world / std::max<int64_t>(1, spec.parallel.sp);
     ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> eval,
-                     OpenEvalData(spec, cfg, train ? &train->file(0) : nullptr, dp));
+                     OpenEvalData(spec, cfg, train ? &train->file(0) : nullptr, dp,
+                                  kAdmissionCheckLimit));
     for (const std::string& w : eval->warnings()) warnings.push_back("eval.path: " + w);
   }
   if (!spec.model.weights.empty()) RETURN_IF_ERROR(CheckWeights(spec.model.weights, cfg));

@@ -23,10 +23,20 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files assume a l
 
 namespace {
 
-// Index of the first token >= limit, or -1.
-int64_t FirstTokenAtLeast(const uint32_t* tokens, int64_t n, uint64_t limit) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] >= limit) return i;
+// The entries of an n-entry array that opening a file checks: every one, or (check_limit >= 0)
+// the first and the last check_limit / 2 (as [begin, end) ranges).
+std::vector<std::pair<int64_t, int64_t>> CheckedRanges(int64_t n, int64_t check_limit) {
+  if (check_limit < 0 || n <= check_limit) return {{0, n}};
+  return {{0, check_limit / 2}, {n - check_limit / 2, n}};
+}
+
+// Index of the first token >= limit among those checked, or -1.
+int64_t FirstTokenAtLeast(const uint32_t* tokens, int64_t n, uint64_t limit,
+                          int64_t check_limit = TokenFile::kCheckEvery) {
+  for (auto [begin, end] : CheckedRanges(n, check_limit)) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (tokens[i] >= limit) return i;
+    }
   }
   return -1;
 }
@@ -206,7 +216,8 @@ TokenFile::~TokenFile() {
   if (map_) munmap(map_, map_bytes_);
 }
 
-absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path,
+                                                           int64_t check_limit) {
   auto bad = [&path](const std::string& msg) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
   };
@@ -234,6 +245,7 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
                         absl::StrCat(path, ": mmap failed: ", std::strerror(map_errno)));
   }
   std::unique_ptr<TokenFile> f(new TokenFile());
+  f->check_limit_ = check_limit;
   f->map_ = map;  // owned from here on, so every error below unmaps
   f->map_bytes_ = bytes;
   f->path_ = path;
@@ -253,7 +265,7 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
   }
   if (f->vocab_size_ > 0) {
     const int64_t header = f->version_ == 1 ? kTokenFileHeaderBytes : kTokenFileV2HeaderBytes;
-    int64_t i = FirstTokenAtLeast(f->tokens_, f->count_, f->vocab_size_);
+    int64_t i = FirstTokenAtLeast(f->tokens_, f->count_, f->vocab_size_, check_limit);
     if (i >= 0) {
       return bad(absl::StrCat("token ", i, " (byte offset ", header + 4 * i, ") is ", f->tokens_[i],
                               ", >= the file's vocab_size ", f->vocab_size_));
@@ -331,19 +343,23 @@ absl::Status TokenFile::ParseV2(int64_t bytes) {
   tokens_ = reinterpret_cast<const uint32_t*>(base + kTokenFileV2HeaderBytes);
   const int64_t index_at = kTokenFileV2HeaderBytes + 4 * count + (count % 2 ? 4 : 0);
   doc_starts_ = reinterpret_cast<const uint64_t*>(base + index_at);
-  for (int64_t d = 0; d < num_docs_; ++d) {
-    if (doc_starts_[d] >= count || (d > 0 && doc_starts_[d] <= doc_starts_[d - 1])) {
-      return bad(absl::StrCat("document index entry ", d, " is ", doc_starts_[d],
-                              d > 0 ? absl::StrCat(" after ", doc_starts_[d - 1]) : "",
-                              ": not strictly increasing below ", count, " tokens (corrupt)"));
+  for (auto [begin, end] : CheckedRanges(num_docs_, check_limit_)) {
+    for (int64_t d = begin; d < end; ++d) {
+      if (doc_starts_[d] >= count || (d > 0 && doc_starts_[d] <= doc_starts_[d - 1])) {
+        return bad(absl::StrCat("document index entry ", d, " is ", doc_starts_[d],
+                                d > 0 ? absl::StrCat(" after ", doc_starts_[d - 1]) : "",
+                                ": not strictly increasing below ", count, " tokens (corrupt)"));
+      }
     }
   }
   if (has_mask) {
     loss_mask_ = reinterpret_cast<const uint8_t*>(base + index_at + 8 * docs);
-    for (int64_t i = 0; i < count_; ++i) {
-      if (loss_mask_[i] > 1) {
-        return bad(absl::StrCat("loss mask entry ", i, " is ", int(loss_mask_[i]),
-                                ", not 0 or 1 (corrupt)"));
+    for (auto [begin, end] : CheckedRanges(count_, check_limit_)) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (loss_mask_[i] > 1) {
+          return bad(absl::StrCat("loss mask entry ", i, " is ", int(loss_mask_[i]),
+                                  ", not 0 or 1 (corrupt)"));
+        }
       }
     }
   }
@@ -462,7 +478,7 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
     }
     // Open already checked tokens < the file's vocab_size; scan only when that bound is unknown.
     if (f->vocab_size() == 0) {
-      int64_t i = FirstTokenAtLeast(f->tokens(), f->size(), model_vocab);
+      int64_t i = FirstTokenAtLeast(f->tokens(), f->size(), model_vocab, f->check_limit());
       if (i >= 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(f->path(), ": token ", i, " is ", f->tokens()[i],

@@ -78,7 +78,14 @@ absl::Status WriteTokenFileV2(const std::string& path, const std::vector<uint32_
 // A read-only, memory-mapped token file of either version.
 class TokenFile {
  public:
-  static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path);
+  // Opening checks the file's header and sizes, and its entries (tokens below its vocab_size,
+  // a strictly increasing document index, a 0/1 loss mask): every one (kCheckEvery, what the
+  // trainer does), or the first and last check_limit / 2 of each (ithacad's admission: a 4 GiB
+  // file is not scanned inside a call; the ranks check the rest when they open it).
+  static constexpr int64_t kCheckEvery = -1;
+  static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path,
+                                                         int64_t check_limit = kCheckEvery);
+  int64_t check_limit() const { return check_limit_; }
   ~TokenFile();
   int64_t size() const { return count_; }
   uint32_t version() const { return version_; }
@@ -105,6 +112,7 @@ class TokenFile {
   uint32_t version_ = 0;
   const uint32_t* tokens_ = nullptr;
   int64_t count_ = 0;
+  int64_t check_limit_ = kCheckEvery;
   uint32_t vocab_size_ = 0;
   int32_t bos_id_ = -1, eos_id_ = -1;
   TokenizerFingerprint fingerprint_{};

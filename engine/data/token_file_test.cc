@@ -122,6 +122,26 @@ TEST(TokenFileTest, CorruptFilesAreRejectedSayingWhy) {
   ExpectOpenError("oov.tok", oov, "token 7 (byte offset 60) is 258, >= the file's vocab_size 258");
 }
 
+// Admission opens a file checking only the first and last check_limit / 2 entries (a 4 GiB file
+// is not scanned inside a call); the trainer checks every one.
+TEST(TokenFileTest, ABoundedCheckLooksAtTheEndsOnly) {
+  std::string middle = FileBytes(Iota(1000), 258 * 4);
+  const uint32_t bad = 5000;
+  std::memcpy(&middle[32 + 4 * 500], &bad, 4);
+  const std::string path = TmpPath("middle.tok");
+  ASSERT_TRUE(WriteFileAtomic(path, middle).ok());
+  EXPECT_TRUE(TokenFile::Open(path, 100).ok());  // entries 0..49 and 950..999
+  absl::StatusOr<std::unique_ptr<TokenFile>> every = TokenFile::Open(path);
+  ASSERT_FALSE(every.ok());
+  EXPECT_NE(every.status().message().find("token 500"), std::string::npos) << every.status();
+  std::string end = FileBytes(Iota(1000), 258 * 4);
+  std::memcpy(&end[32 + 4 * 990], &bad, 4);
+  ASSERT_TRUE(WriteFileAtomic(path, end).ok());
+  absl::StatusOr<std::unique_ptr<TokenFile>> bounded = TokenFile::Open(path, 100);
+  ASSERT_FALSE(bounded.ok());  // the last entries are checked
+  EXPECT_NE(bounded.status().message().find("token 990"), std::string::npos) << bounded.status();
+}
+
 // ---- Version 2
 
 TokenFileMeta SomeMeta() {
