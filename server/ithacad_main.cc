@@ -360,6 +360,10 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   ASSIGN_OR_RETURN(o.listen, ChooseListenPort(o.listen));
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.health_listen = absl::GetFlag(FLAGS_health_listen);
+  // Its ":0" too: the port chosen is then written to ithacad.addr (health=), as grpc= is.
+  if (!o.health_listen.empty()) {
+    ASSIGN_OR_RETURN(o.health_listen, ChooseListenPort(o.health_listen));
+  }
   o.stop_jobs_on_exit = absl::GetFlag(FLAGS_stop_jobs_on_exit);
   o.drain_on_exit = absl::GetFlag(FLAGS_drain_on_exit);
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
@@ -500,6 +504,18 @@ int WaitForStopSignal(const sigset_t& stop_signals, JobStore* store,
 }
 
 // Runs the daemon until SIGTERM / SIGINT.
+
+// Why --listen could not be served once CheckListenAddress found it free: gRPC says only that
+// it failed, and with TLS that is the key and the certificate disagreeing.
+absl::Status ListenFailure(const std::string& listen, bool tls) {
+  if (!tls) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cannot serve TLS on ", listen, ": gRPC refused --tls-cert ", cert, " with --tls-key ", key,
+      "; does the key belong to the certificate? (`openssl x509 -noout -pubkey -in ", cert,
+      "` and `openssl pkey -pubout -in ", key, "` print the same key when it does)"));
+}
+
 absl::Status Serve(DaemonOptions o) {
   RETURN_IF_ERROR(LockStateDir(o.state_dir));
   // Signals are taken synchronously (sigwait); every thread started below inherits the blocked
@@ -552,8 +568,9 @@ absl::Status Serve(DaemonOptions o) {
   WorkerServiceImpl remote_worker_service(jobs.supervisor(), o.security.authenticator);
   if (o.jobs.supervisor.slurm) jb.RegisterService(&remote_worker_service);
   AddRpcBoundary(&jb);
+  RETURN_IF_ERROR(CheckListenAddress(o.listen));
   std::unique_ptr<grpc::Server> server = jb.BuildAndStart();
-  if (!server) return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
+  if (!server) return ListenFailure(o.listen, o.security.tls);
   std::unique_ptr<HealthServer> health_server;
   if (!o.health_listen.empty()) {
     ASSIGN_OR_RETURN(health_server, HealthServer::Start(o.health_listen));
@@ -569,7 +586,9 @@ absl::Status Serve(DaemonOptions o) {
   // Where to find this daemon, for scripts and tests (written once it serves).
   RETURN_IF_ERROR(WriteFileAtomic(o.state_dir + "/ithacad.addr",
                                   absl::StrCat("grpc=", address, "\nmetrics=",
-                                               o.jobs.metrics_address, "\npid=", getpid(), "\n")));
+                                               o.jobs.metrics_address,
+                                               o.health_listen.empty() ? "" : "\nhealth=",
+                                               o.health_listen, "\npid=", getpid(), "\n")));
   PrintServing(o, address, o.jobs.metrics_address);
 
   const int sig = WaitForStopSignal(stop_signals, store.get(), set_serving);

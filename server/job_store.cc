@@ -101,6 +101,13 @@ std::string BoundedId(const std::string& id) {
   return out;
 }
 
+// `text` cut to at most about `max` bytes at a word's end, with "..." when cut.
+std::string WholeWords(const std::string& text, size_t max) {
+  if (text.size() <= max) return text;
+  const size_t space = text.rfind(' ', max);
+  return BoundedUtf8(text.substr(0, space == std::string::npos ? max : space), max) + " ...";
+}
+
 // The largest N among `dir`'s entries named job-N (0 when none or no such directory).
 int64_t MaxJobDirSeq(const std::string& dir) {
   int64_t max_seq = 0;
@@ -121,6 +128,13 @@ int64_t MaxJobDirSeq(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options) {
+  // The store is the daemon's own file: a link (out of the state directory, to a file another
+  // user keeps) would have SQLite write, and chmod change, whatever it leads to.
+  if (struct stat st; lstat(options.path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job store ", options.path, ": ", S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file",
+        "; ithacad keeps its store as a file of its own in the state directory (move it there)"));
+  }
   sqlite3* db = nullptr;
   if (sqlite3_open(options.path.c_str(), &db) != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
@@ -141,7 +155,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options)
                                           : "no answer";
     if (verdict != "ok") {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job store ", options.path, " is damaged (PRAGMA quick_check: ", verdict.substr(0, 200),
+          "job store ", options.path, " is damaged (PRAGMA quick_check: ", WholeWords(verdict, 200),
           "); move it aside (ithacad then starts with an empty store; job ids continue after "
           "the job directories) or restore a backup"));
     }

@@ -1,6 +1,7 @@
 #include "server/services.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -31,6 +32,38 @@ grpc::Status ToGrpc(const absl::Status& status) {
   // Clients decode the message as UTF-8 (Python's grpc does).
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       BoundedUtf8(status.message(), kMaxMessageBytes));
+}
+
+absl::Status CheckListenAddress(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (absl::StartsWith(listen, "unix") || colon == std::string::npos) return absl::OkStatus();
+  const std::string host = listen.substr(0, colon), port = listen.substr(colon + 1);
+  const std::string bare =
+      host.size() >= 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
+  }
+  int error = 0;
+  bool bound = false;
+  for (addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    bound = bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!bound) error = errno;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (bound) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cannot listen on ", listen, ": ", std::strerror(error)));
 }
 
 absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {

@@ -24,6 +24,12 @@ grpc::Status ToGrpc(const absl::Status& status);
 // With the port chosen first, both listen on the one port.
 absl::StatusOr<std::string> ChooseListenPort(const std::string& listen);
 
+// Whether `listen` (host:port; unix: addresses are not checked) can be bound now, as gRPC binds
+// it (SO_REUSEADDR): UNAVAILABLE saying why ("Address already in use", "Cannot assign requested
+// address") when not. ithacad asks before starting its server, since gRPC's own failure says
+// nothing of the cause, and so a failure after it means the TLS key and certificate.
+absl::Status CheckListenAddress(const std::string& listen);
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   // The sync server gives every open stream (WatchJob, ReadLogs, ReadHistory) a thread: past

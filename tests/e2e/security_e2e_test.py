@@ -190,6 +190,43 @@ class StartupRefusals(unittest.TestCase):
                 d.stop()
             self.assertEqual(d.proc.returncode, 0)
 
+    def test_the_health_port_chosen_for_zero_is_in_ithacad_addr(self):
+        state = os.path.join(TMP, "health-state")
+        d = Daemon(state, extra=["--health-listen", "127.0.0.1:0"])
+        try:
+            with open(os.path.join(state, "ithacad.addr")) as f:
+                fields = dict(l.split("=", 1) for l in f.read().split())
+            self.assertRegex(fields.get("health", ""), r"^127\.0\.0\.1:[1-9][0-9]*$")
+            channel = harness.connect(fields["health"])
+            try:
+                r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                            timeout=10)
+                self.assertEqual(r.status, health_pb2.HealthCheckResponse.SERVING)
+            finally:
+                channel.close()
+        finally:
+            d.stop()
+
+    def test_a_key_that_is_not_the_certificates_is_named(self):
+        # A key of another pair: gRPC only fails to listen; ithacad says which flags disagree.
+        _, cert, key = harness.make_tls(os.path.join(TMP, "one-pair"))
+        _, _, other_key = harness.make_tls(os.path.join(TMP, "other-pair"))
+        r = start_daemon_expecting_failure("--listen", "127.0.0.1:0", "--tls-cert", cert,
+                                           "--tls-key", other_key, "--allow-root-workers")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("does the key belong to the certificate?", r.stderr)
+        self.assertIn(f"--tls-key {other_key}", r.stderr)
+        # An address in use is said to be one, TLS or not.
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            busy = f"127.0.0.1:{s.getsockname()[1]}"
+            r = start_daemon_expecting_failure("--listen", busy, "--tls-cert", cert,
+                                               "--tls-key", key, "--allow-root-workers")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"cannot listen on {busy}: Address already in use", r.stderr)
+
     def test_a_token_file_others_can_read_is_refused(self):
         token = harness.make_token(os.path.join(TMP, "startup"), "open-token")
         os.chmod(token, 0o644)
