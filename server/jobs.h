@@ -118,6 +118,9 @@ class Jobs : private JobOwner {
 
  private:
   static constexpr int kMaxConcurrentPlans = 4;
+  // The nice value admission plans at (jobs.cc Admit), below the training ranks' and the
+  // supervisor's.
+  static constexpr int kPlanningNice = 10;
   // Submissions longer than this plan in at most kMaxConcurrentPlans - 1 slots.
   static constexpr int64_t kSmallPlanTokens = int64_t{1} << 20;
   // The request's overrides applied (engine/spec/overrides.h: the clients' --set), then
