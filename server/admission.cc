@@ -118,7 +118,8 @@ std::string SpecSource(const std::string& source) {
 absl::StatusOr<AdmittedSpec> ParseSubmission(
     const std::string& toml_text, const std::string& source_in, const std::string& base_dir,
     const Node& node, const std::string& daemon_dir, const std::vector<std::string>& allowed_roots,
-    const std::function<bool()>& cancelled, const InitJobLookup& init_job, bool fit_only) {
+    const std::function<bool()>& cancelled, const InitJobLookup& init_job,
+    const PlanLimits& search) {
   const std::string source = SpecSource(source_in);
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -261,7 +262,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
   PlanLimits limits;
   limits.deadline = absl::Now() + kMaxPlanTime;
   limits.cancelled = cancelled;
-  limits.first_fit = fit_only;
+  limits.first_fit = search.first_fit;
+  limits.fit_memo = search.fit_memo;
   absl::StatusOr<ResolvedJob> resolved = ResolveJob(s, NodeResourcesFor(node, s), limits);
   if (!resolved.ok()) {
     return absl::Status(resolved.status().code(),

@@ -66,13 +66,15 @@ std::string SpecSource(const std::string& source);
 // obeys the roots as model.weights does and must hold weights now (InitWeightsDir), unless it is
 // a job's whose checkpoints are still to come. A new phase's checkpoint.dir must hold no run
 // (CheckInitTarget), and a plain resume must keep the checkpoint's RoPE (CheckResumeRope).
+// `search`: its first_fit and fit_memo are the plan's (PlanJobRequest.fit_only); the deadline and
+// cancellation are admission's own.
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source, const std::string& base_dir,
                                              const Node& node, const std::string& daemon_dir = "",
                                              const std::vector<std::string>& allowed_roots = {},
                                              const std::function<bool()>& cancelled = nullptr,
                                              const InitJobLookup& init_job = nullptr,
-                                             bool fit_only = false);
+                                             const PlanLimits& search = {});
 
 // The job's data, evaluation data and weights (model.weights, and init.from's when they exist)
 // opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it

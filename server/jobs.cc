@@ -301,7 +301,8 @@ absl::Status Jobs::Recover() {
 template <typename Request>
 absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& node,
                                          bool check_inputs, const std::function<bool()>& cancelled,
-                                         const std::string& after, bool plan, bool fit_only) {
+                                         const std::string& after, bool plan,
+                                         const PlanLimits& search) {
   const std::string source = SpecSource(request.source());
   const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
   ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides));
@@ -349,7 +350,7 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   std::thread planner([&] {
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kPlanningNice);
     admitted = ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
-                               options_.allowed_roots, cancelled, init_job, fit_only);
+                               options_.allowed_roots, cancelled, init_job, search);
   });
   planner.join();
   if (admitted.ok() && check_inputs) {
@@ -463,14 +464,39 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
   if (!request.hardware().empty()) {
     ASSIGN_OR_RETURN(node, HardwareNode(request.hardware()));
   }
-  ASSIGN_OR_RETURN(AdmittedSpec admitted,
-                   Admit(request, node, /*check_inputs=*/false, cancelled,
-                         /*after=*/"", /*plan=*/true, request.fit_only()));
+  PlanLimits search;
+  std::shared_ptr<FitMemo> memo;
+  if (request.fit_only()) {
+    memo = FitMemoFor(request);
+    search.first_fit = true;
+    search.fit_memo = memo.get();
+  }
+  ASSIGN_OR_RETURN(AdmittedSpec admitted, Admit(request, node, /*check_inputs=*/false, cancelled,
+                                                /*after=*/"", /*plan=*/true, search));
   v1::PlanJobResponse response;
   *response.mutable_plan() = EstimateMemory(admitted);
   *response.mutable_spec() = admitted.summary;
   for (const std::string& w : admitted.warnings) response.add_warnings(w);
   return response;
+}
+
+std::shared_ptr<FitMemo> Jobs::FitMemoFor(const v1::PlanJobRequest& request) {
+  std::string key = absl::StrCat(request.spec_toml().size(), ":", request.spec_toml(), "|",
+                                 request.source(), "|", request.base_dir(), "|",
+                                 request.hardware());
+  for (const std::string& o : request.overrides()) {
+    if (!absl::StartsWith(o, "data.seq_len=")) absl::StrAppend(&key, "|", o.size(), ":", o);
+  }
+  std::lock_guard<std::mutex> lock(fit_memos_mu_);
+  for (auto it = fit_memos_.begin(); it != fit_memos_.end(); ++it) {
+    if (it->first == key) {
+      fit_memos_.splice(fit_memos_.begin(), fit_memos_, it);
+      return it->second;
+    }
+  }
+  fit_memos_.emplace_front(key, std::make_shared<FitMemo>());
+  if (fit_memos_.size() > kFitMemos) fit_memos_.pop_back();
+  return fit_memos_.front().second;
 }
 
 absl::StatusOr<v1::Job> Jobs::Get(const std::string& id) {

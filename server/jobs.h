@@ -23,6 +23,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -130,11 +131,19 @@ class Jobs : private JobOwner {
   // sent, or the override that set it.
   // `after`: the job the submission waits for (--after), which init.from = "job:ID" may name
   // before it has ended; "" for a plan, which takes a job's checkpoints as still to come.
-  // `fit_only`: the plan says only whether the job fits (PlanJobRequest.fit_only).
+  // `search`: a plan that says only whether the job fits (PlanJobRequest.fit_only), with what
+  // earlier ones of the same job learned.
   template <typename Request>
   absl::StatusOr<AdmittedSpec> Admit(const Request& request, const Node& node, bool check_inputs,
                                      const std::function<bool()>& cancelled,
-                                     const std::string& after, bool plan, bool fit_only = false);
+                                     const std::string& after, bool plan,
+                                     const PlanLimits& search = {});
+  // The FitMemo of a fit-only plan's job: the same spec, overrides (but data.seq_len) and
+  // hardware share one; the newest kFitMemos are kept.
+  std::shared_ptr<FitMemo> FitMemoFor(const v1::PlanJobRequest& request);
+  static constexpr size_t kFitMemos = 16;
+  std::mutex fit_memos_mu_;
+  std::list<std::pair<std::string, std::shared_ptr<FitMemo>>> fit_memos_;  // newest first
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.

@@ -94,6 +94,8 @@ class MetaOps final : public Ops {
 // Addresses from a private range, never backed by memory; tracks tiers like a real allocator.
 // How long a replay may run and whether to stop it: its caller's (a daemon stops planning when
 // the client goes, and bounds its CPU per plan).
+class FitMemo;  // engine/plan/planner.h
+
 struct PlanLimits {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // unset: never
@@ -101,6 +103,9 @@ struct PlanLimits {
   // first, and predicts no step time: whether a job fits at all (`ithaca plan --max-seq-len`
   // asks it at every length it tries), not its fastest plan.
   bool first_fit = false;
+  // With first_fit: what earlier plans of the same job at other lengths learned (a
+  // configuration that did not fit at some length does not fit at any longer one).
+  FitMemo* fit_memo = nullptr;
 };
 
 class MetaAllocator final : public Allocator {

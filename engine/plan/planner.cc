@@ -239,6 +239,18 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   return p;
 }
 
+bool FitMemo::KnownNotToFit(const std::string& config, int64_t seq_len) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = fails_from_.find(config);
+  return it != fails_from_.end() && it->second <= seq_len;
+}
+
+void FitMemo::RecordNotFit(const std::string& config, int64_t seq_len) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, added] = fails_from_.emplace(config, seq_len);
+  if (!added) it->second = std::min(it->second, seq_len);
+}
+
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int64_t host_budget,
                                    const PlanLimits& limits, const PlanHardware& hardware) {
   ASSIGN_OR_RETURN(LlamaConfig cfg, ResolveModelConfig(spec));
@@ -414,7 +426,18 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
           if (policy == RecomputePolicy::kAttentionAware) {
             req.opts.attention_aware_blocks = m.attention_aware_blocks;
           }
+          // A configuration an earlier, shorter first-fit plan found too big is too big here.
+          const std::string config = absl::StrCat(
+              int(policy), "/", keep.offload, keep.prefetch, keep.overlap, "/", keep.interval, "/",
+              keep.saved, "/", req.optimizer_offload, req.opts.param_offload, "/",
+              req.opts.attention_aware_blocks, "/", chunks.back(), "/", tiles.back());
+          if (limits.fit_memo != nullptr && limits.fit_memo->KnownNotToFit(config, req.seq_len)) {
+            continue;
+          }
           ASSIGN_OR_RETURN(MemoryPlan frugal, plan(keep, chunks.back(), tiles.back()));
+          if (!frugal.fits && limits.fit_memo != nullptr) {
+            limits.fit_memo->RecordNotFit(config, req.seq_len);
+          }
           if (!frugal.fits) continue;
           if (limits.first_fit) return frugal;
         }
@@ -454,6 +477,15 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     }
   }
   if (best) return *best;
+  if (!smallest.ok() && limits.fit_memo != nullptr) {
+    // Every configuration was known too big from a shorter length: no replay was needed.
+    MemoryPlan p;
+    p.gpu_budget = gpu_budget;
+    p.host_budget = host_budget;
+    p.fits = false;
+    p.verdict = "no configuration fits: each was too big at a shorter data.seq_len already";
+    return p;
+  }
   return smallest;
 }
 

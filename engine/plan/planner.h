@@ -10,6 +10,8 @@
 #pragma once
 
 #include <array>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "engine/backend/attention_choice.h"
@@ -116,6 +118,21 @@ struct PlanHardware {
   const RateTable* rates = nullptr;
   LinkModel link;
   int ranks_per_node = 0;
+};
+
+// What first-fit plans of one job at several lengths (`ithaca plan --max-seq-len`) learn of
+// each configuration the search tries: the shortest length at which it did not fit. Memory
+// grows with the length for a fixed configuration, so at that length and beyond it is not
+// replayed again. Thread-safe: concurrent plans of the same job share one.
+class FitMemo {
+ public:
+  // True when `config` is known not to fit at `seq_len`.
+  bool KnownNotToFit(const std::string& config, int64_t seq_len) const;
+  void RecordNotFit(const std::string& config, int64_t seq_len);
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t> fails_from_;
 };
 
 // A job's plan for one rank (ResolveJob, engine/plan/resolve.h, is how a job gets one): resolves

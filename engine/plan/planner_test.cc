@@ -429,6 +429,32 @@ TEST(PlannerTest, FirstFitSaysWhatTheFullSearchSays) {
   EXPECT_LT(fitting, 10);
 }
 
+// A FitMemo shared by first-fit plans of one job at several lengths skips what a shorter length
+// already found too big, and answers as the plans without it do.
+TEST(PlannerTest, AFitMemoAnswersAsPlansWithoutIt) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";
+  spec.memory.optimizer_offload = OffloadChoice::kAuto;
+  FitMemo memo;
+  PlanLimits with_memo, without;
+  with_memo.first_fit = without.first_fit = true;
+  with_memo.fit_memo = &memo;
+  int fitting = 0;
+  for (int64_t len : {int64_t{1} << 16, int64_t{3} << 18, int64_t{1} << 20, int64_t{3} << 19,
+                      int64_t{1} << 19, int64_t{5} << 18, int64_t{1} << 21}) {
+    spec.data.seq_len = len;
+    auto a = PlanJob(spec, int64_t{24} << 30, int64_t{32} << 30, with_memo);
+    auto b = PlanJob(spec, int64_t{24} << 30, int64_t{32} << 30, without);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->fits, b->fits) << len;
+    fitting += b->fits;
+  }
+  EXPECT_GT(fitting, 0);
+  EXPECT_LT(fitting, 7);
+}
+
 }  // namespace
 }  // namespace ithaca
 
