@@ -618,14 +618,17 @@ int MaxSeqLenCommand(CliContext& c, const Flags& f) {
       hi = next;
     }
   }
+  // Not the middle: a length that fits is answered by one replay (the daemon tries the
+  // configuration that fit last first), one that does not by every configuration's, about 20
+  // times as long; asking an eighth of the way up takes about half the time of bisecting.
   while (hi > 0 && hi - lo > m) {
-    const int64_t mid = (lo + (hi - lo) / 2) / m * m;
-    if (int rc = plan_at(mid, &resp); rc != 0) return rc;
+    const int64_t probe = std::max(lo + m, (lo + (hi - lo) / 8) / m * m);
+    if (int rc = plan_at(probe, &resp); rc != 0) return rc;
     if (resp.plan().fits()) {
-      lo = mid;
+      lo = probe;
       best = resp;
     } else {
-      hi = mid;
+      hi = probe;
     }
   }
   // The plan a job of that length gets: the fastest that fits, with its prediction.

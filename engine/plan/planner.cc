@@ -251,6 +251,16 @@ void FitMemo::RecordNotFit(const std::string& config, int64_t seq_len) {
   if (!added) it->second = std::min(it->second, seq_len);
 }
 
+std::string FitMemo::LastFit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_fit_;
+}
+
+void FitMemo::RecordFit(const std::string& config) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_fit_ = config;
+}
+
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int64_t host_budget,
                                    const PlanLimits& limits, const PlanHardware& hardware) {
   ASSIGN_OR_RETURN(LlamaConfig cfg, ResolveModelConfig(spec));
@@ -396,6 +406,33 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   auto consider = [&](const MemoryPlan& p) {
     if (!best || cost(p) < cost(*best)) best = p;
   };
+  // A first-fit configuration, as FitMemo keeps it.
+  auto config_key = [&](RecomputePolicy policy, const Keep& keep) {
+    return absl::StrCat(int(policy), "/", keep.offload, keep.prefetch, keep.overlap, "/",
+                        keep.interval, "/", keep.saved, "/", req.optimizer_offload,
+                        req.opts.param_offload, "/", req.opts.attention_aware_blocks, "/",
+                        chunks.back(), "/", tiles.back());
+  };
+  if (limits.first_fit && limits.fit_memo != nullptr) {
+    // The configuration that fit the last length asked first: when it fits, one replay answers.
+    const std::string last = limits.fit_memo->LastFit();
+    for (auto [offload, params] : offloads) {
+      req.optimizer_offload = offload;
+      req.opts.param_offload = params;
+      for (RecomputePolicy policy : policies) {
+        req.opts.recompute = policy;
+        if (policy == RecomputePolicy::kAttentionAware) {
+          if (auto_policy) continue;  // first-fit searches only full under "auto"
+          req.opts.attention_aware_blocks = m.attention_aware_blocks;  // as the search below
+        }
+        for (const Keep& keep : keeps_for(policy)) {
+          if (last.empty() || config_key(policy, keep) != last) continue;
+          ASSIGN_OR_RETURN(MemoryPlan p, plan(keep, chunks.back(), tiles.back()));
+          if (p.fits) return p;
+        }
+      }
+    }
+  }
   for (auto [offload, params] : offloads) {
     req.optimizer_offload = offload;
     req.opts.param_offload = params;
@@ -427,10 +464,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
             req.opts.attention_aware_blocks = m.attention_aware_blocks;
           }
           // A configuration an earlier, shorter first-fit plan found too big is too big here.
-          const std::string config = absl::StrCat(
-              int(policy), "/", keep.offload, keep.prefetch, keep.overlap, "/", keep.interval, "/",
-              keep.saved, "/", req.optimizer_offload, req.opts.param_offload, "/",
-              req.opts.attention_aware_blocks, "/", chunks.back(), "/", tiles.back());
+          const std::string config = config_key(policy, keep);
           if (limits.fit_memo != nullptr && limits.fit_memo->KnownNotToFit(config, req.seq_len)) {
             continue;
           }
@@ -439,7 +473,10 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
             limits.fit_memo->RecordNotFit(config, req.seq_len);
           }
           if (!frugal.fits) continue;
-          if (limits.first_fit) return frugal;
+          if (limits.first_fit) {
+            if (limits.fit_memo != nullptr) limits.fit_memo->RecordFit(config);
+            return frugal;
+          }
         }
         // The largest head stage, then tile, that fits this way of keeping block data: smaller
         // stages and tiles never need more memory, so each is a binary search (the frugal

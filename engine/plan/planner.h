@@ -129,10 +129,15 @@ class FitMemo {
   // True when `config` is known not to fit at `seq_len`.
   bool KnownNotToFit(const std::string& config, int64_t seq_len) const;
   void RecordNotFit(const std::string& config, int64_t seq_len);
+  // The configuration that fit last (PlanJob's own encoding), tried first next time: near the
+  // longest length that fits, it is usually the only one that does.
+  std::string LastFit() const;
+  void RecordFit(const std::string& config);
 
  private:
   mutable std::mutex mu_;
   std::map<std::string, int64_t> fails_from_;
+  std::string last_fit_;
 };
 
 // A job's plan for one rank (ResolveJob, engine/plan/resolve.h, is how a job gets one): resolves
