@@ -40,7 +40,8 @@ ABSL_FLAG(std::string, device, "h200", "the device class the table is for (its `
 ABSL_FLAG(std::string, models, "llama-3.2-1b,llama-3-8b,qwen3-1.7b",
           "presets whose GEMM shapes are measured");
 ABSL_FLAG(std::string, layouts, "1:1,8:8", "world:sp pairs whose GEMM shapes are measured");
-ABSL_FLAG(std::string, seq_lens, "65536,1048576", "sequence lengths whose GEMM shapes are measured");
+ABSL_FLAG(std::string, seq_lens, "65536,1048576",
+          "sequence lengths whose GEMM shapes are measured");
 ABSL_FLAG(int64_t, gemm_cap, 65536, "GEMM dimensions above this are measured at it");
 ABSL_FLAG(std::string, head_dims, "64,128", "attention head dims");
 ABSL_FLAG(std::string, attention_seqs, "4096,16384,65536,131072", "attention lengths");
@@ -56,7 +57,8 @@ namespace {
 
 std::vector<int64_t> Ints(const std::string& csv) {
   std::vector<int64_t> out;
-  for (const std::string& s : std::vector<std::string>(absl::StrSplit(csv, ',', absl::SkipEmpty()))) {
+  for (const std::string& s :
+       std::vector<std::string>(absl::StrSplit(csv, ',', absl::SkipEmpty()))) {
     int64_t v = 0;
     if (absl::SimpleAtoi(s, &v)) out.push_back(v);
   }
@@ -151,8 +153,8 @@ absl::Status Run() {
   RateTable t;
   t.device = absl::GetFlag(FLAGS_device);
   t.note = absl::StrCat("bench/calibrate --backend=", spec.backend, " on ",
-                        spec.backend == "cuda" ? bench::DeviceName() : std::string("the CPU"),
-                        ", ", bench::Today());
+                        spec.backend == "cuda" ? bench::DeviceName() : std::string("the CPU"), ", ",
+                        bench::Today());
 
   // GEMMs.
   ASSIGN_OR_RETURN(std::set<GemmShape> shapes, ReplayedShapes(ops->device(), act));
@@ -171,9 +173,9 @@ absl::Status Run() {
     FillRandom(ops, bb.tensor(), 0.02f, 2);
     ops->Fill(c.tensor(), 0.f);
     const float beta = g.c_f32 ? 1.f : 0.f;
-    const double s = Time(ops, [&] {
-      ops->Gemm(a.tensor(), g.ta, bb.tensor(), g.tb, c.tensor(), 1.f, beta);
-    }, /*warmup=*/13);  // CudaOps times cuBLASLt's candidates on a shape's first 12 calls
+    const double s = Time(
+        ops, [&] { ops->Gemm(a.tensor(), g.ta, bb.tensor(), g.tb, c.tensor(), 1.f, beta); },
+        /*warmup=*/13);  // CudaOps times cuBLASLt's candidates on a shape's first 12 calls
     t.gemms.push_back({g, s});
     gemm_flops += 2.0 * g.m * g.n * g.k;
     gemm_seconds += s;
@@ -185,37 +187,37 @@ absl::Status Run() {
 
   // Attention, causal, GQA 4.
   for (int64_t D : Ints(absl::GetFlag(FLAGS_head_dims))) {
-   for (int64_t H : Ints(absl::GetFlag(FLAGS_attention_heads))) {
-    for (int64_t S : Ints(absl::GetFlag(FLAGS_attention_seqs))) {
-      const int64_t Hkv = std::max<int64_t>(1, H / 4);
-      ASSIGN_OR_RETURN(Buffer q, Make(alloc, act, {S, H, D}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer k, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer v, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer o, Make(alloc, act, {S, H, D}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer lse, Make(alloc, DType::kF32, {H, S}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer dout, Make(alloc, act, {S, H, D}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer dq, Make(alloc, act, {S, H, D}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer dk, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
-      ASSIGN_OR_RETURN(Buffer dv, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
-      uint64_t seed = 3;
-      for (Buffer* x : {&q, &k, &v, &dout}) FillRandom(ops, x->tensor(), 1.f, ++seed);
-      const DocumentMask docs;
-      const double pairs = AttentionPairs(S, 0, {});
-      const double fwd = Time(ops, [&] {
-        ops->Attention(q.tensor(), k.tensor(), v.tensor(), o.tensor(), lse.tensor(), docs);
-      });
-      const double bwd = Time(ops, [&] {
-        ops->AttentionBackward(q.tensor(), k.tensor(), v.tensor(), o.tensor(), dout.tensor(),
-                               lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
-      });
-      t.attention.push_back({false, D, H, S, AttentionFlops(false, pairs, H, D) / fwd});
-      t.attention.push_back({true, D, H, S, AttentionFlops(true, pairs, H, D) / bwd});
-      std::fprintf(stderr, "attention hd %lld heads %lld S %lld: fwd %.1f, bwd %.1f TFLOPS\n",
-                   (long long)D, (long long)H, (long long)S,
-                   AttentionFlops(false, pairs, H, D) / fwd / 1e12,
-                   AttentionFlops(true, pairs, H, D) / bwd / 1e12);
+    for (int64_t H : Ints(absl::GetFlag(FLAGS_attention_heads))) {
+      for (int64_t S : Ints(absl::GetFlag(FLAGS_attention_seqs))) {
+        const int64_t Hkv = std::max<int64_t>(1, H / 4);
+        ASSIGN_OR_RETURN(Buffer q, Make(alloc, act, {S, H, D}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer k, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer v, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer o, Make(alloc, act, {S, H, D}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer lse, Make(alloc, DType::kF32, {H, S}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer dout, Make(alloc, act, {S, H, D}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer dq, Make(alloc, act, {S, H, D}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer dk, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
+        ASSIGN_OR_RETURN(Buffer dv, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
+        uint64_t seed = 3;
+        for (Buffer* x : {&q, &k, &v, &dout}) FillRandom(ops, x->tensor(), 1.f, ++seed);
+        const DocumentMask docs;
+        const double pairs = AttentionPairs(S, 0, {});
+        const double fwd = Time(ops, [&] {
+          ops->Attention(q.tensor(), k.tensor(), v.tensor(), o.tensor(), lse.tensor(), docs);
+        });
+        const double bwd = Time(ops, [&] {
+          ops->AttentionBackward(q.tensor(), k.tensor(), v.tensor(), o.tensor(), dout.tensor(),
+                                 lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
+        });
+        t.attention.push_back({false, D, H, S, AttentionFlops(false, pairs, H, D) / fwd});
+        t.attention.push_back({true, D, H, S, AttentionFlops(true, pairs, H, D) / bwd});
+        std::fprintf(stderr, "attention hd %lld heads %lld S %lld: fwd %.1f, bwd %.1f TFLOPS\n",
+                     (long long)D, (long long)H, (long long)S,
+                     AttentionFlops(false, pairs, H, D) / fwd / 1e12,
+                     AttentionFlops(true, pairs, H, D) / bwd / 1e12);
+      }
     }
-   }
   }
 
   // Elementwise ops: their bytes as the meta device counts them (a table of 1 byte/s), at a
@@ -335,14 +337,15 @@ absl::Status Run() {
     std::vector<float> master(n, 0.1f), grad(n, 0.01f), m(n), v(n);
     std::vector<uint16_t> working(n);
     HostThreadPool pool;
-    HostAdamWSpan span{master.data(), grad.data(), m.data(), v.data(), working.data(),
-                       DType::kBF16, n};
+    HostAdamWSpan span{master.data(),  grad.data(),  m.data(), v.data(),
+                       working.data(), DType::kBF16, n};
     AdamWParams p;
     HostAdamW(span, p, &pool);
     const auto start = std::chrono::steady_clock::now();
     const int reps = 3;
     for (int i = 0; i < reps; ++i) HostAdamW(span, p, &pool);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     t.host_adamw_params_per_s = reps * double(n) / s;
   }
   std::fputs(RateTableText(t).c_str(), stdout);

@@ -44,10 +44,11 @@ ABSL_FLAG(std::string, qkv_bias, "",
 ABSL_FLAG(std::string, window_layers, "",
           "W,FROM: a Qwen2/Qwen3 preset with use_sliding_window, a window of W keys on the "
           "layers from FROM (max_window_layers) on; empty: as the preset has it (none)");
-ABSL_FLAG(int64_t, layers, 0,
-          "> 0: only the preset's first N decoder layers (every layer is the same work, so a "
-          "step at a length too long to time whole is timed on fewer layers; bench/project_layers.py "
-          "scales it); 0: all");
+ABSL_FLAG(
+    int64_t, layers, 0,
+    "> 0: only the preset's first N decoder layers (every layer is the same work, so a "
+    "step at a length too long to time whole is timed on fewer layers; bench/project_layers.py "
+    "scales it); 0: all");
 ABSL_FLAG(bool, param_offload, false,
           "the bf16 working copy in pinned host memory too, uploaded a unit ahead of use "
           "(memory.param_offload; needs --optimizer_offload)");
@@ -99,8 +100,9 @@ absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset) {
           absl::StrCat("--window_layers=", window, ": expected W,FROM (e.g. 4096,14)"));
     }
     if (cfg.family != ModelFamily::kQwen2 && cfg.family != ModelFamily::kQwen3) {
-      return absl::InvalidArgumentError("--window_layers: Qwen2/Qwen3 presets only, with their "
-                                        "extras (use_sliding_window is theirs)");
+      return absl::InvalidArgumentError(
+          "--window_layers: Qwen2/Qwen3 presets only, with their "
+          "extras (use_sliding_window is theirs)");
     }
     RETURN_IF_ERROR(ValidateConfig(cfg));
   }

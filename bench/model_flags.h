@@ -23,8 +23,8 @@ ABSL_DECLARE_FLAG(int64_t, layers);
 namespace ithaca {
 namespace bench {
 
-// The preset `preset` with --layers and the --qk_norm / --qkv_bias ablations applied (either may turn its
-// extra off; a Qwen left with neither runs as the Llama family on the same shapes).
+// The preset `preset` with --layers and the --qk_norm / --qkv_bias ablations applied (either may
+// turn its extra off; a Qwen left with neither runs as the Llama family on the same shapes).
 absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset);
 // LlamaModel's options from the flags.
 LlamaModel::Options ModelOptions();

@@ -122,7 +122,8 @@ const RateTable& Rates(Device device) {
     absl::StatusOr<RateTable> t =
         text.ok() ? ParseRateTable(*text) : absl::StatusOr<RateTable>(text.status());
     if (!t.ok()) {
-      std::fprintf(stderr, "--rates %s: %s\n", path.c_str(), std::string(t.status().message()).c_str());
+      std::fprintf(stderr, "--rates %s: %s\n", path.c_str(),
+                   std::string(t.status().message()).c_str());
       std::exit(2);
     }
     return new RateTable(*t);
@@ -172,10 +173,10 @@ void AddPrediction(const MemoryPlan& plan, double step_s, bench::Json* line) {
 struct RankSetup {
   Backend backend;
   std::shared_ptr<bench::Timeline> timeline;  // null: no --timeline
-  bool record_timeline = false;        // CUDA: the timeline records the last timed step
-  std::unique_ptr<Comm> world;         // null for a world of one
-  std::unique_ptr<Comm> sp;            // null without Ulysses
-  RehearsalComm* rehearsal = nullptr;  // `world`, when rehearsing
+  bool record_timeline = false;               // CUDA: the timeline records the last timed step
+  std::unique_ptr<Comm> world;                // null for a world of one
+  std::unique_ptr<Comm> sp;                   // null without Ulysses
+  RehearsalComm* rehearsal = nullptr;         // `world`, when rehearsing
   // --rehearse: one node of the cluster rehearsed, and what the rank gets of it.
   NodeResources node;
   LinkModel link;
@@ -303,8 +304,8 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     ops->Download(loss_buf.tensor(), &l, DType::kF32);
     loss = l / static_cast<double>(S * dp);
     if (rank == 0 || rehearse) {
-      std::fprintf(stderr, "S %lld step %d%s: %.3f s, loss %.4f\n", static_cast<long long>(S),
-                   step, compute_only ? " (no link time)" : "", seconds, loss);
+      std::fprintf(stderr, "S %lld step %d%s: %.3f s, loss %.4f\n", static_cast<long long>(S), step,
+                   compute_only ? " (no link time)" : "", seconds, loss);
     }
     if (compute_only) {
       compute_s.push_back(seconds);
@@ -387,8 +388,8 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
         if (c.calls == 0) continue;
         by_op.Raw(CollectiveOpName(static_cast<CollectiveOp>(o)),
                   absl::StrFormat("{\"calls\": %lld, \"bytes\": %lld, \"modeled_s\": %.6g}",
-                                  static_cast<long long>(c.calls),
-                                  static_cast<long long>(c.bytes), c.modeled_s));
+                                  static_cast<long long>(c.calls), static_cast<long long>(c.bytes),
+                                  c.modeled_s));
       }
       line.Obj("comm_by_op", by_op);
     }
@@ -477,8 +478,7 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
                "%.1f GiB; host share %.1f GiB, %d cores (of this machine's %.1f GiB)\n",
                rank, world, sp, world / sp, nodes, per_node, LinkModelText(rehearsal.link).c_str(),
                r.node.device_memory_bytes / double(int64_t{1} << 30),
-               BudgetsFor(JobSpec(), r.node).host_bytes / double(int64_t{1} << 30),
-               r.cores_used,
+               BudgetsFor(JobSpec(), r.node).host_bytes / double(int64_t{1} << 30), r.cores_used,
                LocalNodeResources(0, 1).host_memory_bytes / double(int64_t{1} << 30));
   return absl::OkStatus();
 }
@@ -500,7 +500,7 @@ absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
   if (!absl::GetFlag(FLAGS_timeline).empty()) {
     // The communicator's collectives run on streams.comm once UseStreams is called (below).
     r.timeline = std::make_shared<bench::Timeline>(static_cast<cudaStream_t>(streams.compute),
-                                            static_cast<cudaStream_t>(streams.comm));
+                                                   static_cast<cudaStream_t>(streams.comm));
     // On the CPU the communicator is wrapped all the same (so the CPU test runs TimelineComm's
     // forwarding) but nothing is recorded.
     r.record_timeline = cuda;

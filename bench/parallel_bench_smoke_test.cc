@@ -105,9 +105,10 @@ TEST(ParallelBench, PlansTheRehearsedNode) {
   EXPECT_NE(out.find("\"fits\": true"), std::string::npos) << out;
   EXPECT_GT(Number(out, "device_total_bytes"), 0) << out;
   // A GPU node without a GPU here needs its memory named.
-  RunBench("--plan_only --planner_settings --backend=cuda --world=8 --sp=8 --seq_lens=256 "
-           "2>/dev/null",
-           &code);
+  RunBench(
+      "--plan_only --planner_settings --backend=cuda --world=8 --sp=8 --seq_lens=256 "
+      "2>/dev/null",
+      &code);
   EXPECT_EQ(code, 2);
 }
 

@@ -23,7 +23,6 @@
 namespace ithaca {
 namespace bench {
 
-
 // One collective as the events saw it. Every event is timing-enabled; times are relative to the
 // step's start event on the compute stream.
 struct CollectiveEvents {

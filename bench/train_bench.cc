@@ -67,7 +67,6 @@ ABSL_FLAG(std::string, passkey_depths, "0,0.5,1", "eval.passkey.depths for --pas
 namespace ithaca {
 namespace {
 
-
 bench::Json TierJson(const std::array<int64_t, kNumTiers>& v) {
   bench::Json j;
   for (int i = 0; i < kNumTiers; ++i) j.Int(TierName(static_cast<Tier>(i)), v[i]);

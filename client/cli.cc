@@ -26,17 +26,24 @@ namespace {
 const char kStates[] = "queued starting running succeeded failed cancelling cancelled";
 
 // Commands whose output -o name (job ids only) makes sense for.
-const std::set<std::string> kNameCommands = {"submit", "status", "list", "cancel", "wait",
-                                             "delete"};
+const std::set<std::string> kNameCommands = {"submit", "status", "list",
+                                             "cancel", "wait",   "delete"};
 
 // What a value of the option or positional argument named `name` completes to in bash: a word
 // list, "@files", "@jobs" (the daemon's job ids) or "" (nothing to offer).
 std::string ValueKind(const std::string& name) {
   static const std::map<std::string, std::string> kKinds = {
-      {"--output", "json name wide"}, {"--state", kStates},  {"shell", "bash"},
-      {"--filename", "@files"},       {"spec", "@files"},    {"--out", "@files"},
-      {"--token-file", "@files"},     {"--ca", "@files"},    {"id", "@jobs"},
-      {"ids", "@jobs"},               {"--after", "@jobs"},
+      {"--output", "json name wide"},
+      {"--state", kStates},
+      {"shell", "bash"},
+      {"--filename", "@files"},
+      {"spec", "@files"},
+      {"--out", "@files"},
+      {"--token-file", "@files"},
+      {"--ca", "@files"},
+      {"id", "@jobs"},
+      {"ids", "@jobs"},
+      {"--after", "@jobs"},
   };
   auto it = kKinds.find(name);
   return it == kKinds.end() ? "" : it->second;
@@ -132,8 +139,9 @@ void Define(CLI::App& app, Parsed& p) {
       ->type_name("ID");
 
   CLI::App* watch = app.add_subcommand(
-      "watch", "follow a job (as submit --follow); exits 0 iff it succeeds; a dropped stream "
-               "is resumed where it stopped");
+      "watch",
+      "follow a job (as submit --follow); exits 0 iff it succeeds; a dropped stream "
+      "is resumed where it stopped");
   watch->add_option("id", f.ids, "the job")->required()->expected(1);
   watch->add_flag("--no-logs", f.no_logs, "progress and states only");
 
@@ -174,8 +182,8 @@ void Define(CLI::App& app, Parsed& p) {
   report->add_option("id", f.ids, "the job")->required()->expected(1);
   report->add_option("--out", f.out, "where to write it (default ID.html)");
 
-  CLI::App* cancel = app.add_subcommand(
-      "cancel", "SIGTERM each job's workers, SIGKILL after the grace period");
+  CLI::App* cancel =
+      app.add_subcommand("cancel", "SIGTERM each job's workers, SIGKILL after the grace period");
   cancel->add_option("ids", f.ids, "the jobs")->required()->expected(1, 1 << 20);
   cancel->add_option("--reason", f.reason, "recorded as the job's reason");
 
@@ -183,8 +191,7 @@ void Define(CLI::App& app, Parsed& p) {
       "delete", "forget ended jobs: their record, history and rank logs (not checkpoint.dir)");
   del->add_option("ids", f.ids, "the jobs")->required()->expected(1, 1 << 20);
 
-  CLI::App* plan =
-      app.add_subcommand("plan", "memory estimate per rank against the node's budget");
+  CLI::App* plan = app.add_subcommand("plan", "memory estimate per rank against the node's budget");
   spec_args(plan);
   CLI::Option* max_seq = plan->add_flag(
       "--max-seq-len", f.max_seq_len,
@@ -205,9 +212,10 @@ void Define(CLI::App& app, Parsed& p) {
       "drain", "pause scheduling; running jobs checkpoint, stop and are queued again");
   drain->add_flag("--undo", f.undo, "start the queue again (as kubectl uncordon)");
   // Whole seconds from 1 to a day: 0.5 would become the daemon's default, 1e12 overflow.
-  drain->add_option("--timeout", f.timeout_s,
-                    "whole seconds to wait for the checkpoints, 1 to 86400 (default: the "
-                    "daemon's 300)")
+  drain
+      ->add_option("--timeout", f.timeout_s,
+                   "whole seconds to wait for the checkpoints, 1 to 86400 (default: the "
+                   "daemon's 300)")
       ->check(CLI::Range(1.0, 86400.0))
       ->check(CLI::Validator(
           [](const std::string& v) {
@@ -381,8 +389,8 @@ int RunCli(int argc, char** argv) {
     return 2;
   }
   if ((cmd == "submit" || cmd == "plan") && f.spec.empty()) {
-    const std::string what = absl::StrCat("a spec is needed: ithaca ", cmd,
-                                          " JOB.toml, or -f - to read it from stdin");
+    const std::string what =
+        absl::StrCat("a spec is needed: ithaca ", cmd, " JOB.toml, or -f - to read it from stdin");
     std::fprintf(stderr, "%s\n", Usage(cmd, what).c_str());
     return 2;
   }

@@ -47,12 +47,10 @@ void PrintJson(const google::protobuf::Message& m) {
   std::fflush(stdout);
 }
 
-
 int UsageError(const std::string& msg) {
   std::fprintf(stderr, "ithaca: %s (ithaca --help lists every command and flag)\n", msg.c_str());
   return 2;
 }
-
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
@@ -209,7 +207,8 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
   const bool json = c.output == Output::kJson;
   LiveLine live(!json && isatty(1),
                 absl::StrCat("ithaca: not a terminal: at most one step line a second is printed, "
-                             "and the last; `ithaca logs ", id, " --steps` has every step"));
+                             "and the last; `ithaca logs ",
+                             id, " --steps` has every step"));
   int64_t after = 0;  // the newest event seen: a resumed stream continues after it
   bool first = true;
   double avg_step = -1;  // moving average of step seconds, for the ETA
@@ -640,8 +639,7 @@ int MaxSeqLenCommand(CliContext& c, const Flags& f) {
   }
   std::printf("longest data.seq_len that fits: %lld (multiples of %lld; %s; %d plans)\n",
               static_cast<long long>(lo), static_cast<long long>(m),
-              hi > 0 ? absl::StrCat(hi, " does not fit").c_str()
-                     : "the most data.seq_len allows",
+              hi > 0 ? absl::StrCat(hi, " does not fit").c_str() : "the most data.seq_len allows",
               asked);
   std::printf("%s", PlanText(best).c_str());
   return 0;
@@ -674,15 +672,20 @@ int DrainCommand(CliContext& c, const Flags& f) {
   } else if (f.undo) {
     std::printf("scheduling resumed: queued jobs start again\n");
   } else {
-    std::printf("scheduling paused: jobs are admitted and queued, none starts until "
-                "`ithaca drain --undo` (or a daemon restart)\n");
+    std::printf(
+        "scheduling paused: jobs are admitted and queued, none starts until "
+        "`ithaca drain --undo` (or a daemon restart)\n");
     for (const std::string& id : resp.drained()) {
-      std::printf("%s drained: checkpointed, stopped and queued; it resumes from that "
-                  "checkpoint\n", id.c_str());
+      std::printf(
+          "%s drained: checkpointed, stopped and queued; it resumes from that "
+          "checkpoint\n",
+          id.c_str());
     }
     for (const std::string& id : resp.still_running()) {
-      std::printf("%s still running: it has no checkpoint.dir to resume from, or did not stop "
-                  "in time\n", id.c_str());
+      std::printf(
+          "%s still running: it has no checkpoint.dir to resume from, or did not stop "
+          "in time\n",
+          id.c_str());
     }
   }
   return resp.still_running_size() > 0 ? 1 : 0;

@@ -57,8 +57,8 @@ struct Flags {
   std::vector<std::string> sets;
   std::vector<std::string> states;
   std::string reason;
-  double timeout_s = 0;  // wait: 0 waits as long as it takes; drain: 0 is the daemon's 300 s
-  bool undo = false;     // drain --undo
+  double timeout_s = 0;      // wait: 0 waits as long as it takes; drain: 0 is the daemon's 300 s
+  bool undo = false;         // drain --undo
   bool max_seq_len = false;  // plan: bisect data.seq_len for the longest that fits
   int64_t multiple_of = 1024;
   // plan: a node this daemon is not ("h200x8", "gpus=8,gpu_gib=80,host_gib=2048"): the daemon

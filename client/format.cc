@@ -329,12 +329,11 @@ std::string PlanText(const v1::PlanJobResponse& p) {
                                         HumanBytes(plan.per_rank_bytes()),
                                         HumanBytes(plan.budget_bytes()), plan.budget_source()));
   if (plan.predicted_step_s() > 0) {
-    absl::StrAppend(&out, absl::StrFormat("  %-17s %.4g s a step, %.0f tok/s (%.0f per GPU; "
-                                          "recompute %s; rates %s)\n",
-                                          "predicted", plan.predicted_step_s(),
-                                          plan.predicted_tok_per_s(),
-                                          plan.predicted_tok_per_s_per_gpu(), plan.recompute(),
-                                          plan.rates()));
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-17s %.4g s a step, %.0f tok/s (%.0f per GPU; "
+                              "recompute %s; rates %s)\n",
+                              "predicted", plan.predicted_step_s(), plan.predicted_tok_per_s(),
+                              plan.predicted_tok_per_s_per_gpu(), plan.recompute(), plan.rates()));
   }
   absl::StrAppend(&out, plan.fits() ? "fits" : "does NOT fit", ": ", plan.summary(), "\n");
   return out;
@@ -344,9 +343,9 @@ std::string NodeText(const v1::NodeInfo& n) {
   std::string out;
   if (n.has_cluster()) {
     const v1::ClusterInfo& c = n.cluster();
-    out = absl::StrFormat("node %s (%s): jobs run on %s; %d running, %d queued (%d pending in %s)\n",
-                          n.hostname(), n.version(), c.kind(), n.jobs_running(), n.jobs_queued(),
-                          c.jobs_pending(), c.kind());
+    out = absl::StrFormat(
+        "node %s (%s): jobs run on %s; %d running, %d queued (%d pending in %s)\n", n.hostname(),
+        n.version(), c.kind(), n.jobs_running(), n.jobs_queued(), c.jobs_pending(), c.kind());
     const std::string where =
         c.partition().empty() ? "every partition" : "partition " + c.partition();
     if (c.error().empty()) {
@@ -357,15 +356,16 @@ std::string NodeText(const v1::NodeInfo& n) {
       absl::StrAppend(&out, c.kind(), ", ", where, ": cannot say (", c.error(), ")\n");
     }
   } else {
-    out = absl::StrFormat(
-        "node %s (%s): %d %s, %d free; host memory %s; %d running, %d queued\n", n.hostname(),
-        n.version(), n.slots(), n.gpus() > 0 ? "GPUs" : "CPU slots", n.free_slots(),
-        HumanBytes(n.host_memory_bytes()), n.jobs_running(), n.jobs_queued());
+    out = absl::StrFormat("node %s (%s): %d %s, %d free; host memory %s; %d running, %d queued\n",
+                          n.hostname(), n.version(), n.slots(), n.gpus() > 0 ? "GPUs" : "CPU slots",
+                          n.free_slots(), HumanBytes(n.host_memory_bytes()), n.jobs_running(),
+                          n.jobs_queued());
   }
   if (!n.libraries().empty()) absl::StrAppend(&out, "libraries: ", n.libraries(), "\n");
   if (n.scheduling_paused()) {
-    absl::StrAppend(&out, "scheduling paused (ithaca drain): queued jobs wait for "
-                          "`ithaca drain --undo`\n");
+    absl::StrAppend(&out,
+                    "scheduling paused (ithaca drain): queued jobs wait for "
+                    "`ithaca drain --undo`\n");
   }
   for (const v1::Device& d : n.devices()) {
     absl::StrAppend(

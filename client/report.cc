@@ -24,7 +24,6 @@ namespace {
 
 using google::protobuf::util::TimeUtil;
 
-
 absl::StatusOr<std::vector<v1::JobEvent>> ReadHistory(CliContext& c, const std::string& id,
                                                       grpc::Status* status) {
   v1::ReadHistoryRequest req;
@@ -93,7 +92,6 @@ std::string Time(const google::protobuf::Timestamp& t) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(t.seconds()),
                           absl::UTCTimeZone());
 }
-
 
 }  // namespace
 
@@ -365,10 +363,10 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
         series.push_back(tier);
       }
     }
-    absl::StrAppend(&charts,
-                    SvgLineChart(absl::StrCat("Peak memory per tier, rank ", rank), "step",
-                                 gib ? "GiB, peak during the step" : "MiB, peak during the step",
-                                 series));
+    absl::StrAppend(
+        &charts,
+        SvgLineChart(absl::StrCat("Peak memory per tier, rank ", rank), "step",
+                     gib ? "GiB, peak during the step" : "MiB, peak during the step", series));
   }
 
   std::string page = absl::StrCat(
@@ -434,8 +432,8 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
       absl::StrAppend(&page, "<tr><td>", Html(t.tier()), "</td><td>", HumanBytes(t.current_bytes()),
                       "</td></tr>\n");
     }
-    absl::StrAppend(&page, "<tr><th>total</th><th>", HumanBytes(p.per_rank_bytes()),
-                    "</th></tr>\n", "<tr><th>budget (", Html(p.budget_source()), ")</th><th>",
+    absl::StrAppend(&page, "<tr><th>total</th><th>", HumanBytes(p.per_rank_bytes()), "</th></tr>\n",
+                    "<tr><th>budget (", Html(p.budget_source()), ")</th><th>",
                     HumanBytes(p.budget_bytes()), "</th></tr>\n</table>\n");
   } else {
     absl::StrAppend(&page, "<p>No plan: ", Html(plan_error), "</p>\n");

@@ -29,7 +29,6 @@ bool IsOwnGroup(gid_t gid) {
 
 }  // namespace
 
-
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
   auto bad = [&](const std::string& msg) {
     return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": ", msg));

@@ -25,16 +25,16 @@ struct Tree {
   std::string root, outside;
   Tree() {
     const char* dir = std::getenv("TMPDIR");
-    const std::string base =
-        std::string(dir && *dir ? dir : "/tmp") + "/ithaca_fuzz_pattern." + std::to_string(getpid());
+    const std::string base = std::string(dir && *dir ? dir : "/tmp") + "/ithaca_fuzz_pattern." +
+                             std::to_string(getpid());
     root = base + "/root";
     outside = base + "/outside";
     for (const std::string& d : {base, root, root + "/shards", root + "/shards/deep", outside}) {
       mkdir(d.c_str(), 0700);
     }
-    for (const std::string& f : {root + "/a.tok", root + "/b.tok", root + "/shards/s1.tok",
-                                 root + "/shards/s2.tok", root + "/shards/deep/x.tok",
-                                 outside + "/hidden-outside-name"}) {
+    for (const std::string& f :
+         {root + "/a.tok", root + "/b.tok", root + "/shards/s1.tok", root + "/shards/s2.tok",
+          root + "/shards/deep/x.tok", outside + "/hidden-outside-name"}) {
       std::ofstream(f) << "x";
     }
     symlink(outside.c_str(), (root + "/escape").c_str());

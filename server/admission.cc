@@ -111,9 +111,7 @@ SpecBase ChooseSpecBase(const std::string& client_dir, const std::string& daemon
   return b;
 }
 
-std::string SpecSource(const std::string& source) {
-  return source.empty() ? "job.toml" : source;
-}
+std::string SpecSource(const std::string& source) { return source.empty() ? "job.toml" : source; }
 
 absl::StatusOr<AdmittedSpec> ParseSubmission(
     const std::string& toml_text, const std::string& source_in, const std::string& base_dir,
@@ -151,7 +149,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
     // The client may be on another machine: say which host looked where.
     notes[p] = (*p)[0] != '/' ? base.relative_note : base.absolute_note;
     absl::StatusOr<std::string> resolved = ResolvePattern(base.dir, *p);
-    if (!resolved.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", resolved.status().message()));
+    if (!resolved.ok())
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", resolved.status().message()));
     *p = *resolved;
   }
   RETURN_IF_ERROR(CheckSpecPaths(s, source, allowed_roots));
@@ -246,8 +245,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
     if (latest.ok()) {
       absl::StatusOr<TrainState> saved = ReadCheckpointState(*latest);
       if (saved.ok()) {
-        absl::Status work = CheckResumeHasWork(s.checkpoint.dir, s.training.steps, *latest,
-                                               *saved, /*run_id=*/"");
+        absl::Status work =
+            CheckResumeHasWork(s.checkpoint.dir, s.training.steps, *latest, *saved, /*run_id=*/"");
         if (!work.ok()) {
           return absl::FailedPreconditionError(absl::StrCat(source, ": ", work.message()));
         }
@@ -373,9 +372,9 @@ absl::Status CheckSlots(const JobSpec& s, const Node& node) {
   if (per_node > node.slots()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "parallel.world: the job needs ", per_node, " ranks",
-        s.slurm.nodes > 1 ? absl::StrCat(" on each of its ", s.slurm.nodes, " nodes") : "",
-        "; ", absl::StartsWith(node.hostname, "--hardware") ? node.hostname : "this node",
-        " has ", node.slots(), node.gpu ? " GPUs" : " CPU slots (ithacad --cpu-slots)"));
+        s.slurm.nodes > 1 ? absl::StrCat(" on each of its ", s.slurm.nodes, " nodes") : "", "; ",
+        absl::StartsWith(node.hostname, "--hardware") ? node.hostname : "this node", " has ",
+        node.slots(), node.gpu ? " GPUs" : " CPU slots (ithacad --cpu-slots)"));
   }
   return absl::OkStatus();
 }

@@ -77,9 +77,10 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const PlanLimits& search = {});
 
 // The job's data, evaluation data and weights (model.weights, and init.from's when they exist)
-// opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a job they would refuse is refused before it
-// takes a slot; errors start with `source`. SubmitJob runs it; PlanJob, which answers what a job
-// would take (also for data.seq_len values the data does not hold yet), does not.
+// opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a
+// job they would refuse is refused before it takes a slot; errors start with `source`. SubmitJob
+// runs it; PlanJob, which answers what a job would take (also for data.seq_len values the data does
+// not hold yet), does not.
 absl::Status CheckInputs(const AdmittedSpec& admitted, const std::string& source);
 
 // One node as the budget rule sees it for the job `s`: the ranks sharing its host are

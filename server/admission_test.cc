@@ -82,7 +82,8 @@ TEST(AdmissionTest, AResubmittedFinishedRunIsRefused) {
   mkdir(ckpt.c_str(), 0755);
   mkdir(step.c_str(), 0755);
   std::ofstream(step + "/state.json") << R"({"step": 3, "data_position": 12, "run_id": "x"})";
-  std::ofstream(step + "/manifest.json") << R"({"format": "ithaca-checkpoint-manifest-1", "files": []})";
+  std::ofstream(step + "/manifest.json")
+      << R"({"format": "ithaca-checkpoint-manifest-1", "files": []})";
   const std::string with_ckpt = "[checkpoint]\ndir = \"finished-ckpt\"\nresume = true\n";
   auto a = ParseSubmission(Spec("", with_ckpt), "job.toml", Dir(), Roomy());
   ASSERT_TRUE(absl::IsFailedPrecondition(a.status())) << a.status();
@@ -293,9 +294,9 @@ TEST(AdmissionTest, OptimizerOffloadOverTheHostBudgetIsRefusedNamingTheTier) {
   absl::Status st = CheckFits(*a, small_host);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("of pinned host memory per rank ("), std::string::npos) << st;
-  EXPECT_NE(st.message().find(absl::StrCat("host_optimizer ", HumanBytes(a->plan.peak[int(
-                                  Tier::kHostOptimizer)]), " (",
-                                           a->plan.peak[int(Tier::kHostOptimizer)], " bytes)")),
+  EXPECT_NE(st.message().find(
+                absl::StrCat("host_optimizer ", HumanBytes(a->plan.peak[int(Tier::kHostOptimizer)]),
+                             " (", a->plan.peak[int(Tier::kHostOptimizer)], " bytes)")),
             std::string::npos)
       << st;
   EXPECT_NE(st.message().find("budget 54.40 GiB"), std::string::npos) << st;  // 85% of 64 GiB
@@ -311,10 +312,9 @@ TEST(AdmissionTest, OptimizerOffloadOverTheHostBudgetIsRefusedNamingTheTier) {
   ASSERT_TRUE(on_device.ok()) << on_device.status();
   EXPECT_FALSE(CheckFits(*on_device, device_host).ok());
   // The plan that does not fit names the first change that makes it fit.
-  EXPECT_NE(EstimateMemory(*on_device)
-                .summary()
-                .find("it fits with memory.optimizer_offload = \"auto\""),
-            std::string::npos)
+  EXPECT_NE(
+      EstimateMemory(*on_device).summary().find("it fits with memory.optimizer_offload = \"auto\""),
+      std::string::npos)
       << EstimateMemory(*on_device).summary();
   // "auto" is the default: the spec without the key fits the same way.
   auto by_default = ParseSubmission(toml, "job.toml", Dir(), device_host);
@@ -547,9 +547,11 @@ TEST(AllowedRootsTest, EveryBraceAlternativeIsCheckedBeforeItIsLookedAt) {
   auto roots = ParseAllowedRoots(root);
   ASSERT_TRUE(roots.ok()) << roots.status();
   auto admit = [&](const std::string& data) {
-    return ParseSubmission("name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n"
-                           "[data]\npath = \"" + data + "\"\nseq_len = 64\n[training]\nsteps = 3\n",
-                           "job.toml", root, Roomy(), "", *roots)
+    return ParseSubmission(
+               "name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n"
+               "[data]\npath = \"" +
+                   data + "\"\nseq_len = 64\n[training]\nsteps = 3\n",
+               "job.toml", root, Roomy(), "", *roots)
         .status();
   };
   const absl::Status exists = admit("{corpus.tok,../outside/dir/private-name.tok}");
@@ -577,8 +579,9 @@ TEST(AllowedRootsTest, EveryBraceAlternativeIsCheckedBeforeItIsLookedAt) {
 }
 
 // What a worker used to find only after its launch (a slot taken, ranks started) is refused at
-// admission (CheckInputs, which SubmitJob runs): an evaluation set too small for eval.batches, weights in a dtype Ithaca does not
-// read or missing a tensor, and data made with another tokenizer than the model's.
+// admission (CheckInputs, which SubmitJob runs): an evaluation set too small for eval.batches,
+// weights in a dtype Ithaca does not read or missing a tensor, and data made with another tokenizer
+// than the model's.
 TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
   const std::string dir = Dir() + "/inputs";
   ASSERT_EQ(system(("mkdir -p " + dir + "/model").c_str()), 0);
@@ -629,8 +632,9 @@ TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
   // init.from's weights are checked the same way, under their own key.
   absl::Status init = admit("preset = \"tiny\"", "[init]\nfrom = \"model\"\n");
   EXPECT_EQ(init.code(), absl::StatusCode::kInvalidArgument) << init;
-  EXPECT_EQ(init.message().rfind("job.toml: init.from: " + dir + "/model has no tensor "
-                                 "'model.embed_tokens.weight'",
+  EXPECT_EQ(init.message().rfind("job.toml: init.from: " + dir +
+                                     "/model has no tensor "
+                                     "'model.embed_tokens.weight'",
                                  0),
             0u)
       << init;
@@ -640,8 +644,9 @@ TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
   TokenFileMeta meta = ByteTokenMeta(ByteTokenize(std::string(200, 'x')));
   meta.fingerprint = Sha256("another tokenizer", 17);
   ASSERT_TRUE(WriteTokenFileV2(dir + "/other.tok", ByteTokenize(std::string(200, 'x')), meta).ok());
-  const std::string other = "name = \"t\"\nbackend = \"cpu\"\n[model]\nconfig = \"model/config.json\"\n"
-                            "[data]\npath = \"other.tok\"\nseq_len = 64\n[training]\nsteps = 3\n";
+  const std::string other =
+      "name = \"t\"\nbackend = \"cpu\"\n[model]\nconfig = \"model/config.json\"\n"
+      "[data]\npath = \"other.tok\"\nseq_len = 64\n[training]\nsteps = 3\n";
   absl::Status tokenizer = check(other);
   EXPECT_EQ(tokenizer.code(), absl::StatusCode::kInvalidArgument) << tokenizer;
   EXPECT_NE(tokenizer.message().find("but the model's tokenizer " + dir + "/model/tokenizer.json"),
@@ -675,8 +680,8 @@ TEST(AdmissionTest, DataPatternsAreBoundedAndCancellable) {
   ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
   WriteCorpus(dir + "/corpus.tok");
   auto spec = [](const std::string& data) {
-    return "name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n[data]\npath = \"" +
-           data + "\"\nseq_len = 64\n[training]\nsteps = 3\n";
+    return "name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n[data]\npath = \"" + data +
+           "\"\nseq_len = 64\n[training]\nsteps = 3\n";
   };
   std::string groups;
   for (int i = 0; i < 21; ++i) groups += "{,}";
@@ -685,9 +690,9 @@ TEST(AdmissionTest, DataPatternsAreBoundedAndCancellable) {
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_NE(st.message().find("job.toml: data.path: "), std::string::npos) << st;
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
-  st = ParseSubmission(spec("{corpus,other}.tok"), "job.toml", dir, Roomy(), "", {},
-                       [] { return true; })
-           .status();
+  st = ParseSubmission(spec("{corpus,other}.tok"), "job.toml", dir, Roomy(), "", {}, [] {
+         return true;
+       }).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
   EXPECT_TRUE(ParseSubmission(spec("{corpus,corpus}.tok"), "job.toml", dir, Roomy()).ok());
 }

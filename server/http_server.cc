@@ -48,8 +48,8 @@ const char* Reason(int code) {
 }
 
 std::string Serialize(const HttpServer::Response& r, bool head) {
-  return absl::StrCat("HTTP/1.1 ", r.code, " ", Reason(r.code), "\r\nContent-Type: ",
-                      r.content_type, "\r\nContent-Length: ", r.body.size(),
+  return absl::StrCat("HTTP/1.1 ", r.code, " ", Reason(r.code),
+                      "\r\nContent-Type: ", r.content_type, "\r\nContent-Length: ", r.body.size(),
                       "\r\nConnection: close\r\n\r\n", head ? "" : r.body);
 }
 
@@ -95,9 +95,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Options options) {
   sockaddr_storage bound = {};
   socklen_t len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int actual = ntohs(bound.ss_family == AF_INET6
-                               ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int actual =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   int wake[2];
   if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     close(fd);
@@ -165,11 +165,10 @@ void HttpServer::Loop() {
       polled.push_back(&c);
       next = std::min(next, c.deadline);
     }
-    const int wait_ms =
-        next == absl::InfiniteFuture()
-            ? -1
-            : static_cast<int>(std::max<int64_t>(
-                  0, absl::ToInt64Milliseconds(next - absl::Now()) + 1));
+    const int wait_ms = next == absl::InfiniteFuture()
+                            ? -1
+                            : static_cast<int>(std::max<int64_t>(
+                                  0, absl::ToInt64Milliseconds(next - absl::Now()) + 1));
     if (poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR) break;
     if (stop_) break;
     std::vector<Connection*> done;

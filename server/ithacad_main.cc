@@ -309,21 +309,22 @@ absl::Status ClusterFromFlags(const std::string& listen, Supervisor::Options* so
   d.constraint = absl::GetFlag(FLAGS_slurm_constraint);
   d.signal_grace_s = absl::GetFlag(FLAGS_slurm_signal_grace);
   if (d.signal_grace_s < 0 || d.signal_grace_s > 86400) {
-    return absl::InvalidArgumentError(absl::StrCat("--slurm-signal-grace: must be in 0..86400, got ",
-                                                   d.signal_grace_s));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slurm-signal-grace: must be in 0..86400, got ", d.signal_grace_s));
   }
   // The same rules as the spec's [slurm] keys: the values go on #SBATCH lines.
   RETURN_IF_ERROR(CheckSlurmValue("slurm.partition", d.partition, "--slurm-partition"));
   RETURN_IF_ERROR(CheckSlurmValue("slurm.account", d.account, "--slurm-account"));
   RETURN_IF_ERROR(CheckSlurmValue("slurm.time_limit", d.time_limit, "--slurm-time-limit"));
   RETURN_IF_ERROR(CheckSlurmValue("slurm.constraint", d.constraint, "--slurm-constraint"));
-  absl::StatusOr<CommandResult> version = RunCommand({"sbatch", "--version"}, {}, absl::Seconds(10));
+  absl::StatusOr<CommandResult> version =
+      RunCommand({"sbatch", "--version"}, {}, absl::Seconds(10));
   if (!version.ok() || version->exit_code != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--cluster slurm: cannot run sbatch (",
-        version.ok() ? absl::StrCat("exit code ", version->exit_code)
-                     : std::string(version.status().message()),
-        "); install Slurm's client commands, or set PATH and SLURM_CONF"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--cluster slurm: cannot run sbatch (",
+                     version.ok() ? absl::StrCat("exit code ", version->exit_code)
+                                  : std::string(version.status().message()),
+                     "); install Slurm's client commands, or set PATH and SLURM_CONF"));
   }
   so->slurm = d;
   so->cluster_poll_interval = absl::Seconds(absl::GetFlag(FLAGS_slurm_poll_s));
@@ -389,9 +390,9 @@ absl::Status LockStateDir(const std::string& state_dir) {
   if (lock_fd >= 0 && fstat(lock_fd, &st) == 0) {
     if (st.st_uid != geteuid()) {
       close(lock_fd);
-      return absl::FailedPreconditionError(absl::StrCat(
-          lock_path, " belongs to uid ", st.st_uid, ", not to this daemon's user (uid ", geteuid(),
-          "): remove it"));
+      return absl::FailedPreconditionError(absl::StrCat(lock_path, " belongs to uid ", st.st_uid,
+                                                        ", not to this daemon's user (uid ",
+                                                        geteuid(), "): remove it"));
     }
     fchmod(lock_fd, 0600);
   }
@@ -584,11 +585,11 @@ absl::Status Serve(DaemonOptions o) {
     address = absl::StrCat(o.listen.substr(0, o.listen.rfind(':')), ":", port);
   }
   // Where to find this daemon, for scripts and tests (written once it serves).
-  RETURN_IF_ERROR(WriteFileAtomic(o.state_dir + "/ithacad.addr",
-                                  absl::StrCat("grpc=", address, "\nmetrics=",
-                                               o.jobs.metrics_address,
-                                               o.health_listen.empty() ? "" : "\nhealth=",
-                                               o.health_listen, "\npid=", getpid(), "\n")));
+  RETURN_IF_ERROR(
+      WriteFileAtomic(o.state_dir + "/ithacad.addr",
+                      absl::StrCat("grpc=", address, "\nmetrics=", o.jobs.metrics_address,
+                                   o.health_listen.empty() ? "" : "\nhealth=", o.health_listen,
+                                   "\npid=", getpid(), "\n")));
   PrintServing(o, address, o.jobs.metrics_address);
 
   const int sig = WaitForStopSignal(stop_signals, store.get(), set_serving);

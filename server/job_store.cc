@@ -132,7 +132,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options)
   // user keeps) would have SQLite write, and chmod change, whatever it leads to.
   if (struct stat st; lstat(options.path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job store ", options.path, ": ", S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file",
+        "job store ", options.path, ": ",
+        S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file",
         "; ithacad keeps its store as a file of its own in the state directory (move it there)"));
   }
   sqlite3* db = nullptr;
@@ -276,12 +277,12 @@ absl::Status JobStore::Migrate() {
   ASSIGN_OR_RETURN(bool restarts, has_column("restarts"));
   ASSIGN_OR_RETURN(bool dropped, has_column("transitions_dropped"));
   return Exec(absl::StrCat(
-      "BEGIN;",
-      restarts ? "" : "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;",
+      "BEGIN;", restarts ? "" : "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;",
       dropped ? "" : "ALTER TABLE jobs ADD COLUMN transitions_dropped INTEGER NOT NULL DEFAULT 0;",
       // Restarts so far: the transitions to QUEUED whose reason starts "restart ".
       "UPDATE jobs SET restarts = (SELECT COUNT(*) FROM transitions t WHERE t.job_id = jobs.id"
-      " AND t.to_state = ", int64_t{v1::JOB_STATE_QUEUED}, " AND t.reason LIKE 'restart %');",
+      " AND t.to_state = ",
+      int64_t{v1::JOB_STATE_QUEUED}, " AND t.reason LIKE 'restart %');",
       "PRAGMA user_version = 6;"
       "COMMIT;"));
 }
@@ -361,10 +362,9 @@ absl::Status JobStore::Delete(const std::string& id) {
                                                       "; only an ended job can be deleted"));
   }
   return InWriteTransaction([&]() -> absl::Status {
-    for (const char* sql : {"DELETE FROM history WHERE job_id = ?",
-                            "DELETE FROM last_steps WHERE job_id = ?",
-                            "DELETE FROM transitions WHERE job_id = ?",
-                            "DELETE FROM jobs WHERE id = ?"}) {
+    for (const char* sql :
+         {"DELETE FROM history WHERE job_id = ?", "DELETE FROM last_steps WHERE job_id = ?",
+          "DELETE FROM transitions WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"}) {
       Stmt d(db_, sql);
       d.Bind(1, id);
       RETURN_IF_ERROR(d.Run());
@@ -425,15 +425,16 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
     job.add_last_steps()->ParseFromString(s.Text(0));
   }
   // The newest evaluation is the history's newest eval row (one record of each evaluation).
-  Stmt e(db_, "SELECT report FROM history WHERE job_id = ? AND kind = ? ORDER BY rowid DESC LIMIT 1");
+  Stmt e(db_,
+         "SELECT report FROM history WHERE job_id = ? AND kind = ? ORDER BY rowid DESC LIMIT 1");
   e.Bind(1, id).Bind(2, kHistoryEval);
   ASSIGN_OR_RETURN(bool has_eval, e.Step());
   if (has_eval) job.mutable_last_eval()->ParseFromString(e.Text(0));
   return job;
 }
 
-absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>& states,
-                                                    int limit, int64_t before_seq) {
+absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>& states, int limit,
+                                                    int64_t before_seq) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string sql = "SELECT id FROM jobs WHERE 1";
   if (!states.empty()) {
@@ -500,15 +501,15 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
     RETURN_IF_ERROR(tr.Run());
     // Bounded: the first kKeptFirstTransitions (how the job began) and the newest, up to
     // kMaxTransitions in all; the one in between that goes is counted.
-    const int64_t drop = last_seq + 1 - kKeptFirstTransitions -
-                         (kMaxTransitions - kKeptFirstTransitions);
+    const int64_t drop =
+        last_seq + 1 - kKeptFirstTransitions - (kMaxTransitions - kKeptFirstTransitions);
     if (drop <= 0) return absl::OkStatus();
     const int64_t victim = kKeptFirstTransitions + drop;  // seqs are 1-based and never reused
     Stmt del(db_, "DELETE FROM transitions WHERE job_id = ? AND seq = ?");
     del.Bind(1, id).Bind(2, victim);
     RETURN_IF_ERROR(del.Run());
-    Stmt counted(db_,
-                 "UPDATE jobs SET transitions_dropped = transitions_dropped + changes() WHERE id = ?");
+    Stmt counted(
+        db_, "UPDATE jobs SET transitions_dropped = transitions_dropped + changes() WHERE id = ?");
     counted.Bind(1, id);
     return counted.Run();
   }));

@@ -307,8 +307,8 @@ TEST(JobStoreTest, TransitionsAreBoundedAndRestartsCountedApart) {
     const bool restart = i % 2 == 0;
     ASSERT_TRUE(store
                     ->Transition("job-1", v1::JOB_STATE_QUEUED,
-                                 absl::StrCat(restart ? "restart " : "drained ", i),
-                                 std::nullopt, restart)
+                                 absl::StrCat(restart ? "restart " : "drained ", i), std::nullopt,
+                                 restart)
                     .ok());
   }
   absl::StatusOr<v1::Job> job = store->Get("job-1");

@@ -33,8 +33,8 @@ Jobs::Jobs(Options options, JobStore* store, Metrics* metrics)
       store_(store),
       metrics_(metrics),
       // Under Slurm, Slurm queues and places jobs: every admitted job is handed on at once.
-      scheduler_(Scheduler::Options{options_.supervisor.slurm ? kClusterSlots
-                                                              : options_.node.slots()}),
+      scheduler_(
+          Scheduler::Options{options_.supervisor.slurm ? kClusterSlots : options_.node.slots()}),
       supervisor_(options_.supervisor, options_.node, this, metrics) {}
 
 Jobs::~Jobs() { Shutdown("daemon stopped"); }
@@ -78,7 +78,7 @@ int Jobs::Drain(absl::Duration timeout) {
 }
 
 v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout,
-                                    std::function<bool()> cancelled) {
+                                  std::function<bool()> cancelled) {
   v1::DrainResponse response;
   std::vector<std::string> resumable, others, starting;
   const absl::Time deadline = absl::Now() + timeout;
@@ -116,8 +116,7 @@ v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout,
   } else {
     // The supervisor reports each drained job QUEUED (OnEnded), which queues it again: it waits
     // there, as every queued job does, for the undo.
-    supervisor_.Drain(resumable, std::max(absl::ZeroDuration(), deadline - absl::Now()),
-                      cancelled);
+    supervisor_.Drain(resumable, std::max(absl::ZeroDuration(), deadline - absl::Now()), cancelled);
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& id : resumable) {
@@ -166,7 +165,6 @@ std::string ResumableCheckpoint(const v1::Job& job) {
 
 constexpr char kRestartReason[] = "restart ";
 
-
 }  // namespace
 
 std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job, std::string* why_not) {
@@ -177,7 +175,8 @@ std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job, std::string*
     // A Slurm job: Slurm says whether it still runs; its ranks re-attach over TCP.
     slurm_id = job.cluster_job().substr(strlen(kSlurmPrefix));
     if (!options_.supervisor.slurm) {
-      *why_not = absl::StrCat("; Slurm job ", slurm_id, " left to Slurm (this ithacad runs "
+      *why_not = absl::StrCat("; Slurm job ", slurm_id,
+                              " left to Slurm (this ithacad runs "
                               "without --cluster slurm)");
       return std::nullopt;
     }
@@ -245,8 +244,8 @@ absl::Status Jobs::Recover() {
     ASSIGN_OR_RETURN(int pgid, store_->ProcessGroup(job.id()));
     const int killed = pgid > 0 ? Supervisor::KillStrayWorkers(pgid, job.id()) : 0;
     const std::string stray = !why_not.empty() ? why_not
-                              : killed > 0   ? absl::StrCat("; killed ", killed, " stray workers")
-                                             : "; its workers were gone";
+                              : killed > 0     ? absl::StrCat("; killed ", killed, " stray workers")
+                                               : "; its workers were gone";
     if (job.state() == v1::JOB_STATE_CANCELLING) {
       ASSIGN_OR_RETURN(v1::Job j, store_->Transition(job.id(), v1::JOB_STATE_CANCELLED,
                                                      "daemon restarted while cancelling" + stray));
@@ -481,9 +480,9 @@ absl::StatusOr<v1::PlanJobResponse> Jobs::Plan(const v1::PlanJobRequest& request
 }
 
 std::shared_ptr<FitMemo> Jobs::FitMemoFor(const v1::PlanJobRequest& request) {
-  std::string key = absl::StrCat(request.spec_toml().size(), ":", request.spec_toml(), "|",
-                                 request.source(), "|", request.base_dir(), "|",
-                                 request.hardware());
+  std::string key =
+      absl::StrCat(request.spec_toml().size(), ":", request.spec_toml(), "|", request.source(), "|",
+                   request.base_dir(), "|", request.hardware());
   for (const std::string& o : request.overrides()) {
     if (!absl::StartsWith(o, "data.seq_len=")) absl::StrAppend(&key, "|", o.size(), ":", o);
   }
@@ -514,8 +513,8 @@ absl::StatusOr<v1::ListJobsResponse> Jobs::List(const v1::ListJobsRequest& reque
   if (request.limit() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("limit: must be >= 0, got ", request.limit()));
   }
-  const int limit = request.limit() == 0 ? kDefaultListLimit
-                                         : std::min<int>(request.limit(), kMaxListLimit);
+  const int limit =
+      request.limit() == 0 ? kDefaultListLimit : std::min<int>(request.limit(), kMaxListLimit);
   int64_t before = 0;
   if (!request.page_token().empty() &&
       (!absl::SimpleAtoi(request.page_token(), &before) || before <= 0)) {
@@ -545,8 +544,8 @@ absl::StatusOr<v1::ListJobsResponse> Jobs::List(const v1::ListJobsRequest& reque
 
 absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& reason_in) {
   if (reason_in.size() > kMaxCancelReasonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("reason: at most ", kMaxCancelReasonBytes,
-                                                   " bytes, got ", reason_in.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reason: at most ", kMaxCancelReasonBytes, " bytes, got ", reason_in.size()));
   }
   const std::string reason = reason_in.empty() ? "cancelled by the user" : reason_in;
   v1::Job job;
@@ -613,8 +612,8 @@ absl::StatusOr<v1::Job> Jobs::Delete(const std::string& id) {
     std::filesystem::remove_all(job.log_dir(), ec);
     if (ec) {
       return absl::InternalError(absl::StrCat("job ", id, " was deleted, but its log directory ",
-                                              job.log_dir(), " could not be removed: ",
-                                              ec.message()));
+                                              job.log_dir(),
+                                              " could not be removed: ", ec.message()));
     }
   }
   return job;
@@ -648,7 +647,8 @@ absl::Status Jobs::ClaimCheckpointDirLocked(const std::string& dir, const std::s
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint.dir: ", dir, " is the checkpoint directory of ", it->second,
         ", which has not ended; two jobs in one directory would overwrite each other's "
-        "checkpoints: give this job a directory of its own, or cancel ", it->second));
+        "checkpoints: give this job a directory of its own, or cancel ",
+        it->second));
   }
   if (!job_id.empty()) checkpoint_dirs_[key] = job_id;
   return absl::OkStatus();
@@ -687,9 +687,8 @@ absl::StatusOr<std::shared_ptr<EventLog>> Jobs::Events(const std::string& id) {
     // the final state, held by the watcher alone.
     auto log = std::make_shared<EventLog>();
     v1::JobEvent e;
-    *e.mutable_state() = job.transitions_size() > 0
-                             ? job.transitions(job.transitions_size() - 1)
-                             : v1::StateTransition();
+    *e.mutable_state() = job.transitions_size() > 0 ? job.transitions(job.transitions_size() - 1)
+                                                    : v1::StateTransition();
     if (job.transitions_size() == 0) e.mutable_state()->set_to(job.state());
     *e.mutable_job() = job;
     log->Append(std::move(e));
@@ -773,7 +772,7 @@ void Jobs::RefreshJobCounts() {
 
 std::vector<LaunchOrder> Jobs::TakeLaunches() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (shutting_down_) return {};  // draining or stopping: queued jobs wait for the next daemon
+  if (shutting_down_) return {};      // draining or stopping: queued jobs wait for the next daemon
   if (scheduling_paused_) return {};  // `ithaca drain`: queued jobs wait for the undo
   // Restarted jobs whose backoff is over join the queue (at its end, as a new submission).
   const absl::Time now = absl::Now();
@@ -880,7 +879,7 @@ bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason) {
   if (!queued.ok()) return false;
   PublishState(job_id, *queued);
   backing_off_[job_id] = {absl::Now() + absl::Seconds(backoff),
-                           static_cast<int>(spec->parallel.world)};
+                          static_cast<int>(spec->parallel.world)};
   metrics_->OnJobRestarted();
   return true;
 }
@@ -900,8 +899,8 @@ void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::strin
       if (queued.ok()) {
         PublishState(job_id, *queued);
         absl::StatusOr<JobSpec> spec = ParseJobSpec(queued->spec_toml(), "job " + job_id);
-        backing_off_[job_id] = {absl::Now(), spec.ok() ? static_cast<int>(spec->parallel.world)
-                                                       : 1};
+        backing_off_[job_id] = {absl::Now(),
+                                spec.ok() ? static_cast<int>(spec->parallel.world) : 1};
         return;
       }
       std::fprintf(stderr, "ithacad: %s\n", queued.status().ToString().c_str());

@@ -240,8 +240,8 @@ TEST(JobsTest, DeleteForgetsAnEndedJobKeepsItsCheckpointsAndNeverReusesItsId) {
   auto store = JobStore::Open({":memory:"});
   ASSERT_TRUE(store.ok()) << store.status();
   Metrics metrics;
-  Jobs jobs(CpuJobs("delete", 1, Script("sleep_del.sh", "echo hello; exec sleep 30")),
-            store->get(), &metrics);
+  Jobs jobs(CpuJobs("delete", 1, Script("sleep_del.sh", "echo hello; exec sleep 30")), store->get(),
+            &metrics);
   ASSERT_TRUE(jobs.Start().ok());
   const std::string ckpt = TmpDir() + "/delete-ckpt";
   mkdir(ckpt.c_str(), 0755);
@@ -365,8 +365,9 @@ TEST(JobsTest, OverridesAreAppliedByTheDaemon) {
       << refused.status();
   // A key of the user's file: its line there (the rewritten text's lines differ).
   v1::SubmitJobRequest bad = Submission(1);
-  bad.set_spec_toml("# comment\n\n" + absl::StrReplaceAll(bad.spec_toml(),
-                                                         {{"steps = 3\n", "steps = 3\nlr = -1.0\n"}}));
+  bad.set_spec_toml(
+      "# comment\n\n" +
+      absl::StrReplaceAll(bad.spec_toml(), {{"steps = 3\n", "steps = 3\nlr = -1.0\n"}}));
   bad.add_overrides("name=x");
   refused = jobs.Submit(bad);
   EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
@@ -509,8 +510,9 @@ TEST(JobsTest, NonUtf8WorkerOutputReachesClients) {
   auto store = JobStore::Open({":memory:"});
   ASSERT_TRUE(store.ok()) << store.status();
   Metrics metrics;
-  Jobs jobs(CpuJobs("latin1", 1, Script("latin1.sh", "printf 'data/caf\\351.tok: bad\\n' >&2; exit 2")),
-            store->get(), &metrics);
+  Jobs jobs(
+      CpuJobs("latin1", 1, Script("latin1.sh", "printf 'data/caf\\351.tok: bad\\n' >&2; exit 2")),
+      store->get(), &metrics);
   ASSERT_TRUE(jobs.Start().ok());
   absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
   ASSERT_TRUE(job.ok()) << job.status();

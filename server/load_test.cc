@@ -130,8 +130,8 @@ TEST(LoadTest, ManyJobsStreamsAndSlowClientsStayBounded) {
   EXPECT_EQ(refused.load(), kWatchers - JobServiceImpl::kMaxStreams);
 
   // Under all of that: quick unary calls, a bounded list, metrics.
-  auto stub = v1::JobService::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::JobService::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   std::vector<absl::Duration> latency;
   for (int i = 0; i < 100; ++i) {
     grpc::ClientContext ctx;

@@ -289,7 +289,8 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
   RankSeries& s = RankLocked(job, rank, gpu, uuid);
   const Labels l = RankLabels(s);
   if (!r.node().empty() && s.node_info == nullptr) {
-    s.node_info = &rank_node_.Add({{"job_id", job}, {"rank", std::to_string(rank)}, {"node", r.node()}});
+    s.node_info =
+        &rank_node_.Add({{"job_id", job}, {"rank", std::to_string(rank)}, {"node", r.node()}});
     s.node_info->Set(1);
   }
   for (const v1::TierBytes& t : r.memory()) {
@@ -474,8 +475,8 @@ void Metrics::SetJobs(const std::vector<v1::Job>& jobs) {
       at.Set(since);
       job_since_series_.push_back(&at);
     }
-    prometheus::Gauge& info = job_info_.Add(
-        {{"job_id", job.id()}, {"name", job.name()}, {"model", job.spec().model()}});
+    prometheus::Gauge& info =
+        job_info_.Add({{"job_id", job.id()}, {"name", job.name()}, {"model", job.spec().model()}});
     info.Set(1);
     job_info_series_.push_back(&info);
   }
@@ -530,8 +531,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttp>> MetricsHttp::Start(const Options& o
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(std::move(o));
   if (!server.ok()) {
     return absl::UnavailableError(absl::StrCat("--metrics-listen ", options.listen,
-                                               ": cannot listen there (",
-                                               server.status().message(), ")"));
+                                               ": cannot listen there (", server.status().message(),
+                                               ")"));
   }
   http->server_ = std::move(*server);
   return http;

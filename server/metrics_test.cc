@@ -170,7 +170,8 @@ TEST(MetricsTest, EvalLossOfTheNewestEvaluation) {
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("job_id=\"job-2\",rank=\"0\"} 0"), std::string::npos)
-      << "an evaluation-only job has no step series\n" << text;
+      << "an evaluation-only job has no step series\n"
+      << text;
 }
 
 // The passkey eval's points: one accuracy and one logprob series per (length, depth) of the job,
@@ -226,9 +227,9 @@ TEST(MetricsTest, EndedJobsLeaveNoThroughputOrMemoryGauges) {
         "ithaca_host_block_inputs_bytes{", "ithaca_model_flops_per_second{", "ithaca_mfu_ratio{"}) {
     EXPECT_EQ(text.find(std::string(gone) + l1), std::string::npos) << gone << "\n" << text;
   }
-  for (const std::string& kept : {"ithaca_train_loss{" + l1 + "} 2.5",
-                                  "ithaca_train_step{" + l1 + "} 3",
-                                  "ithaca_tokens_total{" + l1 + "} 512"}) {
+  for (const std::string& kept :
+       {"ithaca_train_loss{" + l1 + "} 2.5", "ithaca_train_step{" + l1 + "} 3",
+        "ithaca_tokens_total{" + l1 + "} 512"}) {
     EXPECT_NE(text.find(kept), std::string::npos) << kept << "\n" << text;
   }
   // The running job is untouched: the node's sum is its rate alone.

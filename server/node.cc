@@ -12,7 +12,6 @@
 namespace ithaca {
 namespace {
 
-
 // "index, uuid, name, memory MiB" lines from nvidia-smi; empty when it is not there.
 std::vector<NodeDevice> QueryNvidiaSmi() {
   std::vector<NodeDevice> out;
@@ -120,8 +119,9 @@ absl::StatusOr<Node> HardwareNode(const std::string& text) {
     std::vector<std::string> kv = absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
     double v = 0;
     if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &v) || !(v > 0) || v > (1 << 24)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--hardware: \"", parts[i], "\": expected gpus=N, gpu_gib=G or host_gib=H, a number above 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hardware: \"", parts[i],
+                       "\": expected gpus=N, gpu_gib=G or host_gib=H, a number above 0"));
     }
     if (kv[0] == "gpus" && v == static_cast<int>(v) && v <= 4096) {
       gpus = static_cast<int>(v);

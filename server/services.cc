@@ -47,7 +47,8 @@ absl::Status CheckListenAddress(const std::string& listen) {
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), port.c_str(), &hints, &found);
       rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
   }
   int error = 0;
   bool bound = false;
@@ -107,9 +108,8 @@ absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
     socklen_t len = sizeof(bound);
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
         getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
-      port = ntohs(bound.ss_family == AF_INET6
-                       ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                       : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     }
     close(fd);
   }
@@ -300,7 +300,8 @@ grpc::Status WorkerServiceImpl::Check(const grpc::ServerContext& context,
   }
   const auto& md = context.client_metadata();
   auto it = md.find(kJobSecretMetadata);
-  const std::string secret = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+  const std::string secret =
+      it == md.end() ? "" : std::string(it->second.data(), it->second.size());
   return ToGrpc(supervisor_->CheckSecret(job_id, secret));
 }
 

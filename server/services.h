@@ -67,9 +67,12 @@ class JobServiceImpl final : public v1::JobService::Service {
   // Counts an open stream for its lifetime; `ok()` false when kMaxStreams are open already.
   class StreamSlot {
    public:
-    explicit StreamSlot(std::atomic<int>* open) : open_(open) { ok_ = open_->fetch_add(1) < kMaxStreams; }
+    explicit StreamSlot(std::atomic<int>* open) : open_(open) {
+      ok_ = open_->fetch_add(1) < kMaxStreams;
+    }
     ~StreamSlot() { open_->fetch_sub(1); }
     bool ok() const { return ok_; }
+
    private:
     std::atomic<int>* open_;
     bool ok_;

@@ -196,8 +196,8 @@ TEST(ServicesTest, ChooseListenPortPicksAFreePortForZero) {
   EXPECT_EQ(*ChooseListenPort("unix:/tmp/x.sock"), "unix:/tmp/x.sock");
   EXPECT_EQ(*ChooseListenPort("[::1]:7001"), "[::1]:7001");
   // No port would have been :443 (gRPC's default): refused, naming the form.
-  for (const char* bad : {"127.0.0.1", "::1", "[::1]", "localhost:", "127.0.0.1:http",
-                          "127.0.0.1:70000"}) {
+  for (const char* bad :
+       {"127.0.0.1", "::1", "[::1]", "localhost:", "127.0.0.1:http", "127.0.0.1:70000"}) {
     absl::StatusOr<std::string> st = ChooseListenPort(bad);
     ASSERT_FALSE(st.ok()) << bad;
     EXPECT_NE(st.status().message().find("give host:port"), std::string::npos) << st.status();

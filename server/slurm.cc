@@ -45,8 +45,8 @@ const std::string& Or(const std::string& a, const std::string& b) { return a.emp
 }  // namespace
 
 bool SlurmJobState::Active() const {
-  static const char* const kActive[] = {"PENDING",   "CONFIGURING", "RUNNING",  "COMPLETING",
-                                        "SUSPENDED", "REQUEUED",    "RESIZING", "SIGNALING",
+  static const char* const kActive[] = {"PENDING",   "CONFIGURING",  "RUNNING",    "COMPLETING",
+                                        "SUSPENDED", "REQUEUED",     "RESIZING",   "SIGNALING",
                                         "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED"};
   for (const char* s : kActive) {
     if (state == s) return true;
@@ -88,8 +88,7 @@ std::string SlurmBatchScript(const SlurmSubmission& s, const SlurmDefaults& d) {
   absl::StrAppend(&script, "#SBATCH --no-requeue\n");
   absl::StrAppend(&script, "#SBATCH --output=", s.log_dir, "/slurm-%j.out\n");
   absl::StrAppend(
-      &script,
-      "# Written by ithacad for job ", s.job_id,
+      &script, "# Written by ithacad for job ", s.job_id,
       ": one task per node runs the per-node launcher, whose ranks report to ithacad.\n"
       "# Node 0 (where this script runs, $SLURM_LAUNCH_NODE_IPADDR in every task) serves the\n"
       "# ranks' rendezvous on a port derived from the Slurm job id.\n"
@@ -180,8 +179,8 @@ absl::StatusOr<CommandResult> RunCommand(
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (timed_out) {
-    return absl::DeadlineExceededError(absl::StrCat(argv[0], " did not finish within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat(argv[0], " did not finish within ", absl::FormatDuration(timeout)));
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && result.err.empty()) {
     return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], " (not in PATH?)"));
@@ -212,7 +211,8 @@ absl::StatusOr<std::string> SlurmSubmit(const SlurmSubmission& s, const SlurmDef
   // --parsable: "ID" or "ID;cluster".
   std::string id(absl::StripAsciiWhitespace(r->out));
   id = id.substr(0, id.find(';'));
-  if (id.empty() || !std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (id.empty() ||
+      !std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return absl::UnavailableError(absl::StrCat("sbatch printed no job id: ", Said(*r)));
   }
   return id;
@@ -286,9 +286,9 @@ absl::StatusOr<SlurmJobState> SlurmQuery(const std::string& slurm_id, const Slur
   if (!forgotten) return absl::UnavailableError(absl::StrCat("squeue: ", Said(*q)));
   // squeue forgets a job MinJobAge after its end; the accounting database, where there is one,
   // remembers it.
-  absl::StatusOr<CommandResult> a = RunCommand(
-      {"sacct", "-n", "-P", "-X", "-j", slurm_id, "-o", "State,Reason,NodeList"}, {},
-      d.command_timeout);
+  absl::StatusOr<CommandResult> a =
+      RunCommand({"sacct", "-n", "-P", "-X", "-j", slurm_id, "-o", "State,Reason,NodeList"}, {},
+                 d.command_timeout);
   if (a.ok() && a->exit_code == 0) {
     std::string row(absl::StripAsciiWhitespace(a->out));
     row = row.substr(0, row.find('\n'));
@@ -323,10 +323,9 @@ int64_t SlurmDurationSeconds(const std::string& text) {
 
 absl::StatusOr<std::string> SlurmWarningCause(const std::string& slurm_id, int grace_s,
                                               const SlurmDefaults& d) {
-  absl::StatusOr<CommandResult> q =
-      RunCommand({"squeue", "-h", "--states=all", "-j", slurm_id, "-O",
-                  "PreemptTime,TimeUsed,TimeLimit"},
-                 {}, d.command_timeout);
+  absl::StatusOr<CommandResult> q = RunCommand(
+      {"squeue", "-h", "--states=all", "-j", slurm_id, "-O", "PreemptTime,TimeUsed,TimeLimit"}, {},
+      d.command_timeout);
   if (!q.ok()) return absl::UnavailableError(absl::StrCat("squeue: ", q.status().message()));
   std::vector<std::string> f =
       absl::StrSplit(absl::StripAsciiWhitespace(q->out), ' ', absl::SkipEmpty());

@@ -48,11 +48,11 @@ struct SlurmSubmission {
 
 // What Slurm says of a job.
 struct SlurmJobState {
-  bool known = false;   // false: neither squeue nor sacct knows the job id
-  std::string state;    // PENDING, RUNNING, COMPLETING, COMPLETED, CANCELLED, FAILED, TIMEOUT,
-                        // NODE_FAIL, PREEMPTED, BOOT_FAIL, DEADLINE, OUT_OF_MEMORY, ...
-  std::string reason;   // squeue's %r: "None", "Resources", "ReqNodeNotAvail, ...", ...
-  std::string nodes;    // its node list, "n[1-2]"
+  bool known = false;     // false: neither squeue nor sacct knows the job id
+  std::string state;      // PENDING, RUNNING, COMPLETING, COMPLETED, CANCELLED, FAILED, TIMEOUT,
+                          // NODE_FAIL, PREEMPTED, BOOT_FAIL, DEADLINE, OUT_OF_MEMORY, ...
+  std::string reason;     // squeue's %r: "None", "Resources", "ReqNodeNotAvail, ...", ...
+  std::string nodes;      // its node list, "n[1-2]"
   bool Active() const;    // still queued or running (PENDING, RUNNING, COMPLETING, ...)
   bool Terminal() const;  // known and not active
   std::string ToString() const;  // "CANCELLED (reason None) on n[1-2]"
@@ -108,8 +108,8 @@ struct CommandResult {
   std::string out;
   std::string err;
 };
-absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
-                                         const std::vector<std::pair<std::string, std::string>>& env,
-                                         absl::Duration timeout);
+absl::StatusOr<CommandResult> RunCommand(
+    const std::vector<std::string>& argv,
+    const std::vector<std::pair<std::string, std::string>>& env, absl::Duration timeout);
 
 }  // namespace ithaca

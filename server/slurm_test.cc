@@ -119,8 +119,8 @@ TEST(SlurmTest, StatesAreActiveOrTerminal) {
 }
 
 TEST(SlurmTest, RunCommandGivesOutputAndExitCodeAndStopsAtItsTimeout) {
-  absl::StatusOr<CommandResult> r =
-      RunCommand({"sh", "-c", "echo out $X; echo err >&2; exit 3"}, {{"X", "x1"}}, absl::Seconds(10));
+  absl::StatusOr<CommandResult> r = RunCommand({"sh", "-c", "echo out $X; echo err >&2; exit 3"},
+                                               {{"X", "x1"}}, absl::Seconds(10));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 3);
   EXPECT_EQ(r->out, "out x1\n");
@@ -129,8 +129,8 @@ TEST(SlurmTest, RunCommandGivesOutputAndExitCodeAndStopsAtItsTimeout) {
   r = RunCommand({"sleep", "30"}, {}, absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_TRUE(absl::IsNotFound(
-      RunCommand({"no-such-command-ithaca"}, {}, absl::Seconds(5)).status()));
+  EXPECT_TRUE(
+      absl::IsNotFound(RunCommand({"no-such-command-ithaca"}, {}, absl::Seconds(5)).status()));
 }
 
 }  // namespace

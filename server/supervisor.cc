@@ -281,7 +281,7 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   l.env = {{"ITHACA_DAEMON_SOCKET", options_.worker_socket},
            {"ITHACA_JOB_ID", a->id},
            {"ITHACA_JOB_SECRET", a->secret}};
-  l.die_with_launcher = false;  // a daemon restart must not cost the job (adoption.h)
+  l.die_with_launcher = false;    // a daemon restart must not cost the job (adoption.h)
   l.drain_signal_blocked = true;  // Drain's SIGUSR1 waits for a rank that is still starting
   for (size_t r = 0; r < order.slots.size(); ++r) {
     l.outputs.push_back({Launcher::RankLogPath(a->log_dir, static_cast<int>(r))});
@@ -388,8 +388,7 @@ std::string NeverRegistered(const Job& job) {
 
 }  // namespace
 
-std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank,
-                                                    absl::Time now) {
+std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank, absl::Time now) {
   if (rank.remote) {
     if (rank.announced_exit) return *rank.announced_exit;
     // The Slurm job is over (or, once stopping, Slurm never said so) and the rank said nothing.
@@ -412,9 +411,10 @@ void Supervisor::ForgiveStallLocked(absl::Time now, absl::Duration since_last_pa
   // queued behind it were not yet taken: the time beyond the poll interval is not the ranks'.
   const absl::Duration stalled = since_last_pass - options_.poll_interval;
   if (stalled < kStallForgiven || active_.empty()) return;
-  std::printf("ithacad: the supervisor was held up %s; the ranks' heartbeat and start clocks "
-              "skip it\n",
-              absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))).c_str());
+  std::printf(
+      "ithacad: the supervisor was held up %s; the ranks' heartbeat and start clocks "
+      "skip it\n",
+      absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))).c_str());
   std::fflush(stdout);
   for (auto& [id, job] : active_) {
     job->launched = std::min(now, job->launched + stalled);
@@ -601,7 +601,8 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
   if (a->ending) {
     return absl::FailedPreconditionError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
   }
-  if (r.remote && (r.pid == 0 || !r.registered) && ConstantTimeEquals(request.secret(), a->secret)) {
+  if (r.remote && (r.pid == 0 || !r.registered) &&
+      ConstantTimeEquals(request.secret(), a->secret)) {
     r.pid = request.pid();  // a rank on another node: its pid is known from its registration
     r.node = request.node();
   }
@@ -635,8 +636,8 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
                                      a->ranks[i].node.empty() ? "?" : a->ranks[i].node));
         i = j + 1;
       }
-      where = absl::StrCat(" (Slurm job ", a->slurm_id, ": ranks ", absl::StrJoin(parts, ", "),
-                           ")");
+      where =
+          absl::StrCat(" (Slurm job ", a->slurm_id, ": ranks ", absl::StrJoin(parts, ", "), ")");
     }
     RETURN_IF_ERROR(
         owner_
@@ -670,9 +671,9 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   if (absl::Status stored = owner_->OnStep(a->id, report); !stored.ok()) {
     if (a->unstored_steps.empty()) a->unstored_error = std::string(stored.message());
     a->unstored_steps.insert(key);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("ithacad could not store step ", step.step(), " of rank ", step.rank(), " (",
-                     stored.message(), "); send it again"));
+    return absl::ResourceExhaustedError(absl::StrCat("ithacad could not store step ", step.step(),
+                                                     " of rank ", step.rank(), " (",
+                                                     stored.message(), "); send it again"));
   }
   a->unstored_steps.erase(key);
   if (r.remote) {
@@ -718,9 +719,9 @@ absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
 absl::Status Supervisor::Exiting(const v1::ExitingRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
-  a->ranks[request.rank()].announced_exit =
-      request.signal() != 0 ? WorkerEnd{true, request.signal()}
-                            : WorkerEnd{false, request.exit_code()};
+  a->ranks[request.rank()].announced_exit = request.signal() != 0
+                                                ? WorkerEnd{true, request.signal()}
+                                                : WorkerEnd{false, request.exit_code()};
   return absl::OkStatus();
 }
 

@@ -135,8 +135,8 @@ class Supervisor {
     // paths on the nodes (a shared file system, like the job's data and checkpoints).
     std::optional<SlurmDefaults> slurm;
     std::string worker_address;
-    std::string worker_token_file;  // the ranks' ITHACA_TOKEN_FILE
-    std::string worker_ca_file;     // the ranks' ITHACA_CA
+    std::string worker_token_file;                            // the ranks' ITHACA_TOKEN_FILE
+    std::string worker_ca_file;                               // the ranks' ITHACA_CA
     absl::Duration cluster_poll_interval = absl::Seconds(1);  // squeue, per job
     // A rank ending with SIGTERM's code while Slurm's job still runs waits this long for Slurm's
     // state (scancel, a time limit and preemption all begin with SIGTERM).

@@ -111,17 +111,18 @@ void Supervisor::LaunchSlurmLocked(const LaunchOrder& order) {
     sub.env.emplace_back("ITHACA_TOKEN_FILE", options_.worker_token_file);
   }
   if (!options_.worker_ca_file.empty()) sub.env.emplace_back("ITHACA_CA", options_.worker_ca_file);
-  if (absl::Status made = MakeDirs(a->log_dir); !made.ok()) return fail(std::string(made.message()));
+  if (absl::Status made = MakeDirs(a->log_dir); !made.ok())
+    return fail(std::string(made.message()));
   // Where the ranks find this daemon if it restarts elsewhere (another port or host).
   sub.env.emplace_back("ITHACA_DAEMON_ADDR_FILE", DaemonAddressPath(a->log_dir));
-  if (absl::Status wrote = WriteFileAtomic(DaemonAddressPath(a->log_dir),
-                                           options_.worker_address + "\n");
+  if (absl::Status wrote =
+          WriteFileAtomic(DaemonAddressPath(a->log_dir), options_.worker_address + "\n");
       !wrote.ok()) {
     return fail(std::string(wrote.message()));
   }
   // The secret first: a daemon that dies from here on finds it for the ranks' re-attach.
-  AdoptionRecord record{a->id, a->secret, 0, a->rendezvous, order.slots,
-                        std::vector<pid_t>(order.slots.size(), 0)};
+  AdoptionRecord record{a->id,         a->secret,   0,
+                        a->rendezvous, order.slots, std::vector<pid_t>(order.slots.size(), 0)};
   if (absl::Status wrote = WriteAdoptionRecord(a->log_dir, record); !wrote.ok()) {
     return fail(std::string(wrote.message()));
   }

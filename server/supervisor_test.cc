@@ -372,8 +372,7 @@ TEST(SupervisorTest, ADaemonThatStalledDoesNotBlameItsRanks) {
   step.mutable_step()->set_step(1);
   ASSERT_TRUE(supervisor.ReportStep(step).ok());
   absl::SleepFor(absl::Milliseconds(400));  // many passes, no heartbeat
-  EXPECT_FALSE(owner.EndedNow("job-stall").has_value())
-      << owner.EndedNow("job-stall")->reason;
+  EXPECT_FALSE(owner.EndedNow("job-stall").has_value()) << owner.EndedNow("job-stall")->reason;
   v1::HeartbeatRequest beat;
   beat.set_job_id("job-stall");
   beat.set_rank(0);
@@ -422,8 +421,9 @@ TEST(SupervisorTest, AStepTheStoreCannotTakeIsResentOrNamed) {
   std::optional<Ended> end = owner.WaitEnded("job-full");  // the rank exits without resending
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->outcome, v1::JOB_STATE_SUCCEEDED);
-  EXPECT_TRUE(absl::StrContains(end->reason, "its history lacks 1 step report(s) that could not "
-                                             "be stored (job store: database or disk is full)"))
+  EXPECT_TRUE(absl::StrContains(end->reason,
+                                "its history lacks 1 step report(s) that could not "
+                                "be stored (job store: database or disk is full)"))
       << end->reason;
   EXPECT_EQ(owner.Steps("job-full"), std::vector<int64_t>{1});
 }
@@ -608,7 +608,8 @@ TEST(SupervisorTest, TheTcpWorkerServiceNeedsTheTokenAndTheJobsSecret) {
   grpc::ServerBuilder rb, lb;
   rb.RegisterService(&remote);
   lb.RegisterService(&local);
-  std::unique_ptr<grpc::Server> remote_server = rb.BuildAndStart(), local_server = lb.BuildAndStart();
+  std::unique_ptr<grpc::Server> remote_server = rb.BuildAndStart(),
+                                local_server = lb.BuildAndStart();
   ASSERT_TRUE(remote_server && local_server);
   auto remote_stub =
       v1::WorkerService::NewStub(remote_server->InProcessChannel(grpc::ChannelArguments()));

@@ -130,8 +130,8 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
 // $ITHACA_CA names the CA, the bearer token of $ITHACA_TOKEN_FILE (client/connection.h).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DaemonChannel(const std::string& address) {
   ConnectionOptions c;
-  c.server = IsUnixAddress(address) && !absl::StartsWith(address, "unix:") ? "unix:" + address
-                                                                          : address;
+  c.server =
+      IsUnixAddress(address) && !absl::StartsWith(address, "unix:") ? "unix:" + address : address;
   if (!IsUnixAddress(address)) ApplyConnectionEnvironment(&c);
   c.max_reconnect_backoff_ms = 1000;
   return Connect(c);
@@ -402,7 +402,7 @@ class DaemonLink {
       req.set_job_id(o_.job_id);
       *req.mutable_step() = *step;
       SanitizeUtf8(&req);
-    return stub()->ReportStep(&ctx, req, &ack);
+      return stub()->ReportStep(&ctx, req, &ack);
     }
     v1::ReportEvalRequest req;
     req.set_job_id(o_.job_id);
@@ -557,8 +557,7 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   return code;
 }
 
-void ReportKilledRank(const std::string& address, const std::string& job_id, int rank,
-                      int signal) {
+void ReportKilledRank(const std::string& address, const std::string& job_id, int rank, int signal) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(address);
   if (!channel.ok()) return;
   const char* secret = std::getenv("ITHACA_JOB_SECRET");

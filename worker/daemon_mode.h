@@ -41,7 +41,6 @@ int RunDaemonWorker(const DaemonWorkerOptions& options);
 // $ITHACA_JOB_SECRET. A killed rank cannot say so itself, and without this the daemon, seeing
 // the Slurm job end, could not tell the killed rank from the ones its launchers then stopped.
 // Best effort: waits at most 5 s, and a daemon that is away misses it.
-void ReportKilledRank(const std::string& address, const std::string& job_id, int rank,
-                      int signal);
+void ReportKilledRank(const std::string& address, const std::string& job_id, int rank, int signal);
 
 }  // namespace ithaca

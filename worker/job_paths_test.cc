@@ -22,9 +22,9 @@ std::string Real(const std::string& path) {
 TEST(JobPathsTest, ACheckpointDirSwappedForALinkIsRefused) {
   const char* t = std::getenv("TEST_TMPDIR");
   const std::string base = std::string(t ? t : "/tmp") + "/job_paths";
-  ASSERT_EQ(system(("rm -rf " + base + " && mkdir -p " + base + "/root " + base + "/outside")
-                       .c_str()),
-            0);
+  ASSERT_EQ(
+      system(("rm -rf " + base + " && mkdir -p " + base + "/root " + base + "/outside").c_str()),
+      0);
   const std::string root = Real(base + "/root"), outside = Real(base + "/outside");
   std::ofstream(root + "/corpus.tok") << "x";
   JobSpec spec;

@@ -667,8 +667,7 @@ class LocalSupervision {
         options_.on_rank_killed(first_rank_ + c.rank, *end);
       }
       // A drained rank checkpointed with its peers and stopped on purpose: no failure.
-      const bool drained =
-          options_.forward_drain && !end->signaled && end->code == kExitDrained;
+      const bool drained = options_.forward_drain && !end->signaled && end->code == kExitDrained;
       rep_.drained |= drained;
       if (!end->ok() && !drained && rep_.first_failure < 0 && !e.stopped_by_launcher &&
           rep_.forwarded_signal == 0) {

@@ -17,7 +17,8 @@ int SanitizeUtf8(Message* message) {
   r->ListFields(*message, &fields);  // only the fields that are set
   int changed = 0;
   for (const FieldDescriptor* f : fields) {
-    if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING && f->type() == FieldDescriptor::TYPE_STRING) {
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING &&
+        f->type() == FieldDescriptor::TYPE_STRING) {
       if (f->is_repeated()) {
         for (int i = 0; i < r->FieldSize(*message, f); ++i) {
           std::string scratch;
@@ -61,8 +62,7 @@ class Utf8RequestInterceptor : public grpc::experimental::Interceptor {
         methods->GetRecvMessage() == nullptr) {
       unparsed_ = true;
     }
-    if (unparsed_ &&
-        methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+    if (unparsed_ && methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status sent = methods->GetSendStatus();
       // gRPC answers an unparsable request INTERNAL with an empty message.
       if (sent.error_code() == grpc::StatusCode::INTERNAL && sent.error_message().empty()) {
@@ -82,8 +82,7 @@ class Utf8RequestInterceptor : public grpc::experimental::Interceptor {
   bool unparsed_ = false;
 };
 
-class Utf8RequestInterceptorFactory
-    : public grpc::experimental::ServerInterceptorFactoryInterface {
+class Utf8RequestInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {

@@ -66,20 +66,19 @@ absl::Status RunRehearsal(const std::string& spec_path, const RehearsalArgs& arg
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(spec_path));
   const int world = static_cast<int>(spec.parallel.world);
   if (args.rank < 0 || args.rank >= world) {
-    return absl::InvalidArgumentError(absl::StrCat("--rank ", args.rank, ": not a rank of the ",
-                                                   world, " of parallel.world"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank ", args.rank, ": not a rank of the ", world, " of parallel.world"));
   }
   if (args.nodes < 1 || world % args.nodes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--nodes ", args.nodes,
-                                                   ": must divide parallel.world (", world, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nodes ", args.nodes, ": must divide parallel.world (", world, ")"));
   }
   RankRehearsal rehearsal;
   rehearsal.nodes = args.nodes;
   ASSIGN_OR_RETURN(rehearsal.link, ParseLinkModel(args.link));
   rehearsal.node.device_memory_bytes =
-      args.device_memory_gib > 0
-          ? static_cast<int64_t>(args.device_memory_gib * (int64_t{1} << 30))
-          : (spec.backend == "cuda" ? CudaDeviceMemoryBytes(0) : 0);
+      args.device_memory_gib > 0 ? static_cast<int64_t>(args.device_memory_gib * (int64_t{1} << 30))
+                                 : (spec.backend == "cuda" ? CudaDeviceMemoryBytes(0) : 0);
   rehearsal.node.host_memory_bytes = static_cast<int64_t>(args.node_host_gib * (int64_t{1} << 30));
   rehearsal.node.ranks_on_host = world / args.nodes;
   RankInfo info;

@@ -20,10 +20,10 @@ absl::Status RunStandalone(const std::string& spec_path);
 // measures memory and time, not learning.
 struct RehearsalArgs {
   int rank = 0;
-  int nodes = 1;                 // the job's nodes (parallel.world / nodes ranks on each)
+  int nodes = 1;                  // the job's nodes (parallel.world / nodes ranks on each)
   std::string link = "h200-sxm";  // engine/comm/link_model.h ParseLinkModel
-  double device_memory_gib = 0;  // the rehearsed GPU's memory; 0: this GPU's
-  double node_host_gib = 2048;   // one rehearsed node's host memory
+  double device_memory_gib = 0;   // the rehearsed GPU's memory; 0: this GPU's
+  double node_host_gib = 2048;    // one rehearsed node's host memory
 };
 absl::Status RunRehearsal(const std::string& spec_path, const RehearsalArgs& args);
 

@@ -164,8 +164,7 @@ int main(int argc, char** argv) {
       if (flag == "--log-dir") log_dir = argv[i + 1];
     }
     if (launcher) {
-      return LaunchDaemonNode(argv[0], socket, job, nproc, nnodes, node_rank, rendezvous,
-                              log_dir);
+      return LaunchDaemonNode(argv[0], socket, job, nproc, nnodes, node_rank, rendezvous, log_dir);
     }
     auto options = ithaca::DaemonWorkerOptionsFromEnv(socket, job);
     if (!options.ok()) {

@@ -13,8 +13,7 @@ inline constexpr char kJobSecretMetadata[] = "x-ithaca-job-secret";
 
 // A unix socket ("unix:/path", or a bare path) rather than host:port over TCP.
 inline bool IsUnixAddress(const std::string& address) {
-  return address.rfind("unix:", 0) == 0 || address.rfind('/', 0) == 0 ||
-         address.rfind('.', 0) == 0;
+  return address.rfind("unix:", 0) == 0 || address.rfind('/', 0) == 0 || address.rfind('.', 0) == 0;
 }
 
 }  // namespace ithaca

@@ -6,9 +6,9 @@
 // same S; its FLOPs count only the attention computed: Σ over documents of 4·L²·Hq·D/2.
 // --forward=cudnn,hopper and --backward=cudnn,hopper run each shape once per pair of forward and
 // backward kernels (AttentionKernel: cudnn, hopper, flash or auto, the per-shape rule training
-// takes: engine/backend/attention_choice.h), side by side. Prints one JSON line per (shape, forward, backward, mask, pass); "impl"
-// is what ran ("hopper+cudnn" for a fwd+bwd pass with the Hopper forward and cuDNN's backward),
-// "forward" and "backward" what was asked.
+// takes: engine/backend/attention_choice.h), side by side. Prints one JSON line per (shape,
+// forward, backward, mask, pass); "impl" is what ran ("hopper+cudnn" for a fwd+bwd pass with the
+// Hopper forward and cuDNN's backward), "forward" and "backward" what was asked.
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -69,10 +69,11 @@ int Main() {
     for (const std::string& b : backward_list) {
       CudaOps::Options o;
       o.alloc = &alloc;
-      o.cudnn = {absl::GetFlag(FLAGS_cudnn_heuristics),     absl::GetFlag(FLAGS_cudnn_verbose),
-                 absl::GetFlag(FLAGS_cudnn_forward_impl),   absl::GetFlag(FLAGS_cudnn_plans),
-                 absl::GetFlag(FLAGS_cudnn_config_forward), absl::GetFlag(FLAGS_cudnn_config_backward),
-                 absl::GetFlag(FLAGS_cudnn_sweep)};
+      o.cudnn = {
+          absl::GetFlag(FLAGS_cudnn_heuristics),     absl::GetFlag(FLAGS_cudnn_verbose),
+          absl::GetFlag(FLAGS_cudnn_forward_impl),   absl::GetFlag(FLAGS_cudnn_plans),
+          absl::GetFlag(FLAGS_cudnn_config_forward), absl::GetFlag(FLAGS_cudnn_config_backward),
+          absl::GetFlag(FLAGS_cudnn_sweep)};
       o.attention_forward = ParseKernel(f);
       o.attention_backward = ParseKernel(b);
       all_ops.push_back({f, b, std::make_unique<CudaOps>(o)});
@@ -186,7 +187,9 @@ int Main() {
             .Str("backward", run.kernels->backward)
             .Str("layout", "[S,H,D]")
             .Bool("causal", true)
-            .Str("mask", docs.window > 0 ? "window" : docs.trivial() ? "causal" : "documents")
+            .Str("mask", docs.window > 0  ? "window"
+                         : docs.trivial() ? "causal"
+                                          : "documents")
             .Int("window", docs.window)
             .Int("doc_len", docs.trivial() ? S : doc_len)
             .Int("docs", ndocs)

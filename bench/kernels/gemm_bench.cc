@@ -84,10 +84,9 @@ int Main() {
       const float beta = ct == DType::kF32 ? 1.f : 0.f;
       const int iters = absl::GetFlag(FLAGS_iters);
       // The warm-up holds the timed choice's trials.
-      const int warmup =
-          2 + (heuristic == cuda::kGemmTimed
-                   ? cuda::LtGemm::kTimedCandidates * cuda::LtGemm::kTimedCallsEach
-                   : 0);
+      const int warmup = 2 + (heuristic == cuda::kGemmTimed
+                                  ? cuda::LtGemm::kTimedCandidates * cuda::LtGemm::kTimedCallsEach
+                                  : 0);
       const double ms = bench::Median(bench::TimeMs(ops.stream(), warmup, iters, [&] {
         ops.Gemm(a.tensor(), ta, b.tensor(), tb, c.tensor(), 1.f, beta);
       }));

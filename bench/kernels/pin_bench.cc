@@ -68,7 +68,9 @@ int Main() {
       absl::StatusOr<void*> p = AllocatePinnedHost(bytes, w.method, w.threads);
       const double pin_s = Seconds(start);
       bench::Json line;
-      line.Str("bench", "pin").Str("date", bench::Today()).Str("gpu", bench::DeviceName())
+      line.Str("bench", "pin")
+          .Str("date", bench::Today())
+          .Str("gpu", bench::DeviceName())
           .Num("gib", gib)
           .Str("method", w.method == PinMethod::kHostAlloc ? "cudaHostAlloc" : "register")
           .Int("threads", w.threads);
@@ -76,7 +78,8 @@ int Main() {
         line.Str("error", std::string(p.status().message())).Print();
         continue;
       }
-      line.Num("pin_s", pin_s).Num("pin_gb_per_s", bytes / pin_s / 1e9)
+      line.Num("pin_s", pin_s)
+          .Num("pin_gb_per_s", bytes / pin_s / 1e9)
           .Num("h2d_gb_per_s", CopyGbps(*p, dev, std::min(kCopy, bytes)));
       const auto free_start = std::chrono::steady_clock::now();
       FreePinnedHost(*p, bytes, w.method);

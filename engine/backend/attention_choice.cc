@@ -26,8 +26,8 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(const std::string& name) {
                             AttentionKernel::kHopper, AttentionKernel::kFlash}) {
     if (name == AttentionKernelName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "attention kernel \"", name.substr(0, 64), "\": expected auto, cudnn, hopper or flash"));
+  return absl::InvalidArgumentError(absl::StrCat("attention kernel \"", name.substr(0, 64),
+                                                 "\": expected auto, cudnn, hopper or flash"));
 }
 
 // TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16) against the engine's cuDNN 9.14.
@@ -92,11 +92,13 @@ AttentionChoice ChooseAttention(AttentionPass pass, const AttentionShape& shape,
               absl::StrCat("auto: the Hopper ", name, " was not measured faster with a window")};
     }
     if (shape.s >= r.min_s) {
-      return {AttentionKernel::kHopper, absl::StrCat("auto: Hopper ", name, " measured faster from S ",
-                                                     r.min_s, " at head_dim ", r.head_dim)};
+      return {AttentionKernel::kHopper,
+              absl::StrCat("auto: Hopper ", name, " measured faster from S ", r.min_s,
+                           " at head_dim ", r.head_dim)};
     }
-    return {AttentionKernel::kCudnn, absl::StrCat("auto: Hopper ", name, " measured faster only from S ",
-                                                  r.min_s, " at head_dim ", r.head_dim)};
+    return {AttentionKernel::kCudnn,
+            absl::StrCat("auto: Hopper ", name, " measured faster only from S ", r.min_s,
+                         " at head_dim ", r.head_dim)};
   }
   return {AttentionKernel::kCudnn,
           absl::StrCat("auto: no Hopper ", name, " rule for head_dim ", shape.head_dim)};

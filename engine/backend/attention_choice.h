@@ -26,7 +26,7 @@ const std::vector<std::string>& AttentionKernelNames();
 enum class AttentionPass { kForward, kBackward };
 
 struct AttentionShape {
-  int64_t s = 0;          // tokens of the (whole, after Ulysses) sequence
+  int64_t s = 0;  // tokens of the (whole, after Ulysses) sequence
   int64_t head_dim = 0;
   bool documents = false;  // a document mask (packed samples)
   int64_t window = 0;      // a sliding window of this many keys (Mistral's); 0: none

@@ -68,8 +68,8 @@ std::vector<float> RopeInverseFrequencies(const RopeConfig& cfg) {
         const float interpolation = 1.0f / (static_cast<float>(cfg.factor) * pos_freq);
         const float ramp = std::clamp((static_cast<float>(i) - lo) / span, 0.0f, 1.0f);
         const float extrapolation_factor = 1.0f - ramp;
-        inv[i] = interpolation * (1.0f - extrapolation_factor) +
-                 extrapolation * extrapolation_factor;
+        inv[i] =
+            interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
       }
       return inv;
     }

@@ -586,11 +586,10 @@ absl::Status CheckResumeHasWork(const std::string& dir, int64_t steps,
   if (steps == 0 || saved.step < steps) return absl::OkStatus();
   if (saved.step == steps && !run_id.empty() && saved.run_id == run_id) return absl::OkStatus();
   const std::string done =
-      saved.step == steps
-          ? absl::StrCat("holds a finished run: ", checkpoint, " is at step ", saved.step,
-                         " of training.steps = ", steps)
-          : absl::StrCat("holds a run past this one's end: ", checkpoint, " is at step ",
-                         saved.step, ", training.steps = ", steps);
+      saved.step == steps ? absl::StrCat("holds a finished run: ", checkpoint, " is at step ",
+                                         saved.step, " of training.steps = ", steps)
+                          : absl::StrCat("holds a run past this one's end: ", checkpoint,
+                                         " is at step ", saved.step, ", training.steps = ", steps);
   return absl::FailedPreconditionError(absl::StrCat(
       "checkpoint.dir ", dir, " ", done,
       ", so nothing would train. To continue it, raise training.steps above ", saved.step,
@@ -681,8 +680,8 @@ absl::Status CheckStepTree(int dirfd, const std::string& shown, int depth, int64
     if (name == "." || name == "..") continue;
     const std::string entry = shown + "/" + name;
     if (++*entries > kMaxEntries) {
-      status = absl::DataLossError(absl::StrCat(shown, ": more than ", kMaxEntries,
-                                                " entries: not a checkpoint"));
+      status = absl::DataLossError(
+          absl::StrCat(shown, ": more than ", kMaxEntries, " entries: not a checkpoint"));
       break;
     }
     struct stat st;
@@ -701,7 +700,8 @@ absl::Status CheckStepTree(int dirfd, const std::string& shown, int depth, int64
       status = absl::DataLossError(absl::StrCat(entry, ": nested too deep: not a checkpoint"));
       break;
     }
-    const int fd = openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int fd =
+        openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       status = Errno("cannot open", entry);
       break;
@@ -802,8 +802,7 @@ absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManif
         absl::StrCat(file, ": not the size the manifest says (truncated?): corrupt"));
   }
   if (sum.crc != f.crc32) {
-    return absl::DataLossError(
-        absl::StrCat(file, ": not the checksum the manifest says: corrupt"));
+    return absl::DataLossError(absl::StrCat(file, ": not the checksum the manifest says: corrupt"));
   }
   return absl::OkStatus();
 }
@@ -891,8 +890,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
   out.saved_world =
       js.contains("world") && js["world"].is_number_integer() ? js["world"].get<int>() : 1;
   if (out.saved_world < 1) {
-    return absl::DataLossError(absl::StrCat(path, "/state.json: corrupt: world is ",
-                                            out.saved_world, ", expected >= 1"));
+    return absl::DataLossError(
+        absl::StrCat(path, "/state.json: corrupt: world is ", out.saved_world, ", expected >= 1"));
   }
 
   // Opening maps the files and parses their headers only; the reads below touch just the bytes

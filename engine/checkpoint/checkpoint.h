@@ -94,8 +94,7 @@ class CheckpointSaveLock {
 std::string CheckpointTempPath(const std::string& dir, const TrainState& state);
 // Prepares the step's temporary directory (removing what killed saves left behind, but not a
 // live save of another run) and locks it until the returned lock is destroyed.
-absl::StatusOr<CheckpointSaveLock> BeginCheckpoint(const std::string& dir,
-                                                   const TrainState& state);
+absl::StatusOr<CheckpointSaveLock> BeginCheckpoint(const std::string& dir, const TrainState& state);
 // Removes the temporary of a save that failed before its commit (a full disk, say).
 void AbandonCheckpoint(const std::string& dir, const TrainState& state);
 // `opt` must hold at least this rank's tensors (CheckpointTensorsOf); it may hold more.

@@ -251,10 +251,9 @@ TEST(CheckpointTest, AResumeFollowsNoLinkInAStep) {
   { std::ofstream(outside + "/secret") << "0123456789"; }
   ASSERT_EQ(rename((ck + "/model").c_str(), (dir + "/real-model").c_str()), 0);
   ASSERT_EQ(symlink(outside.c_str(), (ck + "/model").c_str()), 0);
-  for (auto load : {+[](const std::string& p, const ParamLayout& l) {
-                      return LoadCheckpoint(p, l).status();
-                    },
-                    +[](const std::string& p, const ParamLayout&) { return VerifyCheckpoint(p); }}) {
+  for (auto load :
+       {+[](const std::string&p, const ParamLayout&l) { return LoadCheckpoint(p, l).status(); },
+        +[](const std::string&p, const ParamLayout&) { return VerifyCheckpoint(p); }}) {
     const absl::Status st = load(ck, f.layout);
     EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
     EXPECT_NE(st.message().find(ck + "/model: a symbolic link"), std::string::npos) << st;
@@ -278,8 +277,7 @@ TEST(CheckpointTest, AManifestMustListEveryPart) {
   ASSERT_TRUE(VerifyCheckpoint(ck).ok());
   auto write = [&](const std::string& files) {
     ASSERT_TRUE(WriteFileAtomic(ck + "/manifest.json",
-                                "{\"format\": \"ithaca-manifest-v1\", \"files\": [" + files +
-                                    "]}")
+                                "{\"format\": \"ithaca-manifest-v1\", \"files\": [" + files + "]}")
                     .ok());
   };
   write("");
@@ -287,8 +285,9 @@ TEST(CheckpointTest, AManifestMustListEveryPart) {
   EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
   EXPECT_NE(verified.message().find("does not list state.json"), std::string::npos) << verified;
   // state.json and the weights, but not the optimizer's state.
-  write("{\"path\": \"state.json\", \"bytes\": 1, \"crc32\": 1}, "
-        "{\"path\": \"model/model.safetensors\", \"bytes\": 1, \"crc32\": 1}");
+  write(
+      "{\"path\": \"state.json\", \"bytes\": 1, \"crc32\": 1}, "
+      "{\"path\": \"model/model.safetensors\", \"bytes\": 1, \"crc32\": 1}");
   verified = VerifyCheckpoint(ck);
   EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
   EXPECT_NE(verified.message().find("does not list the optimizer's state"), std::string::npos)
@@ -307,8 +306,9 @@ TEST(CheckpointTest, NegativeCountsInTheStateAreDataLoss) {
     EXPECT_NE(st.status().message().find(absl::StrCat(field, " is -5")), std::string::npos)
         << st.status();
   }
-  ASSERT_TRUE(WriteFileAtomic(dir + "/state.json", "{\"step\": 3, \"data_position\": 4, "
-                                                     "\"tokens\": \"many\"}")
+  ASSERT_TRUE(WriteFileAtomic(dir + "/state.json",
+                              "{\"step\": 3, \"data_position\": 4, "
+                              "\"tokens\": \"many\"}")
                   .ok());
   EXPECT_TRUE(ReadCheckpointState(dir).ok());  // a field of the wrong type is ignored, not a crash
   // A state.json past its bound is refused before it is read.

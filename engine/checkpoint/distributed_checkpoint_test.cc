@@ -282,8 +282,8 @@ TEST_F(DistributedCheckpointTest, ASaveThatRunsOutOfDiskLeavesNoTemporary) {
     std::signal(SIGXFSZ, SIG_IGN);
     const rlimit small{1024, 1024};
     RANK_CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
-    absl::StatusOr<CheckpointSaveReport> saved = SaveCheckpointTogether(
-        dir, r->model.get(), *opt, TrainState{1, 8, 256}, r->comm.get(), 1);
+    absl::StatusOr<CheckpointSaveReport> saved =
+        SaveCheckpointTogether(dir, r->model.get(), *opt, TrainState{1, 8, 256}, r->comm.get(), 1);
     RANK_CHECK(!saved.ok(), "the save succeeded");
     RANK_CHECK(!absl::IsResourceExhausted(saved.status()), saved.status().ToString());
     RETURN_IF_ERROR(r->comm->Barrier());
@@ -293,7 +293,8 @@ TEST_F(DistributedCheckpointTest, ASaveThatRunsOutOfDiskLeavesNoTemporary) {
   std::vector<std::string> left;
   if (DIR* d = opendir(dir.c_str())) {
     while (dirent* e = readdir(d)) {
-      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") left.push_back(e->d_name);
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..")
+        left.push_back(e->d_name);
     }
     closedir(d);
   }

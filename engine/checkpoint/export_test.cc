@@ -201,9 +201,10 @@ TEST(FamilyExportTest, EachFamilyExportsAsItself) {
     const char* architecture;
     const char* tensor;  // one tensor only this family has ("" for none)
   };
-  for (const Family& f : {Family{"qwen3", "Qwen3ForCausalLM", "model.layers.1.self_attn.k_norm.weight"},
-                          Family{"qwen2", "Qwen2ForCausalLM", "model.layers.0.self_attn.v_proj.bias"},
-                          Family{"mistral", "MistralForCausalLM", ""}}) {
+  for (const Family& f :
+       {Family{"qwen3", "Qwen3ForCausalLM", "model.layers.1.self_attn.k_norm.weight"},
+        Family{"qwen2", "Qwen2ForCausalLM", "model.layers.0.self_attn.v_proj.bias"},
+        Family{"mistral", "MistralForCausalLM", ""}}) {
     SCOPED_TRACE(f.name);
     LlamaConfig cfg = *PresetConfig("tiny");
     const std::string name = f.name;
@@ -239,8 +240,9 @@ TEST(FamilyExportTest, EachFamilyExportsAsItself) {
     auto reader = SafetensorsReader::Open(out);
     ASSERT_TRUE(reader.ok()) << reader.status();
     EXPECT_EQ(static_cast<int64_t>((*reader)->Names().size()),
-              static_cast<int64_t>(ParamLayout(cfg).units().size() - 2) *
-                      (cfg.qkv_bias ? 12 : cfg.qk_norm ? 11 : 9) +
+              static_cast<int64_t>(ParamLayout(cfg).units().size() - 2) * (cfg.qkv_bias  ? 12
+                                                                           : cfg.qk_norm ? 11
+                                                                                         : 9) +
                   2);
     if (*f.tensor) {
       EXPECT_TRUE((*reader)->Info(f.tensor).ok()) << f.tensor;

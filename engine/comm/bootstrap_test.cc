@@ -16,8 +16,8 @@ class EnvTest : public ::testing::Test {
   void SetUp() override { Clear(); }
   void TearDown() override { Clear(); }
   static void Clear() {
-    for (const char* v :
-         {kEnvRank, kEnvWorldSize, kEnvRendezvous, kEnvGpu, kEnvGlooHost, kEnvGlooIssueDelay, kEnvLocalWorldSize}) {
+    for (const char* v : {kEnvRank, kEnvWorldSize, kEnvRendezvous, kEnvGpu, kEnvGlooHost,
+                          kEnvGlooIssueDelay, kEnvLocalWorldSize}) {
       unsetenv(v);
     }
   }

@@ -57,8 +57,10 @@ absl::StatusOr<LinkModel> ParseLinkModel(const std::string& text) {
   }
   // Each key sets one number of one class, in the unit its name says.
   const std::map<std::string, std::pair<double*, double>> keys = {
-      {"nvlink_gbps", {&m.nvlink.bytes_per_s, kGB}}, {"nvlink_us", {&m.nvlink.latency_s, kUs}},
-      {"ib_gbps", {&m.ib.bytes_per_s, kGB}},         {"ib_us", {&m.ib.latency_s, kUs}}};
+      {"nvlink_gbps", {&m.nvlink.bytes_per_s, kGB}},
+      {"nvlink_us", {&m.nvlink.latency_s, kUs}},
+      {"ib_gbps", {&m.ib.bytes_per_s, kGB}},
+      {"ib_us", {&m.ib.latency_s, kUs}}};
   for (size_t i = first; i < parts.size(); ++i) {
     std::vector<std::string> kv = absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
     auto it = keys.find(kv[0]);

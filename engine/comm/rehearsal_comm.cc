@@ -71,9 +71,8 @@ absl::StatusOr<std::unique_ptr<RehearsalComm>> RehearsalComm::Create(
         absl::StrCat("rehearsal: rank ", rank, " is not a rank of a world of ", layout.world));
   }
   if (layout.nodes < 1 || layout.world % layout.nodes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("rehearsal: ", layout.nodes,
-                                                   " nodes do not divide a world of ",
-                                                   layout.world, " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rehearsal: ", layout.nodes, " nodes do not divide a world of ", layout.world, " ranks"));
   }
   if (device == nullptr) return absl::InvalidArgumentError("rehearsal: no device");
   auto shared = std::make_shared<Shared>();
@@ -87,8 +86,7 @@ absl::StatusOr<std::unique_ptr<RehearsalComm>> RehearsalComm::Create(
 
 RehearsalComm::RehearsalComm(std::shared_ptr<Shared> shared, std::vector<int> members, int index,
                              bool is_world)
-    : shared_(std::move(shared)), members_(std::move(members)), index_(index),
-      is_world_(is_world) {
+    : shared_(std::move(shared)), members_(std::move(members)), index_(index), is_world_(is_world) {
   shape_ = ShapeOf(members_, shared_->layout.world, shared_->layout.nodes);
 }
 
@@ -127,9 +125,8 @@ absl::StatusOr<Issued> RehearsalComm::IssueAllGather(const Tensor& in, const Ten
 absl::StatusOr<Issued> RehearsalComm::IssueReduceScatter(const Tensor& in, const Tensor& out) {
   const int n = size();
   RETURN_IF_ERROR(CheckReduceScatter(in, out, index_, n, shared_->device->device()));
-  return Start(CollectiveOp::kReduceScatter, in.bytes(), {{out.data, Chunk(in, index_, n),
-                                                           out.bytes()}},
-               true);
+  return Start(CollectiveOp::kReduceScatter, in.bytes(),
+               {{out.data, Chunk(in, index_, n), out.bytes()}}, true);
 }
 
 absl::StatusOr<Issued> RehearsalComm::IssueAllToAll(const Tensor& in, const Tensor& out) {
@@ -183,14 +180,15 @@ absl::StatusOr<std::unique_ptr<Comm>> RehearsalComm::Split(int color, int key) {
   }
   if (!is_world_ || !shared_->layout.split) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rehearsal: rank ", me, ": this communicator has no split rule (only the "
+        absl::StrCat("rehearsal: rank ", me,
+                     ": this communicator has no split rule (only the "
                      "world communicator splits, by the job's rule)"));
   }
   const SplitArgs mine = shared_->layout.split(me);
   if (mine.color != color || mine.key != key) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rehearsal: rank ", me, " split with color ", color, ", key ", key,
-        " but the job's rule gives it color ", mine.color, ", key ", mine.key));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rehearsal: rank ", me, " split with color ", color, ", key ", key,
+                     " but the job's rule gives it color ", mine.color, ", key ", mine.key));
   }
   // The ranks of this color, ordered by key then rank (as MPI_Comm_split and ncclCommSplit).
   std::vector<std::pair<int, int>> group;  // (key, world rank)

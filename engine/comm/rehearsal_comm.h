@@ -71,8 +71,8 @@ struct RehearsalLayout {
 // Per kind of collective, what one rank's communicators did (world and groups together).
 struct RehearsalCounts {
   int64_t calls = 0;
-  int64_t bytes = 0;        // payload as CollectiveSeconds counts it
-  double modeled_s = 0;     // the link model's time, summed
+  int64_t bytes = 0;     // payload as CollectiveSeconds counts it
+  double modeled_s = 0;  // the link model's time, summed
 };
 struct RehearsalStats {
   std::array<RehearsalCounts, 6> by_op;  // indexed by CollectiveOp
@@ -116,8 +116,7 @@ class RehearsalComm final : public Comm {
 
  private:
   struct Shared;  // the layout, the device and the stats, for the world and its groups
-  RehearsalComm(std::shared_ptr<Shared> shared, std::vector<int> members, int index,
-                bool is_world);
+  RehearsalComm(std::shared_ptr<Shared> shared, std::vector<int> members, int index, bool is_world);
   absl::StatusOr<int64_t> Run(CollectiveOp op, int64_t bytes,
                               const std::vector<RehearsalDevice::Copy>& copies, bool deferred);
   absl::StatusOr<Issued> Start(CollectiveOp op, int64_t bytes,

@@ -31,20 +31,20 @@ TEST(RehearsalCommTest, CollectivesAreLocalCopiesOfTheRealSizes) {
   EXPECT_EQ(c->size(), 4);
   // All-gather: every slot is this rank's shard.
   std::vector<float> shard = {5, 6}, all(8, 0);
-  ASSERT_TRUE(c->AllGather(Tensor(shard.data(), DType::kF32, {2}),
-                           Tensor(all.data(), DType::kF32, {8}))
-                  .ok());
+  ASSERT_TRUE(
+      c->AllGather(Tensor(shard.data(), DType::kF32, {2}), Tensor(all.data(), DType::kF32, {8}))
+          .ok());
   EXPECT_EQ(all, std::vector<float>({5, 6, 5, 6, 5, 6, 5, 6}));
   // Reduce-scatter: this rank's chunk, unsummed.
   std::vector<float> in = {0, 1, 2, 3, 4, 5, 6, 7}, out(2, 0);
-  ASSERT_TRUE(c->ReduceScatter(Tensor(in.data(), DType::kF32, {8}),
-                               Tensor(out.data(), DType::kF32, {2}))
-                  .ok());
+  ASSERT_TRUE(
+      c->ReduceScatter(Tensor(in.data(), DType::kF32, {8}), Tensor(out.data(), DType::kF32, {2}))
+          .ok());
   EXPECT_EQ(out, std::vector<float>({4, 5}));
   // All-to-all: a copy.
   std::vector<float> a2a(8, 0);
-  auto issued = c->IssueAllToAll(Tensor(in.data(), DType::kF32, {8}),
-                                 Tensor(a2a.data(), DType::kF32, {8}));
+  auto issued =
+      c->IssueAllToAll(Tensor(in.data(), DType::kF32, {8}), Tensor(a2a.data(), DType::kF32, {8}));
   ASSERT_TRUE(issued.ok());
   ASSERT_TRUE(issued->Wait().ok());
   EXPECT_EQ(a2a, in);
@@ -59,19 +59,19 @@ TEST(RehearsalCommTest, CollectivesAreLocalCopiesOfTheRealSizes) {
   EXPECT_EQ(inplace, std::vector<float>({9, 8, 9, 8, 9, 8, 9, 8}));
 
   // The real checks: an all-gather's output must be size x the input.
-  EXPECT_EQ(c->AllGather(Tensor(shard.data(), DType::kF32, {2}),
-                         Tensor(all.data(), DType::kF32, {6}))
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      c->AllGather(Tensor(shard.data(), DType::kF32, {2}), Tensor(all.data(), DType::kF32, {6}))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RehearsalCommTest, CountsEachCollectiveWithTheLinkModel) {
   const RehearsalLayout l = Layout(8, 1, 8);
   auto c = Make(0, l);
   std::vector<float> x(1024, 1), y(8 * 1024);
-  ASSERT_TRUE(c->AllGather(Tensor(x.data(), DType::kF32, {1024}),
-                           Tensor(y.data(), DType::kF32, {8 * 1024}))
-                  .ok());
+  ASSERT_TRUE(
+      c->AllGather(Tensor(x.data(), DType::kF32, {1024}), Tensor(y.data(), DType::kF32, {8 * 1024}))
+          .ok());
   ASSERT_TRUE(c->AllReduce(Tensor(x.data(), DType::kF32, {1024})).ok());
   const RehearsalStats s = c->stats();
   const RehearsalCounts& ag = s.by_op[static_cast<int>(CollectiveOp::kAllGather)];
@@ -105,9 +105,10 @@ TEST(RehearsalCommTest, SplitGivesTheRealGroups) {
   EXPECT_EQ(g.ranks_per_node, 4);
   // The group's collectives count into the world's stats (one rank, one comm stream).
   std::vector<float> x(4), y(64);
-  ASSERT_TRUE((*all)->AllGather(Tensor(x.data(), DType::kF32, {4}),
-                                Tensor(y.data(), DType::kF32, {64}))
-                  .ok());
+  ASSERT_TRUE(
+      (*all)
+          ->AllGather(Tensor(x.data(), DType::kF32, {4}), Tensor(y.data(), DType::kF32, {64}))
+          .ok());
   EXPECT_EQ(wide->stats().calls(), 1);
 }
 

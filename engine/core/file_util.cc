@@ -50,9 +50,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, size_t max
   struct stat st;
   if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > max_bytes) {
     close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", st.st_size, " bytes, more than the ", max_bytes,
-                     " such a file may have"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.st_size, " bytes, more than the ",
+                                                   max_bytes, " such a file may have"));
   }
   std::string out;
   char buf[1 << 16];

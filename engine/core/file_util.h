@@ -21,9 +21,9 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path);
 // read, so a 2 GiB "config.json" cannot take the daemon's memory.
 inline constexpr size_t kMaxReadBytes = size_t{256} << 20;
 // Bounds of the small files a job names (the daemon reads them at admission).
-inline constexpr size_t kMaxJsonConfigBytes = size_t{16} << 20;    // config.json, state.json
-inline constexpr size_t kMaxIndexBytes = size_t{64} << 20;         // *.safetensors.index.json
-inline constexpr size_t kMaxTokenizerBytes = size_t{128} << 20;    // tokenizer.json
+inline constexpr size_t kMaxJsonConfigBytes = size_t{16} << 20;  // config.json, state.json
+inline constexpr size_t kMaxIndexBytes = size_t{64} << 20;       // *.safetensors.index.json
+inline constexpr size_t kMaxTokenizerBytes = size_t{128} << 20;  // tokenizer.json
 
 // The whole file (a regular file; see OpenRegularFile). INVALID_ARGUMENT naming the path, its
 // size and the bound when it holds more than `max_bytes`.

@@ -15,7 +15,7 @@
 namespace ithaca {
 
 struct FlagSpelling {
-  std::vector<std::string> args;  // argv in absl's spelling
+  std::vector<std::string> args;      // argv in absl's spelling
   std::vector<std::string> warnings;  // one per old-style flag, in order
   // For absl::ParseCommandLine: pointers into `args` (valid while this lives).
   std::vector<char*> argv();

@@ -50,26 +50,25 @@ TEST(LibraryVersion, NothingLoadedIsUnavailable) {
 }
 
 TEST(LibraryReport, JoinsTheReportsAndRefusesTheFirstTooOld) {
-  LibraryReport fine = CombineLibraryReports(
-      {CheckLibraryVersion("cuDNN", 91900, 91900, kMinCudnnVersion),
-       CheckLibraryVersion("NCCL", 22809, 22809, kMinNcclVersion)});
+  LibraryReport fine =
+      CombineLibraryReports({CheckLibraryVersion("cuDNN", 91900, 91900, kMinCudnnVersion),
+                             CheckLibraryVersion("NCCL", 22809, 22809, kMinNcclVersion)});
   EXPECT_TRUE(fine.refusal.ok()) << fine.refusal;
   EXPECT_EQ(fine.line, "cuDNN 9.19.0 (built with 9.19.0), NCCL 2.28.9 (built with 2.28.9)");
 
   // A library that cannot be loaded is named in its place, and refuses nothing.
-  LibraryReport missing = CombineLibraryReports(
-      {CheckLibraryVersion("cuDNN", 91900, 0, kMinCudnnVersion),
-       CheckLibraryVersion("NCCL", 22809, 22809, kMinNcclVersion)});
+  LibraryReport missing =
+      CombineLibraryReports({CheckLibraryVersion("cuDNN", 91900, 0, kMinCudnnVersion),
+                             CheckLibraryVersion("NCCL", 22809, 22809, kMinNcclVersion)});
   EXPECT_TRUE(missing.refusal.ok()) << missing.refusal;
   EXPECT_EQ(missing.line,
             "cuDNN: built with 9.19.0 but none could be loaded, NCCL 2.28.9 (built with 2.28.9)");
 
-  LibraryReport old = CombineLibraryReports(
-      {CheckLibraryVersion("cuDNN", 91900, 91900, kMinCudnnVersion),
-       CheckLibraryVersion("NCCL", 22809, 21000, kMinNcclVersion)});
+  LibraryReport old =
+      CombineLibraryReports({CheckLibraryVersion("cuDNN", 91900, 91900, kMinCudnnVersion),
+                             CheckLibraryVersion("NCCL", 22809, 21000, kMinNcclVersion)});
   EXPECT_EQ(old.refusal.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(old.refusal.message().find("NCCL 2.10.0 is loaded"), std::string::npos)
-      << old.refusal;
+  EXPECT_NE(old.refusal.message().find("NCCL 2.10.0 is loaded"), std::string::npos) << old.refusal;
   EXPECT_NE(old.line.find("cuDNN 9.19.0 (built with 9.19.0), NCCL 2.10.0 is loaded"),
             std::string::npos)
       << old.line;

@@ -34,8 +34,7 @@ bool Inside(const std::string& path, const std::string& root) {
 absl::Status CheckLength(const std::string& path) {
   if (path.size() > kMaxPathBytes) {
     return absl::InvalidArgumentError(absl::StrCat(path.substr(0, 64), "...: a path of ",
-                                                   path.size(), " bytes; at most ",
-                                                   kMaxPathBytes));
+                                                   path.size(), " bytes; at most ", kMaxPathBytes));
   }
   return absl::OkStatus();
 }
@@ -118,17 +117,16 @@ struct Budget {
       return absl::CancelledError(absl::StrCat(pattern, ": expansion cancelled"));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(pattern, ": expanding the pattern took over ",
-                       absl::FormatDuration(limits.max_time), "; name fewer files"));
+      return absl::DeadlineExceededError(absl::StrCat(pattern, ": expanding the pattern took over ",
+                                                      absl::FormatDuration(limits.max_time),
+                                                      "; name fewer files"));
     }
     return absl::OkStatus();
   }
 };
 
 // The pattern with every brace group expanded, in order.
-absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern,
-                                                      Budget& budget) {
+absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern, Budget& budget) {
   std::deque<std::string> work = {pattern};
   std::vector<std::string> done;
   size_t made = 0;
@@ -152,9 +150,8 @@ absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern
     RETURN_IF_ERROR(budget.Check());
     const std::string prefix = p.substr(0, open), suffix = p.substr(close + 1);
     for (auto it = alternatives.rbegin(); it != alternatives.rend(); ++it) {
-      work.push_front(
-          absl::StrCat(prefix, absl::string_view(p).substr(it->first, it->second - it->first),
-                       suffix));
+      work.push_front(absl::StrCat(
+          prefix, absl::string_view(p).substr(it->first, it->second - it->first), suffix));
     }
   }
   return done;
@@ -173,8 +170,8 @@ absl::Status Walk(const std::string& dir, const std::vector<std::string>& compon
   if (i == components.size()) {
     RETURN_IF_ERROR(CheckInside(dir, roots));
     if (out->size() >= budget.limits.max_matches) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          budget.pattern, ": matches more than ", budget.limits.max_matches, " files"));
+      return absl::ResourceExhaustedError(absl::StrCat(budget.pattern, ": matches more than ",
+                                                       budget.limits.max_matches, " files"));
     }
     out->push_back(dir);
     return absl::OkStatus();
@@ -199,9 +196,8 @@ absl::Status Walk(const std::string& dir, const std::vector<std::string>& compon
   absl::Status st;
   while (struct dirent* e = readdir(d)) {
     if (++budget.entries > budget.limits.max_entries) {
-      st = absl::ResourceExhaustedError(absl::StrCat(budget.pattern, ": reads more than ",
-                                                     budget.limits.max_entries,
-                                                     " directory entries"));
+      st = absl::ResourceExhaustedError(absl::StrCat(
+          budget.pattern, ": reads more than ", budget.limits.max_entries, " directory entries"));
       break;
     }
     if ((budget.entries & 255) == 0 && !(st = budget.Check()).ok()) break;
@@ -226,9 +222,8 @@ absl::Status Walk(const std::string& dir, const std::vector<std::string>& compon
 absl::Status OpenError(const std::string& path, const std::string& what, int err) {
   const std::string msg = absl::StrCat(path, ": ", what, ": ", strerror(err));
   if (err == ELOOP || err == ENOTDIR) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, ": ", what,
-                     ": a symbolic link appeared on the path after it was checked; refused"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        path, ": ", what, ": a symbolic link appeared on the path after it was checked; refused"));
   }
   if (err == ENOENT) return absl::NotFoundError(msg);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);

@@ -30,15 +30,15 @@ struct Tree {
   explicit Tree(const std::string& name) {
     const char* t = std::getenv("TEST_TMPDIR");
     const std::string base = std::string(t ? t : "/tmp") + "/" + name;
-    EXPECT_EQ(system(("rm -rf " + base + " && mkdir -p " + base + "/root/shards " + base +
-                      "/outside/dir")
-                         .c_str()),
-              0);
+    EXPECT_EQ(
+        system(("rm -rf " + base + " && mkdir -p " + base + "/root/shards " + base + "/outside/dir")
+                   .c_str()),
+        0);
     root = Real(base + "/root");
     outside = Real(base + "/outside");
-    for (const std::string& f : {root + "/a.tok", root + "/b.tok", root + "/shards/s1.tok",
-                                 root + "/shards/s2.tok", outside + "/secret.tok",
-                                 outside + "/dir/alpha", outside + "/dir/beta"}) {
+    for (const std::string& f :
+         {root + "/a.tok", root + "/b.tok", root + "/shards/s1.tok", root + "/shards/s2.tok",
+          outside + "/secret.tok", outside + "/dir/alpha", outside + "/dir/beta"}) {
       std::ofstream(f) << "x";
     }
     roots = {root};
@@ -130,8 +130,7 @@ TEST(ExpandPatternTest, ACancelledExpansionStops) {
   EXPECT_TRUE(absl::IsCancelled(ExpandPattern(t.root + "/{a,b}.tok", {}, limits).status()));
   ExpandLimits no_time;
   no_time.max_time = absl::ZeroDuration();
-  EXPECT_TRUE(
-      absl::IsDeadlineExceeded(ExpandPattern(t.root + "/{a,b}.tok", {}, no_time).status()));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(ExpandPattern(t.root + "/{a,b}.tok", {}, no_time).status()));
 }
 
 // A path of 300,000 components costs nothing: it is refused by its length.
@@ -154,8 +153,8 @@ TEST(PathPolicyTest, OpensAndDirectoriesStayInsideTheRoots) {
   ASSERT_TRUE(fd.ok()) << fd.status();
   close(*fd);
   ASSERT_EQ(symlink((t.outside + "/secret.tok").c_str(), (t.root + "/link.tok").c_str()), 0);
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      OpenInsideRoots(t.root + "/link.tok", O_RDONLY, t.roots).status()));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(OpenInsideRoots(t.root + "/link.tok", O_RDONLY, t.roots).status()));
   // A link to a file inside the roots is fine.
   ASSERT_EQ(symlink((t.root + "/b.tok").c_str(), (t.root + "/inner.tok").c_str()), 0);
   fd = OpenInsideRoots(t.root + "/inner.tok", O_RDONLY, t.roots);

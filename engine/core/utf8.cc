@@ -68,8 +68,7 @@ std::string BoundedUtf8(absl::string_view text, size_t max_bytes) {
   for (int k = 0; k < 3 && cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80; ++k) {
     --cut;
   }
-  return absl::StrCat(ToValidUtf8(text.substr(0, cut)), "... (", text.size() - cut,
-                      " more bytes)");
+  return absl::StrCat(ToValidUtf8(text.substr(0, cut)), "... (", text.size() - cut, " more bytes)");
 }
 
 }  // namespace ithaca

@@ -58,7 +58,8 @@ absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec
   ASSIGN_OR_RETURN(std::vector<std::string> patterns, SplitDataSources(spec.data.path));
   std::vector<std::vector<std::unique_ptr<TokenFile>>> sources;
   for (const std::string& pattern : patterns) {
-    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<TokenFile>> files, OpenTokenFiles(pattern, check_limit));
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<TokenFile>> files,
+                     OpenTokenFiles(pattern, check_limit));
     sources.push_back(std::move(files));
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> slots, DataMixSlots(spec.data.weights));
@@ -68,12 +69,13 @@ absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec
 
 absl::StatusOr<std::unique_ptr<DataLoader>> OpenEvalData(const JobSpec& spec,
                                                          const LlamaConfig& cfg,
-                                                         const TokenFile* training_file,
-                                                         int64_t dp, int64_t check_limit) {
+                                                         const TokenFile* training_file, int64_t dp,
+                                                         int64_t check_limit) {
   if (spec.eval.path.empty()) {
     return absl::InvalidArgumentError("eval.path: the job has no [eval] section");
   }
-  absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> files = OpenTokenFiles(spec.eval.path, check_limit);
+  absl::StatusOr<std::vector<std::unique_ptr<TokenFile>>> files =
+      OpenTokenFiles(spec.eval.path, check_limit);
   if (!files.ok()) return EvalPathError(files.status());
   DataOptions options = DataOptionsFor(spec, cfg);
   options.shuffle = false;  // the same windows, in the same order, every time
@@ -115,8 +117,9 @@ absl::Status CheckWeights(const std::string& path, const LlamaConfig& cfg) {
     for (const ParamEntry& e : unit.entries) {
       absl::StatusOr<TensorInfo> info = (*reader)->Info(e.hf_name);
       if (!info.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model.weights: ", path, " has no tensor '", e.hf_name, "', which the model's config needs"));
+        return absl::InvalidArgumentError(absl::StrCat("model.weights: ", path, " has no tensor '",
+                                                       e.hf_name,
+                                                       "', which the model's config needs"));
       }
       if (info->shape != e.shape) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -138,9 +141,9 @@ absl::StatusOr<std::vector<std::string>> CheckJobInputs(const JobSpec& spec,
   }
   if (!spec.eval.path.empty()) {
     const int64_t dp = spec.parallel.world / std::max<int64_t>(1, spec.parallel.sp);
-    ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> eval,
-                     OpenEvalData(spec, cfg, train ? &train->file(0) : nullptr, dp,
-                                  kAdmissionCheckLimit));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<DataLoader> eval,
+        OpenEvalData(spec, cfg, train ? &train->file(0) : nullptr, dp, kAdmissionCheckLimit));
     for (const std::string& w : eval->warnings()) warnings.push_back("eval.path: " + w);
   }
   if (!spec.model.weights.empty()) RETURN_IF_ERROR(CheckWeights(spec.model.weights, cfg));

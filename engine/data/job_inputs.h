@@ -24,11 +24,9 @@ absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(
 // eval.path's files with data.path's checks, from the training data's tokenizer
 // (`training_file`, its first file, when the job trains), holding the windows one evaluation
 // reads (eval.batches x data.micro_batch x `dp` replicas). Errors start with "eval.path: ".
-absl::StatusOr<std::unique_ptr<DataLoader>> OpenEvalData(const JobSpec& spec,
-                                                         const LlamaConfig& cfg,
-                                                         const TokenFile* training_file,
-                                                         int64_t dp,
-                                                         int64_t check_limit = TokenFile::kCheckEvery);
+absl::StatusOr<std::unique_ptr<DataLoader>> OpenEvalData(
+    const JobSpec& spec, const LlamaConfig& cfg, const TokenFile* training_file, int64_t dp,
+    int64_t check_limit = TokenFile::kCheckEvery);
 // model.weights' tensors: every one the model needs, with its shape, in a dtype Ithaca reads
 // (headers only; no tensor data is read). Errors start with "model.weights: ".
 absl::Status CheckWeights(const std::string& path, const LlamaConfig& cfg);

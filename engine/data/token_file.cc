@@ -450,20 +450,22 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
           FingerprintHex(model_fp), ": re-tokenize with --tokenizer ", options.tokenizer_json));
     }
     if (!first.has_fingerprint()) {
-      const std::string what = absl::StrCat(
-          first.path(),
-          first.version() == 1 ? ": a version 1 file, which records no tokenizer"
-                               : ": byte-level tokens",
-          ", but the model has its own tokenizer ", options.tokenizer_json);
+      const std::string what =
+          absl::StrCat(first.path(),
+                       first.version() == 1 ? ": a version 1 file, which records no tokenizer"
+                                            : ": byte-level tokens",
+                       ", but the model has its own tokenizer ", options.tokenizer_json);
       const std::string dir = options.tokenizer_json.substr(0, options.tokenizer_json.rfind('/'));
       if (!options.allow_byte_tokens) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": tokenize with `ithaca-tokenize --tokenizer ", dir,
-            "`, or set data.byte_tokens = true to train on bytes all the same"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": tokenize with `ithaca-tokenize --tokenizer ", dir,
+                         "`, or set data.byte_tokens = true to train on bytes all the same"));
       }
       loader->warnings_.push_back(
-          absl::StrCat(what, " (data.byte_tokens = true); its own tokens: ithaca-tokenize "
-                             "--tokenizer ", dir));
+          absl::StrCat(what,
+                       " (data.byte_tokens = true); its own tokens: ithaca-tokenize "
+                       "--tokenizer ",
+                       dir));
     }
   } else if (first.has_fingerprint()) {
     loader->warnings_.push_back(absl::StrCat(
@@ -533,12 +535,11 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
 }
 
 absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::CreateMix(
-    std::vector<std::vector<std::unique_ptr<TokenFile>>> sources,
-    const std::vector<int64_t>& slots, int64_t seq_len, int64_t model_vocab,
-    const DataOptions& options) {
+    std::vector<std::vector<std::unique_ptr<TokenFile>>> sources, const std::vector<int64_t>& slots,
+    int64_t seq_len, int64_t model_vocab, const DataOptions& options) {
   if (sources.empty() || sources.size() != slots.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("data.weights: ", slots.size(),
-                                                   " weights for ", sources.size(), " sources"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.weights: ", slots.size(), " weights for ", sources.size(), " sources"));
   }
   int64_t period = 0;
   for (int64_t n : slots) {
@@ -554,11 +555,11 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::CreateMix(
     const TokenFile& a = loader->mix_.empty() ? source->file(0) : loader->mix_[0]->file(0);
     const TokenFile& b = source->file(0);
     if (a.fingerprint() != b.fingerprint() || a.vocab_size() != b.vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          b.path(), " (data.path's source ", i + 1, "): made with tokenizer ",
-          FingerprintHex(b.fingerprint()), " (vocab_size ", b.vocab_size(), ") but ", a.path(),
-          " with ", FingerprintHex(a.fingerprint()), " (vocab_size ", a.vocab_size(),
-          "): the sources of a mix must share one tokenizer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(b.path(), " (data.path's source ", i + 1, "): made with tokenizer ",
+                       FingerprintHex(b.fingerprint()), " (vocab_size ", b.vocab_size(), ") but ",
+                       a.path(), " with ", FingerprintHex(a.fingerprint()), " (vocab_size ",
+                       a.vocab_size(), "): the sources of a mix must share one tokenizer"));
     }
     for (const std::string& w : source->warnings()) {
       if (std::find(loader->warnings_.begin(), loader->warnings_.end(), w) ==

@@ -28,8 +28,9 @@ int Run(const std::vector<std::string>& args) {
   if (const std::string text_path = absl::GetFlag(FLAGS_write_byte_tokens); !text_path.empty()) {
     absl::StatusOr<std::string> text = ReadFileToString(text_path);
     if (!text.ok() || args.size() != 1) {
-      std::fprintf(stderr, "--write-byte-tokens: %s\n",
-                   text.ok() ? "give one output FILE" : std::string(text.status().message()).c_str());
+      std::fprintf(
+          stderr, "--write-byte-tokens: %s\n",
+          text.ok() ? "give one output FILE" : std::string(text.status().message()).c_str());
       return 1;
     }
     const std::vector<uint32_t> tokens = ByteTokenize(*text);

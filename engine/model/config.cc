@@ -129,18 +129,18 @@ struct RopeObject {
 
 // The keys each rope_type reads besides rope_type/type, rope_theta and partial_rotary_factor.
 const std::vector<std::string>& RopeKeys(RopeType t) {
-  static const std::vector<std::string> kNone, kLinear = {"factor"},
-                                               kLlama3 = {"factor", "low_freq_factor",
-                                                          "high_freq_factor",
-                                                          "original_max_position_embeddings"},
-                                               kYarn = {"factor",
-                                                        "attention_factor",
-                                                        "beta_fast",
-                                                        "beta_slow",
-                                                        "mscale",
-                                                        "mscale_all_dim",
-                                                        "original_max_position_embeddings",
-                                                        "truncate"};
+  static const std::vector<std::string> kNone,
+      kLinear = {"factor"},
+      kLlama3 = {"factor", "low_freq_factor", "high_freq_factor",
+                 "original_max_position_embeddings"},
+      kYarn = {"factor",
+               "attention_factor",
+               "beta_fast",
+               "beta_slow",
+               "mscale",
+               "mscale_all_dim",
+               "original_max_position_embeddings",
+               "truncate"};
   switch (t) {
     case RopeType::kLinear:
       return kLinear;
@@ -249,8 +249,8 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
       if (!(rope.high_freq_factor > rope.low_freq_factor) ||
           !std::isfinite(rope.high_freq_factor)) {
         return r.Error("high_freq_factor",
-                       absl::StrCat("must exceed low_freq_factor ", rope.low_freq_factor,
-                                    ", got ", rope.high_freq_factor));
+                       absl::StrCat("must exceed low_freq_factor ", rope.low_freq_factor, ", got ",
+                                    rope.high_freq_factor));
       }
       break;
     case RopeType::kYarn: {
@@ -564,8 +564,8 @@ absl::Status CheckModelKeys(const Json& root, const std::string& source, LlamaCo
     if (family == ModelFamily::kMistral) {
       RETURN_IF_ERROR(r.Int("sliding_window", false, &cfg->sliding_window));
       if (r.Find("sliding_window") && cfg->sliding_window <= 0) {
-        return r.Error("sliding_window", absl::StrCat("must be positive or null, got ",
-                                                      cfg->sliding_window));
+        return r.Error("sliding_window",
+                       absl::StrCat("must be positive or null, got ", cfg->sliding_window));
       }
     } else if (const Json* window = r.Find("sliding_window")) {
       return r.Error("sliding_window",
@@ -837,10 +837,10 @@ absl::Status ValidateConfig(const LlamaConfig& cfg) {
     }
   }
   if (r.type == RopeType::kYarn) {
-    for (const auto& [key, v] : {std::pair<const char*, double>{"attention_factor",
-                                                                r.attention_factor},
-                                 {"beta_fast", r.beta_fast},
-                                 {"beta_slow", r.beta_slow}}) {
+    for (const auto& [key, v] :
+         {std::pair<const char*, double>{"attention_factor", r.attention_factor},
+          {"beta_fast", r.beta_fast},
+          {"beta_slow", r.beta_slow}}) {
       if (!(v > 0) || !std::isfinite(v)) {
         return bad(absl::StrCat("rope_scaling.", key), absl::StrCat("must be positive, got ", v));
       }

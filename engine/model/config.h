@@ -20,8 +20,8 @@ struct LlamaConfig {
   ModelFamily family = ModelFamily::kLlama;
   // What the family changes, spelled out for the code that builds the model (ValidateConfig
   // checks each agrees with `family`).
-  bool qkv_bias = false;       // q_proj, k_proj, v_proj carry biases (Qwen2); o_proj never
-  bool qk_norm = false;        // q_norm, k_norm: RMSNorm of each head over head_dim (Qwen3)
+  bool qkv_bias = false;  // q_proj, k_proj, v_proj carry biases (Qwen2); o_proj never
+  bool qk_norm = false;   // q_norm, k_norm: RMSNorm of each head over head_dim (Qwen3)
   // A sliding window: each query of a windowed layer sees its last W keys, itself included;
   // 0: every layer full causal. Mistral's window is on every layer; Qwen2/Qwen3's
   // (use_sliding_window true) on the layers from max_window_layers on.

@@ -481,9 +481,9 @@ constexpr char kMistral7B_v03[] = R"({
 })";
 
 TEST(FamilyConfigTest, HubConfigsParseToTheirPresets) {
-  for (const auto& [json, preset] : {std::pair{kQwen3_14B, "qwen3-14b"},
-                                     std::pair{kQwen25_05B, "qwen2.5-0.5b"},
-                                     std::pair{kMistral7B_v03, "mistral-7b-v0.3"}}) {
+  for (const auto& [json, preset] :
+       {std::pair{kQwen3_14B, "qwen3-14b"}, std::pair{kQwen25_05B, "qwen2.5-0.5b"},
+        std::pair{kMistral7B_v03, "mistral-7b-v0.3"}}) {
     SCOPED_TRACE(preset);
     auto c = ParseConfigJson(json);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -587,8 +587,8 @@ TEST(FamilyConfigTest, QwenWindowFromMaxWindowLayers) {
 }
 
 TEST(FamilyConfigTest, MistralWindowAndFamilyKeys) {
-  auto w = ParseConfigJson(Replace(kMistral7B_v03, "\"sliding_window\": null",
-                                   "\"sliding_window\": 4096"));
+  auto w = ParseConfigJson(
+      Replace(kMistral7B_v03, "\"sliding_window\": null", "\"sliding_window\": 4096"));
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->sliding_window, 4096);
   auto back = ParseConfigJson(ConfigToJson(*w));
@@ -601,10 +601,10 @@ TEST(FamilyConfigTest, MistralWindowAndFamilyKeys) {
   ExpectInvalid(Replace(kQwen3_14B, "\"head_dim\": 128,", ""), {"head_dim", "required for qwen3"});
   ExpectInvalid(Replace(kQwen3_14B, "\"num_key_value_heads\": 8,", ""),
                 {"num_key_value_heads", "missing"});
-  ExpectInvalid(Replace(kQwen25_05B, "\"use_mrope\": false", "\"use_mrope\": true"),
-                {"use_mrope"});
-  ExpectInvalid(Replace(kMistral7B_v03, "\"rms_norm_eps\"", "\"max_window_layers\": 3, \"rms_norm_eps\""),
-                {"max_window_layers", "mistral"});
+  ExpectInvalid(Replace(kQwen25_05B, "\"use_mrope\": false", "\"use_mrope\": true"), {"use_mrope"});
+  ExpectInvalid(
+      Replace(kMistral7B_v03, "\"rms_norm_eps\"", "\"max_window_layers\": 3, \"rms_norm_eps\""),
+      {"max_window_layers", "mistral"});
   // transformers 5's layer_types: one per layer (Qwen3-14B's 40), every layer full (or, with a
   // window, sliding).
   auto kinds = [](const std::string& first) {
@@ -620,8 +620,9 @@ TEST(FamilyConfigTest, MistralWindowAndFamilyKeys) {
                         "\"layer_types\": [\"full_attention\"], \"rms_norm_eps\""),
                 {"layer_types", "1 entries for 40 layers"});
   // Qwen2's attention has no head_dim of its own.
-  ExpectInvalid(Replace(kQwen25_05B, "\"hidden_size\": 896", "\"head_dim\": 32, \"hidden_size\": 896"),
-                {"head_dim", "qwen2"});
+  ExpectInvalid(
+      Replace(kQwen25_05B, "\"hidden_size\": 896", "\"head_dim\": 32, \"hidden_size\": 896"),
+      {"head_dim", "qwen2"});
 }
 
 TEST(FamilyConfigTest, LinearAndYarnRopeInBothDialects) {
@@ -727,8 +728,7 @@ TEST(ConfigTest, LayerTypesAndTokenIdsMustFitTheModel) {
   auto big_eos = ParseConfigJson(absl::StrReplaceAll(
       std::string(kLlama32_1B), {{"\"eos_token_id\": 128001", "\"eos_token_id\": 128256"}}));
   ASSERT_FALSE(big_eos.ok());
-  EXPECT_NE(big_eos.status().message().find("eos_token_id"), std::string::npos)
-      << big_eos.status();
+  EXPECT_NE(big_eos.status().message().find("eos_token_id"), std::string::npos) << big_eos.status();
 }
 
 }  // namespace

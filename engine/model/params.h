@@ -14,8 +14,8 @@ namespace ithaca {
 struct ParamEntry {
   std::string hf_name;  // e.g. "model.layers.3.self_attn.q_proj.weight"
   Shape shape;
-  int64_t offset;  // elements from the start of the unit
-  bool is_matrix;  // weight decay applies to matrices only (not to norm weights or biases)
+  int64_t offset;        // elements from the start of the unit
+  bool is_matrix;        // weight decay applies to matrices only (not to norm weights or biases)
   bool is_bias = false;  // initialized to 0 (norm weights to 1)
 };
 

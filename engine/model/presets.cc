@@ -33,24 +33,24 @@ constexpr Preset kPresets[] = {
      151643, 151645},
     {"qwen3-8b", ModelFamily::kQwen3, 4096, 12288, 36, 32, 8, 128, 151936, 40960, 1e6, 1e-6, false,
      151643, 151645},
-    {"qwen3-14b", ModelFamily::kQwen3, 5120, 17408, 40, 40, 8, 128, 151936, 40960, 1e6, 1e-6,
-     false, 151643, 151645},
-    {"qwen3-32b", ModelFamily::kQwen3, 5120, 25600, 64, 64, 8, 128, 151936, 40960, 1e6, 1e-6,
-     false, 151643, 151645},
+    {"qwen3-14b", ModelFamily::kQwen3, 5120, 17408, 40, 40, 8, 128, 151936, 40960, 1e6, 1e-6, false,
+     151643, 151645},
+    {"qwen3-32b", ModelFamily::kQwen3, 5120, 25600, 64, 64, 8, 128, 151936, 40960, 1e6, 1e-6, false,
+     151643, 151645},
     {"qwen2.5-0.5b", ModelFamily::kQwen2, 896, 4864, 24, 14, 2, 64, 151936, 32768, 1e6, 1e-6, true,
      151643, 151643},
     {"qwen2.5-1.5b", ModelFamily::kQwen2, 1536, 8960, 28, 12, 2, 128, 151936, 131072, 1e6, 1e-6,
      true, 151643, 151643},
-    {"qwen2.5-3b", ModelFamily::kQwen2, 2048, 11008, 36, 16, 2, 128, 151936, 32768, 1e6, 1e-6,
-     true, 151643, 151643},
+    {"qwen2.5-3b", ModelFamily::kQwen2, 2048, 11008, 36, 16, 2, 128, 151936, 32768, 1e6, 1e-6, true,
+     151643, 151643},
     {"qwen2.5-7b", ModelFamily::kQwen2, 3584, 18944, 28, 28, 4, 128, 152064, 131072, 1e6, 1e-6,
      false, 151643, 151643},
     {"qwen2.5-14b", ModelFamily::kQwen2, 5120, 13824, 48, 40, 8, 128, 152064, 131072, 1e6, 1e-5,
      false, 151643, 151643},
     {"qwen2.5-32b", ModelFamily::kQwen2, 5120, 27648, 64, 40, 8, 128, 152064, 131072, 1e6, 1e-5,
      false, 151643, 151643},
-    {"mistral-7b-v0.3", ModelFamily::kMistral, 4096, 14336, 32, 32, 8, 128, 32768, 32768, 1e6,
-     1e-5, false, 1, 2},
+    {"mistral-7b-v0.3", ModelFamily::kMistral, 4096, 14336, 32, 32, 8, 128, 32768, 32768, 1e6, 1e-5,
+     false, 1, 2},
 };
 
 }  // namespace
@@ -90,7 +90,6 @@ absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
     c.bos_token_id = p.bos;
     c.eos_token_id = p.eos;
   } else if (key == "llama-3.2-1b" || key == "llama-3.2-3b") {
-
     const bool small = key == "llama-3.2-1b";
     c.hidden_size = small ? 2048 : 3072;
     c.intermediate_size = 8192;
@@ -144,8 +143,8 @@ absl::StatusOr<LlamaConfig> PresetConfig(const std::string& name) {
     c.bos_token_id = 256;
     c.eos_token_id = 257;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", name, "\"; valid: ",
-                                                   absl::StrJoin(PresetNames(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model preset \"", name, "\"; valid: ", absl::StrJoin(PresetNames(), ", ")));
   }
   c.rope.head_dim = static_cast<int>(c.head_dim);
   c.rope.theta = c.rope_theta;

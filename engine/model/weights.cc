@@ -80,8 +80,8 @@ void RandomUnitWeightsInto(const ParamLayout& layout, int u, uint64_t seed, floa
       Normals(key, r.begin, r.end, 0.02f, flat + r.begin);
     }
   };
-  const int threads = static_cast<int>(std::min<size_t>(
-      std::max(1u, std::thread::hardware_concurrency()), pieces.size()));
+  const int threads = static_cast<int>(
+      std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), pieces.size()));
   if (threads <= 1) {
     for (const Range& r : pieces) draw(r);
     return;
@@ -109,8 +109,8 @@ absl::StatusOr<std::vector<float>> ReadUnitWeights(const ParamLayout& layout,
   return flat;
 }
 
-absl::Status ReadUnitWeightsInto(const ParamLayout& layout, const SafetensorsReader& reader,
-                                 int u, float* out) {
+absl::Status ReadUnitWeightsInto(const ParamLayout& layout, const SafetensorsReader& reader, int u,
+                                 float* out) {
   for (const ParamEntry& e : layout.units()[u].entries) {
     RETURN_IF_ERROR(reader.Read(e.hf_name, e.shape, DType::kF32, out + e.offset));
   }

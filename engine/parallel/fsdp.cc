@@ -64,8 +64,8 @@ absl::Status ParamStore::Gather(int i) {
         ASSIGN_OR_RETURN(u.staged,
                          Buffer::Make(alloc_, ops_->act_dtype(), {u.shard}, Tier::kParams));
       }
-      u.upload = ops_->CopyAsync(u.working.tensor(),
-                                 sharded_ ? u.staged.tensor() : u.gathered.tensor());
+      u.upload =
+          ops_->CopyAsync(u.working.tensor(), sharded_ ? u.staged.tensor() : u.gathered.tensor());
       if (!sharded_) {
         if (!overlap_) ops_->WaitFence(u.upload);
         return absl::OkStatus();

@@ -105,8 +105,8 @@ struct Projection {
   Tensor gw;  // its gradient (backward only)
   Tensor buf;
   bool rope = false;
-  Tensor b, gb;          // [heads·D]
-  Tensor norm, gnorm;    // [D]
+  Tensor b, gb;        // [heads·D]
+  Tensor norm, gnorm;  // [D]
 };
 
 Tensor Slot(const UlyssesContext& c, const Tensor& buf, int64_t j, int64_t n) {
@@ -121,12 +121,12 @@ Tensor Slot(const UlyssesContext& c, const Tensor& buf, int64_t j, int64_t n) {
 // `raw` (Ops::RmsNormBackwardInPlace). The norms' weights, and the q/k biases of a rotated
 // projection without a norm, are kept times the rope scale.
 struct AttentionExtras {
-  Tensor ones;             // act [tile, 1]
-  Tensor raw;              // act [tile, max(u, kvr)·D] (backward)
-  Tensor rstd;             // f32 [tile·max(u, kvr)] (the forward norm's, unused after it)
-  Tensor q_norm, k_norm;   // act [D]: the weights times rope_scale (the weights when it is 1)
-  Tensor dq_norm, dk_norm; // f32 [D]: their gradients, before the scale (backward, scale ≠ 1)
-  Tensor bq, bk;           // act [heads·D]: the biases times rope_scale (the biases when it is 1)
+  Tensor ones;              // act [tile, 1]
+  Tensor raw;               // act [tile, max(u, kvr)·D] (backward)
+  Tensor rstd;              // f32 [tile·max(u, kvr)] (the forward norm's, unused after it)
+  Tensor q_norm, k_norm;    // act [D]: the weights times rope_scale (the weights when it is 1)
+  Tensor dq_norm, dk_norm;  // f32 [D]: their gradients, before the scale (backward, scale ≠ 1)
+  Tensor bq, bk;            // act [heads·D]: the biases times rope_scale (the biases when it is 1)
 };
 
 absl::StatusOr<AttentionExtras> MakeExtras(const UlyssesContext& c, const QkvWeights& w,
@@ -206,8 +206,8 @@ void Project(const UlyssesContext& c, const Tensor& h, const Projection& p, int6
   if (p.b.shape.empty()) {
     c.ops->Gemm(h, false, HeadRows(p.w, h0, n, D), true, out, alpha, 0.f);
   } else {
-    c.ops->GemmBias(h, false, HeadRows(p.w, h0, n, D), true, p.b.Slice(h0 * D, {n * D}), out,
-                    alpha, 0.f);
+    c.ops->GemmBias(h, false, HeadRows(p.w, h0, n, D), true, p.b.Slice(h0 * D, {n * D}), out, alpha,
+                    0.f);
   }
 }
 
@@ -279,8 +279,8 @@ void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tens
         }
         c.ops->Gemm(slot, true, h, false, HeadRows(p.gw, first_head(j), n, D), alpha, 1.f);
         if (!p.b.shape.empty()) {
-          c.ops->Gemm(ex.ones.Rows(0, rows), true, slot, false,
-                      BiasRow(p.gb, first_head(j), n, D), alpha, 1.f);
+          c.ops->Gemm(ex.ones.Rows(0, rows), true, slot, false, BiasRow(p.gb, first_head(j), n, D),
+                      alpha, 1.f);
         }
         c.ops->Gemm(slot, false, HeadRows(p.w, first_head(j), n, D), false, dh, alpha, beta);
         beta = 1.f;
@@ -308,7 +308,8 @@ Projection MakeProjection(const UlyssesContext& c, const AttentionExtras& ex, co
     p.norm = which == 'q' ? ex.q_norm : ex.k_norm;
     if (g) {
       const bool scaled = !ex.dq_norm.shape.empty();
-      p.gnorm = which == 'q' ? (scaled ? ex.dq_norm : g->q_norm) : (scaled ? ex.dk_norm : g->k_norm);
+      p.gnorm =
+          which == 'q' ? (scaled ? ex.dq_norm : g->q_norm) : (scaled ? ex.dk_norm : g->k_norm);
     }
   }
   return p;
@@ -425,8 +426,7 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   ASSIGN_OR_RETURN(Buffer h, Alloc(c, act, tile_shape, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer dh, Alloc(c, act, tile_shape, Tier::kActivations));
   std::vector<Buffer> extra_buffers;
-  ASSIGN_OR_RETURN(const AttentionExtras ex,
-                   MakeExtras(c, w, &g, tile_shape[0], &extra_buffers));
+  ASSIGN_OR_RETURN(const AttentionExtras ex, MakeExtras(c, w, &g, tile_shape[0], &extra_buffers));
   Buffers buffers(c);
 
   // A stage's sends (queries, output, output gradient), what arrives for them, and dQ.

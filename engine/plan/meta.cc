@@ -99,8 +99,8 @@ void MetaOps::SumInto(const Tensor& x, const Tensor&) {
 
 void MetaOps::Gemm(const Tensor& a, bool ta, const Tensor&, bool tb, const Tensor& c, float,
                    float) {
-  const GemmShape g{c.dim(0), c.dim(1), ta ? a.dim(0) : a.dim(1), ta, tb,
-                    c.dtype == DType::kF32 && act_ != DType::kF32};
+  const GemmShape g{c.dim(0), c.dim(1), ta ? a.dim(0) : a.dim(1),
+                    ta,       tb,       c.dtype == DType::kF32 && act_ != DType::kF32};
   if (gemm_log_) gemm_log_->insert(g);
   if (!clock_) return;
   auto [it, added] = gemm_seconds_.try_emplace(g, 0.0);
@@ -114,8 +114,7 @@ void MetaOps::GemmBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const
 }
 
 void MetaOps::Embedding(const Tensor& ids, const Tensor&, const Tensor& out) {
-  Elementwise(ElementwiseOp::kEmbedding,
-              static_cast<int64_t>(2 * out.bytes() + ids.bytes()));
+  Elementwise(ElementwiseOp::kEmbedding, static_cast<int64_t>(2 * out.bytes() + ids.bytes()));
 }
 
 void MetaOps::EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor&) {
@@ -135,16 +134,15 @@ void MetaOps::RmsNormBackward(const Tensor& x, const Tensor&, const Tensor&, con
 
 void MetaOps::RmsNormBackwardInPlace(const Tensor& x, const Tensor&, float, const Tensor& grad,
                                      const Tensor&) {
-  Elementwise(ElementwiseOp::kRmsNormBackward,
-              static_cast<int64_t>(x.bytes() + 2 * grad.bytes()));
+  Elementwise(ElementwiseOp::kRmsNormBackward, static_cast<int64_t>(x.bytes() + 2 * grad.bytes()));
 }
 
 void MetaOps::Rope(const Tensor& x, int64_t, const Tensor&, bool, const DocumentMask&) {
   Elementwise(ElementwiseOp::kRope, 2 * static_cast<int64_t>(x.bytes()));
 }
 
-void MetaOps::Attention(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
-                        const Tensor&, const DocumentMask& docs) {
+void MetaOps::Attention(const Tensor& q, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const DocumentMask& docs) {
   if (!clock_) return;
   const int64_t S = q.dim(0);
   clock_->Compute(AttentionSeconds(*rates_, false, S, AttentionPairs(S, docs.window, docs.starts),

@@ -50,8 +50,8 @@ class MetaOps final : public Ops {
   void SumInto(const Tensor& x, const Tensor&) override;
   void Gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float,
             float) override;
-  void GemmBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor&,
-                const Tensor& c, float, float) override;
+  void GemmBias(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor&, const Tensor& c,
+                float, float) override;
   void Embedding(const Tensor& ids, const Tensor&, const Tensor& out) override;
   void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor&) override;
   void RmsNorm(const Tensor& x, const Tensor&, float, const Tensor& out, const Tensor&) override;
@@ -63,8 +63,8 @@ class MetaOps final : public Ops {
   void Attention(const Tensor& q, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                  const DocumentMask& docs) override;
   void AttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const DocumentMask& docs) override;
+                         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const DocumentMask& docs) override;
   void SwiGLU(const Tensor& gate, const Tensor&, const Tensor&) override;
   void SwiGLUBackward(const Tensor& gate, const Tensor&, const Tensor&, const Tensor&,
                       const Tensor&) override;
@@ -118,9 +118,7 @@ class MetaAllocator final : public Allocator {
   // What the CUDA caching allocator would hold from the device after the same requests.
   int64_t device_reserved() const { return device_cache_.reserved(); }
   // Whether `p` was handed out for a host tier (the timed replay prices a copy by direction).
-  static bool IsHost(const void* p) {
-    return reinterpret_cast<uintptr_t>(p) >= kHostBase;
-  }
+  static bool IsHost(const void* p) { return reinterpret_cast<uintptr_t>(p) >= kHostBase; }
 
  private:
   Device device_;

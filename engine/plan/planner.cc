@@ -72,12 +72,12 @@ void Judge(MemoryPlan* p, Device device) {
   const int64_t host = p->host_total();
   if (p->gpu_budget > 0 && p->device_total() > p->gpu_budget) {
     p->fits = false;
-    p->verdict = absl::StrCat(
-        "needs ", HumanBytes(p->device_total()),
-        device == Device::kCuda ? " of GPU memory per rank, budget "
-                                : " of memory per rank (the CPU backend's share of the host), "
-                                  "budget ",
-        HumanBytes(p->gpu_budget));
+    p->verdict = absl::StrCat("needs ", HumanBytes(p->device_total()),
+                              device == Device::kCuda
+                                  ? " of GPU memory per rank, budget "
+                                  : " of memory per rank (the CPU backend's share of the host), "
+                                    "budget ",
+                              HumanBytes(p->gpu_budget));
   } else if (p->host_budget > 0 && host > p->host_budget) {
     // Name each host tier that holds anything, with its bytes.
     std::string tiers;
@@ -219,9 +219,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
     p.at_peak[i] = t.at_device_peak(static_cast<Tier>(i));
   }
   p.device_peak = t.device_peak();
-  p.workspace = req.device == Device::kCuda
-                    ? CudaWorkspaceBytes(req, model->head_plan())
-                    : 0;
+  p.workspace = req.device == Device::kCuda ? CudaWorkspaceBytes(req, model->head_plan()) : 0;
   p.peak[static_cast<int>(Tier::kWorkspace)] += p.workspace;
   p.device_reserved = alloc.device_reserved() + p.workspace;
   p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
@@ -272,8 +270,9 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.sp = spec.parallel.sp;
   req.seq_len = spec.data.seq_len;
   req.document_mask = spec.data.document_mask;
-  for (auto [name, kernel] : {std::pair{&spec.kernels.attention_forward, &req.attention_forward},
-                              std::pair{&spec.kernels.attention_backward, &req.attention_backward}}) {
+  for (auto [name, kernel] :
+       {std::pair{&spec.kernels.attention_forward, &req.attention_forward},
+        std::pair{&spec.kernels.attention_backward, &req.attention_backward}}) {
     ASSIGN_OR_RETURN(*kernel, ParseAttentionKernel(*name));
   }
   req.device = spec.backend == "cuda" ? Device::kCuda : Device::kCpu;
@@ -282,7 +281,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
       spec.model.dtype == "auto" ? BackendDtype(spec.backend) : spec.model.dtype;
   req.act = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   req.opts = ModelOptionsFromSpec(spec);
-  req.rates = limits.first_fit        ? nullptr
+  req.rates = limits.first_fit            ? nullptr
               : hardware.rates != nullptr ? hardware.rates
                                           : &DefaultRateTable(req.device);
   if (!hardware.link.name.empty()) {
@@ -310,10 +309,10 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   const JobSpec::Memory& m = spec.memory;
   const bool auto_policy = m.recompute == RecomputePolicy::kAuto;
   std::vector<RecomputePolicy> policies =
-      auto_policy ? std::vector<RecomputePolicy>{RecomputePolicy::kNone,
-                                                 RecomputePolicy::kAttentionAware,
-                                                 RecomputePolicy::kFull}
-                  : std::vector<RecomputePolicy>{m.recompute};
+      auto_policy
+          ? std::vector<RecomputePolicy>{RecomputePolicy::kNone, RecomputePolicy::kAttentionAware,
+                                         RecomputePolicy::kFull}
+          : std::vector<RecomputePolicy>{m.recompute};
   // Whether anything fits: full recompute holds the least of the three (on the device and on the
   // host), so under "auto" when it does not fit, nothing does.
   if (limits.first_fit && auto_policy) policies = {RecomputePolicy::kFull};
@@ -336,9 +335,9 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
       keeps.push_back({m.offload, m.prefetch, m.recompute_interval, false, m.saved_block_inputs});
     }
     if (m.head_chunk == 0 && policy != RecomputePolicy::kNone) {
-      for (Keep k :
-           {Keep{true, true, 1, true}, Keep{true, true, 1, false}, Keep{true, false, 1, false},
-            Keep{true, false, 2, false}, Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
+      for (Keep k : {Keep{true, true, 1, true}, Keep{true, true, 1, false},
+                     Keep{true, false, 1, false}, Keep{true, false, 2, false},
+                     Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
         if (k.overlap && !m.overlap) continue;
         if (m.saved_block_inputs == 0 && k.interval >= m.recompute_interval &&
             (k.offload || !m.offload)) {
@@ -353,9 +352,10 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     if (limits.first_fit) {
       // Whether anything fits: overlap and prefetch only add buffers to a way of keeping block
       // data that is also tried without them.
-      keeps.erase(std::remove_if(keeps.begin() + 1, keeps.end(),
-                                 [](const Keep& k) { return k.overlap || (k.offload && k.prefetch); }),
-                  keeps.end());
+      keeps.erase(
+          std::remove_if(keeps.begin() + 1, keeps.end(),
+                         [](const Keep& k) { return k.overlap || (k.offload && k.prefetch); }),
+          keeps.end());
     }
     return keeps;
   };
@@ -506,9 +506,9 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
         if (p.fits) consider(p);
         // The ways after this one keep block data more cheaply in memory and dearly in time;
         // with nothing left to gain in stage, tile or attention-aware blocks, none is faster.
-        const bool whole = c == 0 && t == 0 &&
-                           (policy != RecomputePolicy::kAttentionAware ||
-                            req.opts.attention_aware_blocks < 0);
+        const bool whole =
+            c == 0 && t == 0 &&
+            (policy != RecomputePolicy::kAttentionAware || req.opts.attention_aware_blocks < 0);
         if (p.fits && whole) break;
       }
     }

@@ -5,8 +5,8 @@
 // searching for the fastest configuration that fits the budgets. Packed documents
 // (data.document_mask) shrink the attention's work but not the engine's memory (every buffer is
 // sized by the sequence, whatever its documents); only the attention kernels' workspaces differ,
-// and the plan adds those of the kernels that run. The step line's model TFLOPS count only the attention
-// computed (ModelFlopsPerSample).
+// and the plan adds those of the kernels that run. The step line's model TFLOPS count only the
+// attention computed (ModelFlopsPerSample).
 #pragma once
 
 #include <array>
@@ -34,7 +34,7 @@ struct PlanRequest {
   // ChooseAttention's choice for the shape, as admission resolves it).
   AttentionKernel attention_forward = AttentionKernel::kAuto;
   AttentionKernel attention_backward = AttentionKernel::kAuto;
-  LlamaModel::Options opts;    // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
+  LlamaModel::Options opts;  // head_chunk / tile_tokens 0 are resolved by PlanJob, not here
   // memory.optimizer_offload: the f32 master weights and Adam m, v (12 bytes per parameter of
   // the rank's shards) and two units' staging in the host_optimizer tier instead of the device's
   // optimizer tier.
@@ -51,7 +51,7 @@ struct PlanRequest {
   LinkModel link;
   int ranks_per_node = 8;
   int64_t grad_accum = 1;
-  bool overlap_update = true;  // memory.overlap_update
+  bool overlap_update = true;               // memory.overlap_update
   std::set<GemmShape>* gemm_log = nullptr;  // every GEMM shape of the step (bench/calibrate)
 };
 
@@ -150,8 +150,8 @@ class FitMemo {
 // memory.recompute "auto" also tries no recompute, attention-aware on as many of the last
 // blocks as fit (the others full) and full; memory.optimizer_offload / param_offload "auto" try
 // the state on the device and on the host. The fastest that fits wins (state moves to the host
-// only when that is predicted 3 % faster per tier moved, or nothing else fits); when nothing fits, the
-// plan with the smallest device total says by how much. Budgets of 0 take the spec's
+// only when that is predicted 3 % faster per tier moved, or nothing else fits); when nothing fits,
+// the plan with the smallest device total says by how much. Budgets of 0 take the spec's
 // memory.gpu_budget_gib / host_budget_gib (0 there: unbounded). `limits` bound the whole search
 // (every replay it makes): DEADLINE_EXCEEDED or CANCELLED.
 absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes = 0,

@@ -14,7 +14,6 @@
 namespace ithaca {
 namespace {
 
-
 LlamaConfig Tiny() {
   LlamaConfig cfg = *PresetConfig("tiny");
   cfg.num_attention_heads = 8;
@@ -135,10 +134,10 @@ TEST(PlannerTest, APassOnTwoKernelsNeedsBothWorkspaces) {
             AttentionKernel::kHopper);
   ASSERT_EQ(ChooseAttention(AttentionPass::kBackward, windowed, AttentionKernel::kAuto).kernel,
             AttentionKernel::kCudnn);
-  const int64_t hopper = AttentionWorkspaceBytes(AttentionKernel::kHopper,
-                                                 AttentionPass::kBackward, full, heads);
-  const int64_t cudnn = AttentionWorkspaceBytes(AttentionKernel::kCudnn, AttentionPass::kBackward,
-                                                windowed, heads);
+  const int64_t hopper =
+      AttentionWorkspaceBytes(AttentionKernel::kHopper, AttentionPass::kBackward, full, heads);
+  const int64_t cudnn =
+      AttentionWorkspaceBytes(AttentionKernel::kCudnn, AttentionPass::kBackward, windowed, heads);
   auto plan = PlanMemory(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->workspace, (int64_t{32} << 20) + hopper + cudnn);
@@ -323,8 +322,9 @@ TEST(PlannerTest, DocumentMasksWidenCudnnsWorkspaceOnly) {
 
 // The workspace follows the kernels that run: with "auto" at 128K (head_dim 64) packed samples
 // run the own Hopper forward (no workspace) and backward, whose 4·(D + 2) bytes per token and
-// head (S_pad = S here) and the rows' bounds it is; not cuDNN's ragged backward's 12·D + 4. (Measured on the H200, train_bench 128K of 8K documents:
-// device peak 45,953,494,556 bytes, this plan 45,953,486,980; bench/results/2026-12-02-kernels-*.)
+// head (S_pad = S here) and the rows' bounds it is; not cuDNN's ragged backward's 12·D + 4.
+// (Measured on the H200, train_bench 128K of 8K documents: device peak 45,953,494,556 bytes, this
+// plan 45,953,486,980; bench/results/2026-12-02-kernels-*.)
 TEST(PlannerTest, TheWorkspaceFollowsTheChosenKernels) {
   const int64_t S = 131072, cublas = int64_t{32} << 20;
   PlanRequest req;
@@ -415,8 +415,8 @@ TEST(PlannerTest, FirstFitSaysWhatTheFullSearchSays) {
       auto quick = PlanJob(spec, gib << 30, host_gib << 30, first_fit);
       ASSERT_TRUE(full.ok()) << full.status();
       ASSERT_TRUE(quick.ok()) << quick.status();
-      EXPECT_EQ(quick->fits, full->fits) << gib << " GiB, host " << host_gib << " GiB: "
-                                         << quick->verdict << " / " << full->verdict;
+      EXPECT_EQ(quick->fits, full->fits) << gib << " GiB, host " << host_gib
+                                         << " GiB: " << quick->verdict << " / " << full->verdict;
       EXPECT_EQ(quick->predicted.step_s, 0);  // no step-time prediction
       if (quick->fits) {
         EXPECT_LE(quick->device_total(), gib << 30);
@@ -425,7 +425,7 @@ TEST(PlannerTest, FirstFitSaysWhatTheFullSearchSays) {
       fitting += full->fits;
     }
   }
-  EXPECT_GT(fitting, 2);   // the sweep crosses the boundary both ways
+  EXPECT_GT(fitting, 2);  // the sweep crosses the boundary both ways
   EXPECT_LT(fitting, 10);
 }
 
@@ -561,9 +561,9 @@ TEST(PlannerTest, AutoOffloadsTheOptimizerOnlyWhereItDoesNotFit) {
 
 // memory.param_offload "auto" moves the working copy to the host only where the optimizer's state
 // there is not enough: Llama-3-8B at 128K on one H200 keeps it on the device; on a 40 GiB GPU
-// (its 30 GiB of f32 gradients and 15 GiB of bf16 weights alone overfill it) only both on the host fit,
-// and the plan counts the working copy in host_params (2 bytes per parameter) and on the device
-// only the units in use.
+// (its 30 GiB of f32 gradients and 15 GiB of bf16 weights alone overfill it) only both on the host
+// fit, and the plan counts the working copy in host_params (2 bytes per parameter) and on the
+// device only the units in use.
 TEST(PlannerTest, AutoOffloadsTheParametersOnlyWhereTheOptimizerIsNotEnough) {
   auto plan_for = [&](int64_t tokens, int64_t gpu_gib, OffloadChoice params) {
     JobSpec spec;
@@ -613,9 +613,9 @@ TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
   EXPECT_FALSE(p->fits);
   EXPECT_NE(p->verdict.find("of pinned host memory per rank (host_optimizer "), std::string::npos)
       << p->verdict;
-  EXPECT_NE(p->verdict.find(absl::StrCat(p->peak[static_cast<int>(Tier::kHostOptimizer)],
-                                         " bytes)")),
-            std::string::npos)
+  EXPECT_NE(
+      p->verdict.find(absl::StrCat(p->peak[static_cast<int>(Tier::kHostOptimizer)], " bytes)")),
+      std::string::npos)
       << p->verdict;
   EXPECT_NE(p->verdict.find("budget 64.00 GiB"), std::string::npos) << p->verdict;
   // With the working copy there too, at a budget the optimizer's state alone fits: the verdict

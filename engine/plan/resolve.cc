@@ -30,14 +30,15 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
                      [](JobSpec* t) { t->memory.optimizer_offload = OffloadChoice::kAuto; }});
   }
   if (m.param_offload == OffloadChoice::kOff) {
-    tries.push_back({"memory.optimizer_offload and memory.param_offload = \"auto\" (the "
-                     "optimizer's state and the working copy on the host)",
-                     [](JobSpec* t) {
-                       if (t->memory.optimizer_offload == OffloadChoice::kOff) {
-                         t->memory.optimizer_offload = OffloadChoice::kAuto;
-                       }
-                       t->memory.param_offload = OffloadChoice::kAuto;
-                     }});
+    tries.push_back(
+        {"memory.optimizer_offload and memory.param_offload = \"auto\" (the "
+         "optimizer's state and the working copy on the host)",
+         [](JobSpec* t) {
+           if (t->memory.optimizer_offload == OffloadChoice::kOff) {
+             t->memory.optimizer_offload = OffloadChoice::kAuto;
+           }
+           t->memory.param_offload = OffloadChoice::kAuto;
+         }});
   }
   if (m.recompute != RecomputePolicy::kFull) {
     tries.push_back({"memory.recompute = \"full\"",
@@ -49,12 +50,12 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
   }
   for (int64_t k : {2, 4, 8}) {
     const int64_t world = spec.parallel.world * k, sp = spec.parallel.sp * k;
-    tries.push_back({absl::StrCat("parallel.world = ", world, ", parallel.sp = ", sp, " (", world,
-                                  " ranks)"),
-                     [world, sp](JobSpec* t) {
-                       t->parallel.world = world;
-                       t->parallel.sp = sp;
-                     }});
+    tries.push_back(
+        {absl::StrCat("parallel.world = ", world, ", parallel.sp = ", sp, " (", world, " ranks)"),
+         [world, sp](JobSpec* t) {
+           t->parallel.world = world;
+           t->parallel.sp = sp;
+         }});
   }
   const absl::Time deadline = std::min(absl::Now() + kMaxTime, limits.deadline);
   PlanLimits bounded = limits;
@@ -107,8 +108,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   if (absl::IsDeadlineExceeded(plan.status()) || absl::IsCancelled(plan.status())) {
     return absl::Status(plan.status().code(),
                         absl::StrCat("planning data.seq_len = ", s.data.seq_len, " for ",
-                                     s.model.config.empty() ? s.model.preset : s.model.config,
-                                     ": ", plan.status().message()));
+                                     s.model.config.empty() ? s.model.preset : s.model.config, ": ",
+                                     plan.status().message()));
   }
   RETURN_IF_ERROR(plan.status());
   job.plan = *plan;
@@ -127,8 +128,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   if (s.backend == "cuda") {  // the kernel each attention pass runs, for the job's shapes
     const std::vector<AttentionShape> shapes =
         ModelAttentionShapes(job.config, s.data.seq_len, s.data.document_mask);
-    for (auto [pass, kernel] : {std::pair{AttentionPass::kForward, &s.kernels.attention_forward},
-                                std::pair{AttentionPass::kBackward, &s.kernels.attention_backward}}) {
+    for (auto [pass, kernel] :
+         {std::pair{AttentionPass::kForward, &s.kernels.attention_forward},
+          std::pair{AttentionPass::kBackward, &s.kernels.attention_backward}}) {
       ASSIGN_OR_RETURN(AttentionKernel asked, ParseAttentionKernel(*kernel));
       // One kernel runs every layer's pass. With full and windowed layers (Qwen2/Qwen3's window
       // from max_window_layers on), "auto" takes the first shape's choice that the other shape
@@ -159,7 +161,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
       if (!refused.empty()) return absl::InvalidArgumentError(refused);
     }
   }
-  s.memory.optimizer_offload = job.plan.optimizer_offload ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.optimizer_offload =
+      job.plan.optimizer_offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   s.memory.param_offload = job.plan.param_offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   job.toml = JobSpecToToml(s);
   return job;
@@ -176,8 +179,9 @@ std::string ResolutionLine(const ResolvedJob& job) {
       "memory plan: recompute %s, head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
       "recompute_interval %d%s, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, "
       "peak %s per rank (GPU budget %s), host %s per rank (budget %s)%s",
-      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens, m.offload ? "on" : "off", m.prefetch ? "on" : "off",
-      m.recompute_interval, SavedBlockInputsSetting(m.saved_block_inputs), m.overlap ? "on" : "off",
+      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens, m.offload ? "on" : "off",
+      m.prefetch ? "on" : "off", m.recompute_interval,
+      SavedBlockInputsSetting(m.saved_block_inputs), m.overlap ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
       m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
       job.spec.backend == "cuda"

@@ -16,7 +16,6 @@
 namespace ithaca {
 namespace {
 
-
 JobSpec Tiny(const std::string& backend) {
   JobSpec s;
   s.backend = backend;
@@ -211,8 +210,7 @@ TEST(ResolveTest, AWindowRunsOnlyWhereItIsComputedRight) {
   asked.kernels.attention_backward = "flash";
   job = ResolveJob(asked, node);
   ASSERT_FALSE(job.ok());
-  EXPECT_NE(job.status().message().find("kernels.attention_backward: \"flash\""),
-            std::string::npos)
+  EXPECT_NE(job.status().message().find("kernels.attention_backward: \"flash\""), std::string::npos)
       << job.status();
   EXPECT_TRUE(ResolveJob(with_window(40, 128), node).ok());
 }

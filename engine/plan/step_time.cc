@@ -28,10 +28,9 @@ bool GemmShape::operator==(const GemmShape& o) const {
 
 namespace {
 
-constexpr const char* kOpNames[] = {"fill",     "copy",          "axpy",           "reduce",
-                                    "embedding", "embedding_bwd", "rmsnorm",       "rmsnorm_bwd",
-                                    "rope",     "swiglu",        "swiglu_bwd",     "cross_entropy",
-                                    "adamw"};
+constexpr const char* kOpNames[] = {
+    "fill",        "copy", "axpy",   "reduce",     "embedding",     "embedding_bwd", "rmsnorm",
+    "rmsnorm_bwd", "rope", "swiglu", "swiglu_bwd", "cross_entropy", "adamw"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) ==
               static_cast<size_t>(ElementwiseOp::kNumOps));
 
@@ -70,8 +69,8 @@ absl::StatusOr<RateTable> ParseRateTable(const std::string& text) {
     }
     auto need = [&](size_t n) -> absl::Status {
       if (v.size() != n) {
-        return LineError(line_no, absl::StrCat("`", kind, "` takes ", n, " numbers, got ",
-                                               v.size()));
+        return LineError(line_no,
+                         absl::StrCat("`", kind, "` takes ", n, " numbers, got ", v.size()));
       }
       return absl::OkStatus();
     };
@@ -187,8 +186,8 @@ double GemmSeconds(const RateTable& t, const GemmShape& g) {
   return best->seconds * flops / (2.0 * double(s.m) * double(s.n) * double(s.k));
 }
 
-double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double pairs,
-                        int64_t heads, int64_t head_dim) {
+double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double pairs, int64_t heads,
+                        int64_t head_dim) {
   const double flops = AttentionFlops(backward, pairs, heads, head_dim);
   // The rows of this pass at the nearest head_dim, then the nearest head count, by length.
   auto nearest = [](int64_t have, int64_t best, int64_t want) {

@@ -62,7 +62,7 @@ struct RateTable {
   std::string note;    // where and when it was measured
   std::vector<GemmRate> gemms;
   std::vector<AttentionRate> attention;
-  std::map<std::string, OpRate> ops;  // by ElementwiseOp name
+  std::map<std::string, OpRate> ops;                // by ElementwiseOp name
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;  // pinned host memory, the copy stream
   double host_adamw_params_per_s = 0;               // the CPU AdamW of optimizer offload
   double gemm_flops_per_s = 0;                      // for a table without GEMM shapes
@@ -85,8 +85,20 @@ const RateTable& DefaultRateTable(Device device);
 
 // The elementwise ops the model times by bytes (names in the table).
 enum class ElementwiseOp {
-  kFill, kCopy, kAxpy, kReduce, kEmbedding, kEmbeddingBackward, kRmsNorm, kRmsNormBackward,
-  kRope, kSwiGLU, kSwiGLUBackward, kCrossEntropy, kAdamW, kNumOps
+  kFill,
+  kCopy,
+  kAxpy,
+  kReduce,
+  kEmbedding,
+  kEmbeddingBackward,
+  kRmsNorm,
+  kRmsNormBackward,
+  kRope,
+  kSwiGLU,
+  kSwiGLUBackward,
+  kCrossEntropy,
+  kAdamW,
+  kNumOps
 };
 const char* ElementwiseOpName(ElementwiseOp op);
 
@@ -101,8 +113,8 @@ double AttentionFlops(bool backward, double pairs, int64_t heads, int64_t head_d
 
 double GemmSeconds(const RateTable& t, const GemmShape& g);
 // `seq` tokens, `pairs` as AttentionPairs counts them for the call's mask.
-double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double pairs,
-                        int64_t heads, int64_t head_dim);
+double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double pairs, int64_t heads,
+                        int64_t head_dim);
 double ElementwiseSeconds(const RateTable& t, ElementwiseOp op, int64_t bytes);
 double TransferSeconds(const RateTable& t, bool to_device, int64_t bytes);
 

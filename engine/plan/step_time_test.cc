@@ -102,7 +102,8 @@ TEST(StepClock, MetaOpsPriceCopiesByDirection) {
   MetaOps ops(Device::kCuda, DType::kBF16);
   ops.set_timing(&t, &clock);
   MetaAllocator alloc(Device::kCuda);
-  absl::StatusOr<Buffer> dev = Buffer::Make(&alloc, DType::kBF16, {500'000'000}, Tier::kBlockInputs);
+  absl::StatusOr<Buffer> dev =
+      Buffer::Make(&alloc, DType::kBF16, {500'000'000}, Tier::kBlockInputs);
   absl::StatusOr<Buffer> host =
       Buffer::Make(&alloc, DType::kBF16, {500'000'000}, Tier::kHostBlockInputs);
   ASSERT_TRUE(dev.ok() && host.ok());

@@ -63,18 +63,17 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
   }
   rank->spec_ = std::move(spec);
   if (rehearsal != nullptr && info.world > 1) {
-    ASSIGN_OR_RETURN(rank->comm_,
-                     ConnectRehearsal(info, static_cast<int>(rank->spec_.parallel.sp), *rehearsal,
-                                      rank->backend_));
+    ASSIGN_OR_RETURN(rank->comm_, ConnectRehearsal(info, static_cast<int>(rank->spec_.parallel.sp),
+                                                   *rehearsal, rank->backend_));
   } else if (info.world > 1) {
     ASSIGN_OR_RETURN(rank->comm_,
                      ConnectComm(info, rank->backend_.device(), options.comm_timeout_s));
     // Before the trainer splits the communicator: its sub-communicators inherit the streams.
     rank->comm_->UseStreams(rank->backend_.ops->streams());
   }
-  ASSIGN_OR_RETURN(rank->trainer_, Trainer::Create(rank->spec_, rank->backend_.ops.get(),
-                                                   rank->backend_.alloc.get(), rank->comm_.get(),
-                                                   options.run_id));
+  ASSIGN_OR_RETURN(rank->trainer_,
+                   Trainer::Create(rank->spec_, rank->backend_.ops.get(),
+                                   rank->backend_.alloc.get(), rank->comm_.get(), options.run_id));
   return rank;
 }
 

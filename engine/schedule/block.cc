@@ -94,8 +94,8 @@ BlockWeights BlockViews(const LlamaConfig& cfg, const Tensor& unit_flat) {
   const ParamLayout layout(one);
   const ParamUnit& u = layout.units()[1];
   auto v = [&](int p) { return p < 0 ? Tensor() : ParamLayout::View(unit_flat, u.entries[p]); };
-  BlockWeights w{v(kAttnNorm), v(kWq), v(kWk), v(kWv), v(kWo), v(kMlpNorm), v(kWGate), v(kWUp),
-                 v(kWDown)};
+  BlockWeights w{v(kAttnNorm), v(kWq),    v(kWk),  v(kWv),   v(kWo),
+                 v(kMlpNorm),  v(kWGate), v(kWUp), v(kWDown)};
   w.bq = v(BlockEntryIndex(cfg, kBq));
   w.bk = v(BlockEntryIndex(cfg, kBk));
   w.bv = v(BlockEntryIndex(cfg, kBv));

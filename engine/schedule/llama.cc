@@ -52,8 +52,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   m->world_ = world;
   m->sp_ = sp;
   ASSIGN_OR_RETURN(m->plan_, MakeHeadPlan(cfg, sp ? sp->size() : 1, opts.head_chunk));
-  ASSIGN_OR_RETURN(m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp,
-                                                         opts.param_offload));
+  ASSIGN_OR_RETURN(
+      m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp, opts.param_offload));
   m->params_->set_overlap(opts.overlap);
   const std::vector<float> inv = RopeInverseFrequencies(cfg.rope);
   ASSIGN_OR_RETURN(
@@ -191,7 +191,7 @@ struct LlamaModel::Step {
 
   const bool backward;  // a training step (Forward for evaluation saves nothing)
   // Without a backward nothing is saved, whatever the recompute policy.
-  const bool keep_all;        // kNone: each block keeps everything it made (`resident`)
+  const bool keep_all;  // kNone: each block keeps everything it made (`resident`)
   // Whether block l's O and LSE are saved with its input (attention-aware recompute, on the
   // blocks the model's mix gives it).
   bool keep_attention(int64_t l) const { return backward && model.KeepsAttention(l); }
@@ -226,8 +226,8 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
   RETURN_IF_ERROR(BlocksForward(&step));
   const int64_t s = sample.ids.tensor().numel(), d = cfg_.hidden_size;
   ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kActivations));
-  RETURN_IF_ERROR(LossHead(step.x.tensor(), sample.labels.tensor(), grad_scale, dx.tensor(),
-                           loss_sum));
+  RETURN_IF_ERROR(
+      LossHead(step.x.tensor(), sample.labels.tensor(), grad_scale, dx.tensor(), loss_sum));
   step.head.clear();
   step.x.Reset();
   step.next = std::move(step.last);

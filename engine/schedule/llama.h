@@ -63,11 +63,11 @@ class LlamaModel {
     bool offload = false;          // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;
     bool prefetch = true;  // bring block l−1's saved data back during block l's backward
-    int64_t recompute_interval = 1;   // save every k-th block's input; regrow the others
+    int64_t recompute_interval = 1;  // save every k-th block's input; regrow the others
     // > 0: hold at most this many block inputs at once, with the fewest regrowing forwards
     // (RecomputeSchedule::AtMost; recompute_interval is then 1).
     int64_t saved_block_inputs = 0;
-    bool fsdp = true;                 // shard parameter units over `world`
+    bool fsdp = true;  // shard parameter units over `world`
     // Collectives under compute: FSDP gathers one block ahead and reductions left in flight
     // (ParamStore), UPipe's exchanges double-buffered a stage ahead (upipe.h). Off: every
     // collective completes before the compute after it (the same results, less memory).

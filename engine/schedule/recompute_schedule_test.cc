@@ -168,22 +168,21 @@ TEST(RecomputeScheduleTest, TheModelIsTheSameUnderEverySchedule) {
     int64_t head_chunk;
     int64_t aware_blocks = -1;  // attention-aware on the last N blocks (a mix); -1: all
   };
-  std::vector<Case> cases = {{"every1", RecomputePolicy::kFull, 1, 0, false, 0},
-                             {"every3", RecomputePolicy::kFull, 3, 0, false, 2},
-                             {"every3_aware", RecomputePolicy::kAttentionAware, 3, 0, false, 0},
-                             {"at_most2_offload", RecomputePolicy::kFull, 1, 2, true, 0},
-                             {"at_most3_aware", RecomputePolicy::kAttentionAware, 1, 3, false, 0},
-                             {"at_most3_aware_offload", RecomputePolicy::kAttentionAware, 1, 3,
-                              true, 2},
-                             // Per-block mixes: attention-aware on the last N blocks, full on
-                             // the others.
-                             {"mix0", RecomputePolicy::kAttentionAware, 1, 0, false, 0, 0},
-                             {"mix3", RecomputePolicy::kAttentionAware, 1, 0, false, 0, 3},
-                             {"mix4_offload", RecomputePolicy::kAttentionAware, 1, 0, true, 2, 4},
-                             {"mix2_every3", RecomputePolicy::kAttentionAware, 3, 0, false, 0, 2},
-                             {"mix5_at_most3", RecomputePolicy::kAttentionAware, 1, 3, false, 2,
-                              5},
-                             {"aware_all", RecomputePolicy::kAttentionAware, 1, 0, false, 0}};
+  std::vector<Case> cases = {
+      {"every1", RecomputePolicy::kFull, 1, 0, false, 0},
+      {"every3", RecomputePolicy::kFull, 3, 0, false, 2},
+      {"every3_aware", RecomputePolicy::kAttentionAware, 3, 0, false, 0},
+      {"at_most2_offload", RecomputePolicy::kFull, 1, 2, true, 0},
+      {"at_most3_aware", RecomputePolicy::kAttentionAware, 1, 3, false, 0},
+      {"at_most3_aware_offload", RecomputePolicy::kAttentionAware, 1, 3, true, 2},
+      // Per-block mixes: attention-aware on the last N blocks, full on
+      // the others.
+      {"mix0", RecomputePolicy::kAttentionAware, 1, 0, false, 0, 0},
+      {"mix3", RecomputePolicy::kAttentionAware, 1, 0, false, 0, 3},
+      {"mix4_offload", RecomputePolicy::kAttentionAware, 1, 0, true, 2, 4},
+      {"mix2_every3", RecomputePolicy::kAttentionAware, 3, 0, false, 0, 2},
+      {"mix5_at_most3", RecomputePolicy::kAttentionAware, 1, 3, false, 2, 5},
+      {"aware_all", RecomputePolicy::kAttentionAware, 1, 0, false, 0}};
   for (int64_t n = 2; n <= 8; ++n) {
     cases.push_back({"at_most" + std::to_string(n), RecomputePolicy::kFull, 1, n, false, 0});
   }

@@ -241,7 +241,8 @@ class SpecReader {
   absl::Status Require(bool ok, const std::string& path, const std::string& msg) const {
     return ok ? absl::OkStatus() : Error(path, msg);
   }
-  absl::Status WrongType(const toml::node& n, const std::string& path, const std::string& want) const {
+  absl::Status WrongType(const toml::node& n, const std::string& path,
+                         const std::string& want) const {
     return Error(path, absl::StrCat("must be ", want, ", got ", TypeName(n.type())));
   }
   bool Given(const std::string& path) const { return lines_.count(path) > 0; }
@@ -270,8 +271,11 @@ struct Codec {
 std::string QuotedList(const std::vector<std::string>& values) {
   std::string list;
   for (size_t i = 0; i < values.size(); ++i) {
-    absl::StrAppend(&list, i == 0 ? "" : i + 1 == values.size() ? " or " : ", ", "\"", values[i],
-                    "\"");
+    absl::StrAppend(&list,
+                    i == 0                   ? ""
+                    : i + 1 == values.size() ? " or "
+                                             : ", ",
+                    "\"", values[i], "\"");
   }
   return list;
 }
@@ -325,47 +329,47 @@ Codec Int(Get get) {
 template <typename Get>
 Codec IntOrAuto(Get get) {
   const std::string kind = "an integer >= 1 or \"auto\"";
-  return {kind,
-          [get, kind](const toml::node& n, const std::string& path, const SpecReader& r,
-                      JobSpec& s) {
-            if (n.is_string()) {
-              RETURN_IF_ERROR(r.Require(n.as_string()->get() == "auto", path,
-                                        absl::StrCat("must be ", kind, ", got \"",
-                                                     n.as_string()->get().substr(0, 64), "\"")));
-              *get(s) = 0;
-              return absl::OkStatus();
-            }
-            if (!n.is_integer()) return r.WrongType(n, path, kind);
-            *get(s) = n.as_integer()->get();
-            return r.Require(*get(s) >= 1, path, absl::StrCat("must be ", kind, ", got ", *get(s)));
-          },
-          [get](const JobSpec& s) {
-            return *get(s) == 0 ? std::string("\"auto\"") : absl::StrCat(*get(s));
-          },
-          [get](const JobSpec& s) { return *get(s) == 0; }};
+  return {
+      kind,
+      [get, kind](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+        if (n.is_string()) {
+          RETURN_IF_ERROR(r.Require(n.as_string()->get() == "auto", path,
+                                    absl::StrCat("must be ", kind, ", got \"",
+                                                 n.as_string()->get().substr(0, 64), "\"")));
+          *get(s) = 0;
+          return absl::OkStatus();
+        }
+        if (!n.is_integer()) return r.WrongType(n, path, kind);
+        *get(s) = n.as_integer()->get();
+        return r.Require(*get(s) >= 1, path, absl::StrCat("must be ", kind, ", got ", *get(s)));
+      },
+      [get](const JobSpec& s) {
+        return *get(s) == 0 ? std::string("\"auto\"") : absl::StrCat(*get(s));
+      },
+      [get](const JobSpec& s) { return *get(s) == 0; }};
 }
 
 // An integer >= 0, or "all" (stored as -1).
 template <typename Get>
 Codec IntOrAll(Get get) {
   const std::string kind = "an integer >= 0 or \"all\"";
-  return {kind,
-          [get, kind](const toml::node& n, const std::string& path, const SpecReader& r,
-                      JobSpec& s) {
-            if (n.is_string()) {
-              RETURN_IF_ERROR(r.Require(n.as_string()->get() == "all", path,
-                                        absl::StrCat("must be ", kind, ", got \"",
-                                                     n.as_string()->get().substr(0, 64), "\"")));
-              *get(s) = -1;
-              return absl::OkStatus();
-            }
-            if (!n.is_integer()) return r.WrongType(n, path, kind);
-            *get(s) = n.as_integer()->get();
-            return r.Require(*get(s) >= 0, path, absl::StrCat("must be ", kind, ", got ", *get(s)));
-          },
-          [get](const JobSpec& s) {
-            return *get(s) < 0 ? std::string("\"all\"") : absl::StrCat(*get(s));
-          }};
+  return {
+      kind,
+      [get, kind](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+        if (n.is_string()) {
+          RETURN_IF_ERROR(r.Require(n.as_string()->get() == "all", path,
+                                    absl::StrCat("must be ", kind, ", got \"",
+                                                 n.as_string()->get().substr(0, 64), "\"")));
+          *get(s) = -1;
+          return absl::OkStatus();
+        }
+        if (!n.is_integer()) return r.WrongType(n, path, kind);
+        *get(s) = n.as_integer()->get();
+        return r.Require(*get(s) >= 0, path, absl::StrCat("must be ", kind, ", got ", *get(s)));
+      },
+      [get](const JobSpec& s) {
+        return *get(s) < 0 ? std::string("\"all\"") : absl::StrCat(*get(s));
+      }};
 }
 
 // A finite number; integers are accepted where floats are expected.
@@ -401,9 +405,9 @@ Codec FloatList(Get get) {
           [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
             if (!n.is_array()) return r.WrongType(n, path, "an array of numbers");
             const toml::array& a = *n.as_array();
-            RETURN_IF_ERROR(r.Require(a.size() <= kMaxDataSources, path,
-                                      absl::StrCat("at most ", kMaxDataSources,
-                                                   " numbers, got ", a.size())));
+            RETURN_IF_ERROR(
+                r.Require(a.size() <= kMaxDataSources, path,
+                          absl::StrCat("at most ", kMaxDataSources, " numbers, got ", a.size())));
             std::vector<double> v;
             for (const toml::node& e : a) {
               if (e.is_integer()) {
@@ -461,26 +465,26 @@ Codec Bool(Get get) {
 template <typename Get>
 Codec BoolOrAuto(Get get) {
   const std::string kind = "true, false or \"auto\"";
-  return {kind,
-          [get, kind](const toml::node& n, const std::string& path, const SpecReader& r,
-                      JobSpec& s) {
-            if (n.is_boolean()) {
-              *get(s) = n.as_boolean()->get() ? OffloadChoice::kOn : OffloadChoice::kOff;
-              return absl::OkStatus();
-            }
-            if (!n.is_string()) return r.WrongType(n, path, kind);
-            RETURN_IF_ERROR(r.Require(n.as_string()->get() == "auto", path,
-                                      absl::StrCat("must be ", kind, ", got \"",
-                                                   n.as_string()->get().substr(0, 64), "\"")));
-            *get(s) = OffloadChoice::kAuto;
-            return absl::OkStatus();
-          },
-          [get](const JobSpec& s) {
-            return std::string(*get(s) == OffloadChoice::kAuto ? "\"auto\""
-                               : *get(s) == OffloadChoice::kOn ? "true"
-                                                               : "false");
-          },
-          [get](const JobSpec& s) { return *get(s) == OffloadChoice::kAuto; }};
+  return {
+      kind,
+      [get, kind](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+        if (n.is_boolean()) {
+          *get(s) = n.as_boolean()->get() ? OffloadChoice::kOn : OffloadChoice::kOff;
+          return absl::OkStatus();
+        }
+        if (!n.is_string()) return r.WrongType(n, path, kind);
+        RETURN_IF_ERROR(r.Require(
+            n.as_string()->get() == "auto", path,
+            absl::StrCat("must be ", kind, ", got \"", n.as_string()->get().substr(0, 64), "\"")));
+        *get(s) = OffloadChoice::kAuto;
+        return absl::OkStatus();
+      },
+      [get](const JobSpec& s) {
+        return std::string(*get(s) == OffloadChoice::kAuto ? "\"auto\""
+                           : *get(s) == OffloadChoice::kOn ? "true"
+                                                           : "false");
+      },
+      [get](const JobSpec& s) { return *get(s) == OffloadChoice::kAuto; }};
 }
 
 // TOML integers are signed 64-bit, so seeds above INT64_MAX are written as decimal strings.
@@ -558,7 +562,8 @@ struct Key {
   // another at parsing (min_lr_ratio into min_lr), not for one another key overrides (a preset
   // beside model.config).
   std::function<bool(const JobSpec&)> written;
-  // The section is everything before the last dot ("eval.passkey" for eval.passkey.lengths, "model.rope" for model.rope.theta).
+  // The section is everything before the last dot ("eval.passkey" for eval.passkey.lengths,
+  // "model.rope" for model.rope.theta).
   std::string section() const {
     const size_t dot = path.rfind('.');
     return dot == std::string::npos ? "" : path.substr(0, dot);
@@ -584,7 +589,8 @@ const std::vector<Section>& Sections() {
        "`checkpoint.resume`). Written only when `from` is set.",
        [](const JobSpec& s) { return !s.init.from.empty(); }},
       {"data", "The training data: token files written by `ithaca-tokenize`.", {}},
-      {"training", "The optimizer (AdamW) and the learning-rate schedule (warmup, then a decay).",
+      {"training",
+       "The optimizer (AdamW) and the learning-rate schedule (warmup, then a decay).",
        {}},
       {"parallel", "Ranks, Ulysses context parallelism and FSDP.", {}},
       {"memory",
@@ -619,7 +625,8 @@ const std::vector<Section>& Sections() {
        }},
       {"kernels",
        "Which kernel runs each pass of attention on the CUDA backend (ignored on the CPU). "
-       "\"auto\" is resolved at admission by the measured rule (engine/backend/attention_choice.cc), "
+       "\"auto\" is resolved at admission by the measured rule "
+       "(engine/backend/attention_choice.cc), "
        "so the stored spec names the kernel that runs. A CPU job's spec is written without it.",
        [](const JobSpec& s) {
          return s.backend == "cuda" || s.kernels.attention_forward != "auto" ||
@@ -647,18 +654,19 @@ const std::vector<Key>& Keys() {
       {"model.rope.theta", Float(FIELD(model.rope.theta)),
        "RoPE base (`rope_theta`); 0: the model's.",
        [](const JobSpec& s) { return s.model.rope.theta != 0; }},
-      {"model.rope.scaling", Str(FIELD(model.rope.scaling), {"none", "linear", "llama3", "yarn"},
-                                 /*or_empty=*/true),
+      {"model.rope.scaling",
+       Str(FIELD(model.rope.scaling), {"none", "linear", "llama3", "yarn"},
+           /*or_empty=*/true),
        "The scaling type (`rope_scaling`'s `rope_type`), with its parameters below; \"none\": "
        "plain RoPE; empty: the model's type and parameters.",
        [](const JobSpec& s) { return !s.model.rope.scaling.empty(); }},
       {"model.rope.factor", Float(FIELD(model.rope.factor)),
        "linear, llama3, yarn: the context's scaling factor (required with them).",
        [](const JobSpec& s) { return s.model.rope.factor != 0; }},
-      {"model.rope.low_freq_factor", Float(FIELD(model.rope.low_freq_factor)),
-       "llama3; 0: 1.", [](const JobSpec& s) { return s.model.rope.low_freq_factor != 0; }},
-      {"model.rope.high_freq_factor", Float(FIELD(model.rope.high_freq_factor)),
-       "llama3; 0: 4.", [](const JobSpec& s) { return s.model.rope.high_freq_factor != 0; }},
+      {"model.rope.low_freq_factor", Float(FIELD(model.rope.low_freq_factor)), "llama3; 0: 1.",
+       [](const JobSpec& s) { return s.model.rope.low_freq_factor != 0; }},
+      {"model.rope.high_freq_factor", Float(FIELD(model.rope.high_freq_factor)), "llama3; 0: 4.",
+       [](const JobSpec& s) { return s.model.rope.high_freq_factor != 0; }},
       {"model.rope.beta_fast", Float(FIELD(model.rope.beta_fast)), "yarn; 0: 32.",
        [](const JobSpec& s) { return s.model.rope.beta_fast != 0; }},
       {"model.rope.beta_slow", Float(FIELD(model.rope.beta_slow)), "yarn; 0: 1.",
@@ -721,8 +729,7 @@ const std::vector<Key>& Keys() {
       {"training.grad_clip", Float(FIELD(training.grad_clip)),
        "Maximum global gradient norm; 0 disables clipping."},
       {"training.grad_accum", Int(FIELD(training.grad_accum)), "Micro-steps per optimizer step."},
-      {"training.seed", Seed(FIELD(training.seed)),
-       "Seeds the initialization and the data order."},
+      {"training.seed", Seed(FIELD(training.seed)), "Seeds the initialization and the data order."},
 
       {"parallel.world", Int(FIELD(parallel.world)), "Ranks (one per GPU)."},
       {"parallel.sp", Int(FIELD(parallel.sp)), "Ulysses group size; divides `world`."},
@@ -758,8 +765,7 @@ const std::vector<Key>& Keys() {
        "forwards; 0: `memory.recompute_interval` decides."},
       {"memory.head_chunk", IntOrAuto(FIELD(memory.head_chunk)),
        "Query heads per UPipe attention stage."},
-      {"memory.tile_tokens", IntOrAuto(FIELD(memory.tile_tokens)),
-       "Tokens per MLP / loss tile."},
+      {"memory.tile_tokens", IntOrAuto(FIELD(memory.tile_tokens)), "Tokens per MLP / loss tile."},
       {"memory.overlap", Bool(FIELD(memory.overlap)),
        "Collectives under compute (FSDP gathers a block ahead, UPipe exchanges a stage ahead), "
        "for more buffers."},
@@ -834,11 +840,9 @@ const std::vector<Key>& Keys() {
        "which the ranks checkpoint and stop and the job is queued again to resume (0..86400); "
        "0: ithacad --slurm-signal-grace."},
 
-      {"kernels.attention_forward",
-       Str(FIELD(kernels.attention_forward), AttentionKernelNames()),
+      {"kernels.attention_forward", Str(FIELD(kernels.attention_forward), AttentionKernelNames()),
        "The attention forward's kernel."},
-      {"kernels.attention_backward",
-       Str(FIELD(kernels.attention_backward), AttentionKernelNames()),
+      {"kernels.attention_backward", Str(FIELD(kernels.attention_backward), AttentionKernelNames()),
        "The attention backward's kernel."},
   };
   return *keys;
@@ -848,13 +852,13 @@ const std::vector<Key>& Keys() {
 
 // Reads every entry of `table` (whose dotted path is `prefix`, "" at the top) with the keys of
 // that section; at the top, sections are walked too. Anything else is unknown.
-absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReader& r,
-                  JobSpec& s) {
+absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReader& r, JobSpec& s) {
   std::vector<std::string> valid;  // for suggestions
   for (const Key& k : Keys()) {
     if (k.section() == prefix) valid.push_back(prefix.empty() ? k.path : k.name());
   }
-  // The sections directly inside this one (every top-level one at the top, eval.passkey in eval, model.rope in model).
+  // The sections directly inside this one (every top-level one at the top, eval.passkey in eval,
+  // model.rope in model).
   auto subsection = [&](const Section& sec) {
     if (sec.name.empty()) return false;
     const size_t dot = sec.name.rfind('.');
@@ -868,8 +872,8 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, SpecReade
     const std::string name(k.str());
     const std::string path = prefix.empty() ? name : absl::StrCat(prefix, ".", name);
     r.Saw(path, static_cast<int>(k.source().begin.line));
-    auto key = std::find_if(Keys().begin(), Keys().end(),
-                            [&](const Key& x) { return x.path == path; });
+    auto key =
+        std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return x.path == path; });
     if (key != Keys().end()) {
       RETURN_IF_ERROR(key->codec.read(node, path, r, s));
       continue;
@@ -957,7 +961,8 @@ absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r)
       {"beta_fast", r.Given("model.rope.beta_fast"), {"yarn"}},
       {"beta_slow", r.Given("model.rope.beta_slow"), {"yarn"}},
       {"attention_factor", r.Given("model.rope.attention_factor"), {"yarn"}},
-      {"original_max_position_embeddings", r.Given("model.rope.original_max_position_embeddings"),
+      {"original_max_position_embeddings",
+       r.Given("model.rope.original_max_position_embeddings"),
        {"llama3", "yarn"}},
   };
   for (const Param& p : params) {
@@ -980,16 +985,14 @@ absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r)
                                {"attention_factor", rope.attention_factor}}) {
     const std::string path = absl::StrCat("model.rope.", key);
     if (!r.Given(path)) continue;
-    RETURN_IF_ERROR(
-        r.Require(v > 0, path, absl::StrCat("must be > 0, got ", FormatDouble(v))));
+    RETURN_IF_ERROR(r.Require(v > 0, path, absl::StrCat("must be > 0, got ", FormatDouble(v))));
   }
   if (r.Given("model.rope.original_max_position_embeddings")) {
-    RETURN_IF_ERROR(r.Require(
-        rope.original_max_position_embeddings >= 1 &&
-            rope.original_max_position_embeddings <= kMaxSeqLen,
-        "model.rope.original_max_position_embeddings",
-        absl::StrCat("must be in [1, ", kMaxSeqLen, "], got ",
-                     rope.original_max_position_embeddings)));
+    RETURN_IF_ERROR(r.Require(rope.original_max_position_embeddings >= 1 &&
+                                  rope.original_max_position_embeddings <= kMaxSeqLen,
+                              "model.rope.original_max_position_embeddings",
+                              absl::StrCat("must be in [1, ", kMaxSeqLen, "], got ",
+                                           rope.original_max_position_embeddings)));
   }
   const bool scaled =
       rope.scaling == "linear" || rope.scaling == "llama3" || rope.scaling == "yarn";
@@ -1028,12 +1031,12 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
     absl::StatusOr<std::vector<std::string>> sources = SplitDataSources(s.data.path);
     RETURN_IF_ERROR(r.Require(sources.ok(), "data.path",
                               sources.ok() ? "" : std::string(sources.status().message())));
-    RETURN_IF_ERROR(r.Require(
-        sources->size() == s.data.weights.size(), "data.weights",
-        absl::StrCat(s.data.weights.size(), " weights for ", sources->size(),
-                     sources->size() == 1 ? " source" : " sources",
-                     ": data.path must be one brace group with a source per weight, "
-                     "\"{web/*.tok,code/*.tok}\" for weights = [3, 1]")));
+    RETURN_IF_ERROR(
+        r.Require(sources->size() == s.data.weights.size(), "data.weights",
+                  absl::StrCat(s.data.weights.size(), " weights for ", sources->size(),
+                               sources->size() == 1 ? " source" : " sources",
+                               ": data.path must be one brace group with a source per weight, "
+                               "\"{web/*.tok,code/*.tok}\" for weights = [3, 1]")));
   }
   RETURN_IF_ERROR(
       r.Require(s.data.seq_len >= 2 && s.data.seq_len <= kMaxSeqLen, "data.seq_len",
@@ -1136,8 +1139,7 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(ex.empty() || !eval_only, "checkpoint.export",
                             "an evaluation-only job (training.steps = 0) writes no checkpoint to "
                             "export"));
-  RETURN_IF_ERROR(r.Require(!r.Given("eval.passkey") || !pk.lengths.empty(),
-                            "eval.passkey.lengths",
+  RETURN_IF_ERROR(r.Require(!r.Given("eval.passkey") || !pk.lengths.empty(), "eval.passkey.lengths",
                             "required in an [eval.passkey] section: the prompt lengths in tokens, "
                             "e.g. [4096, 8192]"));
   RETURN_IF_ERROR(r.Require(!r.Given("eval") || !s.eval.path.empty() || !pk.lengths.empty(),
@@ -1145,9 +1147,9 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             "required in an [eval] section without [eval.passkey]: the held-out "
                             "token file(s) (see ithaca-tokenize --val-fraction)"));
   if (!pk.lengths.empty()) {
-    RETURN_IF_ERROR(r.Require(pk.lengths.size() <= kMaxPasskeyPoints, "eval.passkey.lengths",
-                              absl::StrCat("at most ", kMaxPasskeyPoints, " lengths, got ",
-                                           pk.lengths.size())));
+    RETURN_IF_ERROR(r.Require(
+        pk.lengths.size() <= kMaxPasskeyPoints, "eval.passkey.lengths",
+        absl::StrCat("at most ", kMaxPasskeyPoints, " lengths, got ", pk.lengths.size())));
     for (size_t i = 0; i < pk.lengths.size(); ++i) {
       const int64_t n = pk.lengths[i];
       RETURN_IF_ERROR(r.Require(
@@ -1163,24 +1165,22 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
           std::find(pk.lengths.begin(), pk.lengths.begin() + i, n) == pk.lengths.begin() + i,
           "eval.passkey.lengths", absl::StrCat(n, " is given twice")));
     }
-    RETURN_IF_ERROR(r.Require(!pk.depths.empty() && pk.depths.size() <= kMaxPasskeyPoints,
-                              "eval.passkey.depths",
-                              absl::StrCat("must hold 1 to ", kMaxPasskeyPoints,
-                                           " depths, got ", pk.depths.size())));
+    RETURN_IF_ERROR(r.Require(
+        !pk.depths.empty() && pk.depths.size() <= kMaxPasskeyPoints, "eval.passkey.depths",
+        absl::StrCat("must hold 1 to ", kMaxPasskeyPoints, " depths, got ", pk.depths.size())));
     for (size_t i = 0; i < pk.depths.size(); ++i) {
       const double d = pk.depths[i];
       RETURN_IF_ERROR(r.Require(d >= 0 && d <= 1, "eval.passkey.depths",
                                 absl::StrCat(FormatDouble(d),
                                              " is not in [0, 1] (0: the key at the start of "
                                              "the filler, 1: at its end)")));
-      RETURN_IF_ERROR(r.Require(
-          std::find(pk.depths.begin(), pk.depths.begin() + i, d) == pk.depths.begin() + i,
-          "eval.passkey.depths", absl::StrCat(FormatDouble(d), " is given twice")));
+      RETURN_IF_ERROR(
+          r.Require(std::find(pk.depths.begin(), pk.depths.begin() + i, d) == pk.depths.begin() + i,
+                    "eval.passkey.depths", absl::StrCat(FormatDouble(d), " is given twice")));
     }
-    RETURN_IF_ERROR(r.Require(pk.samples >= 1 && pk.samples <= kMaxPasskeySamples,
-                              "eval.passkey.samples",
-                              absl::StrCat("must be in [1, ", kMaxPasskeySamples, "], got ",
-                                           pk.samples)));
+    RETURN_IF_ERROR(
+        r.Require(pk.samples >= 1 && pk.samples <= kMaxPasskeySamples, "eval.passkey.samples",
+                  absl::StrCat("must be in [1, ", kMaxPasskeySamples, "], got ", pk.samples)));
   }
   RETURN_IF_ERROR(
       r.Require(s.eval.every >= 0, "eval.every",
@@ -1196,9 +1196,9 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
       absl::StrCat("must be in 0..86400, got ", FormatDouble(s.retry.backoff_seconds))));
   RETURN_IF_ERROR(r.Require(s.slurm.nodes >= 1 && s.slurm.nodes <= 4096, "slurm.nodes",
                             absl::StrCat("must be in 1..4096, got ", s.slurm.nodes)));
-  RETURN_IF_ERROR(r.Require(s.parallel.world % s.slurm.nodes == 0, "slurm.nodes",
-                            absl::StrCat("must divide parallel.world (", s.parallel.world,
-                                         "), got ", s.slurm.nodes)));
+  RETURN_IF_ERROR(r.Require(
+      s.parallel.world % s.slurm.nodes == 0, "slurm.nodes",
+      absl::StrCat("must divide parallel.world (", s.parallel.world, "), got ", s.slurm.nodes)));
   RETURN_IF_ERROR(r.Require(s.slurm.signal_grace >= 0 && s.slurm.signal_grace <= 86400,
                             "slurm.signal_grace",
                             absl::StrCat("must be in 0..86400, got ", s.slurm.signal_grace)));
@@ -1207,9 +1207,9 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
         {"slurm.account", &s.slurm.account},
         {"slurm.time_limit", &s.slurm.time_limit},
         {"slurm.constraint", &s.slurm.constraint}}) {
-    RETURN_IF_ERROR(r.Require(SlurmValueOk(key, *value), key,
-                              absl::StrCat("\"", *value, "\" is not a valid ", key,
-                                           SlurmValueRule(key))));
+    RETURN_IF_ERROR(
+        r.Require(SlurmValueOk(key, *value), key,
+                  absl::StrCat("\"", *value, "\" is not a valid ", key, SlurmValueRule(key))));
   }
   RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
                             absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
@@ -1286,7 +1286,8 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
                          &s.eval.path, &s.init.from}) {
     if (p == &s.init.from && !InitFromJob(*p).empty()) continue;  // a job, not a path
     absl::StatusOr<std::string> resolved = ResolvePattern(dir, *p);
-    if (!resolved.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", resolved.status().message()));
+    if (!resolved.ok())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", resolved.status().message()));
     *p = *resolved;
   }
   return s;
@@ -1373,9 +1374,10 @@ absl::Status ApplyRopeOverride(const JobSpec::Model::Rope& o, LlamaConfig* cfg) 
                                              : cfg->max_position_embeddings;
     auto need_factor = [&]() -> absl::Status {
       if (!(o.factor > 0) || !std::isfinite(o.factor)) {
-        return absl::InvalidArgumentError(absl::StrCat("model.rope.factor: required (> 0) with "
-                                                       "scaling \"",
-                                                       o.scaling, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.rope.factor: required (> 0) with "
+                         "scaling \"",
+                         o.scaling, "\""));
       }
       r.factor = o.factor;
       return absl::OkStatus();

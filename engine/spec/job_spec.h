@@ -122,12 +122,12 @@ struct JobSpec {
     bool offload = false;
     int64_t offload_keep_last = 0;  // blocks kept on the device when offloading
     bool prefetch = true;  // offloaded inputs come back one block ahead (else just in time)
-    int64_t recompute_interval = 1;   // save every k-th block's input; regrow the rest in backward
+    int64_t recompute_interval = 1;  // save every k-th block's input; regrow the rest in backward
     // > 0: hold at most this many block inputs at once, saved and regrown, with the fewest
     // regrowing forwards (RecomputeSchedule::AtMost); 0: recompute_interval decides.
     int64_t saved_block_inputs = 0;
-    int64_t head_chunk = 0;           // query heads per UPipe stage; 0 = "auto"
-    int64_t tile_tokens = 0;          // tokens per MLP / loss tile; 0 = "auto"
+    int64_t head_chunk = 0;   // query heads per UPipe stage; 0 = "auto"
+    int64_t tile_tokens = 0;  // tokens per MLP / loss tile; 0 = "auto"
     // Collectives under compute (FSDP gathers a block ahead and reductions in flight, UPipe's
     // exchanges a stage ahead): faster across GPUs, for a second set of stage buffers and one
     // more full-size gradient buffer. With head_chunk "auto" the planner may turn it off to fit.

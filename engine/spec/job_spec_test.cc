@@ -223,8 +223,8 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
     EXPECT_NE(reference.find("| `" + key + "` |"), std::string::npos) << section << "." << key;
     ++keys;
   }
-  // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but min_lr_ratio, and
-  // model.preset (the full spec's model is a config.json).
+  // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but
+  // min_lr_ratio, and model.preset (the full spec's model is a config.json).
   EXPECT_EQ(keys, 67);
 }
 
@@ -246,8 +246,8 @@ TEST(JobSpecBoundsTest, EveryStringIsBounded) {
   for (const std::string key : {"data.path", "checkpoint.dir", "model.weights", "eval.path"}) {
     const size_t dot = key.find('.');
     const std::string section = key.substr(0, dot);
-    const std::string spec = "[" + section + "]\n" + key.substr(dot + 1) + " = \"" + huge +
-                             "\"\n" + (section == "data" ? "" : "[data]\npath = \"d.tok\"\n");
+    const std::string spec = "[" + section + "]\n" + key.substr(dot + 1) + " = \"" + huge + "\"\n" +
+                             (section == "data" ? "" : "[data]\npath = \"d.tok\"\n");
     absl::Status st = ParseError(spec);
     ExpectError(st, "job.toml: " + key + ": must be at most 4096 bytes, got 4097");
     EXPECT_LT(st.message().size(), 200u);
@@ -460,7 +460,8 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
        "job.toml: eval.passkey.lengths: 300 is not in [1, data.seq_len = 256]"},
       {"[parallel]\nworld = 2\nsp = 2\n[eval.passkey]\nlengths = [128, 201]",
        "job.toml: eval.passkey.lengths: 201 is not divisible by parallel.sp (2)"},
-      {"[eval.passkey]\nlengths = [128, 128]", "job.toml: eval.passkey.lengths: 128 is given twice"},
+      {"[eval.passkey]\nlengths = [128, 128]",
+       "job.toml: eval.passkey.lengths: 128 is given twice"},
       {"[eval.passkey]\nlengths = [128]\ndepths = [0, 1.5]",
        "job.toml: eval.passkey.depths: 1.5 is not in [0, 1]"},
       {"[eval.passkey]\nlengths = [128]\ndepths = []",
@@ -468,8 +469,7 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[eval.passkey]\nlengths = [128]\nsamples = 0",
        "job.toml: eval.passkey.samples: must be in [1, 4096], got 0"},
       {"[eval.passkey]\nlengths = [128.5]", "job.toml: eval.passkey.lengths: "},
-      {"[eval.passkey]\nlenghts = [128]",
-       "job.toml: eval.passkey.lenghts: unknown key"},
+      {"[eval.passkey]\nlenghts = [128]", "job.toml: eval.passkey.lenghts: unknown key"},
       {"[eval]\npath = \"\"", "job.toml: eval.path: required in an [eval] section"},
       {"[eval]\npath = \"v.tok\"\nevery = -1", "job.toml: eval.every: must be >= 0"},
       {"[eval]\npath = \"v.tok\"\nbatches = 0",
@@ -637,8 +637,8 @@ TEST(JobSpecTest, PasskeyEvalAloneRoundTrips) {
 }
 
 TEST(JobSpecTest, DataWeightsNameTheSourcesOfTheBraceGroup) {
-  absl::StatusOr<JobSpec> s = ParseJobSpec(
-      "[data]\npath = \"{web/*.tok,code/{a,b}.tok}\"\nweights = [0.7, 0.3]\n");
+  absl::StatusOr<JobSpec> s =
+      ParseJobSpec("[data]\npath = \"{web/*.tok,code/{a,b}.tok}\"\nweights = [0.7, 0.3]\n");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->data.weights, (std::vector<double>{0.7, 0.3}));
   EXPECT_EQ(*DataMixSlots(s->data.weights), (std::vector<int64_t>{7, 3}));
@@ -817,13 +817,16 @@ TEST(JobSpecTest, MinLrIsARatioUnlessGivenAndSchedulesParse) {
   ASSERT_TRUE(fine_tune.ok()) << fine_tune.status();
   EXPECT_DOUBLE_EQ(fine_tune->training.min_lr, 1e-6);
   EXPECT_EQ(fine_tune->training.schedule, "cosine");
-  auto ratio = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nlr = 2e-4\nmin_lr_ratio = 0\n", "job.toml");
+  auto ratio = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nlr = 2e-4\nmin_lr_ratio = 0\n",
+                            "job.toml");
   ASSERT_TRUE(ratio.ok()) << ratio.status();
   EXPECT_DOUBLE_EQ(ratio->training.min_lr, 0.0);
-  auto absolute = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nlr = 2e-4\nmin_lr = 5e-6\n", "job.toml");
+  auto absolute =
+      ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nlr = 2e-4\nmin_lr = 5e-6\n", "job.toml");
   ASSERT_TRUE(absolute.ok()) << absolute.status();
   EXPECT_DOUBLE_EQ(absolute->training.min_lr, 5e-6);
-  auto wsd = ParseJobSpec("[data]\npath = \"d.tok\"\n[training]\nschedule = \"wsd\"\ndecay_ratio = 0.1\n", "job.toml");
+  auto wsd = ParseJobSpec(
+      "[data]\npath = \"d.tok\"\n[training]\nschedule = \"wsd\"\ndecay_ratio = 0.1\n", "job.toml");
   ASSERT_TRUE(wsd.ok()) << wsd.status();
   EXPECT_EQ(wsd->training.schedule, "wsd");
   EXPECT_DOUBLE_EQ(wsd->training.decay_ratio, 0.1);

@@ -66,10 +66,11 @@ absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const s
 namespace {
 
 // The line of every key of `table` (dotted path -> line), as the daemon's parser counts them.
-void KeyLines(const toml::table& table, const std::string& prefix, std::map<std::string, int>* out) {
+void KeyLines(const toml::table& table, const std::string& prefix,
+              std::map<std::string, int>* out) {
   for (auto&& [k, node] : table) {
-    const std::string path = prefix.empty() ? std::string(k.str())
-                                            : absl::StrCat(prefix, ".", std::string(k.str()));
+    const std::string path =
+        prefix.empty() ? std::string(k.str()) : absl::StrCat(prefix, ".", std::string(k.str()));
     (*out)[path] = static_cast<int>(k.source().begin.line);
     if (node.is_table()) KeyLines(*node.as_table(), path, out);
   }

@@ -139,7 +139,8 @@ absl::Status CheckKeyDepth(const std::string& text, const std::string& source) {
         continue;
       }
       size_t j = i + 1;
-      while (j < text.size() && text[j] != c && text[j] != '\n') j += (c == '"' && text[j] == '\\') ? 2 : 1;
+      while (j < text.size() && text[j] != c && text[j] != '\n')
+        j += (c == '"' && text[j] == '\\') ? 2 : 1;
       if (j >= text.size() || text[j] == '\n') return absl::OkStatus();  // toml++ reports it
       i = j;
       continue;
@@ -169,9 +170,8 @@ absl::Status CheckKeyDepth(const std::string& text, const std::string& source) {
 
 absl::StatusOr<toml::table> ParseTomlText(const std::string& text, const std::string& source) {
   if (text.size() > kMaxTomlBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", text.size(),
-                                                   " bytes of TOML; at most ", kMaxTomlBytes,
-                                                   " are read"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", text.size(), " bytes of TOML; at most ", kMaxTomlBytes, " are read"));
   }
   RETURN_IF_ERROR(CheckNonAsciiPlacement(text, source));
   RETURN_IF_ERROR(CheckKeyDepth(text, source));

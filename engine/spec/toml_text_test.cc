@@ -14,9 +14,10 @@ std::string Repeat(const std::string& part, int n, const std::string& sep) {
 }
 
 TEST(TomlTextTest, ReadsAnOrdinarySpec) {
-  auto t = ParseTomlText("name = \"a.b.c\"\n[data]\npath = \"x.y.tok\"\nseq_len = 8\n"
-                         "[training]\nlr = 1.5e-4\nmix = [1.5, 2.5, 3.5, 4.5]\n",
-                         "job.toml");
+  auto t = ParseTomlText(
+      "name = \"a.b.c\"\n[data]\npath = \"x.y.tok\"\nseq_len = 8\n"
+      "[training]\nlr = 1.5e-4\nmix = [1.5, 2.5, 3.5, 4.5]\n",
+      "job.toml");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)["data"]["seq_len"].value<int64_t>(), 8);
 }
@@ -29,8 +30,7 @@ TEST(TomlTextTest, RefusesDeepDottedKeysAndHeadersBeforeParsing) {
         "x = {" + Repeat("a", 200000, ".") + " = 1}\n", Repeat("a", 17, ".") + " = 1\n"}) {
     auto t = ParseTomlText(text, "job.toml");
     ASSERT_FALSE(t.ok());
-    EXPECT_NE(t.status().message().find("more than 16 parts"), std::string::npos)
-        << t.status();
+    EXPECT_NE(t.status().message().find("more than 16 parts"), std::string::npos) << t.status();
   }
   EXPECT_TRUE(ParseTomlText(Repeat("a", 16, ".") + " = 1\n", "job.toml").ok());
 }

@@ -28,12 +28,12 @@ namespace ithaca {
 DocumentMask SampleDocuments(const DataLoader& data);
 
 struct EvalReport {
-  int64_t step = 0;     // optimizer steps done before it (0: an evaluation-only job's model)
+  int64_t step = 0;  // optimizer steps done before it (0: an evaluation-only job's model)
   // The held-out loss (eval.path); tokens 0 when the job evaluates only [eval.passkey].
-  double loss = 0;      // mean cross-entropy over the evaluated tokens of every rank
-  int64_t tokens = 0;   // tokens the mean is over (labels < 0 are not counted)
-  int64_t batches = 0;  // eval.batches
-  double seconds = 0;   // wall time of the evaluation (the passkey eval's included)
+  double loss = 0;                     // mean cross-entropy over the evaluated tokens of every rank
+  int64_t tokens = 0;                  // tokens the mean is over (labels < 0 are not counted)
+  int64_t batches = 0;                 // eval.batches
+  double seconds = 0;                  // wall time of the evaluation (the passkey eval's included)
   std::vector<PasskeyResult> passkey;  // [eval.passkey]: each (length, depth), lengths outer
 };
 

@@ -76,8 +76,8 @@ void HostAdamWRange(const HostAdamWSpan& s, const AdamWParams& p, int64_t begin,
                     bool vectorized = true);
 
 // Optimizer offload stages gradients and working copies through two host buffers of at most
-// this many elements each (64 MiB of f32): the unit of the host pipeline (engine/train/optimizer.h),
-// which the planner counts (engine/plan).
+// this many elements each (64 MiB of f32): the unit of the host pipeline
+// (engine/train/optimizer.h), which the planner counts (engine/plan).
 inline constexpr int64_t kHostStageElements = int64_t{16} << 20;
 
 // Whether this CPU runs the AVX2 loop.

@@ -19,8 +19,7 @@ struct State {
   std::vector<float> master, grad, m, v;
   std::vector<uint16_t> bf16;
   std::vector<float> f32;
-  explicit State(int64_t n, uint32_t seed)
-      : master(n), grad(n), m(n), v(n), bf16(n), f32(n) {
+  explicit State(int64_t n, uint32_t seed) : master(n), grad(n), m(n), v(n), bf16(n), f32(n) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> w(0.f, 0.05f), g(0.f, 1e-3f);
     for (int64_t i = 0; i < n; ++i) {
@@ -91,8 +90,8 @@ TEST(HostAdamWTest, MatchesTheCpuBackendBitForBit) {
         cpu::AdamW(ref.master.data(), ref.grad.data(), ref.m.data(), ref.v.data(),
                    reinterpret_cast<bf16*>(ref.bf16.data()), n, p);
       } else {
-        cpu::AdamW(ref.master.data(), ref.grad.data(), ref.m.data(), ref.v.data(),
-                   ref.f32.data(), n, p);
+        cpu::AdamW(ref.master.data(), ref.grad.data(), ref.m.data(), ref.v.data(), ref.f32.data(),
+                   n, p);
       }
     }
     ExpectSameBits(host.master, ref.master, "master");
@@ -171,8 +170,8 @@ TEST(HostAdamWTest, AgreesWithTheFormulaInDoublePrecision) {
 TEST(HostThreadPoolTest, CoversEachIndexOnce) {
   HostThreadPool pool(5);
   EXPECT_EQ(pool.size(), 5);
-  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{1000},
-                    int64_t{100001}}) {
+  for (int64_t n :
+       {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{1000}, int64_t{100001}}) {
     std::vector<std::atomic<int>> hits(n);
     for (auto& h : hits) h = 0;
     for (int rep = 0; rep < 3; ++rep) {

@@ -54,7 +54,8 @@ int64_t LrSchedule::DecayStart() const {
   const int64_t start = std::max<int64_t>(warmup_steps, 0);
   if (kind != LrScheduleKind::kWsd) return start;
   const int64_t after = std::max<int64_t>(total_steps - start, 0);
-  const int64_t decay = static_cast<int64_t>(std::llround(decay_ratio * static_cast<double>(after)));
+  const int64_t decay =
+      static_cast<int64_t>(std::llround(decay_ratio * static_cast<double>(after)));
   return total_steps - std::clamp<int64_t>(decay, 0, after);
 }
 

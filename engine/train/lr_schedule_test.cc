@@ -114,7 +114,8 @@ TEST(LrScheduleTest, RaisingStepsAfterAFinishedCosineDoesNotJump) {
 TEST(LrScheduleTest, RaisingStepsMidDecayContinuesTheSameShapeFromTheCurrentRate) {
   const LrSchedule old = Make(LrScheduleKind::kCosine, 100, 10);
   const double at50 = old.At(50);
-  const LrSchedule more = ContinueAfterResume(Make(LrScheduleKind::kCosine, 150, 10), 50, at50, 100);
+  const LrSchedule more =
+      ContinueAfterResume(Make(LrScheduleKind::kCosine, 150, 10), 50, at50, 100);
   ASSERT_TRUE(more.anchor_step.has_value());
   EXPECT_DOUBLE_EQ(more.At(50), at50);  // steps up to the resume point are the old ones
   EXPECT_LT(more.At(51), at50);

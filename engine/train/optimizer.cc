@@ -35,8 +35,8 @@ absl::Status Optimizer::Allocate() {
   for (int u = 0; u < ps.num_units(); ++u) {
     largest = std::max(largest, std::min(ps.shard_numel(u), stage_elements));
     for (auto* vec : {&master_, &m_, &v_}) {
-      ASSIGN_OR_RETURN(Buffer b, Buffer::Make(model_->allocator(), DType::kF32, {ps.shard_numel(u)},
-                                              tier));
+      ASSIGN_OR_RETURN(Buffer b,
+                       Buffer::Make(model_->allocator(), DType::kF32, {ps.shard_numel(u)}, tier));
       if (host_state_) {  // 12 bytes per parameter to zero: every core (and its first touch)
         float* p = b.tensor().f32();
         pool_->ParallelFor(b.tensor().numel(), 1 << 16, [p](int64_t lo, int64_t hi) {
@@ -54,8 +54,9 @@ absl::Status Optimizer::Allocate() {
                        Buffer::Make(model_->allocator(), DType::kF32, {largest}, tier));
       // With the working copy on the host the CPU writes it in place: no staging for it.
       if (ps.host_params()) continue;
-      ASSIGN_OR_RETURN(working_stage_[k], Buffer::Make(model_->allocator(),
-                                                       model_->ops()->act_dtype(), {largest}, tier));
+      ASSIGN_OR_RETURN(
+          working_stage_[k],
+          Buffer::Make(model_->allocator(), model_->ops()->act_dtype(), {largest}, tier));
     }
   }
   if (host_state_) {
@@ -68,8 +69,8 @@ absl::Status Optimizer::Allocate() {
 }
 
 absl::StatusOr<Tensor> Optimizer::OnDevice(const Buffer& host, Buffer* keep) const {
-  ASSIGN_OR_RETURN(*keep, Buffer::Make(model_->allocator(), DType::kF32, host.tensor().shape,
-                                       Tier::kComm));
+  ASSIGN_OR_RETURN(
+      *keep, Buffer::Make(model_->allocator(), DType::kF32, host.tensor().shape, Tier::kComm));
   model_->ops()->Upload(host.tensor().data, DType::kF32, keep->tensor());
   return keep->tensor();
 }

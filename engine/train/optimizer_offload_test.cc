@@ -318,10 +318,12 @@ TEST(OptimizerOffloadTest, UpdateRunsUnitByUnitUnderTheNextForward) {
     std::vector<std::string> log;
     ps.set_trace([&](const std::string& e) { log.push_back(e); });
     int64_t step = 0;
-    ASSERT_TRUE((*t)->Run([&](const StepReport& r) {
-                  step = r.step;
-                  log.push_back(absl::StrCat("end ", r.step));
-                }, /*stop=*/3)
+    ASSERT_TRUE((*t)->Run(
+                        [&](const StepReport& r) {
+                          step = r.step;
+                          log.push_back(absl::StrCat("end ", r.step));
+                        },
+                        /*stop=*/3)
                     .ok());
     ps.set_trace(nullptr);
     ASSERT_EQ(step, 3);

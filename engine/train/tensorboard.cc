@@ -91,8 +91,7 @@ std::string TensorBoardScalarEvent(double wall_time, int64_t step,
   return event;
 }
 
-absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
-    const std::string& dir) {
+absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(const std::string& dir) {
   // Inside the allowed roots (ithacad's --allowed-roots, passed down to the workers), made and
   // opened one component at a time without following links: a link at
   // checkpoint.dir/tensorboard cannot send the event file elsewhere (issue 43 N2).

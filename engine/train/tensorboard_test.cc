@@ -39,7 +39,11 @@ TEST(TensorBoardTest, AScalarEventIsTheProtobufTensorFlowWrites) {
   std::string want = "\x09";
   const double w = 1.5;
   want.append(reinterpret_cast<const char*>(&w), 8);
-  want += std::string("\x10\x03\x2a\x0a\x0a\x08\x0a\x01" "a" "\x15", 10);
+  want += std::string(
+      "\x10\x03\x2a\x0a\x0a\x08\x0a\x01"
+      "a"
+      "\x15",
+      10);
   const float f = 2.0f;
   want.append(reinterpret_cast<const char*>(&f), 4);
   EXPECT_EQ(e, want);
@@ -71,7 +75,9 @@ TEST(TensorBoardTest, RecordsAreFramedAndChecksummed) {
     at += 12 + len + 4;
   }
   ASSERT_EQ(records.size(), 3u);
-  EXPECT_NE(records[0].find("\x1a\x0d" "brain.Event:2"), std::string::npos);
+  EXPECT_NE(records[0].find("\x1a\x0d"
+                            "brain.Event:2"),
+            std::string::npos);
   EXPECT_NE(records[1].find("train/loss"), std::string::npos);
   EXPECT_NE(records[1].find("train/lr"), std::string::npos);
   // A second writer in the same directory makes a file of its own.

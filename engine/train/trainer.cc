@@ -75,7 +75,8 @@ std::vector<std::pair<std::string, double>> EvalScalars(const EvalReport& r) {
 
 std::string FormatStartupLine(const StartupReport& r) {
   const Optimizer::StartupTimes& o = r.optimizer;
-  const double rest = r.total_s - r.model_s - o.allocate_s - o.init_s - o.place_s - o.working_copy_s;
+  const double rest =
+      r.total_s - r.model_s - o.allocate_s - o.init_s - o.place_s - o.working_copy_s;
   const std::string pinned =
       o.host_bytes > 0 ? absl::StrFormat(" (pinned host %.1f GB)", o.host_bytes / 1e9) : "";
   return absl::StrFormat(
@@ -210,14 +211,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   if (!spec.init.from.empty()) RETURN_IF_ERROR(CheckInitTarget(spec.checkpoint.dir, run_id));
   if (latest.ok()) {
     ASSIGN_OR_RETURN(const TrainState saved, ReadCheckpointState(*latest));
-    RETURN_IF_ERROR(CheckResumeHasWork(spec.checkpoint.dir, spec.training.steps, *latest, saved,
-                                       run_id));
+    RETURN_IF_ERROR(
+        CheckResumeHasWork(spec.checkpoint.dir, spec.training.steps, *latest, saved, run_id));
     RETURN_IF_ERROR(CheckResumeRope(*latest, t->cfg_));
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
-    ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
-                     ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training,
-                                              host_state));
+    ASSIGN_OR_RETURN(
+        ResumedCheckpoint resumed,
+        ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training, host_state));
     t->optimizer_ = std::move(resumed.optimizer);
     const LoadedCheckpoint& ck = resumed.loaded;
     t->state_ = ck.state;
@@ -272,8 +273,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
       RandomUnitWeightsInto(layout, u, seed, out);
       return absl::OkStatus();
     };
-    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), random,
-                                                            spec.training, host_state));
+    ASSIGN_OR_RETURN(t->optimizer_,
+                     Optimizer::CreateFilled(t->model_.get(), random, spec.training, host_state));
   }
   t->optimizer_->set_overlap_update(spec.memory.overlap_update);
   ops->Synchronize();

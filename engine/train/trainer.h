@@ -160,7 +160,7 @@ class Trainer {
   std::unique_ptr<PasskeyEval> passkey_;  // null without [eval.passkey]
   // Rank 0 with metrics.tensorboard: checkpoint.dir/tensorboard's event file of this run.
   std::unique_ptr<TensorBoardWriter> tensorboard_;
-  int64_t evaluated_step_ = -1;           // the step of this process's newest evaluation
+  int64_t evaluated_step_ = -1;  // the step of this process's newest evaluation
   TrainState state_;
   LrSchedule schedule_;
 };

@@ -591,8 +591,8 @@ TEST(ModelFlopsTest, ASlidingWindowCountsOnlyTheKeysInside) {
   const double per_pair = 6.0 * cfg->num_hidden_layers * cfg->num_attention_heads * cfg->head_dim;
   cfg->sliding_window = W;
   const double windowed = ModelFlopsPerSample(*cfg, S, {});
-  EXPECT_NEAR(full - windowed,
-              per_pair * (double(S) * S - (2.0 * W * S - double(W) * (W - 1))), 1e-9 * full);
+  EXPECT_NEAR(full - windowed, per_pair * (double(S) * S - (2.0 * W * S - double(W) * (W - 1))),
+              1e-9 * full);
   // Documents of W / 2 tokens: each inside the window, counted as without one.
   std::vector<int64_t> docs;
   for (int64_t at = 0; at < S; at += W / 2) docs.push_back(at);

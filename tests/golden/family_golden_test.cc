@@ -75,7 +75,7 @@ struct Result {
 };
 
 absl::StatusOr<Result> RunStep(const LlamaConfig& cfg, const SafetensorsReader& reader,
-                           const Golden& g) {
+                               const Golden& g) {
   CpuOps ops;
   HostAllocator alloc;
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, LlamaModel::Options()));

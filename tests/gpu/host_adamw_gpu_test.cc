@@ -150,10 +150,11 @@ TEST(HostAdamWGpuTest, TrainingWithTheStateOnTheHostFollowsTheDevicesOptimizer) 
   std::sort(diffs.begin(), diffs.end());
   auto quantile = [&](double q) { return diffs[static_cast<size_t>(q * (diffs.size() - 1))]; };
   const int64_t over = std::count_if(diffs.begin(), diffs.end(), [](double d) { return d > 3e-4; });
-  std::printf("master weights (%zu): |device - host| median %.3g, p99 %.3g, p99.9 %.3g, max %.3g; "
-              "%lld over 3e-4 (a tenth of lr)\n",
-              diffs.size(), quantile(0.5), quantile(0.99), quantile(0.999), diffs.back(),
-              static_cast<long long>(over));
+  std::printf(
+      "master weights (%zu): |device - host| median %.3g, p99 %.3g, p99.9 %.3g, max %.3g; "
+      "%lld over 3e-4 (a tenth of lr)\n",
+      diffs.size(), quantile(0.5), quantile(0.99), quantile(0.999), diffs.back(),
+      static_cast<long long>(over));
   EXPECT_LT(quantile(0.99), 3e-4);  // lr 3e-3
   EXPECT_LT(over, static_cast<int64_t>(diffs.size() / 100));
   EXPECT_LT(diffs.back(), 5 * 3e-3);  // five steps of at most about lr each

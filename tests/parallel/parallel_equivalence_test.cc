@@ -35,7 +35,7 @@ struct Case {
   int world, sp;
   bool fsdp;
   std::string recompute;  // memory.recompute: none | full | attention-aware
-  int head_chunk;  // 0: all heads
+  int head_chunk;         // 0: all heads
   bool offload = false;
   int tile = 0;
   int recompute_interval = 1;
@@ -143,8 +143,9 @@ class ParallelEquivalenceTest : public ::testing::Test {
     const std::string key = absl::StrCat("reference_kv", hkv, "_", family, "_accum", grad_accum,
                                          packed ? "_separate" : "", sft ? "_sft" : "");
     if (!references_.count(key)) {
-      std::vector<std::string> args = {"--config", ConfigPath(hkv, family), "--data",
-                                       Data(sft),  "--grad-accum",  std::to_string(grad_accum)};
+      std::vector<std::string> args = {"--config",     ConfigPath(hkv, family),
+                                       "--data",       Data(sft),
+                                       "--grad-accum", std::to_string(grad_accum)};
       if (packed) args.insert(args.end(), {"--packed", "--separate"});
       if (sft) args.push_back("--loss-mask");
       references_[key] = RunRanks(key, 0, args);
@@ -154,10 +155,10 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   // Reads every tensor of `want_path` and the same-named one of `got_path` as f32 and hands both
   // to `check`; returns how many were compared (a failure to read fails the test, named `what`).
-  static int CompareTensors(
-      const std::string& want_path, const std::string& got_path, const std::string& what,
-      const std::function<void(const std::string&, const std::vector<float>&,
-                               const std::vector<float>&)>& check) {
+  static int CompareTensors(const std::string& want_path, const std::string& got_path,
+                            const std::string& what,
+                            const std::function<void(const std::string&, const std::vector<float>&,
+                                                     const std::vector<float>&)>& check) {
     auto a = SafetensorsReader::Open(want_path);
     auto b = SafetensorsReader::Open(got_path);
     if (!a.ok() || !b.ok()) {
@@ -203,18 +204,19 @@ class ParallelEquivalenceTest : public ::testing::Test {
       args.insert(args.end(), {"--saved-block-inputs", std::to_string(c.saved_block_inputs)});
     }
     const std::string got = RunRanks(c.name, c.world, args, nullptr, c.issue_delay_ms);
-    const int checked = CompareTensors(ref, got, c.name, [&](const std::string& name,
-                                                             const std::vector<float>& x,
-                                                             const std::vector<float>& y) {
-      double scale = 0, err = 0;
-      for (size_t i = 0; i < x.size(); ++i) {
-        scale = std::max(scale, std::abs(double(x[i])));
-        err = std::max(err, std::abs(double(x[i]) - y[i]));
-      }
-      // Gradients and losses to fp32 rounding; weights after three Adam steps a little looser.
-      const double tol = name.rfind("param.", 0) == 0 ? 1e-4 + 1e-4 * scale : 1e-7 + 2e-4 * scale;
-      EXPECT_LE(err, tol) << c.name << ": " << name << " max|ref| " << scale;
-    });
+    const int checked = CompareTensors(
+        ref, got, c.name,
+        [&](const std::string& name, const std::vector<float>& x, const std::vector<float>& y) {
+          double scale = 0, err = 0;
+          for (size_t i = 0; i < x.size(); ++i) {
+            scale = std::max(scale, std::abs(double(x[i])));
+            err = std::max(err, std::abs(double(x[i]) - y[i]));
+          }
+          // Gradients and losses to fp32 rounding; weights after three Adam steps a little looser.
+          const double tol =
+              name.rfind("param.", 0) == 0 ? 1e-4 + 1e-4 * scale : 1e-7 + 2e-4 * scale;
+          EXPECT_LE(err, tol) << c.name << ": " << name << " max|ref| " << scale;
+        });
     EXPECT_GT(checked, 40) << c.name;
   }
 
@@ -252,8 +254,8 @@ TEST_F(ParallelEquivalenceTest, AtMostTwoBlockInputs) {
 // recompute re-runs the same forward).
 TEST_F(ParallelEquivalenceTest, MixedPolicyEqualsNoRecomputeBitForBit) {
   auto run = [&](const std::string& name, std::vector<std::string> policy) {
-    std::vector<std::string> args = {"--config", ConfigPath(2), "--data", Data(false),
-                                     "--world",  "2",           "--sp",   "2",
+    std::vector<std::string> args = {"--config", ConfigPath(2), "--data",       Data(false),
+                                     "--world",  "2",           "--sp",         "2",
                                      "--fsdp",   "1",           "--head-chunk", "2"};
     args.insert(args.end(), policy.begin(), policy.end());
     return RunRanks(name, 2, args);

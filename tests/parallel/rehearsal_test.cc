@@ -41,18 +41,31 @@ class RehearsalTest : public ::testing::Test {
 
   static std::vector<std::string> Args(const std::string& name, int sp) {
     return {"tests/parallel/parallel_rank",
-            "--out",        *dir_ + "/" + name + ".safetensors",
-            "--peaks",      *dir_ + "/" + name + ".peaks",
-            "--config",     *dir_ + "/config.json",
-            "--data",       *dir_ + "/corpus.tok",
-            "--world",      "4",
-            "--sp",         std::to_string(sp),
-            "--fsdp",       "1",
-            "--recompute",  "attention-aware",
-            "--head-chunk", "4",
-            "--offload",    "--tile", "16",
-            "--seq",        "64",
-            "--steps",      "2"};
+            "--out",
+            *dir_ + "/" + name + ".safetensors",
+            "--peaks",
+            *dir_ + "/" + name + ".peaks",
+            "--config",
+            *dir_ + "/config.json",
+            "--data",
+            *dir_ + "/corpus.tok",
+            "--world",
+            "4",
+            "--sp",
+            std::to_string(sp),
+            "--fsdp",
+            "1",
+            "--recompute",
+            "attention-aware",
+            "--head-chunk",
+            "4",
+            "--offload",
+            "--tile",
+            "16",
+            "--seq",
+            "64",
+            "--steps",
+            "2"};
   }
 
   static void Exec(std::vector<std::string> args) {
@@ -66,31 +79,31 @@ class RehearsalTest : public ::testing::Test {
   // The real job: `world` processes joined over Gloo.
   static void RunReal(const std::string& name, int sp) {
     testing::TempDir rendezvous;
-    auto outcomes = testing::RunRanks(
-        4,
-        [&](int rank) -> absl::Status {
-          setenv("ITHACA_RANK", std::to_string(rank).c_str(), 1);
-          setenv("ITHACA_WORLD_SIZE", "4", 1);
-          setenv("ITHACA_RENDEZVOUS", rendezvous.rendezvous().c_str(), 1);
-          Exec(Args(name, sp));
-          return absl::InternalError("exec failed");
-        },
-        {/*wall_limit_s=*/120, {}});
+    auto outcomes =
+        testing::RunRanks(4,
+                          [&](int rank) -> absl::Status {
+                            setenv("ITHACA_RANK", std::to_string(rank).c_str(), 1);
+                            setenv("ITHACA_WORLD_SIZE", "4", 1);
+                            setenv("ITHACA_RENDEZVOUS", rendezvous.rendezvous().c_str(), 1);
+                            Exec(Args(name, sp));
+                            return absl::InternalError("exec failed");
+                          },
+                          {/*wall_limit_s=*/120, {}});
     EXPECT_EQ(testing::Failures(outcomes), "") << name;
   }
 
   // Rank `rank` of the same job, rehearsed alone.
   static void RunRehearsal(const std::string& name, int sp, int rank) {
-    auto outcomes = testing::RunRanks(
-        1,
-        [&](int) -> absl::Status {
-          unsetenv("ITHACA_RANK");
-          std::vector<std::string> args = Args(name, sp);
-          args.insert(args.end(), {"--rehearse", "--rank", std::to_string(rank)});
-          Exec(args);
-          return absl::InternalError("exec failed");
-        },
-        {/*wall_limit_s=*/120, {}});
+    auto outcomes =
+        testing::RunRanks(1,
+                          [&](int) -> absl::Status {
+                            unsetenv("ITHACA_RANK");
+                            std::vector<std::string> args = Args(name, sp);
+                            args.insert(args.end(), {"--rehearse", "--rank", std::to_string(rank)});
+                            Exec(args);
+                            return absl::InternalError("exec failed");
+                          },
+                          {/*wall_limit_s=*/120, {}});
     EXPECT_EQ(testing::Failures(outcomes), "") << name;
   }
 
@@ -102,8 +115,8 @@ class RehearsalTest : public ::testing::Test {
   }
 
   static void Check(int sp, int rank) {
-    const std::string real = absl::StrCat("real_sp", sp), rehearsed = absl::StrCat(
-                                                              "rehearsed_sp", sp, "_rank", rank);
+    const std::string real = absl::StrCat("real_sp", sp),
+                      rehearsed = absl::StrCat("rehearsed_sp", sp, "_rank", rank);
     if (!ran_[sp]) {
       RunReal(real, sp);
       ran_[sp] = true;

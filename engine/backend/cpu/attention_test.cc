@@ -134,8 +134,8 @@ struct WindowCase {
 };
 
 void PrintTo(const WindowCase& c, std::ostream* os) {
-  *os << "S=" << c.dims.s << " blocks=" << c.blocks.q << "x" << c.blocks.k << " window "
-      << c.window << " docs " << c.docs.size();
+  *os << "S=" << c.dims.s << " blocks=" << c.blocks.q << "x" << c.blocks.k << " window " << c.window
+      << " docs " << c.docs.size();
 }
 
 class WindowedAttentionTest : public ::testing::TestWithParam<WindowCase> {};
@@ -153,8 +153,8 @@ TEST_P(WindowedAttentionTest, ForwardMatchesNaiveReference) {
   auto visible = [&](int64_t i, int64_t j) { return i - j < c.window && doc_of[i] == doc_of[j]; };
   std::vector<double> out(q.size(), 7.0), lse(dm.hq * dm.s, 7.0), want_out, want_lse;
   cpu::AttentionForward(q.data(), k.data(), v.data(), dm.s, dm.hq, dm.hkv, dm.d, out.data(),
-                        lse.data(), c.blocks, c.docs.data(),
-                        static_cast<int64_t>(c.docs.size()), c.window);
+                        lse.data(), c.blocks, c.docs.data(), static_cast<int64_t>(c.docs.size()),
+                        c.window);
   NaiveAttention(q, k, v, dm, &want_out, &want_lse, visible);
   EXPECT_TRUE(AllNear(out, want_out, 1e-12));
   EXPECT_TRUE(AllNear(lse, want_lse, 1e-12));
@@ -193,10 +193,10 @@ TEST_P(WindowedAttentionTest, BackwardMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Windows, WindowedAttentionTest,
-    ::testing::Values(WindowCase{{17, 4, 2, 8}, {4, 4}, 3, {}},     // smaller than a block
-                      WindowCase{{17, 4, 2, 8}, {3, 5}, 6, {}},     // misaligned blocks
-                      WindowCase{{17, 4, 2, 8}, {4, 4}, 1, {}},     // one key: itself
-                      WindowCase{{13, 4, 2, 8}, {4, 4}, 40, {}},    // larger than S
+    ::testing::Values(WindowCase{{17, 4, 2, 8}, {4, 4}, 3, {}},            // smaller than a block
+                      WindowCase{{17, 4, 2, 8}, {3, 5}, 6, {}},            // misaligned blocks
+                      WindowCase{{17, 4, 2, 8}, {4, 4}, 1, {}},            // one key: itself
+                      WindowCase{{13, 4, 2, 8}, {4, 4}, 40, {}},           // larger than S
                       WindowCase{{19, 3, 1, 6}, {2, 4}, 4, {0, 1, 2, 9}},  // with documents
                       WindowCase{{19, 2, 2, 4}, {5, 3}, 7, {0, 5, 6, 15}},
                       WindowCase{{16, 2, 1, 4}, {16, 16}, 5, {0, 8}}));  // one block

@@ -263,8 +263,8 @@ void CpuOps::RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rst
 
 // The oracle's way, from its own pieces: rstd as RmsNorm computes it, then RmsNormBackward into
 // a zeroed dx, which replaces grad.
-void CpuOps::RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps,
-                                    const Tensor& grad, const Tensor& dw) {
+void CpuOps::RmsNormBackwardInPlace(const Tensor& x, const Tensor& w, float eps, const Tensor& grad,
+                                    const Tensor& dw) {
   const char* op = "RmsNormBackwardInPlace";
   CheckF32(x, op, "x");
   CheckF32(w, op, "w");
@@ -342,8 +342,7 @@ void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v
   kCheck.Shape(dv, k.shape, op, "dv");
   cpu::AttentionBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(), q.dim(0),
                          q.dim(1), k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_,
-                         docs.starts.data(), static_cast<int64_t>(docs.starts.size()),
-                         docs.window);
+                         docs.starts.data(), static_cast<int64_t>(docs.starts.size()), docs.window);
 }
 
 void CpuOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {

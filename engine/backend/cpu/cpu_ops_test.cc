@@ -88,7 +88,8 @@ TEST(CpuOpsTest, RmsNormInPlaceMatchesOutOfPlace) {
 TEST(CpuOpsTest, RmsNormBackwardInPlaceMatchesDouble) {
   CpuOps ops;
   const int64_t rows = 7, d = 32;
-  const std::vector<double> x = RandomF(rows * d, 23), w = RandomF(d, 24), g = RandomF(rows * d, 25);
+  const std::vector<double> x = RandomF(rows * d, 23), w = RandomF(d, 24),
+                            g = RandomF(rows * d, 25);
   std::vector<float> xf = ToFloat(x), wf = ToFloat(w), grad = ToFloat(g), dw(d, 0.25f);
   ops.RmsNormBackwardInPlace(F32(xf, {rows, d}), F32(wf, {d}), 1e-6f, F32(grad, {rows, d}),
                              F32(dw, {d}));

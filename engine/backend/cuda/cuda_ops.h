@@ -193,7 +193,7 @@ class CudaOps : public Ops {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   const char* last_attention_ = "none";
   bool cudnn_warned_ = false;
-  std::set<std::vector<int64_t>> choice_logged_;     // (pass, shape)s whose choice was logged
+  std::set<std::vector<int64_t>> choice_logged_;  // (pass, shape)s whose choice was logged
   std::vector<Span> spans_;
   std::set<std::string> span_names_;  // the GEMM shapes' row names (Span::op points into it)
   struct DocumentEntry {

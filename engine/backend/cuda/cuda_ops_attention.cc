@@ -62,10 +62,11 @@ AttentionKernel CudaOps::KernelFor(AttentionPass pass, int64_t s, int64_t hq, in
     choice = {AttentionKernel::kCudnn, "the memory probe's window"};
   }
   if (choice.kernel == AttentionKernel::kHopper) {
-    const char* unsupported = !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
-                              : !cuda::HopperAttentionDeviceSupported()
-                                  ? "the GPU is not compute capability 9.0"
-                                  : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse);
+    const char* unsupported =
+        !cuda::HopperAttentionBuilt() ? "built without CUTLASS"
+        : !cuda::HopperAttentionDeviceSupported()
+            ? "the GPU is not compute capability 9.0"
+            : cuda::HopperAttentionUnsupported(s, hq, hkv, d, q, k, v, o, lse);
     if (unsupported == nullptr && backward) {
       unsupported = cuda::HopperAttentionUnsupported(s, hq, hkv, d, dout, dq, dk, dv, nullptr);
     }
@@ -234,9 +235,9 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t s = q.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
   if (s == 0) return;
   CheckDocuments(docs, s, "Attention");
-  const AttentionKernel kernel = KernelFor(AttentionPass::kForward, s, hq, hkv, d, q.data, k.data,
-                                           v.data, out.data, nullptr, lse.f32(), nullptr, nullptr,
-                                           nullptr, docs);
+  const AttentionKernel kernel =
+      KernelFor(AttentionPass::kForward, s, hq, hkv, d, q.data, k.data, v.data, out.data, nullptr,
+                lse.f32(), nullptr, nullptr, nullptr, docs);
   if (kernel == AttentionKernel::kHopper) {
     const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
     const cudaError_t err = cuda::HopperAttentionForward(

@@ -222,9 +222,9 @@ TEST_F(CudaOpsTest, GemmBiasAgainstCpu) {
       std::vector<float> bias_n(bias.begin() + cs.bias_at, bias.begin() + cs.bias_at + n);
       cpu_.GemmBias(CpuT(a, sa), cs.ta, CpuT(b, sb), cs.tb, CpuT(bias_n, {n}), CpuT(want, {m, n}),
                     alpha, beta);
-      const std::string what = absl::StrCat("GemmBias ", m, "x", n, "x", k, cs.ta ? " aT" : "",
-                                            cs.tb ? " bT" : "", " bias at ", cs.bias_at,
-                                            " beta ", beta);
+      const std::string what =
+          absl::StrCat("GemmBias ", m, "x", n, "x", k, cs.ta ? " aT" : "", cs.tb ? " bT" : "",
+                       " bias at ", cs.bias_at, " beta ", beta);
       EXPECT_CLOSE(H(dc), want, kBf16Tol, what.c_str());
     }
   }

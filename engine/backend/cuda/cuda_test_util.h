@@ -108,16 +108,16 @@ inline double MaxAbs(const std::vector<float>& v) {
 // As EXPECT_CLOSE, but where the oracle is exactly zero (dQ and dK when every query sees only
 // itself: dS = P ∘ (dP − Dsum) = 0), which no relative error measures: then max |got| must stay
 // under `zero_tol` × max |scale| (a related tensor that is not zero, e.g. dV).
-#define EXPECT_CLOSE_OR_ZERO(got, want, scale, tol, zero_tol, what)                       \
-  do {                                                                                    \
-    if (::ithaca::cuda_test::MaxAbs(want) < 1e-30) {                                      \
-      const double _z = ::ithaca::cuda_test::MaxAbs(got) /                                \
-                        std::max(::ithaca::cuda_test::MaxAbs(scale), 1e-30);              \
-      std::printf("  %-28s oracle exactly 0, max |got| / max |scale| %.3e\n", (what), _z); \
-      EXPECT_LT(_z, zero_tol) << (what);                                                  \
-    } else {                                                                              \
-      EXPECT_CLOSE(got, want, tol, what);                                                 \
-    }                                                                                     \
+#define EXPECT_CLOSE_OR_ZERO(got, want, scale, tol, zero_tol, what)                               \
+  do {                                                                                            \
+    if (::ithaca::cuda_test::MaxAbs(want) < 1e-30) {                                              \
+      const double _z =                                                                           \
+          ::ithaca::cuda_test::MaxAbs(got) / std::max(::ithaca::cuda_test::MaxAbs(scale), 1e-30); \
+      std::printf("  %-28s oracle exactly 0, max |got| / max |scale| %.3e\n", (what), _z);        \
+      EXPECT_LT(_z, zero_tol) << (what);                                                          \
+    } else {                                                                                      \
+      EXPECT_CLOSE(got, want, tol, what);                                                         \
+    }                                                                                             \
   } while (0)
 
 }  // namespace cuda_test

@@ -111,8 +111,8 @@ LtGemm::Plan* LtGemm::GetPlan(const Key& key) {
   const int wanted = heuristic_ == kGemmTimed ? kTimedCandidates : heuristic_ + 1;
   std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, wanted, results.data(), &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc,
+                                                           pref, wanted, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st == CUBLAS_STATUS_SUCCESS && heuristic_ == kGemmTimed) {
     for (int i = 0; i < found; ++i) p.algos.push_back(results[i].algo);
@@ -165,7 +165,8 @@ int LtGemm::NextAlgo(const Key& key, Plan* p, bool* timed) {
   ReadTrials(p, /*wait=*/true);
   p->chosen = 0;
   for (int i = 1; i < n; ++i) {
-    if (p->best_ms[i] >= 0 && (p->best_ms[p->chosen] < 0 || p->best_ms[i] < p->best_ms[p->chosen])) {
+    if (p->best_ms[i] >= 0 &&
+        (p->best_ms[p->chosen] < 0 || p->best_ms[i] < p->best_ms[p->chosen])) {
       p->chosen = i;
     }
   }
@@ -203,8 +204,18 @@ void LtGemm::Run(const void* a, int64_t lda, bool trans_a, const void* b, int64_
     AddBiasRows(static_cast<uint16_t*>(c), ldc, m, n, static_cast<const uint16_t*>(bias), stream_);
     return;
   }
-  const Key key{m,       n,       k,     lda,          ldb,          ldc,
-                trans_a, trans_b, c_f32, Alignment(a), Alignment(b), Alignment(c),
+  const Key key{m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                trans_a,
+                trans_b,
+                c_f32,
+                Alignment(a),
+                Alignment(b),
+                Alignment(c),
                 bias != nullptr ? Alignment(bias) : 0};
   Plan* p = GetPlan(key);
   if (bias != nullptr && !p->algos.empty()) {

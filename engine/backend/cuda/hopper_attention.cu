@@ -160,7 +160,10 @@ __device__ __forceinline__ int key_lo(Problem const& pb, int row) {
     int a = 0, b = pb.ndocs;
     while (b - a > 1) {
       int const mid = (a + b) / 2;
-      if (pb.doc_starts[mid] <= row) a = mid; else b = mid;
+      if (pb.doc_starts[mid] <= row)
+        a = mid;
+      else
+        b = mid;
     }
     lo = int(pb.doc_starts[a]);
   }
@@ -527,8 +530,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 
 template <class C>
 cudaError_t launch(void const* q, void const* k, void const* v, void* o, float* lse, int S, int Hq,
-                   int Hkv, int64_t const* doc_starts, int ndocs, int window,
-                   cudaStream_t stream) {
+                   int Hkv, int64_t const* doc_starts, int ndocs, int window, cudaStream_t stream) {
   Params<C> p;
   auto mkQK = [&](void const* ptr, int H) {
     return make_tensor(make_gmem_ptr(static_cast<bf16 const*>(ptr)), make_shape(S, C::D, H),
@@ -681,10 +683,10 @@ cudaError_t HopperAttentionForward(const uint16_t* q, const uint16_t* k, const u
   // 3 % slower). hd64: 3 consumer warpgroups (192x128), 3 stages; 160 registers each is the limit.
   // A window of S keys or more is the causal mask alone.
   const int n = static_cast<int>(ndocs), w = window >= s ? 0 : static_cast<int>(window);
-  return d == 128 ? launch_cluster<128, 2, 128, 2>(cluster, q, k, v, o, lse, S, Hq, Hkv,
-                                                   doc_starts, n, w, stream)
-                  : launch_cluster<64, 3, 128, 3>(cluster, q, k, v, o, lse, S, Hq, Hkv,
-                                                  doc_starts, n, w, stream);
+  return d == 128 ? launch_cluster<128, 2, 128, 2>(cluster, q, k, v, o, lse, S, Hq, Hkv, doc_starts,
+                                                   n, w, stream)
+                  : launch_cluster<64, 3, 128, 3>(cluster, q, k, v, o, lse, S, Hq, Hkv, doc_starts,
+                                                  n, w, stream);
 }
 
 }  // namespace cuda

@@ -252,9 +252,7 @@ CUTE_HOST_DEVICE void cta_coords(Problem const& pb, int b, int& g, int& n) {
 
 // The it-th query tile a CTA visits (descending); producer, dQ writer and consumers all
 // walk the same sequence.
-CUTE_HOST_DEVICE int m_at(int it, int /*m_min*/, int m_max) {
-  return m_max - 1 - it;
-}
+CUTE_HOST_DEVICE int m_at(int it, int /*m_min*/, int m_max) { return m_max - 1 - it; }
 
 // ------------------------------------------------------------------------------ preprocess
 // One warp per (query row i < S_pad, head h).
@@ -290,7 +288,10 @@ __global__ void bwd_preprocess(bf16 const* __restrict__ o, bf16 const* __restric
       int lo = 0, hi = doc_starts != nullptr ? ndocs : 1;
       while (hi - lo > 1) {
         int const mid = (lo + hi) / 2;
-        if (doc_starts[mid] <= i) lo = mid; else hi = mid;
+        if (doc_starts[mid] <= i)
+          lo = mid;
+        else
+          hi = mid;
       }
       int const start = doc_starts != nullptr ? int(doc_starts[lo]) : 0;
       doc_lo[i] = i >= S ? S_pad : window > 0 ? max(start, i - window + 1) : start;
@@ -640,8 +641,7 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 template <class C>
 cudaError_t launch(void const* q, void const* k, void const* v, void const* o, void const* dout,
                    float const* lse, void* dq, void* dk, void* dv, float* ws, int S, int Hq,
-                   int Hkv, int64_t const* doc_starts, int ndocs, int window,
-                   cudaStream_t stream) {
+                   int Hkv, int64_t const* doc_starts, int ndocs, int window, cudaStream_t stream) {
   int const S_pad = (S + kPadS - 1) / kPadS * kPadS;
   float* dq_acc = ws;
   float* lse2 = dq_acc + int64_t(Hq) * S_pad * C::D;
@@ -656,10 +656,9 @@ cudaError_t launch(void const* q, void const* k, void const* v, void const* o, v
   {
     int64_t const warps = int64_t(S_pad) * Hq;
     int const blocks = int((warps * 32 + 255) / 256);
-    bwd_preprocess<<<blocks, 256, 0, stream>>>(static_cast<bf16 const*>(o),
-                                               static_cast<bf16 const*>(dout), lse, lse2, dsum, S,
-                                               S_pad, Hq, C::D, docs ? doc_starts : nullptr, ndocs,
-                                               window, doc_lo, doc_hi);
+    bwd_preprocess<<<blocks, 256, 0, stream>>>(
+        static_cast<bf16 const*>(o), static_cast<bf16 const*>(dout), lse, lse2, dsum, S, S_pad, Hq,
+        C::D, docs ? doc_starts : nullptr, ndocs, window, doc_lo, doc_hi);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -743,8 +742,8 @@ cudaError_t HopperAttentionBackward(const uint16_t* q, const uint16_t* k, const 
   const int n = static_cast<int>(ndocs), w = window >= s ? 0 : static_cast<int>(window);
   return d == 128 ? ithaca_bwd::launch<ithaca_bwd::CfgD128>(q, k, v, o, dout, lse, dq, dk, dv, ws,
                                                             S, Hq, Hkv, doc_starts, n, w, stream)
-                  : ithaca_bwd::launch<ithaca_bwd::CfgD64>(q, k, v, o, dout, lse, dq, dk, dv, ws,
-                                                           S, Hq, Hkv, doc_starts, n, w, stream);
+                  : ithaca_bwd::launch<ithaca_bwd::CfgD64>(q, k, v, o, dout, lse, dq, dk, dv, ws, S,
+                                                           Hq, Hkv, doc_starts, n, w, stream);
 }
 
 }  // namespace cuda

@@ -17,8 +17,8 @@ const char* HopperAttentionUnsupported(int64_t, int64_t, int64_t, int64_t, const
 int HopperAttentionClusterSize(int64_t, int64_t, int64_t, int64_t) { return 1; }
 
 cudaError_t HopperAttentionForward(const uint16_t*, const uint16_t*, const uint16_t*, int64_t,
-                                   int64_t, int64_t, int64_t, uint16_t*, float*, cudaStream_t,
-                                   int, const int64_t*, int64_t, int64_t) {
+                                   int64_t, int64_t, int64_t, uint16_t*, float*, cudaStream_t, int,
+                                   const int64_t*, int64_t, int64_t) {
   return cudaErrorNotSupported;
 }
 

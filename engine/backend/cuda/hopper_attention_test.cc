@@ -32,7 +32,7 @@ using Kernel = AttentionKernel;
   SKIP_WITHOUT_GPU();                                                                          \
   if (!cuda::HopperAttentionBuilt()) GTEST_SKIP() << "built without CUTLASS: kernel left out"; \
   if (!cuda::HopperAttentionDeviceSupported())                                                 \
-    GTEST_SKIP() << "the GPU is not compute capability 9.0 (sm_90a code)"
+  GTEST_SKIP() << "the GPU is not compute capability 9.0 (sm_90a code)"
 
 CudaOps::Options OptionsFor(Allocator* alloc, Kernel forward, Kernel backward = Kernel::kCudnn) {
   CudaOps::Options o;
@@ -434,21 +434,21 @@ TEST_P(HopperMasksVsCpu, ForwardMatchesCpu) {
   int64_t* dev_starts = nullptr;
   if (n > 0) {
     ASSERT_EQ(cudaMalloc(&dev_starts, n * sizeof(int64_t)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev_starts, docs.starts.data(), n * sizeof(int64_t),
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpy(dev_starts, docs.starts.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice),
+        cudaSuccess);
   }
   const auto stream = static_cast<cudaStream_t>(ops.streams().compute);
   for (int cluster : {2, 4}) {
     if ((hq / hkv) % cluster != 0) continue;
     ops.Fill(out.tensor(), std::nanf(""));
     ops.Fill(lse.tensor(), std::nanf(""));
-    ASSERT_EQ(cuda::HopperAttentionForward(
-                  static_cast<const uint16_t*>(tq.tensor().data),
-                  static_cast<const uint16_t*>(tk.tensor().data),
-                  static_cast<const uint16_t*>(tv.tensor().data), S, hq, hkv, D,
-                  static_cast<uint16_t*>(out.tensor().data), lse.tensor().f32(), stream, cluster,
-                  dev_starts, static_cast<int64_t>(n), c.window),
+    ASSERT_EQ(cuda::HopperAttentionForward(static_cast<const uint16_t*>(tq.tensor().data),
+                                           static_cast<const uint16_t*>(tk.tensor().data),
+                                           static_cast<const uint16_t*>(tv.tensor().data), S, hq,
+                                           hkv, D, static_cast<uint16_t*>(out.tensor().data),
+                                           lse.tensor().f32(), stream, cluster, dev_starts,
+                                           static_cast<int64_t>(n), c.window),
               cudaSuccess)
         << "cluster " << cluster;
     EXPECT_EQ(Host(ops, out.tensor()), first) << "cluster " << cluster << ": O differs";
@@ -501,7 +501,8 @@ TEST_P(HopperMasksVsCudnn, ForwardAndBackwardMatchCudnn) {
     ops[i]->AttentionBackward(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), tdo.tensor(),
                               lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
     EXPECT_STREQ(ops[i]->last_attention_impl(), bwd_impl[i]) << "backward " << i;
-    for (const Buffer* t : {&out, &lse, &dq, &dk, &dv}) res[i].push_back(Host(*ops[i], t->tensor()));
+    for (const Buffer* t : {&out, &lse, &dq, &dk, &dv})
+      res[i].push_back(Host(*ops[i], t->tensor()));
   }
   std::printf("[%s: %s]\n", c.name, Name(c.shape).c_str());
   EXPECT_CLOSE(res[1][0], res[0][0], 1e-2, "out, hopper vs cudnn");

@@ -38,8 +38,8 @@ absl::StatusOr<void*> AllocatePinnedHost(size_t bytes, PinMethod method, int thr
     const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat("cudaHostAlloc of ", bytes,
-                                                       " bytes failed: ", cudaGetErrorString(err)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaHostAlloc of ", bytes, " bytes failed: ", cudaGetErrorString(err)));
     }
     return p;
   }
@@ -55,9 +55,9 @@ absl::StatusOr<void*> AllocatePinnedHost(size_t bytes, PinMethod method, int thr
   if (err != cudaSuccess) {
     cudaGetLastError();
     munmap(p, bytes);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cudaHostRegister of ", bytes, " bytes failed: ", cudaGetErrorString(err),
-        " (the locked-memory limit, ulimit -l, or the host's free memory)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaHostRegister of ", bytes, " bytes failed: ", cudaGetErrorString(err),
+                     " (the locked-memory limit, ulimit -l, or the host's free memory)"));
   }
   return p;
 }

@@ -370,8 +370,8 @@ void LaunchBackward(const uint16_t* x, const uint16_t* w, const float* rstd, flo
     }
     const unsigned grid =
         BackwardGrid(rows, 1, BlocksPerSm(RmsNormBackwardScalarKernel, kScalarThreads, smem));
-    RmsNormBackwardScalarKernel<<<grid, kScalarThreads, smem, stream>>>(
-        x, w, rstd, eps, in_place, dout, rows, d, dx, dw);
+    RmsNormBackwardScalarKernel<<<grid, kScalarThreads, smem, stream>>>(x, w, rstd, eps, in_place,
+                                                                        dout, rows, d, dx, dw);
   }
   cudaCheckLaunch();
 }

@@ -34,8 +34,8 @@ class CudaRehearsalTest : public ::testing::Test {
     RehearsalLayout l;
     l.world = 8;
     // 7/8 of the bytes at B bytes/s takes ms: B = 7/8 · bytes / (ms / 1000).
-    auto link = ParseLinkModel(absl::StrCat(
-        "h100-sxm,nvlink_us=0,nvlink_gbps=", 7.0 / 8 * bytes / (ms / 1e3) / 1e9));
+    auto link = ParseLinkModel(
+        absl::StrCat("h100-sxm,nvlink_us=0,nvlink_gbps=", 7.0 / 8 * bytes / (ms / 1e3) / 1e9));
     EXPECT_TRUE(link.ok()) << link.status();
     l.link = *link;
     auto c = MakeRehearsalComm(0, l, Device::kCuda);
@@ -57,8 +57,7 @@ class CudaRehearsalTest : public ::testing::Test {
     const auto t0 = std::chrono::steady_clock::now();
     body();
     cudaStreamSynchronize(compute_);
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-        .count();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
@@ -121,9 +120,10 @@ TEST_F(CudaRehearsalTest, HeldForTheModeledTimeAndOverlappedWithCompute) {
   c->set_link_time(false);
   const double copy_only = Ms([&] { ASSERT_TRUE(c->AllToAll(tin, tout).ok()); });
   EXPECT_LT(copy_only, 10);
-  std::printf("rehearsal hold: alone %.1f ms, issued under 60 ms of compute %.1f ms, blocking "
-              "then compute %.1f ms, copy only %.2f ms\n",
-              alone, overlapped, serial, copy_only);
+  std::printf(
+      "rehearsal hold: alone %.1f ms, issued under 60 ms of compute %.1f ms, blocking "
+      "then compute %.1f ms, copy only %.2f ms\n",
+      alone, overlapped, serial, copy_only);
   cudaFree(in);
   cudaFree(out);
 }

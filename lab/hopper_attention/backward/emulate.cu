@@ -1,10 +1,11 @@
 // Host-only emulation of the backward's algorithm (no GPU): the kernel's tile loops, index
-// arithmetic and per-thread register layouts (the same CuTe partitions as engine/backend/cuda/hopper_attention_bwd.cu), with
-// the GEMMs done as plain loops, against a double-precision causal GQA attention backward.
-// It checks the conventions the device code relies on — LSE and scale, causal mask ranges, the
-// padded LSE/Dsum rows, GQA head mapping, the register-order dQ accumulator and the
-// postprocess's inverse of it, the dK/dV epilogue rows — not the hardware paths (TMA, wgmma,
-// barriers). check_layouts.sh builds and runs it after layout_check.
+// arithmetic and per-thread register layouts (the same CuTe partitions as
+// engine/backend/cuda/hopper_attention_bwd.cu), with the GEMMs done as plain loops, against a
+// double-precision causal GQA attention backward. It checks the conventions the device code relies
+// on — LSE and scale, causal mask ranges, the padded LSE/Dsum rows, GQA head mapping, the
+// register-order dQ accumulator and the postprocess's inverse of it, the dK/dV epilogue rows — not
+// the hardware paths (TMA, wgmma, barriers). check_layouts.sh builds and runs it after
+// layout_check.
 #include <cmath>
 #include <cstdio>
 #include <random>
