@@ -26,7 +26,8 @@ APT_PACKAGES=(
   bazel-bootstrap pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libgrpc++-dev libabsl-dev libgtest-dev libgmock-dev libcivetweb-dev libgloo-dev libsqlite3-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev python3-venv python3-numpy
-  python3-torch prometheus python3-yaml clang libclang-rt-14-dev chromium openssl slurm-wlm munge
+  python3-torch prometheus python3-yaml clang libclang-rt-14-dev clang-format chromium openssl
+  slurm-wlm munge
 )
 # slurm-wlm, munge: a real Slurm for tests/slurm (tests/slurm/slurm_local.sh starts it).
 

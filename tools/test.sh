@@ -2,7 +2,8 @@
 # Builds everything and runs every test offline; ends with a plain "N passed, N failed" line
 # (Bazel's own summary is not a format CI reads). Extra arguments go to `bazel test`.
 #
-# Then tools/check_layers.sh proves the layers hold (one test, "layers"), and every fuzzer of
+# Then tools/check_layers.sh proves the layers hold (one test, "layers"), tools/check_format.sh
+# that the C++ is as .clang-format writes it (one test, "format"), and every fuzzer of
 # tools/fuzz.sh runs 30 s (ITHACA_FUZZ_SECONDS), one test each.
 #
 # GPU tests (tagged `gpu`) run only where a GPU exists (`nvidia-smi -L` succeeds); elsewhere they
@@ -38,6 +39,8 @@ passed=$(grep -cE '^//.* PASSED in ' "$log")
 failed=$(grep -cE '^//.* (FAILED|TIMEOUT|INCOMPLETE|NO STATUS|FAILED TO BUILD)( in |$)' "$log")
 # The layers (//:BUILD's package groups): wrong-layer dependencies fail the build. One test.
 if bash tools/check_layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); rc=1; fi
+# The C++ and CUDA files as .clang-format writes them. One test.
+if bash tools/check_format.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); rc=1; fi
 bazel shutdown >/dev/null 2>&1  # do not leave the JVM server running
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # a build failure
 # The parsers of untrusted input are fuzzed ITHACA_FUZZ_SECONDS each (default 30; 0: not at all),
