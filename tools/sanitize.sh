@@ -2,7 +2,9 @@
 # The daemon's and the engine's CPU tests under AddressSanitizer and UndefinedBehaviorSanitizer
 # (`--config=asan` in .bazelrc: its own output directory, so the plain build stays cached).
 # Not yet part of tools/test.sh: a cold build under the sanitizers doubles CI's time. Tests that
-# bound time or memory are left out (the sanitizers make them slower and larger, not wrong).
+# bound time or memory, or plan hundreds of times, are left out (tag sanitizer_bounds: the
+# sanitizers make them slower and larger, not wrong). Last run (2026-12-04): 58 of //server:all
+# and //engine/... passed, no ASan or UBSan report.
 # Extra arguments go to `bazel test`.
 set -uo pipefail
 cd "$(dirname "$0")/.."

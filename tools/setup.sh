@@ -30,6 +30,7 @@ APT_PACKAGES=(
   slurm-wlm munge
 )
 # slurm-wlm, munge: a real Slurm for tests/slurm (tests/slurm/slurm_local.sh starts it).
+# clang-format: tools/check_format.sh (one of the tests).
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -427,7 +427,7 @@ class Dockerfile(unittest.TestCase):
     # Packages only the tests need (oracles, a real Prometheus, the fuzzers' clang, openssl for
     # the end-to-end tests' certificates, the Slurm of tests/slurm): not in the image.
     TEST_ONLY = {"python3-numpy", "python3-torch", "prometheus", "python3-yaml", "clang",
-                 "libclang-rt-14-dev", "chromium", "openssl", "slurm-wlm", "munge"}
+                 "libclang-rt-14-dev", "clang-format", "chromium", "openssl", "slurm-wlm", "munge"}
 
     @classmethod
     def setUpClass(cls):
