@@ -34,10 +34,13 @@ grpc::Status ToGrpc(const absl::Status& status) {
                       BoundedUtf8(status.message(), kMaxMessageBytes));
 }
 
-absl::Status CheckListenAddress(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  if (absl::StartsWith(listen, "unix") || colon == std::string::npos) return absl::OkStatus();
-  const std::string host = listen.substr(0, colon), port = listen.substr(colon + 1);
+namespace {
+
+using AddrInfo = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+
+// The addresses a server binds for host:port ("[v6]:port" too; an empty host: every address),
+// or getaddrinfo's reason.
+absl::StatusOr<AddrInfo> PassiveAddresses(const std::string& host, const std::string& port) {
   const std::string bare =
       host.size() >= 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
   addrinfo hints = {};
@@ -47,12 +50,25 @@ absl::Status CheckListenAddress(const std::string& listen) {
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), port.c_str(), &hints, &found);
       rc != 0) {
+    return absl::InvalidArgumentError(gai_strerror(rc));
+  }
+  return AddrInfo(found, &freeaddrinfo);
+}
+
+}  // namespace
+
+absl::Status CheckListenAddress(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (absl::StartsWith(listen, "unix") || colon == std::string::npos) return absl::OkStatus();
+  absl::StatusOr<AddrInfo> found =
+      PassiveAddresses(listen.substr(0, colon), listen.substr(colon + 1));
+  if (!found.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
+        absl::StrCat("cannot listen on ", listen, ": ", found.status().message()));
   }
   int error = 0;
   bool bound = false;
-  for (addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
+  for (addrinfo* a = found->get(); a != nullptr && !bound; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
@@ -61,7 +77,6 @@ absl::Status CheckListenAddress(const std::string& listen) {
     if (!bound) error = errno;
     close(fd);
   }
-  freeaddrinfo(found);
   if (bound) return absl::OkStatus();
   return absl::UnavailableError(
       absl::StrCat("cannot listen on ", listen, ": ", std::strerror(error)));
@@ -89,19 +104,14 @@ absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
       listen.substr(colon + 1) != "0") {
     return listen;
   }
-  std::string host = listen.substr(0, colon);
-  const std::string bare =
-      host.size() >= 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), "0", &hints, &found); rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--listen ", listen, ": ", gai_strerror(rc)));
+  const std::string host = listen.substr(0, colon);
+  absl::StatusOr<AddrInfo> found = PassiveAddresses(host, "0");
+  if (!found.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen ", listen, ": ", found.status().message()));
   }
   int port = 0;
-  for (addrinfo* a = found; a != nullptr && port == 0; a = a->ai_next) {
+  for (addrinfo* a = found->get(); a != nullptr && port == 0; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
     if (fd < 0) continue;
     sockaddr_storage bound = {};
@@ -113,7 +123,6 @@ absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
     }
     close(fd);
   }
-  freeaddrinfo(found);
   if (port == 0) return absl::UnavailableError(absl::StrCat("--listen ", listen, ": no free port"));
   return absl::StrCat(host, ":", port);
 }
