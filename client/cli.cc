@@ -17,7 +17,7 @@
 
 #include <algorithm>
 #include "client/commands.h"
-#include "client/connection.h"
+#include "launch/connection.h"
 #include "client/report.h"
 
 namespace ithaca {

@@ -31,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/format.h"
+#include "launch/layout.h"
 #include "client/json.h"
 #include "client/report.h"
 
@@ -693,19 +694,12 @@ int DrainCommand(CliContext& c, const Flags& f) {
 
 std::string DefaultServer() {
   if (const char* env = std::getenv("ITHACA_SERVER"); env && *env) return env;
-  std::string home;
-  if (const char* h = std::getenv("ITHACA_HOME"); h && *h) {
-    home = h;
-  } else if (const char* u = std::getenv("HOME"); u && *u) {
-    home = absl::StrCat(u, "/.ithaca");
-  }
-  if (!home.empty()) {
-    std::ifstream in(home + "/ithacad.addr");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (absl::StartsWith(line, "grpc=")) {
-        return std::string(absl::StripAsciiWhitespace(line.substr(5)));
-      }
+  // The address file of a daemon serving the default state directory, as ithacad picks it.
+  std::ifstream in(DaemonAddrFilePath(DefaultStateDir()));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "grpc=")) {
+      return std::string(absl::StripAsciiWhitespace(line.substr(5)));
     }
   }
   return "127.0.0.1:50051";

@@ -1,5 +1,5 @@
 // libFuzzer harness: the UTF-8 rule at the RPC boundary (engine/core/utf8.h, which
-// worker/rpc_text.h applies to every string field of every message the daemon and the workers
+// launch/rpc_text.h applies to every string field of every message the daemon and the workers
 // send). For any bytes: IsValidUtf8 agrees with protobuf's own validator (what makes a
 // receiver's parse fail), ToValidUtf8 always gives what protobuf accepts and leaves valid text
 // unchanged, and BoundedUtf8 stays valid and bounded.

@@ -1,5 +1,7 @@
 #include "server/adoption.h"
 
+#include "launch/layout.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -13,10 +15,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/core/file_util.h"
+#include "launch/layout.h"
 
 namespace ithaca {
-
-std::string AdoptionRecordPath(const std::string& log_dir) { return log_dir + "/workers.adopt"; }
 
 absl::Status WriteAdoptionRecord(const std::string& log_dir, const AdoptionRecord& r) {
   const std::string text = absl::StrCat(

@@ -25,8 +25,7 @@ struct AdoptionRecord {
   std::vector<pid_t> pids;  // pids[rank]
 };
 
-// The record's file in a job's directory: workers.adopt (mode 600: it holds the secret).
-std::string AdoptionRecordPath(const std::string& log_dir);
+// The record is launch/layout.h's AdoptionRecordPath (mode 600: it holds the secret).
 absl::Status WriteAdoptionRecord(const std::string& log_dir, const AdoptionRecord& record);
 // NOT_FOUND when the job has none (launched by a daemon from before adoption, or never
 // launched); DATA_LOSS naming the line when it cannot be read.

@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "client/secret_file.h"
+#include "launch/secret_file.h"
 #include "engine/core/status.h"
 
 namespace ithaca {

@@ -38,10 +38,11 @@
 #include "server/auth.h"
 #include "server/jobs.h"
 #include "engine/core/path_policy.h"
-#include "worker/rpc_text.h"
+#include "launch/rpc_text.h"
 #include "server/services.h"
 #include "server/slurm.h"
 #include "engine/spec/job_spec.h"
+#include "launch/layout.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "JobService address: host:port (port 0 picks one) or unix:/path");
@@ -123,12 +124,6 @@ std::string DefaultWorkerBinary() {
     if (access(c.c_str(), X_OK) == 0) return c;
   }
   return dir + "/ithaca-worker";
-}
-
-std::string DefaultStateDir() {
-  if (const char* h = std::getenv("ITHACA_HOME"); h && *h) return h;
-  const char* home = std::getenv("HOME");
-  return absl::StrCat(home && *home ? home : "/tmp", "/.ithaca");
 }
 
 int Fail(const absl::Status& st) {
@@ -245,13 +240,13 @@ absl::StatusOr<Supervisor::Options> SupervisorOptionsFromFlags(const std::string
   if (so.worker_binary.empty()) so.worker_binary = DefaultWorkerBinary();
   so.worker_socket = absl::GetFlag(FLAGS_worker_socket);
   if (so.worker_socket.empty()) {
-    std::string socket_dir = state_dir + "/run";
+    std::string socket_dir = WorkerSocketDir(state_dir);
     // sockaddr_un holds 108 bytes; deep state directories get a short path under /tmp.
     if (socket_dir.size() > 90) {
       socket_dir = absl::StrCat("/tmp/ithacad-", std::hash<std::string>()(state_dir));
     }
     RETURN_IF_ERROR(MakePrivateDir(socket_dir, so.run_as));
-    so.worker_socket = socket_dir + "/worker.sock";
+    so.worker_socket = WorkerSocketPath(socket_dir);
   }
   so.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   so.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
@@ -382,7 +377,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
 
 // One daemon per state directory: holds its lock for the life of the process.
 absl::Status LockStateDir(const std::string& state_dir) {
-  const std::string lock_path = state_dir + "/ithacad.lock";
+  const std::string lock_path = StateLockPath(state_dir);
   // Only this daemon's user may open the lock (0600, and refused when another user owns it), so
   // no other local user can hold it to keep ithacad from starting.
   int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -529,7 +524,7 @@ absl::Status Serve(DaemonOptions o) {
   signal(SIGPIPE, SIG_IGN);
 
   ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
-                   JobStore::Open({o.state_dir + "/jobs.db", o.state_dir + "/jobs"}));
+                   JobStore::Open({JobStorePath(o.state_dir), JobDirsPath(o.state_dir)}));
   // Hostname on every series: the Kubernetes node (NODE_NAME, from the downward API's
   // spec.nodeName, as DCGM exporter's Hostname), else this machine's name.
   const char* node_name = std::getenv("NODE_NAME");
@@ -586,7 +581,7 @@ absl::Status Serve(DaemonOptions o) {
   }
   // Where to find this daemon, for scripts and tests (written once it serves).
   RETURN_IF_ERROR(
-      WriteFileAtomic(o.state_dir + "/ithacad.addr",
+      WriteFileAtomic(DaemonAddrFilePath(o.state_dir),
                       absl::StrCat("grpc=", address, "\nmetrics=", o.jobs.metrics_address,
                                    o.health_listen.empty() ? "" : "\nhealth=", o.health_listen,
                                    "\npid=", getpid(), "\n")));
@@ -614,7 +609,7 @@ absl::Status Serve(DaemonOptions o) {
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   health_server.reset();
   unlink(o.jobs.supervisor.worker_socket.c_str());
-  unlink((o.state_dir + "/ithacad.addr").c_str());
+  unlink(DaemonAddrFilePath(o.state_dir).c_str());
   jobs_ptr.store(nullptr);
   http.reset();
   std::printf("ithacad: stopped\n");

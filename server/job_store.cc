@@ -15,6 +15,7 @@
 #include "engine/core/utf8.h"
 #include "engine/spec/job_spec.h"
 #include "google/protobuf/util/time_util.h"
+#include "launch/layout.h"
 
 namespace ithaca {
 namespace {
@@ -117,7 +118,7 @@ int64_t MaxJobDirSeq(const std::string& dir) {
   while (dirent* e = readdir(d)) {
     int64_t n = 0;
     const std::string name = e->d_name;
-    if (name.rfind("job-", 0) == 0 && absl::SimpleAtoi(name.substr(4), &n)) {
+    if (ParseJobSeq(name, &n)) {
       max_seq = std::max(max_seq, n);
     }
   }
@@ -317,7 +318,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
   const int64_t seq = std::max(row ? next.Int(0) : 1, first_free_dir_seq_);
   next.Reset();
   v1::Job record = job;
-  record.set_id(absl::StrCat("job-", seq));
+  record.set_id(JobIdForSeq(seq));
   record.set_log_dir(absl::StrReplaceAll(job.log_dir(), {{"{id}", record.id()}}));
   record.clear_state();
   record.clear_reason();

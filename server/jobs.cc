@@ -23,6 +23,7 @@
 #include "engine/spec/overrides.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/admission.h"
+#include "launch/layout.h"
 
 namespace ithaca {
 
@@ -40,7 +41,7 @@ Jobs::Jobs(Options options, JobStore* store, Metrics* metrics)
 Jobs::~Jobs() { Shutdown("daemon stopped"); }
 
 absl::Status Jobs::Start() {
-  RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));
+  RETURN_IF_ERROR(MakeDirs(JobDirsPath(options_.state_dir)));
   // Workers inherit this environment: they check the paths they open against the same roots
   // (worker/job_paths.h, engine/core/path_policy.h).
   if (!options_.allowed_roots.empty()) {
@@ -374,8 +375,10 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   }
   // --after: the job must exist and may still succeed; checked before the costlier admission.
   std::string after = request.after();
-  if (!after.empty() && std::all_of(after.begin(), after.end(), absl::ascii_isdigit)) {
-    after = "job-" + after;  // "3" is job-3, as `ithaca list` shows it
+  int64_t after_seq = 0;
+  if (!after.empty() && std::all_of(after.begin(), after.end(), absl::ascii_isdigit) &&
+      absl::SimpleAtoi(after, &after_seq)) {
+    after = JobIdForSeq(after_seq);  // "3" is job-3, as `ithaca list` shows it
   }
   bool after_done = false;  // it already succeeded: nothing to wait for
   if (!after.empty()) {
@@ -405,8 +408,8 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   job.set_name(admitted.spec.name);
   *job.mutable_spec() = admitted.summary;
   job.set_spec_toml(admitted.toml);  // resolved: what `status` shows and the workers run
-  *job.mutable_plan() = EstimateMemory(admitted);  // the report shows it as admitted
-  job.set_log_dir(absl::StrCat(options_.state_dir, "/jobs/{id}"));
+  *job.mutable_plan() = EstimateMemory(admitted);           // the report shows it as admitted
+  job.set_log_dir(JobDirPath(options_.state_dir, "{id}"));  // the store fills in {id}
   job.set_after(after);
   for (const std::string& w : admitted.warnings) job.add_warnings(w);
   v1::Job stored;
@@ -606,8 +609,7 @@ absl::StatusOr<v1::Job> Jobs::Delete(const std::string& id) {
   RefreshJobCounts();
   // Its directory under the state directory (rank logs, rendezvous, adoption record), never
   // anything else: checkpoint.dir and the outputs are the user's.
-  const std::string jobs_dir = absl::StrCat(options_.state_dir, "/jobs/");
-  if (!options_.state_dir.empty() && job.log_dir() == jobs_dir + id) {
+  if (!options_.state_dir.empty() && job.log_dir() == JobDirPath(options_.state_dir, id)) {
     std::error_code ec;
     std::filesystem::remove_all(job.log_dir(), ec);
     if (ec) {

@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "server/test_http.h"
 #include "server/jobs.h"
-#include "worker/rpc_text.h"
+#include "launch/rpc_text.h"
 #include "server/services.h"
 #include "server/test_workers.h"
 

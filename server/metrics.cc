@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "launch/exit_codes.h"
 #include "prometheus/collectable.h"
 #include "prometheus/text_serializer.h"
 
@@ -51,8 +52,8 @@ const std::vector<double>& QueueWaitBuckets() {
   return *b;
 }
 
-const char* const kExitReasons[] = {"ok",     "error",  "bad_spec",          "oom", "nan_loss",
-                                    "killed", "signal", "heartbeat_timeout", "lost"};
+// A worker's end as the daemon sees it beyond its exit code (launch/exit_codes.h has those).
+const char* const kDaemonExitReasons[] = {"heartbeat_timeout", "lost"};
 
 // One sample of a family without labels of its own (the constant ones added).
 prometheus::MetricFamily Single(const char* name, const char* help, prometheus::MetricType type,
@@ -207,7 +208,8 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
         "Always 1; labels: the ithacad version.")
       .Add({{"version", version}})
       .Set(1);
-  for (const char* reason : kExitReasons) exits_.Add({{"reason", reason}});
+  for (const std::string& reason : WorkerExitReasons()) exits_.Add({{"reason", reason}});
+  for (const char* reason : kDaemonExitReasons) exits_.Add({{"reason", reason}});
   restarts_.Add({});
   for (int st = v1::JOB_STATE_QUEUED; st <= v1::JOB_STATE_CANCELLED; ++st) {
     jobs_.Add({{"state", JobStateLabel(static_cast<JobState>(st))}});

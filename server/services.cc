@@ -17,9 +17,9 @@
 #include "absl/time/clock.h"
 #include "engine/core/utf8.h"
 #include "server/log_files.h"
-#include "worker/rpc_text.h"
-#include "worker/launcher.h"
-#include "worker/worker_rpc.h"
+#include "launch/rpc_text.h"
+#include "launch/launcher.h"
+#include "launch/worker_contract.h"
 
 namespace ithaca {
 
@@ -129,7 +129,7 @@ absl::StatusOr<std::string> ChooseListenPort(const std::string& listen) {
 
 namespace {
 
-// What a handler answers: valid UTF-8 in every string (worker/rpc_text.h), or the error.
+// What a handler answers: valid UTF-8 in every string (launch/rpc_text.h), or the error.
 template <typename M>
 grpc::Status Answer(absl::StatusOr<M> result, M* response) {
   if (!result.ok()) return ToGrpc(result.status());
@@ -252,7 +252,7 @@ grpc::Status JobServiceImpl::ReadLogs(grpc::ServerContext* context,
   std::vector<std::pair<int, std::unique_ptr<LogTail>>> tails;
   for (int r = 0; r < world; ++r) {
     if (request->has_rank() && request->rank() != r) continue;
-    tails.emplace_back(r, std::make_unique<LogTail>(Launcher::RankLogPath(job->log_dir(), r)));
+    tails.emplace_back(r, std::make_unique<LogTail>(RankLogPath(job->log_dir(), r)));
   }
   while (!context->IsCancelled()) {
     // Decide "ended" before reading, so lines written just before the end are not lost.

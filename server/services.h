@@ -87,7 +87,7 @@ class JobServiceImpl final : public v1::JobService::Service {
 // The workers' service. On the daemon's unix socket (the default) nothing is checked beyond the
 // job's secret at Register. On its client port (`remote`: ranks on other nodes, ithacad
 // --cluster slurm) every call must also carry the clients' bearer token and, under
-// worker/worker_rpc.h's key, the secret of the job it names.
+// launch/worker_contract.h's key, the secret of the job it names.
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
   explicit WorkerServiceImpl(Supervisor* supervisor,

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/core/utf8.h"
-#include "worker/rpc_text.h"
+#include "launch/rpc_text.h"
 
 namespace ithaca {
 namespace {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
+#include "launch/layout.h"
 
 extern char** environ;
 
@@ -86,7 +87,7 @@ std::string SlurmBatchScript(const SlurmSubmission& s, const SlurmDefaults& d) {
   // A failed node is the job's failure (the launcher's, and ithacad's retry policy's), not
   // something Slurm should requeue behind ithacad's back.
   absl::StrAppend(&script, "#SBATCH --no-requeue\n");
-  absl::StrAppend(&script, "#SBATCH --output=", s.log_dir, "/slurm-%j.out\n");
+  absl::StrAppend(&script, "#SBATCH --output=", SlurmOutputPattern(s.log_dir), "\n");
   absl::StrAppend(
       &script, "# Written by ithacad for job ", s.job_id,
       ": one task per node runs the per-node launcher, whose ranks report to ithacad.\n"
@@ -200,7 +201,7 @@ std::string Said(const CommandResult& r) {
 }  // namespace
 
 absl::StatusOr<std::string> SlurmSubmit(const SlurmSubmission& s, const SlurmDefaults& d) {
-  const std::string path = s.log_dir + "/slurm.sbatch";
+  const std::string path = SlurmScriptPath(s.log_dir);
   RETURN_IF_ERROR(WriteFileAtomic(path, SlurmBatchScript(s, d)));
   absl::StatusOr<CommandResult> r =
       RunCommand({"sbatch", "--parsable", path}, s.env, d.command_timeout);

@@ -17,7 +17,9 @@
 #include "engine/core/file_util.h"
 #include "engine/spec/job_spec.h"
 #include "server/auth.h"
-#include "worker/exit_codes.h"
+#include "launch/exit_codes.h"
+#include "launch/layout.h"
+#include "launch/worker_contract.h"
 
 namespace ithaca {
 
@@ -50,10 +52,6 @@ Supervisor::ClusterJobs Supervisor::cluster_jobs() {
     ++(job->slurm_running ? c.running : c.pending);
   }
   return c;
-}
-
-std::string Supervisor::DaemonAddressPath(const std::string& log_dir) {
-  return log_dir + "/daemon.addr";
 }
 
 int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
@@ -156,7 +154,7 @@ void Supervisor::Adopt(const AdoptOrder& order) {
   if (options_.slurm && !order.slurm_id.empty()) {
     // The ranks read it before each re-attach: this daemon may listen elsewhere than the last.
     absl::Status wrote =
-        WriteFileAtomic(DaemonAddressPath(a->log_dir), options_.worker_address + "\n");
+        WriteFileAtomic(JobDaemonAddrPath(a->log_dir), options_.worker_address + "\n");
     if (!wrote.ok()) {
       std::fprintf(stderr, "ithacad: job %s: %s\n", a->id.c_str(),
                    std::string(wrote.message()).c_str());
@@ -175,7 +173,7 @@ void Supervisor::Adopt(const AdoptOrder& order) {
     rank.slot = order.record.slots[r];
     rank.adopted = true;
     if (r < order.last_steps.size()) rank.last_step = order.last_steps[r];
-    rank.log = std::make_unique<LogTail>(Launcher::RankLogPath(a->log_dir, static_cast<int>(r)));
+    rank.log = std::make_unique<LogTail>(RankLogPath(a->log_dir, static_cast<int>(r)));
     rank.log->SkipToEnd();
     a->ranks.push_back(std::move(rank));
   }
@@ -278,13 +276,12 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   l.argv = {options_.worker_binary, "--daemon", options_.worker_socket, "--job", a->id};
   l.gpus = order.slots;
   l.rendezvous = a->rendezvous;
-  l.env = {{"ITHACA_DAEMON_SOCKET", options_.worker_socket},
-           {"ITHACA_JOB_ID", a->id},
-           {"ITHACA_JOB_SECRET", a->secret}};
+  l.env = {
+      {kEnvDaemonSocket, options_.worker_socket}, {kEnvJobId, a->id}, {kEnvJobSecret, a->secret}};
   l.die_with_launcher = false;    // a daemon restart must not cost the job (adoption.h)
   l.drain_signal_blocked = true;  // Drain's SIGUSR1 waits for a rank that is still starting
   for (size_t r = 0; r < order.slots.size(); ++r) {
-    l.outputs.push_back({Launcher::RankLogPath(a->log_dir, static_cast<int>(r))});
+    l.outputs.push_back({RankLogPath(a->log_dir, static_cast<int>(r))});
   }
   l.run_as = options_.run_as;
   absl::Status st = MakeDirs(rdv_dir);
@@ -319,7 +316,7 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
     Rank rank;
     rank.pid = group->pids[r];
     rank.slot = order.slots[r];
-    rank.log = std::make_unique<LogTail>(Launcher::RankLogPath(a->log_dir, static_cast<int>(r)));
+    rank.log = std::make_unique<LogTail>(RankLogPath(a->log_dir, static_cast<int>(r)));
     a->ranks.push_back(std::move(rank));
   }
   owner_->OnLaunched(
@@ -360,18 +357,6 @@ void Supervisor::EndLocked(Active& job, JobState outcome, const std::string& rea
     job.kill_deadline = absl::Now() + options_.grace_period;
   }
 }
-
-namespace {
-
-// A rank's end that another attempt need not repeat: killed, crashed, an I/O or collective
-// error. A bad spec, a NaN loss and running out of memory would fail again the same way.
-bool IsRetryable(const WorkerEnd& end) {
-  if (end.signaled) return true;
-  return end.code != kExitBadSpec && end.code != kExitNanLoss && end.code != kExitOutOfMemory &&
-         end.code != kExitOk;
-}
-
-}  // namespace
 
 namespace {
 
@@ -436,12 +421,10 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     rank.exit = PollRankLocked(job, rank, now);
     if (!rank.exit) continue;
     metrics_->OnWorkerExit(rank.exit->Reason());
-    const bool drained = !rank.exit->signaled && rank.exit->code == kExitDrained;
+    const bool drained = rank.exit->drained();
     // A Slurm job's rank drained without Drain asking: Slurm's warning reached it.
     if (drained && !job.slurm_id.empty() && !job.draining) job.slurm_warned = true;
-    const bool ok = !rank.exit->signaled &&
-                    (rank.exit->code == kExitOk ||
-                     ((job.draining || job.slurm_warned) && rank.exit->code == kExitDrained));
+    const bool ok = rank.exit->ok() || ((job.draining || job.slurm_warned) && drained);
     if (!ok && (!culprit || (rank.exit->signaled && !job.ranks[*culprit].exit->signaled))) {
       culprit = r;
     }
@@ -497,7 +480,7 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
                            " ", rank.exit->Describe());
     if (!rank.last_error.empty()) absl::StrAppend(&reason, ": ", rank.last_error);
     EndLocked(job, v1::JOB_STATE_FAILED, reason, static_cast<int>(*culprit), /*sigkill_now=*/true);
-    job.retryable = rank.vanished || IsRetryable(*rank.exit);
+    job.retryable = rank.vanished || rank.exit->Retryable();
   }
   if (job.ending) {
     if (!job.killed && now >= job.kill_deadline) {
@@ -510,7 +493,7 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     return x.exit && !x.exit->signaled && x.exit->code == 0;
   });
   const bool all_drained = std::all_of(job.ranks.begin(), job.ranks.end(), [&](const Rank& x) {
-    return x.exit && !x.exit->signaled && (x.exit->code == kExitDrained || x.exit->code == 0);
+    return x.exit && (x.exit->drained() || x.exit->ok());
   });
   if (job.draining && all_drained && !all_ok) {
     EndLocked(job, v1::JOB_STATE_QUEUED,

@@ -22,8 +22,9 @@
 // the job is reported QUEUED with Slurm's cause (SlurmWarningCause), not failed. A job Slurm
 // keeps PENDING because a node it needs is down fails after start_timeout, naming Slurm's
 // reason. A restarted daemon adopts a Slurm job that Slurm still runs (AdoptOrder::slurm_id, kept
-// in the store), and tells its ranks where it listens now (DaemonAddressPath). This side of the
-// class is in supervisor_slurm.cc.
+// in the store), and tells its ranks where it listens now (JobDaemonAddrPath, launch/layout.h:
+// written at submission and again by a daemon that adopts the job; the ranks read it before each
+// re-attach). This side of the class is in supervisor_slurm.cc.
 //
 // A worker's silence is judged only over time the supervisor was listening: a pass that comes
 // late (its lock held through a slow store write, a daemon without CPU) moves the heartbeat and
@@ -50,7 +51,7 @@
 #include "ithaca/v1/worker.pb.h"
 #include "server/adoption.h"
 #include "server/job_state.h"
-#include "worker/launcher.h"
+#include "launch/launcher.h"
 #include "server/log_files.h"
 #include "server/metrics.h"
 #include "server/node.h"
@@ -191,10 +192,6 @@ class Supervisor {
   // returns how many. The environment check keeps a reused process-group id from hitting
   // anything else.
   static int KillStrayWorkers(int pgid, const std::string& job_id);
-  // A Slurm job's <log_dir>/daemon.addr: the host:port its ranks dial, written at submission and
-  // again by a daemon that adopts the job, which may listen elsewhere than its predecessor; the
-  // ranks read it before each re-attach ($ITHACA_DAEMON_ADDR_FILE, worker/daemon_mode.h).
-  static std::string DaemonAddressPath(const std::string& log_dir);
 
   // WorkerService.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -203,7 +200,7 @@ class Supervisor {
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status Log(const v1::LogRequest& request);
   absl::Status Exiting(const v1::ExitingRequest& request);
-  // Over TCP every call must carry its job's secret (worker/worker_rpc.h): PERMISSION_DENIED
+  // Over TCP every call must carry its job's secret (launch/worker_contract.h): PERMISSION_DENIED
   // otherwise, NOT_FOUND for a job that has no workers here.
   absl::Status CheckSecret(const std::string& job_id, const std::string& secret);
 

@@ -13,7 +13,10 @@
 #include "engine/core/file_util.h"
 #include "engine/spec/job_spec.h"
 #include "server/auth.h"
-#include "worker/exit_codes.h"
+#include "launch/connection.h"
+#include "launch/exit_codes.h"
+#include "launch/layout.h"
+#include "launch/worker_contract.h"
 
 namespace ithaca {
 
@@ -106,17 +109,17 @@ void Supervisor::LaunchSlurmLocked(const LaunchOrder& order) {
   sub.constraint = spec->slurm.constraint;
   sub.signal_grace_s = static_cast<int>(spec->slurm.signal_grace);
   a->signal_grace_s = sub.signal_grace_s > 0 ? sub.signal_grace_s : options_.slurm->signal_grace_s;
-  sub.env = {{"ITHACA_JOB_ID", a->id}, {"ITHACA_JOB_SECRET", a->secret}};
+  sub.env = {{kEnvJobId, a->id}, {kEnvJobSecret, a->secret}};
   if (!options_.worker_token_file.empty()) {
-    sub.env.emplace_back("ITHACA_TOKEN_FILE", options_.worker_token_file);
+    sub.env.emplace_back(kEnvTokenFile, options_.worker_token_file);
   }
-  if (!options_.worker_ca_file.empty()) sub.env.emplace_back("ITHACA_CA", options_.worker_ca_file);
+  if (!options_.worker_ca_file.empty()) sub.env.emplace_back(kEnvCa, options_.worker_ca_file);
   if (absl::Status made = MakeDirs(a->log_dir); !made.ok())
     return fail(std::string(made.message()));
   // Where the ranks find this daemon if it restarts elsewhere (another port or host).
-  sub.env.emplace_back("ITHACA_DAEMON_ADDR_FILE", DaemonAddressPath(a->log_dir));
+  sub.env.emplace_back(kEnvDaemonAddrFile, JobDaemonAddrPath(a->log_dir));
   if (absl::Status wrote =
-          WriteFileAtomic(DaemonAddressPath(a->log_dir), options_.worker_address + "\n");
+          WriteFileAtomic(JobDaemonAddrPath(a->log_dir), options_.worker_address + "\n");
       !wrote.ok()) {
     return fail(std::string(wrote.message()));
   }
@@ -135,7 +138,7 @@ void Supervisor::LaunchSlurmLocked(const LaunchOrder& order) {
     Rank rank;
     rank.remote = true;
     rank.slot = static_cast<int>(r) % per_node;  // its GPU (or CPU slot) on its node
-    rank.log = std::make_unique<LogTail>(Launcher::RankLogPath(a->log_dir, static_cast<int>(r)));
+    rank.log = std::make_unique<LogTail>(RankLogPath(a->log_dir, static_cast<int>(r)));
     a->ranks.push_back(std::move(rank));
   }
   owner_->OnLaunched(a->id, order.slots, 0,
@@ -154,11 +157,10 @@ std::string Supervisor::SlurmSaysLocked(const Active& job) const {
 
 bool Supervisor::SlurmDrainedLocked(Active& job, absl::Time now) {
   const bool all_drained = std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
-    return x.exit && !x.exit->signaled && (x.exit->code == kExitDrained || x.exit->code == kExitOk);
+    return x.exit && (x.exit->drained() || x.exit->ok());
   });
-  const bool any_drained = std::any_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
-    return x.exit && !x.exit->signaled && x.exit->code == kExitDrained;
-  });
+  const bool any_drained = std::any_of(job.ranks.begin(), job.ranks.end(),
+                                       [](const Rank& x) { return x.exit && x.exit->drained(); });
   if (!all_drained || !any_drained) return false;
   if (job.drained_since == absl::InfiniteFuture()) {
     job.drained_since = now;

@@ -17,7 +17,7 @@
 #include "absl/time/clock.h"
 #include "server/services.h"
 #include "server/test_workers.h"
-#include "worker/worker_rpc.h"
+#include "launch/worker_contract.h"
 
 namespace ithaca {
 namespace {

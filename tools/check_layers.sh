@@ -47,11 +47,16 @@ probe engine/checkpoint //engine/train:optimizer pass
 probe engine/plan //engine/schedule:llama pass
 probe engine/runtime //engine/train:trainer pass
 probe worker //engine/runtime:rank pass
-probe server //worker:launcher pass
+probe launch //engine/comm:rendezvous pass
+probe server //launch:launcher pass
+probe worker //launch:launcher pass
+probe worker //launch:connection pass
 probe client //proto:ithaca_cc_grpc pass
+probe client //launch:connection pass
 probe tests //server:daemon pass
 
-# Arrows that point up, one per layer boundary, and the client into the engine.
+# Arrows that point up, one per layer boundary, sideways between the daemon and the worker, and
+# the client into the engine or past the daemon link.
 probe engine/core //engine/memory fail
 probe engine/comm //engine/backend:ops fail
 probe engine/backend //engine/model:params fail
@@ -60,8 +65,13 @@ probe engine/model //engine/parallel fail
 probe engine/parallel //engine/schedule:llama fail
 probe engine/schedule //engine/plan:planner fail
 probe engine/data //engine/runtime:rank fail
-probe engine/runtime //worker:launcher fail
+probe engine/runtime //launch:launcher fail
+probe launch //worker:daemon_mode fail
+probe launch //server:daemon fail
+probe server //worker:daemon_mode fail
 probe worker //server:daemon fail
+probe worker //client:format fail
+probe client //launch:launcher fail
 probe engine/spec //engine/plan:planner fail
 probe engine/spec //engine/model:params fail
 probe client //engine/core fail

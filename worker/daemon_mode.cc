@@ -27,12 +27,12 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
-#include "worker/rpc_text.h"
-#include "client/connection.h"
+#include "launch/rpc_text.h"
+#include "launch/connection.h"
 #include "absl/strings/match.h"
 #include "worker/job_paths.h"
-#include "worker/exit_codes.h"
-#include "worker/worker_rpc.h"
+#include "launch/exit_codes.h"
+#include "launch/worker_contract.h"
 
 namespace ithaca {
 namespace {
@@ -127,7 +127,7 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
 // A daemon that restarts binds the same address again: reconnect within a second of it. A path
 // (or unix:PATH) is the daemon's worker socket on this machine; host:port is its TCP port, for
 // ranks on other nodes (ithacad --cluster slurm), reached as clients reach it: TLS when
-// $ITHACA_CA names the CA, the bearer token of $ITHACA_TOKEN_FILE (client/connection.h).
+// $ITHACA_CA names the CA, the bearer token of $ITHACA_TOKEN_FILE (launch/connection.h).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DaemonChannel(const std::string& address) {
   ConnectionOptions c;
   c.server =
@@ -499,10 +499,10 @@ absl::StatusOr<DaemonWorkerOptions> DaemonWorkerOptionsFromEnv(const std::string
     return v ? v : "";
   };
   DaemonWorkerOptions o;
-  o.socket = socket_flag.empty() ? env("ITHACA_DAEMON_SOCKET") : socket_flag;
-  o.job_id = job_flag.empty() ? env("ITHACA_JOB_ID") : job_flag;
-  o.secret = env("ITHACA_JOB_SECRET");
-  o.address_file = env("ITHACA_DAEMON_ADDR_FILE");
+  o.socket = socket_flag.empty() ? env(kEnvDaemonSocket) : socket_flag;
+  o.job_id = job_flag.empty() ? env(kEnvJobId) : job_flag;
+  o.secret = env(kEnvJobSecret);
+  o.address_file = env(kEnvDaemonAddrFile);
   if (o.socket.empty()) return absl::InvalidArgumentError("--daemon: no socket path given");
   if (o.job_id.empty()) return absl::InvalidArgumentError("--job: no job id given");
   const std::string rank = env("ITHACA_RANK"), world = env("ITHACA_WORLD_SIZE");
@@ -560,7 +560,7 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
 void ReportKilledRank(const std::string& address, const std::string& job_id, int rank, int signal) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(address);
   if (!channel.ok()) return;
-  const char* secret = std::getenv("ITHACA_JOB_SECRET");
+  const char* secret = std::getenv(kEnvJobSecret);
   auto stub = v1::WorkerService::NewStub(*std::move(channel));
   SendExiting(stub.get(), secret != nullptr ? secret : "", job_id, rank, 0, signal);
 }

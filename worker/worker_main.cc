@@ -1,13 +1,13 @@
 // ithaca-worker: one training rank. Modes:
 //   --standalone JOB.toml   train without a daemon (development, benchmarks, the demo)
-//   --standalone JOB.toml --nproc N   the same as N local ranks (worker/launcher.h)
+//   --standalone JOB.toml --nproc N   the same as N local ranks (launch/launcher.h)
 //   --standalone JOB.toml --nproc N --nnodes M --node-rank R --rendezvous tcp:HOST:PORT
 //                             this machine's N ranks of a job on M machines (torchrun's shape)
 //   --daemon ADDR --job ID    one rank of a job launched by ithacad (worker/daemon_mode.h); ADDR
 //                             is ithacad's worker socket, or host:port over TCP
 //   --daemon ADDR --job ID --nproc N [--nnodes M --node-rank R --rendezvous tcp:HOST:PORT]
 //                             [--log-dir DIR]   this node's N ranks of a daemon job a cluster
-//                             (Slurm) started: one launcher per node (worker/launcher.h)
+//                             (Slurm) started: one launcher per node (launch/launcher.h)
 //   --plan JOB.toml           print the job's memory plan per tier (engine/plan)
 //   --rehearse JOB.toml [--rank R] [--nodes M] [--link L] [--device-memory-gib G]
 //                             [--node-host-gib H]   one rank of the job alone on this GPU, its
@@ -25,8 +25,8 @@
 
 #include "engine/runtime/backend.h"
 #include "worker/daemon_mode.h"
-#include "worker/exit_codes.h"
-#include "worker/launcher.h"
+#include "launch/exit_codes.h"
+#include "launch/launcher.h"
 #include "worker/standalone.h"
 
 namespace {
@@ -125,8 +125,7 @@ int LaunchDaemonNode(const char* self, const std::string& address, const std::st
   };
   int rank0_fd = -1;
   if (!log_dir.empty()) {  // the node's first rank writes to the launcher's fds: its file here
-    const std::string path =
-        ithaca::Launcher::RankLogPath(log_dir, options.node_rank * options.nproc);
+    const std::string path = ithaca::RankLogPath(log_dir, options.node_rank * options.nproc);
     rank0_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (rank0_fd < 0) {
       std::fprintf(stderr, "ithaca-worker: cannot open %s: %s\n", path.c_str(), strerror(errno));

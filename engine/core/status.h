@@ -32,4 +32,11 @@
 
 namespace ithaca {
 [[noreturn]] void CheckFailed(const char* file, int line, const char* cond, const std::string& msg);
+
+// A training or eval loss that became NaN or infinite: DATA_LOSS, marked with a payload so that
+// the worker's exit code (launch/exit_codes.h) tells it from corrupt data without reading the
+// message. The mark survives only on the status itself: code that rewrites a status's message
+// must copy it (absl::Status::ForEachPayload) or keep the status.
+absl::Status NonFiniteLossError(absl::string_view message);
+bool IsNonFiniteLoss(const absl::Status& status);
 }  // namespace ithaca

@@ -1,7 +1,7 @@
 // UTF-8 at the RPC boundary: proto3 `string` fields must hold valid UTF-8 (a message with one
 // invalid byte fails to parse at the receiver), but file names, log lines and client input may
 // hold any bytes. Everything the daemon or a worker puts into a proto string passes through
-// ToValidUtf8 (worker/rpc_text.h does it for whole messages).
+// ToValidUtf8 (launch/rpc_text.h does it for whole messages).
 #pragma once
 
 #include <cstddef>

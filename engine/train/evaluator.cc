@@ -87,7 +87,7 @@ absl::StatusOr<EvalReport> Evaluator::Run(int64_t step) {
   r.step = step;
   r.loss = global / static_cast<double>(tokens);
   if (!std::isfinite(r.loss)) {
-    return absl::DataLossError(absl::StrCat("eval loss is ", r.loss, " at step ", step));
+    return NonFiniteLossError(absl::StrCat("eval loss is ", r.loss, " at step ", step));
   }
   r.tokens = tokens;
   r.batches = eval_.batches;

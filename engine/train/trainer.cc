@@ -351,7 +351,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   for (int64_t u = 0; u < U; ++u) grad_sumsq += host[m + u];
   const double loss = loss_sum / static_cast<double>(tokens);
   if (!std::isfinite(loss)) {
-    return absl::DataLossError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1));
+    return NonFiniteLossError(absl::StrCat("loss is ", loss, " at step ", state_.step + 1));
   }
   const int64_t step = state_.step + 1;
   const double lr = schedule_.At(step);

@@ -4,7 +4,7 @@
 // - a checkpoint saved at one world size (each rank writing its share) resumes at another
 //   (2 -> 1, 1 -> 2, 4 -> 2, 2 -> 4; each rank holding and reading only its share) with the losses
 //   and weights of a run that never stopped.
-// (A node killed mid-step is worker/launcher_test's MultiNodeLauncherTest.)
+// (A node killed mid-step is launch/launcher_test's MultiNodeLauncherTest.)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -22,7 +22,7 @@
 #include "engine/model/safetensors.h"
 #include "engine/data/token_file.h"
 #include "gtest/gtest.h"
-#include "worker/launcher.h"
+#include "launch/launcher.h"
 
 namespace ithaca {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/launcher.h"
+#include "launch/launcher.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -25,18 +25,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "worker/exit_codes.h"
-#include "worker/node_link.h"
+#include "launch/exit_codes.h"
+#include "launch/node_link.h"
 
 extern char** environ;
 
 namespace ithaca {
 namespace {
-
-std::string SignalName(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", sig);
-}
 
 void WriteAll(int fd, const char* data, size_t n) {
   while (n > 0) {
@@ -187,10 +182,6 @@ absl::StatusOr<RunAs> LookUpRunAs(const std::string& name) {
   return r;
 }
 
-std::string Launcher::RankLogPath(const std::string& log_dir, int rank) {
-  return absl::StrCat(log_dir, "/rank-", rank, ".log");
-}
-
 absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("launcher: no command");
   const int world = static_cast<int>(spec.gpus.size());
@@ -293,58 +284,6 @@ std::optional<WorkerEnd> Launcher::Poll(pid_t pid) {
 bool Launcher::SignalGroup(pid_t pgid, int sig) { return pgid > 0 && killpg(pgid, sig) == 0; }
 
 bool Launcher::GroupAlive(pid_t pgid) { return pgid > 0 && killpg(pgid, 0) == 0; }
-
-std::string WorkerEnd::Reason() const {
-  if (signaled) return "signal";
-  switch (code) {
-    case kExitOk:
-      return "ok";
-    case kExitBadSpec:
-      return "bad_spec";
-    case kExitOutOfMemory:
-      return "oom";
-    case kExitNanLoss:
-      return "nan_loss";
-    case kExitKilled:
-      return "killed";
-    case kExitDrained:
-      return "drained";
-    default:
-      return "error";
-  }
-}
-
-std::string WorkerEnd::Describe() const {
-  if (signaled) return absl::StrCat("killed by ", SignalName(code), " (signal ", code, ")");
-  const char* what = "";
-  switch (code) {
-    case kExitOk:
-      what = " (ok)";
-      break;
-    case kExitBadSpec:
-      what = " (bad job spec)";
-      break;
-    case kExitOutOfMemory:
-      what = " (out of memory)";
-      break;
-    case kExitNanLoss:
-      what = " (NaN loss)";
-      break;
-    case kExitKilled:
-      what = " (stopped by SIGTERM)";
-      break;
-    case kExitDrained:
-      what = " (checkpointed and stopped: drained)";
-      break;
-    case 127:
-      what = " (could not start)";
-      break;
-    default:
-      what = " (error)";
-      break;
-  }
-  return absl::StrCat("exited with code ", code, what);
-}
 
 // ---- LaunchLocal: the launch above, supervised.
 
@@ -562,7 +501,7 @@ absl::Status ConnectOutputs(const LaunchOptions& options, int first_rank,
     output.out_fd = options.out_fd;
     output.err_fd = options.err_fd;
     if (r > 0 && !options.log_dir.empty()) {
-      output.log_path = Launcher::RankLogPath(options.log_dir, first_rank + r);
+      output.log_path = RankLogPath(options.log_dir, first_rank + r);
     } else if (r > 0) {
       int out[2], err[2];
       if (pipe2(out, O_CLOEXEC) != 0) return fail();
@@ -667,7 +606,7 @@ class LocalSupervision {
         options_.on_rank_killed(first_rank_ + c.rank, *end);
       }
       // A drained rank checkpointed with its peers and stopped on purpose: no failure.
-      const bool drained = options_.forward_drain && !end->signaled && end->code == kExitDrained;
+      const bool drained = options_.forward_drain && end->drained();
       rep_.drained |= drained;
       if (!end->ok() && !drained && rep_.first_failure < 0 && !e.stopped_by_launcher &&
           rep_.forwarded_signal == 0) {

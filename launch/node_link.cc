@@ -1,4 +1,4 @@
-#include "worker/node_link.h"
+#include "launch/node_link.h"
 
 #include <unistd.h>
 

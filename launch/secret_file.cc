@@ -1,4 +1,4 @@
-#include "client/secret_file.h"
+#include "launch/secret_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "engine/core/status.h"
+#include "launch/exit_codes.h"
+#include "launch/layout.h"
 
 namespace ithaca {
 
@@ -76,18 +78,6 @@ struct WorkerGroup {
 };
 
 // How a rank's process ended.
-struct WorkerEnd {
-  bool signaled = false;
-  int code = 0;  // exit code, or the signal number when signaled
-  bool ok() const { return !signaled && code == 0; }
-  // The code a shell reports for it: the exit code, or 128 + the signal.
-  int ShellCode() const { return signaled ? 128 + code : code; }
-  // Metric label: "ok", "error", "bad_spec", "oom", "nan_loss", "killed", "signal".
-  std::string Reason() const;
-  // "exited with code 4 (NaN loss)", "killed by SIGKILL (signal 9)".
-  std::string Describe() const;
-};
-
 class Launcher {
  public:
   // Forks and execs every rank. FAILED_PRECONDITION when argv[0] is not an executable file,
@@ -99,8 +89,6 @@ class Launcher {
   // killpg; true when the group still had members.
   static bool SignalGroup(pid_t pgid, int sig);
   static bool GroupAlive(pid_t pgid);
-  // A rank's log file in a job's log directory: rank-R.log.
-  static std::string RankLogPath(const std::string& log_dir, int rank);
 };
 
 // ---- Supervised local launch (`ithaca-worker --standalone job.toml --nproc N`).
@@ -113,7 +101,7 @@ struct LaunchOptions {
   // Extra environment for every rank (on top of the launcher's own).
   std::vector<std::pair<std::string, std::string>> env;
   // Rank 0 writes to out_fd / err_fd directly. Other ranks' lines go there too, prefixed
-  // "[rank r] ", unless log_dir is set: then to Launcher::RankLogPath(log_dir, r).
+  // "[rank r] ", unless log_dir is set: then to RankLogPath(log_dir, r) (launch/layout.h).
   int out_fd = 1;
   int err_fd = 2;
   std::string log_dir;

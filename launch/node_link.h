@@ -10,7 +10,7 @@
 
 #include "engine/comm/tcp_store.h"
 #include "engine/core/status.h"
-#include "worker/launcher.h"
+#include "launch/launcher.h"
 
 namespace ithaca {
 

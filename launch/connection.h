@@ -11,6 +11,11 @@
 
 namespace ithaca {
 
+// The environment a caller's credentials come from when no flag gives them (a Slurm job's ranks
+// get them so from ithacad).
+inline constexpr char kEnvTokenFile[] = "ITHACA_TOKEN_FILE";
+inline constexpr char kEnvCa[] = "ITHACA_CA";
+
 struct ConnectionOptions {
   std::string server;           // host:port or unix:/path
   std::string token_file;       // --token-file / $ITHACA_TOKEN_FILE: sent as a bearer token

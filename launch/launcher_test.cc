@@ -3,7 +3,7 @@
 // mode uses it): output routing, the first failure stopping the others, SIGTERM escalating to
 // SIGKILL, signal forwarding, children dying with the launcher, and ranks that really connect
 // (this binary re-run as a rank: bootstrap + Gloo).
-#include "worker/launcher.h"
+#include "launch/launcher.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -109,8 +109,8 @@ TEST(LauncherTest, RanksShareAGroupAndAppendToTheirLogs) {
   spec.gpus = {4, 6};
   spec.rendezvous = "file:/somewhere";
   spec.env = {{"EXTRA", "extra"}, {"OMP_NUM_THREADS", "3"}};
-  for (int r = 0; r < 2; ++r) spec.outputs.push_back({Launcher::RankLogPath(dir.path(), r)});
-  std::ofstream(Launcher::RankLogPath(dir.path(), 0)) << "before\n";
+  for (int r = 0; r < 2; ++r) spec.outputs.push_back({RankLogPath(dir.path(), r)});
+  std::ofstream(RankLogPath(dir.path(), 0)) << "before\n";
   auto group = Launcher::Launch(spec);
   ASSERT_TRUE(group.ok()) << group.status();
   ASSERT_EQ(group->pids.size(), 2u);
@@ -120,9 +120,9 @@ TEST(LauncherTest, RanksShareAGroupAndAppendToTheirLogs) {
   EXPECT_TRUE(ends[0].ok()) << ends[0].Describe();
   EXPECT_EQ(ends[1].Describe(), "exited with code 1 (error)");
   EXPECT_EQ(ends[1].Reason(), "error");
-  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 0)),
+  EXPECT_EQ(ReadFile(RankLogPath(dir.path(), 0)),
             "before\nrank 0 of 2 gpu 4 file:/somewhere extra omp 3\nno input\n");
-  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)),
+  EXPECT_EQ(ReadFile(RankLogPath(dir.path(), 1)),
             "rank 1 of 2 gpu 6 file:/somewhere extra omp 3\nno input\n");
 }
 
@@ -151,11 +151,11 @@ TEST(LauncherTest, RanksRunAsTheGivenUser) {
   spec.argv = {"sh", "-c", "echo $(id -u) $(id -g) $(id -G) $HOME $USER"};
   spec.gpus = {0};
   spec.run_as = *nobody;
-  spec.outputs.push_back({Launcher::RankLogPath(dir.path(), 0)});
+  spec.outputs.push_back({RankLogPath(dir.path(), 0)});
   auto group = Launcher::Launch(spec);
   ASSERT_TRUE(group.ok()) << group.status();
   const std::vector<WorkerEnd> ends = WaitAll(*group, 10);
-  const std::string log = ReadFile(Launcher::RankLogPath(dir.path(), 0));
+  const std::string log = ReadFile(RankLogPath(dir.path(), 0));
   if (geteuid() != 0) {
     EXPECT_EQ(ends[0].code, 127) << log;
     EXPECT_TRUE(absl::StrContains(log, "launcher: setgroups failed")) << log;
@@ -176,14 +176,13 @@ TEST(LauncherTest, RanksShareTheCoresUnlessToldOtherwise) {
   LaunchSpec spec;
   spec.argv = {"sh", "-c", "echo $OMP_NUM_THREADS"};
   spec.gpus = {0, 1};
-  for (int r = 0; r < 2; ++r) spec.outputs.push_back({Launcher::RankLogPath(dir.path(), r)});
+  for (int r = 0; r < 2; ++r) spec.outputs.push_back({RankLogPath(dir.path(), r)});
   auto group = Launcher::Launch(spec);
   if (saved) setenv("OMP_NUM_THREADS", saved_value.c_str(), 1);
   ASSERT_TRUE(group.ok()) << group.status();
   WaitAll(*group, 10);
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)),
-            absl::StrCat(std::max(1L, cores / 2), "\n"));
+  EXPECT_EQ(ReadFile(RankLogPath(dir.path(), 1)), absl::StrCat(std::max(1L, cores / 2), "\n"));
 }
 
 TEST(LauncherTest, SignalGroupReachesEveryRank) {
@@ -220,21 +219,6 @@ TEST(LauncherTest, BadSpecs) {
   spec.argv = {"true"};
   spec.outputs = {{"/no/such/dir/rank-0.log"}, {"/no/such/dir/rank-1.log"}};
   EXPECT_EQ(Launcher::Launch(spec).status().code(), absl::StatusCode::kInternal);
-}
-
-TEST(WorkerEndTest, ReasonsNameTheWorkerExitCodes) {
-  EXPECT_EQ(WorkerEnd({false, 0}).Reason(), "ok");
-  EXPECT_EQ(WorkerEnd({false, 2}).Reason(), "bad_spec");
-  EXPECT_EQ(WorkerEnd({false, 3}).Describe(), "exited with code 3 (out of memory)");
-  EXPECT_EQ(WorkerEnd({false, 4}).Reason(), "nan_loss");
-  EXPECT_EQ(WorkerEnd({false, 4}).Describe(), "exited with code 4 (NaN loss)");
-  EXPECT_EQ(WorkerEnd({false, 5}).Reason(), "killed");
-  EXPECT_EQ(WorkerEnd({false, 6}).Reason(), "drained");
-  EXPECT_EQ(WorkerEnd({false, 6}).Describe(),
-            "exited with code 6 (checkpointed and stopped: drained)");
-  EXPECT_EQ(WorkerEnd({false, 127}).Describe(), "exited with code 127 (could not start)");
-  EXPECT_EQ(WorkerEnd({true, SIGKILL}).Describe(), "killed by SIGKILL (signal 9)");
-  EXPECT_EQ(WorkerEnd({true, SIGKILL}).ShellCode(), 128 + SIGKILL);
 }
 
 TEST(LocalLauncherTest, EachRankGetsItsEnvironment) {
@@ -340,7 +324,7 @@ TEST(LocalLauncherTest, OutputIsPrefixedOrLogged) {
   o.log_dir = dir.path();
   ASSERT_TRUE(LaunchLocal(o).ok());
   EXPECT_FALSE(absl::StrContains(ReadFile(out), "rank 1")) << ReadFile(out);
-  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)), "hello from 1\noops 1\ntail 1");
+  EXPECT_EQ(ReadFile(RankLogPath(dir.path(), 1)), "hello from 1\noops 1\ntail 1");
   close(out_fd);
   close(err_fd);
 }
@@ -386,9 +370,8 @@ TEST(LocalLauncherTest, ACommandThatCannotBeExecutedExits127) {
       << report.ranks[report.first_failure].ToString();
   // The first rank to fail said why: rank 0 on the launcher's stderr, rank 1 in its log (the
   // other may have been stopped before it got that far).
-  const std::string said = report.first_failure == 0
-                               ? ReadFile(dir.path() + "/stderr")
-                               : ReadFile(Launcher::RankLogPath(dir.path(), 1));
+  const std::string said = report.first_failure == 0 ? ReadFile(dir.path() + "/stderr")
+                                                     : ReadFile(RankLogPath(dir.path(), 1));
   EXPECT_TRUE(absl::StrContains(said, "exec failed")) << said;
 }
 
@@ -549,8 +532,8 @@ LaunchOptions SelfAsRanks(const std::string& role, int nproc, const std::string&
 TEST(LocalLauncherTest, RanksConnectThroughTheRendezvous) {
   TempDir dir;
   absl::Status st = LaunchLocal(SelfAsRanks("ok", 4, dir.path()));
-  EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(Launcher::RankLogPath(dir.path(), 1));
-  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 3)), "rank 3 sum 10\n");
+  EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(RankLogPath(dir.path(), 1));
+  EXPECT_EQ(ReadFile(RankLogPath(dir.path(), 3)), "rank 3 sum 10\n");
 }
 
 TEST(LocalLauncherTest, ARankThatDiesIsNamed) {
@@ -604,12 +587,12 @@ TEST(MultiNodeLauncherTest, TwoNodesOfTwoRanksAreOneWorldOfFour) {
   const int port = FreePort();
   pid_t node1 = ForkLauncher(Node("ok", 1, port, dir.path()), dir.path() + "/status1");
   absl::Status st = LaunchLocal(Node("ok", 0, port, dir.path()));
-  EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(Launcher::RankLogPath(dir.path(), 3));
+  EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(RankLogPath(dir.path(), 3));
   EXPECT_EQ(WaitLauncher(node1, 20), 0) << ReadFile(dir.path() + "/status1");
   EXPECT_EQ(ReadFile(dir.path() + "/status1"), "OK");
   // Global ranks 1 and 3 (the second rank of each node) log to their files: 1+2+3+4 = 10.
-  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 1)), "rank 1 sum 10\n");
-  EXPECT_EQ(ReadFile(Launcher::RankLogPath(dir.path(), 3)), "rank 3 sum 10\n");
+  EXPECT_EQ(ReadFile(RankLogPath(dir.path(), 1)), "rank 1 sum 10\n");
+  EXPECT_EQ(ReadFile(RankLogPath(dir.path(), 3)), "rank 3 sum 10\n");
 }
 
 TEST(MultiNodeLauncherTest, ARankFailingOnOneNodeStopsBothNamingIt) {

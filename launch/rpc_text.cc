@@ -1,4 +1,4 @@
-#include "worker/rpc_text.h"
+#include "launch/rpc_text.h"
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/utf8.h"

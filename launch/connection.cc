@@ -1,4 +1,4 @@
-#include "client/connection.h"
+#include "launch/connection.h"
 
 #include <grpcpp/support/client_interceptor.h>
 
@@ -10,7 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "client/secret_file.h"
+#include "launch/secret_file.h"
 
 namespace ithaca {
 namespace {
@@ -61,8 +61,8 @@ void ApplyConnectionEnvironment(ConnectionOptions* o) {
     const char* v = std::getenv(var);
     *field = v && *v ? v : fallback;
   };
-  fill(&o->token_file, "ITHACA_TOKEN_FILE", "");
-  fill(&o->ca_file, "ITHACA_CA", "");
+  fill(&o->token_file, kEnvTokenFile, "");
+  fill(&o->ca_file, kEnvCa, "");
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(const ConnectionOptions& o) {
@@ -87,7 +87,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(const ConnectionOptions& 
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!o.token_file.empty()) {
-    // The daemon's rule for its own token file (client/secret_file.h): a token that other users
+    // The daemon's rule for its own token file (launch/secret_file.h): a token that other users
     // can read is refused here too, not sent.
     absl::StatusOr<std::string> token = ReadTokenFile(o.token_file, "--token-file");
     if (!token.ok()) return token.status();

@@ -1,0 +1,53 @@
+// Every name the daemon and its workers give a file or directory on disk, in one place (as
+// LevelDB's filename.h). Two directories:
+//
+//   <state dir>/                 ithacad --state-dir; default $ITHACA_HOME, else ~/.ithaca
+//     ithacad.lock               one daemon per state directory (flock)
+//     ithacad.addr               grpc=, metrics=, health=, pid= of the daemon serving it
+//     jobs.db                    the job store (SQLite)
+//     run/worker.sock            the WorkerService unix socket (run/ is 0700)
+//     jobs/job-N/                a job's directory (below)
+//
+//   <job dir>/                   a job's logs and runtime files; never its checkpoints or outputs
+//     rank-R.log                 rank R's stdout and stderr
+//     workers.adopt              what a restarted daemon needs to adopt the running ranks
+//     daemon.addr                a Slurm job's: the host:port its ranks dial (shared storage)
+//     slurm.sbatch, slurm-J.out  a Slurm job's batch script and Slurm's own output
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ithaca {
+
+// ---- The state directory.
+
+// $ITHACA_HOME, else $HOME/.ithaca (/tmp/.ithaca without a HOME).
+std::string DefaultStateDir();
+std::string StateLockPath(const std::string& state_dir);
+std::string DaemonAddrFilePath(const std::string& state_dir);
+std::string JobStorePath(const std::string& state_dir);
+// The worker socket's directory (0700) and the socket in it.
+std::string WorkerSocketDir(const std::string& state_dir);
+std::string WorkerSocketPath(const std::string& socket_dir);
+// Where the job directories are, and the one of job `id` ("job-N").
+std::string JobDirsPath(const std::string& state_dir);
+std::string JobDirPath(const std::string& state_dir, const std::string& id);
+
+// ---- Job ids, which are also their directories' names.
+
+// "job-7" for 7.
+std::string JobIdForSeq(int64_t seq);
+// 7 for "job-7"; false for any other name.
+bool ParseJobSeq(const std::string& name, int64_t* seq);
+
+// ---- A job's directory.
+
+std::string RankLogPath(const std::string& job_dir, int rank);
+std::string AdoptionRecordPath(const std::string& job_dir);
+std::string JobDaemonAddrPath(const std::string& job_dir);
+std::string SlurmScriptPath(const std::string& job_dir);
+// Slurm's --output pattern (%j: the Slurm job id).
+std::string SlurmOutputPattern(const std::string& job_dir);
+
+}  // namespace ithaca
