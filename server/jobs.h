@@ -169,6 +169,8 @@ class Jobs : private JobOwner {
                                                   JobState state = v1::JOB_STATE_RUNNING);
 
   absl::Status Recover();
+  // The newest checkpoint of a job whose spec asks to resume from one; "" when there is none.
+  static std::string ResumableCheckpoint(const v1::Job& job);
   // For a job found STARTING or RUNNING at start whose workers still run (its adoption record
   // names live workers of the job): the order to adopt them, its slots reserved. nullopt
   // otherwise.
