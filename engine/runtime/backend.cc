@@ -39,6 +39,13 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_
   return b;
 }
 
+absl::StatusOr<int64_t> DeviceMemoryBytes(const JobSpec& spec, int gpu) {
+  if (spec.backend != "cuda") return 0;
+  if (const int64_t bytes = CudaDeviceMemoryBytes(gpu >= 0 ? gpu : 0); bytes > 0) return bytes;
+  ASSIGN_OR_RETURN(Backend b, MakeBackend(spec, gpu));  // says why there is no GPU to use
+  return b.device_bytes;
+}
+
 LibraryReport ReportLibraries() {
   return CombineLibraryReports({CudnnVersionReport(), NcclVersionReport()});
 }

@@ -29,6 +29,11 @@ struct Backend {
 // backend is made (ReportLibraries), rather than failing obscurely mid-step.
 absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_window = 0);
 
+// The memory of the GPU a backend of `spec` would run on (0 for the CPU backend), without
+// making one: what resolving a spec against this host needs before its backend is made. A GPU
+// that cannot be used answers with MakeBackend's error.
+absl::StatusOr<int64_t> DeviceMemoryBytes(const JobSpec& spec, int gpu);
+
 // The cuDNN and NCCL this binary loads and was built against (CudnnVersionReport,
 // NcclVersionReport), as one line: the one report of the worker's start line (MakeBackend) and
 // of `ithaca-worker --libraries` (what ithacad shows as the node's libraries). In a build

@@ -49,18 +49,25 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
   rank->info_ = info;
   const RankRehearsal* rehearsal = options.rehearsal ? &*options.rehearsal : nullptr;
   if (rehearsal != nullptr) CapAtRehearsedGpu(rehearsal->node, &spec);
-  ASSIGN_OR_RETURN(rank->backend_, MakeBackend(spec, info.gpu));
   // A spec admitted by ithacad arrives resolved and runs as it is. Any other (standalone, a
   // test) is resolved here, against this host (or the rehearsed node), by the rule admission
-  // uses (engine/spec).
+  // uses (engine/plan/resolve.h), before the backend is made: the backend is made from the
+  // resolved spec (its attention kernels, its GPU budget), as a daemon job's is.
   if (!CheckResolved(spec).ok()) {
-    const NodeResources node =
-        rehearsal ? rehearsal->node : RankNode(info, rank->backend_.device_bytes);
+    NodeResources node;
+    if (rehearsal != nullptr) {
+      node = rehearsal->node;
+    } else {
+      ASSIGN_OR_RETURN(const int64_t device_bytes, DeviceMemoryBytes(spec, info.gpu));
+      node = RankNode(info, device_bytes);
+    }
     ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
     RETURN_IF_ERROR(RequireFits(job));
     rank->resolution_ = ResolutionLine(job);
     spec = std::move(job.spec);
   }
+  ASSIGN_OR_RETURN(rank->backend_, options.make_backend ? options.make_backend(spec, info.gpu)
+                                                        : MakeBackend(spec, info.gpu));
   rank->spec_ = std::move(spec);
   if (rehearsal != nullptr && info.world > 1) {
     ASSIGN_OR_RETURN(rank->comm_, ConnectRehearsal(info, static_cast<int>(rank->spec_.parallel.sp),

@@ -4,6 +4,7 @@
 // ranks, its collectives ordered with the backend's streams; and the Trainer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,8 @@ struct RankOptions {
   std::string run_id;
   // Set: rehearse (info.gpu is the device to run on, usually 0).
   std::optional<RankRehearsal> rehearsal;
+  // Makes the rank's backend from its resolved spec (MakeBackend; a test may watch it).
+  std::function<absl::StatusOr<Backend>(const JobSpec& spec, int gpu)> make_backend;
 };
 
 // The communicator of a rehearsed rank (info.rank of info.world, on the backend's device and

@@ -111,6 +111,25 @@ TEST(RankTest, UnknownBackendIsNamed) {
   EXPECT_TRUE(absl::StrContains(r.status().message(), "\"tpu\"")) << r.status();
 }
 
+// A spec that is not resolved yet (standalone, a test) is resolved before the rank's backend is
+// made, so the backend is made from what a daemon job would run (the kernels, the GPU budget).
+TEST(RankTest, TheBackendIsMadeFromTheResolvedSpec) {
+  testing::TempDir dir;
+  JobSpec spec = TinySpec(dir.path());
+  ASSERT_FALSE(CheckResolved(spec).ok()) << "the test needs a spec with \"auto\" left";
+  std::optional<JobSpec> seen;
+  RankOptions options;
+  options.make_backend = [&](const JobSpec& s, int gpu) {
+    seen = s;
+    return MakeBackend(s, gpu);
+  };
+  auto r = Rank::Create(spec, RankInfo(), options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_TRUE(CheckResolved(*seen).ok()) << CheckResolved(*seen);
+  EXPECT_EQ(JobSpecToToml(*seen), JobSpecToToml((*r)->spec()));
+}
+
 // A standalone job over 2 nodes of 8 ranks: each rank shares its host with the node's 8 ranks,
 // not with all 16 (the host budget was divided by the whole world).
 TEST(RankNodeTest, TheHostIsSharedByTheNodesRanksOnly) {
