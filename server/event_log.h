@@ -4,11 +4,11 @@
 // Closed after the terminal state event, which is therefore always the last.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "engine/core/mutex.h"
 #include "absl/time/time.h"
 #include "ithaca/v1/job.pb.h"
 
@@ -28,12 +28,12 @@ class EventLog {
   int64_t last_seq();
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::JobEvent> events_;
-  int64_t next_seq_ = 1;
-  bool closed_ = false;
-  size_t max_events_;
+  Mutex mu_;
+  CondVar cv_;  // an event appended, or the log closed
+  std::deque<v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  const size_t max_events_;
 };
 
 }  // namespace ithaca

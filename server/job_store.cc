@@ -164,8 +164,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const Options& options)
   }
   // WAL + FULL: a committed transition is on disk before the call returns, even across a
   // power loss.
-  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
-  RETURN_IF_ERROR(store->Migrate());
+  {
+    MutexLock lock(&store->mu_);
+    RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
+    RETURN_IF_ERROR(store->Migrate());
+  }
   // Scanned once: every job directory made after this is made for an id this store handed out.
   store->first_free_dir_seq_ = MaxJobDirSeq(options.job_dirs) + 1;
   if (options.path != ":memory:") {
@@ -307,7 +310,7 @@ absl::Status JobStore::CreateInitialSchema() {
 
 absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& reason_in) {
   const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckIntact());
   Stmt next(db_,
             "SELECT MAX((SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs),"
@@ -350,7 +353,7 @@ absl::StatusOr<v1::Job> JobStore::Create(const v1::Job& job, const std::string& 
 }
 
 absl::Status JobStore::Delete(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckIntact());
   Stmt q(db_, "SELECT state FROM jobs WHERE id = ?");
   q.Bind(1, id);
@@ -375,7 +378,7 @@ absl::Status JobStore::Delete(const std::string& id) {
 }
 
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return GetLocked(id);
 }
 
@@ -436,7 +439,7 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<JobState>& states, int limit,
                                                     int64_t before_seq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::string sql = "SELECT id FROM jobs WHERE 1";
   if (!states.empty()) {
     std::vector<int> v(states.begin(), states.end());
@@ -464,7 +467,7 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
                                              const std::string& reason_in,
                                              std::optional<int> failed_rank, bool restart) {
   const std::string reason = BoundedUtf8(reason_in, kMaxReasonBytes);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stmt q(db_,
          "SELECT state, (SELECT COALESCE(MAX(seq), 0) FROM transitions WHERE job_id = ?1)"
          " FROM jobs WHERE id = ?1");
@@ -518,21 +521,21 @@ absl::StatusOr<v1::Job> JobStore::Transition(const std::string& id, JobState to,
 }
 
 absl::Status JobStore::SetLaunch(const std::string& id, const std::vector<int>& slots, int pgid) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stmt up(db_, "UPDATE jobs SET slots = ?, pgid = ?, updated_ms = ? WHERE id = ?");
   up.Bind(1, SlotsToText(slots)).Bind(2, int64_t{pgid}).Bind(3, NowMs()).Bind(4, id);
   return up.Run();
 }
 
 absl::Status JobStore::SetClusterJob(const std::string& id, const std::string& cluster_job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stmt up(db_, "UPDATE jobs SET cluster_job = ?, updated_ms = ? WHERE id = ?");
   up.Bind(1, cluster_job).Bind(2, NowMs()).Bind(3, id);
   return up.Run();
 }
 
 absl::StatusOr<int> JobStore::ProcessGroup(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stmt q(db_, "SELECT pgid FROM jobs WHERE id = ?");
   q.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, q.Step());
@@ -541,7 +544,7 @@ absl::StatusOr<int> JobStore::ProcessGroup(const std::string& id) {
 }
 
 absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& report) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::string blob = report.SerializeAsString();
   const int64_t step = report.step();
   const bool keep = (report.rank() == 0 && step <= kHistoryDenseSteps) ||
@@ -562,7 +565,7 @@ absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& r
 }
 
 absl::Status JobStore::RecordEval(const std::string& id, const v1::EvalReport& report) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stmt h(db_, "INSERT INTO history VALUES(?, ?, ?, ?, ?, ?)");
   h.Bind(1, id).Bind(2, kHistoryEval).Bind(3, int64_t{report.rank()}).Bind(4, report.step());
   h.Bind(5, NowMs()).BindBlob(6, report.SerializeAsString());
@@ -570,7 +573,7 @@ absl::Status JobStore::RecordEval(const std::string& id, const v1::EvalReport& r
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::History(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stmt exists(db_, "SELECT 1 FROM jobs WHERE id = ?");
   exists.Bind(1, id);
   ASSIGN_OR_RETURN(bool found, exists.Step());
@@ -597,7 +600,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::History(const std::string& i
 }
 
 absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountByState() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stmt q(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
   std::map<JobState, int64_t> out;
   while (true) {

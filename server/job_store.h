@@ -18,11 +18,12 @@
 #include <map>
 #include <memory>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "engine/core/mutex.h"
 #include "engine/core/status.h"
 #include "ithaca/v1/job.pb.h"
 #include "server/job_state.h"
@@ -101,15 +102,17 @@ class JobStore {
 
  private:
   JobStore(sqlite3* db, Options options) : db_(db), options_(std::move(options)) {}
-  absl::Status Migrate();
-  absl::Status CreateInitialSchema();
-  absl::Status Exec(const std::string& sql);
+  absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CreateInitialSchema() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Exec(const std::string& sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `body` in one write transaction: committed when it succeeds, rolled back when it fails.
-  absl::Status InWriteTransaction(const std::function<absl::Status()>& body);
-  absl::StatusOr<v1::Job> GetLocked(const std::string& id);
+  absl::Status InWriteTransaction(const std::function<absl::Status()>& body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Job> GetLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::mutex mu_;
-  sqlite3* db_;
+  // One connection, used by one caller at a time.
+  Mutex mu_;
+  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
   Options options_;
   // The database file's identity at Open (0: in memory).
   uint64_t dev_ = 0, ino_ = 0;

@@ -125,7 +125,7 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
 absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
                                      const std::function<bool()>& cancelled) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("ithacad is shutting down");
   }
   // --after: the job must exist and may still succeed; checked before the costlier admission.
@@ -169,7 +169,7 @@ absl::StatusOr<v1::Job> Jobs::Submit(const v1::SubmitJobRequest& request,
   for (const std::string& w : admitted.warnings) job.add_warnings(w);
   v1::Job stored;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // A client that gave up (its deadline passed while the job was planned) gets no job: its
     // retry would otherwise find this one holding the checkpoint directory (issue 43 N5).
     if (cancelled && cancelled()) {
@@ -244,7 +244,7 @@ std::shared_ptr<FitMemo> Jobs::FitMemoFor(const v1::PlanJobRequest& request) {
   for (const std::string& o : request.overrides()) {
     if (!absl::StartsWith(o, "data.seq_len=")) absl::StrAppend(&key, "|", o.size(), ":", o);
   }
-  std::lock_guard<std::mutex> lock(fit_memos_mu_);
+  MutexLock lock(&fit_memos_mu_);
   for (auto it = fit_memos_.begin(); it != fit_memos_.end(); ++it) {
     if (it->first == key) {
       fit_memos_.splice(fit_memos_.begin(), fit_memos_, it);
@@ -289,8 +289,7 @@ absl::StatusOr<v1::ListJobsResponse> Jobs::List(const v1::ListJobsRequest& reque
     if (full) {
       // job-N's number is N: the next page starts below the last one sent.
       int64_t seq = 0;
-      const std::string& last = response.jobs(response.jobs_size() - 1).id();
-      absl::SimpleAtoi(absl::string_view(last).substr(std::min<size_t>(4, last.size())), &seq);
+      ParseJobSeq(response.jobs(response.jobs_size() - 1).id(), &seq);
       response.set_next_page_token(absl::StrCat(seq));
       break;
     }
@@ -308,7 +307,7 @@ absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& r
   const std::string reason = reason_in.empty() ? "cancelled by the user" : reason_in;
   v1::Job job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(job, store_->Get(id));
     if (IsTerminal(job.state())) {
       return absl::FailedPreconditionError(
@@ -346,7 +345,7 @@ absl::StatusOr<v1::Job> Jobs::Cancel(const std::string& id, const std::string& r
 absl::StatusOr<v1::Job> Jobs::Delete(const std::string& id) {
   v1::Job job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(job, store_->Get(id));
     if (!IsTerminal(job.state())) {
       // A job already being cancelled needs no second cancel: only its end.
@@ -435,7 +434,7 @@ std::shared_ptr<EventLog> Jobs::EventsLocked(const std::string& id) {
 }
 
 absl::StatusOr<std::shared_ptr<EventLog>> Jobs::Events(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = events_.find(id);
   if (it != events_.end()) return it->second;
   ASSIGN_OR_RETURN(v1::Job job, store_->Get(id));
@@ -499,12 +498,12 @@ v1::NodeInfo Jobs::NodeInfo() {
     n.set_gpus(0);
     n.set_slots(0);
     n.set_jobs_running(jobs.running);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     n.set_scheduling_paused(scheduling_paused_);
     n.set_jobs_queued(scheduler_.queued() + jobs.pending);
     return n;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   n.set_free_slots(scheduler_.free_slots());
   n.set_scheduling_paused(scheduling_paused_);
   n.set_jobs_queued(scheduler_.queued());

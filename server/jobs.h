@@ -26,11 +26,12 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "engine/core/mutex.h"
 #include "absl/time/time.h"
 #include "ithaca/v1/job.pb.h"
 #include "server/admission.h"
@@ -142,8 +143,9 @@ class Jobs : private JobOwner {
   // hardware share one; the newest kFitMemos are kept.
   std::shared_ptr<FitMemo> FitMemoFor(const v1::PlanJobRequest& request);
   static constexpr size_t kFitMemos = 16;
-  std::mutex fit_memos_mu_;
-  std::list<std::pair<std::string, std::shared_ptr<FitMemo>>> fit_memos_;  // newest first
+  Mutex fit_memos_mu_;
+  std::list<std::pair<std::string, std::shared_ptr<FitMemo>>> fit_memos_
+      ABSL_GUARDED_BY(fit_memos_mu_);  // newest first
   std::atomic<int> plans_in_flight_{0};
 
   // JobOwner: the supervisor's reports.
@@ -161,12 +163,14 @@ class Jobs : private JobOwner {
   // A failed job's [retry] policy: when it has restarts left, the job goes QUEUED again
   // ("restart N of M ...", resuming from its newest checkpoint) and joins the queue after its
   // backoff; true then.
-  bool RestartLocked(const std::string& job_id, const std::string& reason);
+  bool RestartLocked(const std::string& job_id, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The jobs in `state` (RUNNING unless said) that can resume from a checkpoint (checkpoint.dir,
   // checkpoint.resume): the ones a drain stops. The others are added to `others`.
   std::vector<std::string> ResumableRunningLocked(std::vector<std::string>* others,
-                                                  JobState state = v1::JOB_STATE_RUNNING);
+                                                  JobState state = v1::JOB_STATE_RUNNING)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status Recover();
   // The newest checkpoint of a job whose spec asks to resume from one; "" when there is none.
@@ -176,46 +180,49 @@ class Jobs : private JobOwner {
   // otherwise.
   // A Slurm job (Job.cluster_job "slurm:ID") is adoptable while Slurm still has it queued or
   // running; otherwise `why_not` says what Slurm says.
-  std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job, std::string* why_not);
+  std::optional<AdoptOrder> AdoptableLocked(const v1::Job& job, std::string* why_not)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr char kSlurmPrefix[] = "slurm:";
   // The scheduler's slots under Slurm: Slurm queues and places the jobs, not this daemon.
   static constexpr int kClusterSlots = 1 << 16;
   // Two live jobs never share a checkpoint.dir: one would delete the other's temporary save,
   // prune its steps, and a resume would load the other's state. FAILED_PRECONDITION naming the
   // job that uses `dir` (the admitted, absolute path; compared once resolved).
-  absl::Status ClaimCheckpointDirLocked(const std::string& dir, const std::string& job_id);
-  void ReleaseCheckpointDirLocked(const std::string& job_id);
+  absl::Status ClaimCheckpointDirLocked(const std::string& dir, const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseCheckpointDirLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `submit --after`: the job `parent` reached `outcome` (a terminal state). The jobs waiting
   // for it join the queue when it SUCCEEDED, and are cancelled (saying why, and so are theirs)
   // otherwise.
   void ResolveDependentsLocked(const std::string& parent, JobState outcome,
-                               const std::string& reason);
+                               const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job ended: its stream is closed (see kEndedEventLogsKept).
-  void EndEventsLocked(const std::string& id);
-  void PublishState(const std::string& id, const v1::Job& job);
-  std::shared_ptr<EventLog> EventsLocked(const std::string& id);
+  void EndEventsLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishState(const std::string& id, const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<EventLog> EventsLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   JobStore* const store_;
   Metrics* const metrics_;
 
-  std::mutex mu_;
-  Scheduler scheduler_;
-  std::map<std::string, std::shared_ptr<EventLog>> events_;
+  Mutex mu_;
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<EventLog>> events_ ABSL_GUARDED_BY(mu_);
   // Restarted jobs waiting out their backoff before they join the queue.
   struct BackingOff {
     absl::Time due;
     int world = 1;
   };
-  std::map<std::string, BackingOff> backing_off_;
+  std::map<std::string, BackingOff> backing_off_ ABSL_GUARDED_BY(mu_);
   // QUEUED jobs waiting for another to succeed (submit --after): job id → the job it waits for.
   // Not in the scheduler's queue until then; rebuilt from the store at start (Recover).
-  std::map<std::string, std::string> waiting_;
-  std::map<std::string, std::string> checkpoint_dirs_;  // resolved dir → live job id
-  std::deque<std::string> ended_events_;                // oldest first
+  std::map<std::string, std::string> waiting_ ABSL_GUARDED_BY(mu_);
+  // resolved dir → live job id
+  std::map<std::string, std::string> checkpoint_dirs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_events_ ABSL_GUARDED_BY(mu_);  // oldest first
 
-  bool shutting_down_ = false;
-  bool scheduling_paused_ = false;  // DrainNode: queued jobs wait for the undo
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool scheduling_paused_ ABSL_GUARDED_BY(mu_) = false;  // DrainNode: queued jobs wait for the undo
   // Last: its thread calls into the members above, so it is destroyed (and stopped) first.
   Supervisor supervisor_;
 };

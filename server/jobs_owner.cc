@@ -21,7 +21,7 @@ constexpr char kRestartReason[] = "restart ";
 }  // namespace
 
 std::vector<LaunchOrder> Jobs::TakeLaunches() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutting_down_) return {};      // draining or stopping: queued jobs wait for the next daemon
   if (scheduling_paused_) return {};  // `ithaca drain`: queued jobs wait for the undo
   // Restarted jobs whose backoff is over join the queue (at its end, as a new submission).
@@ -52,13 +52,13 @@ std::vector<LaunchOrder> Jobs::TakeLaunches() {
 }
 
 void Jobs::OnClusterJob(const std::string& job_id, const std::string& cluster_job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   store_->SetClusterJob(job_id, cluster_job).IgnoreError();
 }
 
 void Jobs::OnLaunched(const std::string& job_id, const std::vector<int>& slots, int pgid,
                       const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   store_->SetLaunch(job_id, slots, pgid).IgnoreError();
   auto starting = store_->Transition(job_id, v1::JOB_STATE_STARTING, reason);
   if (starting.ok()) {
@@ -76,14 +76,14 @@ void Jobs::OnLaunched(const std::string& job_id, const std::vector<int>& slots, 
 
 absl::StatusOr<v1::Job> Jobs::OnStateChange(const std::string& job_id, JobState to,
                                             const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(v1::Job job, store_->Transition(job_id, to, reason));
   PublishState(job_id, job);
   return job;
 }
 
 absl::Status Jobs::OnStep(const std::string& job_id, const v1::StepReport& step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RETURN_IF_ERROR(store_->RecordStep(job_id, step));
   v1::JobEvent e;
   *e.mutable_step() = step;
@@ -92,7 +92,7 @@ absl::Status Jobs::OnStep(const std::string& job_id, const v1::StepReport& step)
 }
 
 absl::Status Jobs::OnEval(const std::string& job_id, const v1::EvalReport& eval) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RETURN_IF_ERROR(store_->RecordEval(job_id, eval));
   v1::JobEvent e;
   *e.mutable_eval() = eval;
@@ -101,7 +101,7 @@ absl::Status Jobs::OnEval(const std::string& job_id, const v1::EvalReport& eval)
 }
 
 void Jobs::OnLogLines(const std::string& job_id, int rank, std::vector<std::string> lines) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::shared_ptr<EventLog> events = EventsLocked(job_id);
   for (std::string& line : lines) {
     v1::JobEvent e;
@@ -137,7 +137,7 @@ bool Jobs::RestartLocked(const std::string& job_id, const std::string& reason) {
 void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::string& reason,
                    std::optional<int> failed_rank, bool retryable) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     scheduler_.Release(job_id);
     // Its [retry] policy may queue it again: the event stream goes on.
     if (retryable && RestartLocked(job_id, reason)) return;

@@ -30,7 +30,7 @@ std::vector<std::string> Jobs::ResumableRunningLocked(std::vector<std::string>* 
 int Jobs::Drain(absl::Duration timeout) {
   std::vector<std::string> resumable;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     shutting_down_ = true;  // no new submissions, no new launches
     resumable = ResumableRunningLocked(nullptr);
   }
@@ -43,7 +43,7 @@ v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout,
   std::vector<std::string> resumable, others, starting;
   const absl::Time deadline = absl::Now() + timeout;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     scheduling_paused_ = !undo;
     if (!undo) {
       resumable = ResumableRunningLocked(&others);
@@ -78,7 +78,7 @@ v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout,
     // there, as every queued job does, for the undo.
     supervisor_.Drain(resumable, std::max(absl::ZeroDuration(), deadline - absl::Now()), cancelled);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const std::string& id : resumable) {
     absl::StatusOr<v1::Job> job = store_->Get(id);
     if (job.ok() && job->state() == v1::JOB_STATE_QUEUED) {
@@ -94,22 +94,22 @@ v1::DrainResponse Jobs::DrainNode(bool undo, absl::Duration timeout,
 
 int Jobs::Detach() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     shutting_down_ = true;
   }
   const int left = supervisor_.Detach();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, log] : events_) log->Close();
   return left;
 }
 
 void Jobs::Shutdown(const std::string& reason) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     shutting_down_ = true;
   }
   supervisor_.Shutdown(reason);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, log] : events_) log->Close();
 }
 
@@ -182,13 +182,13 @@ absl::Status Jobs::Recover() {
     std::optional<AdoptOrder> adopt;
     std::string why_not;  // a Slurm job's state
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       adopt = AdoptableLocked(job, &why_not);
     }
     if (adopt) {
       // The adopted job still writes into its checkpoint.dir: no new job may share it.
       if (!job.spec().checkpoint_dir().empty()) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         ClaimCheckpointDirLocked(job.spec().checkpoint_dir(), job.id()).IgnoreError();
       }
       supervisor_.Adopt(*adopt);
@@ -219,7 +219,7 @@ absl::Status Jobs::Recover() {
   }
   ASSIGN_OR_RETURN(std::vector<v1::Job> queued, store_->List({v1::JOB_STATE_QUEUED}, 0));
   std::reverse(queued.begin(), queued.end());  // oldest first
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const v1::Job& job : queued) {
     // Waiting for another job (submit --after): by what that job has become meanwhile.
     if (!job.after().empty()) {

@@ -287,7 +287,7 @@ void Metrics::DropActivityLocked(RankSeries& s) {
 
 void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
                      const v1::StepReport& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RankSeries& s = RankLocked(job, rank, gpu, uuid);
   const Labels l = RankLabels(s);
   if (!r.node().empty() && s.node_info == nullptr) {
@@ -350,7 +350,7 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
 
 void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
                      const v1::EvalReport& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, added] = ranks_.try_emplace({job, rank});
   RankSeries& s = it->second;
   if (added) {  // an evaluation before any step (or an evaluation-only job): no step series yet
@@ -378,7 +378,7 @@ void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::strin
 }
 
 void Metrics::OnJobStarted(double queue_wait_seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   queue_wait_.Add({}, QueueWaitBuckets()).Observe(queue_wait_seconds);
 }
 
@@ -409,7 +409,7 @@ void Metrics::DropJobLocked(const std::string& job) {
 }
 
 void Metrics::OnJobFinished(const std::string& job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // Nothing runs any more: a sum of tokens/s or memory over the node counts only live ranks.
   for (auto& [key, s] : ranks_) {
     if (key.first == job) DropActivityLocked(s);
@@ -434,17 +434,17 @@ void Metrics::OnJobFinished(const std::string& job) {
 }
 
 void Metrics::OnWorkerExit(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   exits_.Add({{"reason", reason}}).Increment();
 }
 
 void Metrics::OnJobRestarted() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   restarts_.Add({}).Increment();
 }
 
 void Metrics::SetJobCounts(const std::map<JobState, int64_t>& counts) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (int st = v1::JOB_STATE_QUEUED; st <= v1::JOB_STATE_CANCELLED; ++st) {
     auto it = counts.find(static_cast<JobState>(st));
     jobs_.Add({{"state", JobStateLabel(static_cast<JobState>(st))}})
@@ -453,7 +453,7 @@ void Metrics::SetJobCounts(const std::map<JobState, int64_t>& counts) {
 }
 
 void Metrics::SetJobs(const std::vector<v1::Job>& jobs) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (prometheus::Gauge* g : job_state_series_) job_state_.Remove(g);
   for (prometheus::Gauge* g : job_since_series_) job_state_since_.Remove(g);
   for (prometheus::Gauge* g : job_info_series_) job_info_.Remove(g);
@@ -485,7 +485,7 @@ void Metrics::SetJobs(const std::vector<v1::Job>& jobs) {
 }
 
 void Metrics::SetDevices(const std::vector<std::tuple<int, std::string, int64_t>>& devices) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (prometheus::Gauge* g : capacity_series_) capacity_.Remove(g);
   capacity_series_.clear();
   for (const auto& [index, uuid, bytes] : devices) {
@@ -499,7 +499,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() {
   std::vector<prometheus::MetricFamily> out;
   Labels constant;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     out = registry_->Collect();
   }
   // Hostname, as the registry's families carry it.

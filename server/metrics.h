@@ -12,12 +12,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "engine/core/mutex.h"
 #include "engine/core/status.h"
 #include "ithaca/v1/job.pb.h"
 #include "proto/version.h"
@@ -101,13 +102,16 @@ class Metrics {
         passkey;
   };
   prometheus::Labels RankLabels(const RankSeries& s) const;
-  RankSeries& RankLocked(const std::string& job, int rank, int gpu, const std::string& uuid);
-  void AddActivityLocked(RankSeries& s);
-  void DropActivityLocked(RankSeries& s);
-  void DropRankLocked(RankSeries& s);
-  void DropJobLocked(const std::string& job);
+  RankSeries& RankLocked(const std::string& job, int rank, int gpu, const std::string& uuid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddActivityLocked(RankSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropActivityLocked(RankSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropRankLocked(RankSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropJobLocked(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::mutex mu_;
+  // Guards the series maps below (the families and the registry are prometheus-cpp's, locked
+  // by it).
+  Mutex mu_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>&memory_, &memory_peak_, &host_block_inputs_,
       &host_optimizer_, &host_params_, &tokens_per_second_, &loss_, &step_, &flops_, &mfu_,
@@ -116,11 +120,12 @@ class Metrics {
       &passkey_accuracy_, &passkey_logprob_;
   prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
-  std::map<std::pair<std::string, int>, RankSeries> ranks_;
-  std::map<std::string, JobSeries> jobs_series_;
-  std::deque<std::string> finished_;
-  std::vector<prometheus::Gauge*> job_state_series_, job_since_series_, job_info_series_,
-      capacity_series_;
+  std::map<std::pair<std::string, int>, RankSeries> ranks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobSeries> jobs_series_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> finished_ ABSL_GUARDED_BY(mu_);
+  std::vector<prometheus::Gauge*> job_state_series_ ABSL_GUARDED_BY(mu_),
+      job_since_series_ ABSL_GUARDED_BY(mu_), job_info_series_ ABSL_GUARDED_BY(mu_),
+      capacity_series_ ABSL_GUARDED_BY(mu_);
 };
 
 // GET /metrics (and GET /healthz, an empty 200), served by HttpServer (http_server.h), which

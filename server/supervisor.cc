@@ -35,17 +35,17 @@ void Supervisor::Start() {
 void Supervisor::Wake() {
   // Taking the lock first means the thread is waiting (not half-way through a tick that already
   // asked for launches), so this wake-up is not lost.
-  { std::lock_guard<std::mutex> lock(mu_); }
-  wake_.notify_all();
+  MutexLock lock(&mu_);
+  wake_.SignalAll();
 }
 
 int Supervisor::running_jobs() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(active_.size());
 }
 
 Supervisor::ClusterJobs Supervisor::cluster_jobs() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ClusterJobs c;
   for (const auto& [id, job] : active_) {
     if (job->slurm_id.empty()) continue;
@@ -87,7 +87,7 @@ int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
 
 int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration timeout,
                       const std::function<bool()>& cancelled) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> draining;
   for (const std::string& id : job_ids) {
     auto it = active_.find(id);
@@ -108,15 +108,18 @@ int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration ti
     draining.push_back(id);
   }
   auto stopped = [&] {
-    return std::none_of(draining.begin(), draining.end(),
-                        [&](const std::string& id) { return active_.count(id) > 0; });
+    mu_.AssertHeld();
+    for (const std::string& id : draining) {
+      if (active_.count(id) > 0) return false;
+    }
+    return true;
   };
   // In slices, so that a caller gone (an abandoned `ithaca drain`) frees its thread at once
   // (issue 43 N10).
   const absl::Time deadline = absl::Now() + timeout;
   while (!stopped() && absl::Now() < deadline && !(cancelled && cancelled())) {
     const absl::Duration slice = std::min(absl::Milliseconds(100), deadline - absl::Now());
-    wake_.wait_for(lock, absl::ToChronoNanoseconds(slice), stopped);
+    wake_.WaitFor(&mu_, slice);
   }
   int drained = 0;
   for (const std::string& id : draining) drained += active_.count(id) == 0 ? 1 : 0;
@@ -124,7 +127,7 @@ int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration ti
 }
 
 int Supervisor::Detach() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stop_) return 0;
   shutting_down_ = true;
   stop_ = true;
@@ -132,14 +135,14 @@ int Supervisor::Detach() {
   // Log lines up to now reach the event logs; what follows, the next daemon reads.
   for (auto& [id, job] : active_) TailLogsLocked(*job, false);
   const int left = static_cast<int>(active_.size());
-  wake_.notify_all();
-  lock.unlock();
+  wake_.SignalAll();
+  lock.Release();
   if (thread_.joinable()) thread_.join();
   return left;
 }
 
 void Supervisor::Adopt(const AdoptOrder& order) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto a = std::make_unique<Active>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
@@ -181,27 +184,30 @@ void Supervisor::Adopt(const AdoptOrder& order) {
 }
 
 void Supervisor::Shutdown(const std::string& reason) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stop_) return;
   shutting_down_ = true;
   for (auto& [id, job] : active_) {
     if (!job->ending) EndLocked(*job, v1::JOB_STATE_FAILED, reason, std::nullopt, false);
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   // The loop finalizes jobs as their workers exit; SIGKILL follows the grace period.
-  wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.grace_period + absl::Seconds(5)),
-                 [this] { return active_.empty() || !thread_.joinable(); });
+  const absl::Time deadline = absl::Now() + options_.grace_period + absl::Seconds(5);
+  while (!active_.empty() && thread_.joinable() && absl::Now() < deadline) {
+    wake_.WaitUntil(&mu_, deadline);
+  }
   stop_ = true;
-  wake_.notify_all();
-  lock.unlock();
+  wake_.SignalAll();
+  lock.Release();
   if (thread_.joinable()) thread_.join();
   // Anything that survived (should be nothing): kill it outright.
+  MutexLock relock(&mu_);
   for (auto& [id, job] : active_) Launcher::SignalGroup(job->pgid, SIGKILL);
 }
 
 absl::StatusOr<std::optional<v1::Job>> Supervisor::Cancel(const std::string& job_id,
                                                           const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = active_.find(job_id);
   if (it == active_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no workers"));
@@ -211,25 +217,25 @@ absl::StatusOr<std::optional<v1::Job>> Supervisor::Cancel(const std::string& job
   // SUCCEEDED, not turned CANCELLED by a cancel that arrives during its teardown.
   SuperviseLocked(a, absl::Now());
   if (a.ending) {
-    wake_.notify_all();
+    wake_.SignalAll();
     return std::nullopt;  // already failing or finishing: its outcome stands
   }
   ASSIGN_OR_RETURN(v1::Job cancelling,
                    owner_->OnStateChange(job_id, v1::JOB_STATE_CANCELLING, reason));
   EndLocked(a, v1::JOB_STATE_CANCELLED, reason, std::nullopt, /*sigkill_now=*/false);
-  wake_.notify_all();
+  wake_.SignalAll();
   return cancelling;
 }
 
 void Supervisor::Loop() {
   absl::Time last_tail = absl::InfinitePast();
   absl::Time last_pass = absl::Now();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
     if (!shutting_down_) {
       for (const LaunchOrder& order : owner_->TakeLaunches()) LaunchLocked(order);
     }
-    const absl::Duration squeue_took = PollSlurm(lock);
+    const absl::Duration squeue_took = PollSlurm();
     const absl::Time now = absl::Now();
     ForgiveStallLocked(now, now - last_pass - squeue_took);
     last_pass = now;
@@ -248,8 +254,8 @@ void Supervisor::Loop() {
       FinalizeLocked(*active_[id]);
       active_.erase(id);
     }
-    if (!done.empty()) wake_.notify_all();  // Shutdown waits for active_ to drain
-    wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.poll_interval));
+    if (!done.empty()) wake_.SignalAll();  // Shutdown waits for active_ to drain
+    wake_.WaitFor(&mu_, options_.poll_interval);
   }
 }
 
@@ -578,7 +584,7 @@ absl::StatusOr<Supervisor::Active*> Supervisor::ActiveLocked(const std::string& 
 }
 
 absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
   Rank& r = a->ranks[request.rank()];
   if (a->ending) {
@@ -640,7 +646,7 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
 }
 
 absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const v1::StepReport& step = request.step();
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), step.rank()));
   Rank& r = a->ranks[step.rank()];
@@ -670,7 +676,7 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
 }
 
 absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const v1::EvalReport& eval = request.eval();
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), eval.rank()));
   Rank& r = a->ranks[eval.rank()];
@@ -685,7 +691,7 @@ absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
 }
 
 absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
   if (a->ending) {
     return absl::AbortedError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
@@ -700,7 +706,7 @@ absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
 }
 
 absl::Status Supervisor::Exiting(const v1::ExitingRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
   a->ranks[request.rank()].announced_exit = request.signal() != 0
                                                 ? WorkerEnd{true, request.signal()}
@@ -709,7 +715,7 @@ absl::Status Supervisor::Exiting(const v1::ExitingRequest& request) {
 }
 
 absl::Status Supervisor::CheckSecret(const std::string& job_id, const std::string& secret) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = active_.find(job_id);
   if (it == active_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no running workers"));
@@ -721,7 +727,7 @@ absl::Status Supervisor::CheckSecret(const std::string& job_id, const std::strin
 }
 
 absl::Status Supervisor::Log(const v1::LogRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
   // The text also reached the rank's log file through stderr; here it becomes the reason a
   // failure is reported with.

@@ -35,17 +35,17 @@
 // them through JobOwner.
 #pragma once
 
-#include <condition_variable>
 #include <map>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "engine/core/mutex.h"
 #include "absl/time/time.h"
 #include "ithaca/v1/job.pb.h"
 #include "ithaca/v1/worker.pb.h"
@@ -267,44 +267,49 @@ class Supervisor {
   };
 
   void Loop();
-  void LaunchLocked(const LaunchOrder& order);
-  void LaunchSlurmLocked(const LaunchOrder& order);
+  void LaunchLocked(const LaunchOrder& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LaunchSlurmLocked(const LaunchOrder& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks Slurm about every Slurm job due a look, without the lock held while squeue runs;
   // returns how long it was let go.
-  absl::Duration PollSlurm(std::unique_lock<std::mutex>& lock);
+  absl::Duration PollSlurm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A Slurm job that Slurm itself ended (CANCELLED, TIMEOUT, NODE_FAIL, ...) or keeps PENDING
   // for a node that is down: ends it with Slurm's reason; true then.
-  bool SlurmVerdictLocked(Active& job, absl::Time now);
+  bool SlurmVerdictLocked(Active& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A Slurm job whose ranks all stopped drained (Drain, or Slurm's warning signal): once Slurm's
   // job has ended (or cluster_verdict_wait passed), ends it QUEUED with the cause. True when the
   // job is drained, decided or waiting for Slurm's word: nothing else judges it then.
-  bool SlurmDrainedLocked(Active& job, absl::Time now);
+  bool SlurmDrainedLocked(Active& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "Slurm job 12 FAILED (reason NonZeroExitCode) on n[1-2]: srun: error: ..."
-  std::string SlurmSaysLocked(const Active& job) const;
+  std::string SlurmSaysLocked(const Active& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank `r`'s exit, if it ended since the last look.
-  std::optional<WorkerEnd> PollRankLocked(const Active& job, Rank& rank, absl::Time now);
+  std::optional<WorkerEnd> PollRankLocked(const Active& job, Rank& rank, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A pass that comes more than kStallForgiven late moves every rank's heartbeat and start
   // clocks on by the delay: a daemon that could not listen does not blame its ranks.
   static constexpr absl::Duration kStallForgiven = absl::Milliseconds(500);
-  void ForgiveStallLocked(absl::Time now, absl::Duration since_last_pass);
-  void SuperviseLocked(Active& job, absl::Time now);
+  void ForgiveStallLocked(absl::Time now, absl::Duration since_last_pass)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SuperviseLocked(Active& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLocked(Active& job, JobState outcome, const std::string& reason,
-                 std::optional<int> failed_rank, bool sigkill_now);
-  void FinalizeLocked(Active& job);
-  void TailLogsLocked(Active& job, bool flush);
-  absl::StatusOr<Active*> ActiveLocked(const std::string& job_id, int rank);
+                 std::optional<int> failed_rank, bool sigkill_now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinalizeLocked(Active& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TailLogsLocked(Active& job, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Active*> ActiveLocked(const std::string& job_id, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   const Node node_;
   JobOwner* const owner_;
   Metrics* const metrics_;
 
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::map<std::string, std::unique_ptr<Active>> active_;
-  bool shutting_down_ = false;
-  bool stop_ = false;
-  bool detached_ = false;  // stopped by Detach: the workers are the next daemon's
+  Mutex mu_;
+  CondVar wake_;  // signalled (with mu_) when the loop should look, or a job has ended
+  std::map<std::string, std::unique_ptr<Active>> active_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Stopped by Detach: the workers are the next daemon's.
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -20,7 +20,7 @@
 
 namespace ithaca {
 
-absl::Duration Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
+absl::Duration Supervisor::PollSlurm() {
   const absl::Time now = absl::Now();
   std::vector<std::pair<std::string, std::string>> due;  // (job id, Slurm job id)
   std::vector<int> cause_grace;  // > 0: also ask why Slurm warned the job, with this grace
@@ -36,7 +36,7 @@ absl::Duration Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
   std::vector<absl::StatusOr<SlurmJobState>> answers;
   std::vector<std::string> causes(due.size());
   const absl::Time unlocked_at = absl::Now();
-  lock.unlock();  // squeue takes tens of milliseconds: the workers' calls go on meanwhile
+  mu_.Unlock();  // squeue takes tens of milliseconds: the workers' calls go on meanwhile
   for (size_t i = 0; i < due.size(); ++i) {
     answers.push_back(SlurmQuery(due[i].second, *options_.slurm));
     if (cause_grace[i] > 0) {
@@ -46,7 +46,7 @@ absl::Duration Supervisor::PollSlurm(std::unique_lock<std::mutex>& lock) {
     }
   }
   const absl::Duration unlocked_for = absl::Now() - unlocked_at;
-  lock.lock();
+  mu_.Lock();
   for (size_t i = 0; i < due.size(); ++i) {
     auto it = active_.find(due[i].first);
     if (it == active_.end() || it->second->slurm_id != due[i].second) continue;

@@ -3,8 +3,10 @@
 # (Bazel's own summary is not a format CI reads). Extra arguments go to `bazel test`.
 #
 # Then tools/check_layers.sh proves the layers hold (one test, "layers"), tools/check_format.sh
-# that the C++ is as .clang-format writes it (one test, "format"), and every fuzzer of
-# tools/fuzz.sh runs 30 s (ITHACA_FUZZ_SECONDS), one test each.
+# that the C++ is as .clang-format writes it (one test, "format"), tools/check_thread_safety.sh
+# that the daemon's locks are held where its annotations say (one test), tools/sanitize.sh runs
+# the CPU tests under ASan + UBSan and the daemon's under TSan (one test each), and every fuzzer
+# of tools/fuzz.sh runs 30 s (ITHACA_FUZZ_SECONDS), one test each.
 #
 # GPU tests (tagged `gpu`) run only where a GPU exists (`nvidia-smi -L` succeeds); elsewhere they
 # are still built but not run, and so not counted as passed. The line before the last names the
@@ -41,6 +43,26 @@ failed=$(grep -cE '^//.* (FAILED|TIMEOUT|INCOMPLETE|NO STATUS|FAILED TO BUILD)( 
 if bash tools/check_layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); rc=1; fi
 # The C++ and CUDA files as .clang-format writes them. One test.
 if bash tools/check_format.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); rc=1; fi
+# The daemon's lock annotations, proved by clang's thread-safety analysis. One test.
+if bash tools/check_thread_safety.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); rc=1; fi
+# The CPU tests again under the sanitizers (tools/sanitize.sh): the daemon's, the launch layer's
+# and the engine's under ASan + UBSan, the daemon's under TSan. One test each; ITHACA_SANITIZE=0
+# leaves them out.
+if [ "${ITHACA_SANITIZE:-1}" != 0 ]; then
+  for mode in asan tsan; do
+    sanitize_log=$(mktemp)
+    if bash tools/sanitize.sh "$mode" >"$sanitize_log" 2>&1; then
+      echo "sanitize $mode: PASSED ($(grep -cE '^//.* PASSED in ' "$sanitize_log") targets)"
+      passed=$((passed + 1))
+    else
+      echo "sanitize $mode: FAILED"
+      grep -E '^//.* (FAILED|TIMEOUT|NO STATUS)|ERROR|SUMMARY: ' "$sanitize_log" | head -30
+      failed=$((failed + 1))
+      rc=1
+    fi
+    rm -f "$sanitize_log"
+  done
+fi
 bazel shutdown >/dev/null 2>&1  # do not leave the JVM server running
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # a build failure
 # The parsers of untrusted input are fuzzed ITHACA_FUZZ_SECONDS each (default 30; 0: not at all),
