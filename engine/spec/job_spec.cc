@@ -24,7 +24,9 @@
 
 namespace ithaca {
 
+using spec_internal::CheckRange;
 using spec_internal::Key;
+using spec_internal::KeyAt;
 using spec_internal::Keys;
 using spec_internal::RenamedKeys;
 using spec_internal::Section;
@@ -105,9 +107,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
                             "training.min_lr_ratio",
                             "set either training.min_lr (absolute) or training.min_lr_ratio "
                             "(of training.lr), not both"));
-  RETURN_IF_ERROR(r.Require(s.training.min_lr_ratio >= 0 && s.training.min_lr_ratio <= 1,
-                            "training.min_lr_ratio",
-                            absl::StrCat("must be in [0, 1], got ", s.training.min_lr_ratio)));
+  // Its range (its row's) before min_lr is made from it; Validate checks every range again.
+  RETURN_IF_ERROR(CheckRange(KeyAt("training.min_lr_ratio"), s, r));
   if (!r.Given("training.min_lr")) {
     // 15 significant digits, so that 0.1 x 3e-4 is 3e-05 as a person writes it, not
     // 2.9999999999999997e-05.
@@ -195,7 +196,7 @@ std::string SpecReferenceMarkdown() {
   std::string out =
       "# The job spec\n\n"
       "A job is a TOML file. This page is generated from the key table in "
-      "`engine/spec/job_spec.cc` (`bazel run //engine/spec:spec_reference > docs/spec.md`; a test "
+      "`engine/spec/key_table.cc` (`bazel run //engine/spec:spec_reference > docs/spec.md`; a test "
       "fails when it is stale). Unknown keys are errors that name the key and suggest the closest "
       "valid one; paths are relative to the spec's own directory. Keys marked *auto* may be "
       "\"auto\" (or 0 where the kind says so): ResolveJob chooses them at admission, and the "

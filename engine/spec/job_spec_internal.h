@@ -6,6 +6,7 @@
 //                         JobSpecToToml, CheckResolved, SpecReferenceMarkdown, InitFromJob
 //   key_table.cc          the key table: Sections() and Keys()
 //   key_codecs.h          the codecs (Int, Float, Str, Enum, ...), for the table alone
+//   key_range.cc          a number key's range: its words and CheckRange
 //   key_suggestions.cc    "did you mean ...?": renamed keys, other trainers' names, typos
 //   spec_values.cc        values as TOML text (FormatDouble, Quote) and TOML type names
 //   job_spec_validate.cc  Validate (a spec's own rules, without its model) and DataMixSlots
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -66,19 +68,58 @@ class SpecReader {
   std::map<std::string, int> lines_;  // dotted path -> line, for every key present in the file
 };
 
+// ---- A number key's range (key_range.cc), written once, in the key's row: Validate enforces it
+// (CheckRange, one message for every key) and docs/spec.md shows it in the key's kind.
+
+struct Range {
+  // The bounds; an infinite one is open (no bound).
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_exclusive = false;  // > min rather than >= min
+  bool max_exclusive = false;  // < max rather than <= max
+  // Non-empty: 0 is allowed too, outside the bounds, and means this ("0 (off) or >= 2").
+  std::string zero;
+  // What a value means, said after the range in the kind and the error ("0: from the node").
+  std::string note;
+  // Checked only where the file gives the key: its default, 0, means "unset" (the model's own).
+  bool only_given = false;
+
+  bool set() const {
+    return min > -std::numeric_limits<double>::infinity() ||
+           max < std::numeric_limits<double>::infinity();
+  }
+  bool Contains(double v) const;
+  // The range in words, as "must be ..." and the docs' kind say it: ">= 1", "> 0",
+  // "in [2, 134217728]", "in [0, 1)", "0 (off) or >= 2", each with its note in parentheses.
+  std::string Text() const;
+
+  Range OrZero(std::string meaning) const;  // 0 allowed besides, meaning `meaning`
+  Range Noting(std::string what) const;     // `note` = what
+  Range WhenGiven() const;                  // only_given
+};
+Range AtLeast(double min);              // >= min
+Range Above(double min);                // > min
+Range Between(double min, double max);  // in [min, max]
+Range From(double min, double below);   // in [min, below)
+// A codec's kind with its range: "an integer in [2, 134217728]", "a number > 0 when given",
+// "an integer, 0 (off) or >= 2"; `kind` alone without one.
+std::string KindInRange(const std::string& kind, const Range& range);
+
 // ---- The key table (key_table.cc); each row's codec is made by key_codecs.h.
 
-// ---- Codecs: one per kind of value. `get` is FIELD(member): it returns a pointer to the member
-// of a JobSpec, const or not.
-
+// One kind of value: how a key's value is read, written back and documented, and the number it
+// holds (for a number key with a range).
 struct Codec {
-  std::string kind;  // what the value must be, as errors and docs say it: "an integer"
+  std::string kind;  // what the value must be, as errors and docs say it: "an integer >= 0"
   std::function<absl::Status(const toml::node&, const std::string& path, const SpecReader&,
                              JobSpec&)>
       read;
   std::function<std::string(const JobSpec&)> write;  // the value as TOML text
   // Whether the value is still the "auto" that ResolveJob replaces; empty: never.
   std::function<bool(const JobSpec&)> unresolved;
+  // The key's range (unset: none) and its value as a number (set with a range).
+  Range range;
+  std::function<double(const JobSpec&)> number;
 };
 
 struct Section {
@@ -107,6 +148,12 @@ struct Key {
 
 const std::vector<Section>& Sections();
 const std::vector<Key>& Keys();
+// The row of `path`, which must be one.
+const Key& KeyAt(const std::string& path);
+
+// `key`'s value in `s` within the range of its row (OK for a key without one): else
+// INVALID_ARGUMENT "section.key: must be in [2, 134217728], got 1" with the key's line.
+absl::Status CheckRange(const Key& key, const JobSpec& s, const SpecReader& r);
 
 // ---- Unknown keys (key_suggestions.cc).
 

@@ -15,7 +15,10 @@
 
 namespace ithaca {
 
+using spec_internal::CheckRange;
 using spec_internal::FormatDouble;
+using spec_internal::Key;
+using spec_internal::Keys;
 using spec_internal::QuotedList;
 using spec_internal::SpecReader;
 
@@ -53,12 +56,8 @@ namespace spec_internal {
 namespace {
 
 // [model.rope] on its own (ApplyRopeOverride checks it against the model): each parameter only
-// under a scaling that reads it, and every value in range.
+// under a scaling that reads it (each value's range is its row's).
 absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r) {
-  if (r.Given("model.rope.theta")) {
-    RETURN_IF_ERROR(r.Require(rope.theta > 0, "model.rope.theta",
-                              absl::StrCat("must be > 0, got ", FormatDouble(rope.theta))));
-  }
   struct Param {
     const char* key;
     bool given;
@@ -86,23 +85,6 @@ absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r)
         std::find(p.scalings.begin(), p.scalings.end(), rope.scaling) != p.scalings.end(), key,
         absl::StrCat("not a parameter of scaling \"", rope.scaling, "\" (it is one of ",
                      QuotedList(p.scalings), ")")));
-  }
-  for (const auto& [key, v] : {std::pair<const char*, double>{"factor", rope.factor},
-                               {"low_freq_factor", rope.low_freq_factor},
-                               {"high_freq_factor", rope.high_freq_factor},
-                               {"beta_fast", rope.beta_fast},
-                               {"beta_slow", rope.beta_slow},
-                               {"attention_factor", rope.attention_factor}}) {
-    const std::string path = absl::StrCat("model.rope.", key);
-    if (!r.Given(path)) continue;
-    RETURN_IF_ERROR(r.Require(v > 0, path, absl::StrCat("must be > 0, got ", FormatDouble(v))));
-  }
-  if (r.Given("model.rope.original_max_position_embeddings")) {
-    RETURN_IF_ERROR(r.Require(rope.original_max_position_embeddings >= 1 &&
-                                  rope.original_max_position_embeddings <= kMaxSeqLen,
-                              "model.rope.original_max_position_embeddings",
-                              absl::StrCat("must be in [1, ", kMaxSeqLen, "], got ",
-                                           rope.original_max_position_embeddings)));
   }
   const bool scaled =
       rope.scaling == "linear" || rope.scaling == "llama3" || rope.scaling == "yarn";
@@ -150,49 +132,29 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                                ": data.path must be one brace group with a source per weight, "
                                "\"{web/*.tok,code/*.tok}\" for weights = [3, 1]")));
   }
-  RETURN_IF_ERROR(
-      r.Require(s.data.seq_len >= 2 && s.data.seq_len <= kMaxSeqLen, "data.seq_len",
-                absl::StrCat("must be in [2, ", kMaxSeqLen, "], got ", s.data.seq_len)));
-  RETURN_IF_ERROR(
-      r.Require(s.data.micro_batch >= 1 && s.data.micro_batch <= kMaxMicroBatch, "data.micro_batch",
-                absl::StrCat("must be in [1, ", kMaxMicroBatch, "], got ", s.data.micro_batch)));
 
   const JobSpec::Training& t = s.training;
-  RETURN_IF_ERROR(
-      r.Require(t.steps >= 0, "training.steps", absl::StrCat("must be >= 0, got ", t.steps)));
+  // An evaluation-only job never takes an optimizer step, so its learning rates do not matter.
+  // Before the ranges: training.min_lr, when not given, is min_lr_ratio x lr, so a bad lr is
+  // named as such rather than as the min_lr it made.
+  RETURN_IF_ERROR(r.Require(
+      t.lr > 0 || (eval_only && t.lr == 0), "training.lr",
+      absl::StrCat("must be > 0, got ", t.lr,
+                   t.lr == 0 ? " (0 only for an evaluation-only job, training.steps = 0)" : "")));
+  // Every key's own range (its row in the key table), before the relations below and any
+  // arithmetic use the values.
+  for (const Key& k : Keys()) RETURN_IF_ERROR(CheckRange(k, s, r));
+
   const JobSpec::Eval::Passkey& pk = s.eval.passkey;
   RETURN_IF_ERROR(r.Require(!eval_only || !s.eval.path.empty() || !pk.lengths.empty(),
                             "training.steps",
                             "0 (an evaluation-only job) needs an [eval] section with eval.path "
                             "or [eval.passkey]"));
-  // An evaluation-only job never takes an optimizer step, so its learning rates do not matter.
-  RETURN_IF_ERROR(r.Require(
-      t.lr > 0 || (eval_only && t.lr == 0), "training.lr",
-      absl::StrCat("must be > 0, got ", t.lr,
-                   t.lr == 0 ? " (0 only for an evaluation-only job, training.steps = 0)" : "")));
-  RETURN_IF_ERROR(
-      r.Require(t.min_lr >= 0, "training.min_lr", absl::StrCat("must be >= 0, got ", t.min_lr)));
   // Says so when min_lr is the default: lowering only lr is the likely way to get here.
   RETURN_IF_ERROR(r.Require(
       t.min_lr <= t.lr || eval_only, "training.min_lr",
       absl::StrCat("must be <= training.lr (", t.lr, "), got ", t.min_lr,
                    r.Given("training.min_lr") ? "" : " (the default; set training.min_lr)")));
-  RETURN_IF_ERROR(r.Require(t.warmup_steps >= 0, "training.warmup_steps",
-                            absl::StrCat("must be >= 0, got ", t.warmup_steps)));
-  RETURN_IF_ERROR(r.Require(t.decay_ratio >= 0 && t.decay_ratio <= 1, "training.decay_ratio",
-                            absl::StrCat("must be in [0, 1], got ", t.decay_ratio)));
-  RETURN_IF_ERROR(r.Require(t.weight_decay >= 0, "training.weight_decay",
-                            absl::StrCat("must be >= 0, got ", t.weight_decay)));
-  RETURN_IF_ERROR(r.Require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1",
-                            absl::StrCat("must be in [0, 1), got ", t.beta1)));
-  RETURN_IF_ERROR(r.Require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2",
-                            absl::StrCat("must be in [0, 1), got ", t.beta2)));
-  RETURN_IF_ERROR(r.Require(t.eps > 0, "training.eps", absl::StrCat("must be > 0, got ", t.eps)));
-  RETURN_IF_ERROR(r.Require(t.grad_clip >= 0, "training.grad_clip",
-                            absl::StrCat("must be >= 0 (0 disables clipping), got ", t.grad_clip)));
-  RETURN_IF_ERROR(
-      r.Require(t.grad_accum >= 1 && t.grad_accum <= kMaxGradAccum, "training.grad_accum",
-                absl::StrCat("must be in [1, ", kMaxGradAccum, "], got ", t.grad_accum)));
   // A step's samples are held in host memory together; each factor is bounded above, so the
   // product cannot overflow.
   const int64_t step_tokens = s.data.micro_batch * t.grad_accum * (s.data.seq_len + 1);
@@ -202,21 +164,11 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                    " tokens per step; at most ", kMaxStepTokens, " are allowed")));
 
   const JobSpec::Parallel& p = s.parallel;
-  RETURN_IF_ERROR(r.Require(p.world >= 1 && p.world <= kMaxWorld, "parallel.world",
-                            absl::StrCat("must be in [1, ", kMaxWorld, "], got ", p.world)));
-  RETURN_IF_ERROR(r.Require(p.sp >= 1, "parallel.sp", absl::StrCat("must be >= 1, got ", p.sp)));
   RETURN_IF_ERROR(
       r.Require(p.world % p.sp == 0, "parallel.sp",
                 absl::StrCat("must divide parallel.world (", p.world, "), got ", p.sp)));
 
   const JobSpec::Memory& m = s.memory;
-  RETURN_IF_ERROR(r.Require(m.offload_keep_last >= 0, "memory.offload_keep_last",
-                            absl::StrCat("must be >= 0, got ", m.offload_keep_last)));
-  RETURN_IF_ERROR(r.Require(m.recompute_interval >= 1, "memory.recompute_interval",
-                            absl::StrCat("must be >= 1, got ", m.recompute_interval)));
-  RETURN_IF_ERROR(r.Require(m.saved_block_inputs == 0 || m.saved_block_inputs >= 2,
-                            "memory.saved_block_inputs",
-                            absl::StrCat("must be 0 (off) or >= 2, got ", m.saved_block_inputs)));
   if (m.saved_block_inputs > 0) {
     RETURN_IF_ERROR(r.Require(m.recompute_interval == 1, "memory.saved_block_inputs",
                               "set it or memory.recompute_interval, not both"));
@@ -224,12 +176,6 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                               "needs memory.recompute \"full\" or \"attention-aware\" (\"none\" "
                               "keeps every block's input)"));
   }
-  RETURN_IF_ERROR(
-      r.Require(m.gpu_budget_gib >= 0, "memory.gpu_budget_gib",
-                absl::StrCat("must be >= 0 (0: from the node), got ", m.gpu_budget_gib)));
-  RETURN_IF_ERROR(
-      r.Require(m.host_budget_gib >= 0, "memory.host_budget_gib",
-                absl::StrCat("must be >= 0 (0: from the node), got ", m.host_budget_gib)));
 
   RETURN_IF_ERROR(ValidateRope(s.model.rope, r));
   RETURN_IF_ERROR(r.Require(s.init.from.empty() || s.model.weights.empty(), "init.from",
@@ -240,10 +186,6 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
       absl::StrCat("\"", s.init.from.substr(0, 64),
                    "\" names no job: write job:ID with the id `ithaca list` shows (job:job-3)")));
 
-  RETURN_IF_ERROR(r.Require(s.checkpoint.every >= 0, "checkpoint.every",
-                            absl::StrCat("must be >= 0, got ", s.checkpoint.every)));
-  RETURN_IF_ERROR(r.Require(s.checkpoint.keep >= 1, "checkpoint.keep",
-                            absl::StrCat("must be >= 1, got ", s.checkpoint.keep)));
   const std::string& ex = s.checkpoint.export_dtype;
   RETURN_IF_ERROR(
       r.Require(ex.empty() || !s.checkpoint.dir.empty(), "checkpoint.export",
@@ -290,30 +232,10 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
           r.Require(std::find(pk.depths.begin(), pk.depths.begin() + i, d) == pk.depths.begin() + i,
                     "eval.passkey.depths", absl::StrCat(FormatDouble(d), " is given twice")));
     }
-    RETURN_IF_ERROR(
-        r.Require(pk.samples >= 1 && pk.samples <= kMaxPasskeySamples, "eval.passkey.samples",
-                  absl::StrCat("must be in [1, ", kMaxPasskeySamples, "], got ", pk.samples)));
   }
-  RETURN_IF_ERROR(
-      r.Require(s.eval.every >= 0, "eval.every",
-                absl::StrCat("must be >= 0 (0: only after the last step), got ", s.eval.every)));
-  RETURN_IF_ERROR(
-      r.Require(s.eval.batches >= 1 && s.eval.batches <= kMaxEvalBatches, "eval.batches",
-                absl::StrCat("must be in [1, ", kMaxEvalBatches, "], got ", s.eval.batches)));
-  RETURN_IF_ERROR(r.Require(s.retry.max_restarts >= 0 && s.retry.max_restarts <= 1000,
-                            "retry.max_restarts",
-                            absl::StrCat("must be in 0..1000, got ", s.retry.max_restarts)));
-  RETURN_IF_ERROR(r.Require(
-      s.retry.backoff_seconds >= 0 && s.retry.backoff_seconds <= 86400, "retry.backoff_seconds",
-      absl::StrCat("must be in 0..86400, got ", FormatDouble(s.retry.backoff_seconds))));
-  RETURN_IF_ERROR(r.Require(s.slurm.nodes >= 1 && s.slurm.nodes <= 4096, "slurm.nodes",
-                            absl::StrCat("must be in 1..4096, got ", s.slurm.nodes)));
   RETURN_IF_ERROR(r.Require(
       s.parallel.world % s.slurm.nodes == 0, "slurm.nodes",
       absl::StrCat("must divide parallel.world (", s.parallel.world, "), got ", s.slurm.nodes)));
-  RETURN_IF_ERROR(r.Require(s.slurm.signal_grace >= 0 && s.slurm.signal_grace <= 86400,
-                            "slurm.signal_grace",
-                            absl::StrCat("must be in 0..86400, got ", s.slurm.signal_grace)));
   for (const auto& [key, value] :
        {std::pair<const char*, const std::string*>{"slurm.partition", &s.slurm.partition},
         {"slurm.account", &s.slurm.account},
@@ -323,8 +245,6 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
         r.Require(SlurmValueOk(key, *value), key,
                   absl::StrCat("\"", *value, "\" is not a valid ", key, SlurmValueRule(key))));
   }
-  RETURN_IF_ERROR(r.Require(s.metrics.log_every >= 1, "metrics.log_every",
-                            absl::StrCat("must be >= 1, got ", s.metrics.log_every)));
   RETURN_IF_ERROR(r.Require(
       !s.metrics.tensorboard || !s.checkpoint.dir.empty(), "metrics.tensorboard",
       "needs checkpoint.dir (the event files are written to checkpoint.dir/tensorboard)"));

@@ -55,15 +55,19 @@ Codec StrOrAuto(Get get, std::vector<std::string> values) {
   return c;
 }
 
+// With `range`, the value must be in it (CheckRange; the docs show it in the kind).
 template <typename Get>
-Codec Int(Get get) {
-  return {"an integer",
+Codec Int(Get get, Range range = {}) {
+  return {KindInRange("an integer", range),
           [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
             if (!n.is_integer()) return r.WrongType(n, path, "an integer");
             *get(s) = n.as_integer()->get();
             return absl::OkStatus();
           },
-          [get](const JobSpec& s) { return absl::StrCat(*get(s)); }};
+          [get](const JobSpec& s) { return absl::StrCat(*get(s)); },
+          {},
+          range,
+          [get](const JobSpec& s) { return static_cast<double>(*get(s)); }};
 }
 
 // An integer >= 1, or "auto" (stored as 0) for ResolveJob to choose.
@@ -113,10 +117,10 @@ Codec IntOrAll(Get get) {
       }};
 }
 
-// A finite number; integers are accepted where floats are expected.
+// A finite number; integers are accepted where floats are expected. With `range`, as Int.
 template <typename Get>
-Codec Float(Get get) {
-  return {"a number",
+Codec Float(Get get, Range range = {}) {
+  return {KindInRange("a number", range),
           [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
             if (n.is_integer()) {
               *get(s) = static_cast<double>(n.as_integer()->get());
@@ -127,14 +131,16 @@ Codec Float(Get get) {
             }
             return r.Require(std::isfinite(*get(s)), path, "must be a finite number");
           },
-          [get](const JobSpec& s) { return FormatDouble(*get(s)); }};
+          [get](const JobSpec& s) { return FormatDouble(*get(s)); },
+          {},
+          range,
+          [get](const JobSpec& s) { return *get(s); }};
 }
 
-// A number where 0 means "from the node", which ResolveJob replaces.
+// A number >= 0 where 0 means "from the node", which ResolveJob replaces.
 template <typename Get>
 Codec FloatOrNode(Get get) {
-  Codec c = Float(get);
-  c.kind = "a number (0: from the node)";
+  Codec c = Float(get, AtLeast(0).Noting("0: from the node"));
   c.unresolved = [get](const JobSpec& s) { return *get(s) == 0; };
   return c;
 }

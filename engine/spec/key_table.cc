@@ -1,6 +1,7 @@
 // The key table: every section and key of the job spec, each key with its codec (how it is read,
 // written back and documented) and its documentation. Parsing, JobSpecToToml, CheckResolved and
 // docs/spec.md all walk it (job_spec.cc).
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,7 +93,7 @@ const std::vector<Key>& Keys() {
       {"model.dtype", StrOrAuto(FIELD(model.dtype), {"auto", "bf16", "f32"}),
        "Activation dtype; \"auto\" is the backend's own (bf16 on CUDA, f32 on the CPU)."},
 
-      {"model.rope.theta", Float(FIELD(model.rope.theta)),
+      {"model.rope.theta", Float(FIELD(model.rope.theta), Above(0).WhenGiven()),
        "RoPE base (`rope_theta`); 0: the model's.",
        [](const JobSpec& s) { return s.model.rope.theta != 0; }},
       {"model.rope.scaling",
@@ -101,22 +102,24 @@ const std::vector<Key>& Keys() {
        "The scaling type (`rope_scaling`'s `rope_type`), with its parameters below; \"none\": "
        "plain RoPE; empty: the model's type and parameters.",
        [](const JobSpec& s) { return !s.model.rope.scaling.empty(); }},
-      {"model.rope.factor", Float(FIELD(model.rope.factor)),
+      {"model.rope.factor", Float(FIELD(model.rope.factor), Above(0).WhenGiven()),
        "linear, llama3, yarn: the context's scaling factor (required with them).",
        [](const JobSpec& s) { return s.model.rope.factor != 0; }},
-      {"model.rope.low_freq_factor", Float(FIELD(model.rope.low_freq_factor)), "llama3; 0: 1.",
-       [](const JobSpec& s) { return s.model.rope.low_freq_factor != 0; }},
-      {"model.rope.high_freq_factor", Float(FIELD(model.rope.high_freq_factor)), "llama3; 0: 4.",
+      {"model.rope.low_freq_factor", Float(FIELD(model.rope.low_freq_factor), Above(0).WhenGiven()),
+       "llama3; 0: 1.", [](const JobSpec& s) { return s.model.rope.low_freq_factor != 0; }},
+      {"model.rope.high_freq_factor",
+       Float(FIELD(model.rope.high_freq_factor), Above(0).WhenGiven()), "llama3; 0: 4.",
        [](const JobSpec& s) { return s.model.rope.high_freq_factor != 0; }},
-      {"model.rope.beta_fast", Float(FIELD(model.rope.beta_fast)), "yarn; 0: 32.",
-       [](const JobSpec& s) { return s.model.rope.beta_fast != 0; }},
-      {"model.rope.beta_slow", Float(FIELD(model.rope.beta_slow)), "yarn; 0: 1.",
-       [](const JobSpec& s) { return s.model.rope.beta_slow != 0; }},
-      {"model.rope.attention_factor", Float(FIELD(model.rope.attention_factor)),
+      {"model.rope.beta_fast", Float(FIELD(model.rope.beta_fast), Above(0).WhenGiven()),
+       "yarn; 0: 32.", [](const JobSpec& s) { return s.model.rope.beta_fast != 0; }},
+      {"model.rope.beta_slow", Float(FIELD(model.rope.beta_slow), Above(0).WhenGiven()),
+       "yarn; 0: 1.", [](const JobSpec& s) { return s.model.rope.beta_slow != 0; }},
+      {"model.rope.attention_factor",
+       Float(FIELD(model.rope.attention_factor), Above(0).WhenGiven()),
        "yarn: what rotated q and k are multiplied by; 0: 0.1 ln(factor) + 1.",
        [](const JobSpec& s) { return s.model.rope.attention_factor != 0; }},
       {"model.rope.original_max_position_embeddings",
-       Int(FIELD(model.rope.original_max_position_embeddings)),
+       Int(FIELD(model.rope.original_max_position_embeddings), Between(1, kMaxSeqLen).WhenGiven()),
        "llama3, yarn: the context the model was trained at before scaling; 0: the model's "
        "(its scaling's, else its max_position_embeddings).",
        [](const JobSpec& s) { return s.model.rope.original_max_position_embeddings != 0; }},
@@ -134,8 +137,10 @@ const std::vector<Key>& Keys() {
        "A weighted mix of sources: `data.path` is one brace group `{A,B,...}` (each source a "
        "file, glob or group) and source i gets weights[i] / sum of the samples, exactly (a "
        "fixed interleave, resumable); at most 3 decimals each. Empty: one source."},
-      {"data.seq_len", Int(FIELD(data.seq_len)), "Tokens per sample: the context length S."},
-      {"data.micro_batch", Int(FIELD(data.micro_batch)), "Samples per micro-step."},
+      {"data.seq_len", Int(FIELD(data.seq_len), Between(2, kMaxSeqLen)),
+       "Tokens per sample: the context length S."},
+      {"data.micro_batch", Int(FIELD(data.micro_batch), Between(1, kMaxMicroBatch)),
+       "Samples per micro-step."},
       {"data.shuffle", Bool(FIELD(data.shuffle)),
        "Windows in a seeded (`training.seed`), resumable random order."},
       {"data.document_mask", Bool(FIELD(data.document_mask)),
@@ -147,33 +152,36 @@ const std::vector<Key>& Keys() {
        "Byte-level token files for a model that has its own tokenizer.json are meant (else "
        "refused: tokenize with `ithaca-tokenize --tokenizer MODEL_DIR`)."},
 
-      {"training.steps", Int(FIELD(training.steps)),
+      {"training.steps", Int(FIELD(training.steps), AtLeast(0)),
        "Optimizer steps; 0: an evaluation-only job (needs [eval])."},
       {"training.lr", Float(FIELD(training.lr)), "Peak learning rate."},
-      {"training.min_lr", Float(FIELD(training.min_lr)),
+      {"training.min_lr", Float(FIELD(training.min_lr), AtLeast(0)),
        "Learning rate at the end of the decay, absolute; when not given, `min_lr_ratio` x `lr`."},
-      {"training.min_lr_ratio", Float(FIELD(training.min_lr_ratio)),
+      {"training.min_lr_ratio", Float(FIELD(training.min_lr_ratio), Between(0, 1)),
        "The end of the decay as a fraction of `lr` (TorchTitan's way), unless `min_lr` is given; "
        "not both. The stored spec holds the absolute `min_lr`.",
        /*written=*/[](const JobSpec&) { return false; }},
       {"training.schedule", Str(FIELD(training.schedule), {"cosine", "linear", "wsd", "constant"}),
        "After warmup: cosine or linear decay to `min_lr`, wsd (hold `lr`, then decay linearly "
        "over the last `decay_ratio` of the steps after warmup), or constant."},
-      {"training.decay_ratio", Float(FIELD(training.decay_ratio)),
+      {"training.decay_ratio", Float(FIELD(training.decay_ratio), Between(0, 1)),
        "wsd: the fraction of the steps after warmup spent decaying."},
-      {"training.warmup_steps", Int(FIELD(training.warmup_steps)), "Linear warmup steps."},
-      {"training.weight_decay", Float(FIELD(training.weight_decay)),
+      {"training.warmup_steps", Int(FIELD(training.warmup_steps), AtLeast(0)),
+       "Linear warmup steps."},
+      {"training.weight_decay", Float(FIELD(training.weight_decay), AtLeast(0)),
        "AdamW weight decay, on matrices only."},
-      {"training.beta1", Float(FIELD(training.beta1)), "AdamW beta1."},
-      {"training.beta2", Float(FIELD(training.beta2)), "AdamW beta2."},
-      {"training.eps", Float(FIELD(training.eps)), "AdamW epsilon."},
-      {"training.grad_clip", Float(FIELD(training.grad_clip)),
+      {"training.beta1", Float(FIELD(training.beta1), From(0, 1)), "AdamW beta1."},
+      {"training.beta2", Float(FIELD(training.beta2), From(0, 1)), "AdamW beta2."},
+      {"training.eps", Float(FIELD(training.eps), Above(0)), "AdamW epsilon."},
+      {"training.grad_clip",
+       Float(FIELD(training.grad_clip), AtLeast(0).Noting("0 disables clipping")),
        "Maximum global gradient norm; 0 disables clipping."},
-      {"training.grad_accum", Int(FIELD(training.grad_accum)), "Micro-steps per optimizer step."},
+      {"training.grad_accum", Int(FIELD(training.grad_accum), Between(1, kMaxGradAccum)),
+       "Micro-steps per optimizer step."},
       {"training.seed", Seed(FIELD(training.seed)), "Seeds the initialization and the data order."},
 
-      {"parallel.world", Int(FIELD(parallel.world)), "Ranks (one per GPU)."},
-      {"parallel.sp", Int(FIELD(parallel.sp)), "Ulysses group size; divides `world`."},
+      {"parallel.world", Int(FIELD(parallel.world), Between(1, kMaxWorld)), "Ranks (one per GPU)."},
+      {"parallel.sp", Int(FIELD(parallel.sp), AtLeast(1)), "Ulysses group size; divides `world`."},
       {"parallel.fsdp", Bool(FIELD(parallel.fsdp)),
        "Shard parameters, gradients and optimizer state over the data-parallel ranks."},
 
@@ -193,14 +201,14 @@ const std::vector<Key>& Keys() {
        "LSE; the others recompute fully (a per-block mix). \"all\": every block."},
       {"memory.offload", Bool(FIELD(memory.offload)),
        "Saved block inputs go to pinned host memory (the `host_block_inputs` tier)."},
-      {"memory.offload_keep_last", Int(FIELD(memory.offload_keep_last)),
+      {"memory.offload_keep_last", Int(FIELD(memory.offload_keep_last), AtLeast(0)),
        "Blocks whose inputs stay on the device when offloading."},
       {"memory.prefetch", Bool(FIELD(memory.prefetch)),
        "Offloaded inputs come back one block ahead (else just in time)."},
-      {"memory.recompute_interval", Int(FIELD(memory.recompute_interval)),
+      {"memory.recompute_interval", Int(FIELD(memory.recompute_interval), AtLeast(1)),
        "Save every k-th block's input; regrow the rest in the backward. Was "
        "`memory.checkpoint_interval`."},
-      {"memory.saved_block_inputs", Int(FIELD(memory.saved_block_inputs)),
+      {"memory.saved_block_inputs", Int(FIELD(memory.saved_block_inputs), AtLeast(2).OrZero("off")),
        "Hold at most this many block inputs at once (saved by the forward and regrown by the "
        "backward together), choosing where to save and regrow for the fewest extra block "
        "forwards; 0: `memory.recompute_interval` decides."},
@@ -230,41 +238,41 @@ const std::vector<Key>& Keys() {
        "the device idle."},
 
       {"checkpoint.dir", Str(FIELD(checkpoint.dir)), "Where checkpoints go; empty: none."},
-      {"checkpoint.every", Int(FIELD(checkpoint.every)),
+      {"checkpoint.every", Int(FIELD(checkpoint.every), AtLeast(0)),
        "Steps between checkpoints; 0: only at the end."},
       {"checkpoint.resume", Bool(FIELD(checkpoint.resume)),
        "Resume from the latest checkpoint in `dir` when one exists."},
-      {"checkpoint.keep", Int(FIELD(checkpoint.keep)), "Newest checkpoints kept."},
+      {"checkpoint.keep", Int(FIELD(checkpoint.keep), AtLeast(1)), "Newest checkpoints kept."},
       {"checkpoint.export", Str(FIELD(checkpoint.export_dtype), {"bf16", "f32"}, /*or_empty=*/true),
        "At the end, also write the final weights as a Hugging Face directory (`dir/export`) in "
        "this dtype; empty: no export."},
 
-      {"metrics.log_every", Int(FIELD(metrics.log_every)), "Steps between step lines."},
+      {"metrics.log_every", Int(FIELD(metrics.log_every), AtLeast(1)), "Steps between step lines."},
       {"metrics.tensorboard", Bool(FIELD(metrics.tensorboard)),
        "Rank 0 also writes TensorBoard event files to `checkpoint.dir/tensorboard` (every step's "
        "loss, lr, grad_norm, tokens/s, memory; each evaluation's loss)."},
 
       {"eval.path", Str(FIELD(eval.path)),
        "Held-out token file(s) or a glob, read in order from the start each time."},
-      {"eval.every", Int(FIELD(eval.every)),
+      {"eval.every", Int(FIELD(eval.every), AtLeast(0).Noting("0: only after the last step")),
        "Steps between evaluations; 0: only after the last step (always then)."},
-      {"eval.batches", Int(FIELD(eval.batches)),
+      {"eval.batches", Int(FIELD(eval.batches), Between(1, kMaxEvalBatches)),
        "Micro-batches of `data.micro_batch` windows per data-parallel replica."},
       {"eval.passkey.lengths", IntList(FIELD(eval.passkey.lengths)),
        "Prompt lengths in tokens, each at most `data.seq_len` and divisible by `parallel.sp`."},
       {"eval.passkey.depths", FloatList(FIELD(eval.passkey.depths)),
        "Where the key sits in the filler, as fractions 0 (the start) to 1 (just before the "
        "question)."},
-      {"eval.passkey.samples", Int(FIELD(eval.passkey.samples)),
+      {"eval.passkey.samples", Int(FIELD(eval.passkey.samples), Between(1, kMaxPasskeySamples)),
        "Prompts per (length, depth), each with its own key drawn from `training.seed`."},
 
-      {"retry.max_restarts", Int(FIELD(retry.max_restarts)),
-       "Restarts after such failures (0..1000); 0: the first failure is final."},
-      {"retry.backoff_seconds", Float(FIELD(retry.backoff_seconds)),
-       "Seconds between a failure and the restart (0..86400)."},
+      {"retry.max_restarts", Int(FIELD(retry.max_restarts), Between(0, 1000)),
+       "Restarts after such failures; 0: the first failure is final."},
+      {"retry.backoff_seconds", Float(FIELD(retry.backoff_seconds), Between(0, 86400)),
+       "Seconds between a failure and the restart."},
 
-      {"slurm.nodes", Int(FIELD(slurm.nodes)),
-       "Slurm nodes (1..4096); must divide parallel.world. More than 1 needs ithacad --cluster "
+      {"slurm.nodes", Int(FIELD(slurm.nodes), Between(1, 4096)),
+       "Slurm nodes; must divide parallel.world. More than 1 needs ithacad --cluster "
        "slurm."},
       {"slurm.partition", Str(FIELD(slurm.partition)),
        "sbatch --partition; empty: ithacad --slurm-partition (else Slurm's default)."},
@@ -276,9 +284,9 @@ const std::vector<Key>& Keys() {
       {"slurm.constraint", Str(FIELD(slurm.constraint)),
        "sbatch --constraint (node features, e.g. \"h100&ib\"); empty: ithacad "
        "--slurm-constraint."},
-      {"slurm.signal_grace", Int(FIELD(slurm.signal_grace)),
+      {"slurm.signal_grace", Int(FIELD(slurm.signal_grace), Between(0, 86400)),
        "Seconds of warning (sbatch --signal=USR1@N) before the time limit, and on preemption, in "
-       "which the ranks checkpoint and stop and the job is queued again to resume (0..86400); "
+       "which the ranks checkpoint and stop and the job is queued again to resume; "
        "0: ithacad --slurm-signal-grace."},
 
       {"kernels.attention_forward", Str(FIELD(kernels.attention_forward), AttentionKernelNames()),
@@ -290,6 +298,10 @@ const std::vector<Key>& Keys() {
 }
 
 #undef FIELD
+
+const Key& KeyAt(const std::string& path) {
+  return *std::find_if(Keys().begin(), Keys().end(), [&](const Key& k) { return k.path == path; });
+}
 
 }  // namespace spec_internal
 }  // namespace ithaca
