@@ -95,7 +95,7 @@ absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path) {
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
                                                       const ParamLayout& layout,
                                                       const std::vector<UnitSlice>& slices,
-                                                      const Optimizer::UnitSink& sink) {
+                                                      const OptimizerUnitSink& sink) {
   const auto start = std::chrono::steady_clock::now();
   if (slices.size() != layout.units().size()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -137,9 +137,9 @@ void AbandonCheckpoint(const std::string& dir, const TrainState& state) {
   RemoveTreeNoFollow(CheckpointTempPath(dir, state)).IgnoreError();
 }
 
-Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world) {
+OptimizerSelection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world) {
   const FileSplit split = SplitFiles(layout, world);
-  Optimizer::Selection mine;
+  OptimizerSelection mine;
   size_t i = 0;
   for (const ParamUnit& unit : layout.units()) {
     for (const ParamEntry& e : unit.entries) {
@@ -152,8 +152,8 @@ Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, in
   return mine;
 }
 
-Optimizer::State StateOfWholeUnits(const ParamLayout& layout, const Optimizer::Shards& whole) {
-  Optimizer::State s;
+OptimizerState StateOfWholeUnits(const ParamLayout& layout, const OptimizerShards& whole) {
+  OptimizerState s;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     for (const ParamEntry& e : layout.units()[u].entries) {
       const int64_t n = NumElements(e.shape);
@@ -169,7 +169,7 @@ Optimizer::State StateOfWholeUnits(const ParamLayout& layout, const Optimizer::S
 
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
-    const Optimizer::State& opt, const TrainState& state, int rank, int world) {
+    const OptimizerState& opt, const TrainState& state, int rank, int world) {
   // The sizes of what `opt` holds are checked here, also those of tensors other ranks write.
   for (const auto* kind : {&opt.master, &opt.m, &opt.v}) {
     for (const ParamUnit& unit : layout.units()) {
@@ -183,9 +183,9 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
       }
     }
   }
-  const Optimizer::Selection share = CheckpointTensorsOf(layout, rank, world);
+  const OptimizerSelection share = CheckpointTensorsOf(layout, rank, world);
   return WriteCheckpointShardFrom(
-      dir, cfg, layout, state, rank, world, [&](const Optimizer::TensorSink& sink) {
+      dir, cfg, layout, state, rank, world, [&](const OptimizerTensorSink& sink) {
         for (auto [names, held, kind] : {std::tuple{&share.master, &opt.master, "master"},
                                          {&share.m, &opt.m, "m"},
                                          {&share.v, &opt.v, "v"}}) {
@@ -359,7 +359,7 @@ absl::StatusOr<CheckpointWriteReport> CommitCheckpoint(const std::string& dir,
 }
 
 absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
-                            const ParamLayout& layout, const Optimizer::State& opt,
+                            const ParamLayout& layout, const OptimizerState& opt,
                             const TrainState& state, int64_t keep) {
   ASSIGN_OR_RETURN(CheckpointSaveLock lock, BeginCheckpoint(dir, state));
   absl::StatusOr<CheckpointWriteReport> wrote =
