@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/backend/ops.h"
+#include "engine/backend/rope_config.h"
 
 namespace ithaca {
 

@@ -24,7 +24,7 @@
 
 #include "engine/model/config.h"
 #include "engine/model/params.h"
-#include "engine/train/optimizer.h"
+#include "engine/checkpoint/optimizer_state.h"
 
 namespace ithaca {
 
@@ -47,7 +47,7 @@ struct TrainState {
 // One process saving alone: BeginCheckpoint, WriteCheckpointShard(rank 0 of 1), CommitCheckpoint.
 // `opt` holds every tensor (StateOfWholeUnits makes it from whole units).
 absl::Status SaveCheckpoint(const std::string& dir, const LlamaConfig& cfg,
-                            const ParamLayout& layout, const Optimizer::State& opt,
+                            const ParamLayout& layout, const OptimizerState& opt,
                             const TrainState& state, int64_t keep);
 
 // ---- Saving from every rank at once (engine/checkpoint/distributed_checkpoint.h runs the ranks).
@@ -73,9 +73,9 @@ struct CheckpointWriteReport {
 // The tensors rank `rank` writes in a checkpoint saved at `world`: the one place the split is
 // decided (its files are parts rank, rank + world, ... of SafetensorsWriter::WriteShard's split).
 // Every tensor is written by exactly one rank.
-Optimizer::Selection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world);
+OptimizerSelection CheckpointTensorsOf(const ParamLayout& layout, int rank, int world);
 // Every tensor of whole units (one process holding the whole state: tests, tools).
-Optimizer::State StateOfWholeUnits(const ParamLayout& layout, const Optimizer::Shards& whole);
+OptimizerState StateOfWholeUnits(const ParamLayout& layout, const OptimizerShards& whole);
 // Held by the rank that began a save until the save is committed or abandoned: a lock (flock)
 // on the save's temporary directory, which another run's RemoveStaleCheckpointFiles respects.
 class CheckpointSaveLock {
@@ -100,10 +100,10 @@ void AbandonCheckpoint(const std::string& dir, const TrainState& state);
 // `opt` must hold at least this rank's tensors (CheckpointTensorsOf); it may hold more.
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
-    const Optimizer::State& opt, const TrainState& state, int rank, int world);
+    const OptimizerState& opt, const TrainState& state, int rank, int world);
 inline constexpr int64_t kCheckpointWriteQueueBytes = int64_t{2} << 30;
 // Hands each tensor of the rank's share (CheckpointTensorsOf) to the sink, in any order.
-using CheckpointProducer = std::function<absl::Status(const Optimizer::TensorSink& sink)>;
+using CheckpointProducer = std::function<absl::Status(const OptimizerTensorSink& sink)>;
 // WriteCheckpointShard for a state that arrives piecewise (Optimizer::SaveEach): the rank's
 // files are opened first and each tensor is written to its place as it comes, on a thread of
 // its own, so that the producer's gathers (collective) go on meanwhile and the ranks write at
@@ -131,7 +131,7 @@ struct UnitSlice {
 };
 
 struct LoadedCheckpoint {
-  Optimizer::Shards optimizer;  // the slices asked for (whole units for LoadCheckpoint)
+  OptimizerShards optimizer;  // the slices asked for (whole units for LoadCheckpoint)
   TrainState state;
   int saved_world = 1;         // the world size it was saved at (1 for checkpoints that do not say)
   int64_t bytes = 0;           // the checkpoint's size (the manifest's total)
@@ -184,7 +184,7 @@ absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path);
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
                                                       const ParamLayout& layout,
                                                       const std::vector<UnitSlice>& slices,
-                                                      const Optimizer::UnitSink& sink = nullptr);
+                                                      const OptimizerUnitSink& sink = nullptr);
 
 // A step directory holds only directories and regular files, reached without following a
 // symbolic link (the step itself neither): DATA_LOSS naming the first entry that is not, without

@@ -35,8 +35,8 @@ std::string FreshDir(const std::string& name) {
 
 // Every value of a step's state is derived from the step, so a loaded checkpoint can be checked
 // against the step it claims to be.
-Optimizer::Shards StateFor(const ParamLayout& layout, int64_t step) {
-  Optimizer::Shards s;
+OptimizerShards StateFor(const ParamLayout& layout, int64_t step) {
+  OptimizerShards s;
   for (const ParamUnit& u : layout.units()) {
     s.master.emplace_back(u.numel, 0.25f * step);
     s.m.emplace_back(u.numel, 1.0f * step);
@@ -64,7 +64,7 @@ struct Fixture {
     EXPECT_GE(step, min_step);
     EXPECT_EQ(ck->state.data_position, 10 * step);
     EXPECT_EQ(ck->state.tokens, 100 * step);
-    const Optimizer::Shards want = StateFor(layout, step);
+    const OptimizerShards want = StateFor(layout, step);
     EXPECT_EQ(ck->optimizer.master, want.master);
     EXPECT_EQ(ck->optimizer.m, want.m);
     EXPECT_EQ(ck->optimizer.v, want.v);
@@ -320,8 +320,8 @@ TEST(CheckpointTest, NegativeCountsInTheStateAreDataLoss) {
 
 // Values that differ by unit and position, so that a tensor read back from the wrong place of a
 // sharded checkpoint shows.
-Optimizer::Shards DistinctState(const ParamLayout& layout) {
-  Optimizer::Shards s;
+OptimizerShards DistinctState(const ParamLayout& layout) {
+  OptimizerShards s;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const int64_t n = layout.units()[u].numel;
     s.master.emplace_back(n);
@@ -337,8 +337,8 @@ Optimizer::Shards DistinctState(const ParamLayout& layout) {
 }
 
 // The tensors of `all` that `keep` names.
-Optimizer::State Only(const Optimizer::State& all, const Optimizer::Selection& keep) {
-  Optimizer::State s;
+OptimizerState Only(const OptimizerState& all, const OptimizerSelection& keep) {
+  OptimizerState s;
   for (auto [from, names, to] : {std::tuple{&all.master, &keep.master, &s.master},
                                  {&all.m, &keep.m, &s.m},
                                  {&all.v, &keep.v, &s.v}}) {
@@ -419,13 +419,13 @@ TEST(PhaseTest, AResumeKeepsTheRunsRope) {
 TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
   Fixture f;
   const std::string dir = FreshDir("sharded");
-  const Optimizer::Shards state = DistinctState(f.layout);
+  const OptimizerShards state = DistinctState(f.layout);
   const TrainState ts = TrainStateFor(7);
   ASSERT_TRUE(BeginCheckpoint(dir, ts).ok());
   std::vector<absl::StatusOr<CheckpointWriteReport>> wrote(3, absl::UnknownError("not run"));
   std::vector<std::thread> ranks;
   // Each rank is handed only the tensors it writes, as a save does.
-  std::vector<Optimizer::State> held;
+  std::vector<OptimizerState> held;
   for (int r = 0; r < 3; ++r) {
     held.push_back(Only(StateOfWholeUnits(f.layout, state), CheckpointTensorsOf(f.layout, r, 3)));
   }
@@ -474,7 +474,7 @@ TEST(ShardedCheckpointTest, RanksWriteTheirSharesInParallel) {
 TEST(ShardedCheckpointTest, ACommitWithoutEveryRanksShareFailsNamingTheRank) {
   Fixture f;
   const std::string dir = FreshDir("sharded_missing");
-  const Optimizer::State state = StateOfWholeUnits(f.layout, DistinctState(f.layout));
+  const OptimizerState state = StateOfWholeUnits(f.layout, DistinctState(f.layout));
   ASSERT_TRUE(BeginCheckpoint(dir, TrainStateFor(3)).ok());
   for (int r : {0, 2}) {  // rank 1 never writes
     ASSERT_TRUE(WriteCheckpointShard(dir, f.cfg, f.layout, state, TrainStateFor(3), r, 3).ok());
@@ -498,7 +498,7 @@ TEST(ShardedCheckpointTest, EveryTensorHasOneWriterAndTheSharesAreAboutEqual) {
       SCOPED_TRACE(absl::StrCat(preset, " at world ", world));
       std::map<std::string, int> writers;  // "kind/name" -> how many ranks write it
       for (int r = 0; r < world; ++r) {
-        const Optimizer::Selection mine = CheckpointTensorsOf(layout, r, world);
+        const OptimizerSelection mine = CheckpointTensorsOf(layout, r, world);
         int64_t bytes = 0;
         for (const ParamUnit& u : layout.units()) {
           for (const ParamEntry& e : u.entries) {
@@ -526,8 +526,8 @@ TEST(ShardedCheckpointTest, EveryTensorHasOneWriterAndTheSharesAreAboutEqual) {
 TEST(ShardedCheckpointTest, ARankWithoutItsTensorsFailsNamingOne) {
   Fixture f;
   const std::string dir = FreshDir("sharded_short");
-  const Optimizer::State all = StateOfWholeUnits(f.layout, DistinctState(f.layout));
-  Optimizer::State other = Only(all, CheckpointTensorsOf(f.layout, 0, 2));
+  const OptimizerState all = StateOfWholeUnits(f.layout, DistinctState(f.layout));
+  OptimizerState other = Only(all, CheckpointTensorsOf(f.layout, 0, 2));
   ASSERT_TRUE(BeginCheckpoint(dir, TrainStateFor(5)).ok());
   absl::StatusOr<CheckpointWriteReport> w =
       WriteCheckpointShard(dir, f.cfg, f.layout, other, TrainStateFor(5), /*rank=*/1, 2);
@@ -541,7 +541,7 @@ TEST(ShardedCheckpointTest, ARankWithoutItsTensorsFailsNamingOne) {
 TEST(ShardedCheckpointTest, SlicesLoadTheirOwnValuesAtAnyWorld) {
   Fixture f;
   const std::string dir = FreshDir("slices");
-  const Optimizer::Shards state = DistinctState(f.layout);
+  const OptimizerShards state = DistinctState(f.layout);
   ASSERT_TRUE(
       SaveCheckpoint(dir, f.cfg, f.layout, StateOfWholeUnits(f.layout, state), TrainStateFor(4), 1)
           .ok());

@@ -20,7 +20,7 @@ double SecondsSince(Clock::time_point start) {
 
 // What a rank holds on the host at once while saving: one unit's kept tensors of one kind (the
 // largest such set), as Optimizer::SaveEach downloads them.
-int64_t HeldAtOnce(const ParamLayout& layout, const Optimizer::Selection& share) {
+int64_t HeldAtOnce(const ParamLayout& layout, const OptimizerSelection& share) {
   int64_t most = 0;
   for (const ParamUnit& unit : layout.units()) {
     for (const std::set<std::string>* names : {&share.master, &share.m, &share.v}) {
@@ -38,7 +38,7 @@ int64_t HeldAtOnce(const ParamLayout& layout, const Optimizer::Selection& share)
 
 absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& dir,
                                                             LlamaModel* model,
-                                                            const Optimizer& optimizer,
+                                                            const CheckpointStateSaver& save_state,
                                                             const TrainState& state, Comm* comm,
                                                             int64_t keep) {
   const int rank = comm ? comm->rank() : 0;
@@ -46,7 +46,7 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
   const ParamLayout& layout = model->layout();
   const auto start = Clock::now();
   CheckpointSaveReport report;
-  const Optimizer::Selection share = CheckpointTensorsOf(layout, rank, world);
+  const OptimizerSelection share = CheckpointTensorsOf(layout, rank, world);
 
   // The files are opened before the gathers (rank 0 first makes the step's directory), and each
   // tensor of this rank's share is written to its place as its unit arrives on the host.
@@ -63,10 +63,10 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
   double producing = 0, writing = 0;  // the gathers' span, and the writes inside it
   if (st.ok()) {
     absl::StatusOr<CheckpointWriteReport> w = WriteCheckpointShardFrom(
-        dir, model->config(), layout, state, rank, world, [&](const Optimizer::TensorSink& sink) {
+        dir, model->config(), layout, state, rank, world, [&](const OptimizerTensorSink& sink) {
           const auto begin = Clock::now();
           // Collective: every rank gathers every unit, whatever it writes.
-          absl::Status done = optimizer.SaveEach(
+          absl::Status done = save_state(
               share, [&](const char* kind, const std::string& name, std::vector<float>&& values) {
                 const auto put = Clock::now();
                 absl::Status wrote = sink(kind, name, std::move(values));
@@ -86,8 +86,8 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
     st = w.status();
   } else {
     // Rank 0 could not prepare the directory: the gathers are collective all the same.
-    (void)optimizer.SaveEach(
-        share, [&](const char*, const std::string&, std::vector<float>&&) { return st; });
+    (void)save_state(share,
+                     [&](const char*, const std::string&, std::vector<float>&&) { return st; });
   }
   report.gather_seconds = producing - writing;
   if (comm) RETURN_IF_ERROR(comm->Barrier());
@@ -110,8 +110,7 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path, LlamaModel* model,
-                                                        Comm* comm,
-                                                        const Optimizer::UnitSink& sink) {
+                                                        Comm* comm, const OptimizerUnitSink& sink) {
   const int rank = comm ? comm->rank() : 0;
   const int world = comm ? comm->size() : 1;
   const auto start = Clock::now();
@@ -179,22 +178,6 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
   loaded->verified_bytes = verified;
   loaded->seconds = SecondsSince(start);
   return std::move(*loaded);
-}
-
-absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
-                                                           LlamaModel* model, Comm* comm,
-                                                           const JobSpec::Training& hp,
-                                                           bool host_state) {
-  ResumedCheckpoint r;
-  ASSIGN_OR_RETURN(r.optimizer, Optimizer::ResumeEach(
-                                    model,
-                                    [&](const Optimizer::UnitSink& sink) -> absl::Status {
-                                      ASSIGN_OR_RETURN(r.loaded, LoadCheckpointTogether(
-                                                                     path, model, comm, sink));
-                                      return absl::OkStatus();
-                                    },
-                                    hp, host_state));
-  return r;
 }
 
 }  // namespace ithaca

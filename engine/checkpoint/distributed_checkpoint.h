@@ -12,13 +12,13 @@
 //   rank that read it says what is wrong with it).
 #pragma once
 
-#include <memory>
+#include <functional>
 #include <string>
 
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/optimizer_state.h"
 #include "engine/comm/comm.h"
 #include "engine/schedule/llama.h"
-#include "engine/checkpoint/checkpoint.h"
-#include "engine/train/optimizer.h"
 
 namespace ithaca {
 
@@ -36,6 +36,12 @@ struct CheckpointSaveReport {
   double rank_write_seconds = 0;  // this rank's writing and checksumming alone
 };
 
+// What a save writes: it hands each tensor of the state that `keep` names to `sink`, as it
+// arrives on the host. Collective: every rank calls it together (Optimizer::SaveEach is one;
+// engine/train/optimizer_checkpoint.h saves an Optimizer with it).
+using CheckpointStateSaver =
+    std::function<absl::Status(const OptimizerSelection& keep, const OptimizerTensorSink& sink)>;
+
 // Collective: every rank of `comm` (nullptr: one rank) calls it. Writes DIR/step-N for
 // `state.step` and prunes all but the newest `keep`. Each phase ends at a barrier every rank
 // reaches even after an error of its own: nobody writes before rank 0 made the directory, rank 0
@@ -43,7 +49,7 @@ struct CheckpointSaveReport {
 // nobody moves on before the checkpoint is whole. A commit error is rank 0's to return.
 absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& dir,
                                                             LlamaModel* model,
-                                                            const Optimizer& optimizer,
+                                                            const CheckpointStateSaver& save_state,
                                                             const TrainState& state, Comm* comm,
                                                             int64_t keep);
 
@@ -55,20 +61,6 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 // sink took must then not be used.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path, LlamaModel* model,
                                                         Comm* comm,
-                                                        const Optimizer::UnitSink& sink = nullptr);
-
-// What a resuming job does (collective): LoadCheckpointTogether with each unit's slices going
-// straight into a new optimizer (Optimizer::ResumeEach), so a rank's host holds one unit's
-// slices at a time. `loaded` is the load's report; its optimizer slices stay empty.
-// `host_state`: the optimizer keeps its state on the host (memory.optimizer_offload), and the
-// slices are copied straight into it, whichever way the checkpoint was saved.
-struct ResumedCheckpoint {
-  std::unique_ptr<Optimizer> optimizer;
-  LoadedCheckpoint loaded;
-};
-absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
-                                                           LlamaModel* model, Comm* comm,
-                                                           const JobSpec::Training& hp,
-                                                           bool host_state = false);
+                                                        const OptimizerUnitSink& sink = nullptr);
 
 }  // namespace ithaca

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend/ops.h"
+#include "engine/backend/rope_config.h"
 #include "engine/core/status.h"
 
 namespace ithaca {

@@ -1,12 +1,14 @@
 // JobSpec: a training job, as written in a TOML file. Every key is declared once, as a row of the
-// key table in job_spec.cc (its path, its member here, its kind, whether it may be "auto", its
-// documentation), which drives parsing, writing, CheckResolved and docs/spec.md. Parsing rejects
-// unknown keys and bad values with the key's path ("training.lr: must be > 0, got -1"). Settings
-// left "auto" (or 0 where a comment says so) are turned into values once, by ResolveJob
-// (engine/plan/resolve.h); a resolved spec has none left and is what the workers run.
+// key table in key_table.cc (its path, its member here, its kind and range, whether it may be
+// "auto", its documentation), which drives parsing, range checks, writing, CheckResolved and
+// docs/spec.md. Parsing rejects unknown keys and bad values with the key's path ("training.lr:
+// must be > 0, got -1"). Settings left "auto" (or 0 where a comment says so) are turned into values
+// once, by ResolveJob (engine/plan/resolve.h); a resolved spec has none left and is what the
+// workers run.
 //
-// Adding a key: a member here, a row in Keys() (job_spec.cc), range checks in Validate when it
-// has any, then `bazel run //engine/spec:spec_reference > docs/spec.md`.
+// Adding a key: a member here, a row in Keys() (key_table.cc) with its range when it has one
+// (Int(FIELD(x), AtLeast(1))), relations to other keys in Validate (job_spec_validate.cc), then
+// `bazel run //engine/spec:spec_reference > docs/spec.md`.
 #pragma once
 
 #include <cstdint>

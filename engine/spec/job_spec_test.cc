@@ -523,12 +523,12 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[checkpoint]\nexport = \"f32\"", "job.toml: checkpoint.export: needs checkpoint.dir"},
       {"[metrics]\ntensorboard = true", "job.toml: metrics.tensorboard: needs checkpoint.dir"},
       {"[metrics]\nlog_every = 0", "job.toml: metrics.log_every: must be >= 1"},
-      {"[retry]\nmax_restarts = -1", "job.toml: retry.max_restarts: must be in 0..1000"},
-      {"[retry]\nbackoff_seconds = -2", "job.toml: retry.backoff_seconds: must be in 0..86400"},
+      {"[retry]\nmax_restarts = -1", "job.toml: retry.max_restarts: must be in [0, 1000]"},
+      {"[retry]\nbackoff_seconds = -2", "job.toml: retry.backoff_seconds: must be in [0, 86400]"},
       {"[retry]\nmax_retries = 2", "job.toml: retry.max_retries"},
-      {"[slurm]\nnodes = 0", "job.toml: slurm.nodes: must be in 1..4096, got 0"},
+      {"[slurm]\nnodes = 0", "job.toml: slurm.nodes: must be in [1, 4096], got 0"},
       {"[slurm]\nnodes = 3", "job.toml: slurm.nodes: must divide parallel.world (1), got 3"},
-      {"[slurm]\nsignal_grace = -1", "job.toml: slurm.signal_grace: must be in 0..86400, got -1"},
+      {"[slurm]\nsignal_grace = -1", "job.toml: slurm.signal_grace: must be in [0, 86400], got -1"},
       // Each would add an sbatch option of its own on the batch script's #SBATCH line.
       {"[slurm]\npartition = \"gpu --uid=0\"",
        "job.toml: slurm.partition: \"gpu --uid=0\" is not a valid slurm.partition (letters"},
@@ -547,6 +547,38 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       toml = std::string(c.toml) + "\npath = \"d\"\n";
     }
     ExpectError(ParseError(toml), c.prefix);
+  }
+}
+
+// A key's range is written once, in its row of the key table: Validate enforces it with the one
+// message, and the reference (docs/spec.md) shows it in the key's kind. Without the row's range
+// both expectations fail.
+TEST(JobSpecTest, RangeInTheKeyTableIsEnforcedAndDocumented) {
+  const std::string reference = SpecReferenceMarkdown();
+  struct Case {
+    std::string section, key, kind, good, bad, error;
+  } cases[] = {
+      {"training", "beta1", "a number in [0, 1)", "0", "1",
+       "job.toml: training.beta1: must be in [0, 1), got 1.0 (line 4)"},
+      {"retry", "max_restarts", "an integer in [0, 1000]", "1000", "1001",
+       "job.toml: retry.max_restarts: must be in [0, 1000], got 1001 (line 4)"},
+      {"memory", "saved_block_inputs", "an integer, 0 (off) or >= 2", "0", "1",
+       "job.toml: memory.saved_block_inputs: must be 0 (off) or >= 2, got 1 (line 4)"},
+      {"training", "grad_clip", "a number >= 0 (0 disables clipping)", "0", "-0.5",
+       "job.toml: training.grad_clip: must be >= 0 (0 disables clipping), got -0.5 (line 4)"},
+      // Checked only where given: the default, 0, is the model's own.
+      {"model.rope", "theta", "a number > 0 when given", "1e6", "0",
+       "job.toml: model.rope.theta: must be > 0, got 0.0 (line 4)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.section + "." + c.key);
+    const std::string at = "[" + c.section + "]\n" + c.key + " = ";
+    EXPECT_TRUE(ErrorWith(at + c.good + "\n").ok()) << ErrorWith(at + c.good + "\n");
+    const absl::Status bad = ErrorWith(at + c.bad + "\n");
+    ExpectError(bad, c.error);
+    EXPECT_EQ(std::string(bad.message()), c.error);
+    const std::string row = "| `" + c.key + "` | " + c.kind + " |";
+    EXPECT_NE(reference.find(row), std::string::npos) << "the reference lacks " << row;
   }
 }
 

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint/optimizer_state.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/weights.h"
 #include "engine/schedule/llama.h"
@@ -97,41 +98,30 @@ class Optimizer {
   // The same, computing the global Σ g² first: the host waits for the gradients.
   absl::StatusOr<StepResult> Step(int64_t step, double lr);
 
-  // Host f32 copies of tensors of the whole-model state, by Hugging Face parameter name
-  // ("model.layers.3.mlp.up_proj.weight"): master weights, Adam m and Adam v (one process
-  // holding a whole state: tests, tools; WriteCheckpointShard takes it).
-  struct State {
-    std::map<std::string, std::vector<float>> master, m, v;
-  };
-  // Names of the tensors to keep, per kind.
-  struct Selection {
-    std::set<std::string> master, m, v;
-  };
+  // The state on the host as checkpoints hold it (engine/checkpoint/optimizer_state.h): whole
+  // tensors by Hugging Face name, and the names of the tensors to keep, per kind.
+  using State = OptimizerState;
+  using Selection = OptimizerSelection;
   // Every rank calls it together: each unit is all-gathered on the device in turn (under FSDP),
   // and this rank downloads only the tensors `keep` names, handing each to `sink` as it arrives:
   // the host holds one unit's kept tensors of one kind at a time (a checkpoint writes them
   // straight to its files). `kind` is "master", "m" or "v". The first error of `sink` stops the
   // download but not the gathers (collective: the other ranks go on), and is returned.
-  using TensorSink = std::function<absl::Status(const char* kind, const std::string& name,
-                                                std::vector<float>&& values)>;
+  using TensorSink = OptimizerTensorSink;
   absl::Status SaveEach(const Selection& keep, const TensorSink& sink) const;
   // Every master weight, whole, per unit (collective, as SaveEach).
   absl::StatusOr<HostWeights> GatherMasterWeights() const;
 
-  // This rank's slice of every unit's state, as it keeps it: elements [shard_begin,
-  // shard_begin + shard_numel) of each unit (ParamStore), zeros past the unit's end. What a
-  // rank reads from a checkpoint to resume.
-  struct Shards {
-    HostWeights master, m, v;
-  };
+  // This rank's slice of every unit's state, as it keeps it (OptimizerShards): what a rank reads
+  // from a checkpoint to resume.
+  using Shards = OptimizerShards;
   // Takes the slices as the optimizer's state (no collective) and writes the model's working
   // copy from them.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Resume(LlamaModel* model, const Shards& shards,
                                                            const JobSpec::Training& hp,
                                                            bool host_state = false);
   // One unit's slices (master, m, v), as Resume takes them, handed over one unit at a time.
-  using UnitSink = std::function<absl::Status(int unit, std::vector<float>&& master,
-                                              std::vector<float>&& m, std::vector<float>&& v)>;
+  using UnitSink = OptimizerUnitSink;
   // Resume with the state arriving piecewise: `load(sink)` hands every unit's slices to `sink`
   // (LoadCheckpointTogether does, as it reads them), each uploaded at once, so the host holds
   // one unit's slices at a time. DATA_LOSS names a unit that is misshapen or never came.

@@ -15,7 +15,7 @@
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
 #include "engine/checkpoint/checkpoint.h"
-#include "engine/checkpoint/distributed_checkpoint.h"
+#include "engine/train/optimizer_checkpoint.h"
 #include "engine/train/evaluator.h"
 #include "engine/data/job_inputs.h"
 #include "engine/train/lr_schedule.h"

@@ -11,7 +11,6 @@
 
 #include "engine/backend/attention_choice.h"
 #include "engine/backend/ops.h"
-#include "engine/comm/comm.h"
 #include "engine/core/status.h"
 #include "engine/memory/allocator.h"
 

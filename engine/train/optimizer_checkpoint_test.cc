@@ -2,7 +2,7 @@
 // only its share of the state on the host, a checkpoint saved at one world loads at another
 // with each rank reading just its FSDP slices, and a damaged file is DATA_LOSS naming it on
 // every rank, whichever rank verified it.
-#include "engine/checkpoint/distributed_checkpoint.h"
+#include "engine/train/optimizer_checkpoint.h"
 
 #include <dirent.h>
 #include <sys/resource.h>

@@ -1,0 +1,114 @@
+// Phases (docs/long_context.md): what a resume must find, that it keeps the run's RoPE, and what a
+// new phase ([init] from) starts from and writes into.
+#include "engine/checkpoint/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/checkpoint/checkpoint_internal.h"
+#include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
+
+namespace ithaca {
+
+using checkpoint_internal::kManifest;
+
+absl::Status CheckResumeHasWork(const std::string& dir, int64_t steps,
+                                const std::string& checkpoint, const TrainState& saved,
+                                const std::string& run_id) {
+  if (steps == 0 || saved.step < steps) return absl::OkStatus();
+  if (saved.step == steps && !run_id.empty() && saved.run_id == run_id) return absl::OkStatus();
+  const std::string done =
+      saved.step == steps ? absl::StrCat("holds a finished run: ", checkpoint, " is at step ",
+                                         saved.step, " of training.steps = ", steps)
+                          : absl::StrCat("holds a run past this one's end: ", checkpoint,
+                                         " is at step ", saved.step, ", training.steps = ", steps);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", dir, " ", done,
+      ", so nothing would train. To continue it, raise training.steps above ", saved.step,
+      " (the learning-rate schedule continues from where it ended); to start over, use another "
+      "checkpoint.dir"));
+}
+
+absl::Status CheckResumeRope(const std::string& checkpoint, const LlamaConfig& cfg) {
+  RETURN_IF_ERROR(CheckCheckpointStep(checkpoint));
+  absl::StatusOr<LlamaConfig> saved = LoadConfigJson(checkpoint + "/model/config.json");
+  if (!saved.ok()) return saved.status();
+  if (SameModelRope(*saved, cfg)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model.rope: the job's RoPE (", DescribeModelRope(cfg), ") is not the one ", checkpoint,
+      " was trained with (", DescribeModelRope(*saved),
+      "); a resume keeps the run's RoPE. To train on with another RoPE, start a new phase: a "
+      "checkpoint.dir of its own and [init] from = \"",
+      checkpoint.substr(0, checkpoint.rfind('/')), "\" (docs/long_context.md)"));
+}
+
+absl::StatusOr<std::string> InitWeightsDir(const std::string& from) {
+  struct stat st;
+  if (stat(from.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(
+        "init.from: ", from,
+        ": no such directory (a checkpoint.dir, a step directory or a Hugging Face model "
+        "directory)"));
+  }
+  if (PathExists(from + "/config.json")) return from;  // a Hugging Face model directory
+  if (PathExists(from + "/" + kManifest)) return from + "/model";
+  if (PathExists(from + "/model") || PathExists(from + "/state.json")) {
+    return absl::DataLossError(absl::StrCat("init.from: ", from, "/", kManifest,
+                                            ": missing (an incomplete or damaged checkpoint)"));
+  }
+  absl::StatusOr<std::string> latest = LatestCheckpoint(from);
+  if (!latest.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "init.from: ", from,
+        ": holds no complete checkpoint and no config.json (neither a checkpoint.dir with a "
+        "checkpoint, a step directory nor a Hugging Face model directory)"));
+  }
+  return *latest + "/model";
+}
+
+absl::Status CheckInitTarget(const std::string& dir, const std::string& run_id) {
+  if (dir.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> latest = LatestCheckpoint(dir);
+  if (!latest.ok()) return absl::OkStatus();
+  absl::StatusOr<TrainState> saved = ReadCheckpointState(*latest);
+  if (saved.ok() && !run_id.empty() && saved->run_id == run_id) return absl::OkStatus();
+  std::string run = "a run";
+  if (saved.ok()) {
+    // ithaca-worker's run id under ithacad is "ithacad SOCKET JOB".
+    const std::string& id = saved->run_id;
+    const size_t space = id.rfind(' ');
+    run = id.empty() ? "a run without an id"
+          : absl::StartsWith(id, "ithacad ") && space != std::string::npos
+              ? absl::StrCat("the run of job ", id.substr(space + 1), " (run \"", id, "\")")
+              : absl::StrCat("run \"", id, "\"");
+    absl::StrAppend(&run, ", at step ", saved->step);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "init.from: checkpoint.dir ", dir, " already holds ", run, " (", *latest,
+      "); a new phase starts a run of its own: give it an empty checkpoint.dir, or drop [init] "
+      "to resume that run"));
+}
+
+}  // namespace ithaca
