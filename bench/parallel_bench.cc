@@ -192,7 +192,7 @@ NodeResources RehearsedNode(int world, int64_t this_gpu_bytes) {
       gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : this_gpu_bytes;
   node.host_memory_bytes =
       static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * (int64_t{1} << 30));
-  node.ranks_on_host = world / std::max(1, absl::GetFlag(FLAGS_nodes));
+  node.ranks_on_host = RanksPerHost(world, absl::GetFlag(FLAGS_nodes));
   return node;
 }
 

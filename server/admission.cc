@@ -325,7 +325,7 @@ NodeResources NodeResourcesFor(const Node& node, const JobSpec& s) {
   NodeResources r;
   r.device_memory_bytes = node.gpu && !node.devices.empty() ? node.devices[0].memory_bytes : 0;
   r.host_memory_bytes = node.host_memory_bytes;
-  r.ranks_on_host = static_cast<int>(s.parallel.world / std::max<int64_t>(1, s.slurm.nodes));
+  r.ranks_on_host = RanksPerHost(s.parallel.world, s.slurm.nodes);
   return r;
 }
 

@@ -80,7 +80,7 @@ absl::Status RunRehearsal(const std::string& spec_path, const RehearsalArgs& arg
       args.device_memory_gib > 0 ? static_cast<int64_t>(args.device_memory_gib * (int64_t{1} << 30))
                                  : (spec.backend == "cuda" ? CudaDeviceMemoryBytes(0) : 0);
   rehearsal.node.host_memory_bytes = static_cast<int64_t>(args.node_host_gib * (int64_t{1} << 30));
-  rehearsal.node.ranks_on_host = world / args.nodes;
+  rehearsal.node.ranks_on_host = RanksPerHost(world, args.nodes);
   RankInfo info;
   info.rank = args.rank;
   info.world = world;

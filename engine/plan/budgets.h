@@ -42,4 +42,9 @@ RankBudgets BudgetsFor(const JobSpec& spec, const NodeResources& node);
 // and the job's ranks on this host.
 NodeResources LocalNodeResources(int64_t device_memory_bytes, int ranks_on_host);
 
+// The ranks that share one host: a job's `world` ranks spread evenly over its `nodes` (a Slurm
+// job's slurm.nodes, a rehearsal's --nodes; 1 for a job on one node). The one rule admission,
+// the standalone worker, the rehearsal and the benches size host budgets by.
+int RanksPerHost(int64_t world, int64_t nodes);
+
 }  // namespace ithaca
