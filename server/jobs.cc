@@ -483,7 +483,7 @@ v1::NodeInfo Jobs::NodeInfo() {
     v1::ClusterInfo* c = n.mutable_cluster();
     c->set_kind("slurm");
     c->set_partition(slurm->partition);
-    absl::StatusOr<SlurmClusterState> cluster = SlurmCluster(*slurm);
+    absl::StatusOr<SlurmClusterState> cluster = QuerySlurmCluster(*slurm);
     if (cluster.ok()) {
       c->set_nodes(cluster->nodes);
       c->set_nodes_idle(cluster->idle);

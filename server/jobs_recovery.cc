@@ -146,6 +146,12 @@ std::optional<AdoptOrder> Jobs::AdoptableLocked(const v1::Job& job, std::string*
     }
     std::printf("ithacad: adopting job %s (%s): Slurm job %s is %s\n", job.id().c_str(),
                 JobStateLabel(job.state()).c_str(), slurm_id.c_str(), st->ToString().c_str());
+  } else if (options_.supervisor.slurm) {
+    // Workers a daemon without --cluster slurm started here: this one runs jobs through Slurm
+    // only, so they are not adopted (Recover stops them and resumes or fails the job).
+    *why_not =
+        "; its workers were started on this node, and this ithacad runs with --cluster slurm";
+    return std::nullopt;
   } else {
     if (job.state() == v1::JOB_STATE_CANCELLING) return std::nullopt;  // finish the cancel
     int alive = 0;

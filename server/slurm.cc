@@ -252,7 +252,7 @@ void CountSlurmNodeState(const std::string& state, SlurmClusterState* s) {
   }
 }
 
-absl::StatusOr<SlurmClusterState> SlurmCluster(const SlurmDefaults& d) {
+absl::StatusOr<SlurmClusterState> QuerySlurmCluster(const SlurmDefaults& d) {
   std::vector<std::string> argv = {"sinfo", "-h", "-N", "-o", "%N|%T"};
   if (!d.partition.empty()) argv.insert(argv.end(), {"-p", d.partition});
   absl::StatusOr<CommandResult> r = RunCommand(argv, {}, d.command_timeout);

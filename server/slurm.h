@@ -90,7 +90,7 @@ struct SlurmClusterState {
   int busy = 0;         // allocated, mixed, completing
   int unavailable = 0;  // down, drained, draining, failing, not responding ("*"), ...
 };
-absl::StatusOr<SlurmClusterState> SlurmCluster(const SlurmDefaults& d);
+absl::StatusOr<SlurmClusterState> QuerySlurmCluster(const SlurmDefaults& d);
 // One node's state as sinfo's %T prints it ("idle", "mixed-", "down*") counted into `s`.
 void CountSlurmNodeState(const std::string& state, SlurmClusterState* s);
 

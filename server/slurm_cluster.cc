@@ -1,7 +1,6 @@
-// The Supervisor's Slurm side (ithacad --cluster slurm): a job goes to Slurm as one batch job
-// instead of being forked here, and squeue's answers, polled without the lock held, decide
-// what the ranks' own ends cannot (a job Slurm cancelled, kept PENDING or warned).
-#include "server/supervisor.h"
+#include "server/slurm_cluster.h"
+
+#include <signal.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -9,26 +8,128 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
 #include "engine/spec/job_spec.h"
-#include "server/auth.h"
 #include "launch/connection.h"
-#include "launch/exit_codes.h"
 #include "launch/layout.h"
 #include "launch/worker_contract.h"
 
 namespace ithaca {
+namespace {
 
-absl::Duration Supervisor::PollSlurm() {
+// What the daemon keeps of a job that Slurm runs.
+struct SlurmJob : ClusterJobState {
+  std::string id;  // Slurm's job id
+  // Slurm's newest answer, when it was asked, and whether it has been RUNNING (its ranks'
+  // start timeout counts from then).
+  SlurmJobState state;
+  absl::Time polled = absl::InfinitePast();
+  bool running = false;
+  // A rank stopped drained without Drain asking: Slurm's warning signal before its time limit
+  // or on preemption. Once Slurm's job has ended, `warning_cause` holds why Slurm sent it.
+  bool warned = false;
+  int signal_grace_s = 0;  // the job's effective --signal grace
+  std::string warning_cause;
+  absl::Time drained_since = absl::InfiniteFuture();  // every rank had stopped drained
+  // A rank's end that waits for Slurm's state to say why (Options::verdict_wait).
+  std::optional<int> deferred_culprit;
+  absl::Time deferred_since;
+};
+
+SlurmJob& Of(SupervisedJob& job) { return static_cast<SlurmJob&>(*job.cluster); }
+const SlurmJob& Of(const SupervisedJob& job) { return static_cast<const SlurmJob&>(*job.cluster); }
+
+// The job's --signal grace: its spec's [slurm] signal_grace, else the daemon's default.
+int SignalGrace(const std::string& spec_toml, const std::string& id, const SlurmDefaults& d) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_toml, "job " + id);
+  return spec.ok() && spec->slurm.signal_grace > 0 ? static_cast<int>(spec->slurm.signal_grace)
+                                                   : d.signal_grace_s;
+}
+
+}  // namespace
+
+absl::StatusOr<Cluster::Launched> SlurmCluster::Launch(const LaunchOrder& order,
+                                                       SupervisedJob& job) {
+  job.rendezvous = "tcp: node 0 of the Slurm job";
+  ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(order.spec_toml, "job " + job.id));
+  ASSIGN_OR_RETURN(job.secret, NewJobSecret());
+  auto slurm = std::make_unique<SlurmJob>();
+  const int nodes = static_cast<int>(spec.slurm.nodes);
+  const int per_node = static_cast<int>(order.slots.size()) / nodes;
+  SlurmSubmission sub;
+  sub.job_id = job.id;
+  sub.log_dir = job.log_dir;
+  sub.worker_binary = options_.worker_binary;
+  sub.daemon_address = options_.worker_address;
+  sub.nodes = nodes;
+  sub.ranks_per_node = per_node;
+  sub.gpus = options_.gpus;
+  sub.partition = spec.slurm.partition;
+  sub.account = spec.slurm.account;
+  sub.time_limit = spec.slurm.time_limit;
+  sub.constraint = spec.slurm.constraint;
+  sub.signal_grace_s = static_cast<int>(spec.slurm.signal_grace);
+  slurm->signal_grace_s =
+      sub.signal_grace_s > 0 ? sub.signal_grace_s : options_.slurm.signal_grace_s;
+  sub.env = {{kEnvJobId, job.id}, {kEnvJobSecret, job.secret}};
+  if (!options_.worker_token_file.empty()) {
+    sub.env.emplace_back(kEnvTokenFile, options_.worker_token_file);
+  }
+  if (!options_.worker_ca_file.empty()) sub.env.emplace_back(kEnvCa, options_.worker_ca_file);
+  RETURN_IF_ERROR(MakeDirs(job.log_dir));
+  // Where the ranks find this daemon if it restarts elsewhere (another port or host).
+  sub.env.emplace_back(kEnvDaemonAddrFile, JobDaemonAddrPath(job.log_dir));
+  RETURN_IF_ERROR(WriteFileAtomic(JobDaemonAddrPath(job.log_dir), options_.worker_address + "\n"));
+  // The secret first: a daemon that dies from here on finds it for the ranks' re-attach.
+  AdoptionRecord record{job.id,         job.secret,  0,
+                        job.rendezvous, order.slots, std::vector<pid_t>(order.slots.size(), 0)};
+  RETURN_IF_ERROR(WriteAdoptionRecord(job.log_dir, record));
+  ASSIGN_OR_RETURN(slurm->id, SlurmSubmit(sub, options_.slurm));
+  job.launched = absl::Now();
+  for (size_t r = 0; r < order.slots.size(); ++r) {
+    SupervisedRank rank;
+    rank.remote = true;
+    rank.slot = static_cast<int>(r) % per_node;  // its GPU (or CPU slot) on its node
+    rank.log = std::make_unique<LogTail>(RankLogPath(job.log_dir, static_cast<int>(r)));
+    job.ranks.push_back(std::move(rank));
+  }
+  Launched launched;
+  launched.reason = absl::StrCat("submitted to Slurm as job ", slurm->id, ": ", nodes,
+                                 nodes == 1 ? " node x " : " nodes x ", per_node,
+                                 per_node == 1 ? " rank" : " ranks");
+  launched.cluster_job = "slurm:" + slurm->id;
+  job.cluster = std::move(slurm);
+  return launched;
+}
+
+void SlurmCluster::Adopt(const AdoptOrder& order, SupervisedJob& job) {
+  auto slurm = std::make_unique<SlurmJob>();
+  slurm->id = order.slurm_id;
+  slurm->running = !order.slurm_id.empty() && order.running;
+  slurm->signal_grace_s = SignalGrace(order.spec_toml, order.job_id, options_.slurm);
+  job.cluster = std::move(slurm);
+  for (SupervisedRank& rank : job.ranks) rank.remote = true;
+  // The ranks read it before each re-attach: this daemon may listen elsewhere than the last.
+  absl::Status wrote =
+      WriteFileAtomic(JobDaemonAddrPath(job.log_dir), options_.worker_address + "\n");
+  if (!wrote.ok()) {
+    std::fprintf(stderr, "ithacad: job %s: %s\n", job.id.c_str(),
+                 std::string(wrote.message()).c_str());
+  }
+}
+
+absl::Duration SlurmCluster::Poll(Mutex& mu, SupervisedJobs& jobs) {
   const absl::Time now = absl::Now();
   std::vector<std::pair<std::string, std::string>> due;  // (job id, Slurm job id)
   std::vector<int> cause_grace;  // > 0: also ask why Slurm warned the job, with this grace
-  for (auto& [id, job] : active_) {
-    if (!job->slurm_id.empty() && now - job->slurm_polled >= options_.cluster_poll_interval) {
-      due.emplace_back(id, job->slurm_id);
-      cause_grace.push_back(job->slurm_warned && job->warning_cause.empty() && job->slurm.Terminal()
-                                ? std::max(job->signal_grace_s, 1)
+  for (auto& [id, job] : jobs) {
+    const SlurmJob& s = Of(*job);
+    if (now - s.polled >= options_.poll_interval) {
+      due.emplace_back(id, s.id);
+      cause_grace.push_back(s.warned && s.warning_cause.empty() && s.state.Terminal()
+                                ? std::max(s.signal_grace_s, 1)
                                 : 0);
     }
   }
@@ -36,23 +137,24 @@ absl::Duration Supervisor::PollSlurm() {
   std::vector<absl::StatusOr<SlurmJobState>> answers;
   std::vector<std::string> causes(due.size());
   const absl::Time unlocked_at = absl::Now();
-  mu_.Unlock();  // squeue takes tens of milliseconds: the workers' calls go on meanwhile
+  mu.Unlock();  // squeue takes tens of milliseconds: the workers' calls go on meanwhile
   for (size_t i = 0; i < due.size(); ++i) {
-    answers.push_back(SlurmQuery(due[i].second, *options_.slurm));
+    answers.push_back(SlurmQuery(due[i].second, options_.slurm));
     if (cause_grace[i] > 0) {
       absl::StatusOr<std::string> cause =
-          SlurmWarningCause(due[i].second, cause_grace[i], *options_.slurm);
+          SlurmWarningCause(due[i].second, cause_grace[i], options_.slurm);
       causes[i] = cause.ok() ? *cause : std::string(cause.status().message());
     }
   }
   const absl::Duration unlocked_for = absl::Now() - unlocked_at;
-  mu_.Lock();
+  mu.Lock();
   for (size_t i = 0; i < due.size(); ++i) {
-    auto it = active_.find(due[i].first);
-    if (it == active_.end() || it->second->slurm_id != due[i].second) continue;
-    Active& job = *it->second;
-    job.slurm_polled = absl::Now();
-    if (!causes[i].empty()) job.warning_cause = causes[i];
+    auto it = jobs.find(due[i].first);
+    if (it == jobs.end() || Of(*it->second).id != due[i].second) continue;
+    SupervisedJob& job = *it->second;
+    SlurmJob& s = Of(job);
+    s.polled = absl::Now();
+    if (!causes[i].empty()) s.warning_cause = causes[i];
     if (!answers[i].ok()) {
       std::fprintf(stderr, "ithacad: job %s: %s\n", job.id.c_str(),
                    std::string(answers[i].status().message()).c_str());
@@ -64,165 +166,207 @@ absl::Duration Supervisor::PollSlurm() {
       st.state = "GONE";
       st.reason = "Slurm no longer knows the job";
     }
-    if (st.state != job.slurm.state) {
-      std::printf("ithacad: job %s: Slurm job %s %s\n", job.id.c_str(), job.slurm_id.c_str(),
+    if (st.state != s.state.state) {
+      std::printf("ithacad: job %s: Slurm job %s %s\n", job.id.c_str(), s.id.c_str(),
                   st.ToString().c_str());
       std::fflush(stdout);
     }
-    job.slurm = st;
-    if (!job.slurm_running && st.state == "RUNNING") {
-      job.slurm_running = true;
-      if (!job.running) job.launched = job.slurm_polled;  // the ranks' start timeout from here
+    s.state = st;
+    if (!s.running && st.state == "RUNNING") {
+      s.running = true;
+      if (!job.running) job.launched = s.polled;  // the ranks' start timeout from here
     }
   }
   return unlocked_for;
 }
 
-void Supervisor::LaunchSlurmLocked(const LaunchOrder& order) {
-  auto a = std::make_unique<Active>();
-  a->id = order.job_id;
-  a->spec_toml = order.spec_toml;
-  a->log_dir = order.log_dir;
-  a->rendezvous = "tcp: node 0 of the Slurm job";
-  auto fail = [&](const std::string& what) {
-    owner_->OnEnded(a->id, v1::JOB_STATE_FAILED, absl::StrCat("launch failed: ", what),
-                    std::nullopt, /*retryable=*/false);
-  };
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(order.spec_toml, "job " + a->id);
-  if (!spec.ok()) return fail(std::string(spec.status().message()));
-  absl::StatusOr<std::string> secret = NewJobSecret();
-  if (!secret.ok()) return fail(std::string(secret.status().message()));
-  a->secret = *secret;
-  const int nodes = static_cast<int>(spec->slurm.nodes);
-  const int per_node = static_cast<int>(order.slots.size()) / nodes;
-  SlurmSubmission sub;
-  sub.job_id = a->id;
-  sub.log_dir = a->log_dir;
-  sub.worker_binary = options_.worker_binary;
-  sub.daemon_address = options_.worker_address;
-  sub.nodes = nodes;
-  sub.ranks_per_node = per_node;
-  sub.gpus = node_.gpu;
-  sub.partition = spec->slurm.partition;
-  sub.account = spec->slurm.account;
-  sub.time_limit = spec->slurm.time_limit;
-  sub.constraint = spec->slurm.constraint;
-  sub.signal_grace_s = static_cast<int>(spec->slurm.signal_grace);
-  a->signal_grace_s = sub.signal_grace_s > 0 ? sub.signal_grace_s : options_.slurm->signal_grace_s;
-  sub.env = {{kEnvJobId, a->id}, {kEnvJobSecret, a->secret}};
-  if (!options_.worker_token_file.empty()) {
-    sub.env.emplace_back(kEnvTokenFile, options_.worker_token_file);
+std::optional<WorkerEnd> SlurmCluster::RankEnd(const SupervisedJob& job, SupervisedRank& rank,
+                                               absl::Time now) {
+  if (rank.announced_exit) return *rank.announced_exit;
+  // The Slurm job is over (or, once stopping, Slurm never said so) and the rank said nothing.
+  if (Of(job).state.Terminal() || (job.ending && now > job.kill_deadline)) {
+    rank.vanished = true;
+    return WorkerEnd{true, SIGKILL};
   }
-  if (!options_.worker_ca_file.empty()) sub.env.emplace_back(kEnvCa, options_.worker_ca_file);
-  if (absl::Status made = MakeDirs(a->log_dir); !made.ok())
-    return fail(std::string(made.message()));
-  // Where the ranks find this daemon if it restarts elsewhere (another port or host).
-  sub.env.emplace_back(kEnvDaemonAddrFile, JobDaemonAddrPath(a->log_dir));
-  if (absl::Status wrote =
-          WriteFileAtomic(JobDaemonAddrPath(a->log_dir), options_.worker_address + "\n");
-      !wrote.ok()) {
-    return fail(std::string(wrote.message()));
-  }
-  // The secret first: a daemon that dies from here on finds it for the ranks' re-attach.
-  AdoptionRecord record{a->id,         a->secret,   0,
-                        a->rendezvous, order.slots, std::vector<pid_t>(order.slots.size(), 0)};
-  if (absl::Status wrote = WriteAdoptionRecord(a->log_dir, record); !wrote.ok()) {
-    return fail(std::string(wrote.message()));
-  }
-  absl::StatusOr<std::string> slurm_id = SlurmSubmit(sub, *options_.slurm);
-  if (!slurm_id.ok()) return fail(std::string(slurm_id.status().message()));
-  a->slurm_id = *slurm_id;
-  a->launched = absl::Now();
-  owner_->OnClusterJob(a->id, "slurm:" + a->slurm_id);
-  for (size_t r = 0; r < order.slots.size(); ++r) {
-    Rank rank;
-    rank.remote = true;
-    rank.slot = static_cast<int>(r) % per_node;  // its GPU (or CPU slot) on its node
-    rank.log = std::make_unique<LogTail>(RankLogPath(a->log_dir, static_cast<int>(r)));
-    a->ranks.push_back(std::move(rank));
-  }
-  owner_->OnLaunched(a->id, order.slots, 0,
-                     absl::StrCat("submitted to Slurm as job ", a->slurm_id, ": ", nodes,
-                                  nodes == 1 ? " node x " : " nodes x ", per_node,
-                                  per_node == 1 ? " rank" : " ranks"));
-  active_[a->id] = std::move(a);
+  return std::nullopt;
 }
 
-std::string Supervisor::SlurmSaysLocked(const Active& job) const {
-  std::string s = absl::StrCat("Slurm job ", job.slurm_id, " ", job.slurm.ToString());
-  const std::string errors = SlurmOutputErrors(job.log_dir, job.slurm_id);
-  if (!errors.empty()) absl::StrAppend(&s, ": ", errors);
-  return s;
-}
-
-bool Supervisor::SlurmDrainedLocked(Active& job, absl::Time now) {
-  const bool all_drained = std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
-    return x.exit && (x.exit->drained() || x.exit->ok());
-  });
-  const bool any_drained = std::any_of(job.ranks.begin(), job.ranks.end(),
-                                       [](const Rank& x) { return x.exit && x.exit->drained(); });
-  if (!all_drained || !any_drained) return false;
-  if (job.drained_since == absl::InfiniteFuture()) {
-    job.drained_since = now;
-    job.slurm_polled = absl::InfinitePast();  // ask Slurm now
-  }
-  // Slurm's end of the job (and, for its own warning, why it sent it) is the better reason; it
-  // comes within a poll or two of the ranks' exits.
-  const bool waited = now - job.drained_since > options_.cluster_verdict_wait;
-  if (!waited && (!job.slurm.Terminal() || (job.slurm_warned && job.warning_cause.empty()))) {
-    return true;  // decided: no rank's end fails it; Slurm's word finishes it
-  }
-  std::string reason;
-  if (job.draining) {
-    reason = absl::StrCat("drained by ithacad: checkpointed and stopped; ", SlurmSaysLocked(job),
-                          "; it resumes from that checkpoint when it runs again");
-  } else {
-    reason = absl::StrCat("Slurm's warning (SIGUSR1): ",
-                          job.warning_cause.empty() ? "cause unknown" : job.warning_cause,
-                          "; checkpointed and stopped, queued again to resume from that "
-                          "checkpoint (not a failure: no restart counted); ",
-                          SlurmSaysLocked(job));
-  }
-  EndLocked(job, v1::JOB_STATE_QUEUED, reason, std::nullopt, false);
+bool SlurmCluster::DrainedByCluster(SupervisedJob& job) {
+  Of(job).warned = true;  // Slurm's warning reached the rank
   return true;
 }
 
-bool Supervisor::SlurmVerdictLocked(Active& job, absl::Time now) {
-  const std::string& state = job.slurm.state;
+Cluster::Judgement SlurmCluster::Judge(SupervisedJob& job, std::optional<size_t>* culprit,
+                                       absl::Time now, ClusterVerdict* verdict) {
+  SlurmJob& s = Of(job);
+  if (!*culprit && (job.draining || s.warned)) {
+    const Judgement drained = DrainedJudgement(job, now, verdict);
+    if (drained != Judgement::kRanksDecide) return drained;
+  }
+  if (std::optional<ClusterVerdict> v = SlurmVerdict(job, now)) {
+    *verdict = *v;
+    return Judgement::kDecided;
+  }
+  // A rank's end may be Slurm's doing (scancel, a time limit, preemption, a lost node: SIGTERM
+  // to one node's launcher, and the other nodes' ranks fail on the broken collective): Slurm's
+  // state says so a moment later, and is the better reason. Until it does (or the wait is
+  // over), no rank's end decides the job.
+  if (*culprit && !s.deferred_culprit && !job.ranks[**culprit].vanished) {
+    s.deferred_culprit = static_cast<int>(**culprit);
+    s.deferred_since = now;
+    s.polled = absl::InfinitePast();
+  }
+  if (s.deferred_culprit) {
+    if (s.state.Terminal() || now - s.deferred_since > options_.verdict_wait) {
+      // The cause: a rank its node's launcher saw killed, else one gone without a word, over
+      // the first one that reported an error (often a peer's broken collective).
+      *culprit = static_cast<size_t>(*s.deferred_culprit);
+      std::optional<size_t> killed, gone;
+      for (size_t r = 0; r < job.ranks.size(); ++r) {
+        const SupervisedRank& x = job.ranks[r];
+        if (!x.exit || !x.exit->signaled) continue;
+        std::optional<size_t>& first = x.vanished ? gone : killed;
+        if (!first) first = r;
+      }
+      if (killed || gone) *culprit = killed ? *killed : *gone;
+    } else {
+      culprit->reset();
+    }
+  }
+  return Judgement::kRanksDecide;
+}
+
+Cluster::Judgement SlurmCluster::DrainedJudgement(SupervisedJob& job, absl::Time now,
+                                                  ClusterVerdict* verdict) {
+  SlurmJob& s = Of(job);
+  const bool all_drained = std::all_of(
+      job.ranks.begin(), job.ranks.end(),
+      [](const SupervisedRank& x) { return x.exit && (x.exit->drained() || x.exit->ok()); });
+  const bool any_drained =
+      std::any_of(job.ranks.begin(), job.ranks.end(),
+                  [](const SupervisedRank& x) { return x.exit && x.exit->drained(); });
+  if (!all_drained || !any_drained) return Judgement::kRanksDecide;
+  if (s.drained_since == absl::InfiniteFuture()) {
+    s.drained_since = now;
+    s.polled = absl::InfinitePast();  // ask Slurm now
+  }
+  // Slurm's end of the job (and, for its own warning, why it sent it) is the better reason; it
+  // comes within a poll or two of the ranks' exits.
+  const bool waited = now - s.drained_since > options_.verdict_wait;
+  if (!waited && (!s.state.Terminal() || (s.warned && s.warning_cause.empty()))) {
+    return Judgement::kWait;  // decided: no rank's end fails it; Slurm's word finishes it
+  }
+  verdict->outcome = v1::JOB_STATE_QUEUED;
+  if (job.draining) {
+    verdict->reason = absl::StrCat("drained by ithacad: checkpointed and stopped; ", Says(job),
+                                   "; it resumes from that checkpoint when it runs again");
+  } else {
+    verdict->reason = absl::StrCat(
+        "Slurm's warning (SIGUSR1): ", s.warning_cause.empty() ? "cause unknown" : s.warning_cause,
+        "; checkpointed and stopped, queued again to resume from "
+        "that checkpoint (not a failure: no restart counted); ",
+        Says(job));
+  }
+  return Judgement::kDecided;
+}
+
+std::optional<ClusterVerdict> SlurmCluster::SlurmVerdict(const SupervisedJob& job,
+                                                         absl::Time now) const {
+  const SlurmJob& s = Of(job);
+  const std::string& state = s.state.state;
+  ClusterVerdict v;
   if (state == "PENDING" && now - job.launched > options_.start_timeout) {
     // Waiting for its turn (Resources, Priority) is Slurm's business; waiting for a node that
     // is down or not responding may be forever.
-    const std::string& why = job.slurm.reason;
+    const std::string& why = s.state.reason;
     if (absl::StrContains(why, "ReqNodeNotAvail") || absl::StrContains(why, "NodeDown") ||
         absl::StrContains(why, "Nodes_required") || absl::StrContains(why, "PartitionNodeLimit") ||
         absl::StrContains(why, "BadConstraints") || absl::StrContains(why, "PartitionDown")) {
-      EndLocked(job, v1::JOB_STATE_FAILED,
-                absl::StrCat("Slurm job ", job.slurm_id, " is still PENDING after ",
-                             absl::FormatDuration(now - job.launched), " (reason ", why,
-                             "): a node it needs is down or not responding (see sinfo -R)"),
-                std::nullopt, false);
-      job.retryable = true;
-      return true;
+      v.reason = absl::StrCat("Slurm job ", s.id, " is still PENDING after ",
+                              absl::FormatDuration(now - job.launched), " (reason ", why,
+                              "): a node it needs is down or not responding (see sinfo -R)");
+      v.retryable = true;
+      return v;
     }
-    return false;
+    return std::nullopt;
   }
-  if (!job.slurm.Terminal()) return false;
+  if (!s.state.Terminal()) return std::nullopt;
   if (state == "CANCELLED") {
-    const std::string reason = absl::StrCat("cancelled in Slurm: ", SlurmSaysLocked(job));
-    if (owner_->OnStateChange(job.id, v1::JOB_STATE_CANCELLING, reason).ok()) {
-      EndLocked(job, v1::JOB_STATE_CANCELLED, reason, std::nullopt, false);
-      return true;
-    }
-    return false;
+    v.outcome = v1::JOB_STATE_CANCELLED;
+    v.reason = absl::StrCat("cancelled in Slurm: ", Says(job));
+    v.cancelling_first = true;
+    return v;
   }
   for (const char* lost : {"NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}) {
     if (state == lost) {
-      EndLocked(job, v1::JOB_STATE_FAILED, SlurmSaysLocked(job), std::nullopt, false);
-      job.retryable = true;  // a lost node, a time limit, preemption: another attempt may pass
-      return true;
+      v.reason = Says(job);
+      v.retryable = true;  // a lost node, a time limit, preemption: another attempt may pass
+      return v;
     }
   }
-  return false;  // COMPLETED, FAILED, ...: the ranks' own ends say more
+  return std::nullopt;  // COMPLETED, FAILED, ...: the ranks' own ends say more
+}
+
+bool SlurmCluster::Started(const SupervisedJob& job) const { return Of(job).running; }
+
+void SlurmCluster::Stop(SupervisedJob& job, JobState outcome, bool now) {
+  SlurmJob& s = Of(job);
+  // Slurm stops its tasks (SIGTERM to each step, SIGKILL after its KillWait); the ranks'
+  // announced exits, or the job's end in squeue, finish the job here.
+  if ((outcome == v1::JOB_STATE_FAILED || outcome == v1::JOB_STATE_CANCELLED) &&
+      !s.state.Terminal()) {
+    absl::Status cancelled = SlurmCancel(s.id, 0, options_.slurm);
+    if (!cancelled.ok()) {
+      std::fprintf(stderr, "ithacad: job %s: %s\n", job.id.c_str(),
+                   std::string(cancelled.message()).c_str());
+    }
+  }
+  job.killed = true;
+  job.kill_deadline = absl::Now() + options_.grace_period + absl::Seconds(60);
+  s.polled = absl::InfinitePast();  // look again now
+}
+
+void SlurmCluster::Kill(SupervisedJob& job) {}  // nothing of it runs here; Stop asked Slurm
+
+absl::Status SlurmCluster::Drain(SupervisedJob& job) {
+  // A Slurm job's ranks are on its nodes: Slurm signals them, as its own warning does.
+  return SlurmCancel(Of(job).id, SIGUSR1, options_.slurm);
+}
+
+std::string SlurmCluster::Says(const SupervisedJob& job) const {
+  const SlurmJob& s = Of(job);
+  std::string says = absl::StrCat("Slurm job ", s.id, " ", s.state.ToString());
+  const std::string errors = SlurmOutputErrors(job.log_dir, s.id);
+  if (!errors.empty()) absl::StrAppend(&says, ": ", errors);
+  return says;
+}
+
+std::string SlurmCluster::VanishedReason(const SupervisedJob& job, size_t rank) const {
+  // "ranks 2, 3": the ranks of the job that never registered.
+  std::vector<int> missing;
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    if (!job.ranks[r].registered && !job.ranks[r].adopted) missing.push_back(static_cast<int>(r));
+  }
+  const SupervisedRank& x = job.ranks[rank];
+  return absl::StrCat(
+      missing.empty() ? absl::StrCat("rank ", rank, x.node.empty() ? "" : " (node " + x.node + ")",
+                                     " did not report its end")
+                      : absl::StrCat(missing.size() == 1 ? "rank " : "ranks ",
+                                     absl::StrJoin(missing, ", "), " never started"),
+      " before the Slurm job ended: ", Says(job));
+}
+
+std::string SlurmCluster::RunningWhere(const SupervisedJob& job) const {
+  // "ranks 0-1 on n1, 2-3 on n2": the nodes the job runs on, in its history.
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < job.ranks.size();) {
+    size_t j = i;
+    while (j + 1 < job.ranks.size() && job.ranks[j + 1].node == job.ranks[i].node) ++j;
+    parts.push_back(absl::StrCat(i == j ? std::to_string(i) : absl::StrCat(i, "-", j), " on ",
+                                 job.ranks[i].node.empty() ? "?" : job.ranks[i].node));
+    i = j + 1;
+  }
+  return absl::StrCat(" (Slurm job ", Of(job).id, ": ranks ", absl::StrJoin(parts, ", "), ")");
 }
 
 }  // namespace ithaca

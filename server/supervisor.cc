@@ -17,14 +17,47 @@
 #include "engine/core/file_util.h"
 #include "engine/spec/job_spec.h"
 #include "server/auth.h"
+#include "server/local_cluster.h"
+#include "server/slurm_cluster.h"
 #include "launch/exit_codes.h"
 #include "launch/layout.h"
 #include "launch/worker_contract.h"
 
 namespace ithaca {
 
+namespace {
+
+std::unique_ptr<Cluster> MakeCluster(const Supervisor::Options& o, const Node& node) {
+  if (o.slurm) {
+    SlurmCluster::Options s;
+    s.slurm = *o.slurm;
+    s.worker_binary = o.worker_binary;
+    s.worker_address = o.worker_address;
+    s.worker_token_file = o.worker_token_file;
+    s.worker_ca_file = o.worker_ca_file;
+    s.gpus = node.gpu;
+    s.poll_interval = o.cluster_poll_interval;
+    s.verdict_wait = o.cluster_verdict_wait;
+    s.start_timeout = o.start_timeout;
+    s.grace_period = o.grace_period;
+    return std::make_unique<SlurmCluster>(std::move(s));
+  }
+  LocalCluster::Options l;
+  l.worker_binary = o.worker_binary;
+  l.worker_socket = o.worker_socket;
+  l.run_as = o.run_as;
+  l.grace_period = o.grace_period;
+  return std::make_unique<LocalCluster>(std::move(l), node);
+}
+
+}  // namespace
+
 Supervisor::Supervisor(Options options, Node node, JobOwner* owner, Metrics* metrics)
-    : options_(std::move(options)), node_(std::move(node)), owner_(owner), metrics_(metrics) {}
+    : options_(std::move(options)),
+      node_(std::move(node)),
+      owner_(owner),
+      metrics_(metrics),
+      cluster_(MakeCluster(options_, node_)) {}
 
 Supervisor::~Supervisor() { Shutdown("daemon stopped"); }
 
@@ -45,11 +78,11 @@ int Supervisor::running_jobs() {
 }
 
 Supervisor::ClusterJobs Supervisor::cluster_jobs() {
+  if (!cluster_->Schedules()) return {};  // a node's own jobs are all running
   MutexLock lock(&mu_);
   ClusterJobs c;
   for (const auto& [id, job] : active_) {
-    if (job->slurm_id.empty()) continue;
-    ++(job->slurm_running ? c.running : c.pending);
+    ++(cluster_->Started(*job) ? c.running : c.pending);
   }
   return c;
 }
@@ -92,17 +125,11 @@ int Supervisor::Drain(const std::vector<std::string>& job_ids, absl::Duration ti
   for (const std::string& id : job_ids) {
     auto it = active_.find(id);
     if (it == active_.end() || it->second->ending || !it->second->running) continue;
-    Active& job = *it->second;
-    if (!job.slurm_id.empty()) {
-      // A Slurm job's ranks are on its nodes: Slurm signals them, as its own warning does.
-      absl::Status sent = SlurmCancel(job.slurm_id, SIGUSR1, *options_.slurm);
-      if (!sent.ok()) {
-        std::fprintf(stderr, "ithacad: drain job %s: %s\n", id.c_str(),
-                     std::string(sent.message()).c_str());
-        continue;
-      }
-    } else {
-      Launcher::SignalGroup(job.pgid, SIGUSR1);
+    SupervisedJob& job = *it->second;
+    if (absl::Status sent = cluster_->Drain(job); !sent.ok()) {
+      std::fprintf(stderr, "ithacad: drain job %s: %s\n", id.c_str(),
+                   std::string(sent.message()).c_str());
+      continue;
     }
     job.draining = true;
     draining.push_back(id);
@@ -143,36 +170,16 @@ int Supervisor::Detach() {
 
 void Supervisor::Adopt(const AdoptOrder& order) {
   MutexLock lock(&mu_);
-  auto a = std::make_unique<Active>();
+  auto a = std::make_unique<SupervisedJob>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
   a->log_dir = order.log_dir;
   a->rendezvous = order.record.rendezvous;
   a->secret = order.record.secret;
-  a->pgid = order.record.pgid;
   a->launched = absl::Now();  // the ranks have start_timeout to re-attach
   a->running = order.running;
-  a->slurm_id = order.slurm_id;
-  a->slurm_running = !order.slurm_id.empty() && order.running;
-  if (options_.slurm && !order.slurm_id.empty()) {
-    // The ranks read it before each re-attach: this daemon may listen elsewhere than the last.
-    absl::Status wrote =
-        WriteFileAtomic(JobDaemonAddrPath(a->log_dir), options_.worker_address + "\n");
-    if (!wrote.ok()) {
-      std::fprintf(stderr, "ithacad: job %s: %s\n", a->id.c_str(),
-                   std::string(wrote.message()).c_str());
-    }
-  }
-  if (options_.slurm) {
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(order.spec_toml, "job " + order.job_id);
-    a->signal_grace_s = spec.ok() && spec->slurm.signal_grace > 0
-                            ? static_cast<int>(spec->slurm.signal_grace)
-                            : options_.slurm->signal_grace_s;
-  }
   for (size_t r = 0; r < order.record.pids.size(); ++r) {
-    Rank rank;
-    rank.remote = !order.slurm_id.empty();
-    rank.pid = rank.remote ? 0 : order.record.pids[r];
+    SupervisedRank rank;
     rank.slot = order.record.slots[r];
     rank.adopted = true;
     if (r < order.last_steps.size()) rank.last_step = order.last_steps[r];
@@ -180,6 +187,7 @@ void Supervisor::Adopt(const AdoptOrder& order) {
     rank.log->SkipToEnd();
     a->ranks.push_back(std::move(rank));
   }
+  cluster_->Adopt(order, *a);
   active_[a->id] = std::move(a);
 }
 
@@ -202,7 +210,7 @@ void Supervisor::Shutdown(const std::string& reason) {
   if (thread_.joinable()) thread_.join();
   // Anything that survived (should be nothing): kill it outright.
   MutexLock relock(&mu_);
-  for (auto& [id, job] : active_) Launcher::SignalGroup(job->pgid, SIGKILL);
+  for (auto& [id, job] : active_) cluster_->Kill(*job);
 }
 
 absl::StatusOr<std::optional<v1::Job>> Supervisor::Cancel(const std::string& job_id,
@@ -212,7 +220,7 @@ absl::StatusOr<std::optional<v1::Job>> Supervisor::Cancel(const std::string& job
   if (it == active_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no workers"));
   }
-  Active& a = *it->second;
+  SupervisedJob& a = *it->second;
   // Ranks that exited since the last look decide first: a job whose ranks all finished is
   // SUCCEEDED, not turned CANCELLED by a cancel that arrives during its teardown.
   SuperviseLocked(a, absl::Now());
@@ -235,7 +243,7 @@ void Supervisor::Loop() {
     if (!shutting_down_) {
       for (const LaunchOrder& order : owner_->TakeLaunches()) LaunchLocked(order);
     }
-    const absl::Duration squeue_took = PollSlurm();
+    const absl::Duration squeue_took = cluster_->Poll(mu_, active_);
     const absl::Time now = absl::Now();
     ForgiveStallLocked(now, now - last_pass - squeue_took);
     last_pass = now;
@@ -245,10 +253,11 @@ void Supervisor::Loop() {
     for (auto& [id, job] : active_) {
       SuperviseLocked(*job, now);
       if (tail) TailLogsLocked(*job, false);
-      const bool all_exited = std::all_of(job->ranks.begin(), job->ranks.end(),
-                                          [](const Rank& r) { return r.exit.has_value(); });
+      const bool all_exited =
+          std::all_of(job->ranks.begin(), job->ranks.end(),
+                      [](const SupervisedRank& r) { return r.exit.has_value(); });
       // (A Slurm job whose ranks all ended may still wait for Slurm's word on why.)
-      if (all_exited && (job->ending || job->slurm_id.empty())) done.push_back(id);
+      if (all_exited && (job->ending || cluster_->RanksEndTheJob())) done.push_back(id);
     }
     for (const std::string& id : done) {
       FinalizeLocked(*active_[id]);
@@ -260,140 +269,29 @@ void Supervisor::Loop() {
 }
 
 void Supervisor::LaunchLocked(const LaunchOrder& order) {
-  if (options_.slurm) return LaunchSlurmLocked(order);
-  auto a = std::make_unique<Active>();
+  auto a = std::make_unique<SupervisedJob>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
   a->log_dir = order.log_dir;
-  // A fresh Gloo FileStore directory for every launch (a job resumed after a daemon restart is
-  // launched again, and a store refuses keys that already exist).
-  const std::string rdv_dir =
-      absl::StrCat(a->log_dir, "/rendezvous-", absl::ToUnixMicros(absl::Now()));
-  a->rendezvous = "file:" + rdv_dir;
-  absl::StatusOr<std::string> secret = NewJobSecret();
-  if (!secret.ok()) {
+  absl::StatusOr<Cluster::Launched> launched = cluster_->Launch(order, *a);
+  if (!launched.ok()) {
     owner_->OnEnded(a->id, v1::JOB_STATE_FAILED,
-                    absl::StrCat("launch failed: ", secret.status().message()), std::nullopt,
+                    absl::StrCat("launch failed: ", launched.status().message()), std::nullopt,
                     /*retryable=*/false);
     return;
   }
-  a->secret = *secret;
-  LaunchSpec l;
-  l.argv = {options_.worker_binary, "--daemon", options_.worker_socket, "--job", a->id};
-  l.gpus = order.slots;
-  l.rendezvous = a->rendezvous;
-  l.env = {
-      {kEnvDaemonSocket, options_.worker_socket}, {kEnvJobId, a->id}, {kEnvJobSecret, a->secret}};
-  l.die_with_launcher = false;    // a daemon restart must not cost the job (adoption.h)
-  l.drain_signal_blocked = true;  // Drain's SIGUSR1 waits for a rank that is still starting
-  for (size_t r = 0; r < order.slots.size(); ++r) {
-    l.outputs.push_back({RankLogPath(a->log_dir, static_cast<int>(r))});
-  }
-  l.run_as = options_.run_as;
-  absl::Status st = MakeDirs(rdv_dir);
-  if (st.ok() && options_.run_as &&
-      chown(rdv_dir.c_str(), options_.run_as->uid, options_.run_as->gid) != 0) {
-    st = absl::PermissionDeniedError(
-        absl::StrCat("chown ", rdv_dir, " to ", options_.run_as->name, ": ", strerror(errno)));
-  }
-  absl::StatusOr<WorkerGroup> group =
-      st.ok() ? Launcher::Launch(l) : absl::StatusOr<WorkerGroup>(st);
-  if (!group.ok()) {
-    owner_->OnEnded(a->id, v1::JOB_STATE_FAILED,
-                    absl::StrCat("launch failed: ", group.status().message()), std::nullopt,
-                    /*retryable=*/false);
-    return;
-  }
-  a->pgid = group->pgid;
-  a->launched = absl::Now();
-  // Written before the job counts as launched: a daemon that dies from here on leaves a job
-  // the next one can adopt.
-  AdoptionRecord record{a->id, a->secret, group->pgid, a->rendezvous, order.slots, group->pids};
-  if (absl::Status wrote = WriteAdoptionRecord(a->log_dir, record); !wrote.ok()) {
-    Launcher::SignalGroup(group->pgid, SIGKILL);
-    for (pid_t pid : group->pids) {
-      while (!Launcher::Poll(pid)) absl::SleepFor(absl::Milliseconds(1));
-    }
-    owner_->OnEnded(a->id, v1::JOB_STATE_FAILED, absl::StrCat("launch failed: ", wrote.message()),
-                    std::nullopt, /*retryable=*/false);
-    return;
-  }
-  for (size_t r = 0; r < group->pids.size(); ++r) {
-    Rank rank;
-    rank.pid = group->pids[r];
-    rank.slot = order.slots[r];
-    rank.log = std::make_unique<LogTail>(RankLogPath(a->log_dir, static_cast<int>(r)));
-    a->ranks.push_back(std::move(rank));
-  }
-  owner_->OnLaunched(
-      a->id, order.slots, a->pgid,
-      absl::StrCat("launched ", a->ranks.size(),
-                   a->ranks.size() > 1 ? " workers on " : " worker on ", node_.gpu ? "GPU" : "slot",
-                   a->ranks.size() > 1 ? "s " : " ", absl::StrJoin(order.slots, ",")));
+  if (!launched->cluster_job.empty()) owner_->OnClusterJob(a->id, launched->cluster_job);
+  owner_->OnLaunched(a->id, order.slots, launched->pgid, launched->reason);
   active_[a->id] = std::move(a);
 }
 
-void Supervisor::EndLocked(Active& job, JobState outcome, const std::string& reason,
+void Supervisor::EndLocked(SupervisedJob& job, JobState outcome, const std::string& reason,
                            std::optional<int> failed_rank, bool sigkill_now) {
   job.ending = true;
   job.outcome = outcome;
   job.reason = reason;
   job.failed_rank = failed_rank;
-  if (!job.slurm_id.empty()) {
-    // Slurm stops its tasks (SIGTERM to each step, SIGKILL after its KillWait); the ranks'
-    // announced exits, or the job's end in squeue, finish the job here.
-    if ((outcome == v1::JOB_STATE_FAILED || outcome == v1::JOB_STATE_CANCELLED) &&
-        !job.slurm.Terminal()) {
-      absl::Status cancelled = SlurmCancel(job.slurm_id, 0, *options_.slurm);
-      if (!cancelled.ok()) {
-        std::fprintf(stderr, "ithacad: job %s: %s\n", job.id.c_str(),
-                     std::string(cancelled.message()).c_str());
-      }
-    }
-    job.killed = true;
-    job.kill_deadline = absl::Now() + options_.grace_period + absl::Seconds(60);
-    job.slurm_polled = absl::InfinitePast();  // look again now
-    return;
-  }
-  if (sigkill_now) {
-    Launcher::SignalGroup(job.pgid, SIGKILL);
-    job.killed = true;
-  } else {
-    Launcher::SignalGroup(job.pgid, SIGTERM);
-    job.kill_deadline = absl::Now() + options_.grace_period;
-  }
-}
-
-namespace {
-
-// "ranks 2, 3": the ranks of a job that never registered ("" when all did).
-template <typename Job>
-std::string NeverRegistered(const Job& job) {
-  std::vector<int> missing;
-  for (size_t r = 0; r < job.ranks.size(); ++r) {
-    if (!job.ranks[r].registered && !job.ranks[r].adopted) missing.push_back(static_cast<int>(r));
-  }
-  if (missing.empty()) return "";
-  return absl::StrCat(missing.size() == 1 ? "rank " : "ranks ", absl::StrJoin(missing, ", "));
-}
-
-}  // namespace
-
-std::optional<WorkerEnd> Supervisor::PollRankLocked(const Active& job, Rank& rank, absl::Time now) {
-  if (rank.remote) {
-    if (rank.announced_exit) return *rank.announced_exit;
-    // The Slurm job is over (or, once stopping, Slurm never said so) and the rank said nothing.
-    if (job.slurm.Terminal() || (job.ending && now > job.kill_deadline)) {
-      rank.vanished = true;
-      return WorkerEnd{true, SIGKILL};
-    }
-    return std::nullopt;
-  }
-  if (!rank.adopted) return Launcher::Poll(rank.pid);
-  if (IsWorkerOf(rank.pid, job.id, job.secret)) return std::nullopt;
-  if (rank.announced_exit) return *rank.announced_exit;
-  rank.vanished = true;  // killed, or crashed before it could say why
-  return WorkerEnd{true, SIGKILL};
+  cluster_->Stop(job, outcome, sigkill_now);
 }
 
 void Supervisor::ForgiveStallLocked(absl::Time now, absl::Duration since_last_pass) {
@@ -409,79 +307,54 @@ void Supervisor::ForgiveStallLocked(absl::Time now, absl::Duration since_last_pa
   std::fflush(stdout);
   for (auto& [id, job] : active_) {
     job->launched = std::min(now, job->launched + stalled);
-    for (Rank& rank : job->ranks) {
+    for (SupervisedRank& rank : job->ranks) {
       rank.last_heartbeat = std::min(now, rank.last_heartbeat + stalled);
     }
   }
 }
 
-void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
+void Supervisor::SuperviseLocked(SupervisedJob& job, absl::Time now) {
   // Every rank that ended since the last look, before naming one: when a rank dies, its peers
   // fail soon after on the broken connection, and one look may find them all ended. The cause
   // is a rank ended by a signal (killed, crashed) over one that exited with an error, else the
   // lowest failed rank.
   std::optional<size_t> culprit;
   for (size_t r = 0; r < job.ranks.size(); ++r) {
-    Rank& rank = job.ranks[r];
+    SupervisedRank& rank = job.ranks[r];
     if (rank.exit) continue;
-    rank.exit = PollRankLocked(job, rank, now);
+    rank.exit = cluster_->RankEnd(job, rank, now);
     if (!rank.exit) continue;
     metrics_->OnWorkerExit(rank.exit->Reason());
-    const bool drained = rank.exit->drained();
-    // A Slurm job's rank drained without Drain asking: Slurm's warning reached it.
-    if (drained && !job.slurm_id.empty() && !job.draining) job.slurm_warned = true;
-    const bool ok = rank.exit->ok() || ((job.draining || job.slurm_warned) && drained);
+    // Drained is not a failure when Drain asked for it, or the cluster did (Slurm's warning).
+    const bool drained = rank.exit->drained() && (job.draining || cluster_->DrainedByCluster(job));
+    const bool ok = rank.exit->ok() || drained;
     if (!ok && (!culprit || (rank.exit->signaled && !job.ranks[*culprit].exit->signaled))) {
       culprit = r;
     }
   }
-  if (!culprit && !job.ending && !job.slurm_id.empty() && (job.draining || job.slurm_warned) &&
-      SlurmDrainedLocked(job, now)) {
-    return;
-  }
-  if (!job.slurm_id.empty() && !job.ending) {
-    if (SlurmVerdictLocked(job, now)) return;
-    // A rank's end may be Slurm's doing (scancel, a time limit, preemption, a lost node: SIGTERM
-    // to one node's launcher, and the other nodes' ranks fail on the broken collective): Slurm's
-    // state says so a moment later, and is the better reason. Until it does (or the wait is
-    // over), no rank's end decides the job.
-    if (culprit && !job.deferred_culprit && !job.ranks[*culprit].vanished) {
-      job.deferred_culprit = static_cast<int>(*culprit);
-      job.deferred_since = now;
-      job.slurm_polled = absl::InfinitePast();
-    }
-    if (job.deferred_culprit) {
-      if (job.slurm.Terminal() || now - job.deferred_since > options_.cluster_verdict_wait) {
-        // The cause: a rank its node's launcher saw killed, else one gone without a word, over
-        // the first one that reported an error (often a peer's broken collective).
-        culprit = static_cast<size_t>(*job.deferred_culprit);
-        std::optional<size_t> killed, gone;
-        for (size_t r = 0; r < job.ranks.size(); ++r) {
-          const Rank& x = job.ranks[r];
-          if (!x.exit || !x.exit->signaled) continue;
-          std::optional<size_t>& first = x.vanished ? gone : killed;
-          if (!first) first = r;
+  if (!job.ending) {
+    ClusterVerdict verdict;
+    switch (cluster_->Judge(job, &culprit, now, &verdict)) {
+      case Cluster::Judgement::kRanksDecide:
+        break;
+      case Cluster::Judgement::kWait:
+        return;
+      case Cluster::Judgement::kDecided:
+        if (verdict.cancelling_first &&
+            !owner_->OnStateChange(job.id, v1::JOB_STATE_CANCELLING, verdict.reason).ok()) {
+          return;  // the owner refused the change: look again next time
         }
-        if (killed || gone) culprit = killed ? *killed : *gone;
-      } else {
-        culprit.reset();
-      }
+        EndLocked(job, verdict.outcome, verdict.reason, std::nullopt, false);
+        job.retryable = verdict.retryable;
+        return;
     }
   }
   if (culprit && !job.ending) {
-    const Rank& rank = job.ranks[*culprit];
+    const SupervisedRank& rank = job.ranks[*culprit];
     TailLogsLocked(job, true);
     std::string reason =
-        rank.vanished && rank.remote
-            ? absl::StrCat(NeverRegistered(job).empty()
-                               ? absl::StrCat("rank ", *culprit,
-                                              rank.node.empty() ? "" : " (node " + rank.node + ")",
-                                              " did not report its end")
-                               : NeverRegistered(job) + " never started",
-                           " before the Slurm job ended: ", SlurmSaysLocked(job))
-        : rank.vanished
-            ? absl::StrCat("rank ", *culprit, " (pid ", rank.pid,
-                           ", adopted after a daemon restart) is gone; its exit status is unknown")
+        rank.vanished
+            ? cluster_->VanishedReason(job, *culprit)
             : absl::StrCat("rank ", *culprit, rank.node.empty() ? "" : " (node " + rank.node + ")",
                            " ", rank.exit->Describe());
     if (!rank.last_error.empty()) absl::StrAppend(&reason, ": ", rank.last_error);
@@ -489,18 +362,15 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     job.retryable = rank.vanished || rank.exit->Retryable();
   }
   if (job.ending) {
-    if (!job.killed && now >= job.kill_deadline) {
-      Launcher::SignalGroup(job.pgid, SIGKILL);
-      job.killed = true;
-    }
+    if (!job.killed && now >= job.kill_deadline) cluster_->Kill(job);
     return;
   }
-  const bool all_ok = std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& x) {
+  const bool all_ok = std::all_of(job.ranks.begin(), job.ranks.end(), [](const SupervisedRank& x) {
     return x.exit && !x.exit->signaled && x.exit->code == 0;
   });
-  const bool all_drained = std::all_of(job.ranks.begin(), job.ranks.end(), [&](const Rank& x) {
-    return x.exit && (x.exit->drained() || x.exit->ok());
-  });
+  const bool all_drained = std::all_of(
+      job.ranks.begin(), job.ranks.end(),
+      [&](const SupervisedRank& x) { return x.exit && (x.exit->drained() || x.exit->ok()); });
   if (job.draining && all_drained && !all_ok) {
     EndLocked(job, v1::JOB_STATE_QUEUED,
               "drained by ithacad: checkpointed and stopped; it resumes from that checkpoint "
@@ -514,7 +384,7 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
     return;
   }
   for (size_t r = 0; r < job.ranks.size(); ++r) {
-    const Rank& rank = job.ranks[r];
+    const SupervisedRank& rank = job.ranks[r];
     if (rank.exit) continue;
     if (rank.registered && now - rank.last_heartbeat > options_.heartbeat_timeout) {
       metrics_->OnWorkerExit("heartbeat_timeout");
@@ -525,16 +395,15 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
       job.retryable = true;  // a hung rank, a lost node
       return;
     }
-    // A Slurm job's ranks have start_timeout once Slurm runs the job (SlurmVerdictLocked judges
+    // A Slurm job's ranks have start_timeout once Slurm runs the job (SlurmCluster::Judge judges
     // a job that stays PENDING).
-    if (!rank.registered && (job.slurm_id.empty() || job.slurm_running) &&
-        now - job.launched > options_.start_timeout) {
+    if (!rank.registered && cluster_->Started(job) && now - job.launched > options_.start_timeout) {
       EndLocked(job, v1::JOB_STATE_FAILED,
                 absl::StrCat("rank ", r, rank.remote ? "" : absl::StrCat(" (pid ", rank.pid, ")"),
                              " did not ",
                              rank.adopted ? "re-attach after the daemon restart" : "register",
                              " within ", absl::FormatDuration(options_.start_timeout),
-                             job.slurm_id.empty() ? "" : "; " + SlurmSaysLocked(job)),
+                             cluster_->Says(job).empty() ? "" : "; " + cluster_->Says(job)),
                 static_cast<int>(r), true);
       job.retryable = true;
       return;
@@ -542,15 +411,15 @@ void Supervisor::SuperviseLocked(Active& job, absl::Time now) {
   }
 }
 
-void Supervisor::TailLogsLocked(Active& job, bool flush) {
+void Supervisor::TailLogsLocked(SupervisedJob& job, bool flush) {
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     std::vector<std::string> lines = job.ranks[r].log->ReadLines(flush);
     if (!lines.empty()) owner_->OnLogLines(job.id, static_cast<int>(r), std::move(lines));
   }
 }
 
-void Supervisor::FinalizeLocked(Active& job) {
-  Launcher::SignalGroup(job.pgid, SIGKILL);  // anything a worker may have started
+void Supervisor::FinalizeLocked(SupervisedJob& job) {
+  cluster_->Kill(job);  // anything a worker may have started
   TailLogsLocked(job, true);
   if (!job.ending) {  // cannot happen: all exited means an outcome was decided
     job.outcome = v1::JOB_STATE_FAILED;
@@ -567,7 +436,7 @@ void Supervisor::FinalizeLocked(Active& job) {
                   job.outcome == v1::JOB_STATE_FAILED && job.retryable);
 }
 
-absl::StatusOr<Supervisor::Active*> Supervisor::ActiveLocked(const std::string& job_id, int rank) {
+absl::StatusOr<SupervisedJob*> Supervisor::ActiveLocked(const std::string& job_id, int rank) {
   // Detached: the next daemon takes the workers' calls (a rank that finishes meanwhile waits to
   // tell it so), and this one must not record anything more.
   if (detached_) return absl::UnavailableError("ithacad is stopping; its successor takes over");
@@ -575,7 +444,7 @@ absl::StatusOr<Supervisor::Active*> Supervisor::ActiveLocked(const std::string& 
   if (it == active_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no running workers"));
   }
-  Active* a = it->second.get();
+  SupervisedJob* a = it->second.get();
   if (rank < 0 || rank >= static_cast<int>(a->ranks.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside the job's world of ", a->ranks.size()));
@@ -585,8 +454,8 @@ absl::StatusOr<Supervisor::Active*> Supervisor::ActiveLocked(const std::string& 
 
 absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequest& request) {
   MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
-  Rank& r = a->ranks[request.rank()];
+  ASSIGN_OR_RETURN(SupervisedJob * a, ActiveLocked(request.job_id(), request.rank()));
+  SupervisedRank& r = a->ranks[request.rank()];
   if (a->ending) {
     return absl::FailedPreconditionError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
   }
@@ -610,24 +479,11 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
   }
   r.registered = true;
   r.last_heartbeat = absl::Now();
-  const bool all =
-      std::all_of(a->ranks.begin(), a->ranks.end(), [](const Rank& x) { return x.registered; });
+  const bool all = std::all_of(a->ranks.begin(), a->ranks.end(),
+                               [](const SupervisedRank& x) { return x.registered; });
   if (all && !a->running) {
     a->running = true;
-    std::string where;
-    if (!a->slurm_id.empty()) {
-      // "ranks 0-1 on n1, 2-3 on n2": the nodes the job runs on, in its history.
-      std::vector<std::string> parts;
-      for (size_t i = 0; i < a->ranks.size();) {
-        size_t j = i;
-        while (j + 1 < a->ranks.size() && a->ranks[j + 1].node == a->ranks[i].node) ++j;
-        parts.push_back(absl::StrCat(i == j ? std::to_string(i) : absl::StrCat(i, "-", j), " on ",
-                                     a->ranks[i].node.empty() ? "?" : a->ranks[i].node));
-        i = j + 1;
-      }
-      where =
-          absl::StrCat(" (Slurm job ", a->slurm_id, ": ranks ", absl::StrJoin(parts, ", "), ")");
-    }
+    const std::string where = cluster_->RunningWhere(*a);
     RETURN_IF_ERROR(
         owner_
             ->OnStateChange(a->id, v1::JOB_STATE_RUNNING,
@@ -648,8 +504,8 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
 absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   MutexLock lock(&mu_);
   const v1::StepReport& step = request.step();
-  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), step.rank()));
-  Rank& r = a->ranks[step.rank()];
+  ASSIGN_OR_RETURN(SupervisedJob * a, ActiveLocked(request.job_id(), step.rank()));
+  SupervisedRank& r = a->ranks[step.rank()];
   r.last_heartbeat = absl::Now();
   if (step.step() <= r.last_step) return absl::OkStatus();  // re-sent after a daemon restart
   v1::StepReport report = step;
@@ -678,8 +534,8 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
 absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
   MutexLock lock(&mu_);
   const v1::EvalReport& eval = request.eval();
-  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), eval.rank()));
-  Rank& r = a->ranks[eval.rank()];
+  ASSIGN_OR_RETURN(SupervisedJob * a, ActiveLocked(request.job_id(), eval.rank()));
+  SupervisedRank& r = a->ranks[eval.rank()];
   r.last_heartbeat = absl::Now();
   if (r.remote) {
     metrics_->OnEval(a->id, eval.rank(), r.slot, "", eval);
@@ -692,11 +548,11 @@ absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
 
 absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
   MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
+  ASSIGN_OR_RETURN(SupervisedJob * a, ActiveLocked(request.job_id(), request.rank()));
   if (a->ending) {
     return absl::AbortedError(absl::StrCat("job ", a->id, " is ending: ", a->reason));
   }
-  Rank& r = a->ranks[request.rank()];
+  SupervisedRank& r = a->ranks[request.rank()];
   if (!r.registered) {  // adopted, and not re-attached yet: the worker re-attaches on this
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", request.rank(), " of ", a->id, " has not re-attached"));
@@ -707,7 +563,7 @@ absl::Status Supervisor::Heartbeat(const v1::HeartbeatRequest& request) {
 
 absl::Status Supervisor::Exiting(const v1::ExitingRequest& request) {
   MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
+  ASSIGN_OR_RETURN(SupervisedJob * a, ActiveLocked(request.job_id(), request.rank()));
   a->ranks[request.rank()].announced_exit = request.signal() != 0
                                                 ? WorkerEnd{true, request.signal()}
                                                 : WorkerEnd{false, request.exit_code()};
@@ -728,7 +584,7 @@ absl::Status Supervisor::CheckSecret(const std::string& job_id, const std::strin
 
 absl::Status Supervisor::Log(const v1::LogRequest& request) {
   MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Active * a, ActiveLocked(request.job_id(), request.rank()));
+  ASSIGN_OR_RETURN(SupervisedJob * a, ActiveLocked(request.job_id(), request.rank()));
   // The text also reached the rank's log file through stderr; here it becomes the reason a
   // failure is reported with.
   if (request.level() == "ERROR") a->ranks[request.rank()].last_error = request.text();

@@ -11,20 +11,10 @@
 // starts, and they re-attach with the job's secret. An adopted worker is not this daemon's child:
 // it is judged alive through /proc, and its exit code is the one it announced (Exiting).
 //
-// Under `ithacad --cluster slurm` (Options::slurm) the supervisor forks nothing: a launch is an
-// sbatch of one task per node (slurm.h), whose ranks register over TCP with the job's secret; a
-// rank's end is what it announced (Exiting; a killed rank's node launcher announces the signal
-// for it), or, when the Slurm job ended first, Slurm's state (squeue, polled every
-// cluster_poll_interval). A job Slurm cancelled is CANCELLED with Slurm's
-// reason; NODE_FAIL, TIMEOUT, PREEMPTED, BOOT_FAIL and DEADLINE fail it as a failure that need not
-// repeat (the retry policy's to judge); cancel is scancel. Before a time limit and on preemption
-// Slurm warns the job (`--signal=USR1@grace`): its ranks checkpoint and stop as in a drain, and
-// the job is reported QUEUED with Slurm's cause (SlurmWarningCause), not failed. A job Slurm
-// keeps PENDING because a node it needs is down fails after start_timeout, naming Slurm's
-// reason. A restarted daemon adopts a Slurm job that Slurm still runs (AdoptOrder::slurm_id, kept
-// in the store), and tells its ranks where it listens now (JobDaemonAddrPath, launch/layout.h:
-// written at submission and again by a daemon that adopts the job; the ranks read it before each
-// re-attach). This side of the class is in supervisor_slurm.cc.
+// Where the ranks run is its Cluster's (cluster.h): this node's processes (LocalCluster) or,
+// under `ithacad --cluster slurm` (Options::slurm), a Slurm batch job (SlurmCluster), whose
+// state can decide a job the ranks' ends cannot. The cluster launches, watches and stops; the
+// supervisor keeps the life cycle.
 //
 // A worker's silence is judged only over time the supervisor was listening: a pass that comes
 // late (its lock held through a slow store write, a daemon without CPU) moves the heartbeat and
@@ -50,6 +40,7 @@
 #include "ithaca/v1/job.pb.h"
 #include "ithaca/v1/worker.pb.h"
 #include "server/adoption.h"
+#include "server/cluster.h"
 #include "server/job_state.h"
 #include "launch/launcher.h"
 #include "server/log_files.h"
@@ -58,29 +49,6 @@
 #include "server/slurm.h"
 
 namespace ithaca {
-
-// A job the scheduler gave slots to, ready to launch.
-struct LaunchOrder {
-  std::string job_id;
-  std::string spec_toml;   // what every rank receives at Register
-  std::string log_dir;     // rank logs and the rendezvous directory go here
-  std::vector<int> slots;  // slots[rank]
-};
-
-// A job whose workers a previous daemon launched and which still run (Jobs::Recover checks).
-struct AdoptOrder {
-  std::string job_id;
-  std::string spec_toml;
-  std::string log_dir;
-  AdoptionRecord record;
-  bool running = false;  // the job was RUNNING (every rank had registered), not STARTING
-  // last_steps[rank]: the newest step the store holds of each rank (0: none). A rank re-sends
-  // the report that was in flight when its daemon went away; one already recorded is ignored.
-  std::vector<int64_t> last_steps;
-  // Set: the job runs under Slurm as this job id (ithacad --cluster slurm); its ranks re-attach
-  // over TCP and the record's pids are not used.
-  std::string slurm_id;
-};
 
 // The owner of the jobs a Supervisor runs. The supervisor calls it with its own lock held, so one
 // job's reports arrive in the order they happened and a cancel cannot slip between a launch and
@@ -205,107 +173,32 @@ class Supervisor {
   absl::Status CheckSecret(const std::string& job_id, const std::string& secret);
 
  private:
-  struct Rank {
-    int pid = 0;
-    int slot = 0;
-    bool registered = false;
-    absl::Time last_heartbeat;
-    std::optional<WorkerEnd> exit;
-    // Adopted from a previous daemon: not our child, so no waitpid; its end is what it announced
-    // (Exiting: its exit code, or the signal its node's launcher saw kill it), or unknown when
-    // it vanished without a word.
-    bool adopted = false;
-    std::optional<WorkerEnd> announced_exit;
-    bool vanished = false;
-    std::string last_error;  // newest ERROR line the worker sent
-    int64_t last_step = 0;   // newest step report recorded (a re-sent one is not recorded twice)
-    std::unique_ptr<LogTail> log;
-    // On another node (a Slurm job): no pid of ours until it registers, no /proc to look at.
-    bool remote = false;
-    std::string node;  // where it registered from
-  };
-  struct Active {
-    std::string id;
-    std::string spec_toml;
-    std::string rendezvous;
-    std::string log_dir;
-    std::string secret;  // every rank's ITHACA_JOB_SECRET
-    // Step reports the store could not take (a full state disk): (rank, step), until the rank
-    // sends them again and they are stored; what is left when the job ends is named in its
-    // reason, so the history's gap is said, not silent.
-    std::set<std::pair<int, int64_t>> unstored_steps;
-    std::string unstored_error;
-    std::vector<Rank> ranks;
-    int pgid = 0;
-    absl::Time launched;
-    bool running = false;  // every rank registered
-    // Once the outcome is decided the job is "ending": its workers are being stopped.
-    bool ending = false;
-    JobState outcome = v1::JOB_STATE_UNSPECIFIED;
-    std::string reason;
-    std::optional<int> failed_rank;
-    bool retryable = false;  // see JobOwner::OnEnded
-    bool draining = false;   // Drain asked it to checkpoint and stop
-    // A Slurm job's rank stopped drained without Drain asking: Slurm's warning signal before its
-    // time limit or on preemption (SlurmDefaults::signal_grace_s). Once Slurm's job has ended,
-    // `warning_cause` holds why Slurm sent it (SlurmWarningCause), and the job is queued again.
-    bool slurm_warned = false;
-    int signal_grace_s = 0;  // the job's effective --signal grace
-    std::string warning_cause;
-    absl::Time drained_since = absl::InfiniteFuture();  // every rank had stopped drained
-    absl::Time kill_deadline;
-    bool killed = false;  // SIGKILL sent
-    // A Slurm job (slurm_id set): Slurm's newest answer, when it was asked, and whether it has
-    // been RUNNING (its ranks' start timeout counts from then).
-    std::string slurm_id;
-    SlurmJobState slurm;
-    absl::Time slurm_polled = absl::InfinitePast();
-    bool slurm_running = false;
-    // A rank's end that waits for Slurm's state to say why (see cluster_verdict_wait).
-    std::optional<int> deferred_culprit;
-    absl::Time deferred_since;
-  };
-
   void Loop();
   void LaunchLocked(const LaunchOrder& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LaunchSlurmLocked(const LaunchOrder& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Asks Slurm about every Slurm job due a look, without the lock held while squeue runs;
-  // returns how long it was let go.
-  absl::Duration PollSlurm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A Slurm job that Slurm itself ended (CANCELLED, TIMEOUT, NODE_FAIL, ...) or keeps PENDING
-  // for a node that is down: ends it with Slurm's reason; true then.
-  bool SlurmVerdictLocked(Active& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A Slurm job whose ranks all stopped drained (Drain, or Slurm's warning signal): once Slurm's
-  // job has ended (or cluster_verdict_wait passed), ends it QUEUED with the cause. True when the
-  // job is drained, decided or waiting for Slurm's word: nothing else judges it then.
-  bool SlurmDrainedLocked(Active& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "Slurm job 12 FAILED (reason NonZeroExitCode) on n[1-2]: srun: error: ..."
-  std::string SlurmSaysLocked(const Active& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rank `r`'s exit, if it ended since the last look.
-  std::optional<WorkerEnd> PollRankLocked(const Active& job, Rank& rank, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A pass that comes more than kStallForgiven late moves every rank's heartbeat and start
   // clocks on by the delay: a daemon that could not listen does not blame its ranks.
   static constexpr absl::Duration kStallForgiven = absl::Milliseconds(500);
   void ForgiveStallLocked(absl::Time now, absl::Duration since_last_pass)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SuperviseLocked(Active& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndLocked(Active& job, JobState outcome, const std::string& reason,
+  void SuperviseLocked(SupervisedJob& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLocked(SupervisedJob& job, JobState outcome, const std::string& reason,
                  std::optional<int> failed_rank, bool sigkill_now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinalizeLocked(Active& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TailLogsLocked(Active& job, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Active*> ActiveLocked(const std::string& job_id, int rank)
+  void FinalizeLocked(SupervisedJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TailLogsLocked(SupervisedJob& job, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<SupervisedJob*> ActiveLocked(const std::string& job_id, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   const Node node_;
   JobOwner* const owner_;
   Metrics* const metrics_;
+  // Where the ranks run: LocalCluster, or SlurmCluster under Options::slurm.
+  const std::unique_ptr<Cluster> cluster_;
 
   Mutex mu_;
   CondVar wake_;  // signalled (with mu_) when the loop should look, or a job has ended
-  std::map<std::string, std::unique_ptr<Active>> active_ ABSL_GUARDED_BY(mu_);
+  SupervisedJobs active_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Stopped by Detach: the workers are the next daemon's.
