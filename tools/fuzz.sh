@@ -35,16 +35,20 @@ if [ -z "$CXX" ]; then echo "fuzz: clang++ not found (apt-get install clang)"; e
 out=${FUZZ_OUT:-/tmp/ithaca-fuzz-${USER:-$(id -u)}}
 mkdir -p "$out/obj" "$out/corpus" "$out/artifacts"
 
-# The engine sources each harness needs (what its Bazel library depends on).
-common=(engine/core/file_util.cc engine/core/tensor.cc)
-sources_job_spec=(engine/spec/job_spec.cc engine/model/config.cc engine/model/presets.cc
-  engine/backend/rope.cc engine/spec/recompute_policy.cc engine/spec/toml_text.cc engine/backend/attention_choice.cc
-  engine/spec/overrides.cc engine/core/path_policy.cc)
-sources_config_json=(engine/model/config.cc engine/model/presets.cc engine/backend/rope.cc)
-sources_safetensors=(engine/model/safetensors.cc)
-sources_token_file=(engine/data/token_file.cc engine/core/path_policy.cc)
-sources_data_pattern=(engine/core/path_policy.cc)
-sources_utf8=(engine/core/utf8.cc)
+# The engine sources each harness needs: the .cc files of its Bazel library and everything
+# that depends on, asked of Bazel (so a file split in the build is followed here).
+bazel() { command bazel ${ITHACA_OUTPUT_BASE:+--output_base="$ITHACA_OUTPUT_BASE"} "$@"; }
+targets_job_spec="//engine/spec:job_spec + //engine/spec:overrides"
+targets_config_json="//engine/model:config"
+targets_safetensors="//engine/model:safetensors"
+targets_token_file="//engine/data:token_file"
+targets_data_pattern="//engine/core:path_policy"
+targets_utf8="//engine/core:utf8"
+sources() {  # fuzzer name -> its engine sources, one per line
+  local -n targets="targets_$1"
+  bazel query --noshow_progress "kind('source file', deps($targets))" 2>/dev/null |
+    grep -E '^//engine/.*\.cc$' | sed 's#^//##; s#:#/#'
+}
 
 flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -I. $(pkg-config --cflags absl_strings)
   -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined)
@@ -63,9 +67,9 @@ compile() {  # source -> object path on stdout
 }
 
 build() {  # fuzzer name -> binary
-  local name=$1 objs=() src obj
-  local -n extra="sources_$name"
-  for src in "fuzz/${name}_fuzzer.cc" "${common[@]}" "${extra[@]}"; do
+  local name=$1 objs=() src obj extra
+  extra=$(sources "$name") && [ -n "$extra" ] || { echo "fuzz: bazel query found no sources" >&2; return 1; }
+  for src in "fuzz/${name}_fuzzer.cc" $extra; do
     obj=$(compile "$src") || return 1
     objs+=("$obj")
   done

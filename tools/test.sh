@@ -63,7 +63,6 @@ if [ "${ITHACA_SANITIZE:-1}" != 0 ]; then
     rm -f "$sanitize_log"
   done
 fi
-bazel shutdown >/dev/null 2>&1  # do not leave the JVM server running
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # a build failure
 # The parsers of untrusted input are fuzzed ITHACA_FUZZ_SECONDS each (default 30; 0: not at all),
 # under ASan and UBSan (tools/fuzz.sh); each fuzzer counts as one test.
@@ -82,6 +81,7 @@ if [ "$fuzz_seconds" != 0 ]; then
   failed=$((failed + fuzz_failed))
   rm -f "$fuzz_log"
 fi
+bazel shutdown >/dev/null 2>&1  # do not leave the JVM server running
 rm -f "$log"
 n_skipped=$(grep -c . <<<"$skipped")
 echo "${n_skipped} skipped (${reason}):" $skipped
