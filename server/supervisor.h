@@ -1,7 +1,8 @@
 // Supervisor: runs jobs' worker processes and talks to them. From its own long-lived thread it
-// launches the jobs its owner hands it (launcher.h) and judges their workers: a worker that exits
-// non-zero, stops heart-beating or never registers fails the job naming the rank, and the job's
-// other workers are killed; cancel sends SIGTERM, then SIGKILL after the grace period. A job's
+// launches the jobs its owner hands it (through its Cluster, below) and judges their workers: a
+// worker that exits non-zero, stops heart-beating or never registers fails the job naming the
+// rank, and the job's other workers are stopped; cancel asks them to stop (SIGTERM, then SIGKILL
+// after the grace period, or scancel under Slurm). A job's
 // outcome is reported only once all its workers are gone. The WorkerService (Register,
 // ReportStep, Heartbeat, Log, Exiting) is answered here.
 //
