@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -662,13 +663,20 @@ TEST(JobsTest, DeletingACancellingJobSaysToWait) {
   auto store = JobStore::Open({":memory:"});
   ASSERT_TRUE(store.ok()) << store.status();
   Metrics metrics;
+  // The marker says the trap is set: a SIGTERM before it would end the job at once.
+  const std::string trapped = TmpDir() + "/stubborn.trapped";
+  unlink(trapped.c_str());
   Jobs jobs(CpuJobs("delete_cancelling", 1,
-                    Script("stubborn.sh", "trap '' TERM; echo hello; exec sleep 30")),
+                    Script("stubborn.sh", "trap '' TERM; touch " + trapped + "; exec sleep 30")),
             store->get(), &metrics);
   ASSERT_TRUE(jobs.Start().ok());
   absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  for (int i = 0; i < 2000 && access(trapped.c_str(), F_OK) != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(access(trapped.c_str(), F_OK), 0) << "the worker never set its trap";
   absl::StatusOr<v1::Job> cancelling = jobs.Cancel(job->id(), "");
   ASSERT_TRUE(cancelling.ok()) << cancelling.status();
   ASSERT_EQ(cancelling->state(), v1::JOB_STATE_CANCELLING);
