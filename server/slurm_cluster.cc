@@ -42,10 +42,8 @@ SlurmJob& Of(SupervisedJob& job) { return static_cast<SlurmJob&>(*job.cluster); 
 const SlurmJob& Of(const SupervisedJob& job) { return static_cast<const SlurmJob&>(*job.cluster); }
 
 // The job's --signal grace: its spec's [slurm] signal_grace, else the daemon's default.
-int SignalGrace(const std::string& spec_toml, const std::string& id, const SlurmDefaults& d) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_toml, "job " + id);
-  return spec.ok() && spec->slurm.signal_grace > 0 ? static_cast<int>(spec->slurm.signal_grace)
-                                                   : d.signal_grace_s;
+int SignalGrace(const JobSpec& spec, const SlurmDefaults& d) {
+  return spec.slurm.signal_grace > 0 ? static_cast<int>(spec.slurm.signal_grace) : d.signal_grace_s;
 }
 
 }  // namespace
@@ -71,8 +69,7 @@ absl::StatusOr<Cluster::Launched> SlurmCluster::Launch(const LaunchOrder& order,
   sub.time_limit = spec.slurm.time_limit;
   sub.constraint = spec.slurm.constraint;
   sub.signal_grace_s = static_cast<int>(spec.slurm.signal_grace);
-  slurm->signal_grace_s =
-      sub.signal_grace_s > 0 ? sub.signal_grace_s : options_.slurm.signal_grace_s;
+  slurm->signal_grace_s = SignalGrace(spec, options_.slurm);
   sub.env = {{kEnvJobId, job.id}, {kEnvJobSecret, job.secret}};
   if (!options_.worker_token_file.empty()) {
     sub.env.emplace_back(kEnvTokenFile, options_.worker_token_file);
@@ -108,7 +105,9 @@ void SlurmCluster::Adopt(const AdoptOrder& order, SupervisedJob& job) {
   auto slurm = std::make_unique<SlurmJob>();
   slurm->id = order.slurm_id;
   slurm->running = !order.slurm_id.empty() && order.running;
-  slurm->signal_grace_s = SignalGrace(order.spec_toml, order.job_id, options_.slurm);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(order.spec_toml, "job " + order.job_id);
+  slurm->signal_grace_s =
+      spec.ok() ? SignalGrace(*spec, options_.slurm) : options_.slurm.signal_grace_s;
   job.cluster = std::move(slurm);
   for (SupervisedRank& rank : job.ranks) rank.remote = true;
   // The ranks read it before each re-attach: this daemon may listen elsewhere than the last.

@@ -398,12 +398,13 @@ void Supervisor::SuperviseLocked(SupervisedJob& job, absl::Time now) {
     // A Slurm job's ranks have start_timeout once Slurm runs the job (SlurmCluster::Judge judges
     // a job that stays PENDING).
     if (!rank.registered && cluster_->Started(job) && now - job.launched > options_.start_timeout) {
+      const std::string says = cluster_->Says(job);  // reads Slurm's output file: once
       EndLocked(job, v1::JOB_STATE_FAILED,
                 absl::StrCat("rank ", r, rank.remote ? "" : absl::StrCat(" (pid ", rank.pid, ")"),
                              " did not ",
                              rank.adopted ? "re-attach after the daemon restart" : "register",
                              " within ", absl::FormatDuration(options_.start_timeout),
-                             cluster_->Says(job).empty() ? "" : "; " + cluster_->Says(job)),
+                             says.empty() ? "" : "; " + says),
                 static_cast<int>(r), true);
       job.retryable = true;
       return;
