@@ -9,8 +9,10 @@
 #
 # BIN holds ithaca-worker and passkey_corpus (//engine/data:passkey_corpus); OUT gets the specs,
 # each job's log, and passkey.jsonl: one line per (phase, length) with accuracy and logprob per
-# depth. The model's shape, the lengths and the steps come from the environment (defaults: the
-# H200 run, ~50M parameters; tests/e2e runs it small on the CPU).
+# depth. The model's shape, the lengths and the steps come from the environment; the defaults are
+# the H200 run of bench/results/2026-12-05-passkey-workflow.* (50.8M parameters, ~2.5 minutes).
+# A CPU run needs a smaller model, e.g. BACKEND=cpu HIDDEN=128 LAYERS=4 HEADS=4 KV_HEADS=2
+# HEAD_DIM=32 INTER=384 S1=256 S2=1024 PACK1=128 PACK2=256 (it learns more slowly).
 set -euo pipefail
 BIN=${1:?bin dir}
 OUT=${2:?out dir}
@@ -27,7 +29,7 @@ PACK1=${PACK1:-256} PACK2=${PACK2:-4096}
 LR=${LR:-1e-3} LR2=${LR2:-3e-4}
 SAMPLES=${SAMPLES:-8}
 DEPTHS=${DEPTHS:-"[0.0, 0.25, 0.5, 0.75, 1.0]"}
-MEMORY=${MEMORY:-}  # extra [memory] lines, e.g. 'recompute = "full"'
+MEMORY=${MEMORY:-'recompute = "auto"'}  # the [memory] lines
 mkdir -p "$OUT/model"
 OUT=$(cd "$OUT" && pwd)
 
