@@ -68,16 +68,18 @@ absl::Status Run() {
   }
   std::vector<uint32_t> tokens;
   tokens.reserve(static_cast<size_t>(length * count));
-  int64_t prompt = 0;  // every prompt's own key and depth, drawn from (seed, prompt)
-  auto draw = [&](int64_t n) { return PasskeyKey(seed, n, /*depth_index=*/-1, prompt); };
+  // Five digits from (seed + salt, a length, an index): the keys (salt 0), the depths (1) and
+  // the windows' splits (2).
+  auto draw = [seed](uint64_t salt, int64_t n, int64_t index) {
+    return PasskeyKey(seed + salt, n, /*depth_index=*/-1, index);
+  };
+  int64_t prompt = 0;
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t split =
-        max_split == 0 ? 0 : std::stoll(PasskeyKey(seed + 2, length, -1, i)) % (max_split + 1);
+    const int64_t split = max_split == 0 ? 0 : std::stoll(draw(2, length, i)) % (max_split + 1);
     const int64_t n = length >> split;
     for (int64_t j = 0; j < (int64_t{1} << split); ++j, ++prompt) {
-      const std::string key = draw(n);
-      const double depth =
-          static_cast<double>(std::stoi(PasskeyKey(seed + 1, n, -1, prompt)) - 10000) / 89999.0;
+      const std::string key = draw(0, n, prompt);
+      const double depth = static_cast<double>(std::stoi(draw(1, n, prompt)) - 10000) / 89999.0;
       ASSIGN_OR_RETURN(PasskeyPrompt p, BuildPasskeyPrompt(*tok, n, depth, key));
       meta.doc_starts.push_back(tokens.size());
       tokens.insert(tokens.end(), p.tokens.begin(), p.tokens.end());
