@@ -21,7 +21,7 @@
 #include "engine/data/token_file.h"
 
 ABSL_FLAG(std::string, out, "", "the token file to write");
-ABSL_FLAG(int64_t, length, 4096, "tokens per prompt (the training seq_len)");
+ABSL_FLAG(int64_t, length, 4096, "tokens per window (the training seq_len)");
 ABSL_FLAG(int64_t, count, 1000, "windows of --length tokens");
 ABSL_FLAG(uint64_t, seed, 7, "keys and depths come from it");
 ABSL_FLAG(std::string, tokenizer, "", "a tokenizer.json; empty: byte-level");
@@ -57,13 +57,12 @@ absl::Status Run() {
   }
   TokenFileMeta meta;
   meta.vocab_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_vocab));
-  if (meta.vocab_size == 0) {
-    if (!json.empty()) return absl::InvalidArgumentError("--vocab: needed with --tokenizer");
-    meta.vocab_size = kByteBos + 2;
-  }
   meta.bos_id = tok->bos();
-  if (json.empty()) meta.eos_id = kByteBos + 1;
-  if (!json.empty()) {
+  if (json.empty()) {
+    if (meta.vocab_size == 0) meta.vocab_size = kByteVocab;
+    meta.eos_id = kByteEos;
+  } else {
+    if (meta.vocab_size == 0) return absl::InvalidArgumentError("--vocab: needed with --tokenizer");
     ASSIGN_OR_RETURN(meta.fingerprint, Sha256File(json));
   }
   std::vector<uint32_t> tokens;
