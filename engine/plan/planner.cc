@@ -394,17 +394,11 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   }
   // Whether anything fits: the state on the host first (it frees the most device memory).
   if (limits.first_fit) std::reverse(offloads.begin(), offloads.end());
-  // Moving state to the host costs host memory and CPU the prediction does not weigh (other
-  // jobs', the data loader's): it must be predicted kOffloadGain faster than keeping it on the
-  // device, or be the only way that fits.
-  constexpr double kOffloadGain = 0.03;
+  // State moves to the host only where that is predicted faster by PlanCost's margin, or is the
+  // only way that fits.
   std::optional<MemoryPlan> best;
-  auto cost = [&](const MemoryPlan& p) {
-    const int moved = int(p.optimizer_offload) + int(p.param_offload);
-    return p.predicted.step_s * (1 + kOffloadGain * moved);
-  };
   auto consider = [&](const MemoryPlan& p) {
-    if (!best || cost(p) < cost(*best)) best = p;
+    if (!best || PlanCost(p) < PlanCost(*best)) best = p;
   };
   // A first-fit configuration, as FitMemo keeps it.
   auto config_key = [&](RecomputePolicy policy, const Keep& keep) {
@@ -524,6 +518,12 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     return p;
   }
   return smallest;
+}
+
+double PlanCost(const MemoryPlan& p) {
+  constexpr double kOffloadGain = 0.03;  // per tier moved
+  const int moved = int(p.optimizer_offload) + int(p.param_offload);
+  return p.predicted.step_s * (1 + kOffloadGain * moved);
 }
 
 std::string RecomputeSetting(const MemoryPlan& p) {

@@ -158,6 +158,11 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget_bytes
                                    int64_t host_budget_bytes = 0, const PlanLimits& limits = {},
                                    const PlanHardware& hardware = {});
 
+// What PlanJob minimizes over the plans that fit: the predicted step, 3 % dearer for each tier of
+// state moved to the host (it costs host memory and CPU the prediction does not weigh: other
+// jobs', the data loader's).
+double PlanCost(const MemoryPlan& plan);
+
 // "attention-aware", "attention-aware on the last 12 of 32 blocks", "full", "none".
 std::string RecomputeSetting(const MemoryPlan& plan);
 

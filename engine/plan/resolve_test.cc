@@ -9,6 +9,7 @@
 #include "engine/model/config.h"
 #include "engine/parallel/head_plan.h"
 #include "engine/plan/budgets.h"
+#include "engine/plan/planner.h"
 #include "engine/spec/validate.h"
 #include "gtest/gtest.h"
 #include "engine/core/units.h"
@@ -97,6 +98,60 @@ TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
         ASSERT_TRUE(again.ok()) << again.status();
         EXPECT_EQ(again->toml, job->toml);
         EXPECT_EQ(again->plan.device_total(), job->plan.device_total());
+      }
+    }
+  }
+}
+
+// A spec that names no recompute policy gets the fastest that fits ("auto", the default): it
+// costs (PlanCost: the predicted step, dearer per tier of state on the host) no more than any of
+// the three named alone, on a roomy node, where keeping everything wins, and under a budget that
+// no plan without recompute fits, however frugal.
+TEST(ResolveTest, TheDefaultRecomputeIsTheFastestPolicyThatFits) {
+  for (const std::string backend : {"cpu", "cuda"}) {
+    SCOPED_TRACE(backend);
+    JobSpec spec = Tiny(backend);
+    spec.data.seq_len = 8192;
+    ASSERT_EQ(spec.memory.recompute, RecomputePolicy::kAuto);
+    auto plan_with = [&](RecomputePolicy p, double gpu_gib) {
+      JobSpec named = spec;
+      named.memory.recompute = p;
+      named.memory.gpu_budget_gib = gpu_gib;
+      return ResolveJob(named, Node(80 * kGiB, 256 * kGiB, 2));
+    };
+    // With no room at all each policy's plan is its smallest (fits = false).
+    const double no_room = 1.0 / 1024;
+    auto none = plan_with(RecomputePolicy::kNone, no_room);
+    auto full = plan_with(RecomputePolicy::kFull, no_room);
+    ASSERT_TRUE(none.ok() && full.ok());
+    ASSERT_LT(full->plan.device_total(), none->plan.device_total());
+    const double tight_gib =
+        0.5 * (full->plan.device_total() + none->plan.device_total()) / double(kGiB);
+    for (double gpu_gib : {0.0, tight_gib}) {
+      SCOPED_TRACE(gpu_gib);
+      auto chosen = plan_with(RecomputePolicy::kAuto, gpu_gib);
+      ASSERT_TRUE(chosen.ok()) << chosen.status();
+      ASSERT_TRUE(chosen->plan.fits) << chosen->plan.verdict;
+      EXPECT_NE(chosen->spec.memory.recompute, RecomputePolicy::kAuto);
+      int fitting = 0;
+      for (RecomputePolicy p :
+           {RecomputePolicy::kNone, RecomputePolicy::kAttentionAware, RecomputePolicy::kFull}) {
+        auto named = plan_with(p, gpu_gib);
+        ASSERT_TRUE(named.ok()) << named.status();
+        if (!named->plan.fits) continue;
+        ++fitting;
+        EXPECT_LE(PlanCost(chosen->plan), PlanCost(named->plan) * (1 + 1e-9))
+            << RecomputePolicyName(p) << " costs less than the default's "
+            << RecomputePolicyName(chosen->spec.memory.recompute);
+      }
+      if (gpu_gib > 0) {
+        EXPECT_FALSE(plan_with(RecomputePolicy::kNone, gpu_gib)->plan.fits);
+        EXPECT_NE(chosen->spec.memory.recompute, RecomputePolicy::kNone);
+        EXPECT_GE(fitting, 1);
+      } else {
+        EXPECT_EQ(fitting, 3);
+        EXPECT_EQ(chosen->spec.memory.recompute, RecomputePolicy::kNone)
+            << "with room to keep everything, nothing is computed twice";
       }
     }
   }

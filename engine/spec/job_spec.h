@@ -117,7 +117,7 @@ struct JobSpec {
   } parallel;
 
   struct Memory {
-    RecomputePolicy recompute = RecomputePolicy::kFull;
+    RecomputePolicy recompute = RecomputePolicy::kAuto;  // the planner chooses (ResolveJob)
     // Under attention-aware: the last N blocks keep O and LSE, the others recompute fully; -1:
     // every block.
     int64_t attention_aware_blocks = -1;

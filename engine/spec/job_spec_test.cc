@@ -168,7 +168,7 @@ TEST(JobSpecTest, DefaultsApplyWhenOnlyDataPathIsGiven) {
   JobSpec d;  // every other field keeps the struct's default
   d.data.path = "d.tok";
   EXPECT_EQ(JobSpecToToml(*s), JobSpecToToml(d));
-  EXPECT_EQ(s->memory.recompute, RecomputePolicy::kFull);
+  EXPECT_EQ(s->memory.recompute, RecomputePolicy::kAuto);  // the planner's fastest that fits
   EXPECT_EQ(s->data.seq_len, 256);
   EXPECT_TRUE(s->data.shuffle);
   EXPECT_EQ(s->eval.path, "");  // no [eval]: no evaluation

@@ -631,6 +631,8 @@ TEST(TrainerTest, AutoSettingsFitTheBudget) {
   spec.training.steps = 2;
   spec.memory.tile_tokens = 0;  // auto
   spec.memory.head_chunk = 0;   // auto
+  // A named policy, so that only the stages, tiles and offload move.
+  spec.memory.recompute = RecomputePolicy::kFull;
   // The fastest settings need more than this; head stages and tiles must shrink.
   PlanRequest fastest;
   fastest.cfg = *PresetConfig("tiny");

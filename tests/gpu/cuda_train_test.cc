@@ -34,6 +34,7 @@ JobSpec TinySpec() {
   spec.training.min_lr = 3e-4;
   spec.training.warmup_steps = 3;
   spec.memory.tile_tokens = 24;
+  spec.memory.recompute = RecomputePolicy::kFull;  // the plain schedule unless a test says
   return spec;
 }
 

@@ -90,6 +90,7 @@ JobSpec TinySpec(bool offload) {
   spec.training.grad_clip = 0.3;
   spec.training.grad_accum = 2;
   spec.memory.tile_tokens = 24;
+  spec.memory.recompute = RecomputePolicy::kFull;
   spec.memory.optimizer_offload = offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   NodeResources node;
   node.device_memory_bytes = int64_t{80} << 30;
