@@ -40,7 +40,8 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
            t->memory.param_offload = OffloadChoice::kAuto;
          }});
   }
-  if (m.recompute != RecomputePolicy::kFull) {
+  // ("auto" planned full recompute already.)
+  if (m.recompute != RecomputePolicy::kFull && m.recompute != RecomputePolicy::kAuto) {
     tries.push_back({"memory.recompute = \"full\"",
                      [](JobSpec* t) { t->memory.recompute = RecomputePolicy::kFull; }});
   }

@@ -145,7 +145,12 @@ TEST(ResolveTest, TheDefaultRecomputeIsTheFastestPolicyThatFits) {
             << RecomputePolicyName(chosen->spec.memory.recompute);
       }
       if (gpu_gib > 0) {
-        EXPECT_FALSE(plan_with(RecomputePolicy::kNone, gpu_gib)->plan.fits);
+        auto kept = plan_with(RecomputePolicy::kNone, gpu_gib);
+        EXPECT_FALSE(kept->plan.fits);
+        // A job that names "none" is told what fits.
+        EXPECT_NE(kept->plan.verdict.find("it fits with memory.recompute = \"full\""),
+                  std::string::npos)
+            << kept->plan.verdict;
         EXPECT_NE(chosen->spec.memory.recompute, RecomputePolicy::kNone);
         EXPECT_GE(fitting, 1);
       } else {
