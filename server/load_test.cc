@@ -102,7 +102,7 @@ TEST(LoadTest, ManyJobsStreamsAndSlowClientsStayBounded) {
   constexpr int kWatchers = 300;
   std::atomic<int> streaming{0}, refused{0};
   Mutex other_mu;
-  std::vector<std::string> other_ends;  // the streams that ended otherwise: how
+  std::vector<std::string> other_ends;  // how the streams that ended otherwise ended
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(kWatchers);
   std::vector<std::thread> watchers;
   const std::string target = absl::StrCat("127.0.0.1:", port);

@@ -133,10 +133,11 @@ TEST(ResolveTest, TheDefaultRecomputeIsTheFastestPolicyThatFits) {
       ASSERT_TRUE(chosen.ok()) << chosen.status();
       ASSERT_TRUE(chosen->plan.fits) << chosen->plan.verdict;
       EXPECT_NE(chosen->spec.memory.recompute, RecomputePolicy::kAuto);
+      const auto kept = plan_with(RecomputePolicy::kNone, gpu_gib);
       int fitting = 0;
       for (RecomputePolicy p :
            {RecomputePolicy::kNone, RecomputePolicy::kAttentionAware, RecomputePolicy::kFull}) {
-        auto named = plan_with(p, gpu_gib);
+        const auto named = p == RecomputePolicy::kNone ? kept : plan_with(p, gpu_gib);
         ASSERT_TRUE(named.ok()) << named.status();
         if (!named->plan.fits) continue;
         ++fitting;
@@ -145,7 +146,6 @@ TEST(ResolveTest, TheDefaultRecomputeIsTheFastestPolicyThatFits) {
             << RecomputePolicyName(chosen->spec.memory.recompute);
       }
       if (gpu_gib > 0) {
-        auto kept = plan_with(RecomputePolicy::kNone, gpu_gib);
         EXPECT_FALSE(kept->plan.fits);
         // A job that names "none" is told what fits.
         EXPECT_NE(kept->plan.verdict.find("it fits with memory.recompute = \"full\""),
