@@ -274,9 +274,11 @@ int FollowJob(CliContext& c, const std::string& id, bool logs) {
       live.Close();
       return RpcError(c, st);
     }
-    if (snapshot && IsTerminal(snapshot->state())) {
-      // The job ended while the stream was down and its events are gone (the daemon
-      // restarted): its stored state ends the story.
+    if (st.ok() && snapshot && IsTerminal(snapshot->state())) {
+      // The daemon ended a stream that began after the job did, without the end: the job's
+      // events are gone (the daemon restarted) and its stored state ends the story. A stream
+      // that broke instead may have lost events it held for us (a resumed stream replays them at
+      // once), so it is opened again below.
       final_state = snapshot->state();
       if (!json) print_state(final_state, snapshot->reason());
       break;

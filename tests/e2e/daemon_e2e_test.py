@@ -322,6 +322,53 @@ class DaemonE2E(unittest.TestCase):
         finally:
             proxy.close()
 
+    def test_watch_of_an_ended_job_resumes_a_replay_that_drops(self):
+        """A watch that begins after the job ended gets the end in its snapshot, then the
+        job's events replayed. When the connection drops mid-replay (here: at step 12, the
+        replay slowed so that the rest is still on its way) the watch must fetch the rest
+        again, not take the snapshot's end for the story's: the Python client and the CLI
+        each see every step once, in order, and the end."""
+        proxy = BlinkingProxy(self.d.address)
+        try:
+            job = self.d.submit(spec_toml(self.run_dir("replay"), steps=40))
+            self.d.wait(job.id)
+
+            def drop_at_12(step):
+                if step == 12:
+                    proxy.slow_bytes_per_s = None
+                    proxy.blink(0.5)
+
+            proxy.slow_bytes_per_s = 4096
+            steps, last = [], None
+            with ithaca_client.Client(proxy.address) as c:
+                for ev in c.watch(job.id, timeout=120):
+                    if isinstance(ev, Step) and ev.rank == 0:
+                        steps.append(ev.step)
+                        drop_at_12(ev.step)
+                    last = ev
+            self.assertEqual(steps, list(range(1, 41)), f"the watch ended with {last}")
+            self.assertEqual(last.to_state, job_pb2.JOB_STATE_SUCCEEDED)
+
+            # The CLI (-o json prints every event as it comes).
+            proxy.slow_bytes_per_s = 4096
+            cli = subprocess.Popen([os.environ["ITHACA_CLI"], "--server", proxy.address, "-o",
+                                    "json", "watch", job.id], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+            steps, events = [], []
+            for line in cli.stdout:
+                events.append(json.loads(line))
+                step = events[-1].get("step")
+                if step is not None and step.get("rank", 0) == 0:
+                    steps.append(int(step["step"]))
+                    drop_at_12(steps[-1])
+            err = cli.stderr.read()
+            self.assertEqual(cli.wait(timeout=60), 0, err)
+            self.assertEqual(steps, list(range(1, 41)), err)
+            self.assertEqual(events[-1]["state"]["to"], "JOB_STATE_SUCCEEDED", err)
+            self.assertIn("resuming after event", err)
+        finally:
+            proxy.close()
+
     def test_weighted_mix_from_the_cli_and_the_python_client(self):
         # data.weights over a brace group whose sources are one relative and one absolute path:
         # each alternative resolves on its own against the spec's directory (it was the whole

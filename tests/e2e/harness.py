@@ -306,6 +306,9 @@ class BlinkingProxy:
         self.sockets = []
         self.down_until = 0.0
         self.connections = 0  # accepted and forwarded
+        # The daemon's answers on connections opened from now on come at most this fast
+        # (None: as fast as they come), so a test can drop one before it has all arrived.
+        self.slow_bytes_per_s = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -321,14 +324,18 @@ class BlinkingProxy:
             with self.lock:
                 self.sockets += [conn, upstream]
                 self.connections += 1
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, rate in ((conn, upstream, None), (upstream, conn, self.slow_bytes_per_s)):
+                threading.Thread(target=self._pump, args=(a, b, rate), daemon=True).start()
 
     @staticmethod
-    def _pump(src, dst):
+    def _pump(src, dst, bytes_per_s):
+        """Forwards src to dst, at most bytes_per_s (None: as fast as it comes)."""
+        piece = 64
         try:
-            while data := src.recv(65536):
+            while data := src.recv(piece if bytes_per_s else 65536):
                 dst.sendall(data)
+                if bytes_per_s:
+                    time.sleep(len(data) / bytes_per_s)
         except OSError:
             pass
         for s in (src, dst):

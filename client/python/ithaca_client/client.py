@@ -417,7 +417,7 @@ class Client:
                     yield ev
                     if isinstance(ev, StateChange) and ev.terminal:
                         return
-                why = "the stream ended before the job did"
+                why = None  # the daemon ended the stream: what it had, it sent
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and end_at:
                     raise TimeoutError(f"watch of {job_id}: no terminal state in {timeout} s")
@@ -426,12 +426,15 @@ class Client:
                 why = f"{e.code().name}: {e.details()}"
             finally:
                 call.cancel()
-            if snapshot is not None and JobState(snapshot.state).terminal:
-                # The job ended while we were away and its events are gone (the daemon
-                # restarted): its stored state is the end of the story.
+            if why is None and snapshot is not None and JobState(snapshot.state).terminal:
+                # The daemon ended a stream that began after the job did, without the end: the
+                # job's events are gone (the daemon restarted) and its stored state is the end of
+                # the story. A stream that broke instead may have lost events it held for us (a
+                # resumed stream replays them at once), so it is opened again below.
                 yield StateChange(last_seq, _time(snapshot.updated_at), JobState.UNSPECIFIED,
                                   JobState(snapshot.state), snapshot.reason)
                 return
+            why = why or "the stream ended before the job did"
             now = time.monotonic()
             if give_up_at is None:
                 give_up_at = now + resume_for
