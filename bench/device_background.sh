@@ -13,8 +13,12 @@
 #   bench/device_background.sh collect NAME DIR    copies /tmp/ithaca-bg/NAME into DIR/NAME.tgz
 #
 # E.g. the 8B step at 512K with auto's plan, then its lines ($OUT is emptied before each call, so
-# the run writes under /tmp and the last call collects it):
-#   call 1: B=/tmp/ithaca-bg/s512/out; bench/device_background.sh start s512 env WARMUP=0 \
+# the run writes under /tmp and the last call collects it). NODE_HOST_GIB must be this host's
+# memory: the rehearse phase's default (2048, a DGX node) makes auto keep every block input on
+# the host (348 GiB), which this host does not have; with its own ~125 GiB auto's plan is the
+# one predicted at 603 s (docs/benchmarks.md):
+#   call 1: B=/tmp/ithaca-bg/s512/out; H=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+#           bench/device_background.sh start s512 env WARMUP=0 NODE_HOST_GIB=$H \
 #             STEP_TIMEOUT=1500 bash bench/step_time_session.sh .device/bin $B \
 #             rehearse:llama-3-8b:1:524288:--recompute=auto;
 #           bench/device_background.sh wait s512 560
