@@ -58,9 +58,9 @@ def ours(lib, q, k, v, o, lse, cluster=0):
 
 
 def run_impl(lib, impl, q, k, v, o, lse):
-    """impl: ours | ours_c1 | ours_c2 | ours_c4 | base."""
-    if impl == "base":
-        return ours(base_lib(), q, k, v, o, lse)
+    """impl: ours | ours_c1 | ours_c2 | ours_c4 | base | base_c1 | base_c2 | base_c4."""
+    if impl.startswith("base"):
+        return ours(base_lib(), q, k, v, o, lse, int(impl[len("base_c"):]) if impl.startswith("base_c") else 0)
     return ours(lib, q, k, v, o, lse, int(impl[len("ours_c"):]) if impl.startswith("ours_c") else 0)
 
 
@@ -132,8 +132,8 @@ def check(lib, sizes=(128, 1024, 4096, 4160, 1000), impls=("ours",)):
     return ok_all
 
 
-def flops_fwd(S, D, Hq=HQ):
-    return 4.0 * S * S * D * Hq / 2
+def flops_fwd(S, D, Hq=None):
+    return 4.0 * S * S * D * (Hq or HQ) / 2
 
 
 def time_fn(fn, est_s, min_reps=2, max_reps=20):
@@ -167,7 +167,7 @@ def bench(lib, Ss, Ds, impls, out):
             for impl in impls:
                 note = ""
                 try:
-                    if impl.startswith("ours") or impl == "base":
+                    if impl.startswith("ours") or impl.startswith("base"):
                         fn = lambda impl=impl: run_impl(lib, impl, q, k, v, o, lse)
                     else:
                         be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn_sdpa" else SDPBackend.FLASH_ATTENTION
@@ -236,7 +236,7 @@ def one(lib, impl, S, D, n):
     lse = torch.empty(HQ, S, device="cuda", dtype=torch.float32)
     torch.cuda.synchronize()
     for _ in range(n):
-        if impl.startswith("ours") or impl == "base":
+        if impl.startswith("ours") or impl.startswith("base"):
             run_impl(lib, impl, q, k, v, o, lse)
         else:
             be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn_sdpa" else SDPBackend.FLASH_ATTENTION
@@ -256,7 +256,10 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--check-impls", default="ours", help="check these (ours, ours_c1, ours_c2, ours_c4, base)")
+    ap.add_argument("--heads", default="32:8", help="query:KV heads (4:1 is a rank of Llama-3-8B under Ulysses 8)")
     a = ap.parse_args()
+    global HQ, HKV
+    HQ, HKV = (int(x) for x in a.heads.split(":"))
     lib = load_lib()
     print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                       "gpu": torch.cuda.get_device_name()}), flush=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: lab/hopper_attention/run_device.sh STEP...
-# STEPs: build check bench l2 v5final cluster ncu (the kernel is the engine's own, built by build.sh; the
+# STEPs: build check bench l2 v5final cluster zigzag ncu (the kernel is the engine's own, built by build.sh; the
 # tile-order and pipeline variants of notes/INDEX.md were built from the experimental copy this
 # directory held until the kernel moved into the engine: git show 710544f:bench/hopper_attention/hopper_fwd.cu). Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
@@ -56,6 +56,28 @@ for step in "$@"; do
           -k regex:attn_fwd --launch-count 1 python3 $H/bench.py one --impl $impl --S 524288 --D 64 >> "$OUT/ncu_cluster.txt" 2>&1
       done
       grep -E "===|gpu__time|per_second|hit_rate|dram__|grid_size" "$OUT/ncu_cluster.txt" ;;
+    zigzag)
+      # v7 (pairs of row blocks walked up then down, every cluster in phase) against the kernel
+      # before it ($H/build/libhopper_base.so, built from the parent commit): checks at 32:8 and
+      # 4:1 heads, bit-for-bit is not expected (the key order changes), then timings per cluster
+      # size and ncu's DRAM bytes at hd128 512K.
+      export HOPPER_ATTN_BASE_LIB=$H/build/libhopper_base.so
+      nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv
+      timeout 90 python3 $H/bench.py check --check-impls ours,ours_c1,ours_c4 2>&1 | grep -v Warn > "$OUT/check_zz.jsonl"
+      timeout 60 python3 $H/bench.py check --quick --heads 4:1 --check-impls ours,ours_c1,ours_c2,ours_c4 2>&1 | grep -v Warn >> "$OUT/check_zz.jsonl"
+      echo "checks ok: $(grep -c '"ok": true' "$OUT/check_zz.jsonl") of $(grep -c '"check"' "$OUT/check_zz.jsonl")"
+      grep '"ok": false' "$OUT/check_zz.jsonl" | head -5
+      B=$OUT/bench_zz.jsonl
+      MIN_REPS=2 timeout 60 python3 $H/bench.py bench --D 128 --S 16384,131072 --impls base,ours_c1,ours_c2,ours_c4,cudnn_sdpa --out $B 2>&1 | grep -v Warn | cut -c1-150
+      MIN_REPS=2 timeout 80 python3 $H/bench.py bench --D 64 --S 131072,524288 --impls base,ours_c1,ours_c2,ours_c4 --out $B 2>&1 | grep -v Warn | cut -c1-150
+      MIN_REPS=2 timeout 90 python3 $H/bench.py bench --D 128 --S 524288 --impls base,ours_c1,ours_c2,ours_c4 --out $B 2>&1 | grep -v Warn | cut -c1-150
+      MIN_REPS=1 timeout 90 python3 $H/bench.py bench --heads 4:1 --D 128 --S 1048576,2097152 --impls base,ours_c1,ours_c2,ours_c4 --out $B 2>&1 | grep -v Warn | cut -c1-150
+      for impl in base ours_c1 ours_c2; do
+        echo "=== L2 impl=$impl S=524288 D=128" >> "$OUT/ncu_zz.txt"
+        timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,launch__grid_size \
+          -k regex:attn_fwd --launch-count 1 python3 $H/bench.py one --impl $impl --S 524288 --D 128 >> "$OUT/ncu_zz.txt" 2>&1
+      done
+      grep -E "===|gpu__time|per_second|hit_rate|dram__|grid_size" "$OUT/ncu_zz.txt" ;;
     ncu)
       NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section WarpStateStats"
       Q=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')

@@ -5,13 +5,15 @@
 // warp specialisation with a TMA producer, intra-warpgroup overlap of softmax and GEMMs,
 // ping-pong scheduling between consumer warpgroups); the tile order is the engine's own.
 //
-//   * Persistent: one CTA per SM; static schedule (CTA b takes tiles b, b + #SMs, ...; producer
-//     and consumers compute the same sequence, no atomics). Tiles are ordered KV-head-major and
-//     longest-first inside each KV head (m_block descending), so that the CTAs running at one
-//     time share one KV head's K/V, which stays L2-resident (hd128 at 64K: 32 MB of the 50 MB
-//     L2). Heads innermost ("m-major") spread the concurrent CTAs over all KV heads and
-//     streamed K/V from DRAM: 52 % of DRAM peak, the clock dropped from 1.72 to 1.45 GHz
-//     (power) and the kernel lost 8 % at hd128 64K (lab/hopper_attention/README.md).
+//   * Persistent: one CTA per SM; static schedule (cluster c takes units c, c + #clusters, ...;
+//     producer and consumers compute the same sequence, no atomics). Units are ordered
+//     KV-head-major, so that the CTAs running at one time share one KV head's K/V. Heads
+//     innermost ("m-major") spread the concurrent CTAs over all KV heads and streamed K/V from
+//     DRAM: the clock dropped from 1.72 to 1.45 GHz (power) and the kernel lost 8 % at hd128 64K
+//     (lab/hopper_attention/README.md). Inside a KV head, one of two orders (unit_coords):
+//     pairs of row blocks that keep every cluster at one of two key positions (head_dim 128 in
+//     clusters: one KV head's K/V need not fit L2; DRAM reads at 512K ÷ 3.4), or one row block
+//     a unit, longest first (short S, head_dim 64).
 //   * Clusters with K/V multicast (cluster size per shape, ClusterSizeFor): a cluster of 2 or 4
 //     CTAs takes one row block of 2 or 4 query heads of the same KV head, so all its CTAs read
 //     the same K/V blocks over the same causal extent. Each CTA loads 1/cluster of every K/V
@@ -73,9 +75,12 @@ namespace {
 using namespace cute;
 using bf16 = cutlass::bfloat16_t;
 
-template <int D_, int NWG_, int kBlockN_, int kStages_, int kCluster_>
+template <int D_, int NWG_, int kBlockN_, int kStages_, int kCluster_, bool kPairs_>
 struct Cfg {
   static constexpr int D = D_;
+  // The work order (unit_coords): pairs of row blocks whose clusters stay in phase, or one row
+  // block a unit, longest first.
+  static constexpr bool kPairs = kPairs_;
   // CTAs per cluster: they hold query heads of one KV head and one row block, so their K/V
   // blocks are the same; each CTA loads 1/kCluster of every K/V block and multicasts it.
   static constexpr int kCluster = kCluster_;
@@ -141,7 +146,7 @@ struct Cfg {
 struct Problem {
   int S, Hq, Hkv, D;
   int num_m_blocks, num_tiles;
-  int num_units;     // num_tiles / cluster size: what one cluster takes at a time
+  int num_units;     // pairs of row blocks x Hq / cluster size: what one cluster takes at once
   float scale_log2;  // softmax_scale * log2(e)
   float softmax_scale;
   bf16* O;
@@ -199,19 +204,54 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
-// Work unit u of a cluster of K CTAs -> (row block, query head) of the CTA of rank `rank`: a
-// unit is one row block of K consecutive query heads of one KV head (K = 1: one tile). The units
-// of KV head g (every row block, longest first) come before those of g+1, so the CTAs running
-// at one time share one KV head's K/V in L2. Longest first: the causal rows near the end have
-// the most key blocks.
-template <int K>
-__device__ __forceinline__ void unit_coords(Problem const& pb, int u, int rank, int& m_block,
-                                            int& head) {
+// The work a cluster of K CTAs takes at a time, a unit: row blocks of K consecutive query heads
+// of one KV head, in one of two orders (Cfg::kPairs). Units of KV head g come before those of
+// g+1, so the clusters running at one time share one KV head's K/V.
+//
+// Pairs (kPairs): a unit is the pair of row blocks (p, M-1-p), taken one after the other, the
+// first walked up (keys from its first block to its diagonal), the second down. The pair's two
+// lengths add up to the same number of key blocks whatever p is, so every unit takes the same
+// time, and at any moment every cluster reads one of only two key positions: t blocks into its
+// unit it is at key block t (first half) or M - t (second half). The clusters stay in phase and
+// read the same K/V blocks at the same time, so one KV head's K/V need not fit L2 (it does not
+// beyond 64K tokens at head_dim 128): hd128 512K on an H100 read 0.96 TB from DRAM instead of
+// 3.3 (lab/hopper_attention/README.md, v7). With an odd number of row blocks the middle one is a
+// unit alone.
+//
+// Longest first (!kPairs): a unit is one row block, walked down from its diagonal, the longest
+// first. The clusters drift apart over the key range; that costs little while a KV head's K/V
+// fit L2 and balances the last tiles better at short S (16K) than equal pairs do.
+template <class C>
+__device__ __forceinline__ int units_per_head_group(Problem const& pb) {
+  return C::kPairs ? (pb.num_m_blocks + 1) / 2 : pb.num_m_blocks;
+}
+template <class C>
+__device__ __forceinline__ int tiles_in_unit(Problem const& pb, int u, int subs) {
+  if constexpr (!C::kPairs) {
+    return 1;
+  } else {
+    int const p = (u % (units_per_head_group<C>(pb) * subs)) / subs;
+    return pb.num_m_blocks - 1 - p == p ? 1 : 2;
+  }
+}
+// Tile t (0 or 1) of unit u -> the CTA's row block, query head and walking direction (up: from
+// its first key block to its diagonal).
+template <class C>
+__device__ __forceinline__ void unit_coords(Problem const& pb, int u, int t, int rank, int& m_block,
+                                            int& head, bool& up) {
+  constexpr int K = C::kCluster;
   int const g = pb.Hq / pb.Hkv;
-  int const subs = g / K;  // units per (KV head, row block)
-  int const per_kv = pb.num_m_blocks * subs;
+  int const subs = g / K;  // units per (KV head, unit of row blocks)
+  int const per_kv = units_per_head_group<C>(pb) * subs;
   int const kv = u / per_kv, r = u % per_kv;
-  m_block = pb.num_m_blocks - 1 - r / subs;
+  int const p = r / subs;
+  if constexpr (C::kPairs) {
+    m_block = t == 0 ? p : pb.num_m_blocks - 1 - p;
+    up = t == 0;
+  } else {
+    m_block = pb.num_m_blocks - 1 - p;
+    up = false;
+  }
   head = kv * g + (r % subs) * K + rank;
 }
 
@@ -291,57 +331,64 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 
     auto wr = cutlass::make_producer_start_state<PipeKV>();
     bool const leader = lane == 0;
+    int const subs = group / K;
     for (int u = unit0; u < pb.num_units; u += unit_step) {
-      int m_block, head;
-      unit_coords<K>(pb, u, rank, m_block, head);
-      int const hkv = head / group;
-      int const n_max = n_blocks_for<C>(pb, m_block);
-      int const n_min = n_first_for<C>(pb, m_block);
+      int const tiles = tiles_in_unit<C>(pb, u, subs);
+      for (int t = 0; t < tiles; ++t) {
+        int m_block, head;
+        bool up;
+        unit_coords<C>(pb, u, t, rank, m_block, head, up);
+        int const hkv = head / group;
+        int const n_max = n_blocks_for<C>(pb, m_block);
+        int const n_min = n_first_for<C>(pb, m_block);
+        int const nb = n_max - n_min;
+        // The i-th key block this tile reads (the consumers walk the same sequence).
+        auto block = [&](int i) { return up ? n_min + i : n_max - 1 - i; };
 
-      Tensor gQ =
-          local_tile(mQ(_, _, head), Shape<Int<C::kBlockM>, Int<C::D>>{}, make_coord(m_block, 0));
-      Tensor gK = local_tile(mK(_, _, hkv), Shape<Int<C::kBlockN>, Int<C::D>>{},
-                             make_coord(_, 0));  // (N, D, nb)
-      Tensor gVt = local_tile(mVt(_, _, hkv), Shape<Int<C::D>, Int<C::kBlockN>>{},
-                              make_coord(0, _));  // (D, N, nb)
-      Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));
-      Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, nb)
-      Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, nb)
+        Tensor gQ =
+            local_tile(mQ(_, _, head), Shape<Int<C::kBlockM>, Int<C::D>>{}, make_coord(m_block, 0));
+        Tensor gK = local_tile(mK(_, _, hkv), Shape<Int<C::kBlockN>, Int<C::D>>{},
+                               make_coord(_, 0));  // (N, D, nb)
+        Tensor gVt = local_tile(mVt(_, _, hkv), Shape<Int<C::D>, Int<C::kBlockN>>{},
+                                make_coord(0, _));  // (D, N, nb)
+        Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));
+        Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, nb)
+        Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, nb)
 
-      int n = n_max - 1;
-      if (leader) {
-        pipe_k.producer_acquire(wr);
-        copy(p.tma_k.with(*pipe_k.producer_get_barrier(wr), mcast, TMA::CacheHintSm90::EVICT_LAST),
-             tKgK(_, n), tKsK(_, wr.index()));
-      }
-      __syncwarp();
-      // Wait until the consumers no longer read sQ (previous tile's QK^T gemms are done).
-      cutlass::arch::NamedBarrier::sync(C::NumMmaThreads + 32, kBarQueryEmpty);
-      if (leader) {
-        ss.barrier_q.arrive_and_expect_tx(C::kBytesQ);
-        copy(p.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q), 0,
-                          TMA::CacheHintSm90::EVICT_FIRST),
-             tQgQ, tQsQ);
-        int n_prev = n;
-        for (--n; n >= n_min; --n) {
-          auto wr_v = wr;
-          ++wr;
+        if (leader) {
           pipe_k.producer_acquire(wr);
           copy(
               p.tma_k.with(*pipe_k.producer_get_barrier(wr), mcast, TMA::CacheHintSm90::EVICT_LAST),
-              tKgK(_, n), tKsK(_, wr.index()));
-          pipe_v.producer_acquire(wr_v);
-          copy(p.tma_v.with(*pipe_v.producer_get_barrier(wr_v), mcast,
-                            TMA::CacheHintSm90::EVICT_LAST),
-               tVgV(_, n_prev), tVsV(_, wr_v.index()));
-          n_prev = n;
+              tKgK(_, block(0)), tKsK(_, wr.index()));
         }
-        pipe_v.producer_acquire(wr);
-        copy(p.tma_v.with(*pipe_v.producer_get_barrier(wr), mcast, TMA::CacheHintSm90::EVICT_LAST),
-             tVgV(_, n_prev), tVsV(_, wr.index()));
+        __syncwarp();
+        // Wait until the consumers no longer read sQ (previous tile's QK^T gemms are done).
+        cutlass::arch::NamedBarrier::sync(C::NumMmaThreads + 32, kBarQueryEmpty);
+        if (leader) {
+          ss.barrier_q.arrive_and_expect_tx(C::kBytesQ);
+          copy(p.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q), 0,
+                            TMA::CacheHintSm90::EVICT_FIRST),
+               tQgQ, tQsQ);
+          for (int i = 1; i < nb; ++i) {
+            auto wr_v = wr;
+            ++wr;
+            pipe_k.producer_acquire(wr);
+            copy(p.tma_k.with(*pipe_k.producer_get_barrier(wr), mcast,
+                              TMA::CacheHintSm90::EVICT_LAST),
+                 tKgK(_, block(i)), tKsK(_, wr.index()));
+            pipe_v.producer_acquire(wr_v);
+            copy(p.tma_v.with(*pipe_v.producer_get_barrier(wr_v), mcast,
+                              TMA::CacheHintSm90::EVICT_LAST),
+                 tVgV(_, block(i - 1)), tVsV(_, wr_v.index()));
+          }
+          pipe_v.producer_acquire(wr);
+          copy(
+              p.tma_v.with(*pipe_v.producer_get_barrier(wr), mcast, TMA::CacheHintSm90::EVICT_LAST),
+              tVgV(_, block(nb - 1)), tVsV(_, wr.index()));
+        }
+        ++wr;
+        __syncwarp();
       }
-      ++wr;
-      __syncwarp();
     }
     // A CTA of a cluster must not exit while the others' consumers may still arrive at its
     // empty barriers: wait until every stage has been released everywhere.
@@ -383,12 +430,20 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 
     float const sl2 = pb.scale_log2;
     typename C::PipelineKV::PipelineState rd;  // consumer state starts at phase 0
-    int work = 0;
-    for (int u = unit0; u < pb.num_units; u += unit_step, ++work) {
+    int work = 0;                              // tiles done
+    int const subs = group / K;
+    for (int u = unit0, t = 0; u < pb.num_units; ++work) {
       int m_block, head;
-      unit_coords<K>(pb, u, rank, m_block, head);
+      bool up;
+      unit_coords<C>(pb, u, t, rank, m_block, head, up);
+      if (++t == tiles_in_unit<C>(pb, u, subs)) {
+        t = 0;
+        u += unit_step;
+      }
       int const n_max = n_blocks_for<C>(pb, m_block);
       int const n_min = n_first_for<C>(pb, m_block);
+      int const nb = n_max - n_min;
+      auto block = [&](int i) { return up ? n_min + i : n_max - 1 - i; };  // as the producer's
       int const row0 = m_block * C::kBlockM;
       // Blocks n >= n_mask_min intersect the diagonal for some row of this tile; with documents
       // or a window, blocks n < n_lo_end hold a key before the last row's first key.
@@ -461,18 +516,19 @@ __global__ void __launch_bounds__(C::NumThreads, 1)
 
       ss.barrier_q.wait(work % 2);
 
-      // First block (always on the diagonal).
+      // First block.
       float scale[kRows];
-      int n = n_max - 1;
+      int n = block(0);
       pipe_k.consumer_wait(rd);
       wg_gemm<true, 0>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
       pipe_k.consumer_release(rd);
-      apply_mask(n);
+      if (n >= n_mask_min || n < n_lo_end) apply_mask(n);
       softmax(true, scale);
       convert_P();
       clear(tOrO);
 
-      for (--n; n >= n_min; --n) {
+      for (int i = 1; i < nb; ++i) {
+        n = block(i);
         auto rd_v = rd;
         ++rd;
         pipe_k.consumer_wait(rd);
@@ -551,7 +607,7 @@ cudaError_t launch(void const* q, void const* k, void const* v, void* o, float* 
   pb.D = C::D;
   pb.num_m_blocks = (S + C::kBlockM - 1) / C::kBlockM;
   pb.num_tiles = pb.num_m_blocks * Hq;
-  pb.num_units = pb.num_tiles / C::kCluster;
+  pb.num_units = (C::kPairs ? (pb.num_m_blocks + 1) / 2 : pb.num_m_blocks) * (Hq / C::kCluster);
   pb.softmax_scale = 1.f / sqrtf(float(C::D));
   pb.scale_log2 = pb.softmax_scale * 1.4426950408889634f;
   pb.O = static_cast<bf16*>(o);
@@ -568,7 +624,7 @@ cudaError_t launch(void const* q, void const* k, void const* v, void* o, float* 
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   if constexpr (C::kCluster == 1) {
-    int grid = min(sms, pb.num_tiles);
+    int grid = min(sms, pb.num_units);
     kern<<<grid, C::NumThreads, smem, stream>>>(p);
     return cudaGetLastError();
   } else {
@@ -595,38 +651,42 @@ cudaError_t launch(void const* q, void const* k, void const* v, void* o, float* 
   }
 }
 
+// The work order goes with the cluster size: pairs of row blocks (kPairs, unit_coords) for
+// head_dim 128 in clusters of 2 and 4, longest first otherwise. Pairs lost at head_dim 128, 16K,
+// cluster 1 (620 against 662 TFLOPS on an H100: 15.5 rounds of equal units leave the last half
+// idle) and at head_dim 64 (-6 %: the consumers spill at 160 registers).
 template <int D, int NWG, int kBlockN, int kStages>
 cudaError_t launch_cluster(int cluster, void const* q, void const* k, void const* v, void* o,
                            float* lse, int S, int Hq, int Hkv, int64_t const* docs, int ndocs,
                            int window, cudaStream_t stream) {
+  constexpr bool kPairs = D == 128;
   switch (cluster) {
     case 1:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 1>>(q, k, v, o, lse, S, Hq, Hkv, docs, ndocs,
-                                                      window, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 1, false>>(q, k, v, o, lse, S, Hq, Hkv, docs,
+                                                             ndocs, window, stream);
     case 2:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 2>>(q, k, v, o, lse, S, Hq, Hkv, docs, ndocs,
-                                                      window, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 2, kPairs>>(q, k, v, o, lse, S, Hq, Hkv, docs,
+                                                              ndocs, window, stream);
     case 4:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 4>>(q, k, v, o, lse, S, Hq, Hkv, docs, ndocs,
-                                                      window, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 4, kPairs>>(q, k, v, o, lse, S, Hq, Hkv, docs,
+                                                              ndocs, window, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-// Cluster size per shape, from one H200 run (s4-2; forward TFLOPS, causal, Hq 32, Hkv 8; cluster
-// 1 = the kernel without multicast; lab/hopper_attention/README.md):
-//   head_dim 64,  S 64K/128K/256K/512K: 1: 508/508/498/473  2: 513/516/511/502  4: 483/489/487/481
-//   head_dim 128, S 64K/128K/256K/512K: 1: 601/572/531/506  2: 619/595/574/563  4: 593/594/582/580
+// Cluster size per shape (forward TFLOPS, causal, Hq 32, Hkv 8; lab/hopper_attention/README.md).
 // Multicast cuts the K/V bytes each CTA pulls from L2 by the cluster size, and the CTAs of a
-// cluster walk the keys in lock-step, so fewer distinct K/V streams compete for L2: DRAM reads
-// at head_dim 64, 512K: 2.58 TB (1), 1.40 TB (2), 0.71 TB (4), and the SM clock rises with the
-// lower DRAM power (1.48, 1.55, 1.64 GHz). But only 30 clusters of 4 fit on the 132 SMs (120
-// CTAs), which loses 9 % of the SMs: 4 pays only where K/V traffic dominates, head_dim 128 from
-// 256K. Below 64K nothing was measured: no cluster (the kernel as it was before multicast).
+// cluster walk the keys in lock-step. Only 30 clusters of 4 fit on the 132 SMs (120 CTAs).
+//   head_dim 64 (longest first; H200, s4-2), S 64K/128K/256K/512K:
+//     1: 508/508/498/473  2: 513/516/511/502  4: 483/489/487/481
+//   head_dim 128 (H100, s7-1; cluster 1 longest first, 2 and 4 in pairs), S 16K/128K/512K:
+//     1: 662/633/580  2: -/641/628  4: -/606/601; Hq 4, Hkv 1 at 1M/2M: 2: 626/617, 4: 605/603
+//     (longest first, the kernel before pairs: 662 (c1) / 622 (c2) / 579 (c4)).
+// Below 64K nothing else was measured: no cluster.
 int ClusterSizeFor(int64_t s, int64_t hq, int64_t hkv, int64_t d) {
   int c = 1;
-  if (s >= 65536) c = d == 128 && s >= 262144 ? 4 : 2;
+  if (s >= 65536) c = 2;
   while (c > 1 && (hq / hkv) % c != 0) c /= 2;
   return c;
 }
