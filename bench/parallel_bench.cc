@@ -144,7 +144,8 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
   req.optimizer_offload = absl::GetFlag(FLAGS_optimizer_offload);
   req.device = device;
   req.act = device == Device::kCuda ? DType::kBF16 : DType::kF32;
-  bench::PlanProbeKernels(absl::GetFlag(FLAGS_probe), &req);
+  bench::PlanProbeKernels(absl::GetFlag(FLAGS_probe),
+                          device == Device::kCuda && bench::HopperAttentionRunsHere(), &req);
   req.rates = &Rates(device);
   ASSIGN_OR_RETURN(req.link, ParseLinkModel(absl::GetFlag(FLAGS_link)));
   req.ranks_per_node = world / std::max(1, absl::GetFlag(FLAGS_nodes));
@@ -356,11 +357,16 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
         .Num("ib_gbps", link.ib.bytes_per_s / 1e9)
         .Num("ib_us", link.ib.latency_s * 1e6);
     line.Int("nodes", absl::GetFlag(FLAGS_nodes)).Int("rank", rank).Obj("link", link_json);
-    if (absl::GetFlag(FLAGS_layers) > 0) line.Int("layers_run", cfg.num_hidden_layers);
   }
+  // The decoder layers this step ran, and the model's. A step of fewer layers is not the model's
+  // step: its line carries no tok/s (bench/project_layers.py projects whole steps from such
+  // lines, in lines of their own).
+  ASSIGN_OR_RETURN(const LlamaConfig preset, PresetConfig(absl::GetFlag(FLAGS_model)));
+  const bool whole_model = cfg.num_hidden_layers == preset.num_hidden_layers;
+  line.Int("layers", cfg.num_hidden_layers).Int("model_layers", preset.num_hidden_layers);
   if (probe > 0) {
     line.Int("probe_window", probe);
-  } else if (!rehearse) {  // a rehearsal's figures are projections (below)
+  } else if (!rehearse && whole_model) {  // a rehearsal's figures are projections (below)
     line.Num("tok_per_s", tok_s)
         .Num("tok_per_s_per_gpu", tok_s / world)
         .Num("model_tflops_per_gpu", tflops / world);
@@ -372,10 +378,11 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
     line.Obj("peaks", TierBytes(peaks));
     if (probe == 0) {
       // What the job would do: every rank runs this rank's step (the layout is symmetric).
-      line.Num("projected_tok_per_s_per_gpu", tok_s / world)
-          .Num("projected_model_tflops_per_gpu", tflops / world)
-          .Num("comm_modeled_s", bench::Median(modeled_s))
-          .Int("collectives", comm_stats.calls());
+      if (whole_model) {
+        line.Num("projected_tok_per_s_per_gpu", tok_s / world)
+            .Num("projected_model_tflops_per_gpu", tflops / world);
+      }
+      line.Num("comm_modeled_s", bench::Median(modeled_s)).Int("collectives", comm_stats.calls());
       if (!compute_s.empty()) {
         const double c = bench::Median(compute_s);
         line.Num("compute_s", c).Num("comm_exposed_s", std::max(0.0, t - c));

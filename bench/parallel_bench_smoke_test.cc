@@ -93,6 +93,27 @@ TEST(ParallelBench, RehearsesOneRankOfSixteen) {
   EXPECT_EQ(Number(out, "planner_device_total_bytes"), Number(out, "device_peak_bytes")) << out;
 }
 
+// A rehearsal of fewer decoder layers than the model has says how many it ran, and carries no
+// tok/s: its step is not the model's (bench/project_layers.py projects whole steps from it).
+TEST(ParallelBench, AOneLayerRehearsalCarriesItsLayersAndNoThroughput) {
+  int code = -1;
+  const std::string one =
+      RunBench("--rehearse --world=4 --sp=4 --layers=1 --seq_lens=256 --steps=1 --warmup=0", &code);
+  ASSERT_EQ(code, 0) << one;
+  EXPECT_EQ(Number(one, "layers"), 1) << one;
+  EXPECT_EQ(Number(one, "model_layers"), 2) << one;  // the tiny preset's
+  EXPECT_GT(Number(one, "step_s"), 0) << one;
+  for (const char* key : {"projected_tok_per_s_per_gpu", "projected_model_tflops_per_gpu",
+                          "tok_per_s", "tok_per_s_per_gpu"}) {
+    EXPECT_TRUE(std::isnan(Number(one, key))) << key << ": " << one;
+  }
+  const std::string whole =
+      RunBench("--rehearse --world=4 --sp=4 --seq_lens=256 --steps=1 --warmup=0", &code);
+  ASSERT_EQ(code, 0) << whole;
+  EXPECT_EQ(Number(whole, "layers"), Number(whole, "model_layers")) << whole;
+  EXPECT_GT(Number(whole, "projected_tok_per_s_per_gpu"), 0) << whole;
+}
+
 // The planner alone, for a node this machine is not: the settings admission would resolve.
 TEST(ParallelBench, PlansTheRehearsedNode) {
   int code = -1;

@@ -26,6 +26,18 @@ def key(d):
     return (d["model"], d["world"], d["sp"], d.get("nodes", 1), d.get("device_memory_bytes"))
 
 
+def layers_of(d):
+    """The layers a line's step ran: "layers" (since 2026-12-06), "layers_run" before."""
+    return d.get("layers", d.get("layers_run"))
+
+
+def partial(d):
+    """Whether the line's step ran fewer layers than the model has."""
+    if "model_layers" in d:
+        return d["layers"] < d["model_layers"]
+    return "layers_run" in d  # older lines: written only with --layers
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     p.add_argument("results")
@@ -37,11 +49,11 @@ def main():
         d = json.loads(text)
         if d.get("mode") == "rehearsal" and d["model"] == a.model and "probe_window" not in d:
             lines.append(d)
-    whole = {(key(d), d["S"]): d["step_s"] for d in lines if "layers_run" not in d}
+    whole = {(key(d), d["S"]): d["step_s"] for d in lines if not partial(d)}
     by_layers = {}
     for d in lines:
-        if "layers_run" in d:
-            by_layers.setdefault((key(d), d["layers_run"]), {})[d["S"]] = d["step_s"]
+        if partial(d):
+            by_layers.setdefault((key(d), layers_of(d)), {})[d["S"]] = d["step_s"]
     out = 0
     for (k, n), steps in sorted(by_layers.items()):
         if n != 1:
