@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/backend/cuda/hopper_attention.h"
 #include "engine/core/status.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
@@ -171,8 +172,17 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
   return t;
 }
 
-void PlanProbeKernels(int64_t probe_window, PlanRequest* req) {
-  if (probe_window > 0) req->attention_forward = req->attention_backward = AttentionKernel::kCudnn;
+bool HopperAttentionRunsHere() {
+  return cuda::HopperAttentionBuilt() && cuda::HopperAttentionDeviceSupported();
+}
+
+void PlanProbeKernels(int64_t probe_window, bool hopper_runs, PlanRequest* req) {
+  if (probe_window <= 0) return;
+  const LlamaConfig& c = req->cfg;
+  const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads;
+  const AttentionKernel k =
+      hopper_runs && (d == 64 || d == 128) ? AttentionKernel::kHopper : AttentionKernel::kCudnn;
+  req->attention_forward = req->attention_backward = k;
 }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,

@@ -34,10 +34,14 @@ LlamaModel::Options ModelOptions();
 void SetMemoryFlags(const JobSpec::Memory& m);
 // The "techniques" object of a result line: the options and the attention implementation used.
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention);
-// The memory probe (--probe W > 0) runs its window on cuDNN's causal band both ways
-// (CudaOps::Options::probe_window), whatever "auto" would choose for a real step: its plan
-// takes those kernels, so the planner counts the workspace of what runs.
-void PlanProbeKernels(int64_t probe_window, PlanRequest* req);
+// The memory probe (--probe W > 0) runs its window on the own Hopper kernels both ways where
+// they run (`hopper_runs`: built, on a compute capability 9.0 GPU; head_dim 64 or 128), else on
+// cuDNN's causal band (CudaOps::Options::probe_window), whatever "auto" would choose for a real
+// step: its plan takes those kernels, so the planner counts the workspace of what runs.
+void PlanProbeKernels(int64_t probe_window, bool hopper_runs, PlanRequest* req);
+// Whether the own Hopper attention kernels run on this process's GPU (built with CUTLASS, compute
+// capability 9.0).
+bool HopperAttentionRunsHere();
 // The benchmarks' optimizer: random weights (seed 1234, the same on every rank and run) and the
 // default hyper-parameters `hp`; its state on the host with --optimizer_offload.
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,

@@ -147,7 +147,7 @@ absl::Status RunOne(const LlamaConfig& cfg, int64_t S, const std::string& device
                    ParseAttentionKernel(absl::GetFlag(FLAGS_attention_forward)));
   ASSIGN_OR_RETURN(req.attention_backward,
                    ParseAttentionKernel(absl::GetFlag(FLAGS_attention_backward)));
-  bench::PlanProbeKernels(probe, &req);
+  bench::PlanProbeKernels(probe, bench::HopperAttentionRunsHere(), &req);
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(req));
   bench::Json planned;
   planned.Obj("peak_bytes", TierJson(plan.peak))

@@ -12,11 +12,17 @@
 //   inputs before its compute starts); SumInto and SumSquaresInto reduce into the device
 //   instead. CopyAsync is the exception to the ordering: it runs on a side stream until
 //   WaitFence orders the compute stream after it.
+// - A shape or dtype mismatch is a bug in the caller, and aborts (ITHACA_CHECK). A failure that
+//   a job can reach at run time (device memory an op's workspace could not get, a library's
+//   error, a kernel that would not launch) does not: the op records it and leaves its outputs
+//   unwritten, and status() returns the first such failure from then on. LlamaModel checks it
+//   after each block and at the end of a step, so the step returns it as its error.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "engine/backend/rope_config.h"
 #include "engine/core/device_streams.h"
 #include "engine/core/tensor.h"
@@ -54,6 +60,8 @@ class Ops {
   virtual double PeakFlops() const = 0;
   // The streams a communicator orders its collectives with (Comm::UseStreams); none by default.
   virtual DeviceStreams streams() const { return {}; }
+  // The first run-time failure of an op (see the conventions above); OK while there was none.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 
   // ---- Memory movement and elementwise.
   // x[:] = value.

@@ -224,6 +224,7 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
   Step step(*this, sample, /*backward=*/true);
   RETURN_IF_ERROR(Embed(sample, &step));
   RETURN_IF_ERROR(BlocksForward(&step));
+  RETURN_IF_ERROR(ops_->status());  // an op's run-time failure (ops.h)
   const int64_t s = sample.ids.tensor().numel(), d = cfg_.hidden_size;
   ASSIGN_OR_RETURN(Buffer dx, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kActivations));
   RETURN_IF_ERROR(
@@ -232,6 +233,7 @@ absl::Status LlamaModel::ForwardBackward(const DeviceSample& sample, float grad_
   step.x.Reset();
   step.next = std::move(step.last);
   RETURN_IF_ERROR(Backward(&step, sample.ids.tensor(), dx.tensor()));
+  RETURN_IF_ERROR(ops_->status());
   // Nothing is left to hide the last reductions under.
   return params_->FlushGradients();
 }
@@ -246,8 +248,10 @@ absl::Status LlamaModel::Forward(const DeviceSample& sample, const Tensor& loss_
   Step step(*this, sample, /*backward=*/false);
   RETURN_IF_ERROR(Embed(sample, &step));
   RETURN_IF_ERROR(BlocksForward(&step));
-  return LossHead(step.x.tensor(), sample.labels.tensor(), /*grad_scale=*/0.f, Tensor(), loss_sum,
-                  hits);
+  RETURN_IF_ERROR(ops_->status());  // an op's run-time failure (ops.h)
+  RETURN_IF_ERROR(LossHead(step.x.tensor(), sample.labels.tensor(), /*grad_scale=*/0.f, Tensor(),
+                           loss_sum, hits));
+  return ops_->status();
 }
 
 absl::Status LlamaModel::CheckShare(const DeviceSample& sample) const {

@@ -44,7 +44,8 @@ class CudaOps : public Ops {
     // always the N-th (gemm_bench, train_bench --gemm_heuristic).
     int gemm_heuristic = -1;
     // > 0: the memory probe (docs/benchmarks.md). Attention forward and backward
-    // let each query see only its `probe_window` latest keys (cuDNN's causal band), so a step at
+    // let each query see only its `probe_window` latest keys (the own Hopper kernels' window, or
+    // cuDNN's causal band where they do not run), so a step at
     // millions of tokens costs linear time; every buffer, copy and collective keeps its real
     // size, but the step's results are not the model's. Never quote throughput from it.
     int64_t probe_window = 0;
@@ -127,6 +128,8 @@ class CudaOps : public Ops {
   void AdamW(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& working, const AdamWParams& p) override;
 
+  absl::Status status() const override { return error_; }
+
   // Which attention kernel ran last ("cudnn", "hopper" or "flash"), for tests and logs.
   const char* last_attention_impl() const { return last_attention_; }
   // Bytes of cuDNN's attention workspace now held (workspace tier), and cuBLASLt's.
@@ -163,6 +166,8 @@ class CudaOps : public Ops {
                             const void* q, const void* k, const void* v, const void* o,
                             const void* dout, const float* lse, const void* dq, const void* dk,
                             const void* dv, const DocumentMask& docs);
+  // The window the Hopper kernels run: the model's sliding window, else the memory probe's.
+  int64_t HopperWindow(const DocumentMask& docs) const;
   // Runs cuDNN's attention; false (logged once) when cuDNN has no engine for the shape, and the
   // caller runs the flash kernel instead.
   bool RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
@@ -183,7 +188,11 @@ class CudaOps : public Ops {
   // The document starts on the device (int64 [n]) for Rope and the own kernel.
   const int64_t* DeviceStarts(const DocumentMask& docs, int64_t s, const char* op);
 
+  // Records a run-time failure (Ops::status()): the first one is kept.
+  void Fail(absl::Status st);
+
   Options opts_;
+  absl::Status error_;  // the first run-time failure; OK while there was none
   double peak_flops_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
   Buffer gemm_workspace_;

@@ -56,10 +56,13 @@ AttentionKernel CudaOps::KernelFor(AttentionPass pass, int64_t s, int64_t hq, in
   const AttentionShape shape{s, d, !docs.trivial(), docs.window};
   AttentionChoice choice =
       ChooseAttention(pass, shape, backward ? opts_.attention_backward : opts_.attention_forward);
-  if (opts_.probe_window > 0) {  // the memory probe's window is cuDNN's causal band
+  if (opts_.probe_window > 0) {
+    // The memory probe's window: the own Hopper kernels' (their workspace is the dQ accumulator
+    // the planner counts); cuDNN's causal band where they do not run (below), never "flash".
     ITHACA_CHECK(choice.kernel != AttentionKernel::kFlash,
-                 "CudaOps: the memory probe's attention window needs cuDNN, not \"flash\"");
-    choice = {AttentionKernel::kCudnn, "the memory probe's window"};
+                 "CudaOps: the memory probe's attention window needs the Hopper kernels or cuDNN, "
+                 "not \"flash\"");
+    choice = {AttentionKernel::kHopper, "the memory probe's window"};
   }
   if (choice.kernel == AttentionKernel::kHopper) {
     const char* unsupported =
@@ -147,6 +150,14 @@ void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool i
              static_cast<int64_t>(docs.starts.size()), compute_);
 }
 
+void CudaOps::Fail(absl::Status st) {
+  if (error_.ok()) error_ = std::move(st);
+}
+
+int64_t CudaOps::HopperWindow(const DocumentMask& docs) const {
+  return docs.window > 0 ? docs.window : opts_.probe_window;
+}
+
 bool CudaOps::RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                        const void* k, const void* v, const void* o, const void* dout,
                        const void* lse, void* dq, void* dk, void* dv, const DocumentMask& docs) {
@@ -166,13 +177,27 @@ bool CudaOps::RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
     last_attention_ = "cudnn";
     return true;
   }
-  ITHACA_CHECK(opts_.probe_window == 0,
-               "CudaOps: cuDNN has no windowed attention for the memory probe: ", st.ToString());
-  ITHACA_CHECK(docs.window == 0, "CudaOps: cuDNN has no attention with a sliding window of ",
-               docs.window, " keys here, and the flash kernel has none: ", st.ToString());
-  ITHACA_CHECK(cuda::FlashAttentionSupports(d),
-               "CudaOps: cuDNN attention failed and the flash kernel takes no head_dim ", d, ": ",
-               st.ToString());
+  // No fallback for these: the step fails with the reason (Ops::status()).
+  const char* pass = backward ? "backward" : "forward";
+  if (opts_.probe_window > 0) {
+    Fail(absl::Status(st.code(),
+                      absl::StrCat("attention ", pass, " at S ", s,
+                                   ": cuDNN's window for the memory probe: ", st.message())));
+    return true;
+  }
+  if (docs.window > 0) {
+    Fail(absl::Status(
+        st.code(), absl::StrCat("attention ", pass, " at S ", s, ": cuDNN's sliding window of ",
+                                docs.window, " keys (the flash kernel has none): ", st.message())));
+    return true;
+  }
+  if (!cuda::FlashAttentionSupports(d)) {
+    Fail(absl::Status(st.code(), absl::StrCat("attention ", pass, " at S ", s,
+                                              ": cuDNN failed and the flash kernel takes no "
+                                              "head_dim ",
+                                              d, ": ", st.message())));
+    return true;
+  }
   if (!cudnn_warned_) {
     std::fprintf(stderr, "CudaOps: cuDNN attention unavailable (%s); using the flash kernel\n",
                  st.ToString().c_str());
@@ -242,9 +267,12 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
     const cudaError_t err = cuda::HopperAttentionForward(
         Bf(q), Bf(k), Bf(v), s, hq, hkv, d, BfMut(out), lse.f32(), compute_, /*cluster=*/0,
-        ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr, ndocs, docs.window);
-    ITHACA_CHECK(err == cudaSuccess,
-                 "CudaOps::Attention: the Hopper kernel did not launch: ", cudaGetErrorString(err));
+        ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr, ndocs, HopperWindow(docs));
+    if (err != cudaSuccess) {
+      Fail(absl::InternalError(
+          absl::StrCat("attention forward at S ", s,
+                       ": the Hopper kernel did not launch: ", cudaGetErrorString(err))));
+    }
     last_attention_ = "hopper";
     return;
   }
@@ -288,15 +316,22 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
     // the block to later work on the stream only); the planner's workspace rule covers it.
     const int64_t bytes = cuda::HopperAttentionBackwardWorkspace(s, hq, hkv, d);
     auto ws = Buffer::Make(opts_.alloc, DType::kF32, {(bytes + 3) / 4}, Tier::kWorkspace);
-    ITHACA_CHECK(ws.ok(), "CudaOps::AttentionBackward: ", ws.status().ToString());
+    if (!ws.ok()) {
+      Fail(absl::Status(ws.status().code(),
+                        absl::StrCat("attention backward at S ", s, ": the Hopper kernel's ", bytes,
+                                     "-byte workspace: ", ws.status().message())));
+      return;
+    }
     const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
     const cudaError_t err = cuda::HopperAttentionBackward(
         Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d, BfMut(dq), BfMut(dk),
         BfMut(dv), ws->tensor().data, static_cast<int64_t>(ws->tensor().bytes()), compute_,
-        ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr, ndocs, docs.window);
-    ITHACA_CHECK(
-        err == cudaSuccess,
-        "CudaOps::AttentionBackward: the Hopper kernel did not launch: ", cudaGetErrorString(err));
+        ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr, ndocs, HopperWindow(docs));
+    if (err != cudaSuccess) {
+      Fail(absl::InternalError(
+          absl::StrCat("attention backward at S ", s,
+                       ": the Hopper kernel did not launch: ", cudaGetErrorString(err))));
+    }
     last_attention_ = "hopper";
     return;
   }
@@ -308,7 +343,12 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
   ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::AttentionBackward: head_dim ", d,
                " unsupported by the flash kernel");
   auto delta = Buffer::Make(opts_.alloc, DType::kF32, {hq, s}, Tier::kAttention);
-  ITHACA_CHECK(delta.ok(), "CudaOps::AttentionBackward: ", delta.status().ToString());
+  if (!delta.ok()) {
+    Fail(absl::Status(delta.status().code(),
+                      absl::StrCat("attention backward at S ", s,
+                                   ": the flash kernel's row sums: ", delta.status().message())));
+    return;
+  }
   const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr;
   cuda::FlashAttentionBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d,

@@ -533,5 +533,43 @@ TEST(HopperWorkspace, ThePlannerCountsWhatTheKernelTakes) {
   }
 }
 
+// A backward whose workspace the device cannot hold does not abort the process: the op records
+// RESOURCE_EXHAUSTED, naming the attention pass and the workspace, and Ops::status() keeps the
+// first failure. (The operands come from an allocator of their own; CudaOps' workspaces from one
+// capped at 8 MiB.)
+TEST(HopperRunTimeFailure, AWorkspaceThatDoesNotFitIsAnErrorNotAnAbort) {
+  SKIP_WITHOUT_HOPPER();
+  const int64_t S = 4096, hq = 8, hkv = 2, D = 128;
+  CudaAllocator alloc;
+  CudaAllocator workspaces(size_t{8} << 20);
+  CudaOps::Options o = OptionsFor(&workspaces, Kernel::kHopper, Kernel::kHopper);
+  o.gemm_workspace_bytes = size_t{1} << 20;
+  CudaOps ops(o);
+  ASSERT_TRUE(ops.status().ok());
+  auto q = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 41));
+  auto k = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 42));
+  auto v = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 43));
+  auto out = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto lse = Poisoned(ops, &alloc, DType::kF32, {hq, S});
+  ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), {});
+  ASSERT_TRUE(ops.status().ok()) << ops.status();
+  auto dout = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 44));
+  auto dq = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto dk = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
+  auto dv = Poisoned(ops, &alloc, DType::kBF16, {S, hkv, D});
+  // The workspace (the f32 dQ accumulator, 17 MB here) is more than the cap.
+  ASSERT_GT(cuda::HopperAttentionBackwardWorkspace(S, hq, hkv, D), 8 << 20);
+  ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
+                        lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), {});
+  const absl::Status st = ops.status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("attention backward at S 4096"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("workspace"), std::string::npos) << st;
+  // The first failure is kept; the process is alive and the device still works.
+  ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), {});
+  EXPECT_EQ(ops.status(), st);
+  EXPECT_TRUE(std::isfinite(Host(ops, out.tensor())[0]));
+}
+
 }  // namespace
 }  // namespace ithaca
