@@ -8,6 +8,7 @@
 #   calibrate  bench/calibrate on this GPU: OUT/h100.txt (engine/plan/rates/h100.txt)
 #   rehearse   Llama-3-8B rank 0 of 8, auto's plan, whole steps at REHEARSE_S (128K default),
 #              predicted with OUT/h100.txt; the node's host a DGX's (2 TiB), the GPU capped at 80 GiB
+#   probe5m    the memory probe of that rank at 5M on 80 GiB with this host's memory
 # Results under $OUT (at most 8 files come back).
 set -uo pipefail
 [ -x .device/bin/parallel_bench ] ||
@@ -47,7 +48,8 @@ for part in "$@"; do
         tee -a "$OUT/attn.jsonl" | cut -c1-160
       ;;
     calibrate)
-      DEVICE=h100 bash bench/step_time_session.sh "$BIN" "$OUT" calibrate > "$OUT/calibrate.out" 2>&1
+      DEVICE=h100 timeout ${CALIBRATE_TIMEOUT:-240} bash bench/step_time_session.sh "$BIN" "$OUT" \
+        calibrate > "$OUT/calibrate.out" 2>&1
       tail -2 "$OUT/calibrate.out"; grep -c . "$OUT/h100.txt"
       ;;
     rehearse)
@@ -56,6 +58,16 @@ for part in "$@"; do
           bash bench/step_time_session.sh "$BIN" "$OUT" rehearse:llama-3-8b:8:$s:--recompute=auto+--link=h100-sxm \
           2>/dev/null | cut -c1-200
       done
+      ;;
+    probe5m)
+      # The memory probe of rank 0 of 8 at 5M on an 80 GB GPU (issue 50, item 4): auto's plan
+      # with this host's memory; a step that does not fit ends in an error, never an abort.
+      HOST_GIB=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+      timeout ${PROBE_TIMEOUT:-300} "$BIN/parallel_bench" --rehearse --world=8 --sp=8 \
+        --model=llama-3-8b --seq_lens=5242880 --probe=2048 --planner_settings \
+        --device_memory_gib=80 --node_host_gib=$((HOST_GIB * 8)) --link=h100-sxm --warmup=0 \
+        --steps=1 --compute_step=false 2>"$OUT/probe5m.log" | tee "$OUT/probe5m.jsonl" | cut -c1-300
+      echo "probe rc=${PIPESTATUS[0]}"; tail -4 "$OUT/probe5m.log"
       ;;
   esac
 done
