@@ -20,6 +20,9 @@
 namespace ithaca {
 namespace {
 
+// The kernel's own bound on the links one path may pass through (ELOOP past it).
+constexpr int kMaxLinkHops = 40;
+
 std::string RealPath(const std::string& path) {
   char buf[PATH_MAX];
   return realpath(path.c_str(), buf) ? std::string(buf) : std::string();
@@ -43,9 +46,11 @@ absl::Status CheckLength(const std::string& path) {
 // resolves to is not said: that would tell what lies outside the roots.
 absl::Status CheckInside(const std::string& path, const std::vector<std::string>& roots) {
   if (roots.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(path));
+  absl::StatusOr<std::string> real = ResolveBeneathExisting(path);
+  // PERMISSION_DENIED: a link that cannot be followed, answered as any path outside.
+  if (!real.ok() && !absl::IsPermissionDenied(real.status())) return real.status();
   for (const std::string& root : roots) {
-    if (Inside(real, root)) return absl::OkStatus();
+    if (real.ok() && Inside(*real, root)) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(path, " is outside the allowed roots ",
                                                   absl::StrJoin(roots, ":"),
@@ -283,7 +288,9 @@ absl::StatusOr<std::vector<std::string>> AllowedRootsFromEnvironment() {
   return roots;
 }
 
-absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
+namespace {
+
+absl::StatusOr<std::string> ResolveFollowing(const std::string& path, int hops) {
   RETURN_IF_ERROR(CheckLength(path));
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not an absolute path"));
@@ -294,6 +301,30 @@ absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
   std::string real = RealPath(prefix);
   while (real.empty()) {
     while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+    // A link whose target does not exist (yet) leads where its target says, like any link: it
+    // is followed, so that a link to a missing file outside the roots is judged as one to a
+    // file that exists there (no existence oracle). Whatever stops the resolution past a link
+    // (a loop, "..") is PERMISSION_DENIED without a reason: it lies where the link leads.
+    struct stat lst;
+    if (lstat(prefix.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+      char target[PATH_MAX];
+      const ssize_t n = readlink(prefix.c_str(), target, sizeof(target));
+      const auto unresolvable = [&] {
+        return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be resolved"));
+      };
+      if (hops >= kMaxLinkHops || n <= 0 || n == static_cast<ssize_t>(sizeof(target))) {
+        return unresolvable();
+      }
+      std::string next(target, static_cast<size_t>(n));
+      if (next[0] != '/') {
+        const size_t slash = prefix.rfind('/');
+        next = absl::StrCat(slash == 0 ? "" : prefix.substr(0, slash), "/", next);
+      }
+      for (auto it = missing.rbegin(); it != missing.rend(); ++it) absl::StrAppend(&next, "/", *it);
+      absl::StatusOr<std::string> followed = ResolveFollowing(next, hops + 1);
+      if (!followed.ok()) return unresolvable();
+      return followed;
+    }
     const size_t slash = prefix.rfind('/');
     missing.push_back(prefix.substr(slash + 1));
     prefix = slash == 0 ? "/" : prefix.substr(0, slash);
@@ -311,6 +342,12 @@ absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
     real = absl::StrCat(real, real == "/" ? "" : "/", *it);
   }
   return real;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
+  return ResolveFollowing(path, 0);
 }
 
 absl::Status CheckAllowedPath(const std::string& source, const std::string& key,
@@ -372,8 +409,8 @@ absl::StatusOr<std::vector<std::string>> ExpandPattern(const std::string& patter
 
 absl::StatusOr<int> OpenInsideRoots(const std::string& path, int flags,
                                     const std::vector<std::string>& roots, mode_t mode) {
-  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(path));
   RETURN_IF_ERROR(CheckInside(path, roots));
+  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(path));
   const size_t slash = real.rfind('/');
   const std::string parent = slash == 0 ? "/" : real.substr(0, slash);
   const std::string name = real.substr(slash + 1);
@@ -387,8 +424,8 @@ absl::StatusOr<int> OpenInsideRoots(const std::string& path, int flags,
 }
 
 absl::Status MakeDirsInsideRoots(const std::string& dir, const std::vector<std::string>& roots) {
-  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(dir));
   RETURN_IF_ERROR(CheckInside(dir, roots));
+  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(dir));
   ASSIGN_OR_RETURN(int fd, OpenDirectoryNoFollow(real, /*create=*/true));
   close(fd);
   return absl::OkStatus();

@@ -178,6 +178,39 @@ TEST(PathPolicyTest, OpensAndDirectoriesStayInsideTheRoots) {
       OpenInsideRoots(t.root + "/swapped/x", O_WRONLY | O_CREAT, t.roots).status()));
 }
 
+// A link whose target does not exist is judged by where it points, as any other link: one to a
+// missing file outside the roots gets the answer one to an existing file there gets (no
+// existence oracle), and one to a missing file inside is fine (issue 53 R1).
+TEST(PathPolicyTest, ALinkToAMissingFileIsJudgedByWhereItPoints) {
+  Tree t("dangling");
+  ASSERT_EQ(symlink((t.outside + "/secret.tok").c_str(), (t.root + "/to-secret").c_str()), 0);
+  ASSERT_EQ(symlink((t.outside + "/no-such-file").c_str(), (t.root + "/to-missing").c_str()), 0);
+  ASSERT_EQ(symlink("../outside/no/such/dir", (t.root + "/relative-missing").c_str()), 0);
+  ASSERT_EQ(symlink((t.root + "/loop-b").c_str(), (t.root + "/loop-a").c_str()), 0);
+  ASSERT_EQ(symlink((t.root + "/loop-a").c_str(), (t.root + "/loop-b").c_str()), 0);
+  ASSERT_EQ(symlink((t.outside + "/no/../x").c_str(), (t.root + "/to-dotdot").c_str()), 0);
+  const absl::Status exists = CheckAllowedPath("job", "k", t.root + "/to-secret", t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(exists)) << exists;
+  for (const char* name : {"to-missing", "relative-missing", "loop-a", "to-dotdot"}) {
+    const std::string link = t.root + "/" + name;
+    const absl::Status st = CheckAllowedPath("job", "k", link, t.roots);
+    EXPECT_EQ(st.code(), exists.code()) << name << ": " << st;
+    EXPECT_EQ(st.message(), absl::StrCat("job: k: ", link, " is outside the allowed roots ",
+                                         t.roots[0], " (ithacad --allowed-roots)"))
+        << name;
+    EXPECT_TRUE(absl::IsPermissionDenied(OpenInsideRoots(link, O_RDONLY, t.roots).status()));
+    EXPECT_TRUE(absl::IsPermissionDenied(MakeDirsInsideRoots(link + "/d", t.roots))) << name;
+  }
+  struct stat st;
+  EXPECT_NE(stat((t.outside + "/no").c_str(), &st), 0) << "nothing made outside";
+  // A link to a file not made yet inside the roots leads inside.
+  ASSERT_EQ(symlink((t.root + "/later").c_str(), (t.root + "/to-later").c_str()), 0);
+  EXPECT_TRUE(CheckAllowedPath("job", "k", t.root + "/to-later", t.roots).ok());
+  auto resolved = ResolveBeneathExisting(t.root + "/to-later/x");
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(*resolved, t.root + "/later/x");
+}
+
 TEST(PathPolicyTest, RootsFromTheEnvironment) {
   Tree t("env");
   unsetenv(kAllowedRootsEnv);

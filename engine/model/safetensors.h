@@ -26,7 +26,11 @@ struct TensorInfo {
 class SafetensorsReader {
  public:
   // `path` is a .safetensors file, a model.safetensors.index.json, or a directory holding
-  // either model.safetensors or model.safetensors.index.json.
+  // either model.safetensors or model.safetensors.index.json. An index's shards are file names
+  // beside it (DATA_LOSS naming the entry otherwise), and under ithacad each must resolve inside
+  // $ITHACA_ALLOWED_ROOTS (PERMISSION_DENIED as engine/core/path_policy.h CheckAllowedPath),
+  // both decided before the shard is opened: nothing outside the roots is read, quoted, or told
+  // apart from a missing file. Errors never quote a file's bytes or size.
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
   virtual ~SafetensorsReader() = default;
 
