@@ -28,6 +28,8 @@
 
 namespace ithaca {
 
+class SafetensorsReader;
+
 struct TrainState {
   int64_t step = 0;           // optimizer steps completed
   int64_t data_position = 0;  // samples served by the data loader
@@ -212,6 +214,11 @@ absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManif
                                   size_t i);
 // Checks every file a checkpoint's manifest lists (size and CRC-32): DATA_LOSS naming the file.
 absl::Status VerifyCheckpoint(const std::string& path);
+// The manifest of the checkpoint at `path` lists every file `reader` (opened on a part of it:
+// model/, optimizer/) loads, or that file would be loaded unverified: DATA_LOSS naming the first
+// one it leaves out. Every load of a step (a resume, a new phase's start) checks it.
+absl::Status CheckManifestListsFiles(const std::string& path, const CheckpointManifest& manifest,
+                                     const SafetensorsReader& reader);
 
 // Removes what killed saves and prunes left behind in `dir` (.step-*.tmp.* and .trash-*
 // directories). Safe to call while no other process saves into `dir`.

@@ -262,6 +262,7 @@ class MappedReader : public SafetensorsReader {
     if (wm == index.end() || !wm->is_object()) return bad("no \"weight_map\" object");
 
     auto r = std::unique_ptr<MappedReader>(new MappedReader(path));
+    r->index_ = true;
     const std::string dir = Dirname(path);
     std::map<std::string, std::map<std::string, Entry>> shards;  // by shard file name
     for (const auto& [name, shard] : wm->items()) {
@@ -312,6 +313,13 @@ class MappedReader : public SafetensorsReader {
   }
 
   std::map<std::string, std::string> Metadata() const override { return metadata_; }
+
+  std::vector<std::string> Files() const override {
+    std::vector<std::string> files;
+    if (index_) files.push_back(source_);
+    for (const auto& f : files_) files.push_back(f->path());
+    return files;
+  }
 
   absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,
                     void* dst) const override {
@@ -381,6 +389,7 @@ class MappedReader : public SafetensorsReader {
   }
 
   std::string source_;  // what the caller opened, for NOT_FOUND messages
+  bool index_ = false;  // source_ is an index
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;

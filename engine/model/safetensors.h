@@ -40,6 +40,9 @@ class SafetensorsReader {
   virtual absl::StatusOr<TensorInfo> Info(const std::string& name) const = 0;
   // The "__metadata__" strings (of every shard, merged).
   virtual std::map<std::string, std::string> Metadata() const { return {}; }
+  // Every file it read, as it opened them: the index (when opened through one) and each file
+  // holding tensors (a checkpoint's manifest must list them all).
+  virtual std::vector<std::string> Files() const = 0;
   // Copies the tensor into host memory `dst` as `dst_dtype` (f32 <-> bf16 converted), after
   // checking its shape equals `expected` (INVALID_ARGUMENT naming both shapes otherwise).
   virtual absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,

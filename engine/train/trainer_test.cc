@@ -7,6 +7,8 @@
 #include <ctime>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
@@ -281,6 +283,57 @@ TEST(TrainerTest, InitFromStartsANewRunFromTheWeightsOnly) {
   EXPECT_NE(none.status().message().find("init.from: " + dir + "/nowhere: no such directory"),
             std::string::npos)
       << none.status();
+}
+
+// One phase's checkpoint, two steps in, and a way to write a file's bytes.
+std::string PhaseOneCheckpoint(const std::string& dir, JobSpec* first, CpuOps* ops,
+                               HostAllocator* alloc) {
+  *first = SmallSpec(dir);
+  first->training.steps = 2;
+  first->checkpoint.dir = dir + "/phase1";
+  auto t = Trainer::Create(Resolved(*first), ops, alloc, nullptr, "phase-1");
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return "";
+  EXPECT_TRUE((*t)->Run().ok());
+  absl::StatusOr<std::string> step = LatestCheckpoint(first->checkpoint.dir);
+  EXPECT_TRUE(step.ok()) << step.status();
+  return step.ok() ? *step : "";
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
+}
+
+// A step's manifest lists every file its weights are read from, or those would be loaded
+// unverified: a manifest that leaves model/model.safetensors out (model/config.json still
+// listed) is refused, naming the file (issue 53 N17).
+TEST(TrainerTest, AManifestThatLeavesAWeightsFileOutIsRefusedNamingIt) {
+  const std::string dir = TmpDir("manifest_unlisted");
+  JobSpec first;
+  CpuOps ops;
+  HostAllocator alloc;
+  const std::string step = PhaseOneCheckpoint(dir, &first, &ops, &alloc);
+  ASSERT_FALSE(step.empty());
+  const std::string manifest_path = step + "/manifest.json";
+  absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json manifest = nlohmann::json::parse(*text);
+  nlohmann::json kept = nlohmann::json::array();
+  for (const nlohmann::json& f : manifest["files"]) {
+    if (f["path"] != "model/model.safetensors") kept.push_back(f);
+  }
+  ASSERT_EQ(kept.size() + 1, manifest["files"].size());
+  manifest["files"] = kept;
+  WriteBytes(manifest_path, manifest.dump());
+  JobSpec resume = first;
+  resume.training.steps = 3;
+  auto resumed = Trainer::Create(Resolved(resume), &ops, &alloc, nullptr, "phase-1");
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_EQ(resumed.status().code(), absl::StatusCode::kDataLoss) << resumed.status();
+  EXPECT_EQ(resumed.status().message(),
+            manifest_path +
+                ": does not list model/model.safetensors, which its tensors are read from: not "
+                "a whole checkpoint");
 }
 
 TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
