@@ -168,6 +168,11 @@ absl::Status CheckResumeRope(const std::string& checkpoint, const LlamaConfig& c
 // directory (config.json and safetensors). NOT_FOUND / DATA_LOSS starting "init.from: " and
 // naming the path otherwise.
 absl::StatusOr<std::string> InitWeightsDir(const std::string& from);
+// The checkpoint step whose model/ `weights` is (InitWeightsDir's answer, or a step's model/
+// named itself), "" when it is none (a Hugging Face model directory). A new phase verifies such
+// weights against the step's manifest before it starts from them, as a resume does
+// (engine/checkpoint/distributed_checkpoint.h VerifyCheckpointWeightsTogether).
+std::string CheckpointStepOfWeights(const std::string& weights);
 // A new phase writes into `dir` (its checkpoint.dir): FAILED_PRECONDITION saying which run it
 // holds (its run id, the ithacad job, its step) when it holds a checkpoint of another run than
 // `run_id` (a relaunch of the same run resumes it instead; "" is never the same run).

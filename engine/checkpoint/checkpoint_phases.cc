@@ -88,6 +88,13 @@ absl::StatusOr<std::string> InitWeightsDir(const std::string& from) {
   return *latest + "/model";
 }
 
+std::string CheckpointStepOfWeights(const std::string& weights) {
+  const size_t slash = weights.rfind('/');
+  if (slash == std::string::npos || weights.substr(slash + 1) != "model") return "";
+  const std::string step = weights.substr(0, slash);
+  return PathExists(step + "/" + kManifest) ? step : "";
+}
+
 absl::Status CheckInitTarget(const std::string& dir, const std::string& run_id) {
   if (dir.empty()) return absl::OkStatus();
   absl::StatusOr<std::string> latest = LatestCheckpoint(dir);

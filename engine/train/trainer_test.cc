@@ -336,6 +336,56 @@ TEST(TrainerTest, AManifestThatLeavesAWeightsFileOutIsRefusedNamingIt) {
                 "a whole checkpoint");
 }
 
+// A new phase starts from a checkpoint's weights only when they match its manifest, as a resume
+// does (issue 53 R2: damaged weights were trained on, to a loss of 0 and then NaN), whether
+// init.from names the checkpoint.dir, the step or the step's model/, and only when the manifest
+// lists them.
+TEST(TrainerTest, InitFromADamagedOrUnlistedStepIsRefusedNamingTheFile) {
+  const std::string dir = TmpDir("init_damaged");
+  JobSpec first;
+  CpuOps ops;
+  HostAllocator alloc;
+  const std::string step = PhaseOneCheckpoint(dir, &first, &ops, &alloc);
+  ASSERT_FALSE(step.empty());
+  const std::string weights = step + "/model/model.safetensors";
+  absl::StatusOr<std::string> good = ReadFileToString(weights);
+  ASSERT_TRUE(good.ok()) << good.status();
+  int phase = 0;
+  auto start_phase = [&](const std::string& from) {
+    JobSpec next = first;
+    next.checkpoint.dir = dir + "/phase2-" + std::to_string(++phase);
+    next.init.from = from;
+    return Trainer::Create(Resolved(next), &ops, &alloc, nullptr, "phase-2").status();
+  };
+  // The same size, NaNs in place of the last weights.
+  std::string damaged = *good;
+  for (size_t i = damaged.size() - 64; i < damaged.size(); ++i) damaged[i] = '\xff';
+  WriteBytes(weights, damaged);
+  for (const std::string& from : {first.checkpoint.dir, step, step + "/model"}) {
+    absl::Status st = start_phase(from);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << from << ": " << st;
+    EXPECT_EQ(st.message(), weights + ": not the checksum the manifest says: corrupt") << from;
+  }
+  WriteBytes(weights, *good);
+  EXPECT_TRUE(start_phase(first.checkpoint.dir).ok());
+  // A manifest that does not list the weights file.
+  const std::string manifest_path = step + "/manifest.json";
+  absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json manifest = nlohmann::json::parse(*text);
+  nlohmann::json kept = nlohmann::json::array();
+  for (const nlohmann::json& f : manifest["files"]) {
+    if (f["path"] != "model/model.safetensors") kept.push_back(f);
+  }
+  manifest["files"] = kept;
+  WriteBytes(manifest_path, manifest.dump());
+  absl::Status unlisted = start_phase(step + "/model");
+  EXPECT_EQ(unlisted.code(), absl::StatusCode::kDataLoss) << unlisted;
+  EXPECT_EQ(unlisted.message(), manifest_path +
+                                    ": does not list model/model.safetensors, which its tensors "
+                                    "are read from: not a whole checkpoint");
+}
+
 TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
   const std::string dir = TmpDir("short");
   JobSpec spec = SmallSpec(dir);
