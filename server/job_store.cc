@@ -20,6 +20,16 @@
 namespace ithaca {
 namespace {
 
+// An evaluation as a record carries it: at most kMaxEvalPasskeyResults passkey points (the
+// first ones, lengths outer as the worker sends them).
+void BoundEval(v1::EvalReport* e) {
+  const int n = e->passkey_size();
+  if (n > JobStore::kMaxEvalPasskeyResults) {
+    e->mutable_passkey()->DeleteSubrange(JobStore::kMaxEvalPasskeyResults,
+                                         n - JobStore::kMaxEvalPasskeyResults);
+  }
+}
+
 // history.kind: a v1.StepReport or a v1.EvalReport.
 constexpr int64_t kHistoryStep = 0, kHistoryEval = 1;
 
@@ -433,7 +443,14 @@ absl::StatusOr<v1::Job> JobStore::GetLocked(const std::string& id) {
          "SELECT report FROM history WHERE job_id = ? AND kind = ? ORDER BY rowid DESC LIMIT 1");
   e.Bind(1, id).Bind(2, kHistoryEval);
   ASSIGN_OR_RETURN(bool has_eval, e.Step());
-  if (has_eval) job.mutable_last_eval()->ParseFromString(e.Text(0));
+  if (has_eval) {
+    job.mutable_last_eval()->ParseFromString(e.Text(0));
+    BoundEval(job.mutable_last_eval());
+  }
+  if (job.ByteSizeLong() > kMaxJobRecordBytes) job.mutable_last_eval()->clear_passkey();
+  if (job.ByteSizeLong() > kMaxJobRecordBytes && job.last_steps_size() > 1) {
+    job.mutable_last_steps()->DeleteSubrange(1, job.last_steps_size() - 1);
+  }
   return job;
 }
 
@@ -589,6 +606,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::History(const std::string& i
     *e.mutable_time() = TimeUtil::MillisecondsToTimestamp(q.Int(1));
     const bool parsed = q.Int(0) == kHistoryEval ? e.mutable_eval()->ParseFromString(q.Text(2))
                                                  : e.mutable_step()->ParseFromString(q.Text(2));
+    if (e.has_eval()) BoundEval(e.mutable_eval());
     if (!parsed) {
       return absl::DataLossError(absl::StrCat("job store ", options_.path, ": job ", id,
                                               "'s history row ", out.size() + 1,
