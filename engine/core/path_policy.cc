@@ -452,14 +452,73 @@ std::string CleanPath(const std::string& path) {
   return joined.empty() ? "." : joined;
 }
 
+namespace {
+
+// `s` with its unescaped ',', '{' and '}' escaped, to stand as one alternative of a brace group.
+std::string EscapeAlternative(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      out.append(s, i, 2);
+      ++i;
+      continue;
+    }
+    if (s[i] == ',' || s[i] == '{' || s[i] == '}') out.push_back('\\');
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
+// CleanPath for a pattern with brace groups: cleaning it whole would let a ".." inside a group
+// take away what stands before the group ("sub/{c.tok,../../mix/a.tok}" became
+// "sub/mix/a.tok}"). The groups are expanded first (bounded as ExpandPattern's are), each
+// alternative cleaned on its own, and they are written back as one group after their common
+// directory ("/d/sub/{c.tok,../../mix/a.tok}" is "/{d/sub/c.tok,mix/a.tok}"), which is not
+// leading, so the pattern stays one source of a data mix. A pattern whose whole cleaning names
+// the same paths (no "." or ".." inside a group) keeps its form.
+std::string CleanBracedPattern(const std::string& pattern) {
+  const ExpandLimits limits;
+  Budget budget{limits, pattern, absl::Now() + limits.max_time};
+  absl::StatusOr<std::vector<std::string>> expanded = ExpandBraces(pattern, budget);
+  // Past the bounds it is left as it is: expanding it (ExpandPattern) refuses it, naming its key.
+  if (!expanded.ok()) return pattern;
+  std::vector<std::string> alternatives = *std::move(expanded);
+  for (std::string& a : alternatives) a = CleanPath(a);
+  const std::string whole = CleanPath(pattern);
+  absl::StatusOr<std::vector<std::string>> same = ExpandBraces(whole, budget);
+  if (same.ok() && *same == alternatives) return whole;
+  if (alternatives.size() == 1) return alternatives[0];
+  size_t common = alternatives[0].size();
+  for (const std::string& a : alternatives) {
+    common = std::min(common, a.size());
+    for (size_t i = 0; i < common; ++i) {
+      if (a[i] != alternatives[0][i]) {
+        common = i;
+        break;
+      }
+    }
+  }
+  const size_t slash = alternatives[0].rfind('/', common == 0 ? 0 : common - 1);
+  const size_t cut = slash == std::string::npos ? 0 : slash + 1;
+  // A group at the start would make the pattern a data mix's sources: "./" keeps it one.
+  std::string out = (cut == 0 ? "./" : alternatives[0].substr(0, cut)) + "{";
+  for (size_t i = 0; i < alternatives.size(); ++i) {
+    absl::StrAppend(&out, i ? "," : "", EscapeAlternative(alternatives[i].substr(cut)));
+  }
+  return out + "}";
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern) {
   if (pattern.empty()) return pattern;
   size_t open = 0, close = 0;
   std::vector<std::pair<size_t, size_t>> alternatives;
   ASSIGN_OR_RETURN(bool group, FirstGroup(pattern, &open, &close, &alternatives));
   if (!group || open != 0) {
-    if (pattern[0] == '/' || dir.empty()) return pattern[0] == '/' ? CleanPath(pattern) : pattern;
-    return CleanPath(absl::StrCat(dir, "/", pattern));
+    if (pattern[0] != '/' && dir.empty()) return pattern;
+    const std::string path = pattern[0] == '/' ? pattern : absl::StrCat(dir, "/", pattern);
+    return group ? CleanBracedPattern(path) : CleanPath(path);
   }
   const std::string rest = pattern.substr(close + 1);
   std::string out = "{";

@@ -90,8 +90,11 @@ absl::StatusOr<std::vector<std::string>> SplitDataSources(const std::string& pat
 // pattern after the group appended to each): "{a.tok,/abs/b.tok}" in /d is
 // "{/d/a.tok,/abs/b.tok}", so a weighted mix keeps one source per alternative. Each path comes
 // back cleaned (CleanPath), so one directory has one name ("ck" and "jobs/../ck" claim the same
-// checkpoint.dir). The one rule for admission and the standalone worker. INVALID_ARGUMENT for an
-// unmatched brace.
+// checkpoint.dir); a brace group further in is expanded first and each of its alternatives
+// cleaned on its own, written back as one group after their common directory
+// ("sub/{c.tok,../../mix/a.tok}" in /d is "/{d/sub/c.tok,mix/a.tok}": still one source). The one
+// rule for admission and the standalone worker (a pattern past ExpandLimits' alternatives comes
+// back as it is: ExpandPattern refuses it). INVALID_ARGUMENT for an unmatched brace.
 absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern);
 // `path` with "." components, repeated slashes and a component followed by ".." removed,
 // lexically (as Go's filepath.Clean): "/x/jobs/../ckpt/" is "/x/ckpt"; ".." above the root

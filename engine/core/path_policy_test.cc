@@ -265,6 +265,41 @@ TEST(ResolvePatternTest, PathsAreCleaned) {
   EXPECT_EQ(*ResolvePattern("/d", "{./a,/b/../c}"), "{/d/a,/c}");
 }
 
+// A ".." inside a brace group that does not start the pattern is its alternative's: the groups
+// are expanded before the paths are cleaned, and the pattern stays one source of a data mix
+// (issue 53 R5: "sub/{c.tok,../../mix/a.tok}" became "sub/mix/a.tok}").
+TEST(ResolvePatternTest, BraceGroupsAreExpandedBeforePathsAreCleaned) {
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{c.tok,../../mix/a.tok}"), "/{d/sub/c.tok,mix/a.tok}");
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{c.tok,../mix/a.tok}"), "/d/{sub/c.tok,mix/a.tok}");
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{x/../c.tok,d.tok}"), "/d/sub/{c.tok,d.tok}");
+  EXPECT_EQ(*ResolvePattern("/d", "/e/{a,b/..}/x.tok"), "/e/{a/x.tok,x.tok}");
+  // One alternative left, and a literal comma or brace in an alternative kept literal.
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{x/..}/c.tok"), "/d/sub/c.tok");
+  EXPECT_EQ(*ResolvePattern("/d", "s/{a,../b}/f\\,g.tok"), "/d/{s/a/f\\,g.tok,b/f\\,g.tok}");
+  // Groups without "." or ".." keep their form.
+  EXPECT_EQ(*ResolvePattern("/d", "data/{a,b}/*.tok"), "/d/data/{a,b}/*.tok");
+  EXPECT_EQ(*ResolvePattern("/d", "./data/{a,b{c,d}}.tok"), "/d/data/{a,b{c,d}}.tok");
+  // Past the bounds a pattern is left as it is, for ExpandPattern to refuse naming its key.
+  std::string groups;
+  for (int i = 0; i < 21; ++i) groups += "{,}";
+  EXPECT_EQ(*ResolvePattern("/d", "a.tok" + groups), "/d/a.tok" + groups);
+  // Still one source (its group does not start it), and each alternative is what it names.
+  for (const std::string& p :
+       {std::string("sub/{c.tok,../../mix/a.tok}"), std::string("s/{a,../b}/f\\,g.tok")}) {
+    absl::StatusOr<std::string> resolved = ResolvePattern("/d", p);
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(SplitDataSources(*resolved)->size(), 1u) << *resolved;
+  }
+  // Each alternative then meets the roots on its own.
+  Tree t("braces_dotdot");
+  auto outside =
+      ExpandPattern(*ResolvePattern(t.root, "shards/{s1.tok,../../outside/secret.tok}"), t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(outside.status())) << outside.status();
+  auto inside = ExpandPattern(*ResolvePattern(t.root, "shards/{s1.tok,../a.tok}"), t.roots);
+  ASSERT_TRUE(inside.ok()) << inside.status();
+  EXPECT_EQ(*inside, (std::vector<std::string>{t.root + "/a.tok", t.root + "/shards/s1.tok"}));
+}
+
 TEST(ResolvePatternTest, AbsoluteOnlyWhenEveryAlternativeIs) {
   EXPECT_TRUE(PatternIsAbsolute("/a.tok"));
   EXPECT_FALSE(PatternIsAbsolute("a.tok"));
