@@ -570,6 +570,18 @@ absl::Status JobStore::RecordStep(const std::string& id, const v1::StepReport& r
   // The rank's last step and its history row together or not at all: a daemon killed between
   // the two would leave a step that the history lacks (or the other way round).
   return InWriteTransaction([&]() -> absl::Status {
+    // A step at or before the rank's newest one is a step run again (a retry resumed from an
+    // earlier checkpoint): the history keeps the last run of each step, so what the attempt
+    // before wrote from this step on goes (issue 53: 781 records for 600 steps).
+    Stmt last(db_, "SELECT report FROM last_steps WHERE job_id = ? AND rank = ?");
+    last.Bind(1, id).Bind(2, int64_t{report.rank()});
+    ASSIGN_OR_RETURN(bool had, last.Step());
+    v1::StepReport newest;
+    if (had && newest.ParseFromString(last.Text(0)) && step <= newest.step()) {
+      Stmt drop(db_, "DELETE FROM history WHERE job_id = ? AND rank = ? AND step >= ?");
+      drop.Bind(1, id).Bind(2, int64_t{report.rank()}).Bind(3, step);
+      RETURN_IF_ERROR(drop.Run());
+    }
     Stmt up(db_, "INSERT OR REPLACE INTO last_steps(job_id, rank, report) VALUES(?, ?, ?)");
     up.Bind(1, id).Bind(2, int64_t{report.rank()}).BindBlob(3, blob);
     RETURN_IF_ERROR(up.Run());

@@ -97,7 +97,8 @@ class JobStore {
   // restarted daemon re-attaches to.
   absl::Status SetClusterJob(const std::string& id, const std::string& cluster_job);
   // Keeps `report` as rank report.rank()'s newest step, and in the job's history (sampled as
-  // kHistoryEvery says).
+  // kHistoryEvery says). A step at or before the rank's newest is one run again (a retry):
+  // the history keeps the last run of each step, dropping the rank's rows from that step on.
   absl::Status RecordStep(const std::string& id, const v1::StepReport& report);
   // Adds an evaluation to the job's history (every one is kept).
   absl::Status RecordEval(const std::string& id, const v1::EvalReport& report);

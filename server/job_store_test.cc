@@ -461,6 +461,52 @@ TEST(JobStoreTest, HistoryKeepsRankZerosStepsSampledOthersAndEvals) {
   EXPECT_EQ(store->History("job-9").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Steps run again after a retry (resumed from an earlier checkpoint) appeared twice in the
+// history (issue 53: 781 records for 600 steps): it keeps the last run of each step, and an
+// evaluation of the attempt before past the point it resumed from goes with its steps.
+TEST(JobStoreTest, HistoryKeepsTheLastRunOfEachStep) {
+  auto store = OpenMemory();
+  auto job = store->Create(Template("r"), "submitted");
+  ASSERT_TRUE(job.ok());
+  auto run = [&](int from, int to, double loss) {
+    for (int step = from; step <= to; ++step) {
+      for (int rank = 0; rank < 2; ++rank) {
+        v1::StepReport r;
+        r.set_rank(rank);
+        r.set_step(step);
+        r.set_total_steps(30);
+        r.set_loss(loss);
+        ASSERT_TRUE(store->RecordStep(job->id(), r).ok());
+      }
+      if (step == 15) {
+        v1::EvalReport e;
+        e.set_step(15);
+        e.set_loss(loss);
+        ASSERT_TRUE(store->RecordEval(job->id(), e).ok());
+      }
+    }
+  };
+  run(1, 20, 1.0);   // the first attempt, killed after step 20
+  run(11, 30, 2.0);  // the retry, resumed from step 10's checkpoint
+  auto history = store->History(job->id());
+  ASSERT_TRUE(history.ok()) << history.status();
+  std::vector<int64_t> rank0, rank1;
+  std::vector<double> evals;
+  for (const v1::JobEvent& e : *history) {
+    if (e.has_eval()) {
+      evals.push_back(e.eval().loss());
+      continue;
+    }
+    (e.step().rank() == 0 ? rank0 : rank1).push_back(e.step().step());
+    EXPECT_DOUBLE_EQ(e.step().loss(), e.step().step() <= 10 ? 1.0 : 2.0) << e.step().step();
+  }
+  std::vector<int64_t> all(30);
+  for (int i = 0; i < 30; ++i) all[i] = i + 1;
+  EXPECT_EQ(rank0, all);
+  EXPECT_EQ(rank1, (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(evals, (std::vector<double>{2.0}));
+}
+
 TEST(JobStoreTest, AVersionOneDatabaseGainsTheHistoryTable) {
   const std::string path =
       std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/v1.db";
