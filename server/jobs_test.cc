@@ -127,8 +127,10 @@ TEST(JobsTest, AJobAfterAnotherWaitsAndIsCancelledWhenThatOneIsCancelled) {
                                     "user");
   v1::Job chained = WaitFor(jobs, grandchild->id(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(chained.state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_TRUE(absl::StartsWith(chained.reason(), "job " + child->id() + " it waited for"))
-      << chained.reason();
+  EXPECT_EQ(chained.reason(), "job " + child->id() +
+                                  " it waited for (--after) ended cancelled; the chain's first "
+                                  "job " +
+                                  parent->id() + " ended cancelled: cancelled by the user");
 
   v1::SubmitJobRequest unknown = Submission(1);
   unknown.set_after("job-99");
@@ -153,6 +155,22 @@ TEST(JobsTest, AJobAfterAnotherWaitsAndIsCancelledWhenThatOneIsCancelled) {
   ASSERT_TRUE(gone.ok()) << gone.status();
   EXPECT_EQ(gone->state(), v1::JOB_STATE_CANCELLED);
   jobs.Shutdown("test over");
+}
+
+// A chain cancel named each job's reason inside the next one's, cut at 4 KiB, so that the cause
+// was lost down a long chain (issue 53): the chain's first job and its reason are named once,
+// whatever the chain's length.
+TEST(JobsTest, AChainCancelNamesItsFirstJobAndReasonOnce) {
+  const std::string cause = "preempted: " + std::string(900, 'x');
+  std::string reason = cause;
+  for (int i = 1; i <= 1000; ++i) {
+    reason = ChainedCancelReason(absl::StrCat("job-", i),
+                                 i == 1 ? v1::JOB_STATE_FAILED : v1::JOB_STATE_CANCELLED, reason);
+  }
+  EXPECT_EQ(reason,
+            "job job-1000 it waited for (--after) ended cancelled; the chain's first job "
+            "job-1 ended failed: " +
+                cause);
 }
 
 TEST(JobsTest, AJobAfterAnotherIsCancelledWhenThatOneFails) {
