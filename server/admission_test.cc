@@ -722,6 +722,21 @@ TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
             0u)
       << init;
 
+  // init.from's config.json must be the job's model (issue 53: it was not read): another
+  // rms_norm_eps, whose tensors have the same shapes, is named with both values.
+  LlamaConfig other_eps = *PresetConfig("tiny");
+  other_eps.rms_norm_eps = 1e-6;
+  std::ofstream(dir + "/model/config.json") << ConfigToJson(other_eps);
+  absl::Status eps = admit("preset = \"tiny\"", "[init]\nfrom = \"model\"\n");
+  EXPECT_EQ(eps.code(), absl::StatusCode::kFailedPrecondition) << eps;
+  EXPECT_EQ(eps.message().rfind("job.toml: init.from: " + dir +
+                                    "/model/config.json has rms_norm_eps 1e-06, the job's model "
+                                    "1e-05: ",
+                                0),
+            0u)
+      << eps;
+  std::ofstream(dir + "/model/config.json") << ConfigToJson(*PresetConfig("tiny"));
+
   // Data tokenized with another tokenizer than the model directory's tokenizer.json.
   std::ofstream(dir + "/model/tokenizer.json") << R"({"model": {"type": "BPE"}})";
   TokenFileMeta meta = ByteTokenMeta(ByteTokenize(std::string(200, 'x')));

@@ -168,6 +168,13 @@ absl::Status CheckResumeRope(const std::string& checkpoint, const LlamaConfig& c
 // directory (config.json and safetensors). NOT_FOUND / DATA_LOSS starting "init.from: " and
 // naming the path otherwise.
 absl::StatusOr<std::string> InitWeightsDir(const std::string& from);
+// A new phase starts from the weights of the job's own model: the config.json beside them
+// (`weights`, InitWeightsDir's answer: a Hugging Face model directory or a step's model/) must
+// describe the model `cfg` is (its family, sizes, heads, vocabulary, norms, window, tied
+// embeddings; only the RoPE and the context may change). FAILED_PRECONDITION naming the key and
+// both values otherwise; the config.json's own errors as LoadConfigJson's. OK when there is no
+// config.json. ithacad checks at admission, the worker again at start.
+absl::Status CheckInitModel(const std::string& weights, const LlamaConfig& cfg);
 // The checkpoint step whose model/ `weights` is (InitWeightsDir's answer, or a step's model/
 // named itself), "" when it is none (a Hugging Face model directory). A new phase verifies such
 // weights against the step's manifest before it starts from them, as a resume does

@@ -255,6 +255,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
             "standalone run needs the directory"));
       }
       ASSIGN_OR_RETURN(weights, InitWeightsDir(spec.init.from));
+      RETURN_IF_ERROR(CheckInitModel(weights, t->cfg_));
     }
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader, SafetensorsReader::Open(weights));
     // A checkpoint's weights are verified against its manifest before a phase starts from them,

@@ -386,6 +386,46 @@ TEST(TrainerTest, InitFromADamagedOrUnlistedStepIsRefusedNamingTheFile) {
                                     "are read from: not a whole checkpoint");
 }
 
+// [init] from a Hugging Face directory read its weights whatever its config.json said: a model
+// with another rms_norm_eps (the same tensors' shapes) trained on silently (issue 53). A new
+// phase starts from the job's own model, named with both values otherwise.
+TEST(TrainerTest, InitFromAnotherModelsConfigIsRefusedNamingBothValues) {
+  const std::string dir = TmpDir("init_config");
+  JobSpec first;
+  CpuOps ops;
+  HostAllocator alloc;
+  const std::string step = PhaseOneCheckpoint(dir, &first, &ops, &alloc);
+  ASSERT_FALSE(step.empty());
+  const std::string hf = dir + "/hf";
+  ASSERT_TRUE(MakeDirs(hf).ok());
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    absl::StatusOr<std::string> bytes = ReadFileToString(step + "/model/" + name);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    WriteBytes(hf + "/" + name, *bytes);
+  }
+  int phase = 0;
+  auto start_phase = [&]() {
+    JobSpec next = first;
+    next.checkpoint.dir = dir + "/phase2-" + std::to_string(++phase);
+    next.init.from = hf;
+    return Trainer::Create(Resolved(next), &ops, &alloc, nullptr, "phase-2").status();
+  };
+  EXPECT_TRUE(start_phase().ok());
+  absl::StatusOr<std::string> text = ReadFileToString(hf + "/config.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json config = nlohmann::json::parse(*text);
+  ASSERT_EQ(config["rms_norm_eps"], 1e-5);
+  config["rms_norm_eps"] = 1e-6;
+  WriteBytes(hf + "/config.json", config.dump());
+  absl::Status other = start_phase();
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << other;
+  EXPECT_EQ(
+      other.message().rfind(
+          "init.from: " + hf + "/config.json has rms_norm_eps 1e-06, the job's model 1e-05: ", 0),
+      0u)
+      << other;
+}
+
 TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {
   const std::string dir = TmpDir("short");
   JobSpec spec = SmallSpec(dir);
