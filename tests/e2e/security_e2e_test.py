@@ -177,6 +177,35 @@ class SecurityE2E(unittest.TestCase):
             self.assertIn("outside the allowed roots", e.exception.details())
             self.assertNotIn("root:x:0:0", e.exception.details())
 
+    def test_a_weights_index_names_no_shard_outside_the_roots(self):
+        # Issue 53 R1: a weight_map could name /etc/shadow (through "..", an absolute path or a
+        # link beside the index); ithacad opened it at admission and quoted its size and first 8
+        # bytes. Now every shard is refused before it is opened, the same whether it exists.
+        w = os.path.join(TMP, "index-escape")
+        os.makedirs(w, exist_ok=True)
+        for name, target in [("shard-shadow", "/etc/shadow"), ("shard-missing", "/etc/no-such")]:
+            if not os.path.islink(os.path.join(w, name)):
+                os.symlink(target, os.path.join(w, name))
+        run = os.path.join(TMP, "index-escape-run")
+        os.makedirs(run, exist_ok=True)
+        toml = spec_toml(run).replace('preset = "tiny"', f'preset = "tiny"\nweights = "{w}"')
+        details = {}
+        for shard, code in [("shard-shadow", grpc.StatusCode.PERMISSION_DENIED),
+                            ("shard-missing", grpc.StatusCode.PERMISSION_DENIED),
+                            ("../../../../../../../../etc/shadow", grpc.StatusCode.DATA_LOSS),
+                            ("/etc/shadow", grpc.StatusCode.DATA_LOSS)]:
+            with open(os.path.join(w, "model.safetensors.index.json"), "w") as f:
+                f.write('{"weight_map": {"model.norm.weight": "%s"}}' % shard)
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.submit(toml)
+            self.assertEqual(e.exception.code(), code, e.exception.details())
+            self.assertIn("model.weights: ", e.exception.details())
+            for leak in ("root:", "header length", "No such file", "bytes"):
+                self.assertNotIn(leak, e.exception.details())
+            details[shard] = e.exception.details()
+        self.assertEqual(details["shard-shadow"].replace("shadow", "X"),
+                         details["shard-missing"].replace("missing", "X"))
+
 
 class StartupRefusals(unittest.TestCase):
     def test_a_reachable_address_needs_a_token_tls_or_insecure(self):
