@@ -230,7 +230,8 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
     const RankOutput output = spec.outputs.empty() ? RankOutput() : spec.outputs[rank];
     int out_fd = output.out_fd, err_fd = output.err_fd, log_fd = -1;
     if (!output.log_path.empty()) {
-      log_fd = open(output.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      // Its user's alone: a rank's output is a job's (ithacad's rank logs, issue 53 N11).
+      log_fd = open(output.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
       if (log_fd < 0) {
         const int err = errno;
         close(null_fd);

@@ -8,8 +8,13 @@
 //     run/worker.sock            the WorkerService unix socket (run/ is 0700)
 //     jobs/job-N/                a job's directory (below)
 //
+//   Nothing in it is readable by other users: files 0600, jobs/ and a job's directory 0700, or
+//   0710 with the --worker-user's group (server/log_files.h MakeJobsDir), the state directory
+//   0711 (the worker user passes through to its socket and its job's rendezvous directory).
+//
 //   <job dir>/                   a job's logs and runtime files; never its checkpoints or outputs
-//     rank-R.log                 rank R's stdout and stderr
+//     rendezvous-T/              a launch's Gloo FileStore (the workers' user's, 0700)
+//     rank-R.log                 rank R's stdout and stderr (0600)
 //     workers.adopt              what a restarted daemon needs to adopt the running ranks
 //     daemon.addr                a Slurm job's: the host:port its ranks dial (shared storage)
 //     slurm.sbatch, slurm-J.out  a Slurm job's batch script and Slurm's own output

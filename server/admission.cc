@@ -310,6 +310,10 @@ absl::Status CheckInputs(const AdmittedSpec& a, const std::string& source) {
   if (!a.spec.init.from.empty()) {
     absl::StatusOr<std::string> weights = InitWeightsDir(a.spec.init.from);
     if (weights.ok()) {
+      // The same model (its config.json beside the weights), then every tensor it needs.
+      if (absl::Status same = CheckInitModel(*weights, a.config); !same.ok()) {
+        return absl::Status(same.code(), absl::StrCat(SpecSource(source), ": ", same.message()));
+      }
       absl::Status st = CheckWeights(*weights, a.config);
       if (!st.ok()) {
         std::string msg(st.message());

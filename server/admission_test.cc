@@ -535,6 +535,89 @@ TEST(AllowedRootsTest, PathsOutsideTheRootsAreRefusedNamingTheKey) {
                   .ok());
 }
 
+// A safetensors index is data too: the shards its weight_map names (through model.weights and
+// init.from) are checked against the roots before anything is opened, as ithacad does at
+// admission (it holds its roots in $ITHACA_ALLOWED_ROOTS, as its workers do). A file outside
+// (one that exists, a real safetensors file, or none at all) gets one answer that quotes none
+// of its bytes; names that leave the index's directory are refused outright (issue 53 R1).
+TEST(AllowedRootsTest, TheShardsAnIndexNamesAreCheckedBeforeAnyIsOpened) {
+  const std::string root = Dir() + "/index-roots/allowed";
+  const std::string outside = Dir() + "/index-roots/outside";
+  ASSERT_EQ(system(("rm -rf " + root + " " + outside + " && mkdir -p " + root + "/w " + root +
+                    "/hf " + outside)
+                       .c_str()),
+            0);
+  WriteCorpus(root + "/corpus.tok");
+  const std::string config = ConfigToJson(*PresetConfig("tiny"));
+  std::ofstream(root + "/w/config.json") << config;
+  std::ofstream(root + "/hf/config.json") << config;
+  std::ofstream(outside + "/shadow") << "root:*:20000:0:99999:7:::\n";
+  SafetensorsWriter real;
+  const std::vector<float> two = {1, 2};
+  real.Add("model.norm.weight", DType::kF32, {2}, two.data(), DType::kF32);
+  ASSERT_TRUE(real.WriteFile(outside + "/real.safetensors").ok());
+  for (const std::string& dir : {root + "/w", root + "/hf"}) {
+    ASSERT_EQ(symlink((outside + "/shadow").c_str(), (dir + "/shard-shadow").c_str()), 0);
+    ASSERT_EQ(symlink((outside + "/real.safetensors").c_str(), (dir + "/shard-real").c_str()), 0);
+    ASSERT_EQ(symlink((outside + "/no-such-file").c_str(), (dir + "/shard-missing").c_str()), 0);
+  }
+  auto roots = ParseAllowedRoots(root);
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  ASSERT_EQ(setenv(kAllowedRootsEnv, (*roots)[0].c_str(), 1), 0);
+  auto check = [&](const std::string& model, const std::string& extra) {
+    absl::StatusOr<AdmittedSpec> a = ParseSubmission(
+        "name = \"t\"\nbackend = \"cpu\"\n[model]\n" + model +
+            "\n[data]\npath = \"corpus.tok\"\nseq_len = 64\n[training]\nsteps = 3\n" + extra,
+        "job.toml", root, Roomy(), "", *roots);
+    return a.ok() ? CheckInputs(*a, "job.toml") : a.status();
+  };
+  auto index = [&](const std::string& dir, const std::string& shard) {
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << R"({"weight_map": {"model.norm.weight": ")" + shard + R"("}})";
+  };
+  struct Case {
+    std::string dir, model, extra, key;
+  };
+  for (const Case& c :
+       {Case{root + "/w", "config = \"w/config.json\"\nweights = \"w\"", "", "model.weights"},
+        Case{root + "/hf", "preset = \"tiny\"", "[init]\nfrom = \"hf\"\n", "init.from"}}) {
+    // Links beside the index that lead out of the roots: refused alike whether what they lead
+    // to exists, is a real safetensors file, or is not one.
+    std::vector<absl::Status> refusals;
+    for (const char* shard : {"shard-shadow", "shard-real", "shard-missing"}) {
+      index(c.dir, shard);
+      absl::Status st = check(c.model, c.extra);
+      EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << shard << ": " << st;
+      EXPECT_EQ(st.message().rfind("job.toml: " + c.key + ": ", 0), 0u) << st;
+      EXPECT_NE(st.message().find(absl::StrCat("shard ", shard, " (holding 'model.norm.weight'): ",
+                                               c.dir, "/", shard, " is outside the allowed roots")),
+                std::string::npos)
+          << st;
+      refusals.push_back(st);
+    }
+    for (const absl::Status& st : refusals) {
+      const std::string msg(st.message());
+      EXPECT_EQ(msg.find("root:"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("header"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("such file"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("bytes"), std::string::npos) << msg;
+    }
+    // Names that leave the index's directory, existing or not, are refused before any open.
+    for (const std::string& shard :
+         {std::string("../../outside/real.safetensors"), std::string("../../outside/nothing"),
+          outside + "/shadow", std::string("/etc/shadow")}) {
+      index(c.dir, shard);
+      absl::Status st = check(c.model, c.extra);
+      EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << shard << ": " << st;
+      EXPECT_EQ(st.message().rfind("job.toml: " + c.key + ": ", 0), 0u) << st;
+      EXPECT_NE(st.message().find("which is not a file name beside the index"), std::string::npos)
+          << st;
+      EXPECT_EQ(st.message().find("root:"), std::string::npos) << st;
+    }
+  }
+  unsetenv(kAllowedRootsEnv);
+}
+
 // Every brace alternative of data.path is checked against the roots before it is looked at: no
 // existence oracle ("../etc/no-such-file" and an existing file outside answer alike), no
 // listing of a directory outside one name at a time.
@@ -638,6 +721,21 @@ TEST(AdmissionTest, InputsTheWorkersWouldRefuseAreRefusedAtAdmission) {
                                  0),
             0u)
       << init;
+
+  // init.from's config.json must be the job's model (issue 53: it was not read): another
+  // rms_norm_eps, whose tensors have the same shapes, is named with both values.
+  LlamaConfig other_eps = *PresetConfig("tiny");
+  other_eps.rms_norm_eps = 1e-6;
+  std::ofstream(dir + "/model/config.json") << ConfigToJson(other_eps);
+  absl::Status eps = admit("preset = \"tiny\"", "[init]\nfrom = \"model\"\n");
+  EXPECT_EQ(eps.code(), absl::StatusCode::kFailedPrecondition) << eps;
+  EXPECT_EQ(eps.message().rfind("job.toml: init.from: " + dir +
+                                    "/model/config.json has rms_norm_eps 1e-06, the job's model "
+                                    "1e-05: ",
+                                0),
+            0u)
+      << eps;
+  std::ofstream(dir + "/model/config.json") << ConfigToJson(*PresetConfig("tiny"));
 
   // Data tokenized with another tokenizer than the model directory's tokenizer.json.
   std::ofstream(dir + "/model/tokenizer.json") << R"({"model": {"type": "BPE"}})";

@@ -585,6 +585,7 @@ absl::Status Serve(DaemonOptions o) {
                       absl::StrCat("grpc=", address, "\nmetrics=", o.jobs.metrics_address,
                                    o.health_listen.empty() ? "" : "\nhealth=", o.health_listen,
                                    "\npid=", getpid(), "\n")));
+  chmod(DaemonAddrFilePath(o.state_dir).c_str(), 0600);  // the state directory's files: ours
   PrintServing(o, address, o.jobs.metrics_address);
 
   const int sig = WaitForStopSignal(stop_signals, store.get(), set_serving);

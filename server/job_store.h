@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "engine/core/mutex.h"
 #include "engine/core/status.h"
+#include "engine/spec/job_spec.h"
 #include "ithaca/v1/job.pb.h"
 #include "server/job_state.h"
 
@@ -44,6 +45,15 @@ class JobStore {
   // one record must always fit in a reply, whatever a client or a failure message quoted. Also
   // applied when reading, so a store written by an older ithacad serves bounded records.
   static constexpr size_t kMaxReasonBytes = 4096;
+  // One job record (GetJob, each of a ListJobs page's, WatchJob's snapshot) is at most this large,
+  // well inside gRPC's 4 MiB: an evaluation keeps at most kMaxEvalPasskeyResults passkey points
+  // (the most a spec can ask for; ithacad refuses a report that holds more than its own spec's,
+  // Supervisor::ReportEval), and a record still too large, as an older ithacad may have stored
+  // it, is served without its evaluation's points and then without the other ranks' newest steps,
+  // so list and status degrade and never fail (issue 53 R3). Also applied to the history's rows.
+  static constexpr size_t kMaxJobRecordBytes = size_t{1} << 20;
+  static constexpr int kMaxEvalPasskeyResults =
+      static_cast<int>(kMaxPasskeyPoints * kMaxPasskeyPoints);
 
   struct Options {
     std::string path;  // a file, or ":memory:"
@@ -87,7 +97,8 @@ class JobStore {
   // restarted daemon re-attaches to.
   absl::Status SetClusterJob(const std::string& id, const std::string& cluster_job);
   // Keeps `report` as rank report.rank()'s newest step, and in the job's history (sampled as
-  // kHistoryEvery says).
+  // kHistoryEvery says). A step at or before the rank's newest is one run again (a retry):
+  // the history keeps the last run of each step, dropping the rank's rows from that step on.
   absl::Status RecordStep(const std::string& id, const v1::StepReport& report);
   // Adds an evaluation to the job's history (every one is kept).
   absl::Status RecordEval(const std::string& id, const v1::EvalReport& report);

@@ -167,6 +167,44 @@ TEST(JobStoreTest, KeepsTheNewestEvaluation) {
   EXPECT_FALSE(store->Get(store->Create(Template("b"), "s")->id())->has_last_eval());
 }
 
+// One evaluation with 127,097 passkey points (stored by an ithacad that took any report) made its
+// job larger than gRPC's 4 MiB, and list, status and watch failed for every client (issue 53 R3):
+// a record is served within kMaxJobRecordBytes whatever was stored, its evaluation keeping its
+// loss and the first points the spec could have asked for, and so are the history's rows.
+TEST(JobStoreTest, ARecordIsBoundedWhateverEvaluationWasStored) {
+  auto store = OpenMemory();
+  const std::string id = store->Create(Template("a"), "s")->id();
+  v1::EvalReport e;
+  e.set_step(10);
+  e.set_loss(2.5);
+  for (int i = 0; i < 127097; ++i) {
+    v1::PasskeyResult* p = e.add_passkey();
+    p->set_length(1024 + i);
+    p->set_depth(0.5);
+    p->set_samples(4);
+    p->set_accuracy(1);
+    p->set_logprob(-0.25);
+    p->set_seconds(1.5);
+  }
+  ASSERT_GT(e.ByteSizeLong(), size_t{4} << 20);
+  ASSERT_TRUE(store->RecordEval(id, e).ok());
+  absl::StatusOr<v1::Job> job = store->Get(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_LE(job->ByteSizeLong(), JobStore::kMaxJobRecordBytes);
+  EXPECT_DOUBLE_EQ(job->last_eval().loss(), 2.5);
+  EXPECT_EQ(job->last_eval().passkey_size(), JobStore::kMaxEvalPasskeyResults);
+  EXPECT_EQ(job->last_eval().passkey(0).length(), 1024);
+  absl::StatusOr<std::vector<v1::Job>> listed = store->List({}, 10, 0);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_LE((*listed)[0].ByteSizeLong(), JobStore::kMaxJobRecordBytes);
+  absl::StatusOr<std::vector<v1::JobEvent>> history = store->History(id);
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), 1u);
+  EXPECT_LE((*history)[0].ByteSizeLong(), JobStore::kMaxJobRecordBytes);
+  EXPECT_EQ((*history)[0].eval().passkey_size(), JobStore::kMaxEvalPasskeyResults);
+}
+
 // A store written by the previous ithacad (schema version 1, no history table) is migrated at
 // open, keeping its jobs, and then keeps evaluations.
 TEST(JobStoreTest, MigratesAVersion1Store) {
@@ -421,6 +459,52 @@ TEST(JobStoreTest, HistoryKeepsRankZerosStepsSampledOthersAndEvals) {
   // In order: the eval after step 12's reports.
   EXPECT_TRUE((*history)[13].has_eval()) << (*history)[13].DebugString();
   EXPECT_EQ(store->History("job-9").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Steps run again after a retry (resumed from an earlier checkpoint) appeared twice in the
+// history (issue 53: 781 records for 600 steps): it keeps the last run of each step, and an
+// evaluation of the attempt before past the point it resumed from goes with its steps.
+TEST(JobStoreTest, HistoryKeepsTheLastRunOfEachStep) {
+  auto store = OpenMemory();
+  auto job = store->Create(Template("r"), "submitted");
+  ASSERT_TRUE(job.ok());
+  auto run = [&](int from, int to, double loss) {
+    for (int step = from; step <= to; ++step) {
+      for (int rank = 0; rank < 2; ++rank) {
+        v1::StepReport r;
+        r.set_rank(rank);
+        r.set_step(step);
+        r.set_total_steps(30);
+        r.set_loss(loss);
+        ASSERT_TRUE(store->RecordStep(job->id(), r).ok());
+      }
+      if (step == 15) {
+        v1::EvalReport e;
+        e.set_step(15);
+        e.set_loss(loss);
+        ASSERT_TRUE(store->RecordEval(job->id(), e).ok());
+      }
+    }
+  };
+  run(1, 20, 1.0);   // the first attempt, killed after step 20
+  run(11, 30, 2.0);  // the retry, resumed from step 10's checkpoint
+  auto history = store->History(job->id());
+  ASSERT_TRUE(history.ok()) << history.status();
+  std::vector<int64_t> rank0, rank1;
+  std::vector<double> evals;
+  for (const v1::JobEvent& e : *history) {
+    if (e.has_eval()) {
+      evals.push_back(e.eval().loss());
+      continue;
+    }
+    (e.step().rank() == 0 ? rank0 : rank1).push_back(e.step().step());
+    EXPECT_DOUBLE_EQ(e.step().loss(), e.step().step() <= 10 ? 1.0 : 2.0) << e.step().step();
+  }
+  std::vector<int64_t> all(30);
+  for (int i = 0; i < 30; ++i) all[i] = i + 1;
+  EXPECT_EQ(rank0, all);
+  EXPECT_EQ(rank1, (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(evals, (std::vector<double>{2.0}));
 }
 
 TEST(JobStoreTest, AVersionOneDatabaseGainsTheHistoryTable) {

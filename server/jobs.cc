@@ -41,7 +41,9 @@ Jobs::Jobs(Options options, JobStore* store, Metrics* metrics)
 Jobs::~Jobs() { Shutdown("daemon stopped"); }
 
 absl::Status Jobs::Start() {
-  RETURN_IF_ERROR(MakeDirs(JobDirsPath(options_.state_dir)));
+  RETURN_IF_ERROR(MakeDirs(options_.state_dir));
+  RETURN_IF_ERROR(MakeJobsDir(JobDirsPath(options_.state_dir), options_.supervisor.run_as));
+  TightenJobDirs(JobDirsPath(options_.state_dir), options_.supervisor.run_as);
   // Workers inherit this environment: they check the paths they open against the same roots
   // (worker/job_paths.h, engine/core/path_policy.h).
   if (!options_.allowed_roots.empty()) {

@@ -44,6 +44,14 @@
 
 namespace ithaca {
 
+// Why a job waiting for `parent` (submit --after) is cancelled when `parent` ended `outcome`
+// with `reason`: "job P it waited for (--after) ended cancelled: <reason>", and further down a
+// chain "job C it waited for (--after) ended cancelled; the chain's first job P ended cancelled:
+// <its reason>": the first job and its reason named once, however long the chain (issue 53: each
+// reason nested the one before and was cut at 4 KiB, losing the cause).
+std::string ChainedCancelReason(const std::string& parent, JobState outcome,
+                                const std::string& reason);
+
 class Jobs : private JobOwner {
  public:
   struct Options {

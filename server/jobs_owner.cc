@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
+#include "absl/strings/match.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
 #include "google/protobuf/util/time_util.h"
@@ -170,6 +172,31 @@ void Jobs::OnEnded(const std::string& job_id, JobState outcome, const std::strin
   RefreshJobCounts();
 }
 
+namespace {
+
+constexpr char kWaitedFor[] = " it waited for (--after) ended ";
+constexpr char kChainFirst[] = "; the chain's first job ";
+
+}  // namespace
+
+std::string ChainedCancelReason(const std::string& parent, JobState outcome,
+                                const std::string& reason) {
+  const std::string head = absl::StrCat("job ", parent, kWaitedFor, JobStateLabel(outcome));
+  // The chain's first job and its reason, from the parent's reason: named there already when
+  // the parent was cancelled further down a chain, or the parent's own when the parent was
+  // cancelled for its first job ("job R it waited for (--after) ended X: r").
+  if (const size_t first = reason.find(kChainFirst); first != std::string::npos) {
+    return absl::StrCat(head, reason.substr(first));
+  }
+  if (absl::StartsWith(reason, "job ")) {
+    if (const size_t waited = reason.find(kWaitedFor); waited != std::string::npos) {
+      return absl::StrCat(head, kChainFirst, reason.substr(4, waited - 4), " ended ",
+                          reason.substr(waited + std::strlen(kWaitedFor)));
+    }
+  }
+  return absl::StrCat(head, reason.empty() ? "" : ": ", reason.substr(0, 1024));
+}
+
 void Jobs::ResolveDependentsLocked(const std::string& parent, JobState outcome,
                                    const std::string& reason) {
   if (!IsTerminal(outcome)) return;
@@ -193,9 +220,7 @@ void Jobs::ResolveDependentsLocked(const std::string& parent, JobState outcome,
       }
       continue;
     }
-    const std::string why =
-        absl::StrCat("job ", parent, " it waited for (--after) ended ", JobStateLabel(outcome),
-                     reason.empty() ? "" : ": ", reason.substr(0, 1024));
+    const std::string why = ChainedCancelReason(parent, outcome, reason);
     auto cancelled = store_->Transition(child, v1::JOB_STATE_CANCELLED, why);
     if (cancelled.ok()) PublishState(child, *cancelled);
     EndEventsLocked(child);

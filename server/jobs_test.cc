@@ -2,6 +2,7 @@
 // supervisor runs, cancels and loses jobs.
 #include "server/jobs.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -126,8 +127,10 @@ TEST(JobsTest, AJobAfterAnotherWaitsAndIsCancelledWhenThatOneIsCancelled) {
                                     "user");
   v1::Job chained = WaitFor(jobs, grandchild->id(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(chained.state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_TRUE(absl::StartsWith(chained.reason(), "job " + child->id() + " it waited for"))
-      << chained.reason();
+  EXPECT_EQ(chained.reason(), "job " + child->id() +
+                                  " it waited for (--after) ended cancelled; the chain's first "
+                                  "job " +
+                                  parent->id() + " ended cancelled: cancelled by the user");
 
   v1::SubmitJobRequest unknown = Submission(1);
   unknown.set_after("job-99");
@@ -152,6 +155,22 @@ TEST(JobsTest, AJobAfterAnotherWaitsAndIsCancelledWhenThatOneIsCancelled) {
   ASSERT_TRUE(gone.ok()) << gone.status();
   EXPECT_EQ(gone->state(), v1::JOB_STATE_CANCELLED);
   jobs.Shutdown("test over");
+}
+
+// A chain cancel named each job's reason inside the next one's, cut at 4 KiB, so that the cause
+// was lost down a long chain (issue 53): the chain's first job and its reason are named once,
+// whatever the chain's length.
+TEST(JobsTest, AChainCancelNamesItsFirstJobAndReasonOnce) {
+  const std::string cause = "preempted: " + std::string(900, 'x');
+  std::string reason = cause;
+  for (int i = 1; i <= 1000; ++i) {
+    reason = ChainedCancelReason(absl::StrCat("job-", i),
+                                 i == 1 ? v1::JOB_STATE_FAILED : v1::JOB_STATE_CANCELLED, reason);
+  }
+  EXPECT_EQ(reason,
+            "job job-1000 it waited for (--after) ended cancelled; the chain's first job "
+            "job-1 ended failed: " +
+                cause);
 }
 
 TEST(JobsTest, AJobAfterAnotherIsCancelledWhenThatOneFails) {
@@ -280,6 +299,58 @@ TEST(JobsTest, DeleteForgetsAnEndedJobKeepsItsCheckpointsAndNeverReusesItsId) {
   EXPECT_EQ(next->id(), "job-2") << "a deleted job's id is never given out again";
   ASSERT_TRUE(jobs.Cancel(next->id(), "").ok());
   WaitFor(jobs, next->id(), v1::JOB_STATE_CANCELLED);
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? st.st_mode & 07777 : 0;
+}
+
+// Nothing under the state directory is readable by other users (issue 53 N11: jobs/ and the rank
+// logs were 0755/0644, so any local user listed the job ids and read every log): jobs/, a job's
+// directory and its rendezvous directory are 0700, its rank logs 0600, and what an older daemon
+// left readable is made so when the daemon starts.
+TEST(JobsTest, AJobsFilesAreTheDaemonsUsersAlone) {
+  Jobs::Options o = CpuJobs("private", 1, Script("sleep_private.sh", "echo hello; exec sleep 30"));
+  const std::string jobs_dir = o.state_dir + "/jobs";
+  const std::string old = jobs_dir + "/job-9";
+  ASSERT_EQ(system(("mkdir -p " + old).c_str()), 0);
+  std::ofstream(old + "/rank-0.log") << "an older daemon's log\n";
+  for (const auto& [path, mode] :
+       {std::pair<std::string, mode_t>{jobs_dir, 0755}, {old, 0755}, {old + "/rank-0.log", 0644}}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0) << path;
+  }
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  Jobs jobs(o, store->get(), &metrics);
+  ASSERT_TRUE(jobs.Start().ok());
+  EXPECT_EQ(ModeOf(jobs_dir), 0700u);
+  EXPECT_EQ(ModeOf(old), 0700u);
+  EXPECT_EQ(ModeOf(old + "/rank-0.log"), 0600u);
+
+  absl::StatusOr<v1::Job> job = jobs.Submit(Submission(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(WaitFor(jobs, job->id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  const std::string log = job->log_dir() + "/rank-0.log";
+  for (absl::Time end = absl::Now() + absl::Seconds(10); ModeOf(log) == 0 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(ModeOf(job->log_dir()), 0700u);
+  EXPECT_EQ(ModeOf(log), 0600u);
+  int rendezvous = 0;
+  if (DIR* d = opendir(job->log_dir().c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (absl::StartsWith(e->d_name, "rendezvous-")) {
+        ++rendezvous;
+        EXPECT_EQ(ModeOf(job->log_dir() + "/" + e->d_name), 0700u) << e->d_name;
+      }
+    }
+    closedir(d);
+  }
+  EXPECT_EQ(rendezvous, 1);
+  ASSERT_TRUE(jobs.Cancel(job->id(), "").ok());
+  WaitFor(jobs, job->id(), v1::JOB_STATE_CANCELLED);
 }
 
 TEST(JobsTest, ACancelReasonIsBounded) {

@@ -1,6 +1,7 @@
 #include "server/local_cluster.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +12,7 @@
 #include "engine/core/file_util.h"
 #include "launch/layout.h"
 #include "launch/worker_contract.h"
+#include "server/log_files.h"
 
 namespace ithaca {
 namespace {
@@ -47,7 +49,11 @@ absl::StatusOr<Cluster::Launched> LocalCluster::Launch(const LaunchOrder& order,
     l.outputs.push_back({RankLogPath(job.log_dir, static_cast<int>(r))});
   }
   l.run_as = options_.run_as;
-  RETURN_IF_ERROR(MakeDirs(rdv_dir));
+  // The job's directory is the daemon's; the rendezvous directory in it the workers' alone.
+  RETURN_IF_ERROR(MakeJobsDir(job.log_dir, options_.run_as));
+  if (mkdir(rdv_dir.c_str(), 0700) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("mkdir ", rdv_dir, ": ", strerror(errno)));
+  }
   if (options_.run_as && chown(rdv_dir.c_str(), options_.run_as->uid, options_.run_as->gid) != 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("chown ", rdv_dir, " to ", options_.run_as->name, ": ", strerror(errno)));

@@ -15,6 +15,7 @@
 #include "launch/connection.h"
 #include "launch/layout.h"
 #include "launch/worker_contract.h"
+#include "server/log_files.h"
 
 namespace ithaca {
 namespace {
@@ -75,7 +76,7 @@ absl::StatusOr<Cluster::Launched> SlurmCluster::Launch(const LaunchOrder& order,
     sub.env.emplace_back(kEnvTokenFile, options_.worker_token_file);
   }
   if (!options_.worker_ca_file.empty()) sub.env.emplace_back(kEnvCa, options_.worker_ca_file);
-  RETURN_IF_ERROR(MakeDirs(job.log_dir));
+  RETURN_IF_ERROR(MakeJobsDir(job.log_dir, std::nullopt));  // the ranks run as this daemon's user
   // Where the ranks find this daemon if it restarts elsewhere (another port or host).
   sub.env.emplace_back(kEnvDaemonAddrFile, JobDaemonAddrPath(job.log_dir));
   RETURN_IF_ERROR(WriteFileAtomic(JobDaemonAddrPath(job.log_dir), options_.worker_address + "\n"));

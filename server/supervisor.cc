@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -532,10 +533,42 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// An evaluation report holds at most one passkey point per (length, depth) of the job's
+// [eval.passkey], each of them (issue 53 R3: one report of 127,097 points, sent with the job's
+// secret, was stored whole and made the job too large for list, status and watch): INVALID_ARGUMENT
+// saying which, and nothing of the report is kept. A spec that does not parse allows none.
+absl::Status CheckEvalReport(const v1::EvalReport& eval, const std::string& spec_toml) {
+  if (eval.passkey_size() == 0) return absl::OkStatus();
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_toml);
+  const std::vector<int64_t> lengths =
+      spec.ok() ? spec->eval.passkey.lengths : std::vector<int64_t>{};
+  const std::vector<double> depths = spec.ok() ? spec->eval.passkey.depths : std::vector<double>{};
+  const size_t points = lengths.size() * depths.size();
+  if (static_cast<size_t>(eval.passkey_size()) > points) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReportEval: ", eval.passkey_size(), " passkey results, but the job's [eval.passkey] has ",
+        lengths.size(), " lengths x ", depths.size(), " depths = ", points, " points"));
+  }
+  for (const v1::PasskeyResult& p : eval.passkey()) {
+    if (std::find(lengths.begin(), lengths.end(), p.length()) == lengths.end() ||
+        std::find(depths.begin(), depths.end(), p.depth()) == depths.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ReportEval: a passkey result at length ", p.length(), ", depth ", p.depth(),
+                       ", which the job's [eval.passkey] lengths and depths do not list"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
   MutexLock lock(&mu_);
   const v1::EvalReport& eval = request.eval();
   ASSIGN_OR_RETURN(SupervisedJob * a, ActiveLocked(request.job_id(), eval.rank()));
+  RETURN_IF_ERROR(CheckEvalReport(eval, a->spec_toml));
   SupervisedRank& r = a->ranks[eval.rank()];
   r.last_heartbeat = absl::Now();
   if (r.remote) {

@@ -39,9 +39,9 @@ struct Ended {
 // Hands out the orders it is given and records every report, in order.
 class RecordingOwner : public JobOwner {
  public:
-  void Queue(const std::string& id, int world) {
+  void Queue(const std::string& id, int world, const std::string& spec = "") {
     std::lock_guard<std::mutex> lock(mu_);
-    LaunchOrder o{id, "spec of " + id, TmpDir() + "/jobs/" + id, {}};
+    LaunchOrder o{id, spec.empty() ? "spec of " + id : spec, TmpDir() + "/jobs/" + id, {}};
     for (int r = 0; r < world; ++r) o.slots.push_back(r);
     pending_.push_back(o);
   }
@@ -388,6 +388,56 @@ TEST(SupervisorTest, ADaemonThatStalledDoesNotBlameItsRanks) {
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->outcome, v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(end->reason, "stopped heart-beating")) << end->reason;
+}
+
+// An evaluation report is bounded by its job's spec (issue 53 R3: one of 127,097 passkey points,
+// sent with the job's secret, was stored whole and made list, status and watch fail for every
+// client): at most one point per [eval.passkey] length and depth, each one of them; anything else
+// is refused whole and reaches neither the store nor the watchers.
+TEST(SupervisorTest, AnEvalReportIsBoundedByItsJobsSpec) {
+  RecordingOwner owner;
+  Metrics metrics;
+  Supervisor supervisor(WithWorker(Script("evals.sh", "exec sleep 30")), CpuNode(1), &owner,
+                        &metrics);
+  supervisor.Start();
+  owner.Queue("job-pk", 1,
+              "name = \"t\"\nbackend = \"cpu\"\n[model]\npreset = \"tiny\"\n[data]\n"
+              "path = \"/data/corpus.tok\"\nseq_len = 128\n[training]\nsteps = 3\n"
+              "[eval.passkey]\nlengths = [64, 128]\ndepths = [0.0, 0.5]\n");
+  supervisor.Wake();
+  const int pgid = owner.WaitLaunched("job-pk");
+  ASSERT_GT(pgid, 0);
+  absl::StatusOr<AdoptionRecord> record = ReadAdoptionRecord(TmpDir() + "/jobs/job-pk");
+  ASSERT_TRUE(record.ok()) << record.status();
+  v1::RegisterRequest request;
+  request.set_job_id("job-pk");
+  request.set_rank(0);
+  request.set_pid(pgid);
+  request.set_secret(record->secret);
+  ASSERT_TRUE(supervisor.Register(request).ok());
+  auto report = [&](int64_t step, int points, int64_t length) {
+    v1::ReportEvalRequest eval;
+    eval.set_job_id("job-pk");
+    eval.mutable_eval()->set_step(step);
+    for (int i = 0; i < points; ++i) {
+      v1::PasskeyResult* p = eval.mutable_eval()->add_passkey();
+      p->set_length(i % 2 == 0 ? 64 : length);
+      p->set_depth(i / 2 % 2 == 0 ? 0.0 : 0.5);
+    }
+    return supervisor.ReportEval(eval);
+  };
+  ASSERT_TRUE(report(1, 4, 128).ok());
+  const absl::Status many = report(2, 127097, 128);
+  EXPECT_EQ(many.code(), absl::StatusCode::kInvalidArgument) << many;
+  EXPECT_EQ(many.message(),
+            "ReportEval: 127097 passkey results, but the job's [eval.passkey] has 2 lengths x 2 "
+            "depths = 4 points");
+  EXPECT_EQ(report(3, 5, 128).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status other = report(4, 2, 96);
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
+  EXPECT_NE(other.message().find("length 96, depth 0"), std::string::npos) << other;
+  EXPECT_EQ(owner.Evals("job-pk"), std::vector<int64_t>{1}) << "only the bounded report is kept";
+  supervisor.Shutdown("test over");
 }
 
 // A step report the store cannot take (its disk full) is refused as RESOURCE_EXHAUSTED, so the

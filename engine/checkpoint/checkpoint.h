@@ -28,6 +28,8 @@
 
 namespace ithaca {
 
+class SafetensorsReader;
+
 struct TrainState {
   int64_t step = 0;           // optimizer steps completed
   int64_t data_position = 0;  // samples served by the data loader
@@ -166,6 +168,18 @@ absl::Status CheckResumeRope(const std::string& checkpoint, const LlamaConfig& c
 // directory (config.json and safetensors). NOT_FOUND / DATA_LOSS starting "init.from: " and
 // naming the path otherwise.
 absl::StatusOr<std::string> InitWeightsDir(const std::string& from);
+// A new phase starts from the weights of the job's own model: the config.json beside them
+// (`weights`, InitWeightsDir's answer: a Hugging Face model directory or a step's model/) must
+// describe the model `cfg` is (its family, sizes, heads, vocabulary, norms, window, tied
+// embeddings; only the RoPE and the context may change). FAILED_PRECONDITION naming the key and
+// both values otherwise; the config.json's own errors as LoadConfigJson's. OK when there is no
+// config.json. ithacad checks at admission, the worker again at start.
+absl::Status CheckInitModel(const std::string& weights, const LlamaConfig& cfg);
+// The checkpoint step whose model/ `weights` is (InitWeightsDir's answer, or a step's model/
+// named itself), "" when it is none (a Hugging Face model directory). A new phase verifies such
+// weights against the step's manifest before it starts from them, as a resume does
+// (engine/checkpoint/distributed_checkpoint.h VerifyCheckpointWeightsTogether).
+std::string CheckpointStepOfWeights(const std::string& weights);
 // A new phase writes into `dir` (its checkpoint.dir): FAILED_PRECONDITION saying which run it
 // holds (its run id, the ithacad job, its step) when it holds a checkpoint of another run than
 // `run_id` (a relaunch of the same run resumes it instead; "" is never the same run).
@@ -212,6 +226,11 @@ absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManif
                                   size_t i);
 // Checks every file a checkpoint's manifest lists (size and CRC-32): DATA_LOSS naming the file.
 absl::Status VerifyCheckpoint(const std::string& path);
+// The manifest of the checkpoint at `path` lists every file `reader` (opened on a part of it:
+// model/, optimizer/) loads, or that file would be loaded unverified: DATA_LOSS naming the first
+// one it leaves out. Every load of a step (a resume, a new phase's start) checks it.
+absl::Status CheckManifestListsFiles(const std::string& path, const CheckpointManifest& manifest,
+                                     const SafetensorsReader& reader);
 
 // Removes what killed saves and prunes left behind in `dir` (.step-*.tmp.* and .trash-*
 // directories). Safe to call while no other process saves into `dir`.

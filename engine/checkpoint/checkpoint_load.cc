@@ -121,6 +121,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
   const std::string one_file = path + "/optimizer.safetensors";
   ASSIGN_OR_RETURN(auto moments,
                    SafetensorsReader::Open(PathExists(one_file) ? one_file : path + "/optimizer"));
+  // Verifying checks only what the manifest lists: what is read must be among it.
+  RETURN_IF_ERROR(CheckManifestListsFiles(path, manifest, *weights));
+  RETURN_IF_ERROR(CheckManifestListsFiles(path, manifest, *moments));
   struct Kind {
     const SafetensorsReader* reader;
     std::string prefix;

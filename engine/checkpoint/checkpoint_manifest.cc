@@ -30,6 +30,7 @@
 #include <zlib.h>
 
 #include "engine/core/file_util.h"
+#include "engine/model/safetensors.h"
 
 namespace ithaca {
 namespace checkpoint_internal {
@@ -205,6 +206,24 @@ absl::Status VerifyCheckpointFile(const std::string& path, const CheckpointManif
   }
   if (sum.crc != f.crc32) {
     return absl::DataLossError(absl::StrCat(file, ": not the checksum the manifest says: corrupt"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckManifestListsFiles(const std::string& path, const CheckpointManifest& manifest,
+                                     const SafetensorsReader& reader) {
+  const std::string prefix = path + "/";
+  for (const std::string& file : reader.Files()) {
+    const bool inside = absl::StartsWith(file, prefix);
+    const std::string rel = inside ? file.substr(prefix.size()) : file;
+    const bool listed =
+        inside && std::any_of(manifest.files.begin(), manifest.files.end(),
+                              [&](const CheckpointManifest::File& f) { return f.path == rel; });
+    if (!listed) {
+      return absl::DataLossError(absl::StrCat(path, "/", kManifest, ": does not list ", rel,
+                                              ", which its tensors are read from: "
+                                              "not a whole checkpoint"));
+    }
   }
   return absl::OkStatus();
 }

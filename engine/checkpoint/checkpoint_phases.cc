@@ -88,6 +88,50 @@ absl::StatusOr<std::string> InitWeightsDir(const std::string& from) {
   return *latest + "/model";
 }
 
+absl::Status CheckInitModel(const std::string& weights, const LlamaConfig& cfg) {
+  const std::string path = weights + "/config.json";
+  if (!PathExists(path)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const LlamaConfig from, LoadConfigJson(path));
+  struct Key {
+    const char* name;
+    std::string theirs, ours;
+  };
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  auto n = [](auto v) { return absl::StrCat(v); };
+  const Key keys[] = {
+      {"model_type", ModelTypeName(from.family), ModelTypeName(cfg.family)},
+      {"hidden_size", n(from.hidden_size), n(cfg.hidden_size)},
+      {"intermediate_size", n(from.intermediate_size), n(cfg.intermediate_size)},
+      {"num_hidden_layers", n(from.num_hidden_layers), n(cfg.num_hidden_layers)},
+      {"num_attention_heads", n(from.num_attention_heads), n(cfg.num_attention_heads)},
+      {"num_key_value_heads", n(from.num_key_value_heads), n(cfg.num_key_value_heads)},
+      {"head_dim", n(from.head_dim), n(cfg.head_dim)},
+      {"vocab_size", n(from.vocab_size), n(cfg.vocab_size)},
+      {"rms_norm_eps", n(from.rms_norm_eps), n(cfg.rms_norm_eps)},
+      {"tie_word_embeddings", b(from.tie_word_embeddings), b(cfg.tie_word_embeddings)},
+      {"attention_bias", b(from.qkv_bias), b(cfg.qkv_bias)},
+      {"qk_norm", b(from.qk_norm), b(cfg.qk_norm)},
+      {"sliding_window", n(from.sliding_window), n(cfg.sliding_window)},
+      {"the first windowed layer", n(from.window_first_layer), n(cfg.window_first_layer)},
+  };
+  for (const Key& k : keys) {
+    if (k.theirs != k.ours) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "init.from: ", path, " has ", k.name, " ", k.theirs, ", the job's model ", k.ours,
+          ": a new phase starts from weights of the job's own model (only [model.rope] and the "
+          "context may change); name that model in [model], or start from other weights"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string CheckpointStepOfWeights(const std::string& weights) {
+  const size_t slash = weights.rfind('/');
+  if (slash == std::string::npos || weights.substr(slash + 1) != "model") return "";
+  const std::string step = weights.substr(0, slash);
+  return PathExists(step + "/" + kManifest) ? step : "";
+}
+
 absl::Status CheckInitTarget(const std::string& dir, const std::string& run_id) {
   if (dir.empty()) return absl::OkStatus();
   absl::StatusOr<std::string> latest = LatestCheckpoint(dir);

@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "engine/memory/allocator.h"
+#include "engine/model/safetensors.h"
 
 namespace ithaca {
 namespace {
@@ -34,7 +36,75 @@ int64_t HeldAtOnce(const ParamLayout& layout, const OptimizerSelection& share) {
   return most;
 }
 
+// Every rank learns every rank's verdict on its share of the files of the checkpoint at `path`
+// (0 fine, i + 1 when file i of `manifest` failed verification, -1 any other error, as `mine`
+// says), and so fails alike: a rank that stopped alone would leave the others waiting in their
+// next collective. A file that failed is named on every rank; `mine`, this rank's own error, says
+// the most. Collective.
+absl::Status AgreeOnVerdicts(const std::string& path, const CheckpointManifest* manifest,
+                             float verdict, const absl::Status& mine, LlamaModel* model, Comm* comm,
+                             const char* other_error) {
+  const int world = comm ? comm->size() : 1;
+  if (world > 1) {
+    // One slot per rank, so the sum is exact.
+    ASSIGN_OR_RETURN(Buffer buf,
+                     Buffer::Make(model->allocator(), DType::kF32, {world}, Tier::kComm));
+    std::vector<float> verdicts(world, 0.f);
+    verdicts[comm->rank()] = verdict;
+    model->ops()->Upload(verdicts.data(), DType::kF32, buf.tensor());
+    RETURN_IF_ERROR(comm->AllReduce(buf.tensor()));
+    model->ops()->Download(buf.tensor(), verdicts.data(), DType::kF32);
+    RETURN_IF_ERROR(mine);
+    for (int r = 0; r < world; ++r) {
+      const int64_t file = static_cast<int64_t>(verdicts[r]) - 1;
+      if (manifest != nullptr && file >= 0 && file < static_cast<int64_t>(manifest->files.size())) {
+        return absl::DataLossError(
+            absl::StrCat(path, "/", manifest->files[file].path, ": failed verification on rank ", r,
+                         " (its size or CRC-32 is not the manifest's): corrupt or truncated"));
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      if (verdicts[r] != 0) {
+        return absl::AbortedError(absl::StrCat("checkpoint ", path, ": rank ", r, " ", other_error,
+                                               " (its error says why)"));
+      }
+    }
+  }
+  return mine;
+}
+
 }  // namespace
+
+absl::Status VerifyCheckpointWeightsTogether(const std::string& step,
+                                             const SafetensorsReader& reader, LlamaModel* model,
+                                             Comm* comm) {
+  const int rank = comm ? comm->rank() : 0;
+  const int world = comm ? comm->size() : 1;
+  float verdict = 0;
+  absl::StatusOr<CheckpointManifest> manifest = ReadCheckpointManifest(step);
+  absl::Status mine = manifest.status();
+  if (mine.ok()) mine = CheckManifestListsFiles(step, *manifest, reader);
+  if (mine.ok()) {
+    // The weights' files only (model/), shared among the ranks as a resume shares all of them.
+    CheckpointManifest weights;
+    std::vector<size_t> index;  // of each of weights.files in *manifest
+    for (size_t i = 0; i < manifest->files.size(); ++i) {
+      if (absl::StartsWith(manifest->files[i].path, "model/")) {
+        weights.files.push_back(manifest->files[i]);
+        index.push_back(i);
+      }
+    }
+    const std::vector<int> verifier = VerifierOfEachFile(weights, world);
+    for (size_t j = 0; j < weights.files.size() && mine.ok(); ++j) {
+      if (verifier[j] != rank) continue;
+      mine = VerifyCheckpointFile(step, *manifest, index[j]);
+      if (!mine.ok()) verdict = absl::IsDataLoss(mine) ? static_cast<float>(index[j] + 1) : -1.f;
+    }
+  }
+  if (!mine.ok() && verdict == 0) verdict = -1;
+  return AgreeOnVerdicts(step, manifest.ok() ? &*manifest : nullptr, verdict, mine, model, comm,
+                         "could not verify its part");
+}
 
 absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& dir,
                                                             LlamaModel* model,
@@ -147,34 +217,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
     mine = loaded.status();
   }
   if (!mine.ok() && verdict == 0) verdict = -1;
-
-  if (comm && world > 1) {
-    // Every rank learns every verdict (one slot per rank, so the sum is exact), and so fails
-    // alike: a rank that stopped alone would leave the others waiting in their next collective.
-    ASSIGN_OR_RETURN(Buffer buf,
-                     Buffer::Make(model->allocator(), DType::kF32, {world}, Tier::kComm));
-    std::vector<float> verdicts(world, 0.f);
-    verdicts[rank] = verdict;
-    model->ops()->Upload(verdicts.data(), DType::kF32, buf.tensor());
-    RETURN_IF_ERROR(comm->AllReduce(buf.tensor()));
-    model->ops()->Download(buf.tensor(), verdicts.data(), DType::kF32);
-    RETURN_IF_ERROR(mine);  // this rank's own error says the most
-    for (int r = 0; r < world; ++r) {
-      const int64_t file = static_cast<int64_t>(verdicts[r]) - 1;
-      if (file >= 0 && file < static_cast<int64_t>(manifest->files.size())) {
-        return absl::DataLossError(
-            absl::StrCat(path, "/", manifest->files[file].path, ": failed verification on rank ", r,
-                         " (its size or CRC-32 is not the manifest's): corrupt or truncated"));
-      }
-    }
-    for (int r = 0; r < world; ++r) {
-      if (verdicts[r] != 0) {
-        return absl::AbortedError(absl::StrCat("checkpoint ", path, ": rank ", r,
-                                               " could not load its part (its error says why)"));
-      }
-    }
-  }
-  RETURN_IF_ERROR(mine);
+  RETURN_IF_ERROR(AgreeOnVerdicts(path, manifest.ok() ? &*manifest : nullptr, verdict, mine, model,
+                                  comm, "could not load its part"));
   loaded->verified_bytes = verified;
   loaded->seconds = SecondsSince(start);
   return std::move(*loaded);

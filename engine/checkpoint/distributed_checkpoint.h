@@ -63,4 +63,14 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointTogether(const std::string& path,
                                                         Comm* comm,
                                                         const OptimizerUnitSink& sink = nullptr);
 
+// Collective: before a new phase ([init] from) starts from the weights of the checkpoint step
+// `step` (CheckpointStepOfWeights), read through `reader` (opened on its model/), the ranks verify
+// the step's model/ files against its manifest between them (VerifierOfEachFile), as a resume
+// verifies its files, and that the manifest lists every file `reader` loads (a weight damaged
+// after the run that wrote it, also while the job waited for it, is not trained on): DATA_LOSS
+// naming the file on every rank.
+absl::Status VerifyCheckpointWeightsTogether(const std::string& step,
+                                             const SafetensorsReader& reader, LlamaModel* model,
+                                             Comm* comm);
+
 }  // namespace ithaca

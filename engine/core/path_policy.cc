@@ -20,6 +20,9 @@
 namespace ithaca {
 namespace {
 
+// The kernel's own bound on the links one path may pass through (ELOOP past it).
+constexpr int kMaxLinkHops = 40;
+
 std::string RealPath(const std::string& path) {
   char buf[PATH_MAX];
   return realpath(path.c_str(), buf) ? std::string(buf) : std::string();
@@ -43,9 +46,11 @@ absl::Status CheckLength(const std::string& path) {
 // resolves to is not said: that would tell what lies outside the roots.
 absl::Status CheckInside(const std::string& path, const std::vector<std::string>& roots) {
   if (roots.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(path));
+  absl::StatusOr<std::string> real = ResolveBeneathExisting(path);
+  // PERMISSION_DENIED: a link that cannot be followed, answered as any path outside.
+  if (!real.ok() && !absl::IsPermissionDenied(real.status())) return real.status();
   for (const std::string& root : roots) {
-    if (Inside(real, root)) return absl::OkStatus();
+    if (real.ok() && Inside(*real, root)) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(path, " is outside the allowed roots ",
                                                   absl::StrJoin(roots, ":"),
@@ -283,7 +288,9 @@ absl::StatusOr<std::vector<std::string>> AllowedRootsFromEnvironment() {
   return roots;
 }
 
-absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
+namespace {
+
+absl::StatusOr<std::string> ResolveFollowing(const std::string& path, int hops) {
   RETURN_IF_ERROR(CheckLength(path));
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not an absolute path"));
@@ -294,6 +301,30 @@ absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
   std::string real = RealPath(prefix);
   while (real.empty()) {
     while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+    // A link whose target does not exist (yet) leads where its target says, like any link: it
+    // is followed, so that a link to a missing file outside the roots is judged as one to a
+    // file that exists there (no existence oracle). Whatever stops the resolution past a link
+    // (a loop, "..") is PERMISSION_DENIED without a reason: it lies where the link leads.
+    struct stat lst;
+    if (lstat(prefix.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+      char target[PATH_MAX];
+      const ssize_t n = readlink(prefix.c_str(), target, sizeof(target));
+      const auto unresolvable = [&] {
+        return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be resolved"));
+      };
+      if (hops >= kMaxLinkHops || n <= 0 || n == static_cast<ssize_t>(sizeof(target))) {
+        return unresolvable();
+      }
+      std::string next(target, static_cast<size_t>(n));
+      if (next[0] != '/') {
+        const size_t slash = prefix.rfind('/');
+        next = absl::StrCat(slash == 0 ? "" : prefix.substr(0, slash), "/", next);
+      }
+      for (auto it = missing.rbegin(); it != missing.rend(); ++it) absl::StrAppend(&next, "/", *it);
+      absl::StatusOr<std::string> followed = ResolveFollowing(next, hops + 1);
+      if (!followed.ok()) return unresolvable();
+      return followed;
+    }
     const size_t slash = prefix.rfind('/');
     missing.push_back(prefix.substr(slash + 1));
     prefix = slash == 0 ? "/" : prefix.substr(0, slash);
@@ -311,6 +342,12 @@ absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
     real = absl::StrCat(real, real == "/" ? "" : "/", *it);
   }
   return real;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path) {
+  return ResolveFollowing(path, 0);
 }
 
 absl::Status CheckAllowedPath(const std::string& source, const std::string& key,
@@ -372,8 +409,8 @@ absl::StatusOr<std::vector<std::string>> ExpandPattern(const std::string& patter
 
 absl::StatusOr<int> OpenInsideRoots(const std::string& path, int flags,
                                     const std::vector<std::string>& roots, mode_t mode) {
-  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(path));
   RETURN_IF_ERROR(CheckInside(path, roots));
+  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(path));
   const size_t slash = real.rfind('/');
   const std::string parent = slash == 0 ? "/" : real.substr(0, slash);
   const std::string name = real.substr(slash + 1);
@@ -387,8 +424,8 @@ absl::StatusOr<int> OpenInsideRoots(const std::string& path, int flags,
 }
 
 absl::Status MakeDirsInsideRoots(const std::string& dir, const std::vector<std::string>& roots) {
-  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(dir));
   RETURN_IF_ERROR(CheckInside(dir, roots));
+  ASSIGN_OR_RETURN(std::string real, ResolveBeneathExisting(dir));
   ASSIGN_OR_RETURN(int fd, OpenDirectoryNoFollow(real, /*create=*/true));
   close(fd);
   return absl::OkStatus();
@@ -415,14 +452,73 @@ std::string CleanPath(const std::string& path) {
   return joined.empty() ? "." : joined;
 }
 
+namespace {
+
+// `s` with its unescaped ',', '{' and '}' escaped, to stand as one alternative of a brace group.
+std::string EscapeAlternative(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      out.append(s, i, 2);
+      ++i;
+      continue;
+    }
+    if (s[i] == ',' || s[i] == '{' || s[i] == '}') out.push_back('\\');
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
+// CleanPath for a pattern with brace groups: cleaning it whole would let a ".." inside a group
+// take away what stands before the group ("sub/{c.tok,../../mix/a.tok}" became
+// "sub/mix/a.tok}"). The groups are expanded first (bounded as ExpandPattern's are), each
+// alternative cleaned on its own, and they are written back as one group after their common
+// directory ("/d/sub/{c.tok,../../mix/a.tok}" is "/{d/sub/c.tok,mix/a.tok}"), which is not
+// leading, so the pattern stays one source of a data mix. A pattern whose whole cleaning names
+// the same paths (no "." or ".." inside a group) keeps its form.
+std::string CleanBracedPattern(const std::string& pattern) {
+  const ExpandLimits limits;
+  Budget budget{limits, pattern, absl::Now() + limits.max_time};
+  absl::StatusOr<std::vector<std::string>> expanded = ExpandBraces(pattern, budget);
+  // Past the bounds it is left as it is: expanding it (ExpandPattern) refuses it, naming its key.
+  if (!expanded.ok()) return pattern;
+  std::vector<std::string> alternatives = *std::move(expanded);
+  for (std::string& a : alternatives) a = CleanPath(a);
+  const std::string whole = CleanPath(pattern);
+  absl::StatusOr<std::vector<std::string>> same = ExpandBraces(whole, budget);
+  if (same.ok() && *same == alternatives) return whole;
+  if (alternatives.size() == 1) return alternatives[0];
+  size_t common = alternatives[0].size();
+  for (const std::string& a : alternatives) {
+    common = std::min(common, a.size());
+    for (size_t i = 0; i < common; ++i) {
+      if (a[i] != alternatives[0][i]) {
+        common = i;
+        break;
+      }
+    }
+  }
+  const size_t slash = alternatives[0].rfind('/', common == 0 ? 0 : common - 1);
+  const size_t cut = slash == std::string::npos ? 0 : slash + 1;
+  // A group at the start would make the pattern a data mix's sources: "./" keeps it one.
+  std::string out = (cut == 0 ? "./" : alternatives[0].substr(0, cut)) + "{";
+  for (size_t i = 0; i < alternatives.size(); ++i) {
+    absl::StrAppend(&out, i ? "," : "", EscapeAlternative(alternatives[i].substr(cut)));
+  }
+  return out + "}";
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern) {
   if (pattern.empty()) return pattern;
   size_t open = 0, close = 0;
   std::vector<std::pair<size_t, size_t>> alternatives;
   ASSIGN_OR_RETURN(bool group, FirstGroup(pattern, &open, &close, &alternatives));
   if (!group || open != 0) {
-    if (pattern[0] == '/' || dir.empty()) return pattern[0] == '/' ? CleanPath(pattern) : pattern;
-    return CleanPath(absl::StrCat(dir, "/", pattern));
+    if (pattern[0] != '/' && dir.empty()) return pattern;
+    const std::string path = pattern[0] == '/' ? pattern : absl::StrCat(dir, "/", pattern);
+    return group ? CleanBracedPattern(path) : CleanPath(path);
   }
   const std::string rest = pattern.substr(close + 1);
   std::string out = "{";

@@ -1,9 +1,9 @@
 // Which files a job may touch, one policy for ithacad's admission and for the worker's opens:
 // every path a spec reads or writes (data.path and what its pattern matches, model.config,
-// model.weights and the files of a weights directory, checkpoint.dir, where resume reads and
-// export writes) must lie inside one of ithacad's --allowed-roots once symbolic links are
-// resolved, so a job cannot read or overwrite the daemon's own files or anything else its user
-// can reach.
+// model.weights and the files of a weights directory, the shards a weights index names
+// (engine/model/safetensors.h), checkpoint.dir, where resume reads and export writes) must lie
+// inside one of ithacad's --allowed-roots once symbolic links are resolved, so a job cannot read
+// or overwrite the daemon's own files or anything else its user can reach.
 //
 // Admission checks before anything is opened; the worker checks again when it opens (a link
 // planted after admission, OpenInsideRoots), with the roots ithacad passes it in
@@ -37,7 +37,10 @@ absl::StatusOr<std::vector<std::string>> ParseAllowedRoots(const std::string& fl
 absl::StatusOr<std::vector<std::string>> AllowedRootsFromEnvironment();
 
 // Where `path` (absolute) leads: the real path of its longest existing prefix, followed by the
-// components that do not exist yet. INVALID_ARGUMENT for a relative path, one longer than
+// components that do not exist yet. A link whose target does not exist is followed to where it
+// points (a link to a missing file is judged as one to a file that exists: no existence oracle);
+// one that cannot be followed (a loop) is PERMISSION_DENIED, which CheckAllowedPath answers as
+// any path outside the roots. INVALID_ARGUMENT for a relative path, one longer than
 // kMaxPathBytes, or a ".." among the components that do not exist (it would be resolved
 // against a directory made later).
 absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path);
@@ -87,8 +90,11 @@ absl::StatusOr<std::vector<std::string>> SplitDataSources(const std::string& pat
 // pattern after the group appended to each): "{a.tok,/abs/b.tok}" in /d is
 // "{/d/a.tok,/abs/b.tok}", so a weighted mix keeps one source per alternative. Each path comes
 // back cleaned (CleanPath), so one directory has one name ("ck" and "jobs/../ck" claim the same
-// checkpoint.dir). The one rule for admission and the standalone worker. INVALID_ARGUMENT for an
-// unmatched brace.
+// checkpoint.dir); a brace group further in is expanded first and each of its alternatives
+// cleaned on its own, written back as one group after their common directory
+// ("sub/{c.tok,../../mix/a.tok}" in /d is "/{d/sub/c.tok,mix/a.tok}": still one source). The one
+// rule for admission and the standalone worker (a pattern past ExpandLimits' alternatives comes
+// back as it is: ExpandPattern refuses it). INVALID_ARGUMENT for an unmatched brace.
 absl::StatusOr<std::string> ResolvePattern(const std::string& dir, const std::string& pattern);
 // `path` with "." components, repeated slashes and a component followed by ".." removed,
 // lexically (as Go's filepath.Clean): "/x/jobs/../ckpt/" is "/x/ckpt"; ".." above the root

@@ -178,6 +178,39 @@ TEST(PathPolicyTest, OpensAndDirectoriesStayInsideTheRoots) {
       OpenInsideRoots(t.root + "/swapped/x", O_WRONLY | O_CREAT, t.roots).status()));
 }
 
+// A link whose target does not exist is judged by where it points, as any other link: one to a
+// missing file outside the roots gets the answer one to an existing file there gets (no
+// existence oracle), and one to a missing file inside is fine (issue 53 R1).
+TEST(PathPolicyTest, ALinkToAMissingFileIsJudgedByWhereItPoints) {
+  Tree t("dangling");
+  ASSERT_EQ(symlink((t.outside + "/secret.tok").c_str(), (t.root + "/to-secret").c_str()), 0);
+  ASSERT_EQ(symlink((t.outside + "/no-such-file").c_str(), (t.root + "/to-missing").c_str()), 0);
+  ASSERT_EQ(symlink("../outside/no/such/dir", (t.root + "/relative-missing").c_str()), 0);
+  ASSERT_EQ(symlink((t.root + "/loop-b").c_str(), (t.root + "/loop-a").c_str()), 0);
+  ASSERT_EQ(symlink((t.root + "/loop-a").c_str(), (t.root + "/loop-b").c_str()), 0);
+  ASSERT_EQ(symlink((t.outside + "/no/../x").c_str(), (t.root + "/to-dotdot").c_str()), 0);
+  const absl::Status exists = CheckAllowedPath("job", "k", t.root + "/to-secret", t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(exists)) << exists;
+  for (const char* name : {"to-missing", "relative-missing", "loop-a", "to-dotdot"}) {
+    const std::string link = t.root + "/" + name;
+    const absl::Status st = CheckAllowedPath("job", "k", link, t.roots);
+    EXPECT_EQ(st.code(), exists.code()) << name << ": " << st;
+    EXPECT_EQ(st.message(), absl::StrCat("job: k: ", link, " is outside the allowed roots ",
+                                         t.roots[0], " (ithacad --allowed-roots)"))
+        << name;
+    EXPECT_TRUE(absl::IsPermissionDenied(OpenInsideRoots(link, O_RDONLY, t.roots).status()));
+    EXPECT_TRUE(absl::IsPermissionDenied(MakeDirsInsideRoots(link + "/d", t.roots))) << name;
+  }
+  struct stat st;
+  EXPECT_NE(stat((t.outside + "/no").c_str(), &st), 0) << "nothing made outside";
+  // A link to a file not made yet inside the roots leads inside.
+  ASSERT_EQ(symlink((t.root + "/later").c_str(), (t.root + "/to-later").c_str()), 0);
+  EXPECT_TRUE(CheckAllowedPath("job", "k", t.root + "/to-later", t.roots).ok());
+  auto resolved = ResolveBeneathExisting(t.root + "/to-later/x");
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(*resolved, t.root + "/later/x");
+}
+
 TEST(PathPolicyTest, RootsFromTheEnvironment) {
   Tree t("env");
   unsetenv(kAllowedRootsEnv);
@@ -230,6 +263,41 @@ TEST(ResolvePatternTest, PathsAreCleaned) {
   EXPECT_EQ(*ResolvePattern("/d", "jobs/../ckpt"), *ResolvePattern("/d", "ckpt"));
   EXPECT_EQ(*ResolvePattern("/d", "/e/./f/"), "/e/f");
   EXPECT_EQ(*ResolvePattern("/d", "{./a,/b/../c}"), "{/d/a,/c}");
+}
+
+// A ".." inside a brace group that does not start the pattern is its alternative's: the groups
+// are expanded before the paths are cleaned, and the pattern stays one source of a data mix
+// (issue 53 R5: "sub/{c.tok,../../mix/a.tok}" became "sub/mix/a.tok}").
+TEST(ResolvePatternTest, BraceGroupsAreExpandedBeforePathsAreCleaned) {
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{c.tok,../../mix/a.tok}"), "/{d/sub/c.tok,mix/a.tok}");
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{c.tok,../mix/a.tok}"), "/d/{sub/c.tok,mix/a.tok}");
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{x/../c.tok,d.tok}"), "/d/sub/{c.tok,d.tok}");
+  EXPECT_EQ(*ResolvePattern("/d", "/e/{a,b/..}/x.tok"), "/e/{a/x.tok,x.tok}");
+  // One alternative left, and a literal comma or brace in an alternative kept literal.
+  EXPECT_EQ(*ResolvePattern("/d", "sub/{x/..}/c.tok"), "/d/sub/c.tok");
+  EXPECT_EQ(*ResolvePattern("/d", "s/{a,../b}/f\\,g.tok"), "/d/{s/a/f\\,g.tok,b/f\\,g.tok}");
+  // Groups without "." or ".." keep their form.
+  EXPECT_EQ(*ResolvePattern("/d", "data/{a,b}/*.tok"), "/d/data/{a,b}/*.tok");
+  EXPECT_EQ(*ResolvePattern("/d", "./data/{a,b{c,d}}.tok"), "/d/data/{a,b{c,d}}.tok");
+  // Past the bounds a pattern is left as it is, for ExpandPattern to refuse naming its key.
+  std::string groups;
+  for (int i = 0; i < 21; ++i) groups += "{,}";
+  EXPECT_EQ(*ResolvePattern("/d", "a.tok" + groups), "/d/a.tok" + groups);
+  // Still one source (its group does not start it), and each alternative is what it names.
+  for (const std::string& p :
+       {std::string("sub/{c.tok,../../mix/a.tok}"), std::string("s/{a,../b}/f\\,g.tok")}) {
+    absl::StatusOr<std::string> resolved = ResolvePattern("/d", p);
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(SplitDataSources(*resolved)->size(), 1u) << *resolved;
+  }
+  // Each alternative then meets the roots on its own.
+  Tree t("braces_dotdot");
+  auto outside =
+      ExpandPattern(*ResolvePattern(t.root, "shards/{s1.tok,../../outside/secret.tok}"), t.roots);
+  EXPECT_TRUE(absl::IsPermissionDenied(outside.status())) << outside.status();
+  auto inside = ExpandPattern(*ResolvePattern(t.root, "shards/{s1.tok,../a.tok}"), t.roots);
+  ASSERT_TRUE(inside.ok()) << inside.status();
+  EXPECT_EQ(*inside, (std::vector<std::string>{t.root + "/a.tok", t.root + "/shards/s1.tok"}));
 }
 
 TEST(ResolvePatternTest, AbsoluteOnlyWhenEveryAlternativeIs) {

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 #include "engine/model/safetensors_internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -114,16 +115,15 @@ absl::Status ParseHeader(const MappedFile& f, std::map<std::string, Entry>* tens
   auto loss = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(path, ": ", what));
   };
-  if (f.size() < 8) {
-    return loss(absl::StrCat("file is ", f.size(), " bytes, too short for a safetensors header"));
-  }
+  // The reasons say what is wrong, never the file's size or bytes (its first 8 are the header
+  // length): a reason reaches whoever submitted the job.
+  if (f.size() < 8) return loss("too short for a safetensors header: not a safetensors file");
   uint64_t n = 0;
   std::memcpy(&n, f.data(), 8);
   if (n > f.size() - 8) {
-    return loss(absl::StrCat("header length ", n, " exceeds the file (", f.size(),
-                             " bytes): truncated or not a safetensors file"));
+    return loss("the header length exceeds the file: truncated or not a safetensors file");
   }
-  if (n > kMaxHeaderBytes) return loss(absl::StrCat("header length ", n, " is implausibly large"));
+  if (n > kMaxHeaderBytes) return loss("the header length is implausibly large: corrupt");
   const uint64_t data_start = 8 + n;
   const uint64_t buffer = f.size() - data_start;
   Json header;
@@ -242,6 +242,8 @@ class MappedReader : public SafetensorsReader {
   }
 
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenIndex(const std::string& path) {
+    // Under ithacad, the roots it gives its workers (and holds itself): engine/core/path_policy.h.
+    ASSIGN_OR_RETURN(const std::vector<std::string> roots, AllowedRootsFromEnvironment());
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, kMaxIndexBytes));
     auto bad = [&](const std::string& what) {
       return absl::DataLossError(absl::StrCat(path, ": ", what));
@@ -260,6 +262,7 @@ class MappedReader : public SafetensorsReader {
     if (wm == index.end() || !wm->is_object()) return bad("no \"weight_map\" object");
 
     auto r = std::unique_ptr<MappedReader>(new MappedReader(path));
+    r->index_ = true;
     const std::string dir = Dirname(path);
     std::map<std::string, std::map<std::string, Entry>> shards;  // by shard file name
     for (const auto& [name, shard] : wm->items()) {
@@ -267,7 +270,16 @@ class MappedReader : public SafetensorsReader {
       const std::string file = shard.get<std::string>();
       auto it = shards.find(file);
       if (it == shards.end()) {
+        // A shard is a file beside its index (as Hugging Face writes them), and one inside the
+        // job's roots (a sibling may be a link out of them): both decided before it is opened, so
+        // a file elsewhere is never read, quoted or told apart from a missing one.
+        if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos) {
+          return bad(absl::StrCat("weight_map['", name, "'] names \"", file,
+                                  "\", which is not a file name beside the index"));
+        }
         const std::string shard_path = absl::StrCat(dir, "/", file);
+        RETURN_IF_ERROR(CheckAllowedPath(
+            path, absl::StrCat("shard ", file, " (holding '", name, "')"), shard_path, roots));
         auto f = MappedFile::Open(shard_path);
         if (!f.ok()) {
           return absl::Status(f.status().code(), absl::StrCat(path, ": shard ", file, " (holding '",
@@ -301,6 +313,13 @@ class MappedReader : public SafetensorsReader {
   }
 
   std::map<std::string, std::string> Metadata() const override { return metadata_; }
+
+  std::vector<std::string> Files() const override {
+    std::vector<std::string> files;
+    if (index_) files.push_back(source_);
+    for (const auto& f : files_) files.push_back(f->path());
+    return files;
+  }
 
   absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,
                     void* dst) const override {
@@ -370,6 +389,7 @@ class MappedReader : public SafetensorsReader {
   }
 
   std::string source_;  // what the caller opened, for NOT_FOUND messages
+  bool index_ = false;  // source_ is an index
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;

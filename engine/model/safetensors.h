@@ -26,7 +26,11 @@ struct TensorInfo {
 class SafetensorsReader {
  public:
   // `path` is a .safetensors file, a model.safetensors.index.json, or a directory holding
-  // either model.safetensors or model.safetensors.index.json.
+  // either model.safetensors or model.safetensors.index.json. An index's shards are file names
+  // beside it (DATA_LOSS naming the entry otherwise), and under ithacad each must resolve inside
+  // $ITHACA_ALLOWED_ROOTS (PERMISSION_DENIED as engine/core/path_policy.h CheckAllowedPath),
+  // both decided before the shard is opened: nothing outside the roots is read, quoted, or told
+  // apart from a missing file. Errors never quote a file's bytes or size.
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
   virtual ~SafetensorsReader() = default;
 
@@ -36,6 +40,9 @@ class SafetensorsReader {
   virtual absl::StatusOr<TensorInfo> Info(const std::string& name) const = 0;
   // The "__metadata__" strings (of every shard, merged).
   virtual std::map<std::string, std::string> Metadata() const { return {}; }
+  // Every file it read, as it opened them: the index (when opened through one) and each file
+  // holding tensors (a checkpoint's manifest must list them all).
+  virtual std::vector<std::string> Files() const = 0;
   // Copies the tensor into host memory `dst` as `dst_dtype` (f32 <-> bf16 converted), after
   // checking its shape equals `expected` (INVALID_ARGUMENT naming both shapes otherwise).
   virtual absl::Status Read(const std::string& name, const Shape& expected, DType dst_dtype,

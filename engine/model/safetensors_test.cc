@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -439,8 +440,10 @@ TEST(SafetensorsTest, CorruptFilesAreErrorsNamingFileAndTensor) {
 
   EXPECT_ERROR(OpenStatus(WriteRaw(dir, "short", "abc")), kLoss, {"short", "too short"});
   EXPECT_ERROR(OpenStatus(WriteRaw(dir, "empty", "")), kLoss, {"too short"});
-  EXPECT_ERROR(OpenStatus(WriteRaw(dir, "len", RawFile("{}", "", 1000))), kLoss,
-               {"len", "header length 1000", "exceeds"});
+  // The reason never quotes the file's bytes: its first 8 are the header length (issue 53 R1).
+  const absl::Status len = OpenStatus(WriteRaw(dir, "len", RawFile("{}", "", 1000)));
+  EXPECT_ERROR(len, kLoss, {"len", "the header length exceeds the file"});
+  EXPECT_EQ(std::string(len.message()).find("1000"), std::string::npos) << len;
   EXPECT_ERROR(OpenStatus(WriteRaw(dir, "huge", RawFile("{}", "", -2))), kLoss, {"exceeds"});
   EXPECT_ERROR(OpenStatus(WriteRaw(dir, "json", RawFile("{\"w\": {\"dtype\"", ""))), kLoss,
                {"json", "not valid JSON"});
@@ -547,6 +550,67 @@ TEST(SafetensorsTest, BadIndexes) {
   WriteRaw(dir, "shard-c.safetensors", "garbage!garbage!");
   EXPECT_ERROR(OpenStatus(index("corrupt", R"({"weight_map": {"c": "shard-c.safetensors"}})")),
                absl::StatusCode::kDataLoss, {"shard-c.safetensors"});
+}
+
+// An index's weight_map is data from whoever wrote the model directory: its shards stay beside
+// the index and, under ithacad, inside the allowed roots, decided before anything is opened.
+// A file outside (a real safetensors, /etc/shadow, one that does not exist) gets one answer,
+// which quotes none of its bytes (issue 53 R1).
+TEST(SafetensorsTest, IndexShardsStayBesideTheIndexAndInsideTheRoots) {
+  const std::string root = TmpDir("roots/allowed");
+  const std::string outside = TmpDir("roots/outside");
+  std::vector<float> a = Iota(4, 1);
+  SafetensorsWriter w;
+  w.Add("a", DType::kF32, {4}, a.data(), DType::kF32);
+  ASSERT_TRUE(w.WriteFile(root + "/shard-a.safetensors").ok());
+  ASSERT_TRUE(w.WriteFile(outside + "/real.safetensors").ok());
+  WriteRaw(outside, "shadow", "root:*:20000:0:99999:7:::\n");
+  unlink((root + "/link.safetensors").c_str());
+  ASSERT_EQ(symlink((outside + "/real.safetensors").c_str(), (root + "/link.safetensors").c_str()),
+            0);
+  auto index = [&](const std::string& name, const std::string& shard) {
+    return WriteRaw(root, name + ".index.json", R"({"weight_map": {"a": ")" + shard + R"("}})");
+  };
+  // Names that leave the index's directory are refused whatever the roots, before any open.
+  for (const std::string& shard :
+       {std::string("../outside/real.safetensors"), std::string("../outside/shadow"),
+        std::string("../outside/no-such-file"), outside + "/real.safetensors",
+        std::string("/etc/shadow"), std::string(".."), std::string("")}) {
+    absl::Status st = OpenStatus(index("escape", shard));
+    EXPECT_ERROR(st, absl::StatusCode::kDataLoss,
+                 {"escape.index.json: weight_map['a'] names", "not a file name beside the index"});
+    EXPECT_EQ(std::string(st.message()).find("root:"), std::string::npos) << st;
+  }
+  ASSERT_TRUE(setenv("ITHACA_ALLOWED_ROOTS", root.c_str(), 1) == 0);
+  // A shard beside the index inside the roots opens; a link beside it that leads out of the roots,
+  // and a missing sibling outside through that link, are refused alike.
+  EXPECT_TRUE(OpenStatus(index("good", "shard-a.safetensors")).ok());
+  absl::Status link = OpenStatus(index("link", "link.safetensors"));
+  EXPECT_ERROR(
+      link, absl::StatusCode::kPermissionDenied,
+      {"link.index.json: shard link.safetensors (holding 'a'): ", "outside the allowed roots"});
+  unlink((root + "/shadow-link").c_str());
+  ASSERT_EQ(symlink((outside + "/shadow").c_str(), (root + "/shadow-link").c_str()), 0);
+  unlink((root + "/missing-link").c_str());
+  ASSERT_EQ(symlink((outside + "/no-such-file").c_str(), (root + "/missing-link").c_str()), 0);
+  absl::Status shadow = OpenStatus(index("same", "shadow-link"));
+  absl::Status missing = OpenStatus(index("same", "missing-link"));
+  for (const absl::Status& st : {shadow, missing}) {
+    EXPECT_ERROR(st, absl::StatusCode::kPermissionDenied, {"outside the allowed roots"});
+    EXPECT_EQ(std::string(st.message()).find("root:"), std::string::npos) << st;
+    EXPECT_EQ(std::string(st.message()).find("such file"), std::string::npos) << st;
+  }
+  unsetenv("ITHACA_ALLOWED_ROOTS");
+  // Without roots (no ithacad), the link is the caller's to follow; a file that is not
+  // safetensors is refused without its size or its first 8 bytes (the header length).
+  EXPECT_TRUE(OpenStatus(index("link", "link.safetensors")).ok());
+  absl::Status not_safetensors = OpenStatus(index("same", "shadow-link"));
+  EXPECT_ERROR(not_safetensors, absl::StatusCode::kDataLoss, {"not a safetensors file"});
+  const std::string msg(not_safetensors.message());
+  uint64_t first8 = 0;
+  std::memcpy(&first8, "root:*:2", 8);
+  EXPECT_EQ(msg.find(std::to_string(first8)), std::string::npos) << msg;
+  EXPECT_EQ(msg.find(" bytes"), std::string::npos) << msg;
 }
 
 TEST(SafetensorsTest, FailedWritesLeaveNoFile) {

@@ -22,6 +22,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
+#include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 #include "gtest/gtest.h"
 
@@ -303,27 +304,31 @@ TEST_F(DistributedCheckpointTest, ASaveThatRunsOutOfDiskLeavesNoTemporary) {
 
 // A file damaged after the save: at world 3 only one rank reads it whole to verify it, yet every
 // rank fails with DATA_LOSS naming it.
-TEST_F(DistributedCheckpointTest, ADamagedFileIsDataLossNamingItOnEveryRank) {
-  const std::string copy = dir_->path() + "/damaged";
+// A copy of the world-2 checkpoint in dir_/name whose file `victim` has one byte changed.
+void CopyWithADamagedFile(const std::string& from, const std::string& copy,
+                          const std::string& victim) {
   ASSERT_TRUE(MakeDirs(copy + "/model").ok());
   ASSERT_TRUE(MakeDirs(copy + "/optimizer").ok());
-  absl::StatusOr<CheckpointManifest> manifest = ReadCheckpointManifest(Checkpoint());
+  absl::StatusOr<CheckpointManifest> manifest = ReadCheckpointManifest(from);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
-  auto text = ReadFileToString(Checkpoint() + "/manifest.json");
+  auto text = ReadFileToString(from + "/manifest.json");
   ASSERT_TRUE(text.ok()) << text.status();
   ASSERT_TRUE(WriteFileAtomic(copy + "/manifest.json", *text).ok());
   for (const CheckpointManifest::File& f : manifest->files) {
-    auto text = ReadFileToString(Checkpoint() + "/" + f.path);
+    auto text = ReadFileToString(from + "/" + f.path);
     ASSERT_TRUE(text.ok()) << text.status();
     ASSERT_TRUE(WriteFileAtomic(copy + "/" + f.path, *text).ok());
   }
+  std::fstream file(copy + "/" + victim, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(file.good()) << victim << " is not in the checkpoint";
+  file.seekp(-5, std::ios::end);
+  file.put('\x42');
+}
+
+TEST_F(DistributedCheckpointTest, ADamagedFileIsDataLossNamingItOnEveryRank) {
+  const std::string copy = dir_->path() + "/damaged";
   const std::string victim = "optimizer/model-00002-of-00002.safetensors";
-  {
-    std::fstream file(copy + "/" + victim, std::ios::in | std::ios::out | std::ios::binary);
-    ASSERT_TRUE(file.good()) << victim << " is not in the checkpoint";
-    file.seekp(-5, std::ios::end);
-    file.put('\x42');
-  }
+  CopyWithADamagedFile(Checkpoint(), copy, victim);
   const std::string rendezvous = Rendezvous("damaged");
   auto outcomes = testing::RunRanks(3, [&](int rank) -> absl::Status {
     ASSIGN_OR_RETURN(auto r, MakeRank(rank, 3, rendezvous));
@@ -331,6 +336,32 @@ TEST_F(DistributedCheckpointTest, ADamagedFileIsDataLossNamingItOnEveryRank) {
         LoadCheckpointTogether(copy, r->model.get(), r->comm.get());
     RANK_CHECK(ck.status().code() == absl::StatusCode::kDataLoss, ck.status().ToString());
     RANK_CHECK(ck.status().message().find(victim) != std::string::npos, ck.status().ToString());
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
+}
+
+// A new phase's start ([init] from a step) verifies the step's weights as a resume does: at
+// world 3 one rank reads the damaged shard, and every rank fails naming it (issue 53 R2); the
+// undamaged step passes on every rank.
+TEST_F(DistributedCheckpointTest, ANewPhaseVerifiesTheStepsWeightsOnEveryRank) {
+  const std::string copy = dir_->path() + "/damaged-weights";
+  const std::string victim = "model/model-00001-of-00002.safetensors";
+  CopyWithADamagedFile(Checkpoint(), copy, victim);
+  const std::string rendezvous = Rendezvous("damaged-weights");
+  auto outcomes = testing::RunRanks(3, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, MakeRank(rank, 3, rendezvous));
+    for (const std::string& step : {Checkpoint(), copy}) {
+      ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(step + "/model"));
+      absl::Status st =
+          VerifyCheckpointWeightsTogether(step, *reader, r->model.get(), r->comm.get());
+      if (step == copy) {
+        RANK_CHECK(st.code() == absl::StatusCode::kDataLoss, st.ToString());
+        RANK_CHECK(st.message().find(copy + "/" + victim) != std::string::npos, st.ToString());
+      } else {
+        RANK_CHECK(st.ok(), st.ToString());
+      }
+    }
     return absl::OkStatus();
   });
   EXPECT_EQ(testing::Failures(outcomes), "");

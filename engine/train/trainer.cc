@@ -14,6 +14,7 @@
 #include "engine/plan/step_time.h"
 #include "engine/schedule/spec_options.h"
 #include "engine/model/weights.h"
+#include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/checkpoint/export.h"
 #include "engine/train/lr_schedule.h"
 
@@ -254,8 +255,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
             "standalone run needs the directory"));
       }
       ASSIGN_OR_RETURN(weights, InitWeightsDir(spec.init.from));
+      RETURN_IF_ERROR(CheckInitModel(weights, t->cfg_));
     }
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader, SafetensorsReader::Open(weights));
+    // A checkpoint's weights are verified against its manifest before a phase starts from them,
+    // as a resume's are: damage since the run that wrote them is refused, naming the file.
+    if (const std::string step = CheckpointStepOfWeights(weights); !step.empty()) {
+      RETURN_IF_ERROR(VerifyCheckpointWeightsTogether(step, *reader, t->model_.get(), comm));
+    }
     auto from_file = [&](int u, float* out) {
       return ReadUnitWeightsInto(layout, *reader, u, out);
     };

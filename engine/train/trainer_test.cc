@@ -7,6 +7,8 @@
 #include <ctime>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
@@ -281,6 +283,147 @@ TEST(TrainerTest, InitFromStartsANewRunFromTheWeightsOnly) {
   EXPECT_NE(none.status().message().find("init.from: " + dir + "/nowhere: no such directory"),
             std::string::npos)
       << none.status();
+}
+
+// One phase's checkpoint, two steps in, and a way to write a file's bytes.
+std::string PhaseOneCheckpoint(const std::string& dir, JobSpec* first, CpuOps* ops,
+                               HostAllocator* alloc) {
+  *first = SmallSpec(dir);
+  first->training.steps = 2;
+  first->checkpoint.dir = dir + "/phase1";
+  auto t = Trainer::Create(Resolved(*first), ops, alloc, nullptr, "phase-1");
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return "";
+  EXPECT_TRUE((*t)->Run().ok());
+  absl::StatusOr<std::string> step = LatestCheckpoint(first->checkpoint.dir);
+  EXPECT_TRUE(step.ok()) << step.status();
+  return step.ok() ? *step : "";
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
+}
+
+// A step's manifest lists every file its weights are read from, or those would be loaded
+// unverified: a manifest that leaves model/model.safetensors out (model/config.json still
+// listed) is refused, naming the file (issue 53 N17).
+TEST(TrainerTest, AManifestThatLeavesAWeightsFileOutIsRefusedNamingIt) {
+  const std::string dir = TmpDir("manifest_unlisted");
+  JobSpec first;
+  CpuOps ops;
+  HostAllocator alloc;
+  const std::string step = PhaseOneCheckpoint(dir, &first, &ops, &alloc);
+  ASSERT_FALSE(step.empty());
+  const std::string manifest_path = step + "/manifest.json";
+  absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json manifest = nlohmann::json::parse(*text);
+  nlohmann::json kept = nlohmann::json::array();
+  for (const nlohmann::json& f : manifest["files"]) {
+    if (f["path"] != "model/model.safetensors") kept.push_back(f);
+  }
+  ASSERT_EQ(kept.size() + 1, manifest["files"].size());
+  manifest["files"] = kept;
+  WriteBytes(manifest_path, manifest.dump());
+  JobSpec resume = first;
+  resume.training.steps = 3;
+  auto resumed = Trainer::Create(Resolved(resume), &ops, &alloc, nullptr, "phase-1");
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_EQ(resumed.status().code(), absl::StatusCode::kDataLoss) << resumed.status();
+  EXPECT_EQ(resumed.status().message(),
+            manifest_path +
+                ": does not list model/model.safetensors, which its tensors are read from: not "
+                "a whole checkpoint");
+}
+
+// A new phase starts from a checkpoint's weights only when they match its manifest, as a resume
+// does (issue 53 R2: damaged weights were trained on, to a loss of 0 and then NaN), whether
+// init.from names the checkpoint.dir, the step or the step's model/, and only when the manifest
+// lists them.
+TEST(TrainerTest, InitFromADamagedOrUnlistedStepIsRefusedNamingTheFile) {
+  const std::string dir = TmpDir("init_damaged");
+  JobSpec first;
+  CpuOps ops;
+  HostAllocator alloc;
+  const std::string step = PhaseOneCheckpoint(dir, &first, &ops, &alloc);
+  ASSERT_FALSE(step.empty());
+  const std::string weights = step + "/model/model.safetensors";
+  absl::StatusOr<std::string> good = ReadFileToString(weights);
+  ASSERT_TRUE(good.ok()) << good.status();
+  int phase = 0;
+  auto start_phase = [&](const std::string& from) {
+    JobSpec next = first;
+    next.checkpoint.dir = dir + "/phase2-" + std::to_string(++phase);
+    next.init.from = from;
+    return Trainer::Create(Resolved(next), &ops, &alloc, nullptr, "phase-2").status();
+  };
+  // The same size, NaNs in place of the last weights.
+  std::string damaged = *good;
+  for (size_t i = damaged.size() - 64; i < damaged.size(); ++i) damaged[i] = '\xff';
+  WriteBytes(weights, damaged);
+  for (const std::string& from : {first.checkpoint.dir, step, step + "/model"}) {
+    absl::Status st = start_phase(from);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << from << ": " << st;
+    EXPECT_EQ(st.message(), weights + ": not the checksum the manifest says: corrupt") << from;
+  }
+  WriteBytes(weights, *good);
+  EXPECT_TRUE(start_phase(first.checkpoint.dir).ok());
+  // A manifest that does not list the weights file.
+  const std::string manifest_path = step + "/manifest.json";
+  absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json manifest = nlohmann::json::parse(*text);
+  nlohmann::json kept = nlohmann::json::array();
+  for (const nlohmann::json& f : manifest["files"]) {
+    if (f["path"] != "model/model.safetensors") kept.push_back(f);
+  }
+  manifest["files"] = kept;
+  WriteBytes(manifest_path, manifest.dump());
+  absl::Status unlisted = start_phase(step + "/model");
+  EXPECT_EQ(unlisted.code(), absl::StatusCode::kDataLoss) << unlisted;
+  EXPECT_EQ(unlisted.message(), manifest_path +
+                                    ": does not list model/model.safetensors, which its tensors "
+                                    "are read from: not a whole checkpoint");
+}
+
+// [init] from a Hugging Face directory read its weights whatever its config.json said: a model
+// with another rms_norm_eps (the same tensors' shapes) trained on silently (issue 53). A new
+// phase starts from the job's own model, named with both values otherwise.
+TEST(TrainerTest, InitFromAnotherModelsConfigIsRefusedNamingBothValues) {
+  const std::string dir = TmpDir("init_config");
+  JobSpec first;
+  CpuOps ops;
+  HostAllocator alloc;
+  const std::string step = PhaseOneCheckpoint(dir, &first, &ops, &alloc);
+  ASSERT_FALSE(step.empty());
+  const std::string hf = dir + "/hf";
+  ASSERT_TRUE(MakeDirs(hf).ok());
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    absl::StatusOr<std::string> bytes = ReadFileToString(step + "/model/" + name);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    WriteBytes(hf + "/" + name, *bytes);
+  }
+  int phase = 0;
+  auto start_phase = [&]() {
+    JobSpec next = first;
+    next.checkpoint.dir = dir + "/phase2-" + std::to_string(++phase);
+    next.init.from = hf;
+    return Trainer::Create(Resolved(next), &ops, &alloc, nullptr, "phase-2").status();
+  };
+  EXPECT_TRUE(start_phase().ok());
+  absl::StatusOr<std::string> text = ReadFileToString(hf + "/config.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json config = nlohmann::json::parse(*text);
+  ASSERT_EQ(config["rms_norm_eps"], 1e-5);
+  config["rms_norm_eps"] = 1e-6;
+  WriteBytes(hf + "/config.json", config.dump());
+  absl::Status other = start_phase();
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << other;
+  EXPECT_EQ(
+      other.message().rfind(
+          "init.from: " + hf + "/config.json has rms_norm_eps 1e-06, the job's model 1e-05: ", 0),
+      0u)
+      << other;
 }
 
 TEST(TrainerTest, DataTooShortForOneSampleIsAClearError) {

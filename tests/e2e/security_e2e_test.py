@@ -68,8 +68,18 @@ class SecurityE2E(unittest.TestCase):
         state = os.path.join(TMP, "state")
         mode = os.stat(state).st_mode & 0o777
         self.assertEqual(mode & 0o066, 0, oct(mode))
-        for name in ("jobs.db", "ithacad.lock"):
+        for name in ("jobs.db", "ithacad.lock", "ithacad.addr"):
             self.assertEqual(os.stat(os.path.join(state, name)).st_mode & 0o777, 0o600, name)
+        # Issue 53 N11: nor may they list the job ids or read a job's logs (what the workers
+        # write in their rendezvous directory is behind its 0700).
+        jobs = os.path.join(state, "jobs")
+        paths = [jobs]
+        for job in os.listdir(jobs):
+            paths.append(os.path.join(jobs, job))
+            paths += [os.path.join(jobs, job, n) for n in os.listdir(os.path.join(jobs, job))]
+        self.assertTrue(any(p.endswith("rank-0.log") for p in paths), paths)
+        for path in paths:
+            self.assertEqual(os.stat(path).st_mode & 0o077, 0, path)
 
     def test_a_job_runs_over_tls_with_the_token(self):
         run = os.path.join(TMP, "tls-run")
@@ -166,6 +176,35 @@ class SecurityE2E(unittest.TestCase):
             self.assertIn(f"{key}: ", e.exception.details())
             self.assertIn("outside the allowed roots", e.exception.details())
             self.assertNotIn("root:x:0:0", e.exception.details())
+
+    def test_a_weights_index_names_no_shard_outside_the_roots(self):
+        # Issue 53 R1: a weight_map could name /etc/shadow (through "..", an absolute path or a
+        # link beside the index); ithacad opened it at admission and quoted its size and first 8
+        # bytes. Now every shard is refused before it is opened, the same whether it exists.
+        w = os.path.join(TMP, "index-escape")
+        os.makedirs(w, exist_ok=True)
+        for name, target in [("shard-shadow", "/etc/shadow"), ("shard-missing", "/etc/no-such")]:
+            if not os.path.islink(os.path.join(w, name)):
+                os.symlink(target, os.path.join(w, name))
+        run = os.path.join(TMP, "index-escape-run")
+        os.makedirs(run, exist_ok=True)
+        toml = spec_toml(run).replace('preset = "tiny"', f'preset = "tiny"\nweights = "{w}"')
+        details = {}
+        for shard, code in [("shard-shadow", grpc.StatusCode.PERMISSION_DENIED),
+                            ("shard-missing", grpc.StatusCode.PERMISSION_DENIED),
+                            ("../../../../../../../../etc/shadow", grpc.StatusCode.DATA_LOSS),
+                            ("/etc/shadow", grpc.StatusCode.DATA_LOSS)]:
+            with open(os.path.join(w, "model.safetensors.index.json"), "w") as f:
+                f.write('{"weight_map": {"model.norm.weight": "%s"}}' % shard)
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.submit(toml)
+            self.assertEqual(e.exception.code(), code, e.exception.details())
+            self.assertIn("model.weights: ", e.exception.details())
+            for leak in ("root:", "header length", "No such file", "bytes"):
+                self.assertNotIn(leak, e.exception.details())
+            details[shard] = e.exception.details()
+        self.assertEqual(details["shard-shadow"].replace("shadow", "X"),
+                         details["shard-missing"].replace("missing", "X"))
 
 
 class StartupRefusals(unittest.TestCase):
@@ -286,6 +325,20 @@ class WorkerUser(unittest.TestCase):
             run = os.stat(os.path.join(os.path.realpath(state), "run"))
             self.assertEqual(run.st_mode & 0o777, 0o700)
             self.assertEqual(run.st_uid, nobody.pw_uid)
+            # Issue 53 N11: the job's directory lets the worker user through (its group, 0710)
+            # and nobody else; the rank log is the daemon's alone, the rendezvous the workers'.
+            jobs = os.path.join(os.path.realpath(state), "jobs")
+            job_dir = os.path.join(jobs, job.id)
+            for path in (jobs, job_dir):
+                st = os.stat(path)
+                self.assertEqual(st.st_mode & 0o777, 0o710, path)
+                self.assertEqual(st.st_gid, nobody.pw_gid, path)
+            self.assertEqual(os.stat(os.path.join(job_dir, "rank-0.log")).st_mode & 0o777, 0o600)
+            rdv = [n for n in os.listdir(job_dir) if n.startswith("rendezvous-")]
+            self.assertTrue(rdv)
+            for name in rdv:
+                st = os.stat(os.path.join(job_dir, name))
+                self.assertEqual((st.st_mode & 0o777, st.st_uid), (0o700, nobody.pw_uid), name)
         finally:
             d.stop()
         self.assertEqual(d.proc.returncode, 0)
