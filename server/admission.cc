@@ -326,6 +326,7 @@ NodeResources NodeResourcesFor(const Node& node, const JobSpec& s) {
   r.device_memory_bytes = node.gpu && !node.devices.empty() ? node.devices[0].memory_bytes : 0;
   r.host_memory_bytes = node.host_memory_bytes;
   r.ranks_on_host = RanksPerHost(s.parallel.world, s.slurm.nodes);
+  if (node.gpu && !node.devices.empty()) r.gpu_name = node.devices[0].name;
   return r;
 }
 

@@ -283,7 +283,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.opts = ModelOptionsFromSpec(spec);
   req.rates = limits.first_fit            ? nullptr
               : hardware.rates != nullptr ? hardware.rates
-                                          : &DefaultRateTable(req.device);
+                                          : &DefaultRateTable(req.device, hardware.gpu_name);
   if (!hardware.link.name.empty()) {
     req.link = hardware.link;
   } else {

@@ -111,11 +111,12 @@ std::vector<AttentionShape> ModelAttentionShapes(const LlamaConfig& cfg, int64_t
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 
 // Where a job's ranks run, for the step-time model: the rates of the device class (nullptr:
-// DefaultRateTable of the spec's backend) and the links between them (empty name: the h200-sxm
-// preset on CUDA, none on the CPU), `ranks_per_node` to a node (0: the spec's world over its
-// slurm.nodes).
+// DefaultRateTable of the spec's backend and `gpu_name`) and the links between them (empty name:
+// the h200-sxm preset on CUDA, none on the CPU), `ranks_per_node` to a node (0: the spec's world
+// over its slurm.nodes).
 struct PlanHardware {
   const RateTable* rates = nullptr;
+  std::string gpu_name;  // NodeResources::gpu_name
   LinkModel link;
   int ranks_per_node = 0;
 };

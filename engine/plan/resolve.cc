@@ -14,6 +14,13 @@
 namespace ithaca {
 namespace {
 
+// The step-time model's view of the node: its GPUs' rates.
+PlanHardware HardwareOf(const NodeResources& node) {
+  PlanHardware h;
+  h.gpu_name = node.gpu_name;
+  return h;
+}
+
 // A job that does not fit: the first of a few changes that makes it fit, as "; it fits with
 // ...", or "" when none does (or the planning takes too long). Each try is one PlanJob.
 std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const NodeResources& node,
@@ -67,7 +74,8 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
     t.change(&changed);
     if (!ValidateJob(changed, cfg).ok()) continue;  // e.g. more ranks than heads
     const RankBudgets b = BudgetsFor(changed, node);
-    absl::StatusOr<MemoryPlan> plan = PlanJob(changed, b.gpu_bytes, b.host_bytes, bounded);
+    absl::StatusOr<MemoryPlan> plan =
+        PlanJob(changed, b.gpu_bytes, b.host_bytes, bounded, HardwareOf(node));
     if (plan.ok() && plan->fits) return absl::StrCat("; it fits with ", t.what);
   }
   return "";
@@ -105,7 +113,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
 
   absl::StatusOr<MemoryPlan> plan =
-      PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits);
+      PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits, HardwareOf(node));
   if (absl::IsDeadlineExceeded(plan.status()) || absl::IsCancelled(plan.status())) {
     return absl::Status(plan.status().code(),
                         absl::StrCat("planning data.seq_len = ", s.data.seq_len, " for ",

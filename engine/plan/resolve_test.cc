@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "engine/model/config.h"
 #include "engine/parallel/head_plan.h"
 #include "engine/plan/budgets.h"
@@ -61,6 +62,28 @@ TEST(ResolveTest, EveryAutoBecomesANumber) {
 
 // Workers take the resolved spec as it is: resolving it again, on whatever node, changes
 // nothing, also where the planner had to shrink the settings and turn offload on to fit.
+// A job on H100s is predicted with the H100's rates, on H200s with the H200's, and the plan
+// names the table it used (issue 54 U5: an H100 owner was promised H200 speed).
+TEST(ResolveTest, ThePredictionUsesTheRatesOfTheNodesGpus) {
+  for (auto [gpu, rates] :
+       {std::pair{"NVIDIA H100 80GB HBM3", "h100"}, std::pair{"NVIDIA H200", "h200"},
+        std::pair{"h100x8", "h100"}, std::pair{"h200x8", "h200"}}) {
+    SCOPED_TRACE(gpu);
+    NodeResources node = Node(80 * kGiB, 256 * kGiB, 2);
+    node.gpu_name = gpu;
+    auto job = ResolveJob(Tiny("cuda"), node);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->plan.predicted.rates, rates);
+    EXPECT_NE(ResolutionLine(*job).find(absl::StrCat("rates: ", rates)), std::string::npos)
+        << ResolutionLine(*job);
+  }
+  NodeResources node = Node(80 * kGiB, 256 * kGiB, 2);
+  node.gpu_name = "NVIDIA H100 80GB HBM3";
+  auto cpu = ResolveJob(Tiny("cpu"), node);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->plan.predicted.rates, "cpu");
+}
+
 TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
   for (const std::string backend : {"cpu", "cuda"}) {
     SCOPED_TRACE(backend);
