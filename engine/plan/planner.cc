@@ -92,7 +92,8 @@ void Judge(MemoryPlan* p, Device device) {
   }
 }
 
-// The step around one replayed forward/backward (`clock`): grad_accum of them, then the update.
+// The step around one replayed forward/backward (`clock`): one per sample of the step
+// (req.samples), then the update.
 // On the device AdamW streams the shards (one elementwise pass, plus the gradient norm's);
 // under optimizer offload the CPU AdamW runs on the host while gradients go down and working
 // copies up, and with overlap_update it runs under the next step's forward, unit by unit
@@ -134,9 +135,10 @@ StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, Param
     }
   }
   out.update_s = update;
-  out.step_s = double(std::max<int64_t>(1, req.grad_accum)) * out.forward_backward_s + update;
-  const double tokens = double(req.world / std::max<int64_t>(1, req.sp)) *
-                        double(std::max<int64_t>(1, req.grad_accum)) * double(req.seq_len);
+  const double samples = double(std::max<int64_t>(1, req.samples));
+  out.step_s = samples * out.forward_backward_s + update;
+  const double tokens =
+      double(req.world / std::max<int64_t>(1, req.sp)) * samples * double(req.seq_len);
   out.tok_per_s = out.step_s > 0 ? tokens / out.step_s : 0;
   return out;
 }
@@ -293,7 +295,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
       hardware.ranks_per_node > 0
           ? hardware.ranks_per_node
           : static_cast<int>(spec.parallel.world / std::max<int64_t>(1, spec.slurm.nodes));
-  req.grad_accum = spec.training.grad_accum;
+  req.samples = spec.training.grad_accum * spec.data.micro_batch;
   req.overlap_update = spec.memory.overlap_update;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
   const int64_t L = cfg.num_hidden_layers;

@@ -50,14 +50,16 @@ struct PlanRequest {
   const RateTable* rates = nullptr;
   LinkModel link;
   int ranks_per_node = 8;
-  int64_t grad_accum = 1;
+  // Forward/backward passes of one step on a data-parallel replica: training.grad_accum
+  // micro-steps of data.micro_batch samples, each sample its own pass (Trainer::TrainStep).
+  int64_t samples = 1;
   bool overlap_update = true;               // memory.overlap_update
   std::set<GemmShape>* gemm_log = nullptr;  // every GEMM shape of the step (bench/calibrate)
 };
 
 // What the step-time model predicts for a plan (0 where it made no prediction).
 struct StepPrediction {
-  double step_s = 0;     // one optimizer step: grad_accum forward/backward passes and the update
+  double step_s = 0;     // one optimizer step: `samples` forward/backward passes and the update
   double tok_per_s = 0;  // the job's tokens (every data-parallel rank's samples) per second
   double forward_backward_s = 0;  // one sample's forward and backward, the streams overlapped
   double update_s = 0;            // the update's share of the step (exposed, not hidden)

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/model/weights.h"
 #include "engine/train/optimizer.h"
@@ -394,6 +395,41 @@ TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
   ASSERT_TRUE(impossible.ok());
   EXPECT_FALSE(impossible->fits);
   EXPECT_NE(impossible->verdict.find("GiB of GPU memory"), std::string::npos);
+}
+
+// The predicted step counts every sample of the step: data.micro_batch samples in each of
+// training.grad_accum micro-steps, each its own forward/backward (Trainer::TrainStep), then one
+// update (issue 54 U1: 1, 4 and 16 samples were all predicted at one sample's time).
+TEST(PlannerTest, ThePredictedStepCountsEverySampleOfTheStep) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";
+  spec.data.seq_len = 8192;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.head_chunk = 32;
+  spec.memory.tile_tokens = 8192;
+  auto one = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const StepPrediction& p1 = one->predicted;
+  ASSERT_GT(p1.forward_backward_s, 0);
+  ASSERT_GT(p1.update_s, 0);
+  EXPECT_NEAR(p1.step_s, p1.forward_backward_s + p1.update_s, 1e-9);
+  for (auto [micro_batch, grad_accum] :
+       {std::pair<int64_t, int64_t>{4, 1}, {16, 1}, {1, 4}, {4, 2}}) {
+    SCOPED_TRACE(absl::StrCat(micro_batch, " x ", grad_accum));
+    JobSpec more = spec;
+    more.data.micro_batch = micro_batch;
+    more.training.grad_accum = grad_accum;
+    auto plan = PlanJob(more, int64_t{1} << 40, int64_t{1} << 40);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const StepPrediction& p = plan->predicted;
+    const double samples = double(micro_batch * grad_accum);
+    EXPECT_NEAR(p.step_s, samples * p1.forward_backward_s + p1.update_s, 1e-9 * p.step_s);
+    // The tokens of every sample: the same tokens per second at worst, more as the update is
+    // shared by more samples.
+    EXPECT_NEAR(p.tok_per_s, samples * 8192 / p.step_s, 1e-6 * p.tok_per_s);
+    EXPECT_GT(p.tok_per_s, p1.tok_per_s);
+  }
 }
 
 // `ithaca plan --max-seq-len` asks only whether a length fits (PlanLimits::first_fit): the
