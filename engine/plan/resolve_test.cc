@@ -60,8 +60,6 @@ TEST(ResolveTest, EveryAutoBecomesANumber) {
   }
 }
 
-// Workers take the resolved spec as it is: resolving it again, on whatever node, changes
-// nothing, also where the planner had to shrink the settings and turn offload on to fit.
 // A job on H100s is predicted with the H100's rates, on H200s with the H200's, and the plan
 // names the table it used (issue 54 U5: an H100 owner was promised H200 speed).
 TEST(ResolveTest, ThePredictionUsesTheRatesOfTheNodesGpus) {
@@ -84,6 +82,8 @@ TEST(ResolveTest, ThePredictionUsesTheRatesOfTheNodesGpus) {
   EXPECT_EQ(cpu->plan.predicted.rates, "cpu");
 }
 
+// Workers take the resolved spec as it is: resolving it again, on whatever node, changes
+// nothing, also where the planner had to shrink the settings and turn offload on to fit.
 TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
   for (const std::string backend : {"cpu", "cuda"}) {
     SCOPED_TRACE(backend);
