@@ -147,9 +147,10 @@ class FitMemo {
 // the model, the dtype and every "auto" setting against the budgets, choosing among the
 // configurations that fit the one with the shortest predicted step (step_time.h).
 //
-// What is searched: with head_chunk "auto", how saved block data is kept (the spec's way, then
-// without overlap, offload with and without prefetch, saving every 2nd/4th/8th block input, or
-// at most 8..3 inputs on the device), and for each the largest head stage and tile that fit;
+// What is searched: how saved block data is kept (the spec's way, then without overlap, offload
+// with and without prefetch, saving every 2nd/4th/8th block input, or at most 8..3 inputs on the
+// device; only where memory.offload, prefetch, overlap, recompute_interval are "auto": a value
+// the user set is every plan's), and for each the largest head stage and tile that fit;
 // memory.recompute "auto" also tries no recompute, attention-aware on as many of the last
 // blocks as fit (the others full) and full; memory.optimizer_offload / param_offload "auto" try
 // the state on the device and on the host. The fastest that fits wins (state moves to the host

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/backend/attention_choice.h"
 #include "engine/plan/planner.h"
@@ -46,6 +47,23 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
            }
            t->memory.param_offload = OffloadChoice::kAuto;
          }});
+  }
+  // How block data is kept, where the user set it: "auto" lets the planner offload, save fewer
+  // inputs and give up overlap to fit.
+  std::vector<std::string> kept;
+  if (m.offload != OffloadChoice::kAuto) kept.push_back("memory.offload");
+  if (m.prefetch != OffloadChoice::kAuto) kept.push_back("memory.prefetch");
+  if (m.overlap != OffloadChoice::kAuto) kept.push_back("memory.overlap");
+  if (m.recompute_interval > 0) kept.push_back("memory.recompute_interval");
+  if (!kept.empty()) {
+    tries.push_back({absl::StrCat(absl::StrJoin(kept, ", "),
+                                  " = \"auto\" (the planner keeps block "
+                                  "data as fits: offloaded, fewer inputs saved, no overlap)"),
+                     [](JobSpec* t) {
+                       t->memory.offload = t->memory.prefetch = t->memory.overlap =
+                           OffloadChoice::kAuto;
+                       t->memory.recompute_interval = 0;
+                     }});
   }
   // ("auto" planned full recompute already.)
   if (m.recompute != RecomputePolicy::kFull && m.recompute != RecomputePolicy::kAuto) {
@@ -127,9 +145,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   }
   s.memory.head_chunk = job.plan.head_chunk;
   s.memory.tile_tokens = job.plan.tile_tokens;
-  s.memory.offload = job.plan.offload;
-  s.memory.prefetch = job.plan.prefetch;
-  s.memory.overlap = job.plan.overlap;
+  s.memory.offload = job.plan.offload ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.prefetch = job.plan.prefetch ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.overlap = job.plan.overlap ? OffloadChoice::kOn : OffloadChoice::kOff;
   s.memory.recompute_interval = job.plan.recompute_interval;
   s.memory.saved_block_inputs = job.plan.saved_block_inputs;
   s.memory.recompute = job.plan.recompute;
@@ -188,9 +206,10 @@ std::string ResolutionLine(const ResolvedJob& job) {
       "memory plan: recompute %s, head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
       "recompute_interval %d%s, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, "
       "peak %s per rank (GPU budget %s), host %s per rank (budget %s)%s",
-      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens, m.offload ? "on" : "off",
-      m.prefetch ? "on" : "off", m.recompute_interval,
-      SavedBlockInputsSetting(m.saved_block_inputs), m.overlap ? "on" : "off",
+      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens,
+      m.offload == OffloadChoice::kOn ? "on" : "off",
+      m.prefetch == OffloadChoice::kOn ? "on" : "off", m.recompute_interval,
+      SavedBlockInputsSetting(m.saved_block_inputs), m.overlap == OffloadChoice::kOn ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
       m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
       job.spec.backend == "cuda"

@@ -95,9 +95,9 @@ TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
     JobSpec frugal = spec;
     frugal.memory.head_chunk = 2;
     frugal.memory.tile_tokens = 2048;
-    frugal.memory.offload = true;
-    frugal.memory.prefetch = false;
-    frugal.memory.overlap = false;
+    frugal.memory.offload = OffloadChoice::kOn;
+    frugal.memory.prefetch = OffloadChoice::kOff;
+    frugal.memory.overlap = OffloadChoice::kOff;
     auto least = ResolveJob(frugal, Node(80 * kGiB, 256 * kGiB, 2));
     ASSERT_TRUE(least.ok()) << least.status();
     ASSERT_LT(least->plan.device_total(), roomy->plan.device_total());
@@ -183,6 +183,42 @@ TEST(ResolveTest, TheDefaultRecomputeIsTheFastestPolicyThatFits) {
       }
     }
   }
+}
+
+// A plan that does not fit because of how the user kept block data names those keys: the
+// planner did not change them (issue 54 U3).
+TEST(ResolveTest, AKeepingKeyTheUserSetIsNamedWhenTheJobDoesNotFit) {
+  JobSpec spec = Tiny("cuda");
+  spec.data.seq_len = 1 << 17;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.param_offload = OffloadChoice::kAuto;
+  const NodeResources node = Node(141 * kGiB, 256 * kGiB, 2);
+  // The smallest plan of a spec: resolved against a budget nothing fits.
+  auto smallest = [&](JobSpec s) -> int64_t {
+    s.memory.gpu_budget_gib = 1.0 / 1024;
+    auto job = ResolveJob(s, node);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->plan.device_total() : 0;
+  };
+  JobSpec kept = spec;
+  kept.memory.offload = OffloadChoice::kOff;
+  kept.memory.overlap = OffloadChoice::kOn;
+  // A budget between the smallest plan left free and the smallest with those two kept.
+  const int64_t free_least = smallest(spec), kept_least = smallest(kept);
+  ASSERT_LT(free_least, kept_least);
+  spec.memory.gpu_budget_gib = kept.memory.gpu_budget_gib =
+      0.5 * double(free_least + kept_least) / kGiB;
+  auto free = ResolveJob(spec, node);
+  ASSERT_TRUE(free.ok()) << free.status();
+  ASSERT_TRUE(free->plan.fits) << free->plan.verdict;
+  auto resolved = ResolveJob(kept, node);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->spec.memory.offload, OffloadChoice::kOff);
+  EXPECT_EQ(resolved->spec.memory.overlap, OffloadChoice::kOn);
+  EXPECT_FALSE(resolved->plan.fits);
+  EXPECT_NE(resolved->plan.verdict.find("it fits with memory.offload, memory.overlap = \"auto\""),
+            std::string::npos)
+      << resolved->plan.verdict;
 }
 
 TEST(ResolveTest, AJobThatDoesNotFitIsResolvedButRefusedToRun) {
