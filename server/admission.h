@@ -67,14 +67,16 @@ std::string SpecSource(const std::string& source);
 // a job's whose checkpoints are still to come. A new phase's checkpoint.dir must hold no run
 // (CheckInitTarget), and a plain resume must keep the checkpoint's RoPE (CheckResumeRope).
 // `search`: its first_fit and fit_memo are the plan's (PlanJobRequest.fit_only); the deadline and
-// cancellation are admission's own.
+// cancellation are admission's own. `plan`: the spec is planned, not submitted (PlanJob): a plan
+// is a memory question and is answered where a submission would be refused for the state of
+// its checkpoint.dir (a finished run), with a warning that says so.
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source, const std::string& base_dir,
                                              const Node& node, const std::string& daemon_dir = "",
                                              const std::vector<std::string>& allowed_roots = {},
                                              const std::function<bool()>& cancelled = nullptr,
                                              const InitJobLookup& init_job = nullptr,
-                                             const PlanLimits& search = {});
+                                             const PlanLimits& search = {}, bool plan = false);
 
 // The job's data, evaluation data and weights (model.weights, and init.from's when they exist)
 // opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a

@@ -94,6 +94,19 @@ TEST(AdmissionTest, AResubmittedFinishedRunIsRefused) {
                 " is at step 3 of training.steps = 3, so nothing would train. To continue it, "
                 "raise training.steps above 3 (the learning-rate schedule continues from where "
                 "it ended); to start over, use another checkpoint.dir");
+  // A plan is a memory question: answered, with a warning that a submission would be refused
+  // (issue 54 F6).
+  auto plan = ParseSubmission(Spec("", with_ckpt), "job.toml", Dir(), Roomy(), "", {}, nullptr,
+                              nullptr, {}, /*plan=*/true);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->plan.fits);
+  ASSERT_FALSE(plan->warnings.empty());
+  EXPECT_EQ(plan->warnings[0], "`ithaca submit` would refuse this spec: checkpoint.dir " + ckpt +
+                                   " holds a finished run: " + step +
+                                   " is at step 3 of training.steps = 3, so nothing would train. "
+                                   "To continue it, raise training.steps above 3 (the "
+                                   "learning-rate schedule continues from where it ended); to "
+                                   "start over, use another checkpoint.dir");
   std::string longer = Spec("", with_ckpt);
   longer.replace(longer.find("steps = 3"), 9, "steps = 6");
   EXPECT_TRUE(ParseSubmission(longer, "job.toml", Dir(), Roomy()).ok());

@@ -105,7 +105,7 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   std::thread planner([&] {
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kPlanningNice);
     admitted = ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
-                               options_.allowed_roots, cancelled, init_job, search);
+                               options_.allowed_roots, cancelled, init_job, search, plan);
   });
   planner.join();
   if (admitted.ok() && check_inputs) {
