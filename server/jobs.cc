@@ -60,7 +60,8 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
                                          const PlanLimits& search) {
   const std::string source = SpecSource(request.source());
   const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
-  ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides));
+  ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides,
+                                                    request.overrides_flag()));
   // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
   // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
   // cannot starve the supervisor's heartbeats.
@@ -115,9 +116,10 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   }
   plans_in_flight_.fetch_sub(1);
   if (!admitted.ok() && !overrides.empty()) {
-    return absl::Status(admitted.status().code(),
-                        ExplainSpecError(std::string(admitted.status().message()),
-                                         request.spec_toml(), source, overrides));
+    return absl::Status(
+        admitted.status().code(),
+        ExplainSpecError(std::string(admitted.status().message()), request.spec_toml(), source,
+                         overrides, request.overrides_flag()));
   }
   return admitted;
 }
