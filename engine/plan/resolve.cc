@@ -23,31 +23,21 @@ PlanHardware HardwareOf(const NodeResources& node) {
 }
 
 // A job that does not fit: the first of a few changes that makes it fit, as "; it fits with
-// ...", or "" when none does (or the planning takes too long). Each try is one PlanJob.
+// ...", or "" when none does (or the planning takes too long). The changes are tried in order,
+// the smallest first: the keys the user set to how block data is kept, the optimizer's state
+// and the working copy on the host, full recompute, fewer saved inputs, a wider Ulysses group
+// on the same ranks, more ranks, a shorter sequence. Each try is one first-fit PlanJob (whether
+// anything fits, PlanLimits::first_fit), so a big model's tries take seconds, not the full
+// search's minutes; together they take at most 20 s, within the plan's own bound.
 std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const NodeResources& node,
                           const PlanLimits& limits) {
-  constexpr absl::Duration kMaxTime = absl::Seconds(3);
+  constexpr absl::Duration kMaxTime = absl::Seconds(20);
   struct Try {
     std::string what;
     std::function<void(JobSpec*)> change;
   };
   std::vector<Try> tries;
   const JobSpec::Memory& m = spec.memory;
-  if (m.optimizer_offload == OffloadChoice::kOff) {
-    tries.push_back({"memory.optimizer_offload = \"auto\" (the optimizer's state on the host)",
-                     [](JobSpec* t) { t->memory.optimizer_offload = OffloadChoice::kAuto; }});
-  }
-  if (m.param_offload == OffloadChoice::kOff) {
-    tries.push_back(
-        {"memory.optimizer_offload and memory.param_offload = \"auto\" (the "
-         "optimizer's state and the working copy on the host)",
-         [](JobSpec* t) {
-           if (t->memory.optimizer_offload == OffloadChoice::kOff) {
-             t->memory.optimizer_offload = OffloadChoice::kAuto;
-           }
-           t->memory.param_offload = OffloadChoice::kAuto;
-         }});
-  }
   // How block data is kept, where the user set it: "auto" lets the planner offload, save fewer
   // inputs and give up overlap to fit.
   std::vector<std::string> kept;
@@ -65,6 +55,21 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
                        t->memory.recompute_interval = 0;
                      }});
   }
+  if (m.optimizer_offload == OffloadChoice::kOff) {
+    tries.push_back({"memory.optimizer_offload = \"auto\" (the optimizer's state on the host)",
+                     [](JobSpec* t) { t->memory.optimizer_offload = OffloadChoice::kAuto; }});
+  }
+  if (m.param_offload == OffloadChoice::kOff) {
+    tries.push_back(
+        {"memory.optimizer_offload and memory.param_offload = \"auto\" (the "
+         "optimizer's state and the working copy on the host)",
+         [](JobSpec* t) {
+           if (t->memory.optimizer_offload == OffloadChoice::kOff) {
+             t->memory.optimizer_offload = OffloadChoice::kAuto;
+           }
+           t->memory.param_offload = OffloadChoice::kAuto;
+         }});
+  }
   // ("auto" planned full recompute already.)
   if (m.recompute != RecomputePolicy::kFull && m.recompute != RecomputePolicy::kAuto) {
     tries.push_back({"memory.recompute = \"full\"",
@@ -73,6 +78,14 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
   if (m.saved_block_inputs == 0 || m.saved_block_inputs > 2) {
     tries.push_back({"memory.saved_block_inputs = 2 (at most two block inputs held)",
                      [](JobSpec* t) { t->memory.saved_block_inputs = 2; }});
+  }
+  // A wider Ulysses group on the same ranks: each holds a smaller share of the sequence.
+  for (int64_t k : {2, 4, 8}) {
+    const int64_t sp = spec.parallel.sp * k;
+    if (sp > spec.parallel.world || spec.parallel.world % sp != 0) break;
+    tries.push_back(
+        {absl::StrCat("parallel.sp = ", sp, " (the same ", spec.parallel.world, " ranks)"),
+         [sp](JobSpec* t) { t->parallel.sp = sp; }});
   }
   for (int64_t k : {2, 4, 8}) {
     const int64_t world = spec.parallel.world * k, sp = spec.parallel.sp * k;
@@ -83,9 +96,19 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
            t->parallel.sp = sp;
          }});
   }
+  // A shorter sequence, on these ranks as they are.
+  for (int64_t k : {2, 4, 8}) {
+    const int64_t len = spec.data.seq_len / k / 1024 * 1024;
+    if (len < 1024) break;
+    tries.push_back({absl::StrCat("data.seq_len = ", len,
+                                  " (`ithaca plan --max-seq-len` finds the longest that fits)"),
+                     [len](JobSpec* t) { t->data.seq_len = len; }});
+  }
   const absl::Time deadline = std::min(absl::Now() + kMaxTime, limits.deadline);
   PlanLimits bounded = limits;
   bounded.deadline = deadline;
+  bounded.first_fit = true;
+  bounded.fit_memo = nullptr;
   for (const Try& t : tries) {
     if (absl::Now() > deadline) break;
     JobSpec changed = spec;

@@ -221,6 +221,38 @@ TEST(ResolveTest, AKeepingKeyTheUserSetIsNamedWhenTheJobDoesNotFit) {
       << resolved->plan.verdict;
 }
 
+// A plan that does not fit names the smallest change that fits, tried: here a wider Ulysses
+// group on the same ranks, before more ranks (issue 54 U4: Qwen2.5-7B at sp 2 did not fit, sp
+// 4 did, and the plan named nothing).
+TEST(ResolveTest, APlanThatDoesNotFitNamesTheSmallestChangeThatFits) {
+  JobSpec spec = Tiny("cuda");
+  spec.parallel.sp = 1;
+  spec.data.seq_len = 1 << 17;
+  spec.memory.param_offload = OffloadChoice::kAuto;
+  const NodeResources node = Node(141 * kGiB, 256 * kGiB, 2);
+  auto smallest = [&](JobSpec s) -> int64_t {
+    s.memory.gpu_budget_gib = 1.0 / 1024;
+    auto job = ResolveJob(s, node);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->plan.device_total() : 0;
+  };
+  // What the earlier tries reach on one rank's share of the sequence, and what sp 2 reaches.
+  JobSpec two_inputs = spec;
+  two_inputs.memory.saved_block_inputs = 2;
+  JobSpec wider = spec;
+  wider.parallel.sp = 2;
+  const int64_t narrow_least = std::min(smallest(spec), smallest(two_inputs));
+  const int64_t wide_least = smallest(wider);
+  ASSERT_LT(wide_least, narrow_least);
+  spec.memory.gpu_budget_gib = 0.5 * double(wide_least + narrow_least) / kGiB;
+  auto job = ResolveJob(spec, node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->plan.fits);
+  EXPECT_NE(job->plan.verdict.find("; it fits with parallel.sp = 2 (the same 2 ranks)"),
+            std::string::npos)
+      << job->plan.verdict;
+}
+
 TEST(ResolveTest, AJobThatDoesNotFitIsResolvedButRefusedToRun) {
   JobSpec spec = Tiny("cpu");
   spec.memory.gpu_budget_gib = 1e-4;  // ~100 KiB: not even the weights fit
