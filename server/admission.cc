@@ -264,7 +264,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
   // Planning costs daemon CPU in proportion to the model and the length: bounded in time, and
   // stopped when the client goes (issue 43 N3).
   PlanLimits limits;
-  limits.deadline = absl::Now() + kMaxPlanTime;
+  limits.deadline =
+      search.deadline == absl::InfiniteFuture() ? absl::Now() + kMaxPlanTime : search.deadline;
   limits.cancelled = cancelled;
   limits.first_fit = search.first_fit;
   limits.fit_memo = search.fit_memo;

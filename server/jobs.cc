@@ -103,10 +103,12 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   // Planning runs in a thread of its own at a lower CPU priority (nice +10): a long plan takes
   // the CPU the node's training ranks and the supervisor do not use, not theirs.
   absl::StatusOr<AdmittedSpec> admitted = absl::UnknownError("not admitted");
+  PlanLimits bounded = search;
+  bounded.deadline = absl::Now() + options_.max_plan_time;
   std::thread planner([&] {
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kPlanningNice);
     admitted = ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
-                               options_.allowed_roots, cancelled, init_job, search, plan);
+                               options_.allowed_roots, cancelled, init_job, bounded, plan);
   });
   planner.join();
   if (admitted.ok() && check_inputs) {
