@@ -1,5 +1,6 @@
 #include "bench/model_flags.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -141,12 +142,12 @@ void SetMemoryFlags(const JobSpec::Memory& m) {
   absl::SetFlag(&FLAGS_attention_aware_blocks, m.attention_aware_blocks);
   absl::SetFlag(&FLAGS_head_chunk, m.head_chunk);
   absl::SetFlag(&FLAGS_tile_tokens, m.tile_tokens);
-  absl::SetFlag(&FLAGS_offload, m.offload);
+  absl::SetFlag(&FLAGS_offload, m.offload == OffloadChoice::kOn);
   absl::SetFlag(&FLAGS_offload_keep_last, m.offload_keep_last);
-  absl::SetFlag(&FLAGS_prefetch, m.prefetch);
-  absl::SetFlag(&FLAGS_recompute_interval, m.recompute_interval);
+  absl::SetFlag(&FLAGS_prefetch, m.prefetch != OffloadChoice::kOff);
+  absl::SetFlag(&FLAGS_recompute_interval, std::max<int64_t>(1, m.recompute_interval));
   absl::SetFlag(&FLAGS_saved_block_inputs, m.saved_block_inputs);
-  absl::SetFlag(&FLAGS_overlap, m.overlap);
+  absl::SetFlag(&FLAGS_overlap, m.overlap != OffloadChoice::kOff);
   absl::SetFlag(&FLAGS_optimizer_offload, m.optimizer_offload == OffloadChoice::kOn);
   absl::SetFlag(&FLAGS_param_offload, m.param_offload == OffloadChoice::kOn);
 }

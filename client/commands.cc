@@ -28,9 +28,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/format.h"
+#include "client/max_seq_len.h"
 #include "launch/layout.h"
 #include "client/json.h"
 #include "client/report.h"
@@ -581,69 +583,97 @@ int MaxSeqLenCommand(CliContext& c, const Flags& f) {
   v1::PlanJobRequest base;
   if (int rc = FillSpecRequest(f, &base); rc != 0) return rc;
   base.set_hardware(f.hardware);
-  int asked = 0;
   const auto started = std::chrono::steady_clock::now();
-  // The plan at seq_len n: INVALID_ARGUMENT and the like are the spec's errors (exit 2).
-  // Each length asks only whether it fits (the first plan found that fits, without the
-  // fastest-plan search or a step-time prediction); the answer's plan is then asked in full.
-  auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp, bool fit_only = true) -> int {
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+  // The plan at seq_len n. Each length asks only whether it fits (the first plan found that
+  // fits, without the fastest-plan search or a step-time prediction); the answer's plan is then
+  // asked in full. A plan that runs past the daemon's bound (DEADLINE_EXCEEDED) is narrowed
+  // below (client/max_seq_len.h); any other error ends the search.
+  grpc::Status failed;
+  v1::PlanJobResponse first;  // the shortest length's answer
+  std::map<int64_t, v1::PlanJobResponse> fitting;
+  auto plan_at = [&](int64_t n, v1::PlanJobResponse* resp, bool fit_only) -> grpc::Status {
     v1::PlanJobRequest req = base;
     req.set_fit_only(fit_only);
     req.add_overrides(absl::StrCat("data.seq_len=", n));  // after the user's: it wins
     grpc::ClientContext ctx;
-    grpc::Status st = c.stub->PlanJob(&ctx, req, resp);
-    ++asked;
-    if (!st.ok()) return RpcError(c, st);
-    // Progress on stderr: each length tried, its verdict, the time so far.
-    std::fprintf(stderr, "  data.seq_len %lld: %s (%.1f s)\n", static_cast<long long>(n),
-                 resp->plan().fits() ? "fits" : "does not fit",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-    return 0;
+    return c.stub->PlanJob(&ctx, req, resp);
   };
-  v1::PlanJobResponse best, resp;
-  if (int rc = plan_at(m, &best); rc != 0) return rc;
-  if (!best.plan().fits()) {
+  auto ask = [&](int64_t n) -> absl::StatusOr<LengthVerdict> {
+    v1::PlanJobResponse resp;
+    grpc::Status st = plan_at(n, &resp, /*fit_only=*/true);
+    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      // Progress on stderr: each length tried, its verdict, the time so far.
+      std::fprintf(stderr,
+                   "  data.seq_len %lld: did not finish within the daemon's bound (%.1f s)\n",
+                   static_cast<long long>(n), seconds());
+      return LengthVerdict::kTimedOut;
+    }
+    if (!st.ok()) {
+      failed = st;
+      return absl::UnknownError("plan failed");
+    }
+    std::fprintf(stderr, "  data.seq_len %lld: %s (%.1f s)\n", static_cast<long long>(n),
+                 resp.plan().fits() ? "fits" : "does not fit", seconds());
+    if (n == m) first = resp;
+    if (!resp.plan().fits()) return LengthVerdict::kDoesNotFit;
+    fitting[n] = resp;
+    return LengthVerdict::kFits;
+  };
+  MaxSeqLenSearch so_far;
+  absl::StatusOr<MaxSeqLenSearch> found = FindMaxSeqLen(m, kMaxSeqLen, ask, &so_far);
+  const MaxSeqLenSearch& s = found.ok() ? *found : so_far;
+  // The longest length proven, whatever ended the search.
+  auto proven_line = [&](const char* why) {
+    std::vector<std::string> above;
+    if (s.not_fitting > 0) above.push_back(absl::StrCat(s.not_fitting, " does not fit"));
+    if (!s.timed_out.empty()) {
+      above.push_back(absl::StrCat(*std::min_element(s.timed_out.begin(), s.timed_out.end()),
+                                   " did not finish within the daemon's planning bound"));
+    }
+    if (above.empty()) above.push_back(why);
+    return absl::StrFormat(
+        "longest data.seq_len that fits: %lld (multiples of %lld; %s; %d plans)\n",
+        static_cast<long long>(s.longest), static_cast<long long>(m), absl::StrJoin(above, "; "),
+        s.asked);
+  };
+  if (!found.ok()) {
+    if (s.longest > 0) std::printf("%s", proven_line("the search stopped").c_str());
+    return RpcError(c, failed);
+  }
+  if (s.longest == 0) {
+    if (!s.timed_out.empty()) {
+      std::printf("data.seq_len = %lld: the plan did not finish within the daemon's bound\n",
+                  static_cast<long long>(m));
+      return 1;
+    }
     std::printf("not even data.seq_len = %lld fits: %s\n", static_cast<long long>(m),
-                best.plan().summary().c_str());
+                first.plan().summary().c_str());
     return 1;
   }
-  // Doubling finds a length that does not fit (or the bound), bisection the last that does.
-  int64_t lo = m, hi = 0;
-  while (hi == 0) {
-    const int64_t next = std::min(lo * 2, kMaxSeqLen / m * m);
-    if (next <= lo) break;
-    if (int rc = plan_at(next, &resp); rc != 0) return rc;
-    if (resp.plan().fits()) {
-      lo = next;
-      best = resp;
-    } else {
-      hi = next;
-    }
+  // The plan a job of that length gets: the fastest that fits, with its prediction. Past the
+  // daemon's bound, the answer stands with the first plan found that fits.
+  v1::PlanJobResponse best = fitting[s.longest];
+  std::string note;
+  grpc::Status full = plan_at(s.longest, &best, /*fit_only=*/false);
+  if (full.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    best = fitting[s.longest];
+    note =
+        "(the full plan, the fastest settings and their predicted step, did not finish within "
+        "the daemon's bound: below is the first plan found that fits)\n";
+  } else if (!full.ok()) {
+    std::printf("%s", proven_line("the most data.seq_len allows").c_str());
+    return RpcError(c, full);
   }
-  // Not the middle: a length that fits is answered by one replay (the daemon tries the
-  // configuration that fit last first), one that does not by every configuration's, about 20
-  // times as long; asking an eighth of the way up takes about half the time of bisecting.
-  while (hi > 0 && hi - lo > m) {
-    const int64_t probe = std::max(lo + m, (lo + (hi - lo) / 8) / m * m);
-    if (int rc = plan_at(probe, &resp); rc != 0) return rc;
-    if (resp.plan().fits()) {
-      lo = probe;
-      best = resp;
-    } else {
-      hi = probe;
-    }
-  }
-  // The plan a job of that length gets: the fastest that fits, with its prediction.
-  if (int rc = plan_at(lo, &best, /*fit_only=*/false); rc != 0) return rc;
   if (c.output == Output::kJson) {
-    std::printf("{\"max_seq_len\":%lld,\"multiple_of\":%lld,\"plan\":%s}\n",
-                static_cast<long long>(lo), static_cast<long long>(m), ProtoJson(best).c_str());
+    std::printf("{\"max_seq_len\":%lld,\"multiple_of\":%lld,\"full_plan\":%s,\"plan\":%s}\n",
+                static_cast<long long>(s.longest), static_cast<long long>(m),
+                note.empty() ? "true" : "false", ProtoJson(best).c_str());
     return 0;
   }
-  std::printf("longest data.seq_len that fits: %lld (multiples of %lld; %s; %d plans)\n",
-              static_cast<long long>(lo), static_cast<long long>(m),
-              hi > 0 ? absl::StrCat(hi, " does not fit").c_str() : "the most data.seq_len allows",
-              asked);
+  std::printf("%s%s", proven_line("the most data.seq_len allows").c_str(), note.c_str());
   std::printf("%s", PlanText(best).c_str());
   return 0;
 }

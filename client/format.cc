@@ -311,6 +311,13 @@ std::string JobDetails(const v1::Job& job) {
   return out;
 }
 
+std::string RunTime(double seconds) {
+  if (seconds < 120) return absl::StrFormat("%.0f s", seconds);
+  if (seconds < 120 * 60) return absl::StrFormat("%.0f min", seconds / 60);
+  if (seconds < 72 * 3600) return absl::StrFormat("%.1f h", seconds / 3600);
+  return absl::StrFormat("%.1f days", seconds / 86400);
+}
+
 std::string PlanText(const v1::PlanJobResponse& p) {
   const v1::MemoryPlan& plan = p.plan();
   std::string out =
@@ -325,15 +332,27 @@ std::string PlanText(const v1::PlanJobResponse& p) {
     absl::StrAppend(
         &out, absl::StrFormat("  %-17s %12s per rank\n", t.tier(), HumanBytes(t.peak_bytes())));
   }
-  absl::StrAppend(&out, absl::StrFormat("  %-17s %12s per rank, budget %s (%s)\n", "total",
+  // Both tiers against their budgets: the host's binds too (offloaded block data, the
+  // optimizer's state), at long lengths first.
+  absl::StrAppend(&out, absl::StrFormat("  %-17s %12s per rank, budget %s (%s)\n", "device total",
                                         HumanBytes(plan.per_rank_bytes()),
                                         HumanBytes(plan.budget_bytes()), plan.budget_source()));
+  absl::StrAppend(
+      &out, absl::StrFormat("  %-17s %12s per rank, budget %s\n", "host total",
+                            HumanBytes(plan.host_per_rank_bytes()),
+                            plan.host_budget_bytes() > 0 ? HumanBytes(plan.host_budget_bytes())
+                                                         : std::string("unbounded")));
   if (plan.predicted_step_s() > 0) {
     absl::StrAppend(
         &out, absl::StrFormat("  %-17s %.4g s a step, %.0f tok/s (%.0f per GPU; "
                               "recompute %s; rates %s)\n",
                               "predicted", plan.predicted_step_s(), plan.predicted_tok_per_s(),
                               plan.predicted_tok_per_s_per_gpu(), plan.recompute(), plan.rates()));
+    if (p.spec().steps() > 0) {
+      const double run_s = plan.predicted_step_s() * static_cast<double>(p.spec().steps());
+      absl::StrAppend(&out, absl::StrFormat("  %-17s %s for training.steps = %d\n", "the run",
+                                            RunTime(run_s), p.spec().steps()));
+    }
   }
   absl::StrAppend(&out, plan.fits() ? "fits" : "does NOT fit", ": ", plan.summary(), "\n");
   return out;

@@ -49,7 +49,9 @@ std::string JobTable(const std::vector<v1::Job>& jobs, bool wide, absl::Time now
 // transitions, memory,
 // and the resolved spec the workers run.
 std::string JobDetails(const v1::Job& job);
-// `ithaca plan`.
+// "45 s", "12 min", "3.5 h", "4.2 days": a predicted run's length.
+std::string RunTime(double seconds);
+// `ithaca plan`: each tier against its budget, the predicted step and the run's time.
 std::string PlanText(const v1::PlanJobResponse& plan);
 // `ithaca node`.
 std::string NodeText(const v1::NodeInfo& node);

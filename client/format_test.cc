@@ -300,6 +300,39 @@ TEST(FormatTest, StatusAndPlanShowAfterRopeInitAndWarnings) {
                            "recompute attention-aware; rates h200)\n"),
             std::string::npos)
       << predicted;
+  // No steps: no run's time.
+  EXPECT_EQ(predicted.find("the run"), std::string::npos) << predicted;
+}
+
+// The text plan shows the device and the host against their budgets, and the whole run's
+// predicted time (issue 54 F5: the host, which binds at 5M, was only in -o json).
+TEST(FormatTest, PlanTextShowsBothTiersAndTheRun) {
+  v1::PlanJobResponse plan;
+  plan.mutable_spec()->set_name("long");
+  plan.mutable_spec()->set_steps(1000);
+  v1::MemoryPlan& m = *plan.mutable_plan();
+  m.set_per_rank_bytes(int64_t{70} << 30);
+  m.set_budget_bytes(int64_t{78} << 30);
+  m.set_budget_source("GPU memory less 2 GiB for the CUDA context");
+  m.set_host_per_rank_bytes(int64_t{200} << 30);
+  m.set_host_budget_bytes(int64_t{217} << 30);
+  m.set_predicted_step_s(12.5);
+  m.set_fits(true);
+  const std::string text = PlanText(plan);
+  EXPECT_NE(text.find("  device total          70.0 GiB per rank, budget 78.0 GiB (GPU memory "
+                      "less 2 GiB for the CUDA context)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  host total           200.0 GiB per rank, budget 217.0 GiB\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  the run           3.5 h for training.steps = 1000\n"), std::string::npos)
+      << text;
+  m.set_host_budget_bytes(0);
+  EXPECT_NE(PlanText(plan).find("per rank, budget unbounded\n"), std::string::npos);
+  EXPECT_EQ(RunTime(45), "45 s");
+  EXPECT_EQ(RunTime(600), "10 min");
+  EXPECT_EQ(RunTime(4 * 86400), "4.0 days");
 }
 
 TEST(FormatTest, Ages) {

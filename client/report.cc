@@ -522,7 +522,7 @@ int ReportCommand(CliContext& c, const std::string& id, const std::string& out_i
   std::vector<std::string> earlier;
   if (int rc = AddEarlierAttempts(c, job, &*history, &earlier); rc != 0) return rc;
   // The plan admission made for the spec as it ran; a job stored before plans were kept is
-  // planned again (its checkpoint directory may then refuse: a finished run).
+  // planned again (a finished run in its checkpoint directory is then only a warning).
   std::optional<v1::PlanJobResponse> plan;
   std::string plan_error;
   if (job.has_plan()) {

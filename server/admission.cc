@@ -116,8 +116,8 @@ std::string SpecSource(const std::string& source) { return source.empty() ? "job
 absl::StatusOr<AdmittedSpec> ParseSubmission(
     const std::string& toml_text, const std::string& source_in, const std::string& base_dir,
     const Node& node, const std::string& daemon_dir, const std::vector<std::string>& allowed_roots,
-    const std::function<bool()>& cancelled, const InitJobLookup& init_job,
-    const PlanLimits& search) {
+    const std::function<bool()>& cancelled, const InitJobLookup& init_job, const PlanLimits& search,
+    bool plan) {
   const std::string source = SpecSource(source_in);
   if (!base_dir.empty() && base_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -239,7 +239,9 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
         "backend = \"cpu\"");
   }
   // A resubmitted finished run is refused here, before it takes a slot; the worker checks again
-  // at start (a checkpoint written meanwhile by the job that was using the directory).
+  // at start (a checkpoint written meanwhile by the job that was using the directory). A plan
+  // is answered, warned that a submission would be refused.
+  std::string submit_refused;
   if (!s.checkpoint.dir.empty() && s.checkpoint.resume && s.training.steps > 0) {
     absl::StatusOr<std::string> latest = LatestCheckpoint(s.checkpoint.dir);
     if (latest.ok()) {
@@ -247,8 +249,11 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
       if (saved.ok()) {
         absl::Status work =
             CheckResumeHasWork(s.checkpoint.dir, s.training.steps, *latest, *saved, /*run_id=*/"");
-        if (!work.ok()) {
+        if (!work.ok() && !plan) {
           return absl::FailedPreconditionError(absl::StrCat(source, ": ", work.message()));
+        }
+        if (!work.ok()) {
+          submit_refused = absl::StrCat("`ithaca submit` would refuse this spec: ", work.message());
         }
       }
     }
@@ -259,7 +264,8 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
   // Planning costs daemon CPU in proportion to the model and the length: bounded in time, and
   // stopped when the client goes (issue 43 N3).
   PlanLimits limits;
-  limits.deadline = absl::Now() + kMaxPlanTime;
+  limits.deadline =
+      search.deadline == absl::InfiniteFuture() ? absl::Now() + kMaxPlanTime : search.deadline;
   limits.cancelled = cancelled;
   limits.first_fit = search.first_fit;
   limits.fit_memo = search.fit_memo;
@@ -281,6 +287,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
     }
   }
   a.warnings = JobWarnings(a.spec, a.config);
+  if (!submit_refused.empty()) a.warnings.insert(a.warnings.begin(), submit_refused);
   v1::JobSpecSummary& m = a.summary;
   m.set_name(a.spec.name);
   m.set_backend(a.spec.backend);
@@ -330,6 +337,7 @@ NodeResources NodeResourcesFor(const Node& node, const JobSpec& s) {
   r.device_memory_bytes = node.gpu && !node.devices.empty() ? node.devices[0].memory_bytes : 0;
   r.host_memory_bytes = node.host_memory_bytes;
   r.ranks_on_host = RanksPerHost(s.parallel.world, s.slurm.nodes);
+  if (node.gpu && !node.devices.empty()) r.gpu_name = node.devices[0].name;
   return r;
 }
 

@@ -66,15 +66,18 @@ std::string SpecSource(const std::string& source);
 // obeys the roots as model.weights does and must hold weights now (InitWeightsDir), unless it is
 // a job's whose checkpoints are still to come. A new phase's checkpoint.dir must hold no run
 // (CheckInitTarget), and a plain resume must keep the checkpoint's RoPE (CheckResumeRope).
-// `search`: its first_fit and fit_memo are the plan's (PlanJobRequest.fit_only); the deadline and
-// cancellation are admission's own.
+// `search`: its first_fit and fit_memo are the plan's (PlanJobRequest.fit_only), its deadline
+// the daemon's bound (infinite: kMaxPlanTime from now); cancellation is admission's own. `plan`:
+// the spec is planned, not submitted (PlanJob): a plan is a memory question and is answered where a
+// submission would be refused for the state of its checkpoint.dir (a finished run), with a warning
+// that says so.
 absl::StatusOr<AdmittedSpec> ParseSubmission(const std::string& toml_text,
                                              const std::string& source, const std::string& base_dir,
                                              const Node& node, const std::string& daemon_dir = "",
                                              const std::vector<std::string>& allowed_roots = {},
                                              const std::function<bool()>& cancelled = nullptr,
                                              const InitJobLookup& init_job = nullptr,
-                                             const PlanLimits& search = {});
+                                             const PlanLimits& search = {}, bool plan = false);
 
 // The job's data, evaluation data and weights (model.weights, and init.from's when they exist)
 // opened and checked against its model as the workers will (engine/data/job_inputs.h), so that a
@@ -91,8 +94,8 @@ NodeResources NodeResourcesFor(const Node& node, const JobSpec& s);
 // The resolved job's per-rank peak per tier against its budget.
 v1::MemoryPlan EstimateMemory(const AdmittedSpec& admitted);
 
-// The most daemon time one submission's planning may take (DEADLINE_EXCEEDED naming the job's
-// length and model past it).
+// The most daemon time one submission's planning may take by default (DEADLINE_EXCEEDED naming
+// the job's length and model past it); ithacad --max-plan-seconds raises it.
 inline constexpr absl::Duration kMaxPlanTime = absl::Seconds(30);
 
 // FAILED_PRECONDITION when one node cannot hold the job's ranks on it (world / slurm.nodes >

@@ -11,10 +11,12 @@
 #include <fstream>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/core/path_policy.h"
 #include "engine/model/config.h"
 #include "engine/model/safetensors.h"
+#include "server/node.h"
 #include "server/test_workers.h"
 
 namespace ithaca {
@@ -92,6 +94,19 @@ TEST(AdmissionTest, AResubmittedFinishedRunIsRefused) {
                 " is at step 3 of training.steps = 3, so nothing would train. To continue it, "
                 "raise training.steps above 3 (the learning-rate schedule continues from where "
                 "it ended); to start over, use another checkpoint.dir");
+  // A plan is a memory question: answered, with a warning that a submission would be refused
+  // (issue 54 F6).
+  auto plan = ParseSubmission(Spec("", with_ckpt), "job.toml", Dir(), Roomy(), "", {}, nullptr,
+                              nullptr, {}, /*plan=*/true);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->plan.fits);
+  ASSERT_FALSE(plan->warnings.empty());
+  EXPECT_EQ(plan->warnings[0], "`ithaca submit` would refuse this spec: checkpoint.dir " + ckpt +
+                                   " holds a finished run: " + step +
+                                   " is at step 3 of training.steps = 3, so nothing would train. "
+                                   "To continue it, raise training.steps above 3 (the "
+                                   "learning-rate schedule continues from where it ended); to "
+                                   "start over, use another checkpoint.dir");
   std::string longer = Spec("", with_ckpt);
   longer.replace(longer.find("steps = 3"), 9, "steps = 6");
   EXPECT_TRUE(ParseSubmission(longer, "job.toml", Dir(), Roomy()).ok());
@@ -337,6 +352,36 @@ TEST(AdmissionTest, HostShareCountsTheRanksOnOneNode) {
   auto one = ParseSubmission(toml, "job.toml", Dir(), sixteen);
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->budgets.host_bytes, static_cast<int64_t>(0.85 * double(int64_t{1024} << 30)) / 16);
+}
+
+// `ithaca plan --hardware h100x8` (and a daemon whose GPUs are H100s) predicts with the H100's
+// rates, h200x8 with the H200's, and the plan says which (issue 54 U5).
+TEST(AdmissionTest, APlanUsesTheRatesOfItsNodesGpusAndNamesThem) {
+  const std::string toml =
+      "name = \"r\"\nbackend = \"cuda\"\n[model]\npreset = \"tiny\"\n"
+      "[data]\npath = \"corpus.tok\"\nseq_len = 1024\n";
+  for (auto [hardware, rates] :
+       {std::pair{"h100x8", "h100"}, std::pair{"h200x8", "h200"}, std::pair{"h100x1", "h100"}}) {
+    SCOPED_TRACE(hardware);
+    absl::StatusOr<Node> node = HardwareNode(hardware);
+    ASSERT_TRUE(node.ok()) << node.status();
+    auto a = ParseSubmission(toml, "job.toml", Dir(), *node);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const v1::MemoryPlan plan = EstimateMemory(*a);
+    EXPECT_GT(plan.predicted_step_s(), 0);
+    EXPECT_EQ(plan.rates(), rates);
+    EXPECT_NE(plan.summary().find(absl::StrCat("rates: ", rates)), std::string::npos)
+        << plan.summary();
+  }
+  Node h100 = GpuNode(8, int64_t{80} << 30, int64_t{2048} << 30);
+  for (NodeDevice& d : h100.devices) d.name = "NVIDIA H100 80GB HBM3";
+  auto a = ParseSubmission(toml, "job.toml", Dir(), h100);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(EstimateMemory(*a).rates(), "h100");
+  auto b =
+      ParseSubmission(toml, "job.toml", Dir(), GpuNode(8, int64_t{141} << 30, int64_t{2048} << 30));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(EstimateMemory(*b).rates(), "h200");
 }
 
 TEST(AdmissionTest, NodeLimits) {

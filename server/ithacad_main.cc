@@ -104,6 +104,9 @@ ABSL_FLAG(std::string, worker_ca, "",
           "--cluster slurm: the CA (PEM) the ranks verify --tls-cert with, at this path on every "
           "node");
 ABSL_FLAG(double, slurm_poll_s, 1, "--cluster slurm: how often squeue is asked about each job");
+ABSL_FLAG(double, max_plan_seconds, 30,
+          "The most time one submission's or plan's memory planning may take (big models at long "
+          "lengths on a busy node may need more)");
 ABSL_FLAG(bool, allow_root_workers, false,
           "When ithacad runs as root without --worker-user: run workers as root anyway");
 
@@ -369,6 +372,12 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   ASSIGN_OR_RETURN(o.state_dir, StateDirFromFlags());
   o.jobs.state_dir = o.state_dir;
   ASSIGN_OR_RETURN(o.jobs.allowed_roots, AllowedRootsFromFlags(o.state_dir));
+  const double plan_s = absl::GetFlag(FLAGS_max_plan_seconds);
+  if (!(plan_s >= 1 && plan_s <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-plan-seconds: between 1 and 3600, got ", plan_s));
+  }
+  o.jobs.max_plan_time = absl::Seconds(plan_s);
   ASSIGN_OR_RETURN(o.jobs.supervisor, SupervisorOptionsFromFlags(o.state_dir));
   ASSIGN_OR_RETURN(o.jobs.node, NodeFromFlags(o.jobs.supervisor.worker_binary));
   RETURN_IF_ERROR(ClusterFromFlags(o.listen, &o.jobs.supervisor));

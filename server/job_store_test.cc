@@ -75,7 +75,7 @@ TEST(JobStoreTest, ASpecStoredWithRenamedKeysIsServedUnderTheNewNames) {
     ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << job.spec_toml();
     EXPECT_EQ(spec->memory.recompute, RecomputePolicy::kAttentionAware);
     EXPECT_EQ(spec->memory.recompute_interval, 2);
-    EXPECT_TRUE(spec->memory.offload);
+    EXPECT_EQ(spec->memory.offload, OffloadChoice::kOn);
     EXPECT_EQ(spec->checkpoint.dir, "ckpt");  // [checkpoint] keeps its name
     EXPECT_TRUE(spec->checkpoint.resume);
   }

@@ -62,7 +62,8 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
                                          const PlanLimits& search) {
   const std::string source = SpecSource(request.source());
   const std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
-  ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides));
+  ASSIGN_OR_RETURN(std::string toml, ApplyOverrides(request.spec_toml(), source, overrides,
+                                                    request.overrides_flag()));
   // Planning runs inside the RPC and costs CPU in proportion to the model and the sequence (both
   // bounded by the spec's parser): a bounded number run at once, so a burst of submissions
   // cannot starve the supervisor's heartbeats.
@@ -104,10 +105,12 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   // Planning runs in a thread of its own at a lower CPU priority (nice +10): a long plan takes
   // the CPU the node's training ranks and the supervisor do not use, not theirs.
   absl::StatusOr<AdmittedSpec> admitted = absl::UnknownError("not admitted");
+  PlanLimits bounded = search;
+  bounded.deadline = absl::Now() + options_.max_plan_time;
   std::thread planner([&] {
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kPlanningNice);
     admitted = ParseSubmission(toml, source, request.base_dir(), node, options_.state_dir,
-                               options_.allowed_roots, cancelled, init_job, search);
+                               options_.allowed_roots, cancelled, init_job, bounded, plan);
   });
   planner.join();
   if (admitted.ok() && check_inputs) {
@@ -117,9 +120,10 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   }
   plans_in_flight_.fetch_sub(1);
   if (!admitted.ok() && !overrides.empty()) {
-    return absl::Status(admitted.status().code(),
-                        ExplainSpecError(std::string(admitted.status().message()),
-                                         request.spec_toml(), source, overrides));
+    return absl::Status(
+        admitted.status().code(),
+        ExplainSpecError(std::string(admitted.status().message()), request.spec_toml(), source,
+                         overrides, request.overrides_flag()));
   }
   return admitted;
 }

@@ -62,6 +62,9 @@ class Jobs : private JobOwner {
     // Every path a spec names must resolve inside one of these (engine/core/path_policy.h); empty:
     // any path.
     std::vector<std::string> allowed_roots;
+    // The most daemon time one submission's or plan's planning may take (ithacad
+    // --max-plan-seconds): DEADLINE_EXCEEDED naming the job's length and model past it.
+    absl::Duration max_plan_time = kMaxPlanTime;
   };
 
   Jobs(Options options, JobStore* store, Metrics* metrics);

@@ -403,6 +403,30 @@ TEST(JobsTest, TwoLiveJobsCannotShareACheckpointDir) {
   EXPECT_TRUE(third.ok()) << third.status();
 }
 
+// The planning bound is the operator's (ithacad --max-plan-seconds): a plan the default bound
+// answers runs past a tiny one, DEADLINE_EXCEEDED naming the length and model (issue 54 F1).
+TEST(JobsTest, ThePlanningBoundIsTheOperators) {
+  auto store = JobStore::Open({":memory:"});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Metrics metrics;
+  v1::PlanJobRequest p;
+  p.set_spec_toml(Submission(1).spec_toml());
+  p.set_source("job.toml");
+  p.set_base_dir(TmpDir());
+  p.add_overrides("model.preset=\"llama-3.2-1b\"");
+  p.add_overrides("data.seq_len=65536");
+  Jobs roomy(CpuJobs("bound-default", 1, "/bin/true"), store->get(), &metrics);
+  EXPECT_TRUE(roomy.Plan(p).ok());
+  Jobs::Options tight = CpuJobs("bound-tight", 1, "/bin/true");
+  tight.max_plan_time = absl::Milliseconds(1);
+  Jobs hurried(tight, store->get(), &metrics);
+  absl::StatusOr<v1::PlanJobResponse> plan = hurried.Plan(p);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(plan.status())) << plan.status();
+  EXPECT_NE(plan.status().message().find("planning data.seq_len = 65536 for llama-3.2-1b"),
+            std::string::npos)
+      << plan.status();
+}
+
 // The clients' --set travels as the request's overrides and ithacad applies them (one
 // implementation, engine/spec/overrides.h): the stored spec has them, Plan sees them, and an error
 // names the override or the user's own line.

@@ -15,6 +15,9 @@ struct NodeResources {
   int64_t device_memory_bytes = 0;  // one GPU's memory (0: no GPU; unused by the CPU backend)
   int64_t host_memory_bytes = 0;    // the host's physical memory
   int ranks_on_host = 1;            // the job's ranks sharing this host
+  // The GPUs' name ("NVIDIA H100 80GB HBM3", "h100x8"; "" unknown): which measured rates its
+  // plans are predicted with (engine/plan/step_time.h RateTableNameFor).
+  std::string gpu_name;
 };
 
 // What one rank may use.

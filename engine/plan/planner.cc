@@ -92,7 +92,8 @@ void Judge(MemoryPlan* p, Device device) {
   }
 }
 
-// The step around one replayed forward/backward (`clock`): grad_accum of them, then the update.
+// The step around one replayed forward/backward (`clock`): one per sample of the step
+// (req.samples), then the update.
 // On the device AdamW streams the shards (one elementwise pass, plus the gradient norm's);
 // under optimizer offload the CPU AdamW runs on the host while gradients go down and working
 // copies up, and with overlap_update it runs under the next step's forward, unit by unit
@@ -134,9 +135,10 @@ StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, Param
     }
   }
   out.update_s = update;
-  out.step_s = double(std::max<int64_t>(1, req.grad_accum)) * out.forward_backward_s + update;
-  const double tokens = double(req.world / std::max<int64_t>(1, req.sp)) *
-                        double(std::max<int64_t>(1, req.grad_accum)) * double(req.seq_len);
+  const double samples = double(std::max<int64_t>(1, req.samples));
+  out.step_s = samples * out.forward_backward_s + update;
+  const double tokens =
+      double(req.world / std::max<int64_t>(1, req.sp)) * samples * double(req.seq_len);
   out.tok_per_s = out.step_s > 0 ? tokens / out.step_s : 0;
   return out;
 }
@@ -283,7 +285,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   req.opts = ModelOptionsFromSpec(spec);
   req.rates = limits.first_fit            ? nullptr
               : hardware.rates != nullptr ? hardware.rates
-                                          : &DefaultRateTable(req.device);
+                                          : &DefaultRateTable(req.device, hardware.gpu_name);
   if (!hardware.link.name.empty()) {
     req.link = hardware.link;
   } else {
@@ -293,7 +295,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
       hardware.ranks_per_node > 0
           ? hardware.ranks_per_node
           : static_cast<int>(spec.parallel.world / std::max<int64_t>(1, spec.slurm.nodes));
-  req.grad_accum = spec.training.grad_accum;
+  req.samples = spec.training.grad_accum * spec.data.micro_batch;
   req.overlap_update = spec.memory.overlap_update;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
   const int64_t L = cfg.num_hidden_layers;
@@ -316,37 +318,54 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   // Whether anything fits: full recompute holds the least of the three (on the device and on the
   // host), so under "auto" when it does not fit, nothing does.
   if (limits.first_fit && auto_policy) policies = {RecomputePolicy::kFull};
-  // How saved block data is kept and communication overlapped: the spec's own choice, then
-  // (only when head_chunk is "auto", i.e. the planner may choose) the same without overlap,
-  // then offload with prefetch, offload without it, and saving only every 2nd, 4th or 8th
-  // block's input (all without overlap: its buffers are the first to give up); last, on the
-  // device alone, holding at most 8, 6, 5, 4 or 3 block inputs at once (each fewer costs more
-  // regrowing forwards): where the host has no room for them either.
+  // How saved block data is kept and communication overlapped: the spec's own choice (an
+  // "auto" offload off, prefetch and overlap on, every block's input saved), then the same
+  // without overlap, then offload with prefetch, offload without it, and saving only every 2nd,
+  // 4th or 8th block's input (all without overlap: its buffers are the first to give up); last,
+  // on the device alone, holding at most 8, 6, 5, 4 or 3 block inputs at once (each fewer costs
+  // more regrowing forwards): where the host has no room for them either. Only the keys left
+  // "auto" are changed: a value the user set is every plan's (issue 54 U3).
   struct Keep {
     bool offload, prefetch;
     int64_t interval;
     bool overlap;
     int64_t saved = 0;
+    bool operator==(const Keep& o) const {
+      return offload == o.offload && prefetch == o.prefetch && interval == o.interval &&
+             overlap == o.overlap && saved == o.saved;
+    }
+  };
+  auto free_or = [](OffloadChoice c, bool v) {
+    return c == OffloadChoice::kAuto || (c == OffloadChoice::kOn) == v;
+  };
+  const bool prefetch0 = m.prefetch != OffloadChoice::kOff;
+  const Keep spec_way = {m.offload == OffloadChoice::kOn, prefetch0,
+                         m.recompute_interval > 0 ? m.recompute_interval : 1,
+                         m.overlap != OffloadChoice::kOff, m.saved_block_inputs};
+  auto allowed = [&](const Keep& k) {
+    return free_or(m.offload, k.offload) && (!k.offload || free_or(m.prefetch, k.prefetch)) &&
+           free_or(m.overlap, k.overlap) &&
+           (m.recompute_interval == 0 || m.recompute_interval == k.interval) &&
+           (k.saved == m.saved_block_inputs ||
+            (m.saved_block_inputs == 0 && m.recompute_interval == 0));
   };
   auto keeps_for = [&](RecomputePolicy policy) {
-    std::vector<Keep> keeps = {
-        {m.offload, m.prefetch, m.recompute_interval, m.overlap, m.saved_block_inputs}};
-    if (m.head_chunk == 0 && m.overlap) {
-      keeps.push_back({m.offload, m.prefetch, m.recompute_interval, false, m.saved_block_inputs});
-    }
-    if (m.head_chunk == 0 && policy != RecomputePolicy::kNone) {
+    std::vector<Keep> candidates = {spec_way, spec_way};
+    candidates[1].overlap = false;
+    if (policy != RecomputePolicy::kNone) {
       for (Keep k : {Keep{true, true, 1, true}, Keep{true, true, 1, false},
                      Keep{true, false, 1, false}, Keep{true, false, 2, false},
                      Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
-        if (k.overlap && !m.overlap) continue;
-        if (m.saved_block_inputs == 0 && k.interval >= m.recompute_interval &&
-            (k.offload || !m.offload)) {
-          keeps.push_back(k);
-        }
+        candidates.push_back(k);
       }
       for (int64_t n : {8, 6, 5, 4, 3}) {
-        const bool fewer = m.saved_block_inputs == 0 || n < m.saved_block_inputs;
-        if (fewer && n < L && !m.offload) keeps.push_back({false, m.prefetch, 1, false, n});
+        if (n < L) candidates.push_back({false, prefetch0, 1, false, n});
+      }
+    }
+    std::vector<Keep> keeps = {spec_way};
+    for (const Keep& k : candidates) {
+      if (allowed(k) && std::find(keeps.begin(), keeps.end(), k) == keeps.end()) {
+        keeps.push_back(k);
       }
     }
     if (limits.first_fit) {

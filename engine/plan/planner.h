@@ -50,14 +50,16 @@ struct PlanRequest {
   const RateTable* rates = nullptr;
   LinkModel link;
   int ranks_per_node = 8;
-  int64_t grad_accum = 1;
+  // Forward/backward passes of one step on a data-parallel replica: training.grad_accum
+  // micro-steps of data.micro_batch samples, each sample its own pass (Trainer::TrainStep).
+  int64_t samples = 1;
   bool overlap_update = true;               // memory.overlap_update
   std::set<GemmShape>* gemm_log = nullptr;  // every GEMM shape of the step (bench/calibrate)
 };
 
 // What the step-time model predicts for a plan (0 where it made no prediction).
 struct StepPrediction {
-  double step_s = 0;     // one optimizer step: grad_accum forward/backward passes and the update
+  double step_s = 0;     // one optimizer step: `samples` forward/backward passes and the update
   double tok_per_s = 0;  // the job's tokens (every data-parallel rank's samples) per second
   double forward_backward_s = 0;  // one sample's forward and backward, the streams overlapped
   double update_s = 0;            // the update's share of the step (exposed, not hidden)
@@ -111,11 +113,12 @@ std::vector<AttentionShape> ModelAttentionShapes(const LlamaConfig& cfg, int64_t
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req);
 
 // Where a job's ranks run, for the step-time model: the rates of the device class (nullptr:
-// DefaultRateTable of the spec's backend) and the links between them (empty name: the h200-sxm
-// preset on CUDA, none on the CPU), `ranks_per_node` to a node (0: the spec's world over its
-// slurm.nodes).
+// DefaultRateTable of the spec's backend and `gpu_name`) and the links between them (empty name:
+// the h200-sxm preset on CUDA, none on the CPU), `ranks_per_node` to a node (0: the spec's world
+// over its slurm.nodes).
 struct PlanHardware {
   const RateTable* rates = nullptr;
+  std::string gpu_name;  // NodeResources::gpu_name
   LinkModel link;
   int ranks_per_node = 0;
 };
@@ -144,9 +147,10 @@ class FitMemo {
 // the model, the dtype and every "auto" setting against the budgets, choosing among the
 // configurations that fit the one with the shortest predicted step (step_time.h).
 //
-// What is searched: with head_chunk "auto", how saved block data is kept (the spec's way, then
-// without overlap, offload with and without prefetch, saving every 2nd/4th/8th block input, or
-// at most 8..3 inputs on the device), and for each the largest head stage and tile that fit;
+// What is searched: how saved block data is kept (the spec's way, then without overlap, offload
+// with and without prefetch, saving every 2nd/4th/8th block input, or at most 8..3 inputs on the
+// device; only where memory.offload, prefetch, overlap, recompute_interval are "auto": a value
+// the user set is every plan's), and for each the largest head stage and tile that fit;
 // memory.recompute "auto" also tries no recompute, attention-aware on as many of the last
 // blocks as fit (the others full) and full; memory.optimizer_offload / param_offload "auto" try
 // the state on the device and on the host. The fastest that fits wins (state moves to the host

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/model/weights.h"
 #include "engine/train/optimizer.h"
@@ -199,10 +200,10 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
   spec.parallel.world = 8;
   spec.parallel.sp = 8;
   spec.memory.recompute = RecomputePolicy::kFull;
-  spec.memory.offload = true;
+  spec.memory.offload = OffloadChoice::kOn;
   spec.memory.tile_tokens = 8192;
-  spec.memory.head_chunk = 32;  // plain Ulysses: all heads in one stage
-  spec.memory.overlap = false;  // the reference schedule: every collective blocking
+  spec.memory.head_chunk = 32;                // plain Ulysses: all heads in one stage
+  spec.memory.overlap = OffloadChoice::kOff;  // the reference schedule: every collective blocking
   auto ulysses = PlanJob(spec, int64_t{80} << 30);
   ASSERT_TRUE(ulysses.ok()) << ulysses.status();
   spec.memory.head_chunk = 8;  // UPipe: one head per rank per stage
@@ -223,7 +224,7 @@ TEST(PlannerTest, Llama8BOnEightGpusAt3MTokensHasTheShapeOfTheReference) {
   // Overlap costs UPipe a second set of stage buffers (forward: 3 [S, u, D] buffers become 7;
   // backward: 5 become 15), still well below plain Ulysses, and the grads tier one full-size
   // f32 block unit (the reduction left in flight).
-  spec.memory.overlap = true;
+  spec.memory.overlap = OffloadChoice::kOn;
   auto overlapped = PlanJob(spec, int64_t{80} << 30);
   ASSERT_TRUE(overlapped.ok()) << overlapped.status();
   std::printf("UPipe with overlap:\n%s", FormatPlan(*overlapped).c_str());
@@ -247,8 +248,8 @@ TEST(PlannerTest, Llama1BAt3MTokensFitsOneH200AndGrowsUnder20KBPerToken) {
   spec.backend = "cuda";
   spec.model.preset = "llama-3.2-1b";
   spec.memory.recompute = RecomputePolicy::kFull;
-  spec.memory.offload = true;
-  spec.memory.prefetch = false;
+  spec.memory.offload = OffloadChoice::kOn;
+  spec.memory.prefetch = OffloadChoice::kOff;
   spec.memory.recompute_interval = 2;
   spec.memory.head_chunk = 1;
   spec.memory.tile_tokens = 8192;
@@ -396,6 +397,84 @@ TEST(PlannerTest, AutoPicksTheFastestSettingsThatFit) {
   EXPECT_NE(impossible->verdict.find("GiB of GPU memory"), std::string::npos);
 }
 
+// The predicted step counts every sample of the step: data.micro_batch samples in each of
+// training.grad_accum micro-steps, each its own forward/backward (Trainer::TrainStep), then one
+// update (issue 54 U1: 1, 4 and 16 samples were all predicted at one sample's time).
+TEST(PlannerTest, ThePredictedStepCountsEverySampleOfTheStep) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";
+  spec.data.seq_len = 8192;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.head_chunk = 32;
+  spec.memory.tile_tokens = 8192;
+  auto one = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const StepPrediction& p1 = one->predicted;
+  ASSERT_GT(p1.forward_backward_s, 0);
+  ASSERT_GT(p1.update_s, 0);
+  EXPECT_NEAR(p1.step_s, p1.forward_backward_s + p1.update_s, 1e-9);
+  for (auto [micro_batch, grad_accum] :
+       {std::pair<int64_t, int64_t>{4, 1}, {16, 1}, {1, 4}, {4, 2}}) {
+    SCOPED_TRACE(absl::StrCat(micro_batch, " x ", grad_accum));
+    JobSpec more = spec;
+    more.data.micro_batch = micro_batch;
+    more.training.grad_accum = grad_accum;
+    auto plan = PlanJob(more, int64_t{1} << 40, int64_t{1} << 40);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const StepPrediction& p = plan->predicted;
+    const double samples = double(micro_batch * grad_accum);
+    EXPECT_NEAR(p.step_s, samples * p1.forward_backward_s + p1.update_s, 1e-9 * p.step_s);
+    // The tokens of every sample: the same tokens per second at worst, more as the update is
+    // shared by more samples.
+    EXPECT_NEAR(p.tok_per_s, samples * 8192 / p.step_s, 1e-6 * p.tok_per_s);
+    EXPECT_GT(p.tok_per_s, p1.tok_per_s);
+  }
+}
+
+// How block data is kept is the planner's to choose only where the spec leaves it "auto": an
+// explicit memory.offload = false is never planned as offload on (issue 54 U3), nor an explicit
+// overlap = true as overlap off.
+TEST(PlannerTest, AKeepingKeyTheUserSetIsEveryPlansValue) {
+  const std::string toml =
+      "backend = \"cuda\"\n[model]\npreset = \"llama-3.2-1b\"\n[data]\npath = \"d\"\n"
+      "seq_len = 1048576\n[memory]\nrecompute = \"full\"\n";
+  absl::StatusOr<JobSpec> free = ParseJobSpec(toml);
+  ASSERT_TRUE(free.ok()) << free.status();
+  // A GPU budget at which the planner, left free, offloads.
+  int64_t budget = 0;
+  for (int64_t gib : {40, 32, 24, 16}) {
+    auto p = PlanJob(*free, gib << 30, int64_t{100} << 30);
+    ASSERT_TRUE(p.ok()) << p.status();
+    if (p->fits && p->offload) {
+      budget = gib << 30;
+      break;
+    }
+  }
+  ASSERT_GT(budget, 0) << "no budget made the free plan offload";
+  for (const std::string set : {"offload = false\n", "offload = false\noverlap = true\n",
+                                "recompute_interval = 1\nprefetch = true\n"}) {
+    SCOPED_TRACE(set);
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(toml + set);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    auto p = PlanJob(*spec, budget, int64_t{100} << 30);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto has = [&](const char* key) { return set.find(key) != std::string::npos; };
+    if (has("offload = false")) {
+      EXPECT_FALSE(p->offload);
+    }
+    if (has("overlap = true")) {
+      EXPECT_TRUE(p->overlap);
+    }
+    if (has("prefetch = true")) {
+      EXPECT_TRUE(p->prefetch);
+    }
+    if (has("recompute_interval = 1")) {
+      EXPECT_EQ(p->recompute_interval, 1);
+    }
+  }
+}
+
 // `ithaca plan --max-seq-len` asks only whether a length fits (PlanLimits::first_fit): the
 // answer must be the full search's, over budgets from roomy to impossible, with every auto
 // setting free.
@@ -476,12 +555,12 @@ TEST(PlannerTest, LongestContextsOnTwoH200sFit) {
     spec.parallel.world = 2;
     spec.parallel.sp = 2;
     spec.memory.recompute = RecomputePolicy::kFull;
-    spec.memory.offload = true;
-    spec.memory.prefetch = false;
+    spec.memory.offload = OffloadChoice::kOn;
+    spec.memory.prefetch = OffloadChoice::kOff;
     spec.memory.tile_tokens = 8192;
     spec.memory.head_chunk = 2;
     spec.memory.recompute_interval = 4;
-    spec.memory.overlap = false;
+    spec.memory.overlap = OffloadChoice::kOff;
     auto plan = PlanJob(spec, int64_t{139} << 30, int64_t{128} << 30);
     ASSERT_TRUE(plan.ok()) << preset << ": " << plan.status();
     std::printf("%s at %lld tokens on 2 GPUs:\n%s", preset, static_cast<long long>(tokens),
@@ -608,6 +687,7 @@ TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
   spec.memory.head_chunk = 8;
   spec.memory.tile_tokens = 8192;
   spec.memory.optimizer_offload = OffloadChoice::kOn;
+  spec.memory.offload = OffloadChoice::kOff;
   auto p = PlanJob(spec, int64_t{137} << 30, int64_t{64} << 30);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->fits);
@@ -621,7 +701,7 @@ TEST(PlannerTest, OverTheHostBudgetNamesTheTierAndTheBytes) {
   // With the working copy there too, at a budget the optimizer's state alone fits: the verdict
   // names both tiers.
   spec.memory.param_offload = OffloadChoice::kOn;
-  spec.memory.offload = false;
+  spec.memory.offload = OffloadChoice::kOff;
   spec.memory.recompute = RecomputePolicy::kNone;
   spec.data.seq_len = 4096;
   p = PlanJob(spec, int64_t{137} << 30, int64_t{95} << 30);
@@ -673,7 +753,7 @@ TEST(PlannerTest, Llama8BAt1Point2MTokensFitsOneH200WithTheStateOnTheHost) {
   EXPECT_EQ(six->peak[static_cast<int>(Tier::kBlockInputs)], 7 * input);
 
   // Left to choose, the planner finds a way too: the fewest regrowing forwards that fit.
-  spec.memory.recompute_interval = 1;
+  spec.memory.recompute_interval = 0;  // "auto"
   spec.memory.head_chunk = 0;
   spec.memory.tile_tokens = 0;
   auto chosen = PlanJob(spec, gpu, host);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/backend/attention_choice.h"
 #include "engine/plan/planner.h"
@@ -14,17 +15,46 @@
 namespace ithaca {
 namespace {
 
+// The step-time model's view of the node: its GPUs' rates.
+PlanHardware HardwareOf(const NodeResources& node) {
+  PlanHardware h;
+  h.gpu_name = node.gpu_name;
+  return h;
+}
+
 // A job that does not fit: the first of a few changes that makes it fit, as "; it fits with
-// ...", or "" when none does (or the planning takes too long). Each try is one PlanJob.
+// ...", or "" when none does (or the planning takes too long). The changes are tried in order,
+// the smallest first: the keys the user set to how block data is kept, the optimizer's state
+// and the working copy on the host, full recompute, fewer saved inputs, a wider Ulysses group
+// on the same ranks, more ranks, a shorter sequence. Each try is one first-fit PlanJob (whether
+// anything fits, PlanLimits::first_fit), so a big model's tries take seconds, not the full
+// search's minutes; together they take at most 20 s, within the plan's own bound.
 std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const NodeResources& node,
                           const PlanLimits& limits) {
-  constexpr absl::Duration kMaxTime = absl::Seconds(3);
+  constexpr absl::Duration kMaxTime = absl::Seconds(20);
   struct Try {
     std::string what;
     std::function<void(JobSpec*)> change;
   };
   std::vector<Try> tries;
   const JobSpec::Memory& m = spec.memory;
+  // How block data is kept, where the user set it: "auto" lets the planner offload, save fewer
+  // inputs and give up overlap to fit.
+  std::vector<std::string> kept;
+  if (m.offload != OffloadChoice::kAuto) kept.push_back("memory.offload");
+  if (m.prefetch != OffloadChoice::kAuto) kept.push_back("memory.prefetch");
+  if (m.overlap != OffloadChoice::kAuto) kept.push_back("memory.overlap");
+  if (m.recompute_interval > 0) kept.push_back("memory.recompute_interval");
+  if (!kept.empty()) {
+    tries.push_back({absl::StrCat(absl::StrJoin(kept, ", "),
+                                  " = \"auto\" (the planner keeps block "
+                                  "data as fits: offloaded, fewer inputs saved, no overlap)"),
+                     [](JobSpec* t) {
+                       t->memory.offload = t->memory.prefetch = t->memory.overlap =
+                           OffloadChoice::kAuto;
+                       t->memory.recompute_interval = 0;
+                     }});
+  }
   if (m.optimizer_offload == OffloadChoice::kOff) {
     tries.push_back({"memory.optimizer_offload = \"auto\" (the optimizer's state on the host)",
                      [](JobSpec* t) { t->memory.optimizer_offload = OffloadChoice::kAuto; }});
@@ -49,6 +79,14 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
     tries.push_back({"memory.saved_block_inputs = 2 (at most two block inputs held)",
                      [](JobSpec* t) { t->memory.saved_block_inputs = 2; }});
   }
+  // A wider Ulysses group on the same ranks: each holds a smaller share of the sequence.
+  for (int64_t k : {2, 4, 8}) {
+    const int64_t sp = spec.parallel.sp * k;
+    if (sp > spec.parallel.world || spec.parallel.world % sp != 0) break;
+    tries.push_back(
+        {absl::StrCat("parallel.sp = ", sp, " (the same ", spec.parallel.world, " ranks)"),
+         [sp](JobSpec* t) { t->parallel.sp = sp; }});
+  }
   for (int64_t k : {2, 4, 8}) {
     const int64_t world = spec.parallel.world * k, sp = spec.parallel.sp * k;
     tries.push_back(
@@ -58,16 +96,27 @@ std::string FitSuggestion(const JobSpec& spec, const LlamaConfig& cfg, const Nod
            t->parallel.sp = sp;
          }});
   }
+  // A shorter sequence, on these ranks as they are.
+  for (int64_t k : {2, 4, 8}) {
+    const int64_t len = spec.data.seq_len / k / 1024 * 1024;
+    if (len < 1024) break;
+    tries.push_back({absl::StrCat("data.seq_len = ", len,
+                                  " (`ithaca plan --max-seq-len` finds the longest that fits)"),
+                     [len](JobSpec* t) { t->data.seq_len = len; }});
+  }
   const absl::Time deadline = std::min(absl::Now() + kMaxTime, limits.deadline);
   PlanLimits bounded = limits;
   bounded.deadline = deadline;
+  bounded.first_fit = true;
+  bounded.fit_memo = nullptr;
   for (const Try& t : tries) {
     if (absl::Now() > deadline) break;
     JobSpec changed = spec;
     t.change(&changed);
     if (!ValidateJob(changed, cfg).ok()) continue;  // e.g. more ranks than heads
     const RankBudgets b = BudgetsFor(changed, node);
-    absl::StatusOr<MemoryPlan> plan = PlanJob(changed, b.gpu_bytes, b.host_bytes, bounded);
+    absl::StatusOr<MemoryPlan> plan =
+        PlanJob(changed, b.gpu_bytes, b.host_bytes, bounded, HardwareOf(node));
     if (plan.ok() && plan->fits) return absl::StrCat("; it fits with ", t.what);
   }
   return "";
@@ -105,7 +154,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
 
   absl::StatusOr<MemoryPlan> plan =
-      PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits);
+      PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits, HardwareOf(node));
   if (absl::IsDeadlineExceeded(plan.status()) || absl::IsCancelled(plan.status())) {
     return absl::Status(plan.status().code(),
                         absl::StrCat("planning data.seq_len = ", s.data.seq_len, " for ",
@@ -119,9 +168,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   }
   s.memory.head_chunk = job.plan.head_chunk;
   s.memory.tile_tokens = job.plan.tile_tokens;
-  s.memory.offload = job.plan.offload;
-  s.memory.prefetch = job.plan.prefetch;
-  s.memory.overlap = job.plan.overlap;
+  s.memory.offload = job.plan.offload ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.prefetch = job.plan.prefetch ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.overlap = job.plan.overlap ? OffloadChoice::kOn : OffloadChoice::kOff;
   s.memory.recompute_interval = job.plan.recompute_interval;
   s.memory.saved_block_inputs = job.plan.saved_block_inputs;
   s.memory.recompute = job.plan.recompute;
@@ -180,9 +229,10 @@ std::string ResolutionLine(const ResolvedJob& job) {
       "memory plan: recompute %s, head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
       "recompute_interval %d%s, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, "
       "peak %s per rank (GPU budget %s), host %s per rank (budget %s)%s",
-      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens, m.offload ? "on" : "off",
-      m.prefetch ? "on" : "off", m.recompute_interval,
-      SavedBlockInputsSetting(m.saved_block_inputs), m.overlap ? "on" : "off",
+      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens,
+      m.offload == OffloadChoice::kOn ? "on" : "off",
+      m.prefetch == OffloadChoice::kOn ? "on" : "off", m.recompute_interval,
+      SavedBlockInputsSetting(m.saved_block_inputs), m.overlap == OffloadChoice::kOn ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",
       m.param_offload == OffloadChoice::kOn ? "on" : "off", job.spec.model.dtype,
       job.spec.backend == "cuda"

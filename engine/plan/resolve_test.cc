@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "engine/model/config.h"
 #include "engine/parallel/head_plan.h"
 #include "engine/plan/budgets.h"
@@ -59,6 +60,28 @@ TEST(ResolveTest, EveryAutoBecomesANumber) {
   }
 }
 
+// A job on H100s is predicted with the H100's rates, on H200s with the H200's, and the plan
+// names the table it used (issue 54 U5: an H100 owner was promised H200 speed).
+TEST(ResolveTest, ThePredictionUsesTheRatesOfTheNodesGpus) {
+  for (auto [gpu, rates] :
+       {std::pair{"NVIDIA H100 80GB HBM3", "h100"}, std::pair{"NVIDIA H200", "h200"},
+        std::pair{"h100x8", "h100"}, std::pair{"h200x8", "h200"}}) {
+    SCOPED_TRACE(gpu);
+    NodeResources node = Node(80 * kGiB, 256 * kGiB, 2);
+    node.gpu_name = gpu;
+    auto job = ResolveJob(Tiny("cuda"), node);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->plan.predicted.rates, rates);
+    EXPECT_NE(ResolutionLine(*job).find(absl::StrCat("rates: ", rates)), std::string::npos)
+        << ResolutionLine(*job);
+  }
+  NodeResources node = Node(80 * kGiB, 256 * kGiB, 2);
+  node.gpu_name = "NVIDIA H100 80GB HBM3";
+  auto cpu = ResolveJob(Tiny("cpu"), node);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->plan.predicted.rates, "cpu");
+}
+
 // Workers take the resolved spec as it is: resolving it again, on whatever node, changes
 // nothing, also where the planner had to shrink the settings and turn offload on to fit.
 TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
@@ -72,9 +95,9 @@ TEST(ResolveTest, ResolvingAResolvedSpecIsANoOp) {
     JobSpec frugal = spec;
     frugal.memory.head_chunk = 2;
     frugal.memory.tile_tokens = 2048;
-    frugal.memory.offload = true;
-    frugal.memory.prefetch = false;
-    frugal.memory.overlap = false;
+    frugal.memory.offload = OffloadChoice::kOn;
+    frugal.memory.prefetch = OffloadChoice::kOff;
+    frugal.memory.overlap = OffloadChoice::kOff;
     auto least = ResolveJob(frugal, Node(80 * kGiB, 256 * kGiB, 2));
     ASSERT_TRUE(least.ok()) << least.status();
     ASSERT_LT(least->plan.device_total(), roomy->plan.device_total());
@@ -160,6 +183,74 @@ TEST(ResolveTest, TheDefaultRecomputeIsTheFastestPolicyThatFits) {
       }
     }
   }
+}
+
+// A plan that does not fit because of how the user kept block data names those keys: the
+// planner did not change them (issue 54 U3).
+TEST(ResolveTest, AKeepingKeyTheUserSetIsNamedWhenTheJobDoesNotFit) {
+  JobSpec spec = Tiny("cuda");
+  spec.data.seq_len = 1 << 17;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.param_offload = OffloadChoice::kAuto;
+  const NodeResources node = Node(141 * kGiB, 256 * kGiB, 2);
+  // The smallest plan of a spec: resolved against a budget nothing fits.
+  auto smallest = [&](JobSpec s) -> int64_t {
+    s.memory.gpu_budget_gib = 1.0 / 1024;
+    auto job = ResolveJob(s, node);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->plan.device_total() : 0;
+  };
+  JobSpec kept = spec;
+  kept.memory.offload = OffloadChoice::kOff;
+  kept.memory.overlap = OffloadChoice::kOn;
+  // A budget between the smallest plan left free and the smallest with those two kept.
+  const int64_t free_least = smallest(spec), kept_least = smallest(kept);
+  ASSERT_LT(free_least, kept_least);
+  spec.memory.gpu_budget_gib = kept.memory.gpu_budget_gib =
+      0.5 * double(free_least + kept_least) / kGiB;
+  auto free = ResolveJob(spec, node);
+  ASSERT_TRUE(free.ok()) << free.status();
+  ASSERT_TRUE(free->plan.fits) << free->plan.verdict;
+  auto resolved = ResolveJob(kept, node);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->spec.memory.offload, OffloadChoice::kOff);
+  EXPECT_EQ(resolved->spec.memory.overlap, OffloadChoice::kOn);
+  EXPECT_FALSE(resolved->plan.fits);
+  EXPECT_NE(resolved->plan.verdict.find("it fits with memory.offload, memory.overlap = \"auto\""),
+            std::string::npos)
+      << resolved->plan.verdict;
+}
+
+// A plan that does not fit names the smallest change that fits, tried: here a wider Ulysses
+// group on the same ranks, before more ranks (issue 54 U4: Qwen2.5-7B at sp 2 did not fit, sp
+// 4 did, and the plan named nothing).
+TEST(ResolveTest, APlanThatDoesNotFitNamesTheSmallestChangeThatFits) {
+  JobSpec spec = Tiny("cuda");
+  spec.parallel.sp = 1;
+  spec.data.seq_len = 1 << 17;
+  spec.memory.param_offload = OffloadChoice::kAuto;
+  const NodeResources node = Node(141 * kGiB, 256 * kGiB, 2);
+  auto smallest = [&](JobSpec s) -> int64_t {
+    s.memory.gpu_budget_gib = 1.0 / 1024;
+    auto job = ResolveJob(s, node);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->plan.device_total() : 0;
+  };
+  // What the earlier tries reach on one rank's share of the sequence, and what sp 2 reaches.
+  JobSpec two_inputs = spec;
+  two_inputs.memory.saved_block_inputs = 2;
+  JobSpec wider = spec;
+  wider.parallel.sp = 2;
+  const int64_t narrow_least = std::min(smallest(spec), smallest(two_inputs));
+  const int64_t wide_least = smallest(wider);
+  ASSERT_LT(wide_least, narrow_least);
+  spec.memory.gpu_budget_gib = 0.5 * double(wide_least + narrow_least) / kGiB;
+  auto job = ResolveJob(spec, node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->plan.fits);
+  EXPECT_NE(job->plan.verdict.find("; it fits with parallel.sp = 2 (the same 2 ranks)"),
+            std::string::npos)
+      << job->plan.verdict;
 }
 
 TEST(ResolveTest, AJobThatDoesNotFitIsResolvedButRefusedToRun) {

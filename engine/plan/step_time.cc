@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
@@ -16,6 +17,7 @@
 namespace ithaca {
 
 // The committed tables, compiled in from engine/plan/rates/*.txt (rates_data.cc, a genrule).
+extern const char kRatesH100[];
 extern const char kRatesH200[];
 extern const char kRatesCpu[];
 
@@ -133,19 +135,28 @@ std::string RateTableText(const RateTable& t) {
   return out;
 }
 
-std::vector<std::string> BuiltinRateTableNames() { return {"h200", "cpu"}; }
+std::vector<std::string> BuiltinRateTableNames() { return {"h100", "h200", "cpu"}; }
 
 absl::StatusOr<RateTable> BuiltinRateTable(const std::string& name) {
+  if (name == "h100") return ParseRateTable(kRatesH100);
   if (name == "h200") return ParseRateTable(kRatesH200);
   if (name == "cpu") return ParseRateTable(kRatesCpu);
-  return absl::NotFoundError(absl::StrCat("no rate table \"", name, "\" (there are: h200, cpu)"));
+  return absl::NotFoundError(
+      absl::StrCat("no rate table \"", name, "\" (there are: h100, h200, cpu)"));
 }
 
-const RateTable& DefaultRateTable(Device device) {
+std::string RateTableNameFor(Device device, const std::string& gpu_name) {
+  if (device != Device::kCuda) return "cpu";
+  return absl::StrContains(absl::AsciiStrToLower(gpu_name), "h100") ? "h100" : "h200";
+}
+
+const RateTable& DefaultRateTable(Device device, const std::string& gpu_name) {
   // Parsed once; the committed tables are checked by step_time_test, so they parse.
+  static const RateTable* h100 = new RateTable(*BuiltinRateTable("h100"));
   static const RateTable* h200 = new RateTable(*BuiltinRateTable("h200"));
   static const RateTable* cpu = new RateTable(*BuiltinRateTable("cpu"));
-  return device == Device::kCuda ? *h200 : *cpu;
+  const std::string name = RateTableNameFor(device, gpu_name);
+  return name == "h100" ? *h100 : name == "h200" ? *h200 : *cpu;
 }
 
 double AttentionPairs(int64_t seq, int64_t window, const std::vector<int64_t>& doc_starts) {

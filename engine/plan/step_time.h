@@ -77,11 +77,15 @@ struct RateTable {
 absl::StatusOr<RateTable> ParseRateTable(const std::string& text);
 std::string RateTableText(const RateTable& table);
 
-// The tables committed under engine/plan/rates/: "h200" (one H200, bench/calibrate) and "cpu".
+// The tables committed under engine/plan/rates/: "h100" and "h200" (one GPU of the class,
+// bench/calibrate) and "cpu".
 absl::StatusOr<RateTable> BuiltinRateTable(const std::string& name);
 std::vector<std::string> BuiltinRateTableNames();
-// The table a plan on `device` uses: h200 for CUDA (the one GPU class calibrated), cpu else.
-const RateTable& DefaultRateTable(Device device);
+// The one rule for which table a plan uses: on CUDA the class its GPUs' name says ("NVIDIA
+// H100 80GB HBM3" as nvidia-smi names it, "h100x8" as `ithaca plan --hardware` does: "h100"),
+// "h200" for any other GPU or none named (the first class calibrated); "cpu" on the CPU.
+std::string RateTableNameFor(Device device, const std::string& gpu_name);
+const RateTable& DefaultRateTable(Device device, const std::string& gpu_name = "");
 
 // The elementwise ops the model times by bytes (names in the table).
 enum class ElementwiseOp {

@@ -16,6 +16,17 @@ TEST(RateTable, CommittedTablesParse) {
   EXPECT_EQ(BuiltinRateTable("tpu").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(RateTable, TheGpusNameChoosesTheTable) {
+  EXPECT_EQ(RateTableNameFor(Device::kCuda, "NVIDIA H100 80GB HBM3"), "h100");
+  EXPECT_EQ(RateTableNameFor(Device::kCuda, "h100x8,host_gib=1024"), "h100");
+  EXPECT_EQ(RateTableNameFor(Device::kCuda, "NVIDIA H200"), "h200");
+  EXPECT_EQ(RateTableNameFor(Device::kCuda, ""), "h200");
+  EXPECT_EQ(RateTableNameFor(Device::kCpu, "NVIDIA H100 80GB HBM3"), "cpu");
+  EXPECT_EQ(DefaultRateTable(Device::kCuda, "NVIDIA H100 PCIe").device, "h100");
+  EXPECT_EQ(DefaultRateTable(Device::kCuda).device, "h200");
+  EXPECT_EQ(DefaultRateTable(Device::kCpu).device, "cpu");
+}
+
 TEST(RateTable, TextRoundTrips) {
   RateTable t;
   t.device = "x";

@@ -9,13 +9,15 @@ LlamaModel::Options ModelOptionsFromSpec(const JobSpec& spec) {
   o.attention_aware_blocks = m.attention_aware_blocks;
   o.tile_tokens = m.tile_tokens;
   o.head_chunk = m.head_chunk;
-  o.offload = m.offload;
+  // An "auto" not yet resolved (the planner's starting point): offload off, prefetch and overlap
+  // on, every block's input saved.
+  o.offload = m.offload == OffloadChoice::kOn;
   o.offload_keep_last = m.offload_keep_last;
-  o.prefetch = m.prefetch;
-  o.recompute_interval = m.recompute_interval;
+  o.prefetch = m.prefetch != OffloadChoice::kOff;
+  o.recompute_interval = m.recompute_interval > 0 ? m.recompute_interval : 1;
   o.saved_block_inputs = m.saved_block_inputs;
   o.fsdp = spec.parallel.fsdp;
-  o.overlap = m.overlap;
+  o.overlap = m.overlap != OffloadChoice::kOff;
   o.param_offload = m.param_offload == OffloadChoice::kOn;
   return o;
 }

@@ -121,10 +121,13 @@ struct JobSpec {
     // Under attention-aware: the last N blocks keep O and LSE, the others recompute fully; -1:
     // every block.
     int64_t attention_aware_blocks = -1;
-    bool offload = false;
-    int64_t offload_keep_last = 0;  // blocks kept on the device when offloading
-    bool prefetch = true;  // offloaded inputs come back one block ahead (else just in time)
-    int64_t recompute_interval = 1;  // save every k-th block's input; regrow the rest in backward
+    // How saved block data is kept: true | false | "auto" each (kAuto, and recompute_interval 0:
+    // the planner chooses, ResolveJob writes its choice; a value the user set is kept).
+    OffloadChoice offload = OffloadChoice::kAuto;  // saved block inputs in pinned host memory
+    int64_t offload_keep_last = 0;                 // blocks kept on the device when offloading
+    // Offloaded inputs come back one block ahead (else just in time).
+    OffloadChoice prefetch = OffloadChoice::kAuto;
+    int64_t recompute_interval = 0;  // save every k-th block's input; regrow the rest in backward
     // > 0: hold at most this many block inputs at once, saved and regrown, with the fewest
     // regrowing forwards (RecomputeSchedule::AtMost); 0: recompute_interval decides.
     int64_t saved_block_inputs = 0;
@@ -132,8 +135,8 @@ struct JobSpec {
     int64_t tile_tokens = 0;  // tokens per MLP / loss tile; 0 = "auto"
     // Collectives under compute (FSDP gathers a block ahead and reductions in flight, UPipe's
     // exchanges a stage ahead): faster across GPUs, for a second set of stage buffers and one
-    // more full-size gradient buffer. With head_chunk "auto" the planner may turn it off to fit.
-    bool overlap = true;
+    // more full-size gradient buffer. "auto": on unless the planner turns it off to fit.
+    OffloadChoice overlap = OffloadChoice::kAuto;
     // Per rank; 0: from the node (engine/plan/budgets.h BudgetsFor). On the CPU backend the
     // "GPU" budget is the rank's share of the host's memory, which is its device.
     double gpu_budget_gib = 0;

@@ -143,7 +143,7 @@ TEST(JobSpecTest, FullSpecParsesToTheRightValues) {
   EXPECT_EQ(s->parallel.sp, 4);
   EXPECT_FALSE(s->parallel.fsdp);
   EXPECT_EQ(s->memory.recompute, RecomputePolicy::kAttentionAware);
-  EXPECT_TRUE(s->memory.offload);
+  EXPECT_EQ(s->memory.offload, OffloadChoice::kOn);
   EXPECT_EQ(s->memory.offload_keep_last, 2);
   EXPECT_EQ(s->memory.head_chunk, 4);
   EXPECT_EQ(s->memory.tile_tokens, 0);
@@ -327,7 +327,7 @@ TEST(JobSpecTest, RenamedKeysAreRefusedNamingTheirNewNames) {
   EXPECT_EQ(s->memory.recompute, RecomputePolicy::kAttentionAware);
   EXPECT_EQ(s->memory.recompute_interval, 4);
   ExpectError(ErrorWith("[memory]\nrecompute_interval = 0\n"),
-              "job.toml: memory.recompute_interval: must be >= 1, got 0");
+              "job.toml: memory.recompute_interval: must be an integer >= 1 or \"auto\", got 0");
 }
 
 TEST(JobSpecTest, SavedBlockInputs) {

@@ -170,7 +170,7 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
 
   const JobSpec::Memory& m = s.memory;
   if (m.saved_block_inputs > 0) {
-    RETURN_IF_ERROR(r.Require(m.recompute_interval == 1, "memory.saved_block_inputs",
+    RETURN_IF_ERROR(r.Require(m.recompute_interval <= 1, "memory.saved_block_inputs",
                               "set it or memory.recompute_interval, not both"));
     RETURN_IF_ERROR(r.Require(m.recompute != RecomputePolicy::kNone, "memory.saved_block_inputs",
                               "needs memory.recompute \"full\" or \"attention-aware\" (\"none\" "

@@ -199,25 +199,29 @@ const std::vector<Key>& Keys() {
       {"memory.attention_aware_blocks", IntOrAll(FIELD(memory.attention_aware_blocks)),
        "Under \"attention-aware\": how many blocks, the last ones, keep their attention's O and "
        "LSE; the others recompute fully (a per-block mix). \"all\": every block."},
-      {"memory.offload", Bool(FIELD(memory.offload)),
-       "Saved block inputs go to pinned host memory (the `host_block_inputs` tier)."},
+      {"memory.offload", BoolOrAuto(FIELD(memory.offload)),
+       "Saved block inputs go to pinned host memory (the `host_block_inputs` tier); \"auto\": "
+       "when the plan that fits with the shortest predicted step does so (off unless nothing "
+       "fits on the device)."},
       {"memory.offload_keep_last", Int(FIELD(memory.offload_keep_last), AtLeast(0)),
        "Blocks whose inputs stay on the device when offloading."},
-      {"memory.prefetch", Bool(FIELD(memory.prefetch)),
-       "Offloaded inputs come back one block ahead (else just in time)."},
-      {"memory.recompute_interval", Int(FIELD(memory.recompute_interval), AtLeast(1)),
-       "Save every k-th block's input; regrow the rest in the backward. Was "
-       "`memory.checkpoint_interval`."},
+      {"memory.prefetch", BoolOrAuto(FIELD(memory.prefetch)),
+       "Offloaded inputs come back one block ahead (else just in time); \"auto\": on unless "
+       "the planner turns it off to fit."},
+      {"memory.recompute_interval", IntOrAuto(FIELD(memory.recompute_interval)),
+       "Save every k-th block's input; regrow the rest in the backward; \"auto\": 1 unless the "
+       "planner saves fewer (under offload) to fit. Was `memory.checkpoint_interval`."},
       {"memory.saved_block_inputs", Int(FIELD(memory.saved_block_inputs), AtLeast(2).OrZero("off")),
        "Hold at most this many block inputs at once (saved by the forward and regrown by the "
        "backward together), choosing where to save and regrow for the fewest extra block "
-       "forwards; 0: `memory.recompute_interval` decides."},
+       "forwards; 0: `memory.recompute_interval` decides (with it \"auto\", the planner may "
+       "hold at most 8 to 3 inputs to fit)."},
       {"memory.head_chunk", IntOrAuto(FIELD(memory.head_chunk)),
        "Query heads per UPipe attention stage."},
       {"memory.tile_tokens", IntOrAuto(FIELD(memory.tile_tokens)), "Tokens per MLP / loss tile."},
-      {"memory.overlap", Bool(FIELD(memory.overlap)),
+      {"memory.overlap", BoolOrAuto(FIELD(memory.overlap)),
        "Collectives under compute (FSDP gathers a block ahead, UPipe exchanges a stage ahead), "
-       "for more buffers."},
+       "for more buffers; \"auto\": on unless the planner turns it off to fit."},
       {"memory.gpu_budget_gib", FloatOrNode(FIELD(memory.gpu_budget_gib)),
        "Per-rank device budget (on the CPU backend the rank's share of host memory)."},
       {"memory.host_budget_gib", FloatOrNode(FIELD(memory.host_budget_gib)),

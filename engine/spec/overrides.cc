@@ -14,44 +14,46 @@
 namespace ithaca {
 
 absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const std::string& source,
-                                           const std::vector<std::string>& overrides) {
+                                           const std::vector<std::string>& overrides,
+                                           const std::string& flag_in) {
+  const std::string flag = flag_in.empty() ? "--set" : flag_in;
   if (overrides.empty()) return toml_text;
   if (overrides.size() > kMaxOverrides) {
-    return absl::InvalidArgumentError(absl::StrCat(overrides.size(), " --set overrides: at most ",
-                                                   kMaxOverrides, " in one request"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        overrides.size(), " ", flag, " overrides: at most ", kMaxOverrides, " in one request"));
   }
   ASSIGN_OR_RETURN(toml::table spec, ParseTomlText(toml_text, source));
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--set ", o, ": expected KEY=VALUE (e.g. training.steps=10)"));
+          absl::StrCat(flag, " ", o, ": expected KEY=VALUE (e.g. training.steps=10)"));
     }
     const std::string key = o.substr(0, eq);
     const std::string text = o.substr(eq + 1);
     std::vector<std::string> parts = absl::StrSplit(key, '.');
     if (parts.size() > static_cast<size_t>(kMaxTomlKeyParts)) {
-      return absl::InvalidArgumentError(absl::StrCat("--set ", key.substr(0, 64), "...: more than ",
-                                                     kMaxTomlKeyParts, " key parts"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " ", key.substr(0, 64), "...: more than ", kMaxTomlKeyParts, " key parts"));
     }
     toml::table* table = &spec;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       if (parts[i].empty())
-        return absl::InvalidArgumentError(absl::StrCat("--set ", o, ": empty key"));
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", o, ": empty key"));
       toml::node* next = table->get(parts[i]);
       if (next == nullptr) {
         next = &table->insert_or_assign(parts[i], toml::table{}).first->second;
       }
       if (!next->is_table()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--set ", o, ": ", absl::StrJoin(parts.begin(), parts.begin() + i + 1, "."),
+            flag, " ", o, ": ", absl::StrJoin(parts.begin(), parts.begin() + i + 1, "."),
             " is not a table in ", source));
       }
       table = next->as_table();
     }
     if (parts.back().empty())
-      return absl::InvalidArgumentError(absl::StrCat("--set ", o, ": empty key"));
-    absl::StatusOr<toml::table> value = ParseTomlText("v = " + text, "--set");
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", o, ": empty key"));
+    absl::StatusOr<toml::table> value = ParseTomlText("v = " + text, flag);
     if (value.ok() && value->size() == 1 && value->contains("v")) {
       table->insert_or_assign(parts.back(), *value->get("v"));
     } else {
@@ -79,7 +81,8 @@ void KeyLines(const toml::table& table, const std::string& prefix,
 }  // namespace
 
 std::string ExplainSpecError(const std::string& message, const std::string& toml_text,
-                             const std::string& source, const std::vector<std::string>& overrides) {
+                             const std::string& source, const std::vector<std::string>& overrides,
+                             const std::string& flag) {
   if (overrides.empty()) return message;
   // "SOURCE: KEY: what (line N)hint", as engine/spec/job_spec.cc writes it.
   const std::string head = source + ": ";
@@ -104,7 +107,7 @@ std::string ExplainSpecError(const std::string& message, const std::string& toml
     // section of the --set's key.
     if (set_key == key || absl::StartsWith(key, set_key + ".") ||
         absl::StartsWith(set_key, key + ".")) {
-      where = "from --set " + o;
+      where = absl::StrCat("from ", flag.empty() ? "--set" : flag, " ", o);
     }
   }
   if (where.empty()) {

@@ -21,14 +21,18 @@ inline constexpr size_t kMaxOverrides = 256;
 // dropped); with no overrides, `toml_text` unchanged. INVALID_ARGUMENT naming the override or
 // the spec's line when either cannot be read, or a key's parent is not a table, or there are
 // more than kMaxOverrides.
+// `flag`: what the client calls an override, in errors ("--set" when empty; the Python
+// client's "overrides").
 absl::StatusOr<std::string> ApplyOverrides(const std::string& toml_text, const std::string& source,
-                                           const std::vector<std::string>& overrides);
+                                           const std::vector<std::string>& overrides,
+                                           const std::string& flag = "--set");
 
 // The parser's error about a spec ApplyOverrides rewrote ("SOURCE: KEY: what (line N)...")
 // counts N in the rewritten text, which the user never saw. This gives the line of KEY in
 // the user's file (`toml_text`), or names the --set that gave KEY; `message` unchanged when it
 // names no key or there were no overrides.
 std::string ExplainSpecError(const std::string& message, const std::string& toml_text,
-                             const std::string& source, const std::vector<std::string>& overrides);
+                             const std::string& source, const std::vector<std::string>& overrides,
+                             const std::string& flag = "--set");
 
 }  // namespace ithaca

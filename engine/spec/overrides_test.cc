@@ -79,6 +79,14 @@ TEST(SpecOverridesTest, ErrorsPointAtTheUsersLineOrTheirSet) {
       ExplainSpecError(std::string(parsed3.status().message()), spec, "job.toml", section_set);
   EXPECT_NE(explained3.find("(from --set trainng.steps=5)"), std::string::npos) << explained3;
   EXPECT_EQ(explained3.find("(line "), std::string::npos) << explained3;
+  // The Python client's overrides= are named as it names them (issue 54 F7).
+  const std::string explained4 = ExplainSpecError(std::string(parsed3.status().message()), spec,
+                                                  "job.toml", section_set, "overrides");
+  EXPECT_NE(explained4.find("(from overrides trainng.steps=5)"), std::string::npos) << explained4;
+  EXPECT_EQ(explained4.find("--set"), std::string::npos) << explained4;
+  absl::StatusOr<std::string> bad = ApplyOverrides(spec, "job.toml", {"training"}, "overrides");
+  EXPECT_EQ(bad.status().message(),
+            "overrides training: expected KEY=VALUE (e.g. training.steps=10)");
 }
 
 TEST(SpecOverridesTest, BoundedInNumber) {

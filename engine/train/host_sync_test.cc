@@ -240,7 +240,7 @@ absl::Status TrainAndCheck(int rank, const Layout& layout, const std::string& to
   spec.training.grad_clip = 0.5;  // small enough that clipping happens
   spec.memory.tile_tokens = 16;
   spec.memory.recompute = RecomputePolicy::kFull;
-  spec.memory.offload = true;
+  spec.memory.offload = OffloadChoice::kOn;
   spec.parallel.world = layout.world;
   spec.parallel.sp = layout.sp;
   spec.parallel.fsdp = layout.fsdp;

@@ -460,15 +460,23 @@ sp = 8
         c = self.d.client
         plan = c.plan(spec, base_dir=run)
         self.assertTrue(plan.plan.fits, plan.plan.summary)
-        # Overrides as the CLI's --set strings: the daemon applies them, and names a bad one.
+        # Overrides as the CLI's --set strings: the daemon applies them, and names a bad one as
+        # this client calls them (overrides=, not --set).
         self.assertEqual(c.plan(spec, base_dir=run, overrides=["data.seq_len=128"]).spec.seq_len,
                          128)
         with self.assertRaisesRegex(ithaca_client.IthacaError,
-                                    r"training\.stepz: unknown key.*\(from --set training\.stepz=3\)"):
+                                    r"training\.stepz: unknown key.*\(from overrides "
+                                    r"training\.stepz=3\)") as bad:
             c.plan(spec, base_dir=run, overrides=["training.stepz=3"])
+        self.assertNotIn("--set", bad.exception.details())
         job = c.submit(spec, base_dir=run, overrides={"name": "from-dict", "training.steps": 4})
+        # One state type, with names, from every call (watch's were JobStates, submit's ints).
+        self.assertIsInstance(job.state, ithaca_client.JobState)
+        self.assertIsInstance(c.status(job.id).state, ithaca_client.JobState)
+        self.assertIsInstance(c.list(limit=1)[0].state, ithaca_client.JobState)
         events = list(c.watch(job.id, include_logs=True, timeout=120))
         self.assertTrue(any(isinstance(e, ithaca_client.Log) for e in events))
+        self.assertIsInstance(events[0].job.state, ithaca_client.JobState)
         done = c.wait(job.id, timeout=60)
         self.assertEqual(done.state, ithaca_client.JobState.SUCCEEDED, done.reason)
         self.assertEqual((done.name, done.spec.steps), ("from-dict", 4))

@@ -254,7 +254,7 @@ class ReportE2E(unittest.TestCase):
         self.assertEqual(len(p.polylines["train loss (rank 0)"]), STEPS + 6)
         self.assertIn(f"This job resumed a run begun by {self.job.id}", text)
         # A finished run in its checkpoint directory: the plan is the one admission made (planning
-        # it again is refused, "holds a finished run").
+        # it again would warn that a submission is refused, "holds a finished run").
         self.assertIn('id="plan"', text)
         self.assertNotIn("No plan", text)
         self.assertEqual(len(p.polylines["learning rate"]), STEPS + 6)

@@ -102,7 +102,7 @@ TEST(CudaTrainTest, UPipeAttentionAwareOffloadTracksCpuLossCurve) {
   JobSpec spec = TinySpec();
   spec.memory.recompute = RecomputePolicy::kAttentionAware;
   spec.memory.head_chunk = 1;
-  spec.memory.offload = true;
+  spec.memory.offload = OffloadChoice::kOn;
   ExpectGpuTracksCpu(spec);
 }
 

@@ -78,11 +78,11 @@ absl::Status Run(int argc, char** argv) {
     else if (a == "--loss-mask")
       spec.data.loss_mask = true;
     else if (a == "--offload")
-      spec.memory.offload = true;
+      spec.memory.offload = OffloadChoice::kOn;
     else if (a == "--no-prefetch")
-      spec.memory.prefetch = false;
+      spec.memory.prefetch = OffloadChoice::kOff;
     else if (a == "--no-overlap")
-      spec.memory.overlap = false;
+      spec.memory.overlap = OffloadChoice::kOff;
     else if (a == "--rehearse")
       rehearse = true;
     else if (a == "--rank")

@@ -12,9 +12,9 @@
 The API's messages are `ithaca_client.pb` (generated from proto/ithaca/v1/job.proto when the
 package is built)."""
 from ._generated import job_pb2 as pb
-from .client import (DEFAULT_ADDRESS, Client, Eval, IthacaError, JobState, Log, Snapshot,
+from .client import (DEFAULT_ADDRESS, Client, Eval, IthacaError, Job, JobState, Log, Snapshot,
                      StateChange, Step, ithaca_home, resolve_address)
 from .toml import dumps as spec_toml
 
-__all__ = ["Client", "IthacaError", "JobState", "Snapshot", "StateChange", "Step", "Eval", "Log",
+__all__ = ["Client", "IthacaError", "Job", "JobState", "Snapshot", "StateChange", "Step", "Eval", "Log",
            "pb", "spec_toml", "resolve_address", "ithaca_home", "DEFAULT_ADDRESS"]

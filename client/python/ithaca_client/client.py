@@ -1,7 +1,7 @@
 """Client: ithacad's JobService from Python (what the `ithaca` CLI does, for notebooks, sweep
-scripts and pipelines). Calls return the API's protobuf messages (ithaca_client.pb: Job,
-NodeInfo, PlanJobResponse, LogLine); `watch` yields typed events and resumes a dropped stream
-where it stopped."""
+scripts and pipelines). Calls return the API's protobuf messages (ithaca_client.pb: NodeInfo,
+PlanJobResponse, LogLine), and jobs as Job (the message, its `state` a JobState); `watch` yields
+typed events and resumes a dropped stream where it stopped."""
 import dataclasses
 import datetime
 import enum
@@ -18,6 +18,8 @@ from ._generated import job_pb2 as pb
 from ._generated import job_pb2_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+# What the daemon calls an override in its errors: this client's `overrides=`, not the CLI's --set.
+_OVERRIDES_FLAG = "overrides"
 _log = logging.getLogger("ithaca_client")
 
 
@@ -50,6 +52,33 @@ class JobState(enum.IntEnum):
         return cls(s)
 
 
+class Job:
+    """A job as ithacad returns it (the API's pb.Job), with `state` a JobState: one type, with
+    names, from submit, status, list, cancel, delete, wait and a watch's Snapshot (StateChange
+    has JobStates too). A JobState compares equal to the protobuf's numbers. Every other field
+    and method is the message's; `.pb` is the message itself (for google.protobuf.json_format)."""
+    __slots__ = ("pb",)
+
+    def __init__(self, message):
+        object.__setattr__(self, "pb", message)
+
+    def __getattr__(self, name):
+        return getattr(self.pb, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Job is read-only; set fields on its message, job.pb.{name}")
+
+    @property
+    def state(self):
+        return JobState(self.pb.state)
+
+    def __eq__(self, other):
+        return self.pb == (other.pb if isinstance(other, Job) else other)
+
+    def __repr__(self):
+        return f"Job(id={self.pb.id!r}, state={self.state.name})"
+
+
 class IthacaError(grpc.RpcError):
     """An RPC that failed: code() is the grpc.StatusCode, details() the daemon's message
     (which names the spec key or the numbers that are wrong). A grpc.RpcError, so code written
@@ -76,7 +105,7 @@ class Snapshot:
     """The first event: the job as it is when the watch starts."""
     seq: int
     time: "datetime.datetime | None"
-    job: pb.Job
+    job: Job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +201,7 @@ def _event(e):
         return Eval(e.seq, t, e.eval)
     if kind == "log":
         return Log(e.seq, t, e.log.rank, e.log.text)
-    return Snapshot(e.seq, t, e.job)
+    return Snapshot(e.seq, t, Job(e.job))
 
 
 def read_token_file(path):
@@ -277,18 +306,20 @@ class Client:
 
     def submit(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None,
                after=None):
-        """Queues a job and returns it (pb.Job; .id). `spec`: a dict (written as TOML) or the
-        path of a TOML file; or `toml`: the spec's TOML text. `overrides`: {"training.steps":
-        10, ...} or ["training.steps=10", ...] (the CLI's --set), applied by the daemon. Relative
-        paths in the spec resolve against `base_dir` (default: the file's directory, or the
-        current directory) when the daemon's host has it, else against its state directory.
-        `after`: a job id (the CLI's --after): the job waits, QUEUED, until that job succeeds,
-        and is cancelled if it fails or is cancelled (Job.after names it). Admission's warnings
-        are in the returned job's .warnings."""
+        """Queues a job and returns it (Job: .id, .state a JobState). `spec`: a dict (written as
+        TOML) or the path of a TOML file; or `toml`: the spec's TOML text. `overrides`:
+        {"training.steps": 10, ...} or ["training.steps=10", ...] (the CLI's --set), applied by
+        the daemon; its errors name them "overrides". Relative paths in the spec resolve against
+        `base_dir` (default: the file's directory, or the current directory) when the daemon's
+        host has it, else against its state directory. `after`: a job id (the CLI's --after):
+        the job waits, QUEUED, until that job succeeds, and is cancelled if it fails or is
+        cancelled (Job.after names it). Admission's warnings are in the returned job's
+        .warnings."""
         text, source, base_dir, sets = self._spec_request(spec, toml, overrides, source, base_dir)
         req = pb.SubmitJobRequest(spec_toml=text, source=source, base_dir=base_dir,
-                                  overrides=sets, after=after or "")
-        return self._call(self._jobs.SubmitJob, req).job
+                                  overrides=sets, after=after or "",
+                                  overrides_flag=_OVERRIDES_FLAG)
+        return Job(self._call(self._jobs.SubmitJob, req).job)
 
     def plan(self, spec=None, *, toml=None, overrides=None, source=None, base_dir=None,
              hardware=None):
@@ -297,11 +328,12 @@ class Client:
         "gpus=N,gpu_gib=G,host_gib=H" (as `ithaca plan --hardware`)."""
         text, source, base_dir, sets = self._spec_request(spec, toml, overrides, source, base_dir)
         req = pb.PlanJobRequest(spec_toml=text, source=source, base_dir=base_dir, overrides=sets,
-                                hardware=hardware or "")
+                                hardware=hardware or "", overrides_flag=_OVERRIDES_FLAG)
         return self._call(self._jobs.PlanJob, req)
 
     def status(self, job_id):
-        return self._call(self._jobs.GetJob, pb.GetJobRequest(id=job_id))
+        """The job (Job: pb.Job with `state` a JobState)."""
+        return Job(self._call(self._jobs.GetJob, pb.GetJobRequest(id=job_id)))
 
     def list(self, states=None, limit=0):
         """Jobs, newest first; `states`: JobStates or names ("running") to keep."""
@@ -312,18 +344,19 @@ class Client:
                                      limit=limit - len(jobs) if limit > 0 else 0,
                                      page_token=token)
             page = self._call(self._jobs.ListJobs, req)
-            jobs.extend(page.jobs)
+            jobs.extend(Job(j) for j in page.jobs)
             token = page.next_page_token
             if not token or (limit > 0 and len(jobs) >= limit):
                 return jobs
 
     def cancel(self, job_id, reason=""):
-        return self._call(self._jobs.CancelJob, pb.CancelJobRequest(id=job_id, reason=reason))
+        req = pb.CancelJobRequest(id=job_id, reason=reason)
+        return Job(self._call(self._jobs.CancelJob, req))
 
     def delete(self, job_id):
         """Forgets an ended job (record, history, rank logs; never its checkpoint.dir); returns
         its last record. A job that has not ended is refused (FAILED_PRECONDITION)."""
-        return self._call(self._jobs.DeleteJob, pb.DeleteJobRequest(id=job_id)).job
+        return Job(self._call(self._jobs.DeleteJob, pb.DeleteJobRequest(id=job_id)).job)
 
     def node(self):
         return self._call(self._jobs.GetNode, pb.GetNodeRequest())
@@ -448,7 +481,7 @@ class Client:
             backoff = min(backoff * 2, 2.0)
 
     def wait(self, job_id, *, timeout=None):
-        """Blocks until the job ends; returns it (pb.Job) in its terminal state."""
+        """Blocks until the job ends; returns it (Job) in its terminal state."""
         for _ in self.watch(job_id, timeout=timeout):
             pass
         return self.status(job_id)

@@ -67,6 +67,9 @@ class SpecToml(unittest.TestCase):
             ic.Client._spec_request(None, "name = 'x'", {"training.lr": None}, None, None)
         with self.assertRaises(TypeError):
             ic.Client._spec_request(None, "name = 'x'", "training.steps=5", None, None)
+        # The daemon names them in errors as this client does ("overrides", not the CLI's --set).
+        from ithaca_client.client import _OVERRIDES_FLAG
+        self.assertEqual(_OVERRIDES_FLAG, "overrides")
 
     def test_spec_requests(self):
         with tempfile.TemporaryDirectory() as d:
@@ -136,6 +139,26 @@ class Events(unittest.TestCase):
         self.assertEqual((type(ev), ev.step, ev.loss, ev.tokens), (ic.Eval, 3, 2.25, 4096))
         ev = _event(pb.JobEvent(seq=7, log=pb.LogLine(rank=0, text="loading")))
         self.assertEqual((type(ev), ev.rank, ev.text), (ic.Log, 0, "loading"))
+
+    def test_a_job_has_one_state_type_with_names(self):
+        # Submit, status, list, cancel, delete and a watch's Snapshot all give a Job whose state
+        # is a JobState, as StateChange's are (issue 54 F7: submit/list gave an int).
+        from ithaca_client.client import _event
+        message = pb.Job(id="job-3", state=pb.JOB_STATE_RUNNING, name="sweep")
+        job = ic.Job(message)
+        self.assertIsInstance(job.state, ic.JobState)
+        self.assertEqual(job.state.name, "RUNNING")
+        self.assertEqual(job.state, pb.JOB_STATE_RUNNING)  # still the protobuf's number
+        self.assertEqual((job.id, job.name), ("job-3", "sweep"))
+        self.assertFalse(job.HasField("created_at"))
+        self.assertIs(job.pb, message)
+        self.assertEqual(job, ic.Job(pb.Job(id="job-3", state=pb.JOB_STATE_RUNNING, name="sweep")))
+        self.assertEqual(repr(job), "Job(id='job-3', state=RUNNING)")
+        with self.assertRaises(AttributeError):
+            job.name = "other"
+        snapshot = _event(pb.JobEvent(seq=0, job=message))
+        self.assertIsInstance(snapshot.job, ic.Job)
+        self.assertIsInstance(snapshot.job.state, ic.JobState)
 
     def test_job_states(self):
         self.assertEqual(ic.JobState.parse("running"), pb.JOB_STATE_RUNNING)
