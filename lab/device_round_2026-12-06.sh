@@ -4,6 +4,7 @@
 #              against the kernel before it (lab/hopper_attention/build/libhopper_base.so):
 #              checks, then timings at 32K-128K
 #   tests      the GPU suite (bench/device_session.sh tests)
+#   hoppertests  the Hopper attention tests this session's changes touch (a filter)
 #   attn       attention_bench at the shapes, own kernels both ways (and cuDNN's)
 #   calibrate  bench/calibrate on this GPU: OUT/h100.txt (engine/plan/rates/h100.txt)
 #   rehearse   Llama-3-8B rank 0 of 8, auto's plan, whole steps at REHEARSE_S (128K default),
@@ -34,6 +35,15 @@ for part in "$@"; do
     tests)
       bash bench/device_session.sh "$BIN" "$OUT" tests > "$OUT/tests.out" 2>&1
       grep -E "^(PASSED|FAILED)" "$OUT/tests.out"; tail -1 "$OUT/tests.out"
+      ;;
+    hoppertests)
+      # The Hopper attention tests that cover this session's changes (the forward in pairs at
+      # 64K head_dim 128 against cuDNN, every small shape and mask against the CPU oracle, the
+      # run-time failure), when the whole suite does not fit the device time.
+      timeout ${HT_TIMEOUT:-200} "$BIN/hopper_attention_test" \
+        --gtest_filter='*HopperVsCpu.*:*HopperMasksVsCpu.*:*HopperRunTimeFailure.*:*VsCudnn*S65536*d128*' \
+        > "$OUT/hopper_attention_test.log" 2>&1
+      echo "hopper_attention_test rc=$?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/hopper_attention_test.log" | head
       ;;
     attn)
       # The 32:8 shapes with both kernels each way; a rank of Llama-3-8B under Ulysses 8 (4:1 at
