@@ -347,7 +347,10 @@ std::string PlanText(const v1::PlanJobResponse& p) {
         &out, absl::StrFormat("  %-17s %.4g s a step, %.0f tok/s (%.0f per GPU; "
                               "recompute %s; rates %s)\n",
                               "predicted", plan.predicted_step_s(), plan.predicted_tok_per_s(),
-                              plan.predicted_tok_per_s_per_gpu(), plan.recompute(), plan.rates()));
+                              plan.predicted_tok_per_s_per_gpu(), plan.recompute(),
+                              plan.rates_note().empty()
+                                  ? plan.rates()
+                                  : absl::StrCat(plan.rates(), ", ", plan.rates_note())));
     if (p.spec().steps() > 0) {
       const double run_s = plan.predicted_step_s() * static_cast<double>(p.spec().steps());
       absl::StrAppend(&out, absl::StrFormat("  %-17s %s for training.steps = %d\n", "the run",

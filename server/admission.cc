@@ -364,6 +364,7 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
   plan.set_predicted_tok_per_s_per_gpu(
       p.predicted.tok_per_s / static_cast<double>(std::max<int64_t>(1, a.spec.parallel.world)));
   plan.set_rates(p.predicted.rates);
+  plan.set_rates_note(p.predicted.rates_note);
   plan.set_summary(absl::StrFormat(
       "peak %s per rank %s budget %s (%s); recompute %s, head_chunk %d, tile_tokens %d, offload "
       "%s%s%s",

@@ -103,6 +103,7 @@ StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, Param
   const RateTable& t = *req.rates;
   StepPrediction out;
   out.rates = t.device;
+  out.rates_note = t.note;
   out.forward_backward_s = clock.end();
   out.gemm_s = clock.busy(StepClock::Work::kGemm);
   out.attention_s = clock.busy(StepClock::Work::kAttention);
@@ -553,13 +554,17 @@ std::string RecomputeSetting(const MemoryPlan& p) {
   return RecomputePolicyName(p.recompute);
 }
 
+std::string RatesLabel(const StepPrediction& r) {
+  return r.rates_note.empty() ? r.rates : absl::StrCat(r.rates, " (", r.rates_note, ")");
+}
+
 std::string PredictionLine(const MemoryPlan& p, int64_t world) {
   const StepPrediction& r = p.predicted;
   if (r.step_s <= 0) return "";
   return absl::StrFormat("predicted step %.3g s, %s tok/s (%s tok/s per rank; rates: %s)", r.step_s,
                          absl::StrFormat("%.0f", r.tok_per_s),
                          absl::StrFormat("%.0f", r.tok_per_s / double(std::max<int64_t>(1, world))),
-                         r.rates);
+                         RatesLabel(r));
 }
 
 std::string SavedBlockInputsSetting(int64_t saved_block_inputs) {
@@ -606,7 +611,7 @@ std::string FormatPlan(const MemoryPlan& p) {
                           "waited %.3f; update %.3f s), %.0f tok/s (rates: %s)\n",
                           r.step_s, r.forward_backward_s, r.gemm_s, r.attention_s, r.elementwise_s,
                           r.transfer_s, r.collective_s, r.waited_s, r.update_s, r.tok_per_s,
-                          r.rates);
+                          RatesLabel(r));
   }
   return out;
 }

@@ -66,8 +66,13 @@ struct StepPrediction {
   // Busy seconds of one forward/backward by kind, and what the compute stream waited.
   double gemm_s = 0, attention_s = 0, elementwise_s = 0, transfer_s = 0, collective_s = 0;
   double waited_s = 0;
-  std::string rates;  // the rate table's device class
+  std::string rates;       // the rate table's device class
+  std::string rates_note;  // the table's own note: the GPU and the day it was measured on
 };
+
+// "h100 (bench/calibrate --backend=cuda on NVIDIA H100 80GB HBM3, 2026-12-06)": the table a
+// prediction used and where its rates come from (a class without its own measurement says so).
+std::string RatesLabel(const StepPrediction& r);
 
 struct MemoryPlan {
   std::array<int64_t, kNumTiers> peak{};     // each tier's own peak over the step

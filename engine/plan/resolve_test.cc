@@ -74,6 +74,15 @@ TEST(ResolveTest, ThePredictionUsesTheRatesOfTheNodesGpus) {
     EXPECT_EQ(job->plan.predicted.rates, rates);
     EXPECT_NE(ResolutionLine(*job).find(absl::StrCat("rates: ", rates)), std::string::npos)
         << ResolutionLine(*job);
+    // The line says where the table's rates were measured: the H200's table its own GPU, and
+    // the H100's, while it stands in with the H200's, that no H100 measured it.
+    const std::string label = RatesLabel(job->plan.predicted);
+    if (std::string(rates) == "h200") {
+      EXPECT_NE(label.find("on NVIDIA H200"), std::string::npos) << label;
+    } else if (job->plan.predicted.rates_note.find("NVIDIA H100") == std::string::npos) {
+      EXPECT_NE(label.find("no H100 measurement yet"), std::string::npos) << label;
+    }
+    EXPECT_NE(ResolutionLine(*job).find(label), std::string::npos) << ResolutionLine(*job);
   }
   NodeResources node = Node(80 * kGiB, 256 * kGiB, 2);
   node.gpu_name = "NVIDIA H100 80GB HBM3";
