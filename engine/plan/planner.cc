@@ -555,7 +555,7 @@ std::string RecomputeSetting(const MemoryPlan& p) {
 }
 
 std::string RatesLabel(const StepPrediction& r) {
-  return r.rates_note.empty() ? r.rates : absl::StrCat(r.rates, " (", r.rates_note, ")");
+  return r.rates_note.empty() ? r.rates : absl::StrCat(r.rates, ", ", r.rates_note);
 }
 
 std::string PredictionLine(const MemoryPlan& p, int64_t world) {

@@ -70,7 +70,7 @@ struct StepPrediction {
   std::string rates_note;  // the table's own note: the GPU and the day it was measured on
 };
 
-// "h100 (bench/calibrate --backend=cuda on NVIDIA H100 80GB HBM3, 2026-12-06)": the table a
+// "h100, bench/calibrate --backend=cuda on NVIDIA H100 80GB HBM3, 2026-12-06": the table a
 // prediction used and where its rates come from (a class without its own measurement says so).
 std::string RatesLabel(const StepPrediction& r);
 

@@ -304,6 +304,30 @@ void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
 }
 
+// Rewrites the manifest of checkpoint step `step` without its entry for model/model.safetensors
+// (model/config.json still listed); returns the manifest's path.
+std::string UnlistTheWeightsFile(const std::string& step) {
+  const std::string manifest_path = step + "/manifest.json";
+  absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
+  EXPECT_TRUE(text.ok()) << text.status();
+  nlohmann::json manifest = nlohmann::json::parse(text.ok() ? *text : "{}");
+  nlohmann::json kept = nlohmann::json::array();
+  for (const nlohmann::json& f : manifest["files"]) {
+    if (f["path"] != "model/model.safetensors") kept.push_back(f);
+  }
+  EXPECT_EQ(kept.size() + 1, manifest["files"].size());
+  manifest["files"] = kept;
+  WriteBytes(manifest_path, manifest.dump());
+  return manifest_path;
+}
+
+// What a step whose manifest leaves the weights out is refused with.
+std::string UnlistedWeightsMessage(const std::string& manifest_path) {
+  return manifest_path +
+         ": does not list model/model.safetensors, which its tensors are read from: not a "
+         "whole checkpoint";
+}
+
 // A step's manifest lists every file its weights are read from, or those would be loaded
 // unverified: a manifest that leaves model/model.safetensors out (model/config.json still
 // listed) is refused, naming the file (issue 53 N17).
@@ -314,26 +338,13 @@ TEST(TrainerTest, AManifestThatLeavesAWeightsFileOutIsRefusedNamingIt) {
   HostAllocator alloc;
   const std::string step = PhaseOneCheckpoint(dir, &first, &ops, &alloc);
   ASSERT_FALSE(step.empty());
-  const std::string manifest_path = step + "/manifest.json";
-  absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
-  ASSERT_TRUE(text.ok()) << text.status();
-  nlohmann::json manifest = nlohmann::json::parse(*text);
-  nlohmann::json kept = nlohmann::json::array();
-  for (const nlohmann::json& f : manifest["files"]) {
-    if (f["path"] != "model/model.safetensors") kept.push_back(f);
-  }
-  ASSERT_EQ(kept.size() + 1, manifest["files"].size());
-  manifest["files"] = kept;
-  WriteBytes(manifest_path, manifest.dump());
+  const std::string manifest_path = UnlistTheWeightsFile(step);
   JobSpec resume = first;
   resume.training.steps = 3;
   auto resumed = Trainer::Create(Resolved(resume), &ops, &alloc, nullptr, "phase-1");
   ASSERT_FALSE(resumed.ok());
   EXPECT_EQ(resumed.status().code(), absl::StatusCode::kDataLoss) << resumed.status();
-  EXPECT_EQ(resumed.status().message(),
-            manifest_path +
-                ": does not list model/model.safetensors, which its tensors are read from: not "
-                "a whole checkpoint");
+  EXPECT_EQ(resumed.status().message(), UnlistedWeightsMessage(manifest_path));
 }
 
 // A new phase starts from a checkpoint's weights only when they match its manifest, as a resume
@@ -369,21 +380,10 @@ TEST(TrainerTest, InitFromADamagedOrUnlistedStepIsRefusedNamingTheFile) {
   WriteBytes(weights, *good);
   EXPECT_TRUE(start_phase(first.checkpoint.dir).ok());
   // A manifest that does not list the weights file.
-  const std::string manifest_path = step + "/manifest.json";
-  absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
-  ASSERT_TRUE(text.ok()) << text.status();
-  nlohmann::json manifest = nlohmann::json::parse(*text);
-  nlohmann::json kept = nlohmann::json::array();
-  for (const nlohmann::json& f : manifest["files"]) {
-    if (f["path"] != "model/model.safetensors") kept.push_back(f);
-  }
-  manifest["files"] = kept;
-  WriteBytes(manifest_path, manifest.dump());
+  const std::string manifest_path = UnlistTheWeightsFile(step);
   absl::Status unlisted = start_phase(step + "/model");
   EXPECT_EQ(unlisted.code(), absl::StatusCode::kDataLoss) << unlisted;
-  EXPECT_EQ(unlisted.message(), manifest_path +
-                                    ": does not list model/model.safetensors, which its tensors "
-                                    "are read from: not a whole checkpoint");
+  EXPECT_EQ(unlisted.message(), UnlistedWeightsMessage(manifest_path));
 }
 
 // [init] from a Hugging Face directory read its weights whatever its config.json said: a model
