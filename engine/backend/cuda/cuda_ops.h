@@ -182,7 +182,8 @@ class CudaOps : public Ops {
   // parameters carry the values: no host wait) and kept for the sample's further calls (each
   // layer's Rope and Attention, forward and backward); the least recently used go first.
   // `key` names the content, `values` are int64, and the first `int32_prefix` of them are
-  // stored as int32 in front (cuDNN's sequence lengths). Returns the device base pointer.
+  // stored as int32 in front (cuDNN's sequence lengths). Returns the device base pointer, or
+  // nullptr when no memory is left for it (recorded in status()).
   const void* DocumentIndex(const std::vector<int64_t>& key, const std::vector<int64_t>& values,
                             int64_t int32_prefix);
   // The document starts on the device (int64 [n]) for Rope and the own kernel.

@@ -112,7 +112,11 @@ const void* CudaOps::DocumentIndex(const std::vector<int64_t>& key,
     const int64_t n64 = static_cast<int64_t>(values.size()) - int32_prefix;
     const int64_t front = (int32_prefix + 1) / 2;  // int64 slots the int32 prefix takes
     auto buf = Buffer::Make(opts_.alloc, DType::kI32, {2 * (front + n64)}, Tier::kAttention);
-    ITHACA_CHECK(buf.ok(), "CudaOps: document index: ", buf.status().ToString());
+    if (!buf.ok()) {
+      Fail(absl::Status(buf.status().code(), absl::StrCat("the document index of ", values.size(),
+                                                          " entries: ", buf.status().message())));
+      return nullptr;
+    }
     char* base = static_cast<char*>(buf->tensor().data);
     if (int32_prefix > 0) cuda::WriteIndices(values.data(), int32_prefix, base, true, compute_);
     if (n64 > 0) {
@@ -146,6 +150,7 @@ void CudaOps::Rope(const Tensor& x, int64_t pos0, const Tensor& inv_freq, bool i
     return;
   }
   const int64_t* starts = DeviceStarts(docs, -1, "Rope");
+  if (starts == nullptr) return;  // status() says why
   cuda::Rope(BfMut(x), x.dim(0), x.dim(1), x.dim(2), pos0, inv_freq.f32(), inverse, starts,
              static_cast<int64_t>(docs.starts.size()), compute_);
 }
@@ -233,6 +238,7 @@ absl::Status CudaOps::CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t
   std::vector<int64_t> key = {1, s, hq, hkv, d, b};
   key.insert(key.end(), docs.starts.begin(), docs.starts.end());
   const char* base = static_cast<const char*>(DocumentIndex(key, values, b));
+  if (base == nullptr) return status();
   const int64_t* offsets = reinterpret_cast<const int64_t*>(base + (b + 1) / 2 * 8);
   cuda::RaggedIndex ragged;
   ragged.seq_len = reinterpret_cast<const int32_t*>(base);
@@ -285,6 +291,7 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
                " unsupported by the flash kernel");
   const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr;
+  if (ndocs > 0 && starts == nullptr) return;  // status() says why
   cuda::FlashAttentionForward(Bf(q), Bf(k), Bf(v), s, hq, hkv, d, BfMut(out), lse.f32(), starts,
                               ndocs, compute_);
   last_attention_ = "flash";
@@ -351,6 +358,7 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
   }
   const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr;
+  if (ndocs > 0 && starts == nullptr) return;  // status() says why
   cuda::FlashAttentionBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d,
                                delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv), starts,
                                ndocs, compute_);

@@ -571,5 +571,42 @@ TEST(HopperRunTimeFailure, AWorkspaceThatDoesNotFitIsAnErrorNotAnAbort) {
   EXPECT_TRUE(std::isfinite(Host(ops, out.tensor())[0]));
 }
 
+// The document index (the starts of a packed sample's documents on the device) that finds its
+// allocator full does not abort either: Rope records RESOURCE_EXHAUSTED naming the index, and
+// the attention that would read it skips its launch.
+TEST(HopperRunTimeFailure, ADocumentIndexThatDoesNotFitIsAnErrorNotAnAbort) {
+  SKIP_WITHOUT_HOPPER();
+  const int64_t S = 1024, hq = 4, hkv = 1, D = 64;
+  CudaAllocator alloc;
+  CudaAllocator workspaces(size_t{8} << 20);
+  CudaOps::Options o = OptionsFor(&workspaces, Kernel::kHopper, Kernel::kHopper);
+  o.gemm_workspace_bytes = size_t{1} << 20;
+  CudaOps ops(o);
+  ASSERT_TRUE(ops.status().ok());
+  // Everything the capped allocator has left, held.
+  std::vector<Buffer> held;
+  for (int64_t n : {int64_t{1} << 16, int64_t{1} << 12, int64_t{1} << 8, int64_t{1}}) {
+    for (;;) {
+      auto b = Buffer::Make(&workspaces, DType::kI32, {n}, Tier::kAttention);
+      if (!b.ok()) break;
+      held.push_back(std::move(*b));
+    }
+  }
+  ASSERT_FALSE(held.empty());
+  auto x = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 51));
+  auto inv_freq = Dev(ops, &alloc, DType::kF32, {D / 2}, std::vector<float>(D / 2, 0.01f));
+  DocumentMask docs;
+  docs.starts = {0, 100, 600};
+  ops.Rope(x.tensor(), 0, inv_freq.tensor(), false, docs);
+  const absl::Status st = ops.status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("document index"), std::string::npos) << st;
+  auto k = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 52));
+  auto out = Poisoned(ops, &alloc, DType::kBF16, {S, hq, D});
+  auto lse = Poisoned(ops, &alloc, DType::kF32, {hq, S});
+  ops.Attention(x.tensor(), k.tensor(), k.tensor(), out.tensor(), lse.tensor(), docs);
+  EXPECT_EQ(ops.status(), st);
+}
+
 }  // namespace
 }  // namespace ithaca
