@@ -7,7 +7,9 @@
 #   bwdbench   the backward in pairs (ours) against the kernel before it (base: HEAD before this
 #              session's change, built from git archive), the same build without pairs (nopairs) and
 #              every tile paired (allpairs), in one process: 32:8 at 16K and 128K (hd128, hd64),
-#              4:1 at 1M (what a rank of Llama-3-8B runs under Ulysses 8)
+#              4:1 at 1M (what a rank of Llama-3-8B runs under Ulysses 8); BWD_SETS: other
+#              bench_bwd.py argument sets, ';'-separated
+#   failtests  the engine's HopperRunTimeFailure tests (run-time failures are errors, not aborts)
 #   anything else: a part of lab/device_round_2026-12-06.sh (tests, calibrate, attn, ...)
 # Libraries: lab/hopper_attention/build (forward) and lab/hopper_attention/backward/build (carried).
 set -uo pipefail
@@ -26,10 +28,19 @@ for part in "$@"; do
       grep '"ok": false' "$OUT/bwd_check.jsonl" | cut -c1-300 ;;
     bwdbench)
       I=${BWD_IMPLS:-ours:base,ours:nopairs,ours,ours:allpairs}
-      for args in "--S 16384,131072 --D 128" "--S 131072 --D 64" "--S 1048576 --D 128 --Hq 4 --Hkv 1"; do
+      IFS=';' read -r -a sets <<<"${BWD_SETS:---S 16384,131072 --D 128;--S 131072 --D 64;--S 1048576 --D 128 --Hq 4 --Hkv 1}"
+      for args in "${sets[@]}"; do
         MIN_REPS=${MIN_REPS:-2} timeout 150 python3 $B/bench_bwd.py bench-bwd $args --impls $I \
           --out "$OUT/bwd_bench.jsonl" 2>&1 | grep -v Warn | cut -c1-160
       done ;;
+    failtests)
+      # The run-time failures that must be errors, not aborts (issue 53's CHECK sweep, issue 50
+      # item 4), from the engine's build (.device/bin.tar.xz).
+      [ -x .device/bin/hopper_attention_test ] ||
+        python3 -c "import tarfile; tarfile.open('.device/bin.tar.xz').extractall('.device')"
+      LD_LIBRARY_PATH=$PWD/.device/bin/lib timeout 120 .device/bin/hopper_attention_test \
+        --gtest_filter='*HopperRunTimeFailure.*' > "$OUT/failtests.log" 2>&1
+      echo "rc=$?"; grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) " "$OUT/failtests.log" ;;
     *) bash lab/device_round_2026-12-06.sh "$part" ;;
   esac
 done
