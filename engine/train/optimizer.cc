@@ -29,10 +29,18 @@ absl::Status Optimizer::Allocate() {
         "memory.param_offload: the working copy on the host needs the optimizer's state there "
         "too (memory.optimizer_offload = true): the CPU AdamW writes it");
   }
+  if (host_state_ && model_->layout().has_lora()) {
+    return absl::InvalidArgumentError(
+        "memory.optimizer_offload: not with [lora] yet (the adapters' state stays on the device)");
+  }
   const Tier tier = host_state_ ? Tier::kHostOptimizer : Tier::kOptimizer;
   if (host_state_) pool_ = std::make_unique<HostThreadPool>();
   int64_t largest = 0;
   for (int u = 0; u < ps.num_units(); ++u) {
+    if (!ps.trainable(u)) {  // a frozen unit (LoRA's base): no master weights, no m and v
+      for (auto* vec : {&master_, &m_, &v_}) vec->emplace_back();
+      continue;
+    }
     largest = std::max(largest, std::min(ps.shard_numel(u), stage_elements));
     for (auto* vec : {&master_, &m_, &v_}) {
       ASSIGN_OR_RETURN(Buffer b,
@@ -100,6 +108,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
       o->pool_->ParallelFor(n, 1 << 16, [from, to](int64_t lo, int64_t hi) {
         std::memcpy(to + lo, from + lo, (hi - lo) * sizeof(float));
       });
+    } else if (!ps.trainable(u)) {  // frozen: straight into the working copy, as it stays
+      ps.ScatterFromHost(u, whole, ps.working_shard(u));
     } else {
       ps.ScatterFromHost(u, whole, o->master_[u].tensor());
     }
@@ -155,7 +165,9 @@ void Optimizer::RefreshWorkingCopy() {
   Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
   if (!host_state_) {
-    for (size_t u = 0; u < master_.size(); ++u) ops->Copy(master_[u].tensor(), ps.working_shard(u));
+    for (size_t u = 0; u < master_.size(); ++u) {
+      if (!master_[u].empty()) ops->Copy(master_[u].tensor(), ps.working_shard(u));
+    }
     return;
   }
   // The master weights converted on every core into the two working-copy staging buffers, piece
@@ -194,7 +206,11 @@ absl::Status Optimizer::GradSumSquares(const Tensor& sumsq) {
                                                    " is not f32 [", ps.num_units(), "]"));
   }
   for (int u = 0; u < ps.num_units(); ++u) {
-    model_->ops()->SumSquaresInto(ps.grad_shard(u), sumsq.Slice(u, {1}));
+    if (ps.trainable(u)) {
+      model_->ops()->SumSquaresInto(ps.grad_shard(u), sumsq.Slice(u, {1}));
+    } else {
+      model_->ops()->Fill(sumsq.Slice(u, {1}), 0.f);  // clipping covers what is trained
+    }
   }
   return absl::OkStatus();
 }
@@ -235,6 +251,7 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
     return r;
   }
   for (int u = 0; u < ps.num_units(); ++u) {
+    if (!ps.trainable(u)) continue;
     // Each entry's part of this rank's shard, so weight decay follows the entry's kind.
     const int64_t begin = ps.shard_begin(u), end = begin + ps.shard_numel(u);
     for (const ParamEntry& e : model_->layout().units()[u].entries) {
@@ -414,6 +431,7 @@ absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) 
   const std::vector<ParamUnit>& units = model_->layout().units();
   absl::Status first_error;
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) continue;  // frozen: the base is the model's, not the run's
     for (auto [buffers, names, kind] :
          {std::tuple{&master_, &keep.master, "master"}, {&m_, &keep.m, "m"}, {&v_, &keep.v, "v"}}) {
       std::vector<const ParamEntry*> kept;
@@ -451,6 +469,11 @@ absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
   HostWeights w;
   ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) {  // frozen: its weights are the working copy's
+      ASSIGN_OR_RETURN(std::vector<float> unit, ps.GatherToHost(u, ps.working_shard(u)));
+      w.push_back(std::move(unit));
+      continue;
+    }
     if (host_state_ && !ps.sharded()) {
       const float* at = master_[u].tensor().f32();
       w.emplace_back(at, at + ps.unit_numel(u));

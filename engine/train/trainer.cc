@@ -13,6 +13,7 @@
 #include "engine/core/file_util.h"
 #include "engine/plan/step_time.h"
 #include "engine/schedule/spec_options.h"
+#include "engine/model/lora_adapter.h"
 #include "engine/model/weights.h"
 #include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/checkpoint/export.h"
@@ -207,6 +208,28 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   }
   const ParamLayout& layout = t->model_->layout();
   const bool host_state = spec.memory.optimizer_offload == OffloadChoice::kOn;
+  // With LoRA the adapters' units start from lora.init's PEFT adapter, else PEFT's own init; the
+  // base's units from the model's weights as without it.
+  std::unique_ptr<SafetensorsReader> adapter;
+  if (!spec.lora.init.empty()) {
+    ASSIGN_OR_RETURN(adapter, OpenPeftAdapter(spec.lora.init, t->cfg_.lora));
+  }
+  if (layout.has_lora() && t->rank_ == 0) {
+    std::printf("lora: rank %lld, alpha %g; %lld trainable parameters of %lld (the base frozen)\n",
+                static_cast<long long>(t->cfg_.lora.rank), t->cfg_.lora.alpha,
+                static_cast<long long>(layout.trainable_numel()),
+                static_cast<long long>(layout.total_numel()));
+  }
+  auto with_lora = [&](Optimizer::UnitFill base) -> Optimizer::UnitFill {
+    return [&, base](int u, float* out) -> absl::Status {
+      if (layout.units()[u].trainable && layout.has_lora()) {
+        if (adapter) return ReadPeftUnitInto(layout, *adapter, u, out);
+        LoraInitUnitInto(layout, u, spec.training.seed, out);
+        return absl::OkStatus();
+      }
+      return base(u, out);
+    };
+  };
   // A new phase ([init] from) starts a run of its own: checkpoint.dir may hold only this run
   // (a relaunch of it resumes, below, rather than starting over).
   if (!spec.init.from.empty()) RETURN_IF_ERROR(CheckInitTarget(spec.checkpoint.dir, run_id));
@@ -266,7 +289,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     auto from_file = [&](int u, float* out) {
       return ReadUnitWeightsInto(layout, *reader, u, out);
     };
-    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), from_file,
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), with_lora(from_file),
                                                             spec.training, host_state));
     if (t->rank_ == 0 && !spec.init.from.empty()) {
       std::printf(
@@ -280,8 +303,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
       RandomUnitWeightsInto(layout, u, seed, out);
       return absl::OkStatus();
     };
-    ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::CreateFilled(t->model_.get(), random, spec.training, host_state));
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), with_lora(random),
+                                                            spec.training, host_state));
   }
   t->optimizer_->set_overlap_update(spec.memory.overlap_update);
   ops->Synchronize();
