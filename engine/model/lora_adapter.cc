@@ -50,44 +50,72 @@ void LoraInitUnitInto(const ParamLayout& layout, int unit, uint64_t seed, float*
   }
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenPeftAdapter(const std::string& dir,
-                                                                   const LoraConfig& lora) {
+absl::StatusOr<LoraConfig> ReadPeftConfig(const std::string& dir) {
   const std::string path = dir + "/adapter_config.json";
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("lora.init: ", path, ": ", what));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
   };
   if (!j.is_object()) return bad("not a JSON object");
-  if (j.value("peft_type", std::string()) != "LORA") return bad("peft_type is not \"LORA\"");
+  if (j.value("peft_type", std::string()) != "LORA") return bad("peft_type: not \"LORA\"");
+  LoraConfig lora;
   const auto r = j.find("r");
-  if (r == j.end() || !r->is_number_integer() || r->get<int64_t>() != lora.rank) {
-    return bad(absl::StrCat("r must be lora.rank (", lora.rank, ")"));
+  if (r == j.end() || !r->is_number_integer() || r->get<int64_t>() < 1 ||
+      r->get<int64_t>() > 65536) {
+    return bad("r: must be an integer in [1, 65536]");
   }
+  lora.rank = r->get<int64_t>();
   const auto alpha = j.find("lora_alpha");
-  if (alpha == j.end() || !alpha->is_number() || alpha->get<double>() != lora.alpha) {
-    return bad(absl::StrCat("lora_alpha must be lora.alpha (", lora.alpha, ")"));
+  if (alpha == j.end() || !alpha->is_number() || !(alpha->get<double>() > 0)) {
+    return bad("lora_alpha: must be a number > 0");
   }
+  lora.alpha = alpha->get<double>();
   const auto dropout = j.find("lora_dropout");
-  if (dropout != j.end() && (!dropout->is_number() || dropout->get<double>() != 0)) {
-    return bad("lora_dropout must be 0 (the only one implemented)");
+  if (dropout != j.end() && !dropout->is_null() &&
+      (!dropout->is_number() || dropout->get<double>() != 0)) {
+    return bad("lora_dropout: only 0 is implemented");
   }
-  std::vector<std::string> targets;
-  const auto tm = j.find("target_modules");
-  if (tm != j.end() && tm->is_array()) {
-    for (const auto& t : *tm) {
-      if (t.is_string()) targets.push_back(t.get<std::string>());
-    }
-  }
-  std::vector<std::string> want = TargetNames(lora);
-  std::sort(targets.begin(), targets.end());
-  std::sort(want.begin(), want.end());
-  if (targets != want) return bad("target_modules must be lora.targets");
   for (const char* unsupported : {"use_dora", "use_rslora"}) {
     const auto it = j.find(unsupported);
     if (it != j.end() && it->is_boolean() && it->get<bool>()) {
-      return bad(absl::StrCat(unsupported, " is not implemented"));
+      return bad(absl::StrCat(unsupported, ": not implemented"));
     }
+  }
+  for (const char* unsupported : {"rank_pattern", "alpha_pattern"}) {
+    const auto it = j.find(unsupported);
+    if (it != j.end() && it->is_object() && !it->empty()) {
+      return bad(absl::StrCat(unsupported, ": per-module ranks are not implemented"));
+    }
+  }
+  const auto tm = j.find("target_modules");
+  if (tm == j.end() || !tm->is_array() || tm->empty()) {
+    return bad("target_modules: must be a list of module names (q_proj, ..., down_proj)");
+  }
+  for (const auto& t : *tm) {
+    const int target = t.is_string() ? LoraTargetOf(t.get<std::string>()) : -1;
+    if (target < 0)
+      return bad(absl::StrCat("target_modules: ", t.dump(), " is not one of the seven"));
+    lora.targets[target] = true;
+  }
+  return lora;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenPeftAdapter(const std::string& dir,
+                                                                   const LoraConfig& lora) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.init: ", dir, "/adapter_config.json: ", what));
+  };
+  absl::StatusOr<LoraConfig> got = ReadPeftConfig(dir);
+  if (!got.ok())
+    return absl::InvalidArgumentError(absl::StrCat("lora.init: ", got.status().message()));
+  if (got->rank != lora.rank) return bad(absl::StrCat("r must be lora.rank (", lora.rank, ")"));
+  if (got->alpha != lora.alpha) {
+    return bad(absl::StrCat("lora_alpha must be lora.alpha (", lora.alpha, ")"));
+  }
+  if (!std::equal(std::begin(got->targets), std::end(got->targets), std::begin(lora.targets))) {
+    return bad("target_modules must be lora.targets");
   }
   return SafetensorsReader::Open(dir + "/adapter_model.safetensors");
 }

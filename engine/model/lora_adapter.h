@@ -22,6 +22,10 @@ std::string PeftKey(const std::string& hf_name);
 // and the unit, and every lora_B zero, so the adapted model starts as the base.
 void LoraInitUnitInto(const ParamLayout& layout, int unit, uint64_t seed, float* out);
 
+// `dir`/adapter_config.json as a LoraConfig: peft_type LORA, r, lora_alpha, target_modules (a
+// list of the seven module names), lora_dropout 0, no DoRA or rsLoRA; errors name the key.
+absl::StatusOr<LoraConfig> ReadPeftConfig(const std::string& dir);
+
 // Checks `dir`/adapter_config.json against the job's LoRA (peft_type LORA, r, lora_alpha, the
 // same target_modules, lora_dropout 0) and opens its adapter_model.safetensors.
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenPeftAdapter(const std::string& dir,

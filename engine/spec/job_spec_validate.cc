@@ -119,9 +119,6 @@ absl::Status ValidateLora(const JobSpec& s, const SpecReader& r) {
                             "[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]"));
   RETURN_IF_ERROR(r.Require(l.dropout == 0, "lora.dropout",
                             absl::StrCat("only 0 is implemented, got ", FormatDouble(l.dropout))));
-  RETURN_IF_ERROR(r.Require(s.checkpoint.dir.empty(), "checkpoint.dir",
-                            "not with [lora] yet: checkpoints and the PEFT export of a LoRA run "
-                            "are not implemented (issue 52)"));
   const JobSpec::Memory& m = s.memory;
   RETURN_IF_ERROR(r.Require(m.optimizer_offload != OffloadChoice::kOn, "memory.optimizer_offload",
                             "not with [lora] yet: the adapters' state is small and stays on the "

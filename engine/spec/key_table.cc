@@ -34,9 +34,10 @@ const std::vector<Section>& Sections() {
        "LoRA: adapters on a frozen base, as PEFT makes them. Each targeted linear computes "
        "y = W x + (alpha / rank) B A x, with A [rank, in] and B [out, rank] trained in f32 "
        "(AdamW, weight decay on both, gradient clipping over them alone) and every base weight "
-       "frozen: no gradient, no optimizer state (docs/training.md). Not yet with "
-       "`checkpoint.dir` (checkpoints, resume, the PEFT export) or the optimizer's state on the "
-       "host. Written only when `rank` is set.",
+       "frozen: no gradient, no optimizer state (docs/training.md). Checkpoints hold the adapters "
+       "and their optimizer state (a resume takes the base from where the run started); "
+       "`checkpoint.export` writes a PEFT adapter directory (f32). Not yet with the optimizer's "
+       "state on the host. Written only when `rank` is set.",
        [](const JobSpec& s) { return s.lora.enabled(); }},
       {"data", "The training data: token files written by `ithaca-tokenize`.", {}},
       {"training",

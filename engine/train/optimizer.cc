@@ -533,10 +533,22 @@ absl::Status Optimizer::RestoreUnit(size_t u, const std::vector<float>& master,
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* model,
                                                                  const UnitLoader& load,
                                                                  const JobSpec::Training& hp,
-                                                                 bool host_state) {
+                                                                 bool host_state,
+                                                                 const UnitFill& frozen) {
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
+  ParamStore& ps = model->params();
   std::vector<bool> came(o->master_.size(), false);
+  for (int u = 0; u < ps.num_units(); ++u) {
+    if (ps.trainable(u)) continue;
+    if (!frozen) {
+      return absl::InvalidArgumentError("Optimizer::ResumeEach: frozen units and no weights");
+    }
+    std::vector<float> whole(ps.unit_numel(u));
+    RETURN_IF_ERROR(frozen(u, whole.data()));
+    ps.ScatterFromHost(u, whole, ps.working_shard(u));
+    came[u] = true;
+  }
   auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(load([&](int unit, std::vector<float>&& master, std::vector<float>&& m,
                            std::vector<float>&& v) -> absl::Status {

@@ -126,10 +126,13 @@ class Optimizer {
   // (LoadCheckpointTogether does, as it reads them), each uploaded at once, so the host holds
   // one unit's slices at a time. DATA_LOSS names a unit that is misshapen or never came.
   using UnitLoader = std::function<absl::Status(const UnitSink& sink)>;
+  // `frozen` writes the weights of each frozen unit (LoRA's base), which a checkpoint does not
+  // hold, into the model's working copy (required when the model has frozen units).
   static absl::StatusOr<std::unique_ptr<Optimizer>> ResumeEach(LlamaModel* model,
                                                                const UnitLoader& load,
                                                                const JobSpec::Training& hp,
-                                                               bool host_state = false);
+                                                               bool host_state = false,
+                                                               const UnitFill& frozen = nullptr);
 
  private:
   Optimizer(LlamaModel* model, const JobSpec::Training& hp, bool host_state)

@@ -240,9 +240,30 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     RETURN_IF_ERROR(CheckResumeRope(*latest, t->cfg_));
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
-    ASSIGN_OR_RETURN(
-        ResumedCheckpoint resumed,
-        ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training, host_state));
+    // With LoRA the checkpoint holds the adapters alone: the frozen base comes from where the
+    // run's first start took it (model.weights, init.from, or the seed).
+    std::shared_ptr<SafetensorsReader> base_reader;
+    Optimizer::UnitFill base_fill = nullptr;
+    if (layout.has_lora()) {
+      std::string weights = spec.model.weights;
+      if (weights.empty() && !spec.init.from.empty()) {
+        ASSIGN_OR_RETURN(weights, InitWeightsDir(spec.init.from));
+      }
+      if (!weights.empty()) {
+        ASSIGN_OR_RETURN(base_reader, SafetensorsReader::Open(weights));
+        base_fill = [&](int u, float* out) {
+          return ReadUnitWeightsInto(layout, *base_reader, u, out);
+        };
+      } else {
+        base_fill = [&](int u, float* out) {
+          RandomUnitWeightsInto(layout, u, spec.training.seed, out);
+          return absl::OkStatus();
+        };
+      }
+    }
+    ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
+                     ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training,
+                                              host_state, base_fill));
     t->optimizer_ = std::move(resumed.optimizer);
     const LoadedCheckpoint& ck = resumed.loaded;
     t->state_ = ck.state;
@@ -264,7 +285,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
           latest->c_str(), static_cast<long long>(ck.state.step), ck.saved_world, t->world_,
           ck.bytes / 1e9, ck.seconds, ck.bytes / 1e9 / std::max(ck.seconds, 1e-9),
           ck.verified_bytes / 1e9, ck.read_bytes / 1e9, ck.host_bytes / 1e9,
-          100.0 * ck.host_bytes / (12.0 * layout.total_numel()));
+          100.0 * ck.host_bytes / (12.0 * layout.trainable_numel()));
     }
   } else if (!spec.model.weights.empty() || !spec.init.from.empty()) {
     // init.from: only the weights of the phase before; the step, optimizer state, schedule and
@@ -446,7 +467,7 @@ absl::StatusOr<CheckpointSaveReport> Trainer::SaveCheckpointNow() {
         static_cast<long long>(state_.step), r.bytes / 1e9, world_, r.seconds,
         r.bytes / 1e9 / std::max(r.seconds, 1e-9), r.gather_seconds, r.write_seconds,
         r.rank_bytes / 1e9, r.rank_bytes / 1e9 / std::max(r.rank_write_seconds, 1e-9),
-        r.host_bytes / 1e9, 100.0 * r.host_bytes / (12.0 * model_->layout().total_numel()),
+        r.host_bytes / 1e9, 100.0 * r.host_bytes / (12.0 * model_->layout().trainable_numel()),
         r.commit_seconds);
     std::fflush(stdout);
   }
@@ -529,12 +550,40 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
   return absl::OkStatus();
 }
 
+absl::Status Trainer::ExportLoraAdapter(const std::string& checkpoint) {
+  // The adapters alone, as a PEFT directory (f32: they are small), from the checkpoint just
+  // written, verified against its manifest first.
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(checkpoint));
+  for (size_t i = 0; i < manifest.files.size(); ++i) {
+    RETURN_IF_ERROR(VerifyCheckpointFile(checkpoint, manifest, i));
+  }
+  const ParamLayout& layout = model_->layout();
+  ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(checkpoint + "/model"));
+  HostWeights units(layout.num_units());
+  std::vector<const float*> ptrs(layout.num_units(), nullptr);
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const int u = layout.lora_unit(l);
+    units[u].resize(layout.units()[u].numel);
+    RETURN_IF_ERROR(ReadUnitWeightsInto(layout, *reader, u, units[u].data()));
+    ptrs[u] = units[u].data();
+  }
+  const std::string source = RecordedSourceModel(spec_);
+  const std::string out = ExportDir(spec_);
+  RETURN_IF_ERROR(
+      WritePeftAdapter(out, cfg_, layout, ptrs, source.empty() ? spec_.model.preset : source));
+  std::printf("exported the LoRA adapter of %s to %s (PEFT, f32)\n", checkpoint.c_str(),
+              out.c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::ExportNow() {
   const std::string& dtype_name = spec_.checkpoint.export_dtype;
   if (dtype_name.empty() || spec_.checkpoint.dir.empty() || rank_ != 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(DType dtype, ParseExportDType(dtype_name));
   // From the checkpoint just written: it is verified against its manifest on the way.
   ASSIGN_OR_RETURN(std::string checkpoint, LatestCheckpoint(spec_.checkpoint.dir));
+  if (cfg_.lora.enabled()) return ExportLoraAdapter(checkpoint);
   ExportOptions options;
   options.dtype = dtype;
   options.source_model_dir = ModelSourceDir(spec_);

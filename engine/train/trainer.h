@@ -144,6 +144,8 @@ class Trainer {
   absl::StatusOr<StepReport> TrainStep();
   // Rank 0 writes checkpoint.export (when the spec asks for one) from the newest checkpoint.
   absl::Status ExportNow();
+  // With LoRA the export is a PEFT adapter directory of the checkpoint's adapters.
+  absl::Status ExportLoraAdapter(const std::string& checkpoint);
 
   JobSpec spec_;
   StartupReport startup_;
