@@ -70,6 +70,9 @@ struct JobSpec {
     std::vector<std::string> targets;  // Hugging Face module names: "q_proj", ..., "down_proj"
     std::string init;                  // a PEFT adapter directory to start from; empty: PEFT's init
     double dropout = 0;                // only 0 is implemented
+    // checkpoint.export writes the base with the adapters merged in (W + alpha / rank · B A),
+    // and the PEFT adapter beside it (export-adapter); false: the PEFT adapter alone.
+    bool merge_on_export = false;
     bool enabled() const { return rank > 0; }
   } lora;
 

@@ -1085,6 +1085,12 @@ TEST(LoraSpecTest, BadSectionsAreRefusedByKey) {
   ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\n[memory]\n"
                         "optimizer_offload = true\n"),
               "job.toml: memory.optimizer_offload: not with [lora] yet");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\n"
+                        "merge_on_export = true\n"),
+              "job.toml: lora.merge_on_export: needs checkpoint.export");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\n"
+                        "merge_on_export = true\n[checkpoint]\ndir = \"c\"\nexport = \"bf16\"\n"),
+              "job.toml: lora.merge_on_export: needs model.weights or init.from");
 }
 
 }  // namespace

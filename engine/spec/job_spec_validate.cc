@@ -106,7 +106,8 @@ absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r)
 absl::Status ValidateLora(const JobSpec& s, const SpecReader& r) {
   const JobSpec::Lora& l = s.lora;
   if (!l.enabled()) {
-    for (const char* key : {"lora.alpha", "lora.targets", "lora.init", "lora.dropout"}) {
+    for (const char* key :
+         {"lora.alpha", "lora.targets", "lora.init", "lora.dropout", "lora.merge_on_export"}) {
       RETURN_IF_ERROR(r.Require(!r.Given(key), key, "needs lora.rank (the adapters' rank, >= 1)"));
     }
     return absl::OkStatus();
@@ -119,6 +120,11 @@ absl::Status ValidateLora(const JobSpec& s, const SpecReader& r) {
                             "[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]"));
   RETURN_IF_ERROR(r.Require(l.dropout == 0, "lora.dropout",
                             absl::StrCat("only 0 is implemented, got ", FormatDouble(l.dropout))));
+  RETURN_IF_ERROR(r.Require(!l.merge_on_export || !s.checkpoint.export_dtype.empty(),
+                            "lora.merge_on_export", "needs checkpoint.export (what is merged)"));
+  RETURN_IF_ERROR(r.Require(!l.merge_on_export || !s.model.weights.empty() || !s.init.from.empty(),
+                            "lora.merge_on_export",
+                            "needs model.weights or init.from: the base the adapters merge into"));
   const JobSpec::Memory& m = s.memory;
   RETURN_IF_ERROR(r.Require(m.optimizer_offload != OffloadChoice::kOn, "memory.optimizer_offload",
                             "not with [lora] yet: the adapters' state is small and stays on the "

@@ -155,6 +155,11 @@ const std::vector<Key>& Keys() {
        "init, A Kaiming-uniform (seeded by `training.seed`) and B zero."},
       {"lora.dropout", Float(FIELD(lora.dropout), AtLeast(0).WhenGiven()),
        "PEFT's `lora_dropout`; only 0 is implemented."},
+      {"lora.merge_on_export", Bool(FIELD(lora.merge_on_export)),
+       "`checkpoint.export` writes the model with the adapters merged into its weights "
+       "(W + alpha / rank B A, the existing export format) to `checkpoint.dir/export`, and the "
+       "PEFT adapter to `checkpoint.dir/export-adapter`; false: the PEFT adapter to "
+       "`checkpoint.dir/export`. Needs `model.weights` or `init.from` (the base to merge into)."},
 
       {"data.path", Str(FIELD(data.path)),
        "Token file(s) to train on, or a glob (`shards/*.tok`, `{a.tok,b.tok}`). Required unless "

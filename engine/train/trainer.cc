@@ -568,11 +568,27 @@ absl::Status Trainer::ExportLoraAdapter(const std::string& checkpoint) {
     ptrs[u] = units[u].data();
   }
   const std::string source = RecordedSourceModel(spec_);
-  const std::string out = ExportDir(spec_);
-  RETURN_IF_ERROR(
-      WritePeftAdapter(out, cfg_, layout, ptrs, source.empty() ? spec_.model.preset : source));
+  const bool merge = spec_.lora.merge_on_export;
+  const std::string out = ExportDir(spec_), adapter_out = merge ? out + "-adapter" : out;
+  RETURN_IF_ERROR(WritePeftAdapter(adapter_out, cfg_, layout, ptrs,
+                                   source.empty() ? spec_.model.preset : source));
   std::printf("exported the LoRA adapter of %s to %s (PEFT, f32)\n", checkpoint.c_str(),
-              out.c_str());
+              adapter_out.c_str());
+  if (merge) {  // the base from where the run took it, each targeted weight + scale · B · A
+    ExportOptions options;
+    ASSIGN_OR_RETURN(options.dtype, ParseExportDType(spec_.checkpoint.export_dtype));
+    options.source_model_dir = ModelSourceDir(spec_);
+    options.replace = true;
+    options.trained_seq_len = spec_.data.seq_len;
+    options.lora = cfg_.lora;
+    options.lora_base = spec_.model.weights;
+    if (options.lora_base.empty()) {
+      ASSIGN_OR_RETURN(options.lora_base, InitWeightsDir(spec_.init.from));
+    }
+    RETURN_IF_ERROR(ExportCheckpoint(checkpoint, out, options));
+    std::printf("exported %s merged into %s to %s (%s)\n", checkpoint.c_str(),
+                options.lora_base.c_str(), out.c_str(), spec_.checkpoint.export_dtype.c_str());
+  }
   std::fflush(stdout);
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
+#include "engine/checkpoint/model_loss.h"
 #include "engine/core/file_util.h"
 #include "engine/model/lora_adapter.h"
 #include "engine/model/weights.h"
@@ -213,6 +214,47 @@ TEST(TrainerTest, LoraTrainsTheAdaptersResumesExactlyAndExportsPeft) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(std::string(d.status().message()).find("r must be lora.rank (8)"), std::string::npos)
       << d.status();
+}
+
+// lora.merge_on_export: the export is the base (model.weights) with every targeted weight
+// + alpha / rank · B A, in the existing export format, and the PEFT adapter beside it: the merged
+// model's loss is the base-plus-adapter's.
+TEST(TrainerTest, LoraMergeOnExportIsTheBasePlusTheAdapter) {
+  const std::string dir = TmpDir("lora_merge");
+  auto cfg = PresetConfig("tiny");
+  ASSERT_TRUE(cfg.ok());
+  const ParamLayout base_layout(*cfg);
+  const HostWeights base = RandomWeights(base_layout, 5);
+  std::vector<const float*> ptrs;
+  for (const auto& u : base) ptrs.push_back(u.data());
+  ASSERT_TRUE(
+      WriteHfCheckpoint(dir + "/base", *cfg, base_layout, ptrs, DType::kF32, int64_t{1} << 40)
+          .ok());
+  JobSpec spec = SmallSpec(dir);
+  spec.model.weights = dir + "/base";
+  spec.training.steps = 6;
+  spec.training.lr = 1e-2;
+  spec.lora.rank = 2;
+  spec.lora.alpha = 6;
+  spec.lora.targets = {"k_proj", "o_proj", "gate_proj", "down_proj"};
+  spec.lora.merge_on_export = true;
+  spec.checkpoint.dir = dir + "/run";
+  spec.checkpoint.export_dtype = "f32";
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(Losses(**t).size(), 6u);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 50; ++i) ids.push_back((i * 37 + 11) % 256);
+  auto merged = ComputeModelLoss(dir + "/run/export", ids);
+  auto adapted = ComputeModelLoss(dir + "/base", ids, dir + "/run/export-adapter");
+  auto plain = ComputeModelLoss(dir + "/base", ids);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_TRUE(adapted.ok()) << adapted.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NEAR(merged->loss, adapted->loss, 1e-5);
+  EXPECT_GT(std::abs(merged->loss - plain->loss), 2e-4) << "the adapters moved";
 }
 
 // data.weights: a mix of two sources (the corpus's halves) trains, and a run interrupted and
