@@ -426,6 +426,8 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.mfu = peak > 0 ? r.model_tflops * 1e12 / peak : 0;
   r.grad_norm = opt.grad_norm;
   r.lr = lr;
+  r.trainable_parameters = model_->layout().trainable_numel();
+  r.parameters = model_->layout().total_numel();
   r.cpu_update_seconds = opt.cpu_update_seconds;
   r.device_wait_seconds = opt.device_wait_seconds;
   if (optimizer_->host_state() && spec_.memory.overlap_update) {

@@ -141,9 +141,26 @@ TEST(TrainerTest, LoraTrainsTheAdaptersResumesExactlyAndExportsPeft) {
   ASSERT_TRUE(a.ok()) << a.status();
   const ParamLayout& layout = (*a)->model()->layout();
   ASSERT_TRUE(layout.has_lora());
-  std::vector<double> straight = Losses(**a);
+  std::vector<double> straight;
+  int64_t trainable = 0, parameters = 0;
+  ASSERT_TRUE((*a)->Run([&](const StepReport& r) {
+                    straight.push_back(r.loss);
+                    trainable = r.trainable_parameters;
+                    parameters = r.parameters;
+                  })
+                  .ok());
   ASSERT_EQ(straight.size(), 8u);
   EXPECT_LT(straight[7], straight[0] - 0.1) << "the adapters learn";
+  // The step reports what trains: 4 x (A + B) of rank 4 per layer, of the whole model's.
+  EXPECT_EQ(trainable, layout.trainable_numel());
+  EXPECT_EQ(parameters, layout.total_numel());
+  {
+    const LlamaConfig& mc = (*a)->model()->config();
+    const int64_t q = mc.num_attention_heads * mc.head_dim;
+    const int64_t kv = mc.num_key_value_heads * mc.head_dim;
+    const int64_t h = mc.hidden_size, f = mc.intermediate_size;
+    EXPECT_EQ(trainable, mc.num_hidden_layers * 4 * ((h + q) + (h + kv) + (q + h) + (f + h)));
+  }
 
   // The base: its random init, to the bit.
   for (int u = 0; u < layout.num_units(); ++u) {
