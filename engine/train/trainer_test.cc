@@ -272,6 +272,25 @@ TEST(TrainerTest, LoraMergeOnExportIsTheBasePlusTheAdapter) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_NEAR(merged->loss, adapted->loss, 1e-5);
   EXPECT_GT(std::abs(merged->loss - plain->loss), 2e-4) << "the adapters moved";
+
+  // A new phase: [init] from the base's model directory with [lora] init the exported adapter
+  // starts from both: the base's weights and the trained adapters, bit for bit.
+  JobSpec next = SmallSpec(dir);
+  next.init.from = dir + "/base";
+  next.lora = spec.lora;
+  next.lora.merge_on_export = false;
+  next.lora.init = dir + "/run/export-adapter";
+  next.checkpoint.dir = dir + "/phase2";
+  next.training.steps = 1;
+  auto phase = Trainer::Create(Resolved(next), &ops, &alloc);
+  ASSERT_TRUE(phase.ok()) << phase.status();
+  const ParamLayout& layout = (*t)->model()->layout();
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const Tensor& now = (*phase)->model()->params().working_shard(u);
+    const void* want = layout.units()[u].trainable ? (*t)->model()->params().working_shard(u).data
+                                                   : static_cast<const void*>(base[u].data());
+    EXPECT_EQ(0, std::memcmp(now.data, want, now.bytes())) << layout.units()[u].name;
+  }
 }
 
 // data.weights: a mix of two sources (the corpus's halves) trains, and a run interrupted and

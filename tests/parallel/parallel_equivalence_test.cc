@@ -282,7 +282,8 @@ TEST_F(ParallelEquivalenceTest, MixedPolicyEqualsNoRecomputeBitForBit) {
 // training (the base unchanged) equal one rank's under FSDP (the adapters' units sharded,
 // gathered with their blocks and reduce-scattered), Ulysses / UPipe stages (each stage's rows of
 // B), recompute, offload and tiles, and the family's extras (Qwen3's frozen q/k norms, Qwen2's
-// frozen biases). The planner's replay must match each rank's measured peaks (parallel_rank).
+// frozen biases), packed documents under an SFT loss mask. The planner's replay must match each
+// rank's measured peaks (parallel_rank).
 TEST_F(ParallelEquivalenceTest, LoraAdaptersUnderEachLayout) {
   Case a{"w4_sp2_lora_fsdp_full_chunk", 2, 4, 2, true, "full", 2};
   a.lora = true;
@@ -296,6 +297,13 @@ TEST_F(ParallelEquivalenceTest, LoraAdaptersUnderEachLayout) {
   c.family = "qwen2";
   c.lora = true;
   Check(c);
+  // Packed documents and an SFT loss mask (Mistral's window too), Ulysses over both ranks.
+  Case d{"w2_sp2_lora_mistral_packed_sft_fsdp_full", 2, 2, 2, true, "full", 2, false, 8};
+  d.family = "mistral";
+  d.packed = true;
+  d.sft = true;
+  d.lora = true;
+  Check(d);
 }
 
 TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {
