@@ -152,14 +152,6 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   // is what makes resolving a resolved spec a no-op.
   s.memory.gpu_budget_gib = job.budgets.gpu_bytes / kGiB;
   s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
-  // LoRA's adapters keep their small state on the device (the host optimizer does not take a
-  // frozen base yet): "auto" is off for both.
-  if (s.lora.enabled()) {
-    for (OffloadChoice* c : {&s.memory.optimizer_offload, &s.memory.param_offload}) {
-      if (*c == OffloadChoice::kAuto) *c = OffloadChoice::kOff;
-    }
-  }
-
   absl::StatusOr<MemoryPlan> plan =
       PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits, HardwareOf(node));
   if (absl::IsDeadlineExceeded(plan.status()) || absl::IsCancelled(plan.status())) {

@@ -1082,9 +1082,6 @@ TEST(LoraSpecTest, BadSectionsAreRefusedByKey) {
               "job.toml: lora.targets: \"q_proj\" is given twice");
   ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\ndropout = 0.1\n"),
               "job.toml: lora.dropout: only 0 is implemented, got 0.1");
-  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\n[memory]\n"
-                        "optimizer_offload = true\n"),
-              "job.toml: memory.optimizer_offload: not with [lora] yet");
   ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\n"
                         "merge_on_export = true\n"),
               "job.toml: lora.merge_on_export: needs checkpoint.export");

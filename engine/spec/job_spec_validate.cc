@@ -102,7 +102,7 @@ absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r)
 }
 
 // [lora]: its keys need a rank, a rank needs alpha and targets, and what is not implemented
-// (dropout, the optimizer's state on the host) is refused by name.
+// (dropout) is refused by name.
 absl::Status ValidateLora(const JobSpec& s, const SpecReader& r) {
   const JobSpec::Lora& l = s.lora;
   if (!l.enabled()) {
@@ -125,12 +125,6 @@ absl::Status ValidateLora(const JobSpec& s, const SpecReader& r) {
   RETURN_IF_ERROR(r.Require(!l.merge_on_export || !s.model.weights.empty() || !s.init.from.empty(),
                             "lora.merge_on_export",
                             "needs model.weights or init.from: the base the adapters merge into"));
-  const JobSpec::Memory& m = s.memory;
-  RETURN_IF_ERROR(r.Require(m.optimizer_offload != OffloadChoice::kOn, "memory.optimizer_offload",
-                            "not with [lora] yet: the adapters' state is small and stays on the "
-                            "device (set false or \"auto\")"));
-  RETURN_IF_ERROR(r.Require(m.param_offload != OffloadChoice::kOn, "memory.param_offload",
-                            "not with [lora] yet (set false or \"auto\")"));
   return absl::OkStatus();
 }
 

@@ -36,8 +36,8 @@ const std::vector<Section>& Sections() {
        "(AdamW, weight decay on both, gradient clipping over them alone) and every base weight "
        "frozen: no gradient, no optimizer state (docs/training.md). Checkpoints hold the adapters "
        "and their optimizer state (a resume takes the base from where the run started); "
-       "`checkpoint.export` writes a PEFT adapter directory (f32). Not yet with the optimizer's "
-       "state on the host. Written only when `rank` is set.",
+       "`checkpoint.export` writes a PEFT adapter directory (f32). Written only when `rank` is "
+       "set.",
        [](const JobSpec& s) { return s.lora.enabled(); }},
       {"data", "The training data: token files written by `ithaca-tokenize`.", {}},
       {"training",

@@ -29,10 +29,6 @@ absl::Status Optimizer::Allocate() {
         "memory.param_offload: the working copy on the host needs the optimizer's state there "
         "too (memory.optimizer_offload = true): the CPU AdamW writes it");
   }
-  if (host_state_ && model_->layout().has_lora()) {
-    return absl::InvalidArgumentError(
-        "memory.optimizer_offload: not with [lora] yet (the adapters' state stays on the device)");
-  }
   const Tier tier = host_state_ ? Tier::kHostOptimizer : Tier::kOptimizer;
   if (host_state_) pool_ = std::make_unique<HostThreadPool>();
   int64_t largest = 0;
@@ -83,6 +79,28 @@ absl::StatusOr<Tensor> Optimizer::OnDevice(const Buffer& host, Buffer* keep) con
   return keep->tensor();
 }
 
+void Optimizer::PlaceFrozen(int u, const float* whole) {
+  ParamStore& ps = model_->params();
+  const int64_t begin = ps.shard_begin(u), shard = ps.shard_numel(u);
+  const int64_t n = std::max<int64_t>(0, std::min(shard, ps.unit_numel(u) - begin));
+  const Tensor w = ps.working_shard(u);
+  if (!ps.host_params()) {  // this rank's slice, zero padded, uploaded
+    std::vector<float> part(shard, 0.f);
+    std::copy(whole + begin, whole + begin + n, part.begin());
+    model_->ops()->Upload(part.data(), DType::kF32, w);
+    return;
+  }
+  // On the host (memory.param_offload): converted in place, as RefreshWorkingCopy writes it.
+  const float* from = whole + begin;
+  if (w.dtype == DType::kBF16) {
+    uint16_t* to = static_cast<uint16_t*>(w.data);
+    for (int64_t k = 0; k < shard; ++k) to[k] = k < n ? FloatToBf16(from[k]).bits : 0;
+  } else {
+    float* to = w.f32();
+    for (int64_t k = 0; k < shard; ++k) to[k] = k < n ? from[k] : 0.f;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
                                                              const UnitSource& init,
                                                              const JobSpec::Training& hp,
@@ -98,7 +116,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
     if (static_cast<int64_t>(whole.size()) != ps.unit_numel(u)) {
       return absl::InternalError("initial weights do not match the parameter layout");
     }
-    if (host_state) {
+    if (!ps.trainable(u)) {  // frozen: straight into the working copy, as it stays
+      o->PlaceFrozen(u, whole.data());
+    } else if (host_state) {
       // This rank's slice, zero padded past the unit's end (as ScatterFromHost uploads it),
       // copied on every core (8B's 32 GB of master weights are a minute's copy on one).
       const int64_t begin = ps.shard_begin(u);
@@ -108,8 +128,6 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
       o->pool_->ParallelFor(n, 1 << 16, [from, to](int64_t lo, int64_t hi) {
         std::memcpy(to + lo, from + lo, (hi - lo) * sizeof(float));
       });
-    } else if (!ps.trainable(u)) {  // frozen: straight into the working copy, as it stays
-      ps.ScatterFromHost(u, whole, ps.working_shard(u));
     } else {
       ps.ScatterFromHost(u, whole, o->master_[u].tensor());
     }
@@ -140,7 +158,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::CreateFilled(LlamaModel* m
   RETURN_IF_ERROR(o->Allocate());
   for (int u = 0; u < ps.num_units(); ++u) {
     const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(fill(u, o->master_[u].tensor().f32()));  // the shard is the whole unit
+    if (!ps.trainable(u)) {  // frozen: no master weights, the working copy alone
+      std::vector<float> whole(ps.unit_numel(u));
+      RETURN_IF_ERROR(fill(u, whole.data()));
+      o->PlaceFrozen(u, whole.data());
+    } else {
+      RETURN_IF_ERROR(fill(u, o->master_[u].tensor().f32()));  // the shard is the whole unit
+    }
     o->startup_.init_s += SecondsSince(t0);
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -178,6 +202,7 @@ void Optimizer::RefreshWorkingCopy() {
   const bool in_place = ps.host_params();
   size_t pieces = 0;
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) continue;  // frozen: its working copy was placed once
     for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
       const int64_t n = std::min(ps.shard_numel(u) - lo, stage_elements);
       const size_t i = pieces++;
@@ -277,7 +302,8 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
   p->unit_end.resize(ps.num_units());
   p->unit_fence.resize(ps.num_units());
   for (int u = 0; u < ps.num_units(); ++u) {
-    for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
+    // A frozen unit (LoRA's base) has nothing to update: no pieces, and no transfer to wait for.
+    for (int64_t lo = 0; ps.trainable(u) && lo < ps.shard_numel(u); lo += stage_elements) {
       p->pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
     }
     p->unit_end[u] = p->pieces.size();
@@ -470,7 +496,15 @@ absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
   ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
     if (master_[u].empty()) {  // frozen: its weights are the working copy's
-      ASSIGN_OR_RETURN(std::vector<float> unit, ps.GatherToHost(u, ps.working_shard(u)));
+      Buffer copy;
+      Tensor shard = ps.working_shard(u);
+      if (ps.host_params()) {  // on the host: a device copy for the collective
+        ASSIGN_OR_RETURN(copy,
+                         Buffer::Make(model_->allocator(), shard.dtype, shard.shape, Tier::kComm));
+        model_->ops()->Copy(shard, copy.tensor());
+        shard = copy.tensor();
+      }
+      ASSIGN_OR_RETURN(std::vector<float> unit, ps.GatherToHost(u, shard));
       w.push_back(std::move(unit));
       continue;
     }
@@ -492,6 +526,7 @@ absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
 
 absl::Status Optimizer::Restore(const Shards& s) {
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) continue;  // frozen: not in the state
     if (u >= s.master.size() || u >= s.m.size() || u >= s.v.size()) {
       return absl::DataLossError(absl::StrCat("optimizer state: unit ", u, " is missing"));
     }
@@ -546,7 +581,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* mod
     }
     std::vector<float> whole(ps.unit_numel(u));
     RETURN_IF_ERROR(frozen(u, whole.data()));
-    ps.ScatterFromHost(u, whole, ps.working_shard(u));
+    o->PlaceFrozen(u, whole.data());
     came[u] = true;
   }
   auto t0 = std::chrono::steady_clock::now();

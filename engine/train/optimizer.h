@@ -155,6 +155,9 @@ class Optimizer {
   // device memory; `keep` owns it.
   absl::StatusOr<Tensor> OnDevice(const Buffer& host, Buffer* keep) const;
   void RefreshWorkingCopy();
+  // A frozen unit's working copy (LoRA's base, which has no master weights) from its whole f32
+  // weights: this rank's slice, uploaded, or converted in place on the host (param_offload).
+  void PlaceFrozen(int u, const float* whole);
   // Resume's upload of every unit's slices (DATA_LOSS naming a missing unit).
   absl::Status Restore(const Shards& shards);
   // Uploads unit u's slices into the master, m and v shards (DATA_LOSS naming a wrong size).

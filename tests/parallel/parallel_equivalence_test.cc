@@ -434,6 +434,41 @@ TEST_F(ParallelEquivalenceTest, EightRanksTwoUlyssesGroupsOfFour) {
 // Ulysses 2); and so with the working copy on the host as well (memory.param_offload). Each rank
 // moves only its own shards; the plan of the host tiers must also match what the ranks allocate
 // (parallel_rank checks every tier).
+// [lora] with the adapters' state on the host (the CPU AdamW over them alone), and the working
+// copy there too (the frozen base streamed to the device unit by unit): the same bits as on the
+// device, one rank and four (Ulysses 2, FSDP).
+TEST_F(ParallelEquivalenceTest, LoraOptimizerAndParamOffloadChangeNoBit) {
+  for (int world : {0, 4}) {
+    const std::string name = absl::StrCat("lora_offload_w", world);
+    std::vector<std::string> args = {"--config",     ConfigPath(2),
+                                     "--data",       *dir_ + "/corpus.tok",
+                                     "--world",      std::to_string(std::max(world, 1)),
+                                     "--sp",         world == 4 ? "2" : "1",
+                                     "--fsdp",       "1",
+                                     "--recompute",  "full",
+                                     "--grad-accum", "2",
+                                     "--steps",      "4",
+                                     "--lora"};
+    const std::string off = RunRanks(name + "_off", world, args);
+    args.push_back("--optimizer-offload");
+    const std::string on = RunRanks(name + "_on", world, args);
+    args.push_back("--param-offload");
+    const std::string params_on = RunRanks(name + "_params_on", world, args);
+    for (const std::string& other : {on, params_on}) {
+      int params = 0;
+      const int checked = CompareTensors(
+          off, other, other,
+          [&](const std::string& t, const std::vector<float>& x, const std::vector<float>& y) {
+            EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)))
+                << other << ": " << t;
+            if (t.rfind("param.", 0) == 0) ++params;
+          });
+      EXPECT_GT(checked, 40) << other;
+      EXPECT_GT(params, 20) << other;
+    }
+  }
+}
+
 TEST_F(ParallelEquivalenceTest, OptimizerOffloadChangesNoBit) {
   struct Layout {
     int world, sp;
