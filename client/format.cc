@@ -273,6 +273,12 @@ std::string JobDetails(const v1::Job& job) {
                             r->cpu_update_seconds(), r->device_wait_seconds());
     }
     out += "\n";
+    // Under [lora] only the adapters train.
+    if (r->parameters() > 0 && r->trainable_parameters() != r->parameters()) {
+      absl::StrAppendFormat(&out, "  trainable parameters: %d of %d (%.3f%%)\n",
+                            r->trainable_parameters(), r->parameters(),
+                            100.0 * r->trainable_parameters() / r->parameters());
+    }
   }
   if (job.has_last_eval()) {
     absl::StrAppend(&out, "  last eval: ", EvalLine(job.last_eval()), "\n");

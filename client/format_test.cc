@@ -100,6 +100,22 @@ TEST(FormatTest, EvalLineInWatchAndStatus) {
       << JobDetails(job);
 }
 
+TEST(FormatTest, StatusShowsTrainableParametersUnderLora) {
+  v1::Job job;
+  job.set_id("job-1");
+  v1::StepReport* r = job.add_last_steps();
+  r->set_step(3);
+  r->set_total_steps(10);
+  r->set_trainable_parameters(113728);
+  r->set_parameters(113728);
+  EXPECT_EQ(JobDetails(job).find("trainable parameters"), std::string::npos)
+      << "every parameter trains: no line";
+  r->set_trainable_parameters(4736);
+  EXPECT_NE(JobDetails(job).find("  trainable parameters: 4736 of 113728 (4.164%)\n"),
+            std::string::npos)
+      << JobDetails(job);
+}
+
 TEST(FormatTest, EvalLineWithPasskeyPoints) {
   v1::EvalReport e;
   e.set_step(20);

@@ -57,6 +57,7 @@ absl::Status CheckSpecPaths(const JobSpec& s, const std::string& source,
        {std::pair<const char*, const std::string*>{"model.config", &s.model.config},
         {"model.weights", &s.model.weights},
         {"init.from", &s.init.from},
+        {"lora.init", &s.lora.init},
         {"checkpoint.dir", &s.checkpoint.dir}}) {
     if (path->empty() || (relative(*path) && path != &s.checkpoint.dir)) continue;
     RETURN_IF_ERROR(CheckAllowedPath(source, key, *path, roots));
@@ -144,7 +145,7 @@ absl::StatusOr<AdmittedSpec> ParseSubmission(
   // Every path is resolved and checked against the allowed roots before any is looked at.
   std::map<const std::string*, std::string> notes;  // where a missing file was looked for
   for (std::string* p : {&s.data.path, &s.eval.path, &s.model.config, &s.model.weights,
-                         &s.checkpoint.dir, &s.init.from}) {
+                         &s.checkpoint.dir, &s.init.from, &s.lora.init}) {
     if (p->empty()) continue;
     // The client may be on another machine: say which host looked where.
     notes[p] = (*p)[0] != '/' ? base.relative_note : base.absolute_note;

@@ -194,6 +194,8 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
       passkey_logprob_(Gauge(*registry_, Constant(hostname), "ithaca_passkey_logprob",
                              "Mean log-probability of a passkey key token at a length and "
                              "depth in the newest evaluation ([eval.passkey]).")),
+      trainable_parameters_(Gauge(*registry_, Constant(hostname), "ithaca_trainable_parameters",
+                                  "Parameters the job trains (under [lora] the adapters alone).")),
       tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
@@ -337,6 +339,13 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
   s.grad_norm->Set(r.grad_norm());
   s.lr->Set(r.lr());
   s.last_step_time->Set(NowSeconds());
+  if (rank == 0 && r.trainable_parameters() > 0) {
+    JobSeries& j = jobs_series_[job];
+    if (j.trainable_parameters == nullptr) {
+      j.trainable_parameters = &trainable_parameters_.Add({{"job_id", job}});
+    }
+    j.trainable_parameters->Set(static_cast<double>(r.trainable_parameters()));
+  }
   if (rank == 0 && r.checkpoint_seconds() > 0) {
     JobSeries& j = jobs_series_[job];
     if (j.checkpoint_seconds == nullptr) {
@@ -424,6 +433,7 @@ void Metrics::OnJobFinished(const std::string& job) {
     if (j != jobs_series_.end()) {
       checkpoint_seconds_.Remove(j->second.checkpoint_seconds);
       checkpoint_time_.Remove(j->second.checkpoint_time);
+      trainable_parameters_.Remove(j->second.trainable_parameters);
       for (auto& [point, g] : j->second.passkey) {
         passkey_accuracy_.Remove(g.first);
         passkey_logprob_.Remove(g.second);

@@ -97,6 +97,7 @@ class Metrics {
   };
   struct JobSeries {
     prometheus::Gauge *checkpoint_seconds = nullptr, *checkpoint_time = nullptr;
+    prometheus::Gauge* trainable_parameters = nullptr;
     // Per passkey point (length, depth label): accuracy and logprob.
     std::map<std::pair<int64_t, std::string>, std::pair<prometheus::Gauge*, prometheus::Gauge*>>
         passkey;
@@ -117,7 +118,7 @@ class Metrics {
       &host_optimizer_, &host_params_, &tokens_per_second_, &loss_, &step_, &flops_, &mfu_,
       &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_, &capacity_, &jobs_,
       &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_, &rank_node_,
-      &passkey_accuracy_, &passkey_logprob_;
+      &passkey_accuracy_, &passkey_logprob_, &trainable_parameters_;
   prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_ ABSL_GUARDED_BY(mu_);

@@ -103,6 +103,8 @@ TEST(MetricsTest, HostnameEvalCheckpointQueueWaitAndMfu) {
   r.set_mfu(0.41);
   r.set_checkpoint_seconds(12.5);
   r.set_checkpoint_time_unix(1780000000);
+  r.set_trainable_parameters(4736);
+  r.set_parameters(113728);
   m.OnStep("job-2", 0, 1, "GPU-x", r);
   m.OnJobStarted(42);
   std::string text = m.Render();
@@ -111,6 +113,7 @@ TEST(MetricsTest, HostnameEvalCheckpointQueueWaitAndMfu) {
            "ithaca_eval_loss{" + l + "} 3.25",
            "ithaca_mfu_ratio{" + l + "} 0.41",
            "ithaca_checkpoint_seconds{Hostname=\"node-7\",job_id=\"job-2\"} 12.5",
+           "ithaca_trainable_parameters{Hostname=\"node-7\",job_id=\"job-2\"} 4736",
            "ithaca_checkpoint_last_timestamp_seconds{Hostname=\"node-7\",job_id=\"job-2\"} "
            "1780000000",
            "ithaca_queue_wait_seconds_bucket{Hostname=\"node-7\",le=\"30\"} 0",

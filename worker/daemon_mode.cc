@@ -92,6 +92,8 @@ v1::StepReport ToProto(const StepReport& r, int rank) {
   p.set_lr(r.lr);
   p.set_cpu_update_seconds(r.cpu_update_seconds);
   p.set_device_wait_seconds(r.device_wait_seconds);
+  p.set_trainable_parameters(r.trainable_parameters);
+  p.set_parameters(r.parameters);
   for (int t = 0; t < kNumTiers; ++t) {
     v1::TierBytes* tb = p.add_memory();
     tb->set_tier(TierName(static_cast<Tier>(t)));

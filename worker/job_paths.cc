@@ -67,6 +67,9 @@ absl::Status CheckJobPaths(const JobSpec& spec, const std::vector<std::string>& 
       RETURN_IF_ERROR(CheckModelFiles("init.from", *weights, roots));
     }
   }
+  if (!spec.lora.init.empty()) {
+    RETURN_IF_ERROR(CheckAllowedPath("job", "lora.init", spec.lora.init, roots));
+  }
   if (!spec.checkpoint.dir.empty()) {
     absl::Status made = MakeDirsInsideRoots(spec.checkpoint.dir, roots);
     if (!made.ok()) {

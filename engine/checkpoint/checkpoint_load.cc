@@ -136,6 +136,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
   // error on every rank.
   for (const Kind& k : kinds) {
     for (const ParamUnit& unit : layout.units()) {
+      if (!unit.trainable) continue;  // a frozen base (LoRA) is not in a checkpoint
       for (const ParamEntry& e : unit.entries) {
         ASSIGN_OR_RETURN(TensorInfo info, k.reader->Info(k.prefix + e.hf_name));
         if (info.shape != e.shape || info.dtype != DType::kF32) {
@@ -147,6 +148,12 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointSlices(const std::string& path,
     }
   }
   for (size_t u = 0; u < layout.units().size(); ++u) {
+    if (!layout.units()[u].trainable) {  // nothing saved: empty, and no call of the sink
+      if (!sink) {
+        for (int k = 0; k < 3; ++k) kinds[k].out->emplace_back();
+      }
+      continue;
+    }
     const UnitSlice& slice = slices[u];
     const int64_t end = slice.begin + slice.numel;
     std::vector<float> parts[3];

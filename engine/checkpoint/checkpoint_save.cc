@@ -78,6 +78,7 @@ FileSplit SplitFiles(const ParamLayout& layout, int world) {
   split.weights.SetMetadata("format", "pt");
   int64_t weight_bytes = 0;
   for (const ParamUnit& unit : layout.units()) {
+    if (!unit.trainable) continue;  // a frozen base (LoRA) is the model's, not the run's
     for (const ParamEntry& e : unit.entries) {
       split.weights.Add(e.hf_name, DType::kF32, e.shape, nullptr, DType::kF32);
       split.moments.Add("m." + e.hf_name, DType::kF32, e.shape, nullptr, DType::kF32);
@@ -142,6 +143,7 @@ OptimizerSelection CheckpointTensorsOf(const ParamLayout& layout, int rank, int 
   OptimizerSelection mine;
   size_t i = 0;
   for (const ParamUnit& unit : layout.units()) {
+    if (!unit.trainable) continue;  // as SplitFiles
     for (const ParamEntry& e : unit.entries) {
       if (WriterOf(split.weight_part[i], world) == rank) mine.master.insert(e.hf_name);
       if (WriterOf(split.moment_part[2 * i], world) == rank) mine.m.insert(e.hf_name);
@@ -155,6 +157,7 @@ OptimizerSelection CheckpointTensorsOf(const ParamLayout& layout, int rank, int 
 OptimizerState StateOfWholeUnits(const ParamLayout& layout, const OptimizerShards& whole) {
   OptimizerState s;
   for (size_t u = 0; u < layout.units().size(); ++u) {
+    if (!layout.units()[u].trainable) continue;
     for (const ParamEntry& e : layout.units()[u].entries) {
       const int64_t n = NumElements(e.shape);
       for (auto [from, to] :

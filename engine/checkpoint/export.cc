@@ -68,6 +68,34 @@ std::string ExportConfigJson(const LlamaConfig& cfg, DType dtype) {
   return j.dump(2) + "\n";
 }
 
+// W += scale · B · A when `e` is a linear the LoRA targets ("model.layers.N.<module>.weight"),
+// its A and B read from `adapters` under the base's module name.
+absl::Status MergeLora(const SafetensorsReader& adapters, const LoraConfig& lora,
+                       const ParamEntry& e, std::vector<float>* w) {
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    const std::string suffix = absl::StrCat(".", LoraModulePath(t), ".weight");
+    const std::string& name = e.hf_name;
+    if (!lora.targets[t] || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    const int64_t out = e.shape[0], in = e.shape[1], r = lora.rank;
+    std::vector<float> a(r * in), b(out * r);
+    RETURN_IF_ERROR(adapters.Read(module + ".lora_A.weight", {r, in}, DType::kF32, a.data()));
+    RETURN_IF_ERROR(adapters.Read(module + ".lora_B.weight", {out, r}, DType::kF32, b.data()));
+    const double scale = lora.alpha / static_cast<double>(r);
+    for (int64_t i = 0; i < out; ++i) {
+      for (int64_t j = 0; j < in; ++j) {
+        double sum = 0;
+        for (int64_t k = 0; k < r; ++k) sum += double(b[i * r + k]) * a[k * in + j];
+        (*w)[i * in + j] += static_cast<float>(scale * sum);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Writes the whole export into `dir` (which exists and is empty).
 absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
                          const ExportOptions& options) {
@@ -75,6 +103,11 @@ absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
   ASSIGN_OR_RETURN(LlamaConfig cfg, LoadConfigJson(model));
   const ParamLayout layout(cfg);
   ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(model));
+  std::unique_ptr<SafetensorsReader> adapters;  // LoRA: the checkpoint's; `reader` the base's
+  if (options.lora.enabled()) {
+    adapters = std::move(reader);
+    ASSIGN_OR_RETURN(reader, SafetensorsReader::Open(options.lora_base));
+  }
   // Tensor by tensor from the checkpoint into the opened files: the host holds one tensor at a
   // time, not the model.
   SafetensorsWriter names;
@@ -90,6 +123,7 @@ absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
     for (const ParamEntry& e : unit.entries) {
       tensor.resize(static_cast<size_t>(NumElements(e.shape)));
       RETURN_IF_ERROR(reader->Read(e.hf_name, e.shape, DType::kF32, tensor.data()));
+      if (adapters) RETURN_IF_ERROR(MergeLora(*adapters, options.lora, e, &tensor));
       for (auto& file : files) {
         if (file->Holds(e.hf_name))
           RETURN_IF_ERROR(file->Put(e.hf_name, DType::kF32, tensor.data()));

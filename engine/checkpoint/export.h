@@ -12,6 +12,7 @@
 
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
+#include "engine/model/config.h"
 
 namespace ithaca {
 
@@ -30,6 +31,11 @@ struct ExportOptions {
   // The length the model was trained at (the trainer's data.seq_len): config.json's
   // max_position_embeddings is raised to it when below. 0: as the checkpoint says.
   int64_t trained_seq_len = 0;
+  // A LoRA checkpoint (its model/ holds the adapters alone) merged into its base: every weight
+  // comes from `lora_base` (a safetensors file, index or directory), and each targeted linear's
+  // gets lora.scale() · B · A added (lora_merge_on_export). lora.rank 0: a plain checkpoint.
+  LoraConfig lora;
+  std::string lora_base;
 };
 
 // Copied from ExportOptions::source_model_dir when present there.

@@ -7,13 +7,14 @@
 #include "engine/memory/allocator.h"
 #include "engine/model/config.h"
 #include "engine/model/safetensors.h"
+#include "engine/model/lora_adapter.h"
 #include "engine/model/weights.h"
 #include "engine/schedule/llama.h"
 
 namespace ithaca {
 
-absl::StatusOr<ModelLoss> ComputeModelLoss(const std::string& dir,
-                                           const std::vector<int32_t>& ids) {
+absl::StatusOr<ModelLoss> ComputeModelLoss(const std::string& dir, const std::vector<int32_t>& ids,
+                                           const std::string& lora_dir) {
   if (ids.size() < 2) return absl::InvalidArgumentError("need at least two token ids");
   ASSIGN_OR_RETURN(LlamaConfig cfg, LoadConfigJson(dir));
   for (int32_t id : ids) {
@@ -23,11 +24,21 @@ absl::StatusOr<ModelLoss> ComputeModelLoss(const std::string& dir,
     }
   }
   ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(dir));
+  std::unique_ptr<SafetensorsReader> adapter;
+  if (!lora_dir.empty()) {
+    ASSIGN_OR_RETURN(cfg.lora, ReadPeftConfig(lora_dir));
+    ASSIGN_OR_RETURN(adapter, OpenPeftAdapter(lora_dir, cfg.lora));
+  }
   CpuOps ops;
   HostAllocator alloc;
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, LlamaModel::Options()));
   for (int u = 0; u < model->layout().num_units(); ++u) {
-    ASSIGN_OR_RETURN(std::vector<float> w, ReadUnitWeights(model->layout(), *reader, u));
+    std::vector<float> w(model->layout().units()[u].numel);
+    if (adapter && model->layout().units()[u].trainable) {
+      RETURN_IF_ERROR(ReadPeftUnitInto(model->layout(), *adapter, u, w.data()));
+    } else {
+      RETURN_IF_ERROR(ReadUnitWeightsInto(model->layout(), *reader, u, w.data()));
+    }
     ops.Upload(w.data(), DType::kF32, model->params().working_shard(u));
   }
   std::vector<int32_t> labels(ids.begin() + 1, ids.end());

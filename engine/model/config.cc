@@ -24,6 +24,26 @@ const char* ModelTypeName(ModelFamily f) {
   return "?";
 }
 
+namespace {
+constexpr const char* kLoraModules[kNumLoraTargets] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+}  // namespace
+
+const char* LoraModulePath(int target) { return kLoraModules[target]; }
+
+const char* LoraTargetName(int target) {
+  const char* path = kLoraModules[target];
+  return path + std::string(path).find('.') + 1;
+}
+
+int LoraTargetOf(const std::string& name) {
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    if (name == LoraTargetName(t)) return t;
+  }
+  return -1;
+}
+
 int64_t LlamaConfig::LayerParameters() const {
   const int64_t d = hidden_size;
   const int64_t q = num_attention_heads * head_dim * d;

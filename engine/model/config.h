@@ -16,6 +16,24 @@ namespace ithaca {
 enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral };
 const char* ModelTypeName(ModelFamily f);  // "llama", "qwen2", "qwen3", "mistral"
 
+// LoRA adapters on a frozen base (the spec's [lora]): each targeted linear computes
+// y = W x + (alpha / rank) · B A x with A [rank, in] and B [out, rank] trained in f32 and the
+// base's weights W (and every other base weight) frozen. Targets are Hugging Face's module names.
+enum LoraTarget { kLoraQ, kLoraK, kLoraV, kLoraO, kLoraGate, kLoraUp, kLoraDown, kNumLoraTargets };
+// "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj".
+const char* LoraTargetName(int target);
+// The module's path inside a block: "self_attn.q_proj", "mlp.down_proj".
+const char* LoraModulePath(int target);
+// The target named `name` ("q_proj"), or -1.
+int LoraTargetOf(const std::string& name);
+struct LoraConfig {
+  int64_t rank = 0;  // 0: no adapters, every weight trained
+  double alpha = 0;
+  bool targets[kNumLoraTargets] = {};
+  bool enabled() const { return rank > 0; }
+  float scale() const { return static_cast<float>(alpha / static_cast<double>(rank)); }
+};
+
 struct LlamaConfig {
   ModelFamily family = ModelFamily::kLlama;
   // What the family changes, spelled out for the code that builds the model (ValidateConfig
@@ -43,6 +61,8 @@ struct LlamaConfig {
   // instruct) keeps its first.
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  // Adapters from the job's [lora] (never read from or written to config.json).
+  LoraConfig lora;
 
   // Layer l's window (0: full causal).
   int64_t LayerWindow(int64_t l) const {

@@ -61,6 +61,32 @@ ParamLayout::ParamLayout(const LlamaConfig& c) {
   AddEntry(head, "model.norm.weight", {d});
   if (!c.tie_word_embeddings) AddEntry(head, "lm_head.weight", {c.vocab_size, d});
   units_.push_back(std::move(head));
+  layers_ = static_cast<int>(c.num_hidden_layers);
+  if (!c.lora.enabled()) return;
+  for (ParamUnit& u : units_) u.trainable = false;  // the base is frozen
+  const int64_t q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
+  // in, out of each target's linear.
+  const int64_t dims[kNumLoraTargets][2] = {{d, q}, {d, kv}, {d, kv}, {q, d},
+                                            {d, f}, {d, f},  {f, d}};
+  const int64_t r = c.lora.rank;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    ParamUnit u{absl::StrCat("lora.", l), {}, 0};
+    for (int t = 0; t < kNumLoraTargets; ++t) {
+      lora_entry_[t] = -1;
+      if (!c.lora.targets[t]) continue;
+      lora_entry_[t] = static_cast<int>(u.entries.size());
+      const std::string m = absl::StrCat("model.layers.", l, ".", LoraModulePath(t));
+      AddEntry(u, m + ".lora_A.weight", {r, dims[t][0]});
+      AddEntry(u, m + ".lora_B.weight", {dims[t][1], r});
+    }
+    units_.push_back(std::move(u));
+  }
+}
+
+int64_t ParamLayout::trainable_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u.trainable ? u.numel : 0;
+  return n;
 }
 
 int64_t ParamLayout::total_numel() const {

@@ -20,9 +20,11 @@ struct ParamEntry {
 };
 
 struct ParamUnit {
-  std::string name;  // "embed", "layer.3", "head"
+  std::string name;  // "embed", "layer.3", "head", "lora.3"
   std::vector<ParamEntry> entries;
   int64_t numel = 0;
+  // Trained: it has a gradient and optimizer state. With LoRA only the adapters' units are.
+  bool trainable = true;
 };
 
 // Indices of the entries inside a block unit, in order. The family's extra attention parameters
@@ -43,8 +45,18 @@ class ParamLayout {
   // Unit indices.
   int embed_unit() const { return 0; }
   int block_unit(int layer) const { return 1 + layer; }
-  int head_unit() const { return num_units() - 1; }
+  int head_unit() const { return 1 + layers_; }
+  // With LoRA (LlamaConfig::lora), block l's adapters are a unit of their own after the head:
+  // for each target in LoraTarget order, lora_A [rank, in] then lora_B [out, rank], named as the
+  // base model's module ("model.layers.3.self_attn.q_proj.lora_A.weight"); -1 without LoRA.
+  bool has_lora() const { return lora_entry_[kLoraQ] != -2; }
+  int lora_unit(int layer) const { return has_lora() ? 2 + layers_ + layer : -1; }
+  // The index of `target`'s lora_A entry in a LoRA unit (lora_B is the next), or -1 when the
+  // target has no adapter.
+  int lora_entry(int target) const { return has_lora() ? lora_entry_[target] : -1; }
   int64_t total_numel() const;
+  // Elements of the trainable units (every unit without LoRA).
+  int64_t trainable_numel() const;
 
   // A view of one entry inside a unit's flat tensor (which may live on any device).
   static Tensor View(const Tensor& unit_flat, const ParamEntry& e) {
@@ -53,6 +65,8 @@ class ParamLayout {
 
  private:
   std::vector<ParamUnit> units_;
+  int layers_ = 0;
+  int lora_entry_[kNumLoraTargets] = {-2};  // -2 in [0]: no LoRA
 };
 
 }  // namespace ithaca

@@ -19,11 +19,14 @@ absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Create(const ParamLayout
     unit.shard = p->sharded_ ? (u.numel + W - 1) / W : u.numel;
     ASSIGN_OR_RETURN(unit.working,
                      Buffer::Make(alloc, ops->act_dtype(), {unit.shard}, working_tier));
-    ASSIGN_OR_RETURN(unit.grad, Buffer::Make(alloc, DType::kF32, {unit.shard}, Tier::kGrads));
+    // A frozen unit (LoRA's base) has no gradient.
+    if (u.trainable) {
+      ASSIGN_OR_RETURN(unit.grad, Buffer::Make(alloc, DType::kF32, {unit.shard}, Tier::kGrads));
+      ops->Fill(unit.grad.tensor(), 0.f);
+    }
     // Host memory is written whole by the optimizer (Optimizer::RefreshWorkingCopy) before
     // any use, on the host; the device's is zeroed.
     if (!host_params) ops->Fill(unit.working.tensor(), 0.f);
-    ops->Fill(unit.grad.tensor(), 0.f);
     p->units_.push_back(std::move(unit));
   }
   return p;
@@ -38,7 +41,7 @@ absl::Status ParamStore::BeforeUse(int i) {
 
 absl::Status ParamStore::FreshGrad(int i) {
   Unit& u = units_[i];
-  if (!u.stale_grad) return absl::OkStatus();
+  if (!u.stale_grad || u.grad.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(BeforeUse(i));  // an update may still have to read the old gradient
   ops_->Fill(u.grad.tensor(), 0.f);
   u.stale_grad = false;
@@ -176,7 +179,9 @@ absl::Status ParamStore::FinishGradients() {
   RETURN_IF_ERROR(FlushGradients());
   for (int i = 0; i < num_units(); ++i) RETURN_IF_ERROR(FreshGrad(i));  // a unit no backward wrote
   if (sharded_ || world_ == nullptr || world_->size() == 1) return absl::OkStatus();
-  for (Unit& u : units_) RETURN_IF_ERROR(world_->AllReduce(u.grad.tensor()));
+  for (Unit& u : units_) {
+    if (!u.grad.empty()) RETURN_IF_ERROR(world_->AllReduce(u.grad.tensor()));
+  }
   return absl::OkStatus();
 }
 

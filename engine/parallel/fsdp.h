@@ -61,7 +61,9 @@ class ParamStore {
   int64_t shard_begin(int unit) const { return sharded_ ? rank_ * units_[unit].shard : 0; }
   int64_t unit_numel(int unit) const { return units_[unit].numel; }
   const Tensor& working_shard(int unit) const { return units_[unit].working.tensor(); }
+  // Empty for a frozen unit (ParamUnit::trainable false), which has no gradient.
   const Tensor& grad_shard(int unit) const { return units_[unit].grad.tensor(); }
+  bool trainable(int unit) const { return !units_[unit].grad.empty(); }
 
   // Holds the unit gathered: starts its all-gather (issue-now) unless it is held already. Calls
   // nest: the unit is gathered once and freed at the last Release.

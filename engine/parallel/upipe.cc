@@ -105,8 +105,10 @@ struct Projection {
   Tensor gw;  // its gradient (backward only)
   Tensor buf;
   bool rope = false;
-  Tensor b, gb;        // [heads·D]
-  Tensor norm, gnorm;  // [D]
+  Tensor b, gb;          // [heads·D]
+  Tensor norm, gnorm;    // [D]
+  LoraPair lora, glora;  // with LoRA on this projection
+  float lora_scale = 0;
 };
 
 Tensor Slot(const UlyssesContext& c, const Tensor& buf, int64_t j, int64_t n) {
@@ -127,13 +129,13 @@ struct AttentionExtras {
   Tensor q_norm, k_norm;    // act [D]: the weights times rope_scale (the weights when it is 1)
   Tensor dq_norm, dk_norm;  // f32 [D]: their gradients, before the scale (backward, scale ≠ 1)
   Tensor bq, bk;            // act [heads·D]: the biases times rope_scale (the biases when it is 1)
+  Tensor lora_t, lora_dt;   // act [tile, rank]: LoRA's x·Aᵀ and its gradient (dt: backward)
 };
 
 absl::StatusOr<AttentionExtras> MakeExtras(const UlyssesContext& c, const QkvWeights& w,
                                            const QkvWeights* g, int64_t tile,
                                            std::vector<Buffer>* owned) {
   AttentionExtras e;
-  if (!c.qkv_bias && !c.qk_norm) return e;
   const DType act = c.ops->act_dtype();
   const int64_t D = c.plan.D, n = std::max(c.plan.u, c.plan.kvr);
   auto make = [&](DType t, Shape shape) -> absl::StatusOr<Tensor> {
@@ -141,6 +143,15 @@ absl::StatusOr<AttentionExtras> MakeExtras(const UlyssesContext& c, const QkvWei
     owned->push_back(std::move(b));
     return owned->back().tensor();
   };
+  for (const LoraPair* l : {&w.lq, &w.lk, &w.lv}) {
+    if (!l->on()) continue;
+    ASSIGN_OR_RETURN(e.lora_t, make(act, {tile, l->a.dim(0)}));
+    if (g) {
+      ASSIGN_OR_RETURN(e.lora_dt, make(act, {tile, l->a.dim(0)}));
+    }
+    break;
+  }
+  if (!c.qkv_bias && !c.qk_norm) return e;
   ASSIGN_OR_RETURN(e.ones, make(act, {tile, 1}));
   c.ops->Fill(e.ones, 1.f);
   // v' = rope_scale · v, as the GEMM ones[1, 1] · v[1, len] scaled.
@@ -183,7 +194,7 @@ absl::StatusOr<AttentionExtras> MakeExtras(const UlyssesContext& c, const QkvWei
 
 // The gradient of the unscaled norms' weights: rope_scale times that of the scaled ones.
 void FinishExtras(const UlyssesContext& c, const AttentionExtras& e, const QkvWeights& g) {
-  if (e.dq_norm.shape.empty()) return;
+  if (e.dq_norm.shape.empty() || g.q_norm.data == nullptr) return;
   c.ops->Axpy(c.rope_scale, e.dq_norm, g.q_norm);
   c.ops->Axpy(c.rope_scale, e.dk_norm, g.k_norm);
 }
@@ -199,15 +210,18 @@ Tensor BiasRow(const Tensor& b, int64_t h0, int64_t n, int64_t D) {
   return b.Slice(h0 * D, {1, n * D});
 }
 
-// slot = alpha · h · W[heads]ᵀ (+ bias in the same GEMM).
-void Project(const UlyssesContext& c, const Tensor& h, const Projection& p, int64_t h0, int64_t n,
-             float alpha, const Tensor& out) {
+// slot = alpha · h · W[heads]ᵀ (+ bias in the same GEMM) (+ alpha · LoRA's h · Aᵀ · B[heads]ᵀ).
+void Project(const UlyssesContext& c, const AttentionExtras& ex, const Tensor& h,
+             const Projection& p, int64_t h0, int64_t n, float alpha, const Tensor& out) {
   const int64_t D = c.plan.D;
   if (p.b.shape.empty()) {
     c.ops->Gemm(h, false, HeadRows(p.w, h0, n, D), true, out, alpha, 0.f);
   } else {
     c.ops->GemmBias(h, false, HeadRows(p.w, h0, n, D), true, p.b.Slice(h0 * D, {n * D}), out, alpha,
                     0.f);
+  }
+  if (p.lora.on()) {
+    LoraForward(*c.ops, p.lora, p.lora_scale, h, out, ex.lora_t, alpha, h0 * D, n * D);
   }
 }
 
@@ -227,7 +241,7 @@ void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tenso
       const float alpha = ProjectionScale(c, p);
       for (int64_t j = 0; j < c.plan.P; ++j) {
         const Tensor out = Slot(c, p.buf, j, n).Rows(t0, t1);
-        Project(c, h, p, first_head(j), n, alpha, out);
+        Project(c, ex, h, p, first_head(j), n, alpha, out);
         if (!p.norm.shape.empty()) {
           const Tensor heads = out.Reshaped({rows * n, D});
           c.ops->RmsNorm(heads, p.norm, c.qk_norm_eps, heads, ex.rstd.Slice(0, {rows * n}));
@@ -273,18 +287,25 @@ void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tens
           // + b, one GEMM) and go back through the norm in place, leaving the gradient wrt raw
           // in the slot.
           const Tensor raw = ex.raw.Slice(0, {rows, n * D});
-          Project(c, h, p, first_head(j), n, 1.f, raw);
+          Project(c, ex, h, p, first_head(j), n, 1.f, raw);
           c.ops->RmsNormBackwardInPlace(raw.Reshaped({rows * n, D}), p.norm, c.qk_norm_eps,
                                         slot.Reshaped({rows * n, D}), p.gnorm);
         }
-        c.ops->Gemm(slot, true, h, false, HeadRows(p.gw, first_head(j), n, D), alpha, 1.f);
-        if (!p.b.shape.empty()) {
+        if (p.gw.data != nullptr) {  // a frozen base has no weight gradients
+          c.ops->Gemm(slot, true, h, false, HeadRows(p.gw, first_head(j), n, D), alpha, 1.f);
+        }
+        if (!p.b.shape.empty() && p.gb.data != nullptr) {
           c.ops->Gemm(ex.ones.Rows(0, rows), true, slot, false, BiasRow(p.gb, first_head(j), n, D),
                       alpha, 1.f);
         }
         c.ops->Gemm(slot, false, HeadRows(p.w, first_head(j), n, D), false, dh, alpha, beta);
         beta = 1.f;
+        if (p.lora.on()) {
+          LoraOutputBackward(*c.ops, p.lora, p.glora, p.lora_scale, h, slot, ex.lora_t, ex.lora_dt,
+                             /*accumulate=*/j > 0, alpha, first_head(j) * D, n * D);
+        }
       }
+      if (p.lora.on()) LoraInputBackward(*c.ops, p.lora, p.glora, h, ex.lora_dt, dh);
     }
     c.ops->RmsNormBackward(in.x.Rows(t0, t1), in.norm_w, in.rstd.Rows(t0, t1), dh, dx.Rows(t0, t1),
                            dnorm_w);
@@ -300,6 +321,9 @@ Projection MakeProjection(const UlyssesContext& c, const AttentionExtras& ex, co
   p.rope = which != 'v';
   p.w = which == 'q' ? w.wq : which == 'k' ? w.wk : w.wv;
   if (g) p.gw = which == 'q' ? g->wq : which == 'k' ? g->wk : g->wv;
+  p.lora = which == 'q' ? w.lq : which == 'k' ? w.lk : w.lv;
+  p.lora_scale = w.lora_scale;
+  if (g) p.glora = which == 'q' ? g->lq : which == 'k' ? g->lk : g->lv;
   if (c.qkv_bias) {
     p.b = which == 'q' ? ex.bq : which == 'k' ? ex.bk : w.bv;
     if (g) p.gb = which == 'q' ? g->bq : which == 'k' ? g->bk : g->bv;

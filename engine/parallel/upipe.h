@@ -12,6 +12,7 @@
 #include "engine/core/status.h"
 #include "engine/memory/allocator.h"
 #include "engine/parallel/head_plan.h"
+#include "engine/parallel/lora.h"
 
 namespace ithaca {
 
@@ -45,10 +46,14 @@ struct UlyssesContext {
 
 // Projection weights (full, gathered) or their gradients (f32), [heads·D, d] each; with the
 // context's qkv_bias the biases [heads·D], with its qk_norm the norms' weights [D].
+// With LoRA, the q/k/v adapters (or their gradients) and the scale alpha / rank; a frozen base's
+// gradients leave wq, wk, wv (and the biases) empty and only its norms' are kept (scratch).
 struct QkvWeights {
   Tensor wq, wk, wv;
   Tensor bq, bk, bv;
   Tensor q_norm, k_norm;
+  LoraPair lq, lk, lv;
+  float lora_scale = 0;
 };
 
 // The attention's input h = rmsnorm(x) · norm_w, made one token tile at a time wherever it is

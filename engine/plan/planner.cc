@@ -111,11 +111,15 @@ StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, Param
   out.transfer_s = clock.busy(StepClock::Work::kTransfer);
   out.collective_s = clock.busy(StepClock::Work::kCollective);
   out.waited_s = clock.waited();
-  int64_t params = 0, first = 0;
+  // What is trained: every unit, or with LoRA the adapters' alone (a frozen unit has no
+  // gradient and no optimizer state).
+  int64_t params = 0, first = -1;
   for (int u = 0; u < ps.num_units(); ++u) {
+    if (!ps.trainable(u)) continue;
     params += ps.shard_numel(u);
-    if (u == 0) first = ps.shard_numel(u);
+    if (first < 0) first = ps.shard_numel(u);
   }
+  first = std::max<int64_t>(first, 0);
   const int64_t act = DTypeSize(req.act);
   // The gradient norm reads every gradient shard once (f32), whatever the update does.
   double update = ElementwiseSeconds(t, ElementwiseOp::kReduce, 4 * params);
@@ -193,6 +197,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   const Tier tier = req.optimizer_offload ? Tier::kHostOptimizer : Tier::kOptimizer;
   int64_t largest = 0;
   for (int u = 0; u < ps.num_units(); ++u) {
+    if (!ps.trainable(u)) continue;  // frozen (LoRA's base): no optimizer state
     largest = std::max(largest, std::min(ps.shard_numel(u), kHostStageElements));
     for (int k = 0; k < 3; ++k) {
       ASSIGN_OR_RETURN(Buffer b, Buffer::Make(&alloc, DType::kF32, {ps.shard_numel(u)}, tier));

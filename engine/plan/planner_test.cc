@@ -432,6 +432,42 @@ TEST(PlannerTest, ThePredictedStepCountsEverySampleOfTheStep) {
   }
 }
 
+// [lora] in the plan: the frozen base has no gradient and no optimizer state (those tiers hold
+// the adapters' alone), its working copy is the same, and the predicted step is shorter (no
+// base weight-gradient GEMMs, an update of the adapters only), by the replay of the schedule.
+TEST(PlannerTest, LoraPlansNoBaseGradientsOrOptimizerStateAndAShorterStep) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3-8b";
+  spec.data.seq_len = 32768;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.head_chunk = 32;
+  spec.memory.tile_tokens = 8192;
+  spec.memory.optimizer_offload = OffloadChoice::kOff;
+  spec.memory.param_offload = OffloadChoice::kOff;
+  auto full = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
+  ASSERT_TRUE(full.ok()) << full.status();
+  spec.lora.rank = 16;
+  spec.lora.alpha = 32;
+  spec.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  auto lora = PlanJob(spec, int64_t{1} << 40, int64_t{1} << 40);
+  ASSERT_TRUE(lora.ok()) << lora.status();
+  std::printf("full:\n%sLoRA:\n%s", FormatPlan(*full).c_str(), FormatPlan(*lora).c_str());
+  auto peak = [](const MemoryPlan& p, Tier t) { return double(p.peak[static_cast<int>(t)]); };
+  // Llama-3-8B's rank-16 adapters on all seven linears: 42M parameters, 12 bytes each of state.
+  const double adapters =
+      32 * 16.0 * (2 * 4096 + 2 * (4096 + 1024) + (4096 + 4096) + 3 * (4096 + 14336));
+  EXPECT_NEAR(peak(*lora, Tier::kOptimizer), 12 * adapters, 0.01 * 12 * adapters);
+  EXPECT_GT(peak(*full, Tier::kOptimizer), 100 * peak(*lora, Tier::kOptimizer));
+  EXPECT_LT(peak(*lora, Tier::kGrads), 0.05 * peak(*full, Tier::kGrads));
+  // The working copy: the base's bf16 plus the adapters'.
+  EXPECT_NEAR(peak(*lora, Tier::kParams), peak(*full, Tier::kParams) + 2 * adapters,
+              0.02 * peak(*full, Tier::kParams));
+  ASSERT_GT(full->predicted.step_s, 0);
+  EXPECT_LT(lora->predicted.update_s, 0.05 * full->predicted.update_s);
+  EXPECT_LT(lora->predicted.forward_backward_s, 0.95 * full->predicted.forward_backward_s);
+}
+
 // How block data is kept is the planner's to choose only where the spec leaves it "auto": an
 // explicit memory.offload = false is never planned as offload on (issue 54 U3), nor an explicit
 // overlap = true as overlap off.

@@ -152,7 +152,6 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   // is what makes resolving a resolved spec a no-op.
   s.memory.gpu_budget_gib = job.budgets.gpu_bytes / kGiB;
   s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
-
   absl::StatusOr<MemoryPlan> plan =
       PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits, HardwareOf(node));
   if (absl::IsDeadlineExceeded(plan.status()) || absl::IsCancelled(plan.status())) {

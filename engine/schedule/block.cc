@@ -28,6 +28,31 @@ NormedInput AttentionInput(const BlockContext& c, const BlockWeights& w, const T
 
 // The MLP over token tiles, in place: y holds x2 and becomes x2 + W2·(silu(W1·h2) ⊙ W3·h2),
 // h2 = rmsnorm(x2) made per tile (each tile's rows are read before they are updated).
+// LoRA's scratch for `rows` rows (x·Aᵀ, and its gradient `dt` when asked) when any of
+// `targets` has an adapter; empty buffers otherwise.
+absl::Status LoraScratch(const BlockContext& c, const BlockWeights& w,
+                         std::initializer_list<int> targets, int64_t rows, Buffer* t, Buffer* dt) {
+  for (int target : targets) {
+    if (!w.lora[target].on()) continue;
+    const int64_t r = w.lora[target].a.dim(0);
+    ASSIGN_OR_RETURN(*t, Alloc(c, c.ops()->act_dtype(), {rows, r}, Tier::kActivations));
+    if (dt) {
+      ASSIGN_OR_RETURN(*dt, Alloc(c, c.ops()->act_dtype(), {rows, r}, Tier::kActivations));
+    }
+    break;
+  }
+  return absl::OkStatus();
+}
+
+// out (+)= x·Wᵀ (+ LoRA's part), one linear of the block.
+void Linear(const BlockContext& c, const BlockWeights& w, int target, const Tensor& x,
+            const Tensor& weight, const Tensor& out, float beta, const Buffer& t) {
+  c.ops()->Gemm(x, false, weight, true, out, 1.f, beta);
+  if (w.lora[target].on()) {
+    LoraForward(*c.ops(), w.lora[target], w.lora_scale, x, out, t.tensor());
+  }
+}
+
 absl::Status MlpForward(const BlockContext& c, const BlockWeights& w, const BlockSaved& s,
                         const Tensor& y) {
   Ops& ops = *c.ops();
@@ -37,14 +62,16 @@ absl::Status MlpForward(const BlockContext& c, const BlockWeights& w, const Bloc
   ASSIGN_OR_RETURN(Buffer h2, Alloc(c, act, {T, c.cfg->hidden_size}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer gate, Alloc(c, act, {T, F}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer up, Alloc(c, act, {T, F}, Tier::kActivations));
+  Buffer lt;
+  RETURN_IF_ERROR(LoraScratch(c, w, {kLoraGate, kLoraUp, kLoraDown}, T, &lt, nullptr));
   for (int64_t t0 = 0; t0 < n_tok; t0 += T) {
     const int64_t t1 = std::min(n_tok, t0 + T), n = t1 - t0;
     Tensor g = gate.tensor().Rows(0, n), u = up.tensor().Rows(0, n), h = h2.tensor().Rows(0, n);
     ops.RmsNorm(y.Rows(t0, t1), w.mlp_norm, Eps(c), h, s.rstd2.tensor().Rows(t0, t1));
-    ops.Gemm(h, false, w.w_gate, true, g, 1.f, 0.f);
-    ops.Gemm(h, false, w.w_up, true, u, 1.f, 0.f);
+    Linear(c, w, kLoraGate, h, w.w_gate, g, 0.f, lt);
+    Linear(c, w, kLoraUp, h, w.w_up, u, 0.f, lt);
     ops.SwiGLU(g, u, g);  // elementwise: the activation overwrites gate
-    ops.Gemm(g, false, w.w_down, true, y.Rows(t0, t1), 1.f, 1.f);
+    Linear(c, w, kLoraDown, g, w.w_down, y.Rows(t0, t1), 1.f, lt);
   }
   return absl::OkStatus();
 }
@@ -63,6 +90,16 @@ absl::Status MlpBackward(const BlockContext& c, const BlockWeights& w, const Blo
   ASSIGN_OR_RETURN(Buffer up, Alloc(c, act, {T, F}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer a, Alloc(c, act, {T, F}, Tier::kActivations));
   ASSIGN_OR_RETURN(Buffer dh2, Alloc(c, act, {T, d}, Tier::kActivations));
+  Buffer lt, ldt;
+  RETURN_IF_ERROR(LoraScratch(c, w, {kLoraGate, kLoraUp, kLoraDown}, T, &lt, &ldt));
+  const bool base_grads = g.w_down.data != nullptr;  // else the base is frozen
+  // LoRA's backward of one linear, x → dy, adding its input gradient into dx (when given).
+  auto lora_backward = [&](int target, const Tensor& x, const Tensor& dyl, const Tensor& dx) {
+    if (!w.lora[target].on()) return;
+    LoraOutputBackward(ops, w.lora[target], g.lora[target], w.lora_scale, x, dyl, lt.tensor(),
+                       ldt.tensor(), /*accumulate=*/false);
+    LoraInputBackward(ops, w.lora[target], g.lora[target], x, ldt.tensor(), dx);
+  };
   for (int64_t t0 = 0; t0 < n_tok; t0 += T) {
     const int64_t t1 = std::min(n_tok, t0 + T), n = t1 - t0;
     Tensor gt = gate.tensor().Rows(0, n), ut = up.tensor().Rows(0, n);
@@ -70,16 +107,28 @@ absl::Status MlpBackward(const BlockContext& c, const BlockWeights& w, const Blo
     Tensor ht = h2.tensor().Rows(0, n), dyt = dy.Rows(t0, t1);
     const Tensor x2t = s.x2.tensor().Rows(t0, t1), rstd = s.rstd2.tensor().Rows(t0, t1);
     ops.RmsNorm(x2t, w.mlp_norm, Eps(c), ht, rstd);
-    ops.Gemm(ht, false, w.w_gate, true, gt, 1.f, 0.f);
-    ops.Gemm(ht, false, w.w_up, true, ut, 1.f, 0.f);
+    Linear(c, w, kLoraGate, ht, w.w_gate, gt, 0.f, lt);
+    Linear(c, w, kLoraUp, ht, w.w_up, ut, 0.f, lt);
     ops.SwiGLU(gt, ut, at);
-    ops.Gemm(dyt, true, at, false, g.w_down, 1.f, 1.f);   // dW2 += dyᵀ·a
+    if (base_grads) ops.Gemm(dyt, true, at, false, g.w_down, 1.f, 1.f);  // dW2 += dyᵀ·a
+    if (w.lora[kLoraDown].on()) {  // its gradients need a before it becomes da
+      LoraOutputBackward(ops, w.lora[kLoraDown], g.lora[kLoraDown], w.lora_scale, at, dyt,
+                         lt.tensor(), ldt.tensor(), /*accumulate=*/false);
+      LoraInputBackward(ops, w.lora[kLoraDown], g.lora[kLoraDown], at, ldt.tensor(), Tensor());
+    }
     ops.Gemm(dyt, false, w.w_down, false, at, 1.f, 0.f);  // da = dy·W2 (reuses a)
-    ops.SwiGLUBackward(gt, ut, at, gt, ut);               // dgate, dup in place
-    ops.Gemm(gt, true, ht, false, g.w_gate, 1.f, 1.f);
-    ops.Gemm(ut, true, ht, false, g.w_up, 1.f, 1.f);
+    if (w.lora[kLoraDown].on()) {                         // da += dt·A
+      ops.Gemm(ldt.tensor().Rows(0, n), false, w.lora[kLoraDown].a, false, at, 1.f, 1.f);
+    }
+    ops.SwiGLUBackward(gt, ut, at, gt, ut);  // dgate, dup in place
+    if (base_grads) {
+      ops.Gemm(gt, true, ht, false, g.w_gate, 1.f, 1.f);
+      ops.Gemm(ut, true, ht, false, g.w_up, 1.f, 1.f);
+    }
     ops.Gemm(gt, false, w.w_gate, false, dh2t, 1.f, 0.f);
     ops.Gemm(ut, false, w.w_up, false, dh2t, 1.f, 1.f);
+    lora_backward(kLoraGate, ht, gt, dh2t);
+    lora_backward(kLoraUp, ht, ut, dh2t);
     ops.RmsNormBackward(x2t, w.mlp_norm, rstd, dh2t, dyt, g.mlp_norm);
   }
   return absl::OkStatus();
@@ -102,6 +151,36 @@ BlockWeights BlockViews(const LlamaConfig& cfg, const Tensor& unit_flat) {
   w.q_norm = v(BlockEntryIndex(cfg, kQNorm));
   w.k_norm = v(BlockEntryIndex(cfg, kKNorm));
   return w;
+}
+
+void AddLoraViews(const LlamaConfig& cfg, const Tensor& lora_unit_flat, BlockWeights* w) {
+  LlamaConfig one = cfg;
+  one.num_hidden_layers = 1;
+  const ParamLayout layout(one);
+  const ParamUnit& u = layout.units()[layout.lora_unit(0)];
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    const int e = layout.lora_entry(t);
+    if (e < 0) continue;
+    w->lora[t] = {ParamLayout::View(lora_unit_flat, u.entries[e]),
+                  ParamLayout::View(lora_unit_flat, u.entries[e + 1])};
+  }
+  w->lora_scale = cfg.lora.scale();
+}
+
+int64_t FrozenNormElements(const LlamaConfig& cfg) {
+  return 2 * cfg.hidden_size + 2 * cfg.head_dim;
+}
+
+BlockWeights FrozenBlockGrads(const LlamaConfig& cfg, const Tensor& norms) {
+  const int64_t d = cfg.hidden_size, hd = cfg.head_dim;
+  BlockWeights g;
+  g.attn_norm = norms.Slice(0, {d});
+  g.mlp_norm = norms.Slice(d, {d});
+  if (cfg.qk_norm) {
+    g.q_norm = norms.Slice(2 * d, {hd});
+    g.k_norm = norms.Slice(2 * d + hd, {hd});
+  }
+  return g;
 }
 
 namespace {
@@ -129,11 +208,14 @@ absl::Status AttentionPart(const BlockContext& c, const BlockWeights& w, const T
   return absl::OkStatus();
 }
 
-// x2 = x + O·Woᵀ into `out`.
-void Residual(const BlockContext& c, const BlockWeights& w, const Tensor& x, const BlockSaved& s,
-              const Tensor& out) {
+// x2 = x + O·Woᵀ (+ LoRA's part) into `out`.
+absl::Status Residual(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                      const BlockSaved& s, const Tensor& out) {
   c.ops()->Copy(x, out);
-  c.ops()->Gemm(s.o.tensor(), false, w.wo, true, out, 1.f, 1.f);
+  Buffer lt;
+  RETURN_IF_ERROR(LoraScratch(c, w, {kLoraO}, x.dim(0), &lt, nullptr));
+  Linear(c, w, kLoraO, s.o.tensor(), w.wo, out, 1.f, lt);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -143,7 +225,7 @@ absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const 
   RETURN_IF_ERROR(AttentionPart(c, w, x, s));
   if (s->x2.empty()) {
     ASSIGN_OR_RETURN(s->x2, Alloc(c, c.ops()->act_dtype(), x.shape, Tier::kActivations));
-    Residual(c, w, x, *s, s->x2.tensor());
+    RETURN_IF_ERROR(Residual(c, w, x, *s, s->x2.tensor()));
   }
   return absl::OkStatus();
 }
@@ -153,7 +235,7 @@ absl::Status BlockForward(const BlockContext& c, const BlockWeights& w, const Te
                           bool keep_mlp_input) {
   *s = BlockSaved();
   RETURN_IF_ERROR(AttentionPart(c, w, x, s));
-  Residual(c, w, x, *s, y);  // y holds x2 until the MLP adds to it in place
+  RETURN_IF_ERROR(Residual(c, w, x, *s, y));  // y holds x2 until the MLP adds to it in place
   if (keep_mlp_input) {
     ASSIGN_OR_RETURN(s->x2, Alloc(c, c.ops()->act_dtype(), x.shape, Tier::kActivations));
     c.ops()->Copy(y, s->x2.tensor());
@@ -176,8 +258,16 @@ absl::Status BlockBackward(const BlockContext& c, const BlockWeights& w, const B
   // Attention half: dO = dx2 · Wo, then dy accumulates the attention's contribution, so it ends
   // as the gradient wrt x (the residual carries dx2 through unchanged).
   ASSIGN_OR_RETURN(Buffer dout, Alloc(c, ops.act_dtype(), s->o.tensor().shape, Tier::kAttention));
-  ops.Gemm(dy, true, s->o.tensor(), false, g.wo, 1.f, 1.f);  // dWo += dx2ᵀ·O
+  if (g.wo.data != nullptr) ops.Gemm(dy, true, s->o.tensor(), false, g.wo, 1.f, 1.f);  // dWo
   ops.Gemm(dy, false, w.wo, false, dout.tensor(), 1.f, 0.f);
+  if (w.lora[kLoraO].on()) {
+    Buffer lt, ldt;
+    RETURN_IF_ERROR(LoraScratch(c, w, {kLoraO}, dy.dim(0), &lt, &ldt));
+    LoraOutputBackward(ops, w.lora[kLoraO], g.lora[kLoraO], w.lora_scale, s->o.tensor(), dy,
+                       lt.tensor(), ldt.tensor(), /*accumulate=*/false);
+    LoraInputBackward(ops, w.lora[kLoraO], g.lora[kLoraO], s->o.tensor(), ldt.tensor(),
+                      dout.tensor());
+  }
   RETURN_IF_ERROR(UlyssesAttentionBackward(c.attn, w.qkv(), g.qkv(), AttentionInput(c, w, x, *s),
                                            s->o.tensor(), s->lse.tensor(), dout.tensor(), dy,
                                            g.attn_norm));

@@ -25,14 +25,27 @@ struct BlockSaved {
   Buffer rstd2;  // f32 [s]                                          activations
 };
 
-// Views into one block's flat parameter unit (weights) or gradient unit (same layout).
+// Views into one block's flat parameter unit (weights) or gradient unit (same layout). With LoRA
+// also its adapters' unit (AddLoraViews); a frozen base's gradients (FrozenBlockGrads) have no
+// matrices: the backward computes no gradient for them.
 struct BlockWeights {
   Tensor attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
-  Tensor bq, bk, bv;      // with cfg.qkv_bias (Qwen2); else empty
-  Tensor q_norm, k_norm;  // with cfg.qk_norm (Qwen3); else empty
-  QkvWeights qkv() const { return {wq, wk, wv, bq, bk, bv, q_norm, k_norm}; }
+  Tensor bq, bk, bv;               // with cfg.qkv_bias (Qwen2); else empty
+  Tensor q_norm, k_norm;           // with cfg.qk_norm (Qwen3); else empty
+  LoraPair lora[kNumLoraTargets];  // by LoraTarget; empty where a linear has no adapter
+  float lora_scale = 0;            // alpha / rank
+  QkvWeights qkv() const {
+    return {wq,     wk,     wv,           bq,           bk,           bv,
+            q_norm, k_norm, lora[kLoraQ], lora[kLoraK], lora[kLoraV], lora_scale};
+  }
 };
 BlockWeights BlockViews(const LlamaConfig& cfg, const Tensor& unit_flat);
+// Sets w's adapters to views into one block's LoRA unit (weights or gradients).
+void AddLoraViews(const LlamaConfig& cfg, const Tensor& lora_unit_flat, BlockWeights* w);
+// The gradients of a frozen block: only its norms' weights, which the ops write, in `norms`
+// (f32, FrozenNormElements(cfg), a scratch nothing reads); every other member empty.
+int64_t FrozenNormElements(const LlamaConfig& cfg);
+BlockWeights FrozenBlockGrads(const LlamaConfig& cfg, const Tensor& norms);
 
 struct BlockContext {
   const LlamaConfig* cfg;

@@ -7,17 +7,26 @@
 namespace ithaca {
 namespace {
 
-// Holds a unit's gathered parameters for a scope and releases them at its end.
+// Holds a unit's gathered parameters for a scope and releases them at its end; with LoRA a
+// block's lease holds its adapters' unit too (`lora`, -1: none).
 class UnitLease {
  public:
-  UnitLease(ParamStore* store, int unit) : store_(store), unit_(unit) {}
+  UnitLease(ParamStore* store, int unit, int lora = -1) : store_(store), unit_(unit), lora_(lora) {}
   ~UnitLease() {
-    if (held_) store_->Release(unit_);
+    if (!held_) return;
+    store_->Release(unit_);
+    if (lora_ >= 0) store_->Release(lora_);
   }
   // Starts the gather (it runs under the compute issued until Get).
   absl::Status Start() {
     if (held_) return absl::OkStatus();
     RETURN_IF_ERROR(store_->Gather(unit_));
+    if (lora_ >= 0) {
+      if (absl::Status st = store_->Gather(lora_); !st.ok()) {
+        store_->Release(unit_);
+        return st;
+      }
+    }
     held_ = true;
     return absl::OkStatus();
   }
@@ -26,12 +35,26 @@ class UnitLease {
     RETURN_IF_ERROR(Start());
     return store_->Gathered(unit_);
   }
+  // A block's weights, with its adapters when it has them.
+  absl::StatusOr<BlockWeights> Block(const LlamaConfig& cfg) {
+    ASSIGN_OR_RETURN(Tensor params, Get());
+    BlockWeights w = BlockViews(cfg, params);
+    if (lora_ >= 0) {
+      ASSIGN_OR_RETURN(Tensor adapters, store_->Gathered(lora_));
+      AddLoraViews(cfg, adapters, &w);
+    }
+    return w;
+  }
 
  private:
   ParamStore* store_;
-  int unit_;
+  int unit_, lora_;
   bool held_ = false;
 };
+
+std::unique_ptr<UnitLease> BlockLease(ParamStore* store, const ParamLayout& layout, int64_t l) {
+  return std::make_unique<UnitLease>(store, layout.block_unit(l), layout.lora_unit(l));
+}
 
 }  // namespace
 
@@ -282,10 +305,10 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
   const int64_t s = st.x.tensor().dim(0), d = cfg_.hidden_size;
   for (int64_t l = 0; l < L; ++l) {
     std::unique_ptr<UnitLease> cur = std::move(st.next);
-    if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
-    ASSIGN_OR_RETURN(Tensor params, cur->Get());
+    if (!cur) cur = BlockLease(&ps, layout_, l);
+    ASSIGN_OR_RETURN(const BlockWeights w, cur->Block(cfg_));
     if (l + 1 < L) {
-      st.next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l + 1));
+      st.next = BlockLease(&ps, layout_, l + 1);
       RETURN_IF_ERROR(st.next->Start());
     } else if (opts_.overlap) {
       for (int unit : {layout_.head_unit(), layout_.embed_unit()}) {
@@ -299,8 +322,8 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
     BlockSaved bs;
     const bool saved = st.schedule.saved(l);
     const bool keep_o = st.keep_all || (st.keep_attention(l) && saved);
-    RETURN_IF_ERROR(BlockForward(st.ctx(l), BlockViews(cfg_, params), st.x.tensor(), y.tensor(),
-                                 &bs, keep_o, /*keep_mlp_input=*/st.keep_all));
+    RETURN_IF_ERROR(BlockForward(st.ctx(l), w, st.x.tensor(), y.tensor(), &bs, keep_o,
+                                 /*keep_mlp_input=*/st.keep_all));
     if (st.backward && saved) {
       SavedInputs in;
       in.x = std::move(st.x);
@@ -350,12 +373,12 @@ absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
   const int64_t s = xm.dim(0), d = cfg_.hidden_size;
   Buffer between;  // the input between two blocks of a longer run, held for the next only
   // With overlap, block m+1's gather runs under block m's regrowth.
-  auto lease = std::make_unique<UnitLease>(params_.get(), layout_.block_unit(from));
+  auto lease = BlockLease(params_.get(), layout_, from);
   for (int64_t m = from; m < to; ++m) {
     const std::unique_ptr<UnitLease> held = std::move(lease);
-    ASSIGN_OR_RETURN(Tensor params, held->Get());
+    ASSIGN_OR_RETURN(const BlockWeights w, held->Block(cfg_));
     if (m + 1 < to) {
-      lease = std::make_unique<UnitLease>(params_.get(), layout_.block_unit(m + 1));
+      lease = BlockLease(params_.get(), layout_, m + 1);
       if (opts_.overlap) RETURN_IF_ERROR(lease->Start());
     }
     ASSIGN_OR_RETURN(Buffer y, Buffer::Make(alloc_, ops_->act_dtype(), {s, d}, Tier::kBlockInputs));
@@ -363,7 +386,7 @@ absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
     // l0's are saved with its input by the forward).
     const bool keep_o = st.keep_attention(m) && m == from && from > l0 && re[from].o.empty();
     BlockSaved bs;
-    RETURN_IF_ERROR(BlockForward(st.ctx(m), BlockViews(cfg_, params), xm, y.tensor(), &bs, keep_o,
+    RETURN_IF_ERROR(BlockForward(st.ctx(m), w, xm, y.tensor(), &bs, keep_o,
                                  /*keep_mlp_input=*/false));
     if (keep_o) {
       re[m].o = std::move(bs.o);
@@ -384,30 +407,48 @@ absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& d
   // Inputs (and, attention-aware, O and LSE) of the blocks between two saved ones, rebuilt by
   // re-running the group's forward from its saved first input when backward reaches the group.
   std::vector<SavedInputs> regrown(L);
+  // A frozen base's blocks compute no weight gradient; the norms' go to a scratch.
+  const bool frozen = !layout_.units()[layout_.block_unit(0)].trainable;
+  Buffer norm_scratch;
+  if (frozen) {
+    ASSIGN_OR_RETURN(norm_scratch,
+                     Buffer::Make(alloc_, DType::kF32, {FrozenNormElements(cfg_)}, Tier::kGrads));
+  }
   for (int64_t l = L - 1; l >= 0; --l) {
     std::unique_ptr<UnitLease> cur = std::move(st.next);
-    if (!cur) cur = std::make_unique<UnitLease>(&ps, layout_.block_unit(l));
-    ASSIGN_OR_RETURN(Tensor params, cur->Get());
+    if (!cur) cur = BlockLease(&ps, layout_, l);
+    ASSIGN_OR_RETURN(const BlockWeights w, cur->Block(cfg_));
     ASSIGN_OR_RETURN(SavedInputs in, TakeSaved(step, l, &regrown));
     // The previous block's inputs one block ahead (overlap), or only when their turn comes (one
     // fewer [s, d] buffer on the device).
     if (opts_.prefetch) RETURN_IF_ERROR(st.saved.Prefetch(l - 1));
     if (l > 0) {
-      st.next = std::make_unique<UnitLease>(&ps, layout_.block_unit(l - 1));
+      st.next = BlockLease(&ps, layout_, l - 1);
       RETURN_IF_ERROR(st.next->Start());
     }
-    ASSIGN_OR_RETURN(Tensor grads, ps.AcquireGrad(layout_.block_unit(l)));
-    const BlockWeights w = BlockViews(cfg_, params);
+    BlockWeights g;
+    if (frozen) {
+      g = FrozenBlockGrads(cfg_, norm_scratch.tensor());
+    } else {
+      ASSIGN_OR_RETURN(Tensor grads, ps.AcquireGrad(layout_.block_unit(l)));
+      g = BlockViews(cfg_, grads);
+    }
+    if (layout_.has_lora()) {
+      ASSIGN_OR_RETURN(Tensor lora_grads, ps.AcquireGrad(layout_.lora_unit(l)));
+      AddLoraViews(cfg_, lora_grads, &g);
+    }
     BlockSaved bs = st.keep_all ? std::move(st.resident[l]) : BlockSaved();
     if (st.keep_attention(l)) {
       bs.o = std::move(in.o);
       bs.lse = std::move(in.lse);
     }
     RETURN_IF_ERROR(BlockRecompute(st.ctx(l), w, in.x.tensor(), &bs));
-    RETURN_IF_ERROR(BlockBackward(st.ctx(l), w, BlockViews(cfg_, grads), in.x.tensor(), &bs, dx));
-    RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
+    RETURN_IF_ERROR(BlockBackward(st.ctx(l), w, g, in.x.tensor(), &bs, dx));
+    if (!frozen) RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
+    if (layout_.has_lora()) RETURN_IF_ERROR(ps.ReduceGrad(layout_.lora_unit(l)));
   }
   const int embed_unit = layout_.embed_unit();
+  if (!layout_.units()[embed_unit].trainable) return absl::OkStatus();
   ASSIGN_OR_RETURN(Tensor g, ps.AcquireGrad(embed_unit));
   ops_->EmbeddingBackward(ids, dx, ParamLayout::View(g, layout_.units()[embed_unit].entries[0]));
   return ps.ReduceGrad(embed_unit);
@@ -440,7 +481,14 @@ absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float g
   const Tensor E = ParamLayout::View(e_p, e_entry);
   const bool backward = dx.data != nullptr;  // else evaluation: the losses alone
   Tensor norm_g, dE;
-  if (backward) {
+  // A frozen head computes only dx; its norm's gradient goes to a scratch.
+  const bool head_grads = backward && layout_.units()[head].trainable;
+  Buffer norm_scratch;
+  if (backward && !head_grads) {
+    ASSIGN_OR_RETURN(norm_scratch, Buffer::Make(alloc_, DType::kF32, {d}, Tier::kGrads));
+    norm_g = norm_scratch.tensor();
+  }
+  if (head_grads) {
     ASSIGN_OR_RETURN(Tensor head_g, ps.AcquireGrad(head));
     Tensor e_g = head_g;
     if (tied) {
@@ -473,12 +521,12 @@ absl::Status LlamaModel::LossHead(const Tensor& x, const Tensor& labels, float g
     ops_->CrossEntropy(lt, labels.Rows(t0, t1), losses.tensor().Rows(t0, t1), lt, grad_scale);
     if (!backward) continue;
     const Tensor dht = dh.tensor().Rows(0, n), dxt = dx.Rows(t0, t1);
-    ops_->Gemm(lt, false, E, false, dht, 1.f, 0.f);  // dh = dlogits · E
-    ops_->Gemm(lt, true, ht, false, dE, 1.f, 1.f);   // dE += dlogitsᵀ · h
+    ops_->Gemm(lt, false, E, false, dht, 1.f, 0.f);                 // dh = dlogits · E
+    if (head_grads) ops_->Gemm(lt, true, ht, false, dE, 1.f, 1.f);  // dE += dlogitsᵀ · h
     ops_->Fill(dxt, 0.f);
     ops_->RmsNormBackward(xt, norm_w, rt, dht, dxt, norm_g);
   }
-  if (backward) {
+  if (head_grads) {
     RETURN_IF_ERROR(ps.ReduceGrad(head));
     if (tied) RETURN_IF_ERROR(ps.ReduceGrad(embed));
   }

@@ -158,7 +158,7 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
   for (std::string* p : {&s.data.path, &s.model.config, &s.model.weights, &s.checkpoint.dir,
-                         &s.eval.path, &s.init.from}) {
+                         &s.eval.path, &s.init.from, &s.lora.init}) {
     if (p == &s.init.from && !InitFromJob(*p).empty()) continue;  // a job, not a path
     absl::StatusOr<std::string> resolved = ResolvePattern(dir, *p);
     if (!resolved.ok())

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/model/config.h"
@@ -61,6 +62,19 @@ struct JobSpec {
     // directory, or "job:ID" (that job's checkpoint.dir: ithacad resolves it at admission).
     std::string from;
   } init;
+
+  // [lora]: LoRA adapters on a frozen base (LoraConfig, engine/model/config.h). rank 0: none.
+  struct Lora {
+    int64_t rank = 0;
+    double alpha = 0;  // the adapters' output is scaled by alpha / rank; required (> 0)
+    std::vector<std::string> targets;  // Hugging Face module names: "q_proj", ..., "down_proj"
+    std::string init;                  // a PEFT adapter directory to start from; empty: PEFT's init
+    double dropout = 0;                // only 0 is implemented
+    // checkpoint.export writes the base with the adapters merged in (W + alpha / rank · B A),
+    // and the PEFT adapter beside it (export-adapter); false: the PEFT adapter alone.
+    bool merge_on_export = false;
+    bool enabled() const { return rank > 0; }
+  } lora;
 
   struct Data {
     std::string path;       // token file(s) (engine/data/token_file.h), or a glob ("shards/*.tok",

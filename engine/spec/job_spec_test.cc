@@ -1041,5 +1041,54 @@ TEST(InitSpecTest, LoadResolvesAPathButNotAJob) {
   EXPECT_EQ(b->init.from, "job:3");
 }
 
+TEST(LoraSpecTest, ParsesWritesBackAndMakesTheModelsAdapters) {
+  absl::StatusOr<JobSpec> a = ParseJobSpec(
+      "[data]\npath = \"d.tok\"\n[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\", "
+      "\"down_proj\"]\ninit = \"adapter\"\n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->lora.rank, 4);
+  EXPECT_EQ(a->lora.alpha, 8.0);
+  EXPECT_EQ(a->lora.targets, (std::vector<std::string>{"q_proj", "down_proj"}));
+  const std::string text = JobSpecToToml(*a);
+  EXPECT_NE(text.find("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\", \"down_proj\"]\n"
+                      "init = \"adapter\"\n"),
+            std::string::npos)
+      << text;
+  absl::StatusOr<JobSpec> b = ParseJobSpec(text);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->lora.targets, a->lora.targets);
+  absl::StatusOr<LlamaConfig> cfg = ResolveModelConfig(*b);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->lora.rank, 4);
+  EXPECT_FLOAT_EQ(cfg->lora.scale(), 2.f);
+  EXPECT_TRUE(cfg->lora.targets[kLoraQ]);
+  EXPECT_TRUE(cfg->lora.targets[kLoraDown]);
+  EXPECT_FALSE(cfg->lora.targets[kLoraV]);
+  // Without [lora] the section is not written and the model has no adapters.
+  absl::StatusOr<JobSpec> plain = ParseJobSpec("[data]\npath = \"d.tok\"\n");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(JobSpecToToml(*plain).find("[lora]"), std::string::npos);
+}
+
+TEST(LoraSpecTest, BadSectionsAreRefusedByKey) {
+  ExpectError(ErrorWith("[lora]\nalpha = 8.0\n"), "job.toml: lora.alpha: needs lora.rank");
+  ExpectError(ErrorWith("[lora]\nrank = 4\ntargets = [\"q_proj\"]\n"),
+              "job.toml: lora.alpha: required with lora.rank");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\n"),
+              "job.toml: lora.targets: required with lora.rank");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q\"]\n"),
+              "job.toml: lora.targets: must hold only \"q_proj\"");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\", \"q_proj\"]\n"),
+              "job.toml: lora.targets: \"q_proj\" is given twice");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\ndropout = 0.1\n"),
+              "job.toml: lora.dropout: only 0 is implemented, got 0.1");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\n"
+                        "merge_on_export = true\n"),
+              "job.toml: lora.merge_on_export: needs checkpoint.export");
+  ExpectError(ErrorWith("[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\n"
+                        "merge_on_export = true\n[checkpoint]\ndir = \"c\"\nexport = \"bf16\"\n"),
+              "job.toml: lora.merge_on_export: needs model.weights or init.from");
+}
+
 }  // namespace
 }  // namespace ithaca

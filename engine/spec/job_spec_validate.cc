@@ -101,6 +101,33 @@ absl::Status ValidateRope(const JobSpec::Model::Rope& rope, const SpecReader& r)
   return absl::OkStatus();
 }
 
+// [lora]: its keys need a rank, a rank needs alpha and targets, and what is not implemented
+// (dropout) is refused by name.
+absl::Status ValidateLora(const JobSpec& s, const SpecReader& r) {
+  const JobSpec::Lora& l = s.lora;
+  if (!l.enabled()) {
+    for (const char* key :
+         {"lora.alpha", "lora.targets", "lora.init", "lora.dropout", "lora.merge_on_export"}) {
+      RETURN_IF_ERROR(r.Require(!r.Given(key), key, "needs lora.rank (the adapters' rank, >= 1)"));
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(r.Require(l.alpha > 0, "lora.alpha",
+                            "required with lora.rank: the scaling is alpha / rank (PEFT's "
+                            "lora_alpha, e.g. 16)"));
+  RETURN_IF_ERROR(r.Require(!l.targets.empty(), "lora.targets",
+                            "required with lora.rank: the linears that get adapters, e.g. "
+                            "[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]"));
+  RETURN_IF_ERROR(r.Require(l.dropout == 0, "lora.dropout",
+                            absl::StrCat("only 0 is implemented, got ", FormatDouble(l.dropout))));
+  RETURN_IF_ERROR(r.Require(!l.merge_on_export || !s.checkpoint.export_dtype.empty(),
+                            "lora.merge_on_export", "needs checkpoint.export (what is merged)"));
+  RETURN_IF_ERROR(r.Require(!l.merge_on_export || !s.model.weights.empty() || !s.init.from.empty(),
+                            "lora.merge_on_export",
+                            "needs model.weights or init.from: the base the adapters merge into"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Validate(const JobSpec& s, const SpecReader& r) {
@@ -185,6 +212,8 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
       !absl::StartsWith(s.init.from, "job:") || !InitFromJob(s.init.from).empty(), "init.from",
       absl::StrCat("\"", s.init.from.substr(0, 64),
                    "\" names no job: write job:ID with the id `ithaca list` shows (job:job-3)")));
+
+  RETURN_IF_ERROR(ValidateLora(s, r));
 
   const std::string& ex = s.checkpoint.export_dtype;
   RETURN_IF_ERROR(

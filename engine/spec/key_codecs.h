@@ -197,6 +197,40 @@ Codec IntList(Get get) {
           [get](const JobSpec& s) { return absl::StrCat("[", absl::StrJoin(*get(s), ", "), "]"); }};
 }
 
+// An array of strings, each one of `values`, no two the same, at most kMaxDataSources.
+template <typename Get>
+Codec StrList(Get get, std::vector<std::string> values) {
+  const std::string kind = absl::StrCat("an array of ", QuotedList(values));
+  return {kind,
+          [get, values, kind](const toml::node& n, const std::string& path, const SpecReader& r,
+                              JobSpec& s) {
+            if (!n.is_array()) return r.WrongType(n, path, kind);
+            const toml::array& a = *n.as_array();
+            RETURN_IF_ERROR(
+                r.Require(a.size() <= kMaxDataSources, path,
+                          absl::StrCat("at most ", kMaxDataSources, " strings, got ", a.size())));
+            std::vector<std::string> v;
+            for (const toml::node& e : a) {
+              if (!e.is_string()) return r.WrongType(e, path, kind);
+              const std::string& x = e.as_string()->get();
+              if (std::find(values.begin(), values.end(), x) == values.end()) {
+                return r.Error(path, absl::StrCat("must hold only ", QuotedList(values), ", got \"",
+                                                  x.substr(0, 64), "\""));
+              }
+              RETURN_IF_ERROR(r.Require(std::find(v.begin(), v.end(), x) == v.end(), path,
+                                        absl::StrCat("\"", x, "\" is given twice")));
+              v.push_back(x);
+            }
+            *get(s) = std::move(v);
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) {
+            std::vector<std::string> parts;
+            for (const std::string& x : *get(s)) parts.push_back(Quote(x));
+            return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+          }};
+}
+
 template <typename Get>
 Codec Bool(Get get) {
   return {"a boolean",

@@ -30,6 +30,15 @@ const std::vector<Section>& Sections() {
        "fresh optimizer, learning-rate schedule and data position (a new phase; a resume is "
        "`checkpoint.resume`). Written only when `from` is set.",
        [](const JobSpec& s) { return !s.init.from.empty(); }},
+      {"lora",
+       "LoRA: adapters on a frozen base, as PEFT makes them. Each targeted linear computes "
+       "y = W x + (alpha / rank) B A x, with A [rank, in] and B [out, rank] trained in f32 "
+       "(AdamW, weight decay on both, gradient clipping over them alone) and every base weight "
+       "frozen: no gradient, no optimizer state (docs/training.md). Checkpoints hold the adapters "
+       "and their optimizer state (a resume takes the base from where the run started); "
+       "`checkpoint.export` writes a PEFT adapter directory (f32). Written only when `rank` is "
+       "set.",
+       [](const JobSpec& s) { return s.lora.enabled(); }},
       {"data", "The training data: token files written by `ithaca-tokenize`.", {}},
       {"training",
        "The optimizer (AdamW) and the learning-rate schedule (warmup, then a decay).",
@@ -129,6 +138,28 @@ const std::vector<Key>& Keys() {
        "directory, a Hugging Face model directory, or `job:ID` (that job's newest checkpoint; "
        "ithacad stores its checkpoint.dir). Refused when `checkpoint.dir` already holds a run; not "
        "with `model.weights`."},
+
+      {"lora.rank", Int(FIELD(lora.rank), Between(1, 65536).WhenGiven()),
+       "The adapters' rank r (PEFT's `r`); 0: no LoRA, every weight trained."},
+      {"lora.alpha", Float(FIELD(lora.alpha), Above(0).WhenGiven()),
+       "PEFT's `lora_alpha`: the adapters' output is scaled by alpha / rank. Required with "
+       "`rank`."},
+      {"lora.targets",
+       StrList(FIELD(lora.targets),
+               {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
+       "The linears that get adapters, by their Hugging Face module names (PEFT's "
+       "`target_modules`). Required with `rank`."},
+      {"lora.init", Str(FIELD(lora.init)),
+       "A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) to start "
+       "from; its r, lora_alpha and target_modules must be this section's. Empty: PEFT's own "
+       "init, A Kaiming-uniform (seeded by `training.seed`) and B zero."},
+      {"lora.dropout", Float(FIELD(lora.dropout), AtLeast(0).WhenGiven()),
+       "PEFT's `lora_dropout`; only 0 is implemented."},
+      {"lora.merge_on_export", Bool(FIELD(lora.merge_on_export)),
+       "`checkpoint.export` writes the model with the adapters merged into its weights "
+       "(W + alpha / rank B A, the existing export format) to `checkpoint.dir/export`, and the "
+       "PEFT adapter to `checkpoint.dir/export-adapter`; false: the PEFT adapter to "
+       "`checkpoint.dir/export`. Needs `model.weights` or `init.from` (the base to merge into)."},
 
       {"data.path", Str(FIELD(data.path)),
        "Token file(s) to train on, or a glob (`shards/*.tok`, `{a.tok,b.tok}`). Required unless "

@@ -18,6 +18,15 @@ absl::StatusOr<LlamaConfig> ResolveModelConfig(const JobSpec& spec) {
     ASSIGN_OR_RETURN(cfg, PresetConfig(spec.model.preset));
   }
   RETURN_IF_ERROR(ApplyRopeOverride(spec.model.rope, &cfg));
+  if (spec.lora.enabled()) {
+    cfg.lora.rank = spec.lora.rank;
+    cfg.lora.alpha = spec.lora.alpha;
+    for (const std::string& t : spec.lora.targets) {
+      const int target = LoraTargetOf(t);
+      if (target < 0) return absl::InvalidArgumentError(absl::StrCat("lora.targets: \"", t, "\""));
+      cfg.lora.targets[target] = true;
+    }
+  }
   return cfg;
 }
 

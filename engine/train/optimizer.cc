@@ -33,6 +33,10 @@ absl::Status Optimizer::Allocate() {
   if (host_state_) pool_ = std::make_unique<HostThreadPool>();
   int64_t largest = 0;
   for (int u = 0; u < ps.num_units(); ++u) {
+    if (!ps.trainable(u)) {  // a frozen unit (LoRA's base): no master weights, no m and v
+      for (auto* vec : {&master_, &m_, &v_}) vec->emplace_back();
+      continue;
+    }
     largest = std::max(largest, std::min(ps.shard_numel(u), stage_elements));
     for (auto* vec : {&master_, &m_, &v_}) {
       ASSIGN_OR_RETURN(Buffer b,
@@ -75,6 +79,28 @@ absl::StatusOr<Tensor> Optimizer::OnDevice(const Buffer& host, Buffer* keep) con
   return keep->tensor();
 }
 
+void Optimizer::PlaceFrozen(int u, const float* whole) {
+  ParamStore& ps = model_->params();
+  const int64_t begin = ps.shard_begin(u), shard = ps.shard_numel(u);
+  const int64_t n = std::max<int64_t>(0, std::min(shard, ps.unit_numel(u) - begin));
+  const Tensor w = ps.working_shard(u);
+  if (!ps.host_params()) {  // this rank's slice, zero padded, uploaded
+    std::vector<float> part(shard, 0.f);
+    std::copy(whole + begin, whole + begin + n, part.begin());
+    model_->ops()->Upload(part.data(), DType::kF32, w);
+    return;
+  }
+  // On the host (memory.param_offload): converted in place, as RefreshWorkingCopy writes it.
+  const float* from = whole + begin;
+  if (w.dtype == DType::kBF16) {
+    uint16_t* to = static_cast<uint16_t*>(w.data);
+    for (int64_t k = 0; k < shard; ++k) to[k] = k < n ? FloatToBf16(from[k]).bits : 0;
+  } else {
+    float* to = w.f32();
+    for (int64_t k = 0; k < shard; ++k) to[k] = k < n ? from[k] : 0.f;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
                                                              const UnitSource& init,
                                                              const JobSpec::Training& hp,
@@ -90,7 +116,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(LlamaModel* model,
     if (static_cast<int64_t>(whole.size()) != ps.unit_numel(u)) {
       return absl::InternalError("initial weights do not match the parameter layout");
     }
-    if (host_state) {
+    if (!ps.trainable(u)) {  // frozen: straight into the working copy, as it stays
+      o->PlaceFrozen(u, whole.data());
+    } else if (host_state) {
       // This rank's slice, zero padded past the unit's end (as ScatterFromHost uploads it),
       // copied on every core (8B's 32 GB of master weights are a minute's copy on one).
       const int64_t begin = ps.shard_begin(u);
@@ -130,7 +158,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::CreateFilled(LlamaModel* m
   RETURN_IF_ERROR(o->Allocate());
   for (int u = 0; u < ps.num_units(); ++u) {
     const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(fill(u, o->master_[u].tensor().f32()));  // the shard is the whole unit
+    if (!ps.trainable(u)) {  // frozen: no master weights, the working copy alone
+      std::vector<float> whole(ps.unit_numel(u));
+      RETURN_IF_ERROR(fill(u, whole.data()));
+      o->PlaceFrozen(u, whole.data());
+    } else {
+      RETURN_IF_ERROR(fill(u, o->master_[u].tensor().f32()));  // the shard is the whole unit
+    }
     o->startup_.init_s += SecondsSince(t0);
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -155,7 +189,9 @@ void Optimizer::RefreshWorkingCopy() {
   Ops* ops = model_->ops();
   ParamStore& ps = model_->params();
   if (!host_state_) {
-    for (size_t u = 0; u < master_.size(); ++u) ops->Copy(master_[u].tensor(), ps.working_shard(u));
+    for (size_t u = 0; u < master_.size(); ++u) {
+      if (!master_[u].empty()) ops->Copy(master_[u].tensor(), ps.working_shard(u));
+    }
     return;
   }
   // The master weights converted on every core into the two working-copy staging buffers, piece
@@ -166,6 +202,7 @@ void Optimizer::RefreshWorkingCopy() {
   const bool in_place = ps.host_params();
   size_t pieces = 0;
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) continue;  // frozen: its working copy was placed once
     for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
       const int64_t n = std::min(ps.shard_numel(u) - lo, stage_elements);
       const size_t i = pieces++;
@@ -194,7 +231,11 @@ absl::Status Optimizer::GradSumSquares(const Tensor& sumsq) {
                                                    " is not f32 [", ps.num_units(), "]"));
   }
   for (int u = 0; u < ps.num_units(); ++u) {
-    model_->ops()->SumSquaresInto(ps.grad_shard(u), sumsq.Slice(u, {1}));
+    if (ps.trainable(u)) {
+      model_->ops()->SumSquaresInto(ps.grad_shard(u), sumsq.Slice(u, {1}));
+    } else {
+      model_->ops()->Fill(sumsq.Slice(u, {1}), 0.f);  // clipping covers what is trained
+    }
   }
   return absl::OkStatus();
 }
@@ -235,6 +276,7 @@ Optimizer::StepResult Optimizer::Step(int64_t step, double lr, double grad_sumsq
     return r;
   }
   for (int u = 0; u < ps.num_units(); ++u) {
+    if (!ps.trainable(u)) continue;
     // Each entry's part of this rank's shard, so weight decay follows the entry's kind.
     const int64_t begin = ps.shard_begin(u), end = begin + ps.shard_numel(u);
     for (const ParamEntry& e : model_->layout().units()[u].entries) {
@@ -260,7 +302,8 @@ void Optimizer::HostStep(const AdamWParams& base, StepResult* r) {
   p->unit_end.resize(ps.num_units());
   p->unit_fence.resize(ps.num_units());
   for (int u = 0; u < ps.num_units(); ++u) {
-    for (int64_t lo = 0; lo < ps.shard_numel(u); lo += stage_elements) {
+    // A frozen unit (LoRA's base) has nothing to update: no pieces, and no transfer to wait for.
+    for (int64_t lo = 0; ps.trainable(u) && lo < ps.shard_numel(u); lo += stage_elements) {
       p->pieces.push_back({u, lo, std::min(ps.shard_numel(u), lo + stage_elements)});
     }
     p->unit_end[u] = p->pieces.size();
@@ -414,6 +457,7 @@ absl::Status Optimizer::SaveEach(const Selection& keep, const TensorSink& sink) 
   const std::vector<ParamUnit>& units = model_->layout().units();
   absl::Status first_error;
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) continue;  // frozen: the base is the model's, not the run's
     for (auto [buffers, names, kind] :
          {std::tuple{&master_, &keep.master, "master"}, {&m_, &keep.m, "m"}, {&v_, &keep.v, "v"}}) {
       std::vector<const ParamEntry*> kept;
@@ -451,6 +495,19 @@ absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
   HostWeights w;
   ParamStore& ps = model_->params();
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) {  // frozen: its weights are the working copy's
+      Buffer copy;
+      Tensor shard = ps.working_shard(u);
+      if (ps.host_params()) {  // on the host: a device copy for the collective
+        ASSIGN_OR_RETURN(copy,
+                         Buffer::Make(model_->allocator(), shard.dtype, shard.shape, Tier::kComm));
+        model_->ops()->Copy(shard, copy.tensor());
+        shard = copy.tensor();
+      }
+      ASSIGN_OR_RETURN(std::vector<float> unit, ps.GatherToHost(u, shard));
+      w.push_back(std::move(unit));
+      continue;
+    }
     if (host_state_ && !ps.sharded()) {
       const float* at = master_[u].tensor().f32();
       w.emplace_back(at, at + ps.unit_numel(u));
@@ -469,6 +526,7 @@ absl::StatusOr<HostWeights> Optimizer::GatherMasterWeights() const {
 
 absl::Status Optimizer::Restore(const Shards& s) {
   for (size_t u = 0; u < master_.size(); ++u) {
+    if (master_[u].empty()) continue;  // frozen: not in the state
     if (u >= s.master.size() || u >= s.m.size() || u >= s.v.size()) {
       return absl::DataLossError(absl::StrCat("optimizer state: unit ", u, " is missing"));
     }
@@ -510,10 +568,22 @@ absl::Status Optimizer::RestoreUnit(size_t u, const std::vector<float>& master,
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::ResumeEach(LlamaModel* model,
                                                                  const UnitLoader& load,
                                                                  const JobSpec::Training& hp,
-                                                                 bool host_state) {
+                                                                 bool host_state,
+                                                                 const UnitFill& frozen) {
   std::unique_ptr<Optimizer> o(new Optimizer(model, hp, host_state));
   RETURN_IF_ERROR(o->Allocate());
+  ParamStore& ps = model->params();
   std::vector<bool> came(o->master_.size(), false);
+  for (int u = 0; u < ps.num_units(); ++u) {
+    if (ps.trainable(u)) continue;
+    if (!frozen) {
+      return absl::InvalidArgumentError("Optimizer::ResumeEach: frozen units and no weights");
+    }
+    std::vector<float> whole(ps.unit_numel(u));
+    RETURN_IF_ERROR(frozen(u, whole.data()));
+    o->PlaceFrozen(u, whole.data());
+    came[u] = true;
+  }
   auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(load([&](int unit, std::vector<float>&& master, std::vector<float>&& m,
                            std::vector<float>&& v) -> absl::Status {

@@ -126,10 +126,13 @@ class Optimizer {
   // (LoadCheckpointTogether does, as it reads them), each uploaded at once, so the host holds
   // one unit's slices at a time. DATA_LOSS names a unit that is misshapen or never came.
   using UnitLoader = std::function<absl::Status(const UnitSink& sink)>;
+  // `frozen` writes the weights of each frozen unit (LoRA's base), which a checkpoint does not
+  // hold, into the model's working copy (required when the model has frozen units).
   static absl::StatusOr<std::unique_ptr<Optimizer>> ResumeEach(LlamaModel* model,
                                                                const UnitLoader& load,
                                                                const JobSpec::Training& hp,
-                                                               bool host_state = false);
+                                                               bool host_state = false,
+                                                               const UnitFill& frozen = nullptr);
 
  private:
   Optimizer(LlamaModel* model, const JobSpec::Training& hp, bool host_state)
@@ -152,6 +155,9 @@ class Optimizer {
   // device memory; `keep` owns it.
   absl::StatusOr<Tensor> OnDevice(const Buffer& host, Buffer* keep) const;
   void RefreshWorkingCopy();
+  // A frozen unit's working copy (LoRA's base, which has no master weights) from its whole f32
+  // weights: this rank's slice, uploaded, or converted in place on the host (param_offload).
+  void PlaceFrozen(int u, const float* whole);
   // Resume's upload of every unit's slices (DATA_LOSS naming a missing unit).
   absl::Status Restore(const Shards& shards);
   // Uploads unit u's slices into the master, m and v shards (DATA_LOSS naming a wrong size).

@@ -22,7 +22,8 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
                                                            LlamaModel* model, Comm* comm,
                                                            const JobSpec::Training& hp,
-                                                           bool host_state) {
+                                                           bool host_state,
+                                                           const Optimizer::UnitFill& frozen) {
   ResumedCheckpoint r;
   ASSIGN_OR_RETURN(r.optimizer, Optimizer::ResumeEach(
                                     model,
@@ -31,7 +32,7 @@ absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& pa
                                                                      path, model, comm, sink));
                                       return absl::OkStatus();
                                     },
-                                    hp, host_state));
+                                    hp, host_state, frozen));
   return r;
 }
 

@@ -25,14 +25,14 @@ absl::StatusOr<CheckpointSaveReport> SaveCheckpointTogether(const std::string& d
 // straight into a new optimizer (Optimizer::ResumeEach), so a rank's host holds one unit's
 // slices at a time. `loaded` is the load's report; its optimizer slices stay empty.
 // `host_state`: the optimizer keeps its state on the host (memory.optimizer_offload), and the
-// slices are copied straight into it, whichever way the checkpoint was saved.
+// slices are copied straight into it, whichever way the checkpoint was saved. `frozen`: the
+// weights of the units a checkpoint does not hold (LoRA's base; Optimizer::ResumeEach).
 struct ResumedCheckpoint {
   std::unique_ptr<Optimizer> optimizer;
   LoadedCheckpoint loaded;
 };
-absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(const std::string& path,
-                                                           LlamaModel* model, Comm* comm,
-                                                           const JobSpec::Training& hp,
-                                                           bool host_state = false);
+absl::StatusOr<ResumedCheckpoint> ResumeCheckpointTogether(
+    const std::string& path, LlamaModel* model, Comm* comm, const JobSpec::Training& hp,
+    bool host_state = false, const Optimizer::UnitFill& frozen = nullptr);
 
 }  // namespace ithaca

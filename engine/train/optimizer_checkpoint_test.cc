@@ -22,6 +22,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
+#include "engine/model/lora_adapter.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 #include "gtest/gtest.h"
@@ -411,6 +412,114 @@ TEST_F(DistributedCheckpointTest, HostStateResumesAndSavesTheSameState) {
         EXPECT_EQ((*got)[u], (*want)[u]) << kind << " of unit " << u << " at world " << world;
       }
     }
+  }
+}
+
+// [lora]: a checkpoint saved by two FSDP ranks holds the adapters and their Adam state alone, and
+// resumes at world 1 and 3 (the frozen base from its source, here the seed) to the same weights;
+// the next step from it lands where the saving run's next step did.
+TEST(LoraCheckpointTest, ResumesAtAnotherWorldWithTheBaseFromItsSource) {
+  testing::TempDir dir;
+  LlamaConfig cfg = Config();
+  cfg.lora.rank = 4;
+  cfg.lora.alpha = 8;
+  cfg.lora.targets[kLoraQ] = cfg.lora.targets[kLoraV] = cfg.lora.targets[kLoraDown] = true;
+  auto make = [&](int rank, int world,
+                  const std::string& name) -> absl::StatusOr<std::unique_ptr<RankModel>> {
+    const std::string rv = dir.path() + "/rv-" + name;
+    RETURN_IF_ERROR(MakeDirs(rv));
+    auto r = std::make_unique<RankModel>();
+    RankInfo info;
+    info.rank = rank;
+    info.world = world;
+    info.rendezvous = "file:" + rv;
+    ASSIGN_OR_RETURN(r->comm, ConnectComm(info, Device::kCpu, /*timeout_s=*/60));
+    LlamaModel::Options mo;
+    mo.fsdp = true;
+    ASSIGN_OR_RETURN(r->model, LlamaModel::Create(cfg, &r->ops, &r->alloc, mo, r->comm.get()));
+    return r;
+  };
+  const ParamLayout layout(cfg);
+  Optimizer::UnitFill base = [&](int u, float* out) {
+    RandomUnitWeightsInto(layout, u, 99, out);
+    return absl::OkStatus();
+  };
+  // Every rank runs the same sample at 1 / world of the scale: the reduced gradient is the
+  // sample's at any world.
+  auto step = [](LlamaModel* model, Optimizer* opt, int64_t n, int world) -> absl::Status {
+    std::mt19937 rng(5 + n);  // the same sample on every rank
+    const int64_t S = 32;
+    std::vector<int32_t> inputs(S), labels(S);
+    for (int64_t i = 0; i < S; ++i) {
+      inputs[i] = static_cast<int32_t>(rng() % 256);
+      labels[i] = static_cast<int32_t>(rng() % 256);
+    }
+    model->params().ZeroGrads();
+    RETURN_IF_ERROR(
+        model->ForwardBackward(inputs.data(), labels.data(), S, 1.f / (S * world)).status());
+    RETURN_IF_ERROR(model->params().FinishGradients());
+    return opt->Step(n, 1e-2).status();
+  };
+  const std::string out = dir.path();
+  auto saved = testing::RunRanks(2, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto r, make(rank, 2, "save"));
+    JobSpec::Training hp;
+    ASSIGN_OR_RETURN(auto opt, Optimizer::CreateFilled(
+                                   r->model.get(),
+                                   [&](int u, float* to) -> absl::Status {
+                                     if (layout.units()[u].trainable) {
+                                       LoraInitUnitInto(layout, u, 7, to);
+                                       return absl::OkStatus();
+                                     }
+                                     return base(u, to);
+                                   },
+                                   hp));
+    RETURN_IF_ERROR(step(r->model.get(), opt.get(), 1, 2));
+    RETURN_IF_ERROR(step(r->model.get(), opt.get(), 2, 2));
+    TrainState state{2, 8, 256};
+    RETURN_IF_ERROR(SaveCheckpointTogether(out + "/checkpoints", r->model.get(), *opt, state,
+                                           r->comm.get(), /*keep=*/1)
+                        .status());
+    ASSIGN_OR_RETURN(std::string at_save, MasterBytes(*opt));
+    RETURN_IF_ERROR(step(r->model.get(), opt.get(), 3, 2));
+    ASSIGN_OR_RETURN(std::string after, MasterBytes(*opt));
+    if (rank == 0) {
+      RETURN_IF_ERROR(WriteFileAtomic(out + "/at_save.f32", at_save));
+      RETURN_IF_ERROR(WriteFileAtomic(out + "/after.f32", after));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_EQ(testing::Failures(saved), "");
+  // The checkpoint: the adapters alone (3 targets x A and B x the layers).
+  auto model_files = SafetensorsReader::Open(out + "/checkpoints/step-00000002/model");
+  ASSERT_TRUE(model_files.ok()) << model_files.status();
+  EXPECT_EQ((*model_files)->Names().size(), 6u * cfg.num_hidden_layers);
+  const std::string at_save = *ReadFileToString(out + "/at_save.f32");
+  const std::string after = *ReadFileToString(out + "/after.f32");
+  for (int world : {1, 3}) {
+    auto outcomes = testing::RunRanks(world, [&](int rank) -> absl::Status {
+      ASSIGN_OR_RETURN(auto r, make(rank, world, absl::StrCat("resume-", world)));
+      JobSpec::Training hp;
+      ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
+                       ResumeCheckpointTogether(out + "/checkpoints/step-00000002", r->model.get(),
+                                                r->comm.get(), hp,
+                                                /*host_state=*/false, base));
+      ASSIGN_OR_RETURN(std::string got, MasterBytes(*resumed.optimizer));
+      RANK_CHECK(got == at_save, "the resumed weights differ from the saved ones");
+      RETURN_IF_ERROR(step(r->model.get(), resumed.optimizer.get(), 3, world));
+      ASSIGN_OR_RETURN(got, MasterBytes(*resumed.optimizer));
+      // Another world sums the gradient in another order: the same step to rounding.
+      const float* a = reinterpret_cast<const float*>(got.data());
+      const float* b = reinterpret_cast<const float*>(after.data());
+      RANK_CHECK(got.size() == after.size());
+      double err = 0;
+      for (size_t i = 0; i < got.size() / 4; ++i)
+        err = std::max(err, double(std::abs(a[i] - b[i])));
+      RANK_CHECK(err < 1e-5, "the step after the resume differs by ", err);
+      RANK_CHECK(got != at_save, "the step after the resume changed nothing");
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(testing::Failures(outcomes), "") << "world " << world;
   }
 }
 

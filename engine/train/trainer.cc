@@ -13,6 +13,7 @@
 #include "engine/core/file_util.h"
 #include "engine/plan/step_time.h"
 #include "engine/schedule/spec_options.h"
+#include "engine/model/lora_adapter.h"
 #include "engine/model/weights.h"
 #include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/checkpoint/export.h"
@@ -207,6 +208,28 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   }
   const ParamLayout& layout = t->model_->layout();
   const bool host_state = spec.memory.optimizer_offload == OffloadChoice::kOn;
+  // With LoRA the adapters' units start from lora.init's PEFT adapter, else PEFT's own init; the
+  // base's units from the model's weights as without it.
+  std::unique_ptr<SafetensorsReader> adapter;
+  if (!spec.lora.init.empty()) {
+    ASSIGN_OR_RETURN(adapter, OpenPeftAdapter(spec.lora.init, t->cfg_.lora));
+  }
+  if (layout.has_lora() && t->rank_ == 0) {
+    std::printf("lora: rank %lld, alpha %g; %lld trainable parameters of %lld (the base frozen)\n",
+                static_cast<long long>(t->cfg_.lora.rank), t->cfg_.lora.alpha,
+                static_cast<long long>(layout.trainable_numel()),
+                static_cast<long long>(layout.total_numel()));
+  }
+  auto with_lora = [&](Optimizer::UnitFill base) -> Optimizer::UnitFill {
+    return [&, base](int u, float* out) -> absl::Status {
+      if (layout.units()[u].trainable && layout.has_lora()) {
+        if (adapter) return ReadPeftUnitInto(layout, *adapter, u, out);
+        LoraInitUnitInto(layout, u, spec.training.seed, out);
+        return absl::OkStatus();
+      }
+      return base(u, out);
+    };
+  };
   // A new phase ([init] from) starts a run of its own: checkpoint.dir may hold only this run
   // (a relaunch of it resumes, below, rather than starting over).
   if (!spec.init.from.empty()) RETURN_IF_ERROR(CheckInitTarget(spec.checkpoint.dir, run_id));
@@ -217,9 +240,30 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     RETURN_IF_ERROR(CheckResumeRope(*latest, t->cfg_));
     // Each rank reads only its slice of the state, one unit at a time straight into the
     // optimizer, and verifies a share of the files.
-    ASSIGN_OR_RETURN(
-        ResumedCheckpoint resumed,
-        ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training, host_state));
+    // With LoRA the checkpoint holds the adapters alone: the frozen base comes from where the
+    // run's first start took it (model.weights, init.from, or the seed).
+    std::shared_ptr<SafetensorsReader> base_reader;
+    Optimizer::UnitFill base_fill = nullptr;
+    if (layout.has_lora()) {
+      std::string weights = spec.model.weights;
+      if (weights.empty() && !spec.init.from.empty()) {
+        ASSIGN_OR_RETURN(weights, InitWeightsDir(spec.init.from));
+      }
+      if (!weights.empty()) {
+        ASSIGN_OR_RETURN(base_reader, SafetensorsReader::Open(weights));
+        base_fill = [&](int u, float* out) {
+          return ReadUnitWeightsInto(layout, *base_reader, u, out);
+        };
+      } else {
+        base_fill = [&](int u, float* out) {
+          RandomUnitWeightsInto(layout, u, spec.training.seed, out);
+          return absl::OkStatus();
+        };
+      }
+    }
+    ASSIGN_OR_RETURN(ResumedCheckpoint resumed,
+                     ResumeCheckpointTogether(*latest, t->model_.get(), comm, spec.training,
+                                              host_state, base_fill));
     t->optimizer_ = std::move(resumed.optimizer);
     const LoadedCheckpoint& ck = resumed.loaded;
     t->state_ = ck.state;
@@ -241,7 +285,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
           latest->c_str(), static_cast<long long>(ck.state.step), ck.saved_world, t->world_,
           ck.bytes / 1e9, ck.seconds, ck.bytes / 1e9 / std::max(ck.seconds, 1e-9),
           ck.verified_bytes / 1e9, ck.read_bytes / 1e9, ck.host_bytes / 1e9,
-          100.0 * ck.host_bytes / (12.0 * layout.total_numel()));
+          100.0 * ck.host_bytes / (12.0 * layout.trainable_numel()));
     }
   } else if (!spec.model.weights.empty() || !spec.init.from.empty()) {
     // init.from: only the weights of the phase before; the step, optimizer state, schedule and
@@ -266,7 +310,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     auto from_file = [&](int u, float* out) {
       return ReadUnitWeightsInto(layout, *reader, u, out);
     };
-    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), from_file,
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), with_lora(from_file),
                                                             spec.training, host_state));
     if (t->rank_ == 0 && !spec.init.from.empty()) {
       std::printf(
@@ -280,8 +324,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
       RandomUnitWeightsInto(layout, u, seed, out);
       return absl::OkStatus();
     };
-    ASSIGN_OR_RETURN(t->optimizer_,
-                     Optimizer::CreateFilled(t->model_.get(), random, spec.training, host_state));
+    ASSIGN_OR_RETURN(t->optimizer_, Optimizer::CreateFilled(t->model_.get(), with_lora(random),
+                                                            spec.training, host_state));
   }
   t->optimizer_->set_overlap_update(spec.memory.overlap_update);
   ops->Synchronize();
@@ -382,6 +426,8 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.mfu = peak > 0 ? r.model_tflops * 1e12 / peak : 0;
   r.grad_norm = opt.grad_norm;
   r.lr = lr;
+  r.trainable_parameters = model_->layout().trainable_numel();
+  r.parameters = model_->layout().total_numel();
   r.cpu_update_seconds = opt.cpu_update_seconds;
   r.device_wait_seconds = opt.device_wait_seconds;
   if (optimizer_->host_state() && spec_.memory.overlap_update) {
@@ -423,7 +469,7 @@ absl::StatusOr<CheckpointSaveReport> Trainer::SaveCheckpointNow() {
         static_cast<long long>(state_.step), r.bytes / 1e9, world_, r.seconds,
         r.bytes / 1e9 / std::max(r.seconds, 1e-9), r.gather_seconds, r.write_seconds,
         r.rank_bytes / 1e9, r.rank_bytes / 1e9 / std::max(r.rank_write_seconds, 1e-9),
-        r.host_bytes / 1e9, 100.0 * r.host_bytes / (12.0 * model_->layout().total_numel()),
+        r.host_bytes / 1e9, 100.0 * r.host_bytes / (12.0 * model_->layout().trainable_numel()),
         r.commit_seconds);
     std::fflush(stdout);
   }
@@ -506,12 +552,56 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
   return absl::OkStatus();
 }
 
+absl::Status Trainer::ExportLoraAdapter(const std::string& checkpoint) {
+  // The adapters alone, as a PEFT directory (f32: they are small), from the checkpoint just
+  // written, verified against its manifest first.
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(checkpoint));
+  for (size_t i = 0; i < manifest.files.size(); ++i) {
+    RETURN_IF_ERROR(VerifyCheckpointFile(checkpoint, manifest, i));
+  }
+  const ParamLayout& layout = model_->layout();
+  ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(checkpoint + "/model"));
+  HostWeights units(layout.num_units());
+  std::vector<const float*> ptrs(layout.num_units(), nullptr);
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const int u = layout.lora_unit(l);
+    units[u].resize(layout.units()[u].numel);
+    RETURN_IF_ERROR(ReadUnitWeightsInto(layout, *reader, u, units[u].data()));
+    ptrs[u] = units[u].data();
+  }
+  const std::string source = RecordedSourceModel(spec_);
+  const bool merge = spec_.lora.merge_on_export;
+  const std::string out = ExportDir(spec_), adapter_out = merge ? out + "-adapter" : out;
+  RETURN_IF_ERROR(WritePeftAdapter(adapter_out, cfg_, layout, ptrs,
+                                   source.empty() ? spec_.model.preset : source));
+  std::printf("exported the LoRA adapter of %s to %s (PEFT, f32)\n", checkpoint.c_str(),
+              adapter_out.c_str());
+  if (merge) {  // the base from where the run took it, each targeted weight + scale · B · A
+    ExportOptions options;
+    ASSIGN_OR_RETURN(options.dtype, ParseExportDType(spec_.checkpoint.export_dtype));
+    options.source_model_dir = ModelSourceDir(spec_);
+    options.replace = true;
+    options.trained_seq_len = spec_.data.seq_len;
+    options.lora = cfg_.lora;
+    options.lora_base = spec_.model.weights;
+    if (options.lora_base.empty()) {
+      ASSIGN_OR_RETURN(options.lora_base, InitWeightsDir(spec_.init.from));
+    }
+    RETURN_IF_ERROR(ExportCheckpoint(checkpoint, out, options));
+    std::printf("exported %s merged into %s to %s (%s)\n", checkpoint.c_str(),
+                options.lora_base.c_str(), out.c_str(), spec_.checkpoint.export_dtype.c_str());
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::ExportNow() {
   const std::string& dtype_name = spec_.checkpoint.export_dtype;
   if (dtype_name.empty() || spec_.checkpoint.dir.empty() || rank_ != 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(DType dtype, ParseExportDType(dtype_name));
   // From the checkpoint just written: it is verified against its manifest on the way.
   ASSIGN_OR_RETURN(std::string checkpoint, LatestCheckpoint(spec_.checkpoint.dir));
+  if (cfg_.lora.enabled()) return ExportLoraAdapter(checkpoint);
   ExportOptions options;
   options.dtype = dtype;
   options.source_model_dir = ModelSourceDir(spec_);

@@ -53,6 +53,8 @@ struct StepReport {
   // The most of the state this rank held on the host at once for that save: one unit's tensors
   // of one kind (written to their files as they arrive).
   int64_t checkpoint_host_bytes = 0;
+  // Parameters trained (with [lora] the adapters' alone) and the model's in all.
+  int64_t trainable_parameters = 0, parameters = 0;
 };
 
 // The stable, parseable step line:
@@ -144,6 +146,8 @@ class Trainer {
   absl::StatusOr<StepReport> TrainStep();
   // Rank 0 writes checkpoint.export (when the spec asks for one) from the newest checkpoint.
   absl::Status ExportNow();
+  // With LoRA the export is a PEFT adapter directory of the checkpoint's adapters.
+  absl::Status ExportLoraAdapter(const std::string& checkpoint);
 
   JobSpec spec_;
   StartupReport startup_;

@@ -11,7 +11,10 @@
 
 #include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
+#include "engine/checkpoint/model_loss.h"
 #include "engine/core/file_util.h"
+#include "engine/model/lora_adapter.h"
+#include "engine/model/weights.h"
 #include "engine/plan/planner.h"
 #include "engine/plan/resolve.h"
 #include "gtest/gtest.h"
@@ -112,6 +115,181 @@ TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
     const Tensor& x = (*a)->model()->params().working_shard(u);
     const Tensor& y = (*b2)->model()->params().working_shard(u);
     ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "unit " << u;
+  }
+}
+
+// [lora]: only the adapters train (the base stays its random init, bit for bit), a run
+// interrupted and resumed from its checkpoint (adapters and their Adam state) equals the
+// uninterrupted one, the checkpoint holds the adapters alone, and the export is a PEFT adapter
+// that a new run starts from (lora.init) with the trained adapters.
+TEST(TrainerTest, LoraTrainsTheAdaptersResumesExactlyAndExportsPeft) {
+  const std::string dir = TmpDir("lora");
+  JobSpec spec = SmallSpec(dir);
+  spec.training.steps = 8;
+  spec.training.grad_accum = 2;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.head_chunk = 1;
+  spec.lora.rank = 4;
+  spec.lora.alpha = 16;
+  spec.lora.targets = {"q_proj", "v_proj", "o_proj", "down_proj"};
+  spec.checkpoint.export_dtype = "f32";
+  CpuOps ops;
+  HostAllocator alloc;
+
+  spec.checkpoint.dir = dir + "/straight";
+  auto a = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const ParamLayout& layout = (*a)->model()->layout();
+  ASSERT_TRUE(layout.has_lora());
+  std::vector<double> straight;
+  int64_t trainable = 0, parameters = 0;
+  ASSERT_TRUE((*a)->Run([&](const StepReport& r) {
+                    straight.push_back(r.loss);
+                    trainable = r.trainable_parameters;
+                    parameters = r.parameters;
+                  })
+                  .ok());
+  ASSERT_EQ(straight.size(), 8u);
+  EXPECT_LT(straight[7], straight[0] - 0.1) << "the adapters learn";
+  // The step reports what trains: 4 x (A + B) of rank 4 per layer, of the whole model's.
+  EXPECT_EQ(trainable, layout.trainable_numel());
+  EXPECT_EQ(parameters, layout.total_numel());
+  {
+    const LlamaConfig& mc = (*a)->model()->config();
+    const int64_t q = mc.num_attention_heads * mc.head_dim;
+    const int64_t kv = mc.num_key_value_heads * mc.head_dim;
+    const int64_t h = mc.hidden_size, f = mc.intermediate_size;
+    EXPECT_EQ(trainable, mc.num_hidden_layers * 4 * ((h + q) + (h + kv) + (q + h) + (f + h)));
+  }
+
+  // The base: its random init, to the bit.
+  for (int u = 0; u < layout.num_units(); ++u) {
+    if (layout.units()[u].trainable) continue;
+    const std::vector<float> init = RandomUnitWeights(layout, u, spec.training.seed);
+    const Tensor& now = (*a)->model()->params().working_shard(u);
+    ASSERT_EQ(0, std::memcmp(now.data, init.data(), now.bytes())) << layout.units()[u].name;
+  }
+
+  spec.checkpoint.dir = dir + "/interrupted";
+  spec.checkpoint.every = 4;
+  auto b1 = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  std::vector<double> first = Losses(**b1, /*stop=*/5);
+  ASSERT_EQ(first.size(), 5u);
+  b1->reset();
+  auto b2 = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(b2.ok()) << b2.status();
+  EXPECT_EQ((*b2)->state().step, 4);
+  std::vector<double> rest = Losses(**b2);
+  ASSERT_EQ(rest.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i + 1;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(rest[i], straight[4 + i]) << "step " << 5 + i;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const Tensor& x = (*a)->model()->params().working_shard(u);
+    const Tensor& y = (*b2)->model()->params().working_shard(u);
+    ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "unit " << u;
+  }
+
+  // The checkpoint's weights are the adapters: 4 targets x 2 tensors x the layers.
+  auto latest = LatestCheckpoint(dir + "/straight");
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  auto saved = SafetensorsReader::Open(*latest + "/model");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const std::vector<std::string> names = (*saved)->Names();
+  EXPECT_EQ(names.size(), 8u * (*a)->model()->config().num_hidden_layers);
+  for (const std::string& n : names) EXPECT_NE(n.find(".lora_"), std::string::npos) << n;
+
+  // The export: a PEFT directory with the trained adapters, which a new run starts from.
+  const std::string peft = dir + "/straight/export";
+  auto config = ReadFileToString(peft + "/adapter_config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const nlohmann::json j = nlohmann::json::parse(*config);
+  EXPECT_EQ(j["peft_type"], "LORA");
+  EXPECT_EQ(j["r"], 4);
+  EXPECT_EQ(j["lora_alpha"], 16.0);
+  EXPECT_EQ(j["target_modules"],
+            (std::vector<std::string>{"q_proj", "v_proj", "o_proj", "down_proj"}));
+  auto adapter = SafetensorsReader::Open(peft + "/adapter_model.safetensors");
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ((*adapter)->Names().size(), names.size());
+
+  JobSpec next = spec;
+  next.checkpoint = JobSpec::Checkpoint();
+  next.lora.init = peft;
+  next.training.steps = 1;
+  auto c = Trainer::Create(Resolved(next), &ops, &alloc);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int l = 0; l < (*a)->model()->config().num_hidden_layers; ++l) {
+    const int u = layout.lora_unit(l);
+    const Tensor& x = (*a)->model()->params().working_shard(u);
+    const Tensor& y = (*c)->model()->params().working_shard(u);
+    ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "adapters of layer " << l;
+  }
+  // An adapter of another rank is refused, naming the key.
+  next.lora.rank = 8;
+  auto d = Trainer::Create(Resolved(next), &ops, &alloc);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(std::string(d.status().message()).find("r must be lora.rank (8)"), std::string::npos)
+      << d.status();
+}
+
+// lora.merge_on_export: the export is the base (model.weights) with every targeted weight
+// + alpha / rank · B A, in the existing export format, and the PEFT adapter beside it: the merged
+// model's loss is the base-plus-adapter's.
+TEST(TrainerTest, LoraMergeOnExportIsTheBasePlusTheAdapter) {
+  const std::string dir = TmpDir("lora_merge");
+  auto cfg = PresetConfig("tiny");
+  ASSERT_TRUE(cfg.ok());
+  const ParamLayout base_layout(*cfg);
+  const HostWeights base = RandomWeights(base_layout, 5);
+  std::vector<const float*> ptrs;
+  for (const auto& u : base) ptrs.push_back(u.data());
+  ASSERT_TRUE(
+      WriteHfCheckpoint(dir + "/base", *cfg, base_layout, ptrs, DType::kF32, int64_t{1} << 40)
+          .ok());
+  JobSpec spec = SmallSpec(dir);
+  spec.model.weights = dir + "/base";
+  spec.training.steps = 6;
+  spec.training.lr = 1e-2;
+  spec.lora.rank = 2;
+  spec.lora.alpha = 6;
+  spec.lora.targets = {"k_proj", "o_proj", "gate_proj", "down_proj"};
+  spec.lora.merge_on_export = true;
+  spec.checkpoint.dir = dir + "/run";
+  spec.checkpoint.export_dtype = "f32";
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(Losses(**t).size(), 6u);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 50; ++i) ids.push_back((i * 37 + 11) % 256);
+  auto merged = ComputeModelLoss(dir + "/run/export", ids);
+  auto adapted = ComputeModelLoss(dir + "/base", ids, dir + "/run/export-adapter");
+  auto plain = ComputeModelLoss(dir + "/base", ids);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_TRUE(adapted.ok()) << adapted.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NEAR(merged->loss, adapted->loss, 1e-5);
+  EXPECT_GT(std::abs(merged->loss - plain->loss), 2e-4) << "the adapters moved";
+
+  // A new phase: [init] from the base's model directory with [lora] init the exported adapter
+  // starts from both: the base's weights and the trained adapters, bit for bit.
+  JobSpec next = SmallSpec(dir);
+  next.init.from = dir + "/base";
+  next.lora = spec.lora;
+  next.lora.merge_on_export = false;
+  next.lora.init = dir + "/run/export-adapter";
+  next.checkpoint.dir = dir + "/phase2";
+  next.training.steps = 1;
+  auto phase = Trainer::Create(Resolved(next), &ops, &alloc);
+  ASSERT_TRUE(phase.ok()) << phase.status();
+  const ParamLayout& layout = (*t)->model()->layout();
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const Tensor& now = (*phase)->model()->params().working_shard(u);
+    const void* want = layout.units()[u].trainable ? (*t)->model()->params().working_shard(u).data
+                                                   : static_cast<const void*>(base[u].data());
+    EXPECT_EQ(0, std::memcmp(now.data, want, now.bytes())) << layout.units()[u].name;
   }
 }
 

@@ -49,6 +49,7 @@ struct Case {
   int issue_delay_ms = 0;
   std::string family = "llama";  // or qwen2, qwen3, mistral (SetUpTestSuite's configs)
   int saved_block_inputs = 0;    // memory.saved_block_inputs
+  bool lora = false;             // [lora] on all seven linears (parallel_rank --lora)
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -139,15 +140,17 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   // The single-rank reference; `packed`: its first sample's documents each run alone.
   static std::string Reference(int hkv, int grad_accum, bool packed, bool sft,
-                               const std::string& family) {
-    const std::string key = absl::StrCat("reference_kv", hkv, "_", family, "_accum", grad_accum,
-                                         packed ? "_separate" : "", sft ? "_sft" : "");
+                               const std::string& family, bool lora = false) {
+    const std::string key =
+        absl::StrCat("reference_kv", hkv, "_", family, "_accum", grad_accum,
+                     packed ? "_separate" : "", sft ? "_sft" : "", lora ? "_lora" : "");
     if (!references_.count(key)) {
       std::vector<std::string> args = {"--config",     ConfigPath(hkv, family),
                                        "--data",       Data(sft),
                                        "--grad-accum", std::to_string(grad_accum)};
       if (packed) args.insert(args.end(), {"--packed", "--separate"});
       if (sft) args.push_back("--loss-mask");
+      if (lora) args.push_back("--lora");
       references_[key] = RunRanks(key, 0, args);
     }
     return references_[key];
@@ -187,7 +190,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   static void Check(const Case& c) {
     const int dp = c.world / c.sp;
-    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft, c.family);
+    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft, c.family, c.lora);
     std::vector<std::string> args = {
         "--config",     ConfigPath(c.hkv, c.family), "--data",      Data(c.sft),
         "--world",      std::to_string(c.world),     "--sp",        std::to_string(c.sp),
@@ -199,6 +202,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
     if (!c.overlap) args.push_back("--no-overlap");
     if (c.packed) args.push_back("--packed");
     if (c.sft) args.push_back("--loss-mask");
+    if (c.lora) args.push_back("--lora");
     args.insert(args.end(), {"--recompute-interval", std::to_string(c.recompute_interval)});
     if (c.saved_block_inputs > 0) {
       args.insert(args.end(), {"--saved-block-inputs", std::to_string(c.saved_block_inputs)});
@@ -272,6 +276,34 @@ TEST_F(ParallelEquivalenceTest, MixedPolicyEqualsNoRecomputeBitForBit) {
         });
     EXPECT_GT(checked, 40);
   }
+}
+
+// [lora]: the adapters' gradients, each step's loss and gradient norm, and every weight after
+// training (the base unchanged) equal one rank's under FSDP (the adapters' units sharded,
+// gathered with their blocks and reduce-scattered), Ulysses / UPipe stages (each stage's rows of
+// B), recompute, offload and tiles, and the family's extras (Qwen3's frozen q/k norms, Qwen2's
+// frozen biases), packed documents under an SFT loss mask. The planner's replay must match each
+// rank's measured peaks (parallel_rank).
+TEST_F(ParallelEquivalenceTest, LoraAdaptersUnderEachLayout) {
+  Case a{"w4_sp2_lora_fsdp_full_chunk", 2, 4, 2, true, "full", 2};
+  a.lora = true;
+  Check(a);
+  Case b{
+      "w2_sp2_lora_qwen3_fsdp_aware_offload_tiled", 2, 2, 2, true, "attention-aware", 2, true, 8};
+  b.family = "qwen3";
+  b.lora = true;
+  Check(b);
+  Case c{"w2_sp1_lora_qwen2_noshard_none", 4, 2, 1, false, "none", 0};
+  c.family = "qwen2";
+  c.lora = true;
+  Check(c);
+  // Packed documents and an SFT loss mask (Mistral's window too), Ulysses over both ranks.
+  Case d{"w2_sp2_lora_mistral_packed_sft_fsdp_full", 2, 2, 2, true, "full", 2, false, 8};
+  d.family = "mistral";
+  d.packed = true;
+  d.sft = true;
+  d.lora = true;
+  Check(d);
 }
 
 TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {
@@ -402,6 +434,41 @@ TEST_F(ParallelEquivalenceTest, EightRanksTwoUlyssesGroupsOfFour) {
 // Ulysses 2); and so with the working copy on the host as well (memory.param_offload). Each rank
 // moves only its own shards; the plan of the host tiers must also match what the ranks allocate
 // (parallel_rank checks every tier).
+// [lora] with the adapters' state on the host (the CPU AdamW over them alone), and the working
+// copy there too (the frozen base streamed to the device unit by unit): the same bits as on the
+// device, one rank and four (Ulysses 2, FSDP).
+TEST_F(ParallelEquivalenceTest, LoraOptimizerAndParamOffloadChangeNoBit) {
+  for (int world : {0, 4}) {
+    const std::string name = absl::StrCat("lora_offload_w", world);
+    std::vector<std::string> args = {"--config",     ConfigPath(2),
+                                     "--data",       *dir_ + "/corpus.tok",
+                                     "--world",      std::to_string(std::max(world, 1)),
+                                     "--sp",         world == 4 ? "2" : "1",
+                                     "--fsdp",       "1",
+                                     "--recompute",  "full",
+                                     "--grad-accum", "2",
+                                     "--steps",      "4",
+                                     "--lora"};
+    const std::string off = RunRanks(name + "_off", world, args);
+    args.push_back("--optimizer-offload");
+    const std::string on = RunRanks(name + "_on", world, args);
+    args.push_back("--param-offload");
+    const std::string params_on = RunRanks(name + "_params_on", world, args);
+    for (const std::string& other : {on, params_on}) {
+      int params = 0;
+      const int checked = CompareTensors(
+          off, other, other,
+          [&](const std::string& t, const std::vector<float>& x, const std::vector<float>& y) {
+            EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)))
+                << other << ": " << t;
+            if (t.rfind("param.", 0) == 0) ++params;
+          });
+      EXPECT_GT(checked, 40) << other;
+      EXPECT_GT(params, 20) << other;
+    }
+  }
+}
+
 TEST_F(ParallelEquivalenceTest, OptimizerOffloadChangesNoBit) {
   struct Layout {
     int world, sp;

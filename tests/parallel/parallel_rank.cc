@@ -9,7 +9,9 @@
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
 //                 --recompute none|full|attention-aware --head-chunk U --offload --tile T
 //                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask
-//                 --optimizer-offload --param-offload --weight-decay W]
+//                 --optimizer-offload --param-offload --weight-decay W --lora]
+// --lora: rank-4 LoRA adapters on all seven linears ([lora]), the base frozen: the gradients
+// written are the adapters' alone.
 // It also writes grad_norm_steps (each step's gradient norm, before clipping).
 // --peaks FILE: every rank writes FILE.rank<r>, its allocator's peak per tier after the first
 // forward/backward ("fb TIER MEASURED PLANNED") and in each training step ("step<i> TIER PEAK").
@@ -111,7 +113,12 @@ absl::Status Run(int argc, char** argv) {
       spec.memory.param_offload = OffloadChoice::kOn;
     else if (a == "--weight-decay")
       spec.training.weight_decay = std::stod(next());
-    else if (a == "--attention-aware-blocks")
+    else if (a == "--lora") {  // rank 4 adapters on all seven linears, the base frozen
+      spec.lora.rank = 4;
+      spec.lora.alpha = 8;
+      spec.lora.targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                           "gate_proj", "up_proj", "down_proj"};
+    } else if (a == "--attention-aware-blocks")
       spec.memory.attention_aware_blocks = std::stoll(next());
     else if (a == "--recompute") {
       const std::string p = next();
@@ -198,6 +205,10 @@ absl::Status Run(int argc, char** argv) {
   }
   HostWeights grads;
   for (int u = 0; u < ps.num_units(); ++u) {
+    if (!ps.trainable(u)) {  // a frozen base (--lora) has no gradient
+      grads.emplace_back();
+      continue;
+    }
     ASSIGN_OR_RETURN(auto g, ps.GatherToHost(u, ps.grad_shard(u)));
     grads.push_back(std::move(g));
   }
@@ -228,7 +239,9 @@ absl::Status Run(int argc, char** argv) {
   std::vector<std::string> names;
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const ParamEntry& e : layout.units()[u].entries) {
-      w.Add("grad." + e.hf_name, DType::kF32, e.shape, grads[u].data() + e.offset, DType::kF32);
+      if (!grads[u].empty()) {
+        w.Add("grad." + e.hf_name, DType::kF32, e.shape, grads[u].data() + e.offset, DType::kF32);
+      }
       w.Add("param." + e.hf_name, DType::kF32, e.shape, master[u].data() + e.offset, DType::kF32);
     }
   }
