@@ -1,5 +1,6 @@
 #include "client/commands.h"
 
+#include "launch/connection.h"
 #include "proto/version.h"
 
 #include <grpcpp/grpcpp.h>
@@ -725,7 +726,7 @@ int DrainCommand(CliContext& c, const Flags& f) {
 }
 
 std::string DefaultServer() {
-  if (const char* env = std::getenv("ITHACA_SERVER"); env && *env) return env;
+  if (const char* env = std::getenv(kEnvServer); env && *env) return env;
   // The address file of a daemon serving the default state directory, as ithacad picks it.
   std::ifstream in(DaemonAddrFilePath(DefaultStateDir()));
   std::string line;

@@ -15,7 +15,7 @@
 #include "engine/model/params.h"
 #include "engine/model/safetensors.h"
 #include "engine/checkpoint/checkpoint.h"
-#include "engine/checkpoint/export_testing.h"
+#include "tests/export/export_testing.h"
 #include "engine/checkpoint/model_loss.h"
 #include "engine/data/token_file.h"
 #include "engine/train/trainer.h"

@@ -1,4 +1,4 @@
-#include "engine/checkpoint/export_testing.h"
+#include "tests/export/export_testing.h"
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
