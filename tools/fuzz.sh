@@ -41,7 +41,7 @@ bazel() { command bazel ${ITHACA_OUTPUT_BASE:+--output_base="$ITHACA_OUTPUT_BASE
 targets_job_spec="//engine/spec:job_spec + //engine/spec:overrides"
 targets_config_json="//engine/model:config"
 targets_safetensors="//engine/model:safetensors"
-targets_token_file="//engine/data:token_file"
+targets_token_file="//engine/data:token_file + //engine/data:data_loader"
 targets_data_pattern="//engine/core:path_policy"
 targets_utf8="//engine/core:utf8"
 sources() {  # fuzzer name -> its engine sources, one per line

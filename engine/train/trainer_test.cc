@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/plan/planner.h"
 #include "engine/plan/resolve.h"
 #include "gtest/gtest.h"

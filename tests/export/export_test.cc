@@ -17,6 +17,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "tests/export/export_testing.h"
 #include "engine/checkpoint/model_loss.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"

@@ -5,6 +5,7 @@
 #include "engine/memory/allocator.h"
 #include "engine/model/config.h"
 #include "engine/plan/resolve.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "engine/train/trainer.h"
 
