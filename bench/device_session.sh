@@ -86,7 +86,8 @@ for phase in "$@"; do
     tests)
       # Every GPU test (the `gpu`-tagged targets of //engine/backend/cuda and //engine/comm/nccl)
       # and the library-version test, into OUT_DIR/gpu-tests-<date>.log: commit that file under
-      # bench/results/ (one per run of the GPU suite). It ends with "N passed, N failed".
+      # bench/results/ (one per run of the GPU suite). It ends with "N passed, N failed", after
+      # "N skipped: t:Suite.Case ..." naming the cases a passing binary skipped (GTEST_SKIP).
       log="$OUT/gpu-tests-$(date -u +%F).log"
       # NCCL may live only in a Python wheel there.
       if [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
@@ -102,6 +103,7 @@ for phase in "$@"; do
       } | tee "$log"
       passed=0
       failed=0
+      skipped_cases=()
       for t in library_versions_loaded_test rmsnorm_test cuda_allocator_test cuda_ops_test \
         attention_test hopper_attention_test cuda_train_test copy_stream_test nccl_comm_test \
         host_adamw_gpu_test; do
@@ -112,6 +114,10 @@ for phase in "$@"; do
         if timeout "$limit" "$BIN/$t" >"$OUT/t_$t.txt" 2>&1; then
           status=PASSED
           passed=$((passed + 1))
+          for c in $(grep -oE '^\[  SKIPPED \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+' "$OUT/t_$t.txt" \
+            | awk '{print $4}' | sort -u); do
+            skipped_cases+=("$t:$c")
+          done
         else
           status=FAILED
           failed=$((failed + 1))
@@ -124,6 +130,7 @@ for phase in "$@"; do
         # A failed test's whole output stays (OUT_DIR/t_NAME.txt): the lines above are a digest.
         [ "$status" = PASSED ] && rm -f "$OUT/t_$t.txt"
       done
+      echo "${#skipped_cases[@]} skipped:" ${skipped_cases[@]+"${skipped_cases[@]}"} | tee -a "$log"
       echo "$passed passed, $failed failed" | tee -a "$log"
       ;;
     attn)

@@ -20,6 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "engine/core/units.h"
 #include "engine/train/host_adamw.h"
 
 ABSL_FLAG(int64_t, params, int64_t{256} << 20, "parameters per AdamW pass");
@@ -53,7 +54,7 @@ std::string Today() {
 void RunOne(int threads) {
   HostThreadPool pool(threads);
   const int reps = absl::GetFlag(FLAGS_reps);
-  const int64_t words = static_cast<int64_t>(absl::GetFlag(FLAGS_copy_gib) * (1 << 30)) / 4;
+  const int64_t words = static_cast<int64_t>(absl::GetFlag(FLAGS_copy_gib) * kGiB) / 4;
   std::vector<float> a(words), b(words);
   // Every thread touches its own pages first, as it will in the timed passes.
   pool.ParallelFor(words, 1 << 16, [&](int64_t lo, int64_t hi) {

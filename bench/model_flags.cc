@@ -122,7 +122,6 @@ LlamaModel::Options ModelOptions() {
   // A mix resolved for the whole model, run on --layers of it: those are its last blocks.
   const int64_t layers = absl::GetFlag(FLAGS_layers);
   if (layers > 0 && mo.attention_aware_blocks > layers) mo.attention_aware_blocks = -1;
-  if (layers > 0 && mo.saved_block_inputs >= layers) mo.saved_block_inputs = 0;  // all held
   mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
   mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
   mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);

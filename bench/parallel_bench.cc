@@ -58,6 +58,8 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/comm.h"
+#include "engine/core/ranks_per_host.h"
+#include "engine/core/units.h"
 #include "engine/plan/budgets.h"
 #include "engine/plan/resolve.h"
 #include "engine/model/config.h"
@@ -189,10 +191,8 @@ struct RankSetup {
 NodeResources RehearsedNode(int world, int64_t this_gpu_bytes) {
   NodeResources node;
   const double gib = absl::GetFlag(FLAGS_device_memory_gib);
-  node.device_memory_bytes =
-      gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : this_gpu_bytes;
-  node.host_memory_bytes =
-      static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * (int64_t{1} << 30));
+  node.device_memory_bytes = gib > 0 ? static_cast<int64_t>(gib * kGiB) : this_gpu_bytes;
+  node.host_memory_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * kGiB);
   node.ranks_on_host = RanksPerHost(world, absl::GetFlag(FLAGS_nodes));
   return node;
 }
@@ -451,7 +451,7 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
   rehearsal.node = RehearsedNode(world, r.backend.device_bytes);
   r.link = rehearsal.link;
   r.node = rehearsal.node;
-  const int per_node = world / nodes;
+  const int per_node = RanksPerHost(world, nodes);
   // The rank's cores: its share of the node's, taken from this machine's (the CPU AdamW's
   // threads follow the affinity, engine/train/host_adamw.h).
   r.cores_share = std::max(1, absl::GetFlag(FLAGS_node_cores) / per_node);
@@ -484,9 +484,8 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
                "rehearsal: rank %d of %d (sp %d, dp %d) on %d node(s) of %d ranks; link %s; GPU "
                "%.1f GiB; host share %.1f GiB, %d cores (of this machine's %.1f GiB)\n",
                rank, world, sp, world / sp, nodes, per_node, LinkModelText(rehearsal.link).c_str(),
-               r.node.device_memory_bytes / double(int64_t{1} << 30),
-               BudgetsFor(JobSpec(), r.node).host_bytes / double(int64_t{1} << 30), r.cores_used,
-               LocalNodeResources(0, 1).host_memory_bytes / double(int64_t{1} << 30));
+               r.node.device_memory_bytes / kGiB, BudgetsFor(JobSpec(), r.node).host_bytes / kGiB,
+               r.cores_used, LocalNodeResources(0, 1).host_memory_bytes / kGiB);
   return absl::OkStatus();
 }
 
@@ -615,9 +614,8 @@ int Main() {
           .Int("sp", sp)
           .Bool("overlap", bench::ModelOptions().overlap)
           .Int("device_total_bytes", plan->device_total())
-          .Num("device_total_gib", plan->device_total() / double(int64_t{1} << 30))
-          .Num("host_block_inputs_gib",
-               plan->peak[static_cast<int>(Tier::kHostBlockInputs)] / double(int64_t{1} << 30))
+          .Num("device_total_gib", plan->device_total() / kGiB)
+          .Num("host_block_inputs_gib", plan->peak[static_cast<int>(Tier::kHostBlockInputs)] / kGiB)
           .Raw("fits", job.ok() ? (job->plan.fits ? "true" : "false") : "null")
           .Str("verdict", job.ok() ? job->plan.verdict : "")
           .Obj("planner_peaks", TierBytes(plan->peak));

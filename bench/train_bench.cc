@@ -27,6 +27,7 @@
 #include "bench/model_flags.h"
 #include "engine/backend/cuda/cuda_allocator.h"
 #include "engine/backend/cuda/cuda_ops.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
 #include "engine/plan/budgets.h"

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "client/format.h"
 #include "client/json.h"
+#include "engine/core/units.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ithaca {
@@ -341,8 +342,8 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
       for (const v1::TierBytes& t : r->memory()) most = std::max(most, t.peak_bytes());
     }
     // GiB for real models, MiB for small ones (whose GiB ticks would all read 0.000x).
-    const bool gib = most >= (int64_t{1} << 30);
-    const double unit = gib ? 1 << 30 : 1 << 20;
+    const bool gib = most >= kGiBBytes;
+    const double unit = gib ? kGiB : kMiB;
     for (const v1::StepReport* r : reports) {
       for (const v1::TierBytes& t : r->memory()) {
         if (!by_tier.count(t.tier())) {

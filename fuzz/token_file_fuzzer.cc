@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/data/data_loader.h"
 #include "engine/data/token_file.h"
 #include "fuzz/fuzz_file.h"
 

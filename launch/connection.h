@@ -15,6 +15,8 @@ namespace ithaca {
 // get them so from ithacad).
 inline constexpr char kEnvTokenFile[] = "ITHACA_TOKEN_FILE";
 inline constexpr char kEnvCa[] = "ITHACA_CA";
+// The daemon's address when --server is not given (DefaultServer, client/commands.h).
+inline constexpr char kEnvServer[] = "ITHACA_SERVER";
 
 struct ConnectionOptions {
   std::string server;           // host:port or unix:/path

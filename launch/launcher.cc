@@ -1,3 +1,4 @@
+#include "engine/comm/rank_env.h"
 #include "launch/launcher.h"
 
 #include <fcntl.h>
@@ -212,11 +213,11 @@ absl::StatusOr<WorkerGroup> Launcher::Launch(const LaunchSpec& spec) {
   for (int rank = 0; rank < world; ++rank) {
     // Everything the child needs is built before fork: after it, only async-signal-safe calls.
     std::map<std::string, std::string> vars = base;
-    vars["ITHACA_RANK"] = std::to_string(spec.first_rank + rank);
-    vars["ITHACA_WORLD_SIZE"] = std::to_string(total_world);
-    vars["ITHACA_LOCAL_WORLD_SIZE"] = std::to_string(world);  // this node's ranks
-    vars["ITHACA_RENDEZVOUS"] = spec.rendezvous;
-    vars["ITHACA_GPU"] = std::to_string(spec.gpus[rank]);
+    vars[kEnvRank] = std::to_string(spec.first_rank + rank);
+    vars[kEnvWorldSize] = std::to_string(total_world);
+    vars[kEnvLocalWorldSize] = std::to_string(world);  // this node's ranks
+    vars[kEnvRendezvous] = spec.rendezvous;
+    vars[kEnvGpu] = std::to_string(spec.gpus[rank]);
     if (spec.run_as) {
       vars["HOME"] = spec.run_as->home;
       vars["USER"] = vars["LOGNAME"] = spec.run_as->name;
@@ -750,10 +751,10 @@ absl::Status LaunchLocal(const LaunchOptions& options, LaunchReport* report) {
   spec.env = options.env;
   if (multinode) {
     // Gloo listens where the other nodes can reach it, unless told otherwise.
-    bool gloo_host_set = std::getenv("ITHACA_GLOO_HOST") != nullptr;
-    for (const auto& [key, value] : options.env) gloo_host_set |= key == "ITHACA_GLOO_HOST";
+    bool gloo_host_set = std::getenv(kEnvGlooHost) != nullptr;
+    for (const auto& [key, value] : options.env) gloo_host_set |= key == kEnvGlooHost;
     const std::string address = link->LocalAddress();
-    if (!gloo_host_set && !address.empty()) spec.env.emplace_back("ITHACA_GLOO_HOST", address);
+    if (!gloo_host_set && !address.empty()) spec.env.emplace_back(kEnvGlooHost, address);
   }
   std::vector<Child>& children = cleanup.children;
   children.resize(options.nproc);

@@ -8,7 +8,7 @@
 namespace ithaca {
 
 std::string DefaultStateDir() {
-  if (const char* h = std::getenv("ITHACA_HOME"); h && *h) return h;
+  if (const char* h = std::getenv(kEnvHome); h && *h) return h;
   const char* home = std::getenv("HOME");
   return absl::StrCat(home && *home ? home : "/tmp", "/.ithaca");
 }
@@ -46,5 +46,13 @@ std::string JobDaemonAddrPath(const std::string& job_dir) { return job_dir + "/d
 std::string SlurmScriptPath(const std::string& job_dir) { return job_dir + "/slurm.sbatch"; }
 
 std::string SlurmOutputPattern(const std::string& job_dir) { return job_dir + "/slurm-%j.out"; }
+
+std::string SlurmOutputPath(const std::string& job_dir, const std::string& slurm_id) {
+  return absl::StrCat(job_dir, "/slurm-", slurm_id, ".out");
+}
+
+std::string RendezvousDirPath(const std::string& job_dir, int64_t launch_micros) {
+  return absl::StrCat(job_dir, "/rendezvous-", launch_micros);
+}
 
 }  // namespace ithaca

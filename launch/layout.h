@@ -27,6 +27,8 @@ namespace ithaca {
 
 // ---- The state directory.
 
+// The environment variable naming the state directory.
+inline constexpr char kEnvHome[] = "ITHACA_HOME";
 // $ITHACA_HOME, else $HOME/.ithaca (/tmp/.ithaca without a HOME).
 std::string DefaultStateDir();
 std::string StateLockPath(const std::string& state_dir);
@@ -52,7 +54,10 @@ std::string RankLogPath(const std::string& job_dir, int rank);
 std::string AdoptionRecordPath(const std::string& job_dir);
 std::string JobDaemonAddrPath(const std::string& job_dir);
 std::string SlurmScriptPath(const std::string& job_dir);
-// Slurm's --output pattern (%j: the Slurm job id).
+// Slurm's --output pattern (%j: the Slurm job id), and the file it names for job `slurm_id`.
 std::string SlurmOutputPattern(const std::string& job_dir);
+std::string SlurmOutputPath(const std::string& job_dir, const std::string& slurm_id);
+// A launch's Gloo FileStore directory, "rendezvous-T" (T: the launch's time in microseconds).
+std::string RendezvousDirPath(const std::string& job_dir, int64_t launch_micros);
 
 }  // namespace ithaca

@@ -1,3 +1,4 @@
+#include "engine/core/ranks_per_host.h"
 #include "server/admission.h"
 
 #include <dirent.h>
@@ -382,7 +383,7 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
 
 absl::Status CheckSlots(const JobSpec& s, const Node& node) {
   // Across Slurm nodes (slurm.nodes), each node runs world / nodes ranks; `node` describes one.
-  const int64_t per_node = s.parallel.world / std::max<int64_t>(1, s.slurm.nodes);
+  const int64_t per_node = RanksPerHost(s.parallel.world, s.slurm.nodes);
   if (per_node > node.slots()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "parallel.world: the job needs ", per_node, " ranks",

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/core/path_policy.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/model/config.h"
 #include "engine/model/safetensors.h"
 #include "server/node.h"

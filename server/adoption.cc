@@ -1,3 +1,4 @@
+#include "launch/worker_contract.h"
 #include "server/adoption.h"
 
 #include "launch/layout.h"
@@ -117,8 +118,8 @@ bool IsWorkerOf(pid_t pid, const std::string& job_id, const std::string& secret)
   const char state = line[close_paren + 2];
   if (state == 'Z' || state == 'X') return false;
   std::ifstream env(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
-  const std::string want_job = absl::StrCat("ITHACA_JOB_ID=", job_id);
-  const std::string want_secret = absl::StrCat("ITHACA_JOB_SECRET=", secret);
+  const std::string want_job = absl::StrCat(kEnvJobId, "=", job_id);
+  const std::string want_secret = absl::StrCat(kEnvJobSecret, "=", secret);
   bool job = false, same_launch = false;
   std::string var;
   while (std::getline(env, var, '\0')) {

@@ -33,8 +33,7 @@ absl::StatusOr<Cluster::Launched> LocalCluster::Launch(const LaunchOrder& order,
                                                        SupervisedJob& job) {
   // A fresh Gloo FileStore directory for every launch (a job resumed after a daemon restart is
   // launched again, and a store refuses keys that already exist).
-  const std::string rdv_dir =
-      absl::StrCat(job.log_dir, "/rendezvous-", absl::ToUnixMicros(absl::Now()));
+  const std::string rdv_dir = RendezvousDirPath(job.log_dir, absl::ToUnixMicros(absl::Now()));
   job.rendezvous = "file:" + rdv_dir;
   ASSIGN_OR_RETURN(job.secret, NewJobSecret());
   LaunchSpec l;

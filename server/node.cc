@@ -82,7 +82,7 @@ Node DetectNode(const NodeOptions& options) {
 namespace ithaca {
 
 absl::StatusOr<Node> HardwareNode(const std::string& text) {
-  constexpr double kH100Gib = 80, kH200Gib = 150109880320.0 / (int64_t{1} << 30);
+  constexpr double kH100Gib = 80, kH200Gib = 150109880320.0 / kGiB;
   struct Preset {
     const char* name;
     int gpus;
@@ -141,12 +141,12 @@ absl::StatusOr<Node> HardwareNode(const std::string& text) {
   Node node;
   node.gpu = true;
   node.hostname = absl::StrCat("--hardware ", name);
-  node.host_memory_bytes = static_cast<int64_t>(host_gib * (int64_t{1} << 30));
+  node.host_memory_bytes = static_cast<int64_t>(host_gib * kGiB);
   for (int i = 0; i < gpus; ++i) {
     NodeDevice d;
     d.index = i;
     d.name = name;
-    d.memory_bytes = static_cast<int64_t>(gpu_gib * (int64_t{1} << 30));
+    d.memory_bytes = static_cast<int64_t>(gpu_gib * kGiB);
     node.devices.push_back(d);
   }
   return node;

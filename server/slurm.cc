@@ -347,7 +347,7 @@ absl::StatusOr<std::string> SlurmWarningCause(const std::string& slurm_id, int g
 
 std::string SlurmOutputErrors(const std::string& log_dir, const std::string& slurm_id,
                               int max_lines) {
-  std::ifstream in(absl::StrCat(log_dir, "/slurm-", slurm_id, ".out"));
+  std::ifstream in(SlurmOutputPath(log_dir, slurm_id));
   std::vector<std::string> found;
   std::string line;
   while (std::getline(in, line)) {

@@ -1,3 +1,4 @@
+#include "engine/core/ranks_per_host.h"
 #include "server/slurm_cluster.h"
 
 #include <signal.h>
@@ -56,7 +57,7 @@ absl::StatusOr<Cluster::Launched> SlurmCluster::Launch(const LaunchOrder& order,
   ASSIGN_OR_RETURN(job.secret, NewJobSecret());
   auto slurm = std::make_unique<SlurmJob>();
   const int nodes = static_cast<int>(spec.slurm.nodes);
-  const int per_node = static_cast<int>(order.slots.size()) / nodes;
+  const int per_node = RanksPerHost(static_cast<int64_t>(order.slots.size()), nodes);
   SlurmSubmission sub;
   sub.job_id = job.id;
   sub.log_dir = job.log_dir;

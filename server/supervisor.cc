@@ -92,7 +92,7 @@ int Supervisor::KillStrayWorkers(int pgid, const std::string& job_id) {
   int killed = 0;
   DIR* proc = opendir("/proc");
   if (proc == nullptr) return 0;
-  const std::string want = absl::StrCat("ITHACA_JOB_ID=", job_id);
+  const std::string want = absl::StrCat(kEnvJobId, "=", job_id);
   while (dirent* d = readdir(proc)) {
     int pid = 0;
     if (!absl::SimpleAtoi(d->d_name, &pid)) continue;

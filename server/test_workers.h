@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 
 namespace ithaca {

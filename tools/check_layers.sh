@@ -43,7 +43,8 @@ probe engine/backend //engine/memory pass
 probe engine/model //engine/backend:ops pass
 probe engine/parallel //engine/spec:validate pass
 probe engine/schedule //engine/parallel pass
-probe engine/checkpoint //engine/train:optimizer pass
+probe engine/plan //engine/train:optimizer pass
+probe engine/train //engine/checkpoint:distributed_checkpoint pass
 probe engine/plan //engine/schedule:llama pass
 probe engine/runtime //engine/train:trainer pass
 probe worker //engine/runtime:rank pass
@@ -65,6 +66,8 @@ probe engine/model //engine/parallel fail
 probe engine/parallel //engine/schedule:llama fail
 probe engine/schedule //engine/plan:planner fail
 probe engine/data //engine/runtime:rank fail
+probe engine/checkpoint //engine/train:trainer fail
+probe engine/checkpoint //engine/train:optimizer fail
 probe engine/runtime //launch:launcher fail
 probe launch //worker:daemon_mode fail
 probe launch //server:daemon fail

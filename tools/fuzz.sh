@@ -6,7 +6,8 @@
 #   tools/fuzz.sh [-t SECONDS] [FUZZER...]     each fuzzer runs SECONDS (default 30)
 #   tools/fuzz.sh -b                           build only
 #
-# FUZZERS: job_spec config_json safetensors token_file (default: all). Built with clang++ outside
+# FUZZERS: the harnesses fuzz/*_fuzzer.cc, by name without the suffix (`all` below; default: all,
+# and an unknown name lists them). Built with clang++ outside
 # Bazel (which builds with gcc) into $FUZZ_OUT (default /tmp/ithaca-fuzz-$USER); new inputs are
 # kept in $FUZZ_OUT/corpus/<fuzzer>, never in the seed directory. One line per fuzzer:
 # "fuzz: <fuzzer> PASSED in Ns" or "fuzz: <fuzzer> FAILED in Ns: <artifact>", where the artifact
@@ -41,7 +42,7 @@ bazel() { command bazel ${ITHACA_OUTPUT_BASE:+--output_base="$ITHACA_OUTPUT_BASE
 targets_job_spec="//engine/spec:job_spec + //engine/spec:overrides"
 targets_config_json="//engine/model:config"
 targets_safetensors="//engine/model:safetensors"
-targets_token_file="//engine/data:token_file"
+targets_token_file="//engine/data:token_file + //engine/data:data_loader"
 targets_data_pattern="//engine/core:path_policy"
 targets_utf8="//engine/core:utf8"
 sources() {  # fuzzer name -> its engine sources, one per line

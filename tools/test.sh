@@ -11,7 +11,9 @@
 # GPU tests (tagged `gpu`) run only where a GPU exists (`nvidia-smi -L` succeeds); elsewhere they
 # are still built but not run, and so not counted as passed. The line before the last names the
 # GPU tests that did not run: "N skipped (no GPU): //a //b ..." (or "(built without CUDA)" when
-# the build found no CUDA, bazel/cuda_configure.bzl, and left them out).
+# the build found no CUDA, bazel/cuda_configure.bzl, and left them out), then the cases a passing
+# test skipped itself (GTEST_SKIP, unittest's skipTest), each counted as one skipped:
+# "//t:Suite.Case" (gtest) or "//t(unittest:N)" (unittest names none in its summary).
 set -o pipefail
 cd "$(dirname "$0")/.."
 # ITHACA_OUTPUT_BASE: a Bazel output base of its own (tools/ci_no_cuda.sh keeps its build apart).
@@ -39,6 +41,24 @@ else
 fi
 passed=$(grep -cE '^//.* PASSED in ' "$log")
 failed=$(grep -cE '^//.* (FAILED|TIMEOUT|INCOMPLETE|NO STATUS|FAILED TO BUILD)( in |$)' "$log")
+# The cases that passing tests skipped, from their logs: gtest's "[  SKIPPED ] Suite.Case" and
+# unittest's "OK (skipped=N)".
+testlogs=$(bazel info bazel-testlogs 2>>"$log")
+skipped_cases=()
+n_skipped_cases=0
+for target in $(grep -E '^//.* PASSED in ' "$log" | awk '{print $1}'); do
+  f="$testlogs/$(sed -e 's|^//||' -e 's|:|/|' <<<"$target")/test.log"
+  [ -f "$f" ] || continue
+  for c in $(grep -oE '^\[  SKIPPED \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+' "$f" | awk '{print $4}' | sort -u); do
+    skipped_cases+=("$target:$c")
+    n_skipped_cases=$((n_skipped_cases + 1))
+  done
+  n=$(grep -oE '^OK \(skipped=[0-9]+\)' "$f" | tail -1 | grep -oE '[0-9]+')
+  if [ -n "$n" ]; then
+    skipped_cases+=("$target(unittest:$n)")
+    n_skipped_cases=$((n_skipped_cases + n))
+  fi
+done
 # The layers (//:BUILD's package groups): wrong-layer dependencies fail the build. One test.
 if bash tools/check_layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); rc=1; fi
 # The C++ and CUDA files as .clang-format writes them. One test.
@@ -84,6 +104,7 @@ fi
 bazel shutdown >/dev/null 2>&1  # do not leave the JVM server running
 rm -f "$log"
 n_skipped=$(grep -c . <<<"$skipped")
-echo "${n_skipped} skipped (${reason}):" $skipped
+echo "$((n_skipped + n_skipped_cases)) skipped (${reason}):" $skipped \
+  ${skipped_cases[@]+"; skipped by the test itself:" "${skipped_cases[@]}"}
 echo "${passed} passed, ${failed} failed"
 exit $rc

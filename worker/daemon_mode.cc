@@ -439,7 +439,7 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   // created the Gloo FileStore directory of $ITHACA_RENDEZVOUS.
   ASSIGN_OR_RETURN(RankInfo info, RankInfoFromEnvironment());
   if (info.rank != o.rank || info.world != o.world) {
-    return absl::InvalidArgumentError(absl::StrCat("ITHACA_RANK/ITHACA_WORLD_SIZE say rank ",
+    return absl::InvalidArgumentError(absl::StrCat(kEnvRank, "/", kEnvWorldSize, " say rank ",
                                                    info.rank, " of ", info.world, ", expected ",
                                                    o.rank, " of ", o.world));
   }
@@ -507,16 +507,16 @@ absl::StatusOr<DaemonWorkerOptions> DaemonWorkerOptionsFromEnv(const std::string
   o.address_file = env(kEnvDaemonAddrFile);
   if (o.socket.empty()) return absl::InvalidArgumentError("--daemon: no socket path given");
   if (o.job_id.empty()) return absl::InvalidArgumentError("--job: no job id given");
-  const std::string rank = env("ITHACA_RANK"), world = env("ITHACA_WORLD_SIZE");
+  const std::string rank = env(kEnvRank), world = env(kEnvWorldSize);
   if (!rank.empty() && !absl::SimpleAtoi(rank, &o.rank)) {
-    return absl::InvalidArgumentError(absl::StrCat("ITHACA_RANK: not a number: ", rank));
+    return absl::InvalidArgumentError(absl::StrCat(kEnvRank, ": not a number: ", rank));
   }
   if (!world.empty() && !absl::SimpleAtoi(world, &o.world)) {
-    return absl::InvalidArgumentError(absl::StrCat("ITHACA_WORLD_SIZE: not a number: ", world));
+    return absl::InvalidArgumentError(absl::StrCat(kEnvWorldSize, ": not a number: ", world));
   }
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ITHACA_RANK ", o.rank, " is outside ITHACA_WORLD_SIZE ", o.world));
+        absl::StrCat(kEnvRank, " ", o.rank, " is outside ", kEnvWorldSize, " ", o.world));
   }
   return o;
 }

@@ -1,3 +1,5 @@
+#include "engine/core/ranks_per_host.h"
+#include "engine/core/units.h"
 #include "worker/standalone.h"
 
 #include <cstdio>
@@ -77,14 +79,14 @@ absl::Status RunRehearsal(const std::string& spec_path, const RehearsalArgs& arg
   rehearsal.nodes = args.nodes;
   ASSIGN_OR_RETURN(rehearsal.link, ParseLinkModel(args.link));
   rehearsal.node.device_memory_bytes =
-      args.device_memory_gib > 0 ? static_cast<int64_t>(args.device_memory_gib * (int64_t{1} << 30))
+      args.device_memory_gib > 0 ? static_cast<int64_t>(args.device_memory_gib * kGiB)
                                  : (spec.backend == "cuda" ? CudaDeviceMemoryBytes(0) : 0);
-  rehearsal.node.host_memory_bytes = static_cast<int64_t>(args.node_host_gib * (int64_t{1} << 30));
+  rehearsal.node.host_memory_bytes = static_cast<int64_t>(args.node_host_gib * kGiB);
   rehearsal.node.ranks_on_host = RanksPerHost(world, args.nodes);
   RankInfo info;
   info.rank = args.rank;
   info.world = world;
-  info.local_world = world / args.nodes;
+  info.local_world = RanksPerHost(world, args.nodes);
   info.gpu = 0;
   RankOptions options;
   options.rehearsal = rehearsal;
@@ -102,9 +104,9 @@ absl::Status RunRehearsal(const std::string& spec_path, const RehearsalArgs& arg
       "rehearsal of rank %d of %d (sp %lld) on %d node(s) of %d ranks, link %s; the node: GPU "
       "%.1f GiB, host %.0f GiB (this rank's share %.1f GiB)\n%s\n",
       args.rank, world, static_cast<long long>(rank->spec().parallel.sp), args.nodes,
-      world / args.nodes, LinkModelText(rehearsal.link).c_str(),
-      rehearsal.node.device_memory_bytes / double(int64_t{1} << 30), args.node_host_gib,
-      budgets.host_bytes / double(int64_t{1} << 30), rank->resolution().c_str());
+      RanksPerHost(world, args.nodes), LinkModelText(rehearsal.link).c_str(),
+      rehearsal.node.device_memory_bytes / kGiB, args.node_host_gib, budgets.host_bytes / kGiB,
+      rank->resolution().c_str());
   std::fflush(stdout);
   // The trainer prints rank 0's lines; any other rank's are printed here.
   return rank->trainer().Run([&](const StepReport& r) {

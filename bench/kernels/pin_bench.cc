@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "engine/backend/cuda/pinned_host.h"
+#include "engine/core/units.h"
 
 ABSL_FLAG(std::string, sizes_gib, "4,16", "comma-separated block sizes in GiB");
 ABSL_FLAG(std::string, threads, "1,16", "touch threads for the register method (0: every core)");
@@ -47,13 +48,13 @@ int Main() {
     std::fprintf(stderr, "pin_bench: no GPU\n");
     return 0;
   }
-  constexpr size_t kCopy = size_t{1} << 30;
+  constexpr size_t kCopy = static_cast<size_t>(kGiBBytes);
   void* dev = nullptr;
   if (cudaMalloc(&dev, kCopy) != cudaSuccess) return 1;
   for (absl::string_view gib_s : absl::StrSplit(absl::GetFlag(FLAGS_sizes_gib), ',')) {
     double gib = 0;
     if (!absl::SimpleAtod(gib_s, &gib)) return 2;
-    const size_t bytes = static_cast<size_t>(gib * (1 << 30));
+    const size_t bytes = static_cast<size_t>(gib * kGiB);
     struct Way {
       PinMethod method;
       int threads;

@@ -1,33 +1,31 @@
 #include "engine/backend/attention_choice.h"
 
-namespace ithaca {
+#include "engine/core/enum_names.h"
 
-const char* AttentionKernelName(AttentionKernel k) {
-  switch (k) {
-    case AttentionKernel::kAuto:
-      return "auto";
-    case AttentionKernel::kCudnn:
-      return "cudnn";
-    case AttentionKernel::kHopper:
-      return "hopper";
-    case AttentionKernel::kFlash:
-      return "flash";
-  }
-  return "?";
-}
+namespace ithaca {
+namespace {
+
+constexpr EnumName<AttentionKernel> kAttentionKernelNames[] = {
+    {AttentionKernel::kAuto, "auto"},
+    {AttentionKernel::kCudnn, "cudnn"},
+    {AttentionKernel::kHopper, "hopper"},
+    {AttentionKernel::kFlash, "flash"},
+};
+
+}  // namespace
+
+const char* AttentionKernelName(AttentionKernel k) { return NameOf(kAttentionKernelNames, k); }
 
 const std::vector<std::string>& AttentionKernelNames() {
-  static const auto* names = new std::vector<std::string>{"auto", "cudnn", "hopper", "flash"};
+  static const auto* names = new std::vector<std::string>(NamesOf(kAttentionKernelNames));
   return *names;
 }
 
 absl::StatusOr<AttentionKernel> ParseAttentionKernel(const std::string& name) {
-  for (AttentionKernel k : {AttentionKernel::kAuto, AttentionKernel::kCudnn,
-                            AttentionKernel::kHopper, AttentionKernel::kFlash}) {
-    if (name == AttentionKernelName(k)) return k;
-  }
+  if (std::optional<AttentionKernel> k = ValueOf(kAttentionKernelNames, name)) return *k;
   return absl::InvalidArgumentError(absl::StrCat("attention kernel \"", name.substr(0, 64),
-                                                 "\": expected auto, cudnn, hopper or flash"));
+                                                 "\": expected ",
+                                                 NamesText(kAttentionKernelNames)));
 }
 
 // TFLOPS on one H200 (causal, Hq 32, Hkv 8, bf16) against the engine's cuDNN 9.14.

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/units.h"
 #include "engine/model/config.h"
 #include "engine/model/params.h"
 #include "engine/checkpoint/optimizer_state.h"
@@ -103,7 +104,7 @@ void AbandonCheckpoint(const std::string& dir, const TrainState& state);
 absl::StatusOr<CheckpointWriteReport> WriteCheckpointShard(
     const std::string& dir, const LlamaConfig& cfg, const ParamLayout& layout,
     const OptimizerState& opt, const TrainState& state, int rank, int world);
-inline constexpr int64_t kCheckpointWriteQueueBytes = int64_t{2} << 30;
+inline constexpr int64_t kCheckpointWriteQueueBytes = 2 * kGiBBytes;
 // Hands each tensor of the rank's share (CheckpointTensorsOf) to the sink, in any order.
 using CheckpointProducer = std::function<absl::Status(const OptimizerTensorSink& sink)>;
 // WriteCheckpointShard for a state that arrives piecewise (Optimizer::SaveEach): the rank's

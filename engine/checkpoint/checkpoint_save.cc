@@ -31,6 +31,7 @@
 #include "engine/checkpoint/tensor_writer.h"
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
+#include "engine/core/units.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 
@@ -55,7 +56,7 @@ std::string SumsPath(const std::string& tmp, int rank) {
 
 // Files of at most 4 GiB (as transformers shards), and as many for every writer (at least one):
 // the writers then hold and write equal shares.
-constexpr int64_t kMaxFileBytes = int64_t{4} << 30;
+constexpr int64_t kMaxFileBytes = 4 * kGiBBytes;
 int FileCount(int64_t bytes, int world) {
   const int64_t files = std::max<int64_t>(1, (bytes + kMaxFileBytes - 1) / kMaxFileBytes);
   return static_cast<int>((files + world - 1) / world * world);

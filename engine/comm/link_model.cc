@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/core/enum_names.h"
 
 namespace ithaca {
 namespace {
@@ -87,21 +88,12 @@ std::string LinkModelText(const LinkModel& link) {
 }
 
 const char* CollectiveOpName(CollectiveOp op) {
-  switch (op) {
-    case CollectiveOp::kAllGather:
-      return "all_gather";
-    case CollectiveOp::kReduceScatter:
-      return "reduce_scatter";
-    case CollectiveOp::kAllReduce:
-      return "all_reduce";
-    case CollectiveOp::kAllToAll:
-      return "all_to_all";
-    case CollectiveOp::kBroadcast:
-      return "broadcast";
-    case CollectiveOp::kBarrier:
-      return "barrier";
-  }
-  return "?";
+  static constexpr EnumName<CollectiveOp> kNames[] = {
+      {CollectiveOp::kAllGather, "all_gather"}, {CollectiveOp::kReduceScatter, "reduce_scatter"},
+      {CollectiveOp::kAllReduce, "all_reduce"}, {CollectiveOp::kAllToAll, "all_to_all"},
+      {CollectiveOp::kBroadcast, "broadcast"},  {CollectiveOp::kBarrier, "barrier"},
+  };
+  return NameOf(kNames, op);
 }
 
 double CollectiveSeconds(const LinkModel& link, CollectiveOp op, int64_t bytes,

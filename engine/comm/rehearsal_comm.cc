@@ -5,6 +5,7 @@
 #include <map>
 
 #include "engine/comm/comm_checks.h"
+#include "engine/core/ranks_per_host.h"
 
 namespace ithaca {
 namespace {
@@ -29,7 +30,7 @@ char* Chunk(const Tensor& t, int i, int parts) {
 }
 
 GroupShape ShapeOf(const std::vector<int>& members, int world, int nodes) {
-  const int per_node = world / nodes;
+  const int per_node = RanksPerHost(world, nodes);
   std::map<int, int> count;  // node -> members on it
   for (int w : members) ++count[w / per_node];
   GroupShape g;

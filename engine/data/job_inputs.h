@@ -11,7 +11,7 @@
 #include "engine/model/config.h"
 #include "engine/spec/job_spec.h"
 #include "engine/data/text_tokenizer.h"  // ModelSourceDir, ModelTokenizerJson
-#include "engine/data/token_file.h"
+#include "engine/data/data_loader.h"
 
 namespace ithaca {
 

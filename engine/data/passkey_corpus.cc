@@ -18,6 +18,9 @@
 #include "absl/flags/parse.h"
 #include "engine/data/passkey_prompt.h"
 #include "engine/data/text_tokenizer.h"
+#include "engine/data/byte_tokenizer.h"
+#include "engine/data/data_loader.h"
+#include "engine/data/sha256.h"
 #include "engine/data/token_file.h"
 
 ABSL_FLAG(std::string, out, "", "the token file to write");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/data/byte_tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {

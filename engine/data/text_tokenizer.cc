@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "engine/core/file_util.h"
-#include "engine/data/token_file.h"
+#include "engine/data/byte_tokenizer.h"
 
 namespace ithaca {
 namespace {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 
 namespace ithaca {
 namespace {

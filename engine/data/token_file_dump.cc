@@ -13,6 +13,8 @@
 #include "absl/flags/parse.h"
 #include "engine/core/file_util.h"
 #include "engine/core/flag_spelling.h"
+#include "engine/data/byte_tokenizer.h"
+#include "engine/data/data_loader.h"
 #include "engine/data/token_file.h"
 
 ABSL_FLAG(int64_t, seq_len, 0, "also build a DataLoader with this seq_len");

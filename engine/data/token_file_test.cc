@@ -1,4 +1,7 @@
 // Token files: round trip, each kind of corruption, ByteTokenize, and the DataLoader's order.
+#include "engine/data/byte_tokenizer.h"
+#include "engine/data/data_loader.h"
+#include "engine/data/sha256.h"
 #include "engine/data/token_file.h"
 
 #include <unistd.h>

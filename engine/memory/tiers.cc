@@ -17,16 +17,6 @@ void RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
 
 const char* TierName(Tier t) { return kNames[static_cast<int>(t)]; }
 
-bool ParseTier(const std::string& name, Tier* out) {
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (name == kNames[i]) {
-      *out = static_cast<Tier>(i);
-      return true;
-    }
-  }
-  return false;
-}
-
 void MemoryTracker::OnAlloc(Tier t, size_t bytes) {
   int64_t now = current_[Idx(t)].fetch_add(bytes) + bytes;
   RaiseTo(peak_[Idx(t)], now);

@@ -32,8 +32,6 @@ enum class Tier : uint8_t {
 inline constexpr int kNumTiers = 11;
 
 const char* TierName(Tier t);
-// Parses the names TierName prints ("params", "host_block_inputs", ...).
-bool ParseTier(const std::string& name, Tier* out);
 inline bool IsDeviceTier(Tier t) {
   return t != Tier::kHostBlockInputs && t != Tier::kHostOptimizer && t != Tier::kHostParams;
 }

@@ -7,22 +7,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/config_json_internal.h"
 
 namespace ithaca {
 
-const char* ModelTypeName(ModelFamily f) {
-  switch (f) {
-    case ModelFamily::kLlama:
-      return "llama";
-    case ModelFamily::kQwen2:
-      return "qwen2";
-    case ModelFamily::kQwen3:
-      return "qwen3";
-    case ModelFamily::kMistral:
-      return "mistral";
-  }
-  return "?";
-}
+const char* ModelTypeName(ModelFamily f) { return NameOf(config_internal::kModelTypeNames, f); }
 
 namespace {
 constexpr const char* kLoraModules[kNumLoraTargets] = {

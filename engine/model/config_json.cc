@@ -152,19 +152,13 @@ absl::Status CheckModelKeys(const Json& root, const std::string& source, LlamaCo
   std::string text;
   bool present = false;
   RETURN_IF_ERROR(r.String("model_type", &text, &present));
-  if (!present || text == "llama") {
+  if (!present) {
     cfg->family = ModelFamily::kLlama;
-  } else if (text == "qwen2") {
-    cfg->family = ModelFamily::kQwen2;
-  } else if (text == "qwen3") {
-    cfg->family = ModelFamily::kQwen3;
-  } else if (text == "mistral") {
-    cfg->family = ModelFamily::kMistral;
+  } else if (std::optional<ModelFamily> family = ValueOf(kModelTypeNames, text)) {
+    cfg->family = *family;
   } else {
-    return r.Error("model_type",
-                   absl::StrCat("unsupported \"", text,
-                                "\" (Ithaca implements \"llama\", \"qwen2\", \"qwen3\" and "
-                                "\"mistral\")"));
+    return r.Error("model_type", absl::StrCat("unsupported \"", text, "\" (Ithaca implements ",
+                                              NamesText(kModelTypeNames, " and ", "\""), ")"));
   }
   const ModelFamily family = cfg->family;
   const std::string family_name = ModelTypeName(family);

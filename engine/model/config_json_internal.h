@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/core/enum_names.h"
 #include "engine/core/status.h"
 #include "engine/model/config.h"
 
@@ -19,6 +20,14 @@ namespace ithaca {
 namespace config_internal {
 
 using Json = nlohmann::json;
+
+// config.json's model_type of each family (ModelTypeName, and the families it reads).
+inline constexpr EnumName<ModelFamily> kModelTypeNames[] = {
+    {ModelFamily::kLlama, "llama"},
+    {ModelFamily::kQwen2, "qwen2"},
+    {ModelFamily::kQwen3, "qwen3"},
+    {ModelFamily::kMistral, "mistral"},
+};
 
 // A short description of a JSON value for error messages; containers are not dumped, so a
 // hostile file cannot make the message (or the recursion printing it) large.

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "engine/core/enum_names.h"
 #include "engine/core/file_util.h"
 #include "engine/core/path_policy.h"
 #include "engine/model/safetensors_internal.h"
@@ -24,17 +25,18 @@
 
 namespace ithaca {
 
-const char* FileDTypeName(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "F32";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kI32:
-      return "I32";
-  }
-  return "?";
-}
+namespace {
+
+// The dtypes safetensors files hold, by the names the format gives them.
+constexpr EnumName<DType> kFileDTypeNames[] = {
+    {DType::kF32, "F32"},
+    {DType::kBF16, "BF16"},
+    {DType::kI32, "I32"},
+};
+
+}  // namespace
+
+const char* FileDTypeName(DType t) { return NameOf(kFileDTypeNames, t); }
 
 namespace {
 
@@ -44,13 +46,9 @@ using Json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
 bool ParseFileDType(const std::string& s, DType* out) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
-    if (s == FileDTypeName(t)) {
-      *out = t;
-      return true;
-    }
-  }
-  return false;
+  const std::optional<DType> t = ValueOf(kFileDTypeNames, s);
+  if (t) *out = *t;
+  return t.has_value();
 }
 
 std::string Dirname(const std::string& path) {

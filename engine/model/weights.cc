@@ -117,16 +117,6 @@ absl::Status ReadUnitWeightsInto(const ParamLayout& layout, const SafetensorsRea
   return absl::OkStatus();
 }
 
-absl::StatusOr<HostWeights> ReadWeights(const ParamLayout& layout,
-                                        const SafetensorsReader& reader) {
-  HostWeights w;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    ASSIGN_OR_RETURN(std::vector<float> flat, ReadUnitWeights(layout, reader, u));
-    w.push_back(std::move(flat));
-  }
-  return w;
-}
-
 absl::Status WriteHfCheckpoint(const std::string& dir, const LlamaConfig& cfg,
                                const ParamLayout& layout, const std::vector<const float*>& units,
                                DType file_dtype, int64_t max_shard_bytes) {

@@ -30,7 +30,6 @@ absl::StatusOr<std::vector<float>> ReadUnitWeights(const ParamLayout& layout,
 // The same into `out` (the unit's numel floats).
 absl::Status ReadUnitWeightsInto(const ParamLayout& layout, const SafetensorsReader& reader,
                                  int unit, float* out);
-absl::StatusOr<HostWeights> ReadWeights(const ParamLayout& layout, const SafetensorsReader& reader);
 
 // Writes `dir`/config.json and the weights (model.safetensors, or shards + index above
 // max_shard_bytes) as `file_dtype`, so transformers can load the directory.

@@ -25,7 +25,6 @@ struct HeadPlan {
   bool replicated = false;  // Hkv < P: K/V heads replicated, their gradients summed
 
   int64_t stages() const { return rounds * stages_per_round; }
-  int64_t q_heads_per_rank() const { return hq / P; }
   // First query head that rank j handles in round k, stage t (u heads from there).
   int64_t QHead(int64_t j, int64_t k, int64_t t) const {
     return j * (hq / P) + (k * stages_per_round + t) * u;

@@ -31,10 +31,6 @@ RankBudgets BudgetsFor(const JobSpec& spec, const NodeResources& node) {
   return b;
 }
 
-int RanksPerHost(int64_t world, int64_t nodes) {
-  return static_cast<int>(world / std::max<int64_t>(1, nodes));
-}
-
 NodeResources LocalNodeResources(int64_t device_memory_bytes, int ranks_on_host) {
   NodeResources n;
   n.device_memory_bytes = device_memory_bytes;

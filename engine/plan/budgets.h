@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/core/units.h"
 #include "engine/spec/job_spec.h"
 
 namespace ithaca {
@@ -29,7 +30,7 @@ struct RankBudgets {
 
 // GPU memory the engine's allocator cannot have: the CUDA context, the cuBLAS / cuDNN handles
 // and NCCL's buffers, which are allocated outside it.
-constexpr int64_t kCudaReserveBytes = int64_t{2} << 30;
+constexpr int64_t kCudaReserveBytes = 2 * kGiBBytes;
 // The share of the host's memory a job's ranks may use together; the rest stays with the
 // operating system, the page cache and the daemon.
 constexpr double kHostMemoryFraction = 0.85;
@@ -44,10 +45,5 @@ RankBudgets BudgetsFor(const JobSpec& spec, const NodeResources& node);
 // This host as a worker process sees it: its physical memory (sysconf), the given GPU memory
 // and the job's ranks on this host.
 NodeResources LocalNodeResources(int64_t device_memory_bytes, int ranks_on_host);
-
-// The ranks that share one host: a job's `world` ranks spread evenly over its `nodes` (a Slurm
-// job's slurm.nodes, a rehearsal's --nodes; 1 for a job on one node). The one rule admission,
-// the standalone worker, the rehearsal and the benches size host budgets by.
-int RanksPerHost(int64_t world, int64_t nodes);
 
 }  // namespace ithaca

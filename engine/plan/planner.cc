@@ -1,3 +1,4 @@
+#include "engine/core/ranks_per_host.h"
 #include "engine/plan/planner.h"
 
 #include <algorithm>
@@ -171,8 +172,8 @@ int64_t MemoryPlan::host_total() const {
 }
 
 std::string HumanBytes(int64_t b) {
-  return b >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", b / kGiB)
-                                 : absl::StrFormat("%.2f MiB", b / double(1 << 20));
+  return b >= kGiBBytes ? absl::StrFormat("%.2f GiB", b / kGiB)
+                        : absl::StrFormat("%.2f MiB", b / kMiB);
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
@@ -297,10 +298,9 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   } else {
     ASSIGN_OR_RETURN(req.link, LinkPreset(req.device == Device::kCuda ? "h200-sxm" : "zero"));
   }
-  req.ranks_per_node =
-      hardware.ranks_per_node > 0
-          ? hardware.ranks_per_node
-          : static_cast<int>(spec.parallel.world / std::max<int64_t>(1, spec.slurm.nodes));
+  req.ranks_per_node = hardware.ranks_per_node > 0
+                           ? hardware.ranks_per_node
+                           : RanksPerHost(spec.parallel.world, spec.slurm.nodes);
   req.samples = spec.training.grad_accum * spec.data.micro_batch;
   req.overlap_update = spec.memory.overlap_update;
   const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
@@ -578,8 +578,8 @@ std::string SavedBlockInputsSetting(int64_t saved_block_inputs) {
 
 std::string FormatPlan(const MemoryPlan& p) {
   // One unit for the whole table, chosen by the total, so small models read sensibly too.
-  const bool gib = p.device_total() >= (int64_t{1} << 30);
-  const double unit = gib ? kGiB : double(1 << 20);
+  const bool gib = p.device_total() >= kGiBBytes;
+  const double unit = gib ? kGiB : kMiB;
   const char* name = gib ? "GiB" : "MiB";
   std::string out = absl::StrFormat("%-14s %9s %s %14s\n", "tier", "peak", name, "at the peak");
   for (int i = 0; i < kNumTiers; ++i) {

@@ -778,6 +778,24 @@ TEST(PlannerTest, Llama8BAt1Point2MTokensFitsOneH200WithTheStateOnTheHost) {
   std::printf("Llama-3-8B at 1.2M tokens, at most 6 block inputs:\n%s", FormatPlan(*six).c_str());
   EXPECT_TRUE(six->fits) << six->verdict;
   EXPECT_EQ(six->saved_block_inputs, 6);
+  // A property rather than the figures above: with every setting the plan chose pinned, it fits
+  // at the budgets it predicts, and not a byte below either.
+  JobSpec pinned = spec;
+  auto choice = [](bool on) { return on ? OffloadChoice::kOn : OffloadChoice::kOff; };
+  pinned.memory.offload = choice(six->offload);
+  pinned.memory.prefetch = choice(six->prefetch);
+  pinned.memory.overlap = choice(six->overlap);
+  auto at_predicted = PlanJob(pinned, six->device_total(), six->host_total());
+  ASSERT_TRUE(at_predicted.ok()) << at_predicted.status();
+  EXPECT_TRUE(at_predicted->fits) << at_predicted->verdict;
+  EXPECT_EQ(at_predicted->device_total(), six->device_total());
+  EXPECT_EQ(at_predicted->host_total(), six->host_total());
+  auto gpu_below = PlanJob(pinned, six->device_total() - 1, six->host_total());
+  ASSERT_TRUE(gpu_below.ok()) << gpu_below.status();
+  EXPECT_FALSE(gpu_below->fits);
+  auto host_below = PlanJob(pinned, six->device_total(), six->host_total() - 1);
+  ASSERT_TRUE(host_below.ok()) << host_below.status();
+  EXPECT_FALSE(host_below->fits);
   spec.memory.saved_block_inputs = 0;
   spec.memory.recompute_interval = 6;
   auto every6 = PlanJob(spec, gpu, host);

@@ -1,3 +1,4 @@
+#include "engine/core/units.h"
 #include "engine/runtime/backend.h"
 
 #include "engine/backend/cpu/cpu_ops.h"
@@ -18,9 +19,8 @@ absl::StatusOr<Backend> MakeBackend(const JobSpec& spec, int gpu, int64_t probe_
   }
   CudaBackendOptions o;
   o.gpu = gpu;
-  o.budget_bytes = spec.memory.gpu_budget_gib > 0
-                       ? static_cast<size_t>(spec.memory.gpu_budget_gib * (1 << 30))
-                       : 0;
+  o.budget_bytes =
+      spec.memory.gpu_budget_gib > 0 ? static_cast<size_t>(spec.memory.gpu_budget_gib * kGiB) : 0;
   o.probe_window = probe_window;
   ASSIGN_OR_RETURN(o.attention_forward, ParseAttentionKernel(spec.kernels.attention_forward));
   ASSIGN_OR_RETURN(o.attention_backward, ParseAttentionKernel(spec.kernels.attention_backward));

@@ -1,3 +1,4 @@
+#include "engine/core/units.h"
 #include "engine/runtime/rank.h"
 
 #include "engine/comm/rehearsal/rehearsal_device.h"
@@ -34,8 +35,7 @@ absl::StatusOr<std::unique_ptr<RehearsalComm>> ConnectRehearsal(const RankInfo& 
 
 void CapAtRehearsedGpu(const NodeResources& node, JobSpec* spec) {
   if (spec->memory.gpu_budget_gib > 0 || node.device_memory_bytes <= 0) return;
-  spec->memory.gpu_budget_gib =
-      static_cast<double>(BudgetsFor(*spec, node).gpu_bytes) / (int64_t{1} << 30);
+  spec->memory.gpu_budget_gib = static_cast<double>(BudgetsFor(*spec, node).gpu_bytes) / kGiB;
 }
 
 absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo& info,

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "gtest/gtest.h"
 

@@ -90,7 +90,6 @@ class LlamaModel {
   Ops* ops() const { return ops_; }
   Allocator* allocator() const { return alloc_; }
   ParamStore& params() { return *params_; }
-  int64_t sp_size() const { return plan_.P; }
   int64_t sp_rank() const { return sp_ ? sp_->rank() : 0; }
 
   // Checks one sample and uploads this rank's share of it: `inputs` and `labels` hold the whole

@@ -1,19 +1,21 @@
 #include "engine/spec/recompute_policy.h"
 
+#include "engine/core/enum_names.h"
+
 namespace ithaca {
+namespace {
+
+constexpr EnumName<RecomputePolicy> kRecomputePolicyNames[] = {
+    {RecomputePolicy::kNone, "none"},
+    {RecomputePolicy::kFull, "full"},
+    {RecomputePolicy::kAttentionAware, "attention-aware"},
+    {RecomputePolicy::kAuto, "auto"},
+};
+
+}  // namespace
 
 const char* RecomputePolicyName(RecomputePolicy p) {
-  switch (p) {
-    case RecomputePolicy::kNone:
-      return "none";
-    case RecomputePolicy::kFull:
-      return "full";
-    case RecomputePolicy::kAttentionAware:
-      return "attention-aware";
-    case RecomputePolicy::kAuto:
-      return "auto";
-  }
-  return "unknown";
+  return NameOf(kRecomputePolicyNames, p, "unknown");
 }
 
 }  // namespace ithaca

@@ -18,7 +18,7 @@
 #include "engine/core/status.h"
 #include "engine/schedule/llama.h"
 #include "engine/spec/job_spec.h"
-#include "engine/data/token_file.h"
+#include "engine/data/data_loader.h"
 #include "engine/train/passkey.h"
 
 namespace ithaca {

@@ -12,6 +12,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/plan/resolve.h"
 #include "engine/train/eval_rank_testing.h"
 #include "engine/train/trainer.h"

@@ -26,6 +26,7 @@
 #include "engine/comm/bootstrap.h"
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/core/enum_names.h"
 
 namespace ithaca {
 namespace {
@@ -27,28 +28,20 @@ double DecayFactor(LrScheduleKind kind, double x) {
 
 }  // namespace
 
+constexpr EnumName<LrScheduleKind> kLrScheduleNames[] = {
+    {LrScheduleKind::kCosine, "cosine"},
+    {LrScheduleKind::kLinear, "linear"},
+    {LrScheduleKind::kWsd, "wsd"},
+    {LrScheduleKind::kConstant, "constant"},
+};
+
 absl::StatusOr<LrScheduleKind> ParseLrScheduleKind(const std::string& name) {
-  for (LrScheduleKind k : {LrScheduleKind::kCosine, LrScheduleKind::kLinear, LrScheduleKind::kWsd,
-                           LrScheduleKind::kConstant}) {
-    if (name == LrScheduleName(k)) return k;
-  }
+  if (std::optional<LrScheduleKind> k = ValueOf(kLrScheduleNames, name)) return *k;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown schedule \"", name, "\" (cosine, linear, wsd, constant)"));
+      absl::StrCat("unknown schedule \"", name, "\" (", NamesText(kLrScheduleNames, ", "), ")"));
 }
 
-const char* LrScheduleName(LrScheduleKind kind) {
-  switch (kind) {
-    case LrScheduleKind::kCosine:
-      return "cosine";
-    case LrScheduleKind::kLinear:
-      return "linear";
-    case LrScheduleKind::kWsd:
-      return "wsd";
-    case LrScheduleKind::kConstant:
-      return "constant";
-  }
-  return "?";
-}
+const char* LrScheduleName(LrScheduleKind kind) { return NameOf(kLrScheduleNames, kind); }
 
 int64_t LrSchedule::DecayStart() const {
   const int64_t start = std::max<int64_t>(warmup_steps, 0);

@@ -8,6 +8,7 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"

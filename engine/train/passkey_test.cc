@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/backend/cpu/cpu_ops.h"
-#include "engine/data/token_file.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/train/passkey_testing.h"
 #include "gtest/gtest.h"
 

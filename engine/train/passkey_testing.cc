@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 
+#include "engine/data/byte_tokenizer.h"
 #include "engine/train/passkey.h"
 
 namespace ithaca {

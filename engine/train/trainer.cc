@@ -1,3 +1,4 @@
+#include "engine/core/units.h"
 #include "engine/train/trainer.h"
 
 #include <limits.h>
@@ -25,8 +26,8 @@ std::string FormatStepLine(const StepReport& r) {
   // MFU only where the backend knows its peak; the fields around it stay in place.
   const std::string mfu = r.mfu > 0 ? absl::StrFormat(" | mfu %.1f%%", 100 * r.mfu) : "";
   // One unit for the whole memory field, chosen by the total, so the line parses uniformly.
-  const bool gib = r.mem_device_peak >= (int64_t{1} << 30);
-  const double unit = gib ? double(1 << 30) : double(1 << 20);
+  const bool gib = r.mem_device_peak >= kGiBBytes;
+  const double unit = gib ? kGiB : kMiB;
   std::string tiers;
   for (int t = 0; t < kNumTiers; ++t) {
     if (!IsDeviceTier(static_cast<Tier>(t)) && r.mem_peak[t] == 0) continue;
@@ -52,12 +53,12 @@ std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport&
       {"train/grad_norm", r.grad_norm},
       {"train/tokens_per_second", r.tokens_per_second},
       {"train/step_seconds", r.seconds},
-      {"memory/device_peak_gib", r.mem_device_peak / double(int64_t{1} << 30)},
+      {"memory/device_peak_gib", r.mem_device_peak / kGiB},
   };
   for (int t = 0; t < kNumTiers; ++t) {
     if (!IsDeviceTier(static_cast<Tier>(t)) && r.mem_peak[t] == 0) continue;
     v.emplace_back(absl::StrCat("memory/", TierName(static_cast<Tier>(t)), "_peak_gib"),
-                   r.mem_peak[t] / double(int64_t{1} << 30));
+                   r.mem_peak[t] / kGiB);
   }
   if (r.model_tflops > 0) v.emplace_back("train/model_tflops", r.model_tflops);
   if (r.mfu > 0) v.emplace_back("train/mfu", r.mfu);

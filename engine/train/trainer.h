@@ -20,7 +20,7 @@
 #include "engine/data/job_inputs.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
-#include "engine/data/token_file.h"
+#include "engine/data/data_loader.h"
 #include "engine/train/tensorboard.h"
 
 namespace ithaca {

@@ -15,6 +15,7 @@
 #include "engine/core/file_util.h"
 #include "engine/model/lora_adapter.h"
 #include "engine/model/weights.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/plan/planner.h"
 #include "engine/plan/resolve.h"
 #include "gtest/gtest.h"

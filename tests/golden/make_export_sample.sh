@@ -10,12 +10,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: make_export_sample.sh OUT_DIR}
 [ ! -e "$OUT" ] || { echo "$OUT exists" >&2; exit 1; }
-bazel build //engine/checkpoint:export_test_job //engine/checkpoint:ithaca-export \
+bazel build //tests/export:export_test_job //engine/checkpoint:ithaca-export \
   //engine/checkpoint:ithaca-model-loss
 BIN=bazel-bin/engine/checkpoint
 CORPUS=engine/data/testdata/tiny_corpus.txt
 mkdir -p "$OUT"
-"$BIN/export_test_job" "$OUT/job" "$CORPUS" engine/data/testdata/bpe > "$OUT/job.log"
+bazel-bin/tests/export/export_test_job "$OUT/job" "$CORPUS" engine/data/testdata/bpe > "$OUT/job.log"
 "$BIN/ithaca-export" "$OUT/job/checkpoints" --out "$OUT/export" --dtype bf16 \
   --source-model "$OUT/job/source_model" --max-shard-bytes 100000
 # 200 bytes of the training text: byte-level token ids, as the tiny model was trained on.

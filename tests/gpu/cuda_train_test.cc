@@ -10,6 +10,7 @@
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cuda_test_util.h"
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "engine/plan/resolve.h"
 #include "engine/train/trainer.h"

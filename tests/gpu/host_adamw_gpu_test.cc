@@ -13,6 +13,7 @@
 #include "engine/core/file_util.h"
 #include "engine/plan/resolve.h"
 #include "engine/train/host_adamw.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"

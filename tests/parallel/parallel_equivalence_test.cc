@@ -23,6 +23,7 @@
 #include "engine/core/file_util.h"
 #include "engine/model/config.h"
 #include "engine/model/safetensors.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "gtest/gtest.h"
 

@@ -14,6 +14,7 @@
 
 #include "engine/comm/testing/multiprocess.h"
 #include "engine/core/file_util.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "engine/model/config.h"
 #include "gtest/gtest.h"

@@ -141,12 +141,6 @@ void CudaAllocator::ReleasePool(Pool& pool, bool host) {
   }
 }
 
-void CudaAllocator::ReleaseCached() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ReleasePool(device_, false);
-  ReleasePool(host_, true);
-}
-
 CudaAllocator::Stats CudaAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   Stats s;

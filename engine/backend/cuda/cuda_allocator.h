@@ -32,9 +32,6 @@ class CudaAllocator : public Allocator {
   // still read the block).
   void FreeUncached(void* ptr, size_t bytes, Tier tier) override;
 
-  // Returns every cached (free) block to CUDA. Synchronizes the device first.
-  void ReleaseCached();
-
   struct Stats {
     int64_t device_reserved = 0, host_reserved = 0;  // bytes obtained from CUDA, in use or cached
     int64_t device_mallocs = 0, host_mallocs = 0;    // blocks obtained from CUDA

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/checkpoint/export_testing.h"
+#include "tests/export/export_testing.h"
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) {

@@ -1,10 +1,11 @@
-#include "engine/checkpoint/export_testing.h"
+#include "tests/export/export_testing.h"
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/core/file_util.h"
 #include "engine/memory/allocator.h"
 #include "engine/model/config.h"
 #include "engine/plan/resolve.h"
+#include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "engine/train/trainer.h"
 
