@@ -10,6 +10,7 @@
 #              4:1 at 1M (what a rank of Llama-3-8B runs under Ulysses 8); BWD_SETS: other
 #              bench_bwd.py argument sets, ';'-separated
 #   failtests  the engine's HopperRunTimeFailure tests (run-time failures are errors, not aborts)
+#   loratest   the engine's LoRA GPU check (cuda_train_test: CUDA LoRA tracks the CPU losses)
 #   anything else: a part of lab/device_round_2026-12-06.sh (tests, calibrate, attn, ...)
 # Libraries: lab/hopper_attention/build (forward) and lab/hopper_attention/backward/build (carried).
 set -uo pipefail
@@ -41,6 +42,13 @@ for part in "$@"; do
       LD_LIBRARY_PATH=$PWD/.device/bin/lib timeout 120 .device/bin/hopper_attention_test \
         --gtest_filter='*HopperRunTimeFailure.*' > "$OUT/failtests.log" 2>&1
       echo "rc=$?"; grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) " "$OUT/failtests.log" ;;
+    loratest)
+      # Issue 52's GPU check: LoRA on the GPU tracks the CPU's losses (cuda_train_test).
+      [ -x .device/bin/cuda_train_test ] ||
+        python3 -c "import tarfile; tarfile.open('.device/bin.tar.xz').extractall('.device')"
+      LD_LIBRARY_PATH=$PWD/.device/bin/lib timeout 180 .device/bin/cuda_train_test \
+        --gtest_filter='*Lora*:*TinyModelTracksCpuLossCurve*' > "$OUT/loratest.log" 2>&1
+      echo "rc=$?"; grep -E "worst|^\[ +(OK|FAILED|PASSED|SKIPPED) " "$OUT/loratest.log" ;;
     *) bash lab/device_round_2026-12-06.sh "$part" ;;
   esac
 done
