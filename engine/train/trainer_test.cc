@@ -82,6 +82,37 @@ TEST(TrainerTest, LossGoesDownOnText) {
   EXPECT_LT(tail, losses[0] - 1.5) << "first " << losses[0] << " last five " << tail;
 }
 
+// An 8-step run of `spec` into `checkpoint_dir`, checkpointed at step 4, "crashed" after step 5
+// and resumed: its losses are `straight`'s and its final weights `uninterrupted`'s, bit for bit.
+void ExpectAnInterruptedRunResumesExactly(JobSpec spec, const std::string& checkpoint_dir,
+                                          const std::vector<double>& straight,
+                                          Trainer& uninterrupted, CpuOps* ops,
+                                          HostAllocator* alloc) {
+  ASSERT_EQ(spec.training.steps, 8);
+  ASSERT_EQ(straight.size(), 8u);
+  spec.checkpoint.dir = checkpoint_dir;
+  spec.checkpoint.every = 4;
+  auto b1 = Trainer::Create(Resolved(spec), ops, alloc);
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  std::vector<double> first = Losses(**b1, /*stop=*/5);  // checkpoint at 4, then "crash" after 5
+  ASSERT_EQ(first.size(), 5u);
+  b1->reset();
+  auto b2 = Trainer::Create(Resolved(spec), ops, alloc);
+  ASSERT_TRUE(b2.ok()) << b2.status();
+  EXPECT_EQ((*b2)->state().step, 4);
+  std::vector<double> rest = Losses(**b2);
+  ASSERT_EQ(rest.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i + 1;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(rest[i], straight[4 + i]) << "step " << 5 + i;
+
+  // The final weights agree too.
+  for (int u = 0; u < uninterrupted.model()->layout().num_units(); ++u) {
+    const Tensor& x = uninterrupted.model()->params().working_shard(u);
+    const Tensor& y = (*b2)->model()->params().working_shard(u);
+    ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "unit " << u;
+  }
+}
+
 TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
   const std::string dir = TmpDir("resume");
   JobSpec spec = SmallSpec(dir);
@@ -95,28 +126,7 @@ TEST(TrainerTest, ResumeEqualsUninterruptedRun) {
   auto a = Trainer::Create(Resolved(spec), &ops, &alloc);
   ASSERT_TRUE(a.ok()) << a.status();
   std::vector<double> straight = Losses(**a);
-
-  spec.checkpoint.dir = dir + "/interrupted";
-  spec.checkpoint.every = 4;
-  auto b1 = Trainer::Create(Resolved(spec), &ops, &alloc);
-  ASSERT_TRUE(b1.ok()) << b1.status();
-  std::vector<double> first = Losses(**b1, /*stop=*/5);  // checkpoint at 4, then "crash" after 5
-  ASSERT_EQ(first.size(), 5u);
-  b1->reset();
-  auto b2 = Trainer::Create(Resolved(spec), &ops, &alloc);
-  ASSERT_TRUE(b2.ok()) << b2.status();
-  EXPECT_EQ((*b2)->state().step, 4);
-  std::vector<double> rest = Losses(**b2);
-  ASSERT_EQ(rest.size(), 4u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i + 1;
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(rest[i], straight[4 + i]) << "step " << 5 + i;
-
-  // The final weights agree too.
-  for (int u = 0; u < (*a)->model()->layout().num_units(); ++u) {
-    const Tensor& x = (*a)->model()->params().working_shard(u);
-    const Tensor& y = (*b2)->model()->params().working_shard(u);
-    ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "unit " << u;
-  }
+  ExpectAnInterruptedRunResumesExactly(spec, dir + "/interrupted", straight, **a, &ops, &alloc);
 }
 
 // [lora]: only the adapters train (the base stays its random init, bit for bit), a run
@@ -171,25 +181,7 @@ TEST(TrainerTest, LoraTrainsTheAdaptersResumesExactlyAndExportsPeft) {
     ASSERT_EQ(0, std::memcmp(now.data, init.data(), now.bytes())) << layout.units()[u].name;
   }
 
-  spec.checkpoint.dir = dir + "/interrupted";
-  spec.checkpoint.every = 4;
-  auto b1 = Trainer::Create(Resolved(spec), &ops, &alloc);
-  ASSERT_TRUE(b1.ok()) << b1.status();
-  std::vector<double> first = Losses(**b1, /*stop=*/5);
-  ASSERT_EQ(first.size(), 5u);
-  b1->reset();
-  auto b2 = Trainer::Create(Resolved(spec), &ops, &alloc);
-  ASSERT_TRUE(b2.ok()) << b2.status();
-  EXPECT_EQ((*b2)->state().step, 4);
-  std::vector<double> rest = Losses(**b2);
-  ASSERT_EQ(rest.size(), 4u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i + 1;
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(rest[i], straight[4 + i]) << "step " << 5 + i;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const Tensor& x = (*a)->model()->params().working_shard(u);
-    const Tensor& y = (*b2)->model()->params().working_shard(u);
-    ASSERT_EQ(0, std::memcmp(x.data, y.data, x.bytes())) << "unit " << u;
-  }
+  ExpectAnInterruptedRunResumesExactly(spec, dir + "/interrupted", straight, **a, &ops, &alloc);
 
   // The checkpoint's weights are the adapters: 4 targets x 2 tensors x the layers.
   auto latest = LatestCheckpoint(dir + "/straight");

@@ -6,6 +6,7 @@
 // gradients.
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -533,19 +534,28 @@ TEST(HopperWorkspace, ThePlannerCountsWhatTheKernelTakes) {
   }
 }
 
+// Run-time failures of CudaOps: the operands come from an allocator of their own (`alloc`),
+// CudaOps' workspaces from one capped at 8 MiB (`workspaces`).
+class HopperRunTimeFailure : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_HOPPER();
+    CudaOps::Options o = OptionsFor(&workspaces, Kernel::kHopper, Kernel::kHopper);
+    o.gemm_workspace_bytes = size_t{1} << 20;
+    ops_ = std::make_unique<CudaOps>(o);
+    ASSERT_TRUE(ops_->status().ok());
+  }
+  CudaAllocator alloc;
+  CudaAllocator workspaces{size_t{8} << 20};
+  std::unique_ptr<CudaOps> ops_;  // made in SetUp, where a machine without the GPU skips
+};
+
 // A backward whose workspace the device cannot hold does not abort the process: the op records
 // RESOURCE_EXHAUSTED, naming the attention pass and the workspace, and Ops::status() keeps the
-// first failure. (The operands come from an allocator of their own; CudaOps' workspaces from one
-// capped at 8 MiB.)
-TEST(HopperRunTimeFailure, AWorkspaceThatDoesNotFitIsAnErrorNotAnAbort) {
-  SKIP_WITHOUT_HOPPER();
+// first failure.
+TEST_F(HopperRunTimeFailure, AWorkspaceThatDoesNotFitIsAnErrorNotAnAbort) {
+  CudaOps& ops = *ops_;
   const int64_t S = 4096, hq = 8, hkv = 2, D = 128;
-  CudaAllocator alloc;
-  CudaAllocator workspaces(size_t{8} << 20);
-  CudaOps::Options o = OptionsFor(&workspaces, Kernel::kHopper, Kernel::kHopper);
-  o.gemm_workspace_bytes = size_t{1} << 20;
-  CudaOps ops(o);
-  ASSERT_TRUE(ops.status().ok());
   auto q = Dev(ops, &alloc, DType::kBF16, {S, hq, D}, Randn(S * hq * D, 41));
   auto k = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 42));
   auto v = Dev(ops, &alloc, DType::kBF16, {S, hkv, D}, Randn(S * hkv * D, 43));
@@ -574,15 +584,9 @@ TEST(HopperRunTimeFailure, AWorkspaceThatDoesNotFitIsAnErrorNotAnAbort) {
 // The document index (the starts of a packed sample's documents on the device) that finds its
 // allocator full does not abort either: Rope records RESOURCE_EXHAUSTED naming the index, and
 // the attention that would read it skips its launch.
-TEST(HopperRunTimeFailure, ADocumentIndexThatDoesNotFitIsAnErrorNotAnAbort) {
-  SKIP_WITHOUT_HOPPER();
+TEST_F(HopperRunTimeFailure, ADocumentIndexThatDoesNotFitIsAnErrorNotAnAbort) {
+  CudaOps& ops = *ops_;
   const int64_t S = 1024, hq = 4, hkv = 1, D = 64;
-  CudaAllocator alloc;
-  CudaAllocator workspaces(size_t{8} << 20);
-  CudaOps::Options o = OptionsFor(&workspaces, Kernel::kHopper, Kernel::kHopper);
-  o.gemm_workspace_bytes = size_t{1} << 20;
-  CudaOps ops(o);
-  ASSERT_TRUE(ops.status().ok());
   // Everything the capped allocator has left, held.
   std::vector<Buffer> held;
   for (int64_t n : {int64_t{1} << 16, int64_t{1} << 12, int64_t{1} << 8, int64_t{1}}) {
