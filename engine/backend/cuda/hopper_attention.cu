@@ -659,17 +659,16 @@ template <int D, int NWG, int kBlockN, int kStages>
 cudaError_t launch_cluster(int cluster, void const* q, void const* k, void const* v, void* o,
                            float* lse, int S, int Hq, int Hkv, int64_t const* docs, int ndocs,
                            int window, cudaStream_t stream) {
-  constexpr bool kPairs = D == 128;
   switch (cluster) {
     case 1:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 1, false>>(q, k, v, o, lse, S, Hq, Hkv, docs,
-                                                             ndocs, window, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 1, HopperForwardPairsRowBlocks(D, 1)>>(
+          q, k, v, o, lse, S, Hq, Hkv, docs, ndocs, window, stream);
     case 2:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 2, kPairs>>(q, k, v, o, lse, S, Hq, Hkv, docs,
-                                                              ndocs, window, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 2, HopperForwardPairsRowBlocks(D, 2)>>(
+          q, k, v, o, lse, S, Hq, Hkv, docs, ndocs, window, stream);
     case 4:
-      return launch<Cfg<D, NWG, kBlockN, kStages, 4, kPairs>>(q, k, v, o, lse, S, Hq, Hkv, docs,
-                                                              ndocs, window, stream);
+      return launch<Cfg<D, NWG, kBlockN, kStages, 4, HopperForwardPairsRowBlocks(D, 4)>>(
+          q, k, v, o, lse, S, Hq, Hkv, docs, ndocs, window, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -32,6 +32,14 @@ const char* HopperAttentionUnsupported(int64_t s, int64_t hq, int64_t hkv, int64
 // shape from measurements (hopper_attention.cu, ClusterSizeFor).
 int HopperAttentionClusterSize(int64_t s, int64_t hq, int64_t hkv, int64_t d);
 
+// Whether the forward's CTAs take row blocks in pairs (p, M-1-p), the first walked up from key
+// block 0, the second down from its diagonal: at head_dim 128 in clusters of 2 and 4. Without
+// pairs each row block is walked down from its diagonal, so the two orders sum the key blocks of
+// a row in a different order: the same values to rounding, not the same bits.
+constexpr bool HopperForwardPairsRowBlocks(int64_t d, int cluster) {
+  return d == 128 && cluster >= 2;
+}
+
 // Enqueues the forward on `stream`; the shape must qualify (see above). Returns the launch's
 // error (cudaSuccess when enqueued). `cluster` 0 takes HopperAttentionClusterSize; 1, 2 or 4
 // force a cluster size (benchmarks; it must divide Hq / Hkv). `doc_starts` and `window` add the

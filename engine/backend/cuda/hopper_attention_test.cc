@@ -75,6 +75,45 @@ const std::vector<Shape4> kSmallShapes = {
 const std::vector<Shape4> kLongShapes = {
     {16384, 32, 8, 64}, {16384, 32, 8, 128}, {65536, 32, 8, 64}, {65536, 32, 8, 128}};
 
+// The forward in clusters of 2 and 4 CTAs (K/V multicast), forced, into `out` and `lse`, which
+// hold the kernel's output without clusters: each cluster size matches the CPU oracle and gives
+// the same bits when launched twice (no atomics, static schedule). Where it walks the rows in the
+// same order as without clusters (HopperForwardPairsRowBlocks false) it gives those very bits;
+// with pairs of row blocks the key blocks of a row are summed in another order.
+void CheckClusters(CudaOps& ops, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const Shape4& shape,
+                   const int64_t* dev_starts, int64_t ndocs, int64_t window,
+                   const std::vector<float>& out_ref, const std::vector<float>& lse_ref) {
+  const auto [S, hq, hkv, D] = shape;
+  const std::vector<float> unclustered = Host(ops, out), unclustered_lse = Host(ops, lse);
+  const auto stream = static_cast<cudaStream_t>(ops.streams().compute);
+  for (int cluster : {2, 4}) {
+    if ((hq / hkv) % cluster != 0) continue;
+    SCOPED_TRACE("cluster " + std::to_string(cluster));
+    std::vector<float> runs[2], run_lse[2];
+    for (int run = 0; run < 2; ++run) {
+      ops.Fill(out, std::nanf(""));
+      ops.Fill(lse, std::nanf(""));
+      ASSERT_EQ(cuda::HopperAttentionForward(static_cast<const uint16_t*>(q.data),
+                                             static_cast<const uint16_t*>(k.data),
+                                             static_cast<const uint16_t*>(v.data), S, hq, hkv, D,
+                                             static_cast<uint16_t*>(out.data), lse.f32(), stream,
+                                             cluster, dev_starts, ndocs, window),
+                cudaSuccess);
+      runs[run] = Host(ops, out);
+      run_lse[run] = Host(ops, lse);
+    }
+    EXPECT_CLOSE(runs[0], out_ref, 1e-2, "hopper out vs cpu, in clusters");
+    EXPECT_CLOSE(run_lse[0], lse_ref, 1e-5, "hopper lse vs cpu, in clusters");
+    EXPECT_EQ(runs[1], runs[0]) << "a second launch differs";
+    EXPECT_EQ(run_lse[1], run_lse[0]) << "a second launch differs (LSE)";
+    if (!cuda::HopperForwardPairsRowBlocks(D, cluster)) {
+      EXPECT_EQ(runs[0], unclustered) << "O differs from the kernel without clusters";
+      EXPECT_EQ(run_lse[0], unclustered_lse) << "LSE differs from the kernel without clusters";
+    }
+  }
+}
+
 class HopperVsCpu : public ::testing::TestWithParam<Shape4> {};
 
 TEST_P(HopperVsCpu, ForwardMatchesCpu) {
@@ -106,24 +145,9 @@ TEST_P(HopperVsCpu, ForwardMatchesCpu) {
   ops.Attention(tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), DocumentMask{});
   EXPECT_EQ(Host(ops, out.tensor()), first) << "a second launch differs";
 
-  // Clusters of 2 and 4 CTAs (K/V multicast; the per-shape rule uses them from S 64K) compute
-  // each tile as the kernel without clusters does: the same bits, O and LSE.
-  const std::vector<float> first_lse = Host(ops, lse.tensor());
-  const auto stream = static_cast<cudaStream_t>(ops.streams().compute);
-  for (int cluster : {2, 4}) {
-    if ((hq / hkv) % cluster != 0) continue;
-    ops.Fill(out.tensor(), std::nanf(""));
-    ops.Fill(lse.tensor(), std::nanf(""));
-    ASSERT_EQ(cuda::HopperAttentionForward(static_cast<const uint16_t*>(tq.tensor().data),
-                                           static_cast<const uint16_t*>(tk.tensor().data),
-                                           static_cast<const uint16_t*>(tv.tensor().data), S, hq,
-                                           hkv, D, static_cast<uint16_t*>(out.tensor().data),
-                                           lse.tensor().f32(), stream, cluster),
-              cudaSuccess)
-        << "cluster " << cluster;
-    EXPECT_EQ(Host(ops, out.tensor()), first) << "cluster " << cluster << ": O differs";
-    EXPECT_EQ(Host(ops, lse.tensor()), first_lse) << "cluster " << cluster << ": LSE differs";
-  }
+  // Clusters of 2 and 4 CTAs (K/V multicast; the per-shape rule uses them from S 64K).
+  CheckClusters(ops, tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), GetParam(),
+                nullptr, 0, 0, out_ref, lse_ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HopperVsCpu, ::testing::ValuesIn(kSmallShapes), ParamName);
@@ -404,7 +428,7 @@ std::string MaskName(const ::testing::TestParamInfo<MaskCase>& i) { return i.par
 
 class HopperMasksVsCpu : public ::testing::TestWithParam<MaskCase> {};
 
-// The forward against the CPU oracle; clusters of 2 and 4 give the bits of the kernel without.
+// The forward against the CPU oracle, without clusters and in clusters of 2 and 4.
 TEST_P(HopperMasksVsCpu, ForwardMatchesCpu) {
   SKIP_WITHOUT_HOPPER();
   const MaskCase& c = GetParam();
@@ -439,22 +463,8 @@ TEST_P(HopperMasksVsCpu, ForwardMatchesCpu) {
         cudaMemcpy(dev_starts, docs.starts.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice),
         cudaSuccess);
   }
-  const auto stream = static_cast<cudaStream_t>(ops.streams().compute);
-  for (int cluster : {2, 4}) {
-    if ((hq / hkv) % cluster != 0) continue;
-    ops.Fill(out.tensor(), std::nanf(""));
-    ops.Fill(lse.tensor(), std::nanf(""));
-    ASSERT_EQ(cuda::HopperAttentionForward(static_cast<const uint16_t*>(tq.tensor().data),
-                                           static_cast<const uint16_t*>(tk.tensor().data),
-                                           static_cast<const uint16_t*>(tv.tensor().data), S, hq,
-                                           hkv, D, static_cast<uint16_t*>(out.tensor().data),
-                                           lse.tensor().f32(), stream, cluster, dev_starts,
-                                           static_cast<int64_t>(n), c.window),
-              cudaSuccess)
-        << "cluster " << cluster;
-    EXPECT_EQ(Host(ops, out.tensor()), first) << "cluster " << cluster << ": O differs";
-    EXPECT_EQ(Host(ops, lse.tensor()), first_lse) << "cluster " << cluster << ": LSE differs";
-  }
+  CheckClusters(ops, tq.tensor(), tk.tensor(), tv.tensor(), out.tensor(), lse.tensor(), c.shape,
+                dev_starts, static_cast<int64_t>(n), c.window, out_ref, lse_ref);
   if (dev_starts != nullptr) cudaFree(dev_starts);
 }
 
