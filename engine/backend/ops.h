@@ -178,6 +178,29 @@ class Ops {
                                  const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                  const DocumentMask& docs) = 0;
 
+  // Ring attention's pieces: one chunk of queries against one chunk of keys of a longer sample.
+  // q [Sq, Hq, D] holds the queries at sample positions [q_pos0, q_pos0 + Sq), k and v
+  // [Sk, Hkv, D] the keys at [k_pos0, k_pos0 + Sk); the mask is Attention's over the whole sample
+  // (a query sees the keys at or before its position, in its document, in its window), with
+  // `docs` in sample coordinates. out [Sq, Hq, D] and lse f32 [Hq, Sq] written as Attention's
+  // over these keys only; a query that sees none of them gets out 0 and lse −inf. With
+  // q_pos0 == k_pos0 and Sq == Sk == the sample this is Attention.
+  virtual void AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const DocumentMask& docs, int64_t q_pos0,
+                              int64_t k_pos0) = 0;
+  // The chunk's part of the gradients: `out` and `lse` are the whole rows' (merged over every
+  // key chunk), `dout` their gradient; dq (this key chunk's part of it), dk, dv written.
+  virtual void AttentionChunkBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                      const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                      const DocumentMask& docs, int64_t q_pos0, int64_t k_pos0) = 0;
+  // Folds one chunk's (out, lse) into the running (acc, acc_lse) of the same queries:
+  // m = logaddexp(acc_lse, lse); acc = acc · exp(acc_lse − m) + out · exp(lse − m);
+  // acc_lse = m. acc f32 [Sq, H, D] and acc_lse f32 [H, Sq] start as 0 and −inf; out [Sq, H, D]
+  // (act dtype) and lse f32 [H, Sq]. Rows whose lse are both −inf stay 0 / −inf.
+  virtual void AttentionMerge(const Tensor& acc, const Tensor& acc_lse, const Tensor& out,
+                              const Tensor& lse) = 0;
+
   // out = silu(gate) ⊙ up, all [T, F]. Elementwise: out may alias gate or up.
   virtual void SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // dgate, dup written. Elementwise: dgate may alias gate and dup may alias up (each element is

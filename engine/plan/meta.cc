@@ -160,6 +160,36 @@ void MetaOps::AttentionBackward(const Tensor& q, const Tensor&, const Tensor&, c
                   StepClock::Work::kAttention);
 }
 
+void MetaOps::AttentionChunk(const Tensor& q, const Tensor& k, const Tensor&, const Tensor&,
+                             const Tensor&, const DocumentMask& docs, int64_t q_pos0,
+                             int64_t k_pos0) {
+  if (!clock_) return;
+  const double pairs =
+      AttentionChunkPairs(q.dim(0), k.dim(0), q_pos0, k_pos0, docs.window, docs.starts);
+  if (pairs == 0) return;  // the kernels skip a chunk no query sees
+  clock_->Compute(
+      AttentionSeconds(*rates_, false, std::max(q.dim(0), k.dim(0)), pairs, q.dim(1), q.dim(2)),
+      StepClock::Work::kAttention);
+}
+
+void MetaOps::AttentionChunkBackward(const Tensor& q, const Tensor& k, const Tensor&, const Tensor&,
+                                     const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, const DocumentMask& docs, int64_t q_pos0,
+                                     int64_t k_pos0) {
+  if (!clock_) return;
+  const double pairs =
+      AttentionChunkPairs(q.dim(0), k.dim(0), q_pos0, k_pos0, docs.window, docs.starts);
+  if (pairs == 0) return;
+  clock_->Compute(
+      AttentionSeconds(*rates_, true, std::max(q.dim(0), k.dim(0)), pairs, q.dim(1), q.dim(2)),
+      StepClock::Work::kAttention);
+}
+
+void MetaOps::AttentionMerge(const Tensor& acc, const Tensor&, const Tensor&, const Tensor&) {
+  // acc read and written (f32), the chunk's out read (act dtype, at most as many bytes).
+  Elementwise(ElementwiseOp::kAxpy, 3 * static_cast<int64_t>(acc.bytes()));
+}
+
 void MetaOps::SwiGLU(const Tensor& gate, const Tensor&, const Tensor&) {
   Elementwise(ElementwiseOp::kSwiGLU, 3 * static_cast<int64_t>(gate.bytes()));
 }

@@ -65,6 +65,13 @@ class MetaOps final : public Ops {
   void AttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const DocumentMask& docs) override;
+  void AttentionChunk(const Tensor& q, const Tensor& k, const Tensor&, const Tensor&, const Tensor&,
+                      const DocumentMask& docs, int64_t q_pos0, int64_t k_pos0) override;
+  void AttentionChunkBackward(const Tensor& q, const Tensor& k, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const DocumentMask& docs, int64_t q_pos0,
+                              int64_t k_pos0) override;
+  void AttentionMerge(const Tensor& acc, const Tensor&, const Tensor&, const Tensor&) override;
   void SwiGLU(const Tensor& gate, const Tensor&, const Tensor&) override;
   void SwiGLUBackward(const Tensor& gate, const Tensor&, const Tensor&, const Tensor&,
                       const Tensor&) override;

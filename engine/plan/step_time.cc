@@ -173,6 +173,32 @@ double AttentionPairs(int64_t seq, int64_t window, const std::vector<int64_t>& d
   return pairs;
 }
 
+double AttentionChunkPairs(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos0, int64_t window,
+                           const std::vector<int64_t>& doc_starts) {
+  // Keys query p sees: [max(doc start, p − window + 1, k_pos0), min(p, last key)].
+  auto seen = [&](int64_t p) -> double {
+    int64_t first = k_pos0;
+    if (doc_starts.size() > 1) {
+      const auto it = std::upper_bound(doc_starts.begin(), doc_starts.end(), p);
+      first = std::max(first, *(it - 1));
+    }
+    if (window > 0) first = std::max(first, p - window + 1);
+    const int64_t last = std::min(p, k_pos0 + sk - 1);
+    return last >= first ? double(last - first + 1) : 0.0;
+  };
+  constexpr int64_t kExact = 4096, kSamples = 1024;
+  double visible = 0;
+  if (sq <= kExact) {
+    for (int64_t i = 0; i < sq; ++i) visible += seen(q_pos0 + i);
+  } else {
+    const double width = double(sq) / kSamples;
+    for (int64_t n = 0; n < kSamples; ++n) {
+      visible += seen(q_pos0 + static_cast<int64_t>((n + 0.5) * width)) * width;
+    }
+  }
+  return 2 * visible;
+}
+
 double AttentionFlops(bool backward, double pairs, int64_t heads, int64_t head_dim) {
   return (backward ? 4.0 : 2.0) * pairs * double(heads) * double(head_dim);
 }

@@ -111,6 +111,12 @@ const char* ElementwiseOpName(ElementwiseOp op);
 // document of n tokens counts n²: the model-FLOPs convention of ModelFlopsPerSample), under a
 // sliding `window` (0: none).
 double AttentionPairs(int64_t seq, int64_t window, const std::vector<int64_t>& doc_starts);
+// The same count for one chunk of ring attention: queries at [q_pos0, q_pos0 + sq) against keys
+// at [k_pos0, k_pos0 + sk) (Ops::AttentionChunk), each visible pair counted twice as above.
+// Exact up to 4,096 queries, else summed over 1,024 evenly spaced queries (the count is
+// piecewise linear in the query's position).
+double AttentionChunkPairs(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos0, int64_t window,
+                           const std::vector<int64_t>& doc_starts);
 // FLOPs of one attention pass over `heads` query heads of head_dim `head_dim`: 2·pairs·H·D
 // forward, 4·pairs·H·D backward.
 double AttentionFlops(bool backward, double pairs, int64_t heads, int64_t head_dim);

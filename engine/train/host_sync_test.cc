@@ -145,6 +145,23 @@ class RecordingOps final : public Ops {
     Log("AttentionBackward");
     inner_->AttentionBackward(q, k, v, o, d, l, dq, dk, dv, docs);
   }
+  void AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                      const Tensor& l, const DocumentMask& docs, int64_t qp, int64_t kp) override {
+    Log("AttentionChunk");
+    inner_->AttentionChunk(q, k, v, o, l, docs, qp, kp);
+  }
+  void AttentionChunkBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                              const Tensor& d, const Tensor& l, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, const DocumentMask& docs, int64_t qp,
+                              int64_t kp) override {
+    Log("AttentionChunkBackward");
+    inner_->AttentionChunkBackward(q, k, v, o, d, l, dq, dk, dv, docs, qp, kp);
+  }
+  void AttentionMerge(const Tensor& a, const Tensor& al, const Tensor& o,
+                      const Tensor& l) override {
+    Log("AttentionMerge");
+    inner_->AttentionMerge(a, al, o, l);
+  }
   void SwiGLU(const Tensor& g, const Tensor& u, const Tensor& o) override {
     Log("SwiGLU");
     inner_->SwiGLU(g, u, o);

@@ -52,9 +52,10 @@ void ConvertElements(const void* src, DType sd, void* dst, DType dd, int64_t n, 
   }
 }
 
-// Validates q [S, Hq, D], k, v [S, Hkv, D] with Hq % Hkv == 0, and lse [Hq, S].
+// Validates q [S, Hq, D], k, v [S, Hkv, D] with Hq % Hkv == 0, and lse [Hq, S]; a chunk
+// (`chunk`) may have another number of keys than queries.
 void CheckAttentionShapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                          const char* op) {
+                          const char* op, bool chunk = false) {
   CheckF32(q, op, "q");
   CheckF32(k, op, "k");
   CheckF32(v, op, "v");
@@ -62,8 +63,9 @@ void CheckAttentionShapes(const Tensor& q, const Tensor& k, const Tensor& v, con
   ITHACA_CHECK(q.rank() == 3 && k.rank() == 3, "CpuOps::", op, ": q ", q.DebugString(), " and k ",
                k.DebugString(), " must be [S, H, D]");
   const int64_t s = q.dim(0), hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
-  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(0) == s && k.dim(2) == d, "CpuOps::", op,
-               ": q ", q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
+  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && (chunk || k.dim(0) == s) && k.dim(2) == d,
+               "CpuOps::", op, ": q ", q.DebugString(), " and k ", k.DebugString(),
+               " are not a GQA pair");
   kCheck.Shape(v, k.shape, op, "v");
   kCheck.Shape(lse, {hq, s}, op, "lse");
 }
@@ -343,6 +345,53 @@ void CpuOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v
   cpu::AttentionBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(), q.dim(0),
                          q.dim(1), k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_,
                          docs.starts.data(), static_cast<int64_t>(docs.starts.size()), docs.window);
+}
+
+void CpuOps::AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const Tensor& lse, const DocumentMask& docs, int64_t q_pos0,
+                            int64_t k_pos0) {
+  const char* op = "AttentionChunk";
+  CheckAttentionShapes(q, k, v, lse, op, /*chunk=*/true);
+  ITHACA_CHECK(q_pos0 >= 0 && k_pos0 >= 0, "CpuOps::", op, ": positions ", q_pos0, ", ", k_pos0);
+  // The whole sample's mask, whose length the chunk does not know.
+  CheckDocuments(docs, std::numeric_limits<int64_t>::max(), op);
+  CheckF32(out, op, "out");
+  kCheck.Shape(out, q.shape, op, "out");
+  cpu::AttentionChunkForward(q.f32(), k.f32(), v.f32(),
+                             cpu::AttentionSpan{q.dim(0), k.dim(0), q_pos0, k_pos0}, q.dim(1),
+                             k.dim(1), q.dim(2), out.f32(), lse.f32(), blocks_, docs.starts.data(),
+                             static_cast<int64_t>(docs.starts.size()), docs.window);
+}
+
+void CpuOps::AttentionChunkBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                    const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                    const DocumentMask& docs, int64_t q_pos0, int64_t k_pos0) {
+  const char* op = "AttentionChunkBackward";
+  CheckAttentionShapes(q, k, v, lse, op, /*chunk=*/true);
+  ITHACA_CHECK(q_pos0 >= 0 && k_pos0 >= 0, "CpuOps::", op, ": positions ", q_pos0, ", ", k_pos0);
+  CheckDocuments(docs, std::numeric_limits<int64_t>::max(), op);
+  for (const Tensor* t : {&out, &dout, &dq}) kCheck.Shape(*t, q.shape, op, "out, dout, dq");
+  for (const Tensor* t : {&dk, &dv}) kCheck.Shape(*t, k.shape, op, "dk, dv");
+  for (const Tensor* t : {&out, &dout, &dq, &dk, &dv}) CheckF32(*t, op, "out, dout, dq, dk, dv");
+  cpu::AttentionChunkBackward(q.f32(), k.f32(), v.f32(), out.f32(), dout.f32(), lse.f32(),
+                              cpu::AttentionSpan{q.dim(0), k.dim(0), q_pos0, k_pos0}, q.dim(1),
+                              k.dim(1), q.dim(2), dq.f32(), dk.f32(), dv.f32(), blocks_,
+                              docs.starts.data(), static_cast<int64_t>(docs.starts.size()),
+                              docs.window);
+}
+
+void CpuOps::AttentionMerge(const Tensor& acc, const Tensor& acc_lse, const Tensor& out,
+                            const Tensor& lse) {
+  const char* op = "AttentionMerge";
+  for (const Tensor* t : {&acc, &acc_lse, &out, &lse}) CheckF32(*t, op, "operand");
+  ITHACA_CHECK(acc.rank() == 3, "CpuOps::", op, ": acc is ", acc.DebugString(),
+               ", expected [S, H, D]");
+  kCheck.Shape(out, acc.shape, op, "out");
+  kCheck.Shape(acc_lse, {acc.dim(1), acc.dim(0)}, op, "acc_lse");
+  kCheck.Shape(lse, {acc.dim(1), acc.dim(0)}, op, "lse");
+  cpu::AttentionMerge(acc.f32(), acc_lse.f32(), out.f32(), lse.f32(), acc.dim(0), acc.dim(1),
+                      acc.dim(2));
 }
 
 void CpuOps::SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) {

@@ -53,6 +53,15 @@ class CpuOps : public Ops {
   void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                          const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                          const Tensor& dv, const DocumentMask& docs) override;
+  void AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      const Tensor& lse, const DocumentMask& docs, int64_t q_pos0,
+                      int64_t k_pos0) override;
+  void AttentionChunkBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& dout, const Tensor& lse, const Tensor& dq,
+                              const Tensor& dk, const Tensor& dv, const DocumentMask& docs,
+                              int64_t q_pos0, int64_t k_pos0) override;
+  void AttentionMerge(const Tensor& acc, const Tensor& acc_lse, const Tensor& out,
+                      const Tensor& lse) override;
   void SwiGLU(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void SwiGLUBackward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
                       const Tensor& dup) override;

@@ -172,6 +172,89 @@ TEST(CpuOpsTest, AttentionMatchesDouble) {
   }
 }
 
+// Ring attention's oracle: the whole sample's attention computed as chunks of queries against
+// chunks of keys (uneven, at odd positions), the chunks' (out, lse) merged, and their gradients
+// (given the merged rows) summed, equals Attention and AttentionBackward over the sample: causal,
+// with documents (one crossing every chunk boundary), with a window, and both.
+TEST(CpuOpsTest, ChunksMergedEqualTheWholeAttention) {
+  const int64_t s = 45, hq = 4, hkv = 2, d = 16;
+  const std::vector<int64_t> cuts = {0, 7, 20, 21, 45};  // chunk c is [cuts[c], cuts[c + 1])
+  const std::vector<float> q = ToFloat(RandomF(s * hq * d, 7, -2, 2));
+  const std::vector<float> k = ToFloat(RandomF(s * hkv * d, 8, -2, 2));
+  const std::vector<float> v = ToFloat(RandomF(s * hkv * d, 9)),
+                           go = ToFloat(RandomF(s * hq * d, 10));
+  auto rows = [&](const std::vector<float>& x, int64_t h, int64_t a, int64_t b) {
+    return std::vector<float>(x.begin() + a * h * d, x.begin() + b * h * d);
+  };
+  for (const DocumentMask& docs : {DocumentMask{}, DocumentMask{{0, 5, 19, 30}},
+                                   DocumentMask{{}, 9}, DocumentMask{{0, 5, 19, 30}, 6}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << docs.starts.size() << " documents, window " << docs.window);
+    CpuOps ops(cpu::AttentionBlocks{8, 4});
+    std::vector<float> qf = q, kf = k, vf = v, gf = go;
+    std::vector<float> o(q.size()), l(hq * s), dq(q.size()), dk(k.size()), dv(v.size());
+    ops.Attention(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
+                  F32(o, {s, hq, d}), F32(l, {hq, s}), docs);
+    ops.AttentionBackward(F32(qf, {s, hq, d}), F32(kf, {s, hkv, d}), F32(vf, {s, hkv, d}),
+                          F32(o, {s, hq, d}), F32(gf, {s, hq, d}), F32(l, {hq, s}),
+                          F32(dq, {s, hq, d}), F32(dk, {s, hkv, d}), F32(dv, {s, hkv, d}), docs);
+    std::vector<float> got_dk(k.size(), 0.f), got_dv(v.size(), 0.f);
+    for (size_t a = 0; a + 1 < cuts.size(); ++a) {
+      const int64_t qa = cuts[a], nq = cuts[a + 1] - qa;
+      std::vector<float> qc = rows(q, hq, qa, qa + nq), gc = rows(go, hq, qa, qa + nq);
+      std::vector<float> acc(qc.size(), 0.f), acc_lse(hq * nq, -INFINITY);
+      for (size_t b = 0; b + 1 < cuts.size(); ++b) {  // every key chunk, the invisible ones too
+        const int64_t ka = cuts[b], nk = cuts[b + 1] - ka;
+        std::vector<float> kc = rows(k, hkv, ka, ka + nk), vc = rows(v, hkv, ka, ka + nk);
+        std::vector<float> oc(qc.size()), lc(hq * nq);
+        ops.AttentionChunk(F32(qc, {nq, hq, d}), F32(kc, {nk, hkv, d}), F32(vc, {nk, hkv, d}),
+                           F32(oc, {nq, hq, d}), F32(lc, {hq, nq}), docs, qa, ka);
+        ops.AttentionMerge(F32(acc, {nq, hq, d}), F32(acc_lse, {hq, nq}), F32(oc, {nq, hq, d}),
+                           F32(lc, {hq, nq}));
+      }
+      EXPECT_TRUE(AllNear(acc, ToDouble(rows(o, hq, qa, qa + nq)), 1e-5, 1e-5)) << "chunk " << a;
+      std::vector<float> want_l(hq * nq);
+      for (int64_t h = 0; h < hq; ++h) {
+        std::copy(l.begin() + h * s + qa, l.begin() + h * s + qa + nq, want_l.begin() + h * nq);
+      }
+      EXPECT_TRUE(AllNear(acc_lse, ToDouble(want_l), 1e-5, 1e-5)) << "chunk " << a;
+      // The backward of each (query chunk, key chunk) pair, given the merged rows.
+      std::vector<float> dq_sum(qc.size(), 0.f);
+      for (size_t b = 0; b + 1 < cuts.size(); ++b) {
+        const int64_t ka = cuts[b], nk = cuts[b + 1] - ka;
+        std::vector<float> kc = rows(k, hkv, ka, ka + nk), vc = rows(v, hkv, ka, ka + nk);
+        std::vector<float> dqc(qc.size()), dkc(kc.size()), dvc(vc.size());
+        ops.AttentionChunkBackward(
+            F32(qc, {nq, hq, d}), F32(kc, {nk, hkv, d}), F32(vc, {nk, hkv, d}),
+            F32(acc, {nq, hq, d}), F32(gc, {nq, hq, d}), F32(acc_lse, {hq, nq}),
+            F32(dqc, {nq, hq, d}), F32(dkc, {nk, hkv, d}), F32(dvc, {nk, hkv, d}), docs, qa, ka);
+        for (size_t i = 0; i < dqc.size(); ++i) dq_sum[i] += dqc[i];
+        for (size_t i = 0; i < dkc.size(); ++i) got_dk[ka * hkv * d + i] += dkc[i];
+        for (size_t i = 0; i < dvc.size(); ++i) got_dv[ka * hkv * d + i] += dvc[i];
+      }
+      EXPECT_TRUE(AllNear(dq_sum, ToDouble(rows(dq, hq, qa, qa + nq)), 1e-5, 1e-4))
+          << "chunk " << a;
+    }
+    EXPECT_TRUE(AllNear(got_dk, ToDouble(dk), 1e-5, 1e-4));
+    EXPECT_TRUE(AllNear(got_dv, ToDouble(dv), 1e-5, 1e-4));
+  }
+}
+
+// A key chunk wholly after the queries (or outside their documents) leaves them out 0, lse −inf.
+TEST(CpuOpsTest, AChunkNoQuerySeesIsZeroWithMinusInfinityLse) {
+  const int64_t n = 8, hq = 2, hkv = 1, d = 4;
+  std::vector<float> q = ToFloat(RandomF(n * hq * d, 1)), k = ToFloat(RandomF(n * hkv * d, 2));
+  std::vector<float> v = ToFloat(RandomF(n * hkv * d, 3)), o(q.size(), 5.f), l(hq * n, 5.f);
+  CpuOps ops;
+  ops.AttentionChunk(F32(q, {n, hq, d}), F32(k, {n, hkv, d}), F32(v, {n, hkv, d}),
+                     F32(o, {n, hq, d}), F32(l, {hq, n}), {}, /*q_pos0=*/0, /*k_pos0=*/8);
+  for (float x : o) EXPECT_EQ(x, 0.f);
+  for (float x : l) EXPECT_EQ(x, -INFINITY);
+  ops.AttentionChunk(F32(q, {n, hq, d}), F32(k, {n, hkv, d}), F32(v, {n, hkv, d}),
+                     F32(o, {n, hq, d}), F32(l, {hq, n}), DocumentMask{{0, 16}}, 16, 8);
+  for (float x : l) EXPECT_EQ(x, -INFINITY);
+}
+
 // The exact oracle of document masking: packed attention equals each document's own causal
 // attention (its rows of q, k, v cut out), forward and backward, and a packed RoPE equals each
 // document's RoPE from position 0. Documents of 1, 7, 22 and 15 tokens cross the small blocks.

@@ -44,6 +44,36 @@ int64_t Bucket(int64_t n) {
 
 constexpr size_t kMaxDocumentEntries = 32;
 
+// The documents of the tokens [pos0, pos0 + n) of a sample, in their own coordinates (the first
+// starts at 0): a diagonal chunk of ring attention as the whole-sequence kernels see it.
+DocumentMask DocumentsOf(const DocumentMask& docs, int64_t pos0, int64_t n) {
+  DocumentMask local{{}, docs.window};
+  if (docs.trivial()) return local;
+  local.starts.push_back(0);
+  for (int64_t st : docs.starts) {
+    if (st > pos0 && st < pos0 + n) local.starts.push_back(st - pos0);
+  }
+  if (local.starts.size() == 1) local.starts.clear();
+  return local;
+}
+
+// Validates a chunk's q [Sq, Hq, D], k, v [Sk, Hkv, D] (bf16) and lse f32 [Hq, Sq].
+void CheckChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                int64_t q_pos0, int64_t k_pos0, const char* op) {
+  CheckDType(q, DType::kBF16, op, "q");
+  CheckDType(k, DType::kBF16, op, "k");
+  CheckDType(v, DType::kBF16, op, "v");
+  CheckDType(lse, DType::kF32, op, "lse");
+  ITHACA_CHECK(q.rank() == 3 && k.rank() == 3, "CudaOps::", op, ": q ", q.DebugString(), " and k ",
+               k.DebugString(), " must be [S, H, D]");
+  const int64_t hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
+  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(2) == d, "CudaOps::", op, ": q ",
+               q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
+  kCheck.Shape(v, k.shape, op, "v");
+  kCheck.Shape(lse, {hq, q.dim(0)}, op, "lse");
+  ITHACA_CHECK(q_pos0 >= 0 && k_pos0 >= 0, "CudaOps::", op, ": positions ", q_pos0, ", ", k_pos0);
+}
+
 }  // namespace
 
 AttentionKernel CudaOps::KernelFor(AttentionPass pass, int64_t s, int64_t hq, int64_t hkv,
@@ -363,6 +393,94 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
                                delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv), starts,
                                ndocs, compute_);
   last_attention_ = "flash";
+}
+
+// Ring attention's chunks. A diagonal chunk (the same tokens as queries and keys) is a causal
+// sequence of its own: Attention with its documents rebased, on the fast kernels. Any other goes
+// to the flash kernel's span form (kernels.h), which masks by sample position.
+void CudaOps::AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, const DocumentMask& docs, int64_t q_pos0,
+                             int64_t k_pos0) {
+  const char* op = "AttentionChunk";
+  CheckChunk(q, k, v, lse, q_pos0, k_pos0, op);
+  CheckDType(out, DType::kBF16, op, "out");
+  kCheck.Shape(out, q.shape, op, "out");
+  CheckDocuments(docs, -1, op);
+  const int64_t sq = q.dim(0), sk = k.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
+  if (q_pos0 == k_pos0 && sq == sk) {
+    Attention(q, k, v, out, lse, DocumentsOf(docs, q_pos0, sq));
+    return;
+  }
+  Scope scope(this, "attention_chunk_fwd");
+  if (sq == 0) return;
+  ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::", op, ": head_dim ", d,
+               " unsupported by the flash kernel");
+  const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
+  const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, -1, op) : nullptr;
+  if (ndocs > 0 && starts == nullptr) return;  // status() says why
+  cuda::FlashAttentionChunkForward(Bf(q), Bf(k), Bf(v),
+                                   cuda::FlashSpan{sq, sk, q_pos0, k_pos0, docs.window}, hq, hkv, d,
+                                   BfMut(out), lse.f32(), starts, ndocs, compute_);
+  last_attention_ = "flash";
+}
+
+void CudaOps::AttentionChunkBackward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                     const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                     const DocumentMask& docs, int64_t q_pos0, int64_t k_pos0) {
+  const char* op = "AttentionChunkBackward";
+  CheckChunk(q, k, v, lse, q_pos0, k_pos0, op);
+  for (const Tensor* t : {&out, &dout, &dq}) {
+    CheckDType(*t, DType::kBF16, op, "out/dout/dq");
+    kCheck.Shape(*t, q.shape, op, "out/dout/dq");
+  }
+  for (const Tensor* t : {&dk, &dv}) {
+    CheckDType(*t, DType::kBF16, op, "dk/dv");
+    kCheck.Shape(*t, k.shape, op, "dk/dv");
+  }
+  CheckDocuments(docs, -1, op);
+  const int64_t sq = q.dim(0), sk = k.dim(0), hq = q.dim(1), hkv = k.dim(1), d = q.dim(2);
+  if (q_pos0 == k_pos0 && sq == sk) {
+    AttentionBackward(q, k, v, out, dout, lse, dq, dk, dv, DocumentsOf(docs, q_pos0, sq));
+    return;
+  }
+  Scope scope(this, "attention_chunk_bwd");
+  if (sq == 0 && sk == 0) return;
+  ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::", op, ": head_dim ", d,
+               " unsupported by the flash kernel");
+  auto delta =
+      Buffer::Make(opts_.alloc, DType::kF32, {hq, std::max<int64_t>(sq, 1)}, Tier::kAttention);
+  if (!delta.ok()) {
+    Fail(absl::Status(delta.status().code(),
+                      absl::StrCat("attention chunk backward: the flash kernel's row sums: ",
+                                   delta.status().message())));
+    return;
+  }
+  const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
+  const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, -1, op) : nullptr;
+  if (ndocs > 0 && starts == nullptr) return;  // status() says why
+  cuda::FlashAttentionChunkBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(),
+                                    cuda::FlashSpan{sq, sk, q_pos0, k_pos0, docs.window}, hq, hkv,
+                                    d, delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv),
+                                    starts, ndocs, compute_);
+  last_attention_ = "flash";
+}
+
+void CudaOps::AttentionMerge(const Tensor& acc, const Tensor& acc_lse, const Tensor& out,
+                             const Tensor& lse) {
+  Scope scope(this, "attention_merge");
+  const char* op = "AttentionMerge";
+  CheckDType(acc, DType::kF32, op, "acc");
+  CheckDType(acc_lse, DType::kF32, op, "acc_lse");
+  CheckDType(out, DType::kBF16, op, "out");
+  CheckDType(lse, DType::kF32, op, "lse");
+  ITHACA_CHECK(acc.rank() == 3, "CudaOps::", op, ": acc is ", acc.DebugString(),
+               ", expected [S, H, D]");
+  kCheck.Shape(out, acc.shape, op, "out");
+  kCheck.Shape(acc_lse, {acc.dim(1), acc.dim(0)}, op, "acc_lse");
+  kCheck.Shape(lse, {acc.dim(1), acc.dim(0)}, op, "lse");
+  cuda::AttentionMerge(acc.f32(), acc_lse.f32(), Bf(out), lse.f32(), acc.dim(0), acc.dim(1),
+                       acc.dim(2), compute_);
 }
 
 }  // namespace ithaca

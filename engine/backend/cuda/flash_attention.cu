@@ -53,33 +53,57 @@ __device__ __forceinline__ void LoadTile(const uint16_t* x, int64_t s, int64_t h
   }
 }
 
+// Where the queries and keys of a call sit in the sample (FlashSpan, kernels.h), and the mask
+// over sample positions: key position kp is visible to query position qp when it is at or before
+// it, in its document and in its window.
+struct Mask {
+  FlashSpan sp;
+  const int64_t* starts;
+  int64_t ndocs;
+  __host__ __device__ int64_t extent() const { return max(sp.q_pos0 + sp.sq, sp.k_pos0 + sp.sk); }
+  // The first key position query position qp sees.
+  __device__ __forceinline__ int64_t First(int64_t qp) const {
+    const int64_t doc = DocStart(starts, ndocs, qp);
+    return sp.window > 0 ? max(doc, qp - sp.window + 1) : doc;
+  }
+  // One past the last query position that sees key position kp.
+  __device__ __forceinline__ int64_t End(int64_t kp) const {
+    const int64_t doc = DocEnd(starts, ndocs, extent(), kp);
+    return sp.window > 0 ? min(doc, kp + sp.window) : doc;
+  }
+};
+
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    ForwardKernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s, int64_t hq,
-                  int64_t hkv, uint16_t* out, float* lse, const int64_t* starts, int64_t ndocs) {
+    ForwardKernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hq, int64_t hkv,
+                  uint16_t* out, float* lse, Mask mask) {
   constexpr int E = D / kLanes;
   __shared__ uint16_t ks[kRows][D], vs[kRows][D];
+  const FlashSpan& sp = mask.sp;
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
-  const int64_t i = blockIdx.x * int64_t(kRows) + r, h = blockIdx.y, g = h / (hq / hkv);
-  const bool valid = i < s;
+  const int64_t i0 = blockIdx.x * int64_t(kRows), i = i0 + r, h = blockIdx.y, g = h / (hq / hkv);
+  const bool valid = i < sp.sq;
+  const int64_t pos = sp.q_pos0 + i;
   const float scale = rsqrtf(static_cast<float>(D));
   float qr[E], acc[E];
   LoadRow<E>(q + (i * hq + h) * D + lane * E, valid, qr);
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
-  const int64_t last = min(s - 1, blockIdx.x * int64_t(kRows) + kRows - 1);
-  const int64_t first = DocStart(starts, ndocs, blockIdx.x * int64_t(kRows));
-  const int64_t doc = valid ? DocStart(starts, ndocs, i) : 0;
-  for (int64_t j0 = first / kRows * kRows; j0 <= last; j0 += kRows) {
+  // Local key rows: from the tile of the block's first visible key to the block's last query.
+  const int64_t j_end = min(sp.sk, sp.q_pos0 + min(sp.sq, i0 + kRows) - sp.k_pos0);
+  const int64_t j_begin = max(int64_t(0), mask.First(sp.q_pos0 + i0) - sp.k_pos0) / kRows * kRows;
+  const int64_t first = valid ? mask.First(pos) : 0;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kRows) {
     __syncthreads();
-    LoadTile<D>(k, s, hkv, g, j0, ks);
-    LoadTile<D>(v, s, hkv, g, j0, vs);
+    LoadTile<D>(k, sp.sk, hkv, g, j0, ks);
+    LoadTile<D>(v, sp.sk, hkv, g, j0, vs);
     __syncthreads();
-    const int nk = static_cast<int>(s - j0 < kRows ? s - j0 : kRows);
+    const int nk = static_cast<int>(sp.sk - j0 < kRows ? sp.sk - j0 : kRows);
     for (int jj = 0; jj < nk; ++jj) {
       const float sc = RowDot<E>(qr, &ks[jj][lane * E]) * scale;
-      if (valid && j0 + jj <= i && j0 + jj >= doc) {
+      const int64_t kp = sp.k_pos0 + j0 + jj;
+      if (valid && kp <= pos && kp >= first) {
         const float m_new = fmaxf(m, sc);
         const float corr = expf(m - m_new), p = expf(sc - m_new);
         l = l * corr + p;
@@ -91,9 +115,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!valid) return;
   uint16_t* o = out + (i * hq + h) * D + lane * E;
+  const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key of the chunk: 0, −inf
 #pragma unroll
-  for (int e = 0; e < E; ++e) o[e] = ToBf(acc[e] / l);
-  if (lane == 0) lse[h * s + i] = m + logf(l);
+  for (int e = 0; e < E; ++e) o[e] = ToBf(acc[e] * inv);
+  if (lane == 0) lse[h * sp.sq + i] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
 // delta[h, i] = Σ_e dO[i, h, e] · O[i, h, e].
@@ -114,40 +139,44 @@ __global__ void DeltaKernel(const uint16_t* out, const uint16_t* dout, int64_t s
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     DkDvKernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-               const float* lse, const float* delta, int64_t s, int64_t hq, int64_t hkv,
-               uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t ndocs) {
+               const float* lse, const float* delta, int64_t hq, int64_t hkv, uint16_t* dk,
+               uint16_t* dv, Mask mask) {
   constexpr int E = D / kLanes;
   __shared__ uint16_t qs[kRows][D], dos[kRows][D];
   __shared__ float lse_s[kRows], delta_s[kRows];
+  const FlashSpan& sp = mask.sp;
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
-  const int64_t j = blockIdx.x * int64_t(kRows) + r, g = blockIdx.y, group = hq / hkv;
-  const bool valid = j < s;
+  const int64_t j0 = blockIdx.x * int64_t(kRows), j = j0 + r, g = blockIdx.y, group = hq / hkv;
+  const bool valid = j < sp.sk;
+  const int64_t kp = sp.k_pos0 + j;
   const float scale = rsqrtf(static_cast<float>(D));
   float kr[E], vr[E], dkr[E], dvr[E];
   LoadRow<E>(k + (j * hkv + g) * D + lane * E, valid, kr);
   LoadRow<E>(v + (j * hkv + g) * D + lane * E, valid, vr);
 #pragma unroll
   for (int e = 0; e < E; ++e) dkr[e] = dvr[e] = 0.f;
-  // Queries past the document of the tile's last key see none of its keys.
-  const int64_t end = DocEnd(starts, ndocs, s, min(s - 1, blockIdx.x * int64_t(kRows) + kRows - 1));
-  const int64_t doc_end = valid ? DocEnd(starts, ndocs, s, j) : 0;
+  // Local query rows: from the tile's first key to past the document (or window) of its last.
+  const int64_t last_kp = sp.k_pos0 + min(sp.sk, j0 + kRows) - 1;
+  const int64_t i_begin = max(int64_t(0), sp.k_pos0 + j0 - sp.q_pos0);
+  const int64_t i_end = min(sp.sq, mask.End(last_kp) - sp.q_pos0);
+  const int64_t end = valid ? mask.End(kp) : 0;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    // Queries before this key tile see none of its keys.
-    for (int64_t i0 = blockIdx.x * int64_t(kRows); i0 < end; i0 += kRows) {
+    for (int64_t i0 = i_begin; i0 < i_end; i0 += kRows) {
       __syncthreads();
-      LoadTile<D>(q, s, hq, h, i0, qs);
-      LoadTile<D>(dout, s, hq, h, i0, dos);
+      LoadTile<D>(q, sp.sq, hq, h, i0, qs);
+      LoadTile<D>(dout, sp.sq, hq, h, i0, dos);
       if (threadIdx.x < kRows) {
         const int64_t i = i0 + threadIdx.x;
-        lse_s[threadIdx.x] = i < s ? lse[h * s + i] : 0.f;
-        delta_s[threadIdx.x] = i < s ? delta[h * s + i] : 0.f;
+        lse_s[threadIdx.x] = i < sp.sq ? lse[h * sp.sq + i] : 0.f;
+        delta_s[threadIdx.x] = i < sp.sq ? delta[h * sp.sq + i] : 0.f;
       }
       __syncthreads();
-      const int nq = static_cast<int>(s - i0 < kRows ? s - i0 : kRows);
+      const int nq = static_cast<int>(sp.sq - i0 < kRows ? sp.sq - i0 : kRows);
       for (int ii = 0; ii < nq; ++ii) {
         const float sc = RowDot<E>(kr, &qs[ii][lane * E]) * scale;
         const float dp = RowDot<E>(vr, &dos[ii][lane * E]);
-        if (valid && i0 + ii >= j && i0 + ii < doc_end) {
+        const int64_t qp = sp.q_pos0 + i0 + ii;
+        if (valid && qp >= kp && qp < end) {
           const float p = expf(sc - lse_s[ii]);
           const float ds = p * (dp - delta_s[ii]) * scale;
 #pragma unroll
@@ -172,33 +201,37 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     DqKernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-             const float* lse, const float* delta, int64_t s, int64_t hq, int64_t hkv, uint16_t* dq,
-             const int64_t* starts, int64_t ndocs) {
+             const float* lse, const float* delta, int64_t hq, int64_t hkv, uint16_t* dq,
+             Mask mask) {
   constexpr int E = D / kLanes;
   __shared__ uint16_t ks[kRows][D], vs[kRows][D];
+  const FlashSpan& sp = mask.sp;
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
-  const int64_t i = blockIdx.x * int64_t(kRows) + r, h = blockIdx.y, g = h / (hq / hkv);
-  const bool valid = i < s;
+  const int64_t i0 = blockIdx.x * int64_t(kRows), i = i0 + r, h = blockIdx.y, g = h / (hq / hkv);
+  const bool valid = i < sp.sq;
+  const int64_t pos = sp.q_pos0 + i;
   const float scale = rsqrtf(static_cast<float>(D));
   float qr[E], dor[E], dqr[E];
   LoadRow<E>(q + (i * hq + h) * D + lane * E, valid, qr);
   LoadRow<E>(dout + (i * hq + h) * D + lane * E, valid, dor);
 #pragma unroll
   for (int e = 0; e < E; ++e) dqr[e] = 0.f;
-  const float lse_i = valid ? lse[h * s + i] : 0.f, delta_i = valid ? delta[h * s + i] : 0.f;
-  const int64_t last = min(s - 1, blockIdx.x * int64_t(kRows) + kRows - 1);
-  const int64_t first = DocStart(starts, ndocs, blockIdx.x * int64_t(kRows));
-  const int64_t doc = valid ? DocStart(starts, ndocs, i) : 0;
-  for (int64_t j0 = first / kRows * kRows; j0 <= last; j0 += kRows) {
+  const float lse_i = valid ? lse[h * sp.sq + i] : 0.f;
+  const float delta_i = valid ? delta[h * sp.sq + i] : 0.f;
+  const int64_t j_end = min(sp.sk, sp.q_pos0 + min(sp.sq, i0 + kRows) - sp.k_pos0);
+  const int64_t j_begin = max(int64_t(0), mask.First(sp.q_pos0 + i0) - sp.k_pos0) / kRows * kRows;
+  const int64_t first = valid ? mask.First(pos) : 0;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kRows) {
     __syncthreads();
-    LoadTile<D>(k, s, hkv, g, j0, ks);
-    LoadTile<D>(v, s, hkv, g, j0, vs);
+    LoadTile<D>(k, sp.sk, hkv, g, j0, ks);
+    LoadTile<D>(v, sp.sk, hkv, g, j0, vs);
     __syncthreads();
-    const int nk = static_cast<int>(s - j0 < kRows ? s - j0 : kRows);
+    const int nk = static_cast<int>(sp.sk - j0 < kRows ? sp.sk - j0 : kRows);
     for (int jj = 0; jj < nk; ++jj) {
       const float sc = RowDot<E>(qr, &ks[jj][lane * E]) * scale;
       const float dp = RowDot<E>(dor, &vs[jj][lane * E]);
-      if (valid && j0 + jj <= i && j0 + jj >= doc) {
+      const int64_t kp = sp.k_pos0 + j0 + jj;
+      if (valid && kp <= pos && kp >= first) {
         const float ds = expf(sc - lse_i) * (dp - delta_i) * scale;
 #pragma unroll
         for (int e = 0; e < E; ++e) dqr[e] += ds * Bf(ks[jj][lane * E + e]);
@@ -211,49 +244,112 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = 0; e < E; ++e) p[e] = ToBf(dqr[e]);
 }
 
+// acc, acc_lse folded with one chunk's out (bf16), lse: Ops::AttentionMerge.
+__global__ void MergeKernel(float* acc, float* acc_lse, const uint16_t* out, const float* lse,
+                            int64_t s, int64_t h, int64_t d) {
+  const int64_t n = s * h * d;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / d, i = row / h, hh = row % h;
+    const float la = acc_lse[hh * s + i], lb = lse[hh * s + i];
+    if (lb == -INFINITY) continue;
+    const float m = fmaxf(la, lb), wa = expf(la - m), wb = expf(lb - m);
+    acc[idx] = (acc[idx] * wa + Bf(out[idx]) * wb) / (wa + wb);
+  }
+}
+
+// The new lse once every element of its row has been merged (a second pass: the first reads it).
+__global__ void MergeLseKernel(float* acc_lse, const float* lse, int64_t n) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const float la = acc_lse[idx], lb = lse[idx];
+    if (lb == -INFINITY) continue;
+    const float m = fmaxf(la, lb);
+    acc_lse[idx] = m + logf(expf(la - m) + expf(lb - m));
+  }
+}
+
 template <int D>
-void Forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s, int64_t hq,
-             int64_t hkv, uint16_t* out, float* lse, const int64_t* starts, int64_t ndocs,
-             cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((s + kRows - 1) / kRows), static_cast<unsigned>(hq));
-  ForwardKernel<D><<<grid, kThreads, 0, stream>>>(q, k, v, s, hq, hkv, out, lse, starts, ndocs);
+void Forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hq, int64_t hkv,
+             uint16_t* out, float* lse, const Mask& mask, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((mask.sp.sq + kRows - 1) / kRows),
+                  static_cast<unsigned>(hq));
+  ForwardKernel<D><<<grid, kThreads, 0, stream>>>(q, k, v, hq, hkv, out, lse, mask);
   cudaCheckLaunch();
 }
 
 template <int D>
 void Backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-              const float* lse, const float* delta, int64_t s, int64_t hq, int64_t hkv,
-              uint16_t* dq, uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t ndocs,
-              cudaStream_t stream) {
-  const unsigned tiles = static_cast<unsigned>((s + kRows - 1) / kRows);
-  DkDvKernel<D><<<dim3(tiles, static_cast<unsigned>(hkv)), kThreads, 0, stream>>>(
-      q, k, v, dout, lse, delta, s, hq, hkv, dk, dv, starts, ndocs);
-  cudaCheckLaunch();
-  DqKernel<D><<<dim3(tiles, static_cast<unsigned>(hq)), kThreads, 0, stream>>>(
-      q, k, v, dout, lse, delta, s, hq, hkv, dq, starts, ndocs);
-  cudaCheckLaunch();
+              const float* lse, const float* delta, int64_t hq, int64_t hkv, uint16_t* dq,
+              uint16_t* dk, uint16_t* dv, const Mask& mask, cudaStream_t stream) {
+  const unsigned k_tiles = static_cast<unsigned>((mask.sp.sk + kRows - 1) / kRows);
+  const unsigned q_tiles = static_cast<unsigned>((mask.sp.sq + kRows - 1) / kRows);
+  if (k_tiles > 0) {
+    DkDvKernel<D><<<dim3(k_tiles, static_cast<unsigned>(hkv)), kThreads, 0, stream>>>(
+        q, k, v, dout, lse, delta, hq, hkv, dk, dv, mask);
+    cudaCheckLaunch();
+  }
+  if (q_tiles > 0) {
+    DqKernel<D><<<dim3(q_tiles, static_cast<unsigned>(hq)), kThreads, 0, stream>>>(
+        q, k, v, dout, lse, delta, hq, hkv, dq, mask);
+    cudaCheckLaunch();
+  }
 }
 
 }  // namespace
 
 bool FlashAttentionSupports(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
-void FlashAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s,
-                           int64_t hq, int64_t hkv, int64_t d, uint16_t* out, float* lse,
-                           const int64_t* starts, int64_t ndocs, cudaStream_t stream) {
-  if (s == 0) return;
+void FlashAttentionChunkForward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                FlashSpan span, int64_t hq, int64_t hkv, int64_t d, uint16_t* out,
+                                float* lse, const int64_t* starts, int64_t ndocs,
+                                cudaStream_t stream) {
+  if (span.sq == 0) return;
+  const Mask mask{span, starts, ndocs};
   switch (d) {
     case 16:
-      return Forward<16>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
+      return Forward<16>(q, k, v, hq, hkv, out, lse, mask, stream);
     case 32:
-      return Forward<32>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
+      return Forward<32>(q, k, v, hq, hkv, out, lse, mask, stream);
     case 64:
-      return Forward<64>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
+      return Forward<64>(q, k, v, hq, hkv, out, lse, mask, stream);
     case 128:
-      return Forward<128>(q, k, v, s, hq, hkv, out, lse, starts, ndocs, stream);
+      return Forward<128>(q, k, v, hq, hkv, out, lse, mask, stream);
   }
   std::fprintf(stderr, "FlashAttentionForward: head_dim %lld unsupported\n", (long long)d);
   std::abort();
+}
+
+void FlashAttentionChunkBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                 const uint16_t* out, const uint16_t* dout, const float* lse,
+                                 FlashSpan span, int64_t hq, int64_t hkv, int64_t d, float* delta,
+                                 uint16_t* dq, uint16_t* dk, uint16_t* dv, const int64_t* starts,
+                                 int64_t ndocs, cudaStream_t stream) {
+  if (span.sq == 0 && span.sk == 0) return;
+  const Mask mask{span, starts, ndocs};
+  if (span.sq > 0) {
+    DeltaKernel<<<GridFor(span.sq * hq, 256), 256, 0, stream>>>(out, dout, span.sq, hq, d, delta);
+    cudaCheckLaunch();
+  }
+  switch (d) {
+    case 16:
+      return Backward<16>(q, k, v, dout, lse, delta, hq, hkv, dq, dk, dv, mask, stream);
+    case 32:
+      return Backward<32>(q, k, v, dout, lse, delta, hq, hkv, dq, dk, dv, mask, stream);
+    case 64:
+      return Backward<64>(q, k, v, dout, lse, delta, hq, hkv, dq, dk, dv, mask, stream);
+    case 128:
+      return Backward<128>(q, k, v, dout, lse, delta, hq, hkv, dq, dk, dv, mask, stream);
+  }
+  std::fprintf(stderr, "FlashAttentionBackward: head_dim %lld unsupported\n", (long long)d);
+  std::abort();
+}
+
+void FlashAttentionForward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t s,
+                           int64_t hq, int64_t hkv, int64_t d, uint16_t* out, float* lse,
+                           const int64_t* starts, int64_t ndocs, cudaStream_t stream) {
+  FlashAttentionChunkForward(q, k, v, FlashSpan{s, s, 0, 0, 0}, hq, hkv, d, out, lse, starts, ndocs,
+                             stream);
 }
 
 void FlashAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
@@ -261,22 +357,17 @@ void FlashAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t
                             int64_t hq, int64_t hkv, int64_t d, float* delta, uint16_t* dq,
                             uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t ndocs,
                             cudaStream_t stream) {
-  if (s == 0) return;
-  DeltaKernel<<<GridFor(s * hq, 256), 256, 0, stream>>>(out, dout, s, hq, d, delta);
+  FlashAttentionChunkBackward(q, k, v, out, dout, lse, FlashSpan{s, s, 0, 0, 0}, hq, hkv, d, delta,
+                              dq, dk, dv, starts, ndocs, stream);
+}
+
+void AttentionMerge(float* acc, float* acc_lse, const uint16_t* out, const float* lse, int64_t s,
+                    int64_t h, int64_t d, cudaStream_t stream) {
+  if (s * h == 0) return;
+  MergeKernel<<<GridFor(s * h * d, 256), 256, 0, stream>>>(acc, acc_lse, out, lse, s, h, d);
   cudaCheckLaunch();
-  switch (d) {
-    case 16:
-      return Backward<16>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs, stream);
-    case 32:
-      return Backward<32>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs, stream);
-    case 64:
-      return Backward<64>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs, stream);
-    case 128:
-      return Backward<128>(q, k, v, dout, lse, delta, s, hq, hkv, dq, dk, dv, starts, ndocs,
-                           stream);
-  }
-  std::fprintf(stderr, "FlashAttentionBackward: head_dim %lld unsupported\n", (long long)d);
-  std::abort();
+  MergeLseKernel<<<GridFor(s * h, 256), 256, 0, stream>>>(acc_lse, lse, s * h);
+  cudaCheckLaunch();
 }
 
 }  // namespace cuda

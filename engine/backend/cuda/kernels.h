@@ -89,6 +89,26 @@ void FlashAttentionBackward(const uint16_t* q, const uint16_t* k, const uint16_t
                             int64_t hq, int64_t hkv, int64_t d, float* delta, uint16_t* dq,
                             uint16_t* dk, uint16_t* dv, const int64_t* starts, int64_t num_docs,
                             cudaStream_t stream);
+// Ring attention's chunks (Ops::AttentionChunk): q [sq, Hq, D] at sample positions
+// [q_pos0, q_pos0 + sq), k, v [sk, Hkv, D] at [k_pos0, k_pos0 + sk); documents in sample
+// positions; window > 0 a sliding window. A query that sees no key: out 0, lse −inf.
+struct FlashSpan {
+  int64_t sq = 0, sk = 0, q_pos0 = 0, k_pos0 = 0, window = 0;
+};
+void FlashAttentionChunkForward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                FlashSpan span, int64_t hq, int64_t hkv, int64_t d, uint16_t* out,
+                                float* lse, const int64_t* starts, int64_t num_docs,
+                                cudaStream_t stream);
+// out, lse: the whole rows'; delta: f32 scratch [Hq, sq]. dq, dk, dv written.
+void FlashAttentionChunkBackward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                 const uint16_t* out, const uint16_t* dout, const float* lse,
+                                 FlashSpan span, int64_t hq, int64_t hkv, int64_t d, float* delta,
+                                 uint16_t* dq, uint16_t* dk, uint16_t* dv, const int64_t* starts,
+                                 int64_t num_docs, cudaStream_t stream);
+// acc f32 [S, H, D], acc_lse f32 [H, S] folded with out bf16 [S, H, D], lse f32 [H, S]
+// (Ops::AttentionMerge).
+void AttentionMerge(float* acc, float* acc_lse, const uint16_t* out, const float* lse, int64_t s,
+                    int64_t h, int64_t d, cudaStream_t stream);
 
 // ---- documents.cu: packed samples' document metadata.
 // dst[i] = values[i] for i < n (int32 when as_int32, else int64), written by kernels whose
