@@ -264,6 +264,10 @@ class TimelineComm final : public Comm {
     return Blocking("broadcast", x.bytes(), [&] { return inner_->Broadcast(x, root); });
   }
   absl::Status Barrier() override { return inner_->Barrier(); }
+  absl::Status SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) override {
+    return Blocking("send_recv", send.bytes(),
+                    [&] { return inner_->SendRecv(send, dst, recv, src); });
+  }
 
   absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override {
     return Issue("all_gather", out.bytes(), [&] { return inner_->IssueAllGather(in, out); });
@@ -273,6 +277,11 @@ class TimelineComm final : public Comm {
   }
   absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override {
     return Issue("all_to_all", in.bytes(), [&] { return inner_->IssueAllToAll(in, out); });
+  }
+  absl::StatusOr<Issued> IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                       int src) override {
+    return Issue("send_recv", send.bytes(),
+                 [&] { return inner_->IssueSendRecv(send, dst, recv, src); });
   }
 
   absl::Status Synchronize() override { return inner_->Synchronize(); }

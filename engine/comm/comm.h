@@ -72,12 +72,19 @@ class Comm {
   virtual absl::Status Broadcast(const Tensor& x, int root) = 0;
   virtual absl::Status Barrier() = 0;
 
-  // Issue-now forms of the three collectives a schedule overlaps with compute (FSDP's gathers
-  // and gradient reductions, UPipe's exchanges): the collective starts once the work issued so
-  // far has produced `in`, and nothing issued later waits for it until the returned Issued's
-  // Wait. Every rank issues the same collectives in the same order (as for the blocking forms);
-  // waits may come in any order. Backends without an asynchronous path run the blocking form and
-  // return an Issued that is already complete.
+  // Point to point, both ways at once: `send` goes to rank `dst` while `recv` is filled with what
+  // rank `src` sends here (ring attention's shift: every rank of a ring calls it together, with
+  // dst = rank + 1 and src = rank − 1 mod size). `send` and `recv` have the same dtype and element
+  // count and must not overlap. dst == src == rank() copies send into recv. Ranks outside the
+  // exchange need not call it; a pair that sends one way only is not supported.
+  virtual absl::Status SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) = 0;
+
+  // Issue-now forms of the collectives a schedule overlaps with compute (FSDP's gathers and
+  // gradient reductions, UPipe's exchanges, the ring's shifts): the collective starts once the work
+  // issued so far has produced `in`, and nothing issued later waits for it until the returned
+  // Issued's Wait. Every rank issues the same collectives in the same order (as for the blocking
+  // forms); waits may come in any order. Backends without an asynchronous path run the blocking
+  // form and return an Issued that is already complete.
   virtual absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) {
     RETURN_IF_ERROR(AllGather(in, out));
     return Issued();
@@ -88,6 +95,11 @@ class Comm {
   }
   virtual absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) {
     RETURN_IF_ERROR(AllToAll(in, out));
+    return Issued();
+  }
+  virtual absl::StatusOr<Issued> IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                               int src) {
+    RETURN_IF_ERROR(SendRecv(send, dst, recv, src));
     return Issued();
   }
 

@@ -104,6 +104,31 @@ absl::Status CheckBroadcast(const Tensor& x, int root, int size, Device device) 
   return absl::OkStatus();
 }
 
+absl::Status CheckSendRecv(const Tensor& send, int dst, const Tensor& recv, int src, int rank,
+                           int size, Device device) {
+  RETURN_IF_ERROR(CheckTensor("send_recv", "send", send, device));
+  RETURN_IF_ERROR(CheckTensor("send_recv", "recv", recv, device));
+  RETURN_IF_ERROR(SameDType("send_recv", send, recv));
+  if (send.numel() != recv.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("send_recv: send has ", send.numel(),
+                                                   " elements but recv has ", recv.numel()));
+  }
+  if (dst < 0 || dst >= size || src < 0 || src >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("send_recv: dst ", dst, " and src ", src, " must be ranks of ", size));
+  }
+  // A rank sending to itself must receive from itself: any other pairing sends one way only.
+  if ((dst == rank) != (src == rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("send_recv: rank ", rank, " sends to rank ", dst,
+                                                   " but receives from rank ", src,
+                                                   "; a copy to itself needs dst == src == rank"));
+  }
+  if (Overlaps(send.data, send.bytes(), recv.data, recv.bytes())) {
+    return absl::InvalidArgumentError("send_recv: send and recv overlap");
+  }
+  return absl::OkStatus();
+}
+
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   if (a_bytes == 0 || b_bytes == 0) return false;
   auto pa = reinterpret_cast<uintptr_t>(a);

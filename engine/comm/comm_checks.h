@@ -19,6 +19,8 @@ absl::Status CheckReduceScatter(const Tensor& in, const Tensor& out, int rank, i
 absl::Status CheckAllToAll(const Tensor& in, const Tensor& out, int size, Device device);
 absl::Status CheckAllReduce(const Tensor& x, Device device);
 absl::Status CheckBroadcast(const Tensor& x, int root, int size, Device device);
+absl::Status CheckSendRecv(const Tensor& send, int dst, const Tensor& recv, int src, int rank,
+                           int size, Device device);
 
 // True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) overlap.
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);

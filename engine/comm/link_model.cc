@@ -92,6 +92,7 @@ const char* CollectiveOpName(CollectiveOp op) {
       {CollectiveOp::kAllGather, "all_gather"}, {CollectiveOp::kReduceScatter, "reduce_scatter"},
       {CollectiveOp::kAllReduce, "all_reduce"}, {CollectiveOp::kAllToAll, "all_to_all"},
       {CollectiveOp::kBroadcast, "broadcast"},  {CollectiveOp::kBarrier, "barrier"},
+      {CollectiveOp::kSendRecv, "send_recv"},
   };
   return NameOf(kNames, op);
 }
@@ -125,8 +126,14 @@ double CollectiveSeconds(const LinkModel& link, CollectiveOp op, int64_t bytes,
       return Seconds(ring, b, 1);
     case CollectiveOp::kBarrier:
       return Seconds(ring, 0, 1);
+    case CollectiveOp::kSendRecv:
+      return SendRecvSeconds(link, bytes, across);
   }
   return 0;
+}
+
+double SendRecvSeconds(const LinkModel& link, int64_t bytes, bool across_nodes) {
+  return Seconds(across_nodes ? link.ib : link.nvlink, static_cast<double>(bytes), 1);
 }
 
 }  // namespace ithaca

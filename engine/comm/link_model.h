@@ -39,7 +39,15 @@ absl::StatusOr<LinkModel> ParseLinkModel(const std::string& text);
 // "h200-sxm (NVLink 360 GB/s, 8 us; IB 45 GB/s, 15 us)".
 std::string LinkModelText(const LinkModel& link);
 
-enum class CollectiveOp { kAllGather, kReduceScatter, kAllReduce, kAllToAll, kBroadcast, kBarrier };
+enum class CollectiveOp {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kAllToAll,
+  kBroadcast,
+  kBarrier,
+  kSendRecv,
+};
 const char* CollectiveOpName(CollectiveOp op);
 
 // Where a communicator's ranks are: `ranks` in all, spread over `nodes` nodes with
@@ -57,11 +65,20 @@ struct GroupShape {
 //   ring all-reduce: 2(n-1) steps, 2(n-1)/n of `bytes`;
 //   all-to-all: one step; (g-1)/n of `bytes` goes over NVLink to the node's other ranks and
 //   (n-g)/n over this rank's NIC to the other nodes, at the same time;
-//   broadcast: pipelined, `bytes` once; barrier: one step.
+//   broadcast: pipelined, `bytes` once; barrier: one step;
+//   send-recv: SendRecvSeconds between two ranks of the group on its slowest link (over a NIC
+//   when the group spans nodes).
 // Ring traffic inside one node runs at nvlink; a ring over several nodes crosses a NIC at each
 // node boundary, and with one ring per NIC (NCCL's channels) it runs at min(nvlink,
 // ranks_per_node · ib).
 double CollectiveSeconds(const LinkModel& link, CollectiveOp op, int64_t bytes,
                          const GroupShape& g);
+
+// The modeled seconds of Comm::SendRecv moving `bytes` each way between a rank and its peers: one
+// step over NVLink when both peers share the rank's node, else over its NIC; the send and the
+// receive run at once, each direction at the link's one-way bandwidth. (In a ring spanning nodes
+// the ranks inside a node also wait for the NIC hops, one shift later: a rank's own link is what
+// its own transfer costs.)
+double SendRecvSeconds(const LinkModel& link, int64_t bytes, bool across_nodes);
 
 }  // namespace ithaca

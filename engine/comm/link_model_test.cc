@@ -45,6 +45,18 @@ TEST(LinkModelTest, AcrossNodesTheNicsBoundRings) {
               1.5e9 / (80 * kGB) + 15 * 5 * kUs, 1e-12);
 }
 
+TEST(LinkModelTest, SendRecvIsOneStepOverTheRanksOwnLink) {
+  const int64_t b = 100'000'000;
+  EXPECT_NEAR(SendRecvSeconds(Simple(), b, false), 0.1e9 / (100 * kGB) + 1 * kUs, 1e-12);
+  EXPECT_NEAR(SendRecvSeconds(Simple(), b, true), 0.1e9 / (10 * kGB) + 5 * kUs, 1e-12);
+  // A group's send-recv is priced on its slowest link.
+  EXPECT_EQ(CollectiveSeconds(Simple(), CollectiveOp::kSendRecv, b, GroupShape{8, 1, 8}),
+            SendRecvSeconds(Simple(), b, false));
+  EXPECT_EQ(CollectiveSeconds(Simple(), CollectiveOp::kSendRecv, b, GroupShape{16, 2, 8}),
+            SendRecvSeconds(Simple(), b, true));
+  EXPECT_STREQ(CollectiveOpName(CollectiveOp::kSendRecv), "send_recv");
+}
+
 TEST(LinkModelTest, PresetsAndOverrides) {
   auto parsed = ParseLinkModel("h200-sxm");
   ASSERT_TRUE(parsed.ok()) << parsed.status();

@@ -91,26 +91,29 @@ RehearsalComm::RehearsalComm(std::shared_ptr<Shared> shared, std::vector<int> me
   shape_ = ShapeOf(members_, shared_->layout.world, shared_->layout.nodes);
 }
 
-absl::StatusOr<int64_t> RehearsalComm::Run(CollectiveOp op, int64_t bytes,
+double RehearsalComm::GroupSeconds(CollectiveOp op, int64_t bytes) const {
+  return CollectiveSeconds(shared_->layout.link, op, bytes, shape_);
+}
+
+absl::StatusOr<int64_t> RehearsalComm::Run(CollectiveOp op, int64_t bytes, double modeled_s,
                                            const std::vector<RehearsalDevice::Copy>& copies,
                                            bool deferred) {
-  const double modeled = CollectiveSeconds(shared_->layout.link, op, bytes, shape_);
   bool link_time = true;
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     RehearsalCounts& c = shared_->stats.by_op[static_cast<int>(op)];
     ++c.calls;
     c.bytes += bytes;
-    c.modeled_s += modeled;
+    c.modeled_s += modeled_s;
     link_time = shared_->link_time;
   }
-  return shared_->device->Run(copies, link_time ? modeled : 0.0, deferred);
+  return shared_->device->Run(copies, link_time ? modeled_s : 0.0, deferred);
 }
 
-absl::StatusOr<Issued> RehearsalComm::Start(CollectiveOp op, int64_t bytes,
+absl::StatusOr<Issued> RehearsalComm::Start(CollectiveOp op, int64_t bytes, double modeled_s,
                                             const std::vector<RehearsalDevice::Copy>& copies,
                                             bool deferred) {
-  ASSIGN_OR_RETURN(int64_t ticket, Run(op, bytes, copies, deferred));
+  ASSIGN_OR_RETURN(int64_t ticket, Run(op, bytes, modeled_s, copies, deferred));
   if (ticket == 0) return Issued();
   return Issued(this, ticket);
 }
@@ -120,19 +123,35 @@ absl::StatusOr<Issued> RehearsalComm::IssueAllGather(const Tensor& in, const Ten
   RETURN_IF_ERROR(CheckAllGather(in, out, index_, n, shared_->device->device()));
   std::vector<RehearsalDevice::Copy> copies;
   for (int j = 0; j < n; ++j) copies.push_back({Chunk(out, j, n), in.data, in.bytes()});
-  return Start(CollectiveOp::kAllGather, out.bytes(), copies, true);
+  return Start(CollectiveOp::kAllGather, out.bytes(),
+               GroupSeconds(CollectiveOp::kAllGather, out.bytes()), copies, true);
 }
 
 absl::StatusOr<Issued> RehearsalComm::IssueReduceScatter(const Tensor& in, const Tensor& out) {
   const int n = size();
   RETURN_IF_ERROR(CheckReduceScatter(in, out, index_, n, shared_->device->device()));
   return Start(CollectiveOp::kReduceScatter, in.bytes(),
+               GroupSeconds(CollectiveOp::kReduceScatter, in.bytes()),
                {{out.data, Chunk(in, index_, n), out.bytes()}}, true);
 }
 
 absl::StatusOr<Issued> RehearsalComm::IssueAllToAll(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllToAll(in, out, size(), shared_->device->device()));
-  return Start(CollectiveOp::kAllToAll, in.bytes(), {{out.data, in.data, in.bytes()}}, true);
+  return Start(CollectiveOp::kAllToAll, in.bytes(),
+               GroupSeconds(CollectiveOp::kAllToAll, in.bytes()), {{out.data, in.data, in.bytes()}},
+               true);
+}
+
+absl::StatusOr<Issued> RehearsalComm::IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                                    int src) {
+  RETURN_IF_ERROR(CheckSendRecv(send, dst, recv, src, index_, size(), shared_->device->device()));
+  const int per_node = RanksPerHost(shared_->layout.world, shared_->layout.nodes);
+  const int node = members_[index_] / per_node;
+  const bool self = dst == index_;  // then src == index_ too (checked)
+  const bool across = members_[dst] / per_node != node || members_[src] / per_node != node;
+  const double modeled_s = self ? 0.0 : SendRecvSeconds(shared_->layout.link, send.bytes(), across);
+  return Start(CollectiveOp::kSendRecv, send.bytes(), modeled_s,
+               {{recv.data, send.data, send.bytes()}}, true);
 }
 
 absl::Status RehearsalComm::AllGather(const Tensor& in, const Tensor& out) {
@@ -150,18 +169,28 @@ absl::Status RehearsalComm::AllToAll(const Tensor& in, const Tensor& out) {
   return issued.Wait();
 }
 
+absl::Status RehearsalComm::SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) {
+  ASSIGN_OR_RETURN(Issued issued, IssueSendRecv(send, dst, recv, src));
+  return issued.Wait();
+}
+
 absl::Status RehearsalComm::AllReduce(const Tensor& x) {
   RETURN_IF_ERROR(CheckAllReduce(x, shared_->device->device()));
-  return Run(CollectiveOp::kAllReduce, x.bytes(), {}, false).status();
+  return Run(CollectiveOp::kAllReduce, x.bytes(), GroupSeconds(CollectiveOp::kAllReduce, x.bytes()),
+             {}, false)
+      .status();
 }
 
 absl::Status RehearsalComm::Broadcast(const Tensor& x, int root) {
   RETURN_IF_ERROR(CheckBroadcast(x, root, size(), shared_->device->device()));
-  return Run(CollectiveOp::kBroadcast, x.bytes(), {}, false).status();
+  return Run(CollectiveOp::kBroadcast, x.bytes(), GroupSeconds(CollectiveOp::kBroadcast, x.bytes()),
+             {}, false)
+      .status();
 }
 
 absl::Status RehearsalComm::Barrier() {
-  RETURN_IF_ERROR(Run(CollectiveOp::kBarrier, 0, {}, false).status());
+  RETURN_IF_ERROR(
+      Run(CollectiveOp::kBarrier, 0, GroupSeconds(CollectiveOp::kBarrier, 0), {}, false).status());
   return shared_->device->Synchronize();  // a barrier is a host-side wait, as NcclComm's
 }
 

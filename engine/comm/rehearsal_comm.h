@@ -9,6 +9,7 @@
 //   reduce-scatter   keeps this rank's chunk of `in` (no sum)
 //   all-to-all       copies `in` to `out`
 //   all-reduce       leaves x; broadcast leaves x; barrier only holds
+//   send-recv        copies `send` to `recv` (this rank's data stands in for its peer's)
 //
 // Split makes the sub-communicator the real layout gives: the job's split rule says which color
 // and key every rank passes (the Trainer's Ulysses groups: UlyssesSplit, trainer.h), so the group
@@ -75,7 +76,7 @@ struct RehearsalCounts {
   double modeled_s = 0;  // the link model's time, summed
 };
 struct RehearsalStats {
-  std::array<RehearsalCounts, 6> by_op;  // indexed by CollectiveOp
+  std::array<RehearsalCounts, 7> by_op;  // indexed by CollectiveOp
   double modeled_s() const;
   int64_t calls() const;
 };
@@ -97,9 +98,14 @@ class RehearsalComm final : public Comm {
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int root) override;
   absl::Status Barrier() override;
+  // Held for the link between this rank and its peers (SendRecvSeconds): NVLink when dst and src
+  // are on this rank's node, its NIC when either is not; a copy to itself holds nothing.
+  absl::Status SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) override;
   absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                       int src) override;
   absl::Status Synchronize() override;
   void UseStreams(const DeviceStreams& streams) override;
   absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override;
@@ -117,9 +123,12 @@ class RehearsalComm final : public Comm {
  private:
   struct Shared;  // the layout, the device and the stats, for the world and its groups
   RehearsalComm(std::shared_ptr<Shared> shared, std::vector<int> members, int index, bool is_world);
-  absl::StatusOr<int64_t> Run(CollectiveOp op, int64_t bytes,
+  // The link model's time for a collective of this group (CollectiveSeconds).
+  double GroupSeconds(CollectiveOp op, int64_t bytes) const;
+  // Counts the collective (`modeled_s` of link time) and runs its copies on the device.
+  absl::StatusOr<int64_t> Run(CollectiveOp op, int64_t bytes, double modeled_s,
                               const std::vector<RehearsalDevice::Copy>& copies, bool deferred);
-  absl::StatusOr<Issued> Start(CollectiveOp op, int64_t bytes,
+  absl::StatusOr<Issued> Start(CollectiveOp op, int64_t bytes, double modeled_s,
                                const std::vector<RehearsalDevice::Copy>& copies, bool deferred);
 
   std::shared_ptr<Shared> shared_;

@@ -85,6 +85,59 @@ TEST(RehearsalCommTest, CountsEachCollectiveWithTheLinkModel) {
   EXPECT_EQ(c->stats().calls(), 0);
 }
 
+// A ring shift (dst = rank + 1, src = rank - 1) copies send into recv and is held for the link
+// between this rank and its peers: NVLink inside a node, the NIC when a peer is on another node.
+TEST(RehearsalCommTest, SendRecvIsHeldForThePeersLink) {
+  const RehearsalLayout l = Layout(16, 2, 16);  // 8 ranks per node
+  const int64_t n = 1 << 20, bytes = n * 4;
+  std::vector<float> send(n), recv(n, 0);
+  for (int64_t i = 0; i < n; ++i) send[i] = static_cast<float>(i % 251);
+  const Tensor ts(send.data(), DType::kF32, {n}), tr(recv.data(), DType::kF32, {n});
+  auto modeled = [&](RehearsalComm& c) {
+    return c.stats().by_op[static_cast<int>(CollectiveOp::kSendRecv)].modeled_s;
+  };
+
+  auto inside = Make(3, l);  // 2 -> 3 -> 4, all on node 0
+  ASSERT_TRUE(inside->SendRecv(ts, 4, tr, 2).ok());
+  EXPECT_EQ(recv, send);
+  const RehearsalCounts sr = inside->stats().by_op[static_cast<int>(CollectiveOp::kSendRecv)];
+  EXPECT_EQ(sr.calls, 1);
+  EXPECT_EQ(sr.bytes, bytes);
+  EXPECT_DOUBLE_EQ(sr.modeled_s, SendRecvSeconds(l.link, bytes, false));
+  // Twice the bytes, more time.
+  std::vector<float> big(2 * n), big_out(2 * n);
+  inside->ResetStats();
+  ASSERT_TRUE(inside
+                  ->SendRecv(Tensor(big.data(), DType::kF32, {2 * n}), 4,
+                             Tensor(big_out.data(), DType::kF32, {2 * n}), 2)
+                  .ok());
+  EXPECT_GT(modeled(*inside), sr.modeled_s);
+
+  auto edge = Make(7, l);  // 6 -> 7 -> 8: the send crosses to node 1
+  std::fill(recv.begin(), recv.end(), 0.f);
+  auto issued = edge->IssueSendRecv(ts, 8, tr, 6);
+  ASSERT_TRUE(issued.ok()) << issued.status();
+  ASSERT_TRUE(issued->Wait().ok());
+  EXPECT_EQ(recv, send);
+  EXPECT_DOUBLE_EQ(modeled(*edge), SendRecvSeconds(l.link, bytes, true));
+  EXPECT_GT(modeled(*edge), sr.modeled_s);
+  auto first = Make(0, l);  // 15 -> 0 -> 1: the receive crosses from node 1
+  ASSERT_TRUE(first->SendRecv(ts, 1, tr, 15).ok());
+  EXPECT_DOUBLE_EQ(modeled(*first), modeled(*edge));
+
+  // To itself: a copy, no link time. Misuse is refused before anything is counted.
+  auto self = Make(5, l);
+  std::fill(recv.begin(), recv.end(), 0.f);
+  ASSERT_TRUE(self->SendRecv(ts, 5, tr, 5).ok());
+  EXPECT_EQ(recv, send);
+  EXPECT_EQ(modeled(*self), 0);
+  EXPECT_EQ(self->SendRecv(ts, 6, Tensor(recv.data(), DType::kF32, {n - 1}), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(self->SendRecv(ts, 16, tr, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(self->SendRecv(ts, 5, tr, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(self->stats().calls(), 1);
+}
+
 TEST(RehearsalCommTest, SplitGivesTheRealGroups) {
   // 16 ranks on 2 nodes, Ulysses groups of 4: rank 6 is rank 2 of the group {4..7}, on node 0.
   auto c = Make(6, Layout(16, 2, 4));

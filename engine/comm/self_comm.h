@@ -23,6 +23,8 @@ class SelfComm final : public Comm {
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int root) override;
   absl::Status Barrier() override;
+  // dst == src == 0: a copy; any other peer is not a rank of this communicator.
+  absl::Status SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) override;
   // Negative colors are rejected (as in every backend); otherwise another SelfComm.
   absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override;
 };

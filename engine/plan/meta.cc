@@ -248,6 +248,15 @@ uint64_t MetaComm::Charge(CollectiveOp op, int64_t bytes, bool deferred) {
   return clock_->Collective(CollectiveSeconds(*link_, op, bytes, g), deferred);
 }
 
+// The group's ranks sit `ranks_per_node_` to a node from its rank 0 on, as Charge places them.
+uint64_t MetaComm::ChargeSendRecv(int64_t bytes, int dst, int src, bool deferred) {
+  if (!clock_ || (dst == rank_ && src == rank_)) return 0;
+  const int per_node = std::max(1, ranks_per_node_);
+  const int node = rank_ / per_node;
+  const bool across = dst / per_node != node || src / per_node != node;
+  return clock_->Collective(SendRecvSeconds(*link_, bytes, across), deferred);
+}
+
 absl::Status MetaComm::AllGather(const Tensor&, const Tensor& out) {
   Charge(CollectiveOp::kAllGather, static_cast<int64_t>(out.bytes()), false);
   return absl::OkStatus();
@@ -278,6 +287,11 @@ absl::Status MetaComm::Barrier() {
   return absl::OkStatus();
 }
 
+absl::Status MetaComm::SendRecv(const Tensor& send, int dst, const Tensor&, int src) {
+  ChargeSendRecv(static_cast<int64_t>(send.bytes()), dst, src, false);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Issued> MetaComm::IssueAllGather(const Tensor&, const Tensor& out) {
   const uint64_t t = Charge(CollectiveOp::kAllGather, static_cast<int64_t>(out.bytes()), true);
   return t == 0 ? Issued() : Issued(this, static_cast<int64_t>(t));
@@ -290,6 +304,12 @@ absl::StatusOr<Issued> MetaComm::IssueReduceScatter(const Tensor& in, const Tens
 
 absl::StatusOr<Issued> MetaComm::IssueAllToAll(const Tensor& in, const Tensor&) {
   const uint64_t t = Charge(CollectiveOp::kAllToAll, static_cast<int64_t>(in.bytes()), true);
+  return t == 0 ? Issued() : Issued(this, static_cast<int64_t>(t));
+}
+
+absl::StatusOr<Issued> MetaComm::IssueSendRecv(const Tensor& send, int dst, const Tensor&,
+                                               int src) {
+  const uint64_t t = ChargeSendRecv(static_cast<int64_t>(send.bytes()), dst, src, true);
   return t == 0 ? Issued() : Issued(this, static_cast<int64_t>(t));
 }
 

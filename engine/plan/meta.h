@@ -152,9 +152,14 @@ class MetaComm final : public Comm {
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int) override;
   absl::Status Barrier() override;
+  // The link between this rank and its peers (SendRecvSeconds): NVLink when both are on its
+  // node, its NIC when either is not; a copy to itself takes no link time.
+  absl::Status SendRecv(const Tensor& send, int dst, const Tensor&, int src) override;
   absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueSendRecv(const Tensor& send, int dst, const Tensor&,
+                                       int src) override;
   // Groups of consecutive ranks, as the trainer splits them (color = rank / group size).
   absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override;
   void set_split_size(int n) { split_size_ = n; }
@@ -171,6 +176,7 @@ class MetaComm final : public Comm {
 
  private:
   uint64_t Charge(CollectiveOp op, int64_t bytes, bool deferred);
+  uint64_t ChargeSendRecv(int64_t bytes, int dst, int src, bool deferred);
 
   int rank_, size_, split_size_ = 1;
   const LinkModel* link_ = nullptr;

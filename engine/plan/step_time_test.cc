@@ -124,5 +124,26 @@ TEST(StepClock, MetaOpsPriceCopiesByDirection) {
   EXPECT_DOUBLE_EQ(clock.compute_end(), 3.0);
 }
 
+// A ring shift holds the comm stream for its rank's own link: NVLink inside a node, the NIC at a
+// node's edge; the blocking form makes compute wait at once, the issued one at its Wait.
+TEST(StepClock, MetaCommSendRecvTakesThePeersLink) {
+  LinkModel link;
+  link.nvlink = {100e9, 0};
+  link.ib = {10e9, 0};
+  StepClock clock;
+  MetaComm ring(3, 8);  // 4 ranks a node: 2 -> 3 -> 4 crosses to node 1
+  ring.set_timing(&link, 4, &clock);
+  const Tensor block(nullptr, DType::kBF16, {500'000'000});  // 1e9 bytes
+  ASSERT_TRUE(ring.SendRecv(block, 2, block, 1).ok());       // inside node 0: 0.01 s
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 0.01);
+  absl::StatusOr<Issued> issued = ring.IssueSendRecv(block, 4, block, 2);  // over the NIC: 0.1 s
+  ASSERT_TRUE(issued.ok());
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 0.01);
+  ASSERT_TRUE(issued->Wait().ok());
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 0.11);
+  ASSERT_TRUE(ring.SendRecv(block, 3, block, 3).ok());  // a copy to itself: no link time
+  EXPECT_DOUBLE_EQ(clock.end(), 0.11);
+}
+
 }  // namespace
 }  // namespace ithaca

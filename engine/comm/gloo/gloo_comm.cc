@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -40,6 +41,16 @@ using Clock = std::chrono::steady_clock;
 constexpr char kRootPrefix[] = "ithaca";
 constexpr size_t kHostBytes = 64;
 constexpr size_t kAddressBytes = 64;
+
+// SendRecv's Gloo slots: a top byte no Gloo collective uses (theirs are 0x01-0x08), the sender's
+// rank, and the count of the sender's earlier messages to that receiver. Both ends count the
+// same messages, so successive exchanges and both directions of a pair never share a slot.
+constexpr uint64_t kSendRecvSlotPrefix = uint64_t{0x49} << 56;
+constexpr int kSendRecvRankShift = 40;  // 16 bits of rank, 40 of count
+
+uint64_t SendRecvSlot(int sender, uint64_t count) {
+  return kSendRecvSlotPrefix | (static_cast<uint64_t>(sender) << kSendRecvRankShift) | count;
+}
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -190,7 +201,9 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context
       rank_(rank),
       size_(size),
       prefix_(std::move(prefix)),
-      global_ranks_(std::move(global_ranks)) {}
+      global_ranks_(std::move(global_ranks)),
+      sent_(size, 0),
+      received_(size, 0) {}
 
 struct GlooComm::Background {
   std::mutex mu;
@@ -276,6 +289,12 @@ absl::StatusOr<Issued> GlooComm::IssueReduceScatter(const Tensor& in, const Tens
 absl::StatusOr<Issued> GlooComm::IssueAllToAll(const Tensor& in, const Tensor& out) {
   RETURN_IF_ERROR(CheckAllToAll(in, out, size_, Device::kCpu));
   return Defer([this, in, out] { return AllToAll(in, out); });
+}
+
+absl::StatusOr<Issued> GlooComm::IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                               int src) {
+  RETURN_IF_ERROR(CheckSendRecv(send, dst, recv, src, rank_, size_, Device::kCpu));
+  return Defer([this, send, dst, recv, src] { return SendRecv(send, dst, recv, src); });
 }
 
 absl::StatusOr<std::unique_ptr<GlooComm>> GlooComm::Create(int rank, int world,
@@ -396,7 +415,12 @@ absl::Status GlooComm::ExchangePeerInfo() {
   return absl::OkStatus();
 }
 
-std::string GlooComm::DescribePeers(const std::string& gloo_message) const {
+std::string GlooComm::DescribePeers(const std::string& gloo_message,
+                                    const std::vector<int>& involved) const {
+  auto suspect = [&](int r) {
+    return r != rank_ &&
+           (involved.empty() || std::find(involved.begin(), involved.end(), r) != involved.end());
+  };
   std::vector<std::string> parts;
   // A peer on this host that exited is the likeliest cause. Its sockets close as it exits, so
   // give a dying process a moment to finish before concluding it is alive.
@@ -404,7 +428,7 @@ std::string GlooComm::DescribePeers(const std::string& gloo_message) const {
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout ? 0 : 300);
   while (true) {
     for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
-      if (r == rank_ || peers_[r].host != shared_->host) continue;
+      if (!suspect(r) || peers_[r].host != shared_->host) continue;
       if (ProcessGone(peers_[r].pid)) {
         parts.push_back(absl::StrCat(RankName(r), " (pid ", peers_[r].pid, ") has exited"));
       }
@@ -414,7 +438,7 @@ std::string GlooComm::DescribePeers(const std::string& gloo_message) const {
   }
   if (parts.empty()) {
     for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
-      if (r == rank_) continue;
+      if (!suspect(r)) continue;
       for (const std::string& a : peers_[r].addresses) {
         if (ContainsAddress(gloo_message, a)) {
           parts.push_back(absl::StrCat("the connection to ", RankName(r), " broke"));
@@ -426,10 +450,11 @@ std::string GlooComm::DescribePeers(const std::string& gloo_message) const {
   return absl::StrJoin(parts, ", ");
 }
 
-absl::Status GlooComm::Fail(const char* op, const std::string& what, double elapsed_s) {
+absl::Status GlooComm::Fail(const char* op, const std::string& what, double elapsed_s,
+                            const std::vector<int>& involved) {
   const std::string message = StripLocation(what);
   const bool timeout = LooksLikeTimeout(message);
-  std::string peers = DescribePeers(message);
+  std::string peers = DescribePeers(message, involved);
   std::string text =
       absl::StrCat(Name(), ": ", op, " failed after ", absl::StrFormat("%.1f", elapsed_s),
                    " s: ", peers.empty() ? "" : peers + "; ", "gloo: ", message);
@@ -447,7 +472,7 @@ absl::Status GlooComm::Fail(const char* op, const std::string& what, double elap
 }
 
 template <typename Fn>
-absl::Status GlooComm::Run(const char* op, Fn&& fn) {
+absl::Status GlooComm::Run(const char* op, Fn&& fn, const std::vector<int>& involved) {
   if (!broken_.ok()) {
     return absl::Status(
         broken_.code(),
@@ -458,9 +483,9 @@ absl::Status GlooComm::Run(const char* op, Fn&& fn) {
     fn();
     return absl::OkStatus();
   } catch (const std::exception& e) {
-    return Fail(op, e.what(), SecondsSince(start));
+    return Fail(op, e.what(), SecondsSince(start), involved);
   } catch (...) {
-    return Fail(op, "unknown exception", SecondsSince(start));
+    return Fail(op, "unknown exception", SecondsSince(start), involved);
   }
 }
 
@@ -561,6 +586,41 @@ absl::Status GlooComm::Broadcast(const Tensor& x, int root) {
     opts.setTag(NextTag());
     gloo::broadcast(opts);
   });
+}
+
+absl::Status GlooComm::SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) {
+  Drain();
+  RETURN_IF_ERROR(CheckSendRecv(send, dst, recv, src, rank_, size_, Device::kCpu));
+  if (dst == rank_ || send.numel() == 0) {  // a copy to itself (then src == rank_ too), or nothing
+    if (send.bytes() > 0) std::memcpy(recv.data, send.data, send.bytes());
+    return broken_;
+  }
+  const std::string op =
+      absl::StrCat("send_recv (to ", RankName(dst), ", from ", RankName(src), ")");
+  // Whichever wait fails blames its own peer only (a neighbour that finished and exited is not
+  // the cause).
+  std::vector<int> involved = {dst, src};
+  auto exchange = [&] {
+    std::unique_ptr<gloo::transport::UnboundBuffer> out =
+        context_->createUnboundBuffer(send.data, send.bytes());
+    std::unique_ptr<gloo::transport::UnboundBuffer> in =
+        context_->createUnboundBuffer(recv.data, recv.bytes());
+    // Both are posted before either is waited for (every rank of a ring sends and receives at
+    // once), and share one deadline, so the call fails within the timeout, not twice it.
+    in->recv(src, SendRecvSlot(src, received_[src]++));
+    out->send(dst, SendRecvSlot(rank_, sent_[dst]++));
+    const auto deadline = Clock::now() + context_->getTimeout();
+    auto remaining = [&] {
+      return std::max(
+          std::chrono::milliseconds(0),
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    };
+    involved = {src};
+    in->waitRecv(remaining());
+    involved = {dst};
+    out->waitSend(remaining());
+  };
+  return Run(op.c_str(), exchange, involved);
 }
 
 absl::Status GlooComm::Barrier() {

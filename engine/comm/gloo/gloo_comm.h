@@ -65,9 +65,14 @@ class GlooComm final : public Comm {
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int root) override;
   absl::Status Barrier() override;
+  // Only the ranks of the exchange take part (the others' collectives are not disturbed); a
+  // failure names dst and src.
+  absl::Status SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) override;
   absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                       int src) override;
   // Colors must be >= 0 on every rank. A group of one rank is a SelfComm.
   absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override;
 
@@ -94,11 +99,14 @@ class GlooComm final : public Comm {
   static absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(const Shared& shared, int rank,
                                                                 int size,
                                                                 const std::string& prefix);
-  // Runs `fn` (which calls Gloo), turning any exception into an error status for `op`.
+  // Runs `fn` (which calls Gloo), turning any exception into an error status for `op`. An error
+  // blames only the ranks in `involved` (empty: any peer; SendRecv names its two).
   template <typename Fn>
-  absl::Status Run(const char* op, Fn&& fn);
-  absl::Status Fail(const char* op, const std::string& what, double elapsed_s);
-  std::string DescribePeers(const std::string& gloo_message) const;
+  absl::Status Run(const char* op, Fn&& fn, const std::vector<int>& involved = {});
+  absl::Status Fail(const char* op, const std::string& what, double elapsed_s,
+                    const std::vector<int>& involved);
+  std::string DescribePeers(const std::string& gloo_message,
+                            const std::vector<int>& involved) const;
   absl::Status ExchangePeerInfo();
   std::string Name() const;           // "gloo rank 1 of 4", for messages
   std::string RankName(int r) const;  // "rank 1", or "rank 1 (global rank 5)" in a split
@@ -121,6 +129,9 @@ class GlooComm final : public Comm {
   std::vector<int> global_ranks_;
   std::vector<PeerInfo> peers_;
   uint32_t next_tag_ = 1;
+  // Point-to-point messages sent to / received from each rank so far: SendRecv's slots count
+  // them per pair, not with next_tag_, since ranks outside an exchange do not call it.
+  std::vector<uint64_t> sent_, received_;
   int splits_ = 0;
   absl::Status broken_;
   std::vector<uint8_t> scratch_[3];

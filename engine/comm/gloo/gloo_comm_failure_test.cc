@@ -144,6 +144,66 @@ TEST(GlooFailureTest, StuckRankTimesOut) {
   EXPECT_TRUE(outcomes[1].killed_by_harness);
 }
 
+// A ring shift of four ranks in which rank 2 never takes part: alive but stuck, or gone. Its two
+// neighbours (rank 1 sends to it, rank 3 receives from it) fail within the timeout with an error
+// that names it; rank 0, whose peers are 1 and 3, may finish or see them fail.
+void RingShiftWithoutRank2(bool exits) {
+  TempDir dir;
+  const double timeout_s = 2;
+  RunOptions run;
+  run.wall_limit_s = 15;
+  if (!exits) run.expendable = {2};
+  const auto start = Clock::now();
+  auto outcomes = RunRanks(
+      4,
+      [&](int rank) -> absl::Status {
+        ASSIGN_OR_RETURN(auto comm,
+                         GlooComm::Create(rank, 4, dir.rendezvous(), Options(timeout_s)));
+        RETURN_IF_ERROR(comm->Barrier());
+        if (rank == 2) {
+          if (exits) _exit(9);
+          std::this_thread::sleep_for(std::chrono::seconds(60));  // alive but never calls
+          return absl::OkStatus();
+        }
+        std::vector<float> send(1 << 16, 1.0f), recv(1 << 16);
+        const auto t = Clock::now();
+        absl::Status st =
+            comm->SendRecv(Tensor(send.data(), DType::kF32, {1 << 16}), (rank + 1) % 4,
+                           Tensor(recv.data(), DType::kF32, {1 << 16}), (rank + 3) % 4);
+        std::fprintf(stderr, "[rank %d] %s\n", rank, st.ToString().c_str());
+        RANK_CHECK(Since(t) < timeout_s + 1.5, "took ", Since(t), " s");
+        if (rank == 0) {
+          RANK_CHECK(st.ok() || IsCommFailure(st), st.ToString());
+          return absl::OkStatus();
+        }
+        RANK_CHECK(IsCommFailure(st), st.ToString());
+        RANK_CHECK(absl::StrContains(st.message(), rank == 1 ? "to rank 2" : "from rank 2"),
+                   st.ToString());
+        if (exits) {
+          RANK_CHECK(absl::StrContains(st.message(), "rank 2 (pid"), st.ToString());
+        } else {
+          RANK_CHECK(st.code() == absl::StatusCode::kDeadlineExceeded, st.ToString());
+        }
+        // Rank 0 is not this exchange's peer: even once it has finished and exited, it is not
+        // blamed.
+        RANK_CHECK(!absl::StrContains(st.message(), "rank 0 (pid"), st.ToString());
+        RANK_CHECK(!comm->health().ok(), "the communicator must stay failed");
+        return absl::OkStatus();
+      },
+      run);
+  EXPECT_LT(Since(start), 10);
+  for (int r : {0, 1, 3}) EXPECT_EQ(outcomes[r].exit_code, 0) << outcomes[r].ToString();
+  if (exits) {
+    EXPECT_EQ(outcomes[2].exit_code, 9);
+  } else {
+    EXPECT_TRUE(outcomes[2].killed_by_harness);
+  }
+}
+
+TEST(GlooFailureTest, SendRecvWithAStuckPeerTimesOutNamingIt) { RingShiftWithoutRank2(false); }
+
+TEST(GlooFailureTest, SendRecvWithAPeerThatExitedNamesIt) { RingShiftWithoutRank2(true); }
+
 TEST(GlooFailureTest, RankThatNeverJoins) {
   TempDir dir;
   RunOptions run;
@@ -215,6 +275,19 @@ TEST(GlooFailureTest, BadArgumentsAreRejectedLocally) {
     st = comm->Broadcast(ta, 3);
     RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
     st = comm->AllReduce(Tensor(a.data(), DType::kF32, {4}, Device::kCuda));
+    RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    std::vector<float> b(3);
+    st = comm->SendRecv(ta, 0, Tensor(b.data(), DType::kF32, {3}), 0);
+    RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    RANK_CHECK(absl::StrContains(st.message(), "send has 4 elements but recv has 3"),
+               st.ToString());
+    std::vector<float> w(6);
+    Tensor tw(w.data(), DType::kF32, {6});
+    st = comm->SendRecv(tw.Slice(0, {4}), 1, ta, 0);  // rank 1 of a world of one
+    RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    st = comm->SendRecv(tw.Slice(0, {4}), 0, tw.Slice(2, {4}), 0);  // overlapping
+    RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    st = comm->SendRecv(ta, 0, Tensor(i.data(), DType::kI32, {4}), 0);
     RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
     RANK_CHECK(comm->health().ok(), "argument errors must not break the communicator");
     return absl::OkStatus();

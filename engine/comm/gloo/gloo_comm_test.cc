@@ -162,6 +162,36 @@ absl::Status CheckBroadcast(Comm& c) {
   return absl::OkStatus();
 }
 
+// Ring shifts: right (from r - 1), left (from r + 1) in bf16, two in a row (the second passes on
+// what the first brought, so data from r - 2 arrives), and the issued form.
+absl::Status CheckSendRecv(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  const int right = (r + 1) % P, left = (r + P - 1) % P;
+  const int n = 1000;
+  std::vector<float> mine(n), got(n, -1), again(n, -1);
+  for (int i = 0; i < n; ++i) mine[i] = Code(r, 0, i % 100);
+  const Tensor t_mine(mine.data(), DType::kF32, {n}), t_got(got.data(), DType::kF32, {n});
+  RETURN_IF_ERROR(c.SendRecv(t_mine, right, t_got, left));
+  for (int i = 0; i < n; ++i) RANK_CHECK(got[i] == Code(left, 0, i % 100), "right shift i=", i);
+  RETURN_IF_ERROR(c.SendRecv(t_got, right, Tensor(again.data(), DType::kF32, {n}), left));
+  const int left2 = (r + 2 * P - 2) % P;
+  for (int i = 0; i < n; ++i) RANK_CHECK(again[i] == Code(left2, 0, i % 100), "second shift i=", i);
+
+  std::vector<uint16_t> b_mine(7), b_got(7, 0);
+  for (int i = 0; i < 7; ++i) b_mine[i] = static_cast<uint16_t>(0x3f00 + r * 16 + i);
+  RETURN_IF_ERROR(c.SendRecv(Tensor(b_mine.data(), DType::kBF16, {7}), left,
+                             Tensor(b_got.data(), DType::kBF16, {7}), right));
+  for (int i = 0; i < 7; ++i) RANK_CHECK(b_got[i] == 0x3f00 + right * 16 + i, "left shift bf16");
+
+  std::vector<int32_t> i_mine(5), i_got(5, -1);
+  for (int i = 0; i < 5; ++i) i_mine[i] = Code(r, 1, i);
+  ASSIGN_OR_RETURN(Issued shift, c.IssueSendRecv(Tensor(i_mine.data(), DType::kI32, {5}), right,
+                                                 Tensor(i_got.data(), DType::kI32, {5}), left));
+  RETURN_IF_ERROR(shift.Wait());
+  for (int i = 0; i < 5; ++i) RANK_CHECK(i_got[i] == Code(left, 1, i), "issued shift i=", i);
+  return absl::OkStatus();
+}
+
 absl::Status CheckBarrier(Comm& c, const std::string& dir) {
   // Rank 0 arrives late and marks its arrival with a file just before it: nobody may leave the
   // barrier before the file exists. (No clock: under load a timed check flakes.)
@@ -190,6 +220,7 @@ TEST_P(GlooWorldTest, CollectivesMatchLocalComputation) {
     RETURN_IF_ERROR(CheckReduceScatter(*comm));
     RETURN_IF_ERROR(CheckAllReduce(*comm));
     RETURN_IF_ERROR(CheckBroadcast(*comm));
+    RETURN_IF_ERROR(CheckSendRecv(*comm));
     RETURN_IF_ERROR(CheckBarrier(*comm, dir.path()));
     return absl::OkStatus();
   });
@@ -276,6 +307,61 @@ TEST(GlooIssueTest, APeerLostUnderAnIssuedCollectiveFailsItsWait) {
       run);
   EXPECT_EQ(outcomes[0].exit_code, 0) << outcomes[0].ToString();
   EXPECT_EQ(outcomes[1].exit_code, 7);
+}
+
+// Ring attention's shifts over four ranks, mixed with the other collectives: an exchange only some
+// ranks take part in leaves the others' collectives undisturbed, a copy to itself, an issued shift
+// overlapping the caller, and a misuse rejected on the rank that made it before anything is sent.
+TEST(GlooSendRecvTest, RingShiftsOfFourRanks) {
+  TempDir dir;
+  GlooOptions options = Options(10);
+  options.issue_delay_ms = 50;  // an issued shift is still in flight when the caller goes on
+  auto outcomes = RunRanks(4, [&](int rank) -> absl::Status {
+    ASSIGN_OR_RETURN(auto comm, GlooComm::Create(rank, 4, dir.rendezvous(), options));
+    RETURN_IF_ERROR(CheckSendRecv(*comm));
+    RETURN_IF_ERROR(CheckAllReduce(*comm));
+
+    // Ranks 0 and 1 swap twice while 2 and 3 only copy to themselves (no message); then the whole
+    // world reduces, its collectives still paired up.
+    const int peer = rank < 2 ? 1 - rank : rank;
+    for (int round = 0; round < 2; ++round) {
+      float mine = rank * 10.f + round, got = -1;
+      RETURN_IF_ERROR(comm->SendRecv(Tensor(&mine, DType::kF32, {1}), peer,
+                                     Tensor(&got, DType::kF32, {1}), peer));
+      RANK_CHECK(got == peer * 10.f + round, "round ", round, " got ", got);
+    }
+    RETURN_IF_ERROR(CheckAllReduce(*comm));
+
+    // An issued shift runs on the background thread while this one goes on.
+    const int n = 1 << 16;
+    std::vector<float> send(n), recv(n, -1);
+    for (int i = 0; i < n; ++i) send[i] = Val(rank, i);
+    ASSIGN_OR_RETURN(Issued shift,
+                     comm->IssueSendRecv(Tensor(send.data(), DType::kF32, {n}), (rank + 1) % 4,
+                                         Tensor(recv.data(), DType::kF32, {n}), (rank + 3) % 4));
+    RANK_CHECK(shift.pending());
+    RETURN_IF_ERROR(shift.Wait());
+    for (int i = 0; i < n; i += 331) RANK_CHECK(recv[i] == Val((rank + 3) % 4, i), "issued i=", i);
+
+    // A receive buffer one element short: rejected here, naming the sizes; nothing was sent, so
+    // the next shift pairs up as before.
+    float one = 1, short_recv = 0;
+    absl::Status bad = comm->SendRecv(Tensor(send.data(), DType::kF32, {2}), (rank + 1) % 4,
+                                      Tensor(&short_recv, DType::kF32, {1}), (rank + 3) % 4);
+    RANK_CHECK(bad.code() == absl::StatusCode::kInvalidArgument, bad.ToString());
+    RANK_CHECK(absl::StrContains(bad.message(), "send has 2 elements but recv has 1"),
+               bad.ToString());
+    bad = comm->SendRecv(Tensor(&one, DType::kF32, {1}), (rank + 1) % 4,
+                         Tensor(&short_recv, DType::kF32, {1}), rank);
+    RANK_CHECK(bad.code() == absl::StatusCode::kInvalidArgument, bad.ToString());
+    RANK_CHECK(comm->health().ok(), comm->health().ToString());
+    RETURN_IF_ERROR(CheckSendRecv(*comm));
+
+    // Inside a split: the pairs {0, 1} and {2, 3} swap within their group.
+    ASSIGN_OR_RETURN(auto pair, comm->Split(rank / 2, rank));
+    return CheckSendRecv(*pair);
+  });
+  EXPECT_EQ(testing::Failures(outcomes), "");
 }
 
 // A TCP store served from a process of its own, on loopback, until destroyed. Not from this test

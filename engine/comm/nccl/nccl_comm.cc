@@ -429,6 +429,23 @@ absl::StatusOr<Issued> NcclComm::IssueAllToAll(const Tensor& in, const Tensor& o
   });
 }
 
+absl::StatusOr<Issued> NcclComm::IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                               int src) {
+  RETURN_IF_ERROR(CheckSendRecv(send, dst, recv, src, rank_, size_, Device::kCuda));
+  ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(send.dtype));
+  return Issue("send_recv", send.numel(), [&] {
+    ncclResult_t res = ncclGroupStart();
+    if (res != ncclSuccess) return res;
+    res = ncclSend(send.data, send.numel(), type, dst, comm_, options_.stream);
+    if (res == ncclSuccess || res == ncclInProgress) {
+      res = ncclRecv(recv.data, recv.numel(), type, src, comm_, options_.stream);
+    }
+    // The group is closed even after an error (it is per thread and would swallow later calls).
+    const ncclResult_t end = ncclGroupEnd();
+    return res == ncclSuccess || res == ncclInProgress ? end : res;
+  });
+}
+
 absl::Status NcclComm::WaitIssued(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = issued_.find(id);
@@ -454,6 +471,11 @@ absl::Status NcclComm::ReduceScatter(const Tensor& in, const Tensor& out) {
 
 absl::Status NcclComm::AllToAll(const Tensor& in, const Tensor& out) {
   ASSIGN_OR_RETURN(Issued issued, IssueAllToAll(in, out));
+  return issued.Wait();
+}
+
+absl::Status NcclComm::SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) {
+  ASSIGN_OR_RETURN(Issued issued, IssueSendRecv(send, dst, recv, src));
   return issued.Wait();
 }
 

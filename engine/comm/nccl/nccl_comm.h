@@ -72,12 +72,17 @@ class NcclComm final : public Comm {
   absl::Status AllToAll(const Tensor& in, const Tensor& out) override;
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int root) override;
+  // ncclSend and ncclRecv in one group (so a ring whose ranks all send first cannot deadlock);
+  // dst == src == rank is NCCL's send to itself, a copy on the comm stream.
+  absl::Status SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) override;
   // Issue-now forms (Comm). With a compute stream set and asynchronous mode, the compute stream
   // waits for them only at Issued::Wait (an event on the comm stream); otherwise they are the
   // blocking forms.
   absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override;
+  absl::StatusOr<Issued> IssueSendRecv(const Tensor& send, int dst, const Tensor& recv,
+                                       int src) override;
   // Always waits for completion (it is a host-side barrier).
   absl::Status Barrier() override;
   absl::Status Synchronize() override;

@@ -118,6 +118,48 @@ absl::Status CheckCollectives(Comm& c) {
   return absl::OkStatus();
 }
 
+// Ring shifts: right, then left in bf16 (with two ranks the same peer both ways, with one a send
+// to itself), then the issued form; each checked against the sender's values. Misuse is refused
+// before anything is enqueued.
+absl::Status CheckSendRecv(Comm& c) {
+  const int P = c.size(), r = c.rank();
+  const int right = (r + 1) % P, left = (r + P - 1) % P;
+  const int n = 1 << 20;
+  {
+    std::vector<float> mine(n);
+    for (int i = 0; i < n; ++i) mine[i] = r * 1000 + i % 1000;
+    DeviceVector<float> dsend(mine), drecv(std::vector<float>(n, -1));
+    RETURN_IF_ERROR(c.SendRecv(dsend.tensor(DType::kF32), right, drecv.tensor(DType::kF32), left));
+    auto got = drecv.Get();
+    for (int i = 0; i < n; ++i) RANK_CHECK(got[i] == left * 1000 + i % 1000, "right shift ", i);
+  }
+  {
+    std::vector<uint16_t> mine(n);
+    for (int i = 0; i < n; ++i) mine[i] = static_cast<uint16_t>(r * 4096 + i % 4096);
+    DeviceVector<uint16_t> dsend(mine), drecv(std::vector<uint16_t>(n, 0));
+    RETURN_IF_ERROR(
+        c.SendRecv(dsend.tensor(DType::kBF16), left, drecv.tensor(DType::kBF16), right));
+    auto got = drecv.Get();
+    for (int i = 0; i < n; ++i) RANK_CHECK(got[i] == right * 4096 + i % 4096, "left shift ", i);
+  }
+  {
+    std::vector<int32_t> mine(n);
+    for (int i = 0; i < n; ++i) mine[i] = r * 1000000 + i;
+    DeviceVector<int32_t> dsend(mine), drecv(std::vector<int32_t>(n, -1));
+    ASSIGN_OR_RETURN(Issued shift, c.IssueSendRecv(dsend.tensor(DType::kI32), right,
+                                                   drecv.tensor(DType::kI32), left));
+    RETURN_IF_ERROR(shift.Wait());
+    RETURN_IF_ERROR(c.Synchronize());
+    auto got = drecv.Get();
+    for (int i = 0; i < n; ++i) RANK_CHECK(got[i] == left * 1000000 + i, "issued shift ", i);
+    DeviceVector<int32_t> short_recv(std::vector<int32_t>(n - 1));
+    absl::Status st =
+        c.SendRecv(dsend.tensor(DType::kI32), right, short_recv.tensor(DType::kI32), left);
+    RANK_CHECK(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+  }
+  return absl::OkStatus();
+}
+
 NcclOptions Options(double timeout_s, bool synchronous = true) {
   NcclOptions o;
   o.timeout_s = timeout_s;
@@ -232,6 +274,7 @@ TEST(NcclCommTest, OneRank) {
       [&](int rank) -> absl::Status {
         ASSIGN_OR_RETURN(auto comm, NcclComm::Create(rank, 1, "", 0, Options(30)));
         RETURN_IF_ERROR(CheckCollectives(*comm));
+        RETURN_IF_ERROR(CheckSendRecv(*comm));
         ASSIGN_OR_RETURN(auto sub, comm->Split(0, 0));
         RANK_CHECK(sub->size() == 1 && sub->rank() == 0);
         RETURN_IF_ERROR(CheckCollectives(*sub));
@@ -248,6 +291,7 @@ TEST(NcclCommTest, OneRank) {
         RETURN_IF_ERROR(CheckOrderedWithComputeStream(*async, st));
         RETURN_IF_ERROR(CheckIssuedWaitsOnlyAtUse(*async, st));
         RETURN_IF_ERROR(CheckCollectives(*async));
+        RETURN_IF_ERROR(CheckSendRecv(*async));
         async->set_synchronous(true);
         return CheckOrderedWithComputeStream(*async, st);
       },
@@ -266,6 +310,8 @@ TEST(NcclCommTest, TwoRanksWithSplitAndTimeout) {
         ASSIGN_OR_RETURN(auto pair, comm->Split(0, -rank));  // reversed order
         RANK_CHECK(pair->size() == 2 && pair->rank() == 1 - rank);
         RETURN_IF_ERROR(CheckCollectives(*pair));
+        RETURN_IF_ERROR(CheckSendRecv(*comm));
+        RETURN_IF_ERROR(CheckSendRecv(*pair));
         // The worker's mode, set through Comm::UseStreams before a split as the worker does: the
         // child inherits it.
         Streams st;
@@ -273,6 +319,7 @@ TEST(NcclCommTest, TwoRanksWithSplitAndTimeout) {
         RANK_CHECK(comm->stream() == st.comm);
         RETURN_IF_ERROR(CheckOrderedWithComputeStream(*comm, st));
         RETURN_IF_ERROR(CheckIssuedWaitsOnlyAtUse(*comm, st));
+        RETURN_IF_ERROR(CheckSendRecv(*comm));
         ASSIGN_OR_RETURN(auto sub, comm->Split(0, rank));
         return CheckOrderedWithComputeStream(static_cast<NcclComm&>(*sub), st);
       },
