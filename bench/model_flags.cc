@@ -22,6 +22,7 @@ ABSL_FLAG(int64_t, attention_aware_blocks, -1,
 ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
 ABSL_FLAG(int64_t, loss_tile_tokens, 0, "loss tile (0: the model's default)");
 ABSL_FLAG(int64_t, head_chunk, 0, "UPipe query heads per stage (0: all heads)");
+ABSL_FLAG(int64_t, ring, 0, "r of --sp = u x r: ring attention across Ulysses groups (0: auto)");
 ABSL_FLAG(bool, offload, false, "offload saved block data to pinned host memory");
 ABSL_FLAG(int64_t, offload_keep_last, 0, "blocks whose saved data stays on the device");
 ABSL_FLAG(int64_t, recompute_interval, 1, "save every k-th block's input (the others regrow)");
@@ -125,6 +126,7 @@ LlamaModel::Options ModelOptions() {
   mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
   mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
   mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
+  mo.ring = absl::GetFlag(FLAGS_ring);
   mo.offload = absl::GetFlag(FLAGS_offload);
   mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
   mo.recompute_interval = absl::GetFlag(FLAGS_recompute_interval);

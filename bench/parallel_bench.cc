@@ -52,6 +52,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "engine/spec/validate.h"
 #include "bench/bench_util.h"
 #include "bench/model_flags.h"
 #include "bench/timeline.h"
@@ -439,7 +440,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
 }
 
 // --rehearse: this process is rank --rank of the layout, alone on GPU 0 (or the CPU).
-absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
+absl::Status SetUpRehearsal(RankSetup& r, const LlamaConfig& cfg, int rank, int world, int sp) {
   const int nodes = absl::GetFlag(FLAGS_nodes);
   if (nodes < 1 || world % nodes != 0) {
     return absl::InvalidArgumentError(
@@ -472,8 +473,10 @@ absl::Status SetUpRehearsal(RankSetup& r, int rank, int world, int sp) {
   RankInfo info;
   info.rank = rank;
   info.world = world;
+  const LlamaModel::Options mo = bench::ModelOptions();
+  ASSIGN_OR_RETURN(const int64_t ring, RingFor(cfg, sp, mo.ring, mo.head_chunk));
   ASSIGN_OR_RETURN(std::unique_ptr<RehearsalComm> comm,
-                   ConnectRehearsal(info, sp, rehearsal, r.backend));
+                   ConnectRehearsal(info, sp, static_cast<int>(ring), rehearsal, r.backend));
   r.rehearsal = comm.get();
   r.world = std::move(comm);
   if (sp > 1) {
@@ -515,7 +518,7 @@ absl::Status RunRank(int rank, int world, const std::string& rendezvous) {
     }
   }
   if (rehearse) {
-    RETURN_IF_ERROR(SetUpRehearsal(r, rank, world, sp));
+    RETURN_IF_ERROR(SetUpRehearsal(r, cfg, rank, world, sp));
   } else if (world > 1) {
     RankInfo info;
     info.rank = rank;

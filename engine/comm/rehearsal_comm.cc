@@ -208,23 +208,29 @@ absl::StatusOr<std::unique_ptr<Comm>> RehearsalComm::Split(int color, int key) {
     return absl::InvalidArgumentError(
         absl::StrCat("split: rank ", me, " passed color ", color, "; colors must be >= 0"));
   }
-  if (!is_world_ || !shared_->layout.split) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rehearsal: rank ", me,
-                     ": this communicator has no split rule (only the "
-                     "world communicator splits, by the job's rule)"));
+  // The world splits by the job's rule over world ranks; a group by its next group rule, over
+  // its members' ranks in it (the model's splits of its sequence-parallel group).
+  const std::vector<SplitRule>& group_rules = shared_->layout.group_splits;
+  const bool world_rule = is_world_ && shared_->layout.split;
+  if (!world_rule && (is_world_ || splits_made_ >= static_cast<int>(group_rules.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rehearsal: rank ", me, ": no split rule for this communicator's split ", splits_made_ + 1,
+        " (the world splits by the job's rule, a group by the layout's group rules)"));
   }
-  const SplitArgs mine = shared_->layout.split(me);
+  const SplitRule& rule = world_rule ? shared_->layout.split : group_rules[splits_made_];
+  const int n = world_rule ? shared_->layout.world : size();
+  const SplitArgs mine = rule(world_rule ? me : index_);
   if (mine.color != color || mine.key != key) {
     return absl::InvalidArgumentError(
         absl::StrCat("rehearsal: rank ", me, " split with color ", color, ", key ", key,
                      " but the job's rule gives it color ", mine.color, ", key ", mine.key));
   }
+  if (!is_world_) ++splits_made_;
   // The ranks of this color, ordered by key then rank (as MPI_Comm_split and ncclCommSplit).
   std::vector<std::pair<int, int>> group;  // (key, world rank)
-  for (int w = 0; w < shared_->layout.world; ++w) {
-    const SplitArgs a = shared_->layout.split(w);
-    if (a.color == color) group.emplace_back(a.key, w);
+  for (int i = 0; i < n; ++i) {
+    const SplitArgs a = rule(i);
+    if (a.color == color) group.emplace_back(a.key, world_rule ? i : members_[i]);
   }
   std::sort(group.begin(), group.end());
   std::vector<int> members;

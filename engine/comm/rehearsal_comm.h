@@ -12,9 +12,11 @@
 //   send-recv        copies `send` to `recv` (this rank's data stands in for its peer's)
 //
 // Split makes the sub-communicator the real layout gives: the job's split rule says which color
-// and key every rank passes (the Trainer's Ulysses groups: UlyssesSplit, trainer.h), so the group
-// has the real size, this rank's place in it and the nodes it spans. A rank passing other
-// arguments than the rule gives it is INVALID_ARGUMENT, as is a second-level split.
+// and key every rank passes (the Trainer's sequence-parallel groups: UlyssesSplit, trainer.h), so
+// the group has the real size, this rank's place in it and the nodes it spans. Such a group splits
+// again by the layout's group rules, in the order the model makes its splits (with a ring: the
+// Ulysses group, then the ring, upipe.h). A rank passing other arguments than the rule gives it is
+// INVALID_ARGUMENT, as is a split no rule covers.
 //
 // docs/rehearsal.md says what a rehearsal measures and what it models.
 #pragma once
@@ -67,6 +69,9 @@ struct RehearsalLayout {
   int nodes = 1;
   LinkModel link;
   SplitRule split;  // unset: Split is refused
+  // A group's own splits, in the order they are made: each maps a member's rank in the group to
+  // the arguments it passes.
+  std::vector<SplitRule> group_splits;
 };
 
 // Per kind of collective, what one rank's communicators did (world and groups together).
@@ -135,6 +140,7 @@ class RehearsalComm final : public Comm {
   std::vector<int> members_;  // world ranks, in this communicator's rank order
   int index_ = 0;             // this rank's place in members_
   bool is_world_ = true;
+  int splits_made_ = 0;  // of a group: the next split takes layout.group_splits[splits_made_]
   GroupShape shape_;
 };
 

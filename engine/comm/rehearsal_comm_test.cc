@@ -165,6 +165,33 @@ TEST(RehearsalCommTest, SplitGivesTheRealGroups) {
   EXPECT_EQ(wide->stats().calls(), 1);
 }
 
+// A sequence-parallel group of 8 = u 4 x r 2 over 2 nodes of 4 splits again by the group rules:
+// the Ulysses groups are the nodes, the rings cross them.
+TEST(RehearsalCommTest, AGroupSplitsByTheGroupRules) {
+  RehearsalLayout l = Layout(8, 2, 8);
+  l.group_splits = {[](int i) {
+                      return SplitArgs{i / 4, i % 4};
+                    },
+                    [](int i) {
+                      return SplitArgs{i % 4, i / 4};
+                    }};
+  auto c = Make(5, l);
+  auto sp = c->Split(0, 5);
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  auto ulysses = (*sp)->Split(1, 1);
+  ASSERT_TRUE(ulysses.ok()) << ulysses.status();
+  EXPECT_EQ((*ulysses)->size(), 4);
+  EXPECT_EQ((*ulysses)->rank(), 1);
+  EXPECT_EQ(static_cast<RehearsalComm*>(ulysses->get())->shape().nodes, 1);
+  auto ring = (*sp)->Split(1, 1);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ((*ring)->size(), 2);
+  EXPECT_EQ((*ring)->rank(), 1);  // ranks 1 and 5
+  EXPECT_EQ(static_cast<RehearsalComm*>(ring->get())->shape().nodes, 2);
+  EXPECT_FALSE((*sp)->Split(0, 0).ok());       // a third split has no rule
+  EXPECT_FALSE((*ulysses)->Split(0, 0).ok());  // nor has a split of a split
+}
+
 TEST(RehearsalCommTest, MisuseIsRefused) {
   EXPECT_FALSE(RehearsalComm::Create(4, Layout(4, 1, 4), HostRehearsalDevice()).ok());
   EXPECT_FALSE(RehearsalComm::Create(0, Layout(6, 4, 2), HostRehearsalDevice()).ok());

@@ -1,6 +1,7 @@
 #include "engine/parallel/upipe.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace ithaca {
 namespace {
@@ -357,6 +358,139 @@ void StageColumns(const UlyssesContext& c, int64_t k, int64_t t, const Tensor& o
   }
 }
 
+// Ring attention's buffers for one pass (none without a ring): the K/V (and, backward, the dK/dV
+// accumulators) arriving from the previous group while the chunk in hand is used, two sets that
+// alternate; a chunk's output and log-sum-exp (forward) or gradients (backward); and the f32
+// accumulators of this group's queries.
+struct RingBuffers {
+  Tensor k[2], v[2];        // act [S, kvr, D]
+  Tensor dk[2], dv[2];      // f32 [S, kvr, D] (backward)
+  Tensor part_o, part_lse;  // act [S, u, D], f32 [u, S] (forward)
+  Tensor acc;               // f32 [S, u, D]: O (forward) or dQ (backward)
+  Tensor dk_part, dv_part;  // act [S, kvr, D] (backward)
+};
+
+absl::StatusOr<RingBuffers> MakeRingBuffers(const UlyssesContext& c, Buffers* buffers,
+                                            bool backward) {
+  RingBuffers b;
+  if (c.ring == nullptr) return b;
+  const DType act = c.ops->act_dtype();
+  const int64_t S = c.S(), D = c.plan.D, u = c.plan.u, kvr = c.plan.kvr;
+  RETURN_IF_ERROR(buffers->MakeEach({&b.k[0], &b.k[1], &b.v[0], &b.v[1]}, act, {S, kvr, D}));
+  ASSIGN_OR_RETURN(b.acc, buffers->Make(DType::kF32, {S, u, D}));
+  if (backward) {
+    RETURN_IF_ERROR(
+        buffers->MakeEach({&b.dk[0], &b.dk[1], &b.dv[0], &b.dv[1]}, DType::kF32, {S, kvr, D}));
+    RETURN_IF_ERROR(buffers->MakeEach({&b.dk_part, &b.dv_part}, act, {S, kvr, D}));
+  } else {
+    ASSIGN_OR_RETURN(b.part_o, buffers->Make(act, {S, u, D}));
+    ASSIGN_OR_RETURN(b.part_lse, buffers->Make(DType::kF32, {u, S}));
+  }
+  return b;
+}
+
+// Ring step i: the chunk in hand came from group (ring_rank − i) mod r; it goes on to the next
+// group and the one after it comes from the previous. Chunks are the groups' tokens in order, so
+// a chunk from a later group holds no key this group's queries see (its work is skipped).
+int64_t RingSource(const UlyssesContext& c, int64_t i) {
+  return (c.ring_rank - i + c.ring_size) % c.ring_size;
+}
+int RingNext(const UlyssesContext& c) { return static_cast<int>((c.ring_rank + 1) % c.ring_size); }
+int RingPrev(const UlyssesContext& c) {
+  return static_cast<int>((c.ring_rank + c.ring_size - 1) % c.ring_size);
+}
+
+// One stage's attention over the whole sample: q [S, u, D] (this group's chunk) against k, v
+// [S, kvr, D] (this group's), out and lse written. Without a ring, Ops::Attention; with one, the
+// K/V travel around the ring (each shift issued before the chunk in hand is used, so it runs
+// under that compute) and the chunks' outputs are merged by their log-sum-exp.
+absl::Status StageAttention(const UlyssesContext& c, RingBuffers& rb, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& out,
+                            const Tensor& lse) {
+  if (c.ring == nullptr) {
+    c.ops->Attention(q, k, v, out, lse, c.docs);
+    return absl::OkStatus();
+  }
+  const int64_t S = c.S();
+  c.ops->Fill(rb.acc, 0.f);
+  c.ops->Fill(lse, -std::numeric_limits<float>::infinity());
+  Tensor hand_k = k, hand_v = v;
+  for (int64_t i = 0; i < c.ring_size; ++i) {
+    Issued k_in, v_in;
+    const Tensor& next_k = rb.k[i % 2];
+    const Tensor& next_v = rb.v[i % 2];
+    if (i + 1 < c.ring_size) {
+      ASSIGN_OR_RETURN(k_in, c.ring->IssueSendRecv(hand_k, RingNext(c), next_k, RingPrev(c)));
+      ASSIGN_OR_RETURN(v_in, c.ring->IssueSendRecv(hand_v, RingNext(c), next_v, RingPrev(c)));
+    }
+    const int64_t src = RingSource(c, i);
+    if (src <= c.ring_rank) {
+      c.ops->AttentionChunk(q, hand_k, hand_v, rb.part_o, rb.part_lse, c.docs, c.chunk_pos0(),
+                            src * S);
+      c.ops->AttentionMerge(rb.acc, lse, rb.part_o, rb.part_lse);
+    }
+    RETURN_IF_ERROR(k_in.Wait());
+    RETURN_IF_ERROR(v_in.Wait());
+    hand_k = next_k;
+    hand_v = next_v;
+  }
+  c.ops->Copy(rb.acc, out);
+  return absl::OkStatus();
+}
+
+// Its backward: dq [S, u, D] for this group's queries, and dk, dv [S, kvr, D] for this group's
+// keys, written. With a ring each chunk's dK/dV accumulators (f32) travel with its K/V, every
+// group adding its queries' part; one last shift brings each chunk's home.
+absl::Status StageAttentionBackward(const UlyssesContext& c, RingBuffers& rb, const Tensor& q,
+                                    const Tensor& k, const Tensor& v, const Tensor& o,
+                                    const Tensor& dout, const Tensor& lse, const Tensor& dq,
+                                    const Tensor& dk, const Tensor& dv) {
+  if (c.ring == nullptr) {
+    c.ops->AttentionBackward(q, k, v, o, dout, lse, dq, dk, dv, c.docs);
+    return absl::OkStatus();
+  }
+  const int64_t S = c.S();
+  c.ops->Fill(rb.acc, 0.f);
+  Tensor hand_k = k, hand_v = v;
+  // The accumulators in hand start at zero (this group is the first to add to its own chunk's).
+  Tensor hand_dk = rb.dk[1], hand_dv = rb.dv[1];
+  c.ops->Fill(hand_dk, 0.f);
+  c.ops->Fill(hand_dv, 0.f);
+  for (int64_t i = 0; i < c.ring_size; ++i) {
+    const bool last = i + 1 == c.ring_size;
+    Issued k_in, v_in;
+    const Tensor& next_k = rb.k[i % 2];
+    const Tensor& next_v = rb.v[i % 2];
+    if (!last) {
+      ASSIGN_OR_RETURN(k_in, c.ring->IssueSendRecv(hand_k, RingNext(c), next_k, RingPrev(c)));
+      ASSIGN_OR_RETURN(v_in, c.ring->IssueSendRecv(hand_v, RingNext(c), next_v, RingPrev(c)));
+    }
+    const int64_t src = RingSource(c, i);
+    if (src <= c.ring_rank) {
+      c.ops->AttentionChunkBackward(q, hand_k, hand_v, o, dout, lse, dq, rb.dk_part, rb.dv_part,
+                                    c.docs, c.chunk_pos0(), src * S);
+      c.ops->Axpy(1.f, dq, rb.acc);
+      c.ops->Axpy(1.f, rb.dk_part, hand_dk);
+      c.ops->Axpy(1.f, rb.dv_part, hand_dv);
+    }
+    // The accumulators go on with their chunk (after the last step: home to its group).
+    const Tensor& next_dk = rb.dk[i % 2];
+    const Tensor& next_dv = rb.dv[i % 2];
+    RETURN_IF_ERROR(c.ring->SendRecv(hand_dk, RingNext(c), next_dk, RingPrev(c)));
+    RETURN_IF_ERROR(c.ring->SendRecv(hand_dv, RingNext(c), next_dv, RingPrev(c)));
+    RETURN_IF_ERROR(k_in.Wait());
+    RETURN_IF_ERROR(v_in.Wait());
+    hand_k = next_k;
+    hand_v = next_v;
+    hand_dk = next_dk;
+    hand_dv = next_dv;
+  }
+  c.ops->Copy(rb.acc, dq);
+  c.ops->Copy(hand_dk, dk);
+  c.ops->Copy(hand_dv, dv);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& w,
@@ -391,6 +525,7 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   if (walk.ahead) {
     ASSIGN_OR_RETURN(back_buf, buffers.Make(act, {S, u, D}));
   }
+  ASSIGN_OR_RETURN(RingBuffers ring, MakeRingBuffers(c, &buffers, /*backward=*/false));
 
   // Projects stage st's queries (and, first in a round, the round's K/V) and starts sending them.
   auto start = [&](int64_t st) -> absl::Status {
@@ -426,7 +561,8 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
     RETURN_IF_ERROR(cur_kv.k_in.Wait());
     RETURN_IF_ERROR(cur_kv.v_in.Wait());
     RETURN_IF_ERROR(cur.q_in.Wait());
-    c.ops->Attention(cur.q, cur_kv.k, cur_kv.v, cur.o, lse.Slice(st * u * S, {u, S}), c.docs);
+    RETURN_IF_ERROR(
+        StageAttention(c, ring, cur.q, cur_kv.k, cur_kv.v, cur.o, lse.Slice(st * u * S, {u, S})));
     RETURN_IF_ERROR(land());  // the previous stage's output, back while this one computed
     RETURN_IF_ERROR(back.Send(c, st, cur.o, walk.ahead ? back_buf : cur.send));
     if (!walk.ahead) {
@@ -487,6 +623,7 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   ASSIGN_OR_RETURN(Tensor dv_sum, buffers.Make(DType::kF32, {S, kvr, D}));
   ASSIGN_OR_RETURN(Tensor dk, buffers.Make(act, {S, kvr, D}));
   ASSIGN_OR_RETURN(Tensor dv, buffers.Make(act, {S, kvr, D}));
+  ASSIGN_OR_RETURN(RingBuffers ring, MakeRingBuffers(c, &buffers, /*backward=*/true));
 
   auto kv_head_of = [&](int64_t r) { return [&p, r](int64_t j) { return p.KvHead(j, r); }; };
   auto q_head_of = [&](int64_t st) {
@@ -541,8 +678,8 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
       c.ops->Fill(dv_sum, 0.f);
     }
     for (Issued* arrival : {&cur.q_in, &cur.o_in, &cur.do_in}) RETURN_IF_ERROR(arrival->Wait());
-    c.ops->AttentionBackward(cur.q, cur_kv.k, cur_kv.v, cur.o, cur.dout,
-                             lse.Slice(st * u * S, {u, S}), cur.dq, dk, dv, c.docs);
+    RETURN_IF_ERROR(StageAttentionBackward(c, ring, cur.q, cur_kv.k, cur_kv.v, cur.o, cur.dout,
+                                           lse.Slice(st * u * S, {u, S}), cur.dq, dk, dv));
     c.ops->Axpy(1.f, dk, dk_sum);
     c.ops->Axpy(1.f, dv, dv_sum);
     RETURN_IF_ERROR(land());  // the previous stage's dQ, back while this one computed

@@ -23,7 +23,13 @@ struct UlyssesContext {
   HeadPlan plan;
   int64_t rank = 0;  // rank in the group
   int64_t s = 0;     // tokens on this rank
-  Tensor inv_freq;   // RoPE inverse frequencies, f32 [D/2]
+  // Ring attention across Ulysses groups (parallel.sp = u x r, docs/schedules.md): the sample is
+  // cut into r chunks, one per group, in order; `ring` joins the ranks at this rank's place in
+  // every group (ring_rank: this group's chunk). Each stage's attention runs on its group's chunk
+  // of queries against every chunk of keys as they travel around the ring; nullptr when r = 1.
+  Comm* ring = nullptr;
+  int64_t ring_rank = 0, ring_size = 1;
+  Tensor inv_freq;  // RoPE inverse frequencies, f32 [D/2]
   // The documents of the whole sample (S tokens): every rank's attention sees the whole sequence
   // for its heads, and RoPE restarts at each document, so each rank holds the sample's mask.
   DocumentMask docs;
@@ -40,9 +46,17 @@ struct UlyssesContext {
   float qk_norm_eps = 1e-6f;
   float rope_scale = 1.f;
   bool pipelined() const { return overlap && sp != nullptr && plan.P > 1 && plan.stages() > 1; }
+  // The tokens of this rank's group: the whole sample without a ring.
   int64_t S() const { return s * plan.P; }
-  int64_t pos0() const { return rank * s; }  // global position of this rank's first token
+  int64_t chunk_pos0() const { return ring_rank * S(); }    // sample position of the group's first
+  int64_t pos0() const { return chunk_pos0() + rank * s; }  // ... and of this rank's first token
 };
+
+// The two splits of a sequence-parallel group of u x r ranks, by a member's rank i in it (the
+// model makes them in this order; a rehearsal replays them, RehearsalLayout::group_splits): its
+// Ulysses group of u consecutive ranks, and its ring, the ranks at i's place in every group.
+inline SplitArgs UlyssesGroupSplit(int i, int u) { return SplitArgs{i / u, i % u}; }
+inline SplitArgs RingSplit(int i, int u) { return SplitArgs{i % u, i / u}; }
 
 // Projection weights (full, gathered) or their gradients (f32), [heads·D, d] each; with the
 // context's qkv_bias the biases [heads·D], with its qk_norm the norms' weights [D].
@@ -67,7 +81,7 @@ struct NormedInput {
 };
 
 // x → O_local [s, Hq·D] (written) and lse f32 [stages·u, S] (written; stage i's rows
-// [i·u, (i+1)·u) are its heads' log-sum-exp over the whole sequence).
+// [i·u, (i+1)·u) are its heads' log-sum-exp over the whole sequence, for the group's S tokens).
 absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& w,
                                      const NormedInput& in, const Tensor& o_local,
                                      const Tensor& lse);

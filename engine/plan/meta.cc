@@ -321,8 +321,10 @@ absl::Status MetaComm::WaitIssued(int64_t id) {
 absl::StatusOr<std::unique_ptr<Comm>> MetaComm::Split(int color, int key) {
   (void)color;
   (void)key;
-  auto group = std::make_unique<MetaComm>(rank_ % split_size_, split_size_);
-  group->set_timing(link_, ranks_per_node_, clock_);
+  const GroupOfSplit g =
+      splits_.empty() ? GroupOfSplit{} : splits_[std::min(splits_made_++, splits_.size() - 1)];
+  auto group = std::make_unique<MetaComm>(0, g.size);
+  group->set_timing(link_, std::max(1, ranks_per_node_ / std::max(1, g.stride)), clock_);
   return std::unique_ptr<Comm>(std::move(group));
 }
 

@@ -160,9 +160,16 @@ class MetaComm final : public Comm {
   absl::StatusOr<Issued> IssueAllToAll(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueSendRecv(const Tensor& send, int dst, const Tensor&,
                                        int src) override;
-  // Groups of consecutive ranks, as the trainer splits them (color = rank / group size).
+  // The groups set_splits gives, in order (the last repeats), rank 0's view of each.
   absl::StatusOr<std::unique_ptr<Comm>> Split(int color, int key) override;
-  void set_split_size(int n) { split_size_ = n; }
+  // The groups this communicator's splits make, in the order they are made: `size` ranks whose
+  // members are `stride` apart in this one (the trainer's sequence-parallel groups: consecutive
+  // ranks; a ring across Ulysses groups of u: stride u), so a strided group has fewer members
+  // per node. The default: groups of one.
+  struct GroupOfSplit {
+    int size = 1, stride = 1;
+  };
+  void set_splits(std::vector<GroupOfSplit> splits) { splits_ = std::move(splits); }
   // Collectives from now on (and the groups Split makes) take the link model's time for ranks
   // placed `ranks_per_node` to a node on `clock`. Both outlive this communicator.
   void set_timing(const LinkModel* link, int ranks_per_node, StepClock* clock) {
@@ -178,7 +185,9 @@ class MetaComm final : public Comm {
   uint64_t Charge(CollectiveOp op, int64_t bytes, bool deferred);
   uint64_t ChargeSendRecv(int64_t bytes, int dst, int src, bool deferred);
 
-  int rank_, size_, split_size_ = 1;
+  int rank_, size_;
+  std::vector<GroupOfSplit> splits_;
+  size_t splits_made_ = 0;
   const LinkModel* link_ = nullptr;
   int ranks_per_node_ = 1;
   StepClock* clock_ = nullptr;

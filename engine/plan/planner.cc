@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/plan/meta.h"
+#include "engine/spec/validate.h"
 #include "engine/schedule/spec_options.h"
 #include "engine/train/host_adamw.h"
 #include "engine/spec/validate.h"
@@ -182,7 +183,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   // Rank 0's view: its shards are full-size (padding sits on the last rank).
   MetaComm world(0, static_cast<int>(req.world));
   MetaComm sp(0, static_cast<int>(req.sp));
-  world.set_split_size(static_cast<int>(req.sp));
+  world.set_splits({{static_cast<int>(req.sp), 1}});
+  // With a ring the model splits its group again: Ulysses groups of u, then rings of r.
+  ASSIGN_OR_RETURN(const int64_t ring,
+                   RingFor(req.cfg, req.sp, req.opts.ring, req.opts.head_chunk));
+  const int u = static_cast<int>(req.sp / ring);
+  sp.set_splits({{u, 1}, {static_cast<int>(ring), u}});
   StepClock clock;
   if (req.rates != nullptr) {
     for (MetaComm* c : {&world, &sp}) c->set_timing(&req.link, req.ranks_per_node, &clock);
@@ -303,12 +309,15 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
                            : RanksPerHost(spec.parallel.world, spec.slurm.nodes);
   req.samples = spec.training.grad_accum * spec.data.micro_batch;
   req.overlap_update = spec.memory.overlap_update;
-  const int64_t s = spec.data.seq_len / std::max<int64_t>(1, spec.parallel.sp);
+  const int64_t s = SequenceShare(spec.data.seq_len, std::max<int64_t>(1, spec.parallel.sp));
   const int64_t L = cfg.num_hidden_layers;
 
+  // UPipe's stages split the heads of one Ulysses group (u of sp = u x ring).
+  ASSIGN_OR_RETURN(const int64_t ring,
+                   RingFor(cfg, spec.parallel.sp, spec.parallel.ring, spec.memory.head_chunk));
   const std::vector<int64_t> chunks = spec.memory.head_chunk > 0
                                           ? std::vector<int64_t>{spec.memory.head_chunk}
-                                          : HeadChunkCandidates(cfg, spec.parallel.sp);
+                                          : HeadChunkCandidates(cfg, spec.parallel.sp / ring);
   const std::vector<int64_t> tiles = spec.memory.tile_tokens > 0
                                          ? std::vector<int64_t>{spec.memory.tile_tokens}
                                          : TileCandidates(s);

@@ -166,6 +166,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
     job.plan.verdict += FitSuggestion(s, job.config, node, limits);
   }
   s.memory.head_chunk = job.plan.head_chunk;
+  ASSIGN_OR_RETURN(s.parallel.ring,
+                   RingFor(job.config, s.parallel.sp, s.parallel.ring, s.memory.head_chunk));
   s.memory.tile_tokens = job.plan.tile_tokens;
   s.memory.offload = job.plan.offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   s.memory.prefetch = job.plan.prefetch ? OffloadChoice::kOn : OffloadChoice::kOff;
@@ -225,11 +227,13 @@ absl::Status RequireFits(const ResolvedJob& job) {
 std::string ResolutionLine(const ResolvedJob& job) {
   const JobSpec::Memory& m = job.spec.memory;
   return absl::StrFormat(
-      "memory plan: recompute %s, head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
+      "memory plan: sp %d = ulysses %d x ring %d, recompute %s, head_chunk %d, tile_tokens %d, "
+      "offload %s, prefetch %s, "
       "recompute_interval %d%s, overlap %s, optimizer_offload %s, param_offload %s, dtype %s%s, "
       "peak %s per rank (GPU budget %s), host %s per rank (budget %s)%s",
-      RecomputeSetting(job.plan), m.head_chunk, m.tile_tokens,
-      m.offload == OffloadChoice::kOn ? "on" : "off",
+      job.spec.parallel.sp, job.spec.parallel.sp / std::max<int64_t>(1, job.spec.parallel.ring),
+      std::max<int64_t>(1, job.spec.parallel.ring), RecomputeSetting(job.plan), m.head_chunk,
+      m.tile_tokens, m.offload == OffloadChoice::kOn ? "on" : "off",
       m.prefetch == OffloadChoice::kOn ? "on" : "off", m.recompute_interval,
       SavedBlockInputsSetting(m.saved_block_inputs), m.overlap == OffloadChoice::kOn ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",

@@ -455,19 +455,51 @@ TEST(ValidateTest, OneMessagePerRuleNamingTheKey) {
   EXPECT_TRUE(CheckHeadSplit(wide, 16, 0).ok());
   EXPECT_TRUE(MakeHeadPlan(wide, 16, 16).ok());
 
-  EXPECT_TRUE(CheckSeqLenSplit(1024, 4).ok());
-  EXPECT_EQ(CheckSeqLenSplit(1022, 4).message(),
-            "data.seq_len: must be divisible by parallel.sp (4) so every rank of a Ulysses group "
-            "holds equal tokens, got 1022");
-
+  // A seq_len that sp does not divide is padded (SequenceShare), not refused.
+  EXPECT_EQ(SequenceShare(1024, 4), 256);
+  EXPECT_EQ(SequenceShare(1022, 4), 256);
   JobSpec spec = Tiny("cpu");
   spec.data.seq_len = 1023;
   auto job = ResolveJob(spec, Node(0, 16 * kGiB, 2));
-  EXPECT_EQ(job.status().message(), CheckSeqLenSplit(1023, 2).message());
+  EXPECT_TRUE(job.ok()) << job.status();
   spec = Tiny("cpu");
   spec.memory.head_chunk = 3;
   job = ResolveJob(spec, Node(0, 16 * kGiB, 2));
   EXPECT_EQ(job.status().message(), CheckHeadSplit(*PresetConfig("tiny"), 2, 3).message());
+}
+
+// parallel.sp = u x ring: auto takes the widest Ulysses group the heads allow; a named ring is
+// checked, and the error lists the valid ones.
+TEST(ValidateTest, RingForTheHeads) {
+  const LlamaConfig qwen7 = *PresetConfig("qwen2.5-7b");  // 28 query heads, 4 K/V heads
+  EXPECT_EQ(*RingFor(qwen7, 8, 0, 0), 2);                 // u 4 x r 2
+  EXPECT_EQ(*RingFor(qwen7, 4, 0, 0), 1);
+  EXPECT_EQ(*RingFor(qwen7, 64, 0, 0), 16);
+  EXPECT_EQ(*RingFor(qwen7, 8, 8, 0), 8);  // u 1: the ring alone
+  EXPECT_EQ(std::string(RingFor(qwen7, 8, 1, 0).status().message()),
+            "parallel.ring: 1 leaves Ulysses groups of 8 ranks: parallel.sp: must divide the "
+            "model's num_attention_heads (28), got 8; valid rings for sp 8: 2, 4, 8");
+  EXPECT_EQ(std::string(RingFor(qwen7, 8, 3, 0).status().message()),
+            "parallel.ring: 3 does not divide parallel.sp (8); valid: 2, 4, 8");
+  const LlamaConfig llama8b = *PresetConfig("llama-3-8b");  // 32 query heads, 8 K/V heads
+  EXPECT_EQ(*RingFor(llama8b, 8, 0, 0), 1);
+  EXPECT_EQ(*RingFor(llama8b, 64, 0, 0), 2);  // past the 32 heads: u 32 x r 2
+  EXPECT_EQ(*RingFor(llama8b, 8, 2, 0), 2);
+
+  // Resolution writes the ring it chose and says u x r.
+  JobSpec spec = Tiny("cpu");
+  spec.model.preset = "qwen2.5-7b";
+  spec.data.seq_len = 8192;
+  spec.parallel.world = 8;
+  spec.parallel.sp = 8;
+  auto job = ResolveJob(spec, Node(0, 2048 * kGiB, 8));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.parallel.ring, 2);
+  EXPECT_NE(ResolutionLine(*job).find("sp 8 = ulysses 4 x ring 2"), std::string::npos)
+      << ResolutionLine(*job);
+  spec.parallel.ring = 1;
+  EXPECT_EQ(ResolveJob(spec, Node(0, 2048 * kGiB, 8)).status().message(),
+            RingFor(qwen7, 8, 1, 0).status().message());
 }
 
 TEST(BudgetsTest, TheOneRule) {

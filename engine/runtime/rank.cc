@@ -2,6 +2,7 @@
 #include "engine/runtime/rank.h"
 
 #include "engine/comm/rehearsal/rehearsal_device.h"
+#include "engine/parallel/upipe.h"
 #include "engine/plan/budgets.h"
 #include "engine/plan/resolve.h"
 
@@ -19,6 +20,7 @@ NodeResources RankNode(const RankInfo& info, int64_t device_bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<RehearsalComm>> ConnectRehearsal(const RankInfo& info, int sp,
+                                                                int ring,
                                                                 const RankRehearsal& rehearsal,
                                                                 const Backend& backend) {
   RehearsalLayout layout;
@@ -26,6 +28,11 @@ absl::StatusOr<std::unique_ptr<RehearsalComm>> ConnectRehearsal(const RankInfo& 
   layout.nodes = rehearsal.nodes;
   layout.link = rehearsal.link;
   layout.split = [sp](int r) { return UlyssesSplit(r, sp); };
+  if (ring > 1) {
+    const int u = sp / ring;
+    layout.group_splits = {[u](int i) { return UlyssesGroupSplit(i, u); },
+                           [u](int i) { return RingSplit(i, u); }};
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<RehearsalComm> comm,
                    MakeRehearsalComm(info.rank, layout, backend.device()));
   // Before the trainer (or a bench) splits it: the groups inherit the streams.
@@ -71,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(JobSpec spec, const RankInfo&
   rank->spec_ = std::move(spec);
   if (rehearsal != nullptr && info.world > 1) {
     ASSIGN_OR_RETURN(rank->comm_, ConnectRehearsal(info, static_cast<int>(rank->spec_.parallel.sp),
+                                                   static_cast<int>(rank->spec_.parallel.ring),
                                                    *rehearsal, rank->backend_));
   } else if (info.world > 1) {
     ASSIGN_OR_RETURN(rank->comm_,

@@ -48,9 +48,11 @@ struct RankOptions {
 };
 
 // The communicator of a rehearsed rank (info.rank of info.world, on the backend's device and
-// streams), splitting as the Trainer splits (UlyssesSplit with `sp`). The one set-up of
-// Rank::Create and the benches.
+// streams), splitting as the Trainer splits (UlyssesSplit with `sp`) and, with a ring (`ring` > 1
+// of sp = u x ring), as the model splits its group (UlyssesGroupSplit, then RingSplit). The one
+// set-up of Rank::Create and the benches.
 absl::StatusOr<std::unique_ptr<RehearsalComm>> ConnectRehearsal(const RankInfo& info, int sp,
+                                                                int ring,
                                                                 const RankRehearsal& rehearsal,
                                                                 const Backend& backend);
 

@@ -1,6 +1,7 @@
 #include "engine/schedule/llama.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "engine/spec/validate.h"
 
@@ -74,7 +75,18 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   std::unique_ptr<LlamaModel> m(new LlamaModel(cfg, ops, alloc, opts));
   m->world_ = world;
   m->sp_ = sp;
-  ASSIGN_OR_RETURN(m->plan_, MakeHeadPlan(cfg, sp ? sp->size() : 1, opts.head_chunk));
+  const int64_t sp_size = sp ? sp->size() : 1;
+  ASSIGN_OR_RETURN(const int64_t ring, RingFor(cfg, sp_size, opts.ring, opts.head_chunk));
+  const int64_t u = sp_size / ring;
+  if (ring > 1) {
+    // Groups of u consecutive ranks (inside a node) hold consecutive chunks of the sample; the
+    // ranks at one place in every group form a ring.
+    const SplitArgs ulysses = UlyssesGroupSplit(sp->rank(), static_cast<int>(u));
+    const SplitArgs ring_args = RingSplit(sp->rank(), static_cast<int>(u));
+    ASSIGN_OR_RETURN(m->ulysses_, sp->Split(ulysses.color, ulysses.key));
+    ASSIGN_OR_RETURN(m->ring_, sp->Split(ring_args.color, ring_args.key));
+  }
+  ASSIGN_OR_RETURN(m->plan_, MakeHeadPlan(cfg, u, opts.head_chunk));
   ASSIGN_OR_RETURN(
       m->params_, ParamStore::Create(m->layout_, ops, alloc, world, opts.fsdp, opts.param_offload));
   m->params_->set_overlap(opts.overlap);
@@ -91,9 +103,15 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs, int64_t wi
   c.cfg = &cfg_;
   c.attn.ops = ops_;
   c.attn.alloc = alloc_;
-  c.attn.sp = plan_.P > 1 ? sp_ : nullptr;
+  Comm* ulysses = ring_ ? ulysses_.get() : sp_;
+  c.attn.sp = plan_.P > 1 ? ulysses : nullptr;
   c.attn.plan = plan_;
-  c.attn.rank = sp_rank();
+  c.attn.rank = ulysses ? ulysses->rank() : 0;
+  if (ring_) {
+    c.attn.ring = ring_.get();
+    c.attn.ring_rank = ring_->rank();
+    c.attn.ring_size = ring_->size();
+  }
   c.attn.s = s;
   c.attn.inv_freq = inv_freq_.tensor();
   c.attn.docs = docs;
@@ -111,7 +129,6 @@ BlockContext LlamaModel::Context(int64_t s, const DocumentMask& docs, int64_t wi
 
 absl::Status LlamaModel::CheckSample(const int32_t* inputs, int64_t S,
                                      const DocumentMask& docs) const {
-  RETURN_IF_ERROR(CheckSeqLenSplit(S, plan_.P));
   for (int64_t i = 0; i < S; ++i) {
     if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token ", inputs[i], " at position ", i,
@@ -131,17 +148,32 @@ absl::Status LlamaModel::CheckSample(const int32_t* inputs, int64_t S,
   return absl::OkStatus();
 }
 
+namespace {
+
+// This rank's share of a sample's tokens (or labels): [t0, t0 + s) of the S given, padded past
+// the sample's end with `pad` (SequenceShare).
+void CopyShare(const int32_t* from, int64_t S, int64_t t0, int64_t s, int32_t pad, int32_t* to) {
+  const int64_t real = std::clamp<int64_t>(S - t0, 0, s);
+  std::copy(from + t0, from + t0 + real, to);
+  std::fill(to + real, to + s, pad);
+}
+
+}  // namespace
+
 absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, const int32_t* labels,
                                                       int64_t S, const DocumentMask& docs) {
   RETURN_IF_ERROR(CheckSample(inputs, S, docs));
-  // This rank's slice of the sequence; labels were shifted before sharding.
-  const int64_t s = S / plan_.P, t0 = sp_rank() * s;
+  // This rank's slice of the sequence (labels were shifted before sharding), padded at the end.
+  const int64_t s = SequenceShare(S, sp_size()), t0 = sp_rank() * s;
+  std::vector<int32_t> ids(static_cast<size_t>(s)), shifted(static_cast<size_t>(s));
+  CopyShare(inputs, S, t0, s, 0, ids.data());
+  CopyShare(labels, S, t0, s, -1, shifted.data());
   DeviceSample out;
   ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
-  ops_->Upload(inputs + t0, DType::kI32, out.ids.tensor());
-  ops_->Upload(labels + t0, DType::kI32, out.labels.tensor());
-  out.tokens = std::count_if(labels + t0, labels + t0 + s, [](int32_t v) { return v >= 0; });
+  ops_->Upload(ids.data(), DType::kI32, out.ids.tensor());
+  ops_->Upload(shifted.data(), DType::kI32, out.labels.tensor());
+  out.tokens = std::count_if(shifted.begin(), shifted.end(), [](int32_t v) { return v >= 0; });
   out.docs = docs;
   return out;
 }
@@ -151,19 +183,22 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSampleAsync(const int32_t* inputs
                                                            const DocumentMask& docs,
                                                            std::vector<Buffer>* staging) {
   RETURN_IF_ERROR(CheckSample(inputs, S, docs));
-  const int64_t s = S / plan_.P, t0 = sp_rank() * s;
+  // This rank's slice of the sequence (labels were shifted before sharding), padded at the end.
+  const int64_t s = SequenceShare(S, sp_size()), t0 = sp_rank() * s;
   DeviceSample out;
   ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   Ops::Fence fence;
-  for (auto [from, to] : {std::pair{inputs, &out.ids}, std::pair{labels, &out.labels}}) {
+  for (auto [from, pad, to] :
+       {std::tuple{inputs, 0, &out.ids}, std::tuple{labels, -1, &out.labels}}) {
     ASSIGN_OR_RETURN(Buffer host, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kHostBlockInputs));
-    std::copy(from + t0, from + t0 + s, static_cast<int32_t*>(host.tensor().data));
+    CopyShare(from, S, t0, s, pad, static_cast<int32_t*>(host.tensor().data));
     fence = ops_->CopyAsync(host.tensor(), to->tensor());
     staging->push_back(std::move(host));
   }
   ops_->WaitFence(fence);  // transfers complete in order: the last fence covers both
-  out.tokens = std::count_if(labels + t0, labels + t0 + s, [](int32_t v) { return v >= 0; });
+  out.tokens = std::count_if(labels + t0, labels + t0 + std::clamp<int64_t>(S - t0, 0, s),
+                             [](int32_t v) { return v >= 0; });
   out.docs = docs;
   return out;
 }

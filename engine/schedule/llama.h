@@ -60,7 +60,10 @@ class LlamaModel {
     int64_t tile_tokens = 0;       // MLP tile; 0 = auto
     int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0: DefaultLossTileTokens
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
-    bool offload = false;          // saved block data to the host between forward and backward
+    // r of parallel.sp = u × r: Ulysses in groups of u = sp / r consecutive ranks, ring attention
+    // across the r groups (upipe.h); 1: Ulysses over the whole sp group; 0: RingFor's choice.
+    int64_t ring = 0;
+    bool offload = false;  // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;
     bool prefetch = true;  // bring block l−1's saved data back during block l's backward
     int64_t recompute_interval = 1;  // save every k-th block's input; regrow the others
@@ -77,8 +80,9 @@ class LlamaModel {
     bool param_offload = false;
   };
 
-  // `world` spans every rank (FSDP and data parallel), `sp` this rank's Ulysses group; either
-  // may be nullptr for one rank.
+  // `world` spans every rank (FSDP and data parallel), `sp` this rank's sequence-parallel group
+  // (split into Ulysses groups and rings when Options::ring > 1); either may be nullptr for one
+  // rank.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaConfig& cfg, Ops* ops,
                                                             Allocator* alloc, Options opts,
                                                             Comm* world = nullptr,
@@ -91,11 +95,14 @@ class LlamaModel {
   Allocator* allocator() const { return alloc_; }
   ParamStore& params() { return *params_; }
   int64_t sp_rank() const { return sp_ ? sp_->rank() : 0; }
+  int64_t sp_size() const { return sp_ ? sp_->size() : 1; }
 
   // Checks one sample and uploads this rank's share of it: `inputs` and `labels` hold the whole
-  // sample (S tokens, labels already shifted; < 0 ignored) and the rank takes tokens
-  // [r·S/P, (r+1)·S/P). `docs` are the sample's documents (attention stays inside each, RoPE
-  // restarts at each); empty: one. An upload makes the host wait for its copy.
+  // sample (S tokens, labels already shifted; < 0 ignored) and rank r of the P in its
+  // sequence-parallel group takes tokens [r·s, (r+1)·s), s = ⌈S/P⌉ (SequenceShare: the last
+  // ranks' shares are padded, the pad never attended by a real token nor trained on). `docs` are
+  // the sample's documents (attention stays inside each, RoPE restarts at each); empty: one. An
+  // upload makes the host wait for its copy.
   absl::StatusOr<DeviceSample> UploadSample(const int32_t* inputs, const int32_t* labels, int64_t S,
                                             const DocumentMask& docs = {});
   // The same without a host wait, for a training step that streams its samples: the share is
@@ -177,6 +184,9 @@ class LlamaModel {
   RecomputeSchedule schedule_;
   Comm* world_ = nullptr;
   Comm* sp_ = nullptr;
+  // With a ring: this rank's Ulysses group and its ring (sub-communicators of sp_); else the
+  // Ulysses group is sp_ itself.
+  std::unique_ptr<Comm> ulysses_, ring_;
   HeadPlan plan_;
   std::unique_ptr<ParamStore> params_;
   Buffer inv_freq_;

@@ -9,6 +9,7 @@ LlamaModel::Options ModelOptionsFromSpec(const JobSpec& spec) {
   o.attention_aware_blocks = m.attention_aware_blocks;
   o.tile_tokens = m.tile_tokens;
   o.head_chunk = m.head_chunk;
+  o.ring = spec.parallel.ring;
   // An "auto" not yet resolved (the planner's starting point): offload off, prefetch and overlap
   // on, every block's input saved.
   o.offload = m.offload == OffloadChoice::kOn;

@@ -126,7 +126,10 @@ struct JobSpec {
 
   struct Parallel {
     int64_t world = 1;  // ranks (one per GPU)
-    int64_t sp = 1;     // Ulysses group size; divides world
+    int64_t sp = 1;     // sequence-parallel group size (u x ring); divides world
+    // r of sp = u x r: ring attention across r Ulysses groups of u ranks; 0 ("auto"): the
+    // smallest r whose u the model's heads allow (RingFor, engine/spec/validate.h).
+    int64_t ring = 0;
     bool fsdp = true;
   } parallel;
 

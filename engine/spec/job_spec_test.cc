@@ -225,7 +225,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
   }
   // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but
   // min_lr_ratio, and model.preset (the full spec's model is a config.json).
-  EXPECT_EQ(keys, 67);
+  EXPECT_EQ(keys, 68);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {

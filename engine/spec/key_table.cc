@@ -212,7 +212,14 @@ const std::vector<Key>& Keys() {
       {"training.seed", Seed(FIELD(training.seed)), "Seeds the initialization and the data order."},
 
       {"parallel.world", Int(FIELD(parallel.world), Between(1, kMaxWorld)), "Ranks (one per GPU)."},
-      {"parallel.sp", Int(FIELD(parallel.sp), AtLeast(1)), "Ulysses group size; divides `world`."},
+      {"parallel.sp", Int(FIELD(parallel.sp), AtLeast(1)),
+       "Sequence-parallel group size (each sample's tokens split over it); divides `world`. "
+       "It is u x r: Ulysses (by heads) inside groups of u consecutive ranks, ring attention "
+       "across the r groups (`parallel.ring`)."},
+      {"parallel.ring", IntOrAuto(FIELD(parallel.ring)),
+       "r of parallel.sp = u x r; divides `sp`. \"auto\": the smallest r (Ulysses as wide as "
+       "the model's heads allow: u divides the query heads, and divides or is a multiple of "
+       "the K/V heads)."},
       {"parallel.fsdp", Bool(FIELD(parallel.fsdp)),
        "Shard parameters, gradients and optimizer state over the data-parallel ranks."},
 

@@ -1,13 +1,12 @@
 #include "engine/spec/validate.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_join.h"
+
 namespace ithaca {
 
-absl::Status CheckSeqLenSplit(int64_t seq_len, int64_t sp) {
-  if (sp >= 1 && seq_len % sp == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("data.seq_len: must be divisible by parallel.sp (", sp, ") so every rank of a ",
-                   "Ulysses group holds equal tokens, got ", seq_len));
-}
+int64_t SequenceShare(int64_t seq_len, int64_t sp) { return (seq_len + sp - 1) / sp; }
 
 absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chunk) {
   const int64_t hq = cfg.num_attention_heads, hkv = cfg.num_key_value_heads;
@@ -41,6 +40,33 @@ absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chu
                                                    g, " query heads per K/V head"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> RingFor(const LlamaConfig& cfg, int64_t sp, int64_t ring,
+                                int64_t head_chunk) {
+  std::vector<int64_t> valid;
+  for (int64_t r = 1; r <= sp; ++r) {
+    if (sp % r == 0 && CheckHeadSplit(cfg, sp / r, head_chunk).ok()) valid.push_back(r);
+  }
+  if (ring == 0 && !valid.empty()) return valid.front();
+  if (ring > 0 && std::find(valid.begin(), valid.end(), ring) != valid.end()) return ring;
+  if (ring > 0 && sp % ring == 0) {
+    // The heads refuse this u: say why, and what would work.
+    const absl::Status why = CheckHeadSplit(cfg, sp / ring, head_chunk);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.ring: ", ring, " leaves Ulysses groups of ", sp / ring, " ranks: ", why.message(),
+        valid.empty()
+            ? std::string()
+            : absl::StrCat("; valid rings for sp ", sp, ": ", absl::StrJoin(valid, ", "))));
+  }
+  if (ring > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.ring: ", ring, " does not divide parallel.sp (", sp, ")",
+        valid.empty() ? std::string() : absl::StrCat("; valid: ", absl::StrJoin(valid, ", "))));
+  }
+  // No u at all (not even 1: the head_chunk itself is wrong): Ulysses over all of sp says how.
+  RETURN_IF_ERROR(CheckHeadSplit(cfg, sp, head_chunk));
+  return CheckHeadSplit(cfg, 1, head_chunk);
 }
 
 const char* BackendDtype(const std::string& backend) {
@@ -78,8 +104,7 @@ absl::Status ValidateJob(const JobSpec& spec, const LlamaConfig& cfg) {
         "memory.param_offload = true needs memory.optimizer_offload = true (or \"auto\"): the "
         "CPU AdamW writes the working copy on the host, so the optimizer's state must be there");
   }
-  RETURN_IF_ERROR(CheckHeadSplit(cfg, spec.parallel.sp, spec.memory.head_chunk));
-  return CheckSeqLenSplit(spec.data.seq_len, spec.parallel.sp);
+  return RingFor(cfg, spec.parallel.sp, spec.parallel.ring, spec.memory.head_chunk).status();
 }
 
 std::vector<std::string> JobWarnings(const JobSpec& spec, const LlamaConfig& cfg) {

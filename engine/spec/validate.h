@@ -15,13 +15,22 @@
 
 namespace ithaca {
 
-// Every rank of a Ulysses group holds an equal share of each sample's tokens.
-absl::Status CheckSeqLenSplit(int64_t seq_len, int64_t sp);
+// The tokens each rank of a sequence-parallel group holds of a sample of seq_len: an equal share,
+// seq_len / sp rounded up. The last ranks' shares are padded past the sample's end (token 0,
+// label ignored): causal attention keeps every real token from seeing the pad, and the loss never
+// counts it.
+int64_t SequenceShare(int64_t seq_len, int64_t sp);
 
 // The attention heads split over `sp` ranks (query heads evenly; K/V heads evenly, or each
 // replicated to sp / Hkv ranks), and into UPipe stages of `head_chunk` query heads over the
 // group (0: all heads in one stage) that are whole per rank and fit the GQA groups.
 absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chunk);
+
+// The ring factor r of sp = u x r (parallel.ring; 0: auto). Auto: the smallest r dividing sp
+// whose Ulysses group of u = sp / r ranks passes CheckHeadSplit. A named r must divide sp and
+// its u pass; else INVALID_ARGUMENT listing the values that would.
+absl::StatusOr<int64_t> RingFor(const LlamaConfig& cfg, int64_t sp, int64_t ring,
+                                int64_t head_chunk);
 
 // The dtype a backend computes in: "bf16" on "cuda", "f32" on "cpu" (what "auto" becomes).
 const char* BackendDtype(const std::string& backend);

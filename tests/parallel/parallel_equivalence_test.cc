@@ -51,6 +51,9 @@ struct Case {
   std::string family = "llama";  // or qwen2, qwen3, mistral (SetUpTestSuite's configs)
   int saved_block_inputs = 0;    // memory.saved_block_inputs
   bool lora = false;             // [lora] on all seven linears (parallel_rank --lora)
+  int ring = 0;                  // parallel.ring (0: auto)
+  int hq = 8;                    // query heads: 8, or 28 (with hkv 4: Qwen2.5-7B's 7:1)
+  int seq = 0;                   // data.seq_len (0: parallel_rank's 64)
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -70,9 +73,10 @@ class ParallelEquivalenceTest : public ::testing::Test {
     for (size_t i = 0; i < tokens.size(); ++i) meta.loss_mask[i] = (i / 11) % 3 == 0;
     ASSERT_TRUE(WriteTokenFileV2(*dir_ + "/sft.tok", tokens, meta).ok());
     for (int hkv : {2, 4}) {
-      for (const char* family : {"llama", "qwen2", "qwen3", "mistral"}) {
+      for (const char* family : {"llama", "qwen2", "qwen3", "mistral", "llama28"}) {
+        if (std::string(family) == "llama28" && hkv != 4) continue;
         LlamaConfig cfg = *PresetConfig("tiny");
-        cfg.num_attention_heads = 8;
+        cfg.num_attention_heads = std::string(family) == "llama28" ? 28 : 8;
         cfg.num_key_value_heads = hkv;
         cfg.num_hidden_layers = 3;
         cfg.head_dim = 8;
@@ -141,10 +145,10 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   // The single-rank reference; `packed`: its first sample's documents each run alone.
   static std::string Reference(int hkv, int grad_accum, bool packed, bool sft,
-                               const std::string& family, bool lora = false) {
-    const std::string key =
-        absl::StrCat("reference_kv", hkv, "_", family, "_accum", grad_accum,
-                     packed ? "_separate" : "", sft ? "_sft" : "", lora ? "_lora" : "");
+                               const std::string& family, bool lora = false, int seq = 0) {
+    const std::string key = absl::StrCat(
+        "reference_kv", hkv, "_", family, "_accum", grad_accum, packed ? "_separate" : "",
+        sft ? "_sft" : "", lora ? "_lora" : "", seq > 0 ? absl::StrCat("_seq", seq) : "");
     if (!references_.count(key)) {
       std::vector<std::string> args = {"--config",     ConfigPath(hkv, family),
                                        "--data",       Data(sft),
@@ -152,6 +156,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
       if (packed) args.insert(args.end(), {"--packed", "--separate"});
       if (sft) args.push_back("--loss-mask");
       if (lora) args.push_back("--lora");
+      if (seq > 0) args.insert(args.end(), {"--seq", std::to_string(seq)});
       references_[key] = RunRanks(key, 0, args);
     }
     return references_[key];
@@ -191,9 +196,10 @@ class ParallelEquivalenceTest : public ::testing::Test {
 
   static void Check(const Case& c) {
     const int dp = c.world / c.sp;
-    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft, c.family, c.lora);
+    const std::string family = c.hq == 28 ? "llama28" : c.family;
+    const std::string ref = Reference(c.hkv, dp, c.packed, c.sft, family, c.lora, c.seq);
     std::vector<std::string> args = {
-        "--config",     ConfigPath(c.hkv, c.family), "--data",      Data(c.sft),
+        "--config",     ConfigPath(c.hkv, family),   "--data",      Data(c.sft),
         "--world",      std::to_string(c.world),     "--sp",        std::to_string(c.sp),
         "--fsdp",       c.fsdp ? "1" : "0",          "--recompute", c.recompute,
         "--head-chunk", std::to_string(c.head_chunk)};
@@ -204,6 +210,8 @@ class ParallelEquivalenceTest : public ::testing::Test {
     if (c.packed) args.push_back("--packed");
     if (c.sft) args.push_back("--loss-mask");
     if (c.lora) args.push_back("--lora");
+    if (c.ring > 0) args.insert(args.end(), {"--ring", std::to_string(c.ring)});
+    if (c.seq > 0) args.insert(args.end(), {"--seq", std::to_string(c.seq)});
     args.insert(args.end(), {"--recompute-interval", std::to_string(c.recompute_interval)});
     if (c.saved_block_inputs > 0) {
       args.insert(args.end(), {"--saved-block-inputs", std::to_string(c.saved_block_inputs)});
@@ -305,6 +313,40 @@ TEST_F(ParallelEquivalenceTest, LoraAdaptersUnderEachLayout) {
   d.sft = true;
   d.lora = true;
   Check(d);
+}
+
+// Ring attention (parallel.sp = u x r): Qwen2.5-7B's heads (28 query, 4 K/V) at sp 8, which
+// Ulysses alone cannot split (8 does not divide 28): auto takes u 4 x r 2, and 8 ranks equal one
+// rank, causal and with packed documents (documents crossing the two groups' chunks); an 8-head
+// model as u 2 x r 2 with late collectives and as u 1 x r 2 (the ring alone, UPipe stages of
+// one head) equals one rank too, as u 8 x r 1 does.
+TEST_F(ParallelEquivalenceTest, RingAcrossUlyssesGroups) {
+  Case heads28{"w8_sp8_ring_auto_heads28_fsdp_full", 4, 8, 8, true, "full", 0};
+  heads28.hq = 28;
+  Check(heads28);
+  Case packed{"w8_sp8_ring_auto_heads28_packed_aware", 4, 8, 8, true, "attention-aware", 0};
+  packed.hq = 28;
+  packed.packed = true;
+  Check(packed);
+  Case late{"w4_sp4_ring2_fsdp_full_late", 2, 4, 4, true, "full", 0};
+  late.ring = 2;
+  late.issue_delay_ms = 2;
+  Check(late);
+  Case alone{"w2_sp2_ring2_chunk1_none", 2, 2, 2, false, "none", 1};
+  alone.ring = 2;
+  Check(alone);
+}
+
+// data.seq_len that sp does not divide: 61 tokens at sp 8 (as u 4 x r 2: the pad sits in the
+// last group's chunk) and at sp 4 (Ulysses alone) train as one rank trains them unpadded.
+TEST_F(ParallelEquivalenceTest, SeqLenThatSpDoesNotDivideIsPadded) {
+  Case ring{"w8_sp8_seq61_ring_heads28_fsdp_full", 4, 8, 8, true, "full", 0};
+  ring.hq = 28;
+  ring.seq = 61;
+  Check(ring);
+  Case ulysses{"w4_sp4_seq61_fsdp_aware", 4, 4, 4, true, "attention-aware", 0};
+  ulysses.seq = 61;
+  Check(ulysses);
 }
 
 TEST_F(ParallelEquivalenceTest, FsdpDataParallelTwoRanks) {

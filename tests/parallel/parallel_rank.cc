@@ -7,7 +7,7 @@
 //   param.<name>          every f32 master weight after those steps
 //
 //   parallel_rank --out FILE --config config.json --data corpus.tok [--world N --sp P --fsdp 0|1
-//                 --recompute none|full|attention-aware --head-chunk U --offload --tile T
+//                 --recompute none|full|attention-aware --head-chunk U --ring R --offload --tile T
 //                 --seq S --grad-accum A --steps N --packed [--separate] --loss-mask
 //                 --optimizer-offload --param-offload --weight-decay W --lora]
 // --lora: rank-4 LoRA adapters on all seven linears ([lora]), the base frozen: the gradients
@@ -71,6 +71,8 @@ absl::Status Run(int argc, char** argv) {
       spec.parallel.sp = std::stoll(next());
     else if (a == "--fsdp")
       spec.parallel.fsdp = next() == "1";
+    else if (a == "--ring")
+      spec.parallel.ring = std::stoll(next());
     else if (a == "--head-chunk")
       spec.memory.head_chunk = std::stoll(next());
     else if (a == "--packed")

@@ -138,6 +138,110 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{517, 4, 1, 128}, Impl::kAuto, "window_docs_auto_hd128", {0, 128, 129, 300}, 64}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// Ring attention's pieces on the GPU against the CPU's whole attention: the sample cut into
+// uneven chunks, every (query chunk, key chunk) pair run (diagonal chunks on the causal kernels
+// with their documents rebased, the others on the flash kernel's span form, chunks no query sees
+// included), merged by AttentionMerge, and the chunks' gradients (given the merged rows) summed.
+struct ChunkCase {
+  Shape4 sh;
+  const char* name;
+  std::vector<int64_t> starts = {};
+  int64_t window = 0;
+};
+class AttentionChunkTest : public ::testing::TestWithParam<ChunkCase> {};
+
+TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
+  SKIP_WITHOUT_GPU();
+  const ChunkCase c = GetParam();
+  const auto [S, hq, hkv, D] = c.sh;
+  const DocumentMask docs{c.starts, c.window};
+  const std::vector<int64_t> cuts = {0, S / 3, S / 3 + 77, S};
+  CudaAllocator alloc;
+  CudaOps::Options o;
+  o.alloc = &alloc;
+  CudaOps ops(o);
+  CpuOps cpu;
+  std::vector<float> q = Randn(S * hq * D, 1), k = Randn(S * hkv * D, 2), v = Randn(S * hkv * D, 3);
+  RoundAll(q);
+  RoundAll(k);
+  RoundAll(v);
+  std::vector<float> out_ref(S * hq * D), lse_ref(hq * S);
+  cpu.Attention(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                CpuT(out_ref, {S, hq, D}), CpuT(lse_ref, {hq, S}), docs);
+  RoundAll(out_ref);
+  std::vector<float> dout = Randn(S * hq * D, 4);
+  RoundAll(dout);
+  std::vector<float> dq_ref(S * hq * D), dk_ref(S * hkv * D), dv_ref(S * hkv * D);
+  cpu.AttentionBackward(CpuT(q, {S, hq, D}), CpuT(k, {S, hkv, D}), CpuT(v, {S, hkv, D}),
+                        CpuT(out_ref, {S, hq, D}), CpuT(dout, {S, hq, D}), CpuT(lse_ref, {hq, S}),
+                        CpuT(dq_ref, {S, hq, D}), CpuT(dk_ref, {S, hkv, D}),
+                        CpuT(dv_ref, {S, hkv, D}), docs);
+  auto rows = [&](const std::vector<float>& x, int64_t h, int64_t a, int64_t b) {
+    return std::vector<float>(x.begin() + a * h * D, x.begin() + b * h * D);
+  };
+  auto lse_rows = [&](const std::vector<float>& l, int64_t a, int64_t n) {
+    std::vector<float> r(hq * n);
+    for (int64_t h = 0; h < hq; ++h) std::copy(&l[h * S + a], &l[h * S + a + n], &r[h * n]);
+    return r;
+  };
+  std::vector<float> got_out(S * hq * D), got_lse(hq * S), got_dq(S * hq * D);
+  std::vector<float> got_dk(S * hkv * D, 0.f), got_dv(S * hkv * D, 0.f);
+  for (size_t a = 0; a + 1 < cuts.size(); ++a) {
+    const int64_t qa = cuts[a], nq = cuts[a + 1] - qa;
+    auto qc = Dev(ops, &alloc, DType::kBF16, {nq, hq, D}, rows(q, hq, qa, qa + nq));
+    auto acc = Dev(ops, &alloc, DType::kF32, {nq, hq, D}, std::vector<float>(nq * hq * D, 0.f));
+    auto acc_lse = Dev(ops, &alloc, DType::kF32, {hq, nq}, std::vector<float>(hq * nq, -INFINITY));
+    auto part = Poisoned(ops, &alloc, DType::kBF16, {nq, hq, D});
+    auto part_lse = Poisoned(ops, &alloc, DType::kF32, {hq, nq});
+    // The backward's inputs: the CPU's merged rows, as a ring's forward would leave them.
+    auto oc = Dev(ops, &alloc, DType::kBF16, {nq, hq, D}, rows(out_ref, hq, qa, qa + nq));
+    auto doc = Dev(ops, &alloc, DType::kBF16, {nq, hq, D}, rows(dout, hq, qa, qa + nq));
+    auto lc = Dev(ops, &alloc, DType::kF32, {hq, nq}, lse_rows(lse_ref, qa, nq));
+    std::vector<float> dq_sum(nq * hq * D, 0.f);
+    for (size_t b = 0; b + 1 < cuts.size(); ++b) {
+      const int64_t ka = cuts[b], nk = cuts[b + 1] - ka;
+      auto kc = Dev(ops, &alloc, DType::kBF16, {nk, hkv, D}, rows(k, hkv, ka, ka + nk));
+      auto vc = Dev(ops, &alloc, DType::kBF16, {nk, hkv, D}, rows(v, hkv, ka, ka + nk));
+      ops.AttentionChunk(qc.tensor(), kc.tensor(), vc.tensor(), part.tensor(), part_lse.tensor(),
+                         docs, qa, ka);
+      ops.AttentionMerge(acc.tensor(), acc_lse.tensor(), part.tensor(), part_lse.tensor());
+      auto dqc = Poisoned(ops, &alloc, DType::kBF16, {nq, hq, D});
+      auto dkc = Poisoned(ops, &alloc, DType::kBF16, {nk, hkv, D});
+      auto dvc = Poisoned(ops, &alloc, DType::kBF16, {nk, hkv, D});
+      ops.AttentionChunkBackward(qc.tensor(), kc.tensor(), vc.tensor(), oc.tensor(), doc.tensor(),
+                                 lc.tensor(), dqc.tensor(), dkc.tensor(), dvc.tensor(), docs, qa,
+                                 ka);
+      const std::vector<float> gq = Host(ops, dqc.tensor()), gk = Host(ops, dkc.tensor()),
+                               gv = Host(ops, dvc.tensor());
+      for (size_t i = 0; i < gq.size(); ++i) dq_sum[i] += gq[i];
+      for (size_t i = 0; i < gk.size(); ++i) got_dk[ka * hkv * D + i] += gk[i];
+      for (size_t i = 0; i < gv.size(); ++i) got_dv[ka * hkv * D + i] += gv[i];
+    }
+    const std::vector<float> o_host = Host(ops, acc.tensor()), l_host = Host(ops, acc_lse.tensor());
+    std::copy(o_host.begin(), o_host.end(), got_out.begin() + qa * hq * D);
+    std::copy(dq_sum.begin(), dq_sum.end(), got_dq.begin() + qa * hq * D);
+    for (int64_t h = 0; h < hq; ++h) {
+      std::copy(&l_host[h * nq], &l_host[h * nq] + nq, &got_lse[h * S + qa]);
+    }
+  }
+  ASSERT_TRUE(ops.status().ok()) << ops.status();
+  std::printf("[%s]\n", c.name);
+  EXPECT_CLOSE(got_out, out_ref, 1e-2, "merged out");
+  EXPECT_CLOSE(got_lse, lse_ref, 1e-5, "merged lse");
+  EXPECT_CLOSE(got_dq, dq_ref, 2e-2, "summed dq");
+  EXPECT_CLOSE(got_dk, dk_ref, 2e-2, "summed dk");
+  EXPECT_CLOSE(got_dv, dv_ref, 2e-2, "summed dv");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Chunks, AttentionChunkTest,
+    ::testing::Values(ChunkCase{{300, 8, 2, 64}, "causal_hd64"},
+                      ChunkCase{{300, 4, 1, 128}, "causal_hd128"},
+                      ChunkCase{{300, 8, 2, 64}, "docs_hd64", {0, 37, 100, 101, 250}},
+                      ChunkCase{{300, 8, 2, 128}, "window_hd128", {}, 60},
+                      ChunkCase{{300, 8, 2, 64}, "docs_window_hd64", {0, 37, 150, 151}, 41}),
+    [](const ::testing::TestParamInfo<ChunkCase>& i) { return std::string(i.param.name); });
+
 // The trivial mask ({0}: one document) takes the old path: the same bits as no mask, forward and
 // backward, for both implementations (but cuDNN's dq, which no two runs share bit for bit).
 TEST(AttentionDocuments, TrivialMaskIsBitIdentical) {
