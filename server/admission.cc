@@ -368,12 +368,15 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
   plan.set_rates(p.predicted.rates);
   plan.set_rates_note(p.predicted.rates_note);
   plan.set_summary(absl::StrFormat(
-      "peak %s per rank %s budget %s (%s); recompute %s, head_chunk %d, tile_tokens %d, offload "
-      "%s%s%s",
+      "peak %s per rank %s budget %s (%s); sp %d = ulysses %d x ring %d, recompute %s, "
+      "head_chunk %d, tile_tokens %d, offload %s%s%s",
       HumanBytes(p.device_total()).c_str(),
       p.gpu_budget > 0 && p.device_total() > p.gpu_budget ? ">" : "<=",
       HumanBytes(a.budgets.gpu_bytes).c_str(), plan.budget_source().c_str(),
-      plan.recompute().c_str(), p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
+      static_cast<int>(a.spec.parallel.sp),
+      static_cast<int>(a.spec.parallel.sp / std::max<int64_t>(1, a.spec.parallel.ring)),
+      static_cast<int>(std::max<int64_t>(1, a.spec.parallel.ring)), plan.recompute().c_str(),
+      p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
       p.fits && p.predicted.step_s > 0
           ? absl::StrCat("; ", PredictionLine(p, a.spec.parallel.world)).c_str()
           : "",

@@ -451,6 +451,11 @@ sp = 8
                                     hardware="gpus=8,gpu_gib=80,host_gib=1024")
         self.assertTrue(custom.plan.fits, custom.plan.summary)
         self.assertAlmostEqual(custom.plan.budget_bytes / 2**30, 78, delta=0.1)
+        # Qwen2.5-7B's 28 query heads over 8 ranks: Ulysses 4 x a ring of 2 (issue 51).
+        qwen = self.d.cli("plan", spec, "--hardware", "h100x8", "--set", "model.preset=qwen2.5-7b",
+                          "--set", "data.seq_len=1048576")
+        self.assertEqual(qwen.returncode, 0, qwen.stdout + qwen.stderr)
+        self.assertIn("sp 8 = ulysses 4 x ring 2", qwen.stdout)
 
     def test_python_client_submits_a_dict_and_reads_logs(self):
         run = self.run_dir("dict")
@@ -565,8 +570,8 @@ sp = 8
              "colour"),
             (spec_toml(run).replace("lr = 3e-3", "lr = -1.0"),
              grpc.StatusCode.INVALID_ARGUMENT, "training.lr"),
-            (spec_toml(run, extra="[parallel]\nworld = 3\nsp = 3\n"),
-             grpc.StatusCode.INVALID_ARGUMENT, "parallel.sp"),
+            (spec_toml(run, extra="[parallel]\nworld = 3\nsp = 3\nring = 1\n"),
+             grpc.StatusCode.INVALID_ARGUMENT, "parallel.ring"),
             (spec_toml(run).replace('preset = "tiny"', 'preset = "llama-3-8b"'),
              grpc.StatusCode.FAILED_PRECONDITION, "GiB per rank"),
             (spec_toml(run, extra="[parallel]\nworld = 8\nsp = 2\n"),
