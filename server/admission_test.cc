@@ -262,9 +262,8 @@ TEST(AdmissionTest, BadSpecsNameTheKey) {
             absl::StatusCode::kInvalidArgument);
   // What Ulysses alone refused is taken now: 3 ranks over 4 heads as a ring of 3 (auto), and a
   // seq_len that sp does not divide (padded).
-  for (const std::string& ok :
-       {Spec("", "[parallel]\nworld = 3\nsp = 3\n"),
-        WithSeqLen(Spec("", "[parallel]\nworld = 2\nsp = 2\n"), 63)}) {
+  for (const std::string& ok : {Spec("", "[parallel]\nworld = 3\nsp = 3\n"),
+                                WithSeqLen(Spec("", "[parallel]\nworld = 2\nsp = 2\n"), 63)}) {
     auto a = ParseSubmission(ok, "job.toml", Dir(), Roomy());
     EXPECT_TRUE(a.ok()) << ok << "\n" << a.status();
   }
