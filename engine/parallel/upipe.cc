@@ -4,7 +4,47 @@
 #include <limits>
 
 namespace ithaca {
+
+TokenRuns GroupTokenRuns(int64_t group, int64_t ring, int64_t piece, int64_t first, int64_t count) {
+  TokenRuns t;
+  if (ring <= 1) {
+    t.n = 1;
+    t.run[0] = {0, first, count};
+    return t;
+  }
+  // Piece 0 of the group is the sample's piece `group`, piece 1 its mirror 2r − 1 − group.
+  const int64_t starts[2] = {group * piece, (2 * ring - 1 - group) * piece};
+  for (int p = 0; p < 2; ++p) {
+    const int64_t lo = std::max(first, p * piece), hi = std::min(first + count, (p + 1) * piece);
+    if (lo < hi) t.run[t.n++] = {lo - first, starts[p] + (lo - p * piece), hi - lo};
+  }
+  return t;
+}
+
+TokenRuns RankTokenRuns(int64_t sp_rank, int64_t u, int64_t r, int64_t s) {
+  if (r <= 1) return GroupTokenRuns(0, 1, 0, sp_rank * s, s);
+  return GroupTokenRuns(sp_rank / u, r, u * s / 2, (sp_rank % u) * s, s);
+}
+
+TokenRuns UlyssesContext::GroupRuns() const {
+  return GroupTokenRuns(ring_rank, ring_size, S() / 2, 0, S());
+}
+
+TokenRuns UlyssesContext::RankRuns() const {
+  return ring_size > 1 ? GroupTokenRuns(ring_rank, ring_size, S() / 2, rank * s, s)
+                       : GroupTokenRuns(0, 1, 0, rank * s, s);
+}
+
 namespace {
+
+// RoPE over this rank's tokens x [s, n, D], run by run of consecutive positions.
+void RopeRankTokens(const UlyssesContext& c, const Tensor& x, bool inverse) {
+  const TokenRuns runs = c.RankRuns();
+  for (int i = 0; i < runs.n; ++i) {
+    const TokenRun& r = runs.run[i];
+    c.ops->Rope(x.Rows(r.local, r.local + r.len), r.pos, c.inv_freq, inverse, c.docs);
+  }
+}
 
 absl::StatusOr<Buffer> Alloc(const UlyssesContext& c, DType t, Shape s, Tier tier) {
   return Buffer::Make(c.alloc, t, std::move(s), tier);
@@ -253,7 +293,7 @@ void ProjectForRanks(const UlyssesContext& c, const NormedInput& in, const Tenso
   for (const Projection& p : projections) {
     if (!p.rope) continue;
     for (int64_t j = 0; j < c.plan.P; ++j) {
-      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, false, c.docs);
+      RopeRankTokens(c, Slot(c, p.buf, j, n).Reshaped({s, n, D}), /*inverse=*/false);
     }
   }
 }
@@ -271,7 +311,7 @@ void BackpropForRanks(const UlyssesContext& c, const NormedInput& in, const Tens
   for (const Projection& p : projections) {
     if (!p.rope) continue;
     for (int64_t j = 0; j < c.plan.P; ++j) {
-      c.ops->Rope(Slot(c, p.buf, j, n).Reshaped({s, n, D}), c.pos0(), c.inv_freq, true, c.docs);
+      RopeRankTokens(c, Slot(c, p.buf, j, n).Reshaped({s, n, D}), /*inverse=*/true);
     }
   }
   for (int64_t t0 = 0; t0 < s; t0 += in.tile) {
@@ -360,13 +400,15 @@ void StageColumns(const UlyssesContext& c, int64_t k, int64_t t, const Tensor& o
 
 // Ring attention's buffers for one pass (none without a ring): the K/V (and, backward, the dK/dV
 // accumulators) arriving from the previous group while the chunk in hand is used, two sets that
-// alternate; a chunk's output and log-sum-exp (forward) or gradients (backward); and the f32
-// accumulators of this group's queries.
+// alternate; a piece's output and log-sum-exp (forward); the f32 accumulators of this group's
+// queries (O or dQ) and, per piece of the group's chunk, its rows' log-sum-exp (the running one
+// forward, the whole rows' backward: Ops takes a piece's [u, c] rows contiguous).
 struct RingBuffers {
   Tensor k[2], v[2];        // act [S, kvr, D]
   Tensor dk[2], dv[2];      // f32 [S, kvr, D] (backward)
-  Tensor part_o, part_lse;  // act [S, u, D], f32 [u, S] (forward)
+  Tensor part_o, part_lse;  // act [S, u, D], f32 [u, S/2] (forward)
   Tensor acc;               // f32 [S, u, D]: O (forward) or dQ (backward)
+  Tensor lse[2];            // f32 [u, S/2] per piece
   Tensor dk_part, dv_part;  // act [S, kvr, D] (backward)
 };
 
@@ -378,20 +420,20 @@ absl::StatusOr<RingBuffers> MakeRingBuffers(const UlyssesContext& c, Buffers* bu
   const int64_t S = c.S(), D = c.plan.D, u = c.plan.u, kvr = c.plan.kvr;
   RETURN_IF_ERROR(buffers->MakeEach({&b.k[0], &b.k[1], &b.v[0], &b.v[1]}, act, {S, kvr, D}));
   ASSIGN_OR_RETURN(b.acc, buffers->Make(DType::kF32, {S, u, D}));
+  RETURN_IF_ERROR(buffers->MakeEach({&b.lse[0], &b.lse[1]}, DType::kF32, {u, S / 2}));
   if (backward) {
     RETURN_IF_ERROR(
         buffers->MakeEach({&b.dk[0], &b.dk[1], &b.dv[0], &b.dv[1]}, DType::kF32, {S, kvr, D}));
     RETURN_IF_ERROR(buffers->MakeEach({&b.dk_part, &b.dv_part}, act, {S, kvr, D}));
   } else {
     ASSIGN_OR_RETURN(b.part_o, buffers->Make(act, {S, u, D}));
-    ASSIGN_OR_RETURN(b.part_lse, buffers->Make(DType::kF32, {u, S}));
+    ASSIGN_OR_RETURN(b.part_lse, buffers->Make(DType::kF32, {u, S / 2}));
   }
   return b;
 }
 
 // Ring step i: the chunk in hand came from group (ring_rank − i) mod r; it goes on to the next
-// group and the one after it comes from the previous. Chunks are the groups' tokens in order, so
-// a chunk from a later group holds no key this group's queries see (its work is skipped).
+// group and the one after it comes from the previous.
 int64_t RingSource(const UlyssesContext& c, int64_t i) {
   return (c.ring_rank - i + c.ring_size) % c.ring_size;
 }
@@ -400,10 +442,40 @@ int RingPrev(const UlyssesContext& c) {
   return static_cast<int>((c.ring_rank + c.ring_size - 1) % c.ring_size);
 }
 
+// Piece p's columns [p·S/2, (p+1)·S/2) of an lse [u, S] and the contiguous [u, S/2] `piece`:
+// from the lse into the piece (to_piece), or back.
+void LsePiece(const UlyssesContext& c, const Tensor& lse, int p, const Tensor& piece,
+              bool to_piece) {
+  const int64_t S = c.S(), half = S / 2, u = c.plan.u;
+  const Tensor cols = lse.Slice(p * half, {lse.numel() - p * half});
+  if (to_piece) {
+    c.ops->Copy2D(cols, S, piece, half, u, half);
+  } else {
+    c.ops->Copy2D(piece, half, cols, S, u, half);
+  }
+}
+
+// Calls visit(qp, q_pos, kp, k_pos) for each (query piece, key piece) of this group's chunk and
+// group `src`'s whose keys some query sees (a key piece wholly after a query piece is skipped).
+template <typename Visit>
+void ForEachVisiblePiecePair(const UlyssesContext& c, int64_t src, Visit visit) {
+  const int64_t half = c.S() / 2;
+  const TokenRuns mine = GroupTokenRuns(c.ring_rank, c.ring_size, half, 0, c.S());
+  const TokenRuns theirs = GroupTokenRuns(src, c.ring_size, half, 0, c.S());
+  for (int qp = 0; qp < 2; ++qp) {
+    for (int kp = 0; kp < 2; ++kp) {
+      const int64_t q_pos = mine.run[qp].pos, k_pos = theirs.run[kp].pos;
+      if (k_pos > q_pos + half - 1) continue;
+      visit(qp, q_pos, kp, k_pos);
+    }
+  }
+}
+
 // One stage's attention over the whole sample: q [S, u, D] (this group's chunk) against k, v
 // [S, kvr, D] (this group's), out and lse written. Without a ring, Ops::Attention; with one, the
 // K/V travel around the ring (each shift issued before the chunk in hand is used, so it runs
-// under that compute) and the chunks' outputs are merged by their log-sum-exp.
+// under that compute), and each (query piece, key piece) pair's output is merged into its query
+// piece's by the log-sum-exp.
 absl::Status StageAttention(const UlyssesContext& c, RingBuffers& rb, const Tensor& q,
                             const Tensor& k, const Tensor& v, const Tensor& out,
                             const Tensor& lse) {
@@ -411,9 +483,10 @@ absl::Status StageAttention(const UlyssesContext& c, RingBuffers& rb, const Tens
     c.ops->Attention(q, k, v, out, lse, c.docs);
     return absl::OkStatus();
   }
-  const int64_t S = c.S();
+  const int64_t half = c.S() / 2;
+  auto rows = [half](const Tensor& t, int p) { return t.Rows(p * half, (p + 1) * half); };
   c.ops->Fill(rb.acc, 0.f);
-  c.ops->Fill(lse, -std::numeric_limits<float>::infinity());
+  for (const Tensor& l : rb.lse) c.ops->Fill(l, -std::numeric_limits<float>::infinity());
   Tensor hand_k = k, hand_v = v;
   for (int64_t i = 0; i < c.ring_size; ++i) {
     Issued k_in, v_in;
@@ -423,18 +496,18 @@ absl::Status StageAttention(const UlyssesContext& c, RingBuffers& rb, const Tens
       ASSIGN_OR_RETURN(k_in, c.ring->IssueSendRecv(hand_k, RingNext(c), next_k, RingPrev(c)));
       ASSIGN_OR_RETURN(v_in, c.ring->IssueSendRecv(hand_v, RingNext(c), next_v, RingPrev(c)));
     }
-    const int64_t src = RingSource(c, i);
-    if (src <= c.ring_rank) {
-      c.ops->AttentionChunk(q, hand_k, hand_v, rb.part_o, rb.part_lse, c.docs, c.chunk_pos0(),
-                            src * S);
-      c.ops->AttentionMerge(rb.acc, lse, rb.part_o, rb.part_lse);
-    }
+    ForEachVisiblePiecePair(c, RingSource(c, i), [&](int qp, int64_t q_pos, int kp, int64_t k_pos) {
+      c.ops->AttentionChunk(rows(q, qp), rows(hand_k, kp), rows(hand_v, kp), rows(rb.part_o, qp),
+                            rb.part_lse, c.docs, q_pos, k_pos);
+      c.ops->AttentionMerge(rows(rb.acc, qp), rb.lse[qp], rows(rb.part_o, qp), rb.part_lse);
+    });
     RETURN_IF_ERROR(k_in.Wait());
     RETURN_IF_ERROR(v_in.Wait());
     hand_k = next_k;
     hand_v = next_v;
   }
   c.ops->Copy(rb.acc, out);
+  for (int p = 0; p < 2; ++p) LsePiece(c, lse, p, rb.lse[p], /*to_piece=*/false);
   return absl::OkStatus();
 }
 
@@ -449,8 +522,10 @@ absl::Status StageAttentionBackward(const UlyssesContext& c, RingBuffers& rb, co
     c.ops->AttentionBackward(q, k, v, o, dout, lse, dq, dk, dv, c.docs);
     return absl::OkStatus();
   }
-  const int64_t S = c.S();
+  const int64_t half = c.S() / 2;
+  auto rows = [half](const Tensor& t, int p) { return t.Rows(p * half, (p + 1) * half); };
   c.ops->Fill(rb.acc, 0.f);
+  for (int p = 0; p < 2; ++p) LsePiece(c, lse, p, rb.lse[p], /*to_piece=*/true);
   Tensor hand_k = k, hand_v = v;
   // The accumulators in hand start at zero (this group is the first to add to its own chunk's).
   Tensor hand_dk = rb.dk[1], hand_dv = rb.dv[1];
@@ -465,14 +540,15 @@ absl::Status StageAttentionBackward(const UlyssesContext& c, RingBuffers& rb, co
       ASSIGN_OR_RETURN(k_in, c.ring->IssueSendRecv(hand_k, RingNext(c), next_k, RingPrev(c)));
       ASSIGN_OR_RETURN(v_in, c.ring->IssueSendRecv(hand_v, RingNext(c), next_v, RingPrev(c)));
     }
-    const int64_t src = RingSource(c, i);
-    if (src <= c.ring_rank) {
-      c.ops->AttentionChunkBackward(q, hand_k, hand_v, o, dout, lse, dq, rb.dk_part, rb.dv_part,
-                                    c.docs, c.chunk_pos0(), src * S);
-      c.ops->Axpy(1.f, dq, rb.acc);
-      c.ops->Axpy(1.f, rb.dk_part, hand_dk);
-      c.ops->Axpy(1.f, rb.dv_part, hand_dv);
-    }
+    ForEachVisiblePiecePair(c, RingSource(c, i), [&](int qp, int64_t q_pos, int kp, int64_t k_pos) {
+      // dq's rows of the piece are scratch until the end (the sum is in rb.acc).
+      c.ops->AttentionChunkBackward(rows(q, qp), rows(hand_k, kp), rows(hand_v, kp), rows(o, qp),
+                                    rows(dout, qp), rb.lse[qp], rows(dq, qp), rows(rb.dk_part, kp),
+                                    rows(rb.dv_part, kp), c.docs, q_pos, k_pos);
+      c.ops->Axpy(1.f, rows(dq, qp), rows(rb.acc, qp));
+      c.ops->Axpy(1.f, rows(rb.dk_part, kp), rows(hand_dk, kp));
+      c.ops->Axpy(1.f, rows(rb.dv_part, kp), rows(hand_dv, kp));
+    });
     // The accumulators go on with their chunk (after the last step: home to its group).
     const Tensor& next_dk = rb.dk[i % 2];
     const Tensor& next_dv = rb.dv[i % 2];

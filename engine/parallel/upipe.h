@@ -16,6 +16,27 @@
 
 namespace ithaca {
 
+// Where a rank's tokens sit in the sample. Without a ring, rank R of the sequence-parallel group
+// holds the s tokens from R·s on. With a ring of r groups the sample is cut into 2r pieces of
+// c = S / 2r tokens and group g holds pieces g and 2r−1−g ("zigzag": every group then has the
+// same causal work, a piece near the start and its mirror near the end), concatenated; rank j of
+// the group holds tokens [j·s, (j+1)·s) of that concatenation, so at most two runs of
+// consecutive positions.
+struct TokenRun {
+  int64_t local = 0;  // first token of the run in the rank's (or group's) tokens
+  int64_t pos = 0;    // its sample position
+  int64_t len = 0;
+};
+struct TokenRuns {
+  int n = 0;
+  TokenRun run[2];
+};
+// The runs of `count` tokens from `first` of group `group`'s concatenation (ring > 1), or of the
+// positions [first, first + count) (ring 1); `piece` is c.
+TokenRuns GroupTokenRuns(int64_t group, int64_t ring, int64_t piece, int64_t first, int64_t count);
+// Rank `sp_rank` of a sequence-parallel group of u × r ranks holding s tokens each.
+TokenRuns RankTokenRuns(int64_t sp_rank, int64_t u, int64_t r, int64_t s);
+
 struct UlyssesContext {
   Ops* ops;
   Allocator* alloc;
@@ -48,8 +69,9 @@ struct UlyssesContext {
   bool pipelined() const { return overlap && sp != nullptr && plan.P > 1 && plan.stages() > 1; }
   // The tokens of this rank's group: the whole sample without a ring.
   int64_t S() const { return s * plan.P; }
-  int64_t chunk_pos0() const { return ring_rank * S(); }    // sample position of the group's first
-  int64_t pos0() const { return chunk_pos0() + rank * s; }  // ... and of this rank's first token
+  // With a ring, the group's two pieces (S() / 2 tokens each, RankTokenRuns); this rank's tokens.
+  TokenRuns GroupRuns() const;
+  TokenRuns RankRuns() const;
 };
 
 // The two splits of a sequence-parallel group of u x r ranks, by a member's rank i in it (the

@@ -309,12 +309,12 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
                            : RanksPerHost(spec.parallel.world, spec.slurm.nodes);
   req.samples = spec.training.grad_accum * spec.data.micro_batch;
   req.overlap_update = spec.memory.overlap_update;
-  const int64_t s = SequenceShare(spec.data.seq_len, std::max<int64_t>(1, spec.parallel.sp));
-  const int64_t L = cfg.num_hidden_layers;
-
   // UPipe's stages split the heads of one Ulysses group (u of sp = u x ring).
   ASSIGN_OR_RETURN(const int64_t ring,
                    RingFor(cfg, spec.parallel.sp, spec.parallel.ring, spec.memory.head_chunk));
+  const int64_t s = SequenceShare(spec.data.seq_len, std::max<int64_t>(1, spec.parallel.sp), ring);
+  const int64_t L = cfg.num_hidden_layers;
+
   const std::vector<int64_t> chunks = spec.memory.head_chunk > 0
                                           ? std::vector<int64_t>{spec.memory.head_chunk}
                                           : HeadChunkCandidates(cfg, spec.parallel.sp / ring);

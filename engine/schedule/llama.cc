@@ -150,12 +150,26 @@ absl::Status LlamaModel::CheckSample(const int32_t* inputs, int64_t S,
 
 namespace {
 
-// This rank's share of a sample's tokens (or labels): [t0, t0 + s) of the S given, padded past
-// the sample's end with `pad` (SequenceShare).
-void CopyShare(const int32_t* from, int64_t S, int64_t t0, int64_t s, int32_t pad, int32_t* to) {
-  const int64_t real = std::clamp<int64_t>(S - t0, 0, s);
-  std::copy(from + t0, from + t0 + real, to);
-  std::fill(to + real, to + s, pad);
+// This rank's share of a sample's tokens (or labels): its runs of positions (RankTokenRuns) of
+// the S given, padded past the sample's end with `pad` (SequenceShare).
+void CopyShare(const int32_t* from, int64_t S, const TokenRuns& runs, int32_t pad, int32_t* to) {
+  for (int i = 0; i < runs.n; ++i) {
+    const TokenRun& r = runs.run[i];
+    const int64_t real = std::clamp<int64_t>(S - r.pos, 0, r.len);
+    std::copy(from + r.pos, from + r.pos + real, to + r.local);
+    std::fill(to + r.local + real, to + r.local + r.len, pad);
+  }
+}
+
+// The labelled tokens of the share.
+int64_t CountLabels(const int32_t* labels, int64_t S, const TokenRuns& runs) {
+  int64_t n = 0;
+  for (int i = 0; i < runs.n; ++i) {
+    const TokenRun& r = runs.run[i];
+    const int64_t real = std::clamp<int64_t>(S - r.pos, 0, r.len);
+    n += std::count_if(labels + r.pos, labels + r.pos + real, [](int32_t v) { return v >= 0; });
+  }
+  return n;
 }
 
 }  // namespace
@@ -164,10 +178,11 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, con
                                                       int64_t S, const DocumentMask& docs) {
   RETURN_IF_ERROR(CheckSample(inputs, S, docs));
   // This rank's slice of the sequence (labels were shifted before sharding), padded at the end.
-  const int64_t s = SequenceShare(S, sp_size()), t0 = sp_rank() * s;
+  const int64_t ring = sp_size() / plan_.P, s = SequenceShare(S, sp_size(), ring);
+  const TokenRuns runs = RankTokenRuns(sp_rank(), plan_.P, ring, s);
   std::vector<int32_t> ids(static_cast<size_t>(s)), shifted(static_cast<size_t>(s));
-  CopyShare(inputs, S, t0, s, 0, ids.data());
-  CopyShare(labels, S, t0, s, -1, shifted.data());
+  CopyShare(inputs, S, runs, 0, ids.data());
+  CopyShare(labels, S, runs, -1, shifted.data());
   DeviceSample out;
   ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
@@ -184,7 +199,8 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSampleAsync(const int32_t* inputs
                                                            std::vector<Buffer>* staging) {
   RETURN_IF_ERROR(CheckSample(inputs, S, docs));
   // This rank's slice of the sequence (labels were shifted before sharding), padded at the end.
-  const int64_t s = SequenceShare(S, sp_size()), t0 = sp_rank() * s;
+  const int64_t ring = sp_size() / plan_.P, s = SequenceShare(S, sp_size(), ring);
+  const TokenRuns runs = RankTokenRuns(sp_rank(), plan_.P, ring, s);
   DeviceSample out;
   ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
@@ -192,13 +208,12 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSampleAsync(const int32_t* inputs
   for (auto [from, pad, to] :
        {std::tuple{inputs, 0, &out.ids}, std::tuple{labels, -1, &out.labels}}) {
     ASSIGN_OR_RETURN(Buffer host, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kHostBlockInputs));
-    CopyShare(from, S, t0, s, pad, static_cast<int32_t*>(host.tensor().data));
+    CopyShare(from, S, runs, pad, static_cast<int32_t*>(host.tensor().data));
     fence = ops_->CopyAsync(host.tensor(), to->tensor());
     staging->push_back(std::move(host));
   }
   ops_->WaitFence(fence);  // transfers complete in order: the last fence covers both
-  out.tokens = std::count_if(labels + t0, labels + t0 + std::clamp<int64_t>(S - t0, 0, s),
-                             [](int32_t v) { return v >= 0; });
+  out.tokens = CountLabels(labels, S, runs);
   out.docs = docs;
   return out;
 }

@@ -6,7 +6,10 @@
 
 namespace ithaca {
 
-int64_t SequenceShare(int64_t seq_len, int64_t sp) { return (seq_len + sp - 1) / sp; }
+int64_t SequenceShare(int64_t seq_len, int64_t sp, int64_t ring) {
+  if (ring <= 1) return (seq_len + sp - 1) / sp;
+  return (seq_len + 2 * sp - 1) / (2 * sp) * 2;  // each group's two pieces whole
+}
 
 absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chunk) {
   const int64_t hq = cfg.num_attention_heads, hkv = cfg.num_key_value_heads;

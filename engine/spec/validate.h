@@ -16,10 +16,10 @@
 namespace ithaca {
 
 // The tokens each rank of a sequence-parallel group holds of a sample of seq_len: an equal share,
-// seq_len / sp rounded up. The last ranks' shares are padded past the sample's end (token 0,
-// label ignored): causal attention keeps every real token from seeing the pad, and the loss never
-// counts it.
-int64_t SequenceShare(int64_t seq_len, int64_t sp);
+// seq_len / sp rounded up (with a ring, up to an even number: each group holds two equal pieces,
+// engine/parallel/upipe.h). The sample is padded past its end (token 0, label ignored): causal
+// attention keeps every real token from seeing the pad, and the loss never counts it.
+int64_t SequenceShare(int64_t seq_len, int64_t sp, int64_t ring = 1);
 
 // The attention heads split over `sp` ranks (query heads evenly; K/V heads evenly, or each
 // replicated to sp / Hkv ranks), and into UPipe stages of `head_chunk` query heads over the
