@@ -88,6 +88,22 @@ absl::StatusOr<std::string> InitWeightsDir(const std::string& from) {
   return *latest + "/model";
 }
 
+absl::Status CheckNotAdaptersOnly(const SafetensorsReader& weights, const std::string& key,
+                                  const std::string& dir) {
+  bool adapters = false, base = false;
+  for (const std::string& name : weights.Names()) {
+    (absl::StrContains(name, ".lora_A.") || absl::StrContains(name, ".lora_B.") ? adapters : base) =
+        true;
+  }
+  if (!adapters || base) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      key, ": ", dir,
+      " holds a LoRA run's adapters alone (its checkpoints leave out the frozen base); start "
+      "from the merged model (ithaca-export with lora.merge_on_export, or the run's export "
+      "with it on), or keep [lora] with the base model as model.weights and lora.init = the "
+      "run's exported PEFT adapter"));
+}
+
 absl::Status CheckInitModel(const std::string& weights, const LlamaConfig& cfg) {
   const std::string path = weights + "/config.json";
   if (!PathExists(path)) return absl::OkStatus();

@@ -303,6 +303,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
       RETURN_IF_ERROR(CheckInitModel(weights, t->cfg_));
     }
     ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsReader> reader, SafetensorsReader::Open(weights));
+    RETURN_IF_ERROR(CheckNotAdaptersOnly(*reader,
+                                         spec.init.from.empty() ? "model.weights" : "init.from",
+                                         spec.init.from.empty() ? weights : spec.init.from));
     // A checkpoint's weights are verified against its manifest before a phase starts from them,
     // as a resume's are: damage since the run that wrote them is refused, naming the file.
     if (const std::string step = CheckpointStepOfWeights(weights); !step.empty()) {

@@ -224,6 +224,21 @@ TEST(TrainerTest, LoraTrainsTheAdaptersResumesExactlyAndExportsPeft) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(std::string(d.status().message()).find("r must be lora.rank (8)"), std::string::npos)
       << d.status();
+  // A new phase from the LoRA run's checkpoint (adapters alone) is refused, saying what to start
+  // from instead, with or without [lora] (not a "missing tensor" of the base).
+  for (bool with_lora : {false, true}) {
+    JobSpec phase = spec;
+    phase.checkpoint = JobSpec::Checkpoint();
+    phase.init.from = dir + "/straight";
+    if (!with_lora) phase.lora = JobSpec::Lora();
+    auto e = Trainer::Create(Resolved(phase), &ops, &alloc);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << e.status();
+    EXPECT_NE(std::string(e.status().message())
+                  .find("init.from: " + dir + "/straight holds a LoRA run's adapters alone"),
+              std::string::npos)
+        << e.status();
+  }
 }
 
 // lora.merge_on_export: the export is the base (model.weights) with every targeted weight
