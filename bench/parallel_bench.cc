@@ -344,6 +344,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
       .Int("S", S)
       .Int("world", world)
       .Int("sp", sp)
+      .Int("ring", model->head_plan().P > 0 ? sp / model->head_plan().P : 1)
       .Int("dp", dp)
       .Bool("overlap", mo.overlap)
       .Str("mode", mode)
