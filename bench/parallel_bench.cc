@@ -74,6 +74,8 @@
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
 
+ABSL_DECLARE_FLAG(int64_t, ring);  // bench/model_flags.cc
+
 ABSL_FLAG(int, world, 2, "ranks (one per GPU on CUDA)");
 ABSL_FLAG(int, sp, 2, "Ulysses group size (divides --world; the rest is data parallel)");
 ABSL_FLAG(std::string, backend, "cuda", "cuda | cpu");
@@ -209,6 +211,7 @@ absl::StatusOr<ResolvedJob> ApplyPlannerSettings(const NodeResources& node, int6
   spec.data.seq_len = S;
   spec.parallel.world = world;
   spec.parallel.sp = sp;
+  spec.parallel.ring = bench::ModelOptions().ring;
   spec.parallel.fsdp = bench::ModelOptions().fsdp;
   // The policy asked for on the command line, before an S wrote its resolution into the flags.
   static const RecomputePolicy asked = bench::ModelOptions().recompute;
@@ -223,6 +226,7 @@ absl::StatusOr<ResolvedJob> ApplyPlannerSettings(const NodeResources& node, int6
                  static_cast<long long>(S), job.plan.verdict.c_str());
   }
   bench::SetMemoryFlags(job.spec.memory);
+  absl::SetFlag(&FLAGS_ring, job.spec.parallel.ring);  // the ring the plan was made for
   std::fprintf(stderr, "S %lld: %s\n", static_cast<long long>(S), ResolutionLine(job).c_str());
   return job;
 }
@@ -616,6 +620,9 @@ int Main() {
           .Int("S", S)
           .Int("world", world)
           .Int("sp", sp)
+          .Int("ring",
+               RingFor(*cfg, sp, bench::ModelOptions().ring, bench::ModelOptions().head_chunk)
+                   .value_or(0))
           .Bool("overlap", bench::ModelOptions().overlap)
           .Int("device_total_bytes", plan->device_total())
           .Num("device_total_gib", plan->device_total() / kGiB)

@@ -152,8 +152,24 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   // is what makes resolving a resolved spec a no-op.
   s.memory.gpu_budget_gib = job.budgets.gpu_bytes / kGiB;
   s.memory.host_budget_gib = job.budgets.host_bytes / kGiB;
-  absl::StatusOr<MemoryPlan> plan =
-      PlanJob(s, job.budgets.gpu_bytes, job.budgets.host_bytes, limits, HardwareOf(node));
+  // parallel.ring "auto": the widest Ulysses group the heads allow, or, when its plan does not
+  // fit, the first wider ring whose plan does (a ring of r holds 1/r of the sample's chunk per
+  // stage: Llama-3-8B at 32M on 64 ranks needs 155 GiB a rank as 32 x 2, 71 GiB as 8 x 8).
+  const bool auto_ring = s.parallel.ring == 0;
+  std::vector<int64_t> rings = {s.parallel.ring};
+  if (auto_ring) rings = ValidRings(job.config, s.parallel.sp, s.memory.head_chunk);
+  absl::StatusOr<MemoryPlan> plan = absl::InternalError("no ring to plan");
+  for (size_t i = 0; i < rings.size(); ++i) {
+    JobSpec with_ring = s;
+    with_ring.parallel.ring = rings[i];
+    absl::StatusOr<MemoryPlan> p =
+        PlanJob(with_ring, job.budgets.gpu_bytes, job.budgets.host_bytes, limits, HardwareOf(node));
+    if (i == 0 || (p.ok() && p->fits)) {
+      plan = std::move(p);
+      s.parallel.ring = auto_ring ? rings[i] : s.parallel.ring;
+    }
+    if (!plan.ok() || plan->fits || limits.first_fit) break;
+  }
   if (absl::IsDeadlineExceeded(plan.status()) || absl::IsCancelled(plan.status())) {
     return absl::Status(plan.status().code(),
                         absl::StrCat("planning data.seq_len = ", s.data.seq_len, " for ",
@@ -168,6 +184,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   s.memory.head_chunk = job.plan.head_chunk;
   ASSIGN_OR_RETURN(s.parallel.ring,
                    RingFor(job.config, s.parallel.sp, s.parallel.ring, s.memory.head_chunk));
+  // (The ring the plan was made for; "auto" became it above.)
   s.memory.tile_tokens = job.plan.tile_tokens;
   s.memory.offload = job.plan.offload ? OffloadChoice::kOn : OffloadChoice::kOff;
   s.memory.prefetch = job.plan.prefetch ? OffloadChoice::kOn : OffloadChoice::kOff;

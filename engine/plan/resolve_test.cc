@@ -201,6 +201,7 @@ TEST(ResolveTest, AKeepingKeyTheUserSetIsNamedWhenTheJobDoesNotFit) {
   spec.data.seq_len = 1 << 17;
   spec.memory.recompute = RecomputePolicy::kFull;
   spec.memory.param_offload = OffloadChoice::kAuto;
+  spec.parallel.ring = 1;  // Ulysses alone: an auto ring would fit by taking a ring of 2
   const NodeResources node = Node(141 * kGiB, 256 * kGiB, 2);
   // The smallest plan of a spec: resolved against a budget nothing fits.
   auto smallest = [&](JobSpec s) -> int64_t {
@@ -500,6 +501,34 @@ TEST(ValidateTest, RingForTheHeads) {
   spec.parallel.ring = 1;
   EXPECT_EQ(ResolveJob(spec, Node(0, 2048 * kGiB, 8)).status().message(),
             RingFor(qwen7, 8, 1, 0).status().message());
+
+  // "auto" takes a wider ring when the widest Ulysses group's plan does not fit: a GPU budget
+  // between the smallest plans of the two rings.
+  JobSpec tight = Tiny("cuda");  // 4 query heads: Ulysses 4, or rings of 2 and 4
+  tight.data.seq_len = 1 << 18;
+  tight.parallel.world = tight.parallel.sp = 4;
+  tight.memory.recompute = RecomputePolicy::kFull;
+  const NodeResources node = Node(141 * kGiB, 256 * kGiB, 4);
+  auto smallest = [&](int64_t ring) -> int64_t {
+    JobSpec s = tight;
+    s.parallel.ring = ring;
+    s.memory.gpu_budget_gib = 1.0 / 1024;
+    auto j = ResolveJob(s, node);
+    EXPECT_TRUE(j.ok()) << j.status();
+    return j.ok() ? j->plan.device_total() : 0;
+  };
+  const int64_t ulysses = smallest(1), ring = smallest(4);
+  ASSERT_LT(ring, ulysses);
+  tight.memory.gpu_budget_gib = 0.5 * double(ulysses + ring) / kGiB;
+  auto rescued = ResolveJob(tight, node);
+  ASSERT_TRUE(rescued.ok()) << rescued.status();
+  EXPECT_TRUE(rescued->plan.fits) << rescued->plan.verdict;
+  EXPECT_GT(rescued->spec.parallel.ring, 1);
+  tight.parallel.ring = 1;  // named: kept, and it does not fit
+  auto kept = ResolveJob(tight, node);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_FALSE(kept->plan.fits);
+  EXPECT_EQ(kept->spec.parallel.ring, 1);
 }
 
 TEST(BudgetsTest, TheOneRule) {

@@ -45,12 +45,17 @@ absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chu
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> RingFor(const LlamaConfig& cfg, int64_t sp, int64_t ring,
-                                int64_t head_chunk) {
+std::vector<int64_t> ValidRings(const LlamaConfig& cfg, int64_t sp, int64_t head_chunk) {
   std::vector<int64_t> valid;
   for (int64_t r = 1; r <= sp; ++r) {
     if (sp % r == 0 && CheckHeadSplit(cfg, sp / r, head_chunk).ok()) valid.push_back(r);
   }
+  return valid;
+}
+
+absl::StatusOr<int64_t> RingFor(const LlamaConfig& cfg, int64_t sp, int64_t ring,
+                                int64_t head_chunk) {
+  const std::vector<int64_t> valid = ValidRings(cfg, sp, head_chunk);
   if (ring == 0 && !valid.empty()) return valid.front();
   if (ring > 0 && std::find(valid.begin(), valid.end(), ring) != valid.end()) return ring;
   if (ring > 0 && sp % ring == 0) {

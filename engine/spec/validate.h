@@ -31,6 +31,9 @@ absl::Status CheckHeadSplit(const LlamaConfig& cfg, int64_t sp, int64_t head_chu
 // its u pass; else INVALID_ARGUMENT listing the values that would.
 absl::StatusOr<int64_t> RingFor(const LlamaConfig& cfg, int64_t sp, int64_t ring,
                                 int64_t head_chunk);
+// Every r dividing sp whose Ulysses group of sp / r passes CheckHeadSplit, ascending (RingFor's
+// "auto" is the first; ResolveJob takes a later one when only it fits).
+std::vector<int64_t> ValidRings(const LlamaConfig& cfg, int64_t sp, int64_t head_chunk);
 
 // The dtype a backend computes in: "bf16" on "cuda", "f32" on "cpu" (what "auto" becomes).
 const char* BackendDtype(const std::string& backend);
