@@ -22,17 +22,12 @@ TokenRuns GroupTokenRuns(int64_t group, int64_t ring, int64_t piece, int64_t fir
 }
 
 TokenRuns RankTokenRuns(int64_t sp_rank, int64_t u, int64_t r, int64_t s) {
-  if (r <= 1) return GroupTokenRuns(0, 1, 0, sp_rank * s, s);
+  // Without a ring the one group is the whole sample (sp_rank / u = 0, sp_rank % u = sp_rank).
   return GroupTokenRuns(sp_rank / u, r, u * s / 2, (sp_rank % u) * s, s);
 }
 
-TokenRuns UlyssesContext::GroupRuns() const {
-  return GroupTokenRuns(ring_rank, ring_size, S() / 2, 0, S());
-}
-
 TokenRuns UlyssesContext::RankRuns() const {
-  return ring_size > 1 ? GroupTokenRuns(ring_rank, ring_size, S() / 2, rank * s, s)
-                       : GroupTokenRuns(0, 1, 0, rank * s, s);
+  return RankTokenRuns(ring_rank * plan.P + rank, plan.P, ring_size, s);
 }
 
 namespace {
@@ -437,9 +432,16 @@ absl::StatusOr<RingBuffers> MakeRingBuffers(const UlyssesContext& c, Buffers* bu
 int64_t RingSource(const UlyssesContext& c, int64_t i) {
   return (c.ring_rank - i + c.ring_size) % c.ring_size;
 }
-int RingNext(const UlyssesContext& c) { return static_cast<int>((c.ring_rank + 1) % c.ring_size); }
-int RingPrev(const UlyssesContext& c) {
-  return static_cast<int>((c.ring_rank + c.ring_size - 1) % c.ring_size);
+
+// Starts sending `a` and `b` on to the next group while what the previous group sends lands in
+// `a_next` and `b_next` (every rank of the ring calls it together).
+absl::Status StartShift(const UlyssesContext& c, const Tensor& a, const Tensor& a_next,
+                        const Tensor& b, const Tensor& b_next, Issued* a_in, Issued* b_in) {
+  const int next = static_cast<int>((c.ring_rank + 1) % c.ring_size);
+  const int prev = static_cast<int>((c.ring_rank + c.ring_size - 1) % c.ring_size);
+  ASSIGN_OR_RETURN(*a_in, c.ring->IssueSendRecv(a, next, a_next, prev));
+  ASSIGN_OR_RETURN(*b_in, c.ring->IssueSendRecv(b, next, b_next, prev));
+  return absl::OkStatus();
 }
 
 // Piece p's columns [p·S/2, (p+1)·S/2) of an lse [u, S] and the contiguous [u, S/2] `piece`:
@@ -493,8 +495,7 @@ absl::Status StageAttention(const UlyssesContext& c, RingBuffers& rb, const Tens
     const Tensor& next_k = rb.k[i % 2];
     const Tensor& next_v = rb.v[i % 2];
     if (i + 1 < c.ring_size) {
-      ASSIGN_OR_RETURN(k_in, c.ring->IssueSendRecv(hand_k, RingNext(c), next_k, RingPrev(c)));
-      ASSIGN_OR_RETURN(v_in, c.ring->IssueSendRecv(hand_v, RingNext(c), next_v, RingPrev(c)));
+      RETURN_IF_ERROR(StartShift(c, hand_k, next_k, hand_v, next_v, &k_in, &v_in));
     }
     ForEachVisiblePiecePair(c, RingSource(c, i), [&](int qp, int64_t q_pos, int kp, int64_t k_pos) {
       c.ops->AttentionChunk(rows(q, qp), rows(hand_k, kp), rows(hand_v, kp), rows(rb.part_o, qp),
@@ -536,10 +537,7 @@ absl::Status StageAttentionBackward(const UlyssesContext& c, RingBuffers& rb, co
     Issued k_in, v_in;
     const Tensor& next_k = rb.k[i % 2];
     const Tensor& next_v = rb.v[i % 2];
-    if (!last) {
-      ASSIGN_OR_RETURN(k_in, c.ring->IssueSendRecv(hand_k, RingNext(c), next_k, RingPrev(c)));
-      ASSIGN_OR_RETURN(v_in, c.ring->IssueSendRecv(hand_v, RingNext(c), next_v, RingPrev(c)));
-    }
+    if (!last) RETURN_IF_ERROR(StartShift(c, hand_k, next_k, hand_v, next_v, &k_in, &v_in));
     ForEachVisiblePiecePair(c, RingSource(c, i), [&](int qp, int64_t q_pos, int kp, int64_t k_pos) {
       // dq's rows of the piece are scratch until the end (the sum is in rb.acc).
       c.ops->AttentionChunkBackward(rows(q, qp), rows(hand_k, kp), rows(hand_v, kp), rows(o, qp),
@@ -552,8 +550,10 @@ absl::Status StageAttentionBackward(const UlyssesContext& c, RingBuffers& rb, co
     // The accumulators go on with their chunk (after the last step: home to its group).
     const Tensor& next_dk = rb.dk[i % 2];
     const Tensor& next_dv = rb.dv[i % 2];
-    RETURN_IF_ERROR(c.ring->SendRecv(hand_dk, RingNext(c), next_dk, RingPrev(c)));
-    RETURN_IF_ERROR(c.ring->SendRecv(hand_dv, RingNext(c), next_dv, RingPrev(c)));
+    Issued dk_in, dv_in;
+    RETURN_IF_ERROR(StartShift(c, hand_dk, next_dk, hand_dv, next_dv, &dk_in, &dv_in));
+    RETURN_IF_ERROR(dk_in.Wait());
+    RETURN_IF_ERROR(dv_in.Wait());
     RETURN_IF_ERROR(k_in.Wait());
     RETURN_IF_ERROR(v_in.Wait());
     hand_k = next_k;

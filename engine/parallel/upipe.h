@@ -69,8 +69,7 @@ struct UlyssesContext {
   bool pipelined() const { return overlap && sp != nullptr && plan.P > 1 && plan.stages() > 1; }
   // The tokens of this rank's group: the whole sample without a ring.
   int64_t S() const { return s * plan.P; }
-  // With a ring, the group's two pieces (S() / 2 tokens each, RankTokenRuns); this rank's tokens.
-  TokenRuns GroupRuns() const;
+  // This rank's tokens (RankTokenRuns; with a ring, of its group's two pieces of S() / 2).
   TokenRuns RankRuns() const;
 };
 

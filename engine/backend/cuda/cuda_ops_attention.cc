@@ -57,20 +57,10 @@ DocumentMask DocumentsOf(const DocumentMask& docs, int64_t pos0, int64_t n) {
   return local;
 }
 
-// Validates a chunk's q [Sq, Hq, D], k, v [Sk, Hkv, D] (bf16) and lse f32 [Hq, Sq].
+// Validates a chunk's q [Sq, Hq, D], k, v [Sk, Hkv, D] (bf16), lse f32 [Hq, Sq] and positions.
 void CheckChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                 int64_t q_pos0, int64_t k_pos0, const char* op) {
-  CheckDType(q, DType::kBF16, op, "q");
-  CheckDType(k, DType::kBF16, op, "k");
-  CheckDType(v, DType::kBF16, op, "v");
-  CheckDType(lse, DType::kF32, op, "lse");
-  ITHACA_CHECK(q.rank() == 3 && k.rank() == 3, "CudaOps::", op, ": q ", q.DebugString(), " and k ",
-               k.DebugString(), " must be [S, H, D]");
-  const int64_t hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
-  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(2) == d, "CudaOps::", op, ": q ",
-               q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
-  kCheck.Shape(v, k.shape, op, "v");
-  kCheck.Shape(lse, {hq, q.dim(0)}, op, "lse");
+  CheckAttention(q, k, v, lse, op, /*chunk=*/true);
   ITHACA_CHECK(q_pos0 >= 0 && k_pos0 >= 0, "CudaOps::", op, ": positions ", q_pos0, ", ", k_pos0);
 }
 

@@ -36,8 +36,9 @@ inline void CheckFloat(const Tensor& t, const char* op, const char* name) {
 inline const uint16_t* Bf(const Tensor& t) { return static_cast<const uint16_t*>(t.data); }
 inline uint16_t* BfMut(const Tensor& t) { return static_cast<uint16_t*>(t.data); }
 
+// A chunk (`chunk`, ring attention's) may have another number of keys than queries.
 inline void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                           const char* op) {
+                           const char* op, bool chunk = false) {
   CheckDType(q, DType::kBF16, op, "q");
   CheckDType(k, DType::kBF16, op, "k");
   CheckDType(v, DType::kBF16, op, "v");
@@ -45,8 +46,9 @@ inline void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v, co
   ITHACA_CHECK(q.rank() == 3 && k.rank() == 3, "CudaOps::", op, ": q ", q.DebugString(), " and k ",
                k.DebugString(), " must be [S, H, D]");
   const int64_t s = q.dim(0), hq = q.dim(1), d = q.dim(2), hkv = k.dim(1);
-  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && k.dim(0) == s && k.dim(2) == d, "CudaOps::", op,
-               ": q ", q.DebugString(), " and k ", k.DebugString(), " are not a GQA pair");
+  ITHACA_CHECK(d > 0 && hkv > 0 && hq % hkv == 0 && (chunk || k.dim(0) == s) && k.dim(2) == d,
+               "CudaOps::", op, ": q ", q.DebugString(), " and k ", k.DebugString(),
+               " are not a GQA pair");
   kCheck.Shape(v, k.shape, op, "v");
   kCheck.Shape(lse, {hq, s}, op, "lse");
 }
