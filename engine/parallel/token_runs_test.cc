@@ -1,9 +1,9 @@
-// Where each rank's tokens sit (upipe.h RankTokenRuns): every position of the sample is held by
-// exactly one rank, once; without a ring each rank holds one run, with one the groups hold the
+// Where each rank's tokens sit (token_runs.h RankTokenRuns): every position of the sample is held
+// by exactly one rank, once; without a ring each rank holds one run, with one the groups hold the
 // zigzag pieces (g and 2r-1-g), so every group sees the same causal work.
 #include <vector>
 
-#include "engine/parallel/upipe.h"
+#include "engine/parallel/token_runs.h"
 #include "gtest/gtest.h"
 
 namespace ithaca {

@@ -1,30 +1,11 @@
 #include "engine/parallel/upipe.h"
 
 #include <algorithm>
-#include <limits>
+
+#include "engine/parallel/pass_buffers.h"
+#include "engine/parallel/ring_attention.h"
 
 namespace ithaca {
-
-TokenRuns GroupTokenRuns(int64_t group, int64_t ring, int64_t piece, int64_t first, int64_t count) {
-  TokenRuns t;
-  if (ring <= 1) {
-    t.n = 1;
-    t.run[0] = {0, first, count};
-    return t;
-  }
-  // Piece 0 of the group is the sample's piece `group`, piece 1 its mirror 2r − 1 − group.
-  const int64_t starts[2] = {group * piece, (2 * ring - 1 - group) * piece};
-  for (int p = 0; p < 2; ++p) {
-    const int64_t lo = std::max(first, p * piece), hi = std::min(first + count, (p + 1) * piece);
-    if (lo < hi) t.run[t.n++] = {lo - first, starts[p] + (lo - p * piece), hi - lo};
-  }
-  return t;
-}
-
-TokenRuns RankTokenRuns(int64_t sp_rank, int64_t u, int64_t r, int64_t s) {
-  // Without a ring the one group is the whole sample (sp_rank / u = 0, sp_rank % u = sp_rank).
-  return GroupTokenRuns(sp_rank / u, r, u * s / 2, (sp_rank % u) * s, s);
-}
 
 TokenRuns UlyssesContext::RankRuns() const {
   return RankTokenRuns(ring_rank * plan.P + rank, plan.P, ring_size, s);
@@ -64,29 +45,6 @@ absl::Status Exchange(const UlyssesContext& c, const Tensor& in, const Tensor& o
   ASSIGN_OR_RETURN(Issued x, StartExchange(c, in, out));
   return x.Wait();
 }
-
-// The buffers of a pass, owned in one place; the stage sets below hold views of them (several
-// views may share one buffer when the schedule never needs them at once).
-class Buffers {
- public:
-  explicit Buffers(const UlyssesContext& c) : c_(c) {}
-  absl::StatusOr<Tensor> Make(DType t, Shape shape) {
-    ASSIGN_OR_RETURN(Buffer b, Buffer::Make(c_.alloc, t, std::move(shape), Tier::kAttention));
-    owned_.push_back(std::move(b));
-    return owned_.back().tensor();
-  }
-  // One buffer of `shape` for each of `views`.
-  absl::Status MakeEach(std::initializer_list<Tensor*> views, DType t, const Shape& shape) {
-    for (Tensor* v : views) {
-      ASSIGN_OR_RETURN(*v, Make(t, shape));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const UlyssesContext& c_;
-  std::vector<Buffer> owned_;
-};
 
 // A round's K/V: projected here (send) and received (the whole sequence for this rank's heads).
 struct KvSet {
@@ -393,180 +351,6 @@ void StageColumns(const UlyssesContext& c, int64_t k, int64_t t, const Tensor& o
   }
 }
 
-// Ring attention's buffers for one pass (none without a ring): the K/V (and, backward, the dK/dV
-// accumulators) arriving from the previous group while the chunk in hand is used, two sets that
-// alternate; a piece's output and log-sum-exp (forward); the f32 accumulators of this group's
-// queries (O or dQ) and, per piece of the group's chunk, its rows' log-sum-exp (the running one
-// forward, the whole rows' backward: Ops takes a piece's [u, c] rows contiguous).
-struct RingBuffers {
-  Tensor k[2], v[2];        // act [S, kvr, D]
-  Tensor dk[2], dv[2];      // f32 [S, kvr, D] (backward)
-  Tensor part_o, part_lse;  // act [S, u, D], f32 [u, S/2] (forward)
-  Tensor acc;               // f32 [S, u, D]: O (forward) or dQ (backward)
-  Tensor lse[2];            // f32 [u, S/2] per piece
-  Tensor dk_part, dv_part;  // act [S, kvr, D] (backward)
-};
-
-absl::StatusOr<RingBuffers> MakeRingBuffers(const UlyssesContext& c, Buffers* buffers,
-                                            bool backward) {
-  RingBuffers b;
-  if (c.ring == nullptr) return b;
-  const DType act = c.ops->act_dtype();
-  const int64_t S = c.S(), D = c.plan.D, u = c.plan.u, kvr = c.plan.kvr;
-  RETURN_IF_ERROR(buffers->MakeEach({&b.k[0], &b.k[1], &b.v[0], &b.v[1]}, act, {S, kvr, D}));
-  ASSIGN_OR_RETURN(b.acc, buffers->Make(DType::kF32, {S, u, D}));
-  RETURN_IF_ERROR(buffers->MakeEach({&b.lse[0], &b.lse[1]}, DType::kF32, {u, S / 2}));
-  if (backward) {
-    RETURN_IF_ERROR(
-        buffers->MakeEach({&b.dk[0], &b.dk[1], &b.dv[0], &b.dv[1]}, DType::kF32, {S, kvr, D}));
-    RETURN_IF_ERROR(buffers->MakeEach({&b.dk_part, &b.dv_part}, act, {S, kvr, D}));
-  } else {
-    ASSIGN_OR_RETURN(b.part_o, buffers->Make(act, {S, u, D}));
-    ASSIGN_OR_RETURN(b.part_lse, buffers->Make(DType::kF32, {u, S / 2}));
-  }
-  return b;
-}
-
-// Ring step i: the chunk in hand came from group (ring_rank − i) mod r; it goes on to the next
-// group and the one after it comes from the previous.
-int64_t RingSource(const UlyssesContext& c, int64_t i) {
-  return (c.ring_rank - i + c.ring_size) % c.ring_size;
-}
-
-// Starts sending `a` and `b` on to the next group while what the previous group sends lands in
-// `a_next` and `b_next` (every rank of the ring calls it together).
-absl::Status StartShift(const UlyssesContext& c, const Tensor& a, const Tensor& a_next,
-                        const Tensor& b, const Tensor& b_next, Issued* a_in, Issued* b_in) {
-  const int next = static_cast<int>((c.ring_rank + 1) % c.ring_size);
-  const int prev = static_cast<int>((c.ring_rank + c.ring_size - 1) % c.ring_size);
-  ASSIGN_OR_RETURN(*a_in, c.ring->IssueSendRecv(a, next, a_next, prev));
-  ASSIGN_OR_RETURN(*b_in, c.ring->IssueSendRecv(b, next, b_next, prev));
-  return absl::OkStatus();
-}
-
-// Piece p's columns [p·S/2, (p+1)·S/2) of an lse [u, S] and the contiguous [u, S/2] `piece`:
-// from the lse into the piece (to_piece), or back.
-void LsePiece(const UlyssesContext& c, const Tensor& lse, int p, const Tensor& piece,
-              bool to_piece) {
-  const int64_t S = c.S(), half = S / 2, u = c.plan.u;
-  const Tensor cols = lse.Slice(p * half, {lse.numel() - p * half});
-  if (to_piece) {
-    c.ops->Copy2D(cols, S, piece, half, u, half);
-  } else {
-    c.ops->Copy2D(piece, half, cols, S, u, half);
-  }
-}
-
-// Calls visit(qp, q_pos, kp, k_pos) for each (query piece, key piece) of this group's chunk and
-// group `src`'s whose keys some query sees (a key piece wholly after a query piece is skipped).
-template <typename Visit>
-void ForEachVisiblePiecePair(const UlyssesContext& c, int64_t src, Visit visit) {
-  const int64_t half = c.S() / 2;
-  const TokenRuns mine = GroupTokenRuns(c.ring_rank, c.ring_size, half, 0, c.S());
-  const TokenRuns theirs = GroupTokenRuns(src, c.ring_size, half, 0, c.S());
-  for (int qp = 0; qp < 2; ++qp) {
-    for (int kp = 0; kp < 2; ++kp) {
-      const int64_t q_pos = mine.run[qp].pos, k_pos = theirs.run[kp].pos;
-      if (k_pos > q_pos + half - 1) continue;
-      visit(qp, q_pos, kp, k_pos);
-    }
-  }
-}
-
-// One stage's attention over the whole sample: q [S, u, D] (this group's chunk) against k, v
-// [S, kvr, D] (this group's), out and lse written. Without a ring, Ops::Attention; with one, the
-// K/V travel around the ring (each shift issued before the chunk in hand is used, so it runs
-// under that compute), and each (query piece, key piece) pair's output is merged into its query
-// piece's by the log-sum-exp.
-absl::Status StageAttention(const UlyssesContext& c, RingBuffers& rb, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const Tensor& out,
-                            const Tensor& lse) {
-  if (c.ring == nullptr) {
-    c.ops->Attention(q, k, v, out, lse, c.docs);
-    return absl::OkStatus();
-  }
-  const int64_t half = c.S() / 2;
-  auto rows = [half](const Tensor& t, int p) { return t.Rows(p * half, (p + 1) * half); };
-  c.ops->Fill(rb.acc, 0.f);
-  for (const Tensor& l : rb.lse) c.ops->Fill(l, -std::numeric_limits<float>::infinity());
-  Tensor hand_k = k, hand_v = v;
-  for (int64_t i = 0; i < c.ring_size; ++i) {
-    Issued k_in, v_in;
-    const Tensor& next_k = rb.k[i % 2];
-    const Tensor& next_v = rb.v[i % 2];
-    if (i + 1 < c.ring_size) {
-      RETURN_IF_ERROR(StartShift(c, hand_k, next_k, hand_v, next_v, &k_in, &v_in));
-    }
-    ForEachVisiblePiecePair(c, RingSource(c, i), [&](int qp, int64_t q_pos, int kp, int64_t k_pos) {
-      c.ops->AttentionChunk(rows(q, qp), rows(hand_k, kp), rows(hand_v, kp), rows(rb.part_o, qp),
-                            rb.part_lse, c.docs, q_pos, k_pos);
-      c.ops->AttentionMerge(rows(rb.acc, qp), rb.lse[qp], rows(rb.part_o, qp), rb.part_lse);
-    });
-    RETURN_IF_ERROR(k_in.Wait());
-    RETURN_IF_ERROR(v_in.Wait());
-    hand_k = next_k;
-    hand_v = next_v;
-  }
-  c.ops->Copy(rb.acc, out);
-  for (int p = 0; p < 2; ++p) LsePiece(c, lse, p, rb.lse[p], /*to_piece=*/false);
-  return absl::OkStatus();
-}
-
-// Its backward: dq [S, u, D] for this group's queries, and dk, dv [S, kvr, D] for this group's
-// keys, written. With a ring each chunk's dK/dV accumulators (f32) travel with its K/V, every
-// group adding its queries' part; one last shift brings each chunk's home.
-absl::Status StageAttentionBackward(const UlyssesContext& c, RingBuffers& rb, const Tensor& q,
-                                    const Tensor& k, const Tensor& v, const Tensor& o,
-                                    const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                                    const Tensor& dk, const Tensor& dv) {
-  if (c.ring == nullptr) {
-    c.ops->AttentionBackward(q, k, v, o, dout, lse, dq, dk, dv, c.docs);
-    return absl::OkStatus();
-  }
-  const int64_t half = c.S() / 2;
-  auto rows = [half](const Tensor& t, int p) { return t.Rows(p * half, (p + 1) * half); };
-  c.ops->Fill(rb.acc, 0.f);
-  for (int p = 0; p < 2; ++p) LsePiece(c, lse, p, rb.lse[p], /*to_piece=*/true);
-  Tensor hand_k = k, hand_v = v;
-  // The accumulators in hand start at zero (this group is the first to add to its own chunk's).
-  Tensor hand_dk = rb.dk[1], hand_dv = rb.dv[1];
-  c.ops->Fill(hand_dk, 0.f);
-  c.ops->Fill(hand_dv, 0.f);
-  for (int64_t i = 0; i < c.ring_size; ++i) {
-    const bool last = i + 1 == c.ring_size;
-    Issued k_in, v_in;
-    const Tensor& next_k = rb.k[i % 2];
-    const Tensor& next_v = rb.v[i % 2];
-    if (!last) RETURN_IF_ERROR(StartShift(c, hand_k, next_k, hand_v, next_v, &k_in, &v_in));
-    ForEachVisiblePiecePair(c, RingSource(c, i), [&](int qp, int64_t q_pos, int kp, int64_t k_pos) {
-      // dq's rows of the piece are scratch until the end (the sum is in rb.acc).
-      c.ops->AttentionChunkBackward(rows(q, qp), rows(hand_k, kp), rows(hand_v, kp), rows(o, qp),
-                                    rows(dout, qp), rb.lse[qp], rows(dq, qp), rows(rb.dk_part, kp),
-                                    rows(rb.dv_part, kp), c.docs, q_pos, k_pos);
-      c.ops->Axpy(1.f, rows(dq, qp), rows(rb.acc, qp));
-      c.ops->Axpy(1.f, rows(rb.dk_part, kp), rows(hand_dk, kp));
-      c.ops->Axpy(1.f, rows(rb.dv_part, kp), rows(hand_dv, kp));
-    });
-    // The accumulators go on with their chunk (after the last step: home to its group).
-    const Tensor& next_dk = rb.dk[i % 2];
-    const Tensor& next_dv = rb.dv[i % 2];
-    Issued dk_in, dv_in;
-    RETURN_IF_ERROR(StartShift(c, hand_dk, next_dk, hand_dv, next_dv, &dk_in, &dv_in));
-    RETURN_IF_ERROR(dk_in.Wait());
-    RETURN_IF_ERROR(dv_in.Wait());
-    RETURN_IF_ERROR(k_in.Wait());
-    RETURN_IF_ERROR(v_in.Wait());
-    hand_k = next_k;
-    hand_v = next_v;
-    hand_dk = next_dk;
-    hand_dv = next_dv;
-  }
-  c.ops->Copy(rb.acc, dq);
-  c.ops->Copy(hand_dk, dk);
-  c.ops->Copy(hand_dv, dv);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& w,
@@ -581,7 +365,7 @@ absl::Status UlyssesAttentionForward(const UlyssesContext& c, const QkvWeights& 
   std::vector<Buffer> extra_buffers;
   ASSIGN_OR_RETURN(const AttentionExtras ex,
                    MakeExtras(c, w, nullptr, std::min(in.tile, c.s), &extra_buffers));
-  Buffers buffers(c);
+  PassBuffers buffers(c.alloc);
   std::vector<KvSet> kv(walk.kv_sets());
   for (KvSet& set : kv) {
     RETURN_IF_ERROR(buffers.MakeEach({&set.k_send, &set.v_send, &set.k, &set.v}, act, {S, kvr, D}));
@@ -663,7 +447,7 @@ absl::Status UlyssesAttentionBackward(const UlyssesContext& c, const QkvWeights&
   ASSIGN_OR_RETURN(Buffer dh, Alloc(c, act, tile_shape, Tier::kActivations));
   std::vector<Buffer> extra_buffers;
   ASSIGN_OR_RETURN(const AttentionExtras ex, MakeExtras(c, w, &g, tile_shape[0], &extra_buffers));
-  Buffers buffers(c);
+  PassBuffers buffers(c.alloc);
 
   // A stage's sends (queries, output, output gradient), what arrives for them, and dQ.
   struct QSet {

@@ -61,7 +61,8 @@ class LlamaModel {
     int64_t loss_tile_tokens = 0;  // LM head + cross-entropy tile; 0: DefaultLossTileTokens
     int64_t head_chunk = 0;        // UPipe query heads per stage (group-wide); 0 = all heads
     // r of parallel.sp = u × r: Ulysses in groups of u = sp / r consecutive ranks, ring attention
-    // across the r groups (upipe.h); 1: Ulysses over the whole sp group; 0: RingFor's choice.
+    // across the r groups (ring_attention.h); 1: Ulysses over the whole sp group; 0: RingFor's
+    // choice.
     int64_t ring = 0;
     bool offload = false;  // saved block data to the host between forward and backward
     int64_t offload_keep_last = 0;

@@ -17,7 +17,7 @@ namespace ithaca {
 
 // The tokens each rank of a sequence-parallel group holds of a sample of seq_len: an equal share,
 // seq_len / sp rounded up (with a ring, up to an even number: each group holds two equal pieces,
-// engine/parallel/upipe.h). The sample is padded past its end (token 0, label ignored): causal
+// engine/parallel/token_runs.h). The sample is padded past its end (token 0, label ignored): causal
 // attention keeps every real token from seeing the pad, and the loss never counts it.
 int64_t SequenceShare(int64_t seq_len, int64_t sp, int64_t ring = 1);
 
