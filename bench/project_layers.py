@@ -23,7 +23,8 @@ import sys
 
 
 def key(d):
-    return (d["model"], d["world"], d["sp"], d.get("nodes", 1), d.get("device_memory_bytes"))
+    return (d["model"], d["world"], d["sp"], d.get("ring", 1), d.get("nodes", 1),
+            d.get("device_memory_bytes"))
 
 
 def layers_of(d):
@@ -65,14 +66,14 @@ def main():
             continue
         s0 = calibrations[0]
         head0 = 2 * steps[s0] - twos[s0]
-        model, world, sp, nodes, device = k
+        model, world, sp, ring, nodes, device = k
         for s, t1 in sorted(steps.items()):
             if s == s0:
                 continue
             head = head0 * s / s0
             full = head + a.layers * (t1 - head)
             line = {"bench": "parallel", "mode": "rehearsal-projected", "model": model, "S": s,
-                    "world": world, "sp": sp, "nodes": nodes, "device_memory_bytes": device,
+                    "world": world, "sp": sp, "ring": ring, "nodes": nodes, "device_memory_bytes": device,
                     "layers": a.layers, "layer1_step_s": t1, "head_s": round(head, 4),
                     "calibrated_at_S": s0, "projected_step_s": round(full, 3),
                     "projected_tok_per_s_per_gpu": round(s / (sp * full), 1)}

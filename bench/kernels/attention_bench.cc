@@ -45,6 +45,9 @@ ABSL_FLAG(int64_t, doc_len, 0,
 ABSL_FLAG(bool, full_causal, true, "time full causal attention (with --doc_len: beside it)");
 ABSL_FLAG(int64_t, window, 0,
           "> 0: also time a sliding window of this many keys (Mistral's), beside the others");
+ABSL_FLAG(bool, ring_piece, false,
+          "also time a ring piece: S queries against the S keys before them, no causal mask "
+          "(Ops::AttentionChunk)");
 
 namespace ithaca {
 namespace {
@@ -106,35 +109,54 @@ int Main() {
     bench::FillRandom(fill, &alloc, dout.tensor(), 4);
     fill.Synchronize();  // the other CudaOps read the inputs on their own streams
     const int64_t doc_len = absl::GetFlag(FLAGS_doc_len);
-    std::vector<DocumentMask> masks;
-    if (absl::GetFlag(FLAGS_full_causal)) masks.push_back(DocumentMask{});
+    // Each mask: documents / window, or `piece` (a ring piece: the queries at positions
+    // [S, 2S) against the keys at [0, S), every key seen).
+    struct Mask {
+      DocumentMask docs;
+      bool piece = false;
+    };
+    std::vector<Mask> masks;
+    if (absl::GetFlag(FLAGS_full_causal)) masks.push_back({});
     if (doc_len > 0) {
       DocumentMask docs;
       for (int64_t t = 0; t < S; t += doc_len) docs.starts.push_back(t);
-      masks.push_back(docs);
+      masks.push_back({docs});
     }
     const int64_t window = absl::GetFlag(FLAGS_window);
-    if (window > 0) masks.push_back(DocumentMask{{}, window});
+    if (window > 0) masks.push_back({DocumentMask{{}, window}});
+    if (absl::GetFlag(FLAGS_ring_piece)) masks.push_back({DocumentMask{}, true});
     // Each (forward, backward) pair on each mask.
     struct Run {
       const Kernels* kernels;
-      const DocumentMask* docs;
+      const Mask* mask;
     };
     std::vector<Run> runs;
     for (const Kernels& kernels : all_ops) {
-      for (const DocumentMask& docs : masks) runs.push_back({&kernels, &docs});
+      for (const Mask& mask : masks) runs.push_back({&kernels, &mask});
     }
     for (const Run& run : runs) {
       CudaOps& ops = *run.kernels->ops;
-      const DocumentMask& docs = *run.docs;
+      const DocumentMask& docs = run.mask->docs;
+      const bool piece = run.mask->piece;
       std::string fwd_impl, bwd_impl;
       auto fwd = [&] {
-        ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), docs);
+        if (piece) {
+          ops.AttentionChunk(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), docs,
+                             S, 0);
+        } else {
+          ops.Attention(q.tensor(), k.tensor(), v.tensor(), out.tensor(), lse.tensor(), docs);
+        }
         fwd_impl = ops.last_attention_impl();
       };
       auto bwd = [&] {
-        ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
-                              lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
+        if (piece) {
+          ops.AttentionChunkBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(),
+                                     dout.tensor(), lse.tensor(), dq.tensor(), dk.tensor(),
+                                     dv.tensor(), docs, S, 0);
+        } else {
+          ops.AttentionBackward(q.tensor(), k.tensor(), v.tensor(), out.tensor(), dout.tensor(),
+                                lse.tensor(), dq.tensor(), dk.tensor(), dv.tensor(), docs);
+        }
         bwd_impl = ops.last_attention_impl();
       };
       const int iters = absl::GetFlag(FLAGS_iters);
@@ -144,10 +166,10 @@ int Main() {
         return std::find(passes.begin(), passes.end(), p) != passes.end();
       };
       // Σ L²/2 over the documents (one document of S tokens without a mask); with a window of
-      // W < L keys, the W·L − W²/2 scores of the band.
-      double half_squares = 0;
+      // W < L keys, the W·L − W²/2 scores of the band; a ring piece's S² scores.
+      double half_squares = piece ? double(S) * S : 0;
       const int64_t ndocs = docs.trivial() ? 1 : static_cast<int64_t>(docs.starts.size());
-      for (int64_t i = 0; i < ndocs; ++i) {
+      for (int64_t i = 0; i < ndocs && !piece; ++i) {
         const int64_t b = docs.trivial() ? 0 : docs.starts[i];
         const int64_t e = i + 1 < ndocs ? docs.starts[i + 1] : S;
         const double L = double(e - b), W = double(docs.window);
@@ -186,10 +208,11 @@ int Main() {
             .Str("forward", run.kernels->forward)
             .Str("backward", run.kernels->backward)
             .Str("layout", "[S,H,D]")
-            .Bool("causal", true)
-            .Str("mask", docs.window > 0  ? "window"
-                         : docs.trivial() ? "causal"
-                                          : "documents")
+            .Bool("causal", !piece)
+            .Str("mask", piece             ? "ring_piece"
+                         : docs.window > 0 ? "window"
+                         : docs.trivial()  ? "causal"
+                                           : "documents")
             .Int("window", docs.window)
             .Int("doc_len", docs.trivial() ? S : doc_len)
             .Int("docs", ndocs)

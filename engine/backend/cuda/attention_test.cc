@@ -139,14 +139,17 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // Ring attention's pieces on the GPU against the CPU's whole attention: the sample cut into
-// uneven chunks, every (query chunk, key chunk) pair run (diagonal chunks on the causal kernels
-// with their documents rebased, the others on the flash kernel's span form, chunks no query sees
-// included), merged by AttentionMerge, and the chunks' gradients (given the merged rows) summed.
+// chunks, every (query chunk, key chunk) pair run (diagonal chunks on the causal kernels with
+// their documents rebased; chunks of equal length whose keys all come before their queries, with
+// no documents or window, on cuDNN without the causal mask; the others on the flash kernel's span
+// form; chunks no query sees included), merged by AttentionMerge, and the chunks' gradients
+// (given the merged rows) summed.
 struct ChunkCase {
   Shape4 sh;
   const char* name;
   std::vector<int64_t> starts = {};
   int64_t window = 0;
+  int64_t pieces = 0;  // > 0: that many equal chunks (as the ring's); 0: three uneven ones
 };
 class AttentionChunkTest : public ::testing::TestWithParam<ChunkCase> {};
 
@@ -155,7 +158,14 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
   const ChunkCase c = GetParam();
   const auto [S, hq, hkv, D] = c.sh;
   const DocumentMask docs{c.starts, c.window};
-  const std::vector<int64_t> cuts = {0, S / 3, S / 3 + 77, S};
+  std::vector<int64_t> cuts = {0, S / 3, S / 3 + 77, S};
+  if (c.pieces > 0) {
+    cuts.clear();
+    for (int64_t p = 0; p <= c.pieces; ++p) cuts.push_back(p * S / c.pieces);
+  }
+  // Off-diagonal pairs of equal chunks without masks run on cuDNN, the rest elsewhere.
+  const bool full_on_cudnn = c.pieces > 0 && c.starts.empty() && c.window == 0;
+  int64_t full_pairs = 0, full_on_cudnn_fwd = 0, full_on_cudnn_bwd = 0;
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
@@ -202,8 +212,11 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
       const int64_t ka = cuts[b], nk = cuts[b + 1] - ka;
       auto kc = Dev(ops, &alloc, DType::kBF16, {nk, hkv, D}, rows(k, hkv, ka, ka + nk));
       auto vc = Dev(ops, &alloc, DType::kBF16, {nk, hkv, D}, rows(v, hkv, ka, ka + nk));
+      const bool full = b < a;
+      full_pairs += full ? 1 : 0;
       ops.AttentionChunk(qc.tensor(), kc.tensor(), vc.tensor(), part.tensor(), part_lse.tensor(),
                          docs, qa, ka);
+      if (full && std::string(ops.last_attention_impl()) == "cudnn") ++full_on_cudnn_fwd;
       ops.AttentionMerge(acc.tensor(), acc_lse.tensor(), part.tensor(), part_lse.tensor());
       auto dqc = Poisoned(ops, &alloc, DType::kBF16, {nq, hq, D});
       auto dkc = Poisoned(ops, &alloc, DType::kBF16, {nk, hkv, D});
@@ -211,6 +224,7 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
       ops.AttentionChunkBackward(qc.tensor(), kc.tensor(), vc.tensor(), oc.tensor(), doc.tensor(),
                                  lc.tensor(), dqc.tensor(), dkc.tensor(), dvc.tensor(), docs, qa,
                                  ka);
+      if (full && std::string(ops.last_attention_impl()) == "cudnn") ++full_on_cudnn_bwd;
       const std::vector<float> gq = Host(ops, dqc.tensor()), gk = Host(ops, dkc.tensor()),
                                gv = Host(ops, dvc.tensor());
       for (size_t i = 0; i < gq.size(); ++i) dq_sum[i] += gq[i];
@@ -225,7 +239,11 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
     }
   }
   ASSERT_TRUE(ops.status().ok()) << ops.status();
-  std::printf("[%s]\n", c.name);
+  std::printf("[%s] %lld of %lld off-diagonal pairs on cuDNN (forward), %lld (backward)\n", c.name,
+              static_cast<long long>(full_on_cudnn_fwd), static_cast<long long>(full_pairs),
+              static_cast<long long>(full_on_cudnn_bwd));
+  EXPECT_EQ(full_on_cudnn_fwd, full_on_cudnn ? full_pairs : 0);
+  EXPECT_EQ(full_on_cudnn_bwd, full_on_cudnn ? full_pairs : 0);
   EXPECT_CLOSE(got_out, out_ref, 1e-2, "merged out");
   EXPECT_CLOSE(got_lse, lse_ref, 1e-5, "merged lse");
   EXPECT_CLOSE(got_dq, dq_ref, 2e-2, "summed dq");
@@ -239,7 +257,11 @@ INSTANTIATE_TEST_SUITE_P(
                       ChunkCase{{300, 4, 1, 128}, "causal_hd128"},
                       ChunkCase{{300, 8, 2, 64}, "docs_hd64", {0, 37, 100, 101, 250}},
                       ChunkCase{{300, 8, 2, 128}, "window_hd128", {}, 60},
-                      ChunkCase{{300, 8, 2, 64}, "docs_window_hd64", {0, 37, 150, 151}, 41}),
+                      ChunkCase{{300, 8, 2, 64}, "docs_window_hd64", {0, 37, 150, 151}, 41},
+                      // The ring's own cut: equal pieces (here 4 of 96 and 4 of 128 tokens).
+                      ChunkCase{{384, 8, 2, 64}, "pieces_hd64", {}, 0, 4},
+                      ChunkCase{{512, 7, 1, 128}, "pieces_7to1_hd128", {}, 0, 4},
+                      ChunkCase{{512, 4, 1, 128}, "pieces_docs_hd128", {0, 200, 300}, 0, 4}),
     [](const ::testing::TestParamInfo<ChunkCase>& i) { return std::string(i.param.name); });
 
 // The trivial mask ({0}: one document) takes the old path: the same bits as no mask, forward and

@@ -182,6 +182,14 @@ class CudaOps : public Ops {
   bool RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
                 void* dq, void* dk, void* dv, const DocumentMask& docs);
+  // A ring piece whose keys all come before its queries, with no documents, no window and the
+  // same length (StageAttention's off-diagonal pieces): attention without the causal mask, on
+  // cuDNN. False when the piece does not qualify or cuDNN has no engine for it (logged once);
+  // the caller then runs the flash kernel's span form.
+  bool RunCudnnFull(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos0, int64_t hq, int64_t hkv,
+                    int64_t d, bool backward, const void* q, const void* k, const void* v,
+                    const void* o, const void* dout, const void* lse, void* dq, void* dk, void* dv,
+                    const DocumentMask& docs);
   // cuDNN on a packed sample: a ragged batch whose stats go through an [S, Hq] scratch.
   absl::Status CudnnDocuments(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward,
                               const void* q, const void* k, const void* v, const void* o,
@@ -212,6 +220,7 @@ class CudaOps : public Ops {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   const char* last_attention_ = "none";
   bool cudnn_warned_ = false;
+  bool cudnn_full_warned_ = false;
   std::set<std::vector<int64_t>> choice_logged_;  // (pass, shape)s whose choice was logged
   std::vector<Span> spans_;
   std::set<std::string> span_names_;  // the GEMM shapes' row names (Span::op points into it)

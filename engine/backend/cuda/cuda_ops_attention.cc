@@ -385,9 +385,40 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
   last_attention_ = "flash";
 }
 
+bool CudaOps::RunCudnnFull(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos0, int64_t hq,
+                           int64_t hkv, int64_t d, bool backward, const void* q, const void* k,
+                           const void* v, const void* o, const void* dout, const void* lse,
+                           void* dq, void* dk, void* dv, const DocumentMask& docs) {
+  const AttentionKernel forced = backward ? opts_.attention_backward : opts_.attention_forward;
+  if (sq != sk || k_pos0 + sk > q_pos0 || !docs.trivial() || HopperWindow(docs) > 0 ||
+      forced == AttentionKernel::kFlash) {
+    return false;
+  }
+  cuda::AttentionShape sh{sq, hq, hkv, d};
+  sh.causal = false;
+  const absl::Status st =
+      backward ? cudnn_->Backward(sh, q, k, v, o, dout, static_cast<const float*>(lse), dq, dk, dv)
+               : cudnn_->Forward(sh, q, k, v, const_cast<void*>(o),
+                                 static_cast<float*>(const_cast<void*>(lse)));
+  if (st.ok()) {
+    last_attention_ = "cudnn";
+    return true;
+  }
+  if (!cudnn_full_warned_) {
+    cudnn_full_warned_ = true;
+    std::fprintf(stderr,
+                 "CudaOps: cuDNN has no engine for a ring piece of %lld tokens without the causal "
+                 "mask (%s); the flash kernel runs it\n",
+                 static_cast<long long>(sq), std::string(st.message()).c_str());
+  }
+  return false;
+}
+
 // Ring attention's chunks. A diagonal chunk (the same tokens as queries and keys) is a causal
-// sequence of its own: Attention with its documents rebased, on the fast kernels. Any other goes
-// to the flash kernel's span form (kernels.h), which masks by sample position.
+// sequence of its own: Attention with its documents rebased, on the fast kernels. A chunk whose
+// keys all come before its queries, without documents or a window, is attention without the
+// causal mask (cuDNN). Any other goes to the flash kernel's span form (kernels.h), which masks by
+// sample position.
 void CudaOps::AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, const DocumentMask& docs, int64_t q_pos0,
                              int64_t k_pos0) {
@@ -403,14 +434,18 @@ void CudaOps::AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, 
   }
   Scope scope(this, "attention_chunk_fwd");
   if (sq == 0) return;
+  if (RunCudnnFull(sq, sk, q_pos0, k_pos0, hq, hkv, d, false, q.data, k.data, v.data, out.data,
+                   nullptr, lse.data, nullptr, nullptr, nullptr, docs)) {
+    return;
+  }
   ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::", op, ": head_dim ", d,
                " unsupported by the flash kernel");
   const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, -1, op) : nullptr;
   if (ndocs > 0 && starts == nullptr) return;  // status() says why
   cuda::FlashAttentionChunkForward(Bf(q), Bf(k), Bf(v),
-                                   cuda::FlashSpan{sq, sk, q_pos0, k_pos0, docs.window}, hq, hkv, d,
-                                   BfMut(out), lse.f32(), starts, ndocs, compute_);
+                                   cuda::FlashSpan{sq, sk, q_pos0, k_pos0, HopperWindow(docs)}, hq,
+                                   hkv, d, BfMut(out), lse.f32(), starts, ndocs, compute_);
   last_attention_ = "flash";
 }
 
@@ -436,6 +471,10 @@ void CudaOps::AttentionChunkBackward(const Tensor& q, const Tensor& k, const Ten
   }
   Scope scope(this, "attention_chunk_bwd");
   if (sq == 0 && sk == 0) return;
+  if (RunCudnnFull(sq, sk, q_pos0, k_pos0, hq, hkv, d, true, q.data, k.data, v.data, out.data,
+                   dout.data, lse.data, dq.data, dk.data, dv.data, docs)) {
+    return;
+  }
   ITHACA_CHECK(cuda::FlashAttentionSupports(d), "CudaOps::", op, ": head_dim ", d,
                " unsupported by the flash kernel");
   auto delta =
@@ -450,8 +489,8 @@ void CudaOps::AttentionChunkBackward(const Tensor& q, const Tensor& k, const Ten
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, -1, op) : nullptr;
   if (ndocs > 0 && starts == nullptr) return;  // status() says why
   cuda::FlashAttentionChunkBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(),
-                                    cuda::FlashSpan{sq, sk, q_pos0, k_pos0, docs.window}, hq, hkv,
-                                    d, delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv),
+                                    cuda::FlashSpan{sq, sk, q_pos0, k_pos0, HopperWindow(docs)}, hq,
+                                    hkv, d, delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv),
                                     starts, ndocs, compute_);
   last_attention_ = "flash";
 }

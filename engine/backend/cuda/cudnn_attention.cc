@@ -70,7 +70,7 @@ enum Uid : int64_t {
   kStatsOffset
 };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t>;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, bool>;
 
 // The heuristic modes that offer plans (CudnnTuning::heuristics). Every offered plan is timed on
 // the first call, so more modes can only find a faster plan, at a one-off cost.
@@ -360,6 +360,10 @@ absl::Status CudnnAttention::Impl::Execute(Entry* e, std::unordered_map<int64_t,
 absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward, Entry* e,
                                          bool allow_forced) {
   const int64_t s = sh.s, hq = sh.hq, hkv = sh.hkv, d = sh.d;
+  if (!sh.causal && (sh.window > 0 || sh.batch > 0)) {
+    return absl::InvalidArgumentError(
+        "cuDNN SDPA: attention without the causal mask takes no window and no documents");
+  }
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -393,7 +397,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("sdpa_fwd")
                     .set_generate_stats(true)
-                    .set_causal_mask(true)
+                    .set_causal_mask(sh.causal)
                     .set_attn_scale(scale)
                     .set_implementation(ForwardImplementation(tuning));
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
@@ -415,7 +419,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     place(stats, r.stats_offset);
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_bwd")
-                    .set_causal_mask(true)
+                    .set_causal_mask(sh.causal)
                     .set_attn_scale(scale);
     if (sh.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(sh.window));
     if (ragged) set_padding(opts);
@@ -473,7 +477,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
 
 absl::StatusOr<CudnnAttention::Impl::Entry*> CudnnAttention::Impl::Get(const AttentionShape& sh,
                                                                        bool backward) {
-  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward, sh.batch, sh.max_len};
+  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward, sh.batch, sh.max_len, sh.causal};
   auto it = graphs.find(key);
   if (it == graphs.end()) {
     it = graphs.emplace(key, Entry{}).first;

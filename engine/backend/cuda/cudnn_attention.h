@@ -33,6 +33,9 @@ struct AttentionShape {
   // graph serves every layout with the same (batch, max_len) buckets. Unused sequences have
   // length 0. 0: one causal sequence of s tokens.
   int64_t batch = 0, max_len = 0;
+  // false: every query sees every key (no causal mask): ring attention's pieces whose keys all
+  // come before their queries. Only with window 0 and batch 0.
+  bool causal = true;
 };
 
 // The device tensors of a ragged batch (AttentionShape::batch > 0), all in elements.
