@@ -118,7 +118,14 @@ ABSL_FLAG(std::string, rates, "",
 namespace ithaca {
 namespace {
 
-// The rate table the lines' predictions use (--rates, else the committed one).
+// The GPU whose rates predict a rehearsed node's steps: this machine's, or without one
+// (--plan_only on a CPU machine) the rehearsed node's as --link names it ("h100-sxm").
+std::string RehearsedGpuName() {
+  const std::string here = bench::DeviceName();
+  return here != "unknown" ? here : absl::GetFlag(FLAGS_link);
+}
+
+// The rate table the lines' predictions use (--rates, else the committed one of the GPU).
 const RateTable& Rates(Device device) {
   static const RateTable* from_flag = [] {
     const std::string path = absl::GetFlag(FLAGS_rates);
@@ -133,7 +140,7 @@ const RateTable& Rates(Device device) {
     }
     return new RateTable(*t);
   }();
-  return from_flag != nullptr ? *from_flag : DefaultRateTable(device);
+  return from_flag != nullptr ? *from_flag : DefaultRateTable(device, RehearsedGpuName());
 }
 
 // The planner's prediction for one rank of this layout (bf16 on CUDA), as the bench's lines
@@ -197,6 +204,7 @@ NodeResources RehearsedNode(int world, int64_t this_gpu_bytes) {
   node.device_memory_bytes = gib > 0 ? static_cast<int64_t>(gib * kGiB) : this_gpu_bytes;
   node.host_memory_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_node_host_gib) * kGiB);
   node.ranks_on_host = RanksPerHost(world, absl::GetFlag(FLAGS_nodes));
+  node.gpu_name = RehearsedGpuName();  // --planner_settings' plans use its rate table
   return node;
 }
 

@@ -9,8 +9,9 @@
 #              DGX H100's links and host: Qwen2.5-7B as 4 x 2 and as sp 4 x dp 2, Llama-3-8B as
 #              4 x 2 and as 8; and the same at 32K on one and two layers (bench/project_layers.py
 #              takes what does not repeat per layer from those)
-#   probe32m   the memory probe of rank 0 of Llama-3-8B on 64 ranks over 8 nodes at 32M (auto:
-#              8 x 8), whole model, attention windowed
+#   probe32m   the memory probe of rank 0 of Llama-3-8B on 64 ranks over 8 nodes at 32M (PROBE_S),
+#              whole model, attention windowed, auto's plan for 80 GB and this machine's host
+#              (its memory as one rank's share: a DGX's 2 TiB would be 256 GiB a rank)
 # Results under $OUT; RATES (default the committed H100 table) for the predictions.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
@@ -59,8 +60,9 @@ for l in sys.stdin:
     probe32m)
       HOST_GIB=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
       timeout ${PROBE_TIMEOUT:-400} "$BIN/parallel_bench" --backend=cuda --rehearse --world=64 \
-        --nodes=8 --sp=64 --model=llama-3-8b --seq_lens=33554432 --probe=2048 --planner_settings \
-        --device_memory_gib=80 --node_host_gib=2048 --link=h100-sxm --warmup=0 --steps=1 \
+        --nodes=8 --sp=64 --model=llama-3-8b --seq_lens=${PROBE_S:-33554432} --probe=2048 \
+        --planner_settings --device_memory_gib=80 --node_host_gib=$((HOST_GIB * 8)) \
+        --link=h100-sxm --warmup=0 --steps=1 \
         --compute_step=false --rates=$RATES 2>"$OUT/probe32m.log" | tee "$OUT/probe32m.jsonl" |
         cut -c1-400
       echo "probe rc=${PIPESTATUS[0]} (this host: $HOST_GIB GiB)"; tail -5 "$OUT/probe32m.log" ;;
