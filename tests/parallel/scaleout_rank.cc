@@ -7,6 +7,7 @@
 //
 //   scaleout_rank --out FILE --config config.json --data corpus.tok --global-batch G --steps N
 //                 [--stop-at K] [--checkpoint-dir DIR --every E] [--fsdp 0|1]
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -49,6 +50,10 @@ absl::Status Run(int argc, char** argv) {
       spec.checkpoint.dir = next();
     } else if (a == "--every") {
       spec.checkpoint.every = std::stoll(next());
+    } else if (a == "--sp") {
+      spec.parallel.sp = std::stoll(next());
+    } else if (a == "--ring") {
+      spec.parallel.ring = std::stoll(next());
     } else if (a == "--fsdp") {
       spec.parallel.fsdp = next() == "1";
     } else {
@@ -56,12 +61,16 @@ absl::Status Run(int argc, char** argv) {
     }
   }
   ASSIGN_OR_RETURN(RankInfo info, RankInfoOrAlone());
-  if (global_batch % info.world != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--global-batch ", global_batch,
-                                                   " is not a multiple of the world ", info.world));
+  // Each data-parallel replica (a sequence-parallel group of sp ranks) takes its share of the
+  // global batch.
+  const int64_t replicas = info.world / std::max<int64_t>(1, spec.parallel.sp);
+  if (info.world % std::max<int64_t>(1, spec.parallel.sp) != 0 || global_batch % replicas != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--global-batch ", global_batch, " over a world of ", info.world, " at sp ",
+                     spec.parallel.sp, ": not a whole number of samples per replica"));
   }
   spec.parallel.world = info.world;
-  spec.training.grad_accum = global_batch / info.world;
+  spec.training.grad_accum = global_batch / replicas;
   RankOptions options;
   options.comm_timeout_s = 60;
   ASSIGN_OR_RETURN(std::unique_ptr<Rank> self, Rank::Create(spec, info, options));
