@@ -3,7 +3,8 @@ per (length, depth) in WatchJob, in `ithaca status -o json` (Job.last_eval.passk
 form, in /metrics (ithaca_passkey_accuracy and ithaca_passkey_logprob per length and depth) and in
 TensorBoard; `ithaca report` draws them as the needle-in-a-haystack heatmap; an evaluation-only
 job of [eval.passkey] alone scores the job's checkpoint the same; a length longer than
-data.seq_len is refused at submit, naming the key."""
+data.seq_len is refused at submit, naming the key; a LoRA job evaluates the same way, and an
+evaluation-only job of its [lora] scores its adapters."""
 import glob
 import json
 import os
@@ -128,6 +129,49 @@ tile_tokens = 32
 dir = "{run}/checkpoints"
 resume = true
 """ + PASSKEY)
+        done = self.d.wait(only.id, timeout=180)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        self.check_points(done.last_eval, 4)
+        for a, b in zip(done.last_eval.passkey, evals[1].passkey):
+            self.assertEqual(a.accuracy, b.accuracy)
+            self.assertAlmostEqual(a.logprob, b.logprob, delta=1e-5 * abs(b.logprob))
+
+    def test_lora_job_evaluates_and_an_eval_only_job_scores_its_adapters(self):
+        # Issue 52: a LoRA job through ithacad evaluates passkey as any job does; its steps say
+        # how few parameters train; an evaluation-only job of the same [lora] on its checkpoint
+        # (the adapters, over the base the run started from) gives the same points.
+        run = os.path.join(TMP, "passkey_lora")
+        os.makedirs(run, exist_ok=True)
+        lora = '[lora]\nrank = 4\nalpha = 8\ntargets = ["q_proj", "v_proj", "down_proj"]\n'
+        toml = spec_toml(run, steps=4, seq_len=256, checkpoint_every=4,
+                         extra="[eval]\nevery = 2\n" + PASSKEY + lora)
+        job = self.d.submit(toml)
+        events = self.d.events(job.id, timeout=180)
+        self.assertEqual(events[-1].to_state, job_pb2.JOB_STATE_SUCCEEDED)
+        evals = [e.report for e in events if isinstance(e, Eval)]
+        self.assertEqual([e.step for e in evals], [2, 4])
+        for e in evals:
+            self.check_points(e, e.step)
+        final = self.d.get(job.id)
+        step = final.last_steps[0]
+        self.assertGreater(step.trainable_parameters, 0)
+        self.assertLess(step.trainable_parameters, step.parameters / 10)
+        only = self.d.submit(f"""name = "passkey-lora-only"
+backend = "cpu"
+[model]
+preset = "tiny"
+[data]
+seq_len = 256
+[training]
+steps = 0
+lr = 0
+[memory]
+recompute = "full"
+tile_tokens = 32
+[checkpoint]
+dir = "{run}/checkpoints"
+resume = true
+""" + PASSKEY + lora)
         done = self.d.wait(only.id, timeout=180)
         self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
         self.check_points(done.last_eval, 4)
