@@ -39,6 +39,11 @@ absl::StatusOr<CudaBackend> MakeCudaBackend(const CudaBackendOptions& options) {
   opts.attention_forward = options.attention_forward;
   opts.attention_backward = options.attention_backward;
   b.ops = std::make_unique<CudaOps>(opts);
+  if (!b.ops->status().ok()) {
+    const absl::Status st = b.ops->status();
+    b.ops.reset();  // its buffers go back to `alloc` before it is freed
+    return st;
+  }
   b.alloc = std::move(alloc);
   return b;
 }

@@ -94,14 +94,25 @@ CudaOps::CudaOps(const Options& opts) : opts_(opts) {
   cudaCheck(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
   cudaCheck(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+  // An allocator too small for these is an error in status() (MakeCudaBackend returns it), not
+  // an abort; the GEMMs then run without a workspace.
   auto ws = Buffer::Make(opts_.alloc, DType::kBF16,
                          {static_cast<int64_t>(opts_.gemm_workspace_bytes / 2)}, Tier::kWorkspace);
-  ITHACA_CHECK(ws.ok(), "CudaOps: GEMM workspace: ", ws.status().ToString());
-  gemm_workspace_ = std::move(*ws);
+  if (ws.ok()) {
+    gemm_workspace_ = std::move(*ws);
+  } else {
+    Fail(absl::Status(ws.status().code(),
+                      absl::StrCat("CudaOps: the GEMM workspace (", opts_.gemm_workspace_bytes,
+                                   " bytes): ", ws.status().message())));
+  }
   auto partials =
       Buffer::Make(opts_.alloc, DType::kF32, {2 * cuda::kMaxReduceBlocks}, Tier::kWorkspace);
-  ITHACA_CHECK(partials.ok(), "CudaOps: reduction scratch: ", partials.status().ToString());
-  partials_ = std::move(*partials);
+  if (partials.ok()) {
+    partials_ = std::move(*partials);
+  } else {
+    Fail(absl::Status(partials.status().code(), absl::StrCat("CudaOps: the reduction scratch: ",
+                                                             partials.status().message())));
+  }
   cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&host_partials_),
                           sizeof(double) * cuda::kMaxReduceBlocks, cudaHostAllocDefault));
   static_assert(cuda::kGemmTimed == -1, "Options::gemm_heuristic's default");

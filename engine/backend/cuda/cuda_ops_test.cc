@@ -12,6 +12,7 @@
 
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/backend/cuda/cuda_allocator.h"
+#include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_test_util.h"
 #include "gtest/gtest.h"
 
@@ -45,6 +46,23 @@ class CudaOpsTest : public ::testing::Test {
   std::unique_ptr<CudaOps> ops_;
   CpuOps cpu_;
 };
+
+// A memory budget too small for CudaOps' own workspaces (the 32 MiB GEMM workspace here) is a
+// clear error from the backend, naming what did not fit, not an abort of the worker.
+TEST(CudaBackendTest, ABudgetTooSmallForTheWorkspacesIsAnErrorNotAnAbort) {
+  SKIP_WITHOUT_GPU();
+  CudaBackendOptions o;
+  o.budget_bytes = size_t{1} << 20;
+  absl::StatusOr<CudaBackend> b = MakeCudaBackend(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_NE(b.status().message().find("GEMM workspace"), std::string::npos) << b.status();
+  // With room for them the same options make a backend that works.
+  o.budget_bytes = size_t{64} << 20;
+  absl::StatusOr<CudaBackend> ok = MakeCudaBackend(o);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->ops->status().ok());
+}
 
 TEST_F(CudaOpsTest, FillCopyUploadDownload) {
   auto x = P(DType::kBF16, {7, 13});
