@@ -12,6 +12,9 @@
 #   probe32m   the memory probe of rank 0 of Llama-3-8B on 64 ranks over 8 nodes at 32M (PROBE_S),
 #              whole model, attention windowed, auto's plan for 80 GB and this machine's host
 #              (its memory as one rank's share: a DGX's 2 TiB would be 256 GiB a rank)
+#   twogpu     (two GPUs) nccl_comm_test (SendRecv between two real GPUs), and Llama-3.2-1B trained
+#              3 steps by 2 ranks over NCCL at 64K as ring 2 (u 1) and as Ulysses 2: the same
+#              losses, and the two layouts' step times
 # Results under $OUT; RATES (default the committed H100 table) for the predictions.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
@@ -66,5 +69,15 @@ for l in sys.stdin:
         --compute_step=false --rates=$RATES 2>"$OUT/probe32m.log" | tee "$OUT/probe32m.jsonl" |
         cut -c1-400
       echo "probe rc=${PIPESTATUS[0]} (this host: $HOST_GIB GiB)"; tail -5 "$OUT/probe32m.log" ;;
+    twogpu)
+      timeout 120 "$BIN/nccl_comm_test" >"$OUT/nccl.log" 2>&1
+      echo "nccl rc=$?"; grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) " "$OUT/nccl.log"
+      for r in 1 2; do
+        timeout 200 "$BIN/parallel_bench" --backend=cuda --world=2 --sp=2 --ring=$r \
+          --model=llama-3.2-1b --seq_lens=65536 --warmup=0 --steps=3 --tag=ring$r \
+          2>>"$OUT/twogpu.log" | tee -a "$OUT/twogpu.jsonl" | cut -c1-250
+        echo "ring $r rc=${PIPESTATUS[0]}"
+      done
+      grep -E "step [0-9]" "$OUT/twogpu.log" ;;
   esac
 done
