@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -503,6 +504,20 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
   return response;
 }
 
+std::pair<int, std::string> Supervisor::MetricsDevice(const SupervisedJob& a,
+                                                      const SupervisedRank& r) const {
+  if (r.remote) {
+    // Another node's slot: a GPU when the job runs on CUDA (the stored spec, as JobSpecToToml
+    // writes it, names its backend on a line of its own).
+    const bool cuda = absl::StrContains(a.spec_toml, "\nbackend = \"cuda\"\n") ||
+                      absl::StartsWith(a.spec_toml, "backend = \"cuda\"\n");
+    return {cuda ? r.slot : Metrics::kCpuSlot, ""};
+  }
+  if (!node_.gpu) return {Metrics::kCpuSlot, ""};  // a CPU slot is no GPU
+  const NodeDevice& dev = node_.devices[r.slot];
+  return {dev.index, dev.uuid};
+}
+
 absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   MutexLock lock(&mu_);
   const v1::StepReport& step = request.step();
@@ -523,12 +538,8 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
                                                      stored.message(), "); send it again"));
   }
   a->unstored_steps.erase(key);
-  if (r.remote) {
-    metrics_->OnStep(a->id, step.rank(), r.slot, "", report);
-  } else {
-    const NodeDevice& dev = node_.devices[r.slot];
-    metrics_->OnStep(a->id, step.rank(), dev.index, dev.uuid, report);
-  }
+  const auto [gpu, uuid] = MetricsDevice(*a, r);
+  metrics_->OnStep(a->id, step.rank(), gpu, uuid, report);
   r.last_step = step.step();
   return absl::OkStatus();
 }
@@ -571,12 +582,8 @@ absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
   RETURN_IF_ERROR(CheckEvalReport(eval, a->spec_toml));
   SupervisedRank& r = a->ranks[eval.rank()];
   r.last_heartbeat = absl::Now();
-  if (r.remote) {
-    metrics_->OnEval(a->id, eval.rank(), r.slot, "", eval);
-  } else {
-    const NodeDevice& dev = node_.devices[r.slot];
-    metrics_->OnEval(a->id, eval.rank(), dev.index, dev.uuid, eval);
-  }
+  const auto [gpu, uuid] = MetricsDevice(*a, r);
+  metrics_->OnEval(a->id, eval.rank(), gpu, uuid, eval);
   return owner_->OnEval(a->id, eval);
 }
 
