@@ -449,10 +449,10 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
     // labels (their sums, as the step's loss is one).
     r.sources.resize(data_->num_sources());
     std::vector<double> sums(data_->num_sources(), 0);
+    for (size_t src = 0; src < r.sources.size(); ++src) r.sources[src].path = source_paths_[src];
     for (int64_t i = 0; i < samples; ++i) {
       const size_t src = data_->SourceFor(first + i).first;
       SourceStats& st = r.sources[src];
-      st.path = source_paths_[src];
       ++st.samples;
       st.tokens += S;
       st.loss_tokens += trained[i];
