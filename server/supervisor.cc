@@ -10,7 +10,6 @@
 #include <cstring>
 #include <fstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -50,6 +49,12 @@ std::unique_ptr<Cluster> MakeCluster(const Supervisor::Options& o, const Node& n
   l.run_as = o.run_as;
   l.grace_period = o.grace_period;
   return std::make_unique<LocalCluster>(std::move(l), node);
+}
+
+// Whether a job's ranks run on GPUs (a stored spec always parses; one that does not is not).
+bool SpecRunsOnCuda(const std::string& spec_toml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_toml);
+  return spec.ok() && spec->backend == "cuda";
 }
 
 }  // namespace
@@ -175,6 +180,7 @@ void Supervisor::Adopt(const AdoptOrder& order) {
   auto a = std::make_unique<SupervisedJob>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
+  a->cuda = SpecRunsOnCuda(order.spec_toml);
   a->log_dir = order.log_dir;
   a->rendezvous = order.record.rendezvous;
   a->secret = order.record.secret;
@@ -274,6 +280,7 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   auto a = std::make_unique<SupervisedJob>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
+  a->cuda = SpecRunsOnCuda(order.spec_toml);
   a->log_dir = order.log_dir;
   absl::StatusOr<Cluster::Launched> launched = cluster_->Launch(order, *a);
   if (!launched.ok()) {
@@ -507,11 +514,8 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
 std::pair<int, std::string> Supervisor::MetricsDevice(const SupervisedJob& a,
                                                       const SupervisedRank& r) const {
   if (r.remote) {
-    // Another node's slot: a GPU when the job runs on CUDA (the stored spec, as JobSpecToToml
-    // writes it, names its backend on a line of its own).
-    const bool cuda = absl::StrContains(a.spec_toml, "\nbackend = \"cuda\"\n") ||
-                      absl::StartsWith(a.spec_toml, "backend = \"cuda\"\n");
-    return {cuda ? r.slot : Metrics::kCpuSlot, ""};
+    // Another node's slot: a GPU when the job runs on CUDA.
+    return {a.cuda ? r.slot : Metrics::kCpuSlot, ""};
   }
   if (!node_.gpu) return {Metrics::kCpuSlot, ""};  // a CPU slot is no GPU
   const NodeDevice& dev = node_.devices[r.slot];
