@@ -273,6 +273,14 @@ std::string JobDetails(const v1::Job& job) {
                             r->cpu_update_seconds(), r->device_wait_seconds());
     }
     out += "\n";
+    // A data.weights mix: what the step took from each source, and its loss there.
+    for (const v1::SourceReport& src : r->sources()) {
+      absl::StrAppendFormat(&out, "    source %d (%s): %d sample%s, %d tokens (%d trained)",
+                            src.source(), Printable(src.path(), false, 256), src.samples(),
+                            src.samples() == 1 ? "" : "s", src.tokens(), src.loss_tokens());
+      if (src.loss_tokens() > 0) absl::StrAppendFormat(&out, ", loss %.4f", src.loss());
+      out += "\n";
+    }
     // Under [lora] only the adapters train.
     if (r->parameters() > 0 && r->trainable_parameters() != r->parameters()) {
       absl::StrAppendFormat(&out, "  trainable parameters: %d of %d (%.3f%%)\n",

@@ -62,6 +62,22 @@ TEST(FormatTest, ProgressLineAndMemoryTable) {
   EXPECT_NE(JobDetails(job).find(" | lr 0 | cpu adamw 1.250 s (device waited 1.500 s)\n"),
             std::string::npos)
       << JobDetails(job);
+  EXPECT_EQ(details.find("source 1"), std::string::npos) << "no mix, no sources";
+  for (int i = 0; i < 2; ++i) {
+    v1::SourceReport* src = job.mutable_last_steps(0)->add_sources();
+    src->set_source(i + 1);
+    src->set_path(i == 0 ? "/data/web/*.tok" : "/data/sft.tok");
+    src->set_samples(i == 0 ? 3 : 0);
+    src->set_tokens(i == 0 ? 768 : 0);
+    src->set_loss_tokens(i == 0 ? 700 : 0);
+    src->set_loss(i == 0 ? 3.21 : 0);
+  }
+  EXPECT_NE(JobDetails(job).find(" (device waited 1.500 s)\n"
+                                 "    source 1 (/data/web/*.tok): 3 samples, 768 tokens (700 "
+                                 "trained), loss 3.2100\n"
+                                 "    source 2 (/data/sft.tok): 0 samples, 0 tokens (0 trained)\n"),
+            std::string::npos)
+      << JobDetails(job);
   EXPECT_NE(details.find("FAILED"), std::string::npos);
   EXPECT_NE(details.find("failed rank: 1"), std::string::npos);
   EXPECT_EQ(details.find("attempt:"), std::string::npos) << "never restarted: no line";

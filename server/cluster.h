@@ -83,6 +83,7 @@ struct ClusterJobState {
 struct SupervisedJob {
   std::string id;
   std::string spec_toml;
+  bool cuda = false;  // the spec's backend is "cuda": its ranks run on GPUs (metrics labels)
   std::string rendezvous;
   std::string log_dir;
   std::string secret;  // every rank's ITHACA_JOB_SECRET

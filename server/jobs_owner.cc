@@ -66,10 +66,21 @@ void Jobs::OnLaunched(const std::string& job_id, const std::vector<int>& slots, 
   if (starting.ok()) {
     PublishState(job_id, *starting);
     // Queue wait: since the job last entered the queue (its submission, or a daemon restart
-    // that queued it again to resume).
+    // that queued it again to resume), or since the job it waited for (--after) succeeded when
+    // that came later: waiting for another job is not waiting for slots.
     int64_t queued_ms = TimeUtil::TimestampToMilliseconds(starting->created_at());
     for (const v1::StateTransition& t : starting->transitions()) {
       if (t.to() == v1::JOB_STATE_QUEUED) queued_ms = TimeUtil::TimestampToMilliseconds(t.time());
+    }
+    if (!starting->after().empty()) {
+      absl::StatusOr<v1::Job> parent = store_->Get(starting->after());
+      if (parent.ok()) {
+        for (const v1::StateTransition& t : parent->transitions()) {
+          if (t.to() == v1::JOB_STATE_SUCCEEDED) {
+            queued_ms = std::max(queued_ms, TimeUtil::TimestampToMilliseconds(t.time()));
+          }
+        }
+      }
     }
     const int64_t waited_ms = TimeUtil::TimestampToMilliseconds(starting->updated_at()) - queued_ms;
     metrics_->OnJobStarted(std::max<int64_t>(waited_ms, 0) / 1000.0);

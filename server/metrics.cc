@@ -196,12 +196,23 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
                              "depth in the newest evaluation ([eval.passkey]).")),
       trainable_parameters_(Gauge(*registry_, Constant(hostname), "ithaca_trainable_parameters",
                                   "Parameters the job trains (under [lora] the adapters alone).")),
+      source_loss_(Gauge(*registry_, Constant(hostname), "ithaca_source_loss",
+                         "Mean cross-entropy over the trained labels of one source of a "
+                         "data.weights mix in the newest step that sampled it.")),
       tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
                      "Worker process exits per reason.")),
       restarts_(Counter(*registry_, Constant(hostname), "ithaca_job_restarts_total",
                         "Failed jobs queued again by their [retry] policy.")),
+      source_samples_(Counter(*registry_, Constant(hostname), "ithaca_source_samples_total",
+                              "Samples trained from one source of a data.weights mix.")),
+      source_tokens_(Counter(*registry_, Constant(hostname), "ithaca_source_tokens_total",
+                             "Tokens of the samples trained from one source of a data.weights "
+                             "mix.")),
+      source_loss_tokens_(Counter(*registry_, Constant(hostname), "ithaca_source_loss_tokens_total",
+                                  "Labels trained (not masked) from one source of a "
+                                  "data.weights mix.")),
       duration_(Histogram(*registry_, Constant(hostname), "ithaca_step_duration_seconds",
                           "Wall time of one optimizer step.")),
       queue_wait_(Histogram(*registry_, Constant(hostname), "ithaca_queue_wait_seconds",
@@ -223,6 +234,8 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
 Metrics::~Metrics() = default;
 
 prometheus::Labels Metrics::RankLabels(const RankSeries& s) const {
+  // A CPU slot is no GPU: job_id and rank name it.
+  if (s.gpu == kCpuSlot) return {{"job_id", s.job}, {"rank", std::to_string(s.rank)}};
   return {{"job_id", s.job},
           {"rank", std::to_string(s.rank)},
           {"gpu", s.gpu >= 0 ? std::to_string(s.gpu) : ""},
@@ -346,6 +359,26 @@ void Metrics::OnStep(const std::string& job, int rank, int gpu, const std::strin
     }
     j.trainable_parameters->Set(static_cast<double>(r.trainable_parameters()));
   }
+  if (rank == 0 && r.sources_size() > 0) {
+    // Every rank reports the whole step's sources; rank 0's are counted.
+    JobSeries& j = jobs_series_[job];
+    for (const v1::SourceReport& src : r.sources()) {
+      auto [it, added] = j.sources.try_emplace(src.source());
+      JobSeries::Source& g = it->second;
+      if (added) {
+        const Labels sl = {
+            {"job_id", job}, {"source", std::to_string(src.source())}, {"path", src.path()}};
+        g.samples = &source_samples_.Add(sl);
+        g.tokens = &source_tokens_.Add(sl);
+        g.loss_tokens = &source_loss_tokens_.Add(sl);
+        g.loss = &source_loss_.Add(sl);
+      }
+      g.samples->Increment(static_cast<double>(src.samples()));
+      g.tokens->Increment(static_cast<double>(src.tokens()));
+      g.loss_tokens->Increment(static_cast<double>(src.loss_tokens()));
+      if (src.loss_tokens() > 0) g.loss->Set(src.loss());
+    }
+  }
   if (rank == 0 && r.checkpoint_seconds() > 0) {
     JobSeries& j = jobs_series_[job];
     if (j.checkpoint_seconds == nullptr) {
@@ -437,6 +470,12 @@ void Metrics::OnJobFinished(const std::string& job) {
       for (auto& [point, g] : j->second.passkey) {
         passkey_accuracy_.Remove(g.first);
         passkey_logprob_.Remove(g.second);
+      }
+      for (auto& [source, g] : j->second.sources) {
+        source_samples_.Remove(g.samples);
+        source_tokens_.Remove(g.tokens);
+        source_loss_tokens_.Remove(g.loss_tokens);
+        source_loss_.Remove(g.loss);
       }
       jobs_series_.erase(j);
     }

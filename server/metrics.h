@@ -2,10 +2,12 @@
 // prometheus-cpp registry and served on GET /metrics by MetricsHttp (below).
 //
 // Labels: per-rank series carry job_id (the training job; not `job`, which Prometheus gives the
-// scrape job, so no `honor_labels` is needed), rank, gpu (the device index as this container
-// sees it) and UUID. Every series carries Hostname (the Kubernetes node, from NODE_NAME). Join
-// with DCGM exporter series on UUID (or UUID and Hostname): DCGM's `gpu` is the host's index,
-// which differs from a container's whenever the pod does not own every GPU. Thread-safe.
+// scrape job, so no `honor_labels` is needed), rank, and for a rank on a GPU gpu (the device
+// index as this container sees it) and UUID; a rank on a CPU slot has neither (it is no GPU).
+// A data.weights mix adds per-source series labelled job_id, source (from 1) and path. Every series
+// carries Hostname (the Kubernetes node, from NODE_NAME). Join with DCGM exporter series on UUID
+// (or UUID and Hostname): DCGM's `gpu` is the host's index, which differs from a container's
+// whenever the pod does not own every GPU. Thread-safe.
 #pragma once
 
 #include <deque>
@@ -52,7 +54,9 @@ class Metrics {
   // cardinality).
   static constexpr int kFinishedJobsKept = 16;
 
-  // A rank's identity: its device index and UUID ("" on a CPU node).
+  // `gpu` for a rank on a CPU slot: no gpu and UUID labels.
+  static constexpr int kCpuSlot = -1;
+  // A rank's identity: its device index and UUID, or kCpuSlot (and "").
   void OnStep(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::StepReport& r);
   // A held-out evaluation: ithaca_eval_loss, labelled like the reporting rank's step series
@@ -98,6 +102,13 @@ class Metrics {
   struct JobSeries {
     prometheus::Gauge *checkpoint_seconds = nullptr, *checkpoint_time = nullptr;
     prometheus::Gauge* trainable_parameters = nullptr;
+    // Per source of a data.weights mix (from 1): samples, tokens and trained tokens (counters)
+    // and the newest loss (a gauge).
+    struct Source {
+      prometheus::Counter *samples = nullptr, *tokens = nullptr, *loss_tokens = nullptr;
+      prometheus::Gauge* loss = nullptr;
+    };
+    std::map<int, Source> sources;
     // Per passkey point (length, depth label): accuracy and logprob.
     std::map<std::pair<int64_t, std::string>, std::pair<prometheus::Gauge*, prometheus::Gauge*>>
         passkey;
@@ -118,8 +129,9 @@ class Metrics {
       &host_optimizer_, &host_params_, &tokens_per_second_, &loss_, &step_, &flops_, &mfu_,
       &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_, &capacity_, &jobs_,
       &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_, &rank_node_,
-      &passkey_accuracy_, &passkey_logprob_, &trainable_parameters_;
-  prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_;
+      &passkey_accuracy_, &passkey_logprob_, &trainable_parameters_, &source_loss_;
+  prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_, &source_samples_,
+      &source_tokens_, &source_loss_tokens_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;
   std::map<std::pair<std::string, int>, RankSeries> ranks_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobSeries> jobs_series_ ABSL_GUARDED_BY(mu_);

@@ -35,6 +35,62 @@ v1::StepReport Report(int step, double seconds) {
   return r;
 }
 
+// A rank on a CPU slot is labelled by job and rank alone: no gpu, no UUID.
+TEST(MetricsTest, ACpuSlotIsNoGpu) {
+  Metrics m;
+  m.OnStep("job-c", 2, Metrics::kCpuSlot, "", Report(1, 0.5));
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("ithaca_gpu_memory_bytes{job_id=\"job-c\",rank=\"2\",tier=\"params\"} 1000"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_train_loss{job_id=\"job-c\",rank=\"2\"} 2.5"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("gpu="), std::string::npos) << text;
+  EXPECT_EQ(text.find("UUID="), std::string::npos) << text;
+}
+
+// A data.weights mix: per source, samples, tokens and trained tokens add up over the steps rank 0
+// reports, and the loss is the newest step's that sampled the source.
+TEST(MetricsTest, PerSourceSeriesOfAMix) {
+  Metrics m;
+  auto with_sources = [](int step, int64_t b_samples, double b_loss) {
+    v1::StepReport r = Report(step, 1.0);
+    v1::SourceReport* a = r.add_sources();
+    a->set_source(1);
+    a->set_path("/data/web/*.tok");
+    a->set_samples(3);
+    a->set_tokens(3 * 64);
+    a->set_loss_tokens(3 * 64);
+    a->set_loss(3.25 + step);
+    v1::SourceReport* b = r.add_sources();
+    b->set_source(2);
+    b->set_path("/data/sft.tok");
+    b->set_samples(b_samples);
+    b->set_tokens(b_samples * 64);
+    b->set_loss_tokens(b_samples * 20);
+    b->set_loss(b_loss);
+    return r;
+  };
+  m.OnStep("job-m", 0, 0, "GPU-a", with_sources(1, 1, 1.5));
+  m.OnStep("job-m", 0, 0, "GPU-a", with_sources(2, 0, 0));  // no sample of source 2
+  m.OnStep("job-m", 1, 1, "GPU-b", with_sources(2, 0, 0));  // rank 1: not counted again
+  const std::string text = m.Render();
+  const std::string a = "{job_id=\"job-m\",path=\"/data/web/*.tok\",source=\"1\"}";
+  const std::string b = "{job_id=\"job-m\",path=\"/data/sft.tok\",source=\"2\"}";
+  for (const std::string& want : std::vector<std::string>{
+           "ithaca_source_samples_total" + a + " 6",
+           "ithaca_source_tokens_total" + a + " 384",
+           "ithaca_source_loss_tokens_total" + a + " 384",
+           "ithaca_source_loss" + a + " 5.25",
+           "ithaca_source_samples_total" + b + " 1",
+           "ithaca_source_tokens_total" + b + " 64",
+           "ithaca_source_loss_tokens_total" + b + " 20",
+           "ithaca_source_loss" + b + " 1.5",
+       }) {
+    EXPECT_NE(text.find(want + "\n"), std::string::npos) << want << "\n" << text;
+  }
+}
+
 TEST(MetricsTest, RendersSeriesWithJoinLabelsAndAHistogram) {
   Metrics m;
   m.OnStep("job-1", 1, 3, "GPU-abc", Report(1, 0.03));

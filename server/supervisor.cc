@@ -51,6 +51,12 @@ std::unique_ptr<Cluster> MakeCluster(const Supervisor::Options& o, const Node& n
   return std::make_unique<LocalCluster>(std::move(l), node);
 }
 
+// Whether a job's ranks run on GPUs (a stored spec always parses; one that does not is not).
+bool SpecRunsOnCuda(const std::string& spec_toml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_toml);
+  return spec.ok() && spec->backend == "cuda";
+}
+
 }  // namespace
 
 Supervisor::Supervisor(Options options, Node node, JobOwner* owner, Metrics* metrics)
@@ -174,6 +180,7 @@ void Supervisor::Adopt(const AdoptOrder& order) {
   auto a = std::make_unique<SupervisedJob>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
+  a->cuda = SpecRunsOnCuda(order.spec_toml);
   a->log_dir = order.log_dir;
   a->rendezvous = order.record.rendezvous;
   a->secret = order.record.secret;
@@ -273,6 +280,7 @@ void Supervisor::LaunchLocked(const LaunchOrder& order) {
   auto a = std::make_unique<SupervisedJob>();
   a->id = order.job_id;
   a->spec_toml = order.spec_toml;
+  a->cuda = SpecRunsOnCuda(order.spec_toml);
   a->log_dir = order.log_dir;
   absl::StatusOr<Cluster::Launched> launched = cluster_->Launch(order, *a);
   if (!launched.ok()) {
@@ -503,6 +511,17 @@ absl::StatusOr<v1::RegisterResponse> Supervisor::Register(const v1::RegisterRequ
   return response;
 }
 
+std::pair<int, std::string> Supervisor::MetricsDevice(const SupervisedJob& a,
+                                                      const SupervisedRank& r) const {
+  if (r.remote) {
+    // Another node's slot: a GPU when the job runs on CUDA.
+    return {a.cuda ? r.slot : Metrics::kCpuSlot, ""};
+  }
+  if (!node_.gpu) return {Metrics::kCpuSlot, ""};  // a CPU slot is no GPU
+  const NodeDevice& dev = node_.devices[r.slot];
+  return {dev.index, dev.uuid};
+}
+
 absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
   MutexLock lock(&mu_);
   const v1::StepReport& step = request.step();
@@ -523,12 +542,8 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
                                                      stored.message(), "); send it again"));
   }
   a->unstored_steps.erase(key);
-  if (r.remote) {
-    metrics_->OnStep(a->id, step.rank(), r.slot, "", report);
-  } else {
-    const NodeDevice& dev = node_.devices[r.slot];
-    metrics_->OnStep(a->id, step.rank(), dev.index, dev.uuid, report);
-  }
+  const auto [gpu, uuid] = MetricsDevice(*a, r);
+  metrics_->OnStep(a->id, step.rank(), gpu, uuid, report);
   r.last_step = step.step();
   return absl::OkStatus();
 }
@@ -571,12 +586,8 @@ absl::Status Supervisor::ReportEval(const v1::ReportEvalRequest& request) {
   RETURN_IF_ERROR(CheckEvalReport(eval, a->spec_toml));
   SupervisedRank& r = a->ranks[eval.rank()];
   r.last_heartbeat = absl::Now();
-  if (r.remote) {
-    metrics_->OnEval(a->id, eval.rank(), r.slot, "", eval);
-  } else {
-    const NodeDevice& dev = node_.devices[r.slot];
-    metrics_->OnEval(a->id, eval.rank(), dev.index, dev.uuid, eval);
-  }
+  const auto [gpu, uuid] = MetricsDevice(*a, r);
+  metrics_->OnEval(a->id, eval.rank(), gpu, uuid, eval);
   return owner_->OnEval(a->id, eval);
 }
 

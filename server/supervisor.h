@@ -32,6 +32,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -187,6 +188,9 @@ class Supervisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeLocked(SupervisedJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TailLogsLocked(SupervisedJob& job, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How /metrics labels a rank: its GPU's index and UUID, or Metrics::kCpuSlot on a CPU slot.
+  std::pair<int, std::string> MetricsDevice(const SupervisedJob& a, const SupervisedRank& r) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<SupervisedJob*> ActiveLocked(const std::string& job_id, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -332,7 +332,13 @@ TEST(SupervisorTest, RegisterChecksThePidAndAWorkerThatGoesSilentFailsItsJob) {
   ASSERT_TRUE(supervisor.ReportEval(eval).ok());
   EXPECT_EQ(owner.Evals("job-r"), std::vector<int64_t>{5});
   const std::string text = metrics.Render();
-  EXPECT_NE(text.find("job_id=\"job-r\",rank=\"0\"} 2.75"), std::string::npos) << text;
+  // A CPU node's slot is no GPU: the rank's series carry no gpu (or UUID) label.
+  EXPECT_NE(text.find("ithaca_eval_loss{job_id=\"job-r\",rank=\"0\"} 2.75"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_train_step{job_id=\"job-r\",rank=\"0\"} 5"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("gpu="), std::string::npos) << text;
+  EXPECT_EQ(text.find("UUID="), std::string::npos) << text;
   eval.mutable_eval()->set_rank(3);  // no such rank
   EXPECT_FALSE(supervisor.ReportEval(eval).ok());
 

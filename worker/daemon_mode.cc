@@ -103,6 +103,15 @@ v1::StepReport ToProto(const StepReport& r, int rank) {
   p.set_device_peak_bytes(r.mem_device_peak);
   p.set_checkpoint_seconds(r.checkpoint_seconds);
   p.set_checkpoint_time_unix(r.checkpoint_time_unix);
+  for (size_t i = 0; i < r.sources.size(); ++i) {
+    v1::SourceReport* s = p.add_sources();
+    s->set_source(static_cast<int32_t>(i + 1));
+    s->set_path(r.sources[i].path);
+    s->set_samples(r.sources[i].samples);
+    s->set_tokens(r.sources[i].tokens);
+    s->set_loss_tokens(r.sources[i].loss_tokens);
+    s->set_loss(r.sources[i].loss);
+  }
   return p;
 }
 

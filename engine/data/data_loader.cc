@@ -159,10 +159,37 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::CreateMix(
     if (n < 1) return absl::InvalidArgumentError("data.weights: a source has no slot");
     period += n;
   }
+  if (!options.source_loss_mask.empty() && options.source_loss_mask.size() != sources.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.source_loss_mask: ", options.source_loss_mask.size(), " values for ",
+                     sources.size(), " sources"));
+  }
   auto loader = std::unique_ptr<DataLoader>(new DataLoader());
   for (size_t i = 0; i < sources.size(); ++i) {
     DataOptions o = options;
     o.seed = SplitMix64(options.seed ^ SplitMix64(0x6d6978ULL + i));  // "mix" + i
+    if (!options.source_loss_mask.empty()) {
+      // Each source by its own entry, checked here so the error names the source.
+      o.loss_mask = options.source_loss_mask[i];
+      o.source_loss_mask.clear();
+      for (const auto& f : sources[i]) {
+        if (!f) continue;  // Create refuses it
+        if (o.loss_mask && f->loss_mask() == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "data.source_loss_mask: source ", i + 1, " (", f->path(),
+              ") is marked true (SFT: only the loss mask's tokens trained) but the file has no "
+              "loss mask: make it with ithaca-tokenize --sft, or mark the source false to "
+              "train every label"));
+        }
+        if (!o.loss_mask && f->loss_mask() != nullptr) {
+          loader->warnings_.push_back(absl::StrCat(
+              "data.source_loss_mask: source ", i + 1, " (", f->path(),
+              ") is marked false, so every label is trained, but the file carries a loss "
+              "mask (made with ithaca-tokenize --sft): mark it true to train only what the "
+              "mask marks"));
+        }
+      }
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> source,
                      Create(std::move(sources[i]), seq_len, model_vocab, o));
     const TokenFile& a = loader->mix_.empty() ? source->file(0) : loader->mix_[0]->file(0);
@@ -204,6 +231,10 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::CreateMix(
   loader->mix_slots_ = slots;
   loader->seq_len_ = seq_len;
   loader->options_ = options;
+  // CountLabels's shortcut holds only when no source masks its labels.
+  for (const auto& source : loader->mix_) {
+    loader->options_.loss_mask = loader->options_.loss_mask || source->options_.loss_mask;
+  }
   loader->seed_ = options.seed;
   return loader;
 }

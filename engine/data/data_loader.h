@@ -34,6 +34,10 @@ struct DataOptions {
   // data.loss_mask: labels whose token the file's loss mask marks 0 are ignored (-1). Every file
   // must have a loss mask.
   bool loss_mask = false;
+  // data.source_loss_mask, for CreateMix: per source, whether its labels are masked as
+  // loss_mask masks them (every file of it must then carry a mask) or all trained. Empty:
+  // loss_mask for every source.
+  std::vector<bool> source_loss_mask;
   // data.byte_tokens: byte-level (or version 1) files for a model with its own tokenizer.json
   // are allowed, with a warning; otherwise they are refused.
   bool allow_byte_tokens = false;
@@ -63,7 +67,10 @@ class DataLoader {
   // serves A A B A | A A B A ...; sample `position` is sample (position / period) × slots[s]
   // + (its rank among s's slots of the period) of its source s. A pure function of position, so
   // a resumed run (position from the checkpoint) sees the same samples. The sources must share
-  // one tokenizer; each is checked as Create checks its files.
+  // one tokenizer; each is checked as Create checks its files. With options.source_loss_mask,
+  // each source masks its labels or not by its own entry: a masked source whose file has no
+  // loss mask is refused naming the source and the file; an unmasked one whose files carry a
+  // mask trains every label all the same, with a warning.
   static absl::StatusOr<std::unique_ptr<DataLoader>> CreateMix(
       std::vector<std::vector<std::unique_ptr<TokenFile>>> sources,
       const std::vector<int64_t>& slots, int64_t seq_len, int64_t model_vocab,
@@ -72,6 +79,10 @@ class DataLoader {
   // mix; exposed for tests).
   std::pair<size_t, int64_t> SourceFor(int64_t position) const;
   size_t num_sources() const { return mix_.empty() ? 1 : mix_.size(); }
+  // Whether source i's labels follow its files' loss masks.
+  bool source_masked(size_t i) const {
+    return mix_.empty() ? options_.loss_mask : mix_[i]->options_.loss_mask;
+  }
 
   // Fills inputs[seq_len] and labels[seq_len] with the next sample (ignored labels are -1).
   void Next(int32_t* inputs, int32_t* labels);

@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<DataLoader>> OpenTrainingData(const JobSpec& spec
   DataOptions options = DataOptionsFor(spec, cfg);
   options.shuffle = spec.data.shuffle;
   options.seed = spec.training.seed;
+  options.source_loss_mask = spec.data.source_loss_mask;
   if (spec.data.weights.empty()) {
     ASSIGN_OR_RETURN(std::vector<std::unique_ptr<TokenFile>> files,
                      OpenTokenFiles(spec.data.path, check_limit));

@@ -805,6 +805,89 @@ TEST(DataMixTest, ResumeAtAnyPositionServesTheSameSamples) {
   }
 }
 
+// data.source_loss_mask: a pretraining source (no loss mask, every label trained) mixed with an
+// SFT source (its mask decides), each sample masked by its own source; a source marked SFT
+// whose file has no mask is refused naming the source and the file.
+TEST(DataMixTest, PretrainingAndSftSourcesEachKeepTheirOwnMask) {
+  auto sources = [](bool b_has_mask) {
+    std::vector<std::vector<std::unique_ptr<TokenFile>>> out;
+    out.push_back(MixSource(0, 6));  // no loss mask
+    std::vector<uint32_t> t(6 * 4 + 1);
+    TokenFileMeta m;
+    m.vocab_size = 4000;
+    m.doc_starts = {0};
+    for (size_t i = 0; i < t.size(); ++i) {
+      t[i] = 1000 + static_cast<uint32_t>(i);
+      if (b_has_mask) m.loss_mask.push_back(i % 2);  // odd tokens are completions
+    }
+    const std::string path = TmpPath(b_has_mask ? "mix-sft.tok" : "mix-sft-unmasked.tok");
+    EXPECT_TRUE(WriteTokenFileV2(path, t, m).ok());
+    std::vector<std::unique_ptr<TokenFile>> files;
+    files.push_back(OpenOrDie(path));
+    out.push_back(std::move(files));
+    return out;
+  };
+  DataOptions o;
+  o.shuffle = false;
+  o.source_loss_mask = {false, true};
+  auto l = DataLoader::CreateMix(sources(true), {1, 1}, 4, 4000, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE((*l)->source_masked(0));
+  EXPECT_TRUE((*l)->source_masked(1));
+  int32_t in[4], lab[4];
+  for (int n = 0; n < 8; ++n) {
+    (*l)->Next(in, lab);
+    const int source = in[0] / 1000;
+    ASSERT_EQ(source, n % 2) << "[1, 1] alternates A B";
+    int64_t trained = 0;
+    for (int i = 0; i < 4; ++i) {
+      const int32_t label = in[i] + 1;
+      // Source A trains every label; source B only its odd (completion) tokens.
+      const bool kept = source == 0 || label % 2 == 1;
+      EXPECT_EQ(lab[i], kept ? label : -1) << n << " " << i;
+      trained += kept;
+    }
+    EXPECT_EQ((*l)->CountLabels(n), trained) << n;
+  }
+  EXPECT_TRUE((*l)->warnings().empty());
+
+  // data.loss_mask = true alone still needs a mask in every source: the old error, naming A.
+  DataOptions every;
+  every.loss_mask = true;
+  auto refused = DataLoader::CreateMix(sources(true), {1, 1}, 4, 4000, every);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("mix0-6.tok: data.loss_mask is set but the file has "
+                                            "no loss mask"),
+            std::string::npos)
+      << refused.status();
+
+  // A source marked SFT without a mask: an error naming the source and its file.
+  auto unmasked = DataLoader::CreateMix(sources(false), {1, 1}, 4, 4000, o);
+  ASSERT_FALSE(unmasked.ok());
+  EXPECT_EQ(unmasked.status().message(),
+            "data.source_loss_mask: source 2 (" + TmpPath("mix-sft-unmasked.tok") +
+                ") is marked true (SFT: only the loss mask's tokens trained) but the file has no "
+                "loss mask: make it with ithaca-tokenize --sft, or mark the source false to train "
+                "every label");
+  // A masked file in a source marked false trains every label, and says so.
+  o.source_loss_mask = {false, false};
+  auto plain = DataLoader::CreateMix(sources(true), {1, 1}, 4, 4000, o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  (*plain)->Next(in, lab);
+  (*plain)->Next(in, lab);
+  EXPECT_EQ(std::vector<int32_t>(lab, lab + 4), (std::vector<int32_t>{1001, 1002, 1003, 1004}));
+  ASSERT_EQ((*plain)->warnings().size(), 1u);
+  EXPECT_NE((*plain)->warnings()[0].find("source 2 (" + TmpPath("mix-sft.tok") +
+                                         ") is marked "
+                                         "false, so every label is trained"),
+            std::string::npos);
+  // One value per source.
+  o.source_loss_mask = {true};
+  auto short_list = DataLoader::CreateMix(sources(true), {1, 1}, 4, 4000, o);
+  ASSERT_FALSE(short_list.ok());
+  EXPECT_EQ(short_list.status().message(), "data.source_loss_mask: 1 values for 2 sources");
+}
+
 TEST(DataMixTest, SourcesOfAnotherTokenizerAreRefused) {
   std::vector<std::vector<std::unique_ptr<TokenFile>>> sources;
   sources.push_back(MixSource(0, 5));

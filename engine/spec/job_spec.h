@@ -90,6 +90,10 @@ struct JobSpec {
     // SFT: only the tokens the token file's loss mask marks are trained (the file must have
     // one: ithaca-tokenize --sft). The loss is the mean over the trained tokens of the step.
     bool loss_mask = false;
+    // Per source of a mix (data.weights), whether it is SFT data: true trains only what its
+    // files' loss masks mark (each file must carry one), false every label (a pretraining
+    // source). Empty: data.loss_mask decides for every source. Not with data.loss_mask = true.
+    std::vector<bool> source_loss_mask;
     // Byte-level token files (ithaca-tokenize without --tokenizer) for a model that has its own
     // tokenizer.json are refused unless this says they are meant (training a byte model on
     // the architecture); the model's own tokens come from `ithaca-tokenize --tokenizer DIR`.

@@ -225,7 +225,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
   }
   // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but
   // min_lr_ratio, and model.preset (the full spec's model is a config.json).
-  EXPECT_EQ(keys, 68);
+  EXPECT_EQ(keys, 69);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -694,6 +694,39 @@ TEST(JobSpecTest, DataWeightsNameTheSourcesOfTheBraceGroup) {
             "job.toml: data.weights: must be an array of numbers, got string"},
            {"path = \"{a.tok,b.tok}\"\nweights = [999999.5, 1]",
             "job.toml: data.weights: the mix repeats only every"},
+       }) {
+    absl::StatusOr<JobSpec> bad = ParseJobSpec("[data]\n" + toml + "\n");
+    ASSERT_FALSE(bad.ok()) << toml;
+    EXPECT_NE(bad.status().message().find(error), std::string::npos) << bad.status();
+  }
+}
+
+// data.source_loss_mask: per source of the mix, SFT (masked) or pretraining (every label).
+TEST(JobSpecTest, SourceLossMaskIsOnePerSourceOfAMix) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[data]\npath = \"{web/*.tok,sft.tok}\"\nweights = [3, 1]\nsource_loss_mask = [false, "
+      "true]\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->data.source_loss_mask, (std::vector<bool>{false, true}));
+  const std::string toml = JobSpecToToml(*s);
+  EXPECT_NE(toml.find("source_loss_mask = [false, true]\n"), std::string::npos) << toml;
+  absl::StatusOr<JobSpec> back = ParseJobSpec(toml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data.source_loss_mask, s->data.source_loss_mask);
+  EXPECT_TRUE(ParseJobSpec("[data]\npath = \"d\"\n")->data.source_loss_mask.empty());
+  for (const auto& [toml, error] : std::vector<std::pair<std::string, std::string>>{
+           {"path = \"d.tok\"\nsource_loss_mask = [true]",
+            "job.toml: data.source_loss_mask: needs a mix (data.weights, one source per value); "
+            "for one source use data.loss_mask"},
+           {"path = \"{a.tok,b.tok}\"\nweights = [1, 1]\nsource_loss_mask = [true]",
+            "job.toml: data.source_loss_mask: 1 value for 2 sources (data.weights): one per "
+            "source"},
+           {"path = \"{a.tok,b.tok}\"\nweights = [1, 1]\nloss_mask = true\n"
+            "source_loss_mask = [false, true]",
+            "job.toml: data.source_loss_mask: set either data.loss_mask = true (every source "
+            "masked) or data.source_loss_mask (per source), not both"},
+           {"path = \"{a.tok,b.tok}\"\nweights = [1, 1]\nsource_loss_mask = [1, 0]",
+            "job.toml: data.source_loss_mask: must be an array of booleans, got integer"},
        }) {
     absl::StatusOr<JobSpec> bad = ParseJobSpec("[data]\n" + toml + "\n");
     ASSERT_FALSE(bad.ok()) << toml;

@@ -159,6 +159,19 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                                ": data.path must be one brace group with a source per weight, "
                                "\"{web/*.tok,code/*.tok}\" for weights = [3, 1]")));
   }
+  if (!s.data.source_loss_mask.empty()) {
+    const size_t n = s.data.source_loss_mask.size();
+    RETURN_IF_ERROR(r.Require(!s.data.weights.empty(), "data.source_loss_mask",
+                              "needs a mix (data.weights, one source per value); for one source "
+                              "use data.loss_mask"));
+    RETURN_IF_ERROR(
+        r.Require(n == s.data.weights.size(), "data.source_loss_mask",
+                  absl::StrCat(n, n == 1 ? " value" : " values", " for ", s.data.weights.size(),
+                               " sources (data.weights): one per source")));
+    RETURN_IF_ERROR(r.Require(!s.data.loss_mask, "data.source_loss_mask",
+                              "set either data.loss_mask = true (every source masked) or "
+                              "data.source_loss_mask (per source), not both"));
+  }
 
   const JobSpec::Training& t = s.training;
   // An evaluation-only job never takes an optimizer step, so its learning rates do not matter.

@@ -242,6 +242,31 @@ Codec Bool(Get get) {
           [get](const JobSpec& s) { return std::string(*get(s) ? "true" : "false"); }};
 }
 
+// An array of booleans, at most kMaxDataSources of them.
+template <typename Get>
+Codec BoolList(Get get) {
+  return {"an array of booleans",
+          [get](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
+            if (!n.is_array()) return r.WrongType(n, path, "an array of booleans");
+            const toml::array& a = *n.as_array();
+            RETURN_IF_ERROR(
+                r.Require(a.size() <= kMaxDataSources, path,
+                          absl::StrCat("at most ", kMaxDataSources, " booleans, got ", a.size())));
+            std::vector<bool> v;
+            for (const toml::node& e : a) {
+              if (!e.is_boolean()) return r.WrongType(e, path, "an array of booleans");
+              v.push_back(e.as_boolean()->get());
+            }
+            *get(s) = std::move(v);
+            return absl::OkStatus();
+          },
+          [get](const JobSpec& s) {
+            std::vector<std::string> parts;
+            for (bool b : *get(s)) parts.push_back(b ? "true" : "false");
+            return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+          }};
+}
+
 // true | false | "auto" (for ResolveJob to choose).
 template <typename Get>
 Codec BoolOrAuto(Get get) {

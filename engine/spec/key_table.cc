@@ -178,7 +178,15 @@ const std::vector<Key>& Keys() {
        "Packed documents: attention stays inside each document and RoPE positions restart at "
        "each; a label that would cross into the next document is not trained."},
       {"data.loss_mask", Bool(FIELD(data.loss_mask)),
-       "SFT: train only the tokens the token file's loss mask marks (`ithaca-tokenize --sft`)."},
+       "SFT: train only the tokens the token file's loss mask marks (`ithaca-tokenize --sft`); "
+       "every file of every source must carry one (a mix of SFT and pretraining sources: "
+       "`source_loss_mask`)."},
+      {"data.source_loss_mask", BoolList(FIELD(data.source_loss_mask)),
+       "Per source of a mix (`data.weights`, in its order): true trains only the tokens its "
+       "files' loss masks mark (SFT; each file must carry one), false every label (a "
+       "pretraining source; a loss mask its files carry is not used). Empty: `loss_mask` "
+       "decides for every source. Not with `loss_mask = true`. Steps still train the mean over "
+       "their trained labels; the held-out loss is masked only under `loss_mask`."},
       {"data.byte_tokens", Bool(FIELD(data.byte_tokens)),
        "Byte-level token files for a model that has its own tokenizer.json are meant (else "
        "refused: tokenize with `ithaca-tokenize --tokenizer MODEL_DIR`)."},

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "engine/core/file_util.h"
+#include "engine/core/path_policy.h"
 #include "engine/plan/step_time.h"
 #include "engine/schedule/spec_options.h"
 #include "engine/model/lora_adapter.h"
@@ -40,10 +41,17 @@ std::string FormatStepLine(const StepReport& r) {
           ? absl::StrFormat(" | cpu adamw %.2f s (device waited %.2f s)", r.cpu_update_seconds,
                             r.device_wait_seconds)
           : "";
+  std::string sources;
+  for (size_t i = 0; i < r.sources.size(); ++i) {
+    const SourceStats& st = r.sources[i];
+    absl::StrAppendFormat(&sources, "%s source %d: %d sample%s", i == 0 ? " |" : ",", i + 1,
+                          st.samples, st.samples == 1 ? "" : "s");
+    if (st.loss_tokens > 0) absl::StrAppendFormat(&sources, " loss %.4f", st.loss);
+  }
   return absl::StrFormat(
-      "step %d/%d | loss %.4f | tok/s/gpu %.1f | tflops %.1f%s | mem %.1f %s (%s)%s | %.2f s",
+      "step %d/%d | loss %.4f | tok/s/gpu %.1f | tflops %.1f%s | mem %.1f %s (%s)%s%s | %.2f s",
       r.step, r.total_steps, r.loss, r.tokens_per_second, r.model_tflops, mfu,
-      r.mem_device_peak / unit, gib ? "GiB" : "MiB", tiers, host_update, r.seconds);
+      r.mem_device_peak / unit, gib ? "GiB" : "MiB", tiers, host_update, sources, r.seconds);
 }
 
 std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport& r) {
@@ -62,6 +70,13 @@ std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport&
   }
   if (r.model_tflops > 0) v.emplace_back("train/model_tflops", r.model_tflops);
   if (r.mfu > 0) v.emplace_back("train/mfu", r.mfu);
+  for (size_t i = 0; i < r.sources.size(); ++i) {
+    const SourceStats& st = r.sources[i];
+    const std::string tag = absl::StrCat("source/", i + 1, "/");
+    v.emplace_back(tag + "samples", static_cast<double>(st.samples));
+    v.emplace_back(tag + "tokens", static_cast<double>(st.tokens));
+    if (st.loss_tokens > 0) v.emplace_back(tag + "loss", st.loss);
+  }
   return v;
 }
 
@@ -181,6 +196,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
   // the same (and the eval data against it).
   if (!spec.data.path.empty()) {
     ASSIGN_OR_RETURN(t->data_, OpenTrainingData(spec, t->cfg_));
+    if (!spec.data.weights.empty()) {
+      ASSIGN_OR_RETURN(t->source_paths_, SplitDataSources(spec.data.path));
+    }
     if (t->rank_ == 0) {
       for (const std::string& w : t->data_->warnings()) std::printf("warning: %s\n", w.c_str());
     }
@@ -357,19 +375,24 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   // directly: no collective, no wait.
   const int64_t first = data_->position();
   int64_t tokens = 0;
-  for (int64_t i = 0; i < samples; ++i) tokens += data_->CountLabels(first + i);
+  std::vector<int64_t> trained(samples);  // per sample of the step, its trained labels
+  for (int64_t i = 0; i < samples; ++i) tokens += trained[i] = data_->CountLabels(first + i);
   if (tokens == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.loss_mask: the ", samples, " samples of step ", state_.step + 1,
-        " (from data position ", first, ") have no trained token: every label is masked"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec_.data.loss_mask ? "data.loss_mask" : "data.source_loss_mask", ": the ",
+                     samples, " samples of step ", state_.step + 1, " (from data position ", first,
+                     ") have no trained token: every label is masked"));
   }
   const float grad_scale = 1.f / static_cast<float>(tokens);
   // What the step reports, kept on the device until the one read below: each sample's loss
-  // sum, then each unit's Σ g² of this rank's gradient shard.
+  // sum (sample i of the step in slot i, the other replicas' slots zero on this rank, so the
+  // sum over the world is every sample's whole loss: a mix reports each source's), then each
+  // unit's Σ g² of this rank's gradient shard.
   ParamStore& ps = model_->params();
-  const int64_t m = per_replica, U = ps.num_units();
+  const int64_t m = samples, U = ps.num_units();
   ASSIGN_OR_RETURN(Buffer stats, Buffer::Make(alloc_, DType::kF32, {m + U}, Tier::kComm));
   const Tensor losses = stats.tensor().Slice(0, {m}), sumsq = stats.tensor().Slice(m, {U});
+  if (dp_ > 1) ops_->Fill(losses, 0.f);
   ps.ZeroGrads();
   // Samples stream in: each is read and copied to the device (asynchronously: the host does not
   // wait) just before its forward, so the device holds one sample's tokens at a time. The pinned
@@ -378,7 +401,6 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   double step_flops = 0;  // every sample of the step, all ranks
   {
     std::vector<int32_t> inputs(S), labels(S);
-    int64_t k = 0;
     for (int64_t i = 0; i < samples; ++i) {
       data_->Next(inputs.data(), labels.data());
       const DocumentMask docs = spec_.data.document_mask ? SampleDocuments(*data_) : DocumentMask{};
@@ -386,7 +408,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
       if (i % dp_ != dp_rank_) continue;
       ASSIGN_OR_RETURN(DeviceSample d,
                        model_->UploadSampleAsync(inputs.data(), labels.data(), S, docs, &staging));
-      RETURN_IF_ERROR(model_->ForwardBackward(d, grad_scale, losses.Slice(k++, {1})));
+      RETURN_IF_ERROR(model_->ForwardBackward(d, grad_scale, losses.Slice(i, {1})));
     }
   }
   RETURN_IF_ERROR(ps.FinishGradients());
@@ -422,6 +444,25 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   r.loss = loss;
   r.tokens = samples * S;
   r.loss_tokens = tokens;
+  if (data_->num_sources() > 1) {
+    // Per source of the mix: its samples of the step and the mean loss over their trained
+    // labels (their sums, as the step's loss is one).
+    r.sources.resize(data_->num_sources());
+    std::vector<double> sums(data_->num_sources(), 0);
+    for (size_t src = 0; src < r.sources.size(); ++src) r.sources[src].path = source_paths_[src];
+    for (int64_t i = 0; i < samples; ++i) {
+      const size_t src = data_->SourceFor(first + i).first;
+      SourceStats& st = r.sources[src];
+      ++st.samples;
+      st.tokens += S;
+      st.loss_tokens += trained[i];
+      sums[src] += host[i];
+    }
+    for (size_t src = 0; src < r.sources.size(); ++src) {
+      SourceStats& st = r.sources[src];
+      st.loss = st.loss_tokens > 0 ? sums[src] / static_cast<double>(st.loss_tokens) : 0;
+    }
+  }
   ops_->Synchronize();  // the step's end, for its time: the optimizer's update is part of it
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.tokens_per_second = r.tokens / r.seconds / world_;

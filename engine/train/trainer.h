@@ -25,6 +25,14 @@
 
 namespace ithaca {
 
+// One source of a data.weights mix in one step: its samples, their tokens, those trained (the
+// loss's denominator) and the mean cross-entropy over them (0 when it trained none).
+struct SourceStats {
+  std::string path;  // the source's alternative of data.path's brace group
+  int64_t samples = 0, tokens = 0, loss_tokens = 0;
+  double loss = 0;
+};
+
 struct StepReport {
   int64_t step = 0, total_steps = 0;
   double loss = 0;               // mean cross-entropy over the step's trained labels
@@ -55,6 +63,9 @@ struct StepReport {
   int64_t checkpoint_host_bytes = 0;
   // Parameters trained (with [lora] the adapters' alone) and the model's in all.
   int64_t trainable_parameters = 0, parameters = 0;
+  // Per source of a data.weights mix, in data.path's order (all ranks' samples); empty
+  // without a mix.
+  std::vector<SourceStats> sources;
 };
 
 // The stable, parseable step line:
@@ -62,12 +73,16 @@ struct StepReport {
 // 15.4 grads ... ) | 41.3 s
 // The "mfu" field is left out when it is 0 (the backend does not know its peak FLOP/s). Under
 // optimizer offload a field before the time says how long the CPU update took and how long the
-// device waited for it: "| cpu adamw 1.10 s (device waited 1.32 s) |".
+// device waited for it: "| cpu adamw 1.10 s (device waited 1.32 s) |". A data.weights mix
+// adds each source's samples and loss before the time: "| source 1: 3 samples loss 3.2140,
+// source 2: 1 sample loss 2.9012 |" (a source the step did not sample: "source 2: 0 samples").
 std::string FormatStepLine(const StepReport& r);
 
 // The step's TensorBoard scalars (metrics.tensorboard): train/loss, train/lr, train/grad_norm,
 // train/tokens_per_second (per rank), train/step_seconds, memory/device_peak_gib and each
-// tier's memory/<tier>_peak_gib (the step's peak), train/model_tflops, train/mfu (when known).
+// tier's memory/<tier>_peak_gib (the step's peak), train/model_tflops, train/mfu (when known);
+// with a data.weights mix, per source i (from 1) source/<i>/samples, source/<i>/tokens and,
+// when it trained labels in the step, source/<i>/loss.
 std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport& r);
 // An evaluation's: eval/loss (with eval.path), and per passkey point
 // passkey/<length>/depth_<depth>/accuracy and .../logprob.
@@ -159,9 +174,10 @@ class Trainer {
   int rank_ = 0, world_ = 1, dp_ = 1, dp_rank_ = 0;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<DataLoader> data_;      // null in an evaluation-only job
-  std::unique_ptr<Evaluator> evaluator_;  // null without eval.path
-  std::unique_ptr<PasskeyEval> passkey_;  // null without [eval.passkey]
+  std::unique_ptr<DataLoader> data_;       // null in an evaluation-only job
+  std::vector<std::string> source_paths_;  // a data.weights mix's sources; empty without one
+  std::unique_ptr<Evaluator> evaluator_;   // null without eval.path
+  std::unique_ptr<PasskeyEval> passkey_;   // null without [eval.passkey]
   // Rank 0 with metrics.tensorboard: checkpoint.dir/tensorboard's event file of this run.
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t evaluated_step_ = -1;  // the step of this process's newest evaluation

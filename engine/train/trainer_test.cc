@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
 #include "engine/checkpoint/model_loss.h"
@@ -697,6 +699,82 @@ TEST(TrainerTest, PackedSftStepIsTheMeanOverTrainedLabels) {
   EXPECT_EQ(reports[0].tokens, 2 * S);
   EXPECT_NEAR(reports[0].loss, loss_sum / counted, 1e-4);
   EXPECT_LT(reports.back().loss, reports[0].loss - 0.3);
+}
+
+// A weighted mix of a pretraining source (every label trained) and an SFT source (its loss mask
+// decides), data.source_loss_mask = [false, true]: each source's loss in the step report is the
+// loss the model computes on that source's sample alone, read through a loader of that source
+// alone, and the step's loss is the mean over both sources' trained labels.
+TEST(TrainerTest, MixOfPretrainingAndSftReportsEachSourcesLoss) {
+  const std::string dir = TmpDir("mix_sft");
+  JobSpec spec = SmallSpec(dir);
+  const std::string plain = spec.data.path, sft = SftTokens(dir);
+  spec.data.path = "{" + plain + "," + sft + "}";
+  spec.data.weights = {1, 1};
+  spec.data.source_loss_mask = {false, true};
+  spec.data.shuffle = false;
+  spec.data.seq_len = 128;
+  spec.training.grad_accum = 2;
+  spec.training.steps = 3;
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(Resolved(spec), &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+
+  // The first step serves source 1's first window, then source 2's (the [1, 1] interleave):
+  // each read alone, with its own mask, and run through the model at the step's weights.
+  const int64_t S = spec.data.seq_len;
+  LossSum alone[2];
+  for (int source = 0; source < 2; ++source) {
+    auto file = TokenFile::Open(source == 0 ? plain : sft);
+    ASSERT_TRUE(file.ok()) << file.status();
+    DataOptions o;
+    o.shuffle = false;
+    o.loss_mask = source == 1;
+    auto data = DataLoader::Create(std::move(*file), S, kByteVocab, o);
+    ASSERT_TRUE(data.ok()) << data.status();
+    std::vector<int32_t> in(S), lab(S);
+    (*data)->Next(in.data(), lab.data());
+    auto l = (*t)->model()->ForwardBackward(in.data(), lab.data(), S, 1.f);
+    ASSERT_TRUE(l.ok()) << l.status();
+    alone[source] = *l;
+  }
+  EXPECT_EQ(alone[0].tokens, S) << "the pretraining source trains every label";
+  EXPECT_GT(alone[1].tokens, 0);
+  EXPECT_LT(alone[1].tokens, S * 3 / 4) << "the SFT source trains only its completions";
+
+  std::vector<StepReport> reports;
+  absl::Status st = (*t)->Run([&](const StepReport& r) { reports.push_back(r); });
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(reports.size(), 3u);
+  const StepReport& r = reports[0];
+  ASSERT_EQ(r.sources.size(), 2u);
+  for (int source = 0; source < 2; ++source) {
+    SCOPED_TRACE(source);
+    const SourceStats& got = r.sources[source];
+    EXPECT_EQ(got.path, source == 0 ? plain : sft);
+    EXPECT_EQ(got.samples, 1);
+    EXPECT_EQ(got.tokens, S);
+    EXPECT_EQ(got.loss_tokens, alone[source].tokens);
+    EXPECT_NEAR(got.loss, alone[source].loss_sum / alone[source].tokens, 1e-4);
+  }
+  EXPECT_EQ(r.loss_tokens, alone[0].tokens + alone[1].tokens);
+  EXPECT_NEAR(r.loss, (alone[0].loss_sum + alone[1].loss_sum) / (alone[0].tokens + alone[1].tokens),
+              1e-4);
+  // The step line and the TensorBoard scalars carry the same figures.
+  const std::string line = FormatStepLine(r);
+  EXPECT_NE(line.find(absl::StrFormat("| source 1: 1 sample loss %.4f, source 2: 1 sample loss "
+                                      "%.4f |",
+                                      r.sources[0].loss, r.sources[1].loss)),
+            std::string::npos)
+      << line;
+  std::map<std::string, double> scalars;
+  for (const auto& [tag, value] : TensorBoardScalars(r)) scalars[tag] = value;
+  EXPECT_EQ(scalars["source/1/samples"], 1);
+  EXPECT_EQ(scalars["source/2/tokens"], S);
+  EXPECT_DOUBLE_EQ(scalars["source/2/loss"], r.sources[1].loss);
+  // Without a mix, no sources.
+  EXPECT_TRUE(FormatStepLine(StepReport()).find("source") == std::string::npos);
 }
 
 TEST(TrainerTest, AStepWhoseLabelsAreAllMaskedIsAClearError) {

@@ -568,7 +568,11 @@ class Grafana(unittest.TestCase):
                        "ithaca_tokens_per_second{", "job_id:ithaca_tokens_per_second:sum",
                        "ithaca_train_loss", "ithaca_mfu_ratio", "ithaca_jobs",
                        "histogram_quantile(0.9, sum by (job_id, le) (rate(ithaca_step_duration_seconds_bucket",
-                       "ithaca_eval_loss{", "ithaca_checkpoint_seconds{", "ithaca_queue_wait_seconds"):
+                       "ithaca_eval_loss{", "ithaca_checkpoint_seconds{", "ithaca_queue_wait_seconds",
+                       # issue 54 F10: passkey and every host tier; F3: the mix per source.
+                       "ithaca_passkey_accuracy{", "ithaca_host_block_inputs_bytes{",
+                       "ithaca_host_optimizer_bytes{", "ithaca_host_params_bytes{",
+                       "ithaca_source_loss{", "ithaca_source_samples_total{"):
             self.assertIn(needle, joined)
         dcgm = [e for e in exprs if "DCGM_" in e]
         self.assertGreaterEqual(len(dcgm), 4)

@@ -67,7 +67,10 @@ def needs_dcgm(expr):
 # Series this CPU job cannot have: MFU is not exported where the device's peak FLOP/s is
 # unknown (a CPU), and eval loss only for a job that evaluates. Their queries must still parse
 # and run; they are not required to return data.
-OPTIONAL = {"ithaca_mfu_ratio"}  # no MFU on a CPU (unknown peak)
+OPTIONAL = {"ithaca_mfu_ratio",  # no MFU on a CPU (unknown peak)
+            "ithaca_passkey_accuracy",  # only with [eval.passkey]
+            "ithaca_host_optimizer_bytes", "ithaca_host_params_bytes",  # only under offload
+            "ithaca_source_loss", "ithaca_source_samples_total"}  # only for a data.weights mix
 
 
 def optional(expr):

@@ -98,6 +98,79 @@ class DaemonE2E(unittest.TestCase):
         self.assertGreaterEqual(exits["ok"], 1)
         self.assertTrue(self.d.serving())
 
+    def test_mix_reports_each_source_and_after_is_no_queue_wait(self):
+        """A weighted mix of two sources through ithacad: each source's samples, tokens and loss
+        in the step line, `ithaca status` and /metrics (a label per source); the CPU slots are
+        no GPUs there; and a job submitted --after it waits in ithaca_queue_wait_seconds only
+        from the moment the first job succeeded."""
+        def queue_wait():
+            fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
+            got = {s.name: s.value for s in fams["ithaca_queue_wait_seconds"].samples}
+            return got["ithaca_queue_wait_seconds_sum"], got["ithaca_queue_wait_seconds_count"]
+
+        run = self.run_dir("mix")
+        corpus = harness.make_corpus()
+        a, b = os.path.join(run, "web.tok"), os.path.join(run, "code.tok")
+        for link in (a, b):
+            if not os.path.exists(link):
+                os.symlink(corpus, link)
+        steps = 5
+        toml = spec_toml(run, steps=steps, checkpoint_every=0).replace(
+            f'path = "{corpus}"',
+            f'path = "{{{a},{b}}}"\nweights = [3, 1]\nmicro_batch = 2\nshuffle = false')
+        toml = toml.replace("log_every = 5", "log_every = 1")
+        waited, count = queue_wait()
+        first = self.d.submit(toml)
+        second = self.d.client.submit(toml=spec_toml(self.run_dir("mix-after"), steps=1,
+                                                     checkpoint_every=0), after=first.id)
+        done = self.d.wait(first.id, timeout=300)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        after = self.d.wait(second.id, timeout=300)
+        self.assertEqual(after.state, job_pb2.JOB_STATE_SUCCEEDED, after.reason)
+
+        # [3, 1] over 2 samples a step: A A | B A | A A | B A | A A.
+        samples = {1: 2, 2: 1, 3: 2, 4: 1, 5: 2}
+        with open(os.path.join(done.log_dir, "rank-0.log")) as f:
+            log = f.read()
+        for step, n in samples.items():
+            self.assertRegex(log, rf"step {step}/{steps} \| .* \| source 1: {n} samples? loss "
+                                  rf"[0-9.]+, source 2: {2 - n} samples?( loss [0-9.]+)? \|")
+        rank0 = [r for r in done.last_steps if r.rank == 0][0]
+        self.assertEqual([(s.source, s.path, s.samples, s.tokens) for s in rank0.sources],
+                         [(1, a, 2, 128), (2, b, 0, 0)])
+        status = self.d.cli("status", first.id).stdout
+        self.assertIn(f"    source 1 ({a}): 2 samples, 128 tokens (128 trained), loss "
+                      f"{rank0.sources[0].loss:.4f}\n", status)
+        self.assertIn(f"    source 2 ({b}): 0 samples, 0 tokens (0 trained)\n", status)
+
+        fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
+        per_source = lambda fam: {s.labels["source"]: (s.labels["path"], s.value)
+                                  for s in fams[fam].samples if s.labels["job_id"] == first.id}
+        self.assertEqual(per_source("ithaca_source_samples"), {"1": (a, 8), "2": (b, 2)})
+        self.assertEqual(per_source("ithaca_source_tokens"), {"1": (a, 8 * 64), "2": (b, 2 * 64)})
+        steps_seen = [e.report for e in self.d.client.history(first.id)
+                      if isinstance(e, Step) and e.rank == 0]
+        last_b = [r.sources[1].loss for r in steps_seen if r.sources[1].samples > 0][-1]
+        self.assertAlmostEqual(per_source("ithaca_source_loss")["2"][1], last_b, places=9)
+        # A CPU slot is no GPU: its series are labelled by job and rank alone.
+        for s in fams["ithaca_train_loss"].samples:
+            if s.labels["job_id"] == first.id:
+                self.assertNotIn("gpu", s.labels)
+                self.assertNotIn("UUID", s.labels)
+
+        # The queue wait of both jobs: each from when it could start, which for the second is
+        # the first's success, as the store's transitions say.
+        def at(job, state):
+            return [t.time.ToMilliseconds() for t in job.transitions if t.to == state][-1] / 1e3
+        expected = (at(done, job_pb2.JOB_STATE_STARTING) - at(done, job_pb2.JOB_STATE_QUEUED)) + (
+            at(after, job_pb2.JOB_STATE_STARTING) -
+            max(at(after, job_pb2.JOB_STATE_QUEUED), at(done, job_pb2.JOB_STATE_SUCCEEDED)))
+        total, n = queue_wait()
+        self.assertEqual(n - count, 2)
+        self.assertAlmostEqual(total - waited, expected, delta=0.01)
+        ran = at(done, job_pb2.JOB_STATE_SUCCEEDED) - at(done, job_pb2.JOB_STATE_STARTING)
+        self.assertLess(total - waited, ran, "waiting for --after is not queue wait")
+
     def test_cli_submit_follow_status_logs(self):
         run = self.run_dir("cli")
         spec = os.path.join(run, "job.toml")
@@ -519,8 +592,10 @@ sp = 8
         self.assertEqual(set(mem), {"params", "grads", "optimizer", "attention", "activations",
                                     "block_inputs", "comm", "workspace"})
         tps = mine("ithaca_tokens_per_second")
-        self.assertEqual([(s.labels["rank"], s.labels["gpu"]) for s in tps], [("0", "0")])
-        self.assertIn("UUID", tps[0].labels)
+        # A CPU slot is no GPU: no gpu or UUID label (issue 54 F9).
+        self.assertEqual([s.labels["rank"] for s in tps], ["0"])
+        self.assertNotIn("gpu", tps[0].labels)
+        self.assertNotIn("UUID", tps[0].labels)
         self.assertGreater(tps[0].value, 0)
         t0 = time.time()
         r = self.d.client.cancel(job.id, reason="test")
