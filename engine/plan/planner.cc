@@ -222,10 +222,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
       }
     }
   }
-  std::vector<int32_t> tokens(req.seq_len, 0);
   if (req.rates != nullptr) ops.set_timing(req.rates, &clock);
   if (req.gemm_log != nullptr) ops.set_gemm_log(req.gemm_log);
-  RETURN_IF_ERROR(model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
+  // The sample is its shape only: the meta device reads no tokens, so the replay holds none
+  // (LlamaModel::ForwardBackward's upload, step and read-back of the loss, without the S-token
+  // host arrays).
+  ASSIGN_OR_RETURN(DeviceSample sample, model->UploadSampleShape(req.seq_len));
+  ASSIGN_OR_RETURN(Buffer loss_sum, Buffer::Make(&alloc, DType::kF32, {1}, Tier::kActivations));
+  RETURN_IF_ERROR(model->ForwardBackward(sample, 1.f, loss_sum.tensor()));
+  float loss = 0;
+  ops.Download(loss_sum.tensor(), &loss, DType::kF32);
   MemoryPlan p;
   if (req.rates != nullptr) p.predicted = PredictStep(req, clock, ps);
   const MemoryTracker& t = alloc.tracker();

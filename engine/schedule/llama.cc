@@ -183,13 +183,28 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, con
   std::vector<int32_t> ids(static_cast<size_t>(s)), shifted(static_cast<size_t>(s));
   CopyShare(inputs, S, runs, 0, ids.data());
   CopyShare(labels, S, runs, -1, shifted.data());
+  ASSIGN_OR_RETURN(DeviceSample out, UploadShare(s, ids.data(), shifted.data()));
+  out.tokens = std::count_if(shifted.begin(), shifted.end(), [](int32_t v) { return v >= 0; });
+  out.docs = docs;
+  return out;
+}
+
+absl::StatusOr<DeviceSample> LlamaModel::UploadSampleShape(int64_t S) {
+  if (S <= 0) return absl::InvalidArgumentError(absl::StrCat("a sample of ", S, " tokens"));
+  const int64_t ring = sp_size() / plan_.P;
+  ASSIGN_OR_RETURN(DeviceSample out,
+                   UploadShare(SequenceShare(S, sp_size(), ring), nullptr, nullptr));
+  out.tokens = out.ids.tensor().numel();
+  return out;
+}
+
+absl::StatusOr<DeviceSample> LlamaModel::UploadShare(int64_t s, const int32_t* ids,
+                                                     const int32_t* labels) {
   DeviceSample out;
   ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
-  ops_->Upload(ids.data(), DType::kI32, out.ids.tensor());
-  ops_->Upload(shifted.data(), DType::kI32, out.labels.tensor());
-  out.tokens = std::count_if(shifted.begin(), shifted.end(), [](int32_t v) { return v >= 0; });
-  out.docs = docs;
+  ops_->Upload(ids, DType::kI32, out.ids.tensor());
+  ops_->Upload(labels, DType::kI32, out.labels.tensor());
   return out;
 }
 
