@@ -387,8 +387,8 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
     BlockSaved bs;
     const bool saved = st.schedule.saved(l);
     const bool keep_o = st.keep_all || (st.keep_attention(l) && saved);
-    RETURN_IF_ERROR(BlockForward(st.ctx(l), w, st.x.tensor(), y.tensor(), &bs, keep_o,
-                                 /*keep_mlp_input=*/st.keep_all));
+    RETURN_IF_ERROR(blocks_->Forward(st.ctx(l), w, st.x.tensor(), y.tensor(), &bs, keep_o,
+                                     /*keep_mlp_input=*/st.keep_all));
     if (st.backward && saved) {
       SavedInputs in;
       in.x = std::move(st.x);
@@ -451,8 +451,8 @@ absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
     // l0's are saved with its input by the forward).
     const bool keep_o = st.keep_attention(m) && m == from && from > l0 && re[from].o.empty();
     BlockSaved bs;
-    RETURN_IF_ERROR(BlockForward(st.ctx(m), w, xm, y.tensor(), &bs, keep_o,
-                                 /*keep_mlp_input=*/false));
+    RETURN_IF_ERROR(blocks_->Forward(st.ctx(m), w, xm, y.tensor(), &bs, keep_o,
+                                     /*keep_mlp_input=*/false));
     if (keep_o) {
       re[m].o = std::move(bs.o);
       re[m].lse = std::move(bs.lse);
@@ -507,8 +507,8 @@ absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& d
       bs.o = std::move(in.o);
       bs.lse = std::move(in.lse);
     }
-    RETURN_IF_ERROR(BlockRecompute(st.ctx(l), w, in.x.tensor(), &bs));
-    RETURN_IF_ERROR(BlockBackward(st.ctx(l), w, g, in.x.tensor(), &bs, dx));
+    RETURN_IF_ERROR(blocks_->Recompute(st.ctx(l), w, in.x.tensor(), &bs));
+    RETURN_IF_ERROR(blocks_->Backward(st.ctx(l), w, g, in.x.tensor(), &bs, dx));
     if (!frozen) RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
     if (layout_.has_lora()) RETURN_IF_ERROR(ps.ReduceGrad(layout_.lora_unit(l)));
   }

@@ -94,6 +94,8 @@ class LlamaModel {
   Ops* ops() const { return ops_; }
   Allocator* allocator() const { return alloc_; }
   ParamStore& params() { return *params_; }
+  // Runs the blocks through `blocks` from now on (it outlives the model); nullptr: directly.
+  void set_block_runner(BlockRunner* blocks) { blocks_ = blocks ? blocks : &direct_; }
   int64_t sp_rank() const { return sp_ ? sp_->rank() : 0; }
   int64_t sp_size() const { return sp_ ? sp_->size() : 1; }
 
@@ -198,6 +200,8 @@ class LlamaModel {
   HeadPlan plan_;
   std::unique_ptr<ParamStore> params_;
   Buffer inv_freq_;
+  BlockRunner direct_;
+  BlockRunner* blocks_ = &direct_;
 };
 
 }  // namespace ithaca
