@@ -73,11 +73,12 @@ absl::StatusOr<AdmittedSpec> Jobs::Admit(const Request& request, const Node& nod
   const int slots = heavy ? kMaxConcurrentPlans - 1 : kMaxConcurrentPlans;
   if (plans_in_flight_.fetch_add(1) >= slots) {
     plans_in_flight_.fetch_sub(1);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "ithacad is already admitting ", slots, " jobs",
-        heavy ? absl::StrCat(" (one more slot is kept for data.seq_len <= ", kSmallPlanTokens, ")")
-              : "",
-        "; try again shortly"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ithacad plans at most ", kMaxConcurrentPlans, " submissions at once",
+                     heavy ? absl::StrCat(" (", slots, " with data.seq_len > ", kSmallPlanTokens,
+                                          ": one slot is kept for shorter ones)")
+                           : "",
+                     " and all are taken; try again shortly"));
   }
   // init.from = "job:ID": that job's checkpoint.dir, as admitted.
   const InitJobLookup init_job = [this, &after,

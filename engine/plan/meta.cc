@@ -228,11 +228,16 @@ absl::StatusOr<void*> MetaAllocator::Allocate(size_t bytes, Tier tier) {
   next += (bytes + 255) / 256 * 256 + 256;
   tracker_.OnAlloc(tier, bytes);
   if (IsDeviceTier(tier)) device_cache_.OnAlloc(bytes);
+  if (record_) {
+    record_->Add({MetaEvent::Kind::kAllocate, uint8_t(tier), bytes, 0, uintptr_t(p)});
+  }
   return p;
 }
 
 void MetaAllocator::Free(void* ptr, size_t bytes, Tier tier) {
-  (void)ptr;
+  if (record_) {
+    record_->Add({MetaEvent::Kind::kFree, uint8_t(tier), bytes, 0, uintptr_t(ptr)});
+  }
   tracker_.OnFree(tier, bytes);
   if (IsDeviceTier(tier)) device_cache_.OnFree(bytes);
 }

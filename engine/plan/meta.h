@@ -122,6 +122,8 @@ class MetaAllocator final : public Allocator {
   Device device() const override { return device_; }
   absl::StatusOr<void*> Allocate(size_t bytes, Tier tier) override;
   void Free(void* ptr, size_t bytes, Tier tier) override;
+  // Every allocation and free from now on is also added to `record` (nullptr: none).
+  void set_record(MetaRecord* record) { record_ = record; }
   // What the CUDA caching allocator would hold from the device after the same requests.
   int64_t device_reserved() const { return device_cache_.reserved(); }
   // Whether `p` was handed out for a host tier (the timed replay prices a copy by direction).
@@ -135,6 +137,7 @@ class MetaAllocator final : public Allocator {
   uintptr_t next_ = uintptr_t{1} << 44;  // device tiers
   uintptr_t next_host_ = kHostBase;
   SizeClassCache device_cache_;
+  MetaRecord* record_ = nullptr;
 };
 
 // A communicator of `size` ranks seen from `rank`: collectives move nothing. With timing, each

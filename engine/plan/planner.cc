@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/plan/block_tape.h"
 #include "engine/plan/meta.h"
 #include "engine/spec/validate.h"
 #include "engine/schedule/spec_options.h"
@@ -196,6 +197,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   ASSIGN_OR_RETURN(
       auto model, LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
                                      req.world > 1 ? &world : nullptr, req.sp > 1 ? &sp : nullptr));
+  BlockTapes tapes(&alloc, req.rates != nullptr ? &clock : nullptr);
+  if (req.block_tapes) model->set_block_runner(&tapes);
   // The optimizer's f32 master, m and v for every shard, and under optimizer offload two pieces'
   // gradient and working-copy staging (as Optimizer::Allocate allocates them). The working copy
   // itself is the model's (ParamStore: host_params under param_offload).
@@ -222,12 +225,19 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
       }
     }
   }
-  std::vector<int32_t> tokens(req.seq_len, 0);
   if (req.rates != nullptr) ops.set_timing(req.rates, &clock);
   if (req.gemm_log != nullptr) ops.set_gemm_log(req.gemm_log);
-  RETURN_IF_ERROR(model->ForwardBackward(tokens.data(), tokens.data(), req.seq_len, 1.f).status());
+  // The sample is its shape only: the meta device reads no tokens, so the replay holds none
+  // (LlamaModel::ForwardBackward's upload, step and read-back of the loss, without the S-token
+  // host arrays).
+  ASSIGN_OR_RETURN(DeviceSample sample, model->UploadSampleShape(req.seq_len));
+  ASSIGN_OR_RETURN(Buffer loss_sum, Buffer::Make(&alloc, DType::kF32, {1}, Tier::kActivations));
+  RETURN_IF_ERROR(model->ForwardBackward(sample, 1.f, loss_sum.tensor()));
+  float loss = 0;
+  ops.Download(loss_sum.tensor(), &loss, DType::kF32);
   MemoryPlan p;
   if (req.rates != nullptr) p.predicted = PredictStep(req, clock, ps);
+  p.block_calls_replayed = tapes.replayed();
   const MemoryTracker& t = alloc.tracker();
   for (int i = 0; i < kNumTiers; ++i) {
     p.peak[i] = t.peak(static_cast<Tier>(i));

@@ -55,6 +55,9 @@ struct PlanRequest {
   int64_t samples = 1;
   bool overlap_update = true;               // memory.overlap_update
   std::set<GemmShape>* gemm_log = nullptr;  // every GEMM shape of the step (bench/calibrate)
+  // Identical block calls replayed from the first one's record (block_tape.h): the same figures
+  // as running every block, which false does (the tests' reference).
+  bool block_tapes = true;
 };
 
 // What the step-time model predicts for a plan (0 where it made no prediction).
@@ -95,6 +98,8 @@ struct MemoryPlan {
   RecomputePolicy recompute = RecomputePolicy::kFull;
   int64_t attention_aware_blocks = -1;  // under attention-aware; -1: every block
   StepPrediction predicted;
+  // Block calls the replay took from a record (block_tape.h) instead of running them.
+  int64_t block_calls_replayed = 0;
   int64_t gpu_budget = 0, host_budget = 0;  // 0: unbounded
   bool fits = true;
   std::string verdict;  // "fits", or what does not fit and by how much

@@ -819,3 +819,141 @@ TEST(PlannerTest, Llama8BAt1Point2MTokensFitsOneH200WithTheStateOnTheHost) {
 
 }  // namespace
 }  // namespace ithaca
+
+namespace ithaca {
+namespace {
+
+// Issue 54 F1: block tapes (block_tape.h) replay identical blocks from the first one's record.
+// The plan is the full replay's, field for field (the predicted seconds to the last bit), on
+// models with one kind of block and with two (Qwen2's full then windowed layers), under every
+// way of keeping block data, offload, attention-aware recompute, a ring and LoRA; and most
+// block calls of a long model are replayed, not run.
+TEST(PlannerTest, BlockTapesPlanExactlyAsTheFullReplay) {
+  struct Case {
+    std::string name;
+    LlamaConfig cfg;
+    int64_t world, sp, seq_len;
+    LlamaModel::Options opts;
+    bool optimizer_offload = false;
+    bool timed = true;  // false: first-fit's replays, which predict no step
+  };
+  const LlamaConfig l8b = *PresetConfig("llama-3-8b");
+  LlamaConfig qwen = l8b;  // full layers, then windowed ones (Qwen2's max_window_layers)
+  qwen.family = ModelFamily::kQwen2;
+  qwen.qkv_bias = true;
+  qwen.num_hidden_layers = 12;
+  qwen.sliding_window = 32768;
+  qwen.window_first_layer = 5;
+  LlamaConfig mistral = l8b;
+  mistral.family = ModelFamily::kMistral;
+  mistral.num_hidden_layers = 10;
+  mistral.sliding_window = 4096;
+  LlamaConfig lora = l8b;
+  lora.num_hidden_layers = 8;
+  lora.lora.rank = 16;
+  lora.lora.alpha = 32;
+  for (int t = 0; t < kNumLoraTargets; ++t) lora.lora.targets[t] = true;
+  std::vector<Case> cases;
+  auto add = [&](std::string name, const LlamaConfig& cfg, int64_t world, int64_t sp,
+                 int64_t seq_len, auto set) {
+    Case c{std::move(name), cfg, world, sp, seq_len, {}};
+    c.opts.tile_tokens = 8192;
+    set(c);
+    cases.push_back(c);
+  };
+  const int64_t M = 1 << 20;
+  add("full, overlap", l8b, 8, 8, M, [](Case&) {});
+  add("full, UPipe stages, overlap", l8b, 8, 8, M, [](Case& c) { c.opts.head_chunk = 8; });
+  add("none", l8b, 8, 8, M / 4, [](Case& c) { c.opts.recompute = RecomputePolicy::kNone; });
+  add("attention-aware", l8b, 8, 8, M,
+      [](Case& c) { c.opts.recompute = RecomputePolicy::kAttentionAware; });
+  add("attention-aware on the last 11, offload, prefetch", l8b, 8, 8, 5 * M, [](Case& c) {
+    c.opts.recompute = RecomputePolicy::kAttentionAware;
+    c.opts.attention_aware_blocks = 11;
+    c.opts.offload = true;
+    c.opts.head_chunk = 16;
+  });
+  add("offload without prefetch, every 4th input", l8b, 8, 8, M, [](Case& c) {
+    c.opts.offload = true;
+    c.opts.prefetch = false;
+    c.opts.recompute_interval = 4;
+    c.opts.overlap = false;
+  });
+  add("at most 3 saved inputs", l8b, 8, 8, M, [](Case& c) { c.opts.saved_block_inputs = 3; });
+  add("state on the host", l8b, 8, 8, M, [](Case& c) {
+    c.opts.param_offload = true;
+    c.optimizer_offload = true;
+    c.opts.offload = true;
+    c.opts.offload_keep_last = 2;
+  });
+  add("ring 2 x ulysses 4", l8b, 8, 8, M, [](Case& c) { c.opts.ring = 2; });
+  add("ring 4, attention-aware, offload", l8b, 8, 8, M, [](Case& c) {
+    c.opts.ring = 4;
+    c.opts.recompute = RecomputePolicy::kAttentionAware;
+    c.opts.offload = true;
+  });
+  add("Qwen2 full then windowed", qwen, 4, 4, M / 2, [](Case& c) {
+    c.opts.recompute = RecomputePolicy::kAttentionAware;
+    c.opts.attention_aware_blocks = 4;
+  });
+  add("Mistral windowed, every 2nd input", mistral, 2, 2, M / 4,
+      [](Case& c) { c.opts.recompute_interval = 2; });
+  add("LoRA", lora, 8, 8, M, [](Case& c) { c.opts.offload = true; });
+  add("untimed (first fit), offload", l8b, 8, 8, M, [](Case& c) {
+    c.timed = false;
+    c.opts.offload = true;
+  });
+  add("one rank, untimed on the CPU", Tiny(), 1, 1, 4096, [](Case&) {});
+  const RateTable& h100 = DefaultRateTable(Device::kCuda, "NVIDIA H100 80GB HBM3");
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    PlanRequest req;
+    req.cfg = c.cfg;
+    req.world = c.world;
+    req.sp = c.sp;
+    req.seq_len = c.seq_len;
+    req.opts = c.opts;
+    req.optimizer_offload = c.optimizer_offload;
+    const bool cpu = c.world == 1;
+    req.device = cpu ? Device::kCpu : Device::kCuda;
+    req.act = cpu ? DType::kF32 : DType::kBF16;
+    req.rates = cpu || !c.timed ? nullptr : &h100;
+    req.link = *LinkPreset(cpu ? "zero" : "h200-sxm");
+    std::set<GemmShape> fast_gemms, full_gemms;
+    req.gemm_log = &fast_gemms;
+    auto fast = PlanMemory(req);
+    req.block_tapes = false;
+    req.gemm_log = &full_gemms;
+    auto full = PlanMemory(req);
+    ASSERT_TRUE(fast.ok()) << fast.status();
+    ASSERT_TRUE(full.ok()) << full.status();
+    EXPECT_EQ(full->block_calls_replayed, 0);
+    // Every block but one of each kind is replayed in each pass.
+    EXPECT_GE(fast->block_calls_replayed, c.cfg.num_hidden_layers - 3);
+    for (int i = 0; i < kNumTiers; ++i) {
+      EXPECT_EQ(fast->peak[i], full->peak[i]) << TierName(static_cast<Tier>(i));
+      EXPECT_EQ(fast->at_peak[i], full->at_peak[i]) << TierName(static_cast<Tier>(i));
+    }
+    EXPECT_EQ(fast->device_peak, full->device_peak);
+    EXPECT_EQ(fast->device_reserved, full->device_reserved);
+    EXPECT_EQ(fast->workspace, full->workspace);
+    const StepPrediction &f = fast->predicted, &r = full->predicted;
+    EXPECT_EQ(f.step_s, r.step_s);
+    EXPECT_EQ(f.forward_backward_s, r.forward_backward_s);
+    EXPECT_EQ(f.update_s, r.update_s);
+    EXPECT_EQ(f.gemm_s, r.gemm_s);
+    EXPECT_EQ(f.attention_s, r.attention_s);
+    EXPECT_EQ(f.elementwise_s, r.elementwise_s);
+    EXPECT_EQ(f.transfer_s, r.transfer_s);
+    EXPECT_EQ(f.collective_s, r.collective_s);
+    EXPECT_EQ(f.waited_s, r.waited_s);
+    EXPECT_EQ(FormatPlan(*fast), FormatPlan(*full));
+    EXPECT_EQ(fast_gemms, full_gemms);
+    if (req.rates != nullptr) {
+      EXPECT_GT(r.step_s, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ithaca

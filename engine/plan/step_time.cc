@@ -276,6 +276,7 @@ double TransferSeconds(const RateTable& t, bool to_device, int64_t bytes) {
 }
 
 void StepClock::Compute(double s, Work what) {
+  if (record_) record_->Add({MetaEvent::Kind::kCompute, uint8_t(what), 0, s});
   compute_ += s;
   busy_[static_cast<int>(what)] += s;
 }
@@ -285,16 +286,15 @@ uint64_t StepClock::Transfer(double s, bool unordered) {
   copy_ = start + s;
   busy_[static_cast<int>(Work::kTransfer)] += s;
   transfer_end_.push_back(copy_);
+  if (record_) {
+    record_->Add({MetaEvent::Kind::kTransfer, uint8_t(unordered), transfer_end_.size(), s});
+  }
   return transfer_end_.size();
 }
 
 void StepClock::WaitTransfer(uint64_t ticket) {
-  if (ticket == 0 || ticket > transfer_end_.size()) return;
-  const double e = transfer_end_[ticket - 1];
-  if (e > compute_) {
-    waited_ += e - compute_;
-    compute_ = e;
-  }
+  if (record_) record_->Add({MetaEvent::Kind::kWaitTransfer, 0, ticket});
+  Wait(transfer_end_, ticket);
 }
 
 uint64_t StepClock::Collective(double s, bool deferred) {
@@ -303,13 +303,19 @@ uint64_t StepClock::Collective(double s, bool deferred) {
   busy_[static_cast<int>(Work::kCollective)] += s;
   collective_end_.push_back(comm_);
   const uint64_t ticket = collective_end_.size();
-  if (!deferred) WaitCollective(ticket);
+  if (record_) record_->Add({MetaEvent::Kind::kCollective, uint8_t(deferred), ticket, s});
+  if (!deferred) Wait(collective_end_, ticket);
   return ticket;
 }
 
 void StepClock::WaitCollective(uint64_t ticket) {
-  if (ticket == 0 || ticket > collective_end_.size()) return;
-  const double e = collective_end_[ticket - 1];
+  if (record_) record_->Add({MetaEvent::Kind::kWaitCollective, 0, ticket});
+  Wait(collective_end_, ticket);
+}
+
+void StepClock::Wait(const std::vector<double>& ends, uint64_t ticket) {
+  if (ticket == 0 || ticket > ends.size()) return;
+  const double e = ends[ticket - 1];
   if (e > compute_) {
     waited_ += e - compute_;
     compute_ = e;

@@ -128,6 +128,42 @@ double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double p
 double ElementwiseSeconds(const RateTable& t, ElementwiseOp op, int64_t bytes);
 double TransferSeconds(const RateTable& t, bool to_device, int64_t bytes);
 
+// One thing the meta device did (engine/plan/meta.h): an allocation or a free of MetaAllocator,
+// or a call of StepClock. A BlockTapes (block_tape.h) records a block's events once and replays
+// identical blocks from the record.
+struct MetaEvent {
+  enum class Kind : uint8_t {
+    kAllocate,        // tier, bytes, ptr
+    kFree,            // tier, bytes, ptr
+    kCompute,         // work, seconds
+    kTransfer,        // flag (unordered), seconds, ticket (returned)
+    kWaitTransfer,    // ticket
+    kCollective,      // flag (deferred), seconds, ticket (returned)
+    kWaitCollective,  // ticket
+  };
+  Kind kind;
+  uint8_t arg = 0;     // the tier, the work, or the flag
+  uint64_t value = 0;  // bytes, or the ticket
+  double seconds = 0;
+  uintptr_t ptr = 0;
+};
+
+// The events of one recorded stretch of a replay, up to `limit`: past it only `overflowed` is
+// set (what is recorded is plan state, bounded whatever the length: issue 53 R6).
+struct MetaRecord {
+  explicit MetaRecord(size_t limit) : limit(limit) {}
+  void Add(const MetaEvent& e) {
+    if (events.size() < limit) {
+      events.push_back(e);
+    } else {
+      overflowed = true;
+    }
+  }
+  size_t limit;
+  bool overflowed = false;
+  std::vector<MetaEvent> events;
+};
+
 // The streams of one rank's step, in predicted seconds from the step's start.
 class StepClock {
  public:
@@ -146,6 +182,9 @@ class StepClock {
   uint64_t Collective(double s, bool deferred);
   void WaitCollective(uint64_t ticket);
 
+  // Every call from now on is also added to `record` (nullptr: none), as MetaEvents.
+  void set_record(MetaRecord* record) { record_ = record; }
+
   // When the last work of any stream ends.
   double end() const;
   double compute_end() const { return compute_; }
@@ -159,6 +198,8 @@ class StepClock {
   double waited_ = 0;
   double busy_[static_cast<int>(Work::kNumWork)] = {};
   std::vector<double> transfer_end_, collective_end_;  // by ticket - 1
+  MetaRecord* record_ = nullptr;
+  void Wait(const std::vector<double>& ends, uint64_t ticket);
 };
 
 }  // namespace ithaca

@@ -75,4 +75,24 @@ absl::Status BlockRecompute(const BlockContext& c, const BlockWeights& w, const 
 absl::Status BlockBackward(const BlockContext& c, const BlockWeights& w, const BlockWeights& g,
                            const Tensor& x, BlockSaved* saved, const Tensor& dy);
 
+// How a step runs its blocks: the three functions above, unless a replay of the step on the
+// planner's meta device (engine/plan/block_tape.h) replays identical blocks from a record.
+class BlockRunner {
+ public:
+  virtual ~BlockRunner() = default;
+  virtual absl::Status Forward(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                               const Tensor& y, BlockSaved* saved, bool keep_attention_output,
+                               bool keep_mlp_input) {
+    return BlockForward(c, w, x, y, saved, keep_attention_output, keep_mlp_input);
+  }
+  virtual absl::Status Recompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                                 BlockSaved* saved) {
+    return BlockRecompute(c, w, x, saved);
+  }
+  virtual absl::Status Backward(const BlockContext& c, const BlockWeights& w, const BlockWeights& g,
+                                const Tensor& x, BlockSaved* saved, const Tensor& dy) {
+    return BlockBackward(c, w, g, x, saved, dy);
+  }
+};
+
 }  // namespace ithaca

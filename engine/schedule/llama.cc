@@ -183,13 +183,28 @@ absl::StatusOr<DeviceSample> LlamaModel::UploadSample(const int32_t* inputs, con
   std::vector<int32_t> ids(static_cast<size_t>(s)), shifted(static_cast<size_t>(s));
   CopyShare(inputs, S, runs, 0, ids.data());
   CopyShare(labels, S, runs, -1, shifted.data());
+  ASSIGN_OR_RETURN(DeviceSample out, UploadShare(s, ids.data(), shifted.data()));
+  out.tokens = std::count_if(shifted.begin(), shifted.end(), [](int32_t v) { return v >= 0; });
+  out.docs = docs;
+  return out;
+}
+
+absl::StatusOr<DeviceSample> LlamaModel::UploadSampleShape(int64_t S) {
+  if (S <= 0) return absl::InvalidArgumentError(absl::StrCat("a sample of ", S, " tokens"));
+  const int64_t ring = sp_size() / plan_.P;
+  ASSIGN_OR_RETURN(DeviceSample out,
+                   UploadShare(SequenceShare(S, sp_size(), ring), nullptr, nullptr));
+  out.tokens = out.ids.tensor().numel();
+  return out;
+}
+
+absl::StatusOr<DeviceSample> LlamaModel::UploadShare(int64_t s, const int32_t* ids,
+                                                     const int32_t* labels) {
   DeviceSample out;
   ASSIGN_OR_RETURN(out.ids, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
   ASSIGN_OR_RETURN(out.labels, Buffer::Make(alloc_, DType::kI32, {s}, Tier::kActivations));
-  ops_->Upload(ids.data(), DType::kI32, out.ids.tensor());
-  ops_->Upload(shifted.data(), DType::kI32, out.labels.tensor());
-  out.tokens = std::count_if(shifted.begin(), shifted.end(), [](int32_t v) { return v >= 0; });
-  out.docs = docs;
+  ops_->Upload(ids, DType::kI32, out.ids.tensor());
+  ops_->Upload(labels, DType::kI32, out.labels.tensor());
   return out;
 }
 
@@ -372,8 +387,8 @@ absl::Status LlamaModel::BlocksForward(Step* step) {
     BlockSaved bs;
     const bool saved = st.schedule.saved(l);
     const bool keep_o = st.keep_all || (st.keep_attention(l) && saved);
-    RETURN_IF_ERROR(BlockForward(st.ctx(l), w, st.x.tensor(), y.tensor(), &bs, keep_o,
-                                 /*keep_mlp_input=*/st.keep_all));
+    RETURN_IF_ERROR(blocks_->Forward(st.ctx(l), w, st.x.tensor(), y.tensor(), &bs, keep_o,
+                                     /*keep_mlp_input=*/st.keep_all));
     if (st.backward && saved) {
       SavedInputs in;
       in.x = std::move(st.x);
@@ -436,8 +451,8 @@ absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
     // l0's are saved with its input by the forward).
     const bool keep_o = st.keep_attention(m) && m == from && from > l0 && re[from].o.empty();
     BlockSaved bs;
-    RETURN_IF_ERROR(BlockForward(st.ctx(m), w, xm, y.tensor(), &bs, keep_o,
-                                 /*keep_mlp_input=*/false));
+    RETURN_IF_ERROR(blocks_->Forward(st.ctx(m), w, xm, y.tensor(), &bs, keep_o,
+                                     /*keep_mlp_input=*/false));
     if (keep_o) {
       re[m].o = std::move(bs.o);
       re[m].lse = std::move(bs.lse);
@@ -492,8 +507,8 @@ absl::Status LlamaModel::Backward(Step* step, const Tensor& ids, const Tensor& d
       bs.o = std::move(in.o);
       bs.lse = std::move(in.lse);
     }
-    RETURN_IF_ERROR(BlockRecompute(st.ctx(l), w, in.x.tensor(), &bs));
-    RETURN_IF_ERROR(BlockBackward(st.ctx(l), w, g, in.x.tensor(), &bs, dx));
+    RETURN_IF_ERROR(blocks_->Recompute(st.ctx(l), w, in.x.tensor(), &bs));
+    RETURN_IF_ERROR(blocks_->Backward(st.ctx(l), w, g, in.x.tensor(), &bs, dx));
     if (!frozen) RETURN_IF_ERROR(ps.ReduceGrad(layout_.block_unit(l)));
     if (layout_.has_lora()) RETURN_IF_ERROR(ps.ReduceGrad(layout_.lora_unit(l)));
   }

@@ -95,6 +95,8 @@ class LlamaModel {
   Ops* ops() const { return ops_; }
   Allocator* allocator() const { return alloc_; }
   ParamStore& params() { return *params_; }
+  // Runs the blocks through `blocks` from now on (it outlives the model); nullptr: directly.
+  void set_block_runner(BlockRunner* blocks) { blocks_ = blocks ? blocks : &direct_; }
   int64_t sp_rank() const { return sp_ ? sp_->rank() : 0; }
   int64_t sp_size() const { return sp_ ? sp_->size() : 1; }
 
@@ -106,6 +108,11 @@ class LlamaModel {
   // upload makes the host wait for its copy.
   absl::StatusOr<DeviceSample> UploadSample(const int32_t* inputs, const int32_t* labels, int64_t S,
                                             const DocumentMask& docs = {});
+  // A sample of S tokens that is only its shape, for a device that holds no data (the planner's
+  // meta device, engine/plan/meta.h): this rank's share is allocated and uploaded as UploadSample
+  // does it, from no host memory, so a replay at any length holds no per-token host arrays
+  // (issue 53 R6: 12 bytes a token, 1.5 GB at 2^27). Every token counts as labelled.
+  absl::StatusOr<DeviceSample> UploadSampleShape(int64_t S);
   // The same without a host wait, for a training step that streams its samples: the share is
   // written into pinned host buffers (appended to `staging`) and copied to the device on the
   // copy stream, and the compute stream waits for the copy. The host may write the staging
@@ -170,6 +177,9 @@ class LlamaModel {
   // Checks a whole sample: S splits over the group, token ids in the vocabulary, documents inside
   // it.
   absl::Status CheckSample(const int32_t* inputs, int64_t S, const DocumentMask& docs) const;
+  // This rank's share of s tokens on the device, uploaded from `ids` and `labels` (s each; nullptr
+  // where the device reads no host memory: UploadSampleShape).
+  absl::StatusOr<DeviceSample> UploadShare(int64_t s, const int32_t* ids, const int32_t* labels);
   // Final norm, LM head and cross-entropy over token tiles, fused with their backward: writes
   // dx [s, d], adds the head's (and tied embedding's) gradients, writes the loss sum into
   // `loss_sum` (device). With `dx` empty only the loss sum (evaluation); with `hits` given, the
@@ -191,6 +201,8 @@ class LlamaModel {
   HeadPlan plan_;
   std::unique_ptr<ParamStore> params_;
   Buffer inv_freq_;
+  BlockRunner direct_;
+  BlockRunner* blocks_ = &direct_;
 };
 
 }  // namespace ithaca
