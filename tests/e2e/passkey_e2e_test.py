@@ -45,6 +45,32 @@ class PasskeyE2E(unittest.TestCase):
             self.assertLess(p.logprob, 0)
             self.assertGreater(p.seconds, 0)
 
+    def check_eval_only_scores(self, run, name, want, extra=""):
+        """An evaluation-only job of [eval.passkey] (and `extra`) on `run`'s checkpoint of step 4
+        gives the points of `want`, that run's last evaluation."""
+        only = self.d.submit(f"""name = "{name}"
+backend = "cpu"
+[model]
+preset = "tiny"
+[data]
+seq_len = 256
+[training]
+steps = 0
+lr = 0
+[memory]
+recompute = "full"
+tile_tokens = 32
+[checkpoint]
+dir = "{run}/checkpoints"
+resume = true
+""" + PASSKEY + extra)
+        done = self.d.wait(only.id, timeout=180)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        self.check_points(done.last_eval, 4)
+        for a, b in zip(done.last_eval.passkey, want.passkey):
+            self.assertEqual(a.accuracy, b.accuracy)
+            self.assertAlmostEqual(a.logprob, b.logprob, delta=1e-5 * abs(b.logprob))
+
     def test_passkey_in_status_metrics_tensorboard_and_report(self):
         run = os.path.join(TMP, "passkey_run")
         os.makedirs(run, exist_ok=True)
@@ -113,28 +139,7 @@ class PasskeyE2E(unittest.TestCase):
 
         # An evaluation-only job of [eval.passkey] alone, on the job's checkpoint: the same
         # weights, keys and layout, so the same points.
-        only = self.d.submit(f"""name = "passkey-only"
-backend = "cpu"
-[model]
-preset = "tiny"
-[data]
-seq_len = 256
-[training]
-steps = 0
-lr = 0
-[memory]
-recompute = "full"
-tile_tokens = 32
-[checkpoint]
-dir = "{run}/checkpoints"
-resume = true
-""" + PASSKEY)
-        done = self.d.wait(only.id, timeout=180)
-        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
-        self.check_points(done.last_eval, 4)
-        for a, b in zip(done.last_eval.passkey, evals[1].passkey):
-            self.assertEqual(a.accuracy, b.accuracy)
-            self.assertAlmostEqual(a.logprob, b.logprob, delta=1e-5 * abs(b.logprob))
+        self.check_eval_only_scores(run, "passkey-only", evals[1])
 
     def test_lora_job_evaluates_and_an_eval_only_job_scores_its_adapters(self):
         # Issue 52: a LoRA job through ithacad evaluates passkey as any job does; its steps say
@@ -156,28 +161,7 @@ resume = true
         step = final.last_steps[0]
         self.assertGreater(step.trainable_parameters, 0)
         self.assertLess(step.trainable_parameters, step.parameters / 10)
-        only = self.d.submit(f"""name = "passkey-lora-only"
-backend = "cpu"
-[model]
-preset = "tiny"
-[data]
-seq_len = 256
-[training]
-steps = 0
-lr = 0
-[memory]
-recompute = "full"
-tile_tokens = 32
-[checkpoint]
-dir = "{run}/checkpoints"
-resume = true
-""" + PASSKEY + lora)
-        done = self.d.wait(only.id, timeout=180)
-        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
-        self.check_points(done.last_eval, 4)
-        for a, b in zip(done.last_eval.passkey, evals[1].passkey):
-            self.assertEqual(a.accuracy, b.accuracy)
-            self.assertAlmostEqual(a.logprob, b.logprob, delta=1e-5 * abs(b.logprob))
+        self.check_eval_only_scores(run, "passkey-lora-only", evals[1], extra=lora)
 
     def test_a_length_longer_than_seq_len_is_refused(self):
         run = os.path.join(TMP, "passkey_bad")
