@@ -175,8 +175,8 @@ class CudaOps : public Ops {
                             const void* q, const void* k, const void* v, const void* o,
                             const void* dout, const float* lse, const void* dq, const void* dk,
                             const void* dv, const DocumentMask& docs);
-  // The window the Hopper kernels run: the model's sliding window, else the memory probe's.
-  int64_t HopperWindow(const DocumentMask& docs) const;
+  // The window every kernel runs: the model's sliding window, else the memory probe's.
+  int64_t AttentionWindow(const DocumentMask& docs) const;
   // Runs cuDNN's attention; false (logged once) when cuDNN has no engine for the shape, and the
   // caller runs the flash kernel instead.
   bool RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,

@@ -179,7 +179,7 @@ void CudaOps::Fail(absl::Status st) {
   if (error_.ok()) error_ = std::move(st);
 }
 
-int64_t CudaOps::HopperWindow(const DocumentMask& docs) const {
+int64_t CudaOps::AttentionWindow(const DocumentMask& docs) const {
   return docs.window > 0 ? docs.window : opts_.probe_window;
 }
 
@@ -190,7 +190,7 @@ bool CudaOps::RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backw
                "CudaOps: the memory probe's attention window takes no document mask");
   ITHACA_CHECK(opts_.probe_window == 0 || docs.window == 0,
                "CudaOps: the memory probe's attention window and a model's sliding window");
-  const cuda::AttentionShape sh{s, hq, hkv, d, docs.window > 0 ? docs.window : opts_.probe_window};
+  const cuda::AttentionShape sh{s, hq, hkv, d, AttentionWindow(docs)};
   absl::Status st =
       !docs.trivial()
           ? CudnnDocuments(s, hq, hkv, d, backward, q, k, v, o, dout, lse, dq, dk, dv, docs)
@@ -293,7 +293,7 @@ void CudaOps::Attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     const int64_t ndocs = docs.trivial() ? 0 : static_cast<int64_t>(docs.starts.size());
     const cudaError_t err = cuda::HopperAttentionForward(
         Bf(q), Bf(k), Bf(v), s, hq, hkv, d, BfMut(out), lse.f32(), compute_, /*cluster=*/0,
-        ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr, ndocs, HopperWindow(docs));
+        ndocs > 0 ? DeviceStarts(docs, s, "Attention") : nullptr, ndocs, AttentionWindow(docs));
     if (err != cudaSuccess) {
       Fail(absl::InternalError(
           absl::StrCat("attention forward at S ", s,
@@ -353,7 +353,7 @@ void CudaOps::AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& 
     const cudaError_t err = cuda::HopperAttentionBackward(
         Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(), s, hq, hkv, d, BfMut(dq), BfMut(dk),
         BfMut(dv), ws->tensor().data, static_cast<int64_t>(ws->tensor().bytes()), compute_,
-        ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr, ndocs, HopperWindow(docs));
+        ndocs > 0 ? DeviceStarts(docs, s, op) : nullptr, ndocs, AttentionWindow(docs));
     if (err != cudaSuccess) {
       Fail(absl::InternalError(
           absl::StrCat("attention backward at S ", s,
@@ -390,7 +390,7 @@ bool CudaOps::RunCudnnFull(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos
                            const void* v, const void* o, const void* dout, const void* lse,
                            void* dq, void* dk, void* dv, const DocumentMask& docs) {
   const AttentionKernel forced = backward ? opts_.attention_backward : opts_.attention_forward;
-  if (sq != sk || k_pos0 + sk > q_pos0 || !docs.trivial() || HopperWindow(docs) > 0 ||
+  if (sq != sk || k_pos0 + sk > q_pos0 || !docs.trivial() || AttentionWindow(docs) > 0 ||
       forced == AttentionKernel::kFlash) {
     return false;
   }
@@ -444,8 +444,8 @@ void CudaOps::AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, 
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, -1, op) : nullptr;
   if (ndocs > 0 && starts == nullptr) return;  // status() says why
   cuda::FlashAttentionChunkForward(Bf(q), Bf(k), Bf(v),
-                                   cuda::FlashSpan{sq, sk, q_pos0, k_pos0, HopperWindow(docs)}, hq,
-                                   hkv, d, BfMut(out), lse.f32(), starts, ndocs, compute_);
+                                   cuda::FlashSpan{sq, sk, q_pos0, k_pos0, AttentionWindow(docs)},
+                                   hq, hkv, d, BfMut(out), lse.f32(), starts, ndocs, compute_);
   last_attention_ = "flash";
 }
 
@@ -489,9 +489,9 @@ void CudaOps::AttentionChunkBackward(const Tensor& q, const Tensor& k, const Ten
   const int64_t* starts = ndocs > 0 ? DeviceStarts(docs, -1, op) : nullptr;
   if (ndocs > 0 && starts == nullptr) return;  // status() says why
   cuda::FlashAttentionChunkBackward(Bf(q), Bf(k), Bf(v), Bf(out), Bf(dout), lse.f32(),
-                                    cuda::FlashSpan{sq, sk, q_pos0, k_pos0, HopperWindow(docs)}, hq,
-                                    hkv, d, delta->tensor().f32(), BfMut(dq), BfMut(dk), BfMut(dv),
-                                    starts, ndocs, compute_);
+                                    cuda::FlashSpan{sq, sk, q_pos0, k_pos0, AttentionWindow(docs)},
+                                    hq, hkv, d, delta->tensor().f32(), BfMut(dq), BfMut(dk),
+                                    BfMut(dv), starts, ndocs, compute_);
   last_attention_ = "flash";
 }
 
