@@ -347,7 +347,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   // "auto" offload off, prefetch and overlap on, every block's input saved), then the same
   // without overlap, then offload with prefetch, offload without it, and saving only every 2nd,
   // 4th or 8th block's input (all without overlap: its buffers are the first to give up); last,
-  // on the device alone, holding at most 8, 6, 5, 4 or 3 block inputs at once (each fewer costs
+  // on the device alone, holding at most 8, 6, 5, 4, 3 or 2 block inputs at once (each fewer costs
   // more regrowing forwards): where the host has no room for them either. Only the keys left
   // "auto" are changed: a value the user set is every plan's (issue 54 U3).
   struct Keep {
@@ -383,7 +383,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
                      Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
         candidates.push_back(k);
       }
-      for (int64_t n : {8, 6, 5, 4, 3}) {
+      for (int64_t n : {8, 6, 5, 4, 3, 2}) {
         if (n < L) candidates.push_back({false, prefetch0, 1, false, n});
       }
     }

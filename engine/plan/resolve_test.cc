@@ -263,6 +263,38 @@ TEST(ResolveTest, APlanThatDoesNotFitNamesTheSmallestChangeThatFits) {
       << job->plan.verdict;
 }
 
+// What a plan that does not fit suggests, "auto" tries itself: holding at most two block inputs
+// was named as the fix (Llama-3-8B with LoRA at 1.5M tokens on an H100) while auto's own search
+// stopped at three and called the job unplannable.
+TEST(ResolveTest, AutoHoldsAsFewAsTwoBlockInputsWhereOnlyThatFits) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";
+  spec.data.path = "unused.tok";
+  spec.data.seq_len = 1 << 18;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  // Everything on the GPU, as where the host has no room left.
+  spec.memory.offload = spec.memory.optimizer_offload = OffloadChoice::kOff;
+  spec.memory.param_offload = OffloadChoice::kOff;
+  const NodeResources node = Node(141 * kGiB, 256 * kGiB, 1);
+  auto smallest = [&](int64_t saved) -> int64_t {  // the least device memory with `saved` held
+    JobSpec s = spec;
+    s.memory.saved_block_inputs = saved;
+    s.memory.gpu_budget_gib = 1.0 / 1024;
+    auto job = ResolveJob(s, node);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->plan.device_total() : 0;
+  };
+  const int64_t two = smallest(2), three = smallest(3);
+  ASSERT_LT(two, three);
+  spec.memory.gpu_budget_gib = 0.5 * double(two + three) / kGiB;
+  auto job = ResolveJob(spec, node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->plan.fits) << job->plan.verdict;
+  EXPECT_EQ(job->plan.saved_block_inputs, 2);
+  EXPECT_EQ(job->spec.memory.saved_block_inputs, 2);
+}
+
 TEST(ResolveTest, AJobThatDoesNotFitIsResolvedButRefusedToRun) {
   JobSpec spec = Tiny("cpu");
   spec.memory.gpu_budget_gib = 1e-4;  // ~100 KiB: not even the weights fit
