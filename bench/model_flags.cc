@@ -52,6 +52,12 @@ ABSL_FLAG(
     "> 0: only the preset's first N decoder layers (every layer is the same work, so a "
     "step at a length too long to time whole is timed on fewer layers; bench/project_layers.py "
     "scales it); 0: all");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "> 0: LoRA adapters of this rank on a frozen base (the spec's [lora]); 0: every weight "
+          "trained");
+ABSL_FLAG(double, lora_alpha, 32, "with --lora_rank: lora.alpha (the scale is alpha / rank)");
+ABSL_FLAG(std::string, lora_targets, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+          "with --lora_rank: lora.targets, comma-separated");
 ABSL_FLAG(bool, param_offload, false,
           "the bf16 working copy in pinned host memory too, uploaded a unit ahead of use "
           "(memory.param_offload; needs --optimizer_offload)");
@@ -80,8 +86,22 @@ absl::Status Override(const std::string& flag, const char* name, bool* on) {
 
 }  // namespace
 
+JobSpec::Lora LoraSpec() {
+  JobSpec::Lora l;
+  l.rank = absl::GetFlag(FLAGS_lora_rank);
+  if (l.rank > 0) {
+    l.alpha = absl::GetFlag(FLAGS_lora_alpha);
+    l.targets = absl::StrSplit(absl::GetFlag(FLAGS_lora_targets), ',', absl::SkipEmpty());
+  }
+  return l;
+}
+
 absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset) {
-  ASSIGN_OR_RETURN(LlamaConfig cfg, PresetConfig(preset));
+  // The preset with --lora_rank's adapters, through the trainer's own spec -> config function.
+  JobSpec spec;
+  spec.model.preset = preset;
+  spec.lora = LoraSpec();
+  ASSIGN_OR_RETURN(LlamaConfig cfg, ResolveModelConfig(spec));
   RETURN_IF_ERROR(Override(absl::GetFlag(FLAGS_qk_norm), "qk_norm", &cfg.qk_norm));
   RETURN_IF_ERROR(Override(absl::GetFlag(FLAGS_qkv_bias), "qkv_bias", &cfg.qkv_bias));
   // ValidateConfig ties the extras to the family: a Qwen without its extra is Llama's math on
@@ -170,6 +190,7 @@ Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
       .Bool("optimizer_offload", absl::GetFlag(FLAGS_optimizer_offload))
       .Bool("param_offload", mo.param_offload)
       .Bool("overlap_update", absl::GetFlag(FLAGS_overlap_update))
+      .Int("lora_rank", absl::GetFlag(FLAGS_lora_rank))
       .Str("attention", attention);
   return t;
 }

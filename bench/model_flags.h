@@ -1,7 +1,8 @@
 // The memory and schedule flags every training benchmark takes (train_bench, parallel_bench),
 // defined once: --recompute, --tile_tokens, --loss_tile_tokens, --head_chunk, --offload,
 // --offload_keep_last, --recompute_interval, --prefetch, --fsdp, --overlap and
-// --optimizer_offload, the ablations --qk_norm and --qkv_bias, and --window_layers.
+// --optimizer_offload, the ablations --qk_norm and --qkv_bias, --window_layers, and LoRA
+// (--lora_rank, --lora_alpha, --lora_targets).
 #pragma once
 
 #include <string>
@@ -23,8 +24,11 @@ ABSL_DECLARE_FLAG(int64_t, layers);
 namespace ithaca {
 namespace bench {
 
-// The preset `preset` with --layers and the --qk_norm / --qkv_bias ablations applied (either may
-// turn its extra off; a Qwen left with neither runs as the Llama family on the same shapes).
+// The spec's [lora] from --lora_rank, --lora_alpha and --lora_targets (rank 0: none).
+JobSpec::Lora LoraSpec();
+// The preset `preset` with --lora_rank's adapters, --layers and the --qk_norm / --qkv_bias
+// ablations applied (either may turn its extra off; a Qwen left with neither runs as the Llama
+// family on the same shapes).
 absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset);
 // LlamaModel's options from the flags.
 LlamaModel::Options ModelOptions();

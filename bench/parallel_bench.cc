@@ -216,6 +216,7 @@ absl::StatusOr<ResolvedJob> ApplyPlannerSettings(const NodeResources& node, int6
   JobSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
   spec.model.preset = absl::GetFlag(FLAGS_model);
+  spec.lora = bench::LoraSpec();
   spec.data.seq_len = S;
   spec.parallel.world = world;
   spec.parallel.sp = sp;
