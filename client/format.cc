@@ -118,6 +118,17 @@ std::vector<std::string> PasskeyTable(const v1::EvalReport& r) {
   return lines;
 }
 
+std::string PositionLine(const v1::EvalReport& r) {
+  if (r.positions_size() == 0) return "";
+  std::vector<std::string> losses, tokens;
+  for (const v1::PositionLoss& b : r.positions()) {
+    losses.push_back(absl::StrFormat("[%d, %d) %.4f", b.begin(), b.end(), b.loss()));
+    tokens.push_back(absl::StrCat(b.tokens()));
+  }
+  return absl::StrCat("by position: ", absl::StrJoin(losses, ", "), " (",
+                      absl::StrJoin(tokens, ", "), " tokens)");
+}
+
 std::string MemoryTable(const v1::Job& job) {
   if (job.last_steps_size() == 0) return "memory: no step reported yet\n";
   std::vector<std::string> tiers;
@@ -290,6 +301,9 @@ std::string JobDetails(const v1::Job& job) {
   }
   if (job.has_last_eval()) {
     absl::StrAppend(&out, "  last eval: ", EvalLine(job.last_eval()), "\n");
+    if (job.last_eval().positions_size() > 0) {
+      absl::StrAppend(&out, "    ", PositionLine(job.last_eval()), "\n");
+    }
     for (const std::string& line : PasskeyTable(job.last_eval())) {
       absl::StrAppend(&out, "    passkey ", line, "\n");
     }

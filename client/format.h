@@ -36,6 +36,9 @@ std::string EvalLine(const v1::EvalReport& r);
 std::string PasskeySummary(const v1::EvalReport& r);
 // One line per length: "4096 tokens: depth 0 1.00 (logprob -0.012), depth 0.5 0.75 (...)".
 std::vector<std::string> PasskeyTable(const v1::EvalReport& r);
+// eval.position_buckets: "by position: [0, 1024) 3.2100, [1024, 4096) 2.9800 (1024, 3072
+// tokens)"; empty without buckets.
+std::string PositionLine(const v1::EvalReport& r);
 
 // One row per tier, one column per rank: peak bytes during the newest step; a total row (the
 // device tiers' sum) at the bottom.

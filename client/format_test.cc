@@ -116,6 +116,34 @@ TEST(FormatTest, EvalLineInWatchAndStatus) {
       << JobDetails(job);
 }
 
+// eval.position_buckets: status shows the newest evaluation's loss per bucket under its line.
+TEST(FormatTest, StatusShowsTheLossByPosition) {
+  v1::EvalReport e;
+  e.set_step(20);
+  e.set_loss(3.0);
+  e.set_tokens(4096);
+  e.set_batches(1);
+  for (auto [begin, end, loss] :
+       {std::tuple<int64_t, int64_t, double>{0, 1024, 3.21}, {1024, 4096, 2.98}}) {
+    v1::PositionLoss* b = e.add_positions();
+    b->set_begin(begin);
+    b->set_end(end);
+    b->set_loss(loss);
+    b->set_tokens(end - begin);
+  }
+  EXPECT_EQ(PositionLine(e),
+            "by position: [0, 1024) 3.2100, [1024, 4096) 2.9800 (1024, 3072 tokens)");
+  v1::Job job;
+  job.set_id("job-1");
+  *job.mutable_last_eval() = e;
+  EXPECT_NE(JobDetails(job).find("  last eval: eval step 20: loss 3.0000 (ppl 20.1) over 4096 "
+                                 "tokens, 1 batches, 0.00 s\n    by position: [0, 1024) 3.2100"),
+            std::string::npos)
+      << JobDetails(job);
+  e.clear_positions();
+  EXPECT_EQ(PositionLine(e), "");
+}
+
 TEST(FormatTest, StatusShowsTrainableParametersUnderLora) {
   v1::Job job;
   job.set_id("job-1");

@@ -311,6 +311,28 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
     if (!eval.points.empty()) loss.push_back(std::move(eval));
     absl::StrAppend(&charts, SvgLineChart("Loss", "step", "cross-entropy", loss));
   }
+  // eval.position_buckets: each bucket's held-out loss over the evaluations, so a phase that
+  // makes the far context useful shows its far buckets falling below the near ones.
+  {
+    std::map<std::pair<int64_t, int64_t>, ChartSeries> by_bucket;
+    for (const v1::EvalReport* e : evals) {
+      for (const v1::PositionLoss& b : e->positions()) {
+        if (b.tokens() == 0) continue;
+        ChartSeries& s = by_bucket[{b.begin(), b.end()}];
+        if (s.name.empty()) {
+          s.name = absl::StrFormat("positions [%d, %d)", b.begin(), b.end());
+          s.markers = true;
+        }
+        s.points.push_back({double(e->step()), b.loss()});
+      }
+    }
+    std::vector<ChartSeries> series;
+    for (auto& [bucket, s] : by_bucket) series.push_back(std::move(s));
+    if (!series.empty()) {
+      absl::StrAppend(&charts,
+                      SvgLineChart("Eval loss by position", "step", "cross-entropy", series));
+    }
+  }
   // The newest evaluation with passkey points: the heatmap, and each point's accuracy over the
   // evaluations (one series per length, averaged over its depths).
   const v1::EvalReport* passkey = nullptr;

@@ -171,6 +171,36 @@ TEST(ReportTest, PasskeyHeatmapOfTheNewestEvaluation) {
   EXPECT_EQ(page.find("Newest evaluation: loss"), std::string::npos);
 }
 
+// eval.position_buckets: a chart with one series per bucket, a point per evaluation.
+TEST(ReportTest, LossByPositionOverTheEvaluations) {
+  v1::Job job;
+  job.set_id("job-4");
+  std::vector<v1::JobEvent> history;
+  for (int step : {10, 20}) {
+    v1::JobEvent e;
+    v1::EvalReport* r = e.mutable_eval();
+    r->set_step(step);
+    r->set_loss(3);
+    r->set_tokens(4096);
+    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 1024}, {1024, 4096}}) {
+      v1::PositionLoss* b = r->add_positions();
+      b->set_begin(begin);
+      b->set_end(end);
+      b->set_loss(begin == 0 ? 3.5 : 3.0 - step / 10.0);
+      b->set_tokens(end - begin);
+    }
+    history.push_back(e);
+  }
+  const std::string page = RenderReportHtml(job, history, std::nullopt, "");
+  EXPECT_NE(page.find("Eval loss by position"), std::string::npos) << page;
+  EXPECT_EQ(Points(page, "positions \\[0, 1024\\)").size(), 2u);
+  EXPECT_EQ(Points(page, "positions \\[1024, 4096\\)").size(), 2u);
+  // Without buckets, no such chart.
+  for (v1::JobEvent& e : history) e.mutable_eval()->clear_positions();
+  EXPECT_EQ(RenderReportHtml(job, history, std::nullopt, "").find("Eval loss by position"),
+            std::string::npos);
+}
+
 // The report findings: "0.00 GiB" in the plan of a small model, end-of-step memory
 // (peaks invisible), "per GPU" on a CPU job, a sampled rank drawn as solid segments, and a
 // resumed job's page without the run's first steps.

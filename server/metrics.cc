@@ -199,6 +199,9 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
       source_loss_(Gauge(*registry_, Constant(hostname), "ithaca_source_loss",
                          "Mean cross-entropy over the trained labels of one source of a "
                          "data.weights mix in the newest step that sampled it.")),
+      eval_position_loss_(Gauge(*registry_, Constant(hostname), "ithaca_eval_position_loss",
+                                "Held-out loss of the labels at positions [begin, end) of their "
+                                "windows in the newest evaluation (eval.position_buckets).")),
       tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
@@ -417,6 +420,15 @@ void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::strin
     g->second.first->Set(p.accuracy());
     g->second.second->Set(p.logprob());
   }
+  for (const v1::PositionLoss& b : r.positions()) {
+    auto [g, added_bucket] = j.positions.try_emplace({b.begin(), b.end()});
+    if (added_bucket) {
+      g->second = &eval_position_loss_.Add({{"job_id", job},
+                                            {"begin", std::to_string(b.begin())},
+                                            {"end", std::to_string(b.end())}});
+    }
+    g->second->Set(b.loss());
+  }
 }
 
 void Metrics::OnJobStarted(double queue_wait_seconds) {
@@ -471,6 +483,7 @@ void Metrics::OnJobFinished(const std::string& job) {
         passkey_accuracy_.Remove(g.first);
         passkey_logprob_.Remove(g.second);
       }
+      for (auto& [bucket, g] : j->second.positions) eval_position_loss_.Remove(g);
       for (auto& [source, g] : j->second.sources) {
         source_samples_.Remove(g.samples);
         source_tokens_.Remove(g.tokens);

@@ -550,13 +550,24 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
 
 namespace {
 
-// An evaluation report holds at most one passkey point per (length, depth) of the job's
+// An evaluation report holds a loss per eval.position_buckets bucket or none, and at most one
+// passkey point per (length, depth) of the job's
 // [eval.passkey], each of them (issue 53 R3: one report of 127,097 points, sent with the job's
 // secret, was stored whole and made the job too large for list, status and watch): INVALID_ARGUMENT
 // saying which, and nothing of the report is kept. A spec that does not parse allows none.
 absl::Status CheckEvalReport(const v1::EvalReport& eval, const std::string& spec_toml) {
-  if (eval.passkey_size() == 0) return absl::OkStatus();
+  if (eval.passkey_size() == 0 && eval.positions_size() == 0) return absl::OkStatus();
   absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_toml);
+  // And a loss per eval.position_buckets bucket, or none.
+  const std::vector<int64_t> bounds =
+      spec.ok() ? spec->eval.position_buckets : std::vector<int64_t>{};
+  const size_t buckets = bounds.empty() ? 0 : bounds.size() + 1;
+  if (eval.positions_size() > 0 && static_cast<size_t>(eval.positions_size()) != buckets) {
+    return absl::InvalidArgumentError(absl::StrCat("ReportEval: ", eval.positions_size(),
+                                                   " position buckets, but the job's "
+                                                   "eval.position_buckets makes ",
+                                                   buckets));
+  }
   const std::vector<int64_t> lengths =
       spec.ok() ? spec->eval.passkey.lengths : std::vector<int64_t>{};
   const std::vector<double> depths = spec.ok() ? spec->eval.passkey.depths : std::vector<double>{};

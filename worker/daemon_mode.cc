@@ -132,6 +132,13 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
     q->set_logprob(k.logprob);
     q->set_seconds(k.seconds);
   }
+  for (const PositionLoss& b : r.positions) {
+    v1::PositionLoss* q = p.add_positions();
+    q->set_begin(b.begin);
+    q->set_end(b.end);
+    q->set_loss(b.loss);
+    q->set_tokens(b.tokens);
+  }
   return p;
 }
 

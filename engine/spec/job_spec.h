@@ -233,6 +233,10 @@ struct JobSpec {
                           // start each time, so successive evaluations are comparable
     int64_t every = 0;    // steps between evaluations; 0: only after the last step (always then)
     int64_t batches = 8;  // micro-batches of data.micro_batch windows per data-parallel replica
+    // The held-out loss split by position (engine/train/evaluator.h): the bounds between
+    // buckets, increasing, each in [1, data.seq_len). [1024, 4096] gives the buckets [0, 1024),
+    // [1024, 4096) and [4096, data.seq_len). Empty: the loss is not split.
+    std::vector<int64_t> position_buckets;
     // [eval.passkey]: retrieval at length (engine/train/passkey.h), run with the loss above (at
     // eval.every and after the last step). Off while `lengths` is empty.
     struct Passkey {
@@ -254,6 +258,8 @@ inline constexpr int64_t kMaxEvalBatches = int64_t{1} << 20;
 // [eval.passkey]: at most this many lengths and depths, and samples per (length, depth).
 inline constexpr size_t kMaxPasskeyPoints = 64;
 inline constexpr int64_t kMaxPasskeySamples = 4096;
+// eval.position_buckets: at most this many bounds (each bucket costs the evaluation a forward).
+inline constexpr size_t kMaxPositionBounds = 31;
 // data.weights: at most this many sources, and a mix period of at most kMaxDataMixPeriod samples.
 inline constexpr size_t kMaxDataSources = 256;
 inline constexpr int64_t kMaxDataMixPeriod = int64_t{1} << 20;

@@ -84,6 +84,7 @@ log_every = 10
 path = "data/val-*.tok"
 every = 25
 batches = 4
+position_buckets = [1024, 4096]
 
 [eval.passkey]
 lengths = [1024, 2048]
@@ -199,6 +200,7 @@ TEST(JobSpecTest, RoundTripsThroughToml) {
   EXPECT_EQ(b->eval.path, "data/val-*.tok");
   EXPECT_EQ(b->eval.every, 25);
   EXPECT_EQ(b->eval.batches, 4);
+  EXPECT_EQ(b->eval.position_buckets, (std::vector<int64_t>{1024, 4096}));
   EXPECT_EQ(b->kernels.attention_forward, "hopper");
   EXPECT_EQ(b->kernels.attention_backward, "flash");
 }
@@ -225,7 +227,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
   }
   // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but
   // min_lr_ratio, and model.preset (the full spec's model is a config.json).
-  EXPECT_EQ(keys, 69);
+  EXPECT_EQ(keys, 70);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -471,6 +473,17 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[eval.passkey]\nlengths = [128.5]", "job.toml: eval.passkey.lengths: "},
       {"[eval.passkey]\nlenghts = [128]", "job.toml: eval.passkey.lenghts: unknown key"},
       {"[eval]\npath = \"\"", "job.toml: eval.path: required in an [eval] section"},
+      {"[eval.passkey]\nlengths = [128]\n[eval]\nposition_buckets = [64]",
+       "job.toml: eval.position_buckets: needs eval.path: it splits the held-out loss by "
+       "position"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [64, 256]",
+       "job.toml: eval.position_buckets: 256 is not in [1, data.seq_len = 256)"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [0]",
+       "job.toml: eval.position_buckets: 0 is not in [1, data.seq_len = 256)"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [128, 64]",
+       "job.toml: eval.position_buckets: 64 follows 128: the bounds must increase"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [64, 64]",
+       "job.toml: eval.position_buckets: 64 follows 64: the bounds must increase"},
       {"[eval]\npath = \"v.tok\"\nevery = -1", "job.toml: eval.every: must be >= 0"},
       {"[eval]\npath = \"v.tok\"\nbatches = 0",
        "job.toml: eval.batches: must be in [1, 1048576], got 0"},

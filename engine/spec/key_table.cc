@@ -308,6 +308,13 @@ const std::vector<Key>& Keys() {
        "Steps between evaluations; 0: only after the last step (always then)."},
       {"eval.batches", Int(FIELD(eval.batches), Between(1, kMaxEvalBatches)),
        "Micro-batches of `data.micro_batch` windows per data-parallel replica."},
+      {"eval.position_buckets", IntList(FIELD(eval.position_buckets)),
+       "The held-out loss by position: the bounds between position buckets, increasing, each in "
+       "[1, `data.seq_len`); `[1024, 4096]` reports the loss of the tokens at positions [0, 1024), "
+       "[1024, 4096) and [4096, `data.seq_len`). A label's position is how many tokens precede "
+       "the token it is predicted from in its window (with `data.document_mask`, in its "
+       "document), so a far bucket shows what the far context is worth. Needs `eval.path` (long "
+       "documents); each bucket costs the evaluation one forward. Empty: not split."},
       {"eval.passkey.lengths", IntList(FIELD(eval.passkey.lengths)),
        "Prompt lengths in tokens, each at most `data.seq_len` and divisible by `parallel.sp`."},
       {"eval.passkey.depths", FloatList(FIELD(eval.passkey.depths)),
