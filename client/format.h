@@ -32,9 +32,11 @@ std::string ProgressLine(const v1::StepReport& r, double eta_seconds);
 // those "eval step 20: passkey accuracy 1.00 at 4096, 0.50 at 8192 tokens, 3.10 s".
 std::string EvalLine(const v1::EvalReport& r);
 // The passkey eval's accuracy per length, over its depths:
-// "passkey accuracy 1.00 at 4096, 0.75 at 8192 tokens".
+// "passkey accuracy 1.00 at 4096, 0.75 at 8192 tokens", and per multi-key count
+// (eval.passkey.keys) "; 4-key accuracy 0.50 at 4096 tokens".
 std::string PasskeySummary(const v1::EvalReport& r);
-// One line per length: "4096 tokens: depth 0 1.00 (logprob -0.012), depth 0.5 0.75 (...)".
+// One line per key count and length: "4096 tokens: depth 0 1.00 (logprob -0.012), depth 0.5 0.75
+// (...)", a multi-key line "4096 tokens, 4 keys: ...".
 std::vector<std::string> PasskeyTable(const v1::EvalReport& r);
 // eval.position_buckets: "by position: [0, 1024) 3.2100, [1024, 4096) 2.9800 (1024, 3072
 // tokens)"; empty without buckets.

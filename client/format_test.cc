@@ -187,6 +187,23 @@ TEST(FormatTest, EvalLineWithPasskeyPoints) {
                                  "0.50 (logprob -0.500)\n    passkey 8192 tokens: depth 0 0.25"),
             std::string::npos)
       << JobDetails(job);
+  // Multi-key points (eval.passkey.keys) after the passkey's: their own summary and lines.
+  for (double depth : {0.0, 1.0}) {
+    v1::PasskeyResult* p = e.add_passkey();
+    p->set_keys(4);
+    p->set_length(4096);
+    p->set_depth(depth);
+    p->set_accuracy(depth == 0 ? 0.5 : 0.0);
+    p->set_logprob(-1);
+  }
+  EXPECT_EQ(PasskeySummary(e),
+            "passkey accuracy 0.75 at 4096, 0.25 at 8192 tokens; 4-key accuracy 0.25 at 4096 "
+            "tokens");
+  *job.mutable_last_eval() = e;
+  EXPECT_NE(JobDetails(job).find("    passkey 4096 tokens, 4 keys: depth 0 0.50 (logprob -1.000), "
+                                 "depth 1 0.00 (logprob -1.000)\n"),
+            std::string::npos)
+      << JobDetails(job);
 }
 
 TEST(FormatTest, ControlCharactersFromTheDaemonNeverReachTheTerminalRaw) {

@@ -208,13 +208,18 @@ std::string SvgPasskeyHeatmap(const v1::EvalReport& r) {
       std::max(48.0, std::min(110.0, 544.0 / std::max<size_t>(1, lengths.size())));
   const double W = kLeft + kRight + cell_w * static_cast<double>(lengths.size());
   const double H = kTop + kBottom + kCellH * static_cast<double>(depths.size());
-  const std::string title = absl::StrCat("Passkey retrieval, step ", r.step());
+  // One key count a chart (RenderReportHtml splits them): the passkey test, or multi-key.
+  const int64_t keys = r.passkey_size() > 0 ? std::max<int64_t>(1, r.passkey(0).keys()) : 1;
+  const std::string title =
+      keys > 1 ? absl::StrCat("Multi-key retrieval (", keys, " keys, one asked), step ", r.step())
+               : absl::StrCat("Passkey retrieval, step ", r.step());
+  const std::string id = keys > 1 ? absl::StrCat("passkey-", keys, "-keys") : "passkey";
   std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"passkey\" "
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"%s\" "
       "width=\"%g\" height=\"%g\" viewBox=\"0 0 %g %g\" role=\"img\" aria-label=\"%s\">\n"
       "<rect x=\"0\" y=\"0\" width=\"%g\" height=\"%g\" fill=\"#fff\"/>\n"
       "<text x=\"%g\" y=\"18\" font-size=\"14\" font-weight=\"bold\">%s</text>\n",
-      W, H, W, H, Html(title), W, H, kLeft, Html(title));
+      id, W, H, W, H, Html(title), W, H, kLeft, Html(title));
   // Accuracy 0 red, 0.5 yellow, 1 green (the needle-in-a-haystack picture's scale).
   auto colour = [](double a) {
     a = std::min(1.0, std::max(0.0, a));
@@ -339,7 +344,16 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
   for (const v1::EvalReport* e : evals) {
     if (e->passkey_size() > 0) passkey = e;
   }
-  if (passkey != nullptr) absl::StrAppend(&charts, SvgPasskeyHeatmap(*passkey));
+  if (passkey != nullptr) {
+    // A heatmap per key count (eval.passkey.keys), the passkey test's first.
+    std::map<int64_t, v1::EvalReport> by_keys;
+    for (const v1::PasskeyResult& p : passkey->passkey()) {
+      v1::EvalReport& r = by_keys[std::max<int64_t>(1, p.keys())];
+      r.set_step(passkey->step());
+      *r.add_passkey() = p;
+    }
+    for (const auto& [keys, r] : by_keys) absl::StrAppend(&charts, SvgPasskeyHeatmap(r));
+  }
   absl::StrAppend(&charts, SvgLineChart("Throughput", "step", "tokens/s per " + per,
                                         per_rank("tok/s", [](const v1::StepReport& r) {
                                           return r.tokens_per_second();

@@ -37,6 +37,8 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
 // <svg id="passkey"> with a cell per (length, depth) (x: length, y: depth, colour: accuracy from
 // red 0 through yellow to green 1), each a rect with data-length, data-depth, data-accuracy and
 // data-logprob.
+// The points of one key count (eval.passkey.keys): id "passkey" for the passkey test,
+// "passkey-K-keys" and a multi-key title for K keys.
 std::string SvgPasskeyHeatmap(const v1::EvalReport& r);
 
 // The whole page. `plan` is the daemon's memory plan for the job's resolved spec, absent when it

@@ -169,6 +169,21 @@ TEST(ReportTest, PasskeyHeatmapOfTheNewestEvaluation) {
       << page;
   EXPECT_EQ(page.find("data-series=\"eval loss\""), std::string::npos) << "no held-out loss";
   EXPECT_EQ(page.find("Newest evaluation: loss"), std::string::npos);
+
+  // Multi-key points (eval.passkey.keys = [1, 4]): a heatmap of their own beside the passkey's.
+  v1::EvalReport both = r;
+  for (double depth : {0.0, 1.0}) {
+    add(&both, 4096, depth, 0.25);
+    both.mutable_passkey(both.passkey_size() - 1)->set_keys(4);
+  }
+  history = {older};
+  *history.emplace_back().mutable_eval() = both;
+  const std::string page2 = RenderReportHtml(job, history, std::nullopt, "");
+  EXPECT_EQ(Count(page2, "class=\"chart\" id=\"passkey\""), 1);
+  EXPECT_EQ(Count(page2, "class=\"chart\" id=\"passkey-4-keys\""), 1);
+  EXPECT_NE(page2.find("Multi-key retrieval (4 keys, one asked), step 7"), std::string::npos);
+  EXPECT_EQ(Count(page2, "<rect class=\"cell\""), 6 + 2);
+  EXPECT_NE(page2.find("4-key accuracy 0.25 at 4096 tokens"), std::string::npos);
 }
 
 // eval.position_buckets: a chart with one series per bucket, a point per evaluation.

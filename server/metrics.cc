@@ -190,7 +190,8 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
                        "it runs on (join on job_id, rank).")),
       passkey_accuracy_(Gauge(*registry_, Constant(hostname), "ithaca_passkey_accuracy",
                               "Share of passkey prompts of a length and depth whose key the "
-                              "newest evaluation retrieved ([eval.passkey]).")),
+                              "newest evaluation retrieved ([eval.passkey]; with `keys`, "
+                              "multi-key prompts of that many keys).")),
       passkey_logprob_(Gauge(*registry_, Constant(hostname), "ithaca_passkey_logprob",
                              "Mean log-probability of a passkey key token at a length and "
                              "depth in the newest evaluation ([eval.passkey]).")),
@@ -411,10 +412,13 @@ void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::strin
   JobSeries& j = jobs_series_[job];
   for (const v1::PasskeyResult& p : r.passkey()) {
     const std::string depth = absl::StrFormat("%g", p.depth());
-    auto [g, added_point] = j.passkey.try_emplace({p.length(), depth});
+    const int64_t keys = std::max<int64_t>(1, p.keys());
+    auto [g, added_point] = j.passkey.try_emplace({keys, p.length(), depth});
     if (added_point) {
-      const prometheus::Labels l = {
+      prometheus::Labels l = {
           {"job_id", job}, {"length", std::to_string(p.length())}, {"depth", depth}};
+      // A multi-key point is labelled with its keys; the passkey test's series stay as they were.
+      if (keys > 1) l["keys"] = std::to_string(keys);
       g->second = {&passkey_accuracy_.Add(l), &passkey_logprob_.Add(l)};
     }
     g->second.first->Set(p.accuracy());

@@ -61,8 +61,8 @@ class Metrics {
               const v1::StepReport& r);
   // A held-out evaluation: ithaca_eval_loss, labelled like the reporting rank's step series
   // (when it has a held-out loss), and per passkey point ithaca_passkey_accuracy and
-  // ithaca_passkey_logprob{job_id, length, depth}, and per eval.position_buckets bucket
-  // ithaca_eval_position_loss{job_id, begin, end}.
+  // ithaca_passkey_logprob{job_id, length, depth} (a multi-key point also `keys`), and per
+  // eval.position_buckets bucket ithaca_eval_position_loss{job_id, begin, end}.
   void OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::EvalReport& r);
   // A job left the queue for its workers `seconds` after it was submitted.
@@ -110,8 +110,9 @@ class Metrics {
       prometheus::Gauge* loss = nullptr;
     };
     std::map<int, Source> sources;
-    // Per passkey point (length, depth label): accuracy and logprob.
-    std::map<std::pair<int64_t, std::string>, std::pair<prometheus::Gauge*, prometheus::Gauge*>>
+    // Per passkey point (keys, length, depth label): accuracy and logprob.
+    std::map<std::tuple<int64_t, int64_t, std::string>,
+             std::pair<prometheus::Gauge*, prometheus::Gauge*>>
         passkey;
     // Per eval.position_buckets bucket (its begin and end): the loss.
     std::map<std::pair<int64_t, int64_t>, prometheus::Gauge*> positions;

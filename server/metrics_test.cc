@@ -268,6 +268,23 @@ TEST(MetricsTest, PasskeyPointsOfTheNewestEvaluation) {
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("ithaca_eval_loss{"), std::string::npos) << "no held-out loss\n" << text;
+  // A multi-key point (eval.passkey.keys) beside the passkey point of the same length and depth:
+  // its own series, labelled with its keys.
+  v1::PasskeyResult* multi = e.add_passkey();
+  multi->set_keys(4);
+  multi->set_length(4096);
+  multi->set_depth(0.5);
+  multi->set_accuracy(0.125);
+  m.OnEval("job-1", 0, 0, "", e);
+  const std::string with = m.Render();
+  EXPECT_NE(with.find("ithaca_passkey_accuracy{Hostname=\"node-1\",depth=\"0.5\",job_id=\"job-1\","
+                      "keys=\"4\",length=\"4096\"} 0.125\n"),
+            std::string::npos)
+      << with;
+  EXPECT_NE(with.find("ithaca_passkey_accuracy{Hostname=\"node-1\",depth=\"0.5\",job_id=\"job-1\","
+                      "length=\"4096\"} 0.75\n"),
+            std::string::npos)
+      << with;
 }
 
 // eval.position_buckets: one loss series per bucket of the job, the newest evaluation's value,

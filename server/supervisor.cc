@@ -571,18 +571,22 @@ absl::Status CheckEvalReport(const v1::EvalReport& eval, const std::string& spec
   const std::vector<int64_t> lengths =
       spec.ok() ? spec->eval.passkey.lengths : std::vector<int64_t>{};
   const std::vector<double> depths = spec.ok() ? spec->eval.passkey.depths : std::vector<double>{};
-  const size_t points = lengths.size() * depths.size();
+  const std::vector<int64_t> keys = spec.ok() ? spec->eval.passkey.keys : std::vector<int64_t>{};
+  const size_t points = keys.size() * lengths.size() * depths.size();
   if (static_cast<size_t>(eval.passkey_size()) > points) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ReportEval: ", eval.passkey_size(), " passkey results, but the job's [eval.passkey] has ",
-        lengths.size(), " lengths x ", depths.size(), " depths = ", points, " points"));
+        keys.size() > 1 ? absl::StrCat(keys.size(), " key counts x ") : "", lengths.size(),
+        " lengths x ", depths.size(), " depths = ", points, " points"));
   }
   for (const v1::PasskeyResult& p : eval.passkey()) {
+    const int64_t k = std::max<int64_t>(1, p.keys());  // 0: a worker before eval.passkey.keys
     if (std::find(lengths.begin(), lengths.end(), p.length()) == lengths.end() ||
-        std::find(depths.begin(), depths.end(), p.depth()) == depths.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ReportEval: a passkey result at length ", p.length(), ", depth ", p.depth(),
-                       ", which the job's [eval.passkey] lengths and depths do not list"));
+        std::find(depths.begin(), depths.end(), p.depth()) == depths.end() ||
+        std::find(keys.begin(), keys.end(), k) == keys.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReportEval: a passkey result at length ", p.length(), ", depth ", p.depth(), ", ", k,
+          " keys, which the job's [eval.passkey] lengths, depths and keys do not list"));
     }
   }
   return absl::OkStatus();

@@ -125,6 +125,7 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
   p.set_seconds(r.seconds);
   for (const PasskeyResult& k : r.passkey) {
     v1::PasskeyResult* q = p.add_passkey();
+    q->set_keys(k.keys);
     q->set_length(k.length);
     q->set_depth(k.depth);
     q->set_samples(static_cast<int32_t>(k.samples));

@@ -243,6 +243,9 @@ struct JobSpec {
       std::vector<int64_t> lengths;  // prompt tokens of each length measured
       std::vector<double> depths = {0, 0.25, 0.5, 0.75, 1};  // where the key sits, 0..1
       int64_t samples = 4;  // prompts (each with its own key) per (length, depth)
+      // Keys hidden in each prompt, one of them asked: 1 is the passkey test, more is
+      // multi-key retrieval (engine/data/passkey_prompt.h); each count is its own points.
+      std::vector<int64_t> keys = {1};
     } passkey;
   } eval;
 };
@@ -258,6 +261,10 @@ inline constexpr int64_t kMaxEvalBatches = int64_t{1} << 20;
 // [eval.passkey]: at most this many lengths and depths, and samples per (length, depth).
 inline constexpr size_t kMaxPasskeyPoints = 64;
 inline constexpr int64_t kMaxPasskeySamples = 4096;
+// eval.passkey.keys: at most this many counts, each at most kMaxPasskeyKeys keys; and at most
+// kMaxPasskeyPoints² points (counts x lengths x depths) in all.
+inline constexpr size_t kMaxPasskeyKeyCounts = 8;
+inline constexpr int64_t kMaxPasskeyKeys = 64;
 // eval.position_buckets: at most this many bounds (each bucket costs the evaluation a forward).
 inline constexpr size_t kMaxPositionBounds = 31;
 // data.weights: at most this many sources, and a mix period of at most kMaxDataMixPeriod samples.

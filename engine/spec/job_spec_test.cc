@@ -90,6 +90,7 @@ position_buckets = [1024, 4096]
 lengths = [1024, 2048]
 depths = [0, 0.5, 1]
 samples = 2
+keys = [1, 4]
 
 [kernels]
 attention_forward = "hopper"
@@ -201,6 +202,7 @@ TEST(JobSpecTest, RoundTripsThroughToml) {
   EXPECT_EQ(b->eval.every, 25);
   EXPECT_EQ(b->eval.batches, 4);
   EXPECT_EQ(b->eval.position_buckets, (std::vector<int64_t>{1024, 4096}));
+  EXPECT_EQ(b->eval.passkey.keys, (std::vector<int64_t>{1, 4}));
   EXPECT_EQ(b->kernels.attention_forward, "hopper");
   EXPECT_EQ(b->kernels.attention_backward, "flash");
 }
@@ -227,7 +229,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
   }
   // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but
   // min_lr_ratio, and model.preset (the full spec's model is a config.json).
-  EXPECT_EQ(keys, 70);
+  EXPECT_EQ(keys, 71);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -471,6 +473,12 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[eval.passkey]\nlengths = [128]\nsamples = 0",
        "job.toml: eval.passkey.samples: must be in [1, 4096], got 0"},
       {"[eval.passkey]\nlengths = [128.5]", "job.toml: eval.passkey.lengths: "},
+      {"[eval.passkey]\nlengths = [128]\nkeys = []",
+       "job.toml: eval.passkey.keys: must hold 1 to 8 counts, got 0"},
+      {"[eval.passkey]\nlengths = [128]\nkeys = [1, 65]",
+       "job.toml: eval.passkey.keys: 65 is not in [1, 64]"},
+      {"[eval.passkey]\nlengths = [128]\nkeys = [4, 4]",
+       "job.toml: eval.passkey.keys: 4 is given twice"},
       {"[eval.passkey]\nlenghts = [128]", "job.toml: eval.passkey.lenghts: unknown key"},
       {"[eval]\npath = \"\"", "job.toml: eval.path: required in an [eval] section"},
       {"[eval.passkey]\nlengths = [128]\n[eval]\nposition_buckets = [64]",
@@ -665,10 +673,11 @@ TEST(JobSpecTest, PasskeyEvalAloneRoundTrips) {
   EXPECT_EQ(s->eval.passkey.lengths, (std::vector<int64_t>{1024, 4096}));
   EXPECT_EQ(s->eval.passkey.depths, (std::vector<double>{0, 0.25, 0.5, 0.75, 1}));
   EXPECT_EQ(s->eval.passkey.samples, 2);
+  EXPECT_EQ(s->eval.passkey.keys, std::vector<int64_t>{1});  // the passkey test alone
   const std::string toml = JobSpecToToml(*s);
   EXPECT_NE(toml.find("[eval]\npath = \"\"\nevery = 3\n"), std::string::npos) << toml;
   EXPECT_NE(toml.find("[eval.passkey]\nlengths = [1024, 4096]\ndepths = [0.0, 0.25, 0.5, 0.75, "
-                      "1.0]\nsamples = 2\n"),
+                      "1.0]\nsamples = 2\nkeys = [1]\n"),
             std::string::npos)
       << toml;
   absl::StatusOr<JobSpec> back = ParseJobSpec(toml);

@@ -279,6 +279,23 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
           "eval.passkey.lengths", absl::StrCat(n, " is given twice")));
     }
     RETURN_IF_ERROR(r.Require(
+        !pk.keys.empty() && pk.keys.size() <= kMaxPasskeyKeyCounts, "eval.passkey.keys",
+        absl::StrCat("must hold 1 to ", kMaxPasskeyKeyCounts, " counts, got ", pk.keys.size())));
+    for (size_t i = 0; i < pk.keys.size(); ++i) {
+      RETURN_IF_ERROR(r.Require(pk.keys[i] >= 1 && pk.keys[i] <= kMaxPasskeyKeys,
+                                "eval.passkey.keys",
+                                absl::StrCat(pk.keys[i], " is not in [1, ", kMaxPasskeyKeys, "]")));
+      RETURN_IF_ERROR(r.Require(
+          std::find(pk.keys.begin(), pk.keys.begin() + i, pk.keys[i]) == pk.keys.begin() + i,
+          "eval.passkey.keys", absl::StrCat(pk.keys[i], " is given twice")));
+    }
+    const size_t points = pk.keys.size() * pk.lengths.size() * pk.depths.size();
+    RETURN_IF_ERROR(
+        r.Require(points <= kMaxPasskeyPoints * kMaxPasskeyPoints, "eval.passkey.keys",
+                  absl::StrCat(pk.keys.size(), " counts x ", pk.lengths.size(), " lengths x ",
+                               pk.depths.size(), " depths = ", points, " points; at most ",
+                               kMaxPasskeyPoints * kMaxPasskeyPoints, " are allowed")));
+    RETURN_IF_ERROR(r.Require(
         !pk.depths.empty() && pk.depths.size() <= kMaxPasskeyPoints, "eval.passkey.depths",
         absl::StrCat("must hold 1 to ", kMaxPasskeyPoints, " depths, got ", pk.depths.size())));
     for (size_t i = 0; i < pk.depths.size(); ++i) {

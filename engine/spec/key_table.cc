@@ -322,6 +322,11 @@ const std::vector<Key>& Keys() {
        "question)."},
       {"eval.passkey.samples", Int(FIELD(eval.passkey.samples), Between(1, kMaxPasskeySamples)),
        "Prompts per (length, depth), each with its own key drawn from `training.seed`."},
+      {"eval.passkey.keys", IntList(FIELD(eval.passkey.keys)),
+       "Keys hidden in each prompt, one of them asked, each count measured on its own: 1 is the "
+       "passkey test; more is multi-key retrieval (numbered keys, the asked one at the depth, the "
+       "others spread over the filler, docs/training.md). `[1, 4]` measures both; each count "
+       "from 1 to 64."},
 
       {"retry.max_restarts", Int(FIELD(retry.max_restarts), Between(0, 1000)),
        "Restarts after such failures; 0: the first failure is final."},

@@ -55,7 +55,7 @@ struct EvalReport {
   int64_t tokens = 0;                  // tokens the mean is over (labels < 0 are not counted)
   int64_t batches = 0;                 // eval.batches
   double seconds = 0;                  // wall time of the evaluation (the passkey eval's included)
-  std::vector<PasskeyResult> passkey;  // [eval.passkey]: each (length, depth), lengths outer
+  std::vector<PasskeyResult> passkey;  // [eval.passkey]: each (keys, length, depth), keys outer
   std::vector<PositionLoss> positions;  // eval.position_buckets: each bucket, positions in order
 };
 

@@ -88,7 +88,9 @@ std::vector<std::pair<std::string, double>> EvalScalars(const EvalReport& r) {
       v.emplace_back(absl::StrFormat("eval/position/%d-%d", b.begin, b.end), b.loss);
   }
   for (const PasskeyResult& p : r.passkey) {
-    const std::string at = absl::StrFormat("passkey/%d/depth_%g", p.length, p.depth);
+    const std::string at =
+        p.keys > 1 ? absl::StrFormat("passkey/%d_keys/%d/depth_%g", p.keys, p.length, p.depth)
+                   : absl::StrFormat("passkey/%d/depth_%g", p.length, p.depth);
     v.emplace_back(at + "/accuracy", p.accuracy);
     v.emplace_back(at + "/logprob", p.logprob);
   }

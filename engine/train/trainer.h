@@ -86,7 +86,8 @@ std::string FormatStepLine(const StepReport& r);
 std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport& r);
 // An evaluation's: eval/loss (with eval.path), per eval.position_buckets bucket
 // eval/position/<begin>-<end> (its loss), and per passkey point
-// passkey/<length>/depth_<depth>/accuracy and .../logprob.
+// passkey/<length>/depth_<depth>/accuracy and .../logprob (a multi-key point:
+// passkey/<keys>_keys/<length>/depth_<depth>/...).
 std::vector<std::pair<std::string, double>> EvalScalars(const EvalReport& r);
 
 // Where a job's start-up went before step 1 (Trainer::Create), printed by rank 0 as
