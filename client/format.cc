@@ -407,6 +407,43 @@ std::string PlanText(const v1::PlanJobResponse& p) {
   return out;
 }
 
+double ChainRunSeconds(const std::vector<v1::PlanJobResponse>& plans) {
+  double total = 0;
+  for (const v1::PlanJobResponse& p : plans) {
+    total += p.plan().predicted_step_s() * static_cast<double>(p.spec().steps());
+  }
+  return total;
+}
+
+std::string ChainPlanText(const std::vector<std::string>& sources,
+                          const std::vector<v1::PlanJobResponse>& plans) {
+  std::vector<std::string> lines, unknown, not_fitting;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const v1::PlanJobResponse& p = plans[i];
+    const std::string name = absl::StrFormat("phase %d (%s)", i + 1, Printable(sources[i]));
+    if (!p.plan().fits()) not_fitting.push_back(absl::StrCat("phase ", i + 1));
+    if (p.plan().predicted_step_s() <= 0) {
+      unknown.push_back(absl::StrCat("phase ", i + 1));
+      lines.push_back(
+          absl::StrFormat("    %s: no step-time prediction, %d steps at data.seq_len %d\n", name,
+                          p.spec().steps(), p.spec().seq_len()));
+      continue;
+    }
+    lines.push_back(absl::StrFormat(
+        "    %s: %s, %d steps of %.4g s at data.seq_len %d\n", name,
+        RunTime(p.plan().predicted_step_s() * static_cast<double>(p.spec().steps())),
+        p.spec().steps(), p.plan().predicted_step_s(), p.spec().seq_len()));
+  }
+  std::string out = absl::StrFormat(
+      "chain of %d phases: %s%s in all for their training.steps%s; %s\n", plans.size(),
+      unknown.empty() ? "" : "at least ", RunTime(ChainRunSeconds(plans)),
+      unknown.empty() ? "" : absl::StrCat(" (", absl::StrJoin(unknown, ", "), " not predicted)"),
+      not_fitting.empty() ? "every phase fits"
+                          : absl::StrCat(absl::StrJoin(not_fitting, ", "), " does NOT fit"));
+  for (const std::string& l : lines) absl::StrAppend(&out, l);
+  return out;
+}
+
 std::string NodeText(const v1::NodeInfo& n) {
   std::string out;
   if (n.has_cluster()) {

@@ -58,6 +58,15 @@ std::string JobDetails(const v1::Job& job);
 std::string RunTime(double seconds);
 // `ithaca plan`: each tier against its budget, the predicted step and the run's time.
 std::string PlanText(const v1::PlanJobResponse& plan);
+// `ithaca plan SPEC --then SPEC2 ...`, after each phase's PlanText: the chain's whole run (each
+// phase's predicted step times its training.steps, summed) and a line per phase:
+//   chain of 3 phases: 5.2 h in all for their training.steps; every phase fits
+//     phase 1 (phase1.toml): 2.0 h, 1000 steps of 7.2 s at data.seq_len 8192
+// A phase without a prediction is named, and the sum is of the others ("at least").
+std::string ChainPlanText(const std::vector<std::string>& sources,
+                          const std::vector<v1::PlanJobResponse>& plans);
+// The predicted phases' run seconds, summed.
+double ChainRunSeconds(const std::vector<v1::PlanJobResponse>& plans);
 // `ithaca node`.
 std::string NodeText(const v1::NodeInfo& node);
 

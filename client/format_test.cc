@@ -412,6 +412,32 @@ TEST(FormatTest, PlanTextShowsBothTiersAndTheRun) {
   EXPECT_EQ(RunTime(4 * 86400), "4.0 days");
 }
 
+// Issue 54 F5 for chains: `plan A --then B --then C` sums the phases' predicted runs.
+TEST(FormatTest, ChainPlanSumsThePhasesRuns) {
+  auto phase = [](int64_t seq_len, int64_t steps, double step_s, bool fits) {
+    v1::PlanJobResponse p;
+    p.mutable_spec()->set_seq_len(seq_len);
+    p.mutable_spec()->set_steps(steps);
+    p.mutable_plan()->set_predicted_step_s(step_s);
+    p.mutable_plan()->set_fits(fits);
+    return p;
+  };
+  std::vector<v1::PlanJobResponse> plans = {phase(8192, 1000, 3.6, true),
+                                            phase(65536, 500, 36, true)};
+  EXPECT_DOUBLE_EQ(ChainRunSeconds(plans), 3600 + 18000);
+  EXPECT_EQ(ChainPlanText({"p1.toml", "p2.toml"}, plans),
+            "chain of 2 phases: 6.0 h in all for their training.steps; every phase fits\n"
+            "    phase 1 (p1.toml): 60 min, 1000 steps of 3.6 s at data.seq_len 8192\n"
+            "    phase 2 (p2.toml): 5.0 h, 500 steps of 36 s at data.seq_len 65536\n");
+  plans.push_back(phase(1048576, 100, 0, false));
+  EXPECT_EQ(ChainPlanText({"p1.toml", "p2.toml", "p3.toml"}, plans),
+            "chain of 3 phases: at least 6.0 h in all for their training.steps (phase 3 not "
+            "predicted); phase 3 does NOT fit\n"
+            "    phase 1 (p1.toml): 60 min, 1000 steps of 3.6 s at data.seq_len 8192\n"
+            "    phase 2 (p2.toml): 5.0 h, 500 steps of 36 s at data.seq_len 65536\n"
+            "    phase 3 (p3.toml): no step-time prediction, 100 steps at data.seq_len 1048576\n");
+}
+
 TEST(FormatTest, Ages) {
   EXPECT_EQ(HumanAge(absl::Seconds(119)), "119s");
   EXPECT_EQ(HumanAge(absl::Minutes(119)), "119m");
