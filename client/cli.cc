@@ -201,6 +201,12 @@ void Define(CLI::App& app, Parsed& p) {
                    "plan for a node this daemon is not: h100x1, h100x8, h200x1, h200x8, or "
                    "gpus=N,gpu_gib=G,host_gib=H (a preset may be followed by such overrides)")
       ->type_name("NODE");
+  plan->add_option("--then", f.then,
+                   "SPEC: a later phase of a chain (repeatable, in order): each phase is planned "
+                   "(with the same --set and --hardware) and the chain's whole run time printed")
+      ->excludes(max_seq)
+      ->allow_extra_args(false)
+      ->type_name("SPEC");
   plan->add_option("--multiple-of", f.multiple_of, "with --max-seq-len: lengths tried (1024)")
       ->check(CLI::PositiveNumber)
       ->needs(max_seq)

@@ -335,7 +335,40 @@ int DeleteCommand(CliContext& c, const Flags& f) {
   return rc;
 }
 
+// plan SPEC --then SPEC2 ...: every phase's plan, then the chain's whole run.
+int PlanChainCommand(CliContext& c, const Flags& f) {
+  std::vector<std::string> sources = {f.spec};
+  sources.insert(sources.end(), f.then.begin(), f.then.end());
+  std::vector<v1::PlanJobResponse> plans;
+  for (const std::string& spec : sources) {
+    Flags phase = f;
+    phase.spec = spec;
+    v1::PlanJobRequest req;
+    if (int rc = FillSpecRequest(phase, &req); rc != 0) return rc;
+    req.set_hardware(f.hardware);
+    v1::PlanJobResponse& resp = plans.emplace_back();
+    grpc::ClientContext ctx;
+    grpc::Status st = c.stub->PlanJob(&ctx, req, &resp);
+    if (!st.ok()) return RpcError(c, st);
+  }
+  bool fits = true;
+  for (const v1::PlanJobResponse& p : plans) fits = fits && p.plan().fits();
+  if (c.output == Output::kJson) {
+    // {"phases": [PlanJobResponse, ...], "run_seconds": the predicted phases' sum}
+    std::vector<std::string> phases;
+    for (const v1::PlanJobResponse& p : plans) phases.push_back(ProtoJson(p));
+    std::printf("{\"phases\":[%s],\"run_seconds\":%.17g}\n", absl::StrJoin(phases, ",").c_str(),
+                ChainRunSeconds(plans));
+  } else {
+    for (const v1::PlanJobResponse& p : plans) std::printf("%s\n", PlanText(p).c_str());
+    std::printf("%s", ChainPlanText(sources, plans).c_str());
+  }
+  std::fflush(stdout);
+  return fits ? 0 : 1;
+}
+
 int PlanCommand(CliContext& c, const Flags& f) {
+  if (!f.then.empty()) return PlanChainCommand(c, f);
   v1::PlanJobRequest req;
   if (int rc = FillSpecRequest(f, &req); rc != 0) return rc;
   req.set_hardware(f.hardware);

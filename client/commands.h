@@ -65,6 +65,9 @@ struct Flags {
   // parses it (server/node.h HardwareNode).
   std::string hardware;
   std::string after;  // submit --after ID: start when that job succeeds
+  // plan --then SPEC: the later phases of a chain, in order, after `spec` (each planned with
+  // the same --set and --hardware).
+  std::vector<std::string> then;
 };
 
 // The commands (their exit codes as above).

@@ -87,35 +87,64 @@ std::string EvalLine(const v1::EvalReport& r) {
 }
 
 std::string PasskeySummary(const v1::EvalReport& r) {
-  // Per length (in the report's order), the accuracy over its depths.
-  std::vector<std::pair<int64_t, std::pair<double, int>>> by_length;
+  // Per key count and length (in the report's order), the accuracy over its depths.
+  struct Group {
+    int64_t keys, length;
+    double sum;
+    int n;
+  };
+  std::vector<Group> groups;
   for (const v1::PasskeyResult& p : r.passkey()) {
-    if (by_length.empty() || by_length.back().first != p.length()) {
-      by_length.push_back({p.length(), {0.0, 0}});
+    const int64_t keys = std::max<int64_t>(1, p.keys());
+    if (groups.empty() || groups.back().length != p.length() || groups.back().keys != keys) {
+      groups.push_back({keys, p.length(), 0.0, 0});
     }
-    by_length.back().second.first += p.accuracy();
-    by_length.back().second.second += 1;
+    groups.back().sum += p.accuracy();
+    groups.back().n += 1;
   }
-  std::vector<std::string> parts;
-  for (const auto& [length, sum] : by_length) {
-    parts.push_back(absl::StrFormat("%.2f at %d", sum.first / sum.second, length));
+  // "passkey accuracy 1.00 at 4096, 0.75 at 8192 tokens; 4-key accuracy 0.50 at 4096 tokens"
+  std::vector<std::string> sections;
+  for (size_t i = 0; i < groups.size();) {
+    std::vector<std::string> parts;
+    size_t j = i;
+    for (; j < groups.size() && groups[j].keys == groups[i].keys; ++j) {
+      parts.push_back(absl::StrFormat("%.2f at %d", groups[j].sum / groups[j].n, groups[j].length));
+    }
+    const std::string what =
+        groups[i].keys > 1 ? absl::StrCat(groups[i].keys, "-key") : std::string("passkey");
+    sections.push_back(absl::StrCat(what, " accuracy ", absl::StrJoin(parts, ", "), " tokens"));
+    i = j;
   }
-  return absl::StrCat("passkey accuracy ", absl::StrJoin(parts, ", "), " tokens");
+  return absl::StrJoin(sections, "; ");
 }
 
 std::vector<std::string> PasskeyTable(const v1::EvalReport& r) {
   std::vector<std::string> lines;
   for (int i = 0; i < r.passkey_size();) {
-    const int64_t length = r.passkey(i).length();
+    const int64_t length = r.passkey(i).length(), keys = r.passkey(i).keys();
     std::vector<std::string> cells;
-    for (; i < r.passkey_size() && r.passkey(i).length() == length; ++i) {
+    for (; i < r.passkey_size() && r.passkey(i).length() == length && r.passkey(i).keys() == keys;
+         ++i) {
       const v1::PasskeyResult& p = r.passkey(i);
       cells.push_back(
           absl::StrFormat("depth %g %.2f (logprob %.3f)", p.depth(), p.accuracy(), p.logprob()));
     }
-    lines.push_back(absl::StrFormat("%d tokens: %s", length, absl::StrJoin(cells, ", ")));
+    lines.push_back(absl::StrFormat("%d tokens%s: %s", length,
+                                    keys > 1 ? absl::StrFormat(", %d keys", keys) : "",
+                                    absl::StrJoin(cells, ", ")));
   }
   return lines;
+}
+
+std::string PositionLine(const v1::EvalReport& r) {
+  if (r.positions_size() == 0) return "";
+  std::vector<std::string> losses, tokens;
+  for (const v1::PositionLoss& b : r.positions()) {
+    losses.push_back(absl::StrFormat("[%d, %d) %.4f", b.begin(), b.end(), b.loss()));
+    tokens.push_back(absl::StrCat(b.tokens()));
+  }
+  return absl::StrCat("by position: ", absl::StrJoin(losses, ", "), " (",
+                      absl::StrJoin(tokens, ", "), " tokens)");
 }
 
 std::string MemoryTable(const v1::Job& job) {
@@ -290,6 +319,9 @@ std::string JobDetails(const v1::Job& job) {
   }
   if (job.has_last_eval()) {
     absl::StrAppend(&out, "  last eval: ", EvalLine(job.last_eval()), "\n");
+    if (job.last_eval().positions_size() > 0) {
+      absl::StrAppend(&out, "    ", PositionLine(job.last_eval()), "\n");
+    }
     for (const std::string& line : PasskeyTable(job.last_eval())) {
       absl::StrAppend(&out, "    passkey ", line, "\n");
     }
@@ -372,6 +404,43 @@ std::string PlanText(const v1::PlanJobResponse& p) {
     }
   }
   absl::StrAppend(&out, plan.fits() ? "fits" : "does NOT fit", ": ", plan.summary(), "\n");
+  return out;
+}
+
+double ChainRunSeconds(const std::vector<v1::PlanJobResponse>& plans) {
+  double total = 0;
+  for (const v1::PlanJobResponse& p : plans) {
+    total += p.plan().predicted_step_s() * static_cast<double>(p.spec().steps());
+  }
+  return total;
+}
+
+std::string ChainPlanText(const std::vector<std::string>& sources,
+                          const std::vector<v1::PlanJobResponse>& plans) {
+  std::vector<std::string> lines, unknown, not_fitting;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const v1::PlanJobResponse& p = plans[i];
+    const std::string name = absl::StrFormat("phase %d (%s)", i + 1, Printable(sources[i]));
+    if (!p.plan().fits()) not_fitting.push_back(absl::StrCat("phase ", i + 1));
+    if (p.plan().predicted_step_s() <= 0) {
+      unknown.push_back(absl::StrCat("phase ", i + 1));
+      lines.push_back(
+          absl::StrFormat("    %s: no step-time prediction, %d steps at data.seq_len %d\n", name,
+                          p.spec().steps(), p.spec().seq_len()));
+      continue;
+    }
+    lines.push_back(absl::StrFormat(
+        "    %s: %s, %d steps of %.4g s at data.seq_len %d\n", name,
+        RunTime(p.plan().predicted_step_s() * static_cast<double>(p.spec().steps())),
+        p.spec().steps(), p.plan().predicted_step_s(), p.spec().seq_len()));
+  }
+  std::string out = absl::StrFormat(
+      "chain of %d phases: %s%s in all for their training.steps%s; %s\n", plans.size(),
+      unknown.empty() ? "" : "at least ", RunTime(ChainRunSeconds(plans)),
+      unknown.empty() ? "" : absl::StrCat(" (", absl::StrJoin(unknown, ", "), " not predicted)"),
+      not_fitting.empty() ? "every phase fits"
+                          : absl::StrCat(absl::StrJoin(not_fitting, ", "), " does NOT fit"));
+  for (const std::string& l : lines) absl::StrAppend(&out, l);
   return out;
 }
 

@@ -32,10 +32,15 @@ std::string ProgressLine(const v1::StepReport& r, double eta_seconds);
 // those "eval step 20: passkey accuracy 1.00 at 4096, 0.50 at 8192 tokens, 3.10 s".
 std::string EvalLine(const v1::EvalReport& r);
 // The passkey eval's accuracy per length, over its depths:
-// "passkey accuracy 1.00 at 4096, 0.75 at 8192 tokens".
+// "passkey accuracy 1.00 at 4096, 0.75 at 8192 tokens", and per multi-key count
+// (eval.passkey.keys) "; 4-key accuracy 0.50 at 4096 tokens".
 std::string PasskeySummary(const v1::EvalReport& r);
-// One line per length: "4096 tokens: depth 0 1.00 (logprob -0.012), depth 0.5 0.75 (...)".
+// One line per key count and length: "4096 tokens: depth 0 1.00 (logprob -0.012), depth 0.5 0.75
+// (...)", a multi-key line "4096 tokens, 4 keys: ...".
 std::vector<std::string> PasskeyTable(const v1::EvalReport& r);
+// eval.position_buckets: "by position: [0, 1024) 3.2100, [1024, 4096) 2.9800 (1024, 3072
+// tokens)"; empty without buckets.
+std::string PositionLine(const v1::EvalReport& r);
 
 // One row per tier, one column per rank: peak bytes during the newest step; a total row (the
 // device tiers' sum) at the bottom.
@@ -53,6 +58,15 @@ std::string JobDetails(const v1::Job& job);
 std::string RunTime(double seconds);
 // `ithaca plan`: each tier against its budget, the predicted step and the run's time.
 std::string PlanText(const v1::PlanJobResponse& plan);
+// `ithaca plan SPEC --then SPEC2 ...`, after each phase's PlanText: the chain's whole run (each
+// phase's predicted step times its training.steps, summed) and a line per phase:
+//   chain of 3 phases: 5.2 h in all for their training.steps; every phase fits
+//     phase 1 (phase1.toml): 2.0 h, 1000 steps of 7.2 s at data.seq_len 8192
+// A phase without a prediction is named, and the sum is of the others ("at least").
+std::string ChainPlanText(const std::vector<std::string>& sources,
+                          const std::vector<v1::PlanJobResponse>& plans);
+// The predicted phases' run seconds, summed.
+double ChainRunSeconds(const std::vector<v1::PlanJobResponse>& plans);
 // `ithaca node`.
 std::string NodeText(const v1::NodeInfo& node);
 

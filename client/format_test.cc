@@ -116,6 +116,34 @@ TEST(FormatTest, EvalLineInWatchAndStatus) {
       << JobDetails(job);
 }
 
+// eval.position_buckets: status shows the newest evaluation's loss per bucket under its line.
+TEST(FormatTest, StatusShowsTheLossByPosition) {
+  v1::EvalReport e;
+  e.set_step(20);
+  e.set_loss(3.0);
+  e.set_tokens(4096);
+  e.set_batches(1);
+  for (auto [begin, end, loss] :
+       {std::tuple<int64_t, int64_t, double>{0, 1024, 3.21}, {1024, 4096, 2.98}}) {
+    v1::PositionLoss* b = e.add_positions();
+    b->set_begin(begin);
+    b->set_end(end);
+    b->set_loss(loss);
+    b->set_tokens(end - begin);
+  }
+  EXPECT_EQ(PositionLine(e),
+            "by position: [0, 1024) 3.2100, [1024, 4096) 2.9800 (1024, 3072 tokens)");
+  v1::Job job;
+  job.set_id("job-1");
+  *job.mutable_last_eval() = e;
+  EXPECT_NE(JobDetails(job).find("  last eval: eval step 20: loss 3.0000 (ppl 20.1) over 4096 "
+                                 "tokens, 1 batches, 0.00 s\n    by position: [0, 1024) 3.2100"),
+            std::string::npos)
+      << JobDetails(job);
+  e.clear_positions();
+  EXPECT_EQ(PositionLine(e), "");
+}
+
 TEST(FormatTest, StatusShowsTrainableParametersUnderLora) {
   v1::Job job;
   job.set_id("job-1");
@@ -157,6 +185,23 @@ TEST(FormatTest, EvalLineWithPasskeyPoints) {
   *job.mutable_last_eval() = e;
   EXPECT_NE(JobDetails(job).find("    passkey 4096 tokens: depth 0 1.00 (logprob -0.500), depth 1 "
                                  "0.50 (logprob -0.500)\n    passkey 8192 tokens: depth 0 0.25"),
+            std::string::npos)
+      << JobDetails(job);
+  // Multi-key points (eval.passkey.keys) after the passkey's: their own summary and lines.
+  for (double depth : {0.0, 1.0}) {
+    v1::PasskeyResult* p = e.add_passkey();
+    p->set_keys(4);
+    p->set_length(4096);
+    p->set_depth(depth);
+    p->set_accuracy(depth == 0 ? 0.5 : 0.0);
+    p->set_logprob(-1);
+  }
+  EXPECT_EQ(PasskeySummary(e),
+            "passkey accuracy 0.75 at 4096, 0.25 at 8192 tokens; 4-key accuracy 0.25 at 4096 "
+            "tokens");
+  *job.mutable_last_eval() = e;
+  EXPECT_NE(JobDetails(job).find("    passkey 4096 tokens, 4 keys: depth 0 0.50 (logprob -1.000), "
+                                 "depth 1 0.00 (logprob -1.000)\n"),
             std::string::npos)
       << JobDetails(job);
 }
@@ -365,6 +410,32 @@ TEST(FormatTest, PlanTextShowsBothTiersAndTheRun) {
   EXPECT_EQ(RunTime(45), "45 s");
   EXPECT_EQ(RunTime(600), "10 min");
   EXPECT_EQ(RunTime(4 * 86400), "4.0 days");
+}
+
+// Issue 54 F5 for chains: `plan A --then B --then C` sums the phases' predicted runs.
+TEST(FormatTest, ChainPlanSumsThePhasesRuns) {
+  auto phase = [](int64_t seq_len, int64_t steps, double step_s, bool fits) {
+    v1::PlanJobResponse p;
+    p.mutable_spec()->set_seq_len(seq_len);
+    p.mutable_spec()->set_steps(steps);
+    p.mutable_plan()->set_predicted_step_s(step_s);
+    p.mutable_plan()->set_fits(fits);
+    return p;
+  };
+  std::vector<v1::PlanJobResponse> plans = {phase(8192, 1000, 3.6, true),
+                                            phase(65536, 500, 36, true)};
+  EXPECT_DOUBLE_EQ(ChainRunSeconds(plans), 3600 + 18000);
+  EXPECT_EQ(ChainPlanText({"p1.toml", "p2.toml"}, plans),
+            "chain of 2 phases: 6.0 h in all for their training.steps; every phase fits\n"
+            "    phase 1 (p1.toml): 60 min, 1000 steps of 3.6 s at data.seq_len 8192\n"
+            "    phase 2 (p2.toml): 5.0 h, 500 steps of 36 s at data.seq_len 65536\n");
+  plans.push_back(phase(1048576, 100, 0, false));
+  EXPECT_EQ(ChainPlanText({"p1.toml", "p2.toml", "p3.toml"}, plans),
+            "chain of 3 phases: at least 6.0 h in all for their training.steps (phase 3 not "
+            "predicted); phase 3 does NOT fit\n"
+            "    phase 1 (p1.toml): 60 min, 1000 steps of 3.6 s at data.seq_len 8192\n"
+            "    phase 2 (p2.toml): 5.0 h, 500 steps of 36 s at data.seq_len 65536\n"
+            "    phase 3 (p3.toml): no step-time prediction, 100 steps at data.seq_len 1048576\n");
 }
 
 TEST(FormatTest, Ages) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -208,13 +209,18 @@ std::string SvgPasskeyHeatmap(const v1::EvalReport& r) {
       std::max(48.0, std::min(110.0, 544.0 / std::max<size_t>(1, lengths.size())));
   const double W = kLeft + kRight + cell_w * static_cast<double>(lengths.size());
   const double H = kTop + kBottom + kCellH * static_cast<double>(depths.size());
-  const std::string title = absl::StrCat("Passkey retrieval, step ", r.step());
+  // One key count a chart (RenderReportHtml splits them): the passkey test, or multi-key.
+  const int64_t keys = r.passkey_size() > 0 ? std::max<int64_t>(1, r.passkey(0).keys()) : 1;
+  const std::string title =
+      keys > 1 ? absl::StrCat("Multi-key retrieval (", keys, " keys, one asked), step ", r.step())
+               : absl::StrCat("Passkey retrieval, step ", r.step());
+  const std::string id = keys > 1 ? absl::StrCat("passkey-", keys, "-keys") : "passkey";
   std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"passkey\" "
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"%s\" "
       "width=\"%g\" height=\"%g\" viewBox=\"0 0 %g %g\" role=\"img\" aria-label=\"%s\">\n"
       "<rect x=\"0\" y=\"0\" width=\"%g\" height=\"%g\" fill=\"#fff\"/>\n"
       "<text x=\"%g\" y=\"18\" font-size=\"14\" font-weight=\"bold\">%s</text>\n",
-      W, H, W, H, Html(title), W, H, kLeft, Html(title));
+      id, W, H, W, H, Html(title), W, H, kLeft, Html(title));
   // Accuracy 0 red, 0.5 yellow, 1 green (the needle-in-a-haystack picture's scale).
   auto colour = [](double a) {
     a = std::min(1.0, std::max(0.0, a));
@@ -271,7 +277,8 @@ std::string SvgPasskeyHeatmap(const v1::EvalReport& r) {
 std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>& history,
                              const std::optional<v1::PlanJobResponse>& plan,
                              const std::string& plan_error,
-                             const std::vector<std::string>& earlier_jobs) {
+                             const std::vector<std::string>& earlier_jobs,
+                             const std::vector<ReportPhase>& chain) {
   // Per rank, its step reports in order.
   std::map<int, std::vector<const v1::StepReport*>> steps;
   std::vector<const v1::EvalReport*> evals;
@@ -311,13 +318,84 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
     if (!eval.points.empty()) loss.push_back(std::move(eval));
     absl::StrAppend(&charts, SvgLineChart("Loss", "step", "cross-entropy", loss));
   }
+  // The chain's phases, this job last: each one's rank-0 train loss and eval loss, its steps
+  // counted on from where the phase before ended (a phase starts at step 1 again).
+  std::vector<std::string> chain_rows;
+  if (!chain.empty()) {
+    std::vector<ChartSeries> series;
+    int64_t offset = 0;
+    auto add_phase = [&](int index, const v1::Job& j, const std::vector<v1::JobEvent>& h) {
+      ChartSeries train{absl::StrCat("phase ", index, " ", j.id(), " train loss"), {}, false};
+      ChartSeries eval{absl::StrCat("phase ", index, " ", j.id(), " eval loss"), {}, true};
+      int64_t last = 0;
+      double last_loss = NAN;
+      for (const v1::JobEvent& e : h) {
+        if (e.has_step() && e.step().rank() == 0) {
+          train.points.push_back({double(offset + e.step().step()), e.step().loss()});
+          last = std::max(last, e.step().step());
+          last_loss = e.step().loss();
+        }
+        if (e.has_eval() && (e.eval().tokens() > 0 || e.eval().passkey_size() == 0)) {
+          eval.points.push_back({double(offset + e.eval().step()), e.eval().loss()});
+        }
+      }
+      chain_rows.push_back(absl::StrCat(
+          "<tr><td>", index, "</td><td>", Html(j.id()), "</td><td>", Html(j.name()), "</td><td>",
+          j.spec().seq_len(), "</td><td>", last, " of ", j.spec().steps(), "</td><td>",
+          offset + (last > 0 ? 1 : 0), "-", offset + last, "</td><td>",
+          std::isnan(last_loss) ? "" : absl::StrFormat("%.4f", last_loss), "</td><td>",
+          eval.points.empty() ? "" : absl::StrFormat("%.4f", eval.points.back().second),
+          "</td><td>", StateName(j.state()), "</td></tr>\n"));
+      if (!train.points.empty()) series.push_back(std::move(train));
+      if (!eval.points.empty()) series.push_back(std::move(eval));
+      offset += last > 0 ? last : j.spec().steps();
+    };
+    for (size_t i = 0; i < chain.size(); ++i) {
+      add_phase(static_cast<int>(i) + 1, chain[i].job, chain[i].history);
+    }
+    add_phase(static_cast<int>(chain.size()) + 1, job, history);
+    absl::StrAppend(&charts, SvgLineChart("Loss across the chain",
+                                          "step of the chain (phases one after another)",
+                                          "cross-entropy", series));
+  }
+  // eval.position_buckets: each bucket's held-out loss over the evaluations, so a phase that
+  // makes the far context useful shows its far buckets falling below the near ones.
+  {
+    std::map<std::pair<int64_t, int64_t>, ChartSeries> by_bucket;
+    for (const v1::EvalReport* e : evals) {
+      for (const v1::PositionLoss& b : e->positions()) {
+        if (b.tokens() == 0) continue;
+        ChartSeries& s = by_bucket[{b.begin(), b.end()}];
+        if (s.name.empty()) {
+          s.name = absl::StrFormat("positions [%d, %d)", b.begin(), b.end());
+          s.markers = true;
+        }
+        s.points.push_back({double(e->step()), b.loss()});
+      }
+    }
+    std::vector<ChartSeries> series;
+    for (auto& [bucket, s] : by_bucket) series.push_back(std::move(s));
+    if (!series.empty()) {
+      absl::StrAppend(&charts,
+                      SvgLineChart("Eval loss by position", "step", "cross-entropy", series));
+    }
+  }
   // The newest evaluation with passkey points: the heatmap, and each point's accuracy over the
   // evaluations (one series per length, averaged over its depths).
   const v1::EvalReport* passkey = nullptr;
   for (const v1::EvalReport* e : evals) {
     if (e->passkey_size() > 0) passkey = e;
   }
-  if (passkey != nullptr) absl::StrAppend(&charts, SvgPasskeyHeatmap(*passkey));
+  if (passkey != nullptr) {
+    // A heatmap per key count (eval.passkey.keys), the passkey test's first.
+    std::map<int64_t, v1::EvalReport> by_keys;
+    for (const v1::PasskeyResult& p : passkey->passkey()) {
+      v1::EvalReport& r = by_keys[std::max<int64_t>(1, p.keys())];
+      r.set_step(passkey->step());
+      *r.add_passkey() = p;
+    }
+    for (const auto& [keys, r] : by_keys) absl::StrAppend(&charts, SvgPasskeyHeatmap(r));
+  }
   absl::StrAppend(&charts, SvgLineChart("Throughput", "step", "tokens/s per " + per,
                                         per_rank("tok/s", [](const v1::StepReport& r) {
                                           return r.tokens_per_second();
@@ -406,6 +484,15 @@ std::string RenderReportHtml(const v1::Job& job, const std::vector<v1::JobEvent>
                                         : "1"),
       row("cluster job", job.cluster_job()), row("log directory", job.log_dir()),
       row("checkpoint directory", s.checkpoint_dir()), "</table>\n");
+  if (!chain_rows.empty()) {
+    absl::StrAppend(&page,
+                    "<h2>Chain</h2>\n<p>This job is a phase of a chain ([init] from the phase "
+                    "before's checkpoint); the earlier phases, oldest first:</p>\n"
+                    "<table id=\"chain\">\n<tr><th>phase</th><th>job</th><th>name</th>"
+                    "<th>sequence length</th><th>steps</th><th>chain steps</th>"
+                    "<th>last train loss</th><th>last eval loss</th><th>state</th></tr>\n",
+                    absl::StrJoin(chain_rows, ""), "</table>\n");
+  }
   if (job.has_last_eval() &&
       (job.last_eval().tokens() > 0 || job.last_eval().passkey_size() == 0)) {
     absl::StrAppend(&page, "<p>Newest evaluation: loss ",
@@ -498,6 +585,46 @@ int AddEarlierAttempts(CliContext& c, const v1::Job& job, std::vector<v1::JobEve
   return 0;
 }
 
+int AddChainPhases(CliContext& c, const v1::Job& job, std::vector<ReportPhase>* chain) {
+  if (job.spec().init_from().empty()) return 0;
+  v1::ListJobsRequest req;  // every job, newest first
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext ctx;
+  grpc::Status st = c.stub->ListJobs(&ctx, req, &jobs);
+  if (!st.ok()) return RpcError(c, st);
+  std::vector<std::string> seen = {job.id()};
+  const v1::Job* phase = &job;
+  while (!phase->spec().init_from().empty()) {
+    const std::string& from = phase->spec().init_from();
+    const int64_t before = TimeUtil::TimestampToMilliseconds(phase->created_at());
+    const v1::Job* earlier = nullptr;
+    for (const v1::Job& other : jobs.jobs()) {  // newest first: the first match is the newest
+      const std::string& dir = other.spec().checkpoint_dir();
+      if (dir.empty() || TimeUtil::TimestampToMilliseconds(other.created_at()) >= before ||
+          std::find(seen.begin(), seen.end(), other.id()) != seen.end()) {
+        continue;
+      }
+      if (from == dir || absl::StartsWith(from, dir + "/")) {
+        earlier = &other;
+        break;
+      }
+    }
+    if (earlier == nullptr) break;  // a Hugging Face directory, or a run ithacad forgot
+    ReportPhase p;
+    p.job = *earlier;
+    grpc::Status hst;
+    absl::StatusOr<std::vector<v1::JobEvent>> h = ReadHistory(c, earlier->id(), &hst);
+    if (!h.ok()) return RpcError(c, hst);
+    p.history = std::move(*h);
+    std::vector<std::string> attempts;
+    if (int rc = AddEarlierAttempts(c, p.job, &p.history, &attempts); rc != 0) return rc;
+    chain->insert(chain->begin(), std::move(p));
+    seen.push_back(earlier->id());
+    phase = earlier;
+  }
+  return 0;
+}
+
 int StepsCommand(CliContext& c, const std::string& id) {
   grpc::Status st;
   absl::StatusOr<std::vector<v1::JobEvent>> history = ReadHistory(c, id, &st);
@@ -522,6 +649,8 @@ int ReportCommand(CliContext& c, const std::string& id, const std::string& out_i
   if (!history.ok()) return RpcError(c, st);
   std::vector<std::string> earlier;
   if (int rc = AddEarlierAttempts(c, job, &*history, &earlier); rc != 0) return rc;
+  std::vector<ReportPhase> chain;
+  if (int rc = AddChainPhases(c, job, &chain); rc != 0) return rc;
   // The plan admission made for the spec as it ran; a job stored before plans were kept is
   // planned again (a finished run in its checkpoint directory is then only a warning).
   std::optional<v1::PlanJobResponse> plan;
@@ -546,7 +675,7 @@ int ReportCommand(CliContext& c, const std::string& id, const std::string& out_i
   }
   const std::string out = out_in.empty() ? id + ".html" : out_in;
   std::ofstream f(out);
-  f << RenderReportHtml(job, *history, plan, plan_error, earlier);
+  f << RenderReportHtml(job, *history, plan, plan_error, earlier, chain);
   f.close();
   if (!f) {
     std::fprintf(stderr, "ithaca: %s: cannot write\n", out.c_str());

@@ -169,6 +169,102 @@ TEST(ReportTest, PasskeyHeatmapOfTheNewestEvaluation) {
       << page;
   EXPECT_EQ(page.find("data-series=\"eval loss\""), std::string::npos) << "no held-out loss";
   EXPECT_EQ(page.find("Newest evaluation: loss"), std::string::npos);
+
+  // Multi-key points (eval.passkey.keys = [1, 4]): a heatmap of their own beside the passkey's.
+  v1::EvalReport both = r;
+  for (double depth : {0.0, 1.0}) {
+    add(&both, 4096, depth, 0.25);
+    both.mutable_passkey(both.passkey_size() - 1)->set_keys(4);
+  }
+  history = {older};
+  *history.emplace_back().mutable_eval() = both;
+  const std::string page2 = RenderReportHtml(job, history, std::nullopt, "");
+  EXPECT_EQ(Count(page2, "class=\"chart\" id=\"passkey\""), 1);
+  EXPECT_EQ(Count(page2, "class=\"chart\" id=\"passkey-4-keys\""), 1);
+  EXPECT_NE(page2.find("Multi-key retrieval (4 keys, one asked), step 7"), std::string::npos);
+  EXPECT_EQ(Count(page2, "<rect class=\"cell\""), 6 + 2);
+  EXPECT_NE(page2.find("4-key accuracy 0.25 at 4096 tokens"), std::string::npos);
+}
+
+// eval.position_buckets: a chart with one series per bucket, a point per evaluation.
+TEST(ReportTest, LossByPositionOverTheEvaluations) {
+  v1::Job job;
+  job.set_id("job-4");
+  std::vector<v1::JobEvent> history;
+  for (int step : {10, 20}) {
+    v1::JobEvent e;
+    v1::EvalReport* r = e.mutable_eval();
+    r->set_step(step);
+    r->set_loss(3);
+    r->set_tokens(4096);
+    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 1024}, {1024, 4096}}) {
+      v1::PositionLoss* b = r->add_positions();
+      b->set_begin(begin);
+      b->set_end(end);
+      b->set_loss(begin == 0 ? 3.5 : 3.0 - step / 10.0);
+      b->set_tokens(end - begin);
+    }
+    history.push_back(e);
+  }
+  const std::string page = RenderReportHtml(job, history, std::nullopt, "");
+  EXPECT_NE(page.find("Eval loss by position"), std::string::npos) << page;
+  EXPECT_EQ(Points(page, "positions \\[0, 1024\\)").size(), 2u);
+  EXPECT_EQ(Points(page, "positions \\[1024, 4096\\)").size(), 2u);
+  // Without buckets, no such chart.
+  for (v1::JobEvent& e : history) e.mutable_eval()->clear_positions();
+  EXPECT_EQ(RenderReportHtml(job, history, std::nullopt, "").find("Eval loss by position"),
+            std::string::npos);
+}
+
+// Issue 54 F8: a phase's report shows its chain, the earlier phases' curves before its own (its
+// steps counted on from the end of the phase before) and a table of the phases.
+TEST(ReportTest, APhaseShowsItsChain) {
+  auto phase = [](const std::string& id, int64_t seq_len, int steps, double first_loss) {
+    ReportPhase p;
+    p.job.set_id(id);
+    p.job.set_name(id + "-name");
+    p.job.set_state(v1::JOB_STATE_SUCCEEDED);
+    p.job.mutable_spec()->set_seq_len(seq_len);
+    p.job.mutable_spec()->set_steps(steps);
+    for (int step = 1; step <= steps; ++step) {
+      v1::JobEvent e;
+      e.mutable_step()->set_step(step);
+      e.mutable_step()->set_loss(first_loss - 0.25 * step);
+      p.history.push_back(e);
+    }
+    v1::JobEvent e;
+    e.mutable_eval()->set_step(steps);
+    e.mutable_eval()->set_loss(first_loss - 0.5);
+    e.mutable_eval()->set_tokens(64);
+    p.history.push_back(e);
+    return p;
+  };
+  const std::vector<ReportPhase> chain = {phase("job-1", 128, 4, 5.0), phase("job-2", 256, 2, 4.0)};
+  const ReportPhase last = phase("job-3", 512, 3, 3.5);
+  const std::string page = RenderReportHtml(last.job, last.history, std::nullopt, "", {}, chain);
+  EXPECT_NE(page.find("Loss across the chain"), std::string::npos) << page;
+  const auto p1 = Points(page, "phase 1 job-1 train loss");
+  const auto p2 = Points(page, "phase 2 job-2 train loss");
+  const auto p3 = Points(page, "phase 3 job-3 train loss");
+  ASSERT_EQ(p1.size(), 4u);
+  ASSERT_EQ(p2.size(), 2u);
+  ASSERT_EQ(p3.size(), 3u);
+  EXPECT_LT(p1.back().first, p2.front().first) << "phase 2 after phase 1";
+  EXPECT_LT(p2.back().first, p3.front().first) << "phase 3 after phase 2";
+  EXPECT_EQ(Points(page, "phase 1 job-1 eval loss").size(), 1u);
+  EXPECT_NE(page.find("<table id=\"chain\">"), std::string::npos);
+  EXPECT_NE(page.find("<tr><td>1</td><td>job-1</td><td>job-1-name</td><td>128</td><td>4 of "
+                      "4</td><td>1-4</td><td>4.0000</td><td>4.5000</td><td>SUCCEEDED</td></tr>"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("<tr><td>3</td><td>job-3</td><td>job-3-name</td><td>512</td><td>3 of "
+                      "3</td><td>7-9</td>"),
+            std::string::npos)
+      << page;
+  // A job of no chain: neither.
+  const std::string alone = RenderReportHtml(last.job, last.history, std::nullopt, "");
+  EXPECT_EQ(alone.find("Loss across the chain"), std::string::npos);
+  EXPECT_EQ(alone.find("id=\"chain\""), std::string::npos);
 }
 
 // The issue's report findings: "0.00 GiB" in the plan of a small model, end-of-step memory

@@ -190,7 +190,8 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
                        "it runs on (join on job_id, rank).")),
       passkey_accuracy_(Gauge(*registry_, Constant(hostname), "ithaca_passkey_accuracy",
                               "Share of passkey prompts of a length and depth whose key the "
-                              "newest evaluation retrieved ([eval.passkey]).")),
+                              "newest evaluation retrieved ([eval.passkey]; with `keys`, "
+                              "multi-key prompts of that many keys).")),
       passkey_logprob_(Gauge(*registry_, Constant(hostname), "ithaca_passkey_logprob",
                              "Mean log-probability of a passkey key token at a length and "
                              "depth in the newest evaluation ([eval.passkey]).")),
@@ -199,6 +200,9 @@ Metrics::Metrics(const std::string& hostname, const std::string& version)
       source_loss_(Gauge(*registry_, Constant(hostname), "ithaca_source_loss",
                          "Mean cross-entropy over the trained labels of one source of a "
                          "data.weights mix in the newest step that sampled it.")),
+      eval_position_loss_(Gauge(*registry_, Constant(hostname), "ithaca_eval_position_loss",
+                                "Held-out loss of the labels at positions [begin, end) of their "
+                                "windows in the newest evaluation (eval.position_buckets).")),
       tokens_(Counter(*registry_, Constant(hostname), "ithaca_tokens_total",
                       "Tokens trained by this rank.")),
       exits_(Counter(*registry_, Constant(hostname), "ithaca_worker_exits_total",
@@ -408,14 +412,26 @@ void Metrics::OnEval(const std::string& job, int rank, int gpu, const std::strin
   JobSeries& j = jobs_series_[job];
   for (const v1::PasskeyResult& p : r.passkey()) {
     const std::string depth = absl::StrFormat("%g", p.depth());
-    auto [g, added_point] = j.passkey.try_emplace({p.length(), depth});
+    const int64_t keys = std::max<int64_t>(1, p.keys());
+    auto [g, added_point] = j.passkey.try_emplace({keys, p.length(), depth});
     if (added_point) {
-      const prometheus::Labels l = {
+      prometheus::Labels l = {
           {"job_id", job}, {"length", std::to_string(p.length())}, {"depth", depth}};
+      // A multi-key point is labelled with its keys; the passkey test's series stay as they were.
+      if (keys > 1) l["keys"] = std::to_string(keys);
       g->second = {&passkey_accuracy_.Add(l), &passkey_logprob_.Add(l)};
     }
     g->second.first->Set(p.accuracy());
     g->second.second->Set(p.logprob());
+  }
+  for (const v1::PositionLoss& b : r.positions()) {
+    auto [g, added_bucket] = j.positions.try_emplace({b.begin(), b.end()});
+    if (added_bucket) {
+      g->second = &eval_position_loss_.Add({{"job_id", job},
+                                            {"begin", std::to_string(b.begin())},
+                                            {"end", std::to_string(b.end())}});
+    }
+    g->second->Set(b.loss());
   }
 }
 
@@ -471,6 +487,7 @@ void Metrics::OnJobFinished(const std::string& job) {
         passkey_accuracy_.Remove(g.first);
         passkey_logprob_.Remove(g.second);
       }
+      for (auto& [bucket, g] : j->second.positions) eval_position_loss_.Remove(g);
       for (auto& [source, g] : j->second.sources) {
         source_samples_.Remove(g.samples);
         source_tokens_.Remove(g.tokens);

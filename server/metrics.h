@@ -61,7 +61,8 @@ class Metrics {
               const v1::StepReport& r);
   // A held-out evaluation: ithaca_eval_loss, labelled like the reporting rank's step series
   // (when it has a held-out loss), and per passkey point ithaca_passkey_accuracy and
-  // ithaca_passkey_logprob{job_id, length, depth}.
+  // ithaca_passkey_logprob{job_id, length, depth} (a multi-key point also `keys`), and per
+  // eval.position_buckets bucket ithaca_eval_position_loss{job_id, begin, end}.
   void OnEval(const std::string& job, int rank, int gpu, const std::string& uuid,
               const v1::EvalReport& r);
   // A job left the queue for its workers `seconds` after it was submitted.
@@ -109,9 +110,12 @@ class Metrics {
       prometheus::Gauge* loss = nullptr;
     };
     std::map<int, Source> sources;
-    // Per passkey point (length, depth label): accuracy and logprob.
-    std::map<std::pair<int64_t, std::string>, std::pair<prometheus::Gauge*, prometheus::Gauge*>>
+    // Per passkey point (keys, length, depth label): accuracy and logprob.
+    std::map<std::tuple<int64_t, int64_t, std::string>,
+             std::pair<prometheus::Gauge*, prometheus::Gauge*>>
         passkey;
+    // Per eval.position_buckets bucket (its begin and end): the loss.
+    std::map<std::pair<int64_t, int64_t>, prometheus::Gauge*> positions;
   };
   prometheus::Labels RankLabels(const RankSeries& s) const;
   RankSeries& RankLocked(const std::string& job, int rank, int gpu, const std::string& uuid)
@@ -129,7 +133,8 @@ class Metrics {
       &host_optimizer_, &host_params_, &tokens_per_second_, &loss_, &step_, &flops_, &mfu_,
       &grad_norm_, &lr_, &last_step_time_, &eval_loss_, &job_state_, &capacity_, &jobs_,
       &checkpoint_seconds_, &checkpoint_time_, &job_state_since_, &job_info_, &rank_node_,
-      &passkey_accuracy_, &passkey_logprob_, &trainable_parameters_, &source_loss_;
+      &passkey_accuracy_, &passkey_logprob_, &trainable_parameters_, &source_loss_,
+      &eval_position_loss_;
   prometheus::Family<prometheus::Counter>&tokens_, &exits_, &restarts_, &source_samples_,
       &source_tokens_, &source_loss_tokens_;
   prometheus::Family<prometheus::Histogram>&duration_, &queue_wait_;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <tuple>
+#include "absl/strings/str_cat.h"
 
 namespace ithaca {
 namespace {
@@ -267,6 +268,58 @@ TEST(MetricsTest, PasskeyPointsOfTheNewestEvaluation) {
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("ithaca_eval_loss{"), std::string::npos) << "no held-out loss\n" << text;
+  // A multi-key point (eval.passkey.keys) beside the passkey point of the same length and depth:
+  // its own series, labelled with its keys.
+  v1::PasskeyResult* multi = e.add_passkey();
+  multi->set_keys(4);
+  multi->set_length(4096);
+  multi->set_depth(0.5);
+  multi->set_accuracy(0.125);
+  m.OnEval("job-1", 0, 0, "", e);
+  const std::string with = m.Render();
+  EXPECT_NE(with.find("ithaca_passkey_accuracy{Hostname=\"node-1\",depth=\"0.5\",job_id=\"job-1\","
+                      "keys=\"4\",length=\"4096\"} 0.125\n"),
+            std::string::npos)
+      << with;
+  EXPECT_NE(with.find("ithaca_passkey_accuracy{Hostname=\"node-1\",depth=\"0.5\",job_id=\"job-1\","
+                      "length=\"4096\"} 0.75\n"),
+            std::string::npos)
+      << with;
+}
+
+// eval.position_buckets: one loss series per bucket of the job, the newest evaluation's value,
+// gone with the job's other series.
+TEST(MetricsTest, PositionBucketsOfTheNewestEvaluation) {
+  Metrics m("node-1");
+  v1::EvalReport e;
+  e.set_step(10);
+  e.set_loss(3);
+  e.set_tokens(100);
+  for (auto [begin, end, loss] :
+       {std::tuple<int64_t, int64_t, double>{0, 1024, 3.5}, {1024, 4096, 2.75}}) {
+    v1::PositionLoss* b = e.add_positions();
+    b->set_begin(begin);
+    b->set_end(end);
+    b->set_loss(loss);
+    b->set_tokens(50);
+  }
+  m.OnEval("job-1", 0, 0, "", e);
+  e.mutable_positions(1)->set_loss(2.5);
+  m.OnEval("job-1", 0, 0, "", e);
+  std::string text = m.Render();
+  EXPECT_NE(text.find("# TYPE ithaca_eval_position_loss gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("ithaca_eval_position_loss{Hostname=\"node-1\",begin=\"0\",end=\"1024\","
+                      "job_id=\"job-1\"} 3.5\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ithaca_eval_position_loss{Hostname=\"node-1\",begin=\"1024\","
+                      "end=\"4096\",job_id=\"job-1\"} 2.5\n"),
+            std::string::npos)
+      << text;
+  for (int i = 0; i <= Metrics::kFinishedJobsKept; ++i)
+    m.OnJobFinished(absl::StrCat("job-", i + 1));
+  text = m.Render();
+  EXPECT_EQ(text.find("ithaca_eval_position_loss{"), std::string::npos) << text;
 }
 
 // A finished job's throughput and memory gauges go at once: sum(ithaca_tokens_per_second) read

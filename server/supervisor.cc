@@ -550,28 +550,43 @@ absl::Status Supervisor::ReportStep(const v1::ReportStepRequest& request) {
 
 namespace {
 
-// An evaluation report holds at most one passkey point per (length, depth) of the job's
+// An evaluation report holds a loss per eval.position_buckets bucket or none, and at most one
+// passkey point per (length, depth) of the job's
 // [eval.passkey], each of them (issue 53 R3: one report of 127,097 points, sent with the job's
 // secret, was stored whole and made the job too large for list, status and watch): INVALID_ARGUMENT
 // saying which, and nothing of the report is kept. A spec that does not parse allows none.
 absl::Status CheckEvalReport(const v1::EvalReport& eval, const std::string& spec_toml) {
-  if (eval.passkey_size() == 0) return absl::OkStatus();
+  if (eval.passkey_size() == 0 && eval.positions_size() == 0) return absl::OkStatus();
   absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_toml);
+  // And a loss per eval.position_buckets bucket, or none.
+  const std::vector<int64_t> bounds =
+      spec.ok() ? spec->eval.position_buckets : std::vector<int64_t>{};
+  const size_t buckets = bounds.empty() ? 0 : bounds.size() + 1;
+  if (eval.positions_size() > 0 && static_cast<size_t>(eval.positions_size()) != buckets) {
+    return absl::InvalidArgumentError(absl::StrCat("ReportEval: ", eval.positions_size(),
+                                                   " position buckets, but the job's "
+                                                   "eval.position_buckets makes ",
+                                                   buckets));
+  }
   const std::vector<int64_t> lengths =
       spec.ok() ? spec->eval.passkey.lengths : std::vector<int64_t>{};
   const std::vector<double> depths = spec.ok() ? spec->eval.passkey.depths : std::vector<double>{};
-  const size_t points = lengths.size() * depths.size();
+  const std::vector<int64_t> keys = spec.ok() ? spec->eval.passkey.keys : std::vector<int64_t>{};
+  const size_t points = keys.size() * lengths.size() * depths.size();
   if (static_cast<size_t>(eval.passkey_size()) > points) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ReportEval: ", eval.passkey_size(), " passkey results, but the job's [eval.passkey] has ",
-        lengths.size(), " lengths x ", depths.size(), " depths = ", points, " points"));
+        keys.size() > 1 ? absl::StrCat(keys.size(), " key counts x ") : "", lengths.size(),
+        " lengths x ", depths.size(), " depths = ", points, " points"));
   }
   for (const v1::PasskeyResult& p : eval.passkey()) {
+    const int64_t k = std::max<int64_t>(1, p.keys());  // 0: a worker before eval.passkey.keys
     if (std::find(lengths.begin(), lengths.end(), p.length()) == lengths.end() ||
-        std::find(depths.begin(), depths.end(), p.depth()) == depths.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ReportEval: a passkey result at length ", p.length(), ", depth ", p.depth(),
-                       ", which the job's [eval.passkey] lengths and depths do not list"));
+        std::find(depths.begin(), depths.end(), p.depth()) == depths.end() ||
+        std::find(keys.begin(), keys.end(), k) == keys.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReportEval: a passkey result at length ", p.length(), ", depth ", p.depth(), ", ", k,
+          " keys, which the job's [eval.passkey] lengths, depths and keys do not list"));
     }
   }
   return absl::OkStatus();

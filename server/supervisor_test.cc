@@ -442,6 +442,15 @@ TEST(SupervisorTest, AnEvalReportIsBoundedByItsJobsSpec) {
   const absl::Status other = report(4, 2, 96);
   EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
   EXPECT_NE(other.message().find("length 96, depth 0"), std::string::npos) << other;
+  // Position buckets the spec does not ask for (it has no eval.position_buckets).
+  v1::ReportEvalRequest positions;
+  positions.set_job_id("job-pk");
+  positions.mutable_eval()->set_step(5);
+  positions.mutable_eval()->add_positions()->set_end(128);
+  const absl::Status buckets = supervisor.ReportEval(positions);
+  EXPECT_EQ(buckets.code(), absl::StatusCode::kInvalidArgument) << buckets;
+  EXPECT_EQ(buckets.message(),
+            "ReportEval: 1 position buckets, but the job's eval.position_buckets makes 0");
   EXPECT_EQ(owner.Evals("job-pk"), std::vector<int64_t>{1}) << "only the bounded report is kept";
   supervisor.Shutdown("test over");
 }

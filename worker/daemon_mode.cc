@@ -125,12 +125,20 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
   p.set_seconds(r.seconds);
   for (const PasskeyResult& k : r.passkey) {
     v1::PasskeyResult* q = p.add_passkey();
+    q->set_keys(k.keys);
     q->set_length(k.length);
     q->set_depth(k.depth);
     q->set_samples(static_cast<int32_t>(k.samples));
     q->set_accuracy(k.accuracy);
     q->set_logprob(k.logprob);
     q->set_seconds(k.seconds);
+  }
+  for (const PositionLoss& b : r.positions) {
+    v1::PositionLoss* q = p.add_positions();
+    q->set_begin(b.begin);
+    q->set_end(b.end);
+    q->set_loss(b.loss);
+    q->set_tokens(b.tokens);
   }
   return p;
 }

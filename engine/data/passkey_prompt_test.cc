@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/data/byte_tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -51,6 +52,91 @@ TEST(PasskeyPromptTest, ExactLengthKeyAtItsDepthAnswerLast) {
   auto first = BuildPasskeyPrompt(*tok, 1000, 0, key);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->key_at, 1);
+}
+
+// Multi-key prompts (eval.passkey.keys): exact length, every numbered key sentence once with
+// distinct keys, the asked one at its depth, the question asking its number and its key last;
+// one key is the passkey prompt itself.
+TEST(PasskeyPromptTest, MultiKeyPromptHidesEveryKeyAndAsksOne) {
+  std::unique_ptr<TextTokenizer> tok = MakeByteTokenizer();
+  std::set<int64_t> asked_numbers;
+  for (int64_t sample = 0; sample < 8; ++sample) {
+    for (double depth : {0.0, 0.5, 1.0}) {
+      auto p = SamplePasskeyPrompt(*tok, 99, 4, 1000, 1, depth, sample);
+      ASSERT_TRUE(p.ok()) << p.status();
+      const std::vector<int32_t>& t = p->tokens;
+      ASSERT_EQ(static_cast<int64_t>(t.size()), 1000);
+      const std::string text = Text(t, 1, 1000);
+      ASSERT_GE(p->asked, 1);
+      ASSERT_LE(p->asked, 4);
+      asked_numbers.insert(p->asked);
+      std::set<std::string> keys;
+      for (int n = 1; n <= 4; ++n) {
+        const std::string head = absl::StrCat(" The pass key number ", n, " is ");
+        const size_t at = text.find(head);
+        ASSERT_NE(at, std::string::npos) << n << "\n" << text;
+        EXPECT_EQ(text.find(head, at + 1), std::string::npos) << "once";
+        const std::string key = text.substr(at + head.size(), 5);
+        keys.insert(key);
+        EXPECT_NE(text.find(absl::StrCat(". Remember it. ", key, " is pass key number ", n, ".")),
+                  std::string::npos);
+        if (n == p->asked) {
+          EXPECT_EQ(key, p->key);
+          EXPECT_EQ(static_cast<int64_t>(at) + 1, p->key_at) << "key_at is the asked sentence";
+        }
+      }
+      EXPECT_EQ(keys.size(), 4u) << "distinct keys";
+      const std::string question = absl::StrCat(" What is pass key number ", p->asked,
+                                                "? Pass key number ", p->asked, " is");
+      EXPECT_EQ(Text(t, p->answer_at - static_cast<int64_t>(question.size()), p->answer_at),
+                question);
+      EXPECT_EQ(Text(t, p->answer_at, 1000), " " + p->key);
+      EXPECT_EQ(SamplePasskeyKey(99, 4, 1000, 1, sample), p->key);
+      // The asked sentence within one filler sentence (23 bytes) plus the other key sentences
+      // before it of depth x the filler.
+      int64_t others_before = 0;
+      for (int n = 1; n <= 4; ++n) {
+        const size_t at = text.find(absl::StrCat(" The pass key number ", n, " is "));
+        if (n != p->asked && static_cast<int64_t>(at) + 1 < p->key_at) {
+          others_before +=
+              static_cast<int64_t>(absl::StrCat(" The pass key number ", n,
+                                                " is 12345. Remember it. 12345 is pass key "
+                                                "number ",
+                                                n, ".")
+                                       .size());
+        }
+      }
+      EXPECT_LE(std::abs(static_cast<double>(p->key_at - 1 - others_before) - depth * p->filler),
+                23.0)
+          << sample << " " << depth;
+    }
+  }
+  EXPECT_GT(asked_numbers.size(), 1u) << "the asked number varies";
+  // One key: the passkey prompt.
+  auto one = SamplePasskeyPrompt(*tok, 99, 1, 1000, 1, 0.5, 3);
+  auto same = BuildPasskeyPrompt(*tok, 1000, 0.5, PasskeyKey(99, 1000, 1, 3));
+  ASSERT_TRUE(one.ok() && same.ok());
+  EXPECT_EQ(one->tokens, same->tokens);
+  EXPECT_EQ(one->asked, 0);
+  EXPECT_EQ(SamplePasskeyKey(99, 1, 1000, 1, 3), PasskeyKey(99, 1000, 1, 3));
+}
+
+// A length that holds one key's prompt but not four keys' is refused naming the count.
+TEST(PasskeyPromptTest, CheckNamesTheKeysALengthCannotHold) {
+  JobSpec spec;
+  spec.eval.passkey.lengths = {200};
+  spec.eval.passkey.keys = {1};
+  std::unique_ptr<TextTokenizer> tok = MakeByteTokenizer();
+  EXPECT_TRUE(CheckPasskeyPrompts(spec, *tok, 258).ok());
+  spec.eval.passkey.keys = {1, 4};
+  const absl::Status st = CheckPasskeyPrompts(spec, *tok, 258);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("eval.passkey.lengths: 200 tokens cannot hold a passkey prompt of 4 "
+                              "keys: its key sentences, question and answer take "),
+            std::string::npos)
+      << st;
+  spec.eval.passkey.lengths = {400};
+  EXPECT_TRUE(CheckPasskeyPrompts(spec, *tok, 258).ok());
 }
 
 TEST(PasskeyPromptTest, KeysAreSeededAndPromptsReproducible) {

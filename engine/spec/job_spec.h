@@ -233,12 +233,19 @@ struct JobSpec {
                           // start each time, so successive evaluations are comparable
     int64_t every = 0;    // steps between evaluations; 0: only after the last step (always then)
     int64_t batches = 8;  // micro-batches of data.micro_batch windows per data-parallel replica
+    // The held-out loss split by position (engine/train/evaluator.h): the bounds between
+    // buckets, increasing, each in [1, data.seq_len). [1024, 4096] gives the buckets [0, 1024),
+    // [1024, 4096) and [4096, data.seq_len). Empty: the loss is not split.
+    std::vector<int64_t> position_buckets;
     // [eval.passkey]: retrieval at length (engine/train/passkey.h), run with the loss above (at
     // eval.every and after the last step). Off while `lengths` is empty.
     struct Passkey {
       std::vector<int64_t> lengths;  // prompt tokens of each length measured
       std::vector<double> depths = {0, 0.25, 0.5, 0.75, 1};  // where the key sits, 0..1
       int64_t samples = 4;  // prompts (each with its own key) per (length, depth)
+      // Keys hidden in each prompt, one of them asked: 1 is the passkey test, more is
+      // multi-key retrieval (engine/data/passkey_prompt.h); each count is its own points.
+      std::vector<int64_t> keys = {1};
     } passkey;
   } eval;
 };
@@ -254,6 +261,12 @@ inline constexpr int64_t kMaxEvalBatches = int64_t{1} << 20;
 // [eval.passkey]: at most this many lengths and depths, and samples per (length, depth).
 inline constexpr size_t kMaxPasskeyPoints = 64;
 inline constexpr int64_t kMaxPasskeySamples = 4096;
+// eval.passkey.keys: at most this many counts, each at most kMaxPasskeyKeys keys; and at most
+// kMaxPasskeyPoints² points (counts x lengths x depths) in all.
+inline constexpr size_t kMaxPasskeyKeyCounts = 8;
+inline constexpr int64_t kMaxPasskeyKeys = 64;
+// eval.position_buckets: at most this many bounds (each bucket costs the evaluation a forward).
+inline constexpr size_t kMaxPositionBounds = 31;
 // data.weights: at most this many sources, and a mix period of at most kMaxDataMixPeriod samples.
 inline constexpr size_t kMaxDataSources = 256;
 inline constexpr int64_t kMaxDataMixPeriod = int64_t{1} << 20;

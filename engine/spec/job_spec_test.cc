@@ -84,11 +84,13 @@ log_every = 10
 path = "data/val-*.tok"
 every = 25
 batches = 4
+position_buckets = [1024, 4096]
 
 [eval.passkey]
 lengths = [1024, 2048]
 depths = [0, 0.5, 1]
 samples = 2
+keys = [1, 4]
 
 [kernels]
 attention_forward = "hopper"
@@ -199,6 +201,8 @@ TEST(JobSpecTest, RoundTripsThroughToml) {
   EXPECT_EQ(b->eval.path, "data/val-*.tok");
   EXPECT_EQ(b->eval.every, 25);
   EXPECT_EQ(b->eval.batches, 4);
+  EXPECT_EQ(b->eval.position_buckets, (std::vector<int64_t>{1024, 4096}));
+  EXPECT_EQ(b->eval.passkey.keys, (std::vector<int64_t>{1, 4}));
   EXPECT_EQ(b->kernels.attention_forward, "hopper");
   EXPECT_EQ(b->kernels.attention_backward, "flash");
 }
@@ -225,7 +229,7 @@ TEST(JobSpecTest, EveryWrittenKeyIsReadBackAndDocumented) {
   }
   // With [eval], [eval.passkey], [model.rope], [init] and [kernels]: every key of the table but
   // min_lr_ratio, and model.preset (the full spec's model is a config.json).
-  EXPECT_EQ(keys, 69);
+  EXPECT_EQ(keys, 71);
 }
 
 TEST(JobSpecTest, AttentionKernelsAreChecked) {
@@ -469,8 +473,25 @@ TEST(JobSpecTest, RangeChecksNameTheKey) {
       {"[eval.passkey]\nlengths = [128]\nsamples = 0",
        "job.toml: eval.passkey.samples: must be in [1, 4096], got 0"},
       {"[eval.passkey]\nlengths = [128.5]", "job.toml: eval.passkey.lengths: "},
+      {"[eval.passkey]\nlengths = [128]\nkeys = []",
+       "job.toml: eval.passkey.keys: must hold 1 to 8 counts, got 0"},
+      {"[eval.passkey]\nlengths = [128]\nkeys = [1, 65]",
+       "job.toml: eval.passkey.keys: 65 is not in [1, 64]"},
+      {"[eval.passkey]\nlengths = [128]\nkeys = [4, 4]",
+       "job.toml: eval.passkey.keys: 4 is given twice"},
       {"[eval.passkey]\nlenghts = [128]", "job.toml: eval.passkey.lenghts: unknown key"},
       {"[eval]\npath = \"\"", "job.toml: eval.path: required in an [eval] section"},
+      {"[eval.passkey]\nlengths = [128]\n[eval]\nposition_buckets = [64]",
+       "job.toml: eval.position_buckets: needs eval.path: it splits the held-out loss by "
+       "position"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [64, 256]",
+       "job.toml: eval.position_buckets: 256 is not in [1, data.seq_len = 256)"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [0]",
+       "job.toml: eval.position_buckets: 0 is not in [1, data.seq_len = 256)"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [128, 64]",
+       "job.toml: eval.position_buckets: 64 follows 128: the bounds must increase"},
+      {"[eval]\npath = \"v.tok\"\nposition_buckets = [64, 64]",
+       "job.toml: eval.position_buckets: 64 follows 64: the bounds must increase"},
       {"[eval]\npath = \"v.tok\"\nevery = -1", "job.toml: eval.every: must be >= 0"},
       {"[eval]\npath = \"v.tok\"\nbatches = 0",
        "job.toml: eval.batches: must be in [1, 1048576], got 0"},
@@ -652,10 +673,11 @@ TEST(JobSpecTest, PasskeyEvalAloneRoundTrips) {
   EXPECT_EQ(s->eval.passkey.lengths, (std::vector<int64_t>{1024, 4096}));
   EXPECT_EQ(s->eval.passkey.depths, (std::vector<double>{0, 0.25, 0.5, 0.75, 1}));
   EXPECT_EQ(s->eval.passkey.samples, 2);
+  EXPECT_EQ(s->eval.passkey.keys, std::vector<int64_t>{1});  // the passkey test alone
   const std::string toml = JobSpecToToml(*s);
   EXPECT_NE(toml.find("[eval]\npath = \"\"\nevery = 3\n"), std::string::npos) << toml;
   EXPECT_NE(toml.find("[eval.passkey]\nlengths = [1024, 4096]\ndepths = [0.0, 0.25, 0.5, 0.75, "
-                      "1.0]\nsamples = 2\n"),
+                      "1.0]\nsamples = 2\nkeys = [1]\n"),
             std::string::npos)
       << toml;
   absl::StatusOr<JobSpec> back = ParseJobSpec(toml);

@@ -242,6 +242,23 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
                             "eval.path",
                             "required in an [eval] section without [eval.passkey]: the held-out "
                             "token file(s) (see ithaca-tokenize --val-fraction)"));
+  const std::vector<int64_t>& bounds = s.eval.position_buckets;
+  if (!bounds.empty()) {
+    RETURN_IF_ERROR(r.Require(!s.eval.path.empty(), "eval.position_buckets",
+                              "needs eval.path: it splits the held-out loss by position"));
+    RETURN_IF_ERROR(
+        r.Require(bounds.size() <= kMaxPositionBounds, "eval.position_buckets",
+                  absl::StrCat("at most ", kMaxPositionBounds, " bounds, got ", bounds.size())));
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      RETURN_IF_ERROR(
+          r.Require(bounds[i] >= 1 && bounds[i] < s.data.seq_len, "eval.position_buckets",
+                    absl::StrCat(bounds[i], " is not in [1, data.seq_len = ", s.data.seq_len,
+                                 "): a bound splits a window's positions 0 .. data.seq_len - 1")));
+      RETURN_IF_ERROR(r.Require(i == 0 || bounds[i] > bounds[i - 1], "eval.position_buckets",
+                                absl::StrCat(bounds[i], " follows ", i == 0 ? 0 : bounds[i - 1],
+                                             ": the bounds must increase")));
+    }
+  }
   if (!pk.lengths.empty()) {
     RETURN_IF_ERROR(r.Require(
         pk.lengths.size() <= kMaxPasskeyPoints, "eval.passkey.lengths",
@@ -261,6 +278,23 @@ absl::Status Validate(const JobSpec& s, const SpecReader& r) {
           std::find(pk.lengths.begin(), pk.lengths.begin() + i, n) == pk.lengths.begin() + i,
           "eval.passkey.lengths", absl::StrCat(n, " is given twice")));
     }
+    RETURN_IF_ERROR(r.Require(
+        !pk.keys.empty() && pk.keys.size() <= kMaxPasskeyKeyCounts, "eval.passkey.keys",
+        absl::StrCat("must hold 1 to ", kMaxPasskeyKeyCounts, " counts, got ", pk.keys.size())));
+    for (size_t i = 0; i < pk.keys.size(); ++i) {
+      RETURN_IF_ERROR(r.Require(pk.keys[i] >= 1 && pk.keys[i] <= kMaxPasskeyKeys,
+                                "eval.passkey.keys",
+                                absl::StrCat(pk.keys[i], " is not in [1, ", kMaxPasskeyKeys, "]")));
+      RETURN_IF_ERROR(r.Require(
+          std::find(pk.keys.begin(), pk.keys.begin() + i, pk.keys[i]) == pk.keys.begin() + i,
+          "eval.passkey.keys", absl::StrCat(pk.keys[i], " is given twice")));
+    }
+    const size_t points = pk.keys.size() * pk.lengths.size() * pk.depths.size();
+    RETURN_IF_ERROR(
+        r.Require(points <= kMaxPasskeyPoints * kMaxPasskeyPoints, "eval.passkey.keys",
+                  absl::StrCat(pk.keys.size(), " counts x ", pk.lengths.size(), " lengths x ",
+                               pk.depths.size(), " depths = ", points, " points; at most ",
+                               kMaxPasskeyPoints * kMaxPasskeyPoints, " are allowed")));
     RETURN_IF_ERROR(r.Require(
         !pk.depths.empty() && pk.depths.size() <= kMaxPasskeyPoints, "eval.passkey.depths",
         absl::StrCat("must hold 1 to ", kMaxPasskeyPoints, " depths, got ", pk.depths.size())));

@@ -308,6 +308,13 @@ const std::vector<Key>& Keys() {
        "Steps between evaluations; 0: only after the last step (always then)."},
       {"eval.batches", Int(FIELD(eval.batches), Between(1, kMaxEvalBatches)),
        "Micro-batches of `data.micro_batch` windows per data-parallel replica."},
+      {"eval.position_buckets", IntList(FIELD(eval.position_buckets)),
+       "The held-out loss by position: the bounds between position buckets, increasing, each in "
+       "[1, `data.seq_len`); `[1024, 4096]` reports the loss of the tokens at positions [0, 1024), "
+       "[1024, 4096) and [4096, `data.seq_len`). A label's position is how many tokens precede "
+       "the token it is predicted from in its window (with `data.document_mask`, in its "
+       "document), so a far bucket shows what the far context is worth. Needs `eval.path` (long "
+       "documents); each bucket costs the evaluation one forward. Empty: not split."},
       {"eval.passkey.lengths", IntList(FIELD(eval.passkey.lengths)),
        "Prompt lengths in tokens, each at most `data.seq_len` and divisible by `parallel.sp`."},
       {"eval.passkey.depths", FloatList(FIELD(eval.passkey.depths)),
@@ -315,6 +322,11 @@ const std::vector<Key>& Keys() {
        "question)."},
       {"eval.passkey.samples", Int(FIELD(eval.passkey.samples), Between(1, kMaxPasskeySamples)),
        "Prompts per (length, depth), each with its own key drawn from `training.seed`."},
+      {"eval.passkey.keys", IntList(FIELD(eval.passkey.keys)),
+       "Keys hidden in each prompt, one of them asked, each count measured on its own: 1 is the "
+       "passkey test; more is multi-key retrieval (numbered keys, the asked one at the depth, the "
+       "others spread over the filler, docs/training.md). `[1, 4]` measures both; each count "
+       "from 1 to 64."},
 
       {"retry.max_restarts", Int(FIELD(retry.max_restarts), Between(0, 1000)),
        "Restarts after such failures; 0: the first failure is final."},

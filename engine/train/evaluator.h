@@ -7,6 +7,13 @@
 // every evaluation of a job sees the same windows and successive losses are comparable. Like a
 // training step, each data-parallel replica takes eval.batches micro-batches of data.micro_batch
 // windows (window i of the evaluation goes to replica i mod replicas).
+//
+// With eval.position_buckets the loss is also split by position: a label's position is how many
+// tokens precede the token it is predicted from, in its window (with data.document_mask, in its
+// document's part of the window), so position p predicts with p + 1 tokens of context. Each
+// bucket is one forward of every window with the labels of the other buckets masked: the split
+// needs no per-token loss from the loss head, under any parallel layout, and the buckets' sums
+// are the whole loss's (the mean over all tokens is computed from them).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +34,20 @@ namespace ithaca {
 // RoPE take: a window that starts inside a document gets that cut part as its first document.
 DocumentMask SampleDocuments(const DataLoader& data);
 
+// One bucket of eval.position_buckets: the held-out loss of the labels at positions [begin, end).
+struct PositionLoss {
+  int64_t begin = 0, end = 0;
+  double loss = 0;     // mean cross-entropy of those labels, every rank's (0 when tokens is 0)
+  int64_t tokens = 0;  // labelled tokens at those positions, every rank's
+};
+
+// The buckets' [begin, end) for `bounds` (eval.position_buckets) in windows of `seq_len`.
+std::vector<PositionLoss> PositionBuckets(const std::vector<int64_t>& bounds, int64_t seq_len);
+
+// The position of each label of a window of `seq_len` (the index of the token it is predicted
+// from, less its document's start in `docs`; no documents: the index).
+std::vector<int64_t> LabelPositions(int64_t seq_len, const DocumentMask& docs);
+
 struct EvalReport {
   int64_t step = 0;  // optimizer steps done before it (0: an evaluation-only job's model)
   // The held-out loss (eval.path); tokens 0 when the job evaluates only [eval.passkey].
@@ -34,12 +55,16 @@ struct EvalReport {
   int64_t tokens = 0;                  // tokens the mean is over (labels < 0 are not counted)
   int64_t batches = 0;                 // eval.batches
   double seconds = 0;                  // wall time of the evaluation (the passkey eval's included)
-  std::vector<PasskeyResult> passkey;  // [eval.passkey]: each (length, depth), lengths outer
+  std::vector<PasskeyResult> passkey;  // [eval.passkey]: each (keys, length, depth), keys outer
+  std::vector<PositionLoss> positions;  // eval.position_buckets: each bucket, positions in order
 };
 
 // The companion of the step line:
 // eval step 20: loss 3.1234 (ppl 22.8) over 65536 tokens, 8 batches, 1.20 s
 std::string FormatEvalLine(const EvalReport& r);
+// With eval.position_buckets, the line after it (empty without):
+// eval step 20 by position: [0, 1024) 3.2100, [1024, 4096) 2.9800, [4096, 8192) 2.9100
+std::string FormatPositionLine(const EvalReport& r);
 
 class Evaluator {
  public:

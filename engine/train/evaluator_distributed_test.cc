@@ -51,17 +51,23 @@ absl::Status EvaluateOnRank(int rank, const Layout& layout, const std::string& c
   spec.parallel.fsdp = layout.fsdp;
   spec.eval.path = corpus;
   spec.eval.batches = layout.batches;
+  spec.eval.position_buckets = {16, 40};
   ASSIGN_OR_RETURN(const std::vector<EvalReport> evals,
                    testing::EvaluateRank(spec, rank, rendezvous));
   RANK_CHECK(evals.size() == 1u, evals.size());
   if (rank == 0) {
-    RETURN_IF_ERROR(WriteFileAtomic(
-        out, absl::StrFormat("%.17g %d", evals[0].loss, static_cast<int>(evals[0].tokens))));
+    std::string text =
+        absl::StrFormat("%.17g %d", evals[0].loss, static_cast<int>(evals[0].tokens));
+    for (const PositionLoss& b : evals[0].positions) {
+      absl::StrAppendFormat(&text, " %.17g %d", b.loss, static_cast<int>(b.tokens));
+    }
+    RETURN_IF_ERROR(WriteFileAtomic(out, text));
   }
   return absl::OkStatus();
 }
 
-std::pair<double, int64_t> EvaluateLayout(const Layout& layout) {
+// The loss and its tokens, then each position bucket's ([0, 16), [16, 40), [40, 64)).
+std::vector<std::pair<double, int64_t>> EvaluateLayout(const Layout& layout) {
   testing::TempDir dir;
   const std::string corpus = WriteCorpus(dir.path());
   const std::string out = dir.path() + "/result.txt";
@@ -72,24 +78,36 @@ std::pair<double, int64_t> EvaluateLayout(const Layout& layout) {
       [&](int rank) { return EvaluateOnRank(rank, layout, corpus, dir.rendezvous(), out); }, opts);
   EXPECT_EQ(testing::Failures(outcomes), "");
   std::ifstream in(out);
+  std::vector<std::pair<double, int64_t>> v;
   double loss = -1;
   int64_t tokens = -1;
-  in >> loss >> tokens;
-  return {loss, tokens};
+  while (in >> loss >> tokens) v.push_back({loss, tokens});
+  EXPECT_EQ(v.size(), 4u);
+  v.resize(4, {-1.0, -1});
+  return v;
 }
 
+// The same numbers, the loss and each bucket's.
+void ExpectSame(const std::vector<std::pair<double, int64_t>>& a,
+                const std::vector<std::pair<double, int64_t>>& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].second, b[i].second) << i;
+    EXPECT_NEAR(a[i].first, b[i].first, 1e-5 * b[i].first) << i;
+  }
+}
+
+// The loss, and its split by position (eval.position_buckets), under Ulysses and FSDP.
 TEST(EvaluatorDistributedTest, TwoRanksAgreeWithOne) {
   const auto one = EvaluateLayout({1, 1, false, 2});
-  EXPECT_EQ(one.second, 2 * 64);
-  EXPECT_GT(one.first, 1);
-  const auto ulysses = EvaluateLayout({2, 2, true, 2});
-  EXPECT_EQ(ulysses.second, one.second);
-  EXPECT_NEAR(ulysses.first, one.first, 1e-5 * one.first);
+  EXPECT_EQ(one[0].second, 2 * 64);
+  EXPECT_GT(one[0].first, 1);
+  EXPECT_EQ(one[1].second, 2 * 16);
+  EXPECT_EQ(one[2].second, 2 * 24);
+  EXPECT_EQ(one[3].second, 2 * 24);
+  ExpectSame(EvaluateLayout({2, 2, true, 2}), one);
 
   // Data parallel: each of 2 replicas takes one batch of its own windows; one rank takes both.
-  const auto fsdp = EvaluateLayout({2, 1, true, 1});
-  EXPECT_EQ(fsdp.second, one.second);
-  EXPECT_NEAR(fsdp.first, one.first, 1e-5 * one.first);
+  ExpectSame(EvaluateLayout({2, 1, true, 1}), one);
 }
 
 }  // namespace

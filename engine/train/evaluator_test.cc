@@ -280,5 +280,98 @@ TEST(EvaluatorTest, BadEvalDataNamesEvalPathAndTheFile) {
   EXPECT_TRUE(error_with(short_eval).ok());
 }
 
+// A label's position: its index, or with documents its distance from its document's start.
+TEST(PositionBucketsTest, PositionsAndBuckets) {
+  EXPECT_EQ(LabelPositions(5, DocumentMask{}), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  DocumentMask docs;
+  docs.starts = {0, 3, 4};
+  EXPECT_EQ(LabelPositions(7, docs), (std::vector<int64_t>{0, 1, 2, 0, 0, 1, 2}));
+  const std::vector<PositionLoss> b = PositionBuckets({16, 40}, 64);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].begin, 0);
+  EXPECT_EQ(b[0].end, 16);
+  EXPECT_EQ(b[1].begin, 16);
+  EXPECT_EQ(b[1].end, 40);
+  EXPECT_EQ(b[2].begin, 40);
+  EXPECT_EQ(b[2].end, 64);
+  EvalReport r;
+  r.step = 20;
+  r.positions = {{0, 1024, 3.21, 10}, {1024, 4096, 2.98, 10}};
+  EXPECT_EQ(FormatPositionLine(r),
+            "eval step 20 by position: [0, 1024) 3.2100, [1024, 4096) 2.9800");
+}
+
+// eval.position_buckets splits the held-out loss by position. Computed a second way, from the
+// model being causal: the loss of a window's first n labels is the loss of the window cut to n
+// tokens, so a bucket [a, b) is the cut at b less the cut at a, with no label masked.
+TEST(EvaluatorTest, LossByPositionIsTheLossOfTheCutWindows) {
+  const std::string dir = TmpDir("positions");
+  JobSpec spec = SmallSpec(dir);
+  spec.eval.position_buckets = {16, 40};
+  auto resolved = Resolved(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  CpuOps ops;
+  HostAllocator alloc;
+  auto t = Trainer::Create(*resolved, &ops, &alloc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<EvalReport> evals;
+  ASSERT_TRUE((*t)->Run(nullptr, 0, [&](const EvalReport& r) { evals.push_back(r); }).ok());
+  ASSERT_EQ(evals.size(), 1u);
+  const EvalReport& r = evals[0];
+  ASSERT_EQ(r.positions.size(), 3u);
+
+  // The windows in file order: window w's inputs are tokens [64 w, 64 w + 64), its labels the
+  // next tokens; the loss sum of its first n labels, from the window cut to n tokens.
+  const std::vector<uint32_t> corpus = CorpusTokens();
+  const int64_t S = 64;
+  LlamaModel* model = (*t)->model();
+  auto prefix_loss = [&](int64_t w, int64_t n) -> double {
+    std::vector<int32_t> in(n), lab(n);
+    for (int64_t i = 0; i < n; ++i) {
+      in[i] = static_cast<int32_t>(corpus[w * S + i]);
+      lab[i] = static_cast<int32_t>(corpus[w * S + i + 1]);
+    }
+    auto sample = model->UploadSample(in.data(), lab.data(), n);
+    EXPECT_TRUE(sample.ok()) << sample.status();
+    auto sum = Buffer::Make(&alloc, DType::kF32, {1}, Tier::kActivations);
+    EXPECT_TRUE(sum.ok());
+    EXPECT_TRUE(model->Forward(*sample, sum->tensor()).ok());
+    float v = 0;
+    ops.Download(sum->tensor(), &v, DType::kF32);
+    return v;
+  };
+  const int64_t windows = spec.eval.batches;  // one window a batch (micro_batch 1, one rank)
+  const int64_t cuts[] = {0, 16, 40, 64};
+  int64_t tokens = 0;
+  double all = 0;
+  for (int k = 0; k < 3; ++k) {
+    double sum = 0;
+    for (int64_t w = 0; w < windows; ++w) {
+      sum += prefix_loss(w, cuts[k + 1]) - (cuts[k] > 0 ? prefix_loss(w, cuts[k]) : 0.0);
+    }
+    const int64_t n = windows * (cuts[k + 1] - cuts[k]);
+    EXPECT_EQ(r.positions[k].begin, cuts[k]);
+    EXPECT_EQ(r.positions[k].end, cuts[k + 1]);
+    EXPECT_EQ(r.positions[k].tokens, n);
+    EXPECT_NEAR(r.positions[k].loss, sum / n, 1e-4 * sum / n) << "bucket " << k;
+    tokens += r.positions[k].tokens;
+    all += r.positions[k].loss * r.positions[k].tokens;
+  }
+  // The buckets make up the whole: the same tokens and the same mean.
+  EXPECT_EQ(tokens, r.tokens);
+  EXPECT_NEAR(all / tokens, r.loss, 1e-6 * r.loss);
+  // Without the key the report has no buckets, and the same loss.
+  spec.eval.position_buckets.clear();
+  auto plain = Resolved(spec);
+  ASSERT_TRUE(plain.ok());
+  auto u = Trainer::Create(*plain, &ops, &alloc);
+  ASSERT_TRUE(u.ok());
+  std::vector<EvalReport> plain_evals;
+  ASSERT_TRUE((*u)->Run(nullptr, 0, [&](const EvalReport& e) { plain_evals.push_back(e); }).ok());
+  ASSERT_EQ(plain_evals.size(), 1u);
+  EXPECT_TRUE(plain_evals[0].positions.empty());
+  EXPECT_NEAR(plain_evals[0].loss, r.loss, 1e-5 * r.loss);
+}
+
 }  // namespace
 }  // namespace ithaca

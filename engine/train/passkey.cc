@@ -15,17 +15,18 @@ std::vector<std::string> FormatPasskeyLines(int64_t step, const std::vector<Pass
     size_t j = i;
     std::vector<std::string> acc, depth, lp;
     double seconds = 0;
-    for (; j < r.size() && r[j].length == r[i].length; ++j) {
+    for (; j < r.size() && r[j].length == r[i].length && r[j].keys == r[i].keys; ++j) {
       acc.push_back(absl::StrFormat("%.2f", r[j].accuracy));
       depth.push_back(absl::StrFormat("%g", r[j].depth));
       lp.push_back(absl::StrFormat("%.3f", r[j].logprob));
       seconds += r[j].seconds;
     }
     lines.push_back(absl::StrFormat(
-        "passkey step %d, %d tokens: accuracy %s at depths %s, logprob %s, %d samples each, "
+        "passkey step %d, %d tokens%s: accuracy %s at depths %s, logprob %s, %d samples each, "
         "%.2f s",
-        step, r[i].length, absl::StrJoin(acc, " "), absl::StrJoin(depth, " "),
-        absl::StrJoin(lp, " "), r[i].samples, seconds));
+        step, r[i].length, r[i].keys > 1 ? absl::StrFormat(", %d keys", r[i].keys) : "",
+        absl::StrJoin(acc, " "), absl::StrJoin(depth, " "), absl::StrJoin(lp, " "), r[i].samples,
+        seconds));
     i = j;
   }
   return lines;
@@ -56,16 +57,19 @@ absl::StatusOr<std::unique_ptr<PasskeyEval>> PasskeyEval::Create(
 
 absl::StatusOr<std::vector<PasskeyResult>> PasskeyEval::Run() {
   std::vector<PasskeyResult> out;
-  for (int64_t length : spec_.lengths) {
-    for (size_t d = 0; d < spec_.depths.size(); ++d) {
-      ASSIGN_OR_RETURN(PasskeyResult r, RunPoint(length, static_cast<int64_t>(d)));
-      out.push_back(r);
+  for (int64_t keys : spec_.keys) {
+    for (int64_t length : spec_.lengths) {
+      for (size_t d = 0; d < spec_.depths.size(); ++d) {
+        ASSIGN_OR_RETURN(PasskeyResult r, RunPoint(keys, length, static_cast<int64_t>(d)));
+        out.push_back(r);
+      }
     }
   }
   return out;
 }
 
-absl::StatusOr<PasskeyResult> PasskeyEval::RunPoint(int64_t length, int64_t depth_index) {
+absl::StatusOr<PasskeyResult> PasskeyEval::RunPoint(int64_t keys, int64_t length,
+                                                    int64_t depth_index) {
   const auto start = std::chrono::steady_clock::now();
   Ops* ops = model_->ops();
   const int64_t n = spec_.samples;
@@ -82,13 +86,13 @@ absl::StatusOr<PasskeyResult> PasskeyEval::RunPoint(int64_t length, int64_t dept
     // Every rank knows every sample's answer length, for the verdicts after the reduction.
     for (int64_t k = round * dp_; k < std::min(n, (round + 1) * dp_); ++k) {
       ASSIGN_OR_RETURN(std::vector<int32_t> a,
-                       tok_->Encode(" " + PasskeyKey(seed_, length, depth_index, k)));
+                       tok_->Encode(" " + SamplePasskeyKey(seed_, keys, length, depth_index, k)));
       answer_tokens[k] = static_cast<int64_t>(a.size());
     }
     const int64_t k = round * dp_ + dp_rank_;
     const bool real = k < n;
-    const std::string key = PasskeyKey(seed_, length, depth_index, real ? k : n - 1);
-    ASSIGN_OR_RETURN(PasskeyPrompt p, BuildPasskeyPrompt(*tok_, length, depth, key));
+    ASSIGN_OR_RETURN(PasskeyPrompt p, SamplePasskeyPrompt(*tok_, seed_, keys, length, depth_index,
+                                                          depth, real ? k : n - 1));
     // Labels are the next tokens, only where the next token is the answer's.
     std::fill(labels.begin(), labels.end(), -1);
     for (int64_t i = p.answer_at - 1; i + 1 < length; ++i) labels[i] = p.tokens[i + 1];
@@ -103,6 +107,7 @@ absl::StatusOr<PasskeyResult> PasskeyEval::RunPoint(int64_t length, int64_t dept
   std::vector<float> host(2 * n);
   ops->Download(mine, host.data(), DType::kF32);
   PasskeyResult r;
+  r.keys = keys;
   r.length = length;
   r.depth = depth;
   r.samples = n;
@@ -116,8 +121,9 @@ absl::StatusOr<PasskeyResult> PasskeyEval::RunPoint(int64_t length, int64_t dept
   r.accuracy = static_cast<double>(right) / static_cast<double>(n);
   r.logprob = -loss / static_cast<double>(std::max<int64_t>(1, tokens));
   if (!std::isfinite(r.logprob)) {
-    return absl::DataLossError(absl::StrCat("passkey eval at ", length, " tokens, depth ", depth,
-                                            ": the log-probability is ", r.logprob));
+    return absl::DataLossError(absl::StrCat("passkey eval at ", length, " tokens, ", keys,
+                                            " keys, depth ", depth, ": the log-probability is ",
+                                            r.logprob));
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;

@@ -22,8 +22,9 @@
 
 namespace ithaca {
 
-// One (length, depth) point of the eval.
+// One (keys, length, depth) point of the eval.
 struct PasskeyResult {
+  int64_t keys = 1;  // keys in each prompt (eval.passkey.keys): 1 the passkey test, more multi-key
   int64_t length = 0;
   double depth = 0;
   int64_t samples = 0;
@@ -33,7 +34,7 @@ struct PasskeyResult {
 };
 
 // passkey step 20, 4096 tokens: accuracy 1.00 0.75 1.00 at depths 0 0.5 1, logprob -0.01 -0.31
-// -0.02, 1.20 s (one line per length).
+// -0.02, 1.20 s (one line per key count and length; a multi-key line says "4096 tokens, 4 keys").
 std::vector<std::string> FormatPasskeyLines(int64_t step, const std::vector<PasskeyResult>& r);
 
 class PasskeyEval {
@@ -49,14 +50,15 @@ class PasskeyEval {
                                                              Comm* world, int dp, int dp_rank,
                                                              std::unique_ptr<TextTokenizer> tok);
 
-  // Every (length, depth) of the spec, lengths outer. Collective: every rank calls it.
+  // Every (keys, length, depth) of the spec, key counts outer, then lengths. Collective: every
+  // rank calls it.
   absl::StatusOr<std::vector<PasskeyResult>> Run();
 
   const TextTokenizer& tokenizer() const { return *tok_; }
 
  private:
   PasskeyEval() = default;
-  absl::StatusOr<PasskeyResult> RunPoint(int64_t length, int64_t depth_index);
+  absl::StatusOr<PasskeyResult> RunPoint(int64_t keys, int64_t length, int64_t depth_index);
 
   JobSpec::Eval::Passkey spec_;
   uint64_t seed_ = 0;

@@ -83,6 +83,54 @@ TEST(PasskeyEvalTest, ScoresAHandBuiltModelAsTheHostComputesIt) {
   EXPECT_GT((*results)[0].logprob, (*results)[1].logprob);
 }
 
+// Multi-key retrieval (eval.passkey.keys = [1, 4]) is scored like the passkey: each point is
+// what the host computes from the model's weights on the same prompts, the single-key points
+// come first, and the model built to answer one sample's asked key retrieves it.
+TEST(PasskeyEvalTest, MultiKeyPointsAreScoredLikeThePasskey) {
+  JobSpec spec;
+  spec.data.seq_len = 512;
+  spec.eval.passkey.lengths = {400};
+  spec.eval.passkey.depths = {0, 1};
+  spec.eval.passkey.samples = 2;
+  spec.eval.passkey.keys = {1, 4};
+  for (spec.training.seed = 1;; ++spec.training.seed) {
+    const std::string key = SamplePasskeyKey(spec.training.seed, 4, 400, 0, 0);
+    if (std::set<char>(key.begin(), key.end()).size() == 5) break;
+  }
+  const std::string asked = SamplePasskeyKey(spec.training.seed, 4, 400, 0, 0);
+  const BigramModel b = MakeBigramModel(AnswerChain(asked));
+  CpuOps ops;
+  HostAllocator alloc;
+  LlamaModel::Options opts;
+  opts.tile_tokens = 64;
+  auto model = LlamaModel::Create(b.cfg, &ops, &alloc, opts);
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (size_t u = 0; u < b.weights.size(); ++u) {
+    ops.Upload(b.weights[u].data(), DType::kF32, (*model)->params().working_shard(u));
+  }
+  auto eval = PasskeyEval::Create(spec, model->get(), nullptr, 1, 0, MakeByteTokenizer());
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  auto results = (*eval)->Run();
+  ASSERT_TRUE(results.ok()) << results.status();
+  const std::vector<PasskeyResult> want = ExpectedResults(b, spec);
+  ASSERT_EQ(results->size(), 4u);
+  ASSERT_EQ(want.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const PasskeyResult& r = (*results)[i];
+    EXPECT_EQ(r.keys, i < 2 ? 1 : 4) << i;
+    EXPECT_EQ(r.keys, want[i].keys);
+    EXPECT_EQ(r.length, 400);
+    EXPECT_EQ(r.depth, spec.eval.passkey.depths[i % 2]);
+    EXPECT_DOUBLE_EQ(r.accuracy, want[i].accuracy) << i;
+    EXPECT_NEAR(r.logprob, want[i].logprob, 1e-4) << i;
+  }
+  EXPECT_GE((*results)[2].accuracy, 0.5) << "sample 0 of 4 keys at depth 0 is answered";
+  const std::vector<std::string> lines = FormatPasskeyLines(7, *results);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].rfind("passkey step 7, 400 tokens: accuracy ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("passkey step 7, 400 tokens, 4 keys: accuracy ", 0), 0u) << lines[1];
+}
+
 TEST(PasskeyEvalTest, ALengthTooShortForThePromptIsRefused) {
   JobSpec spec;
   spec.model.preset = "tiny";

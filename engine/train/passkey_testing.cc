@@ -80,30 +80,33 @@ std::vector<PasskeyResult> ExpectedResults(const BigramModel& model, const JobSp
   std::unique_ptr<TextTokenizer> tok = MakeByteTokenizer();
   const JobSpec::Eval::Passkey& pk = spec.eval.passkey;
   std::vector<PasskeyResult> out;
-  for (int64_t length : pk.lengths) {
-    for (size_t d = 0; d < pk.depths.size(); ++d) {
-      PasskeyResult r;
-      r.length = length;
-      r.depth = pk.depths[d];
-      r.samples = pk.samples;
-      int64_t right = 0, tokens = 0;
-      double logprob = 0;
-      for (int64_t k = 0; k < pk.samples; ++k) {
-        const std::string key = PasskeyKey(spec.training.seed, length, static_cast<int64_t>(d), k);
-        absl::StatusOr<PasskeyPrompt> p = BuildPasskeyPrompt(*tok, length, r.depth, key);
-        if (!p.ok()) return {};
-        bool all = true;
-        for (int64_t i = p->answer_at; i < length; ++i) {
-          auto [hit, lp] = model.Score(p->tokens[i - 1], p->tokens[i]);
-          all = all && hit;
-          logprob += lp;
-          ++tokens;
+  for (int64_t keys : pk.keys) {
+    for (int64_t length : pk.lengths) {
+      for (size_t d = 0; d < pk.depths.size(); ++d) {
+        PasskeyResult r;
+        r.keys = keys;
+        r.length = length;
+        r.depth = pk.depths[d];
+        r.samples = pk.samples;
+        int64_t right = 0, tokens = 0;
+        double logprob = 0;
+        for (int64_t k = 0; k < pk.samples; ++k) {
+          absl::StatusOr<PasskeyPrompt> p = SamplePasskeyPrompt(
+              *tok, spec.training.seed, keys, length, static_cast<int64_t>(d), r.depth, k);
+          if (!p.ok()) return {};
+          bool all = true;
+          for (int64_t i = p->answer_at; i < length; ++i) {
+            auto [hit, lp] = model.Score(p->tokens[i - 1], p->tokens[i]);
+            all = all && hit;
+            logprob += lp;
+            ++tokens;
+          }
+          right += all;
         }
-        right += all;
+        r.accuracy = static_cast<double>(right) / static_cast<double>(pk.samples);
+        r.logprob = logprob / static_cast<double>(tokens);
+        out.push_back(r);
       }
-      r.accuracy = static_cast<double>(right) / static_cast<double>(pk.samples);
-      r.logprob = logprob / static_cast<double>(tokens);
-      out.push_back(r);
     }
   }
   return out;

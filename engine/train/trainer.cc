@@ -83,8 +83,14 @@ std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport&
 std::vector<std::pair<std::string, double>> EvalScalars(const EvalReport& r) {
   std::vector<std::pair<std::string, double>> v;
   if (r.tokens > 0) v.emplace_back("eval/loss", r.loss);
+  for (const PositionLoss& b : r.positions) {
+    if (b.tokens > 0)
+      v.emplace_back(absl::StrFormat("eval/position/%d-%d", b.begin, b.end), b.loss);
+  }
   for (const PasskeyResult& p : r.passkey) {
-    const std::string at = absl::StrFormat("passkey/%d/depth_%g", p.length, p.depth);
+    const std::string at =
+        p.keys > 1 ? absl::StrFormat("passkey/%d_keys/%d/depth_%g", p.keys, p.length, p.depth)
+                   : absl::StrFormat("passkey/%d/depth_%g", p.length, p.depth);
     v.emplace_back(at + "/accuracy", p.accuracy);
     v.emplace_back(at + "/logprob", p.logprob);
   }
@@ -550,6 +556,7 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
     ASSIGN_OR_RETURN(EvalReport r, Evaluate());
     if (rank_ == 0) {
       if (evaluator_) std::printf("%s\n", FormatEvalLine(r).c_str());
+      if (!r.positions.empty()) std::printf("%s\n", FormatPositionLine(r).c_str());
       for (const std::string& line : FormatPasskeyLines(r.step, r.passkey)) {
         std::printf("%s\n", line.c_str());
       }

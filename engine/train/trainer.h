@@ -84,8 +84,10 @@ std::string FormatStepLine(const StepReport& r);
 // with a data.weights mix, per source i (from 1) source/<i>/samples, source/<i>/tokens and,
 // when it trained labels in the step, source/<i>/loss.
 std::vector<std::pair<std::string, double>> TensorBoardScalars(const StepReport& r);
-// An evaluation's: eval/loss (with eval.path), and per passkey point
-// passkey/<length>/depth_<depth>/accuracy and .../logprob.
+// An evaluation's: eval/loss (with eval.path), per eval.position_buckets bucket
+// eval/position/<begin>-<end> (its loss), and per passkey point
+// passkey/<length>/depth_<depth>/accuracy and .../logprob (a multi-key point:
+// passkey/<keys>_keys/<length>/depth_<depth>/...).
 std::vector<std::pair<std::string, double>> EvalScalars(const EvalReport& r);
 
 // Where a job's start-up went before step 1 (Trainer::Create), printed by rank 0 as

@@ -2,7 +2,10 @@
 newest is Job.last_eval (kept across a daemon restart), `ithaca status` and `--follow` show it,
 and /metrics has ithaca_eval_loss; an evaluation-only job (training.steps = 0) evaluates the
 checkpoint it resumes from and succeeds; eval data that is missing or of another vocabulary is
-an error naming eval.path."""
+an error naming eval.path; eval.position_buckets splits the loss by position in the events,
+status, the worker's log, /metrics, TensorBoard and the report."""
+import glob
+import json
 import os
 import struct
 import unittest
@@ -117,6 +120,59 @@ class EvalE2E(unittest.TestCase):
         self.assertEqual(only.last_eval.step, steps)
         self.assertAlmostEqual(only.last_eval.loss, evals[1].loss, places=6)
         self.assertEqual(only.last_eval.tokens, evals[1].tokens)
+
+    def test_loss_by_position_everywhere(self):
+        run = self.run_dir("positions")
+        corpus = harness.make_corpus()
+        extra = EVAL.format(path=corpus, every=2) + "position_buckets = [16, 40]\n"
+        toml = spec_toml(run, steps=4, checkpoint_every=4, extra=extra)
+        job = self.d.submit(toml.replace("[metrics]\n", "[metrics]\ntensorboard = true\n"))
+        events = self.d.events(job.id, timeout=120)
+        self.assertEqual(events[-1].to_state, job_pb2.JOB_STATE_SUCCEEDED)
+        evals = [e.report for e in events if isinstance(e, Eval)]
+        self.assertEqual([e.step for e in evals], [2, 4])
+        for e in evals:
+            # Two windows of 64: positions [0, 16), [16, 40), [40, 64) of each.
+            self.assertEqual([(b.begin, b.end, b.tokens) for b in e.positions],
+                             [(0, 16, 32), (16, 40, 48), (40, 64, 48)])
+            whole = sum(b.loss * b.tokens for b in e.positions) / e.tokens
+            self.assertAlmostEqual(whole, e.loss, delta=1e-6 * e.loss)
+            self.assertTrue(all(b.loss > 0 for b in e.positions))
+        last = evals[1]
+
+        status = json.loads(self.d.cli("status", job.id, "-o", "json", check=True).stdout)
+        got = status["last_eval"]["positions"]
+        self.assertEqual([(b["begin"], b["end"], b["tokens"]) for b in got],
+                         [(b.begin, b.end, b.tokens) for b in last.positions])
+        for j, b in zip(got, last.positions):
+            self.assertAlmostEqual(j["loss"], b.loss, places=12)
+        text = self.d.cli("status", job.id, check=True).stdout
+        self.assertIn(f"    by position: [0, 16) {last.positions[0].loss:.4f}, [16, 40) ", text)
+        log = self.d.cli("logs", job.id, "--rank", "0", check=True).stdout
+        self.assertIn(f"eval step 4 by position: [0, 16) {last.positions[0].loss:.4f}", log)
+
+        fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
+        mine = {(s.labels["begin"], s.labels["end"]): s.value
+                for s in fams["ithaca_eval_position_loss"].samples
+                if s.labels.get("job_id") == job.id}
+        self.assertEqual(len(mine), 3, mine)
+        for b in last.positions:
+            self.assertAlmostEqual(mine[(str(b.begin), str(b.end))], b.loss, places=9)
+
+        data = b""
+        for name in glob.glob(os.path.join(run, "checkpoints", "tensorboard",
+                                           "events.out.tfevents.*")):
+            with open(name, "rb") as f:
+                data += f.read()
+        for tag in (b"eval/position/0-16", b"eval/position/16-40", b"eval/position/40-64"):
+            self.assertIn(tag, data)
+
+        out = os.path.join(run, "report.html")
+        self.d.cli("report", job.id, "--out", out, check=True)
+        with open(out) as f:
+            page = f.read()
+        self.assertIn("Eval loss by position", page)
+        self.assertIn('data-series="positions [40, 64)"', page)
 
     def test_bad_eval_data_names_eval_path(self):
         run = self.run_dir("bad_eval")

@@ -4,7 +4,8 @@ form, in /metrics (ithaca_passkey_accuracy and ithaca_passkey_logprob per length
 TensorBoard; `ithaca report` draws them as the needle-in-a-haystack heatmap; an evaluation-only
 job of [eval.passkey] alone scores the job's checkpoint the same; a length longer than
 data.seq_len is refused at submit, naming the key; a LoRA job evaluates the same way, and an
-evaluation-only job of its [lora] scores its adapters."""
+evaluation-only job of its [lora] scores its adapters; multi-key points (eval.passkey.keys) come
+beside the passkey's in every one of those outputs."""
 import glob
 import json
 import os
@@ -162,6 +163,55 @@ resume = true
         self.assertGreater(step.trainable_parameters, 0)
         self.assertLess(step.trainable_parameters, step.parameters / 10)
         self.check_eval_only_scores(run, "passkey-lora-only", evals[1], extra=lora)
+
+    def test_multikey_points_beside_the_passkey(self):
+        run = os.path.join(TMP, "passkey_multikey")
+        os.makedirs(run, exist_ok=True)
+        extra = "[eval]\nevery = 0\n[eval.passkey]\nlengths = [256]\ndepths = [0, 1]\n" \
+                "samples = 2\nkeys = [1, 2]\n"
+        toml = spec_toml(run, steps=2, seq_len=256, checkpoint_every=2, extra=extra)
+        job = self.d.submit(toml.replace("[metrics]\n", "[metrics]\ntensorboard = true\n"))
+        events = self.d.events(job.id, timeout=180)
+        self.assertEqual(events[-1].to_state, job_pb2.JOB_STATE_SUCCEEDED)
+        evals = [e.report for e in events if isinstance(e, Eval)]
+        self.assertEqual(len(evals), 1)
+        got = [(p.keys, p.length, p.depth) for p in evals[0].passkey]
+        self.assertEqual(got, [(1, 256, 0), (1, 256, 1), (2, 256, 0), (2, 256, 1)])
+        for p in evals[0].passkey:
+            self.assertEqual(p.samples, 2)
+            self.assertLess(p.logprob, 0)
+
+        status = json.loads(self.d.cli("status", job.id, "-o", "json", check=True).stdout)
+        self.assertEqual([p["keys"] for p in status["last_eval"]["passkey"]], [1, 1, 2, 2])
+        text = self.d.cli("status", job.id, check=True).stdout
+        self.assertIn("; 2-key accuracy ", text)
+        self.assertIn("    passkey 256 tokens, 2 keys: depth 0 ", text)
+        log = self.d.cli("logs", job.id, "--rank", "0", check=True).stdout
+        self.assertIn("passkey step 2, 256 tokens, 2 keys: accuracy ", log)
+
+        fams = {f.name: f for f in text_string_to_metric_families(self.d.metrics_text())}
+        mine = {(s.labels.get("keys", "1"), s.labels["depth"]): s.value
+                for s in fams["ithaca_passkey_accuracy"].samples
+                if s.labels.get("job_id") == job.id}
+        self.assertEqual(len(mine), 4, mine)
+        for p in evals[0].passkey:
+            self.assertAlmostEqual(mine[(str(p.keys), f"{p.depth:g}")], p.accuracy, places=9)
+
+        data = b""
+        for name in glob.glob(os.path.join(run, "checkpoints", "tensorboard",
+                                           "events.out.tfevents.*")):
+            with open(name, "rb") as f:
+                data += f.read()
+        self.assertIn(b"passkey/256/depth_0/accuracy", data)
+        self.assertIn(b"passkey/2_keys/256/depth_1/accuracy", data)
+
+        out = os.path.join(run, "report.html")
+        self.d.cli("report", job.id, "--out", out, check=True)
+        with open(out) as f:
+            page = f.read()
+        self.assertEqual(page.count('id="passkey"'), 1)
+        self.assertEqual(page.count('id="passkey-2-keys"'), 1)
+        self.assertIn("Multi-key retrieval (2 keys, one asked), step 2", page)
 
     def test_a_length_longer_than_seq_len_is_refused(self):
         run = os.path.join(TMP, "passkey_bad")

@@ -1,7 +1,8 @@
 """Long-context phases through ithacad (docs/long_context.md): phase 1 trains the tiny model at
 seq_len 128 with a checkpoint; phase 2, submitted at once with `after` phase 1 and
 `[init] from = "job:<phase 1>"`, waits for it, starts from its weights only (step 1, the LR
-warmup from 0) at seq_len 512 with RoPE theta x4 from `[model.rope]`, and exports.
+warmup from 0) at seq_len 512 with RoPE theta x4 from `[model.rope]`, and exports; its report
+shows the chain (phase 1's curve before its own).
 
 The export's config.json must carry the new theta (and a max_position_embeddings of at least the
 trained length), and the float64 PyTorch reference (tests/torch_reference) must score the export
@@ -97,6 +98,20 @@ from = "job:{p1.id}"
             log = f.read()
         self.assertIn("init from " + os.path.join(run1, "checkpoints"), log)
         self.assertNotIn("resumed from", log)
+
+        # Phase 2's report shows its chain (issue 54 F8): phase 1's curve before its own, and a
+        # row per phase.
+        out = os.path.join(run2, "report.html")
+        self.d.cli("report", p2.id, "--out", out, check=True)
+        with open(out) as f:
+            page = f.read()
+        self.assertIn("Loss across the chain", page)
+        self.assertIn(f'data-series="phase 1 {p1.id} train loss"', page)
+        self.assertIn(f'data-series="phase 2 {p2.id} train loss"', page)
+        self.assertIn(f"<tr><td>1</td><td>{p1.id}</td><td>phase1</td><td>128</td><td>4 of 4</td>"
+                      "<td>1-4</td>", page)
+        self.assertIn(f"<tr><td>2</td><td>{p2.id}</td><td>phase2</td><td>512</td><td>3 of 3</td>"
+                      "<td>5-7</td>", page)
 
         # The export's config.json: the new theta, in the checkpoint's dialect, and the trained
         # length as its context.

@@ -137,7 +137,8 @@ class Step:
 @dataclasses.dataclass(frozen=True)
 class Eval:
     """An evaluation (EvalReport), for the whole job: the held-out loss (tokens 0 without
-    eval.path) and the passkey eval's points ([eval.passkey]; PasskeyResult per length, depth)."""
+    eval.path), its loss per eval.position_buckets bucket (PositionLoss: begin, end, loss, tokens)
+    and the passkey eval's points ([eval.passkey]; PasskeyResult per length, depth)."""
     seq: int
     time: "datetime.datetime | None"
     report: pb.EvalReport
@@ -146,6 +147,7 @@ class Eval:
     loss = property(lambda self: self.report.loss)
     tokens = property(lambda self: self.report.tokens)
     passkey = property(lambda self: list(self.report.passkey))
+    positions = property(lambda self: list(self.report.positions))
 
 
 @dataclasses.dataclass(frozen=True)
