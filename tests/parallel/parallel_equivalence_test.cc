@@ -291,8 +291,8 @@ TEST_F(ParallelEquivalenceTest, MixedPolicyEqualsNoRecomputeBitForBit) {
 // training (the base unchanged) equal one rank's under FSDP (the adapters' units sharded,
 // gathered with their blocks and reduce-scattered), Ulysses / UPipe stages (each stage's rows of
 // B), recompute, offload and tiles, and the family's extras (Qwen3's frozen q/k norms, Qwen2's
-// frozen biases), packed documents under an SFT loss mask. The planner's replay must match each
-// rank's measured peaks (parallel_rank).
+// frozen biases), packed documents under an SFT loss mask, a ring. The planner's replay must match
+// each rank's measured peaks (parallel_rank).
 TEST_F(ParallelEquivalenceTest, LoraAdaptersUnderEachLayout) {
   Case a{"w4_sp2_lora_fsdp_full_chunk", 2, 4, 2, true, "full", 2};
   a.lora = true;
@@ -313,6 +313,12 @@ TEST_F(ParallelEquivalenceTest, LoraAdaptersUnderEachLayout) {
   d.sft = true;
   d.lora = true;
   Check(d);
+  // Ring attention across two Ulysses groups of two: the adapters' gradients pass through the
+  // ring's backward (dK/dV sent back around) like the base's.
+  Case e{"w4_sp4_lora_ring2_fsdp_full", 2, 4, 4, true, "full", 0};
+  e.ring = 2;
+  e.lora = true;
+  Check(e);
 }
 
 // Ring attention (parallel.sp = u x r): Qwen2.5-7B's heads (28 query, 4 K/V) at sp 8, which
