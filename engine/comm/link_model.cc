@@ -136,4 +136,16 @@ double SendRecvSeconds(const LinkModel& link, int64_t bytes, bool across_nodes) 
   return Seconds(across_nodes ? link.ib : link.nvlink, static_cast<double>(bytes), 1);
 }
 
+bool SendRecvAcrossNodes(const std::vector<int>& node_of, int rank, int dst, int src) {
+  const int n = static_cast<int>(node_of.size());
+  const int k = ((dst - rank) % n + n) % n;
+  if (k != 0 && ((rank - src) % n + n) % n == k) {  // a shift by k: its slowest hop
+    for (int m = 0; m < n; ++m) {
+      if (node_of[m] != node_of[(m + k) % n]) return true;
+    }
+    return false;
+  }
+  return node_of[dst] != node_of[rank] || node_of[src] != node_of[rank];
+}
+
 }  // namespace ithaca

@@ -75,10 +75,16 @@ double CollectiveSeconds(const LinkModel& link, CollectiveOp op, int64_t bytes,
                          const GroupShape& g);
 
 // The modeled seconds of Comm::SendRecv moving `bytes` each way between a rank and its peers: one
-// step over NVLink when both peers share the rank's node, else over its NIC; the send and the
-// receive run at once, each direction at the link's one-way bandwidth. (In a ring spanning nodes
-// the ranks inside a node also wait for the NIC hops, one shift later: a rank's own link is what
-// its own transfer costs.)
+// step over NVLink, or over the NIC when `across_nodes` (SendRecvAcrossNodes); the send and the
+// receive run at once, each direction at the link's one-way bandwidth.
 double SendRecvSeconds(const LinkModel& link, int64_t bytes, bool across_nodes);
+
+// Whether member `rank`'s exchange (send to `dst`, receive from `src`) is priced at the NIC;
+// `node_of[m]` is member m's node. A shift around the group (dst = rank + k, src = rank - k,
+// mod its size) is what every member does at once, as ring attention passes K/V on: each shift
+// ends with its slowest hop, and the next waits for it, so it crosses when any member's hop
+// crosses, even for a rank whose own peers share its node. Any other exchange crosses when this
+// rank's own dst or src is on another node.
+bool SendRecvAcrossNodes(const std::vector<int>& node_of, int rank, int dst, int src);
 
 }  // namespace ithaca

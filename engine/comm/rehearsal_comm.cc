@@ -146,9 +146,10 @@ absl::StatusOr<Issued> RehearsalComm::IssueSendRecv(const Tensor& send, int dst,
                                                     int src) {
   RETURN_IF_ERROR(CheckSendRecv(send, dst, recv, src, index_, size(), shared_->device->device()));
   const int per_node = RanksPerHost(shared_->layout.world, shared_->layout.nodes);
-  const int node = members_[index_] / per_node;
+  std::vector<int> node_of(members_.size());
+  for (size_t m = 0; m < members_.size(); ++m) node_of[m] = members_[m] / per_node;
   const bool self = dst == index_;  // then src == index_ too (checked)
-  const bool across = members_[dst] / per_node != node || members_[src] / per_node != node;
+  const bool across = SendRecvAcrossNodes(node_of, index_, dst, src);
   const double modeled_s = self ? 0.0 : SendRecvSeconds(shared_->layout.link, send.bytes(), across);
   return Start(CollectiveOp::kSendRecv, send.bytes(), modeled_s,
                {{recv.data, send.data, send.bytes()}}, true);

@@ -103,8 +103,8 @@ class RehearsalComm final : public Comm {
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int root) override;
   absl::Status Barrier() override;
-  // Held for the link between this rank and its peers (SendRecvSeconds): NVLink when dst and src
-  // are on this rank's node, its NIC when either is not; a copy to itself holds nothing.
+  // Held for NVLink or the NIC as SendRecvAcrossNodes says (a shift around the group at its
+  // slowest hop); a copy to itself holds nothing.
   absl::Status SendRecv(const Tensor& send, int dst, const Tensor& recv, int src) override;
   absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;

@@ -85,9 +85,12 @@ TEST(RehearsalCommTest, CountsEachCollectiveWithTheLinkModel) {
   EXPECT_EQ(c->stats().calls(), 0);
 }
 
-// A ring shift (dst = rank + 1, src = rank - 1) copies send into recv and is held for the link
-// between this rank and its peers: NVLink inside a node, the NIC when a peer is on another node.
-TEST(RehearsalCommTest, SendRecvIsHeldForThePeersLink) {
+// A ring shift (dst = rank + 1, src = rank - 1) copies send into recv and is held for NVLink
+// when the whole ring is on one node; on a ring over two nodes every member's shift waits for
+// the hops over the NIC (SendRecvAcrossNodes), even where its own peers share its node. An
+// exchange that is no shift takes this rank's own links.
+TEST(RehearsalCommTest, SendRecvIsHeldForTheShiftsSlowestHop) {
+  const RehearsalLayout one_node = Layout(8, 1, 8);
   const RehearsalLayout l = Layout(16, 2, 16);  // 8 ranks per node
   const int64_t n = 1 << 20, bytes = n * 4;
   std::vector<float> send(n), recv(n, 0);
@@ -97,7 +100,7 @@ TEST(RehearsalCommTest, SendRecvIsHeldForThePeersLink) {
     return c.stats().by_op[static_cast<int>(CollectiveOp::kSendRecv)].modeled_s;
   };
 
-  auto inside = Make(3, l);  // 2 -> 3 -> 4, all on node 0
+  auto inside = Make(3, one_node);  // 2 -> 3 -> 4, the ring all on node 0
   ASSERT_TRUE(inside->SendRecv(ts, 4, tr, 2).ok());
   EXPECT_EQ(recv, send);
   const RehearsalCounts sr = inside->stats().by_op[static_cast<int>(CollectiveOp::kSendRecv)];
@@ -124,6 +127,12 @@ TEST(RehearsalCommTest, SendRecvIsHeldForThePeersLink) {
   auto first = Make(0, l);  // 15 -> 0 -> 1: the receive crosses from node 1
   ASSERT_TRUE(first->SendRecv(ts, 1, tr, 15).ok());
   EXPECT_DOUBLE_EQ(modeled(*first), modeled(*edge));
+  auto middle = Make(3, l);  // 2 -> 3 -> 4 on node 0, but the shift's 7 -> 8 is not
+  ASSERT_TRUE(middle->SendRecv(ts, 4, tr, 2).ok());
+  EXPECT_DOUBLE_EQ(modeled(*middle), modeled(*edge));
+  middle->ResetStats();
+  ASSERT_TRUE(middle->SendRecv(ts, 4, tr, 1).ok());  // no shift: its own links, on node 0
+  EXPECT_DOUBLE_EQ(modeled(*middle), sr.modeled_s);
 
   // To itself: a copy, no link time. Misuse is refused before anything is counted.
   auto self = Make(5, l);

@@ -257,8 +257,9 @@ uint64_t MetaComm::Charge(CollectiveOp op, int64_t bytes, bool deferred) {
 uint64_t MetaComm::ChargeSendRecv(int64_t bytes, int dst, int src, bool deferred) {
   if (!clock_ || (dst == rank_ && src == rank_)) return 0;
   const int per_node = std::max(1, ranks_per_node_);
-  const int node = rank_ / per_node;
-  const bool across = dst / per_node != node || src / per_node != node;
+  std::vector<int> node_of(size_);
+  for (int m = 0; m < size_; ++m) node_of[m] = m / per_node;
+  const bool across = SendRecvAcrossNodes(node_of, rank_, dst, src);
   return clock_->Collective(SendRecvSeconds(*link_, bytes, across), deferred);
 }
 

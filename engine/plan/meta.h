@@ -155,8 +155,8 @@ class MetaComm final : public Comm {
   absl::Status AllReduce(const Tensor& x) override;
   absl::Status Broadcast(const Tensor& x, int) override;
   absl::Status Barrier() override;
-  // The link between this rank and its peers (SendRecvSeconds): NVLink when both are on its
-  // node, its NIC when either is not; a copy to itself takes no link time.
+  // NVLink or the NIC as SendRecvAcrossNodes says (a shift around the group at its slowest
+  // hop); a copy to itself takes no link time.
   absl::Status SendRecv(const Tensor& send, int dst, const Tensor&, int src) override;
   absl::StatusOr<Issued> IssueAllGather(const Tensor& in, const Tensor& out) override;
   absl::StatusOr<Issued> IssueReduceScatter(const Tensor& in, const Tensor& out) override;

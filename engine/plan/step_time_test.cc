@@ -145,5 +145,29 @@ TEST(StepClock, MetaCommSendRecvTakesThePeersLink) {
   EXPECT_DOUBLE_EQ(clock.end(), 0.11);
 }
 
+// A shift around the ring is every member's at once and ends with its slowest hop: rank 1's own
+// peers share its node, yet the shift waits for 3 -> 4 over the NIC. A ring inside one node, and
+// an exchange that is no shift, take the rank's own links.
+TEST(StepClock, MetaCommRingShiftTakesItsSlowestHop) {
+  LinkModel link;
+  link.nvlink = {100e9, 0};
+  link.ib = {10e9, 0};
+  const Tensor block(nullptr, DType::kBF16, {500'000'000});  // 1e9 bytes
+  StepClock clock;
+  MetaComm ring(1, 8);  // 4 ranks a node
+  ring.set_timing(&link, 4, &clock);
+  ASSERT_TRUE(ring.SendRecv(block, 2, block, 0).ok());  // shift by 1: 3 -> 4 and 7 -> 0 cross
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 0.1);
+  ASSERT_TRUE(ring.SendRecv(block, 0, block, 2).ok());  // shift by -1: the same hops back
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 0.2);
+  ASSERT_TRUE(ring.SendRecv(block, 2, block, 3).ok());  // no shift: rank 1's own links
+  EXPECT_DOUBLE_EQ(clock.compute_end(), 0.21);
+  StepClock inside_clock;
+  MetaComm inside(1, 4);  // the whole ring on one node
+  inside.set_timing(&link, 4, &inside_clock);
+  ASSERT_TRUE(inside.SendRecv(block, 2, block, 0).ok());
+  EXPECT_DOUBLE_EQ(inside_clock.compute_end(), 0.01);
+}
+
 }  // namespace
 }  // namespace ithaca
