@@ -176,6 +176,9 @@ void AddPrediction(const MemoryPlan& plan, double step_s, bench::Json* line) {
       .Num("predicted_attention_s", p.attention_s)
       .Num("predicted_elementwise_s", p.elementwise_s)
       .Num("predicted_transfer_s", p.transfer_s)
+      .Num("predicted_forward_s", p.forward_s)
+      .Num("predicted_regrow_s", p.regrow_s)
+      .Num("predicted_recompute_s", p.recompute_s)
       .Num("predicted_collective_s", p.collective_s)
       .Str("rates", p.rates);
 }

@@ -397,6 +397,20 @@ std::string PlanText(const v1::PlanJobResponse& p) {
                               plan.rates_note().empty()
                                   ? plan.rates()
                                   : absl::StrCat(plan.rates(), ", ", plan.rates_note())));
+    if (plan.has_predicted_time()) {
+      // Where the time goes (issue 56): the compute by kind and the forwards it runs again, the
+      // other streams beside it, the update.
+      const v1::MemoryPlan::PredictedTime& t = plan.predicted_time();
+      absl::StrAppend(
+          &out,
+          absl::StrFormat("  %-17s %.4g s a forward/backward (x%d a step): attention %.4g s, "
+                          "GEMMs %.4g s, elementwise %.4g s; of those, forwards run again: "
+                          "regrowing %.4g s, recompute %.4g s; transfers %.4g s and collectives "
+                          "%.4g s beside them (compute waited %.4g s); update %.4g s a step\n",
+                          "where time goes", t.forward_backward_s(), t.samples(), t.attention_s(),
+                          t.gemm_s(), t.elementwise_s(), t.regrow_s(), t.recompute_s(),
+                          t.transfer_s(), t.collective_s(), t.waited_s(), t.update_s()));
+    }
     if (p.spec().steps() > 0) {
       const double run_s = plan.predicted_step_s() * static_cast<double>(p.spec().steps());
       absl::StrAppend(&out, absl::StrFormat("  %-17s %s for training.steps = %d\n", "the run",

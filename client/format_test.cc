@@ -379,6 +379,28 @@ TEST(FormatTest, StatusAndPlanShowAfterRopeInitAndWarnings) {
       << predicted;
   // No steps: no run's time.
   EXPECT_EQ(predicted.find("the run"), std::string::npos) << predicted;
+  EXPECT_EQ(predicted.find("where time goes"), std::string::npos) << predicted;
+
+  // Where the time goes (issue 56), when the daemon sends it.
+  v1::MemoryPlan::PredictedTime& t = *plan.mutable_plan()->mutable_predicted_time();
+  t.set_forward_backward_s(6);
+  t.set_samples(2);
+  t.set_update_s(0.5);
+  t.set_attention_s(4);
+  t.set_gemm_s(1.5);
+  t.set_elementwise_s(0.25);
+  t.set_regrow_s(1.25);
+  t.set_recompute_s(2);
+  t.set_transfer_s(0.75);
+  t.set_collective_s(0.125);
+  t.set_waited_s(0.0625);
+  const std::string parts = PlanText(plan);
+  EXPECT_NE(parts.find("  where time goes   6 s a forward/backward (x2 a step): attention 4 s, "
+                       "GEMMs 1.5 s, elementwise 0.25 s; of those, forwards run again: regrowing "
+                       "1.25 s, recompute 2 s; transfers 0.75 s and collectives 0.125 s beside "
+                       "them (compute waited 0.0625 s); update 0.5 s a step\n"),
+            std::string::npos)
+      << parts;
 }
 
 // The text plan shows the device and the host against their budgets, and the whole run's

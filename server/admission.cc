@@ -367,6 +367,22 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
       p.predicted.tok_per_s / static_cast<double>(std::max<int64_t>(1, a.spec.parallel.world)));
   plan.set_rates(p.predicted.rates);
   plan.set_rates_note(p.predicted.rates_note);
+  if (p.predicted.step_s > 0) {
+    const StepPrediction& r = p.predicted;
+    v1::MemoryPlan::PredictedTime* t = plan.mutable_predicted_time();
+    t->set_forward_backward_s(r.forward_backward_s);
+    t->set_samples(r.samples);
+    t->set_update_s(r.update_s);
+    t->set_gemm_s(r.gemm_s);
+    t->set_attention_s(r.attention_s);
+    t->set_elementwise_s(r.elementwise_s);
+    t->set_transfer_s(r.transfer_s);
+    t->set_collective_s(r.collective_s);
+    t->set_waited_s(r.waited_s);
+    t->set_forward_s(r.forward_s);
+    t->set_regrow_s(r.regrow_s);
+    t->set_recompute_s(r.recompute_s);
+  }
   plan.set_summary(absl::StrFormat(
       "peak %s per rank %s budget %s (%s); sp %d = ulysses %d x ring %d, recompute %s, "
       "head_chunk %d, tile_tokens %d, offload %s%s%s",

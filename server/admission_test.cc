@@ -377,6 +377,14 @@ TEST(AdmissionTest, APlanUsesTheRatesOfItsNodesGpusAndNamesThem) {
     ASSERT_TRUE(a.ok()) << a.status();
     const v1::MemoryPlan plan = EstimateMemory(*a);
     EXPECT_GT(plan.predicted_step_s(), 0);
+    // Where the time goes, in parts that make the step.
+    const v1::MemoryPlan::PredictedTime& t = plan.predicted_time();
+    EXPECT_GT(t.attention_s(), 0);
+    EXPECT_GT(t.gemm_s(), 0);
+    EXPECT_GT(t.forward_s(), 0);
+    EXPECT_NEAR(plan.predicted_step_s(),
+                double(t.samples()) * t.forward_backward_s() + t.update_s(),
+                1e-9 * plan.predicted_step_s());
     EXPECT_EQ(plan.rates(), rates);
     EXPECT_NE(plan.summary().find(absl::StrCat("rates: ", rates)), std::string::npos)
         << plan.summary();

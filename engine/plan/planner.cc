@@ -102,6 +102,45 @@ void Judge(MemoryPlan* p, Device device) {
 // copies up, and with overlap_update it runs under the next step's forward, unit by unit
 // ahead of the forward's reads: only the first unit's update and what outlasts the forward
 // are exposed (the forward is taken as a third of the forward/backward).
+// Counts each block call's compute under its part of the step (StepClock::Phase), running it
+// with `inner` (the block tapes, or the blocks themselves).
+class PhaseRunner final : public BlockRunner {
+ public:
+  using Phase = StepClock::Phase;
+  PhaseRunner(BlockRunner* inner, StepClock* clock) : inner_(inner), clock_(clock) {}
+  absl::Status Forward(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                       const Tensor& y, BlockSaved* saved, bool keep_attention_output,
+                       bool keep_mlp_input) override {
+    return In(Phase::kForward, [&] {
+      return inner_->Forward(c, w, x, y, saved, keep_attention_output, keep_mlp_input);
+    });
+  }
+  absl::Status Regrow(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                      const Tensor& y, BlockSaved* saved, bool keep_attention_output) override {
+    return In(Phase::kRegrow,
+              [&] { return inner_->Regrow(c, w, x, y, saved, keep_attention_output); });
+  }
+  absl::Status Recompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                         BlockSaved* saved) override {
+    return In(Phase::kRecompute, [&] { return inner_->Recompute(c, w, x, saved); });
+  }
+  absl::Status Backward(const BlockContext& c, const BlockWeights& w, const BlockWeights& g,
+                        const Tensor& x, BlockSaved* saved, const Tensor& dy) override {
+    return In(Phase::kBackward, [&] { return inner_->Backward(c, w, g, x, saved, dy); });
+  }
+
+ private:
+  template <typename Run>
+  absl::Status In(Phase phase, Run run) {
+    clock_->set_phase(phase);
+    absl::Status st = run();
+    clock_->set_phase(Phase::kOther);
+    return st;
+  }
+  BlockRunner* inner_;
+  StepClock* clock_;
+};
+
 StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, ParamStore& ps) {
   const RateTable& t = *req.rates;
   StepPrediction out;
@@ -114,6 +153,9 @@ StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, Param
   out.transfer_s = clock.busy(StepClock::Work::kTransfer);
   out.collective_s = clock.busy(StepClock::Work::kCollective);
   out.waited_s = clock.waited();
+  out.forward_s = clock.computed_in(StepClock::Phase::kForward);
+  out.regrow_s = clock.computed_in(StepClock::Phase::kRegrow);
+  out.recompute_s = clock.computed_in(StepClock::Phase::kRecompute);
   // What is trained: every unit, or with LoRA the adapters' alone (a frozen unit has no
   // gradient and no optimizer state).
   int64_t params = 0, first = -1;
@@ -143,7 +185,8 @@ StepPrediction PredictStep(const PlanRequest& req, const StepClock& clock, Param
     }
   }
   out.update_s = update;
-  const double samples = double(std::max<int64_t>(1, req.samples));
+  out.samples = std::max<int64_t>(1, req.samples);
+  const double samples = double(out.samples);
   out.step_s = samples * out.forward_backward_s + update;
   const double tokens =
       double(req.world / std::max<int64_t>(1, req.sp)) * samples * double(req.seq_len);
@@ -198,7 +241,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
       auto model, LlamaModel::Create(req.cfg, &ops, &alloc, req.opts,
                                      req.world > 1 ? &world : nullptr, req.sp > 1 ? &sp : nullptr));
   BlockTapes tapes(&alloc, req.rates != nullptr ? &clock : nullptr);
-  if (req.block_tapes) model->set_block_runner(&tapes);
+  BlockRunner blocks;  // the blocks themselves
+  PhaseRunner phases(req.block_tapes ? static_cast<BlockRunner*>(&tapes) : &blocks, &clock);
+  model->set_block_runner(&phases);
   // The optimizer's f32 master, m and v for every shard, and under optimizer offload two pieces'
   // gradient and working-copy staging (as Optimizer::Allocate allocates them). The working copy
   // itself is the model's (ParamStore: host_params under param_offload).
@@ -632,10 +677,11 @@ std::string FormatPlan(const MemoryPlan& p) {
     absl::StrAppendFormat(&out,
                           "predicted step: %.3f s (forward/backward %.3f s: gemm %.3f, attention "
                           "%.3f, elementwise %.3f, transfers %.3f, collectives %.3f busy, compute "
-                          "waited %.3f; update %.3f s), %.0f tok/s (rates: %s)\n",
+                          "waited %.3f; update %.3f s), %.0f tok/s (rates: %s)\n"
+                          "forwards run again: regrowing %.3f s, recompute %.3f s\n",
                           r.step_s, r.forward_backward_s, r.gemm_s, r.attention_s, r.elementwise_s,
                           r.transfer_s, r.collective_s, r.waited_s, r.update_s, r.tok_per_s,
-                          RatesLabel(r));
+                          RatesLabel(r), r.regrow_s, r.recompute_s);
   }
   return out;
 }

@@ -69,6 +69,14 @@ struct StepPrediction {
   // Busy seconds of one forward/backward by kind, and what the compute stream waited.
   double gemm_s = 0, attention_s = 0, elementwise_s = 0, transfer_s = 0, collective_s = 0;
   double waited_s = 0;
+  // Compute seconds of one forward/backward spent running forwards again: blocks regrown because
+  // their inputs were not held (saved_block_inputs, recompute_interval), and the backward's
+  // recompute of what each block's forward freed (full recompute: attention and the MLP's
+  // input; attention-aware: the MLP's input).
+  double regrow_s = 0, recompute_s = 0;
+  double forward_s = 0;  // compute seconds of the blocks' first forwards, for comparison
+  int64_t samples =
+      1;  // forward/backwards a step (step_s = samples · forward_backward_s + update_s)
   std::string rates;       // the rate table's device class
   std::string rates_note;  // the table's own note: the GPU and the day it was measured on
 };

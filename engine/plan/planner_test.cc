@@ -432,6 +432,42 @@ TEST(PlannerTest, ThePredictedStepCountsEverySampleOfTheStep) {
   }
 }
 
+// Where the time goes (issue 56): the forwards a plan runs again are counted apart. Saving every
+// input regrows nothing; saving every 2nd regrows half the blocks once, the same work as half the
+// first forwards; attention-aware recompute reruns less than full recompute (not attention).
+TEST(PlannerTest, ThePredictionCountsTheForwardsRunAgain) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";  // 16 blocks
+  spec.data.seq_len = 8192;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.head_chunk = 32;
+  spec.memory.tile_tokens = 8192;
+  spec.memory.recompute_interval = 1;
+  auto plan = [&](const JobSpec& s) {
+    auto p = PlanJob(s, int64_t{1} << 40, int64_t{1} << 40);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->predicted : StepPrediction{};
+  };
+  const StepPrediction every = plan(spec);
+  ASSERT_GT(every.forward_s, 0);
+  EXPECT_EQ(every.regrow_s, 0);
+  EXPECT_GT(every.recompute_s, 0);
+  EXPECT_LT(every.forward_s + every.recompute_s, every.forward_backward_s);
+  JobSpec half = spec;
+  half.memory.recompute_interval = 2;
+  const StepPrediction p2 = plan(half);
+  EXPECT_NEAR(p2.regrow_s, every.forward_s / 2, 1e-9 * every.forward_s);
+  EXPECT_NEAR(p2.forward_backward_s, every.forward_backward_s + p2.regrow_s,
+              1e-6 * p2.forward_backward_s);
+  JobSpec aware = spec;
+  aware.memory.recompute = RecomputePolicy::kAttentionAware;
+  const StepPrediction pa = plan(aware);
+  EXPECT_EQ(pa.regrow_s, 0);
+  EXPECT_GT(pa.recompute_s, 0);
+  EXPECT_LT(pa.recompute_s, every.recompute_s - 0.5 * every.attention_s / 3);
+}
+
 // [lora] in the plan: the frozen base has no gradient and no optimizer state (those tiers hold
 // the adapters' alone), its working copy is the same, and the predicted step is shorter (no
 // base weight-gradient GEMMs, an update of the adapters only), by the replay of the schedule.
@@ -947,6 +983,9 @@ TEST(PlannerTest, BlockTapesPlanExactlyAsTheFullReplay) {
     EXPECT_EQ(f.transfer_s, r.transfer_s);
     EXPECT_EQ(f.collective_s, r.collective_s);
     EXPECT_EQ(f.waited_s, r.waited_s);
+    EXPECT_EQ(f.forward_s, r.forward_s);
+    EXPECT_EQ(f.regrow_s, r.regrow_s);
+    EXPECT_EQ(f.recompute_s, r.recompute_s);
     EXPECT_EQ(FormatPlan(*fast), FormatPlan(*full));
     EXPECT_EQ(fast_gemms, full_gemms);
     if (req.rates != nullptr) {

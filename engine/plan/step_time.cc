@@ -279,6 +279,7 @@ void StepClock::Compute(double s, Work what) {
   if (record_) record_->Add({MetaEvent::Kind::kCompute, uint8_t(what), 0, s});
   compute_ += s;
   busy_[static_cast<int>(what)] += s;
+  phase_busy_[static_cast<int>(phase_)] += s;
 }
 
 uint64_t StepClock::Transfer(double s, bool unordered) {

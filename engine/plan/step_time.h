@@ -168,6 +168,10 @@ struct MetaRecord {
 class StepClock {
  public:
   enum class Work { kGemm, kAttention, kElementwise, kTransfer, kCollective, kNumWork };
+  // Which part of the step the compute stream is in: a block's first forward, a forward run
+  // again because its input was not held (LlamaModel::Regrow), the backward's recompute of what
+  // a block's forward freed, a block's backward, or anything else (embedding, loss, update).
+  enum class Phase { kOther, kForward, kRegrow, kRecompute, kBackward, kNumPhases };
 
   // `s` seconds of `what` on the compute stream, after everything it waits for.
   void Compute(double s, Work what);
@@ -192,11 +196,18 @@ class StepClock {
   double busy(Work w) const { return busy_[static_cast<int>(w)]; }
   // Seconds the compute stream stood waiting for transfers and collectives.
   double waited() const { return waited_; }
+  // Compute from now on is counted under `p` (set by the planner's block runner around each
+  // block call).
+  void set_phase(Phase p) { phase_ = p; }
+  // Compute seconds counted under `p`.
+  double computed_in(Phase p) const { return phase_busy_[static_cast<int>(p)]; }
 
  private:
   double compute_ = 0, copy_ = 0, comm_ = 0;
   double waited_ = 0;
   double busy_[static_cast<int>(Work::kNumWork)] = {};
+  Phase phase_ = Phase::kOther;
+  double phase_busy_[static_cast<int>(Phase::kNumPhases)] = {};
   std::vector<double> transfer_end_, collective_end_;  // by ticket - 1
   MetaRecord* record_ = nullptr;
   void Wait(const std::vector<double>& ends, uint64_t ticket);

@@ -85,6 +85,12 @@ class BlockRunner {
                                bool keep_mlp_input) {
     return BlockForward(c, w, x, y, saved, keep_attention_output, keep_mlp_input);
   }
+  // A forward run again in the backward because the block's input was not held: the same work
+  // as Forward (a runner that times the step counts it apart).
+  virtual absl::Status Regrow(const BlockContext& c, const BlockWeights& w, const Tensor& x,
+                              const Tensor& y, BlockSaved* saved, bool keep_attention_output) {
+    return Forward(c, w, x, y, saved, keep_attention_output, /*keep_mlp_input=*/false);
+  }
   virtual absl::Status Recompute(const BlockContext& c, const BlockWeights& w, const Tensor& x,
                                  BlockSaved* saved) {
     return BlockRecompute(c, w, x, saved);

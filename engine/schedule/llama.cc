@@ -451,8 +451,7 @@ absl::Status LlamaModel::Regrow(Step* step, int64_t from, int64_t to,
     // l0's are saved with its input by the forward).
     const bool keep_o = st.keep_attention(m) && m == from && from > l0 && re[from].o.empty();
     BlockSaved bs;
-    RETURN_IF_ERROR(blocks_->Forward(st.ctx(m), w, xm, y.tensor(), &bs, keep_o,
-                                     /*keep_mlp_input=*/false));
+    RETURN_IF_ERROR(blocks_->Regrow(st.ctx(m), w, xm, y.tensor(), &bs, keep_o));
     if (keep_o) {
       re[m].o = std::move(bs.o);
       re[m].lse = std::move(bs.lse);
