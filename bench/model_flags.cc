@@ -222,5 +222,23 @@ absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
   return opt;
 }
 
+void AddPrediction(const MemoryPlan& plan, double step_s, Json* line) {
+  const StepPrediction& p = plan.predicted;
+  if (p.step_s <= 0) return;
+  line->Num("predicted_step_s", p.step_s);
+  if (step_s > 0) line->Num("predicted_rel_error", (p.step_s - step_s) / step_s);
+  line->Num("predicted_forward_backward_s", p.forward_backward_s)
+      .Num("predicted_update_s", p.update_s)
+      .Num("predicted_gemm_s", p.gemm_s)
+      .Num("predicted_attention_s", p.attention_s)
+      .Num("predicted_elementwise_s", p.elementwise_s)
+      .Num("predicted_transfer_s", p.transfer_s)
+      .Num("predicted_forward_s", p.forward_s)
+      .Num("predicted_regrow_s", p.regrow_s)
+      .Num("predicted_recompute_s", p.recompute_s)
+      .Num("predicted_collective_s", p.collective_s)
+      .Str("rates", p.rates);
+}
+
 }  // namespace bench
 }  // namespace ithaca

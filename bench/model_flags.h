@@ -51,5 +51,9 @@ bool HopperAttentionRunsHere();
 absl::StatusOr<std::unique_ptr<Optimizer>> RandomOptimizer(LlamaModel* model,
                                                            const JobSpec::Training& hp);
 
+// The step-time model's prediction for `plan` beside a measured step (`step_s`, 0: none) in a
+// result line: predicted_step_s, its relative error, and where the time goes.
+void AddPrediction(const MemoryPlan& plan, double step_s, Json* line);
+
 }  // namespace bench
 }  // namespace ithaca

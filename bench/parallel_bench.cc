@@ -164,25 +164,6 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
   return PlanMemory(req);
 }
 
-// The step-time model's prediction beside a measured step.
-void AddPrediction(const MemoryPlan& plan, double step_s, bench::Json* line) {
-  const StepPrediction& p = plan.predicted;
-  if (p.step_s <= 0) return;
-  line->Num("predicted_step_s", p.step_s);
-  if (step_s > 0) line->Num("predicted_rel_error", (p.step_s - step_s) / step_s);
-  line->Num("predicted_forward_backward_s", p.forward_backward_s)
-      .Num("predicted_update_s", p.update_s)
-      .Num("predicted_gemm_s", p.gemm_s)
-      .Num("predicted_attention_s", p.attention_s)
-      .Num("predicted_elementwise_s", p.elementwise_s)
-      .Num("predicted_transfer_s", p.transfer_s)
-      .Num("predicted_forward_s", p.forward_s)
-      .Num("predicted_regrow_s", p.regrow_s)
-      .Num("predicted_recompute_s", p.recompute_s)
-      .Num("predicted_collective_s", p.collective_s)
-      .Str("rates", p.rates);
-}
-
 // ---------------------------------------------------------------------------------------------
 // One rank.
 
@@ -444,7 +425,7 @@ absl::Status RunS(RankSetup& r, const LlamaConfig& cfg, int64_t S, int rank, int
           .Int("planner_host_block_inputs_bytes",
                plan->peak[static_cast<int>(Tier::kHostBlockInputs)]);
       if (rehearse) line.Obj("planner_peaks", TierBytes(plan->peak));
-      AddPrediction(*plan, t, &line);
+      bench::AddPrediction(*plan, t, &line);
       if (process_used > 0 && cuda) {
         line.Num("planner_rel_error_process",
                  double(plan->device_total() - process_used) / double(process_used));
@@ -642,7 +623,7 @@ int Main() {
           .Raw("fits", job.ok() ? (job->plan.fits ? "true" : "false") : "null")
           .Str("verdict", job.ok() ? job->plan.verdict : "")
           .Obj("planner_peaks", TierBytes(plan->peak));
-      AddPrediction(*plan, 0, &line);
+      bench::AddPrediction(*plan, 0, &line);
       line.Print();
     }
     return 0;
