@@ -72,6 +72,7 @@ probe engine/runtime //launch:launcher fail
 probe launch //worker:daemon_mode fail
 probe launch //server:daemon fail
 probe server //worker:daemon_mode fail
+probe server //worker:local_launch fail
 probe worker //server:daemon fail
 probe worker //client:format fail
 probe client //launch:launcher fail

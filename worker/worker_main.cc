@@ -1,13 +1,13 @@
 // ithaca-worker: one training rank. Modes:
 //   --standalone JOB.toml   train without a daemon (development, benchmarks, the demo)
-//   --standalone JOB.toml --nproc N   the same as N local ranks (launch/launcher.h)
+//   --standalone JOB.toml --nproc N   the same as N local ranks (worker/local_launch.h)
 //   --standalone JOB.toml --nproc N --nnodes M --node-rank R --rendezvous tcp:HOST:PORT
 //                             this machine's N ranks of a job on M machines (torchrun's shape)
 //   --daemon ADDR --job ID    one rank of a job launched by ithacad (worker/daemon_mode.h); ADDR
 //                             is ithacad's worker socket, or host:port over TCP
 //   --daemon ADDR --job ID --nproc N [--nnodes M --node-rank R --rendezvous tcp:HOST:PORT]
 //                             [--log-dir DIR]   this node's N ranks of a daemon job a cluster
-//                             (Slurm) started: one launcher per node (launch/launcher.h)
+//                             (Slurm) started: one launcher per node (worker/local_launch.h)
 //   --plan JOB.toml           print the job's memory plan per tier (engine/plan)
 //   --rehearse JOB.toml [--rank R] [--nodes M] [--link L] [--device-memory-gib G]
 //                             [--node-host-gib H]   one rank of the job alone on this GPU, its
@@ -27,7 +27,7 @@
 
 #include "engine/runtime/backend.h"
 #include "launch/exit_codes.h"
-#include "launch/launcher.h"
+#include "worker/local_launch.h"
 #include "launch/worker_command.h"
 #include "worker/daemon_mode.h"
 #include "worker/standalone.h"
