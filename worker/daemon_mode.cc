@@ -6,13 +6,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <fstream>
 #include <functional>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <variant>
@@ -21,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/comm/bootstrap.h"
+#include "engine/core/mutex.h"
 #include "engine/core/path_policy.h"
 #include "engine/memory/allocator.h"
 #include "engine/runtime/rank.h"
@@ -220,10 +219,10 @@ class DaemonLink {
   // has seen the last step before it sees the exit).
   void FlushReports() {
     {
-      std::lock_guard<std::mutex> lock(report_mu_);
+      MutexLock lock(&report_mu_);
       reports_done_ = true;
     }
-    report_cv_.notify_one();
+    report_cv_.SignalAll();
     if (sender_.joinable()) sender_.join();
   }
 
@@ -258,11 +257,12 @@ class DaemonLink {
           lost_timeout_ms > 0 ? lost_timeout_ms : std::max(10000, 10 * interval_ms));
       auto last_ok = std::chrono::steady_clock::now();
       bool away = false;  // the daemon stopped answering: re-attach when one answers again
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!done_) {
-        cv_.wait_for(lock, std::chrono::milliseconds(interval_ms));
-        if (done_) break;
-        lock.unlock();
+      while (true) {
+        {
+          MutexLock lock(&mu_);
+          if (!done_) cv_.WaitFor(&mu_, absl::Milliseconds(interval_ms));
+          if (done_) break;
+        }
         grpc::Status st = away ? Reattach() : Beat();
         const auto now = std::chrono::steady_clock::now();
         if (st.ok()) {
@@ -290,21 +290,20 @@ class DaemonLink {
           g_stop.store(true);
           if (st.error_code() != grpc::StatusCode::ABORTED) {
             reports_abandoned_.store(true);  // no daemon will take them
-            report_cv_.notify_all();
+            report_cv_.SignalAll();
           }
         }
         std::fflush(stderr);
-        lock.lock();
       }
     });
   }
 
   void StopHeartbeats() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       done_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -324,7 +323,7 @@ class DaemonLink {
 
   // The daemon this rank talks to (the heartbeat thread may switch it: FollowDaemon).
   std::shared_ptr<v1::WorkerService::Stub> stub() {
-    std::lock_guard<std::mutex> lock(stub_mu_);
+    MutexLock lock(&stub_mu_);
     return stub_;
   }
 
@@ -346,7 +345,7 @@ class DaemonLink {
     std::fprintf(stderr, "rank %d: ithacad is now at %s (%s)\n", o_.rank, address.c_str(),
                  o_.address_file.c_str());
     address_ = address;
-    std::lock_guard<std::mutex> lock(stub_mu_);
+    MutexLock lock(&stub_mu_);
     stub_ = v1::WorkerService::NewStub(*std::move(channel));
   }
 
@@ -360,27 +359,34 @@ class DaemonLink {
 
   void Queue(Report report) {
     {
-      std::lock_guard<std::mutex> lock(report_mu_);
+      MutexLock lock(&report_mu_);
       if (!sender_.joinable()) sender_ = std::thread([this] { SendReports(); });
       reports_.push_back(std::move(report));
     }
-    report_cv_.notify_one();
+    report_cv_.SignalAll();
+  }
+
+  // Waits up to `timeout`, or until the daemon disowns the job (reports_abandoned_).
+  void WaitUnlessAbandoned(absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!reports_abandoned_.load() && absl::Now() < deadline) {
+      report_cv_.WaitUntil(&report_mu_, deadline);
+    }
   }
 
   void SendReports() {
-    std::unique_lock<std::mutex> lock(report_mu_);
+    report_mu_.Lock();
     while (true) {
-      report_cv_.wait(lock, [this] { return reports_done_ || !reports_.empty(); });
-      if (reports_.empty()) return;  // done and drained
+      while (!reports_done_ && reports_.empty()) report_cv_.Wait(&report_mu_);
+      if (reports_.empty()) break;  // done and drained
       Report report = reports_.front();
-      lock.unlock();
+      report_mu_.Unlock();
       grpc::Status st = Send(report);
-      lock.lock();
+      report_mu_.Lock();
       // The daemon is away (restarting): the report waits at the head of the queue, so the next
       // daemon gets every step in order. The heartbeat thread ends the wait, one way or another.
       if (DaemonAway(st) && !reports_abandoned_.load()) {
-        report_cv_.wait_for(lock, std::chrono::milliseconds(200),
-                            [this] { return reports_abandoned_.load(); });
+        WaitUnlessAbandoned(absl::Milliseconds(200));
         continue;
       }
       // The daemon could not store it (its state disk full): sent again each second while the
@@ -390,8 +396,7 @@ class DaemonLink {
         if (!reports_done_) store_retry_until_.reset();
         if (reports_done_ && !store_retry_until_) store_retry_until_ = now + kStoreRetry;
         if (!store_retry_until_ || now < *store_retry_until_) {
-          report_cv_.wait_for(lock, std::chrono::seconds(1),
-                              [this] { return reports_abandoned_.load(); });
+          WaitUnlessAbandoned(absl::Seconds(1));
           if (!reports_abandoned_.load()) continue;
         }
       }
@@ -401,6 +406,7 @@ class DaemonLink {
                      report.index() == 0 ? "step" : "eval", st.error_message().c_str());
       }
     }
+    report_mu_.Unlock();
   }
 
   grpc::Status Send(const Report& report) {
@@ -422,24 +428,28 @@ class DaemonLink {
     return stub()->ReportEval(&ctx, req, &ack);
   }
 
+  // Three threads share the link: the training loop (reports, logs, the exit), the heartbeat
+  // thread and the report sender.
   DaemonWorkerOptions o_;
   std::string address_;  // the daemon's, as stub_ dials it (heartbeat thread only)
-  std::mutex stub_mu_;
-  std::shared_ptr<v1::WorkerService::Stub> stub_;
-  std::mutex report_mu_;
-  std::condition_variable report_cv_;
-  std::deque<Report> reports_;
-  bool reports_done_ = false;
+  Mutex stub_mu_;
+  std::shared_ptr<v1::WorkerService::Stub> stub_ ABSL_GUARDED_BY(stub_mu_);
+  // The report queue, between the training loop and the sender.
+  Mutex report_mu_;
+  CondVar report_cv_;  // a report queued, the queue closed, or the job disowned
+  std::deque<Report> reports_ ABSL_GUARDED_BY(report_mu_);
+  bool reports_done_ ABSL_GUARDED_BY(report_mu_) = false;
   // The daemon disowned the job: queued reports are dropped instead of waited on.
   std::atomic<bool> reports_abandoned_{false};
   // A report the daemon could not store is retried this long after the rank's training ended.
   static constexpr std::chrono::seconds kStoreRetry{30};
-  std::optional<std::chrono::steady_clock::time_point> store_retry_until_;
-  std::thread sender_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
+  std::optional<std::chrono::steady_clock::time_point> store_retry_until_
+      ABSL_GUARDED_BY(report_mu_);
+  std::thread sender_;  // started (Queue) and joined (FlushReports) by the training loop
+  std::thread thread_;  // the heartbeat thread
+  Mutex mu_;
+  CondVar cv_;  // StopHeartbeats
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link,
