@@ -27,7 +27,7 @@
 #include "engine/spec/job_spec.h"
 #include "ithaca/v1/worker.grpc.pb.h"
 #include "launch/rpc_text.h"
-#include "launch/connection.h"
+#include "daemon_link/connection.h"
 #include "absl/strings/match.h"
 #include "worker/job_paths.h"
 #include "launch/exit_codes.h"
@@ -137,7 +137,7 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
 // A daemon that restarts binds the same address again: reconnect within a second of it. A path
 // (or unix:PATH) is the daemon's worker socket on this machine; host:port is its TCP port, for
 // ranks on other nodes (ithacad --cluster slurm), reached as clients reach it: TLS when
-// $ITHACA_CA names the CA, the bearer token of $ITHACA_TOKEN_FILE (launch/connection.h).
+// $ITHACA_CA names the CA, the bearer token of $ITHACA_TOKEN_FILE (daemon_link/connection.h).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DaemonChannel(const std::string& address) {
   ConnectionOptions c;
   c.server =
