@@ -33,7 +33,7 @@
 #include "engine/checkpoint/distributed_checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/optimizer_checkpoint.h"
-#include "launch/launcher.h"
+#include "worker/local_launch.h"
 
 ABSL_FLAG(std::string, model, "llama-3.2-1b", "model preset (tiny, llama-3.2-1b, llama-3-8b, ...)");
 ABSL_FLAG(std::string, config, "", "a config.json instead of --model");

@@ -17,7 +17,7 @@
 
 #include <algorithm>
 #include "client/commands.h"
-#include "launch/connection.h"
+#include "daemon_link/connection.h"
 #include "client/report.h"
 
 namespace ithaca {

@@ -1,6 +1,6 @@
 #include "client/commands.h"
 
-#include "launch/connection.h"
+#include "daemon_link/connection.h"
 #include "proto/version.h"
 
 #include <grpcpp/grpcpp.h>

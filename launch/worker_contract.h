@@ -2,7 +2,7 @@
 // rank with, how a rank names the daemon's address, and the metadata key that carries the job's
 // secret on every call. (The rank's place in the job, ITHACA_RANK, ITHACA_WORLD_SIZE, ... is the
 // launcher's, engine/comm/bootstrap.h reads it; the daemon link's ITHACA_TOKEN_FILE and
-// ITHACA_CA are launch/connection.h's.)
+// ITHACA_CA are daemon_link/connection.h's.)
 #pragma once
 
 #include <string>

@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "launch/secret_file.h"
+#include "daemon_link/secret_file.h"
 #include "engine/core/status.h"
 
 namespace ithaca {

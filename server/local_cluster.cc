@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
 #include "launch/layout.h"
+#include "launch/worker_command.h"
 #include "launch/worker_contract.h"
 #include "server/log_files.h"
 
@@ -37,7 +38,7 @@ absl::StatusOr<Cluster::Launched> LocalCluster::Launch(const LaunchOrder& order,
   job.rendezvous = "file:" + rdv_dir;
   ASSIGN_OR_RETURN(job.secret, NewJobSecret());
   LaunchSpec l;
-  l.argv = {options_.worker_binary, "--daemon", options_.worker_socket, "--job", job.id};
+  l.argv = DaemonRankArgs(options_.worker_binary, options_.worker_socket, job.id);
   l.gpus = order.slots;
   l.rendezvous = job.rendezvous;
   l.env = {

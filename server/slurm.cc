@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
 #include "launch/layout.h"
+#include "launch/worker_command.h"
 
 extern char** environ;
 
@@ -88,17 +89,21 @@ std::string SlurmBatchScript(const SlurmSubmission& s, const SlurmDefaults& d) {
   // something Slurm should requeue behind ithacad's back.
   absl::StrAppend(&script, "#SBATCH --no-requeue\n");
   absl::StrAppend(&script, "#SBATCH --output=", SlurmOutputPattern(s.log_dir), "\n");
+  // Each node's launcher (LaunchLocal): its line as launch/worker_command.h builds it,
+  // in shell words: bash -c's positional arguments and what Slurm sets in every task.
+  const std::vector<std::string> launcher =
+      WorkerNodeArgs({"\"$0\"", "\"$1\"", "\"$2\"", "\"$3\"", "\"$4\"", "\"$SLURM_NNODES\"",
+                      "\"$SLURM_NODEID\"", "\"tcp:$SLURM_LAUNCH_NODE_IPADDR:$5\""});
   absl::StrAppend(
       &script, "# Written by ithacad for job ", s.job_id,
       ": one task per node runs the per-node launcher, whose ranks report to ithacad.\n"
       "# Node 0 (where this script runs, $SLURM_LAUNCH_NODE_IPADDR in every task) serves the\n"
       "# ranks' rendezvous on a port derived from the Slurm job id.\n"
       "port=$((20000 + SLURM_JOB_ID % 20000))\n"
-      "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c 'exec \"$0\" --daemon \"$1\" "
-      "--job \"$2\" --nproc \"$3\" --log-dir \"$4\" --nnodes \"$SLURM_NNODES\" --node-rank "
-      "\"$SLURM_NODEID\" --rendezvous \"tcp:$SLURM_LAUNCH_NODE_IPADDR:$5\"' \\\n  ",
-      Quote(s.worker_binary), " ", Quote(s.daemon_address), " ", Quote(s.job_id), " ",
-      s.ranks_per_node, " ", Quote(s.log_dir), " \"$port\"\n");
+      "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c 'exec ",
+      absl::StrJoin(launcher, " "), "' \\\n  ", Quote(s.worker_binary), " ",
+      Quote(s.daemon_address), " ", Quote(s.job_id), " ", s.ranks_per_node, " ", Quote(s.log_dir),
+      " \"$port\"\n");
   return script;
 }
 

@@ -1,10 +1,10 @@
 // Slurm as ithacad's cluster (`ithacad --cluster slurm`): a job is one `sbatch` of one task per
 // node, each running the per-node launcher (`ithaca-worker --daemon ADDR --job ID --nproc N
-// --nnodes M --node-rank $SLURM_NODEID --rendezvous tcp:<node 0>:PORT`, launch/launcher.h), whose
-// ranks report to ithacad's WorkerService over TCP. This file is the one place that speaks to
-// Slurm: it writes the batch script, runs sbatch / scancel, and reads a job's state back from
-// squeue (sacct once squeue has forgotten it). The supervisor (supervisor.h) decides what Slurm's
-// states mean for the job.
+// --nnodes M --node-rank $SLURM_NODEID --rendezvous tcp:<node 0>:PORT`, worker/local_launch.h,
+// its command line from launch/worker_command.h), whose ranks report to ithacad's
+// WorkerService over TCP. This file is the one place that speaks to Slurm: it writes the batch
+// script, runs sbatch / scancel, and reads a job's state back from squeue (sacct once squeue has
+// forgotten it). The supervisor (supervisor.h) decides what Slurm's states mean for the job.
 #pragma once
 
 #include <string>

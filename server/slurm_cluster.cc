@@ -13,7 +13,7 @@
 #include "absl/time/clock.h"
 #include "engine/core/file_util.h"
 #include "engine/spec/job_spec.h"
-#include "launch/connection.h"
+#include "daemon_link/connection.h"
 #include "launch/layout.h"
 #include "launch/worker_contract.h"
 #include "server/log_files.h"

@@ -51,9 +51,10 @@ probe worker //engine/runtime:rank pass
 probe launch //engine/comm:rendezvous pass
 probe server //launch:launcher pass
 probe worker //launch:launcher pass
-probe worker //launch:connection pass
+probe worker //daemon_link:connection pass
 probe client //proto:ithaca_cc_grpc pass
-probe client //launch:connection pass
+probe client //daemon_link:connection pass
+probe client //launch:layout pass
 probe tests //server:daemon pass
 
 # Arrows that point up, one per layer boundary, sideways between the daemon and the worker, and
@@ -72,9 +73,12 @@ probe engine/runtime //launch:launcher fail
 probe launch //worker:daemon_mode fail
 probe launch //server:daemon fail
 probe server //worker:daemon_mode fail
+probe server //worker:local_launch fail
 probe worker //server:daemon fail
 probe worker //client:format fail
 probe client //launch:launcher fail
+probe daemon_link //launch:launcher fail
+probe daemon_link //engine/core fail
 probe engine/spec //engine/plan:planner fail
 probe engine/spec //engine/model:params fail
 probe client //engine/core fail

@@ -1,11 +1,11 @@
 #!/bin/bash
-# The daemon's lock annotations hold: clang's thread-safety analysis (-Wthread-safety) over
-# every source of server/, as errors. The daemon's shared state is declared with Abseil's
-# annotations (ABSL_GUARDED_BY(mu_) on a member, ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) on a
-# ...Locked method) and guarded by engine/core/mutex.h's Mutex, which clang knows as a
-# capability; gcc, which builds the daemon, ignores them, so this check is where they are
-# enforced. First it proves the
-# check can fail: a probe that reads a guarded member without its lock must be refused.
+# The lock annotations hold: clang's thread-safety analysis (-Wthread-safety) over every source
+# of server/ and over the worker's client of the daemon (worker/daemon_client.cc), as errors.
+# Their shared state is declared with Abseil's annotations (ABSL_GUARDED_BY(mu_) on a member,
+# ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) on a ...Locked method) and guarded by engine/core/mutex.h's
+# Mutex, which clang knows as a capability; gcc, which builds them, ignores them, so this check
+# is where they are enforced. First it proves the check can fail: a probe that reads a guarded
+# member without its lock must be refused.
 # Run by tools/test.sh (one test, "thread-safety"); by hand: `bash tools/check_thread_safety.sh`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ if clang++ "${flags[@]}" "$probe" >/dev/null 2>&1; then
 fi
 
 failures=0
-for f in $(git ls-files 'server/*.cc' | grep -v '_test\.cc$'); do
+for f in $(git ls-files 'server/*.cc' | grep -v '_test\.cc$') worker/daemon_client.cc; do
   if ! out=$(clang++ "${flags[@]}" "$f" 2>&1); then
     echo "thread-safety: FAIL $f"
     grep -E "error|warning" <<<"$out" | head -20 | sed 's/^/  /'

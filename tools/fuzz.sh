@@ -69,7 +69,8 @@ compile() {  # source -> object path on stdout
 
 build() {  # fuzzer name -> binary
   local name=$1 objs=() src obj extra
-  extra=$(sources "$name") && [ -n "$extra" ] || { echo "fuzz: bazel query found no sources" >&2; return 1; }
+  extra=${srcs[$name]}
+  [ -n "$extra" ] || { echo "fuzz: bazel query found no sources" >&2; return 1; }
   for src in "fuzz/${name}_fuzzer.cc" $extra; do
     obj=$(compile "$src") || return 1
     objs+=("$obj")
@@ -77,11 +78,18 @@ build() {  # fuzzer name -> binary
   "$CXX" -fsanitize=fuzzer,address,undefined "${objs[@]}" $libs -o "$out/${name}_fuzzer"
 }
 
-failed=0
+# Every fuzzer's sources are asked of Bazel before any is built or run, so that the runs need no
+# Bazel server (tools/test.sh runs them beside the sanitizers' Bazel builds).
+declare -A srcs
 for name in "${fuzzers[@]}"; do
   if [[ ! " ${all[*]} " == *" $name "* ]]; then
     echo "fuzz: unknown fuzzer '$name' (one of: ${all[*]})"; exit 2
   fi
+  srcs[$name]=$(sources "$name")
+done
+
+failed=0
+for name in "${fuzzers[@]}"; do
   if ! build "$name"; then
     echo "fuzz: $name FAILED TO BUILD"
     failed=1

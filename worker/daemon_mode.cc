@@ -2,37 +2,23 @@
 
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <fstream>
-#include <functional>
 #include <cstdlib>
-#include <mutex>
-#include <optional>
-#include <thread>
-#include <variant>
+#include <functional>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/comm/bootstrap.h"
 #include "engine/core/path_policy.h"
 #include "engine/memory/allocator.h"
 #include "engine/runtime/rank.h"
-#include "engine/checkpoint/checkpoint.h"
 #include "engine/spec/job_spec.h"
-#include "ithaca/v1/worker.grpc.pb.h"
-#include "launch/rpc_text.h"
-#include "launch/connection.h"
-#include "absl/strings/match.h"
-#include "worker/job_paths.h"
 #include "launch/exit_codes.h"
 #include "launch/worker_contract.h"
+#include "worker/job_paths.h"
 
 namespace ithaca {
 namespace {
@@ -62,19 +48,6 @@ absl::StatusOr<StopRequest> AgreeOnStop(Rank& rank) {
   RETURN_IF_ERROR(comm->AllReduce(buf.tensor()));
   model->ops()->Download(buf.tensor(), flags, DType::kF32);
   return StopRequest{flags[0] > 0, flags[1] > 0};
-}
-
-// The node this rank runs on, for the daemon's status and metrics: Slurm's name for it, else
-// the host name.
-std::string NodeName() {
-  if (const char* n = std::getenv("SLURMD_NODENAME"); n != nullptr && *n != 0) return n;
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) return "";
-  return host;
-}
-
-std::chrono::system_clock::time_point In(int ms) {
-  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
 
 v1::StepReport ToProto(const StepReport& r, int rank) {
@@ -143,314 +116,7 @@ v1::EvalReport ToProto(const EvalReport& r, int rank) {
   return p;
 }
 
-// A daemon that restarts binds the same address again: reconnect within a second of it. A path
-// (or unix:PATH) is the daemon's worker socket on this machine; host:port is its TCP port, for
-// ranks on other nodes (ithacad --cluster slurm), reached as clients reach it: TLS when
-// $ITHACA_CA names the CA, the bearer token of $ITHACA_TOKEN_FILE (launch/connection.h).
-absl::StatusOr<std::shared_ptr<grpc::Channel>> DaemonChannel(const std::string& address) {
-  ConnectionOptions c;
-  c.server =
-      IsUnixAddress(address) && !absl::StartsWith(address, "unix:") ? "unix:" + address : address;
-  if (!IsUnixAddress(address)) ApplyConnectionEnvironment(&c);
-  c.max_reconnect_backoff_ms = 1000;
-  return Connect(c);
-}
-
-// Every call carries the job's secret: over TCP, a client's token alone does not make a caller
-// one of the job's ranks.
-void WithSecret(grpc::ClientContext* ctx, const std::string& secret) {
-  if (!secret.empty()) ctx->AddMetadata(kJobSecretMetadata, secret);
-}
-
-// The daemon is not there (stopped, restarting; CANCELLED: a call in flight when it stopped):
-// try again later. The daemon ignores a step report it already recorded.
-bool DaemonAway(const grpc::Status& st) {
-  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-         st.error_code() == grpc::StatusCode::CANCELLED;
-}
-
-void SendExiting(v1::WorkerService::Stub* stub, const std::string& secret,
-                 const std::string& job_id, int rank, int exit_code, int signal) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(5000));
-  WithSecret(&ctx, secret);
-  v1::ExitingRequest req;
-  req.set_job_id(job_id);
-  req.set_rank(rank);
-  req.set_exit_code(exit_code);
-  req.set_signal(signal);
-  v1::Ack ack;
-  stub->Exiting(&ctx, req, &ack);
-}
-
-// One rank's connection to the daemon, and the heartbeat thread.
-class DaemonLink {
- public:
-  DaemonLink(const DaemonWorkerOptions& o, std::shared_ptr<grpc::Channel> channel)
-      : o_(o), address_(o.socket), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
-  ~DaemonLink() {
-    FlushReports();
-    StopHeartbeats();
-  }
-
-  // `reattach`: this rank registered with an earlier daemon, which went away.
-  absl::StatusOr<v1::RegisterResponse> Register(bool reattach = false) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(reattach ? 5000 : 30000));
-    ctx.set_wait_for_ready(true);  // the daemon may still be binding its socket
-    WithSecret(&ctx, o_.secret);
-    v1::RegisterRequest req;
-    req.set_job_id(o_.job_id);
-    req.set_rank(o_.rank);
-    req.set_pid(getpid());
-    req.set_secret(o_.secret);
-    req.set_reattach(reattach);
-    req.set_node(NodeName());
-    v1::RegisterResponse resp;
-    grpc::Status st = stub()->Register(&ctx, req, &resp);
-    if (!st.ok()) {
-      if (reattach && DaemonAway(st)) return absl::UnavailableError(st.error_message());
-      return absl::Status(
-          static_cast<absl::StatusCode>(st.error_code()),
-          absl::StrCat("register with ithacad at ", o_.socket, ": ", st.error_message()));
-    }
-    return resp;
-  }
-
-  // Queues the step's report; a sender thread delivers reports in order, so the training loop
-  // never waits on the daemon.
-  void ReportStep(const StepReport& r) { Queue(ToProto(r, o_.rank)); }
-  // An evaluation's report, in the same queue: the daemon sees it after the step it follows.
-  void ReportEval(const EvalReport& r) { Queue(ToProto(r, o_.rank)); }
-
-  // Delivers every queued report, then stops the sender (before the rank exits, so the daemon
-  // has seen the last step before it sees the exit).
-  void FlushReports() {
-    {
-      std::lock_guard<std::mutex> lock(report_mu_);
-      reports_done_ = true;
-    }
-    report_cv_.notify_one();
-    if (sender_.joinable()) sender_.join();
-  }
-
-  void Log(const std::string& level, const std::string& text) {
-    std::fprintf(stderr, "rank %d: %s\n", o_.rank, text.c_str());
-    std::fflush(stderr);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(5000));
-    WithSecret(&ctx, o_.secret);
-    v1::LogRequest req;
-    req.set_job_id(o_.job_id);
-    req.set_rank(o_.rank);
-    req.set_level(level);
-    req.set_text(text);
-    // A file name in Latin-1 must not turn the real error into an unparsable request.
-    SanitizeUtf8(&req);
-    v1::Ack ack;
-    stub()->Log(&ctx, req, &ack);
-  }
-
-  // The rank's exit code, for a daemon that adopted the rank and cannot waitpid it.
-  void Exiting(int code) { SendExiting(stub().get(), o_.secret, o_.job_id, o_.rank, code, 0); }
-
-  // Heart-beats every `interval_ms`. When the daemon goes away, the rank trains on and
-  // re-attaches to the one that comes back (the step reports wait in their queue meanwhile).
-  // When the daemon says the job is over, or does not know it, the rank stops as if it got
-  // SIGTERM; when none answers for `lost_timeout_ms` (0: ten intervals, at least 10 s), it exits
-  // outright, even in the middle of a step.
-  void StartHeartbeats(int interval_ms, int lost_timeout_ms) {
-    thread_ = std::thread([this, interval_ms, lost_timeout_ms] {
-      const auto lost_after = std::chrono::milliseconds(
-          lost_timeout_ms > 0 ? lost_timeout_ms : std::max(10000, 10 * interval_ms));
-      auto last_ok = std::chrono::steady_clock::now();
-      bool away = false;  // the daemon stopped answering: re-attach when one answers again
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!done_) {
-        cv_.wait_for(lock, std::chrono::milliseconds(interval_ms));
-        if (done_) break;
-        lock.unlock();
-        grpc::Status st = away ? Reattach() : Beat();
-        const auto now = std::chrono::steady_clock::now();
-        if (st.ok()) {
-          if (away) std::fprintf(stderr, "rank %d: re-attached to ithacad\n", o_.rank);
-          away = false;
-          last_ok = now;
-        } else if (DaemonAway(st) || st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-          // FAILED_PRECONDITION from Heartbeat: a new daemon adopted the job and waits for this
-          // rank to re-attach.
-          if (!away) {
-            std::fprintf(stderr, "rank %d: ithacad away (%s); training on, waiting for it\n",
-                         o_.rank, st.error_message().c_str());
-          }
-          away = true;
-          if (now - last_ok > lost_after) {
-            std::fprintf(stderr, "rank %d: ithacad unreachable for %lld s (%s); exiting\n", o_.rank,
-                         static_cast<long long>(
-                             std::chrono::duration_cast<std::chrono::seconds>(lost_after).count()),
-                         st.error_message().c_str());
-            std::fflush(stderr);
-            _exit(kExitKilled);
-          }
-        } else {  // ABORTED: the job is ending; NOT_FOUND, PERMISSION_DENIED: not ours any more
-          std::fprintf(stderr, "rank %d: %s; stopping\n", o_.rank, st.error_message().c_str());
-          g_stop.store(true);
-          if (st.error_code() != grpc::StatusCode::ABORTED) {
-            reports_abandoned_.store(true);  // no daemon will take them
-            report_cv_.notify_all();
-          }
-        }
-        std::fflush(stderr);
-        lock.lock();
-      }
-    });
-  }
-
-  void StopHeartbeats() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  using Report = std::variant<v1::StepReport, v1::EvalReport>;
-
-  grpc::Status Beat() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(5000));
-    WithSecret(&ctx, o_.secret);
-    v1::HeartbeatRequest req;
-    req.set_job_id(o_.job_id);
-    req.set_rank(o_.rank);
-    v1::Ack ack;
-    return stub()->Heartbeat(&ctx, req, &ack);
-  }
-
-  // The daemon this rank talks to (the heartbeat thread may switch it: FollowDaemon).
-  std::shared_ptr<v1::WorkerService::Stub> stub() {
-    std::lock_guard<std::mutex> lock(stub_mu_);
-    return stub_;
-  }
-
-  // A daemon restarted elsewhere (another port or host) says where in the address file; the
-  // rank dials it from now on.
-  void FollowDaemon() {
-    if (o_.address_file.empty()) return;
-    std::ifstream in(o_.address_file);
-    std::string address;
-    std::getline(in, address);
-    address = std::string(absl::StripAsciiWhitespace(address));
-    if (address.empty() || address == address_) return;
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(address);
-    if (!channel.ok()) {
-      std::fprintf(stderr, "rank %d: %s names ithacad at %s: %s\n", o_.rank,
-                   o_.address_file.c_str(), address.c_str(), channel.status().ToString().c_str());
-      return;
-    }
-    std::fprintf(stderr, "rank %d: ithacad is now at %s (%s)\n", o_.rank, address.c_str(),
-                 o_.address_file.c_str());
-    address_ = address;
-    std::lock_guard<std::mutex> lock(stub_mu_);
-    stub_ = v1::WorkerService::NewStub(*std::move(channel));
-  }
-
-  grpc::Status Reattach() {
-    FollowDaemon();
-    absl::StatusOr<v1::RegisterResponse> r = Register(/*reattach=*/true);
-    if (r.ok()) return grpc::Status::OK;
-    return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()),
-                        std::string(r.status().message()));
-  }
-
-  void Queue(Report report) {
-    {
-      std::lock_guard<std::mutex> lock(report_mu_);
-      if (!sender_.joinable()) sender_ = std::thread([this] { SendReports(); });
-      reports_.push_back(std::move(report));
-    }
-    report_cv_.notify_one();
-  }
-
-  void SendReports() {
-    std::unique_lock<std::mutex> lock(report_mu_);
-    while (true) {
-      report_cv_.wait(lock, [this] { return reports_done_ || !reports_.empty(); });
-      if (reports_.empty()) return;  // done and drained
-      Report report = reports_.front();
-      lock.unlock();
-      grpc::Status st = Send(report);
-      lock.lock();
-      // The daemon is away (restarting): the report waits at the head of the queue, so the next
-      // daemon gets every step in order. The heartbeat thread ends the wait, one way or another.
-      if (DaemonAway(st) && !reports_abandoned_.load()) {
-        report_cv_.wait_for(lock, std::chrono::milliseconds(200),
-                            [this] { return reports_abandoned_.load(); });
-        continue;
-      }
-      // The daemon could not store it (its state disk full): sent again each second while the
-      // rank trains; once it exits, for at most kStoreRetry, then the daemon names the gap.
-      if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-        const auto now = std::chrono::steady_clock::now();
-        if (!reports_done_) store_retry_until_.reset();
-        if (reports_done_ && !store_retry_until_) store_retry_until_ = now + kStoreRetry;
-        if (!store_retry_until_ || now < *store_retry_until_) {
-          report_cv_.wait_for(lock, std::chrono::seconds(1),
-                              [this] { return reports_abandoned_.load(); });
-          if (!reports_abandoned_.load()) continue;
-        }
-      }
-      reports_.pop_front();
-      if (!st.ok()) {
-        std::fprintf(stderr, "rank %d: report %s: %s\n", o_.rank,
-                     report.index() == 0 ? "step" : "eval", st.error_message().c_str());
-      }
-    }
-  }
-
-  grpc::Status Send(const Report& report) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(10000));
-    WithSecret(&ctx, o_.secret);
-    v1::Ack ack;
-    if (const auto* step = std::get_if<v1::StepReport>(&report)) {
-      v1::ReportStepRequest req;
-      req.set_job_id(o_.job_id);
-      *req.mutable_step() = *step;
-      SanitizeUtf8(&req);
-      return stub()->ReportStep(&ctx, req, &ack);
-    }
-    v1::ReportEvalRequest req;
-    req.set_job_id(o_.job_id);
-    *req.mutable_eval() = std::get<v1::EvalReport>(report);
-    SanitizeUtf8(&req);
-    return stub()->ReportEval(&ctx, req, &ack);
-  }
-
-  DaemonWorkerOptions o_;
-  std::string address_;  // the daemon's, as stub_ dials it (heartbeat thread only)
-  std::mutex stub_mu_;
-  std::shared_ptr<v1::WorkerService::Stub> stub_;
-  std::mutex report_mu_;
-  std::condition_variable report_cv_;
-  std::deque<Report> reports_;
-  bool reports_done_ = false;
-  // The daemon disowned the job: queued reports are dropped instead of waited on.
-  std::atomic<bool> reports_abandoned_{false};
-  // A report the daemon could not store is retried this long after the rank's training ended.
-  static constexpr std::chrono::seconds kStoreRetry{30};
-  std::optional<std::chrono::steady_clock::time_point> store_retry_until_;
-  std::thread sender_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-};
-
-absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink& link,
+absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonClient& link,
                    bool* drained) {
   // The rank's identity and rendezvous come from the launcher's ITHACA_* variables; the daemon
   // created the Gloo FileStore directory of $ITHACA_RENDEZVOUS.
@@ -482,7 +148,8 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
   std::fflush(stdout);
   // Rank 0 reports the evaluations: their losses are already the whole job's.
   std::function<void(const EvalReport&)> on_eval = nullptr;
-  if (o.rank == 0) on_eval = [&link](const EvalReport& r) { link.ReportEval(r); };
+  if (o.rank == 0)
+    on_eval = [&link, &o](const EvalReport& r) { link.ReportEval(ToProto(r, o.rank)); };
   // One step per Run call, so SIGTERM and SIGUSR1 are honoured between steps.
   while (trainer.state().step < spec.training.steps) {
     ASSIGN_OR_RETURN(StopRequest request, AgreeOnStop(*rank));
@@ -497,8 +164,9 @@ absl::Status Train(const DaemonWorkerOptions& o, const JobSpec& spec, DaemonLink
       return absl::CancelledError(
           absl::StrCat("stopped by SIGTERM after step ", trainer.state().step));
     }
-    RETURN_IF_ERROR(trainer.Run([&link](const StepReport& r) { link.ReportStep(r); },
-                                trainer.state().step + 1, on_eval));
+    RETURN_IF_ERROR(
+        trainer.Run([&link, &o](const StepReport& r) { link.ReportStep(ToProto(r, o.rank)); },
+                    trainer.state().step + 1, on_eval));
   }
   // An evaluation-only job takes no step: its one evaluation is the whole run.
   if (spec.training.steps == 0) RETURN_IF_ERROR(trainer.Run(nullptr, 0, on_eval));
@@ -556,7 +224,7 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
     std::fprintf(stderr, "rank %d: %s\n", o.rank, channel.status().ToString().c_str());
     return kExitBadSpec;
   }
-  DaemonLink link(o, *std::move(channel));
+  DaemonClient link(o, *std::move(channel), &g_stop);
   absl::StatusOr<v1::RegisterResponse> reg = link.Register();
   if (!reg.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", o.rank, reg.status().ToString().c_str());
@@ -574,14 +242,6 @@ int RunDaemonWorker(const DaemonWorkerOptions& o) {
   link.Exiting(code);
   link.StopHeartbeats();
   return code;
-}
-
-void ReportKilledRank(const std::string& address, const std::string& job_id, int rank, int signal) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DaemonChannel(address);
-  if (!channel.ok()) return;
-  const char* secret = std::getenv(kEnvJobSecret);
-  auto stub = v1::WorkerService::NewStub(*std::move(channel));
-  SendExiting(stub.get(), secret != nullptr ? secret : "", job_id, rank, 0, signal);
 }
 
 }  // namespace ithaca

@@ -5,20 +5,6 @@
 
 namespace ithaca {
 
-const char* RopeTypeName(RopeType t) {
-  switch (t) {
-    case RopeType::kDefault:
-      return "default";
-    case RopeType::kLinear:
-      return "linear";
-    case RopeType::kLlama3:
-      return "llama3";
-    case RopeType::kYarn:
-      return "yarn";
-  }
-  return "?";
-}
-
 namespace {
 
 // YaRN's correction dimension: the (fractional) frequency index that makes `rotations` turns

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/core/enum_names.h"
+
 namespace ithaca {
 
 // Rotary embedding frequencies as transformers computes them for a rope_type: "default"
@@ -14,7 +16,14 @@ namespace ithaca {
 // smoothing) or "yarn" (YaRN's ramp between interpolated and extrapolated frequencies, and an
 // attention factor that scales cos and sin, i.e. every rotated q and k).
 enum class RopeType { kDefault, kLinear, kLlama3, kYarn };
-const char* RopeTypeName(RopeType t);
+// Each RopeType's name, as config.json's rope_type spells it.
+inline constexpr EnumName<RopeType> kRopeTypeNames[] = {
+    {RopeType::kDefault, "default"},
+    {RopeType::kLinear, "linear"},
+    {RopeType::kLlama3, "llama3"},
+    {RopeType::kYarn, "yarn"},
+};
+inline const char* RopeTypeName(RopeType t) { return NameOf(kRopeTypeNames, t); }
 
 struct RopeConfig {
   int head_dim = 64;

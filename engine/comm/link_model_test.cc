@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/core/units.h"
+
 namespace ithaca {
 namespace {
 
@@ -73,7 +75,7 @@ TEST(LinkModelTest, PresetsAndOverrides) {
   parsed = ParseLinkModel("zero");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const LinkModel z = *parsed;
-  EXPECT_EQ(CollectiveSeconds(z, CollectiveOp::kAllToAll, 1 << 30, GroupShape{8, 1, 8}), 0);
+  EXPECT_EQ(CollectiveSeconds(z, CollectiveOp::kAllToAll, kGiBBytes, GroupShape{8, 1, 8}), 0);
   EXPECT_NE(LinkModelText(h200).find("NVLink 360 GB/s"), std::string::npos);
 }
 

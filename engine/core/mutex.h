@@ -56,6 +56,11 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 // early (a spurious wake-up), so callers wait in a loop on their condition.
 class CondVar {
  public:
+  void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();  // still held: the caller's
+  }
   void WaitFor(Mutex* mu, absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     cv_.wait_for(lock, absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())));

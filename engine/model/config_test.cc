@@ -208,7 +208,8 @@ TEST(ConfigTest, BadConfigsNameTheKey) {
                         "\"hidden_size\": 2050"),
                 {"hidden_size", "not divisible"});
   ExpectInvalid(Replace(good, "\"rope_type\": \"llama3\"", "\"rope_type\": \"dynamic\""),
-                {"rope_scaling.rope_type", "dynamic"});
+                {"rope_scaling.rope_type", "dynamic",
+                 "(Ithaca implements \"default\", \"linear\", \"llama3\" and \"yarn\")"});
   ExpectInvalid(Replace(good, "\"factor\": 32.0,", ""), {"rope_scaling.factor", "missing"});
   ExpectInvalid(Replace(good, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5"),
                 {"rope_scaling.high_freq_factor"});

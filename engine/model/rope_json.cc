@@ -85,19 +85,12 @@ absl::Status ParseRopeObject(const Json& root, const std::string& source, const 
     return r.Error("type", absl::StrCat("\"", old_type, "\" contradicts rope_type \"", type, "\""));
   }
   if (!has_type) type = has_old_type ? old_type : "default";
-  if (type == "default") {
-    rope.type = RopeType::kDefault;
-  } else if (type == "linear") {
-    rope.type = RopeType::kLinear;
-  } else if (type == "llama3") {
-    rope.type = RopeType::kLlama3;
-  } else if (type == "yarn") {
-    rope.type = RopeType::kYarn;
+  if (std::optional<RopeType> t = ValueOf(kRopeTypeNames, type)) {
+    rope.type = *t;
   } else {
     return r.Error(has_type ? "rope_type" : "type",
-                   absl::StrCat("unsupported \"", type,
-                                "\" (Ithaca implements \"default\", \"linear\", \"llama3\" and "
-                                "\"yarn\")"));
+                   absl::StrCat("unsupported \"", type, "\" (Ithaca implements ",
+                                NamesText(kRopeTypeNames, " and ", "\""), ")"));
   }
   const bool has_theta = r.Find("rope_theta") != nullptr;
   RETURN_IF_ERROR(r.Number("rope_theta", false, &ro.theta));

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/ranks_per_host.h"
 #include "engine/model/safetensors.h"
 #include "engine/plan/planner.h"
 #include "engine/runtime/rank.h"
@@ -142,7 +143,7 @@ absl::Status Run(int argc, char** argv) {
     RankRehearsal r;
     r.nodes = nodes;
     ASSIGN_OR_RETURN(r.link, LinkPreset("zero"));
-    r.node = LocalNodeResources(0, world / std::max(nodes, 1));
+    r.node = LocalNodeResources(0, RanksPerHost(world, nodes));
     options.rehearsal = r;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Rank> self, Rank::Create(spec, info, options));

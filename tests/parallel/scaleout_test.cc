@@ -24,7 +24,7 @@
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/token_file.h"
 #include "gtest/gtest.h"
-#include "launch/launcher.h"
+#include "worker/local_launch.h"
 
 namespace ithaca {
 namespace {

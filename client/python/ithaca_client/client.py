@@ -207,7 +207,7 @@ def _event(e):
 
 
 def read_token_file(path):
-    """The bearer token in `path`, by ithacad's rule for its own (launch/secret_file.h): a
+    """The bearer token in `path`, by ithacad's rule for its own (daemon_link/secret_file.h): a
     regular file that other users cannot read or write (group read only for one of our own
     groups), holding at least 16 printable characters. ValueError names what is wrong."""
     st = os.stat(path)

@@ -1,4 +1,4 @@
-#include "launch/secret_file.h"
+#include "daemon_link/secret_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

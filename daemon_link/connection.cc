@@ -1,4 +1,4 @@
-#include "launch/connection.h"
+#include "daemon_link/connection.h"
 
 #include <grpcpp/support/client_interceptor.h>
 
@@ -10,7 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "launch/secret_file.h"
+#include "daemon_link/secret_file.h"
 
 namespace ithaca {
 namespace {
@@ -87,8 +87,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(const ConnectionOptions& 
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!o.token_file.empty()) {
-    // The daemon's rule for its own token file (launch/secret_file.h): a token that other users
-    // can read is refused here too, not sent.
+    // The daemon's rule for its own token file (daemon_link/secret_file.h): a token that other
+    // users can read is refused here too, not sent.
     absl::StatusOr<std::string> token = ReadTokenFile(o.token_file, "--token-file");
     if (!token.ok()) return token.status();
     interceptors.push_back(std::make_unique<BearerInterceptorFactory>(*token));

@@ -1,7 +1,7 @@
 // A launch's part in a job across nodes (`--nnodes M --node-rank R --rendezvous tcp:HOST:PORT`):
 // node 0 serves the rendezvous store, and every node (node 0 too) keeps a registered connection
 // to it. A node's failure travels as the store's kFailedKey; a launcher that vanishes is noticed
-// by the server, which records it there. Used by LaunchLocal (launcher.cc).
+// by the server, which records it there. Used by LaunchLocal (local_launch.cc).
 #pragma once
 
 #include <chrono>
@@ -10,7 +10,7 @@
 
 #include "engine/comm/tcp_store.h"
 #include "engine/core/status.h"
-#include "launch/launcher.h"
+#include "worker/local_launch.h"
 
 namespace ithaca {
 

@@ -1,4 +1,4 @@
-#include "launch/node_link.h"
+#include "worker/node_link.h"
 
 #include <unistd.h>
 
