@@ -160,7 +160,7 @@ absl::StatusOr<MemoryPlan> Plan(const LlamaConfig& cfg, int64_t S, int world, in
                           device == Device::kCuda && bench::HopperAttentionRunsHere(), &req);
   req.rates = &Rates(device);
   ASSIGN_OR_RETURN(req.link, ParseLinkModel(absl::GetFlag(FLAGS_link)));
-  req.ranks_per_node = world / std::max(1, absl::GetFlag(FLAGS_nodes));
+  req.ranks_per_node = RanksPerHost(world, absl::GetFlag(FLAGS_nodes));
   return PlanMemory(req);
 }
 
