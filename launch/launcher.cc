@@ -20,24 +20,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/comm/rank_env.h"
+#include "engine/core/file_util.h"
 #include "launch/exit_codes.h"
 
 extern char** environ;
 
 namespace ithaca {
 namespace {
-
-void WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // nowhere left to report it
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 void WriteNumber(int fd, int value) {
   char digits[16];
@@ -48,7 +37,7 @@ void WriteNumber(int fd, int value) {
   } while (value > 0 && n < 16);
   char out[16];
   for (int i = 0; i < n; ++i) out[i] = digits[n - 1 - i];
-  WriteAll(fd, out, static_cast<size_t>(n));
+  WriteAllToFd(fd, out, static_cast<size_t>(n));
 }
 
 // execve needs a path; resolving it here keeps the child between fork and exec to
@@ -88,11 +77,11 @@ std::map<std::string, std::string> BaseEnvironment(
 }
 
 [[noreturn]] void ExitWithError(const char* what, int err) {
-  WriteAll(STDERR_FILENO, "launcher: ", 10);
-  WriteAll(STDERR_FILENO, what, std::strlen(what));
-  WriteAll(STDERR_FILENO, " failed: errno ", 15);
+  WriteAllToFd(STDERR_FILENO, "launcher: ", 10);
+  WriteAllToFd(STDERR_FILENO, what, std::strlen(what));
+  WriteAllToFd(STDERR_FILENO, " failed: errno ", 15);
   WriteNumber(STDERR_FILENO, err);
-  WriteAll(STDERR_FILENO, "\n", 1);
+  WriteAllToFd(STDERR_FILENO, "\n", 1);
   _exit(127);
 }
 
@@ -129,11 +118,11 @@ std::map<std::string, std::string> BaseEnvironment(
   execve(path, argv, envp);
   int err = errno;
   static const char kMsg[] = "launcher: exec failed for ";
-  WriteAll(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-  WriteAll(STDERR_FILENO, path, std::strlen(path));
-  WriteAll(STDERR_FILENO, ": errno ", 8);
+  WriteAllToFd(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  WriteAllToFd(STDERR_FILENO, path, std::strlen(path));
+  WriteAllToFd(STDERR_FILENO, ": errno ", 8);
   WriteNumber(STDERR_FILENO, err);
-  WriteAll(STDERR_FILENO, "\n", 1);
+  WriteAllToFd(STDERR_FILENO, "\n", 1);
   _exit(127);
 }
 

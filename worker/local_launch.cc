@@ -20,25 +20,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/comm/rank_env.h"
+#include "engine/core/file_util.h"
 #include "launch/exit_codes.h"
 #include "launch/layout.h"
 #include "worker/node_link.h"
 
 namespace ithaca {
 namespace {
-
-// Writes all of `data` to `fd` (a rank's forwarded lines), retrying short writes.
-void WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // nowhere left to report it
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -90,7 +78,7 @@ void Pump(int* fd, std::string* partial, int dest, const std::string& prefix) {
   if (n <= 0) {
     if (!partial->empty()) {
       std::string line = prefix + *partial + "\n";
-      WriteAll(dest, line.data(), line.size());
+      WriteAllToFd(dest, line.data(), line.size());
       partial->clear();
     }
     close(*fd);
@@ -105,7 +93,7 @@ void Pump(int* fd, std::string* partial, int dest, const std::string& prefix) {
     start = nl + 1;
   }
   partial->erase(0, start);
-  WriteAll(dest, lines.data(), lines.size());
+  WriteAllToFd(dest, lines.data(), lines.size());
 }
 
 // Restores signal handlers, closes descriptors and removes the rendezvous directory however

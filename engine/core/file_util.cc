@@ -174,4 +174,16 @@ bool PathExists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
+void WriteAllToFd(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
 }  // namespace ithaca

@@ -58,6 +58,11 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
 
 // mkdir -p.
 absl::Status MakeDirs(const std::string& path);
+
+// Writes all of `data` to `fd`, retrying short and interrupted writes; gives up silently on an
+// error (where it is used there is nowhere left to report one). Only write(2): safe in a signal
+// handler and between fork and exec.
+void WriteAllToFd(int fd, const char* data, size_t n);
 bool PathExists(const std::string& path);
 
 }  // namespace ithaca
