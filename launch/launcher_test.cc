@@ -28,27 +28,14 @@
 namespace ithaca {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using testing::TempDir;
-
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using testing::WaitFor;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
-}
-
-bool WaitFor(const std::function<bool()>& cond, double seconds) {
-  const auto start = Clock::now();
-  while (!cond()) {
-    if (Since(start) > seconds) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 // Polls every pid until it has ended.

@@ -16,10 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "engine/comm/testing/multiprocess.h"
 #include "engine/core/mutex.h"
 
 namespace ithaca {
 namespace {
+
+using testing::WaitFor;
 
 // A WorkerService that records what the rank sends; `fail_steps` ReportStep calls answer
 // UNAVAILABLE first (a daemon away), and `disown` makes every heartbeat answer NOT_FOUND.
@@ -113,15 +116,6 @@ class FakeDaemon final : public v1::WorkerService::Service {
   bool always_away_ ABSL_GUARDED_BY(mu_) = false;
   std::string secret_ ABSL_GUARDED_BY(mu_);
 };
-
-bool WaitFor(const std::function<bool()>& cond, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
 
 class DaemonClientTest : public ::testing::Test {
  protected:

@@ -32,6 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using testing::TempDir;
+using testing::WaitFor;
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -50,15 +51,6 @@ bool ProcessGone(pid_t pid) {
   std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
   size_t paren = stat.rfind(')');
   return paren == std::string::npos || stat.size() < paren + 3 || stat[paren + 2] == 'Z';
-}
-
-bool WaitFor(const std::function<bool()>& cond, double seconds) {
-  const auto start = Clock::now();
-  while (!cond()) {
-    if (Since(start) > seconds) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 std::vector<pid_t> ReadPids(const std::string& dir, int n) {
@@ -406,18 +398,6 @@ TEST(LocalLauncherTest, ARankThatDiesIsNamed) {
 
 // ---- Several nodes on this machine: one launcher per "node", meeting at a TCP rendezvous.
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 LaunchOptions Node(const std::string& role, int node, int port, const std::string& dir) {
   LaunchOptions o = SelfAsRanks(role, 2, dir);
   o.env.emplace_back("OUT", dir);
@@ -441,7 +421,7 @@ int WaitLauncher(pid_t pid, double seconds) {
 
 TEST(MultiNodeLauncherTest, TwoNodesOfTwoRanksAreOneWorldOfFour) {
   TempDir dir;
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   pid_t node1 = ForkLauncher(Node("ok", 1, port, dir.path()), dir.path() + "/status1");
   absl::Status st = LaunchLocal(Node("ok", 0, port, dir.path()));
   EXPECT_TRUE(st.ok()) << st << "\n" << ReadFile(RankLogPath(dir.path(), 3));
@@ -454,7 +434,7 @@ TEST(MultiNodeLauncherTest, TwoNodesOfTwoRanksAreOneWorldOfFour) {
 
 TEST(MultiNodeLauncherTest, ARankFailingOnOneNodeStopsBothNamingIt) {
   TempDir dir;
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   pid_t node1 = ForkLauncher(Node("fail", 1, port, dir.path()), dir.path() + "/status1");
   LaunchReport report;
   absl::Status st = LaunchLocal(Node("fail", 0, port, dir.path()), &report);
@@ -472,7 +452,7 @@ TEST(MultiNodeLauncherTest, ARankFailingOnOneNodeStopsBothNamingIt) {
 // fail, naming the node that vanished, and no rank may be left running.
 void KillANode(int victim) {
   TempDir dir;
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   pid_t launchers[2];
   for (int node = 0; node < 2; ++node) {
     launchers[node] = ForkLauncher(Node("loop", node, port, dir.path()),
@@ -510,7 +490,7 @@ TEST(MultiNodeLauncherTest, TheRendezvousNodeKilledMidStepIsNamed) { KillANode(0
 // A node told to stop (SIGTERM, as Kubernetes stops a pod) stops the others, naming it.
 TEST(MultiNodeLauncherTest, ANodeStoppedBySigtermIsNamed) {
   TempDir dir;
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   pid_t launchers[2];
   for (int node = 0; node < 2; ++node) {
     launchers[node] = ForkLauncher(Node("loop", node, port, dir.path()),
@@ -534,7 +514,7 @@ TEST(MultiNodeLauncherTest, ANodeStoppedBySigtermIsNamed) {
 
 TEST(MultiNodeLauncherTest, ANodeThatNeverJoinsIsNamed) {
   TempDir dir;
-  LaunchOptions o = Node("ok", 0, FreePort(), dir.path());
+  LaunchOptions o = Node("ok", 0, testing::FreeLoopbackPort(), dir.path());
   o.rendezvous_timeout_s = 1;
   const auto start = Clock::now();
   absl::Status st = LaunchLocal(o);

@@ -29,18 +29,6 @@
 namespace ithaca {
 namespace {
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 class ScaleOutTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -91,7 +79,7 @@ class ScaleOutTest : public ::testing::Test {
   static std::string RunTwoNodes(const std::string& name, int nproc,
                                  std::vector<std::string> args) {
     const std::string out = absl::StrCat(*dir_, "/", name, ".safetensors");
-    const std::string rendezvous = absl::StrCat("tcp:127.0.0.1:", FreePort());
+    const std::string rendezvous = absl::StrCat("tcp:127.0.0.1:", testing::FreeLoopbackPort());
     LaunchOptions o = Options(out, nproc, args);
     o.nnodes = 2;
     o.rendezvous = rendezvous;

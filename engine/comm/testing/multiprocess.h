@@ -51,6 +51,13 @@ std::vector<RankOutcome> RunRanks(int world, const std::function<absl::Status(in
 // "" when every rank's body returned OK, else a description of each one that did not.
 std::string Failures(const std::vector<RankOutcome>& outcomes);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (a tcp: rendezvous for launchers started by
+// a test).
+int FreeLoopbackPort();
+
+// Polls `cond` every 10 ms until it holds (true) or `seconds` have passed (false).
+bool WaitFor(const std::function<bool()>& cond, double seconds);
+
 // A fresh directory for a file rendezvous, removed (with everything in it) on destruction.
 class TempDir {
  public:
