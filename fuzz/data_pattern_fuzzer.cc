@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<std::vector<std::string>> files =
       ithaca::ExpandPattern(pattern, {tree.root}, limits);
   if (absl::Now() - start > absl::Seconds(3)) {
-    std::fprintf(stderr, "ExpandPattern took %s\n",
+    std::fprintf(stderr, "fuzz check: ExpandPattern took %s\n",
                  absl::FormatDuration(absl::Now() - start).c_str());
     std::abort();
   }
@@ -68,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (files.status().message().find("hidden-outside-name") != absl::string_view::npos &&
         spelled.find("hidden-outside-name") == std::string::npos) {
-      std::fprintf(stderr, "a refusal names a file outside the root: %s\n",
+      std::fprintf(stderr, "fuzz check: a refusal names a file outside the root: %s\n",
                    files.status().ToString().c_str());
       std::abort();
     }
@@ -81,7 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     char buf[PATH_MAX];
     const std::string real = realpath(f.c_str(), buf) ? std::string(buf) : f;
     if (real.compare(0, tree.root.size(), tree.root) != 0) {
-      std::fprintf(stderr, "%s lies outside the root %s\n", real.c_str(), tree.root.c_str());
+      std::fprintf(stderr, "fuzz check: %s lies outside the root %s\n", real.c_str(),
+                   tree.root.c_str());
       std::abort();
     }
   }

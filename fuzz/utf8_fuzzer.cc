@@ -20,7 +20,7 @@ bool ProtobufAccepts(const std::string& s) {
 
 void Check(bool ok, const char* what) {
   if (!ok) {
-    std::fprintf(stderr, "%s\n", what);
+    std::fprintf(stderr, "fuzz check: %s\n", what);
     std::abort();
   }
 }

@@ -12,7 +12,8 @@
 # kept in $FUZZ_OUT/corpus/<fuzzer>, never in the seed directory. One line per fuzzer:
 # "fuzz: <fuzzer> PASSED in Ns" or "fuzz: <fuzzer> FAILED in Ns: <artifact>", where the artifact
 # is the input that crashed, leaked, hung (-timeout) or allocated too much (-rss_limit_mb). Turn
-# such an input into a regression test in the parser's test file and add it to the corpus.
+# such an input into a regression test in the parser's test file and add it to the corpus. A
+# failure also prints the harness's own message ("fuzz check: ...") and the input in hex.
 # Exit status 1 when any fuzzer failed or the build failed.
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -115,8 +116,14 @@ for name in "${fuzzers[@]}"; do
   else
     failed=1
     artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
-    grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error)' "$log" | head -5
+    grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error|fuzz check:)' "$log" | head -5
     echo "fuzz: $name FAILED in ${took}s: ${artifact:-see $log}"
+    # CI keeps only this output: the input itself, so that it can be rebuilt from the log
+    # (xxd -r -p) and run again (<fuzzer> FILE).
+    if [ -n "$artifact" ] && [ -f "$artifact" ]; then
+      echo "fuzz: $name input ($(stat -c %s "$artifact") bytes, hex, first 2048):" \
+        "$(head -c 2048 "$artifact" | od -An -v -tx1 | tr -d ' \n')"
+    fi
   fi
 done
 exit $failed

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -34,10 +35,17 @@ bool Inside(const std::string& path, const std::string& root) {
                           path[root.size()] == '/');
 }
 
-absl::Status CheckLength(const std::string& path) {
+// A path the system calls would read otherwise than it is written is refused: one over
+// kMaxPathBytes, and one with a NUL byte (a C string ends there, so "<root>/\0<anything>" would
+// stat, list and match as <root> itself).
+absl::Status CheckPathBytes(const std::string& path) {
   if (path.size() > kMaxPathBytes) {
     return absl::InvalidArgumentError(absl::StrCat(path.substr(0, 64), "...: a path of ",
                                                    path.size(), " bytes; at most ", kMaxPathBytes));
+  }
+  if (const size_t nul = path.find('\0'); nul != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(absl::CHexEscape(path.substr(0, 64)),
+                                                   ": a NUL byte at byte ", nul, " of the path"));
   }
   return absl::OkStatus();
 }
@@ -172,6 +180,9 @@ std::string Join(const std::string& dir, const std::string& name) {
 absl::Status Walk(const std::string& dir, const std::vector<std::string>& components, size_t i,
                   const std::vector<std::string>& roots, Budget& budget,
                   std::vector<std::string>* out) {
+  // Every step is checked, not only every 256 entries read: the steps between listings (a stat,
+  // the roots check of each match) are what a pattern with many matches spends its time on.
+  RETURN_IF_ERROR(budget.Check());
   if (i == components.size()) {
     RETURN_IF_ERROR(CheckInside(dir, roots));
     if (out->size() >= budget.limits.max_matches) {
@@ -291,7 +302,7 @@ absl::StatusOr<std::vector<std::string>> AllowedRootsFromEnvironment() {
 namespace {
 
 absl::StatusOr<std::string> ResolveFollowing(const std::string& path, int hops) {
-  RETURN_IF_ERROR(CheckLength(path));
+  RETURN_IF_ERROR(CheckPathBytes(path));
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not an absolute path"));
   }
@@ -361,7 +372,7 @@ absl::Status CheckAllowedPath(const std::string& source, const std::string& key,
 absl::StatusOr<std::vector<std::string>> ExpandPattern(const std::string& pattern,
                                                        const std::vector<std::string>& roots,
                                                        const ExpandLimits& limits) {
-  RETURN_IF_ERROR(CheckLength(pattern));
+  RETURN_IF_ERROR(CheckPathBytes(pattern));
   if (pattern.find_first_of("*?[{") == std::string::npos) {
     RETURN_IF_ERROR(CheckInside(pattern, roots));
     return std::vector<std::string>{pattern};

@@ -41,8 +41,8 @@ absl::StatusOr<std::vector<std::string>> AllowedRootsFromEnvironment();
 // points (a link to a missing file is judged as one to a file that exists: no existence oracle);
 // one that cannot be followed (a loop) is PERMISSION_DENIED, which CheckAllowedPath answers as
 // any path outside the roots. INVALID_ARGUMENT for a relative path, one longer than
-// kMaxPathBytes, or a ".." among the components that do not exist (it would be resolved
-// against a directory made later).
+// kMaxPathBytes or holding a NUL byte, or a ".." among the components that do not exist (it would
+// be resolved against a directory made later).
 absl::StatusOr<std::string> ResolveBeneathExisting(const std::string& path);
 
 // OK when `path` resolves inside one of `roots` (real paths, as ParseAllowedRoots gives them), or
@@ -69,8 +69,8 @@ struct ExpandLimits {
 // alternative otherwise (a typo in one of several files is not silently dropped). With `roots`,
 // each alternative's directory is checked before it is listed and each match before it is
 // returned (PERMISSION_DENIED as CheckAllowedPath). INVALID_ARGUMENT for an unmatched brace or
-// a pattern over kMaxPathBytes; RESOURCE_EXHAUSTED naming the bound a pattern exceeds;
-// DEADLINE_EXCEEDED past max_time; CANCELLED when `cancelled` says so.
+// a pattern over kMaxPathBytes or holding a NUL byte; RESOURCE_EXHAUSTED naming the bound a pattern
+// exceeds; DEADLINE_EXCEEDED past max_time; CANCELLED when `cancelled` says so.
 //
 // A path without any of "*?[{" comes back as it is, unchecked for existence (the reader says
 // when it is missing), but checked against `roots`.

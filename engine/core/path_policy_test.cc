@@ -133,6 +133,38 @@ TEST(ExpandPatternTest, ACancelledExpansionStops) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(ExpandPattern(t.root + "/{a,b}.tok", {}, no_time).status()));
 }
 
+// The budget is checked at every step of the walk, not only every 256 directory entries read:
+// a pattern with many matches spends its time between listings (a stat and a roots check a
+// match), which once let a 1 s budget run past 3 s (found by fuzz/data_pattern_fuzzer).
+TEST(ExpandPatternTest, TheBudgetIsCheckedAtEveryMatch) {
+  Tree t("every_match");
+  ASSERT_EQ(mkdir((t.root + "/many").c_str(), 0700), 0);
+  for (int i = 0; i < 300; ++i) std::ofstream(absl::StrCat(t.root, "/many/f", i, ".tok")) << "x";
+  ASSERT_TRUE(ExpandPattern(t.root + "/many/*.tok", t.roots).ok());
+  int polls = 0;
+  ExpandLimits limits;
+  limits.cancelled = [&polls] { return ++polls > 3; };  // the pattern, its listing, one match
+  auto files = ExpandPattern(t.root + "/many/*.tok", t.roots, limits);
+  EXPECT_TRUE(absl::IsCancelled(files.status())) << files.status();
+  EXPECT_EQ(polls, 4);
+}
+
+// A NUL byte ends the C string the system calls read: "<root>/\0/*" would list <root> itself
+// (and each "\0" component would lead back to it). Such a path is refused before anything is
+// looked at.
+TEST(PathPolicyTest, ANulByteIsRefused) {
+  Tree t("nul");
+  const std::string nul(1, '\0');
+  for (const std::string& p : {t.root + "/" + nul + "/*", t.root + "/a.tok" + nul + "x"}) {
+    auto files = ExpandPattern(p, t.roots);
+    EXPECT_TRUE(absl::IsInvalidArgument(files.status())) << files.status();
+    EXPECT_NE(files.status().message().find("a NUL byte at byte"), std::string::npos);
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CheckAllowedPath("job.toml", "data.path", t.root + "/a.tok" + nul, t.roots)));
+  EXPECT_TRUE(absl::IsInvalidArgument(ResolveBeneathExisting(t.root + nul).status()));
+}
+
 // A path of 300,000 components costs nothing: it is refused by its length.
 TEST(PathPolicyTest, LongPathsAreRefusedInConstantTime) {
   Tree t("long");
