@@ -1,7 +1,9 @@
 #include "bench/model_flags.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -12,11 +14,28 @@
 #include "engine/core/status.h"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
+#include "engine/schedule/spec_options.h"
 
-ABSL_FLAG(
-    std::string, recompute, "full",
-    "what each block keeps for its backward (memory.recompute): none | full | attention-aware "
-    "| auto (the planner's choice: --planner_settings)");
+namespace ithaca {
+
+bool AbslParseFlag(absl::string_view text, RecomputePolicy* policy, std::string* error) {
+  const std::optional<RecomputePolicy> p =
+      RecomputePolicyFromName(std::string_view(text.data(), text.size()));
+  if (!p) {
+    *error = "one of none, full, attention-aware or auto";
+    return false;
+  }
+  *policy = *p;
+  return true;
+}
+
+std::string AbslUnparseFlag(RecomputePolicy policy) { return RecomputePolicyName(policy); }
+
+}  // namespace ithaca
+
+ABSL_FLAG(ithaca::RecomputePolicy, recompute, ithaca::RecomputePolicy::kFull,
+          "what each block keeps for its backward (memory.recompute): none | full | "
+          "attention-aware | auto (the planner's choice: --planner_settings)");
 ABSL_FLAG(int64_t, attention_aware_blocks, -1,
           "under attention-aware, how many of the last blocks keep O and LSE (-1: all)");
 ABSL_FLAG(int64_t, tile_tokens, 0, "MLP tile (0: the model's default)");
@@ -132,34 +151,41 @@ absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset) {
   return cfg;
 }
 
+JobSpec BenchSpec() {
+  JobSpec spec;
+  const auto on_off = [](bool on) { return on ? OffloadChoice::kOn : OffloadChoice::kOff; };
+  JobSpec::Memory& m = spec.memory;
+  m.recompute = absl::GetFlag(FLAGS_recompute);
+  m.attention_aware_blocks = absl::GetFlag(FLAGS_attention_aware_blocks);
+  m.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
+  m.head_chunk = absl::GetFlag(FLAGS_head_chunk);
+  m.offload = on_off(absl::GetFlag(FLAGS_offload));
+  m.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
+  m.prefetch = on_off(absl::GetFlag(FLAGS_prefetch));
+  m.recompute_interval = absl::GetFlag(FLAGS_recompute_interval);
+  m.saved_block_inputs = absl::GetFlag(FLAGS_saved_block_inputs);
+  m.overlap = on_off(absl::GetFlag(FLAGS_overlap));
+  m.optimizer_offload = on_off(absl::GetFlag(FLAGS_optimizer_offload));
+  m.param_offload = on_off(absl::GetFlag(FLAGS_param_offload));
+  m.overlap_update = absl::GetFlag(FLAGS_overlap_update);
+  spec.parallel.ring = absl::GetFlag(FLAGS_ring);
+  spec.parallel.fsdp = absl::GetFlag(FLAGS_fsdp);
+  spec.lora = LoraSpec();
+  return spec;
+}
+
 LlamaModel::Options ModelOptions() {
-  LlamaModel::Options mo;
-  const std::string policy = absl::GetFlag(FLAGS_recompute);
-  mo.recompute = policy == "none"              ? RecomputePolicy::kNone
-                 : policy == "attention-aware" ? RecomputePolicy::kAttentionAware
-                 : policy == "auto"            ? RecomputePolicy::kAuto
-                                               : RecomputePolicy::kFull;
-  mo.attention_aware_blocks = absl::GetFlag(FLAGS_attention_aware_blocks);
+  // The trainer's own spec -> options function; the loss tile is the benches' alone.
+  LlamaModel::Options mo = ModelOptionsFromSpec(BenchSpec());
+  mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
   // A mix resolved for the whole model, run on --layers of it: those are its last blocks.
   const int64_t layers = absl::GetFlag(FLAGS_layers);
   if (layers > 0 && mo.attention_aware_blocks > layers) mo.attention_aware_blocks = -1;
-  mo.tile_tokens = absl::GetFlag(FLAGS_tile_tokens);
-  mo.loss_tile_tokens = absl::GetFlag(FLAGS_loss_tile_tokens);
-  mo.head_chunk = absl::GetFlag(FLAGS_head_chunk);
-  mo.ring = absl::GetFlag(FLAGS_ring);
-  mo.offload = absl::GetFlag(FLAGS_offload);
-  mo.offload_keep_last = absl::GetFlag(FLAGS_offload_keep_last);
-  mo.recompute_interval = absl::GetFlag(FLAGS_recompute_interval);
-  mo.saved_block_inputs = absl::GetFlag(FLAGS_saved_block_inputs);
-  mo.prefetch = absl::GetFlag(FLAGS_prefetch);
-  mo.fsdp = absl::GetFlag(FLAGS_fsdp);
-  mo.overlap = absl::GetFlag(FLAGS_overlap);
-  mo.param_offload = absl::GetFlag(FLAGS_param_offload);
   return mo;
 }
 
 void SetMemoryFlags(const JobSpec::Memory& m) {
-  absl::SetFlag(&FLAGS_recompute, std::string(RecomputePolicyName(m.recompute)));
+  absl::SetFlag(&FLAGS_recompute, m.recompute);
   absl::SetFlag(&FLAGS_attention_aware_blocks, m.attention_aware_blocks);
   absl::SetFlag(&FLAGS_head_chunk, m.head_chunk);
   absl::SetFlag(&FLAGS_tile_tokens, m.tile_tokens);
@@ -175,7 +201,7 @@ void SetMemoryFlags(const JobSpec::Memory& m) {
 
 Json Techniques(const LlamaModel::Options& mo, const std::string& attention) {
   Json t;
-  t.Str("recompute", absl::GetFlag(FLAGS_recompute))
+  t.Str("recompute", RecomputePolicyName(mo.recompute))
       .Int("attention_aware_blocks", mo.attention_aware_blocks)
       .Bool("fsdp", mo.fsdp)
       .Bool("overlap", mo.overlap)

@@ -9,12 +9,20 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "bench/bench_util.h"
 #include "engine/plan/planner.h"
 #include "engine/schedule/llama.h"
+#include "engine/spec/recompute_policy.h"
 #include "engine/train/optimizer.h"
 
-ABSL_DECLARE_FLAG(std::string, recompute);
+namespace ithaca {
+// --recompute takes the spec's names (recompute_policy.h); any other is refused when parsed.
+bool AbslParseFlag(absl::string_view text, RecomputePolicy* policy, std::string* error);
+std::string AbslUnparseFlag(RecomputePolicy policy);
+}  // namespace ithaca
+
+ABSL_DECLARE_FLAG(ithaca::RecomputePolicy, recompute);
 ABSL_DECLARE_FLAG(int64_t, attention_aware_blocks);
 ABSL_DECLARE_FLAG(bool, optimizer_offload);
 ABSL_DECLARE_FLAG(bool, param_offload);
@@ -30,7 +38,10 @@ JobSpec::Lora LoraSpec();
 // ablations applied (either may turn its extra off; a Qwen left with neither runs as the Llama
 // family on the same shapes).
 absl::StatusOr<LlamaConfig> BenchConfig(const std::string& preset);
-// LlamaModel's options from the flags.
+// The spec the flags describe: its memory section, parallel.ring and parallel.fsdp, and [lora].
+JobSpec BenchSpec();
+// LlamaModel's options from the flags: BenchSpec() through ModelOptionsFromSpec, the trainer's
+// own function, with --loss_tile_tokens.
 LlamaModel::Options ModelOptions();
 // Sets the memory flags (head_chunk, tile_tokens, offload, offload_keep_last, prefetch,
 // recompute_interval, saved_block_inputs, overlap, optimizer_offload, param_offload) to a resolved

@@ -197,20 +197,20 @@ NodeResources RehearsedNode(int world, int64_t this_gpu_bytes) {
 // (ModelOptions, Techniques, RandomOptimizer, Plan) sees them.
 absl::StatusOr<ResolvedJob> ApplyPlannerSettings(const NodeResources& node, int64_t S, int world,
                                                  int sp) {
+  // The command line's spec, read before an S wrote its resolution into the flags. Of its memory
+  // section only the policy asked for is kept: the rest is the planner's to choose.
+  static const JobSpec asked = bench::BenchSpec();
   JobSpec spec;
   spec.backend = absl::GetFlag(FLAGS_backend);
   spec.model.preset = absl::GetFlag(FLAGS_model);
-  spec.lora = bench::LoraSpec();
+  spec.lora = asked.lora;
   spec.data.seq_len = S;
   spec.parallel.world = world;
   spec.parallel.sp = sp;
-  spec.parallel.ring = bench::ModelOptions().ring;
-  spec.parallel.fsdp = bench::ModelOptions().fsdp;
-  // The policy asked for on the command line, before an S wrote its resolution into the flags.
-  static const RecomputePolicy asked = bench::ModelOptions().recompute;
-  static const int64_t asked_blocks = bench::ModelOptions().attention_aware_blocks;
-  spec.memory.recompute = asked;
-  spec.memory.attention_aware_blocks = asked_blocks;
+  spec.parallel.ring = asked.parallel.ring;
+  spec.parallel.fsdp = asked.parallel.fsdp;
+  spec.memory.recompute = asked.memory.recompute;
+  spec.memory.attention_aware_blocks = asked.memory.attention_aware_blocks;
   spec.memory.optimizer_offload = OffloadChoice::kAuto;
   spec.memory.param_offload = OffloadChoice::kAuto;
   ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));

@@ -232,13 +232,7 @@ const std::vector<Key>& Keys() {
        "Shard parameters, gradients and optimizer state over the data-parallel ranks."},
 
       {"memory.recompute",
-       EnumOrAuto(FIELD(memory.recompute),
-                  std::vector<std::pair<RecomputePolicy, std::string>>{
-                      {RecomputePolicy::kNone, "none"},
-                      {RecomputePolicy::kFull, "full"},
-                      {RecomputePolicy::kAttentionAware, "attention-aware"},
-                      {RecomputePolicy::kAuto, "auto"}},
-                  RecomputePolicy::kAuto),
+       EnumOrAuto(FIELD(memory.recompute), RecomputePolicyNames(), RecomputePolicy::kAuto),
        "Activation recompute: what each block keeps for its backward (the `block_inputs` tier); "
        "the backward computes the rest again. \"auto\": the policy (and per-block mix) of the "
        "plan with the shortest predicted step that fits. Was `memory.checkpoint`."},

@@ -18,4 +18,15 @@ const char* RecomputePolicyName(RecomputePolicy p) {
   return NameOf(kRecomputePolicyNames, p, "unknown");
 }
 
+std::optional<RecomputePolicy> RecomputePolicyFromName(std::string_view name) {
+  return ValueOf(kRecomputePolicyNames, name);
+}
+
+std::vector<std::pair<RecomputePolicy, std::string>> RecomputePolicyNames() {
+  std::vector<std::pair<RecomputePolicy, std::string>> out;
+  for (const EnumName<RecomputePolicy>& e : kRecomputePolicyNames)
+    out.emplace_back(e.value, e.name);
+  return out;
+}
+
 }  // namespace ithaca

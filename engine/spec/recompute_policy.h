@@ -3,6 +3,12 @@
 // in its own target with no dependencies.
 #pragma once
 
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 namespace ithaca {
 
 // kNone keeps every activation backward needs; kFull keeps only each block's input and re-runs
@@ -14,5 +20,9 @@ namespace ithaca {
 enum class RecomputePolicy { kNone, kFull, kAttentionAware, kAuto };
 // "none" | "full" | "attention-aware" | "auto"
 const char* RecomputePolicyName(RecomputePolicy p);
+// The policy named `name` (as above), or nullopt.
+std::optional<RecomputePolicy> RecomputePolicyFromName(std::string_view name);
+// Every policy with its name, in the order above (the spec's key table and messages list them).
+std::vector<std::pair<RecomputePolicy, std::string>> RecomputePolicyNames();
 
 }  // namespace ithaca

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -90,9 +91,9 @@ absl::Status Run(int argc, char** argv) {
   CpuOps ops;
   HostAllocator alloc;
   LlamaModel::Options opts;
-  opts.recompute = recompute == "none"              ? RecomputePolicy::kNone
-                   : recompute == "attention-aware" ? RecomputePolicy::kAttentionAware
-                                                    : RecomputePolicy::kFull;
+  const std::optional<RecomputePolicy> policy = RecomputePolicyFromName(recompute);
+  if (!policy) return absl::InvalidArgumentError("--recompute=" + recompute + ": unknown policy");
+  opts.recompute = *policy;
   opts.head_chunk = head_chunk;
   opts.tile_tokens = tile;
   opts.loss_tile_tokens = tile;

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,9 +126,9 @@ absl::Status Run(int argc, char** argv) {
       spec.memory.attention_aware_blocks = std::stoll(next());
     else if (a == "--recompute") {
       const std::string p = next();
-      spec.memory.recompute = p == "full"              ? RecomputePolicy::kFull
-                              : p == "attention-aware" ? RecomputePolicy::kAttentionAware
-                                                       : RecomputePolicy::kNone;
+      const std::optional<RecomputePolicy> policy = RecomputePolicyFromName(p);
+      if (!policy) return absl::InvalidArgumentError("--recompute=" + p + ": unknown policy");
+      spec.memory.recompute = *policy;
     } else {
       return absl::InvalidArgumentError("unknown flag " + a);
     }
