@@ -5,11 +5,12 @@
 #   `lab/device_round_2026-12-07c.sh PART...` with .device/bin.tar.xz carried; results under $OUT.
 #   s128k       whole steps at 131,072 tokens (one warm-up, one timed), LoRA and full
 #   bg512k      starts the whole LoRA step at 524,288 tokens (bench/device_background.sh, no
-#               warm-up: ~11 minutes) under /tmp/ithaca-bg/lora512k
+#               warm-up: ~11 minutes) under /tmp/ithaca-bg/$BG_NAME; BG_NAME=full512k
+#               BG_EXTRA=--lora_rank=0 runs full fine-tuning's instead (issue 56's H100 step)
 #   wait512k    waits for it (up to WAIT_S), then collects it into $OUT
 #   probe       the memory probe of LoRA at PROBE_S (attention windowed to 4096; the rest of the
 #               step as auto plans it)
-# RATES (default the committed H100 table) for the predictions.
+# RATES (default the committed H100 table) for the predictions. wait512k takes BG_NAME too.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
 [ -x .device/bin/parallel_bench ] ||
@@ -23,6 +24,8 @@ GPU_GIB=${GPU_GIB:-80}
 # ran the bench's own default, "full", before the flag was passed (RECOMPUTE=full repeats them).
 RECOMPUTE=${RECOMPUTE:-auto}
 LORA="--lora_rank=16 --lora_alpha=32"
+BG_NAME=${BG_NAME:-lora512k}
+BG_EXTRA=${BG_EXTRA:-$LORA}
 step() {  # S WARMUP LOG EXTRA...: rank 0 of world 1 with auto's plan for this node
   local s=$1 warmup=$2 log=$3
   shift 3
@@ -49,16 +52,16 @@ for part in "$@"; do
       done
       grep -E "memory plan|start-up|step [0-9]" "$OUT/s128k.log" | cut -c1-400 ;;
     bg512k)
-      B=/tmp/ithaca-bg/lora512k
+      B=/tmp/ithaca-bg/$BG_NAME
       mkdir -p $B
-      bash bench/device_background.sh start lora512k bash -c \
-        "$(declare -f step); BIN=$BIN GPU_GIB=$GPU_GIB HOST_GIB=$HOST_GIB RATES=$RATES RECOMPUTE=$RECOMPUTE step 524288 0 $B/stderr.log $LORA > $B/line.jsonl" ;;
+      bash bench/device_background.sh start $BG_NAME bash -c \
+        "$(declare -f step); BIN=$BIN GPU_GIB=$GPU_GIB HOST_GIB=$HOST_GIB RATES=$RATES RECOMPUTE=$RECOMPUTE step 524288 0 $B/stderr.log $BG_EXTRA > $B/line.jsonl" ;;
     wait512k)
-      bash bench/device_background.sh wait lora512k "${WAIT_S:-500}"
+      bash bench/device_background.sh wait $BG_NAME "${WAIT_S:-500}"
       rc=$?
-      cat /tmp/ithaca-bg/lora512k/line.jsonl 2>/dev/null | python3 -c "$summary"
-      grep -E "memory plan|start-up|step [0-9]" /tmp/ithaca-bg/lora512k/stderr.log | cut -c1-400
-      bash bench/device_background.sh collect lora512k "$OUT"
+      cat /tmp/ithaca-bg/$BG_NAME/line.jsonl 2>/dev/null | python3 -c "$summary"
+      grep -E "memory plan|start-up|step [0-9]" /tmp/ithaca-bg/$BG_NAME/stderr.log | cut -c1-400
+      bash bench/device_background.sh collect $BG_NAME "$OUT"
       echo "wait rc=$rc" ;;
     probe)
       timeout ${PROBE_TIMEOUT:-500} bash -c "$(declare -f step); BIN=$BIN GPU_GIB=$GPU_GIB HOST_GIB=$HOST_GIB RATES=$RATES RECOMPUTE=$RECOMPUTE step ${PROBE_S:-1048576} 0 $OUT/probe.log $LORA --probe=4096" |

@@ -392,7 +392,7 @@ v1::MemoryPlan EstimateMemory(const AdmittedSpec& a) {
       static_cast<int>(a.spec.parallel.sp),
       static_cast<int>(a.spec.parallel.sp / std::max<int64_t>(1, a.spec.parallel.ring)),
       static_cast<int>(std::max<int64_t>(1, a.spec.parallel.ring)), plan.recompute().c_str(),
-      p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
+      p.head_chunk, p.tile_tokens, OffloadSetting(p.offload, p.offload_keep_last).c_str(),
       p.fits && p.predicted.step_s > 0
           ? absl::StrCat("; ", PredictionLine(p, a.spec.parallel.world)).c_str()
           : "",

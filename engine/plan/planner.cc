@@ -295,6 +295,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanRequest& req) {
   p.head_chunk = req.opts.head_chunk > 0 ? req.opts.head_chunk : req.cfg.num_attention_heads;
   p.tile_tokens = req.opts.tile_tokens;
   p.offload = req.opts.offload;
+  p.offload_keep_last = req.opts.offload ? req.opts.offload_keep_last : 0;
   p.prefetch = req.opts.prefetch;
   p.recompute_interval = req.opts.recompute_interval;
   p.saved_block_inputs = req.opts.saved_block_inputs;
@@ -400,24 +401,32 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     int64_t interval;
     bool overlap;
     int64_t saved = 0;
+    int64_t keep_last = 0;  // under offload: the last blocks whose saved data stays on the device
     bool operator==(const Keep& o) const {
       return offload == o.offload && prefetch == o.prefetch && interval == o.interval &&
-             overlap == o.overlap && saved == o.saved;
+             overlap == o.overlap && saved == o.saved && keep_last == o.keep_last;
     }
   };
   auto free_or = [](OffloadChoice c, bool v) {
     return c == OffloadChoice::kAuto || (c == OffloadChoice::kOn) == v;
   };
   const bool prefetch0 = m.prefetch != OffloadChoice::kOff;
-  const Keep spec_way = {m.offload == OffloadChoice::kOn, prefetch0,
+  const bool auto_keep_last = m.offload_keep_last < 0;
+  const int64_t split_step = std::max<int64_t>(1, L / 16);
+  const int64_t keep_last0 = auto_keep_last ? 0 : m.offload_keep_last;
+  const Keep spec_way = {m.offload == OffloadChoice::kOn,
+                         prefetch0,
                          m.recompute_interval > 0 ? m.recompute_interval : 1,
-                         m.overlap != OffloadChoice::kOff, m.saved_block_inputs};
+                         m.overlap != OffloadChoice::kOff,
+                         m.saved_block_inputs,
+                         keep_last0};
   auto allowed = [&](const Keep& k) {
     return free_or(m.offload, k.offload) && (!k.offload || free_or(m.prefetch, k.prefetch)) &&
            free_or(m.overlap, k.overlap) &&
            (m.recompute_interval == 0 || m.recompute_interval == k.interval) &&
            (k.saved == m.saved_block_inputs ||
-            (m.saved_block_inputs == 0 && m.recompute_interval == 0));
+            (m.saved_block_inputs == 0 && m.recompute_interval == 0)) &&
+           (auto_keep_last || k.keep_last == m.offload_keep_last);
   };
   auto keeps_for = [&](RecomputePolicy policy) {
     std::vector<Keep> candidates = {spec_way, spec_way};
@@ -426,10 +435,24 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
       for (Keep k : {Keep{true, true, 1, true}, Keep{true, true, 1, false},
                      Keep{true, false, 1, false}, Keep{true, false, 2, false},
                      Keep{true, false, 4, false}, Keep{true, false, 8, false}}) {
+        // Where the host cannot hold every block's input, the device's room beside it: the
+        // last blocks' data kept there (L/2 down to L/16 of them, in steps of L/16) saves
+        // every input before any is saved only every k-th block. Tried ahead of keeping none
+        // (more device memory, fewer forwards run again), under prefetch without overlap:
+        // overlap's buffers are the first to give up, and without prefetch each block's
+        // input arrives late.
+        if (auto_keep_last && k.interval == 1 && k.prefetch && !k.overlap) {
+          for (int64_t kept = L / 2; kept >= split_step; kept -= split_step) {
+            Keep split = k;
+            split.keep_last = kept;
+            candidates.push_back(split);
+          }
+        }
+        k.keep_last = keep_last0;
         candidates.push_back(k);
       }
       for (int64_t n : {8, 6, 5, 4, 3, 2}) {
-        if (n < L) candidates.push_back({false, prefetch0, 1, false, n});
+        if (n < L) candidates.push_back({false, prefetch0, 1, false, n, keep_last0});
       }
     }
     std::vector<Keep> keeps = {spec_way};
@@ -440,7 +463,8 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     }
     if (limits.first_fit) {
       // Whether anything fits: overlap and prefetch only add buffers to a way of keeping block
-      // data that is also tried without them.
+      // data that is also tried without them (and the splits between device and host are
+      // tried under prefetch alone).
       keeps.erase(
           std::remove_if(keeps.begin() + 1, keeps.end(),
                          [](const Keep& k) { return k.overlap || (k.offload && k.prefetch); }),
@@ -458,6 +482,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     req.opts.recompute_interval = keep.interval;
     req.opts.saved_block_inputs = keep.saved;
     req.opts.overlap = keep.overlap;
+    req.opts.offload_keep_last = keep.offload ? keep.keep_last : 0;
     ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
     p.gpu_budget = gpu_budget;
     p.host_budget = host_budget;
@@ -492,9 +517,9 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   // A first-fit configuration, as FitMemo keeps it.
   auto config_key = [&](RecomputePolicy policy, const Keep& keep) {
     return absl::StrCat(int(policy), "/", keep.offload, keep.prefetch, keep.overlap, "/",
-                        keep.interval, "/", keep.saved, "/", req.optimizer_offload,
-                        req.opts.param_offload, "/", req.opts.attention_aware_blocks, "/",
-                        chunks.back(), "/", tiles.back());
+                        keep.interval, "/", keep.saved, "/", keep.keep_last, "/",
+                        req.optimizer_offload, req.opts.param_offload, "/",
+                        req.opts.attention_aware_blocks, "/", chunks.back(), "/", tiles.back());
   };
   if (limits.first_fit && limits.fit_memo != nullptr) {
     // The configuration that fit the last length asked first: when it fits, one replay answers.
@@ -521,7 +546,28 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     req.opts.param_offload = params;
     for (RecomputePolicy policy : policies) {
       req.opts.recompute = policy;
+      std::optional<bool> some_split_may_fit;
       for (const Keep& keep : keeps_for(policy)) {
+        if (keep.offload && keep.keep_last > 0 && auto_keep_last) {
+          // The splits between device and host: the one keeping the fewest blocks on the
+          // device needs the least device memory of them, the one keeping the most the least
+          // host memory. Where the first's most frugal settings do not fit the device or the
+          // second's do not fit the host, no split fits: two replays instead of one a split (at
+          // millions of tokens a replay takes about a second).
+          if (!some_split_may_fit) {
+            if (policy == RecomputePolicy::kAttentionAware) {
+              req.opts.attention_aware_blocks = auto_policy ? 0 : m.attention_aware_blocks;
+            }
+            Keep fewest = keep, most = keep;
+            fewest.keep_last = split_step;
+            most.keep_last = split_step * (L / 2 / split_step);
+            ASSIGN_OR_RETURN(MemoryPlan f, plan(fewest, chunks.back(), tiles.back()));
+            ASSIGN_OR_RETURN(MemoryPlan h, plan(most, chunks.back(), tiles.back()));
+            some_split_may_fit = (f.gpu_budget <= 0 || f.device_total() <= f.gpu_budget) &&
+                                 (h.host_budget <= 0 || h.host_total() <= h.host_budget);
+          }
+          if (!*some_split_may_fit) continue;
+        }
         // Smaller stages and tiles never need more memory: when the most frugal settings do not
         // fit, no others with this way of keeping block data do.
         if (policy == RecomputePolicy::kAttentionAware && auto_policy) {
@@ -640,6 +686,11 @@ std::string SavedBlockInputsSetting(int64_t saved_block_inputs) {
   return saved_block_inputs > 0 ? absl::StrCat(", saved_block_inputs ", saved_block_inputs) : "";
 }
 
+std::string OffloadSetting(bool offload, int64_t keep_last) {
+  if (!offload) return "off";
+  return keep_last > 0 ? absl::StrCat("on (the last ", keep_last, " blocks' on the device)") : "on";
+}
+
 std::string FormatPlan(const MemoryPlan& p) {
   // One unit for the whole table, chosen by the total, so small models read sensibly too.
   const bool gib = p.device_total() >= kGiBBytes;
@@ -657,7 +708,7 @@ std::string FormatPlan(const MemoryPlan& p) {
                         "settings: head_chunk %d, tile_tokens %d, offload %s, prefetch %s, "
                         "recompute_interval %d%s, overlap %s, optimizer_offload %s, "
                         "param_offload %s\n",
-                        p.head_chunk, p.tile_tokens, p.offload ? "on" : "off",
+                        p.head_chunk, p.tile_tokens, OffloadSetting(p.offload, p.offload_keep_last),
                         p.prefetch ? "on" : "off", p.recompute_interval,
                         SavedBlockInputsSetting(p.saved_block_inputs), p.overlap ? "on" : "off",
                         p.optimizer_offload ? "on" : "off", p.param_offload ? "on" : "off");

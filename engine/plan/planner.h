@@ -98,6 +98,7 @@ struct MemoryPlan {
   // The options the plan was made for (auto settings resolved).
   int64_t head_chunk = 0, tile_tokens = 0;
   bool offload = false, prefetch = true;
+  int64_t offload_keep_last = 0;  // under offload: the last blocks' saved data on the device
   int64_t recompute_interval = 1;
   int64_t saved_block_inputs = 0;
   bool overlap = true;
@@ -120,6 +121,9 @@ struct MemoryPlan {
 // ", saved_block_inputs N" when the plan holds at most N block inputs, else "": for the lines
 // that print a plan's settings after its recompute_interval.
 std::string SavedBlockInputsSetting(int64_t saved_block_inputs);
+// "off", "on", or "on (the last N blocks' on the device)" (memory.offload_keep_last): a plan's
+// offload as the lines that print its settings say it.
+std::string OffloadSetting(bool offload, int64_t keep_last);
 
 // The attention shapes a model's layers run at seq_len tokens: full causal where a layer has no
 // window, windowed where it has (a Mistral window: one shape; Qwen2/Qwen3's from

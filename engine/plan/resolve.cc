@@ -187,6 +187,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobSpec& spec, const NodeResources&
   // (The ring the plan was made for; "auto" became it above.)
   s.memory.tile_tokens = job.plan.tile_tokens;
   s.memory.offload = job.plan.offload ? OffloadChoice::kOn : OffloadChoice::kOff;
+  s.memory.offload_keep_last = job.plan.offload_keep_last;
   s.memory.prefetch = job.plan.prefetch ? OffloadChoice::kOn : OffloadChoice::kOff;
   s.memory.overlap = job.plan.overlap ? OffloadChoice::kOn : OffloadChoice::kOff;
   s.memory.recompute_interval = job.plan.recompute_interval;
@@ -250,7 +251,7 @@ std::string ResolutionLine(const ResolvedJob& job) {
       "peak %s per rank (GPU budget %s), host %s per rank (budget %s)%s",
       job.spec.parallel.sp, job.spec.parallel.sp / std::max<int64_t>(1, job.spec.parallel.ring),
       std::max<int64_t>(1, job.spec.parallel.ring), RecomputeSetting(job.plan), m.head_chunk,
-      m.tile_tokens, m.offload == OffloadChoice::kOn ? "on" : "off",
+      m.tile_tokens, OffloadSetting(m.offload == OffloadChoice::kOn, m.offload_keep_last),
       m.prefetch == OffloadChoice::kOn ? "on" : "off", m.recompute_interval,
       SavedBlockInputsSetting(m.saved_block_inputs), m.overlap == OffloadChoice::kOn ? "on" : "off",
       m.optimizer_offload == OffloadChoice::kOn ? "on" : "off",

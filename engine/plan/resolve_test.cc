@@ -295,6 +295,66 @@ TEST(ResolveTest, AutoHoldsAsFewAsTwoBlockInputsWhereOnlyThatFits) {
   EXPECT_EQ(job->spec.memory.saved_block_inputs, 2);
 }
 
+// Where neither the host nor the device can hold every block's input but both together can,
+// auto keeps the last blocks' inputs on the device and the rest on the host (offload_keep_last)
+// instead of saving only every 2nd block's input and regrowing the others: no forward runs
+// again, and the step is predicted faster than with none kept on the device. A value the user
+// set is kept.
+TEST(ResolveTest, AutoSplitsBlockInputsBetweenTheDeviceAndTheHost) {
+  JobSpec spec;
+  spec.backend = "cuda";
+  spec.model.preset = "llama-3.2-1b";  // 16 blocks: splits of 8 down to 1 kept on the device
+  spec.data.path = "unused.tok";
+  spec.data.seq_len = 1 << 18;
+  spec.memory.recompute = RecomputePolicy::kFull;
+  spec.memory.optimizer_offload = spec.memory.param_offload = OffloadChoice::kOff;
+  const NodeResources node = Node(141 * kGiB, 512 * kGiB, 1);
+  // The plan with `keep_last` blocks' inputs on the device and every other one on the host.
+  auto split = [&](int64_t keep_last) {
+    JobSpec s = spec;
+    s.memory.offload = s.memory.prefetch = OffloadChoice::kOn;
+    s.memory.overlap = OffloadChoice::kOff;
+    s.memory.recompute_interval = 1;
+    s.memory.offload_keep_last = keep_last;
+    auto job = ResolveJob(s, node);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->plan : MemoryPlan();
+  };
+  const MemoryPlan none = split(0), six = split(6);
+  ASSERT_LT(six.host_total(), none.host_total());
+  ASSERT_GT(six.device_total(), none.device_total());
+  // Room for the split keeping 6 on the device, not for every input on the host.
+  spec.memory.gpu_budget_gib = double(six.device_total() + kMiB) / kGiB;
+  spec.memory.host_budget_gib = double(six.host_total() + kMiB) / kGiB;
+  auto job = ResolveJob(spec, node);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(job->plan.fits) << job->plan.verdict;
+  EXPECT_TRUE(job->plan.offload);
+  EXPECT_GT(job->plan.offload_keep_last, 0);
+  EXPECT_EQ(job->spec.memory.offload_keep_last, job->plan.offload_keep_last);
+  EXPECT_EQ(job->plan.recompute_interval, 1);
+  EXPECT_EQ(job->plan.saved_block_inputs, 0);
+  EXPECT_EQ(job->plan.predicted.regrow_s, 0);
+  EXPECT_NE(ResolutionLine(*job).find(absl::StrCat(
+                "offload on (the last ", job->plan.offload_keep_last, " blocks' on the device)")),
+            std::string::npos)
+      << ResolutionLine(*job);
+  // With none kept on the device (as before), the same budgets fit only by regrowing.
+  JobSpec host_only = spec;
+  host_only.memory.offload_keep_last = 0;
+  auto without = ResolveJob(host_only, node);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->plan.offload_keep_last, 0);
+  if (without->plan.fits) {
+    EXPECT_GT(without->plan.predicted.regrow_s, 0);
+    EXPECT_LT(job->plan.predicted.step_s, without->plan.predicted.step_s);
+  }
+  // Resolving the resolved spec keeps its split.
+  auto again = ResolveJob(job->spec, node);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->plan.offload_keep_last, job->plan.offload_keep_last);
+}
+
 TEST(ResolveTest, AJobThatDoesNotFitIsResolvedButRefusedToRun) {
   JobSpec spec = Tiny("cpu");
   spec.memory.gpu_budget_gib = 1e-4;  // ~100 KiB: not even the weights fit

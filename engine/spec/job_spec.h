@@ -145,7 +145,8 @@ struct JobSpec {
     // How saved block data is kept: true | false | "auto" each (kAuto, and recompute_interval 0:
     // the planner chooses, ResolveJob writes its choice; a value the user set is kept).
     OffloadChoice offload = OffloadChoice::kAuto;  // saved block inputs in pinned host memory
-    int64_t offload_keep_last = 0;                 // blocks kept on the device when offloading
+    // Under offload: the last N blocks' saved data stays on the device; -1: "auto".
+    int64_t offload_keep_last = -1;
     // Offloaded inputs come back one block ahead (else just in time).
     OffloadChoice prefetch = OffloadChoice::kAuto;
     int64_t recompute_interval = 0;  // save every k-th block's input; regrow the rest in backward

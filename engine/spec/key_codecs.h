@@ -94,27 +94,42 @@ Codec IntOrAuto(Get get) {
       [get](const JobSpec& s) { return *get(s) == 0; }};
 }
 
-// An integer >= 0, or "all" (stored as -1).
+// An integer >= 0, or `word` (stored as -1): "all" where -1 means every one; "auto"
+// (`unresolved`) where it is left for ResolveJob to choose.
+template <typename Get>
+Codec IntOrWord(Get get, const char* word, bool unresolved) {
+  const std::string kind = absl::StrCat("an integer >= 0 or \"", word, "\"");
+  Codec c = {kind,
+             [get, kind, word](const toml::node& n, const std::string& path, const SpecReader& r,
+                               JobSpec& s) {
+               if (n.is_string()) {
+                 RETURN_IF_ERROR(r.Require(n.as_string()->get() == word, path,
+                                           absl::StrCat("must be ", kind, ", got \"",
+                                                        n.as_string()->get().substr(0, 64), "\"")));
+                 *get(s) = -1;
+                 return absl::OkStatus();
+               }
+               if (!n.is_integer()) return r.WrongType(n, path, kind);
+               *get(s) = n.as_integer()->get();
+               return r.Require(*get(s) >= 0, path,
+                                absl::StrCat("must be ", kind, ", got ", *get(s)));
+             },
+             [get, word](const JobSpec& s) {
+               return *get(s) < 0 ? absl::StrCat("\"", word, "\"") : absl::StrCat(*get(s));
+             }};
+  if (unresolved) c.unresolved = [get](const JobSpec& s) { return *get(s) < 0; };
+  return c;
+}
+
 template <typename Get>
 Codec IntOrAll(Get get) {
-  const std::string kind = "an integer >= 0 or \"all\"";
-  return {
-      kind,
-      [get, kind](const toml::node& n, const std::string& path, const SpecReader& r, JobSpec& s) {
-        if (n.is_string()) {
-          RETURN_IF_ERROR(r.Require(n.as_string()->get() == "all", path,
-                                    absl::StrCat("must be ", kind, ", got \"",
-                                                 n.as_string()->get().substr(0, 64), "\"")));
-          *get(s) = -1;
-          return absl::OkStatus();
-        }
-        if (!n.is_integer()) return r.WrongType(n, path, kind);
-        *get(s) = n.as_integer()->get();
-        return r.Require(*get(s) >= 0, path, absl::StrCat("must be ", kind, ", got ", *get(s)));
-      },
-      [get](const JobSpec& s) {
-        return *get(s) < 0 ? std::string("\"all\"") : absl::StrCat(*get(s));
-      }};
+  return IntOrWord(get, "all", /*unresolved=*/false);
+}
+
+// An integer >= 0, or "auto" (stored as -1) for ResolveJob to choose.
+template <typename Get>
+Codec IntOrAutoFromZero(Get get) {
+  return IntOrWord(get, "auto", /*unresolved=*/true);
 }
 
 // A finite number; integers are accepted where floats are expected. With `range`, as Int.

@@ -243,8 +243,11 @@ const std::vector<Key>& Keys() {
        "Saved block inputs go to pinned host memory (the `host_block_inputs` tier); \"auto\": "
        "when the plan that fits with the shortest predicted step does so (off unless nothing "
        "fits on the device)."},
-      {"memory.offload_keep_last", Int(FIELD(memory.offload_keep_last), AtLeast(0)),
-       "Blocks whose inputs stay on the device when offloading."},
+      {"memory.offload_keep_last", IntOrAutoFromZero(FIELD(memory.offload_keep_last)),
+       "Under offload: how many blocks, the last ones, keep their saved data on the device "
+       "instead (the device's room beside the host's). \"auto\": as many as make the plan "
+       "with the shortest predicted step that fits (0 unless the host cannot hold every "
+       "block's input)."},
       {"memory.prefetch", BoolOrAuto(FIELD(memory.prefetch)),
        "Offloaded inputs come back one block ahead (else just in time); \"auto\": on unless "
        "the planner turns it off to fit."},
