@@ -30,6 +30,9 @@ absl::Status Run(int argc, char** argv) {
   std::string out, recompute = "full";
   bool untied = false, offload = false;
   int64_t seq = 37, tile = 8, head_chunk = 0;
+  // Under attention-aware, the last N blocks keep O and LSE (-1: all); under offload, the last N
+  // blocks' saved data stays on the device (the split auto plans where neither side holds all).
+  int64_t aware_blocks = -1, offload_keep_last = 0;
   DocumentMask docs;
   std::string family = "llama", rope;
   int64_t window = 5;
@@ -51,6 +54,10 @@ absl::Status Run(int argc, char** argv) {
       head_chunk = std::stoll(next());
     else if (a == "--offload")
       offload = true;
+    else if (a == "--aware-blocks")
+      aware_blocks = std::stoll(next());
+    else if (a == "--offload-keep-last")
+      offload_keep_last = std::stoll(next());
     else if (a == "--family")
       family = next();
     else if (a == "--window")
@@ -110,6 +117,8 @@ absl::Status Run(int argc, char** argv) {
   opts.recompute = *policy;
   opts.head_chunk = head_chunk;
   opts.offload = offload;
+  opts.offload_keep_last = offload_keep_last;
+  opts.attention_aware_blocks = aware_blocks;
   opts.tile_tokens = tile;
   opts.loss_tile_tokens = tile - 3;
   ASSIGN_OR_RETURN(auto model, LlamaModel::Create(cfg, &ops, &alloc, opts));

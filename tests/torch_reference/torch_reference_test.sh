@@ -38,3 +38,6 @@ run llama_yarn --rope yarn --untied --recompute full --seq 37 --tile 8
 run qwen2_window_layers --family qwen2 --window 4 --window-from 1 --recompute full --seq 31 --tile 8
 run qwen3_window_layers_packed --family qwen3 --window 3 --window-from 1 --recompute attention-aware --head-chunk 1 --seq 35 --tile 8 --docs 0,1,10,24
 run qwen2_yarn_offload --family qwen2 --rope yarn --recompute attention-aware --offload --seq 27 --tile 8
+# The mix auto plans for long steps: block 1 keeps O and LSE and its data on the device, block 0
+# recomputes fully and offloads its input (memory.attention_aware_blocks, offload_keep_last).
+run aware_mix_split_offload --recompute attention-aware --aware-blocks 1 --offload --offload-keep-last 1 --head-chunk 1 --seq 33 --tile 16
