@@ -553,7 +553,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
           // device needs the least device memory of them, the one keeping the most the least
           // host memory. Where the first's most frugal settings do not fit the device or the
           // second's do not fit the host, no split fits: two replays instead of one a split (at
-          // millions of tokens a replay takes about a second).
+          // millions of tokens a replay takes up to a second).
           if (!some_split_may_fit) {
             if (policy == RecomputePolicy::kAttentionAware) {
               req.opts.attention_aware_blocks = auto_policy ? 0 : m.attention_aware_blocks;
