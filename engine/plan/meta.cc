@@ -9,7 +9,9 @@ namespace ithaca {
 
 void MetaOps::Elementwise(ElementwiseOp op, int64_t bytes) {
   if (clock_) {
-    clock_->Compute(ElementwiseSeconds(*rates_, op, bytes), StepClock::Work::kElementwise);
+    std::optional<OpRate>& rate = op_rates_[static_cast<size_t>(op)];
+    if (!rate) rate = ElementwiseRate(*rates_, op);
+    clock_->Compute(ElementwiseSeconds(*rate, bytes), StepClock::Work::kElementwise);
   }
 }
 

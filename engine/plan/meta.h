@@ -4,11 +4,14 @@
 // planner predicts per-tier peaks without a GPU, and why it cannot drift from the code.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <map>
+#include <optional>
 #include <set>
+#include <unordered_map>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -28,6 +31,8 @@ class MetaOps final : public Ops {
   void set_timing(const RateTable* rates, StepClock* clock) {
     rates_ = rates;
     clock_ = clock;
+    gemm_seconds_.clear();
+    op_rates_ = {};
   }
   // Every GEMM shape from now on is added to `log` (bench/calibrate measures them).
   void set_gemm_log(std::set<GemmShape>* log) { gemm_log_ = log; }
@@ -93,9 +98,11 @@ class MetaOps final : public Ops {
   const RateTable* rates_ = nullptr;
   StepClock* clock_ = nullptr;
   std::set<GemmShape>* gemm_log_ = nullptr;
-  // GemmSeconds by shape: a step issues tens of thousands of GEMMs of a few dozen shapes, and
-  // each lookup scans the table.
-  std::map<GemmShape, double> gemm_seconds_;
+  // GemmSeconds by shape: a step issues tens of thousands of GEMMs of a few dozen shapes (at
+  // millions of tokens, millions of them), and each lookup scans the table.
+  std::unordered_map<GemmShape, double, GemmShape::Hash> gemm_seconds_;
+  // Each elementwise op's rate, looked up in the table's map once (set_timing clears them).
+  std::array<std::optional<OpRate>, static_cast<size_t>(ElementwiseOp::kNumOps)> op_rates_;
 };
 
 // Addresses from a private range, never backed by memory; tracks tiers like a real allocator.

@@ -27,6 +27,13 @@ bool GemmShape::operator<(const GemmShape& o) const {
 bool GemmShape::operator==(const GemmShape& o) const {
   return std::tie(m, n, k, ta, tb, c_f32) == std::tie(o.m, o.n, o.k, o.ta, o.tb, o.c_f32);
 }
+size_t GemmShape::Hash::operator()(const GemmShape& g) const {
+  size_t h = std::hash<int64_t>()(g.m);
+  for (int64_t v : {g.n, g.k, int64_t(g.ta) | int64_t(g.tb) << 1 | int64_t(g.c_f32) << 2}) {
+    h = h * 1000003 ^ std::hash<int64_t>()(v);
+  }
+  return h;
+}
 
 namespace {
 
@@ -263,11 +270,19 @@ double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double p
   return flops / std::max(1.0, rate);
 }
 
-double ElementwiseSeconds(const RateTable& t, ElementwiseOp op, int64_t bytes) {
+OpRate ElementwiseRate(const RateTable& t, ElementwiseOp op) {
   auto it = t.ops.find(ElementwiseOpName(op));
   if (it == t.ops.end()) it = t.ops.find("copy");
-  if (it == t.ops.end() || it->second.bytes_per_s <= 0) return double(bytes) / 1e12;
-  return it->second.launch_s + double(bytes) / it->second.bytes_per_s;
+  return it == t.ops.end() ? OpRate{} : it->second;
+}
+
+double ElementwiseSeconds(const OpRate& rate, int64_t bytes) {
+  if (rate.bytes_per_s <= 0) return double(bytes) / 1e12;
+  return rate.launch_s + double(bytes) / rate.bytes_per_s;
+}
+
+double ElementwiseSeconds(const RateTable& t, ElementwiseOp op, int64_t bytes) {
+  return ElementwiseSeconds(ElementwiseRate(t, op), bytes);
 }
 
 double TransferSeconds(const RateTable& t, bool to_device, int64_t bytes) {

@@ -33,6 +33,9 @@ struct GemmShape {
   bool c_f32 = false;  // an f32 output (gradient accumulation), else the activation dtype
   bool operator<(const GemmShape& o) const;
   bool operator==(const GemmShape& o) const;
+  struct Hash {
+    size_t operator()(const GemmShape& g) const;
+  };
 };
 
 struct GemmRate {
@@ -126,6 +129,11 @@ double GemmSeconds(const RateTable& t, const GemmShape& g);
 double AttentionSeconds(const RateTable& t, bool backward, int64_t seq, double pairs, int64_t heads,
                         int64_t head_dim);
 double ElementwiseSeconds(const RateTable& t, ElementwiseOp op, int64_t bytes);
+// The rate ElementwiseSeconds prices `op` at (the table's "copy" where it has no row for it;
+// zero where it has neither), and the seconds of `bytes` at such a rate: a caller pricing many
+// ops looks each rate up once.
+OpRate ElementwiseRate(const RateTable& t, ElementwiseOp op);
+double ElementwiseSeconds(const OpRate& rate, int64_t bytes);
 double TransferSeconds(const RateTable& t, bool to_device, int64_t bytes);
 
 // One thing the meta device did (engine/plan/meta.h): an allocation or a free of MetaAllocator,
