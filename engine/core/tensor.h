@@ -32,12 +32,10 @@ class Shape {
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims) : Shape(dims.begin(), dims.end()) {}
   explicit Shape(size_t n, int64_t value = 0) { resize(n, value); }
-  Shape(const std::vector<int64_t>& dims) : Shape(dims.begin(), dims.end()) {}  // NOLINT
   template <typename It, typename = decltype(*std::declval<It>())>
   Shape(It first, It last) {
     for (; first != last; ++first) push_back(*first);
   }
-  operator std::vector<int64_t>() const { return std::vector<int64_t>(begin(), end()); }  // NOLINT
 
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }

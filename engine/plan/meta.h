@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <map>
 #include <optional>
 #include <set>
 #include <unordered_map>

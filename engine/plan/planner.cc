@@ -412,7 +412,12 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
   };
   const bool prefetch0 = m.prefetch != OffloadChoice::kOff;
   const bool auto_keep_last = m.offload_keep_last < 0;
-  const int64_t split_step = std::max<int64_t>(1, L / 16);
+  // The splits between device and host auto tries: the last L/2, L/2 - L/16, ... blocks' data
+  // kept on the device (most first).
+  std::vector<int64_t> splits;
+  for (int64_t kept = L / 2, step = std::max<int64_t>(1, L / 16); kept > 0; kept -= step) {
+    splits.push_back(kept);
+  }
   const int64_t keep_last0 = auto_keep_last ? 0 : m.offload_keep_last;
   const Keep spec_way = {m.offload == OffloadChoice::kOn,
                          prefetch0,
@@ -442,7 +447,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
         // overlap's buffers are the first to give up, and without prefetch each block's
         // input arrives late.
         if (auto_keep_last && k.interval == 1 && k.prefetch && !k.overlap) {
-          for (int64_t kept = L / 2; kept >= split_step; kept -= split_step) {
+          for (int64_t kept : splits) {
             Keep split = k;
             split.keep_last = kept;
             candidates.push_back(split);
@@ -482,7 +487,7 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
     req.opts.recompute_interval = keep.interval;
     req.opts.saved_block_inputs = keep.saved;
     req.opts.overlap = keep.overlap;
-    req.opts.offload_keep_last = keep.offload ? keep.keep_last : 0;
+    req.opts.offload_keep_last = keep.keep_last;  // (read only under offload)
     ASSIGN_OR_RETURN(MemoryPlan p, PlanMemory(req));
     p.gpu_budget = gpu_budget;
     p.host_budget = host_budget;
@@ -559,8 +564,8 @@ absl::StatusOr<MemoryPlan> PlanJob(const JobSpec& spec, int64_t gpu_budget, int6
               req.opts.attention_aware_blocks = auto_policy ? 0 : m.attention_aware_blocks;
             }
             Keep fewest = keep, most = keep;
-            fewest.keep_last = split_step;
-            most.keep_last = split_step * (L / 2 / split_step);
+            fewest.keep_last = splits.back();
+            most.keep_last = splits.front();
             ASSIGN_OR_RETURN(MemoryPlan f, plan(fewest, chunks.back(), tiles.back()));
             ASSIGN_OR_RETURN(MemoryPlan h, plan(most, chunks.back(), tiles.back()));
             some_split_may_fit = (f.gpu_budget <= 0 || f.device_total() <= f.gpu_budget) &&
