@@ -60,6 +60,20 @@ std::vector<pid_t> ReadPids(const std::string& dir, int n) {
   return pids;
 }
 
+// A rank that writes its pid to $OUT/pid$RANK (whole, by a rename) and then sleeps.
+constexpr char kPidThenSleep[] =
+    "echo $$ > $OUT/pid$ITHACA_RANK.tmp && mv $OUT/pid$ITHACA_RANK.tmp "
+    "$OUT/pid$ITHACA_RANK; exec sleep 30";
+
+// Whether ranks 0 and 1 have written their pid files within 5 s.
+bool TwoPidsWritten(const std::string& dir) {
+  return WaitFor(
+      [&] {
+        return std::filesystem::exists(dir + "/pid0") && std::filesystem::exists(dir + "/pid1");
+      },
+      5);
+}
+
 LaunchOptions Sh(const std::string& script, int nproc, const std::string& dir) {
   LaunchOptions o;
   o.argv = {"sh", "-c", script};
@@ -238,17 +252,9 @@ pid_t ForkLauncher(const LaunchOptions& o, const std::string& status_file) {
 
 TEST(LocalLauncherTest, ForwardsSigterm) {
   TempDir dir;
-  LaunchOptions o =
-      Sh("echo $$ > $OUT/pid$ITHACA_RANK.tmp && mv $OUT/pid$ITHACA_RANK.tmp "
-         "$OUT/pid$ITHACA_RANK; exec sleep 30",
-         2, dir.path());
+  LaunchOptions o = Sh(kPidThenSleep, 2, dir.path());
   pid_t launcher = ForkLauncher(o, dir.path() + "/status");
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return std::filesystem::exists(dir.path() + "/pid0") &&
-               std::filesystem::exists(dir.path() + "/pid1");
-      },
-      5));
+  ASSERT_TRUE(TwoPidsWritten(dir.path()));
   kill(launcher, SIGTERM);
   int status = 0;
   ASSERT_TRUE(WaitFor([&] { return waitpid(launcher, &status, WNOHANG) == launcher; }, 5))
@@ -279,12 +285,7 @@ TEST(LocalLauncherTest, ForwardsADrainAndADrainedExitIsNoFailure) {
             "while True: time.sleep(0.05)\n"};
   o.forward_drain = true;
   pid_t launcher = ForkLauncher(o, dir.path() + "/status");
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return std::filesystem::exists(dir.path() + "/pid0") &&
-               std::filesystem::exists(dir.path() + "/pid1");
-      },
-      5));
+  ASSERT_TRUE(TwoPidsWritten(dir.path()));
   kill(launcher, SIGUSR1);  // to the launcher only: it forwards it
   int status = 0;
   ASSERT_TRUE(WaitFor([&] { return waitpid(launcher, &status, WNOHANG) == launcher; }, 5))
@@ -307,17 +308,9 @@ TEST(LocalLauncherTest, ForwardsADrainAndADrainedExitIsNoFailure) {
 
 TEST(LocalLauncherTest, RanksDieWithTheLauncher) {
   TempDir dir;
-  LaunchOptions o =
-      Sh("echo $$ > $OUT/pid$ITHACA_RANK.tmp && mv $OUT/pid$ITHACA_RANK.tmp "
-         "$OUT/pid$ITHACA_RANK; exec sleep 30",
-         2, dir.path());
+  LaunchOptions o = Sh(kPidThenSleep, 2, dir.path());
   pid_t launcher = ForkLauncher(o, dir.path() + "/status");
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return std::filesystem::exists(dir.path() + "/pid0") &&
-               std::filesystem::exists(dir.path() + "/pid1");
-      },
-      5));
+  ASSERT_TRUE(TwoPidsWritten(dir.path()));
   kill(launcher, SIGKILL);  // no chance to clean up: PR_SET_PDEATHSIG must do it
   waitpid(launcher, nullptr, 0);
   for (pid_t pid : ReadPids(dir.path(), 2)) {
