@@ -18,7 +18,7 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
 BIN=$PWD/.device/bin
 export LD_LIBRARY_PATH=$BIN/lib
 RATES=${RATES:-$PWD/engine/plan/rates/h100.txt}
-HOST_GIB=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+HOST_GIB=${HOST_GIB:-$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)}
 GPU_GIB=${GPU_GIB:-80}
 # What auto may choose for memory.recompute: "auto" (the default); the first calls of this round
 # ran the bench's own default, "full", before the flag was passed (RECOMPUTE=full repeats them).
