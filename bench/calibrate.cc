@@ -7,8 +7,10 @@
 // - every GEMM shape the planner's replay issues for --models at --layouts, --seq_lens, the tile
 //   and head-stage candidates (a dimension above --gemm_cap is measured at the cap; the model
 //   scales by FLOPs from there);
-// - attention forward and backward at each --head_dims and --attention_seqs (8 query heads, 2
-//   K/V heads, causal), in FLOP/s of AttentionFlops;
+// - attention forward and backward at each --head_dims, --attention_heads (a quarter of them K/V
+//   heads) and --attention_seqs, causal, in FLOP/s of AttentionFlops; a (heads, length) whose
+//   work heads x length^2 is above --attention_max_work is skipped (32 heads stop at 512K,
+//   4 heads, a rank's share under Ulysses 8, at 1M);
 // - each elementwise op at --elementwise_elems elements (its bytes counted by the meta device's
 //   own rule) and at 4096 (the launch time);
 // - pinned host <-> device copies of 1 GiB (CUDA), and the CPU AdamW of optimizer offload over
@@ -44,9 +46,12 @@ ABSL_FLAG(std::string, seq_lens, "65536,1048576",
           "sequence lengths whose GEMM shapes are measured");
 ABSL_FLAG(int64_t, gemm_cap, 65536, "GEMM dimensions above this are measured at it");
 ABSL_FLAG(std::string, head_dims, "64,128", "attention head dims");
-ABSL_FLAG(std::string, attention_seqs, "4096,16384,65536,131072", "attention lengths");
+ABSL_FLAG(std::string, attention_seqs, "4096,16384,65536,131072,262144,524288,1048576",
+          "attention lengths");
 ABSL_FLAG(std::string, attention_heads, "32,4",
           "query heads per attention call (a quarter of them K/V heads)");
+ABSL_FLAG(double, attention_max_work, 32.0 * 524288.0 * 524288.0,
+          "largest heads x length^2 of an attention measurement (each one's time is bounded)");
 ABSL_FLAG(int64_t, elementwise_elems, int64_t{1} << 27, "elements of the elementwise ops");
 ABSL_FLAG(int64_t, adamw_params, int64_t{1} << 26, "parameters of the CPU AdamW measurement");
 ABSL_FLAG(bool, list_shapes, false, "print the GEMM shapes it would measure, and exit");
@@ -189,6 +194,7 @@ absl::Status Run() {
   for (int64_t D : Ints(absl::GetFlag(FLAGS_head_dims))) {
     for (int64_t H : Ints(absl::GetFlag(FLAGS_attention_heads))) {
       for (int64_t S : Ints(absl::GetFlag(FLAGS_attention_seqs))) {
+        if (double(H) * double(S) * double(S) > absl::GetFlag(FLAGS_attention_max_work)) continue;
         const int64_t Hkv = std::max<int64_t>(1, H / 4);
         ASSIGN_OR_RETURN(Buffer q, Make(alloc, act, {S, H, D}, Tier::kAttention));
         ASSIGN_OR_RETURN(Buffer k, Make(alloc, act, {S, Hkv, D}, Tier::kAttention));
