@@ -9,9 +9,13 @@ export PATH=/usr/local/cuda/bin:$PATH
   python3 -c "import tarfile; tarfile.open('.device/bin.tar.xz').extractall('.device')"
 export LD_LIBRARY_PATH=$PWD/.device/bin/lib
 nvidia-smi -L
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+  *H100*) DEVICE=h100 ;;
+  *) DEVICE=h200 ;;
+esac
 run() {  # NAME HEAD_DIMS HEADS SEQS
   echo "=== $1 ($(date -u +%T))"
-  timeout 300 .device/bin/calibrate --backend=cuda --device=h100 --models=llama-3.2-1b \
+  timeout 300 .device/bin/calibrate --backend=cuda --device=$DEVICE --models=llama-3.2-1b \
     --layouts=1:1 --seq_lens=4096 --elementwise_elems=4096 --adamw_params=4096 \
     --head_dims=$2 --attention_heads=$3 --attention_seqs=$4 > "$OUT/$1.txt" 2> "$OUT/$1.log"
   echo "rc=$?"; grep "^attention" "$OUT/$1.log"

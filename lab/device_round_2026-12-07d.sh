@@ -5,6 +5,8 @@
 # session), then the GPU suite (issue 55: the moves and the inline Shape re-run on a GPU).
 #   call 1: lab/device_round_2026-12-07d.sh start    starts the step, waits up to WAIT_S (520)
 #   call 2: lab/device_round_2026-12-07d.sh finish   waits for it, collects it, runs the suite
+#           (`collect` instead: waits and collects only)
+# Ran on an H100 on 2026-12-07 (the H200 did not start): bench/results/2026-12-07-lora-512k-*.
 # The host is taken as 125 GiB (the lent machines' 128 GiB less the system's share): an H200
 # machine's MemTotal starts low and grows as memory is used.
 set -uo pipefail
@@ -21,7 +23,7 @@ case "${1:?start or finish}" in
   start)
     lab/device_round_2026-12-07c.sh bg512k
     WAIT_S=${WAIT_S:-520} lab/device_round_2026-12-07c.sh wait512k ;;
-  finish)
+  finish | collect)
     WAIT_S=${WAIT_S:-400} lab/device_round_2026-12-07c.sh wait512k
-    bench/device_session.sh .device/bin "$OUT" tests ;;
+    [ "$1" = finish ] && bench/device_session.sh .device/bin "$OUT" tests ;;
 esac
