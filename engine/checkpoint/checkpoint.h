@@ -45,6 +45,11 @@ struct TrainState {
   // The model directory the run started from (ModelSourceDir; "" for a preset): ithaca-export
   // copies its tokenizer and generation config when not given --source-model.
   std::string source_model;
+  // The run's [lora] (rank 0: none): a LoRA checkpoint holds the adapters alone, and ithaca-export
+  // needs their alpha and targets to write the PEFT adapter or merge it into a base. state.json's
+  // "lora" ({"r", "lora_alpha", "target_modules"}, PEFT's names); absent in checkpoints saved
+  // before 2026-12-07's last version, and in every run without adapters.
+  LoraConfig lora;
 };
 
 // One process saving alone: BeginCheckpoint, WriteCheckpointShard(rank 0 of 1), CommitCheckpoint.

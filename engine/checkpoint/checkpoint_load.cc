@@ -89,6 +89,31 @@ absl::StatusOr<TrainState> ReadCheckpointState(const std::string& path) {
   if (js.contains("source_model") && js["source_model"].is_string()) {
     state.source_model = js["source_model"].get<std::string>();
   }
+  if (js.contains("lora")) {
+    const nlohmann::json& l = js["lora"];
+    auto corrupt = [&](const std::string& what) {
+      return absl::DataLossError(absl::StrCat(path, "/state.json: corrupt: lora: ", what));
+    };
+    if (!l.is_object() || !l.contains("r") || !l["r"].is_number_integer() ||
+        l["r"].get<int64_t>() <= 0) {
+      return corrupt("needs an integer r > 0");
+    }
+    if (!l.contains("lora_alpha") || !l["lora_alpha"].is_number() ||
+        !std::isfinite(l["lora_alpha"].get<double>()) || l["lora_alpha"].get<double>() <= 0) {
+      return corrupt("needs a number lora_alpha > 0");
+    }
+    if (!l.contains("target_modules") || !l["target_modules"].is_array() ||
+        l["target_modules"].empty()) {
+      return corrupt("needs a list target_modules");
+    }
+    state.lora.rank = l["r"].get<int64_t>();
+    state.lora.alpha = l["lora_alpha"].get<double>();
+    for (const nlohmann::json& name : l["target_modules"]) {
+      const int t = name.is_string() ? LoraTargetOf(name.get<std::string>()) : -1;
+      if (t < 0) return corrupt(absl::StrCat("target_modules: ", name.dump(), " is no target"));
+      state.lora.targets[t] = true;
+    }
+  }
   return state;
 }
 

@@ -295,6 +295,14 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
                          {"source_model", state.source_model},
                          {"world", world},
                          {"format", "ithaca-checkpoint-v1"}};
+    if (state.lora.enabled()) {
+      std::vector<std::string> targets;
+      for (int t = 0; t < kNumLoraTargets; ++t) {
+        if (state.lora.targets[t]) targets.push_back(LoraTargetName(t));
+      }
+      js["lora"] = {
+          {"r", state.lora.rank}, {"lora_alpha", state.lora.alpha}, {"target_modules", targets}};
+    }
     RETURN_IF_ERROR(WriteFileAtomic(tmp + "/state.json", js.dump(2) + "\n"));
   }
   // Checksummed here, in parallel with the other ranks, rather than all by rank 0 at commit.

@@ -318,6 +318,42 @@ TEST(CheckpointTest, NegativeCountsInTheStateAreDataLoss) {
   EXPECT_NE(big.status().message().find("more than the"), std::string::npos) << big.status();
 }
 
+// state.json's "lora" (what ithaca-export needs of a LoRA run): read back as written, and a
+// damaged one is data loss naming the key, never a run without adapters.
+TEST(CheckpointTest, TheStateRecordsTheRunsLora) {
+  const std::string dir = FreshDir("lora_state");
+  const std::string head = "{\"step\": 3, \"data_position\": 4";
+  ASSERT_TRUE(WriteFileAtomic(dir + "/state.json",
+                              head + ", \"lora\": {\"r\": 8, \"lora_alpha\": 16.5, "
+                                     "\"target_modules\": [\"q_proj\", \"down_proj\"]}}")
+                  .ok());
+  absl::StatusOr<TrainState> st = ReadCheckpointState(dir);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->lora.rank, 8);
+  EXPECT_EQ(st->lora.alpha, 16.5);
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    EXPECT_EQ(st->lora.targets[t], t == kLoraQ || t == kLoraDown) << LoraTargetName(t);
+  }
+  ASSERT_TRUE(WriteFileAtomic(dir + "/state.json", head + "}").ok());
+  st = ReadCheckpointState(dir);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_FALSE(st->lora.enabled());
+  for (const auto& [lora, what] : std::vector<std::pair<std::string, std::string>>{
+           {"[]", "an integer r > 0"},
+           {"{\"r\": 0, \"lora_alpha\": 1, \"target_modules\": [\"q_proj\"]}", "r > 0"},
+           {"{\"r\": 4, \"target_modules\": [\"q_proj\"]}", "lora_alpha > 0"},
+           {"{\"r\": 4, \"lora_alpha\": 1, \"target_modules\": []}", "target_modules"},
+           {"{\"r\": 4, \"lora_alpha\": 1, \"target_modules\": [\"qproj\"]}",
+            "\"qproj\" is no target"}}) {
+    ASSERT_TRUE(WriteFileAtomic(dir + "/state.json", head + ", \"lora\": " + lora + "}").ok());
+    st = ReadCheckpointState(dir);
+    ASSERT_FALSE(st.ok()) << lora;
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(st.status().message().find("lora: "), std::string::npos) << st.status();
+    EXPECT_NE(st.status().message().find(what), std::string::npos) << st.status();
+  }
+}
+
 // Values that differ by unit and position, so that a tensor read back from the wrong place of a
 // sharded checkpoint shows.
 OptimizerShards DistinctState(const ParamLayout& layout) {

@@ -15,6 +15,7 @@
 
 #include "engine/core/file_util.h"
 #include "engine/model/config.h"
+#include "engine/model/lora_adapter.h"
 #include "engine/model/params.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
@@ -96,6 +97,22 @@ absl::Status MergeLora(const SafetensorsReader& adapters, const LoraConfig& lora
   return absl::OkStatus();
 }
 
+// A LoRA checkpoint's adapters as a PEFT directory in `dir`.
+absl::Status WritePeftExport(LlamaConfig cfg, const SafetensorsReader& reader,
+                             const std::string& dir, const ExportOptions& options) {
+  cfg.lora = options.lora;
+  const ParamLayout layout(cfg);
+  HostWeights units(layout.num_units());
+  std::vector<const float*> ptrs(layout.num_units(), nullptr);
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    const int u = layout.lora_unit(l);
+    units[u].resize(static_cast<size_t>(layout.units()[u].numel));
+    RETURN_IF_ERROR(ReadUnitWeightsInto(layout, reader, u, units[u].data()));
+    ptrs[u] = units[u].data();
+  }
+  return WritePeftAdapter(dir, cfg, layout, ptrs, options.peft_base_model);
+}
+
 // Writes the whole export into `dir` (which exists and is empty).
 absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
                          const ExportOptions& options) {
@@ -103,6 +120,19 @@ absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
   ASSIGN_OR_RETURN(LlamaConfig cfg, LoadConfigJson(model));
   const ParamLayout layout(cfg);
   ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(model));
+  if (!options.lora.enabled()) {
+    for (const std::string& name : reader->Names()) {
+      if (name.find(".lora_") == std::string::npos) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          checkpoint,
+          " holds a LoRA run's adapters, and its state.json does not record the "
+          "run's [lora] (a checkpoint saved before ithaca-export read them): export it with the "
+          "run's checkpoint.export, or resume the run for a step to save a new checkpoint"));
+    }
+  }
+  if (options.lora.enabled() && options.lora_base.empty()) {
+    return WritePeftExport(cfg, *reader, dir, options);
+  }
   std::unique_ptr<SafetensorsReader> adapters;  // LoRA: the checkpoint's; `reader` the base's
   if (options.lora.enabled()) {
     adapters = std::move(reader);
@@ -194,14 +224,24 @@ absl::StatusOr<std::string> FindCheckpoint(const std::string& path) {
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out,
                               const ExportOptions& given) {
   ExportOptions options = given;
+  // What the run recorded; a damaged state.json is named by VerifyCheckpoint below.
+  TrainState state = ReadCheckpointState(checkpoint).value_or(TrainState());
+  // A LoRA run's [lora], as its checkpoint recorded it.
+  if (!options.lora.enabled()) options.lora = state.lora;
+  if (!options.lora.enabled() && !options.lora_base.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a base to merge into (", options.lora_base, ") was given, but ", checkpoint,
+                     " is not a LoRA run's checkpoint (its state.json records no [lora])"));
+  }
+  if (options.peft_base_model.empty()) options.peft_base_model = state.source_model;
   // Without a source model, the one the run started from (its checkpoint records it), while
   // that directory still exists.
-  if (options.source_model_dir.empty()) {
-    absl::StatusOr<TrainState> state = ReadCheckpointState(checkpoint);
-    if (state.ok() && !state->source_model.empty() && IsDir(state->source_model)) {
-      options.source_model_dir = state->source_model;
-    }
+  if (options.source_model_dir.empty() && !state.source_model.empty() &&
+      IsDir(state.source_model)) {
+    options.source_model_dir = state.source_model;
   }
+  // A PEFT adapter directory holds the adapter alone: no tokenizer files.
+  if (options.lora.enabled() && options.lora_base.empty()) options.source_model_dir.clear();
   if (options.dtype != DType::kBF16 && options.dtype != DType::kF32) {
     return absl::InvalidArgumentError(
         absl::StrCat("export dtype ", DTypeName(options.dtype), ": must be bf16 or f32"));

@@ -31,11 +31,15 @@ struct ExportOptions {
   // The length the model was trained at (the trainer's data.seq_len): config.json's
   // max_position_embeddings is raised to it when below. 0: as the checkpoint says.
   int64_t trained_seq_len = 0;
-  // A LoRA checkpoint (its model/ holds the adapters alone) merged into its base: every weight
-  // comes from `lora_base` (a safetensors file, index or directory), and each targeted linear's
-  // gets lora.scale() · B · A added (lora_merge_on_export). lora.rank 0: a plain checkpoint.
+  // A LoRA checkpoint (its model/ holds the adapters alone). `lora` is the run's [lora]; rank 0
+  // here: ExportCheckpoint takes it from the checkpoint's state.json. Without `lora_base` the
+  // export is the PEFT adapter directory (adapter_config.json, adapter_model.safetensors in f32,
+  // whatever `dtype`; base_model_name_or_path `peft_base_model`, by default the model directory
+  // the run started from). With it, the merged model: every weight from `lora_base` (a
+  // safetensors file, index or directory), each targeted linear's + lora.scale() · B · A.
   LoraConfig lora;
   std::string lora_base;
+  std::string peft_base_model;
 };
 
 // Copied from ExportOptions::source_model_dir when present there.
@@ -51,9 +55,10 @@ absl::StatusOr<DType> ParseExportDType(const std::string& name);
 // complete step). NOT_FOUND naming the path when it holds neither.
 absl::StatusOr<std::string> FindCheckpoint(const std::string& path);
 
-// Verifies the checkpoint against its manifest, then writes its model to `out`. Without
-// options.source_model_dir, the model directory the run started from (its state.json records
-// it) gives the tokenizer and generation config, when that directory still exists.
+// Verifies the checkpoint against its manifest, then writes its model to `out` (a LoRA run's: its
+// adapter or the merged model, ExportOptions::lora). Without options.source_model_dir, the model
+// directory the run started from (its state.json records it) gives the tokenizer and generation
+// config of a model export, when that directory still exists.
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out,
                               const ExportOptions& options);
 

@@ -191,6 +191,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     ASSIGN_OR_RETURN(t->sp_comm_, comm->Split(group.color, group.key));
   }
   ASSIGN_OR_RETURN(t->cfg_, ResolveModelConfig(spec));
+  t->state_.lora = t->cfg_.lora;  // what ithaca-export reads back
   const LlamaModel::Options mo = ModelOptionsFromSpec(spec);
   const auto model_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(t->model_, LlamaModel::Create(t->cfg_, ops, alloc, mo, comm, t->sp_comm_.get()));
@@ -295,6 +296,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, Op
     t->state_.run_id = run_id;
     t->state_.schedule_steps = spec.training.steps;
     if (t->state_.source_model.empty()) t->state_.source_model = RecordedSourceModel(spec);
+    t->state_.lora = t->cfg_.lora;
     std::string note;
     if (ck.state.schedule_steps > 0) {
       t->schedule_ = ContinueAfterResume(t->schedule_, ck.state.step, ck.state.lr,
@@ -605,30 +607,20 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& on_step,
 }
 
 absl::Status Trainer::ExportLoraAdapter(const std::string& checkpoint) {
-  // The adapters alone, as a PEFT directory (f32: they are small), from the checkpoint just
-  // written, verified against its manifest first.
-  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(checkpoint));
-  for (size_t i = 0; i < manifest.files.size(); ++i) {
-    RETURN_IF_ERROR(VerifyCheckpointFile(checkpoint, manifest, i));
-  }
-  const ParamLayout& layout = model_->layout();
-  ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(checkpoint + "/model"));
-  HostWeights units(layout.num_units());
-  std::vector<const float*> ptrs(layout.num_units(), nullptr);
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-    const int u = layout.lora_unit(l);
-    units[u].resize(layout.units()[u].numel);
-    RETURN_IF_ERROR(ReadUnitWeightsInto(layout, *reader, u, units[u].data()));
-    ptrs[u] = units[u].data();
-  }
+  // The adapters alone, as a PEFT directory (f32: they are small), and with merge_on_export the
+  // base from where the run took it with each targeted weight + scale · B · A; both from the
+  // checkpoint just written, verified against its manifest on the way (ithaca-export's path).
   const std::string source = RecordedSourceModel(spec_);
   const bool merge = spec_.lora.merge_on_export;
   const std::string out = ExportDir(spec_), adapter_out = merge ? out + "-adapter" : out;
-  RETURN_IF_ERROR(WritePeftAdapter(adapter_out, cfg_, layout, ptrs,
-                                   source.empty() ? spec_.model.preset : source));
+  ExportOptions adapter;
+  adapter.replace = true;
+  adapter.lora = cfg_.lora;
+  adapter.peft_base_model = source.empty() ? spec_.model.preset : source;
+  RETURN_IF_ERROR(ExportCheckpoint(checkpoint, adapter_out, adapter));
   std::printf("exported the LoRA adapter of %s to %s (PEFT, f32)\n", checkpoint.c_str(),
               adapter_out.c_str());
-  if (merge) {  // the base from where the run took it, each targeted weight + scale · B · A
+  if (merge) {
     ExportOptions options;
     ASSIGN_OR_RETURN(options.dtype, ParseExportDType(spec_.checkpoint.export_dtype));
     options.source_model_dir = ModelSourceDir(spec_);

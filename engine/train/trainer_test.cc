@@ -13,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/backend/cpu/cpu_ops.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/export.h"
 #include "engine/checkpoint/model_loss.h"
 #include "engine/core/file_util.h"
 #include "engine/model/lora_adapter.h"
@@ -207,6 +209,23 @@ TEST(TrainerTest, LoraTrainsTheAdaptersResumesExactlyAndExportsPeft) {
   auto adapter = SafetensorsReader::Open(peft + "/adapter_model.safetensors");
   ASSERT_TRUE(adapter.ok()) << adapter.status();
   EXPECT_EQ((*adapter)->Names().size(), names.size());
+  // ithaca-export's path, from the checkpoint alone (its state.json says the [lora]): the same
+  // adapter, byte for byte, and the same adapter_config.json but for the base's name.
+  {
+    ExportOptions alone;
+    alone.peft_base_model = "base";
+    ASSERT_TRUE(ExportCheckpoint(*latest, dir + "/cli", alone).ok());
+    auto ours = ReadFileToString(dir + "/cli/adapter_model.safetensors");
+    auto trainers = ReadFileToString(peft + "/adapter_model.safetensors");
+    ASSERT_TRUE(ours.ok() && trainers.ok());
+    EXPECT_TRUE(*ours == *trainers) << "the adapter differs from the trainer's export";
+    auto cli_config = ReadFileToString(dir + "/cli/adapter_config.json");
+    ASSERT_TRUE(cli_config.ok()) << cli_config.status();
+    nlohmann::json c = nlohmann::json::parse(*cli_config);
+    EXPECT_EQ(c["base_model_name_or_path"], "base");
+    c["base_model_name_or_path"] = j["base_model_name_or_path"];
+    EXPECT_EQ(c, j);
+  }
 
   JobSpec next = spec;
   next.checkpoint = JobSpec::Checkpoint();
@@ -282,6 +301,21 @@ TEST(TrainerTest, LoraMergeOnExportIsTheBasePlusTheAdapter) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_NEAR(merged->loss, adapted->loss, 1e-5);
   EXPECT_GT(std::abs(merged->loss - plain->loss), 2e-4) << "the adapters moved";
+
+  // ithaca-export's path from the checkpoint alone: merged into the base, the trainer's merged
+  // export byte for byte.
+  auto latest = LatestCheckpoint(dir + "/run");
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  ExportOptions into_base;
+  into_base.dtype = DType::kF32;
+  into_base.lora_base = dir + "/base";
+  ASSERT_TRUE(ExportCheckpoint(*latest, dir + "/cli-merged", into_base).ok());
+  for (const char* file : {"model.safetensors", "config.json"}) {
+    auto ours = ReadFileToString(dir + "/cli-merged/" + file);
+    auto trainers = ReadFileToString(dir + "/run/export/" + file);
+    ASSERT_TRUE(ours.ok() && trainers.ok()) << file;
+    EXPECT_TRUE(*ours == *trainers) << file << " differs from the trainer's merged export";
+  }
 
   // A new phase: [init] from the base's model directory with [lora] init the exported adapter
   // starts from both: the base's weights and the trained adapters, bit for bit.

@@ -62,4 +62,6 @@ expect_error 1 "$T/out/bf16: exists and is not an empty directory" \
 expect_error 2 "--dtype fp8: must be bf16 or f32" "$EXPORT" "$CKPT" --out "$T/x" --dtype fp8
 expect_error 1 "$T/nomodel: no such source model directory" \
   "$EXPORT" "$CKPT" --out "$T/x" --source-model "$T/nomodel"
+expect_error 1 "is not a LoRA run's checkpoint (its state.json records no [lora])" \
+  "$EXPORT" "$CKPT" --out "$T/x" --merge-base "$MODEL"
 echo PASS
