@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root: lab/hopper_attention/run_device.sh STEP...
-# STEPs: build check bench l2 v5final cluster zigzag ncu (the kernel is the engine's own, built by build.sh; the
+# STEPs: build check bench l2 v5final cluster zigzag hd64p ncu (the kernel is the engine's own, built by build.sh; the
 # tile-order and pipeline variants of notes/INDEX.md were built from the experimental copy this
 # directory held until the kernel moved into the engine: git show 710544f:bench/hopper_attention/hopper_fwd.cu). Logs and JSON lines go to $OUT (or ./out).
 set -uo pipefail
@@ -56,6 +56,18 @@ for step in "$@"; do
           -k regex:attn_fwd --launch-count 1 python3 $H/bench.py one --impl $impl --S 524288 --D 64 >> "$OUT/ncu_cluster.txt" 2>&1
       done
       grep -E "===|gpu__time|per_second|hit_rate|dram__|grid_size" "$OUT/ncu_cluster.txt" ;;
+    hd64p)
+      # s8: head_dim 64 in pairs with 2 consumer warpgroups (build_s8.sh builds both libraries
+      # here; carry lab/hopper_attention/build) against the engine's kernel as it is (base): checks
+      # at 32:8 and 4:1 heads, then timings per cluster size at 16K, 128K, 512K and a rank's 4:1
+      # at 1M. The bar at hd64 is 600 TFLOPS; base is 533 at 128K and 503 at 512K (H100).
+      export HOPPER_ATTN_BASE_LIB=$H/build/libhopper_base.so
+      timeout 60 python3 $H/bench.py check --quick --D 64 --check-impls ours,ours_c1,ours_c2 2>&1 | grep -v Warn > "$OUT/check_s8.jsonl"
+      timeout 60 python3 $H/bench.py check --quick --D 64 --heads 4:1 --check-impls ours,ours_c2 2>&1 | grep -v Warn >> "$OUT/check_s8.jsonl"
+      echo "checks ok: $(grep -c '"ok": true' "$OUT/check_s8.jsonl") of $(grep -c '"check"' "$OUT/check_s8.jsonl")"
+      B=$OUT/bench_s8.jsonl
+      MIN_REPS=2 timeout 120 python3 $H/bench.py bench --D 64 --S 16384,131072,524288 --impls base,ours_c1,ours_c2,ours_c4 --out $B 2>&1 | grep -v Warn | cut -c1-150
+      MIN_REPS=2 timeout 90 python3 $H/bench.py bench --D 64 --S 1048576 --heads 4:1 --impls base,ours_c2 --out $B 2>&1 | grep -v Warn | cut -c1-150 ;;
     zigzag)
       # v7 (pairs of row blocks walked up then down, every cluster in phase) against the kernel
       # before it ($H/build/libhopper_base.so, built from the parent commit): checks at 32:8 and
