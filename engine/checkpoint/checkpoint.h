@@ -181,9 +181,11 @@ absl::StatusOr<std::string> InitWeightsDir(const std::string& from);
 // both values otherwise; the config.json's own errors as LoadConfigJson's. OK when there is no
 // config.json. ithacad checks at admission, the worker again at start.
 absl::Status CheckInitModel(const std::string& weights, const LlamaConfig& cfg);
-// A model's full weights to start from, not a LoRA run's checkpoint (whose model/ holds the
-// adapters alone: the frozen base is not saved): FAILED_PRECONDITION naming `key` and `dir` and
-// what to start from instead when `weights` holds adapters and no base tensor.
+// Whether `weights` are a LoRA run's checkpoint: adapter tensors (lora_A, lora_B) and no base
+// tensor (the frozen base is not saved).
+bool HoldsAdaptersOnly(const SafetensorsReader& weights);
+// A model's full weights to start from, not a LoRA run's checkpoint (HoldsAdaptersOnly):
+// FAILED_PRECONDITION naming `key` and `dir` and what to start from instead.
 absl::Status CheckNotAdaptersOnly(const SafetensorsReader& weights, const std::string& key,
                                   const std::string& dir);
 // The checkpoint step whose model/ `weights` is (InitWeightsDir's answer, or a step's model/

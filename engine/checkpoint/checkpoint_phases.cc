@@ -88,14 +88,18 @@ absl::StatusOr<std::string> InitWeightsDir(const std::string& from) {
   return *latest + "/model";
 }
 
-absl::Status CheckNotAdaptersOnly(const SafetensorsReader& weights, const std::string& key,
-                                  const std::string& dir) {
+bool HoldsAdaptersOnly(const SafetensorsReader& weights) {
   bool adapters = false, base = false;
   for (const std::string& name : weights.Names()) {
     (absl::StrContains(name, ".lora_A.") || absl::StrContains(name, ".lora_B.") ? adapters : base) =
         true;
   }
-  if (!adapters || base) return absl::OkStatus();
+  return adapters && !base;
+}
+
+absl::Status CheckNotAdaptersOnly(const SafetensorsReader& weights, const std::string& key,
+                                  const std::string& dir) {
+  if (!HoldsAdaptersOnly(weights)) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       key, ": ", dir,
       " holds a LoRA run's adapters alone (its checkpoints leave out the frozen base); start "

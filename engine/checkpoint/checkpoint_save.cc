@@ -296,12 +296,9 @@ absl::StatusOr<CheckpointWriteReport> WriteCheckpointShardFrom(
                          {"world", world},
                          {"format", "ithaca-checkpoint-v1"}};
     if (state.lora.enabled()) {
-      std::vector<std::string> targets;
-      for (int t = 0; t < kNumLoraTargets; ++t) {
-        if (state.lora.targets[t]) targets.push_back(LoraTargetName(t));
-      }
-      js["lora"] = {
-          {"r", state.lora.rank}, {"lora_alpha", state.lora.alpha}, {"target_modules", targets}};
+      js["lora"] = {{"r", state.lora.rank},
+                    {"lora_alpha", state.lora.alpha},
+                    {"target_modules", LoraTargetNames(state.lora)}};
     }
     RETURN_IF_ERROR(WriteFileAtomic(tmp + "/state.json", js.dump(2) + "\n"));
   }

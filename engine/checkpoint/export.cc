@@ -120,15 +120,12 @@ absl::Status WriteExport(const std::string& checkpoint, const std::string& dir,
   ASSIGN_OR_RETURN(LlamaConfig cfg, LoadConfigJson(model));
   const ParamLayout layout(cfg);
   ASSIGN_OR_RETURN(auto reader, SafetensorsReader::Open(model));
-  if (!options.lora.enabled()) {
-    for (const std::string& name : reader->Names()) {
-      if (name.find(".lora_") == std::string::npos) continue;
-      return absl::FailedPreconditionError(absl::StrCat(
-          checkpoint,
-          " holds a LoRA run's adapters, and its state.json does not record the "
-          "run's [lora] (a checkpoint saved before ithaca-export read them): export it with the "
-          "run's checkpoint.export, or resume the run for a step to save a new checkpoint"));
-    }
+  if (!options.lora.enabled() && HoldsAdaptersOnly(*reader)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        checkpoint,
+        " holds a LoRA run's adapters, and its state.json does not record the "
+        "run's [lora] (a checkpoint saved before ithaca-export read them): export it with the "
+        "run's checkpoint.export, or resume the run for a step to save a new checkpoint"));
   }
   if (options.lora.enabled() && options.lora_base.empty()) {
     return WritePeftExport(cfg, *reader, dir, options);

@@ -33,6 +33,14 @@ int LoraTargetOf(const std::string& name) {
   return -1;
 }
 
+std::vector<std::string> LoraTargetNames(const LoraConfig& lora) {
+  std::vector<std::string> names;
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    if (lora.targets[t]) names.push_back(LoraTargetName(t));
+  }
+  return names;
+}
+
 int64_t LlamaConfig::LayerParameters() const {
   const int64_t d = hidden_size;
   const int64_t q = num_attention_heads * head_dim * d;

@@ -33,6 +33,8 @@ struct LoraConfig {
   bool enabled() const { return rank > 0; }
   float scale() const { return static_cast<float>(alpha / static_cast<double>(rank)); }
 };
+// The names of the targets `lora` has, in LoraTarget order (PEFT's target_modules).
+std::vector<std::string> LoraTargetNames(const LoraConfig& lora);
 
 struct LlamaConfig {
   ModelFamily family = ModelFamily::kLlama;

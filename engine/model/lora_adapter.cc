@@ -17,14 +17,6 @@ uint64_t Mix(uint64_t x) {  // SplitMix64's finalizer, as weights.cc draws
   return x ^ (x >> 31);
 }
 
-std::vector<std::string> TargetNames(const LoraConfig& lora) {
-  std::vector<std::string> names;
-  for (int t = 0; t < kNumLoraTargets; ++t) {
-    if (lora.targets[t]) names.push_back(LoraTargetName(t));
-  }
-  return names;
-}
-
 }  // namespace
 
 std::string PeftKey(const std::string& hf_name) { return "base_model.model." + hf_name; }
@@ -146,7 +138,7 @@ absl::Status WritePeftAdapter(const std::string& dir, const LlamaConfig& cfg,
                       {"r", cfg.lora.rank},
                       {"lora_alpha", cfg.lora.alpha},
                       {"lora_dropout", 0.0},
-                      {"target_modules", TargetNames(cfg.lora)},
+                      {"target_modules", LoraTargetNames(cfg.lora)},
                       {"bias", "none"},
                       {"fan_in_fan_out", false},
                       {"init_lora_weights", true},
