@@ -9,12 +9,34 @@
 #   lora     LoRA rank 16 and full fine-tuning whole steps at 128K (one warm-up, one timed each;
 #            device_round_2026-12-07c.sh s128k with the H200's 140 GiB and rates)
 # On an H100 the same parts run LoRA's 512K step instead (device_round_2026-12-07d.sh decides).
+#   check    issue 51's ring pieces on cuDNN (attention_test Chunks/*), the GPU suite, and
+#            issue 50's s8 (lab/hopper_attention/run_device.sh hd64p; carry
+#            lab/hopper_attention/build from build_s8.sh), about 4 min
 # Start and collect must follow each other within the machine's 30 s warm time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:?calib, start, collect or lora}" in
+case "${1:?calib, check, full, fullcollect, start, collect or lora}" in
   calib) lab/calibrate_long_attention.sh ;;
+  check)
+    [ -x .device/bin/attention_test ] ||
+      python3 -c "import tarfile; tarfile.open('.device/bin.tar.xz').extractall('.device')"
+    export LD_LIBRARY_PATH=$PWD/.device/bin/lib
+    nvidia-smi -L
+    timeout 120 .device/bin/attention_test --gtest_filter='Chunks/*' > "$OUT/ring-chunks.log" 2>&1
+    echo "ring chunks rc=$?"; grep -E "PASSED|FAILED|tests ran" "$OUT/ring-chunks.log" | tail -4
+    bench/device_session.sh .device/bin "$OUT" tests 2>&1 | tail -4
+    lab/hopper_attention/run_device.sh hd64p ;;
   start | collect) lab/device_round_2026-12-07d.sh "$1" ;;
+  full)  # full fine-tuning's 512K step on whichever GPU this is (issue 52 on an H100, 56 on an H200),
+         # started in the background and waited for until WAIT_S; `collect` goes on waiting
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    export GPU_GIB=80 BG_NAME=full512k BG_EXTRA=--lora_rank=0 HOST_GIB=${HOST_GIB:-125}
+    [ "$mib" -gt 100000 ] && export GPU_GIB=140 RATES=$PWD/engine/plan/rates/h200.txt
+    lab/device_round_2026-12-07c.sh bg512k
+    WAIT_S=${WAIT_S:-520} lab/device_round_2026-12-07c.sh wait512k ;;
+  fullcollect)
+    export BG_NAME=full512k HOST_GIB=${HOST_GIB:-125}
+    WAIT_S=${WAIT_S:-580} lab/device_round_2026-12-07c.sh wait512k ;;
   lora)
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     if [ "$mib" -gt 100000 ]; then
