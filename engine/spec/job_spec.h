@@ -169,9 +169,10 @@ struct JobSpec {
     OffloadChoice optimizer_offload = OffloadChoice::kAuto;
     // Each rank's bf16 working copy in (pinned) host memory too, streamed to the device a unit
     // ahead of use (engine/parallel/fsdp.h): true | false | "auto" (the planner turns it on
-    // only when the job does not fit the GPU budget with the optimizer's state on the host
-    // alone). Needs the optimizer's state on the host (the CPU AdamW writes the working copy).
-    OffloadChoice param_offload = OffloadChoice::kOff;
+    // when the job does not fit the GPU budget with the optimizer's state on the host alone, or
+    // where the device memory it frees makes the step predicted faster). Needs the optimizer's
+    // state on the host (the CPU AdamW writes the working copy).
+    OffloadChoice param_offload = OffloadChoice::kAuto;
     // Under optimizer offload: the CPU update of each step runs under the next step's forward,
     // unit by unit just before the forward reads each unit (engine/train/optimizer.h), instead
     // of between the steps with the device idle. The same bits either way.

@@ -502,7 +502,8 @@ class DaemonE2E(unittest.TestCase):
 
     def test_plan_for_hardware_this_daemon_is_not(self):
         # A CPU daemon answers for GPU nodes it is not: Llama-3-8B at 128K over 8 H200s fits,
-        # on one H100 it does not (exit 1, the plan says why), and the GPUs must be there.
+        # at 2M on one H100 it does not (exit 1, the plan says why; 1M fits there with the
+        # optimizer's state and the parameters on the host), and the GPUs must be there.
         run = self.run_dir("hardware")
         spec = os.path.join(run, "job.toml")
         with open(spec, "w") as f:
@@ -527,7 +528,7 @@ sp = 8
         # 139.8 GiB less the 2 GiB the CUDA context and libraries keep.
         self.assertAlmostEqual(plan["budget_bytes"] / 2**30, 137.8, delta=0.1)
         one = self.d.cli("plan", spec, "--hardware", "h100x1", "--set", "parallel.world=1",
-                         "--set", "parallel.sp=1", "--set", "data.seq_len=1048576")
+                         "--set", "parallel.sp=1", "--set", "data.seq_len=2097152")
         self.assertEqual(one.returncode, 1, one.stdout + one.stderr)
         self.assertIn("does NOT fit", one.stdout)
         too_many = self.d.cli("plan", spec, "--hardware", "h200x1")
