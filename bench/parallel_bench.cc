@@ -211,8 +211,7 @@ absl::StatusOr<ResolvedJob> ApplyPlannerSettings(const NodeResources& node, int6
   spec.parallel.fsdp = asked.parallel.fsdp;
   spec.memory.recompute = asked.memory.recompute;
   spec.memory.attention_aware_blocks = asked.memory.attention_aware_blocks;
-  spec.memory.optimizer_offload = OffloadChoice::kAuto;
-  spec.memory.param_offload = OffloadChoice::kAuto;
+  // The offloads stay at the spec's defaults ("auto"), as a job through ithacad plans them.
   ASSIGN_OR_RETURN(ResolvedJob job, ResolveJob(spec, node));
   if (!job.plan.fits) {
     std::fprintf(stderr, "S %lld: the planner finds no settings that fit: %s\n",
