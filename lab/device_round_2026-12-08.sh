@@ -19,6 +19,10 @@
 # lab/ring_rectangle/README.md), the GPU suite, s8 (rejected) and `full`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# An H200 (over 100,000 MiB of GPU memory) takes the 140 GiB budget and the H200's rate table.
+on_h200() {
+  [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ]
+}
 case "${1:?ring, calib, full, fullcollect, lora, start or collect}" in
   calib) lab/calibrate_long_attention.sh ;;
   ring)
@@ -33,18 +37,14 @@ case "${1:?ring, calib, full, fullcollect, lora, start or collect}" in
   start | collect) lab/device_round_2026-12-07d.sh "$1" ;;
   full)  # full fine-tuning's 512K step on whichever GPU this is (issue 52 on an H100, 56 on an H200),
          # started in the background and waited for until WAIT_S; `fullcollect` goes on waiting
-    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     export GPU_GIB=80 BG_NAME=full512k BG_EXTRA=--lora_rank=0 HOST_GIB=${HOST_GIB:-125}
-    [ "$mib" -gt 100000 ] && export GPU_GIB=140 RATES=$PWD/engine/plan/rates/h200.txt
+    on_h200 && export GPU_GIB=140 RATES=$PWD/engine/plan/rates/h200.txt
     lab/device_round_2026-12-07c.sh bg512k
     WAIT_S=${WAIT_S:-520} lab/device_round_2026-12-07c.sh wait512k ;;
   fullcollect)
     export BG_NAME=full512k HOST_GIB=${HOST_GIB:-125}
     WAIT_S=${WAIT_S:-580} lab/device_round_2026-12-07c.sh wait512k ;;
   lora)
-    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-    if [ "$mib" -gt 100000 ]; then
-      export GPU_GIB=140 RATES=$PWD/engine/plan/rates/h200.txt
-    fi
+    on_h200 && export GPU_GIB=140 RATES=$PWD/engine/plan/rates/h200.txt
     HOST_GIB=${HOST_GIB:-125} lab/device_round_2026-12-07c.sh s128k ;;
 esac
