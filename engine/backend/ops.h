@@ -19,6 +19,7 @@
 //   after each block and at the end of a step, so the step returns it as its error.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -39,6 +40,40 @@ struct DocumentMask {
   int64_t window = 0;
   bool trivial() const { return starts.size() <= 1; }
 };
+
+// What the queries of a ring piece see of a key piece whose keys all come before them (q at
+// sample positions [q_pos0, q_pos0 + sq), k at [k_pos0, k_pos0 + sk), k_pos0 + sk <= q_pos0):
+// documents are runs of positions, so only the document of the last key reaches across the gap,
+// and its queries (the piece's first `queries`) see its keys there (the piece's keys from
+// `first_key` on), every one of them: one dense rectangle. `dense` is false where a window cuts
+// into it (then the pairs are not all visible). queries 0 or first_key == sk: nothing seen.
+struct PieceRectangle {
+  int64_t queries = 0, first_key = 0;
+  bool dense = true;
+};
+inline PieceRectangle VisiblePieceRectangle(const DocumentMask& docs, int64_t sq, int64_t sk,
+                                            int64_t q_pos0, int64_t k_pos0) {
+  const int64_t last_key = k_pos0 + sk - 1;
+  int64_t start = 0, end = INT64_MAX;  // the document of the last key: [start, end)
+  for (int64_t st : docs.starts) {
+    if (st <= last_key) {
+      start = st;
+    } else {
+      end = st;
+      break;
+    }
+  }
+  PieceRectangle r;
+  r.queries = std::max<int64_t>(0, std::min(sq, end - q_pos0));
+  r.first_key = std::max<int64_t>(0, start - k_pos0);
+  if (r.queries == 0) r.first_key = sk;
+  // The farthest pair: the rectangle's last query and first key.
+  if (docs.window > 0 && r.queries > 0 &&
+      (q_pos0 + r.queries - 1) - (k_pos0 + r.first_key) >= docs.window) {
+    r.dense = false;
+  }
+  return r;
+}
 
 struct AdamWParams {
   float lr = 1e-3f;

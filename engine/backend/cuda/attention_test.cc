@@ -140,10 +140,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Ring attention's pieces on the GPU against the CPU's whole attention: the sample cut into
 // chunks, every (query chunk, key chunk) pair run (diagonal chunks on the causal kernels with
-// their documents rebased; chunks of equal length whose keys all come before their queries, with
-// no documents or window, on cuDNN without the causal mask; the others on the flash kernel's span
-// form; chunks no query sees included), merged by AttentionMerge, and the chunks' gradients
-// (given the merged rows) summed.
+// their documents rebased; chunks whose keys all come before their queries on cuDNN without the
+// causal mask over the rectangle their queries see, or on the flash kernel's span form where a
+// window cuts into it; chunks no query sees included), merged by AttentionMerge, and the chunks'
+// gradients (given the merged rows) summed.
 struct ChunkCase {
   Shape4 sh;
   const char* name;
@@ -163,9 +163,9 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
     cuts.clear();
     for (int64_t p = 0; p <= c.pieces; ++p) cuts.push_back(p * S / c.pieces);
   }
-  // Off-diagonal pairs of equal chunks without masks run on cuDNN, the rest elsewhere.
-  const bool full_on_cudnn = c.pieces > 0 && c.starts.empty() && c.window == 0;
-  int64_t full_pairs = 0, full_on_cudnn_fwd = 0, full_on_cudnn_bwd = 0;
+  // Off-diagonal pairs run on cuDNN (or nowhere, when no query sees a key), but for those whose
+  // rectangle a window cuts into, which run on the flash kernel.
+  int64_t full_pairs = 0, want_flash = 0, flash_fwd = 0, flash_bwd = 0, cudnn_fwd = 0;
   CudaAllocator alloc;
   CudaOps::Options o;
   o.alloc = &alloc;
@@ -214,9 +214,11 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
       auto vc = Dev(ops, &alloc, DType::kBF16, {nk, hkv, D}, rows(v, hkv, ka, ka + nk));
       const bool full = b < a;
       full_pairs += full ? 1 : 0;
+      want_flash += full && !VisiblePieceRectangle(docs, nq, nk, qa, ka).dense ? 1 : 0;
       ops.AttentionChunk(qc.tensor(), kc.tensor(), vc.tensor(), part.tensor(), part_lse.tensor(),
                          docs, qa, ka);
-      if (full && std::string(ops.last_attention_impl()) == "cudnn") ++full_on_cudnn_fwd;
+      if (full && std::string(ops.last_attention_impl()) == "flash") ++flash_fwd;
+      if (full && std::string(ops.last_attention_impl()) == "cudnn") ++cudnn_fwd;
       ops.AttentionMerge(acc.tensor(), acc_lse.tensor(), part.tensor(), part_lse.tensor());
       auto dqc = Poisoned(ops, &alloc, DType::kBF16, {nq, hq, D});
       auto dkc = Poisoned(ops, &alloc, DType::kBF16, {nk, hkv, D});
@@ -224,7 +226,7 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
       ops.AttentionChunkBackward(qc.tensor(), kc.tensor(), vc.tensor(), oc.tensor(), doc.tensor(),
                                  lc.tensor(), dqc.tensor(), dkc.tensor(), dvc.tensor(), docs, qa,
                                  ka);
-      if (full && std::string(ops.last_attention_impl()) == "cudnn") ++full_on_cudnn_bwd;
+      if (full && std::string(ops.last_attention_impl()) == "flash") ++flash_bwd;
       const std::vector<float> gq = Host(ops, dqc.tensor()), gk = Host(ops, dkc.tensor()),
                                gv = Host(ops, dvc.tensor());
       for (size_t i = 0; i < gq.size(); ++i) dq_sum[i] += gq[i];
@@ -239,11 +241,16 @@ TEST_P(AttentionChunkTest, ChunksMergedMatchTheCpusWholeAttention) {
     }
   }
   ASSERT_TRUE(ops.status().ok()) << ops.status();
-  std::printf("[%s] %lld of %lld off-diagonal pairs on cuDNN (forward), %lld (backward)\n", c.name,
-              static_cast<long long>(full_on_cudnn_fwd), static_cast<long long>(full_pairs),
-              static_cast<long long>(full_on_cudnn_bwd));
-  EXPECT_EQ(full_on_cudnn_fwd, full_on_cudnn ? full_pairs : 0);
-  EXPECT_EQ(full_on_cudnn_bwd, full_on_cudnn ? full_pairs : 0);
+  std::printf(
+      "[%s] of %lld off-diagonal pairs, %lld on cuDNN and %lld on the flash kernel "
+      "(forward; %lld backward)\n",
+      c.name, static_cast<long long>(full_pairs), static_cast<long long>(cudnn_fwd),
+      static_cast<long long>(flash_fwd), static_cast<long long>(flash_bwd));
+  EXPECT_EQ(flash_fwd, want_flash);
+  EXPECT_EQ(flash_bwd, want_flash);
+  if (c.window == 0) {
+    EXPECT_GT(cudnn_fwd, 0) << "no off-diagonal pair ran on cuDNN";
+  }
   EXPECT_CLOSE(got_out, out_ref, 1e-2, "merged out");
   EXPECT_CLOSE(got_lse, lse_ref, 1e-5, "merged lse");
   EXPECT_CLOSE(got_dq, dq_ref, 2e-2, "summed dq");

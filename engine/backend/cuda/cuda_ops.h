@@ -182,10 +182,11 @@ class CudaOps : public Ops {
   bool RunCudnn(int64_t s, int64_t hq, int64_t hkv, int64_t d, bool backward, const void* q,
                 const void* k, const void* v, const void* o, const void* dout, const void* lse,
                 void* dq, void* dk, void* dv, const DocumentMask& docs);
-  // A ring piece whose keys all come before its queries, with no documents, no window and the
-  // same length (StageAttention's off-diagonal pieces): attention without the causal mask, on
-  // cuDNN. False when the piece does not qualify or cuDNN has no engine for it (logged once);
-  // the caller then runs the flash kernel's span form.
+  // A ring piece whose keys all come before its queries (StageAttention's off-diagonal pieces):
+  // attention without the causal mask on cuDNN, over the rectangle its queries see
+  // (VisiblePieceRectangle: with documents, the document that crosses the gap), the rest of its
+  // outputs filled. False when the piece does not qualify (a window cuts into the rectangle) or
+  // cuDNN has no engine for it (logged once); the caller then runs the flash kernel's span form.
   bool RunCudnnFull(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos0, int64_t hq, int64_t hkv,
                     int64_t d, bool backward, const void* q, const void* k, const void* v,
                     const void* o, const void* dout, const void* lse, void* dq, void* dk, void* dv,

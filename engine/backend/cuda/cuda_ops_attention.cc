@@ -390,16 +390,58 @@ bool CudaOps::RunCudnnFull(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos
                            const void* v, const void* o, const void* dout, const void* lse,
                            void* dq, void* dk, void* dv, const DocumentMask& docs) {
   const AttentionKernel forced = backward ? opts_.attention_backward : opts_.attention_forward;
-  if (sq != sk || k_pos0 + sk > q_pos0 || !docs.trivial() || AttentionWindow(docs) > 0 ||
-      forced == AttentionKernel::kFlash) {
-    return false;
+  if (k_pos0 + sk > q_pos0 || forced == AttentionKernel::kFlash) return false;
+  // What the piece's queries see is one dense rectangle (VisiblePieceRectangle): its first nq
+  // queries against its keys from k0 on. Where a window cuts into it, the flash kernel runs.
+  const PieceRectangle r = VisiblePieceRectangle(docs, sq, sk, q_pos0, k_pos0);
+  if (!r.dense) return false;
+  const int64_t nq = r.queries, k0 = r.first_key, nk = sk - k0;
+  const int64_t q_row = hq * d, kv_row = hkv * d;  // elements of a token's row
+  auto bf16_at = [](const void* p, int64_t elems) {
+    return static_cast<char*>(const_cast<void*>(p)) + elems * 2;
+  };
+  // Outside the rectangle: out 0 and lse −inf (nothing seen), and no gradient.
+  if (!backward && nq < sq) {
+    cuda::Fill(bf16_at(o, nq * q_row), Et(DType::kBF16), (sq - nq) * q_row, 0.f, compute_);
+    float* l = static_cast<float*>(const_cast<void*>(lse));
+    for (int64_t h = 0; h < hq; ++h) {
+      cuda::Fill(l + h * sq + nq, Et(DType::kF32), sq - nq, -INFINITY, compute_);
+    }
   }
-  cuda::AttentionShape sh{sq, hq, hkv, d};
+  if (backward && nq < sq) {
+    cuda::Fill(bf16_at(dq, nq * q_row), Et(DType::kBF16), (sq - nq) * q_row, 0.f, compute_);
+  }
+  if (backward && k0 > 0) {
+    cuda::Fill(dk, Et(DType::kBF16), k0 * kv_row, 0.f, compute_);
+    cuda::Fill(dv, Et(DType::kBF16), k0 * kv_row, 0.f, compute_);
+  }
+  if (nq == 0 || nk == 0) {
+    last_attention_ = "none";
+    return true;
+  }
+  cuda::AttentionShape sh{nq, hq, hkv, d};
   sh.causal = false;
-  const absl::Status st =
-      backward ? cudnn_->Backward(sh, q, k, v, o, dout, static_cast<const float*>(lse), dq, dk, dv)
-               : cudnn_->Forward(sh, q, k, v, const_cast<void*>(o),
-                                 static_cast<float*>(const_cast<void*>(lse)));
+  if (nk != nq) sh.s_kv = nk;
+  const float* lse_in = static_cast<const float*>(lse);
+  std::optional<Buffer> packed;
+  if (nq != sq && !backward) sh.lse_stride = sq;  // the forward writes the rows in place
+  if (nq != sq && backward) {
+    // cuDNN's backward (before 9.26) reads only packed stats: the rectangle's LSE rows, [hq, nq],
+    // gathered into a scratch no larger than the flash kernel's row sums.
+    auto buf = Buffer::Make(opts_.alloc, DType::kF32, {hq, nq}, Tier::kAttention);
+    if (!buf.ok()) return false;  // the flash kernel, which needs no such copy, runs it
+    packed.emplace(*std::move(buf));
+    cudaCheck(cudaMemcpy2DAsync(packed->tensor().f32(), nq * sizeof(float), lse_in,
+                                sq * sizeof(float), nq * sizeof(float), hq,
+                                cudaMemcpyDeviceToDevice, compute_));
+    lse_in = packed->tensor().f32();
+  }
+  const void *kr = bf16_at(k, k0 * kv_row), *vr = bf16_at(v, k0 * kv_row);
+  const absl::Status st = backward
+                              ? cudnn_->Backward(sh, q, kr, vr, o, dout, lse_in, dq,
+                                                 bf16_at(dk, k0 * kv_row), bf16_at(dv, k0 * kv_row))
+                              : cudnn_->Forward(sh, q, kr, vr, const_cast<void*>(o),
+                                                static_cast<float*>(const_cast<void*>(lse)));
   if (st.ok()) {
     last_attention_ = "cudnn";
     return true;
@@ -407,18 +449,19 @@ bool CudaOps::RunCudnnFull(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos
   if (!cudnn_full_warned_) {
     cudnn_full_warned_ = true;
     std::fprintf(stderr,
-                 "CudaOps: cuDNN has no engine for a ring piece of %lld tokens without the causal "
-                 "mask (%s); the flash kernel runs it\n",
-                 static_cast<long long>(sq), std::string(st.message()).c_str());
+                 "CudaOps: cuDNN has no engine for a ring piece of %lld x %lld tokens without the "
+                 "causal mask (%s); the flash kernel runs it\n",
+                 static_cast<long long>(nq), static_cast<long long>(nk),
+                 std::string(st.message()).c_str());
   }
   return false;
 }
 
 // Ring attention's chunks. A diagonal chunk (the same tokens as queries and keys) is a causal
 // sequence of its own: Attention with its documents rebased, on the fast kernels. A chunk whose
-// keys all come before its queries, without documents or a window, is attention without the
-// causal mask (cuDNN). Any other goes to the flash kernel's span form (kernels.h), which masks by
-// sample position.
+// keys all come before its queries is attention without the causal mask on the rectangle its
+// queries see (cuDNN; the rest filled), unless a window cuts into that rectangle. Any other goes
+// to the flash kernel's span form (kernels.h), which masks by sample position.
 void CudaOps::AttentionChunk(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, const DocumentMask& docs, int64_t q_pos0,
                              int64_t k_pos0) {

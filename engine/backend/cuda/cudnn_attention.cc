@@ -70,7 +70,8 @@ enum Uid : int64_t {
   kStatsOffset
 };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, bool>;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t, bool,
+                       int64_t, int64_t>;
 
 // The heuristic modes that offer plans (CudnnTuning::heuristics). Every offered plan is timed on
 // the first call, so more modes can only find a faster plan, at a one-off cost.
@@ -206,14 +207,16 @@ struct Layout {
            int64_t d) const {
     t->set_output(true).set_uid(uid).set_dim({b, h, s, d}).set_stride({s * h * d, d, h * d, 1});
   }
-  // cuDNN's stats: [B, H, S, 1], head-major for one sequence, token-major when ragged.
-  void SetStats(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t h,
-                bool ragged) const {
+  // cuDNN's stats: [B, H, S, 1], head-major for one sequence (rows `stride` apart, s when 0),
+  // token-major when ragged.
+  void SetStats(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t h, bool ragged,
+                int64_t stride = 0) const {
+    const int64_t row = stride > 0 ? stride : s;
     t->set_uid(kStats)
         .set_data_type(fe::DataType_t::FLOAT)
         .set_dim({b, h, s, 1})
         .set_stride(ragged ? std::vector<int64_t>{h * s, 1, h, 1}
-                           : std::vector<int64_t>{h * s, s, 1, 1});
+                           : std::vector<int64_t>{h * row, row, 1, 1});
   }
 };
 
@@ -364,12 +367,17 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     return absl::InvalidArgumentError(
         "cuDNN SDPA: attention without the causal mask takes no window and no documents");
   }
+  if ((sh.causal || sh.batch > 0) && ((sh.s_kv > 0 && sh.s_kv != s) || sh.lse_stride > 0)) {
+    return absl::InvalidArgumentError(
+        "cuDNN SDPA: keys of another length and a strided LSE only without the causal mask");
+  }
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const bool ragged = sh.batch > 0;
   const Layout lay = ragged ? Layout{sh.batch, sh.max_len} : Layout{1, s};
+  const Layout kv_lay = sh.s_kv > 0 ? Layout{1, sh.s_kv} : lay;  // the keys
   RaggedTensors r;
   if (ragged) r = MakeRagged(*g, sh.batch);
   // Sequence i of a ragged tensor starts at element offset[i] of its buffer.
@@ -378,8 +386,8 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     if (ragged) t->set_ragged_offset(offset);
   };
   auto q = lay.Make(*g, "q", kQ, hq, d);
-  auto k = lay.Make(*g, "k", kK, hkv, d);
-  auto v = lay.Make(*g, "v", kV, hkv, d);
+  auto k = kv_lay.Make(*g, "k", kK, hkv, d);
+  auto v = kv_lay.Make(*g, "v", kV, hkv, d);
   place(q, r.q_offset);
   place(k, r.kv_offset);
   place(v, r.kv_offset);
@@ -407,7 +415,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     place(o, r.q_offset);
     // The engine's LSE is [H, S]: exactly cuDNN's stats for one sequence.
     stats->set_output(true);
-    lay.SetStats(stats, hq, ragged);
+    lay.SetStats(stats, hq, ragged, sh.lse_stride);
     place(stats, r.stats_offset);
   } else {
     auto o = lay.Make(*g, "o", kO, hq, d);
@@ -415,7 +423,7 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     place(o, r.q_offset);
     place(dout, r.q_offset);
     auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("stats"));
-    lay.SetStats(stats, hq, ragged);
+    lay.SetStats(stats, hq, ragged, sh.lse_stride);
     place(stats, r.stats_offset);
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_bwd")
@@ -425,8 +433,8 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
     if (ragged) set_padding(opts);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
     lay.Set(dq, kDQ, hq, d);
-    lay.Set(dk, kDK, hkv, d);
-    lay.Set(dv, kDV, hkv, d);
+    kv_lay.Set(dk, kDK, hkv, d);
+    kv_lay.Set(dv, kDV, hkv, d);
     place(dq, r.q_offset);
     place(dk, r.kv_offset);
     place(dv, r.kv_offset);
@@ -477,7 +485,8 @@ absl::Status CudnnAttention::Impl::Build(const AttentionShape& sh, bool backward
 
 absl::StatusOr<CudnnAttention::Impl::Entry*> CudnnAttention::Impl::Get(const AttentionShape& sh,
                                                                        bool backward) {
-  const Key key{sh.s, sh.hq, sh.hkv, sh.d, sh.window, backward, sh.batch, sh.max_len, sh.causal};
+  const Key key{sh.s,     sh.hq,      sh.hkv,    sh.d,    sh.window,    backward,
+                sh.batch, sh.max_len, sh.causal, sh.s_kv, sh.lse_stride};
   auto it = graphs.find(key);
   if (it == graphs.end()) {
     it = graphs.emplace(key, Entry{}).first;

@@ -36,6 +36,12 @@ struct AttentionShape {
   // false: every query sees every key (no causal mask): ring attention's pieces whose keys all
   // come before their queries. Only with window 0 and batch 0.
   bool causal = true;
+  // Without the causal mask only: > 0, the keys are that many (s is the queries); 0: s.
+  int64_t s_kv = 0;
+  // > 0: the LSE's head stride in floats ([H, lse_stride], the first s of each row written);
+  // 0: s. A ring piece's visible rectangle of queries is the first rows of its LSE. The forward
+  // only: cuDNN's backward before 9.26 refuses stats that are not packed.
+  int64_t lse_stride = 0;
 };
 
 // The device tensors of a ragged batch (AttentionShape::batch > 0), all in elements.
