@@ -11,7 +11,8 @@ Layout everywhere: Q/O [S, Hq, D], K/V [S, Hkv, D] bf16, LSE [Hq, S] f32 (natura
 
 impl "ours" is the kernel's own cluster choice per shape; "ours_c1", "ours_c2", "ours_c4" force a
 cluster size (K/V multicast to 2 or 4 CTAs); "base" is another build of the C ABI, loaded from
-HOPPER_ATTN_BASE_LIB (e.g. the kernel before a change), timed in the same run.
+HOPPER_ATTN_BASE_LIB (e.g. the kernel before a change), timed in the same run; "@NAME" (or
+"@NAME_c2") is build/libhopper_NAME.so, so several variants are timed in one process.
 """
 import argparse, ctypes, json, math, os, sys, time
 
@@ -57,8 +58,21 @@ def ours(lib, q, k, v, o, lse, cluster=0):
         raise RuntimeError(f"hopper_attention_fwd returned {rc} (cluster {cluster})")
 
 
+_NAMED = {}
+
+
+def named_lib(name):
+    """build/libhopper_NAME.so, a variant built beside the others (impl "@NAME" or "@NAME_cN")."""
+    if name not in _NAMED:
+        _NAMED[name] = load_lib(os.path.join(HERE, "build", f"libhopper_{name}.so"))
+    return _NAMED[name]
+
+
 def run_impl(lib, impl, q, k, v, o, lse):
-    """impl: ours | ours_c1 | ours_c2 | ours_c4 | base | base_c1 | base_c2 | base_c4."""
+    """impl: ours | ours_c1 | ours_c2 | ours_c4 | base | base_c1 | base_c2 | base_c4 | @NAME[_cN]."""
+    if impl.startswith("@"):
+        name, _, c = impl[1:].partition("_c")
+        return ours(named_lib(name), q, k, v, o, lse, int(c) if c else 0)
     if impl.startswith("base"):
         return ours(base_lib(), q, k, v, o, lse, int(impl[len("base_c"):]) if impl.startswith("base_c") else 0)
     return ours(lib, q, k, v, o, lse, int(impl[len("ours_c"):]) if impl.startswith("ours_c") else 0)
@@ -167,7 +181,7 @@ def bench(lib, Ss, Ds, impls, out):
             for impl in impls:
                 note = ""
                 try:
-                    if impl.startswith("ours") or impl.startswith("base"):
+                    if impl.startswith(("ours", "base", "@")):
                         fn = lambda impl=impl: run_impl(lib, impl, q, k, v, o, lse)
                     else:
                         be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn_sdpa" else SDPBackend.FLASH_ATTENTION
@@ -236,7 +250,7 @@ def one(lib, impl, S, D, n):
     lse = torch.empty(HQ, S, device="cuda", dtype=torch.float32)
     torch.cuda.synchronize()
     for _ in range(n):
-        if impl.startswith("ours") or impl.startswith("base"):
+        if impl.startswith(("ours", "base", "@")):
             run_impl(lib, impl, q, k, v, o, lse)
         else:
             be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn_sdpa" else SDPBackend.FLASH_ATTENTION

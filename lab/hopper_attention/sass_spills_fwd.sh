@@ -10,8 +10,13 @@ rows = []
 for line in sys.stdin.read().split('\n') + ['Function : end']:
     if 'Function :' in line:
         if func and 'attn_fwd_kernel' in func:
-            m = re.search(r'CfgILi(\d+)ELi\d+ELi\d+ELi\d+ELi(\d)', func)
-            rows.append(('hd%s cluster %s' % m.groups() if m else func[-40:], cnt))
+            m = re.search(r'CfgILi(\d+)ELi\d+ELi(\d+)ELi\d+ELi(\d)ELb(\d)(?:ELb(\d))?', func)
+            name = func[-40:]
+            if m:
+                d, n, c, pairs, masks = m.groups()
+                name = 'hd%s N%s cluster %s %s%s' % (d, n, c, 'pairs' if pairs == '1' else 'longest-first',
+                                                   '' if masks is None else ' masks' if masks == '1' else ' causal')
+            rows.append((name, cnt))
         func, cnt, region = line, {'pre': 0, 'alloc': 0, 'dealloc': 0}, 'pre'
     elif 'SETMAXREG.TRY_ALLOC' in line or 'SETMAXREG.ALLOC' in line:
         region = 'alloc'
