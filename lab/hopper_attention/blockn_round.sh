@@ -50,15 +50,19 @@ for part in "$@"; do
       echo "checks ok: $(grep -c '"ok": true' "$OUT/check2.jsonl") of $(grep -c '"check"' "$OUT/check2.jsonl")"
       grep -v '"ok": true' "$OUT/check2.jsonl" | cut -c1-300 | head -20 ;;
     bench2)
-      MIN_REPS=4 timeout 150 python3 $H/bench.py bench --S 16384,131072 --D 128 \
-        --impls @n128,@m128,@m192,@m192_c1,@m192_c4,@n128,@m192 \
+      MIN_REPS=4 timeout 100 python3 $H/bench.py bench --S 16384,131072 --D 128 \
+        --impls @n128,@m192,@m192_c4,@m128,@n128,@m192 \
         --out "$OUT/bench2.jsonl" 2>&1 | grep -v Warn | cut -c1-140
-      MIN_REPS=2 timeout 120 python3 $H/bench.py bench --S 524288 --D 128 \
-        --impls @n128,@m192,@m192_c4,@n128,@m192 --out "$OUT/bench2.jsonl" 2>&1 | grep -v Warn |
-        cut -c1-140
-      MIN_REPS=2 timeout 90 python3 $H/bench.py bench --S 1048576 --D 128 --heads 4:1 \
-        --impls @n128,@m192,@n128,@m192 --out "$OUT/bench2.jsonl" 2>&1 | grep -v Warn |
-        cut -c1-140 ;;
+      MIN_REPS=2 timeout 60 python3 $H/bench.py bench --S 524288 --D 128 \
+        --impls @n128,@m192 --out "$OUT/bench2.jsonl" 2>&1 | grep -v Warn | cut -c1-140
+      MIN_REPS=2 timeout 40 python3 $H/bench.py bench --S 1048576 --D 128 --heads 4:1 \
+        --impls @n128,@m192 --out "$OUT/bench2.jsonl" 2>&1 | grep -v Warn | cut -c1-140 ;;
+    tests)  # the engine's attention tests and its training test, built with the change
+      for t in hopper_attention_test attention_test cuda_ops_test cuda_train_test; do
+        timeout 150 .device/bin/$t > "$OUT/$t.log" 2>&1
+        echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
+        grep -E "^\[  FAILED  \]" "$OUT/$t.log" | head -5
+      done ;;
     gemm16k)
       timeout 60 python3 $H/ceiling/gemm_sustained.py --n 16384 --seconds 20 |
         tee -a "$OUT/gemm.jsonl" | tail -1 ;;
