@@ -16,7 +16,9 @@
 #                140 GiB and rates on an H200)
 #   start, collect  the older pair (device_round_2026-12-07d.sh: LoRA's 512K step on an H100)
 # Ran on 2026-12-07 (sixth session, one H100): the ring chunks as first written (a fix followed,
-# lab/ring_rectangle/README.md), the GPU suite, s8 (rejected) and `full`.
+# lab/ring_rectangle/README.md), the GPU suite, s8 (rejected) and `full`. On 2026-12-07 (seventh
+# session, one H100): `ring` with the fix (passed; landed). Still to run: calib, full, fullcollect
+# and lora on an H200, which none of the last three sessions could get.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # An H200 (over 100,000 MiB of GPU memory) takes the 140 GiB budget and the H200's rate table.
