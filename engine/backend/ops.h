@@ -53,16 +53,10 @@ struct PieceRectangle {
 };
 inline PieceRectangle VisiblePieceRectangle(const DocumentMask& docs, int64_t sq, int64_t sk,
                                             int64_t q_pos0, int64_t k_pos0) {
-  const int64_t last_key = k_pos0 + sk - 1;
-  int64_t start = 0, end = INT64_MAX;  // the document of the last key: [start, end)
-  for (int64_t st : docs.starts) {
-    if (st <= last_key) {
-      start = st;
-    } else {
-      end = st;
-      break;
-    }
-  }
+  // The document of the last key, [start, end): the last start at or before it, and the next.
+  const auto next = std::upper_bound(docs.starts.begin(), docs.starts.end(), k_pos0 + sk - 1);
+  const int64_t start = next == docs.starts.begin() ? 0 : *(next - 1);
+  const int64_t end = next == docs.starts.end() ? INT64_MAX : *next;
   PieceRectangle r;
   r.queries = std::max<int64_t>(0, std::min(sq, end - q_pos0));
   r.first_key = std::max<int64_t>(0, start - k_pos0);
